@@ -1,0 +1,107 @@
+// Training state for a bit-identical resume. A checkpoint of step S in the output dir is
+//   model_S.bin          the parameters (llm.c model file, fp32), written by rank 0
+//   state_S_RANK.bin     per rank: step, layout, sampling rng and that rank's AdamW moments
+//   DONE_S               written last, after a barrier: the checkpoint is complete
+// Every file goes through a temporary name, so an interrupted write leaves no partial file.
+#ifndef LLMC_CHECKPOINT_H
+#define LLMC_CHECKPOINT_H
+
+#include <dirent.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include "utils.h"
+
+#define STATE_MAGIC 20240327
+#define STATE_VERSION 1
+
+typedef struct {
+    int step;        // optimizer steps completed
+    int world;       // ranks that wrote the checkpoint
+    int B, T;        // micro-batch shape
+    int accum;       // gradient accumulation steps
+    uint64_t rng;    // sampling rng state
+} TrainState;
+
+static inline void checkpoint_path(char* out, size_t cap, const char* dir, const char* kind, int step,
+                            int rank) {
+    if (rank < 0) snprintf(out, cap, "%s/%s_%08d%s", dir, kind, step, strcmp(kind, "DONE") ? ".bin" : "");
+    else snprintf(out, cap, "%s/%s_%08d_%05d.bin", dir, kind, step, rank);
+}
+
+// writes the state header and the n-element moments m and v
+static inline void state_write(const char* path, const TrainState* s, int rank, const float* m,
+                        const float* v, size_t n) {
+    int header[256];
+    memset(header, 0, sizeof(header));
+    header[0] = STATE_MAGIC;
+    header[1] = STATE_VERSION;
+    header[2] = s->step;
+    header[3] = rank;
+    header[4] = s->world;
+    header[5] = s->B;
+    header[6] = s->T;
+    header[7] = s->accum;
+    memcpy(&header[8], &s->rng, sizeof(uint64_t));
+    memcpy(&header[10], &n, sizeof(size_t));
+    char tmp[4200];  // room for the path and ".tmp"
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE* f = fopen_check(tmp, "wb");
+    fwrite_check(header, sizeof(int), 256, f, tmp);
+    fwrite_check(m, sizeof(float), n, f, tmp);
+    fwrite_check(v, sizeof(float), n, f, tmp);
+    fclose_check(f, tmp);
+    rename_check(tmp, path);
+}
+
+// reads a state file written by `rank`, checking it matches n parameters
+static inline void state_read(const char* path, TrainState* s, int rank, float* m, float* v, size_t n) {
+    FILE* f = fopen_check(path, "rb");
+    int header[256];
+    fread_check(header, sizeof(int), 256, f, path);
+    if (header[0] != STATE_MAGIC || header[1] != STATE_VERSION) {
+        fail("state file '%s' has magic %d version %d, expected %d version %d", path, header[0],
+             header[1], STATE_MAGIC, STATE_VERSION);
+    }
+    size_t file_n;
+    memcpy(&file_n, &header[10], sizeof(size_t));
+    if (header[3] != rank || file_n != n) {
+        fail("state file '%s' belongs to rank %d with %zu parameters, expected rank %d with %zu",
+             path, header[3], file_n, rank, n);
+    }
+    s->step = header[2];
+    s->world = header[4];
+    s->B = header[5];
+    s->T = header[6];
+    s->accum = header[7];
+    memcpy(&s->rng, &header[8], sizeof(uint64_t));
+    fread_check(m, sizeof(float), n, f, path);
+    fread_check(v, sizeof(float), n, f, path);
+    fclose(f);
+}
+
+static inline void checkpoint_mark_done(const char* dir, int step) {
+    char path[4096];
+    checkpoint_path(path, sizeof(path), dir, "DONE", step, -1);
+    fclose_check(fopen_check(path, "w"), path);
+}
+
+// the step of the newest complete checkpoint in dir, or -1 when there is none
+static inline int checkpoint_latest(const char* dir) {
+    DIR* d = opendir(dir);
+    if (d == NULL) return -1;
+    int latest = -1;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step;
+        char extra;
+        if (sscanf(e->d_name, "DONE_%d%c", &step, &extra) == 1 && step > latest) latest = step;
+    }
+    closedir(d);
+    return latest;
+}
+
+static inline void make_dir(const char* dir) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) fail("cannot create output dir '%s': %s", dir, strerror(errno));
+}
+
+#endif

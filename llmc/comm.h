@@ -1,0 +1,169 @@
+// The communication layer: the only code that talks to MPI. Groups are the world and sub-groups
+// split from it; every call is checked, counted (calls and bytes per group and operation) and,
+// on failure, ends the whole job with the rank and the operation named.
+//
+// Bytes counted per call are the payload this rank hands to the operation: all-reduce and
+// broadcast n elements, reduce-scatter the full input, all-gather the full output, send/recv the
+// message. The wire traffic of a ring all-reduce is 2(p-1)/p times its payload.
+#ifndef LLMC_COMM_H
+#define LLMC_COMM_H
+
+#include <mpi.h>
+#include "utils.h"
+
+typedef enum { COMM_SUM, COMM_AVG, COMM_MAX } CommOp;
+
+typedef enum {
+    COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER, COMM_BROADCAST,
+    COMM_SEND, COMM_RECV, COMM_BARRIER, COMM_NUM_KINDS
+} CommKind;
+
+static const char* comm_kind_names[COMM_NUM_KINDS] = {
+    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"};
+
+typedef struct {
+    MPI_Comm mpi;
+    int rank;
+    int size;
+    char name[32];
+    long long calls[COMM_NUM_KINDS];
+    long long bytes[COMM_NUM_KINDS];
+} CommGroup;
+
+static inline void comm_abort(int code) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+    exit(code);
+}
+
+static inline void comm_check(int err, const CommGroup* g, const char* op) {
+    if (err == MPI_SUCCESS) return;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(err, msg, &len);
+    fail("communication failed in %s on group '%s' (rank %d of %d): %s", op, g->name, g->rank,
+         g->size, msg);
+}
+
+static inline void comm_count(CommGroup* g, CommKind kind, size_t bytes) {
+    g->calls[kind] += 1;
+    g->bytes[kind] += (long long)bytes;
+}
+
+static inline void comm_group_from_mpi(CommGroup* g, MPI_Comm mpi, const char* name) {
+    memset(g, 0, sizeof(*g));
+    g->mpi = mpi;
+    snprintf(g->name, sizeof(g->name), "%s", name);
+    MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
+    comm_check(MPI_Comm_rank(mpi, &g->rank), g, "comm_rank");
+    comm_check(MPI_Comm_size(mpi, &g->size), g, "comm_size");
+}
+
+// MPI_Init works with mpirun/srun and also for a plain ./program, which is a world of size 1
+static inline void comm_init(CommGroup* world, int* argc, char*** argv) {
+    if (MPI_Init(argc, argv) != MPI_SUCCESS) fail("MPI_Init failed");
+    comm_group_from_mpi(world, MPI_COMM_WORLD, "world");
+    llmc_rank = world->rank;
+    llmc_abort_hook = comm_abort;
+}
+
+// ranks with the same color form a group, ordered by key (MPI_Comm_split)
+static inline void comm_split(CommGroup* out, CommGroup* parent, int color, int key, const char* name) {
+    MPI_Comm sub;
+    comm_check(MPI_Comm_split(parent->mpi, color, key, &sub), parent, "split");
+    comm_group_from_mpi(out, sub, name);
+}
+
+static inline void comm_group_free(CommGroup* g) {
+    if (g->mpi != MPI_COMM_WORLD) MPI_Comm_free(&g->mpi);
+}
+
+static inline void comm_finalize(void) {
+    llmc_abort_hook = NULL;
+    MPI_Finalize();
+}
+
+static inline MPI_Op comm_mpi_op(CommOp op) { return op == COMM_MAX ? MPI_MAX : MPI_SUM; }
+
+static inline void comm_scale(float* buf, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) buf[i] *= s;
+}
+
+// buf (n) <- op over ranks of buf, in place
+static inline void comm_all_reduce(CommGroup* g, float* buf, size_t n, CommOp op) {
+    comm_count(g, COMM_ALL_REDUCE, n * sizeof(float));
+    comm_check(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi), g,
+               "all_reduce");
+    if (op == COMM_AVG) comm_scale(buf, n, 1.0f / (float)g->size);
+}
+
+// send (size * n) reduced over ranks; this rank receives its block of n into recv
+static inline void comm_reduce_scatter(CommGroup* g, const float* send, float* recv, size_t n,
+                                CommOp op) {
+    comm_count(g, COMM_REDUCE_SCATTER, n * g->size * sizeof(float));
+    comm_check(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi),
+               g, "reduce_scatter");
+    if (op == COMM_AVG) comm_scale(recv, n, 1.0f / (float)g->size);
+}
+
+// every rank's n elements, concatenated in rank order, into recv (size * n) on every rank
+static inline void comm_all_gather(CommGroup* g, const float* send, float* recv, size_t n) {
+    comm_count(g, COMM_ALL_GATHER, n * g->size * sizeof(float));
+    comm_check(MPI_Allgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi), g,
+               "all_gather");
+}
+
+static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int root) {
+    comm_count(g, COMM_BROADCAST, bytes);
+    comm_check(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g->mpi), g, "broadcast");
+}
+
+static inline void comm_send(CommGroup* g, const float* buf, size_t n, int dest) {
+    comm_count(g, COMM_SEND, n * sizeof(float));
+    comm_check(MPI_Send(buf, (int)n, MPI_FLOAT, dest, 0, g->mpi), g, "send");
+}
+
+static inline void comm_recv(CommGroup* g, float* buf, size_t n, int src) {
+    comm_count(g, COMM_RECV, n * sizeof(float));
+    comm_check(MPI_Recv(buf, (int)n, MPI_FLOAT, src, 0, g->mpi, MPI_STATUS_IGNORE), g, "recv");
+}
+
+// a paired exchange that cannot deadlock, whatever order the two ranks call it in
+static inline void comm_sendrecv(CommGroup* g, const float* send, size_t send_n, int dest, float* recv,
+                          size_t recv_n, int src) {
+    comm_count(g, COMM_SEND, send_n * sizeof(float));
+    comm_count(g, COMM_RECV, recv_n * sizeof(float));
+    comm_check(MPI_Sendrecv(send, (int)send_n, MPI_FLOAT, dest, 0, recv, (int)recv_n, MPI_FLOAT,
+                            src, 0, g->mpi, MPI_STATUS_IGNORE), g, "sendrecv");
+}
+
+static inline void comm_barrier(CommGroup* g) {
+    comm_count(g, COMM_BARRIER, 0);
+    comm_check(MPI_Barrier(g->mpi), g, "barrier");
+}
+
+static inline long long comm_total_bytes(const CommGroup* g) {
+    long long total = 0;
+    for (int k = 0; k < COMM_NUM_KINDS; k++) total += g->bytes[k];
+    return total;
+}
+
+static inline void comm_reset_counters(CommGroup* g) {
+    memset(g->calls, 0, sizeof(g->calls));
+    memset(g->bytes, 0, sizeof(g->bytes));
+}
+
+// "all_reduce 2x 497.1MB" for every kind used since the last reset
+static inline void comm_format_counters(const CommGroup* g, char* out, size_t cap) {
+    size_t len = 0;
+    out[0] = '\0';
+    for (int k = 0; k < COMM_NUM_KINDS && len < cap; k++) {
+        if (g->calls[k] == 0) continue;
+        len += (size_t)snprintf(out + len, cap - len, "%s%s %lldx %.2fMB", len ? ", " : "",
+                                comm_kind_names[k], g->calls[k], (double)g->bytes[k] / 1e6);
+    }
+}
+
+#endif

@@ -1,0 +1,45 @@
+// AdamW (Loshchilov & Hutter 2019) and the global gradient norm, on the CPU.
+#ifndef LLMC_CPU_ADAMW_H
+#define LLMC_CPU_ADAMW_H
+
+#include <math.h>
+
+// One AdamW step on n parameters, the same arithmetic as torch.optim.AdamW: decoupled weight
+// decay, then bias-corrected moments. grad_scale multiplies the gradient first (clipping).
+static inline void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
+                         float lr, float beta1, float beta2, float eps, float weight_decay,
+                         int t, float grad_scale) {
+    float correction1 = 1.0f - powf(beta1, (float)t);
+    float correction2 = 1.0f - powf(beta2, (float)t);
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) {
+        float g = grads[i] * grad_scale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float p = params[i] * (1.0f - lr * weight_decay);
+        params[i] = p - lr * (mi / correction1) / (sqrtf(vi / correction2) + eps);
+    }
+}
+
+// sum of squares of grads (n), in fixed chunks summed in order: the same result for any
+// number of threads, which keeps training bit-reproducible
+#define NORM_CHUNK 65536
+static inline float global_norm_squared(const float* grads, size_t n) {
+    size_t chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
+    double* partial = (double*)malloc_check((chunks ? chunks : 1) * sizeof(double));
+    #pragma omp parallel for
+    for (size_t c = 0; c < chunks; c++) {
+        size_t end = (c + 1) * NORM_CHUNK < n ? (c + 1) * NORM_CHUNK : n;
+        double s = 0.0;
+        for (size_t i = c * NORM_CHUNK; i < end; i++) s += (double)grads[i] * grads[i];
+        partial[c] = s;
+    }
+    double total = 0.0;
+    for (size_t c = 0; c < chunks; c++) total += partial[c];
+    free(partial);
+    return (float)total;
+}
+
+#endif

@@ -1,0 +1,30 @@
+// Softmax + cross-entropy fused with its gradient, on the CPU: the probabilities are never
+// stored; each row of logits is overwritten with its gradient.
+#ifndef LLMC_CPU_CLASSIFIER_H
+#define LLMC_CPU_CLASSIFIER_H
+
+#include <math.h>
+
+// logits (N, Vp) with N = B*T rows; only the first V columns are real tokens.
+// losses (N) = -log softmax(logits)[target]. When dloss != 0 each row becomes
+// dloss * (softmax - onehot(target)) over the V real columns and 0 over the padding.
+static inline void fused_classifier(float* logits, float* losses, const int* targets, float dloss,
+                             int N, int V, int Vp) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        float* row = logits + (size_t)n * Vp;
+        float maxval = -INFINITY;
+        for (int v = 0; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
+        float sum = 0.0f;
+        for (int v = 0; v < V; v++) sum += expf(row[v] - maxval);
+        int target = targets[n];
+        losses[n] = logf(sum) - (row[target] - maxval);
+        if (dloss == 0.0f) continue;
+        float inv_sum = 1.0f / sum;
+        for (int v = 0; v < V; v++) row[v] = dloss * expf(row[v] - maxval) * inv_sum;
+        row[target] -= dloss;
+        for (int v = V; v < Vp; v++) row[v] = 0.0f;
+    }
+}
+
+#endif

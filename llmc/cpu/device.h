@@ -1,0 +1,18 @@
+// The device layer on the CPU: "device" memory is host memory, copies are memcpy. The CUDA
+// backend gives the same functions over cudaMalloc/cudaMemcpy, so trainers call only these.
+#ifndef LLMC_CPU_DEVICE_H
+#define LLMC_CPU_DEVICE_H
+
+#include <string.h>
+#include "../utils.h"
+
+#define BACKEND_NAME "cpu"
+
+static inline void* device_malloc(size_t bytes) { return malloc_check(bytes); }
+static inline void device_free(void* p) { free(p); }
+static inline void device_memset_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
+static inline void copy_host_to_device(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+static inline void copy_device_to_host(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+static inline void device_synchronize(void) {}
+
+#endif

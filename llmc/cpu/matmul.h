@@ -1,0 +1,154 @@
+// Matmul on the CPU: one cache-blocked, packed GEMM (the BLIS/GotoBLAS structure: Goto & van de
+// Geijn, "Anatomy of High-Performance Matrix Multiplication", 2008) serves all three products of
+// a linear layer. Blocks of A (MC x KC) stay in L2, a panel of B (KC x NR) stays in L1, and a
+// MR x NR tile of C lives in registers while the micro-kernel streams K through it.
+#ifndef LLMC_CPU_MATMUL_H
+#define LLMC_CPU_MATMUL_H
+
+#include <stddef.h>
+#include "../utils.h"
+
+// 6 x 16 fp32 accumulators = 12 AVX2 registers; the compiler vectorizes the j loop
+#define GEMM_MR 6
+#define GEMM_NR 16
+#define GEMM_MC 96
+#define GEMM_NC 128
+#define GEMM_KC 256
+
+static float* gemm_pack_buffer = NULL;  // per thread: MC*KC of A then KC*NC of B
+#pragma omp threadprivate(gemm_pack_buffer)
+
+// copies A(i0.., k0..) into panels of MR rows: dst[panel][k][i], rows past M are zero
+static inline void gemm_pack_a(float* dst, const float* A, long a_rs, long a_cs, int i0, int mc,
+                        int k0, int kc) {
+    for (int p = 0; p < mc; p += GEMM_MR) {
+        float* panel = dst + (size_t)p * kc;
+        int height = mc - p < GEMM_MR ? mc - p : GEMM_MR;
+        if (a_rs == 1) {  // columns of A are contiguous (A is a transposed view): MR at a time
+            for (int k = 0; k < kc; k++) {
+                const float* src = A + (long)(k0 + k) * a_cs + (i0 + p);
+                for (int i = 0; i < GEMM_MR; i++) panel[k * GEMM_MR + i] = i < height ? src[i] : 0.0f;
+            }
+        } else {          // rows of A are contiguous: walk along each row
+            for (int i = 0; i < GEMM_MR; i++) {
+                const float* src = A + (long)(i0 + p + i) * a_rs + (long)k0 * a_cs;
+                for (int k = 0; k < kc; k++) panel[k * GEMM_MR + i] = i < height ? src[k * a_cs] : 0.0f;
+            }
+        }
+    }
+}
+
+// copies B(k0.., j0..) into panels of NR columns: dst[panel][k][j], columns past N are zero
+static inline void gemm_pack_b(float* dst, const float* B, long b_rs, long b_cs, int N, int j0, int nc,
+                        int k0, int kc) {
+    for (int q = 0; q < nc; q += GEMM_NR) {
+        float* panel = dst + (size_t)q * kc;
+        int width = N - (j0 + q) < GEMM_NR ? N - (j0 + q) : GEMM_NR;
+        if (b_cs == 1) {  // rows of B are contiguous: copy NR at a time
+            for (int k = 0; k < kc; k++) {
+                const float* src = B + (long)(k0 + k) * b_rs + (j0 + q);
+                for (int j = 0; j < GEMM_NR; j++) panel[k * GEMM_NR + j] = j < width ? src[j] : 0.0f;
+            }
+        } else {          // columns of B are contiguous: walk down each column
+            for (int j = 0; j < GEMM_NR; j++) {
+                const float* src = B + (long)(j0 + q + j) * b_cs + (long)k0 * b_rs;
+                for (int k = 0; k < kc; k++) panel[k * GEMM_NR + j] = j < width ? src[k * b_rs] : 0.0f;
+            }
+        }
+    }
+}
+
+// 8 floats in one vector register (GCC/Clang vector extension; AVX2 on x86, two NEON on Arm)
+typedef float vfloat8 __attribute__((vector_size(32)));
+
+// C tile (mr x nr, row stride ldc) = (accumulate ? C : 0) + a_panel^T b_panel over kc.
+// The 6 x 16 accumulator tile is 12 vector registers; each k step broadcasts 6 values of A
+// and does 12 fused multiply-adds against two vectors of B.
+static inline void gemm_micro_kernel(int kc, const float* restrict a, const float* restrict b,
+                                     float* restrict c, long ldc, int mr, int nr, int accumulate) {
+    vfloat8 acc[GEMM_MR][2];
+    for (int i = 0; i < GEMM_MR; i++) acc[i][0] = acc[i][1] = (vfloat8){0};
+    for (int k = 0; k < kc; k++) {
+        vfloat8 b0 = *(const vfloat8*)(b + k * GEMM_NR);
+        vfloat8 b1 = *(const vfloat8*)(b + k * GEMM_NR + 8);
+        for (int i = 0; i < GEMM_MR; i++) {
+            float a_ik = a[k * GEMM_MR + i];
+            acc[i][0] += a_ik * b0;
+            acc[i][1] += a_ik * b1;
+        }
+    }
+    float tile[GEMM_MR][GEMM_NR];
+    memcpy(tile, acc, sizeof(tile));
+    for (int i = 0; i < mr; i++) {
+        for (int j = 0; j < nr; j++) c[i * ldc + j] = (accumulate ? c[i * ldc + j] : 0.0f) + tile[i][j];
+    }
+}
+
+// C[m][n] = (accumulate ? C[m][n] : 0) + sum_k A(m,k) B(k,n), with A(m,k) = A[m*a_rs + k*a_cs]
+// and B(k,n) = B[k*b_rs + n*b_cs], so transposed operands need no copy. Each element of C is
+// summed by one thread in a fixed order: results do not depend on the number of threads.
+static inline void gemm(int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B,
+                 long b_rs, long b_cs, float* C, long ldc, int accumulate) {
+    int m_blocks = (M + GEMM_MC - 1) / GEMM_MC;
+    int n_blocks = (N + GEMM_NC - 1) / GEMM_NC;
+    #pragma omp parallel
+    {
+        if (gemm_pack_buffer == NULL) {
+            // 32-byte aligned: the micro-kernel loads B panels as aligned vectors
+            gemm_pack_buffer = (float*)aligned_alloc(32, sizeof(float) * (GEMM_MC + GEMM_NC) * GEMM_KC);
+            if (gemm_pack_buffer == NULL) fail("allocation of the GEMM packing buffer failed");
+        }
+        float* a_pack = gemm_pack_buffer;
+        float* b_pack = gemm_pack_buffer + GEMM_MC * GEMM_KC;
+        #pragma omp for collapse(2) schedule(dynamic)
+        for (int ib = 0; ib < m_blocks; ib++) {
+            for (int jb = 0; jb < n_blocks; jb++) {
+                int i0 = ib * GEMM_MC, j0 = jb * GEMM_NC;
+                int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
+                int nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
+                for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+                    int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+                    gemm_pack_a(a_pack, A, a_rs, a_cs, i0, mc, k0, kc);
+                    gemm_pack_b(b_pack, B, b_rs, b_cs, N, j0, nc, k0, kc);
+                    for (int q = 0; q < nc; q += GEMM_NR) {
+                        for (int p = 0; p < mc; p += GEMM_MR) {
+                            int mr = mc - p < GEMM_MR ? mc - p : GEMM_MR;
+                            int nr = nc - q < GEMM_NR ? nc - q : GEMM_NR;
+                            gemm_micro_kernel(kc, a_pack + (size_t)p * kc, b_pack + (size_t)q * kc,
+                                              C + (long)(i0 + p) * ldc + (j0 + q), ldc, mr, nr,
+                                              accumulate || k0 > 0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC); bias may be NULL
+static inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                           int N, int C, int OC) {
+    if (bias != NULL) {
+        #pragma omp parallel for
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
+    }
+    gemm(N, OC, C, inp, C, 1, weight, 1, C, out, OC, bias != NULL);
+}
+
+// dinp (N, C) = dout (N, OC) @ weight (OC, C)            (overwritten)
+// dweight (OC, C) += dout^T @ inp; dbias (OC) += column sums of dout   (accumulated)
+static inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                            const float* inp, const float* weight, int N, int C, int OC) {
+    gemm(N, C, OC, dout, OC, 1, weight, C, 1, dinp, C, 0);
+    gemm(OC, C, N, dout, 1, OC, inp, C, 1, dweight, C, 1);
+    if (dbias != NULL) {
+        #pragma omp parallel for
+        for (int o = 0; o < OC; o++) {
+            float sum = 0.0f;
+            for (int n = 0; n < N; n++) sum += dout[(size_t)n * OC + o];
+            dbias[o] += sum;
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,234 @@
+// GPT-2 configuration, the layout of its 16 parameter tensors, model files (llm.c format) and
+// random initialisation from a descriptor such as "d12".
+#ifndef LLMC_GPT2_H
+#define LLMC_GPT2_H
+
+#include <ctype.h>
+#include <math.h>
+#include <stdint.h>
+#include "rng.h"
+#include "utils.h"
+
+#define MODEL_MAGIC 20240326
+#define MODEL_VERSION_FP32 3
+#define MODEL_VERSION_BF16 5
+#define GPT2_VOCAB_SIZE 50257
+#define NUM_PARAMETER_TENSORS 16
+
+typedef struct {
+    int max_seq_len;        // maxT
+    int vocab_size;         // V, e.g. 50257
+    int padded_vocab_size;  // Vp, V rounded up to a multiple of 128
+    int num_layers;         // L
+    int num_heads;          // NH
+    int channels;           // C
+} GPT2Config;
+
+// the tensors, in file order; every per-layer tensor is stacked over the L layers
+typedef struct {
+    float* wte;       // (Vp, C)   token embedding, tied to the LM head
+    float* wpe;       // (maxT, C) position embedding
+    float* ln1w;      // (L, C)
+    float* ln1b;      // (L, C)
+    float* qkvw;      // (L, 3C, C)
+    float* qkvb;      // (L, 3C)
+    float* attprojw;  // (L, C, C)
+    float* attprojb;  // (L, C)
+    float* ln2w;      // (L, C)
+    float* ln2b;      // (L, C)
+    float* fcw;       // (L, 4C, C)
+    float* fcb;       // (L, 4C)
+    float* fcprojw;   // (L, C, 4C)
+    float* fcprojb;   // (L, C)
+    float* lnfw;      // (C)
+    float* lnfb;      // (C)
+} ParameterTensors;
+
+static const char* parameter_names[NUM_PARAMETER_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+
+// AdamW decays the 2-D weight matrices only, never biases or LayerNorm gains (as in GPT-2/nanoGPT)
+static const int parameter_is_matrix[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0,
+                                                                0, 0, 1, 0, 1, 0, 0, 0};
+
+static inline void gpt2_parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], GPT2Config c) {
+    size_t Vp = c.padded_vocab_size, C = c.channels, maxT = c.max_seq_len, L = c.num_layers;
+    sizes[0] = Vp * C;
+    sizes[1] = maxT * C;
+    sizes[2] = L * C;
+    sizes[3] = L * C;
+    sizes[4] = L * 3 * C * C;
+    sizes[5] = L * 3 * C;
+    sizes[6] = L * C * C;
+    sizes[7] = L * C;
+    sizes[8] = L * C;
+    sizes[9] = L * C;
+    sizes[10] = L * 4 * C * C;
+    sizes[11] = L * 4 * C;
+    sizes[12] = L * C * 4 * C;
+    sizes[13] = L * C;
+    sizes[14] = C;
+    sizes[15] = C;
+}
+
+static inline size_t gpt2_num_parameters(GPT2Config c) {
+    size_t sizes[NUM_PARAMETER_TENSORS], total = 0;
+    gpt2_parameter_sizes(sizes, c);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) total += sizes[i];
+    return total;
+}
+
+// points each tensor into one contiguous buffer (parameters, gradients and AdamW moments share
+// this layout, so one flat all-reduce moves all gradients)
+static inline void gpt2_point_parameters(ParameterTensors* t, float* base, GPT2Config c) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_parameter_sizes(sizes, c);
+    float** ptrs[NUM_PARAMETER_TENSORS] = {
+        &t->wte, &t->wpe, &t->ln1w, &t->ln1b, &t->qkvw, &t->qkvb, &t->attprojw, &t->attprojb,
+        &t->ln2w, &t->ln2b, &t->fcw, &t->fcb, &t->fcprojw, &t->fcprojb, &t->lnfw, &t->lnfb};
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        *ptrs[i] = base;
+        base += sizes[i];
+    }
+}
+
+static inline void gpt2_check_config(GPT2Config c, const char* source) {
+    if (c.max_seq_len <= 0 || c.vocab_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 ||
+        c.channels <= 0 || c.padded_vocab_size < c.vocab_size) {
+        fail("%s: invalid GPT-2 config (maxT=%d V=%d Vp=%d L=%d NH=%d C=%d)", source,
+             c.max_seq_len, c.vocab_size, c.padded_vocab_size, c.num_layers, c.num_heads,
+             c.channels);
+    }
+    if (c.channels % c.num_heads != 0) {
+        fail("%s: channels C=%d is not divisible by the number of heads NH=%d", source, c.channels,
+             c.num_heads);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// model files: 256 x int32 header, then all parameters in the order above (fp32 or bf16)
+
+static inline float bf16_to_float(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, sizeof(f));
+    return f;
+}
+
+// reads a model file into a newly allocated fp32 host buffer; bf16 files are widened exactly
+static inline float* gpt2_read_model_file(const char* path, GPT2Config* config) {
+    FILE* f = fopen_check(path, "rb");
+    long file_bytes = file_size_check(f, path);
+    int header[256];
+    if (file_bytes < (long)sizeof(header)) {
+        fail("model file '%s' is %ld bytes, shorter than its 1024-byte header", path, file_bytes);
+    }
+    fread_check(header, sizeof(int), 256, f, path);
+    if (header[0] != MODEL_MAGIC) {
+        fail("model file '%s' has magic number %d, expected %d (an llm.c GPT-2 model file)", path,
+             header[0], MODEL_MAGIC);
+    }
+    int version = header[1];
+    if (version != MODEL_VERSION_FP32 && version != MODEL_VERSION_BF16) {
+        fail("model file '%s' has version %d, expected %d (fp32) or %d (bf16)", path, version,
+             MODEL_VERSION_FP32, MODEL_VERSION_BF16);
+    }
+    GPT2Config c;
+    c.max_seq_len = header[2];
+    c.vocab_size = header[3];
+    c.num_layers = header[4];
+    c.num_heads = header[5];
+    c.channels = header[6];
+    c.padded_vocab_size = header[7];
+    gpt2_check_config(c, path);
+    size_t n = gpt2_num_parameters(c);
+    size_t elem = version == MODEL_VERSION_FP32 ? 4 : 2;
+    long expected = (long)(sizeof(header) + n * elem);
+    if (file_bytes != expected) {
+        fail("model file '%s' is %ld bytes, expected %ld for its header's config (%zu parameters, "
+             "%zu bytes each): truncated or corrupt", path, file_bytes, expected, n, elem);
+    }
+    float* params = (float*)malloc_check(n * sizeof(float));
+    if (version == MODEL_VERSION_FP32) {
+        fread_check(params, sizeof(float), n, f, path);
+    } else {
+        uint16_t* tmp = (uint16_t*)malloc_check(n * sizeof(uint16_t));
+        fread_check(tmp, sizeof(uint16_t), n, f, path);
+        for (size_t i = 0; i < n; i++) params[i] = bf16_to_float(tmp[i]);
+        free(tmp);
+    }
+    fclose(f);
+    *config = c;
+    return params;
+}
+
+// writes an fp32 (version 3) model file through a temporary name
+static inline void gpt2_write_model_file(const char* path, GPT2Config c, const float* params) {
+    int header[256];
+    memset(header, 0, sizeof(header));
+    header[0] = MODEL_MAGIC;
+    header[1] = MODEL_VERSION_FP32;
+    header[2] = c.max_seq_len;
+    header[3] = c.vocab_size;
+    header[4] = c.num_layers;
+    header[5] = c.num_heads;
+    header[6] = c.channels;
+    header[7] = c.padded_vocab_size;
+    char tmp[4200];  // room for the path and ".tmp"
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE* f = fopen_check(tmp, "wb");
+    fwrite_check(header, sizeof(int), 256, f, tmp);
+    fwrite_check(params, sizeof(float), gpt2_num_parameters(c), f, tmp);
+    fclose_check(f, tmp);
+    rename_check(tmp, path);
+}
+
+// ---------------------------------------------------------------------------------------------
+// descriptors: "dL" builds a GPT-2 of depth L. The GPT-2 family (d12 124M, d24 350M, d36 774M,
+// d48 1.5B) uses its published widths; any other depth gets C = 64 L with heads of size 64.
+
+static inline int gpt2_config_from_descriptor(const char* desc, GPT2Config* c) {
+    if (desc[0] != 'd' || desc[1] == '\0') return 0;
+    for (const char* p = desc + 1; *p; p++) {
+        if (!isdigit((unsigned char)*p)) return 0;
+    }
+    int L = atoi(desc + 1);
+    if (L <= 0 || L > 1000) return 0;
+    int C = 64 * L, NH = L;
+    if (L == 24) { C = 1024; NH = 16; }
+    if (L == 36) { C = 1280; NH = 20; }
+    if (L == 48) { C = 1600; NH = 25; }
+    c->max_seq_len = 1024;
+    c->vocab_size = GPT2_VOCAB_SIZE;
+    c->padded_vocab_size = ((GPT2_VOCAB_SIZE + 127) / 128) * 128;  // 50304
+    c->num_layers = L;
+    c->num_heads = NH;
+    c->channels = C;
+    return 1;
+}
+
+// N(0, 0.02) for matrices, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, section 2.3),
+// biases zero, LayerNorm gains one; the padding rows of wte stay zero as they are never used
+static inline float* gpt2_init_random(GPT2Config c, uint64_t seed) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_parameter_sizes(sizes, c);
+    float* params = (float*)calloc_check(gpt2_num_parameters(c), sizeof(float));
+    ParameterTensors t;
+    gpt2_point_parameters(&t, params, c);
+    Rng rng;
+    rng_init(&rng, seed);
+    float residual_std = 0.02f / sqrtf(2.0f * (float)c.num_layers);
+    rng_normal_fill(&rng, t.wte, (size_t)c.vocab_size * c.channels, 0.0f, 0.02f);
+    rng_normal_fill(&rng, t.wpe, sizes[1], 0.0f, 0.02f);
+    rng_normal_fill(&rng, t.qkvw, sizes[4], 0.0f, 0.02f);
+    rng_normal_fill(&rng, t.attprojw, sizes[6], 0.0f, residual_std);
+    rng_normal_fill(&rng, t.fcw, sizes[10], 0.0f, 0.02f);
+    rng_normal_fill(&rng, t.fcprojw, sizes[12], 0.0f, residual_std);
+    for (size_t i = 0; i < sizes[2]; i++) t.ln1w[i] = 1.0f;
+    for (size_t i = 0; i < sizes[8]; i++) t.ln2w[i] = 1.0f;
+    for (size_t i = 0; i < sizes[14]; i++) t.lnfw[i] = 1.0f;
+    return params;
+}
+
+#endif

@@ -1,0 +1,564 @@
+/*
+GPT-2 training with data parallelism (DDP).
+
+Every rank holds a full replica of the model and the optimizer. Each step:
+  1. each rank runs forward + backward on its own slice of the global batch (micro-batches of
+     B x T tokens, accumulated `accum` times),
+  2. one all-reduce averages the flattened gradient buffer over the ranks,
+  3. every rank applies the same AdamW step to the same averaged gradient, so the replicas stay
+     identical without ever sending a parameter.
+The result is the same as one process training on the whole global batch (checked in test/).
+
+Build: make train_gpt2_dp          Run: mpirun -np 2 ./train_gpt2_dp -e d6 -o out
+The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
+*/
+#include <math.h>
+#include <stdint.h>
+#include "llmc/utils.h"
+#include "llmc/args.h"
+#include "llmc/comm.h"
+#include "llmc/gpt2.h"
+#include "llmc/dataloader.h"
+#include "llmc/tokenizer.h"
+#include "llmc/schedule.h"
+#include "llmc/logger.h"
+#include "llmc/checkpoint.h"
+#include "llmc/rng.h"
+#include "llmc/ops.h"
+
+// ----------------------------------------------------------------------------------------------
+// activations: what the forward pass keeps for the backward pass, plus backward scratch buffers
+
+typedef struct {
+    float* encoded;    // (B, T, C)      token + position embedding, the residual stream's input
+    float* ln1;        // (L, B, T, C)
+    float* ln1_mean;   // (L, B, T)
+    float* ln1_rstd;   // (L, B, T)
+    float* qkv;        // (L, B, T, 3C)
+    float* atty;       // (L, B, T, C)   attention output before its projection
+    float* att;        // (L, B, NH, T, T) softmax probabilities
+    float* attproj;    // (L, B, T, C)
+    float* residual2;  // (L, B, T, C)   residual stream after attention
+    float* ln2;        // (L, B, T, C)
+    float* ln2_mean;   // (L, B, T)
+    float* ln2_rstd;   // (L, B, T)
+    float* fch;        // (L, B, T, 4C)
+    float* fch_gelu;   // (L, B, T, 4C)
+    float* fcproj;     // (L, B, T, C)
+    float* residual3;  // (L, B, T, C)   residual stream after the MLP = next layer's input
+    float* lnf;        // (B, T, C)
+    float* lnf_mean;   // (B, T)
+    float* lnf_rstd;   // (B, T)
+    float* logits;     // (B, T, Vp)     overwritten with its gradient by fused_classifier
+    float* losses;     // (B, T)
+    float* dresidual;  // (B, T, C)      gradient of the residual stream, flowing down the layers
+    float* dbuf;       // (B, T, C)      gradient of a LayerNorm output or of the attention output
+    float* dqkv;       // (B, T, 3C)
+    float* dfch;       // (B, T, 4C)
+} Activations;
+
+#define NUM_ACTIVATION_TENSORS 25
+
+static void activation_sizes(size_t s[NUM_ACTIVATION_TENSORS], GPT2Config c, int B, int T) {
+    size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
+    size_t BT = (size_t)B * T;
+    size_t sizes[NUM_ACTIVATION_TENSORS] = {
+        BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * B * NH * T * T,
+        L * BT * C, L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * C, L * BT * 4 * C,
+        L * BT * C, L * BT * C, BT * C, BT, BT, BT * Vp, BT, BT * C, BT * C, BT * 3 * C,
+        BT * 4 * C};
+    memcpy(s, sizes, sizeof(sizes));
+}
+
+typedef struct {
+    GPT2Config config;
+    size_t num_parameters;
+    ParameterTensors params;
+    ParameterTensors grads;
+    float* params_memory;  // one buffer each, in the model file's layout
+    float* grads_memory;
+    float* m_memory;       // AdamW first moment
+    float* v_memory;       // AdamW second moment
+    Activations acts;
+    float* acts_memory;
+    size_t num_activations;
+    int B, T;              // the shape the activations were allocated for
+    int* inputs;           // (B, T) on the device
+    int* targets;          // (B, T) on the device
+    float* losses_host;    // (B, T)
+} GPT2;
+
+static void gpt2_build(GPT2* model, GPT2Config config, const float* params_host, int B, int T) {
+    model->config = config;
+    model->B = B;
+    model->T = T;
+    model->num_parameters = gpt2_num_parameters(config);
+    size_t bytes = model->num_parameters * sizeof(float);
+    model->params_memory = (float*)device_malloc(bytes);
+    model->grads_memory = (float*)device_malloc(bytes);
+    model->m_memory = (float*)device_malloc(bytes);
+    model->v_memory = (float*)device_malloc(bytes);
+    copy_host_to_device(model->params_memory, params_host, bytes);
+    device_memset_zero(model->m_memory, bytes);
+    device_memset_zero(model->v_memory, bytes);
+    gpt2_point_parameters(&model->params, model->params_memory, config);
+    gpt2_point_parameters(&model->grads, model->grads_memory, config);
+
+    size_t sizes[NUM_ACTIVATION_TENSORS];
+    activation_sizes(sizes, config, B, T);
+    model->num_activations = 0;
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) model->num_activations += sizes[i];
+    model->acts_memory = (float*)device_malloc(model->num_activations * sizeof(float));
+    float** ptrs = (float**)&model->acts;  // Activations is NUM_ACTIVATION_TENSORS float pointers
+    float* p = model->acts_memory;
+    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
+        ptrs[i] = p;
+        p += sizes[i];
+    }
+    model->inputs = (int*)device_malloc((size_t)B * T * sizeof(int));
+    model->targets = (int*)device_malloc((size_t)B * T * sizeof(int));
+    model->losses_host = (float*)malloc_check((size_t)B * T * sizeof(float));
+}
+
+static void gpt2_free(GPT2* model) {
+    device_free(model->params_memory);
+    device_free(model->grads_memory);
+    device_free(model->m_memory);
+    device_free(model->v_memory);
+    device_free(model->acts_memory);
+    device_free(model->inputs);
+    device_free(model->targets);
+    free(model->losses_host);
+}
+
+// ----------------------------------------------------------------------------------------------
+// forward and backward of the whole model on one micro-batch. B and T may be smaller than the
+// allocated shape (sampling uses B = 1): per-layer slices are laid out with the actual B, T.
+
+static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
+    GPT2Config c = model->config;
+    int L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
+    size_t BTC = (size_t)B * T * C, BT = (size_t)B * T;
+    ParameterTensors p = model->params;
+    Activations a = model->acts;
+    copy_host_to_device(model->inputs, inputs_host, BT * sizeof(int));
+
+    encoder_forward(a.encoded, model->inputs, p.wte, p.wpe, B, T, C);
+    for (int l = 0; l < L; l++) {
+        float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
+        float* ln1 = a.ln1 + l * BTC;
+        float* qkv = a.qkv + l * BTC * 3;
+        float* atty = a.atty + l * BTC;
+        float* attproj = a.attproj + l * BTC;
+        float* residual2 = a.residual2 + l * BTC;
+        float* ln2 = a.ln2 + l * BTC;
+        float* fch = a.fch + l * BTC * 4;
+        float* fch_gelu = a.fch_gelu + l * BTC * 4;
+        float* fcproj = a.fcproj + l * BTC;
+        // attention block: x + proj(attention(ln1(x)))
+        layernorm_forward(ln1, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, residual,
+                          p.ln1w + l * C, p.ln1b + l * C, B * T, C);
+        matmul_forward(qkv, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, B * T, C, 3 * C);
+        attention_forward(atty, a.att + (size_t)l * B * NH * T * T, qkv, B, T, C, NH);
+        matmul_forward(attproj, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, B * T, C, C);
+        residual_forward(residual2, residual, attproj, BTC);
+        // MLP block: x + fcproj(gelu(fc(ln2(x))))
+        layernorm_forward(ln2, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, residual2,
+                          p.ln2w + l * C, p.ln2b + l * C, B * T, C);
+        matmul_forward(fch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, B * T, C, 4 * C);
+        gelu_forward(fch_gelu, fch, BTC * 4);
+        matmul_forward(fcproj, fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, B * T, 4 * C, C);
+        residual_forward(a.residual3 + l * BTC, residual2, fcproj, BTC);
+    }
+    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (L - 1) * BTC, p.lnfw, p.lnfb, B * T, C);
+    // LM head tied to the token embedding: logits (B, T, Vp) = lnf @ wte^T
+    matmul_forward(a.logits, a.lnf, p.wte, NULL, B * T, C, Vp);
+}
+
+// mean cross-entropy of the micro-batch. With dloss != 0 the logits are replaced by their
+// gradient, each token's loss weighted by dloss (1 / tokens in the global batch per rank).
+static float gpt2_loss(GPT2* model, const int* targets_host, int B, int T, float dloss) {
+    GPT2Config c = model->config;
+    size_t BT = (size_t)B * T;
+    copy_host_to_device(model->targets, targets_host, BT * sizeof(int));
+    fused_classifier(model->acts.logits, model->acts.losses, model->targets, dloss, B * T,
+                     c.vocab_size, c.padded_vocab_size);
+    copy_device_to_host(model->losses_host, model->acts.losses, BT * sizeof(float));
+    double sum = 0.0;
+    for (size_t i = 0; i < BT; i++) sum += model->losses_host[i];
+    return (float)(sum / (double)BT);
+}
+
+// accumulates parameter gradients into model->grads; expects gpt2_loss to have left dlogits
+static void gpt2_backward(GPT2* model, int B, int T) {
+    GPT2Config c = model->config;
+    int L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
+    size_t BTC = (size_t)B * T * C, BT = (size_t)B * T;
+    ParameterTensors p = model->params, g = model->grads;
+    Activations a = model->acts;
+
+    // LM head and final LayerNorm: dresidual = gradient w.r.t. the last layer's output
+    matmul_backward(a.dbuf, g.wte, NULL, a.logits, a.lnf, p.wte, B * T, C, Vp);
+    device_memset_zero(a.dresidual, BTC * sizeof(float));
+    layernorm_backward(a.dresidual, g.lnfw, g.lnfb, a.dbuf, a.residual3 + (L - 1) * BTC, p.lnfw,
+                       a.lnf_mean, a.lnf_rstd, B * T, C);
+    for (int l = L - 1; l >= 0; l--) {
+        float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
+        // MLP block; the residual add passes dresidual to fcproj's output unchanged
+        matmul_backward(a.dfch, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, a.dresidual,
+                        a.fch_gelu + l * BTC * 4, p.fcprojw + (size_t)l * C * 4 * C, B * T, 4 * C, C);
+        gelu_backward(a.dfch, a.fch + l * BTC * 4, a.dfch, BTC * 4);
+        matmul_backward(a.dbuf, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, a.dfch,
+                        a.ln2 + l * BTC, p.fcw + (size_t)l * 4 * C * C, B * T, C, 4 * C);
+        layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, a.dbuf,
+                           a.residual2 + l * BTC, p.ln2w + l * C, a.ln2_mean + l * BT,
+                           a.ln2_rstd + l * BT, B * T, C);
+        // attention block
+        matmul_backward(a.dbuf, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, a.dresidual,
+                        a.atty + l * BTC, p.attprojw + (size_t)l * C * C, B * T, C, C);
+        attention_backward(a.dqkv, a.dbuf, a.qkv + l * BTC * 3, a.att + (size_t)l * B * NH * T * T,
+                           B, T, C, NH);
+        matmul_backward(a.dbuf, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, a.dqkv,
+                        a.ln1 + l * BTC, p.qkvw + (size_t)l * 3 * C * C, B * T, C, 3 * C);
+        layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, a.dbuf, residual,
+                           p.ln1w + l * C, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, B * T, C);
+    }
+    encoder_backward(g.wte, g.wpe, a.dresidual, model->inputs, B, T, C);
+}
+
+// ----------------------------------------------------------------------------------------------
+
+typedef struct {
+    const char* train_path;
+    const char* val_path;
+    const char* model;
+    const char* out_dir;
+    const char* tokenizer_path;
+    const char* dump_grads;
+    int B, T, total_batch;
+    float lr, final_lr_frac, weight_decay, grad_clip;
+    int warmup, max_steps;
+    int val_every, val_batches, sample_every, gen_tokens;
+    int checkpoint_every, resume;
+    int seed, shuffle;
+} TrainArgs;
+
+static float evaluate(GPT2* model, DataLoader* val, int batches, CommGroup* world) {
+    double sum = 0.0;
+    for (int i = 0; i < batches; i++) {
+        dataloader_seek(val, (size_t)i);
+        dataloader_load_microbatch(val, 0, model->config.vocab_size);
+        gpt2_forward(model, val->inputs, model->B, model->T);
+        sum += gpt2_loss(model, val->targets, model->B, model->T, 0.0f);
+    }
+    float loss = (float)(sum / batches);
+    comm_all_reduce(world, &loss, 1, COMM_AVG);  // every rank saw different validation tokens
+    return loss;
+}
+
+// autoregressive sampling from <|endoftext|>, one sequence on rank 0
+static void sample(GPT2* model, const Tokenizer* tok, Rng* rng, int gen_tokens) {
+    int V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
+    int* tokens = (int*)malloc_check((size_t)gen_tokens * sizeof(int));
+    float* logits = (float*)malloc_check((size_t)Vp * sizeof(float));
+    tokens[0] = tok->eot_token;
+    printf("---- sample ----\n");
+    for (int t = 1; t < gen_tokens; t++) {
+        gpt2_forward(model, tokens, 1, t);
+        copy_device_to_host(logits, model->acts.logits + (size_t)(t - 1) * Vp, Vp * sizeof(float));
+        float maxval = -INFINITY, sum = 0.0f;
+        for (int v = 0; v < V; v++) maxval = logits[v] > maxval ? logits[v] : maxval;
+        for (int v = 0; v < V; v++) sum += expf(logits[v] - maxval);
+        float r = rng_uniform(rng) * sum, cdf = 0.0f;
+        int next = V - 1;
+        for (int v = 0; v < V; v++) {
+            cdf += expf(logits[v] - maxval);
+            if (r < cdf) { next = v; break; }
+        }
+        tokens[t] = next;
+        tokenizer_print(tok, next);
+        fflush(stdout);
+    }
+    printf("\n----------------\n");
+    free(tokens);
+    free(logits);
+}
+
+static void write_checkpoint(GPT2* model, const TrainArgs* args, CommGroup* world, int step,
+                             int accum, const Rng* rng) {
+    char path[4096];
+    size_t n = model->num_parameters;
+    float* host = (float*)malloc_check(n * sizeof(float) * 2);
+    if (world->rank == 0) {  // the replicas are identical: one copy of the weights is enough
+        copy_device_to_host(host, model->params_memory, n * sizeof(float));
+        checkpoint_path(path, sizeof(path), args->out_dir, "model", step, -1);
+        gpt2_write_model_file(path, model->config, host);
+    }
+    TrainState s = {step, world->size, args->B, args->T, accum, rng->state};
+    copy_device_to_host(host, model->m_memory, n * sizeof(float));
+    copy_device_to_host(host + n, model->v_memory, n * sizeof(float));
+    checkpoint_path(path, sizeof(path), args->out_dir, "state", step, world->rank);
+    state_write(path, &s, world->rank, host, host + n, n);
+    free(host);
+    comm_barrier(world);  // DONE only once every rank's file is in place
+    if (world->rank == 0) checkpoint_mark_done(args->out_dir, step);
+}
+
+// loads checkpoint `step` into the model; returns the saved state after checking the layout
+static TrainState read_checkpoint(GPT2* model, const TrainArgs* args, CommGroup* world,
+                                  int step, int accum) {
+    char path[4096];
+    size_t n = model->num_parameters;
+    GPT2Config c;
+    checkpoint_path(path, sizeof(path), args->out_dir, "model", step, -1);
+    float* params = gpt2_read_model_file(path, &c);
+    if (gpt2_num_parameters(c) != n) fail("checkpoint '%s' does not match the model of -e", path);
+    copy_host_to_device(model->params_memory, params, n * sizeof(float));
+    free(params);
+    float* host = (float*)malloc_check(n * sizeof(float) * 2);
+    TrainState s;
+    checkpoint_path(path, sizeof(path), args->out_dir, "state", step, world->rank);
+    state_read(path, &s, world->rank, host, host + n, n);
+    if (s.world != world->size || s.B != args->B || s.T != args->T || s.accum != accum) {
+        fail("checkpoint '%s' was written by %d ranks with -b %d -t %d and %d accumulation steps; "
+             "resume needs the same layout (now %d ranks, -b %d -t %d, %d steps)", path, s.world,
+             s.B, s.T, s.accum, world->size, args->B, args->T, accum);
+    }
+    copy_host_to_device(model->m_memory, host, n * sizeof(float));
+    copy_host_to_device(model->v_memory, host + n, n * sizeof(float));
+    free(host);
+    return s;
+}
+
+int main(int argc, char** argv) {
+    TrainArgs args = {
+        "dev/data/tinyshakespeare/tiny_shakespeare_train.bin",
+        "dev/data/tinyshakespeare/tiny_shakespeare_val.bin",
+        "d12", NULL, "dev/data/gpt2_tokenizer.bin", NULL,
+        4, 64, -1,
+        3e-4f, 1.0f, 0.0f, 1.0f,
+        0, -1,
+        20, 20, 20, 64,
+        0, 0,
+        1337, 0};
+    ArgSpec specs[] = {
+        {"-i", ARG_STRING, &args.train_path, "train token file"},
+        {"-j", ARG_STRING, &args.val_path, "validation token file"},
+        {"-e", ARG_STRING, &args.model, "model file, or descriptor dL for a random init (d12 = 124M)"},
+        {"-o", ARG_STRING, &args.out_dir, "output dir for main.log and checkpoints"},
+        {"-b", ARG_INT, &args.B, "micro-batch size per rank, in sequences"},
+        {"-t", ARG_INT, &args.T, "sequence length"},
+        {"-d", ARG_INT, &args.total_batch, "total batch in tokens = B*T*ranks*accumulation (-1: B*T*ranks)"},
+        {"-l", ARG_FLOAT, &args.lr, "peak learning rate"},
+        {"-u", ARG_INT, &args.warmup, "warmup steps"},
+        {"-q", ARG_FLOAT, &args.final_lr_frac, "final learning rate as a fraction of -l (cosine decay)"},
+        {"-c", ARG_FLOAT, &args.weight_decay, "AdamW weight decay (2-D weights only)"},
+        {"-x", ARG_INT, &args.max_steps, "optimizer steps (-1: one epoch)"},
+        {"-v", ARG_INT, &args.val_every, "validation loss every N steps (0: never)"},
+        {"-m", ARG_INT, &args.val_batches, "validation batches per evaluation"},
+        {"-s", ARG_INT, &args.sample_every, "sample text every N steps (0: never)"},
+        {"-g", ARG_INT, &args.gen_tokens, "tokens to generate per sample"},
+        {"-n", ARG_INT, &args.checkpoint_every, "checkpoint every N steps and at the end (0: never)"},
+        {"-y", ARG_INT, &args.resume, "1: resume from the newest checkpoint in -o"},
+        {"-gc", ARG_FLOAT, &args.grad_clip, "clip the global gradient norm to this (0: off)"},
+        {"-seed", ARG_INT, &args.seed, "seed of the random init, data shuffling and sampling"},
+        {"-shuffle", ARG_INT, &args.shuffle, "1: shuffle the order of global batches every epoch"},
+        {"-tok", ARG_STRING, &args.tokenizer_path, "tokenizer decode table, for samples"},
+        {"-dump_grads", ARG_STRING, &args.dump_grads, "write the averaged gradients of the first step here (tests)"},
+    };
+    int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
+    if (!args_parse(argc, argv, specs, num_specs)) return 0;
+
+    CommGroup world;
+    comm_init(&world, &argc, &argv);
+    int rank = world.rank;
+
+    // ---- model: a model file, or a random init from a descriptor
+    GPT2Config config;
+    float* params_host;
+    if (gpt2_config_from_descriptor(args.model, &config)) {
+        params_host = gpt2_init_random(config, (uint64_t)args.seed);
+    } else {
+        params_host = gpt2_read_model_file(args.model, &config);
+    }
+
+    // ---- the batch layout: B x T per micro-batch, `accum` micro-batches per rank per step
+    if (args.B <= 0 || args.T <= 0) fail("-b %d -t %d: both must be positive", args.B, args.T);
+    if (args.T > config.max_seq_len) {
+        fail("-t %d is longer than the model's maximum sequence length %d", args.T, config.max_seq_len);
+    }
+    int tokens_per_pass = args.B * args.T * world.size;  // one micro-batch on every rank
+    if (args.total_batch == -1) args.total_batch = tokens_per_pass;
+    if (args.total_batch <= 0 || args.total_batch % tokens_per_pass != 0) {
+        fail("-d %d must be a positive multiple of B*T*ranks = %d*%d*%d = %d", args.total_batch,
+             args.B, args.T, world.size, tokens_per_pass);
+    }
+    int accum = args.total_batch / tokens_per_pass;
+    if ((args.checkpoint_every > 0 || args.resume) && args.out_dir == NULL) {
+        fail("-n and -y need an output dir (-o)");
+    }
+    if (args.val_every < 0 || args.sample_every < 0 || args.checkpoint_every < 0 || args.val_batches <= 0) {
+        fail("-v, -s, -n must be >= 0 and -m > 0");
+    }
+
+    DataLoader train, val;
+    dataloader_init(&train, args.train_path, args.B, args.T, rank, world.size, accum, args.shuffle, (uint64_t)args.seed);
+    if (args.val_every > 0) {
+        dataloader_init(&val, args.val_path, args.B, args.T, rank, world.size, 1, 0, 0);
+        if ((size_t)args.val_batches > val.batches_per_epoch) args.val_batches = (int)val.batches_per_epoch;
+    }
+    int max_steps = args.max_steps >= 0 ? args.max_steps : (int)train.batches_per_epoch;
+    Tokenizer tok = {0, 0, NULL};
+    int can_sample = rank == 0 && args.sample_every > 0;
+    if (can_sample) {
+        FILE* f = fopen(args.tokenizer_path, "rb");
+        if (f == NULL) {
+            printf("warning: no tokenizer at '%s' (-tok): samples are off\n", args.tokenizer_path);
+            can_sample = 0;
+        } else {
+            fclose(f);
+            tokenizer_init(&tok, args.tokenizer_path);
+        }
+    }
+    int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
+
+    GPT2 model;
+    gpt2_build(&model, config, params_host, args.B, args.T);
+    free(params_host);
+
+    if (rank == 0) {
+        size_t P = model.num_parameters;
+        printf("+-----------------------+----------------------------------------------------+\n");
+        printf("| train_gpt2_dp (DDP)   | backend %-42s |\n", BACKEND_NAME);
+        printf("| model                 | %-50s |\n", args.model);
+        printf("| L, NH, C              | %d, %d, %-44d |\n", config.num_layers, config.num_heads, config.channels);
+        printf("| maxT, V, Vp           | %d, %d, %-42d |\n", config.max_seq_len, config.vocab_size, config.padded_vocab_size);
+        printf("| parameters            | %-50zu |\n", P);
+        printf("| ranks (data parallel) | %-50d |\n", world.size);
+        printf("| micro-batch B x T     | %d x %-46d |\n", args.B, args.T);
+        printf("| accumulation steps    | %-50d |\n", accum);
+        printf("| total batch (tokens)  | %-50d |\n", args.total_batch);
+        printf("| steps                 | %-50d |\n", max_steps);
+        printf("| train / val tokens    | %zu / %-41zu |\n", train.num_tokens, args.val_every > 0 ? val.num_tokens : (size_t)0);
+        printf("+-----------------------+----------------------------------------------------+\n");
+        size_t sizes[NUM_PARAMETER_TENSORS];
+        gpt2_parameter_sizes(sizes, config);
+        printf("parameter layout (one flat buffer; gradients and AdamW moments share it):\n");
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            printf("  %-9s %12zu%s\n", parameter_names[i], sizes[i], parameter_is_matrix[i] ? "  (weight decay)" : "");
+        }
+        printf("memory per rank (every rank holds a full replica):\n");
+        printf("  parameters     %10.1f MB\n", P * 4 / 1e6);
+        printf("  gradients      %10.1f MB\n", P * 4 / 1e6);
+        printf("  AdamW m, v     %10.1f MB\n", P * 8 / 1e6);
+        printf("  activations    %10.1f MB\n", model.num_activations * 4 / 1e6);
+        printf("  comm buffers   %10.1f MB  (the all-reduce works in place)\n", 0.0);
+        printf("  total          %10.1f MB\n", (P * 16 + model.num_activations * 4) / 1e6);
+    }
+
+    // ---- resume from the newest complete checkpoint
+    Rng sample_rng;
+    rng_init(&sample_rng, (uint64_t)args.seed + 1);
+    int start_step = 0;
+    if (args.resume) {
+        int latest = rank == 0 ? checkpoint_latest(args.out_dir) : 0;
+        comm_broadcast(&world, &latest, sizeof(int), 0);
+        if (latest < 0) fail("-y 1: no complete checkpoint (DONE_ file) in '%s'", args.out_dir);
+        TrainState s = read_checkpoint(&model, &args, &world, latest, accum);
+        start_step = s.step;
+        sample_rng.state = s.rng;
+        dataloader_seek(&train, (size_t)start_step);
+        if (rank == 0) printf("resumed from step %d in %s\n", start_step, args.out_dir);
+    }
+    if (args.out_dir != NULL) {
+        if (rank == 0) make_dir(args.out_dir);
+        comm_barrier(&world);
+    }
+    Logger logger;
+    logger_init(&logger, args.out_dir, rank, args.resume);
+
+    // ---- training loop; `step` counts completed optimizer steps
+    double total_time = 0.0;
+    int timed_steps = 0;
+    for (int step = start_step; step <= max_steps; step++) {
+        int last = step == max_steps;
+        if (args.val_every > 0 && (step % args.val_every == 0 || last)) {
+            float val_loss = evaluate(&model, &val, args.val_batches, &world);
+            if (rank == 0) printf("step %d: val loss %.6f\n", step, val_loss);
+            logger_val(&logger, step, val_loss);
+        }
+        if (can_sample && step > 0 && (step % args.sample_every == 0 || last)) {
+            sample(&model, &tok, &sample_rng, gen_tokens);
+        }
+        if (args.checkpoint_every > 0 && (last || (step > start_step && step % args.checkpoint_every == 0))) {
+            write_checkpoint(&model, &args, &world, step, accum, &sample_rng);
+        }
+        if (last) break;
+
+        double t0 = wall_time_s();
+        comm_reset_counters(&world);
+        // 1. forward + backward over this rank's micro-batches; gradients accumulate
+        device_memset_zero(model.grads_memory, model.num_parameters * sizeof(float));
+        float loss = 0.0f;
+        float dloss = 1.0f / (float)((size_t)args.B * args.T * accum);  // mean over rank's tokens
+        for (int micro = 0; micro < accum; micro++) {
+            dataloader_load_microbatch(&train, micro, config.vocab_size);
+            gpt2_forward(&model, train.inputs, args.B, args.T);
+            loss += gpt2_loss(&model, train.targets, args.B, args.T, dloss) / (float)accum;
+            gpt2_backward(&model, args.B, args.T);
+        }
+        dataloader_advance(&train);
+        // 2. DDP: average the gradients (all P floats, one flat buffer) and the loss over ranks
+        comm_all_reduce(&world, model.grads_memory, model.num_parameters, COMM_AVG);
+        comm_all_reduce(&world, &loss, 1, COMM_AVG);
+        if (args.dump_grads != NULL && step == 0 && rank == 0) {
+            float* g = (float*)malloc_check(model.num_parameters * sizeof(float));
+            copy_device_to_host(g, model.grads_memory, model.num_parameters * sizeof(float));
+            gpt2_write_model_file(args.dump_grads, config, g);
+            free(g);
+        }
+        // 3. the same clipped AdamW step on every rank (clip as torch.nn.utils.clip_grad_norm_)
+        float grad_norm = sqrtf(global_norm_squared(model.grads_memory, model.num_parameters));
+        float grad_scale = 1.0f;
+        if (args.grad_clip > 0.0f) {
+            float coef = args.grad_clip / (grad_norm + 1e-6f);
+            grad_scale = coef < 1.0f ? coef : 1.0f;
+        }
+        float lr = learning_rate_at(step, args.lr, args.warmup, max_steps, args.final_lr_frac);
+        size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
+        gpt2_parameter_sizes(sizes, config);
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            float wd = parameter_is_matrix[i] ? args.weight_decay : 0.0f;
+            adamw_update(model.params_memory + offset, model.grads_memory + offset,
+                         model.m_memory + offset, model.v_memory + offset, sizes[i], lr, 0.9f,
+                         0.95f, 1e-8f, wd, step + 1, grad_scale);
+            offset += sizes[i];
+        }
+        device_synchronize();
+        double dt = wall_time_s() - t0;
+        if (step > start_step) {  // the first step warms caches; leave it out of the average
+            total_time += dt;
+            timed_steps++;
+        }
+        double tokens_per_s = args.total_batch / dt;
+        if (rank == 0) {
+            char comm_summary[256];
+            comm_format_counters(&world, comm_summary, sizeof(comm_summary));
+            printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | %s\n",
+                   step + 1, max_steps, loss, lr, grad_norm, dt * 1e3, tokens_per_s, comm_summary);
+        }
+        logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s);
+    }
+    if (rank == 0 && timed_steps > 0) {
+        printf("average step time %.1f ms, %.0f tokens/s\n", total_time / timed_steps * 1e3,
+               args.total_batch / (total_time / timed_steps));
+    }
+
+    logger_close(&logger);
+    if (can_sample) tokenizer_free(&tok);
+    dataloader_free(&train);
+    if (args.val_every > 0) dataloader_free(&val);
+    gpt2_free(&model);
+    comm_finalize();
+    return 0;
+}
