@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what the project needs and is missing, on Debian/Ubuntu:
+#   MPI (compiler wrapper and mpirun)          libopenmpi-dev openmpi-bin
+#   the PyTorch reference for the tests        python3-torch python3-numpy (Debian's /usr/bin/python3)
+set -euo pipefail
+need=()
+command -v mpicc >/dev/null 2>&1 || need+=(libopenmpi-dev)
+command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
+command -v make >/dev/null 2>&1 || need+=(make)
+command -v gcc >/dev/null 2>&1 || need+=(gcc)
+/usr/bin/python3 -c "import torch" >/dev/null 2>&1 || need+=(python3-torch)
+/usr/bin/python3 -c "import numpy" >/dev/null 2>&1 || need+=(python3-numpy)
+if [ ${#need[@]} -eq 0 ]; then
+    echo "setup: everything is installed"
+    exit 0
+fi
+echo "setup: installing ${need[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}"

@@ -1,0 +1,214 @@
+"""
+The PyTorch reference: GPT-2 as DESIGN.md section 5 defines it, trained on one process from
+fp32 initial weights, in float64 by default (--dtype float32 to train in fp32).
+Runs on Debian's torch 1.13 (CPU) and on torch 2.x.
+
+    /usr/bin/python3 test/reference.py --out DIR [--layers 2 --heads 4 --channels 64 ...]
+
+writes to DIR:
+    model.bin        the initial weights (llm.c model file, fp32, version 3): the trainers load it
+    model_bf16.bin   the same weights rounded to bf16 (version 5)
+    grads.bin        the gradients of step 0, before clipping, in the model file layout
+    final.bin        the weights after all steps
+    reference.json   per-step losses, gradient norms and learning rates
+
+Batches: step s uses the global batch tokens[s*G : s*G + G + 1] of the token file, G = B*T
+(B = sequences in the global batch), read as B rows of T inputs with targets shifted by one:
+the same tokens the trainers' ranks and micro-steps divide among themselves.
+"""
+import argparse
+import json
+import math
+import os
+import struct
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, C, NH):
+        super().__init__()
+        self.NH = NH
+        self.ln1 = nn.LayerNorm(C)
+        self.qkv = nn.Linear(C, 3 * C)
+        self.attproj = nn.Linear(C, C)
+        self.ln2 = nn.LayerNorm(C)
+        self.fc = nn.Linear(C, 4 * C)
+        self.fcproj = nn.Linear(4 * C, C)
+
+    def attention(self, x):
+        B, T, C = x.shape
+        hs = C // self.NH
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q, k, v = [t.view(B, T, self.NH, hs).transpose(1, 2) for t in (q, k, v)]  # (B, NH, T, hs)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(hs)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+        y = F.softmax(scores, dim=-1) @ v
+        return self.attproj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+    def forward(self, x):
+        x = x + self.attention(self.ln1(x))
+        return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
+class GPT2(nn.Module):
+    def __init__(self, L, NH, C, maxT, V, Vp):
+        super().__init__()
+        self.L, self.NH, self.C, self.maxT, self.V, self.Vp = L, NH, C, maxT, V, Vp
+        self.wte = nn.Parameter(torch.zeros(Vp, C))  # rows V..Vp are padding, never targets
+        self.wpe = nn.Parameter(torch.zeros(maxT, C))
+        self.blocks = nn.ModuleList([Block(C, NH) for _ in range(L)])
+        self.lnf = nn.LayerNorm(C)
+
+    def init_weights(self, seed):
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            self.wte[: self.V].normal_(0.0, 0.02, generator=g)
+            self.wpe.normal_(0.0, 0.02, generator=g)
+            for b in self.blocks:
+                for lin, std in ((b.qkv, 0.02), (b.attproj, 0.02 / math.sqrt(2 * self.L)),
+                                 (b.fc, 0.02), (b.fcproj, 0.02 / math.sqrt(2 * self.L))):
+                    lin.weight.normal_(0.0, std, generator=g)
+                    lin.bias.zero_()
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        x = self.wte[idx] + self.wpe[:T]
+        for b in self.blocks:
+            x = b(x)
+        logits = self.lnf(x) @ self.wte[: self.V].t()  # LM head tied to the token embedding
+        return F.cross_entropy(logits.view(-1, self.V), targets.reshape(-1))
+
+    def tensors(self, grads=False):
+        """the 16 tensors in model-file order, per-layer ones stacked over layers"""
+        get = (lambda p: p.grad if p.grad is not None else torch.zeros_like(p)) if grads else (lambda p: p.data)
+        stack = lambda f: torch.stack([get(f(b)) for b in self.blocks])
+        return [get(self.wte), get(self.wpe),
+                stack(lambda b: b.ln1.weight), stack(lambda b: b.ln1.bias),
+                stack(lambda b: b.qkv.weight), stack(lambda b: b.qkv.bias),
+                stack(lambda b: b.attproj.weight), stack(lambda b: b.attproj.bias),
+                stack(lambda b: b.ln2.weight), stack(lambda b: b.ln2.bias),
+                stack(lambda b: b.fc.weight), stack(lambda b: b.fc.bias),
+                stack(lambda b: b.fcproj.weight), stack(lambda b: b.fcproj.bias),
+                get(self.lnf.weight), get(self.lnf.bias)]
+
+    def header(self, version):
+        h = [0] * 256
+        h[:8] = [20240326, version, self.maxT, self.V, self.L, self.NH, self.C, self.Vp]
+        return struct.pack("<256i", *h)
+
+
+def write_model_file(path, model, tensors, bf16=False):
+    flat = torch.cat([t.detach().reshape(-1).float() for t in tensors]).numpy()
+    with open(path, "wb") as f:
+        if bf16:  # round to nearest even, keep the top 16 bits
+            bits = flat.view(np.uint32).astype(np.uint64)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            f.write(model.header(5))
+            f.write(rounded.tobytes())
+        else:
+            f.write(model.header(3))
+            f.write(flat.astype(np.float32).tobytes())
+
+
+def read_model_file(path):
+    """(header ints, fp32 parameters) of an llm.c model file, widening bf16"""
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(1024), dtype=np.int32)
+        body = f.read()
+    if header[1] == 5:
+        return header, (np.frombuffer(body, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return header, np.frombuffer(body, dtype=np.float32)
+
+
+def read_tokens(path):
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(1024), dtype=np.int32)
+        assert header[0] == 20240520 and header[1] == 1, path
+        return np.frombuffer(f.read(), dtype=np.uint16)[: header[2]].astype(np.int64)
+
+
+def learning_rate(step, lr, warmup, max_steps, final_frac):
+    """linear warmup, then cosine from lr to lr * final_frac at max_steps"""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    if max_steps <= warmup:
+        return lr
+    progress = (step - warmup) / (max_steps - warmup)
+    return lr * final_frac + (lr - lr * final_frac) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def run(args):
+    torch.manual_seed(args.seed)
+    model = GPT2(args.layers, args.heads, args.channels, args.max_seq_len, 50257, 50304)
+    model.init_weights(args.seed)
+    os.makedirs(args.out, exist_ok=True)
+    write_model_file(os.path.join(args.out, "model.bin"), model, model.tensors())
+    write_model_file(os.path.join(args.out, "model_bf16.bin"), model, model.tensors(), bf16=True)
+    # the fp32 weights, trained in float64 by default: the exact arithmetic that an fp32 trainer
+    # approximates, so the tolerances of a comparison measure only the trainer's own rounding
+    if args.dtype == "float64":
+        model = model.double()
+
+    # AdamW with decoupled weight decay on the 2-D weights only
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    tokens = read_tokens(args.tokens)
+    B, T = args.batch, args.seq_len
+    G = B * T
+    losses, norms, lrs = [], [], []
+    for step in range(args.steps):
+        chunk = torch.from_numpy(tokens[step * G: step * G + G + 1])
+        x, y = chunk[:-1].view(B, T), chunk[1:].view(B, T)
+        loss = model(x, y)
+        loss.backward()
+        if step == 0:
+            write_model_file(os.path.join(args.out, "grads.bin"), model, model.tensors(grads=True))
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        lr = learning_rate(step, args.lr, args.warmup, args.steps, args.final_lr_frac)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        norms.append(float(norm))
+        lrs.append(lr)
+    write_model_file(os.path.join(args.out, "final.bin"), model, model.tensors())
+    with open(os.path.join(args.out, "reference.json"), "w") as f:
+        json.dump({"losses": losses, "grad_norms": norms, "lrs": lrs}, f, indent=1)
+    return losses, norms
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--tokens", default="dev/data/tinyshakespeare/tiny_shakespeare_train.bin")
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--channels", type=int, default=64)
+    ap.add_argument("--max-seq-len", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=8, help="sequences in the global batch")
+    ap.add_argument("--seq-len", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--final-lr-frac", type=float, default=0.1)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    args = ap.parse_args()
+    losses, norms = run(args)
+    for i, (l, n) in enumerate(zip(losses, norms)):
+        print("step %d loss %.6f grad norm %.4f" % (i + 1, l, n))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,402 @@
+"""
+The test runner behind `make test`. Runs every test, prints one line each and ends with
+"N passed, N failed, N skipped"; exits non-zero when any test fails.
+
+The trainers are compared against test/reference.py (PyTorch, fp32, one process): same initial
+weights (the reference writes the model file the trainers load), same global batches.
+
+    /usr/bin/python3 test/run_tests.py [name-filter]
+"""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "test"))
+import reference  # noqa: E402
+
+TMP = os.path.join(ROOT, "test", "tmp")
+TIMEOUT = 300  # seconds; a run that takes longer is reported as a hang
+TESTS = []
+
+
+class Skip(Exception):
+    pass
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+def mpirun(np_, args, threads=1, timeout=TIMEOUT, program="./train_gpt2_dp"):
+    """runs program under mpirun with np_ ranks; returns (returncode, stdout + stderr)"""
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), program] + [str(a) for a in args]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("no exit within %d s (hang?): %s" % (timeout, " ".join(cmd)))
+    return p.returncode, p.stdout.decode("utf-8", "replace")
+
+
+def run_ok(np_, args, **kw):
+    code, out = mpirun(np_, args, **kw)
+    assert code == 0, "exit code %d\n%s" % (code, out[-3000:])
+    return out
+
+
+def fresh_dir(name):
+    d = os.path.join(TMP, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    return d
+
+
+def read_log(out_dir):
+    train, val = {}, {}
+    with open(os.path.join(out_dir, "main.log")) as f:
+        for line in f:
+            rec = json.loads(line)
+            (train if "train_loss" in rec else val)[rec["step"]] = rec
+    return train, val
+
+
+# ---------------------------------------------------------------------------------------------
+# the reference run shared by the trainer tests: a 2-layer GPT-2 (C=64, 4 heads, real vocab),
+# global batch 8 x 32 tokens, 5 AdamW steps with warmup, cosine decay, weight decay and clipping
+
+REF = dict(layers=2, heads=4, channels=64, max_seq_len=64, batch=8, seq_len=32, steps=5, lr=1e-3,
+           warmup=2, final_lr_frac=0.1, weight_decay=0.1, grad_clip=1.0, seed=42, dtype="float64",
+           tokens=os.path.join(ROOT, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"))
+_ref_cache = {}
+
+
+def reference_run():
+    if not _ref_cache:
+        out = os.path.join(TMP, "reference")
+        shutil.rmtree(out, ignore_errors=True)
+        args = type("Args", (), dict(REF, out=out))
+        reference.run(args)
+        with open(os.path.join(out, "reference.json")) as f:
+            _ref_cache.update(json.load(f), dir=out)
+        # the comparison is only meaningful if clipping and weight decay act: check they do
+        assert _ref_cache["grad_norms"][0] > REF["grad_clip"], "reference: clipping never active"
+    return _ref_cache
+
+
+def trainer_args(ref, B, out_dir, extra=()):
+    total = REF["batch"] * REF["seq_len"]
+    return ["-e", os.path.join(ref["dir"], "model.bin"), "-i", REF["tokens"], "-b", B,
+            "-t", REF["seq_len"], "-d", total, "-x", REF["steps"], "-l", REF["lr"],
+            "-u", REF["warmup"], "-q", REF["final_lr_frac"], "-c", REF["weight_decay"],
+            "-gc", REF["grad_clip"], "-v", 0, "-s", 0, "-o", out_dir] + list(extra)
+
+
+def compare_with_reference(ranks, accum):
+    ref = reference_run()
+    B = REF["batch"] // (ranks * accum)
+    d = fresh_dir("dp_np%d_accum%d" % (ranks, accum))
+    grads_path = os.path.join(d, "grads.bin")
+    run_ok(ranks, trainer_args(ref, B, d, ["-n", REF["steps"], "-dump_grads", grads_path]))
+    train, _ = read_log(d)
+    losses = [train[s + 1]["train_loss"] for s in range(REF["steps"])]
+    norms = [train[s + 1]["grad_norm"] for s in range(REF["steps"])]
+    # The reference trains in float64, so every difference below is the trainer's fp32 rounding.
+    # losses: the fp32 spacing at 10.8 is 1e-6 and measured errors are ~5e-7; 1e-5 leaves 20x
+    # room, while a wrong token, mask or scale moves the loss by 1e-2 or more.
+    for s, (a, b) in enumerate(zip(losses, ref["losses"])):
+        assert abs(a - b) <= 1e-5, "step %d loss %.7f, reference %.7f" % (s + 1, a, b)
+    # gradient norms before clipping: measured ~2e-7 relative; allow 1e-5
+    for s, (a, b) in enumerate(zip(norms, ref["grad_norms"])):
+        assert abs(a - b) <= 1e-5 * b, "step %d grad norm %.7f, reference %.7f" % (s + 1, a, b)
+    # step-0 gradients: fp32 matmuls agree with float64 to ~4e-7 of the largest gradient; allow
+    # 1e-5 of it. A missing 1/accum or 1/ranks factor is off by a factor of 2.
+    _, g_ref = reference.read_model_file(os.path.join(ref["dir"], "grads.bin"))
+    _, g = reference.read_model_file(grads_path)
+    scale = np.abs(g_ref).max()
+    err = np.abs(g - g_ref).max()
+    assert err <= 1e-5 * scale, "step-0 gradients: max abs error %.3g (largest gradient %.3g)" % (err, scale)
+    # final parameters: an AdamW step moves a weight by up to lr = 1e-3; measured errors are
+    # ~2e-6 after 5 steps; 2e-5 (2% of one step) catches any wrong update
+    _, p_ref = reference.read_model_file(os.path.join(ref["dir"], "final.bin"))
+    _, p = reference.read_model_file(os.path.join(d, "model_%08d.bin" % REF["steps"]))
+    err = np.abs(p - p_ref).max()
+    assert err <= 2e-5, "final parameters: max abs error %.3g" % err
+
+
+def make_layout_test(ranks, accum):
+    def fn():
+        compare_with_reference(ranks, accum)
+    fn.__name__ = "dp_vs_pytorch_%d_ranks_accum_%d" % (ranks, accum)
+    return fn
+
+
+for _ranks, _accum in [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (4, 2)]:
+    test(make_layout_test(_ranks, _accum))
+
+
+@test
+def resume_is_bit_identical():
+    ref = reference_run()
+    full = fresh_dir("resume_full")
+    out_full = run_ok(2, trainer_args(ref, 2, full, ["-n", 3, "-v", 2, "-m", 2]))
+    part = fresh_dir("resume_part")
+    # the checkpoint of step 3 is what an interrupted run leaves behind
+    for f in glob.glob(os.path.join(full, "*_00000003*")):
+        shutil.copy(f, part)
+    out = run_ok(2, trainer_args(ref, 2, part, ["-n", 3, "-v", 2, "-m", 2, "-y", 1]))
+    assert "resumed from step 3" in out, out[-2000:]
+    train_full, val_full = read_log(full)
+    train_part, val_part = read_log(part)
+    for s in (4, 5):  # the log prints 9 significant digits: equal text means equal fp32
+        a, b = train_full[s]["train_loss"], train_part[s]["train_loss"]
+        assert a == b, "step %d: loss %r uninterrupted, %r resumed" % (s, a, b)
+    assert val_full[4]["val_loss"] == val_part[4]["val_loss"]
+    with open(os.path.join(full, "model_00000005.bin"), "rb") as f1, open(os.path.join(part, "model_00000005.bin"), "rb") as f2:
+        assert f1.read() == f2.read(), "final model files differ after resume"
+
+
+@test
+def results_do_not_depend_on_threads():
+    ref = reference_run()
+    logs = []
+    for threads in (1, 2):
+        d = fresh_dir("threads_%d" % threads)
+        run_ok(1, trainer_args(ref, 8, d, ["-x", 2]), threads=threads)
+        logs.append(read_log(d)[0])
+    # every reduction has a fixed order, whatever the thread count: equal to the last bit
+    for s in (1, 2):
+        for key in ("train_loss", "grad_norm"):
+            assert logs[0][s][key] == logs[1][s][key], "step %d %s: %r with 1 thread, %r with 2" % (s, key, logs[0][s][key], logs[1][s][key])
+
+
+@test
+def model_files_bf16_and_fp32_round_trip():
+    ref = reference_run()
+    _, fp32 = reference.read_model_file(os.path.join(ref["dir"], "model.bin"))
+    for name in ("model.bin", "model_bf16.bin"):
+        d = fresh_dir("roundtrip_" + name.replace(".", "_"))
+        # zero steps: the checkpoint written at the end holds the weights as loaded
+        run_ok(2, ["-e", os.path.join(ref["dir"], name), "-i", REF["tokens"], "-b", 2, "-t", 32,
+                   "-x", 0, "-v", 0, "-s", 0, "-n", 1, "-o", d])
+        header, got = reference.read_model_file(os.path.join(d, "model_00000000.bin"))
+        assert header[1] == 3, "checkpoints are written as fp32 (version 3)"
+        _, want = reference.read_model_file(os.path.join(ref["dir"], name))  # bf16 widened by numpy
+        assert np.array_equal(got, want), name + ": weights changed on the way through the trainer"
+        if name == "model_bf16.bin":  # and bf16 is fp32 rounded to 8 bits of mantissa
+            assert np.abs(got - fp32).max() <= 2.0 ** -8 * np.abs(fp32).max()
+
+
+@test
+def help_lists_every_flag():
+    code, out = mpirun(1, ["--help"])
+    assert code == 0, out
+    for flag in ["-i", "-j", "-e", "-o", "-b", "-t", "-d", "-l", "-u", "-q", "-c", "-x", "-v", "-m",
+                 "-s", "-g", "-n", "-y", "-gc", "-seed", "-shuffle", "-tok", "-dump_grads"]:
+        assert "  %s " % flag in out, "--help does not list " + flag
+
+
+@test
+def sampling_and_validation_run():
+    d = fresh_dir("sample")
+    out = run_ok(2, ["-e", "d2", "-b", 2, "-t", 32, "-x", 2, "-v", 1, "-m", 2, "-s", 2, "-g", 16, "-o", d])
+    assert "---- sample ----" in out and "val loss" in out, out[-2000:]
+    _, val = read_log(d)
+    assert sorted(val) == [0, 1, 2], "validation at steps 0, 1, 2: got %s" % sorted(val)
+    # a random init predicts roughly uniformly over 50257 tokens: loss near ln(50257) = 10.82
+    assert abs(val[0]["val_loss"] - np.log(50257)) < 0.2, val[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: a clear message, a non-zero exit on every rank, no hang, no partial files
+
+
+def write_file(path, header, body=b""):
+    with open(path, "wb") as f:
+        f.write(np.array(header + [0] * (256 - len(header)), dtype=np.int32).tobytes())
+        f.write(body)
+
+
+def bad_input_cases():
+    ref = reference_run()
+    d = fresh_dir("bad_inputs")
+    model = os.path.join(ref["dir"], "model.bin")
+    with open(model, "rb") as f:
+        model_bytes = f.read()
+    files = {
+        "truncated_model": model_bytes[: len(model_bytes) // 2],
+        "bad_magic_model": np.array([1234], dtype=np.int32).tobytes() + model_bytes[4:],
+        "bad_version_model": model_bytes[:4] + np.array([7], dtype=np.int32).tobytes() + model_bytes[8:],
+    }
+    for name, data in files.items():
+        with open(os.path.join(d, name + ".bin"), "wb") as f:
+            f.write(data)
+    write_file(os.path.join(d, "truncated_tokens.bin"), [20240520, 1, 100000], np.zeros(1000, np.uint16).tobytes())
+    write_file(os.path.join(d, "bad_magic_tokens.bin"), [42, 1, 1000], np.zeros(1000, np.uint16).tobytes())
+    write_file(os.path.join(d, "big_token.bin"), [20240520, 1, 1000], np.full(1000, 60000, np.uint16).tobytes())
+    base = ["-e", model, "-i", REF["tokens"], "-b", 2, "-t", 32, "-x", 2, "-v", 0, "-s", 0]
+    j = lambda n: os.path.join(d, n)  # noqa: E731
+    return d, [
+        ("missing_train_file", base + ["-i", j("nope.bin")], "nope.bin"),
+        ("truncated_token_file", base + ["-i", j("truncated_tokens.bin")], "truncated"),
+        ("wrong_token_magic", base + ["-i", j("bad_magic_tokens.bin")], "magic number 42"),
+        ("token_outside_vocab", base + ["-i", j("big_token.bin")], "outside the model's vocabulary"),
+        ("missing_model_file", base + ["-e", j("nope_model.bin")], "nope_model.bin"),
+        ("truncated_model_file", base + ["-e", j("truncated_model.bin")], "truncated"),
+        ("wrong_model_magic", base + ["-e", j("bad_magic_model.bin")], "magic number 1234"),
+        ("wrong_model_version", base + ["-e", j("bad_version_model.bin")], "version 7"),
+        ("batch_does_not_divide", base + ["-d", 1000], "-d 1000 must be a positive multiple"),
+        ("sequence_too_long", base + ["-t", 128], "-t 128 is longer"),
+        ("unknown_flag", base + ["-zz", 3], "unknown flag '-zz'"),
+        ("flag_without_value", base + ["-x"], "flag '-x' needs a value"),
+        ("not_a_number", base + ["-l", "fast"], "expects a number"),
+        ("resume_without_checkpoint", base + ["-y", 1, "-o", j("empty_out")], "no complete checkpoint"),
+    ]
+
+
+def make_bad_input_test(index):
+    def fn():
+        d, cases = bad_input_cases()
+        name, args, message = cases[index]
+        before = set(os.listdir(d))
+        t0 = time.time()
+        code, out = mpirun(2, args, timeout=60)
+        assert code != 0, "%s: exit code 0\n%s" % (name, out[-2000:])
+        assert message in out, "%s: message %r not in output:\n%s" % (name, message, out[-2000:])
+        left = [f for f in set(os.listdir(d)) - before if f != "empty_out"]
+        assert not left, "%s left files behind: %s" % (name, left)
+        assert time.time() - t0 < 60
+    return fn
+
+
+for _i, _name in enumerate(["missing_train_file", "truncated_token_file", "wrong_token_magic",
+                            "token_outside_vocab", "missing_model_file", "truncated_model_file",
+                            "wrong_model_magic", "wrong_model_version", "batch_does_not_divide",
+                            "sequence_too_long", "unknown_flag", "flag_without_value",
+                            "not_a_number", "resume_without_checkpoint"]):
+    _fn = make_bad_input_test(_i)
+    _fn.__name__ = "bad_input_" + _name
+    test(_fn)
+
+
+@test
+def one_rank_failing_stops_all_ranks():
+    """rank 1 gets a missing file while rank 0 goes on to the first all-reduce: the job must end
+    with an error instead of rank 0 waiting forever"""
+    ref = reference_run()
+    d = fresh_dir("one_rank_fails")
+    good = trainer_args(ref, 4, d)
+    bad = trainer_args(ref, 4, d, ["-i", os.path.join(d, "missing.bin")])
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "1", "./train_gpt2_dp"] + [str(a) for a in good] + \
+          [":", "-np", "1", "./train_gpt2_dp"] + [str(a) for a in bad]
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the job hung after one rank's error")
+    out = p.stdout.decode("utf-8", "replace")
+    assert p.returncode != 0 and "[rank 1] error" in out and "missing.bin" in out, out[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# comm layer and dataloader unit tests (C programs under mpirun)
+
+
+def make_program_test(name, program, ranks, args, expect):
+    def fn():
+        out = run_ok(ranks, args, program=program)
+        assert expect in out, out[-2000:]
+    fn.__name__ = name
+    return fn
+
+
+for _n in (1, 2, 3, 4):
+    test(make_program_test("comm_collectives_%d_ranks" % _n, "test/test_comm", _n, [], "comm ok"))
+for _n in (1, 2, 3, 4):
+    for _b, _t, _a, _s in ((2, 16, 2, 1), (3, 8, 1, 0)):
+        test(make_program_test("dataloader_%d_ranks_B%d_T%d_accum%d_shuffle%d" % (_n, _b, _t, _a, _s),
+                               "test/test_dataloader", _n, [_b, _t, _a, _s], "dataloader ok"))
+
+
+# ---------------------------------------------------------------------------------------------
+# data: the committed token files decode back to the text
+
+
+def decode_table(path):
+    with open(path, "rb") as f:
+        header = np.frombuffer(f.read(1024), dtype=np.int32)
+        assert header[0] == 20240328 and header[1] == 2
+        table, data = [], f.read()
+    pos = 0
+    for _ in range(header[2]):
+        n = data[pos]
+        table.append(data[pos + 1: pos + 1 + n])
+        pos += 1 + n
+    return table, int(header[3])
+
+
+@test
+def data_tokens_decode_to_the_text():
+    table, eot = decode_table(os.path.join(ROOT, "dev/data/gpt2_tokenizer.bin"))
+    assert len(table) == 50257 and eot == 50256 and table[eot] == b"<|endoftext|>"
+    tokens = np.concatenate([reference.read_tokens(os.path.join(ROOT, "dev/data/tinyshakespeare", n))
+                             for n in ("tiny_shakespeare_val.bin", "tiny_shakespeare_train.bin")])
+    assert len(reference.read_tokens(os.path.join(ROOT, "dev/data/tinyshakespeare/tiny_shakespeare_val.bin"))) == 32768
+    text = b"".join(table[t] for t in tokens if t != eot)
+    with open(os.path.join(ROOT, "dev/data/tinyshakespeare/tinyshakespeare.txt"), "rb") as f:
+        assert text == f.read(), "decoded tokens differ from the text"
+    # every passage (text between blank lines) starts with <|endoftext|>
+    assert tokens[0] == eot and (tokens == eot).sum() == text.count(b"\n\n") + 1
+
+
+@test
+def data_script_reproduces_committed_files():
+    shared = os.path.join(ROOT, "..", "shared", "data")
+    src = shared if os.path.exists(os.path.join(shared, "gpt2_encoder.json")) else None
+    if src is None:
+        raise Skip("the GPT-2 BPE files (../shared/data) are not on this machine")
+    out = fresh_dir("data")
+    subprocess.run([sys.executable, "dev/data/tinyshakespeare.py", "--data", src, "--out", out],
+                   cwd=ROOT, check=True, stdout=subprocess.PIPE)
+    for rel in ("tinyshakespeare/tiny_shakespeare_train.bin", "tinyshakespeare/tiny_shakespeare_val.bin", "gpt2_tokenizer.bin"):
+        with open(os.path.join(out, rel), "rb") as a, open(os.path.join(ROOT, "dev/data", rel), "rb") as b:
+            assert a.read() == b.read(), rel + " differs from the committed file"
+
+
+@test
+def gpu_tests():
+    raise Skip("no GPU backend yet (issue 3)")
+
+
+def main():
+    os.makedirs(TMP, exist_ok=True)
+    pattern = sys.argv[1] if len(sys.argv) > 1 else ""
+    passed = failed = skipped = 0
+    for fn in TESTS:
+        if pattern not in fn.__name__:
+            continue
+        t0 = time.time()
+        try:
+            fn()
+            passed += 1
+            print("PASS %s (%.1fs)" % (fn.__name__, time.time() - t0), flush=True)
+        except Skip as e:
+            skipped += 1
+            print("SKIP %s: skipped (%s)" % (fn.__name__, e), flush=True)
+        except Exception as e:  # an assertion or a crash of the test itself
+            failed += 1
+            print("FAIL %s (%.1fs): %s" % (fn.__name__, time.time() - t0, e), flush=True)
+    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
