@@ -60,7 +60,7 @@ setup:
 	./dev/setup.sh
 
 train: setup train_gpt2_dp
-	OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 ./train_gpt2_dp -e d6 -b 4 -t 64 -x 200 -v 25 -m 10 -s 50 -g 64 -n 100 -l 6e-4 -u 10 -q 0.1 -c 0.1 -o out/quickstart
+	OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 ./train_gpt2_dp -e d4 -b 4 -t 64 -x 150 -v 25 -m 10 -s 50 -g 64 -n 50 -l 1e-3 -u 10 -q 0.1 -c 0.1 -o out/quickstart
 
 bench: $(TRAINERS) dev/bench/bench_matmul
 	./dev/bench/bench_matmul

@@ -100,8 +100,20 @@ static inline int checkpoint_latest(const char* dir) {
     return latest;
 }
 
+// mkdir -p
 static inline void make_dir(const char* dir) {
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) fail("cannot create output dir '%s': %s", dir, strerror(errno));
+    char path[4096];
+    snprintf(path, sizeof(path), "%s", dir);
+    for (char* p = path + 1;; p++) {
+        if (*p != '/' && *p != '\0') continue;
+        char saved = *p;
+        *p = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+            fail("cannot create output dir '%s': %s", path, strerror(errno));
+        }
+        *p = saved;
+        if (saved == '\0') break;
+    }
 }
 
 #endif

@@ -5,6 +5,7 @@
 #ifndef LLMC_CPU_MATMUL_H
 #define LLMC_CPU_MATMUL_H
 
+#include <omp.h>
 #include <stddef.h>
 #include "../utils.h"
 
@@ -18,41 +19,22 @@
 static float* gemm_pack_buffer = NULL;  // per thread: MC*KC of A then KC*NC of B
 #pragma omp threadprivate(gemm_pack_buffer)
 
-// copies A(i0.., k0..) into panels of MR rows: dst[panel][k][i], rows past M are zero
-static inline void gemm_pack_a(float* dst, const float* A, long a_rs, long a_cs, int i0, int mc,
-                        int k0, int kc) {
-    for (int p = 0; p < mc; p += GEMM_MR) {
+// Packing copies a block of an operand into panels the micro-kernel reads contiguously:
+// dst[panel][k][w] = src[(w0 + panel*width + w) * s_w + (k0 + k) * s_k], zero past `count`.
+// A is packed with w = rows (width MR), B with w = columns (width NR).
+static inline void gemm_pack(float* dst, const float* src, long s_w, long s_k, int w0, int count,
+                             int k0, int kc, int width) {
+    for (int p = 0; p < count; p += width) {
         float* panel = dst + (size_t)p * kc;
-        int height = mc - p < GEMM_MR ? mc - p : GEMM_MR;
-        if (a_rs == 1) {  // columns of A are contiguous (A is a transposed view): MR at a time
+        int valid = count - p < width ? count - p : width;
+        const float* base = src + (long)(w0 + p) * s_w + (long)k0 * s_k;
+        if (s_w == 1) {  // the panel's row at each k is contiguous: copy it whole
             for (int k = 0; k < kc; k++) {
-                const float* src = A + (long)(k0 + k) * a_cs + (i0 + p);
-                for (int i = 0; i < GEMM_MR; i++) panel[k * GEMM_MR + i] = i < height ? src[i] : 0.0f;
+                for (int w = 0; w < width; w++) panel[k * width + w] = w < valid ? base[k * s_k + w] : 0.0f;
             }
-        } else {          // rows of A are contiguous: walk along each row
-            for (int i = 0; i < GEMM_MR; i++) {
-                const float* src = A + (long)(i0 + p + i) * a_rs + (long)k0 * a_cs;
-                for (int k = 0; k < kc; k++) panel[k * GEMM_MR + i] = i < height ? src[k * a_cs] : 0.0f;
-            }
-        }
-    }
-}
-
-// copies B(k0.., j0..) into panels of NR columns: dst[panel][k][j], columns past N are zero
-static inline void gemm_pack_b(float* dst, const float* B, long b_rs, long b_cs, int N, int j0, int nc,
-                        int k0, int kc) {
-    for (int q = 0; q < nc; q += GEMM_NR) {
-        float* panel = dst + (size_t)q * kc;
-        int width = N - (j0 + q) < GEMM_NR ? N - (j0 + q) : GEMM_NR;
-        if (b_cs == 1) {  // rows of B are contiguous: copy NR at a time
-            for (int k = 0; k < kc; k++) {
-                const float* src = B + (long)(k0 + k) * b_rs + (j0 + q);
-                for (int j = 0; j < GEMM_NR; j++) panel[k * GEMM_NR + j] = j < width ? src[j] : 0.0f;
-            }
-        } else {          // columns of B are contiguous: walk down each column
-            for (int j = 0; j < GEMM_NR; j++) {
-                const float* src = B + (long)(j0 + q + j) * b_cs + (long)k0 * b_rs;
-                for (int k = 0; k < kc; k++) panel[k * GEMM_NR + j] = j < width ? src[k * b_rs] : 0.0f;
+        } else {         // walk along k for each w (contiguous when s_k == 1)
+            for (int w = 0; w < width; w++) {
+                for (int k = 0; k < kc; k++) panel[k * width + w] = w < valid ? base[w * s_w + k * s_k] : 0.0f;
             }
         }
     }
@@ -85,12 +67,18 @@ static inline void gemm_micro_kernel(int kc, const float* restrict a, const floa
 }
 
 // C[m][n] = (accumulate ? C[m][n] : 0) + sum_k A(m,k) B(k,n), with A(m,k) = A[m*a_rs + k*a_cs]
-// and B(k,n) = B[k*b_rs + n*b_cs], so transposed operands need no copy. Each element of C is
-// summed by one thread in a fixed order: results do not depend on the number of threads.
+// and B(k,n) = B[k*b_rs + n*b_cs], so transposed operands need no copy.
+// A task owns NC columns of C (and, when there are few such blocks, a share of the rows): it packs
+// each KC x NC block of B once and sweeps it over its rows. Each element of C is summed by one
+// thread in a fixed order, so results do not depend on the number of threads.
 static inline void gemm(int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B,
-                 long b_rs, long b_cs, float* C, long ldc, int accumulate) {
+                        long b_rs, long b_cs, float* C, long ldc, int accumulate) {
     int m_blocks = (M + GEMM_MC - 1) / GEMM_MC;
     int n_blocks = (N + GEMM_NC - 1) / GEMM_NC;
+    int threads = omp_get_max_threads();
+    // enough tasks to keep every thread busy: split the rows when there are few column blocks
+    int m_groups = (2 * threads + n_blocks - 1) / n_blocks;
+    if (m_groups > m_blocks) m_groups = m_blocks;
     #pragma omp parallel
     {
         if (gemm_pack_buffer == NULL) {
@@ -100,16 +88,19 @@ static inline void gemm(int M, int N, int K, const float* A, long a_rs, long a_c
         }
         float* a_pack = gemm_pack_buffer;
         float* b_pack = gemm_pack_buffer + GEMM_MC * GEMM_KC;
-        #pragma omp for collapse(2) schedule(dynamic)
-        for (int ib = 0; ib < m_blocks; ib++) {
-            for (int jb = 0; jb < n_blocks; jb++) {
-                int i0 = ib * GEMM_MC, j0 = jb * GEMM_NC;
-                int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
-                int nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
-                for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
-                    int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
-                    gemm_pack_a(a_pack, A, a_rs, a_cs, i0, mc, k0, kc);
-                    gemm_pack_b(b_pack, B, b_rs, b_cs, N, j0, nc, k0, kc);
+        #pragma omp for schedule(dynamic)
+        for (int task = 0; task < n_blocks * m_groups; task++) {
+            int jb = task / m_groups, group = task % m_groups;
+            int ib_begin = group * m_blocks / m_groups, ib_end = (group + 1) * m_blocks / m_groups;
+            int j0 = jb * GEMM_NC;
+            int nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
+            for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+                int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
+                gemm_pack(b_pack, B, b_cs, b_rs, j0, nc, k0, kc, GEMM_NR);
+                for (int ib = ib_begin; ib < ib_end; ib++) {
+                    int i0 = ib * GEMM_MC;
+                    int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
+                    gemm_pack(a_pack, A, a_rs, a_cs, i0, mc, k0, kc, GEMM_MR);
                     for (int q = 0; q < nc; q += GEMM_NR) {
                         for (int p = 0; p < mc; p += GEMM_MR) {
                             int mr = mc - p < GEMM_MR ? mc - p : GEMM_MR;
