@@ -2,9 +2,10 @@
 Tokenizes Tiny Shakespeare with the GPT-2 BPE into llm.c token files, and writes the GPT-2
 tokenizer decode table that the trainers use to print samples.
 
-    /usr/bin/python3 dev/data/tinyshakespeare.py [--data ../shared/data] [--out dev/data]
+    /usr/bin/python3 dev/data/tinyshakespeare.py [--text FILE] [--bpe DIR] [--out DIR]
 
-Inputs (in --data): tinyshakespeare.txt, gpt2_encoder.json, gpt2_vocab.bpe.
+Inputs (committed copies of ../shared/data): the text dev/data/tinyshakespeare/tinyshakespeare.txt
+and the GPT-2 BPE files dev/data/gpt2_encoder.json, dev/data/gpt2_vocab.bpe.
 Outputs:
     dev/data/tinyshakespeare/tiny_shakespeare_val.bin    the first 32768 tokens
     dev/data/tinyshakespeare/tiny_shakespeare_train.bin  the rest
@@ -157,12 +158,13 @@ def tokenize_passages(text, encode):
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", default=os.path.join(here, "..", "..", "..", "shared", "data"))
+    ap.add_argument("--text", default=os.path.join(here, "tinyshakespeare", "tinyshakespeare.txt"))
+    ap.add_argument("--bpe", default=here, help="folder with gpt2_encoder.json and gpt2_vocab.bpe")
     ap.add_argument("--out", default=here)
     args = ap.parse_args()
 
-    bpe = GPT2BPE(os.path.join(args.data, "gpt2_encoder.json"), os.path.join(args.data, "gpt2_vocab.bpe"))
-    with open(os.path.join(args.data, "tinyshakespeare.txt"), "r", encoding="utf-8") as f:
+    bpe = GPT2BPE(os.path.join(args.bpe, "gpt2_encoder.json"), os.path.join(args.bpe, "gpt2_vocab.bpe"))
+    with open(args.text, "r", encoding="utf-8") as f:
         text = f.read()
     tokens = tokenize_passages(text, bpe.encode)
     tk = tiktoken_encoder(bpe)
