@@ -27,102 +27,135 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/ops.h"
 
 // ----------------------------------------------------------------------------------------------
-// activations: what the forward pass keeps for the backward pass, plus backward scratch buffers
+// activations: what the forward pass keeps for the backward pass, plus backward scratch buffers.
+// Tensors are floatX (bf16 or fp32); LayerNorm statistics and losses stay fp32.
 
 typedef struct {
-    float* encoded;    // (B, T, C)      token + position embedding, the residual stream's input
-    float* ln1;        // (L, B, T, C)
-    float* ln1_mean;   // (L, B, T)
-    float* ln1_rstd;   // (L, B, T)
-    float* qkv;        // (L, B, T, 3C)
-    float* atty;       // (L, B, T, C)   attention output before its projection
-    float* att;        // (L, B, NH, T, T) softmax probabilities
-    float* attproj;    // (L, B, T, C)
-    float* residual2;  // (L, B, T, C)   residual stream after attention
-    float* ln2;        // (L, B, T, C)
-    float* ln2_mean;   // (L, B, T)
-    float* ln2_rstd;   // (L, B, T)
-    float* fch;        // (L, B, T, 4C)
-    float* fch_gelu;   // (L, B, T, 4C)
-    float* fcproj;     // (L, B, T, C)
-    float* residual3;  // (L, B, T, C)   residual stream after the MLP = next layer's input
-    float* lnf;        // (B, T, C)
-    float* lnf_mean;   // (B, T)
-    float* lnf_rstd;   // (B, T)
-    float* logits;     // (B, T, Vp)     overwritten with its gradient by fused_classifier
-    float* losses;     // (B, T)
-    float* dresidual;  // (B, T, C)      gradient of the residual stream, flowing down the layers
-    float* dbuf;       // (B, T, C)      gradient of a LayerNorm output or of the attention output
-    float* dqkv;       // (B, T, 3C)
-    float* dfch;       // (B, T, 4C)
+    floatX* encoded;    // (B, T, C)      token + position embedding, the residual stream's input
+    floatX* ln1;        // (L, B, T, C)
+    float* ln1_mean;    // (L, B, T)
+    float* ln1_rstd;    // (L, B, T)
+    floatX* qkv;        // (L, B, T, 3C)
+    floatX* atty;       // (L, B, T, C)   attention output before its projection
+    floatX* att;        // (L, B, NH, T, T) softmax probabilities
+    floatX* attproj;    // (L, B, T, C)
+    floatX* residual2;  // (L, B, T, C)   residual stream after attention
+    floatX* ln2;        // (L, B, T, C)
+    float* ln2_mean;    // (L, B, T)
+    float* ln2_rstd;    // (L, B, T)
+    floatX* fch;        // (L, B, T, 4C)
+    floatX* fch_gelu;   // (L, B, T, 4C)
+    floatX* fcproj;     // (L, B, T, C)
+    floatX* residual3;  // (L, B, T, C)   residual stream after the MLP = next layer's input
+    floatX* lnf;        // (B, T, C)
+    float* lnf_mean;    // (B, T)
+    float* lnf_rstd;    // (B, T)
+    floatX* logits;     // (B, T, Vp)     overwritten with its gradient by fused_classifier
+    float* losses;      // (B, T)
+    floatX* dresidual;  // (B, T, C)      gradient of the residual stream, flowing down the layers
+    floatX* dbuf;       // (B, T, C)      gradient of a LayerNorm output or of the attention output
+    floatX* dqkv;       // (B, T, 3C)
+    floatX* dfch;       // (B, T, 4C)
 } Activations;
-
-#define NUM_ACTIVATION_TENSORS 25
-
-static void activation_sizes(size_t s[NUM_ACTIVATION_TENSORS], GPT2Config c, int B, int T) {
-    size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
-    size_t BT = (size_t)B * T;
-    size_t sizes[NUM_ACTIVATION_TENSORS] = {
-        BT * C, L * BT * C, L * BT, L * BT, L * BT * 3 * C, L * BT * C, L * B * NH * T * T,
-        L * BT * C, L * BT * C, L * BT * C, L * BT, L * BT, L * BT * 4 * C, L * BT * 4 * C,
-        L * BT * C, L * BT * C, BT * C, BT, BT, BT * Vp, BT, BT * C, BT * C, BT * 3 * C,
-        BT * 4 * C};
-    memcpy(s, sizes, sizeof(sizes));
-}
 
 typedef struct {
     GPT2Config config;
     size_t num_parameters;
     ParameterTensors params;
     ParameterTensors grads;
-    float* params_memory;  // one buffer each, in the model file's layout
-    float* grads_memory;
-    float* m_memory;       // AdamW first moment
-    float* v_memory;       // AdamW second moment
+    floatX* params_memory;  // one buffer each, in the model file's layout
+    floatX* grads_memory;
+    float* master_memory;   // fp32 master weights when floatX is bf16, else NULL
+    float* m_memory;        // AdamW first moment
+    float* v_memory;        // AdamW second moment
     Activations acts;
-    float* acts_memory;
-    size_t num_activations;
-    int B, T;              // the shape the activations were allocated for
-    int* inputs;           // (B, T) on the device
-    int* targets;          // (B, T) on the device
-    float* losses_host;    // (B, T)
+    void* acts_memory;
+    size_t acts_bytes;
+    int B, T;               // the shape the activations were allocated for
+    int* inputs;            // (B, T) on the device
+    int* targets;           // (B, T) on the device
+    float* losses_host;     // (B, T)
 } GPT2;
+
+// all activations in one arena, each tensor aligned to 256 bytes
+static void gpt2_allocate_activations(GPT2* model, int B, int T) {
+    GPT2Config c = model->config;
+    size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
+    size_t BT = (size_t)B * T, X = sizeof(floatX), F = sizeof(float);
+    Activations* a = &model->acts;
+    struct { void** ptr; size_t count; size_t elem_bytes; } t[] = {
+        {(void**)&a->encoded, BT * C, X},       {(void**)&a->ln1, L * BT * C, X},
+        {(void**)&a->ln1_mean, L * BT, F},      {(void**)&a->ln1_rstd, L * BT, F},
+        {(void**)&a->qkv, L * BT * 3 * C, X},   {(void**)&a->atty, L * BT * C, X},
+        {(void**)&a->att, L * B * NH * T * T, X}, {(void**)&a->attproj, L * BT * C, X},
+        {(void**)&a->residual2, L * BT * C, X}, {(void**)&a->ln2, L * BT * C, X},
+        {(void**)&a->ln2_mean, L * BT, F},      {(void**)&a->ln2_rstd, L * BT, F},
+        {(void**)&a->fch, L * BT * 4 * C, X},   {(void**)&a->fch_gelu, L * BT * 4 * C, X},
+        {(void**)&a->fcproj, L * BT * C, X},    {(void**)&a->residual3, L * BT * C, X},
+        {(void**)&a->lnf, BT * C, X},           {(void**)&a->lnf_mean, BT, F},
+        {(void**)&a->lnf_rstd, BT, F},          {(void**)&a->logits, BT * Vp, X},
+        {(void**)&a->losses, BT, F},            {(void**)&a->dresidual, BT * C, X},
+        {(void**)&a->dbuf, BT * C, X},          {(void**)&a->dqkv, BT * 3 * C, X},
+        {(void**)&a->dfch, BT * 4 * C, X},
+    };
+    int n = (int)(sizeof(t) / sizeof(t[0]));
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (t[i].count * t[i].elem_bytes + 255) / 256 * 256;
+    model->acts_memory = device_malloc(total);
+    model->acts_bytes = total;
+    char* p = (char*)model->acts_memory;
+    for (int i = 0; i < n; i++) {
+        *t[i].ptr = p;
+        p += (t[i].count * t[i].elem_bytes + 255) / 256 * 256;
+    }
+}
 
 static void gpt2_build(GPT2* model, GPT2Config config, const float* params_host, int B, int T) {
     model->config = config;
     model->B = B;
     model->T = T;
-    model->num_parameters = gpt2_num_parameters(config);
-    size_t bytes = model->num_parameters * sizeof(float);
-    model->params_memory = (float*)device_malloc(bytes);
-    model->grads_memory = (float*)device_malloc(bytes);
-    model->m_memory = (float*)device_malloc(bytes);
-    model->v_memory = (float*)device_malloc(bytes);
-    copy_host_to_device(model->params_memory, params_host, bytes);
-    device_memset_zero(model->m_memory, bytes);
-    device_memset_zero(model->v_memory, bytes);
+    size_t P = gpt2_num_parameters(config);
+    model->num_parameters = P;
+    model->params_memory = (floatX*)device_malloc(P * sizeof(floatX));
+    model->grads_memory = (floatX*)device_malloc(P * sizeof(floatX));
+    model->m_memory = (float*)device_malloc(P * sizeof(float));
+    model->v_memory = (float*)device_malloc(P * sizeof(float));
+    model->master_memory = NULL;
+    if (!FLOATX_IS_FLOAT) {  // AdamW updates fp32 master weights, then rounds them to bf16
+        model->master_memory = (float*)device_malloc(P * sizeof(float));
+        copy_host_to_device(model->master_memory, params_host, P * sizeof(float));
+    }
+    copy_floats_to_device(model->params_memory, params_host, P);
+    device_memset_zero(model->m_memory, P * sizeof(float));
+    device_memset_zero(model->v_memory, P * sizeof(float));
     gpt2_point_parameters(&model->params, model->params_memory, config);
     gpt2_point_parameters(&model->grads, model->grads_memory, config);
-
-    size_t sizes[NUM_ACTIVATION_TENSORS];
-    activation_sizes(sizes, config, B, T);
-    model->num_activations = 0;
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) model->num_activations += sizes[i];
-    model->acts_memory = (float*)device_malloc(model->num_activations * sizeof(float));
-    float** ptrs = (float**)&model->acts;  // Activations is NUM_ACTIVATION_TENSORS float pointers
-    float* p = model->acts_memory;
-    for (int i = 0; i < NUM_ACTIVATION_TENSORS; i++) {
-        ptrs[i] = p;
-        p += sizes[i];
-    }
+    gpt2_allocate_activations(model, B, T);
     model->inputs = (int*)device_malloc((size_t)B * T * sizeof(int));
     model->targets = (int*)device_malloc((size_t)B * T * sizeof(int));
     model->losses_host = (float*)malloc_check((size_t)B * T * sizeof(float));
 }
 
+// the fp32 weights: the master copy when there is one (exact), else the parameters
+static void gpt2_weights_to_host(GPT2* model, float* host) {
+    if (model->master_memory) {
+        copy_device_to_host(host, model->master_memory, model->num_parameters * sizeof(float));
+    } else {
+        copy_device_to_floats(host, model->params_memory, model->num_parameters);
+    }
+}
+
+static void gpt2_weights_from_host(GPT2* model, const float* host) {
+    if (model->master_memory) {
+        copy_host_to_device(model->master_memory, host, model->num_parameters * sizeof(float));
+    }
+    copy_floats_to_device(model->params_memory, host, model->num_parameters);
+}
+
 static void gpt2_free(GPT2* model) {
     device_free(model->params_memory);
     device_free(model->grads_memory);
+    if (model->master_memory) device_free(model->master_memory);
     device_free(model->m_memory);
     device_free(model->v_memory);
     device_free(model->acts_memory);
@@ -144,33 +177,38 @@ static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
     copy_host_to_device(model->inputs, inputs_host, BT * sizeof(int));
 
     encoder_forward(a.encoded, model->inputs, p.wte, p.wpe, B, T, C);
+    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.ln1w, p.ln1b, B * T, C);
     for (int l = 0; l < L; l++) {
-        float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
-        float* ln1 = a.ln1 + l * BTC;
-        float* qkv = a.qkv + l * BTC * 3;
-        float* atty = a.atty + l * BTC;
-        float* attproj = a.attproj + l * BTC;
-        float* residual2 = a.residual2 + l * BTC;
-        float* ln2 = a.ln2 + l * BTC;
-        float* fch = a.fch + l * BTC * 4;
-        float* fch_gelu = a.fch_gelu + l * BTC * 4;
-        float* fcproj = a.fcproj + l * BTC;
-        // attention block: x + proj(attention(ln1(x)))
-        layernorm_forward(ln1, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, residual,
-                          p.ln1w + l * C, p.ln1b + l * C, B * T, C);
-        matmul_forward(qkv, ln1, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, B * T, C, 3 * C);
+        floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
+        floatX* qkv = a.qkv + l * BTC * 3;
+        floatX* atty = a.atty + l * BTC;
+        floatX* attproj = a.attproj + l * BTC;
+        floatX* residual2 = a.residual2 + l * BTC;
+        floatX* fch = a.fch + l * BTC * 4;
+        floatX* fch_gelu = a.fch_gelu + l * BTC * 4;
+        floatX* fcproj = a.fcproj + l * BTC;
+        // attention block: residual2 = x + proj(attention(ln1(x))); ln1(x) is already computed
+        matmul_forward(qkv, a.ln1 + l * BTC, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, B * T, C, 3 * C);
         attention_forward(atty, a.att + (size_t)l * B * NH * T * T, qkv, B, T, C, NH);
         matmul_forward(attproj, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, B * T, C, C);
-        residual_forward(residual2, residual, attproj, BTC);
-        // MLP block: x + fcproj(gelu(fc(ln2(x))))
-        layernorm_forward(ln2, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, residual2,
-                          p.ln2w + l * C, p.ln2b + l * C, B * T, C);
-        matmul_forward(fch, ln2, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, B * T, C, 4 * C);
+        fused_residual_layernorm_forward(residual2, a.ln2 + l * BTC, a.ln2_mean + l * BT,
+                                         a.ln2_rstd + l * BT, residual, attproj, p.ln2w + l * C,
+                                         p.ln2b + l * C, B * T, C);
+        // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2))), then the next LayerNorm
+        // (the next layer's ln1, or lnf after the last layer) in the same pass
+        matmul_forward(fch, a.ln2 + l * BTC, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, B * T, C, 4 * C);
         gelu_forward(fch_gelu, fch, BTC * 4);
         matmul_forward(fcproj, fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, B * T, 4 * C, C);
-        residual_forward(a.residual3 + l * BTC, residual2, fcproj, BTC);
+        if (l + 1 < L) {
+            fused_residual_layernorm_forward(a.residual3 + l * BTC, a.ln1 + (l + 1) * BTC,
+                                             a.ln1_mean + (l + 1) * BT, a.ln1_rstd + (l + 1) * BT,
+                                             residual2, fcproj, p.ln1w + (l + 1) * C,
+                                             p.ln1b + (l + 1) * C, B * T, C);
+        } else {
+            fused_residual_layernorm_forward(a.residual3 + l * BTC, a.lnf, a.lnf_mean, a.lnf_rstd,
+                                             residual2, fcproj, p.lnfw, p.lnfb, B * T, C);
+        }
     }
-    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.residual3 + (L - 1) * BTC, p.lnfw, p.lnfb, B * T, C);
     // LM head tied to the token embedding: logits (B, T, Vp) = lnf @ wte^T
     matmul_forward(a.logits, a.lnf, p.wte, NULL, B * T, C, Vp);
 }
@@ -199,11 +237,11 @@ static void gpt2_backward(GPT2* model, int B, int T) {
 
     // LM head and final LayerNorm: dresidual = gradient w.r.t. the last layer's output
     matmul_backward(a.dbuf, g.wte, NULL, a.logits, a.lnf, p.wte, B * T, C, Vp);
-    device_memset_zero(a.dresidual, BTC * sizeof(float));
+    device_memset_zero(a.dresidual, BTC * sizeof(floatX));
     layernorm_backward(a.dresidual, g.lnfw, g.lnfb, a.dbuf, a.residual3 + (L - 1) * BTC, p.lnfw,
                        a.lnf_mean, a.lnf_rstd, B * T, C);
     for (int l = L - 1; l >= 0; l--) {
-        float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
+        floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
         // MLP block; the residual add passes dresidual to fcproj's output unchanged
         matmul_backward(a.dfch, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, a.dresidual,
                         a.fch_gelu + l * BTC * 4, p.fcprojw + (size_t)l * C * 4 * C, B * T, 4 * C, C);
@@ -252,7 +290,7 @@ static float evaluate(GPT2* model, DataLoader* val, int batches, CommGroup* worl
         sum += gpt2_loss(model, val->targets, model->B, model->T, 0.0f);
     }
     float loss = (float)(sum / batches);
-    comm_all_reduce(world, &loss, 1, COMM_AVG);  // every rank saw different validation tokens
+    comm_all_reduce_scalar(world, &loss, COMM_AVG);  // every rank saw different validation tokens
     return loss;
 }
 
@@ -260,12 +298,12 @@ static float evaluate(GPT2* model, DataLoader* val, int batches, CommGroup* worl
 static void sample(GPT2* model, const Tokenizer* tok, Rng* rng, int gen_tokens) {
     int V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
     int* tokens = (int*)malloc_check((size_t)gen_tokens * sizeof(int));
-    float* logits = (float*)malloc_check((size_t)Vp * sizeof(float));
+    float* logits = (float*)malloc_check((size_t)Vp * sizeof(float));  // one row, as fp32
     tokens[0] = tok->eot_token;
     printf("---- sample ----\n");
     for (int t = 1; t < gen_tokens; t++) {
         gpt2_forward(model, tokens, 1, t);
-        copy_device_to_host(logits, model->acts.logits + (size_t)(t - 1) * Vp, Vp * sizeof(float));
+        copy_device_to_floats(logits, model->acts.logits + (size_t)(t - 1) * Vp, Vp);
         float maxval = -INFINITY, sum = 0.0f;
         for (int v = 0; v < V; v++) maxval = logits[v] > maxval ? logits[v] : maxval;
         for (int v = 0; v < V; v++) sum += expf(logits[v] - maxval);
@@ -290,7 +328,7 @@ static void write_checkpoint(GPT2* model, const TrainArgs* args, CommGroup* worl
     size_t n = model->num_parameters;
     float* host = (float*)malloc_check(n * sizeof(float) * 2);
     if (world->rank == 0) {  // the replicas are identical: one copy of the weights is enough
-        copy_device_to_host(host, model->params_memory, n * sizeof(float));
+        gpt2_weights_to_host(model, host);
         checkpoint_path(path, sizeof(path), args->out_dir, "model", step, -1);
         gpt2_write_model_file(path, model->config, host);
     }
@@ -313,7 +351,7 @@ static TrainState read_checkpoint(GPT2* model, const TrainArgs* args, CommGroup*
     checkpoint_path(path, sizeof(path), args->out_dir, "model", step, -1);
     float* params = gpt2_read_model_file(path, &c);
     if (gpt2_num_parameters(c) != n) fail("checkpoint '%s' does not match the model of -e", path);
-    copy_host_to_device(model->params_memory, params, n * sizeof(float));
+    gpt2_weights_from_host(model, params);
     free(params);
     float* host = (float*)malloc_check(n * sizeof(float) * 2);
     TrainState s;
@@ -429,7 +467,7 @@ int main(int argc, char** argv) {
     if (rank == 0) {
         size_t P = model.num_parameters;
         printf("+-----------------------+----------------------------------------------------+\n");
-        printf("| train_gpt2_dp (DDP)   | backend %-42s |\n", BACKEND_NAME);
+        printf("| train_gpt2_dp (DDP)   | backend %-4s, precision %-27s |\n", BACKEND_NAME, PRECISION_NAME);
         printf("| model                 | %-50s |\n", args.model);
         printf("| L, NH, C              | %d, %d, %-44d |\n", config.num_layers, config.num_heads, config.channels);
         printf("| maxT, V, Vp           | %d, %d, %-42d |\n", config.max_seq_len, config.vocab_size, config.padded_vocab_size);
@@ -447,13 +485,16 @@ int main(int argc, char** argv) {
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
             printf("  %-9s %12zu%s\n", parameter_names[i], sizes[i], parameter_is_matrix[i] ? "  (weight decay)" : "");
         }
+        size_t master = model.master_memory ? P * sizeof(float) : 0;
+        size_t total = P * 2 * sizeof(floatX) + master + P * 2 * sizeof(float) + model.acts_bytes;
         printf("memory per rank (every rank holds a full replica):\n");
-        printf("  parameters     %10.1f MB\n", P * 4 / 1e6);
-        printf("  gradients      %10.1f MB\n", P * 4 / 1e6);
-        printf("  AdamW m, v     %10.1f MB\n", P * 8 / 1e6);
-        printf("  activations    %10.1f MB\n", model.num_activations * 4 / 1e6);
+        printf("  parameters     %10.1f MB  (%s)\n", P * sizeof(floatX) / 1e6, PRECISION_NAME);
+        printf("  master weights %10.1f MB\n", master / 1e6);
+        printf("  gradients      %10.1f MB\n", P * sizeof(floatX) / 1e6);
+        printf("  AdamW m, v     %10.1f MB\n", P * 2 * sizeof(float) / 1e6);
+        printf("  activations    %10.1f MB\n", model.acts_bytes / 1e6);
         printf("  comm buffers   %10.1f MB  (the all-reduce works in place)\n", 0.0);
-        printf("  total          %10.1f MB\n", (P * 16 + model.num_activations * 4) / 1e6);
+        printf("  total          %10.1f MB\n", total / 1e6);
     }
 
     // ---- resume from the newest complete checkpoint
@@ -462,7 +503,7 @@ int main(int argc, char** argv) {
     int start_step = 0;
     if (args.resume) {
         int latest = rank == 0 ? checkpoint_latest(args.out_dir) : 0;
-        comm_broadcast(&world, &latest, sizeof(int), 0);
+        comm_broadcast_host(&world, &latest, sizeof(int), 0);
         if (latest < 0) fail("-y 1: no complete checkpoint (DONE_ file) in '%s'", args.out_dir);
         TrainState s = read_checkpoint(&model, &args, &world, latest, accum);
         start_step = s.step;
@@ -498,7 +539,7 @@ int main(int argc, char** argv) {
         double t0 = wall_time_s();
         comm_reset_counters(&world);
         // 1. forward + backward over this rank's micro-batches; gradients accumulate
-        device_memset_zero(model.grads_memory, model.num_parameters * sizeof(float));
+        device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
         float loss = 0.0f;
         float dloss = 1.0f / (float)((size_t)args.B * args.T * accum);  // mean over rank's tokens
         for (int micro = 0; micro < accum; micro++) {
@@ -509,11 +550,11 @@ int main(int argc, char** argv) {
         }
         dataloader_advance(&train);
         // 2. DDP: average the gradients (all P floats, one flat buffer) and the loss over ranks
-        comm_all_reduce(&world, model.grads_memory, model.num_parameters, COMM_AVG);
-        comm_all_reduce(&world, &loss, 1, COMM_AVG);
+        comm_all_reduce(&world, model.grads_memory, model.num_parameters, COMM_FLOATX, COMM_AVG);
+        comm_all_reduce_scalar(&world, &loss, COMM_AVG);
         if (args.dump_grads != NULL && step == 0 && rank == 0) {
             float* g = (float*)malloc_check(model.num_parameters * sizeof(float));
-            copy_device_to_host(g, model.grads_memory, model.num_parameters * sizeof(float));
+            copy_device_to_floats(g, model.grads_memory, model.num_parameters);
             gpt2_write_model_file(args.dump_grads, config, g);
             free(g);
         }
@@ -529,9 +570,11 @@ int main(int argc, char** argv) {
         gpt2_parameter_sizes(sizes, config);
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
             float wd = parameter_is_matrix[i] ? args.weight_decay : 0.0f;
-            adamw_update(model.params_memory + offset, model.grads_memory + offset,
-                         model.m_memory + offset, model.v_memory + offset, sizes[i], lr, 0.9f,
-                         0.95f, 1e-8f, wd, step + 1, grad_scale);
+            adamw_update(model.params_memory + offset,
+                         model.master_memory ? model.master_memory + offset : NULL,
+                         model.grads_memory + offset, model.m_memory + offset,
+                         model.v_memory + offset, sizes[i], lr, 0.9f, 0.95f, 1e-8f, wd, step + 1,
+                         grad_scale, (unsigned int)(args.seed * 1000003 + step));
             offset += sizes[i];
         }
         device_synchronize();

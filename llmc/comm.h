@@ -11,7 +11,10 @@
 #include <mpi.h>
 #include "utils.h"
 
+#define COMM_FLOATX COMM_FLOAT
+
 typedef enum { COMM_SUM, COMM_AVG, COMM_MAX } CommOp;
+typedef enum { COMM_FLOAT, COMM_BF16 } CommDtype;  // COMM_FLOATX: the type of floatX
 
 typedef enum {
     COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER, COMM_BROADCAST,
@@ -87,32 +90,46 @@ static inline void comm_finalize(void) {
 
 static inline MPI_Op comm_mpi_op(CommOp op) { return op == COMM_MAX ? MPI_MAX : MPI_SUM; }
 
+// the CPU backend holds every buffer in fp32
+static inline void comm_check_dtype(const CommGroup* g, CommDtype dtype, const char* op) {
+    if (dtype != COMM_FLOAT) fail("%s on group '%s': the CPU backend communicates fp32 only", op, g->name);
+}
+
 static inline void comm_scale(float* buf, size_t n, float s) {
     for (size_t i = 0; i < n; i++) buf[i] *= s;
 }
 
 // buf (n) <- op over ranks of buf, in place
-static inline void comm_all_reduce(CommGroup* g, float* buf, size_t n, CommOp op) {
+static inline void comm_all_reduce(CommGroup* g, void* buf, size_t n, CommDtype dtype, CommOp op) {
+    comm_check_dtype(g, dtype, "all_reduce");
     comm_count(g, COMM_ALL_REDUCE, n * sizeof(float));
     comm_check(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi), g,
                "all_reduce");
-    if (op == COMM_AVG) comm_scale(buf, n, 1.0f / (float)g->size);
+    if (op == COMM_AVG) comm_scale((float*)buf, n, 1.0f / (float)g->size);
 }
 
 // send (size * n) reduced over ranks; this rank receives its block of n into recv
-static inline void comm_reduce_scatter(CommGroup* g, const float* send, float* recv, size_t n,
-                                CommOp op) {
+static inline void comm_reduce_scatter(CommGroup* g, const void* send, void* recv, size_t n,
+                                       CommDtype dtype, CommOp op) {
+    comm_check_dtype(g, dtype, "reduce_scatter");
     comm_count(g, COMM_REDUCE_SCATTER, n * g->size * sizeof(float));
     comm_check(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi),
                g, "reduce_scatter");
-    if (op == COMM_AVG) comm_scale(recv, n, 1.0f / (float)g->size);
+    if (op == COMM_AVG) comm_scale((float*)recv, n, 1.0f / (float)g->size);
 }
 
 // every rank's n elements, concatenated in rank order, into recv (size * n) on every rank
-static inline void comm_all_gather(CommGroup* g, const float* send, float* recv, size_t n) {
+static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, size_t n,
+                                   CommDtype dtype) {
+    comm_check_dtype(g, dtype, "all_gather");
     comm_count(g, COMM_ALL_GATHER, n * g->size * sizeof(float));
     comm_check(MPI_Allgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi), g,
                "all_gather");
+}
+
+// one host float (a loss) reduced over the group
+static inline void comm_all_reduce_scalar(CommGroup* g, float* value, CommOp op) {
+    comm_all_reduce(g, value, 1, COMM_FLOAT, op);
 }
 
 static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int root) {
@@ -137,6 +154,11 @@ static inline void comm_sendrecv(CommGroup* g, const float* send, size_t send_n,
     comm_count(g, COMM_RECV, recv_n * sizeof(float));
     comm_check(MPI_Sendrecv(send, (int)send_n, MPI_FLOAT, dest, 0, recv, (int)recv_n, MPI_FLOAT,
                             src, 0, g->mpi, MPI_STATUS_IGNORE), g, "sendrecv");
+}
+
+// host bytes from root to every rank (small values such as a step number)
+static inline void comm_broadcast_host(CommGroup* g, void* buf, size_t bytes, int root) {
+    comm_broadcast(g, buf, bytes, root);
 }
 
 static inline void comm_barrier(CommGroup* g) {

@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <math.h>
 #include <stdint.h>
+#include "precision.h"
 #include "rng.h"
 #include "utils.h"
 
@@ -26,22 +27,22 @@ typedef struct {
 
 // the tensors, in file order; every per-layer tensor is stacked over the L layers
 typedef struct {
-    float* wte;       // (Vp, C)   token embedding, tied to the LM head
-    float* wpe;       // (maxT, C) position embedding
-    float* ln1w;      // (L, C)
-    float* ln1b;      // (L, C)
-    float* qkvw;      // (L, 3C, C)
-    float* qkvb;      // (L, 3C)
-    float* attprojw;  // (L, C, C)
-    float* attprojb;  // (L, C)
-    float* ln2w;      // (L, C)
-    float* ln2b;      // (L, C)
-    float* fcw;       // (L, 4C, C)
-    float* fcb;       // (L, 4C)
-    float* fcprojw;   // (L, C, 4C)
-    float* fcprojb;   // (L, C)
-    float* lnfw;      // (C)
-    float* lnfb;      // (C)
+    floatX* wte;       // (Vp, C)   token embedding, tied to the LM head
+    floatX* wpe;       // (maxT, C) position embedding
+    floatX* ln1w;      // (L, C)
+    floatX* ln1b;      // (L, C)
+    floatX* qkvw;      // (L, 3C, C)
+    floatX* qkvb;      // (L, 3C)
+    floatX* attprojw;  // (L, C, C)
+    floatX* attprojb;  // (L, C)
+    floatX* ln2w;      // (L, C)
+    floatX* ln2b;      // (L, C)
+    floatX* fcw;       // (L, 4C, C)
+    floatX* fcb;       // (L, 4C)
+    floatX* fcprojw;   // (L, C, 4C)
+    floatX* fcprojb;   // (L, C)
+    floatX* lnfw;      // (C)
+    floatX* lnfb;      // (C)
 } ParameterTensors;
 
 static const char* parameter_names[NUM_PARAMETER_TENSORS] = {
@@ -81,10 +82,10 @@ static inline size_t gpt2_num_parameters(GPT2Config c) {
 
 // points each tensor into one contiguous buffer (parameters, gradients and AdamW moments share
 // this layout, so one flat all-reduce moves all gradients)
-static inline void gpt2_point_parameters(ParameterTensors* t, float* base, GPT2Config c) {
+static inline void gpt2_point_parameters(ParameterTensors* t, floatX* base, GPT2Config c) {
     size_t sizes[NUM_PARAMETER_TENSORS];
     gpt2_parameter_sizes(sizes, c);
-    float** ptrs[NUM_PARAMETER_TENSORS] = {
+    floatX** ptrs[NUM_PARAMETER_TENSORS] = {
         &t->wte, &t->wpe, &t->ln1w, &t->ln1b, &t->qkvw, &t->qkvb, &t->attprojw, &t->attprojb,
         &t->ln2w, &t->ln2b, &t->fcw, &t->fcb, &t->fcprojw, &t->fcprojb, &t->lnfw, &t->lnfb};
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
@@ -211,24 +212,26 @@ static inline int gpt2_config_from_descriptor(const char* desc, GPT2Config* c) {
 // N(0, 0.02) for matrices, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, section 2.3),
 // biases zero, LayerNorm gains one; the padding rows of wte stay zero as they are never used
 static inline float* gpt2_init_random(GPT2Config c, uint64_t seed) {
-    size_t sizes[NUM_PARAMETER_TENSORS];
+    size_t sizes[NUM_PARAMETER_TENSORS], offset[NUM_PARAMETER_TENSORS];
     gpt2_parameter_sizes(sizes, c);
-    float* params = (float*)calloc_check(gpt2_num_parameters(c), sizeof(float));
-    ParameterTensors t;
-    gpt2_point_parameters(&t, params, c);
+    offset[0] = 0;
+    for (int i = 1; i < NUM_PARAMETER_TENSORS; i++) offset[i] = offset[i - 1] + sizes[i - 1];
+    float* p = (float*)calloc_check(gpt2_num_parameters(c), sizeof(float));
     Rng rng;
     rng_init(&rng, seed);
     float residual_std = 0.02f / sqrtf(2.0f * (float)c.num_layers);
-    rng_normal_fill(&rng, t.wte, (size_t)c.vocab_size * c.channels, 0.0f, 0.02f);
-    rng_normal_fill(&rng, t.wpe, sizes[1], 0.0f, 0.02f);
-    rng_normal_fill(&rng, t.qkvw, sizes[4], 0.0f, 0.02f);
-    rng_normal_fill(&rng, t.attprojw, sizes[6], 0.0f, residual_std);
-    rng_normal_fill(&rng, t.fcw, sizes[10], 0.0f, 0.02f);
-    rng_normal_fill(&rng, t.fcprojw, sizes[12], 0.0f, residual_std);
-    for (size_t i = 0; i < sizes[2]; i++) t.ln1w[i] = 1.0f;
-    for (size_t i = 0; i < sizes[8]; i++) t.ln2w[i] = 1.0f;
-    for (size_t i = 0; i < sizes[14]; i++) t.lnfw[i] = 1.0f;
-    return params;
+    float std[NUM_PARAMETER_TENSORS] = {0.02f, 0.02f, 0, 0, 0.02f, 0, residual_std, 0,
+                                        0, 0, 0.02f, 0, residual_std, 0, 0, 0};
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        // wte: only the V real rows; the padding rows stay zero
+        size_t n = i == 0 ? (size_t)c.vocab_size * c.channels : sizes[i];
+        if (std[i] > 0.0f) rng_normal_fill(&rng, p + offset[i], n, 0.0f, std[i]);
+    }
+    const int layernorm_gains[] = {2, 8, 14};  // ln1w, ln2w, lnfw
+    for (int j = 0; j < 3; j++) {
+        for (size_t k = 0; k < sizes[layernorm_gains[j]]; k++) p[offset[layernorm_gains[j]] + k] = 1.0f;
+    }
+    return p;
 }
 
 #endif

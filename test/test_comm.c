@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
 
     // all-reduce: element i holds r + i on rank r
     for (int i = 0; i < N; i++) buf[i] = (float)(r + i);
-    comm_all_reduce(&world, buf, N, COMM_SUM);
+    comm_all_reduce(&world, buf, N, COMM_FLOAT, COMM_SUM);
     for (int i = 0; i < N; i++) {
         float want = (float)(p * i + p * (p - 1) / 2);
         expect(buf[i] == want, "all_reduce sum", i, buf[i], want);
@@ -26,13 +26,13 @@ int main(int argc, char** argv) {
              world.calls[COMM_ALL_REDUCE], world.bytes[COMM_ALL_REDUCE]);
     }
     for (int i = 0; i < N; i++) buf[i] = (float)(r + i);
-    comm_all_reduce(&world, buf, N, COMM_AVG);
+    comm_all_reduce(&world, buf, N, COMM_FLOAT, COMM_AVG);
     for (int i = 0; i < N; i++) {
         float want = (float)i + (float)(p - 1) / 2.0f;
         expect(fabsf(buf[i] - want) <= 1e-5f * want + 1e-6f, "all_reduce avg", i, buf[i], want);
     }
     for (int i = 0; i < N; i++) buf[i] = (float)((r * 7 + i) % p);
-    comm_all_reduce(&world, buf, N, COMM_MAX);
+    comm_all_reduce(&world, buf, N, COMM_FLOAT, COMM_MAX);
     for (int i = 0; i < N; i++) {
         float want = (float)(p - 1);
         expect(buf[i] == want, "all_reduce max", i, buf[i], want);
@@ -40,12 +40,12 @@ int main(int argc, char** argv) {
 
     // reduce-scatter: input j on rank r is r * 10 + j; rank r keeps block r of the sum
     for (int j = 0; j < p * N; j++) big[j] = (float)(r * 10 + j);
-    comm_reduce_scatter(&world, big, out, N, COMM_SUM);
+    comm_reduce_scatter(&world, big, out, N, COMM_FLOAT, COMM_SUM);
     for (int i = 0; i < N; i++) {
         float want = (float)(10 * p * (p - 1) / 2 + p * (r * N + i));
         expect(out[i] == want, "reduce_scatter sum", i, out[i], want);
     }
-    comm_reduce_scatter(&world, big, out, N, COMM_AVG);
+    comm_reduce_scatter(&world, big, out, N, COMM_FLOAT, COMM_AVG);
     for (int i = 0; i < N; i++) {
         float want = (float)(10 * p * (p - 1) / 2 + p * (r * N + i)) / (float)p;
         expect(fabsf(out[i] - want) <= 1e-5f * want, "reduce_scatter avg", i, out[i], want);
@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
 
     // all-gather: rank r contributes r * 1000 + i
     for (int i = 0; i < N; i++) buf[i] = (float)(r * 1000 + i);
-    comm_all_gather(&world, buf, out, N);
+    comm_all_gather(&world, buf, out, N, COMM_FLOAT);
     for (int j = 0; j < p * N; j++) {
         float want = (float)((j / N) * 1000 + j % N);
         expect(out[j] == want, "all_gather", j, out[j], want);
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
     }
     float s = (float)r, want = 0.0f;
     for (int q = r % 2; q < p; q += 2) want += (float)q;
-    comm_all_reduce(&parity, &s, 1, COMM_SUM);
+    comm_all_reduce_scalar(&parity, &s, COMM_SUM);
     expect(s == want, "all_reduce on a split group", 0, s, want);
     if (parity.calls[COMM_ALL_REDUCE] != 1) fail("split group counters: each group counts its own calls");
     comm_group_free(&parity);

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
             }
             dataloader_advance(&dl);
             // gather every rank's chunk starts; rank q's micro a lands at q*accum + a
-            comm_all_gather(&world, mine, all, (size_t)accum);
+            comm_all_gather(&world, mine, all, (size_t)accum, COMM_FLOAT);
             size_t base = (size_t)all[0] - ((size_t)all[0] % G);
             if (base / G >= nb || seen_batch[base / G]) fail("global batch at %zu repeated or out of range", base);
             seen_batch[base / G] = 1;

@@ -6,9 +6,12 @@
 
 // One AdamW step on n parameters, the same arithmetic as torch.optim.AdamW: decoupled weight
 // decay, then bias-corrected moments. grad_scale multiplies the gradient first (clipping).
-static inline void adamw_update(float* params, const float* grads, float* m, float* v, size_t n,
-                         float lr, float beta1, float beta2, float eps, float weight_decay,
-                         int t, float grad_scale) {
+// master: fp32 master weights when the parameters are kept in lower precision, else NULL.
+// seed: for stochastic rounding to a lower precision; fp32 parameters need none.
+static inline void adamw_update(floatX* params, float* master, const floatX* grads, float* m,
+                                float* v, size_t n, float lr, float beta1, float beta2, float eps,
+                                float weight_decay, int t, float grad_scale, unsigned int seed) {
+    (void)seed;
     float correction1 = 1.0f - powf(beta1, (float)t);
     float correction2 = 1.0f - powf(beta2, (float)t);
     #pragma omp parallel for
@@ -18,15 +21,17 @@ static inline void adamw_update(float* params, const float* grads, float* m, flo
         float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
         m[i] = mi;
         v[i] = vi;
-        float p = params[i] * (1.0f - lr * weight_decay);
-        params[i] = p - lr * (mi / correction1) / (sqrtf(vi / correction2) + eps);
+        float p = (master ? master[i] : params[i]) * (1.0f - lr * weight_decay);
+        p -= lr * (mi / correction1) / (sqrtf(vi / correction2) + eps);
+        if (master) master[i] = p;
+        params[i] = p;
     }
 }
 
 // sum of squares of grads (n), in fixed chunks summed in order: the same result for any
 // number of threads, which keeps training bit-reproducible
 #define NORM_CHUNK 65536
-static inline float global_norm_squared(const float* grads, size_t n) {
+static inline float global_norm_squared(const floatX* grads, size_t n) {
     size_t chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
     double* partial = (double*)malloc_check((chunks ? chunks : 1) * sizeof(double));
     #pragma omp parallel for

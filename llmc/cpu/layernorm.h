@@ -6,23 +6,27 @@
 
 #define LAYERNORM_EPS 1e-5f
 
-// out (N, C) = (inp - mean) * rstd * weight + bias; saves mean (N) and rstd (N) for backward
+// one row: out (C) = (x - mean) * rstd * weight + bias
+static inline void layernorm_row(float* out, float* mean, float* rstd, const float* x,
+                                 const float* weight, const float* bias, int C) {
+    float m = 0.0f;
+    for (int c = 0; c < C; c++) m += x[c];
+    m /= (float)C;
+    float v = 0.0f;
+    for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+    v /= (float)C;
+    float s = 1.0f / sqrtf(v + LAYERNORM_EPS);
+    for (int c = 0; c < C; c++) out[c] = (x[c] - m) * s * weight[c] + bias[c];
+    *mean = m;
+    *rstd = s;
+}
+
+// out (N, C) = layernorm of each row of inp; saves mean (N) and rstd (N) for backward
 static inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                              const float* weight, const float* bias, int N, int C) {
+                                     const float* weight, const float* bias, int N, int C) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
-        const float* x = inp + (size_t)n * C;
-        float m = 0.0f;
-        for (int c = 0; c < C; c++) m += x[c];
-        m /= (float)C;
-        float v = 0.0f;
-        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
-        v /= (float)C;
-        float s = 1.0f / sqrtf(v + LAYERNORM_EPS);
-        float* o = out + (size_t)n * C;
-        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c] + bias[c];
-        mean[n] = m;
-        rstd[n] = s;
+        layernorm_row(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, weight, bias, C);
     }
 }
 
@@ -65,11 +69,19 @@ static inline void layernorm_backward(float* dinp, float* dweight, float* dbias,
     }
 }
 
-// out (N) = a + b: the residual connection. Its backward is the identity on both inputs, so the
-// trainer adds no op for it: the residual gradient flows on in the same buffer.
-static inline void residual_forward(float* out, const float* a, const float* b, size_t N) {
+// residual (N, C) = a + b, then out = layernorm(residual): the residual connection followed by
+// the next LayerNorm, in one pass over each row. The residual add's backward is the identity on
+// both inputs, so the trainer needs no backward op for it: its gradient flows on in place.
+static inline void fused_residual_layernorm_forward(float* residual, float* out, float* mean,
+                                                    float* rstd, const float* a, const float* b,
+                                                    const float* weight, const float* bias, int N,
+                                                    int C) {
     #pragma omp parallel for
-    for (size_t i = 0; i < N; i++) out[i] = a[i] + b[i];
+    for (int n = 0; n < N; n++) {
+        size_t row = (size_t)n * C;
+        for (int c = 0; c < C; c++) residual[row + c] = a[row + c] + b[row + c];
+        layernorm_row(out + row, mean + n, rstd + n, residual + row, weight, bias, C);
+    }
 }
 
 #endif
