@@ -1,6 +1,9 @@
-// The communication layer: the only code that talks to MPI. Groups are the world and sub-groups
-// split from it; every call is checked, counted (calls and bytes per group and operation) and,
-// on failure, ends the whole job with the rank and the operation named.
+// The communication layer: the only code that talks to MPI or NCCL. Groups are the world and
+// sub-groups split from it; every call is checked, counted (calls and bytes per group and
+// operation) and, on failure, ends the whole job with the rank and the operation named.
+//
+// CPU backend: MPI on host buffers (below). CUDA backend: NCCL on device buffers, bootstrapped
+// through MPI or through environment variables (cuda/comm.cuh).
 //
 // Bytes counted per call are the payload this rank hands to the operation: all-reduce and
 // broadcast n elements, reduce-scatter the full input, all-gather the full output, send/recv the
@@ -8,13 +11,27 @@
 #ifndef LLMC_COMM_H
 #define LLMC_COMM_H
 
+#ifndef __CUDACC__
+#define USE_MPI  // the CPU backend always communicates through MPI
+#endif
+#ifdef USE_MPI
+#define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
+#endif
+#ifdef __CUDACC__
+#include <nccl.h>
+#include "cuda/device.cuh"
+#endif
+#include "precision.h"
 #include "utils.h"
 
-#define COMM_FLOATX COMM_FLOAT
-
 typedef enum { COMM_SUM, COMM_AVG, COMM_MAX } CommOp;
-typedef enum { COMM_FLOAT, COMM_BF16 } CommDtype;  // COMM_FLOATX: the type of floatX
+typedef enum { COMM_FLOAT, COMM_BF16 } CommDtype;
+#if FLOATX_IS_FLOAT
+#define COMM_FLOATX COMM_FLOAT  // the type of floatX
+#else
+#define COMM_FLOATX COMM_BF16
+#endif
 
 typedef enum {
     COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER, COMM_BROADCAST,
@@ -25,14 +42,31 @@ static const char* comm_kind_names[COMM_NUM_KINDS] = {
     "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"};
 
 typedef struct {
-    MPI_Comm mpi;
     int rank;
     int size;
     char name[32];
     long long calls[COMM_NUM_KINDS];
     long long bytes[COMM_NUM_KINDS];
+#ifdef USE_MPI
+    MPI_Comm mpi;             // MPI_COMM_NULL when MPI is not in use
+#endif
+#ifdef __CUDACC__
+    ncclComm_t nccl;          // NULL on the host-staged path
+    cudaStream_t stream;      // collectives run here, ordered against the compute stream by events
+    cudaEvent_t ready, done;
+    float* scalar;            // device scratch for host values sent through NCCL
+    int staged;               // 1: copy to the host and use MPI (several ranks share one GPU)
+#endif
 } CommGroup;
 
+static inline size_t comm_dtype_bytes(CommDtype dtype) { return dtype == COMM_FLOAT ? 4 : 2; }
+
+static inline void comm_count(CommGroup* g, CommKind kind, size_t bytes) {
+    g->calls[kind] += 1;
+    g->bytes[kind] += (long long)bytes;
+}
+
+#ifdef USE_MPI
 static inline void comm_abort(int code) {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
@@ -50,10 +84,12 @@ static inline void comm_check(int err, const CommGroup* g, const char* op) {
          g->size, msg);
 }
 
-static inline void comm_count(CommGroup* g, CommKind kind, size_t bytes) {
-    g->calls[kind] += 1;
-    g->bytes[kind] += (long long)bytes;
-}
+static inline MPI_Op comm_mpi_op(CommOp op) { return op == COMM_MAX ? MPI_MAX : MPI_SUM; }
+#endif
+
+#ifdef __CUDACC__
+#include "cuda/comm.cuh"
+#else  // the CPU backend: MPI on host buffers
 
 static inline void comm_group_from_mpi(CommGroup* g, MPI_Comm mpi, const char* name) {
     memset(g, 0, sizeof(*g));
@@ -87,8 +123,6 @@ static inline void comm_finalize(void) {
     llmc_abort_hook = NULL;
     MPI_Finalize();
 }
-
-static inline MPI_Op comm_mpi_op(CommOp op) { return op == COMM_MAX ? MPI_MAX : MPI_SUM; }
 
 // the CPU backend holds every buffer in fp32
 static inline void comm_check_dtype(const CommGroup* g, CommDtype dtype, const char* op) {
@@ -165,6 +199,8 @@ static inline void comm_barrier(CommGroup* g) {
     comm_count(g, COMM_BARRIER, 0);
     comm_check(MPI_Barrier(g->mpi), g, "barrier");
 }
+
+#endif
 
 static inline long long comm_total_bytes(const CommGroup* g) {
     long long total = 0;

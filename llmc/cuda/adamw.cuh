@@ -1,0 +1,92 @@
+// AdamW (Loshchilov & Hutter 2019) and the global gradient norm on CUDA.
+#ifndef LLMC_CUDA_ADAMW_CUH
+#define LLMC_CUDA_ADAMW_CUH
+
+#include "device.cuh"
+
+// a counter-based hash (a few rounds of multiply-xorshift): random bits from (seed, index)
+// with no state, so every element gets its own stream and a rerun gets the same bits
+__device__ inline unsigned int hash_u32(unsigned int seed, unsigned int index) {
+    unsigned int x = index * 0x9E3779B9u ^ seed;
+    x ^= x >> 16; x *= 0x7FEB352Du;
+    x ^= x >> 15; x *= 0x846CA68Bu;
+    x ^= x >> 16;
+    return x;
+}
+
+// fp32 -> floatX. For bf16, stochastic rounding: add random bits below bf16's 16 kept bits and
+// truncate, so the rounding is unbiased on average and small updates are not lost
+__device__ inline floatX round_to_floatX(float x, unsigned int random) {
+#if FLOATX_IS_FLOAT
+    (void)random;
+    return x;
+#else
+    unsigned int bits = __float_as_uint(x);
+    bits = (bits + (random & 0xFFFFu)) & 0xFFFF0000u;
+    return __float2bfloat16_rz(__uint_as_float(bits));
+#endif
+}
+
+__global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v,
+                             size_t n, float lr, float beta1, float beta2, float eps,
+                             float weight_decay, float correction1, float correction2,
+                             float grad_scale, unsigned int seed) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = (float)grads[i] * grad_scale;
+    float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float p = (master ? master[i] : (float)params[i]) * (1.0f - lr * weight_decay);
+    p -= lr * (mi / correction1) / (sqrtf(vi / correction2) + eps);
+    if (master) master[i] = p;
+    params[i] = round_to_floatX(p, hash_u32(seed, (unsigned int)i));
+}
+
+// One AdamW step on n parameters, as torch.optim.AdamW. master: fp32 master weights when the
+// parameters are bf16 (else NULL); seed: for the stochastic rounding of bf16 parameters.
+static inline void adamw_update(floatX* params, float* master, const floatX* grads, float* m,
+                                float* v, size_t n, float lr, float beta1, float beta2, float eps,
+                                float weight_decay, int t, float grad_scale, unsigned int seed) {
+    float correction1 = 1.0f - powf(beta1, (float)t);
+    float correction2 = 1.0f - powf(beta2, (float)t);
+    adamw_kernel<<<ceil_div(n, 256), 256>>>(params, master, grads, m, v, n, lr, beta1, beta2, eps,
+                                           weight_decay, correction1, correction2, grad_scale, seed);
+    cudaCheckLaunch();
+}
+
+// sum of squares: a fixed grid of blocks writes partial sums, the host adds them in order, so
+// the result is the same on every run
+#define NORM_BLOCKS 1024
+__global__ void norm_squared_partial(float* partial, const floatX* x, size_t n) {
+    __shared__ float shared[32];
+    float sum = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = (float)x[i];
+        sum += v * v;
+    }
+    sum = warp_sum(sum);
+    if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int w = 0; w < (int)blockDim.x / 32; w++) total += shared[w];
+        partial[blockIdx.x] = total;
+    }
+}
+
+static DeviceScratch norm_scratch;
+
+static inline float global_norm_squared(const floatX* grads, size_t n) {
+    float* partial = (float*)scratch_get(&norm_scratch, NORM_BLOCKS * sizeof(float));
+    norm_squared_partial<<<NORM_BLOCKS, 512>>>(partial, grads, n);
+    cudaCheckLaunch();
+    float host[NORM_BLOCKS];
+    copy_device_to_host(host, partial, sizeof(host));
+    double total = 0.0;
+    for (int i = 0; i < NORM_BLOCKS; i++) total += host[i];
+    return (float)total;
+}
+
+#endif

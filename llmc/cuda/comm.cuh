@@ -1,0 +1,365 @@
+// The communication layer on CUDA: NCCL moves device buffers; MPI (when the program is built
+// with it and launched by mpirun/srun) or environment variables bring the ranks together.
+//
+// Bootstrap without MPI: RANK, WORLD_SIZE and LOCAL_RANK, plus LLMC_NCCL_ID_FILE, a path on a
+// filesystem every rank sees, through which rank 0 hands out NCCL's unique id.
+//
+// Several ranks on one GPU: NCCL refuses two ranks on one device in one communicator. With MPI,
+// such a world uses the host-staged path (copy to the host, MPI collective, copy back). Without
+// MPI each rank gets its own NCCL_HOSTID, which makes NCCL treat the ranks as separate hosts.
+// Included by comm.h.
+#ifndef LLMC_CUDA_COMM_CUH
+#define LLMC_CUDA_COMM_CUH
+
+#include <unistd.h>
+
+static int comm_use_mpi = 0;  // set by comm_init: launched under an MPI launcher
+
+static inline void comm_exit(int code) {
+#ifdef USE_MPI
+    if (comm_use_mpi) comm_abort(code);
+#endif
+    exit(code);
+}
+
+static inline void nccl_check(ncclResult_t r, const CommGroup* g, const char* op) {
+    if (r != ncclSuccess) {
+        fail("NCCL failed in %s on group '%s' (rank %d of %d): %s", op, g->name, g->rank, g->size,
+             ncclGetErrorString(r));
+    }
+}
+
+static inline int env_int(const char* name, int fallback) {
+    const char* v = getenv(name);
+    return v && *v ? atoi(v) : fallback;
+}
+
+// rank 0 writes the id to a temporary name and renames it; the others wait for the file
+static inline void nccl_id_through_file(ncclUniqueId* id, int rank, const char* path) {
+    if (rank == 0) {
+        char tmp[4200];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+        FILE* f = fopen_check(tmp, "wb");
+        fwrite_check(id, sizeof(*id), 1, f, tmp);
+        fclose_check(f, tmp);
+        rename_check(tmp, path);
+        return;
+    }
+    for (int waited = 0;; waited++) {
+        FILE* f = fopen(path, "rb");
+        if (f != NULL) {
+            fread_check(id, sizeof(*id), 1, f, path);
+            fclose(f);
+            return;
+        }
+        if (waited > 600) fail("no NCCL id in '%s' (LLMC_NCCL_ID_FILE) after 60 s", path);
+        usleep(100000);
+    }
+}
+
+static inline void comm_group_streams(CommGroup* g) {
+    cudaCheck(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
+    cudaCheck(cudaEventCreateWithFlags(&g->ready, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&g->done, cudaEventDisableTiming));
+    g->scalar = (float*)device_malloc(64);
+}
+
+static inline void comm_init(CommGroup* world, int* argc, char*** argv) {
+    memset(world, 0, sizeof(*world));
+    snprintf(world->name, sizeof(world->name), "world");
+    int local_rank = 0, local_size = 1;
+#ifdef USE_MPI
+    world->mpi = MPI_COMM_NULL;
+    // launched by mpirun (Open MPI, MPICH/PMI) or srun
+    comm_use_mpi = getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+    if (comm_use_mpi) {
+        if (MPI_Init(argc, argv) != MPI_SUCCESS) fail("MPI_Init failed");
+        world->mpi = MPI_COMM_WORLD;
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(MPI_COMM_WORLD, &world->rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &world->size);
+        MPI_Comm node;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world->rank, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &local_rank);
+        MPI_Comm_size(node, &local_size);
+        MPI_Comm_free(&node);
+    }
+#else
+    (void)argc;
+    (void)argv;
+#endif
+    if (!comm_use_mpi) {
+        world->rank = env_int("RANK", 0);
+        world->size = env_int("WORLD_SIZE", 1);
+        local_rank = env_int("LOCAL_RANK", world->rank);
+        local_size = env_int("LOCAL_WORLD_SIZE", world->size);
+    }
+    llmc_rank = world->rank;
+    llmc_abort_hook = comm_exit;
+    int devices = 0;
+    cudaCheck(cudaGetDeviceCount(&devices));
+    if (devices == 0) fail("no CUDA device");
+    cudaCheck(cudaSetDevice(local_rank % devices));
+    comm_group_streams(world);
+    int shared_gpu = local_size > devices;
+#ifdef USE_MPI
+    if (shared_gpu && comm_use_mpi) {  // several ranks per GPU: host-staged MPI collectives
+        world->staged = 1;
+        return;
+    }
+#endif
+    if (shared_gpu) {  // a distinct host id per rank makes NCCL connect them like separate hosts
+        char host_id[64];
+        snprintf(host_id, sizeof(host_id), "llmc-rank-%d", world->rank);
+        setenv("NCCL_HOSTID", host_id, 1);
+    }
+    ncclUniqueId id;
+    if (world->rank == 0) nccl_check(ncclGetUniqueId(&id), world, "get_unique_id");
+    if (world->size > 1) {
+#ifdef USE_MPI
+        if (comm_use_mpi) comm_check(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD), world, "broadcast of the NCCL id");
+#endif
+        if (!comm_use_mpi) {
+            const char* path = getenv("LLMC_NCCL_ID_FILE");
+            if (path == NULL) fail("WORLD_SIZE=%d without MPI: set LLMC_NCCL_ID_FILE to a path all ranks see", world->size);
+            nccl_id_through_file(&id, world->rank, path);
+        }
+    }
+    nccl_check(ncclCommInitRank(&world->nccl, world->size, id, world->rank), world, "comm_init_rank");
+}
+
+// ranks with the same color form a group, ordered by key
+static inline void comm_split(CommGroup* out, CommGroup* parent, int color, int key, const char* name) {
+    memset(out, 0, sizeof(*out));
+    snprintf(out->name, sizeof(out->name), "%s", name);
+    out->staged = parent->staged;
+#ifdef USE_MPI
+    out->mpi = MPI_COMM_NULL;
+    if (comm_use_mpi) {
+        comm_check(MPI_Comm_split(parent->mpi, color, key, &out->mpi), parent, "split");
+        MPI_Comm_set_errhandler(out->mpi, MPI_ERRORS_RETURN);
+    }
+#endif
+    if (!parent->staged) {
+        nccl_check(ncclCommSplit(parent->nccl, color, key, &out->nccl, NULL), parent, "split");
+        nccl_check(ncclCommUserRank(out->nccl, &out->rank), out, "user_rank");
+        nccl_check(ncclCommCount(out->nccl, &out->size), out, "count");
+    }
+#ifdef USE_MPI
+    else {
+        MPI_Comm_rank(out->mpi, &out->rank);
+        MPI_Comm_size(out->mpi, &out->size);
+    }
+#endif
+    comm_group_streams(out);
+}
+
+static inline void comm_group_free(CommGroup* g) {
+    if (g->nccl) ncclCommDestroy(g->nccl);
+#ifdef USE_MPI
+    if (g->mpi != MPI_COMM_NULL && g->mpi != MPI_COMM_WORLD) MPI_Comm_free(&g->mpi);
+#endif
+    cudaStreamDestroy(g->stream);
+    device_free(g->scalar);
+}
+
+static inline void comm_finalize(void) {
+    llmc_abort_hook = NULL;
+#ifdef USE_MPI
+    if (comm_use_mpi) MPI_Finalize();
+#endif
+}
+
+static inline ncclDataType_t comm_nccl_type(CommDtype dtype) {
+    return dtype == COMM_FLOAT ? ncclFloat : ncclBfloat16;
+}
+static inline ncclRedOp_t comm_nccl_op(CommOp op) {
+    return op == COMM_SUM ? ncclSum : op == COMM_AVG ? ncclAvg : ncclMax;
+}
+
+// the comm stream waits for the kernels issued so far; later kernels wait for the collective
+static inline void comm_begin(CommGroup* g) {
+    cudaCheck(cudaEventRecord(g->ready, 0));
+    cudaCheck(cudaStreamWaitEvent(g->stream, g->ready, 0));
+}
+static inline void comm_end(CommGroup* g) {
+    cudaCheck(cudaEventRecord(g->done, g->stream));
+    cudaCheck(cudaStreamWaitEvent(0, g->done, 0));
+}
+
+#ifdef USE_MPI
+// host-staged path: device -> host floats, MPI on the host, host -> device
+static inline float* staged_to_host(const void* dev, size_t n, CommDtype dtype) {
+    float* host = (float*)malloc_check(n * sizeof(float));
+    if (dtype == COMM_FLOAT) copy_device_to_host(host, dev, n * sizeof(float));
+    else copy_device_to_floats(host, (const floatX*)dev, n);
+    return host;
+}
+static inline void staged_to_device(void* dev, float* host, size_t n, CommDtype dtype) {
+    if (dtype == COMM_FLOAT) copy_host_to_device(dev, host, n * sizeof(float));
+    else copy_floats_to_device((floatX*)dev, host, n);
+    free(host);
+}
+static inline void staged_average(float* host, size_t n, CommOp op, int size) {
+    if (op != COMM_AVG) return;
+    for (size_t i = 0; i < n; i++) host[i] /= (float)size;
+}
+#endif
+
+// buf (n) <- op over ranks of buf, in place (device memory)
+static inline void comm_all_reduce(CommGroup* g, void* buf, size_t n, CommDtype dtype, CommOp op) {
+    comm_count(g, COMM_ALL_REDUCE, n * comm_dtype_bytes(dtype));
+#ifdef USE_MPI
+    if (g->staged) {
+        float* host = staged_to_host(buf, n, dtype);
+        comm_check(MPI_Allreduce(MPI_IN_PLACE, host, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi), g, "all_reduce");
+        staged_average(host, n, op, g->size);
+        staged_to_device(buf, host, n, dtype);
+        return;
+    }
+#endif
+    comm_begin(g);
+    nccl_check(ncclAllReduce(buf, buf, n, comm_nccl_type(dtype), comm_nccl_op(op), g->nccl, g->stream), g, "all_reduce");
+    comm_end(g);
+}
+
+// send (size * n) reduced over ranks; this rank receives its block of n into recv
+static inline void comm_reduce_scatter(CommGroup* g, const void* send, void* recv, size_t n,
+                                       CommDtype dtype, CommOp op) {
+    comm_count(g, COMM_REDUCE_SCATTER, n * g->size * comm_dtype_bytes(dtype));
+#ifdef USE_MPI
+    if (g->staged) {
+        float* host_send = staged_to_host(send, n * g->size, dtype);
+        float* host_recv = (float*)malloc_check(n * sizeof(float));
+        comm_check(MPI_Reduce_scatter_block(host_send, host_recv, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi), g, "reduce_scatter");
+        free(host_send);
+        staged_average(host_recv, n, op, g->size);
+        staged_to_device(recv, host_recv, n, dtype);
+        return;
+    }
+#endif
+    comm_begin(g);
+    nccl_check(ncclReduceScatter(send, recv, n, comm_nccl_type(dtype), comm_nccl_op(op), g->nccl, g->stream), g, "reduce_scatter");
+    comm_end(g);
+}
+
+// every rank's n elements, concatenated in rank order, into recv (size * n) on every rank
+static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, size_t n, CommDtype dtype) {
+    comm_count(g, COMM_ALL_GATHER, n * g->size * comm_dtype_bytes(dtype));
+#ifdef USE_MPI
+    if (g->staged) {
+        float* host_send = staged_to_host(send, n, dtype);
+        float* host_recv = (float*)malloc_check(n * g->size * sizeof(float));
+        comm_check(MPI_Allgather(host_send, (int)n, MPI_FLOAT, host_recv, (int)n, MPI_FLOAT, g->mpi), g, "all_gather");
+        free(host_send);
+        staged_to_device(recv, host_recv, n * g->size, dtype);
+        return;
+    }
+#endif
+    comm_begin(g);
+    nccl_check(ncclAllGather(send, recv, n, comm_nccl_type(dtype), g->nccl, g->stream), g, "all_gather");
+    comm_end(g);
+}
+
+// bytes of device memory from root to every rank
+static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int root) {
+    comm_count(g, COMM_BROADCAST, bytes);
+#ifdef USE_MPI
+    if (g->staged) {
+        char* host = (char*)malloc_check(bytes);
+        copy_device_to_host(host, buf, bytes);
+        comm_check(MPI_Bcast(host, (int)bytes, MPI_BYTE, root, g->mpi), g, "broadcast");
+        copy_host_to_device(buf, host, bytes);
+        free(host);
+        return;
+    }
+#endif
+    comm_begin(g);
+    nccl_check(ncclBroadcast(buf, buf, bytes, ncclChar, root, g->nccl, g->stream), g, "broadcast");
+    comm_end(g);
+}
+
+// one host float (a loss) reduced over the group, through the group's device scratch
+static inline void comm_all_reduce_scalar(CommGroup* g, float* value, CommOp op) {
+    copy_host_to_device(g->scalar, value, sizeof(float));
+    comm_all_reduce(g, g->scalar, 1, COMM_FLOAT, op);
+    copy_device_to_host(value, g->scalar, sizeof(float));
+}
+
+// host bytes (at most 64: a step number) from root to every rank
+static inline void comm_broadcast_host(CommGroup* g, void* buf, size_t bytes, int root) {
+    if (bytes > 64) fail("comm_broadcast_host: %zu bytes, at most 64", bytes);
+    copy_host_to_device(g->scalar, buf, bytes);
+    comm_broadcast(g, g->scalar, bytes, root);
+    copy_device_to_host(buf, g->scalar, bytes);
+}
+
+static inline void comm_send(CommGroup* g, const float* buf, size_t n, int dest) {
+    comm_count(g, COMM_SEND, n * sizeof(float));
+#ifdef USE_MPI
+    if (g->staged) {
+        float* host = staged_to_host(buf, n, COMM_FLOAT);
+        comm_check(MPI_Send(host, (int)n, MPI_FLOAT, dest, 0, g->mpi), g, "send");
+        free(host);
+        return;
+    }
+#endif
+    comm_begin(g);
+    nccl_check(ncclSend(buf, n, ncclFloat, dest, g->nccl, g->stream), g, "send");
+    comm_end(g);
+}
+
+static inline void comm_recv(CommGroup* g, float* buf, size_t n, int src) {
+    comm_count(g, COMM_RECV, n * sizeof(float));
+#ifdef USE_MPI
+    if (g->staged) {
+        float* host = (float*)malloc_check(n * sizeof(float));
+        comm_check(MPI_Recv(host, (int)n, MPI_FLOAT, src, 0, g->mpi, MPI_STATUS_IGNORE), g, "recv");
+        staged_to_device(buf, host, n, COMM_FLOAT);
+        return;
+    }
+#endif
+    comm_begin(g);
+    nccl_check(ncclRecv(buf, n, ncclFloat, src, g->nccl, g->stream), g, "recv");
+    comm_end(g);
+}
+
+// a paired exchange that cannot deadlock: NCCL group calls issue both sides together
+static inline void comm_sendrecv(CommGroup* g, const float* send, size_t send_n, int dest,
+                                 float* recv, size_t recv_n, int src) {
+    comm_count(g, COMM_SEND, send_n * sizeof(float));
+    comm_count(g, COMM_RECV, recv_n * sizeof(float));
+#ifdef USE_MPI
+    if (g->staged) {
+        float* host_send = staged_to_host(send, send_n, COMM_FLOAT);
+        float* host_recv = (float*)malloc_check(recv_n * sizeof(float));
+        comm_check(MPI_Sendrecv(host_send, (int)send_n, MPI_FLOAT, dest, 0, host_recv, (int)recv_n,
+                                MPI_FLOAT, src, 0, g->mpi, MPI_STATUS_IGNORE), g, "sendrecv");
+        free(host_send);
+        staged_to_device(recv, host_recv, recv_n, COMM_FLOAT);
+        return;
+    }
+#endif
+    comm_begin(g);
+    nccl_check(ncclGroupStart(), g, "sendrecv");
+    nccl_check(ncclSend(send, send_n, ncclFloat, dest, g->nccl, g->stream), g, "sendrecv");
+    nccl_check(ncclRecv(recv, recv_n, ncclFloat, src, g->nccl, g->stream), g, "sendrecv");
+    nccl_check(ncclGroupEnd(), g, "sendrecv");
+    comm_end(g);
+}
+
+static inline void comm_barrier(CommGroup* g) {
+    comm_count(g, COMM_BARRIER, 0);
+#ifdef USE_MPI
+    if (g->staged) {
+        comm_check(MPI_Barrier(g->mpi), g, "barrier");
+        return;
+    }
+#endif
+    // an all-reduce of one float that every rank waits for
+    comm_begin(g);
+    nccl_check(ncclAllReduce(g->scalar, g->scalar, 1, ncclFloat, ncclSum, g->nccl, g->stream), g, "barrier");
+    cudaCheck(cudaStreamSynchronize(g->stream));
+}
+
+#endif

@@ -1,0 +1,92 @@
+// The device layer on CUDA: checked allocation, copies, memset and synchronization. Kernels run
+// on the default stream; the comm layer orders its own stream against it with events.
+#ifndef LLMC_CUDA_DEVICE_CUH
+#define LLMC_CUDA_DEVICE_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include "../precision.h"
+#include "../utils.h"
+
+#define BACKEND_NAME "cuda"
+
+// every CUDA call is checked; a failure names the file, the line and CUDA's error string
+#define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
+static inline void cuda_check(cudaError_t err, const char* file, int line) {
+    if (err != cudaSuccess) fail("CUDA error at %s:%d: %s", file, line, cudaGetErrorString(err));
+}
+#define cublasCheck(call) cublas_check((call), __FILE__, __LINE__)
+static inline void cublas_check(cublasStatus_t status, const char* file, int line) {
+    if (status != CUBLAS_STATUS_SUCCESS) fail("cuBLAS error %d at %s:%d", (int)status, file, line);
+}
+// after a kernel launch: a bad launch configuration shows up here, not later
+#define cudaCheckLaunch() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
+
+static inline int ceil_div(size_t a, size_t b) { return (int)((a + b - 1) / b); }
+
+static inline void* device_malloc(size_t bytes) {
+    void* p = NULL;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) fail("cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(err));
+    return p;
+}
+static inline void device_free(void* p) { cudaCheck(cudaFree(p)); }
+static inline void device_memset_zero(void* p, size_t bytes) { cudaCheck(cudaMemset(p, 0, bytes)); }
+static inline void copy_host_to_device(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+static inline void copy_device_to_host(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+static inline void device_synchronize(void) { cudaCheck(cudaDeviceSynchronize()); }
+
+// fp32 host values to floatX device values and back, converted on the host in chunks
+#define CONVERT_CHUNK (1 << 20)
+static inline void copy_floats_to_device(floatX* dst, const float* src, size_t n) {
+    if (FLOATX_IS_FLOAT) { copy_host_to_device(dst, src, n * sizeof(float)); return; }
+    floatX* tmp = (floatX*)malloc_check(CONVERT_CHUNK * sizeof(floatX));
+    for (size_t i = 0; i < n; i += CONVERT_CHUNK) {
+        size_t m = n - i < CONVERT_CHUNK ? n - i : CONVERT_CHUNK;
+        for (size_t j = 0; j < m; j++) tmp[j] = (floatX)src[i + j];
+        copy_host_to_device(dst + i, tmp, m * sizeof(floatX));
+    }
+    free(tmp);
+}
+static inline void copy_device_to_floats(float* dst, const floatX* src, size_t n) {
+    if (FLOATX_IS_FLOAT) { copy_device_to_host(dst, src, n * sizeof(float)); return; }
+    floatX* tmp = (floatX*)malloc_check(CONVERT_CHUNK * sizeof(floatX));
+    for (size_t i = 0; i < n; i += CONVERT_CHUNK) {
+        size_t m = n - i < CONVERT_CHUNK ? n - i : CONVERT_CHUNK;
+        copy_device_to_host(tmp, src + i, m * sizeof(floatX));
+        for (size_t j = 0; j < m; j++) dst[i + j] = (float)tmp[j];
+    }
+    free(tmp);
+}
+
+// a device scratch buffer that grows on demand (kernels that need temporary space share it
+// only within one launcher call)
+typedef struct {
+    void* ptr;
+    size_t bytes;
+} DeviceScratch;
+static inline void* scratch_get(DeviceScratch* s, size_t bytes) {
+    if (s->bytes < bytes) {
+        if (s->ptr) device_free(s->ptr);
+        s->ptr = device_malloc(bytes);
+        s->bytes = bytes;
+    }
+    return s->ptr;
+}
+
+// warp-level sum and max: every lane ends with the result
+__device__ inline float warp_sum(float v) {
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+__device__ inline float warp_max(float v) {
+    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+
+#endif

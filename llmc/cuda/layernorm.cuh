@@ -1,0 +1,145 @@
+// LayerNorm (Ba, Kiros & Hinton 2016) on CUDA, fused with the residual add in the forward pass.
+// One warp per row of C channels; statistics in fp32.
+#ifndef LLMC_CUDA_LAYERNORM_CUH
+#define LLMC_CUDA_LAYERNORM_CUH
+
+#include "device.cuh"
+
+#define LAYERNORM_EPS 1e-5f
+
+// one warp normalises row n of x (N, C): out = (x - mean) * rstd * weight + bias.
+// When a and b are given, x = a + b is computed first and written to `residual` (fused add).
+__global__ void layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd,
+                                         const floatX* a, const floatX* b, const floatX* inp,
+                                         const floatX* weight, const floatX* bias, int N, int C) {
+    int warps_per_block = blockDim.x / 32, lane = threadIdx.x % 32;
+    int n = blockIdx.x * warps_per_block + threadIdx.x / 32;
+    if (n >= N) return;
+    size_t row = (size_t)n * C;
+    const floatX* x = inp + row;
+    if (a != NULL) {
+        for (int c = lane; c < C; c += 32) residual[row + c] = (floatX)((float)a[row + c] + (float)b[row + c]);
+        __syncwarp();
+        x = residual + row;
+    }
+    float sum = 0.0f;
+    for (int c = lane; c < C; c += 32) sum += (float)x[c];
+    float m = warp_sum(sum) / (float)C;
+    float var = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float d = (float)x[c] - m;
+        var += d * d;
+    }
+    float s = rsqrtf(warp_sum(var) / (float)C + LAYERNORM_EPS);
+    for (int c = lane; c < C; c += 32) {
+        out[row + c] = (floatX)(((float)x[c] - m) * s * (float)weight[c] + (float)bias[c]);
+    }
+    if (lane == 0) {
+        mean[n] = m;
+        rstd[n] = s;
+    }
+}
+
+static inline void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp,
+                                     const floatX* weight, const floatX* bias, int N, int C) {
+    layernorm_forward_kernel<<<ceil_div(N, 8), 256>>>(NULL, out, mean, rstd, NULL, NULL, inp,
+                                                      weight, bias, N, C);
+    cudaCheckLaunch();
+}
+
+// residual (N, C) = a + b, then out = layernorm(residual), in one pass
+static inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean,
+                                                    float* rstd, const floatX* a, const floatX* b,
+                                                    const floatX* weight, const floatX* bias,
+                                                    int N, int C) {
+    layernorm_forward_kernel<<<ceil_div(N, 8), 256>>>(residual, out, mean, rstd, a, b, NULL,
+                                                      weight, bias, N, C);
+    cudaCheckLaunch();
+}
+
+// dinp (N, C) += s * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight; one warp per row
+__global__ void layernorm_backward_input_kernel(floatX* dinp, const floatX* dout, const floatX* inp,
+                                                const floatX* weight, const float* mean,
+                                                const float* rstd, int N, int C) {
+    int warps_per_block = blockDim.x / 32, lane = threadIdx.x % 32;
+    int n = blockIdx.x * warps_per_block + threadIdx.x / 32;
+    if (n >= N) return;
+    size_t row = (size_t)n * C;
+    float m = mean[n], s = rstd[n];
+    float g_sum = 0.0f, gx_sum = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float g = (float)dout[row + c] * (float)weight[c];
+        g_sum += g;
+        gx_sum += g * ((float)inp[row + c] - m) * s;
+    }
+    float g_mean = warp_sum(g_sum) / (float)C, gx_mean = warp_sum(gx_sum) / (float)C;
+    for (int c = lane; c < C; c += 32) {
+        float xhat = ((float)inp[row + c] - m) * s;
+        float g = (float)dout[row + c] * (float)weight[c];
+        dinp[row + c] = (floatX)((float)dinp[row + c] + s * (g - g_mean - xhat * gx_mean));
+    }
+}
+
+// weight and bias gradients in two deterministic stages: block (x, y) sums rows
+// y*rows_per_block.. for 32 channels into partial (gridDim.y, 2, C); then one thread per channel
+// adds the partials in order
+#define LN_ROWS_PER_BLOCK 256
+__global__ void layernorm_backward_params_partial(float* partial, const floatX* dout,
+                                                  const floatX* inp, const float* mean,
+                                                  const float* rstd, int N, int C) {
+    int c = blockIdx.x * 32 + threadIdx.x % 32;
+    int sub = threadIdx.x / 32, subs = blockDim.x / 32;  // row groups inside the block
+    __shared__ float dw_shared[8][32], db_shared[8][32];
+    float dw = 0.0f, db = 0.0f;
+    int row_begin = blockIdx.y * LN_ROWS_PER_BLOCK;
+    int row_end = min(row_begin + LN_ROWS_PER_BLOCK, N);
+    if (c < C) {
+        for (int n = row_begin + sub; n < row_end; n += subs) {
+            float d = (float)dout[(size_t)n * C + c];
+            dw += d * ((float)inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+            db += d;
+        }
+    }
+    dw_shared[sub][threadIdx.x % 32] = dw;
+    db_shared[sub][threadIdx.x % 32] = db;
+    __syncthreads();
+    if (sub == 0 && c < C) {
+        for (int k = 1; k < subs; k++) {
+            dw += dw_shared[k][threadIdx.x];
+            db += db_shared[k][threadIdx.x];
+        }
+        partial[((size_t)blockIdx.y * 2) * C + c] = dw;
+        partial[((size_t)blockIdx.y * 2 + 1) * C + c] = db;
+    }
+}
+
+__global__ void layernorm_backward_params_final(floatX* dweight, floatX* dbias, const float* partial,
+                                                int parts, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float dw = 0.0f, db = 0.0f;
+    for (int p = 0; p < parts; p++) {
+        dw += partial[((size_t)p * 2) * C + c];
+        db += partial[((size_t)p * 2 + 1) * C + c];
+    }
+    dweight[c] = (floatX)((float)dweight[c] + dw);
+    dbias[c] = (floatX)((float)dbias[c] + db);
+}
+
+static DeviceScratch layernorm_scratch;
+
+static inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias,
+                                      const floatX* dout, const floatX* inp, const floatX* weight,
+                                      const float* mean, const float* rstd, int N, int C) {
+    layernorm_backward_input_kernel<<<ceil_div(N, 8), 256>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    cudaCheckLaunch();
+    int parts = ceil_div(N, LN_ROWS_PER_BLOCK);
+    float* partial = (float*)scratch_get(&layernorm_scratch, (size_t)parts * 2 * C * sizeof(float));
+    dim3 grid(ceil_div(C, 32), parts);
+    layernorm_backward_params_partial<<<grid, 256>>>(partial, dout, inp, mean, rstd, N, C);
+    cudaCheckLaunch();
+    layernorm_backward_params_final<<<ceil_div(C, 256), 256>>>(dweight, dbias, partial, parts, C);
+    cudaCheckLaunch();
+}
+
+#endif
