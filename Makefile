@@ -1,16 +1,17 @@
 # Builds the trainers for the backend this machine can run, the tests and the benchmarks.
-#   make                 build every trainer (BACKEND=cpu|cuda, default: cuda when nvcc and a GPU are present)
+#   make                 build every trainer (BACKEND=cpu|cuda; default cuda when nvcc and a GPU are present)
 #   make test            build and run all tests; ends with "N passed, N failed, N skipped"
 #   make train           set up what is missing, build, and run the quick-start training job
-#   make bench           CPU training-step benchmark (dev/bench)
+#   make bench           benchmarks (CPU: matmul GFLOP/s and a training step; GPU: dev/bench/bench_gpu.sh)
+#   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90 (no GPU needed)
 #   make clean
+# CUDA options: PRECISION=BF16|FP32 (default BF16), GPU_COMPUTE_CAPABILITY=90 (default: read off the
+# GPU), NCCL_HOME=/path (else /usr/local/cuda, system paths, then NCCL from Python packages).
 
 PYTHON ?= /usr/bin/python3
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
-ifeq ($(NVCC)$(HAS_GPU),)
-  DEFAULT_BACKEND := cpu
-else ifneq ($(and $(NVCC),$(HAS_GPU)),)
+ifneq ($(and $(NVCC),$(HAS_GPU)),)
   DEFAULT_BACKEND := cuda
 else
   DEFAULT_BACKEND := cpu
@@ -19,24 +20,42 @@ BACKEND ?= $(DEFAULT_BACKEND)
 
 TRAINERS := train_gpt2_dp
 TEST_PROGRAMS := test/test_comm test/test_dataloader
-HEADERS := $(wildcard llmc/*.h llmc/cpu/*.h)
+HEADERS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cuda/*.cuh)
+DEV_CUDA := $(wildcard dev/cuda/*.cu)
 
-# CPU backend: the .cu sources compile as C11 with OpenMP, MPI through mpicc
+# ---- CPU backend: the .cu sources compile as C11 with OpenMP, MPI through mpicc
 MPICC ?= mpicc
 CFLAGS ?= -O3 -march=native -ffp-contract=fast
 CFLAGS += -std=c11 -D_POSIX_C_SOURCE=200809L -fopenmp -Wall -Wextra -I.
 LDLIBS := -lm
 
-.PHONY: all test train bench clean check-deps setup
+# ---- CUDA backend
+PRECISION ?= BF16
+# without a GPU to ask: sm_80 code plus compute_80 PTX, which newer GPUs compile when loading it
+DETECTED_CC := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '.')
+GPU_COMPUTE_CAPABILITY ?= $(if $(DETECTED_CC),$(DETECTED_CC),80)
+NVCC_ARCH := -gencode arch=compute_$(GPU_COMPUTE_CAPABILITY),code=[sm_$(GPU_COMPUTE_CAPABILITY),compute_$(GPU_COMPUTE_CAPABILITY)]
+NVCC_FLAGS := -O3 -std=c++17 -I. --compiler-options -Wall,-Wextra,-fopenmp,-march=native $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32,)
+# NCCL: NCCL_HOME, the CUDA toolkit, system paths, then the nvidia-nccl Python package
+NCCL_PY := $(shell $(PYTHON) -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null || python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null)
+NCCL_DIR := $(firstword $(foreach d,$(NCCL_HOME) /usr/local/cuda /usr $(NCCL_PY),$(if $(wildcard $(d)/include/nccl.h),$(d),)))
+NCCL_LIBDIR := $(firstword $(foreach d,lib lib64 lib/x86_64-linux-gnu,$(if $(wildcard $(NCCL_DIR)/$(d)/libnccl.so*),$(NCCL_DIR)/$(d),)))
+NCCL_FLAGS := $(if $(NCCL_DIR),-I$(NCCL_DIR)/include -L$(NCCL_LIBDIR) -Xlinker -rpath=$(NCCL_LIBDIR),)
+# MPI is optional on the CUDA backend: without it, ranks meet through RANK/WORLD_SIZE/LLMC_NCCL_ID_FILE
+HAS_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1)
+MPI_FLAGS := $(if $(HAS_MPI),-DUSE_MPI $(shell $(MPICC) --showme:incdirs 2>/dev/null | sed 's/\([^ ]*\)/-I\1/g') $(shell $(MPICC) --showme:libdirs 2>/dev/null | sed 's/\([^ ]*\)/-L\1/g') -lmpi,)
+CUDA_LIBS := -lcublasLt -lnccl
 
-all: check-deps $(TRAINERS)
+.PHONY: all test train bench clean check-deps check-test-deps check-cuda-deps setup cuda-check
+
+all: $(TRAINERS)
 
 ifeq ($(BACKEND),cpu)
 train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-deps
 	$(MPICC) $(CFLAGS) -x c $< -x none -o $@ $(LDLIBS)
 else
-train_gpt2_%: train_gpt2_%.cu
-	@echo "BACKEND=cuda: the CUDA backend is not written yet; build with BACKEND=cpu" && false
+train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-cuda-deps
+	$(NVCC) $(NVCC_ARCH) $(NVCC_FLAGS) $< -o $@ $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS)
 endif
 
 test/test_%: test/test_%.c $(HEADERS) | check-deps
@@ -44,6 +63,22 @@ test/test_%: test/test_%.c $(HEADERS) | check-deps
 
 dev/bench/bench_matmul: dev/bench/bench_matmul.c $(HEADERS)
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
+
+# one dev/cuda program: make dev/cuda/layernorm_forward
+dev/cuda/%: dev/cuda/%.cu $(HEADERS) | check-cuda-deps
+	$(NVCC) $(NVCC_ARCH) $(NVCC_FLAGS) $< -o $@ $(NCCL_FLAGS) $(CUDA_LIBS) -lgomp
+
+# CI without a GPU: every trainer and every dev/cuda file must compile for Ampere and Hopper,
+# in both precisions
+cuda-check: | check-cuda-deps
+	@mkdir -p build/cuda-check
+	@set -e; for arch in 80 90; do for prec in BF16 FP32; do \
+	  for src in $(TRAINERS:=.cu) $(DEV_CUDA); do \
+	    out=build/cuda-check/$$(basename $$src .cu)_sm$${arch}_$$prec; \
+	    echo "nvcc sm_$$arch $$prec $$src"; \
+	    $(NVCC) -gencode arch=compute_$$arch,code=sm_$$arch -O1 -std=c++17 -I. --compiler-options -Wall,-Wextra,-fopenmp \
+	      $$( [ $$prec = FP32 ] && echo -DENABLE_FP32 ) $$src -o $$out $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS) -lgomp; \
+	  done; done; done; echo "cuda-check: all compiled"
 
 # says exactly what is missing and how to install it
 check-deps:
@@ -53,19 +88,26 @@ check-deps:
 check-test-deps:
 	@$(PYTHON) -c "import torch, numpy" 2>/dev/null || { echo "missing: PyTorch and NumPy for $(PYTHON). Install: apt-get install -y python3-torch python3-numpy (or run dev/setup.sh)"; exit 1; }
 
-test: check-deps check-test-deps $(TRAINERS) $(TEST_PROGRAMS)
+check-cuda-deps:
+	@[ -n "$(NVCC)" ] || { echo "missing: nvcc. Install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads) or build with BACKEND=cpu"; exit 1; }
+	@[ -n "$(NCCL_DIR)" ] || { echo "missing: NCCL (nccl.h). Install libnccl-dev, set NCCL_HOME, or pip install nvidia-nccl-cu12"; exit 1; }
+
+test: check-deps check-test-deps $(TEST_PROGRAMS)
+	$(MAKE) -s BACKEND=cpu $(TRAINERS)
 	$(PYTHON) test/run_tests.py
 
 setup:
 	./dev/setup.sh
 
-train: setup train_gpt2_dp
+train: setup
+	$(MAKE) -s BACKEND=cpu train_gpt2_dp
 	OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 ./train_gpt2_dp -e d4 -b 4 -t 64 -x 150 -v 25 -m 10 -s 50 -g 64 -n 50 -l 1e-3 -u 10 -q 0.1 -c 0.1 -o out/quickstart
 
-bench: $(TRAINERS) dev/bench/bench_matmul
+bench: dev/bench/bench_matmul
+	$(MAKE) -s BACKEND=cpu train_gpt2_dp
 	./dev/bench/bench_matmul
 	./dev/bench/bench_cpu_step.sh
 
 clean:
-	rm -f $(TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul
-	rm -rf test/tmp
+	rm -f $(TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul $(DEV_CUDA:.cu=)
+	rm -rf test/tmp build

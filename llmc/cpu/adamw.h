@@ -8,7 +8,7 @@
 // decay, then bias-corrected moments. grad_scale multiplies the gradient first (clipping).
 // master: fp32 master weights when the parameters are kept in lower precision, else NULL.
 // seed: for stochastic rounding to a lower precision; fp32 parameters need none.
-static inline void adamw_update(floatX* params, float* master, const floatX* grads, float* m,
+static inline void adamw_update(float* params, float* master, const float* grads, float* m,
                                 float* v, size_t n, float lr, float beta1, float beta2, float eps,
                                 float weight_decay, int t, float grad_scale, unsigned int seed) {
     (void)seed;
@@ -31,7 +31,7 @@ static inline void adamw_update(floatX* params, float* master, const floatX* gra
 // sum of squares of grads (n), in fixed chunks summed in order: the same result for any
 // number of threads, which keeps training bit-reproducible
 #define NORM_CHUNK 65536
-static inline float global_norm_squared(const floatX* grads, size_t n) {
+static inline float global_norm_squared(const float* grads, size_t n) {
     size_t chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
     double* partial = (double*)malloc_check((chunks ? chunks : 1) * sizeof(double));
     #pragma omp parallel for

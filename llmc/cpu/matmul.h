@@ -46,8 +46,8 @@ typedef float vfloat8 __attribute__((vector_size(32)));
 // C tile (mr x nr, row stride ldc) = (accumulate ? C : 0) + a_panel^T b_panel over kc.
 // The 6 x 16 accumulator tile is 12 vector registers; each k step broadcasts 6 values of A
 // and does 12 fused multiply-adds against two vectors of B.
-static inline void gemm_micro_kernel(int kc, const float* restrict a, const float* restrict b,
-                                     float* restrict c, long ldc, int mr, int nr, int accumulate) {
+static inline void gemm_micro_kernel(int kc, const float* __restrict__ a, const float* __restrict__ b,
+                                     float* __restrict__ c, long ldc, int mr, int nr, int accumulate) {
     vfloat8 acc[GEMM_MR][2];
     for (int i = 0; i < GEMM_MR; i++) acc[i][0] = acc[i][1] = (vfloat8){0};
     for (int k = 0; k < kc; k++) {

@@ -1,0 +1,81 @@
+/*
+AdamW update and the global gradient norm, checked against the CPU backend.
+  make dev/cuda/adamw && ./dev/cuda/adamw
+AdamW is one elementwise kernel (llmc/cuda/adamw.cuh); with bf16 parameters it updates the fp32
+master weights and rounds them stochastically to bf16, so the check compares the master weights
+(exact fp32 arithmetic) and the bf16 parameters within one bf16 step of them.
+Global norm variants:
+v1: atomicAdd of every block's sum into one float: run-to-run differences in the last bits.
+v2: a fixed grid writes partial sums that the host adds in order (llmc): the same bits every run.
+*/
+#include "common.h"
+namespace cpu {
+#include "llmc/cpu/adamw.h"
+}
+#include "llmc/cuda/adamw.cuh"
+
+__global__ void norm_squared_v1(float* out, const floatX* x, size_t n) {
+    float sum = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        float v = (float)x[i];
+        sum += v * v;
+    }
+    sum = warp_sum(sum);
+    if (threadIdx.x % 32 == 0) atomicAdd(out, sum);
+}
+
+int main(void) {
+    size_t n = (size_t)124 * 1000 * 1000;  // GPT-2 124M
+    float* params = random_floats(n, 0.02f);
+    float* grads = random_floats(n, 1e-3f);
+    round_like_floatX(params, n);
+    round_like_floatX(grads, n);
+    float* m = random_floats(n, 1e-4f);
+    float* v = (float*)malloc_check(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) v[i] = m[i] * m[i] * 2.0f;
+    float lr = 3e-4f, wd = 0.1f, scale = 0.5f;
+    int t = 10;
+
+    floatX *d_params = to_device(params, n), *d_grads = to_device(grads, n);
+    float *d_master = (float*)device_malloc(n * sizeof(float)), *d_m = (float*)device_malloc(n * sizeof(float));
+    float* d_v = (float*)device_malloc(n * sizeof(float));
+    copy_host_to_device(d_master, params, n * sizeof(float));
+    copy_host_to_device(d_m, m, n * sizeof(float));
+    copy_host_to_device(d_v, v, n * sizeof(float));
+    float* cpu_master = (float*)malloc_check(n * sizeof(float));
+    memcpy(cpu_master, params, n * sizeof(float));
+    cpu::adamw_update(params, cpu_master, grads, m, v, n, lr, 0.9f, 0.95f, 1e-8f, wd, t, scale, 0);
+    int ok = 1;
+    float ms;
+    printf("adamw n=%zu (%s)\n", n, PRECISION_NAME);
+
+    adamw_update(d_params, FLOATX_IS_FLOAT ? NULL : d_master, d_grads, d_m, d_v, n, lr, 0.9f, 0.95f, 1e-8f, wd, t, scale, 42);
+    ok &= validate_f32("m", d_m, m, n, 1e-5f);
+    ok &= validate_f32("v", d_v, v, n, 1e-5f);
+    if (!FLOATX_IS_FLOAT) ok &= validate_f32("master weights", d_master, cpu_master, n, 1e-5f);
+    // parameters: fp32 exact up to rounding order; bf16 within one bf16 spacing (2^-7 relative)
+    ok &= validate("parameters", d_params, cpu_master, n, FLOATX_IS_FLOAT ? 1e-5f : 8e-3f);
+    // bytes: read params/master, grads, m, v; write params/master, m, v
+    double bytes = (double)n * (3 * sizeof(float) + 2 * sizeof(floatX) + 3 * sizeof(float) + (FLOATX_IS_FLOAT ? 0 : 2 * sizeof(float)));
+    TIME_KERNEL(ms, 10, adamw_update(d_params, FLOATX_IS_FLOAT ? NULL : d_master, d_grads, d_m, d_v, n, lr, 0.9f, 0.95f, 1e-8f, wd, t, scale, 42));
+    report("adamw", ms, bytes, 0);
+
+    float cpu_norm = cpu::global_norm_squared(grads, n);
+    float gpu_norm = global_norm_squared(d_grads, n);
+    int norm_ok = fabsf(gpu_norm - cpu_norm) <= 1e-4f * cpu_norm;  // fp32 partial sums, reordered
+    printf("  %-22s %s: gpu %.7g, cpu %.7g\n", "v2 norm^2 (ordered)", norm_ok ? "ok" : "FAIL", gpu_norm, cpu_norm);
+    ok &= norm_ok;
+    TIME_KERNEL(ms, 10, global_norm_squared(d_grads, n));
+    report("v2 norm^2 (ordered)", ms, (double)n * sizeof(floatX), 0);
+    float* d_sum = (float*)device_malloc(sizeof(float));
+    device_memset_zero(d_sum, sizeof(float));
+    norm_squared_v1<<<1024, 512>>>(d_sum, d_grads, n);
+    float v1;
+    copy_device_to_host(&v1, d_sum, sizeof(float));
+    norm_ok = fabsf(v1 - cpu_norm) <= 1e-4f * cpu_norm;
+    printf("  %-22s %s: gpu %.7g\n", "v1 norm^2 (atomics)", norm_ok ? "ok" : "FAIL", v1);
+    ok &= norm_ok;
+    TIME_KERNEL(ms, 10, (norm_squared_v1<<<1024, 512>>>(d_sum, d_grads, n)));
+    report("v1 norm^2 (atomics)", ms, (double)n * sizeof(floatX), 0);
+    return finish(ok);
+}

@@ -1,0 +1,96 @@
+/*
+Causal self-attention forward, checked against the CPU backend.
+  make dev/cuda/attention_forward && ./dev/cuda/attention_forward
+v1: one warp per query row (llmc/cuda/attention.cuh): scores, softmax, then att @ v; the (T, T)
+    probabilities are written to memory for the backward pass.
+v2: one warp per query row with an online softmax (Milakov & Gimelshein 2018; the idea behind
+    FlashAttention, Dao et al. 2022): keys are visited in chunks of 32, the running max and sum
+    rescale the partial output, and no T x T matrix is ever stored; only the log-sum-exp of each
+    row (B, NH, T) is kept, which is what a flash-style backward needs to recompute the scores.
+*/
+#include "common.h"
+namespace cpu {
+#include "llmc/cpu/attention.h"
+}
+#include "llmc/cuda/attention.cuh"
+
+#define V2_MAX_HS 128  // head size up to 128: 4 output values per lane
+__global__ void attention_forward_v2(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+    int lane = threadIdx.x % 32;
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b, h, t)
+    if (row >= (size_t)B * NH * T) return;
+    int t = (int)(row % T), h = (int)((row / T) % NH), b = (int)(row / ((size_t)T * NH));
+    int hs = C / NH;
+    float scale = rsqrtf((float)hs);
+    const floatX* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+    float acc[V2_MAX_HS / 32];
+    #pragma unroll
+    for (int k = 0; k < V2_MAX_HS / 32; k++) acc[k] = 0.0f;
+    float running_max = -INFINITY, running_sum = 0.0f;
+    for (int chunk = 0; chunk <= t; chunk += 32) {
+        int t2 = chunk + lane;
+        float s = -INFINITY;
+        if (t2 <= t) {  // each lane scores one key of the chunk
+            const floatX* k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
+            s = 0.0f;
+            for (int i = 0; i < hs; i++) s += (float)q[i] * (float)k[i];
+            s *= scale;
+        }
+        float new_max = fmaxf(running_max, warp_max(s));
+        float p = t2 <= t ? expf(s - new_max) : 0.0f;
+        float correction = expf(running_max - new_max);  // rescales what was summed so far
+        running_sum = running_sum * correction + warp_sum(p);
+        running_max = new_max;
+        #pragma unroll
+        for (int k = 0; k < V2_MAX_HS / 32; k++) acc[k] *= correction;
+        int valid = min(32, t - chunk + 1);
+        for (int j = 0; j < valid; j++) {  // out += p_j v_j, lanes over the head's channels
+            float pj = __shfl_sync(0xffffffff, p, j);
+            const floatX* v = qkv + ((size_t)b * T + chunk + j) * 3 * C + 2 * C + h * hs;
+            #pragma unroll
+            for (int k = 0; k < V2_MAX_HS / 32; k++) {
+                int i = lane + 32 * k;
+                if (i < hs) acc[k] += pj * (float)v[i];
+            }
+        }
+    }
+    floatX* o = out + ((size_t)b * T + t) * C + h * hs;
+    #pragma unroll
+    for (int k = 0; k < V2_MAX_HS / 32; k++) {
+        int i = lane + 32 * k;
+        if (i < hs) o[i] = (floatX)(acc[k] / running_sum);
+    }
+    if (lane == 0) lse[row] = running_max + logf(running_sum);
+}
+
+int main(void) {
+    int B = 4, T = 1024, C = 768, NH = 12;
+    float* qkv = random_floats((size_t)B * T * 3 * C, 1.0f);
+    round_like_floatX(qkv, (size_t)B * T * 3 * C);
+    float* out = (float*)malloc_check((size_t)B * T * C * sizeof(float));
+    float* att = (float*)malloc_check((size_t)B * NH * T * T * sizeof(float));
+    cpu::attention_forward(out, att, qkv, B, T, C, NH);
+
+    floatX* d_qkv = to_device(qkv, (size_t)B * T * 3 * C);
+    floatX* d_out = (floatX*)device_malloc((size_t)B * T * C * sizeof(floatX));
+    floatX* d_att = (floatX*)device_malloc((size_t)B * NH * T * T * sizeof(floatX));
+    float* d_lse = (float*)device_malloc((size_t)B * NH * T * sizeof(float));
+    double flops = 4.0 * B * NH * (double)T * T / 2 * (C / NH);  // q k^T and att v, causal half
+    float tol = default_tolerance(), ms;
+    int ok = 1;
+    printf("attention_forward B=%d T=%d C=%d NH=%d (%s)\n", B, T, C, NH, PRECISION_NAME);
+
+    attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
+    ok &= validate("v1 out", d_out, out, (size_t)B * T * C, tol);
+    ok &= validate("v1 att", d_att, att, (size_t)B * NH * T * T, tol);
+    TIME_KERNEL(ms, 5, attention_forward(d_out, d_att, d_qkv, B, T, C, NH));
+    report("v1 stored att", ms, 0, flops);
+
+    size_t rows = (size_t)B * NH * T;
+    attention_forward_v2<<<ceil_div(rows, 8), 256>>>(d_out, d_lse, d_qkv, B, T, C, NH);
+    cudaCheckLaunch();
+    ok &= validate("v2 out", d_out, out, (size_t)B * T * C, tol);
+    TIME_KERNEL(ms, 5, (attention_forward_v2<<<ceil_div(rows, 8), 256>>>(d_out, d_lse, d_qkv, B, T, C, NH)));
+    report("v2 online softmax", ms, 0, flops);
+    return finish(ok);
+}

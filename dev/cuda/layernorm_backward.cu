@@ -1,0 +1,77 @@
+/*
+LayerNorm backward, checked against the CPU backend.
+  make dev/cuda/layernorm_backward && ./dev/cuda/layernorm_backward
+The input gradient is one warp per row. Weight and bias gradient variants:
+v1: one thread per channel walks all N rows: only C threads, long loops.
+v2: blocks of 256 rows x 32 channels write partial sums, a second pass adds them in order
+    (llmc/cuda/layernorm.cuh): N/256 times more parallel, still deterministic.
+*/
+#include "common.h"
+namespace cpu {
+#include "llmc/cpu/layernorm.h"
+}
+#include "llmc/cuda/layernorm.cuh"
+
+__global__ void layernorm_params_v1(floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp,
+                                    const float* mean, const float* rstd, int N, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float dw = 0.0f, db = 0.0f;
+    for (int n = 0; n < N; n++) {
+        float d = (float)dout[(size_t)n * C + c];
+        dw += d * ((float)inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+        db += d;
+    }
+    dweight[c] = (floatX)((float)dweight[c] + dw);
+    dbias[c] = (floatX)((float)dbias[c] + db);
+}
+
+int main(void) {
+    int N = 8 * 1024, C = 768;
+    float* x = random_floats((size_t)N * C, 1.0f);
+    float* w = random_floats(C, 1.0f);
+    float* b = random_floats(C, 1.0f);
+    float* dout = random_floats((size_t)N * C, 1.0f);
+    round_like_floatX(x, (size_t)N * C);
+    round_like_floatX(w, C);
+    round_like_floatX(dout, (size_t)N * C);
+    float* out = (float*)malloc_check((size_t)N * C * sizeof(float));
+    float* mean = (float*)malloc_check(N * sizeof(float));
+    float* rstd = (float*)malloc_check(N * sizeof(float));
+    cpu::layernorm_forward(out, mean, rstd, x, w, b, N, C);
+    float* dinp = (float*)calloc_check((size_t)N * C, sizeof(float));
+    float* dw = (float*)calloc_check(C, sizeof(float));
+    float* db = (float*)calloc_check(C, sizeof(float));
+    cpu::layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C);
+
+    floatX *d_x = to_device(x, (size_t)N * C), *d_w = to_device(w, C), *d_dout = to_device(dout, (size_t)N * C);
+    float *d_mean = (float*)device_malloc(N * sizeof(float)), *d_rstd = (float*)device_malloc(N * sizeof(float));
+    copy_host_to_device(d_mean, mean, N * sizeof(float));
+    copy_host_to_device(d_rstd, rstd, N * sizeof(float));
+    floatX* d_dinp = (floatX*)device_malloc((size_t)N * C * sizeof(floatX));
+    floatX *d_dw = (floatX*)device_malloc(C * sizeof(floatX)), *d_db = (floatX*)device_malloc(C * sizeof(floatX));
+    // parameter gradients sum N = 8192 rows: allow for fp32 reordering, relative to their size
+    float tol = default_tolerance(), ms;
+    int ok = 1;
+    printf("layernorm_backward N=%d C=%d (%s)\n", N, C, PRECISION_NAME);
+
+    device_memset_zero(d_dinp, (size_t)N * C * sizeof(floatX));
+    device_memset_zero(d_dw, C * sizeof(floatX));
+    device_memset_zero(d_db, C * sizeof(floatX));
+    layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
+    ok &= validate("dinp", d_dinp, dinp, (size_t)N * C, tol);
+    ok &= validate("v2 dweight", d_dw, dw, C, tol);
+    ok &= validate("v2 dbias", d_db, db, C, tol);
+    TIME_KERNEL(ms, 20, layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C));
+    report("dinp + v2 params", ms, 4.0 * N * C * sizeof(floatX), 0);
+
+    device_memset_zero(d_dw, C * sizeof(floatX));
+    device_memset_zero(d_db, C * sizeof(floatX));
+    layernorm_params_v1<<<ceil_div(C, 128), 128>>>(d_dw, d_db, d_dout, d_x, d_mean, d_rstd, N, C);
+    cudaCheckLaunch();
+    ok &= validate("v1 dweight", d_dw, dw, C, tol);
+    ok &= validate("v1 dbias", d_db, db, C, tol);
+    TIME_KERNEL(ms, 20, (layernorm_params_v1<<<ceil_div(C, 128), 128>>>(d_dw, d_db, d_dout, d_x, d_mean, d_rstd, N, C)));
+    report("v1 params alone", ms, 2.0 * N * C * sizeof(floatX), 0);
+    return finish(ok);
+}

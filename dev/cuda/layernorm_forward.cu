@@ -1,0 +1,101 @@
+/*
+LayerNorm forward: variants from naive to fast, checked against the CPU backend.
+  make dev/cuda/layernorm_forward && ./dev/cuda/layernorm_forward
+v1: one thread per row. Simple, but each thread walks its own row: the 32 threads of a warp touch
+    32 different rows, so no load is coalesced.
+v2: one warp per row (the kernel in llmc/cuda/layernorm.cuh): lanes read consecutive channels,
+    coalesced, and warp shuffles do the sums.
+v3: one warp per row, the row kept in registers after the first read, so x is read from memory
+    once instead of three times.
+*/
+#include "common.h"
+namespace cpu {
+#include "llmc/cpu/layernorm.h"
+}
+#include "llmc/cuda/layernorm.cuh"
+
+__global__ void layernorm_v1(floatX* out, float* mean, float* rstd, const floatX* inp,
+                             const floatX* weight, const floatX* bias, int N, int C) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const floatX* x = inp + (size_t)n * C;
+    float m = 0.0f, v = 0.0f;
+    for (int c = 0; c < C; c++) m += (float)x[c];
+    m /= C;
+    for (int c = 0; c < C; c++) v += ((float)x[c] - m) * ((float)x[c] - m);
+    float s = rsqrtf(v / C + LAYERNORM_EPS);
+    for (int c = 0; c < C; c++) out[(size_t)n * C + c] = (floatX)(((float)x[c] - m) * s * (float)weight[c] + (float)bias[c]);
+    mean[n] = m;
+    rstd[n] = s;
+}
+
+#define V3_MAX_PER_LANE 32  // C up to 1024
+__global__ void layernorm_v3(floatX* out, float* mean, float* rstd, const floatX* inp,
+                             const floatX* weight, const floatX* bias, int N, int C) {
+    int lane = threadIdx.x % 32;
+    int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (n >= N) return;
+    const floatX* x = inp + (size_t)n * C;
+    float xs[V3_MAX_PER_LANE];
+    float sum = 0.0f;
+    #pragma unroll
+    for (int k = 0; k < V3_MAX_PER_LANE; k++) {
+        int c = lane + 32 * k;
+        xs[k] = c < C ? (float)x[c] : 0.0f;
+        sum += xs[k];
+    }
+    float m = warp_sum(sum) / C;
+    float var = 0.0f;
+    #pragma unroll
+    for (int k = 0; k < V3_MAX_PER_LANE; k++) {
+        int c = lane + 32 * k;
+        if (c < C) var += (xs[k] - m) * (xs[k] - m);
+    }
+    float s = rsqrtf(warp_sum(var) / C + LAYERNORM_EPS);
+    #pragma unroll
+    for (int k = 0; k < V3_MAX_PER_LANE; k++) {
+        int c = lane + 32 * k;
+        if (c < C) out[(size_t)n * C + c] = (floatX)((xs[k] - m) * s * (float)weight[c] + (float)bias[c]);
+    }
+    if (lane == 0) { mean[n] = m; rstd[n] = s; }
+}
+
+int main(void) {
+    int B = 8, T = 1024, C = 768, N = B * T;
+    float* x = random_floats((size_t)N * C, 1.0f);
+    float* w = random_floats(C, 1.0f);
+    float* b = random_floats(C, 1.0f);
+    round_like_floatX(x, (size_t)N * C);
+    round_like_floatX(w, C);
+    round_like_floatX(b, C);
+    float* out = (float*)malloc_check((size_t)N * C * sizeof(float));
+    float* mean = (float*)malloc_check(N * sizeof(float));
+    float* rstd = (float*)malloc_check(N * sizeof(float));
+    cpu::layernorm_forward(out, mean, rstd, x, w, b, N, C);
+
+    floatX *d_x = to_device(x, (size_t)N * C), *d_w = to_device(w, C), *d_b = to_device(b, C);
+    floatX* d_out = (floatX*)device_malloc((size_t)N * C * sizeof(floatX));
+    float* d_mean = (float*)device_malloc(N * sizeof(float));
+    float* d_rstd = (float*)device_malloc(N * sizeof(float));
+    // one read of x and one write of out dominate the traffic
+    double bytes = 2.0 * N * C * sizeof(floatX);
+    float tol = default_tolerance(), ms;
+    int ok = 1;
+    printf("layernorm_forward N=%d C=%d (%s)\n", N, C, PRECISION_NAME);
+
+    layernorm_v1<<<ceil_div(N, 256), 256>>>(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
+    ok &= validate("v1 out", d_out, out, (size_t)N * C, tol) & validate_f32("v1 rstd", d_rstd, rstd, N, 1e-4f);
+    TIME_KERNEL(ms, 20, (layernorm_v1<<<ceil_div(N, 256), 256>>>(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C)));
+    report("v1 thread per row", ms, bytes, 0);
+
+    layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
+    ok &= validate("v2 out", d_out, out, (size_t)N * C, tol) & validate_f32("v2 rstd", d_rstd, rstd, N, 1e-4f);
+    TIME_KERNEL(ms, 20, layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C));
+    report("v2 warp per row", ms, bytes, 0);
+
+    layernorm_v3<<<ceil_div(N, 8), 256>>>(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C);
+    ok &= validate("v3 out", d_out, out, (size_t)N * C, tol) & validate_f32("v3 rstd", d_rstd, rstd, N, 1e-4f);
+    TIME_KERNEL(ms, 20, (layernorm_v3<<<ceil_div(N, 8), 256>>>(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C)));
+    report("v3 row in registers", ms, bytes, 0);
+    return finish(ok);
+}
