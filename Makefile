@@ -20,7 +20,7 @@ BACKEND ?= $(DEFAULT_BACKEND)
 
 TRAINERS := train_gpt2_dp
 TEST_PROGRAMS := test/test_comm test/test_dataloader
-HEADERS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cuda/*.cuh)
+HEADERS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cuda/*.cuh dev/cuda/common.h)
 DEV_CUDA := $(wildcard dev/cuda/*.cu)
 
 # ---- CPU backend: the .cu sources compile as C11 with OpenMP, MPI through mpicc
@@ -35,7 +35,8 @@ PRECISION ?= BF16
 DETECTED_CC := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '.')
 GPU_COMPUTE_CAPABILITY ?= $(if $(DETECTED_CC),$(DETECTED_CC),80)
 NVCC_ARCH := -gencode arch=compute_$(GPU_COMPUTE_CAPABILITY),code=[sm_$(GPU_COMPUTE_CAPABILITY),compute_$(GPU_COMPUTE_CAPABILITY)]
-NVCC_FLAGS := -O3 -std=c++17 -I. --compiler-options -Wall,-Wextra,-fopenmp,-march=native $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32,)
+NVCC_FLAGS := -O3 -std=c++17 -I. --compiler-options -Wall,-Wextra,-fopenmp,-march=native
+PRECISION_FLAG := $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32,)
 # NCCL: NCCL_HOME, the CUDA toolkit, system paths, then the nvidia-nccl Python package
 NCCL_PY := $(shell $(PYTHON) -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null || python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null)
 NCCL_DIR := $(firstword $(foreach d,$(NCCL_HOME) /usr/local/cuda /usr $(NCCL_PY),$(if $(wildcard $(d)/include/nccl.h),$(d),)))
@@ -55,7 +56,7 @@ train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-deps
 	$(MPICC) $(CFLAGS) -x c $< -x none -o $@ $(LDLIBS)
 else
 train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-cuda-deps
-	$(NVCC) $(NVCC_ARCH) $(NVCC_FLAGS) $< -o $@ $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS)
+	$(NVCC) $(NVCC_ARCH) $(NVCC_FLAGS) $(PRECISION_FLAG) $< -o $@ $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS)
 endif
 
 test/test_%: test/test_%.c $(HEADERS) | check-deps
@@ -66,7 +67,16 @@ dev/bench/bench_matmul: dev/bench/bench_matmul.c $(HEADERS)
 
 # one dev/cuda program: make dev/cuda/layernorm_forward
 dev/cuda/%: dev/cuda/%.cu $(HEADERS) | check-cuda-deps
-	$(NVCC) $(NVCC_ARCH) $(NVCC_FLAGS) $< -o $@ $(NCCL_FLAGS) $(CUDA_LIBS) -lgomp
+	$(NVCC) $(NVCC_ARCH) $(NVCC_FLAGS) $(PRECISION_FLAG) $< -o $@ $(NCCL_FLAGS) $(CUDA_LIBS) -lgomp
+
+# GPU tests build both precisions side by side: build/cuda_FP32/train_gpt2_dp,
+# build/cuda_BF16/dev/cuda/gelu, ...
+build/cuda_FP32/%: %.cu $(HEADERS) | check-cuda-deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_ARCH) $(NVCC_FLAGS) -DENABLE_FP32 $< -o $@ $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS) -lgomp
+build/cuda_BF16/%: %.cu $(HEADERS) | check-cuda-deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_ARCH) $(NVCC_FLAGS) $< -o $@ $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS) -lgomp
 
 # CI without a GPU: every trainer and every dev/cuda file must compile for Ampere and Hopper,
 # in both precisions
