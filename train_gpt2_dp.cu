@@ -322,10 +322,16 @@ static void sample(GPT2* model, const Tokenizer* tok, Rng* rng, int gen_tokens) 
     free(logits);
 }
 
+// bf16 parameters are not a function of the fp32 master weights (stochastic rounding), so the
+// state file keeps their exact bits; fp32 parameters are the model file itself
+static size_t low_precision_param_bytes(const GPT2* model) {
+    return model->master_memory ? model->num_parameters * sizeof(floatX) : 0;
+}
+
 static void write_checkpoint(GPT2* model, const TrainArgs* args, CommGroup* world, int step,
                              int accum, const Rng* rng) {
     char path[4096];
-    size_t n = model->num_parameters;
+    size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
     float* host = (float*)malloc_check(n * sizeof(float) * 2);
     if (world->rank == 0) {  // the replicas are identical: one copy of the weights is enough
         gpt2_weights_to_host(model, host);
@@ -335,9 +341,12 @@ static void write_checkpoint(GPT2* model, const TrainArgs* args, CommGroup* worl
     TrainState s = {step, world->size, args->B, args->T, accum, rng->state};
     copy_device_to_host(host, model->m_memory, n * sizeof(float));
     copy_device_to_host(host + n, model->v_memory, n * sizeof(float));
+    void* params = malloc_check(extra);
+    if (extra > 0) copy_device_to_host(params, model->params_memory, extra);
     checkpoint_path(path, sizeof(path), args->out_dir, "state", step, world->rank);
-    state_write(path, &s, world->rank, host, host + n, n);
+    state_write(path, &s, world->rank, host, host + n, n, params, extra);
     free(host);
+    free(params);
     comm_barrier(world);  // DONE only once every rank's file is in place
     if (world->rank == 0) checkpoint_mark_done(args->out_dir, step);
 }
@@ -346,17 +355,18 @@ static void write_checkpoint(GPT2* model, const TrainArgs* args, CommGroup* worl
 static TrainState read_checkpoint(GPT2* model, const TrainArgs* args, CommGroup* world,
                                   int step, int accum) {
     char path[4096];
-    size_t n = model->num_parameters;
+    size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
     GPT2Config c;
     checkpoint_path(path, sizeof(path), args->out_dir, "model", step, -1);
-    float* params = gpt2_read_model_file(path, &c);
+    float* weights = gpt2_read_model_file(path, &c);
     if (gpt2_num_parameters(c) != n) fail("checkpoint '%s' does not match the model of -e", path);
-    gpt2_weights_from_host(model, params);
-    free(params);
+    gpt2_weights_from_host(model, weights);
+    free(weights);
     float* host = (float*)malloc_check(n * sizeof(float) * 2);
+    void* params = malloc_check(extra);
     TrainState s;
     checkpoint_path(path, sizeof(path), args->out_dir, "state", step, world->rank);
-    state_read(path, &s, world->rank, host, host + n, n);
+    state_read(path, &s, world->rank, host, host + n, n, params, extra);
     if (s.world != world->size || s.B != args->B || s.T != args->T || s.accum != accum) {
         fail("checkpoint '%s' was written by %d ranks with -b %d -t %d and %d accumulation steps; "
              "resume needs the same layout (now %d ranks, -b %d -t %d, %d steps)", path, s.world,
@@ -364,7 +374,9 @@ static TrainState read_checkpoint(GPT2* model, const TrainArgs* args, CommGroup*
     }
     copy_host_to_device(model->m_memory, host, n * sizeof(float));
     copy_host_to_device(model->v_memory, host + n, n * sizeof(float));
+    if (extra > 0) copy_host_to_device(model->params_memory, params, extra);
     free(host);
+    free(params);
     return s;
 }
 
@@ -519,6 +531,11 @@ int main(int argc, char** argv) {
     logger_init(&logger, args.out_dir, rank, args.resume);
 
     // ---- training loop; `step` counts completed optimizer steps
+    // model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per
+    // parameter, plus the attention scores and their use, 12 L C T (PaLM paper, appendix B)
+    double flops_per_token = 6.0 * model.num_parameters + 12.0 * config.num_layers * config.channels * args.T;
+    double peak_flops = device_peak_flops();
+    size_t peak_memory = 0;
     double total_time = 0.0;
     int timed_steps = 0;
     for (int step = start_step; step <= max_steps; step++) {
@@ -584,17 +601,24 @@ int main(int argc, char** argv) {
             timed_steps++;
         }
         double tokens_per_s = args.total_batch / dt;
+        size_t memory = device_memory_used();
+        peak_memory = memory > peak_memory ? memory : peak_memory;
         if (rank == 0) {
-            char comm_summary[256];
+            char comm_summary[256], mfu[32] = "";
             comm_format_counters(&world, comm_summary, sizeof(comm_summary));
-            printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s | %s\n",
-                   step + 1, max_steps, loss, lr, grad_norm, dt * 1e3, tokens_per_s, comm_summary);
+            // MFU: this rank's share of the tokens against one device's peak
+            if (peak_flops > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100.0 * flops_per_token * tokens_per_s / world.size / peak_flops);
+            printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s | %s\n",
+                   step + 1, max_steps, loss, lr, grad_norm, dt * 1e3, tokens_per_s, mfu, comm_summary);
         }
         logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s);
     }
     if (rank == 0 && timed_steps > 0) {
-        printf("average step time %.1f ms, %.0f tokens/s\n", total_time / timed_steps * 1e3,
-               args.total_batch / (total_time / timed_steps));
+        double tokens_per_s = args.total_batch / (total_time / timed_steps);
+        printf("average step time %.1f ms, %.0f tokens/s", total_time / timed_steps * 1e3, tokens_per_s);
+        if (peak_flops > 0) printf(", MFU %.1f%%", 100.0 * flops_per_token * tokens_per_s / world.size / peak_flops);
+        if (peak_memory > 0) printf(", peak device memory %.2f GB", peak_memory / 1e9);
+        printf("\n");
     }
 
     logger_close(&logger);

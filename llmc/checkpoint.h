@@ -1,6 +1,8 @@
 // Training state for a bit-identical resume. A checkpoint of step S in the output dir is
 //   model_S.bin          the parameters (llm.c model file, fp32), written by rank 0
-//   state_S_RANK.bin     per rank: step, layout, sampling rng and that rank's AdamW moments
+//   state_S_RANK.bin     per rank: step, layout, sampling rng, that rank's AdamW moments and,
+//                        when parameters are bf16, their exact bf16 values (stochastic rounding
+//                        cannot be redone from the fp32 master weights)
 //   DONE_S               written last, after a barrier: the checkpoint is complete
 // Every file goes through a temporary name, so an interrupted write leaves no partial file.
 #ifndef LLMC_CHECKPOINT_H
@@ -28,9 +30,9 @@ static inline void checkpoint_path(char* out, size_t cap, const char* dir, const
     else snprintf(out, cap, "%s/%s_%08d_%05d.bin", dir, kind, step, rank);
 }
 
-// writes the state header and the n-element moments m and v
+// writes the state header, the n-element moments m and v, and extra_bytes of extra (may be 0)
 static inline void state_write(const char* path, const TrainState* s, int rank, const float* m,
-                        const float* v, size_t n) {
+                               const float* v, size_t n, const void* extra, size_t extra_bytes) {
     int header[256];
     memset(header, 0, sizeof(header));
     header[0] = STATE_MAGIC;
@@ -43,18 +45,21 @@ static inline void state_write(const char* path, const TrainState* s, int rank, 
     header[7] = s->accum;
     memcpy(&header[8], &s->rng, sizeof(uint64_t));
     memcpy(&header[10], &n, sizeof(size_t));
+    memcpy(&header[12], &extra_bytes, sizeof(size_t));
     char tmp[4200];  // room for the path and ".tmp"
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     FILE* f = fopen_check(tmp, "wb");
     fwrite_check(header, sizeof(int), 256, f, tmp);
     fwrite_check(m, sizeof(float), n, f, tmp);
     fwrite_check(v, sizeof(float), n, f, tmp);
+    if (extra_bytes > 0) fwrite_check(extra, 1, extra_bytes, f, tmp);
     fclose_check(f, tmp);
     rename_check(tmp, path);
 }
 
-// reads a state file written by `rank`, checking it matches n parameters
-static inline void state_read(const char* path, TrainState* s, int rank, float* m, float* v, size_t n) {
+// reads a state file written by `rank`, checking it matches n parameters and extra_bytes
+static inline void state_read(const char* path, TrainState* s, int rank, float* m, float* v, size_t n,
+                              void* extra, size_t extra_bytes) {
     FILE* f = fopen_check(path, "rb");
     int header[256];
     fread_check(header, sizeof(int), 256, f, path);
@@ -62,11 +67,13 @@ static inline void state_read(const char* path, TrainState* s, int rank, float* 
         fail("state file '%s' has magic %d version %d, expected %d version %d", path, header[0],
              header[1], STATE_MAGIC, STATE_VERSION);
     }
-    size_t file_n;
+    size_t file_n, file_extra;
     memcpy(&file_n, &header[10], sizeof(size_t));
-    if (header[3] != rank || file_n != n) {
-        fail("state file '%s' belongs to rank %d with %zu parameters, expected rank %d with %zu",
-             path, header[3], file_n, rank, n);
+    memcpy(&file_extra, &header[12], sizeof(size_t));
+    if (header[3] != rank || file_n != n || file_extra != extra_bytes) {
+        fail("state file '%s' belongs to rank %d with %zu parameters (+%zu bytes), expected rank %d "
+             "with %zu (+%zu bytes): another model or precision", path, header[3], file_n,
+             file_extra, rank, n, extra_bytes);
     }
     s->step = header[2];
     s->world = header[4];
@@ -76,6 +83,7 @@ static inline void state_read(const char* path, TrainState* s, int rank, float* 
     memcpy(&s->rng, &header[8], sizeof(uint64_t));
     fread_check(m, sizeof(float), n, f, path);
     fread_check(v, sizeof(float), n, f, path);
+    if (extra_bytes > 0) fread_check(extra, 1, extra_bytes, f, path);
     fclose(f);
 }
 

@@ -143,16 +143,17 @@ for _ranks, _accum in [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (4, 2)]:
     test(make_layout_test(_ranks, _accum))
 
 
-@test
-def resume_is_bit_identical():
+def check_resume(run, name, B):
+    """run(args, out_dir) trains; resuming from the step-3 checkpoint must repeat steps 4-5 bit
+    for bit"""
     ref = reference_run()
-    full = fresh_dir("resume_full")
-    out_full = run_ok(2, trainer_args(ref, 2, full, ["-n", 3, "-v", 2, "-m", 2]))
-    part = fresh_dir("resume_part")
+    full = fresh_dir(name + "_full")
+    run(trainer_args(ref, B, full, ["-n", 3, "-v", 2, "-m", 2]), full)
+    part = fresh_dir(name + "_part")
     # the checkpoint of step 3 is what an interrupted run leaves behind
     for f in glob.glob(os.path.join(full, "*_00000003*")):
         shutil.copy(f, part)
-    out = run_ok(2, trainer_args(ref, 2, part, ["-n", 3, "-v", 2, "-m", 2, "-y", 1]))
+    out = run(trainer_args(ref, B, part, ["-n", 3, "-v", 2, "-m", 2, "-y", 1]), part)
     assert "resumed from step 3" in out, out[-2000:]
     train_full, val_full = read_log(full)
     train_part, val_part = read_log(part)
@@ -162,6 +163,11 @@ def resume_is_bit_identical():
     assert val_full[4]["val_loss"] == val_part[4]["val_loss"]
     with open(os.path.join(full, "model_00000005.bin"), "rb") as f1, open(os.path.join(part, "model_00000005.bin"), "rb") as f2:
         assert f1.read() == f2.read(), "final model files differ after resume"
+
+
+@test
+def resume_is_bit_identical():
+    check_resume(lambda args, d: run_ok(2, args), "resume", 2)
 
 
 @test
@@ -464,6 +470,14 @@ def make_gpu_test(precision, ranks):
 for _precision in ("FP32", "BF16"):
     for _ranks in (1, 2):
         test(make_gpu_test(_precision, _ranks))
+
+
+@test
+def gpu_resume_is_bit_identical_bf16():
+    if not have_gpu():
+        raise Skip("no GPU")
+    (program,) = build_cuda("BF16", ["train_gpt2_dp"])
+    check_resume(lambda args, d: run_gpu_ranks(program, 1, args, d), "gpu_resume", 4)
 
 
 def dev_cuda_programs():

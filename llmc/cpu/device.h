@@ -15,6 +15,9 @@ static inline void device_memset_zero(void* p, size_t bytes) { memset(p, 0, byte
 static inline void copy_host_to_device(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void copy_device_to_host(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void device_synchronize(void) {}
+// MFU and memory figures are printed for GPUs only
+static inline double device_peak_flops(void) { return 0.0; }
+static inline size_t device_memory_used(void) { return 0; }
 // fp32 host values to floatX device values and back (floatX is float on the CPU)
 static inline void copy_floats_to_device(floatX* dst, const float* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }
 static inline void copy_device_to_floats(float* dst, const floatX* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }

@@ -41,6 +41,25 @@ static inline void copy_device_to_host(void* dst, const void* src, size_t bytes)
 }
 static inline void device_synchronize(void) { cudaCheck(cudaDeviceSynchronize()); }
 
+// dense peak of the GPU for floatX matmuls, from the datasheets (H100/H200 SXM: 989 TFLOP/s bf16,
+// 67 fp32; A100: 312 bf16, 19.5 fp32); 0 for GPUs not in this table (MFU is then not printed)
+static inline double device_peak_flops(void) {
+    int dev;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDevice(&dev));
+    cudaCheck(cudaGetDeviceProperties(&prop, dev));
+    if (prop.major == 9 && prop.minor == 0) return FLOATX_IS_FLOAT ? 67e12 : 989e12;
+    if (prop.major == 8 && prop.minor == 0) return FLOATX_IS_FLOAT ? 19.5e12 : 312e12;
+    return 0.0;
+}
+
+// memory in use on the device, by this process and any other
+static inline size_t device_memory_used(void) {
+    size_t free_bytes, total_bytes;
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return total_bytes - free_bytes;
+}
+
 // fp32 host values to floatX device values and back, converted on the host in chunks
 #define CONVERT_CHUNK (1 << 20)
 static inline void copy_floats_to_device(floatX* dst, const float* src, size_t n) {
