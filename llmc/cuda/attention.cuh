@@ -6,7 +6,18 @@
 
 #include "device.cuh"
 
-// one warp per query row (b, h, t): scores over t2 <= t, softmax, then out = att @ v
+// q . k of query row t and key row t2 of head h, scaled by 1/sqrt(hs), in fp32
+__device__ inline float attention_score(const floatX* qkv, int b, int t, int t2, int h, int T, int C, int hs) {
+    const floatX* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+    const floatX* k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
+    float s = 0.0f;
+    for (int i = 0; i < hs; i++) s += (float)q[i] * (float)k[i];
+    return s * rsqrtf((float)hs);
+}
+
+// one warp per query row (b, h, t): scores over t2 <= t, softmax, then out = att @ v. The scores
+// are computed twice (for the max, then for the exponentials) so that only probabilities in
+// [0, 1], never raw scores, are rounded to floatX
 __global__ void attention_forward_kernel(floatX* out, floatX* att, const floatX* qkv, int B, int T,
                                          int C, int NH) {
     int lane = threadIdx.x % 32;
@@ -14,27 +25,16 @@ __global__ void attention_forward_kernel(floatX* out, floatX* att, const floatX*
     if (row >= (size_t)B * NH * T) return;
     int t = (int)(row % T), h = (int)((row / T) % NH), b = (int)(row / ((size_t)T * NH));
     int hs = C / NH;
-    float scale = rsqrtf((float)hs);
-    const floatX* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
     floatX* p = att + row * T;
     float maxval = -INFINITY;
-    for (int t2 = lane; t2 <= t; t2 += 32) {
-        const floatX* k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
-        float s = 0.0f;
-        for (int i = 0; i < hs; i++) s += (float)q[i] * (float)k[i];
-        s *= scale;
-        p[t2] = (floatX)s;
-        maxval = fmaxf(maxval, s);
-    }
+    for (int t2 = lane; t2 <= t; t2 += 32) maxval = fmaxf(maxval, attention_score(qkv, b, t, t2, h, T, C, hs));
     maxval = warp_max(maxval);
     float sum = 0.0f;
-    for (int t2 = lane; t2 <= t; t2 += 32) {
-        float e = expf((float)p[t2] - maxval);
-        p[t2] = (floatX)e;
-        sum += e;
-    }
+    for (int t2 = lane; t2 <= t; t2 += 32) sum += expf(attention_score(qkv, b, t, t2, h, T, C, hs) - maxval);
     float inv = 1.0f / warp_sum(sum);
-    for (int t2 = lane; t2 < T; t2 += 32) p[t2] = (floatX)(t2 <= t ? (float)p[t2] * inv : 0.0f);
+    for (int t2 = lane; t2 < T; t2 += 32) {
+        p[t2] = (floatX)(t2 <= t ? expf(attention_score(qkv, b, t, t2, h, T, C, hs) - maxval) * inv : 0.0f);
+    }
     __syncwarp();
     floatX* o = out + ((size_t)b * T + t) * C + h * hs;
     for (int i = lane; i < hs; i += 32) {
