@@ -45,7 +45,7 @@ NCCL_FLAGS := $(if $(NCCL_DIR),-I$(NCCL_DIR)/include -L$(NCCL_LIBDIR) -Xlinker -
 # MPI is optional on the CUDA backend: without it, ranks meet through RANK/WORLD_SIZE/LLMC_NCCL_ID_FILE
 HAS_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1)
 MPI_FLAGS := $(if $(HAS_MPI),-DUSE_MPI $(shell $(MPICC) --showme:incdirs 2>/dev/null | sed 's/\([^ ]*\)/-I\1/g') $(shell $(MPICC) --showme:libdirs 2>/dev/null | sed 's/\([^ ]*\)/-L\1/g') -lmpi,)
-CUDA_LIBS := -lcublasLt -lnccl
+CUDA_LIBS := -lcublas -lcublasLt -lnccl
 
 .PHONY: all test train bench clean check-deps check-test-deps check-cuda-deps setup cuda-check
 

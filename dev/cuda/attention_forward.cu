@@ -1,18 +1,60 @@
 /*
 Causal self-attention forward, checked against the CPU backend.
   make dev/cuda/attention_forward && ./dev/cuda/attention_forward
-v1: one warp per query row (llmc/cuda/attention.cuh): scores, softmax, then att @ v; the (T, T)
+v1: one warp per query row: scores, softmax, then att @ v, all in CUDA cores; the (T, T)
     probabilities are written to memory for the backward pass.
 v2: one warp per query row with an online softmax (Milakov & Gimelshein 2018; the idea behind
     FlashAttention, Dao et al. 2022): keys are visited in chunks of 32, the running max and sum
     rescale the partial output, and no T x T matrix is ever stored; only the log-sum-exp of each
     row (B, NH, T) is kept, which is what a flash-style backward needs to recompute the scores.
+v3: cuBLAS batched GEMMs for q k^T and att v on tensor cores, a softmax kernel between them
+    (llmc/cuda/attention.cuh): stores the probabilities like v1, much faster.
 */
 #include "common.h"
 namespace cpu {
 #include "llmc/cpu/attention.h"
 }
 #include "llmc/cuda/attention.cuh"
+
+// q . k of query row t and key row t2 of head h, scaled by 1/sqrt(hs), in fp32
+__device__ inline float attention_score(const floatX* qkv, int b, int t, int t2, int h, int T, int C, int hs) {
+    const floatX* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+    const floatX* k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
+    float s = 0.0f;
+    for (int i = 0; i < hs; i++) s += (float)q[i] * (float)k[i];
+    return s * rsqrtf((float)hs);
+}
+
+// one warp per query row (b, h, t): scores over t2 <= t, softmax, then out = att @ v. The scores
+// are computed twice (for the max, then for the exponentials) so that only probabilities in
+// [0, 1], never raw scores, are rounded to floatX
+__global__ void attention_forward_v1(floatX* out, floatX* att, const floatX* qkv, int B, int T,
+                                         int C, int NH) {
+    int lane = threadIdx.x % 32;
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b, h, t)
+    if (row >= (size_t)B * NH * T) return;
+    int t = (int)(row % T), h = (int)((row / T) % NH), b = (int)(row / ((size_t)T * NH));
+    int hs = C / NH;
+    floatX* p = att + row * T;
+    float maxval = -INFINITY;
+    for (int t2 = lane; t2 <= t; t2 += 32) maxval = fmaxf(maxval, attention_score(qkv, b, t, t2, h, T, C, hs));
+    maxval = warp_max(maxval);
+    float sum = 0.0f;
+    for (int t2 = lane; t2 <= t; t2 += 32) sum += expf(attention_score(qkv, b, t, t2, h, T, C, hs) - maxval);
+    float inv = 1.0f / warp_sum(sum);
+    for (int t2 = lane; t2 < T; t2 += 32) {
+        p[t2] = (floatX)(t2 <= t ? expf(attention_score(qkv, b, t, t2, h, T, C, hs) - maxval) * inv : 0.0f);
+    }
+    __syncwarp();
+    floatX* o = out + ((size_t)b * T + t) * C + h * hs;
+    for (int i = lane; i < hs; i += 32) {
+        float acc = 0.0f;
+        for (int t2 = 0; t2 <= t; t2++) acc += (float)p[t2] * (float)qkv[((size_t)b * T + t2) * 3 * C + 2 * C + h * hs + i];
+        o[i] = (floatX)acc;
+    }
+}
+
+
 
 #define V2_MAX_HS 128  // head size up to 128: 4 output values per lane
 __global__ void attention_forward_v2(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
@@ -80,17 +122,24 @@ int main(void) {
     int ok = 1;
     printf("attention_forward B=%d T=%d C=%d NH=%d (%s)\n", B, T, C, NH, PRECISION_NAME);
 
-    attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
+    size_t rows = (size_t)B * NH * T;
+    attention_forward_v1<<<ceil_div(rows, 8), 256>>>(d_out, d_att, d_qkv, B, T, C, NH);
+    cudaCheckLaunch();
     ok &= validate("v1 out", d_out, out, (size_t)B * T * C, tol);
     ok &= validate("v1 att", d_att, att, (size_t)B * NH * T * T, tol);
-    TIME_KERNEL(ms, 5, attention_forward(d_out, d_att, d_qkv, B, T, C, NH));
-    report("v1 stored att", ms, 0, flops);
+    TIME_KERNEL(ms, 5, (attention_forward_v1<<<ceil_div(rows, 8), 256>>>(d_out, d_att, d_qkv, B, T, C, NH)));
+    report("v1 warp per row", ms, 0, flops);
 
-    size_t rows = (size_t)B * NH * T;
     attention_forward_v2<<<ceil_div(rows, 8), 256>>>(d_out, d_lse, d_qkv, B, T, C, NH);
     cudaCheckLaunch();
     ok &= validate("v2 out", d_out, out, (size_t)B * T * C, tol);
     TIME_KERNEL(ms, 5, (attention_forward_v2<<<ceil_div(rows, 8), 256>>>(d_out, d_lse, d_qkv, B, T, C, NH)));
     report("v2 online softmax", ms, 0, flops);
+
+    attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
+    ok &= validate("v3 out", d_out, out, (size_t)B * T * C, tol);
+    ok &= validate("v3 att", d_att, att, (size_t)B * NH * T * T, tol);
+    TIME_KERNEL(ms, 10, attention_forward(d_out, d_att, d_qkv, B, T, C, NH));
+    report("v3 cuBLAS batched", ms, 0, flops);
     return finish(ok);
 }

@@ -1,122 +1,150 @@
-// Causal multi-head self-attention on CUDA, the straightforward version: the softmax
-// probabilities (B, NH, T, T) are stored for the backward pass, exactly as on the CPU.
+// Causal multi-head self-attention on CUDA: q k^T and att v run as batched GEMMs on tensor cores
+// (one GEMM per batch x head, through cuBLAS), with the causal softmax as a kernel between them.
+// The softmax probabilities att (B, NH, T, T) are stored for the backward pass, as on the CPU.
 // qkv (B, T, 3C) holds q, k, v side by side, each split into NH heads of size hs = C / NH.
+//
+// cuBLAS is column-major: a row-major (T, hs) matrix is a column-major (hs, T) one. Writing Xc
+// for that view of X, scores^T = Kc^T Qc, y = att v is Yc = Vc attc, and so on below.
 #ifndef LLMC_CUDA_ATTENTION_CUH
 #define LLMC_CUDA_ATTENTION_CUH
 
+#include <cublas_v2.h>
 #include "device.cuh"
+#include "matmul.cuh"
 
-// q . k of query row t and key row t2 of head h, scaled by 1/sqrt(hs), in fp32
-__device__ inline float attention_score(const floatX* qkv, int b, int t, int t2, int h, int T, int C, int hs) {
-    const floatX* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
-    const floatX* k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
-    float s = 0.0f;
-    for (int i = 0; i < hs; i++) s += (float)q[i] * (float)k[i];
-    return s * rsqrtf((float)hs);
+static cublasHandle_t cublas_handle = NULL;
+
+// for each of `batch` problems: C (m, n) = alpha op(A) op(B) + beta C, column-major, strided
+static void gemm_batched(floatX* c, const floatX* a, const floatX* b, int m, int n, int k,
+                         int transa, int transb, int lda, long stride_a, int ldb, long stride_b,
+                         int ldc, long stride_c, int batch, float alpha, float beta) {
+    if (cublas_handle == NULL) cublasCheck(cublasCreate(&cublas_handle));
+    cublasCheck(cublasGemmStridedBatchedEx(
+        cublas_handle, transa ? CUBLAS_OP_T : CUBLAS_OP_N, transb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k,
+        &alpha, a, CUBLAS_FLOATX, lda, stride_a, b, CUBLAS_FLOATX, ldb, stride_b, &beta, c,
+        CUBLAS_FLOATX, ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-// one warp per query row (b, h, t): scores over t2 <= t, softmax, then out = att @ v. The scores
-// are computed twice (for the max, then for the exponentials) so that only probabilities in
-// [0, 1], never raw scores, are rounded to floatX
-__global__ void attention_forward_kernel(floatX* out, floatX* att, const floatX* qkv, int B, int T,
-                                         int C, int NH) {
-    int lane = threadIdx.x % 32;
-    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b, h, t)
-    if (row >= (size_t)B * NH * T) return;
-    int t = (int)(row % T), h = (int)((row / T) % NH), b = (int)(row / ((size_t)T * NH));
-    int hs = C / NH;
-    floatX* p = att + row * T;
-    float maxval = -INFINITY;
-    for (int t2 = lane; t2 <= t; t2 += 32) maxval = fmaxf(maxval, attention_score(qkv, b, t, t2, h, T, C, hs));
-    maxval = warp_max(maxval);
-    float sum = 0.0f;
-    for (int t2 = lane; t2 <= t; t2 += 32) sum += expf(attention_score(qkv, b, t, t2, h, T, C, hs) - maxval);
-    float inv = 1.0f / warp_sum(sum);
-    for (int t2 = lane; t2 < T; t2 += 32) {
-        p[t2] = (floatX)(t2 <= t ? expf(attention_score(qkv, b, t, t2, h, T, C, hs) - maxval) * inv : 0.0f);
-    }
-    __syncwarp();
-    floatX* o = out + ((size_t)b * T + t) * C + h * hs;
-    for (int i = lane; i < hs; i += 32) {
-        float acc = 0.0f;
-        for (int t2 = 0; t2 <= t; t2++) acc += (float)p[t2] * (float)qkv[((size_t)b * T + t2) * 3 * C + 2 * C + h * hs + i];
-        o[i] = (floatX)acc;
-    }
+// heads (B, NH, T, hs) <- the columns offset..offset+C of rows of `width` in x (B, T, width):
+// every head's rows made contiguous. qkv gives q, k, v with width 3C and offsets 0, C, 2C.
+__global__ void attention_to_heads(floatX* heads, const floatX* x, int B, int T, int NH, int hs,
+                                   int width, int offset) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // over (b, h, t, i)
+    if (idx >= (size_t)B * NH * T * hs) return;
+    int i = (int)(idx % hs), t = (int)((idx / hs) % T), h = (int)((idx / hs / T) % NH);
+    int b = (int)(idx / ((size_t)hs * T * NH));
+    heads[idx] = x[((size_t)b * T + t) * width + offset + (size_t)h * hs + i];
 }
 
-static inline void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B, int T,
-                                     int C, int NH) {
-    size_t rows = (size_t)B * NH * T;
-    attention_forward_kernel<<<ceil_div(rows, 8), 256>>>(out, att, qkv, B, T, C, NH);
+// the inverse: heads (B, NH, T, hs) -> columns offset..offset+C of x (B, T, width)
+__global__ void attention_from_heads(floatX* x, const floatX* heads, int B, int T, int NH, int hs,
+                                     int width, int offset) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * NH * T * hs) return;
+    int i = (int)(idx % hs), t = (int)((idx / hs) % T), h = (int)((idx / hs / T) % NH);
+    int b = (int)(idx / ((size_t)hs * T * NH));
+    x[((size_t)b * T + t) * width + offset + (size_t)h * hs + i] = heads[idx];
+}
+
+static inline void attention_layout(floatX* dst, const floatX* src, int to_heads, int B, int T,
+                                    int NH, int hs, int width, int offset) {
+    size_t n = (size_t)B * T * NH * hs;
+    if (to_heads) attention_to_heads<<<ceil_div(n, 256), 256>>>(dst, src, B, T, NH, hs, width, offset);
+    else attention_from_heads<<<ceil_div(n, 256), 256>>>(dst, src, B, T, NH, hs, width, offset);
     cudaCheckLaunch();
 }
 
-// Backward, without atomics. With dp[t][t2] = dout_t . v_t2 and D_t = sum_t2 att[t][t2] dp[t][t2],
-// the score gradient is ds = att (dp - D_t) / sqrt(hs), kept in a (B, NH, T, T) scratch.
-// Pass 1, one warp per query row t: the row ds[t][.], then dq_t = sum_t2 ds k_t2.
-// Pass 2, one warp per key row t2: dk_t2 = sum_t ds q_t and dv_t2 = sum_t att dout_t (t >= t2).
-__global__ void attention_backward_query_kernel(floatX* dqkv, float* dscores, const floatX* dout,
-                                                const floatX* qkv, const floatX* att, int B, int T,
-                                                int C, int NH) {
+// one warp per row of scores (already scaled by 1/sqrt(hs)): causal softmax into att
+__global__ void attention_softmax(floatX* att, const floatX* scores, size_t rows, int T) {
     int lane = threadIdx.x % 32;
     size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (row >= (size_t)B * NH * T) return;
-    int t = (int)(row % T), h = (int)((row / T) % NH), b = (int)(row / ((size_t)T * NH));
-    int hs = C / NH;
-    float scale = rsqrtf((float)hs);
-    const floatX* p = att + row * T;
-    float* ds = dscores + row * T;
-    const floatX* dy = dout + ((size_t)b * T + t) * C + h * hs;
-    float d = 0.0f;
-    for (int t2 = lane; t2 <= t; t2 += 32) {
-        const floatX* v = qkv + ((size_t)b * T + t2) * 3 * C + 2 * C + h * hs;
-        float dp = 0.0f;
-        for (int i = 0; i < hs; i++) dp += (float)dy[i] * (float)v[i];
-        ds[t2] = dp;
-        d += (float)p[t2] * dp;
-    }
-    d = warp_sum(d);
-    for (int t2 = lane; t2 < T; t2 += 32) ds[t2] = t2 <= t ? (float)p[t2] * (ds[t2] - d) * scale : 0.0f;
-    __syncwarp();
-    floatX* dq = dqkv + ((size_t)b * T + t) * 3 * C + h * hs;
-    for (int i = lane; i < hs; i += 32) {
-        float acc = 0.0f;
-        for (int t2 = 0; t2 <= t; t2++) acc += ds[t2] * (float)qkv[((size_t)b * T + t2) * 3 * C + C + h * hs + i];
-        dq[i] = (floatX)acc;
+    if (row >= rows) return;
+    int t = (int)(row % T);
+    const floatX* s = scores + row * T;
+    float maxval = -INFINITY;
+    for (int t2 = lane; t2 <= t; t2 += 32) maxval = fmaxf(maxval, (float)s[t2]);
+    maxval = warp_max(maxval);
+    float sum = 0.0f;
+    for (int t2 = lane; t2 <= t; t2 += 32) sum += expf((float)s[t2] - maxval);
+    float inv = 1.0f / warp_sum(sum);
+    for (int t2 = lane; t2 < T; t2 += 32) {
+        att[row * T + t2] = (floatX)(t2 <= t ? expf((float)s[t2] - maxval) * inv : 0.0f);
     }
 }
 
-__global__ void attention_backward_key_kernel(floatX* dqkv, const float* dscores, const floatX* dout,
-                                              const floatX* qkv, const floatX* att, int B, int T,
-                                              int C, int NH) {
+// softmax backward in place: datt -> dscores = att (datt - sum att datt) * scale, zero above the
+// diagonal; one warp per row
+__global__ void attention_softmax_backward(floatX* dscores, const floatX* att, size_t rows, int T,
+                                           float scale) {
     int lane = threadIdx.x % 32;
-    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b, h, t2)
-    if (row >= (size_t)B * NH * T) return;
-    int t2 = (int)(row % T), h = (int)((row / T) % NH), b = (int)(row / ((size_t)T * NH));
-    int hs = C / NH;
-    size_t head = ((size_t)b * NH + h) * T;  // first query row of this (b, h)
-    for (int i = lane; i < hs; i += 32) {
-        float dk = 0.0f, dv = 0.0f;
-        for (int t = t2; t < T; t++) {
-            dk += dscores[(head + t) * T + t2] * (float)qkv[((size_t)b * T + t) * 3 * C + h * hs + i];
-            dv += (float)att[(head + t) * T + t2] * (float)dout[((size_t)b * T + t) * C + h * hs + i];
-        }
-        dqkv[((size_t)b * T + t2) * 3 * C + C + h * hs + i] = (floatX)dk;
-        dqkv[((size_t)b * T + t2) * 3 * C + 2 * C + h * hs + i] = (floatX)dv;
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= rows) return;
+    int t = (int)(row % T);
+    floatX* d = dscores + row * T;
+    const floatX* p = att + row * T;
+    float dot = 0.0f;
+    for (int t2 = lane; t2 <= t; t2 += 32) dot += (float)p[t2] * (float)d[t2];
+    dot = warp_sum(dot);
+    for (int t2 = lane; t2 < T; t2 += 32) {
+        d[t2] = (floatX)(t2 <= t ? (float)p[t2] * ((float)d[t2] - dot) * scale : 0.0f);
     }
 }
 
 static DeviceScratch attention_scratch;
 
+// scratch: q, k, v and one more (B, NH, T, hs) tensor, then a (B, NH, T, T) score matrix
+static floatX* attention_scratch_for(int B, int T, int C, int NH) {
+    size_t head_tensors = (size_t)B * T * C, scores = (size_t)B * NH * T * T;
+    return (floatX*)scratch_get(&attention_scratch, (4 * head_tensors + scores) * sizeof(floatX));
+}
+
+// out (B, T, C) = attention output; att (B, NH, T, T) = the probabilities, zero above the diagonal
+static inline void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B, int T,
+                                     int C, int NH) {
+    int hs = C / NH;
+    size_t n = (size_t)B * T * C, rows = (size_t)B * NH * T;
+    long head = (long)T * hs, square = (long)T * T;
+    floatX* q = attention_scratch_for(B, T, C, NH);
+    floatX *k = q + n, *v = k + n, *y = v + n, *scores = y + n;
+    attention_layout(q, qkv, 1, B, T, NH, hs, 3 * C, 0);
+    attention_layout(k, qkv, 1, B, T, NH, hs, 3 * C, C);
+    attention_layout(v, qkv, 1, B, T, NH, hs, 3 * C, 2 * C);
+    // scores (T, T) = q k^T / sqrt(hs), as scores^T = Kc^T Qc per (b, h)
+    gemm_batched(scores, k, q, T, T, hs, 1, 0, hs, head, hs, head, T, square, B * NH,
+                 1.0f / sqrtf((float)hs), 0.0f);
+    attention_softmax<<<ceil_div(rows, 8), 256>>>(att, scores, rows, T);
+    cudaCheckLaunch();
+    // y (T, hs) = att v, as Yc = Vc attc
+    gemm_batched(y, v, att, hs, T, T, 0, 0, hs, head, T, square, hs, head, B * NH, 1.0f, 0.0f);
+    attention_layout(out, y, 0, B, T, NH, hs, C, 0);
+}
+
 // dqkv (B, T, 3C) = gradient of the attention output dout (B, T, C) (overwritten)
 static inline void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv,
                                       const floatX* att, int B, int T, int C, int NH) {
-    size_t rows = (size_t)B * NH * T;
-    float* dscores = (float*)scratch_get(&attention_scratch, rows * T * sizeof(float));
-    attention_backward_query_kernel<<<ceil_div(rows, 8), 256>>>(dqkv, dscores, dout, qkv, att, B, T, C, NH);
+    int hs = C / NH;
+    size_t n = (size_t)B * T * C, rows = (size_t)B * NH * T;
+    long head = (long)T * hs, square = (long)T * T;
+    floatX* q = attention_scratch_for(B, T, C, NH);
+    floatX *k = q + n, *v = k + n, *dy = v + n, *dscores = dy + n;
+    attention_layout(q, qkv, 1, B, T, NH, hs, 3 * C, 0);
+    attention_layout(k, qkv, 1, B, T, NH, hs, 3 * C, C);
+    attention_layout(v, qkv, 1, B, T, NH, hs, 3 * C, 2 * C);
+    attention_layout(dy, dout, 1, B, T, NH, hs, C, 0);
+    // datt (T, T) = dy v^T, as datt^T = Vc^T DYc
+    gemm_batched(dscores, v, dy, T, T, hs, 1, 0, hs, head, hs, head, T, square, B * NH, 1.0f, 0.0f);
+    // dv (T, hs) = att^T dy, as DVc = DYc attc^T; over v, which datt was the last to read
+    gemm_batched(v, dy, att, hs, T, T, 0, 1, hs, head, T, square, hs, head, B * NH, 1.0f, 0.0f);
+    // through the softmax and the 1/sqrt(hs) scale
+    attention_softmax_backward<<<ceil_div(rows, 8), 256>>>(dscores, att, rows, T, 1.0f / sqrtf((float)hs));
     cudaCheckLaunch();
-    attention_backward_key_kernel<<<ceil_div(rows, 8), 256>>>(dqkv, dscores, dout, qkv, att, B, T, C, NH);
-    cudaCheckLaunch();
+    // dq (T, hs) = ds k, as DQc = Kc dsc; over dy, no longer needed
+    gemm_batched(dy, k, dscores, hs, T, T, 0, 0, hs, head, T, square, hs, head, B * NH, 1.0f, 0.0f);
+    // dk (T, hs) = ds^T q, as DKc = Qc dsc^T; over k, which dq was the last to read
+    gemm_batched(k, q, dscores, hs, T, T, 0, 1, hs, head, T, square, hs, head, B * NH, 1.0f, 0.0f);
+    attention_layout(dqkv, dy, 0, B, T, NH, hs, 3 * C, 0);
+    attention_layout(dqkv, k, 0, B, T, NH, hs, 3 * C, C);
+    attention_layout(dqkv, v, 0, B, T, NH, hs, 3 * C, 2 * C);
 }
 
 #endif
