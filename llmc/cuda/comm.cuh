@@ -108,10 +108,11 @@ static inline void comm_init(CommGroup* world, int* argc, char*** argv) {
         return;
     }
 #endif
-    if (shared_gpu) {  // a distinct host id per rank makes NCCL connect them like separate hosts
-        char host_id[64];
+    if (shared_gpu) {  // a distinct host id per rank makes NCCL connect them like separate hosts,
+        char host_id[64];  // through its socket transport on the loopback interface
         snprintf(host_id, sizeof(host_id), "llmc-rank-%d", world->rank);
         setenv("NCCL_HOSTID", host_id, 1);
+        setenv("NCCL_SOCKET_IFNAME", "lo", 0);
     }
     ncclUniqueId id;
     if (world->rank == 0) nccl_check(ncclGetUniqueId(&id), world, "get_unique_id");
