@@ -78,16 +78,20 @@ build/cuda_BF16/%: %.cu $(HEADERS) | check-cuda-deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_ARCH) $(NVCC_FLAGS) $< -o $@ $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS) -lgomp
 
-# CI without a GPU: every trainer and every dev/cuda file must compile for Ampere and Hopper,
-# in both precisions
+build/cuda_FP32/test/test_comm: test/test_comm.c $(HEADERS) | check-cuda-deps
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_ARCH) $(NVCC_FLAGS) -DENABLE_FP32 -x cu $< -o $@ $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS) -lgomp
+
+# CI without a GPU: every trainer, every dev/cuda file and the comm test must compile for Ampere
+# and Hopper, in both precisions
 cuda-check: | check-cuda-deps
 	@mkdir -p build/cuda-check
 	@set -e; for arch in 80 90; do for prec in BF16 FP32; do \
-	  for src in $(TRAINERS:=.cu) $(DEV_CUDA); do \
-	    out=build/cuda-check/$$(basename $$src .cu)_sm$${arch}_$$prec; \
+	  for src in $(TRAINERS:=.cu) $(DEV_CUDA) test/test_comm.c; do \
+	    out=build/cuda-check/$$(basename $${src%.*})_sm$${arch}_$$prec; \
 	    echo "nvcc sm_$$arch $$prec $$src"; \
 	    $(NVCC) -gencode arch=compute_$$arch,code=sm_$$arch -O1 -std=c++17 -I. --compiler-options -Wall,-Wextra,-fopenmp \
-	      $$( [ $$prec = FP32 ] && echo -DENABLE_FP32 ) $$src -o $$out $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS) -lgomp; \
+	      $$( [ $$prec = FP32 ] && echo -DENABLE_FP32 ) -x cu $$src -o $$out $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS) -lgomp; \
 	  done; done; done; echo "cuda-check: all compiled"
 
 # says exactly what is missing and how to install it

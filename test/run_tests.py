@@ -480,6 +480,21 @@ def gpu_resume_is_bit_identical_bf16():
     check_resume(lambda args, d: run_gpu_ranks(program, 1, args, d), "gpu_resume", 4)
 
 
+def make_gpu_comm_test(ranks):
+    def fn():
+        if not have_gpu():
+            raise Skip("no GPU")
+        (program,) = build_cuda("FP32", ["test/test_comm"])
+        out = run_gpu_ranks(program, ranks, [], fresh_dir("gpu_comm_%d" % ranks))
+        assert "comm ok" in out, out[-2000:]
+    fn.__name__ = "gpu_comm_collectives_%d_ranks" % ranks
+    return fn
+
+
+for _n in (1, 2, 3):
+    test(make_gpu_comm_test(_n))
+
+
 def dev_cuda_programs():
     return sorted(os.path.splitext(f)[0] for f in os.listdir(os.path.join(ROOT, "dev", "cuda")) if f.endswith(".cu"))
 
