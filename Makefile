@@ -41,11 +41,13 @@ PRECISION_FLAG := $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32,)
 NCCL_PY := $(shell $(PYTHON) -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null || python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null)
 NCCL_DIR := $(firstword $(foreach d,$(NCCL_HOME) /usr/local/cuda /usr $(NCCL_PY),$(if $(wildcard $(d)/include/nccl.h),$(d),)))
 NCCL_LIBDIR := $(firstword $(foreach d,lib lib64 lib/x86_64-linux-gnu,$(if $(wildcard $(NCCL_DIR)/$(d)/libnccl.so*),$(NCCL_DIR)/$(d),)))
+# the Python package ships only libnccl.so.2, with no unversioned name for -lnccl to find
+NCCL_LIB := $(if $(wildcard $(NCCL_LIBDIR)/libnccl.so),-lnccl,-l:libnccl.so.2)
 NCCL_FLAGS := $(if $(NCCL_DIR),-I$(NCCL_DIR)/include -L$(NCCL_LIBDIR) -Xlinker -rpath=$(NCCL_LIBDIR),)
 # MPI is optional on the CUDA backend: without it, ranks meet through RANK/WORLD_SIZE/LLMC_NCCL_ID_FILE
 HAS_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1)
 MPI_FLAGS := $(if $(HAS_MPI),-DUSE_MPI $(shell $(MPICC) --showme:incdirs 2>/dev/null | sed 's/\([^ ]*\)/-I\1/g') $(shell $(MPICC) --showme:libdirs 2>/dev/null | sed 's/\([^ ]*\)/-L\1/g') -lmpi,)
-CUDA_LIBS := -lcublas -lcublasLt -lnccl
+CUDA_LIBS := -lcublas -lcublasLt $(NCCL_LIB)
 
 .PHONY: all test train bench clean check-deps check-test-deps check-cuda-deps setup cuda-check
 
