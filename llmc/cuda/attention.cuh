@@ -92,10 +92,13 @@ __global__ void attention_softmax_backward(floatX* dscores, const floatX* att, s
 
 static DeviceScratch attention_scratch;
 
-// scratch: q, k, v and one more (B, NH, T, hs) tensor, then a (B, NH, T, T) score matrix
-static floatX* attention_scratch_for(int B, int T, int C, int NH) {
-    size_t head_tensors = (size_t)B * T * C, scores = (size_t)B * NH * T * T;
-    return (floatX*)scratch_get(&attention_scratch, (4 * head_tensors + scores) * sizeof(floatX));
+// scratch laid out as q, k, v and one more (B, NH, T, hs) tensor, then a (B, NH, T, T) score
+// matrix; q, k and v are filled from qkv. Returns q; the others follow at steps of B*T*C.
+static floatX* attention_split_qkv(const floatX* qkv, int B, int T, int C, int NH) {
+    size_t n = (size_t)B * T * C, scores = (size_t)B * NH * T * T;
+    floatX* q = (floatX*)scratch_get(&attention_scratch, (4 * n + scores) * sizeof(floatX));
+    for (int part = 0; part < 3; part++) attention_layout(q + part * n, qkv, 1, B, T, NH, C / NH, 3 * C, part * C);
+    return q;
 }
 
 // out (B, T, C) = attention output; att (B, NH, T, T) = the probabilities, zero above the diagonal
@@ -104,11 +107,8 @@ static inline void attention_forward(floatX* out, floatX* att, const floatX* qkv
     int hs = C / NH;
     size_t n = (size_t)B * T * C, rows = (size_t)B * NH * T;
     long head = (long)T * hs, square = (long)T * T;
-    floatX* q = attention_scratch_for(B, T, C, NH);
+    floatX* q = attention_split_qkv(qkv, B, T, C, NH);
     floatX *k = q + n, *v = k + n, *y = v + n, *scores = y + n;
-    attention_layout(q, qkv, 1, B, T, NH, hs, 3 * C, 0);
-    attention_layout(k, qkv, 1, B, T, NH, hs, 3 * C, C);
-    attention_layout(v, qkv, 1, B, T, NH, hs, 3 * C, 2 * C);
     // scores (T, T) = q k^T / sqrt(hs), as scores^T = Kc^T Qc per (b, h)
     gemm_batched(scores, k, q, T, T, hs, 1, 0, hs, head, hs, head, T, square, B * NH,
                  1.0f / sqrtf((float)hs), 0.0f);
@@ -125,11 +125,8 @@ static inline void attention_backward(floatX* dqkv, const floatX* dout, const fl
     int hs = C / NH;
     size_t n = (size_t)B * T * C, rows = (size_t)B * NH * T;
     long head = (long)T * hs, square = (long)T * T;
-    floatX* q = attention_scratch_for(B, T, C, NH);
+    floatX* q = attention_split_qkv(qkv, B, T, C, NH);
     floatX *k = q + n, *v = k + n, *dy = v + n, *dscores = dy + n;
-    attention_layout(q, qkv, 1, B, T, NH, hs, 3 * C, 0);
-    attention_layout(k, qkv, 1, B, T, NH, hs, 3 * C, C);
-    attention_layout(v, qkv, 1, B, T, NH, hs, 3 * C, 2 * C);
     attention_layout(dy, dout, 1, B, T, NH, hs, C, 0);
     // datt (T, T) = dy v^T, as datt^T = Vc^T DYc
     gemm_batched(dscores, v, dy, T, T, hs, 1, 0, hs, head, hs, head, T, square, B * NH, 1.0f, 0.0f);
