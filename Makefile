@@ -38,7 +38,7 @@ NVCC_ARCH := -gencode arch=compute_$(GPU_COMPUTE_CAPABILITY),code=[sm_$(GPU_COMP
 NVCC_FLAGS := -O3 -std=c++17 -I. --compiler-options -Wall,-Wextra,-fopenmp,-march=native
 PRECISION_FLAG := $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32,)
 # NCCL: NCCL_HOME, the CUDA toolkit, system paths, then the nvidia-nccl Python package
-NCCL_PY := $(shell $(PYTHON) -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null || python3 -c "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))" 2>/dev/null)
+NCCL_PY := $(shell $(PYTHON) -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || python3 -c "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null)
 NCCL_DIR := $(firstword $(foreach d,$(NCCL_HOME) /usr/local/cuda /usr $(NCCL_PY),$(if $(wildcard $(d)/include/nccl.h),$(d),)))
 NCCL_LIBDIR := $(firstword $(foreach d,lib lib64 lib/x86_64-linux-gnu,$(if $(wildcard $(NCCL_DIR)/$(d)/libnccl.so*),$(NCCL_DIR)/$(d),)))
 # the Python package ships only libnccl.so.2, with no unversioned name for -lnccl to find
