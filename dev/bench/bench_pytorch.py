@@ -28,10 +28,12 @@ def sdpa_attention(self, x):
     return self.attproj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 
+MANUAL_ATTENTION = reference.Block.attention
+
+
 def bench(B, T, steps, compile_model, sdpa):
     torch.manual_seed(0)
-    if sdpa:
-        reference.Block.attention = sdpa_attention
+    reference.Block.attention = sdpa_attention if sdpa else MANUAL_ATTENTION
     model = reference.GPT2(12, 12, 768, 1024, 50257, 50304).cuda()
     model.init_weights(0)
     params = sum(p.numel() for p in model.parameters())
