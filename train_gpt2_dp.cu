@@ -381,16 +381,31 @@ static TrainState read_checkpoint(GPT2* model, const TrainArgs* args, CommGroup*
 }
 
 int main(int argc, char** argv) {
-    TrainArgs args = {
-        "dev/data/tinyshakespeare/tiny_shakespeare_train.bin",
-        "dev/data/tinyshakespeare/tiny_shakespeare_val.bin",
-        "d12", NULL, "dev/data/gpt2_tokenizer.bin", NULL,
-        4, 64, -1,
-        3e-4f, 1.0f, 0.0f, 1.0f,
-        0, -1,
-        20, 20, 20, 64,
-        0, 0,
-        1337, 0};
+    // defaults; --help prints them beside each flag
+    TrainArgs args;
+    args.train_path = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
+    args.val_path = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
+    args.model = "d12";
+    args.out_dir = NULL;
+    args.tokenizer_path = "dev/data/gpt2_tokenizer.bin";
+    args.dump_grads = NULL;
+    args.B = 4;
+    args.T = 64;
+    args.total_batch = -1;
+    args.lr = 3e-4f;
+    args.final_lr_frac = 1.0f;
+    args.weight_decay = 0.0f;
+    args.grad_clip = 1.0f;
+    args.warmup = 0;
+    args.max_steps = -1;
+    args.val_every = 20;
+    args.val_batches = 20;
+    args.sample_every = 20;
+    args.gen_tokens = 64;
+    args.checkpoint_every = 0;
+    args.resume = 0;
+    args.seed = 1337;
+    args.shuffle = 0;
     ArgSpec specs[] = {
         {"-i", ARG_STRING, &args.train_path, "train token file"},
         {"-j", ARG_STRING, &args.val_path, "validation token file"},
