@@ -13,15 +13,23 @@ static inline void fused_classifier(float* logits, float* losses, const int* tar
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         float* row = logits + (size_t)n * Vp;
+        int target = targets[n];
         float maxval = -INFINITY;
         for (int v = 0; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
+        float target_logit = row[target];
         float sum = 0.0f;
-        for (int v = 0; v < V; v++) sum += expf(row[v] - maxval);
-        int target = targets[n];
-        losses[n] = logf(sum) - (row[target] - maxval);
+        if (dloss == 0.0f) {  // the loss only: leave the logits as they are
+            for (int v = 0; v < V; v++) sum += expf(row[v] - maxval);
+        } else {              // keep each exponential in place for the gradient pass
+            for (int v = 0; v < V; v++) {
+                row[v] = expf(row[v] - maxval);
+                sum += row[v];
+            }
+        }
+        losses[n] = logf(sum) - (target_logit - maxval);
         if (dloss == 0.0f) continue;
-        float inv_sum = 1.0f / sum;
-        for (int v = 0; v < V; v++) row[v] = dloss * expf(row[v] - maxval) * inv_sum;
+        float scale = dloss / sum;
+        for (int v = 0; v < V; v++) row[v] *= scale;
         row[target] -= dloss;
         for (int v = V; v < Vp; v++) row[v] = 0.0f;
     }
