@@ -25,7 +25,7 @@ DEV_CUDA := $(wildcard dev/cuda/*.cu)
 
 # ---- CPU backend: the .cu sources compile as C11 with OpenMP, MPI through mpicc
 MPICC ?= mpicc
-CFLAGS ?= -O3 -march=native -ffp-contract=fast
+CFLAGS ?= -O3 -march=native -ffp-contract=fast -fno-math-errno
 CFLAGS += -std=c11 -D_POSIX_C_SOURCE=200809L -fopenmp -Wall -Wextra -I.
 LDLIBS := -lm
 
