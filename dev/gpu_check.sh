@@ -9,4 +9,10 @@ cd "$(dirname "$0")/.."
 logs=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
 PYTHONUNBUFFERED=1 python3 test/run_tests.py gpu 2>&1 | tee "$logs/gpu_tests.log"
+# out-of-bounds accesses and races that a numerical test can miss: two steps of a small model
+if command -v compute-sanitizer >/dev/null; then
+    make -s build/cuda_BF16/train_gpt2_dp
+    compute-sanitizer --tool memcheck --print-limit 20 ./build/cuda_BF16/train_gpt2_dp -e d2 -b 2 -t 64 \
+        -x 2 -v 1 -m 1 -s 2 -g 8 2>&1 | tail -25 | tee "$logs/gpu_memcheck.log"
+fi
 ./dev/bench/bench_gpu.sh "${1:-10}" 2>&1 | tee "$logs/gpu_bench.log"
