@@ -626,7 +626,7 @@ int main(int argc, char** argv) {
             printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s | %s\n",
                    step + 1, max_steps, loss, lr, grad_norm, dt * 1e3, tokens_per_s, mfu, comm_summary);
         }
-        logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s);
+        logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));
     }
     if (rank == 0 && timed_steps > 0) {
         double tokens_per_s = args.total_batch / (total_time / timed_steps);

@@ -17,12 +17,14 @@ static inline void logger_init(Logger* log, const char* out_dir, int rank, int r
     log->file = fopen_check(path, resuming ? "a" : "w");
 }
 
+// comm_bytes: what this rank handed to collectives during the step (comm.h's counters)
 static inline void logger_train(Logger* log, int step, float loss, float lr, float grad_norm,
-                         double tokens_per_s) {
+                                double tokens_per_s, long long comm_bytes) {
     if (!log->file) return;
     fprintf(log->file,
             "{\"step\": %d, \"train_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-            "\"tokens_per_s\": %.1f}\n", step, loss, lr, grad_norm, tokens_per_s);
+            "\"tokens_per_s\": %.1f, \"comm_bytes\": %lld}\n", step, loss, lr, grad_norm,
+            tokens_per_s, comm_bytes);
     fflush(log->file);
 }
 

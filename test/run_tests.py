@@ -130,6 +130,11 @@ def compare_with_reference(ranks, accum):
     _, p = reference.read_model_file(os.path.join(d, "model_%08d.bin" % REF["steps"]))
     err = np.abs(p - p_ref).max()
     assert err <= 2e-5, "final parameters: max abs error %.3g" % err
+    # communication per step, from the comm layer's counters: DDP all-reduces every gradient
+    # (P fp32 values) and the loss (one float), whatever the number of ranks
+    expected = 4 * len(p_ref) + 4
+    for s in range(REF["steps"]):
+        assert train[s + 1]["comm_bytes"] == expected, "step %d moved %d bytes, expected 4 P + 4 = %d" % (s + 1, train[s + 1]["comm_bytes"], expected)
 
 
 def make_layout_test(ranks, accum):
@@ -445,6 +450,9 @@ def compare_gpu_with_reference(precision, ranks):
     param_max, param_mean = np.abs(p - p_ref).max(), np.abs(p - p_ref).mean()
     print("    %s %d ranks: loss err %.2e, grad rel err %.2e, param err max %.2e mean %.2e"
           % (precision, ranks, loss_err, grad_err, param_max, param_mean))
+    # the gradient all-reduce moves P values of the training precision, plus the fp32 loss
+    expected = (4 if precision == "FP32" else 2) * len(p_ref) + 4
+    assert train[1]["comm_bytes"] == expected, "moved %d bytes, expected %d" % (train[1]["comm_bytes"], expected)
     if precision == "FP32":
         # cuBLAS in strict fp32 and fp32 kernels: only the summation order differs from the
         # float64 reference, as on the CPU; 10x the CPU tolerances for GPU reduction orders
