@@ -133,12 +133,21 @@ static inline void comm_scale(float* buf, size_t n, float s) {
     for (size_t i = 0; i < n; i++) buf[i] *= s;
 }
 
+// MPI counts are ints: larger buffers go in pieces of 2^30 elements
+#define COMM_MPI_PIECE ((size_t)1 << 30)
+static inline void comm_check_count(const CommGroup* g, size_t n, const char* op) {
+    if (n > COMM_MPI_PIECE) fail("%s on group '%s': %zu elements, more than MPI's int counts allow", op, g->name, n);
+}
+
 // buf (n) <- op over ranks of buf, in place
 static inline void comm_all_reduce(CommGroup* g, void* buf, size_t n, CommDtype dtype, CommOp op) {
     comm_check_dtype(g, dtype, "all_reduce");
     comm_count(g, COMM_ALL_REDUCE, n * sizeof(float));
-    comm_check(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi), g,
-               "all_reduce");
+    for (size_t done = 0; done < n; done += COMM_MPI_PIECE) {
+        int piece = (int)(n - done < COMM_MPI_PIECE ? n - done : COMM_MPI_PIECE);
+        comm_check(MPI_Allreduce(MPI_IN_PLACE, (float*)buf + done, piece, MPI_FLOAT, comm_mpi_op(op), g->mpi),
+                   g, "all_reduce");
+    }
     if (op == COMM_AVG) comm_scale((float*)buf, n, 1.0f / (float)g->size);
 }
 
@@ -146,6 +155,7 @@ static inline void comm_all_reduce(CommGroup* g, void* buf, size_t n, CommDtype 
 static inline void comm_reduce_scatter(CommGroup* g, const void* send, void* recv, size_t n,
                                        CommDtype dtype, CommOp op) {
     comm_check_dtype(g, dtype, "reduce_scatter");
+    comm_check_count(g, n, "reduce_scatter");
     comm_count(g, COMM_REDUCE_SCATTER, n * g->size * sizeof(float));
     comm_check(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi),
                g, "reduce_scatter");
@@ -156,6 +166,7 @@ static inline void comm_reduce_scatter(CommGroup* g, const void* send, void* rec
 static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, size_t n,
                                    CommDtype dtype) {
     comm_check_dtype(g, dtype, "all_gather");
+    comm_check_count(g, n, "all_gather");
     comm_count(g, COMM_ALL_GATHER, n * g->size * sizeof(float));
     comm_check(MPI_Allgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi), g,
                "all_gather");
