@@ -6,6 +6,10 @@ v1: without atomics in two passes, in CUDA cores: one warp per query row compute
     per key row sums dk and dv over the queries that saw it.
 v2: cuBLAS batched GEMMs for datt = dout v^T, dv = att^T dout, dq = ds k, dk = ds^T q on tensor
     cores, with the softmax backward as a kernel between them (llmc/cuda/attention.cuh).
+v3: flash-style (Dao et al. 2022): no T x T matrix at all. From each query row's log-sum-exp
+    (what an online-softmax forward keeps) the probabilities are recomputed where needed,
+    p = exp(q.k / sqrt(hs) - lse); D = dout . out replaces the row sums of v1. One warp per query
+    row accumulates dq, one warp per key row accumulates dk and dv, 32 keys or queries at a time.
 */
 #include "common.h"
 namespace cpu {
@@ -70,6 +74,142 @@ __global__ void attention_backward_v1_keys(floatX* dqkv, const float* dscores, c
 
 static DeviceScratch v1_scratch;
 
+#define V3_MAX_HS 128  // up to 4 channels of a head per lane
+
+// head channel i of row t of the q (part 0), k (1) or v (2) block of qkv
+__device__ inline const floatX* v3_row(const floatX* qkv, int part, int b, int t, int h, int T, int C, int hs) {
+    return qkv + ((size_t)b * T + t) * 3 * C + (size_t)part * C + (size_t)h * hs;
+}
+
+__device__ inline float v3_dot(const floatX* x, const floatX* y, int hs) {
+    float s = 0.0f;
+    for (int i = 0; i < hs; i++) s += (float)x[i] * (float)y[i];
+    return s;
+}
+
+// per query row: lse = log sum exp of its scaled scores (online softmax), D = dout . out
+__global__ void attention_backward_v3_prepare(float* lse, float* D, const floatX* qkv, const floatX* out,
+                                              const floatX* dout, int B, int T, int C, int NH) {
+    int lane = threadIdx.x % 32;
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= (size_t)B * NH * T) return;
+    int t = (int)(row % T), h = (int)((row / T) % NH), b = (int)(row / ((size_t)T * NH));
+    int hs = C / NH;
+    float scale = rsqrtf((float)hs);
+    const floatX* q = v3_row(qkv, 0, b, t, h, T, C, hs);
+    float m = -INFINITY, sum = 0.0f;
+    for (int chunk = 0; chunk <= t; chunk += 32) {
+        int t2 = chunk + lane;
+        float s = t2 <= t ? v3_dot(q, v3_row(qkv, 1, b, t2, h, T, C, hs), hs) * scale : -INFINITY;
+        float m_new = fmaxf(m, warp_max(s));
+        sum = sum * expf(m - m_new) + warp_sum(t2 <= t ? expf(s - m_new) : 0.0f);
+        m = m_new;
+    }
+    const floatX* o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
+    const floatX* dy = dout + ((size_t)b * T + t) * C + (size_t)h * hs;
+    float d = 0.0f;
+    for (int i = lane; i < hs; i += 32) d += (float)dy[i] * (float)o[i];
+    d = warp_sum(d);
+    if (lane == 0) {
+        lse[row] = m + logf(sum);
+        D[row] = d;
+    }
+}
+
+// one warp per query row t: dq = sum over keys t2 <= t of ds k_t2, ds = p (dout.v_t2 - D) / sqrt(hs)
+__global__ void attention_backward_v3_dq(floatX* dqkv, const float* lse, const float* D, const floatX* qkv,
+                                         const floatX* dout, int B, int T, int C, int NH) {
+    int lane = threadIdx.x % 32;
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= (size_t)B * NH * T) return;
+    int t = (int)(row % T), h = (int)((row / T) % NH), b = (int)(row / ((size_t)T * NH));
+    int hs = C / NH;
+    float scale = rsqrtf((float)hs);
+    const floatX* q = v3_row(qkv, 0, b, t, h, T, C, hs);
+    const floatX* dy = dout + ((size_t)b * T + t) * C + (size_t)h * hs;
+    float acc[V3_MAX_HS / 32] = {0};
+    for (int chunk = 0; chunk <= t; chunk += 32) {
+        int t2 = chunk + lane;  // each lane scores one key of the chunk
+        float ds = 0.0f;
+        if (t2 <= t) {
+            float p = expf(v3_dot(q, v3_row(qkv, 1, b, t2, h, T, C, hs), hs) * scale - lse[row]);
+            ds = p * (v3_dot(dy, v3_row(qkv, 2, b, t2, h, T, C, hs), hs) - D[row]) * scale;
+        }
+        int valid = min(32, t - chunk + 1);
+        for (int j = 0; j < valid; j++) {
+            float dsj = __shfl_sync(0xffffffff, ds, j);
+            const floatX* k = v3_row(qkv, 1, b, chunk + j, h, T, C, hs);
+            #pragma unroll
+            for (int a = 0; a < V3_MAX_HS / 32; a++) {
+                int i = lane + 32 * a;
+                if (i < hs) acc[a] += dsj * (float)k[i];
+            }
+        }
+    }
+    floatX* dq = dqkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
+    #pragma unroll
+    for (int a = 0; a < V3_MAX_HS / 32; a++) {
+        int i = lane + 32 * a;
+        if (i < hs) dq[i] = (floatX)acc[a];
+    }
+}
+
+// one warp per key row t2: dk = sum over queries t >= t2 of ds q_t, dv = sum of p dout_t
+__global__ void attention_backward_v3_dkdv(floatX* dqkv, const float* lse, const float* D, const floatX* qkv,
+                                           const floatX* dout, int B, int T, int C, int NH) {
+    int lane = threadIdx.x % 32;
+    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b, h, t2)
+    if (row >= (size_t)B * NH * T) return;
+    int t2 = (int)(row % T), h = (int)((row / T) % NH), b = (int)(row / ((size_t)T * NH));
+    int hs = C / NH;
+    float scale = rsqrtf((float)hs);
+    size_t head = row - t2;  // the (b, h, 0) row: lse and D of query t are at head + t
+    const floatX* k = v3_row(qkv, 1, b, t2, h, T, C, hs);
+    const floatX* v = v3_row(qkv, 2, b, t2, h, T, C, hs);
+    float dk[V3_MAX_HS / 32] = {0}, dv[V3_MAX_HS / 32] = {0};
+    for (int chunk = t2; chunk < T; chunk += 32) {
+        int t = chunk + lane;  // each lane takes one query of the chunk
+        float p = 0.0f, ds = 0.0f;
+        if (t < T) {
+            const floatX* dy = dout + ((size_t)b * T + t) * C + (size_t)h * hs;
+            p = expf(v3_dot(v3_row(qkv, 0, b, t, h, T, C, hs), k, hs) * scale - lse[head + t]);
+            ds = p * (v3_dot(dy, v, hs) - D[head + t]) * scale;
+        }
+        int valid = min(32, T - chunk);
+        for (int j = 0; j < valid; j++) {
+            float pj = __shfl_sync(0xffffffff, p, j), dsj = __shfl_sync(0xffffffff, ds, j);
+            const floatX* q = v3_row(qkv, 0, b, chunk + j, h, T, C, hs);
+            const floatX* dy = dout + ((size_t)b * T + chunk + j) * C + (size_t)h * hs;
+            #pragma unroll
+            for (int a = 0; a < V3_MAX_HS / 32; a++) {
+                int i = lane + 32 * a;
+                if (i < hs) {
+                    dk[a] += dsj * (float)q[i];
+                    dv[a] += pj * (float)dy[i];
+                }
+            }
+        }
+    }
+    floatX* out_k = dqkv + ((size_t)b * T + t2) * 3 * C + C + (size_t)h * hs;
+    #pragma unroll
+    for (int a = 0; a < V3_MAX_HS / 32; a++) {
+        int i = lane + 32 * a;
+        if (i < hs) {
+            out_k[i] = (floatX)dk[a];
+            out_k[C + i] = (floatX)dv[a];
+        }
+    }
+}
+
+static void attention_backward_v3(floatX* dqkv, float* lse, float* D, const floatX* dout, const floatX* qkv,
+                                  const floatX* out, int B, int T, int C, int NH) {
+    size_t rows = (size_t)B * NH * T;
+    attention_backward_v3_prepare<<<ceil_div(rows, 8), 256>>>(lse, D, qkv, out, dout, B, T, C, NH);
+    attention_backward_v3_dq<<<ceil_div(rows, 8), 256>>>(dqkv, lse, D, qkv, dout, B, T, C, NH);
+    attention_backward_v3_dkdv<<<ceil_div(rows, 8), 256>>>(dqkv, lse, D, qkv, dout, B, T, C, NH);
+    cudaCheckLaunch();
+}
+
 int main(void) {
     int B = 4, T = 512, C = 768, NH = 12;
     float* qkv = random_floats((size_t)B * T * 3 * C, 1.0f);
@@ -106,5 +246,13 @@ int main(void) {
     ok &= validate("v2 dqkv", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
     TIME_KERNEL(ms, 10, attention_backward(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH));
     report("v2 cuBLAS batched", ms, 0, flops);
+
+    float* d_lse = (float*)device_malloc(rows * sizeof(float));
+    float* d_D = (float*)device_malloc(rows * sizeof(float));
+    device_memset_zero(d_dqkv, (size_t)B * T * 3 * C * sizeof(floatX));
+    attention_backward_v3(d_dqkv, d_lse, d_D, d_dout, d_qkv, d_out, B, T, C, NH);
+    ok &= validate("v3 dqkv (flash)", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
+    TIME_KERNEL(ms, 3, attention_backward_v3(d_dqkv, d_lse, d_D, d_dout, d_qkv, d_out, B, T, C, NH));
+    report("v3 flash-style", ms, 0, flops);
     return finish(ok);
 }
