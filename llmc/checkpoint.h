@@ -26,7 +26,7 @@ typedef struct {
 
 static inline void checkpoint_path(char* out, size_t cap, const char* dir, const char* kind, int step,
                             int rank) {
-    if (rank < 0) snprintf(out, cap, "%s/%s_%08d%s", dir, kind, step, strcmp(kind, "DONE") ? ".bin" : "");
+    if (rank < 0) snprintf(out, cap, "%s/%s_%08d.bin", dir, kind, step);
     else snprintf(out, cap, "%s/%s_%08d_%05d.bin", dir, kind, step, rank);
 }
 
@@ -89,7 +89,7 @@ static inline void state_read(const char* path, TrainState* s, int rank, float* 
 
 static inline void checkpoint_mark_done(const char* dir, int step) {
     char path[4096];
-    checkpoint_path(path, sizeof(path), dir, "DONE", step, -1);
+    snprintf(path, sizeof(path), "%s/DONE_%08d", dir, step);
     fclose_check(fopen_check(path, "w"), path);
 }
 

@@ -85,6 +85,12 @@ static inline void comm_check(int err, const CommGroup* g, const char* op) {
 }
 
 static inline MPI_Op comm_mpi_op(CommOp op) { return op == COMM_MAX ? MPI_MAX : MPI_SUM; }
+
+// MPI counts are ints: the CPU all-reduce goes in pieces of 2^30 elements, others stop here
+#define COMM_MPI_PIECE ((size_t)1 << 30)
+static inline void comm_check_count(const CommGroup* g, size_t n, const char* op) {
+    if (n > COMM_MPI_PIECE) fail("%s on group '%s': %zu elements, more than MPI's int counts allow", op, g->name, n);
+}
 #endif
 
 #ifdef __CUDACC__
@@ -131,12 +137,6 @@ static inline void comm_check_dtype(const CommGroup* g, CommDtype dtype, const c
 
 static inline void comm_scale(float* buf, size_t n, float s) {
     for (size_t i = 0; i < n; i++) buf[i] *= s;
-}
-
-// MPI counts are ints: larger buffers go in pieces of 2^30 elements
-#define COMM_MPI_PIECE ((size_t)1 << 30)
-static inline void comm_check_count(const CommGroup* g, size_t n, const char* op) {
-    if (n > COMM_MPI_PIECE) fail("%s on group '%s': %zu elements, more than MPI's int counts allow", op, g->name, n);
 }
 
 // buf (n) <- op over ranks of buf, in place

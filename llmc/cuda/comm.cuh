@@ -191,6 +191,7 @@ static inline void comm_end(CommGroup* g) {
 #ifdef USE_MPI
 // host-staged path: device -> host floats, MPI on the host, host -> device
 static inline float* staged_to_host(const void* dev, size_t n, CommDtype dtype) {
+    if (n > COMM_MPI_PIECE) fail("host-staged collective of %zu elements: more than MPI's int counts allow", n);
     float* host = (float*)malloc_check(n * sizeof(float));
     if (dtype == COMM_FLOAT) copy_device_to_host(host, dev, n * sizeof(float));
     else copy_device_to_floats(host, (const floatX*)dev, n);
