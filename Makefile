@@ -84,6 +84,25 @@ build/cuda_FP32/test/test_comm: test/test_comm.c $(HEADERS) | check-cuda-deps
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_ARCH) $(NVCC_FLAGS) -DENABLE_FP32 -x cu $< -o $@ $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS) -lgomp
 
+# cuda_emu (test/cuda_emu): the CUDA backend compiled by g++ and run on the CPU, for tests without
+# a GPU. The sources are copied to build/emu_src with their kernel launches rewritten.
+EMU_SOURCES := $(TRAINERS:=.cu) $(HEADERS) $(DEV_CUDA) test/test_comm.c
+EMU_HEADERS := $(wildcard test/cuda_emu/include/*.h)
+EMU_CXX ?= g++
+EMU_FLAGS := -O2 -std=c++17 -march=native -fopenmp -D__CUDACC__ -DCUDA_EMU -Ibuild/emu_src -Itest/cuda_emu/include \
+  $(MPI_FLAGS)
+build/emu_src/.stamp: $(EMU_SOURCES) test/cuda_emu/translate.py
+	@$(PYTHON) test/cuda_emu/translate.py build/emu_src $(EMU_SOURCES) && touch $@
+build/emu_FP32/test/test_comm: build/emu_src/.stamp $(EMU_HEADERS)
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) -DENABLE_FP32 -x c++ build/emu_src/test/test_comm.c $(EMU_FLAGS) -o $@
+build/emu_FP32/%: build/emu_src/.stamp $(EMU_HEADERS)
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) -DENABLE_FP32 -x c++ build/emu_src/$*.cu $(EMU_FLAGS) -o $@
+build/emu_BF16/%: build/emu_src/.stamp $(EMU_HEADERS)
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) -x c++ build/emu_src/$*.cu $(EMU_FLAGS) -o $@
+
 # CI without a GPU: every trainer, every dev/cuda file and the comm test must compile for Ampere
 # and Hopper, in both precisions
 cuda-check: | check-cuda-deps

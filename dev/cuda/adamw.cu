@@ -25,7 +25,7 @@ __global__ void norm_squared_v1(float* out, const floatX* x, size_t n) {
 }
 
 int main(void) {
-    size_t n = (size_t)124 * 1000 * 1000;  // GPT-2 124M
+    size_t n = GPU_OR_EMU((size_t)124 * 1000 * 1000, (size_t)1 << 20);  // GPT-2 124M
     float* params = random_floats(n, 0.02f);
     float* grads = random_floats(n, 1e-3f);
     round_like_floatX(params, n);

@@ -211,7 +211,7 @@ static void attention_backward_v3(floatX* dqkv, float* lse, float* D, const floa
 }
 
 int main(void) {
-    int B = 4, T = 512, C = 768, NH = 12;
+    int B = GPU_OR_EMU(4, 2), T = GPU_OR_EMU(512, 64), C = GPU_OR_EMU(768, 128), NH = GPU_OR_EMU(12, 2);
     float* qkv = random_floats((size_t)B * T * 3 * C, 1.0f);
     float* dout = random_floats((size_t)B * T * C, 1.0f);
     round_like_floatX(qkv, (size_t)B * T * 3 * C);

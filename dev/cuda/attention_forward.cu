@@ -106,7 +106,7 @@ __global__ void attention_forward_v2(floatX* out, float* lse, const floatX* qkv,
 }
 
 int main(void) {
-    int B = 4, T = 1024, C = 768, NH = 12;
+    int B = GPU_OR_EMU(4, 2), T = GPU_OR_EMU(1024, 64), C = GPU_OR_EMU(768, 128), NH = GPU_OR_EMU(12, 2);
     float* qkv = random_floats((size_t)B * T * 3 * C, 1.0f);
     round_like_floatX(qkv, (size_t)B * T * 3 * C);
     float* out = (float*)malloc_check((size_t)B * T * C * sizeof(float));

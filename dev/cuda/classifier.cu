@@ -28,7 +28,7 @@ __global__ void classifier_v1(floatX* logits, float* losses, const int* targets,
 }
 
 int main(void) {
-    int N = 4 * 1024, V = 50257, Vp = 50304;
+    int N = GPU_OR_EMU(4 * 1024, 16), V = 50257, Vp = 50304;
     float dloss = 1.0f / N;
     float* logits = random_floats((size_t)N * Vp, 2.0f);
     round_like_floatX(logits, (size_t)N * Vp);

@@ -22,7 +22,7 @@ __global__ void encoder_backward_wte_v1(float* dwte, const floatX* dout, const i
 }
 
 int main(void) {
-    int B = 8, T = 1024, C = 768, V = 50304;
+    int B = GPU_OR_EMU(8, 2), T = GPU_OR_EMU(1024, 64), C = GPU_OR_EMU(768, 128), V = 50304;
     int* inp = (int*)malloc_check((size_t)B * T * sizeof(int));
     for (int i = 0; i < B * T; i++) inp[i] = (int)(rng_u64(&dev_rng) % 2000);  // many repeats
     float* wte = random_floats((size_t)V * C, 0.02f);

@@ -27,7 +27,7 @@ __global__ void layernorm_params_v1(floatX* dweight, floatX* dbias, const floatX
 }
 
 int main(void) {
-    int N = 8 * 1024, C = 768;
+    int N = GPU_OR_EMU(8 * 1024, 600), C = GPU_OR_EMU(768, 200);
     float* x = random_floats((size_t)N * C, 1.0f);
     float* w = random_floats(C, 1.0f);
     float* b = random_floats(C, 1.0f);

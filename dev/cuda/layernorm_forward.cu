@@ -61,7 +61,7 @@ __global__ void layernorm_v3(floatX* out, float* mean, float* rstd, const floatX
 }
 
 int main(void) {
-    int B = 8, T = 1024, C = 768, N = B * T;
+    int B = GPU_OR_EMU(8, 2), T = GPU_OR_EMU(1024, 64), C = GPU_OR_EMU(768, 200), N = B * T;
     float* x = random_floats((size_t)N * C, 1.0f);
     float* w = random_floats(C, 1.0f);
     float* b = random_floats(C, 1.0f);

@@ -22,7 +22,7 @@ __global__ void bias_backward_v1(floatX* dbias, const floatX* dout, int N, int O
 }
 
 int main(void) {
-    int N = 4 * 1024, C = 768, OC = 3072;
+    int N = GPU_OR_EMU(4 * 1024, 600), C = GPU_OR_EMU(768, 96), OC = GPU_OR_EMU(3072, 200);
     float* inp = random_floats((size_t)N * C, 1.0f);
     float* weight = random_floats((size_t)OC * C, 0.02f);
     float* dout = random_floats((size_t)N * OC, 0.01f);

@@ -40,7 +40,7 @@ __global__ void matmul_v2(floatX* out, const floatX* inp, const floatX* weight, 
 }
 
 int main(void) {
-    int N = 4 * 1024, C = 768, OC = 3072;
+    int N = GPU_OR_EMU(4 * 1024, 130), C = GPU_OR_EMU(768, 96), OC = GPU_OR_EMU(3072, 200);
     float* inp = random_floats((size_t)N * C, 1.0f);
     float* weight = random_floats((size_t)OC * C, 0.02f);
     float* bias = random_floats(OC, 0.1f);

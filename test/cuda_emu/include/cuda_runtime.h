@@ -1,0 +1,458 @@
+// cuda_emu: runs this project's CUDA code on the CPU, so that the CUDA backend's kernels, launchers
+// and comm layer are tested on machines without a GPU. Not a general CUDA emulator: it covers the
+// subset this project uses, and says so loudly when a kernel steps outside it.
+//
+// Each CUDA thread of a block is a fiber (a small stack and a saved stack pointer) on one OS
+// thread. A block runs its fibers one after another; a fiber gives the CPU back only at
+// __syncthreads (all live threads of the block), at __syncwarp and the shuffles (all live lanes of
+// its warp), and when it returns. Blocks run one after another, so __shared__ variables are plain
+// statics. Kernels that reach no barrier in their first block run the rest as plain calls.
+// Device memory is host memory; every call is synchronous; streams and events only keep time.
+//
+// Build (see the Makefile's build/emu_* rules): test/cuda_emu/translate.py rewrites each
+// `kernel<<<grid, block>>>(args)` into `cuda_emu::launch("kernel", cuda_emu::Config(grid, block),
+// kernel)(args)`, then g++ compiles the .cu file as C++ with -D__CUDACC__ -DCUDA_EMU and these
+// headers in front of the real ones.
+#ifndef CUDA_EMU_RUNTIME_H
+#define CUDA_EMU_RUNTIME_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+// ---- what the CUDA language adds to C++
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static  // one block runs at a time: a static is the block's shared memory
+
+struct uint3 { unsigned int x, y, z; };
+struct dim3 {
+    unsigned int x, y, z;
+    dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+static const int warpSize = 32;
+
+template <class A, class B> static inline auto min(A a, B b) -> decltype(a + b) { return a < b ? a : b; }
+template <class A, class B> static inline auto max(A a, B b) -> decltype(a + b) { return a > b ? a : b; }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+static inline float __fdividef(float a, float b) { return a / b; }
+static inline unsigned int __float_as_uint(float x) { unsigned int u; memcpy(&u, &x, 4); return u; }
+static inline float __uint_as_float(unsigned int u) { float x; memcpy(&x, &u, 4); return x; }
+// one OS thread runs every CUDA thread, and switches only at barriers: atomics are plain
+template <class T> static inline T atomicAdd(T* address, T value) { T old = *address; *address = old + value; return old; }
+
+// ---- the runtime API, synchronous
+typedef enum {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorNoDevice = 100,
+} cudaError_t;
+typedef cudaError_t cudaError;
+typedef enum { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault } cudaMemcpyKind;
+typedef struct CUstream_st* cudaStream_t;
+typedef struct cuda_emu_event { double ms; }* cudaEvent_t;
+#define cudaStreamNonBlocking 1
+#define cudaEventDisableTiming 2
+typedef struct {
+    char name[256];
+    int major, minor, multiProcessorCount, maxThreadsPerBlock, warpSize;
+    size_t totalGlobalMem, sharedMemPerBlock;
+} cudaDeviceProp;
+
+namespace cuda_emu {
+
+static const size_t device_bytes = (size_t)80 << 30;  // what cudaMemGetInfo reports as total
+static const int stack_bytes = 64 << 10;              // per fiber
+static const int max_threads = 1024;
+
+struct Fiber {
+    void* sp;  // saved stack pointer while the fiber is switched out
+    int state;
+    uint3 thread_idx;
+};
+enum { RUNNABLE, AT_WARP_BARRIER, AT_BLOCK_BARRIER, DONE };
+
+struct State {
+    uint3 block_idx;
+    dim3 block_dim, grid_dim;
+    const char* kernel;
+    Fiber fibers[max_threads];
+    Fiber* current;
+    int threads, fibered;       // threads in a block; whether the block runs as fibers
+    long barriers;              // barriers reached in the block being run
+    void* scheduler_sp;
+    unsigned char* stacks;
+    void (*body)(void*);        // runs the kernel for the current thread
+    void* body_arg;
+    uint64_t exchange[max_threads];  // shuffles: each lane's value, by thread index
+    cudaError_t last_error;
+    int device;
+    size_t allocated;
+    std::unordered_map<void*, size_t> allocations;
+};
+static State state;
+
+[[noreturn]] static inline void die(const char* what) {
+    fprintf(stderr, "cuda_emu: kernel %s: %s\n", state.kernel ? state.kernel : "(none)", what);
+    exit(3);
+}
+
+static inline double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+}  // namespace cuda_emu
+
+// ---- fibers: a context switch saves the callee-saved registers on the old stack and loads the new
+#if defined(__x86_64__)
+extern "C" void cuda_emu_switch(void** save_sp, void* load_sp);
+extern "C" void cuda_emu_fiber_main(void);
+asm(".text\n"
+    ".globl cuda_emu_switch\n"
+    ".type cuda_emu_switch,@function\n"
+    "cuda_emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size cuda_emu_switch, .-cuda_emu_switch\n");
+namespace cuda_emu {
+// a new fiber's stack, as if it had been switched out just before entering cuda_emu_fiber_main
+static inline void* fiber_stack(unsigned char* stack) {
+    uintptr_t top = ((uintptr_t)stack + stack_bytes) & ~(uintptr_t)15;
+    void** sp = (void**)top;
+    *--sp = NULL;                           // return address slot: entered as if called
+    *--sp = (void*)&cuda_emu_fiber_main;    // where `ret` goes
+    for (int i = 0; i < 6; i++) *--sp = NULL;  // rbp rbx r12 r13 r14 r15
+    return sp;
+}
+static inline void switch_to(void** save, void* load) { cuda_emu_switch(save, load); }
+}  // namespace cuda_emu
+#else
+#error "cuda_emu: fibers are written for x86-64 only"
+#endif
+
+namespace cuda_emu {
+
+static inline void yield_to_scheduler(int new_state) {
+    state.current->state = new_state;
+    switch_to(&state.current->sp, state.scheduler_sp);
+}
+
+// all live threads of the block, or all live lanes of the current warp, meet here
+static inline void barrier(int kind) {
+    if (!state.fibered) die("reached a barrier, but its first block reached none; this emulator "
+                            "assumes every block of a launch synchronises alike");
+    state.barriers++;
+    yield_to_scheduler(kind);
+}
+
+static inline int linear_thread(uint3 t) {
+    return (int)(t.x + state.block_dim.x * (t.y + state.block_dim.y * t.z));
+}
+
+template <class T> static inline T shuffle(T value, int src_lane, int valid) {
+    static_assert(sizeof(T) <= 8, "shuffle of a value over 8 bytes");
+    int me = linear_thread(state.current->thread_idx);
+    int warp_base = me - me % 32;
+    uint64_t bits = 0;
+    memcpy(&bits, &value, sizeof(T));
+    state.exchange[me] = bits;
+    barrier(AT_WARP_BARRIER);  // every lane has written
+    int src = warp_base + src_lane;
+    if (valid && src < state.threads) memcpy(&value, &state.exchange[src], sizeof(T));
+    barrier(AT_WARP_BARRIER);  // every lane has read before the next shuffle writes
+    return value;
+}
+
+}  // namespace cuda_emu
+
+static inline void __syncthreads(void) { cuda_emu::barrier(cuda_emu::AT_BLOCK_BARRIER); }
+static inline void __syncwarp(unsigned int mask = 0xffffffffu) {
+    if (mask != 0xffffffffu) cuda_emu::die("__syncwarp with a partial mask is not emulated");
+    cuda_emu::barrier(cuda_emu::AT_WARP_BARRIER);
+}
+template <class T> static inline T __shfl_xor_sync(unsigned int mask, T v, int lane_mask) {
+    if (mask != 0xffffffffu) cuda_emu::die("shuffle with a partial mask is not emulated");
+    int lane = (int)(cuda_emu::linear_thread(cuda_emu::state.current->thread_idx) % 32);
+    return cuda_emu::shuffle(v, lane ^ lane_mask, 1);
+}
+template <class T> static inline T __shfl_sync(unsigned int mask, T v, int src_lane) {
+    if (mask != 0xffffffffu) cuda_emu::die("shuffle with a partial mask is not emulated");
+    return cuda_emu::shuffle(v, src_lane % 32, 1);
+}
+template <class T> static inline T __shfl_down_sync(unsigned int mask, T v, unsigned int delta) {
+    if (mask != 0xffffffffu) cuda_emu::die("shuffle with a partial mask is not emulated");
+    int lane = (int)(cuda_emu::linear_thread(cuda_emu::state.current->thread_idx) % 32);
+    return cuda_emu::shuffle(v, lane + (int)delta, lane + (int)delta < 32);
+}
+
+#define threadIdx (cuda_emu::state.current->thread_idx)
+#define blockIdx (cuda_emu::state.block_idx)
+#define blockDim (cuda_emu::state.block_dim)
+#define gridDim (cuda_emu::state.grid_dim)
+
+extern "C" inline void cuda_emu_fiber_main(void) {
+    cuda_emu::state.body(cuda_emu::state.body_arg);
+    cuda_emu::yield_to_scheduler(cuda_emu::DONE);
+    cuda_emu::die("a finished fiber was resumed");
+}
+
+namespace cuda_emu {
+
+// one block: every thread as a fiber, released from barriers when all it waits for have arrived
+static void run_block_fibers(void) {
+    int n = state.threads;
+    if (state.stacks == NULL) {
+        state.stacks = (unsigned char*)malloc((size_t)max_threads * stack_bytes);
+        if (state.stacks == NULL) die("no memory for fiber stacks");
+    }
+    for (int i = 0; i < n; i++) {
+        state.fibers[i].sp = fiber_stack(state.stacks + (size_t)i * stack_bytes);
+        state.fibers[i].state = RUNNABLE;
+    }
+    int live = n;
+    while (live > 0) {
+        int ran = 0;
+        for (int i = 0; i < n; i++) {
+            if (state.fibers[i].state != RUNNABLE) continue;
+            state.current = &state.fibers[i];
+            switch_to(&state.scheduler_sp, state.fibers[i].sp);
+            ran = 1;
+            if (state.fibers[i].state == DONE) live--;
+        }
+        // a warp barrier opens when every live lane of the warp waits at one
+        int released = 0;
+        for (int w = 0; w < n; w += 32) {
+            int waiting = 0, alive = 0;
+            for (int i = w; i < w + 32 && i < n; i++) {
+                alive += state.fibers[i].state != DONE;
+                waiting += state.fibers[i].state == AT_WARP_BARRIER;
+            }
+            if (waiting > 0 && waiting == alive) {
+                for (int i = w; i < w + 32 && i < n; i++) state.fibers[i].state = RUNNABLE;
+                released = 1;
+            }
+        }
+        if (!released && live > 0) {  // the block barrier: every live thread waits at it
+            int waiting = 0;
+            for (int i = 0; i < n; i++) waiting += state.fibers[i].state == AT_BLOCK_BARRIER;
+            if (waiting == live) {
+                for (int i = 0; i < n; i++) {
+                    if (state.fibers[i].state == AT_BLOCK_BARRIER) state.fibers[i].state = RUNNABLE;
+                }
+                released = 1;
+            }
+        }
+        if (!released && !ran && live > 0) die("deadlock: threads wait at different barriers");
+    }
+}
+
+static void run_block_plain(void) {
+    Fiber* f = &state.fibers[0];
+    state.current = f;
+    for (unsigned z = 0; z < state.block_dim.z; z++)
+        for (unsigned y = 0; y < state.block_dim.y; y++)
+            for (unsigned x = 0; x < state.block_dim.x; x++) {
+                f->thread_idx = {x, y, z};
+                state.body(state.body_arg);
+            }
+}
+
+static void run_grid(void) {
+    dim3 g = state.grid_dim, b = state.block_dim;
+    for (unsigned z = 0; z < b.z; z++)
+        for (unsigned y = 0; y < b.y; y++)
+            for (unsigned x = 0; x < b.x; x++) state.fibers[x + b.x * (y + b.y * z)].thread_idx = {x, y, z};
+    int first = 1;
+    for (unsigned bz = 0; bz < g.z; bz++)
+        for (unsigned by = 0; by < g.y; by++)
+            for (unsigned bx = 0; bx < g.x; bx++) {
+                state.block_idx = {bx, by, bz};
+                if (first || state.fibered) {
+                    state.fibered = 1;
+                    state.barriers = 0;
+                    run_block_fibers();
+                    if (first) state.fibered = state.barriers > 0;
+                    first = 0;
+                } else {
+                    run_block_plain();
+                }
+            }
+}
+
+struct Config {
+    dim3 grid, block;
+    size_t shared_bytes;
+    Config(dim3 g, dim3 b, size_t shared = 0, cudaStream_t stream = 0) : grid(g), block(b), shared_bytes(shared) { (void)stream; }
+};
+
+// the launch: arguments are converted to the kernel's parameter types once, as CUDA does
+template <class... P> struct Launch {
+    const char* name;
+    Config config;
+    void (*kernel)(P...);
+    std::tuple<P...> args;
+    Launch(const char* n, Config c, void (*k)(P...)) : name(n), config(c), kernel(k) {}
+    static void call(void* self) {
+        Launch* l = (Launch*)self;
+        std::apply(l->kernel, l->args);
+    }
+    void operator()(P... p) {
+        args = std::tuple<P...>(p...);
+        dim3 g = config.grid, b = config.block;
+        size_t threads = (size_t)b.x * b.y * b.z;
+        if (threads == 0 || threads > (size_t)max_threads || g.x == 0 || g.y == 0 || g.z == 0 ||
+            g.y > 65535 || g.z > 65535 || config.shared_bytes > 0) {
+            state.last_error = cudaErrorInvalidConfiguration;
+            return;
+        }
+        state.kernel = name;
+        state.grid_dim = g;
+        state.block_dim = b;
+        state.threads = (int)threads;
+        state.body = &Launch::call;
+        state.body_arg = this;
+        run_grid();
+        state.kernel = NULL;
+    }
+};
+template <class... P> static inline Launch<P...> launch(const char* name, Config config, void (*kernel)(P...)) {
+    return Launch<P...>(name, config, kernel);
+}
+
+}  // namespace cuda_emu
+
+static inline cudaError_t cudaGetLastError(void) {
+    cudaError_t e = cuda_emu::state.last_error;
+    cuda_emu::state.last_error = cudaSuccess;
+    return e;
+}
+static inline cudaError_t cudaPeekAtLastError(void) { return cuda_emu::state.last_error; }
+static inline const char* cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+        case cudaSuccess: return "no error";
+        case cudaErrorInvalidValue: return "invalid argument";
+        case cudaErrorMemoryAllocation: return "out of memory";
+        case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+        case cudaErrorInvalidDevice: return "invalid device ordinal";
+        case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    }
+    return "unknown error";
+}
+
+// CUDA_EMU_DEVICES (default 1) emulated GPUs, so tests can choose one GPU per rank or a shared one
+static inline cudaError_t cudaGetDeviceCount(int* count) {
+    const char* v = getenv("CUDA_EMU_DEVICES");
+    *count = v && *v ? atoi(v) : 1;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaSetDevice(int device) {
+    int count;
+    cudaGetDeviceCount(&count);
+    if (device < 0 || device >= count) return cudaErrorInvalidDevice;
+    cuda_emu::state.device = device;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaGetDevice(int* device) { *device = cuda_emu::state.device; return cudaSuccess; }
+static inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+    (void)device;
+    memset(prop, 0, sizeof(*prop));
+    snprintf(prop->name, sizeof(prop->name), "cuda_emu (CPU)");
+    prop->multiProcessorCount = 1;
+    prop->maxThreadsPerBlock = cuda_emu::max_threads;
+    prop->warpSize = 32;
+    prop->totalGlobalMem = cuda_emu::device_bytes;
+    prop->sharedMemPerBlock = 48 << 10;
+    return cudaSuccess;  // major.minor 0.0: no peak FLOP/s is known, so no MFU is printed
+}
+
+static inline cudaError_t cudaMalloc(void** p, size_t bytes) {
+    using cuda_emu::state;
+    *p = NULL;
+    if (state.allocated + bytes > cuda_emu::device_bytes) return cudaErrorMemoryAllocation;
+    // poisoned with NaN-like bytes: a kernel that reads memory nobody wrote shows it
+    void* q = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (q == NULL) return cudaErrorMemoryAllocation;
+    memset(q, 0xff, bytes);
+    state.allocations[q] = bytes;
+    state.allocated += bytes;
+    *p = q;
+    return cudaSuccess;
+}
+template <class T> static inline cudaError_t cudaMalloc(T** p, size_t bytes) { return cudaMalloc((void**)p, bytes); }
+static inline cudaError_t cudaFree(void* p) {
+    using cuda_emu::state;
+    if (p == NULL) return cudaSuccess;
+    auto it = state.allocations.find(p);
+    if (it == state.allocations.end()) return cudaErrorInvalidValue;
+    state.allocated -= it->second;
+    state.allocations.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+static inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+    *total_bytes = cuda_emu::device_bytes;
+    *free_bytes = cuda_emu::device_bytes - cuda_emu::state.allocated;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    (void)kind;
+    if (bytes) memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+static inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s = 0) {
+    (void)s;
+    return cudaMemcpy(dst, src, bytes, kind);
+}
+static inline cudaError_t cudaMemset(void* p, int value, size_t bytes) { memset(p, value, bytes); return cudaSuccess; }
+static inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+
+static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+    (void)flags;
+    *s = (cudaStream_t)malloc(1);
+    return cudaSuccess;
+}
+static inline cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
+static inline cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
+static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+    (void)flags;
+    *e = (cudaEvent_t)calloc(1, sizeof(**e));
+    return cudaSuccess;
+}
+static inline cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
+static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
+static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0) {
+    (void)s;
+    e->ms = cuda_emu::now_ms();
+    return cudaSuccess;
+}
+static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
+static inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
+    *ms = (float)(stop->ms - start->ms);
+    return cudaSuccess;
+}
+static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+    (void)s, (void)e, (void)flags;
+    return cudaSuccess;
+}
+
+#endif

@@ -1,0 +1,70 @@
+"""
+cuda_emu's one source change: copies the project's sources into an output folder, with every
+kernel launch `kernel<<<grid, block[, shared, stream]>>>(args)` rewritten into C++ that g++ accepts:
+`cuda_emu::launch("kernel", cuda_emu::Config(grid, block), kernel)(args)`. Everything else is
+copied as it is, so line numbers in compiler errors still match the originals.
+
+    python3 test/cuda_emu/translate.py OUT_DIR FILE...
+"""
+import os
+import re
+import sys
+
+IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_:]*$")
+
+
+def kernel_start(src, end):
+    """index where the kernel expression that ends at src[end] begins (name, maybe <template args>)"""
+    i = end
+    while i > 0 and src[i - 1].isspace():
+        i -= 1
+    if src[i - 1] == ">":  # template arguments: match back to their '<'
+        depth = 0
+        while i > 0:
+            i -= 1
+            depth += {">": 1, "<": -1}.get(src[i], 0)
+            if depth == 0:
+                break
+    m = IDENT.search(src[:i])
+    if m is None:
+        raise SystemExit("translate.py: no kernel name before '<<<' near: %r" % src[max(0, end - 60):end + 20])
+    return m.start()
+
+
+def translate(src):
+    out, pos = [], 0
+    while True:
+        open_ = src.find("<<<", pos)
+        if open_ < 0:
+            break
+        close = src.find(">>>", open_)
+        if close < 0:
+            raise SystemExit("translate.py: '<<<' without '>>>' near: %r" % src[open_:open_ + 60])
+        start = kernel_start(src, open_)
+        kernel = src[start:open_].strip()
+        config = src[open_ + 3:close]
+        out.append(src[pos:start])
+        out.append('cuda_emu::launch("%s", cuda_emu::Config(%s), %s)' % (kernel, config, kernel))
+        pos = close + 3
+    out.append(src[pos:])
+    return "".join(out)
+
+
+def main():
+    out_dir, files = sys.argv[1], sys.argv[2:]
+    for path in files:
+        with open(path) as f:
+            text = translate(f.read())
+        dest = os.path.join(out_dir, path)
+        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+        old = None
+        if os.path.exists(dest):
+            with open(dest) as f:
+                old = f.read()
+        if old != text:  # unchanged files keep their time stamps, so make rebuilds only what changed
+            with open(dest, "w") as f:
+                f.write(text)
+
+
+if __name__ == "__main__":
+    main()
