@@ -35,10 +35,10 @@ def test(fn):
     return fn
 
 
-def mpirun(np_, args, threads=1, timeout=TIMEOUT, program="./train_gpt2_dp"):
+def mpirun(np_, args, threads=1, timeout=TIMEOUT, program="./train_gpt2_dp", env=None):
     """runs program under mpirun with np_ ranks; returns (returncode, stdout + stderr)"""
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), program] + [str(a) for a in args]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), **(env or {}))
     try:
         p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            timeout=timeout)
@@ -379,7 +379,9 @@ def data_script_reproduces_committed_files():
 
 
 # ---------------------------------------------------------------------------------------------
-# CUDA backend: compiled here whenever nvcc exists; run against the reference when a GPU exists
+# CUDA backend: compiled here whenever nvcc exists; run against the reference when a GPU exists.
+# The same tests also run the CUDA sources under test/cuda_emu, the CPU emulator of the CUDA
+# subset this project uses: kernels, cuBLAS and NCCL semantics checked on machines with no GPU.
 
 
 def have_nvcc():
@@ -402,8 +404,9 @@ def cuda_compiles_for_sm80_and_sm90():
     assert p.returncode == 0 and "cuda-check: all compiled" in out, out[-3000:]
 
 
-def build_cuda(precision, targets):
-    paths = ["build/cuda_%s/%s" % (precision, t) for t in targets]
+def build(kind, precision, targets):
+    """kind 'cuda' (nvcc, for a GPU) or 'emu' (g++ and test/cuda_emu, for the CPU)"""
+    paths = ["build/%s_%s/%s" % (kind, precision, t) for t in targets]
     p = subprocess.run(["make", "-s"] + paths, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     return [os.path.join(ROOT, x) for x in paths]
@@ -430,15 +433,22 @@ def run_gpu_ranks(program, ranks, args, out_dir, timeout=600):
     return outs[0]
 
 
-def compare_gpu_with_reference(precision, ranks):
-    if not have_gpu():
-        raise Skip("no GPU")
+def emu_runner(devices):
+    """ranks under mpirun on `devices` emulated GPUs: one per rank goes through the NCCL calls
+    (emulated over MPI); fewer than the ranks takes the comm layer's host-staged MPI path"""
+    def run(program, ranks, args, out_dir):
+        threads = 2 if ranks == 1 else 1
+        return run_ok(ranks, args, program=program, threads=threads, env=dict(CUDA_EMU_DEVICES=str(devices)))
+    return run
+
+
+def compare_cuda_with_reference(kind, precision, ranks, run):
     ref = reference_run()
-    (program,) = build_cuda(precision, ["train_gpt2_dp"])
-    d = fresh_dir("gpu_%s_np%d" % (precision, ranks))
+    (program,) = build(kind, precision, ["train_gpt2_dp"])
+    d = fresh_dir("%s_%s_np%d" % (kind, precision, ranks))
     grads_path = os.path.join(d, "grads.bin")
     B = REF["batch"] // ranks
-    run_gpu_ranks(program, ranks, trainer_args(ref, B, d, ["-n", REF["steps"], "-dump_grads", grads_path]), d)
+    run(program, ranks, trainer_args(ref, B, d, ["-n", REF["steps"], "-dump_grads", grads_path]), d)
     train, _ = read_log(d)
     _, g_ref = reference.read_model_file(os.path.join(ref["dir"], "grads.bin"))
     _, g = reference.read_model_file(grads_path)
@@ -448,8 +458,8 @@ def compare_gpu_with_reference(precision, ranks):
     loss_err = max(abs(a - b) for a, b in zip(losses, ref["losses"]))
     grad_err = np.linalg.norm(g - g_ref) / np.linalg.norm(g_ref)
     param_max, param_mean = np.abs(p - p_ref).max(), np.abs(p - p_ref).mean()
-    print("    %s %d ranks: loss err %.2e, grad rel err %.2e, param err max %.2e mean %.2e"
-          % (precision, ranks, loss_err, grad_err, param_max, param_mean))
+    print("    %s %s %d ranks: loss err %.2e, grad rel err %.2e, param err max %.2e mean %.2e"
+          % (kind, precision, ranks, loss_err, grad_err, param_max, param_mean))
     # the gradient all-reduce moves P values of the training precision, plus the fp32 loss
     expected = (4 if precision == "FP32" else 2) * len(p_ref) + 4
     assert train[1]["comm_bytes"] == expected, "moved %d bytes, expected %d" % (train[1]["comm_bytes"], expected)
@@ -470,48 +480,70 @@ def compare_gpu_with_reference(precision, ranks):
 
 def make_gpu_test(precision, ranks):
     def fn():
-        compare_gpu_with_reference(precision, ranks)
+        if not have_gpu():
+            raise Skip("no GPU")
+        compare_cuda_with_reference("cuda", precision, ranks, run_gpu_ranks)
     fn.__name__ = "gpu_dp_vs_pytorch_%s_%d_ranks" % (precision.lower(), ranks)
+    return fn
+
+
+def make_emu_test(precision, ranks, devices):
+    def fn():
+        compare_cuda_with_reference("emu", precision, ranks, emu_runner(devices))
+    path = "nccl" if devices >= ranks else "host_staged"
+    fn.__name__ = "emu_dp_vs_pytorch_%s_%d_ranks%s" % (precision.lower(), ranks, "" if ranks == 1 else "_" + path)
     return fn
 
 
 for _precision in ("FP32", "BF16"):
     for _ranks in (1, 2):
         test(make_gpu_test(_precision, _ranks))
+# on the emulator: NCCL (one emulated GPU per rank) in fp32, the host-staged path in bf16
+for _precision, _ranks, _devices in (("FP32", 1, 1), ("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2, 1)):
+    test(make_emu_test(_precision, _ranks, _devices))
 
 
 @test
 def gpu_resume_is_bit_identical_bf16():
     if not have_gpu():
         raise Skip("no GPU")
-    (program,) = build_cuda("BF16", ["train_gpt2_dp"])
+    (program,) = build("cuda", "BF16", ["train_gpt2_dp"])
     check_resume(lambda args, d: run_gpu_ranks(program, 1, args, d), "gpu_resume", 4)
 
 
-def make_gpu_comm_test(ranks):
+@test
+def emu_resume_is_bit_identical_bf16():
+    (program,) = build("emu", "BF16", ["train_gpt2_dp"])
+    check_resume(lambda args, d: emu_runner(1)(program, 1, args, d), "emu_resume", 4)
+
+
+def make_comm_test(kind, ranks, run):
     def fn():
-        if not have_gpu():
+        if kind == "cuda" and not have_gpu():
             raise Skip("no GPU")
-        (program,) = build_cuda("FP32", ["test/test_comm"])
-        out = run_gpu_ranks(program, ranks, [], fresh_dir("gpu_comm_%d" % ranks))
+        (program,) = build(kind, "FP32", ["test/test_comm"])
+        out = run(program, ranks, [], fresh_dir("%s_comm_%d" % (kind, ranks)))
         assert "comm ok" in out, out[-2000:]
-    fn.__name__ = "gpu_comm_collectives_%d_ranks" % ranks
+    fn.__name__ = "%s_comm_collectives_%d_ranks" % ("gpu" if kind == "cuda" else "emu", ranks)
     return fn
 
 
 for _n in (1, 2, 3):
-    test(make_gpu_comm_test(_n))
+    test(make_comm_test("cuda", _n, run_gpu_ranks))
+test(make_comm_test("emu", 1, emu_runner(1)))
+test(make_comm_test("emu", 3, emu_runner(3)))        # NCCL calls
+test(make_comm_test("emu", 2, emu_runner(1)))        # host-staged
 
 
 def dev_cuda_programs():
     return sorted(os.path.splitext(f)[0] for f in os.listdir(os.path.join(ROOT, "dev", "cuda")) if f.endswith(".cu"))
 
 
-def make_dev_cuda_test(precision):
+def make_dev_cuda_test(kind, precision):
     def fn():
-        if not have_gpu():
+        if kind == "cuda" and not have_gpu():
             raise Skip("no GPU")
-        programs = build_cuda(precision, ["dev/cuda/" + name for name in dev_cuda_programs()])
+        programs = build(kind, precision, ["dev/cuda/" + name for name in dev_cuda_programs()])
         failed = []
         for prog in programs:
             p = subprocess.run([prog], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
@@ -520,12 +552,13 @@ def make_dev_cuda_test(precision):
             if p.returncode != 0:
                 failed.append(os.path.basename(prog))
         assert not failed, "dev/cuda validation failed: %s" % failed
-    fn.__name__ = "gpu_dev_cuda_kernels_validate_%s" % precision.lower()
+    fn.__name__ = "%s_dev_cuda_kernels_validate_%s" % ("gpu" if kind == "cuda" else "emu", precision.lower())
     return fn
 
 
-for _precision in ("FP32", "BF16"):
-    test(make_dev_cuda_test(_precision))
+for _kind in ("cuda", "emu"):
+    for _precision in ("FP32", "BF16"):
+        test(make_dev_cuda_test(_kind, _precision))
 
 
 def main():

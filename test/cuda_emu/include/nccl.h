@@ -223,21 +223,29 @@ static inline ncclResult_t ncclGroupEnd(void) {
     if (cuda_emu::nccl_group_depth == 0) return ncclInvalidUsage;
     if (--cuda_emu::nccl_group_depth > 0) return ncclSuccess;
     ncclResult_t result = ncclSuccess;
-#ifdef USE_MPI
-    std::vector<MPI_Request> requests(nccl_group.size());
+    // a communicator of one rank without MPI: its sends go to its own receives, in order
+    size_t next_recv = 0;
     for (size_t i = 0; i < nccl_group.size(); i++) {
         cuda_emu::PendingP2P& p = nccl_group[i];
-        if (!CUDA_EMU_MPI(p.comm)) { result = ncclInvalidUsage; requests[i] = MPI_REQUEST_NULL; continue; }
-        int err = p.send ? MPI_Isend(p.buf, (int)p.bytes, MPI_BYTE, p.peer, 0, p.comm->mpi, &requests[i])
-                         : MPI_Irecv(p.buf, (int)p.bytes, MPI_BYTE, p.peer, 0, p.comm->mpi, &requests[i]);
+        if (CUDA_EMU_MPI(p.comm) || !p.send) continue;
+        while (next_recv < nccl_group.size() && (nccl_group[next_recv].send || nccl_group[next_recv].comm != p.comm)) next_recv++;
+        if (next_recv == nccl_group.size() || nccl_group[next_recv].bytes != p.bytes) { result = ncclInvalidUsage; break; }
+        memmove(nccl_group[next_recv++].buf, p.buf, p.bytes);
+    }
+#ifdef USE_MPI
+    std::vector<MPI_Request> requests;
+    for (cuda_emu::PendingP2P& p : nccl_group) {
+        if (!CUDA_EMU_MPI(p.comm)) continue;
+        requests.push_back(MPI_REQUEST_NULL);
+        int err = p.send ? MPI_Isend(p.buf, (int)p.bytes, MPI_BYTE, p.peer, 0, p.comm->mpi, &requests.back())
+                         : MPI_Irecv(p.buf, (int)p.bytes, MPI_BYTE, p.peer, 0, p.comm->mpi, &requests.back());
         if (err != MPI_SUCCESS) result = ncclSystemError;
     }
     if (!requests.empty() && MPI_Waitall((int)requests.size(), requests.data(), MPI_STATUSES_IGNORE) != MPI_SUCCESS) result = ncclSystemError;
-#else
-    if (!nccl_group.empty()) result = ncclInvalidUsage;
 #endif
     nccl_group.clear();
     return result;
 }
+
 
 #endif
