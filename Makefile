@@ -4,6 +4,8 @@
 #   make train           set up what is missing, build, and run the quick-start training job
 #   make bench           benchmarks (CPU: matmul GFLOP/s and a training step; GPU: dev/bench/bench_gpu.sh)
 #   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90 (no GPU needed)
+#   make build/emu_FP32/train_gpt2_dp   the CUDA backend built for the CPU emulator (test/cuda_emu);
+#                        also build/emu_BF16/..., build/emu_FP32/dev/cuda/<kernel>, build/cuda_BF16/... (nvcc)
 #   make clean
 # CUDA options: PRECISION=BF16|FP32 (default BF16), GPU_COMPUTE_CAPABILITY=90 (default: read off the
 # GPU), NCCL_HOME=/path (else /usr/local/cuda, system paths, then NCCL from Python packages).

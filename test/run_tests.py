@@ -433,12 +433,14 @@ def run_gpu_ranks(program, ranks, args, out_dir, timeout=600):
     return outs[0]
 
 
-def emu_runner(devices):
+def emu_runner(devices, order="forward"):
     """ranks under mpirun on `devices` emulated GPUs: one per rank goes through the NCCL calls
-    (emulated over MPI); fewer than the ranks takes the comm layer's host-staged MPI path"""
+    (emulated over MPI); fewer than the ranks takes the comm layer's host-staged MPI path.
+    order "reverse" runs each kernel's threads and blocks last to first."""
     def run(program, ranks, args, out_dir):
         threads = 2 if ranks == 1 else 1
-        return run_ok(ranks, args, program=program, threads=threads, env=dict(CUDA_EMU_DEVICES=str(devices)))
+        env = dict(CUDA_EMU_DEVICES=str(devices), CUDA_EMU_ORDER=order)
+        return run_ok(ranks, args, program=program, threads=threads, env=env)
     return run
 
 
@@ -490,8 +492,8 @@ def make_gpu_test(precision, ranks):
 def make_emu_test(precision, ranks, devices):
     def fn():
         compare_cuda_with_reference("emu", precision, ranks, emu_runner(devices))
-    path = "nccl" if devices >= ranks else "host_staged"
-    fn.__name__ = "emu_dp_vs_pytorch_%s_%d_ranks%s" % (precision.lower(), ranks, "" if ranks == 1 else "_" + path)
+    path = "" if ranks == 1 else "_nccl" if devices >= ranks else "_host_staged"
+    fn.__name__ = "emu_dp_vs_pytorch_%s_%d_ranks%s" % (precision.lower(), ranks, path)
     return fn
 
 
@@ -501,6 +503,21 @@ for _precision in ("FP32", "BF16"):
 # on the emulator: NCCL (one emulated GPU per rank) in fp32, the host-staged path in bf16
 for _precision, _ranks, _devices in (("FP32", 1, 1), ("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2, 1)):
     test(make_emu_test(_precision, _ranks, _devices))
+
+
+@test
+def emu_results_do_not_depend_on_thread_order():
+    """every CUDA reduction has a fixed order (no float atomics), so running each kernel's threads
+    and blocks last to first instead of first to last must not change a single bit"""
+    ref = reference_run()
+    (program,) = build("emu", "BF16", ["train_gpt2_dp"])
+    models = []
+    for order in ("forward", "reverse"):
+        d = fresh_dir("emu_order_" + order)
+        emu_runner(1, order)(program, 1, trainer_args(ref, REF["batch"], d, ["-n", REF["steps"]]), d)
+        with open(os.path.join(d, "model_%08d.bin" % REF["steps"]), "rb") as f:
+            models.append(f.read())
+    assert models[0] == models[1], "final bf16 weights differ between thread orders"
 
 
 @test
@@ -545,12 +562,16 @@ def make_dev_cuda_test(kind, precision):
             raise Skip("no GPU")
         programs = build(kind, precision, ["dev/cuda/" + name for name in dev_cuda_programs()])
         failed = []
+        # the emulator runs each program twice: threads and blocks first to last, then last to first
+        orders = ["forward"] if kind == "cuda" else ["forward", "reverse"]
         for prog in programs:
-            p = subprocess.run([prog], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
-            out = p.stdout.decode("utf-8", "replace")
-            print("\n".join("    " + line for line in out.strip().splitlines()))
-            if p.returncode != 0:
-                failed.append(os.path.basename(prog))
+            for order in orders:
+                env = dict(os.environ, CUDA_EMU_ORDER=order)
+                p = subprocess.run([prog], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+                out = p.stdout.decode("utf-8", "replace")
+                print("\n".join("    " + line for line in out.strip().splitlines()))
+                if p.returncode != 0:
+                    failed.append("%s (%s)" % (os.path.basename(prog), order))
         assert not failed, "dev/cuda validation failed: %s" % failed
     fn.__name__ = "%s_dev_cuda_kernels_validate_%s" % ("gpu" if kind == "cuda" else "emu", precision.lower())
     return fn

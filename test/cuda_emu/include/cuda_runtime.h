@@ -7,6 +7,8 @@
 // __syncthreads (all live threads of the block), at __syncwarp and the shuffles (all live lanes of
 // its warp), and when it returns. Blocks run one after another, so __shared__ variables are plain
 // statics. Kernels that reach no barrier in their first block run the rest as plain calls.
+// CUDA_EMU_ORDER=reverse runs threads and blocks last to first: a kernel whose result depends on
+// the order (a missing barrier, a race between blocks) gives a different answer one way or the other.
 // Device memory is host memory; every call is synchronous; streams and events only keep time.
 //
 // Build (see the Makefile's build/emu_* rules): test/cuda_emu/translate.py rewrites each
@@ -93,6 +95,7 @@ struct State {
     Fiber fibers[max_threads];
     Fiber* current;
     int threads, fibered;       // threads in a block; whether the block runs as fibers
+    int reverse;                // CUDA_EMU_ORDER=reverse: threads and blocks last to first
     long barriers;              // barriers reached in the block being run
     void* scheduler_sp;
     unsigned char* stacks;
@@ -231,7 +234,8 @@ static void run_block_fibers(void) {
     int live = n;
     while (live > 0) {
         int ran = 0;
-        for (int i = 0; i < n; i++) {
+        for (int j = 0; j < n; j++) {
+            int i = state.reverse ? n - 1 - j : j;
             if (state.fibers[i].state != RUNNABLE) continue;
             state.current = &state.fibers[i];
             switch_to(&state.scheduler_sp, state.fibers[i].sp);
@@ -265,37 +269,42 @@ static void run_block_fibers(void) {
     }
 }
 
+// the i-th of n ordered (x fastest) indices of extent d, or the i-th from the end when reversed
+static inline uint3 index_3d(size_t i, dim3 d, size_t n) {
+    if (state.reverse) i = n - 1 - i;
+    return {(unsigned)(i % d.x), (unsigned)(i / d.x % d.y), (unsigned)(i / d.x / d.y)};
+}
+
 static void run_block_plain(void) {
     Fiber* f = &state.fibers[0];
     state.current = f;
-    for (unsigned z = 0; z < state.block_dim.z; z++)
-        for (unsigned y = 0; y < state.block_dim.y; y++)
-            for (unsigned x = 0; x < state.block_dim.x; x++) {
-                f->thread_idx = {x, y, z};
-                state.body(state.body_arg);
-            }
+    for (int i = 0; i < state.threads; i++) {
+        f->thread_idx = index_3d(i, state.block_dim, state.threads);
+        state.body(state.body_arg);
+    }
 }
 
 static void run_grid(void) {
     dim3 g = state.grid_dim, b = state.block_dim;
+    const char* order = getenv("CUDA_EMU_ORDER");
+    state.reverse = order != NULL && strcmp(order, "reverse") == 0;
     for (unsigned z = 0; z < b.z; z++)
         for (unsigned y = 0; y < b.y; y++)
             for (unsigned x = 0; x < b.x; x++) state.fibers[x + b.x * (y + b.y * z)].thread_idx = {x, y, z};
     int first = 1;
-    for (unsigned bz = 0; bz < g.z; bz++)
-        for (unsigned by = 0; by < g.y; by++)
-            for (unsigned bx = 0; bx < g.x; bx++) {
-                state.block_idx = {bx, by, bz};
-                if (first || state.fibered) {
-                    state.fibered = 1;
-                    state.barriers = 0;
-                    run_block_fibers();
-                    if (first) state.fibered = state.barriers > 0;
-                    first = 0;
-                } else {
-                    run_block_plain();
-                }
-            }
+    size_t blocks = (size_t)g.x * g.y * g.z;
+    for (size_t blk = 0; blk < blocks; blk++) {
+        state.block_idx = index_3d(blk, g, blocks);
+        if (first || state.fibered) {
+            state.fibered = 1;
+            state.barriers = 0;
+            run_block_fibers();
+            if (first) state.fibered = state.barriers > 0;
+            first = 0;
+        } else {
+            run_block_plain();
+        }
+    }
 }
 
 struct Config {

@@ -138,28 +138,34 @@ static inline MPI_Op cuda_emu_mpi_op(ncclRedOp_t op) {
 #define CUDA_EMU_MPI(comm) 0
 #endif
 
-static inline ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                                         ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
-    if (count > (size_t)1 << 30) return ncclInvalidArgument;
-    float* f = cuda_emu::nccl_to_floats(send, count, type);
+// all-reduce (scatter 0) or reduce-scatter (scatter 1, each rank keeps its block of count)
+static inline ncclResult_t cuda_emu_reduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                           ncclRedOp_t op, ncclComm_t comm, int scatter) {
+    size_t in_count = scatter ? count * comm->size : count;
+    if (in_count > (size_t)1 << 30) return ncclInvalidArgument;
+    float* f = cuda_emu::nccl_to_floats(send, in_count, type);
 #ifdef USE_MPI
-    if (CUDA_EMU_MPI(comm) && MPI_Allreduce(MPI_IN_PLACE, f, (int)count, MPI_FLOAT, cuda_emu_mpi_op(op), comm->mpi) != MPI_SUCCESS) return ncclSystemError;
+    if (CUDA_EMU_MPI(comm)) {
+        int err = scatter ? MPI_Reduce_scatter_block(MPI_IN_PLACE, f, (int)count, MPI_FLOAT, cuda_emu_mpi_op(op), comm->mpi)
+                          : MPI_Allreduce(MPI_IN_PLACE, f, (int)count, MPI_FLOAT, cuda_emu_mpi_op(op), comm->mpi);
+        if (err != MPI_SUCCESS) {
+            free(f);
+            return ncclSystemError;
+        }
+    }
 #endif
     cuda_emu::nccl_from_floats(recv, f, count, type, op == ncclAvg ? 1.0f / (float)comm->size : 1.0f);
     return ncclSuccess;
 }
-
+static inline ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                                         ncclComm_t comm, cudaStream_t stream) {
+    (void)stream;
+    return cuda_emu_reduce(send, recv, count, type, op, comm, 0);
+}
 static inline ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                                              ncclComm_t comm, cudaStream_t stream) {
     (void)stream;
-    if (count * comm->size > (size_t)1 << 30) return ncclInvalidArgument;
-    float* f = cuda_emu::nccl_to_floats(send, count * comm->size, type);
-#ifdef USE_MPI
-    if (CUDA_EMU_MPI(comm) && MPI_Reduce_scatter_block(MPI_IN_PLACE, f, (int)count, MPI_FLOAT, cuda_emu_mpi_op(op), comm->mpi) != MPI_SUCCESS) return ncclSystemError;
-#endif
-    cuda_emu::nccl_from_floats(recv, f, count, type, op == ncclAvg ? 1.0f / (float)comm->size : 1.0f);
-    return ncclSuccess;
+    return cuda_emu_reduce(send, recv, count, type, op, comm, 1);
 }
 
 static inline ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t comm,
