@@ -80,6 +80,8 @@ namespace cuda_emu {
 static const size_t device_bytes = (size_t)80 << 30;  // what cudaMemGetInfo reports as total
 static const int stack_bytes = 64 << 10;              // per fiber
 static const int max_threads = 1024;
+static const size_t guard_bytes = 256;                // before and after every allocation
+static const unsigned char guard_value = 0xa5;
 
 struct Fiber {
     void* sp;  // saved stack pointer while the fiber is switched out
@@ -112,6 +114,21 @@ static State state;
 [[noreturn]] static inline void die(const char* what) {
     fprintf(stderr, "cuda_emu: kernel %s: %s\n", state.kernel ? state.kernel : "(none)", what);
     exit(3);
+}
+
+// every allocation sits between two guard zones; a kernel, GEMM or collective that writes past
+// either end of a buffer is named as soon as it returns
+static inline void check_guards(const char* what) {
+    for (auto& a : state.allocations) {
+        const unsigned char* p = (const unsigned char*)a.first;
+        for (size_t i = 0; i < guard_bytes; i++) {
+            if (p[-1 - (long)i] != guard_value || p[a.second + i] != guard_value) {
+                fprintf(stderr, "cuda_emu: %s wrote outside a device buffer of %zu bytes (%zu bytes %s it)\n", what,
+                        a.second, i + 1, p[-1 - (long)i] != guard_value ? "before" : "after");
+                exit(3);
+            }
+        }
+    }
 }
 
 static inline double now_ms(void) {
@@ -340,6 +357,7 @@ template <class... P> struct Launch {
         state.body = &Launch::call;
         state.body_arg = this;
         run_grid();
+        check_guards(name);
         state.kernel = NULL;
     }
 };
@@ -397,10 +415,13 @@ static inline cudaError_t cudaMalloc(void** p, size_t bytes) {
     using cuda_emu::state;
     *p = NULL;
     if (state.allocated + bytes > cuda_emu::device_bytes) return cudaErrorMemoryAllocation;
-    // poisoned with NaN-like bytes: a kernel that reads memory nobody wrote shows it
-    void* q = aligned_alloc(256, (bytes + 255) / 256 * 256);
-    if (q == NULL) return cudaErrorMemoryAllocation;
-    memset(q, 0xff, bytes);
+    size_t guard = cuda_emu::guard_bytes;
+    unsigned char* base = (unsigned char*)aligned_alloc(256, guard + (bytes + guard + 255) / 256 * 256);
+    if (base == NULL) return cudaErrorMemoryAllocation;
+    unsigned char* q = base + guard;
+    memset(base, cuda_emu::guard_value, guard);
+    memset(q, 0xff, bytes);  // NaN bytes: a kernel that reads memory nobody wrote shows it
+    memset(q + bytes, cuda_emu::guard_value, guard);
     state.allocations[q] = bytes;
     state.allocated += bytes;
     *p = q;
@@ -414,7 +435,7 @@ static inline cudaError_t cudaFree(void* p) {
     if (it == state.allocations.end()) return cudaErrorInvalidValue;
     state.allocated -= it->second;
     state.allocations.erase(it);
-    free(p);
+    free((unsigned char*)p - cuda_emu::guard_bytes);
     return cudaSuccess;
 }
 static inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
