@@ -37,7 +37,8 @@ typedef struct {
     float* ln1_rstd;    // (L, B, T)
     floatX* qkv;        // (L, B, T, 3C)
     floatX* atty;       // (L, B, T, C)   attention output before its projection
-    floatX* att;        // (L, B, NH, T, T) softmax probabilities
+    char* att_state;    // (L, attention_state_bytes) what attention keeps for its backward pass:
+                        // the (B, NH, T, T) probabilities, or the flash path's (B, NH, T) lse
     floatX* attproj;    // (L, B, T, C)
     floatX* residual2;  // (L, B, T, C)   residual stream after attention
     floatX* ln2;        // (L, B, T, C)
@@ -87,7 +88,8 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
         {(void**)&a->encoded, BT * C, X},       {(void**)&a->ln1, L * BT * C, X},
         {(void**)&a->ln1_mean, L * BT, F},      {(void**)&a->ln1_rstd, L * BT, F},
         {(void**)&a->qkv, L * BT * 3 * C, X},   {(void**)&a->atty, L * BT * C, X},
-        {(void**)&a->att, L * B * NH * T * T, X}, {(void**)&a->attproj, L * BT * C, X},
+        {(void**)&a->att_state, L * attention_state_bytes(B, T, C, NH), 1},
+        {(void**)&a->attproj, L * BT * C, X},
         {(void**)&a->residual2, L * BT * C, X}, {(void**)&a->ln2, L * BT * C, X},
         {(void**)&a->ln2_mean, L * BT, F},      {(void**)&a->ln2_rstd, L * BT, F},
         {(void**)&a->fch, L * BT * 4 * C, X},   {(void**)&a->fch_gelu, L * BT * 4 * C, X},
@@ -189,7 +191,7 @@ static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
         floatX* fcproj = a.fcproj + l * BTC;
         // attention block: residual2 = x + proj(attention(ln1(x))); ln1(x) is already computed
         matmul_forward(qkv, a.ln1 + l * BTC, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, B * T, C, 3 * C);
-        attention_forward(atty, a.att + (size_t)l * B * NH * T * T, qkv, B, T, C, NH);
+        attention_forward(atty, a.att_state + l * attention_state_bytes(B, T, C, NH), qkv, B, T, C, NH);
         matmul_forward(attproj, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, B * T, C, C);
         fused_residual_layernorm_forward(residual2, a.ln2 + l * BTC, a.ln2_mean + l * BT,
                                          a.ln2_rstd + l * BT, residual, attproj, p.ln2w + l * C,
@@ -254,8 +256,8 @@ static void gpt2_backward(GPT2* model, int B, int T) {
         // attention block
         matmul_backward(a.dbuf, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, a.dresidual,
                         a.atty + l * BTC, p.attprojw + (size_t)l * C * C, B * T, C, C);
-        attention_backward(a.dqkv, a.dbuf, a.qkv + l * BTC * 3, a.att + (size_t)l * B * NH * T * T,
-                           B, T, C, NH);
+        attention_backward(a.dqkv, a.dbuf, a.qkv + l * BTC * 3, a.atty + l * BTC,
+                           a.att_state + l * attention_state_bytes(B, T, C, NH), B, T, C, NH);
         matmul_backward(a.dbuf, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, a.dqkv,
                         a.ln1 + l * BTC, p.qkvw + (size_t)l * 3 * C * C, B * T, C, 3 * C);
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, a.dbuf, residual,

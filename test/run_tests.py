@@ -433,13 +433,14 @@ def run_gpu_ranks(program, ranks, args, out_dir, timeout=600):
     return outs[0]
 
 
-def emu_runner(devices, order="forward"):
+def emu_runner(devices, order="forward", attention=None):
     """ranks under mpirun on `devices` emulated GPUs: one per rank goes through the NCCL calls
     (emulated over MPI); fewer than the ranks takes the comm layer's host-staged MPI path.
-    order "reverse" runs each kernel's threads and blocks last to first."""
+    order "reverse" runs each kernel's threads and blocks last to first; attention "cublas"
+    makes bf16 builds take the cuBLAS attention path instead of flash attention."""
     def run(program, ranks, args, out_dir):
         threads = 2 if ranks == 1 else 1
-        env = dict(CUDA_EMU_DEVICES=str(devices), CUDA_EMU_ORDER=order)
+        env = dict(CUDA_EMU_DEVICES=str(devices), CUDA_EMU_ORDER=order, LLMC_ATTENTION=attention or "")
         return run_ok(ranks, args, program=program, threads=threads, env=env)
     return run
 
@@ -489,10 +490,12 @@ def make_gpu_test(precision, ranks):
     return fn
 
 
-def make_emu_test(precision, ranks, devices):
+def make_emu_test(precision, ranks, devices, attention=None):
     def fn():
-        compare_cuda_with_reference("emu", precision, ranks, emu_runner(devices))
+        compare_cuda_with_reference("emu", precision, ranks, emu_runner(devices, attention=attention))
     path = "" if ranks == 1 else "_nccl" if devices >= ranks else "_host_staged"
+    if precision == "BF16":  # the attention path: flash, unless asked for cuBLAS
+        path += "_" + (attention or "flash") + "_attention"
     fn.__name__ = "emu_dp_vs_pytorch_%s_%d_ranks%s" % (precision.lower(), ranks, path)
     return fn
 
@@ -503,6 +506,7 @@ for _precision in ("FP32", "BF16"):
 # on the emulator: NCCL (one emulated GPU per rank) in fp32, the host-staged path in bf16
 for _precision, _ranks, _devices in (("FP32", 1, 1), ("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2, 1)):
     test(make_emu_test(_precision, _ranks, _devices))
+test(make_emu_test("BF16", 1, 1, "cublas"))
 
 
 @test

@@ -10,6 +10,10 @@ v3: flash-style (Dao et al. 2022): no T x T matrix at all. From each query row's
     (what an online-softmax forward keeps) the probabilities are recomputed where needed,
     p = exp(q.k / sqrt(hs) - lse); D = dout . out replaces the row sums of v1. One warp per query
     row accumulates dq, one warp per key row accumulates dk and dv, 32 keys or queries at a time.
+v4: flash attention backward on tensor cores (llmc/cuda/flash_attention.cuh, bf16 builds; after
+    FlashAttention-2): v3's recomputation with whole tiles. One kernel gives dk and dv (a block
+    owns 64 keys and walks the queries 32 at a time), another dq (64 queries, keys 32 at a time);
+    every product is a 16 x 16 x 16 WMMA. llmc's path in bf16; v2 is llmc's path in fp32.
 */
 #include "common.h"
 namespace cpu {
@@ -211,7 +215,7 @@ static void attention_backward_v3(floatX* dqkv, float* lse, float* D, const floa
 }
 
 int main(void) {
-    int B = GPU_OR_EMU(4, 2), T = GPU_OR_EMU(512, 64), C = GPU_OR_EMU(768, 128), NH = GPU_OR_EMU(12, 2);
+    int B = GPU_OR_EMU(4, 2), T = GPU_OR_EMU(512, 100), C = GPU_OR_EMU(768, 128), NH = GPU_OR_EMU(12, 2);
     float* qkv = random_floats((size_t)B * T * 3 * C, 1.0f);
     float* dout = random_floats((size_t)B * T * C, 1.0f);
     round_like_floatX(qkv, (size_t)B * T * 3 * C);
@@ -220,13 +224,13 @@ int main(void) {
     float* att = (float*)malloc_check((size_t)B * NH * T * T * sizeof(float));
     float* dqkv = (float*)malloc_check((size_t)B * T * 3 * C * sizeof(float));
     cpu::attention_forward(out, att, qkv, B, T, C, NH);
-    cpu::attention_backward(dqkv, dout, qkv, att, B, T, C, NH);
+    cpu::attention_backward(dqkv, dout, qkv, out, att, B, T, C, NH);
 
     floatX *d_qkv = to_device(qkv, (size_t)B * T * 3 * C), *d_dout = to_device(dout, (size_t)B * T * C);
     floatX* d_out = (floatX*)device_malloc((size_t)B * T * C * sizeof(floatX));
     floatX* d_att = (floatX*)device_malloc((size_t)B * NH * T * T * sizeof(floatX));
     floatX* d_dqkv = (floatX*)device_malloc((size_t)B * T * 3 * C * sizeof(floatX));
-    attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
+    attention_forward_cublas(d_out, d_att, d_qkv, B, T, C, NH);
     double flops = 8.0 * B * NH * (double)T * T / 2 * (C / NH);
     float tol = FLOATX_IS_FLOAT ? 1e-4f : 5e-2f, ms;  // bf16: att itself is rounded to 8 bits
     int ok = 1;
@@ -242,9 +246,9 @@ int main(void) {
                         attention_backward_v1_keys<<<ceil_div(rows, 8), 256>>>(d_dqkv, d_dscores, d_dout, d_qkv, d_att, B, T, C, NH)));
     report("v1 two passes", ms, 0, flops);
 
-    attention_backward(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH);
+    attention_backward_cublas(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH);
     ok &= validate("v2 dqkv", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
-    TIME_KERNEL(ms, 10, attention_backward(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH));
+    TIME_KERNEL(ms, 10, attention_backward_cublas(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH));
     report("v2 cuBLAS batched", ms, 0, flops);
 
     float* d_lse = (float*)device_malloc(rows * sizeof(float));
@@ -254,5 +258,16 @@ int main(void) {
     ok &= validate("v3 dqkv (flash)", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
     TIME_KERNEL(ms, 3, attention_backward_v3(d_dqkv, d_lse, d_D, d_dout, d_qkv, d_out, B, T, C, NH));
     report("v3 flash-style", ms, 0, flops);
+
+#if FLOATX_IS_FLOAT
+    printf("  v4 flash (WMMA)        bf16 builds only\n");
+#else
+    attention_forward_flash(d_out, d_lse, d_qkv, B, T, C, NH);  // the lse it keeps
+    device_memset_zero(d_dqkv, (size_t)B * T * 3 * C * sizeof(floatX));
+    attention_backward_flash(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+    ok &= validate("v4 dqkv (flash WMMA)", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
+    TIME_KERNEL(ms, 10, attention_backward_flash(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
+    report("v4 flash (WMMA)", ms, 0, flops);
+#endif
     return finish(ok);
 }

@@ -8,7 +8,10 @@ v2: one warp per query row with an online softmax (Milakov & Gimelshein 2018; th
     rescale the partial output, and no T x T matrix is ever stored; only the log-sum-exp of each
     row (B, NH, T) is kept, which is what a flash-style backward needs to recompute the scores.
 v3: cuBLAS batched GEMMs for q k^T and att v on tensor cores, a softmax kernel between them
-    (llmc/cuda/attention.cuh): stores the probabilities like v1, much faster.
+    (llmc/cuda/attention.cuh): stores the probabilities like v1, much faster. llmc's path in fp32.
+v4: flash attention on tensor cores (llmc/cuda/flash_attention.cuh, bf16 builds): v2's online
+    softmax with whole tiles: a warp takes 16 queries, the block 64, keys come 32 at a time, and
+    q k^T and p v are 16 x 16 x 16 WMMA products. llmc's path in bf16.
 */
 #include "common.h"
 namespace cpu {
@@ -106,7 +109,7 @@ __global__ void attention_forward_v2(floatX* out, float* lse, const floatX* qkv,
 }
 
 int main(void) {
-    int B = GPU_OR_EMU(4, 2), T = GPU_OR_EMU(1024, 64), C = GPU_OR_EMU(768, 128), NH = GPU_OR_EMU(12, 2);
+    int B = GPU_OR_EMU(4, 2), T = GPU_OR_EMU(1024, 100), C = GPU_OR_EMU(768, 128), NH = GPU_OR_EMU(12, 2);
     float* qkv = random_floats((size_t)B * T * 3 * C, 1.0f);
     round_like_floatX(qkv, (size_t)B * T * 3 * C);
     float* out = (float*)malloc_check((size_t)B * T * C * sizeof(float));
@@ -136,10 +139,20 @@ int main(void) {
     TIME_KERNEL(ms, 5, (attention_forward_v2<<<ceil_div(rows, 8), 256>>>(d_out, d_lse, d_qkv, B, T, C, NH)));
     report("v2 online softmax", ms, 0, flops);
 
-    attention_forward(d_out, d_att, d_qkv, B, T, C, NH);
+    attention_forward_cublas(d_out, d_att, d_qkv, B, T, C, NH);
     ok &= validate("v3 out", d_out, out, (size_t)B * T * C, tol);
     ok &= validate("v3 att", d_att, att, (size_t)B * NH * T * T, tol);
-    TIME_KERNEL(ms, 10, attention_forward(d_out, d_att, d_qkv, B, T, C, NH));
+    TIME_KERNEL(ms, 10, attention_forward_cublas(d_out, d_att, d_qkv, B, T, C, NH));
     report("v3 cuBLAS batched", ms, 0, flops);
+
+#if FLOATX_IS_FLOAT
+    printf("  v4 flash (WMMA)        bf16 builds only\n");
+#else
+    device_memset_zero(d_out, (size_t)B * T * C * sizeof(floatX));
+    attention_forward_flash(d_out, d_lse, d_qkv, B, T, C, NH);
+    ok &= validate("v4 out", d_out, out, (size_t)B * T * C, tol);
+    TIME_KERNEL(ms, 10, attention_forward_flash(d_out, d_lse, d_qkv, B, T, C, NH));
+    report("v4 flash (WMMA)", ms, 0, flops);
+#endif
     return finish(ok);
 }

@@ -5,11 +5,18 @@
 #include <math.h>
 #include <string.h>
 
+// what attention_forward keeps for attention_backward (per layer): the softmax probabilities
+// att (B, NH, T, T), zero above the diagonal. The CUDA backend's flash path keeps less.
+static inline size_t attention_state_bytes(int B, int T, int C, int NH) {
+    (void)C;
+    return (size_t)B * NH * T * T * sizeof(float);
+}
+
 // qkv (B, T, 3C) holds q, k, v side by side, each split into NH heads of size hs = C / NH.
-// out (B, T, C) = attention output; att (B, NH, T, T) saves the softmax probabilities (zero above
-// the diagonal) for the backward pass.
-static inline void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+// out (B, T, C) = attention output; state: the probabilities att, for the backward pass.
+static inline void attention_forward(float* out, void* state, const float* qkv, int B, int T, int C,
                               int NH) {
+    float* att = (float*)state;
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(3)
@@ -45,10 +52,13 @@ static inline void attention_forward(float* out, float* att, const float* qkv, i
     }
 }
 
-// dqkv (B, T, 3C) = gradient of the attention output dout (B, T, C) (overwritten).
-// Threads own whole (batch, head) pairs, so their writes into dqkv never overlap.
-static inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
-                               int B, int T, int C, int NH) {
+// dqkv (B, T, 3C) = gradient of the attention output dout (B, T, C) (overwritten). out, the
+// forward's output, is used by the CUDA flash path only. Threads own whole (batch, head) pairs,
+// so their writes into dqkv never overlap.
+static inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                               const void* state, int B, int T, int C, int NH) {
+    const float* att = (const float*)state;
+    (void)out;
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(2)

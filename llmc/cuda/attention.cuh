@@ -1,6 +1,10 @@
-// Causal multi-head self-attention on CUDA: q k^T and att v run as batched GEMMs on tensor cores
-// (one GEMM per batch x head, through cuBLAS), with the causal softmax as a kernel between them.
-// The softmax probabilities att (B, NH, T, T) are stored for the backward pass, as on the CPU.
+// Causal multi-head self-attention on CUDA, two paths behind one launcher:
+// - flash (flash_attention.cuh): fused kernels on tensor cores, no T x T matrix in memory; the
+//   default in bf16 builds for head sizes 16, 32 and 64 (GPT-2's is 64);
+// - cuBLAS (below): q k^T and att v as batched GEMMs on tensor cores (one GEMM per batch x head),
+//   the causal softmax as a kernel between them, the probabilities att (B, NH, T, T) stored for the
+//   backward pass as on the CPU. FP32 builds use it (strict fp32, for exact comparison with the
+//   reference), as do other head sizes, and LLMC_ATTENTION=cublas in the environment.
 // qkv (B, T, 3C) holds q, k, v side by side, each split into NH heads of size hs = C / NH.
 //
 // cuBLAS is column-major: a row-major (T, hs) matrix is a column-major (hs, T) one. Writing Xc
@@ -11,6 +15,7 @@
 #include <cublas_v2.h>
 #include "device.cuh"
 #include "matmul.cuh"
+#include "flash_attention.cuh"
 
 static cublasHandle_t cublas_handle = NULL;
 
@@ -102,8 +107,8 @@ static floatX* attention_split_qkv(const floatX* qkv, int B, int T, int C, int N
 }
 
 // out (B, T, C) = attention output; att (B, NH, T, T) = the probabilities, zero above the diagonal
-static inline void attention_forward(floatX* out, floatX* att, const floatX* qkv, int B, int T,
-                                     int C, int NH) {
+static inline void attention_forward_cublas(floatX* out, floatX* att, const floatX* qkv, int B, int T,
+                                            int C, int NH) {
     int hs = C / NH;
     size_t n = (size_t)B * T * C, rows = (size_t)B * NH * T;
     long head = (long)T * hs, square = (long)T * T;
@@ -120,8 +125,8 @@ static inline void attention_forward(floatX* out, floatX* att, const floatX* qkv
 }
 
 // dqkv (B, T, 3C) = gradient of the attention output dout (B, T, C) (overwritten)
-static inline void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv,
-                                      const floatX* att, int B, int T, int C, int NH) {
+static inline void attention_backward_cublas(floatX* dqkv, const floatX* dout, const floatX* qkv,
+                                             const floatX* att, int B, int T, int C, int NH) {
     int hs = C / NH;
     size_t n = (size_t)B * T * C, rows = (size_t)B * NH * T;
     long head = (long)T * hs, square = (long)T * T;
@@ -142,6 +147,50 @@ static inline void attention_backward(floatX* dqkv, const floatX* dout, const fl
     attention_layout(dqkv, dy, 0, B, T, NH, hs, 3 * C, 0);
     attention_layout(dqkv, k, 0, B, T, NH, hs, 3 * C, C);
     attention_layout(dqkv, v, 0, B, T, NH, hs, 3 * C, 2 * C);
+}
+
+static inline int attention_uses_flash(int C, int NH) {
+#if FLOATX_IS_FLOAT
+    (void)C;
+    (void)NH;
+    return 0;
+#else
+    const char* choice = getenv("LLMC_ATTENTION");
+    if (choice != NULL && strcmp(choice, "cublas") == 0) return 0;
+    return flash_attention_supported(C / NH);
+#endif
+}
+
+// what attention_forward keeps for attention_backward, per layer: the flash path's log-sum-exp
+// of each row (B, NH, T), or the cuBLAS path's probabilities (B, NH, T, T)
+static inline size_t attention_state_bytes(int B, int T, int C, int NH) {
+    if (attention_uses_flash(C, NH)) return (size_t)B * NH * T * sizeof(float);
+    return (size_t)B * NH * T * T * sizeof(floatX);
+}
+
+static inline void attention_forward(floatX* out, void* state, const floatX* qkv, int B, int T,
+                                     int C, int NH) {
+#if !FLOATX_IS_FLOAT
+    if (attention_uses_flash(C, NH)) {
+        attention_forward_flash(out, (float*)state, qkv, B, T, C, NH);
+        return;
+    }
+#endif
+    attention_forward_cublas(out, (floatX*)state, qkv, B, T, C, NH);
+}
+
+// out: the forward's output (B, T, C), which the flash path needs
+static inline void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv,
+                                      const floatX* out, const void* state, int B, int T, int C,
+                                      int NH) {
+#if !FLOATX_IS_FLOAT
+    if (attention_uses_flash(C, NH)) {
+        attention_backward_flash(dqkv, dout, qkv, out, (const float*)state, B, T, C, NH);
+        return;
+    }
+#endif
+    (void)out;
+    attention_backward_cublas(dqkv, dout, qkv, (const floatX*)state, B, T, C, NH);
 }
 
 #endif
