@@ -21,6 +21,8 @@ namespace wmma = nvcuda::wmma;
 #define FLASH_ROWS 16                             // rows per warp: one WMMA tile
 #define FLASH_BLOCK_ROWS (FLASH_WARPS * FLASH_ROWS)  // 64 rows per block
 #define FLASH_STEP 32                             // keys (or queries) per step of the inner loop
+#define FLASH_LDS (FLASH_STEP + 4)  // row stride of score tiles in shared memory: the padding
+                                    // spreads the rows the lanes read over more banks
 
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, floatX, wmma::row_major> FragA;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::row_major> FragB;
@@ -40,7 +42,8 @@ __device__ void flash_load(floatX* tile, const floatX* x, int width, int offset,
     }
 }
 
-// s (16, 32) = a (16, HS) b^T, with b (32, HS) row-major (so b^T is b read column-major)
+// s (16, 32), row stride FLASH_LDS = a (16, HS) b^T, with b (32, HS) row-major (so b^T is b read
+// column-major)
 template <int HS>
 __device__ void flash_abt(float* s, const floatX* a, const floatX* b) {
     for (int n = 0; n < FLASH_STEP; n += 16) {
@@ -53,7 +56,7 @@ __device__ void flash_abt(float* s, const floatX* a, const floatX* b) {
             wmma::load_matrix_sync(fb, b + n * HS + k, HS);
             wmma::mma_sync(acc, fa, fb, acc);
         }
-        wmma::store_matrix_sync(s + n, acc, FLASH_STEP, wmma::mem_row_major);
+        wmma::store_matrix_sync(s + n, acc, FLASH_LDS, wmma::mem_row_major);
     }
 }
 
@@ -92,14 +95,14 @@ __global__ void flash_attention_forward_kernel(floatX* out, float* lse, const fl
     __shared__ __align__(32) floatX q[FLASH_BLOCK_ROWS * HS];
     __shared__ __align__(32) floatX k[FLASH_STEP * HS];
     __shared__ __align__(32) floatX v[FLASH_STEP * HS];
-    __shared__ __align__(32) float s[FLASH_WARPS][FLASH_ROWS * FLASH_STEP];
+    __shared__ __align__(32) float s[FLASH_WARPS][FLASH_ROWS * FLASH_LDS];
     __shared__ __align__(32) floatX p[FLASH_WARPS][FLASH_ROWS * FLASH_STEP];
     __shared__ __align__(32) float o[FLASH_WARPS][FLASH_ROWS * HS];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane % 2;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int q0 = blockIdx.x * FLASH_BLOCK_ROWS, row0 = q0 + warp * FLASH_ROWS, t = row0 + lane / 2;
     float scale = rsqrtf((float)HS);
-    float* srow = s[warp] + (lane / 2) * FLASH_STEP + half * 16;
+    float* srow = s[warp] + (lane / 2) * FLASH_LDS + half * 16;
     floatX* prow = p[warp] + (lane / 2) * FLASH_STEP + half * 16;
     float* orow = o[warp] + (lane / 2) * HS + half * (HS / 2);
     flash_load<HS>(q, qkv, 3 * C, 0, b, h, q0, FLASH_BLOCK_ROWS, T);
@@ -168,7 +171,7 @@ __global__ void flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX*
     __shared__ __align__(32) floatX kv[2 * FLASH_BLOCK_ROWS * HS];  // the block's k, then v; at the end, staging
     __shared__ __align__(32) floatX q[FLASH_STEP * HS];
     __shared__ __align__(32) floatX dy[FLASH_STEP * HS];
-    __shared__ __align__(32) float s[FLASH_WARPS][FLASH_ROWS * FLASH_STEP];
+    __shared__ __align__(32) float s[FLASH_WARPS][FLASH_ROWS * FLASH_LDS];
     __shared__ __align__(32) floatX pt[FLASH_WARPS][FLASH_ROWS * FLASH_STEP];
     __shared__ __align__(32) floatX dst[FLASH_WARPS][FLASH_ROWS * FLASH_STEP];
     __shared__ float lse_step[FLASH_STEP], D_step[FLASH_STEP];
@@ -186,7 +189,7 @@ __global__ void flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX*
         wmma::fill_fragment(dk[n], 0.0f);
         wmma::fill_fragment(dv[n], 0.0f);
     }
-    float* srow = s[warp] + (lane / 2) * FLASH_STEP + half * 16;
+    float* srow = s[warp] + (lane / 2) * FLASH_LDS + half * 16;
     floatX* ptrow = pt[warp] + (lane / 2) * FLASH_STEP + half * 16;
     floatX* dstrow = dst[warp] + (lane / 2) * FLASH_STEP + half * 16;
     for (int u0 = block_key0; u0 < T; u0 += FLASH_STEP) {
@@ -238,7 +241,7 @@ __global__ void flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* d
     __shared__ __align__(32) floatX qdy[2 * FLASH_BLOCK_ROWS * HS];  // the block's q, then dout; at the end, staging
     __shared__ __align__(32) floatX k[FLASH_STEP * HS];
     __shared__ __align__(32) floatX v[FLASH_STEP * HS];
-    __shared__ __align__(32) float s[FLASH_WARPS][FLASH_ROWS * FLASH_STEP];
+    __shared__ __align__(32) float s[FLASH_WARPS][FLASH_ROWS * FLASH_LDS];
     __shared__ __align__(32) floatX ds[FLASH_WARPS][FLASH_ROWS * FLASH_STEP];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane % 2;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
@@ -252,7 +255,7 @@ __global__ void flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* d
     float D_t = t < T ? D[((size_t)b * NH + h) * T + t] : 0.0f;
     FragAcc dq[HS / 16];
     for (int n = 0; n < HS / 16; n++) wmma::fill_fragment(dq[n], 0.0f);
-    float* srow = s[warp] + (lane / 2) * FLASH_STEP + half * 16;
+    float* srow = s[warp] + (lane / 2) * FLASH_LDS + half * 16;
     floatX* dsrow = ds[warp] + (lane / 2) * FLASH_STEP + half * 16;
     int keys = min(q0 + FLASH_BLOCK_ROWS, T);
     for (int k0 = 0; k0 < keys; k0 += FLASH_STEP) {
