@@ -31,14 +31,21 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragAcc;
 
 static inline int flash_attention_supported(int hs) { return hs == 16 || hs == 32 || hs == 64; }
 
+// 8 bf16 values: one 16-byte load or store. Rows of q, k, v and dout start at multiples of 8
+// elements (C is a multiple of the head size), so every access below is 16-byte aligned.
+typedef struct __align__(16) { floatX v[8]; } Pack8;
+
 // tile (rows, HS) <- rows t0.. of head h of q, k or v (part 0, 1, 2) of qkv (B, T, 3C), or of a
 // (B, T, C) tensor when width == C; rows past T are zero
 template <int HS>
 __device__ void flash_load(floatX* tile, const floatX* x, int width, int offset, int b, int h,
                            int t0, int rows, int T) {
-    for (int idx = threadIdx.x; idx < rows * HS; idx += blockDim.x) {
+    for (int idx = threadIdx.x * 8; idx < rows * HS; idx += blockDim.x * 8) {
         int r = idx / HS, i = idx % HS, t = t0 + r;
-        tile[idx] = t < T ? x[((size_t)b * T + t) * width + offset + h * HS + i] : (floatX)0.0f;
+        Pack8 pack;
+        if (t < T) pack = *(const Pack8*)&x[((size_t)b * T + t) * width + offset + h * HS + i];
+        else for (int j = 0; j < 8; j++) pack.v[j] = (floatX)0.0f;
+        *(Pack8*)&tile[idx] = pack;
     }
 }
 
