@@ -298,23 +298,27 @@ for _i, _name in enumerate(["missing_train_file", "truncated_token_file", "wrong
     test(_fn)
 
 
-@test
-def one_rank_failing_stops_all_ranks():
+def check_one_rank_failing(name, program, env=None):
     """rank 1 gets a missing file while rank 0 goes on to the first all-reduce: the job must end
     with an error instead of rank 0 waiting forever"""
     ref = reference_run()
-    d = fresh_dir("one_rank_fails")
+    d = fresh_dir(name)
     good = trainer_args(ref, 4, d)
     bad = trainer_args(ref, 4, d, ["-i", os.path.join(d, "missing.bin")])
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "1", "./train_gpt2_dp"] + [str(a) for a in good] + \
-          [":", "-np", "1", "./train_gpt2_dp"] + [str(a) for a in bad]
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "1", program] + [str(a) for a in good] + \
+          [":", "-np", "1", program] + [str(a) for a in bad]
     try:
-        p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+        p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
     except subprocess.TimeoutExpired:
         raise AssertionError("the job hung after one rank's error")
     out = p.stdout.decode("utf-8", "replace")
     assert p.returncode != 0 and "[rank 1] error" in out and "missing.bin" in out, out[-2000:]
+
+
+@test
+def one_rank_failing_stops_all_ranks():
+    check_one_rank_failing("one_rank_fails", "./train_gpt2_dp")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,6 +534,13 @@ def gpu_resume_is_bit_identical_bf16():
         raise Skip("no GPU")
     (program,) = build("cuda", "BF16", ["train_gpt2_dp"])
     check_resume(lambda args, d: run_gpu_ranks(program, 1, args, d), "gpu_resume", 4)
+
+
+@test
+def emu_one_rank_failing_stops_all_ranks_nccl():
+    """the CUDA build: rank 0 waits in the NCCL all-reduce (emulated), rank 1's error ends both"""
+    (program,) = build("emu", "BF16", ["train_gpt2_dp"])
+    check_one_rank_failing("emu_one_rank_fails", program, dict(CUDA_EMU_DEVICES="2"))
 
 
 @test
