@@ -8,7 +8,6 @@
 typedef struct cuda_emu::LtHandle* cublasHandle_t;
 
 static inline cublasStatus_t cublasCreate(cublasHandle_t* h) { *h = new cuda_emu::LtHandle(); return CUBLAS_STATUS_SUCCESS; }
-static inline cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return CUBLAS_STATUS_SUCCESS; }
 
 static inline cublasStatus_t cublasGemmStridedBatchedEx(
     cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, const void* alpha,

@@ -25,8 +25,6 @@ struct __nv_bfloat16 {
     }
 };
 
-static inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
-static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
 static inline __nv_bfloat16 __float2bfloat16_rz(float f) {  // truncation: round toward zero
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -34,6 +32,5 @@ static inline __nv_bfloat16 __float2bfloat16_rz(float f) {  // truncation: round
     b.bits = (uint16_t)(u >> 16);
     return b;
 }
-static inline float __bfloat162float(__nv_bfloat16 b) { return (float)b; }
 
 #endif

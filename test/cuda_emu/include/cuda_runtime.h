@@ -32,9 +32,6 @@
 // ---- what the CUDA language adds to C++
 #define __global__
 #define __device__
-#define __host__
-#define __forceinline__ inline
-#define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static  // one block runs at a time: a static is the block's shared memory
 
@@ -43,12 +40,9 @@ struct dim3 {
     unsigned int x, y, z;
     dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
 };
-static const int warpSize = 32;
 
 template <class A, class B> static inline auto min(A a, B b) -> decltype(a + b) { return a < b ? a : b; }
-template <class A, class B> static inline auto max(A a, B b) -> decltype(a + b) { return a > b ? a : b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-static inline float __fdividef(float a, float b) { return a / b; }
 static inline unsigned int __float_as_uint(float x) { unsigned int u; memcpy(&u, &x, 4); return u; }
 static inline float __uint_as_float(unsigned int u) { float x; memcpy(&x, &u, 4); return x; }
 // one OS thread runs every CUDA thread, and switches only at barriers: atomics are plain
@@ -218,12 +212,6 @@ template <class T> static inline T __shfl_sync(unsigned int mask, T v, int src_l
     if (mask != 0xffffffffu) cuda_emu::die("shuffle with a partial mask is not emulated");
     return cuda_emu::shuffle(v, src_lane % 32, 1);
 }
-template <class T> static inline T __shfl_down_sync(unsigned int mask, T v, unsigned int delta) {
-    if (mask != 0xffffffffu) cuda_emu::die("shuffle with a partial mask is not emulated");
-    int lane = (int)(cuda_emu::linear_thread(cuda_emu::state.current->thread_idx) % 32);
-    return cuda_emu::shuffle(v, lane + (int)delta, lane + (int)delta < 32);
-}
-
 #define threadIdx (cuda_emu::state.current->thread_idx)
 #define blockIdx (cuda_emu::state.block_idx)
 #define blockDim (cuda_emu::state.block_dim)
@@ -372,7 +360,6 @@ static inline cudaError_t cudaGetLastError(void) {
     cuda_emu::state.last_error = cudaSuccess;
     return e;
 }
-static inline cudaError_t cudaPeekAtLastError(void) { return cuda_emu::state.last_error; }
 static inline const char* cudaGetErrorString(cudaError_t e) {
     switch (e) {
         case cudaSuccess: return "no error";
@@ -448,10 +435,6 @@ static inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, c
     if (bytes) memmove(dst, src, bytes);
     return cudaSuccess;
 }
-static inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s = 0) {
-    (void)s;
-    return cudaMemcpy(dst, src, bytes, kind);
-}
 static inline cudaError_t cudaMemset(void* p, int value, size_t bytes) { memset(p, value, bytes); return cudaSuccess; }
 static inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 
@@ -460,7 +443,6 @@ static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned in
     *s = (cudaStream_t)malloc(1);
     return cudaSuccess;
 }
-static inline cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
 static inline cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
 static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
 static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
