@@ -174,6 +174,7 @@ static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
     GPT2Config c = model->config;
     int L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
     size_t BTC = (size_t)B * T * C, BT = (size_t)B * T;
+    size_t att_state_bytes = attention_state_bytes(B, T, C, NH);  // per layer
     ParameterTensors p = model->params;
     Activations a = model->acts;
     copy_host_to_device(model->inputs, inputs_host, BT * sizeof(int));
@@ -191,7 +192,7 @@ static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
         floatX* fcproj = a.fcproj + l * BTC;
         // attention block: residual2 = x + proj(attention(ln1(x))); ln1(x) is already computed
         matmul_forward(qkv, a.ln1 + l * BTC, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, B * T, C, 3 * C);
-        attention_forward(atty, a.att_state + l * attention_state_bytes(B, T, C, NH), qkv, B, T, C, NH);
+        attention_forward(atty, a.att_state + l * att_state_bytes, qkv, B, T, C, NH);
         matmul_forward(attproj, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, B * T, C, C);
         fused_residual_layernorm_forward(residual2, a.ln2 + l * BTC, a.ln2_mean + l * BT,
                                          a.ln2_rstd + l * BT, residual, attproj, p.ln2w + l * C,
@@ -234,6 +235,7 @@ static void gpt2_backward(GPT2* model, int B, int T) {
     GPT2Config c = model->config;
     int L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
     size_t BTC = (size_t)B * T * C, BT = (size_t)B * T;
+    size_t att_state_bytes = attention_state_bytes(B, T, C, NH);  // per layer
     ParameterTensors p = model->params, g = model->grads;
     Activations a = model->acts;
 
@@ -257,7 +259,7 @@ static void gpt2_backward(GPT2* model, int B, int T) {
         matmul_backward(a.dbuf, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, a.dresidual,
                         a.atty + l * BTC, p.attprojw + (size_t)l * C * C, B * T, C, C);
         attention_backward(a.dqkv, a.dbuf, a.qkv + l * BTC * 3, a.atty + l * BTC,
-                           a.att_state + l * attention_state_bytes(B, T, C, NH), B, T, C, NH);
+                           a.att_state + l * att_state_bytes, B, T, C, NH);
         matmul_backward(a.dbuf, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, a.dqkv,
                         a.ln1 + l * BTC, p.qkvw + (size_t)l * 3 * C * C, B * T, C, 3 * C);
         layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, a.dbuf, residual,

@@ -543,6 +543,26 @@ def emu_one_rank_failing_stops_all_ranks_nccl():
     check_one_rank_failing("emu_one_rank_fails", program, dict(CUDA_EMU_DEVICES="2"))
 
 
+def make_emu_attention_choice_test(precision, value, message):
+    def fn():
+        ref = reference_run()
+        (program,) = build("emu", precision, ["train_gpt2_dp"])
+        d = fresh_dir("emu_attention_" + value)
+        t0 = time.time()
+        code, out = mpirun(2, trainer_args(ref, 4, d), program=program, timeout=60,
+                           env=dict(LLMC_ATTENTION=value, CUDA_EMU_DEVICES="2"))
+        assert code != 0 and message in out, "exit code %d\n%s" % (code, out[-2000:])
+        assert not os.listdir(d), "files left behind: %s" % os.listdir(d)
+        assert time.time() - t0 < 60
+    fn.__name__ = "emu_bad_input_attention_%s_%s" % (value, precision.lower())
+    return fn
+
+
+# LLMC_ATTENTION: an unknown value, or flash where it cannot run, ends every rank with a message
+test(make_emu_attention_choice_test("BF16", "fast", "LLMC_ATTENTION=fast: expected flash or cublas"))
+test(make_emu_attention_choice_test("FP32", "flash", "LLMC_ATTENTION=flash needs a bf16 build"))
+
+
 @test
 def emu_resume_is_bit_identical_bf16():
     (program,) = build("emu", "BF16", ["train_gpt2_dp"])

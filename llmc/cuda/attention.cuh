@@ -149,16 +149,23 @@ static inline void attention_backward_cublas(floatX* dqkv, const floatX* dout, c
     attention_layout(dqkv, v, 0, B, T, NH, hs, 3 * C, 2 * C);
 }
 
+// flash unless LLMC_ATTENTION=cublas, where the build and head size allow it; the environment is
+// read once, and a value other than flash or cublas, or flash where it cannot run, is an error
 static inline int attention_uses_flash(int C, int NH) {
-#if FLOATX_IS_FLOAT
-    (void)C;
-    (void)NH;
-    return 0;
-#else
-    const char* choice = getenv("LLMC_ATTENTION");
-    if (choice != NULL && strcmp(choice, "cublas") == 0) return 0;
-    return flash_attention_supported(C / NH);
-#endif
+    static int asked = -1;  // 0: nothing asked, 1: flash, 2: cublas
+    if (asked < 0) {
+        const char* v = getenv("LLMC_ATTENTION");
+        if (v == NULL || *v == 0) asked = 0;
+        else if (strcmp(v, "flash") == 0) asked = 1;
+        else if (strcmp(v, "cublas") == 0) asked = 2;
+        else fail("LLMC_ATTENTION=%s: expected flash or cublas", v);
+    }
+    int supported = flash_attention_supported(C / NH);
+    if (asked == 1 && !supported) {
+        fail("LLMC_ATTENTION=flash needs a bf16 build and a head size of 16, 32 or 64 (this one: %s, %d)",
+             PRECISION_NAME, C / NH);
+    }
+    return supported && asked != 2;
 }
 
 // what attention_forward keeps for attention_backward, per layer: the flash path's log-sum-exp

@@ -13,6 +13,11 @@
 #include <mma.h>
 #include "device.cuh"
 
+// the head sizes the kernels below are built for, in bf16 builds only
+static inline int flash_attention_supported(int hs) {
+    return !FLOATX_IS_FLOAT && (hs == 16 || hs == 32 || hs == 64);
+}
+
 #if !FLOATX_IS_FLOAT
 
 namespace wmma = nvcuda::wmma;
@@ -28,8 +33,6 @@ typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, floatX, wmma::row_major> Frag
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::row_major> FragB;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::col_major> FragBT;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragAcc;
-
-static inline int flash_attention_supported(int hs) { return hs == 16 || hs == 32 || hs == 64; }
 
 // 8 bf16 values: one 16-byte load or store. Rows of q, k, v and dout start at multiples of 8
 // elements (C is a multiple of the head size), so every access below is 16-byte aligned.

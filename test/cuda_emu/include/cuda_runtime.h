@@ -92,6 +92,7 @@ struct State {
     Fiber* current;
     int threads, fibered;       // threads in a block; whether the block runs as fibers
     int reverse;                // CUDA_EMU_ORDER=reverse: threads and blocks last to first
+    int order_read;             // CUDA_EMU_ORDER is read at the first launch
     long barriers;              // barriers reached in the block being run
     void* scheduler_sp;
     unsigned char* stacks;
@@ -291,8 +292,15 @@ static void run_block_plain(void) {
 
 static void run_grid(void) {
     dim3 g = state.grid_dim, b = state.block_dim;
-    const char* order = getenv("CUDA_EMU_ORDER");
-    state.reverse = order != NULL && strcmp(order, "reverse") == 0;
+    if (!state.order_read) {
+        const char* order = getenv("CUDA_EMU_ORDER");
+        if (order != NULL && *order && strcmp(order, "forward") != 0 && strcmp(order, "reverse") != 0) {
+            fprintf(stderr, "cuda_emu: CUDA_EMU_ORDER=%s: expected forward or reverse\n", order);
+            exit(3);
+        }
+        state.reverse = order != NULL && strcmp(order, "reverse") == 0;
+        state.order_read = 1;
+    }
     for (unsigned z = 0; z < b.z; z++)
         for (unsigned y = 0; y < b.y; y++)
             for (unsigned x = 0; x < b.x; x++) state.fibers[x + b.x * (y + b.y * z)].thread_idx = {x, y, z};
