@@ -45,7 +45,7 @@ class Block(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=2)
         q, k, v = [t.view(B, T, self.NH, hs).transpose(1, 2) for t in (q, k, v)]  # (B, NH, T, hs)
         scores = q @ k.transpose(-2, -1) / math.sqrt(hs)
-        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         scores = scores.masked_fill(~causal, float("-inf"))
         y = F.softmax(scores, dim=-1) @ v
         return self.attproj(y.transpose(1, 2).contiguous().view(B, T, C))

@@ -34,8 +34,9 @@ MANUAL_ATTENTION = reference.Block.attention
 def bench(B, T, steps, compile_model, sdpa):
     torch.manual_seed(0)
     reference.Block.attention = sdpa_attention if sdpa else MANUAL_ATTENTION
-    model = reference.GPT2(12, 12, 768, 1024, 50257, 50304).cuda()
-    model.init_weights(0)
+    model = reference.GPT2(12, 12, 768, 1024, 50257, 50304)
+    model.init_weights(0)  # on the CPU: the reference's generator is a CPU one
+    model = model.cuda()
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
     step_fn = torch.compile(model) if compile_model else model

@@ -50,8 +50,12 @@ int main(void) {
     copy_host_to_device(d_rstd, rstd, N * sizeof(float));
     floatX* d_dinp = (floatX*)device_malloc((size_t)N * C * sizeof(floatX));
     floatX *d_dw = (floatX*)device_malloc(C * sizeof(floatX)), *d_db = (floatX*)device_malloc(C * sizeof(floatX));
-    // parameter gradients sum N = 8192 rows: allow for fp32 reordering, relative to their size
-    float tol = default_tolerance(), ms;
+    // The parameter gradients are sums over N = 8192 rows of products of size ~1. The CPU adds
+    // them one after another in fp32, so its partial sums grow to ~sqrt(N) = 90 and each addition
+    // may round by 90 * 2^-24; over N additions that is ~sqrt(N) * 90 * 6e-8 = 5e-4 typically, far
+    // above the 1e-4 that elementwise results get (seen on an H100: 1.2e-4). In bf16 the 2e-2
+    // of the output rounding dominates.
+    float tol = default_tolerance(), tol_params = FLOATX_IS_FLOAT ? 2e-3f : tol, ms;
     int ok = 1;
     printf("layernorm_backward N=%d C=%d (%s)\n", N, C, PRECISION_NAME);
 
@@ -60,8 +64,8 @@ int main(void) {
     device_memset_zero(d_db, C * sizeof(floatX));
     layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
     ok &= validate("dinp", d_dinp, dinp, (size_t)N * C, tol);
-    ok &= validate("v2 dweight", d_dw, dw, C, tol);
-    ok &= validate("v2 dbias", d_db, db, C, tol);
+    ok &= validate("v2 dweight", d_dw, dw, C, tol_params);
+    ok &= validate("v2 dbias", d_db, db, C, tol_params);
     TIME_KERNEL(ms, 20, layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C));
     report("dinp + v2 params", ms, 4.0 * N * C * sizeof(floatX), 0);
 
@@ -69,8 +73,8 @@ int main(void) {
     device_memset_zero(d_db, C * sizeof(floatX));
     layernorm_params_v1<<<ceil_div(C, 128), 128>>>(d_dw, d_db, d_dout, d_x, d_mean, d_rstd, N, C);
     cudaCheckLaunch();
-    ok &= validate("v1 dweight", d_dw, dw, C, tol);
-    ok &= validate("v1 dbias", d_db, db, C, tol);
+    ok &= validate("v1 dweight", d_dw, dw, C, tol_params);
+    ok &= validate("v1 dbias", d_db, db, C, tol_params);
     TIME_KERNEL(ms, 20, (layernorm_params_v1<<<ceil_div(C, 128), 128>>>(d_dw, d_db, d_dout, d_x, d_mean, d_rstd, N, C)));
     report("v1 params alone", ms, 2.0 * N * C * sizeof(floatX), 0);
     return finish(ok);
