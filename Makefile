@@ -22,7 +22,7 @@ BACKEND ?= $(DEFAULT_BACKEND)
 
 TRAINERS := train_gpt2_dp
 TEST_PROGRAMS := test/test_comm test/test_dataloader
-HEADERS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cuda/*.cuh dev/cuda/common.h)
+HEADERS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cuda/*.cuh dev/cuda/*.h dev/cuda/*.cuh)
 DEV_CUDA := $(wildcard dev/cuda/*.cu)
 
 # ---- CPU backend: the .cu sources compile as C11 with OpenMP, MPI through mpicc

@@ -1,17 +1,28 @@
 // Flash attention on tensor cores (FlashAttention-2, Dao 2023), bf16 builds, head sizes 16/32/64.
 // No T x T matrix is ever in memory: the forward pass visits the keys in tiles with an online
 // softmax and keeps only each query row's log-sum-exp lse (B, NH, T); the backward pass recomputes
-// the probabilities p = exp(q.k / sqrt(hs) - lse) tile by tile. Matrix products run through WMMA
-// (16 x 16 x 16 bf16 tiles, fp32 accumulation); softmax bookkeeping is in fp32 on CUDA cores.
+// the probabilities p = exp(q.k / sqrt(hs) - lse) tile by tile.
 //
-// A block has 4 warps; a warp owns 16 rows (queries, or keys in the dK/dV kernel), so a block
-// covers 64 rows and walks the other side 32 at a time. Every output element has one writer: no
-// atomics, and the same bits on every run.
+// What makes it fast (the earlier WMMA version, now dev/cuda/flash_wmma.cuh, ran at ~10 TFLOP/s):
+// - mma.sync fragments with a documented layout (mma.cuh): a warp's score tile s = q k^T stays
+//   in registers through the softmax, is rounded to bf16 in place, and is the A operand of p v;
+//   the output accumulator stays in registers across the whole key loop. Only k, v (or q, dout)
+//   tiles pass through shared memory, and ldmatrix hands them to the tensor cores.
+// - k and v tiles come in by cp.async, double-buffered: tile i+1 loads while tile i computes.
+// - tiles are rows of HS + 8 elements: the 8 rows an ldmatrix reads fall in 8 different groups
+//   of 4 banks, so no bank conflicts (HS + 0 would put all 8 rows in the same banks).
+// - the softmax works in base 2 with the 1/sqrt(hs) scale folded in: exp(x) = exp2(x log2 e),
+//   one FFMA and one MUFU.EX2 per score.
+// - causal: a block never loads a tile that lies wholly after its last query, and only the
+//   diagonal tile is masked.
+// Every output element has one writer: dk and dv come from one kernel (a block owns 64 keys and
+// walks the queries), dq from another (64 queries, walking the keys), no atomics, the same bits
+// on every run.
 #ifndef LLMC_CUDA_FLASH_ATTENTION_CUH
 #define LLMC_CUDA_FLASH_ATTENTION_CUH
 
-#include <mma.h>
 #include "device.cuh"
+#include "mma.cuh"
 
 // the head sizes the kernels below are built for, in bf16 builds only
 static inline int flash_attention_supported(int hs) {
@@ -20,142 +31,182 @@ static inline int flash_attention_supported(int hs) {
 
 #if !FLOATX_IS_FLOAT
 
-namespace wmma = nvcuda::wmma;
-
 #define FLASH_WARPS 4
-#define FLASH_ROWS 16                             // rows per warp: one WMMA tile
-#define FLASH_BLOCK_ROWS (FLASH_WARPS * FLASH_ROWS)  // 64 rows per block
-#define FLASH_STEP 32                             // keys (or queries) per step of the inner loop
-#define FLASH_LDS (FLASH_STEP + 4)  // row stride of score tiles in shared memory: the padding
-                                    // spreads the rows the lanes read over more banks
+#define FLASH_ROWS 16                              // rows per warp: the M of one mma tile
+#define FLASH_TILE (FLASH_WARPS * FLASH_ROWS)      // 64 rows per block, 64 columns per step
+#define FLASH_LOG2E 1.4426950408889634f
 
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, floatX, wmma::row_major> FragA;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::row_major> FragB;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, floatX, wmma::col_major> FragBT;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragAcc;
+// row stride of a shared tile, in elements: HS + 8 (see the bank note above)
+#define FLASH_LD(HS) ((HS) + 8)
 
-// 8 bf16 values: one 16-byte load or store. Rows of q, k, v and dout start at multiples of 8
-// elements (C is a multiple of the head size), so every access below is 16-byte aligned.
-typedef struct __align__(16) { floatX v[8]; } Pack8;
-
-// tile (rows, HS) <- rows t0.. of head h of q, k or v (part 0, 1, 2) of qkv (B, T, 3C), or of a
-// (B, T, C) tensor when width == C; rows past T are zero
+// start loading tile (64, HS) <- rows t0.. of head h of a (B, T, width) tensor, at column
+// offset (q, k, v: 0, C, 2C of qkv; dout: 0 of a (B, T, C) tensor). Rows past T become zeros.
+// 16 bytes per copy: HS / 8 copies a row, consecutive threads on consecutive bytes.
 template <int HS>
-__device__ void flash_load(floatX* tile, const floatX* x, int width, int offset, int b, int h,
-                           int t0, int rows, int T) {
-    for (int idx = threadIdx.x * 8; idx < rows * HS; idx += blockDim.x * 8) {
-        int r = idx / HS, i = idx % HS, t = t0 + r;
-        Pack8 pack;
-        if (t < T) pack = *(const Pack8*)&x[((size_t)b * T + t) * width + offset + h * HS + i];
-        else for (int j = 0; j < 8; j++) pack.v[j] = (floatX)0.0f;
-        *(Pack8*)&tile[idx] = pack;
+__device__ inline void flash_load_async(floatX* tile, const floatX* x, int width, int offset, int b,
+                                        int h, int t0, int T) {
+    for (int idx = threadIdx.x; idx < FLASH_TILE * HS / 8; idx += blockDim.x) {
+        int r = idx / (HS / 8), c = idx % (HS / 8) * 8, t = t0 + r;
+        const floatX* src = x + ((size_t)b * T + min(t, T - 1)) * width + offset + h * HS + c;
+        cp_async16(tile + r * FLASH_LD(HS) + c, src, t < T);
     }
 }
 
-// s (16, 32), row stride FLASH_LDS = a (16, HS) b^T, with b (32, HS) row-major (so b^T is b read
-// column-major)
+// A fragments (16 rows, HS) of this warp's rows row0.. of a shared tile, HS / 16 of them:
+// lanes 0-15 point at rows 0-15 (columns 0-7 of each 16), lanes 16-31 at the same rows, 8 on
 template <int HS>
-__device__ void flash_abt(float* s, const floatX* a, const floatX* b) {
-    for (int n = 0; n < FLASH_STEP; n += 16) {
-        FragAcc acc;
-        wmma::fill_fragment(acc, 0.0f);
-        for (int k = 0; k < HS; k += 16) {
-            FragA fa;
-            FragBT fb;
-            wmma::load_matrix_sync(fa, a + k, HS);
-            wmma::load_matrix_sync(fb, b + n * HS + k, HS);
-            wmma::mma_sync(acc, fa, fb, acc);
-        }
-        wmma::store_matrix_sync(s + n, acc, FLASH_LDS, wmma::mem_row_major);
-    }
+__device__ inline void flash_rows_to_a(uint32_t (*a)[4], const floatX* tile, int row0) {
+    int lane = threadIdx.x % 32;
+    for (int kk = 0; kk < HS / 16; kk++)
+        ldmatrix_x4(a[kk], tile + (row0 + lane % 16) * FLASH_LD(HS) + kk * 16 + lane / 16 * 8);
 }
 
-// acc (16, HS) += a (16, 32) b (32, HS), both row-major; acc as HS / 16 fragments
+// s (16, 64) = a (16, HS) x^T for a shared tile x (64 rows, HS): the columns of s are x's rows.
+// One ldmatrix gives B for two 8-column tiles j, j+1 at one 16-wide slice kk of HS: matrix i
+// (lanes 8i..8i+7) is rows 8j + 8 (i / 2).., columns 16 kk + 8 (i % 2)..
 template <int HS>
-__device__ void flash_ab(FragAcc* acc, const floatX* a, const floatX* b) {
-    for (int n = 0; n < HS / 16; n++) {
-        for (int k = 0; k < FLASH_STEP; k += 16) {
-            FragA fa;
-            FragB fb;
-            wmma::load_matrix_sync(fa, a + k, FLASH_STEP);
-            wmma::load_matrix_sync(fb, b + k * HS + n * 16, HS);
-            wmma::mma_sync(acc[n], fa, fb, acc[n]);
+__device__ inline void flash_a_xt(float (*s)[4], const uint32_t (*a)[4], const floatX* x) {
+    int lane = threadIdx.x % 32, i = lane / 8;
+    for (int j = 0; j < FLASH_TILE / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int kk = 0; kk < HS / 16; kk++) {
+        for (int j = 0; j < FLASH_TILE / 8; j += 2) {
+            uint32_t bx[4];
+            ldmatrix_x4(bx, x + (8 * j + i / 2 * 8 + lane % 8) * FLASH_LD(HS) + 16 * kk + i % 2 * 8);
+            mma_bf16_16816(s[j], a[kk], bx);
+            mma_bf16_16816(s[j + 1], a[kk], bx + 2);
         }
     }
 }
 
-// the warp's (16, HS) result, times scale, to rows row0.. of (B, T, width) at offset; staged
-// through the warp's float buffer (16, HS)
+// acc (16, HS) += p (16, 64) x for a shared tile x (64 rows, HS), p as 4 A fragments of 16
+// columns. x is stored k-major, so ldmatrix transposes: matrix i is rows 16 kk + 8 (i % 2)..,
+// columns 8 d + 8 (i / 2)..
 template <int HS>
-__device__ void flash_store(floatX* x, int width, int offset, const FragAcc* acc, float* stage,
-                            float scale, int b, int h, int row0, int T) {
-    for (int n = 0; n < HS / 16; n++) wmma::store_matrix_sync(stage + n * 16, acc[n], HS, wmma::mem_row_major);
-    __syncwarp();
-    for (int idx = threadIdx.x % 32; idx < FLASH_ROWS * HS; idx += 32) {
-        int r = idx / HS, i = idx % HS, t = row0 + r;
-        if (t < T) x[((size_t)b * T + t) * width + offset + h * HS + i] = (floatX)(stage[idx] * scale);
+__device__ inline void flash_p_x(float (*acc)[4], const uint32_t (*p)[4], const floatX* x) {
+    int lane = threadIdx.x % 32, i = lane / 8;
+    for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
+        for (int d = 0; d < HS / 8; d += 2) {
+            uint32_t bx[4];
+            ldmatrix_x4_trans(bx, x + (16 * kk + i % 2 * 8 + lane % 8) * FLASH_LD(HS) + 8 * d + i / 2 * 8);
+            mma_bf16_16816(acc[d], p[kk], bx);
+            mma_bf16_16816(acc[d + 1], p[kk], bx + 2);
+        }
     }
 }
 
-// block (query tile, b * NH + h). Lane l of a warp owns row l / 2 of the warp's 16 queries and
-// half l % 2 of each step's 32 keys, and the same half of the row's output.
+// a score tile (16, 64) in mma's D layout, rounded to bf16 A fragments for the next product:
+// the D tiles j = 2 kk, 2 kk + 1 (8 columns each) are exactly A fragment kk's two halves
+__device__ inline void flash_scores_to_a(uint32_t (*a)[4], const float (*s)[4]) {
+    for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
+        a[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+        a[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+        a[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+
+// the warp's (16, HS) result times scale, in D layout, to rows row0.. of (B, T, width) at
+// column offset + h HS: two bf16 (4 bytes) per store
 template <int HS>
-__global__ void flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B,
-                                               int T, int C, int NH) {
-    __shared__ __align__(32) floatX q[FLASH_BLOCK_ROWS * HS];
-    __shared__ __align__(32) floatX k[FLASH_STEP * HS];
-    __shared__ __align__(32) floatX v[FLASH_STEP * HS];
-    __shared__ __align__(32) float s[FLASH_WARPS][FLASH_ROWS * FLASH_LDS];
-    __shared__ __align__(32) floatX p[FLASH_WARPS][FLASH_ROWS * FLASH_STEP];
-    __shared__ __align__(32) float o[FLASH_WARPS][FLASH_ROWS * HS];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane % 2;
+__device__ inline void flash_store(floatX* x, int width, int offset, const float (*acc)[4], float scale,
+                                   int b, int h, int row0, int T) {
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (int half = 0; half < 2; half++) {
+        int row = row0 + g + 8 * half;
+        if (row >= T) continue;
+        floatX* dst = x + ((size_t)b * T + row) * width + offset + h * HS + 2 * t;
+        for (int d = 0; d < HS / 8; d++)
+            *(uint32_t*)(dst + 8 * d) = pack_bf16x2(acc[d][2 * half] * scale, acc[d][2 * half + 1] * scale);
+    }
+}
+
+// block (64 queries, b * NH + h), 4 warps of 16 queries. Lane (g, t) holds, for its rows
+// g and g + 8, the running max m and sum l of the softmax and columns 2t, 2t+1 of every 8-wide
+// output tile; the 4 lanes of a group together hold the whole rows.
+template <int HS>
+__global__ void __launch_bounds__(FLASH_WARPS * 32)
+flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+    __shared__ __align__(16) floatX q_s[FLASH_TILE * FLASH_LD(HS)];
+    __shared__ __align__(16) floatX k_s[2][FLASH_TILE * FLASH_LD(HS)];
+    __shared__ __align__(16) floatX v_s[2][FLASH_TILE * FLASH_LD(HS)];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
-    int q0 = blockIdx.x * FLASH_BLOCK_ROWS, row0 = q0 + warp * FLASH_ROWS, t = row0 + lane / 2;
-    float scale = rsqrtf((float)HS);
-    float* srow = s[warp] + (lane / 2) * FLASH_LDS + half * 16;
-    floatX* prow = p[warp] + (lane / 2) * FLASH_STEP + half * 16;
-    float* orow = o[warp] + (lane / 2) * HS + half * (HS / 2);
-    flash_load<HS>(q, qkv, 3 * C, 0, b, h, q0, FLASH_BLOCK_ROWS, T);
-    for (int i = 0; i < HS / 2; i++) orow[i] = 0.0f;
-    float m = -INFINITY, l = 0.0f;  // running max and sum of exponentials of row t
-    int keys = min(q0 + FLASH_BLOCK_ROWS, T);  // causal: no query of the block sees a later key
-    for (int k0 = 0; k0 < keys; k0 += FLASH_STEP) {
-        __syncthreads();  // every warp is done with the previous k, v
-        flash_load<HS>(k, qkv, 3 * C, C, b, h, k0, FLASH_STEP, T);
-        flash_load<HS>(v, qkv, 3 * C, 2 * C, b, h, k0, FLASH_STEP, T);
-        __syncthreads();
-        if (k0 > row0 + FLASH_ROWS - 1) continue;  // every key after every query of the warp
-        flash_abt<HS>(s[warp], q + warp * FLASH_ROWS * HS, k);
-        __syncwarp();
-        float step_max = -INFINITY;
-        for (int j = 0; j < 16; j++) {
-            int key = k0 + half * 16 + j;
-            if (key <= t && key < T) step_max = fmaxf(step_max, srow[j] * scale);
+    // the last queries see the most keys: their blocks start first, short ones fill the tail
+    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE, row0 = q0 + warp * FLASH_ROWS;
+    int tiles = (min(q0 + FLASH_TILE, T) + FLASH_TILE - 1) / FLASH_TILE;  // causal: keys up to the last query
+    float scale_log2 = rsqrtf((float)HS) * FLASH_LOG2E;  // scores in base-2 units
+    flash_load_async<HS>(q_s, qkv, 3 * C, 0, b, h, q0, T);
+    flash_load_async<HS>(k_s[0], qkv, 3 * C, C, b, h, 0, T);
+    flash_load_async<HS>(v_s[0], qkv, 3 * C, 2 * C, b, h, 0, T);
+    cp_async_commit();
+    uint32_t q[HS / 16][4];
+    float o[HS / 8][4];
+    for (int d = 0; d < HS / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g, g + 8
+    for (int tile = 0; tile < tiles; tile++) {
+        int k0 = tile * FLASH_TILE, buf = tile % 2;
+        if (tile + 1 < tiles) {  // the next k, v stream in while this tile computes
+            flash_load_async<HS>(k_s[buf ^ 1], qkv, 3 * C, C, b, h, k0 + FLASH_TILE, T);
+            flash_load_async<HS>(v_s[buf ^ 1], qkv, 3 * C, 2 * C, b, h, k0 + FLASH_TILE, T);
+            cp_async_commit();
+            cp_async_wait<1>();  // all but the newest group: this tile (and q) have landed
+        } else {
+            cp_async_wait<0>();
         }
-        step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffff, step_max, 1));
-        float m_new = fmaxf(m, step_max);  // finite: the first step holds key 0, seen by every row
-        float rescale = expf(m - m_new), sum = 0.0f;
-        for (int j = 0; j < 16; j++) {
-            int key = k0 + half * 16 + j;
-            float pj = key <= t && key < T ? expf(srow[j] * scale - m_new) : 0.0f;
-            prow[j] = (floatX)pj;
-            sum += pj;
+        __syncthreads();  // ... for every thread's copies
+        if (tile == 0) flash_rows_to_a<HS>(q, q_s, warp * FLASH_ROWS);
+        float s[FLASH_TILE / 8][4];
+        flash_a_xt<HS>(s, q, k_s[buf]);
+        // base-2 scores; the masked ones (a key after the query, or past T) become -inf
+        int masked = k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T;
+        float tile_max[2] = {-INFINITY, -INFINITY};
+        for (int j = 0; j < FLASH_TILE / 8; j++) {
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
+                float x = s[j][e] * scale_log2;
+                if (masked && (key > query || key >= T)) x = -INFINITY;
+                s[j][e] = x;
+                tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+            }
         }
-        sum += __shfl_xor_sync(0xffffffff, sum, 1);
-        l = l * rescale + sum;
-        m = m_new;
-        for (int i = 0; i < HS / 2; i++) orow[i] *= rescale;
-        __syncwarp();
-        FragAcc acc[HS / 16];  // o (16, HS) += p (16, 32) v (32, HS)
-        for (int n = 0; n < HS / 16; n++) wmma::load_matrix_sync(acc[n], o[warp] + n * 16, HS, wmma::mem_row_major);
-        flash_ab<HS>(acc, p[warp], v);
-        for (int n = 0; n < HS / 16; n++) wmma::store_matrix_sync(o[warp] + n * 16, acc[n], HS, wmma::mem_row_major);
-        __syncwarp();
+        float rescale[2];
+        for (int r = 0; r < 2; r++) {  // the 4 lanes of the group hold the row between them
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
+            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
+            // finite from the first tile on: key 0 is in it, and every query sees key 0
+            float m_new = fmaxf(m[r], tile_max[r]);
+            rescale[r] = exp2f(m[r] - m_new);  // what the sums so far are worth at the new max
+            m[r] = m_new;
+            l[r] *= rescale[r];
+        }
+        for (int d = 0; d < HS / 8; d++) {
+            o[d][0] *= rescale[0], o[d][1] *= rescale[0];
+            o[d][2] *= rescale[1], o[d][3] *= rescale[1];
+        }
+        for (int j = 0; j < FLASH_TILE / 8; j++) {  // p = exp(score - max), l += this lane's part
+            for (int e = 0; e < 4; e++) {
+                s[j][e] = exp2f(s[j][e] - m[e / 2]);
+                l[e / 2] += s[j][e];
+            }
+        }
+        uint32_t p[FLASH_TILE / 16][4];
+        flash_scores_to_a(p, s);
+        flash_p_x<HS>(o, p, v_s[buf]);  // o += p v
+        __syncthreads();  // every warp is done with k_s[buf], v_s[buf] before they are refilled
     }
-    if (t >= T) return;
-    floatX* y = out + ((size_t)b * T + t) * C + h * HS + half * (HS / 2);
-    for (int i = 0; i < HS / 2; i++) y[i] = (floatX)(orow[i] / l);
-    if (half == 0) lse[((size_t)b * NH + h) * T + t] = m + logf(l);
+    for (int r = 0; r < 2; r++) {  // the row sums, gathered from the group's 4 lanes
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+    }
+    for (int d = 0; d < HS / 8; d++) {
+        o[d][0] /= l[0], o[d][1] /= l[0];
+        o[d][2] /= l[1], o[d][3] /= l[1];
+    }
+    flash_store<HS>(out, C, 0, o, 1.0f, b, h, row0, T);
+    for (int r = 0; r < 2; r++) {  // natural-log lse = ln 2 (m + log2 l), m in base-2 units
+        int row = row0 + g + 8 * r;
+        if (t == 0 && row < T) lse[((size_t)b * NH + h) * T + row] = (m[r] + log2f(l[r])) / FLASH_LOG2E;
+    }
 }
 
 // D (B, NH, T) = rowwise dout . out per head: the sum over keys of p * dp, without p; warp per row
@@ -171,126 +222,150 @@ __global__ void flash_attention_backward_dot(float* D, const floatX* dout, const
     if (threadIdx.x % 32 == 0) D[row] = sum;
 }
 
-// dK, dV: block (64 keys, b * NH + h); queries visited 32 at a time from the block's first key on.
-// Warp w owns keys key0..key0+15 and accumulates, over queries u >= key:
-//   dv += p^T dout,  dk += ds^T q * scale,  p^T = K_w Q^T scaled, exp'd;  dp^T = V_w dout^T
-template <int HS>
-__global__ void flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout,
-                                                     const floatX* qkv, const float* lse,
-                                                     const float* D, int B, int T, int C, int NH) {
-    __shared__ __align__(32) floatX kv[2 * FLASH_BLOCK_ROWS * HS];  // the block's k, then v; at the end, staging
-    __shared__ __align__(32) floatX q[FLASH_STEP * HS];
-    __shared__ __align__(32) floatX dy[FLASH_STEP * HS];
-    __shared__ __align__(32) float s[FLASH_WARPS][FLASH_ROWS * FLASH_LDS];
-    __shared__ __align__(32) floatX pt[FLASH_WARPS][FLASH_ROWS * FLASH_STEP];
-    __shared__ __align__(32) floatX dst[FLASH_WARPS][FLASH_ROWS * FLASH_STEP];
-    __shared__ float lse_step[FLASH_STEP], D_step[FLASH_STEP];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane % 2;
-    int b = blockIdx.y / NH, h = blockIdx.y % NH;
-    int block_key0 = blockIdx.x * FLASH_BLOCK_ROWS, key0 = block_key0 + warp * FLASH_ROWS;
-    int key = key0 + lane / 2;
-    float scale = rsqrtf((float)HS);
-    floatX* k = kv;
-    floatX* v = kv + FLASH_BLOCK_ROWS * HS;
-    flash_load<HS>(k, qkv, 3 * C, C, b, h, block_key0, FLASH_BLOCK_ROWS, T);
-    flash_load<HS>(v, qkv, 3 * C, 2 * C, b, h, block_key0, FLASH_BLOCK_ROWS, T);
-    FragAcc dk[HS / 16], dv[HS / 16];
-    for (int n = 0; n < HS / 16; n++) {
-        wmma::fill_fragment(dk[n], 0.0f);
-        wmma::fill_fragment(dv[n], 0.0f);
-    }
-    float* srow = s[warp] + (lane / 2) * FLASH_LDS + half * 16;
-    floatX* ptrow = pt[warp] + (lane / 2) * FLASH_STEP + half * 16;
-    floatX* dstrow = dst[warp] + (lane / 2) * FLASH_STEP + half * 16;
-    for (int u0 = block_key0; u0 < T; u0 += FLASH_STEP) {
-        __syncthreads();  // every warp is done with the previous q, dy
-        flash_load<HS>(q, qkv, 3 * C, 0, b, h, u0, FLASH_STEP, T);
-        flash_load<HS>(dy, dout, C, 0, b, h, u0, FLASH_STEP, T);
-        for (int j = threadIdx.x; j < FLASH_STEP; j += blockDim.x) {
-            int u = u0 + j;
-            lse_step[j] = u < T ? lse[((size_t)b * NH + h) * T + u] : 0.0f;
-            D_step[j] = u < T ? D[((size_t)b * NH + h) * T + u] : 0.0f;
-        }
-        __syncthreads();
-        if (u0 + FLASH_STEP - 1 < key0) continue;  // every query before every key of the warp
-        int valid = 0;  // bit j: query u0 + half * 16 + j sees this lane's key
-        for (int j = 0; j < 16; j++) {
-            int u = u0 + half * 16 + j;
-            valid |= (u >= key && u < T && key < T) << j;
-        }
-        float p_values[16];
-        flash_abt<HS>(s[warp], k + warp * FLASH_ROWS * HS, q);  // s^T (keys, queries)
-        __syncwarp();
-        for (int j = 0; j < 16; j++) {
-            float lj = lse_step[half * 16 + j];
-            p_values[j] = (valid >> j) & 1 ? expf(srow[j] * scale - lj) : 0.0f;
-            ptrow[j] = (floatX)p_values[j];
-        }
-        __syncwarp();
-        flash_ab<HS>(dv, pt[warp], dy);
-        flash_abt<HS>(s[warp], v + warp * FLASH_ROWS * HS, dy);  // dp^T (keys, queries)
-        __syncwarp();
-        for (int j = 0; j < 16; j++) dstrow[j] = (floatX)(p_values[j] * (srow[j] - D_step[half * 16 + j]));
-        __syncwarp();
-        flash_ab<HS>(dk, dst[warp], q);
-        __syncwarp();
-    }
-    __syncthreads();  // k and v are no longer read: their space stages the results
-    float* stage = (float*)kv + warp * FLASH_ROWS * HS;
-    flash_store<HS>(dqkv, 3 * C, C, dk, stage, scale, b, h, key0, T);
-    __syncwarp();
-    flash_store<HS>(dqkv, 3 * C, 2 * C, dv, stage, 1.0f, b, h, key0, T);
+// 64 floats of a (B, NH, T) row-vector for positions t0.. (0 past T), by threads 0-63 or 64-127
+__device__ inline void flash_load_row_values(float* dst, const float* src, int t0, int T, int first_thread) {
+    int j = (int)threadIdx.x - first_thread;
+    if (j >= 0 && j < FLASH_TILE) dst[j] = t0 + j < T ? src[t0 + j] : 0.0f;
 }
 
-// dQ: block (64 queries, b * NH + h); keys visited 32 at a time up to the causal limit.
-// Warp w owns queries row0..row0+15: dq += ds k * scale, ds = p (dp - D), dp = dout v^T
+// dK, dV: block (64 keys, b * NH + h), warp w owns keys key0 = block_key0 + 16 w ... + 15 and
+// walks the queries from the block's first key on, 64 at a time, holding in registers
+//   s^T = k q^T (16, 64), p^T = exp(s^T scale - lse),  dv += p^T dout,
+//   dp^T = v dout^T,  ds^T = p^T (dp^T - D),  dk += ds^T q scale
 template <int HS>
-__global__ void flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout,
-                                                   const floatX* qkv, const float* lse,
-                                                   const float* D, int B, int T, int C, int NH) {
-    __shared__ __align__(32) floatX qdy[2 * FLASH_BLOCK_ROWS * HS];  // the block's q, then dout; at the end, staging
-    __shared__ __align__(32) floatX k[FLASH_STEP * HS];
-    __shared__ __align__(32) floatX v[FLASH_STEP * HS];
-    __shared__ __align__(32) float s[FLASH_WARPS][FLASH_ROWS * FLASH_LDS];
-    __shared__ __align__(32) floatX ds[FLASH_WARPS][FLASH_ROWS * FLASH_STEP];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane % 2;
+__global__ void __launch_bounds__(FLASH_WARPS * 32)
+flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv,
+                                     const float* lse, const float* D, int B, int T, int C, int NH) {
+    __shared__ __align__(16) floatX q_s[2][FLASH_TILE * FLASH_LD(HS)];
+    __shared__ __align__(16) floatX dy_s[2][FLASH_TILE * FLASH_LD(HS)];
+    __shared__ float lse_s[2][FLASH_TILE], D_s[2][FLASH_TILE];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
-    int q0 = blockIdx.x * FLASH_BLOCK_ROWS, row0 = q0 + warp * FLASH_ROWS, t = row0 + lane / 2;
-    float scale = rsqrtf((float)HS);
-    floatX* q = qdy;
-    floatX* dy = qdy + FLASH_BLOCK_ROWS * HS;
-    flash_load<HS>(q, qkv, 3 * C, 0, b, h, q0, FLASH_BLOCK_ROWS, T);
-    flash_load<HS>(dy, dout, C, 0, b, h, q0, FLASH_BLOCK_ROWS, T);
-    float lse_t = t < T ? lse[((size_t)b * NH + h) * T + t] : 0.0f;
-    float D_t = t < T ? D[((size_t)b * NH + h) * T + t] : 0.0f;
-    FragAcc dq[HS / 16];
-    for (int n = 0; n < HS / 16; n++) wmma::fill_fragment(dq[n], 0.0f);
-    float* srow = s[warp] + (lane / 2) * FLASH_LDS + half * 16;
-    floatX* dsrow = ds[warp] + (lane / 2) * FLASH_STEP + half * 16;
-    int keys = min(q0 + FLASH_BLOCK_ROWS, T);
-    for (int k0 = 0; k0 < keys; k0 += FLASH_STEP) {
-        __syncthreads();
-        flash_load<HS>(k, qkv, 3 * C, C, b, h, k0, FLASH_STEP, T);
-        flash_load<HS>(v, qkv, 3 * C, 2 * C, b, h, k0, FLASH_STEP, T);
-        __syncthreads();
-        if (k0 > row0 + FLASH_ROWS - 1) continue;
-        float p_values[16];
-        flash_abt<HS>(s[warp], q + warp * FLASH_ROWS * HS, k);  // scores (queries, keys)
-        __syncwarp();
-        for (int j = 0; j < 16; j++) {
-            int key = k0 + half * 16 + j;
-            p_values[j] = key <= t && t < T ? expf(srow[j] * scale - lse_t) : 0.0f;
+    int block_key0 = blockIdx.x * FLASH_TILE, key0 = block_key0 + warp * FLASH_ROWS;  // first keys: most queries
+    int tiles = (T - block_key0 + FLASH_TILE - 1) / FLASH_TILE;  // causal: queries from the first key on
+    float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
+    const float* lse_bh = lse + ((size_t)b * NH + h) * T;
+    const float* D_bh = D + ((size_t)b * NH + h) * T;
+    // the block's k and v pass through the second buffers into registers, before the loop uses them
+    flash_load_async<HS>(q_s[1], qkv, 3 * C, C, b, h, block_key0, T);
+    flash_load_async<HS>(dy_s[1], qkv, 3 * C, 2 * C, b, h, block_key0, T);
+    flash_load_async<HS>(q_s[0], qkv, 3 * C, 0, b, h, block_key0, T);
+    flash_load_async<HS>(dy_s[0], dout, C, 0, b, h, block_key0, T);
+    cp_async_commit();
+    flash_load_row_values(lse_s[0], lse_bh, block_key0, T, 0);
+    flash_load_row_values(D_s[0], D_bh, block_key0, T, FLASH_TILE);
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t k[HS / 16][4], v[HS / 16][4];
+    flash_rows_to_a<HS>(k, q_s[1], warp * FLASH_ROWS);
+    flash_rows_to_a<HS>(v, dy_s[1], warp * FLASH_ROWS);
+    __syncthreads();  // every warp has its k, v: the second buffers are free
+    float dk[HS / 8][4], dv[HS / 8][4];
+    for (int d = 0; d < HS / 8; d++)
+        for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
+    for (int tile = 0; tile < tiles; tile++) {
+        int u0 = block_key0 + tile * FLASH_TILE, buf = tile % 2;
+        if (tile + 1 < tiles) {
+            flash_load_async<HS>(q_s[buf ^ 1], qkv, 3 * C, 0, b, h, u0 + FLASH_TILE, T);
+            flash_load_async<HS>(dy_s[buf ^ 1], dout, C, 0, b, h, u0 + FLASH_TILE, T);
+            cp_async_commit();
+            flash_load_row_values(lse_s[buf ^ 1], lse_bh, u0 + FLASH_TILE, T, 0);
+            flash_load_row_values(D_s[buf ^ 1], D_bh, u0 + FLASH_TILE, T, FLASH_TILE);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
-        __syncwarp();
-        flash_abt<HS>(s[warp], dy + warp * FLASH_ROWS * HS, v);  // dp (queries, keys)
-        __syncwarp();
-        for (int j = 0; j < 16; j++) dsrow[j] = (floatX)(p_values[j] * (srow[j] - D_t));
-        __syncwarp();
-        flash_ab<HS>(dq, ds[warp], k);
-        __syncwarp();
+        __syncthreads();
+        float s[FLASH_TILE / 8][4];  // s^T, then p^T
+        flash_a_xt<HS>(s, k, q_s[buf]);
+        int masked = u0 < key0 + FLASH_ROWS - 1 || u0 + FLASH_TILE > T;
+        for (int j = 0; j < FLASH_TILE / 8; j++) {
+            for (int e = 0; e < 4; e++) {
+                int col = 8 * j + 2 * t + e % 2, query = u0 + col, key = key0 + g + e / 2 * 8;
+                float p = exp2f(s[j][e] * scale_log2 - lse_s[buf][col] * FLASH_LOG2E);
+                s[j][e] = masked && (query < key || query >= T) ? 0.0f : p;
+            }
+        }
+        uint32_t a[FLASH_TILE / 16][4];
+        flash_scores_to_a(a, s);
+        flash_p_x<HS>(dv, a, dy_s[buf]);  // dv += p^T dout
+        float dp[FLASH_TILE / 8][4];
+        flash_a_xt<HS>(dp, v, dy_s[buf]);  // dp^T = v dout^T
+        for (int j = 0; j < FLASH_TILE / 8; j++)
+            for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_s[buf][8 * j + 2 * t + e % 2];
+        flash_scores_to_a(a, s);
+        flash_p_x<HS>(dk, a, q_s[buf]);  // dk += ds^T q
+        __syncthreads();
     }
-    __syncthreads();  // q and dout are no longer read: their space stages the result
-    flash_store<HS>(dqkv, 3 * C, 0, dq, (float*)qdy + warp * FLASH_ROWS * HS, scale, b, h, row0, T);
+    flash_store<HS>(dqkv, 3 * C, C, dk, scale, b, h, key0, T);
+    flash_store<HS>(dqkv, 3 * C, 2 * C, dv, 1.0f, b, h, key0, T);
+}
+
+// dQ: block (64 queries, b * NH + h), warp w owns queries row0 .. row0 + 15 and walks the keys
+// up to its causal limit, 64 at a time:
+//   p = exp(q k^T scale - lse),  dp = dout v^T,  ds = p (dp - D),  dq += ds k scale
+template <int HS>
+__global__ void __launch_bounds__(FLASH_WARPS * 32)
+flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv,
+                                   const float* lse, const float* D, int B, int T, int C, int NH) {
+    __shared__ __align__(16) floatX k_s[2][FLASH_TILE * FLASH_LD(HS)];
+    __shared__ __align__(16) floatX v_s[2][FLASH_TILE * FLASH_LD(HS)];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE, row0 = q0 + warp * FLASH_ROWS;
+    int tiles = (min(q0 + FLASH_TILE, T) + FLASH_TILE - 1) / FLASH_TILE;
+    float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
+    // q and dout of the block pass through the second buffers into registers
+    flash_load_async<HS>(k_s[1], qkv, 3 * C, 0, b, h, q0, T);
+    flash_load_async<HS>(v_s[1], dout, C, 0, b, h, q0, T);
+    flash_load_async<HS>(k_s[0], qkv, 3 * C, C, b, h, 0, T);
+    flash_load_async<HS>(v_s[0], qkv, 3 * C, 2 * C, b, h, 0, T);
+    cp_async_commit();
+    float lse_log2[2], D_row[2];  // rows g, g + 8
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + g + 8 * r;
+        lse_log2[r] = row < T ? lse[((size_t)b * NH + h) * T + row] * FLASH_LOG2E : 0.0f;
+        D_row[r] = row < T ? D[((size_t)b * NH + h) * T + row] : 0.0f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t q[HS / 16][4], dy[HS / 16][4];
+    flash_rows_to_a<HS>(q, k_s[1], warp * FLASH_ROWS);
+    flash_rows_to_a<HS>(dy, v_s[1], warp * FLASH_ROWS);
+    __syncthreads();
+    float dq[HS / 8][4];
+    for (int d = 0; d < HS / 8; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+    for (int tile = 0; tile < tiles; tile++) {
+        int k0 = tile * FLASH_TILE, buf = tile % 2;
+        if (tile + 1 < tiles) {
+            flash_load_async<HS>(k_s[buf ^ 1], qkv, 3 * C, C, b, h, k0 + FLASH_TILE, T);
+            flash_load_async<HS>(v_s[buf ^ 1], qkv, 3 * C, 2 * C, b, h, k0 + FLASH_TILE, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        float s[FLASH_TILE / 8][4];  // s, then p, then ds
+        flash_a_xt<HS>(s, q, k_s[buf]);
+        int masked = k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T;
+        for (int j = 0; j < FLASH_TILE / 8; j++) {
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
+                float p = exp2f(s[j][e] * scale_log2 - lse_log2[e / 2]);
+                s[j][e] = masked && (key > query || key >= T) ? 0.0f : p;
+            }
+        }
+        float dp[FLASH_TILE / 8][4];
+        flash_a_xt<HS>(dp, dy, v_s[buf]);  // dp = dout v^T
+        for (int j = 0; j < FLASH_TILE / 8; j++)
+            for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_row[e / 2];
+        uint32_t a[FLASH_TILE / 16][4];
+        flash_scores_to_a(a, s);
+        flash_p_x<HS>(dq, a, k_s[buf]);  // dq += ds k
+        __syncthreads();
+    }
+    flash_store<HS>(dqkv, 3 * C, 0, dq, scale, b, h, row0, T);
 }
 
 static DeviceScratch flash_scratch;
@@ -298,7 +373,7 @@ static DeviceScratch flash_scratch;
 // out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C)
 static inline void attention_forward_flash(floatX* out, float* lse, const floatX* qkv, int B, int T,
                                            int C, int NH) {
-    dim3 grid(ceil_div(T, FLASH_BLOCK_ROWS), B * NH);
+    dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
     int hs = C / NH, threads = FLASH_WARPS * 32;
     if (hs == 16) flash_attention_forward_kernel<16><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);
     else if (hs == 32) flash_attention_forward_kernel<32><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);
@@ -314,7 +389,7 @@ static inline void attention_backward_flash(floatX* dqkv, const floatX* dout, co
     float* D = (float*)scratch_get(&flash_scratch, rows * sizeof(float));
     flash_attention_backward_dot<<<ceil_div(rows, 8), 256>>>(D, dout, out, B, T, C, NH);
     cudaCheckLaunch();
-    dim3 grid(ceil_div(T, FLASH_BLOCK_ROWS), B * NH);
+    dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
     int hs = C / NH, threads = FLASH_WARPS * 32;
     if (hs == 16) {
         flash_attention_backward_dkdv_kernel<16><<<grid, threads>>>(dqkv, dout, qkv, lse, D, B, T, C, NH);

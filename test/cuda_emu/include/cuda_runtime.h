@@ -34,6 +34,7 @@
 #define __device__
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static  // one block runs at a time: a static is the block's shared memory
+#define __launch_bounds__(...)
 
 struct uint3 { unsigned int x, y, z; };
 struct dim3 {
@@ -84,6 +85,14 @@ struct Fiber {
 };
 enum { RUNNABLE, AT_WARP_BARRIER, AT_BLOCK_BARRIER, DONE };
 
+// cp.async (cuda_emu_ptx.h): a copy issued but not yet waited for; it lands at cp_async_wait
+struct AsyncCopy {
+    void* dst;
+    const void* src;  // NULL: 16 zero bytes
+    int group;
+};
+static const int max_async_copies = 64;  // per thread
+
 struct State {
     uint3 block_idx;
     dim3 block_dim, grid_dim;
@@ -99,6 +108,9 @@ struct State {
     void (*body)(void*);        // runs the kernel for the current thread
     void* body_arg;
     uint64_t exchange[max_threads];  // shuffles: each lane's value, by thread index
+    uint32_t words[max_threads][8];  // mma and ldmatrix: each lane's registers or row address
+    AsyncCopy async_copies[max_threads][max_async_copies];
+    int async_count[max_threads], async_group[max_threads];
     cudaError_t last_error;
     int device;
     size_t allocated;
@@ -236,6 +248,7 @@ static void run_block_fibers(void) {
     for (int i = 0; i < n; i++) {
         state.fibers[i].sp = fiber_stack(state.stacks + (size_t)i * stack_bytes);
         state.fibers[i].state = RUNNABLE;
+        state.async_count[i] = state.async_group[i] = 0;
     }
     int live = n;
     while (live > 0) {
@@ -272,6 +285,9 @@ static void run_block_fibers(void) {
             }
         }
         if (!released && !ran && live > 0) die("deadlock: threads wait at different barriers");
+    }
+    for (int i = 0; i < n; i++) {
+        if (state.async_count[i] > 0) die("a thread ended with cp.async copies it never waited for");
     }
 }
 
