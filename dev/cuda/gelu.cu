@@ -1,9 +1,9 @@
 /*
 GELU (tanh approximation) forward and backward, checked against the CPU backend.
   make dev/cuda/gelu && ./dev/cuda/gelu
-v1: one element per thread (llmc/cuda/gelu.cuh).
-v2: the forward with 16-byte loads and stores (8 bf16 or 4 fp32 per access): fewer, wider memory
-    transactions for a kernel whose speed is set by memory bandwidth alone.
+v1: one element per thread: 2-byte loads and stores in bf16.
+v2: 16-byte loads and stores (8 bf16 or 4 fp32 per access; llmc/cuda/gelu.cuh): fewer, wider
+    memory transactions for a kernel whose speed is set by memory bandwidth alone.
 */
 #include "common.h"
 namespace cpu {
@@ -11,19 +11,21 @@ namespace cpu {
 }
 #include "llmc/cuda/gelu.cuh"
 
-#define PACK (16 / (int)sizeof(floatX))
-typedef struct __align__(16) { floatX v[16 / sizeof(floatX)]; } Pack16;
-
-__global__ void gelu_forward_v2(floatX* out, const floatX* inp, size_t N) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PACK;
+__global__ void gelu_forward_v1(floatX* out, const floatX* inp, size_t N) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
-    Pack16 x = *(const Pack16*)(inp + i), y;
-    #pragma unroll
-    for (int k = 0; k < PACK; k++) {
-        float a = (float)x.v[k];
-        y.v[k] = (floatX)(0.5f * a * (1.0f + tanhf(GELU_SCALE * (a + 0.044715f * a * a * a))));
-    }
-    *(Pack16*)(out + i) = y;
+    float x = (float)inp[i];
+    out[i] = (floatX)(0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x))));
+}
+
+__global__ void gelu_backward_v1(floatX* dinp, const floatX* inp, const floatX* dout, size_t N) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N) return;
+    float x = (float)inp[i];
+    float th = tanhf(GELU_SCALE * (x + 0.044715f * x * x * x));
+    float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+    float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
+    dinp[i] = (floatX)((float)dout[i] * grad);
 }
 
 int main(void) {
@@ -44,20 +46,28 @@ int main(void) {
     int ok = 1;
     printf("gelu N=%zu (%s)\n", N, PRECISION_NAME);
 
-    gelu_forward(d_y, d_x, N);
+    gelu_forward_v1<<<ceil_div(N, 256), 256>>>(d_y, d_x, N);
+    cudaCheckLaunch();
     ok &= validate("v1 forward", d_y, y, N, tol);
-    TIME_KERNEL(ms, 20, gelu_forward(d_y, d_x, N));
+    TIME_KERNEL(ms, 20, (gelu_forward_v1<<<ceil_div(N, 256), 256>>>(d_y, d_x, N)));
     report("v1 forward", ms, 2.0 * N * sizeof(floatX), 0);
 
-    gelu_forward_v2<<<ceil_div(N / PACK, 256), 256>>>(d_y, d_x, N);
+    gelu_backward_v1<<<ceil_div(N, 256), 256>>>(d_dx, d_x, d_dy, N);
     cudaCheckLaunch();
+    ok &= validate("v1 backward", d_dx, dx, N, tol);
+    TIME_KERNEL(ms, 20, (gelu_backward_v1<<<ceil_div(N, 256), 256>>>(d_dx, d_x, d_dy, N)));
+    report("v1 backward", ms, 3.0 * N * sizeof(floatX), 0);
+
+    device_memset_zero(d_y, N * sizeof(floatX));
+    gelu_forward(d_y, d_x, N);
     ok &= validate("v2 forward 16B", d_y, y, N, tol);
-    TIME_KERNEL(ms, 20, (gelu_forward_v2<<<ceil_div(N / PACK, 256), 256>>>(d_y, d_x, N)));
+    TIME_KERNEL(ms, 20, gelu_forward(d_y, d_x, N));
     report("v2 forward 16B", ms, 2.0 * N * sizeof(floatX), 0);
 
+    device_memset_zero(d_dx, N * sizeof(floatX));
     gelu_backward(d_dx, d_x, d_dy, N);
-    ok &= validate("backward", d_dx, dx, N, tol);
+    ok &= validate("v2 backward 16B", d_dx, dx, N, tol);
     TIME_KERNEL(ms, 20, gelu_backward(d_dx, d_x, d_dy, N));
-    report("backward", ms, 3.0 * N * sizeof(floatX), 0);
+    report("v2 backward 16B", ms, 3.0 * N * sizeof(floatX), 0);
     return finish(ok);
 }

@@ -6,31 +6,47 @@
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
 
+// GELU's speed is set by memory bandwidth alone, so each thread moves 16 bytes (PACK16 elements)
+// per load and store; N is a multiple of PACK16 (it is B T 4C)
 __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t N) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PACK16;
     if (i >= N) return;
-    float x = (float)inp[i];
-    out[i] = (floatX)(0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x))));
+    Pack16 x = load16(inp + i), y;
+    for (int k = 0; k < PACK16; k++) {
+        float a = (float)x.v[k];
+        y.v[k] = (floatX)(0.5f * a * (1.0f + tanhf(GELU_SCALE * (a + 0.044715f * a * a * a))));
+    }
+    store16(out + i, y);
 }
 
 __global__ void gelu_backward_kernel(floatX* dinp, const floatX* inp, const floatX* dout, size_t N) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PACK16;
     if (i >= N) return;
-    float x = (float)inp[i];
-    float th = tanhf(GELU_SCALE * (x + 0.044715f * x * x * x));
-    float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-    float grad = 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * du;
-    dinp[i] = (floatX)((float)dout[i] * grad);
+    Pack16 x = load16(inp + i), dy = load16(dout + i), dx;
+    for (int k = 0; k < PACK16; k++) {
+        float a = (float)x.v[k];
+        float th = tanhf(GELU_SCALE * (a + 0.044715f * a * a * a));
+        float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * a * a);
+        float grad = 0.5f * (1.0f + th) + 0.5f * a * (1.0f - th * th) * du;
+        dx.v[k] = (floatX)((float)dy.v[k] * grad);
+    }
+    store16(dinp + i, dx);
+}
+
+static inline void gelu_check_size(size_t N) {
+    if (N % PACK16 != 0) fail("gelu: %zu elements is not a multiple of %d", N, PACK16);
 }
 
 static inline void gelu_forward(floatX* out, const floatX* inp, size_t N) {
-    gelu_forward_kernel<<<ceil_div(N, 256), 256>>>(out, inp, N);
+    gelu_check_size(N);
+    gelu_forward_kernel<<<ceil_div(N / PACK16, 256), 256>>>(out, inp, N);
     cudaCheckLaunch();
 }
 
 // dinp may be the same buffer as dout
 static inline void gelu_backward(floatX* dinp, const floatX* inp, const floatX* dout, size_t N) {
-    gelu_backward_kernel<<<ceil_div(N, 256), 256>>>(dinp, inp, dout, N);
+    gelu_check_size(N);
+    gelu_backward_kernel<<<ceil_div(N / PACK16, 256), 256>>>(dinp, inp, dout, N);
     cudaCheckLaunch();
 }
 

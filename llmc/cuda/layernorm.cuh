@@ -57,26 +57,35 @@ static inline void fused_residual_layernorm_forward(floatX* residual, floatX* ou
     cudaCheckLaunch();
 }
 
-// dinp (N, C) += s * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight; one warp per row
-__global__ void layernorm_backward_input_kernel(floatX* dinp, const floatX* dout, const floatX* inp,
-                                                const floatX* weight, const float* mean,
-                                                const float* rstd, int N, int C) {
+// dinp (N, C) += s * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight; one warp per row.
+// Memory-bound: 16-byte loads (C is a multiple of PACK16), and __restrict__ tells the compiler that
+// the stores to dinp cannot change dout or inp, so it may issue the next loads before them.
+__global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp, const floatX* __restrict__ dout,
+                                                const floatX* __restrict__ inp, const floatX* __restrict__ weight,
+                                                const float* mean, const float* rstd, int N, int C) {
     int warps_per_block = blockDim.x / 32, lane = threadIdx.x % 32;
     int n = blockIdx.x * warps_per_block + threadIdx.x / 32;
     if (n >= N) return;
     size_t row = (size_t)n * C;
     float m = mean[n], s = rstd[n];
     float g_sum = 0.0f, gx_sum = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float g = (float)dout[row + c] * (float)weight[c];
-        g_sum += g;
-        gx_sum += g * ((float)inp[row + c] - m) * s;
+    for (int c = lane * PACK16; c < C; c += 32 * PACK16) {
+        Pack16 d = load16(dout + row + c), x = load16(inp + row + c), w = load16(weight + c);
+        for (int k = 0; k < PACK16; k++) {
+            float g = (float)d.v[k] * (float)w.v[k];
+            g_sum += g;
+            gx_sum += g * ((float)x.v[k] - m) * s;
+        }
     }
     float g_mean = warp_sum(g_sum) / (float)C, gx_mean = warp_sum(gx_sum) / (float)C;
-    for (int c = lane; c < C; c += 32) {
-        float xhat = ((float)inp[row + c] - m) * s;
-        float g = (float)dout[row + c] * (float)weight[c];
-        dinp[row + c] = (floatX)((float)dinp[row + c] + s * (g - g_mean - xhat * gx_mean));
+    for (int c = lane * PACK16; c < C; c += 32 * PACK16) {  // the row again, now from L1/L2
+        Pack16 d = load16(dout + row + c), x = load16(inp + row + c), w = load16(weight + c);
+        Pack16 di = load16(dinp + row + c);
+        for (int k = 0; k < PACK16; k++) {
+            float xhat = ((float)x.v[k] - m) * s, g = (float)d.v[k] * (float)w.v[k];
+            di.v[k] = (floatX)((float)di.v[k] + s * (g - g_mean - xhat * gx_mean));
+        }
+        store16(dinp + row + c, di);
     }
 }
 
@@ -131,6 +140,7 @@ static DeviceScratch layernorm_scratch;
 static inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias,
                                       const floatX* dout, const floatX* inp, const floatX* weight,
                                       const float* mean, const float* rstd, int N, int C) {
+    if (C % PACK16 != 0) fail("layernorm_backward: C = %d is not a multiple of %d", C, PACK16);
     layernorm_backward_input_kernel<<<ceil_div(N, 8), 256>>>(dinp, dout, inp, weight, mean, rstd, N, C);
     cudaCheckLaunch();
     int parts = ceil_div(N, LN_ROWS_PER_BLOCK);
