@@ -610,7 +610,7 @@ int main(int argc, char** argv) {
                          model.master_memory ? model.master_memory + offset : NULL,
                          model.grads_memory + offset, model.m_memory + offset,
                          model.v_memory + offset, sizes[i], lr, 0.9f, 0.95f, 1e-8f, wd, step + 1,
-                         grad_scale, (unsigned int)(args.seed * 1000003 + step));
+                         grad_scale, (unsigned int)(args.seed * 1000003 + step), offset);
             offset += sizes[i];
         }
         device_synchronize();

@@ -24,6 +24,58 @@ __global__ void norm_squared_v1(float* out, const floatX* x, size_t n) {
     if (threadIdx.x % 32 == 0) atomicAdd(out, sum);
 }
 
+#if !FLOATX_IS_FLOAT
+// Stochastic rounding, through adamw_update with lr = 0 (the parameter is the master weight,
+// rounded): n copies of x = 1 + 0.3 bf16 spacings (2^-7 at 1) must round up 30% of the time,
+// so their mean is x (round-to-nearest would give 1 every time: 0.3 spacings off); two tensors
+// of the same values must not round alike (before the rounding bits depended on the global
+// index, element i of every tensor drew the same bits); a NaN master weight stays NaN.
+static int check_stochastic_rounding(void) {
+    size_t n = GPU_OR_EMU((size_t)1 << 20, (size_t)1 << 14);
+    float spacing = 1.0f / 128.0f, x = 1.0f + 0.3f * spacing;
+    float* master = (float*)malloc_check(2 * n * sizeof(float));
+    for (size_t i = 0; i < 2 * n; i++) master[i] = x;
+    unsigned int canonical_nan = 0x7FFFFFFFu;  // the NaN a GPU's arithmetic produces
+    memcpy(&master[2 * n - 1], &canonical_nan, sizeof(float));
+    float *d_master = (float*)device_malloc(2 * n * sizeof(float)), *d_zeros = (float*)device_malloc(2 * n * sizeof(float));
+    float* d_v = (float*)device_malloc(2 * n * sizeof(float));
+    floatX *d_params = (floatX*)device_malloc(2 * n * sizeof(floatX)), *d_grads = (floatX*)device_malloc(2 * n * sizeof(floatX));
+    copy_host_to_device(d_master, master, 2 * n * sizeof(float));
+    device_memset_zero(d_zeros, 2 * n * sizeof(float));
+    device_memset_zero(d_v, 2 * n * sizeof(float));
+    device_memset_zero(d_grads, 2 * n * sizeof(floatX));
+    for (int tensor = 0; tensor < 2; tensor++) {  // two tensors, one after the other in the model
+        size_t o = tensor * n;
+        adamw_update(d_params + o, d_master + o, d_grads + o, d_zeros + o, d_v + o, n, 0.0f, 0.9f,
+                     0.95f, 1e-8f, 0.0f, 1, 1.0f, 7, o);
+    }
+    float* rounded = (float*)malloc_check(2 * n * sizeof(float));
+    copy_device_to_floats(rounded, d_params, 2 * n);
+    double sum = 0.0;
+    size_t differ = 0;
+    for (size_t i = 0; i < n; i++) {
+        sum += rounded[i];
+        differ += rounded[i] != rounded[n + i];
+    }
+    // a rounding of x is off by 0.3 or 0.7 spacings, standard deviation 0.46: the mean of n is
+    // off by 0.46 / sqrt(n) spacings (0.004 under the emulator, 0.0005 on a GPU); allow 0.02
+    double bias = (sum / n - x) / spacing;
+    int ok_bias = fabs(bias) < 0.02;
+    // independent bits: the two copies differ with probability 2 * 0.3 * 0.7 = 0.42
+    double differ_fraction = (double)differ / n;
+    int ok_differ = differ_fraction > 0.35 && differ_fraction < 0.49;
+    int ok_nan = isnan(rounded[2 * n - 1]);
+    printf("  %-22s %s: mean of %zu roundings of 1 + 0.3 spacings is off by %.4f spacings (< 0.02)\n",
+           "stochastic rounding", ok_bias ? "ok" : "FAIL", n, bias);
+    printf("  %-22s %s: two tensors of equal values round differently at %.3f of elements (0.42 expected)\n",
+           "independent bits", ok_differ ? "ok" : "FAIL", differ_fraction);
+    printf("  %-22s %s: a NaN master weight gives %g\n", "NaN stays NaN", ok_nan ? "ok" : "FAIL", rounded[2 * n - 1]);
+    device_free(d_master), device_free(d_zeros), device_free(d_v), device_free(d_params), device_free(d_grads);
+    free(master), free(rounded);
+    return ok_bias && ok_differ && ok_nan;
+}
+#endif
+
 int main(void) {
     size_t n = GPU_OR_EMU((size_t)124 * 1000 * 1000, (size_t)1 << 20);  // GPT-2 124M
     float* params = random_floats(n, 0.02f);
@@ -44,12 +96,12 @@ int main(void) {
     copy_host_to_device(d_v, v, n * sizeof(float));
     float* cpu_master = (float*)malloc_check(n * sizeof(float));
     memcpy(cpu_master, params, n * sizeof(float));
-    cpu::adamw_update(params, cpu_master, grads, m, v, n, lr, 0.9f, 0.95f, 1e-8f, wd, t, scale, 0);
+    cpu::adamw_update(params, cpu_master, grads, m, v, n, lr, 0.9f, 0.95f, 1e-8f, wd, t, scale, 0, 0);
     int ok = 1;
     float ms;
     printf("adamw n=%zu (%s)\n", n, PRECISION_NAME);
 
-    adamw_update(d_params, FLOATX_IS_FLOAT ? NULL : d_master, d_grads, d_m, d_v, n, lr, 0.9f, 0.95f, 1e-8f, wd, t, scale, 42);
+    adamw_update(d_params, FLOATX_IS_FLOAT ? NULL : d_master, d_grads, d_m, d_v, n, lr, 0.9f, 0.95f, 1e-8f, wd, t, scale, 42, 0);
     ok &= validate_f32("m", d_m, m, n, 1e-5f);
     ok &= validate_f32("v", d_v, v, n, 1e-5f);
     if (!FLOATX_IS_FLOAT) ok &= validate_f32("master weights", d_master, cpu_master, n, 1e-5f);
@@ -57,7 +109,7 @@ int main(void) {
     ok &= validate("parameters", d_params, cpu_master, n, FLOATX_IS_FLOAT ? 1e-5f : 8e-3f);
     // bytes: read params/master, grads, m, v; write params/master, m, v
     double bytes = (double)n * (3 * sizeof(float) + 2 * sizeof(floatX) + 3 * sizeof(float) + (FLOATX_IS_FLOAT ? 0 : 2 * sizeof(float)));
-    TIME_KERNEL(ms, 10, adamw_update(d_params, FLOATX_IS_FLOAT ? NULL : d_master, d_grads, d_m, d_v, n, lr, 0.9f, 0.95f, 1e-8f, wd, t, scale, 42));
+    TIME_KERNEL(ms, 10, adamw_update(d_params, FLOATX_IS_FLOAT ? NULL : d_master, d_grads, d_m, d_v, n, lr, 0.9f, 0.95f, 1e-8f, wd, t, scale, 42, 0));
     report("adamw", ms, bytes, 0);
 
     float cpu_norm = cpu::global_norm_squared(grads, n);
@@ -77,5 +129,8 @@ int main(void) {
     ok &= norm_ok;
     TIME_KERNEL(ms, 10, (norm_squared_v1<<<1024, 512>>>(d_sum, d_grads, n)));
     report("v1 norm^2 (atomics)", ms, (double)n * sizeof(floatX), 0);
+#if !FLOATX_IS_FLOAT
+    ok &= check_stochastic_rounding();
+#endif
     return finish(ok);
 }

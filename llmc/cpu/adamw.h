@@ -7,11 +7,12 @@
 // One AdamW step on n parameters, the same arithmetic as torch.optim.AdamW: decoupled weight
 // decay, then bias-corrected moments. grad_scale multiplies the gradient first (clipping).
 // master: fp32 master weights when the parameters are kept in lower precision, else NULL.
-// seed: for stochastic rounding to a lower precision; fp32 parameters need none.
+// seed, first_index: for stochastic rounding to a lower precision; fp32 parameters need none.
 static inline void adamw_update(float* params, float* master, const float* grads, float* m,
                                 float* v, size_t n, float lr, float beta1, float beta2, float eps,
-                                float weight_decay, int t, float grad_scale, unsigned int seed) {
-    (void)seed;
+                                float weight_decay, int t, float grad_scale, unsigned int seed,
+                                size_t first_index) {
+    (void)seed, (void)first_index;
     float correction1 = 1.0f - powf(beta1, (float)t);
     float correction2 = 1.0f - powf(beta2, (float)t);
     #pragma omp parallel for

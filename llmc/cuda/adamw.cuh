@@ -21,6 +21,9 @@ __device__ inline floatX round_to_floatX(float x, unsigned int random) {
     (void)random;
     return x;
 #else
+    // a NaN's mantissa plus the random bits would carry into the sign and give -0.0, hiding a
+    // diverged weight: NaN stays NaN
+    if (isnan(x)) return (floatX)x;
     unsigned int bits = __float_as_uint(x);
     bits = (bits + (random & 0xFFFFu)) & 0xFFFF0000u;
     return __float2bfloat16_rz(__uint_as_float(bits));
@@ -30,7 +33,7 @@ __device__ inline floatX round_to_floatX(float x, unsigned int random) {
 __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v,
                              size_t n, float lr, float beta1, float beta2, float eps,
                              float weight_decay, float correction1, float correction2,
-                             float grad_scale, unsigned int seed) {
+                             float grad_scale, unsigned int seed, size_t first_index) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = (float)grads[i] * grad_scale;
@@ -41,18 +44,24 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
     float p = (master ? master[i] : (float)params[i]) * (1.0f - lr * weight_decay);
     p -= lr * (mi / correction1) / (sqrtf(vi / correction2) + eps);
     if (master) master[i] = p;
-    params[i] = round_to_floatX(p, hash_u32(seed, (unsigned int)i));
+    size_t index = first_index + i;  // the element's place in the whole model: its own bits
+    params[i] = round_to_floatX(p, hash_u32(seed ^ (unsigned int)(index >> 32), (unsigned int)index));
 }
 
 // One AdamW step on n parameters, as torch.optim.AdamW. master: fp32 master weights when the
-// parameters are bf16 (else NULL); seed: for the stochastic rounding of bf16 parameters.
+// parameters are bf16 (else NULL); seed: for the stochastic rounding of bf16 parameters, which
+// draws element i's random bits from (seed, first_index + i). first_index is params[0]'s index
+// in the model's flat parameter buffer, so that no two elements of the model (in two tensors, or
+// two shards of one) share their bits.
 static inline void adamw_update(floatX* params, float* master, const floatX* grads, float* m,
                                 float* v, size_t n, float lr, float beta1, float beta2, float eps,
-                                float weight_decay, int t, float grad_scale, unsigned int seed) {
+                                float weight_decay, int t, float grad_scale, unsigned int seed,
+                                size_t first_index) {
     float correction1 = 1.0f - powf(beta1, (float)t);
     float correction2 = 1.0f - powf(beta2, (float)t);
     adamw_kernel<<<ceil_div(n, 256), 256>>>(params, master, grads, m, v, n, lr, beta1, beta2, eps,
-                                           weight_decay, correction1, correction2, grad_scale, seed);
+                                           weight_decay, correction1, correction2, grad_scale, seed,
+                                           first_index);
     cudaCheckLaunch();
 }
 
