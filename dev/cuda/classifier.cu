@@ -32,20 +32,11 @@ __global__ void classifier_v1(floatX* logits, float* losses, const int* targets,
 // v2: llmc's kernel before 16-byte accesses
 __global__ void classifier_v2(floatX* logits, float* losses, const int* targets,
                                         float dloss, int V, int Vp) {
-    __shared__ float shared_m[32], shared_s[32];
-    int n = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int n = blockIdx.x;
     floatX* row = logits + (size_t)n * Vp;
     float m = -INFINITY, s = 0.0f;
     for (int v = threadIdx.x; v < V; v += blockDim.x) online_softmax_merge(&m, &s, (float)row[v], 1.0f);
-    for (int o = 16; o > 0; o /= 2) {
-        float m2 = __shfl_xor_sync(0xffffffff, m, o), s2 = __shfl_xor_sync(0xffffffff, s, o);
-        online_softmax_merge(&m, &s, m2, s2);
-    }
-    if (lane == 0) { shared_m[warp] = m; shared_s[warp] = s; }
-    __syncthreads();
-    m = -INFINITY;
-    s = 0.0f;
-    for (int w = 0; w < (int)blockDim.x / 32; w++) online_softmax_merge(&m, &s, shared_m[w], shared_s[w]);
+    block_online_softmax_merge(&m, &s);
     int target = targets[n];
     if (threadIdx.x == 0) losses[n] = logf(s) - ((float)row[target] - m);
     __syncthreads();  // every thread has read row[target] before any overwrites it

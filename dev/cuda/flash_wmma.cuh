@@ -10,7 +10,7 @@
 #define DEV_CUDA_FLASH_WMMA_CUH
 
 #include <mma.h>
-#include "llmc/cuda/device.cuh"
+#include "llmc/cuda/flash_attention.cuh"  // the backward's D kernel is shared
 
 #if !FLOATX_IS_FLOAT
 
@@ -150,19 +150,6 @@ __global__ void wmma_flash_forward_kernel(floatX* out, float* lse, const floatX*
     floatX* y = out + ((size_t)b * T + t) * C + h * HS + half * (HS / 2);
     for (int i = 0; i < HS / 2; i++) y[i] = (floatX)(orow[i] / l);
     if (half == 0) lse[((size_t)b * NH + h) * T + t] = m + logf(l);
-}
-
-// D (B, NH, T) = rowwise dout . out per head: the sum over keys of p * dp, without p; warp per row
-__global__ void wmma_flash_backward_dot(float* D, const floatX* dout, const floatX* out, int B,
-                                             int T, int C, int NH) {
-    size_t row = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;  // (b, h, t)
-    if (row >= (size_t)B * NH * T) return;
-    int t = (int)(row % T), h = (int)(row / T % NH), b = (int)(row / T / NH), hs = C / NH;
-    size_t base = ((size_t)b * T + t) * C + (size_t)h * hs;
-    float sum = 0.0f;
-    for (int i = threadIdx.x % 32; i < hs; i += 32) sum += (float)dout[base + i] * (float)out[base + i];
-    sum = warp_sum(sum);
-    if (threadIdx.x % 32 == 0) D[row] = sum;
 }
 
 // dK, dV: block (64 keys, b * NH + h); queries visited 32 at a time from the block's first key on.
@@ -306,7 +293,7 @@ static inline void attention_backward_flash_wmma(floatX* dqkv, const floatX* dou
                                             int C, int NH) {
     size_t rows = (size_t)B * NH * T;
     float* D = (float*)scratch_get(&wmma_flash_scratch, rows * sizeof(float));
-    wmma_flash_backward_dot<<<ceil_div(rows, 8), 256>>>(D, dout, out, B, T, C, NH);
+    flash_attention_backward_dot<<<ceil_div(rows, 8), 256>>>(D, dout, out, B, T, C, NH);
     cudaCheckLaunch();
     dim3 grid(ceil_div(T, WMMA_FLASH_BLOCK_ROWS), B * NH);
     int hs = C / NH, threads = WMMA_FLASH_WARPS * 32;

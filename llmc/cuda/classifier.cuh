@@ -16,10 +16,25 @@ __device__ inline void online_softmax_merge(float* m, float* s, float m2, float 
 // block n: row n of logits (N, Vp). Memory-bound (the row is read twice and written once), so
 // every access moves 16 bytes: Vp is a multiple of 128, so a row is whole packs, and columns
 // from V on are padding. Each pack is folded into the running (max, sum) with one merge.
+// every thread's (max, sum) merged over the block, warps through shuffles, then the warps'
+// results through shared memory; every thread ends with the block's (max, sum)
+__device__ inline void block_online_softmax_merge(float* m, float* s) {
+    __shared__ float shared_m[32], shared_s[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    for (int o = 16; o > 0; o /= 2) {
+        float m2 = __shfl_xor_sync(0xffffffff, *m, o), s2 = __shfl_xor_sync(0xffffffff, *s, o);
+        online_softmax_merge(m, s, m2, s2);
+    }
+    if (lane == 0) { shared_m[warp] = *m; shared_s[warp] = *s; }
+    __syncthreads();
+    *m = -INFINITY;
+    *s = 0.0f;
+    for (int w = 0; w < (int)blockDim.x / 32; w++) online_softmax_merge(m, s, shared_m[w], shared_s[w]);
+}
+
 __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int* targets,
                                         float dloss, int V, int Vp) {
-    __shared__ float shared_m[32], shared_s[32];
-    int n = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int n = blockIdx.x;
     floatX* row = logits + (size_t)n * Vp;
     float m = -INFINITY, s = 0.0f;
     for (int v0 = threadIdx.x * PACK16; v0 < V; v0 += blockDim.x * PACK16) {
@@ -33,15 +48,7 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
         }
         online_softmax_merge(&m, &s, pack_max, pack_sum);
     }
-    for (int o = 16; o > 0; o /= 2) {
-        float m2 = __shfl_xor_sync(0xffffffff, m, o), s2 = __shfl_xor_sync(0xffffffff, s, o);
-        online_softmax_merge(&m, &s, m2, s2);
-    }
-    if (lane == 0) { shared_m[warp] = m; shared_s[warp] = s; }
-    __syncthreads();
-    m = -INFINITY;
-    s = 0.0f;
-    for (int w = 0; w < (int)blockDim.x / 32; w++) online_softmax_merge(&m, &s, shared_m[w], shared_s[w]);
+    block_online_softmax_merge(&m, &s);
     int target = targets[n];
     if (threadIdx.x == 0) losses[n] = logf(s) - ((float)row[target] - m);
     __syncthreads();  // every thread has read row[target] before any overwrites it
