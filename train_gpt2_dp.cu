@@ -553,7 +553,10 @@ int main(int argc, char** argv) {
     // model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per
     // parameter, plus the attention scores and their use, 12 L C T (PaLM paper, appendix B)
     double flops_per_token = 6.0 * model.num_parameters + 12.0 * config.num_layers * config.channels * args.T;
-    double peak_flops = device_peak_flops();
+    DevicePeak peak = device_peak();
+    double peak_flops = peak.flops;
+    if (rank == 0 && peak_flops > 0)
+        printf("MFU against the %s dense %s peak, %.0f TFLOP/s\n", peak.part, PRECISION_NAME, peak_flops / 1e12);
     size_t peak_memory = 0;
     double total_time = 0.0;
     int timed_steps = 0;

@@ -16,7 +16,14 @@ static inline void copy_host_to_device(void* dst, const void* src, size_t bytes)
 static inline void copy_device_to_host(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void device_synchronize(void) {}
 // MFU and memory figures are printed for GPUs only
-static inline double device_peak_flops(void) { return 0.0; }
+typedef struct {
+    const char* part;
+    double flops;
+} DevicePeak;
+static inline DevicePeak device_peak(void) {
+    DevicePeak none = {NULL, 0.0};
+    return none;
+}
 static inline size_t device_memory_used(void) { return 0; }
 // fp32 host values to floatX device values and back (floatX is float on the CPU)
 static inline void copy_floats_to_device(floatX* dst, const float* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }

@@ -41,16 +41,37 @@ static inline void copy_device_to_host(void* dst, const void* src, size_t bytes)
 }
 static inline void device_synchronize(void) { cudaCheck(cudaDeviceSynchronize()); }
 
-// dense peak of the GPU for floatX matmuls, from the datasheets (H100/H200 SXM: 989 TFLOP/s bf16,
-// 67 fp32; A100: 312 bf16, 19.5 fp32); 0 for GPUs not in this table (MFU is then not printed)
-static inline double device_peak_flops(void) {
+// the dense peak of this GPU for floatX matmuls, from NVIDIA's datasheets, and which part it
+// was taken for. One compute capability covers parts of different speeds: sm_90 is the H100 SXM
+// and the H200 (132 SMs: 989 TFLOP/s bf16, 67 fp32), the H100 NVL (835, 60) and the H100 PCIe
+// (114 SMs: 756, 51). A100 (sm_80): 312 bf16, 19.5 fp32. Other GPUs: 0 (no MFU is printed).
+typedef struct {
+    const char* part;
+    double flops;
+} DevicePeak;
+static inline DevicePeak device_peak(void) {
     int dev;
     cudaDeviceProp prop;
     cudaCheck(cudaGetDevice(&dev));
     cudaCheck(cudaGetDeviceProperties(&prop, dev));
-    if (prop.major == 9 && prop.minor == 0) return FLOATX_IS_FLOAT ? 67e12 : 989e12;
-    if (prop.major == 8 && prop.minor == 0) return FLOATX_IS_FLOAT ? 19.5e12 : 312e12;
-    return 0.0;
+    DevicePeak none = {NULL, 0.0};
+    if (prop.major == 9 && prop.minor == 0) {
+        if (strstr(prop.name, "PCIe") || prop.multiProcessorCount == 114) {
+            DevicePeak p = {"H100 PCIe", FLOATX_IS_FLOAT ? 51e12 : 756e12};
+            return p;
+        }
+        if (strstr(prop.name, "NVL")) {
+            DevicePeak p = {"H100 NVL", FLOATX_IS_FLOAT ? 60e12 : 835e12};
+            return p;
+        }
+        DevicePeak p = {"H100 SXM / H200", FLOATX_IS_FLOAT ? 67e12 : 989e12};
+        return p;
+    }
+    if (prop.major == 8 && prop.minor == 0) {
+        DevicePeak p = {"A100", FLOATX_IS_FLOAT ? 19.5e12 : 312e12};
+        return p;
+    }
+    return none;
 }
 
 // memory in use on the device, by this process and any other
