@@ -16,6 +16,16 @@ static cublasLtHandle_t cublaslt_handle = NULL;
 static void* cublaslt_workspace = NULL;
 #define CUBLASLT_WORKSPACE_BYTES (32u << 20)
 
+// the largest power of two up to 256 that divides the address. cuBLASLt's heuristic assumes
+// 256-byte-aligned matrices unless told otherwise, and one layer's slice of a tensor stacked over
+// layers is often less aligned (with C = 64 L and L odd, only 128 bytes): an algorithm chosen for
+// 256 may then fail. So the preference states each pointer's true alignment.
+static inline uint32_t pointer_alignment(const void* p) {
+    uint32_t alignment = 256;
+    while ((uintptr_t)p % alignment != 0) alignment /= 2;
+    return alignment;
+}
+
 // D (m, n) = alpha op(A) op(B) + beta D, column-major, with an optional bias (m) epilogue.
 // FP32 builds compute in strict fp32 (no TF32), so they can be compared with the CPU tightly.
 static void cublaslt_gemm(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m,
@@ -45,6 +55,11 @@ static void cublaslt_gemm(floatX* d, const floatX* a, const floatX* b, const flo
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = CUBLASLT_WORKSPACE_BYTES;
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    uint32_t align_a = pointer_alignment(a), align_b = pointer_alignment(b), align_d = pointer_alignment(d);
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
     cublasLtMatmulHeuristicResult_t heuristic;
     int found = 0;
     cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));

@@ -78,7 +78,8 @@ struct MatmulDesc {
     cudaDataType_t bias_type;
 };
 struct MatrixLayout { cudaDataType_t type; uint64_t rows, cols; int64_t ld; };
-struct MatmulPreference { size_t max_workspace; };
+// alignments in bytes the chosen algorithm may assume for A, B, C, D (cuBLASLt's default: 256)
+struct MatmulPreference { size_t max_workspace; uint32_t min_alignment[4]; };
 
 }  // namespace cuda_emu
 
@@ -105,7 +106,13 @@ typedef enum {
     CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
     CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,
 } cublasLtMatmulDescAttributes_t;
-typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 } cublasLtMatmulPreferenceAttributes_t;
+typedef enum {
+    CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+} cublasLtMatmulPreferenceAttributes_t;
 
 static inline cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) { *h = new cuda_emu::LtHandle(); return CUBLAS_STATUS_SUCCESS; }
 static inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t compute, cudaDataType_t scale) {
@@ -147,21 +154,34 @@ static inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* 
     return CUBLAS_STATUS_SUCCESS;
 }
 static inline cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return CUBLAS_STATUS_SUCCESS; }
-static inline cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) { *p = new cuda_emu::MatmulPreference{0}; return CUBLAS_STATUS_SUCCESS; }
+static inline cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
+    *p = new cuda_emu::MatmulPreference{0, {256, 256, 256, 256}};
+    return CUBLAS_STATUS_SUCCESS;
+}
 static inline cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) { delete p; return CUBLAS_STATUS_SUCCESS; }
 static inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr,
                                                                   const void* buf, size_t size) {
-    if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || size != sizeof(size_t)) return CUBLAS_STATUS_NOT_SUPPORTED;
-    memcpy(&p->max_workspace, buf, size);
-    return CUBLAS_STATUS_SUCCESS;
+    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) {
+        if (size != sizeof(size_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&p->max_workspace, buf, size);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES) {
+        if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&p->min_alignment[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, size);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    return CUBLAS_STATUS_NOT_SUPPORTED;
 }
 static inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
                                                             cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl,
                                                             cublasLtMatmulPreference_t p, int requested,
                                                             cublasLtMatmulHeuristicResult_t* results, int* found) {
-    (void)h, (void)d, (void)a, (void)b, (void)c, (void)dl, (void)p;
+    (void)h, (void)d, (void)a, (void)b, (void)c, (void)dl;
     if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
     memset(results, 0, sizeof(*results));
+    // the "algorithm" remembers the alignments it was chosen for, as a real one relies on them
+    for (int i = 0; i < 4; i++) results->algo.data[i] = p->min_alignment[i];
     *found = 1;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -170,7 +190,19 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDe
                                             const void* beta, const void* c, cublasLtMatrixLayout_t lc, void* d,
                                             cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t* algo, void* workspace,
                                             size_t workspace_bytes, cudaStream_t stream) {
-    (void)h, (void)algo, (void)workspace, (void)workspace_bytes, (void)stream;
+    (void)h, (void)workspace, (void)workspace_bytes, (void)stream;
+    // an algorithm chosen for 256-byte-aligned matrices (the default) may fault on a pointer
+    // aligned to less, such as one layer's slice of a tensor stacked over layers
+    const void* pointers[4] = {a, b, c, d};
+    for (int i = 0; i < 4; i++) {
+        if ((uintptr_t)pointers[i] % algo->data[i] != 0) {
+            char what[160];
+            snprintf(what, sizeof(what), "cublasLtMatmul: matrix %c is not %u-byte aligned, the alignment its "
+                     "algorithm was chosen for (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%c_BYTES)", "ABCD"[i],
+                     (unsigned)algo->data[i], "ABCD"[i]);
+            cuda_emu::die(what);
+        }
+    }
     uint64_t m = ld->rows, n = ld->cols;
     int ta = desc->transa == CUBLAS_OP_T, tb = desc->transb == CUBLAS_OP_T;
     uint64_t k = ta ? la->rows : la->cols;
