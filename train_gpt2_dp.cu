@@ -498,13 +498,18 @@ int main(int argc, char** argv) {
     if (rank == 0) {
         size_t P = model.num_parameters;
         printf("+-----------------------+----------------------------------------------------+\n");
-        printf("| train_gpt2_dp (DDP)   | backend %-4s, precision %-27s |\n", BACKEND_NAME, PRECISION_NAME);
+        char cell[4][64];  // composite cells are formatted first, so every row is padded alike
+        snprintf(cell[0], sizeof(cell[0]), "backend %s, precision %s", BACKEND_NAME, PRECISION_NAME);
+        snprintf(cell[1], sizeof(cell[1]), "%d, %d, %d", config.num_layers, config.num_heads, config.channels);
+        snprintf(cell[2], sizeof(cell[2]), "%d, %d, %d", config.max_seq_len, config.vocab_size, config.padded_vocab_size);
+        snprintf(cell[3], sizeof(cell[3]), "%d x %d", args.B, args.T);
+        printf("| train_gpt2_dp (DDP)   | %-50s |\n", cell[0]);
         printf("| model                 | %-50s |\n", args.model);
-        printf("| L, NH, C              | %d, %d, %-44d |\n", config.num_layers, config.num_heads, config.channels);
-        printf("| maxT, V, Vp           | %d, %d, %-42d |\n", config.max_seq_len, config.vocab_size, config.padded_vocab_size);
+        printf("| L, NH, C              | %-50s |\n", cell[1]);
+        printf("| maxT, V, Vp           | %-50s |\n", cell[2]);
         printf("| parameters            | %-50zu |\n", P);
         printf("| ranks (data parallel) | %-50d |\n", world.size);
-        printf("| micro-batch B x T     | %d x %-46d |\n", args.B, args.T);
+        printf("| micro-batch B x T     | %-50s |\n", cell[3]);
         printf("| accumulation steps    | %-50d |\n", accum);
         printf("| total batch (tokens)  | %-50d |\n", args.total_batch);
         printf("| steps                 | %-50d |\n", max_steps);
