@@ -13,9 +13,6 @@ __device__ inline void online_softmax_merge(float* m, float* s, float m2, float 
     *m = m_new;
 }
 
-// block n: row n of logits (N, Vp). Memory-bound (the row is read twice and written once), so
-// every access moves 16 bytes: Vp is a multiple of 128, so a row is whole packs, and columns
-// from V on are padding. Each pack is folded into the running (max, sum) with one merge.
 // every thread's (max, sum) merged over the block, warps through shuffles, then the warps'
 // results through shared memory; every thread ends with the block's (max, sum)
 __device__ inline void block_online_softmax_merge(float* m, float* s) {
@@ -32,6 +29,9 @@ __device__ inline void block_online_softmax_merge(float* m, float* s) {
     for (int w = 0; w < (int)blockDim.x / 32; w++) online_softmax_merge(m, s, shared_m[w], shared_s[w]);
 }
 
+// block n: row n of logits (N, Vp). Memory-bound (the row is read twice and written once), so
+// every access moves 16 bytes: Vp is a multiple of 128, so a row is whole packs, and columns
+// from V on are padding. Each pack is folded into the running (max, sum) with one merge.
 __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int* targets,
                                         float dloss, int V, int Vp) {
     int n = blockIdx.x;
@@ -68,7 +68,7 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
 // dloss != 0 each row becomes dloss * (softmax - onehot(target)), zero over the padding.
 static inline void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss,
                                     int N, int V, int Vp) {
-    if (Vp % PACK16 != 0) fail("fused_classifier: Vp = %d is not a multiple of %d", Vp, PACK16);
+    check_whole_packs("fused_classifier", "Vp", (size_t)Vp);
     fused_classifier_kernel<<<N, 1024>>>(logits, losses, targets, dloss, V, Vp);
     cudaCheckLaunch();
 }

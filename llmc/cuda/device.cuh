@@ -126,6 +126,10 @@ static inline void* scratch_get(DeviceScratch* s, size_t bytes) {
 typedef struct __align__(16) { floatX v[PACK16]; } Pack16;
 __device__ inline Pack16 load16(const floatX* p) { return *(const Pack16*)p; }
 __device__ inline void store16(floatX* p, Pack16 x) { *(Pack16*)p = x; }
+// a launcher of Pack16 kernels checks that its row length or element count n divides into packs
+static inline void check_whole_packs(const char* op, const char* what, size_t n) {
+    if (n % PACK16 != 0) fail("%s: %s = %zu is not a multiple of %d", op, what, n, PACK16);
+}
 
 // warp-level sum and max: every lane ends with the result
 __device__ inline float warp_sum(float v) {

@@ -33,19 +33,15 @@ __global__ void gelu_backward_kernel(floatX* dinp, const floatX* inp, const floa
     store16(dinp + i, dx);
 }
 
-static inline void gelu_check_size(size_t N) {
-    if (N % PACK16 != 0) fail("gelu: %zu elements is not a multiple of %d", N, PACK16);
-}
-
 static inline void gelu_forward(floatX* out, const floatX* inp, size_t N) {
-    gelu_check_size(N);
+    check_whole_packs("gelu_forward", "N", N);
     gelu_forward_kernel<<<ceil_div(N / PACK16, 256), 256>>>(out, inp, N);
     cudaCheckLaunch();
 }
 
 // dinp may be the same buffer as dout
 static inline void gelu_backward(floatX* dinp, const floatX* inp, const floatX* dout, size_t N) {
-    gelu_check_size(N);
+    check_whole_packs("gelu_backward", "N", N);
     gelu_backward_kernel<<<ceil_div(N / PACK16, 256), 256>>>(dinp, inp, dout, N);
     cudaCheckLaunch();
 }

@@ -140,7 +140,7 @@ static DeviceScratch layernorm_scratch;
 static inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias,
                                       const floatX* dout, const floatX* inp, const floatX* weight,
                                       const float* mean, const float* rstd, int N, int C) {
-    if (C % PACK16 != 0) fail("layernorm_backward: C = %d is not a multiple of %d", C, PACK16);
+    check_whole_packs("layernorm_backward", "C", (size_t)C);
     layernorm_backward_input_kernel<<<ceil_div(N, 8), 256>>>(dinp, dout, inp, weight, mean, rstd, N, C);
     cudaCheckLaunch();
     int parts = ceil_div(N, LN_ROWS_PER_BLOCK);
