@@ -3,6 +3,8 @@
 #   make test            build and run all tests; ends with "N passed, N failed, N skipped"
 #   make train           set up what is missing, build, and run the quick-start training job
 #   make bench           benchmarks (CPU: matmul GFLOP/s and a training step; GPU: dev/bench/bench_gpu.sh)
+#   make sanitize        the CPU trainer built with AddressSanitizer + UndefinedBehaviorSanitizer:
+#                        build/sanitize/train_gpt2_dp (the tests run their bad inputs through it)
 #   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90 (no GPU needed)
 #   make build/emu_FP32/train_gpt2_dp   the CUDA backend built for the CPU emulator (test/cuda_emu);
 #                        also build/emu_BF16/..., build/emu_FP32/dev/cuda/<kernel>, build/cuda_BF16/... (nvcc)
@@ -28,8 +30,8 @@ DEV_CUDA := $(wildcard dev/cuda/*.cu)
 # ---- CPU backend: the .cu sources compile as C11 with OpenMP, MPI through mpicc
 MPICC ?= mpicc
 CFLAGS ?= -O3 -march=native -ffp-contract=fast -fno-math-errno
-CFLAGS += -std=c11 -D_POSIX_C_SOURCE=200809L -fopenmp -Wall -Wextra -I.
-LDLIBS := -lm
+CFLAGS += -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -fopenmp -Wall -Wextra -I.
+LDLIBS := -lm -lz  # zlib: CRC-32 of checkpoint files
 
 # ---- CUDA backend
 PRECISION ?= BF16
@@ -49,9 +51,9 @@ NCCL_FLAGS := $(if $(NCCL_DIR),-I$(NCCL_DIR)/include -L$(NCCL_LIBDIR) -Xlinker -
 # MPI is optional on the CUDA backend: without it, ranks meet through RANK/WORLD_SIZE/LLMC_NCCL_ID_FILE
 HAS_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1)
 MPI_FLAGS := $(if $(HAS_MPI),-DUSE_MPI $(shell $(MPICC) --showme:incdirs 2>/dev/null | sed 's/\([^ ]*\)/-I\1/g') $(shell $(MPICC) --showme:libdirs 2>/dev/null | sed 's/\([^ ]*\)/-L\1/g') -lmpi,)
-CUDA_LIBS := -lcublas -lcublasLt $(NCCL_LIB)
+CUDA_LIBS := -lcublas -lcublasLt $(NCCL_LIB) -lz
 
-.PHONY: all test train bench clean check-deps check-test-deps check-cuda-deps setup cuda-check
+.PHONY: all test train bench clean check-deps check-test-deps check-cuda-deps setup cuda-check sanitize
 
 all: $(TRAINERS)
 
@@ -62,6 +64,14 @@ else
 train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-cuda-deps
 	$(NVCC) $(NVCC_ARCH) $(NVCC_FLAGS) $(PRECISION_FLAG) $< -o $@ $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS)
 endif
+
+# any out-of-bounds access, use after free or undefined behaviour (an int overflow, a bad shift)
+# stops the program with a report; -O1 -g keeps the reports readable
+SANITIZE_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+sanitize: build/sanitize/train_gpt2_dp
+build/sanitize/train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-deps
+	@mkdir -p $(dir $@)
+	$(MPICC) $(filter-out -O3,$(CFLAGS)) $(SANITIZE_FLAGS) -x c $< -x none -o $@ $(LDLIBS)
 
 test/test_%: test/test_%.c $(HEADERS) | check-deps
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
@@ -94,7 +104,7 @@ EMU_CXX ?= g++
 # -fsanitize=alignment: a misaligned vector load or store, which faults on a GPU, stops the program
 EMU_FLAGS := -O2 -std=c++17 -march=native -fopenmp -fsanitize=alignment -fno-sanitize-recover=alignment \
   -D__CUDACC__ -DCUDA_EMU -Ibuild/emu_src -Itest/cuda_emu/include \
-  $(MPI_FLAGS)
+  $(MPI_FLAGS) -lz
 build/emu_src/.stamp: $(EMU_SOURCES) test/cuda_emu/translate.py
 	@$(PYTHON) test/cuda_emu/translate.py build/emu_src $(EMU_SOURCES) && touch $@
 build/emu_FP32/test/test_comm: build/emu_src/.stamp $(EMU_HEADERS)
@@ -123,6 +133,7 @@ cuda-check: | check-cuda-deps
 check-deps:
 	@command -v $(MPICC) >/dev/null 2>&1 || { echo "missing: MPI compiler '$(MPICC)'. Install: apt-get install -y libopenmpi-dev openmpi-bin (or run dev/setup.sh)"; exit 1; }
 	@command -v mpirun >/dev/null 2>&1 || { echo "missing: mpirun. Install: apt-get install -y openmpi-bin (or run dev/setup.sh)"; exit 1; }
+	@echo '#include <zlib.h>' | $(MPICC) -E -x c - >/dev/null 2>&1 || { echo "missing: zlib (zlib.h). Install: apt-get install -y zlib1g-dev (or run dev/setup.sh)"; exit 1; }
 
 check-test-deps:
 	@$(PYTHON) -c "import torch, numpy" 2>/dev/null || { echo "missing: PyTorch and NumPy for $(PYTHON). Install: apt-get install -y python3-torch python3-numpy (or run dev/setup.sh)"; exit 1; }

@@ -24,6 +24,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/logger.h"
 #include "llmc/checkpoint.h"
 #include "llmc/rng.h"
+#include "llmc/watchdog.h"
 #include "llmc/ops.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -78,12 +79,11 @@ typedef struct {
     float* losses_host;     // (B, T)
 } GPT2;
 
-// all activations in one arena, each tensor aligned to 256 bytes
-static void gpt2_allocate_activations(GPT2* model, int B, int T) {
-    GPT2Config c = model->config;
+// all activations in one arena, each tensor aligned to 256 bytes. Returns the arena's size;
+// with base != NULL also points every tensor of `a` into it (NULL: only the size, for planning)
+static size_t gpt2_lay_out_activations(Activations* a, GPT2Config c, int B, int T, char* base) {
     size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
     size_t BT = (size_t)B * T, X = sizeof(floatX), F = sizeof(float);
-    Activations* a = &model->acts;
     struct { void** ptr; size_t count; size_t elem_bytes; } t[] = {
         {(void**)&a->encoded, BT * C, X},       {(void**)&a->ln1, L * BT * C, X},
         {(void**)&a->ln1_mean, L * BT, F},      {(void**)&a->ln1_rstd, L * BT, F},
@@ -100,16 +100,21 @@ static void gpt2_allocate_activations(GPT2* model, int B, int T) {
         {(void**)&a->dbuf, BT * C, X},          {(void**)&a->dqkv, BT * 3 * C, X},
         {(void**)&a->dfch, BT * 4 * C, X},
     };
-    int n = (int)(sizeof(t) / sizeof(t[0]));
     size_t total = 0;
-    for (int i = 0; i < n; i++) total += (t[i].count * t[i].elem_bytes + 255) / 256 * 256;
-    model->acts_memory = device_malloc(total);
-    model->acts_bytes = total;
-    char* p = (char*)model->acts_memory;
-    for (int i = 0; i < n; i++) {
-        *t[i].ptr = p;
-        p += (t[i].count * t[i].elem_bytes + 255) / 256 * 256;
+    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+        if (base) *t[i].ptr = base + total;
+        total += (t[i].count * t[i].elem_bytes + 255) / 256 * 256;
     }
+    return total;
+}
+
+// what gpt2_build allocates on one rank: parameters and gradients (floatX), fp32 master weights
+// (bf16 only), AdamW m and v (fp32), the activations and the token buffers
+static size_t gpt2_memory_bytes(GPT2Config c, int B, int T) {
+    Activations unused;
+    size_t P = gpt2_num_parameters(c), master = FLOATX_IS_FLOAT ? 0 : P * sizeof(float);
+    return P * 2 * sizeof(floatX) + master + P * 2 * sizeof(float) +
+           gpt2_lay_out_activations(&unused, c, B, T, NULL) + (size_t)B * T * 2 * sizeof(int);
 }
 
 static void gpt2_build(GPT2* model, GPT2Config config, const float* params_host, int B, int T) {
@@ -132,7 +137,9 @@ static void gpt2_build(GPT2* model, GPT2Config config, const float* params_host,
     device_memset_zero(model->v_memory, P * sizeof(float));
     gpt2_point_parameters(&model->params, model->params_memory, config);
     gpt2_point_parameters(&model->grads, model->grads_memory, config);
-    gpt2_allocate_activations(model, B, T);
+    model->acts_bytes = gpt2_lay_out_activations(&model->acts, config, B, T, NULL);
+    model->acts_memory = device_malloc(model->acts_bytes);
+    gpt2_lay_out_activations(&model->acts, config, B, T, (char*)model->acts_memory);
     model->inputs = (int*)device_malloc((size_t)B * T * sizeof(int));
     model->targets = (int*)device_malloc((size_t)B * T * sizeof(int));
     model->losses_host = (float*)malloc_check((size_t)B * T * sizeof(float));
@@ -283,6 +290,7 @@ typedef struct {
     int val_every, val_batches, sample_every, gen_tokens;
     int checkpoint_every, resume;
     int seed, shuffle;
+    int watchdog;
 } TrainArgs;
 
 static float evaluate(GPT2* model, DataLoader* val, int batches, CommGroup* world) {
@@ -298,13 +306,14 @@ static float evaluate(GPT2* model, DataLoader* val, int batches, CommGroup* worl
     return loss;
 }
 
-// autoregressive sampling from <|endoftext|>, one sequence on rank 0
-static void sample(GPT2* model, const Tokenizer* tok, Rng* rng, int gen_tokens) {
+// autoregressive sampling from <|endoftext|>, one sequence on rank 0 (the tokenizer's end-of-text
+// id was checked to be inside the model's vocabulary)
+static void sample(GPT2* model, const Tokenizer* tok, Rng* rng, int gen_tokens, int step) {
     int V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
     int* tokens = (int*)malloc_check((size_t)gen_tokens * sizeof(int));
     float* logits = (float*)malloc_check((size_t)Vp * sizeof(float));  // one row, as fp32
     tokens[0] = tok->eot_token;
-    printf("---- sample ----\n");
+    printf("---- sample at step %d ----\n", step);
     for (int t = 1; t < gen_tokens; t++) {
         gpt2_forward(model, tokens, 1, t);
         copy_device_to_floats(logits, model->acts.logits + (size_t)(t - 1) * Vp, Vp);
@@ -332,50 +341,57 @@ static size_t low_precision_param_bytes(const GPT2* model) {
     return model->master_memory ? model->num_parameters * sizeof(floatX) : 0;
 }
 
-static void write_checkpoint(GPT2* model, const TrainArgs* args, CommGroup* world, int step,
-                             int accum, const Rng* rng) {
+// every rank writes its state file, then DONE marks the checkpoint complete (checkpoint.h)
+static void write_checkpoint(GPT2* model, const char* dir, CommGroup* world, int step,
+                             const RunIdentity* id, const Rng* rng) {
     char path[4096];
     size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
     float* host = (float*)malloc_check(n * sizeof(float) * 2);
+    TrainState s = {step, world->size, rng->state, 0};
     if (world->rank == 0) {  // the replicas are identical: one copy of the weights is enough
         gpt2_weights_to_host(model, host);
-        checkpoint_path(path, sizeof(path), args->out_dir, "model", step, -1);
-        gpt2_write_model_file(path, model->config, host);
+        checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+        s.model_crc = gpt2_write_model_file(path, model->config, host);
     }
-    TrainState s = {step, world->size, args->B, args->T, accum, rng->state};
+    // every state file records the model file's checksum, so that a resume can tell a model
+    // file of another checkpoint from the right one
+    comm_broadcast_host(world, &s.model_crc, sizeof(s.model_crc), 0);
     copy_device_to_host(host, model->m_memory, n * sizeof(float));
     copy_device_to_host(host + n, model->v_memory, n * sizeof(float));
     void* params = malloc_check(extra);
     if (extra > 0) copy_device_to_host(params, model->params_memory, extra);
-    checkpoint_path(path, sizeof(path), args->out_dir, "state", step, world->rank);
-    state_write(path, &s, world->rank, host, host + n, n, params, extra);
+    checkpoint_path(path, sizeof(path), dir, "state", step, world->rank);
+    state_write(path, &s, world->rank, id, host, host + n, n, params, extra);
     free(host);
     free(params);
     comm_barrier(world);  // DONE only once every rank's file is in place
-    if (world->rank == 0) checkpoint_mark_done(args->out_dir, step);
+    if (world->rank == 0) checkpoint_mark_done(dir, step);
 }
 
-// loads checkpoint `step` into the model; returns the saved state after checking the layout
-static TrainState read_checkpoint(GPT2* model, const TrainArgs* args, CommGroup* world,
-                                  int step, int accum) {
+// Loads checkpoint `step` into the model; returns its state. Every rank checks its own state
+// file against the step rank 0 chose, its rank, the world size and this run's identity, and the
+// model file against the checksum its state file recorded: any mismatch stops every rank
+// before anything is written.
+static TrainState read_checkpoint(GPT2* model, const char* dir, CommGroup* world, int step,
+                                  const RunIdentity* id) {
     char path[4096];
     size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
-    GPT2Config c;
-    checkpoint_path(path, sizeof(path), args->out_dir, "model", step, -1);
-    float* weights = gpt2_read_model_file(path, &c);
-    if (gpt2_num_parameters(c) != n) fail("checkpoint '%s' does not match the model of -e", path);
-    gpt2_weights_from_host(model, weights);
-    free(weights);
     float* host = (float*)malloc_check(n * sizeof(float) * 2);
     void* params = malloc_check(extra);
-    TrainState s;
-    checkpoint_path(path, sizeof(path), args->out_dir, "state", step, world->rank);
-    state_read(path, &s, world->rank, host, host + n, n, params, extra);
-    if (s.world != world->size || s.B != args->B || s.T != args->T || s.accum != accum) {
-        fail("checkpoint '%s' was written by %d ranks with -b %d -t %d and %d accumulation steps; "
-             "resume needs the same layout (now %d ranks, -b %d -t %d, %d steps)", path, s.world,
-             s.B, s.T, s.accum, world->size, args->B, args->T, accum);
+    checkpoint_path(path, sizeof(path), dir, "state", step, world->rank);
+    TrainState s = state_read(path, step, world->rank, world->size, id, host, host + n, n, params, extra);
+    GPT2Config c;
+    uint32_t model_crc;
+    checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+    float* weights = gpt2_read_model_file(path, &c, &model_crc);
+    if (gpt2_num_parameters(c) != n) fail("checkpoint '%s' does not match the model of -e", path);
+    if (model_crc != s.model_crc) {
+        fail("model file '%s' has CRC-32 %08x, but the state files of step %d were written with "
+             "one of CRC-32 %08x: the files of this checkpoint do not belong together", path,
+             model_crc, step, s.model_crc);
     }
+    gpt2_weights_from_host(model, weights);
+    free(weights);
     copy_host_to_device(model->m_memory, host, n * sizeof(float));
     copy_host_to_device(model->v_memory, host + n, n * sizeof(float));
     if (extra > 0) copy_host_to_device(model->params_memory, params, extra);
@@ -385,7 +401,7 @@ static TrainState read_checkpoint(GPT2* model, const TrainArgs* args, CommGroup*
 }
 
 int main(int argc, char** argv) {
-    // defaults; --help prints them beside each flag
+    // defaults; --help prints them beside each flag with the range it accepts
     TrainArgs args;
     args.train_path = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
     args.val_path = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
@@ -410,30 +426,33 @@ int main(int argc, char** argv) {
     args.resume = 0;
     args.seed = 1337;
     args.shuffle = 0;
+    args.watchdog = 0;
+    const double MAX = ARG_NO_MAX;
     ArgSpec specs[] = {
-        {"-i", ARG_STRING, &args.train_path, "train token file"},
-        {"-j", ARG_STRING, &args.val_path, "validation token file"},
-        {"-e", ARG_STRING, &args.model, "model file, or descriptor dL for a random init (d12 = 124M)"},
-        {"-o", ARG_STRING, &args.out_dir, "output dir for main.log and checkpoints"},
-        {"-b", ARG_INT, &args.B, "micro-batch size per rank, in sequences"},
-        {"-t", ARG_INT, &args.T, "sequence length"},
-        {"-d", ARG_INT, &args.total_batch, "total batch in tokens = B*T*ranks*accumulation (-1: B*T*ranks)"},
-        {"-l", ARG_FLOAT, &args.lr, "peak learning rate"},
-        {"-u", ARG_INT, &args.warmup, "warmup steps"},
-        {"-q", ARG_FLOAT, &args.final_lr_frac, "final learning rate as a fraction of -l (cosine decay)"},
-        {"-c", ARG_FLOAT, &args.weight_decay, "AdamW weight decay (2-D weights only)"},
-        {"-x", ARG_INT, &args.max_steps, "optimizer steps (-1: one epoch)"},
-        {"-v", ARG_INT, &args.val_every, "validation loss every N steps (0: never)"},
-        {"-m", ARG_INT, &args.val_batches, "validation batches per evaluation"},
-        {"-s", ARG_INT, &args.sample_every, "sample text every N steps (0: never)"},
-        {"-g", ARG_INT, &args.gen_tokens, "tokens to generate per sample"},
-        {"-n", ARG_INT, &args.checkpoint_every, "checkpoint every N steps and at the end (0: never)"},
-        {"-y", ARG_INT, &args.resume, "1: resume from the newest checkpoint in -o"},
-        {"-gc", ARG_FLOAT, &args.grad_clip, "clip the global gradient norm to this (0: off)"},
-        {"-seed", ARG_INT, &args.seed, "seed of the random init, data shuffling and sampling"},
-        {"-shuffle", ARG_INT, &args.shuffle, "1: shuffle the order of global batches every epoch"},
-        {"-tok", ARG_STRING, &args.tokenizer_path, "tokenizer decode table, for samples"},
-        {"-dump_grads", ARG_STRING, &args.dump_grads, "write the averaged gradients of the first step here (tests)"},
+        {"-i", ARG_STRING, &args.train_path, 0, 0, "train token file"},
+        {"-j", ARG_STRING, &args.val_path, 0, 0, "validation token file"},
+        {"-e", ARG_STRING, &args.model, 0, 0, "model file, or descriptor dL for a random init (d12 = 124M)"},
+        {"-o", ARG_STRING, &args.out_dir, 0, 0, "output dir for main.log and checkpoints; a fresh run needs one without checkpoints (-y 1 continues them; to start over, remove them or pick another dir)"},
+        {"-b", ARG_INT, &args.B, 1, MAX, "micro-batch size per rank, in sequences"},
+        {"-t", ARG_INT, &args.T, 1, MAX, "sequence length"},
+        {"-d", ARG_INT, &args.total_batch, -1, MAX, "total batch in tokens = B*T*ranks*accumulation (-1: B*T*ranks)"},
+        {"-l", ARG_FLOAT, &args.lr, 0, MAX, "peak learning rate"},
+        {"-u", ARG_INT, &args.warmup, 0, MAX, "warmup steps"},
+        {"-q", ARG_FLOAT, &args.final_lr_frac, 0, 1, "final learning rate as a fraction of -l (cosine decay)"},
+        {"-c", ARG_FLOAT, &args.weight_decay, 0, MAX, "AdamW weight decay (2-D weights only)"},
+        {"-x", ARG_INT, &args.max_steps, -1, MAX, "optimizer steps (-1: one epoch)"},
+        {"-v", ARG_INT, &args.val_every, 0, MAX, "validation loss every N steps (0: never)"},
+        {"-m", ARG_INT, &args.val_batches, 1, MAX, "validation batches per evaluation"},
+        {"-s", ARG_INT, &args.sample_every, 0, MAX, "sample text every N steps (0: never)"},
+        {"-g", ARG_INT, &args.gen_tokens, 1, MAX, "tokens to generate per sample"},
+        {"-n", ARG_INT, &args.checkpoint_every, 0, MAX, "checkpoint every N steps and at the end (0: never)"},
+        {"-y", ARG_INT, &args.resume, 0, 1, "1: resume from the newest checkpoint in -o"},
+        {"-gc", ARG_FLOAT, &args.grad_clip, 0, MAX, "clip the global gradient norm to this (0: off)"},
+        {"-seed", ARG_INT, &args.seed, 0, MAX, "seed of the random init, data shuffling and sampling"},
+        {"-shuffle", ARG_INT, &args.shuffle, 0, 1, "1: shuffle the order of global batches every epoch"},
+        {"-tok", ARG_STRING, &args.tokenizer_path, 0, 0, "tokenizer decode table, for samples"},
+        {"-watchdog", ARG_INT, &args.watchdog, 0, MAX, "end the job when a rank makes no progress for this many seconds (0: off)"},
+        {"-dump_grads", ARG_STRING, &args.dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
     if (!args_parse(argc, argv, specs, num_specs)) return 0;
@@ -441,33 +460,34 @@ int main(int argc, char** argv) {
     CommGroup world;
     comm_init(&world, &argc, &argv);
     int rank = world.rank;
+    watchdog_start(args.watchdog);
 
-    // ---- model: a model file, or a random init from a descriptor
+    // ---- model: a model file (checked: checksum, finite weights), or a random init from a descriptor
     GPT2Config config;
     float* params_host;
     if (gpt2_config_from_descriptor(args.model, &config)) {
         params_host = gpt2_init_random(config, (uint64_t)args.seed);
     } else {
-        params_host = gpt2_read_model_file(args.model, &config);
+        params_host = gpt2_read_model_file(args.model, &config, NULL);
     }
 
-    // ---- the batch layout: B x T per micro-batch, `accum` micro-batches per rank per step
-    if (args.B <= 0 || args.T <= 0) fail("-b %d -t %d: both must be positive", args.B, args.T);
+    // ---- the batch layout: B x T per micro-batch, `accum` micro-batches per rank per step.
+    // Products of flags are taken in 64 bits: -b 4194304 -t 1024 on 2 ranks is 2^33 tokens.
     if (args.T > config.max_seq_len) {
         fail("-t %d is longer than the model's maximum sequence length %d", args.T, config.max_seq_len);
     }
-    int tokens_per_pass = args.B * args.T * world.size;  // one micro-batch on every rank
-    if (args.total_batch == -1) args.total_batch = tokens_per_pass;
+    size_t tokens_per_pass = mul_check(mul_check(args.B, args.T, "-b x -t"), world.size, "-b x -t x ranks");
+    if (args.total_batch == -1) {
+        if (tokens_per_pass > INT_MAX) fail("B*T*ranks = %zu tokens does not fit -d's int range", tokens_per_pass);
+        args.total_batch = (int)tokens_per_pass;
+    }
     if (args.total_batch <= 0 || args.total_batch % tokens_per_pass != 0) {
-        fail("-d %d must be a positive multiple of B*T*ranks = %d*%d*%d = %d", args.total_batch,
+        fail("-d %d must be a positive multiple of B*T*ranks = %d*%d*%d = %zu", args.total_batch,
              args.B, args.T, world.size, tokens_per_pass);
     }
-    int accum = args.total_batch / tokens_per_pass;
+    int accum = (int)(args.total_batch / tokens_per_pass);
     if ((args.checkpoint_every > 0 || args.resume) && args.out_dir == NULL) {
         fail("-n and -y need an output dir (-o)");
-    }
-    if (args.val_every < 0 || args.sample_every < 0 || args.checkpoint_every < 0 || args.val_batches <= 0) {
-        fail("-v, -s, -n must be >= 0 and -m > 0");
     }
 
     DataLoader train, val;
@@ -487,16 +507,73 @@ int main(int argc, char** argv) {
         } else {
             fclose(f);
             tokenizer_init(&tok, args.tokenizer_path);
+            // sampling starts from the end-of-text token: it must be a row of the embedding
+            if (tok.eot_token >= config.vocab_size) {
+                printf("warning: the tokenizer's end-of-text id %d is outside the model's vocabulary "
+                       "of %d (-tok '%s' does not fit -e): samples are off\n", tok.eot_token,
+                       config.vocab_size, args.tokenizer_path);
+                tokenizer_free(&tok);
+                can_sample = 0;
+            }
         }
     }
     int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
+
+    // ---- the run's identity: everything that determines the training trajectory. A checkpoint
+    // stores it, and a resume with anything different is refused (checkpoint.h).
+    RunIdentity identity = {"", 0};
+    char train_real[4096];
+    if (realpath(args.train_path, train_real) == NULL) snprintf(train_real, sizeof(train_real), "%s", args.train_path);
+    run_identity_add(&identity, "-e", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d, initial weights CRC-32 %08x",
+                     config.num_layers, config.num_heads, config.channels, config.vocab_size,
+                     config.padded_vocab_size, config.max_seq_len,
+                     crc32_update(0, params_host, gpt2_num_parameters(config) * sizeof(float)));
+    run_identity_add(&identity, "-i", "%s (%zu tokens)", train_real, train.num_tokens);
+    run_identity_add(&identity, "ranks", "%d", world.size);
+    run_identity_add(&identity, "-b", "%d", args.B);
+    run_identity_add(&identity, "-t", "%d", args.T);
+    run_identity_add(&identity, "-d", "%d", args.total_batch);
+    run_identity_add(&identity, "-l", "%.9g", args.lr);
+    run_identity_add(&identity, "-u", "%d", args.warmup);
+    run_identity_add(&identity, "-q", "%.9g", args.final_lr_frac);
+    if (args.final_lr_frac != 1.0f) run_identity_add(&identity, "-x", "%d", max_steps);  // the decay's length
+    run_identity_add(&identity, "-c", "%.9g", args.weight_decay);
+    run_identity_add(&identity, "-gc", "%.9g", args.grad_clip);
+    run_identity_add(&identity, "-seed", "%d", args.seed);
+    run_identity_add(&identity, "-shuffle", "%d", args.shuffle);
+    run_identity_add(&identity, "precision", "%s", PRECISION_NAME);
+
+    // ---- memory: predicted before allocating, so a batch too large for this machine is a
+    // message rather than a kill by the out-of-memory killer mid-run
+    size_t P = gpt2_num_parameters(config);
+    size_t per_rank = gpt2_memory_bytes(config, args.B, args.T);
+    if (device_memory_is_host()) per_rank += P * sizeof(float);  // params_host, live while building
+    size_t needed = mul_check(per_rank, world.ranks_sharing_memory, "memory per rank x ranks");
+    size_t available = device_memory_available();
+    if (available > 0 && needed > available) {
+        fail("not enough memory: %.2f GB per rank (%zu parameters, -b %d -t %d) x %d ranks sharing "
+             "it = %.2f GB, but %s is %.2f GB. Lower -b or -t, or use fewer ranks per %s",
+             per_rank / 1e9, P, args.B, args.T, world.ranks_sharing_memory, needed / 1e9,
+             DEVICE_MEMORY_NAME, available / 1e9, device_memory_is_host() ? "machine" : "GPU");
+    }
+    comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
+
+    // ---- the output dir: rank 0 holds its lock for the whole run; a fresh run refuses a dir
+    // that holds checkpoints already, instead of mixing them with its own
+    if (args.out_dir != NULL) {
+        if (rank == 0) {
+            make_dir(args.out_dir);
+            output_dir_lock(args.out_dir);  // stays held until the process ends
+            if (!args.resume) checkpoint_refuse_existing(args.out_dir);
+        }
+        comm_barrier(&world);
+    }
 
     GPT2 model;
     gpt2_build(&model, config, params_host, args.B, args.T);
     free(params_host);
 
     if (rank == 0) {
-        size_t P = model.num_parameters;
         printf("+-----------------------+----------------------------------------------------+\n");
         char cell[4][64];  // composite cells are formatted first, so every row is padded alike
         snprintf(cell[0], sizeof(cell[0]), "backend %s, precision %s", BACKEND_NAME, PRECISION_NAME);
@@ -522,7 +599,6 @@ int main(int argc, char** argv) {
             printf("  %-9s %12zu%s\n", parameter_names[i], sizes[i], parameter_is_matrix[i] ? "  (weight decay)" : "");
         }
         size_t master = model.master_memory ? P * sizeof(float) : 0;
-        size_t total = P * 2 * sizeof(floatX) + master + P * 2 * sizeof(float) + model.acts_bytes;
         printf("memory per rank (every rank holds a full replica):\n");
         printf("  parameters     %10.1f MB  (%s)\n", P * sizeof(floatX) / 1e6, PRECISION_NAME);
         printf("  master weights %10.1f MB\n", master / 1e6);
@@ -530,29 +606,33 @@ int main(int argc, char** argv) {
         printf("  AdamW m, v     %10.1f MB\n", P * 2 * sizeof(float) / 1e6);
         printf("  activations    %10.1f MB\n", model.acts_bytes / 1e6);
         printf("  comm buffers   %10.1f MB  (the all-reduce works in place)\n", 0.0);
-        printf("  total          %10.1f MB\n", total / 1e6);
+        printf("  total          %10.1f MB  (x %d ranks sharing it; %s: %.1f MB)\n",
+               gpt2_memory_bytes(config, args.B, args.T) / 1e6, world.ranks_sharing_memory,
+               DEVICE_MEMORY_NAME, available / 1e6);
     }
 
-    // ---- resume from the newest complete checkpoint
+    // ---- resume from the newest complete checkpoint: rank 0 picks the step, every rank checks
+    // that its files are of that step, of its rank, of this layout and of this run
     Rng sample_rng;
     rng_init(&sample_rng, (uint64_t)args.seed + 1);
     int start_step = 0;
     if (args.resume) {
+        watchdog_phase("resume", 0);
         int latest = rank == 0 ? checkpoint_latest(args.out_dir) : 0;
         comm_broadcast_host(&world, &latest, sizeof(int), 0);
         if (latest < 0) fail("-y 1: no complete checkpoint (DONE_ file) in '%s'", args.out_dir);
-        TrainState s = read_checkpoint(&model, &args, &world, latest, accum);
+        if (latest > max_steps) {
+            fail("-x %d: the newest checkpoint in '%s' is already at step %d, so there is nothing to "
+                 "train; raise -x", max_steps, args.out_dir, latest);
+        }
+        TrainState s = read_checkpoint(&model, args.out_dir, &world, latest, &identity);
         start_step = s.step;
         sample_rng.state = s.rng;
         dataloader_seek(&train, (size_t)start_step);
         if (rank == 0) printf("resumed from step %d in %s\n", start_step, args.out_dir);
     }
-    if (args.out_dir != NULL) {
-        if (rank == 0) make_dir(args.out_dir);
-        comm_barrier(&world);
-    }
     Logger logger;
-    logger_init(&logger, args.out_dir, rank, args.resume);
+    logger_init(&logger, args.out_dir, rank, args.resume ? start_step : -1);
 
     // ---- training loop; `step` counts completed optimizer steps
     // model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per
@@ -567,22 +647,32 @@ int main(int argc, char** argv) {
     int timed_steps = 0;
     for (int step = start_step; step <= max_steps; step++) {
         int last = step == max_steps;
-        if (args.val_every > 0 && (step % args.val_every == 0 || last)) {
+        // a resumed run's first step: its validation, sample and checkpoint were done before the
+        // checkpoint was written (and are in main.log); doing them again would repeat log lines
+        // and draw the sampling rng twice, so every later sample would differ
+        int done_before_checkpoint = args.resume && step == start_step;
+        if (args.val_every > 0 && (step % args.val_every == 0 || last) && !done_before_checkpoint) {
+            watchdog_phase("validation", step);
             float val_loss = evaluate(&model, &val, args.val_batches, &world);
+            if (!isfinite(val_loss)) fail("step %d: the validation loss is %g; stopping", step, val_loss);
             if (rank == 0) printf("step %d: val loss %.6f\n", step, val_loss);
             logger_val(&logger, step, val_loss);
         }
-        if (can_sample && step > 0 && (step % args.sample_every == 0 || last)) {
-            sample(&model, &tok, &sample_rng, gen_tokens);
+        if (can_sample && step > 0 && (step % args.sample_every == 0 || last) && !done_before_checkpoint) {
+            watchdog_phase("sampling", step);
+            sample(&model, &tok, &sample_rng, gen_tokens, step);
         }
-        if (args.checkpoint_every > 0 && (last || (step > start_step && step % args.checkpoint_every == 0))) {
-            write_checkpoint(&model, &args, &world, step, accum, &sample_rng);
+        if (args.checkpoint_every > 0 && (last || (step > start_step && step % args.checkpoint_every == 0))
+            && !done_before_checkpoint) {
+            watchdog_phase("checkpoint write", step);
+            write_checkpoint(&model, args.out_dir, &world, step, &identity, &sample_rng);
         }
         if (last) break;
 
         double t0 = wall_time_s();
         comm_reset_counters(&world);
         // 1. forward + backward over this rank's micro-batches; gradients accumulate
+        watchdog_phase("forward and backward", step);
         device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
         float loss = 0.0f;
         float dloss = 1.0f / (float)((size_t)args.B * args.T * accum);  // mean over rank's tokens
@@ -594,6 +684,7 @@ int main(int argc, char** argv) {
         }
         dataloader_advance(&train);
         // 2. DDP: average the gradients (all P floats, one flat buffer) and the loss over ranks
+        watchdog_phase("gradient all-reduce", step);
         comm_all_reduce(&world, model.grads_memory, model.num_parameters, COMM_FLOATX, COMM_AVG);
         comm_all_reduce_scalar(&world, &loss, COMM_AVG);
         if (args.dump_grads != NULL && step == 0 && rank == 0) {
@@ -603,7 +694,15 @@ int main(int argc, char** argv) {
             free(g);
         }
         // 3. the same clipped AdamW step on every rank (clip as torch.nn.utils.clip_grad_norm_)
+        watchdog_phase("AdamW update", step);
         float grad_norm = sqrtf(global_norm_squared(model.grads_memory, model.num_parameters));
+        // A nan or inf anywhere on any rank reaches every rank through the all-reduced sums, so
+        // all ranks stop here together, before this step updates, logs or checkpoints anything
+        if (!isfinite(loss) || !isfinite(grad_norm)) {
+            fail("step %d: the %s is %g; stopping before the update, so nothing of this step is "
+                 "written (the newest checkpoint is intact; try a lower -l)", step + 1,
+                 isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss);
+        }
         float grad_scale = 1.0f;
         if (args.grad_clip > 0.0f) {
             float coef = args.grad_clip / (grad_norm + 1e-6f);
@@ -648,6 +747,7 @@ int main(int argc, char** argv) {
         printf("\n");
     }
 
+    watchdog_phase("shutdown", max_steps);
     logger_close(&logger);
     if (can_sample) tokenizer_free(&tok);
     dataloader_free(&train);

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what the project needs and is missing, on Debian/Ubuntu:
 #   MPI (compiler wrapper and mpirun)          libopenmpi-dev openmpi-bin
+#   zlib (CRC-32 of checkpoint files)          zlib1g-dev
 #   the PyTorch reference for the tests        python3-torch python3-numpy (Debian's /usr/bin/python3)
 set -euo pipefail
 need=()
 command -v mpicc >/dev/null 2>&1 || need+=(libopenmpi-dev)
 command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
 command -v make >/dev/null 2>&1 || need+=(make)
+[ -f /usr/include/zlib.h ] || need+=(zlib1g-dev)
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
 /usr/bin/python3 -c "import torch" >/dev/null 2>&1 || need+=(python3-torch)
 /usr/bin/python3 -c "import numpy" >/dev/null 2>&1 || need+=(python3-numpy)

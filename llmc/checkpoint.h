@@ -1,96 +1,224 @@
-// Training state for a bit-identical resume. A checkpoint of step S in the output dir is
-//   model_S.bin          the parameters (llm.c model file, fp32), written by rank 0
-//   state_S_RANK.bin     per rank: step, layout, sampling rng, that rank's AdamW moments and,
-//                        when parameters are bf16, their exact bf16 values (stochastic rounding
-//                        cannot be redone from the fp32 master weights)
+// Checkpoints for a bit-identical resume, and the output dir they live in. A checkpoint of step S:
+//   model_S.bin          the parameters (llm.c model file, fp32, with a CRC-32), written by rank 0
+//   state_S_RANK.bin     per rank: step, layout, the run's identity, the sampling rng, that rank's
+//                        AdamW moments and, when parameters are bf16, their exact bf16 values
+//                        (stochastic rounding cannot be redone from the fp32 master weights)
 //   DONE_S               written last, after a barrier: the checkpoint is complete
-// Every file goes through a temporary name, so an interrupted write leaves no partial file.
+// What can go wrong, and what stops it:
+//   a crash mid-write    every file goes to disk (fsync) under a temporary name before its rename,
+//                        and the directory is synced before DONE: a DONE names whole files only
+//   a flipped byte       CRC-32 over every file, verified on load
+//   another run's files  the run identity (what determines the training trajectory: model, data,
+//                        seed, batch layout, optimizer and schedule flags) is stored in every state
+//                        file; resume refuses a checkpoint whose identity differs and names what
+//   mixed-up files       each state file's header must hold the agreed step, this rank, the world
+//                        size and the model file's CRC, with no byte missing or left over
+//   two jobs, one dir    rank 0 holds an exclusive lock (flock) on <dir>/LOCK for the whole run
 #ifndef LLMC_CHECKPOINT_H
 #define LLMC_CHECKPOINT_H
 
 #include <dirent.h>
 #include <stdint.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include "utils.h"
 
 #define STATE_MAGIC 20240327
-#define STATE_VERSION 1
+#define STATE_VERSION 2
+#define STATE_HEADER_INTS 256
+
+// ---------------------------------------------------------------------------------------------
+// run identity: "key value" lines, e.g. "-l 0.000300000014\n-seed 1337\n"
 
 typedef struct {
-    int step;        // optimizer steps completed
-    int world;       // ranks that wrote the checkpoint
-    int B, T;        // micro-batch shape
-    int accum;       // gradient accumulation steps
-    uint64_t rng;    // sampling rng state
+    char text[4096];
+    size_t len;
+} RunIdentity;
+
+static inline void run_identity_add(RunIdentity* id, const char* key, const char* fmt, ...) {
+    char value[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(value, sizeof(value), fmt, ap);
+    va_end(ap);
+    int n = snprintf(id->text + id->len, sizeof(id->text) - id->len, "%s %s\n", key, value);
+    if (n < 0 || (size_t)n >= sizeof(id->text) - id->len) fail("run identity too long at '%s'", key);
+    id->len += (size_t)n;
+}
+
+// the value of `key` in identity text, copied into out ("(absent)" when missing)
+static inline void run_identity_value(const char* text, const char* key, char* out, size_t cap) {
+    size_t klen = strlen(key);
+    for (const char* line = text; *line;) {
+        const char* end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        if (len > klen && strncmp(line, key, klen) == 0 && line[klen] == ' ') {
+            snprintf(out, cap, "%.*s", (int)(len - klen - 1), line + klen + 1);
+            return;
+        }
+        line += len + (end ? 1 : 0);
+    }
+    snprintf(out, cap, "(absent)");
+}
+
+// every key whose value differs between the two identities: "-l: 0.001 there, 0.0003 now; ..."
+static inline void run_identity_diff(const char* saved, const char* now, char* out, size_t cap) {
+    size_t used = 0;
+    out[0] = '\0';
+    const char* texts[2] = {now, saved};  // keys of either side, so nothing that differs is missed
+    for (int side = 0; side < 2; side++) {
+        for (const char* line = texts[side]; *line;) {
+            const char* end = strchr(line, '\n');
+            size_t len = end ? (size_t)(end - line) : strlen(line);
+            char key[128], a[1024], b[1024];
+            const char* space = memchr(line, ' ', len);
+            size_t klen = space ? (size_t)(space - line) : len;
+            snprintf(key, sizeof(key), "%.*s", (int)klen, line);
+            run_identity_value(saved, key, a, sizeof(a));
+            run_identity_value(now, key, b, sizeof(b));
+            int reported = side == 1 && strcmp(b, "(absent)") != 0;  // already seen from `now`
+            if (strcmp(a, b) != 0 && !reported && used < cap) {
+                used += (size_t)snprintf(out + used, cap - used, "%s%s: %s in the checkpoint, %s now",
+                                         used ? "; " : "", key, a, b);
+            }
+            line += len + (end ? 1 : 0);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// state files: 256 x int32 header, the identity text, m (n floats), v (n floats), extra bytes
+//   header: [0] magic [1] version [2] step [3] rank [4] world [5..6] sampling rng
+//           [7..8] n [9..10] extra bytes [11] identity bytes [12] CRC-32 of the whole file with
+//           this slot 0 [13] CRC-32 of the model file of the same checkpoint
+
+typedef struct {
+    int step;             // optimizer steps completed
+    int world;            // ranks that wrote the checkpoint
+    uint64_t rng;         // sampling rng state
+    uint32_t model_crc;   // ties the state files to the model file written with them
 } TrainState;
 
 static inline void checkpoint_path(char* out, size_t cap, const char* dir, const char* kind, int step,
-                            int rank) {
+                                   int rank) {
     if (rank < 0) snprintf(out, cap, "%s/%s_%08d.bin", dir, kind, step);
     else snprintf(out, cap, "%s/%s_%08d_%05d.bin", dir, kind, step, rank);
 }
 
-// writes the state header, the n-element moments m and v, and extra_bytes of extra (may be 0)
-static inline void state_write(const char* path, const TrainState* s, int rank, const float* m,
-                               const float* v, size_t n, const void* extra, size_t extra_bytes) {
-    int header[256];
-    memset(header, 0, sizeof(header));
+static inline void state_header(int header[STATE_HEADER_INTS], const TrainState* s, int rank,
+                                size_t n, size_t extra_bytes, const RunIdentity* id) {
+    memset(header, 0, STATE_HEADER_INTS * sizeof(int));
     header[0] = STATE_MAGIC;
     header[1] = STATE_VERSION;
     header[2] = s->step;
     header[3] = rank;
     header[4] = s->world;
-    header[5] = s->B;
-    header[6] = s->T;
-    header[7] = s->accum;
-    memcpy(&header[8], &s->rng, sizeof(uint64_t));
-    memcpy(&header[10], &n, sizeof(size_t));
-    memcpy(&header[12], &extra_bytes, sizeof(size_t));
-    char tmp[4200];  // room for the path and ".tmp"
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE* f = fopen_check(tmp, "wb");
-    fwrite_check(header, sizeof(int), 256, f, tmp);
+    memcpy(&header[5], &s->rng, sizeof(uint64_t));
+    uint64_t n64 = n, extra64 = extra_bytes;
+    memcpy(&header[7], &n64, sizeof(uint64_t));
+    memcpy(&header[9], &extra64, sizeof(uint64_t));
+    header[11] = (int)id->len;
+    header[13] = (int)s->model_crc;
+}
+
+// writes the state file durably: header, identity, the n-element moments m and v, extra bytes
+static inline void state_write(const char* path, const TrainState* s, int rank, const RunIdentity* id,
+                               const float* m, const float* v, size_t n, const void* extra,
+                               size_t extra_bytes) {
+    int header[STATE_HEADER_INTS];
+    state_header(header, s, rank, n, extra_bytes, id);
+    uint32_t crc = crc32_update(0, header, sizeof(header));  // slot 12 is still 0
+    crc = crc32_update(crc, id->text, id->len);
+    crc = crc32_update(crc, m, n * sizeof(float));
+    crc = crc32_update(crc, v, n * sizeof(float));
+    crc = crc32_update(crc, extra, extra_bytes);
+    header[12] = (int)crc;
+    char tmp[4200];
+    FILE* f = fopen_temp(path, tmp, sizeof(tmp));
+    fwrite_check(header, sizeof(int), STATE_HEADER_INTS, f, tmp);
+    fwrite_check(id->text, 1, id->len, f, tmp);
     fwrite_check(m, sizeof(float), n, f, tmp);
     fwrite_check(v, sizeof(float), n, f, tmp);
     if (extra_bytes > 0) fwrite_check(extra, 1, extra_bytes, f, tmp);
-    fclose_check(f, tmp);
-    rename_check(tmp, path);
+    file_commit(f, tmp, path);
 }
 
-// reads a state file written by `rank`, checking it matches n parameters and extra_bytes
-static inline void state_read(const char* path, TrainState* s, int rank, float* m, float* v, size_t n,
-                              void* extra, size_t extra_bytes) {
+// Reads the state file `rank` wrote at `step` into m, v (n floats each) and extra. Any doubt
+// stops the job, naming the file and what was expected: the wrong size (truncated or with bytes
+// left over), a checksum that does not match, another step, rank or world size, another run.
+static inline TrainState state_read(const char* path, int step, int rank, int world,
+                                    const RunIdentity* id, float* m, float* v, size_t n,
+                                    void* extra, size_t extra_bytes) {
     FILE* f = fopen_check(path, "rb");
-    int header[256];
-    fread_check(header, sizeof(int), 256, f, path);
+    long file_bytes = file_size_check(f, path);
+    int header[STATE_HEADER_INTS];
+    if (file_bytes < (long)sizeof(header)) fail("state file '%s' is %ld bytes, shorter than its header", path, file_bytes);
+    fread_check(header, sizeof(int), STATE_HEADER_INTS, f, path);
     if (header[0] != STATE_MAGIC || header[1] != STATE_VERSION) {
         fail("state file '%s' has magic %d version %d, expected %d version %d", path, header[0],
              header[1], STATE_MAGIC, STATE_VERSION);
     }
-    size_t file_n, file_extra;
-    memcpy(&file_n, &header[10], sizeof(size_t));
-    memcpy(&file_extra, &header[12], sizeof(size_t));
-    if (header[3] != rank || file_n != n || file_extra != extra_bytes) {
-        fail("state file '%s' belongs to rank %d with %zu parameters (+%zu bytes), expected rank %d "
-             "with %zu (+%zu bytes): another model or precision", path, header[3], file_n,
-             file_extra, rank, n, extra_bytes);
+    uint64_t file_n, file_extra;
+    memcpy(&file_n, &header[7], sizeof(uint64_t));
+    memcpy(&file_extra, &header[9], sizeof(uint64_t));
+    size_t id_bytes = (size_t)(unsigned)header[11];
+    if (file_n != n || file_extra != extra_bytes) {
+        fail("state file '%s' holds %llu parameters (+%llu bytes), this model needs %zu (+%zu "
+             "bytes): another model or precision", path, (unsigned long long)file_n,
+             (unsigned long long)file_extra, n, extra_bytes);
     }
-    s->step = header[2];
-    s->world = header[4];
-    s->B = header[5];
-    s->T = header[6];
-    s->accum = header[7];
-    memcpy(&s->rng, &header[8], sizeof(uint64_t));
+    long expected = (long)(sizeof(header) + id_bytes + 2 * n * sizeof(float) + extra_bytes);
+    if (file_bytes != expected || id_bytes >= sizeof(id->text)) {
+        fail("state file '%s' is %ld bytes, its header promises %ld: truncated, or with bytes "
+             "appended", path, file_bytes, expected);
+    }
+    char saved_id[sizeof(id->text)];
+    fread_check(saved_id, 1, id_bytes, f, path);
+    saved_id[id_bytes] = '\0';
     fread_check(m, sizeof(float), n, f, path);
     fread_check(v, sizeof(float), n, f, path);
     if (extra_bytes > 0) fread_check(extra, 1, extra_bytes, f, path);
     fclose(f);
+    uint32_t want = (uint32_t)header[12];
+    header[12] = 0;
+    uint32_t crc = crc32_update(0, header, sizeof(header));
+    crc = crc32_update(crc, saved_id, id_bytes);
+    crc = crc32_update(crc, m, n * sizeof(float));
+    crc = crc32_update(crc, v, n * sizeof(float));
+    crc = crc32_update(crc, extra, extra_bytes);
+    if (crc != want) {
+        fail("state file '%s' is corrupt: its CRC-32 is %08x, its header says %08x (a flipped "
+             "byte or a torn copy)", path, crc, want);
+    }
+    if (header[2] != step || header[3] != rank || header[4] != world) {
+        fail("state file '%s' holds step %d of rank %d of %d, expected step %d of rank %d of %d: "
+             "the files of this checkpoint do not belong together", path, header[2], header[3],
+             header[4], step, rank, world);
+    }
+    char diff[4096];
+    run_identity_diff(saved_id, id->text, diff, sizeof(diff));
+    if (diff[0]) {
+        fail("the checkpoint of step %d ('%s') belongs to another run: %s. Resume with the flags "
+             "it was written with, or start over in an empty output dir", step, path, diff);
+    }
+    TrainState s;
+    s.step = header[2];
+    s.world = header[4];
+    memcpy(&s.rng, &header[5], sizeof(uint64_t));
+    s.model_crc = (uint32_t)header[13];
+    return s;
 }
 
+// ---------------------------------------------------------------------------------------------
+// the output dir
+
+// DONE_S, once every file of the checkpoint is on disk under its final name
 static inline void checkpoint_mark_done(const char* dir, int step) {
-    char path[4096];
+    char path[4096], tmp[4200];
+    fsync_dir(dir);  // the renames of model_S and state_S_* are durable before DONE exists
     snprintf(path, sizeof(path), "%s/DONE_%08d", dir, step);
-    fclose_check(fopen_check(path, "w"), path);
+    file_commit(fopen_temp(path, tmp, sizeof(tmp)), tmp, path);
+    fsync_dir(dir);
 }
 
 // the step of the newest complete checkpoint in dir, or -1 when there is none
@@ -108,6 +236,24 @@ static inline int checkpoint_latest(const char* dir) {
     return latest;
 }
 
+// a fresh run must not mix its checkpoints with those already in dir: stops naming one of them
+static inline void checkpoint_refuse_existing(const char* dir) {
+    DIR* d = opendir(dir);
+    if (d == NULL) return;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, "DONE_", 5) == 0 || strncmp(e->d_name, "model_", 6) == 0 ||
+            strncmp(e->d_name, "state_", 6) == 0) {
+            char name[256];
+            snprintf(name, sizeof(name), "%s", e->d_name);
+            closedir(d);
+            fail("output dir '%s' already holds checkpoints (%s ...) of an earlier run. Continue "
+                 "it with -y 1, or start over: remove them or choose another -o", dir, name);
+        }
+    }
+    closedir(d);
+}
+
 // mkdir -p
 static inline void make_dir(const char* dir) {
     char path[4096];
@@ -122,6 +268,34 @@ static inline void make_dir(const char* dir) {
         *p = saved;
         if (saved == '\0') break;
     }
+}
+
+// One job per output dir: an exclusive flock on <dir>/LOCK, held until the process ends (the
+// kernel releases it then, even after a crash or kill -9). The file names its holder for the
+// message a second job prints. Returns the descriptor, which must stay open.
+static inline int output_dir_lock(const char* dir) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/LOCK", dir);
+    int fd = open(path, O_RDWR | O_CREAT, 0644);
+    if (fd < 0) fail("cannot open lock file '%s': %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char holder[512] = "";
+        ssize_t got = pread(fd, holder, sizeof(holder) - 1, 0);
+        holder[got > 0 ? got : 0] = '\0';
+        if (got > 0 && holder[got - 1] == '\n') holder[got - 1] = '\0';
+        fail("output dir '%s' is in use by another job (%s): wait for it to end, or choose "
+             "another -o", dir, holder[0] ? holder : "holder unknown");
+    }
+    char host[256] = "?", text[600];
+    gethostname(host, sizeof(host) - 1);
+    time_t now = time(NULL);
+    char when[64];
+    strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", localtime(&now));
+    int len = snprintf(text, sizeof(text), "pid %d on host %s, since %s\n", (int)getpid(), host, when);
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, text, (size_t)len, 0) != len) {
+        fail("cannot write lock file '%s': %s", path, strerror(errno));
+    }
+    return fd;
 }
 
 #endif

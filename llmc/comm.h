@@ -24,6 +24,7 @@
 #endif
 #include "precision.h"
 #include "utils.h"
+#include "watchdog.h"
 
 typedef enum { COMM_SUM, COMM_AVG, COMM_MAX } CommOp;
 typedef enum { COMM_FLOAT, COMM_BF16 } CommDtype;
@@ -44,6 +45,8 @@ static const char* comm_kind_names[COMM_NUM_KINDS] = {
 typedef struct {
     int rank;
     int size;
+    int ranks_sharing_memory;  // world only: ranks of this job whose buffers share this rank's
+                               // memory (CPU: this machine's RAM; CUDA: this rank's GPU)
     char name[32];
     long long calls[COMM_NUM_KINDS];
     long long bytes[COMM_NUM_KINDS];
@@ -61,9 +64,11 @@ typedef struct {
 
 static inline size_t comm_dtype_bytes(CommDtype dtype) { return dtype == COMM_FLOAT ? 4 : 2; }
 
+// every operation starts here: counted, and named to the watchdog until its watchdog_leave
 static inline void comm_count(CommGroup* g, CommKind kind, size_t bytes) {
     g->calls[kind] += 1;
     g->bytes[kind] += (long long)bytes;
+    watchdog_enter(comm_kind_names[kind], g->name);
 }
 
 #ifdef USE_MPI
@@ -110,6 +115,10 @@ static inline void comm_group_from_mpi(CommGroup* g, MPI_Comm mpi, const char* n
 static inline void comm_init(CommGroup* world, int* argc, char*** argv) {
     if (MPI_Init(argc, argv) != MPI_SUCCESS) fail("MPI_Init failed");
     comm_group_from_mpi(world, MPI_COMM_WORLD, "world");
+    MPI_Comm node;  // the ranks on this machine
+    comm_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world->rank, MPI_INFO_NULL, &node), world, "split_type");
+    comm_check(MPI_Comm_size(node, &world->ranks_sharing_memory), world, "comm_size");
+    MPI_Comm_free(&node);
     llmc_rank = world->rank;
     llmc_abort_hook = comm_abort;
 }
@@ -149,6 +158,7 @@ static inline void comm_all_reduce(CommGroup* g, void* buf, size_t n, CommDtype 
                    g, "all_reduce");
     }
     if (op == COMM_AVG) comm_scale((float*)buf, n, 1.0f / (float)g->size);
+    watchdog_leave();
 }
 
 // send (size * n) reduced over ranks; this rank receives its block of n into recv
@@ -160,6 +170,7 @@ static inline void comm_reduce_scatter(CommGroup* g, const void* send, void* rec
     comm_check(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi),
                g, "reduce_scatter");
     if (op == COMM_AVG) comm_scale((float*)recv, n, 1.0f / (float)g->size);
+    watchdog_leave();
 }
 
 // every rank's n elements, concatenated in rank order, into recv (size * n) on every rank
@@ -170,6 +181,7 @@ static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, s
     comm_count(g, COMM_ALL_GATHER, n * g->size * sizeof(float));
     comm_check(MPI_Allgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi), g,
                "all_gather");
+    watchdog_leave();
 }
 
 // one host float (a loss) reduced over the group
@@ -180,16 +192,19 @@ static inline void comm_all_reduce_scalar(CommGroup* g, float* value, CommOp op)
 static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int root) {
     comm_count(g, COMM_BROADCAST, bytes);
     comm_check(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g->mpi), g, "broadcast");
+    watchdog_leave();
 }
 
 static inline void comm_send(CommGroup* g, const float* buf, size_t n, int dest) {
     comm_count(g, COMM_SEND, n * sizeof(float));
     comm_check(MPI_Send(buf, (int)n, MPI_FLOAT, dest, 0, g->mpi), g, "send");
+    watchdog_leave();
 }
 
 static inline void comm_recv(CommGroup* g, float* buf, size_t n, int src) {
     comm_count(g, COMM_RECV, n * sizeof(float));
     comm_check(MPI_Recv(buf, (int)n, MPI_FLOAT, src, 0, g->mpi, MPI_STATUS_IGNORE), g, "recv");
+    watchdog_leave();
 }
 
 // a paired exchange that cannot deadlock, whatever order the two ranks call it in
@@ -199,6 +214,7 @@ static inline void comm_sendrecv(CommGroup* g, const float* send, size_t send_n,
     comm_count(g, COMM_RECV, recv_n * sizeof(float));
     comm_check(MPI_Sendrecv(send, (int)send_n, MPI_FLOAT, dest, 0, recv, (int)recv_n, MPI_FLOAT,
                             src, 0, g->mpi, MPI_STATUS_IGNORE), g, "sendrecv");
+    watchdog_leave();
 }
 
 // host bytes from root to every rank (small values such as a step number)
@@ -209,6 +225,7 @@ static inline void comm_broadcast_host(CommGroup* g, void* buf, size_t bytes, in
 static inline void comm_barrier(CommGroup* g) {
     comm_count(g, COMM_BARRIER, 0);
     comm_check(MPI_Barrier(g->mpi), g, "barrier");
+    watchdog_leave();
 }
 
 #endif

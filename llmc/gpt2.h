@@ -13,6 +13,10 @@
 #define MODEL_MAGIC 20240326
 #define MODEL_VERSION_FP32 3
 #define MODEL_VERSION_BF16 5
+// header[8] holds this tag when header[9] is the CRC-32 of header[0..8] and the parameters: files
+// this project writes carry it (llm.c reads header[0..7] and ignores the rest); files from
+// elsewhere have 0 there and load without a checksum
+#define MODEL_CHECKSUM_TAG 0x43524333  // "3CRC"
 #define GPT2_VOCAB_SIZE 50257
 #define NUM_PARAMETER_TENSORS 16
 
@@ -101,6 +105,11 @@ static inline void gpt2_check_config(GPT2Config c, const char* source) {
              c.max_seq_len, c.vocab_size, c.padded_vocab_size, c.num_layers, c.num_heads,
              c.channels);
     }
+    // about 12 L C^2 + (Vp + maxT) C parameters; 2^50 is far beyond any memory and keeps every
+    // size product in 64 bits
+    double params = 12.0 * c.num_layers * c.channels * (double)c.channels +
+                    ((double)c.padded_vocab_size + c.max_seq_len) * c.channels;
+    if (params > 1125899906842624.0) fail("%s: a GPT-2 of %.3g parameters is too large", source, params);
     if (c.channels % c.num_heads != 0) {
         fail("%s: channels C=%d is not divisible by the number of heads NH=%d", source, c.channels,
              c.num_heads);
@@ -110,6 +119,25 @@ static inline void gpt2_check_config(GPT2Config c, const char* source) {
 // ---------------------------------------------------------------------------------------------
 // model files: 256 x int32 header, then all parameters in the order above (fp32 or bf16)
 
+static inline uint32_t model_file_checksum(const int header[256], const void* params, size_t bytes) {
+    return crc32_update(crc32_update(0, header, 9 * sizeof(int)), params, bytes);
+}
+
+// a model that starts from nan or inf would train on silently: stop, naming the first bad value
+static inline void gpt2_check_finite(const float* params, GPT2Config c, const char* source) {
+    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
+    gpt2_parameter_sizes(sizes, c);
+    for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
+        for (size_t i = 0; i < sizes[t]; i++) {
+            if (!isfinite(params[offset + i])) {
+                fail("%s: parameter %s[%zu] is %g; the weights must be finite numbers", source,
+                     parameter_names[t], i, params[offset + i]);
+            }
+        }
+        offset += sizes[t];
+    }
+}
+
 static inline float bf16_to_float(uint16_t b) {
     uint32_t bits = (uint32_t)b << 16;
     float f;
@@ -117,8 +145,9 @@ static inline float bf16_to_float(uint16_t b) {
     return f;
 }
 
-// reads a model file into a newly allocated fp32 host buffer; bf16 files are widened exactly
-static inline float* gpt2_read_model_file(const char* path, GPT2Config* config) {
+// reads a model file into a newly allocated fp32 host buffer; bf16 files are widened exactly.
+// crc (may be NULL) receives the checksum in the header, 0 when the file carries none.
+static inline float* gpt2_read_model_file(const char* path, GPT2Config* config, uint32_t* crc) {
     FILE* f = fopen_check(path, "rb");
     long file_bytes = file_size_check(f, path);
     int header[256];
@@ -151,21 +180,29 @@ static inline float* gpt2_read_model_file(const char* path, GPT2Config* config) 
              "%zu bytes each): truncated or corrupt", path, file_bytes, expected, n, elem);
     }
     float* params = (float*)malloc_check(n * sizeof(float));
-    if (version == MODEL_VERSION_FP32) {
-        fread_check(params, sizeof(float), n, f, path);
-    } else {
-        uint16_t* tmp = (uint16_t*)malloc_check(n * sizeof(uint16_t));
-        fread_check(tmp, sizeof(uint16_t), n, f, path);
-        for (size_t i = 0; i < n; i++) params[i] = bf16_to_float(tmp[i]);
-        free(tmp);
-    }
+    void* raw = version == MODEL_VERSION_FP32 ? (void*)params : malloc_check(n * elem);
+    fread_check(raw, elem, n, f, path);
     fclose(f);
+    uint32_t file_crc = 0;
+    if (header[8] == MODEL_CHECKSUM_TAG) {
+        file_crc = model_file_checksum(header, raw, n * elem);
+        if (file_crc != (uint32_t)header[9]) {
+            fail("model file '%s' is corrupt: its CRC-32 is %08x, its header says %08x (a flipped "
+                 "byte or a torn copy)", path, file_crc, (uint32_t)header[9]);
+        }
+    }
+    if (crc) *crc = file_crc;
+    if (version == MODEL_VERSION_BF16) {  // bf16 files are widened exactly
+        for (size_t i = 0; i < n; i++) params[i] = bf16_to_float(((uint16_t*)raw)[i]);
+        free(raw);
+    }
+    gpt2_check_finite(params, c, path);
     *config = c;
     return params;
 }
 
-// writes an fp32 (version 3) model file through a temporary name
-static inline void gpt2_write_model_file(const char* path, GPT2Config c, const float* params) {
+// writes an fp32 (version 3) model file with its checksum, durably (utils.h); returns the checksum
+static inline uint32_t gpt2_write_model_file(const char* path, GPT2Config c, const float* params) {
     int header[256];
     memset(header, 0, sizeof(header));
     header[0] = MODEL_MAGIC;
@@ -176,13 +213,15 @@ static inline void gpt2_write_model_file(const char* path, GPT2Config c, const f
     header[5] = c.num_heads;
     header[6] = c.channels;
     header[7] = c.padded_vocab_size;
-    char tmp[4200];  // room for the path and ".tmp"
-    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE* f = fopen_check(tmp, "wb");
+    header[8] = MODEL_CHECKSUM_TAG;
+    size_t n = gpt2_num_parameters(c);
+    header[9] = (int)model_file_checksum(header, params, n * sizeof(float));
+    char tmp[4200];
+    FILE* f = fopen_temp(path, tmp, sizeof(tmp));
     fwrite_check(header, sizeof(int), 256, f, tmp);
-    fwrite_check(params, sizeof(float), gpt2_num_parameters(c), f, tmp);
-    fclose_check(f, tmp);
-    rename_check(tmp, path);
+    fwrite_check(params, sizeof(float), n, f, tmp);
+    file_commit(f, tmp, path);
+    return (uint32_t)header[9];
 }
 
 // ---------------------------------------------------------------------------------------------

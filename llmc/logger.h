@@ -1,41 +1,81 @@
 // Machine-readable training log: one JSON object per line in <output dir>/main.log.
-// Floats are printed with 9 significant digits, enough to round-trip an fp32 exactly.
+// Floats are printed with 9 significant digits, enough to round-trip an fp32 exactly; a value
+// that is not finite is written as null (JSON has no nan or inf). A failed write (a full disk)
+// stops the run: a log that silently ends is worse than no log.
+// On resume the log is first cut back to the checkpoint's step, so that every step appears once
+// even when the interrupted run had logged steps past its last checkpoint.
 #ifndef LLMC_LOGGER_H
 #define LLMC_LOGGER_H
 
+#include <math.h>
 #include "utils.h"
 
 typedef struct {
     FILE* file;  // NULL when there is no output dir or on ranks other than 0
+    char path[4096];
 } Logger;
 
-static inline void logger_init(Logger* log, const char* out_dir, int rank, int resuming) {
+// keeps the lines of main.log whose step is at most `step` (a torn last line goes too)
+static inline void logger_cut_back(const char* path, int step) {
+    FILE* in = fopen(path, "r");
+    if (in == NULL) return;  // no log yet: nothing to cut
+    char tmp[4200], line[1024];
+    FILE* out = fopen_temp(path, tmp, sizeof(tmp));
+    while (fgets(line, sizeof(line), in)) {
+        int line_step;
+        size_t len = strlen(line);
+        int whole = len > 0 && line[len - 1] == '\n';
+        if (whole && sscanf(line, "{\"step\": %d", &line_step) == 1 && line_step <= step) {
+            if (fputs(line, out) == EOF) fail("write to '%s' failed: %s", tmp, strerror(errno));
+        }
+    }
+    fclose(in);
+    file_commit(out, tmp, path);
+}
+
+// resume_step: the checkpoint's step when resuming, -1 for a fresh run (the log starts empty)
+static inline void logger_init(Logger* log, const char* out_dir, int rank, int resume_step) {
     log->file = NULL;
     if (out_dir == NULL || rank != 0) return;
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/main.log", out_dir);
-    log->file = fopen_check(path, resuming ? "a" : "w");
+    snprintf(log->path, sizeof(log->path), "%s/main.log", out_dir);
+    if (resume_step >= 0) logger_cut_back(log->path, resume_step);
+    log->file = fopen_check(log->path, resume_step >= 0 ? "a" : "w");
+}
+
+// one formatted line, flushed; any error stops the job naming the file
+static inline void logger_line(Logger* log, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int bad = vfprintf(log->file, fmt, ap) < 0;
+    va_end(ap);
+    if (bad || fflush(log->file) != 0) fail("writing the log '%s' failed: %s", log->path, strerror(errno));
+}
+
+// x as JSON: 9 significant digits, or null
+static inline const char* json_float(char* buf, size_t cap, double x) {
+    if (isfinite(x)) snprintf(buf, cap, "%.9g", x);
+    else snprintf(buf, cap, "null");
+    return buf;
 }
 
 // comm_bytes: what this rank handed to collectives during the step (comm.h's counters)
 static inline void logger_train(Logger* log, int step, float loss, float lr, float grad_norm,
                                 double tokens_per_s, long long comm_bytes) {
     if (!log->file) return;
-    fprintf(log->file,
-            "{\"step\": %d, \"train_loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, "
-            "\"tokens_per_s\": %.1f, \"comm_bytes\": %lld}\n", step, loss, lr, grad_norm,
-            tokens_per_s, comm_bytes);
-    fflush(log->file);
+    char a[32], b[32], c[32];
+    logger_line(log, "{\"step\": %d, \"train_loss\": %s, \"lr\": %s, \"grad_norm\": %s, "
+                "\"tokens_per_s\": %.1f, \"comm_bytes\": %lld}\n", step, json_float(a, 32, loss),
+                json_float(b, 32, lr), json_float(c, 32, grad_norm), tokens_per_s, comm_bytes);
 }
 
 static inline void logger_val(Logger* log, int step, float val_loss) {
     if (!log->file) return;
-    fprintf(log->file, "{\"step\": %d, \"val_loss\": %.9g}\n", step, val_loss);
-    fflush(log->file);
+    char a[32];
+    logger_line(log, "{\"step\": %d, \"val_loss\": %s}\n", step, json_float(a, 32, val_loss));
 }
 
 static inline void logger_close(Logger* log) {
-    if (log->file) fclose(log->file);
+    if (log->file) fclose_check(log->file, log->path);
 }
 
 #endif

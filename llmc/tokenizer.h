@@ -26,6 +26,10 @@ static inline void tokenizer_init(Tokenizer* tok, const char* path) {
     if (header[1] != 2) fail("tokenizer file '%s' has version %d, expected 2", path, header[1]);
     tok->vocab_size = header[2];
     tok->eot_token = header[3];
+    if (tok->vocab_size <= 0 || tok->vocab_size > (1 << 24) || tok->eot_token < 0 || tok->eot_token >= tok->vocab_size) {
+        fail("tokenizer file '%s' has %d tokens with end-of-text id %d: expected 1..2^24 tokens "
+             "and an id among them", path, tok->vocab_size, tok->eot_token);
+    }
     tok->tokens = (char**)malloc_check((size_t)tok->vocab_size * sizeof(char*));
     for (int i = 0; i < tok->vocab_size; i++) {
         unsigned char len;

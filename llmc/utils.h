@@ -4,11 +4,15 @@
 #define LLMC_UTILS_H
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <zlib.h>
 
 // set by comm_init: the rank used in messages and the way to end all ranks (MPI_Abort)
 static int llmc_rank = 0;
@@ -73,10 +77,82 @@ static inline long file_size_check(FILE* f, const char* path) {
     return size;
 }
 
-// files are written under "<path>.tmp" and renamed when complete, so a crash never leaves a
-// half-written file under the final name
+// a * b for sizes and counts: stops naming `what` instead of wrapping around
+static inline size_t mul_check(size_t a, size_t b, const char* what) {
+    size_t product;
+    if (__builtin_mul_overflow(a, b, &product)) fail("%s: %zu x %zu does not fit in 64 bits", what, a, b);
+    return product;
+}
+
+// CRC-32 (zlib's, the checksum of gzip and PNG) of `bytes` more bytes, continuing from `crc`
+// (start from 0). zlib takes 32-bit lengths, so large buffers go through in pieces.
+static inline uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
+    const unsigned char* p = (const unsigned char*)data;
+    while (bytes > 0) {
+        uInt piece = bytes > (1u << 30) ? (1u << 30) : (uInt)bytes;
+        crc = (uint32_t)crc32((uLong)crc, p, piece);
+        p += piece;
+        bytes -= piece;
+    }
+    return crc;
+}
+
+// Durable files. A file is written under "<path>.tmp", flushed to the disk (fsync) and only then
+// renamed to its final name: after a crash or a power cut the final name holds either nothing or
+// the whole file, never a prefix. The rename itself is an entry in the directory, made durable
+// by fsync_dir.
+static inline FILE* fopen_temp(const char* path, char* tmp, size_t cap) {
+    if ((size_t)snprintf(tmp, cap, "%s.tmp", path) >= cap) fail("path too long: '%s'", path);
+    return fopen_check(tmp, "wb");
+}
+
+static inline void fsync_file(FILE* f, const char* path) {
+    if (fflush(f) != 0 || fsync(fileno(f)) != 0) fail("writing '%s' to disk failed: %s", path, strerror(errno));
+}
+
 static inline void rename_check(const char* from, const char* to) {
     if (rename(from, to) != 0) fail("rename '%s' -> '%s' failed: %s", from, to, strerror(errno));
+}
+
+static inline void file_commit(FILE* f, const char* tmp, const char* path) {
+    fsync_file(f, tmp);
+    fclose_check(f, tmp);
+    rename_check(tmp, path);
+}
+
+static inline void fsync_dir(const char* dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0 || fsync(fd) != 0) fail("syncing directory '%s' to disk failed: %s", dir, strerror(errno));
+    close(fd);
+}
+
+// bytes this process may still allocate: the kernel's MemAvailable, lowered to what is left
+// under the memory limit of the cgroup (a container or a batch job), v2 or v1; 0 when unknown
+static inline size_t read_size_from(const char* path, const char* key) {
+    FILE* f = fopen(path, "r");
+    if (f == NULL) return 0;
+    char line[256];
+    unsigned long long value = 0;
+    while (fgets(line, sizeof(line), f)) {
+        if (key == NULL) { if (sscanf(line, "%llu", &value) != 1) value = 0; break; }
+        if (strncmp(line, key, strlen(key)) == 0 && sscanf(line + strlen(key), "%llu", &value) == 1) {
+            value *= 1024;  // /proc/meminfo counts kB
+            break;
+        }
+    }
+    fclose(f);
+    return (size_t)value;
+}
+
+static inline size_t host_memory_available(void) {
+    size_t available = read_size_from("/proc/meminfo", "MemAvailable:");
+    const char* limits[2][2] = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
+                                {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
+    for (int v = 0; v < 2; v++) {
+        size_t limit = read_size_from(limits[v][0], NULL), used = read_size_from(limits[v][1], NULL);
+        if (limit > 0 && limit > used && (available == 0 || limit - used < available)) available = limit - used;
+    }
+    return available;
 }
 
 static inline double wall_time_s(void) {

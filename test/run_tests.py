@@ -220,7 +220,7 @@ def help_lists_every_flag():
 def sampling_and_validation_run():
     d = fresh_dir("sample")
     out = run_ok(2, ["-e", "d2", "-b", 2, "-t", 32, "-x", 2, "-v", 1, "-m", 2, "-s", 2, "-g", 16, "-o", d])
-    assert "---- sample ----" in out and "val loss" in out, out[-2000:]
+    assert "---- sample at step 2 ----" in out and "val loss" in out, out[-2000:]
     _, val = read_log(d)
     assert sorted(val) == [0, 1, 2], "validation at steps 0, 1, 2: got %s" % sorted(val)
     # a random init predicts roughly uniformly over 50257 tokens: loss near ln(50257) = 10.82

@@ -31,7 +31,9 @@ static inline void adamw_update(float* params, float* master, const float* grads
 
 // sum of squares of grads (n), in fixed chunks summed in order: the same result for any
 // number of threads, which keeps training bit-reproducible. Within a chunk, 8 running sums
-// (one per vector lane) let the compiler vectorize without reordering any addition.
+// (one per vector lane) let the compiler vectorize without reordering any addition. The lane
+// sums are double: 8192 squares summed in float lose about 1e-5 of the total, which shows in
+// the logged norm; in double the loss is ~1e-13 and the result is the float nearest the norm.
 #define NORM_CHUNK 65536
 #define NORM_LANES 8
 static inline float global_norm_squared(const float* grads, size_t n) {
@@ -40,10 +42,10 @@ static inline float global_norm_squared(const float* grads, size_t n) {
     #pragma omp parallel for
     for (size_t c = 0; c < chunks; c++) {
         size_t begin = c * NORM_CHUNK, end = (c + 1) * NORM_CHUNK < n ? (c + 1) * NORM_CHUNK : n;
-        float lane[NORM_LANES] = {0};
+        double lane[NORM_LANES] = {0};
         size_t i = begin;
         for (; i + NORM_LANES <= end; i += NORM_LANES) {
-            for (int j = 0; j < NORM_LANES; j++) lane[j] += grads[i + j] * grads[i + j];
+            for (int j = 0; j < NORM_LANES; j++) lane[j] += (double)grads[i + j] * grads[i + j];
         }
         double s = 0.0;
         for (; i < end; i++) s += (double)grads[i] * grads[i];
