@@ -23,7 +23,7 @@ endif
 BACKEND ?= $(DEFAULT_BACKEND)
 
 TRAINERS := train_gpt2_dp
-TEST_PROGRAMS := test/test_comm test/test_dataloader
+TEST_PROGRAMS := test/test_comm test/test_dataloader test/test_norm
 HEADERS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cuda/*.cuh dev/cuda/*.h dev/cuda/*.cuh)
 DEV_CUDA := $(wildcard dev/cuda/*.cu)
 

@@ -490,6 +490,21 @@ int main(int argc, char** argv) {
         fail("-n and -y need an output dir (-o)");
     }
 
+    // ---- memory: predicted before allocating, so a batch too large for this machine is a
+    // message rather than a kill by the out-of-memory killer mid-run
+    size_t P = gpt2_num_parameters(config);
+    size_t per_rank = gpt2_memory_bytes(config, args.B, args.T);
+    if (device_memory_is_host()) per_rank += P * sizeof(float);  // params_host, live while building
+    size_t needed = mul_check(per_rank, world.ranks_sharing_memory, "memory per rank x ranks");
+    size_t available = device_memory_available();
+    if (available > 0 && needed > available) {
+        fail("not enough memory: %.2f GB per rank (%zu parameters, -b %d -t %d) x %d ranks sharing "
+             "it = %.2f GB, but %s is %.2f GB. Lower -b or -t, or use fewer ranks per %s",
+             per_rank / 1e9, P, args.B, args.T, world.ranks_sharing_memory, needed / 1e9,
+             DEVICE_MEMORY_NAME, available / 1e9, device_memory_is_host() ? "machine" : "GPU");
+    }
+    comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
+
     DataLoader train, val;
     dataloader_init(&train, args.train_path, args.B, args.T, rank, world.size, accum, args.shuffle, (uint64_t)args.seed);
     if (args.val_every > 0) {
@@ -542,21 +557,6 @@ int main(int argc, char** argv) {
     run_identity_add(&identity, "-seed", "%d", args.seed);
     run_identity_add(&identity, "-shuffle", "%d", args.shuffle);
     run_identity_add(&identity, "precision", "%s", PRECISION_NAME);
-
-    // ---- memory: predicted before allocating, so a batch too large for this machine is a
-    // message rather than a kill by the out-of-memory killer mid-run
-    size_t P = gpt2_num_parameters(config);
-    size_t per_rank = gpt2_memory_bytes(config, args.B, args.T);
-    if (device_memory_is_host()) per_rank += P * sizeof(float);  // params_host, live while building
-    size_t needed = mul_check(per_rank, world.ranks_sharing_memory, "memory per rank x ranks");
-    size_t available = device_memory_available();
-    if (available > 0 && needed > available) {
-        fail("not enough memory: %.2f GB per rank (%zu parameters, -b %d -t %d) x %d ranks sharing "
-             "it = %.2f GB, but %s is %.2f GB. Lower -b or -t, or use fewer ranks per %s",
-             per_rank / 1e9, P, args.B, args.T, world.ranks_sharing_memory, needed / 1e9,
-             DEVICE_MEMORY_NAME, available / 1e9, device_memory_is_host() ? "machine" : "GPU");
-    }
-    comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
     // ---- the output dir: rank 0 holds its lock for the whole run; a fresh run refuses a dir
     // that holds checkpoints already, instead of mixing them with its own

@@ -71,7 +71,7 @@ static inline void run_identity_diff(const char* saved, const char* now, char* o
             const char* end = strchr(line, '\n');
             size_t len = end ? (size_t)(end - line) : strlen(line);
             char key[128], a[1024], b[1024];
-            const char* space = memchr(line, ' ', len);
+            const char* space = (const char*)memchr(line, ' ', len);
             size_t klen = space ? (size_t)(space - line) : len;
             snprintf(key, sizeof(key), "%.*s", (int)klen, line);
             run_identity_value(saved, key, a, sizeof(a));

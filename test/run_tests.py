@@ -11,7 +11,9 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -248,6 +250,12 @@ def bad_input_cases():
         "bad_magic_model": np.array([1234], dtype=np.int32).tobytes() + model_bytes[4:],
         "bad_version_model": model_bytes[:4] + np.array([7], dtype=np.int32).tobytes() + model_bytes[8:],
     }
+    nan_model = bytearray(model_bytes)  # one nan in the 6th qkvw weight
+    header, params = reference.read_model_file(model)
+    V, C, maxT, L = header[7], header[6], header[2], header[4]
+    qkvw = (V + maxT) * C + 2 * L * C  # wte, wpe, ln1w, ln1b come first
+    nan_model[1024 + 4 * (qkvw + 5): 1024 + 4 * (qkvw + 6)] = np.array([np.nan], np.float32).tobytes()
+    files["nan_model"] = bytes(nan_model)
     for name, data in files.items():
         with open(os.path.join(d, name + ".bin"), "wb") as f:
             f.write(data)
@@ -271,29 +279,58 @@ def bad_input_cases():
         ("flag_without_value", base + ["-x"], "flag '-x' needs a value"),
         ("not_a_number", base + ["-l", "fast"], "expects a number"),
         ("resume_without_checkpoint", base + ["-y", 1, "-o", j("empty_out")], "no complete checkpoint"),
+        # non-finite numbers would train on silently: every float flag must be finite
+        ("lr_nan", base + ["-l", "nan"], "flag '-l' is nan: expected a finite number"),
+        ("lr_inf", base + ["-l", "inf"], "flag '-l' is inf: expected a finite number"),
+        ("final_lr_nan", base + ["-q", "nan"], "flag '-q' is nan: expected a finite number"),
+        ("weight_decay_nan", base + ["-c", "nan"], "flag '-c' is nan: expected a finite number"),
+        ("clip_nan", base + ["-gc", "nan"], "flag '-gc' is nan: expected a finite number"),
+        ("nan_in_model_file", base + ["-e", j("nan_model.bin")], "parameter qkvw[5] is nan"),
+        # integers past INT_MAX are reported, not wrapped (4294967298 would be 2)
+        ("batch_wraps", base + ["-b", 4294967298], "flag '-b' is 4294967298, outside its allowed range >= 1"),
+        ("steps_wrap", base + ["-x", 4294967297], "flag '-x' is 4294967297, outside its allowed range >= -1"),
+        # B*T*ranks = 2^33 overflowed int and divided by zero
+        ("batch_tokens_overflow_int", base + ["-e", "d2", "-b", 4194304, "-t", 1024, "-d", 64],
+         "-d 64 must be a positive multiple of B*T*ranks = 4194304*1024*2 = 8589934592"),
+        ("negative_gen_tokens", base + ["-g", -5], "flag '-g' is -5, outside its allowed range >= 1"),
+        ("negative_steps", base + ["-x", -5], "flag '-x' is -5, outside its allowed range >= -1"),
+        ("negative_clip", base + ["-gc", -1], "flag '-gc' is -1, outside its allowed range >= 0"),
+        ("shuffle_not_0_or_1", base + ["-shuffle", 2], "flag '-shuffle' is 2, outside its allowed range 0|1"),
+        ("negative_lr", base + ["-l", -1], "flag '-l' is -1, outside its allowed range >= 0"),
+        # a batch this machine cannot hold: a message before allocating, not the OOM killer
+        ("batch_exceeds_memory", base + ["-e", "d4", "-b", 512, "-t", 1024], "not enough memory"),
     ]
+
+
+def run_bad_input(index, program="./train_gpt2_dp", env=None):
+    d, cases = bad_input_cases()
+    name, args, message = cases[index]
+    before = set(os.listdir(d))
+    t0 = time.time()
+    code, out = mpirun(2, args, timeout=60, program=program, env=env)
+    assert code != 0, "%s: exit code 0\n%s" % (name, out[-2000:])
+    assert message in out, "%s: message %r not in output:\n%s" % (name, message, out[-2000:])
+    left = [f for f in set(os.listdir(d)) - before if f != "empty_out"]
+    assert not left, "%s left files behind: %s" % (name, left)
+    assert time.time() - t0 < 60
+    return out
 
 
 def make_bad_input_test(index):
     def fn():
-        d, cases = bad_input_cases()
-        name, args, message = cases[index]
-        before = set(os.listdir(d))
-        t0 = time.time()
-        code, out = mpirun(2, args, timeout=60)
-        assert code != 0, "%s: exit code 0\n%s" % (name, out[-2000:])
-        assert message in out, "%s: message %r not in output:\n%s" % (name, message, out[-2000:])
-        left = [f for f in set(os.listdir(d)) - before if f != "empty_out"]
-        assert not left, "%s left files behind: %s" % (name, left)
-        assert time.time() - t0 < 60
+        run_bad_input(index)
     return fn
 
 
-for _i, _name in enumerate(["missing_train_file", "truncated_token_file", "wrong_token_magic",
-                            "token_outside_vocab", "missing_model_file", "truncated_model_file",
-                            "wrong_model_magic", "wrong_model_version", "batch_does_not_divide",
-                            "sequence_too_long", "unknown_flag", "flag_without_value",
-                            "not_a_number", "resume_without_checkpoint"]):
+BAD_INPUT_NAMES = ["missing_train_file", "truncated_token_file", "wrong_token_magic",
+                   "token_outside_vocab", "missing_model_file", "truncated_model_file",
+                   "wrong_model_magic", "wrong_model_version", "batch_does_not_divide",
+                   "sequence_too_long", "unknown_flag", "flag_without_value", "not_a_number",
+                   "resume_without_checkpoint", "lr_nan", "lr_inf", "final_lr_nan",
+                   "weight_decay_nan", "clip_nan", "nan_in_model_file", "batch_wraps", "steps_wrap",
+                   "batch_tokens_overflow_int", "negative_gen_tokens", "negative_steps",
+                   "negative_clip", "shuffle_not_0_or_1", "negative_lr", "batch_exceeds_memory"]
+for _i, _name in enumerate(BAD_INPUT_NAMES):
     _fn = make_bad_input_test(_i)
     _fn.__name__ = "bad_input_" + _name
     test(_fn)
@@ -320,6 +357,360 @@ def check_one_rank_failing(name, program, env=None):
 @test
 def one_rank_failing_stops_all_ranks():
     check_one_rank_failing("one_rank_fails", "./train_gpt2_dp")
+
+
+# ---------------------------------------------------------------------------------------------
+# reliability: what a failure leaves on disk, checkpoints of one run only, resume equal to an
+# uninterrupted run. Every job below runs at 2 ranks with a watchdog and a time limit.
+
+WATCHDOG = ["-watchdog", 30]  # seconds without progress before a rank ends the job
+
+
+def small_run_args(d, extra=()):
+    """the reference model, 2 ranks x B=2 x T=32, a checkpoint every 2 steps"""
+    ref = reference_run()
+    return ["-e", os.path.join(ref["dir"], "model.bin"), "-i", REF["tokens"], "-b", 2, "-t", 32,
+            "-x", 4, "-n", 2, "-v", 2, "-m", 2, "-s", 0, "-o", d] + WATCHDOG + list(extra)
+
+
+def dir_snapshot(d):
+    """name -> bytes of every file in d (LOCK aside: its text names the last holder)"""
+    snap = {}
+    for name in sorted(os.listdir(d)):
+        if name != "LOCK":
+            with open(os.path.join(d, name), "rb") as f:
+                snap[name] = f.read()
+    return snap
+
+
+def check_log(d, train_steps, val_steps):
+    """main.log is valid JSON, one line per entry, each step logged once"""
+    train, val = [], []
+    with open(os.path.join(d, "main.log")) as f:
+        for line in f:
+            rec = json.loads(line)  # a bare nan or a torn line fails here
+            (train if "train_loss" in rec else val).append(rec["step"])
+    assert train == list(train_steps), "main.log train steps %s, expected %s" % (train, list(train_steps))
+    assert val == list(val_steps), "main.log val steps %s, expected %s" % (val, list(val_steps))
+
+
+def expect_stop(args, message, d=None, timeout=60):
+    """the job ends non-zero within the time limit with message; d (if given) is left as it was"""
+    before = dir_snapshot(d) if d else None
+    code, out = mpirun(2, args, timeout=timeout)
+    assert code != 0, "exit code 0\n" + out[-2000:]
+    assert message in out, "message %r not in output:\n%s" % (message, out[-3000:])
+    if d:
+        after = dir_snapshot(d)
+        assert after == before, "the failed job changed %s" % sorted(
+            n for n in set(after) | set(before) if after.get(n) != before.get(n))
+    return out
+
+
+def finished_run(name):
+    """a complete 4-step run with checkpoints at steps 2 and 4"""
+    d = fresh_dir(name)
+    run_ok(2, small_run_args(d))
+    return d
+
+
+@test
+def reliability_nonfinite_loss_stops_before_writing_the_step():
+    """-l 1e30 makes the weights ~1e30 after step 1; step 2's loss is not finite. Every rank stops
+    before step 2 updates, logs or checkpoints anything; checkpoint 1 stays whole."""
+    d = fresh_dir("nonfinite_loss")
+    out = expect_stop(small_run_args(d, ["-l", 1e30, "-n", 1, "-v", 0]), "step 2: the ")
+    assert "stopping before the update" in out, out[-2000:]
+    done = sorted(f for f in os.listdir(d) if f.startswith("DONE_"))
+    assert done == ["DONE_00000001"], done
+    check_log(d, [1], [])
+    # the checkpoint of step 1 is complete and loads (its checksums hold)
+    run_ok(2, small_run_args(d, ["-l", 1e30, "-n", 1, "-v", 0, "-x", 1, "-y", 1]))
+
+
+@test
+def reliability_resume_refuses_another_runs_checkpoint():
+    d = finished_run("other_run")
+    expect_stop(small_run_args(d, ["-x", 6, "-l", 2e-3, "-y", 1]),
+                "belongs to another run: -l: 0.000300000014 in the checkpoint, 0.00200000009 now", d)
+    # a fresh run (no -y) into a dir with checkpoints would mix two runs' files: refused
+    out = expect_stop(small_run_args(d, ["-x", 6]), "already holds checkpoints", d)
+    assert "-y 1" in out and "remove them or choose another -o" in out, out[-2000:]
+
+
+@test
+def reliability_resume_refuses_a_steps_below_the_checkpoint():
+    d = finished_run("steps_below")
+    expect_stop(small_run_args(d, ["-x", 3, "-y", 1]), "already at step 4, so there is nothing to train", d)
+
+
+@test
+def reliability_ranks_agree_on_the_resume_step():
+    """rank 1's state file of step 4 replaced by its file of step 2: every rank stops"""
+    d = finished_run("ranks_disagree")
+    shutil.copy(os.path.join(d, "state_00000002_00001.bin"), os.path.join(d, "state_00000004_00001.bin"))
+    expect_stop(small_run_args(d, ["-x", 6, "-y", 1]),
+                "holds step 2 of rank 1 of 2, expected step 4 of rank 1 of 2", d)
+
+
+def corrupt(path, how):
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        if how == "flip":
+            data[len(data) // 2] ^= 0x10  # one bit of one byte in the middle
+        else:
+            data += b"\0" * 4  # bytes appended
+        f.seek(0)
+        f.write(data)
+
+
+def make_corruption_test(kind, how, message):
+    def fn():
+        d = finished_run("corrupt_%s_%s" % (kind, how))
+        name = "model_00000004.bin" if kind == "model" else "state_00000004_00001.bin"
+        corrupt(os.path.join(d, name), how)
+        expect_stop(small_run_args(d, ["-x", 6, "-y", 1]), message, d)
+    fn.__name__ = "reliability_%s_file_%s_is_refused" % (kind, "bit_flip" if how == "flip" else "trailing_bytes")
+    return fn
+
+
+test(make_corruption_test("model", "flip", "is corrupt: its CRC-32 is"))
+test(make_corruption_test("state", "flip", "is corrupt: its CRC-32 is"))
+test(make_corruption_test("state", "append", "truncated, or with bytes appended"))
+test(make_corruption_test("model", "append", "truncated or corrupt"))
+
+
+@test
+def reliability_second_job_on_one_output_dir_stops():
+    d = fresh_dir("two_jobs")
+    args = small_run_args(d, ["-x", 30, "-n", 10, "-v", 10])
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "./train_gpt2_dp"] + [str(a) for a in args]
+    first = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        lock = os.path.join(d, "LOCK")
+        for _ in range(600):  # the first job holds the lock once its LOCK names it
+            if os.path.exists(lock) and os.path.getsize(lock) > 0:
+                break
+            time.sleep(0.05)
+        code, out = mpirun(2, args, timeout=60)
+        assert code != 0 and "is in use by another job (pid" in out, out[-2000:]
+        first_out = first.communicate(timeout=TIMEOUT)[0].decode("utf-8", "replace")
+    finally:
+        first.kill()
+    assert first.returncode == 0, first_out[-2000:]
+    check_log(d, range(1, 31), [0, 10, 20, 30])
+    # the first job's checkpoints are whole: resuming the last one finds nothing to redo
+    run_ok(2, args + ["-y", 1])
+
+
+@test
+def reliability_full_disk_on_main_log_stops_the_run():
+    if not os.path.exists("/dev/full"):
+        raise Skip("no /dev/full")
+    d = fresh_dir("disk_full")
+    os.symlink("/dev/full", os.path.join(d, "main.log"))  # every write to it fails with ENOSPC
+    out = expect_stop(small_run_args(d, ["-n", 0]), "writing the log '%s/main.log' failed: No space left on device" % d)
+    assert "step    2/4" not in out, "the run went on after the failed write:\n" + out[-2000:]
+
+
+def write_tokens(path, tokens):
+    write_file(path, [20240520, 1, len(tokens)], np.asarray(tokens, np.uint16).tobytes())
+
+
+def check_sampling_with_small_vocabulary(program="./train_gpt2_dp", env=None):
+    """a model with V = 128 cannot embed the GPT-2 end-of-text token 50256 that samples start
+    from: samples are off with a warning, never an out-of-bounds read"""
+    d = fresh_dir("small_vocab")
+    rng = np.random.default_rng(0)
+    L, NH, C, V, maxT = 1, 2, 32, 128, 32
+    sizes = [V * C, maxT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C, L * C, L * C,
+             L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C]
+    params = (rng.standard_normal(sum(sizes)) * 0.02).astype(np.float32)
+    write_file(os.path.join(d, "v128.bin"), [20240326, 3, maxT, V, L, NH, C, V], params.tobytes())
+    write_tokens(os.path.join(d, "tokens.bin"), rng.integers(0, V, 4000))
+    out = run_ok(2, ["-e", os.path.join(d, "v128.bin"), "-i", os.path.join(d, "tokens.bin"),
+                     "-j", os.path.join(d, "tokens.bin"), "-b", 2, "-t", 16, "-x", 2, "-v", 1, "-m", 1,
+                     "-s", 1, "-g", 8] + WATCHDOG, program=program, env=env)
+    assert "end-of-text id 50256 is outside the model's vocabulary of 128" in out, out[-2000:]
+    assert "---- sample" not in out, out[-2000:]
+    return out
+
+
+@test
+def reliability_sampling_with_a_vocabulary_below_the_tokenizers():
+    check_sampling_with_small_vocabulary()
+
+
+def rank_pids(mpirun_pid):
+    """{rank: pid} of the processes mpirun started (its children, by OMPI_COMM_WORLD_RANK)"""
+    pids = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != mpirun_pid:
+                continue
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            if b"OMPI_COMM_WORLD_RANK" in env:
+                pids[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
+
+
+@test
+def reliability_stopped_peer_ends_the_job_through_the_watchdog():
+    """SIGSTOP on rank 1 mid-run: rank 0 waits in a collective until its watchdog (5 s) ends the
+    job, naming the rank and the operation"""
+    d = fresh_dir("stopped_peer")
+    args = small_run_args(d, ["-x", 1000, "-n", 0, "-v", 0, "-watchdog", 5])
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "./train_gpt2_dp"] + [str(a) for a in args]
+    job = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    pids = {}
+    try:
+        log = os.path.join(d, "main.log")
+        for _ in range(600):  # wait for the first step to be logged
+            if os.path.exists(log) and os.path.getsize(log) > 0:
+                break
+            time.sleep(0.05)
+        pids = rank_pids(job.pid)
+        assert 1 in pids, "rank 1's process not found among mpirun's children: %s" % pids
+        os.kill(pids[1], signal.SIGSTOP)
+        t0 = time.time()
+        out = job.communicate(timeout=60)[0].decode("utf-8", "replace")
+        waited = time.time() - t0
+    finally:
+        for pid in pids.values():  # a stopped process ignores everything but SIGKILL
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        job.kill()
+    assert job.returncode != 0, out[-2000:]
+    assert "[rank 0] error: watchdog: no progress for" in out and "waiting in" in out, out[-2000:]
+    assert waited < 30, "the job took %.0f s to end after its peer stopped" % waited
+
+
+@test
+def reliability_gradient_norm_sums_are_exact():
+    """the CPU norm keeps its per-lane sums in double: the result is the float nearest the exact
+    sum of squares (math.fsum), whatever the values; float lane sums were off by up to 1e-5"""
+    d = fresh_dir("norm")
+    rng = np.random.default_rng(7)
+    for name, x in [("uniform", rng.uniform(0, 1, 1 << 22)), ("normal", rng.normal(0, 1e-3, 1 << 22)),
+                    ("constant", np.full(1 << 22, 0.1))]:
+        path = os.path.join(d, name + ".f32")
+        x = x.astype(np.float32)
+        x.tofile(path)
+        exact = math.fsum((x.astype(np.float64) ** 2).tolist())  # squares of floats are exact in double
+        out = subprocess.run(["./test/test_norm", path], cwd=ROOT, stdout=subprocess.PIPE, check=True).stdout.decode()
+        got = float(out.split()[-1])
+        # rounding the double total to float: at most 2^-24 = 5.96e-8 relative
+        assert abs(got - exact) <= 6e-8 * exact, "%s: %r, exact %r (%.2g relative)" % (name, got, exact, (got - exact) / exact)
+
+
+def samples_by_step(out):
+    return dict((int(k), v) for k, v in re.findall(r"---- sample at step (\d+) ----\n(.*?)\n----------------", out, re.S))
+
+
+def log_without_timing(d):
+    """main.log's lines without tokens_per_s, the one field a resume may change"""
+    with open(os.path.join(d, "main.log")) as f:
+        return [re.sub(r'"tokens_per_s": [0-9.e+-]+, ', "", line) for line in f]
+
+
+def check_resumed_equals_full(full_dir, full_out, part_dir, part_out, from_step, last_step):
+    assert log_without_timing(part_dir) == log_without_timing(full_dir), "main.log after resume from %d differs" % from_step
+    full_samples, part_samples = samples_by_step(full_out), samples_by_step(part_out)
+    later = dict((k, v) for k, v in full_samples.items() if k > from_step)
+    assert later, "no sample after step %d to compare" % from_step
+    assert dict((k, v) for k, v in part_samples.items()) == later, \
+        "samples after resuming from step %d: %s, uninterrupted %s" % (from_step, part_samples, later)
+    final = "model_%08d.bin" % last_step
+    with open(os.path.join(full_dir, final), "rb") as a, open(os.path.join(part_dir, final), "rb") as b:
+        assert a.read() == b.read(), "final weights differ after resuming from step %d" % from_step
+
+
+@test
+def reliability_kill_during_checkpoint_write_then_resume_is_bit_identical():
+    """SIGKILL to the whole job while a checkpoint file is being written (a .tmp file exists),
+    resume: losses, samples and final weights equal the uninterrupted run's, bit for bit"""
+    args = ["-e", "d2", "-b", 2, "-t", 32, "-x", 8, "-n", 1, "-v", 2, "-m", 2, "-s", 2, "-g", 8] + WATCHDOG
+    full = fresh_dir("kill_full")
+    full_out = run_ok(2, args + ["-o", full])
+    part = fresh_dir("kill_part")
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "./train_gpt2_dp"] + [str(a) for a in args + ["-o", part]]
+    job = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed_in, pids = None, {}
+    try:
+        while job.poll() is None and killed_in is None:
+            names = os.listdir(part)
+            tmp = [n for n in names if n.endswith(".tmp")]
+            if len(pids) < 2:
+                pids = rank_pids(job.pid)
+            elif tmp and "DONE_00000002" in names:  # past a few complete checkpoints, mid-write
+                for pid in pids.values():  # every rank at once, as a power cut would
+                    os.kill(pid, signal.SIGKILL)
+                killed_in = tmp[0]
+            time.sleep(0.001)
+    finally:
+        for pid in pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        job.kill()
+        job.wait()
+    assert killed_in, "the job ended before a checkpoint write could be interrupted"
+    step = int(re.search(r"_(\d{8})", killed_in).group(1))
+    assert "DONE_%08d" % step not in os.listdir(part), "DONE written while %s was still being written" % killed_in
+    resume_from = max(int(n[5:]) for n in os.listdir(part) if n.startswith("DONE_"))
+    part_out = run_ok(2, args + ["-o", part, "-y", 1])
+    assert "resumed from step %d" % resume_from in part_out, part_out[-2000:]
+    check_resumed_equals_full(full, full_out, part, part_out, resume_from, 8)
+
+
+@test
+def reliability_resume_from_every_checkpoint_with_accumulation_shuffle_and_epochs():
+    """a train file of 3 global batches, 7 steps: the order is reshuffled at steps 3 and 6. From
+    each checkpoint (the full run's log, entries past it included, copied in) the resumed run
+    must finish exactly as the uninterrupted one"""
+    ref = reference_run()
+    d = fresh_dir("resume_every")
+    tokens = os.path.join(d, "tokens.bin")
+    write_tokens(tokens, reference.read_tokens(REF["tokens"])[: 3 * 256 + 1])  # 3 batches of 2x2x2x32
+    args = ["-e", os.path.join(ref["dir"], "model.bin"), "-i", tokens, "-b", 2, "-t", 32, "-d", 256,
+            "-x", 7, "-n", 1, "-v", 2, "-m", 1, "-s", 2, "-g", 8, "-shuffle", 1, "-q", 0.1, "-u", 2] + WATCHDOG
+    full = os.path.join(d, "full")
+    full_out = run_ok(2, args + ["-o", full])
+    for k in range(1, 7):
+        part = os.path.join(d, "from_%d" % k)
+        os.makedirs(part)
+        for f in glob.glob(os.path.join(full, "*_%08d*" % k)) + [os.path.join(full, "main.log")]:
+            shutil.copy(f, part)
+        part_out = run_ok(2, args + ["-o", part, "-y", 1])
+        check_resumed_equals_full(full, full_out, part, part_out, k, 7)
+
+
+@test
+def sanitized_bad_inputs_and_small_vocabulary():
+    """the bad-input cases once more, under AddressSanitizer + UndefinedBehaviorSanitizer
+    (make sanitize): each must stop with its message and no sanitizer report"""
+    p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
+    env = dict(ASAN_OPTIONS="detect_leaks=0")  # MPI's own allocations live until exit
+    for i, name in enumerate(BAD_INPUT_NAMES):
+        out = run_bad_input(i, program="./build/sanitize/train_gpt2_dp", env=env)
+        for report in ("AddressSanitizer", "runtime error:"):
+            assert report not in out, "%s: sanitizer report\n%s" % (name, out[-3000:])
+    out = check_sampling_with_small_vocabulary("./build/sanitize/train_gpt2_dp", env)
+    assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------
