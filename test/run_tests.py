@@ -214,8 +214,10 @@ def help_lists_every_flag():
     code, out = mpirun(1, ["--help"])
     assert code == 0, out
     for flag in ["-i", "-j", "-e", "-o", "-b", "-t", "-d", "-l", "-u", "-q", "-c", "-x", "-v", "-m",
-                 "-s", "-g", "-n", "-y", "-gc", "-seed", "-shuffle", "-tok", "-dump_grads"]:
+                 "-s", "-g", "-n", "-y", "-gc", "-seed", "-shuffle", "-tok", "-watchdog", "-dump_grads"]:
         assert "  %s " % flag in out, "--help does not list " + flag
+    # each flag's allowed range is printed beside its default
+    assert "-shuffle     1: shuffle the order of global batches every epoch (default: 0; allowed: 0|1)" in out, out
 
 
 @test
