@@ -26,6 +26,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/rng.h"
 #include "llmc/watchdog.h"
 #include "llmc/ops.h"
+#include "llmc/memory.h"
 
 // ----------------------------------------------------------------------------------------------
 // activations: what the forward pass keeps for the backward pass, plus backward scratch buffers.
@@ -327,6 +328,7 @@ static void sample(GPT2* model, const Tokenizer* tok, Rng* rng, int gen_tokens, 
             if (r < cdf) { next = v; break; }
         }
         tokens[t] = next;
+        watchdog_beat();  // one token is progress: a long sample is not a hang
         tokenizer_print(tok, next);
         fflush(stdout);
     }
@@ -343,13 +345,18 @@ static size_t low_precision_param_bytes(const GPT2* model) {
 
 // every rank writes its state file, then DONE marks the checkpoint complete (checkpoint.h)
 static void write_checkpoint(GPT2* model, const char* dir, CommGroup* world, int step,
-                             const RunIdentity* id, const Rng* rng) {
+                             const RunIdentity* id, uint64_t sample_rng_state) {
     char path[4096];
     size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
     float* host = (float*)malloc_check(n * sizeof(float) * 2);
-    TrainState s = {step, world->size, rng->state, 0};
+    TrainState s = {step, world->size, sample_rng_state, 0};
     if (world->rank == 0) {  // the replicas are identical: one copy of the weights is enough
         gpt2_weights_to_host(model, host);
+        // an update can overflow the weights while its loss and gradient norm were finite; such
+        // weights never become a checkpoint (the other ranks wait below and are stopped too)
+        char what[64];
+        snprintf(what, sizeof(what), "the weights after step %d (not checkpointed)", step);
+        gpt2_check_finite(host, model->config, what);
         checkpoint_path(path, sizeof(path), dir, "model", step, -1);
         s.model_crc = gpt2_write_model_file(path, model->config, host);
     }
@@ -462,14 +469,11 @@ int main(int argc, char** argv) {
     int rank = world.rank;
     watchdog_start(args.watchdog);
 
-    // ---- model: a model file (checked: checksum, finite weights), or a random init from a descriptor
+    // ---- model: a model file, or a descriptor for a random init. Only its config for now: the
+    // memory check comes before the first large allocation
     GPT2Config config;
-    float* params_host;
-    if (gpt2_config_from_descriptor(args.model, &config)) {
-        params_host = gpt2_init_random(config, (uint64_t)args.seed);
-    } else {
-        params_host = gpt2_read_model_file(args.model, &config, NULL);
-    }
+    int from_descriptor = gpt2_config_from_descriptor(args.model, &config);
+    if (!from_descriptor) gpt2_read_model_config(args.model, &config);
 
     // ---- the batch layout: B x T per micro-batch, `accum` micro-batches per rank per step.
     // Products of flags are taken in 64 bits: -b 4194304 -t 1024 on 2 ranks is 2^33 tokens.
@@ -491,19 +495,21 @@ int main(int argc, char** argv) {
     }
 
     // ---- memory: predicted before allocating, so a batch too large for this machine is a
-    // message rather than a kill by the out-of-memory killer mid-run
+    // message rather than a kill by the out-of-memory killer mid-run (llmc/memory.h). Host
+    // buffers at their largest: the fp32 weights while building, and on resume the weights plus
+    // the AdamW moments (and the bf16 parameter bits) read from the checkpoint.
     size_t P = gpt2_num_parameters(config);
-    size_t per_rank = gpt2_memory_bytes(config, args.B, args.T);
-    if (device_memory_is_host()) per_rank += P * sizeof(float);  // params_host, live while building
-    size_t needed = mul_check(per_rank, world.ranks_sharing_memory, "memory per rank x ranks");
-    size_t available = device_memory_available();
-    if (available > 0 && needed > available) {
-        fail("not enough memory: %.2f GB per rank (%zu parameters, -b %d -t %d) x %d ranks sharing "
-             "it = %.2f GB, but %s is %.2f GB. Lower -b or -t, or use fewer ranks per %s",
-             per_rank / 1e9, P, args.B, args.T, world.ranks_sharing_memory, needed / 1e9,
-             DEVICE_MEMORY_NAME, available / 1e9, device_memory_is_host() ? "machine" : "GPU");
-    }
+    size_t state_extra = FLOATX_IS_FLOAT ? 0 : P * sizeof(floatX);
+    size_t host_bytes = P * sizeof(float) * (args.resume ? 3 : args.checkpoint_every > 0 ? 2 : 1) +
+                        (args.resume || args.checkpoint_every > 0 ? state_extra : 0);
+    char layout[128];
+    snprintf(layout, sizeof(layout), "%zu parameters, -b %d -t %d", P, args.B, args.T);
+    memory_check_fits(gpt2_memory_bytes(config, args.B, args.T), host_bytes, world.ranks_sharing_memory, layout);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
+
+    // the weights: read (checksum verified, non-finite values refused) or drawn from the seed
+    float* params_host = from_descriptor ? gpt2_init_random(config, (uint64_t)args.seed)
+                                         : gpt2_read_model_file(args.model, &config, NULL);
 
     DataLoader train, val;
     dataloader_init(&train, args.train_path, args.B, args.T, rank, world.size, accum, args.shuffle, (uint64_t)args.seed);
@@ -537,13 +543,14 @@ int main(int argc, char** argv) {
     // ---- the run's identity: everything that determines the training trajectory. A checkpoint
     // stores it, and a resume with anything different is refused (checkpoint.h).
     RunIdentity identity = {"", 0};
-    char train_real[4096];
-    if (realpath(args.train_path, train_real) == NULL) snprintf(train_real, sizeof(train_real), "%s", args.train_path);
+    // the train data by content, so a moved or copied file still resumes (rank 0 reads it once)
+    uint32_t train_crc = rank == 0 ? dataloader_file_crc(&train) : 0;
+    comm_broadcast_host(&world, &train_crc, sizeof(train_crc), 0);
     run_identity_add(&identity, "-e", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d, initial weights CRC-32 %08x",
                      config.num_layers, config.num_heads, config.channels, config.vocab_size,
                      config.padded_vocab_size, config.max_seq_len,
                      crc32_update(0, params_host, gpt2_num_parameters(config) * sizeof(float)));
-    run_identity_add(&identity, "-i", "%s (%zu tokens)", train_real, train.num_tokens);
+    run_identity_add(&identity, "-i", "%zu tokens, CRC-32 %08x", train.num_tokens, train_crc);
     run_identity_add(&identity, "ranks", "%d", world.size);
     run_identity_add(&identity, "-b", "%d", args.B);
     run_identity_add(&identity, "-t", "%d", args.T);
@@ -606,9 +613,9 @@ int main(int argc, char** argv) {
         printf("  AdamW m, v     %10.1f MB\n", P * 2 * sizeof(float) / 1e6);
         printf("  activations    %10.1f MB\n", model.acts_bytes / 1e6);
         printf("  comm buffers   %10.1f MB  (the all-reduce works in place)\n", 0.0);
-        printf("  total          %10.1f MB  (x %d ranks sharing it; %s: %.1f MB)\n",
-               gpt2_memory_bytes(config, args.B, args.T) / 1e6, world.ranks_sharing_memory,
-               DEVICE_MEMORY_NAME, available / 1e6);
+        printf("  total          %10.1f MB  (x %d ranks sharing this memory)\n",
+               gpt2_memory_bytes(config, args.B, args.T) / 1e6, world.ranks_sharing_memory);
+        printf("  host buffers   %10.1f MB  at most (weights; on resume also the AdamW moments)\n", host_bytes / 1e6);
     }
 
     // ---- resume from the newest complete checkpoint: rank 0 picks the step, every rank checks
@@ -629,6 +636,7 @@ int main(int argc, char** argv) {
         start_step = s.step;
         sample_rng.state = s.rng;
         dataloader_seek(&train, (size_t)start_step);
+        comm_barrier(&world);  // every rank's checks passed before rank 0 touches main.log
         if (rank == 0) printf("resumed from step %d in %s\n", start_step, args.out_dir);
     }
     Logger logger;
@@ -647,25 +655,25 @@ int main(int argc, char** argv) {
     int timed_steps = 0;
     for (int step = start_step; step <= max_steps; step++) {
         int last = step == max_steps;
-        // a resumed run's first step: its validation, sample and checkpoint were done before the
-        // checkpoint was written (and are in main.log); doing them again would repeat log lines
-        // and draw the sampling rng twice, so every later sample would differ
-        int done_before_checkpoint = args.resume && step == start_step;
-        if (args.val_every > 0 && (step % args.val_every == 0 || last) && !done_before_checkpoint) {
+        // The checkpoint of a step holds the state before that step's validation and sample
+        // (the sampling rng included), so a resumed run redoes them exactly as an uninterrupted
+        // run with its flags would: same values, same samples, and the log was cut back to match
+        uint64_t rng_before_sample = sample_rng.state;
+        if (args.val_every > 0 && (step % args.val_every == 0 || last)) {
             watchdog_phase("validation", step);
             float val_loss = evaluate(&model, &val, args.val_batches, &world);
             if (!isfinite(val_loss)) fail("step %d: the validation loss is %g; stopping", step, val_loss);
             if (rank == 0) printf("step %d: val loss %.6f\n", step, val_loss);
             logger_val(&logger, step, val_loss);
         }
-        if (can_sample && step > 0 && (step % args.sample_every == 0 || last) && !done_before_checkpoint) {
+        if (can_sample && step > 0 && (step % args.sample_every == 0 || last)) {
             watchdog_phase("sampling", step);
             sample(&model, &tok, &sample_rng, gen_tokens, step);
         }
-        if (args.checkpoint_every > 0 && (last || (step > start_step && step % args.checkpoint_every == 0))
-            && !done_before_checkpoint) {
+        int resumed_here = args.resume && step == start_step;  // this checkpoint exists already
+        if (args.checkpoint_every > 0 && !resumed_here && (last || (step > start_step && step % args.checkpoint_every == 0))) {
             watchdog_phase("checkpoint write", step);
-            write_checkpoint(&model, args.out_dir, &world, step, &identity, &sample_rng);
+            write_checkpoint(&model, args.out_dir, &world, step, &identity, rng_before_sample);
         }
         if (last) break;
 
@@ -677,6 +685,7 @@ int main(int argc, char** argv) {
         float loss = 0.0f;
         float dloss = 1.0f / (float)((size_t)args.B * args.T * accum);  // mean over rank's tokens
         for (int micro = 0; micro < accum; micro++) {
+            watchdog_beat();
             dataloader_load_microbatch(&train, micro, config.vocab_size);
             gpt2_forward(&model, train.inputs, args.B, args.T);
             loss += gpt2_loss(&model, train.targets, args.B, args.T, dloss) / (float)accum;
@@ -717,7 +726,7 @@ int main(int argc, char** argv) {
                          model.master_memory ? model.master_memory + offset : NULL,
                          model.grads_memory + offset, model.m_memory + offset,
                          model.v_memory + offset, sizes[i], lr, 0.9f, 0.95f, 1e-8f, wd, step + 1,
-                         grad_scale, (unsigned int)(args.seed * 1000003 + step), offset);
+                         grad_scale, (unsigned int)args.seed * 1000003u + (unsigned int)step, offset);
             offset += sizes[i];
         }
         device_synchronize();

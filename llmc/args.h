@@ -77,7 +77,10 @@ static inline int args_parse(int argc, char** argv, const ArgSpec* specs, int n)
             errno = 0;
             long long v = strtoll(text, &end, 10);
             if (*text == '\0' || *end != '\0') fail("flag '%s' expects an integer, got '%s'", argv[i], text);
-            if (errno == ERANGE || v < spec->min || v > spec->max || v < INT_MIN || v > INT_MAX) {
+            if (errno == ERANGE || v < INT_MIN || v > INT_MAX) {
+                fail("flag '%s' is %s, which does not fit a 32-bit int (at most %d)", argv[i], text, INT_MAX);
+            }
+            if (v < spec->min || v > spec->max) {
                 fail("flag '%s' is %s, outside its allowed range %s: %s", argv[i], text, range, spec->help);
             }
             *(int*)spec->value = (int)v;
@@ -85,8 +88,9 @@ static inline int args_parse(int argc, char** argv, const ArgSpec* specs, int n)
             // nan and inf parse as numbers; they would train silently on non-finite weights
             double v = strtod(text, &end);
             if (*text == '\0' || *end != '\0') fail("flag '%s' expects a number, got '%s'", argv[i], text);
-            if (!isfinite(v) || !isfinite((float)v)) {
-                fail("flag '%s' is %s: expected a finite number that fits a float", argv[i], text);
+            if (!isfinite(v) || !isfinite((float)v) || (v != 0.0 && (float)v == 0.0f)) {
+                fail("flag '%s' is %s: expected a finite number that fits a float (magnitude "
+                     "between 1e-45 and 3.4e38, or 0)", argv[i], text);
             }
             if (v < spec->min || v > spec->max) {
                 fail("flag '%s' is %s, outside its allowed range %s: %s", argv[i], text, range, spec->help);

@@ -143,9 +143,31 @@ static inline void state_write(const char* path, const TrainState* s, int rank, 
     file_commit(f, tmp, path);
 }
 
+// CRC-32 of a whole state file as it is on disk, with the header's checksum slot taken as 0;
+// computed before any header field is trusted, so that a flipped bit anywhere reads as what it is
+static inline uint32_t state_file_checksum(FILE* f, const char* path, long file_bytes) {
+    int header[STATE_HEADER_INTS];
+    fseek_check(f, 0, SEEK_SET, path);
+    fread_check(header, sizeof(int), STATE_HEADER_INTS, f, path);
+    header[12] = 0;
+    uint32_t crc = crc32_update(0, header, sizeof(header));
+    size_t chunk = (size_t)1 << 24, left = (size_t)file_bytes - sizeof(header);
+    char* buf = (char*)malloc_check(chunk);
+    while (left > 0) {
+        size_t n = left < chunk ? left : chunk;
+        fread_check(buf, 1, n, f, path);
+        crc = crc32_update(crc, buf, n);
+        left -= n;
+    }
+    free(buf);
+    fseek_check(f, sizeof(header), SEEK_SET, path);
+    return crc;
+}
+
 // Reads the state file `rank` wrote at `step` into m, v (n floats each) and extra. Any doubt
-// stops the job, naming the file and what was expected: the wrong size (truncated or with bytes
-// left over), a checksum that does not match, another step, rank or world size, another run.
+// stops the job, naming the file and what was expected: a checksum that does not match (checked
+// first), another step, rank or world size, another run, the wrong size. The remedy for a bad
+// checkpoint is to fall back to the one before: remove its DONE file.
 static inline TrainState state_read(const char* path, int step, int rank, int world,
                                     const RunIdentity* id, float* m, float* v, size_t n,
                                     void* extra, size_t extra_bytes) {
@@ -158,49 +180,47 @@ static inline TrainState state_read(const char* path, int step, int rank, int wo
         fail("state file '%s' has magic %d version %d, expected %d version %d", path, header[0],
              header[1], STATE_MAGIC, STATE_VERSION);
     }
+    uint32_t crc = state_file_checksum(f, path, file_bytes);
+    if (crc != (uint32_t)header[12]) {
+        fail("state file '%s' is corrupt: its CRC-32 is %08x, its header says %08x (a flipped "
+             "byte, a torn copy, bytes cut or appended). To fall back to the checkpoint before, "
+             "remove %s/DONE_%08d", path, crc, (uint32_t)header[12], dirname_of(path), step);
+    }
+    if (header[2] != step || header[3] != rank) {
+        fail("state file '%s' holds step %d of rank %d, expected step %d of rank %d: the files of "
+             "this checkpoint do not belong together", path, header[2], header[3], step, rank);
+    }
+    if (header[4] != world) {
+        fail("the checkpoint of step %d was written by a job of %d ranks, this job has %d: resume "
+             "with %d ranks", step, header[4], world, header[4]);
+    }
     uint64_t file_n, file_extra;
     memcpy(&file_n, &header[7], sizeof(uint64_t));
     memcpy(&file_extra, &header[9], sizeof(uint64_t));
     size_t id_bytes = (size_t)(unsigned)header[11];
-    if (file_n != n || file_extra != extra_bytes) {
-        fail("state file '%s' holds %llu parameters (+%llu bytes), this model needs %zu (+%zu "
-             "bytes): another model or precision", path, (unsigned long long)file_n,
-             (unsigned long long)file_extra, n, extra_bytes);
-    }
-    long expected = (long)(sizeof(header) + id_bytes + 2 * n * sizeof(float) + extra_bytes);
-    if (file_bytes != expected || id_bytes >= sizeof(id->text)) {
-        fail("state file '%s' is %ld bytes, its header promises %ld: truncated, or with bytes "
-             "appended", path, file_bytes, expected);
-    }
+    if (id_bytes >= sizeof(id->text)) fail("state file '%s': run identity of %zu bytes, at most %zu", path, id_bytes, sizeof(id->text) - 1);
     char saved_id[sizeof(id->text)];
     fread_check(saved_id, 1, id_bytes, f, path);
     saved_id[id_bytes] = '\0';
-    fread_check(m, sizeof(float), n, f, path);
-    fread_check(v, sizeof(float), n, f, path);
-    if (extra_bytes > 0) fread_check(extra, 1, extra_bytes, f, path);
-    fclose(f);
-    uint32_t want = (uint32_t)header[12];
-    header[12] = 0;
-    uint32_t crc = crc32_update(0, header, sizeof(header));
-    crc = crc32_update(crc, saved_id, id_bytes);
-    crc = crc32_update(crc, m, n * sizeof(float));
-    crc = crc32_update(crc, v, n * sizeof(float));
-    crc = crc32_update(crc, extra, extra_bytes);
-    if (crc != want) {
-        fail("state file '%s' is corrupt: its CRC-32 is %08x, its header says %08x (a flipped "
-             "byte or a torn copy)", path, crc, want);
-    }
-    if (header[2] != step || header[3] != rank || header[4] != world) {
-        fail("state file '%s' holds step %d of rank %d of %d, expected step %d of rank %d of %d: "
-             "the files of this checkpoint do not belong together", path, header[2], header[3],
-             header[4], step, rank, world);
-    }
     char diff[4096];
     run_identity_diff(saved_id, id->text, diff, sizeof(diff));
     if (diff[0]) {
         fail("the checkpoint of step %d ('%s') belongs to another run: %s. Resume with the flags "
              "it was written with, or start over in an empty output dir", step, path, diff);
     }
+    if (file_n != n || file_extra != extra_bytes) {
+        fail("state file '%s' holds %llu parameters (+%llu bytes), this model needs %zu (+%zu "
+             "bytes): another model or precision", path, (unsigned long long)file_n,
+             (unsigned long long)file_extra, n, extra_bytes);
+    }
+    long expected = (long)(sizeof(header) + id_bytes + 2 * n * sizeof(float) + extra_bytes);
+    if (file_bytes != expected) {
+        fail("state file '%s' is %ld bytes, its header promises %ld", path, file_bytes, expected);
+    }
+    fread_check(m, sizeof(float), n, f, path);
+    fread_check(v, sizeof(float), n, f, path);
+    if (extra_bytes > 0) fread_check(extra, 1, extra_bytes, f, path);
+    fclose(f);
     TrainState s;
     s.step = header[2];
     s.world = header[4];

@@ -145,13 +145,12 @@ static inline float bf16_to_float(uint16_t b) {
     return f;
 }
 
-// reads a model file into a newly allocated fp32 host buffer; bf16 files are widened exactly.
-// crc (may be NULL) receives the checksum in the header, 0 when the file carries none.
-static inline float* gpt2_read_model_file(const char* path, GPT2Config* config, uint32_t* crc) {
+// opens a model file and checks its header and size; returns the file positioned at the
+// parameters, with the header and the config filled in
+static inline FILE* gpt2_open_model_file(const char* path, int header[256], GPT2Config* config) {
     FILE* f = fopen_check(path, "rb");
     long file_bytes = file_size_check(f, path);
-    int header[256];
-    if (file_bytes < (long)sizeof(header)) {
+    if (file_bytes < 256 * (long)sizeof(int)) {
         fail("model file '%s' is %ld bytes, shorter than its 1024-byte header", path, file_bytes);
     }
     fread_check(header, sizeof(int), 256, f, path);
@@ -174,11 +173,30 @@ static inline float* gpt2_read_model_file(const char* path, GPT2Config* config, 
     gpt2_check_config(c, path);
     size_t n = gpt2_num_parameters(c);
     size_t elem = version == MODEL_VERSION_FP32 ? 4 : 2;
-    long expected = (long)(sizeof(header) + n * elem);
+    long expected = (long)(256 * sizeof(int) + n * elem);
     if (file_bytes != expected) {
         fail("model file '%s' is %ld bytes, expected %ld for its header's config (%zu parameters, "
              "%zu bytes each): truncated or corrupt", path, file_bytes, expected, n, elem);
     }
+    *config = c;
+    return f;
+}
+
+// the config of a model file, without reading its parameters (to plan memory before loading)
+static inline void gpt2_read_model_config(const char* path, GPT2Config* config) {
+    int header[256];
+    fclose(gpt2_open_model_file(path, header, config));
+}
+
+// reads a model file into a newly allocated fp32 host buffer; bf16 files are widened exactly.
+// crc (may be NULL) receives the checksum in the header, 0 when the file carries none.
+static inline float* gpt2_read_model_file(const char* path, GPT2Config* config, uint32_t* crc) {
+    int header[256];
+    GPT2Config c;
+    FILE* f = gpt2_open_model_file(path, header, &c);
+    int version = header[1];
+    size_t n = gpt2_num_parameters(c);
+    size_t elem = version == MODEL_VERSION_FP32 ? 4 : 2;
     float* params = (float*)malloc_check(n * sizeof(float));
     void* raw = version == MODEL_VERSION_FP32 ? (void*)params : malloc_check(n * elem);
     fread_check(raw, elem, n, f, path);

@@ -2,8 +2,10 @@
 // Floats are printed with 9 significant digits, enough to round-trip an fp32 exactly; a value
 // that is not finite is written as null (JSON has no nan or inf). A failed write (a full disk)
 // stops the run: a log that silently ends is worse than no log.
-// On resume the log is first cut back to the checkpoint's step, so that every step appears once
-// even when the interrupted run had logged steps past its last checkpoint.
+// On resume the log is first cut back to the checkpoint of step S: the train entries up to S and
+// the validations before S stay (the resumed run validates at S again, as an uninterrupted run
+// with its flags would), so every entry appears once even when the interrupted run had logged
+// steps past its last checkpoint.
 #ifndef LLMC_LOGGER_H
 #define LLMC_LOGGER_H
 
@@ -15,7 +17,8 @@ typedef struct {
     char path[4096];
 } Logger;
 
-// keeps the lines of main.log whose step is at most `step` (a torn last line goes too)
+// keeps the train lines of main.log up to `step` and the other lines before it (a torn last
+// line goes too)
 static inline void logger_cut_back(const char* path, int step) {
     FILE* in = fopen(path, "r");
     if (in == NULL) return;  // no log yet: nothing to cut
@@ -25,7 +28,9 @@ static inline void logger_cut_back(const char* path, int step) {
         int line_step;
         size_t len = strlen(line);
         int whole = len > 0 && line[len - 1] == '\n';
-        if (whole && sscanf(line, "{\"step\": %d", &line_step) == 1 && line_step <= step) {
+        int is_train = strstr(line, "\"train_loss\"") != NULL;
+        if (whole && sscanf(line, "{\"step\": %d", &line_step) == 1 &&
+            (line_step < step || (line_step == step && is_train))) {
             if (fputs(line, out) == EOF) fail("write to '%s' failed: %s", tmp, strerror(errno));
         }
     }

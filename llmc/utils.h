@@ -17,6 +17,9 @@
 // set by comm_init: the rank used in messages and the way to end all ranks (MPI_Abort)
 static int llmc_rank = 0;
 static void (*llmc_abort_hook)(int code) = NULL;
+// called between the pieces of long file reads, writes and checksums: the watchdog's heartbeat
+static void (*llmc_progress_hook)(void) = NULL;
+#define LLMC_IO_PIECE ((size_t)1 << 26)  // 64 MB
 
 static inline void fail(const char* fmt, ...) {
     va_list ap;
@@ -50,15 +53,26 @@ static inline FILE* fopen_check(const char* path, const char* mode) {
 
 // reads exactly count items or stops with the file name and what was missing
 static inline void fread_check(void* ptr, size_t size, size_t count, FILE* f, const char* path) {
-    size_t got = fread(ptr, size, count, f);
-    if (got != count) {
-        fail("file '%s' is truncated or unreadable: wanted %zu items of %zu bytes, got %zu", path,
-             count, size, got);
+    size_t piece = LLMC_IO_PIECE / size + 1, got = 0;
+    while (got < count) {
+        size_t want = count - got < piece ? count - got : piece;
+        size_t n = fread((char*)ptr + got * size, size, want, f);
+        got += n;
+        if (n != want) {
+            fail("file '%s' is truncated or unreadable: wanted %zu items of %zu bytes, got %zu", path,
+                 count, size, got);
+        }
+        if (llmc_progress_hook) llmc_progress_hook();
     }
 }
 
 static inline void fwrite_check(const void* ptr, size_t size, size_t count, FILE* f, const char* path) {
-    if (fwrite(ptr, size, count, f) != count) fail("write to '%s' failed: %s", path, strerror(errno));
+    size_t piece = LLMC_IO_PIECE / size + 1;
+    for (size_t done = 0; done < count; done += piece) {
+        size_t n = count - done < piece ? count - done : piece;
+        if (fwrite((const char*)ptr + done * size, size, n, f) != n) fail("write to '%s' failed: %s", path, strerror(errno));
+        if (llmc_progress_hook) llmc_progress_hook();
+    }
 }
 
 static inline void fclose_check(FILE* f, const char* path) {
@@ -89,10 +103,11 @@ static inline size_t mul_check(size_t a, size_t b, const char* what) {
 static inline uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes) {
     const unsigned char* p = (const unsigned char*)data;
     while (bytes > 0) {
-        uInt piece = bytes > (1u << 30) ? (1u << 30) : (uInt)bytes;
+        uInt piece = bytes > LLMC_IO_PIECE ? (uInt)LLMC_IO_PIECE : (uInt)bytes;
         crc = (uint32_t)crc32((uLong)crc, p, piece);
         p += piece;
         bytes -= piece;
+        if (llmc_progress_hook) llmc_progress_hook();
     }
     return crc;
 }
@@ -120,39 +135,19 @@ static inline void file_commit(FILE* f, const char* tmp, const char* path) {
     rename_check(tmp, path);
 }
 
+// the directory part of a path ("." when there is none), in a static buffer
+static inline const char* dirname_of(const char* path) {
+    static char dir[4096];
+    const char* slash = strrchr(path, '/');
+    if (slash == NULL) return ".";
+    snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+    return dir;
+}
+
 static inline void fsync_dir(const char* dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
     if (fd < 0 || fsync(fd) != 0) fail("syncing directory '%s' to disk failed: %s", dir, strerror(errno));
     close(fd);
-}
-
-// bytes this process may still allocate: the kernel's MemAvailable, lowered to what is left
-// under the memory limit of the cgroup (a container or a batch job), v2 or v1; 0 when unknown
-static inline size_t read_size_from(const char* path, const char* key) {
-    FILE* f = fopen(path, "r");
-    if (f == NULL) return 0;
-    char line[256];
-    unsigned long long value = 0;
-    while (fgets(line, sizeof(line), f)) {
-        if (key == NULL) { if (sscanf(line, "%llu", &value) != 1) value = 0; break; }
-        if (strncmp(line, key, strlen(key)) == 0 && sscanf(line + strlen(key), "%llu", &value) == 1) {
-            value *= 1024;  // /proc/meminfo counts kB
-            break;
-        }
-    }
-    fclose(f);
-    return (size_t)value;
-}
-
-static inline size_t host_memory_available(void) {
-    size_t available = read_size_from("/proc/meminfo", "MemAvailable:");
-    const char* limits[2][2] = {{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"},
-                                {"/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"}};
-    for (int v = 0; v < 2; v++) {
-        size_t limit = read_size_from(limits[v][0], NULL), used = read_size_from(limits[v][1], NULL);
-        if (limit > 0 && limit > used && (available == 0 || limit - used < available)) available = limit - used;
-    }
-    return available;
 }
 
 static inline double wall_time_s(void) {

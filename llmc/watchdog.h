@@ -1,10 +1,13 @@
 // A watchdog for jobs that stop moving. A collective waits for every rank of its group, so one
 // stopped peer (SIGSTOP, a hung device, a lost node) leaves all the others waiting forever, and
 // nothing fails that could end the job. With -watchdog SECONDS a thread per rank watches a
-// heartbeat: the trainer marks each phase of a step, the comm layer marks each collective it
-// enters and leaves. When nothing has been marked for SECONDS, the thread prints the rank, the
-// step and the operation it waits in, and exits the process non-zero; mpirun then ends the rest.
-// Off (0) by default, since a legitimate phase may take long on a slow machine; on in the tests.
+// heartbeat: the trainer marks each phase of a step (and each micro-batch, each sampled token),
+// the comm layer each collective it enters and leaves, file I/O every 64 MB. When nothing has
+// been marked for SECONDS, the thread prints the rank, the step and the operation it waits in,
+// and exits the process non-zero; mpirun then ends the rest.
+// A rank waiting for a peer sees no progress of its own, so SECONDS must exceed the slowest
+// thing any rank does between two collectives: one micro-batch's forward and backward, a
+// sample, rank 0's write of the model file. Off (0) by default; on in the tests.
 #ifndef LLMC_WATCHDOG_H
 #define LLMC_WATCHDOG_H
 
@@ -77,6 +80,7 @@ static inline void watchdog_start(double seconds) {
     if (seconds <= 0) return;
     llmc_watchdog.timeout_s = seconds;
     watchdog_phase("start-up", 0);
+    llmc_progress_hook = watchdog_beat;
     pthread_t thread;
     if (pthread_create(&thread, NULL, watchdog_thread, NULL) != 0) fail("cannot start the watchdog thread");
     pthread_detach(thread);

@@ -289,8 +289,8 @@ def bad_input_cases():
         ("clip_nan", base + ["-gc", "nan"], "flag '-gc' is nan: expected a finite number"),
         ("nan_in_model_file", base + ["-e", j("nan_model.bin")], "parameter qkvw[5] is nan"),
         # integers past INT_MAX are reported, not wrapped (4294967298 would be 2)
-        ("batch_wraps", base + ["-b", 4294967298], "flag '-b' is 4294967298, outside its allowed range >= 1"),
-        ("steps_wrap", base + ["-x", 4294967297], "flag '-x' is 4294967297, outside its allowed range >= -1"),
+        ("batch_wraps", base + ["-b", 4294967298], "flag '-b' is 4294967298, which does not fit a 32-bit int"),
+        ("steps_wrap", base + ["-x", 4294967297], "flag '-x' is 4294967297, which does not fit a 32-bit int"),
         # B*T*ranks = 2^33 overflowed int and divided by zero
         ("batch_tokens_overflow_int", base + ["-e", "d2", "-b", 4194304, "-t", 1024, "-d", 64],
          "-d 64 must be a positive multiple of B*T*ranks = 4194304*1024*2 = 8589934592"),
@@ -299,13 +299,15 @@ def bad_input_cases():
         ("negative_clip", base + ["-gc", -1], "flag '-gc' is -1, outside its allowed range >= 0"),
         ("shuffle_not_0_or_1", base + ["-shuffle", 2], "flag '-shuffle' is 2, outside its allowed range 0|1"),
         ("negative_lr", base + ["-l", -1], "flag '-l' is -1, outside its allowed range >= 0"),
+        ("lr_underflows", base + ["-l", "1e-50"], "flag '-l' is 1e-50: expected a finite number that fits a float"),
         # a batch this machine cannot hold: a message before allocating, not the OOM killer
-        ("batch_exceeds_memory", base + ["-e", "d4", "-b", 512, "-t", 1024], "not enough memory"),
+        ("batch_exceeds_memory", base + ["-e", "d4", "-b", 1000000, "-t", 1024], "not enough memory"),  # ~500 TB
     ]
 
 
 def run_bad_input(index, program="./train_gpt2_dp", env=None):
     d, cases = bad_input_cases()
+    assert [c[0] for c in cases] == BAD_INPUT_NAMES, "BAD_INPUT_NAMES must list the cases in order"
     name, args, message = cases[index]
     before = set(os.listdir(d))
     t0 = time.time()
@@ -331,7 +333,8 @@ BAD_INPUT_NAMES = ["missing_train_file", "truncated_token_file", "wrong_token_ma
                    "resume_without_checkpoint", "lr_nan", "lr_inf", "final_lr_nan",
                    "weight_decay_nan", "clip_nan", "nan_in_model_file", "batch_wraps", "steps_wrap",
                    "batch_tokens_overflow_int", "negative_gen_tokens", "negative_steps",
-                   "negative_clip", "shuffle_not_0_or_1", "negative_lr", "batch_exceeds_memory"]
+                   "negative_clip", "shuffle_not_0_or_1", "negative_lr", "lr_underflows",
+                   "batch_exceeds_memory"]
 for _i, _name in enumerate(BAD_INPUT_NAMES):
     _fn = make_bad_input_test(_i)
     _fn.__name__ = "bad_input_" + _name
@@ -428,6 +431,13 @@ def reliability_nonfinite_loss_stops_before_writing_the_step():
     check_log(d, [1], [])
     # the checkpoint of step 1 is complete and loads (its checksums hold)
     run_ok(2, small_run_args(d, ["-l", 1e30, "-n", 1, "-v", 0, "-x", 1, "-y", 1]))
+    # weights that overflow in an update whose loss and norm were finite (lr 3.4e38 and decay 1
+    # scale them by -3.4e38): the checkpoint of that step is refused, no DONE_1
+    d = fresh_dir("nonfinite_weights")
+    expect_stop(small_run_args(d, ["-l", 3.4e38, "-c", 1, "-gc", 0, "-n", 1, "-v", 0]),
+                "the weights after step 1 (not checkpointed): parameter")
+    assert not [f for f in os.listdir(d) if f.startswith(("DONE_", "model_", "state_"))], os.listdir(d)
+    check_log(d, [1], [])
 
 
 @test
@@ -448,11 +458,13 @@ def reliability_resume_refuses_a_steps_below_the_checkpoint():
 
 @test
 def reliability_ranks_agree_on_the_resume_step():
-    """rank 1's state file of step 4 replaced by its file of step 2: every rank stops"""
+    """rank 1's state file of step 2 replaced by its file of step 4 (DONE_4 removed, so step 2 is
+    the newest checkpoint): every rank stops, and main.log, which holds steps past 2, is not cut"""
     d = finished_run("ranks_disagree")
-    shutil.copy(os.path.join(d, "state_00000002_00001.bin"), os.path.join(d, "state_00000004_00001.bin"))
+    os.remove(os.path.join(d, "DONE_00000004"))
+    shutil.copy(os.path.join(d, "state_00000004_00001.bin"), os.path.join(d, "state_00000002_00001.bin"))
     expect_stop(small_run_args(d, ["-x", 6, "-y", 1]),
-                "holds step 2 of rank 1 of 2, expected step 4 of rank 1 of 2", d)
+                "holds step 4 of rank 1, expected step 2 of rank 1", d)
 
 
 def corrupt(path, how):
@@ -478,7 +490,7 @@ def make_corruption_test(kind, how, message):
 
 test(make_corruption_test("model", "flip", "is corrupt: its CRC-32 is"))
 test(make_corruption_test("state", "flip", "is corrupt: its CRC-32 is"))
-test(make_corruption_test("state", "append", "truncated, or with bytes appended"))
+test(make_corruption_test("state", "append", "is corrupt: its CRC-32 is"))
 test(make_corruption_test("model", "append", "truncated or corrupt"))
 
 
@@ -582,6 +594,7 @@ def reliability_stopped_peer_ends_the_job_through_the_watchdog():
             time.sleep(0.05)
         pids = rank_pids(job.pid)
         assert 1 in pids, "rank 1's process not found among mpirun's children: %s" % pids
+        assert job.poll() is None, "the job ended before its peer was stopped"
         os.kill(pids[1], signal.SIGSTOP)
         t0 = time.time()
         out = job.communicate(timeout=60)[0].decode("utf-8", "replace")
@@ -628,10 +641,12 @@ def log_without_timing(d):
 
 def check_resumed_equals_full(full_dir, full_out, part_dir, part_out, from_step, last_step):
     assert log_without_timing(part_dir) == log_without_timing(full_dir), "main.log after resume from %d differs" % from_step
+    # a resumed run samples at its first step again when the uninterrupted run did: from the
+    # same weights and rng state, so the same text
     full_samples, part_samples = samples_by_step(full_out), samples_by_step(part_out)
-    later = dict((k, v) for k, v in full_samples.items() if k > from_step)
-    assert later, "no sample after step %d to compare" % from_step
-    assert dict((k, v) for k, v in part_samples.items()) == later, \
+    later = dict((k, v) for k, v in full_samples.items() if k >= from_step)
+    assert [k for k in later if k > from_step], "no sample after step %d to compare" % from_step
+    assert part_samples == later, \
         "samples after resuming from step %d: %s, uninterrupted %s" % (from_step, part_samples, later)
     final = "model_%08d.bin" % last_step
     with open(os.path.join(full_dir, final), "rb") as a, open(os.path.join(part_dir, final), "rb") as b:
@@ -698,6 +713,20 @@ def reliability_resume_from_every_checkpoint_with_accumulation_shuffle_and_epoch
             shutil.copy(f, part)
         part_out = run_ok(2, args + ["-o", part, "-y", 1])
         check_resumed_equals_full(full, full_out, part, part_out, k, 7)
+
+
+@test
+def reliability_longer_run_from_a_finished_one_equals_an_uninterrupted_one():
+    """a finished 5-step run validated and sampled at step 5 because it was its last; resumed with
+    -x 8 (constant learning rate, so the same trajectory) it must equal a plain 8-step run: no
+    validation at 5 in the log, the same samples at 6 and 8, the same weights"""
+    args = ["-s", 2, "-g", 8, "-n", 2]
+    full = fresh_dir("extend_full")
+    full_out = run_ok(2, small_run_args(full, args + ["-x", 8]))
+    part = fresh_dir("extend_part")
+    run_ok(2, small_run_args(part, args + ["-x", 5]))
+    part_out = run_ok(2, small_run_args(part, args + ["-x", 8, "-y", 1]))
+    check_resumed_equals_full(full, full_out, part, part_out, 5, 8)
 
 
 @test

@@ -25,11 +25,6 @@ static inline DevicePeak device_peak(void) {
     return none;
 }
 static inline size_t device_memory_used(void) { return 0; }
-// what the trainer may still allocate for its "device" buffers (0: unknown)
-#define DEVICE_MEMORY_NAME "host memory (MemAvailable, cgroup limit)"
-// 1: "device" buffers live in host memory, next to the host copies the trainer makes
-static inline int device_memory_is_host(void) { return 1; }
-static inline size_t device_memory_available(void) { return host_memory_available(); }
 // fp32 host values to floatX device values and back (floatX is float on the CPU)
 static inline void copy_floats_to_device(floatX* dst, const float* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }
 static inline void copy_device_to_floats(float* dst, const floatX* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }

@@ -81,10 +81,7 @@ static inline size_t device_memory_used(void) {
     return total_bytes - free_bytes;
 }
 
-// what the trainer may still allocate on this GPU
-#define DEVICE_MEMORY_NAME "free GPU memory (cudaMemGetInfo)"
-// 1: "device" buffers live in host memory, next to the host copies the trainer makes
-static inline int device_memory_is_host(void) { return 0; }
+// what the trainer may still allocate on this GPU (llmc/memory.h)
 static inline size_t device_memory_available(void) {
     size_t free_bytes, total_bytes;
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
