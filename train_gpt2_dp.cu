@@ -568,11 +568,7 @@ int main(int argc, char** argv) {
     // ---- the output dir: rank 0 holds its lock for the whole run; a fresh run refuses a dir
     // that holds checkpoints already, instead of mixing them with its own
     if (args.out_dir != NULL) {
-        if (rank == 0) {
-            make_dir(args.out_dir);
-            output_dir_lock(args.out_dir);  // stays held until the process ends
-            if (!args.resume) checkpoint_refuse_existing(args.out_dir);
-        }
+        if (rank == 0) output_dir_claim(args.out_dir, args.resume);
         comm_barrier(&world);
     }
 

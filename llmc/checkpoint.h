@@ -1,13 +1,14 @@
 // Checkpoints for a bit-identical resume, and the output dir they live in. A checkpoint of step S:
 //   model_S.bin          the parameters (llm.c model file, fp32, with a CRC-32), written by rank 0
-//   state_S_RANK.bin     per rank: step, layout, the run's identity, the sampling rng, that rank's
-//                        AdamW moments and, when parameters are bf16, their exact bf16 values
-//                        (stochastic rounding cannot be redone from the fp32 master weights)
+//   state_S_RANK.bin     per rank: step, layout, the run's identity, the sampling rng (before
+//                        step S's sample, which a resume redoes), that rank's AdamW moments and,
+//                        when parameters are bf16, their exact bf16 values (stochastic rounding
+//                        cannot be redone from the fp32 master weights)
 //   DONE_S               written last, after a barrier: the checkpoint is complete
 // What can go wrong, and what stops it:
 //   a crash mid-write    every file goes to disk (fsync) under a temporary name before its rename,
 //                        and the directory is synced before DONE: a DONE names whole files only
-//   a flipped byte       CRC-32 over every file, verified on load
+//   a flipped byte       CRC-32 over every file, verified on load before a field is believed
 //   another run's files  the run identity (what determines the training trajectory: model, data,
 //                        seed, batch layout, optimizer and schedule flags) is stored in every state
 //                        file; resume refuses a checkpoint whose identity differs and names what
@@ -95,7 +96,7 @@ static inline void run_identity_diff(const char* saved, const char* now, char* o
 typedef struct {
     int step;             // optimizer steps completed
     int world;            // ranks that wrote the checkpoint
-    uint64_t rng;         // sampling rng state
+    uint64_t rng;         // sampling rng state before this step's sample
     uint32_t model_crc;   // ties the state files to the model file written with them
 } TrainState;
 
@@ -316,6 +317,14 @@ static inline int output_dir_lock(const char* dir) {
         fail("cannot write lock file '%s': %s", path, strerror(errno));
     }
     return fd;
+}
+
+// rank 0, before anything is written to dir: create it, lock it for this job, and unless
+// resuming make sure it holds no checkpoints of an earlier run
+static inline void output_dir_claim(const char* dir, int resuming) {
+    make_dir(dir);
+    output_dir_lock(dir);  // held until the process ends
+    if (!resuming) checkpoint_refuse_existing(dir);
 }
 
 #endif
