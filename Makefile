@@ -5,6 +5,8 @@
 #   make bench           benchmarks (CPU: matmul GFLOP/s and a training step; GPU: dev/bench/bench_gpu.sh)
 #   make sanitize        the CPU trainer built with AddressSanitizer + UndefinedBehaviorSanitizer:
 #                        build/sanitize/train_gpt2_dp (the tests run their bad inputs through it)
+#   make mutation-sweep  delete each barrier of llmc/cuda in turn and check the emulator notices
+#                        (dev/cuda/mutation_sweep.py; about 13 minutes on 2 cores)
 #   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90 (no GPU needed)
 #   make build/emu_FP32/train_gpt2_dp   the CUDA backend built for the CPU emulator (test/cuda_emu);
 #                        also build/emu_BF16/..., build/emu_FP32/dev/cuda/<kernel>, build/cuda_BF16/... (nvcc)
@@ -53,7 +55,7 @@ HAS_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1)
 MPI_FLAGS := $(if $(HAS_MPI),-DUSE_MPI $(shell $(MPICC) --showme:incdirs 2>/dev/null | sed 's/\([^ ]*\)/-I\1/g') $(shell $(MPICC) --showme:libdirs 2>/dev/null | sed 's/\([^ ]*\)/-L\1/g') -lmpi,)
 CUDA_LIBS := -lcublas -lcublasLt $(NCCL_LIB) -lz
 
-.PHONY: all test train bench clean check-deps check-test-deps check-cuda-deps setup cuda-check sanitize
+.PHONY: all test train bench clean check-deps check-test-deps check-cuda-deps setup cuda-check sanitize mutation-sweep
 
 all: $(TRAINERS)
 
@@ -116,6 +118,9 @@ build/emu_FP32/%: build/emu_src/.stamp $(EMU_HEADERS)
 build/emu_BF16/%: build/emu_src/.stamp $(EMU_HEADERS)
 	@mkdir -p $(dir $@)
 	$(EMU_CXX) -x c++ build/emu_src/$*.cu $(EMU_FLAGS) -o $@
+
+mutation-sweep:
+	$(PYTHON) dev/cuda/mutation_sweep.py
 
 # CI without a GPU: every trainer, every dev/cuda file and the comm test must compile for Ampere
 # and Hopper, in both precisions

@@ -1005,6 +1005,23 @@ def emu_resume_is_bit_identical_bf16():
     check_resume(lambda args, d: emu_runner(1)(program, 1, args, d), "emu_resume", 4)
 
 
+@test
+def emu_catches_a_missing_block_barrier():
+    """delete the barrier after the flash forward loads a k/v tile: other warps would read a
+    half-loaded tile on a GPU. The emulator's warp-serial schedule (each warp alone between two
+    block barriers) must make attention_forward fail its validation; the old lock-step schedule
+    passed it (dev/cuda/mutation_sweep.py runs this for every barrier)"""
+    path = os.path.join(ROOT, "llmc", "cuda", "flash_attention.cuh")
+    with open(path) as f:
+        lines = [i + 1 for i, line in enumerate(f) if "__syncthreads();  // ... for every thread's copies" in line]
+    assert len(lines) == 1, "the barrier this test deletes moved: %s" % lines
+    p = subprocess.run([sys.executable, "dev/cuda/mutation_sweep.py", "-j", "1", "--warp-serial-only",
+                        "flash_attention.cuh:%d" % lines[0]], cwd=ROOT, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=900)
+    out = p.stdout.decode("utf-8", "replace")
+    assert p.returncode == 0 and "1 barriers, 1 caught under warp-serial" in out, out[-2000:]
+
+
 def make_comm_test(kind, ranks, run):
     def fn():
         if kind == "cuda" and not have_gpu():

@@ -17,9 +17,8 @@ __global__ void layernorm_forward_kernel(floatX* residual, floatX* out, float* m
     if (n >= N) return;
     size_t row = (size_t)n * C;
     const floatX* x = inp + row;
-    if (a != NULL) {
+    if (a != NULL) {  // no __syncwarp needed: each lane reads back only the elements it wrote
         for (int c = lane; c < C; c += 32) residual[row + c] = (floatX)((float)a[row + c] + (float)b[row + c]);
-        __syncwarp();
         x = residual + row;
     }
     float sum = 0.0f;

@@ -1,8 +1,10 @@
 """
-cuda_emu's one source change: copies the project's sources into an output folder, with every
+cuda_emu's source changes: copies the project's sources into an output folder, with every
 kernel launch `kernel<<<grid, block[, shared, stream]>>>(args)` rewritten into C++ that g++ accepts:
-`cuda_emu::launch("kernel", cuda_emu::Config(grid, block), kernel)(args)`. Everything else is
-copied as it is, so line numbers in compiler errors still match the originals.
+`cuda_emu::launch("kernel", cuda_emu::Config(grid, block), kernel)(args)`, and after every
+one-line `__shared__` declaration a call that poisons each declared array once per block
+(`cuda_emu::shared_poison(name, sizeof(name));`, on the same line). Everything else is copied as
+it is, so line numbers in compiler errors still match the originals.
 
     python3 test/cuda_emu/translate.py OUT_DIR FILE...
 """
@@ -50,11 +52,48 @@ def translate(src):
     return "".join(out)
 
 
+SHARED = re.compile(r"^(\s*)__shared__\s(.*?);(.*)$")
+
+
+def declared_names(declaration):
+    """the names in `T a[N][M], b[K]` (attributes such as __align__(16) may precede T)"""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(declaration):
+        depth += {"[": 1, "(": 1, "]": -1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(declaration[start:i])
+            start = i + 1
+    parts.append(declaration[start:])
+    names = []
+    for part in parts:
+        head = part.split("[", 1)[0]  # the declarator's name ends where its first bound starts
+        m = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\s*$", head)
+        if m is None:
+            raise SystemExit("translate.py: cannot find the name in __shared__ %r" % declaration)
+        names.append(m.group(1))
+    return names
+
+
+def poison_shared(src):
+    lines = src.split("\n")
+    for k, line in enumerate(lines):
+        if line.lstrip().startswith(("//", "#")) or "__shared__" not in line:
+            continue
+        m = SHARED.match(line)
+        if m is None:  # a declaration over several lines would go unpoisoned: refuse it
+            raise SystemExit("translate.py: write each __shared__ declaration on one line: %r" % line)
+        if "extern" in m.group(2):
+            raise SystemExit("translate.py: dynamic shared memory is not emulated: %r" % line)
+        calls = "".join(" cuda_emu::shared_poison(%s, sizeof(%s));" % (n, n) for n in declared_names(m.group(2)))
+        lines[k] = "%s__shared__ %s;%s%s" % (m.group(1), m.group(2), calls, m.group(3))
+    return "\n".join(lines)
+
+
 def main():
     out_dir, files = sys.argv[1], sys.argv[2:]
     for path in files:
         with open(path) as f:
-            text = translate(f.read())
+            text = poison_shared(translate(f.read()))
         dest = os.path.join(out_dir, path)
         os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
         old = None

@@ -77,11 +77,21 @@ static inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b
 static inline void ldmatrix_x4(uint32_t* r, const __nv_bfloat16* row) { cuda_emu::ldmatrix(r, row, 0); }
 static inline void ldmatrix_x4_trans(uint32_t* r, const __nv_bfloat16* row) { cuda_emu::ldmatrix(r, row, 1); }
 
+// A copy may land at any moment between its issue and the wait that covers it. The emulator
+// takes the two extremes, one per order: threads first to last (forward), the copy lands at the
+// wait, so a tile read before its wait reads stale data; last to first (reverse), it lands at
+// once, so a copy into a buffer that another warp is still reading (a missing barrier before
+// the refill) overwrites what that warp reads next.
 static inline void cp_async16(void* dst, const void* src, int valid) {
     using namespace cuda_emu;
     int me = thread_index();
     if ((uintptr_t)dst % 16 != 0 || (valid && (uintptr_t)src % 16 != 0))
         die("cp.async: an address is not 16-byte aligned");
+    if (state.reverse) {
+        if (valid) memcpy(dst, src, 16);
+        else memset(dst, 0, 16);
+        return;
+    }
     if (state.async_count[me] == max_async_copies) die("cp.async: too many copies in flight");
     state.async_copies[me][state.async_count[me]++] = {dst, valid ? src : NULL, state.async_group[me]};
 }

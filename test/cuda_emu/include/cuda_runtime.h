@@ -101,7 +101,10 @@ struct State {
     Fiber* current;
     int threads, fibered;       // threads in a block; whether the block runs as fibers
     int reverse;                // CUDA_EMU_ORDER=reverse: threads and blocks last to first
-    int order_read;             // CUDA_EMU_ORDER is read at the first launch
+    int warp_serial;            // CUDA_EMU_SCHEDULE: warp-serial (default) or lockstep
+    int order_read;             // CUDA_EMU_ORDER and CUDA_EMU_SCHEDULE are read at the first launch
+    long block_serial;          // counts blocks run: shared memory is poisoned once per block
+    std::unordered_map<void*, long> shared_poisoned;  // each __shared__ array: the block it was poisoned for
     long barriers;              // barriers reached in the block being run
     void* scheduler_sp;
     unsigned char* stacks;
@@ -121,6 +124,17 @@ static State state;
 [[noreturn]] static inline void die(const char* what) {
     fprintf(stderr, "cuda_emu: kernel %s: %s\n", state.kernel ? state.kernel : "(none)", what);
     exit(3);
+}
+
+// A __shared__ array is a static here, so without this a block would find the previous block's
+// values in it, often close enough to pass. translate.py puts a call after every __shared__
+// declaration; the first thread of each block to pass it fills the array with 0xff bytes (NaN as
+// float or bf16, -1 as an integer), so a read before any write of this block shows.
+static inline void shared_poison(void* array, size_t bytes) {
+    long& block = state.shared_poisoned[array];
+    if (block == state.block_serial) return;
+    memset(array, 0xff, bytes);
+    block = state.block_serial;
 }
 
 // every allocation sits between two guard zones; a kernel, GEMM or collective that writes past
@@ -238,7 +252,40 @@ extern "C" inline void cuda_emu_fiber_main(void) {
 
 namespace cuda_emu {
 
-// one block: every thread as a fiber, released from barriers when all it waits for have arrived
+// runs every runnable fiber among threads [first, end) once, in order (or reversed); returns how
+// many ran and lowers *live for each that finished
+static int run_fibers_once(int first, int end, int* live) {
+    int ran = 0;
+    for (int j = first; j < end; j++) {
+        int i = state.reverse ? first + end - 1 - j : j;
+        if (state.fibers[i].state != RUNNABLE) continue;
+        state.current = &state.fibers[i];
+        switch_to(&state.scheduler_sp, state.fibers[i].sp);
+        ran++;
+        if (state.fibers[i].state == DONE) (*live)--;
+    }
+    return ran;
+}
+
+// a warp barrier opens when every live lane of the warp waits at one
+static int release_warp_barrier(int w, int n) {
+    int waiting = 0, alive = 0;
+    for (int i = w; i < w + 32 && i < n; i++) {
+        alive += state.fibers[i].state != DONE;
+        waiting += state.fibers[i].state == AT_WARP_BARRIER;
+    }
+    if (waiting == 0 || waiting != alive) return 0;
+    for (int i = w; i < w + 32 && i < n; i++) state.fibers[i].state = RUNNABLE;
+    return 1;
+}
+
+// One block: every thread as a fiber, released from barriers when all it waits for have arrived.
+// Warp-serial (the default): between two block barriers each warp runs alone, its lanes
+// interleaving at warp barriers, until all its live lanes wait at the block barrier or have
+// finished; then the next warp. So a warp that reads shared memory another warp writes, with no
+// block barrier in between, reads it before (forward order) or after (reverse) the write, and
+// one of the two orders gives a wrong answer. Lock-step (CUDA_EMU_SCHEDULE=lockstep) runs all
+// runnable threads of the block round-robin: all warps advance together, which hides such races.
 static void run_block_fibers(void) {
     int n = state.threads;
     if (state.stacks == NULL) {
@@ -250,29 +297,21 @@ static void run_block_fibers(void) {
         state.fibers[i].state = RUNNABLE;
         state.async_count[i] = state.async_group[i] = 0;
     }
-    int live = n;
+    int live = n, warps = (n + 31) / 32;
     while (live > 0) {
-        int ran = 0;
-        for (int j = 0; j < n; j++) {
-            int i = state.reverse ? n - 1 - j : j;
-            if (state.fibers[i].state != RUNNABLE) continue;
-            state.current = &state.fibers[i];
-            switch_to(&state.scheduler_sp, state.fibers[i].sp);
-            ran = 1;
-            if (state.fibers[i].state == DONE) live--;
-        }
-        // a warp barrier opens when every live lane of the warp waits at one
-        int released = 0;
-        for (int w = 0; w < n; w += 32) {
-            int waiting = 0, alive = 0;
-            for (int i = w; i < w + 32 && i < n; i++) {
-                alive += state.fibers[i].state != DONE;
-                waiting += state.fibers[i].state == AT_WARP_BARRIER;
+        int ran = 0, released = 0;
+        if (state.warp_serial) {
+            for (int k = 0; k < warps; k++) {
+                int w = 32 * (state.reverse ? warps - 1 - k : k);
+                for (;;) {  // this warp alone, until it reaches the block barrier or ends
+                    int r = run_fibers_once(w, w + 32 < n ? w + 32 : n, &live);
+                    ran += r;
+                    if (!release_warp_barrier(w, n) && r == 0) break;
+                }
             }
-            if (waiting > 0 && waiting == alive) {
-                for (int i = w; i < w + 32 && i < n; i++) state.fibers[i].state = RUNNABLE;
-                released = 1;
-            }
+        } else {
+            ran = run_fibers_once(0, n, &live);
+            for (int w = 0; w < n; w += 32) released |= release_warp_barrier(w, n);
         }
         if (!released && live > 0) {  // the block barrier: every live thread waits at it
             int waiting = 0;
@@ -315,6 +354,12 @@ static void run_grid(void) {
             exit(3);
         }
         state.reverse = order != NULL && strcmp(order, "reverse") == 0;
+        const char* schedule = getenv("CUDA_EMU_SCHEDULE");
+        if (schedule != NULL && *schedule && strcmp(schedule, "warp-serial") != 0 && strcmp(schedule, "lockstep") != 0) {
+            fprintf(stderr, "cuda_emu: CUDA_EMU_SCHEDULE=%s: expected warp-serial or lockstep\n", schedule);
+            exit(3);
+        }
+        state.warp_serial = schedule == NULL || !*schedule || strcmp(schedule, "warp-serial") == 0;
         state.order_read = 1;
     }
     for (unsigned z = 0; z < b.z; z++)
@@ -324,6 +369,7 @@ static void run_grid(void) {
     size_t blocks = (size_t)g.x * g.y * g.z;
     for (size_t blk = 0; blk < blocks; blk++) {
         state.block_idx = index_3d(blk, g, blocks);
+        state.block_serial++;
         if (first || state.fibered) {
             state.fibered = 1;
             state.barriers = 0;

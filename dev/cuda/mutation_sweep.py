@@ -1,0 +1,128 @@
+"""
+Mutation sweep of the barriers in llmc/cuda: does test/cuda_emu notice when one is missing?
+
+For every __syncthreads(), __syncwarp() and cp_async_wait<N>() in llmc/cuda, one at a time: copy
+the sources to build/mutation/, delete that one statement, build the dev/cuda programs that test
+its file under the emulator (bf16), and run them with threads in both orders (CUDA_EMU_ORDER),
+under the warp-serial schedule (the default) and under the old lock-step one. A mutation is caught
+when a program fails its validation (or the emulator stops it) in at least one order.
+
+Shuffles are left out: deleting one changes which values are combined, not when, and any
+validation catches that; they are data movement here, not barriers.
+
+    python3 dev/cuda/mutation_sweep.py [-j JOBS] [--warp-serial-only] [filter]
+    make mutation-sweep
+filter: a part of "file:line", e.g. "flash_attention.cuh:156" or "layernorm".
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORK = os.path.join(ROOT, "build", "mutation")
+BARRIER = re.compile(r"^(\s*)(__syncthreads\(\);|__syncwarp\(\);|cp_async_wait<\d+>\(\);)")
+# the dev/cuda programs that validate each file's kernels
+PROGRAMS = {
+    "adamw.cuh": ["adamw"],
+    "classifier.cuh": ["classifier"],
+    "flash_attention.cuh": ["attention_forward", "attention_backward"],
+    "layernorm.cuh": ["layernorm_forward", "layernorm_backward"],
+    "encoder.cuh": ["encoder_backward"],
+    "gelu.cuh": ["gelu"],
+    "matmul.cuh": ["matmul_forward", "matmul_backward"],
+}
+SCHEDULES = ["warp-serial", "lockstep"]
+
+
+def barriers():
+    """(file, line number, statement) of every barrier statement in llmc/cuda"""
+    found = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "llmc", "cuda"))):
+        with open(os.path.join(ROOT, "llmc", "cuda", name)) as f:
+            for number, line in enumerate(f, 1):
+                m = BARRIER.match(line)
+                if m:
+                    found.append((name, number, m.group(2)))
+    return found
+
+
+def copy_tree(dest):
+    shutil.rmtree(dest, ignore_errors=True)
+    os.makedirs(dest)
+    for item in ("llmc", "dev/cuda", "test/cuda_emu", "test/test_comm.c", "train_gpt2_dp.cu", "Makefile"):
+        src, dst = os.path.join(ROOT, item), os.path.join(dest, item)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if os.path.isdir(src):
+            shutil.copytree(src, dst)
+        else:
+            shutil.copy(src, dst)
+
+
+def run(program, env):
+    p = subprocess.run([program], env=dict(os.environ, **env), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=600)
+    return p.returncode == 0
+
+
+def sweep_one(index, name, number, statement):
+    """(caught under each schedule, or an error text)"""
+    dest = os.path.join(WORK, "m%02d" % index)
+    copy_tree(dest)
+    path = os.path.join(dest, "llmc", "cuda", name)
+    with open(path) as f:
+        lines = f.read().split("\n")
+    lines[number - 1] = lines[number - 1].replace(statement, ";  /* mutation: barrier removed */", 1)
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    programs = PROGRAMS.get(name, [])
+    if not programs:
+        return None, "no dev/cuda program tests %s" % name
+    targets = ["build/emu_BF16/dev/cuda/" + p for p in programs]
+    p = subprocess.run(["make", "-s"] + targets, cwd=dest, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if p.returncode != 0:
+        return None, "build failed: " + p.stdout.decode("utf-8", "replace")[-500:]
+    caught = {}
+    for schedule in SCHEDULES:
+        caught[schedule] = ""
+        for order in ("forward", "reverse"):
+            if any(not run(os.path.join(dest, t), dict(CUDA_EMU_SCHEDULE=schedule, CUDA_EMU_ORDER=order))
+                   for t in targets):
+                caught[schedule] += order[0]  # "f", "r" or "fr": the orders that caught it
+    shutil.rmtree(dest, ignore_errors=True)
+    return caught, None
+
+
+def main():
+    args = sys.argv[1:]
+    jobs = 2
+    if args[:1] == ["-j"]:
+        jobs, args = int(args[1]), args[2:]
+    if args[:1] == ["--warp-serial-only"]:
+        del SCHEDULES[1:]
+        args = args[1:]
+    pattern = args[0] if args else ""
+    todo = [(i, *b) for i, b in enumerate(barriers()) if pattern in "%s:%d" % (b[0], b[1])]
+    os.makedirs(WORK, exist_ok=True)
+    with ThreadPoolExecutor(jobs) as pool:
+        results = list(pool.map(lambda t: sweep_one(*t), todo))
+    print("| barrier | statement | " + " | ".join(SCHEDULES) + " |")
+    print("| --- | --- |" + " --- |" * len(SCHEDULES))
+    missed = 0
+    for (i, name, number, statement), (caught, error) in zip(todo, results):
+        if error:
+            print("| llmc/cuda/%s:%d | `%s` | %s |" % (name, number, statement, error) + " |" * (len(SCHEDULES) - 1))
+            missed += 1
+            continue
+        cells = [("caught (%s)" % "+".join({"f": "forward", "r": "reverse"}[c] for c in caught[s])) if caught[s] else "**missed**"
+                 for s in SCHEDULES]
+        missed += not caught["warp-serial"]
+        print("| llmc/cuda/%s:%d | `%s` | %s |" % (name, number, statement, " | ".join(cells)))
+    print("%d barriers, %d caught under warp-serial, %d missed" % (len(todo), len(todo) - missed, missed))
+    sys.exit(1 if missed else 0)
+
+
+if __name__ == "__main__":
+    main()
