@@ -27,152 +27,10 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/watchdog.h"
 #include "llmc/ops.h"
 #include "llmc/memory.h"
-
-// ----------------------------------------------------------------------------------------------
-// activations: what the forward pass keeps for the backward pass, plus backward scratch buffers.
-// Tensors are floatX (bf16 or fp32); LayerNorm statistics and losses stay fp32.
-
-typedef struct {
-    floatX* encoded;    // (B, T, C)      token + position embedding, the residual stream's input
-    floatX* ln1;        // (L, B, T, C)
-    float* ln1_mean;    // (L, B, T)
-    float* ln1_rstd;    // (L, B, T)
-    floatX* qkv;        // (L, B, T, 3C)
-    floatX* atty;       // (L, B, T, C)   attention output before its projection
-    char* att_state;    // (L, attention_state_bytes) what attention keeps for its backward pass:
-                        // the (B, NH, T, T) probabilities, or the flash path's (B, NH, T) lse
-    floatX* attproj;    // (L, B, T, C)
-    floatX* residual2;  // (L, B, T, C)   residual stream after attention
-    floatX* ln2;        // (L, B, T, C)
-    float* ln2_mean;    // (L, B, T)
-    float* ln2_rstd;    // (L, B, T)
-    floatX* fch;        // (L, B, T, 4C)
-    floatX* fch_gelu;   // (L, B, T, 4C)
-    floatX* fcproj;     // (L, B, T, C)
-    floatX* residual3;  // (L, B, T, C)   residual stream after the MLP = next layer's input
-    floatX* lnf;        // (B, T, C)
-    float* lnf_mean;    // (B, T)
-    float* lnf_rstd;    // (B, T)
-    floatX* logits;     // (B, T, Vp)     overwritten with its gradient by fused_classifier
-    float* losses;      // (B, T)
-    floatX* dresidual;  // (B, T, C)      gradient of the residual stream, flowing down the layers
-    floatX* dbuf;       // (B, T, C)      gradient of a LayerNorm output or of the attention output
-    floatX* dqkv;       // (B, T, 3C)
-    floatX* dfch;       // (B, T, 4C)
-} Activations;
-
-typedef struct {
-    GPT2Config config;
-    size_t num_parameters;
-    ParameterTensors params;
-    ParameterTensors grads;
-    floatX* params_memory;  // one buffer each, in the model file's layout
-    floatX* grads_memory;
-    float* master_memory;   // fp32 master weights when floatX is bf16, else NULL
-    float* m_memory;        // AdamW first moment
-    float* v_memory;        // AdamW second moment
-    Activations acts;
-    void* acts_memory;
-    size_t acts_bytes;
-    int B, T;               // the shape the activations were allocated for
-    int* inputs;            // (B, T) on the device
-    int* targets;           // (B, T) on the device
-    float* losses_host;     // (B, T)
-} GPT2;
-
-// all activations in one arena, each tensor aligned to 256 bytes. Returns the arena's size;
-// with base != NULL also points every tensor of `a` into it (NULL: only the size, for planning)
-static size_t gpt2_lay_out_activations(Activations* a, GPT2Config c, int B, int T, char* base) {
-    size_t L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
-    size_t BT = (size_t)B * T, X = sizeof(floatX), F = sizeof(float);
-    struct { void** ptr; size_t count; size_t elem_bytes; } t[] = {
-        {(void**)&a->encoded, BT * C, X},       {(void**)&a->ln1, L * BT * C, X},
-        {(void**)&a->ln1_mean, L * BT, F},      {(void**)&a->ln1_rstd, L * BT, F},
-        {(void**)&a->qkv, L * BT * 3 * C, X},   {(void**)&a->atty, L * BT * C, X},
-        {(void**)&a->att_state, L * attention_state_bytes(B, T, C, NH), 1},
-        {(void**)&a->attproj, L * BT * C, X},
-        {(void**)&a->residual2, L * BT * C, X}, {(void**)&a->ln2, L * BT * C, X},
-        {(void**)&a->ln2_mean, L * BT, F},      {(void**)&a->ln2_rstd, L * BT, F},
-        {(void**)&a->fch, L * BT * 4 * C, X},   {(void**)&a->fch_gelu, L * BT * 4 * C, X},
-        {(void**)&a->fcproj, L * BT * C, X},    {(void**)&a->residual3, L * BT * C, X},
-        {(void**)&a->lnf, BT * C, X},           {(void**)&a->lnf_mean, BT, F},
-        {(void**)&a->lnf_rstd, BT, F},          {(void**)&a->logits, BT * Vp, X},
-        {(void**)&a->losses, BT, F},            {(void**)&a->dresidual, BT * C, X},
-        {(void**)&a->dbuf, BT * C, X},          {(void**)&a->dqkv, BT * 3 * C, X},
-        {(void**)&a->dfch, BT * 4 * C, X},
-    };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-        if (base) *t[i].ptr = base + total;
-        total += (t[i].count * t[i].elem_bytes + 255) / 256 * 256;
-    }
-    return total;
-}
-
-// what gpt2_build allocates on one rank: parameters and gradients (floatX), fp32 master weights
-// (bf16 only), AdamW m and v (fp32), the activations and the token buffers
-static size_t gpt2_memory_bytes(GPT2Config c, int B, int T) {
-    Activations unused;
-    size_t P = gpt2_num_parameters(c), master = FLOATX_IS_FLOAT ? 0 : P * sizeof(float);
-    return P * 2 * sizeof(floatX) + master + P * 2 * sizeof(float) +
-           gpt2_lay_out_activations(&unused, c, B, T, NULL) + (size_t)B * T * 2 * sizeof(int);
-}
-
-static void gpt2_build(GPT2* model, GPT2Config config, const float* params_host, int B, int T) {
-    model->config = config;
-    model->B = B;
-    model->T = T;
-    size_t P = gpt2_num_parameters(config);
-    model->num_parameters = P;
-    model->params_memory = (floatX*)device_malloc(P * sizeof(floatX));
-    model->grads_memory = (floatX*)device_malloc(P * sizeof(floatX));
-    model->m_memory = (float*)device_malloc(P * sizeof(float));
-    model->v_memory = (float*)device_malloc(P * sizeof(float));
-    model->master_memory = NULL;
-    if (!FLOATX_IS_FLOAT) {  // AdamW updates fp32 master weights, then rounds them to bf16
-        model->master_memory = (float*)device_malloc(P * sizeof(float));
-        copy_host_to_device(model->master_memory, params_host, P * sizeof(float));
-    }
-    copy_floats_to_device(model->params_memory, params_host, P);
-    device_memset_zero(model->m_memory, P * sizeof(float));
-    device_memset_zero(model->v_memory, P * sizeof(float));
-    gpt2_point_parameters(&model->params, model->params_memory, config);
-    gpt2_point_parameters(&model->grads, model->grads_memory, config);
-    model->acts_bytes = gpt2_lay_out_activations(&model->acts, config, B, T, NULL);
-    model->acts_memory = device_malloc(model->acts_bytes);
-    gpt2_lay_out_activations(&model->acts, config, B, T, (char*)model->acts_memory);
-    model->inputs = (int*)device_malloc((size_t)B * T * sizeof(int));
-    model->targets = (int*)device_malloc((size_t)B * T * sizeof(int));
-    model->losses_host = (float*)malloc_check((size_t)B * T * sizeof(float));
-}
-
-// the fp32 weights: the master copy when there is one (exact), else the parameters
-static void gpt2_weights_to_host(GPT2* model, float* host) {
-    if (model->master_memory) {
-        copy_device_to_host(host, model->master_memory, model->num_parameters * sizeof(float));
-    } else {
-        copy_device_to_floats(host, model->params_memory, model->num_parameters);
-    }
-}
-
-static void gpt2_weights_from_host(GPT2* model, const float* host) {
-    if (model->master_memory) {
-        copy_host_to_device(model->master_memory, host, model->num_parameters * sizeof(float));
-    }
-    copy_floats_to_device(model->params_memory, host, model->num_parameters);
-}
-
-static void gpt2_free(GPT2* model) {
-    device_free(model->params_memory);
-    device_free(model->grads_memory);
-    if (model->master_memory) device_free(model->master_memory);
-    device_free(model->m_memory);
-    device_free(model->v_memory);
-    device_free(model->acts_memory);
-    device_free(model->inputs);
-    device_free(model->targets);
-    free(model->losses_host);
-}
+#include "llmc/model.h"
+#include "llmc/block.h"
+#include "llmc/optimizer.h"
+#include "llmc/train.h"
 
 // ----------------------------------------------------------------------------------------------
 // forward and backward of the whole model on one micro-batch. B and T may be smaller than the
@@ -180,125 +38,77 @@ static void gpt2_free(GPT2* model) {
 
 static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
     GPT2Config c = model->config;
-    int L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
-    size_t BTC = (size_t)B * T * C, BT = (size_t)B * T;
-    size_t att_state_bytes = attention_state_bytes(B, T, C, NH);  // per layer
+    LayerDims d = model->dims;
+    int L = c.num_layers, C = c.channels;
     ParameterTensors p = model->params;
-    Activations a = model->acts;
-    copy_host_to_device(model->inputs, inputs_host, BT * sizeof(int));
+    Activations* a = &model->acts;
+    copy_host_to_device(model->inputs, inputs_host, (size_t)B * T * sizeof(int));
 
-    encoder_forward(a.encoded, model->inputs, p.wte, p.wpe, B, T, C);
-    layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, a.encoded, p.ln1w, p.ln1b, B * T, C);
+    encoder_forward(a->encoded, model->inputs, p.wte, p.wpe, B, T, C);
+    LayerActs first = layer_acts(a, d, B, T, 0);
+    layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, p.ln1w, p.ln1b, B * T, C);
     for (int l = 0; l < L; l++) {
-        floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
-        floatX* qkv = a.qkv + l * BTC * 3;
-        floatX* atty = a.atty + l * BTC;
-        floatX* attproj = a.attproj + l * BTC;
-        floatX* residual2 = a.residual2 + l * BTC;
-        floatX* fch = a.fch + l * BTC * 4;
-        floatX* fch_gelu = a.fch_gelu + l * BTC * 4;
-        floatX* fcproj = a.fcproj + l * BTC;
-        // attention block: residual2 = x + proj(attention(ln1(x))); ln1(x) is already computed
-        matmul_forward(qkv, a.ln1 + l * BTC, p.qkvw + (size_t)l * 3 * C * C, p.qkvb + l * 3 * C, B * T, C, 3 * C);
-        attention_forward(atty, a.att_state + l * att_state_bytes, qkv, B, T, C, NH);
-        matmul_forward(attproj, atty, p.attprojw + (size_t)l * C * C, p.attprojb + l * C, B * T, C, C);
-        fused_residual_layernorm_forward(residual2, a.ln2 + l * BTC, a.ln2_mean + l * BT,
-                                         a.ln2_rstd + l * BT, residual, attproj, p.ln2w + l * C,
-                                         p.ln2b + l * C, B * T, C);
-        // MLP block: residual3 = residual2 + fcproj(gelu(fc(ln2))), then the next LayerNorm
-        // (the next layer's ln1, or lnf after the last layer) in the same pass
-        matmul_forward(fch, a.ln2 + l * BTC, p.fcw + (size_t)l * 4 * C * C, p.fcb + l * 4 * C, B * T, C, 4 * C);
-        gelu_forward(fch_gelu, fch, BTC * 4);
-        matmul_forward(fcproj, fch_gelu, p.fcprojw + (size_t)l * C * 4 * C, p.fcprojb + l * C, B * T, 4 * C, C);
+        LayerWeights w = layer_weights(p, d, l);
+        LayerActs x = layer_acts(a, d, B, T, l);
+        floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
+        // attention half (block.h), its residual add fused with ln2: residual2 = x + attproj
+        attention_half_forward(x, w, B, T, d);
+        fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, residual,
+                                         x.attproj, w.ln2w, w.ln2b, B * T, C);
+        // MLP half, its residual add fused with the next LayerNorm (the next layer's ln1, or
+        // lnf after the last layer): residual3 = residual2 + fcproj
+        mlp_half_forward(x, w, B, T, d);
         if (l + 1 < L) {
-            fused_residual_layernorm_forward(a.residual3 + l * BTC, a.ln1 + (l + 1) * BTC,
-                                             a.ln1_mean + (l + 1) * BT, a.ln1_rstd + (l + 1) * BT,
-                                             residual2, fcproj, p.ln1w + (l + 1) * C,
-                                             p.ln1b + (l + 1) * C, B * T, C);
+            LayerWeights wn = layer_weights(p, d, l + 1);
+            LayerActs xn = layer_acts(a, d, B, T, l + 1);
+            fused_residual_layernorm_forward(x.residual3, xn.ln1, xn.ln1_mean, xn.ln1_rstd, x.residual2,
+                                             x.fcproj, wn.ln1w, wn.ln1b, B * T, C);
         } else {
-            fused_residual_layernorm_forward(a.residual3 + l * BTC, a.lnf, a.lnf_mean, a.lnf_rstd,
-                                             residual2, fcproj, p.lnfw, p.lnfb, B * T, C);
+            fused_residual_layernorm_forward(x.residual3, a->lnf, a->lnf_mean, a->lnf_rstd,
+                                             x.residual2, x.fcproj, p.lnfw, p.lnfb, B * T, C);
         }
     }
     // LM head tied to the token embedding: logits (B, T, Vp) = lnf @ wte^T
-    matmul_forward(a.logits, a.lnf, p.wte, NULL, B * T, C, Vp);
-}
-
-// mean cross-entropy of the micro-batch. With dloss != 0 the logits are replaced by their
-// gradient, each token's loss weighted by dloss (1 / tokens in the global batch per rank).
-static float gpt2_loss(GPT2* model, const int* targets_host, int B, int T, float dloss) {
-    GPT2Config c = model->config;
-    size_t BT = (size_t)B * T;
-    copy_host_to_device(model->targets, targets_host, BT * sizeof(int));
-    fused_classifier(model->acts.logits, model->acts.losses, model->targets, dloss, B * T,
-                     c.vocab_size, c.padded_vocab_size);
-    copy_device_to_host(model->losses_host, model->acts.losses, BT * sizeof(float));
-    double sum = 0.0;
-    for (size_t i = 0; i < BT; i++) sum += model->losses_host[i];
-    return (float)(sum / (double)BT);
+    matmul_forward(a->logits, a->lnf, p.wte, NULL, B * T, C, d.Vp);
 }
 
 // accumulates parameter gradients into model->grads; expects gpt2_loss to have left dlogits
 static void gpt2_backward(GPT2* model, int B, int T) {
     GPT2Config c = model->config;
-    int L = c.num_layers, C = c.channels, NH = c.num_heads, Vp = c.padded_vocab_size;
-    size_t BTC = (size_t)B * T * C, BT = (size_t)B * T;
-    size_t att_state_bytes = attention_state_bytes(B, T, C, NH);  // per layer
+    LayerDims d = model->dims;
+    int L = c.num_layers, C = c.channels;
     ParameterTensors p = model->params, g = model->grads;
-    Activations a = model->acts;
+    Activations* a = &model->acts;
 
     // LM head and final LayerNorm: dresidual = gradient w.r.t. the last layer's output
-    matmul_backward(a.dbuf, g.wte, NULL, a.logits, a.lnf, p.wte, B * T, C, Vp);
-    device_memset_zero(a.dresidual, BTC * sizeof(floatX));
-    layernorm_backward(a.dresidual, g.lnfw, g.lnfb, a.dbuf, a.residual3 + (L - 1) * BTC, p.lnfw,
-                       a.lnf_mean, a.lnf_rstd, B * T, C);
+    matmul_backward(a->dbuf, g.wte, NULL, a->logits, a->lnf, p.wte, B * T, C, d.Vp);
+    device_memset_zero(a->dresidual, (size_t)B * T * C * sizeof(floatX));
+    layernorm_backward(a->dresidual, g.lnfw, g.lnfb, a->dbuf, layer_acts(a, d, B, T, L - 1).residual3,
+                       p.lnfw, a->lnf_mean, a->lnf_rstd, B * T, C);
     for (int l = L - 1; l >= 0; l--) {
-        floatX* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
-        // MLP block; the residual add passes dresidual to fcproj's output unchanged
-        matmul_backward(a.dfch, g.fcprojw + (size_t)l * C * 4 * C, g.fcprojb + l * C, a.dresidual,
-                        a.fch_gelu + l * BTC * 4, p.fcprojw + (size_t)l * C * 4 * C, B * T, 4 * C, C);
-        gelu_backward(a.dfch, a.fch + l * BTC * 4, a.dfch, BTC * 4);
-        matmul_backward(a.dbuf, g.fcw + (size_t)l * 4 * C * C, g.fcb + l * 4 * C, a.dfch,
-                        a.ln2 + l * BTC, p.fcw + (size_t)l * 4 * C * C, B * T, C, 4 * C);
-        layernorm_backward(a.dresidual, g.ln2w + l * C, g.ln2b + l * C, a.dbuf,
-                           a.residual2 + l * BTC, p.ln2w + l * C, a.ln2_mean + l * BT,
-                           a.ln2_rstd + l * BT, B * T, C);
-        // attention block
-        matmul_backward(a.dbuf, g.attprojw + (size_t)l * C * C, g.attprojb + l * C, a.dresidual,
-                        a.atty + l * BTC, p.attprojw + (size_t)l * C * C, B * T, C, C);
-        attention_backward(a.dqkv, a.dbuf, a.qkv + l * BTC * 3, a.atty + l * BTC,
-                           a.att_state + l * att_state_bytes, B, T, C, NH);
-        matmul_backward(a.dbuf, g.qkvw + (size_t)l * 3 * C * C, g.qkvb + l * 3 * C, a.dqkv,
-                        a.ln1 + l * BTC, p.qkvw + (size_t)l * 3 * C * C, B * T, C, 3 * C);
-        layernorm_backward(a.dresidual, g.ln1w + l * C, g.ln1b + l * C, a.dbuf, residual,
-                           p.ln1w + l * C, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, B * T, C);
+        LayerWeights w = layer_weights(p, d, l), gw = layer_weights(g, d, l);
+        LayerActs x = layer_acts(a, d, B, T, l);
+        floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
+        // a residual add passes dresidual to both of its inputs unchanged: to the MLP half's
+        // output, and on down the stream, where each LayerNorm's input gradient is added to it
+        mlp_half_backward(a->dbuf, a->dfch, a->dresidual, x, w, gw, B, T, d);
+        layernorm_backward(a->dresidual, gw.ln2w, gw.ln2b, a->dbuf, x.residual2, w.ln2w, x.ln2_mean,
+                           x.ln2_rstd, B * T, C);
+        attention_half_backward(a->dbuf, a->dbuf, a->dqkv, a->dresidual, x, w, gw, B, T, d);
+        layernorm_backward(a->dresidual, gw.ln1w, gw.ln1b, a->dbuf, residual, w.ln1w, x.ln1_mean,
+                           x.ln1_rstd, B * T, C);
     }
-    encoder_backward(g.wte, g.wpe, a.dresidual, model->inputs, B, T, C);
+    encoder_backward(g.wte, g.wpe, a->dresidual, model->inputs, B, T, C);
 }
 
 // ----------------------------------------------------------------------------------------------
 
-typedef struct {
-    const char* train_path;
-    const char* val_path;
-    const char* model;
-    const char* out_dir;
-    const char* tokenizer_path;
-    const char* dump_grads;
-    int B, T, total_batch;
-    float lr, final_lr_frac, weight_decay, grad_clip;
-    int warmup, max_steps;
-    int val_every, val_batches, sample_every, gen_tokens;
-    int checkpoint_every, resume;
-    int seed, shuffle;
-    int watchdog;
-} TrainArgs;
 
 static float evaluate(GPT2* model, DataLoader* val, int batches, CommGroup* world) {
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
         dataloader_seek(val, (size_t)i);
-        dataloader_load_microbatch(val, 0, model->config.vocab_size);
+        dataloader_load_chunk(val, world->rank, model->config.vocab_size);  // one chunk per rank
         gpt2_forward(model, val->inputs, model->B, model->T);
         sum += gpt2_loss(model, val->targets, model->B, model->T, 0.0f);
     }
@@ -318,15 +128,7 @@ static void sample(GPT2* model, const Tokenizer* tok, Rng* rng, int gen_tokens, 
     for (int t = 1; t < gen_tokens; t++) {
         gpt2_forward(model, tokens, 1, t);
         copy_device_to_floats(logits, model->acts.logits + (size_t)(t - 1) * Vp, Vp);
-        float maxval = -INFINITY, sum = 0.0f;
-        for (int v = 0; v < V; v++) maxval = logits[v] > maxval ? logits[v] : maxval;
-        for (int v = 0; v < V; v++) sum += expf(logits[v] - maxval);
-        float r = rng_uniform(rng) * sum, cdf = 0.0f;
-        int next = V - 1;
-        for (int v = 0; v < V; v++) {
-            cdf += expf(logits[v] - maxval);
-            if (r < cdf) { next = v; break; }
-        }
+        int next = sample_next_token(logits, V, rng);
         tokens[t] = next;
         watchdog_beat();  // one token is progress: a long sample is not a hang
         tokenizer_print(tok, next);
@@ -337,131 +139,14 @@ static void sample(GPT2* model, const Tokenizer* tok, Rng* rng, int gen_tokens, 
     free(logits);
 }
 
-// bf16 parameters are not a function of the fp32 master weights (stochastic rounding), so the
-// state file keeps their exact bits; fp32 parameters are the model file itself
-static size_t low_precision_param_bytes(const GPT2* model) {
-    return model->master_memory ? model->num_parameters * sizeof(floatX) : 0;
-}
-
-// every rank writes its state file, then DONE marks the checkpoint complete (checkpoint.h)
-static void write_checkpoint(GPT2* model, const char* dir, CommGroup* world, int step,
-                             const RunIdentity* id, uint64_t sample_rng_state) {
-    char path[4096];
-    size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
-    float* host = (float*)malloc_check(n * sizeof(float) * 2);
-    TrainState s = {step, world->size, sample_rng_state, 0};
-    if (world->rank == 0) {  // the replicas are identical: one copy of the weights is enough
-        gpt2_weights_to_host(model, host);
-        // an update can overflow the weights while its loss and gradient norm were finite; such
-        // weights never become a checkpoint (the other ranks wait below and are stopped too)
-        char what[64];
-        snprintf(what, sizeof(what), "the weights after step %d (not checkpointed)", step);
-        gpt2_check_finite(host, model->config, what);
-        checkpoint_path(path, sizeof(path), dir, "model", step, -1);
-        s.model_crc = gpt2_write_model_file(path, model->config, host);
-    }
-    // every state file records the model file's checksum, so that a resume can tell a model
-    // file of another checkpoint from the right one
-    comm_broadcast_host(world, &s.model_crc, sizeof(s.model_crc), 0);
-    copy_device_to_host(host, model->m_memory, n * sizeof(float));
-    copy_device_to_host(host + n, model->v_memory, n * sizeof(float));
-    void* params = malloc_check(extra);
-    if (extra > 0) copy_device_to_host(params, model->params_memory, extra);
-    checkpoint_path(path, sizeof(path), dir, "state", step, world->rank);
-    state_write(path, &s, world->rank, id, host, host + n, n, params, extra);
-    free(host);
-    free(params);
-    comm_barrier(world);  // DONE only once every rank's file is in place
-    if (world->rank == 0) checkpoint_mark_done(dir, step);
-}
-
-// Loads checkpoint `step` into the model; returns its state. Every rank checks its own state
-// file against the step rank 0 chose, its rank, the world size and this run's identity, and the
-// model file against the checksum its state file recorded: any mismatch stops every rank
-// before anything is written.
-static TrainState read_checkpoint(GPT2* model, const char* dir, CommGroup* world, int step,
-                                  const RunIdentity* id) {
-    char path[4096];
-    size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
-    float* host = (float*)malloc_check(n * sizeof(float) * 2);
-    void* params = malloc_check(extra);
-    checkpoint_path(path, sizeof(path), dir, "state", step, world->rank);
-    TrainState s = state_read(path, step, world->rank, world->size, id, host, host + n, n, params, extra);
-    GPT2Config c;
-    uint32_t model_crc;
-    checkpoint_path(path, sizeof(path), dir, "model", step, -1);
-    float* weights = gpt2_read_model_file(path, &c, &model_crc);
-    if (gpt2_num_parameters(c) != n) fail("checkpoint '%s' does not match the model of -e", path);
-    if (model_crc != s.model_crc) {
-        fail("model file '%s' has CRC-32 %08x, but the state files of step %d were written with "
-             "one of CRC-32 %08x: the files of this checkpoint do not belong together", path,
-             model_crc, step, s.model_crc);
-    }
-    gpt2_weights_from_host(model, weights);
-    free(weights);
-    copy_host_to_device(model->m_memory, host, n * sizeof(float));
-    copy_host_to_device(model->v_memory, host + n, n * sizeof(float));
-    if (extra > 0) copy_host_to_device(model->params_memory, params, extra);
-    free(host);
-    free(params);
-    return s;
-}
-
 int main(int argc, char** argv) {
-    // defaults; --help prints them beside each flag with the range it accepts
+    // the common flags (llmc/train.h) and this trainer's own
     TrainArgs args;
-    args.train_path = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
-    args.val_path = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
-    args.model = "d12";
-    args.out_dir = NULL;
-    args.tokenizer_path = "dev/data/gpt2_tokenizer.bin";
-    args.dump_grads = NULL;
-    args.B = 4;
-    args.T = 64;
-    args.total_batch = -1;
-    args.lr = 3e-4f;
-    args.final_lr_frac = 1.0f;
-    args.weight_decay = 0.0f;
-    args.grad_clip = 1.0f;
-    args.warmup = 0;
-    args.max_steps = -1;
-    args.val_every = 20;
-    args.val_batches = 20;
-    args.sample_every = 20;
-    args.gen_tokens = 64;
-    args.checkpoint_every = 0;
-    args.resume = 0;
-    args.seed = 1337;
-    args.shuffle = 0;
-    args.watchdog = 0;
-    const double MAX = ARG_NO_MAX;
-    ArgSpec specs[] = {
-        {"-i", ARG_STRING, &args.train_path, 0, 0, "train token file"},
-        {"-j", ARG_STRING, &args.val_path, 0, 0, "validation token file"},
-        {"-e", ARG_STRING, &args.model, 0, 0, "model file, or descriptor dL for a random init (d12 = 124M)"},
-        {"-o", ARG_STRING, &args.out_dir, 0, 0, "output dir for main.log and checkpoints; a fresh run needs one without checkpoints (-y 1 continues them; to start over, remove them or pick another dir)"},
-        {"-b", ARG_INT, &args.B, 1, MAX, "micro-batch size per rank, in sequences"},
-        {"-t", ARG_INT, &args.T, 1, MAX, "sequence length"},
-        {"-d", ARG_INT, &args.total_batch, -1, MAX, "total batch in tokens = B*T*ranks*accumulation (-1: B*T*ranks)"},
-        {"-l", ARG_FLOAT, &args.lr, 0, MAX, "peak learning rate"},
-        {"-u", ARG_INT, &args.warmup, 0, MAX, "warmup steps"},
-        {"-q", ARG_FLOAT, &args.final_lr_frac, 0, 1, "final learning rate as a fraction of -l (cosine decay)"},
-        {"-c", ARG_FLOAT, &args.weight_decay, 0, MAX, "AdamW weight decay (2-D weights only)"},
-        {"-x", ARG_INT, &args.max_steps, -1, MAX, "optimizer steps (-1: one epoch)"},
-        {"-v", ARG_INT, &args.val_every, 0, MAX, "validation loss every N steps (0: never)"},
-        {"-m", ARG_INT, &args.val_batches, 1, MAX, "validation batches per evaluation"},
-        {"-s", ARG_INT, &args.sample_every, 0, MAX, "sample text every N steps (0: never)"},
-        {"-g", ARG_INT, &args.gen_tokens, 1, MAX, "tokens to generate per sample"},
-        {"-n", ARG_INT, &args.checkpoint_every, 0, MAX, "checkpoint every N steps and at the end (0: never)"},
-        {"-y", ARG_INT, &args.resume, 0, 1, "1: resume from the newest checkpoint in -o"},
-        {"-gc", ARG_FLOAT, &args.grad_clip, 0, MAX, "clip the global gradient norm to this (0: off)"},
-        {"-seed", ARG_INT, &args.seed, 0, MAX, "seed of the random init, data shuffling and sampling"},
-        {"-shuffle", ARG_INT, &args.shuffle, 0, 1, "1: shuffle the order of global batches every epoch"},
-        {"-tok", ARG_STRING, &args.tokenizer_path, 0, 0, "tokenizer decode table, for samples"},
-        {"-watchdog", ARG_INT, &args.watchdog, 0, MAX, "end the job when a rank makes no progress for this many seconds (0: off)"},
-        {"-dump_grads", ARG_STRING, &args.dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"},
-    };
-    int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
+    const char* dump_grads = NULL;
+    ArgSpec specs[TRAIN_MAX_SPECS];
+    int num_specs = train_args_common(&args, specs);
+    ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"};
+    specs[num_specs++] = dump;
     if (!args_parse(argc, argv, specs, num_specs)) return 0;
 
     CommGroup world;
@@ -512,9 +197,10 @@ int main(int argc, char** argv) {
                                          : gpt2_read_model_file(args.model, &config, NULL);
 
     DataLoader train, val;
-    dataloader_init(&train, args.train_path, args.B, args.T, rank, world.size, accum, args.shuffle, (uint64_t)args.seed);
+    // a global batch is accum x ranks chunks of B x T tokens; which rank reads which: see the loop
+    dataloader_init(&train, args.train_path, args.B, args.T, accum * world.size, args.shuffle, (uint64_t)args.seed);
     if (args.val_every > 0) {
-        dataloader_init(&val, args.val_path, args.B, args.T, rank, world.size, 1, 0, 0);
+        dataloader_init(&val, args.val_path, args.B, args.T, world.size, 0, 0);
         if ((size_t)args.val_batches > val.batches_per_epoch) args.val_batches = (int)val.batches_per_epoch;
     }
     int max_steps = args.max_steps >= 0 ? args.max_steps : (int)train.batches_per_epoch;
@@ -541,29 +227,10 @@ int main(int argc, char** argv) {
     int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
 
     // ---- the run's identity: everything that determines the training trajectory. A checkpoint
-    // stores it, and a resume with anything different is refused (checkpoint.h).
-    RunIdentity identity = {"", 0};
-    // the train data by content, so a moved or copied file still resumes (rank 0 reads it once)
-    uint32_t train_crc = rank == 0 ? dataloader_file_crc(&train) : 0;
-    comm_broadcast_host(&world, &train_crc, sizeof(train_crc), 0);
-    run_identity_add(&identity, "-e", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d, initial weights CRC-32 %08x",
-                     config.num_layers, config.num_heads, config.channels, config.vocab_size,
-                     config.padded_vocab_size, config.max_seq_len,
-                     crc32_update(0, params_host, gpt2_num_parameters(config) * sizeof(float)));
-    run_identity_add(&identity, "-i", "%zu tokens, CRC-32 %08x", train.num_tokens, train_crc);
-    run_identity_add(&identity, "ranks", "%d", world.size);
-    run_identity_add(&identity, "-b", "%d", args.B);
-    run_identity_add(&identity, "-t", "%d", args.T);
-    run_identity_add(&identity, "-d", "%d", args.total_batch);
-    run_identity_add(&identity, "-l", "%.9g", args.lr);
-    run_identity_add(&identity, "-u", "%d", args.warmup);
-    run_identity_add(&identity, "-q", "%.9g", args.final_lr_frac);
-    if (args.final_lr_frac != 1.0f) run_identity_add(&identity, "-x", "%d", max_steps);  // the decay's length
-    run_identity_add(&identity, "-c", "%.9g", args.weight_decay);
-    run_identity_add(&identity, "-gc", "%.9g", args.grad_clip);
-    run_identity_add(&identity, "-seed", "%d", args.seed);
-    run_identity_add(&identity, "-shuffle", "%d", args.shuffle);
-    run_identity_add(&identity, "precision", "%s", PRECISION_NAME);
+    // stores it, and a resume with anything different is refused (checkpoint.h). DDP adds nothing
+    // to the common flags: its layout is the rank count, B, T and -d.
+    RunIdentity identity;
+    train_run_identity(&identity, &args, config, params_host, &train, max_steps, &world);
 
     // ---- the output dir: rank 0 holds its lock for the whole run; a fresh run refuses a dir
     // that holds checkpoints already, instead of mixing them with its own
@@ -679,28 +346,39 @@ int main(int argc, char** argv) {
         watchdog_phase("forward and backward", step);
         device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
         float loss = 0.0f;
-        float dloss = 1.0f / (float)((size_t)args.B * args.T * accum);  // mean over rank's tokens
+        // Loss scaling, in two halves: each token's gradient is weighted 1/(B*T*accum) here (the
+        // mean over this rank's tokens), and the all-reduce below divides by the rank count
+        // (COMM_AVG). Together: 1/total_batch, the gradient of the mean loss over the global batch,
+        // whatever the layout. A plain sum over ranks would multiply the gradient, and with it
+        // the effective learning rate, by the number of ranks.
+        float dloss = 1.0f / (float)((size_t)args.B * args.T * accum);
         for (int micro = 0; micro < accum; micro++) {
             watchdog_beat();
-            dataloader_load_microbatch(&train, micro, config.vocab_size);
+            // the DDP slice: micro-step `micro` of rank r is chunk micro * ranks + r, so the ranks
+            // and micro-steps together read the global batch once (llmc/dataloader.h)
+            dataloader_load_chunk(&train, micro * world.size + rank, config.vocab_size);
             gpt2_forward(&model, train.inputs, args.B, args.T);
             loss += gpt2_loss(&model, train.targets, args.B, args.T, dloss) / (float)accum;
             gpt2_backward(&model, args.B, args.T);
         }
         dataloader_advance(&train);
-        // 2. DDP: average the gradients (all P floats, one flat buffer) and the loss over ranks
+        // 2. DDP: average the gradients (all P values, one flat buffer: (P) floatX, all-reduce
+        // with AVG) and the loss (one float) over the ranks. After it every rank holds the same
+        // gradient; the replicas stay identical because they also started identical (the same
+        // seed or model file on every rank, where PyTorch's DDP broadcasts rank 0's weights) and
+        // round alike (the same stochastic-rounding seed in AdamW below).
         watchdog_phase("gradient all-reduce", step);
         comm_all_reduce(&world, model.grads_memory, model.num_parameters, COMM_FLOATX, COMM_AVG);
         comm_all_reduce_scalar(&world, &loss, COMM_AVG);
-        if (args.dump_grads != NULL && step == 0 && rank == 0) {
+        if (dump_grads != NULL && step == 0 && rank == 0) {
             float* g = (float*)malloc_check(model.num_parameters * sizeof(float));
             copy_device_to_floats(g, model.grads_memory, model.num_parameters);
-            gpt2_write_model_file(args.dump_grads, config, g);
+            gpt2_write_model_file(dump_grads, config, g);
             free(g);
         }
         // 3. the same clipped AdamW step on every rank (clip as torch.nn.utils.clip_grad_norm_)
         watchdog_phase("AdamW update", step);
-        float grad_norm = sqrtf(global_norm_squared(model.grads_memory, model.num_parameters));
+        float grad_norm = sqrtf(optimizer_norm_squared(model.grads_memory, 0, model.num_parameters));
         // A nan or inf anywhere on any rank reaches every rank through the all-reduced sums, so
         // all ranks stop here together, before this step updates, logs or checkpoints anything
         if (!isfinite(loss) || !isfinite(grad_norm)) {
@@ -708,23 +386,13 @@ int main(int argc, char** argv) {
                  "written (the newest checkpoint is intact; try a lower -l)", step + 1,
                  isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss);
         }
-        float grad_scale = 1.0f;
-        if (args.grad_clip > 0.0f) {
-            float coef = args.grad_clip / (grad_norm + 1e-6f);
-            grad_scale = coef < 1.0f ? coef : 1.0f;
-        }
         float lr = learning_rate_at(step, args.lr, args.warmup, max_steps, args.final_lr_frac);
-        size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
-        gpt2_parameter_sizes(sizes, config);
-        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            float wd = parameter_is_matrix[i] ? args.weight_decay : 0.0f;
-            adamw_update(model.params_memory + offset,
-                         model.master_memory ? model.master_memory + offset : NULL,
-                         model.grads_memory + offset, model.m_memory + offset,
-                         model.v_memory + offset, sizes[i], lr, 0.9f, 0.95f, 1e-8f, wd, step + 1,
-                         grad_scale, (unsigned int)args.seed * 1000003u + (unsigned int)step, offset);
-            offset += sizes[i];
-        }
+        // the same seed on every rank: stochastic rounding must round the replicas alike
+        AdamWConfig opt = {lr, 0.9f, 0.95f, 1e-8f, args.weight_decay, args.grad_clip,
+                           (unsigned int)args.seed * 1000003u + (unsigned int)step};
+        optimizer_adamw_step(model.params_memory, model.master_memory, model.grads_memory, model.m_memory,
+                             model.v_memory, 0, model.num_parameters, config, opt,
+                             optimizer_clip_scale(grad_norm, args.grad_clip), step + 1);
         device_synchronize();
         double dt = wall_time_s() - t0;
         if (step > start_step) {  // the first step warms caches; leave it out of the average

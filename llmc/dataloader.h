@@ -1,9 +1,9 @@
 // Token files (llm.c format: 256 x int32 header, then uint16 tokens) cut into global batches.
 //
-// One optimizer step consumes one global batch of B*T*world*accum tokens (plus one target token),
-// a contiguous run of the file. Within it, micro-batch a of rank r is the B*T-token chunk number
-// a*world + r: ranks and micro-steps together cover the global batch exactly once, and the loss
-// averaged over all of them equals the loss of a single process on the whole global batch.
+// One optimizer step consumes one global batch of `chunks` B*T-token chunks (plus one target
+// token), a contiguous run of the file. Which chunk a rank reads at which micro-step is the
+// trainer's decision, written where the reader sees it (data parallelism: micro-step a of rank r
+// reads chunk a*ranks + r, so ranks and micro-steps cover the global batch exactly once).
 // With shuffling on, the order of the global batches within an epoch is a permutation drawn from
 // (seed, epoch), the same on every rank, so the slices stay disjoint.
 #ifndef LLMC_DATALOADER_H
@@ -21,8 +21,8 @@ typedef struct {
     const char* path;
     FILE* file;
     size_t num_tokens;
-    int B, T, rank, world, accum;
-    size_t global_batch_tokens;  // B * T * world * accum
+    int B, T, chunks;            // a global batch is `chunks` chunks of B x T tokens
+    size_t global_batch_tokens;  // B * T * chunks
     size_t batches_per_epoch;
     int shuffle;
     uint64_t seed;
@@ -48,15 +48,13 @@ static inline void dataloader_make_order(DataLoader* dl) {
     }
 }
 
-static inline void dataloader_init(DataLoader* dl, const char* path, int B, int T, int rank, int world,
-                            int accum, int shuffle, uint64_t seed) {
+static inline void dataloader_init(DataLoader* dl, const char* path, int B, int T, int chunks,
+                                   int shuffle, uint64_t seed) {
     memset(dl, 0, sizeof(*dl));
     dl->path = path;
     dl->B = B;
     dl->T = T;
-    dl->rank = rank;
-    dl->world = world;
-    dl->accum = accum;
+    dl->chunks = chunks;
     dl->shuffle = shuffle;
     dl->seed = seed;
     dl->file = fopen_check(path, "rb");
@@ -79,7 +77,7 @@ static inline void dataloader_init(DataLoader* dl, const char* path, int B, int 
         fail("token file '%s' is %ld bytes, but its header promises %zu tokens (%ld bytes): "
              "truncated or corrupt", path, bytes, dl->num_tokens, expected);
     }
-    dl->global_batch_tokens = (size_t)B * T * world * accum;
+    dl->global_batch_tokens = (size_t)B * T * chunks;
     if (dl->num_tokens < dl->global_batch_tokens + 1) {
         fail("token file '%s' holds %zu tokens, fewer than one global batch of %zu (+1 target)",
              path, dl->num_tokens, dl->global_batch_tokens);
@@ -102,11 +100,11 @@ static inline void dataloader_seek(DataLoader* dl, size_t index) {
     }
 }
 
-// fills inputs/targets with this rank's micro-batch `micro_step` of the current global batch;
-// tokens must be below `vocab_size` because they index the embedding and the logits
-static inline void dataloader_load_microbatch(DataLoader* dl, int micro_step, int vocab_size) {
-    size_t chunk = (size_t)micro_step * dl->world + dl->rank;
-    size_t first = dl->order[dl->batch] * dl->global_batch_tokens + chunk * dl->B * dl->T;
+// fills inputs/targets with chunk `chunk` (0 .. chunks-1) of the current global batch; tokens
+// must be below `vocab_size` because they index the embedding and the logits
+static inline void dataloader_load_chunk(DataLoader* dl, int chunk, int vocab_size) {
+    if (chunk < 0 || chunk >= dl->chunks) fail("dataloader: chunk %d of a global batch of %d", chunk, dl->chunks);
+    size_t first = dl->order[dl->batch] * dl->global_batch_tokens + (size_t)chunk * dl->B * dl->T;
     size_t n = (size_t)dl->B * dl->T;
     fseek_check(dl->file, (long)(TOKENS_HEADER_BYTES + first * sizeof(uint16_t)), SEEK_SET,
                 dl->path);

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
     comm_barrier(&world);
 
     DataLoader dl;
-    dataloader_init(&dl, path, B, T, r, p, accum, shuffle, 7);
+    dataloader_init(&dl, path, B, T, p * accum, shuffle, 7);
     size_t G = (size_t)B * T * p * accum, nb = dl.batches_per_epoch;
     if (nb != (NUM_TOKENS - 1) / G) fail("batches per epoch %zu, expected %zu", nb, (size_t)(NUM_TOKENS - 1) / G);
     int chunks = p * accum;  // B*T-token chunks per global batch
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
         memset(seen_batch, 0, nb);
         for (size_t step = 0; step < nb; step++) {
             for (int a = 0; a < accum; a++) {
-                dataloader_load_microbatch(&dl, a, 65536);
+                dataloader_load_chunk(&dl, a * p + r, 65536);  // DDP's layout
                 for (int i = 0; i < B * T; i++) {
                     if (dl.inputs[i] != dl.inputs[0] + i || dl.targets[i] != dl.inputs[i] + 1) {
                         fail("micro-batch %d of step %zu is not contiguous at %d", a, step, i);

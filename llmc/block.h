@@ -1,0 +1,47 @@
+// Half-blocks: the two halves of a transformer layer that every trainer runs, on both backends.
+// A half starts right after a LayerNorm and ends right before a residual add:
+//   attention half   ln1 (B,T,C) -> qkv (B,T,qkv) -> attention -> atty (B,T,att) -> attproj (B,T,C)
+//   MLP half         ln2 (B,T,C) -> fch (B,T,fc) -> GELU -> fch_gelu -> fcproj (B,T,C)
+// Neither communicates. The LayerNorms, the residual adds, the loop over layers and every
+// collective stay in the trainers, in the open: that is where the strategies differ. Under tensor
+// parallelism a half is Megatron's column-parallel then row-parallel pair, on the rank's widths
+// (LayerDims); a row-parallel bias must be added once, after the reduction, so that trainer
+// passes a NULL attprojb/fcprojb and adds it itself.
+#ifndef LLMC_BLOCK_H
+#define LLMC_BLOCK_H
+
+#include "model.h"
+
+static inline void attention_half_forward(LayerActs a, LayerWeights w, int B, int T, LayerDims d) {
+    matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, B * T, d.C, d.qkv);
+    attention_forward(a.atty, a.att_state, a.qkv, B, T, d.att, d.NH);
+    matmul_forward(a.attproj, a.atty, w.attprojw, w.attprojb, B * T, d.att, d.C);
+}
+
+// dout (B,T,C): the gradient at attproj. Writes the gradient at ln1 into dln1 (B,T,C), which may
+// be the same buffer as datty (B,T,att): datty is used up before dln1 is written. dqkv (B,T,qkv)
+// is scratch. Parameter gradients accumulate into g.
+static inline void attention_half_backward(floatX* dln1, floatX* datty, floatX* dqkv, const floatX* dout,
+                                           LayerActs a, LayerWeights w, LayerWeights g, int B, int T,
+                                           LayerDims d) {
+    matmul_backward(datty, g.attprojw, g.attprojb, dout, a.atty, w.attprojw, B * T, d.att, d.C);
+    attention_backward(dqkv, datty, a.qkv, a.atty, a.att_state, B, T, d.att, d.NH);
+    matmul_backward(dln1, g.qkvw, g.qkvb, dqkv, a.ln1, w.qkvw, B * T, d.C, d.qkv);
+}
+
+static inline void mlp_half_forward(LayerActs a, LayerWeights w, int B, int T, LayerDims d) {
+    matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, B * T, d.C, d.fc);
+    gelu_forward(a.fch_gelu, a.fch, (size_t)B * T * d.fc);
+    matmul_forward(a.fcproj, a.fch_gelu, w.fcprojw, w.fcprojb, B * T, d.fc, d.C);
+}
+
+// dout (B,T,C): the gradient at fcproj. Writes the gradient at ln2 into dln2 (B,T,C); dfch
+// (B,T,fc) is scratch. Parameter gradients accumulate into g.
+static inline void mlp_half_backward(floatX* dln2, floatX* dfch, const floatX* dout, LayerActs a,
+                                     LayerWeights w, LayerWeights g, int B, int T, LayerDims d) {
+    matmul_backward(dfch, g.fcprojw, g.fcprojb, dout, a.fch_gelu, w.fcprojw, B * T, d.fc, d.C);
+    gelu_backward(dfch, a.fch, dfch, (size_t)B * T * d.fc);
+    matmul_backward(dln2, g.fcw, g.fcb, dfch, a.ln2, w.fcw, B * T, d.C, d.fc);
+}
+
+#endif

@@ -1,0 +1,56 @@
+// The optimizer step of every trainer: gradient clipping by the global norm, then AdamW with
+// weight decay on the 2-D weights only. It works on a range [lo, hi) of the flat parameter buffer
+// (the model file's tensor order), so one function serves a full DDP replica (the whole range), a
+// ZeRO shard, a tensor-parallel shard and a pipeline stage: each passes the part it owns.
+#ifndef LLMC_OPTIMIZER_H
+#define LLMC_OPTIMIZER_H
+
+#include "gpt2.h"
+#include "ops.h"
+
+typedef struct {
+    float lr;            // this step's learning rate (schedule.h)
+    float beta1, beta2, eps;
+    float weight_decay;  // applied to the tensors parameter_is_matrix marks
+    float grad_clip;     // clip the global norm to this; 0: no clipping
+    unsigned int seed;   // stochastic rounding: the same on every rank, so replicas stay equal
+} AdamWConfig;
+
+// this range's share of the squared global gradient norm; a sharded trainer sums the shares of
+// its ranks (one all-reduce) before taking the square root
+static inline float optimizer_norm_squared(const floatX* grads, size_t lo, size_t hi) {
+    return global_norm_squared(grads + lo, hi - lo);
+}
+
+// the factor that clips the gradient to the global norm grad_clip, as
+// torch.nn.utils.clip_grad_norm_: grad_clip / (norm + 1e-6), at most 1
+static inline float optimizer_clip_scale(float grad_norm, float grad_clip) {
+    if (grad_clip <= 0.0f) return 1.0f;
+    float coef = grad_clip / (grad_norm + 1e-6f);
+    return coef < 1.0f ? coef : 1.0f;
+}
+
+// One AdamW step (step counts from 1) over the parameters [lo, hi) of the flat layout of config.
+// params, master, grads, m, v point at element lo of their buffers (master is NULL when the
+// parameters are fp32). Each tensor that overlaps the range gets its own weight decay; the
+// stochastic-rounding stream is indexed by the global element, so a shard rounds each element
+// exactly as a full replica would.
+static inline void optimizer_adamw_step(floatX* params, float* master, const floatX* grads, float* m,
+                                        float* v, size_t lo, size_t hi, GPT2Config config,
+                                        AdamWConfig opt, float grad_scale, int step) {
+    size_t sizes[NUM_PARAMETER_TENSORS], start = 0;
+    gpt2_parameter_sizes(sizes, config);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        size_t end = start + sizes[i];
+        size_t a = start > lo ? start : lo, b = end < hi ? end : hi;  // this tensor within [lo, hi)
+        if (a < b) {
+            float wd = parameter_is_matrix[i] ? opt.weight_decay : 0.0f;
+            size_t k = a - lo;
+            adamw_update(params + k, master ? master + k : NULL, grads + k, m + k, v + k, b - a,
+                         opt.lr, opt.beta1, opt.beta2, opt.eps, wd, step, grad_scale, opt.seed, a);
+        }
+        start = end;
+    }
+}
+
+#endif

@@ -1,0 +1,204 @@
+// What every trainer shares around its training step: the common flags (a trainer appends its
+// own), the run's identity for checkpoints, picking the next token of a sample, and checkpoint
+// files of a model whose ranks hold identical replicas (data parallelism; a sharded trainer
+// gathers its weights first).
+#ifndef LLMC_TRAIN_H
+#define LLMC_TRAIN_H
+
+#include <math.h>
+#include "args.h"
+#include "checkpoint.h"
+#include "comm.h"
+#include "dataloader.h"
+#include "model.h"
+#include "rng.h"
+
+typedef struct {  // the common flags; see train_args_common for each one
+    const char* train_path;
+    const char* val_path;
+    const char* model;
+    const char* out_dir;
+    const char* tokenizer_path;
+    int B, T, total_batch;
+    float lr, final_lr_frac, weight_decay, grad_clip;
+    int warmup, max_steps;
+    int val_every, val_batches, sample_every, gen_tokens;
+    int checkpoint_every, resume;
+    int seed, shuffle;
+    int watchdog;
+} TrainArgs;
+
+#define TRAIN_MAX_SPECS 40
+
+// the defaults (--help prints them beside each flag with the range it accepts), and the common
+// flags' table into specs; returns how many it wrote, after which a trainer appends its own
+static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
+    a->train_path = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin";
+    a->val_path = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
+    a->model = "d12";
+    a->out_dir = NULL;
+    a->tokenizer_path = "dev/data/gpt2_tokenizer.bin";
+    a->B = 4;
+    a->T = 64;
+    a->total_batch = -1;
+    a->lr = 3e-4f;
+    a->final_lr_frac = 1.0f;
+    a->weight_decay = 0.0f;
+    a->grad_clip = 1.0f;
+    a->warmup = 0;
+    a->max_steps = -1;
+    a->val_every = 20;
+    a->val_batches = 20;
+    a->sample_every = 20;
+    a->gen_tokens = 64;
+    a->checkpoint_every = 0;
+    a->resume = 0;
+    a->seed = 1337;
+    a->shuffle = 0;
+    a->watchdog = 0;
+    const double MAX = ARG_NO_MAX;
+    const ArgSpec common[] = {
+        {"-i", ARG_STRING, &a->train_path, 0, 0, "train token file"},
+        {"-j", ARG_STRING, &a->val_path, 0, 0, "validation token file"},
+        {"-e", ARG_STRING, &a->model, 0, 0, "model file, or descriptor dL for a random init (d12 = 124M)"},
+        {"-o", ARG_STRING, &a->out_dir, 0, 0, "output dir for main.log and checkpoints; a fresh run needs one without checkpoints (-y 1 continues them; to start over, remove them or pick another dir)"},
+        {"-b", ARG_INT, &a->B, 1, MAX, "micro-batch size per rank, in sequences"},
+        {"-t", ARG_INT, &a->T, 1, MAX, "sequence length"},
+        {"-d", ARG_INT, &a->total_batch, -1, MAX, "total batch in tokens = B*T*ranks*accumulation (-1: B*T*ranks)"},
+        {"-l", ARG_FLOAT, &a->lr, 0, MAX, "peak learning rate"},
+        {"-u", ARG_INT, &a->warmup, 0, MAX, "warmup steps"},
+        {"-q", ARG_FLOAT, &a->final_lr_frac, 0, 1, "final learning rate as a fraction of -l (cosine decay)"},
+        {"-c", ARG_FLOAT, &a->weight_decay, 0, MAX, "AdamW weight decay (2-D weights only)"},
+        {"-x", ARG_INT, &a->max_steps, -1, MAX, "optimizer steps (-1: one epoch)"},
+        {"-v", ARG_INT, &a->val_every, 0, MAX, "validation loss every N steps (0: never)"},
+        {"-m", ARG_INT, &a->val_batches, 1, MAX, "validation batches per evaluation"},
+        {"-s", ARG_INT, &a->sample_every, 0, MAX, "sample text every N steps (0: never)"},
+        {"-g", ARG_INT, &a->gen_tokens, 1, MAX, "tokens to generate per sample"},
+        {"-n", ARG_INT, &a->checkpoint_every, 0, MAX, "checkpoint every N steps and at the end (0: never)"},
+        {"-y", ARG_INT, &a->resume, 0, 1, "1: resume from the newest checkpoint in -o"},
+        {"-gc", ARG_FLOAT, &a->grad_clip, 0, MAX, "clip the global gradient norm to this (0: off)"},
+        {"-seed", ARG_INT, &a->seed, 0, MAX, "seed of the random init, data shuffling and sampling"},
+        {"-shuffle", ARG_INT, &a->shuffle, 0, 1, "1: shuffle the order of global batches every epoch"},
+        {"-tok", ARG_STRING, &a->tokenizer_path, 0, 0, "tokenizer decode table, for samples"},
+        {"-watchdog", ARG_INT, &a->watchdog, 0, MAX, "end the job when a rank makes no progress for this many seconds (0: off)"},
+    };
+    int n = (int)(sizeof(common) / sizeof(common[0]));
+    for (int i = 0; i < n; i++) specs[i] = common[i];
+    return n;
+}
+
+// the run's identity (checkpoint.h): everything that determines the training trajectory, common
+// to every trainer; a trainer adds its layout. The train data is identified by content, so a moved
+// or copied file still resumes; rank 0 reads it once.
+static inline void train_run_identity(RunIdentity* id, const TrainArgs* args, GPT2Config config,
+                                      const float* initial_weights, DataLoader* train, int max_steps,
+                                      CommGroup* world) {
+    uint32_t train_crc = world->rank == 0 ? dataloader_file_crc(train) : 0;
+    comm_broadcast_host(world, &train_crc, sizeof(train_crc), 0);
+    id->len = 0;
+    id->text[0] = '\0';
+    run_identity_add(id, "-e", "L=%d NH=%d C=%d V=%d Vp=%d maxT=%d, initial weights CRC-32 %08x",
+                     config.num_layers, config.num_heads, config.channels, config.vocab_size,
+                     config.padded_vocab_size, config.max_seq_len,
+                     crc32_update(0, initial_weights, gpt2_num_parameters(config) * sizeof(float)));
+    run_identity_add(id, "-i", "%zu tokens, CRC-32 %08x", train->num_tokens, train_crc);
+    run_identity_add(id, "ranks", "%d", world->size);
+    run_identity_add(id, "-b", "%d", args->B);
+    run_identity_add(id, "-t", "%d", args->T);
+    run_identity_add(id, "-d", "%d", args->total_batch);
+    run_identity_add(id, "-l", "%.9g", args->lr);
+    run_identity_add(id, "-u", "%d", args->warmup);
+    run_identity_add(id, "-q", "%.9g", args->final_lr_frac);
+    if (args->final_lr_frac != 1.0f) run_identity_add(id, "-x", "%d", max_steps);  // the decay's length
+    run_identity_add(id, "-c", "%.9g", args->weight_decay);
+    run_identity_add(id, "-gc", "%.9g", args->grad_clip);
+    run_identity_add(id, "-seed", "%d", args->seed);
+    run_identity_add(id, "-shuffle", "%d", args->shuffle);
+    run_identity_add(id, "precision", "%s", PRECISION_NAME);
+}
+
+// the next token of a sample: softmax over the V real entries of one row of logits, then the
+// token where the cumulative probability first exceeds a uniform draw
+static inline int sample_next_token(const float* logits, int V, Rng* rng) {
+    float maxval = -INFINITY, sum = 0.0f;
+    for (int v = 0; v < V; v++) maxval = logits[v] > maxval ? logits[v] : maxval;
+    for (int v = 0; v < V; v++) sum += expf(logits[v] - maxval);
+    float r = rng_uniform(rng) * sum, cdf = 0.0f;
+    for (int v = 0; v < V; v++) {
+        cdf += expf(logits[v] - maxval);
+        if (r < cdf) return v;
+    }
+    return V - 1;
+}
+
+// bf16 parameters are not a function of the fp32 master weights (stochastic rounding), so the
+// state file keeps their exact bits; fp32 parameters are the model file itself
+static inline size_t low_precision_param_bytes(const GPT2* model) {
+    return model->master_memory ? model->num_parameters * sizeof(floatX) : 0;
+}
+
+// every rank writes its state file, then DONE marks the checkpoint complete (checkpoint.h)
+static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* world, int step,
+                             const RunIdentity* id, uint64_t sample_rng_state) {
+    char path[4096];
+    size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
+    float* host = (float*)malloc_check(n * sizeof(float) * 2);
+    TrainState s = {step, world->size, sample_rng_state, 0};
+    if (world->rank == 0) {  // the replicas are identical: one copy of the weights is enough
+        gpt2_weights_to_host(model, host);
+        // an update can overflow the weights while its loss and gradient norm were finite; such
+        // weights never become a checkpoint (the other ranks wait below and are stopped too)
+        char what[64];
+        snprintf(what, sizeof(what), "the weights after step %d (not checkpointed)", step);
+        gpt2_check_finite(host, model->config, what);
+        checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+        s.model_crc = gpt2_write_model_file(path, model->config, host);
+    }
+    // every state file records the model file's checksum, so that a resume can tell a model
+    // file of another checkpoint from the right one
+    comm_broadcast_host(world, &s.model_crc, sizeof(s.model_crc), 0);
+    copy_device_to_host(host, model->m_memory, n * sizeof(float));
+    copy_device_to_host(host + n, model->v_memory, n * sizeof(float));
+    void* params = malloc_check(extra);
+    if (extra > 0) copy_device_to_host(params, model->params_memory, extra);
+    checkpoint_path(path, sizeof(path), dir, "state", step, world->rank);
+    state_write(path, &s, world->rank, id, host, host + n, n, params, extra);
+    free(host);
+    free(params);
+    comm_barrier(world);  // DONE only once every rank's file is in place
+    if (world->rank == 0) checkpoint_mark_done(dir, step);
+}
+
+// Loads checkpoint `step` into the model; returns its state. Every rank checks its own state
+// file against the step rank 0 chose, its rank, the world size and this run's identity, and the
+// model file against the checksum its state file recorded: any mismatch stops every rank
+// before anything is written.
+static inline TrainState read_checkpoint(GPT2* model, const char* dir, CommGroup* world, int step,
+                                  const RunIdentity* id) {
+    char path[4096];
+    size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
+    float* host = (float*)malloc_check(n * sizeof(float) * 2);
+    void* params = malloc_check(extra);
+    checkpoint_path(path, sizeof(path), dir, "state", step, world->rank);
+    TrainState s = state_read(path, step, world->rank, world->size, id, host, host + n, n, params, extra);
+    GPT2Config c;
+    uint32_t model_crc;
+    checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+    float* weights = gpt2_read_model_file(path, &c, &model_crc);
+    if (gpt2_num_parameters(c) != n) fail("checkpoint '%s' does not match the model of -e", path);
+    if (model_crc != s.model_crc) {
+        fail("model file '%s' has CRC-32 %08x, but the state files of step %d were written with "
+             "one of CRC-32 %08x: the files of this checkpoint do not belong together", path,
+             model_crc, step, s.model_crc);
+    }
+    gpt2_weights_from_host(model, weights);
+    free(weights);
+    copy_host_to_device(model->m_memory, host, n * sizeof(float));
+    copy_host_to_device(model->v_memory, host + n, n * sizeof(float));
+    if (extra > 0) copy_host_to_device(model->params_memory, params, extra);
+    free(host);
+    free(params);
+    return s;
+}
+
+#endif
