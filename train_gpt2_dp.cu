@@ -145,8 +145,11 @@ int main(int argc, char** argv) {
     const char* dump_grads = NULL;
     ArgSpec specs[TRAIN_MAX_SPECS];
     int num_specs = train_args_common(&args, specs);
+    int check_replicas = 0;
     ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"};
+    ArgSpec check = {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all replicas hold the same parameters (0: never)"};
     specs[num_specs++] = dump;
+    specs[num_specs++] = check;
     if (!args_parse(argc, argv, specs, num_specs)) return 0;
 
     CommGroup world;
@@ -411,6 +414,9 @@ int main(int argc, char** argv) {
                    step + 1, max_steps, loss, lr, grad_norm, dt * 1e3, tokens_per_s, mfu, comm_summary);
         }
         logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));
+        if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
+            train_check_replicas(model.params_memory, model.num_parameters, &world, step + 1);
+        }
     }
     if (rank == 0 && timed_steps > 0) {
         double tokens_per_s = args.total_batch / (total_time / timed_steps);

@@ -117,6 +117,31 @@ static inline void train_run_identity(RunIdentity* id, const TrainArgs* args, GP
     run_identity_add(id, "precision", "%s", PRECISION_NAME);
 }
 
+// Data parallelism rests on every replica holding the same parameters. This checks it: a CRC-32
+// of this rank's parameter bits, its two 16-bit halves reduced with max and min over the ranks
+// (four 4-byte all-reduces; a float holds 16 bits exactly). Any difference stops every rank.
+static inline void train_check_replicas(const floatX* params, size_t P, CommGroup* world, int step) {
+    floatX* host = (floatX*)malloc_check(P * sizeof(floatX));
+    copy_device_to_host(host, params, P * sizeof(floatX));
+    uint32_t crc = crc32_update(0, host, P * sizeof(floatX));
+    free(host);
+    float half[2] = {(float)(crc >> 16), (float)(crc & 0xffff)}, lo[2], hi[2];
+    for (int i = 0; i < 2; i++) {
+        lo[i] = hi[i] = half[i];
+        comm_all_reduce_scalar(world, &hi[i], COMM_MAX);
+        lo[i] = -lo[i];  // min as the max of the negation: the comm layer reduces sum, avg, max
+        comm_all_reduce_scalar(world, &lo[i], COMM_MAX);
+        lo[i] = -lo[i];
+    }
+    if (lo[0] != hi[0] || lo[1] != hi[1]) {
+        fail("step %d: the replicas differ: this rank's parameters have CRC-32 %08x; over the ranks "
+             "the upper 16 bits range %04x..%04x, the lower %04x..%04x. Every rank must start from "
+             "the same weights (same -e and -seed) and apply the same update", step, crc,
+             (unsigned)lo[0], (unsigned)hi[0], (unsigned)lo[1], (unsigned)hi[1]);
+    }
+    if (world->rank == 0) printf("step %d: replicas identical (parameter CRC-32 %08x on %d ranks)\n", step, crc, world->size);
+}
+
 // the next token of a sample: softmax over the V real entries of one row of logits, then the
 // token where the cumulative probability first exceeds a uniform draw
 static inline int sample_next_token(const float* logits, int V, Rng* rng) {

@@ -214,10 +214,32 @@ def help_lists_every_flag():
     code, out = mpirun(1, ["--help"])
     assert code == 0, out
     for flag in ["-i", "-j", "-e", "-o", "-b", "-t", "-d", "-l", "-u", "-q", "-c", "-x", "-v", "-m",
-                 "-s", "-g", "-n", "-y", "-gc", "-seed", "-shuffle", "-tok", "-watchdog", "-dump_grads"]:
+                 "-s", "-g", "-n", "-y", "-gc", "-seed", "-shuffle", "-tok", "-watchdog", "-dump_grads",
+                 "-check_replicas"]:
         assert "  %s " % flag in out, "--help does not list " + flag
     # each flag's allowed range is printed beside its default
     assert "-shuffle     1: shuffle the order of global batches every epoch (default: 0; allowed: 0|1)" in out, out
+
+
+@test
+def check_replicas_confirms_identical_replicas():
+    d = fresh_dir("check_replicas")
+    out = run_ok(2, ["-e", "d2", "-b", 2, "-t", 32, "-x", 2, "-v", 0, "-s", 0, "-check_replicas", 1, "-o", d])
+    for step in (1, 2):
+        assert "step %d: replicas identical" % step in out, out[-2000:]
+
+
+@test
+def check_replicas_stops_diverged_replicas():
+    """ranks started from different random inits (-seed differs per rank): DDP would average
+    gradients of different models; the check stops every rank at its first step"""
+    args = ["-e", "d2", "-b", 2, "-t", 32, "-x", 2, "-v", 0, "-s", 0, "-check_replicas", 1]
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "1", "./train_gpt2_dp"] + [str(a) for a in args + ["-seed", 1]] + \
+          [":", "-np", "1", "./train_gpt2_dp"] + [str(a) for a in args + ["-seed", 2]]
+    p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, timeout=60)
+    out = p.stdout.decode("utf-8", "replace")
+    assert p.returncode != 0 and "step 1: the replicas differ" in out, out[-2000:]
 
 
 @test
