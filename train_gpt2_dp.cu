@@ -329,7 +329,7 @@ int main(int argc, char** argv) {
             watchdog_phase("validation", step);
             float val_loss = evaluate(&model, &val, args.val_batches, &world);
             if (!isfinite(val_loss)) fail("step %d: the validation loss is %g; stopping", step, val_loss);
-            if (rank == 0) printf("step %d: val loss %.6f\n", step, val_loss);
+            if (rank == 0) printf("val loss after %d steps: %.6f\n", step, val_loss);
             logger_val(&logger, step, val_loss);
         }
         if (can_sample && step > 0 && (step % args.sample_every == 0 || last)) {
@@ -393,9 +393,9 @@ int main(int argc, char** argv) {
         // the same seed on every rank: stochastic rounding must round the replicas alike
         AdamWConfig opt = {lr, 0.9f, 0.95f, 1e-8f, args.weight_decay, args.grad_clip,
                            (unsigned int)args.seed * 1000003u + (unsigned int)step};
+        float clip_scale = optimizer_clip_scale(grad_norm, args.grad_clip);
         optimizer_adamw_step(model.params_memory, model.master_memory, model.grads_memory, model.m_memory,
-                             model.v_memory, 0, model.num_parameters, config, opt,
-                             optimizer_clip_scale(grad_norm, args.grad_clip), step + 1);
+                             model.v_memory, 0, model.num_parameters, config, opt, clip_scale, step + 1);
         device_synchronize();
         double dt = wall_time_s() - t0;
         if (step > start_step) {  // the first step warms caches; leave it out of the average
@@ -406,12 +406,19 @@ int main(int argc, char** argv) {
         size_t memory = device_memory_used();
         peak_memory = memory > peak_memory ? memory : peak_memory;
         if (rank == 0) {
-            char comm_summary[256], mfu[32] = "";
-            comm_format_counters(&world, comm_summary, sizeof(comm_summary));
+            char comm[160], clip[32] = "", mfu[32] = "";
+            // the communication of the step: the bytes are payload, what this rank handed to the
+            // all-reduce; a ring all-reduce puts 2(p-1)/p of it on each rank's link
+            double comm_s = world.seconds[COMM_ALL_REDUCE];
+            double grad_bytes = (double)model.num_parameters * sizeof(floatX);
+            if (world.size == 1) snprintf(comm, sizeof(comm), "no communication (1 rank)");
+            else snprintf(comm, sizeof(comm), "all-reduce %.2f MB grads + 4 B loss in %.1f ms (%.2f GB/s payload)",
+                          grad_bytes / 1e6, comm_s * 1e3, (grad_bytes + 4) / (comm_s > 0 ? comm_s : 1e-9) / 1e9);
+            if (clip_scale < 1.0f) snprintf(clip, sizeof(clip), ", clipped x%.2f", clip_scale);
             // MFU: this rank's share of the tokens against one device's peak
             if (peak_flops > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100.0 * flops_per_token * tokens_per_s / world.size / peak_flops);
-            printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f | %.1f ms | %.0f tok/s%s | %s\n",
-                   step + 1, max_steps, loss, lr, grad_norm, dt * 1e3, tokens_per_s, mfu, comm_summary);
+            printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f%s | %.1f ms | %.0f tok/s (all ranks)%s | %s\n",
+                   step + 1, max_steps, loss, lr, grad_norm, clip, dt * 1e3, tokens_per_s, mfu, comm);
         }
         logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) {

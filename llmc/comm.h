@@ -50,6 +50,10 @@ typedef struct {
     char name[32];
     long long calls[COMM_NUM_KINDS];
     long long bytes[COMM_NUM_KINDS];
+    double seconds[COMM_NUM_KINDS];  // host time inside each kind of call (on the GPU: the time
+                                     // to enqueue; the wait for NCCL shows in the step time)
+    double op_start;                 // the call in progress: when it started, and its kind
+    int op_kind;
 #ifdef USE_MPI
     MPI_Comm mpi;             // MPI_COMM_NULL when MPI is not in use
 #endif
@@ -64,11 +68,19 @@ typedef struct {
 
 static inline size_t comm_dtype_bytes(CommDtype dtype) { return dtype == COMM_FLOAT ? 4 : 2; }
 
-// every operation starts here: counted, and named to the watchdog until its watchdog_leave
+// every operation starts here: counted, timed, and named to the watchdog until comm_done
 static inline void comm_count(CommGroup* g, CommKind kind, size_t bytes) {
     g->calls[kind] += 1;
     g->bytes[kind] += (long long)bytes;
+    g->op_start = wall_time_s();
+    g->op_kind = kind;
     watchdog_enter(comm_kind_names[kind], g->name);
+}
+
+// ... and ends here
+static inline void comm_done(CommGroup* g) {
+    g->seconds[g->op_kind] += wall_time_s() - g->op_start;
+    watchdog_leave();
 }
 
 #ifdef USE_MPI
@@ -158,7 +170,7 @@ static inline void comm_all_reduce(CommGroup* g, void* buf, size_t n, CommDtype 
                    g, "all_reduce");
     }
     if (op == COMM_AVG) comm_scale((float*)buf, n, 1.0f / (float)g->size);
-    watchdog_leave();
+    comm_done(g);
 }
 
 // send (size * n) reduced over ranks; this rank receives its block of n into recv
@@ -170,7 +182,7 @@ static inline void comm_reduce_scatter(CommGroup* g, const void* send, void* rec
     comm_check(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi),
                g, "reduce_scatter");
     if (op == COMM_AVG) comm_scale((float*)recv, n, 1.0f / (float)g->size);
-    watchdog_leave();
+    comm_done(g);
 }
 
 // every rank's n elements, concatenated in rank order, into recv (size * n) on every rank
@@ -181,7 +193,7 @@ static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, s
     comm_count(g, COMM_ALL_GATHER, n * g->size * sizeof(float));
     comm_check(MPI_Allgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi), g,
                "all_gather");
-    watchdog_leave();
+    comm_done(g);
 }
 
 // one host float (a loss) reduced over the group
@@ -192,19 +204,19 @@ static inline void comm_all_reduce_scalar(CommGroup* g, float* value, CommOp op)
 static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int root) {
     comm_count(g, COMM_BROADCAST, bytes);
     comm_check(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g->mpi), g, "broadcast");
-    watchdog_leave();
+    comm_done(g);
 }
 
 static inline void comm_send(CommGroup* g, const float* buf, size_t n, int dest) {
     comm_count(g, COMM_SEND, n * sizeof(float));
     comm_check(MPI_Send(buf, (int)n, MPI_FLOAT, dest, 0, g->mpi), g, "send");
-    watchdog_leave();
+    comm_done(g);
 }
 
 static inline void comm_recv(CommGroup* g, float* buf, size_t n, int src) {
     comm_count(g, COMM_RECV, n * sizeof(float));
     comm_check(MPI_Recv(buf, (int)n, MPI_FLOAT, src, 0, g->mpi, MPI_STATUS_IGNORE), g, "recv");
-    watchdog_leave();
+    comm_done(g);
 }
 
 // a paired exchange that cannot deadlock, whatever order the two ranks call it in
@@ -214,7 +226,7 @@ static inline void comm_sendrecv(CommGroup* g, const float* send, size_t send_n,
     comm_count(g, COMM_RECV, recv_n * sizeof(float));
     comm_check(MPI_Sendrecv(send, (int)send_n, MPI_FLOAT, dest, 0, recv, (int)recv_n, MPI_FLOAT,
                             src, 0, g->mpi, MPI_STATUS_IGNORE), g, "sendrecv");
-    watchdog_leave();
+    comm_done(g);
 }
 
 // host bytes from root to every rank (small values such as a step number)
@@ -225,7 +237,7 @@ static inline void comm_broadcast_host(CommGroup* g, void* buf, size_t bytes, in
 static inline void comm_barrier(CommGroup* g) {
     comm_count(g, COMM_BARRIER, 0);
     comm_check(MPI_Barrier(g->mpi), g, "barrier");
-    watchdog_leave();
+    comm_done(g);
 }
 
 #endif
@@ -239,17 +251,7 @@ static inline long long comm_total_bytes(const CommGroup* g) {
 static inline void comm_reset_counters(CommGroup* g) {
     memset(g->calls, 0, sizeof(g->calls));
     memset(g->bytes, 0, sizeof(g->bytes));
-}
-
-// "all_reduce 2x 497.1MB" for every kind used since the last reset
-static inline void comm_format_counters(const CommGroup* g, char* out, size_t cap) {
-    size_t len = 0;
-    out[0] = '\0';
-    for (int k = 0; k < COMM_NUM_KINDS && len < cap; k++) {
-        if (g->calls[k] == 0) continue;
-        len += (size_t)snprintf(out + len, cap - len, "%s%s %lldx %.2fMB", len ? ", " : "",
-                                comm_kind_names[k], g->calls[k], (double)g->bytes[k] / 1e6);
-    }
+    memset(g->seconds, 0, sizeof(g->seconds));
 }
 
 #endif

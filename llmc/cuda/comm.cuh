@@ -187,7 +187,7 @@ static inline void comm_begin(CommGroup* g) {
 static inline void comm_end(CommGroup* g) {
     cudaCheck(cudaEventRecord(g->done, g->stream));
     cudaCheck(cudaStreamWaitEvent(0, g->done, 0));
-    watchdog_leave();  // NCCL returns once enqueued; a hang shows at the next wait for the device
+    comm_done(g);  // NCCL returns once enqueued; a hang shows at the next wait for the device
 }
 
 #ifdef USE_MPI
@@ -219,7 +219,7 @@ static inline void comm_all_reduce(CommGroup* g, void* buf, size_t n, CommDtype 
         comm_check(MPI_Allreduce(MPI_IN_PLACE, host, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi), g, "all_reduce");
         staged_average(host, n, op, g->size);
         staged_to_device(buf, host, n, dtype);
-        watchdog_leave();
+        comm_done(g);
         return;
     }
 #endif
@@ -240,7 +240,7 @@ static inline void comm_reduce_scatter(CommGroup* g, const void* send, void* rec
         free(host_send);
         staged_average(host_recv, n, op, g->size);
         staged_to_device(recv, host_recv, n, dtype);
-        watchdog_leave();
+        comm_done(g);
         return;
     }
 #endif
@@ -259,7 +259,7 @@ static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, s
         comm_check(MPI_Allgather(host_send, (int)n, MPI_FLOAT, host_recv, (int)n, MPI_FLOAT, g->mpi), g, "all_gather");
         free(host_send);
         staged_to_device(recv, host_recv, n * g->size, dtype);
-        watchdog_leave();
+        comm_done(g);
         return;
     }
 #endif
@@ -278,7 +278,7 @@ static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int roo
         comm_check(MPI_Bcast(host, (int)bytes, MPI_BYTE, root, g->mpi), g, "broadcast");
         copy_host_to_device(buf, host, bytes);
         free(host);
-        watchdog_leave();
+        comm_done(g);
         return;
     }
 #endif
@@ -309,7 +309,7 @@ static inline void comm_send(CommGroup* g, const float* buf, size_t n, int dest)
         float* host = staged_to_host(buf, n, COMM_FLOAT);
         comm_check(MPI_Send(host, (int)n, MPI_FLOAT, dest, 0, g->mpi), g, "send");
         free(host);
-        watchdog_leave();
+        comm_done(g);
         return;
     }
 #endif
@@ -325,7 +325,7 @@ static inline void comm_recv(CommGroup* g, float* buf, size_t n, int src) {
         float* host = (float*)malloc_check(n * sizeof(float));
         comm_check(MPI_Recv(host, (int)n, MPI_FLOAT, src, 0, g->mpi, MPI_STATUS_IGNORE), g, "recv");
         staged_to_device(buf, host, n, COMM_FLOAT);
-        watchdog_leave();
+        comm_done(g);
         return;
     }
 #endif
@@ -347,7 +347,7 @@ static inline void comm_sendrecv(CommGroup* g, const float* send, size_t send_n,
                                 MPI_FLOAT, src, 0, g->mpi, MPI_STATUS_IGNORE), g, "sendrecv");
         free(host_send);
         staged_to_device(recv, host_recv, recv_n, COMM_FLOAT);
-        watchdog_leave();
+        comm_done(g);
         return;
     }
 #endif
@@ -364,7 +364,7 @@ static inline void comm_barrier(CommGroup* g) {
 #ifdef USE_MPI
     if (g->staged) {
         comm_check(MPI_Barrier(g->mpi), g, "barrier");
-        watchdog_leave();
+        comm_done(g);
         return;
     }
 #endif
@@ -372,7 +372,7 @@ static inline void comm_barrier(CommGroup* g) {
     comm_begin(g);
     nccl_check(ncclAllReduce(g->scalar, g->scalar, 1, ncclFloat, ncclSum, g->nccl, g->stream), g, "barrier");
     cudaCheck(cudaStreamSynchronize(g->stream));
-    watchdog_leave();
+    comm_done(g);
 }
 
 #endif
