@@ -272,12 +272,20 @@ int main(int argc, char** argv) {
             printf("  %-9s %12zu%s\n", parameter_names[i], sizes[i], parameter_is_matrix[i] ? "  (weight decay)" : "");
         }
         size_t master = model.master_memory ? P * sizeof(float) : 0;
-        printf("memory per rank (every rank holds a full replica):\n");
-        printf("  parameters     %10.1f MB  (%s)\n", P * sizeof(floatX) / 1e6, PRECISION_NAME);
+        // 16 bytes per parameter either way: fp32 params 4 + grads 4 + m 4 + v 4, or bf16
+        // params 2 + grads 2 + fp32 master 4 + m 4 + v 4. DDP keeps all 16 on every rank; ZeRO
+        // divides them by the rank count, stage by stage.
+        size_t X = sizeof(floatX), BT = (size_t)args.B * args.T, L = config.num_layers;
+        printf("memory per rank (every rank holds a full replica; %zu + %zu + %zu + 4 + 4 = 16 bytes per parameter):\n",
+               X, X, master ? sizeof(float) : (size_t)0);
+        printf("  parameters     %10.1f MB  (%s)\n", P * X / 1e6, PRECISION_NAME);
         printf("  master weights %10.1f MB\n", master / 1e6);
-        printf("  gradients      %10.1f MB\n", P * sizeof(floatX) / 1e6);
+        printf("  gradients      %10.1f MB\n", P * X / 1e6);
         printf("  AdamW m, v     %10.1f MB\n", P * 2 * sizeof(float) / 1e6);
-        printf("  activations    %10.1f MB\n", model.acts_bytes / 1e6);
+        printf("  activations    %10.1f MB  of which logits %.1f MB (B T Vp), MLP %.1f MB (2 L B T 4C), "
+               "attention state %.1f MB\n", model.acts_bytes / 1e6, BT * config.padded_vocab_size * X / 1e6,
+               2 * L * BT * 4 * config.channels * X / 1e6,
+               L * attention_state_bytes(args.B, args.T, config.channels, config.num_heads) / 1e6);
         printf("  comm buffers   %10.1f MB  (the all-reduce works in place)\n", 0.0);
         printf("  total          %10.1f MB  (x %d ranks sharing this memory)\n",
                gpt2_memory_bytes(config, args.B, args.T) / 1e6, world.ranks_sharing_memory);
