@@ -9,7 +9,7 @@ Every rank holds a full replica of the model and the optimizer. Each step:
      identical without ever sending a parameter.
 The result is the same as one process training on the whole global batch (checked in test/).
 
-Build: make train_gpt2_dp          Run: mpirun -np 2 ./train_gpt2_dp -e d6 -o out
+Build: make train_gpt2_dp          Run: mpirun -np 2 ./train_gpt2_dp -e d6 -x 100 -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
 */
 #include <math.h>

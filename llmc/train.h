@@ -162,7 +162,10 @@ static inline size_t low_precision_param_bytes(const GPT2* model) {
     return model->master_memory ? model->num_parameters * sizeof(floatX) : 0;
 }
 
-// every rank writes its state file, then DONE marks the checkpoint complete (checkpoint.h)
+// every rank writes its state file, then DONE marks the checkpoint complete (checkpoint.h).
+// Under DDP the AdamW moments are the same on every rank and one copy would do; each rank
+// writes its own anyway, because in the sharded trainers (ZeRO, TP, PP) they differ, one format
+// serves all, and a resume then checks every rank's state against the others'.
 static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* world, int step,
                              const RunIdentity* id, uint64_t sample_rng_state) {
     char path[4096];
