@@ -2,8 +2,9 @@
 // sub-groups split from it; every call is checked, counted (calls and bytes per group and
 // operation) and, on failure, ends the whole job with the rank and the operation named.
 //
-// CPU backend: MPI on host buffers (below). CUDA backend: NCCL on device buffers, bootstrapped
-// through MPI or through environment variables (cuda/comm.cuh).
+// CPU backend: MPI on host buffers (cpu/comm.h). CUDA backend: NCCL on device buffers,
+// bootstrapped through MPI or through environment variables (cuda/comm.cuh); ranks that share a
+// GPU copy to the host and take the same MPI code path as the CPU backend.
 //
 // Bytes counted per call are the payload this rank hands to the operation: all-reduce and
 // broadcast n elements, reduce-scatter the full input, all-gather the full output, send/recv the
@@ -103,143 +104,12 @@ static inline void comm_check(int err, const CommGroup* g, const char* op) {
 
 static inline MPI_Op comm_mpi_op(CommOp op) { return op == COMM_MAX ? MPI_MAX : MPI_SUM; }
 
-// MPI counts are ints: the CPU all-reduce goes in pieces of 2^30 elements, others stop here
-#define COMM_MPI_PIECE ((size_t)1 << 30)
-static inline void comm_check_count(const CommGroup* g, size_t n, const char* op) {
-    if (n > COMM_MPI_PIECE) fail("%s on group '%s': %zu elements, more than MPI's int counts allow", op, g->name, n);
-}
 #endif
 
 #ifdef __CUDACC__
-#include "cuda/comm.cuh"
-#else  // the CPU backend: MPI on host buffers
-
-static inline void comm_group_from_mpi(CommGroup* g, MPI_Comm mpi, const char* name) {
-    memset(g, 0, sizeof(*g));
-    g->mpi = mpi;
-    snprintf(g->name, sizeof(g->name), "%s", name);
-    MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
-    comm_check(MPI_Comm_rank(mpi, &g->rank), g, "comm_rank");
-    comm_check(MPI_Comm_size(mpi, &g->size), g, "comm_size");
-}
-
-// MPI_Init works with mpirun/srun and also for a plain ./program, which is a world of size 1
-static inline void comm_init(CommGroup* world, int* argc, char*** argv) {
-    if (MPI_Init(argc, argv) != MPI_SUCCESS) fail("MPI_Init failed");
-    comm_group_from_mpi(world, MPI_COMM_WORLD, "world");
-    MPI_Comm node;  // the ranks on this machine
-    comm_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world->rank, MPI_INFO_NULL, &node), world, "split_type");
-    comm_check(MPI_Comm_size(node, &world->ranks_sharing_memory), world, "comm_size");
-    MPI_Comm_free(&node);
-    llmc_rank = world->rank;
-    llmc_abort_hook = comm_abort;
-}
-
-// ranks with the same color form a group, ordered by key (MPI_Comm_split)
-static inline void comm_split(CommGroup* out, CommGroup* parent, int color, int key, const char* name) {
-    MPI_Comm sub;
-    comm_check(MPI_Comm_split(parent->mpi, color, key, &sub), parent, "split");
-    comm_group_from_mpi(out, sub, name);
-}
-
-static inline void comm_group_free(CommGroup* g) {
-    if (g->mpi != MPI_COMM_WORLD) MPI_Comm_free(&g->mpi);
-}
-
-static inline void comm_finalize(void) {
-    llmc_abort_hook = NULL;
-    MPI_Finalize();
-}
-
-// the CPU backend holds every buffer in fp32
-static inline void comm_check_dtype(const CommGroup* g, CommDtype dtype, const char* op) {
-    if (dtype != COMM_FLOAT) fail("%s on group '%s': the CPU backend communicates fp32 only", op, g->name);
-}
-
-static inline void comm_scale(float* buf, size_t n, float s) {
-    for (size_t i = 0; i < n; i++) buf[i] *= s;
-}
-
-// buf (n) <- op over ranks of buf, in place
-static inline void comm_all_reduce(CommGroup* g, void* buf, size_t n, CommDtype dtype, CommOp op) {
-    comm_check_dtype(g, dtype, "all_reduce");
-    comm_count(g, COMM_ALL_REDUCE, n * sizeof(float));
-    for (size_t done = 0; done < n; done += COMM_MPI_PIECE) {
-        int piece = (int)(n - done < COMM_MPI_PIECE ? n - done : COMM_MPI_PIECE);
-        comm_check(MPI_Allreduce(MPI_IN_PLACE, (float*)buf + done, piece, MPI_FLOAT, comm_mpi_op(op), g->mpi),
-                   g, "all_reduce");
-    }
-    if (op == COMM_AVG) comm_scale((float*)buf, n, 1.0f / (float)g->size);
-    comm_done(g);
-}
-
-// send (size * n) reduced over ranks; this rank receives its block of n into recv
-static inline void comm_reduce_scatter(CommGroup* g, const void* send, void* recv, size_t n,
-                                       CommDtype dtype, CommOp op) {
-    comm_check_dtype(g, dtype, "reduce_scatter");
-    comm_check_count(g, n, "reduce_scatter");
-    comm_count(g, COMM_REDUCE_SCATTER, n * g->size * sizeof(float));
-    comm_check(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi),
-               g, "reduce_scatter");
-    if (op == COMM_AVG) comm_scale((float*)recv, n, 1.0f / (float)g->size);
-    comm_done(g);
-}
-
-// every rank's n elements, concatenated in rank order, into recv (size * n) on every rank
-static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, size_t n,
-                                   CommDtype dtype) {
-    comm_check_dtype(g, dtype, "all_gather");
-    comm_check_count(g, n, "all_gather");
-    comm_count(g, COMM_ALL_GATHER, n * g->size * sizeof(float));
-    comm_check(MPI_Allgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi), g,
-               "all_gather");
-    comm_done(g);
-}
-
-// one host float (a loss) reduced over the group
-static inline void comm_all_reduce_scalar(CommGroup* g, float* value, CommOp op) {
-    comm_all_reduce(g, value, 1, COMM_FLOAT, op);
-}
-
-static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int root) {
-    comm_count(g, COMM_BROADCAST, bytes);
-    comm_check(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, g->mpi), g, "broadcast");
-    comm_done(g);
-}
-
-static inline void comm_send(CommGroup* g, const float* buf, size_t n, int dest) {
-    comm_count(g, COMM_SEND, n * sizeof(float));
-    comm_check(MPI_Send(buf, (int)n, MPI_FLOAT, dest, 0, g->mpi), g, "send");
-    comm_done(g);
-}
-
-static inline void comm_recv(CommGroup* g, float* buf, size_t n, int src) {
-    comm_count(g, COMM_RECV, n * sizeof(float));
-    comm_check(MPI_Recv(buf, (int)n, MPI_FLOAT, src, 0, g->mpi, MPI_STATUS_IGNORE), g, "recv");
-    comm_done(g);
-}
-
-// a paired exchange that cannot deadlock, whatever order the two ranks call it in
-static inline void comm_sendrecv(CommGroup* g, const float* send, size_t send_n, int dest, float* recv,
-                          size_t recv_n, int src) {
-    comm_count(g, COMM_SEND, send_n * sizeof(float));
-    comm_count(g, COMM_RECV, recv_n * sizeof(float));
-    comm_check(MPI_Sendrecv(send, (int)send_n, MPI_FLOAT, dest, 0, recv, (int)recv_n, MPI_FLOAT,
-                            src, 0, g->mpi, MPI_STATUS_IGNORE), g, "sendrecv");
-    comm_done(g);
-}
-
-// host bytes from root to every rank (small values such as a step number)
-static inline void comm_broadcast_host(CommGroup* g, void* buf, size_t bytes, int root) {
-    comm_broadcast(g, buf, bytes, root);
-}
-
-static inline void comm_barrier(CommGroup* g) {
-    comm_count(g, COMM_BARRIER, 0);
-    comm_check(MPI_Barrier(g->mpi), g, "barrier");
-    comm_done(g);
-}
-
+#include "cuda/comm.cuh"  // NCCL, and the MPI path of cpu/comm.h for ranks that share a GPU
+#else
+#include "cpu/comm.h"
 #endif
 
 static inline long long comm_total_bytes(const CommGroup* g) {

@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
     // a ring: each rank sends to the right and receives from the left, in one paired call
     for (int i = 0; i < N; i++) buf[i] = (float)(r * N + i);
     up(buf, N);
-    comm_sendrecv(&world, dev, N, (r + 1) % p, dev_out, N, (r + p - 1) % p);
+    comm_sendrecv(&world, dev, N, (r + 1) % p, dev_out, N, (r + p - 1) % p, COMM_FLOAT);
     copy_device_to_host(out, dev_out, N * sizeof(float));
     for (int i = 0; i < N; i++) {
         float want = (float)(((r + p - 1) % p) * N + i);
@@ -102,9 +102,9 @@ int main(int argc, char** argv) {
         if (r == 0) {
             for (int i = 0; i < N; i++) buf[i] = (float)(5 * i);
             up(buf, N);
-            comm_send(&world, dev, N, p - 1);
+            comm_send(&world, dev, N, COMM_FLOAT, p - 1);
         } else if (r == p - 1) {
-            comm_recv(&world, dev_out, N, 0);
+            comm_recv(&world, dev_out, N, COMM_FLOAT, 0);
             copy_device_to_host(out, dev_out, N * sizeof(float));
             for (int i = 0; i < N; i++) expect(out[i] == (float)(5 * i), "send/recv", i, out[i], (float)(5 * i));
         }

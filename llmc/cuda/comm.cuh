@@ -12,6 +12,9 @@
 #define LLMC_CUDA_COMM_CUH
 
 #include <unistd.h>
+#ifdef USE_MPI
+#include "../cpu/comm.h"  // the MPI code path, for ranks that share a GPU
+#endif
 
 static int comm_use_mpi = 0;  // set by comm_init: launched under an MPI launcher
 
@@ -191,9 +194,9 @@ static inline void comm_end(CommGroup* g) {
 }
 
 #ifdef USE_MPI
-// host-staged path: device -> host floats, MPI on the host, host -> device
+// host-staged path: device -> host floats, the CPU backend's MPI code path (cpu/comm.h), host ->
+// device
 static inline float* staged_to_host(const void* dev, size_t n, CommDtype dtype) {
-    if (n > COMM_MPI_PIECE) fail("host-staged collective of %zu elements: more than MPI's int counts allow", n);
     float* host = (float*)malloc_check(n * sizeof(float));
     if (dtype == COMM_FLOAT) copy_device_to_host(host, dev, n * sizeof(float));
     else copy_device_to_floats(host, (const floatX*)dev, n);
@@ -204,10 +207,6 @@ static inline void staged_to_device(void* dev, float* host, size_t n, CommDtype 
     else copy_floats_to_device((floatX*)dev, host, n);
     free(host);
 }
-static inline void staged_average(float* host, size_t n, CommOp op, int size) {
-    if (op != COMM_AVG) return;
-    for (size_t i = 0; i < n; i++) host[i] /= (float)size;
-}
 #endif
 
 // buf (n) <- op over ranks of buf, in place (device memory)
@@ -216,8 +215,7 @@ static inline void comm_all_reduce(CommGroup* g, void* buf, size_t n, CommDtype 
 #ifdef USE_MPI
     if (g->staged) {
         float* host = staged_to_host(buf, n, dtype);
-        comm_check(MPI_Allreduce(MPI_IN_PLACE, host, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi), g, "all_reduce");
-        staged_average(host, n, op, g->size);
+        mpi_all_reduce(g, host, n, op);
         staged_to_device(buf, host, n, dtype);
         comm_done(g);
         return;
@@ -236,9 +234,8 @@ static inline void comm_reduce_scatter(CommGroup* g, const void* send, void* rec
     if (g->staged) {
         float* host_send = staged_to_host(send, n * g->size, dtype);
         float* host_recv = (float*)malloc_check(n * sizeof(float));
-        comm_check(MPI_Reduce_scatter_block(host_send, host_recv, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi), g, "reduce_scatter");
+        mpi_reduce_scatter(g, host_send, host_recv, n, op);
         free(host_send);
-        staged_average(host_recv, n, op, g->size);
         staged_to_device(recv, host_recv, n, dtype);
         comm_done(g);
         return;
@@ -256,7 +253,7 @@ static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, s
     if (g->staged) {
         float* host_send = staged_to_host(send, n, dtype);
         float* host_recv = (float*)malloc_check(n * g->size * sizeof(float));
-        comm_check(MPI_Allgather(host_send, (int)n, MPI_FLOAT, host_recv, (int)n, MPI_FLOAT, g->mpi), g, "all_gather");
+        mpi_all_gather(g, host_send, host_recv, n);
         free(host_send);
         staged_to_device(recv, host_recv, n * g->size, dtype);
         comm_done(g);
@@ -275,7 +272,7 @@ static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int roo
     if (g->staged) {
         char* host = (char*)malloc_check(bytes);
         copy_device_to_host(host, buf, bytes);
-        comm_check(MPI_Bcast(host, (int)bytes, MPI_BYTE, root, g->mpi), g, "broadcast");
+        mpi_broadcast(g, host, bytes, root);
         copy_host_to_device(buf, host, bytes);
         free(host);
         comm_done(g);
@@ -302,59 +299,59 @@ static inline void comm_broadcast_host(CommGroup* g, void* buf, size_t bytes, in
     copy_device_to_host(buf, g->scalar, bytes);
 }
 
-static inline void comm_send(CommGroup* g, const float* buf, size_t n, int dest) {
-    comm_count(g, COMM_SEND, n * sizeof(float));
+// n elements of dtype (bf16 activations, fp32 gradients) to rank dest, and from rank src
+static inline void comm_send(CommGroup* g, const void* buf, size_t n, CommDtype dtype, int dest) {
+    comm_count(g, COMM_SEND, n * comm_dtype_bytes(dtype));
 #ifdef USE_MPI
     if (g->staged) {
-        float* host = staged_to_host(buf, n, COMM_FLOAT);
-        comm_check(MPI_Send(host, (int)n, MPI_FLOAT, dest, 0, g->mpi), g, "send");
+        float* host = staged_to_host(buf, n, dtype);
+        mpi_send(g, host, n, dest);
         free(host);
         comm_done(g);
         return;
     }
 #endif
     comm_begin(g);
-    nccl_check(ncclSend(buf, n, ncclFloat, dest, g->nccl, g->stream), g, "send");
+    nccl_check(ncclSend(buf, n, comm_nccl_type(dtype), dest, g->nccl, g->stream), g, "send");
     comm_end(g);
 }
 
-static inline void comm_recv(CommGroup* g, float* buf, size_t n, int src) {
-    comm_count(g, COMM_RECV, n * sizeof(float));
+static inline void comm_recv(CommGroup* g, void* buf, size_t n, CommDtype dtype, int src) {
+    comm_count(g, COMM_RECV, n * comm_dtype_bytes(dtype));
 #ifdef USE_MPI
     if (g->staged) {
         float* host = (float*)malloc_check(n * sizeof(float));
-        comm_check(MPI_Recv(host, (int)n, MPI_FLOAT, src, 0, g->mpi, MPI_STATUS_IGNORE), g, "recv");
-        staged_to_device(buf, host, n, COMM_FLOAT);
+        mpi_recv(g, host, n, src);
+        staged_to_device(buf, host, n, dtype);
         comm_done(g);
         return;
     }
 #endif
     comm_begin(g);
-    nccl_check(ncclRecv(buf, n, ncclFloat, src, g->nccl, g->stream), g, "recv");
+    nccl_check(ncclRecv(buf, n, comm_nccl_type(dtype), src, g->nccl, g->stream), g, "recv");
     comm_end(g);
 }
 
 // a paired exchange that cannot deadlock: NCCL group calls issue both sides together
-static inline void comm_sendrecv(CommGroup* g, const float* send, size_t send_n, int dest,
-                                 float* recv, size_t recv_n, int src) {
-    comm_count(g, COMM_SEND, send_n * sizeof(float));
-    comm_count(g, COMM_RECV, recv_n * sizeof(float));
+static inline void comm_sendrecv(CommGroup* g, const void* send, size_t send_n, int dest, void* recv,
+                                 size_t recv_n, int src, CommDtype dtype) {
+    comm_count(g, COMM_SEND, send_n * comm_dtype_bytes(dtype));
+    comm_count(g, COMM_RECV, recv_n * comm_dtype_bytes(dtype));
 #ifdef USE_MPI
     if (g->staged) {
-        float* host_send = staged_to_host(send, send_n, COMM_FLOAT);
+        float* host_send = staged_to_host(send, send_n, dtype);
         float* host_recv = (float*)malloc_check(recv_n * sizeof(float));
-        comm_check(MPI_Sendrecv(host_send, (int)send_n, MPI_FLOAT, dest, 0, host_recv, (int)recv_n,
-                                MPI_FLOAT, src, 0, g->mpi, MPI_STATUS_IGNORE), g, "sendrecv");
+        mpi_sendrecv(g, host_send, send_n, dest, host_recv, recv_n, src);
         free(host_send);
-        staged_to_device(recv, host_recv, recv_n, COMM_FLOAT);
+        staged_to_device(recv, host_recv, recv_n, dtype);
         comm_done(g);
         return;
     }
 #endif
     comm_begin(g);
     nccl_check(ncclGroupStart(), g, "sendrecv");
-    nccl_check(ncclSend(send, send_n, ncclFloat, dest, g->nccl, g->stream), g, "sendrecv");
-    nccl_check(ncclRecv(recv, recv_n, ncclFloat, src, g->nccl, g->stream), g, "sendrecv");
+    nccl_check(ncclSend(send, send_n, comm_nccl_type(dtype), dest, g->nccl, g->stream), g, "sendrecv");
+    nccl_check(ncclRecv(recv, recv_n, comm_nccl_type(dtype), src, g->nccl, g->stream), g, "sendrecv");
     nccl_check(ncclGroupEnd(), g, "sendrecv");
     comm_end(g);
 }

@@ -1,0 +1,188 @@
+// The MPI code path of the communication layer: collectives on host fp32 buffers. The CPU backend
+// uses it for everything; the CUDA backend for ranks that share a GPU (host-staged: copy to the
+// host, the same functions, copy back), so both paths agree on every count, piece and check.
+// MPI counts are ints: all-reduce, broadcast, send and recv go in pieces of 2^30 elements;
+// reduce-scatter and all-gather, whose blocks cannot be cut into pieces without strided
+// layouts, stop above 2^30 elements per rank with a message. Included by comm.h.
+#ifndef LLMC_CPU_COMM_H
+#define LLMC_CPU_COMM_H
+
+#define COMM_MPI_PIECE ((size_t)1 << 30)
+
+static inline int mpi_piece(size_t n, size_t done) {
+    return (int)(n - done < COMM_MPI_PIECE ? n - done : COMM_MPI_PIECE);
+}
+
+static inline void mpi_check_count(const CommGroup* g, size_t n, const char* op) {
+    if (n > COMM_MPI_PIECE) fail("%s on group '%s': %zu elements per rank, more than MPI's int counts allow", op, g->name, n);
+}
+
+static inline void mpi_scale(float* buf, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) buf[i] *= s;
+}
+
+// buf (n) <- op over the ranks of buf, in place
+static inline void mpi_all_reduce(CommGroup* g, float* buf, size_t n, CommOp op) {
+    for (size_t done = 0; done < n; done += COMM_MPI_PIECE) {
+        comm_check(MPI_Allreduce(MPI_IN_PLACE, buf + done, mpi_piece(n, done), MPI_FLOAT,
+                                 comm_mpi_op(op), g->mpi), g, "all_reduce");
+    }
+    if (op == COMM_AVG) mpi_scale(buf, n, 1.0f / (float)g->size);
+}
+
+// send (size * n) reduced over the ranks; this rank receives its block of n into recv
+static inline void mpi_reduce_scatter(CommGroup* g, const float* send, float* recv, size_t n, CommOp op) {
+    mpi_check_count(g, n, "reduce_scatter");
+    comm_check(MPI_Reduce_scatter_block(send, recv, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi), g,
+               "reduce_scatter");
+    if (op == COMM_AVG) mpi_scale(recv, n, 1.0f / (float)g->size);
+}
+
+// every rank's n elements, concatenated in rank order, into recv (size * n)
+static inline void mpi_all_gather(CommGroup* g, const float* send, float* recv, size_t n) {
+    mpi_check_count(g, n, "all_gather");
+    comm_check(MPI_Allgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi), g, "all_gather");
+}
+
+static inline void mpi_broadcast(CommGroup* g, void* buf, size_t bytes, int root) {
+    for (size_t done = 0; done < bytes; done += COMM_MPI_PIECE) {
+        comm_check(MPI_Bcast((char*)buf + done, mpi_piece(bytes, done), MPI_BYTE, root, g->mpi), g, "broadcast");
+    }
+}
+
+static inline void mpi_send(CommGroup* g, const float* buf, size_t n, int dest) {
+    for (size_t done = 0; done < n; done += COMM_MPI_PIECE) {
+        comm_check(MPI_Send(buf + done, mpi_piece(n, done), MPI_FLOAT, dest, 0, g->mpi), g, "send");
+    }
+}
+
+static inline void mpi_recv(CommGroup* g, float* buf, size_t n, int src) {
+    for (size_t done = 0; done < n; done += COMM_MPI_PIECE) {
+        comm_check(MPI_Recv(buf + done, mpi_piece(n, done), MPI_FLOAT, src, 0, g->mpi, MPI_STATUS_IGNORE),
+                   g, "recv");
+    }
+}
+
+// a paired exchange that cannot deadlock, whatever order the two ranks call it in
+static inline void mpi_sendrecv(CommGroup* g, const float* send, size_t send_n, int dest, float* recv,
+                                size_t recv_n, int src) {
+    mpi_check_count(g, send_n > recv_n ? send_n : recv_n, "sendrecv");
+    comm_check(MPI_Sendrecv(send, (int)send_n, MPI_FLOAT, dest, 0, recv, (int)recv_n, MPI_FLOAT, src, 0,
+                            g->mpi, MPI_STATUS_IGNORE), g, "sendrecv");
+}
+
+#ifndef __CUDACC__
+// ---------------------------------------------------------------------------------------------
+// the CPU backend's comm layer: every buffer is host fp32, every call the MPI path above
+
+static inline void comm_group_from_mpi(CommGroup* g, MPI_Comm mpi, const char* name) {
+    memset(g, 0, sizeof(*g));
+    g->mpi = mpi;
+    snprintf(g->name, sizeof(g->name), "%s", name);
+    MPI_Comm_set_errhandler(mpi, MPI_ERRORS_RETURN);
+    comm_check(MPI_Comm_rank(mpi, &g->rank), g, "comm_rank");
+    comm_check(MPI_Comm_size(mpi, &g->size), g, "comm_size");
+}
+
+// MPI_Init works with mpirun/srun and also for a plain ./program, which is a world of size 1
+static inline void comm_init(CommGroup* world, int* argc, char*** argv) {
+    if (MPI_Init(argc, argv) != MPI_SUCCESS) fail("MPI_Init failed");
+    comm_group_from_mpi(world, MPI_COMM_WORLD, "world");
+    MPI_Comm node;  // the ranks on this machine
+    comm_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world->rank, MPI_INFO_NULL, &node), world, "split_type");
+    comm_check(MPI_Comm_size(node, &world->ranks_sharing_memory), world, "comm_size");
+    MPI_Comm_free(&node);
+    llmc_rank = world->rank;
+    llmc_abort_hook = comm_abort;
+}
+
+// ranks with the same color form a group, ordered by key (MPI_Comm_split)
+static inline void comm_split(CommGroup* out, CommGroup* parent, int color, int key, const char* name) {
+    MPI_Comm sub;
+    comm_check(MPI_Comm_split(parent->mpi, color, key, &sub), parent, "split");
+    comm_group_from_mpi(out, sub, name);
+}
+
+static inline void comm_group_free(CommGroup* g) {
+    if (g->mpi != MPI_COMM_WORLD) MPI_Comm_free(&g->mpi);
+}
+
+static inline void comm_finalize(void) {
+    llmc_abort_hook = NULL;
+    MPI_Finalize();
+}
+
+// the CPU backend holds every buffer in fp32
+static inline void comm_check_dtype(const CommGroup* g, CommDtype dtype, const char* op) {
+    if (dtype != COMM_FLOAT) fail("%s on group '%s': the CPU backend communicates fp32 only", op, g->name);
+}
+
+static inline void comm_all_reduce(CommGroup* g, void* buf, size_t n, CommDtype dtype, CommOp op) {
+    comm_check_dtype(g, dtype, "all_reduce");
+    comm_count(g, COMM_ALL_REDUCE, n * sizeof(float));
+    mpi_all_reduce(g, (float*)buf, n, op);
+    comm_done(g);
+}
+
+static inline void comm_reduce_scatter(CommGroup* g, const void* send, void* recv, size_t n,
+                                       CommDtype dtype, CommOp op) {
+    comm_check_dtype(g, dtype, "reduce_scatter");
+    comm_count(g, COMM_REDUCE_SCATTER, n * g->size * sizeof(float));
+    mpi_reduce_scatter(g, (const float*)send, (float*)recv, n, op);
+    comm_done(g);
+}
+
+static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, size_t n, CommDtype dtype) {
+    comm_check_dtype(g, dtype, "all_gather");
+    comm_count(g, COMM_ALL_GATHER, n * g->size * sizeof(float));
+    mpi_all_gather(g, (const float*)send, (float*)recv, n);
+    comm_done(g);
+}
+
+// one host float (a loss) reduced over the group
+static inline void comm_all_reduce_scalar(CommGroup* g, float* value, CommOp op) {
+    comm_all_reduce(g, value, 1, COMM_FLOAT, op);
+}
+
+static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int root) {
+    comm_count(g, COMM_BROADCAST, bytes);
+    mpi_broadcast(g, buf, bytes, root);
+    comm_done(g);
+}
+
+// host bytes from root to every rank (small values such as a step number)
+static inline void comm_broadcast_host(CommGroup* g, void* buf, size_t bytes, int root) {
+    comm_broadcast(g, buf, bytes, root);
+}
+
+static inline void comm_send(CommGroup* g, const void* buf, size_t n, CommDtype dtype, int dest) {
+    comm_check_dtype(g, dtype, "send");
+    comm_count(g, COMM_SEND, n * sizeof(float));
+    mpi_send(g, (const float*)buf, n, dest);
+    comm_done(g);
+}
+
+static inline void comm_recv(CommGroup* g, void* buf, size_t n, CommDtype dtype, int src) {
+    comm_check_dtype(g, dtype, "recv");
+    comm_count(g, COMM_RECV, n * sizeof(float));
+    mpi_recv(g, (float*)buf, n, src);
+    comm_done(g);
+}
+
+static inline void comm_sendrecv(CommGroup* g, const void* send, size_t send_n, int dest, void* recv,
+                                 size_t recv_n, int src, CommDtype dtype) {
+    comm_check_dtype(g, dtype, "sendrecv");
+    comm_count(g, COMM_SEND, send_n * sizeof(float));
+    comm_count(g, COMM_RECV, recv_n * sizeof(float));
+    mpi_sendrecv(g, (const float*)send, send_n, dest, (float*)recv, recv_n, src);
+    comm_done(g);
+}
+
+static inline void comm_barrier(CommGroup* g) {
+    comm_count(g, COMM_BARRIER, 0);
+    comm_check(MPI_Barrier(g->mpi), g, "barrier");
+    comm_done(g);
+}
+#endif  // the CPU backend
+
+#endif
