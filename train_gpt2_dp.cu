@@ -230,10 +230,12 @@ int main(int argc, char** argv) {
     int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
 
     // ---- the run's identity: everything that determines the training trajectory. A checkpoint
-    // stores it, and a resume with anything different is refused (checkpoint.h). DDP adds nothing
-    // to the common flags: its layout is the rank count, B, T and -d.
+    // stores it, and a resume with anything different is refused (checkpoint.h). DDP's layout:
+    // every rank a data-parallel replica, accum micro-batches of B x T each
     RunIdentity identity;
-    train_run_identity(&identity, &args, config, params_host, &train, max_steps, &world);
+    char dp_layout[96];
+    snprintf(dp_layout, sizeof(dp_layout), "dp=%d tp=1 pp=1, %d micro-batches of %d x %d", world.size, accum, args.B, args.T);
+    train_run_identity(&identity, &args, config, params_host, &train, max_steps, dp_layout, &world);
 
     // ---- the output dir: rank 0 holds its lock for the whole run; a fresh run refuses a dir
     // that holds checkpoints already, instead of mixing them with its own

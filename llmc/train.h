@@ -90,9 +90,10 @@ static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
 // the run's identity (checkpoint.h): everything that determines the training trajectory, common
 // to every trainer; a trainer adds its layout. The train data is identified by content, so a moved
 // or copied file still resumes; rank 0 reads it once.
+// layout: how the ranks are arranged, e.g. "dp=2 tp=1 pp=1", which a resume must match
 static inline void train_run_identity(RunIdentity* id, const TrainArgs* args, GPT2Config config,
                                       const float* initial_weights, DataLoader* train, int max_steps,
-                                      CommGroup* world) {
+                                      const char* layout, CommGroup* world) {
     uint32_t train_crc = world->rank == 0 ? dataloader_file_crc(train) : 0;
     comm_broadcast_host(world, &train_crc, sizeof(train_crc), 0);
     id->len = 0;
@@ -103,6 +104,7 @@ static inline void train_run_identity(RunIdentity* id, const TrainArgs* args, GP
                      crc32_update(0, initial_weights, gpt2_num_parameters(config) * sizeof(float)));
     run_identity_add(id, "-i", "%zu tokens, CRC-32 %08x", train->num_tokens, train_crc);
     run_identity_add(id, "ranks", "%d", world->size);
+    run_identity_add(id, "layout", "%s", layout);
     run_identity_add(id, "-b", "%d", args->B);
     run_identity_add(id, "-t", "%d", args->T);
     run_identity_add(id, "-d", "%d", args->total_batch);
