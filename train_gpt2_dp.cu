@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
     int num_specs = train_args_common(&args, specs);
     int check_replicas = 0;
     ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"};
-    ArgSpec check = {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all replicas hold the same parameters (0: never)"};
+    ArgSpec check = {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all replicas hold the same parameters (their stored bits; not the master weights or moments) (0: never)"};
     specs[num_specs++] = dump;
     specs[num_specs++] = check;
     if (!args_parse(argc, argv, specs, num_specs)) return 0;
@@ -250,11 +250,12 @@ int main(int argc, char** argv) {
 
     if (rank == 0) {
         printf("+-----------------------+----------------------------------------------------+\n");
-        char cell[4][64];  // composite cells are formatted first, so every row is padded alike
+        char cell[5][64];  // composite cells are formatted first, so every row is padded alike
         snprintf(cell[0], sizeof(cell[0]), "backend %s, precision %s", BACKEND_NAME, PRECISION_NAME);
         snprintf(cell[1], sizeof(cell[1]), "%d, %d, %d", config.num_layers, config.num_heads, config.channels);
         snprintf(cell[2], sizeof(cell[2]), "%d, %d, %d", config.max_seq_len, config.vocab_size, config.padded_vocab_size);
         snprintf(cell[3], sizeof(cell[3]), "%d x %d", args.B, args.T);
+        snprintf(cell[4], sizeof(cell[4]), "%zu / %zu", train.num_tokens, args.val_every > 0 ? val.num_tokens : (size_t)0);
         printf("| train_gpt2_dp (DDP)   | %-50s |\n", cell[0]);
         printf("| model                 | %-50s |\n", args.model);
         printf("| L, NH, C              | %-50s |\n", cell[1]);
@@ -265,7 +266,7 @@ int main(int argc, char** argv) {
         printf("| accumulation steps    | %-50d |\n", accum);
         printf("| total batch (tokens)  | %-50d |\n", args.total_batch);
         printf("| steps                 | %-50d |\n", max_steps);
-        printf("| train / val tokens    | %zu / %-41zu |\n", train.num_tokens, args.val_every > 0 ? val.num_tokens : (size_t)0);
+        printf("| train / val tokens    | %-50s |\n", cell[4]);
         printf("+-----------------------+----------------------------------------------------+\n");
         size_t sizes[NUM_PARAMETER_TENSORS];
         gpt2_parameter_sizes(sizes, config);
@@ -288,7 +289,7 @@ int main(int argc, char** argv) {
                "attention state %.1f MB\n", model.acts_bytes / 1e6, BT * config.padded_vocab_size * X / 1e6,
                2 * L * BT * 4 * config.channels * X / 1e6,
                L * attention_state_bytes(args.B, args.T, config.channels, config.num_heads) / 1e6);
-        printf("  comm buffers   %10.1f MB  (the all-reduce works in place)\n", 0.0);
+        printf("  comm buffers   %10.1f MB  (the all-reduce works in place; ranks sharing a GPU stage it through host memory)\n", 0.0);
         printf("  total          %10.1f MB  (x %d ranks sharing this memory)\n",
                gpt2_memory_bytes(config, args.B, args.T) / 1e6, world.ranks_sharing_memory);
         printf("  host buffers   %10.1f MB  at most (weights; on resume also the AdamW moments)\n", host_bytes / 1e6);
@@ -391,7 +392,7 @@ int main(int argc, char** argv) {
         }
         // 3. the same clipped AdamW step on every rank (clip as torch.nn.utils.clip_grad_norm_)
         watchdog_phase("AdamW update", step);
-        float grad_norm = sqrtf(optimizer_norm_squared(model.grads_memory, 0, model.num_parameters));
+        float grad_norm = sqrtf(optimizer_norm_squared(model.grads_memory, model.num_parameters));
         // A nan or inf anywhere on any rank reaches every rank through the all-reduced sums, so
         // all ranks stop here together, before this step updates, logs or checkpoints anything
         if (!isfinite(loss) || !isfinite(grad_norm)) {
@@ -401,7 +402,7 @@ int main(int argc, char** argv) {
         }
         float lr = learning_rate_at(step, args.lr, args.warmup, max_steps, args.final_lr_frac);
         // the same seed on every rank: stochastic rounding must round the replicas alike
-        AdamWConfig opt = {lr, 0.9f, 0.95f, 1e-8f, args.weight_decay, args.grad_clip,
+        AdamWConfig opt = {lr, 0.9f, 0.95f, 1e-8f, args.weight_decay,
                            (unsigned int)args.seed * 1000003u + (unsigned int)step};
         float clip_scale = optimizer_clip_scale(grad_norm, args.grad_clip);
         optimizer_adamw_step(model.params_memory, model.master_memory, model.grads_memory, model.m_memory,
@@ -422,8 +423,9 @@ int main(int argc, char** argv) {
             double comm_s = world.seconds[COMM_ALL_REDUCE];
             double grad_bytes = (double)model.num_parameters * sizeof(floatX);
             if (world.size == 1) snprintf(comm, sizeof(comm), "no communication (1 rank)");
+            else if (comm_s <= 0) snprintf(comm, sizeof(comm), "all-reduce %.2f MB grads + 4 B loss (NCCL, asynchronous: not timed)", grad_bytes / 1e6);
             else snprintf(comm, sizeof(comm), "all-reduce %.2f MB grads + 4 B loss in %.1f ms (%.2f GB/s payload)",
-                          grad_bytes / 1e6, comm_s * 1e3, (grad_bytes + 4) / (comm_s > 0 ? comm_s : 1e-9) / 1e9);
+                          grad_bytes / 1e6, comm_s * 1e3, (grad_bytes + 4) / comm_s / 1e9);
             if (clip_scale < 1.0f) snprintf(clip, sizeof(clip), ", clipped x%.2f", clip_scale);
             // MFU: this rank's share of the tokens against one device's peak
             if (peak_flops > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100.0 * flops_per_token * tokens_per_s / world.size / peak_flops);

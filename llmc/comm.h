@@ -51,8 +51,8 @@ typedef struct {
     char name[32];
     long long calls[COMM_NUM_KINDS];
     long long bytes[COMM_NUM_KINDS];
-    double seconds[COMM_NUM_KINDS];  // host time inside each kind of call (on the GPU: the time
-                                     // to enqueue; the wait for NCCL shows in the step time)
+    double seconds[COMM_NUM_KINDS];  // host time inside each kind of call; 0 for NCCL calls,
+                                     // which run asynchronously (their wait is in the step time)
     double op_start;                 // the call in progress: when it started, and its kind
     int op_kind;
 #ifdef USE_MPI

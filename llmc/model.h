@@ -21,6 +21,10 @@ typedef struct {
 } LayerDims;
 
 static inline LayerDims layer_dims(GPT2Config c, int tp) {
+    if (c.num_heads % tp != 0 || c.padded_vocab_size % tp != 0) {
+        fail("tensor parallelism over %d ranks needs NH = %d and Vp = %d divisible by %d", tp,
+             c.num_heads, c.padded_vocab_size, tp);
+    }
     LayerDims d = {c.channels, 3 * c.channels / tp, c.channels / tp, 4 * c.channels / tp,
                    c.num_heads / tp, c.padded_vocab_size / tp};
     return d;

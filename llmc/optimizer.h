@@ -1,7 +1,9 @@
 // The optimizer step of every trainer: gradient clipping by the global norm, then AdamW with
 // weight decay on the 2-D weights only. It works on a range [lo, hi) of the flat parameter buffer
-// (the model file's tensor order), so one function serves a full DDP replica (the whole range), a
-// ZeRO shard, a tensor-parallel shard and a pipeline stage: each passes the part it owns.
+// in the model file's tensor order, so one function serves a full DDP replica (the whole range),
+// a ZeRO shard and a pipeline stage (its layers' slices): each passes the part it owns. A
+// tensor-parallel shard is not one range of that layout (a rank holds rows of qkvw and columns of
+// attprojw): it will need its own per-rank layout, with the global index for rounding.
 #ifndef LLMC_OPTIMIZER_H
 #define LLMC_OPTIMIZER_H
 
@@ -12,14 +14,13 @@ typedef struct {
     float lr;            // this step's learning rate (schedule.h)
     float beta1, beta2, eps;
     float weight_decay;  // applied to the tensors parameter_is_matrix marks
-    float grad_clip;     // clip the global norm to this; 0: no clipping
     unsigned int seed;   // stochastic rounding: the same on every rank, so replicas stay equal
 } AdamWConfig;
 
-// this range's share of the squared global gradient norm; a sharded trainer sums the shares of
-// its ranks (one all-reduce) before taking the square root
-static inline float optimizer_norm_squared(const floatX* grads, size_t lo, size_t hi) {
-    return global_norm_squared(grads + lo, hi - lo);
+// the n gradients' share of the squared global norm; a sharded trainer sums the shares of its
+// ranks (one all-reduce) before taking the square root
+static inline float optimizer_norm_squared(const floatX* grads, size_t n) {
+    return global_norm_squared(grads, n);
 }
 
 // the factor that clips the gradient to the global norm grad_clip, as
@@ -38,6 +39,7 @@ static inline float optimizer_clip_scale(float grad_norm, float grad_clip) {
 static inline void optimizer_adamw_step(floatX* params, float* master, const floatX* grads, float* m,
                                         float* v, size_t lo, size_t hi, GPT2Config config,
                                         AdamWConfig opt, float grad_scale, int step) {
+    if (hi > gpt2_num_parameters(config) || lo > hi) fail("optimizer: range [%zu, %zu) outside the model", lo, hi);
     size_t sizes[NUM_PARAMETER_TENSORS], start = 0;
     gpt2_parameter_sizes(sizes, config);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {

@@ -12,8 +12,10 @@ validation catches that; they are data movement here, not barriers.
 
     python3 dev/cuda/mutation_sweep.py [-j JOBS] [--warp-serial-only] [filter]
     make mutation-sweep
-filter: a part of "file:line", e.g. "flash_attention.cuh:156" or "layernorm".
+filter: "file:line" for one barrier (e.g. "flash_attention.cuh:156"), or a part of a file name.
+A control run first: the unmutated programs must validate in every configuration.
 """
+import glob
 import os
 import re
 import shutil
@@ -50,9 +52,11 @@ def barriers():
 
 
 def copy_tree(dest):
+    """what the Makefile's emulator build reads: every trainer, llmc, dev/cuda, the emulator"""
     shutil.rmtree(dest, ignore_errors=True)
     os.makedirs(dest)
-    for item in ("llmc", "dev/cuda", "test/cuda_emu", "test/test_comm.c", "train_gpt2_dp.cu", "Makefile"):
+    trainers = [os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "train_gpt2_*.cu"))]
+    for item in ["llmc", "dev/cuda", "test/cuda_emu", "test/test_comm.c", "Makefile"] + trainers:
         src, dst = os.path.join(ROOT, item), os.path.join(dest, item)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         if os.path.isdir(src):
@@ -62,22 +66,27 @@ def copy_tree(dest):
 
 
 def run(program, env):
-    p = subprocess.run([program], env=dict(os.environ, **env), stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, timeout=600)
+    """1: the program validated; 0: it failed (or hung: a missing barrier can deadlock)"""
+    try:
+        p = subprocess.run([program], env=dict(os.environ, **env), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=600)
+    except subprocess.TimeoutExpired:
+        return 0
     return p.returncode == 0
 
 
 def sweep_one(index, name, number, statement):
-    """(caught under each schedule, or an error text)"""
+    """(caught under each schedule, or an error text); statement None: the unmutated control"""
     dest = os.path.join(WORK, "m%02d" % index)
     copy_tree(dest)
-    path = os.path.join(dest, "llmc", "cuda", name)
-    with open(path) as f:
-        lines = f.read().split("\n")
-    lines[number - 1] = lines[number - 1].replace(statement, ";  /* mutation: barrier removed */", 1)
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
-    programs = PROGRAMS.get(name, [])
+    if statement is not None:
+        path = os.path.join(dest, "llmc", "cuda", name)
+        with open(path) as f:
+            lines = f.read().split("\n")
+        lines[number - 1] = lines[number - 1].replace(statement, ";  /* mutation: barrier removed */", 1)
+        with open(path, "w") as f:
+            f.write("\n".join(lines))
+    programs = sorted(set(sum((PROGRAMS.get(n, []) for n in name.split(",")), [])))
     if not programs:
         return None, "no dev/cuda program tests %s" % name
     targets = ["build/emu_BF16/dev/cuda/" + p for p in programs]
@@ -104,8 +113,16 @@ def main():
         del SCHEDULES[1:]
         args = args[1:]
     pattern = args[0] if args else ""
-    todo = [(i, *b) for i, b in enumerate(barriers()) if pattern in "%s:%d" % (b[0], b[1])]
+    # "file:line" selects that barrier; anything else, every barrier whose "file:line" contains it
+    todo = [(i, *b) for i, b in enumerate(barriers())
+            if (pattern == "%s:%d" % (b[0], b[1])) or (":" not in pattern and pattern in b[0])]
     os.makedirs(WORK, exist_ok=True)
+    # the control: unmutated, every program must validate in both orders under each schedule,
+    # or a "caught" below would mean nothing
+    control, error = sweep_one(99, ",".join(sorted(set(t[1] for t in todo))), 0, None)
+    if error or not all(c == "" for c in control.values()):
+        print("the unmutated programs do not validate (%s): no sweep" % (error or control))
+        sys.exit(1)
     with ThreadPoolExecutor(jobs) as pool:
         results = list(pool.map(lambda t: sweep_one(*t), todo))
     print("| barrier | statement | " + " | ".join(SCHEDULES) + " |")

@@ -190,13 +190,16 @@ static inline void comm_begin(CommGroup* g) {
 static inline void comm_end(CommGroup* g) {
     cudaCheck(cudaEventRecord(g->done, g->stream));
     cudaCheck(cudaStreamWaitEvent(0, g->done, 0));
-    comm_done(g);  // NCCL returns once enqueued; a hang shows at the next wait for the device
+    // NCCL returns once the call is enqueued: the host cannot time it (seconds stay 0), and a
+    // hang shows at the next wait for the device
+    watchdog_leave();
 }
 
 #ifdef USE_MPI
 // host-staged path: device -> host floats, the CPU backend's MPI code path (cpu/comm.h), host ->
 // device
 static inline float* staged_to_host(const void* dev, size_t n, CommDtype dtype) {
+    if (dtype != COMM_FLOAT && dtype != COMM_FLOATX) fail("host-staged collective: a bf16 buffer in an fp32 build");
     float* host = (float*)malloc_check(n * sizeof(float));
     if (dtype == COMM_FLOAT) copy_device_to_host(host, dev, n * sizeof(float));
     else copy_device_to_floats(host, (const floatX*)dev, n);

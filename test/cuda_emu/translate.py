@@ -77,13 +77,15 @@ def declared_names(declaration):
 def poison_shared(src):
     lines = src.split("\n")
     for k, line in enumerate(lines):
-        if line.lstrip().startswith(("//", "#")) or "__shared__" not in line:
+        code = line.split("//", 1)[0]
+        if "__shared__" not in code or code.lstrip().startswith(("#", "*", "/*")):
             continue
+        if "extern" in code:
+            raise SystemExit("translate.py: dynamic shared memory is not emulated: %r" % line)
         m = SHARED.match(line)
         if m is None:  # a declaration over several lines would go unpoisoned: refuse it
-            raise SystemExit("translate.py: write each __shared__ declaration on one line: %r" % line)
-        if "extern" in m.group(2):
-            raise SystemExit("translate.py: dynamic shared memory is not emulated: %r" % line)
+            raise SystemExit("translate.py: write each __shared__ declaration on one line, "
+                             "starting with __shared__: %r" % line)
         calls = "".join(" cuda_emu::shared_poison(%s, sizeof(%s));" % (n, n) for n in declared_names(m.group(2)))
         lines[k] = "%s__shared__ %s;%s%s" % (m.group(1), m.group(2), calls, m.group(3))
     return "\n".join(lines)
