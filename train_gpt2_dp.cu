@@ -249,31 +249,16 @@ int main(int argc, char** argv) {
     free(params_host);
 
     if (rank == 0) {
-        printf("+-----------------------+----------------------------------------------------+\n");
-        char cell[5][64];  // composite cells are formatted first, so every row is padded alike
-        snprintf(cell[0], sizeof(cell[0]), "backend %s, precision %s", BACKEND_NAME, PRECISION_NAME);
-        snprintf(cell[1], sizeof(cell[1]), "%d, %d, %d", config.num_layers, config.num_heads, config.channels);
-        snprintf(cell[2], sizeof(cell[2]), "%d, %d, %d", config.max_seq_len, config.vocab_size, config.padded_vocab_size);
-        snprintf(cell[3], sizeof(cell[3]), "%d x %d", args.B, args.T);
-        snprintf(cell[4], sizeof(cell[4]), "%zu / %zu", train.num_tokens, args.val_every > 0 ? val.num_tokens : (size_t)0);
-        printf("| train_gpt2_dp (DDP)   | %-50s |\n", cell[0]);
-        printf("| model                 | %-50s |\n", args.model);
-        printf("| L, NH, C              | %-50s |\n", cell[1]);
-        printf("| maxT, V, Vp           | %-50s |\n", cell[2]);
-        printf("| parameters            | %-50zu |\n", P);
-        printf("| ranks (data parallel) | %-50d |\n", world.size);
-        printf("| micro-batch B x T     | %-50s |\n", cell[3]);
-        printf("| accumulation steps    | %-50d |\n", accum);
-        printf("| total batch (tokens)  | %-50d |\n", args.total_batch);
-        printf("| steps                 | %-50d |\n", max_steps);
-        printf("| train / val tokens    | %-50s |\n", cell[4]);
-        printf("+-----------------------+----------------------------------------------------+\n");
-        size_t sizes[NUM_PARAMETER_TENSORS];
-        gpt2_parameter_sizes(sizes, config);
-        printf("parameter layout (one flat buffer; gradients and AdamW moments share it):\n");
-        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            printf("  %-9s %12zu%s\n", parameter_names[i], sizes[i], parameter_is_matrix[i] ? "  (weight decay)" : "");
-        }
+        BannerRow rows[16];
+        int n = train_banner_model(rows, "train_gpt2_dp (DDP)", args.model, config);
+        banner_row(&rows[n++], "ranks (data parallel)", "%d", world.size);
+        banner_row(&rows[n++], "micro-batch B x T", "%d x %d", args.B, args.T);
+        banner_row(&rows[n++], "accumulation steps", "%d", accum);
+        banner_row(&rows[n++], "total batch (tokens)", "%d", args.total_batch);
+        banner_row(&rows[n++], "steps", "%d", max_steps);
+        banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train.num_tokens, args.val_every > 0 ? val.num_tokens : (size_t)0);
+        train_print_banner(rows, n);
+        train_print_parameter_layout(config);
         size_t master = model.master_memory ? P * sizeof(float) : 0;
         // 16 bytes per parameter either way: fp32 params 4 + grads 4 + m 4 + v 4, or bf16
         // params 2 + grads 2 + fp32 master 4 + m 4 + v 4. DDP keeps all 16 on every rank; ZeRO
@@ -281,18 +266,19 @@ int main(int argc, char** argv) {
         size_t X = sizeof(floatX), BT = (size_t)args.B * args.T, L = config.num_layers;
         printf("memory per rank (every rank holds a full replica; %zu + %zu + %zu + 4 + 4 = 16 bytes per parameter):\n",
                X, X, master ? sizeof(float) : (size_t)0);
-        printf("  parameters     %10.1f MB  (%s)\n", P * X / 1e6, PRECISION_NAME);
-        printf("  master weights %10.1f MB\n", master / 1e6);
-        printf("  gradients      %10.1f MB\n", P * X / 1e6);
-        printf("  AdamW m, v     %10.1f MB\n", P * 2 * sizeof(float) / 1e6);
-        printf("  activations    %10.1f MB  of which logits %.1f MB (B T Vp), MLP %.1f MB (2 L B T 4C), "
-               "attention state %.1f MB\n", model.acts_bytes / 1e6, BT * config.padded_vocab_size * X / 1e6,
-               2 * L * BT * 4 * config.channels * X / 1e6,
-               L * attention_state_bytes(args.B, args.T, config.channels, config.num_heads) / 1e6);
-        printf("  comm buffers   %10.1f MB  (the all-reduce works in place; ranks sharing a GPU stage it through host memory)\n", 0.0);
-        printf("  total          %10.1f MB  (x %d ranks sharing this memory)\n",
-               gpt2_memory_bytes(config, args.B, args.T) / 1e6, world.ranks_sharing_memory);
-        printf("  host buffers   %10.1f MB  at most (weights; on resume also the AdamW moments)\n", host_bytes / 1e6);
+        char note[160];
+        train_print_memory_row("parameters", (double)P * X, PRECISION_NAME);
+        train_print_memory_row("master weights", (double)master, "");
+        train_print_memory_row("gradients", (double)P * X, "");
+        train_print_memory_row("AdamW m, v", (double)P * 2 * sizeof(float), "");
+        snprintf(note, sizeof(note), "of which logits %.1f MB (B T Vp), MLP %.1f MB (2 L B T 4C), attention state %.1f MB",
+                 BT * config.padded_vocab_size * X / 1e6, 2 * L * BT * 4 * config.channels * X / 1e6,
+                 L * attention_state_bytes(args.B, args.T, config.channels, config.num_heads) / 1e6);
+        train_print_memory_row("activations", (double)model.acts_bytes, note);
+        train_print_memory_row("comm buffers", 0, "the all-reduce works in place; ranks sharing a GPU stage it through host memory");
+        snprintf(note, sizeof(note), "x %d ranks sharing this memory", world.ranks_sharing_memory);
+        train_print_memory_row("total", (double)gpt2_memory_bytes(config, args.B, args.T), note);
+        train_print_memory_row("host buffers", (double)host_bytes, "at most (weights; on resume also the AdamW moments)");
     }
 
     // ---- resume from the newest complete checkpoint: rank 0 picks the step, every rank checks
@@ -417,7 +403,7 @@ int main(int argc, char** argv) {
         size_t memory = device_memory_used();
         peak_memory = memory > peak_memory ? memory : peak_memory;
         if (rank == 0) {
-            char comm[160], clip[32] = "", mfu[32] = "";
+            char line[256], comm[160];
             // the communication of the step: the bytes are payload, what this rank handed to the
             // all-reduce; a ring all-reduce puts 2(p-1)/p of it on each rank's link
             double comm_s = world.seconds[COMM_ALL_REDUCE];
@@ -426,11 +412,10 @@ int main(int argc, char** argv) {
             else if (comm_s <= 0) snprintf(comm, sizeof(comm), "all-reduce %.2f MB grads + 4 B loss (NCCL, asynchronous: not timed)", grad_bytes / 1e6);
             else snprintf(comm, sizeof(comm), "all-reduce %.2f MB grads + 4 B loss in %.1f ms (%.2f GB/s payload)",
                           grad_bytes / 1e6, comm_s * 1e3, (grad_bytes + 4) / comm_s / 1e9);
-            if (clip_scale < 1.0f) snprintf(clip, sizeof(clip), ", clipped x%.2f", clip_scale);
             // MFU: this rank's share of the tokens against one device's peak
-            if (peak_flops > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", 100.0 * flops_per_token * tokens_per_s / world.size / peak_flops);
-            printf("step %4d/%d | loss %.6f | lr %.2e | norm %.4f%s | %.1f ms | %.0f tok/s (all ranks)%s | %s\n",
-                   step + 1, max_steps, loss, lr, grad_norm, clip, dt * 1e3, tokens_per_s, mfu, comm);
+            double mfu = peak_flops > 0 ? 100.0 * flops_per_token * tokens_per_s / world.size / peak_flops : 0.0;
+            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, tokens_per_s, mfu);
+            printf("%s | %s\n", line, comm);
         }
         logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) {

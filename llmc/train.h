@@ -144,6 +144,65 @@ static inline void train_check_replicas(const floatX* params, size_t P, CommGrou
     if (world->rank == 0) printf("step %d: replicas identical (parameter CRC-32 %08x on %d ranks)\n", step, crc, world->size);
 }
 
+// ---------------------------------------------------------------------------------------------
+// what a trainer prints: the banner (label | value rows), the parameter layout, memory rows and
+// the step line. Each trainer chooses its rows; the formatting is shared.
+
+typedef struct {
+    const char* label;
+    char value[64];
+} BannerRow;
+
+static inline void banner_row(BannerRow* row, const char* label, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    row->label = label;
+    vsnprintf(row->value, sizeof(row->value), fmt, ap);
+    va_end(ap);
+}
+
+static inline void train_print_banner(const BannerRow* rows, int n) {
+    const char* rule = "+-----------------------+----------------------------------------------------+";
+    printf("%s\n", rule);
+    for (int i = 0; i < n; i++) printf("| %-21s | %-50s |\n", rows[i].label, rows[i].value);
+    printf("%s\n", rule);
+}
+
+// the model rows every trainer's banner starts with
+static inline int train_banner_model(BannerRow* rows, const char* title, const char* model, GPT2Config c) {
+    banner_row(&rows[0], title, "backend %s, precision %s", BACKEND_NAME, PRECISION_NAME);
+    banner_row(&rows[1], "model", "%s", model);
+    banner_row(&rows[2], "L, NH, C", "%d, %d, %d", c.num_layers, c.num_heads, c.channels);
+    banner_row(&rows[3], "maxT, V, Vp", "%d, %d, %d", c.max_seq_len, c.vocab_size, c.padded_vocab_size);
+    banner_row(&rows[4], "parameters", "%zu", gpt2_num_parameters(c));
+    return 5;
+}
+
+static inline void train_print_parameter_layout(GPT2Config c) {
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_parameter_sizes(sizes, c);
+    printf("parameter layout (one flat buffer; gradients and AdamW moments share it):\n");
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        printf("  %-9s %12zu%s\n", parameter_names[i], sizes[i], parameter_is_matrix[i] ? "  (weight decay)" : "");
+    }
+}
+
+// "  activations    14.5 MB  note"
+static inline void train_print_memory_row(const char* label, double bytes, const char* note) {
+    printf("  %-14s %10.1f MB%s%s\n", label, bytes / 1e6, note[0] ? "  " : "", note);
+}
+
+// the common part of a step line; a trainer appends its communication
+static inline void train_format_step(char* out, size_t cap, int step, int max_steps, float loss, float lr,
+                                     float grad_norm, float clip_scale, double seconds,
+                                     double tokens_per_s, double mfu_percent) {
+    char clip[32] = "", mfu[32] = "";
+    if (clip_scale < 1.0f) snprintf(clip, sizeof(clip), ", clipped x%.2f", clip_scale);
+    if (mfu_percent > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", mfu_percent);
+    snprintf(out, cap, "step %4d/%d | loss %.6f | lr %.2e | norm %.4f%s | %.1f ms | %.0f tok/s (all ranks)%s",
+             step, max_steps, loss, lr, grad_norm, clip, seconds * 1e3, tokens_per_s, mfu);
+}
+
 // the next token of a sample: softmax over the V real entries of one row of logits, then the
 // token where the cumulative probability first exceeds a uniform draw
 static inline int sample_next_token(const float* logits, int V, Rng* rng) {
