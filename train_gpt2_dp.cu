@@ -207,26 +207,9 @@ int main(int argc, char** argv) {
         if ((size_t)args.val_batches > val.batches_per_epoch) args.val_batches = (int)val.batches_per_epoch;
     }
     int max_steps = args.max_steps >= 0 ? args.max_steps : (int)train.batches_per_epoch;
-    Tokenizer tok = {0, 0, NULL};
-    int can_sample = rank == 0 && args.sample_every > 0;
-    if (can_sample) {
-        FILE* f = fopen(args.tokenizer_path, "rb");
-        if (f == NULL) {
-            printf("warning: no tokenizer at '%s' (-tok): samples are off\n", args.tokenizer_path);
-            can_sample = 0;
-        } else {
-            fclose(f);
-            tokenizer_init(&tok, args.tokenizer_path);
-            // sampling starts from the end-of-text token: it must be a row of the embedding
-            if (tok.eot_token >= config.vocab_size) {
-                printf("warning: the tokenizer's end-of-text id %d is outside the model's vocabulary "
-                       "of %d (-tok '%s' does not fit -e): samples are off\n", tok.eot_token,
-                       config.vocab_size, args.tokenizer_path);
-                tokenizer_free(&tok);
-                can_sample = 0;
-            }
-        }
-    }
+    // samples come from rank 0, with the tokenizer's decode table (checked against the model)
+    Tokenizer tok;
+    int can_sample = rank == 0 && args.sample_every > 0 && train_open_tokenizer(&tok, args.tokenizer_path, config);
     int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
 
     // ---- the run's identity: everything that determines the training trajectory. A checkpoint
@@ -287,20 +270,10 @@ int main(int argc, char** argv) {
     rng_init(&sample_rng, (uint64_t)args.seed + 1);
     int start_step = 0;
     if (args.resume) {
-        watchdog_phase("resume", 0);
-        int latest = rank == 0 ? checkpoint_latest(args.out_dir) : 0;
-        comm_broadcast_host(&world, &latest, sizeof(int), 0);
-        if (latest < 0) fail("-y 1: no complete checkpoint (DONE_ file) in '%s'", args.out_dir);
-        if (latest > max_steps) {
-            fail("-x %d: the newest checkpoint in '%s' is already at step %d, so there is nothing to "
-                 "train; raise -x", max_steps, args.out_dir, latest);
-        }
-        TrainState s = read_checkpoint(&model, args.out_dir, &world, latest, &identity);
-        start_step = s.step;
-        sample_rng.state = s.rng;
+        TrainState state = train_resume(&model, args.out_dir, &world, max_steps, &identity);
+        start_step = state.step;
+        sample_rng.state = state.rng;
         dataloader_seek(&train, (size_t)start_step);
-        comm_barrier(&world);  // every rank's checks passed before rank 0 touches main.log
-        if (rank == 0) printf("resumed from step %d in %s\n", start_step, args.out_dir);
     }
     Logger logger;
     logger_init(&logger, args.out_dir, rank, args.resume ? start_step : -1);

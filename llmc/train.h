@@ -12,6 +12,8 @@
 #include "dataloader.h"
 #include "model.h"
 #include "rng.h"
+#include "tokenizer.h"
+#include "watchdog.h"
 
 typedef struct {  // the common flags; see train_args_common for each one
     const char* train_path;
@@ -287,6 +289,45 @@ static inline TrainState read_checkpoint(GPT2* model, const char* dir, CommGroup
     if (extra > 0) copy_host_to_device(model->params_memory, params, extra);
     free(host);
     free(params);
+    return s;
+}
+
+// the decode table for samples; 0 (samples off, with a warning) when there is none, or when its
+// end-of-text id, where every sample starts, is not a row of the model's embedding
+static inline int train_open_tokenizer(Tokenizer* tok, const char* path, GPT2Config c) {
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) {
+        printf("warning: no tokenizer at '%s' (-tok): samples are off\n", path);
+        return 0;
+    }
+    fclose(f);
+    tokenizer_init(tok, path);
+    if (tok->eot_token >= c.vocab_size) {
+        printf("warning: the tokenizer's end-of-text id %d is outside the model's vocabulary of %d "
+               "(-tok '%s' does not fit -e): samples are off\n", tok->eot_token, c.vocab_size, path);
+        tokenizer_free(tok);
+        return 0;
+    }
+    return 1;
+}
+
+// Resume from the newest complete checkpoint in dir: rank 0 picks the step (the newest DONE_)
+// and broadcasts it; every rank checks that its files are of that step, of its rank, of this
+// layout and of this run (read_checkpoint); a barrier then makes sure every rank's checks passed
+// before anything (main.log first) is written.
+static inline TrainState train_resume(GPT2* model, const char* dir, CommGroup* world, int max_steps,
+                                      const RunIdentity* id) {
+    watchdog_phase("resume", 0);
+    int latest = world->rank == 0 ? checkpoint_latest(dir) : 0;
+    comm_broadcast_host(world, &latest, sizeof(int), 0);
+    if (latest < 0) fail("-y 1: no complete checkpoint (DONE_ file) in '%s'", dir);
+    if (latest > max_steps) {
+        fail("-x %d: the newest checkpoint in '%s' is already at step %d, so there is nothing to "
+             "train; raise -x", max_steps, dir, latest);
+    }
+    TrainState s = read_checkpoint(model, dir, world, latest, id);
+    comm_barrier(world);
+    if (world->rank == 0) printf("resumed from step %d in %s\n", s.step, dir);
     return s;
 }
 
