@@ -351,7 +351,7 @@ int main(int argc, char** argv) {
         }
         // 3. the same clipped AdamW step on every rank (clip as torch.nn.utils.clip_grad_norm_)
         watchdog_phase("AdamW update", step);
-        float grad_norm = sqrtf(optimizer_norm_squared(model.grads_memory, model.num_parameters));
+        float grad_norm = sqrtf(global_norm_squared(model.grads_memory, model.num_parameters));
         // A nan or inf anywhere on any rank reaches every rank through the all-reduced sums, so
         // all ranks stop here together, before this step updates, logs or checkpoints anything
         if (!isfinite(loss) || !isfinite(grad_norm)) {

@@ -151,16 +151,7 @@ static inline uint32_t state_file_checksum(FILE* f, const char* path, long file_
     fseek_check(f, 0, SEEK_SET, path);
     fread_check(header, sizeof(int), STATE_HEADER_INTS, f, path);
     header[12] = 0;
-    uint32_t crc = crc32_update(0, header, sizeof(header));
-    size_t chunk = (size_t)1 << 24, left = (size_t)file_bytes - sizeof(header);
-    char* buf = (char*)malloc_check(chunk);
-    while (left > 0) {
-        size_t n = left < chunk ? left : chunk;
-        fread_check(buf, 1, n, f, path);
-        crc = crc32_update(crc, buf, n);
-        left -= n;
-    }
-    free(buf);
+    uint32_t crc = crc32_file(crc32_update(0, header, sizeof(header)), f, path, (size_t)file_bytes - sizeof(header));
     fseek_check(f, sizeof(header), SEEK_SET, path);
     return crc;
 }

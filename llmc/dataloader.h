@@ -128,18 +128,8 @@ static inline void dataloader_advance(DataLoader* dl) {
 
 // CRC-32 of the whole token file (header included): what the data is, wherever it lives
 static inline uint32_t dataloader_file_crc(DataLoader* dl) {
-    size_t chunk = (size_t)1 << 24, left = TOKENS_HEADER_BYTES + dl->num_tokens * sizeof(uint16_t);
-    char* buf = (char*)malloc_check(chunk);
-    uint32_t crc = 0;
     fseek_check(dl->file, 0, SEEK_SET, dl->path);
-    while (left > 0) {
-        size_t n = left < chunk ? left : chunk;
-        fread_check(buf, 1, n, dl->file, dl->path);
-        crc = crc32_update(crc, buf, n);
-        left -= n;
-    }
-    free(buf);
-    return crc;
+    return crc32_file(0, dl->file, dl->path, TOKENS_HEADER_BYTES + dl->num_tokens * sizeof(uint16_t));
 }
 
 static inline void dataloader_free(DataLoader* dl) {

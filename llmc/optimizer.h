@@ -1,4 +1,6 @@
-// The optimizer step of every trainer: gradient clipping by the global norm, then AdamW with
+// The optimizer step of every trainer: gradient clipping by the global norm (its square is
+// ops.h's global_norm_squared over the gradients a rank owns; a sharded trainer sums the ranks'
+// shares with one all-reduce before the square root), then AdamW with
 // weight decay on the 2-D weights only. It works on a range [lo, hi) of the flat parameter buffer
 // in the model file's tensor order, so one function serves a full DDP replica (the whole range),
 // a ZeRO shard and a pipeline stage (its layers' slices): each passes the part it owns. A
@@ -16,12 +18,6 @@ typedef struct {
     float weight_decay;  // applied to the tensors parameter_is_matrix marks
     unsigned int seed;   // stochastic rounding: the same on every rank, so replicas stay equal
 } AdamWConfig;
-
-// the n gradients' share of the squared global norm; a sharded trainer sums the shares of its
-// ranks (one all-reduce) before taking the square root
-static inline float optimizer_norm_squared(const floatX* grads, size_t n) {
-    return global_norm_squared(grads, n);
-}
 
 // the factor that clips the gradient to the global norm grad_clip, as
 // torch.nn.utils.clip_grad_norm_: grad_clip / (norm + 1e-6), at most 1

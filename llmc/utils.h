@@ -112,6 +112,20 @@ static inline uint32_t crc32_update(uint32_t crc, const void* data, size_t bytes
     return crc;
 }
 
+// continues crc over the next `bytes` bytes of f, read in 16 MB pieces
+static inline uint32_t crc32_file(uint32_t crc, FILE* f, const char* path, size_t bytes) {
+    size_t chunk = (size_t)1 << 24;
+    char* buf = (char*)malloc_check(chunk);
+    while (bytes > 0) {
+        size_t n = bytes < chunk ? bytes : chunk;
+        fread_check(buf, 1, n, f, path);
+        crc = crc32_update(crc, buf, n);
+        bytes -= n;
+    }
+    free(buf);
+    return crc;
+}
+
 // Durable files. A file is written under "<path>.tmp", flushed to the disk (fsync) and only then
 // renamed to its final name: after a crash or a power cut the final name holds either nothing or
 // the whole file, never a prefix. The rename itself is an entry in the directory, made durable
