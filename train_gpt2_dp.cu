@@ -192,7 +192,8 @@ int main(int argc, char** argv) {
                         (args.resume || args.checkpoint_every > 0 ? state_extra : 0);
     char layout[128];
     snprintf(layout, sizeof(layout), "%zu parameters, -b %d -t %d", P, args.B, args.T);
-    memory_check_fits(gpt2_memory_bytes(config, args.B, args.T), host_bytes, world.ranks_sharing_memory, layout);
+    LayerDims dims = layer_dims(config, 1, 0);  // every rank holds whole layers
+    memory_check_fits(gpt2_memory_bytes(config, dims, args.B, args.T), host_bytes, world.ranks_sharing_memory, layout);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
     // the weights: read (checksum verified, non-finite values refused) or drawn from the seed
@@ -228,7 +229,7 @@ int main(int argc, char** argv) {
     }
 
     GPT2 model;
-    gpt2_build(&model, config, params_host, args.B, args.T);
+    gpt2_build(&model, config, dims, 0, params_host, args.B, args.T);
     free(params_host);
 
     if (rank == 0) {
@@ -260,7 +261,7 @@ int main(int argc, char** argv) {
         train_print_memory_row("activations", (double)model.acts_bytes, note);
         train_print_memory_row("comm buffers", 0, "the all-reduce works in place; ranks sharing a GPU stage it through host memory");
         snprintf(note, sizeof(note), "x %d ranks sharing this memory", world.ranks_sharing_memory);
-        train_print_memory_row("total", (double)gpt2_memory_bytes(config, args.B, args.T), note);
+        train_print_memory_row("total", (double)gpt2_memory_bytes(config, dims, args.B, args.T), note);
         train_print_memory_row("host buffers", (double)host_bytes, "at most (weights; on resume also the AdamW moments)");
     }
 
@@ -309,7 +310,7 @@ int main(int argc, char** argv) {
         int resumed_here = args.resume && step == start_step;  // this checkpoint exists already
         if (args.checkpoint_every > 0 && !resumed_here && (last || (step > start_step && step % args.checkpoint_every == 0))) {
             watchdog_phase("checkpoint write", step);
-            write_checkpoint(&model, args.out_dir, &world, step, &identity, rng_before_sample);
+            write_checkpoint(&model, args.out_dir, &world, NULL, step, &identity, rng_before_sample);
         }
         if (last) break;
 
@@ -365,7 +366,7 @@ int main(int argc, char** argv) {
                            (unsigned int)args.seed * 1000003u + (unsigned int)step};
         float clip_scale = optimizer_clip_scale(grad_norm, args.grad_clip);
         optimizer_adamw_step(model.params_memory, model.master_memory, model.grads_memory, model.m_memory,
-                             model.v_memory, 0, model.num_parameters, config, opt, clip_scale, step + 1);
+                             model.v_memory, 0, model.num_parameters, &model.layout, opt, clip_scale, step + 1);
         device_synchronize();
         double dt = wall_time_s() - t0;
         if (step > start_step) {  // the first step warms caches; leave it out of the average

@@ -84,20 +84,6 @@ static inline size_t gpt2_num_parameters(GPT2Config c) {
     return total;
 }
 
-// points each tensor into one contiguous buffer (parameters, gradients and AdamW moments share
-// this layout, so one flat all-reduce moves all gradients)
-static inline void gpt2_point_parameters(ParameterTensors* t, floatX* base, GPT2Config c) {
-    size_t sizes[NUM_PARAMETER_TENSORS];
-    gpt2_parameter_sizes(sizes, c);
-    floatX** ptrs[NUM_PARAMETER_TENSORS] = {
-        &t->wte, &t->wpe, &t->ln1w, &t->ln1b, &t->qkvw, &t->qkvb, &t->attprojw, &t->attprojb,
-        &t->ln2w, &t->ln2b, &t->fcw, &t->fcb, &t->fcprojw, &t->fcprojb, &t->lnfw, &t->lnfb};
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        *ptrs[i] = base;
-        base += sizes[i];
-    }
-}
-
 static inline void gpt2_check_config(GPT2Config c, const char* source) {
     if (c.max_seq_len <= 0 || c.vocab_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 ||
         c.channels <= 0 || c.padded_vocab_size < c.vocab_size) {

@@ -10,66 +10,181 @@
 #include "ops.h"
 
 // the widths of one layer on one rank: with tensor parallelism over tp ranks a rank holds NH/tp
-// heads, so 3C/tp of qkv, C/tp of the attention output and 4C/tp of the MLP; tp = 1 otherwise
+// heads, so 3C/tp of qkv, C/tp of the attention output and 4C/tp of the MLP; tp = 1 otherwise.
+// With sequence parallelism the residual stream (and the LayerNorms on it) is split too: a rank
+// holds B*T/seq_shards of its tokens.
 typedef struct {
-    int C;    // residual stream width, always whole
-    int qkv;  // 3C / tp
-    int att;  // C / tp: the attention output, the input of the attention projection
-    int fc;   // 4C / tp
-    int NH;   // heads, NH / tp
-    int Vp;   // logits per token, Vp / tp with a vocabulary-parallel LM head
+    int C;           // residual stream width, always whole
+    int qkv;         // 3C / tp
+    int att;         // C / tp: the attention output, the input of the attention projection
+    int fc;          // 4C / tp
+    int NH;          // heads, NH / tp
+    int Vp;          // logits per token, Vp / tp with a vocabulary-parallel LM head
+    int tp;          // tensor-parallel ranks
+    int seq_shards;  // tp with sequence parallelism, else 1
 } LayerDims;
 
-static inline LayerDims layer_dims(GPT2Config c, int tp) {
-    if (c.num_heads % tp != 0 || c.padded_vocab_size % tp != 0) {
-        fail("tensor parallelism over %d ranks needs NH = %d and Vp = %d divisible by %d", tp,
-             c.num_heads, c.padded_vocab_size, tp);
+// tp: tensor-parallel ranks (1: none); sp: 1 to split the residual stream over them as well
+static inline LayerDims layer_dims(GPT2Config c, int tp, int sp) {
+    const char* what[3] = {"the heads NH", "the MLP width 4C", "the padded vocabulary Vp"};
+    int n[3] = {c.num_heads, 4 * c.channels, c.padded_vocab_size};
+    for (int i = 0; i < 3; i++) {
+        if (n[i] % tp != 0) {
+            fail("-tp %d: tensor parallelism splits %s = %d over the ranks, and %d does not divide "
+                 "it (the model has NH=%d, C=%d, Vp=%d)", tp, what[i], n[i], tp, c.num_heads,
+                 c.channels, c.padded_vocab_size);
+        }
     }
     LayerDims d = {c.channels, 3 * c.channels / tp, c.channels / tp, 4 * c.channels / tp,
-                   c.num_heads / tp, c.padded_vocab_size / tp};
+                   c.num_heads / tp, c.padded_vocab_size / tp, tp, sp ? tp : 1};
     return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the parameters on one rank. With tensor parallelism (Megatron-LM) a rank holds slices of 7 of
+// the 16 tensors and a whole copy of the other 9; `r` is its rank in the tensor-parallel group:
+//   wte        rows [r Vp/tp, (r+1) Vp/tp): its part of the vocabulary (embedding and LM head)
+//   qkvw, qkvb the q, k and v rows of heads [r NH/tp, (r+1) NH/tp)      column-parallel
+//   attprojw   input columns [r C/tp, (r+1) C/tp)                        row-parallel
+//   fcw, fcb   rows [r 4C/tp, (r+1) 4C/tp)                               column-parallel
+//   fcprojw    input columns [r 4C/tp, (r+1) 4C/tp)                      row-parallel
+//   wpe, the LayerNorms, attprojb, fcprojb: whole on every rank (replicated)
+// The slices keep the model file's tensor order in one flat buffer per rank; tp = 1 is the file.
+
+typedef enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS } TensorSplit;
+
+// a tensor of the file as layers x groups x rows x cols (qkvw: L x 3 x C x C, q k v stacked)
+typedef struct {
+    size_t layers, groups, rows, cols;
+    TensorSplit split;
+} TensorShape;
+
+static inline TensorShape tensor_shape(GPT2Config c, int i) {
+    size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, maxT = c.max_seq_len;
+    TensorShape shapes[NUM_PARAMETER_TENSORS] = {
+        {1, 1, Vp, C, SPLIT_ROWS},    {1, 1, maxT, C, SPLIT_NONE},     // wte wpe
+        {L, 1, 1, C, SPLIT_NONE},     {L, 1, 1, C, SPLIT_NONE},        // ln1w ln1b
+        {L, 3, C, C, SPLIT_ROWS},     {L, 3, C, 1, SPLIT_ROWS},        // qkvw qkvb
+        {L, 1, C, C, SPLIT_COLS},     {L, 1, 1, C, SPLIT_NONE},        // attprojw attprojb
+        {L, 1, 1, C, SPLIT_NONE},     {L, 1, 1, C, SPLIT_NONE},        // ln2w ln2b
+        {L, 1, 4 * C, C, SPLIT_ROWS}, {L, 1, 4 * C, 1, SPLIT_ROWS},    // fcw fcb
+        {L, 1, C, 4 * C, SPLIT_COLS}, {L, 1, 1, C, SPLIT_NONE},        // fcprojw fcprojb
+        {1, 1, 1, C, SPLIT_NONE},     {1, 1, 1, C, SPLIT_NONE}};       // lnfw lnfb
+    return shapes[i];
+}
+
+typedef struct {
+    int tp, tp_rank;
+    size_t sizes[NUM_PARAMETER_TENSORS];    // elements of each tensor on this rank
+    size_t offsets[NUM_PARAMETER_TENSORS];  // where each starts in this rank's flat buffer
+    size_t file_offsets[NUM_PARAMETER_TENSORS];  // where the whole tensor starts in the file
+    size_t rounding[NUM_PARAMETER_TENSORS];  // stochastic rounding index of its first element
+    int sharded[NUM_PARAMETER_TENSORS];      // 1: sliced over the tp ranks; 0: replicated
+    size_t count;                            // elements on this rank
+} ParameterLayout;
+
+// Stochastic rounding draws its bits from (seed, index): a replicated tensor uses the same
+// indices on every rank (its copies must round alike and stay identical), a slice the indices
+// after the slices of the lower ranks (every element of the model its own bits).
+static inline ParameterLayout parameter_layout(GPT2Config c, int tp, int tp_rank) {
+    ParameterLayout p;
+    p.tp = tp;
+    p.tp_rank = tp_rank;
+    size_t file = 0, local = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        TensorShape s = tensor_shape(c, i);
+        size_t whole = s.layers * s.groups * s.rows * s.cols;
+        p.sharded[i] = s.split != SPLIT_NONE && tp > 1;
+        p.sizes[i] = p.sharded[i] ? whole / tp : whole;
+        p.offsets[i] = local;
+        p.file_offsets[i] = file;
+        p.rounding[i] = file + (p.sharded[i] ? (size_t)tp_rank * p.sizes[i] : 0);
+        local += p.sizes[i];
+        file += whole;
+    }
+    p.count = local;
+    return p;
+}
+
+// copies this rank's slices between the whole model in the file's layout and the rank's own
+// flat buffer: full -> shard with to_shard = 1 (loading), shard -> full with 0 (gathering)
+static inline void parameter_shard_copy(float* full, float* shard, const ParameterLayout* p, GPT2Config c,
+                                        int to_shard) {
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        TensorShape s = tensor_shape(c, i);
+        int split = p->sharded[i] ? s.split : SPLIT_NONE;
+        size_t rows = split == SPLIT_ROWS ? s.rows / p->tp : s.rows;
+        size_t cols = split == SPLIT_COLS ? s.cols / p->tp : s.cols;
+        size_t row0 = split == SPLIT_ROWS ? (size_t)p->tp_rank * rows : 0;
+        size_t col0 = split == SPLIT_COLS ? (size_t)p->tp_rank * cols : 0;
+        for (size_t lg = 0; lg < s.layers * s.groups; lg++) {  // each layer's (each q/k/v's) block
+            for (size_t j = 0; j < rows; j++) {
+                float* f = full + p->file_offsets[i] + (lg * s.rows + row0 + j) * s.cols + col0;
+                float* h = shard + p->offsets[i] + (lg * rows + j) * cols;
+                memcpy(to_shard ? h : f, to_shard ? f : h, cols * sizeof(float));
+            }
+        }
+    }
+}
+
+// each tensor's pointer into a flat buffer of this rank's layout
+static inline void parameter_point(ParameterTensors* t, floatX* base, const ParameterLayout* p) {
+    floatX** ptrs[NUM_PARAMETER_TENSORS] = {
+        &t->wte, &t->wpe, &t->ln1w, &t->ln1b, &t->qkvw, &t->qkvb, &t->attprojw, &t->attprojb,
+        &t->ln2w, &t->ln2b, &t->fcw, &t->fcb, &t->fcprojw, &t->fcprojb, &t->lnfw, &t->lnfb};
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) *ptrs[i] = base + p->offsets[i];
 }
 
 // ---------------------------------------------------------------------------------------------
 // activations: what the forward pass keeps for the backward pass, plus backward scratch buffers.
 // Tensors are floatX (bf16 or fp32); LayerNorm statistics and losses stay fp32. The widths are a
-// rank's (LayerDims): with tensor parallelism qkv, atty, fch and the logits hold its shard only.
+// rank's (LayerDims): with tensor parallelism qkv, atty, fch and the logits hold its shard only;
+// with sequence parallelism the residual stream and the LayerNorm statistics hold B*T/seq_shards
+// tokens (BTs below), while the LayerNorm outputs are kept whole, as gathered for the matmuls.
 
 typedef struct {
-    floatX* encoded;    // (B, T, C)      token + position embedding, the residual stream's input
+    floatX* encoded;    // (BTs, C)       token + position embedding, the residual stream's input
     floatX* ln1;        // (L, B, T, C)
-    float* ln1_mean;    // (L, B, T)
-    float* ln1_rstd;    // (L, B, T)
+    float* ln1_mean;    // (L, BTs)
+    float* ln1_rstd;    // (L, BTs)
     floatX* qkv;        // (L, B, T, 3C)
     floatX* atty;       // (L, B, T, C)   attention output before its projection
     char* att_state;    // (L, attention_state_bytes) what attention keeps for its backward pass:
                         // the (B, NH, T, T) probabilities, or the flash path's (B, NH, T) lse
     floatX* attproj;    // (L, B, T, C)
-    floatX* residual2;  // (L, B, T, C)   residual stream after attention
+    floatX* residual2;  // (L, BTs, C)    residual stream after attention
     floatX* ln2;        // (L, B, T, C)
-    float* ln2_mean;    // (L, B, T)
-    float* ln2_rstd;    // (L, B, T)
+    float* ln2_mean;    // (L, BTs)
+    float* ln2_rstd;    // (L, BTs)
     floatX* fch;        // (L, B, T, 4C)
     floatX* fch_gelu;   // (L, B, T, 4C)
     floatX* fcproj;     // (L, B, T, C)
-    floatX* residual3;  // (L, B, T, C)   residual stream after the MLP = next layer's input
+    floatX* residual3;  // (L, BTs, C)    residual stream after the MLP = next layer's input
     floatX* lnf;        // (B, T, C)
-    float* lnf_mean;    // (B, T)
-    float* lnf_rstd;    // (B, T)
-    floatX* logits;     // (B, T, Vp)     overwritten with its gradient by fused_classifier
+    float* lnf_mean;    // (BTs)
+    float* lnf_rstd;    // (BTs)
+    floatX* logits;     // (B, T, Vp)     overwritten with its gradient by the loss
     float* losses;      // (B, T)
-    floatX* dresidual;  // (B, T, C)      gradient of the residual stream, flowing down the layers
+    floatX* dresidual;  // (BTs, C)       gradient of the residual stream, flowing down the layers
     floatX* dbuf;       // (B, T, C)      gradient of a LayerNorm output or of the attention output
     floatX* dqkv;       // (B, T, 3C)
     floatX* dfch;       // (B, T, 4C)
+    // only with tensor parallelism (empty otherwise)
+    float* row_max;     // (B, T)         vocabulary-parallel loss: each row's maximum logit
+    float* row_sums;    // (B, T, 2)      ... its sum of exponentials and its target's logit
+    // only with sequence parallelism
+    floatX* seq_shard;  // (BTs, C)       a LayerNorm's output before its all-gather, or the
+                        //                result of a reduce-scatter
+    floatX* dgathered;  // (B, T, C)      dresidual all-gathered over the sequence
 } Activations;
 
 typedef struct {
     GPT2Config config;
-    size_t num_parameters;
+    ParameterLayout layout;  // this rank's tensors (the whole model without tensor parallelism)
+    size_t num_parameters;   // on this rank: layout.count
     ParameterTensors params;
     ParameterTensors grads;
-    floatX* params_memory;  // one buffer each, in the model file's layout
+    floatX* params_memory;  // one buffer each, in the layout's order
     floatX* grads_memory;
     float* master_memory;   // fp32 master weights when floatX is bf16, else NULL
     float* m_memory;        // AdamW first moment
@@ -89,22 +204,25 @@ typedef struct {
 static inline size_t gpt2_lay_out_activations(Activations* a, GPT2Config c, LayerDims d, int B, int T,
                                                char* base) {
     size_t L = c.num_layers, C = d.C, QKV = d.qkv, ATT = d.att, FC = d.fc, Vp = d.Vp;
-    size_t BT = (size_t)B * T, X = sizeof(floatX), F = sizeof(float);
+    size_t BT = (size_t)B * T, BTs = BT / d.seq_shards, X = sizeof(floatX), F = sizeof(float);
+    size_t tp = d.tp > 1, sp = d.seq_shards > 1;  // 0 or 1: the optional buffers' multipliers
     struct { void** ptr; size_t count; size_t elem_bytes; } t[] = {
-        {(void**)&a->encoded, BT * C, X},       {(void**)&a->ln1, L * BT * C, X},
-        {(void**)&a->ln1_mean, L * BT, F},      {(void**)&a->ln1_rstd, L * BT, F},
+        {(void**)&a->encoded, BTs * C, X},      {(void**)&a->ln1, L * BT * C, X},
+        {(void**)&a->ln1_mean, L * BTs, F},     {(void**)&a->ln1_rstd, L * BTs, F},
         {(void**)&a->qkv, L * BT * QKV, X},     {(void**)&a->atty, L * BT * ATT, X},
         {(void**)&a->att_state, L * attention_state_bytes(B, T, d.att, d.NH), 1},
         {(void**)&a->attproj, L * BT * C, X},
-        {(void**)&a->residual2, L * BT * C, X}, {(void**)&a->ln2, L * BT * C, X},
-        {(void**)&a->ln2_mean, L * BT, F},      {(void**)&a->ln2_rstd, L * BT, F},
+        {(void**)&a->residual2, L * BTs * C, X}, {(void**)&a->ln2, L * BT * C, X},
+        {(void**)&a->ln2_mean, L * BTs, F},     {(void**)&a->ln2_rstd, L * BTs, F},
         {(void**)&a->fch, L * BT * FC, X},     {(void**)&a->fch_gelu, L * BT * FC, X},
-        {(void**)&a->fcproj, L * BT * C, X},    {(void**)&a->residual3, L * BT * C, X},
-        {(void**)&a->lnf, BT * C, X},           {(void**)&a->lnf_mean, BT, F},
-        {(void**)&a->lnf_rstd, BT, F},          {(void**)&a->logits, BT * Vp, X},
-        {(void**)&a->losses, BT, F},            {(void**)&a->dresidual, BT * C, X},
+        {(void**)&a->fcproj, L * BT * C, X},    {(void**)&a->residual3, L * BTs * C, X},
+        {(void**)&a->lnf, BT * C, X},           {(void**)&a->lnf_mean, BTs, F},
+        {(void**)&a->lnf_rstd, BTs, F},         {(void**)&a->logits, BT * Vp, X},
+        {(void**)&a->losses, BT, F},            {(void**)&a->dresidual, BTs * C, X},
         {(void**)&a->dbuf, BT * C, X},          {(void**)&a->dqkv, BT * QKV, X},
         {(void**)&a->dfch, BT * FC, X},
+        {(void**)&a->row_max, tp * BT, F},      {(void**)&a->row_sums, tp * BT * 2, F},
+        {(void**)&a->seq_shard, sp * BTs * C, X}, {(void**)&a->dgathered, sp * BT * C, X},
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
@@ -116,18 +234,39 @@ static inline size_t gpt2_lay_out_activations(Activations* a, GPT2Config c, Laye
 
 // what gpt2_build allocates on one rank: parameters and gradients (floatX), fp32 master weights
 // (bf16 only), AdamW m and v (fp32), the activations and the token buffers
-static inline size_t gpt2_memory_bytes(GPT2Config c, int B, int T) {
+static inline size_t gpt2_memory_bytes(GPT2Config c, LayerDims d, int B, int T) {
     Activations unused;
-    size_t P = gpt2_num_parameters(c), master = FLOATX_IS_FLOAT ? 0 : P * sizeof(float);
+    size_t P = parameter_layout(c, d.tp, 0).count, master = FLOATX_IS_FLOAT ? 0 : P * sizeof(float);
     return P * 2 * sizeof(floatX) + master + P * 2 * sizeof(float) +
-           gpt2_lay_out_activations(&unused, c, layer_dims(c, 1), B, T, NULL) + (size_t)B * T * 2 * sizeof(int);
+           gpt2_lay_out_activations(&unused, c, d, B, T, NULL) + (size_t)B * T * 2 * sizeof(int);
 }
 
-static inline void gpt2_build(GPT2* model, GPT2Config config, const float* params_host, int B, int T) {
+// this rank's slices of the whole model `full` (fp32, host, the file's layout) into the
+// parameters, and into the fp32 master weights when there are any
+static inline void gpt2_weights_from_full(GPT2* model, const float* full) {
+    size_t P = model->layout.count;
+    float* shard = (float*)malloc_check(P * sizeof(float));
+    parameter_shard_copy((float*)full, shard, &model->layout, model->config, 1);
+    if (model->master_memory) copy_host_to_device(model->master_memory, shard, P * sizeof(float));
+    copy_floats_to_device(model->params_memory, shard, P);
+    free(shard);
+}
+
+// this rank's fp32 weights on the device: the master copy when there is one (exact), else the
+// parameters themselves
+static inline const float* gpt2_fp32_weights(const GPT2* model) {
+    return model->master_memory ? model->master_memory : (const float*)model->params_memory;
+}
+
+// full_weights: the whole model in the file's layout (fp32, host); this rank keeps its slices
+static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, int tp_rank,
+                              const float* full_weights, int B, int T) {
     model->config = config;
+    model->dims = dims;
     model->B = B;
     model->T = T;
-    size_t P = gpt2_num_parameters(config);
+    model->layout = parameter_layout(config, dims.tp, tp_rank);
+    size_t P = model->layout.count;
     model->num_parameters = P;
     model->params_memory = (floatX*)device_malloc(P * sizeof(floatX));
     model->grads_memory = (floatX*)device_malloc(P * sizeof(floatX));
@@ -136,36 +275,18 @@ static inline void gpt2_build(GPT2* model, GPT2Config config, const float* param
     model->master_memory = NULL;
     if (!FLOATX_IS_FLOAT) {  // AdamW updates fp32 master weights, then rounds them to bf16
         model->master_memory = (float*)device_malloc(P * sizeof(float));
-        copy_host_to_device(model->master_memory, params_host, P * sizeof(float));
     }
-    copy_floats_to_device(model->params_memory, params_host, P);
+    gpt2_weights_from_full(model, full_weights);
     device_memset_zero(model->m_memory, P * sizeof(float));
     device_memset_zero(model->v_memory, P * sizeof(float));
-    gpt2_point_parameters(&model->params, model->params_memory, config);
-    gpt2_point_parameters(&model->grads, model->grads_memory, config);
-    model->dims = layer_dims(config, 1);
-    model->acts_bytes = gpt2_lay_out_activations(&model->acts, config, model->dims, B, T, NULL);
+    parameter_point(&model->params, model->params_memory, &model->layout);
+    parameter_point(&model->grads, model->grads_memory, &model->layout);
+    model->acts_bytes = gpt2_lay_out_activations(&model->acts, config, dims, B, T, NULL);
     model->acts_memory = device_malloc(model->acts_bytes);
-    gpt2_lay_out_activations(&model->acts, config, model->dims, B, T, (char*)model->acts_memory);
+    gpt2_lay_out_activations(&model->acts, config, dims, B, T, (char*)model->acts_memory);
     model->inputs = (int*)device_malloc((size_t)B * T * sizeof(int));
     model->targets = (int*)device_malloc((size_t)B * T * sizeof(int));
     model->losses_host = (float*)malloc_check((size_t)B * T * sizeof(float));
-}
-
-// the fp32 weights: the master copy when there is one (exact), else the parameters
-static inline void gpt2_weights_to_host(GPT2* model, float* host) {
-    if (model->master_memory) {
-        copy_device_to_host(host, model->master_memory, model->num_parameters * sizeof(float));
-    } else {
-        copy_device_to_floats(host, model->params_memory, model->num_parameters);
-    }
-}
-
-static inline void gpt2_weights_from_host(GPT2* model, const float* host) {
-    if (model->master_memory) {
-        copy_host_to_device(model->master_memory, host, model->num_parameters * sizeof(float));
-    }
-    copy_floats_to_device(model->params_memory, host, model->num_parameters);
 }
 
 static inline void gpt2_free(GPT2* model) {
@@ -199,29 +320,29 @@ static inline LayerWeights layer_weights(ParameterTensors p, LayerDims d, int l)
 
 typedef struct {
     floatX* ln1;              // (B, T, C)    the layer's input, normalised
-    float *ln1_mean, *ln1_rstd;
+    float *ln1_mean, *ln1_rstd;  // (BTs)
     floatX* qkv;              // (B, T, qkv)
     floatX* atty;             // (B, T, att)
     char* att_state;
     floatX* attproj;          // (B, T, C)
-    floatX* residual2;        // (B, T, C)
+    floatX* residual2;        // (BTs, C)
     floatX* ln2;              // (B, T, C)
-    float *ln2_mean, *ln2_rstd;
+    float *ln2_mean, *ln2_rstd;  // (BTs)
     floatX* fch;              // (B, T, fc)
     floatX* fch_gelu;         // (B, T, fc)
     floatX* fcproj;           // (B, T, C)
-    floatX* residual3;        // (B, T, C)    the layer's output
+    floatX* residual3;        // (BTs, C)     the layer's output
 } LayerActs;
 
 // layer l's slices for a micro-batch of B x T (which may be smaller than the arena's shape)
 static inline LayerActs layer_acts(const Activations* a, LayerDims d, int B, int T, int l) {
-    size_t BT = (size_t)B * T, li = (size_t)l;
+    size_t BT = (size_t)B * T, BTs = BT / d.seq_shards, li = (size_t)l;
     size_t att_state = attention_state_bytes(B, T, d.att, d.NH);
-    LayerActs x = {a->ln1 + li * BT * d.C, a->ln1_mean + li * BT, a->ln1_rstd + li * BT,
+    LayerActs x = {a->ln1 + li * BT * d.C, a->ln1_mean + li * BTs, a->ln1_rstd + li * BTs,
                    a->qkv + li * BT * d.qkv, a->atty + li * BT * d.att, a->att_state + li * att_state,
-                   a->attproj + li * BT * d.C, a->residual2 + li * BT * d.C, a->ln2 + li * BT * d.C,
-                   a->ln2_mean + li * BT, a->ln2_rstd + li * BT, a->fch + li * BT * d.fc,
-                   a->fch_gelu + li * BT * d.fc, a->fcproj + li * BT * d.C, a->residual3 + li * BT * d.C};
+                   a->attproj + li * BT * d.C, a->residual2 + li * BTs * d.C, a->ln2 + li * BT * d.C,
+                   a->ln2_mean + li * BTs, a->ln2_rstd + li * BTs, a->fch + li * BT * d.fc,
+                   a->fch_gelu + li * BT * d.fc, a->fcproj + li * BT * d.C, a->residual3 + li * BTs * d.C};
     return x;
 }
 

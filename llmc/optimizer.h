@@ -1,16 +1,14 @@
 // The optimizer step of every trainer: gradient clipping by the global norm (its square is
 // ops.h's global_norm_squared over the gradients a rank owns; a sharded trainer sums the ranks'
-// shares with one all-reduce before the square root), then AdamW with
-// weight decay on the 2-D weights only. It works on a range [lo, hi) of the flat parameter buffer
-// in the model file's tensor order, so one function serves a full DDP replica (the whole range),
-// a ZeRO shard and a pipeline stage (its layers' slices): each passes the part it owns. A
-// tensor-parallel shard is not one range of that layout (a rank holds rows of qkvw and columns of
-// attprojw): it will need its own per-rank layout, with the global index for rounding.
+// shares with one all-reduce before the square root), then AdamW with weight decay on the 2-D
+// weights only. It works on a range [lo, hi) of a rank's flat parameter buffer (model.h's
+// ParameterLayout: the model file's tensor order, with tensor parallelism the rank's slices), so
+// one function serves a full DDP replica (the whole range), a tensor-parallel rank (its whole
+// buffer), a ZeRO shard and a pipeline stage (their parts): each passes the part it owns.
 #ifndef LLMC_OPTIMIZER_H
 #define LLMC_OPTIMIZER_H
 
-#include "gpt2.h"
-#include "ops.h"
+#include "model.h"
 
 typedef struct {
     float lr;            // this step's learning rate (schedule.h)
@@ -27,27 +25,26 @@ static inline float optimizer_clip_scale(float grad_norm, float grad_clip) {
     return coef < 1.0f ? coef : 1.0f;
 }
 
-// One AdamW step (step counts from 1) over the parameters [lo, hi) of the flat layout of config.
+// One AdamW step (step counts from 1) over the parameters [lo, hi) of a rank's layout.
 // params, master, grads, m, v point at element lo of their buffers (master is NULL when the
 // parameters are fp32). Each tensor that overlaps the range gets its own weight decay; the
-// stochastic-rounding stream is indexed by the global element, so a shard rounds each element
-// exactly as a full replica would.
+// stochastic-rounding stream is indexed by the layout's rounding index (model.h), so a ZeRO
+// shard rounds each element exactly as a full replica would, and replicated tensors round alike
+// on every tensor-parallel rank.
 static inline void optimizer_adamw_step(floatX* params, float* master, const floatX* grads, float* m,
-                                        float* v, size_t lo, size_t hi, GPT2Config config,
+                                        float* v, size_t lo, size_t hi, const ParameterLayout* layout,
                                         AdamWConfig opt, float grad_scale, int step) {
-    if (hi > gpt2_num_parameters(config) || lo > hi) fail("optimizer: range [%zu, %zu) outside the model", lo, hi);
-    size_t sizes[NUM_PARAMETER_TENSORS], start = 0;
-    gpt2_parameter_sizes(sizes, config);
+    if (hi > layout->count || lo > hi) fail("optimizer: range [%zu, %zu) outside the model", lo, hi);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        size_t end = start + sizes[i];
+        size_t start = layout->offsets[i], end = start + layout->sizes[i];
         size_t a = start > lo ? start : lo, b = end < hi ? end : hi;  // this tensor within [lo, hi)
         if (a < b) {
             float wd = parameter_is_matrix[i] ? opt.weight_decay : 0.0f;
             size_t k = a - lo;
             adamw_update(params + k, master ? master + k : NULL, grads + k, m + k, v + k, b - a,
-                         opt.lr, opt.beta1, opt.beta2, opt.eps, wd, step, grad_scale, opt.seed, a);
+                         opt.lr, opt.beta1, opt.beta2, opt.eps, wd, step, grad_scale, opt.seed,
+                         layout->rounding[i] + (a - start));
         }
-        start = end;
     }
 }
 

@@ -225,29 +225,65 @@ static inline size_t low_precision_param_bytes(const GPT2* model) {
     return model->master_memory ? model->num_parameters * sizeof(floatX) : 0;
 }
 
-// every rank writes its state file, then DONE marks the checkpoint complete (checkpoint.h).
-// Under DDP the AdamW moments are the same on every rank and one copy would do; each rank
-// writes its own anyway, because in the sharded trainers (ZeRO, TP, PP) they differ, one format
-// serves all, and a resume then checks every rank's state against the others'.
-static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* world, int step,
-                             const RunIdentity* id, uint64_t sample_rng_state) {
+// The whole model in the file's layout, fp32, into full (host) on rank 0 of `tp_group`, from a
+// device buffer of every rank's layout (src: weights or gradients, of type dtype). With tensor
+// parallelism each rank sends its slices to rank 0, one rank after another, and rank 0 puts them
+// in place; without (tp_group may be NULL) the rank copies its own buffer.
+static inline void gpt2_gather_full(const GPT2* model, CommGroup* tp_group, const void* src, CommDtype dtype,
+                                    float* full) {
+    const ParameterLayout* p = &model->layout;
+    size_t n = p->count, elem = comm_dtype_bytes(dtype);
+    int rank = p->tp > 1 ? tp_group->rank : 0;
+    if (rank != 0) {
+        comm_send(tp_group, src, n, dtype, 0);  // (this rank's parameters): its slices to rank 0
+        return;
+    }
+    float* shard = (float*)malloc_check(n * sizeof(float));
+    void* received = p->tp > 1 ? device_malloc(n * elem) : NULL;
+    for (int r = 0; r < p->tp; r++) {
+        const void* from = src;
+        if (r > 0) {
+            comm_recv(tp_group, received, n, dtype, r);
+            from = received;
+        }
+        if (dtype == COMM_FLOAT) copy_device_to_host(shard, from, n * sizeof(float));
+        else copy_device_to_floats(shard, (const floatX*)from, n);
+        ParameterLayout of_r = parameter_layout(model->config, p->tp, r);
+        parameter_shard_copy(full, shard, &of_r, model->config, 0);
+    }
+    if (received) device_free(received);
+    free(shard);
+}
+
+// Every rank writes its state file (its AdamW moments, and its bf16 parameter bits), rank 0 the
+// model file (the whole model, gathered over tp_group with tensor parallelism; NULL without),
+// then DONE marks the checkpoint complete (checkpoint.h). Under DDP the AdamW moments are the
+// same on every rank and one copy would do; each rank writes its own anyway, because in the
+// sharded trainers (ZeRO, TP, PP) they differ, one format serves all, and a resume then checks
+// every rank's state against the others'.
+static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* world, CommGroup* tp_group,
+                                    int step, const RunIdentity* id, uint64_t sample_rng_state) {
     char path[4096];
     size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
-    float* host = (float*)malloc_check(n * sizeof(float) * 2);
     TrainState s = {step, world->size, sample_rng_state, 0};
-    if (world->rank == 0) {  // the replicas are identical: one copy of the weights is enough
-        gpt2_weights_to_host(model, host);
-        // an update can overflow the weights while its loss and gradient norm were finite; such
-        // weights never become a checkpoint (the other ranks wait below and are stopped too)
-        char what[64];
-        snprintf(what, sizeof(what), "the weights after step %d (not checkpointed)", step);
-        gpt2_check_finite(host, model->config, what);
-        checkpoint_path(path, sizeof(path), dir, "model", step, -1);
-        s.model_crc = gpt2_write_model_file(path, model->config, host);
+    if (model->layout.tp > 1 || world->rank == 0) {  // with tp = 1 the replicas are identical
+        float* full = world->rank == 0 ? (float*)malloc_check(gpt2_num_parameters(model->config) * sizeof(float)) : NULL;
+        gpt2_gather_full(model, tp_group, gpt2_fp32_weights(model), COMM_FLOAT, full);
+        if (world->rank == 0) {
+            // an update can overflow the weights while its loss and gradient norm were finite;
+            // such weights never become a checkpoint (the other ranks wait below and are stopped too)
+            char what[64];
+            snprintf(what, sizeof(what), "the weights after step %d (not checkpointed)", step);
+            gpt2_check_finite(full, model->config, what);
+            checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+            s.model_crc = gpt2_write_model_file(path, model->config, full);
+            free(full);
+        }
     }
     // every state file records the model file's checksum, so that a resume can tell a model
     // file of another checkpoint from the right one
     comm_broadcast_host(world, &s.model_crc, sizeof(s.model_crc), 0);
+    float* host = (float*)malloc_check(n * sizeof(float) * 2);
     copy_device_to_host(host, model->m_memory, n * sizeof(float));
     copy_device_to_host(host + n, model->v_memory, n * sizeof(float));
     void* params = malloc_check(extra);
@@ -263,9 +299,9 @@ static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* wor
 // Loads checkpoint `step` into the model; returns its state. Every rank checks its own state
 // file against the step rank 0 chose, its rank, the world size and this run's identity, and the
 // model file against the checksum its state file recorded: any mismatch stops every rank
-// before anything is written.
+// before anything is written. Every rank reads the whole model file and keeps its slices.
 static inline TrainState read_checkpoint(GPT2* model, const char* dir, CommGroup* world, int step,
-                                  const RunIdentity* id) {
+                                         const RunIdentity* id) {
     char path[4096];
     size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
     float* host = (float*)malloc_check(n * sizeof(float) * 2);
@@ -276,13 +312,13 @@ static inline TrainState read_checkpoint(GPT2* model, const char* dir, CommGroup
     uint32_t model_crc;
     checkpoint_path(path, sizeof(path), dir, "model", step, -1);
     float* weights = gpt2_read_model_file(path, &c, &model_crc);
-    if (gpt2_num_parameters(c) != n) fail("checkpoint '%s' does not match the model of -e", path);
+    if (gpt2_num_parameters(c) != gpt2_num_parameters(model->config)) fail("checkpoint '%s' does not match the model of -e", path);
     if (model_crc != s.model_crc) {
         fail("model file '%s' has CRC-32 %08x, but the state files of step %d were written with "
              "one of CRC-32 %08x: the files of this checkpoint do not belong together", path,
              model_crc, step, s.model_crc);
     }
-    gpt2_weights_from_host(model, weights);
+    gpt2_weights_from_full(model, weights);
     free(weights);
     copy_host_to_device(model->m_memory, host, n * sizeof(float));
     copy_host_to_device(model->v_memory, host + n, n * sizeof(float));

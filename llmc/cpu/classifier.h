@@ -35,4 +35,59 @@ static inline void fused_classifier(float* logits, float* losses, const int* tar
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The same loss with the vocabulary split over ranks (Megatron-LM's vocab-parallel
+// cross-entropy): a rank holds the columns [lo, lo + Vl) of every row of logits (N, Vl) and never
+// sees the others. Of its columns the first `real` are tokens (global index below V), the rest
+// padding. Three passes, with a reduction over the ranks between them:
+//   1. classifier_shard_max    this rank's row maxima         -> all-reduce MAX over the ranks
+//   2. classifier_shard_sums   sum of exp(logit - max) and the target's logit (0 on every rank
+//                              but the one holding it)       -> all-reduce SUM over the ranks
+//   3. classifier_shard_loss   losses, and the logits' gradient with dloss != 0
+// With one rank (lo = 0, Vl = Vp, real = V) the result is fused_classifier's, operation for
+// operation.
+
+// maxes (N) = the maximum of each row's real columns (-inf when the rank holds none)
+static inline void classifier_shard_max(float* maxes, const float* logits, int N, int Vl, int real) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* row = logits + (size_t)n * Vl;
+        float maxval = -INFINITY;
+        for (int v = 0; v < real; v++) maxval = row[v] > maxval ? row[v] : maxval;
+        maxes[n] = maxval;
+    }
+}
+
+// sums (N, 2): [sum over real columns of exp(logit - maxes[n]), the target's logit - maxes[n]
+// if the target is among this rank's columns, else 0]
+static inline void classifier_shard_sums(float* sums, const float* logits, const float* maxes,
+                                         const int* targets, int N, int Vl, int real, int lo) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        const float* row = logits + (size_t)n * Vl;
+        float sum = 0.0f;
+        for (int v = 0; v < real; v++) sum += expf(row[v] - maxes[n]);
+        int local = targets[n] - lo;
+        sums[2 * n] = sum;
+        sums[2 * n + 1] = local >= 0 && local < real ? row[local] - maxes[n] : 0.0f;
+    }
+}
+
+// losses (N) = log(sum) - (target logit - max), from the sums over all ranks. With dloss != 0
+// each row becomes dloss * (softmax - onehot(target)) over the real columns, 0 over padding.
+static inline void classifier_shard_loss(float* logits, float* losses, const float* maxes, const float* sums,
+                                         const int* targets, float dloss, int N, int Vl, int real, int lo) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        losses[n] = logf(sums[2 * n]) - sums[2 * n + 1];
+        if (dloss == 0.0f) continue;
+        float* row = logits + (size_t)n * Vl;
+        float scale = dloss / sums[2 * n];
+        for (int v = 0; v < real; v++) row[v] = expf(row[v] - maxes[n]) * scale;
+        int local = targets[n] - lo;
+        if (local >= 0 && local < real) row[local] -= dloss;
+        for (int v = real; v < Vl; v++) row[v] = 0.0f;
+    }
+}
+
 #endif

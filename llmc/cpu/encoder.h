@@ -2,22 +2,26 @@
 #ifndef LLMC_CPU_ENCODER_H
 #define LLMC_CPU_ENCODER_H
 
-// out (B, T, C) = wte[inp[b, t]] (Vp, C) + wpe[t] (maxT, C)
+// out (B, T, C) = wte[inp[b, t]] (Vp, C) + wpe[t] (maxT, C). A token id of -1 reads a row of
+// zeros and wpe may be NULL: a vocabulary-parallel embedding passes -1 for the tokens whose rows
+// live on another rank, and adds wpe on one rank only (train_gpt2_tp.cu).
 static inline void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B,
                             int T, int C) {
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             float* o = out + ((size_t)b * T + t) * C;
-            const float* tok = wte + (size_t)inp[b * T + t] * C;
+            int token = inp[b * T + t];
+            const float* tok = wte + (size_t)(token < 0 ? 0 : token) * C;
             const float* pos = wpe + (size_t)t * C;
-            for (int c = 0; c < C; c++) o[c] = tok[c] + pos[c];
+            for (int c = 0; c < C; c++) o[c] = (token < 0 ? 0.0f : tok[c]) + (wpe ? pos[c] : 0.0f);
         }
     }
 }
 
 // dwte (Vp, C) and dwpe (maxT, C) += dout (B, T, C) scattered by token and position. Threads
-// split the channels, so rows hit by repeated tokens are summed in one fixed order.
+// split the channels, so rows hit by repeated tokens are summed in one fixed order. Tokens of -1
+// (rows on another rank) add nothing to dwte.
 static inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B,
                              int T, int C) {
     #pragma omp parallel for
@@ -25,7 +29,8 @@ static inline void encoder_backward(float* dwte, float* dwpe, const float* dout,
         for (int b = 0; b < B; b++) {
             for (int t = 0; t < T; t++) {
                 float d = dout[((size_t)b * T + t) * C + c];
-                dwte[(size_t)inp[b * T + t] * C + c] += d;
+                int token = inp[b * T + t];
+                if (token >= 0) dwte[(size_t)token * C + c] += d;
                 dwpe[(size_t)t * C + c] += d;
             }
         }

@@ -142,4 +142,13 @@ static inline void matmul_backward(float* dinp, float* dweight, float* dbias, co
     }
 }
 
+// out (N, OC) += bias (OC): the bias of a row-parallel matmul, added once after the partial
+// products of the ranks were summed (train_gpt2_tp.cu)
+static inline void bias_add(float* out, const float* bias, int N, int OC) {
+    #pragma omp parallel for
+    for (int n = 0; n < N; n++) {
+        for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+    }
+}
+
 #endif
