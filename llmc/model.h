@@ -169,12 +169,12 @@ typedef struct {
     floatX* dbuf;       // (B, T, C)      gradient of a LayerNorm output or of the attention output
     floatX* dqkv;       // (B, T, 3C)
     floatX* dfch;       // (B, T, 4C)
-    // only with tensor parallelism (empty otherwise)
     float* row_max;     // (B, T)         vocabulary-parallel loss: each row's maximum logit
     float* row_sums;    // (B, T, 2)      ... its sum of exponentials and its target's logit
     // only with sequence parallelism
-    floatX* seq_shard;  // (BTs, C)       a LayerNorm's output before its all-gather, or the
-                        //                result of a reduce-scatter
+    floatX* reduced;    // (BTs, C)       this rank's tokens of a reduce-scatter's result
+    floatX* ln_shard;   // (BTs, C)       a LayerNorm's output on this rank's tokens, before the
+                        //                all-gather that fills the whole (B, T, C) ln1/ln2/lnf
     floatX* dgathered;  // (B, T, C)      dresidual all-gathered over the sequence
 } Activations;
 
@@ -205,7 +205,7 @@ static inline size_t gpt2_lay_out_activations(Activations* a, GPT2Config c, Laye
                                                char* base) {
     size_t L = c.num_layers, C = d.C, QKV = d.qkv, ATT = d.att, FC = d.fc, Vp = d.Vp;
     size_t BT = (size_t)B * T, BTs = BT / d.seq_shards, X = sizeof(floatX), F = sizeof(float);
-    size_t tp = d.tp > 1, sp = d.seq_shards > 1;  // 0 or 1: the optional buffers' multipliers
+    size_t sp = d.seq_shards > 1;  // 0 or 1: sequence parallelism's buffers or none
     struct { void** ptr; size_t count; size_t elem_bytes; } t[] = {
         {(void**)&a->encoded, BTs * C, X},      {(void**)&a->ln1, L * BT * C, X},
         {(void**)&a->ln1_mean, L * BTs, F},     {(void**)&a->ln1_rstd, L * BTs, F},
@@ -221,8 +221,9 @@ static inline size_t gpt2_lay_out_activations(Activations* a, GPT2Config c, Laye
         {(void**)&a->losses, BT, F},            {(void**)&a->dresidual, BTs * C, X},
         {(void**)&a->dbuf, BT * C, X},          {(void**)&a->dqkv, BT * QKV, X},
         {(void**)&a->dfch, BT * FC, X},
-        {(void**)&a->row_max, tp * BT, F},      {(void**)&a->row_sums, tp * BT * 2, F},
-        {(void**)&a->seq_shard, sp * BTs * C, X}, {(void**)&a->dgathered, sp * BT * C, X},
+        {(void**)&a->row_max, BT, F},           {(void**)&a->row_sums, BT * 2, F},
+        {(void**)&a->reduced, sp * BTs * C, X}, {(void**)&a->ln_shard, sp * BTs * C, X},
+        {(void**)&a->dgathered, sp * BT * C, X},
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {

@@ -180,12 +180,23 @@ static inline int train_banner_model(BannerRow* rows, const char* title, const c
     return 5;
 }
 
-static inline void train_print_parameter_layout(GPT2Config c) {
+// one row per tensor: its size in the model, and with tensor parallelism this rank's part of it
+// and how the tensor is split
+static inline void train_print_parameter_layout(GPT2Config c, const ParameterLayout* p) {
+    static const char* how[NUM_PARAMETER_TENSORS] = {
+        "rows: this rank's vocabulary (embedding and LM head)", "", "", "",
+        "rows: q, k, v of this rank's heads (column-parallel)", "rows: q, k, v of this rank's heads",
+        "input columns: this rank's heads (row-parallel)", "", "", "",
+        "rows: this rank's 4C/tp (column-parallel)", "rows: this rank's 4C/tp",
+        "input columns: this rank's 4C/tp (row-parallel)", "", "", ""};
     size_t sizes[NUM_PARAMETER_TENSORS];
     gpt2_parameter_sizes(sizes, c);
-    printf("parameter layout (one flat buffer; gradients and AdamW moments share it):\n");
+    printf("parameter layout (one flat buffer per rank; gradients and AdamW moments share it):\n");
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        printf("  %-9s %12zu%s\n", parameter_names[i], sizes[i], parameter_is_matrix[i] ? "  (weight decay)" : "");
+        const char* wd = parameter_is_matrix[i] ? "  (weight decay)" : "";
+        if (p->tp == 1) printf("  %-9s %12zu%s\n", parameter_names[i], sizes[i], wd);
+        else printf("  %-9s %12zu  this rank %12zu  %s%s\n", parameter_names[i], sizes[i], p->sizes[i],
+                    p->sharded[i] ? how[i] : "replicated", wd);
     }
 }
 
@@ -217,6 +228,41 @@ static inline int sample_next_token(const float* logits, int V, Rng* rng) {
         if (r < cdf) return v;
     }
     return V - 1;
+}
+
+// sample_next_token with the vocabulary split over the ranks of `group`: this rank holds the
+// logits of tokens [lo, lo + real). The ranks agree on the maximum (all-reduce MAX) and learn each
+// other's sums of exponentials (one all-reduce per rank, the others adding 0); with the same rng
+// state everywhere they draw the same number, and the rank whose range it falls in finds the
+// token; an all-reduce MAX (-1 elsewhere) tells the others. The row of logits is never
+// gathered; every rank returns the same token.
+static inline int sample_next_token_sharded(const float* logits, int real, int lo, Rng* rng, CommGroup* group) {
+    float maxval = -INFINITY, sum = 0.0f;
+    for (int v = 0; v < real; v++) maxval = logits[v] > maxval ? logits[v] : maxval;
+    comm_all_reduce_scalar(group, &maxval, COMM_MAX);
+    for (int v = 0; v < real; v++) sum += expf(logits[v] - maxval);
+    float before = 0.0f, total = 0.0f;  // the sums of the ranks below this one, and of all
+    for (int r = 0; r < group->size; r++) {
+        float sum_r = r == group->rank ? sum : 0.0f;
+        comm_all_reduce_scalar(group, &sum_r, COMM_SUM);
+        if (r < group->rank) before += sum_r;
+        total += sum_r;
+    }
+    float u = rng_uniform(rng) * total;
+    // the ranks' ranges [before, before + sum) tile [0, total); u rounded up to total goes last
+    int owner = u >= before && (u < before + sum || group->rank == group->size - 1);
+    int token = -1;
+    if (owner) {
+        float cdf = before;
+        for (int v = 0; v < real && token < 0; v++) {
+            cdf += expf(logits[v] - maxval);
+            if (u < cdf) token = lo + v;
+        }
+        if (token < 0) token = lo + real - 1;  // rounding left u just past the last cdf step
+    }
+    float found = (float)token;  // the owner's token, -1 elsewhere: their maximum is the token
+    comm_all_reduce_scalar(group, &found, COMM_MAX);  // (token ids are exact in a float)
+    return (int)found;
 }
 
 // bf16 parameters are not a function of the fp32 master weights (stochastic rounding), so the

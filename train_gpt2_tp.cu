@@ -1,0 +1,562 @@
+/*
+GPT-2 training with tensor parallelism (Megatron-LM, Shoeybi et al. 2019, arXiv:1909.08053) and
+optional sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198).
+
+All ranks form one tensor-parallel group of tp ranks, and together they hold one model: every
+weight matrix of a block is split, so each rank stores and multiplies about 1/tp of it.
+  - The attention half: qkvw is split by heads (column-parallel: each rank computes the q, k and
+    v of its NH/tp heads, and attention runs on them alone), attprojw by its input columns
+    (row-parallel: each rank multiplies its heads' output by its columns and gets a partial sum
+    of the full (B, T, C) projection). The MLP half: fcw by output rows (column-parallel), GELU
+    works element by element on the rank's 4C/tp columns, fcprojw by input columns
+    (row-parallel). So a half needs no communication inside it, only at its two ends.
+  - Those ends are Megatron's conjugate operators. f sits before a column-parallel matmul: the
+    identity forward (every rank has the whole input) and an all-reduce backward (each rank's
+    input gradient covers only its columns). g sits after a row-parallel matmul: an all-reduce
+    forward (summing the partial products) and the identity backward. Two all-reduces of
+    (B, T, C) per layer forward, two backward.
+  - The embedding and the tied LM head are split by vocabulary: a rank holds Vp/tp rows of wte,
+    looks up only its tokens (zeros for the rest) before an all-reduce, and computes only its
+    Vp/tp columns of logits. The cross-entropy works on those sharded logits: all-reduces of
+    each row's max, its sum of exponentials and its target's logit, never of the logits.
+  - LayerNorms, residual adds, biases of row-parallel matmuls and wpe are replicated: computed
+    identically on every rank from identical inputs.
+With -sp 1 (sequence parallelism) the replicated regions are split along the tokens instead of
+being repeated: each rank keeps B*T/tp tokens of the residual stream and runs the LayerNorms
+and residual adds on those. Every all-reduce becomes a reduce-scatter (to this rank's tokens)
+plus an all-gather (before the next column-parallel matmul needs all tokens): the same bytes on
+the wire, and the activations of those regions shrink by tp. LayerNorm weights then see only
+this rank's tokens, so their gradients must be summed over the ranks.
+
+The result equals one process training the whole model (checked against PyTorch in test/).
+
+Build: make train_gpt2_tp          Run: mpirun -np 2 ./train_gpt2_tp -e d6 -sp 1 -x 100 -o out
+The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
+*/
+#include <math.h>
+#include <stdint.h>
+#include "llmc/utils.h"
+#include "llmc/args.h"
+#include "llmc/comm.h"
+#include "llmc/gpt2.h"
+#include "llmc/dataloader.h"
+#include "llmc/tokenizer.h"
+#include "llmc/schedule.h"
+#include "llmc/logger.h"
+#include "llmc/checkpoint.h"
+#include "llmc/rng.h"
+#include "llmc/watchdog.h"
+#include "llmc/ops.h"
+#include "llmc/memory.h"
+#include "llmc/model.h"
+#include "llmc/block.h"
+#include "llmc/optimizer.h"
+#include "llmc/train.h"
+
+// ----------------------------------------------------------------------------------------------
+// The two collectives of tensor parallelism. Each is the forward of one of Megatron's operators
+// and the backward of the other, so the forward and backward passes below call the same two.
+
+// Sums partial (B, T, C), of which every rank holds a share, over the ranks. Without -sp an
+// all-reduce in place: returns partial, now whole on every rank. With -sp a reduce-scatter:
+// returns `reduced`, this rank's B*T/tp tokens of the sum.
+static floatX* sum_over_ranks(CommGroup* tp, floatX* partial, floatX* reduced, size_t BT, int C, int sp) {
+    if (!sp) {
+        comm_all_reduce(tp, partial, BT * C, COMM_FLOATX, COMM_SUM);
+        return partial;
+    }
+    comm_reduce_scatter(tp, partial, reduced, BT / tp->size * C, COMM_FLOATX, COMM_SUM);
+    return reduced;
+}
+
+// With -sp: every rank's B*T/tp tokens (shard) all-gathered into whole (B, T, C), in rank order.
+// Without -sp every rank holds all tokens already (the identity): returns shard itself.
+static floatX* gather_tokens(CommGroup* tp, floatX* shard, floatX* whole, size_t BT, int C, int sp) {
+    if (!sp) return shard;
+    comm_all_gather(tp, shard, whole, BT / tp->size * C, COMM_FLOATX);
+    return whole;
+}
+
+// ----------------------------------------------------------------------------------------------
+// forward and backward of the model on one micro-batch, on this rank's slices. BTs is the number
+// of tokens of the residual stream on this rank: B*T, or B*T/tp with -sp.
+
+static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int B, int T) {
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int L = c.num_layers, C = c.channels, sp = d.seq_shards > 1;
+    size_t BT = (size_t)B * T;
+    int BTs = (int)(BT / d.seq_shards);
+    ParameterTensors p = model->params;
+    Activations* a = &model->acts;
+
+    // vocabulary-parallel embedding: this rank holds rows [lo, lo + Vp/tp) of wte. A token of
+    // another rank becomes -1, a row of zeros, and rank 0 alone adds wpe, so that the sum over
+    // the ranks holds every token's row and its position's row exactly once.
+    int lo = tp->rank * d.Vp;
+    int* local = (int*)malloc_check(BT * sizeof(int));
+    for (size_t i = 0; i < BT; i++) {
+        local[i] = inputs_host[i] >= lo && inputs_host[i] < lo + d.Vp ? inputs_host[i] - lo : -1;
+    }
+    copy_host_to_device(model->inputs, local, BT * sizeof(int));
+    free(local);
+    floatX* partial = sp ? a->dbuf : a->encoded;  // (B, T, C); dbuf is free until the backward
+    encoder_forward(partial, model->inputs, p.wte, tp->rank == 0 ? p.wpe : NULL, B, T, C);
+    // sum the lookups: all-reduce (B, T, C); with -sp reduce-scatter into this rank's tokens
+    floatX* encoded = sum_over_ranks(tp, partial, a->encoded, BT, C, sp);
+
+    LayerActs first = layer_acts(a, d, B, T, 0);
+    layernorm_forward(sp ? a->ln_shard : first.ln1, first.ln1_mean, first.ln1_rstd, encoded, p.ln1w,
+                      p.ln1b, BTs, C);
+    for (int l = 0; l < L; l++) {
+        LayerWeights w = layer_weights(p, d, l);
+        LayerActs x = layer_acts(a, d, B, T, l);
+        floatX* residual = l == 0 ? encoded : layer_acts(a, d, B, T, l - 1).residual3;
+        // f before the column-parallel qkv: the identity (every rank holds all of ln1), or with
+        // -sp the all-gather of ln1 from (B*T/tp, C) on each rank to (B, T, C)
+        gather_tokens(tp, a->ln_shard, x.ln1, BT, C, sp);
+        // the attention half on this rank's NH/tp heads; its row-parallel projection leaves a
+        // partial sum in attproj (B, T, C). Its bias is added once, after the sum, not per rank.
+        LayerWeights no_bias = w;
+        no_bias.attprojb = NULL;
+        no_bias.fcprojb = NULL;
+        attention_half_forward(x, no_bias, B, T, d);
+        // g after the row-parallel attproj: all-reduce of (B, T, C); with -sp reduce-scatter
+        floatX* attproj = sum_over_ranks(tp, x.attproj, a->reduced, BT, C, sp);
+        bias_add(attproj, w.attprojb, BTs, C);
+        // replicated (or with -sp, this rank's tokens): residual2 = residual + attproj, then ln2
+        fused_residual_layernorm_forward(x.residual2, sp ? a->ln_shard : x.ln2, x.ln2_mean, x.ln2_rstd,
+                                         residual, attproj, w.ln2w, w.ln2b, BTs, C);
+        // f before the column-parallel fc: identity, or with -sp all-gather of ln2 to (B, T, C)
+        gather_tokens(tp, a->ln_shard, x.ln2, BT, C, sp);
+        // the MLP half on this rank's 4C/tp columns; fcproj (B, T, C) is a partial sum again
+        mlp_half_forward(x, no_bias, B, T, d);
+        // g after the row-parallel fcproj: all-reduce of (B, T, C); with -sp reduce-scatter
+        floatX* fcproj = sum_over_ranks(tp, x.fcproj, a->reduced, BT, C, sp);
+        bias_add(fcproj, w.fcprojb, BTs, C);
+        // residual3 = residual2 + fcproj, fused with the next LayerNorm (ln1 of l+1, or lnf)
+        if (l + 1 < L) {
+            LayerWeights wn = layer_weights(p, d, l + 1);
+            LayerActs xn = layer_acts(a, d, B, T, l + 1);
+            fused_residual_layernorm_forward(x.residual3, sp ? a->ln_shard : xn.ln1, xn.ln1_mean, xn.ln1_rstd,
+                                             x.residual2, fcproj, wn.ln1w, wn.ln1b, BTs, C);
+        } else {
+            fused_residual_layernorm_forward(x.residual3, sp ? a->ln_shard : a->lnf, a->lnf_mean, a->lnf_rstd,
+                                             x.residual2, fcproj, p.lnfw, p.lnfb, BTs, C);
+        }
+    }
+    // f before the LM head (column-parallel over the vocabulary): identity, or with -sp the
+    // all-gather of lnf to (B, T, C). This rank's logits: (B, T, Vp/tp), its vocabulary only.
+    gather_tokens(tp, a->ln_shard, a->lnf, BT, C, sp);
+    matmul_forward(a->logits, a->lnf, p.wte, NULL, (int)BT, C, d.Vp);
+}
+
+// Vocabulary-parallel cross-entropy: the mean loss of the micro-batch from this rank's logits
+// (B, T, Vp/tp), which are never gathered. With dloss != 0 they become their gradient, each
+// token weighted by dloss. Every rank returns the same loss.
+static float vocab_parallel_loss(GPT2* model, CommGroup* tp, const int* targets_host, int B, int T, float dloss) {
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    Activations* a = &model->acts;
+    int BT = B * T, lo = tp->rank * d.Vp;
+    int real = c.vocab_size - lo < 0 ? 0 : c.vocab_size - lo < d.Vp ? c.vocab_size - lo : d.Vp;
+    copy_host_to_device(model->targets, targets_host, (size_t)BT * sizeof(int));
+    // each row's maximum over the whole vocabulary: all-reduce MAX of (B, T) fp32
+    classifier_shard_max(a->row_max, a->logits, BT, d.Vp, real);
+    comm_all_reduce(tp, a->row_max, (size_t)BT, COMM_FLOAT, COMM_MAX);
+    // each row's sum of exp(logit - max) and its target's logit (held by one rank, 0 on the
+    // others): one all-reduce SUM of (B, T, 2) fp32 for both
+    classifier_shard_sums(a->row_sums, a->logits, a->row_max, model->targets, BT, d.Vp, real, lo);
+    comm_all_reduce(tp, a->row_sums, (size_t)BT * 2, COMM_FLOAT, COMM_SUM);
+    // loss = log(sum) - (target - max) on every rank; dlogits = dloss (softmax - onehot), local
+    classifier_shard_loss(a->logits, a->losses, a->row_max, a->row_sums, model->targets, dloss, BT,
+                          d.Vp, real, lo);
+    copy_device_to_host(model->losses_host, a->losses, (size_t)BT * sizeof(float));
+    double sum = 0.0;
+    for (int i = 0; i < BT; i++) sum += model->losses_host[i];
+    return (float)(sum / BT);
+}
+
+// accumulates this rank's parameter gradients; expects vocab_parallel_loss to have left dlogits
+static void gpt2_backward(GPT2* model, CommGroup* tp, int B, int T) {
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int L = c.num_layers, C = c.channels, sp = d.seq_shards > 1;
+    size_t BT = (size_t)B * T;
+    int BTs = (int)(BT / d.seq_shards);
+    ParameterTensors p = model->params, g = model->grads;
+    Activations* a = &model->acts;
+
+    // LM head: dwte's rows of this rank's vocabulary, and a partial dlnf (B, T, C) from them
+    matmul_backward(a->dbuf, g.wte, NULL, a->logits, a->lnf, p.wte, (int)BT, C, d.Vp);
+    // f's backward at the LM head's input: all-reduce of dlnf (B, T, C); with -sp reduce-scatter
+    floatX* dlnf = sum_over_ranks(tp, a->dbuf, a->reduced, BT, C, sp);
+    device_memset_zero(a->dresidual, (size_t)BTs * C * sizeof(floatX));
+    layernorm_backward(a->dresidual, g.lnfw, g.lnfb, dlnf, layer_acts(a, d, B, T, L - 1).residual3,
+                       p.lnfw, a->lnf_mean, a->lnf_rstd, BTs, C);
+    for (int l = L - 1; l >= 0; l--) {
+        LayerWeights w = layer_weights(p, d, l), gw = layer_weights(g, d, l);
+        LayerActs x = layer_acts(a, d, B, T, l);
+        floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
+        // g's backward at fcproj: the identity (dresidual is whole on every rank), or with -sp
+        // the all-gather of dresidual (B*T/tp, C) to (B, T, C)
+        floatX* dout = gather_tokens(tp, a->dresidual, a->dgathered, BT, C, sp);
+        // the MLP half: this rank's columns' gradients, and a partial dln2 (B, T, C). fcprojb's
+        // gradient sums all of dout, so every rank computes it whole and alike.
+        mlp_half_backward(a->dbuf, a->dfch, dout, x, w, gw, B, T, d);
+        // f's backward at ln2: all-reduce of dln2 (B, T, C); with -sp reduce-scatter
+        floatX* dln2 = sum_over_ranks(tp, a->dbuf, a->reduced, BT, C, sp);
+        layernorm_backward(a->dresidual, gw.ln2w, gw.ln2b, dln2, x.residual2, w.ln2w, x.ln2_mean,
+                           x.ln2_rstd, BTs, C);
+        // g's backward at attproj: identity, or with -sp all-gather of dresidual to (B, T, C)
+        dout = gather_tokens(tp, a->dresidual, a->dgathered, BT, C, sp);
+        attention_half_backward(a->dbuf, a->dbuf, a->dqkv, dout, x, w, gw, B, T, d);
+        // f's backward at ln1: all-reduce of dln1 (B, T, C); with -sp reduce-scatter
+        floatX* dln1 = sum_over_ranks(tp, a->dbuf, a->reduced, BT, C, sp);
+        layernorm_backward(a->dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, x.ln1_mean,
+                           x.ln1_rstd, BTs, C);
+    }
+    // the embedding's backward: with -sp, the reduce-scatter's backward is an all-gather of
+    // dresidual to (B, T, C). This rank's tokens scatter into its wte rows; wpe gets all of them.
+    floatX* dencoded = gather_tokens(tp, a->dresidual, a->dgathered, BT, C, sp);
+    encoder_backward(g.wte, g.wpe, dencoded, model->inputs, B, T, C);
+}
+
+// ----------------------------------------------------------------------------------------------
+
+// every rank evaluates the same batches (they share one model), so their losses agree
+static float evaluate(GPT2* model, CommGroup* tp, DataLoader* val, int batches) {
+    double sum = 0.0;
+    for (int i = 0; i < batches; i++) {
+        dataloader_seek(val, (size_t)i);
+        dataloader_load_chunk(val, 0, model->config.vocab_size);
+        gpt2_forward(model, tp, val->inputs, model->B, model->T);
+        sum += vocab_parallel_loss(model, tp, val->targets, model->B, model->T, 0.0f);
+    }
+    return (float)(sum / batches);
+}
+
+// Autoregressive sampling from <|endoftext|>. Every rank runs the forward pass (it is split over
+// them) and draws the same token from its slice of the logits (sample_next_token_sharded);
+// rank 0 prints. With -sp the sequence is padded to a multiple of tp: causal attention never
+// lets a position see the positions after it, so the padding changes no logit we read.
+static void sample(GPT2* model, CommGroup* tp, const Tokenizer* tok, int eot, Rng* rng, int gen_tokens,
+                   int step) {
+    LayerDims d = model->dims;
+    int V = model->config.vocab_size, lo = tp->rank * d.Vp;
+    int real = V - lo < 0 ? 0 : V - lo < d.Vp ? V - lo : d.Vp;
+    int* tokens = (int*)malloc_check((size_t)model->T * sizeof(int));
+    float* logits = (float*)malloc_check((size_t)d.Vp * sizeof(float));  // one row, as fp32
+    for (int t = 0; t < model->T; t++) tokens[t] = eot;
+    if (tok) printf("---- sample at step %d ----\n", step);
+    for (int t = 1; t < gen_tokens; t++) {
+        int padded = (t + d.seq_shards - 1) / d.seq_shards * d.seq_shards;
+        gpt2_forward(model, tp, tokens, 1, padded);
+        copy_device_to_floats(logits, model->acts.logits + (size_t)(t - 1) * d.Vp, d.Vp);
+        tokens[t] = sample_next_token_sharded(logits, real, lo, rng, tp);
+        watchdog_beat();  // one token is progress: a long sample is not a hang
+        if (tok) {
+            tokenizer_print(tok, tokens[t]);
+            fflush(stdout);
+        }
+    }
+    if (tok) printf("\n----------------\n");
+    free(tokens);
+    free(logits);
+}
+
+int main(int argc, char** argv) {
+    // the common flags (llmc/train.h) and this trainer's own
+    TrainArgs args;
+    const char* dump_grads = NULL;
+    int tp_flag = 0, sp = 0;
+    ArgSpec specs[TRAIN_MAX_SPECS];
+    int num_specs = train_args_common(&args, specs);
+    ArgSpec tp_spec = {"-tp", ARG_INT, &tp_flag, 0, ARG_NO_MAX, "tensor-parallel ranks; all ranks form one group, so it must equal the number of ranks (0: the number of ranks)"};
+    ArgSpec sp_spec = {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism, the LayerNorm and residual regions split along the tokens (T must divide by tp)"};
+    ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"};
+    specs[num_specs++] = tp_spec;
+    specs[num_specs++] = sp_spec;
+    specs[num_specs++] = dump;
+    if (!args_parse(argc, argv, specs, num_specs)) return 0;
+
+    CommGroup world;
+    comm_init(&world, &argc, &argv);
+    CommGroup* tp = &world;  // one tensor-parallel group of every rank (the 3D trainer splits it)
+    int rank = world.rank;
+    watchdog_start(args.watchdog);
+
+    // ---- model: a model file, or a descriptor for a random init. Only its config for now: the
+    // layout and memory checks come before the first large allocation
+    GPT2Config config;
+    int from_descriptor = gpt2_config_from_descriptor(args.model, &config);
+    if (!from_descriptor) gpt2_read_model_config(args.model, &config);
+
+    // ---- the layout: every rank one tp slice of the same model. The heads, the MLP width and
+    // the vocabulary must divide by tp (layer_dims); with -sp the tokens of each sequence too.
+    if (tp_flag != 0 && tp_flag != world.size) {
+        fail("-tp %d: this trainer puts every rank in one tensor-parallel group, so -tp must equal "
+             "the number of ranks, %d (launch with mpirun -np %d, or leave -tp out)", tp_flag, world.size, tp_flag);
+    }
+    LayerDims dims = layer_dims(config, world.size, sp);
+    if (args.T > config.max_seq_len) {
+        fail("-t %d is longer than the model's maximum sequence length %d", args.T, config.max_seq_len);
+    }
+    if (sp && args.T % world.size != 0) {
+        fail("-sp 1 splits each sequence over the %d ranks: -t %d must be a multiple of %d", world.size,
+             args.T, world.size);
+    }
+    // the batch: all ranks work on the same B x T tokens, `accum` micro-batches per step
+    size_t tokens_per_pass = mul_check(args.B, args.T, "-b x -t");
+    if (args.total_batch == -1) {
+        if (tokens_per_pass > INT_MAX) fail("B*T = %zu tokens does not fit -d's int range", tokens_per_pass);
+        args.total_batch = (int)tokens_per_pass;
+    }
+    if (args.total_batch <= 0 || args.total_batch % tokens_per_pass != 0) {
+        fail("-d %d must be a positive multiple of B*T = %d*%d = %zu (the tensor-parallel ranks "
+             "share every micro-batch)", args.total_batch, args.B, args.T, tokens_per_pass);
+    }
+    int accum = (int)(args.total_batch / tokens_per_pass);
+    if ((args.checkpoint_every > 0 || args.resume) && args.out_dir == NULL) {
+        fail("-n and -y need an output dir (-o)");
+    }
+
+    // ---- memory, predicted before allocating (llmc/memory.h). Host buffers at their largest:
+    // the whole model in fp32 (every rank reads it and keeps its slices) plus the slices, and on
+    // resume this rank's AdamW moments (and bf16 parameter bits)
+    size_t P = gpt2_num_parameters(config), P_rank = parameter_layout(config, world.size, rank).count;
+    size_t host_bytes = P * sizeof(float) + P_rank * sizeof(float) +
+                        (args.resume ? P_rank * (2 * sizeof(float) + (FLOATX_IS_FLOAT ? 0 : sizeof(floatX))) : 0);
+    char layout[128];
+    snprintf(layout, sizeof(layout), "%zu of %zu parameters per rank, -b %d -t %d", P_rank, P, args.B, args.T);
+    memory_check_fits(gpt2_memory_bytes(config, dims, args.B, args.T), host_bytes, world.ranks_sharing_memory, layout);
+    comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
+
+    // the whole model: read (checksum verified, non-finite values refused) or drawn from the seed
+    float* params_host = from_descriptor ? gpt2_init_random(config, (uint64_t)args.seed)
+                                         : gpt2_read_model_file(args.model, &config, NULL);
+
+    DataLoader train, val;
+    // a step is accum chunks of B x T tokens, each read by every rank
+    dataloader_init(&train, args.train_path, args.B, args.T, accum, args.shuffle, (uint64_t)args.seed);
+    if (args.val_every > 0) {
+        dataloader_init(&val, args.val_path, args.B, args.T, 1, 0, 0);
+        if ((size_t)args.val_batches > val.batches_per_epoch) args.val_batches = (int)val.batches_per_epoch;
+    }
+    int max_steps = args.max_steps >= 0 ? args.max_steps : (int)train.batches_per_epoch;
+    // samples are printed by rank 0, with the tokenizer's decode table (checked against the
+    // model); every rank takes part in drawing them, so rank 0 tells the others whether it can
+    Tokenizer tok;
+    int can_sample = rank == 0 && args.sample_every > 0 && train_open_tokenizer(&tok, args.tokenizer_path, config);
+    int eot = can_sample ? tok.eot_token : 0;
+    comm_broadcast_host(&world, &can_sample, sizeof(int), 0);
+    comm_broadcast_host(&world, &eot, sizeof(int), 0);
+    int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
+
+    // ---- the run's identity (checkpoint.h): a resume must match it, layout included
+    RunIdentity identity;
+    char tp_layout[96];
+    snprintf(tp_layout, sizeof(tp_layout), "dp=1 tp=%d pp=1 sp=%d, %d micro-batches of %d x %d", world.size,
+             sp, accum, args.B, args.T);
+    train_run_identity(&identity, &args, config, params_host, &train, max_steps, tp_layout, &world);
+
+    // ---- the output dir: rank 0 holds its lock for the whole run
+    if (args.out_dir != NULL) {
+        if (rank == 0) output_dir_claim(args.out_dir, args.resume);
+        comm_barrier(&world);
+    }
+
+    GPT2 model;
+    gpt2_build(&model, config, dims, tp->rank, params_host, args.B, args.T);
+    free(params_host);
+
+    // communication of one step, from the layout alone (the README derives it): per micro-batch
+    // 4L + 2 all-reduces of B*T*C activations (two per layer forward and backward, the
+    // embedding, the LM head's input gradient), or with -sp as many all-gathers plus as many
+    // reduce-scatters; the loss's all-reduces of 3 B*T fp32; per step the gradient norm (4
+    // bytes) and with -sp the LayerNorm gradients, (4L + 2) C
+    double X = sizeof(floatX), BT = (double)args.B * args.T, C = config.channels, Lf = config.num_layers;
+    double act_bytes = accum * (4 * Lf + 2) * BT * C * X;
+    double loss_bytes = accum * 3 * BT * 4, ln_bytes = sp ? (4 * Lf + 2) * C * X : 0;
+    double step_bytes = act_bytes * (sp ? 2 : 1) + loss_bytes + 4 + ln_bytes;
+    if (rank == 0) {
+        BannerRow rows[16];
+        int n = train_banner_model(rows, "train_gpt2_tp (TP)", args.model, config);
+        banner_row(&rows[n++], "tensor-parallel ranks", "%d%s", world.size, sp ? ", sequence parallel" : "");
+        banner_row(&rows[n++], "heads per rank", "%d of %d", dims.NH, config.num_heads);
+        banner_row(&rows[n++], "micro-batch B x T", "%d x %d", args.B, args.T);
+        banner_row(&rows[n++], "accumulation steps", "%d", accum);
+        banner_row(&rows[n++], "total batch (tokens)", "%d", args.total_batch);
+        banner_row(&rows[n++], "steps", "%d", max_steps);
+        banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train.num_tokens, args.val_every > 0 ? val.num_tokens : (size_t)0);
+        train_print_banner(rows, n);
+        train_print_parameter_layout(config, &model.layout);
+        size_t Xs = sizeof(floatX), master = model.master_memory ? P_rank * sizeof(float) : 0;
+        printf("memory per rank (the block weights and wte split over %d ranks; wpe, LayerNorms and "
+               "row-parallel biases replicated):\n", world.size);
+        char note[160];
+        snprintf(note, sizeof(note), "%zu of %zu (%.1f%%), %s", P_rank, P, 100.0 * P_rank / P, PRECISION_NAME);
+        train_print_memory_row("parameters", (double)P_rank * Xs, note);
+        train_print_memory_row("master weights", (double)master, "");
+        train_print_memory_row("gradients", (double)P_rank * Xs, "");
+        train_print_memory_row("AdamW m, v", (double)P_rank * 2 * sizeof(float), "");
+        snprintf(note, sizeof(note), "of which logits %.1f MB (B T Vp/tp), MLP %.1f MB (2 L B T 4C/tp), residual stream %.1f MB (%s)",
+                 BT * dims.Vp * Xs / 1e6, 2 * Lf * BT * dims.fc * Xs / 1e6, 2 * Lf * BT / dims.seq_shards * C * Xs / 1e6,
+                 sp ? "2 L B T C/tp" : "2 L B T C, whole on every rank");
+        train_print_memory_row("activations", (double)model.acts_bytes, note);
+        train_print_memory_row("comm buffers", 0, "collectives work in place or on activation buffers");
+        snprintf(note, sizeof(note), "x %d ranks sharing this memory", world.ranks_sharing_memory);
+        train_print_memory_row("total", (double)gpt2_memory_bytes(config, dims, args.B, args.T), note);
+        train_print_memory_row("host buffers", (double)host_bytes, "at most (the whole model while loading it)");
+        printf("communication per step (payload per rank): %s %d x %.0f bytes of activations (4L+2 per "
+               "micro-batch%s) + %.0f loss + 4 norm%s = %.0f bytes\n", sp ? "all-gather and reduce-scatter" : "all-reduce",
+               (int)(accum * (4 * Lf + 2)), BT * C * X, sp ? ", each" : "", loss_bytes,
+               sp ? " + LayerNorm gradients (4L+2) C" : "", step_bytes);
+    }
+
+    // ---- resume from the newest complete checkpoint (every rank its own state file)
+    Rng sample_rng;
+    rng_init(&sample_rng, (uint64_t)args.seed + 1);
+    int start_step = 0;
+    if (args.resume) {
+        TrainState state = train_resume(&model, args.out_dir, &world, max_steps, &identity);
+        start_step = state.step;
+        sample_rng.state = state.rng;
+        dataloader_seek(&train, (size_t)start_step);
+    }
+    Logger logger;
+    logger_init(&logger, args.out_dir, rank, args.resume ? start_step : -1);
+
+    // ---- training loop; `step` counts completed optimizer steps
+    // model FLOPs per token, as in train_gpt2_dp.cu; each rank does 1/tp of them
+    double flops_per_token = 6.0 * P + 12.0 * config.num_layers * config.channels * args.T;
+    DevicePeak peak = device_peak();
+    if (rank == 0 && peak.flops > 0)
+        printf("MFU against the %s dense %s peak, %.0f TFLOP/s\n", peak.part, PRECISION_NAME, peak.flops / 1e12);
+    double total_time = 0.0, comm_time = 0.0;
+    int timed_steps = 0;
+    for (int step = start_step; step <= max_steps; step++) {
+        int last = step == max_steps;
+        // a checkpoint holds the state before its step's validation and sample (train_gpt2_dp.cu)
+        uint64_t rng_before_sample = sample_rng.state;
+        if (args.val_every > 0 && (step % args.val_every == 0 || last)) {
+            watchdog_phase("validation", step);
+            float val_loss = evaluate(&model, tp, &val, args.val_batches);
+            if (!isfinite(val_loss)) fail("step %d: the validation loss is %g; stopping", step, val_loss);
+            if (rank == 0) printf("val loss after %d steps: %.6f\n", step, val_loss);
+            logger_val(&logger, step, val_loss);
+        }
+        if (can_sample && step > 0 && (step % args.sample_every == 0 || last)) {
+            watchdog_phase("sampling", step);
+            sample(&model, tp, rank == 0 ? &tok : NULL, eot, &sample_rng, gen_tokens, step);
+        }
+        int resumed_here = args.resume && step == start_step;
+        if (args.checkpoint_every > 0 && !resumed_here && (last || (step > start_step && step % args.checkpoint_every == 0))) {
+            watchdog_phase("checkpoint write", step);
+            write_checkpoint(&model, args.out_dir, &world, tp, step, &identity, rng_before_sample);
+        }
+        if (last) break;
+
+        double t0 = wall_time_s();
+        comm_reset_counters(&world);
+        // 1. forward + backward over the micro-batches, every rank on the same tokens and its
+        // own slices; gradients accumulate. Each token's gradient is weighted 1/(B*T*accum): no
+        // rank count enters, as the ranks split the model, not the batch.
+        watchdog_phase("forward and backward", step);
+        device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
+        float loss = 0.0f;
+        float dloss = 1.0f / (float)((size_t)args.B * args.T * accum);
+        for (int micro = 0; micro < accum; micro++) {
+            watchdog_beat();
+            dataloader_load_chunk(&train, micro, config.vocab_size);
+            gpt2_forward(&model, tp, train.inputs, args.B, args.T);
+            loss += vocab_parallel_loss(&model, tp, train.targets, args.B, args.T, dloss) / (float)accum;
+            gpt2_backward(&model, tp, args.B, args.T);
+        }
+        dataloader_advance(&train);
+        ParameterTensors g = model.grads;
+        if (sp) {
+            // -sp: each rank's LayerNorm weights saw only its own tokens, so their gradients are
+            // partial: all-reduce them, ln1w+ln1b and ln2w+ln2b (2 L C each, adjacent in the
+            // layout) and lnfw+lnfb (2 C). Without this the replicas of the LayerNorms drift apart.
+            watchdog_phase("LayerNorm gradient all-reduce", step);
+            comm_all_reduce(tp, g.ln1w, 2 * (size_t)config.num_layers * config.channels, COMM_FLOATX, COMM_SUM);
+            comm_all_reduce(tp, g.ln2w, 2 * (size_t)config.num_layers * config.channels, COMM_FLOATX, COMM_SUM);
+            comm_all_reduce(tp, g.lnfw, 2 * (size_t)config.channels, COMM_FLOATX, COMM_SUM);
+        }
+        // 2. the global gradient norm counts every parameter once: the slices' squares summed
+        // over the ranks (all-reduce of one float), the replicated tensors' squares, equal on
+        // every rank, added once
+        watchdog_phase("AdamW update", step);
+        double sliced = 0.0, replicated = 0.0;
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            float sq = global_norm_squared(model.grads_memory + model.layout.offsets[i], model.layout.sizes[i]);
+            if (model.layout.sharded[i]) sliced += sq;
+            else replicated += sq;
+        }
+        float sliced_sum = (float)sliced;
+        comm_all_reduce_scalar(tp, &sliced_sum, COMM_SUM);
+        float grad_norm = sqrtf(sliced_sum + (float)replicated);
+        // the loss and the norm are the same on every rank, so every rank stops here together
+        if (!isfinite(loss) || !isfinite(grad_norm)) {
+            fail("step %d: the %s is %g; stopping before the update, so nothing of this step is "
+                 "written (the newest checkpoint is intact; try a lower -l)", step + 1,
+                 isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss);
+        }
+        // 3. AdamW on this rank's slices. Replicated tensors get identical gradients on every
+        // rank and round alike (the layout's rounding index), so their copies stay identical.
+        float lr = learning_rate_at(step, args.lr, args.warmup, max_steps, args.final_lr_frac);
+        AdamWConfig opt = {lr, 0.9f, 0.95f, 1e-8f, args.weight_decay,
+                           (unsigned int)args.seed * 1000003u + (unsigned int)step};
+        float clip_scale = optimizer_clip_scale(grad_norm, args.grad_clip);
+        optimizer_adamw_step(model.params_memory, model.master_memory, model.grads_memory, model.m_memory,
+                             model.v_memory, 0, model.num_parameters, &model.layout, opt, clip_scale, step + 1);
+        device_synchronize();
+        double dt = wall_time_s() - t0;
+        double step_comm = 0.0;
+        for (int k = 0; k < COMM_NUM_KINDS; k++) step_comm += world.seconds[k];
+        if (step > start_step) {
+            total_time += dt;
+            comm_time += step_comm;
+            timed_steps++;
+        }
+        double tokens_per_s = args.total_batch / dt;
+        if (rank == 0) {
+            char line[256], comm[200];
+            // bytes per collective this step: equal to the formula printed at the start
+            snprintf(comm, sizeof(comm), "all-reduce %.2f MB, reduce-scatter %.2f MB, all-gather %.2f MB",
+                     world.bytes[COMM_ALL_REDUCE] / 1e6, world.bytes[COMM_REDUCE_SCATTER] / 1e6,
+                     world.bytes[COMM_ALL_GATHER] / 1e6);
+            if (step_comm > 0) {
+                size_t used = strlen(comm);
+                snprintf(comm + used, sizeof(comm) - used, " in %.1f ms (%.0f%%)", step_comm * 1e3, 100.0 * step_comm / dt);
+            }
+            double mfu = peak.flops > 0 ? 100.0 * flops_per_token * tokens_per_s / world.size / peak.flops : 0.0;
+            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, tokens_per_s, mfu);
+            printf("%s | %s\n", line, comm);
+        }
+        logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));
+        if (dump_grads != NULL && step == 0) {  // after the step's count (AdamW left the gradients)
+            float* full = rank == 0 ? (float*)malloc_check(P * sizeof(float)) : NULL;
+            gpt2_gather_full(&model, tp, model.grads_memory, COMM_FLOATX, full);
+            if (rank == 0) gpt2_write_model_file(dump_grads, config, full);
+            free(full);
+        }
+    }
+    if (rank == 0 && timed_steps > 0) {
+        double tokens_per_s = args.total_batch / (total_time / timed_steps);
+        printf("average step time %.1f ms, %.0f tokens/s", total_time / timed_steps * 1e3, tokens_per_s);
+        if (comm_time > 0) printf(", %.0f%% of it in collectives", 100.0 * comm_time / total_time);
+        if (peak.flops > 0) printf(", MFU %.1f%%", 100.0 * flops_per_token * tokens_per_s / world.size / peak.flops);
+        printf("\n");
+    }
+
+    watchdog_phase("shutdown", max_steps);
+    logger_close(&logger);
+    if (rank == 0 && can_sample) tokenizer_free(&tok);
+    dataloader_free(&train);
+    if (args.val_every > 0) dataloader_free(&val);
+    gpt2_free(&model);
+    comm_finalize();
+    return 0;
+}
