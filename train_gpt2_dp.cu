@@ -242,7 +242,7 @@ int main(int argc, char** argv) {
         banner_row(&rows[n++], "steps", "%d", max_steps);
         banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train.num_tokens, args.val_every > 0 ? val.num_tokens : (size_t)0);
         train_print_banner(rows, n);
-        train_print_parameter_layout(config);
+        train_print_parameter_layout(config, &model.layout);
         size_t master = model.master_memory ? P * sizeof(float) : 0;
         // 16 bytes per parameter either way: fp32 params 4 + grads 4 + m 4 + v 4, or bf16
         // params 2 + grads 2 + fp32 master 4 + m 4 + v 4. DDP keeps all 16 on every rank; ZeRO

@@ -79,39 +79,40 @@ def read_log(out_dir):
 REF = dict(layers=2, heads=4, channels=64, max_seq_len=64, batch=8, seq_len=32, steps=5, lr=1e-3,
            warmup=2, final_lr_frac=0.1, weight_decay=0.1, grad_clip=1.0, seed=42, dtype="float64",
            tokens=os.path.join(ROOT, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"))
+# the same with 3 heads of 16 channels and T = 24, for 3 tensor-parallel ranks (NH, 4C, Vp and T
+# divide by 3)
+REF3 = dict(REF, heads=3, channels=48, seq_len=24)
 _ref_cache = {}
 
 
-def reference_run():
-    if not _ref_cache:
-        out = os.path.join(TMP, "reference")
+def reference_run(cfg=REF):
+    key = (cfg["heads"], cfg["channels"], cfg["seq_len"])
+    if key not in _ref_cache:
+        out = os.path.join(TMP, "reference" if cfg is REF else "reference_%d_%d_%d" % key)
         shutil.rmtree(out, ignore_errors=True)
-        args = type("Args", (), dict(REF, out=out))
+        args = type("Args", (), dict(cfg, out=out))
         reference.run(args)
         with open(os.path.join(out, "reference.json")) as f:
-            _ref_cache.update(json.load(f), dir=out)
+            _ref_cache[key] = dict(json.load(f), dir=out)
         # the comparison is only meaningful if clipping and weight decay act: check they do
-        assert _ref_cache["grad_norms"][0] > REF["grad_clip"], "reference: clipping never active"
-    return _ref_cache
+        assert _ref_cache[key]["grad_norms"][0] > cfg["grad_clip"], "reference: clipping never active"
+    return _ref_cache[key]
 
 
-def trainer_args(ref, B, out_dir, extra=()):
-    total = REF["batch"] * REF["seq_len"]
-    return ["-e", os.path.join(ref["dir"], "model.bin"), "-i", REF["tokens"], "-b", B,
-            "-t", REF["seq_len"], "-d", total, "-x", REF["steps"], "-l", REF["lr"],
-            "-u", REF["warmup"], "-q", REF["final_lr_frac"], "-c", REF["weight_decay"],
-            "-gc", REF["grad_clip"], "-v", 0, "-s", 0, "-o", out_dir] + list(extra)
+def trainer_args(ref, B, out_dir, extra=(), cfg=REF):
+    total = cfg["batch"] * cfg["seq_len"]
+    return ["-e", os.path.join(ref["dir"], "model.bin"), "-i", cfg["tokens"], "-b", B,
+            "-t", cfg["seq_len"], "-d", total, "-x", cfg["steps"], "-l", cfg["lr"],
+            "-u", cfg["warmup"], "-q", cfg["final_lr_frac"], "-c", cfg["weight_decay"],
+            "-gc", cfg["grad_clip"], "-v", 0, "-s", 0, "-o", out_dir] + list(extra)
 
 
-def compare_with_reference(ranks, accum):
-    ref = reference_run()
-    B = REF["batch"] // (ranks * accum)
-    d = fresh_dir("dp_np%d_accum%d" % (ranks, accum))
-    grads_path = os.path.join(d, "grads.bin")
-    run_ok(ranks, trainer_args(ref, B, d, ["-n", REF["steps"], "-dump_grads", grads_path]))
+def check_against_reference(ref, d, grads_path, expected_bytes, formula, steps=REF["steps"]):
+    """the run in d (main.log, its step-0 gradients in grads_path, its final model file) against
+    the reference, and its communication per step against the formula's bytes"""
     train, _ = read_log(d)
-    losses = [train[s + 1]["train_loss"] for s in range(REF["steps"])]
-    norms = [train[s + 1]["grad_norm"] for s in range(REF["steps"])]
+    losses = [train[s + 1]["train_loss"] for s in range(steps)]
+    norms = [train[s + 1]["grad_norm"] for s in range(steps)]
     # The reference trains in float64, so every difference below is the trainer's fp32 rounding.
     # losses: the fp32 spacing at 10.8 is 1e-6 and measured errors are ~5e-7; 1e-5 leaves 20x
     # room, while a wrong token, mask or scale moves the loss by 1e-2 or more.
@@ -130,14 +131,25 @@ def compare_with_reference(ranks, accum):
     # final parameters: an AdamW step moves a weight by up to lr = 1e-3; measured errors are
     # ~2e-6 after 5 steps; 2e-5 (2% of one step) catches any wrong update
     _, p_ref = reference.read_model_file(os.path.join(ref["dir"], "final.bin"))
-    _, p = reference.read_model_file(os.path.join(d, "model_%08d.bin" % REF["steps"]))
+    _, p = reference.read_model_file(os.path.join(d, "model_%08d.bin" % steps))
     err = np.abs(p - p_ref).max()
     assert err <= 2e-5, "final parameters: max abs error %.3g" % err
-    # communication per step, from the comm layer's counters: DDP all-reduces every gradient
-    # (P fp32 values) and the loss (one float), whatever the number of ranks
-    expected = 4 * len(p_ref) + 4
-    for s in range(REF["steps"]):
-        assert train[s + 1]["comm_bytes"] == expected, "step %d moved %d bytes, expected 4 P + 4 = %d" % (s + 1, train[s + 1]["comm_bytes"], expected)
+    # communication per step, from the comm layer's counters, equal to the formula exactly
+    for s in range(steps):
+        assert train[s + 1]["comm_bytes"] == expected_bytes, "step %d moved %d bytes, expected %s = %d" % (
+            s + 1, train[s + 1]["comm_bytes"], formula, expected_bytes)
+
+
+def compare_with_reference(ranks, accum):
+    ref = reference_run()
+    B = REF["batch"] // (ranks * accum)
+    d = fresh_dir("dp_np%d_accum%d" % (ranks, accum))
+    grads_path = os.path.join(d, "grads.bin")
+    run_ok(ranks, trainer_args(ref, B, d, ["-n", REF["steps"], "-dump_grads", grads_path]))
+    # DDP all-reduces every gradient (P fp32 values) and the loss (one float), whatever the
+    # number of ranks
+    P = len(reference.read_model_file(os.path.join(ref["dir"], "final.bin"))[1])
+    check_against_reference(ref, d, grads_path, 4 * P + 4, "4 P + 4")
 
 
 def make_layout_test(ranks, accum):
@@ -825,6 +837,119 @@ def data_script_reproduces_committed_files():
     for rel in ("tinyshakespeare/tiny_shakespeare_train.bin", "tinyshakespeare/tiny_shakespeare_val.bin", "gpt2_tokenizer.bin"):
         with open(os.path.join(out, rel), "rb") as a, open(os.path.join(ROOT, "dev/data", rel), "rb") as b:
             assert a.read() == b.read(), rel + " differs from the committed file"
+
+
+# ---------------------------------------------------------------------------------------------
+# train_gpt2_tp: tensor parallelism against the same reference. The ranks share every
+# micro-batch, so B = batch / accum whatever tp is.
+
+TP = "./train_gpt2_tp"
+
+
+def tp_step_bytes(cfg, B, accum, sp):
+    """communication per step (README, tensor parallelism): per micro-batch 4L + 2 collectives of
+    B*T*C fp32 activations (all-reduces; with -sp all-gathers and as many reduce-scatters) and the
+    loss's all-reduces of 3 B*T fp32; per step the norm's 4 bytes and with -sp the LayerNorm
+    gradients' all-reduce of (4L + 2) C"""
+    L, C, T = cfg["layers"], cfg["channels"], cfg["seq_len"]
+    activations = accum * (4 * L + 2) * B * T * C * 4 * (2 if sp else 1)
+    return activations + accum * 3 * B * T * 4 + 4 + ((4 * L + 2) * C * 4 if sp else 0)
+
+
+def compare_tp_with_reference(tp, sp, accum, cfg=REF):
+    ref = reference_run(cfg)
+    B = cfg["batch"] // accum
+    d = fresh_dir("tp%d_sp%d_accum%d_nh%d" % (tp, sp, accum, cfg["heads"]))
+    grads_path = os.path.join(d, "grads.bin")
+    # the step-0 gradients are gathered from the ranks' slices into the whole model's layout
+    run_ok(tp, trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-sp", sp], cfg=cfg), program=TP)
+    check_against_reference(ref, d, grads_path, tp_step_bytes(cfg, B, accum, sp),
+                            "(4L+2) B T C 4 x %d x %d + 12 B T x %d + 4%s" % (accum, 2 if sp else 1, accum, " + (4L+2) C 4" if sp else ""))
+
+
+def make_tp_test(tp, sp, accum, cfg=REF):
+    def fn():
+        compare_tp_with_reference(tp, sp, accum, cfg)
+    fn.__name__ = "tp_vs_pytorch_tp%d%s_accum_%d%s" % (tp, "_sp" if sp else "", accum, "_3_heads" if cfg is REF3 else "")
+    return fn
+
+
+for _tp, _sp, _accum, _cfg in [(1, 0, 1, REF), (2, 0, 1, REF), (2, 1, 2, REF), (4, 0, 2, REF), (4, 1, 1, REF),
+                               (3, 0, 1, REF3), (3, 1, 2, REF3)]:
+    test(make_tp_test(_tp, _sp, _accum, _cfg))
+
+
+@test
+def tp_resume_is_bit_identical():
+    check_resume(lambda args, d: run_ok(2, args + ["-sp", 1], program=TP), "tp_resume", 4)
+
+
+@test
+def tp_model_file_loads_at_tp1_and_in_the_dp_trainer():
+    """the model file a tp=2 run writes is the whole model in llm.c's layout: tp=1 and the DP
+    trainer load it and measure the validation loss the tp=2 run measured"""
+    ref = reference_run()
+    d = fresh_dir("tp_file")
+    run_ok(2, trainer_args(ref, 8, d, ["-x", 2, "-n", 2, "-v", 2, "-m", 2]), program=TP)
+    val_tp2 = read_log(d)[1][2]["val_loss"]
+    for ranks, program in ((1, TP), (1, "./train_gpt2_dp")):
+        e = fresh_dir("tp_file_load")
+        run_ok(ranks, trainer_args(ref, 8, e, ["-e", os.path.join(d, "model_00000002.bin"), "-x", 0, "-v", 1, "-m", 2]), program=program)
+        val = read_log(e)[1][0]["val_loss"]
+        # the same weights; only the order of fp32 sums differs (~1e-7 at a loss of 10)
+        assert abs(val - val_tp2) <= 1e-5, "%s: val loss %.7f, the tp=2 run measured %.7f" % (program, val, val_tp2)
+
+
+def check_tp_bad_layout(ranks, extra, message, model=None):
+    """a layout that does not fit: the message, a non-zero exit, no files, no hang"""
+    ref = reference_run()
+    d = fresh_dir("tp_bad_layout")
+    out_dir = os.path.join(d, "out")
+    args = trainer_args(ref, 4, out_dir, extra) + (["-e", model] if model else [])
+    code, out = mpirun(ranks, args, timeout=60, program=TP)
+    assert code != 0, "exit code 0\n" + out[-2000:]
+    assert message in out, "message %r not in output:\n%s" % (message, out[-2000:])
+    assert not os.path.exists(out_dir), "the failed run created %s" % out_dir
+
+
+@test
+def tp_bad_layouts():
+    check_tp_bad_layout(3, [], "-tp 3: tensor parallelism splits the heads NH = 4 over the ranks, and 3 does not divide it")
+    # d5 has 5 heads, but the padded vocabulary 50304 = 2^7 x 3 x 131 does not split in 5
+    check_tp_bad_layout(5, ["-x", 1], "-tp 5: tensor parallelism splits the padded vocabulary Vp = 50304 over the ranks", model="d5")
+    check_tp_bad_layout(2, ["-sp", 1, "-t", 31, "-d", 8 * 31], "-sp 1 splits each sequence over the 2 ranks: -t 31 must be a multiple of 2")
+    check_tp_bad_layout(2, ["-tp", 4], "-tp 4: this trainer puts every rank in one tensor-parallel group, so -tp must equal the number of ranks, 2")
+
+
+# the bad inputs of the DP trainer, given to the TP trainer; messages that name the layout differ
+TP_MESSAGES = {"batch_tokens_overflow_int": "-d 64 must be a positive multiple of B*T = 4194304*1024 = 4294967296"}
+
+
+@test
+def tp_bad_inputs():
+    d, cases = bad_input_cases()
+    for name, args, message in cases:
+        before = set(os.listdir(d))
+        code, out = mpirun(2, args, timeout=60, program=TP)
+        message = TP_MESSAGES.get(name, message)
+        assert code != 0 and message in out, "%s: exit %d, message %r not in:\n%s" % (name, code, message, out[-2000:])
+        left = [f for f in set(os.listdir(d)) - before if f != "empty_out"]
+        assert not left, "%s left files behind: %s" % (name, left)
+
+
+@test
+def tp_sampling_and_validation_run():
+    """samples are drawn from logits split over the vocabulary; with -sp the prompt is padded"""
+    d = fresh_dir("tp_sample")
+    out = run_ok(2, ["-e", "d2", "-b", 2, "-t", 32, "-x", 2, "-v", 1, "-m", 2, "-s", 2, "-g", 16, "-sp", 1, "-o", d], program=TP)
+    assert "---- sample at step 2 ----" in out and "val loss" in out, out[-2000:]
+    _, val = read_log(d)
+    assert abs(val[0]["val_loss"] - np.log(50257)) < 0.2, val[0]
+
+
+@test
+def tp_one_rank_failing_stops_all_ranks():
+    check_one_rank_failing("tp_one_rank_fails", TP)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,6 +6,9 @@ v1: one thread per (position, channel) with atomicAdd: fast, but floating-point 
     whatever order the threads arrive, so two runs can differ in the last bits.
 v2: positions grouped by token on the host, one block per token sums its rows in a fixed order
     (llmc/cuda/encoder.cuh): deterministic, which bit-identical resumes and tests rely on.
+Then the vocabulary-parallel embedding of tensor parallelism: tokens of -1 (rows on another rank)
+read zeros forward and add nothing to dwte backward, and wpe is NULL (added on one rank only);
+checked with a third of the tokens -1, and with every token -1 (no dwte launch at all).
 */
 #include "common.h"
 namespace cpu {
@@ -19,6 +22,33 @@ __global__ void encoder_backward_wte_v1(float* dwte, const floatX* dout, const i
     size_t bt = idx / C;
     int c = (int)(idx % C);
     atomicAdd(&dwte[(size_t)inp[bt] * C + c], (float)dout[idx]);
+}
+
+// forward without wpe and backward, with inp (B, T) holding tokens of -1, against the CPU;
+// d_inp, d_out, d_dwte and d_dwpe are overwritten
+static int check_other_rank_tokens(const char* name, const int* inp, const float* wte, const float* dout,
+                                   int* d_inp, const floatX* d_wte, const floatX* d_dout, floatX* d_out,
+                                   floatX* d_dwte, floatX* d_dwpe, int B, int T, int C, int V) {
+    float* out = (float*)malloc_check((size_t)B * T * C * sizeof(float));
+    float* dwte = (float*)calloc_check((size_t)V * C, sizeof(float));
+    float* dwpe = (float*)calloc_check((size_t)T * C, sizeof(float));
+    cpu::encoder_forward(out, inp, wte, NULL, B, T, C);
+    cpu::encoder_backward(dwte, dwpe, dout, inp, B, T, C);
+    copy_host_to_device(d_inp, inp, (size_t)B * T * sizeof(int));
+    float tol = default_tolerance();
+    int ok = 1;
+    printf("  %s\n", name);
+    encoder_forward(d_out, d_inp, d_wte, NULL, B, T, C);
+    ok &= validate("forward, wpe NULL", d_out, out, (size_t)B * T * C, tol);
+    device_memset_zero(d_dwte, (size_t)V * C * sizeof(floatX));
+    device_memset_zero(d_dwpe, (size_t)T * C * sizeof(floatX));
+    encoder_backward(d_dwte, d_dwpe, d_dout, d_inp, B, T, C);
+    ok &= validate("v2 dwte", d_dwte, dwte, (size_t)V * C, tol);
+    ok &= validate("v2 dwpe", d_dwpe, dwpe, (size_t)T * C, tol);
+    free(out);
+    free(dwte);
+    free(dwpe);
+    return ok;
 }
 
 int main(void) {
@@ -68,5 +98,15 @@ int main(void) {
     ok &= validate("v2 dwpe", d_dwpe, dwpe, (size_t)T * C, tol);
     TIME_KERNEL(ms, 10, encoder_backward(d_dwte, d_dwpe, d_dout, d_inp, B, T, C));
     report("v2 dwte + dwpe", ms, 0, 0);
+
+    // a vocabulary-parallel embedding: a third of the tokens on another rank, then all of them
+    for (int i = 0; i < B * T; i++) {
+        if (rng_u64(&dev_rng) % 3 == 0) inp[i] = -1;
+    }
+    ok &= check_other_rank_tokens("tokens of -1 (a third of them), no wpe", inp, wte, dout, d_inp, d_wte, d_dout,
+                                  d_out, d_dwte, d_dwpe, B, T, C, V);
+    for (int i = 0; i < B * T; i++) inp[i] = -1;
+    ok &= check_other_rank_tokens("every token -1, no wpe", inp, wte, dout, d_inp, d_wte, d_dout, d_out, d_dwte,
+                                  d_dwpe, B, T, C, V);
     return finish(ok);
 }

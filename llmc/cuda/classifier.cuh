@@ -73,4 +73,136 @@ static inline void fused_classifier(floatX* logits, float* losses, const int* ta
     cudaCheckLaunch();
 }
 
+// ---------------------------------------------------------------------------------------------
+// The same loss with the vocabulary split over ranks (Megatron-LM's vocab-parallel
+// cross-entropy, llmc/cpu/classifier.h): a rank holds the columns [lo, lo + Vl) of every row of
+// logits (N, Vl), of which the first `real` are tokens and the rest padding. Three kernels, with
+// an all-reduce of N (then 2N) floats over the ranks between them instead of a gather of the
+// N x V logits:
+//   1. classifier_shard_max    this rank's row maxima             -> all-reduce MAX
+//   2. classifier_shard_sums   sum of exp(logit - max), target's logit - max -> all-reduce SUM
+//   3. classifier_shard_loss   losses, and the logits' gradient with dloss != 0
+// The max must be global before any exponential is summed, so the online softmax of
+// fused_classifier (one pass) does not apply across ranks: the row is read once per kernel.
+// Each kernel is one block per row, 16 bytes per access; Vl is whole packs, so the last pack that
+// holds real columns is still inside the row, and its columns from `real` on are masked.
+#define CLASSIFIER_SHARD_THREADS 512
+
+// the block's max and sum of one value per thread: warps through shuffles, then the warps'
+// results through shared memory; every thread ends with the result. Each is called once per
+// kernel (a second call would need a barrier before its shared writes).
+__device__ inline float block_max(float v) {
+    __shared__ float warp_maxes[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    v = warp_max(v);
+    if (lane == 0) warp_maxes[warp] = v;
+    __syncthreads();  // every warp's max is written before any thread reads them
+    v = -INFINITY;
+    for (int w = 0; w < (int)blockDim.x / 32; w++) v = fmaxf(v, warp_maxes[w]);
+    return v;
+}
+__device__ inline float block_sum(float v) {
+    __shared__ float warp_sums[32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    v = warp_sum(v);
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();  // every warp's sum is written before any thread reads them
+    v = 0.0f;
+    for (int w = 0; w < (int)blockDim.x / 32; w++) v += warp_sums[w];
+    return v;
+}
+
+// block n: maxes[n] = the max of the real columns of row n of logits (N, Vl); -inf when real = 0
+__global__ void classifier_shard_max_kernel(float* maxes, const floatX* logits, int Vl, int real) {
+    int n = blockIdx.x;
+    const floatX* row = logits + (size_t)n * Vl;
+    float m = -INFINITY;
+    for (int v0 = threadIdx.x * PACK16; v0 < real; v0 += blockDim.x * PACK16) {
+        Pack16 x = load16(row + v0);
+        for (int k = 0; k < PACK16; k++) {
+            if (v0 + k < real) m = fmaxf(m, (float)x.v[k]);
+        }
+    }
+    m = block_max(m);
+    if (threadIdx.x == 0) maxes[n] = m;
+}
+
+// block n: sums (N, 2)[n] = [sum over the real columns of exp(logit - maxes[n]), the target's
+// logit - maxes[n] if this rank holds the target, else 0]. maxes are the all-reduced ones.
+__global__ void classifier_shard_sums_kernel(float* sums, const floatX* logits, const float* maxes,
+                                             const int* targets, int Vl, int real, int lo) {
+    int n = blockIdx.x;
+    const floatX* row = logits + (size_t)n * Vl;
+    float m = maxes[n], s = 0.0f;
+    for (int v0 = threadIdx.x * PACK16; v0 < real; v0 += blockDim.x * PACK16) {
+        Pack16 x = load16(row + v0);
+        for (int k = 0; k < PACK16; k++) {
+            if (v0 + k < real) s += expf((float)x.v[k] - m);
+        }
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) {
+        int local = targets[n] - lo;  // the target's column on this rank, if it is here
+        sums[2 * n] = s;
+        sums[2 * n + 1] = local >= 0 && local < real ? (float)row[local] - m : 0.0f;
+    }
+}
+
+// block n: losses[n] = log(sum) - (target logit - max) from the all-reduced sums (N, 2); with
+// dloss != 0 row n of logits (N, Vl) becomes dloss * (softmax - onehot(target)) over the real
+// columns, 0 over the padding. The target's logit was read by classifier_shard_sums, and each
+// thread reads and writes only its own packs, so no barrier orders the overwrite.
+__global__ void classifier_shard_loss_kernel(floatX* logits, float* losses, const float* maxes,
+                                             const float* sums, const int* targets, float dloss,
+                                             int Vl, int real, int lo) {
+    int n = blockIdx.x;
+    float sum = sums[2 * n];
+    if (threadIdx.x == 0) losses[n] = logf(sum) - sums[2 * n + 1];
+    if (dloss == 0.0f) return;
+    floatX* row = logits + (size_t)n * Vl;
+    float m = maxes[n], scale = dloss / sum;
+    int local = targets[n] - lo;  // out of [0, real) when another rank holds the target
+    for (int v0 = threadIdx.x * PACK16; v0 < Vl; v0 += blockDim.x * PACK16) {
+        Pack16 x = load16(row + v0), grad;
+        for (int k = 0; k < PACK16; k++) {
+            int v = v0 + k;
+            float g = v < real ? expf((float)x.v[k] - m) * scale : 0.0f;
+            grad.v[k] = (floatX)(v == local ? g - dloss : g);
+        }
+        store16(row + v0, grad);
+    }
+}
+
+static inline void classifier_shard_check(const char* op, int Vl, int real) {
+    check_whole_packs(op, "Vl", (size_t)Vl);
+    if (real < 0 || real > Vl) fail("%s: real = %d is not in [0, Vl = %d]", op, real, Vl);
+}
+
+// maxes (N) = the max of each row's real columns of logits (N, Vl) (-inf when real = 0)
+static inline void classifier_shard_max(float* maxes, const floatX* logits, int N, int Vl, int real) {
+    classifier_shard_check("classifier_shard_max", Vl, real);
+    classifier_shard_max_kernel<<<N, CLASSIFIER_SHARD_THREADS>>>(maxes, logits, Vl, real);
+    cudaCheckLaunch();
+}
+
+// sums (N, 2): [sum over real columns of exp(logit - maxes[n]), the target's logit - maxes[n]
+// if lo <= target < lo + real, else 0]
+static inline void classifier_shard_sums(float* sums, const floatX* logits, const float* maxes,
+                                         const int* targets, int N, int Vl, int real, int lo) {
+    classifier_shard_check("classifier_shard_sums", Vl, real);
+    classifier_shard_sums_kernel<<<N, CLASSIFIER_SHARD_THREADS>>>(sums, logits, maxes, targets, Vl, real, lo);
+    cudaCheckLaunch();
+}
+
+// losses (N) = log(sum) - (target logit - max); with dloss != 0 each row of logits (N, Vl)
+// becomes dloss * (softmax - onehot(target)) over its real columns and 0 over its padding
+static inline void classifier_shard_loss(floatX* logits, float* losses, const float* maxes,
+                                         const float* sums, const int* targets, float dloss, int N,
+                                         int Vl, int real, int lo) {
+    classifier_shard_check("classifier_shard_loss", Vl, real);
+    classifier_shard_loss_kernel<<<N, CLASSIFIER_SHARD_THREADS>>>(logits, losses, maxes, sums, targets, dloss, Vl,
+                                                                  real, lo);
+    cudaCheckLaunch();
+}
+
 #endif

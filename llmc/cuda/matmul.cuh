@@ -121,4 +121,26 @@ static inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias,
     }
 }
 
+// out (N, OC) += bias (OC): the bias of a row-parallel matmul, added once after the partial
+// products of the ranks were summed (train_gpt2_tp.cu). Memory-bound (out read and written once),
+// so one thread per 16-byte pack: OC is whole packs, so a pack never straddles two rows and its
+// bias is one aligned pack too. Each element is added in fp32 and rounded to floatX once.
+__global__ void bias_add_kernel(floatX* out, const floatX* bias, size_t packs, int OC) {
+    size_t pack = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (pack >= packs) return;
+    size_t i = pack * PACK16;
+    int o = (int)(i % OC);
+    Pack16 x = load16(out + i), b = load16(bias + o);
+    for (int k = 0; k < PACK16; k++) x.v[k] = (floatX)((float)x.v[k] + (float)b.v[k]);
+    store16(out + i, x);
+}
+
+static inline void bias_add(floatX* out, const floatX* bias, int N, int OC) {
+    check_whole_packs("bias_add", "OC", (size_t)OC);
+    size_t packs = (size_t)N * OC / PACK16;
+    if (packs == 0) return;
+    bias_add_kernel<<<ceil_div(packs, 256), 256>>>(out, bias, packs, OC);
+    cudaCheckLaunch();
+}
+
 #endif
