@@ -846,14 +846,14 @@ def data_script_reproduces_committed_files():
 TP = "./train_gpt2_tp"
 
 
-def tp_step_bytes(cfg, B, accum, sp):
+def tp_step_bytes(cfg, B, accum, sp, X=4):
     """communication per step (README, tensor parallelism): per micro-batch 4L + 2 collectives of
-    B*T*C fp32 activations (all-reduces; with -sp all-gathers and as many reduce-scatters) and the
-    loss's all-reduces of 3 B*T fp32; per step the norm's 4 bytes and with -sp the LayerNorm
-    gradients' all-reduce of (4L + 2) C"""
+    B*T*C activations of X bytes (all-reduces; with -sp all-gathers and as many reduce-scatters)
+    and the loss's all-reduces of 3 B*T fp32; per step the norm's 4 bytes and with -sp the
+    LayerNorm gradients' all-reduce of (4L + 2) C"""
     L, C, T = cfg["layers"], cfg["channels"], cfg["seq_len"]
-    activations = accum * (4 * L + 2) * B * T * C * 4 * (2 if sp else 1)
-    return activations + accum * 3 * B * T * 4 + 4 + ((4 * L + 2) * C * 4 if sp else 0)
+    activations = accum * (4 * L + 2) * B * T * C * X * (2 if sp else 1)
+    return activations + accum * 3 * B * T * 4 + 4 + ((4 * L + 2) * C * X if sp else 0)
 
 
 def compare_tp_with_reference(tp, sp, accum, cfg=REF):
@@ -1019,13 +1019,16 @@ def emu_runner(devices, order="forward", attention=None):
     return run
 
 
-def compare_cuda_with_reference(kind, precision, ranks, run):
+def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None):
+    """the DP trainer on `ranks` ranks; with tp_sp = 0 or 1 the TP trainer, -sp tp_sp"""
     ref = reference_run()
-    (program,) = build(kind, precision, ["train_gpt2_dp"])
-    d = fresh_dir("%s_%s_np%d" % (kind, precision, ranks))
+    trainer = "train_gpt2_dp" if tp_sp is None else "train_gpt2_tp"
+    (program,) = build(kind, precision, [trainer])
+    d = fresh_dir("%s_%s_%s_np%d" % (kind, precision, trainer, ranks))
     grads_path = os.path.join(d, "grads.bin")
-    B = REF["batch"] // ranks
-    run(program, ranks, trainer_args(ref, B, d, ["-n", REF["steps"], "-dump_grads", grads_path]), d)
+    B = REF["batch"] // ranks if tp_sp is None else REF["batch"]
+    extra = [] if tp_sp is None else ["-sp", tp_sp]
+    run(program, ranks, trainer_args(ref, B, d, ["-n", REF["steps"], "-dump_grads", grads_path] + extra), d)
     train, _ = read_log(d)
     _, g_ref = reference.read_model_file(os.path.join(ref["dir"], "grads.bin"))
     _, g = reference.read_model_file(grads_path)
@@ -1035,10 +1038,13 @@ def compare_cuda_with_reference(kind, precision, ranks, run):
     loss_err = max(abs(a - b) for a, b in zip(losses, ref["losses"]))
     grad_err = np.linalg.norm(g - g_ref) / np.linalg.norm(g_ref)
     param_max, param_mean = np.abs(p - p_ref).max(), np.abs(p - p_ref).mean()
-    print("    %s %s %d ranks: loss err %.2e, grad rel err %.2e, param err max %.2e mean %.2e"
-          % (kind, precision, ranks, loss_err, grad_err, param_max, param_mean))
-    # the gradient all-reduce moves P values of the training precision, plus the fp32 loss
-    expected = (4 if precision == "FP32" else 2) * len(p_ref) + 4
+    print("    %s %s %s %d ranks: loss err %.2e, grad rel err %.2e, param err max %.2e mean %.2e"
+          % (kind, trainer, precision, ranks, loss_err, grad_err, param_max, param_mean))
+    X = 4 if precision == "FP32" else 2
+    if tp_sp is None:  # the gradient all-reduce moves P values of the training precision + the fp32 loss
+        expected = X * len(p_ref) + 4
+    else:
+        expected = tp_step_bytes(REF, B, 1, tp_sp, X)
     assert train[1]["comm_bytes"] == expected, "moved %d bytes, expected %d" % (train[1]["comm_bytes"], expected)
     if precision == "FP32":
         # cuBLAS in strict fp32 and fp32 kernels: only the summation order differs from the
@@ -1081,6 +1087,19 @@ for _precision in ("FP32", "BF16"):
 for _precision, _ranks, _devices in (("FP32", 1, 1), ("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2, 1)):
     test(make_emu_test(_precision, _ranks, _devices))
 test(make_emu_test("BF16", 1, 1, "cublas"))
+
+
+def make_emu_tp_test(precision, devices, sp):
+    def fn():
+        compare_cuda_with_reference("emu", precision, 2, emu_runner(devices), tp_sp=sp)
+    fn.__name__ = "emu_tp_vs_pytorch_%s_tp2%s_%s" % (precision.lower(), "_sp" if sp else "", "nccl" if devices == 2 else "host_staged")
+    return fn
+
+
+# tensor parallelism on the emulator: NCCL in fp32 (tight), the host-staged path in bf16 (bounded)
+for _precision, _devices in (("FP32", 2), ("BF16", 1)):
+    for _sp in (0, 1):
+        test(make_emu_tp_test(_precision, _devices, _sp))
 
 
 @test
