@@ -2,9 +2,9 @@
 #   make                 build every trainer (BACKEND=cpu|cuda; default cuda when nvcc and a GPU are present)
 #   make test            build and run all tests; ends with "N passed, N failed, N skipped"
 #   make train           set up what is missing, build, and run the quick-start training job
-#   make bench           benchmarks (CPU: matmul GFLOP/s and a training step; GPU: dev/bench/bench_gpu.sh)
-#   make sanitize        the CPU trainer built with AddressSanitizer + UndefinedBehaviorSanitizer:
-#                        build/sanitize/train_gpt2_dp (the tests run their bad inputs through it)
+#   make bench           benchmarks (CPU: matmul GFLOP/s, a training step, tensor parallelism; GPU: dev/bench/bench_gpu.sh)
+#   make sanitize        the CPU trainers built with AddressSanitizer + UndefinedBehaviorSanitizer:
+#                        build/sanitize/train_gpt2_dp, ..._tp (the tests run bad inputs and a TP run through them)
 #   make mutation-sweep  delete each barrier of llmc/cuda in turn and check the emulator notices
 #                        (dev/cuda/mutation_sweep.py; about 15 minutes on 2 cores)
 #   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90 (no GPU needed)
@@ -70,7 +70,7 @@ endif
 # any out-of-bounds access, use after free or undefined behaviour (an int overflow, a bad shift)
 # stops the program with a report; -O1 -g keeps the reports readable
 SANITIZE_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-sanitize: build/sanitize/train_gpt2_dp
+sanitize: build/sanitize/train_gpt2_dp build/sanitize/train_gpt2_tp
 build/sanitize/train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-deps
 	@mkdir -p $(dir $@)
 	$(MPICC) $(filter-out -O3,$(CFLAGS)) $(SANITIZE_FLAGS) -x c $< -x none -o $@ $(LDLIBS)
@@ -123,16 +123,18 @@ mutation-sweep:
 	$(PYTHON) dev/cuda/mutation_sweep.py
 
 # CI without a GPU: every trainer, every dev/cuda file and the comm test must compile for Ampere
-# and Hopper, in both precisions
+# and Hopper, in both precisions. One nvcc call builds both architectures (the host code once,
+# the two device compilations on two threads).
 cuda-check: | check-cuda-deps
 	@mkdir -p build/cuda-check
-	@set -e; for arch in 80 90; do for prec in BF16 FP32; do \
+	@set -e; for prec in BF16 FP32; do \
 	  for src in $(TRAINERS:=.cu) $(DEV_CUDA) test/test_comm.c; do \
-	    out=build/cuda-check/$$(basename $${src%.*})_sm$${arch}_$$prec; \
-	    echo "nvcc sm_$$arch $$prec $$src"; \
-	    $(NVCC) -gencode arch=compute_$$arch,code=sm_$$arch -O1 -std=c++17 -I. --compiler-options -Wall,-Wextra,-fopenmp \
-	      $$( [ $$prec = FP32 ] && echo -DENABLE_FP32 ) -x cu $$src -o $$out $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS) -lgomp; \
-	  done; done; done; echo "cuda-check: all compiled"
+	    out=build/cuda-check/$$(basename $${src%.*})_sm80_sm90_$$prec; \
+	    echo "nvcc sm_80 + sm_90 $$prec $$src"; \
+	    $(NVCC) -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 --threads 2 -O1 -std=c++17 -I. \
+	      --compiler-options -Wall,-Wextra,-fopenmp $$( [ $$prec = FP32 ] && echo -DENABLE_FP32 ) -x cu $$src -o $$out \
+	      $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS) -lgomp; \
+	  done; done; echo "cuda-check: all compiled"
 
 # says exactly what is missing and how to install it
 check-deps:
@@ -159,9 +161,10 @@ train: setup
 	OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 ./train_gpt2_dp -e d4 -b 4 -t 64 -x 150 -v 25 -m 10 -s 50 -g 64 -n 50 -l 1e-3 -u 10 -q 0.1 -c 0.1 -o out/quickstart
 
 bench: dev/bench/bench_matmul
-	$(MAKE) -s BACKEND=cpu train_gpt2_dp
+	$(MAKE) -s BACKEND=cpu train_gpt2_dp train_gpt2_tp
 	./dev/bench/bench_matmul
 	./dev/bench/bench_cpu_step.sh
+	./dev/bench/bench_tp.sh
 
 clean:
 	rm -f $(TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul $(DEV_CUDA:.cu=)

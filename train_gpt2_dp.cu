@@ -163,24 +163,10 @@ int main(int argc, char** argv) {
     int from_descriptor = gpt2_config_from_descriptor(args.model, &config);
     if (!from_descriptor) gpt2_read_model_config(args.model, &config);
 
-    // ---- the batch layout: B x T per micro-batch, `accum` micro-batches per rank per step.
-    // Products of flags are taken in 64 bits: -b 4194304 -t 1024 on 2 ranks is 2^33 tokens.
-    if (args.T > config.max_seq_len) {
-        fail("-t %d is longer than the model's maximum sequence length %d", args.T, config.max_seq_len);
-    }
-    size_t tokens_per_pass = mul_check(mul_check(args.B, args.T, "-b x -t"), world.size, "-b x -t x ranks");
-    if (args.total_batch == -1) {
-        if (tokens_per_pass > INT_MAX) fail("B*T*ranks = %zu tokens does not fit -d's int range", tokens_per_pass);
-        args.total_batch = (int)tokens_per_pass;
-    }
-    if (args.total_batch <= 0 || args.total_batch % tokens_per_pass != 0) {
-        fail("-d %d must be a positive multiple of B*T*ranks = %d*%d*%d = %zu", args.total_batch,
-             args.B, args.T, world.size, tokens_per_pass);
-    }
-    int accum = (int)(args.total_batch / tokens_per_pass);
-    if ((args.checkpoint_every > 0 || args.resume) && args.out_dir == NULL) {
-        fail("-n and -y need an output dir (-o)");
-    }
+    // ---- the batch layout: B x T per micro-batch, `accum` micro-batches per rank per step,
+    // every rank on its own data
+    train_check_flags(&args, config);
+    int accum = train_accumulation_steps(&args, world.size, "ranks");
 
     // ---- memory: predicted before allocating, so a batch too large for this machine is a
     // message rather than a kill by the out-of-memory killer mid-run (llmc/memory.h). Host
@@ -280,35 +266,26 @@ int main(int argc, char** argv) {
     logger_init(&logger, args.out_dir, rank, args.resume ? start_step : -1);
 
     // ---- training loop; `step` counts completed optimizer steps
-    // model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per
-    // parameter, plus the attention scores and their use, 12 L C T (PaLM paper, appendix B)
-    double flops_per_token = 6.0 * model.num_parameters + 12.0 * config.num_layers * config.channels * args.T;
+    double flops_per_token = train_flops_per_token(config, args.T);
     DevicePeak peak = device_peak();
-    double peak_flops = peak.flops;
-    if (rank == 0 && peak_flops > 0)
-        printf("MFU against the %s dense %s peak, %.0f TFLOP/s\n", peak.part, PRECISION_NAME, peak_flops / 1e12);
-    size_t peak_memory = 0;
-    double total_time = 0.0;
-    int timed_steps = 0;
+    if (rank == 0 && peak.flops > 0)
+        printf("MFU against the %s dense %s peak, %.0f TFLOP/s\n", peak.part, PRECISION_NAME, peak.flops / 1e12);
+    StepStats stats = {0, 0, 0, 0};
     for (int step = start_step; step <= max_steps; step++) {
         int last = step == max_steps;
         // The checkpoint of a step holds the state before that step's validation and sample
         // (the sampling rng included), so a resumed run redoes them exactly as an uninterrupted
         // run with its flags would: same values, same samples, and the log was cut back to match
         uint64_t rng_before_sample = sample_rng.state;
-        if (args.val_every > 0 && (step % args.val_every == 0 || last)) {
+        if (train_due(args.val_every, step, last)) {
             watchdog_phase("validation", step);
-            float val_loss = evaluate(&model, &val, args.val_batches, &world);
-            if (!isfinite(val_loss)) fail("step %d: the validation loss is %g; stopping", step, val_loss);
-            if (rank == 0) printf("val loss after %d steps: %.6f\n", step, val_loss);
-            logger_val(&logger, step, val_loss);
+            train_report_val(&logger, rank, step, evaluate(&model, &val, args.val_batches, &world));
         }
-        if (can_sample && step > 0 && (step % args.sample_every == 0 || last)) {
+        if (can_sample && step > 0 && train_due(args.sample_every, step, last)) {
             watchdog_phase("sampling", step);
             sample(&model, &tok, &sample_rng, gen_tokens, step);
         }
-        int resumed_here = args.resume && step == start_step;  // this checkpoint exists already
-        if (args.checkpoint_every > 0 && !resumed_here && (last || (step > start_step && step % args.checkpoint_every == 0))) {
+        if (train_checkpoint_due(&args, step, start_step, last)) {
             watchdog_phase("checkpoint write", step);
             write_checkpoint(&model, args.out_dir, &world, NULL, step, &identity, rng_before_sample);
         }
@@ -355,11 +332,7 @@ int main(int argc, char** argv) {
         float grad_norm = sqrtf(global_norm_squared(model.grads_memory, model.num_parameters));
         // A nan or inf anywhere on any rank reaches every rank through the all-reduced sums, so
         // all ranks stop here together, before this step updates, logs or checkpoints anything
-        if (!isfinite(loss) || !isfinite(grad_norm)) {
-            fail("step %d: the %s is %g; stopping before the update, so nothing of this step is "
-                 "written (the newest checkpoint is intact; try a lower -l)", step + 1,
-                 isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss);
-        }
+        train_stop_if_not_finite(step, loss, grad_norm);
         float lr = learning_rate_at(step, args.lr, args.warmup, max_steps, args.final_lr_frac);
         // the same seed on every rank: stochastic rounding must round the replicas alike
         AdamWConfig opt = {lr, 0.9f, 0.95f, 1e-8f, args.weight_decay,
@@ -369,13 +342,8 @@ int main(int argc, char** argv) {
                              model.v_memory, 0, model.num_parameters, &model.layout, opt, clip_scale, step + 1);
         device_synchronize();
         double dt = wall_time_s() - t0;
-        if (step > start_step) {  // the first step warms caches; leave it out of the average
-            total_time += dt;
-            timed_steps++;
-        }
+        step_stats_add(&stats, step == start_step, dt, &world);
         double tokens_per_s = args.total_batch / dt;
-        size_t memory = device_memory_used();
-        peak_memory = memory > peak_memory ? memory : peak_memory;
         if (rank == 0) {
             char line[256], comm[160];
             // the communication of the step: the bytes are payload, what this rank handed to the
@@ -386,8 +354,7 @@ int main(int argc, char** argv) {
             else if (comm_s <= 0) snprintf(comm, sizeof(comm), "all-reduce %.2f MB grads + 4 B loss (NCCL, asynchronous: not timed)", grad_bytes / 1e6);
             else snprintf(comm, sizeof(comm), "all-reduce %.2f MB grads + 4 B loss in %.1f ms (%.2f GB/s payload)",
                           grad_bytes / 1e6, comm_s * 1e3, (grad_bytes + 4) / comm_s / 1e9);
-            // MFU: this rank's share of the tokens against one device's peak
-            double mfu = peak_flops > 0 ? 100.0 * flops_per_token * tokens_per_s / world.size / peak_flops : 0.0;
+            double mfu = train_mfu(flops_per_token, tokens_per_s, world.size, peak);
             train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, tokens_per_s, mfu);
             printf("%s | %s\n", line, comm);
         }
@@ -396,13 +363,7 @@ int main(int argc, char** argv) {
             train_check_replicas(model.params_memory, model.num_parameters, &world, step + 1);
         }
     }
-    if (rank == 0 && timed_steps > 0) {
-        double tokens_per_s = args.total_batch / (total_time / timed_steps);
-        printf("average step time %.1f ms, %.0f tokens/s", total_time / timed_steps * 1e3, tokens_per_s);
-        if (peak_flops > 0) printf(", MFU %.1f%%", 100.0 * flops_per_token * tokens_per_s / world.size / peak_flops);
-        if (peak_memory > 0) printf(", peak device memory %.2f GB", peak_memory / 1e9);
-        printf("\n");
-    }
+    if (rank == 0) step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
 
     watchdog_phase("shutdown", max_steps);
     logger_close(&logger);

@@ -299,27 +299,13 @@ int main(int argc, char** argv) {
              "the number of ranks, %d (launch with mpirun -np %d, or leave -tp out)", tp_flag, world.size, tp_flag);
     }
     LayerDims dims = layer_dims(config, world.size, sp);
-    if (args.T > config.max_seq_len) {
-        fail("-t %d is longer than the model's maximum sequence length %d", args.T, config.max_seq_len);
-    }
+    train_check_flags(&args, config);
     if (sp && args.T % world.size != 0) {
         fail("-sp 1 splits each sequence over the %d ranks: -t %d must be a multiple of %d", world.size,
              args.T, world.size);
     }
     // the batch: all ranks work on the same B x T tokens, `accum` micro-batches per step
-    size_t tokens_per_pass = mul_check(args.B, args.T, "-b x -t");
-    if (args.total_batch == -1) {
-        if (tokens_per_pass > INT_MAX) fail("B*T = %zu tokens does not fit -d's int range", tokens_per_pass);
-        args.total_batch = (int)tokens_per_pass;
-    }
-    if (args.total_batch <= 0 || args.total_batch % tokens_per_pass != 0) {
-        fail("-d %d must be a positive multiple of B*T = %d*%d = %zu (the tensor-parallel ranks "
-             "share every micro-batch)", args.total_batch, args.B, args.T, tokens_per_pass);
-    }
-    int accum = (int)(args.total_batch / tokens_per_pass);
-    if ((args.checkpoint_every > 0 || args.resume) && args.out_dir == NULL) {
-        fail("-n and -y need an output dir (-o)");
-    }
+    int accum = train_accumulation_steps(&args, 1, NULL);
 
     // ---- memory, predicted before allocating (llmc/memory.h). Host buffers at their largest:
     // the whole model in fp32 (every rank reads it and keeps its slices) plus the slices, and on
@@ -428,30 +414,25 @@ int main(int argc, char** argv) {
     logger_init(&logger, args.out_dir, rank, args.resume ? start_step : -1);
 
     // ---- training loop; `step` counts completed optimizer steps
-    // model FLOPs per token, as in train_gpt2_dp.cu; each rank does 1/tp of them
-    double flops_per_token = 6.0 * P + 12.0 * config.num_layers * config.channels * args.T;
+    // model FLOPs per token (llmc/train.h); each rank does about 1/tp of them
+    double flops_per_token = train_flops_per_token(config, args.T);
     DevicePeak peak = device_peak();
     if (rank == 0 && peak.flops > 0)
         printf("MFU against the %s dense %s peak, %.0f TFLOP/s\n", peak.part, PRECISION_NAME, peak.flops / 1e12);
-    double total_time = 0.0, comm_time = 0.0;
-    int timed_steps = 0;
+    StepStats stats = {0, 0, 0, 0};
     for (int step = start_step; step <= max_steps; step++) {
         int last = step == max_steps;
         // a checkpoint holds the state before its step's validation and sample (train_gpt2_dp.cu)
         uint64_t rng_before_sample = sample_rng.state;
-        if (args.val_every > 0 && (step % args.val_every == 0 || last)) {
+        if (train_due(args.val_every, step, last)) {
             watchdog_phase("validation", step);
-            float val_loss = evaluate(&model, tp, &val, args.val_batches);
-            if (!isfinite(val_loss)) fail("step %d: the validation loss is %g; stopping", step, val_loss);
-            if (rank == 0) printf("val loss after %d steps: %.6f\n", step, val_loss);
-            logger_val(&logger, step, val_loss);
+            train_report_val(&logger, rank, step, evaluate(&model, tp, &val, args.val_batches));
         }
-        if (can_sample && step > 0 && (step % args.sample_every == 0 || last)) {
+        if (can_sample && step > 0 && train_due(args.sample_every, step, last)) {
             watchdog_phase("sampling", step);
             sample(&model, tp, rank == 0 ? &tok : NULL, eot, &sample_rng, gen_tokens, step);
         }
-        int resumed_here = args.resume && step == start_step;
-        if (args.checkpoint_every > 0 && !resumed_here && (last || (step > start_step && step % args.checkpoint_every == 0))) {
+        if (train_checkpoint_due(&args, step, start_step, last)) {
             watchdog_phase("checkpoint write", step);
             write_checkpoint(&model, args.out_dir, &world, tp, step, &identity, rng_before_sample);
         }
@@ -498,11 +479,7 @@ int main(int argc, char** argv) {
         comm_all_reduce_scalar(tp, &sliced_sum, COMM_SUM);
         float grad_norm = sqrtf(sliced_sum + (float)replicated);
         // the loss and the norm are the same on every rank, so every rank stops here together
-        if (!isfinite(loss) || !isfinite(grad_norm)) {
-            fail("step %d: the %s is %g; stopping before the update, so nothing of this step is "
-                 "written (the newest checkpoint is intact; try a lower -l)", step + 1,
-                 isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss);
-        }
+        train_stop_if_not_finite(step, loss, grad_norm);
         // 3. AdamW on this rank's slices. Replicated tensors get identical gradients on every
         // rank and round alike (the layout's rounding index), so their copies stay identical.
         float lr = learning_rate_at(step, args.lr, args.warmup, max_steps, args.final_lr_frac);
@@ -513,14 +490,8 @@ int main(int argc, char** argv) {
                              model.v_memory, 0, model.num_parameters, &model.layout, opt, clip_scale, step + 1);
         device_synchronize();
         double dt = wall_time_s() - t0;
-        double step_comm = 0.0;
-        for (int k = 0; k < COMM_NUM_KINDS; k++) step_comm += world.seconds[k];
-        if (step > start_step) {
-            total_time += dt;
-            comm_time += step_comm;
-            timed_steps++;
-        }
-        double tokens_per_s = args.total_batch / dt;
+        step_stats_add(&stats, step == start_step, dt, &world);
+        double step_comm = comm_seconds(&world), tokens_per_s = args.total_batch / dt;
         if (rank == 0) {
             char line[256], comm[200];
             // bytes per collective this step: equal to the formula printed at the start
@@ -531,7 +502,7 @@ int main(int argc, char** argv) {
                 size_t used = strlen(comm);
                 snprintf(comm + used, sizeof(comm) - used, " in %.1f ms (%.0f%%)", step_comm * 1e3, 100.0 * step_comm / dt);
             }
-            double mfu = peak.flops > 0 ? 100.0 * flops_per_token * tokens_per_s / world.size / peak.flops : 0.0;
+            double mfu = train_mfu(flops_per_token, tokens_per_s, world.size, peak);
             train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, tokens_per_s, mfu);
             printf("%s | %s\n", line, comm);
         }
@@ -543,13 +514,7 @@ int main(int argc, char** argv) {
             free(full);
         }
     }
-    if (rank == 0 && timed_steps > 0) {
-        double tokens_per_s = args.total_batch / (total_time / timed_steps);
-        printf("average step time %.1f ms, %.0f tokens/s", total_time / timed_steps * 1e3, tokens_per_s);
-        if (comm_time > 0) printf(", %.0f%% of it in collectives", 100.0 * comm_time / total_time);
-        if (peak.flops > 0) printf(", MFU %.1f%%", 100.0 * flops_per_token * tokens_per_s / world.size / peak.flops);
-        printf("\n");
-    }
+    if (rank == 0) step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
 
     watchdog_phase("shutdown", max_steps);
     logger_close(&logger);

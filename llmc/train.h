@@ -10,6 +10,7 @@
 #include "checkpoint.h"
 #include "comm.h"
 #include "dataloader.h"
+#include "logger.h"
 #include "model.h"
 #include "rng.h"
 #include "tokenizer.h"
@@ -87,6 +88,65 @@ static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
     int n = (int)(sizeof(common) / sizeof(common[0]));
     for (int i = 0; i < n; i++) specs[i] = common[i];
     return n;
+}
+
+// the checks of the common flags that need the model's config
+static inline void train_check_flags(const TrainArgs* args, GPT2Config config) {
+    if (args->T > config.max_seq_len) {
+        fail("-t %d is longer than the model's maximum sequence length %d", args->T, config.max_seq_len);
+    }
+    if ((args->checkpoint_every > 0 || args->resume) && args->out_dir == NULL) {
+        fail("-n and -y need an output dir (-o)");
+    }
+}
+
+// The batch layout: a micro-batch is B x T tokens on each of the `readers` ranks that read
+// distinct data (DDP: every rank, readers_name "ranks"; tensor parallelism: its ranks share each
+// micro-batch, readers 1 and no name), and a step accumulates -d / (B T readers) of them; -d -1
+// means one micro-batch per step. Products are taken in 64 bits: -b 4194304 -t 1024 on 2 ranks
+// is 2^33 tokens. Returns the accumulation steps, and sets -d when it was -1.
+static inline int train_accumulation_steps(TrainArgs* args, int readers, const char* readers_name) {
+    const char* what = readers_name ? "B*T*ranks" : "B*T";
+    size_t tokens_per_pass = mul_check(mul_check(args->B, args->T, "-b x -t"), readers, "-b x -t x ranks");
+    if (args->total_batch == -1) {
+        if (tokens_per_pass > INT_MAX) fail("%s = %zu tokens does not fit -d's int range", what, tokens_per_pass);
+        args->total_batch = (int)tokens_per_pass;
+    }
+    if (args->total_batch <= 0 || args->total_batch % tokens_per_pass != 0) {
+        char factors[64];
+        snprintf(factors, sizeof(factors), readers_name ? "%d*%d*%d" : "%d*%d", args->B, args->T, readers);
+        fail("-d %d must be a positive multiple of %s = %s = %zu%s", args->total_batch, what, factors,
+             tokens_per_pass, readers_name ? "" : " (the ranks share every micro-batch)");
+    }
+    return (int)(args->total_batch / tokens_per_pass);
+}
+
+// what happens between two steps, and when: validation every -v steps, samples every -s, a
+// checkpoint every -n, each also after the last step. A resumed run does not write again the
+// checkpoint it started from.
+static inline int train_due(int every, int step, int last) { return every > 0 && (step % every == 0 || last); }
+static inline int train_checkpoint_due(const TrainArgs* args, int step, int start_step, int last) {
+    int resumed_here = args->resume && step == start_step;  // this checkpoint exists already
+    return args->checkpoint_every > 0 && !resumed_here &&
+           (last || (step > start_step && step % args->checkpoint_every == 0));
+}
+
+// a validation loss, printed by rank 0 and logged; a non-finite one stops the run
+static inline void train_report_val(Logger* logger, int rank, int step, float val_loss) {
+    if (!isfinite(val_loss)) fail("step %d: the validation loss is %g; stopping", step, val_loss);
+    if (rank == 0) printf("val loss after %d steps: %.6f\n", step, val_loss);
+    logger_val(logger, step, val_loss);
+}
+
+// A nan or inf loss or gradient norm stops the run before the update, so that nothing of this
+// step is logged or checkpointed. Every trainer reduces both over its ranks first, so all ranks
+// see the same values and stop together.
+static inline void train_stop_if_not_finite(int step, float loss, float grad_norm) {
+    if (!isfinite(loss) || !isfinite(grad_norm)) {
+        fail("step %d: the %s is %g; stopping before the update, so nothing of this step is "
+             "written (the newest checkpoint is intact; try a lower -l)", step + 1,
+             isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss);
+    }
 }
 
 // the run's identity (checkpoint.h): everything that determines the training trajectory, common
@@ -214,6 +274,53 @@ static inline void train_format_step(char* out, size_t cap, int step, int max_st
     if (mfu_percent > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", mfu_percent);
     snprintf(out, cap, "step %4d/%d | loss %.6f | lr %.2e | norm %.4f%s | %.1f ms | %.0f tok/s (all ranks)%s",
              step, max_steps, loss, lr, grad_norm, clip, seconds * 1e3, tokens_per_s, mfu);
+}
+
+// model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per parameter,
+// plus the attention scores and their use, 12 L C T (PaLM paper, appendix B)
+static inline double train_flops_per_token(GPT2Config c, int T) {
+    return 6.0 * (double)gpt2_num_parameters(c) + 12.0 * c.num_layers * c.channels * (double)T;
+}
+
+// MFU in percent: the model FLOPs of tokens_per_s, shared by `ranks` devices, against one
+// device's dense peak (0 where the peak is unknown: CPUs, other GPUs)
+static inline double train_mfu(double flops_per_token, double tokens_per_s, int ranks, DevicePeak peak) {
+    return peak.flops > 0 ? 100.0 * flops_per_token * tokens_per_s / ranks / peak.flops : 0.0;
+}
+
+// the run's averages: step times after the first (which warms caches), the time inside
+// collectives (host time in the comm layer's calls; NCCL's asynchronous calls count 0), the
+// peak device memory
+typedef struct {
+    double seconds, comm_seconds;
+    int steps;
+    size_t peak_memory;
+} StepStats;
+
+static inline double comm_seconds(const CommGroup* g) {
+    double total = 0.0;
+    for (int k = 0; k < COMM_NUM_KINDS; k++) total += g->seconds[k];
+    return total;
+}
+
+static inline void step_stats_add(StepStats* s, int first, double seconds, const CommGroup* g) {
+    size_t memory = device_memory_used();
+    s->peak_memory = memory > s->peak_memory ? memory : s->peak_memory;
+    if (first) return;
+    s->seconds += seconds;
+    s->comm_seconds += comm_seconds(g);
+    s->steps++;
+}
+
+static inline void step_stats_print(const StepStats* s, int total_batch, double flops_per_token, DevicePeak peak,
+                                    int ranks) {
+    if (s->steps == 0) return;
+    double tokens_per_s = total_batch / (s->seconds / s->steps);
+    printf("average step time %.1f ms, %.0f tokens/s", s->seconds / s->steps * 1e3, tokens_per_s);
+    if (s->comm_seconds > 0) printf(", %.0f%% of it in collectives", 100.0 * s->comm_seconds / s->seconds);
+    if (peak.flops > 0) printf(", MFU %.1f%%", train_mfu(flops_per_token, tokens_per_s, ranks, peak));
+    if (s->peak_memory > 0) printf(", peak device memory %.2f GB", s->peak_memory / 1e9);
+    printf("\n");
 }
 
 // the next token of a sample: softmax over the V real entries of one row of logits, then the

@@ -7,6 +7,7 @@ weights (the reference writes the model file the trainers load), same global bat
 
     /usr/bin/python3 test/run_tests.py [name-filter]
 """
+import concurrent.futures
 import glob
 import json
 import math
@@ -352,6 +353,26 @@ def run_bad_input(index, program="./train_gpt2_dp", env=None):
     assert not left, "%s left files behind: %s" % (name, left)
     assert time.time() - t0 < 60
     return out
+
+
+def run_bad_inputs_concurrently(program, env=None, messages={}):
+    """every bad-input case through program, three jobs at a time (each is mostly mpirun's
+    start-up, not work): the message, a non-zero exit, and, once all are done, no new files.
+    messages: the cases whose message differs for this program. Returns [(name, output)]."""
+    d, cases = bad_input_cases()
+    before = set(os.listdir(d))
+
+    def one(case):
+        name, args, message = case
+        code, out = mpirun(2, args, timeout=60, program=program, env=env)
+        message = messages.get(name, message)
+        assert code != 0 and message in out, "%s: exit %d, message %r not in:\n%s" % (name, code, message, out[-2000:])
+        return name, out
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(one, cases))
+    left = [f for f in set(os.listdir(d)) - before if f != "empty_out"]
+    assert not left, "bad inputs left files behind: %s" % left
+    return results
 
 
 def make_bad_input_test(index):
@@ -770,12 +791,26 @@ def sanitized_bad_inputs_and_small_vocabulary():
     p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     env = dict(ASAN_OPTIONS="detect_leaks=0")  # MPI's own allocations live until exit
-    for i, name in enumerate(BAD_INPUT_NAMES):
-        out = run_bad_input(i, program="./build/sanitize/train_gpt2_dp", env=env)
+    for name, out in run_bad_inputs_concurrently("./build/sanitize/train_gpt2_dp", env):
         for report in ("AddressSanitizer", "runtime error:"):
             assert report not in out, "%s: sanitizer report\n%s" % (name, out[-3000:])
     out = check_sampling_with_small_vocabulary("./build/sanitize/train_gpt2_dp", env)
     assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+
+
+@test
+def sanitized_tp_run_with_sequence_parallelism_sampling_and_resume():
+    """the TP trainer's slicing, gathering and split-vocabulary sampling under AddressSanitizer +
+    UndefinedBehaviorSanitizer: a tp=2 -sp 1 run with a checkpoint, a sample and a resume"""
+    p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
+    env = dict(ASAN_OPTIONS="detect_leaks=0")
+    d = fresh_dir("sanitized_tp")
+    args = small_run_args(d, ["-b", 4, "-d", 4 * 32, "-x", 2, "-sp", 1, "-s", 2, "-g", 8])
+    for extra in ([], ["-x", 3, "-y", 1]):
+        out = run_ok(2, args + extra, program="./build/sanitize/train_gpt2_tp", env=env)
+        assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+    assert "resumed from step 2" in out and "---- sample at step 3 ----" in out, out[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -927,14 +962,7 @@ TP_MESSAGES = {"batch_tokens_overflow_int": "-d 64 must be a positive multiple o
 
 @test
 def tp_bad_inputs():
-    d, cases = bad_input_cases()
-    for name, args, message in cases:
-        before = set(os.listdir(d))
-        code, out = mpirun(2, args, timeout=60, program=TP)
-        message = TP_MESSAGES.get(name, message)
-        assert code != 0 and message in out, "%s: exit %d, message %r not in:\n%s" % (name, code, message, out[-2000:])
-        left = [f for f in set(os.listdir(d)) - before if f != "empty_out"]
-        assert not left, "%s left files behind: %s" % (name, left)
+    run_bad_inputs_concurrently(TP, messages=TP_MESSAGES)
 
 
 @test
@@ -981,7 +1009,7 @@ def cuda_compiles_for_sm80_and_sm90():
 def build(kind, precision, targets):
     """kind 'cuda' (nvcc, for a GPU) or 'emu' (g++ and test/cuda_emu, for the CPU)"""
     paths = ["build/%s_%s/%s" % (kind, precision, t) for t in targets]
-    p = subprocess.run(["make", "-s"] + paths, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
+    p = subprocess.run(["make", "-s", "-j2"] + paths, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     return [os.path.join(ROOT, x) for x in paths]
 
@@ -1181,7 +1209,7 @@ def emu_catches_a_missing_block_barrier():
     with open(path) as f:
         lines = [i + 1 for i, line in enumerate(f) if "__syncthreads();  // ... for every thread's copies" in line]
     assert len(lines) == 1, "the barrier this test deletes moved: %s" % lines
-    p = subprocess.run([sys.executable, "dev/cuda/mutation_sweep.py", "-j", "1", "--warp-serial-only",
+    p = subprocess.run([sys.executable, "dev/cuda/mutation_sweep.py", "-j", "2", "--warp-serial-only",
                         "flash_attention.cuh:%d" % lines[0]], cwd=ROOT, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, timeout=900)
     out = p.stdout.decode("utf-8", "replace")
@@ -1215,17 +1243,23 @@ def make_dev_cuda_test(kind, precision):
         if kind == "cuda" and not have_gpu():
             raise Skip("no GPU")
         programs = build(kind, precision, ["dev/cuda/" + name for name in dev_cuda_programs()])
-        failed = []
-        # the emulator runs each program twice: threads and blocks first to last, then last to first
+        # the emulator runs each program twice: threads and blocks first to last, then last to
+        # first; each emulated program runs on one core, so two run at a time
         orders = ["forward"] if kind == "cuda" else ["forward", "reverse"]
-        for prog in programs:
-            for order in orders:
-                env = dict(os.environ, CUDA_EMU_ORDER=order)
-                p = subprocess.run([prog], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
-                out = p.stdout.decode("utf-8", "replace")
-                print("\n".join("    " + line for line in out.strip().splitlines()))
-                if p.returncode != 0:
-                    failed.append("%s (%s)" % (os.path.basename(prog), order))
+
+        def one(job):
+            prog, order = job
+            env = dict(os.environ, CUDA_EMU_ORDER=order)
+            p = subprocess.run([prog], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+            return "%s (%s)" % (os.path.basename(prog), order), p.returncode, p.stdout.decode("utf-8", "replace")
+        jobs = [(prog, order) for prog in programs for order in orders]
+        with concurrent.futures.ThreadPoolExecutor(1 if kind == "cuda" else 2) as pool:
+            results = list(pool.map(one, jobs))
+        failed = []
+        for what, code, out in results:
+            print("\n".join("    " + line for line in out.strip().splitlines()))
+            if code != 0:
+                failed.append(what)
         assert not failed, "dev/cuda validation failed: %s" % failed
     fn.__name__ = "%s_dev_cuda_kernels_validate_%s" % ("gpu" if kind == "cuda" else "emu", precision.lower())
     return fn
