@@ -7,7 +7,7 @@
 #                        build/sanitize/train_gpt2_dp, ..._tp (the tests run bad inputs and a TP run through them)
 #   make mutation-sweep  delete each barrier of llmc/cuda in turn and check the emulator notices
 #                        (dev/cuda/mutation_sweep.py; about 15 minutes on 2 cores)
-#   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90 (no GPU needed)
+#   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90 (no GPU needed; -j2 runs two at a time)
 #   make build/emu_FP32/train_gpt2_dp   the CUDA backend built for the CPU emulator (test/cuda_emu);
 #                        also build/emu_BF16/..., build/emu_FP32/dev/cuda/<kernel>, build/cuda_BF16/... (nvcc)
 #   make clean
@@ -124,17 +124,20 @@ mutation-sweep:
 
 # CI without a GPU: every trainer, every dev/cuda file and the comm test must compile for Ampere
 # and Hopper, in both precisions. One nvcc call builds both architectures (the host code once,
-# the two device compilations on two threads).
-cuda-check: | check-cuda-deps
-	@mkdir -p build/cuda-check
-	@set -e; for prec in BF16 FP32; do \
-	  for src in $(TRAINERS:=.cu) $(DEV_CUDA) test/test_comm.c; do \
-	    out=build/cuda-check/$$(basename $${src%.*})_sm80_sm90_$$prec; \
-	    echo "nvcc sm_80 + sm_90 $$prec $$src"; \
-	    $(NVCC) -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 --threads 2 -O1 -std=c++17 -I. \
-	      --compiler-options -Wall,-Wextra,-fopenmp $$( [ $$prec = FP32 ] && echo -DENABLE_FP32 ) -x cu $$src -o $$out \
-	      $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS) -lgomp; \
-	  done; done; echo "cuda-check: all compiled"
+# the two device compilations on two threads); `make -j2 cuda-check` runs two calls at a time.
+CUDA_CHECK_SOURCES := $(TRAINERS:=.cu) $(DEV_CUDA) test/test_comm.c
+# build/cuda-check/<precision>/<source without its extension>, from that source and the headers
+define CUDA_CHECK_RULE
+build/cuda-check/$(1)/$(basename $(2)): $(2) $(HEADERS) | check-cuda-deps
+	@mkdir -p $$(dir $$@)
+	@echo "nvcc sm_80 + sm_90 $(1) $(2)"
+	@$(NVCC) -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 --threads 2 -O1 -std=c++17 -I. \
+	  --compiler-options -Wall,-Wextra,-fopenmp $(if $(filter FP32,$(1)),-DENABLE_FP32,) -x cu $(2) -o $$@ \
+	  $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS) -lgomp
+endef
+$(foreach p,BF16 FP32,$(foreach src,$(CUDA_CHECK_SOURCES),$(eval $(call CUDA_CHECK_RULE,$(p),$(src)))))
+cuda-check: $(foreach p,BF16 FP32,$(addprefix build/cuda-check/$(p)/,$(basename $(CUDA_CHECK_SOURCES))))
+	@echo "cuda-check: all compiled"
 
 # says exactly what is missing and how to install it
 check-deps:

@@ -340,21 +340,6 @@ def bad_input_cases():
     ]
 
 
-def run_bad_input(index, program="./train_gpt2_dp", env=None):
-    d, cases = bad_input_cases()
-    assert [c[0] for c in cases] == BAD_INPUT_NAMES, "BAD_INPUT_NAMES must list the cases in order"
-    name, args, message = cases[index]
-    before = set(os.listdir(d))
-    t0 = time.time()
-    code, out = mpirun(2, args, timeout=60, program=program, env=env)
-    assert code != 0, "%s: exit code 0\n%s" % (name, out[-2000:])
-    assert message in out, "%s: message %r not in output:\n%s" % (name, message, out[-2000:])
-    left = [f for f in set(os.listdir(d)) - before if f != "empty_out"]
-    assert not left, "%s left files behind: %s" % (name, left)
-    assert time.time() - t0 < 60
-    return out
-
-
 def run_bad_inputs_concurrently(program, env=None, messages={}):
     """every bad-input case through program, three jobs at a time (each is mostly mpirun's
     start-up, not work): the message, a non-zero exit, and, once all are done, no new files.
@@ -375,25 +360,11 @@ def run_bad_inputs_concurrently(program, env=None, messages={}):
     return results
 
 
-def make_bad_input_test(index):
-    def fn():
-        run_bad_input(index)
-    return fn
-
-
-BAD_INPUT_NAMES = ["missing_train_file", "truncated_token_file", "wrong_token_magic",
-                   "token_outside_vocab", "missing_model_file", "truncated_model_file",
-                   "wrong_model_magic", "wrong_model_version", "batch_does_not_divide",
-                   "sequence_too_long", "unknown_flag", "flag_without_value", "not_a_number",
-                   "resume_without_checkpoint", "lr_nan", "lr_inf", "final_lr_nan",
-                   "weight_decay_nan", "clip_nan", "nan_in_model_file", "batch_wraps", "steps_wrap",
-                   "batch_tokens_overflow_int", "negative_gen_tokens", "negative_steps",
-                   "negative_clip", "shuffle_not_0_or_1", "negative_lr", "lr_underflows",
-                   "batch_exceeds_memory"]
-for _i, _name in enumerate(BAD_INPUT_NAMES):
-    _fn = make_bad_input_test(_i)
-    _fn.__name__ = "bad_input_" + _name
-    test(_fn)
+@test
+def bad_inputs():
+    """each case of bad_input_cases: its message, a non-zero exit on every rank, no hang (60 s),
+    no files left behind"""
+    run_bad_inputs_concurrently("./train_gpt2_dp")
 
 
 def check_one_rank_failing(name, program, env=None):
@@ -454,10 +425,10 @@ def check_log(d, train_steps, val_steps):
     assert val == list(val_steps), "main.log val steps %s, expected %s" % (val, list(val_steps))
 
 
-def expect_stop(args, message, d=None, timeout=60):
+def expect_stop(args, message, d=None, timeout=60, program="./train_gpt2_dp"):
     """the job ends non-zero within the time limit with message; d (if given) is left as it was"""
     before = dir_snapshot(d) if d else None
-    code, out = mpirun(2, args, timeout=timeout)
+    code, out = mpirun(2, args, timeout=timeout, program=program)
     assert code != 0, "exit code 0\n" + out[-2000:]
     assert message in out, "message %r not in output:\n%s" % (message, out[-3000:])
     if d:
@@ -476,21 +447,25 @@ def finished_run(name):
 
 @test
 def reliability_nonfinite_loss_stops_before_writing_the_step():
+    check_nonfinite_stops("./train_gpt2_dp")
+
+
+def check_nonfinite_stops(program):
     """-l 1e30 makes the weights ~1e30 after step 1; step 2's loss is not finite. Every rank stops
     before step 2 updates, logs or checkpoints anything; checkpoint 1 stays whole."""
     d = fresh_dir("nonfinite_loss")
-    out = expect_stop(small_run_args(d, ["-l", 1e30, "-n", 1, "-v", 0]), "step 2: the ")
+    out = expect_stop(small_run_args(d, ["-l", 1e30, "-n", 1, "-v", 0]), "step 2: the ", program=program)
     assert "stopping before the update" in out, out[-2000:]
     done = sorted(f for f in os.listdir(d) if f.startswith("DONE_"))
     assert done == ["DONE_00000001"], done
     check_log(d, [1], [])
     # the checkpoint of step 1 is complete and loads (its checksums hold)
-    run_ok(2, small_run_args(d, ["-l", 1e30, "-n", 1, "-v", 0, "-x", 1, "-y", 1]))
+    run_ok(2, small_run_args(d, ["-l", 1e30, "-n", 1, "-v", 0, "-x", 1, "-y", 1]), program=program)
     # weights that overflow in an update whose loss and norm were finite (lr 3.4e38 and decay 1
     # scale them by -3.4e38): the checkpoint of that step is refused, no DONE_1
     d = fresh_dir("nonfinite_weights")
     expect_stop(small_run_args(d, ["-l", 3.4e38, "-c", 1, "-gc", 0, "-n", 1, "-v", 0]),
-                "the weights after step 1 (not checkpointed): parameter")
+                "the weights after step 1 (not checkpointed): parameter", program=program)
     assert not [f for f in os.listdir(d) if f.startswith(("DONE_", "model_", "state_"))], os.listdir(d)
     check_log(d, [1], [])
 
@@ -980,6 +955,11 @@ def tp_one_rank_failing_stops_all_ranks():
     check_one_rank_failing("tp_one_rank_fails", TP)
 
 
+@test
+def tp_nonfinite_loss_stops_before_writing_the_step():
+    check_nonfinite_stops(TP)
+
+
 # ---------------------------------------------------------------------------------------------
 # CUDA backend: compiled here whenever nvcc exists; run against the reference when a GPU exists.
 # The same tests also run the CUDA sources under test/cuda_emu, the CPU emulator of the CUDA
@@ -1001,7 +981,7 @@ def have_gpu():
 def cuda_compiles_for_sm80_and_sm90():
     if not have_nvcc():
         raise Skip("no nvcc")
-    p = subprocess.run(["make", "-s", "cuda-check"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=3600)
+    p = subprocess.run(["make", "-s", "-j2", "cuda-check"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=3600)
     out = p.stdout.decode("utf-8", "replace")
     assert p.returncode == 0 and "cuda-check: all compiled" in out, out[-3000:]
 
@@ -1051,7 +1031,9 @@ def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None):
     """the DP trainer on `ranks` ranks; with tp_sp = 0 or 1 the TP trainer, -sp tp_sp"""
     ref = reference_run()
     trainer = "train_gpt2_dp" if tp_sp is None else "train_gpt2_tp"
-    (program,) = build(kind, precision, [trainer])
+    # both trainers in one make -j2 (the second of each precision is then already built)
+    programs = build(kind, precision, ["train_gpt2_dp", "train_gpt2_tp"])
+    program = programs[0] if tp_sp is None else programs[1]
     d = fresh_dir("%s_%s_%s_np%d" % (kind, precision, trainer, ranks))
     grads_path = os.path.join(d, "grads.bin")
     B = REF["batch"] // ranks if tp_sp is None else REF["batch"]
