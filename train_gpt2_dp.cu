@@ -360,7 +360,7 @@ int main(int argc, char** argv) {
         }
         logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
-            train_check_replicas(model.params_memory, model.num_parameters, &world, step + 1);
+            train_check_replicas(&model, &world, step + 1);
         }
     }
     if (rank == 0) step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);

@@ -19,16 +19,22 @@ weight matrix of a block is split, so each rank stores and multiplies about 1/tp
     looks up only its tokens (zeros for the rest) before an all-reduce, and computes only its
     Vp/tp columns of logits. The cross-entropy works on those sharded logits: all-reduces of
     each row's max, its sum of exponentials and its target's logit, never of the logits.
-  - LayerNorms, residual adds, biases of row-parallel matmuls and wpe are replicated: computed
-    identically on every rank from identical inputs.
+  - LayerNorms, residual adds and the biases of row-parallel matmuls are replicated: computed
+    identically on every rank from identical inputs. wpe is replicated too, and added by rank 0
+    alone before the embedding's sum.
 With -sp 1 (sequence parallelism) the replicated regions are split along the tokens instead of
 being repeated: each rank keeps B*T/tp tokens of the residual stream and runs the LayerNorms
 and residual adds on those. Every all-reduce becomes a reduce-scatter (to this rank's tokens)
 plus an all-gather (before the next column-parallel matmul needs all tokens): the same bytes on
-the wire, and the activations of those regions shrink by tp. LayerNorm weights then see only
-this rank's tokens, so their gradients must be summed over the ranks.
+the wire, and the residual stream and LayerNorm statistics shrink by tp (this trainer keeps the
+gathered LayerNorm outputs whole). LayerNorm weights then see only this rank's tokens, so their
+gradients must be summed over the ranks. Megatron's activations are (T, B, C), so its split
+falls along the sequence; ours are (B, T, C), so a rank's B*T/tp tokens are consecutive rows:
+with B >= tp, whole sequences. Nothing in those regions mixes tokens, so the split is free to
+fall anywhere; T must divide by tp, as in Megatron.
 
-The result equals one process training the whole model (checked against PyTorch in test/).
+The result matches one process training the whole model to fp32 rounding (checked against
+PyTorch in test/).
 
 Build: make train_gpt2_tp          Run: mpirun -np 2 ./train_gpt2_tp -e d6 -sp 1 -x 100 -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
@@ -102,7 +108,8 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
     free(local);
     floatX* partial = sp ? a->dbuf : a->encoded;  // (B, T, C); dbuf is free until the backward
     encoder_forward(partial, model->inputs, p.wte, tp->rank == 0 ? p.wpe : NULL, B, T, C);
-    // sum the lookups: all-reduce (B, T, C); with -sp reduce-scatter into this rank's tokens
+    // g after the vocabulary-parallel lookup: all-reduce of the partial embeddings (B, T, C);
+    // with -sp reduce-scatter into this rank's tokens
     floatX* encoded = sum_over_ranks(tp, partial, a->encoded, BT, C, sp);
 
     LayerActs first = layer_acts(a, d, B, T, 0);
@@ -112,11 +119,13 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
         LayerWeights w = layer_weights(p, d, l);
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? encoded : layer_acts(a, d, B, T, l - 1).residual3;
-        // f before the column-parallel qkv: the identity (every rank holds all of ln1), or with
-        // -sp the all-gather of ln1 from (B*T/tp, C) on each rank to (B, T, C)
+        // f before the column-parallel qkv: the identity (the LayerNorm wrote all of x.ln1), or
+        // with -sp the all-gather of ln1 from (B*T/tp, C) on each rank into x.ln1 (B, T, C)
         gather_tokens(tp, a->ln_shard, x.ln1, BT, C, sp);
         // the attention half on this rank's NH/tp heads; its row-parallel projection leaves a
-        // partial sum in attproj (B, T, C). Its bias is added once, after the sum, not per rank.
+        // partial sum in attproj (B, T, C). Its bias is added once, after the sum, not per rank
+        // (the backward pass needs no such care: a bias gradient sums dout over all tokens,
+        // which every rank holds whole, so it comes out whole and equal on every rank).
         LayerWeights no_bias = w;
         no_bias.attprojb = NULL;
         no_bias.fcprojb = NULL;
@@ -158,8 +167,7 @@ static float vocab_parallel_loss(GPT2* model, CommGroup* tp, const int* targets_
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     Activations* a = &model->acts;
-    int BT = B * T, lo = tp->rank * d.Vp;
-    int real = c.vocab_size - lo < 0 ? 0 : c.vocab_size - lo < d.Vp ? c.vocab_size - lo : d.Vp;
+    int BT = B * T, lo = tp->rank * d.Vp, real = vocab_real_columns(c, d, tp->rank);
     copy_host_to_device(model->targets, targets_host, (size_t)BT * sizeof(int));
     // each row's maximum over the whole vocabulary: all-reduce MAX of (B, T) fp32
     classifier_shard_max(a->row_max, a->logits, BT, d.Vp, real);
@@ -201,8 +209,7 @@ static void gpt2_backward(GPT2* model, CommGroup* tp, int B, int T) {
         // g's backward at fcproj: the identity (dresidual is whole on every rank), or with -sp
         // the all-gather of dresidual (B*T/tp, C) to (B, T, C)
         floatX* dout = gather_tokens(tp, a->dresidual, a->dgathered, BT, C, sp);
-        // the MLP half: this rank's columns' gradients, and a partial dln2 (B, T, C). fcprojb's
-        // gradient sums all of dout, so every rank computes it whole and alike.
+        // the MLP half: this rank's columns' gradients, and a partial dln2 (B, T, C)
         mlp_half_backward(a->dbuf, a->dfch, dout, x, w, gw, B, T, d);
         // f's backward at ln2: all-reduce of dln2 (B, T, C); with -sp reduce-scatter
         floatX* dln2 = sum_over_ranks(tp, a->dbuf, a->reduced, BT, C, sp);
@@ -216,8 +223,9 @@ static void gpt2_backward(GPT2* model, CommGroup* tp, int B, int T) {
         layernorm_backward(a->dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, x.ln1_mean,
                            x.ln1_rstd, BTs, C);
     }
-    // the embedding's backward: with -sp, the reduce-scatter's backward is an all-gather of
-    // dresidual to (B, T, C). This rank's tokens scatter into its wte rows; wpe gets all of them.
+    // g's backward at the embedding: the identity, or with -sp (its forward a reduce-scatter)
+    // the all-gather of dresidual to (B, T, C). Tokens of this rank's vocabulary scatter into its
+    // wte rows; wpe gets every position's gradient, whole and equal on every rank.
     floatX* dencoded = gather_tokens(tp, a->dresidual, a->dgathered, BT, C, sp);
     encoder_backward(g.wte, g.wpe, dencoded, model->inputs, B, T, C);
 }
@@ -243,8 +251,7 @@ static float evaluate(GPT2* model, CommGroup* tp, DataLoader* val, int batches) 
 static void sample(GPT2* model, CommGroup* tp, const Tokenizer* tok, int eot, Rng* rng, int gen_tokens,
                    int step) {
     LayerDims d = model->dims;
-    int V = model->config.vocab_size, lo = tp->rank * d.Vp;
-    int real = V - lo < 0 ? 0 : V - lo < d.Vp ? V - lo : d.Vp;
+    int lo = tp->rank * d.Vp, real = vocab_real_columns(model->config, d, tp->rank);
     int* tokens = (int*)malloc_check((size_t)model->T * sizeof(int));
     float* logits = (float*)malloc_check((size_t)d.Vp * sizeof(float));  // one row, as fp32
     for (int t = 0; t < model->T; t++) tokens[t] = eot;
@@ -265,19 +272,89 @@ static void sample(GPT2* model, CommGroup* tp, const Tokenizer* tok, int eot, Rn
     free(logits);
 }
 
+// The communication of one step from the layout alone (the README derives it), payload per rank
+// of each kind of collective. Per micro-batch: 4L + 2 collectives of (B, T, C) activations (per
+// layer two forward and two backward, the embedding, the LM head's input gradient), all-reduces,
+// or with -sp as many all-gathers plus as many reduce-scatters; the loss's all-reduces of 3 B*T
+// fp32. Per step: the gradient norm (4 bytes) and with -sp the LayerNorm gradients, (4L + 2) C.
+typedef struct {
+    double all_reduce, reduce_scatter, all_gather;
+} StepBytes;
+
+static StepBytes tp_step_bytes(GPT2Config c, int B, int T, int accum, int sp) {
+    double X = sizeof(floatX), L = c.num_layers, C = c.channels, BT = (double)B * T;
+    double activations = accum * (4 * L + 2) * BT * C * X;
+    double loss_and_norm = accum * 3 * BT * 4 + 4;
+    StepBytes b = {sp ? loss_and_norm + (4 * L + 2) * C * X : activations + loss_and_norm,
+                   sp ? activations : 0, sp ? activations : 0};
+    return b;
+}
+
+// what rank 0 prints at the start: the layout, which tensor is split how, the memory per rank and
+// the communication per step with its formula
+static void print_layout(const GPT2* model, const TrainArgs* args, int accum, int max_steps, size_t train_tokens,
+                         size_t val_tokens, size_t host_bytes, int ranks, int ranks_sharing_memory) {
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int sp = d.seq_shards > 1;
+    size_t P = gpt2_num_parameters(c), P_rank = model->num_parameters, X = sizeof(floatX);
+    double BT = (double)args->B * args->T, L = c.num_layers;
+    BannerRow rows[16];
+    int n = train_banner_model(rows, "train_gpt2_tp (TP)", args->model, c);
+    banner_row(&rows[n++], "tensor-parallel ranks", "%d%s", ranks, sp ? ", sequence parallel" : "");
+    banner_row(&rows[n++], "heads per rank", "%d of %d", d.NH, c.num_heads);
+    banner_row(&rows[n++], "micro-batch B x T", "%d x %d (every rank)", args->B, args->T);
+    banner_row(&rows[n++], "accumulation steps", "%d", accum);
+    banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
+    banner_row(&rows[n++], "steps", "%d", max_steps);
+    banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
+    train_print_banner(rows, n);
+    train_print_parameter_layout(c, &model->layout);
+    printf("memory per rank (the block weights and wte split over %d ranks; wpe, LayerNorms and "
+           "row-parallel biases replicated):\n", ranks);
+    char note[200];
+    snprintf(note, sizeof(note), "%zu of %zu (%.1f%%), %s", P_rank, P, 100.0 * P_rank / P, PRECISION_NAME);
+    train_print_memory_row("parameters", (double)P_rank * X, note);
+    train_print_memory_row("master weights", model->master_memory ? (double)P_rank * sizeof(float) : 0, "");
+    train_print_memory_row("gradients", (double)P_rank * X, "");
+    train_print_memory_row("AdamW m, v", (double)P_rank * 2 * sizeof(float), "");
+    snprintf(note, sizeof(note), "of which logits %.1f MB (B T Vp/tp), MLP %.1f MB (2 L B T 4C/tp), residual stream %.1f MB (%s)",
+             BT * d.Vp * X / 1e6, 2 * L * BT * d.fc * X / 1e6, 2 * L * BT / d.seq_shards * c.channels * X / 1e6,
+             sp ? "2 L B T C/tp" : "2 L B T C, whole on every rank");
+    train_print_memory_row("activations", (double)model->acts_bytes, note);
+    train_print_memory_row("comm buffers", ranks > 1 ? (double)P_rank * sizeof(float) : 0,
+                           "rank 0, while gathering a checkpoint; collectives work in place or on activations");
+    snprintf(note, sizeof(note), "x %d ranks sharing this memory", ranks_sharing_memory);
+    train_print_memory_row("total", (double)gpt2_memory_bytes(c, d, args->B, args->T), note);
+    train_print_memory_row("host buffers", (double)host_bytes, "at most (the whole model while loading it)");
+    StepBytes b = tp_step_bytes(c, args->B, args->T, accum, sp);
+    double activation = BT * c.channels * X;
+    printf("communication per step (payload per rank), %d micro-batch%s of 4L+2 = %.0f collectives of B T C = %.0f bytes:\n",
+           accum, accum > 1 ? "es" : "", 4 * L + 2, activation);
+    if (sp) {
+        printf("  all-gather     %12.0f bytes  (4L+2) B T C X per micro-batch\n", b.all_gather);
+        printf("  reduce-scatter %12.0f bytes  (4L+2) B T C X per micro-batch\n", b.reduce_scatter);
+        printf("  all-reduce     %12.0f bytes  3 B T 4 (loss) per micro-batch + 4 (norm) + (4L+2) C X (LayerNorm gradients)\n", b.all_reduce);
+    } else {
+        printf("  all-reduce     %12.0f bytes  ((4L+2) B T C X + 3 B T 4 (loss)) per micro-batch + 4 (norm)\n", b.all_reduce);
+    }
+}
+
 int main(int argc, char** argv) {
     // the common flags (llmc/train.h) and this trainer's own
     TrainArgs args;
     const char* dump_grads = NULL;
-    int tp_flag = 0, sp = 0;
+    int tp_flag = 0, sp = 0, check_replicas = 0;
     ArgSpec specs[TRAIN_MAX_SPECS];
     int num_specs = train_args_common(&args, specs);
     ArgSpec tp_spec = {"-tp", ARG_INT, &tp_flag, 0, ARG_NO_MAX, "tensor-parallel ranks; all ranks form one group, so it must equal the number of ranks (0: the number of ranks)"};
     ArgSpec sp_spec = {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism, the LayerNorm and residual regions split along the tokens (T must divide by tp)"};
     ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"};
+    ArgSpec check = {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all ranks hold the same replicated tensors (LayerNorms, row-parallel biases, wpe) (0: never)"};
     specs[num_specs++] = tp_spec;
     specs[num_specs++] = sp_spec;
     specs[num_specs++] = dump;
+    specs[num_specs++] = check;
     if (!args_parse(argc, argv, specs, num_specs)) return 0;
 
     CommGroup world;
@@ -293,15 +370,16 @@ int main(int argc, char** argv) {
     if (!from_descriptor) gpt2_read_model_config(args.model, &config);
 
     // ---- the layout: every rank one tp slice of the same model. The heads, the MLP width and
-    // the vocabulary must divide by tp (layer_dims); with -sp the tokens of each sequence too.
+    // the vocabulary must divide by tp (layer_dims); with -sp the sequence length too.
     if (tp_flag != 0 && tp_flag != world.size) {
         fail("-tp %d: this trainer puts every rank in one tensor-parallel group, so -tp must equal "
              "the number of ranks, %d (launch with mpirun -np %d, or leave -tp out)", tp_flag, world.size, tp_flag);
     }
     LayerDims dims = layer_dims(config, world.size, sp);
+    sp = dims.seq_shards > 1;  // with one rank there is nothing to split
     train_check_flags(&args, config);
     if (sp && args.T % world.size != 0) {
-        fail("-sp 1 splits each sequence over the %d ranks: -t %d must be a multiple of %d", world.size,
+        fail("-sp 1 splits the tokens over the %d ranks: -t %d must be a multiple of %d", world.size,
              args.T, world.size);
     }
     // the batch: all ranks work on the same B x T tokens, `accum` micro-batches per step
@@ -315,7 +393,10 @@ int main(int argc, char** argv) {
                         (args.resume ? P_rank * (2 * sizeof(float) + (FLOATX_IS_FLOAT ? 0 : sizeof(floatX))) : 0);
     char layout[128];
     snprintf(layout, sizeof(layout), "%zu of %zu parameters per rank, -b %d -t %d", P_rank, P, args.B, args.T);
-    memory_check_fits(gpt2_memory_bytes(config, dims, args.B, args.T), host_bytes, world.ranks_sharing_memory, layout);
+    // (rank 0 gathers a checkpoint through one more slice of fp32 on the device)
+    size_t gather_bytes = world.size > 1 && args.checkpoint_every > 0 ? P_rank * sizeof(float) : 0;
+    memory_check_fits(gpt2_memory_bytes(config, dims, args.B, args.T) + gather_bytes, host_bytes,
+                      world.ranks_sharing_memory, layout);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
     // the whole model: read (checksum verified, non-finite values refused) or drawn from the seed
@@ -356,48 +437,9 @@ int main(int argc, char** argv) {
     gpt2_build(&model, config, dims, tp->rank, params_host, args.B, args.T);
     free(params_host);
 
-    // communication of one step, from the layout alone (the README derives it): per micro-batch
-    // 4L + 2 all-reduces of B*T*C activations (two per layer forward and backward, the
-    // embedding, the LM head's input gradient), or with -sp as many all-gathers plus as many
-    // reduce-scatters; the loss's all-reduces of 3 B*T fp32; per step the gradient norm (4
-    // bytes) and with -sp the LayerNorm gradients, (4L + 2) C
-    double X = sizeof(floatX), BT = (double)args.B * args.T, C = config.channels, Lf = config.num_layers;
-    double act_bytes = accum * (4 * Lf + 2) * BT * C * X;
-    double loss_bytes = accum * 3 * BT * 4, ln_bytes = sp ? (4 * Lf + 2) * C * X : 0;
-    double step_bytes = act_bytes * (sp ? 2 : 1) + loss_bytes + 4 + ln_bytes;
     if (rank == 0) {
-        BannerRow rows[16];
-        int n = train_banner_model(rows, "train_gpt2_tp (TP)", args.model, config);
-        banner_row(&rows[n++], "tensor-parallel ranks", "%d%s", world.size, sp ? ", sequence parallel" : "");
-        banner_row(&rows[n++], "heads per rank", "%d of %d", dims.NH, config.num_heads);
-        banner_row(&rows[n++], "micro-batch B x T", "%d x %d", args.B, args.T);
-        banner_row(&rows[n++], "accumulation steps", "%d", accum);
-        banner_row(&rows[n++], "total batch (tokens)", "%d", args.total_batch);
-        banner_row(&rows[n++], "steps", "%d", max_steps);
-        banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train.num_tokens, args.val_every > 0 ? val.num_tokens : (size_t)0);
-        train_print_banner(rows, n);
-        train_print_parameter_layout(config, &model.layout);
-        size_t Xs = sizeof(floatX), master = model.master_memory ? P_rank * sizeof(float) : 0;
-        printf("memory per rank (the block weights and wte split over %d ranks; wpe, LayerNorms and "
-               "row-parallel biases replicated):\n", world.size);
-        char note[160];
-        snprintf(note, sizeof(note), "%zu of %zu (%.1f%%), %s", P_rank, P, 100.0 * P_rank / P, PRECISION_NAME);
-        train_print_memory_row("parameters", (double)P_rank * Xs, note);
-        train_print_memory_row("master weights", (double)master, "");
-        train_print_memory_row("gradients", (double)P_rank * Xs, "");
-        train_print_memory_row("AdamW m, v", (double)P_rank * 2 * sizeof(float), "");
-        snprintf(note, sizeof(note), "of which logits %.1f MB (B T Vp/tp), MLP %.1f MB (2 L B T 4C/tp), residual stream %.1f MB (%s)",
-                 BT * dims.Vp * Xs / 1e6, 2 * Lf * BT * dims.fc * Xs / 1e6, 2 * Lf * BT / dims.seq_shards * C * Xs / 1e6,
-                 sp ? "2 L B T C/tp" : "2 L B T C, whole on every rank");
-        train_print_memory_row("activations", (double)model.acts_bytes, note);
-        train_print_memory_row("comm buffers", 0, "collectives work in place or on activation buffers");
-        snprintf(note, sizeof(note), "x %d ranks sharing this memory", world.ranks_sharing_memory);
-        train_print_memory_row("total", (double)gpt2_memory_bytes(config, dims, args.B, args.T), note);
-        train_print_memory_row("host buffers", (double)host_bytes, "at most (the whole model while loading it)");
-        printf("communication per step (payload per rank): %s %d x %.0f bytes of activations (4L+2 per "
-               "micro-batch%s) + %.0f loss + 4 norm%s = %.0f bytes\n", sp ? "all-gather and reduce-scatter" : "all-reduce",
-               (int)(accum * (4 * Lf + 2)), BT * C * X, sp ? ", each" : "", loss_bytes,
-               sp ? " + LayerNorm gradients (4L+2) C" : "", step_bytes);
+        print_layout(&model, &args, accum, max_steps, train.num_tokens, args.val_every > 0 ? val.num_tokens : 0,
+                     host_bytes, world.size, world.ranks_sharing_memory);
     }
 
     // ---- resume from the newest complete checkpoint (every rank its own state file)
@@ -455,15 +497,17 @@ int main(int argc, char** argv) {
             gpt2_backward(&model, tp, args.B, args.T);
         }
         dataloader_advance(&train);
-        ParameterTensors g = model.grads;
         if (sp) {
             // -sp: each rank's LayerNorm weights saw only its own tokens, so their gradients are
-            // partial: all-reduce them, ln1w+ln1b and ln2w+ln2b (2 L C each, adjacent in the
-            // layout) and lnfw+lnfb (2 C). Without this the replicas of the LayerNorms drift apart.
+            // partial sums: all-reduce each of ln1w, ln1b, ln2w, ln2b ((L, C) each) and lnfw,
+            // lnfb ((C) each), 4LC + 2C in all. Forgetting this is the classic sequence-parallel
+            // bug: every rank would update its LayerNorm copy with its own part of the gradient.
             watchdog_phase("LayerNorm gradient all-reduce", step);
-            comm_all_reduce(tp, g.ln1w, 2 * (size_t)config.num_layers * config.channels, COMM_FLOATX, COMM_SUM);
-            comm_all_reduce(tp, g.ln2w, 2 * (size_t)config.num_layers * config.channels, COMM_FLOATX, COMM_SUM);
-            comm_all_reduce(tp, g.lnfw, 2 * (size_t)config.channels, COMM_FLOATX, COMM_SUM);
+            ParameterTensors g = model.grads;
+            size_t LC = (size_t)config.num_layers * config.channels;
+            floatX* layernorm_grads[6] = {g.ln1w, g.ln1b, g.ln2w, g.ln2b, g.lnfw, g.lnfb};
+            size_t counts[6] = {LC, LC, LC, LC, (size_t)config.channels, (size_t)config.channels};
+            for (int i = 0; i < 6; i++) comm_all_reduce(tp, layernorm_grads[i], counts[i], COMM_FLOATX, COMM_SUM);
         }
         // 2. the global gradient norm counts every parameter once: the slices' squares summed
         // over the ranks (all-reduce of one float), the replicated tensors' squares, equal on
@@ -495,9 +539,8 @@ int main(int argc, char** argv) {
         if (rank == 0) {
             char line[256], comm[200];
             // bytes per collective this step: equal to the formula printed at the start
-            snprintf(comm, sizeof(comm), "all-reduce %.2f MB, reduce-scatter %.2f MB, all-gather %.2f MB",
-                     world.bytes[COMM_ALL_REDUCE] / 1e6, world.bytes[COMM_REDUCE_SCATTER] / 1e6,
-                     world.bytes[COMM_ALL_GATHER] / 1e6);
+            snprintf(comm, sizeof(comm), "all-reduce %lld B, reduce-scatter %lld B, all-gather %lld B",
+                     world.bytes[COMM_ALL_REDUCE], world.bytes[COMM_REDUCE_SCATTER], world.bytes[COMM_ALL_GATHER]);
             if (step_comm > 0) {
                 size_t used = strlen(comm);
                 snprintf(comm + used, sizeof(comm) - used, " in %.1f ms (%.0f%%)", step_comm * 1e3, 100.0 * step_comm / dt);
@@ -507,6 +550,7 @@ int main(int argc, char** argv) {
             printf("%s | %s\n", line, comm);
         }
         logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));
+        if (check_replicas > 0 && (step + 1) % check_replicas == 0) train_check_replicas(&model, tp, step + 1);
         if (dump_grads != NULL && step == 0) {  // after the step's count (AdamW left the gradients)
             float* full = rank == 0 ? (float*)malloc_check(P * sizeof(float)) : NULL;
             gpt2_gather_full(&model, tp, model.grads_memory, COMM_FLOATX, full);

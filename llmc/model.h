@@ -37,7 +37,21 @@ static inline LayerDims layer_dims(GPT2Config c, int tp, int sp) {
     }
     LayerDims d = {c.channels, 3 * c.channels / tp, c.channels / tp, 4 * c.channels / tp,
                    c.num_heads / tp, c.padded_vocab_size / tp, tp, sp ? tp : 1};
+#ifdef __CUDACC__
+    // the CUDA loss kernels read a rank's row of logits 16 bytes at a time
+    if (d.Vp % PACK16 != 0) {
+        fail("-tp %d: each rank's Vp/tp = %d logits per token must be a multiple of %d for the CUDA "
+             "kernels", tp, d.Vp, PACK16);
+    }
+#endif
     return d;
+}
+
+// The vocabulary of tensor-parallel rank r is the tokens [r Vp/tp, (r+1) Vp/tp); of those
+// columns the first `real` ones are tokens (below V), the rest padding (none on most ranks).
+static inline int vocab_real_columns(GPT2Config c, LayerDims d, int tp_rank) {
+    int real = c.vocab_size - tp_rank * d.Vp;
+    return real < 0 ? 0 : real < d.Vp ? real : d.Vp;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -167,6 +181,7 @@ typedef struct {
     float* losses;      // (B, T)
     floatX* dresidual;  // (BTs, C)       gradient of the residual stream, flowing down the layers
     floatX* dbuf;       // (B, T, C)      gradient of a LayerNorm output or of the attention output
+                        //                (and the TP embedding's partial sum in the forward pass)
     floatX* dqkv;       // (B, T, 3C)
     floatX* dfch;       // (B, T, 4C)
     float* row_max;     // (B, T)         vocabulary-parallel loss: each row's maximum logit

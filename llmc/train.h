@@ -65,9 +65,9 @@ static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
         {"-j", ARG_STRING, &a->val_path, 0, 0, "validation token file"},
         {"-e", ARG_STRING, &a->model, 0, 0, "model file, or descriptor dL for a random init (d12 = 124M)"},
         {"-o", ARG_STRING, &a->out_dir, 0, 0, "output dir for main.log and checkpoints; a fresh run needs one without checkpoints (-y 1 continues them; to start over, remove them or pick another dir)"},
-        {"-b", ARG_INT, &a->B, 1, MAX, "micro-batch size per rank, in sequences"},
+        {"-b", ARG_INT, &a->B, 1, MAX, "micro-batch size in sequences, per data-parallel rank (tensor-parallel ranks share theirs)"},
         {"-t", ARG_INT, &a->T, 1, MAX, "sequence length"},
-        {"-d", ARG_INT, &a->total_batch, -1, MAX, "total batch in tokens = B*T*ranks*accumulation (-1: B*T*ranks)"},
+        {"-d", ARG_INT, &a->total_batch, -1, MAX, "total batch in tokens = B*T*(data-parallel ranks)*accumulation (-1: one micro-batch per step)"},
         {"-l", ARG_FLOAT, &a->lr, 0, MAX, "peak learning rate"},
         {"-u", ARG_INT, &a->warmup, 0, MAX, "warmup steps"},
         {"-q", ARG_FLOAT, &a->final_lr_frac, 0, 1, "final learning rate as a fraction of -l (cosine decay)"},
@@ -181,29 +181,36 @@ static inline void train_run_identity(RunIdentity* id, const TrainArgs* args, GP
     run_identity_add(id, "precision", "%s", PRECISION_NAME);
 }
 
-// Data parallelism rests on every replica holding the same parameters. This checks it: a CRC-32
-// of this rank's parameter bits, its two 16-bit halves reduced with max and min over the ranks
-// (four 4-byte all-reduces; a float holds 16 bits exactly). Any difference stops every rank.
-static inline void train_check_replicas(const floatX* params, size_t P, CommGroup* world, int step) {
-    floatX* host = (floatX*)malloc_check(P * sizeof(floatX));
-    copy_device_to_host(host, params, P * sizeof(floatX));
-    uint32_t crc = crc32_update(0, host, P * sizeof(floatX));
+// Data parallelism rests on every replica holding the same parameters, and tensor parallelism on
+// every copy of a replicated tensor (LayerNorms, biases, wpe) staying the same. This checks it:
+// a CRC-32 of the bits of this rank's tensors that are not split over tensor-parallel ranks (all
+// of them without tensor parallelism), its two 16-bit halves reduced with max and min over the
+// group (four 4-byte all-reduces; a float holds 16 bits exactly). Any difference stops every rank.
+static inline void train_check_replicas(const GPT2* model, CommGroup* group, int step) {
+    const ParameterLayout* p = &model->layout;
+    floatX* host = (floatX*)malloc_check(p->count * sizeof(floatX));
+    copy_device_to_host(host, model->params_memory, p->count * sizeof(floatX));
+    uint32_t crc = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (!p->sharded[i]) crc = crc32_update(crc, host + p->offsets[i], p->sizes[i] * sizeof(floatX));
+    }
     free(host);
     float half[2] = {(float)(crc >> 16), (float)(crc & 0xffff)}, lo[2], hi[2];
     for (int i = 0; i < 2; i++) {
         lo[i] = hi[i] = half[i];
-        comm_all_reduce_scalar(world, &hi[i], COMM_MAX);
+        comm_all_reduce_scalar(group, &hi[i], COMM_MAX);
         lo[i] = -lo[i];  // min as the max of the negation: the comm layer reduces sum, avg, max
-        comm_all_reduce_scalar(world, &lo[i], COMM_MAX);
+        comm_all_reduce_scalar(group, &lo[i], COMM_MAX);
         lo[i] = -lo[i];
     }
+    const char* what = p->tp > 1 ? "replicated tensors" : "replicas";
     if (lo[0] != hi[0] || lo[1] != hi[1]) {
-        fail("step %d: the replicas differ: this rank's parameters have CRC-32 %08x; over the ranks "
-             "the upper 16 bits range %04x..%04x, the lower %04x..%04x. Every rank must start from "
-             "the same weights (same -e and -seed) and apply the same update", step, crc,
+        fail("step %d: the %s differ: this rank's have CRC-32 %08x; over the ranks the upper 16 "
+             "bits range %04x..%04x, the lower %04x..%04x. Every rank must start from the same "
+             "weights (same -e and -seed) and apply the same update", step, what, crc,
              (unsigned)lo[0], (unsigned)hi[0], (unsigned)lo[1], (unsigned)hi[1]);
     }
-    if (world->rank == 0) printf("step %d: replicas identical (parameter CRC-32 %08x on %d ranks)\n", step, crc, world->size);
+    if (group->rank == 0) printf("step %d: %s identical (parameter CRC-32 %08x on %d ranks)\n", step, what, crc, group->size);
 }
 
 // ---------------------------------------------------------------------------------------------

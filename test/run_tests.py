@@ -857,13 +857,25 @@ TP = "./train_gpt2_tp"
 
 
 def tp_step_bytes(cfg, B, accum, sp, X=4):
-    """communication per step (README, tensor parallelism): per micro-batch 4L + 2 collectives of
-    B*T*C activations of X bytes (all-reduces; with -sp all-gathers and as many reduce-scatters)
-    and the loss's all-reduces of 3 B*T fp32; per step the norm's 4 bytes and with -sp the
-    LayerNorm gradients' all-reduce of (4L + 2) C"""
+    """communication per step (README, tensor parallelism), per kind: per micro-batch 4L + 2
+    collectives of B*T*C activations of X bytes (all-reduces; with -sp all-gathers and as many
+    reduce-scatters) and the loss's all-reduces of 3 B*T fp32; per step the norm's 4 bytes and
+    with -sp the LayerNorm gradients' all-reduce of (4L + 2) C"""
     L, C, T = cfg["layers"], cfg["channels"], cfg["seq_len"]
-    activations = accum * (4 * L + 2) * B * T * C * X * (2 if sp else 1)
-    return activations + accum * 3 * B * T * 4 + 4 + ((4 * L + 2) * C * X if sp else 0)
+    activations = accum * (4 * L + 2) * B * T * C * X
+    small = accum * 3 * B * T * 4 + 4
+    if sp:
+        return {"all-reduce": small + (4 * L + 2) * C * X, "reduce-scatter": activations, "all-gather": activations}
+    return {"all-reduce": activations + small, "reduce-scatter": 0, "all-gather": 0}
+
+
+def check_tp_step_bytes(out, expected, steps):
+    """the bytes of each kind of collective that every step line reports, against the formula"""
+    lines = re.findall(r"^step +(\d+)/\d+ .*\| all-reduce (\d+) B, reduce-scatter (\d+) B, all-gather (\d+) B", out, re.M)
+    assert len(lines) == steps, "%d step lines with collective bytes, expected %d:\n%s" % (len(lines), steps, out[-2000:])
+    for step, *counts in lines:
+        got = dict(zip(("all-reduce", "reduce-scatter", "all-gather"), map(int, counts)))
+        assert got == expected, "step %s moved %s, the formula says %s" % (step, got, expected)
 
 
 def compare_tp_with_reference(tp, sp, accum, cfg=REF):
@@ -871,10 +883,15 @@ def compare_tp_with_reference(tp, sp, accum, cfg=REF):
     B = cfg["batch"] // accum
     d = fresh_dir("tp%d_sp%d_accum%d_nh%d" % (tp, sp, accum, cfg["heads"]))
     grads_path = os.path.join(d, "grads.bin")
-    # the step-0 gradients are gathered from the ranks' slices into the whole model's layout
-    run_ok(tp, trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-sp", sp], cfg=cfg), program=TP)
-    check_against_reference(ref, d, grads_path, tp_step_bytes(cfg, B, accum, sp),
-                            "(4L+2) B T C 4 x %d x %d + 12 B T x %d + 4%s" % (accum, 2 if sp else 1, accum, " + (4L+2) C 4" if sp else ""))
+    # the step-0 gradients are gathered from the ranks' slices into the whole model's layout;
+    # every step checks that the copies of the replicated tensors stay identical
+    out = run_ok(tp, trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-sp", sp,
+                                              "-check_replicas", 1], cfg=cfg), program=TP)
+    expected = tp_step_bytes(cfg, B, accum, sp and tp > 1)  # one rank has nothing to split
+    check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected)
+    check_tp_step_bytes(out, expected, cfg["steps"])
+    if tp > 1:
+        assert "step %d: replicated tensors identical" % cfg["steps"] in out, out[-2000:]
 
 
 def make_tp_test(tp, sp, accum, cfg=REF):
@@ -884,7 +901,7 @@ def make_tp_test(tp, sp, accum, cfg=REF):
     return fn
 
 
-for _tp, _sp, _accum, _cfg in [(1, 0, 1, REF), (2, 0, 1, REF), (2, 1, 2, REF), (4, 0, 2, REF), (4, 1, 1, REF),
+for _tp, _sp, _accum, _cfg in [(1, 0, 1, REF), (1, 1, 1, REF), (2, 0, 1, REF), (2, 1, 2, REF), (4, 0, 2, REF), (4, 1, 1, REF),
                                (3, 0, 1, REF3), (3, 1, 2, REF3)]:
     test(make_tp_test(_tp, _sp, _accum, _cfg))
 
@@ -927,7 +944,7 @@ def tp_bad_layouts():
     check_tp_bad_layout(3, [], "-tp 3: tensor parallelism splits the heads NH = 4 over the ranks, and 3 does not divide it")
     # d5 has 5 heads, but the padded vocabulary 50304 = 2^7 x 3 x 131 does not split in 5
     check_tp_bad_layout(5, ["-x", 1], "-tp 5: tensor parallelism splits the padded vocabulary Vp = 50304 over the ranks", model="d5")
-    check_tp_bad_layout(2, ["-sp", 1, "-t", 31, "-d", 8 * 31], "-sp 1 splits each sequence over the 2 ranks: -t 31 must be a multiple of 2")
+    check_tp_bad_layout(2, ["-sp", 1, "-t", 31, "-d", 8 * 31], "-sp 1 splits the tokens over the 2 ranks: -t 31 must be a multiple of 2")
     check_tp_bad_layout(2, ["-tp", 4], "-tp 4: this trainer puts every rank in one tensor-parallel group, so -tp must equal the number of ranks, 2")
 
 
@@ -1037,8 +1054,8 @@ def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None):
     d = fresh_dir("%s_%s_%s_np%d" % (kind, precision, trainer, ranks))
     grads_path = os.path.join(d, "grads.bin")
     B = REF["batch"] // ranks if tp_sp is None else REF["batch"]
-    extra = [] if tp_sp is None else ["-sp", tp_sp]
-    run(program, ranks, trainer_args(ref, B, d, ["-n", REF["steps"], "-dump_grads", grads_path] + extra), d)
+    extra = [] if tp_sp is None else ["-sp", tp_sp, "-check_replicas", 1]
+    out = run(program, ranks, trainer_args(ref, B, d, ["-n", REF["steps"], "-dump_grads", grads_path] + extra), d)
     train, _ = read_log(d)
     _, g_ref = reference.read_model_file(os.path.join(ref["dir"], "grads.bin"))
     _, g = reference.read_model_file(grads_path)
@@ -1053,8 +1070,10 @@ def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None):
     X = 4 if precision == "FP32" else 2
     if tp_sp is None:  # the gradient all-reduce moves P values of the training precision + the fp32 loss
         expected = X * len(p_ref) + 4
-    else:
-        expected = tp_step_bytes(REF, B, 1, tp_sp, X)
+    else:  # the replicated tensors round alike on both ranks (bf16: stochastically, same bits)
+        check_tp_step_bytes(out, tp_step_bytes(REF, B, 1, tp_sp, X), REF["steps"])
+        assert "step %d: replicated tensors identical" % REF["steps"] in out, out[-2000:]
+        expected = sum(tp_step_bytes(REF, B, 1, tp_sp, X).values())
     assert train[1]["comm_bytes"] == expected, "moved %d bytes, expected %d" % (train[1]["comm_bytes"], expected)
     if precision == "FP32":
         # cuBLAS in strict fp32 and fp32 kernels: only the summation order differs from the
@@ -1186,12 +1205,13 @@ def emu_catches_a_missing_block_barrier():
     """delete the barrier after the flash forward loads a k/v tile: other warps would read a
     half-loaded tile on a GPU. The emulator's warp-serial schedule (each warp alone between two
     block barriers) must make attention_forward fail its validation; the old lock-step schedule
-    passed it (dev/cuda/mutation_sweep.py runs this for every barrier)"""
+    passed it (dev/cuda/mutation_sweep.py runs this for every barrier). The unmutated program's
+    validation, the sweep's control, is emu_dev_cuda_kernels_validate_bf16's."""
     path = os.path.join(ROOT, "llmc", "cuda", "flash_attention.cuh")
     with open(path) as f:
         lines = [i + 1 for i, line in enumerate(f) if "__syncthreads();  // ... for every thread's copies" in line]
     assert len(lines) == 1, "the barrier this test deletes moved: %s" % lines
-    p = subprocess.run([sys.executable, "dev/cuda/mutation_sweep.py", "-j", "2", "--warp-serial-only",
+    p = subprocess.run([sys.executable, "dev/cuda/mutation_sweep.py", "-j", "1", "--warp-serial-only", "--no-control",
                         "flash_attention.cuh:%d" % lines[0]], cwd=ROOT, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, timeout=900)
     out = p.stdout.decode("utf-8", "replace")

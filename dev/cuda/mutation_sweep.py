@@ -10,11 +10,12 @@ when a program fails its validation (or the emulator stops it) in at least one o
 Shuffles are left out: deleting one changes which values are combined, not when, and any
 validation catches that; they are data movement here, not barriers.
 
-    python3 dev/cuda/mutation_sweep.py [-j JOBS] [--warp-serial-only] [filter]
+    python3 dev/cuda/mutation_sweep.py [-j JOBS] [--warp-serial-only] [--no-control] [filter]
     make mutation-sweep
 filter: "file:line" for one barrier (e.g. "flash_attention.cuh:156"), or a part of a file name.
 A control run beside the mutations: the unmutated programs must validate in every configuration,
-else nothing is reported.
+else nothing is reported. --no-control leaves it out, for a caller that has validated the
+unmutated programs already (the test suite's emu_dev_cuda tests do).
 """
 import glob
 import os
@@ -91,7 +92,7 @@ def sweep_one(index, name, number, statement):
     if not programs:
         return None, "no dev/cuda program tests %s" % name
     targets = ["build/emu_BF16/dev/cuda/" + p for p in programs]
-    p = subprocess.run(["make", "-s"] + targets, cwd=dest, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    p = subprocess.run(["make", "-s", "-j2"] + targets, cwd=dest, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if p.returncode != 0:
         return None, "build failed: " + p.stdout.decode("utf-8", "replace")[-500:]
     caught = {}
@@ -113,6 +114,9 @@ def main():
     if args[:1] == ["--warp-serial-only"]:
         del SCHEDULES[1:]
         args = args[1:]
+    with_control = args[:1] != ["--no-control"]
+    if not with_control:
+        args = args[1:]
     pattern = args[0] if args else ""
     # "file:line" selects that barrier; anything else, every barrier whose "file:line" contains it
     todo = [(i, *b) for i, b in enumerate(barriers())
@@ -121,9 +125,9 @@ def main():
     # the control, alongside the mutations: unmutated, every program must validate in both
     # orders under each schedule, or a "caught" below would mean nothing
     with ThreadPoolExecutor(jobs) as pool:
-        control_job = pool.submit(sweep_one, 99, ",".join(sorted(set(t[1] for t in todo))), 0, None)
+        control_job = pool.submit(sweep_one, 99, ",".join(sorted(set(t[1] for t in todo))), 0, None) if with_control else None
         results = list(pool.map(lambda t: sweep_one(*t), todo))
-        control, error = control_job.result()
+        control, error = control_job.result() if with_control else ({}, None)
     if error or not all(c == "" for c in control.values()):
         print("the unmutated programs do not validate (%s): no sweep" % (error or control))
         sys.exit(1)

@@ -12,9 +12,9 @@ static inline void encoder_forward(float* out, const int* inp, const float* wte,
         for (int t = 0; t < T; t++) {
             float* o = out + ((size_t)b * T + t) * C;
             int token = inp[b * T + t];
-            const float* tok = wte + (size_t)(token < 0 ? 0 : token) * C;
-            const float* pos = wpe + (size_t)t * C;
-            for (int c = 0; c < C; c++) o[c] = (token < 0 ? 0.0f : tok[c]) + (wpe ? pos[c] : 0.0f);
+            const float* tok = token < 0 ? NULL : wte + (size_t)token * C;
+            const float* pos = wpe ? wpe + (size_t)t * C : NULL;
+            for (int c = 0; c < C; c++) o[c] = (tok ? tok[c] : 0.0f) + (pos ? pos[c] : 0.0f);
         }
     }
 }
