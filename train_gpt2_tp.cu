@@ -442,25 +442,16 @@ int main(int argc, char** argv) {
                      host_bytes, world.size, world.ranks_sharing_memory);
     }
 
-    // ---- resume from the newest complete checkpoint (every rank its own state file)
+    // ---- with -y 1, resume from the newest complete checkpoint (every rank its own state file)
     Rng sample_rng;
-    rng_init(&sample_rng, (uint64_t)args.seed + 1);
-    int start_step = 0;
-    if (args.resume) {
-        TrainState state = train_resume(&model, args.out_dir, &world, max_steps, &identity);
-        start_step = state.step;
-        sample_rng.state = state.rng;
-        dataloader_seek(&train, (size_t)start_step);
-    }
+    int start_step = train_start(&model, &args, &world, max_steps, &identity, &sample_rng, &train);
     Logger logger;
     logger_init(&logger, args.out_dir, rank, args.resume ? start_step : -1);
 
     // ---- training loop; `step` counts completed optimizer steps
     // model FLOPs per token (llmc/train.h); each rank does about 1/tp of them
     double flops_per_token = train_flops_per_token(config, args.T);
-    DevicePeak peak = device_peak();
-    if (rank == 0 && peak.flops > 0)
-        printf("MFU against the %s dense %s peak, %.0f TFLOP/s\n", peak.part, PRECISION_NAME, peak.flops / 1e12);
+    DevicePeak peak = train_device_peak(rank);
     StepStats stats = {0, 0, 0, 0};
     for (int step = start_step; step <= max_steps; step++) {
         int last = step == max_steps;

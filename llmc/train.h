@@ -289,6 +289,14 @@ static inline double train_flops_per_token(GPT2Config c, int T) {
     return 6.0 * (double)gpt2_num_parameters(c) + 12.0 * c.num_layers * c.channels * (double)T;
 }
 
+// this device's dense peak for MFU (none on the CPU), named by rank 0
+static inline DevicePeak train_device_peak(int rank) {
+    DevicePeak peak = device_peak();
+    if (rank == 0 && peak.flops > 0)
+        printf("MFU against the %s dense %s peak, %.0f TFLOP/s\n", peak.part, PRECISION_NAME, peak.flops / 1e12);
+    return peak;
+}
+
 // MFU in percent: the model FLOPs of tokens_per_s, shared by `ranks` devices, against one
 // device's dense peak (0 where the peak is unknown: CPUs, other GPUs)
 static inline double train_mfu(double flops_per_token, double tokens_per_s, int ranks, DevicePeak peak) {
@@ -507,13 +515,18 @@ static inline int train_open_tokenizer(Tokenizer* tok, const char* path, GPT2Con
     return 1;
 }
 
-// Resume from the newest complete checkpoint in dir: rank 0 picks the step (the newest DONE_)
-// and broadcasts it; every rank checks that its files are of that step, of its rank, of this
-// layout and of this run (read_checkpoint); a barrier then makes sure every rank's checks passed
-// before anything (main.log first) is written.
-static inline TrainState train_resume(GPT2* model, const char* dir, CommGroup* world, int max_steps,
-                                      const RunIdentity* id) {
+// Where a run starts: step 0 with the sampling rng seeded from -seed, or with -y 1 the newest
+// complete checkpoint in -o. Rank 0 picks its step (the newest DONE_) and broadcasts it; every
+// rank checks that its files are of that step, of its rank, of this layout and of this run
+// (read_checkpoint); a barrier then makes sure every rank's checks passed before anything
+// (main.log first) is written. The sampling rng and the train loader continue from the
+// checkpoint. Returns the step.
+static inline int train_start(GPT2* model, const TrainArgs* args, CommGroup* world, int max_steps,
+                              const RunIdentity* id, Rng* sample_rng, DataLoader* train) {
+    rng_init(sample_rng, (uint64_t)args->seed + 1);
+    if (!args->resume) return 0;
     watchdog_phase("resume", 0);
+    const char* dir = args->out_dir;
     int latest = world->rank == 0 ? checkpoint_latest(dir) : 0;
     comm_broadcast_host(world, &latest, sizeof(int), 0);
     if (latest < 0) fail("-y 1: no complete checkpoint (DONE_ file) in '%s'", dir);
@@ -524,7 +537,9 @@ static inline TrainState train_resume(GPT2* model, const char* dir, CommGroup* w
     TrainState s = read_checkpoint(model, dir, world, latest, id);
     comm_barrier(world);
     if (world->rank == 0) printf("resumed from step %d in %s\n", s.step, dir);
-    return s;
+    sample_rng->state = s.rng;
+    dataloader_seek(train, (size_t)s.step);
+    return s.step;
 }
 
 #endif
