@@ -1104,7 +1104,8 @@ for _precision in ("FP32", "BF16"):
     for _ranks in (1, 2):
         test(make_gpu_test(_precision, _ranks))
 # on the emulator: NCCL (one emulated GPU per rank) in fp32, the host-staged path in bf16
-for _precision, _ranks, _devices in (("FP32", 1, 1), ("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2, 1)):
+# (fp32 at 2 ranks runs every kernel that fp32 at 1 rank would, so 1 rank is left to bf16)
+for _precision, _ranks, _devices in (("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2, 1)):
     test(make_emu_test(_precision, _ranks, _devices))
 test(make_emu_test("BF16", 1, 1, "cublas"))
 
