@@ -25,7 +25,7 @@ endif
 BACKEND ?= $(DEFAULT_BACKEND)
 
 TRAINERS := train_gpt2_dp train_gpt2_tp
-TEST_PROGRAMS := test/test_comm test/test_dataloader test/test_norm
+TEST_PROGRAMS := test/test_comm test/test_dataloader test/test_norm test/test_pipeline
 HEADERS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cuda/*.cuh dev/cuda/*.h dev/cuda/*.cuh)
 DEV_CUDA := $(wildcard dev/cuda/*.cu)
 

@@ -806,6 +806,8 @@ for _n in (1, 2, 3, 4):
     for _b, _t, _a, _s in ((2, 16, 2, 1), (3, 8, 1, 0)):
         test(make_program_test("dataloader_%d_ranks_B%d_T%d_accum%d_shuffle%d" % (_n, _b, _t, _a, _s),
                                "test/test_dataloader", _n, [_b, _t, _a, _s], "dataloader ok"))
+# pipeline schedules (llmc/pipeline.h): order, dependencies, bubble and memory against their formulas
+test(make_program_test("pipeline_schedules", "test/test_pipeline", 1, [], "pipeline ok"))
 
 
 # ---------------------------------------------------------------------------------------------
