@@ -1,70 +1,101 @@
 // Unit tests of the pipeline schedules (llmc/pipeline.h) for p = 1..8 stages and m = 1..16
-// micro-batches, on the timeline that unit-time actions give (forward 1, backward 2):
-//   - every stage runs each micro-batch's forward and backward exactly once, forward first;
-//   - a forward starts after the previous stage's forward of that micro-batch ended, a backward
-//     after the next stage's backward (the last stage's after its own forward), and a stage runs
-//     one action at a time;
-//   - the step lasts 3 (m + p - 1) units: the bubble is the formula's (p - 1) / (m + p - 1);
-//   - stage s holds at most m micro-batches under afab and min(p - s, m) under 1f1b.
-// Prints the charts of p = 4, m = 8. Checked values come from the formulas, not from a run.
+// micro-batches (interleaved: V = 2, 3 chunks, m a multiple of p, p >= 2), on the timeline that
+// unit-time actions give (a chunk's forward 1, backward 2; zb: F, B, W 1 each):
+//   - every stage runs each (micro-batch, chunk)'s forward and backward (and W) exactly once,
+//     forward first, W after B;
+//   - a forward starts after the virtual stage before ended that micro-batch's forward, a
+//     backward after the virtual stage after ended its backward (the last one's after its own
+//     forward), and a stage runs one action at a time;
+//   - the step lasts as long as the formula says (pipeline_length_formula), so the bubble is the
+//     formula's;
+//   - each stage holds at most the formula's activations: afab m, 1f1b min(p - s, m), zb
+//     min(p, m), interleaved its warm-up plus one;
+//   - the sends and receives between the actions pair up in order and never deadlock.
+// Prints a chart of each schedule at p = 4. Checked values come from formulas, not from a run.
 #include <stdio.h>
 #include "llmc/pipeline.h"
 
 static int failures = 0;
 #define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL: " __VA_ARGS__); printf("\n"); } } while (0)
 
-static void check_schedule(PipeSchedule sched, int p, int m) {
-    const char* name = pipe_schedule_names[sched];
-    int per_stage = 2 * m;
-    PipeAction* actions = (PipeAction*)malloc_check((size_t)p * per_stage * sizeof(PipeAction));
-    int* start = (int*)malloc_check((size_t)p * per_stage * sizeof(int));
-    int* end = (int*)malloc_check((size_t)p * per_stage * sizeof(int));
-    int length = pipeline_simulate(sched, p, m, actions, start, end);
-    // where (index into the arrays) each stage's forward and backward of each micro-batch sits
-    int* at_forward = (int*)malloc_check((size_t)p * m * sizeof(int));
-    int* at_backward = (int*)malloc_check((size_t)p * m * sizeof(int));
-    for (int i = 0; i < p * m; i++) at_forward[i] = at_backward[i] = -1;
-    for (int s = 0; s < p; s++) {
-        for (int k = 0; k < per_stage; k++) {
-            int i = s * per_stage + k;
+static void check_schedule(PipeSpec s) {
+    const char* name = pipe_schedule_names[s.sched];
+    int p = s.p, m = s.m, V = s.V, n = pipeline_actions_per_stage(s), per_op = m * V;
+    PipeAction* actions = (PipeAction*)malloc_check((size_t)p * n * sizeof(PipeAction));
+    int* start = (int*)malloc_check((size_t)p * n * sizeof(int));
+    int* end = (int*)malloc_check((size_t)p * n * sizeof(int));
+    int length = pipeline_simulate(s, actions, start, end);
+    // where (index into the arrays) each stage's F, B and W of each (micro-batch, chunk) sits
+    int* at = (int*)malloc_check((size_t)p * 3 * per_op * sizeof(int));
+    for (int i = 0; i < p * 3 * per_op; i++) at[i] = -1;
+#define AT(stage, op, micro, chunk) at[(((stage) * 3 + (op)) * m + (micro)) * V + (chunk)]
+    for (int st = 0; st < p; st++) {
+        for (int k = 0; k < n; k++) {
+            int i = st * n + k;
             PipeAction a = actions[i];
-            CHECK(a.micro >= 0 && a.micro < m, "%s p=%d m=%d stage %d: micro-batch %d", name, p, m, s, a.micro);
-            int* at = a.op == PIPE_FORWARD ? at_forward : at_backward;
-            CHECK(at[s * m + a.micro] < 0, "%s p=%d m=%d stage %d: micro-batch %d twice", name, p, m, s, a.micro);
-            at[s * m + a.micro] = i;
-            CHECK(k == 0 || start[i] >= end[i - 1], "%s p=%d m=%d stage %d: two actions at once", name, p, m, s);
+            CHECK(a.micro >= 0 && a.micro < m && a.chunk >= 0 && a.chunk < V, "%s p=%d m=%d V=%d stage %d: micro-batch %d chunk %d",
+                  name, p, m, V, st, a.micro, a.chunk);
+            CHECK(a.op != PIPE_WEIGHT || s.sched == SCHEDULE_ZB, "%s: a W outside zb", name);
+            CHECK(AT(st, a.op, a.micro, a.chunk) < 0, "%s p=%d m=%d V=%d stage %d: %c%d twice", name, p, m, V, st,
+                  pipe_op_letters[a.op], a.micro);
+            AT(st, a.op, a.micro, a.chunk) = i;
+            CHECK(k == 0 || start[i] >= end[i - 1], "%s p=%d m=%d stage %d: two actions at once", name, p, m, st);
         }
     }
-    for (int s = 0; s < p; s++) {
+    int last = p * V - 1;
+    for (int st = 0; st < p; st++) {
         for (int mb = 0; mb < m; mb++) {
-            int f = at_forward[s * m + mb], b = at_backward[s * m + mb];
-            CHECK(f >= 0 && b >= 0 && f < b, "%s p=%d m=%d stage %d micro %d: forward must precede backward", name, p, m, s, mb);
-            if (f < 0 || b < 0) continue;
-            if (s > 0) CHECK(start[f] >= end[at_forward[(s - 1) * m + mb]], "%s p=%d m=%d stage %d micro %d: forward before its input", name, p, m, s, mb);
-            if (s < p - 1) CHECK(start[b] >= end[at_backward[(s + 1) * m + mb]], "%s p=%d m=%d stage %d micro %d: backward before its gradient", name, p, m, s, mb);
+            for (int c = 0; c < V; c++) {
+                int f = AT(st, PIPE_FORWARD, mb, c), b = AT(st, PIPE_BACKWARD, mb, c), w = AT(st, PIPE_WEIGHT, mb, c);
+                CHECK(f >= 0 && b >= 0 && f < b, "%s p=%d m=%d stage %d micro %d: forward must precede backward", name, p, m, st, mb);
+                if (s.sched == SCHEDULE_ZB) CHECK(w > b, "%s p=%d m=%d stage %d micro %d: W must follow B", name, p, m, st, mb);
+                if (f < 0 || b < 0) continue;
+                int v = pipeline_virtual_stage(s, st, c);
+                if (v > 0) {
+                    int before = AT((v - 1) % p, PIPE_FORWARD, mb, (v - 1) / p);
+                    CHECK(start[f] >= end[before], "%s p=%d m=%d stage %d micro %d: forward before its input", name, p, m, st, mb);
+                }
+                int after = v < last ? AT((v + 1) % p, PIPE_BACKWARD, mb, (v + 1) / p) : f;
+                CHECK(start[b] >= end[after], "%s p=%d m=%d stage %d micro %d: backward before its gradient", name, p, m, st, mb);
+            }
         }
-        int peak = pipeline_peak_in_flight(actions + (size_t)s * per_stage, per_stage);
-        int bound = sched == SCHEDULE_AFAB ? m : (p - s < m ? p - s : m);
-        CHECK(peak == bound, "%s p=%d m=%d stage %d: holds %d micro-batches, the schedule promises %d", name, p, m, s, peak, bound);
+        int peak = pipeline_peak_in_flight(s, actions + (size_t)st * n, n), bound = pipeline_peak_formula(s, st);
+        CHECK(peak == bound, "%s p=%d m=%d V=%d stage %d: holds %d, the formula says %d", name, p, m, V, st, peak, bound);
     }
-    CHECK(length == 3 * (m + p - 1), "%s p=%d m=%d: the step lasts %d units, the formula 3 (m + p - 1) = %d", name, p, m, length, 3 * (m + p - 1));
+#undef AT
+    int formula = pipeline_length_formula(s);
+    CHECK(length == formula, "%s p=%d m=%d V=%d: the step lasts %d units, the formula %d", name, p, m, V, length, formula);
+    char why[256];
+    const char* problem = pipeline_check_exchanges(s, actions, why, sizeof(why));
+    CHECK(problem == NULL, "%s p=%d m=%d V=%d: %s", name, p, m, V, problem);
     free(actions);
     free(start);
     free(end);
-    free(at_forward);
-    free(at_backward);
+    free(at);
 }
 
 int main(void) {
     int cases = 0;
-    for (int sched = SCHEDULE_AFAB; sched <= SCHEDULE_1F1B; sched++) {
+    for (int sched = 0; sched < SCHEDULE_COUNT; sched++) {
         for (int p = 1; p <= 8; p++) {
-            for (int m = 1; m <= 16; m++, cases++) check_schedule((PipeSchedule)sched, p, m);
+            for (int m = 1; m <= 16; m++) {
+                for (int V = 1; V <= 3; V++) {
+                    PipeSpec s = {(PipeSchedule)sched, p, m, V};
+                    char why[256];
+                    if (pipeline_spec_problem(s, why, sizeof(why)) != NULL) continue;
+                    check_schedule(s);
+                    cases++;
+                }
+            }
         }
     }
+    char why[256];
+    PipeSpec odd = {SCHEDULE_INTERLEAVED, 4, 6, 2}, chunked = {SCHEDULE_1F1B, 2, 4, 2};
+    CHECK(pipeline_spec_problem(odd, why, sizeof(why)) != NULL && strstr(why, "multiple of 4"), "interleaved m=6 p=4 refused");
+    CHECK(pipeline_spec_problem(chunked, why, sizeof(why)) != NULL && strstr(why, "-vp 2"), "1f1b with chunks refused");
     CHECK(pipeline_schedule_from_name("1f1b") == SCHEDULE_1F1B && pipeline_schedule_from_name("gpipe") == -1, "schedule names");
-    pipeline_print_chart(SCHEDULE_AFAB, 4, 8);
-    pipeline_print_chart(SCHEDULE_1F1B, 4, 8);
+    PipeSpec shown[4] = {{SCHEDULE_AFAB, 4, 8, 1}, {SCHEDULE_1F1B, 4, 8, 1}, {SCHEDULE_INTERLEAVED, 4, 8, 2}, {SCHEDULE_ZB, 4, 8, 1}};
+    for (int i = 0; i < 4; i++) pipeline_print_chart(shown[i]);
     printf("%d schedules checked, %d failures\n", cases, failures);
     if (failures == 0) printf("pipeline ok\n");
     return failures != 0;
