@@ -179,7 +179,8 @@ int main(int argc, char** argv) {
     char layout[128];
     snprintf(layout, sizeof(layout), "%zu parameters, -b %d -t %d", P, args.B, args.T);
     LayerDims dims = layer_dims(config, 1, 0);  // every rank holds whole layers
-    memory_check_fits(gpt2_memory_bytes(config, dims, args.B, args.T), host_bytes, world.ranks_sharing_memory, layout);
+    ParameterLayout whole = parameter_layout(config, 1, 0);  // ... and the whole model
+    memory_check_fits(gpt2_memory_bytes(dims, &whole, ACTS_ALL, args.B, args.T), host_bytes, world.ranks_sharing_memory, layout);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
     // the weights: read (checksum verified, non-finite values refused) or drawn from the seed
@@ -215,7 +216,7 @@ int main(int argc, char** argv) {
     }
 
     GPT2 model;
-    gpt2_build(&model, config, dims, 0, params_host, args.B, args.T);
+    gpt2_build(&model, config, dims, whole, params_host, args.B, args.T, ACTS_ALL);
     free(params_host);
 
     if (rank == 0) {
@@ -244,10 +245,10 @@ int main(int argc, char** argv) {
         snprintf(note, sizeof(note), "of which logits %.1f MB (B T Vp), MLP %.1f MB (2 L B T 4C), attention state %.1f MB",
                  BT * config.padded_vocab_size * X / 1e6, 2 * L * BT * 4 * config.channels * X / 1e6,
                  L * attention_state_bytes(args.B, args.T, config.channels, config.num_heads) / 1e6);
-        train_print_memory_row("activations", (double)model.acts_bytes, note);
+        train_print_memory_row("activations", (double)model.acts.arena_bytes, note);
         train_print_memory_row("comm buffers", 0, "the all-reduce works in place; ranks sharing a GPU stage it through host memory");
         snprintf(note, sizeof(note), "x %d ranks sharing this memory", world.ranks_sharing_memory);
-        train_print_memory_row("total", (double)gpt2_memory_bytes(config, dims, args.B, args.T), note);
+        train_print_memory_row("total", (double)gpt2_memory_bytes(dims, &whole, ACTS_ALL, args.B, args.T), note);
         train_print_memory_row("host buffers", (double)host_bytes, "at most (weights; on resume also the AdamW moments)");
     }
 
@@ -351,7 +352,7 @@ int main(int argc, char** argv) {
         }
         logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
-            train_check_replicas(&model, &world, step + 1);
+            train_check_replicas(&model, &world, step + 1, NULL, "replicas");
         }
     }
     if (rank == 0) step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);

@@ -321,11 +321,11 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int accum, in
     snprintf(note, sizeof(note), "of which logits %.1f MB (B T Vp/tp), MLP %.1f MB (2 L B T 4C/tp), residual stream %.1f MB (%s)",
              BT * d.Vp * X / 1e6, 2 * L * BT * d.fc * X / 1e6, 2 * L * BT / d.seq_shards * c.channels * X / 1e6,
              sp ? "2 L B T C/tp" : "2 L B T C, whole on every rank");
-    train_print_memory_row("activations", (double)model->acts_bytes, note);
+    train_print_memory_row("activations", (double)model->acts.arena_bytes, note);
     train_print_memory_row("comm buffers", ranks > 1 ? (double)P_rank * sizeof(float) : 0,
                            "rank 0, while gathering a checkpoint; collectives work in place or on activations");
     snprintf(note, sizeof(note), "x %d ranks sharing this memory", ranks_sharing_memory);
-    train_print_memory_row("total", (double)gpt2_memory_bytes(c, d, args->B, args->T), note);
+    train_print_memory_row("total", (double)gpt2_memory_bytes(d, &model->layout, ACTS_ALL, args->B, args->T), note);
     train_print_memory_row("host buffers", (double)host_bytes, "at most (the whole model while loading it)");
     StepBytes b = tp_step_bytes(c, args->B, args->T, accum, sp);
     double activation = BT * c.channels * X;
@@ -388,14 +388,15 @@ int main(int argc, char** argv) {
     // ---- memory, predicted before allocating (llmc/memory.h). Host buffers at their largest:
     // the whole model in fp32 (every rank reads it and keeps its slices) plus the slices, and on
     // resume this rank's AdamW moments (and bf16 parameter bits)
-    size_t P = gpt2_num_parameters(config), P_rank = parameter_layout(config, world.size, rank).count;
+    ParameterLayout rank_layout = parameter_layout(config, world.size, rank);
+    size_t P = gpt2_num_parameters(config), P_rank = rank_layout.count;
     size_t host_bytes = P * sizeof(float) + P_rank * sizeof(float) +
                         (args.resume ? P_rank * (2 * sizeof(float) + (FLOATX_IS_FLOAT ? 0 : sizeof(floatX))) : 0);
     char layout[128];
     snprintf(layout, sizeof(layout), "%zu of %zu parameters per rank, -b %d -t %d", P_rank, P, args.B, args.T);
     // (rank 0 gathers a checkpoint through one more slice of fp32 on the device)
     size_t gather_bytes = world.size > 1 && args.checkpoint_every > 0 ? P_rank * sizeof(float) : 0;
-    memory_check_fits(gpt2_memory_bytes(config, dims, args.B, args.T) + gather_bytes, host_bytes,
+    memory_check_fits(gpt2_memory_bytes(dims, &rank_layout, ACTS_ALL, args.B, args.T) + gather_bytes, host_bytes,
                       world.ranks_sharing_memory, layout);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
@@ -434,7 +435,7 @@ int main(int argc, char** argv) {
     }
 
     GPT2 model;
-    gpt2_build(&model, config, dims, tp->rank, params_host, args.B, args.T);
+    gpt2_build(&model, config, dims, rank_layout, params_host, args.B, args.T, ACTS_ALL);
     free(params_host);
 
     if (rank == 0) {
@@ -541,7 +542,7 @@ int main(int argc, char** argv) {
             printf("%s | %s\n", line, comm);
         }
         logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));
-        if (check_replicas > 0 && (step + 1) % check_replicas == 0) train_check_replicas(&model, tp, step + 1);
+        if (check_replicas > 0 && (step + 1) % check_replicas == 0) train_check_replicas(&model, tp, step + 1, NULL, world.size > 1 ? "replicated tensors" : "replicas");
         if (dump_grads != NULL && step == 0) {  // after the step's count (AdamW left the gradients)
             float* full = rank == 0 ? (float*)malloc_check(P * sizeof(float)) : NULL;
             gpt2_gather_full(&model, tp, model.grads_memory, COMM_FLOATX, full);

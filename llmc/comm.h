@@ -84,6 +84,33 @@ static inline void comm_done(CommGroup* g) {
     watchdog_leave();
 }
 
+// one message of an exchange (comm_exchange): n elements sent to, or received from, rank `peer`
+typedef struct {
+    void* buf;
+    size_t n;
+    int peer;
+    int is_send;  // 1: send buf; 0: receive into buf
+} CommMessage;
+
+static inline CommMessage comm_message(void* buf, size_t n, int peer, int is_send) {
+    CommMessage m;
+    m.buf = buf;
+    m.n = n;
+    m.peer = peer;
+    m.is_send = is_send;
+    return m;
+}
+
+// an exchange counts each message as a send or a receive, and is timed as one operation
+static inline void comm_count_exchange(CommGroup* g, const CommMessage* msgs, int count, size_t elem_bytes) {
+    for (int i = 1; i < count; i++) {
+        CommKind kind = msgs[i].is_send ? COMM_SEND : COMM_RECV;
+        g->calls[kind] += 1;
+        g->bytes[kind] += (long long)(msgs[i].n * elem_bytes);
+    }
+    comm_count(g, msgs[0].is_send ? COMM_SEND : COMM_RECV, msgs[0].n * elem_bytes);
+}
+
 #ifdef USE_MPI
 static inline void comm_abort(int code) {
     int initialized = 0, finalized = 0;

@@ -63,7 +63,12 @@ static inline int vocab_real_columns(GPT2Config c, LayerDims d, int tp_rank) {
 //   fcw, fcb   rows [r 4C/tp, (r+1) 4C/tp)                               column-parallel
 //   fcprojw    input columns [r 4C/tp, (r+1) 4C/tp)                      row-parallel
 //   wpe, the LayerNorms, attprojb, fcprojb: whole on every rank (replicated)
-// The slices keep the model file's tensor order in one flat buffer per rank; tp = 1 is the file.
+// With pipeline parallelism over pp stages a rank holds the per-layer tensors of its stage's
+// layers only: L/pp of them, in V chunks of L/(pp V) consecutive layers, chunk c of stage s being
+// layers [(c pp + s) L/(pp V), ...) (one chunk without interleaving). The first stage holds wte
+// and wpe, the last lnfw, lnfb and a copy of wte for the tied LM head; other stages hold none of
+// the four. The pieces keep the model file's tensor order in one flat buffer per rank (a tensor a
+// rank does not hold has size 0); tp = pp = 1 is the file.
 
 typedef enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS } TensorSplit;
 
@@ -87,8 +92,14 @@ static inline TensorShape tensor_shape(GPT2Config c, int i) {
     return shapes[i];
 }
 
+// the 12 tensors stacked over the layers (ln1w .. fcprojb), as opposed to wte, wpe, lnfw, lnfb
+static inline int tensor_is_per_layer(int i) { return i >= 2 && i <= 13; }
+
 typedef struct {
     int tp, tp_rank;
+    int pp, stage, chunks;  // pipeline stages, this rank's stage, chunks per stage (V)
+    int layers;             // layers this rank holds: L / pp
+    int embedding, head;    // 1: holds wte and wpe (first stage) / lnfw, lnfb and wte (last)
     size_t sizes[NUM_PARAMETER_TENSORS];    // elements of each tensor on this rank
     size_t offsets[NUM_PARAMETER_TENSORS];  // where each starts in this rank's flat buffer
     size_t file_offsets[NUM_PARAMETER_TENSORS];  // where the whole tensor starts in the file
@@ -97,22 +108,42 @@ typedef struct {
     size_t count;                            // elements on this rank
 } ParameterLayout;
 
+// the model's layer that is local layer j of this rank (layers are stored chunk after chunk)
+static inline int layout_layer(const ParameterLayout* p, int j) {
+    int per_chunk = p->layers / p->chunks;
+    return (j / per_chunk * p->pp + p->stage) * per_chunk + j % per_chunk;
+}
+
 // Stochastic rounding draws its bits from (seed, index): a replicated tensor uses the same
-// indices on every rank (its copies must round alike and stay identical), a slice the indices
-// after the slices of the lower ranks (every element of the model its own bits).
-static inline ParameterLayout parameter_layout(GPT2Config c, int tp, int tp_rank) {
+// indices on every rank (its copies must round alike and stay identical: the LayerNorms over tp
+// ranks, the tied wte on the first and last stage), a piece the indices after the pieces of the
+// ranks before it (every element of the model its own bits).
+static inline ParameterLayout parameter_layout_grid(GPT2Config c, int tp, int tp_rank, int pp, int stage, int chunks) {
     ParameterLayout p;
     p.tp = tp;
     p.tp_rank = tp_rank;
+    p.pp = pp;
+    p.stage = stage;
+    p.chunks = chunks;
+    p.layers = c.num_layers / pp;
+    p.embedding = stage == 0;
+    p.head = stage == pp - 1;
+    int held[NUM_PARAMETER_TENSORS];
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) held[i] = 1;
+    held[0] = p.embedding || p.head;
+    held[1] = p.embedding;
+    held[14] = held[15] = p.head;
     size_t file = 0, local = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         TensorShape s = tensor_shape(c, i);
         size_t whole = s.layers * s.groups * s.rows * s.cols;
+        size_t mine = tensor_is_per_layer(i) ? whole / s.layers * p.layers : whole;
         p.sharded[i] = s.split != SPLIT_NONE && tp > 1;
-        p.sizes[i] = p.sharded[i] ? whole / tp : whole;
+        p.sizes[i] = held[i] ? (p.sharded[i] ? mine / tp : mine) : 0;
         p.offsets[i] = local;
         p.file_offsets[i] = file;
-        p.rounding[i] = file + (p.sharded[i] ? (size_t)tp_rank * p.sizes[i] : 0);
+        size_t piece = (size_t)(tensor_is_per_layer(i) ? stage : 0) * (p.sharded[i] ? tp : 1) + (p.sharded[i] ? tp_rank : 0);
+        p.rounding[i] = file + piece * p.sizes[i];
         local += p.sizes[i];
         file += whole;
     }
@@ -120,20 +151,35 @@ static inline ParameterLayout parameter_layout(GPT2Config c, int tp, int tp_rank
     return p;
 }
 
-// copies this rank's slices between the whole model in the file's layout and the rank's own
+// a rank of tensor parallelism alone (one pipeline stage)
+static inline ParameterLayout parameter_layout(GPT2Config c, int tp, int tp_rank) {
+    return parameter_layout_grid(c, tp, tp_rank, 1, 0, 1);
+}
+
+// the layout of rank r of the model-parallel group this layout belongs to: tp ranks of a stage
+// are consecutive, then the stages
+static inline ParameterLayout parameter_layout_of_rank(GPT2Config c, const ParameterLayout* p, int r) {
+    return parameter_layout_grid(c, p->tp, r % p->tp, p->pp, r / p->tp, p->chunks);
+}
+
+// copies this rank's pieces between the whole model in the file's layout and the rank's own
 // flat buffer: full -> shard with to_shard = 1 (loading), shard -> full with 0 (gathering)
 static inline void parameter_shard_copy(float* full, float* shard, const ParameterLayout* p, GPT2Config c,
                                         int to_shard) {
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (p->sizes[i] == 0) continue;
         TensorShape s = tensor_shape(c, i);
         int split = p->sharded[i] ? s.split : SPLIT_NONE;
         size_t rows = split == SPLIT_ROWS ? s.rows / p->tp : s.rows;
         size_t cols = split == SPLIT_COLS ? s.cols / p->tp : s.cols;
         size_t row0 = split == SPLIT_ROWS ? (size_t)p->tp_rank * rows : 0;
         size_t col0 = split == SPLIT_COLS ? (size_t)p->tp_rank * cols : 0;
-        for (size_t lg = 0; lg < s.layers * s.groups; lg++) {  // each layer's (each q/k/v's) block
+        size_t layers = tensor_is_per_layer(i) ? (size_t)p->layers : 1;
+        for (size_t lg = 0; lg < layers * s.groups; lg++) {  // each layer's (each q/k/v's) block
+            size_t layer = tensor_is_per_layer(i) ? (size_t)layout_layer(p, (int)(lg / s.groups)) : 0;
+            size_t block = layer * s.groups + lg % s.groups;  // ... where it sits in the file
             for (size_t j = 0; j < rows; j++) {
-                float* f = full + p->file_offsets[i] + (lg * s.rows + row0 + j) * s.cols + col0;
+                float* f = full + p->file_offsets[i] + (block * s.rows + row0 + j) * s.cols + col0;
                 float* h = shard + p->offsets[i] + (lg * rows + j) * cols;
                 memcpy(to_shard ? h : f, to_shard ? f : h, cols * sizeof(float));
             }
@@ -155,6 +201,11 @@ static inline void parameter_point(ParameterTensors* t, floatX* base, const Para
 // rank's (LayerDims): with tensor parallelism qkv, atty, fch and the logits hold its shard only;
 // with sequence parallelism the residual stream and the LayerNorm statistics hold B*T/seq_shards
 // tokens (BTs below), while the LayerNorm outputs are kept whole, as gathered for the matmuls.
+// An arena holds some of three parts: what one micro-batch keeps through `layers` layers
+// (ACTS_LAYERS), what the LM head and the loss keep (ACTS_HEAD), and the backward pass's scratch
+// (ACTS_SCRATCH). DP and TP keep one micro-batch at a time: one arena of all three. A pipeline
+// stage keeps several micro-batches in flight: an arena of the scratch, and one per micro-batch
+// in flight of its layers (and head); the pointers of parts an arena lacks are NULL.
 
 typedef struct {
     floatX* encoded;    // (BTs, C)       token + position embedding, the residual stream's input
@@ -191,7 +242,11 @@ typedef struct {
     floatX* ln_shard;   // (BTs, C)       a LayerNorm's output on this rank's tokens, before the
                         //                all-gather that fills the whole (B, T, C) ln1/ln2/lnf
     floatX* dgathered;  // (B, T, C)      dresidual all-gathered over the sequence
+    char* arena;        // the memory all of them point into
+    size_t arena_bytes;
 } Activations;
+
+enum { ACTS_LAYERS = 1, ACTS_HEAD = 2, ACTS_SCRATCH = 4, ACTS_ALL = 7 };
 
 typedef struct {
     GPT2Config config;
@@ -204,9 +259,7 @@ typedef struct {
     float* master_memory;   // fp32 master weights when floatX is bf16, else NULL
     float* m_memory;        // AdamW first moment
     float* v_memory;        // AdamW second moment
-    Activations acts;
-    void* acts_memory;
-    size_t acts_bytes;
+    Activations acts;       // DP and TP: every part; a pipeline stage: the scratch
     LayerDims dims;         // this rank's widths
     int B, T;               // the shape the activations were allocated for
     int* inputs;            // (B, T) on the device
@@ -214,47 +267,58 @@ typedef struct {
     float* losses_host;     // (B, T)
 } GPT2;
 
-// all activations in one arena, each tensor aligned to 256 bytes. Returns the arena's size;
-// with base != NULL also points every tensor of `a` into it (NULL: only the size, for planning)
-static inline size_t gpt2_lay_out_activations(Activations* a, GPT2Config c, LayerDims d, int B, int T,
+// the parts of an arena (for `layers` layers) in one block, each tensor aligned to 256 bytes.
+// Returns its size; with base != NULL also points every tensor of `a` into it (NULL: only the
+// size, for planning)
+static inline size_t gpt2_lay_out_activations(Activations* a, LayerDims d, int layers, int parts, int B, int T,
                                                char* base) {
-    size_t L = c.num_layers, C = d.C, QKV = d.qkv, ATT = d.att, FC = d.fc, Vp = d.Vp;
+    size_t L = (size_t)layers, C = d.C, QKV = d.qkv, ATT = d.att, FC = d.fc, Vp = d.Vp;
     size_t BT = (size_t)B * T, BTs = BT / d.seq_shards, X = sizeof(floatX), F = sizeof(float);
     size_t sp = d.seq_shards > 1;  // 0 or 1: sequence parallelism's buffers or none
+    size_t layer = (parts & ACTS_LAYERS) != 0, head = (parts & ACTS_HEAD) != 0, scratch = (parts & ACTS_SCRATCH) != 0;
     struct { void** ptr; size_t count; size_t elem_bytes; } t[] = {
-        {(void**)&a->encoded, BTs * C, X},      {(void**)&a->ln1, L * BT * C, X},
-        {(void**)&a->ln1_mean, L * BTs, F},     {(void**)&a->ln1_rstd, L * BTs, F},
-        {(void**)&a->qkv, L * BT * QKV, X},     {(void**)&a->atty, L * BT * ATT, X},
-        {(void**)&a->att_state, L * attention_state_bytes(B, T, d.att, d.NH), 1},
-        {(void**)&a->attproj, L * BT * C, X},
-        {(void**)&a->residual2, L * BTs * C, X}, {(void**)&a->ln2, L * BT * C, X},
-        {(void**)&a->ln2_mean, L * BTs, F},     {(void**)&a->ln2_rstd, L * BTs, F},
-        {(void**)&a->fch, L * BT * FC, X},     {(void**)&a->fch_gelu, L * BT * FC, X},
-        {(void**)&a->fcproj, L * BT * C, X},    {(void**)&a->residual3, L * BTs * C, X},
-        {(void**)&a->lnf, BT * C, X},           {(void**)&a->lnf_mean, BTs, F},
-        {(void**)&a->lnf_rstd, BTs, F},         {(void**)&a->logits, BT * Vp, X},
-        {(void**)&a->losses, BT, F},            {(void**)&a->dresidual, BTs * C, X},
-        {(void**)&a->dbuf, BT * C, X},          {(void**)&a->dqkv, BT * QKV, X},
-        {(void**)&a->dfch, BT * FC, X},
-        {(void**)&a->row_max, BT, F},           {(void**)&a->row_sums, BT * 2, F},
-        {(void**)&a->reduced, sp * BTs * C, X}, {(void**)&a->ln_shard, sp * BTs * C, X},
-        {(void**)&a->dgathered, sp * BT * C, X},
+        {(void**)&a->encoded, layer * BTs * C, X}, {(void**)&a->ln1, layer * L * BT * C, X},
+        {(void**)&a->ln1_mean, layer * L * BTs, F}, {(void**)&a->ln1_rstd, layer * L * BTs, F},
+        {(void**)&a->qkv, layer * L * BT * QKV, X}, {(void**)&a->atty, layer * L * BT * ATT, X},
+        {(void**)&a->att_state, layer * L * attention_state_bytes(B, T, d.att, d.NH), 1},
+        {(void**)&a->attproj, layer * L * BT * C, X},
+        {(void**)&a->residual2, layer * L * BTs * C, X}, {(void**)&a->ln2, layer * L * BT * C, X},
+        {(void**)&a->ln2_mean, layer * L * BTs, F}, {(void**)&a->ln2_rstd, layer * L * BTs, F},
+        {(void**)&a->fch, layer * L * BT * FC, X}, {(void**)&a->fch_gelu, layer * L * BT * FC, X},
+        {(void**)&a->fcproj, layer * L * BT * C, X}, {(void**)&a->residual3, layer * L * BTs * C, X},
+        {(void**)&a->lnf, head * BT * C, X},      {(void**)&a->lnf_mean, head * BTs, F},
+        {(void**)&a->lnf_rstd, head * BTs, F},    {(void**)&a->logits, head * BT * Vp, X},
+        {(void**)&a->losses, head * BT, F},       {(void**)&a->row_max, head * BT, F},
+        {(void**)&a->row_sums, head * BT * 2, F},
+        {(void**)&a->dresidual, scratch * BTs * C, X}, {(void**)&a->dbuf, scratch * BT * C, X},
+        {(void**)&a->dqkv, scratch * BT * QKV, X}, {(void**)&a->dfch, scratch * BT * FC, X},
+        {(void**)&a->reduced, scratch * sp * BTs * C, X}, {(void**)&a->ln_shard, scratch * sp * BTs * C, X},
+        {(void**)&a->dgathered, scratch * sp * BT * C, X},
     };
     size_t total = 0;
     for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-        if (base) *t[i].ptr = base + total;
+        if (base) *t[i].ptr = t[i].count > 0 ? base + total : NULL;
         total += (t[i].count * t[i].elem_bytes + 255) / 256 * 256;
     }
     return total;
 }
 
+static inline void activations_alloc(Activations* a, LayerDims d, int layers, int parts, int B, int T) {
+    a->arena_bytes = gpt2_lay_out_activations(a, d, layers, parts, B, T, NULL);
+    a->arena = (char*)device_malloc(a->arena_bytes);
+    gpt2_lay_out_activations(a, d, layers, parts, B, T, a->arena);
+}
+
+static inline void activations_free(Activations* a) { device_free(a->arena); }
+
 // what gpt2_build allocates on one rank: parameters and gradients (floatX), fp32 master weights
-// (bf16 only), AdamW m and v (fp32), the activations and the token buffers
-static inline size_t gpt2_memory_bytes(GPT2Config c, LayerDims d, int B, int T) {
+// (bf16 only), AdamW m and v (fp32), the activation parts `parts` for the layout's layers and the
+// token buffers
+static inline size_t gpt2_memory_bytes(LayerDims d, const ParameterLayout* layout, int parts, int B, int T) {
     Activations unused;
-    size_t P = parameter_layout(c, d.tp, 0).count, master = FLOATX_IS_FLOAT ? 0 : P * sizeof(float);
+    size_t P = layout->count, master = FLOATX_IS_FLOAT ? 0 : P * sizeof(float);
     return P * 2 * sizeof(floatX) + master + P * 2 * sizeof(float) +
-           gpt2_lay_out_activations(&unused, c, d, B, T, NULL) + (size_t)B * T * 2 * sizeof(int);
+           gpt2_lay_out_activations(&unused, d, layout->layers, parts, B, T, NULL) + (size_t)B * T * 2 * sizeof(int);
 }
 
 // this rank's slices of the whole model `full` (fp32, host, the file's layout) into the
@@ -274,14 +338,15 @@ static inline const float* gpt2_fp32_weights(const GPT2* model) {
     return model->master_memory ? model->master_memory : (const float*)model->params_memory;
 }
 
-// full_weights: the whole model in the file's layout (fp32, host); this rank keeps its slices
-static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, int tp_rank,
-                              const float* full_weights, int B, int T) {
+// full_weights: the whole model in the file's layout (fp32, host); this rank keeps its pieces
+// (layout) and allocates the activation parts `acts_parts` for its layers at B x T
+static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, ParameterLayout layout,
+                              const float* full_weights, int B, int T, int acts_parts) {
     model->config = config;
     model->dims = dims;
     model->B = B;
     model->T = T;
-    model->layout = parameter_layout(config, dims.tp, tp_rank);
+    model->layout = layout;
     size_t P = model->layout.count;
     model->num_parameters = P;
     model->params_memory = (floatX*)device_malloc(P * sizeof(floatX));
@@ -297,9 +362,7 @@ static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, in
     device_memset_zero(model->v_memory, P * sizeof(float));
     parameter_point(&model->params, model->params_memory, &model->layout);
     parameter_point(&model->grads, model->grads_memory, &model->layout);
-    model->acts_bytes = gpt2_lay_out_activations(&model->acts, config, dims, B, T, NULL);
-    model->acts_memory = device_malloc(model->acts_bytes);
-    gpt2_lay_out_activations(&model->acts, config, dims, B, T, (char*)model->acts_memory);
+    activations_alloc(&model->acts, dims, layout.layers, acts_parts, B, T);
     model->inputs = (int*)device_malloc((size_t)B * T * sizeof(int));
     model->targets = (int*)device_malloc((size_t)B * T * sizeof(int));
     model->losses_host = (float*)malloc_check((size_t)B * T * sizeof(float));
@@ -311,7 +374,7 @@ static inline void gpt2_free(GPT2* model) {
     if (model->master_memory) device_free(model->master_memory);
     device_free(model->m_memory);
     device_free(model->v_memory);
-    device_free(model->acts_memory);
+    activations_free(&model->acts);
     device_free(model->inputs);
     device_free(model->targets);
     free(model->losses_host);

@@ -181,18 +181,22 @@ static inline void train_run_identity(RunIdentity* id, const TrainArgs* args, GP
     run_identity_add(id, "precision", "%s", PRECISION_NAME);
 }
 
-// Data parallelism rests on every replica holding the same parameters, and tensor parallelism on
-// every copy of a replicated tensor (LayerNorms, biases, wpe) staying the same. This checks it:
-// a CRC-32 of the bits of this rank's tensors that are not split over tensor-parallel ranks (all
-// of them without tensor parallelism), its two 16-bit halves reduced with max and min over the
-// group (four 4-byte all-reduces; a float holds 16 bits exactly). Any difference stops every rank.
-static inline void train_check_replicas(const GPT2* model, CommGroup* group, int step) {
+// Data parallelism rests on every replica holding the same parameters, tensor parallelism on
+// every copy of a replicated tensor (LayerNorms, biases, wpe) staying the same, and pipeline
+// parallelism on the first and last stage's copies of the tied wte staying the same. This checks
+// it: a CRC-32 of the bits of this rank's tensors `which` (1 << i for tensor i; NULL: those not
+// split over tensor-parallel ranks, all of them without tensor parallelism), its two 16-bit
+// halves reduced with max and min over the group (four 4-byte all-reduces; a float holds 16 bits
+// exactly). Any difference stops every rank.
+static inline void train_check_replicas(const GPT2* model, CommGroup* group, int step, const unsigned* which,
+                                        const char* what) {
     const ParameterLayout* p = &model->layout;
     floatX* host = (floatX*)malloc_check(p->count * sizeof(floatX));
     copy_device_to_host(host, model->params_memory, p->count * sizeof(floatX));
     uint32_t crc = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        if (!p->sharded[i]) crc = crc32_update(crc, host + p->offsets[i], p->sizes[i] * sizeof(floatX));
+        int checked = which ? (*which >> i) & 1 : !p->sharded[i];
+        if (checked) crc = crc32_update(crc, host + p->offsets[i], p->sizes[i] * sizeof(floatX));
     }
     free(host);
     float half[2] = {(float)(crc >> 16), (float)(crc & 0xffff)}, lo[2], hi[2];
@@ -203,7 +207,6 @@ static inline void train_check_replicas(const GPT2* model, CommGroup* group, int
         comm_all_reduce_scalar(group, &lo[i], COMM_MAX);
         lo[i] = -lo[i];
     }
-    const char* what = p->tp > 1 ? "replicated tensors" : "replicas";
     if (lo[0] != hi[0] || lo[1] != hi[1]) {
         fail("step %d: the %s differ: this rank's have CRC-32 %08x; over the ranks the upper 16 "
              "bits range %04x..%04x, the lower %04x..%04x. Every rank must start from the same "
@@ -393,30 +396,39 @@ static inline size_t low_precision_param_bytes(const GPT2* model) {
     return model->master_memory ? model->num_parameters * sizeof(floatX) : 0;
 }
 
-// The whole model in the file's layout, fp32, into full (host) on rank 0 of `tp_group`, from a
-// device buffer of every rank's layout (src: weights or gradients, of type dtype). With tensor
-// parallelism each rank sends its slices to rank 0, one rank after another, and rank 0 puts them
-// in place; without (tp_group may be NULL) the rank copies its own buffer.
-static inline void gpt2_gather_full(const GPT2* model, CommGroup* tp_group, const void* src, CommDtype dtype,
+// The whole model in the file's layout, fp32, into full (host) on rank 0 of `group`, from a
+// device buffer of every rank's layout (src: weights or gradients, of type dtype). With the model
+// split over the ranks of the group (tensor or pipeline parallelism: the ranks of
+// parameter_layout_of_rank) each rank sends its pieces to rank 0, one rank after another, and
+// rank 0 puts them in place (a tied wte comes from both its stages, identical); without (group
+// may be NULL) the rank copies its own buffer.
+static inline int layout_is_split(const ParameterLayout* p) { return p->tp * p->pp > 1; }
+
+static inline void gpt2_gather_full(const GPT2* model, CommGroup* group, const void* src, CommDtype dtype,
                                     float* full) {
     const ParameterLayout* p = &model->layout;
-    size_t n = p->count, elem = comm_dtype_bytes(dtype);
-    int rank = p->tp > 1 ? tp_group->rank : 0;
+    size_t elem = comm_dtype_bytes(dtype);
+    int ranks = p->tp * p->pp, rank = ranks > 1 ? group->rank : 0;
     if (rank != 0) {
-        comm_send(tp_group, src, n, dtype, 0);  // (this rank's parameters): its slices to rank 0
+        comm_send(group, src, p->count, dtype, 0);  // (this rank's parameters): its pieces to rank 0
         return;
     }
-    float* shard = (float*)malloc_check(n * sizeof(float));
-    void* received = p->tp > 1 ? device_malloc(n * elem) : NULL;
-    for (int r = 0; r < p->tp; r++) {
+    size_t most = 0;  // pipeline stages hold different counts
+    for (int r = 0; r < ranks; r++) {
+        size_t n = parameter_layout_of_rank(model->config, p, r).count;
+        most = n > most ? n : most;
+    }
+    float* shard = (float*)malloc_check(most * sizeof(float));
+    void* received = ranks > 1 ? device_malloc(most * elem) : NULL;
+    for (int r = 0; r < ranks; r++) {
+        ParameterLayout of_r = parameter_layout_of_rank(model->config, p, r);
         const void* from = src;
         if (r > 0) {
-            comm_recv(tp_group, received, n, dtype, r);
+            comm_recv(group, received, of_r.count, dtype, r);
             from = received;
         }
-        if (dtype == COMM_FLOAT) copy_device_to_host(shard, from, n * sizeof(float));
-        else copy_device_to_floats(shard, (const floatX*)from, n);
-        ParameterLayout of_r = parameter_layout(model->config, p->tp, r);
+        if (dtype == COMM_FLOAT) copy_device_to_host(shard, from, of_r.count * sizeof(float));
+        else copy_device_to_floats(shard, (const floatX*)from, of_r.count);
         parameter_shard_copy(full, shard, &of_r, model->config, 0);
     }
     if (received) device_free(received);
@@ -424,19 +436,19 @@ static inline void gpt2_gather_full(const GPT2* model, CommGroup* tp_group, cons
 }
 
 // Every rank writes its state file (its AdamW moments, and its bf16 parameter bits), rank 0 the
-// model file (the whole model, gathered over tp_group with tensor parallelism; NULL without),
+// model file (the whole model, gathered over `group` when the model is split; NULL without),
 // then DONE marks the checkpoint complete (checkpoint.h). Under DDP the AdamW moments are the
 // same on every rank and one copy would do; each rank writes its own anyway, because in the
 // sharded trainers (ZeRO, TP, PP) they differ, one format serves all, and a resume then checks
 // every rank's state against the others'.
-static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* world, CommGroup* tp_group,
+static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* world, CommGroup* group,
                                     int step, const RunIdentity* id, uint64_t sample_rng_state) {
     char path[4096];
     size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
     TrainState s = {step, world->size, sample_rng_state, 0};
-    if (model->layout.tp > 1 || world->rank == 0) {  // with tp = 1 the replicas are identical
+    if (layout_is_split(&model->layout) || world->rank == 0) {  // unsplit, the replicas are identical
         float* full = world->rank == 0 ? (float*)malloc_check(gpt2_num_parameters(model->config) * sizeof(float)) : NULL;
-        gpt2_gather_full(model, tp_group, gpt2_fp32_weights(model), COMM_FLOAT, full);
+        gpt2_gather_full(model, group, gpt2_fp32_weights(model), COMM_FLOAT, full);
         if (world->rank == 0) {
             // an update can overflow the weights while its loss and gradient norm were finite;
             // such weights never become a checkpoint (the other ranks wait below and are stopped too)

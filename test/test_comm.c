@@ -88,14 +88,15 @@ int main(int argc, char** argv) {
     down(buf, N);
     for (int i = 0; i < N; i++) expect(buf[i] == (float)(3 * i), "broadcast", i, buf[i], (float)(3 * i));
 
-    // a ring: each rank sends to the right and receives from the left, in one paired call
+    // a ring: each rank sends to the right and receives from the left, in one exchange
     for (int i = 0; i < N; i++) buf[i] = (float)(r * N + i);
     up(buf, N);
-    comm_sendrecv(&world, dev, N, (r + 1) % p, dev_out, N, (r + p - 1) % p, COMM_FLOAT);
+    CommMessage ring[2] = {comm_message(dev, N, (r + 1) % p, 1), comm_message(dev_out, N, (r + p - 1) % p, 0)};
+    comm_exchange(&world, ring, 2, COMM_FLOAT);
     copy_device_to_host(out, dev_out, N * sizeof(float));
     for (int i = 0; i < N; i++) {
         float want = (float)(((r + p - 1) % p) * N + i);
-        expect(out[i] == want, "sendrecv", i, out[i], want);
+        expect(out[i] == want, "exchange", i, out[i], want);
     }
     // plain send/recv: rank 0 sends to the last rank
     if (p > 1) {

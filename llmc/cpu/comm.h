@@ -63,12 +63,23 @@ static inline void mpi_recv(CommGroup* g, float* buf, size_t n, int src) {
     }
 }
 
-// a paired exchange that cannot deadlock, whatever order the two ranks call it in
-static inline void mpi_sendrecv(CommGroup* g, const float* send, size_t send_n, int dest, float* recv,
-                                size_t recv_n, int src) {
-    mpi_check_count(g, send_n > recv_n ? send_n : recv_n, "sendrecv");
-    comm_check(MPI_Sendrecv(send, (int)send_n, MPI_FLOAT, dest, 0, recv, (int)recv_n, MPI_FLOAT, src, 0,
-                            g->mpi, MPI_STATUS_IGNORE), g, "sendrecv");
+// Messages to and from other ranks, all posted at once (non-blocking), then waited for together:
+// an exchange completes once every partner has posted its side, whatever order the ranks call
+// their exchanges in. Messages between two ranks pair up in the order they are posted (MPI's
+// non-overtaking rule), so both sides must post them in the same order.
+static inline void mpi_exchange(CommGroup* g, const CommMessage* msgs, int count, float** host_bufs) {
+    MPI_Request requests[8];
+    if (count > 8) fail("exchange on group '%s': %d messages, at most 8", g->name, count);
+    for (int i = 0; i < count; i++) {
+        mpi_check_count(g, msgs[i].n, "exchange");
+        int n = (int)msgs[i].n;
+        if (msgs[i].is_send) {
+            comm_check(MPI_Isend(host_bufs[i], n, MPI_FLOAT, msgs[i].peer, 0, g->mpi, &requests[i]), g, "send");
+        } else {
+            comm_check(MPI_Irecv(host_bufs[i], n, MPI_FLOAT, msgs[i].peer, 0, g->mpi, &requests[i]), g, "recv");
+        }
+    }
+    comm_check(MPI_Waitall(count, requests, MPI_STATUSES_IGNORE), g, "exchange");
 }
 
 #ifndef __CUDACC__
@@ -169,12 +180,14 @@ static inline void comm_recv(CommGroup* g, void* buf, size_t n, CommDtype dtype,
     comm_done(g);
 }
 
-static inline void comm_sendrecv(CommGroup* g, const void* send, size_t send_n, int dest, void* recv,
-                                 size_t recv_n, int src, CommDtype dtype) {
-    comm_check_dtype(g, dtype, "sendrecv");
-    comm_count(g, COMM_SEND, send_n * sizeof(float));
-    comm_count(g, COMM_RECV, recv_n * sizeof(float));
-    mpi_sendrecv(g, (const float*)send, send_n, dest, (float*)recv, recv_n, src);
+// sends and receives of host fp32 buffers to and from several ranks at once (mpi_exchange)
+static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype) {
+    if (count == 0) return;
+    comm_check_dtype(g, dtype, "exchange");
+    comm_count_exchange(g, msgs, count, sizeof(float));
+    float* bufs[8];
+    for (int i = 0; i < count && i < 8; i++) bufs[i] = (float*)msgs[i].buf;
+    mpi_exchange(g, msgs, count, bufs);
     comm_done(g);
 }
 

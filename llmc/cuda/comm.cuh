@@ -335,27 +335,36 @@ static inline void comm_recv(CommGroup* g, void* buf, size_t n, CommDtype dtype,
     comm_end(g);
 }
 
-// a paired exchange that cannot deadlock: NCCL group calls issue both sides together
-static inline void comm_sendrecv(CommGroup* g, const void* send, size_t send_n, int dest, void* recv,
-                                 size_t recv_n, int src, CommDtype dtype) {
-    comm_count(g, COMM_SEND, send_n * comm_dtype_bytes(dtype));
-    comm_count(g, COMM_RECV, recv_n * comm_dtype_bytes(dtype));
+// sends and receives of device buffers to and from several ranks at once: NCCL's group call
+// posts them together, so the exchange completes once every partner has posted its side (the
+// host-staged path: the same through MPI's non-blocking calls, cpu/comm.h)
+static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype) {
+    if (count == 0) return;
+    if (count > 8) fail("exchange on group '%s': %d messages, at most 8", g->name, count);
+    comm_count_exchange(g, msgs, count, comm_dtype_bytes(dtype));
 #ifdef USE_MPI
     if (g->staged) {
-        float* host_send = staged_to_host(send, send_n, dtype);
-        float* host_recv = (float*)malloc_check(recv_n * sizeof(float));
-        mpi_sendrecv(g, host_send, send_n, dest, host_recv, recv_n, src);
-        free(host_send);
-        staged_to_device(recv, host_recv, recv_n, dtype);
+        float* host[8];
+        for (int i = 0; i < count; i++) {
+            host[i] = msgs[i].is_send ? staged_to_host(msgs[i].buf, msgs[i].n, dtype)
+                                      : (float*)malloc_check(msgs[i].n * sizeof(float));
+        }
+        mpi_exchange(g, msgs, count, host);
+        for (int i = 0; i < count; i++) {
+            if (msgs[i].is_send) free(host[i]);
+            else staged_to_device(msgs[i].buf, host[i], msgs[i].n, dtype);
+        }
         comm_done(g);
         return;
     }
 #endif
     comm_begin(g);
-    nccl_check(ncclGroupStart(), g, "sendrecv");
-    nccl_check(ncclSend(send, send_n, comm_nccl_type(dtype), dest, g->nccl, g->stream), g, "sendrecv");
-    nccl_check(ncclRecv(recv, recv_n, comm_nccl_type(dtype), src, g->nccl, g->stream), g, "sendrecv");
-    nccl_check(ncclGroupEnd(), g, "sendrecv");
+    nccl_check(ncclGroupStart(), g, "exchange");
+    for (int i = 0; i < count; i++) {
+        if (msgs[i].is_send) nccl_check(ncclSend(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "send");
+        else nccl_check(ncclRecv(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "recv");
+    }
+    nccl_check(ncclGroupEnd(), g, "exchange");
     comm_end(g);
 }
 
