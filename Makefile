@@ -24,7 +24,7 @@ else
 endif
 BACKEND ?= $(DEFAULT_BACKEND)
 
-TRAINERS := train_gpt2_dp train_gpt2_tp
+TRAINERS := train_gpt2_dp train_gpt2_tp train_gpt2_pp
 TEST_PROGRAMS := test/test_comm test/test_dataloader test/test_norm test/test_pipeline
 HEADERS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cuda/*.cuh dev/cuda/*.h dev/cuda/*.cuh)
 DEV_CUDA := $(wildcard dev/cuda/*.cu)

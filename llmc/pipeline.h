@@ -126,6 +126,16 @@ static inline int pipeline_stage_actions(PipeSpec s, int stage, PipeAction* out)
     return n;
 }
 
+// Forward passes alone (validation, sampling): each micro-batch through every chunk in turn, the
+// same list on every stage (m V actions)
+static inline int pipeline_forward_actions(PipeSpec s, PipeAction* out) {
+    int n = 0;
+    for (int i = 0; i < s.m; i++) {
+        for (int c = 0; c < s.V; c++) out[n++] = pipe_action(PIPE_FORWARD, i, c);
+    }
+    return n;
+}
+
 // the virtual stage that runs chunk c of stage s, and the rank that runs virtual stage v
 static inline int pipeline_virtual_stage(PipeSpec s, int stage, int chunk) { return chunk * s.p + stage; }
 
@@ -268,8 +278,7 @@ static inline PipeMessage pipe_message(int peer, int exchange, PipeAction action
     return msg;
 }
 
-static inline const char* pipeline_check_exchanges(PipeSpec s, const PipeAction* actions, char* why, size_t cap) {
-    int n = pipeline_actions_per_stage(s);
+static inline const char* pipeline_check_exchanges(PipeSpec s, const PipeAction* actions, int n, char* why, size_t cap) {
     // every rank's sends and receives in posting order
     PipeMessage* sends = (PipeMessage*)malloc_check((size_t)s.p * n * sizeof(PipeMessage));
     PipeMessage* recvs = (PipeMessage*)malloc_check((size_t)s.p * n * sizeof(PipeMessage));

@@ -83,13 +83,16 @@ REF = dict(layers=2, heads=4, channels=64, max_seq_len=64, batch=8, seq_len=32, 
 # the same with 3 heads of 16 channels and T = 24, for 3 tensor-parallel ranks (NH, 4C, Vp and T
 # divide by 3)
 REF3 = dict(REF, heads=3, channels=48, seq_len=24)
+# 4 and 8 layers, for pipelines of 2 and 4 stages (8: 4 stages of 2 chunks)
+REF4 = dict(REF, layers=4)
+REF8 = dict(REF, layers=8)
 _ref_cache = {}
 
 
 def reference_run(cfg=REF):
-    key = (cfg["heads"], cfg["channels"], cfg["seq_len"])
+    key = (cfg["layers"], cfg["heads"], cfg["channels"], cfg["seq_len"])
     if key not in _ref_cache:
-        out = os.path.join(TMP, "reference" if cfg is REF else "reference_%d_%d_%d" % key)
+        out = os.path.join(TMP, "reference" if cfg is REF else "reference_%d_%d_%d_%d" % key)
         shutil.rmtree(out, ignore_errors=True)
         args = type("Args", (), dict(cfg, out=out))
         reference.run(args)
@@ -977,6 +980,144 @@ def tp_one_rank_failing_stops_all_ranks():
 @test
 def tp_nonfinite_loss_stops_before_writing_the_step():
     check_nonfinite_stops(TP)
+
+
+# ---------------------------------------------------------------------------------------------
+# train_gpt2_pp: pipeline parallelism against the same reference, on 4- and 8-layer models. Every
+# stage sees every micro-batch, so B = batch / m whatever p is.
+
+PP = "./train_gpt2_pp"
+
+
+def pp_step_bytes(cfg, B, m, p, V, X=4):
+    """communication per step on stage 0 (README, pipeline parallelism): per micro-batch (2V - 1)
+    messages of B*T*C floatX each way (activations of its V chunks, gradients of all but the
+    first); per step the embedding group's all-reduce of wte's gradient (Vp*C), the norm's float
+    and the loss's broadcast (4 bytes)"""
+    Vp = (50257 + 127) // 128 * 128
+    messages = m * (2 * V - 1) * B * cfg["seq_len"] * cfg["channels"] * X if p > 1 else 0
+    return {"send": messages, "recv": messages, "all-reduce": (Vp * cfg["channels"] * X if p > 1 else 0) + 4, "broadcast": 4}
+
+
+def check_pp_step_bytes(out, expected, steps):
+    lines = re.findall(r"^step +(\d+)/\d+ .*\| send (\d+) B, recv (\d+) B, all-reduce (\d+) B, broadcast (\d+) B", out, re.M)
+    assert len(lines) == steps, "%d step lines with p2p bytes, expected %d:\n%s" % (len(lines), steps, out[-2000:])
+    for step, *counts in lines:
+        got = dict(zip(("send", "recv", "all-reduce", "broadcast"), map(int, counts)))
+        assert got == expected, "step %s moved %s, the formula says %s" % (step, got, expected)
+
+
+def compare_pp_with_reference(p, sched, m, V, cfg):
+    ref = reference_run(cfg)
+    B = cfg["batch"] // m
+    d = fresh_dir("pp%d_%s_m%d_v%d" % (p, sched, m, V))
+    grads_path = os.path.join(d, "grads.bin")
+    # step-0 gradients gathered from the stages into the whole model's layout; after every step
+    # the first and last stage's wte copies are compared bit for bit
+    out = run_ok(p, trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-sched", sched, "-vp", V,
+                                             "-check_replicas", 1], cfg=cfg), program=PP)
+    expected = pp_step_bytes(cfg, B, m, p, V)
+    check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected)
+    check_pp_step_bytes(out, expected, cfg["steps"])
+    if p > 1:
+        for step in range(1, cfg["steps"] + 1):
+            assert "step %d: wte copies of the first and last stage identical" % step in out, out[-2000:]
+    # each stage held as many micro-batches at once as the schedule predicts
+    held = re.search(r"activations held at most, measured \(schedule\):(.*)", out)
+    assert held, out[-2000:]
+    pairs = re.findall(r"stage (\d+): (\d+) \((\d+)\)", held.group(1))
+    assert len(pairs) == p and all(a == b for _, a, b in pairs), held.group(0)
+
+
+def make_pp_test(p, sched, m, V, cfg):
+    def fn():
+        compare_pp_with_reference(p, sched, m, V, cfg)
+    fn.__name__ = "pp_vs_pytorch_pp%d_%s_m%d%s" % (p, sched, m, "_v%d" % V if V > 1 else "")
+    return fn
+
+
+for _p, _sched, _m, _V, _cfg in [(1, "1f1b", 1, 1, REF4), (2, "afab", 1, 1, REF4), (2, "afab", 4, 1, REF4),
+                                 (2, "1f1b", 2, 1, REF4), (2, "1f1b", 8, 1, REF4), (2, "interleaved", 2, 2, REF4),
+                                 (2, "interleaved", 4, 2, REF4), (4, "afab", 2, 1, REF4), (4, "1f1b", 1, 1, REF4),
+                                 (4, "1f1b", 8, 1, REF4), (4, "interleaved", 4, 2, REF8), (4, "interleaved", 8, 2, REF8)]:
+    test(make_pp_test(_p, _sched, _m, _V, _cfg))
+
+
+@test
+def pp_resume_is_bit_identical():
+    check_resume(lambda args, d: run_ok(2, args + ["-sched", "interleaved", "-vp", 2, "-e", os.path.join(reference_run(REF4)["dir"], "model.bin")],
+                                        program=PP), "pp_resume", 4)
+
+
+@test
+def pp_model_file_loads_at_pp1_and_in_the_dp_trainer():
+    """the model file a pp=2 run writes is the whole model in llm.c's layout: pp=1 and the DP
+    trainer load it and measure the validation loss the pp=2 run measured"""
+    ref = reference_run(REF4)
+    d = fresh_dir("pp_file")
+    run_ok(2, trainer_args(ref, 4, d, ["-x", 2, "-n", 2, "-v", 2, "-m", 2], cfg=REF4), program=PP)
+    val_pp2 = read_log(d)[1][2]["val_loss"]
+    for ranks, program in ((1, PP), (1, "./train_gpt2_dp")):
+        e = fresh_dir("pp_file_load")
+        run_ok(ranks, trainer_args(ref, 4, e, ["-e", os.path.join(d, "model_00000002.bin"), "-x", 0, "-v", 1, "-m", 2], cfg=REF4),
+               program=program)
+        val = read_log(e)[1][0]["val_loss"]
+        # the same weights; only the order of fp32 sums differs (~1e-7 at a loss of 10)
+        assert abs(val - val_pp2) <= 1e-5, "%s: val loss %.7f, the pp=2 run measured %.7f" % (program, val, val_pp2)
+
+
+def check_pp_bad_layout(ranks, extra, message):
+    """a layout that does not fit: the message on every rank's behalf, a non-zero exit, no files"""
+    ref = reference_run(REF4)
+    d = fresh_dir("pp_bad_layout")
+    out_dir = os.path.join(d, "out")
+    code, out = mpirun(ranks, trainer_args(ref, 4, out_dir, extra, cfg=REF4), timeout=60, program=PP)
+    assert code != 0, "exit code 0\n" + out[-2000:]
+    assert message in out, "message %r not in output:\n%s" % (message, out[-2000:])
+    assert not os.path.exists(out_dir), "the failed run created %s" % out_dir
+
+
+@test
+def pp_bad_layouts():
+    check_pp_bad_layout(3, [], "the model's L = 4 layers cannot be split into pp x vp = 3 x 1 = 3 equal chunks")
+    check_pp_bad_layout(4, ["-sched", "interleaved", "-vp", 2], "cannot be split into pp x vp = 4 x 2 = 8 equal chunks")
+    check_pp_bad_layout(2, ["-sched", "interleaved", "-vp", 2, "-b", 8], "the micro-batches in groups of p = 2, so their number m = 1")
+    check_pp_bad_layout(2, ["-sched", "gpipe"], "-sched gpipe: unknown schedule")
+    check_pp_bad_layout(2, ["-vp", 2], "-vp 2: only -sched interleaved splits a stage into chunks")
+    check_pp_bad_layout(2, ["-pp", 4], "-pp 4: this trainer puts every rank in one pipeline, so -pp must equal the number of ranks, 2")
+
+
+@test
+def pp_bad_inputs():
+    run_bad_inputs_concurrently(PP, messages=TP_MESSAGES)
+
+
+@test
+def pp_sampling_validation_and_timeline():
+    """samples pass through the pipe; the measured timeline is printed and written as JSON lines"""
+    d = fresh_dir("pp_sample")
+    out = run_ok(2, ["-e", "d2", "-b", 2, "-t", 32, "-d", 256, "-x", 2, "-v", 1, "-m", 2, "-s", 2, "-g", 16, "-timeline", 1,
+                     "-o", d], program=PP)
+    assert "---- sample at step 2 ----" in out and "val loss" in out, out[-2000:]
+    assert "timeline of step 2, measured" in out, out[-2000:]
+    _, val = read_log(d)
+    assert abs(val[0]["val_loss"] - np.log(50257)) < 0.2, val[0]
+    with open(os.path.join(d, "timeline.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    # 2 steps x 2 stages x 4 micro-batches x (F, B)
+    assert len(records) == 2 * 2 * 4 * 2, len(records)
+    for r in records:
+        assert 0 <= r["start_ms"] <= r["end_ms"], r
+
+
+@test
+def pp_one_rank_failing_stops_all_ranks():
+    check_one_rank_failing("pp_one_rank_fails", PP)
+
+
+@test
+def pp_nonfinite_loss_stops_before_writing_the_step():
+    check_nonfinite_stops(PP)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,6 +69,14 @@ static inline void layernorm_backward(float* dinp, float* dweight, float* dbias,
     }
 }
 
+// out (N, C) = a + b: a residual connection alone, where no LayerNorm follows on this rank (the
+// last layer of a pipeline stage: the next LayerNorm is on the next stage)
+static inline void residual_forward(float* out, const float* a, const float* b, int N, int C) {
+    size_t n = (size_t)N * C;
+    #pragma omp parallel for
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
 // residual (N, C) = a + b, then out = layernorm(residual): the residual connection followed by
 // the next LayerNorm, in one pass over each row. The residual add's backward is the identity on
 // both inputs, so the trainer needs no backward op for it: its gradient flows on in place.

@@ -46,6 +46,25 @@ static inline void layernorm_forward(floatX* out, float* mean, float* rstd, cons
     cudaCheckLaunch();
 }
 
+// out (N, C) = a + b, 16 bytes per thread: a residual connection alone (a pipeline stage's last
+// layer, whose next LayerNorm is on the next stage)
+__global__ void residual_forward_kernel(floatX* out, const floatX* a, const floatX* b, size_t packs) {
+    size_t pack = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (pack >= packs) return;
+    size_t i = pack * PACK16;
+    Pack16 x = load16(a + i), y = load16(b + i);
+    for (int k = 0; k < PACK16; k++) x.v[k] = (floatX)((float)x.v[k] + (float)y.v[k]);
+    store16(out + i, x);
+}
+
+static inline void residual_forward(floatX* out, const floatX* a, const floatX* b, int N, int C) {
+    check_whole_packs("residual_forward", "C", (size_t)C);
+    size_t packs = (size_t)N * C / PACK16;
+    if (packs == 0) return;
+    residual_forward_kernel<<<ceil_div(packs, 256), 256>>>(out, a, b, packs);
+    cudaCheckLaunch();
+}
+
 // residual (N, C) = a + b, then out = layernorm(residual), in one pass
 static inline void fused_residual_layernorm_forward(floatX* residual, floatX* out, float* mean,
                                                     float* rstd, const floatX* a, const floatX* b,

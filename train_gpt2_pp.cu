@@ -1,0 +1,749 @@
+/*
+GPT-2 training with pipeline parallelism: GPipe (Huang et al. 2019, arXiv:1811.06965), 1F1B
+(PipeDream-Flush, Narayanan et al. 2021, arXiv:2006.09503) and interleaved 1F1B (Narayanan et
+al. 2021, arXiv:2104.04473); the schedules themselves are in llmc/pipeline.h.
+
+All ranks form one pipeline of p stages: the layers are cut into p contiguous ranges, and rank s
+holds and runs only range s. A micro-batch's activations (B, T, C) travel down the pipe, stage to
+stage, and their gradients travel back up. A lone micro-batch would keep one stage busy at a time,
+so a step splits its batch into m micro-batches that follow each other through the pipe: while
+stage 1 runs micro-batch 0, stage 0 already runs micro-batch 1. What is left idle, the bubble,
+is the time the pipe takes to fill and to drain: (p - 1) / (m + p - 1) of the step for GPipe and
+1F1B. The schedules differ in the order each stage runs its forwards and backwards:
+  - afab (GPipe): all m forwards, then all m backwards; every stage keeps m micro-batches'
+    activations.
+  - 1f1b: stage s runs p - s - 1 forwards, then one forward and one backward in turn; the same
+    bubble, but stage s never keeps more than p - s micro-batches.
+  - interleaved (-vp V): each stage holds V chunks of layers, chunk c of stage s being virtual
+    stage c p + s; a micro-batch loops through the pipe V times, each lap V times shorter, and the
+    bubble shrinks V-fold for V times the messages.
+The embedding is on the first stage and the LM head on the last. GPT-2 ties them (the head is
+wte transposed): the last stage holds a copy of wte, and after each step's backward passes the
+two copies' gradients are summed over an "embedding group" of the first and last rank (as
+Megatron-LM does), so both copies take the same update and stay identical. A stage's last layer
+cannot fuse the next LayerNorm into its residual add (that LayerNorm is on the next stage), so
+stage boundaries use a plain residual add.
+
+Every rank computes the gradients of its layers only, so the global gradient norm is the sum of
+the stages' squares (one all-reduce of a float), the tied wte counted once. The loss exists on the
+last stage only; it is broadcast for the step line. Every micro-batch's loss is scaled by 1/m:
+the step's gradient is the mean over the whole batch, as one process computing it would get.
+
+The result matches one process training the whole model to fp32 rounding (checked against
+PyTorch in test/).
+
+Build: make train_gpt2_pp        Run: mpirun -np 4 ./train_gpt2_pp -e d8 -sched 1f1b -d 32768 -o out
+The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
+*/
+#include <math.h>
+#include <stdint.h>
+#include "llmc/utils.h"
+#include "llmc/args.h"
+#include "llmc/comm.h"
+#include "llmc/gpt2.h"
+#include "llmc/dataloader.h"
+#include "llmc/tokenizer.h"
+#include "llmc/schedule.h"
+#include "llmc/logger.h"
+#include "llmc/checkpoint.h"
+#include "llmc/rng.h"
+#include "llmc/watchdog.h"
+#include "llmc/ops.h"
+#include "llmc/memory.h"
+#include "llmc/model.h"
+#include "llmc/block.h"
+#include "llmc/optimizer.h"
+#include "llmc/pipeline.h"
+#include "llmc/train.h"
+
+// ----------------------------------------------------------------------------------------------
+// A stage: its place in the pipeline, and the activations of the micro-batches in flight. Each
+// (micro-batch, chunk) whose forward has run keeps its layers' activations in a slot until its
+// backward has run; the schedule says how many can be in flight at once (pipeline.h), and the
+// stage allocates that many slots.
+
+typedef struct {
+    PipeSpec spec;
+    int stage, chunk_layers;   // this rank's stage; layers per chunk, L / (p V)
+    Activations* slots;        // num_slots arenas of chunk_layers layers (and, on the last
+    int num_slots;             // stage, the head)
+    int* slot_of;              // (m, V): the slot holding (micro-batch, chunk), -1 for none
+    int* free_slots;           // a stack of free slots
+    int num_free, peak_in_use;
+    floatX* grad[2];           // (B, T, C) gradients at a chunk's output, then at its input:
+                               // two, so that one can be sent while the next is received
+} Stage;
+
+static int is_first_virtual(const Stage* st, int chunk) { return pipeline_virtual_stage(st->spec, st->stage, chunk) == 0; }
+static int is_last_virtual(const Stage* st, int chunk) {
+    return pipeline_virtual_stage(st->spec, st->stage, chunk) == st->spec.p * st->spec.V - 1;
+}
+
+// the slot of (micro, chunk), taken from the free ones on first use
+static Activations* stage_slot(Stage* st, int micro, int chunk) {
+    int* at = &st->slot_of[micro * st->spec.V + chunk];
+    if (*at < 0) {
+        if (st->num_free == 0) fail("stage %d: more micro-batches in flight than the schedule allows", st->stage);
+        *at = st->free_slots[--st->num_free];
+        int in_use = st->num_slots - st->num_free;
+        st->peak_in_use = in_use > st->peak_in_use ? in_use : st->peak_in_use;
+    }
+    return &st->slots[*at];
+}
+
+static void stage_release(Stage* st, int micro, int chunk) {
+    int* at = &st->slot_of[micro * st->spec.V + chunk];
+    st->free_slots[st->num_free++] = *at;
+    *at = -1;
+}
+
+// ----------------------------------------------------------------------------------------------
+// forward and backward of one chunk of layers on one micro-batch (B, T)
+
+// The chunk's input is in a->encoded: the embedding (first virtual stage) or the activations the
+// stage before sent. Its output stays in the last layer's residual3, to be sent on; on the last
+// virtual stage the loss is computed instead, and the logits become their gradient (dloss per
+// token). Returns the micro-batch's mean loss on the last virtual stage, else 0.
+static float chunk_forward(GPT2* model, Stage* st, Activations* a, int chunk, const int* inputs_host,
+                           const int* targets_host, int B, int T, float dloss) {
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int C = c.channels, BT = B * T, Lc = st->chunk_layers;
+    ParameterTensors p = model->params;
+    if (is_first_virtual(st, chunk)) {
+        copy_host_to_device(model->inputs, inputs_host, (size_t)BT * sizeof(int));
+        encoder_forward(a->encoded, model->inputs, p.wte, p.wpe, B, T, C);
+    }
+    LayerActs first = layer_acts(a, d, B, T, 0);
+    LayerWeights w0 = layer_weights(p, d, chunk * Lc);
+    // the chunk's first LayerNorm on its own: the residual add before it ran on another stage
+    layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, w0.ln1w, w0.ln1b, BT, C);
+    for (int k = 0; k < Lc; k++) {
+        LayerWeights w = layer_weights(p, d, chunk * Lc + k);  // the rank's local layer
+        LayerActs x = layer_acts(a, d, B, T, k);               // the slot's layer
+        floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
+        attention_half_forward(x, w, B, T, d);
+        fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, residual, x.attproj,
+                                         w.ln2w, w.ln2b, BT, C);
+        mlp_half_forward(x, w, B, T, d);
+        if (k + 1 < Lc) {  // the next layer's LayerNorm fused with this residual add
+            LayerWeights wn = layer_weights(p, d, chunk * Lc + k + 1);
+            LayerActs xn = layer_acts(a, d, B, T, k + 1);
+            fused_residual_layernorm_forward(x.residual3, xn.ln1, xn.ln1_mean, xn.ln1_rstd, x.residual2,
+                                             x.fcproj, wn.ln1w, wn.ln1b, BT, C);
+        } else if (is_last_virtual(st, chunk)) {  // the model's last layer: lnf follows
+            fused_residual_layernorm_forward(x.residual3, a->lnf, a->lnf_mean, a->lnf_rstd, x.residual2,
+                                             x.fcproj, p.lnfw, p.lnfb, BT, C);
+        } else {  // a stage boundary: the plain residual add, whose output travels on
+            residual_forward(x.residual3, x.residual2, x.fcproj, BT, C);
+        }
+    }
+    if (!is_last_virtual(st, chunk)) return 0.0f;
+    // the LM head (the last stage's copy of wte) and the loss; dlogits replace the logits
+    matmul_forward(a->logits, a->lnf, p.wte, NULL, BT, C, c.padded_vocab_size);
+    copy_host_to_device(model->targets, targets_host, (size_t)BT * sizeof(int));
+    fused_classifier(a->logits, a->losses, model->targets, dloss, BT, c.vocab_size, c.padded_vocab_size);
+    copy_device_to_host(model->losses_host, a->losses, (size_t)BT * sizeof(float));
+    double sum = 0.0;
+    for (int i = 0; i < BT; i++) sum += model->losses_host[i];
+    return (float)(sum / BT);
+}
+
+// The backward of one chunk: dresidual (B, T, C) holds the gradient at the chunk's output (the
+// stage after sent it), except on the last virtual stage, which starts from its dlogits. On
+// return dresidual holds the gradient at the chunk's input, to be sent back; the first virtual
+// stage scatters it into wte and wpe instead. Parameter gradients accumulate.
+static void chunk_backward(GPT2* model, Stage* st, Activations* a, floatX* dresidual, int chunk,
+                           const int* inputs_host, int B, int T) {
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int C = c.channels, BT = B * T, Lc = st->chunk_layers;
+    ParameterTensors p = model->params, g = model->grads;
+    Activations* scratch = &model->acts;
+    if (is_last_virtual(st, chunk)) {
+        // the LM head: its wte copy's gradient, and dlnf; then lnf's backward starts dresidual
+        matmul_backward(scratch->dbuf, g.wte, NULL, a->logits, a->lnf, p.wte, BT, C, c.padded_vocab_size);
+        device_memset_zero(dresidual, (size_t)BT * C * sizeof(floatX));
+        layernorm_backward(dresidual, g.lnfw, g.lnfb, scratch->dbuf, layer_acts(a, d, B, T, Lc - 1).residual3,
+                           p.lnfw, a->lnf_mean, a->lnf_rstd, BT, C);
+    }
+    for (int k = Lc - 1; k >= 0; k--) {
+        LayerWeights w = layer_weights(p, d, chunk * Lc + k), gw = layer_weights(g, d, chunk * Lc + k);
+        LayerActs x = layer_acts(a, d, B, T, k);
+        floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
+        mlp_half_backward(scratch->dbuf, scratch->dfch, dresidual, x, w, gw, B, T, d);
+        layernorm_backward(dresidual, gw.ln2w, gw.ln2b, scratch->dbuf, x.residual2, w.ln2w, x.ln2_mean,
+                           x.ln2_rstd, BT, C);
+        attention_half_backward(scratch->dbuf, scratch->dbuf, scratch->dqkv, dresidual, x, w, gw, B, T, d);
+        layernorm_backward(dresidual, gw.ln1w, gw.ln1b, scratch->dbuf, residual, w.ln1w, x.ln1_mean,
+                           x.ln1_rstd, BT, C);
+    }
+    if (is_first_virtual(st, chunk)) {
+        copy_host_to_device(model->inputs, inputs_host, (size_t)BT * sizeof(int));
+        encoder_backward(g.wte, g.wpe, dresidual, model->inputs, B, T, C);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Walking a schedule. The stage runs its list of actions in groups (pipeline.h: one action, or
+// interleaved's forward + backward); before each group one exchange sends the outputs of the
+// group before and receives the inputs of this one, all at once (comm_exchange), so that no
+// stage waits on a send its partner has not reached. pipeline_check_exchanges has proven, at
+// start, that these exchanges pair up and finish for this schedule.
+
+typedef struct {
+    GPT2* model;
+    Stage* st;
+    CommGroup* pp;
+    DataLoader* data;   // micro-batch i is chunk i of the loader's current batch ...
+    const int* tokens;  // ... or, without a loader (sampling), these B x T tokens
+    int B, T;
+    int forward_only;   // validation and sampling: a slot is free once its output is sent
+    float dloss;        // each token's weight in the step's gradient: 1 / (B T m)
+    float loss;         // out: the sum of the micro-batches' losses (last stage)
+    Activations* head;  // out: the last slot the last virtual stage used (its logits stay)
+    double* times;      // with a timeline: each action's start and end (seconds from `t0`)
+    double t0;
+} Walk;
+
+// the buffer a message of action a lives in (its input: receive = 1; its output: 0)
+static floatX* message_buffer(Walk* w, PipeAction a, int receive, int grad_index) {
+    Stage* st = w->st;
+    if (a.op == PIPE_FORWARD) {
+        Activations* slot = stage_slot(st, a.micro, a.chunk);
+        return receive ? slot->encoded : layer_acts(slot, w->model->dims, w->B, w->T, st->chunk_layers - 1).residual3;
+    }
+    return st->grad[grad_index];
+}
+
+static void walk_actions(Walk* w, const PipeAction* actions, int n) {
+    Stage* st = w->st;
+    PipeSpec s = st->spec;
+    size_t BTC = (size_t)w->B * w->T * w->model->config.channels;
+    int* group = (int*)malloc_check((size_t)n * sizeof(int));
+    int* grad_index = (int*)malloc_check((size_t)n * sizeof(int));  // which grad buffer a B uses
+    int groups = pipeline_exchange_index(actions, n, group);
+    for (int k = 0, backwards = 0; k < n; k++) grad_index[k] = actions[k].op == PIPE_BACKWARD ? backwards++ % 2 : 0;
+    int k = 0, prev = 0;  // this group starts at action k, the one before at prev
+    for (int gi = 0; gi <= groups; gi++) {
+        int end = k;
+        while (end < n && group[end] == gi) end++;
+        // the exchange: outputs of the group before (actions prev .. k-1), inputs of this group
+        CommMessage msgs[8];
+        int count = 0;
+        for (int j = prev; j < k; j++) {
+            int to = pipeline_output_to(s, st->stage, actions[j]);
+            // (B, T, C) to the next virtual stage (forward: activations) or the one before
+            // (backward: their gradient)
+            if (to >= 0) msgs[count++] = comm_message(message_buffer(w, actions[j], 0, grad_index[j]), BTC, to, 1);
+        }
+        for (int j = k; j < end; j++) {
+            int from = pipeline_input_from(s, st->stage, actions[j]);
+            if (from >= 0) msgs[count++] = comm_message(message_buffer(w, actions[j], 1, grad_index[j]), BTC, from, 0);
+        }
+        comm_exchange(w->pp, msgs, count, COMM_FLOATX);
+        // a forward-only walk frees a slot once its output is sent
+        for (int j = prev; j < k && w->forward_only; j++) stage_release(st, actions[j].micro, actions[j].chunk);
+        for (int j = k; j < end; j++) {  // the group's actions
+            PipeAction a = actions[j];
+            watchdog_beat();
+            if (w->times) w->times[2 * j] = wall_time_s() - w->t0;
+            int first = is_first_virtual(st, a.chunk), last = is_last_virtual(st, a.chunk);
+            if (w->data && (first || last)) dataloader_load_chunk(w->data, a.micro, w->model->config.vocab_size);
+            const int* inputs = w->data ? w->data->inputs : w->tokens;
+            const int* targets = w->data ? w->data->targets : w->tokens;  // (sampling reads logits only)
+            Activations* slot = stage_slot(st, a.micro, a.chunk);
+            if (a.op == PIPE_FORWARD) {
+                w->loss += chunk_forward(w->model, st, slot, a.chunk, inputs, targets, w->B, w->T, w->dloss);
+                if (last) w->head = slot;
+            } else {
+                chunk_backward(w->model, st, slot, st->grad[grad_index[j]], a.chunk, inputs, w->B, w->T);
+                stage_release(st, a.micro, a.chunk);
+            }
+            if (w->times) {
+                device_synchronize();  // the GPU's work, not its launch
+                w->times[2 * j + 1] = wall_time_s() - w->t0;
+            }
+        }
+        prev = k;
+        k = end;
+    }
+    free(group);
+    free(grad_index);
+}
+
+// ----------------------------------------------------------------------------------------------
+
+// forward passes alone over the validation batches: the last stage has the mean loss, which it
+// broadcasts (4 bytes) so every rank reports the same
+static float evaluate(GPT2* model, Stage* st, CommGroup* pp, DataLoader* val, int batches) {
+    PipeSpec one = st->spec;
+    one.m = 1;
+    PipeAction* actions = (PipeAction*)malloc_check((size_t)one.V * sizeof(PipeAction));
+    int n = pipeline_forward_actions(one, actions);
+    double sum = 0.0;
+    for (int i = 0; i < batches; i++) {
+        dataloader_seek(val, (size_t)i);
+        Walk w = {model, st, pp, val, NULL, model->B, model->T, 1, 0.0f, 0.0f, NULL, NULL, 0.0};
+        walk_actions(&w, actions, n);
+        sum += w.loss;
+    }
+    free(actions);
+    float loss = (float)(sum / batches);
+    comm_broadcast_host(pp, &loss, sizeof(float), pp->size - 1);
+    return loss;
+}
+
+// Autoregressive sampling from <|endoftext|>: each new token is one forward pass of B = 1
+// through the whole pipe; the last stage draws the token from its logits and broadcasts it
+// (4 bytes), since the first stage needs it for the next pass. Rank 0 prints.
+static void sample(GPT2* model, Stage* st, CommGroup* pp, const Tokenizer* tok, int eot, Rng* rng, int gen_tokens,
+                   int step) {
+    GPT2Config c = model->config;
+    PipeSpec one = st->spec;
+    one.m = 1;
+    PipeAction* actions = (PipeAction*)malloc_check((size_t)one.V * sizeof(PipeAction));
+    int n = pipeline_forward_actions(one, actions);
+    int* tokens = (int*)malloc_check((size_t)model->T * sizeof(int));
+    float* logits = (float*)malloc_check((size_t)c.padded_vocab_size * sizeof(float));  // one row, fp32
+    for (int t = 0; t < model->T; t++) tokens[t] = eot;
+    if (tok) printf("---- sample at step %d ----\n", step);
+    for (int t = 1; t < gen_tokens; t++) {
+        Walk w = {model, st, pp, NULL, tokens, 1, t, 1, 0.0f, 0.0f, NULL, NULL, 0.0};
+        walk_actions(&w, actions, n);
+        float token = 0.0f;
+        if (st->stage == pp->size - 1) {  // its slot is free again, but nothing has overwritten it
+            copy_device_to_floats(logits, w.head->logits + (size_t)(t - 1) * c.padded_vocab_size, c.padded_vocab_size);
+            token = (float)sample_next_token(logits, c.vocab_size, rng);
+        }
+        comm_broadcast_host(pp, &token, sizeof(float), pp->size - 1);  // (token ids are exact in a float)
+        tokens[t] = (int)token;
+        watchdog_beat();
+        if (tok) {
+            tokenizer_print(tok, tokens[t]);
+            fflush(stdout);
+        }
+    }
+    if (tok) printf("\n----------------\n");
+    free(actions);
+    free(tokens);
+    free(logits);
+}
+
+// The communication of one step, payload on rank 0 (stage 0), from the layout alone (the README
+// derives it). Each micro-batch crosses every boundary between virtual stages twice: its
+// activations forward, their gradient back, B*T*C floatX each way. Stage 0 holds V chunks: all V
+// send activations on (the last virtual stage is on the last rank) and all but the first send a
+// gradient back, and it receives as many: (2V - 1) messages each way per micro-batch. Per step:
+// the all-reduce of wte's gradient over the embedding group (Vp*C floatX), the gradient norm's
+// float, and the loss broadcast from the last stage.
+typedef struct {
+    double send, recv, all_reduce, broadcast;
+} StepBytes;
+
+static StepBytes pp_step_bytes(GPT2Config c, PipeSpec s, int B, int T) {
+    double X = sizeof(floatX), message = (double)B * T * c.channels * X;
+    double messages = s.p > 1 ? (double)s.m * (2 * s.V - 1) : 0;
+    StepBytes b = {messages * message, messages * message, (s.p > 1 ? (double)c.padded_vocab_size * c.channels * X : 0) + 4, 4};
+    return b;
+}
+
+// what rank 0 prints at the start: the layout, each stage's layers and parameters, the schedule's
+// chart, the memory per rank and the communication per step with its formula
+static void print_layout(const GPT2* model, const Stage* st, const TrainArgs* args, int max_steps, size_t train_tokens,
+                         size_t val_tokens, size_t host_bytes, size_t memory_bytes, int ranks_sharing_memory) {
+    GPT2Config c = model->config;
+    PipeSpec s = st->spec;
+    size_t P = gpt2_num_parameters(c), X = sizeof(floatX);
+    BannerRow rows[16];
+    int n = train_banner_model(rows, "train_gpt2_pp (PP)", args->model, c);
+    banner_row(&rows[n++], "pipeline stages", "%d%s", s.p, s.V > 1 ? ", interleaved" : "");
+    if (s.V > 1) banner_row(&rows[n++], "chunks per stage", "%d of %d layers each", s.V, st->chunk_layers);
+    banner_row(&rows[n++], "schedule", "%s", pipe_schedule_names[s.sched]);
+    banner_row(&rows[n++], "micro-batches m", "%d of B x T = %d x %d", s.m, args->B, args->T);
+    banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
+    banner_row(&rows[n++], "steps", "%d", max_steps);
+    banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
+    train_print_banner(rows, n);
+    printf("stages (the embedding on the first, lnf and the tied LM head, a copy of wte, on the last):\n");
+    for (int stage = 0; stage < s.p; stage++) {
+        ParameterLayout l = parameter_layout_grid(c, 1, 0, s.p, stage, s.V);
+        printf("  stage %d  layers", stage);
+        for (int chunk = 0; chunk < s.V; chunk++) {
+            int first = layout_layer(&l, chunk * st->chunk_layers);
+            printf(" %d-%d", first, first + st->chunk_layers - 1);
+        }
+        printf("%s%s  %zu parameters (%.1f%%)\n", l.embedding ? " + wte, wpe" : "", l.head ? " + lnf, wte copy" : "",
+               l.count, 100.0 * l.count / P);
+    }
+    pipeline_print_chart(s);
+    size_t P0 = model->num_parameters, slot_bytes = st->slots[0].arena_bytes;
+    printf("memory of stage 0 (this rank):\n");
+    char note[200];
+    snprintf(note, sizeof(note), "%zu of %zu, %s", P0, P, PRECISION_NAME);
+    train_print_memory_row("parameters", (double)P0 * X, note);
+    train_print_memory_row("master weights", model->master_memory ? (double)P0 * sizeof(float) : 0, "");
+    train_print_memory_row("gradients", (double)P0 * X, "");
+    train_print_memory_row("AdamW m, v", (double)P0 * 2 * sizeof(float), "");
+    snprintf(note, sizeof(note), "%d slots of %.1f MB: the schedule's peak of micro-batch%s in flight (at least 2)",
+             st->num_slots, slot_bytes / 1e6, s.V > 1 ? " chunks" : "es");
+    train_print_memory_row("activations", (double)st->num_slots * slot_bytes, note);
+    train_print_memory_row("scratch", (double)model->acts.arena_bytes + (double)args->B * args->T * c.channels * X,
+                           "the backward's buffers, and a second (B, T, C) gradient buffer");
+    snprintf(note, sizeof(note), "x %d ranks sharing this memory", ranks_sharing_memory);
+    train_print_memory_row("total", (double)memory_bytes, note);
+    train_print_memory_row("host buffers", (double)host_bytes, "at most (the whole model while loading it)");
+    StepBytes b = pp_step_bytes(c, s, args->B, args->T);
+    double message = (double)args->B * args->T * c.channels * X;
+    printf("communication per step (payload of stage 0), messages of B T C X = %.0f bytes:\n", message);
+    printf("  send           %12.0f bytes  (2V-1) m B T C X: activations of V chunks, gradients of V-1\n", b.send);
+    printf("  recv           %12.0f bytes  the same, the other way\n", b.recv);
+    printf("  all-reduce     %12.0f bytes  Vp C X (wte's gradient, embedding group) + 4 (norm)\n", b.all_reduce);
+    printf("  broadcast      %12.0f bytes  4 (the loss, from the last stage)\n", b.broadcast);
+    printf("  the whole pipeline sends (pV-1) boundaries x 2 m B T C X = %.0f bytes per step\n",
+           (double)(s.p * s.V - 1) * 2 * s.m * message);
+}
+
+// The measured timeline of a step: every stage's actions with their start and end (ms from the
+// step's start, after a barrier), gathered on rank 0, drawn as the chart of the schedule with one
+// column per average forward, and appended to -o's timeline.jsonl as one JSON line per action.
+static void report_timeline(const Stage* st, CommGroup* pp, int n, const double* times,
+                            int step, const char* out_dir) {
+    PipeSpec s = st->spec;
+    float* mine = (float*)malloc_check((size_t)2 * n * sizeof(float));
+    for (int i = 0; i < 2 * n; i++) mine[i] = (float)(times[i] * 1e3);
+    float* dev = (float*)device_malloc((size_t)2 * n * sizeof(float));
+    if (pp->rank != 0) {
+        copy_host_to_device(dev, mine, (size_t)2 * n * sizeof(float));
+        comm_send(pp, dev, (size_t)2 * n, COMM_FLOAT, 0);  // (2n) fp32 times to rank 0
+        device_free(dev);
+        free(mine);
+        return;
+    }
+    PipeAction* all = (PipeAction*)malloc_check((size_t)s.p * n * sizeof(PipeAction));
+    double* start = (double*)malloc_check((size_t)s.p * n * sizeof(double));
+    double* end = (double*)malloc_check((size_t)s.p * n * sizeof(double));
+    float* got = (float*)malloc_check((size_t)2 * n * sizeof(float));
+    double forward_sum = 0.0;
+    int forwards = 0;
+    FILE* json = NULL;
+    if (out_dir) {
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/timeline.jsonl", out_dir);
+        json = fopen(path, "a");
+    }
+    for (int r = 0; r < s.p; r++) {
+        pipeline_stage_actions(s, r, all + (size_t)r * n);
+        if (r == 0) memcpy(got, mine, (size_t)2 * n * sizeof(float));
+        else {
+            comm_recv(pp, dev, (size_t)2 * n, COMM_FLOAT, r);
+            copy_device_to_host(got, dev, (size_t)2 * n * sizeof(float));
+        }
+        for (int k = 0; k < n; k++) {
+            PipeAction a = all[(size_t)r * n + k];
+            start[r * n + k] = got[2 * k];
+            end[r * n + k] = got[2 * k + 1];
+            if (a.op == PIPE_FORWARD) {
+                forward_sum += got[2 * k + 1] - got[2 * k];
+                forwards++;
+            }
+            if (json) {
+                fprintf(json, "{\"step\": %d, \"stage\": %d, \"op\": \"%c\", \"micro\": %d, \"chunk\": %d, \"start_ms\": %.3f, \"end_ms\": %.3f}\n",
+                        step, r, pipe_op_letters[a.op], a.micro, a.chunk, got[2 * k], got[2 * k + 1]);
+            }
+        }
+    }
+    if (json) fclose(json);
+    double unit = forward_sum / forwards;
+    printf("timeline of step %d, measured (one column = a forward's mean, %.2f ms):\n", step, unit);
+    pipeline_draw(s, all, start, end, unit > 0 ? unit : 1e-3, "  ");
+    device_free(dev);
+    free(mine);
+    free(all);
+    free(start);
+    free(end);
+    free(got);
+}
+
+int main(int argc, char** argv) {
+    // the common flags (llmc/train.h) and this trainer's own
+    TrainArgs args;
+    const char* dump_grads = NULL;
+    const char* sched_name = "1f1b";
+    int pp_flag = 0, vp = 1, timeline = 0, check_replicas = 0;
+    ArgSpec specs[TRAIN_MAX_SPECS];
+    int num_specs = train_args_common(&args, specs);
+    ArgSpec pp_spec = {"-pp", ARG_INT, &pp_flag, 0, ARG_NO_MAX, "pipeline stages; all ranks form one pipeline, so it must equal the number of ranks (0: the number of ranks)"};
+    ArgSpec sched_spec = {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp)"};
+    ArgSpec vp_spec = {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved; L must divide by pp * vp"};
+    ArgSpec timeline_spec = {"-timeline", ARG_INT, &timeline, 0, ARG_NO_MAX, "every N steps print the measured timeline of the step (and append it to -o's timeline.jsonl) (0: never)"};
+    ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"};
+    ArgSpec check = {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that the first and last stage hold the same wte (0: never)"};
+    specs[num_specs++] = pp_spec;
+    specs[num_specs++] = sched_spec;
+    specs[num_specs++] = vp_spec;
+    specs[num_specs++] = timeline_spec;
+    specs[num_specs++] = dump;
+    specs[num_specs++] = check;
+    if (!args_parse(argc, argv, specs, num_specs)) return 0;
+
+    CommGroup world;
+    comm_init(&world, &argc, &argv);
+    CommGroup* pp = &world;  // one pipeline of every rank (the 3D trainer splits it)
+    int rank = world.rank, p = world.size;
+    watchdog_start(args.watchdog);
+
+    // ---- model: a model file, or a descriptor for a random init. Only its config for now: the
+    // layout and memory checks come before the first large allocation
+    GPT2Config config;
+    int from_descriptor = gpt2_config_from_descriptor(args.model, &config);
+    if (!from_descriptor) gpt2_read_model_config(args.model, &config);
+
+    // ---- the layout: stage s = rank s; its layers in vp chunks of L / (p vp)
+    if (pp_flag != 0 && pp_flag != p) {
+        fail("-pp %d: this trainer puts every rank in one pipeline, so -pp must equal the number of ranks, %d "
+             "(launch with mpirun -np %d, or leave -pp out)", pp_flag, p, pp_flag);
+    }
+    int sched = pipeline_schedule_from_name(sched_name);
+    if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b or interleaved", sched_name);
+    if (sched == SCHEDULE_ZB) fail("-sched zb: this trainer does not split the backward pass into B and W yet; use afab, 1f1b or interleaved");
+    if (config.num_layers % (p * vp) != 0) {
+        fail("the model's L = %d layers cannot be split into pp x vp = %d x %d = %d equal chunks; choose a "
+             "number of ranks (and -vp) whose product divides %d", config.num_layers, p, vp, p * vp, config.num_layers);
+    }
+    LayerDims dims = layer_dims(config, 1, 0);  // every stage holds whole layers
+    train_check_flags(&args, config);
+    // the batch: a step is m micro-batches of B x T, each through the whole pipe
+    int m = train_accumulation_steps(&args, 1, NULL);
+    PipeSpec spec = {(PipeSchedule)sched, p, m, vp};
+    char why[256];
+    if (pipeline_spec_problem(spec, why, sizeof(why))) fail("%s", why);
+    // every stage's list of actions: this rank walks its own, and checks first that the
+    // exchanges of them all pair up and finish (pipeline.h; a wrong schedule stops here, not in a hang)
+    int n = pipeline_actions_per_stage(spec);
+    PipeAction* all_actions = (PipeAction*)malloc_check((size_t)p * n * sizeof(PipeAction));
+    for (int s = 0; s < p; s++) pipeline_stage_actions(spec, s, all_actions + (size_t)s * n);
+    if (pipeline_check_exchanges(spec, all_actions, n, why, sizeof(why))) fail("schedule %s: %s", sched_name, why);
+    PipeAction* actions = all_actions + (size_t)rank * n;
+
+    // ---- memory, predicted before allocating (llmc/memory.h): the stage's parameters and
+    // scratch (gpt2_memory_bytes), a slot of activations per micro-batch the schedule keeps in
+    // flight (at least 2: a forward-only pass receives into one while the last is sent), a second
+    // gradient buffer. Host: the whole model in fp32 plus the stage's part, and on resume this
+    // rank's AdamW moments (and bf16 parameter bits)
+    ParameterLayout layout = parameter_layout_grid(config, 1, 0, p, rank, vp);
+    int chunk_layers = config.num_layers / (p * vp);
+    int num_slots = pipeline_peak_in_flight(spec, actions, n);
+    num_slots = num_slots > 2 ? num_slots : 2;
+    Activations unused;
+    int slot_parts = ACTS_LAYERS | (layout.head ? ACTS_HEAD : 0);
+    size_t slot_bytes = gpt2_lay_out_activations(&unused, dims, chunk_layers, slot_parts, args.B, args.T, NULL);
+    size_t BTC = (size_t)args.B * args.T * config.channels;
+    size_t gather_bytes = p > 1 && args.checkpoint_every > 0 ? layout.count * sizeof(float) : 0;
+    size_t memory_bytes = gpt2_memory_bytes(dims, &layout, ACTS_SCRATCH, args.B, args.T) + num_slots * slot_bytes +
+                          BTC * sizeof(floatX) + gather_bytes;
+    size_t P = gpt2_num_parameters(config);
+    size_t host_bytes = P * sizeof(float) + layout.count * sizeof(float) +
+                        (args.resume ? layout.count * (2 * sizeof(float) + (FLOATX_IS_FLOAT ? 0 : sizeof(floatX))) : 0);
+    char layout_note[128];
+    snprintf(layout_note, sizeof(layout_note), "%zu of %zu parameters on stage %d, -b %d -t %d", layout.count, P, rank,
+             args.B, args.T);
+    memory_check_fits(memory_bytes, host_bytes, world.ranks_sharing_memory, layout_note);
+    comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
+
+    // the whole model: read (checksum verified, non-finite values refused) or drawn from the seed
+    float* params_host = from_descriptor ? gpt2_init_random(config, (uint64_t)args.seed)
+                                         : gpt2_read_model_file(args.model, &config, NULL);
+
+    DataLoader train, val;
+    // a step is m chunks of B x T tokens; the first stage reads their inputs, the last their targets
+    dataloader_init(&train, args.train_path, args.B, args.T, m, args.shuffle, (uint64_t)args.seed);
+    if (args.val_every > 0) {
+        dataloader_init(&val, args.val_path, args.B, args.T, 1, 0, 0);
+        if ((size_t)args.val_batches > val.batches_per_epoch) args.val_batches = (int)val.batches_per_epoch;
+    }
+    int max_steps = args.max_steps >= 0 ? args.max_steps : (int)train.batches_per_epoch;
+    Tokenizer tok;
+    int can_sample = rank == 0 && args.sample_every > 0 && train_open_tokenizer(&tok, args.tokenizer_path, config);
+    int eot = can_sample ? tok.eot_token : 0;
+    comm_broadcast_host(&world, &can_sample, sizeof(int), 0);
+    comm_broadcast_host(&world, &eot, sizeof(int), 0);
+    int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
+
+    // ---- the run's identity (checkpoint.h): a resume must match it, layout included
+    RunIdentity identity;
+    char pp_layout[128];
+    snprintf(pp_layout, sizeof(pp_layout), "dp=1 tp=1 pp=%d vp=%d sched=%s, %d micro-batches of %d x %d", p, vp,
+             sched_name, m, args.B, args.T);
+    train_run_identity(&identity, &args, config, params_host, &train, max_steps, pp_layout, &world);
+
+    // ---- the output dir: rank 0 holds its lock for the whole run
+    if (args.out_dir != NULL) {
+        if (rank == 0) output_dir_claim(args.out_dir, args.resume);
+        comm_barrier(&world);
+    }
+
+    // the embedding group: the first and the last stage, which both hold wte (a group of one
+    // rank when p = 1; the stages between form groups of their own and never use them)
+    CommGroup embed;
+    int in_embed = rank == 0 || rank == p - 1;
+    comm_split(&embed, &world, in_embed ? 0 : 1 + rank, rank, "embedding");
+
+    GPT2 model;
+    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_SCRATCH);
+    free(params_host);
+    Stage stage;
+    stage.spec = spec;
+    stage.stage = rank;
+    stage.chunk_layers = chunk_layers;
+    stage.num_slots = num_slots;
+    stage.slots = (Activations*)malloc_check((size_t)num_slots * sizeof(Activations));
+    stage.free_slots = (int*)malloc_check((size_t)num_slots * sizeof(int));
+    for (int i = 0; i < num_slots; i++) {
+        activations_alloc(&stage.slots[i], dims, chunk_layers, slot_parts, args.B, args.T);
+        stage.free_slots[i] = num_slots - 1 - i;
+    }
+    stage.num_free = num_slots;
+    stage.peak_in_use = 0;
+    stage.slot_of = (int*)malloc_check((size_t)m * vp * sizeof(int));
+    for (int i = 0; i < m * vp; i++) stage.slot_of[i] = -1;
+    stage.grad[0] = model.acts.dresidual;
+    stage.grad[1] = (floatX*)device_malloc(BTC * sizeof(floatX));
+
+    if (rank == 0) {
+        print_layout(&model, &stage, &args, max_steps, train.num_tokens, args.val_every > 0 ? val.num_tokens : 0,
+                     host_bytes, memory_bytes, world.ranks_sharing_memory);
+    }
+
+    // ---- with -y 1, resume from the newest complete checkpoint (every rank its own state file)
+    Rng sample_rng;
+    int start_step = train_start(&model, &args, &world, max_steps, &identity, &sample_rng, &train);
+    Logger logger;
+    logger_init(&logger, args.out_dir, rank, args.resume ? start_step : -1);
+
+    // ---- training loop; `step` counts completed optimizer steps
+    double flops_per_token = train_flops_per_token(config, args.T);
+    DevicePeak peak = train_device_peak(rank);
+    StepStats stats = {0, 0, 0, 0};
+    double* times = (double*)malloc_check((size_t)2 * n * sizeof(double));
+    unsigned wte_only = 1u;  // the tensors the embedding group's copies share: wte
+    for (int step = start_step; step <= max_steps; step++) {
+        int last = step == max_steps;
+        // a checkpoint holds the state before its step's validation and sample (train_gpt2_dp.cu);
+        // validation and sampling keep no more slots than training, so they leave its peak alone
+        uint64_t rng_before_sample = sample_rng.state;
+        int training_peak = stage.peak_in_use;
+        if (train_due(args.val_every, step, last)) {
+            watchdog_phase("validation", step);
+            train_report_val(&logger, rank, step, evaluate(&model, &stage, pp, &val, args.val_batches));
+        }
+        if (can_sample && step > 0 && train_due(args.sample_every, step, last)) {
+            watchdog_phase("sampling", step);
+            sample(&model, &stage, pp, rank == 0 ? &tok : NULL, eot, &sample_rng, gen_tokens, step);
+        }
+        stage.peak_in_use = training_peak;
+        if (train_checkpoint_due(&args, step, start_step, last)) {
+            watchdog_phase("checkpoint write", step);
+            write_checkpoint(&model, args.out_dir, &world, pp, step, &identity, rng_before_sample);
+        }
+        if (last) break;
+
+        int timed = timeline > 0 && (step + 1) % timeline == 0;
+        if (timed) comm_barrier(&world);  // a common start, so that the stages' clocks line up
+        double t0 = wall_time_s();
+        comm_reset_counters(&world);
+        comm_reset_counters(&embed);
+        // 1. the schedule: this stage's forwards and backwards of the m micro-batches, with the
+        // exchanges between them. Each token's gradient is weighted 1/(B*T*m): the 1/m of every
+        // micro-batch's loss makes the step's gradient the mean over the whole batch.
+        watchdog_phase("pipeline schedule", step);
+        device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
+        Walk w = {&model, &stage, pp, &train, NULL, args.B, args.T, 0, 1.0f / (float)((size_t)args.B * args.T * m),
+                  0.0f, NULL, timed ? times : NULL, t0};
+        walk_actions(&w, actions, n);
+        dataloader_advance(&train);
+        // 2. the tied embedding: the first stage has wte's gradient from the lookups, the last
+        // from the LM head. All-reduce (Vp, C) over the embedding group, so that both copies get
+        // the sum and take the same update.
+        watchdog_phase("embedding all-reduce", step);
+        if (p > 1 && in_embed) comm_all_reduce(&embed, model.grads.wte, model.layout.sizes[0], COMM_FLOATX, COMM_SUM);
+        // 3. the loss lives on the last stage: broadcast it (one float) for the step line and
+        // for every rank's finite check
+        float loss = w.loss / (float)m;
+        comm_broadcast_host(pp, &loss, sizeof(float), p - 1);
+        // 4. the global gradient norm: the stages' squares summed over the pipeline (all-reduce of
+        // one float), the last stage's wte copy left out: its gradient is the first stage's
+        watchdog_phase("AdamW update", step);
+        double squares = 0.0;
+        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            if (i == 0 && layout.head && !layout.embedding) continue;
+            squares += global_norm_squared(model.grads_memory + layout.offsets[i], layout.sizes[i]);
+        }
+        float norm_sum = (float)squares;
+        comm_all_reduce_scalar(pp, &norm_sum, COMM_SUM);
+        float grad_norm = sqrtf(norm_sum);
+        // the loss and the norm are the same on every rank, so every rank stops here together
+        train_stop_if_not_finite(step, loss, grad_norm);
+        // 5. AdamW on this stage's parameters. Both wte copies have the same gradient, moments and
+        // rounding index (the layout's), so they stay identical.
+        float lr = learning_rate_at(step, args.lr, args.warmup, max_steps, args.final_lr_frac);
+        AdamWConfig opt = {lr, 0.9f, 0.95f, 1e-8f, args.weight_decay,
+                           (unsigned int)args.seed * 1000003u + (unsigned int)step};
+        float clip_scale = optimizer_clip_scale(grad_norm, args.grad_clip);
+        optimizer_adamw_step(model.params_memory, model.master_memory, model.grads_memory, model.m_memory,
+                             model.v_memory, 0, model.num_parameters, &model.layout, opt, clip_scale, step + 1);
+        device_synchronize();
+        double dt = wall_time_s() - t0;
+        step_stats_add(&stats, step == start_step, dt, &world);
+        double tokens_per_s = args.total_batch / dt;
+        long long all_reduce = world.bytes[COMM_ALL_REDUCE] + embed.bytes[COMM_ALL_REDUCE];
+        if (rank == 0) {
+            char line[256];
+            // bytes of each kind this step on stage 0: equal to the formula printed at the start
+            double mfu = train_mfu(flops_per_token, tokens_per_s, p, peak);
+            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, tokens_per_s, mfu);
+            printf("%s | send %lld B, recv %lld B, all-reduce %lld B, broadcast %lld B\n", line, world.bytes[COMM_SEND],
+                   world.bytes[COMM_RECV], all_reduce, world.bytes[COMM_BROADCAST]);
+        }
+        logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world) + comm_total_bytes(&embed));
+        if (check_replicas > 0 && (step + 1) % check_replicas == 0 && p > 1 && in_embed) {
+            train_check_replicas(&model, &embed, step + 1, &wte_only, "wte copies of the first and last stage");
+        }
+        if (dump_grads != NULL && step == 0) {  // after the step's count (AdamW left the gradients)
+            float* full = rank == 0 ? (float*)malloc_check(P * sizeof(float)) : NULL;
+            gpt2_gather_full(&model, pp, model.grads_memory, COMM_FLOATX, full);
+            if (rank == 0) gpt2_write_model_file(dump_grads, config, full);
+            free(full);
+        }
+        if (timed) report_timeline(&stage, pp, n, times, step + 1, args.out_dir);
+    }
+    if (rank == 0) step_stats_print(&stats, args.total_batch, flops_per_token, peak, p);
+    // held activations: the schedule's count beside what each stage's slots measured
+    if (max_steps > start_step) {
+        if (rank == 0) printf("activations held at most, measured (schedule):");
+        for (int s = 0; s < p; s++) {
+            float measured = s == rank ? (float)stage.peak_in_use : 0.0f;
+            comm_all_reduce_scalar(pp, &measured, COMM_SUM);
+            int predicted = pipeline_peak_in_flight(spec, all_actions + (size_t)s * n, n);
+            if (rank == 0) printf(" stage %d: %d (%d)", s, (int)measured, predicted);
+        }
+        if (rank == 0) printf("\n");
+    }
+
+    watchdog_phase("shutdown", max_steps);
+    logger_close(&logger);
+    if (rank == 0 && can_sample) tokenizer_free(&tok);
+    dataloader_free(&train);
+    if (args.val_every > 0) dataloader_free(&val);
+    for (int i = 0; i < num_slots; i++) activations_free(&stage.slots[i]);
+    free(stage.slots);
+    free(stage.free_slots);
+    free(stage.slot_of);
+    device_free(stage.grad[1]);
+    free(times);
+    free(all_actions);
+    gpt2_free(&model);
+    comm_group_free(&embed);
+    comm_finalize();
+    return 0;
+}
