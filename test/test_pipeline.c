@@ -10,7 +10,8 @@
 //     formula's;
 //   - each stage holds at most the formula's activations: afab m, 1f1b min(p - s, m), zb
 //     min(p, m), interleaved its warm-up plus one;
-//   - the sends and receives between the actions pair up in order and never deadlock.
+//   - the sends and receives between the actions pair up in order and never deadlock, and so do
+//     those of the forward passes alone (validation and sampling).
 // Prints a chart of each schedule at p = 4. Checked values come from formulas, not from a run.
 #include <stdio.h>
 #include "llmc/pipeline.h"
@@ -66,8 +67,12 @@ static void check_schedule(PipeSpec s) {
     int formula = pipeline_length_formula(s);
     CHECK(length == formula, "%s p=%d m=%d V=%d: the step lasts %d units, the formula %d", name, p, m, V, length, formula);
     char why[256];
-    const char* problem = pipeline_check_exchanges(s, actions, why, sizeof(why));
+    const char* problem = pipeline_check_exchanges(s, actions, n, why, sizeof(why));
     CHECK(problem == NULL, "%s p=%d m=%d V=%d: %s", name, p, m, V, problem);
+    // the forward passes alone (validation, sampling) through the same exchanges
+    for (int st = 0; st < p; st++) pipeline_forward_actions(s, actions + (size_t)st * per_op);
+    problem = pipeline_check_exchanges(s, actions, per_op, why, sizeof(why));
+    CHECK(problem == NULL, "forward only, p=%d m=%d V=%d: %s", p, m, V, problem);
     free(actions);
     free(start);
     free(end);
