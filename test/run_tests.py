@@ -1190,25 +1190,33 @@ def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None):
     B = REF["batch"] // ranks if tp_sp is None else REF["batch"]
     extra = [] if tp_sp is None else ["-sp", tp_sp, "-check_replicas", 1]
     out = run(program, ranks, trainer_args(ref, B, d, ["-n", REF["steps"], "-dump_grads", grads_path] + extra), d)
-    train, _ = read_log(d)
-    _, g_ref = reference.read_model_file(os.path.join(ref["dir"], "grads.bin"))
-    _, g = reference.read_model_file(grads_path)
-    _, p_ref = reference.read_model_file(os.path.join(ref["dir"], "final.bin"))
-    _, p = reference.read_model_file(os.path.join(d, "model_%08d.bin" % REF["steps"]))
-    losses = [train[s + 1]["train_loss"] for s in range(REF["steps"])]
-    loss_err = max(abs(a - b) for a, b in zip(losses, ref["losses"]))
-    grad_err = np.linalg.norm(g - g_ref) / np.linalg.norm(g_ref)
-    param_max, param_mean = np.abs(p - p_ref).max(), np.abs(p - p_ref).mean()
-    print("    %s %s %s %d ranks: loss err %.2e, grad rel err %.2e, param err max %.2e mean %.2e"
-          % (kind, trainer, precision, ranks, loss_err, grad_err, param_max, param_mean))
+    train = check_cuda_against_reference(ref, d, grads_path, precision, "%s %s %s %d ranks" % (kind, trainer, precision, ranks))
     X = 4 if precision == "FP32" else 2
     if tp_sp is None:  # the gradient all-reduce moves P values of the training precision + the fp32 loss
-        expected = X * len(p_ref) + 4
+        P = len(reference.read_model_file(os.path.join(ref["dir"], "final.bin"))[1])
+        expected = X * P + 4
     else:  # the replicated tensors round alike on both ranks (bf16: stochastically, same bits)
         check_tp_step_bytes(out, tp_step_bytes(REF, B, 1, tp_sp, X), REF["steps"])
         assert "step %d: replicated tensors identical" % REF["steps"] in out, out[-2000:]
         expected = sum(tp_step_bytes(REF, B, 1, tp_sp, X).values())
     assert train[1]["comm_bytes"] == expected, "moved %d bytes, expected %d" % (train[1]["comm_bytes"], expected)
+
+
+def check_cuda_against_reference(ref, d, grads_path, precision, label):
+    """a CUDA run's losses, step-0 gradients and final weights against the reference, within the
+    bounds of its precision; returns its log's train records"""
+    train, _ = read_log(d)
+    steps = len(ref["losses"])
+    _, g_ref = reference.read_model_file(os.path.join(ref["dir"], "grads.bin"))
+    _, g = reference.read_model_file(grads_path)
+    _, p_ref = reference.read_model_file(os.path.join(ref["dir"], "final.bin"))
+    _, p = reference.read_model_file(os.path.join(d, "model_%08d.bin" % steps))
+    losses = [train[s + 1]["train_loss"] for s in range(steps)]
+    loss_err = max(abs(a - b) for a, b in zip(losses, ref["losses"]))
+    grad_err = np.linalg.norm(g - g_ref) / np.linalg.norm(g_ref)
+    param_max, param_mean = np.abs(p - p_ref).max(), np.abs(p - p_ref).mean()
+    print("    %s: loss err %.2e, grad rel err %.2e, param err max %.2e mean %.2e"
+          % (label, loss_err, grad_err, param_max, param_mean))
     if precision == "FP32":
         # cuBLAS in strict fp32 and fp32 kernels: only the summation order differs from the
         # float64 reference, as on the CPU; 10x the CPU tolerances for GPU reduction orders
@@ -1222,6 +1230,33 @@ def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None):
         assert loss_err <= 0.05, "losses %s vs %s" % (losses, ref["losses"])
         assert grad_err <= 0.1, "step-0 gradient relative error %.3g" % grad_err
         assert param_max <= 1e-2 and param_mean <= 1e-4, "final parameters error max %.3g mean %.3g" % (param_max, param_mean)
+    return train
+
+
+def make_emu_pp_test(precision, devices):
+    def fn():
+        """pipeline parallelism on the emulator: 2 stages, 1f1b, 2 micro-batches; activations and
+        their gradients travel in floatX through NCCL's grouped send/recv (or the host-staged
+        path); both wte copies stay bit-identical (bf16: the same stochastic rounding)"""
+        ref = reference_run(REF4)
+        program = build("emu", precision, ["train_gpt2_pp"])[0]
+        d = fresh_dir("emu_%s_pp2" % precision)
+        grads_path = os.path.join(d, "grads.bin")
+        B = REF4["batch"] // 2
+        out = emu_runner(devices)(program, 2, trainer_args(ref, B, d, ["-n", REF4["steps"], "-dump_grads", grads_path,
+                                                                       "-check_replicas", 1], cfg=REF4), d)
+        train = check_cuda_against_reference(ref, d, grads_path, precision, "emu train_gpt2_pp %s 2 stages" % precision)
+        expected = pp_step_bytes(REF4, B, 2, 2, 1, X=4 if precision == "FP32" else 2)
+        check_pp_step_bytes(out, expected, REF4["steps"])
+        assert train[1]["comm_bytes"] == sum(expected.values()), train[1]
+        assert "step %d: wte copies of the first and last stage identical" % REF4["steps"] in out, out[-2000:]
+    fn.__name__ = "emu_pp_vs_pytorch_%s_pp2_1f1b_%s" % (precision.lower(), "nccl" if devices == 2 else "host_staged")
+    return fn
+
+
+# pipeline parallelism on the emulator: NCCL in fp32 (tight), the host-staged path in bf16 (bounded)
+for _precision, _devices in (("FP32", 2), ("BF16", 1)):
+    test(make_emu_pp_test(_precision, _devices))
 
 
 def make_gpu_test(precision, ranks):
