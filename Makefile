@@ -4,7 +4,7 @@
 #   make train           set up what is missing, build, and run the quick-start training job
 #   make bench           benchmarks (CPU: matmul GFLOP/s, a training step, tensor parallelism; GPU: dev/bench/bench_gpu.sh)
 #   make sanitize        the CPU trainers built with AddressSanitizer + UndefinedBehaviorSanitizer:
-#                        build/sanitize/train_gpt2_dp, ..._tp (the tests run bad inputs and a TP run through them)
+#                        build/sanitize/train_gpt2_dp, ..._tp, ..._pp (the tests run bad inputs, a TP and a PP run through them)
 #   make mutation-sweep  delete each barrier of llmc/cuda in turn and check the emulator notices
 #                        (dev/cuda/mutation_sweep.py; about 15 minutes on 2 cores)
 #   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90 (no GPU needed; -j2 runs two at a time)
@@ -70,7 +70,7 @@ endif
 # any out-of-bounds access, use after free or undefined behaviour (an int overflow, a bad shift)
 # stops the program with a report; -O1 -g keeps the reports readable
 SANITIZE_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-sanitize: build/sanitize/train_gpt2_dp build/sanitize/train_gpt2_tp
+sanitize: build/sanitize/train_gpt2_dp build/sanitize/train_gpt2_tp build/sanitize/train_gpt2_pp
 build/sanitize/train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-deps
 	@mkdir -p $(dir $@)
 	$(MPICC) $(filter-out -O3,$(CFLAGS)) $(SANITIZE_FLAGS) -x c $< -x none -o $@ $(LDLIBS)

@@ -791,6 +791,23 @@ def sanitized_tp_run_with_sequence_parallelism_sampling_and_resume():
     assert "resumed from step 2" in out and "---- sample at step 3 ----" in out, out[-3000:]
 
 
+@test
+def sanitized_pp_run_interleaved_with_timeline_sampling_and_resume():
+    """the PP trainer's activation slots, exchanges and gathers under AddressSanitizer +
+    UndefinedBehaviorSanitizer: 2 stages of 2 chunks (interleaved) on d4, a timeline, a
+    checkpoint, a sample and a resume"""
+    p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
+    env = dict(ASAN_OPTIONS="detect_leaks=0")
+    d = fresh_dir("sanitized_pp")
+    args = small_run_args(d, ["-e", "d4", "-b", 1, "-d", 4 * 32, "-x", 2, "-sched", "interleaved", "-vp", 2, "-s", 2, "-g", 8,
+                              "-timeline", 2])
+    for extra in ([], ["-x", 3, "-y", 1]):
+        out = run_ok(2, args + extra, program="./build/sanitize/train_gpt2_pp", env=env)
+        assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+    assert "resumed from step 2" in out and "---- sample at step 3 ----" in out, out[-3000:]
+
+
 # ---------------------------------------------------------------------------------------------
 # comm layer and dataloader unit tests (C programs under mpirun)
 
