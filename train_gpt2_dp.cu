@@ -325,13 +325,9 @@ int main(int argc, char** argv) {
         // A nan or inf anywhere on any rank reaches every rank through the all-reduced sums, so
         // all ranks stop here together, before this step updates, logs or checkpoints anything
         train_stop_if_not_finite(step, loss, grad_norm);
-        float lr = learning_rate_at(step, args.lr, args.warmup, max_steps, args.final_lr_frac);
-        // the same seed on every rank: stochastic rounding must round the replicas alike
-        AdamWConfig opt = {lr, 0.9f, 0.95f, 1e-8f, args.weight_decay,
-                           (unsigned int)args.seed * 1000003u + (unsigned int)step};
-        float clip_scale = optimizer_clip_scale(grad_norm, args.grad_clip);
-        optimizer_adamw_step(model.params_memory, model.master_memory, model.grads_memory, model.m_memory,
-                             model.v_memory, 0, model.num_parameters, &model.layout, opt, clip_scale, step + 1);
+        // AdamW (llmc/train.h), with the same rounding seed on every rank: stochastic rounding
+        // must round the replicas alike
+        float clip_scale, lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
         device_synchronize();
         double dt = wall_time_s() - t0;
         step_stats_add(&stats, step == start_step, dt, &world);

@@ -556,18 +556,12 @@ int main(int argc, char** argv) {
                                          : gpt2_read_model_file(args.model, &config, NULL);
 
     DataLoader train, val;
-    // a step is m chunks of B x T tokens; the first stage reads their inputs, the last their targets
-    dataloader_init(&train, args.train_path, args.B, args.T, m, args.shuffle, (uint64_t)args.seed);
-    if (args.val_every > 0) {
-        dataloader_init(&val, args.val_path, args.B, args.T, 1, 0, 0);
-        if ((size_t)args.val_batches > val.batches_per_epoch) args.val_batches = (int)val.batches_per_epoch;
-    }
-    int max_steps = args.max_steps >= 0 ? args.max_steps : (int)train.batches_per_epoch;
+    // a step is m chunks of B x T tokens, each read by every rank (the first stage uses their
+    // inputs, the last their targets)
+    int max_steps = train_open_shared_loaders(&args, m, &train, &val);
+    // samples are printed by rank 0; every rank takes part in drawing them
     Tokenizer tok;
-    int can_sample = rank == 0 && args.sample_every > 0 && train_open_tokenizer(&tok, args.tokenizer_path, config);
-    int eot = can_sample ? tok.eot_token : 0;
-    comm_broadcast_host(&world, &can_sample, sizeof(int), 0);
-    comm_broadcast_host(&world, &eot, sizeof(int), 0);
+    int eot, can_sample = train_open_shared_sampling(&args, config, &world, &tok, &eot);
     int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
 
     // ---- the run's identity (checkpoint.h): a resume must match it, layout included
@@ -686,12 +680,7 @@ int main(int argc, char** argv) {
         train_stop_if_not_finite(step, loss, grad_norm);
         // 5. AdamW on this stage's parameters. Both wte copies have the same gradient, moments and
         // rounding index (the layout's), so they stay identical.
-        float lr = learning_rate_at(step, args.lr, args.warmup, max_steps, args.final_lr_frac);
-        AdamWConfig opt = {lr, 0.9f, 0.95f, 1e-8f, args.weight_decay,
-                           (unsigned int)args.seed * 1000003u + (unsigned int)step};
-        float clip_scale = optimizer_clip_scale(grad_norm, args.grad_clip);
-        optimizer_adamw_step(model.params_memory, model.master_memory, model.grads_memory, model.m_memory,
-                             model.v_memory, 0, model.num_parameters, &model.layout, opt, clip_scale, step + 1);
+        float clip_scale, lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
         device_synchronize();
         double dt = wall_time_s() - t0;
         step_stats_add(&stats, step == start_step, dt, &world);

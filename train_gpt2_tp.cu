@@ -406,19 +406,10 @@ int main(int argc, char** argv) {
 
     DataLoader train, val;
     // a step is accum chunks of B x T tokens, each read by every rank
-    dataloader_init(&train, args.train_path, args.B, args.T, accum, args.shuffle, (uint64_t)args.seed);
-    if (args.val_every > 0) {
-        dataloader_init(&val, args.val_path, args.B, args.T, 1, 0, 0);
-        if ((size_t)args.val_batches > val.batches_per_epoch) args.val_batches = (int)val.batches_per_epoch;
-    }
-    int max_steps = args.max_steps >= 0 ? args.max_steps : (int)train.batches_per_epoch;
-    // samples are printed by rank 0, with the tokenizer's decode table (checked against the
-    // model); every rank takes part in drawing them, so rank 0 tells the others whether it can
+    int max_steps = train_open_shared_loaders(&args, accum, &train, &val);
+    // samples are printed by rank 0; every rank takes part in drawing them
     Tokenizer tok;
-    int can_sample = rank == 0 && args.sample_every > 0 && train_open_tokenizer(&tok, args.tokenizer_path, config);
-    int eot = can_sample ? tok.eot_token : 0;
-    comm_broadcast_host(&world, &can_sample, sizeof(int), 0);
-    comm_broadcast_host(&world, &eot, sizeof(int), 0);
+    int eot, can_sample = train_open_shared_sampling(&args, config, &world, &tok, &eot);
     int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
 
     // ---- the run's identity (checkpoint.h): a resume must match it, layout included
@@ -518,12 +509,7 @@ int main(int argc, char** argv) {
         train_stop_if_not_finite(step, loss, grad_norm);
         // 3. AdamW on this rank's slices. Replicated tensors get identical gradients on every
         // rank and round alike (the layout's rounding index), so their copies stay identical.
-        float lr = learning_rate_at(step, args.lr, args.warmup, max_steps, args.final_lr_frac);
-        AdamWConfig opt = {lr, 0.9f, 0.95f, 1e-8f, args.weight_decay,
-                           (unsigned int)args.seed * 1000003u + (unsigned int)step};
-        float clip_scale = optimizer_clip_scale(grad_norm, args.grad_clip);
-        optimizer_adamw_step(model.params_memory, model.master_memory, model.grads_memory, model.m_memory,
-                             model.v_memory, 0, model.num_parameters, &model.layout, opt, clip_scale, step + 1);
+        float clip_scale, lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
         device_synchronize();
         double dt = wall_time_s() - t0;
         step_stats_add(&stats, step == start_step, dt, &world);

@@ -12,7 +12,9 @@
 #include "dataloader.h"
 #include "logger.h"
 #include "model.h"
+#include "optimizer.h"
 #include "rng.h"
+#include "schedule.h"
 #include "tokenizer.h"
 #include "watchdog.h"
 
@@ -525,6 +527,45 @@ static inline int train_open_tokenizer(Tokenizer* tok, const char* path, GPT2Con
         return 0;
     }
     return 1;
+}
+
+// The loaders of a trainer whose ranks all read the same micro-batches (TP, PP): a step is
+// `micro_batches` chunks of B x T tokens; validation reads one chunk per batch, at most the
+// file's batches (-m is lowered to fit). Returns the number of steps: -x, or one epoch.
+static inline int train_open_shared_loaders(TrainArgs* args, int micro_batches, DataLoader* train, DataLoader* val) {
+    dataloader_init(train, args->train_path, args->B, args->T, micro_batches, args->shuffle, (uint64_t)args->seed);
+    if (args->val_every > 0) {
+        dataloader_init(val, args->val_path, args->B, args->T, 1, 0, 0);
+        if ((size_t)args->val_batches > val->batches_per_epoch) args->val_batches = (int)val->batches_per_epoch;
+    }
+    return args->max_steps >= 0 ? args->max_steps : (int)train->batches_per_epoch;
+}
+
+// Samples that every rank takes part in drawing (TP, PP): rank 0 opens the tokenizer (checked
+// against the model) and prints; it tells the others whether it could, and the end-of-text id
+// every sample starts from. Returns 1 when samples are on.
+static inline int train_open_shared_sampling(const TrainArgs* args, GPT2Config c, CommGroup* world, Tokenizer* tok,
+                                             int* eot) {
+    int on = world->rank == 0 && args->sample_every > 0 && train_open_tokenizer(tok, args->tokenizer_path, c);
+    *eot = on ? tok->eot_token : 0;
+    comm_broadcast_host(world, &on, sizeof(int), 0);
+    comm_broadcast_host(world, eot, sizeof(int), 0);
+    return on;
+}
+
+// The AdamW step of every trainer over this rank's whole buffer, after the gradient norm:
+// clipping to -gc, the learning rate of the schedule, and a stochastic-rounding seed of (-seed,
+// step), the same on every rank, so that whatever a layout replicates rounds alike. Returns the
+// learning rate; clip_scale receives the clipping factor.
+static inline float train_adamw_step(GPT2* model, const TrainArgs* args, int step, int max_steps, float grad_norm,
+                                     float* clip_scale) {
+    float lr = learning_rate_at(step, args->lr, args->warmup, max_steps, args->final_lr_frac);
+    AdamWConfig opt = {lr, 0.9f, 0.95f, 1e-8f, args->weight_decay,
+                       (unsigned int)args->seed * 1000003u + (unsigned int)step};
+    *clip_scale = optimizer_clip_scale(grad_norm, args->grad_clip);
+    optimizer_adamw_step(model->params_memory, model->master_memory, model->grads_memory, model->m_memory,
+                         model->v_memory, 0, model->num_parameters, &model->layout, opt, *clip_scale, step + 1);
+    return lr;
 }
 
 // Where a run starts: step 0 with the sampling rng seeded from -seed, or with -y 1 the newest
