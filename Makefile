@@ -2,7 +2,7 @@
 #   make                 build every trainer (BACKEND=cpu|cuda; default cuda when nvcc and a GPU are present)
 #   make test            build and run all tests; ends with "N passed, N failed, N skipped"
 #   make train           set up what is missing, build, and run the quick-start training job
-#   make bench           benchmarks (CPU: matmul GFLOP/s, a training step, tensor parallelism; GPU: dev/bench/bench_gpu.sh)
+#   make bench           benchmarks (CPU: matmul GFLOP/s, a training step, tensor and pipeline parallelism; GPU: dev/bench/bench_gpu.sh)
 #   make sanitize        the CPU trainers built with AddressSanitizer + UndefinedBehaviorSanitizer:
 #                        build/sanitize/train_gpt2_dp, ..._tp, ..._pp (the tests run bad inputs, a TP and a PP run through them)
 #   make mutation-sweep  delete each barrier of llmc/cuda in turn and check the emulator notices
@@ -168,6 +168,7 @@ bench: dev/bench/bench_matmul
 	./dev/bench/bench_matmul
 	./dev/bench/bench_cpu_step.sh
 	./dev/bench/bench_tp.sh
+	./dev/bench/bench_pp.sh
 
 clean:
 	rm -f $(TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul $(DEV_CUDA:.cu=)
