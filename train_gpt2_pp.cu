@@ -32,7 +32,7 @@ the step's gradient is the mean over the whole batch, as one process computing i
 The result matches one process training the whole model to fp32 rounding (checked against
 PyTorch in test/).
 
-Build: make train_gpt2_pp        Run: mpirun -np 4 ./train_gpt2_pp -e d8 -sched 1f1b -d 32768 -o out
+Build: make train_gpt2_pp        Run: mpirun -np 4 ./train_gpt2_pp -e d8 -b 4 -t 64 -d 2048 -sched 1f1b -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
 */
 #include <math.h>
