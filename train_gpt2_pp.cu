@@ -69,7 +69,7 @@ typedef struct {
     int num_slots;             // stage, the head)
     int* slot_of;              // (m, V): the slot holding (micro-batch, chunk), -1 for none
     int* free_slots;           // a stack of free slots
-    int num_free, peak_in_use;
+    int num_free, peak_in_use;  // the most slots a training step held at once
     floatX* grad[2];           // (B, T, C) gradients at a chunk's output, then at its input:
                                // two, so that one can be sent while the next is received
 } Stage;
@@ -85,8 +85,6 @@ static Activations* stage_slot(Stage* st, int micro, int chunk) {
     if (*at < 0) {
         if (st->num_free == 0) fail("stage %d: more micro-batches in flight than the schedule allows", st->stage);
         *at = st->free_slots[--st->num_free];
-        int in_use = st->num_slots - st->num_free;
-        st->peak_in_use = in_use > st->peak_in_use ? in_use : st->peak_in_use;
     }
     return &st->slots[*at];
 }
@@ -216,6 +214,13 @@ static floatX* message_buffer(Walk* w, PipeAction a, int receive, int grad_index
     return st->grad[grad_index];
 }
 
+// a training walk's slots in use, for the peak the trainer reports beside the schedule's
+// (validation and sampling hold at most 2, which the allocation allows for, and are not counted)
+static void note_slots_in_use(Walk* w) {
+    int in_use = w->st->num_slots - w->st->num_free;
+    if (!w->forward_only && in_use > w->st->peak_in_use) w->st->peak_in_use = in_use;
+}
+
 static void walk_actions(Walk* w, const PipeAction* actions, int n) {
     Stage* st = w->st;
     PipeSpec s = st->spec;
@@ -242,6 +247,7 @@ static void walk_actions(Walk* w, const PipeAction* actions, int n) {
             if (from >= 0) msgs[count++] = comm_message(message_buffer(w, actions[j], 1, grad_index[j]), BTC, from, 0);
         }
         comm_exchange(w->pp, msgs, count, COMM_FLOATX);
+        note_slots_in_use(w);
         // a forward-only walk frees a slot once its output is sent
         for (int j = prev; j < k && w->forward_only; j++) stage_release(st, actions[j].micro, actions[j].chunk);
         for (int j = k; j < end; j++) {  // the group's actions
@@ -249,10 +255,15 @@ static void walk_actions(Walk* w, const PipeAction* actions, int n) {
             watchdog_beat();
             if (w->times) w->times[2 * j] = wall_time_s() - w->t0;
             int first = is_first_virtual(st, a.chunk), last = is_last_virtual(st, a.chunk);
-            if (w->data && (first || last)) dataloader_load_chunk(w->data, a.micro, w->model->config.vocab_size);
+            // the tokens of the micro-batch: its inputs for the embedding (forward and backward),
+            // its targets for the loss (forward)
+            if (w->data && (first || (last && a.op == PIPE_FORWARD))) {
+                dataloader_load_chunk(w->data, a.micro, w->model->config.vocab_size);
+            }
             const int* inputs = w->data ? w->data->inputs : w->tokens;
             const int* targets = w->data ? w->data->targets : w->tokens;  // (sampling reads logits only)
             Activations* slot = stage_slot(st, a.micro, a.chunk);
+            note_slots_in_use(w);
             if (a.op == PIPE_FORWARD) {
                 w->loss += chunk_forward(w->model, st, slot, a.chunk, inputs, targets, w->B, w->T, w->dloss);
                 if (last) w->head = slot;
@@ -276,19 +287,26 @@ static void walk_actions(Walk* w, const PipeAction* actions, int n) {
 
 // forward passes alone over the validation batches: the last stage has the mean loss, which it
 // broadcasts (4 bytes) so every rank reports the same
-static float evaluate(GPT2* model, Stage* st, CommGroup* pp, DataLoader* val, int batches) {
+// One micro-batch of B x T forward through the whole pipe (every chunk in turn), no backward:
+// the tokens of the loader's current batch, or without a loader `tokens`. Returns the walk: its
+// loss on the last stage, and the slot holding the logits there.
+static Walk forward_pass(GPT2* model, Stage* st, CommGroup* pp, DataLoader* data, const int* tokens, int B, int T) {
     PipeSpec one = st->spec;
     one.m = 1;
     PipeAction* actions = (PipeAction*)malloc_check((size_t)one.V * sizeof(PipeAction));
     int n = pipeline_forward_actions(one, actions);
+    Walk w = {model, st, pp, data, tokens, B, T, 1, 0.0f, 0.0f, NULL, NULL, 0.0};
+    walk_actions(&w, actions, n);
+    free(actions);
+    return w;
+}
+
+static float evaluate(GPT2* model, Stage* st, CommGroup* pp, DataLoader* val, int batches) {
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
         dataloader_seek(val, (size_t)i);
-        Walk w = {model, st, pp, val, NULL, model->B, model->T, 1, 0.0f, 0.0f, NULL, NULL, 0.0};
-        walk_actions(&w, actions, n);
-        sum += w.loss;
+        sum += forward_pass(model, st, pp, val, NULL, model->B, model->T).loss;
     }
-    free(actions);
     float loss = (float)(sum / batches);
     comm_broadcast_host(pp, &loss, sizeof(float), pp->size - 1);
     return loss;
@@ -300,17 +318,12 @@ static float evaluate(GPT2* model, Stage* st, CommGroup* pp, DataLoader* val, in
 static void sample(GPT2* model, Stage* st, CommGroup* pp, const Tokenizer* tok, int eot, Rng* rng, int gen_tokens,
                    int step) {
     GPT2Config c = model->config;
-    PipeSpec one = st->spec;
-    one.m = 1;
-    PipeAction* actions = (PipeAction*)malloc_check((size_t)one.V * sizeof(PipeAction));
-    int n = pipeline_forward_actions(one, actions);
     int* tokens = (int*)malloc_check((size_t)model->T * sizeof(int));
     float* logits = (float*)malloc_check((size_t)c.padded_vocab_size * sizeof(float));  // one row, fp32
     for (int t = 0; t < model->T; t++) tokens[t] = eot;
     if (tok) printf("---- sample at step %d ----\n", step);
     for (int t = 1; t < gen_tokens; t++) {
-        Walk w = {model, st, pp, NULL, tokens, 1, t, 1, 0.0f, 0.0f, NULL, NULL, 0.0};
-        walk_actions(&w, actions, n);
+        Walk w = forward_pass(model, st, pp, NULL, tokens, 1, t);
         float token = 0.0f;
         if (st->stage == pp->size - 1) {  // its slot is free again, but nothing has overwritten it
             copy_device_to_floats(logits, w.head->logits + (size_t)(t - 1) * c.padded_vocab_size, c.padded_vocab_size);
@@ -325,7 +338,6 @@ static void sample(GPT2* model, Stage* st, CommGroup* pp, const Tokenizer* tok, 
         }
     }
     if (tok) printf("\n----------------\n");
-    free(actions);
     free(tokens);
     free(logits);
 }
@@ -623,10 +635,8 @@ int main(int argc, char** argv) {
     unsigned wte_only = 1u;  // the tensors the embedding group's copies share: wte
     for (int step = start_step; step <= max_steps; step++) {
         int last = step == max_steps;
-        // a checkpoint holds the state before its step's validation and sample (train_gpt2_dp.cu);
-        // validation and sampling keep no more slots than training, so they leave its peak alone
+        // a checkpoint holds the state before its step's validation and sample (train_gpt2_dp.cu)
         uint64_t rng_before_sample = sample_rng.state;
-        int training_peak = stage.peak_in_use;
         if (train_due(args.val_every, step, last)) {
             watchdog_phase("validation", step);
             train_report_val(&logger, rank, step, evaluate(&model, &stage, pp, &val, args.val_batches));
@@ -635,7 +645,6 @@ int main(int argc, char** argv) {
             watchdog_phase("sampling", step);
             sample(&model, &stage, pp, rank == 0 ? &tok : NULL, eot, &sample_rng, gen_tokens, step);
         }
-        stage.peak_in_use = training_peak;
         if (train_checkpoint_due(&args, step, start_step, last)) {
             watchdog_phase("checkpoint write", step);
             write_checkpoint(&model, args.out_dir, &world, pp, step, &identity, rng_before_sample);
