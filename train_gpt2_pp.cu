@@ -1,7 +1,8 @@
 /*
 GPT-2 training with pipeline parallelism: GPipe (Huang et al. 2019, arXiv:1811.06965), 1F1B
-(PipeDream-Flush, Narayanan et al. 2021, arXiv:2006.09503) and interleaved 1F1B (Narayanan et
-al. 2021, arXiv:2104.04473); the schedules themselves are in llmc/pipeline.h.
+(PipeDream-Flush, Narayanan et al. 2021, arXiv:2006.09503), interleaved 1F1B (Narayanan et al.
+2021, arXiv:2104.04473) and zero bubble (ZB-H1, Qi et al. 2023, arXiv:2401.10241); the
+schedules themselves are in llmc/pipeline.h.
 
 All ranks form one pipeline of p stages: the layers are cut into p contiguous ranges, and rank s
 holds and runs only range s. A micro-batch's activations (B, T, C) travel down the pipe, stage to
@@ -17,6 +18,9 @@ is the time the pipe takes to fill and to drain: (p - 1) / (m + p - 1) of the st
   - interleaved (-vp V): each stage holds V chunks of layers, chunk c of stage s being virtual
     stage c p + s; a micro-batch loops through the pipe V times, each lap V times shorter, and the
     bubble shrinks V-fold for V times the messages.
+  - zb (ZB-H1): the backward split in two, B (the input gradient, which the stage before waits
+    for) and W (the weight gradient, which nobody waits for); W's are held back to run in what
+    was the bubble, which shrinks to about a third of 1F1B's at 1F1B's peak memory.
 The embedding is on the first stage and the LM head on the last. GPT-2 ties them (the head is
 wte transposed): the last stage holds a copy of wte, and after each step's backward passes the
 two copies' gradients are summed over an "embedding group" of the first and last rank (as
@@ -151,17 +155,27 @@ static float chunk_forward(GPT2* model, Stage* st, Activations* a, int chunk, co
 // stage after sent it), except on the last virtual stage, which starts from its dlogits. On
 // return dresidual holds the gradient at the chunk's input, to be sent back; the first virtual
 // stage scatters it into wte and wpe instead. Parameter gradients accumulate.
+// With split (zero bubble: the B action) only the input gradients are computed, the path the stage
+// before waits for; the matmuls' weight gradients wait for the W action (chunk_backward_weights).
+// W needs each matmul's input, still in the slot, and the gradient at its output: B leaves those
+// in the slot too, each in the place of an activation B has used up and that has its shape:
+//   the gradient at attproj (B,T,C) in attproj, at qkv (B,T,3C) in qkv,
+//   the gradient at fcproj (B,T,C) in fcproj,   at fch (B,T,4C) in fch.
+// The LM head's dlogits stay in logits, where the forward left them. LayerNorm and embedding
+// gradients are cheap and come with the input gradient, so B computes them.
 static void chunk_backward(GPT2* model, Stage* st, Activations* a, floatX* dresidual, int chunk,
-                           const int* inputs_host, int B, int T) {
+                           const int* inputs_host, int B, int T, int split) {
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     int C = c.channels, BT = B * T, Lc = st->chunk_layers;
     ParameterTensors p = model->params, g = model->grads;
     Activations* scratch = &model->acts;
+    size_t X = sizeof(floatX);
     if (is_last_virtual(st, chunk)) {
-        // the LM head: its wte copy's gradient, and dlnf; then lnf's backward starts dresidual
-        matmul_backward(scratch->dbuf, g.wte, NULL, a->logits, a->lnf, p.wte, BT, C, c.padded_vocab_size);
-        device_memset_zero(dresidual, (size_t)BT * C * sizeof(floatX));
+        // the LM head: dlnf (and its wte copy's gradient); then lnf's backward starts dresidual
+        matmul_backward_input(scratch->dbuf, a->logits, p.wte, BT, C, c.padded_vocab_size);
+        if (!split) matmul_backward_weight(g.wte, NULL, a->logits, a->lnf, BT, C, c.padded_vocab_size);
+        device_memset_zero(dresidual, (size_t)BT * C * X);
         layernorm_backward(dresidual, g.lnfw, g.lnfb, scratch->dbuf, layer_acts(a, d, B, T, Lc - 1).residual3,
                            p.lnfw, a->lnf_mean, a->lnf_rstd, BT, C);
     }
@@ -169,16 +183,45 @@ static void chunk_backward(GPT2* model, Stage* st, Activations* a, floatX* dresi
         LayerWeights w = layer_weights(p, d, chunk * Lc + k), gw = layer_weights(g, d, chunk * Lc + k);
         LayerActs x = layer_acts(a, d, B, T, k);
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
-        mlp_half_backward(scratch->dbuf, scratch->dfch, dresidual, x, w, gw, B, T, d);
+        mlp_half_backward_input(scratch->dbuf, scratch->dfch, dresidual, x, w, B, T, d);
+        if (split) {  // kept for W: the gradients at fcproj and fch
+            copy_device_to_device(x.fcproj, dresidual, (size_t)BT * C * X);
+            copy_device_to_device(x.fch, scratch->dfch, (size_t)BT * d.fc * X);
+        } else {
+            mlp_half_backward_weight(gw, scratch->dfch, dresidual, x, B, T, d);
+        }
         layernorm_backward(dresidual, gw.ln2w, gw.ln2b, scratch->dbuf, x.residual2, w.ln2w, x.ln2_mean,
                            x.ln2_rstd, BT, C);
-        attention_half_backward(scratch->dbuf, scratch->dbuf, scratch->dqkv, dresidual, x, w, gw, B, T, d);
+        attention_half_backward_input(scratch->dbuf, scratch->dbuf, scratch->dqkv, dresidual, x, w, B, T, d);
+        if (split) {  // kept for W: the gradients at attproj and qkv
+            copy_device_to_device(x.attproj, dresidual, (size_t)BT * C * X);
+            copy_device_to_device(x.qkv, scratch->dqkv, (size_t)BT * d.qkv * X);
+        } else {
+            attention_half_backward_weight(gw, scratch->dqkv, dresidual, x, B, T, d);
+        }
         layernorm_backward(dresidual, gw.ln1w, gw.ln1b, scratch->dbuf, residual, w.ln1w, x.ln1_mean,
                            x.ln1_rstd, BT, C);
     }
     if (is_first_virtual(st, chunk)) {
         copy_host_to_device(model->inputs, inputs_host, (size_t)BT * sizeof(int));
         encoder_backward(g.wte, g.wpe, dresidual, model->inputs, B, T, C);
+    }
+}
+
+// The W action of zero bubble: the matmuls' weight gradients of a chunk whose B has run, from the
+// inputs and output gradients in its slot (above). Nothing waits for it: it fills the bubble.
+static void chunk_backward_weights(GPT2* model, Stage* st, Activations* a, int chunk, int B, int T) {
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int Lc = st->chunk_layers;
+    for (int k = Lc - 1; k >= 0; k--) {
+        LayerWeights gw = layer_weights(model->grads, d, chunk * Lc + k);
+        LayerActs x = layer_acts(a, d, B, T, k);
+        mlp_half_backward_weight(gw, x.fch, x.fcproj, x, B, T, d);
+        attention_half_backward_weight(gw, x.qkv, x.attproj, x, B, T, d);
+    }
+    if (is_last_virtual(st, chunk)) {  // the LM head's wte copy: dlogits^T @ lnf
+        matmul_backward_weight(model->grads.wte, NULL, a->logits, a->lnf, B * T, c.channels, c.padded_vocab_size);
     }
 }
 
@@ -257,7 +300,7 @@ static void walk_actions(Walk* w, const PipeAction* actions, int n) {
             int first = is_first_virtual(st, a.chunk), last = is_last_virtual(st, a.chunk);
             // the tokens of the micro-batch: its inputs for the embedding (forward and backward),
             // its targets for the loss (forward)
-            if (w->data && (first || (last && a.op == PIPE_FORWARD))) {
+            if (w->data && ((first && a.op != PIPE_WEIGHT) || (last && a.op == PIPE_FORWARD))) {
                 dataloader_load_chunk(w->data, a.micro, w->model->config.vocab_size);
             }
             const int* inputs = w->data ? w->data->inputs : w->tokens;
@@ -267,8 +310,12 @@ static void walk_actions(Walk* w, const PipeAction* actions, int n) {
             if (a.op == PIPE_FORWARD) {
                 w->loss += chunk_forward(w->model, st, slot, a.chunk, inputs, targets, w->B, w->T, w->dloss);
                 if (last) w->head = slot;
+            } else if (a.op == PIPE_BACKWARD) {
+                int split = s.sched == SCHEDULE_ZB;  // W follows later and needs the slot
+                chunk_backward(w->model, st, slot, st->grad[grad_index[j]], a.chunk, inputs, w->B, w->T, split);
+                if (!split) stage_release(st, a.micro, a.chunk);
             } else {
-                chunk_backward(w->model, st, slot, st->grad[grad_index[j]], a.chunk, inputs, w->B, w->T);
+                chunk_backward_weights(w->model, st, slot, a.chunk, w->B, w->T);
                 stage_release(st, a.micro, a.chunk);
             }
             if (w->times) {
@@ -486,7 +533,7 @@ int main(int argc, char** argv) {
     ArgSpec specs[TRAIN_MAX_SPECS];
     int num_specs = train_args_common(&args, specs);
     ArgSpec pp_spec = {"-pp", ARG_INT, &pp_flag, 0, ARG_NO_MAX, "pipeline stages; all ranks form one pipeline, so it must equal the number of ranks (0: the number of ranks)"};
-    ArgSpec sched_spec = {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp)"};
+    ArgSpec sched_spec = {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1)"};
     ArgSpec vp_spec = {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved; L must divide by pp * vp"};
     ArgSpec timeline_spec = {"-timeline", ARG_INT, &timeline, 0, ARG_NO_MAX, "every N steps print the measured timeline of the step (and append it to -o's timeline.jsonl) (0: never)"};
     ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"};
@@ -517,8 +564,7 @@ int main(int argc, char** argv) {
              "(launch with mpirun -np %d, or leave -pp out)", pp_flag, p, pp_flag);
     }
     int sched = pipeline_schedule_from_name(sched_name);
-    if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b or interleaved", sched_name);
-    if (sched == SCHEDULE_ZB) fail("-sched zb: this trainer does not split the backward pass into B and W yet; use afab, 1f1b or interleaved");
+    if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
     if (config.num_layers % (p * vp) != 0) {
         fail("the model's L = %d layers cannot be split into pp x vp = %d x %d = %d equal chunks; choose a "
              "number of ranks (and -vp) whose product divides %d", config.num_layers, p, vp, p * vp, config.num_layers);

@@ -18,15 +18,35 @@ static inline void attention_half_forward(LayerActs a, LayerWeights w, int B, in
     matmul_forward(a.attproj, a.atty, w.attprojw, w.attprojb, B * T, d.att, d.C);
 }
 
+// A half's backward is two passes (zero-bubble pipelines, Qi et al. 2023, run them at different
+// times; every other trainer runs them back to back):
+//   input   the gradient at the half's input, which the layers below wait for;
+//   weight  the weight and bias gradients, which nothing waits for. It needs each matmul's input
+//           (kept in the activations) and the gradient at its output (from the input pass).
+
 // dout (B,T,C): the gradient at attproj. Writes the gradient at ln1 into dln1 (B,T,C), which may
-// be the same buffer as datty (B,T,att): datty is used up before dln1 is written. dqkv (B,T,qkv)
-// is scratch. Parameter gradients accumulate into g.
+// be the same buffer as datty (B,T,att): datty is used up before dln1 is written. Leaves the
+// gradient at qkv in dqkv (B,T,qkv), for the weight pass.
+static inline void attention_half_backward_input(floatX* dln1, floatX* datty, floatX* dqkv, const floatX* dout,
+                                                 LayerActs a, LayerWeights w, int B, int T, LayerDims d) {
+    matmul_backward_input(datty, dout, w.attprojw, B * T, d.att, d.C);
+    attention_backward(dqkv, datty, a.qkv, a.atty, a.att_state, B, T, d.att, d.NH);
+    matmul_backward_input(dln1, dqkv, w.qkvw, B * T, d.C, d.qkv);
+}
+
+// dout (B,T,C) and dqkv (B,T,qkv) as the input pass had them; gradients accumulate into g
+static inline void attention_half_backward_weight(LayerWeights g, const floatX* dqkv, const floatX* dout, LayerActs a,
+                                                  int B, int T, LayerDims d) {
+    matmul_backward_weight(g.attprojw, g.attprojb, dout, a.atty, B * T, d.att, d.C);
+    matmul_backward_weight(g.qkvw, g.qkvb, dqkv, a.ln1, B * T, d.C, d.qkv);
+}
+
+// both passes: dqkv (B,T,qkv) is scratch
 static inline void attention_half_backward(floatX* dln1, floatX* datty, floatX* dqkv, const floatX* dout,
                                            LayerActs a, LayerWeights w, LayerWeights g, int B, int T,
                                            LayerDims d) {
-    matmul_backward(datty, g.attprojw, g.attprojb, dout, a.atty, w.attprojw, B * T, d.att, d.C);
-    attention_backward(dqkv, datty, a.qkv, a.atty, a.att_state, B, T, d.att, d.NH);
-    matmul_backward(dln1, g.qkvw, g.qkvb, dqkv, a.ln1, w.qkvw, B * T, d.C, d.qkv);
+    attention_half_backward_input(dln1, datty, dqkv, dout, a, w, B, T, d);
+    attention_half_backward_weight(g, dqkv, dout, a, B, T, d);
 }
 
 static inline void mlp_half_forward(LayerActs a, LayerWeights w, int B, int T, LayerDims d) {
@@ -35,13 +55,27 @@ static inline void mlp_half_forward(LayerActs a, LayerWeights w, int B, int T, L
     matmul_forward(a.fcproj, a.fch_gelu, w.fcprojw, w.fcprojb, B * T, d.fc, d.C);
 }
 
-// dout (B,T,C): the gradient at fcproj. Writes the gradient at ln2 into dln2 (B,T,C); dfch
-// (B,T,fc) is scratch. Parameter gradients accumulate into g.
+// dout (B,T,C): the gradient at fcproj. Writes the gradient at ln2 into dln2 (B,T,C). Leaves the
+// gradient at fch (after GELU's backward) in dfch (B,T,fc), for the weight pass.
+static inline void mlp_half_backward_input(floatX* dln2, floatX* dfch, const floatX* dout, LayerActs a,
+                                           LayerWeights w, int B, int T, LayerDims d) {
+    matmul_backward_input(dfch, dout, w.fcprojw, B * T, d.fc, d.C);
+    gelu_backward(dfch, a.fch, dfch, (size_t)B * T * d.fc);
+    matmul_backward_input(dln2, dfch, w.fcw, B * T, d.C, d.fc);
+}
+
+// dout (B,T,C) and dfch (B,T,fc) as the input pass had them; gradients accumulate into g
+static inline void mlp_half_backward_weight(LayerWeights g, const floatX* dfch, const floatX* dout, LayerActs a,
+                                            int B, int T, LayerDims d) {
+    matmul_backward_weight(g.fcprojw, g.fcprojb, dout, a.fch_gelu, B * T, d.fc, d.C);
+    matmul_backward_weight(g.fcw, g.fcb, dfch, a.ln2, B * T, d.C, d.fc);
+}
+
+// both passes: dfch (B,T,fc) is scratch
 static inline void mlp_half_backward(floatX* dln2, floatX* dfch, const floatX* dout, LayerActs a,
                                      LayerWeights w, LayerWeights g, int B, int T, LayerDims d) {
-    matmul_backward(dfch, g.fcprojw, g.fcprojb, dout, a.fch_gelu, w.fcprojw, B * T, d.fc, d.C);
-    gelu_backward(dfch, a.fch, dfch, (size_t)B * T * d.fc);
-    matmul_backward(dln2, g.fcw, g.fcb, dfch, a.ln2, w.fcw, B * T, d.C, d.fc);
+    mlp_half_backward_input(dln2, dfch, dout, a, w, B, T, d);
+    mlp_half_backward_weight(g, dfch, dout, a, B, T, d);
 }
 
 #endif

@@ -792,10 +792,10 @@ def sanitized_tp_run_with_sequence_parallelism_sampling_and_resume():
 
 
 @test
-def sanitized_pp_run_interleaved_with_timeline_sampling_and_resume():
+def sanitized_pp_run_interleaved_with_timeline_sampling_and_resume_and_zb():
     """the PP trainer's activation slots, exchanges and gathers under AddressSanitizer +
     UndefinedBehaviorSanitizer: 2 stages of 2 chunks (interleaved) on d4, a timeline, a
-    checkpoint, a sample and a resume"""
+    checkpoint, a sample and a resume; then zero bubble, whose W reads what B kept in the slots"""
     p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     env = dict(ASAN_OPTIONS="detect_leaks=0")
@@ -806,6 +806,9 @@ def sanitized_pp_run_interleaved_with_timeline_sampling_and_resume():
         out = run_ok(2, args + extra, program="./build/sanitize/train_gpt2_pp", env=env)
         assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
     assert "resumed from step 2" in out and "---- sample at step 3 ----" in out, out[-3000:]
+    zb = small_run_args(fresh_dir("sanitized_pp_zb"), ["-e", "d4", "-b", 1, "-d", 4 * 32, "-x", 2, "-sched", "zb", "-timeline", 2])
+    out = run_ok(2, zb, program="./build/sanitize/train_gpt2_pp", env=env)
+    assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1056,8 +1059,32 @@ def make_pp_test(p, sched, m, V, cfg):
 for _p, _sched, _m, _V, _cfg in [(1, "1f1b", 1, 1, REF4), (2, "afab", 1, 1, REF4), (2, "afab", 4, 1, REF4),
                                  (2, "1f1b", 2, 1, REF4), (2, "1f1b", 8, 1, REF4), (2, "interleaved", 2, 2, REF4),
                                  (2, "interleaved", 4, 2, REF4), (4, "afab", 2, 1, REF4), (4, "1f1b", 1, 1, REF4),
-                                 (4, "1f1b", 8, 1, REF4), (4, "interleaved", 4, 2, REF8), (4, "interleaved", 8, 2, REF8)]:
+                                 (4, "1f1b", 8, 1, REF4), (4, "interleaved", 4, 2, REF8), (4, "interleaved", 8, 2, REF8),
+                                 (2, "zb", 4, 1, REF4), (4, "zb", 2, 1, REF4), (4, "zb", 8, 1, REF4)]:
     test(make_pp_test(_p, _sched, _m, _V, _cfg))
+
+
+@test
+def pp_zb_is_1f1b_reordered_bit_for_bit():
+    """ZB-H1 runs the same kernels as 1F1B on the same data, only later: each weight gradient
+    still accumulates the micro-batches in order 0, 1, ..., m-1, and every tensor has one writer
+    per stage. So at 4 stages the losses, the step-0 gradients and the final weights equal 1F1B's
+    bit for bit (a W that read a gradient B had not kept, or a slot freed before its W, would not)"""
+    ref = reference_run(REF4)
+    m, runs = 8, {}
+    for sched in ("1f1b", "zb"):
+        d = fresh_dir("pp4_%s_bits" % sched)
+        run_ok(4, trainer_args(ref, REF4["batch"] // m, d, ["-n", REF4["steps"], "-dump_grads", os.path.join(d, "grads.bin"),
+                                                             "-sched", sched], cfg=REF4), program=PP)
+        losses = [r["train_loss"] for _, r in sorted(read_log(d)[0].items())]
+        files = {}
+        for name in ("grads.bin", "model_%08d.bin" % REF4["steps"]):
+            with open(os.path.join(d, name), "rb") as f:
+                files[name] = f.read()
+        runs[sched] = (losses, files)
+    assert runs["zb"][0] == runs["1f1b"][0], "losses: zb %s, 1f1b %s" % (runs["zb"][0], runs["1f1b"][0])
+    for name, data in runs["1f1b"][1].items():
+        assert runs["zb"][1][name] == data, "%s differs between zb and 1f1b" % name
 
 
 @test
@@ -1250,30 +1277,34 @@ def check_cuda_against_reference(ref, d, grads_path, precision, label):
     return train
 
 
-def make_emu_pp_test(precision, devices):
+def make_emu_pp_test(precision, devices, sched):
     def fn():
-        """pipeline parallelism on the emulator: 2 stages, 1f1b, 2 micro-batches; activations and
-        their gradients travel in floatX through NCCL's grouped send/recv (or the host-staged
-        path); both wte copies stay bit-identical (bf16: the same stochastic rounding)"""
+        """pipeline parallelism on the emulator: 2 stages, 4 micro-batches; activations and their
+        gradients travel in floatX through NCCL's grouped send/recv (or the host-staged path);
+        both wte copies stay bit-identical (bf16: the same stochastic rounding). zb runs the
+        backward's two halves (matmul_backward_input, then _weight) apart"""
         ref = reference_run(REF4)
         program = build("emu", precision, ["train_gpt2_pp"])[0]
-        d = fresh_dir("emu_%s_pp2" % precision)
+        d = fresh_dir("emu_%s_pp2_%s" % (precision, sched))
         grads_path = os.path.join(d, "grads.bin")
-        B = REF4["batch"] // 2
+        m = 4
+        B = REF4["batch"] // m
         out = emu_runner(devices)(program, 2, trainer_args(ref, B, d, ["-n", REF4["steps"], "-dump_grads", grads_path,
-                                                                       "-check_replicas", 1], cfg=REF4), d)
-        train = check_cuda_against_reference(ref, d, grads_path, precision, "emu train_gpt2_pp %s 2 stages" % precision)
-        expected = pp_step_bytes(REF4, B, 2, 2, 1, X=4 if precision == "FP32" else 2)
+                                                                       "-check_replicas", 1, "-sched", sched], cfg=REF4), d)
+        train = check_cuda_against_reference(ref, d, grads_path, precision,
+                                             "emu train_gpt2_pp %s 2 stages %s" % (precision, sched))
+        expected = pp_step_bytes(REF4, B, m, 2, 1, X=4 if precision == "FP32" else 2)
         check_pp_step_bytes(out, expected, REF4["steps"])
         assert train[1]["comm_bytes"] == sum(expected.values()), train[1]
         assert "step %d: wte copies of the first and last stage identical" % REF4["steps"] in out, out[-2000:]
-    fn.__name__ = "emu_pp_vs_pytorch_%s_pp2_1f1b_%s" % (precision.lower(), "nccl" if devices == 2 else "host_staged")
+    fn.__name__ = "emu_pp_vs_pytorch_%s_pp2_%s_%s" % (precision.lower(), sched, "nccl" if devices == 2 else "host_staged")
     return fn
 
 
-# pipeline parallelism on the emulator: NCCL in fp32 (tight), the host-staged path in bf16 (bounded)
-for _precision, _devices in (("FP32", 2), ("BF16", 1)):
-    test(make_emu_pp_test(_precision, _devices))
+# pipeline parallelism on the emulator: 1f1b over NCCL in fp32 (tight) and over the host-staged
+# path in bf16 (bounded); zero bubble in fp32
+for _precision, _devices, _sched in (("FP32", 2, "1f1b"), ("BF16", 1, "1f1b"), ("FP32", 2, "zb")):
+    test(make_emu_pp_test(_precision, _devices, _sched))
 
 
 def make_gpu_test(precision, ranks):

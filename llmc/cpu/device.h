@@ -14,6 +14,7 @@ static inline void device_free(void* p) { free(p); }
 static inline void device_memset_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
 static inline void copy_host_to_device(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void copy_device_to_host(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+static inline void copy_device_to_device(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void device_synchronize(void) {}
 // MFU and memory figures are printed for GPUs only
 typedef struct {

@@ -126,11 +126,17 @@ static inline void matmul_forward(float* out, const float* inp, const float* wei
     gemm(N, OC, C, inp, C, 1, weight, 1, C, out, OC, bias != NULL);
 }
 
+// The backward pass in its two halves, which a zero-bubble pipeline runs at different times
+// (train_gpt2_pp.cu): the input gradient, which the layer below waits for, and the weight
+// gradient, which nothing waits for.
 // dinp (N, C) = dout (N, OC) @ weight (OC, C)            (overwritten)
-// dweight (OC, C) += dout^T @ inp; dbias (OC) += column sums of dout   (accumulated)
-static inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                            const float* inp, const float* weight, int N, int C, int OC) {
+static inline void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC) {
     gemm(N, C, OC, dout, OC, 1, weight, C, 1, dinp, C, 0);
+}
+
+// dweight (OC, C) += dout^T @ inp; dbias (OC) += column sums of dout   (accumulated; dbias may be NULL)
+static inline void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N,
+                                          int C, int OC) {
     gemm(OC, C, N, dout, 1, OC, inp, C, 1, dweight, C, 1);
     if (dbias != NULL) {
         #pragma omp parallel for
@@ -140,6 +146,13 @@ static inline void matmul_backward(float* dinp, float* dweight, float* dbias, co
             dbias[o] += sum;
         }
     }
+}
+
+// both at once
+static inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                            const float* inp, const float* weight, int N, int C, int OC) {
+    matmul_backward_input(dinp, dout, weight, N, C, OC);
+    matmul_backward_weight(dweight, dbias, dout, inp, N, C, OC);
 }
 
 // out (N, OC) += bias (OC): the bias of a row-parallel matmul, added once after the partial

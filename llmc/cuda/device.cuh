@@ -39,6 +39,9 @@ static inline void copy_host_to_device(void* dst, const void* src, size_t bytes)
 static inline void copy_device_to_host(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
+static inline void copy_device_to_device(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+}
 static inline void device_synchronize(void) { cudaCheck(cudaDeviceSynchronize()); }
 
 // the dense peak of this GPU for floatX matmuls, from NVIDIA's datasheets, and which part it

@@ -102,13 +102,18 @@ __global__ void bias_backward_final(floatX* dbias, const float* partial, int par
 
 static DeviceScratch matmul_scratch;
 
+// The backward pass in its two halves, which a zero-bubble pipeline runs at different times
+// (train_gpt2_pp.cu): the input gradient, which the layer below waits for, and the weight
+// gradient, which nothing waits for.
 // dinp (N, C) = dout (N, OC) @ weight (OC, C)            (overwritten)
-// dweight (OC, C) += dout^T @ inp; dbias (OC) += column sums of dout   (accumulated)
-static inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias,
-                                   const floatX* dout, const floatX* inp, const floatX* weight,
-                                   int N, int C, int OC) {
+static inline void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC) {
     // dinp^T (C, N) = weight as (C, OC) @ dout^T (OC, N)
     cublaslt_gemm(dinp, weight, dout, NULL, C, N, OC, 0, 0, C, OC, C, 0.0f);
+}
+
+// dweight (OC, C) += dout^T @ inp; dbias (OC) += column sums of dout   (accumulated; dbias may be NULL)
+static inline void matmul_backward_weight(floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp, int N,
+                                          int C, int OC) {
     // dweight^T (C, OC) += inp^T (C, N) @ op_T(dout^T as (OC, N))
     cublaslt_gemm(dweight, inp, dout, NULL, C, OC, N, 0, 1, C, OC, C, 1.0f);
     if (dbias != NULL) {
@@ -119,6 +124,14 @@ static inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias,
         bias_backward_final<<<ceil_div(OC, 256), 256>>>(dbias, partial, parts, OC);
         cudaCheckLaunch();
     }
+}
+
+// both at once
+static inline void matmul_backward(floatX* dinp, floatX* dweight, floatX* dbias,
+                                   const floatX* dout, const floatX* inp, const floatX* weight,
+                                   int N, int C, int OC) {
+    matmul_backward_input(dinp, dout, weight, N, C, OC);
+    matmul_backward_weight(dweight, dbias, dout, inp, N, C, OC);
 }
 
 // out (N, OC) += bias (OC): the bias of a row-parallel matmul, added once after the partial
