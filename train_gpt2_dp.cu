@@ -48,7 +48,7 @@ static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
     LayerActs first = layer_acts(a, d, B, T, 0);
     layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, p.ln1w, p.ln1b, B * T, C);
     for (int l = 0; l < L; l++) {
-        LayerWeights w = layer_weights(p, d, l);
+        LayerWeights w = gpt2_layer_params(model, l);
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
         // attention half (block.h), its residual add fused with ln2: residual2 = x + attproj
@@ -59,7 +59,7 @@ static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
         // lnf after the last layer): residual3 = residual2 + fcproj
         mlp_half_forward(x, w, B, T, d);
         if (l + 1 < L) {
-            LayerWeights wn = layer_weights(p, d, l + 1);
+            LayerWeights wn = gpt2_layer_params(model, l + 1);
             LayerActs xn = layer_acts(a, d, B, T, l + 1);
             fused_residual_layernorm_forward(x.residual3, xn.ln1, xn.ln1_mean, xn.ln1_rstd, x.residual2,
                                              x.fcproj, wn.ln1w, wn.ln1b, B * T, C);
@@ -72,21 +72,139 @@ static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
     matmul_forward(a->logits, a->lnf, p.wte, NULL, B * T, C, d.Vp);
 }
 
-// accumulates parameter gradients into model->grads; expects gpt2_loss to have left dlogits
-static void gpt2_backward(GPT2* model, int B, int T) {
+// ----------------------------------------------------------------------------------------------
+// ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054). DDP keeps on every rank what the optimizer
+// needs for every parameter: 16 bytes each in mixed precision (2 parameter, 2 gradient, 4 master
+// weight, 4 + 4 AdamW moments). ZeRO gives each of the N ranks one shard of it instead:
+//   -z 1: the optimizer state (master weights, m, v). The gradients are reduce-scattered, so
+//         each rank receives the sum of its shard only, updates that shard, and the updated
+//         parameters are all-gathered: the same bytes on the wire as DDP's all-reduce (which is
+//         a reduce-scatter then an all-gather), for 12/16 of the memory divided by N.
+//   -z 2: the gradients too: each bucket's gradient is reduce-scattered as soon as the backward
+//         pass has produced it, and the next bucket reuses its buffer.
+// The units are buckets (model.h): the embeddings, each layer, the final LayerNorm. The rank's
+// buffers are laid out bucket after bucket (parameter_layout_buckets), so every collective is one
+// call on one contiguous range, and the file's tensor order is restored when files are written.
+// This beats llm.c's one call per tensor slice of a layer for readability (one call per bucket)
+// at the cost of a conversion at file I/O.
+
+typedef struct {
+    int stage;            // -z
+    CommGroup* dp;        // the data-parallel ranks that share the buckets
+    floatX* grad_shards;  // this rank's reduced shard of every bucket's gradient: -z 1 its own
+                          // buffer (the reduce-scatter's output), -z 2 the model's gradients
+    floatX* bucket[3];    // -z 2: the gradient of the embeddings' bucket, of one layer's, of the
+                          // final LayerNorm's, before they are reduce-scattered
+    floatX* received;     // -z 2 with accumulation: a reduce-scatter's output, to be added
+    int micro;            // the micro-batch of the step the backward is on
+} Zero;
+
+// the largest bucket: the embeddings' in any GPT-2 (Vp + maxT rows of C against 12 C^2 + 13 C)
+static size_t largest_bucket(const ParameterLayout* p) {
+    size_t most = 0;
+    for (int k = 0; k < 3; k++) most = p->bucket_sizes[k] > most ? p->bucket_sizes[k] : most;
+    return most;
+}
+
+// ZeRO's buffers besides the model's own (which gpt2_build shards as the layout says)
+static size_t zero_buffer_bytes(const ParameterLayout* p, int accum) {
+    size_t X = sizeof(floatX);
+    if (p->zero == 1) return p->count / p->shards * X;
+    if (p->zero == 2) return (p->bucket_sizes[0] + p->bucket_sizes[1] + p->bucket_sizes[2]) * X +
+                             (accum > 1 ? largest_bucket(p) / p->shards * X : 0);
+    return 0;
+}
+
+static Zero zero_alloc(GPT2* model, CommGroup* dp, int accum) {
+    const ParameterLayout* p = &model->layout;
+    Zero z;
+    memset(&z, 0, sizeof(z));
+    z.stage = p->zero;
+    z.dp = dp;
+    if (z.stage == 1) z.grad_shards = (floatX*)device_malloc(p->count / p->shards * sizeof(floatX));
+    if (z.stage == 2) {
+        z.grad_shards = model->grads_memory;
+        for (int k = 0; k < 3; k++) z.bucket[k] = (floatX*)device_malloc(p->bucket_sizes[k] * sizeof(floatX));
+        if (accum > 1) z.received = (floatX*)device_malloc(largest_bucket(p) / p->shards * sizeof(floatX));
+    }
+    return z;
+}
+
+static void zero_free(Zero* z) {
+    if (z->stage == 1) device_free(z->grad_shards);
+    for (int k = 0; k < 3; k++) {
+        if (z->bucket[k]) device_free(z->bucket[k]);
+    }
+    if (z->received) device_free(z->received);
+}
+
+// Where the backward writes bucket k's gradient: its place in the whole gradient buffer (-z 0
+// and 1, which reduce after the last micro-batch), or the bucket's own buffer, zeroed (-z 2).
+static floatX* bucket_grad(Zero* z, GPT2* model, int k) {
+    const ParameterLayout* p = &model->layout;
+    if (z->stage < 2) return model->grads_memory + parameter_bucket_offset(p, k);
+    floatX* buf = z->bucket[k == 0 ? 0 : k <= p->layers ? 1 : 2];
+    device_memset_zero(buf, parameter_bucket_size(p, k) * sizeof(floatX));
+    return buf;
+}
+
+// Bucket k's gradient is complete for this micro-batch. -z 2 reduce-scatters it now: (bucket
+// size) floatX in, this rank's 1/N of it out, averaged over the ranks, into the shards (the first
+// micro-batch of a step), or added to them (the later ones: the shards accumulate the step's
+// gradient, as the whole buffer does under DDP). Its buffer is free again for the next bucket.
+static void bucket_grad_done(Zero* z, GPT2* model, int k) {
+    if (z->stage < 2) return;
+    size_t global, local, n;
+    layout_bucket_shard(&model->layout, k, &global, &local, &n);
+    floatX* buf = z->bucket[k == 0 ? 0 : k <= model->layout.layers ? 1 : 2];
+    if (z->micro == 0) {
+        comm_reduce_scatter(z->dp, buf, z->grad_shards + local, n, COMM_FLOATX, COMM_AVG);
+    } else {
+        comm_reduce_scatter(z->dp, buf, z->received, n, COMM_FLOATX, COMM_AVG);
+        residual_forward(z->grad_shards + local, z->grad_shards + local, z->received, 1, (int)n);  // shards += received
+    }
+}
+
+// -dump_grads: the step's averaged gradients as a model file (the file's order), from rank 0's
+// whole buffer (DDP) or gathered from every rank's shards (ZeRO)
+static void write_gradients(GPT2* model, Zero* z, CommGroup* world, const char* path) {
+    const ParameterLayout* p = &model->layout;
+    float* full = world->rank == 0 ? (float*)malloc_check(gpt2_num_parameters(model->config) * sizeof(float)) : NULL;
+    if (z->stage > 0) zero_gather_full(model, world, z->grad_shards, COMM_FLOATX, full);
+    else if (world->rank == 0) {
+        float* whole = (float*)malloc_check(p->count * sizeof(float));
+        copy_device_to_floats(whole, model->grads_memory, p->count);
+        parameter_shard_copy(full, whole, p, model->config, 0);
+        free(whole);
+    }
+    if (full) gpt2_write_model_file(path, model->config, full);
+    free(full);
+}
+
+// Accumulates the parameter gradients of one micro-batch, bucket by bucket (above); expects
+// gpt2_loss to have left dlogits.
+static void gpt2_backward(GPT2* model, Zero* z, int B, int T) {
     GPT2Config c = model->config;
     LayerDims d = model->dims;
+    const ParameterLayout* lay = &model->layout;
     int L = c.num_layers, C = c.channels;
-    ParameterTensors p = model->params, g = model->grads;
+    ParameterTensors p = model->params;
     Activations* a = &model->acts;
+    // the embeddings' bucket (wte, then wpe) and the final LayerNorm's (lnfw, lnfb). The tied wte
+    // takes the LM head's gradient first and the lookups' last, so the embeddings' bucket is
+    // complete only at the end of the backward pass
+    floatX* embeddings = bucket_grad(z, model, 0);
+    floatX* lnf = bucket_grad(z, model, L + 1);
+    floatX *dwte = embeddings, *dwpe = embeddings + lay->sizes[0], *dlnfw = lnf, *dlnfb = lnf + lay->sizes[14];
 
     // LM head and final LayerNorm: dresidual = gradient w.r.t. the last layer's output
-    matmul_backward(a->dbuf, g.wte, NULL, a->logits, a->lnf, p.wte, B * T, C, d.Vp);
+    matmul_backward(a->dbuf, dwte, NULL, a->logits, a->lnf, p.wte, B * T, C, d.Vp);
     device_memset_zero(a->dresidual, (size_t)B * T * C * sizeof(floatX));
-    layernorm_backward(a->dresidual, g.lnfw, g.lnfb, a->dbuf, layer_acts(a, d, B, T, L - 1).residual3,
+    layernorm_backward(a->dresidual, dlnfw, dlnfb, a->dbuf, layer_acts(a, d, B, T, L - 1).residual3,
                        p.lnfw, a->lnf_mean, a->lnf_rstd, B * T, C);
+    bucket_grad_done(z, model, L + 1);
     for (int l = L - 1; l >= 0; l--) {
-        LayerWeights w = layer_weights(p, d, l), gw = layer_weights(g, d, l);
+        LayerWeights w = gpt2_layer_params(model, l), gw = layer_weights_in_bucket(lay, bucket_grad(z, model, 1 + l));
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
         // a residual add passes dresidual to both of its inputs unchanged: to the MLP half's
@@ -97,8 +215,10 @@ static void gpt2_backward(GPT2* model, int B, int T) {
         attention_half_backward(a->dbuf, a->dbuf, a->dqkv, a->dresidual, x, w, gw, B, T, d);
         layernorm_backward(a->dresidual, gw.ln1w, gw.ln1b, a->dbuf, residual, w.ln1w, x.ln1_mean,
                            x.ln1_rstd, B * T, C);
+        bucket_grad_done(z, model, 1 + l);  // layer l's gradient is complete
     }
-    encoder_backward(g.wte, g.wpe, a->dresidual, model->inputs, B, T, C);
+    encoder_backward(dwte, dwpe, a->dresidual, model->inputs, B, T, C);
+    bucket_grad_done(z, model, 0);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -139,15 +259,73 @@ static void sample(GPT2* model, const Tokenizer* tok, Rng* rng, int gen_tokens, 
     free(logits);
 }
 
+// What rank 0 prints at the start: the run, the buckets, and the memory of one rank beside the
+// ZeRO paper's formulas. Model states take 16 bytes per parameter either way: fp32 parameters 4
+// + gradients 4 + AdamW m 4 + v 4, or bf16 parameters 2 + gradients 2 + fp32 master weights 4 +
+// m 4 + v 4. DDP keeps all 16 on every rank; each ZeRO stage divides more of them by N.
+static void print_layout(const GPT2* model, const TrainArgs* args, int N, int zero, int accum, int max_steps,
+                         size_t train_tokens, size_t val_tokens, size_t host_bytes, int ranks_sharing_memory) {
+    GPT2Config c = model->config;
+    const ParameterLayout* p = &model->layout;
+    BannerRow rows[16];
+    const char* title[3] = {"train_gpt2_dp (DDP)", "train_gpt2_dp (ZeRO-1)", "train_gpt2_dp (ZeRO-2)"};
+    int n = train_banner_model(rows, title[zero], args->model, c);
+    banner_row(&rows[n++], "ranks (data parallel)", "%d", N);
+    banner_row(&rows[n++], "micro-batch B x T", "%d x %d", args->B, args->T);
+    banner_row(&rows[n++], "accumulation steps", "%d", accum);
+    banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
+    banner_row(&rows[n++], "steps", "%d", max_steps);
+    banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
+    train_print_banner(rows, n);
+    size_t sizes[NUM_PARAMETER_TENSORS], P = gpt2_num_parameters(c);
+    gpt2_parameter_sizes(sizes, c);
+    printf("buckets (one collective each; padded to %s):\n",
+           zero > 0 ? "a multiple of N x 128 elements, one equal shard per rank" : "nothing: DDP reduces them whole");
+    printf("  embeddings (wte, wpe)  %12zu  padded %12zu\n", sizes[0] + sizes[1], p->bucket_sizes[0]);
+    printf("  each of %d layers      %12zu  padded %12zu\n", c.num_layers, (P - sizes[0] - sizes[1] - sizes[14] - sizes[15]) / c.num_layers,
+           p->bucket_sizes[1]);
+    printf("  final LayerNorm        %12zu  padded %12zu\n", sizes[14] + sizes[15], p->bucket_sizes[2]);
+    printf("  all                    %12zu  padded %12zu = Psi\n", P, p->count);
+    double X = sizeof(floatX), Psi = (double)p->count, S = (double)layout_state_held(p);
+    int mixed = model->master_memory != NULL;
+    printf("memory per rank, Psi = %.0f parameters (padded), N = %d ranks, bytes per parameter %s:\n", Psi, N,
+           mixed ? "2 + 2 + 12 (bf16 parameters and gradients; fp32 master, m, v)" : "4 + 4 + 8 (fp32 parameters and gradients; m, v)");
+    char note[200];
+    train_print_memory_row("parameters", layout_params_held(p) * X, zero >= 3 ? "X Psi / N" : "X Psi: whole");
+    train_print_memory_row("gradients", layout_grads_held(p) * X, zero >= 2 ? "X Psi / N: this rank's shards" : "X Psi: whole");
+    train_print_memory_row("master weights", mixed ? S * 4 : 0, mixed ? (zero >= 1 ? "4 Psi / N" : "4 Psi") : "none in fp32");
+    train_print_memory_row("AdamW m, v", S * 8, zero >= 1 ? "8 Psi / N: this rank's shards" : "8 Psi");
+    double states = (layout_params_held(p) + layout_grads_held(p)) * X + S * (mixed ? 12 : 8);
+    const char* formula[3] = {"16 Psi (ZeRO paper: DDP)", mixed ? "(2 + 2) Psi + 12 Psi / N (ZeRO paper: P_os)" : "(4 + 4) Psi + 8 Psi / N",
+                              mixed ? "2 Psi + 14 Psi / N (ZeRO paper: P_os+g)" : "4 Psi + 12 Psi / N"};
+    snprintf(note, sizeof(note), "= %s", formula[zero]);
+    train_print_memory_row("model states", states, note);
+    size_t BT = (size_t)args->B * args->T, L = c.num_layers;
+    snprintf(note, sizeof(note), "of which logits %.1f MB (B T Vp), MLP %.1f MB (2 L B T 4C), attention state %.1f MB",
+             BT * c.padded_vocab_size * X / 1e6, 2 * L * BT * 4 * c.channels * X / 1e6,
+             L * attention_state_bytes(args->B, args->T, c.channels, c.num_heads) / 1e6);
+    train_print_memory_row("activations", (double)model->acts.arena_bytes, note);
+    const char* buffers[3] = {"the all-reduce works in place",
+                              "the reduce-scatter's output: X Psi / N (the all-gather works in place)",
+                              "a gradient buffer per kind of bucket (embeddings, layer, final LayerNorm), and with accumulation a shard to add"};
+    train_print_memory_row("comm buffers", (double)zero_buffer_bytes(p, accum), buffers[zero]);
+    snprintf(note, sizeof(note), "x %d ranks sharing this memory", ranks_sharing_memory);
+    train_print_memory_row("total", (double)(gpt2_memory_bytes(model->dims, p, ACTS_ALL, args->B, args->T) +
+                                             zero_buffer_bytes(p, accum)), note);
+    train_print_memory_row("host buffers", (double)host_bytes, "at most (weights; on resume also the AdamW moments)");
+}
+
 int main(int argc, char** argv) {
     // the common flags (llmc/train.h) and this trainer's own
     TrainArgs args;
     const char* dump_grads = NULL;
     ArgSpec specs[TRAIN_MAX_SPECS];
     int num_specs = train_args_common(&args, specs);
-    int check_replicas = 0;
+    int check_replicas = 0, zero = 0;
+    ArgSpec zero_spec = {"-z", ARG_INT, &zero, 0, 2, "ZeRO stage: 0 DDP (everything replicated), 1 the optimizer state sharded over the ranks, 2 the gradients too"};
     ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"};
     ArgSpec check = {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all replicas hold the same parameters (their stored bits; not the master weights or moments) (0: never)"};
+    specs[num_specs++] = zero_spec;
     specs[num_specs++] = dump;
     specs[num_specs++] = check;
     if (!args_parse(argc, argv, specs, num_specs)) return 0;
@@ -172,15 +350,21 @@ int main(int argc, char** argv) {
     // message rather than a kill by the out-of-memory killer mid-run (llmc/memory.h). Host
     // buffers at their largest: the fp32 weights while building, and on resume the weights plus
     // the AdamW moments (and the bf16 parameter bits) read from the checkpoint.
+    // the fp32 weights in the file's order and in buckets while building (3 P at most), and on
+    // resume the AdamW moments (and the bf16 parameter bits) as well.
     size_t P = gpt2_num_parameters(config);
     size_t state_extra = FLOATX_IS_FLOAT ? 0 : P * sizeof(floatX);
-    size_t host_bytes = P * sizeof(float) * (args.resume ? 3 : args.checkpoint_every > 0 ? 2 : 1) +
+    size_t host_bytes = P * sizeof(float) * (args.resume ? 5 : 3) +
                         (args.resume || args.checkpoint_every > 0 ? state_extra : 0);
-    char layout[128];
-    snprintf(layout, sizeof(layout), "%zu parameters, -b %d -t %d", P, args.B, args.T);
+    char layout_note[128];
+    snprintf(layout_note, sizeof(layout_note), "%zu parameters, -z %d over %d ranks, -b %d -t %d", P, zero, world.size,
+             args.B, args.T);
     LayerDims dims = layer_dims(config, 1, 0);  // every rank holds whole layers
-    ParameterLayout whole = parameter_layout(config, 1, 0);  // ... and the whole model
-    memory_check_fits(gpt2_memory_bytes(dims, &whole, ACTS_ALL, args.B, args.T), host_bytes, world.ranks_sharing_memory, layout);
+    // the whole model in buckets, padded for ZeRO into one equal shard per rank (model.h)
+    ParameterLayout layout = parameter_layout_buckets(config, zero, world.size, rank);
+    size_t zero_bytes = zero_buffer_bytes(&layout, accum);
+    memory_check_fits(gpt2_memory_bytes(dims, &layout, ACTS_ALL, args.B, args.T) + zero_bytes, host_bytes,
+                      world.ranks_sharing_memory, layout_note);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
     // the weights: read (checksum verified, non-finite values refused) or drawn from the seed
@@ -205,7 +389,8 @@ int main(int argc, char** argv) {
     // every rank a data-parallel replica, accum micro-batches of B x T each
     RunIdentity identity;
     char dp_layout[96];
-    snprintf(dp_layout, sizeof(dp_layout), "dp=%d tp=1 pp=1, %d micro-batches of %d x %d", world.size, accum, args.B, args.T);
+    snprintf(dp_layout, sizeof(dp_layout), "dp=%d zero=%d tp=1 pp=1, %d micro-batches of %d x %d", world.size, zero, accum,
+             args.B, args.T);
     train_run_identity(&identity, &args, config, params_host, &train, max_steps, dp_layout, &world);
 
     // ---- the output dir: rank 0 holds its lock for the whole run; a fresh run refuses a dir
@@ -216,41 +401,12 @@ int main(int argc, char** argv) {
     }
 
     GPT2 model;
-    gpt2_build(&model, config, dims, whole, params_host, args.B, args.T, ACTS_ALL);
+    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_ALL);
     free(params_host);
+    Zero z = zero_alloc(&model, &world, accum);
 
-    if (rank == 0) {
-        BannerRow rows[16];
-        int n = train_banner_model(rows, "train_gpt2_dp (DDP)", args.model, config);
-        banner_row(&rows[n++], "ranks (data parallel)", "%d", world.size);
-        banner_row(&rows[n++], "micro-batch B x T", "%d x %d", args.B, args.T);
-        banner_row(&rows[n++], "accumulation steps", "%d", accum);
-        banner_row(&rows[n++], "total batch (tokens)", "%d", args.total_batch);
-        banner_row(&rows[n++], "steps", "%d", max_steps);
-        banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train.num_tokens, args.val_every > 0 ? val.num_tokens : (size_t)0);
-        train_print_banner(rows, n);
-        train_print_parameter_layout(config, &model.layout);
-        size_t master = model.master_memory ? P * sizeof(float) : 0;
-        // 16 bytes per parameter either way: fp32 params 4 + grads 4 + m 4 + v 4, or bf16
-        // params 2 + grads 2 + fp32 master 4 + m 4 + v 4. DDP keeps all 16 on every rank; ZeRO
-        // divides them by the rank count, stage by stage.
-        size_t X = sizeof(floatX), BT = (size_t)args.B * args.T, L = config.num_layers;
-        printf("memory per rank (every rank holds a full replica; %zu + %zu + %zu + 4 + 4 = 16 bytes per parameter):\n",
-               X, X, master ? sizeof(float) : (size_t)0);
-        char note[160];
-        train_print_memory_row("parameters", (double)P * X, PRECISION_NAME);
-        train_print_memory_row("master weights", (double)master, "");
-        train_print_memory_row("gradients", (double)P * X, "");
-        train_print_memory_row("AdamW m, v", (double)P * 2 * sizeof(float), "");
-        snprintf(note, sizeof(note), "of which logits %.1f MB (B T Vp), MLP %.1f MB (2 L B T 4C), attention state %.1f MB",
-                 BT * config.padded_vocab_size * X / 1e6, 2 * L * BT * 4 * config.channels * X / 1e6,
-                 L * attention_state_bytes(args.B, args.T, config.channels, config.num_heads) / 1e6);
-        train_print_memory_row("activations", (double)model.acts.arena_bytes, note);
-        train_print_memory_row("comm buffers", 0, "the all-reduce works in place; ranks sharing a GPU stage it through host memory");
-        snprintf(note, sizeof(note), "x %d ranks sharing this memory", world.ranks_sharing_memory);
-        train_print_memory_row("total", (double)gpt2_memory_bytes(dims, &whole, ACTS_ALL, args.B, args.T), note);
-        train_print_memory_row("host buffers", (double)host_bytes, "at most (weights; on resume also the AdamW moments)");
-    }
+    if (rank == 0) print_layout(&model, &args, world.size, zero, accum, max_steps, train.num_tokens,
+                                args.val_every > 0 ? val.num_tokens : 0, host_bytes, world.ranks_sharing_memory);
 
     // ---- with -y 1, resume from the newest complete checkpoint: rank 0 picks the step, every
     // rank checks that its files are of that step, of its rank, of this layout and of this run
@@ -279,18 +435,19 @@ int main(int argc, char** argv) {
         }
         if (train_checkpoint_due(&args, step, start_step, last)) {
             watchdog_phase("checkpoint write", step);
-            write_checkpoint(&model, args.out_dir, &world, NULL, step, &identity, rng_before_sample);
+            write_checkpoint(&model, args.out_dir, &world, &world, step, &identity, rng_before_sample);
         }
         if (last) break;
 
         double t0 = wall_time_s();
         comm_reset_counters(&world);
-        // 1. forward + backward over this rank's micro-batches; gradients accumulate
+        // 1. forward + backward over this rank's micro-batches; gradients accumulate (-z 2: in
+        // this rank's shards, a bucket reduce-scattered as soon as it is complete)
         watchdog_phase("forward and backward", step);
-        device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
+        device_memset_zero(model.grads_memory, layout_grads_held(&layout) * sizeof(floatX));
         float loss = 0.0f;
         // Loss scaling, in two halves: each token's gradient is weighted 1/(B*T*accum) here (the
-        // mean over this rank's tokens), and the all-reduce below divides by the rank count
+        // mean over this rank's tokens), and the reduction below averages over the ranks
         // (COMM_AVG). Together: 1/total_batch, the gradient of the mean loss over the global batch,
         // whatever the layout. A plain sum over ranks would multiply the gradient, and with it
         // the effective learning rate, by the number of ranks.
@@ -302,51 +459,92 @@ int main(int argc, char** argv) {
             dataloader_load_chunk(&train, micro * world.size + rank, config.vocab_size);
             gpt2_forward(&model, train.inputs, args.B, args.T);
             loss += gpt2_loss(&model, train.targets, args.B, args.T, dloss) / (float)accum;
-            gpt2_backward(&model, args.B, args.T);
+            z.micro = micro;
+            gpt2_backward(&model, &z, args.B, args.T);
         }
         dataloader_advance(&train);
-        // 2. DDP: average the gradients (all P values, one flat buffer: (P) floatX, all-reduce
-        // with AVG) and the loss (one float) over the ranks. After it every rank holds the same
-        // gradient; the replicas stay identical because they also started identical (the same
-        // seed or model file on every rank, where PyTorch's DDP broadcasts rank 0's weights) and
-        // round alike (the same stochastic-rounding seed in AdamW below).
-        watchdog_phase("gradient all-reduce", step);
-        comm_all_reduce(&world, model.grads_memory, model.num_parameters, COMM_FLOATX, COMM_AVG);
+        // 2. the gradient reduction, and the loss (one float) averaged over the ranks.
+        watchdog_phase("gradient reduction", step);
+        if (zero == 0) {
+            // DDP: all-reduce every gradient, (Psi) floatX in one flat buffer, with AVG. After it
+            // every rank holds the same gradient; the replicas stay identical because they also
+            // started identical (the same seed or model file on every rank, where PyTorch's DDP
+            // broadcasts rank 0's weights) and round alike (the same stochastic-rounding seed).
+            comm_all_reduce(&world, model.grads_memory, model.num_parameters, COMM_FLOATX, COMM_AVG);
+        } else if (zero == 1) {
+            // ZeRO-1: reduce-scatter each bucket, (bucket) floatX in, its 1/N shard out, averaged:
+            // each rank gets the sum only of what it updates
+            for (int k = 0; k < parameter_num_buckets(&layout); k++) {
+                size_t global, local, n;
+                layout_bucket_shard(&layout, k, &global, &local, &n);
+                comm_reduce_scatter(&world, model.grads_memory + parameter_bucket_offset(&layout, k), z.grad_shards + local,
+                                    n, COMM_FLOATX, COMM_AVG);
+            }
+        }  // (ZeRO-2 reduce-scattered every bucket during the backward pass)
         comm_all_reduce_scalar(&world, &loss, COMM_AVG);
-        if (dump_grads != NULL && step == 0 && rank == 0) {
-            float* g = (float*)malloc_check(model.num_parameters * sizeof(float));
-            copy_device_to_floats(g, model.grads_memory, model.num_parameters);
-            gpt2_write_model_file(dump_grads, config, g);
-            free(g);
-        }
-        // 3. the same clipped AdamW step on every rank (clip as torch.nn.utils.clip_grad_norm_)
+        // 3. the global gradient norm, for clipping (as torch.nn.utils.clip_grad_norm_): DDP has
+        // every gradient on every rank; a ZeRO rank has its shards, so the ranks' sums of squares
+        // are summed (all-reduce of one float) before the square root: the norm of the whole
+        // gradient, not of one shard
         watchdog_phase("AdamW update", step);
-        float grad_norm = sqrtf(global_norm_squared(model.grads_memory, model.num_parameters));
+        float grad_norm;
+        if (zero == 0) {
+            grad_norm = sqrtf(global_norm_squared(model.grads_memory, model.num_parameters));
+        } else {
+            float squares = global_norm_squared(z.grad_shards, layout_state_held(&layout));
+            comm_all_reduce_scalar(&world, &squares, COMM_SUM);
+            grad_norm = sqrtf(squares);
+        }
         // A nan or inf anywhere on any rank reaches every rank through the all-reduced sums, so
         // all ranks stop here together, before this step updates, logs or checkpoints anything
         train_stop_if_not_finite(step, loss, grad_norm);
-        // AdamW (llmc/train.h), with the same rounding seed on every rank: stochastic rounding
-        // must round the replicas alike
-        float clip_scale, lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
+        // 4. AdamW (llmc/train.h), with the same rounding seed on every rank: stochastic rounding
+        // must round the replicas alike (its index is each element's place in the model file, so
+        // a shard rounds as the whole replica would)
+        float clip_scale, lr;
+        if (zero == 0) {
+            lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
+        } else {
+            AdamWConfig opt = train_adamw_config(&args, step, max_steps, grad_norm, &clip_scale);
+            lr = opt.lr;
+            for (int k = 0; k < parameter_num_buckets(&layout); k++) {
+                // this rank's shard of bucket k: n elements from `global` in the parameters, at
+                // `local` in its shards of master weights, moments and gradients
+                size_t global, local, n;
+                layout_bucket_shard(&layout, k, &global, &local, &n);
+                optimizer_adamw_step(model.params_memory + global, model.master_memory ? model.master_memory + local : NULL,
+                                     z.grad_shards + local, model.m_memory + local, model.v_memory + local, global,
+                                     global + n, &layout, opt, clip_scale, step + 1);
+                // then the updated parameters to every rank: all-gather bucket k in place, each
+                // rank's shard (n floatX) already at its place in the whole (N n)
+                comm_all_gather_in_place(&world, model.params_memory + parameter_bucket_offset(&layout, k), n, COMM_FLOATX);
+            }
+        }
         device_synchronize();
         double dt = wall_time_s() - t0;
         step_stats_add(&stats, step == start_step, dt, &world);
         double tokens_per_s = args.total_batch / dt;
         if (rank == 0) {
-            char line[256], comm[160];
-            // the communication of the step: the bytes are payload, what this rank handed to the
-            // all-reduce; a ring all-reduce puts 2(p-1)/p of it on each rank's link
-            double comm_s = world.seconds[COMM_ALL_REDUCE];
-            double grad_bytes = (double)model.num_parameters * sizeof(floatX);
+            char line[256], comm[256];
+            // the communication of the step: payload, what this rank handed to the collectives,
+            // and what it sends if each is a ring (comm.h): DDP's all-reduce 2 (N-1)/N Psi X, as
+            // much as ZeRO-1's and ZeRO-2's reduce-scatter plus all-gather
+            double comm_s = comm_seconds(&world);
             if (world.size == 1) snprintf(comm, sizeof(comm), "no communication (1 rank)");
-            else if (comm_s <= 0) snprintf(comm, sizeof(comm), "all-reduce %.2f MB grads + 4 B loss (NCCL, asynchronous: not timed)", grad_bytes / 1e6);
-            else snprintf(comm, sizeof(comm), "all-reduce %.2f MB grads + 4 B loss in %.1f ms (%.2f GB/s payload)",
-                          grad_bytes / 1e6, comm_s * 1e3, (grad_bytes + 4) / comm_s / 1e9);
+            else {
+                int n = snprintf(comm, sizeof(comm), "all-reduce %lld B, reduce-scatter %lld B, all-gather %lld B; ring %.0f B",
+                                 world.bytes[COMM_ALL_REDUCE], world.bytes[COMM_REDUCE_SCATTER],
+                                 world.bytes[COMM_ALL_GATHER], comm_ring_bytes(&world));
+                if (comm_s > 0) snprintf(comm + n, sizeof(comm) - n, " in %.1f ms", comm_s * 1e3);
+                else snprintf(comm + n, sizeof(comm) - n, " (NCCL: not timed)");
+            }
             double mfu = train_mfu(flops_per_token, tokens_per_s, world.size, peak);
             train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, tokens_per_s, mfu);
             printf("%s | %s\n", line, comm);
         }
         logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));
+        // after the step's count; AdamW left the gradients as they were
+        if (dump_grads != NULL && step == 0) write_gradients(&model, &z, &world, dump_grads);
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
             train_check_replicas(&model, &world, step + 1, NULL, "replicas");
         }
@@ -358,6 +556,7 @@ int main(int argc, char** argv) {
     if (can_sample) tokenizer_free(&tok);
     dataloader_free(&train);
     if (args.val_every > 0) dataloader_free(&val);
+    zero_free(&z);
     gpt2_free(&model);
     comm_finalize();
     return 0;

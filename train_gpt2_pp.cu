@@ -117,11 +117,11 @@ static float chunk_forward(GPT2* model, Stage* st, Activations* a, int chunk, co
         encoder_forward(a->encoded, model->inputs, p.wte, p.wpe, B, T, C);
     }
     LayerActs first = layer_acts(a, d, B, T, 0);
-    LayerWeights w0 = layer_weights(p, d, chunk * Lc);
+    LayerWeights w0 = gpt2_layer_params(model, chunk * Lc);
     // the chunk's first LayerNorm on its own: the residual add before it ran on another stage
     layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, w0.ln1w, w0.ln1b, BT, C);
     for (int k = 0; k < Lc; k++) {
-        LayerWeights w = layer_weights(p, d, chunk * Lc + k);  // the rank's local layer
+        LayerWeights w = gpt2_layer_params(model, chunk * Lc + k);  // the rank's local layer
         LayerActs x = layer_acts(a, d, B, T, k);               // the slot's layer
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
         attention_half_forward(x, w, B, T, d);
@@ -129,7 +129,7 @@ static float chunk_forward(GPT2* model, Stage* st, Activations* a, int chunk, co
                                          w.ln2w, w.ln2b, BT, C);
         mlp_half_forward(x, w, B, T, d);
         if (k + 1 < Lc) {  // the next layer's LayerNorm fused with this residual add
-            LayerWeights wn = layer_weights(p, d, chunk * Lc + k + 1);
+            LayerWeights wn = gpt2_layer_params(model, chunk * Lc + k + 1);
             LayerActs xn = layer_acts(a, d, B, T, k + 1);
             fused_residual_layernorm_forward(x.residual3, xn.ln1, xn.ln1_mean, xn.ln1_rstd, x.residual2,
                                              x.fcproj, wn.ln1w, wn.ln1b, BT, C);
@@ -180,7 +180,7 @@ static void chunk_backward(GPT2* model, Stage* st, Activations* a, floatX* dresi
                            p.lnfw, a->lnf_mean, a->lnf_rstd, BT, C);
     }
     for (int k = Lc - 1; k >= 0; k--) {
-        LayerWeights w = layer_weights(p, d, chunk * Lc + k), gw = layer_weights(g, d, chunk * Lc + k);
+        LayerWeights w = gpt2_layer_params(model, chunk * Lc + k), gw = gpt2_layer_grads(model, chunk * Lc + k);
         LayerActs x = layer_acts(a, d, B, T, k);
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
         mlp_half_backward_input(scratch->dbuf, scratch->dfch, dresidual, x, w, B, T, d);
@@ -215,7 +215,7 @@ static void chunk_backward_weights(GPT2* model, Stage* st, Activations* a, int c
     LayerDims d = model->dims;
     int Lc = st->chunk_layers;
     for (int k = Lc - 1; k >= 0; k--) {
-        LayerWeights gw = layer_weights(model->grads, d, chunk * Lc + k);
+        LayerWeights gw = gpt2_layer_grads(model, chunk * Lc + k);
         LayerActs x = layer_acts(a, d, B, T, k);
         mlp_half_backward_weight(gw, x.fch, x.fcproj, x, B, T, d);
         attention_half_backward_weight(gw, x.qkv, x.attproj, x, B, T, d);

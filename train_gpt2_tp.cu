@@ -116,7 +116,7 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
     layernorm_forward(sp ? a->ln_shard : first.ln1, first.ln1_mean, first.ln1_rstd, encoded, p.ln1w,
                       p.ln1b, BTs, C);
     for (int l = 0; l < L; l++) {
-        LayerWeights w = layer_weights(p, d, l);
+        LayerWeights w = gpt2_layer_params(model, l);
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? encoded : layer_acts(a, d, B, T, l - 1).residual3;
         // f before the column-parallel qkv: the identity (the LayerNorm wrote all of x.ln1), or
@@ -145,7 +145,7 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
         bias_add(fcproj, w.fcprojb, BTs, C);
         // residual3 = residual2 + fcproj, fused with the next LayerNorm (ln1 of l+1, or lnf)
         if (l + 1 < L) {
-            LayerWeights wn = layer_weights(p, d, l + 1);
+            LayerWeights wn = gpt2_layer_params(model, l + 1);
             LayerActs xn = layer_acts(a, d, B, T, l + 1);
             fused_residual_layernorm_forward(x.residual3, sp ? a->ln_shard : xn.ln1, xn.ln1_mean, xn.ln1_rstd,
                                              x.residual2, fcproj, wn.ln1w, wn.ln1b, BTs, C);
@@ -203,7 +203,7 @@ static void gpt2_backward(GPT2* model, CommGroup* tp, int B, int T) {
     layernorm_backward(a->dresidual, g.lnfw, g.lnfb, dlnf, layer_acts(a, d, B, T, L - 1).residual3,
                        p.lnfw, a->lnf_mean, a->lnf_rstd, BTs, C);
     for (int l = L - 1; l >= 0; l--) {
-        LayerWeights w = layer_weights(p, d, l), gw = layer_weights(g, d, l);
+        LayerWeights w = gpt2_layer_params(model, l), gw = gpt2_layer_grads(model, l);
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
         // g's backward at fcproj: the identity (dresidual is whole on every rank), or with -sp

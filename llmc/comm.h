@@ -145,6 +145,14 @@ static inline long long comm_total_bytes(const CommGroup* g) {
     return total;
 }
 
+// What this rank sends over the wire for the counted calls if every collective is a ring (as
+// NCCL's are on one node): an all-reduce of S bytes is a reduce-scatter then an all-gather, and
+// each of those passes (N-1)/N of S through every rank's link. (Broadcasts and sends are not counted.)
+static inline double comm_ring_bytes(const CommGroup* g) {
+    double share = g->size > 1 ? (double)(g->size - 1) / g->size : 0.0;
+    return share * (2.0 * g->bytes[COMM_ALL_REDUCE] + g->bytes[COMM_REDUCE_SCATTER] + g->bytes[COMM_ALL_GATHER]);
+}
+
 static inline void comm_reset_counters(CommGroup* g) {
     memset(g->calls, 0, sizeof(g->calls));
     memset(g->bytes, 0, sizeof(g->bytes));

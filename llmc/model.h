@@ -105,7 +105,12 @@ typedef struct {
     size_t file_offsets[NUM_PARAMETER_TENSORS];  // where the whole tensor starts in the file
     size_t rounding[NUM_PARAMETER_TENSORS];  // stochastic rounding index of its first element
     int sharded[NUM_PARAMETER_TENSORS];      // 1: sliced over the tp ranks; 0: replicated
-    size_t count;                            // elements on this rank
+    size_t layer_stride[NUM_PARAMETER_TENSORS];  // from one layer's slice of a tensor to the next's
+    size_t count;                            // elements on this rank (with buckets, padding included)
+    // In buckets (parameter_layout_buckets) instead of the file's order; else all 0
+    int shards;                  // each bucket splits into this many equal shards (ZeRO's ranks)
+    size_t bucket_sizes[3];      // padded: the embeddings' bucket, one layer's, the final LayerNorm's
+    int zero, shard_rank;        // ZeRO's stage (0: nothing sharded) and this rank's shard
 } ParameterLayout;
 
 // the model's layer that is local layer j of this rank (layers are stored chunk after chunk)
@@ -134,6 +139,9 @@ static inline ParameterLayout parameter_layout_grid(GPT2Config c, int tp, int tp
     held[1] = p.embedding;
     held[14] = held[15] = p.head;
     size_t file = 0, local = 0;
+    p.shards = 0;
+    p.zero = p.shard_rank = 0;
+    for (int k = 0; k < 3; k++) p.bucket_sizes[k] = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         TensorShape s = tensor_shape(c, i);
         size_t whole = s.layers * s.groups * s.rows * s.cols;
@@ -141,6 +149,7 @@ static inline ParameterLayout parameter_layout_grid(GPT2Config c, int tp, int tp
         p.sharded[i] = s.split != SPLIT_NONE && tp > 1;
         p.sizes[i] = held[i] ? (p.sharded[i] ? mine / tp : mine) : 0;
         p.offsets[i] = local;
+        p.layer_stride[i] = tensor_is_per_layer(i) ? p.sizes[i] / p.layers : 0;  // the layers stacked
         p.file_offsets[i] = file;
         size_t piece = (size_t)(tensor_is_per_layer(i) ? stage : 0) * (p.sharded[i] ? tp : 1) + (p.sharded[i] ? tp_rank : 0);
         p.rounding[i] = file + piece * p.sizes[i];
@@ -149,6 +158,82 @@ static inline ParameterLayout parameter_layout_grid(GPT2Config c, int tp, int tp
     }
     p.count = local;
     return p;
+}
+
+// Data parallelism with ZeRO (train_gpt2_dp.cu) shards by buckets, the units in which gradients
+// are reduced and parameters gathered: bucket 0 is the embeddings (wte, wpe), bucket 1 + l layer
+// l's twelve tensors, bucket L + 1 the final LayerNorm. So that a bucket is one contiguous range
+// (one collective each, no copies), the buffer holds the model bucket after bucket, each layer's
+// slices of the twelve tensors together, instead of the file's order (every layer's qkvw
+// together); files are converted on reading and writing (parameter_shard_copy). Each bucket is
+// padded to a multiple of `shards` x ZERO_ALIGN elements (zeros that no tensor covers), so it
+// splits into `shards` equal shards, each a whole number of 16-byte packs and 256-byte aligned
+// for the GPU's loads. shards = 1: no padding at all (DDP).
+#define ZERO_ALIGN 128
+
+static inline size_t round_up(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// ZeRO stage `zero` on rank `rank` of `ranks`: stage 0 (DDP) keeps whole unpadded buckets
+static inline ParameterLayout parameter_layout_buckets(GPT2Config c, int zero, int ranks, int rank) {
+    ParameterLayout p = parameter_layout_grid(c, 1, 0, 1, 0, 1);
+    int shards = zero > 0 ? ranks : 1;
+    size_t pad = zero > 0 ? (size_t)shards * ZERO_ALIGN : 1;
+    p.shards = shards;
+    p.zero = zero;
+    p.shard_rank = zero > 0 ? rank : 0;
+    size_t embedding = round_up(p.sizes[0] + p.sizes[1], pad), layer = 0;
+    p.offsets[0] = 0;
+    p.offsets[1] = p.sizes[0];
+    for (int i = 2; i <= 13; i++) {  // where each tensor's slice sits in a layer's bucket
+        p.offsets[i] = embedding + layer;
+        layer += p.sizes[i] / p.layers;
+    }
+    layer = round_up(layer, pad);
+    for (int i = 2; i <= 13; i++) p.layer_stride[i] = layer;
+    p.offsets[14] = embedding + (size_t)p.layers * layer;
+    p.offsets[15] = p.offsets[14] + p.sizes[14];
+    p.bucket_sizes[0] = embedding;
+    p.bucket_sizes[1] = layer;
+    p.bucket_sizes[2] = round_up(p.sizes[14] + p.sizes[15], pad);
+    p.count = embedding + (size_t)p.layers * layer + p.bucket_sizes[2];
+    return p;
+}
+
+static inline int parameter_num_buckets(const ParameterLayout* p) { return p->layers + 2; }
+
+// bucket k's range in a layout in buckets: its first element and its (padded) size
+static inline size_t parameter_bucket_size(const ParameterLayout* p, int k) {
+    return p->bucket_sizes[k == 0 ? 0 : k <= p->layers ? 1 : 2];
+}
+static inline size_t parameter_bucket_offset(const ParameterLayout* p, int k) {
+    return k == 0 ? 0 : p->bucket_sizes[0] + (size_t)(k - 1) * p->bucket_sizes[1];
+}
+
+// What a rank holds of each per-parameter buffer: everything, or from a ZeRO stage on (the
+// optimizer state from 1, the gradients from 2, the parameters from 3) its shard of every bucket,
+// the shards one after another (bucket k's at parameter_bucket_offset / shards)
+static inline size_t layout_held(const ParameterLayout* p, int sharded_from_stage) {
+    return p->zero >= sharded_from_stage && p->zero > 0 ? p->count / p->shards : p->count;
+}
+static inline size_t layout_state_held(const ParameterLayout* p) { return layout_held(p, 1); }
+static inline size_t layout_grads_held(const ParameterLayout* p) { return layout_held(p, 2); }
+static inline size_t layout_params_held(const ParameterLayout* p) { return layout_held(p, 3); }
+
+// this rank's shard of bucket k: n elements from `global` in the whole buffer, at `local` in a
+// buffer of shards
+static inline void layout_bucket_shard(const ParameterLayout* p, int k, size_t* global, size_t* local, size_t* n) {
+    *n = parameter_bucket_size(p, k) / p->shards;
+    *global = parameter_bucket_offset(p, k) + (size_t)p->shard_rank * *n;
+    *local = parameter_bucket_offset(p, k) / p->shards;
+}
+
+// the rank's shards of a whole buffer (host, fp32), into `shards`
+static inline void layout_take_shards(const ParameterLayout* p, const float* whole, float* shards) {
+    for (int k = 0; k < parameter_num_buckets(p); k++) {
+        size_t global, local, n;
+        layout_bucket_shard(p, k, &global, &local, &n);
+        memcpy(shards + local, whole + global, n * sizeof(float));
+    }
 }
 
 // a rank of tensor parallelism alone (one pipeline stage)
@@ -176,11 +261,12 @@ static inline void parameter_shard_copy(float* full, float* shard, const Paramet
         size_t col0 = split == SPLIT_COLS ? (size_t)p->tp_rank * cols : 0;
         size_t layers = tensor_is_per_layer(i) ? (size_t)p->layers : 1;
         for (size_t lg = 0; lg < layers * s.groups; lg++) {  // each layer's (each q/k/v's) block
-            size_t layer = tensor_is_per_layer(i) ? (size_t)layout_layer(p, (int)(lg / s.groups)) : 0;
-            size_t block = layer * s.groups + lg % s.groups;  // ... where it sits in the file
+            size_t local = lg / s.groups, group = lg % s.groups;
+            size_t layer = tensor_is_per_layer(i) ? (size_t)layout_layer(p, (int)local) : 0;
+            size_t block = layer * s.groups + group;  // ... where it sits in the file
             for (size_t j = 0; j < rows; j++) {
                 float* f = full + p->file_offsets[i] + (block * s.rows + row0 + j) * s.cols + col0;
-                float* h = shard + p->offsets[i] + (lg * rows + j) * cols;
+                float* h = shard + p->offsets[i] + local * p->layer_stride[i] + (group * rows + j) * cols;
                 memcpy(to_shard ? h : f, to_shard ? f : h, cols * sizeof(float));
             }
         }
@@ -251,7 +337,8 @@ enum { ACTS_LAYERS = 1, ACTS_HEAD = 2, ACTS_SCRATCH = 4, ACTS_ALL = 7 };
 typedef struct {
     GPT2Config config;
     ParameterLayout layout;  // this rank's tensors (the whole model without tensor parallelism)
-    size_t num_parameters;   // on this rank: layout.count
+    size_t num_parameters;   // on this rank: layout.count (padding included); what it holds of each
+                             // buffer: layout_held
     ParameterTensors params;
     ParameterTensors grads;
     floatX* params_memory;  // one buffer each, in the layout's order
@@ -312,29 +399,36 @@ static inline void activations_alloc(Activations* a, LayerDims d, int layers, in
 static inline void activations_free(Activations* a) { device_free(a->arena); }
 
 // what gpt2_build allocates on one rank: parameters and gradients (floatX), fp32 master weights
-// (bf16 only), AdamW m and v (fp32), the activation parts `parts` for the layout's layers and the
+// (bf16 only), AdamW m and v (fp32), each whole or its shards (layout_held), the activation parts `parts` for the layout's layers and the
 // token buffers
 static inline size_t gpt2_memory_bytes(LayerDims d, const ParameterLayout* layout, int parts, int B, int T) {
     Activations unused;
-    size_t P = layout->count, master = FLOATX_IS_FLOAT ? 0 : P * sizeof(float);
-    return P * 2 * sizeof(floatX) + master + P * 2 * sizeof(float) +
+    size_t S = layout_state_held(layout), master = FLOATX_IS_FLOAT ? 0 : S * sizeof(float);
+    return (layout_params_held(layout) + layout_grads_held(layout)) * sizeof(floatX) + master + S * 2 * sizeof(float) +
            gpt2_lay_out_activations(&unused, d, layout->layers, parts, B, T, NULL) + (size_t)B * T * 2 * sizeof(int);
 }
 
 // this rank's slices of the whole model `full` (fp32, host, the file's layout) into the
 // parameters, and into the fp32 master weights when there are any
+// (under ZeRO the rank's shards of each, as it holds them)
 static inline void gpt2_weights_from_full(GPT2* model, const float* full) {
-    size_t P = model->layout.count;
-    float* shard = (float*)malloc_check(P * sizeof(float));
-    parameter_shard_copy((float*)full, shard, &model->layout, model->config, 1);
-    if (model->master_memory) copy_host_to_device(model->master_memory, shard, P * sizeof(float));
-    copy_floats_to_device(model->params_memory, shard, P);
-    free(shard);
+    const ParameterLayout* p = &model->layout;
+    float* mine = (float*)calloc_check(p->count, sizeof(float));  // padding stays 0
+    parameter_shard_copy((float*)full, mine, p, model->config, 1);
+    float* shards = p->zero > 0 ? (float*)malloc_check(layout_state_held(p) * sizeof(float)) : NULL;
+    if (shards) layout_take_shards(p, mine, shards);
+    if (model->master_memory) {
+        copy_host_to_device(model->master_memory, shards ? shards : mine, layout_state_held(p) * sizeof(float));
+    }
+    copy_floats_to_device(model->params_memory, p->zero >= 3 ? shards : mine, layout_params_held(p));
+    free(mine);
+    free(shards);
 }
 
 // this rank's fp32 weights on the device: the master copy when there is one (exact), else the
-// parameters themselves
-static inline const float* gpt2_fp32_weights(const GPT2* model) {
+// parameters themselves; *sharded says whether they are the rank's shards (ZeRO) or whole
+static inline const float* gpt2_fp32_weights(const GPT2* model, int* sharded) {
+    *sharded = model->master_memory ? model->layout.zero >= 1 : model->layout.zero >= 3;
     return model->master_memory ? model->master_memory : (const float*)model->params_memory;
 }
 
@@ -347,21 +441,24 @@ static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, Pa
     model->B = B;
     model->T = T;
     model->layout = layout;
-    size_t P = model->layout.count;
-    model->num_parameters = P;
-    model->params_memory = (floatX*)device_malloc(P * sizeof(floatX));
-    model->grads_memory = (floatX*)device_malloc(P * sizeof(floatX));
-    model->m_memory = (float*)device_malloc(P * sizeof(float));
-    model->v_memory = (float*)device_malloc(P * sizeof(float));
+    model->num_parameters = layout.count;
+    size_t S = layout_state_held(&layout);
+    model->params_memory = (floatX*)device_malloc(layout_params_held(&layout) * sizeof(floatX));
+    model->grads_memory = (floatX*)device_malloc(layout_grads_held(&layout) * sizeof(floatX));
+    model->m_memory = (float*)device_malloc(S * sizeof(float));
+    model->v_memory = (float*)device_malloc(S * sizeof(float));
     model->master_memory = NULL;
     if (!FLOATX_IS_FLOAT) {  // AdamW updates fp32 master weights, then rounds them to bf16
-        model->master_memory = (float*)device_malloc(P * sizeof(float));
+        model->master_memory = (float*)device_malloc(S * sizeof(float));
     }
     gpt2_weights_from_full(model, full_weights);
-    device_memset_zero(model->m_memory, P * sizeof(float));
-    device_memset_zero(model->v_memory, P * sizeof(float));
-    parameter_point(&model->params, model->params_memory, &model->layout);
-    parameter_point(&model->grads, model->grads_memory, &model->layout);
+    device_memset_zero(model->m_memory, S * sizeof(float));
+    device_memset_zero(model->v_memory, S * sizeof(float));
+    // tensor views of whole buffers only (a sharded one has none: NULL pointers fail loudly)
+    memset(&model->params, 0, sizeof(ParameterTensors));
+    memset(&model->grads, 0, sizeof(ParameterTensors));
+    if (layout.zero < 3) parameter_point(&model->params, model->params_memory, &model->layout);
+    if (layout.zero < 2) parameter_point(&model->grads, model->grads_memory, &model->layout);
     activations_alloc(&model->acts, dims, layout.layers, acts_parts, B, T);
     model->inputs = (int*)device_malloc((size_t)B * T * sizeof(int));
     model->targets = (int*)device_malloc((size_t)B * T * sizeof(int));
@@ -382,19 +479,37 @@ static inline void gpt2_free(GPT2* model) {
 
 
 // ---------------------------------------------------------------------------------------------
-// views of layer l: plain pointers into the stacked (L, ...) tensors, so that code working on one
-// layer (block.h) needs no offsets
+// views of layer l: plain pointers to its slices of the twelve per-layer tensors, so that code
+// working on one layer (block.h) needs no offsets
 
 typedef struct {
     floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
 } LayerWeights;
 
-static inline LayerWeights layer_weights(ParameterTensors p, LayerDims d, int l) {
-    size_t C = d.C, li = (size_t)l;
-    LayerWeights w = {p.ln1w + li * C, p.ln1b + li * C, p.qkvw + li * d.qkv * C, p.qkvb + li * d.qkv,
-                      p.attprojw + li * C * d.att, p.attprojb + li * C, p.ln2w + li * C, p.ln2b + li * C,
-                      p.fcw + li * d.fc * C, p.fcb + li * d.fc, p.fcprojw + li * C * d.fc, p.fcprojb + li * C};
+// layer l (of the rank's layers) in a buffer of the layout: its parameters, gradients or any
+// buffer laid out alike
+static inline LayerWeights layer_weights(const ParameterLayout* p, floatX* base, int l) {
+    floatX* t[12];
+    for (int i = 2; i <= 13; i++) t[i - 2] = base + p->offsets[i] + (size_t)l * p->layer_stride[i];
+    LayerWeights w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11]};
     return w;
+}
+
+// a layer's slices in a buffer that holds its bucket alone (layout in buckets): where the DP
+// trainer's backward writes a layer's gradient, or where ZeRO-3 gathers a layer's parameters
+static inline LayerWeights layer_weights_in_bucket(const ParameterLayout* p, floatX* bucket) {
+    floatX* t[12];
+    for (int i = 2; i <= 13; i++) t[i - 2] = bucket + (p->offsets[i] - p->offsets[2]);  // ln1w comes first
+    LayerWeights w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11]};
+    return w;
+}
+
+// the rank's layer l: its parameters, its gradients
+static inline LayerWeights gpt2_layer_params(const GPT2* model, int l) {
+    return layer_weights(&model->layout, model->params_memory, l);
+}
+static inline LayerWeights gpt2_layer_grads(const GPT2* model, int l) {
+    return layer_weights(&model->layout, model->grads_memory, l);
 }
 
 typedef struct {

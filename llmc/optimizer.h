@@ -26,8 +26,8 @@ static inline float optimizer_clip_scale(float grad_norm, float grad_clip) {
 }
 
 // One AdamW step (step counts from 1) over the parameters [lo, hi) of a rank's layout.
-// params, master, grads, m, v point at element lo of their buffers (master is NULL when the
-// parameters are fp32). Each tensor that overlaps the range gets its own weight decay; the
+// params, master, grads, m, v point at element lo of their buffers, or at its place in a shard
+// (master is NULL when the parameters are fp32); padding between buckets is skipped. Each tensor that overlaps the range gets its own weight decay; the
 // stochastic-rounding stream is indexed by the layout's rounding index (model.h), so a ZeRO
 // shard rounds each element exactly as a full replica would, and replicated tensors round alike
 // on every tensor-parallel rank.
@@ -36,14 +36,18 @@ static inline void optimizer_adamw_step(floatX* params, float* master, const flo
                                         AdamWConfig opt, float grad_scale, int step) {
     if (hi > layout->count || lo > hi) fail("optimizer: range [%zu, %zu) outside the model", lo, hi);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        size_t start = layout->offsets[i], end = start + layout->sizes[i];
-        size_t a = start > lo ? start : lo, b = end < hi ? end : hi;  // this tensor within [lo, hi)
-        if (a < b) {
-            float wd = parameter_is_matrix[i] ? opt.weight_decay : 0.0f;
+        if (layout->sizes[i] == 0) continue;
+        // the tensor's pieces: one per layer (apart in a layout in buckets, adjacent otherwise)
+        size_t pieces = tensor_is_per_layer(i) ? (size_t)layout->layers : 1, piece = layout->sizes[i] / pieces;
+        float wd = parameter_is_matrix[i] ? opt.weight_decay : 0.0f;
+        for (size_t j = 0; j < pieces; j++) {
+            size_t start = layout->offsets[i] + j * layout->layer_stride[i], end = start + piece;
+            size_t a = start > lo ? start : lo, b = end < hi ? end : hi;  // this piece within [lo, hi)
+            if (a >= b) continue;
             size_t k = a - lo;
             adamw_update(params + k, master ? master + k : NULL, grads + k, m + k, v + k, b - a,
                          opt.lr, opt.beta1, opt.beta2, opt.eps, wd, step, grad_scale, opt.seed,
-                         layout->rounding[i] + (a - start));
+                         layout->rounding[i] + j * piece + (a - start));
         }
     }
 }

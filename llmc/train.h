@@ -395,7 +395,7 @@ static inline int sample_next_token_sharded(const float* logits, int real, int l
 // bf16 parameters are not a function of the fp32 master weights (stochastic rounding), so the
 // state file keeps their exact bits; fp32 parameters are the model file itself
 static inline size_t low_precision_param_bytes(const GPT2* model) {
-    return model->master_memory ? model->num_parameters * sizeof(floatX) : 0;
+    return model->master_memory ? layout_params_held(&model->layout) * sizeof(floatX) : 0;
 }
 
 // The whole model in the file's layout, fp32, into full (host) on rank 0 of `group`, from a
@@ -403,7 +403,7 @@ static inline size_t low_precision_param_bytes(const GPT2* model) {
 // split over the ranks of the group (tensor or pipeline parallelism: the ranks of
 // parameter_layout_of_rank) each rank sends its pieces to rank 0, one rank after another, and
 // rank 0 puts them in place (a tied wte comes from both its stages, identical); without (group
-// may be NULL) the rank copies its own buffer.
+// may be NULL) the rank copies its own buffer. (A ZeRO rank's shards: zero_gather_full.)
 static inline int layout_is_split(const ParameterLayout* p) { return p->tp * p->pp > 1; }
 
 static inline void gpt2_gather_full(const GPT2* model, CommGroup* group, const void* src, CommDtype dtype,
@@ -415,15 +415,15 @@ static inline void gpt2_gather_full(const GPT2* model, CommGroup* group, const v
         comm_send(group, src, p->count, dtype, 0);  // (this rank's parameters): its pieces to rank 0
         return;
     }
-    size_t most = 0;  // pipeline stages hold different counts
-    for (int r = 0; r < ranks; r++) {
+    size_t most = p->count;  // pipeline stages hold different counts
+    for (int r = 1; r < ranks; r++) {
         size_t n = parameter_layout_of_rank(model->config, p, r).count;
         most = n > most ? n : most;
     }
     float* shard = (float*)malloc_check(most * sizeof(float));
     void* received = ranks > 1 ? device_malloc(most * elem) : NULL;
     for (int r = 0; r < ranks; r++) {
-        ParameterLayout of_r = parameter_layout_of_rank(model->config, p, r);
+        ParameterLayout of_r = r == 0 ? *p : parameter_layout_of_rank(model->config, p, r);
         const void* from = src;
         if (r > 0) {
             comm_recv(group, received, of_r.count, dtype, r);
@@ -437,6 +437,34 @@ static inline void gpt2_gather_full(const GPT2* model, CommGroup* group, const v
     free(shard);
 }
 
+// The whole model in the file's layout, fp32, into full (host) on rank 0, from every rank's
+// shards (ZeRO; src: a device buffer of shards, fp32 or floatX): each bucket is all-gathered over
+// the data-parallel group into a bucket-sized device buffer, one bucket at a time, so that no
+// rank ever holds more than one whole bucket on the device.
+static inline void zero_gather_full(const GPT2* model, CommGroup* group, const void* src, CommDtype dtype, float* full) {
+    const ParameterLayout* p = &model->layout;
+    size_t elem = comm_dtype_bytes(dtype), biggest = 0;
+    for (int k = 0; k < parameter_num_buckets(p); k++) {
+        size_t n = parameter_bucket_size(p, k);
+        biggest = n > biggest ? n : biggest;
+    }
+    void* bucket = device_malloc(biggest * elem);
+    float* whole = group->rank == 0 ? (float*)malloc_check(p->count * sizeof(float)) : NULL;
+    for (int k = 0; k < parameter_num_buckets(p); k++) {
+        size_t global, local, n;
+        layout_bucket_shard(p, k, &global, &local, &n);
+        // (bucket k): every rank's shard of it, in rank order
+        comm_all_gather(group, (const char*)src + local * elem, bucket, n, dtype);
+        if (!whole) continue;
+        float* at = whole + parameter_bucket_offset(p, k);
+        if (dtype == COMM_FLOAT) copy_device_to_host(at, bucket, n * p->shards * sizeof(float));
+        else copy_device_to_floats(at, (const floatX*)bucket, n * p->shards);
+    }
+    if (whole) parameter_shard_copy(full, whole, p, model->config, 0);
+    device_free(bucket);
+    free(whole);
+}
+
 // Every rank writes its state file (its AdamW moments, and its bf16 parameter bits), rank 0 the
 // model file (the whole model, gathered over `group` when the model is split; NULL without),
 // then DONE marks the checkpoint complete (checkpoint.h). Under DDP the AdamW moments are the
@@ -446,11 +474,15 @@ static inline void gpt2_gather_full(const GPT2* model, CommGroup* group, const v
 static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* world, CommGroup* group,
                                     int step, const RunIdentity* id, uint64_t sample_rng_state) {
     char path[4096];
-    size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
+    size_t n = layout_state_held(&model->layout), extra = low_precision_param_bytes(model);
     TrainState s = {step, world->size, sample_rng_state, 0};
-    if (layout_is_split(&model->layout) || world->rank == 0) {  // unsplit, the replicas are identical
+    int sharded;
+    const float* weights = gpt2_fp32_weights(model, &sharded);
+    // unsplit and unsharded, the replicas are identical and rank 0 writes its own
+    if (layout_is_split(&model->layout) || sharded || world->rank == 0) {
         float* full = world->rank == 0 ? (float*)malloc_check(gpt2_num_parameters(model->config) * sizeof(float)) : NULL;
-        gpt2_gather_full(model, group, gpt2_fp32_weights(model), COMM_FLOAT, full);
+        if (sharded) zero_gather_full(model, group, weights, COMM_FLOAT, full);
+        else gpt2_gather_full(model, group, weights, COMM_FLOAT, full);
         if (world->rank == 0) {
             // an update can overflow the weights while its loss and gradient norm were finite;
             // such weights never become a checkpoint (the other ranks wait below and are stopped too)
@@ -485,7 +517,7 @@ static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* wor
 static inline TrainState read_checkpoint(GPT2* model, const char* dir, CommGroup* world, int step,
                                          const RunIdentity* id) {
     char path[4096];
-    size_t n = model->num_parameters, extra = low_precision_param_bytes(model);
+    size_t n = layout_state_held(&model->layout), extra = low_precision_param_bytes(model);
     float* host = (float*)malloc_check(n * sizeof(float) * 2);
     void* params = malloc_check(extra);
     checkpoint_path(path, sizeof(path), dir, "state", step, world->rank);
@@ -553,19 +585,26 @@ static inline int train_open_shared_sampling(const TrainArgs* args, GPT2Config c
     return on;
 }
 
-// The AdamW step of every trainer over this rank's whole buffer, after the gradient norm:
-// clipping to -gc, the learning rate of the schedule, and a stochastic-rounding seed of (-seed,
-// step), the same on every rank, so that whatever a layout replicates rounds alike. Returns the
-// learning rate; clip_scale receives the clipping factor.
-static inline float train_adamw_step(GPT2* model, const TrainArgs* args, int step, int max_steps, float grad_norm,
-                                     float* clip_scale) {
+// The AdamW settings of every trainer's step, after the gradient norm: clipping to -gc, the
+// learning rate of the schedule, and a stochastic-rounding seed of (-seed, step), the same on
+// every rank, so that whatever a layout replicates rounds alike; clip_scale receives the clipping
+// factor. train_adamw_step runs it over this rank's whole buffer and returns the learning rate
+// (a ZeRO rank runs it over its shards instead).
+static inline AdamWConfig train_adamw_config(const TrainArgs* args, int step, int max_steps, float grad_norm,
+                                             float* clip_scale) {
     float lr = learning_rate_at(step, args->lr, args->warmup, max_steps, args->final_lr_frac);
     AdamWConfig opt = {lr, 0.9f, 0.95f, 1e-8f, args->weight_decay,
                        (unsigned int)args->seed * 1000003u + (unsigned int)step};
     *clip_scale = optimizer_clip_scale(grad_norm, args->grad_clip);
+    return opt;
+}
+
+static inline float train_adamw_step(GPT2* model, const TrainArgs* args, int step, int max_steps, float grad_norm,
+                                     float* clip_scale) {
+    AdamWConfig opt = train_adamw_config(args, step, max_steps, grad_norm, clip_scale);
     optimizer_adamw_step(model->params_memory, model->master_memory, model->grads_memory, model->m_memory,
                          model->v_memory, 0, model->num_parameters, &model->layout, opt, *clip_scale, step + 1);
-    return lr;
+    return opt.lr;
 }
 
 // Where a run starts: step 0 with the sampling rng seeded from -seed, or with -y 1 the newest

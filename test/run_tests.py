@@ -86,13 +86,15 @@ REF3 = dict(REF, heads=3, channels=48, seq_len=24)
 # 4 and 8 layers, for pipelines of 2 and 4 stages (8: 4 stages of 2 chunks)
 REF4 = dict(REF, layers=4)
 REF8 = dict(REF, layers=8)
+# a batch of 6 sequences, for 3 data-parallel ranks
+REF6 = dict(REF, batch=6)
 _ref_cache = {}
 
 
 def reference_run(cfg=REF):
-    key = (cfg["layers"], cfg["heads"], cfg["channels"], cfg["seq_len"])
+    key = (cfg["layers"], cfg["heads"], cfg["channels"], cfg["seq_len"], cfg["batch"])
     if key not in _ref_cache:
-        out = os.path.join(TMP, "reference" if cfg is REF else "reference_%d_%d_%d_%d" % key)
+        out = os.path.join(TMP, "reference" if cfg is REF else "reference_%d_%d_%d_%d_%d" % key)
         shutil.rmtree(out, ignore_errors=True)
         args = type("Args", (), dict(cfg, out=out))
         reference.run(args)
@@ -165,6 +167,87 @@ def make_layout_test(ranks, accum):
 
 for _ranks, _accum in [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (4, 2)]:
     test(make_layout_test(_ranks, _accum))
+
+
+# ---------------------------------------------------------------------------------------------
+# ZeRO (train_gpt2_dp.cu -z): the same reference, and the communication against the paper's
+# formulas. Bucket sizes are computed here from the README's rule, independently of the trainer.
+
+
+def zero_padded_parameters(cfg, ranks, zero):
+    """Psi with padding: the embeddings (Vp + maxT) C, each layer 12 C^2 + 13 C and the final
+    LayerNorm 2 C, each bucket padded to a multiple of ranks x 128 elements under ZeRO"""
+    C, L = cfg["channels"], cfg["layers"]
+    Vp = (50257 + 127) // 128 * 128
+    pad = ranks * 128 if zero > 0 else 1
+    up = lambda n: (n + pad - 1) // pad * pad
+    return up((Vp + cfg["max_seq_len"]) * C) + L * up(12 * C * C + 13 * C) + up(2 * C)
+
+
+def zero_step_bytes(cfg, ranks, zero, accum, X=4):
+    """payload per step (README, ZeRO): DDP all-reduces X Psi and the loss; ZeRO-1 reduce-scatters
+    X Psi and all-gathers X Psi, plus the loss and the norm (4 + 4); ZeRO-2 reduce-scatters every
+    micro-batch's X Psi"""
+    psi = zero_padded_parameters(cfg, ranks, zero)
+    if zero == 0:
+        return X * psi + 4
+    return (1 if zero == 1 else accum) * X * psi + X * psi + 8
+
+
+def compare_zero_with_reference(zero, ranks, accum):
+    cfg = REF6 if ranks == 3 else REF
+    ref = reference_run(cfg)
+    B = cfg["batch"] // (ranks * accum)
+    d = fresh_dir("dp_z%d_np%d_accum%d" % (zero, ranks, accum))
+    grads_path = os.path.join(d, "grads.bin")
+    run_ok(ranks, trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-z", zero,
+                                           "-check_replicas", 1], cfg=cfg))
+    expected = zero_step_bytes(cfg, ranks, zero, accum)
+    check_against_reference(ref, d, grads_path, expected, "the README's ZeRO-%d formula" % zero)
+
+
+def make_zero_test(zero, ranks, accum):
+    def fn():
+        compare_zero_with_reference(zero, ranks, accum)
+    fn.__name__ = "dp_zero%d_vs_pytorch_%d_ranks_accum_%d" % (zero, ranks, accum)
+    return fn
+
+
+for _zero in (1, 2):
+    for _ranks in (1, 2, 3, 4):
+        for _accum in (1, 2):
+            test(make_zero_test(_zero, _ranks, _accum))
+
+
+@test
+def dp_zero_ring_bytes_are_2_2_2_times_the_parameters():
+    """what each rank sends on a ring, at 4 ranks and one micro-batch: DDP's all-reduce
+    2 (N-1)/N X Psi, ZeRO-1's and ZeRO-2's reduce-scatter plus all-gather (N-1)/N X Psi each,
+    Psi with the padding (the 4-byte loss and norm all-reduces add 2 (N-1)/N x 4 each)"""
+    N, share = 4, 3 / 4
+    for zero in (0, 1, 2):
+        d = fresh_dir("dp_ring_z%d" % zero)
+        out = run_ok(N, trainer_args(reference_run(), 2, d, ["-x", 2, "-z", zero]))
+        rings = [float(x) for x in re.findall(r"; ring (\d+) B", out)]
+        assert len(rings) == 2, out[-2000:]
+        psi = zero_padded_parameters(REF, N, zero)
+        scalars = 2 * share * (4 if zero == 0 else 8)
+        for ring in rings:
+            # the printed bytes are rounded to a whole byte
+            assert abs(ring - (2 * share * 4 * psi + scalars)) <= 1, "-z %d: ring %d B, expected 2 x %g x 4 x %d + %g" % (
+                zero, ring, share, psi, scalars)
+
+
+@test
+def dp_zero_resume_is_bit_identical_and_refuses_another_stage():
+    """each stage resumes from its sharded state files bit for bit; a checkpoint of -z 1 does not
+    load at -z 2 (nor at another rank count: the state files are this layout's shards)"""
+    for zero in (1, 2):
+        check_resume(lambda args, d: run_ok(2, args + ["-z", zero]), "dp_z%d_resume" % zero, 2)
+    part = os.path.join(TMP, "dp_z1_resume_part")
+    code, out = mpirun(2, trainer_args(reference_run(), 2, part, ["-n", 3, "-v", 2, "-m", 2, "-y", 1, "-x", 6, "-z", 2]),
+                       timeout=60)
+    assert code != 0 and "zero=1" in out and "zero=2" in out, out[-2000:]
 
 
 def check_resume(run, name, B):

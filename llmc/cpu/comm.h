@@ -44,6 +44,12 @@ static inline void mpi_all_gather(CommGroup* g, const float* send, float* recv, 
     comm_check(MPI_Allgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi), g, "all_gather");
 }
 
+// the same in place: buf (size * n) holds this rank's n at its block already
+static inline void mpi_all_gather_in_place(CommGroup* g, float* buf, size_t n) {
+    mpi_check_count(g, n, "all_gather");
+    comm_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, (int)n, MPI_FLOAT, g->mpi), g, "all_gather");
+}
+
 static inline void mpi_broadcast(CommGroup* g, void* buf, size_t bytes, int root) {
     for (size_t done = 0; done < bytes; done += COMM_MPI_PIECE) {
         comm_check(MPI_Bcast((char*)buf + done, mpi_piece(bytes, done), MPI_BYTE, root, g->mpi), g, "broadcast");
@@ -147,6 +153,13 @@ static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, s
     comm_check_dtype(g, dtype, "all_gather");
     comm_count(g, COMM_ALL_GATHER, n * g->size * sizeof(float));
     mpi_all_gather(g, (const float*)send, (float*)recv, n);
+    comm_done(g);
+}
+
+static inline void comm_all_gather_in_place(CommGroup* g, void* buf, size_t n, CommDtype dtype) {
+    comm_check_dtype(g, dtype, "all_gather");
+    comm_count(g, COMM_ALL_GATHER, n * g->size * sizeof(float));
+    mpi_all_gather_in_place(g, (float*)buf, n);
     comm_done(g);
 }
 

@@ -268,6 +268,24 @@ static inline void comm_all_gather(CommGroup* g, const void* send, void* recv, s
     comm_end(g);
 }
 
+// the same in place: buf (size * n) holds this rank's n at its block already (ZeRO's parameters)
+static inline void comm_all_gather_in_place(CommGroup* g, void* buf, size_t n, CommDtype dtype) {
+    comm_count(g, COMM_ALL_GATHER, n * g->size * comm_dtype_bytes(dtype));
+#ifdef USE_MPI
+    if (g->staged) {
+        float* host = staged_to_host(buf, n * g->size, dtype);
+        mpi_all_gather_in_place(g, host, n);
+        staged_to_device(buf, host, n * g->size, dtype);
+        comm_done(g);
+        return;
+    }
+#endif
+    comm_begin(g);
+    const char* mine = (const char*)buf + (size_t)g->rank * n * comm_dtype_bytes(dtype);
+    nccl_check(ncclAllGather(mine, buf, n, comm_nccl_type(dtype), g->nccl, g->stream), g, "all_gather");
+    comm_end(g);
+}
+
 // bytes of device memory from root to every rank
 static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int root) {
     comm_count(g, COMM_BROADCAST, bytes);

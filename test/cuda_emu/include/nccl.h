@@ -175,7 +175,10 @@ static inline ncclResult_t ncclAllGather(const void* send, void* recv, size_t co
     if (bytes * comm->size > (size_t)1 << 30) return ncclInvalidArgument;
 #ifdef USE_MPI
     if (CUDA_EMU_MPI(comm)) {
-        return MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, comm->mpi) == MPI_SUCCESS ? ncclSuccess : ncclSystemError;
+        // in place, as NCCL allows: this rank's block already sits at its place in recv
+        int in_place = send == (const char*)recv + (size_t)comm->rank * bytes;
+        return MPI_Allgather(in_place ? MPI_IN_PLACE : send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE,
+                             comm->mpi) == MPI_SUCCESS ? ncclSuccess : ncclSystemError;
     }
 #endif
     memmove(recv, send, bytes);
