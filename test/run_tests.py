@@ -1305,23 +1305,22 @@ def emu_runner(devices, order="forward", attention=None):
     return run
 
 
-def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None):
-    """the DP trainer on `ranks` ranks; with tp_sp = 0 or 1 the TP trainer, -sp tp_sp"""
+def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None, zero=0):
+    """the DP trainer on `ranks` ranks (-z zero); with tp_sp = 0 or 1 the TP trainer, -sp tp_sp"""
     ref = reference_run()
     trainer = "train_gpt2_dp" if tp_sp is None else "train_gpt2_tp"
     # both trainers in one make -j2 (the second of each precision is then already built)
     programs = build(kind, precision, ["train_gpt2_dp", "train_gpt2_tp"])
     program = programs[0] if tp_sp is None else programs[1]
-    d = fresh_dir("%s_%s_%s_np%d" % (kind, precision, trainer, ranks))
+    d = fresh_dir("%s_%s_%s_np%d_z%d" % (kind, precision, trainer, ranks, zero))
     grads_path = os.path.join(d, "grads.bin")
     B = REF["batch"] // ranks if tp_sp is None else REF["batch"]
-    extra = [] if tp_sp is None else ["-sp", tp_sp, "-check_replicas", 1]
+    extra = ["-z", zero, "-check_replicas", 1] if tp_sp is None else ["-sp", tp_sp, "-check_replicas", 1]
     out = run(program, ranks, trainer_args(ref, B, d, ["-n", REF["steps"], "-dump_grads", grads_path] + extra), d)
     train = check_cuda_against_reference(ref, d, grads_path, precision, "%s %s %s %d ranks" % (kind, trainer, precision, ranks))
     X = 4 if precision == "FP32" else 2
-    if tp_sp is None:  # the gradient all-reduce moves P values of the training precision + the fp32 loss
-        P = len(reference.read_model_file(os.path.join(ref["dir"], "final.bin"))[1])
-        expected = X * P + 4
+    if tp_sp is None:  # DDP's all-reduce of X P and the fp32 loss, or ZeRO's (README)
+        expected = zero_step_bytes(REF, ranks, zero, 1, X)
     else:  # the replicated tensors round alike on both ranks (bf16: stochastically, same bits)
         check_tp_step_bytes(out, tp_step_bytes(REF, B, 1, tp_sp, X), REF["steps"])
         assert "step %d: replicated tensors identical" % REF["steps"] in out, out[-2000:]
@@ -1417,6 +1416,20 @@ for _precision in ("FP32", "BF16"):
 for _precision, _ranks, _devices in (("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2, 1)):
     test(make_emu_test(_precision, _ranks, _devices))
 test(make_emu_test("BF16", 1, 1, "cublas"))
+
+
+def make_emu_zero_test(precision, devices, zero):
+    def fn():
+        """ZeRO on the emulator at 2 ranks: reduce-scatter per bucket, in-place all-gather of the
+        parameters (bf16: each rank rounds its shard, the replicas stay identical)"""
+        compare_cuda_with_reference("emu", precision, 2, emu_runner(devices), zero=zero)
+    fn.__name__ = "emu_dp_zero%d_vs_pytorch_%s_2_ranks_%s" % (zero, precision.lower(), "nccl" if devices == 2 else "host_staged")
+    return fn
+
+
+# each stage through both paths, in the two precisions
+for _zero, _precision, _devices in ((1, "FP32", 2), (1, "BF16", 1), (2, "BF16", 2), (2, "FP32", 1)):
+    test(make_emu_zero_test(_precision, _devices, _zero))
 
 
 def make_emu_tp_test(precision, devices, sp):
