@@ -1,5 +1,6 @@
 /*
-GPT-2 training with data parallelism (DDP).
+GPT-2 training with data parallelism: DDP, and ZeRO-1 and ZeRO-2 (-z 1, -z 2; Rajbhandari et al.
+2020), which shard the optimizer state and the gradients over the ranks (see "ZeRO" below).
 
 Every rank holds a full replica of the model and the optimizer. Each step:
   1. each rank runs forward + backward on its own slice of the global batch (micro-batches of
@@ -8,8 +9,10 @@ Every rank holds a full replica of the model and the optimizer. Each step:
   3. every rank applies the same AdamW step to the same averaged gradient, so the replicas stay
      identical without ever sending a parameter.
 The result is the same as one process training on the whole global batch (checked in test/).
+ZeRO replaces step 2 with a reduce-scatter (each rank gets the averaged gradient of its shard),
+step 3 with an update of each rank's shard followed by an all-gather of the parameters.
 
-Build: make train_gpt2_dp          Run: mpirun -np 2 ./train_gpt2_dp -e d6 -x 100 -o out
+Build: make train_gpt2_dp          Run: mpirun -np 2 ./train_gpt2_dp -e d6 -x 100 -z 1 -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
 */
 #include <math.h>
@@ -85,8 +88,8 @@ static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
 // The units are buckets (model.h): the embeddings, each layer, the final LayerNorm. The rank's
 // buffers are laid out bucket after bucket (parameter_layout_buckets), so every collective is one
 // call on one contiguous range, and the file's tensor order is restored when files are written.
-// This beats llm.c's one call per tensor slice of a layer for readability (one call per bucket)
-// at the cost of a conversion at file I/O.
+// Chosen over llm.c's grouped call per tensor slice of a layer: one call per bucket, and one
+// padding per bucket rather than per slice, at the cost of a conversion at file I/O.
 
 typedef struct {
     int stage;            // -z
