@@ -102,19 +102,12 @@ typedef struct {
     int micro;            // the micro-batch of the step the backward is on
 } Zero;
 
-// the largest bucket: the embeddings' in any GPT-2 (Vp + maxT rows of C against 12 C^2 + 13 C)
-static size_t largest_bucket(const ParameterLayout* p) {
-    size_t most = 0;
-    for (int k = 0; k < 3; k++) most = p->bucket_sizes[k] > most ? p->bucket_sizes[k] : most;
-    return most;
-}
-
 // ZeRO's buffers besides the model's own (which gpt2_build shards as the layout says)
 static size_t zero_buffer_bytes(const ParameterLayout* p, int accum) {
     size_t X = sizeof(floatX);
     if (p->zero == 1) return p->count / p->shards * X;
     if (p->zero == 2) return (p->bucket_sizes[0] + p->bucket_sizes[1] + p->bucket_sizes[2]) * X +
-                             (accum > 1 ? largest_bucket(p) / p->shards * X : 0);
+                             (accum > 1 ? parameter_largest_bucket(p) / p->shards * X : 0);
     return 0;
 }
 
@@ -128,7 +121,7 @@ static Zero zero_alloc(GPT2* model, CommGroup* dp, int accum) {
     if (z.stage == 2) {
         z.grad_shards = model->grads_memory;
         for (int k = 0; k < 3; k++) z.bucket[k] = (floatX*)device_malloc(p->bucket_sizes[k] * sizeof(floatX));
-        if (accum > 1) z.received = (floatX*)device_malloc(largest_bucket(p) / p->shards * sizeof(floatX));
+        if (accum > 1) z.received = (floatX*)device_malloc(parameter_largest_bucket(p) / p->shards * sizeof(floatX));
     }
     return z;
 }
@@ -146,7 +139,7 @@ static void zero_free(Zero* z) {
 static floatX* bucket_grad(Zero* z, GPT2* model, int k) {
     const ParameterLayout* p = &model->layout;
     if (z->stage < 2) return model->grads_memory + parameter_bucket_offset(p, k);
-    floatX* buf = z->bucket[k == 0 ? 0 : k <= p->layers ? 1 : 2];
+    floatX* buf = z->bucket[parameter_bucket_kind(p, k)];
     device_memset_zero(buf, parameter_bucket_size(p, k) * sizeof(floatX));
     return buf;
 }
@@ -159,7 +152,7 @@ static void bucket_grad_done(Zero* z, GPT2* model, int k) {
     if (z->stage < 2) return;
     size_t global, local, n;
     layout_bucket_shard(&model->layout, k, &global, &local, &n);
-    floatX* buf = z->bucket[k == 0 ? 0 : k <= model->layout.layers ? 1 : 2];
+    floatX* buf = z->bucket[parameter_bucket_kind(&model->layout, k)];
     if (z->micro == 0) {
         comm_reduce_scatter(z->dp, buf, z->grad_shards + local, n, COMM_FLOATX, COMM_AVG);
     } else {

@@ -201,9 +201,19 @@ static inline ParameterLayout parameter_layout_buckets(GPT2Config c, int zero, i
 
 static inline int parameter_num_buckets(const ParameterLayout* p) { return p->layers + 2; }
 
+// the kind of bucket k: 0 the embeddings, 1 a layer, 2 the final LayerNorm (bucket_sizes' index)
+static inline int parameter_bucket_kind(const ParameterLayout* p, int k) { return k == 0 ? 0 : k <= p->layers ? 1 : 2; }
+
 // bucket k's range in a layout in buckets: its first element and its (padded) size
 static inline size_t parameter_bucket_size(const ParameterLayout* p, int k) {
-    return p->bucket_sizes[k == 0 ? 0 : k <= p->layers ? 1 : 2];
+    return p->bucket_sizes[parameter_bucket_kind(p, k)];
+}
+
+// the largest bucket: the embeddings' in any GPT-2 (Vp + maxT rows of C against 12 C^2 + 13 C)
+static inline size_t parameter_largest_bucket(const ParameterLayout* p) {
+    size_t most = 0;
+    for (int kind = 0; kind < 3; kind++) most = p->bucket_sizes[kind] > most ? p->bucket_sizes[kind] : most;
+    return most;
 }
 static inline size_t parameter_bucket_offset(const ParameterLayout* p, int k) {
     return k == 0 ? 0 : p->bucket_sizes[0] + (size_t)(k - 1) * p->bucket_sizes[1];

@@ -443,12 +443,8 @@ static inline void gpt2_gather_full(const GPT2* model, CommGroup* group, const v
 // rank ever holds more than one whole bucket on the device.
 static inline void zero_gather_full(const GPT2* model, CommGroup* group, const void* src, CommDtype dtype, float* full) {
     const ParameterLayout* p = &model->layout;
-    size_t elem = comm_dtype_bytes(dtype), biggest = 0;
-    for (int k = 0; k < parameter_num_buckets(p); k++) {
-        size_t n = parameter_bucket_size(p, k);
-        biggest = n > biggest ? n : biggest;
-    }
-    void* bucket = device_malloc(biggest * elem);
+    size_t elem = comm_dtype_bytes(dtype);
+    void* bucket = device_malloc(parameter_largest_bucket(p) * elem);
     float* whole = group->rank == 0 ? (float*)malloc_check(p->count * sizeof(float)) : NULL;
     for (int k = 0; k < parameter_num_buckets(p); k++) {
         size_t global, local, n;
