@@ -1,16 +1,19 @@
 /*
-GPT-2 training with data parallelism: DDP, and ZeRO-1 and ZeRO-2 (-z 1, -z 2; Rajbhandari et al.
-2020), which shard the optimizer state and the gradients over the ranks (see "ZeRO" below).
+GPT-2 training with data parallelism: DDP, and ZeRO-1, -2 and -3 (-z 1, 2, 3; Rajbhandari et al.
+2020), which shard the optimizer state, then the gradients, then the parameters over the ranks
+(see "ZeRO" below; -z 3 is PyTorch's FSDP, Zhao et al. 2023).
 
 Every rank holds a full replica of the model and the optimizer. Each step:
   1. each rank runs forward + backward on its own slice of the global batch (micro-batches of
      B x T tokens, accumulated `accum` times),
-  2. one all-reduce averages the flattened gradient buffer over the ranks,
+  2. one all-reduce averages the gradients over the ranks, bucket by bucket while the backward
+     pass goes on (-overlap 1), or the whole flattened buffer after it (-overlap 0),
   3. every rank applies the same AdamW step to the same averaged gradient, so the replicas stay
      identical without ever sending a parameter.
 The result is the same as one process training on the whole global batch (checked in test/).
 ZeRO replaces step 2 with a reduce-scatter (each rank gets the averaged gradient of its shard),
-step 3 with an update of each rank's shard followed by an all-gather of the parameters.
+step 3 with an update of each rank's shard followed by an all-gather of the parameters (-z 1, 2)
+or by nothing (-z 3: the parameters are gathered, a bucket at a time, when the next pass needs them).
 
 Build: make train_gpt2_dp          Run: mpirun -np 2 ./train_gpt2_dp -e d6 -x 100 -z 1 -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
@@ -36,46 +39,6 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/train.h"
 
 // ----------------------------------------------------------------------------------------------
-// forward and backward of the whole model on one micro-batch. B and T may be smaller than the
-// allocated shape (sampling uses B = 1): per-layer slices are laid out with the actual B, T.
-
-static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
-    GPT2Config c = model->config;
-    LayerDims d = model->dims;
-    int L = c.num_layers, C = c.channels;
-    ParameterTensors p = model->params;
-    Activations* a = &model->acts;
-    copy_host_to_device(model->inputs, inputs_host, (size_t)B * T * sizeof(int));
-
-    encoder_forward(a->encoded, model->inputs, p.wte, p.wpe, B, T, C);
-    LayerActs first = layer_acts(a, d, B, T, 0);
-    layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, p.ln1w, p.ln1b, B * T, C);
-    for (int l = 0; l < L; l++) {
-        LayerWeights w = gpt2_layer_params(model, l);
-        LayerActs x = layer_acts(a, d, B, T, l);
-        floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
-        // attention half (block.h), its residual add fused with ln2: residual2 = x + attproj
-        attention_half_forward(x, w, B, T, d);
-        fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, residual,
-                                         x.attproj, w.ln2w, w.ln2b, B * T, C);
-        // MLP half, its residual add fused with the next LayerNorm (the next layer's ln1, or
-        // lnf after the last layer): residual3 = residual2 + fcproj
-        mlp_half_forward(x, w, B, T, d);
-        if (l + 1 < L) {
-            LayerWeights wn = gpt2_layer_params(model, l + 1);
-            LayerActs xn = layer_acts(a, d, B, T, l + 1);
-            fused_residual_layernorm_forward(x.residual3, xn.ln1, xn.ln1_mean, xn.ln1_rstd, x.residual2,
-                                             x.fcproj, wn.ln1w, wn.ln1b, B * T, C);
-        } else {
-            fused_residual_layernorm_forward(x.residual3, a->lnf, a->lnf_mean, a->lnf_rstd,
-                                             x.residual2, x.fcproj, p.lnfw, p.lnfb, B * T, C);
-        }
-    }
-    // LM head tied to the token embedding: logits (B, T, Vp) = lnf @ wte^T
-    matmul_forward(a->logits, a->lnf, p.wte, NULL, B * T, C, d.Vp);
-}
-
-// ----------------------------------------------------------------------------------------------
 // ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054). DDP keeps on every rank what the optimizer
 // needs for every parameter: 16 bytes each in mixed precision (2 parameter, 2 gradient, 4 master
 // weight, 4 + 4 AdamW moments). ZeRO gives each of the N ranks one shard of it instead:
@@ -84,80 +47,205 @@ static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
 //         parameters are all-gathered: the same bytes on the wire as DDP's all-reduce (which is
 //         a reduce-scatter then an all-gather), for 12/16 of the memory divided by N.
 //   -z 2: the gradients too: each bucket's gradient is reduce-scattered as soon as the backward
-//         pass has produced it, and the next bucket reuses its buffer.
+//         pass has produced it, and a later bucket reuses its buffer.
+//   -z 3: the parameters too, as PyTorch's FSDP (Zhao et al. 2023, arXiv:2304.11277): a rank
+//         keeps its shard of every bucket, and all-gathers a bucket into a gather buffer just
+//         before the forward pass needs it, and again before the backward pass does; the buffer
+//         then serves another bucket. 16/N bytes per parameter, for one more all-gather of the
+//         model per micro-batch: 3 (N-1)/N Psi on the wire instead of 2.
 // The units are buckets (model.h): the embeddings, each layer, the final LayerNorm. The rank's
 // buffers are laid out bucket after bucket (parameter_layout_buckets), so every collective is one
 // call on one contiguous range, and the file's tensor order is restored when files are written.
 // Chosen over llm.c's grouped call per tensor slice of a layer: one call per bucket, and one
 // padding per bucket rather than per slice, at the cost of a conversion at file I/O.
+//
+// Overlap (-overlap 1): a collective is posted as soon as its input is ready and waited for only
+// when its output is needed, so that it runs while the rank computes: a layer's gradient is
+// reduced while the backward pass goes on to the layers below it (all stages), the next layer's
+// parameters are gathered while this one computes (-z 3, "prefetch"), and after the update each
+// bucket's parameters are gathered while the next bucket is updated (-z 1, 2). -overlap 0 waits
+// at once after each post (DDP and -z 1: one reduction after the backward pass, as before).
 
 typedef struct {
     int stage;            // -z
+    int overlap;          // -overlap
     CommGroup* dp;        // the data-parallel ranks that share the buckets
     floatX* grad_shards;  // this rank's reduced shard of every bucket's gradient: -z 1 its own
-                          // buffer (the reduce-scatter's output), -z 2 the model's gradients
-    floatX* bucket[3];    // -z 2: the gradient of the embeddings' bucket, of one layer's, of the
-                          // final LayerNorm's, before they are reduce-scattered
-    floatX* received;     // -z 2 with accumulation: a reduce-scatter's output, to be added
-    int micro;            // the micro-batch of the step the backward is on
+                          // buffer (the reduce-scatter's output), -z 2, 3 the model's gradients
+    floatX* grad_bucket[4];  // -z 2, 3: a bucket's gradient before it is reduce-scattered: the
+                             // embeddings', a layer's (two with overlap: one in flight while the
+                             // backward fills the other), the final LayerNorm's
+    floatX* received;     // -z 2, 3 with accumulation: a reduce-scatter's output, to be added
+    floatX* gathered;     // -z 3: the gather buffer, the size of the largest of: the embeddings'
+                          // bucket, or two layers' buckets and the final LayerNorm's after them
+    CommRequest* requests;  // one per bucket: its gradient's reduction (DDP and -z 1, on the last
+                            // micro-batch), or its parameters' all-gather after the update
+    CommRequest reducing;   // -z 2, 3: the reduce-scatter in flight (one at a time), its
+    int reducing_bucket;    // bucket (or -1), and 1 when its output is `received`, to be added
+    int reducing_adds;
+    CommRequest gathering;  // -z 3: the all-gather in flight (one at a time: the prefetch)
+    int micro, accum;     // the micro-batch of the step the backward is on, of accum
 } Zero;
 
-// ZeRO's buffers besides the model's own (which gpt2_build shards as the layout says)
-static size_t zero_buffer_bytes(const ParameterLayout* p, int accum) {
-    size_t X = sizeof(floatX);
-    if (p->zero == 1) return p->count / p->shards * X;
-    if (p->zero == 2) return (p->bucket_sizes[0] + p->bucket_sizes[1] + p->bucket_sizes[2]) * X +
-                             (accum > 1 ? parameter_largest_bucket(p) / p->shards * X : 0);
-    return 0;
+// the buffers of bucket k's gradient (-z 2, 3) and parameters (-z 3) before reduction / after
+// gathering: the embeddings fill the gather buffer; the layers take turns in its first two
+// layer-sized slots (layer l in slot l % 2), so that the next layer can be gathered while one
+// computes, and the final LayerNorm follows them
+static floatX* grad_bucket_buffer(const Zero* z, const ParameterLayout* p, int k) {
+    int kind = parameter_bucket_kind(p, k);
+    return kind == 0 ? z->grad_bucket[0] : kind == 2 ? z->grad_bucket[3] : z->grad_bucket[1 + (z->overlap ? (k - 1) % 2 : 0)];
+}
+static floatX* gathered_bucket(const Zero* z, const ParameterLayout* p, int k) {
+    int kind = parameter_bucket_kind(p, k);
+    return z->gathered + (kind == 0 ? 0 : kind == 1 ? (size_t)((k - 1) % 2) * p->bucket_sizes[1] : 2 * p->bucket_sizes[1]);
+}
+static size_t gather_buffer_size(const ParameterLayout* p) {
+    size_t layers = 2 * p->bucket_sizes[1] + p->bucket_sizes[2];
+    return p->bucket_sizes[0] > layers ? p->bucket_sizes[0] : layers;
 }
 
-static Zero zero_alloc(GPT2* model, CommGroup* dp, int accum) {
+// ZeRO's buffers besides the model's own (which gpt2_build shards as the layout says)
+static size_t zero_buffer_bytes(const ParameterLayout* p, int accum, int overlap) {
+    size_t X = sizeof(floatX), bytes = 0;
+    if (p->zero == 1) bytes = p->count / p->shards * X;
+    if (p->zero >= 2) bytes = (p->bucket_sizes[0] + (overlap ? 2 : 1) * p->bucket_sizes[1] + p->bucket_sizes[2]) * X +
+                              (accum > 1 ? parameter_largest_bucket(p) / p->shards * X : 0);
+    if (p->zero == 3) bytes += gather_buffer_size(p) * X;
+    return bytes;
+}
+
+static Zero zero_alloc(GPT2* model, CommGroup* dp, int accum, int overlap) {
     const ParameterLayout* p = &model->layout;
     Zero z;
     memset(&z, 0, sizeof(z));
     z.stage = p->zero;
+    z.overlap = overlap;
     z.dp = dp;
+    z.accum = accum;
+    z.reducing_bucket = -1;
+    z.requests = (CommRequest*)calloc_check((size_t)parameter_num_buckets(p), sizeof(CommRequest));
     if (z.stage == 1) z.grad_shards = (floatX*)device_malloc(p->count / p->shards * sizeof(floatX));
-    if (z.stage == 2) {
+    if (z.stage >= 2) {
         z.grad_shards = model->grads_memory;
-        for (int k = 0; k < 3; k++) z.bucket[k] = (floatX*)device_malloc(p->bucket_sizes[k] * sizeof(floatX));
+        size_t sizes[4] = {p->bucket_sizes[0], p->bucket_sizes[1], overlap ? p->bucket_sizes[1] : 0, p->bucket_sizes[2]};
+        for (int i = 0; i < 4; i++) z.grad_bucket[i] = sizes[i] ? (floatX*)device_malloc(sizes[i] * sizeof(floatX)) : NULL;
         if (accum > 1) z.received = (floatX*)device_malloc(parameter_largest_bucket(p) / p->shards * sizeof(floatX));
     }
+    if (z.stage == 3) z.gathered = (floatX*)device_malloc(gather_buffer_size(p) * sizeof(floatX));
     return z;
 }
 
 static void zero_free(Zero* z) {
     if (z->stage == 1) device_free(z->grad_shards);
-    for (int k = 0; k < 3; k++) {
-        if (z->bucket[k]) device_free(z->bucket[k]);
+    for (int i = 0; i < 4; i++) {
+        if (z->grad_bucket[i]) device_free(z->grad_bucket[i]);
     }
     if (z->received) device_free(z->received);
+    if (z->gathered) device_free(z->gathered);
+    free(z->requests);
+}
+
+// ---- -z 3: the parameters of a bucket, gathered when they are needed
+
+// Posts the all-gather of bucket k's parameters into its place in the gather buffer: every
+// rank's shard (bucket size / N floatX), concatenated in rank order, is the whole bucket. Waited
+// for by params_gathered, at the first use; -overlap 0 waits at once.
+static void params_gather_start(Zero* z, GPT2* model, int k) {
+    if (z->stage < 3) return;
+    size_t global, local, n;
+    layout_bucket_shard(&model->layout, k, &global, &local, &n);
+    comm_all_gather_start(z->dp, model->params_memory + local, gathered_bucket(z, &model->layout, k), n, COMM_FLOATX,
+                          &z->gathering);
+    if (!z->overlap) comm_wait(&z->gathering);
+}
+static void params_gathered(Zero* z) {
+    if (z->stage == 3) comm_wait(&z->gathering);
+}
+
+// where the forward and backward passes read bucket k's parameters: in the model's own buffer
+// (-z 0, 1, 2: whole on every rank), or in the gather buffer (-z 3)
+static floatX* bucket_params(const Zero* z, const GPT2* model, int k) {
+    if (z->stage == 3) return gathered_bucket(z, &model->layout, k);
+    return model->params_memory + parameter_bucket_offset(&model->layout, k);
+}
+static LayerWeights layer_params(const Zero* z, const GPT2* model, int l) {
+    return layer_weights_in_bucket(&model->layout, bucket_params(z, model, 1 + l));
+}
+
+// ---- the gradients of a bucket, reduced as soon as the backward pass has produced them
+
+// -z 2, 3: the reduce-scatter in flight is complete (its bucket buffer free again); after the
+// first micro-batch of a step it went into `received`, which is now added to the shards: the
+// shards accumulate the step's gradient, as the whole buffer does under DDP
+static void zero_reduce_wait(Zero* z, GPT2* model) {
+    if (z->reducing_bucket < 0) return;
+    comm_wait(&z->reducing);
+    if (z->reducing_adds) {
+        size_t global, local, n;
+        layout_bucket_shard(&model->layout, z->reducing_bucket, &global, &local, &n);
+        residual_forward(z->grad_shards + local, z->grad_shards + local, z->received, 1, (int)n);  // shards += received
+    }
+    z->reducing_bucket = -1;
 }
 
 // Where the backward writes bucket k's gradient: its place in the whole gradient buffer (-z 0
-// and 1, which reduce after the last micro-batch), or the bucket's own buffer, zeroed (-z 2).
+// and 1), or the bucket's own buffer (-z 2, 3), zeroed once no reduction reads it any more
 static floatX* bucket_grad(Zero* z, GPT2* model, int k) {
     const ParameterLayout* p = &model->layout;
     if (z->stage < 2) return model->grads_memory + parameter_bucket_offset(p, k);
-    floatX* buf = z->bucket[parameter_bucket_kind(p, k)];
+    floatX* buf = grad_bucket_buffer(z, p, k);
+    if (z->reducing_bucket >= 0 && grad_bucket_buffer(z, p, z->reducing_bucket) == buf) zero_reduce_wait(z, model);
     device_memset_zero(buf, parameter_bucket_size(p, k) * sizeof(floatX));
     return buf;
 }
 
-// Bucket k's gradient is complete for this micro-batch. -z 2 reduce-scatters it now: (bucket
-// size) floatX in, this rank's 1/N of it out, averaged over the ranks, into the shards (the first
-// micro-batch of a step), or added to them (the later ones: the shards accumulate the step's
-// gradient, as the whole buffer does under DDP). Its buffer is free again for the next bucket.
+// Bucket k's gradient is complete for this micro-batch; its reduction is posted now:
+//   -z 2, 3: reduce-scatter, (bucket size) floatX in, this rank's 1/N of it out, averaged over
+//            the ranks, into the shards (first micro-batch) or `received` (later ones). One in
+//            flight at a time: the previous bucket's is finished first.
+//   DDP, -z 1 with overlap, on the step's last micro-batch (the earlier ones only accumulate):
+//            all-reduce of the bucket in place (DDP) or reduce-scatter into the shards (-z 1),
+//            all of them in flight until the backward pass ends (zero_reduce_finish).
 static void bucket_grad_done(Zero* z, GPT2* model, int k) {
-    if (z->stage < 2) return;
+    const ParameterLayout* p = &model->layout;
     size_t global, local, n;
-    layout_bucket_shard(&model->layout, k, &global, &local, &n);
-    floatX* buf = z->bucket[parameter_bucket_kind(&model->layout, k)];
-    if (z->micro == 0) {
-        comm_reduce_scatter(z->dp, buf, z->grad_shards + local, n, COMM_FLOATX, COMM_AVG);
+    layout_bucket_shard(p, k, &global, &local, &n);
+    if (z->stage >= 2) {
+        zero_reduce_wait(z, model);
+        floatX* out = z->micro == 0 ? z->grad_shards + local : z->received;
+        comm_reduce_scatter_start(z->dp, grad_bucket_buffer(z, p, k), out, n, COMM_FLOATX, COMM_AVG, &z->reducing);
+        z->reducing_bucket = k;
+        z->reducing_adds = z->micro > 0;
+        if (!z->overlap) zero_reduce_wait(z, model);
+    } else if (z->overlap && z->micro == z->accum - 1) {
+        floatX* grad = model->grads_memory + parameter_bucket_offset(p, k);
+        if (z->stage == 0) comm_all_reduce_start(z->dp, grad, parameter_bucket_size(p, k), COMM_FLOATX, COMM_AVG, &z->requests[k]);
+        else comm_reduce_scatter_start(z->dp, grad, z->grad_shards + local, n, COMM_FLOATX, COMM_AVG, &z->requests[k]);
+    }
+}
+
+// after the step's last backward pass: every gradient reduction complete. Without overlap, DDP
+// and -z 1 reduce here, after the backward pass
+static void zero_reduce_finish(Zero* z, GPT2* model) {
+    const ParameterLayout* p = &model->layout;
+    if (z->stage >= 2) zero_reduce_wait(z, model);
+    else if (z->overlap) {
+        for (int k = 0; k < parameter_num_buckets(p); k++) comm_wait(&z->requests[k]);
+    } else if (z->stage == 0) {
+        // DDP: all-reduce every gradient, (Psi) floatX in one flat buffer, with AVG. After it
+        // every rank holds the same gradient; the replicas stay identical because they also
+        // started identical (the same seed or model file on every rank, where PyTorch's DDP
+        // broadcasts rank 0's weights) and round alike (the same stochastic-rounding seed).
+        comm_all_reduce(z->dp, model->grads_memory, model->num_parameters, COMM_FLOATX, COMM_AVG);
     } else {
-        comm_reduce_scatter(z->dp, buf, z->received, n, COMM_FLOATX, COMM_AVG);
-        residual_forward(z->grad_shards + local, z->grad_shards + local, z->received, 1, (int)n);  // shards += received
+        // ZeRO-1: reduce-scatter each bucket, (bucket) floatX in, its 1/N shard out, averaged:
+        // each rank gets the sum only of what it updates
+        for (int k = 0; k < parameter_num_buckets(p); k++) {
+            size_t global, local, n;
+            layout_bucket_shard(p, k, &global, &local, &n);
+            comm_reduce_scatter(z->dp, model->grads_memory + parameter_bucket_offset(p, k), z->grad_shards + local, n,
+                                COMM_FLOATX, COMM_AVG);
+        }
     }
 }
 
@@ -177,6 +265,64 @@ static void write_gradients(GPT2* model, Zero* z, CommGroup* world, const char* 
     free(full);
 }
 
+// ----------------------------------------------------------------------------------------------
+// forward and backward of the whole model on one micro-batch. B and T may be smaller than the
+// allocated shape (sampling uses B = 1): per-layer slices are laid out with the actual B, T.
+// Parameters come from bucket_params; under -z 3 each bucket is gathered first (above).
+
+static void gpt2_forward(GPT2* model, Zero* z, const int* inputs_host, int B, int T) {
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    const ParameterLayout* lay = &model->layout;
+    int L = c.num_layers, C = c.channels;
+    Activations* a = &model->acts;
+    copy_host_to_device(model->inputs, inputs_host, (size_t)B * T * sizeof(int));
+
+    // -z 3: the embeddings' bucket (wte, wpe), then layer 0's, which the first LayerNorm needs
+    params_gather_start(z, model, 0);
+    params_gathered(z);
+    floatX* wte = bucket_params(z, model, 0);
+    encoder_forward(a->encoded, model->inputs, wte, wte + lay->sizes[0], B, T, C);
+    params_gather_start(z, model, 1);
+    params_gathered(z);
+    LayerWeights w0 = layer_params(z, model, 0);
+    LayerActs first = layer_acts(a, d, B, T, 0);
+    layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, w0.ln1w, w0.ln1b, B * T, C);
+    for (int l = 0; l < L; l++) {
+        // -z 3 prefetch: the next bucket (layer l + 1, or the final LayerNorm after the last
+        // layer) is gathered while this layer computes; its LayerNorm ends this layer
+        params_gather_start(z, model, l + 2);
+        LayerWeights w = layer_params(z, model, l);
+        LayerActs x = layer_acts(a, d, B, T, l);
+        floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
+        // attention half (block.h), its residual add fused with ln2: residual2 = x + attproj
+        attention_half_forward(x, w, B, T, d);
+        fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, residual,
+                                         x.attproj, w.ln2w, w.ln2b, B * T, C);
+        comm_progress(z->dp);  // (CPU: MPI moves the collectives in flight only when called)
+        // MLP half, its residual add fused with the next LayerNorm (the next layer's ln1, or
+        // lnf after the last layer): residual3 = residual2 + fcproj
+        mlp_half_forward(x, w, B, T, d);
+        params_gathered(z);
+        if (l + 1 < L) {
+            LayerWeights wn = layer_params(z, model, l + 1);
+            LayerActs xn = layer_acts(a, d, B, T, l + 1);
+            fused_residual_layernorm_forward(x.residual3, xn.ln1, xn.ln1_mean, xn.ln1_rstd, x.residual2,
+                                             x.fcproj, wn.ln1w, wn.ln1b, B * T, C);
+        } else {
+            floatX* lnf = bucket_params(z, model, L + 1);
+            fused_residual_layernorm_forward(x.residual3, a->lnf, a->lnf_mean, a->lnf_rstd,
+                                             x.residual2, x.fcproj, lnf, lnf + lay->sizes[14], B * T, C);
+        }
+    }
+    // LM head tied to the token embedding: logits (B, T, Vp) = lnf @ wte^T. -z 3: the
+    // embeddings' bucket again (the layers have used its buffer since), kept for the LM head's
+    // backward, which comes next
+    params_gather_start(z, model, 0);
+    params_gathered(z);
+    matmul_forward(a->logits, a->lnf, bucket_params(z, model, 0), NULL, B * T, C, d.Vp);
+}
+
 // Accumulates the parameter gradients of one micro-batch, bucket by bucket (above); expects
 // gpt2_loss to have left dlogits.
 static void gpt2_backward(GPT2* model, Zero* z, int B, int T) {
@@ -184,7 +330,6 @@ static void gpt2_backward(GPT2* model, Zero* z, int B, int T) {
     LayerDims d = model->dims;
     const ParameterLayout* lay = &model->layout;
     int L = c.num_layers, C = c.channels;
-    ParameterTensors p = model->params;
     Activations* a = &model->acts;
     // the embeddings' bucket (wte, then wpe) and the final LayerNorm's (lnfw, lnfb). The tied wte
     // takes the LM head's gradient first and the lookups' last, so the embeddings' bucket is
@@ -193,14 +338,22 @@ static void gpt2_backward(GPT2* model, Zero* z, int B, int T) {
     floatX* lnf = bucket_grad(z, model, L + 1);
     floatX *dwte = embeddings, *dwpe = embeddings + lay->sizes[0], *dlnfw = lnf, *dlnfb = lnf + lay->sizes[14];
 
-    // LM head and final LayerNorm: dresidual = gradient w.r.t. the last layer's output
-    matmul_backward(a->dbuf, dwte, NULL, a->logits, a->lnf, p.wte, B * T, C, d.Vp);
+    // LM head (-z 3: wte still gathered from the forward pass) and final LayerNorm (-z 3:
+    // gathered again, with layer L-1 prefetched behind it): dresidual = gradient w.r.t. the last
+    // layer's output
+    matmul_backward(a->dbuf, dwte, NULL, a->logits, a->lnf, bucket_params(z, model, 0), B * T, C, d.Vp);
+    params_gather_start(z, model, L + 1);
+    params_gathered(z);
+    params_gather_start(z, model, L);
+    floatX* lnfw = bucket_params(z, model, L + 1);
     device_memset_zero(a->dresidual, (size_t)B * T * C * sizeof(floatX));
     layernorm_backward(a->dresidual, dlnfw, dlnfb, a->dbuf, layer_acts(a, d, B, T, L - 1).residual3,
-                       p.lnfw, a->lnf_mean, a->lnf_rstd, B * T, C);
+                       lnfw, a->lnf_mean, a->lnf_rstd, B * T, C);
     bucket_grad_done(z, model, L + 1);
     for (int l = L - 1; l >= 0; l--) {
-        LayerWeights w = gpt2_layer_params(model, l), gw = layer_weights_in_bucket(lay, bucket_grad(z, model, 1 + l));
+        params_gathered(z);
+        LayerWeights w = layer_params(z, model, l), gw = layer_weights_in_bucket(lay, bucket_grad(z, model, 1 + l));
+        if (l > 0) params_gather_start(z, model, l);  // -z 3 prefetch: layer l - 1's bucket
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
         // a residual add passes dresidual to both of its inputs unchanged: to the MLP half's
@@ -208,10 +361,11 @@ static void gpt2_backward(GPT2* model, Zero* z, int B, int T) {
         mlp_half_backward(a->dbuf, a->dfch, a->dresidual, x, w, gw, B, T, d);
         layernorm_backward(a->dresidual, gw.ln2w, gw.ln2b, a->dbuf, x.residual2, w.ln2w, x.ln2_mean,
                            x.ln2_rstd, B * T, C);
+        comm_progress(z->dp);  // (CPU: MPI moves the collectives in flight only when called)
         attention_half_backward(a->dbuf, a->dbuf, a->dqkv, a->dresidual, x, w, gw, B, T, d);
         layernorm_backward(a->dresidual, gw.ln1w, gw.ln1b, a->dbuf, residual, w.ln1w, x.ln1_mean,
                            x.ln1_rstd, B * T, C);
-        bucket_grad_done(z, model, 1 + l);  // layer l's gradient is complete
+        bucket_grad_done(z, model, 1 + l);  // layer l's gradient is complete: reduced from now on
     }
     encoder_backward(dwte, dwpe, a->dresidual, model->inputs, B, T, C);
     bucket_grad_done(z, model, 0);
@@ -219,13 +373,12 @@ static void gpt2_backward(GPT2* model, Zero* z, int B, int T) {
 
 // ----------------------------------------------------------------------------------------------
 
-
-static float evaluate(GPT2* model, DataLoader* val, int batches, CommGroup* world) {
+static float evaluate(GPT2* model, Zero* z, DataLoader* val, int batches, CommGroup* world) {
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
         dataloader_seek(val, (size_t)i);
         dataloader_load_chunk(val, world->rank, model->config.vocab_size);  // one chunk per rank
-        gpt2_forward(model, val->inputs, model->B, model->T);
+        gpt2_forward(model, z, val->inputs, model->B, model->T);
         sum += gpt2_loss(model, val->targets, model->B, model->T, 0.0f);
     }
     float loss = (float)(sum / batches);
@@ -233,24 +386,28 @@ static float evaluate(GPT2* model, DataLoader* val, int batches, CommGroup* worl
     return loss;
 }
 
-// autoregressive sampling from <|endoftext|>, one sequence on rank 0 (the tokenizer's end-of-text
-// id was checked to be inside the model's vocabulary)
-static void sample(GPT2* model, const Tokenizer* tok, Rng* rng, int gen_tokens, int step) {
+// autoregressive sampling from <|endoftext|> (its id was checked to be inside the model's
+// vocabulary). Every rank runs it, because under -z 3 the forward pass gathers each bucket from
+// all of them: the same sampling rng on every rank draws the same tokens, and rank 0 (tok !=
+// NULL) prints them
+static void sample(GPT2* model, Zero* z, const Tokenizer* tok, int eot, Rng* rng, int gen_tokens, int step) {
     int V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
     int* tokens = (int*)malloc_check((size_t)gen_tokens * sizeof(int));
     float* logits = (float*)malloc_check((size_t)Vp * sizeof(float));  // one row, as fp32
-    tokens[0] = tok->eot_token;
-    printf("---- sample at step %d ----\n", step);
+    tokens[0] = eot;
+    if (tok) printf("---- sample at step %d ----\n", step);
     for (int t = 1; t < gen_tokens; t++) {
-        gpt2_forward(model, tokens, 1, t);
+        gpt2_forward(model, z, tokens, 1, t);
         copy_device_to_floats(logits, model->acts.logits + (size_t)(t - 1) * Vp, Vp);
         int next = sample_next_token(logits, V, rng);
         tokens[t] = next;
         watchdog_beat();  // one token is progress: a long sample is not a hang
-        tokenizer_print(tok, next);
-        fflush(stdout);
+        if (tok) {
+            tokenizer_print(tok, next);
+            fflush(stdout);
+        }
     }
-    printf("\n----------------\n");
+    if (tok) printf("\n----------------\n");
     free(tokens);
     free(logits);
 }
@@ -259,16 +416,19 @@ static void sample(GPT2* model, const Tokenizer* tok, Rng* rng, int gen_tokens, 
 // ZeRO paper's formulas. Model states take 16 bytes per parameter either way: fp32 parameters 4
 // + gradients 4 + AdamW m 4 + v 4, or bf16 parameters 2 + gradients 2 + fp32 master weights 4 +
 // m 4 + v 4. DDP keeps all 16 on every rank; each ZeRO stage divides more of them by N.
-static void print_layout(const GPT2* model, const TrainArgs* args, int N, int zero, int accum, int max_steps,
-                         size_t train_tokens, size_t val_tokens, size_t host_bytes, int ranks_sharing_memory) {
+static void print_layout(const GPT2* model, const TrainArgs* args, int N, int zero, int overlap, int accum, int max_steps,
+                         size_t train_tokens, size_t val_tokens, size_t predicted, size_t host_bytes,
+                         int ranks_sharing_memory) {
     GPT2Config c = model->config;
     const ParameterLayout* p = &model->layout;
     BannerRow rows[16];
-    const char* title[3] = {"train_gpt2_dp (DDP)", "train_gpt2_dp (ZeRO-1)", "train_gpt2_dp (ZeRO-2)"};
+    const char* title[4] = {"train_gpt2_dp (DDP)", "train_gpt2_dp (ZeRO-1)", "train_gpt2_dp (ZeRO-2)",
+                            "train_gpt2_dp (ZeRO-3, FSDP)"};
     int n = train_banner_model(rows, title[zero], args->model, c);
     banner_row(&rows[n++], "ranks (data parallel)", "%d", N);
     banner_row(&rows[n++], "micro-batch B x T", "%d x %d", args->B, args->T);
     banner_row(&rows[n++], "accumulation steps", "%d", accum);
+    banner_row(&rows[n++], "communication", "%s", overlap ? "overlapped with compute (-overlap 1)" : "after each post (-overlap 0)");
     banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
     banner_row(&rows[n++], "steps", "%d", max_steps);
     banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
@@ -292,8 +452,9 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
     train_print_memory_row("master weights", mixed ? S * 4 : 0, mixed ? (zero >= 1 ? "4 Psi / N" : "4 Psi") : "none in fp32");
     train_print_memory_row("AdamW m, v", S * 8, zero >= 1 ? "8 Psi / N: this rank's shards" : "8 Psi");
     double states = (layout_params_held(p) + layout_grads_held(p)) * X + S * (mixed ? 12 : 8);
-    const char* formula[3] = {"16 Psi (ZeRO paper: DDP)", mixed ? "(2 + 2) Psi + 12 Psi / N (ZeRO paper: P_os)" : "(4 + 4) Psi + 8 Psi / N",
-                              mixed ? "2 Psi + 14 Psi / N (ZeRO paper: P_os+g)" : "4 Psi + 12 Psi / N"};
+    const char* formula[4] = {"16 Psi (ZeRO paper: DDP)", mixed ? "(2 + 2) Psi + 12 Psi / N (ZeRO paper: P_os)" : "(4 + 4) Psi + 8 Psi / N",
+                              mixed ? "2 Psi + 14 Psi / N (ZeRO paper: P_os+g)" : "4 Psi + 12 Psi / N",
+                              "16 Psi / N (ZeRO paper: P_os+g+p)"};
     snprintf(note, sizeof(note), "= %s", formula[zero]);
     train_print_memory_row("model states", states, note);
     size_t BT = (size_t)args->B * args->T, L = c.num_layers;
@@ -301,13 +462,18 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
              BT * c.padded_vocab_size * X / 1e6, 2 * L * BT * 4 * c.channels * X / 1e6,
              L * attention_state_bytes(args->B, args->T, c.channels, c.num_heads) / 1e6);
     train_print_memory_row("activations", (double)model->acts.arena_bytes, note);
-    const char* buffers[3] = {"the all-reduce works in place",
-                              "the reduce-scatter's output: X Psi / N (the all-gather works in place)",
-                              "a gradient buffer per kind of bucket (embeddings, layer, final LayerNorm), and with accumulation a shard to add"};
-    train_print_memory_row("comm buffers", (double)zero_buffer_bytes(p, accum), buffers[zero]);
-    snprintf(note, sizeof(note), "x %d ranks sharing this memory", ranks_sharing_memory);
-    train_print_memory_row("total", (double)(gpt2_memory_bytes(model->dims, p, ACTS_ALL, args->B, args->T) +
-                                             zero_buffer_bytes(p, accum)), note);
+    const char* reduction[4] = {"none: the all-reduce works in place",
+                                "the reduce-scatter's output: X Psi / N (the all-gather works in place)",
+                                overlap ? "X (embeddings + 2 layers + final LayerNorm): buckets before reduction (+ a shard to add, with accumulation)"
+                                        : "X (embeddings + layer + final LayerNorm): buckets before reduction (+ a shard to add, with accumulation)",
+                                NULL};
+    reduction[3] = reduction[2];
+    double gather = zero == 3 ? (double)gather_buffer_size(p) * X : 0.0;
+    train_print_memory_row("reduction buffers", (double)zero_buffer_bytes(p, accum, overlap) - gather, reduction[zero]);
+    train_print_memory_row("gather buffer", gather, zero == 3 ? "X max(embeddings, 2 layers + final LayerNorm)" : "none: the parameters are whole");
+    snprintf(note, sizeof(note), "x %d ranks sharing this memory; the run's high-water mark is printed at its end",
+             ranks_sharing_memory);
+    train_print_memory_row("total", (double)predicted, note);
     train_print_memory_row("host buffers", (double)host_bytes, "at most (weights; on resume also the AdamW moments)");
 }
 
@@ -317,14 +483,20 @@ int main(int argc, char** argv) {
     const char* dump_grads = NULL;
     ArgSpec specs[TRAIN_MAX_SPECS];
     int num_specs = train_args_common(&args, specs);
-    int check_replicas = 0, zero = 0;
-    ArgSpec zero_spec = {"-z", ARG_INT, &zero, 0, 2, "ZeRO stage: 0 DDP (everything replicated), 1 the optimizer state sharded over the ranks, 2 the gradients too"};
+    int check_replicas = 0, zero = 0, overlap = 1;
+    ArgSpec zero_spec = {"-z", ARG_INT, &zero, 0, 3, "ZeRO stage: 0 DDP (everything replicated), 1 the optimizer state sharded over the ranks, 2 the gradients too, 3 the parameters too (FSDP)"};
+    ArgSpec overlap_spec = {"-overlap", ARG_INT, &overlap, 0, 1, "1: gradient reductions and parameter gathers run while the rank computes; 0: each waited for at once"};
     ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"};
     ArgSpec check = {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all replicas hold the same parameters (their stored bits; not the master weights or moments) (0: never)"};
     specs[num_specs++] = zero_spec;
+    specs[num_specs++] = overlap_spec;
     specs[num_specs++] = dump;
     specs[num_specs++] = check;
     if (!args_parse(argc, argv, specs, num_specs)) return 0;
+    if (zero == 3 && check_replicas > 0) {
+        fail("-check_replicas %d with -z 3: under ZeRO-3 every rank holds a different shard of the "
+             "parameters, so there are no replicas to compare; use -z 0, 1 or 2", check_replicas);
+    }
 
     CommGroup world;
     comm_init(&world, &argc, &argv);
@@ -358,9 +530,8 @@ int main(int argc, char** argv) {
     LayerDims dims = layer_dims(config, 1, 0);  // every rank holds whole layers
     // the whole model in buckets, padded for ZeRO into one equal shard per rank (model.h)
     ParameterLayout layout = parameter_layout_buckets(config, zero, world.size, rank);
-    size_t zero_bytes = zero_buffer_bytes(&layout, accum);
-    memory_check_fits(gpt2_memory_bytes(dims, &layout, ACTS_ALL, args.B, args.T) + zero_bytes, host_bytes,
-                      world.ranks_sharing_memory, layout_note);
+    size_t predicted = gpt2_memory_bytes(dims, &layout, ACTS_ALL, args.B, args.T) + zero_buffer_bytes(&layout, accum, overlap);
+    memory_check_fits(predicted, host_bytes, world.ranks_sharing_memory, layout_note);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
     // the weights: read (checksum verified, non-finite values refused) or drawn from the seed
@@ -375,9 +546,10 @@ int main(int argc, char** argv) {
         if ((size_t)args.val_batches > val.batches_per_epoch) args.val_batches = (int)val.batches_per_epoch;
     }
     int max_steps = args.max_steps >= 0 ? args.max_steps : (int)train.batches_per_epoch;
-    // samples come from rank 0, with the tokenizer's decode table (checked against the model)
+    // samples: drawn on every rank (-z 3 gathers the model from all of them), printed by rank 0
+    // with the tokenizer's decode table (checked against the model)
     Tokenizer tok;
-    int can_sample = rank == 0 && args.sample_every > 0 && train_open_tokenizer(&tok, args.tokenizer_path, config);
+    int eot, can_sample = train_open_shared_sampling(&args, config, &world, &tok, &eot);
     int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
 
     // ---- the run's identity: everything that determines the training trajectory. A checkpoint
@@ -399,10 +571,10 @@ int main(int argc, char** argv) {
     GPT2 model;
     gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_ALL);
     free(params_host);
-    Zero z = zero_alloc(&model, &world, accum);
+    Zero z = zero_alloc(&model, &world, accum, overlap);
 
-    if (rank == 0) print_layout(&model, &args, world.size, zero, accum, max_steps, train.num_tokens,
-                                args.val_every > 0 ? val.num_tokens : 0, host_bytes, world.ranks_sharing_memory);
+    if (rank == 0) print_layout(&model, &args, world.size, zero, overlap, accum, max_steps, train.num_tokens,
+                                args.val_every > 0 ? val.num_tokens : 0, predicted, host_bytes, world.ranks_sharing_memory);
 
     // ---- with -y 1, resume from the newest complete checkpoint: rank 0 picks the step, every
     // rank checks that its files are of that step, of its rank, of this layout and of this run
@@ -423,11 +595,11 @@ int main(int argc, char** argv) {
         uint64_t rng_before_sample = sample_rng.state;
         if (train_due(args.val_every, step, last)) {
             watchdog_phase("validation", step);
-            train_report_val(&logger, rank, step, evaluate(&model, &val, args.val_batches, &world));
+            train_report_val(&logger, rank, step, evaluate(&model, &z, &val, args.val_batches, &world));
         }
         if (can_sample && step > 0 && train_due(args.sample_every, step, last)) {
             watchdog_phase("sampling", step);
-            sample(&model, &tok, &sample_rng, gen_tokens, step);
+            sample(&model, &z, rank == 0 ? &tok : NULL, eot, &sample_rng, gen_tokens, step);
         }
         if (train_checkpoint_due(&args, step, start_step, last)) {
             watchdog_phase("checkpoint write", step);
@@ -437,7 +609,7 @@ int main(int argc, char** argv) {
 
         double t0 = wall_time_s();
         comm_reset_counters(&world);
-        // 1. forward + backward over this rank's micro-batches; gradients accumulate (-z 2: in
+        // 1. forward + backward over this rank's micro-batches; gradients accumulate (-z 2, 3: in
         // this rank's shards, a bucket reduce-scattered as soon as it is complete)
         watchdog_phase("forward and backward", step);
         device_memset_zero(model.grads_memory, layout_grads_held(&layout) * sizeof(floatX));
@@ -453,30 +625,16 @@ int main(int argc, char** argv) {
             // the DDP slice: micro-step `micro` of rank r is chunk micro * ranks + r, so the ranks
             // and micro-steps together read the global batch once (llmc/dataloader.h)
             dataloader_load_chunk(&train, micro * world.size + rank, config.vocab_size);
-            gpt2_forward(&model, train.inputs, args.B, args.T);
+            gpt2_forward(&model, &z, train.inputs, args.B, args.T);
             loss += gpt2_loss(&model, train.targets, args.B, args.T, dloss) / (float)accum;
             z.micro = micro;
             gpt2_backward(&model, &z, args.B, args.T);
         }
         dataloader_advance(&train);
-        // 2. the gradient reduction, and the loss (one float) averaged over the ranks.
+        // 2. the gradient reduction finishes (or, for DDP and -z 1 without overlap, happens:
+        // zero_reduce_finish), and the loss (one float) is averaged over the ranks
         watchdog_phase("gradient reduction", step);
-        if (zero == 0) {
-            // DDP: all-reduce every gradient, (Psi) floatX in one flat buffer, with AVG. After it
-            // every rank holds the same gradient; the replicas stay identical because they also
-            // started identical (the same seed or model file on every rank, where PyTorch's DDP
-            // broadcasts rank 0's weights) and round alike (the same stochastic-rounding seed).
-            comm_all_reduce(&world, model.grads_memory, model.num_parameters, COMM_FLOATX, COMM_AVG);
-        } else if (zero == 1) {
-            // ZeRO-1: reduce-scatter each bucket, (bucket) floatX in, its 1/N shard out, averaged:
-            // each rank gets the sum only of what it updates
-            for (int k = 0; k < parameter_num_buckets(&layout); k++) {
-                size_t global, local, n;
-                layout_bucket_shard(&layout, k, &global, &local, &n);
-                comm_reduce_scatter(&world, model.grads_memory + parameter_bucket_offset(&layout, k), z.grad_shards + local,
-                                    n, COMM_FLOATX, COMM_AVG);
-            }
-        }  // (ZeRO-2 reduce-scattered every bucket during the backward pass)
+        zero_reduce_finish(&z, &model);
         comm_all_reduce_scalar(&world, &loss, COMM_AVG);
         // 3. the global gradient norm, for clipping (as torch.nn.utils.clip_grad_norm_): DDP has
         // every gradient on every rank; a ZeRO rank has its shards, so the ranks' sums of squares
@@ -504,17 +662,25 @@ int main(int argc, char** argv) {
             AdamWConfig opt = train_adamw_config(&args, step, max_steps, grad_norm, &clip_scale);
             lr = opt.lr;
             for (int k = 0; k < parameter_num_buckets(&layout); k++) {
-                // this rank's shard of bucket k: n elements from `global` in the parameters, at
-                // `local` in its shards of master weights, moments and gradients
+                // this rank's shard of bucket k: n elements from `global` in the whole model, at
+                // `local` in its shards of master weights, moments and gradients (and under -z 3
+                // of the parameters, which the next forward pass gathers)
                 size_t global, local, n;
                 layout_bucket_shard(&layout, k, &global, &local, &n);
-                optimizer_adamw_step(model.params_memory + global, model.master_memory ? model.master_memory + local : NULL,
+                floatX* params = model.params_memory + (zero == 3 ? local : global);
+                optimizer_adamw_step(params, model.master_memory ? model.master_memory + local : NULL,
                                      z.grad_shards + local, model.m_memory + local, model.v_memory + local, global,
                                      global + n, &layout, opt, clip_scale, step + 1);
-                // then the updated parameters to every rank: all-gather bucket k in place, each
-                // rank's shard (n floatX) already at its place in the whole (N n)
-                comm_all_gather_in_place(&world, model.params_memory + parameter_bucket_offset(&layout, k), n, COMM_FLOATX);
+                // -z 1, 2: then the updated parameters to every rank: all-gather bucket k in
+                // place, each rank's shard (n floatX) already at its place in the whole (N n),
+                // while the next bucket is updated (with overlap)
+                if (zero < 3) {
+                    comm_all_gather_start(&world, NULL, model.params_memory + parameter_bucket_offset(&layout, k), n,
+                                          COMM_FLOATX, &z.requests[k]);
+                    if (!overlap) comm_wait(&z.requests[k]);
+                }
             }
+            for (int k = 0; k < parameter_num_buckets(&layout); k++) comm_wait(&z.requests[k]);
         }
         device_synchronize();
         double dt = wall_time_s() - t0;
@@ -524,15 +690,21 @@ int main(int argc, char** argv) {
             char line[256], comm[256];
             // the communication of the step: payload, what this rank handed to the collectives,
             // and what it sends if each is a ring (comm.h): DDP's all-reduce 2 (N-1)/N Psi X, as
-            // much as ZeRO-1's and ZeRO-2's reduce-scatter plus all-gather
-            double comm_s = comm_seconds(&world);
+            // much as ZeRO-1's and ZeRO-2's reduce-scatter plus all-gather, ZeRO-3's 3 (N-1)/N
+            // Psi X with its second all-gather. Then its time: every collective from post to
+            // completion (total), and the part of it the rank spent waiting (exposed: not hidden
+            // behind compute; all of it with -overlap 0)
             if (world.size == 1) snprintf(comm, sizeof(comm), "no communication (1 rank)");
             else {
                 int n = snprintf(comm, sizeof(comm), "all-reduce %lld B, reduce-scatter %lld B, all-gather %lld B; ring %.0f B",
                                  world.bytes[COMM_ALL_REDUCE], world.bytes[COMM_REDUCE_SCATTER],
                                  world.bytes[COMM_ALL_GATHER], comm_ring_bytes(&world));
-                if (comm_s > 0) snprintf(comm + n, sizeof(comm) - n, " in %.1f ms", comm_s * 1e3);
-                else snprintf(comm + n, sizeof(comm) - n, " (NCCL: not timed)");
+                if (comm_seconds(&world) > 0) {
+                    snprintf(comm + n, sizeof(comm) - n, "; comm %.1f ms, exposed %.1f ms", world.flight_seconds * 1e3,
+                             comm_seconds(&world) * 1e3);
+                } else {
+                    snprintf(comm + n, sizeof(comm) - n, " (NCCL: not timed)");
+                }
             }
             double mfu = train_mfu(flops_per_token, tokens_per_s, world.size, peak);
             train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, tokens_per_s, mfu);
@@ -545,11 +717,16 @@ int main(int argc, char** argv) {
             train_check_replicas(&model, &world, step + 1, NULL, "replicas");
         }
     }
-    if (rank == 0) step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
+    if (rank == 0) {
+        step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
+        // what was allocated at most, beside the prediction of the memory table (print_layout)
+        printf("device memory high-water mark %zu bytes allocated, predicted %zu (%+.2f%%)\n", device_allocated_peak(),
+               predicted, 100.0 * ((double)device_allocated_peak() / (double)predicted - 1.0));
+    }
 
     watchdog_phase("shutdown", max_steps);
     logger_close(&logger);
-    if (can_sample) tokenizer_free(&tok);
+    if (can_sample && rank == 0) tokenizer_free(&tok);
     dataloader_free(&train);
     if (args.val_every > 0) dataloader_free(&val);
     zero_free(&z);

@@ -43,6 +43,11 @@ typedef enum {
 static const char* comm_kind_names[COMM_NUM_KINDS] = {
     "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"};
 
+#define COMM_MAX_PENDING 256  // non-blocking operations in flight on one group at a time
+#ifdef __CUDACC__
+#define COMM_EVENTS COMM_MAX_PENDING  // a group's completion events, used round-robin
+#endif
+
 typedef struct {
     int rank;
     int size;
@@ -51,10 +56,17 @@ typedef struct {
     char name[32];
     long long calls[COMM_NUM_KINDS];
     long long bytes[COMM_NUM_KINDS];
-    double seconds[COMM_NUM_KINDS];  // host time inside each kind of call; 0 for NCCL calls,
-                                     // which run asynchronously (their wait is in the step time)
+    double seconds[COMM_NUM_KINDS];  // host time inside each kind of call: the time the
+                                     // caller waited, which is all of it for a blocking call and
+                                     // the post and the wait for a non-blocking one (exposed).
+                                     // 0 for NCCL calls, which run asynchronously
+    double flight_seconds;           // every operation from its start to its end (blocking: its
+                                     // call; non-blocking: until its completion was seen), hidden
+                                     // or not: the total communication time
     double op_start;                 // the call in progress: when it started, and its kind
     int op_kind;
+    struct CommRequest* pending[COMM_MAX_PENDING];  // non-blocking operations not seen complete
+    int num_pending;
 #ifdef USE_MPI
     MPI_Comm mpi;             // MPI_COMM_NULL when MPI is not in use
 #endif
@@ -63,6 +75,8 @@ typedef struct {
     cudaStream_t stream;      // collectives run here, ordered against the compute stream by events
     cudaEvent_t ready, done;
     float* scalar;            // device scratch for host values sent through NCCL
+    cudaEvent_t events[COMM_EVENTS];  // non-blocking calls' completions on the comm stream
+    int next_event;
     int staged;               // 1: copy to the host and use MPI (several ranks share one GPU)
 #endif
 } CommGroup;
@@ -80,8 +94,63 @@ static inline void comm_count(CommGroup* g, CommKind kind, size_t bytes) {
 
 // ... and ends here
 static inline void comm_done(CommGroup* g) {
-    g->seconds[g->op_kind] += wall_time_s() - g->op_start;
+    double dt = wall_time_s() - g->op_start;
+    g->seconds[g->op_kind] += dt;
+    g->flight_seconds += dt;
     watchdog_leave();
+}
+
+// A non-blocking collective (comm_*_start): posted, it runs while the caller computes, and
+// comm_wait finishes it before its output is read or its input overwritten. On the CPU it is an
+// MPI request, which moves only while this rank is inside MPI (comm_progress, comm_wait); on the
+// GPU an NCCL call on the comm stream, which the compute stream waits for at comm_wait through
+// an event. (The host-staged path completes it at the start.)
+typedef struct CommRequest {
+    CommGroup* g;
+    int active;         // posted and not yet waited for
+    int complete;       // seen complete (by comm_progress or comm_wait)
+    int kind;
+    double posted;      // wall time of the post
+    float* average;     // MPI has no average: SUM, then these `average_n` floats scaled by 1/size
+    size_t average_n;
+#ifdef USE_MPI
+    MPI_Request mpi;
+#endif
+#ifdef __CUDACC__
+    cudaEvent_t done;   // NCCL: recorded on the comm stream after the call
+#endif
+} CommRequest;
+
+// the post is over: the host time it took is exposed; the operation is pending from now on
+// (pending = 0: it completed inside the post, as on the host-staged path, or is not tracked by
+// the host, as NCCL's)
+static inline void comm_posted(CommGroup* g, CommRequest* r, int pending) {
+    r->g = g;
+    r->active = 1;
+    r->complete = !pending;
+    r->kind = g->op_kind;
+    r->posted = g->op_start;
+    double dt = wall_time_s() - g->op_start;
+    g->seconds[g->op_kind] += dt;
+    if (!pending) g->flight_seconds += dt;
+    if (pending) {
+        if (g->num_pending == COMM_MAX_PENDING) fail("group '%s': more than %d operations in flight", g->name, COMM_MAX_PENDING);
+        g->pending[g->num_pending++] = r;
+    }
+    watchdog_leave();
+}
+
+// r seen complete at wall time `now`: its flight time counts, and it leaves the pending list
+static inline void comm_completed(CommRequest* r, double now) {
+    CommGroup* g = r->g;
+    r->complete = 1;
+    g->flight_seconds += now - r->posted;
+    for (int i = 0; i < g->num_pending; i++) {
+        if (g->pending[i] == r) {
+            g->pending[i] = g->pending[--g->num_pending];
+            break;
+        }
+    }
 }
 
 // one message of an exchange (comm_exchange): n elements sent to, or received from, rank `peer`
@@ -157,6 +226,14 @@ static inline void comm_reset_counters(CommGroup* g) {
     memset(g->calls, 0, sizeof(g->calls));
     memset(g->bytes, 0, sizeof(g->bytes));
     memset(g->seconds, 0, sizeof(g->seconds));
+    g->flight_seconds = 0.0;
+}
+
+// the host time spent waiting in collectives (exposed: not hidden behind computation)
+static inline double comm_seconds(const CommGroup* g) {
+    double total = 0.0;
+    for (int k = 0; k < COMM_NUM_KINDS; k++) total += g->seconds[k];
+    return total;
 }
 
 #endif

@@ -317,12 +317,6 @@ typedef struct {
     size_t peak_memory;
 } StepStats;
 
-static inline double comm_seconds(const CommGroup* g) {
-    double total = 0.0;
-    for (int k = 0; k < COMM_NUM_KINDS; k++) total += g->seconds[k];
-    return total;
-}
-
 static inline void step_stats_add(StepStats* s, int first, double seconds, const CommGroup* g) {
     size_t memory = device_memory_used();
     s->peak_memory = memory > s->peak_memory ? memory : s->peak_memory;

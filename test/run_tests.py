@@ -187,21 +187,26 @@ def zero_padded_parameters(cfg, ranks, zero):
 def zero_step_bytes(cfg, ranks, zero, accum, X=4):
     """payload per step (README, ZeRO): DDP all-reduces X Psi and the loss; ZeRO-1 reduce-scatters
     X Psi and all-gathers X Psi, plus the loss and the norm (4 + 4); ZeRO-2 reduce-scatters every
-    micro-batch's X Psi"""
+    micro-batch's X Psi; ZeRO-3 reduce-scatters and gathers twice (forward, backward) every
+    micro-batch's X Psi, and gathers nothing after the update"""
     psi = zero_padded_parameters(cfg, ranks, zero)
     if zero == 0:
         return X * psi + 4
+    if zero == 3:
+        return 3 * accum * X * psi + 8
     return (1 if zero == 1 else accum) * X * psi + X * psi + 8
 
 
-def compare_zero_with_reference(zero, ranks, accum):
+def compare_zero_with_reference(zero, ranks, accum, overlap=1):
     cfg = REF6 if ranks == 3 else REF
     ref = reference_run(cfg)
     B = cfg["batch"] // (ranks * accum)
-    d = fresh_dir("dp_z%d_np%d_accum%d" % (zero, ranks, accum))
+    d = fresh_dir("dp_z%d_np%d_accum%d_overlap%d" % (zero, ranks, accum, overlap))
     grads_path = os.path.join(d, "grads.bin")
+    # (-z 3 holds no replicas to check)
+    check = ["-check_replicas", 1] if zero < 3 else []
     run_ok(ranks, trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-z", zero,
-                                           "-check_replicas", 1], cfg=cfg))
+                                           "-overlap", overlap] + check, cfg=cfg))
     expected = zero_step_bytes(cfg, ranks, zero, accum)
     check_against_reference(ref, d, grads_path, expected, "the README's ZeRO-%d formula" % zero)
 
@@ -213,19 +218,33 @@ def make_zero_test(zero, ranks, accum):
     return fn
 
 
-for _zero in (1, 2):
+# (the default -overlap 1: collectives in flight while the rank computes)
+for _zero in (1, 2, 3):
     for _ranks in (1, 2, 3, 4):
         for _accum in (1, 2):
             test(make_zero_test(_zero, _ranks, _accum))
 
 
 @test
-def dp_zero_ring_bytes_are_2_2_2_times_the_parameters():
+def dp_every_stage_without_overlap_vs_pytorch():
+    """-overlap 0, each collective waited for at once (DDP and ZeRO-1 reduce after the backward
+    pass): every stage at 3 ranks (uneven shards, REF6) with accumulation, and at 4 without"""
+    for zero in (0, 1, 2, 3):
+        for ranks, accum in ((3, 2), (4, 1)):
+            compare_zero_with_reference(zero, ranks, accum, overlap=0)
+
+
+@test
+def dp_zero_ring_bytes_are_2_2_2_3_times_the_parameters_and_memory_as_predicted():
     """what each rank sends on a ring, at 4 ranks and one micro-batch: DDP's all-reduce
     2 (N-1)/N X Psi, ZeRO-1's and ZeRO-2's reduce-scatter plus all-gather (N-1)/N X Psi each,
-    Psi with the padding (the 4-byte loss and norm all-reduces add 2 (N-1)/N x 4 each)"""
+    ZeRO-3's two all-gathers and a reduce-scatter, Psi with the padding (the 4-byte loss and norm
+    all-reduces add 2 (N-1)/N x 4 each). And memory: the model states of ZeRO-3 at least 3.5x
+    below DDP's (the paper: 16 Psi / N against 16 Psi), and the allocated high-water mark within
+    5% of the predicted total"""
     N, share = 4, 3 / 4
-    for zero in (0, 1, 2):
+    states = {}
+    for zero in (0, 1, 2, 3):
         d = fresh_dir("dp_ring_z%d" % zero)
         out = run_ok(N, trainer_args(reference_run(), 2, d, ["-x", 2, "-z", zero]))
         rings = [float(x) for x in re.findall(r"; ring (\d+) B", out)]
@@ -234,15 +253,23 @@ def dp_zero_ring_bytes_are_2_2_2_times_the_parameters():
         scalars = 2 * share * (4 if zero == 0 else 8)
         for ring in rings:
             # the printed bytes are rounded to a whole byte
-            assert abs(ring - (2 * share * 4 * psi + scalars)) <= 1, "-z %d: ring %d B, expected 2 x %g x 4 x %d + %g" % (
-                zero, ring, share, psi, scalars)
+            assert abs(ring - ((3 if zero == 3 else 2) * share * 4 * psi + scalars)) <= 1, \
+                "-z %d: ring %d B, expected %d x %g x 4 x %d + %g" % (zero, ring, 3 if zero == 3 else 2, share, psi, scalars)
+        # fp32: parameters 4 + gradients 4 + m 4 + v 4 bytes per parameter, each whole or its 1/N
+        held = [psi / N if zero >= stage else psi for stage in (3, 2, 1, 1)]
+        states[zero] = 4 * sum(held)
+        printed = float(re.search(r"model states\s+([\d.]+) MB", out).group(1)) * 1e6
+        assert abs(printed - states[zero]) <= 0.05e6, "-z %d: model states %g B printed, %g by the formula" % (zero, printed, states[zero])
+        peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
+        assert abs(peak - predicted) <= 0.05 * predicted, "-z %d: %d bytes allocated at most, %d predicted" % (zero, peak, predicted)
+    assert states[0] >= 3.5 * states[3], states
 
 
 @test
 def dp_zero_resume_is_bit_identical_and_refuses_another_stage():
     """each stage resumes from its sharded state files bit for bit; a checkpoint of -z 1 does not
     load at -z 2 (nor at another rank count: the state files are this layout's shards)"""
-    for zero in (1, 2):
+    for zero in (1, 2, 3):
         check_resume(lambda args, d: run_ok(2, args + ["-z", zero]), "dp_z%d_resume" % zero, 2)
     part = os.path.join(TMP, "dp_z1_resume_part")
     code, out = mpirun(2, trainer_args(reference_run(), 2, part, ["-n", 3, "-v", 2, "-m", 2, "-y", 1, "-x", 6, "-z", 2]),
@@ -451,6 +478,15 @@ def bad_inputs():
     """each case of bad_input_cases: its message, a non-zero exit on every rank, no hang (60 s),
     no files left behind"""
     run_bad_inputs_concurrently("./train_gpt2_dp")
+    # the DP trainer's own flags
+    d, _ = bad_input_cases()
+    base = ["-e", "d2", "-i", REF["tokens"], "-b", 2, "-t", 32, "-x", 2, "-v", 0, "-s", 0, "-o", os.path.join(d, "dp_flags")]
+    for args, message in ((["-z", 3, "-check_replicas", 1], "there are no replicas to compare"),
+                          (["-z", 4], "flag '-z' is 4, outside its allowed range 0|1|2|3"),
+                          (["-overlap", 2], "flag '-overlap' is 2, outside its allowed range 0|1")):
+        code, out = mpirun(2, base + args, timeout=60)
+        assert code != 0 and message in out, "%s: exit %d, %r not in:\n%s" % (args, code, message, out[-2000:])
+        assert not os.path.exists(os.path.join(d, "dp_flags")), "%s left its output dir behind" % args
 
 
 def check_one_rank_failing(name, program, env=None):
@@ -1315,7 +1351,8 @@ def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None, zero=0)
     d = fresh_dir("%s_%s_%s_np%d_z%d" % (kind, precision, trainer, ranks, zero))
     grads_path = os.path.join(d, "grads.bin")
     B = REF["batch"] // ranks if tp_sp is None else REF["batch"]
-    extra = ["-z", zero, "-check_replicas", 1] if tp_sp is None else ["-sp", tp_sp, "-check_replicas", 1]
+    # (-z 3 holds no replicas to check)
+    extra = ["-z", zero] + (["-check_replicas", 1] if zero < 3 else []) if tp_sp is None else ["-sp", tp_sp, "-check_replicas", 1]
     out = run(program, ranks, trainer_args(ref, B, d, ["-n", REF["steps"], "-dump_grads", grads_path] + extra), d)
     train = check_cuda_against_reference(ref, d, grads_path, precision, "%s %s %s %d ranks" % (kind, trainer, precision, ranks))
     X = 4 if precision == "FP32" else 2
@@ -1428,7 +1465,7 @@ def make_emu_zero_test(precision, devices, zero):
 
 
 # each stage through both paths, in the two precisions
-for _zero, _precision, _devices in ((1, "FP32", 2), (1, "BF16", 1), (2, "BF16", 2), (2, "FP32", 1)):
+for _zero, _precision, _devices in ((1, "FP32", 2), (1, "BF16", 1), (2, "BF16", 2), (2, "FP32", 1), (3, "FP32", 2), (3, "BF16", 1)):
     test(make_emu_zero_test(_precision, _devices, _zero))
 
 

@@ -88,6 +88,56 @@ static inline void mpi_exchange(CommGroup* g, const CommMessage* msgs, int count
     comm_check(MPI_Waitall(count, requests, MPI_STATUSES_IGNORE), g, "exchange");
 }
 
+// Non-blocking collectives (MPI-3) on host fp32 buffers: the post returns at once, with an
+// MPI request in r; AVG is a SUM whose result comm_wait scales (MPI has no average)
+static inline void mpi_average_later(CommRequest* r, float* buf, size_t n, CommOp op) {
+    r->average = op == COMM_AVG ? buf : NULL;
+    r->average_n = n;
+}
+
+static inline void mpi_all_reduce_start(CommGroup* g, float* buf, size_t n, CommOp op, CommRequest* r) {
+    mpi_check_count(g, n, "all_reduce");
+    comm_check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi, &r->mpi), g, "all_reduce");
+    mpi_average_later(r, buf, n, op);
+}
+
+static inline void mpi_reduce_scatter_start(CommGroup* g, const float* send, float* recv, size_t n, CommOp op,
+                                            CommRequest* r) {
+    mpi_check_count(g, n, "reduce_scatter");
+    comm_check(MPI_Ireduce_scatter_block(send, recv, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi, &r->mpi), g,
+               "reduce_scatter");
+    mpi_average_later(r, recv, n, op);
+}
+
+// send == NULL: in place (recv holds this rank's n at its block already)
+static inline void mpi_all_gather_start(CommGroup* g, const float* send, float* recv, size_t n, CommRequest* r) {
+    mpi_check_count(g, n, "all_gather");
+    if (send) comm_check(MPI_Iallgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi, &r->mpi), g, "all_gather");
+    else comm_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)n, MPI_FLOAT, g->mpi, &r->mpi), g, "all_gather");
+    mpi_average_later(r, NULL, 0, COMM_SUM);
+}
+
+// blocks until r is complete, then applies the average
+static inline void mpi_wait(CommRequest* r) {
+    comm_check(MPI_Wait(&r->mpi, MPI_STATUS_IGNORE), r->g, comm_kind_names[r->kind]);
+    if (r->average) mpi_scale(r->average, r->average_n, 1.0f / (float)r->g->size);
+}
+
+// Open MPI (like most MPI libraries) moves a non-blocking collective only while the rank is inside
+// an MPI call: a test of every pending request lets each take its next steps (and notes the
+// ones that are done), so that the compute between two tests hides the communication
+static inline void mpi_progress(CommGroup* g) {
+    for (int i = g->num_pending - 1; i >= 0; i--) {
+        CommRequest* r = g->pending[i];
+        int done = 0;
+        double t0 = wall_time_s();
+        comm_check(MPI_Test(&r->mpi, &done, MPI_STATUS_IGNORE), g, comm_kind_names[r->kind]);
+        double t1 = wall_time_s();
+        g->seconds[r->kind] += t1 - t0;  // the host's time in MPI is exposed, however short
+        if (done) comm_completed(r, t1);  // (MPI_Test set r->mpi to MPI_REQUEST_NULL: the wait returns at once)
+    }
+}
+
 #ifndef __CUDACC__
 // ---------------------------------------------------------------------------------------------
 // the CPU backend's comm layer: every buffer is host fp32, every call the MPI path above
@@ -202,6 +252,48 @@ static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int coun
     for (int i = 0; i < count && i < 8; i++) bufs[i] = (float*)msgs[i].buf;
     mpi_exchange(g, msgs, count, bufs);
     comm_done(g);
+}
+
+// the non-blocking forms of the three collectives data parallelism overlaps with its compute
+static inline void comm_all_reduce_start(CommGroup* g, void* buf, size_t n, CommDtype dtype, CommOp op, CommRequest* r) {
+    comm_check_dtype(g, dtype, "all_reduce");
+    comm_count(g, COMM_ALL_REDUCE, n * sizeof(float));
+    mpi_all_reduce_start(g, (float*)buf, n, op, r);
+    comm_posted(g, r, 1);
+}
+
+static inline void comm_reduce_scatter_start(CommGroup* g, const void* send, void* recv, size_t n, CommDtype dtype,
+                                             CommOp op, CommRequest* r) {
+    comm_check_dtype(g, dtype, "reduce_scatter");
+    comm_count(g, COMM_REDUCE_SCATTER, n * g->size * sizeof(float));
+    mpi_reduce_scatter_start(g, (const float*)send, (float*)recv, n, op, r);
+    comm_posted(g, r, 1);
+}
+
+// send == NULL: in place, as comm_all_gather_in_place
+static inline void comm_all_gather_start(CommGroup* g, const void* send, void* recv, size_t n, CommDtype dtype,
+                                         CommRequest* r) {
+    comm_check_dtype(g, dtype, "all_gather");
+    comm_count(g, COMM_ALL_GATHER, n * g->size * sizeof(float));
+    mpi_all_gather_start(g, (const float*)send, (float*)recv, n, r);
+    comm_posted(g, r, 1);
+}
+
+// lets the group's pending operations move (mpi_progress); call it between pieces of compute
+static inline void comm_progress(CommGroup* g) { mpi_progress(g); }
+
+// blocks until r's operation is complete (its output ready, its input free again)
+static inline void comm_wait(CommRequest* r) {
+    if (!r->active) return;
+    CommGroup* g = r->g;
+    double t0 = wall_time_s();
+    watchdog_enter(comm_kind_names[r->kind], g->name);
+    mpi_wait(r);
+    double t1 = wall_time_s();
+    g->seconds[r->kind] += t1 - t0;  // exposed: the rank waited
+    if (!r->complete) comm_completed(r, t1);
+    r->active = 0;
+    watchdog_leave();
 }
 
 static inline void comm_barrier(CommGroup* g) {

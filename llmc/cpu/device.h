@@ -6,11 +6,19 @@
 #include <string.h>
 #include "../precision.h"
 #include "../utils.h"
+#include "../allocations.h"
 
 #define BACKEND_NAME "cpu"
 
-static inline void* device_malloc(size_t bytes) { return malloc_check(bytes); }
-static inline void device_free(void* p) { free(p); }
+static inline void* device_malloc(size_t bytes) {
+    void* p = malloc_check(bytes);
+    allocation_add(p, bytes);
+    return p;
+}
+static inline void device_free(void* p) {
+    allocation_remove(p);
+    free(p);
+}
 static inline void device_memset_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
 static inline void copy_host_to_device(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void copy_device_to_host(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }

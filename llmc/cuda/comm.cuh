@@ -64,6 +64,7 @@ static inline void comm_group_streams(CommGroup* g) {
     cudaCheck(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking));
     cudaCheck(cudaEventCreateWithFlags(&g->ready, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&g->done, cudaEventDisableTiming));
+    for (int i = 0; i < COMM_EVENTS; i++) cudaCheck(cudaEventCreateWithFlags(&g->events[i], cudaEventDisableTiming));
     g->scalar = (float*)device_malloc(64);
 }
 
@@ -384,6 +385,68 @@ static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int coun
     }
     nccl_check(ncclGroupEnd(), g, "exchange");
     comm_end(g);
+}
+
+// The non-blocking forms of the three collectives data parallelism overlaps with its compute.
+// The NCCL call goes onto the comm stream after the kernels issued so far, as always, but the
+// compute stream goes on without it: it waits for the call's event only at comm_wait, so the
+// kernels issued in between run beside the collective. (At most COMM_EVENTS in flight per
+// group: the events are reused round-robin.) The host-staged path runs the blocking call.
+static inline void comm_nccl_posted(CommGroup* g, CommRequest* r) {
+    r->done = g->events[g->next_event++ % COMM_EVENTS];
+    cudaCheck(cudaEventRecord(r->done, g->stream));
+    comm_posted(g, r, 0);
+}
+
+static inline void comm_all_reduce_start(CommGroup* g, void* buf, size_t n, CommDtype dtype, CommOp op, CommRequest* r) {
+    if (g->staged) {
+        comm_all_reduce(g, buf, n, dtype, op);
+        r->active = 0;
+        return;
+    }
+    comm_count(g, COMM_ALL_REDUCE, n * comm_dtype_bytes(dtype));
+    comm_begin(g);
+    nccl_check(ncclAllReduce(buf, buf, n, comm_nccl_type(dtype), comm_nccl_op(op), g->nccl, g->stream), g, "all_reduce");
+    comm_nccl_posted(g, r);
+}
+
+static inline void comm_reduce_scatter_start(CommGroup* g, const void* send, void* recv, size_t n, CommDtype dtype,
+                                             CommOp op, CommRequest* r) {
+    if (g->staged) {
+        comm_reduce_scatter(g, send, recv, n, dtype, op);
+        r->active = 0;
+        return;
+    }
+    comm_count(g, COMM_REDUCE_SCATTER, n * g->size * comm_dtype_bytes(dtype));
+    comm_begin(g);
+    nccl_check(ncclReduceScatter(send, recv, n, comm_nccl_type(dtype), comm_nccl_op(op), g->nccl, g->stream), g, "reduce_scatter");
+    comm_nccl_posted(g, r);
+}
+
+// send == NULL: in place, as comm_all_gather_in_place
+static inline void comm_all_gather_start(CommGroup* g, const void* send, void* recv, size_t n, CommDtype dtype,
+                                         CommRequest* r) {
+    if (g->staged) {
+        if (send) comm_all_gather(g, send, recv, n, dtype);
+        else comm_all_gather_in_place(g, recv, n, dtype);
+        r->active = 0;
+        return;
+    }
+    comm_count(g, COMM_ALL_GATHER, n * g->size * comm_dtype_bytes(dtype));
+    comm_begin(g);
+    if (send == NULL) send = (const char*)recv + (size_t)g->rank * n * comm_dtype_bytes(dtype);
+    nccl_check(ncclAllGather(send, recv, n, comm_nccl_type(dtype), g->nccl, g->stream), g, "all_gather");
+    comm_nccl_posted(g, r);
+}
+
+// NCCL moves on its own; nothing to do
+static inline void comm_progress(CommGroup* g) { (void)g; }
+
+// the compute stream waits for r's collective (the host does not)
+static inline void comm_wait(CommRequest* r) {
+    if (!r->active) return;
+    cudaCheck(cudaStreamWaitEvent(0, r->done, 0));
+    r->active = 0;
 }
 
 static inline void comm_barrier(CommGroup* g) {

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include "../precision.h"
 #include "../utils.h"
+#include "../allocations.h"
 
 #define BACKEND_NAME "cuda"
 
@@ -29,9 +30,13 @@ static inline void* device_malloc(size_t bytes) {
     void* p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) fail("cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(err));
+    allocation_add(p, bytes);
     return p;
 }
-static inline void device_free(void* p) { cudaCheck(cudaFree(p)); }
+static inline void device_free(void* p) {
+    allocation_remove(p);
+    cudaCheck(cudaFree(p));
+}
 static inline void device_memset_zero(void* p, size_t bytes) { cudaCheck(cudaMemset(p, 0, bytes)); }
 static inline void copy_host_to_device(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
