@@ -167,6 +167,7 @@ bench: dev/bench/bench_matmul
 	$(MAKE) -s BACKEND=cpu train_gpt2_dp train_gpt2_tp
 	./dev/bench/bench_matmul
 	./dev/bench/bench_cpu_step.sh
+	./dev/bench/bench_zero.sh
 	./dev/bench/bench_tp.sh
 	./dev/bench/bench_pp.sh
 

@@ -423,7 +423,7 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
     const ParameterLayout* p = &model->layout;
     BannerRow rows[16];
     const char* title[4] = {"train_gpt2_dp (DDP)", "train_gpt2_dp (ZeRO-1)", "train_gpt2_dp (ZeRO-2)",
-                            "train_gpt2_dp (ZeRO-3, FSDP)"};
+                            "train_gpt2_dp (ZeRO-3)"};
     int n = train_banner_model(rows, title[zero], args->model, c);
     banner_row(&rows[n++], "ranks (data parallel)", "%d", N);
     banner_row(&rows[n++], "micro-batch B x T", "%d x %d", args->B, args->T);
@@ -469,7 +469,7 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
                                 NULL};
     reduction[3] = reduction[2];
     double gather = zero == 3 ? (double)gather_buffer_size(p) * X : 0.0;
-    train_print_memory_row("reduction buffers", (double)zero_buffer_bytes(p, accum, overlap) - gather, reduction[zero]);
+    train_print_memory_row("reduce buffers", (double)zero_buffer_bytes(p, accum, overlap) - gather, reduction[zero]);
     train_print_memory_row("gather buffer", gather, zero == 3 ? "X max(embeddings, 2 layers + final LayerNorm)" : "none: the parameters are whole");
     snprintf(note, sizeof(note), "x %d ranks sharing this memory; the run's high-water mark is printed at its end",
              ranks_sharing_memory);
