@@ -896,6 +896,25 @@ def sanitized_bad_inputs_and_small_vocabulary():
 
 
 @test
+def sanitized_dp_zero3_with_accumulation_overlap_sampling_and_resume():
+    """ZeRO-3's gather buffer, prefetch and double-buffered gradient buckets under AddressSanitizer
+    + UndefinedBehaviorSanitizer: 2 ranks, 2 micro-batches, overlap on, a checkpoint, a sample
+    (every rank gathers) and a resume; then ZeRO-2 without overlap"""
+    p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
+    env = dict(ASAN_OPTIONS="detect_leaks=0")
+    d = fresh_dir("sanitized_dp_z3")
+    args = small_run_args(d, ["-d", 2 * 32 * 2 * 2, "-x", 2, "-z", 3, "-s", 2, "-g", 8])
+    for extra in ([], ["-x", 3, "-y", 1]):
+        out = run_ok(2, args + extra, program="./build/sanitize/train_gpt2_dp", env=env)
+        assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+    assert "resumed from step 2" in out and "---- sample at step 3 ----" in out, out[-3000:]
+    z2 = small_run_args(fresh_dir("sanitized_dp_z2"), ["-d", 2 * 32 * 2 * 2, "-x", 2, "-z", 2, "-overlap", 0])
+    out = run_ok(2, z2, program="./build/sanitize/train_gpt2_dp", env=env)
+    assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+
+
+@test
 def sanitized_tp_run_with_sequence_parallelism_sampling_and_resume():
     """the TP trainer's slicing, gathering and split-vocabulary sampling under AddressSanitizer +
     UndefinedBehaviorSanitizer: a tp=2 -sp 1 run with a checkpoint, a sample and a resume"""
