@@ -417,8 +417,8 @@ static void sample(GPT2* model, Zero* z, const Tokenizer* tok, int eot, Rng* rng
 // + gradients 4 + AdamW m 4 + v 4, or bf16 parameters 2 + gradients 2 + fp32 master weights 4 +
 // m 4 + v 4. DDP keeps all 16 on every rank; each ZeRO stage divides more of them by N.
 static void print_layout(const GPT2* model, const TrainArgs* args, int N, int zero, int overlap, int accum, int max_steps,
-                         size_t train_tokens, size_t val_tokens, size_t predicted, size_t host_bytes,
-                         int ranks_sharing_memory) {
+                         size_t train_tokens, size_t val_tokens, size_t file_gather, size_t predicted,
+                         size_t host_bytes, int ranks_sharing_memory) {
     GPT2Config c = model->config;
     const ParameterLayout* p = &model->layout;
     BannerRow rows[16];
@@ -471,6 +471,10 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
     double gather = zero == 3 ? (double)gather_buffer_size(p) * X : 0.0;
     train_print_memory_row("reduce buffers", (double)zero_buffer_bytes(p, accum, overlap) - gather, reduction[zero]);
     train_print_memory_row("gather buffer", gather, zero == 3 ? "X max(embeddings, 2 layers + final LayerNorm)" : "none: the parameters are whole");
+    double scratch = (double)kernel_workspace_bytes(model->dims, args->B, args->T);
+    train_print_memory_row("kernel scratch", scratch, scratch > 0 ? "cuBLASLt's workspace and the kernels' scratch buffers" : "none on the CPU backend");
+    train_print_memory_row("file gather", (double)file_gather,
+                           file_gather > 0 ? "one bucket, while a checkpoint or -dump_grads gathers the shards" : "none: no sharded files to write");
     snprintf(note, sizeof(note), "x %d ranks sharing this memory; the run's high-water mark is printed at its end",
              ranks_sharing_memory);
     train_print_memory_row("total", (double)predicted, note);
@@ -530,7 +534,12 @@ int main(int argc, char** argv) {
     LayerDims dims = layer_dims(config, 1, 0);  // every rank holds whole layers
     // the whole model in buckets, padded for ZeRO into one equal shard per rank (model.h)
     ParameterLayout layout = parameter_layout_buckets(config, zero, world.size, rank);
-    size_t predicted = gpt2_memory_bytes(dims, &layout, ACTS_ALL, args.B, args.T) + zero_buffer_bytes(&layout, accum, overlap);
+    // ZeRO's checkpoints (fp32 weights) and -dump_grads (floatX gradients) gather the shards
+    // through a temporary device buffer of one bucket, while they are written
+    size_t file_gather = args.checkpoint_every > 0 ? zero_gather_full_bytes(&layout, COMM_FLOAT)
+                         : dump_grads != NULL  ? zero_gather_full_bytes(&layout, COMM_FLOATX) : 0;
+    size_t predicted = gpt2_memory_bytes(dims, &layout, ACTS_ALL, args.B, args.T) + zero_buffer_bytes(&layout, accum, overlap) +
+                       kernel_workspace_bytes(dims, args.B, args.T) + file_gather;
     memory_check_fits(predicted, host_bytes, world.ranks_sharing_memory, layout_note);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
@@ -574,7 +583,8 @@ int main(int argc, char** argv) {
     Zero z = zero_alloc(&model, &world, accum, overlap);
 
     if (rank == 0) print_layout(&model, &args, world.size, zero, overlap, accum, max_steps, train.num_tokens,
-                                args.val_every > 0 ? val.num_tokens : 0, predicted, host_bytes, world.ranks_sharing_memory);
+                                args.val_every > 0 ? val.num_tokens : 0, file_gather, predicted, host_bytes,
+                                world.ranks_sharing_memory);
 
     // ---- with -y 1, resume from the newest complete checkpoint: rank 0 picks the step, every
     // rank checks that its files are of that step, of its rank, of this layout and of this run
@@ -683,6 +693,7 @@ int main(int argc, char** argv) {
             for (int k = 0; k < parameter_num_buckets(&layout); k++) comm_wait(&z.requests[k]);
         }
         device_synchronize();
+        comm_collect_times(&world);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)
         double dt = wall_time_s() - t0;
         step_stats_add(&stats, step == start_step, dt, &world);
         double tokens_per_s = args.total_batch / dt;
@@ -699,12 +710,8 @@ int main(int argc, char** argv) {
                 int n = snprintf(comm, sizeof(comm), "all-reduce %lld B, reduce-scatter %lld B, all-gather %lld B; ring %.0f B",
                                  world.bytes[COMM_ALL_REDUCE], world.bytes[COMM_REDUCE_SCATTER],
                                  world.bytes[COMM_ALL_GATHER], comm_ring_bytes(&world));
-                if (comm_seconds(&world) > 0) {
-                    snprintf(comm + n, sizeof(comm) - n, "; comm %.1f ms, exposed %.1f ms", world.flight_seconds * 1e3,
-                             comm_seconds(&world) * 1e3);
-                } else {
-                    snprintf(comm + n, sizeof(comm) - n, " (NCCL: not timed)");
-                }
+                snprintf(comm + n, sizeof(comm) - n, "; comm %.1f ms, exposed %.1f ms", world.flight_seconds * 1e3,
+                         comm_seconds(&world) * 1e3);
             }
             double mfu = train_mfu(flops_per_token, tokens_per_s, world.size, peak);
             train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, tokens_per_s, mfu);

@@ -6,12 +6,13 @@
 #define LLMC_ALLOCATIONS_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "utils.h"
 
 #define MAX_DEVICE_ALLOCATIONS 1024
 
 typedef struct {
-    const void* ptrs[MAX_DEVICE_ALLOCATIONS];  // the live allocations and their sizes
+    uintptr_t ptrs[MAX_DEVICE_ALLOCATIONS];  // the live allocations (their addresses) and sizes
     size_t sizes[MAX_DEVICE_ALLOCATIONS];
     int count;
     size_t now, peak;  // bytes held now; the most held at once
@@ -22,7 +23,7 @@ static DeviceAllocations device_allocations;
 static inline void allocation_add(const void* p, size_t bytes) {
     DeviceAllocations* a = &device_allocations;
     if (a->count == MAX_DEVICE_ALLOCATIONS) fail("more than %d device allocations at once", MAX_DEVICE_ALLOCATIONS);
-    a->ptrs[a->count] = p;
+    a->ptrs[a->count] = (uintptr_t)p;
     a->sizes[a->count++] = bytes;
     a->now += bytes;
     a->peak = a->now > a->peak ? a->now : a->peak;
@@ -31,7 +32,7 @@ static inline void allocation_add(const void* p, size_t bytes) {
 static inline void allocation_remove(const void* p) {
     DeviceAllocations* a = &device_allocations;
     for (int i = a->count - 1; i >= 0; i--) {
-        if (a->ptrs[i] != p) continue;
+        if (a->ptrs[i] != (uintptr_t)p) continue;
         a->now -= a->sizes[i];
         a->ptrs[i] = a->ptrs[--a->count];
         a->sizes[i] = a->sizes[a->count];

@@ -77,6 +77,9 @@ typedef struct {
     float* scalar;            // device scratch for host values sent through NCCL
     cudaEvent_t events[COMM_EVENTS];  // non-blocking calls' completions on the comm stream
     int next_event;
+    cudaEvent_t* timing;      // pairs of timing events (comm_timing_start), 2 per pair ...
+    int* timing_what;         // ... per pair, a collective's kind, or -1 - kind for a wait
+    int timing_used, timing_capacity, timing_op;  // pairs this step, allocated; the call's pair
     int staged;               // 1: copy to the host and use MPI (several ranks share one GPU)
 #endif
 } CommGroup;
@@ -122,17 +125,14 @@ typedef struct CommRequest {
 } CommRequest;
 
 // the post is over: the host time it took is exposed; the operation is pending from now on
-// (pending = 0: it completed inside the post, as on the host-staged path, or is not tracked by
-// the host, as NCCL's)
+// (pending = 0: the host does not track it, as NCCL's, which the GPU times)
 static inline void comm_posted(CommGroup* g, CommRequest* r, int pending) {
     r->g = g;
     r->active = 1;
     r->complete = !pending;
     r->kind = g->op_kind;
     r->posted = g->op_start;
-    double dt = wall_time_s() - g->op_start;
-    g->seconds[g->op_kind] += dt;
-    if (!pending) g->flight_seconds += dt;
+    g->seconds[g->op_kind] += wall_time_s() - g->op_start;
     if (pending) {
         if (g->num_pending == COMM_MAX_PENDING) fail("group '%s': more than %d operations in flight", g->name, COMM_MAX_PENDING);
         g->pending[g->num_pending++] = r;
@@ -227,6 +227,9 @@ static inline void comm_reset_counters(CommGroup* g) {
     memset(g->bytes, 0, sizeof(g->bytes));
     memset(g->seconds, 0, sizeof(g->seconds));
     g->flight_seconds = 0.0;
+#ifdef __CUDACC__
+    g->timing_used = 0;  // timed collectives not collected are dropped
+#endif
 }
 
 // the host time spent waiting in collectives (exposed: not hidden behind computation)

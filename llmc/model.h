@@ -408,6 +408,21 @@ static inline void activations_alloc(Activations* a, LayerDims d, int layers, in
 
 static inline void activations_free(Activations* a) { device_free(a->arena); }
 
+// The kernels' own device memory at widths d and B x T: on CUDA cuBLASLt's workspace and each
+// launcher's scratch buffer at its largest (they grow on demand to the largest call, and each
+// launcher's size function above is the one its call uses); none on the CPU
+static inline size_t kernel_workspace_bytes(LayerDims d, int B, int T) {
+#ifdef __CUDACC__
+    size_t BT = (size_t)B * T, widest_bias = d.fc > d.qkv ? d.fc : d.qkv;
+    widest_bias = widest_bias > (size_t)d.C ? widest_bias : (size_t)d.C;
+    return CUBLASLT_WORKSPACE_BYTES + bias_scratch_bytes(BT, (int)widest_bias) + layernorm_scratch_bytes(BT / d.seq_shards, d.C) +
+           attention_scratch_bytes(B, T, d.att, d.NH) + encoder_scratch_bytes(BT) + norm_scratch_bytes();
+#else
+    (void)d, (void)B, (void)T;
+    return 0;
+#endif
+}
+
 // what gpt2_build allocates on one rank: parameters and gradients (floatX), fp32 master weights
 // (bf16 only), AdamW m and v (fp32), each whole or its shards (layout_held), the activation parts `parts` for the layout's layers and the
 // token buffers

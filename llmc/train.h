@@ -434,11 +434,15 @@ static inline void gpt2_gather_full(const GPT2* model, CommGroup* group, const v
 // The whole model in the file's layout, fp32, into full (host) on rank 0, from every rank's
 // shards (ZeRO; src: a device buffer of shards, fp32 or floatX): each bucket is all-gathered over
 // the data-parallel group into a bucket-sized device buffer, one bucket at a time, so that no
-// rank ever holds more than one whole bucket on the device.
+// rank ever holds more than one whole bucket on the device: that buffer's bytes are
+// zero_gather_full_bytes (none without ZeRO).
+static inline size_t zero_gather_full_bytes(const ParameterLayout* p, CommDtype dtype) {
+    return p->zero > 0 ? parameter_largest_bucket(p) * comm_dtype_bytes(dtype) : 0;
+}
 static inline void zero_gather_full(const GPT2* model, CommGroup* group, const void* src, CommDtype dtype, float* full) {
     const ParameterLayout* p = &model->layout;
     size_t elem = comm_dtype_bytes(dtype);
-    void* bucket = device_malloc(parameter_largest_bucket(p) * elem);
+    void* bucket = device_malloc(zero_gather_full_bytes(p, dtype));
     float* whole = group->rank == 0 ? (float*)malloc_check(p->count * sizeof(float)) : NULL;
     for (int k = 0; k < parameter_num_buckets(p); k++) {
         size_t global, local, n;

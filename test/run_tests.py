@@ -1377,6 +1377,10 @@ def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None, zero=0)
     X = 4 if precision == "FP32" else 2
     if tp_sp is None:  # DDP's all-reduce of X P and the fp32 loss, or ZeRO's (README)
         expected = zero_step_bytes(REF, ranks, zero, 1, X)
+        # the memory table's total, kernel scratch and cuBLASLt's workspace included, against
+        # what the CUDA backend allocated (the comm layer's 64-byte scratch per group on top)
+        peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
+        assert abs(peak - predicted) <= 0.05 * predicted, "%d bytes allocated at most, %d predicted" % (peak, predicted)
     else:  # the replicated tensors round alike on both ranks (bf16: stochastically, same bits)
         check_tp_step_bytes(out, tp_step_bytes(REF, B, 1, tp_sp, X), REF["steps"])
         assert "step %d: replicated tensors identical" % REF["steps"] in out, out[-2000:]

@@ -86,9 +86,10 @@ __global__ void norm_squared_partial(float* partial, const floatX* x, size_t n) 
 }
 
 static DeviceScratch norm_scratch;
+static inline size_t norm_scratch_bytes(void) { return NORM_BLOCKS * sizeof(float); }
 
 static inline float global_norm_squared(const floatX* grads, size_t n) {
-    float* partial = (float*)scratch_get(&norm_scratch, NORM_BLOCKS * sizeof(float));
+    float* partial = (float*)scratch_get(&norm_scratch, norm_scratch_bytes());
     norm_squared_partial<<<NORM_BLOCKS, 512>>>(partial, grads, n);
     cudaCheckLaunch();
     float host[NORM_BLOCKS];

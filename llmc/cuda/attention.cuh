@@ -99,9 +99,12 @@ static DeviceScratch attention_scratch;
 
 // scratch laid out as q, k, v and one more (B, NH, T, hs) tensor, then a (B, NH, T, T) score
 // matrix; q, k and v are filled from qkv. Returns q; the others follow at steps of B*T*C.
+static inline size_t attention_cublas_scratch_bytes(int B, int T, int C, int NH) {
+    return (4 * (size_t)B * T * C + (size_t)B * NH * T * T) * sizeof(floatX);
+}
 static floatX* attention_split_qkv(const floatX* qkv, int B, int T, int C, int NH) {
-    size_t n = (size_t)B * T * C, scores = (size_t)B * NH * T * T;
-    floatX* q = (floatX*)scratch_get(&attention_scratch, (4 * n + scores) * sizeof(floatX));
+    size_t n = (size_t)B * T * C;
+    floatX* q = (floatX*)scratch_get(&attention_scratch, attention_cublas_scratch_bytes(B, T, C, NH));
     for (int part = 0; part < 3; part++) attention_layout(q + part * n, qkv, 1, B, T, NH, C / NH, 3 * C, part * C);
     return q;
 }
@@ -173,6 +176,11 @@ static inline int attention_uses_flash(int C, int NH) {
 static inline size_t attention_state_bytes(int B, int T, int C, int NH) {
     if (attention_uses_flash(C, NH)) return (size_t)B * NH * T * sizeof(float);
     return (size_t)B * NH * T * T * sizeof(floatX);
+}
+
+// the scratch of whichever path runs
+static inline size_t attention_scratch_bytes(int B, int T, int C, int NH) {
+    return attention_uses_flash(C, NH) ? flash_scratch_bytes(B, T, NH) : attention_cublas_scratch_bytes(B, T, C, NH);
 }
 
 static inline void attention_forward(floatX* out, void* state, const floatX* qkv, int B, int T,

@@ -183,16 +183,59 @@ static inline ncclRedOp_t comm_nccl_op(CommOp op) {
     return op == COMM_SUM ? ncclSum : op == COMM_AVG ? ncclAvg : ncclMax;
 }
 
+// NCCL returns once a call is enqueued, so the host cannot time it; the GPU can, with pairs of
+// timing events: one pair around each collective on the comm stream (its duration: the total),
+// one around each wait of the compute stream for a collective (the time the compute stream
+// stood still: the exposed part). comm_collect_times reads them once the device is synchronized.
+static inline int comm_timing_start(CommGroup* g, cudaStream_t stream, int kind, int is_wait) {
+    if (g->timing_used == g->timing_capacity) {  // grow the pool: two events per pair
+        int cap = g->timing_capacity ? 2 * g->timing_capacity : 64;
+        g->timing = (cudaEvent_t*)realloc(g->timing, (size_t)cap * 2 * sizeof(cudaEvent_t));
+        g->timing_what = (int*)realloc(g->timing_what, (size_t)cap * sizeof(int));
+        if (!g->timing || !g->timing_what) fail("out of host memory for the comm layer's timing events");
+        for (int i = 2 * g->timing_capacity; i < 2 * cap; i++) cudaCheck(cudaEventCreate(&g->timing[i]));
+        g->timing_capacity = cap;
+    }
+    int pair = g->timing_used++;
+    g->timing_what[pair] = is_wait ? -1 - kind : kind;
+    cudaCheck(cudaEventRecord(g->timing[2 * pair], stream));
+    return pair;
+}
+static inline void comm_timing_stop(CommGroup* g, int pair, cudaStream_t stream) {
+    cudaCheck(cudaEventRecord(g->timing[2 * pair + 1], stream));
+}
+
+// after device_synchronize: the timed collectives' durations into flight_seconds (total), the
+// compute stream's waits into seconds (exposed)
+static inline void comm_collect_times(CommGroup* g) {
+    for (int pair = 0; pair < g->timing_used; pair++) {
+        float ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms, g->timing[2 * pair], g->timing[2 * pair + 1]));
+        int what = g->timing_what[pair];
+        if (what < 0) g->seconds[-1 - what] += ms * 1e-3;
+        else g->flight_seconds += ms * 1e-3;
+    }
+    g->timing_used = 0;
+}
+
+// the compute stream waits for `done` (a collective's end on the comm stream), timed
+static inline void comm_compute_waits(CommGroup* g, cudaEvent_t done, int kind) {
+    int pair = comm_timing_start(g, 0, kind, 1);
+    cudaCheck(cudaStreamWaitEvent(0, done, 0));
+    comm_timing_stop(g, pair, 0);
+}
+
 // the comm stream waits for the kernels issued so far; later kernels wait for the collective
 static inline void comm_begin(CommGroup* g) {
     cudaCheck(cudaEventRecord(g->ready, 0));
     cudaCheck(cudaStreamWaitEvent(g->stream, g->ready, 0));
+    g->timing_op = comm_timing_start(g, g->stream, g->op_kind, 0);
 }
 static inline void comm_end(CommGroup* g) {
+    comm_timing_stop(g, g->timing_op, g->stream);
     cudaCheck(cudaEventRecord(g->done, g->stream));
-    cudaCheck(cudaStreamWaitEvent(0, g->done, 0));
-    // NCCL returns once the call is enqueued: the host cannot time it (seconds stay 0), and a
-    // hang shows at the next wait for the device
+    comm_compute_waits(g, g->done, g->op_kind);
+    // a hang shows at the next wait for the device
     watchdog_leave();
 }
 
@@ -393,6 +436,7 @@ static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int coun
 // kernels issued in between run beside the collective. (At most COMM_EVENTS in flight per
 // group: the events are reused round-robin.) The host-staged path runs the blocking call.
 static inline void comm_nccl_posted(CommGroup* g, CommRequest* r) {
+    comm_timing_stop(g, g->timing_op, g->stream);
     r->done = g->events[g->next_event++ % COMM_EVENTS];
     cudaCheck(cudaEventRecord(r->done, g->stream));
     comm_posted(g, r, 0);
@@ -445,7 +489,7 @@ static inline void comm_progress(CommGroup* g) { (void)g; }
 // the compute stream waits for r's collective (the host does not)
 static inline void comm_wait(CommRequest* r) {
     if (!r->active) return;
-    cudaCheck(cudaStreamWaitEvent(0, r->done, 0));
+    comm_compute_waits(r->g, r->done, r->kind);
     r->active = 0;
 }
 
@@ -461,6 +505,7 @@ static inline void comm_barrier(CommGroup* g) {
     // an all-reduce of one float that every rank waits for
     comm_begin(g);
     nccl_check(ncclAllReduce(g->scalar, g->scalar, 1, ncclFloat, ncclSum, g->nccl, g->stream), g, "barrier");
+    comm_timing_stop(g, g->timing_op, g->stream);
     cudaCheck(cudaStreamSynchronize(g->stream));
     comm_done(g);
 }

@@ -55,6 +55,9 @@ __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, in
 
 static DeviceScratch encoder_scratch;
 
+// the backward's buckets handed to the GPU: tokens, starts and positions (3 BT + 1 ints at most)
+static inline size_t encoder_scratch_bytes(size_t BT) { return (3 * BT + 1) * sizeof(int); }
+
 static inline void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp,
                                     int B, int T, int C) {
     int BT = B * T;
@@ -87,7 +90,7 @@ static inline void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* do
         if (tokens[i] >= 0) positions[count[tokens[i]]++] = i;
     }
     if (buckets > 0) {  // a grid of 0 blocks is a launch error
-        int* dev = (int*)scratch_get(&encoder_scratch, (size_t)(3 * BT + 1) * sizeof(int));
+        int* dev = (int*)scratch_get(&encoder_scratch, encoder_scratch_bytes(BT));
         copy_host_to_device(dev, bucket_token, (size_t)buckets * sizeof(int));
         copy_host_to_device(dev + BT, bucket_start, (size_t)(buckets + 1) * sizeof(int));
         copy_host_to_device(dev + 2 * BT + 1, positions, (size_t)sorted * sizeof(int));

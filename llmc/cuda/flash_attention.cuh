@@ -29,6 +29,9 @@ static inline int flash_attention_supported(int hs) {
     return !FLOATX_IS_FLOAT && (hs == 16 || hs == 32 || hs == 64);
 }
 
+// the backward's scratch, D = rowsum(dO * O): one float per (batch, head, query)
+static inline size_t flash_scratch_bytes(int B, int T, int NH) { return (size_t)B * NH * T * sizeof(float); }
+
 #if !FLOATX_IS_FLOAT
 
 #define FLASH_WARPS 4
@@ -386,7 +389,7 @@ static inline void attention_backward_flash(floatX* dqkv, const floatX* dout, co
                                             const floatX* out, const float* lse, int B, int T,
                                             int C, int NH) {
     size_t rows = (size_t)B * NH * T;
-    float* D = (float*)scratch_get(&flash_scratch, rows * sizeof(float));
+    float* D = (float*)scratch_get(&flash_scratch, flash_scratch_bytes(B, T, NH));
     flash_attention_backward_dot<<<ceil_div(rows, 8), 256>>>(D, dout, out, B, T, C, NH);
     cudaCheckLaunch();
     dim3 grid(ceil_div(T, FLASH_TILE), B * NH);

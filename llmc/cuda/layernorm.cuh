@@ -155,6 +155,11 @@ __global__ void layernorm_backward_params_final(floatX* dweight, floatX* dbias, 
 
 static DeviceScratch layernorm_scratch;
 
+// the weight and bias gradients' scratch: partial sums (2 C) per block of LN_ROWS_PER_BLOCK rows
+static inline size_t layernorm_scratch_bytes(size_t N, int C) {
+    return (size_t)ceil_div(N, LN_ROWS_PER_BLOCK) * 2 * C * sizeof(float);
+}
+
 static inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias,
                                       const floatX* dout, const floatX* inp, const floatX* weight,
                                       const float* mean, const float* rstd, int N, int C) {
@@ -162,7 +167,7 @@ static inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbi
     layernorm_backward_input_kernel<<<ceil_div(N, 8), 256>>>(dinp, dout, inp, weight, mean, rstd, N, C);
     cudaCheckLaunch();
     int parts = ceil_div(N, LN_ROWS_PER_BLOCK);
-    float* partial = (float*)scratch_get(&layernorm_scratch, (size_t)parts * 2 * C * sizeof(float));
+    float* partial = (float*)scratch_get(&layernorm_scratch, layernorm_scratch_bytes(N, C));
     dim3 grid(ceil_div(C, 32), parts);
     layernorm_backward_params_partial<<<grid, 256>>>(partial, dout, inp, mean, rstd, N, C);
     cudaCheckLaunch();

@@ -102,6 +102,11 @@ __global__ void bias_backward_final(floatX* dbias, const float* partial, int par
 
 static DeviceScratch matmul_scratch;
 
+// the bias gradient's scratch: a partial column sum (OC) per block of BIAS_ROWS_PER_BLOCK rows
+static inline size_t bias_scratch_bytes(size_t N, int OC) {
+    return (size_t)ceil_div(N, BIAS_ROWS_PER_BLOCK) * OC * sizeof(float);
+}
+
 // The backward pass in its two halves, which a zero-bubble pipeline runs at different times
 // (train_gpt2_pp.cu): the input gradient, which the layer below waits for, and the weight
 // gradient, which nothing waits for.
@@ -118,7 +123,7 @@ static inline void matmul_backward_weight(floatX* dweight, floatX* dbias, const 
     cublaslt_gemm(dweight, inp, dout, NULL, C, OC, N, 0, 1, C, OC, C, 1.0f);
     if (dbias != NULL) {
         int parts = ceil_div(N, BIAS_ROWS_PER_BLOCK);
-        float* partial = (float*)scratch_get(&matmul_scratch, (size_t)parts * OC * sizeof(float));
+        float* partial = (float*)scratch_get(&matmul_scratch, bias_scratch_bytes(N, OC));
         bias_backward_partial<<<dim3(ceil_div(OC, 256), parts), 256>>>(partial, dout, N, OC);
         cudaCheckLaunch();
         bias_backward_final<<<ceil_div(OC, 256), 256>>>(dbias, partial, parts, OC);
