@@ -6,8 +6,8 @@ GPT-2 training with data parallelism: DDP, and ZeRO-1, -2 and -3 (-z 1, 2, 3; Ra
 Every rank holds a full replica of the model and the optimizer. Each step:
   1. each rank runs forward + backward on its own slice of the global batch (micro-batches of
      B x T tokens, accumulated `accum` times),
-  2. one all-reduce averages the gradients over the ranks, bucket by bucket while the backward
-     pass goes on (-overlap 1), or the whole flattened buffer after it (-overlap 0),
+  2. all-reduces average the gradients over the ranks: one per bucket while the backward pass
+     goes on (-overlap 1), or one of the whole flattened buffer after it (-overlap 0),
   3. every rank applies the same AdamW step to the same averaged gradient, so the replicas stay
      identical without ever sending a parameter.
 The result is the same as one process training on the whole global batch (checked in test/).
@@ -51,8 +51,9 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 //   -z 3: the parameters too, as PyTorch's FSDP (Zhao et al. 2023, arXiv:2304.11277): a rank
 //         keeps its shard of every bucket, and all-gathers a bucket into a gather buffer just
 //         before the forward pass needs it, and again before the backward pass does; the buffer
-//         then serves another bucket. 16/N bytes per parameter, for one more all-gather of the
-//         model per micro-batch: 3 (N-1)/N Psi on the wire instead of 2.
+//         then serves another bucket. 16/N bytes per parameter, for two all-gathers of the model
+//         per micro-batch instead of one per step: 3 (N-1)/N X Psi on the wire with one
+//         micro-batch instead of 2, 3a (N-1)/N X Psi with a of them.
 // The units are buckets (model.h): the embeddings, each layer, the final LayerNorm. The rank's
 // buffers are laid out bucket after bucket (parameter_layout_buckets), so every collective is one
 // call on one contiguous range, and the file's tensor order is restored when files are written.
@@ -534,10 +535,12 @@ int main(int argc, char** argv) {
     LayerDims dims = layer_dims(config, 1, 0);  // every rank holds whole layers
     // the whole model in buckets, padded for ZeRO into one equal shard per rank (model.h)
     ParameterLayout layout = parameter_layout_buckets(config, zero, world.size, rank);
-    // ZeRO's checkpoints (fp32 weights) and -dump_grads (floatX gradients) gather the shards
-    // through a temporary device buffer of one bucket, while they are written
-    size_t file_gather = args.checkpoint_every > 0 ? zero_gather_full_bytes(&layout, COMM_FLOAT)
-                         : dump_grads != NULL  ? zero_gather_full_bytes(&layout, COMM_FLOATX) : 0;
+    // ZeRO's checkpoints (fp32 weights, when sharded: bf16 master weights from -z 1, fp32
+    // parameters from -z 3) and -dump_grads (floatX gradient shards) gather the shards through a
+    // temporary device buffer of one bucket, while they are written (never both at once)
+    size_t checkpoint_gather = args.checkpoint_every > 0 && fp32_weights_sharded(&layout) ? zero_gather_full_bytes(&layout, COMM_FLOAT) : 0;
+    size_t grads_gather = dump_grads != NULL ? zero_gather_full_bytes(&layout, COMM_FLOATX) : 0;
+    size_t file_gather = checkpoint_gather > grads_gather ? checkpoint_gather : grads_gather;
     size_t predicted = gpt2_memory_bytes(dims, &layout, ACTS_ALL, args.B, args.T) + zero_buffer_bytes(&layout, accum, overlap) +
                        kernel_workspace_bytes(dims, args.B, args.T) + file_gather;
     memory_check_fits(predicted, host_bytes, world.ranks_sharing_memory, layout_note);
@@ -689,6 +692,7 @@ int main(int argc, char** argv) {
                                           COMM_FLOATX, &z.requests[k]);
                     if (!overlap) comm_wait(&z.requests[k]);
                 }
+                comm_progress(&world);  // (CPU: the gathers in flight move on)
             }
             for (int k = 0; k < parameter_num_buckets(&layout); k++) comm_wait(&z.requests[k]);
         }

@@ -56,13 +56,15 @@ typedef struct {
     char name[32];
     long long calls[COMM_NUM_KINDS];
     long long bytes[COMM_NUM_KINDS];
-    double seconds[COMM_NUM_KINDS];  // host time inside each kind of call: the time the
-                                     // caller waited, which is all of it for a blocking call and
-                                     // the post and the wait for a non-blocking one (exposed).
-                                     // 0 for NCCL calls, which run asynchronously
+    double seconds[COMM_NUM_KINDS];  // the time each kind of call held up the computation
+                                     // (exposed): on the host, all of a blocking call, the post,
+                                     // progress and wait of a non-blocking one; for NCCL, the
+                                     // compute stream's waits, timed on the GPU, plus the
+                                     // host's time posting non-blocking calls
     double flight_seconds;           // every operation from its start to its end (blocking: its
-                                     // call; non-blocking: until its completion was seen), hidden
-                                     // or not: the total communication time
+                                     // call; non-blocking on the host: until its completion was
+                                     // seen, at a progress or a wait; NCCL: its run on the comm
+                                     // stream), hidden or not: the total communication time
     double op_start;                 // the call in progress: when it started, and its kind
     int op_kind;
     struct CommRequest* pending[COMM_MAX_PENDING];  // non-blocking operations not seen complete
@@ -76,7 +78,7 @@ typedef struct {
     cudaEvent_t ready, done;
     float* scalar;            // device scratch for host values sent through NCCL
     cudaEvent_t events[COMM_EVENTS];  // non-blocking calls' completions on the comm stream
-    int next_event;
+    unsigned next_event;
     cudaEvent_t* timing;      // pairs of timing events (comm_timing_start), 2 per pair ...
     int* timing_what;         // ... per pair, a collective's kind, or -1 - kind for a wait
     int timing_used, timing_capacity, timing_op;  // pairs this step, allocated; the call's pair

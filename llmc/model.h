@@ -452,8 +452,9 @@ static inline void gpt2_weights_from_full(GPT2* model, const float* full) {
 
 // this rank's fp32 weights on the device: the master copy when there is one (exact), else the
 // parameters themselves; *sharded says whether they are the rank's shards (ZeRO) or whole
+static inline int fp32_weights_sharded(const ParameterLayout* p) { return FLOATX_IS_FLOAT ? p->zero >= 3 : p->zero >= 1; }
 static inline const float* gpt2_fp32_weights(const GPT2* model, int* sharded) {
-    *sharded = model->master_memory ? model->layout.zero >= 1 : model->layout.zero >= 3;
+    *sharded = fp32_weights_sharded(&model->layout);
     return model->master_memory ? model->master_memory : (const float*)model->params_memory;
 }
 

@@ -567,7 +567,7 @@ static inline int train_open_shared_loaders(TrainArgs* args, int micro_batches, 
     return args->max_steps >= 0 ? args->max_steps : (int)train->batches_per_epoch;
 }
 
-// Samples that every rank takes part in drawing (TP, PP): rank 0 opens the tokenizer (checked
+// Samples that every rank takes part in drawing (DP, TP, PP): rank 0 opens the tokenizer (checked
 // against the model) and prints; it tells the others whether it could, and the end-of-text id
 // every sample starts from. Returns 1 when samples are on.
 static inline int train_open_shared_sampling(const TrainArgs* args, GPT2Config c, CommGroup* world, Tokenizer* tok,

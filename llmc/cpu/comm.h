@@ -3,7 +3,8 @@
 // host, the same functions, copy back), so both paths agree on every count, piece and check.
 // MPI counts are ints: all-reduce, broadcast, send and recv go in pieces of 2^30 elements;
 // reduce-scatter and all-gather, whose blocks cannot be cut into pieces without strided
-// layouts, stop above 2^30 elements per rank with a message. Included by comm.h.
+// layouts, and the non-blocking calls (one request each), stop above 2^30 elements per rank
+// with a message. Included by comm.h.
 #ifndef LLMC_CPU_COMM_H
 #define LLMC_CPU_COMM_H
 

@@ -166,6 +166,10 @@ static inline void comm_group_free(CommGroup* g) {
     if (g->mpi != MPI_COMM_NULL && g->mpi != MPI_COMM_WORLD) MPI_Comm_free(&g->mpi);
 #endif
     cudaStreamDestroy(g->stream);
+    for (int i = 0; i < COMM_EVENTS; i++) cudaEventDestroy(g->events[i]);
+    for (int i = 0; i < 2 * g->timing_capacity; i++) cudaEventDestroy(g->timing[i]);
+    free(g->timing);
+    free(g->timing_what);
     device_free(g->scalar);
 }
 
@@ -433,8 +437,10 @@ static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int coun
 // The non-blocking forms of the three collectives data parallelism overlaps with its compute.
 // The NCCL call goes onto the comm stream after the kernels issued so far, as always, but the
 // compute stream goes on without it: it waits for the call's event only at comm_wait, so the
-// kernels issued in between run beside the collective. (At most COMM_EVENTS in flight per
-// group: the events are reused round-robin.) The host-staged path runs the blocking call.
+// kernels issued in between run beside the collective. The completion events are reused
+// round-robin (COMM_EVENTS of them): should one be recorded again before an older call's wait,
+// that wait waits for the newer call, later on the same in-order stream: longer, never too
+// short. The host-staged path runs the blocking call.
 static inline void comm_nccl_posted(CommGroup* g, CommRequest* r) {
     comm_timing_stop(g, g->timing_op, g->stream);
     r->done = g->events[g->next_event++ % COMM_EVENTS];
@@ -502,10 +508,11 @@ static inline void comm_barrier(CommGroup* g) {
         return;
     }
 #endif
-    // an all-reduce of one float that every rank waits for
-    comm_begin(g);
+    // an all-reduce of one float that every rank waits for, timed by the host (comm_done) as
+    // it blocks: after the kernels issued so far, without comm_begin's timing events
+    cudaCheck(cudaEventRecord(g->ready, 0));
+    cudaCheck(cudaStreamWaitEvent(g->stream, g->ready, 0));
     nccl_check(ncclAllReduce(g->scalar, g->scalar, 1, ncclFloat, ncclSum, g->nccl, g->stream), g, "barrier");
-    comm_timing_stop(g, g->timing_op, g->stream);
     cudaCheck(cudaStreamSynchronize(g->stream));
     comm_done(g);
 }
