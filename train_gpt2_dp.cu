@@ -463,12 +463,11 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
              BT * c.padded_vocab_size * X / 1e6, 2 * L * BT * 4 * c.channels * X / 1e6,
              L * attention_state_bytes(args->B, args->T, c.channels, c.num_heads) / 1e6);
     train_print_memory_row("activations", (double)model->acts.arena_bytes, note);
+    // -z 2 and 3 keep the same reduce buffers
+    const char* sharded = overlap ? "X (embeddings + 2 layers + final LayerNorm): buckets before reduction (+ a shard to add, with accumulation)"
+                                  : "X (embeddings + layer + final LayerNorm): buckets before reduction (+ a shard to add, with accumulation)";
     const char* reduction[4] = {"none: the all-reduce works in place",
-                                "the reduce-scatter's output: X Psi / N (the all-gather works in place)",
-                                overlap ? "X (embeddings + 2 layers + final LayerNorm): buckets before reduction (+ a shard to add, with accumulation)"
-                                        : "X (embeddings + layer + final LayerNorm): buckets before reduction (+ a shard to add, with accumulation)",
-                                NULL};
-    reduction[3] = reduction[2];
+                                "the reduce-scatter's output: X Psi / N (the all-gather works in place)", sharded, sharded};
     double gather = zero == 3 ? (double)gather_buffer_size(p) * X : 0.0;
     train_print_memory_row("reduce buffers", (double)zero_buffer_bytes(p, accum, overlap) - gather, reduction[zero]);
     train_print_memory_row("gather buffer", gather, zero == 3 ? "X max(embeddings, 2 layers + final LayerNorm)" : "none: the parameters are whole");
