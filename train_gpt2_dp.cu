@@ -698,7 +698,7 @@ int main(int argc, char** argv) {
         device_synchronize();
         comm_collect_times(&world);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)
         double dt = wall_time_s() - t0;
-        step_stats_add(&stats, step == start_step, dt, &world);
+        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world));
         double tokens_per_s = args.total_batch / dt;
         if (rank == 0) {
             char line[256], comm[256];

@@ -58,46 +58,8 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/block.h"
 #include "llmc/optimizer.h"
 #include "llmc/pipeline.h"
+#include "llmc/stage.h"
 #include "llmc/train.h"
-
-// ----------------------------------------------------------------------------------------------
-// A stage: its place in the pipeline, and the activations of the micro-batches in flight. Each
-// (micro-batch, chunk) whose forward has run keeps its layers' activations in a slot until its
-// backward has run; the schedule says how many can be in flight at once (pipeline.h), and the
-// stage allocates that many slots.
-
-typedef struct {
-    PipeSpec spec;
-    int stage, chunk_layers;   // this rank's stage; layers per chunk, L / (p V)
-    Activations* slots;        // num_slots arenas of chunk_layers layers (and, on the last
-    int num_slots;             // stage, the head)
-    int* slot_of;              // (m, V): the slot holding (micro-batch, chunk), -1 for none
-    int* free_slots;           // a stack of free slots
-    int num_free, peak_in_use;  // the most slots a training step held at once
-    floatX* grad[2];           // (B, T, C) gradients at a chunk's output, then at its input:
-                               // two, so that one can be sent while the next is received
-} Stage;
-
-static int is_first_virtual(const Stage* st, int chunk) { return pipeline_virtual_stage(st->spec, st->stage, chunk) == 0; }
-static int is_last_virtual(const Stage* st, int chunk) {
-    return pipeline_virtual_stage(st->spec, st->stage, chunk) == st->spec.p * st->spec.V - 1;
-}
-
-// the slot of (micro, chunk), taken from the free ones on first use
-static Activations* stage_slot(Stage* st, int micro, int chunk) {
-    int* at = &st->slot_of[micro * st->spec.V + chunk];
-    if (*at < 0) {
-        if (st->num_free == 0) fail("stage %d: more micro-batches in flight than the schedule allows", st->stage);
-        *at = st->free_slots[--st->num_free];
-    }
-    return &st->slots[*at];
-}
-
-static void stage_release(Stage* st, int micro, int chunk) {
-    int* at = &st->slot_of[micro * st->spec.V + chunk];
-    st->free_slots[st->num_free++] = *at;
-    *at = -1;
-}
 
 // ----------------------------------------------------------------------------------------------
 // forward and backward of one chunk of layers on one micro-batch (B, T)
@@ -106,8 +68,10 @@ static void stage_release(Stage* st, int micro, int chunk) {
 // stage before sent. Its output stays in the last layer's residual3, to be sent on; on the last
 // virtual stage the loss is computed instead, and the logits become their gradient (dloss per
 // token). Returns the micro-batch's mean loss on the last virtual stage, else 0.
-static float chunk_forward(GPT2* model, Stage* st, Activations* a, int chunk, const int* inputs_host,
-                           const int* targets_host, int B, int T, float dloss) {
+static float chunk_forward(Walk* walk, Activations* a, int chunk, const int* inputs_host, const int* targets_host) {
+    GPT2* model = walk->model;
+    Stage* st = walk->st;
+    int B = walk->B, T = walk->T;
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     int C = c.channels, BT = B * T, Lc = st->chunk_layers;
@@ -144,7 +108,7 @@ static float chunk_forward(GPT2* model, Stage* st, Activations* a, int chunk, co
     // the LM head (the last stage's copy of wte) and the loss; dlogits replace the logits
     matmul_forward(a->logits, a->lnf, p.wte, NULL, BT, C, c.padded_vocab_size);
     copy_host_to_device(model->targets, targets_host, (size_t)BT * sizeof(int));
-    fused_classifier(a->logits, a->losses, model->targets, dloss, BT, c.vocab_size, c.padded_vocab_size);
+    fused_classifier(a->logits, a->losses, model->targets, walk->dloss, BT, c.vocab_size, c.padded_vocab_size);
     copy_device_to_host(model->losses_host, a->losses, (size_t)BT * sizeof(float));
     double sum = 0.0;
     for (int i = 0; i < BT; i++) sum += model->losses_host[i];
@@ -163,8 +127,10 @@ static float chunk_forward(GPT2* model, Stage* st, Activations* a, int chunk, co
 //   the gradient at fcproj (B,T,C) in fcproj,   at fch (B,T,4C) in fch.
 // The LM head's dlogits stay in logits, where the forward left them. LayerNorm and embedding
 // gradients are cheap and come with the input gradient, so B computes them.
-static void chunk_backward(GPT2* model, Stage* st, Activations* a, floatX* dresidual, int chunk,
-                           const int* inputs_host, int B, int T, int split) {
+static void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int chunk, const int* inputs_host, int split) {
+    GPT2* model = walk->model;
+    Stage* st = walk->st;
+    int B = walk->B, T = walk->T;
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     int C = c.channels, BT = B * T, Lc = st->chunk_layers;
@@ -210,7 +176,10 @@ static void chunk_backward(GPT2* model, Stage* st, Activations* a, floatX* dresi
 
 // The W action of zero bubble: the matmuls' weight gradients of a chunk whose B has run, from the
 // inputs and output gradients in its slot (above). Nothing waits for it: it fills the bubble.
-static void chunk_backward_weights(GPT2* model, Stage* st, Activations* a, int chunk, int B, int T) {
+static void chunk_backward_weights(Walk* walk, Activations* a, int chunk) {
+    GPT2* model = walk->model;
+    Stage* st = walk->st;
+    int B = walk->B, T = walk->T;
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     int Lc = st->chunk_layers;
@@ -225,134 +194,16 @@ static void chunk_backward_weights(GPT2* model, Stage* st, Activations* a, int c
     }
 }
 
-// ----------------------------------------------------------------------------------------------
-// Walking a schedule. The stage runs its list of actions in groups (pipeline.h: one action, or
-// interleaved's forward + backward); before each group one exchange sends the outputs of the
-// group before and receives the inputs of this one, all at once (comm_exchange), so that no
-// stage waits on a send its partner has not reached. pipeline_check_exchanges has proven, at
-// start, that these exchanges pair up and finish for this schedule.
-
-typedef struct {
-    GPT2* model;
-    Stage* st;
-    CommGroup* pp;
-    DataLoader* data;   // micro-batch i is chunk i of the loader's current batch ...
-    const int* tokens;  // ... or, without a loader (sampling), these B x T tokens
-    int B, T;
-    int forward_only;   // validation and sampling: a slot is free once its output is sent
-    float dloss;        // each token's weight in the step's gradient: 1 / (B T m)
-    float loss;         // out: the sum of the micro-batches' losses (last stage)
-    Activations* head;  // out: the last slot the last virtual stage used (its logits stay)
-    double* times;      // with a timeline: each action's start and end (seconds from `t0`)
-    double t0;
-} Walk;
-
-// the buffer a message of action a lives in (its input: receive = 1; its output: 0)
-static floatX* message_buffer(Walk* w, PipeAction a, int receive, int grad_index) {
-    Stage* st = w->st;
-    if (a.op == PIPE_FORWARD) {
-        Activations* slot = stage_slot(st, a.micro, a.chunk);
-        return receive ? slot->encoded : layer_acts(slot, w->model->dims, w->B, w->T, st->chunk_layers - 1).residual3;
-    }
-    return st->grad[grad_index];
-}
-
-// a training walk's slots in use, for the peak the trainer reports beside the schedule's
-// (validation and sampling hold at most 2, which the allocation allows for, and are not counted)
-static void note_slots_in_use(Walk* w) {
-    int in_use = w->st->num_slots - w->st->num_free;
-    if (!w->forward_only && in_use > w->st->peak_in_use) w->st->peak_in_use = in_use;
-}
-
-static void walk_actions(Walk* w, const PipeAction* actions, int n) {
-    Stage* st = w->st;
-    PipeSpec s = st->spec;
-    size_t BTC = (size_t)w->B * w->T * w->model->config.channels;
-    int* group = (int*)malloc_check((size_t)n * sizeof(int));
-    int* grad_index = (int*)malloc_check((size_t)n * sizeof(int));  // which grad buffer a B uses
-    int groups = pipeline_exchange_index(actions, n, group);
-    for (int k = 0, backwards = 0; k < n; k++) grad_index[k] = actions[k].op == PIPE_BACKWARD ? backwards++ % 2 : 0;
-    int k = 0, prev = 0;  // this group starts at action k, the one before at prev
-    for (int gi = 0; gi <= groups; gi++) {
-        int end = k;
-        while (end < n && group[end] == gi) end++;
-        // the exchange: outputs of the group before (actions prev .. k-1), inputs of this group
-        CommMessage msgs[8];
-        int count = 0;
-        for (int j = prev; j < k; j++) {
-            int to = pipeline_output_to(s, st->stage, actions[j]);
-            // (B, T, C) to the next virtual stage (forward: activations) or the one before
-            // (backward: their gradient)
-            if (to >= 0) msgs[count++] = comm_message(message_buffer(w, actions[j], 0, grad_index[j]), BTC, to, 1);
-        }
-        for (int j = k; j < end; j++) {
-            int from = pipeline_input_from(s, st->stage, actions[j]);
-            if (from >= 0) msgs[count++] = comm_message(message_buffer(w, actions[j], 1, grad_index[j]), BTC, from, 0);
-        }
-        comm_exchange(w->pp, msgs, count, COMM_FLOATX);
-        note_slots_in_use(w);
-        // a forward-only walk frees a slot once its output is sent
-        for (int j = prev; j < k && w->forward_only; j++) stage_release(st, actions[j].micro, actions[j].chunk);
-        for (int j = k; j < end; j++) {  // the group's actions
-            PipeAction a = actions[j];
-            watchdog_beat();
-            if (w->times) w->times[2 * j] = wall_time_s() - w->t0;
-            int first = is_first_virtual(st, a.chunk), last = is_last_virtual(st, a.chunk);
-            // the tokens of the micro-batch: its inputs for the embedding (forward and backward),
-            // its targets for the loss (forward)
-            if (w->data && ((first && a.op != PIPE_WEIGHT) || (last && a.op == PIPE_FORWARD))) {
-                dataloader_load_chunk(w->data, a.micro, w->model->config.vocab_size);
-            }
-            const int* inputs = w->data ? w->data->inputs : w->tokens;
-            const int* targets = w->data ? w->data->targets : w->tokens;  // (sampling reads logits only)
-            Activations* slot = stage_slot(st, a.micro, a.chunk);
-            note_slots_in_use(w);
-            if (a.op == PIPE_FORWARD) {
-                w->loss += chunk_forward(w->model, st, slot, a.chunk, inputs, targets, w->B, w->T, w->dloss);
-                if (last) w->head = slot;
-            } else if (a.op == PIPE_BACKWARD) {
-                int split = s.sched == SCHEDULE_ZB;  // W follows later and needs the slot
-                chunk_backward(w->model, st, slot, st->grad[grad_index[j]], a.chunk, inputs, w->B, w->T, split);
-                if (!split) stage_release(st, a.micro, a.chunk);
-            } else {
-                chunk_backward_weights(w->model, st, slot, a.chunk, w->B, w->T);
-                stage_release(st, a.micro, a.chunk);
-            }
-            if (w->times) {
-                device_synchronize();  // the GPU's work, not its launch
-                w->times[2 * j + 1] = wall_time_s() - w->t0;
-            }
-        }
-        prev = k;
-        k = end;
-    }
-    free(group);
-    free(grad_index);
-}
-
-// ----------------------------------------------------------------------------------------------
+// what the walk calls for each action: this trainer's chunk functions above
+static const ChunkOps chunk_ops = {chunk_forward, chunk_backward, chunk_backward_weights};
 
 // forward passes alone over the validation batches: the last stage has the mean loss, which it
 // broadcasts (4 bytes) so every rank reports the same
-// One micro-batch of B x T forward through the whole pipe (every chunk in turn), no backward:
-// the tokens of the loader's current batch, or without a loader `tokens`. Returns the walk: its
-// loss on the last stage, and the slot holding the logits there.
-static Walk forward_pass(GPT2* model, Stage* st, CommGroup* pp, DataLoader* data, const int* tokens, int B, int T) {
-    PipeSpec one = st->spec;
-    one.m = 1;
-    PipeAction* actions = (PipeAction*)malloc_check((size_t)one.V * sizeof(PipeAction));
-    int n = pipeline_forward_actions(one, actions);
-    Walk w = {model, st, pp, data, tokens, B, T, 1, 0.0f, 0.0f, NULL, NULL, 0.0};
-    walk_actions(&w, actions, n);
-    free(actions);
-    return w;
-}
-
 static float evaluate(GPT2* model, Stage* st, CommGroup* pp, DataLoader* val, int batches) {
     double sum = 0.0;
     for (int i = 0; i < batches; i++) {
         dataloader_seek(val, (size_t)i);
-        sum += forward_pass(model, st, pp, val, NULL, model->B, model->T).loss;
+        sum += stage_forward_pass(model, st, chunk_ops, pp, NULL, val, NULL, model->B, model->T).loss;
     }
     float loss = (float)(sum / batches);
     comm_broadcast_host(pp, &loss, sizeof(float), pp->size - 1);
@@ -370,7 +221,7 @@ static void sample(GPT2* model, Stage* st, CommGroup* pp, const Tokenizer* tok, 
     for (int t = 0; t < model->T; t++) tokens[t] = eot;
     if (tok) printf("---- sample at step %d ----\n", step);
     for (int t = 1; t < gen_tokens; t++) {
-        Walk w = forward_pass(model, st, pp, NULL, tokens, 1, t);
+        Walk w = stage_forward_pass(model, st, chunk_ops, pp, NULL, NULL, tokens, 1, t);
         float token = 0.0f;
         if (st->stage == pp->size - 1) {  // its slot is free again, but nothing has overwritten it
             copy_device_to_floats(logits, w.head->logits + (size_t)(t - 1) * c.padded_vocab_size, c.padded_vocab_size);
@@ -463,67 +314,6 @@ static void print_layout(const GPT2* model, const Stage* st, const TrainArgs* ar
            (double)(s.p * s.V - 1) * 2 * s.m * message);
 }
 
-// The measured timeline of a step: every stage's actions with their start and end (ms from the
-// step's start, after a barrier), gathered on rank 0, drawn as the chart of the schedule with one
-// column per average forward, and appended to -o's timeline.jsonl as one JSON line per action.
-static void report_timeline(const Stage* st, CommGroup* pp, int n, const double* times,
-                            int step, const char* out_dir) {
-    PipeSpec s = st->spec;
-    float* mine = (float*)malloc_check((size_t)2 * n * sizeof(float));
-    for (int i = 0; i < 2 * n; i++) mine[i] = (float)(times[i] * 1e3);
-    float* dev = (float*)device_malloc((size_t)2 * n * sizeof(float));
-    if (pp->rank != 0) {
-        copy_host_to_device(dev, mine, (size_t)2 * n * sizeof(float));
-        comm_send(pp, dev, (size_t)2 * n, COMM_FLOAT, 0);  // (2n) fp32 times to rank 0
-        device_free(dev);
-        free(mine);
-        return;
-    }
-    PipeAction* all = (PipeAction*)malloc_check((size_t)s.p * n * sizeof(PipeAction));
-    double* start = (double*)malloc_check((size_t)s.p * n * sizeof(double));
-    double* end = (double*)malloc_check((size_t)s.p * n * sizeof(double));
-    float* got = (float*)malloc_check((size_t)2 * n * sizeof(float));
-    double forward_sum = 0.0;
-    int forwards = 0;
-    FILE* json = NULL;
-    if (out_dir) {
-        char path[4200];
-        snprintf(path, sizeof(path), "%s/timeline.jsonl", out_dir);
-        json = fopen(path, "a");
-    }
-    for (int r = 0; r < s.p; r++) {
-        pipeline_stage_actions(s, r, all + (size_t)r * n);
-        if (r == 0) memcpy(got, mine, (size_t)2 * n * sizeof(float));
-        else {
-            comm_recv(pp, dev, (size_t)2 * n, COMM_FLOAT, r);
-            copy_device_to_host(got, dev, (size_t)2 * n * sizeof(float));
-        }
-        for (int k = 0; k < n; k++) {
-            PipeAction a = all[(size_t)r * n + k];
-            start[r * n + k] = got[2 * k];
-            end[r * n + k] = got[2 * k + 1];
-            if (a.op == PIPE_FORWARD) {
-                forward_sum += got[2 * k + 1] - got[2 * k];
-                forwards++;
-            }
-            if (json) {
-                fprintf(json, "{\"step\": %d, \"stage\": %d, \"op\": \"%c\", \"micro\": %d, \"chunk\": %d, \"start_ms\": %.3f, \"end_ms\": %.3f}\n",
-                        step, r, pipe_op_letters[a.op], a.micro, a.chunk, got[2 * k], got[2 * k + 1]);
-            }
-        }
-    }
-    if (json) fclose(json);
-    double unit = forward_sum / forwards;
-    printf("timeline of step %d, measured (one column = a forward's mean, %.2f ms):\n", step, unit);
-    pipeline_draw(s, all, start, end, unit > 0 ? unit : 1e-3, "  ");
-    device_free(dev);
-    free(mine);
-    free(all);
-    free(start);
-    free(end);
-    free(got);
-}
-
 int main(int argc, char** argv) {
     // the common flags (llmc/train.h) and this trainer's own
     TrainArgs args;
@@ -591,11 +381,8 @@ int main(int argc, char** argv) {
     // rank's AdamW moments (and bf16 parameter bits)
     ParameterLayout layout = parameter_layout_grid(config, 1, 0, p, rank, vp);
     int chunk_layers = config.num_layers / (p * vp);
-    int num_slots = pipeline_peak_in_flight(spec, actions, n);
-    num_slots = num_slots > 2 ? num_slots : 2;
-    Activations unused;
-    int slot_parts = ACTS_LAYERS | (layout.head ? ACTS_HEAD : 0);
-    size_t slot_bytes = gpt2_lay_out_activations(&unused, dims, chunk_layers, slot_parts, args.B, args.T, NULL);
+    int num_slots = stage_num_slots(spec, actions, n);
+    size_t slot_bytes = stage_slot_bytes(dims, &layout, chunk_layers, args.B, args.T);
     size_t BTC = (size_t)args.B * args.T * config.channels;
     size_t gather_bytes = p > 1 && args.checkpoint_every > 0 ? layout.count * sizeof(float) : 0;
     size_t memory_bytes = gpt2_memory_bytes(dims, &layout, ACTS_SCRATCH, args.B, args.T) + num_slots * slot_bytes +
@@ -645,22 +432,7 @@ int main(int argc, char** argv) {
     gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_SCRATCH);
     free(params_host);
     Stage stage;
-    stage.spec = spec;
-    stage.stage = rank;
-    stage.chunk_layers = chunk_layers;
-    stage.num_slots = num_slots;
-    stage.slots = (Activations*)malloc_check((size_t)num_slots * sizeof(Activations));
-    stage.free_slots = (int*)malloc_check((size_t)num_slots * sizeof(int));
-    for (int i = 0; i < num_slots; i++) {
-        activations_alloc(&stage.slots[i], dims, chunk_layers, slot_parts, args.B, args.T);
-        stage.free_slots[i] = num_slots - 1 - i;
-    }
-    stage.num_free = num_slots;
-    stage.peak_in_use = 0;
-    stage.slot_of = (int*)malloc_check((size_t)m * vp * sizeof(int));
-    for (int i = 0; i < m * vp; i++) stage.slot_of[i] = -1;
-    stage.grad[0] = model.acts.dresidual;
-    stage.grad[1] = (floatX*)device_malloc(BTC * sizeof(floatX));
+    stage_alloc(&stage, spec, rank, num_slots, &model, args.B, args.T);
 
     if (rank == 0) {
         print_layout(&model, &stage, &args, max_steps, train.num_tokens, args.val_every > 0 ? val.num_tokens : 0,
@@ -707,8 +479,10 @@ int main(int argc, char** argv) {
         // micro-batch's loss makes the step's gradient the mean over the whole batch.
         watchdog_phase("pipeline schedule", step);
         device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
-        Walk w = {&model, &stage, pp, &train, NULL, args.B, args.T, 0, 1.0f / (float)((size_t)args.B * args.T * m),
-                  0.0f, NULL, timed ? times : NULL, t0};
+        Walk w = walk_of(&model, &stage, chunk_ops, pp, NULL, &train, 1, 0, NULL, args.B, args.T, 0,
+                         1.0f / (float)((size_t)args.B * args.T * m));
+        w.times = timed ? times : NULL;
+        w.t0 = t0;
         walk_actions(&w, actions, n);
         dataloader_advance(&train);
         // 2. the tied embedding: the first stage has wte's gradient from the lookups, the last
@@ -738,7 +512,7 @@ int main(int argc, char** argv) {
         float clip_scale, lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
         device_synchronize();
         double dt = wall_time_s() - t0;
-        step_stats_add(&stats, step == start_step, dt, &world);
+        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world));
         double tokens_per_s = args.total_batch / dt;
         long long all_reduce = world.bytes[COMM_ALL_REDUCE] + embed.bytes[COMM_ALL_REDUCE];
         if (rank == 0) {
@@ -759,31 +533,18 @@ int main(int argc, char** argv) {
             if (rank == 0) gpt2_write_model_file(dump_grads, config, full);
             free(full);
         }
-        if (timed) report_timeline(&stage, pp, n, times, step + 1, args.out_dir);
+        if (timed) stage_report_timeline(&stage, pp, n, times, step + 1, args.out_dir);
     }
     if (rank == 0) step_stats_print(&stats, args.total_batch, flops_per_token, peak, p);
     // held activations: the schedule's count beside what each stage's slots measured
-    if (max_steps > start_step) {
-        if (rank == 0) printf("activations held at most, measured (schedule):");
-        for (int s = 0; s < p; s++) {
-            float measured = s == rank ? (float)stage.peak_in_use : 0.0f;
-            comm_all_reduce_scalar(pp, &measured, COMM_SUM);
-            int predicted = pipeline_peak_in_flight(spec, all_actions + (size_t)s * n, n);
-            if (rank == 0) printf(" stage %d: %d (%d)", s, (int)measured, predicted);
-        }
-        if (rank == 0) printf("\n");
-    }
+    if (max_steps > start_step) stage_report_peak(&stage, pp, all_actions, n);
 
     watchdog_phase("shutdown", max_steps);
     logger_close(&logger);
     if (rank == 0 && can_sample) tokenizer_free(&tok);
     dataloader_free(&train);
     if (args.val_every > 0) dataloader_free(&val);
-    for (int i = 0; i < num_slots; i++) activations_free(&stage.slots[i]);
-    free(stage.slots);
-    free(stage.free_slots);
-    free(stage.slot_of);
-    device_free(stage.grad[1]);
+    stage_free(&stage);
     free(times);
     free(all_actions);
     gpt2_free(&model);

@@ -57,31 +57,8 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/model.h"
 #include "llmc/block.h"
 #include "llmc/optimizer.h"
+#include "llmc/tensor_parallel.h"
 #include "llmc/train.h"
-
-// ----------------------------------------------------------------------------------------------
-// The two collectives of tensor parallelism. Each is the forward of one of Megatron's operators
-// and the backward of the other, so the forward and backward passes below call the same two.
-
-// Sums partial (B, T, C), of which every rank holds a share, over the ranks. Without -sp an
-// all-reduce in place: returns partial, now whole on every rank. With -sp a reduce-scatter:
-// returns `reduced`, this rank's B*T/tp tokens of the sum.
-static floatX* sum_over_ranks(CommGroup* tp, floatX* partial, floatX* reduced, size_t BT, int C, int sp) {
-    if (!sp) {
-        comm_all_reduce(tp, partial, BT * C, COMM_FLOATX, COMM_SUM);
-        return partial;
-    }
-    comm_reduce_scatter(tp, partial, reduced, BT / tp->size * C, COMM_FLOATX, COMM_SUM);
-    return reduced;
-}
-
-// With -sp: every rank's B*T/tp tokens (shard) all-gathered into whole (B, T, C), in rank order.
-// Without -sp every rank holds all tokens already (the identity): returns shard itself.
-static floatX* gather_tokens(CommGroup* tp, floatX* shard, floatX* whole, size_t BT, int C, int sp) {
-    if (!sp) return shard;
-    comm_all_gather(tp, shard, whole, BT / tp->size * C, COMM_FLOATX);
-    return whole;
-}
 
 // ----------------------------------------------------------------------------------------------
 // forward and backward of the model on one micro-batch, on this rank's slices. BTs is the number
@@ -99,13 +76,7 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
     // vocabulary-parallel embedding: this rank holds rows [lo, lo + Vp/tp) of wte. A token of
     // another rank becomes -1, a row of zeros, and rank 0 alone adds wpe, so that the sum over
     // the ranks holds every token's row and its position's row exactly once.
-    int lo = tp->rank * d.Vp;
-    int* local = (int*)malloc_check(BT * sizeof(int));
-    for (size_t i = 0; i < BT; i++) {
-        local[i] = inputs_host[i] >= lo && inputs_host[i] < lo + d.Vp ? inputs_host[i] - lo : -1;
-    }
-    copy_host_to_device(model->inputs, local, BT * sizeof(int));
-    free(local);
+    vocab_parallel_tokens(model->inputs, inputs_host, BT, tp->rank, d.Vp);
     floatX* partial = sp ? a->dbuf : a->encoded;  // (B, T, C); dbuf is free until the backward
     encoder_forward(partial, model->inputs, p.wte, tp->rank == 0 ? p.wpe : NULL, B, T, C);
     // g after the vocabulary-parallel lookup: all-reduce of the partial embeddings (B, T, C);
@@ -158,31 +129,6 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
     // all-gather of lnf to (B, T, C). This rank's logits: (B, T, Vp/tp), its vocabulary only.
     gather_tokens(tp, a->ln_shard, a->lnf, BT, C, sp);
     matmul_forward(a->logits, a->lnf, p.wte, NULL, (int)BT, C, d.Vp);
-}
-
-// Vocabulary-parallel cross-entropy: the mean loss of the micro-batch from this rank's logits
-// (B, T, Vp/tp), which are never gathered. With dloss != 0 they become their gradient, each
-// token weighted by dloss. Every rank returns the same loss.
-static float vocab_parallel_loss(GPT2* model, CommGroup* tp, const int* targets_host, int B, int T, float dloss) {
-    GPT2Config c = model->config;
-    LayerDims d = model->dims;
-    Activations* a = &model->acts;
-    int BT = B * T, lo = tp->rank * d.Vp, real = vocab_real_columns(c, d, tp->rank);
-    copy_host_to_device(model->targets, targets_host, (size_t)BT * sizeof(int));
-    // each row's maximum over the whole vocabulary: all-reduce MAX of (B, T) fp32
-    classifier_shard_max(a->row_max, a->logits, BT, d.Vp, real);
-    comm_all_reduce(tp, a->row_max, (size_t)BT, COMM_FLOAT, COMM_MAX);
-    // each row's sum of exp(logit - max) and its target's logit (held by one rank, 0 on the
-    // others): one all-reduce SUM of (B, T, 2) fp32 for both
-    classifier_shard_sums(a->row_sums, a->logits, a->row_max, model->targets, BT, d.Vp, real, lo);
-    comm_all_reduce(tp, a->row_sums, (size_t)BT * 2, COMM_FLOAT, COMM_SUM);
-    // loss = log(sum) - (target - max) on every rank; dlogits = dloss (softmax - onehot), local
-    classifier_shard_loss(a->logits, a->losses, a->row_max, a->row_sums, model->targets, dloss, BT,
-                          d.Vp, real, lo);
-    copy_device_to_host(model->losses_host, a->losses, (size_t)BT * sizeof(float));
-    double sum = 0.0;
-    for (int i = 0; i < BT; i++) sum += model->losses_host[i];
-    return (float)(sum / BT);
 }
 
 // accumulates this rank's parameter gradients; expects vocab_parallel_loss to have left dlogits
@@ -239,7 +185,7 @@ static float evaluate(GPT2* model, CommGroup* tp, DataLoader* val, int batches) 
         dataloader_seek(val, (size_t)i);
         dataloader_load_chunk(val, 0, model->config.vocab_size);
         gpt2_forward(model, tp, val->inputs, model->B, model->T);
-        sum += vocab_parallel_loss(model, tp, val->targets, model->B, model->T, 0.0f);
+        sum += vocab_parallel_loss(model, tp, &model->acts, val->targets, model->B, model->T, 0.0f);
     }
     return (float)(sum / batches);
 }
@@ -476,7 +422,10 @@ int main(int argc, char** argv) {
             watchdog_beat();
             dataloader_load_chunk(&train, micro, config.vocab_size);
             gpt2_forward(&model, tp, train.inputs, args.B, args.T);
-            loss += vocab_parallel_loss(&model, tp, train.targets, args.B, args.T, dloss) / (float)accum;
+            // the vocabulary-parallel loss (llmc/tensor_parallel.h) on this rank's (B, T, Vp/tp)
+            // logits: all-reduces of each row's max, (B, T), and of its sum of exponentials with
+            // its target's logit, (B, T, 2), in fp32; the logits are never gathered
+            loss += vocab_parallel_loss(&model, tp, &model.acts, train.targets, args.B, args.T, dloss) / (float)accum;
             gpt2_backward(&model, tp, args.B, args.T);
         }
         dataloader_advance(&train);
@@ -486,11 +435,7 @@ int main(int argc, char** argv) {
             // lnfb ((C) each), 4LC + 2C in all. Forgetting this is the classic sequence-parallel
             // bug: every rank would update its LayerNorm copy with its own part of the gradient.
             watchdog_phase("LayerNorm gradient all-reduce", step);
-            ParameterTensors g = model.grads;
-            size_t LC = (size_t)config.num_layers * config.channels;
-            floatX* layernorm_grads[6] = {g.ln1w, g.ln1b, g.ln2w, g.ln2b, g.lnfw, g.lnfb};
-            size_t counts[6] = {LC, LC, LC, LC, (size_t)config.channels, (size_t)config.channels};
-            for (int i = 0; i < 6; i++) comm_all_reduce(tp, layernorm_grads[i], counts[i], COMM_FLOATX, COMM_SUM);
+            layernorm_grads_all_reduce(&model, tp);
         }
         // 2. the global gradient norm counts every parameter once: the slices' squares summed
         // over the ranks (all-reduce of one float), the replicated tensors' squares, equal on
@@ -512,7 +457,7 @@ int main(int argc, char** argv) {
         float clip_scale, lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
         device_synchronize();
         double dt = wall_time_s() - t0;
-        step_stats_add(&stats, step == start_step, dt, &world);
+        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world));
         double step_comm = comm_seconds(&world), tokens_per_s = args.total_batch / dt;
         if (rank == 0) {
             char line[256], comm[200];

@@ -199,7 +199,8 @@ static inline ParameterLayout parameter_layout_buckets(GPT2Config c, int zero, i
     return p;
 }
 
-static inline int parameter_num_buckets(const ParameterLayout* p) { return p->layers + 2; }
+// (a flat layout, layout_shard_flat's, is one bucket: the rank's whole buffer)
+static inline int parameter_num_buckets(const ParameterLayout* p) { return p->bucket_sizes[1] > 0 ? p->layers + 2 : 1; }
 
 // the kind of bucket k: 0 the embeddings, 1 a layer, 2 the final LayerNorm (bucket_sizes' index)
 static inline int parameter_bucket_kind(const ParameterLayout* p, int k) { return k == 0 ? 0 : k <= p->layers ? 1 : 2; }
@@ -246,6 +247,21 @@ static inline void layout_take_shards(const ParameterLayout* p, const float* who
     }
 }
 
+// ZeRO-1 across the data-parallel replicas of a model-parallel rank (train_gpt2_3d.cu): its whole
+// flat buffer (its tp slices of its stage's tensors) is one bucket, split into `shards` equal
+// contiguous shards, rank shard_rank updating one; Megatron-LM's distributed optimizer does the
+// same. The buffer is padded with zeros to a multiple of shards x ZERO_ALIGN elements, so the
+// shards are equal and aligned. zero = 0 leaves the layout as it is.
+static inline void layout_shard_flat(ParameterLayout* p, int zero, int shards, int shard_rank) {
+    if (zero == 0) return;
+    p->zero = zero;
+    p->shards = shards;
+    p->shard_rank = shard_rank;
+    p->count = round_up(p->count, (size_t)shards * ZERO_ALIGN);
+    p->bucket_sizes[0] = p->count;
+    p->bucket_sizes[1] = p->bucket_sizes[2] = 0;
+}
+
 // a rank of tensor parallelism alone (one pipeline stage)
 static inline ParameterLayout parameter_layout(GPT2Config c, int tp, int tp_rank) {
     return parameter_layout_grid(c, tp, tp_rank, 1, 0, 1);
@@ -253,8 +269,11 @@ static inline ParameterLayout parameter_layout(GPT2Config c, int tp, int tp_rank
 
 // the layout of rank r of the model-parallel group this layout belongs to: tp ranks of a stage
 // are consecutive, then the stages
+// (with the same ZeRO padding as this one: its buffers have as many elements as that rank's)
 static inline ParameterLayout parameter_layout_of_rank(GPT2Config c, const ParameterLayout* p, int r) {
-    return parameter_layout_grid(c, p->tp, r % p->tp, p->pp, r / p->tp, p->chunks);
+    ParameterLayout of_r = parameter_layout_grid(c, p->tp, r % p->tp, p->pp, r / p->tp, p->chunks);
+    layout_shard_flat(&of_r, p->zero, p->shards, p->shard_rank);
+    return of_r;
 }
 
 // copies this rank's pieces between the whole model in the file's layout and the rank's own

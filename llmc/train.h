@@ -108,7 +108,8 @@ static inline void train_check_flags(const TrainArgs* args, GPT2Config config) {
 // means one micro-batch per step. Products are taken in 64 bits: -b 4194304 -t 1024 on 2 ranks
 // is 2^33 tokens. Returns the accumulation steps, and sets -d when it was -1.
 static inline int train_accumulation_steps(TrainArgs* args, int readers, const char* readers_name) {
-    const char* what = readers_name ? "B*T*ranks" : "B*T";
+    char what[64];
+    snprintf(what, sizeof(what), readers_name ? "B*T*%s" : "B*T", readers_name);
     size_t tokens_per_pass = mul_check(mul_check(args->B, args->T, "-b x -t"), readers, "-b x -t x ranks");
     if (args->total_batch == -1) {
         if (tokens_per_pass > INT_MAX) fail("%s = %zu tokens does not fit -d's int range", what, tokens_per_pass);
@@ -154,7 +155,9 @@ static inline void train_stop_if_not_finite(int step, float loss, float grad_nor
 // the run's identity (checkpoint.h): everything that determines the training trajectory, common
 // to every trainer; a trainer adds its layout. The train data is identified by content, so a moved
 // or copied file still resumes; rank 0 reads it once.
-// layout: how the ranks are arranged, e.g. "dp=2 tp=1 pp=1", which a resume must match
+// layout: how the ranks are arranged, e.g. "dp=2 tp=1 pp=1", which a resume must match; NULL for
+// checkpoints that any layout loads (train_gpt2_3d.cu): the ranks, the layout and -b are left out,
+// since -d (the global batch) and the data order alone fix what a step trains on
 static inline void train_run_identity(RunIdentity* id, const TrainArgs* args, GPT2Config config,
                                       const float* initial_weights, DataLoader* train, int max_steps,
                                       const char* layout, CommGroup* world) {
@@ -167,9 +170,11 @@ static inline void train_run_identity(RunIdentity* id, const TrainArgs* args, GP
                      config.padded_vocab_size, config.max_seq_len,
                      crc32_update(0, initial_weights, gpt2_num_parameters(config) * sizeof(float)));
     run_identity_add(id, "-i", "%zu tokens, CRC-32 %08x", train->num_tokens, train_crc);
-    run_identity_add(id, "ranks", "%d", world->size);
-    run_identity_add(id, "layout", "%s", layout);
-    run_identity_add(id, "-b", "%d", args->B);
+    if (layout) {
+        run_identity_add(id, "ranks", "%d", world->size);
+        run_identity_add(id, "layout", "%s", layout);
+        run_identity_add(id, "-b", "%d", args->B);
+    }
     run_identity_add(id, "-t", "%d", args->T);
     run_identity_add(id, "-d", "%d", args->total_batch);
     run_identity_add(id, "-l", "%.9g", args->lr);
@@ -317,12 +322,13 @@ typedef struct {
     size_t peak_memory;
 } StepStats;
 
-static inline void step_stats_add(StepStats* s, int first, double seconds, const CommGroup* g) {
+// collective_seconds: the step's time in collectives (comm_seconds of each group it used, summed)
+static inline void step_stats_add(StepStats* s, int first, double seconds, double collective_seconds) {
     size_t memory = device_memory_used();
     s->peak_memory = memory > s->peak_memory ? memory : s->peak_memory;
     if (first) return;
     s->seconds += seconds;
-    s->comm_seconds += comm_seconds(g);
+    s->comm_seconds += collective_seconds;
     s->steps++;
 }
 
@@ -504,6 +510,24 @@ static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* wor
     if (world->rank == 0) checkpoint_mark_done(dir, step);
 }
 
+// the model file of checkpoint `step`, checked against the checksum its state files recorded, into
+// this rank's pieces of the weights
+static inline void checkpoint_load_weights(GPT2* model, const char* dir, int step, uint32_t expected_crc) {
+    char path[4096];
+    GPT2Config c;
+    uint32_t model_crc;
+    checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+    float* weights = gpt2_read_model_file(path, &c, &model_crc);
+    if (gpt2_num_parameters(c) != gpt2_num_parameters(model->config)) fail("checkpoint '%s' does not match the model of -e", path);
+    if (model_crc != expected_crc) {
+        fail("model file '%s' has CRC-32 %08x, but the state files of step %d were written with "
+             "one of CRC-32 %08x: the files of this checkpoint do not belong together", path,
+             model_crc, step, expected_crc);
+    }
+    gpt2_weights_from_full(model, weights);
+    free(weights);
+}
+
 // Loads checkpoint `step` into the model; returns its state. Every rank checks its own state
 // file against the step rank 0 chose, its rank, the world size and this run's identity, and the
 // model file against the checksum its state file recorded: any mismatch stops every rank
@@ -516,23 +540,103 @@ static inline TrainState read_checkpoint(GPT2* model, const char* dir, CommGroup
     void* params = malloc_check(extra);
     checkpoint_path(path, sizeof(path), dir, "state", step, world->rank);
     TrainState s = state_read(path, step, world->rank, world->size, id, host, host + n, n, params, extra);
-    GPT2Config c;
-    uint32_t model_crc;
-    checkpoint_path(path, sizeof(path), dir, "model", step, -1);
-    float* weights = gpt2_read_model_file(path, &c, &model_crc);
-    if (gpt2_num_parameters(c) != gpt2_num_parameters(model->config)) fail("checkpoint '%s' does not match the model of -e", path);
-    if (model_crc != s.model_crc) {
-        fail("model file '%s' has CRC-32 %08x, but the state files of step %d were written with "
-             "one of CRC-32 %08x: the files of this checkpoint do not belong together", path,
-             model_crc, step, s.model_crc);
-    }
-    gpt2_weights_from_full(model, weights);
-    free(weights);
+    checkpoint_load_weights(model, dir, step, s.model_crc);
     copy_host_to_device(model->m_memory, host, n * sizeof(float));
     copy_host_to_device(model->v_memory, host + n, n * sizeof(float));
     if (extra > 0) copy_host_to_device(model->params_memory, params, extra);
     free(host);
     free(params);
+    return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints that any layout loads (train_gpt2_3d.cu). Beside the model file, one state file
+// state_S.bin holds the whole training state in the model file's layout, in fp32: the AdamW
+// moments m and v (P each) and, with bf16 parameters, their exact bits (P more: every bf16 value
+// is an fp32 value). Rank 0 gathers it from the ranks' pieces as it gathers the weights; on
+// resume every rank reads the whole files and keeps its own pieces, whatever layout wrote them.
+// The state file's header holds rank 0 and world 0: there is no rank or world size to match.
+
+// One of this rank's device buffers (fp32, or floatX for the parameter bits), whole or with
+// ZeRO-1 its dp shard (sharded), into `full` (host, the file's layout) on world rank 0: a shard is
+// first all-gathered over the data-parallel group dp into `whole` (device, the layout's count),
+// then data-parallel replica 0 gathers its pieces over its model-parallel group mp (tp x pp ranks)
+static inline void gather_state_full(const GPT2* model, CommGroup* dp, CommGroup* mp, const void* src, int sharded,
+                                     CommDtype dtype, void* whole, float* full) {
+    const ParameterLayout* p = &model->layout;
+    if (sharded) {
+        comm_all_gather(dp, src, whole, p->count / p->shards, dtype);  // (count): the rank's whole buffer
+        src = whole;
+    }
+    if (dp->rank == 0) gpt2_gather_full(model, mp, src, dtype, full);
+}
+
+static inline void write_checkpoint_gathered(GPT2* model, const char* dir, CommGroup* world, CommGroup* dp, CommGroup* mp,
+                                             int step, const RunIdentity* id, uint64_t sample_rng_state) {
+    const ParameterLayout* p = &model->layout;
+    size_t P = gpt2_num_parameters(model->config), extra = model->master_memory ? P * sizeof(float) : 0;
+    int root = world->rank == 0, weights_sharded, state_sharded = layout_state_held(p) < p->count;
+    const float* weights = gpt2_fp32_weights(model, &weights_sharded);
+    float* full = root ? (float*)malloc_check(P * sizeof(float) * (extra ? 4 : 3)) : NULL;  // weights, m, v, bits
+    void* whole = weights_sharded || state_sharded ? device_malloc(p->count * sizeof(float)) : NULL;
+    gather_state_full(model, dp, mp, weights, weights_sharded, COMM_FLOAT, whole, full);
+    gather_state_full(model, dp, mp, model->m_memory, state_sharded, COMM_FLOAT, whole, root ? full + P : NULL);
+    gather_state_full(model, dp, mp, model->v_memory, state_sharded, COMM_FLOAT, whole, root ? full + 2 * P : NULL);
+    if (extra) gather_state_full(model, dp, mp, model->params_memory, 0, COMM_FLOATX, whole, root ? full + 3 * P : NULL);
+    if (whole) device_free(whole);
+    TrainState s = {step, 0, sample_rng_state, 0};
+    if (root) {
+        char path[4096], what[64];
+        snprintf(what, sizeof(what), "the weights after step %d (not checkpointed)", step);
+        gpt2_check_finite(full, model->config, what);  // (write_checkpoint says why)
+        checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+        s.model_crc = gpt2_write_model_file(path, model->config, full);
+        checkpoint_path(path, sizeof(path), dir, "state", step, -1);
+        state_write(path, &s, 0, id, full + P, full + 2 * P, P, full + 3 * P, extra);
+        free(full);
+    }
+    comm_barrier(world);  // DONE only once the files are in place (and every rank got here)
+    if (root) checkpoint_mark_done(dir, step);
+}
+
+// this rank's pieces of a whole fp32 array in the file's layout (host), as it holds them: all of
+// them, or with sharded its ZeRO shard
+static inline float* layout_pieces_of_full(const GPT2* model, const float* full, int sharded) {
+    const ParameterLayout* p = &model->layout;
+    float* mine = (float*)calloc_check(p->count, sizeof(float));  // padding stays 0
+    parameter_shard_copy((float*)full, mine, p, model->config, 1);
+    if (!sharded) return mine;
+    float* shard = (float*)malloc_check(p->count / p->shards * sizeof(float));
+    layout_take_shards(p, mine, shard);
+    free(mine);
+    return shard;
+}
+
+// a CheckpointReader (train_start_from): every rank reads the gathered state file and the model
+// file, checks them as read_checkpoint does, and keeps its pieces
+static inline TrainState read_checkpoint_gathered(GPT2* model, const char* dir, CommGroup* world, int step,
+                                                  const RunIdentity* id) {
+    (void)world;
+    const ParameterLayout* p = &model->layout;
+    size_t P = gpt2_num_parameters(model->config), extra = model->master_memory ? P * sizeof(float) : 0;
+    float* full = (float*)malloc_check(P * sizeof(float) * (extra ? 3 : 2));  // m, v, bits
+    char path[4096];
+    checkpoint_path(path, sizeof(path), dir, "state", step, -1);
+    TrainState s = state_read(path, step, 0, 0, id, full, full + P, P, full + 2 * P, extra);
+    checkpoint_load_weights(model, dir, step, s.model_crc);
+    size_t held = layout_state_held(p);
+    float* buffers[2] = {model->m_memory, model->v_memory};
+    for (int i = 0; i < 2; i++) {
+        float* mine = layout_pieces_of_full(model, full + i * P, held < p->count);
+        copy_host_to_device(buffers[i], mine, held * sizeof(float));
+        free(mine);
+    }
+    if (extra) {  // the bf16 bits, exact in fp32, back to bf16 (exact again)
+        float* mine = layout_pieces_of_full(model, full + 2 * P, layout_params_held(p) < p->count);
+        copy_floats_to_device(model->params_memory, mine, layout_params_held(p));
+        free(mine);
+    }
+    free(full);
     return s;
 }
 
@@ -607,8 +711,10 @@ static inline float train_adamw_step(GPT2* model, const TrainArgs* args, int ste
 // (read_checkpoint); a barrier then makes sure every rank's checks passed before anything
 // (main.log first) is written. The sampling rng and the train loader continue from the
 // checkpoint. Returns the step.
-static inline int train_start(GPT2* model, const TrainArgs* args, CommGroup* world, int max_steps,
-                              const RunIdentity* id, Rng* sample_rng, DataLoader* train) {
+// read: how this trainer's checkpoints are read (read_checkpoint; train_start passes it)
+typedef TrainState (*CheckpointReader)(GPT2* model, const char* dir, CommGroup* world, int step, const RunIdentity* id);
+static inline int train_start_from(GPT2* model, const TrainArgs* args, CommGroup* world, int max_steps,
+                                   const RunIdentity* id, Rng* sample_rng, DataLoader* train, CheckpointReader read) {
     rng_init(sample_rng, (uint64_t)args->seed + 1);
     if (!args->resume) return 0;
     watchdog_phase("resume", 0);
@@ -620,12 +726,16 @@ static inline int train_start(GPT2* model, const TrainArgs* args, CommGroup* wor
         fail("-x %d: the newest checkpoint in '%s' is already at step %d, so there is nothing to "
              "train; raise -x", max_steps, dir, latest);
     }
-    TrainState s = read_checkpoint(model, dir, world, latest, id);
+    TrainState s = read(model, dir, world, latest, id);
     comm_barrier(world);
     if (world->rank == 0) printf("resumed from step %d in %s\n", s.step, dir);
     sample_rng->state = s.rng;
     dataloader_seek(train, (size_t)s.step);
     return s.step;
+}
+static inline int train_start(GPT2* model, const TrainArgs* args, CommGroup* world, int max_steps,
+                              const RunIdentity* id, Rng* sample_rng, DataLoader* train) {
+    return train_start_from(model, args, world, max_steps, id, sample_rng, train, read_checkpoint);
 }
 
 #endif

@@ -1303,6 +1303,179 @@ def pp_nonfinite_loss_stops_before_writing_the_step():
 
 
 # ---------------------------------------------------------------------------------------------
+# 3D parallelism (train_gpt2_3d.cu): dp x pp x tp grids against the reference; rank 0's bytes
+# per group against the README's formulas, computed here from the rule, independently of the
+# trainer; checkpoints that move between grids
+
+D3 = "./train_gpt2_3d"
+VP = (50257 + 127) // 128 * 128
+
+
+def grid3d_rank0_parameters(cfg, dp, pp, tp, zero):
+    """rank 0's parameters (stage 0, tp rank 0): its Vp/tp rows of wte, wpe, its tp slices of the
+    L/pp layers of stage 0 (replicated LayerNorms and row-parallel biases whole), lnf when pp = 1;
+    with -z 1 padded to a multiple of dp x 128"""
+    C, L, maxT = cfg["channels"], cfg["layers"], cfg["max_seq_len"]
+    sliced = 3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C  # qkvw qkvb attprojw fcw fcb fcprojw
+    layer = sliced // tp + 6 * C  # + ln1w ln1b attprojb ln2w ln2b fcprojb
+    n = VP * C // tp + maxT * C + L // pp * layer + (2 * C if pp == 1 else 0)
+    return -(-n // (dp * 128)) * dp * 128 if zero else n
+
+
+def grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, X=4):
+    """rank 0's payload per group and step (README, 3D): tp collectives of a = B T C X, 4 per layer
+    of stage 0 and micro-batch, one for the embedding and one for the head when stage 0 is also
+    the last (with -sp each one reduce-scatter plus one all-gather), the loss's
+    3 B T fp32 on the last stage, with -sp the LayerNorm gradients; (2V - 1) m messages each way
+    over pp (a / tp with -sp) and the loss broadcast; the dp reduction of rank 0's N parameters
+    (twice N with -z 1: reduce-scatter and all-gather) and the loss average; the tied wte's
+    Vp/tp C over the embedding group; the norm's float over the world"""
+    T, C, L = cfg["seq_len"], cfg["channels"], cfg["layers"]
+    a, Ls, last, sp = B * T * C * X, L // pp, 1 if pp == 1 else 0, sp and tp > 1
+    loss = last * m * 3 * B * T * 4
+    if sp:
+        tp_bytes = 2 * m * (4 * Ls + 1 + last) * a + loss + (4 * Ls + 2 * last) * C * X
+    else:
+        tp_bytes = m * (4 * Ls + 1 + last) * a + loss
+    pp_bytes = (2 * (2 * V - 1) * m * a // (tp if sp else 1) if pp > 1 else 0) + 4
+    dp_bytes = (2 if zero else 1) * grid3d_rank0_parameters(cfg, dp, pp, tp, zero) * X + 4
+    return {"tp": tp_bytes, "pp": pp_bytes, "dp": dp_bytes, "embedding": VP * C // tp * X if pp > 1 else 0, "world": 4}
+
+
+def check_grid3d_step_bytes(out, expected, steps):
+    lines = re.findall(r"^step +(\d+)/\d+ .*\| tp (\d+) B, pp (\d+) B, dp (\d+) B, embedding (\d+) B, world (\d+) B", out, re.M)
+    assert len(lines) == steps, "%d step lines with bytes per group, expected %d:\n%s" % (len(lines), steps, out[-2000:])
+    for step, *counts in lines:
+        got = dict(zip(("tp", "pp", "dp", "embedding", "world"), map(int, counts)))
+        assert got == expected, "step %s moved %s, the formula says %s" % (step, got, expected)
+
+
+def grid3d_flags(dp, pp, tp, sp=0, sched="1f1b", V=1, zero=0):
+    return ["-dp", dp, "-pp", pp, "-tp", tp, "-sp", sp, "-sched", sched, "-vp", V, "-z", zero]
+
+
+def compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero):
+    cfg = REF4
+    ref = reference_run(cfg)
+    B = cfg["batch"] // (dp * m)
+    d = fresh_dir("grid3d_%dx%dx%d_sp%d_%s_v%d_m%d_z%d" % (dp, pp, tp, sp, sched, V, m, zero))
+    grads_path = os.path.join(d, "grads.bin")
+    # step-0 gradients gathered from every rank's pieces into the whole model; after every step
+    # every copy of every tensor (tp's replicated ones, the two wte, the dp replicas) compared
+    out = run_ok(dp * pp * tp, trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-check_replicas", 1]
+                                            + grid3d_flags(dp, pp, tp, sp, sched, V, zero), cfg=cfg), program=D3)
+    expected = grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero)
+    check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected)
+    check_grid3d_step_bytes(out, expected, cfg["steps"])
+    for what, size in (("tp copies of the replicated tensors", tp), ("wte copies of the first and last stage", pp),
+                       ("dp replicas", dp)):
+        if size > 1:
+            assert "step %d: %s identical" % (cfg["steps"], what) in out, what + "\n" + out[-2000:]
+    # the memory table's total against what was allocated (the CPU backend counts every buffer)
+    peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
+    assert abs(peak - predicted) <= 0.05 * predicted, "%d bytes allocated at most, %d predicted" % (peak, predicted)
+    held = re.search(r"activations held at most, measured \(schedule\):(.*)", out)
+    pairs = re.findall(r"stage (\d+): (\d+) \((\d+)\)", held.group(1))
+    assert len(pairs) == pp and all(a == b for _, a, b in pairs), held.group(0)
+
+
+def make_grid3d_test(dp, pp, tp, sp, sched, V, m, zero):
+    def fn():
+        compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero)
+    fn.__name__ = "grid3d_vs_pytorch_%dx%dx%d%s_%s%s_m%d%s" % (dp, pp, tp, "_sp" if sp else "", sched,
+                                                              "_v%d" % V if V > 1 else "", m, "_z1" if zero else "")
+    return fn
+
+
+# every grid of sides 1 and 2 (dp x pp x tp), the 8-rank ones twice; -sp wherever tp = 2 allows,
+# interleaving, zero bubble and ZeRO-1 spread over them
+for _grid in [(1, 1, 1, 0, "1f1b", 1, 1, 0), (2, 1, 1, 0, "1f1b", 1, 2, 1), (1, 2, 1, 0, "interleaved", 2, 2, 0),
+              (1, 1, 2, 1, "1f1b", 1, 1, 0), (2, 2, 1, 0, "zb", 1, 2, 1), (2, 1, 2, 1, "afab", 1, 2, 0),
+              (1, 2, 2, 1, "interleaved", 2, 2, 0), (2, 2, 2, 1, "1f1b", 1, 2, 1), (2, 2, 2, 0, "interleaved", 2, 2, 0)]:
+    test(make_grid3d_test(*_grid))
+
+
+@test
+def grid3d_checkpoint_of_2x2x2_resumes_at_1x1x1_and_1x2x4():
+    """a 2x2x2 run (-sp, ZeRO-1) checkpoints step 2; resumed on one rank and on 1x2x4 (other
+    micro-batches, other slices, other shards), steps 3-5 still match the uninterrupted reference"""
+    cfg = REF4
+    ref = reference_run(cfg)
+    saved = fresh_dir("grid3d_saved_2x2x2")
+    run_ok(8, trainer_args(ref, 2, saved, ["-n", 2] + grid3d_flags(2, 2, 2, 1, zero=1), cfg=cfg), program=D3)
+    for name, ranks, B, flags in (("1x1x1", 1, 8, grid3d_flags(1, 1, 1)), ("1x2x4", 8, 4, grid3d_flags(1, 2, 4, 1))):
+        d = fresh_dir("grid3d_resumed_" + name)
+        for f in glob.glob(os.path.join(saved, "*_00000002*")):
+            shutil.copy(f, d)
+        out = run_ok(ranks, trainer_args(ref, B, d, ["-n", 3, "-y", 1] + flags, cfg=cfg), program=D3)
+        assert "resumed from step 2" in out, out[-2000:]
+        train, _ = read_log(d)
+        # the tolerances of check_against_reference: only fp32 summation orders differ
+        for s in (3, 4, 5):
+            a, b = train[s]["train_loss"], ref["losses"][s - 1]
+            assert abs(a - b) <= 1e-5, "%s step %d loss %.7f, reference %.7f" % (name, s, a, b)
+        _, p_ref = reference.read_model_file(os.path.join(ref["dir"], "final.bin"))
+        _, p = reference.read_model_file(os.path.join(d, "model_%08d.bin" % cfg["steps"]))
+        err = np.abs(p - p_ref).max()
+        assert err <= 2e-5, "%s final parameters: max abs error %.3g" % (name, err)
+
+
+@test
+def grid3d_resume_on_the_same_grid_is_bit_identical():
+    check_resume(lambda args, d: run_ok(4, args + grid3d_flags(2, 1, 2, 1, zero=1), program=D3), "grid3d_resume", 2)
+
+
+def check_grid3d_bad_layout(ranks, extra, message):
+    """a grid that does not fit: the message on every rank's behalf, a non-zero exit, no files"""
+    ref = reference_run(REF4)
+    out_dir = os.path.join(fresh_dir("grid3d_bad_layout"), "out")
+    code, out = mpirun(ranks, trainer_args(ref, 4, out_dir, extra, cfg=REF4), timeout=60, program=D3)
+    assert code != 0, "exit code 0\n" + out[-2000:]
+    assert message in out, "message %r not in output:\n%s" % (message, out[-2000:])
+    assert not os.path.exists(out_dir), "the failed run created %s" % out_dir
+
+
+@test
+def grid3d_bad_layouts():
+    check_grid3d_bad_layout(4, ["-dp", 2, "-pp", 2, "-tp", 2], "-dp 2 x -pp 2 x -tp 2 = 8 ranks, but the job has 4")
+    check_grid3d_bad_layout(6, ["-pp", 2, "-tp", 2], "-pp 2 x -tp 2 = 4 does not divide the 6 ranks")
+    check_grid3d_bad_layout(3, ["-tp", 3], "-tp 3: tensor parallelism splits the heads NH = 4")
+    check_grid3d_bad_layout(3, ["-pp", 3], "the model's L = 4 layers cannot be split into pp x vp = 3 x 1 = 3 equal chunks")
+    check_grid3d_bad_layout(2, ["-pp", 2, "-sched", "interleaved", "-vp", 4], "pp x vp = 2 x 4 = 8 equal chunks")
+    check_grid3d_bad_layout(2, ["-tp", 2, "-sp", 1, "-t", 31], "-sp 1 splits the tokens over the 2 tp ranks: -t 31")
+    check_grid3d_bad_layout(2, ["-dp", 2, "-b", 3], "-d 256 must be a positive multiple of B*T*dp = 3*32*2 = 192")
+
+
+@test
+def grid3d_bad_inputs():
+    # (at 2 ranks the grid is 2 x 1 x 1: both ranks read their own micro-batches)
+    run_bad_inputs_concurrently(D3, messages={"batch_tokens_overflow_int": "-d 64 must be a positive multiple of B*T*dp = 4194304*1024*2 = 8589934592"})
+
+
+@test
+def grid3d_sampling_validation_and_timeline():
+    """samples and validation pass through a 1x2x2 grid with -sp (the sequence padded to tp);
+    the timeline of replica 0's pipe is printed"""
+    d = fresh_dir("grid3d_sample")
+    out = run_ok(4, ["-e", "d2", "-b", 2, "-t", 32, "-d", 128, "-x", 2, "-v", 1, "-m", 2, "-s", 2, "-g", 9, "-timeline", 1,
+                     "-o", d] + grid3d_flags(1, 2, 2, 1), program=D3)
+    assert "---- sample at step 2 ----" in out and "val loss" in out, out[-2000:]
+    assert "timeline of step 2, measured" in out, out[-2000:]
+    _, val = read_log(d)
+    assert abs(val[0]["val_loss"] - np.log(50257)) < 0.2, val[0]
+
+
+@test
+def grid3d_one_rank_failing_stops_all_ranks():
+    check_one_rank_failing("grid3d_one_rank_fails", D3)
+
+
+@test
+def grid3d_nonfinite_loss_stops_before_writing_the_step():
+    check_nonfinite_stops(D3)
+
+
+# ---------------------------------------------------------------------------------------------
 # CUDA backend: compiled here whenever nvcc exists; run against the reference when a GPU exists.
 # The same tests also run the CUDA sources under test/cuda_emu, the CPU emulator of the CUDA
 # subset this project uses: kernels, cuBLAS and NCCL semantics checked on machines with no GPU.

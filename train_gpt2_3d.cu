@@ -1,0 +1,785 @@
+/*
+GPT-2 training with 3D parallelism: data, pipeline and tensor parallelism at once, on a grid of
+dp x pp x tp ranks, as Megatron-LM composes them (Narayanan et al. 2021, "Efficient Large-Scale
+Language Model Training on GPU Clusters Using Megatron-LM", arXiv:2104.04473).
+
+This trainer is the sum of the other three chapters; read them first. Only how they compose is
+new here:
+  - tensor parallelism (train_gpt2_tp.cu) inside each pipeline stage: the tp ranks of a stage
+    split every weight matrix of its layers (Megatron's column- and row-parallel halves, with
+    the f and g collectives at their ends, -sp for sequence parallelism), the first stage's
+    embedding and the last stage's LM head and loss by vocabulary;
+  - pipeline parallelism (train_gpt2_pp.cu) across the stages: the same schedules (afab, 1f1b,
+    interleaved with -vp, zb), walked by llmc/stage.h, the micro-batches' activations sent from
+    each tp rank of a stage to the same tp rank of the next (B*T*C each, or with -sp its B*T/tp
+    tokens); the tied wte's gradient summed over the embedding group of the first and last stage;
+  - data parallelism (train_gpt2_dp.cu) across the replicas: each of the dp copies of this
+    tp x pp model reads its own micro-batches, and after the last one the gradients are averaged
+    over the dp group (all-reduce), or with -z 1 reduce-scattered so that each replica keeps the
+    AdamW state of a 1/dp shard of its rank's parameters and all-gathers the updated parameters
+    (ZeRO-1, Rajbhandari et al. 2020, arXiv:1910.02054).
+So every rank belongs to four groups: its tp group (the tp ranks of its stage in its replica), its
+pp group (the stages of its replica at its tp rank), its dp group (the replicas at its place in
+the model) and, on the first and last stage, the embedding group. The grid numbers its ranks
+with tp fastest, then dp, then pp (grid_coordinates). The step's gradient is the mean over all
+dp*m micro-batches, and the global gradient norm counts every parameter exactly once: each
+element is counted by one rank of the world (the dp rank whose shard holds it, tp rank 0 for the
+tensors tp replicates, the first stage for the tied wte), and one all-reduce over the world sums
+them.
+
+Checkpoints: the model file is the whole model in llm.c's layout, and the training state (AdamW
+moments, and bf16 parameter bits) is gathered into the same layout (llmc/train.h,
+write_checkpoint_gathered), so that a run saved on one grid resumes on any other: 2x2x2 -> 1x1x1
+or 1x2x4, and bit for bit on the grid that wrote it.
+
+The result matches one process training the whole model to fp32 rounding (checked against
+PyTorch in test/).
+
+Build: make train_gpt2_3d        Run: mpirun -np 8 ./train_gpt2_3d -e d8 -dp 2 -pp 2 -tp 2 -b 2 -d 1024 -o out
+The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
+*/
+#include <math.h>
+#include <stdint.h>
+#include "llmc/utils.h"
+#include "llmc/args.h"
+#include "llmc/comm.h"
+#include "llmc/gpt2.h"
+#include "llmc/dataloader.h"
+#include "llmc/tokenizer.h"
+#include "llmc/schedule.h"
+#include "llmc/logger.h"
+#include "llmc/checkpoint.h"
+#include "llmc/rng.h"
+#include "llmc/watchdog.h"
+#include "llmc/ops.h"
+#include "llmc/memory.h"
+#include "llmc/model.h"
+#include "llmc/block.h"
+#include "llmc/optimizer.h"
+#include "llmc/tensor_parallel.h"
+#include "llmc/pipeline.h"
+#include "llmc/stage.h"
+#include "llmc/allocations.h"
+#include "llmc/train.h"
+
+// ----------------------------------------------------------------------------------------------
+// The grid. World rank r sits at tp rank r % tp, dp rank (r / tp) % dp and stage r / (tp dp):
+// tp varies fastest, then dp, then pp, the order Megatron-LM uses. Consecutive ranks share a
+// machine, and the group that talks most should be the one whose ranks are closest: the tp
+// group does 4 collectives of a whole (B, T, C) activation per layer per micro-batch, on the
+// critical path, so it belongs on one machine's NVLink. The dp group comes next: one reduction
+// of the gradients per step, which can overlap the backward pass. The pp group talks least (one
+// (B, T, C) message per micro-batch per stage boundary, point to point), so stages can sit on
+// different machines.
+
+typedef struct {
+    int dp, pp, tp;                 // the grid's sides, dp * pp * tp = world size
+    int dp_rank, stage, tp_rank;    // this rank's coordinates
+    CommGroup tp_group;             // the tp ranks of this stage of this replica
+    CommGroup pp_group;             // the stages of this replica at this tp rank
+    CommGroup dp_group;             // the replicas, at this stage and tp rank
+    CommGroup embedding;            // the first and last stage at this dp and tp rank (tied wte)
+    CommGroup model_group;          // the tp x pp ranks of this replica, in the order
+                                    // parameter_layout_of_rank numbers them (to gather the model)
+    int in_embedding;
+} Grid;
+
+static void grid_coordinates(int rank, int dp, int tp, int* dp_rank, int* stage, int* tp_rank) {
+    *tp_rank = rank % tp;
+    *dp_rank = rank / tp % dp;
+    *stage = rank / (tp * dp);
+}
+
+// the groups, each split from the world by a color shared by its members (comm_split)
+static void grid_init(Grid* g, CommGroup* world, int dp, int pp, int tp) {
+    g->dp = dp;
+    g->pp = pp;
+    g->tp = tp;
+    int r = world->rank;
+    grid_coordinates(r, dp, tp, &g->dp_rank, &g->stage, &g->tp_rank);
+    comm_split(&g->tp_group, world, r / tp, g->tp_rank, "tp");
+    comm_split(&g->pp_group, world, g->dp_rank * tp + g->tp_rank, g->stage, "pp");
+    comm_split(&g->dp_group, world, g->stage * tp + g->tp_rank, g->dp_rank, "dp");
+    comm_split(&g->model_group, world, g->dp_rank, g->stage * tp + g->tp_rank, "model");
+    // ranks outside the embedding group form groups of their own and never use them
+    g->in_embedding = g->stage == 0 || g->stage == pp - 1;
+    comm_split(&g->embedding, world, g->in_embedding ? g->dp_rank * tp + g->tp_rank : dp * tp + r, g->stage, "embedding");
+}
+
+static void grid_free(Grid* g) {
+    comm_group_free(&g->tp_group);
+    comm_group_free(&g->pp_group);
+    comm_group_free(&g->dp_group);
+    comm_group_free(&g->model_group);
+    comm_group_free(&g->embedding);
+}
+
+// the members of rank r's groups, from the numbering alone: "{0,1}"
+static void grid_group_members(char* out, size_t cap, int dp, int pp, int tp, int r, char which) {
+    int d, s, t, n = 0;
+    grid_coordinates(r, dp, tp, &d, &s, &t);
+    size_t used = (size_t)snprintf(out, cap, "{");
+    for (int q = 0; q < dp * pp * tp; q++) {
+        int qd, qs, qt;
+        grid_coordinates(q, dp, tp, &qd, &qs, &qt);
+        int same = which == 't' ? qd == d && qs == s : which == 'p' ? qd == d && qt == t
+                 : which == 'd' ? qs == s && qt == t : qd == d && qt == t && (qs == 0 || qs == pp - 1);
+        if (same && used < cap) used += (size_t)snprintf(out + used, cap - used, "%s%d", n++ ? "," : "", q);
+    }
+    if (used < cap) snprintf(out + used, cap - used, "}");
+}
+
+// ----------------------------------------------------------------------------------------------
+// forward and backward of one chunk of layers on one micro-batch, on this rank's tp slices: the
+// PP trainer's chunk functions with the TP trainer's collectives inside. The walk (llmc/stage.h)
+// calls them for each action of the schedule. BTs is the number of tokens of the residual stream
+// on this rank: B*T, or B*T/tp with -sp; it is also what travels between stages.
+
+// The chunk's input is in a->encoded (BTs, C): the embedding (first virtual stage) or what the
+// stage before sent. Its output stays in the last layer's residual3 (BTs, C), to be sent on; on
+// the last virtual stage the vocabulary-parallel loss is computed instead, and this rank's
+// (B, T, Vp/tp) logits become their gradient. Returns the micro-batch's mean loss there, else 0.
+static float chunk_forward(Walk* walk, Activations* a, int chunk, const int* inputs_host, const int* targets_host) {
+    GPT2* model = walk->model;
+    Stage* st = walk->st;
+    CommGroup* tp = walk->tp;
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int B = walk->B, T = walk->T, C = c.channels, Lc = st->chunk_layers, sp = d.seq_shards > 1;
+    size_t BT = (size_t)B * T;
+    int BTs = (int)(BT / d.seq_shards);
+    ParameterTensors p = model->params;
+    Activations* scratch = &model->acts;  // the backward's buffers; the -sp staging buffers
+    if (is_first_virtual(st, chunk)) {
+        // the vocabulary-parallel embedding: this rank's Vp/tp rows of wte (other tokens look up
+        // zeros), wpe added by tp rank 0 alone; then g: all-reduce of the partial (B, T, C) over
+        // tp, or with -sp a reduce-scatter into this rank's tokens
+        vocab_parallel_tokens(model->inputs, inputs_host, BT, tp->rank, d.Vp);
+        floatX* partial = sp ? scratch->dbuf : a->encoded;
+        encoder_forward(partial, model->inputs, p.wte, tp->rank == 0 ? p.wpe : NULL, B, T, C);
+        sum_over_ranks(tp, partial, a->encoded, BT, C, sp);
+    }
+    // the chunk's first LayerNorm on its own: the residual add before it ran on another stage
+    LayerActs first = layer_acts(a, d, B, T, 0);
+    LayerWeights w0 = gpt2_layer_params(model, chunk * Lc);
+    layernorm_forward(sp ? scratch->ln_shard : first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, w0.ln1w, w0.ln1b,
+                      BTs, C);
+    for (int k = 0; k < Lc; k++) {
+        LayerWeights w = gpt2_layer_params(model, chunk * Lc + k);  // the rank's local layer
+        LayerActs x = layer_acts(a, d, B, T, k);                    // the slot's layer
+        floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
+        // f before the column-parallel qkv: identity, or with -sp all-gather of ln1 to (B, T, C)
+        gather_tokens(tp, scratch->ln_shard, x.ln1, BT, C, sp);
+        // the attention half on this rank's NH/tp heads; the row-parallel projection's bias is
+        // added once, after the sum (train_gpt2_tp.cu)
+        LayerWeights no_bias = w;
+        no_bias.attprojb = NULL;
+        no_bias.fcprojb = NULL;
+        attention_half_forward(x, no_bias, B, T, d);
+        // g after the row-parallel attproj: all-reduce of (B, T, C); with -sp reduce-scatter
+        floatX* attproj = sum_over_ranks(tp, x.attproj, scratch->reduced, BT, C, sp);
+        bias_add(attproj, w.attprojb, BTs, C);
+        fused_residual_layernorm_forward(x.residual2, sp ? scratch->ln_shard : x.ln2, x.ln2_mean, x.ln2_rstd, residual,
+                                         attproj, w.ln2w, w.ln2b, BTs, C);
+        // f before the column-parallel fc: identity, or with -sp all-gather of ln2 to (B, T, C)
+        gather_tokens(tp, scratch->ln_shard, x.ln2, BT, C, sp);
+        mlp_half_forward(x, no_bias, B, T, d);
+        // g after the row-parallel fcproj: all-reduce of (B, T, C); with -sp reduce-scatter
+        floatX* fcproj = sum_over_ranks(tp, x.fcproj, scratch->reduced, BT, C, sp);
+        bias_add(fcproj, w.fcprojb, BTs, C);
+        if (k + 1 < Lc) {  // the next layer's LayerNorm fused with this residual add
+            LayerWeights wn = gpt2_layer_params(model, chunk * Lc + k + 1);
+            LayerActs xn = layer_acts(a, d, B, T, k + 1);
+            fused_residual_layernorm_forward(x.residual3, sp ? scratch->ln_shard : xn.ln1, xn.ln1_mean, xn.ln1_rstd,
+                                             x.residual2, fcproj, wn.ln1w, wn.ln1b, BTs, C);
+        } else if (is_last_virtual(st, chunk)) {  // the model's last layer: lnf follows
+            fused_residual_layernorm_forward(x.residual3, sp ? scratch->ln_shard : a->lnf, a->lnf_mean, a->lnf_rstd,
+                                             x.residual2, fcproj, p.lnfw, p.lnfb, BTs, C);
+        } else {  // a stage boundary: the plain residual add, whose (BTs, C) output travels on
+            residual_forward(x.residual3, x.residual2, fcproj, BTs, C);
+        }
+    }
+    if (!is_last_virtual(st, chunk)) return 0.0f;
+    // f before the LM head (column-parallel over the vocabulary): identity, or with -sp the
+    // all-gather of lnf to (B, T, C); this rank's (B, T, Vp/tp) logits from its wte rows
+    gather_tokens(tp, scratch->ln_shard, a->lnf, BT, C, sp);
+    matmul_forward(a->logits, a->lnf, p.wte, NULL, (int)BT, C, d.Vp);
+    // the vocabulary-parallel loss: all-reduces over tp of (B, T) row maxima and (B, T, 2) sums
+    return vocab_parallel_loss(model, tp, a, targets_host, B, T, walk->dloss);
+}
+
+// The backward of one chunk: dresidual (BTs, C) holds the gradient at the chunk's output (the
+// stage after sent it), except on the last virtual stage, which starts from the dlogits. On
+// return dresidual holds the gradient at the chunk's input, to be sent back; the first virtual
+// stage scatters it into its wte rows and wpe instead. Every collective of the TP trainer's
+// backward is here, in the same order. With split (zero bubble's B) the matmuls' weight
+// gradients wait for W, which finds what it needs in the slot (train_gpt2_pp.cu says where);
+// with -sp the gradient at attproj and fcproj it keeps is the gathered (B, T, C) one.
+static void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int chunk, const int* inputs_host, int split) {
+    GPT2* model = walk->model;
+    Stage* st = walk->st;
+    CommGroup* tp = walk->tp;
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int B = walk->B, T = walk->T, C = c.channels, Lc = st->chunk_layers, sp = d.seq_shards > 1;
+    size_t BT = (size_t)B * T, X = sizeof(floatX);
+    int BTs = (int)(BT / d.seq_shards);
+    ParameterTensors p = model->params, g = model->grads;
+    Activations* scratch = &model->acts;
+    if (is_last_virtual(st, chunk)) {
+        // the LM head: a partial dlnf (B, T, C) from this rank's vocabulary, and its wte rows'
+        // gradient; f's backward: all-reduce of dlnf, with -sp reduce-scatter
+        matmul_backward_input(scratch->dbuf, a->logits, p.wte, (int)BT, C, d.Vp);
+        if (!split) matmul_backward_weight(g.wte, NULL, a->logits, a->lnf, (int)BT, C, d.Vp);
+        floatX* dlnf = sum_over_ranks(tp, scratch->dbuf, scratch->reduced, BT, C, sp);
+        device_memset_zero(dresidual, (size_t)BTs * C * X);
+        layernorm_backward(dresidual, g.lnfw, g.lnfb, dlnf, layer_acts(a, d, B, T, Lc - 1).residual3, p.lnfw,
+                           a->lnf_mean, a->lnf_rstd, BTs, C);
+    }
+    for (int k = Lc - 1; k >= 0; k--) {
+        LayerWeights w = gpt2_layer_params(model, chunk * Lc + k), gw = gpt2_layer_grads(model, chunk * Lc + k);
+        LayerActs x = layer_acts(a, d, B, T, k);
+        floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
+        // g's backward at fcproj: identity, or with -sp all-gather of dresidual to (B, T, C)
+        floatX* dout = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
+        mlp_half_backward_input(scratch->dbuf, scratch->dfch, dout, x, w, B, T, d);
+        if (split) {  // kept for W: the gradients at fcproj and fch
+            copy_device_to_device(x.fcproj, dout, BT * C * X);
+            copy_device_to_device(x.fch, scratch->dfch, BT * d.fc * X);
+        } else {
+            mlp_half_backward_weight(gw, scratch->dfch, dout, x, B, T, d);
+        }
+        // f's backward at ln2: all-reduce of the partial dln2 (B, T, C); with -sp reduce-scatter
+        floatX* dln2 = sum_over_ranks(tp, scratch->dbuf, scratch->reduced, BT, C, sp);
+        layernorm_backward(dresidual, gw.ln2w, gw.ln2b, dln2, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd, BTs, C);
+        // g's backward at attproj: identity, or with -sp all-gather of dresidual to (B, T, C)
+        dout = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
+        attention_half_backward_input(scratch->dbuf, scratch->dbuf, scratch->dqkv, dout, x, w, B, T, d);
+        if (split) {  // kept for W: the gradients at attproj and qkv
+            copy_device_to_device(x.attproj, dout, BT * C * X);
+            copy_device_to_device(x.qkv, scratch->dqkv, BT * d.qkv * X);
+        } else {
+            attention_half_backward_weight(gw, scratch->dqkv, dout, x, B, T, d);
+        }
+        // f's backward at ln1: all-reduce of the partial dln1 (B, T, C); with -sp reduce-scatter
+        floatX* dln1 = sum_over_ranks(tp, scratch->dbuf, scratch->reduced, BT, C, sp);
+        layernorm_backward(dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, x.ln1_mean, x.ln1_rstd, BTs, C);
+    }
+    if (is_first_virtual(st, chunk)) {
+        // g's backward at the embedding: identity, or with -sp all-gather of dresidual to
+        // (B, T, C); this rank's tokens scatter into its wte rows, every position into wpe
+        floatX* dencoded = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
+        vocab_parallel_tokens(model->inputs, inputs_host, BT, tp->rank, d.Vp);
+        encoder_backward(g.wte, g.wpe, dencoded, model->inputs, B, T, C);
+    }
+}
+
+// zero bubble's W: the matmuls' weight gradients of a chunk whose B has run (no collective: a
+// weight gradient of a tp slice needs only that slice's input and output gradient)
+static void chunk_backward_weights(Walk* walk, Activations* a, int chunk) {
+    GPT2* model = walk->model;
+    LayerDims d = model->dims;
+    int B = walk->B, T = walk->T, Lc = walk->st->chunk_layers;
+    for (int k = Lc - 1; k >= 0; k--) {
+        LayerWeights gw = gpt2_layer_grads(model, chunk * Lc + k);
+        LayerActs x = layer_acts(a, d, B, T, k);
+        mlp_half_backward_weight(gw, x.fch, x.fcproj, x, B, T, d);
+        attention_half_backward_weight(gw, x.qkv, x.attproj, x, B, T, d);
+    }
+    if (is_last_virtual(walk->st, chunk)) {  // this rank's wte rows in the LM head: dlogits^T @ lnf
+        matmul_backward_weight(model->grads.wte, NULL, a->logits, a->lnf, B * T, d.C, d.Vp);
+    }
+}
+
+static const ChunkOps chunk_ops = {chunk_forward, chunk_backward, chunk_backward_weights};
+
+// ----------------------------------------------------------------------------------------------
+
+// Every replica evaluates the same validation batches (one micro-batch each through its pipe);
+// the last stage has the mean loss and broadcasts it over the pipe (4 bytes)
+static float evaluate(GPT2* model, Stage* st, Grid* g, DataLoader* val, int batches) {
+    double sum = 0.0;
+    for (int i = 0; i < batches; i++) {
+        dataloader_seek(val, (size_t)i);
+        sum += stage_forward_pass(model, st, chunk_ops, &g->pp_group, &g->tp_group, val, NULL, model->B, model->T).loss;
+    }
+    float loss = (float)(sum / batches);
+    comm_broadcast_host(&g->pp_group, &loss, sizeof(float), g->pp - 1);
+    return loss;
+}
+
+// Autoregressive sampling from <|endoftext|>: one forward pass of B = 1 through the pipe per new
+// token. The last stage's tp ranks draw it from their slices of the logits
+// (sample_next_token_sharded) and broadcast it over the pipe, since the first stage needs it
+// next. Every replica draws the same tokens (same weights, same rng); rank 0 prints. With -sp the
+// sequence is padded to a multiple of tp (causal attention: the padding changes no logit read).
+static void sample(GPT2* model, Stage* st, Grid* g, const Tokenizer* tok, int eot, Rng* rng, int gen_tokens, int step) {
+    LayerDims d = model->dims;
+    int lo = g->tp_rank * d.Vp, real = vocab_real_columns(model->config, d, g->tp_rank);
+    int* tokens = (int*)malloc_check((size_t)model->T * sizeof(int));
+    float* logits = (float*)malloc_check((size_t)d.Vp * sizeof(float));  // one row, fp32
+    for (int t = 0; t < model->T; t++) tokens[t] = eot;
+    if (tok) printf("---- sample at step %d ----\n", step);
+    for (int t = 1; t < gen_tokens; t++) {
+        int padded = (t + d.seq_shards - 1) / d.seq_shards * d.seq_shards;
+        Walk w = stage_forward_pass(model, st, chunk_ops, &g->pp_group, &g->tp_group, NULL, tokens, 1, padded);
+        float token = 0.0f;
+        if (g->stage == g->pp - 1) {  // its slot is free again, but nothing has overwritten it
+            copy_device_to_floats(logits, w.head->logits + (size_t)(t - 1) * d.Vp, d.Vp);
+            token = (float)sample_next_token_sharded(logits, real, lo, rng, &g->tp_group);
+        }
+        comm_broadcast_host(&g->pp_group, &token, sizeof(float), g->pp - 1);  // (token ids are exact in a float)
+        tokens[t] = (int)token;
+        watchdog_beat();
+        if (tok) {
+            tokenizer_print(tok, tokens[t]);
+            fflush(stdout);
+        }
+    }
+    if (tok) printf("\n----------------\n");
+    free(tokens);
+    free(logits);
+}
+
+// ----------------------------------------------------------------------------------------------
+// The global gradient norm's share of this rank: the squares of the gradient elements it owns.
+// Each element of the model is owned by exactly one rank of the world: of the dp replicas, the
+// one whose shard [lo, hi) of the flat buffer holds it (with -z 1 the only one that has it
+// reduced); of the tp ranks, each for its own slices, and rank 0 alone for a tensor tp replicates
+// (LayerNorms, wpe, the row-parallel biases); of the stages, each for its own layers, and the
+// first alone for the tied wte, of which the last stage holds a copy.
+static float owned_norm_squared(const GPT2* model, const floatX* grads, size_t lo, size_t hi, int tp_rank) {
+    const ParameterLayout* p = &model->layout;
+    double sum = 0.0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (!p->sharded[i] && tp_rank != 0) continue;
+        if (i == 0 && !p->embedding) continue;  // the last stage's wte copy
+        size_t a = p->offsets[i] > lo ? p->offsets[i] : lo, b = p->offsets[i] + p->sizes[i];
+        b = b < hi ? b : hi;
+        if (a < b) sum += global_norm_squared(grads + (a - lo), b - a);
+    }
+    return (float)sum;
+}
+
+// The communication of one step of world rank 0 (dp 0, stage 0, tp 0), payload per group from
+// the layout alone (the README derives it). m micro-batches of B x T on this replica; Ls = L/pp
+// layers on this stage; first = 1 (stage 0 holds the embedding), last = 1 when pp = 1 (it holds
+// the head too); a = B T C X, one activation.
+//   tp   per micro-batch 4 Ls + first + last collectives of a: all-reduces, or with -sp each of
+//        them a reduce-scatter plus an all-gather; the loss's 3 B T fp32 (last);
+//        with -sp per step the LayerNorm gradients, (4 Ls + 2 last) C X
+//   pp   (2V - 1) m messages of a / (tp with -sp) each way (pp > 1); the loss broadcast, 4 bytes
+//   dp   the gradients: an all-reduce of the rank's N parameters X, or with -z 1 a reduce-scatter
+//        and an all-gather of N X (N padded to dp x 128); the loss's average, 4 bytes
+//   embedding  the tied wte's gradient on this rank, Vp/tp C X (pp > 1)
+//   world      the gradient norm's float
+typedef struct {
+    double tp_all_reduce, tp_reduce_scatter, tp_all_gather, pp_send, pp_recv, pp_broadcast;
+    double dp_all_reduce, dp_reduce_scatter, dp_all_gather, embedding, world;
+} StepBytes;
+
+static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const ParameterLayout* p, int B, int T, int zero) {
+    double X = sizeof(floatX), a = (double)B * T * c.channels * X, m = s.m, Ls = (double)c.num_layers / s.p;
+    int sp = d.seq_shards > 1, last = s.p == 1;
+    double collectives = 4 * Ls + 1 + last;
+    StepBytes b;
+    memset(&b, 0, sizeof(b));
+    b.tp_all_reduce = last * m * 3.0 * B * T * 4 + (sp ? (4 * Ls + 2 * last) * c.channels * X : m * collectives * a);
+    b.tp_reduce_scatter = b.tp_all_gather = sp ? m * collectives * a : 0;
+    b.pp_send = b.pp_recv = s.p > 1 ? (2.0 * s.V - 1) * m * a / d.seq_shards : 0;
+    b.pp_broadcast = 4;
+    b.dp_all_reduce = (zero ? 0 : (double)p->count * X) + 4;
+    b.dp_reduce_scatter = b.dp_all_gather = zero ? (double)p->count * X : 0;
+    b.embedding = s.p > 1 ? (double)d.Vp * c.channels * X : 0;
+    b.world = 4;
+    return b;
+}
+
+// what rank 0 prints at the start: the grid and every rank's groups, each stage's layers, the
+// schedule's chart, the memory of rank 0 and its communication per step beside the formulas
+typedef struct {
+    size_t params, master, grads, state, slots, scratch, reduce, kernels, file_gather, total;
+} MemoryPlan;
+
+static void print_layout(const GPT2* model, const Stage* st, const Grid* g, const TrainArgs* args, int zero,
+                         int max_steps, size_t train_tokens, size_t val_tokens, MemoryPlan mem, size_t host_bytes,
+                         int ranks_sharing_memory) {
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    PipeSpec s = st->spec;
+    int sp = d.seq_shards > 1, world = g->dp * g->pp * g->tp;
+    size_t P = gpt2_num_parameters(c);
+    BannerRow rows[20];
+    int n = train_banner_model(rows, "train_gpt2_3d (3D)", args->model, c);
+    banner_row(&rows[n++], "grid dp x pp x tp", "%d x %d x %d = %d ranks", g->dp, g->pp, g->tp, world);
+    banner_row(&rows[n++], "tensor parallel", "%d heads of %d per rank%s", d.NH, c.num_heads, sp ? ", sequence parallel" : "");
+    banner_row(&rows[n++], "pipeline", "%s, %d stage%s%s", pipe_schedule_names[s.sched], s.p, s.p > 1 ? "s" : "",
+               s.V > 1 ? ", interleaved" : "");
+    banner_row(&rows[n++], "data parallel", "%d replica%s%s", g->dp, g->dp > 1 ? "s" : "", zero ? ", ZeRO-1" : "");
+    banner_row(&rows[n++], "micro-batches", "%d per replica of B x T = %d x %d", s.m, args->B, args->T);
+    banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
+    banner_row(&rows[n++], "steps", "%d", max_steps);
+    banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
+    train_print_banner(rows, n);
+    printf("the grid (tp fastest, then dp, then pp) and each rank's groups:\n");
+    for (int r = 0; r < world && r < 64; r++) {
+        int dr, sr, tr;
+        grid_coordinates(r, g->dp, g->tp, &dr, &sr, &tr);
+        char groups[4][160];
+        const char which[4] = {'t', 'p', 'd', 'e'};
+        for (int k = 0; k < 4; k++) grid_group_members(groups[k], sizeof(groups[k]), g->dp, g->pp, g->tp, r, which[k]);
+        int embeds = sr == 0 || sr == g->pp - 1;
+        printf("  rank %2d  dp %d pp %d tp %d   tp %-10s pp %-10s dp %-10s%s%s\n", r, dr, sr, tr, groups[0], groups[1],
+               groups[2], embeds && g->pp > 1 ? "embedding " : "", embeds && g->pp > 1 ? groups[3] : "");
+    }
+    if (world > 64) printf("  ... (%d ranks)\n", world);
+    printf("stages (each split over its %d tp ranks):\n", g->tp);
+    for (int stage = 0; stage < s.p; stage++) {
+        ParameterLayout l = parameter_layout_grid(c, g->tp, 0, s.p, stage, s.V);
+        printf("  stage %d  layers", stage);
+        for (int chunk = 0; chunk < s.V; chunk++) {
+            int first = layout_layer(&l, chunk * st->chunk_layers);
+            printf(" %d-%d", first, first + st->chunk_layers - 1);
+        }
+        printf("%s%s  %zu parameters per tp rank\n", l.embedding ? " + wte, wpe" : "", l.head ? " + lnf, wte copy" : "",
+               l.count);
+    }
+    pipeline_print_chart(s);
+    size_t N = model->num_parameters;
+    char note[200];
+    printf("memory of rank 0 (dp 0, stage 0, tp 0):\n");
+    snprintf(note, sizeof(note), "%zu of %zu (%.1f%%), %s%s", N, P, 100.0 * N / P, PRECISION_NAME,
+             zero ? ", padded to dp x 128" : "");
+    train_print_memory_row("parameters", (double)mem.params, note);
+    train_print_memory_row("gradients", (double)mem.grads, "");
+    train_print_memory_row("master weights", (double)mem.master, zero && mem.master ? "1/dp shard (ZeRO-1)" : "");
+    train_print_memory_row("AdamW m, v", (double)mem.state, zero ? "1/dp shard (ZeRO-1)" : "");
+    snprintf(note, sizeof(note), "%d slots of the schedule's micro-batch%s in flight (at least 2)", st->num_slots,
+             s.V > 1 ? " chunks" : "es");
+    train_print_memory_row("activations", (double)mem.slots, note);
+    train_print_memory_row("scratch", (double)mem.scratch, "the backward's buffers and a second gradient message");
+    train_print_memory_row("reduce buffer", (double)mem.reduce, zero ? "the reduce-scatter's 1/dp shard of the gradients" : "");
+    train_print_memory_row("kernel scratch", (double)mem.kernels, mem.kernels ? "cuBLASLt's workspace and the kernels' scratch" : "none on the CPU backend");
+    train_print_memory_row("file gather", (double)mem.file_gather, mem.file_gather ? "while a checkpoint gathers: the all-gathered shards, the pieces received" : "");
+    snprintf(note, sizeof(note), "x %d ranks sharing this memory; the run's high-water mark is printed at its end",
+             ranks_sharing_memory);
+    train_print_memory_row("total", (double)mem.total, note);
+    train_print_memory_row("host buffers", (double)host_bytes, "at most (the whole model, and on resume its state)");
+    StepBytes b = step_bytes(c, d, s, &model->layout, args->B, args->T, zero);
+    double a = (double)args->B * args->T * c.channels * sizeof(floatX);
+    printf("communication per step of rank 0 (payload per group; a = B T C X = %.0f bytes, Ls = L/pp = %d layers):\n", a,
+           c.num_layers / s.p);
+    const char* last = s.p == 1 ? " + 1 (head)" : "";
+    if (sp) {
+        printf("  tp all-gather      %12.0f bytes  m (4 Ls + 1%s) a\n", b.tp_all_gather, last);
+        printf("  tp reduce-scatter  %12.0f bytes  m (4 Ls + 1%s) a\n", b.tp_reduce_scatter, last);
+        printf("  tp all-reduce      %12.0f bytes  %s(4 Ls%s) C X (LayerNorm gradients)\n", b.tp_all_reduce,
+               s.p == 1 ? "m 3 B T 4 (loss) + " : "", s.p == 1 ? " + 2" : "");
+    } else {
+        printf("  tp all-reduce      %12.0f bytes  m (4 Ls + 1%s) a%s\n", b.tp_all_reduce, last, s.p == 1 ? " + m 3 B T 4 (loss)" : "");
+    }
+    printf("  pp send, recv      %12.0f bytes  each: (2V-1) m a%s; + 4 (loss broadcast)\n", b.pp_send, sp ? " / tp" : "");
+    if (zero) printf("  dp reduce-scatter  %12.0f bytes  N X, and as much all-gathered; + 4 (loss)\n", b.dp_reduce_scatter);
+    else printf("  dp all-reduce      %12.0f bytes  N X + 4 (loss)\n", b.dp_all_reduce);
+    printf("  embedding          %12.0f bytes  Vp/tp C X (the tied wte's gradient)\n", b.embedding);
+    printf("  world all-reduce   %12.0f bytes  4 (the gradient norm)\n", b.world);
+}
+
+int main(int argc, char** argv) {
+    // the common flags (llmc/train.h) and this trainer's own
+    TrainArgs args;
+    const char* dump_grads = NULL;
+    const char* sched_name = "1f1b";
+    int dp = 0, pp = 1, tp = 1, sp = 0, vp = 1, zero = 0, timeline = 0, check_replicas = 0;
+    ArgSpec specs[TRAIN_MAX_SPECS];
+    int num_specs = train_args_common(&args, specs);
+    const ArgSpec own[] = {
+        {"-dp", ARG_INT, &dp, 0, ARG_NO_MAX, "data-parallel replicas (0: the number of ranks / (pp x tp))"},
+        {"-pp", ARG_INT, &pp, 1, ARG_NO_MAX, "pipeline stages; L must divide by pp x vp"},
+        {"-tp", ARG_INT, &tp, 1, ARG_NO_MAX, "tensor-parallel ranks per stage; NH, 4C and Vp must divide by it"},
+        {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism inside the tp group (T must divide by tp)"},
+        {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1)"},
+        {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved"},
+        {"-z", ARG_INT, &zero, 0, 1, "1: ZeRO-1, the AdamW state sharded over the dp replicas"},
+        {"-timeline", ARG_INT, &timeline, 0, ARG_NO_MAX, "every N steps print the measured timeline of replica 0's pipeline at tp rank 0 (0: never)"},
+        {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
+        {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that every copy of a tensor is identical: over tp (replicated tensors), the embedding group (wte) and dp (everything) (0: never)"},
+    };
+    for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++) specs[num_specs++] = own[i];
+    if (!args_parse(argc, argv, specs, num_specs)) return 0;
+
+    CommGroup world;
+    comm_init(&world, &argc, &argv);
+    int rank = world.rank;
+    watchdog_start(args.watchdog);
+
+    // ---- model: a model file, or a descriptor for a random init. Only its config for now: the
+    // layout and memory checks come before the first large allocation
+    GPT2Config config;
+    int from_descriptor = gpt2_config_from_descriptor(args.model, &config);
+    if (!from_descriptor) gpt2_read_model_config(args.model, &config);
+
+    // ---- the grid: dp x pp x tp must be the world. Every rank checks the same flags against
+    // the same world, so a bad layout stops every rank with the same message
+    if (dp == 0) {
+        if (world.size % (pp * tp) != 0) {
+            fail("-pp %d x -tp %d = %d does not divide the %d ranks, so no number of data-parallel replicas "
+                 "fills the world; launch a multiple of %d ranks", pp, tp, pp * tp, world.size, pp * tp);
+        }
+        dp = world.size / (pp * tp);
+    }
+    if (dp * pp * tp != world.size) {
+        fail("-dp %d x -pp %d x -tp %d = %d ranks, but the job has %d: the grid must hold every rank exactly "
+             "once (launch with mpirun -np %d, or leave -dp out)", dp, pp, tp, dp * pp * tp, world.size, dp * pp * tp);
+    }
+    int sched = pipeline_schedule_from_name(sched_name);
+    if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
+    if (config.num_layers % (pp * vp) != 0) {
+        fail("the model's L = %d layers cannot be split into pp x vp = %d x %d = %d equal chunks; choose -pp "
+             "(and -vp) whose product divides %d", config.num_layers, pp, vp, pp * vp, config.num_layers);
+    }
+    LayerDims dims = layer_dims(config, tp, sp);  // (NH, 4C and Vp must divide by tp)
+    sp = dims.seq_shards > 1;                     // with one tp rank there is nothing to split
+    train_check_flags(&args, config);
+    if (sp && args.T % tp != 0) fail("-sp 1 splits the tokens over the %d tp ranks: -t %d must be a multiple of %d", tp, args.T, tp);
+    // the batch: a step is m micro-batches of B x T on each of the dp replicas
+    int m = train_accumulation_steps(&args, dp, "dp");
+    PipeSpec spec = {(PipeSchedule)sched, pp, m, vp};
+    char why[256];
+    if (pipeline_spec_problem(spec, why, sizeof(why))) fail("%s", why);
+    // every stage's list of actions, checked to pair up and finish (pipeline.h)
+    int n = pipeline_actions_per_stage(spec);
+    PipeAction* all_actions = (PipeAction*)malloc_check((size_t)pp * n * sizeof(PipeAction));
+    for (int s = 0; s < pp; s++) pipeline_stage_actions(spec, s, all_actions + (size_t)s * n);
+    if (pipeline_check_exchanges(spec, all_actions, n, why, sizeof(why))) fail("schedule %s: %s", sched_name, why);
+    Grid grid;
+    grid_init(&grid, &world, dp, pp, tp);
+    PipeAction* actions = all_actions + (size_t)grid.stage * n;
+
+    // ---- this rank's parameters: its tp slices of its stage's tensors, with -z 1 padded so that
+    // the dp replicas can split its state into equal shards
+    ParameterLayout layout = parameter_layout_grid(config, tp, grid.tp_rank, pp, grid.stage, vp);
+    layout_shard_flat(&layout, zero, dp, grid.dp_rank);
+    int chunk_layers = config.num_layers / (pp * vp);
+
+    // ---- memory, predicted before allocating (llmc/memory.h)
+    size_t X = sizeof(floatX), N = layout.count, S = layout_state_held(&layout), P = gpt2_num_parameters(config);
+    int num_slots = stage_num_slots(spec, actions, n);
+    size_t message = (size_t)args.B * args.T / dims.seq_shards * config.channels;
+    Activations unused;
+    MemoryPlan mem;
+    mem.params = N * X;
+    mem.grads = N * X;
+    mem.master = FLOATX_IS_FLOAT ? 0 : S * sizeof(float);
+    mem.state = 2 * S * sizeof(float);
+    mem.slots = num_slots * stage_slot_bytes(dims, &layout, chunk_layers, args.B, args.T);
+    mem.scratch = gpt2_lay_out_activations(&unused, dims, layout.layers, ACTS_SCRATCH, args.B, args.T, NULL) +
+                  (size_t)args.B * args.T * 2 * sizeof(int) + message * X;
+    mem.reduce = zero ? S * X : 0;
+    mem.kernels = kernel_workspace_bytes(dims, args.B, args.T);
+    // a checkpoint: with -z 1 the rank's whole buffer all-gathered from the shards (N fp32), and
+    // on rank 0 a device buffer that receives the largest piece of the other ranks (gpt2_gather_full)
+    size_t largest = 0;
+    for (int r = 1; r < pp * tp; r++) {
+        size_t count = parameter_layout_of_rank(config, &layout, r).count;
+        largest = count > largest ? count : largest;
+    }
+    mem.file_gather = args.checkpoint_every > 0 ? (zero ? N * sizeof(float) : 0) + (rank == 0 ? largest * sizeof(float) : 0) : 0;
+    mem.total = mem.params + mem.grads + mem.master + mem.state + mem.slots + mem.scratch + mem.reduce + mem.kernels +
+                mem.file_gather;
+    // host: the whole model in fp32 plus this rank's pieces; on resume the whole state (m, v, and
+    // with bf16 the parameter bits) and this rank's pieces of it
+    size_t host_bytes = (P + N) * sizeof(float) + (args.resume ? (P + N) * (FLOATX_IS_FLOAT ? 2 : 3) * sizeof(float) : 0);
+    char layout_note[160];
+    snprintf(layout_note, sizeof(layout_note), "%zu of %zu parameters on rank %d (dp %d, stage %d, tp %d), -b %d -t %d",
+             N, P, rank, grid.dp_rank, grid.stage, grid.tp_rank, args.B, args.T);
+    memory_check_fits(mem.total, host_bytes, world.ranks_sharing_memory, layout_note);
+    comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
+
+    // the whole model: read (checksum verified, non-finite values refused) or drawn from the seed
+    float* params_host = from_descriptor ? gpt2_init_random(config, (uint64_t)args.seed)
+                                         : gpt2_read_model_file(args.model, &config, NULL);
+
+    DataLoader train, val;
+    // a step is dp x m chunks of B x T tokens: micro-batch i of replica r is chunk i dp + r, so
+    // that the replicas and micro-batches cover the global batch once (train_gpt2_dp.cu)
+    int max_steps = train_open_shared_loaders(&args, dp * m, &train, &val);
+    Tokenizer tok;
+    int eot, can_sample = train_open_shared_sampling(&args, config, &world, &tok, &eot);
+    int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
+
+    // ---- the run's identity (checkpoint.h), without the layout: any grid resumes it
+    RunIdentity identity;
+    train_run_identity(&identity, &args, config, params_host, &train, max_steps, NULL, &world);
+
+    // ---- the output dir: rank 0 holds its lock for the whole run
+    if (args.out_dir != NULL) {
+        if (rank == 0) output_dir_claim(args.out_dir, args.resume);
+        comm_barrier(&world);
+    }
+
+    GPT2 model;
+    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_SCRATCH);
+    free(params_host);
+    Stage stage;
+    stage_alloc(&stage, spec, grid.stage, num_slots, &model, args.B, args.T);
+    // with -z 1 the reduce-scatter's output: this replica's 1/dp shard of the reduced gradients
+    floatX* grad_shard = zero ? (floatX*)device_malloc(S * X) : NULL;
+
+    if (rank == 0) {
+        print_layout(&model, &stage, &grid, &args, zero, max_steps, train.num_tokens,
+                     args.val_every > 0 ? val.num_tokens : 0, mem, host_bytes, world.ranks_sharing_memory);
+    }
+
+    // ---- with -y 1, resume from the newest complete checkpoint, whatever grid wrote it
+    Rng sample_rng;
+    int start_step = train_start_from(&model, &args, &world, max_steps, &identity, &sample_rng, &train,
+                                      read_checkpoint_gathered);
+    Logger logger;
+    logger_init(&logger, args.out_dir, rank, args.resume ? start_step : -1);
+
+    // ---- training loop; `step` counts completed optimizer steps
+    double flops_per_token = train_flops_per_token(config, args.T);
+    DevicePeak peak = train_device_peak(rank);
+    StepStats stats = {0, 0, 0, 0};
+    double* times = (double*)malloc_check((size_t)2 * n * sizeof(double));
+    // the replica's dp shard of this rank's flat buffer: the elements whose norm it counts, and
+    // with -z 1 the ones it updates
+    size_t shard = zero ? S : (N + dp - 1) / dp, lo = (size_t)grid.dp_rank * shard;
+    size_t hi = lo + shard < N ? lo + shard : N;
+    lo = lo < hi ? lo : hi;
+    CommGroup* groups[5] = {&grid.tp_group, &grid.pp_group, &grid.dp_group, &grid.embedding, &world};
+    // the replica of world rank 0's pipeline, at tp rank 0: where the timeline is measured
+    int in_timeline = grid.dp_rank == 0 && grid.tp_rank == 0;
+    for (int step = start_step; step <= max_steps; step++) {
+        int last = step == max_steps;
+        // a checkpoint holds the state before its step's validation and sample (train_gpt2_dp.cu)
+        uint64_t rng_before_sample = sample_rng.state;
+        if (train_due(args.val_every, step, last)) {
+            watchdog_phase("validation", step);
+            train_report_val(&logger, rank, step, evaluate(&model, &stage, &grid, &val, args.val_batches));
+        }
+        if (can_sample && step > 0 && train_due(args.sample_every, step, last)) {
+            watchdog_phase("sampling", step);
+            sample(&model, &stage, &grid, rank == 0 ? &tok : NULL, eot, &sample_rng, gen_tokens, step);
+        }
+        if (train_checkpoint_due(&args, step, start_step, last)) {
+            watchdog_phase("checkpoint write", step);
+            write_checkpoint_gathered(&model, args.out_dir, &world, &grid.dp_group, &grid.model_group, step, &identity,
+                                      rng_before_sample);
+        }
+        if (last) break;
+
+        int timed = timeline > 0 && (step + 1) % timeline == 0;
+        if (timed) comm_barrier(&world);  // a common start, so that the stages' clocks line up
+        double t0 = wall_time_s();
+        for (int i = 0; i < 5; i++) comm_reset_counters(groups[i]);
+        // 1. the schedule over this replica's m micro-batches: each stage's forwards and
+        // backwards with the exchanges between them (pp group), the tp collectives inside each
+        // chunk. Each token's gradient is weighted 1/(B T m): the replica's mean; the mean over
+        // the replicas follows in 4.
+        watchdog_phase("pipeline schedule", step);
+        device_memset_zero(model.grads_memory, N * X);
+        Walk w = walk_of(&model, &stage, chunk_ops, &grid.pp_group, &grid.tp_group, &train, dp, grid.dp_rank, NULL,
+                         args.B, args.T, 0, 1.0f / (float)((size_t)args.B * args.T * m));
+        w.times = timed && in_timeline ? times : NULL;
+        w.t0 = t0;
+        walk_actions(&w, actions, n);
+        dataloader_advance(&train);
+        // 2. -sp: the LayerNorm weights of this stage saw only this rank's tokens: all-reduce
+        // their gradients over tp ((Ls, C) each of ln1w, ln1b, ln2w, ln2b; (C) each of lnfw,
+        // lnfb on the last stage)
+        watchdog_phase("gradient reductions", step);
+        if (sp) layernorm_grads_all_reduce(&model, &grid.tp_group);
+        // 3. the tied embedding: the first stage's wte rows (this tp rank's Vp/tp) have their
+        // gradient from the lookups, the last stage's copy from the LM head. All-reduce
+        // (Vp/tp, C) over the embedding group, so both copies get the sum and the same update.
+        if (pp > 1 && grid.in_embedding) {
+            comm_all_reduce(&grid.embedding, model.grads.wte, layout.sizes[0], COMM_FLOATX, COMM_SUM);
+        }
+        // 4. data parallelism: the mean of the replicas' gradients. An all-reduce (AVG) of this
+        // rank's whole buffer (N) over dp; with -z 1 a reduce-scatter (AVG) that leaves this
+        // replica its 1/dp shard, the part of the buffer it updates
+        if (zero) comm_reduce_scatter(&grid.dp_group, model.grads_memory, grad_shard, S, COMM_FLOATX, COMM_AVG);
+        else comm_all_reduce(&grid.dp_group, model.grads_memory, N, COMM_FLOATX, COMM_AVG);
+        // 5. the loss lives on the last stage: broadcast over the pipe, then averaged over the
+        // replicas (one float each), so that every rank prints and checks the same value
+        float loss = w.loss / (float)m;
+        comm_broadcast_host(&grid.pp_group, &loss, sizeof(float), pp - 1);
+        comm_all_reduce_scalar(&grid.dp_group, &loss, COMM_AVG);
+        // 6. the global gradient norm: each rank's owned squares (owned_norm_squared), summed
+        // over the world (all-reduce of one float)
+        watchdog_phase("AdamW update", step);
+        float squares = owned_norm_squared(&model, zero ? grad_shard : model.grads_memory + lo, lo, hi, grid.tp_rank);
+        comm_all_reduce_scalar(&world, &squares, COMM_SUM);
+        float grad_norm = sqrtf(squares);
+        // the loss and the norm are the same on every rank, so every rank stops here together
+        train_stop_if_not_finite(step, loss, grad_norm);
+        // 7. AdamW. Without ZeRO on the whole buffer (every replica the same update; replicated
+        // tensors and both wte copies round alike: the layout's rounding index). With -z 1 on
+        // this replica's shard [lo, hi), then the updated parameters all-gathered over dp (N)
+        float clip_scale, lr;
+        if (zero) {
+            AdamWConfig opt = train_adamw_config(&args, step, max_steps, grad_norm, &clip_scale);
+            optimizer_adamw_step(model.params_memory + lo, model.master_memory, grad_shard, model.m_memory,
+                                 model.v_memory, lo, hi, &layout, opt, clip_scale, step + 1);
+            comm_all_gather_in_place(&grid.dp_group, model.params_memory, S, COMM_FLOATX);
+            lr = opt.lr;
+        } else {
+            lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
+        }
+        device_synchronize();
+        double dt = wall_time_s() - t0;
+        double step_comm = 0.0;
+        for (int i = 0; i < 5; i++) step_comm += comm_seconds(groups[i]);
+        step_stats_add(&stats, step == start_step, dt, step_comm);
+        double tokens_per_s = args.total_batch / dt;
+        long long total_bytes = 0;
+        for (int i = 0; i < 5; i++) total_bytes += comm_total_bytes(groups[i]);
+        if (rank == 0) {
+            char line[256];
+            double mfu = train_mfu(flops_per_token, tokens_per_s, world.size, peak);
+            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, tokens_per_s, mfu);
+            // rank 0's bytes per group this step: equal to the formulas printed at the start
+            printf("%s | tp %lld B, pp %lld B, dp %lld B, embedding %lld B, world %lld B\n", line,
+                   comm_total_bytes(&grid.tp_group), comm_total_bytes(&grid.pp_group), comm_total_bytes(&grid.dp_group),
+                   comm_total_bytes(&grid.embedding), comm_total_bytes(&world));
+        }
+        logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, total_bytes);
+        if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
+            unsigned wte_only = 1u, everything = (1u << NUM_PARAMETER_TENSORS) - 1;
+            train_check_replicas(&model, &grid.tp_group, step + 1, NULL, "tp copies of the replicated tensors");
+            if (grid.in_embedding) train_check_replicas(&model, &grid.embedding, step + 1, &wte_only, "wte copies of the first and last stage");
+            train_check_replicas(&model, &grid.dp_group, step + 1, &everything, "dp replicas");
+        }
+        if (dump_grads != NULL && step == 0) {  // after the step's count (AdamW left the gradients)
+            float* full = rank == 0 ? (float*)malloc_check(P * sizeof(float)) : NULL;
+            // with -z 1 each replica has only its shard reduced: all-gather the shards (N) first
+            if (zero) comm_all_gather(&grid.dp_group, grad_shard, model.grads_memory, S, COMM_FLOATX);
+            if (grid.dp_rank == 0) gpt2_gather_full(&model, &grid.model_group, model.grads_memory, COMM_FLOATX, full);
+            if (rank == 0) gpt2_write_model_file(dump_grads, config, full);
+            free(full);
+        }
+        if (timed && in_timeline) stage_report_timeline(&stage, &grid.pp_group, n, times, step + 1, args.out_dir);
+    }
+    if (rank == 0) {
+        step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
+        printf("device memory high-water mark %zu bytes allocated, predicted %zu (%+.2f%%)\n", device_allocated_peak(),
+               mem.total, 100.0 * ((double)device_allocated_peak() / (double)mem.total - 1.0));
+    }
+    if (max_steps > start_step && in_timeline) stage_report_peak(&stage, &grid.pp_group, all_actions, n);
+
+    watchdog_phase("shutdown", max_steps);
+    logger_close(&logger);
+    if (rank == 0 && can_sample) tokenizer_free(&tok);
+    dataloader_free(&train);
+    if (args.val_every > 0) dataloader_free(&val);
+    stage_free(&stage);
+    if (grad_shard) device_free(grad_shard);
+    free(times);
+    free(all_actions);
+    gpt2_free(&model);
+    grid_free(&grid);
+    comm_finalize();
+    return 0;
+}
