@@ -2,6 +2,9 @@
 #   make                 build every trainer (BACKEND=cpu|cuda; default cuda when nvcc and a GPU are present)
 #   make test            build and run all tests; ends with "N passed, N failed, N skipped"
 #   make train           set up what is missing, build, and run the quick-start training job
+#   make compare         train one trainer and PyTorch alike and compare them step by step (dev/compare_with_pytorch.py):
+#                        make compare TRAINER=train_gpt2_3d RANKS=8 FLAGS="-dp 2 -pp 2 -tp 2 -sp 1 -b 2"
+#                        (TRAINER may be an emulator build, e.g. build/emu_FP32/train_gpt2_tp with ENV=CUDA_EMU_DEVICES=2)
 #   make bench           benchmarks (CPU: matmul GFLOP/s, a training step, tensor and pipeline parallelism; GPU: dev/bench/bench_gpu.sh)
 #   make sanitize        the CPU trainers built with AddressSanitizer + UndefinedBehaviorSanitizer:
 #                        build/sanitize/train_gpt2_dp, ..._tp, ..._pp (the tests run bad inputs, a TP and a PP run through them)
@@ -55,7 +58,7 @@ HAS_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1)
 MPI_FLAGS := $(if $(HAS_MPI),-DUSE_MPI $(shell $(MPICC) --showme:incdirs 2>/dev/null | sed 's/\([^ ]*\)/-I\1/g') $(shell $(MPICC) --showme:libdirs 2>/dev/null | sed 's/\([^ ]*\)/-L\1/g') -lmpi,)
 CUDA_LIBS := -lcublas -lcublasLt $(NCCL_LIB) -lz
 
-.PHONY: all test train bench clean check-deps check-test-deps check-cuda-deps setup cuda-check sanitize mutation-sweep
+.PHONY: all test train bench compare clean check-deps check-test-deps check-cuda-deps setup cuda-check sanitize mutation-sweep
 
 all: $(TRAINERS)
 
@@ -155,6 +158,14 @@ check-cuda-deps:
 test: check-deps check-test-deps $(TEST_PROGRAMS)
 	$(MAKE) -s BACKEND=cpu $(TRAINERS)
 	$(PYTHON) test/run_tests.py
+
+# one trainer against PyTorch (dev/compare_with_pytorch.py); TRAINER, RANKS, FLAGS and ENV as in the header
+TRAINER ?= train_gpt2_dp
+RANKS ?= 1
+FLAGS ?=
+ENV ?=
+compare: check-test-deps $(TRAINER)
+	$(PYTHON) dev/compare_with_pytorch.py --ranks $(RANKS) $(foreach e,$(ENV),--env $(e)) ./$(TRAINER) -- $(FLAGS)
 
 setup:
 	./dev/setup.sh

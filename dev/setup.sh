@@ -3,6 +3,7 @@
 #   MPI (compiler wrapper and mpirun)          libopenmpi-dev openmpi-bin
 #   zlib (CRC-32 of checkpoint files)          zlib1g-dev
 #   the PyTorch reference for the tests        python3-torch python3-numpy (Debian's /usr/bin/python3)
+#   loss curves (dev/plot_runs.py)             python3-matplotlib
 set -euo pipefail
 need=()
 command -v mpicc >/dev/null 2>&1 || need+=(libopenmpi-dev)
@@ -12,6 +13,7 @@ command -v make >/dev/null 2>&1 || need+=(make)
 command -v gcc >/dev/null 2>&1 || need+=(gcc)
 /usr/bin/python3 -c "import torch" >/dev/null 2>&1 || need+=(python3-torch)
 /usr/bin/python3 -c "import numpy" >/dev/null 2>&1 || need+=(python3-numpy)
+/usr/bin/python3 -c "import matplotlib" >/dev/null 2>&1 || need+=(python3-matplotlib)
 if [ ${#need[@]} -eq 0 ]; then
     echo "setup: everything is installed"
     exit 0

@@ -1,6 +1,7 @@
 """
 The PyTorch reference: GPT-2 as DESIGN.md section 5 defines it, trained on one process from
-fp32 initial weights, in float64 by default (--dtype float32 to train in fp32).
+fp32 initial weights (drawn from --seed, or read from an llm.c model file with --init), in
+float64 by default (--dtype float32 to train in fp32).
 Runs on Debian's torch 1.13 (CPU) and on torch 2.x.
 
     /usr/bin/python3 test/reference.py --out DIR [--layers 2 --heads 4 --channels 64 ...]
@@ -83,18 +84,20 @@ class GPT2(nn.Module):
         logits = self.lnf(x) @ self.wte[: self.V].t()  # LM head tied to the token embedding
         return F.cross_entropy(logits.view(-1, self.V), targets.reshape(-1))
 
+    def file_parameters(self):
+        """the parameters behind each of the model file's 16 tensors, in its order: [p] for a
+        tensor of the model, [p of layer 0, p of layer 1, ...] for one stacked over the layers"""
+        per_layer = [lambda b: b.ln1.weight, lambda b: b.ln1.bias, lambda b: b.qkv.weight, lambda b: b.qkv.bias,
+                     lambda b: b.attproj.weight, lambda b: b.attproj.bias, lambda b: b.ln2.weight, lambda b: b.ln2.bias,
+                     lambda b: b.fc.weight, lambda b: b.fc.bias, lambda b: b.fcproj.weight, lambda b: b.fcproj.bias]
+        return ([[self.wte], [self.wpe]] + [[f(b) for b in self.blocks] for f in per_layer] +
+                [[self.lnf.weight], [self.lnf.bias]])
+
     def tensors(self, grads=False):
         """the 16 tensors in model-file order, per-layer ones stacked over layers"""
         get = (lambda p: p.grad if p.grad is not None else torch.zeros_like(p)) if grads else (lambda p: p.data)
-        stack = lambda f: torch.stack([get(f(b)) for b in self.blocks])
-        return [get(self.wte), get(self.wpe),
-                stack(lambda b: b.ln1.weight), stack(lambda b: b.ln1.bias),
-                stack(lambda b: b.qkv.weight), stack(lambda b: b.qkv.bias),
-                stack(lambda b: b.attproj.weight), stack(lambda b: b.attproj.bias),
-                stack(lambda b: b.ln2.weight), stack(lambda b: b.ln2.bias),
-                stack(lambda b: b.fc.weight), stack(lambda b: b.fc.bias),
-                stack(lambda b: b.fcproj.weight), stack(lambda b: b.fcproj.bias),
-                get(self.lnf.weight), get(self.lnf.bias)]
+        return [torch.stack([get(p) for p in ps]) if 2 <= i <= 13 else get(ps[0])
+                for i, ps in enumerate(self.file_parameters())]
 
     def header(self, version):
         h = [0] * 256
@@ -142,10 +145,32 @@ def learning_rate(step, lr, warmup, max_steps, final_frac):
     return lr * final_frac + (lr - lr * final_frac) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def load_model_file(path):
+    """a GPT2 holding the weights of an llm.c model file (its header gives the shape)"""
+    header, flat = read_model_file(path)
+    assert header[0] == 20240326 and header[1] in (3, 5), "%s: not an llm.c model file (magic %d version %d)" % (
+        path, header[0], header[1])
+    maxT, V, L, NH, C, Vp = (int(x) for x in header[2:8])
+    model = GPT2(L, NH, C, maxT, V, Vp)
+    offset = 0
+    with torch.no_grad():
+        for ps in model.file_parameters():
+            for p in ps:
+                n = p.numel()
+                assert offset + n <= len(flat), "%s: fewer weights than its header promises" % path
+                p.copy_(torch.from_numpy(flat[offset: offset + n].copy()).view(p.shape))
+                offset += n
+    assert offset == len(flat), "%s: %d weights, its header promises %d" % (path, len(flat), offset)
+    return model
+
+
 def run(args):
     torch.manual_seed(args.seed)
-    model = GPT2(args.layers, args.heads, args.channels, args.max_seq_len, 50257, 50304)
-    model.init_weights(args.seed)
+    if getattr(args, "init", None):
+        model = load_model_file(args.init)
+    else:
+        model = GPT2(args.layers, args.heads, args.channels, args.max_seq_len, 50257, 50304)
+        model.init_weights(args.seed)
     os.makedirs(args.out, exist_ok=True)
     write_model_file(os.path.join(args.out, "model.bin"), model, model.tensors())
     write_model_file(os.path.join(args.out, "model_bf16.bin"), model, model.tensors(), bf16=True)
@@ -204,6 +229,7 @@ def main():
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    ap.add_argument("--init", help="initial weights from this llm.c model file (its shape overrides --layers ...)")
     args = ap.parse_args()
     losses, norms = run(args)
     for i, (l, n) in enumerate(zip(losses, norms)):

@@ -24,6 +24,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "test"))
 import reference  # noqa: E402
+import comparison  # noqa: E402
+from comparison import read_log  # noqa: E402
 
 TMP = os.path.join(ROOT, "test", "tmp")
 TIMEOUT = 300  # seconds; a run that takes longer is reported as a hang
@@ -62,15 +64,6 @@ def fresh_dir(name):
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     return d
-
-
-def read_log(out_dir):
-    train, val = {}, {}
-    with open(os.path.join(out_dir, "main.log")) as f:
-        for line in f:
-            rec = json.loads(line)
-            (train if "train_loss" in rec else val)[rec["step"]] = rec
-    return train, val
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,32 +108,11 @@ def trainer_args(ref, B, out_dir, extra=(), cfg=REF):
 
 def check_against_reference(ref, d, grads_path, expected_bytes, formula, steps=REF["steps"]):
     """the run in d (main.log, its step-0 gradients in grads_path, its final model file) against
-    the reference, and its communication per step against the formula's bytes"""
-    train, _ = read_log(d)
-    losses = [train[s + 1]["train_loss"] for s in range(steps)]
-    norms = [train[s + 1]["grad_norm"] for s in range(steps)]
-    # The reference trains in float64, so every difference below is the trainer's fp32 rounding.
-    # losses: the fp32 spacing at 10.8 is 1e-6 and measured errors are ~5e-7; 1e-5 leaves 20x
-    # room, while a wrong token, mask or scale moves the loss by 1e-2 or more.
-    for s, (a, b) in enumerate(zip(losses, ref["losses"])):
-        assert abs(a - b) <= 1e-5, "step %d loss %.7f, reference %.7f" % (s + 1, a, b)
-    # gradient norms before clipping: measured ~2e-7 relative; allow 1e-5
-    for s, (a, b) in enumerate(zip(norms, ref["grad_norms"])):
-        assert abs(a - b) <= 1e-5 * b, "step %d grad norm %.7f, reference %.7f" % (s + 1, a, b)
-    # step-0 gradients: fp32 matmuls agree with float64 to ~4e-7 of the largest gradient; allow
-    # 1e-5 of it. A missing 1/accum or 1/ranks factor is off by a factor of 2.
-    _, g_ref = reference.read_model_file(os.path.join(ref["dir"], "grads.bin"))
-    _, g = reference.read_model_file(grads_path)
-    scale = np.abs(g_ref).max()
-    err = np.abs(g - g_ref).max()
-    assert err <= 1e-5 * scale, "step-0 gradients: max abs error %.3g (largest gradient %.3g)" % (err, scale)
-    # final parameters: an AdamW step moves a weight by up to lr = 1e-3; measured errors are
-    # ~2e-6 after 5 steps; 2e-5 (2% of one step) catches any wrong update
-    _, p_ref = reference.read_model_file(os.path.join(ref["dir"], "final.bin"))
-    _, p = reference.read_model_file(os.path.join(d, "model_%08d.bin" % steps))
-    err = np.abs(p - p_ref).max()
-    assert err <= 2e-5, "final parameters: max abs error %.3g" % err
+    the reference within the CPU's fp32 tolerances (test/comparison.py), and its communication per
+    step against the formula's bytes"""
+    comparison.assert_matches(comparison.compare_run(ref, d, grads_path, "cpu fp32", steps))
     # communication per step, from the comm layer's counters, equal to the formula exactly
+    train, _ = read_log(d)
     for s in range(steps):
         assert train[s + 1]["comm_bytes"] == expected_bytes, "step %d moved %d bytes, expected %s = %d" % (
             s + 1, train[s + 1]["comm_bytes"], formula, expected_bytes)
@@ -949,6 +921,23 @@ def sanitized_pp_run_interleaved_with_timeline_sampling_and_resume_and_zb():
     assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
 
 
+@test
+def sanitized_grid3d_interleaved_sp_checkpoint_resumed_on_another_grid_with_zero1():
+    """the 3D trainer's groups, slots, tp collectives inside chunks and gathered checkpoints under
+    AddressSanitizer + UndefinedBehaviorSanitizer: 1x2x2 with -sp, 2 chunks per stage, a sample
+    and a checkpoint; resumed as 2x1x2 with ZeRO-1 (other slices, shards and micro-batches)"""
+    p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
+    env = dict(ASAN_OPTIONS="detect_leaks=0")
+    d = fresh_dir("sanitized_grid3d")
+    args = small_run_args(d, ["-e", "d4", "-b", 1, "-d", 4 * 32, "-x", 2, "-s", 2, "-g", 8])
+    out = run_ok(4, args + ["-pp", 2, "-tp", 2, "-sp", 1, "-sched", "interleaved", "-vp", 2], program="./build/sanitize/train_gpt2_3d", env=env)
+    assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+    out = run_ok(4, args + ["-x", 3, "-y", 1, "-b", 2, "-dp", 2, "-tp", 2, "-z", 1], program="./build/sanitize/train_gpt2_3d", env=env)
+    assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+    assert "resumed from step 2" in out and "---- sample at step 3 ----" in out, out[-3000:]
+
+
 # ---------------------------------------------------------------------------------------------
 # comm layer and dataloader unit tests (C programs under mpirun)
 
@@ -1436,6 +1425,34 @@ def check_grid3d_bad_layout(ranks, extra, message):
 
 
 @test
+def compare_with_pytorch_prints_both_runs_and_fails_a_failed_trainer():
+    """dev/compare_with_pytorch.py: its table holds the trainer's main.log losses and the
+    reference's, and a trainer that fails (a grid that does not fit) makes it exit 1 with FAIL"""
+    out_dir = fresh_dir("compare_tool")
+    cmd = [sys.executable, "dev/compare_with_pytorch.py", "--ranks", "2", "--steps", "3", "--out", out_dir, D3, "--",
+           "-tp", 2, "-b", 8]
+    p = subprocess.run([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT)
+    report = p.stdout.decode("utf-8", "replace")
+    assert p.returncode == 0 and "PASS: the trainer matches PyTorch" in report, report[-3000:]
+    rows = re.findall(r"^ +(\d+) +([\d.]+) +([\d.]+) ", report, re.M)
+    train, _ = read_log(os.path.join(out_dir, "run"))
+    ref = comparison.read_reference(os.path.join(out_dir, "reference"))
+    assert len(rows) == 3, report
+    for step, loss, ref_loss in rows:
+        assert abs(float(loss) - train[int(step)]["train_loss"]) < 1e-6, (step, loss)
+        assert abs(float(ref_loss) - ref["losses"][int(step) - 1]) < 1e-6, (step, ref_loss)
+    plot = os.path.join(out_dir, "losses.png")
+    subprocess.run([sys.executable, "dev/plot_runs.py", "-o", plot, "--reference", os.path.join(out_dir, "reference"),
+                    "3d=" + os.path.join(out_dir, "run")], cwd=ROOT, check=True, stdout=subprocess.PIPE)
+    with open(plot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n", "dev/plot_runs.py wrote no PNG"
+    cmd[cmd.index("-tp") + 1] = 3  # NH = 4 does not divide by 3
+    p = subprocess.run([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT)
+    report = p.stdout.decode("utf-8", "replace")
+    assert p.returncode == 1 and "FAIL: the trainer exited with status" in report and "-tp 3" in report, report[-3000:]
+
+
+@test
 def grid3d_bad_layouts():
     check_grid3d_bad_layout(4, ["-dp", 2, "-pp", 2, "-tp", 2], "-dp 2 x -pp 2 x -tp 2 = 8 ranks, but the job has 4")
     check_grid3d_bad_layout(6, ["-pp", 2, "-tp", 2], "-pp 2 x -tp 2 = 4 does not divide the 6 ranks")
@@ -1562,34 +1579,13 @@ def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None, zero=0)
 
 
 def check_cuda_against_reference(ref, d, grads_path, precision, label):
-    """a CUDA run's losses, step-0 gradients and final weights against the reference, within the
-    bounds of its precision; returns its log's train records"""
-    train, _ = read_log(d)
-    steps = len(ref["losses"])
-    _, g_ref = reference.read_model_file(os.path.join(ref["dir"], "grads.bin"))
-    _, g = reference.read_model_file(grads_path)
-    _, p_ref = reference.read_model_file(os.path.join(ref["dir"], "final.bin"))
-    _, p = reference.read_model_file(os.path.join(d, "model_%08d.bin" % steps))
-    losses = [train[s + 1]["train_loss"] for s in range(steps)]
-    loss_err = max(abs(a - b) for a, b in zip(losses, ref["losses"]))
-    grad_err = np.linalg.norm(g - g_ref) / np.linalg.norm(g_ref)
-    param_max, param_mean = np.abs(p - p_ref).max(), np.abs(p - p_ref).mean()
-    print("    %s: loss err %.2e, grad rel err %.2e, param err max %.2e mean %.2e"
-          % (label, loss_err, grad_err, param_max, param_mean))
-    if precision == "FP32":
-        # cuBLAS in strict fp32 and fp32 kernels: only the summation order differs from the
-        # float64 reference, as on the CPU; 10x the CPU tolerances for GPU reduction orders
-        assert loss_err <= 1e-4, "losses %s vs %s" % (losses, ref["losses"])
-        assert grad_err <= 1e-4, "step-0 gradient relative error %.3g" % grad_err
-        assert param_max <= 2e-4, "final parameters max error %.3g" % param_max
-    else:
-        # bf16 activations keep 8 bits of mantissa (0.4%% per rounding): a loss of 10.8 moves by
-        # a few 1e-2; gradients agree to a few percent; AdamW can flip the sign of updates whose
-        # gradient is noise-sized, at most ~2 lr per step (0.01 over 5 steps), but not on average
-        assert loss_err <= 0.05, "losses %s vs %s" % (losses, ref["losses"])
-        assert grad_err <= 0.1, "step-0 gradient relative error %.3g" % grad_err
-        assert param_max <= 1e-2 and param_mean <= 1e-4, "final parameters error max %.3g mean %.3g" % (param_max, param_mean)
-    return train
+    """a CUDA run's losses, gradient norms, step-0 gradients and final weights against the
+    reference, within the bounds of its precision (test/comparison.py); returns its log's train
+    records"""
+    report = comparison.compare_run(ref, d, grads_path, "cuda " + precision.lower())
+    print("    %s: %s" % (label, ", ".join("%s %.2e" % (c[0], c[1]) for c in report["checks"])))
+    comparison.assert_matches(report)
+    return read_log(d)[0]
 
 
 def make_emu_pp_test(precision, devices, sched):
@@ -1676,6 +1672,28 @@ def make_emu_tp_test(precision, devices, sp):
 for _precision, _devices in (("FP32", 2), ("BF16", 1)):
     for _sp in (0, 1):
         test(make_emu_tp_test(_precision, _devices, _sp))
+
+
+@test
+def emu_grid3d_vs_pytorch_fp32_1x2x2_sp_nccl_through_compare_with_pytorch():
+    """the 3D trainer's CUDA backend on the emulator, 4 ranks (dp 1, pp 2, tp 2, -sp) with NCCL,
+    run by dev/compare_with_pytorch.py as a learner would: its PASS line, rank 0's bytes per group
+    (fp32) and the memory prediction against the emulator's allocations"""
+    program = build("emu", "FP32", ["train_gpt2_3d"])[0]
+    out_dir = fresh_dir("emu_grid3d")
+    B, m = 4, 2
+    cmd = [sys.executable, "dev/compare_with_pytorch.py", "--ranks", "4", "--env", "CUDA_EMU_DEVICES=4", "--out", out_dir,
+           program, "--", "-pp", 2, "-tp", 2, "-sp", 1, "-b", B, "-check_replicas", 1]
+    p = subprocess.run([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT)
+    report = p.stdout.decode("utf-8", "replace")
+    print("    " + "\n    ".join(l for l in report.splitlines() if re.match(r"\s+(loss|gradient|step-0|final)", l)))
+    assert p.returncode == 0 and "PASS: the trainer matches PyTorch" in report and "tolerances for cuda fp32" in report, report[-3000:]
+    with open(os.path.join(out_dir, "run", "stdout.txt")) as f:
+        out = f.read()
+    check_grid3d_step_bytes(out, grid3d_step_bytes(REF4, B, m, 1, 2, 2, 1, 1, 0), REF4["steps"])
+    assert "step %d: wte copies of the first and last stage identical" % REF4["steps"] in out, out[-2000:]
+    peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
+    assert abs(peak - predicted) <= 0.05 * predicted, "%d bytes allocated at most, %d predicted" % (peak, predicted)
 
 
 @test

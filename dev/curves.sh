@@ -1,0 +1,22 @@
+#!/bin/bash
+# The README's figure: the four trainers trained from the same initial weights on the same data
+# as PyTorch (dev/compare_with_pytorch.py, 40 steps of a 4-layer model), their loss curves on one
+# PNG (dev/plot_runs.py). Each run also prints its comparison table and PASS line.
+#   bash dev/curves.sh [out.png]        (default dev/images/losses_vs_pytorch.png; about 8 minutes on 2 cores)
+set -e
+cd "$(dirname "$0")/.."
+out=${1:-dev/images/losses_vs_pytorch.png}
+make -s train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_3d
+compare() {  # name ranks trainer flags...
+    local name=$1 ranks=$2 trainer=$3
+    shift 3
+    echo "$name: $(/usr/bin/python3 dev/compare_with_pytorch.py --steps 40 --out out/curves/$name --ranks $ranks $trainer -- "$@" | grep -E '^(PASS|FAIL)')"
+}
+compare dp 2 ./train_gpt2_dp -z 1 -b 4
+compare tp 2 ./train_gpt2_tp -sp 1 -b 8
+compare pp 4 ./train_gpt2_pp -sched 1f1b -b 2
+compare 3d 8 ./train_gpt2_3d -dp 2 -pp 2 -tp 2 -sp 1 -b 2
+/usr/bin/python3 dev/plot_runs.py -o "$out" --reference out/curves/dp/reference \
+    --title "GPT-2 (L=4, C=64) on tiny Shakespeare: four trainers and PyTorch" \
+    "DP 2 ranks, ZeRO-1=out/curves/dp/run" "TP 2 ranks, -sp=out/curves/tp/run" \
+    "PP 4 stages, 1f1b=out/curves/pp/run" "3D 2x2x2, -sp=out/curves/3d/run"

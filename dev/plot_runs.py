@@ -1,0 +1,87 @@
+#!/usr/bin/python3
+"""
+The loss curves of several runs on one PNG: each run's main.log (train loss per step, and the
+validation loss where it was measured) and, with --reference, the PyTorch reference's losses
+(reference.json of test/reference.py or dev/compare_with_pytorch.py). With a reference a second
+panel shows each run's distance from it, |loss - reference loss| on a log scale: curves that lie
+on top of each other in the first panel are told apart there.
+
+    /usr/bin/python3 dev/plot_runs.py -o losses.png [--reference DIR] [LABEL=]RUN_DIR ...
+"""
+import argparse
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_log(run_dir):
+    """{step: train loss}, {step: val loss} of a run's main.log"""
+    train, val = {}, {}
+    path = os.path.join(run_dir, "main.log")
+    if not os.path.exists(path):
+        sys.exit("error: no main.log in %s (a trainer writes it into its -o dir)" % run_dir)
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "train_loss" in rec:
+                train[rec["step"]] = rec["train_loss"]
+            elif "val_loss" in rec:
+                val[rec["step"]] = rec["val_loss"]
+    return train, val
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="run directories, each optionally LABEL=DIR")
+    ap.add_argument("-o", "--out", required=True, help="the PNG to write")
+    ap.add_argument("--reference", help="a reference run's directory (reference.json)")
+    ap.add_argument("--title", default="train loss per step")
+    args = ap.parse_args()
+
+    ref = None
+    if args.reference:
+        with open(os.path.join(args.reference, "reference.json")) as f:
+            ref = {s + 1: loss for s, loss in enumerate(json.load(f)["losses"])}
+    panels = 2 if ref else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(8, 4 + 3 * (panels - 1)), squeeze=False)
+    curves, distance = axes[0][0], axes[-1][0]
+    if ref:
+        steps = sorted(ref)
+        curves.plot(steps, [ref[s] for s in steps], color="black", linewidth=4, alpha=0.25, label="PyTorch reference")
+    markers = "os^vD<>p"
+    for i, run in enumerate(args.runs):
+        label, run_dir = run.split("=", 1) if "=" in run else (os.path.basename(os.path.normpath(run)), run)
+        train, val = read_log(run_dir)
+        steps = sorted(train)
+        marker = markers[i % len(markers)]
+        curves.plot(steps, [train[s] for s in steps], marker=marker, markersize=4, linewidth=1, label=label)
+        if val:
+            curves.plot(sorted(val), [val[s] for s in sorted(val)], marker=marker, linestyle=":", label=label + " (val)")
+        if ref:
+            common = [s for s in steps if s in ref]
+            # an exact match has no place on a log scale: floor it at fp32's spacing near 10
+            distance.plot(common, [max(abs(train[s] - ref[s]), 1e-7) for s in common], marker=marker, markersize=4,
+                          linewidth=1, label=label)
+    curves.set_title(args.title)
+    curves.set_xlabel("step")
+    curves.set_ylabel("loss")
+    curves.legend()
+    curves.grid(alpha=0.3)
+    if ref:
+        distance.set_yscale("log")
+        distance.set_xlabel("step")
+        distance.set_ylabel("|loss - PyTorch loss|")
+        distance.set_title("distance from the reference (fp32 rounding against float64)")
+        distance.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=100)
+    print("wrote %s" % args.out)
+
+
+if __name__ == "__main__":
+    main()
