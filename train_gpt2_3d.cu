@@ -274,39 +274,11 @@ static void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int ch
     }
 }
 
-// zero bubble's W: the matmuls' weight gradients of a chunk whose B has run (no collective: a
-// weight gradient of a tp slice needs only that slice's input and output gradient)
-static void chunk_backward_weights(Walk* walk, Activations* a, int chunk) {
-    GPT2* model = walk->model;
-    LayerDims d = model->dims;
-    int B = walk->B, T = walk->T, Lc = walk->st->chunk_layers;
-    for (int k = Lc - 1; k >= 0; k--) {
-        LayerWeights gw = gpt2_layer_grads(model, chunk * Lc + k);
-        LayerActs x = layer_acts(a, d, B, T, k);
-        mlp_half_backward_weight(gw, x.fch, x.fcproj, x, B, T, d);
-        attention_half_backward_weight(gw, x.qkv, x.attproj, x, B, T, d);
-    }
-    if (is_last_virtual(walk->st, chunk)) {  // this rank's wte rows in the LM head: dlogits^T @ lnf
-        matmul_backward_weight(model->grads.wte, NULL, a->logits, a->lnf, B * T, d.C, d.Vp);
-    }
-}
-
-static const ChunkOps chunk_ops = {chunk_forward, chunk_backward, chunk_backward_weights};
+// what the walk calls for each action: the chunk functions above, and zero bubble's W (llmc/stage.h:
+// the weight gradients, with no collective: a slice's needs only its input and output gradient)
+static const ChunkOps chunk_ops = {chunk_forward, chunk_backward, stage_chunk_weights};
 
 // ----------------------------------------------------------------------------------------------
-
-// Every replica evaluates the same validation batches (one micro-batch each through its pipe);
-// the last stage has the mean loss and broadcasts it over the pipe (4 bytes)
-static float evaluate(GPT2* model, Stage* st, Grid* g, DataLoader* val, int batches) {
-    double sum = 0.0;
-    for (int i = 0; i < batches; i++) {
-        dataloader_seek(val, (size_t)i);
-        sum += stage_forward_pass(model, st, chunk_ops, &g->pp_group, &g->tp_group, val, NULL, model->B, model->T).loss;
-    }
-    float loss = (float)(sum / batches);
-    comm_broadcast_host(&g->pp_group, &loss, sizeof(float), g->pp - 1);
-    return loss;
-}
 
 // Autoregressive sampling from <|endoftext|>: one forward pass of B = 1 through the pipe per new
 // token. The last stage's tp ranks draw it from their slices of the logits
@@ -395,15 +367,49 @@ static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const Paramet
     return b;
 }
 
-// what rank 0 prints at the start: the grid and every rank's groups, each stage's layers, the
-// schedule's chart, the memory of rank 0 and its communication per step beside the formulas
+// The device memory of a rank, predicted from its layout before anything is allocated, part by
+// part as the trainer allocates it (rank 0 prints it; the run ends with the measured high-water
+// mark beside it). stage_actions: the rank's stage's list of n actions; root: world rank 0.
 typedef struct {
     size_t params, master, grads, state, slots, scratch, reduce, kernels, file_gather, total;
 } MemoryPlan;
 
+static MemoryPlan plan_memory(GPT2Config c, LayerDims d, PipeSpec spec, const PipeAction* stage_actions, int n,
+                              const ParameterLayout* layout, const TrainArgs* args, int zero, int root) {
+    size_t X = sizeof(floatX), N = layout->count, S = layout_state_held(layout);
+    size_t message = (size_t)args->B * args->T / d.seq_shards * c.channels;
+    Activations unused;
+    MemoryPlan mem;
+    mem.params = N * X;
+    mem.grads = N * X;
+    mem.master = FLOATX_IS_FLOAT ? 0 : S * sizeof(float);  // (the -z 1 shard)
+    mem.state = 2 * S * sizeof(float);
+    mem.slots = stage_num_slots(spec, stage_actions, n) *
+                stage_slot_bytes(d, layout, layout->layers / spec.V, args->B, args->T);
+    mem.scratch = gpt2_lay_out_activations(&unused, d, layout->layers, ACTS_SCRATCH, args->B, args->T, NULL) +
+                  (size_t)args->B * args->T * 2 * sizeof(int) + message * X;  // + tokens, 2nd gradient message
+    mem.reduce = zero ? S * X : 0;
+    mem.kernels = kernel_workspace_bytes(d, args->B, args->T);
+    // a checkpoint: with -z 1 the rank's whole buffer all-gathered from the shards (N fp32), and
+    // on rank 0 a device buffer that receives the largest piece of the other ranks (gpt2_gather_full)
+    size_t largest = 0;
+    for (int r = 1; r < layout->pp * layout->tp; r++) {
+        size_t count = parameter_layout_of_rank(c, layout, r).count;
+        largest = count > largest ? count : largest;
+    }
+    mem.file_gather = args->checkpoint_every > 0 ? (zero ? N * sizeof(float) : 0) + (root ? largest * sizeof(float) : 0) : 0;
+    mem.total = mem.params + mem.grads + mem.master + mem.state + mem.slots + mem.scratch + mem.reduce + mem.kernels +
+                mem.file_gather;
+    return mem;
+}
+
+// what rank 0 prints at the start: the grid and every rank's groups, each stage's layers, the
+// schedule's chart, the memory of each stage's ranks and of rank 0 part by part, and rank 0's
+// communication per step beside the formulas
+
 static void print_layout(const GPT2* model, const Stage* st, const Grid* g, const TrainArgs* args, int zero,
-                         int max_steps, size_t train_tokens, size_t val_tokens, MemoryPlan mem, size_t host_bytes,
-                         int ranks_sharing_memory) {
+                         int max_steps, size_t train_tokens, size_t val_tokens, const PipeAction* all_actions, int actions,
+                         MemoryPlan mem, size_t host_bytes, int ranks_sharing_memory) {
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     PipeSpec s = st->spec;
@@ -433,16 +439,19 @@ static void print_layout(const GPT2* model, const Stage* st, const Grid* g, cons
                groups[2], embeds && g->pp > 1 ? "embedding " : "", embeds && g->pp > 1 ? groups[3] : "");
     }
     if (world > 64) printf("  ... (%d ranks)\n", world);
-    printf("stages (each split over its %d tp ranks):\n", g->tp);
+    printf("stages (each split over its %d tp ranks; device memory predicted for each of their ranks):\n", g->tp);
     for (int stage = 0; stage < s.p; stage++) {
         ParameterLayout l = parameter_layout_grid(c, g->tp, 0, s.p, stage, s.V);
+        size_t unpadded = l.count;
+        layout_shard_flat(&l, zero, g->dp, 0);
+        MemoryPlan plan = plan_memory(c, d, s, all_actions + (size_t)stage * actions, actions, &l, args, zero, 0);
         printf("  stage %d  layers", stage);
         for (int chunk = 0; chunk < s.V; chunk++) {
             int first = layout_layer(&l, chunk * st->chunk_layers);
             printf(" %d-%d", first, first + st->chunk_layers - 1);
         }
-        printf("%s%s  %zu parameters per tp rank\n", l.embedding ? " + wte, wpe" : "", l.head ? " + lnf, wte copy" : "",
-               l.count);
+        printf("%s%s  %zu parameters per tp rank, %.1f MB (activations %.1f MB)\n", l.embedding ? " + wte, wpe" : "",
+               l.head ? " + lnf, wte copy" : "", unpadded, plan.total / 1e6, plan.slots / 1e6);
     }
     pipeline_print_chart(s);
     size_t N = model->num_parameters;
@@ -560,33 +569,10 @@ int main(int argc, char** argv) {
     // the dp replicas can split its state into equal shards
     ParameterLayout layout = parameter_layout_grid(config, tp, grid.tp_rank, pp, grid.stage, vp);
     layout_shard_flat(&layout, zero, dp, grid.dp_rank);
-    int chunk_layers = config.num_layers / (pp * vp);
 
     // ---- memory, predicted before allocating (llmc/memory.h)
-    size_t X = sizeof(floatX), N = layout.count, S = layout_state_held(&layout), P = gpt2_num_parameters(config);
-    int num_slots = stage_num_slots(spec, actions, n);
-    size_t message = (size_t)args.B * args.T / dims.seq_shards * config.channels;
-    Activations unused;
-    MemoryPlan mem;
-    mem.params = N * X;
-    mem.grads = N * X;
-    mem.master = FLOATX_IS_FLOAT ? 0 : S * sizeof(float);
-    mem.state = 2 * S * sizeof(float);
-    mem.slots = num_slots * stage_slot_bytes(dims, &layout, chunk_layers, args.B, args.T);
-    mem.scratch = gpt2_lay_out_activations(&unused, dims, layout.layers, ACTS_SCRATCH, args.B, args.T, NULL) +
-                  (size_t)args.B * args.T * 2 * sizeof(int) + message * X;
-    mem.reduce = zero ? S * X : 0;
-    mem.kernels = kernel_workspace_bytes(dims, args.B, args.T);
-    // a checkpoint: with -z 1 the rank's whole buffer all-gathered from the shards (N fp32), and
-    // on rank 0 a device buffer that receives the largest piece of the other ranks (gpt2_gather_full)
-    size_t largest = 0;
-    for (int r = 1; r < pp * tp; r++) {
-        size_t count = parameter_layout_of_rank(config, &layout, r).count;
-        largest = count > largest ? count : largest;
-    }
-    mem.file_gather = args.checkpoint_every > 0 ? (zero ? N * sizeof(float) : 0) + (rank == 0 ? largest * sizeof(float) : 0) : 0;
-    mem.total = mem.params + mem.grads + mem.master + mem.state + mem.slots + mem.scratch + mem.reduce + mem.kernels +
-                mem.file_gather;
+    size_t N = layout.count, P = gpt2_num_parameters(config);
+    MemoryPlan mem = plan_memory(config, dims, spec, actions, n, &layout, &args, zero, rank == 0);
     // host: the whole model in fp32 plus this rank's pieces; on resume the whole state (m, v, and
     // with bf16 the parameter bits) and this rank's pieces of it
     size_t host_bytes = (P + N) * sizeof(float) + (args.resume ? (P + N) * (FLOATX_IS_FLOAT ? 2 : 3) * sizeof(float) : 0);
@@ -622,13 +608,14 @@ int main(int argc, char** argv) {
     gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_SCRATCH);
     free(params_host);
     Stage stage;
-    stage_alloc(&stage, spec, grid.stage, num_slots, &model, args.B, args.T);
+    stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), &model, args.B, args.T);
     // with -z 1 the reduce-scatter's output: this replica's 1/dp shard of the reduced gradients
+    size_t X = sizeof(floatX), S = layout_state_held(&layout);
     floatX* grad_shard = zero ? (floatX*)device_malloc(S * X) : NULL;
 
     if (rank == 0) {
         print_layout(&model, &stage, &grid, &args, zero, max_steps, train.num_tokens,
-                     args.val_every > 0 ? val.num_tokens : 0, mem, host_bytes, world.ranks_sharing_memory);
+                     args.val_every > 0 ? val.num_tokens : 0, all_actions, n, mem, host_bytes, world.ranks_sharing_memory);
     }
 
     // ---- with -y 1, resume from the newest complete checkpoint, whatever grid wrote it
@@ -657,7 +644,7 @@ int main(int argc, char** argv) {
         uint64_t rng_before_sample = sample_rng.state;
         if (train_due(args.val_every, step, last)) {
             watchdog_phase("validation", step);
-            train_report_val(&logger, rank, step, evaluate(&model, &stage, &grid, &val, args.val_batches));
+            train_report_val(&logger, rank, step, stage_evaluate(&model, &stage, chunk_ops, &grid.pp_group, &grid.tp_group, &val, args.val_batches));
         }
         if (can_sample && step > 0 && train_due(args.sample_every, step, last)) {
             watchdog_phase("sampling", step);

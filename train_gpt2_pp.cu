@@ -174,41 +174,9 @@ static void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int ch
     }
 }
 
-// The W action of zero bubble: the matmuls' weight gradients of a chunk whose B has run, from the
-// inputs and output gradients in its slot (above). Nothing waits for it: it fills the bubble.
-static void chunk_backward_weights(Walk* walk, Activations* a, int chunk) {
-    GPT2* model = walk->model;
-    Stage* st = walk->st;
-    int B = walk->B, T = walk->T;
-    GPT2Config c = model->config;
-    LayerDims d = model->dims;
-    int Lc = st->chunk_layers;
-    for (int k = Lc - 1; k >= 0; k--) {
-        LayerWeights gw = gpt2_layer_grads(model, chunk * Lc + k);
-        LayerActs x = layer_acts(a, d, B, T, k);
-        mlp_half_backward_weight(gw, x.fch, x.fcproj, x, B, T, d);
-        attention_half_backward_weight(gw, x.qkv, x.attproj, x, B, T, d);
-    }
-    if (is_last_virtual(st, chunk)) {  // the LM head's wte copy: dlogits^T @ lnf
-        matmul_backward_weight(model->grads.wte, NULL, a->logits, a->lnf, B * T, c.channels, c.padded_vocab_size);
-    }
-}
-
-// what the walk calls for each action: this trainer's chunk functions above
-static const ChunkOps chunk_ops = {chunk_forward, chunk_backward, chunk_backward_weights};
-
-// forward passes alone over the validation batches: the last stage has the mean loss, which it
-// broadcasts (4 bytes) so every rank reports the same
-static float evaluate(GPT2* model, Stage* st, CommGroup* pp, DataLoader* val, int batches) {
-    double sum = 0.0;
-    for (int i = 0; i < batches; i++) {
-        dataloader_seek(val, (size_t)i);
-        sum += stage_forward_pass(model, st, chunk_ops, pp, NULL, val, NULL, model->B, model->T).loss;
-    }
-    float loss = (float)(sum / batches);
-    comm_broadcast_host(pp, &loss, sizeof(float), pp->size - 1);
-    return loss;
-}
+// what the walk calls for each action: this trainer's chunk functions above, and zero bubble's
+// W (stage_chunk_weights in llmc/stage.h: the weight gradients from what B kept in the slot)
+static const ChunkOps chunk_ops = {chunk_forward, chunk_backward, stage_chunk_weights};
 
 // Autoregressive sampling from <|endoftext|>: each new token is one forward pass of B = 1
 // through the whole pipe; the last stage draws the token from its logits and broadcasts it
@@ -457,7 +425,7 @@ int main(int argc, char** argv) {
         uint64_t rng_before_sample = sample_rng.state;
         if (train_due(args.val_every, step, last)) {
             watchdog_phase("validation", step);
-            train_report_val(&logger, rank, step, evaluate(&model, &stage, pp, &val, args.val_batches));
+            train_report_val(&logger, rank, step, stage_evaluate(&model, &stage, chunk_ops, pp, NULL, &val, args.val_batches));
         }
         if (can_sample && step > 0 && train_due(args.sample_every, step, last)) {
             watchdog_phase("sampling", step);

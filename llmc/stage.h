@@ -6,6 +6,7 @@
 #ifndef LLMC_STAGE_H
 #define LLMC_STAGE_H
 
+#include "block.h"
 #include "comm.h"
 #include "dataloader.h"
 #include "model.h"
@@ -236,6 +237,40 @@ static inline Walk stage_forward_pass(GPT2* model, Stage* st, ChunkOps ops, Comm
     walk_actions(&w, actions, n);
     free(actions);
     return w;
+}
+
+// Validation: each batch one micro-batch forward through the pipe; the last stage has the mean
+// loss and broadcasts it over the pipe (4 bytes), so that every rank reports the same
+static inline float stage_evaluate(GPT2* model, Stage* st, ChunkOps ops, CommGroup* pp, CommGroup* tp, DataLoader* val,
+                                   int batches) {
+    double sum = 0.0;
+    for (int i = 0; i < batches; i++) {
+        dataloader_seek(val, (size_t)i);
+        sum += stage_forward_pass(model, st, ops, pp, tp, val, NULL, model->B, model->T).loss;
+    }
+    float loss = (float)(sum / batches);
+    comm_broadcast_host(pp, &loss, sizeof(float), pp->size - 1);
+    return loss;
+}
+
+// Zero bubble's W action, the same in every pipeline trainer (ChunkOps.weights): the matmuls'
+// weight gradients of a chunk whose B has run, from each matmul's input and the gradient at its
+// output, both left in the slot by B (train_gpt2_pp.cu's chunk_backward says where). It needs no
+// collective, even with tensor parallelism: a slice's weight gradient needs only the slice's
+// input and output gradient. Nothing waits for it: it fills the bubble.
+static inline void stage_chunk_weights(Walk* walk, Activations* a, int chunk) {
+    GPT2* model = walk->model;
+    LayerDims d = model->dims;
+    int B = walk->B, T = walk->T, Lc = walk->st->chunk_layers;
+    for (int k = Lc - 1; k >= 0; k--) {
+        LayerWeights gw = gpt2_layer_grads(model, chunk * Lc + k);
+        LayerActs x = layer_acts(a, d, B, T, k);
+        mlp_half_backward_weight(gw, x.fch, x.fcproj, x, B, T, d);
+        attention_half_backward_weight(gw, x.qkv, x.attproj, x, B, T, d);
+    }
+    if (is_last_virtual(walk->st, chunk)) {  // the LM head's wte (this rank's Vp rows): dlogits^T @ lnf
+        matmul_backward_weight(model->grads.wte, NULL, a->logits, a->lnf, B * T, d.C, d.Vp);
+    }
 }
 
 // The measured timeline of a step: every stage's actions with their start and end (ms from the

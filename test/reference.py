@@ -211,11 +211,12 @@ def run(args):
     return losses, norms
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--tokens", default="dev/data/tinyshakespeare/tiny_shakespeare_train.bin")
-    ap.add_argument("--layers", type=int, default=2)
+def add_run_arguments(ap, layers=2):
+    """the flags that define a reference run (also dev/compare_with_pytorch.py's)"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ap.add_argument("--tokens", default=os.path.join(root, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"))
+    ap.add_argument("--init", help="initial weights from this llm.c model file (its shape overrides --layers ...)")
+    ap.add_argument("--layers", type=int, default=layers)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--channels", type=int, default=64)
     ap.add_argument("--max-seq-len", type=int, default=64)
@@ -228,8 +229,13 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=42)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    add_run_arguments(ap)
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
-    ap.add_argument("--init", help="initial weights from this llm.c model file (its shape overrides --layers ...)")
     args = ap.parse_args()
     losses, norms = run(args)
     for i, (l, n) in enumerate(zip(losses, norms)):
