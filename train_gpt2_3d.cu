@@ -68,7 +68,8 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 // machine, and the group that talks most should be the one whose ranks are closest: the tp
 // group does 4 collectives of a whole (B, T, C) activation per layer per micro-batch, on the
 // critical path, so it belongs on one machine's NVLink. The dp group comes next: one reduction
-// of the gradients per step, which can overlap the backward pass. The pp group talks least (one
+// of the gradients per step, which can overlap the backward pass (train_gpt2_dp.cu's -overlap;
+// this trainer reduces after the schedule, to keep the step readable). The pp group talks least (one
 // (B, T, C) message per micro-batch per stage boundary, point to point), so stages can sit on
 // different machines.
 
@@ -309,6 +310,9 @@ static void sample(GPT2* model, Stage* st, Grid* g, const Tokenizer* tok, int eo
         }
     }
     if (tok) printf("\n----------------\n");
+    // only the last stage drew from the rng: hand its state to the other stages (8 bytes), so
+    // that every rank's rng, and so the checkpoint rank 0 writes, is where the samples left it
+    comm_broadcast_host(&g->pp_group, &rng->state, sizeof(rng->state), g->pp - 1);
     free(tokens);
     free(logits);
 }
@@ -392,7 +396,7 @@ static MemoryPlan plan_memory(GPT2Config c, LayerDims d, PipeSpec spec, const Pi
     mem.kernels = kernel_workspace_bytes(d, args->B, args->T);
     // a checkpoint: with -z 1 the rank's whole buffer all-gathered from the shards (N fp32), and
     // on rank 0 a device buffer that receives the largest piece of the other ranks (gpt2_gather_full)
-    size_t largest = 0;
+    size_t largest = layout->pp * layout->tp > 1 ? layout->count : 0;  // (none when one rank holds the model)
     for (int r = 1; r < layout->pp * layout->tp; r++) {
         size_t count = parameter_layout_of_rank(c, layout, r).count;
         largest = count > largest ? count : largest;
@@ -718,7 +722,10 @@ int main(int argc, char** argv) {
         device_synchronize();
         double dt = wall_time_s() - t0;
         double step_comm = 0.0;
-        for (int i = 0; i < 5; i++) step_comm += comm_seconds(groups[i]);
+        for (int i = 0; i < 5; i++) {
+            comm_collect_times(groups[i]);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)
+            step_comm += comm_seconds(groups[i]);
+        }
         step_stats_add(&stats, step == start_step, dt, step_comm);
         double tokens_per_s = args.total_batch / dt;
         long long total_bytes = 0;

@@ -479,8 +479,10 @@ int main(int argc, char** argv) {
         // rounding index (the layout's), so they stay identical.
         float clip_scale, lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
         device_synchronize();
+        comm_collect_times(&world);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)
+        comm_collect_times(&embed);
         double dt = wall_time_s() - t0;
-        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world));
+        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world) + comm_seconds(&embed));
         double tokens_per_s = args.total_batch / dt;
         long long all_reduce = world.bytes[COMM_ALL_REDUCE] + embed.bytes[COMM_ALL_REDUCE];
         if (rank == 0) {

@@ -456,6 +456,7 @@ int main(int argc, char** argv) {
         // rank and round alike (the layout's rounding index), so their copies stay identical.
         float clip_scale, lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
         device_synchronize();
+        comm_collect_times(&world);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)
         double dt = wall_time_s() - t0;
         step_stats_add(&stats, step == start_step, dt, comm_seconds(&world));
         double step_comm = comm_seconds(&world), tokens_per_s = args.total_batch / dt;
