@@ -81,13 +81,17 @@ REF4 = dict(REF, layers=4)
 REF8 = dict(REF, layers=8)
 # a batch of 6 sequences, for 3 data-parallel ranks
 REF6 = dict(REF, batch=6)
+# 3 steps of REF and REF4 for the CUDA backend's tests: the emulator runs a step in seconds,
+# not milliseconds, and 3 steps still cover warmup, decay and a step after clipping
+REF_CUDA = dict(REF, steps=3)
+REF4_CUDA = dict(REF4, steps=3)
 _ref_cache = {}
 
 
 def reference_run(cfg=REF):
-    key = (cfg["layers"], cfg["heads"], cfg["channels"], cfg["seq_len"], cfg["batch"])
+    key = (cfg["layers"], cfg["heads"], cfg["channels"], cfg["seq_len"], cfg["batch"], cfg["steps"])
     if key not in _ref_cache:
-        out = os.path.join(TMP, "reference" if cfg is REF else "reference_%d_%d_%d_%d_%d" % key)
+        out = os.path.join(TMP, "reference" if cfg is REF else "reference_%d_%d_%d_%d_%d_%d" % key)
         shutil.rmtree(out, ignore_errors=True)
         args = type("Args", (), dict(cfg, out=out))
         reference.run(args)
@@ -1550,29 +1554,29 @@ def emu_runner(devices, order="forward", attention=None):
 
 def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None, zero=0):
     """the DP trainer on `ranks` ranks (-z zero); with tp_sp = 0 or 1 the TP trainer, -sp tp_sp"""
-    ref = reference_run()
+    ref = reference_run(REF_CUDA)
     trainer = "train_gpt2_dp" if tp_sp is None else "train_gpt2_tp"
     # both trainers in one make -j2 (the second of each precision is then already built)
     programs = build(kind, precision, ["train_gpt2_dp", "train_gpt2_tp"])
     program = programs[0] if tp_sp is None else programs[1]
     d = fresh_dir("%s_%s_%s_np%d_z%d" % (kind, precision, trainer, ranks, zero))
     grads_path = os.path.join(d, "grads.bin")
-    B = REF["batch"] // ranks if tp_sp is None else REF["batch"]
+    B = REF_CUDA["batch"] // ranks if tp_sp is None else REF_CUDA["batch"]
     # (-z 3 holds no replicas to check)
     extra = ["-z", zero] + (["-check_replicas", 1] if zero < 3 else []) if tp_sp is None else ["-sp", tp_sp, "-check_replicas", 1]
-    out = run(program, ranks, trainer_args(ref, B, d, ["-n", REF["steps"], "-dump_grads", grads_path] + extra), d)
+    out = run(program, ranks, trainer_args(ref, B, d, ["-n", REF_CUDA["steps"], "-dump_grads", grads_path] + extra, cfg=REF_CUDA), d)
     train = check_cuda_against_reference(ref, d, grads_path, precision, "%s %s %s %d ranks" % (kind, trainer, precision, ranks))
     X = 4 if precision == "FP32" else 2
     if tp_sp is None:  # DDP's all-reduce of X P and the fp32 loss, or ZeRO's (README)
-        expected = zero_step_bytes(REF, ranks, zero, 1, X)
+        expected = zero_step_bytes(REF_CUDA, ranks, zero, 1, X)
         # the memory table's total, kernel scratch and cuBLASLt's workspace included, against
         # what the CUDA backend allocated (the comm layer's 64-byte scratch per group on top)
         peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
         assert abs(peak - predicted) <= 0.05 * predicted, "%d bytes allocated at most, %d predicted" % (peak, predicted)
     else:  # the replicated tensors round alike on both ranks (bf16: stochastically, same bits)
-        check_tp_step_bytes(out, tp_step_bytes(REF, B, 1, tp_sp, X), REF["steps"])
-        assert "step %d: replicated tensors identical" % REF["steps"] in out, out[-2000:]
-        expected = sum(tp_step_bytes(REF, B, 1, tp_sp, X).values())
+        check_tp_step_bytes(out, tp_step_bytes(REF_CUDA, B, 1, tp_sp, X), REF_CUDA["steps"])
+        assert "step %d: replicated tensors identical" % REF_CUDA["steps"] in out, out[-2000:]
+        expected = sum(tp_step_bytes(REF_CUDA, B, 1, tp_sp, X).values())
     assert train[1]["comm_bytes"] == expected, "moved %d bytes, expected %d" % (train[1]["comm_bytes"], expected)
 
 
@@ -1592,27 +1596,27 @@ def make_emu_pp_test(precision, devices, sched):
         gradients travel in floatX through NCCL's grouped send/recv (or the host-staged path);
         both wte copies stay bit-identical (bf16: the same stochastic rounding). zb runs the
         backward's two halves (matmul_backward_input, then _weight) apart"""
-        ref = reference_run(REF4)
+        ref = reference_run(REF4_CUDA)
         program = build("emu", precision, ["train_gpt2_pp"])[0]
         d = fresh_dir("emu_%s_pp2_%s" % (precision, sched))
         grads_path = os.path.join(d, "grads.bin")
         m = 4
-        B = REF4["batch"] // m
-        out = emu_runner(devices)(program, 2, trainer_args(ref, B, d, ["-n", REF4["steps"], "-dump_grads", grads_path,
-                                                                       "-check_replicas", 1, "-sched", sched], cfg=REF4), d)
+        B = REF4_CUDA["batch"] // m
+        out = emu_runner(devices)(program, 2, trainer_args(ref, B, d, ["-n", REF4_CUDA["steps"], "-dump_grads", grads_path,
+                                                                       "-check_replicas", 1, "-sched", sched], cfg=REF4_CUDA), d)
         train = check_cuda_against_reference(ref, d, grads_path, precision,
                                              "emu train_gpt2_pp %s 2 stages %s" % (precision, sched))
-        expected = pp_step_bytes(REF4, B, m, 2, 1, X=4 if precision == "FP32" else 2)
-        check_pp_step_bytes(out, expected, REF4["steps"])
+        expected = pp_step_bytes(REF4_CUDA, B, m, 2, 1, X=4 if precision == "FP32" else 2)
+        check_pp_step_bytes(out, expected, REF4_CUDA["steps"])
         assert train[1]["comm_bytes"] == sum(expected.values()), train[1]
-        assert "step %d: wte copies of the first and last stage identical" % REF4["steps"] in out, out[-2000:]
+        assert "step %d: wte copies of the first and last stage identical" % REF4_CUDA["steps"] in out, out[-2000:]
     fn.__name__ = "emu_pp_vs_pytorch_%s_pp2_%s_%s" % (precision.lower(), sched, "nccl" if devices == 2 else "host_staged")
     return fn
 
 
 # pipeline parallelism on the emulator: 1f1b over NCCL in fp32 (tight) and over the host-staged
-# path in bf16 (bounded); zero bubble in fp32
-for _precision, _devices, _sched in (("FP32", 2, "1f1b"), ("BF16", 1, "1f1b"), ("FP32", 2, "zb")):
+# path in bf16 (bounded); zero bubble's split backward runs in the 3D trainer's emulator test
+for _precision, _devices, _sched in (("FP32", 2, "1f1b"), ("BF16", 1, "1f1b")):
     test(make_emu_pp_test(_precision, _devices, _sched))
 
 
@@ -1673,17 +1677,18 @@ for _precision, _devices in (("FP32", 2), ("BF16", 1)):
 
 
 @test
-def emu_grid3d_vs_pytorch_fp32_1x2x2_sp_nccl_through_compare_with_pytorch():
-    """the 3D trainer's CUDA backend on the emulator, 4 ranks (dp 1, pp 2, tp 2, -sp) with NCCL,
+def emu_grid3d_vs_pytorch_fp32_1x2x2_sp_zb_nccl_through_compare_with_pytorch():
+    """the 3D trainer's CUDA backend on the emulator, 4 ranks (dp 1, pp 2, tp 2, -sp, zero bubble:
+    the backward's halves apart on CUDA, with tp collectives in B and none in W) with NCCL,
     run by dev/compare_with_pytorch.py as a learner would: its PASS line and table, the loss
     curves drawn by dev/plot_runs.py, rank 0's bytes per group (fp32) and the memory prediction
     against the emulator's allocations"""
     program = build("emu", "FP32", ["train_gpt2_3d"])[0]
     out_dir = fresh_dir("emu_grid3d")
     B, m = 4, 2
-    steps = 3  # (the emulator is slow; the CPU tests run 5)
+    steps = REF4_CUDA["steps"]  # (the emulator is slow; the CPU tests run 5)
     cmd = [sys.executable, "dev/compare_with_pytorch.py", "--ranks", "4", "--env", "CUDA_EMU_DEVICES=4", "--out", out_dir,
-           "--steps", steps, program, "--", "-pp", 2, "-tp", 2, "-sp", 1, "-b", B, "-check_replicas", 1]
+           "--steps", steps, program, "--", "-pp", 2, "-tp", 2, "-sp", 1, "-sched", "zb", "-b", B, "-check_replicas", 1]
     p = subprocess.run([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT)
     report = p.stdout.decode("utf-8", "replace")
     print("    " + "\n    ".join(l for l in report.splitlines() if re.match(r"\s+(loss|gradient|step-0|final)", l)))
