@@ -149,7 +149,7 @@ check-deps:
 	@echo '#include <zlib.h>' | $(MPICC) -E -x c - >/dev/null 2>&1 || { echo "missing: zlib (zlib.h). Install: apt-get install -y zlib1g-dev (or run dev/setup.sh)"; exit 1; }
 
 check-test-deps:
-	@$(PYTHON) -c "import torch, numpy" 2>/dev/null || { echo "missing: PyTorch and NumPy for $(PYTHON). Install: apt-get install -y python3-torch python3-numpy (or run dev/setup.sh)"; exit 1; }
+	@$(PYTHON) -c "import torch, numpy, matplotlib" 2>/dev/null || { echo "missing: PyTorch, NumPy or matplotlib for $(PYTHON). Install: apt-get install -y python3-torch python3-numpy python3-matplotlib (or run dev/setup.sh)"; exit 1; }
 
 check-cuda-deps:
 	@[ -n "$(NVCC)" ] || { echo "missing: nvcc. Install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads) or build with BACKEND=cpu"; exit 1; }
