@@ -303,11 +303,7 @@ static void sample(GPT2* model, Stage* st, Grid* g, const Tokenizer* tok, int eo
         }
         comm_broadcast_host(&g->pp_group, &token, sizeof(float), g->pp - 1);  // (token ids are exact in a float)
         tokens[t] = (int)token;
-        watchdog_beat();
-        if (tok) {
-            tokenizer_print(tok, tokens[t]);
-            fflush(stdout);
-        }
+        sample_token_drawn(tok, tokens[t]);
     }
     if (tok) printf("\n----------------\n");
     // only the last stage drew from the rng: hand its state to the other stages (8 bytes), so

@@ -402,11 +402,7 @@ static void sample(GPT2* model, Zero* z, const Tokenizer* tok, int eot, Rng* rng
         copy_device_to_floats(logits, model->acts.logits + (size_t)(t - 1) * Vp, Vp);
         int next = sample_next_token(logits, V, rng);
         tokens[t] = next;
-        watchdog_beat();  // one token is progress: a long sample is not a hang
-        if (tok) {
-            tokenizer_print(tok, next);
-            fflush(stdout);
-        }
+        sample_token_drawn(tok, next);
     }
     if (tok) printf("\n----------------\n");
     free(tokens);

@@ -197,11 +197,7 @@ static void sample(GPT2* model, Stage* st, CommGroup* pp, const Tokenizer* tok, 
         }
         comm_broadcast_host(pp, &token, sizeof(float), pp->size - 1);  // (token ids are exact in a float)
         tokens[t] = (int)token;
-        watchdog_beat();
-        if (tok) {
-            tokenizer_print(tok, tokens[t]);
-            fflush(stdout);
-        }
+        sample_token_drawn(tok, tokens[t]);
     }
     if (tok) printf("\n----------------\n");
     free(tokens);

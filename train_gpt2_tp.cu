@@ -207,11 +207,7 @@ static void sample(GPT2* model, CommGroup* tp, const Tokenizer* tok, int eot, Rn
         gpt2_forward(model, tp, tokens, 1, padded);
         copy_device_to_floats(logits, model->acts.logits + (size_t)(t - 1) * d.Vp, d.Vp);
         tokens[t] = sample_next_token_sharded(logits, real, lo, rng, tp);
-        watchdog_beat();  // one token is progress: a long sample is not a hang
-        if (tok) {
-            tokenizer_print(tok, tokens[t]);
-            fflush(stdout);
-        }
+        sample_token_drawn(tok, tokens[t]);
     }
     if (tok) printf("\n----------------\n");
     free(tokens);

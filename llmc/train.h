@@ -392,6 +392,16 @@ static inline int sample_next_token_sharded(const float* logits, int real, int l
     return (int)found;
 }
 
+// a sample's new token drawn: progress for the watchdog (a long sample is not a hang), and the
+// printing rank (the one with the tokenizer, NULL elsewhere) prints it at once
+static inline void sample_token_drawn(const Tokenizer* tok, int token) {
+    watchdog_beat();
+    if (tok) {
+        tokenizer_print(tok, token);
+        fflush(stdout);
+    }
+}
+
 // bf16 parameters are not a function of the fp32 master weights (stochastic rounding), so the
 // state file keeps their exact bits; fp32 parameters are the model file itself
 static inline size_t low_precision_param_bytes(const GPT2* model) {
