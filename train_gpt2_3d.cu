@@ -628,7 +628,7 @@ int main(int argc, char** argv) {
     // ---- training loop; `step` counts completed optimizer steps
     double flops_per_token = train_flops_per_token(config, args.T);
     DevicePeak peak = train_device_peak(rank);
-    StepStats stats = {0, 0, 0, 0};
+    StepStats stats = {0, 0, 0, 0, 0};
     double* times = (double*)malloc_check((size_t)2 * n * sizeof(double));
     // the replica's dp shard of this rank's flat buffer: the elements whose norm it counts, and
     // with -z 1 the ones it updates

@@ -271,6 +271,36 @@ static void write_gradients(GPT2* model, Zero* z, CommGroup* world, const char* 
 // allocated shape (sampling uses B = 1): per-layer slices are laid out with the actual B, T.
 // Parameters come from bucket_params; under -z 3 each bucket is gathered first (above).
 
+// One layer's forward from its ln1 (the LayerNorm before it wrote it) to fcproj, which the caller
+// adds to the residual stream. rerun (-r 2): the same again before the layer's backward, as far
+// as the backward reads (block.h), from the parameters the backward has (-z 3: gathered again).
+static void layer_forward(GPT2* model, Zero* z, LayerActs x, LayerWeights w, const floatX* residual, int B, int T,
+                          int rerun) {
+    LayerDims d = model->dims;
+    // attention half (block.h), its residual add fused with ln2: residual2 = residual + attproj
+    attention_half_forward(x, w, B, T, d);
+    fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, residual, x.attproj, w.ln2w, w.ln2b,
+                                     B * T, d.C);
+    comm_progress(z->dp);  // (CPU: MPI moves the collectives in flight only when called)
+    if (rerun) mlp_half_forward_to_gelu(x, w, B, T, d);
+    else mlp_half_forward(x, w, B, T, d);
+}
+
+// -r 1 and 2: what layer l's forward did not keep, computed again right before its backward
+// (model.h); residual is the layer's input
+static void layer_recompute(GPT2* model, Zero* z, LayerActs x, LayerWeights w, const floatX* residual, int B, int T) {
+    unsigned kept = model->acts.kept;
+    if (kept == KEEP_ALL) return;
+    device_span_begin(&recompute_spans);
+    if (layer_rerun_needed(kept)) {
+        layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, w.ln1w, w.ln1b, B * T, model->dims.C);
+        layer_forward(model, z, x, w, residual, B, T, 1);
+    } else {
+        layer_recompute_selective(x, kept, B, T, model->dims);
+    }
+    device_span_end(&recompute_spans);
+}
+
 static void gpt2_forward(GPT2* model, Zero* z, const int* inputs_host, int B, int T) {
     GPT2Config c = model->config;
     LayerDims d = model->dims;
@@ -293,18 +323,12 @@ static void gpt2_forward(GPT2* model, Zero* z, const int* inputs_host, int B, in
         // -z 3 prefetch: the next bucket (layer l + 1, or the final LayerNorm after the last
         // layer) is gathered while this layer computes; its LayerNorm ends this layer
         params_gather_start(z, model, l + 2);
-        LayerWeights w = layer_params(z, model, l);
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
-        // attention half (block.h), its residual add fused with ln2: residual2 = x + attproj
-        attention_half_forward(x, w, B, T, d);
-        fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, residual,
-                                         x.attproj, w.ln2w, w.ln2b, B * T, C);
-        comm_progress(z->dp);  // (CPU: MPI moves the collectives in flight only when called)
-        // MLP half, its residual add fused with the next LayerNorm (the next layer's ln1, or
-        // lnf after the last layer): residual3 = residual2 + fcproj
-        mlp_half_forward(x, w, B, T, d);
+        layer_forward(model, z, x, layer_params(z, model, l), residual, B, T, 0);
         params_gathered(z);
+        // the residual add of the MLP half fused with the next LayerNorm (the next layer's ln1,
+        // or lnf after the last layer): residual3 = residual2 + fcproj
         if (l + 1 < L) {
             LayerWeights wn = layer_params(z, model, l + 1);
             LayerActs xn = layer_acts(a, d, B, T, l + 1);
@@ -357,6 +381,7 @@ static void gpt2_backward(GPT2* model, Zero* z, int B, int T) {
         if (l > 0) params_gather_start(z, model, l);  // -z 3 prefetch: layer l - 1's bucket
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
+        layer_recompute(model, z, x, w, residual, B, T);
         // a residual add passes dresidual to both of its inputs unchanged: to the MLP half's
         // output, and on down the stream, where each LayerNorm's input gradient is added to it
         mlp_half_backward(a->dbuf, a->dfch, a->dresidual, x, w, gw, B, T, d);
@@ -426,6 +451,7 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
     banner_row(&rows[n++], "micro-batch B x T", "%d x %d", args->B, args->T);
     banner_row(&rows[n++], "accumulation steps", "%d", accum);
     banner_row(&rows[n++], "communication", "%s", overlap ? "overlapped with compute (-overlap 1)" : "after each post (-overlap 0)");
+    banner_row(&rows[n++], "recomputation", "%s", recompute_names[args->recompute]);
     banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
     banner_row(&rows[n++], "steps", "%d", max_steps);
     banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
@@ -454,11 +480,15 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
                               "16 Psi / N (ZeRO paper: P_os+g+p)"};
     snprintf(note, sizeof(note), "= %s", formula[zero]);
     train_print_memory_row("model states", states, note);
-    size_t BT = (size_t)args->B * args->T, L = c.num_layers;
-    snprintf(note, sizeof(note), "of which logits %.1f MB (B T Vp), MLP %.1f MB (2 L B T 4C), attention state %.1f MB",
-             BT * c.padded_vocab_size * X / 1e6, 2 * L * BT * 4 * c.channels * X / 1e6,
-             L * attention_state_bytes(args->B, args->T, c.channels, c.num_heads) / 1e6);
-    train_print_memory_row("activations", (double)model->acts.arena_bytes, note);
+    // the activations of one micro-batch, for each -r (model.h); this run's were allocated
+    size_t acts[RECOMPUTE_MAX + 1];
+    Activations unused;
+    for (int r = 0; r <= RECOMPUTE_MAX; r++) {
+        acts[r] = gpt2_lay_out_activations(&unused, model->dims, c.num_layers, ACTS_ALL, activations_kept(r, 0, model->dims),
+                                           args->B, args->T, NULL, NULL);
+    }
+    snprintf(note, sizeof(note), "logits %.1f MB (B T Vp)", (double)args->B * args->T * c.padded_vocab_size * X / 1e6);
+    train_print_activation_rows(acts, args->recompute, note);
     // -z 2 and 3 keep the same reduce buffers
     const char* sharded = overlap ? "X (embeddings + 2 layers + final LayerNorm): buckets before reduction (+ a shard to add, with accumulation)"
                                   : "X (embeddings + layer + final LayerNorm): buckets before reduction (+ a shard to add, with accumulation)";
@@ -536,7 +566,9 @@ int main(int argc, char** argv) {
     size_t checkpoint_gather = args.checkpoint_every > 0 && fp32_weights_sharded(&layout) ? zero_gather_full_bytes(&layout, COMM_FLOAT) : 0;
     size_t grads_gather = dump_grads != NULL ? zero_gather_full_bytes(&layout, COMM_FLOATX) : 0;
     size_t file_gather = checkpoint_gather > grads_gather ? checkpoint_gather : grads_gather;
-    size_t predicted = gpt2_memory_bytes(dims, &layout, ACTS_ALL, args.B, args.T) + zero_buffer_bytes(&layout, accum, overlap) +
+    // what the forward pass keeps for the backward pass: everything, or with -r less (model.h)
+    unsigned kept = activations_kept(args.recompute, 0, dims);
+    size_t predicted = gpt2_memory_bytes(dims, &layout, ACTS_ALL, kept, args.B, args.T) + zero_buffer_bytes(&layout, accum, overlap) +
                        kernel_workspace_bytes(dims, args.B, args.T) + file_gather;
     memory_check_fits(predicted, host_bytes, world.ranks_sharing_memory, layout_note);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
@@ -576,7 +608,7 @@ int main(int argc, char** argv) {
     }
 
     GPT2 model;
-    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_ALL);
+    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_ALL, kept);
     free(params_host);
     Zero z = zero_alloc(&model, &world, accum, overlap);
 
@@ -594,7 +626,7 @@ int main(int argc, char** argv) {
     // ---- training loop; `step` counts completed optimizer steps
     double flops_per_token = train_flops_per_token(config, args.T);
     DevicePeak peak = train_device_peak(rank);
-    StepStats stats = {0, 0, 0, 0};
+    StepStats stats = {0, 0, 0, 0, 0};
     for (int step = start_step; step <= max_steps; step++) {
         int last = step == max_steps;
         // The checkpoint of a step holds the state before that step's validation and sample
@@ -693,8 +725,9 @@ int main(int argc, char** argv) {
         }
         device_synchronize();
         comm_collect_times(&world);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)
+        double recompute_s = device_spans_collect(&recompute_spans);
         double dt = wall_time_s() - t0;
-        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world));
+        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world), recompute_s);
         double tokens_per_s = args.total_batch / dt;
         if (rank == 0) {
             char line[256], comm[256];
@@ -713,7 +746,8 @@ int main(int argc, char** argv) {
                          comm_seconds(&world) * 1e3);
             }
             double mfu = train_mfu(flops_per_token, tokens_per_s, world.size, peak);
-            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, tokens_per_s, mfu);
+            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s,
+                              tokens_per_s, mfu);
             printf("%s | %s\n", line, comm);
         }
         logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));

@@ -64,6 +64,33 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 // ----------------------------------------------------------------------------------------------
 // forward and backward of one chunk of layers on one micro-batch (B, T)
 
+// One layer's forward from its ln1 to fcproj, which the caller adds to the residual stream.
+// rerun (-r 2): the same again before the layer's backward, as far as the backward reads.
+static void layer_forward(LayerActs x, LayerWeights w, const floatX* residual, int B, int T, LayerDims d, int rerun) {
+    attention_half_forward(x, w, B, T, d);
+    fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, residual, x.attproj, w.ln2w, w.ln2b,
+                                     B * T, d.C);
+    if (rerun) mlp_half_forward_to_gelu(x, w, B, T, d);
+    else mlp_half_forward(x, w, B, T, d);
+}
+
+// -r 1 and 2: what layer k of a slot did not keep, computed again right before its backward
+// (model.h) into the stage's one-layer buffers, which every slot shares: the backward of one
+// (micro-batch, chunk) runs from start to end before any other action, so nothing else is
+// using them. residual is the layer's input.
+static void layer_recompute(LayerActs x, LayerWeights w, unsigned kept, const floatX* residual, int B, int T,
+                            LayerDims d) {
+    if (kept == KEEP_ALL) return;
+    device_span_begin(&recompute_spans);
+    if (layer_rerun_needed(kept)) {
+        layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, w.ln1w, w.ln1b, B * T, d.C);
+        layer_forward(x, w, residual, B, T, d, 1);
+    } else {
+        layer_recompute_selective(x, kept, B, T, d);
+    }
+    device_span_end(&recompute_spans);
+}
+
 // The chunk's input is in a->encoded: the embedding (first virtual stage) or the activations the
 // stage before sent. Its output stays in the last layer's residual3, to be sent on; on the last
 // virtual stage the loss is computed instead, and the logits become their gradient (dloss per
@@ -85,13 +112,9 @@ static float chunk_forward(Walk* walk, Activations* a, int chunk, const int* inp
     // the chunk's first LayerNorm on its own: the residual add before it ran on another stage
     layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, w0.ln1w, w0.ln1b, BT, C);
     for (int k = 0; k < Lc; k++) {
-        LayerWeights w = gpt2_layer_params(model, chunk * Lc + k);  // the rank's local layer
-        LayerActs x = layer_acts(a, d, B, T, k);               // the slot's layer
+        LayerActs x = layer_acts(a, d, B, T, k);  // the slot's layer
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
-        attention_half_forward(x, w, B, T, d);
-        fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, residual, x.attproj,
-                                         w.ln2w, w.ln2b, BT, C);
-        mlp_half_forward(x, w, B, T, d);
+        layer_forward(x, gpt2_layer_params(model, chunk * Lc + k), residual, B, T, d, 0);  // the rank's local layer
         if (k + 1 < Lc) {  // the next layer's LayerNorm fused with this residual add
             LayerWeights wn = gpt2_layer_params(model, chunk * Lc + k + 1);
             LayerActs xn = layer_acts(a, d, B, T, k + 1);
@@ -149,6 +172,7 @@ static void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int ch
         LayerWeights w = gpt2_layer_params(model, chunk * Lc + k), gw = gpt2_layer_grads(model, chunk * Lc + k);
         LayerActs x = layer_acts(a, d, B, T, k);
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
+        layer_recompute(x, w, a->kept, residual, B, T, d);
         mlp_half_backward_input(scratch->dbuf, scratch->dfch, dresidual, x, w, B, T, d);
         if (split) {  // kept for W: the gradients at fcproj and fch
             copy_device_to_device(x.fcproj, dresidual, (size_t)BT * C * X);
@@ -235,6 +259,7 @@ static void print_layout(const GPT2* model, const Stage* st, const TrainArgs* ar
     if (s.V > 1) banner_row(&rows[n++], "chunks per stage", "%d of %d layers each", s.V, st->chunk_layers);
     banner_row(&rows[n++], "schedule", "%s", pipe_schedule_names[s.sched]);
     banner_row(&rows[n++], "micro-batches m", "%d of B x T = %d x %d", s.m, args->B, args->T);
+    banner_row(&rows[n++], "recomputation", "%s", recompute_names[args->recompute]);
     banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
     banner_row(&rows[n++], "steps", "%d", max_steps);
     banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
@@ -259,10 +284,17 @@ static void print_layout(const GPT2* model, const Stage* st, const TrainArgs* ar
     train_print_memory_row("master weights", model->master_memory ? (double)P0 * sizeof(float) : 0, "");
     train_print_memory_row("gradients", (double)P0 * X, "");
     train_print_memory_row("AdamW m, v", (double)P0 * 2 * sizeof(float), "");
-    snprintf(note, sizeof(note), "%d slots of %.1f MB: the schedule's peak of micro-batch%s in flight (at least 2)",
-             st->num_slots, slot_bytes / 1e6, s.V > 1 ? " chunks" : "es");
-    train_print_memory_row("activations", (double)st->num_slots * slot_bytes, note);
-    train_print_memory_row("scratch", (double)model->acts.arena_bytes + (double)args->B * args->T * c.channels * X,
+    // the micro-batches in flight for each -r (model.h); zero bubble keeps W's inputs whatever -r
+    size_t acts[RECOMPUTE_MAX + 1];
+    for (int r = 0; r <= RECOMPUTE_MAX; r++) {
+        acts[r] = stage_activation_bytes(model->dims, &model->layout, st->chunk_layers, st->num_slots,
+                                         stage_kept(r, s, model->dims), args->B, args->T);
+    }
+    size_t recompute_buffers = acts[args->recompute] - (size_t)st->num_slots * slot_bytes;
+    snprintf(note, sizeof(note), "%d slots of %.1f MB (the schedule's peak of micro-batch%s in flight, at least 2) + %.1f MB "
+             "of one layer's buffers", st->num_slots, slot_bytes / 1e6, s.V > 1 ? " chunks" : "es", recompute_buffers / 1e6);
+    train_print_activation_rows(acts, args->recompute, note);
+    train_print_memory_row("scratch", (double)(model->acts.arena_bytes - recompute_buffers) + (double)args->B * args->T * c.channels * X,
                            "the backward's buffers, and a second (B, T, C) gradient buffer");
     snprintf(note, sizeof(note), "x %d ranks sharing this memory", ranks_sharing_memory);
     train_print_memory_row("total", (double)memory_bytes, note);
@@ -346,10 +378,11 @@ int main(int argc, char** argv) {
     ParameterLayout layout = parameter_layout_grid(config, 1, 0, p, rank, vp);
     int chunk_layers = config.num_layers / (p * vp);
     int num_slots = stage_num_slots(spec, actions, n);
-    size_t slot_bytes = stage_slot_bytes(dims, &layout, chunk_layers, args.B, args.T);
+    unsigned kept = stage_kept(args.recompute, spec, dims);  // what a slot keeps (-r, model.h)
+    size_t slot_bytes = stage_slot_bytes(dims, &layout, chunk_layers, kept, args.B, args.T);
     size_t BTC = (size_t)args.B * args.T * config.channels;
     size_t gather_bytes = p > 1 && args.checkpoint_every > 0 ? layout.count * sizeof(float) : 0;
-    size_t memory_bytes = gpt2_memory_bytes(dims, &layout, ACTS_SCRATCH, args.B, args.T) + num_slots * slot_bytes +
+    size_t memory_bytes = gpt2_memory_bytes(dims, &layout, ACTS_SCRATCH | ACTS_RECOMPUTE, kept, args.B, args.T) + num_slots * slot_bytes +
                           BTC * sizeof(floatX) + gather_bytes;
     size_t P = gpt2_num_parameters(config);
     size_t host_bytes = P * sizeof(float) + layout.count * sizeof(float) +
@@ -393,7 +426,7 @@ int main(int argc, char** argv) {
     comm_split(&embed, &world, in_embed ? 0 : 1 + rank, rank, "embedding");
 
     GPT2 model;
-    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_SCRATCH);
+    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_SCRATCH | ACTS_RECOMPUTE, kept);
     free(params_host);
     Stage stage;
     stage_alloc(&stage, spec, rank, num_slots, &model, args.B, args.T);
@@ -412,7 +445,7 @@ int main(int argc, char** argv) {
     // ---- training loop; `step` counts completed optimizer steps
     double flops_per_token = train_flops_per_token(config, args.T);
     DevicePeak peak = train_device_peak(rank);
-    StepStats stats = {0, 0, 0, 0};
+    StepStats stats = {0, 0, 0, 0, 0};
     double* times = (double*)malloc_check((size_t)2 * n * sizeof(double));
     unsigned wte_only = 1u;  // the tensors the embedding group's copies share: wte
     for (int step = start_step; step <= max_steps; step++) {
@@ -477,15 +510,17 @@ int main(int argc, char** argv) {
         device_synchronize();
         comm_collect_times(&world);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)
         comm_collect_times(&embed);
+        double recompute_s = device_spans_collect(&recompute_spans);
         double dt = wall_time_s() - t0;
-        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world) + comm_seconds(&embed));
+        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world) + comm_seconds(&embed), recompute_s);
         double tokens_per_s = args.total_batch / dt;
         long long all_reduce = world.bytes[COMM_ALL_REDUCE] + embed.bytes[COMM_ALL_REDUCE];
         if (rank == 0) {
             char line[256];
             // bytes of each kind this step on stage 0: equal to the formula printed at the start
             double mfu = train_mfu(flops_per_token, tokens_per_s, p, peak);
-            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, tokens_per_s, mfu);
+            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s,
+                              tokens_per_s, mfu);
             printf("%s | send %lld B, recv %lld B, all-reduce %lld B, broadcast %lld B\n", line, world.bytes[COMM_SEND],
                    world.bytes[COMM_RECV], all_reduce, world.bytes[COMM_BROADCAST]);
         }

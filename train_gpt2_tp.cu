@@ -64,6 +64,69 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 // forward and backward of the model on one micro-batch, on this rank's slices. BTs is the number
 // of tokens of the residual stream on this rank: B*T, or B*T/tp with -sp.
 
+// One layer's forward on this rank's slices, from its ln1 (with -sp this rank's tokens of it, in
+// ln_shard) to the summed fcproj (B*T or with -sp B*T/tp tokens, bias added), which the caller
+// adds to the residual stream. rerun (-r 2): the same again before the layer's backward, as far
+// as the backward reads (block.h). Its collectives run again too, on every rank in the same
+// order: the all-gather of ln1 (-sp), the sum of attproj, the all-gather of ln2 (-sp); not the
+// sum of fcproj, which only residual3 needed, and that was kept.
+static floatX* layer_forward(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, const floatX* residual, int B,
+                             int T, int rerun) {
+    LayerDims d = model->dims;
+    Activations* a = &model->acts;
+    int C = d.C, sp = d.seq_shards > 1;
+    size_t BT = (size_t)B * T;
+    int BTs = (int)(BT / d.seq_shards);
+    // f before the column-parallel qkv: the identity (the LayerNorm wrote all of x.ln1), or
+    // with -sp the all-gather of ln1 from (B*T/tp, C) on each rank into x.ln1 (B, T, C)
+    gather_tokens(tp, a->ln_shard, x.ln1, BT, C, sp);
+    // the attention half on this rank's NH/tp heads; its row-parallel projection leaves a
+    // partial sum in attproj (B, T, C). Its bias is added once, after the sum, not per rank
+    // (the backward pass needs no such care: a bias gradient sums dout over all tokens,
+    // which every rank holds whole, so it comes out whole and equal on every rank).
+    LayerWeights no_bias = w;
+    no_bias.attprojb = NULL;
+    no_bias.fcprojb = NULL;
+    attention_half_forward(x, no_bias, B, T, d);
+    // g after the row-parallel attproj: all-reduce of (B, T, C); with -sp reduce-scatter
+    floatX* attproj = sum_over_ranks(tp, x.attproj, a->reduced, BT, C, sp);
+    bias_add(attproj, w.attprojb, BTs, C);
+    // replicated (or with -sp, this rank's tokens): residual2 = residual + attproj, then ln2
+    fused_residual_layernorm_forward(x.residual2, sp ? a->ln_shard : x.ln2, x.ln2_mean, x.ln2_rstd, residual, attproj,
+                                     w.ln2w, w.ln2b, BTs, C);
+    // f before the column-parallel fc: identity, or with -sp all-gather of ln2 to (B, T, C)
+    gather_tokens(tp, a->ln_shard, x.ln2, BT, C, sp);
+    if (rerun) {
+        mlp_half_forward_to_gelu(x, no_bias, B, T, d);
+        return NULL;
+    }
+    // the MLP half on this rank's 4C/tp columns; fcproj (B, T, C) is a partial sum again
+    mlp_half_forward(x, no_bias, B, T, d);
+    // g after the row-parallel fcproj: all-reduce of (B, T, C); with -sp reduce-scatter
+    floatX* fcproj = sum_over_ranks(tp, x.fcproj, a->reduced, BT, C, sp);
+    bias_add(fcproj, w.fcprojb, BTs, C);
+    return fcproj;
+}
+
+// -r 1 and 2: what layer l's forward did not keep, computed again right before its backward
+// (model.h); residual is the layer's input (this rank's tokens of it with -sp)
+static void layer_recompute(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, const floatX* residual, int B,
+                            int T) {
+    LayerDims d = model->dims;
+    unsigned kept = model->acts.kept;
+    if (kept == KEEP_ALL) return;
+    device_span_begin(&recompute_spans);
+    if (layer_rerun_needed(kept)) {
+        int sp = d.seq_shards > 1;
+        layernorm_forward(sp ? model->acts.ln_shard : x.ln1, x.ln1_mean, x.ln1_rstd, residual, w.ln1w, w.ln1b,
+                          B * T / d.seq_shards, d.C);
+        layer_forward(model, tp, x, w, residual, B, T, 1);
+    } else {
+        layer_recompute_selective(x, kept, B, T, d);
+    }
+    device_span_end(&recompute_spans);
+}
+
 static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int B, int T) {
     GPT2Config c = model->config;
     LayerDims d = model->dims;
@@ -87,33 +150,9 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
     layernorm_forward(sp ? a->ln_shard : first.ln1, first.ln1_mean, first.ln1_rstd, encoded, p.ln1w,
                       p.ln1b, BTs, C);
     for (int l = 0; l < L; l++) {
-        LayerWeights w = gpt2_layer_params(model, l);
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? encoded : layer_acts(a, d, B, T, l - 1).residual3;
-        // f before the column-parallel qkv: the identity (the LayerNorm wrote all of x.ln1), or
-        // with -sp the all-gather of ln1 from (B*T/tp, C) on each rank into x.ln1 (B, T, C)
-        gather_tokens(tp, a->ln_shard, x.ln1, BT, C, sp);
-        // the attention half on this rank's NH/tp heads; its row-parallel projection leaves a
-        // partial sum in attproj (B, T, C). Its bias is added once, after the sum, not per rank
-        // (the backward pass needs no such care: a bias gradient sums dout over all tokens,
-        // which every rank holds whole, so it comes out whole and equal on every rank).
-        LayerWeights no_bias = w;
-        no_bias.attprojb = NULL;
-        no_bias.fcprojb = NULL;
-        attention_half_forward(x, no_bias, B, T, d);
-        // g after the row-parallel attproj: all-reduce of (B, T, C); with -sp reduce-scatter
-        floatX* attproj = sum_over_ranks(tp, x.attproj, a->reduced, BT, C, sp);
-        bias_add(attproj, w.attprojb, BTs, C);
-        // replicated (or with -sp, this rank's tokens): residual2 = residual + attproj, then ln2
-        fused_residual_layernorm_forward(x.residual2, sp ? a->ln_shard : x.ln2, x.ln2_mean, x.ln2_rstd,
-                                         residual, attproj, w.ln2w, w.ln2b, BTs, C);
-        // f before the column-parallel fc: identity, or with -sp all-gather of ln2 to (B, T, C)
-        gather_tokens(tp, a->ln_shard, x.ln2, BT, C, sp);
-        // the MLP half on this rank's 4C/tp columns; fcproj (B, T, C) is a partial sum again
-        mlp_half_forward(x, no_bias, B, T, d);
-        // g after the row-parallel fcproj: all-reduce of (B, T, C); with -sp reduce-scatter
-        floatX* fcproj = sum_over_ranks(tp, x.fcproj, a->reduced, BT, C, sp);
-        bias_add(fcproj, w.fcprojb, BTs, C);
+        floatX* fcproj = layer_forward(model, tp, x, gpt2_layer_params(model, l), residual, B, T, 0);
         // residual3 = residual2 + fcproj, fused with the next LayerNorm (ln1 of l+1, or lnf)
         if (l + 1 < L) {
             LayerWeights wn = gpt2_layer_params(model, l + 1);
@@ -152,6 +191,7 @@ static void gpt2_backward(GPT2* model, CommGroup* tp, int B, int T) {
         LayerWeights w = gpt2_layer_params(model, l), gw = gpt2_layer_grads(model, l);
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
+        layer_recompute(model, tp, x, w, residual, B, T);
         // g's backward at fcproj: the identity (dresidual is whole on every rank), or with -sp
         // the all-gather of dresidual (B*T/tp, C) to (B, T, C)
         floatX* dout = gather_tokens(tp, a->dresidual, a->dgathered, BT, C, sp);
@@ -247,6 +287,7 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int accum, in
     banner_row(&rows[n++], "heads per rank", "%d of %d", d.NH, c.num_heads);
     banner_row(&rows[n++], "micro-batch B x T", "%d x %d (every rank)", args->B, args->T);
     banner_row(&rows[n++], "accumulation steps", "%d", accum);
+    banner_row(&rows[n++], "recomputation", "%s", recompute_names[args->recompute]);
     banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
     banner_row(&rows[n++], "steps", "%d", max_steps);
     banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
@@ -260,14 +301,19 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int accum, in
     train_print_memory_row("master weights", model->master_memory ? (double)P_rank * sizeof(float) : 0, "");
     train_print_memory_row("gradients", (double)P_rank * X, "");
     train_print_memory_row("AdamW m, v", (double)P_rank * 2 * sizeof(float), "");
-    snprintf(note, sizeof(note), "of which logits %.1f MB (B T Vp/tp), MLP %.1f MB (2 L B T 4C/tp), residual stream %.1f MB (%s)",
-             BT * d.Vp * X / 1e6, 2 * L * BT * d.fc * X / 1e6, 2 * L * BT / d.seq_shards * c.channels * X / 1e6,
-             sp ? "2 L B T C/tp" : "2 L B T C, whole on every rank");
-    train_print_memory_row("activations", (double)model->acts.arena_bytes, note);
+    size_t acts[RECOMPUTE_MAX + 1];  // one micro-batch's activations for each -r (model.h)
+    Activations unused;
+    for (int r = 0; r <= RECOMPUTE_MAX; r++) {
+        acts[r] = gpt2_lay_out_activations(&unused, d, c.num_layers, ACTS_ALL, activations_kept(r, 0, d), args->B, args->T,
+                                           NULL, NULL);
+    }
+    snprintf(note, sizeof(note), "logits %.1f MB (B T Vp/tp); residual stream %s", BT * d.Vp * X / 1e6,
+             sp ? "B T C/tp per layer" : "B T C per layer, whole on every rank");
+    train_print_activation_rows(acts, args->recompute, note);
     train_print_memory_row("comm buffers", ranks > 1 ? (double)P_rank * sizeof(float) : 0,
                            "rank 0, while gathering a checkpoint; collectives work in place or on activations");
     snprintf(note, sizeof(note), "x %d ranks sharing this memory", ranks_sharing_memory);
-    train_print_memory_row("total", (double)gpt2_memory_bytes(d, &model->layout, ACTS_ALL, args->B, args->T), note);
+    train_print_memory_row("total", (double)gpt2_memory_bytes(d, &model->layout, ACTS_ALL, model->acts.kept, args->B, args->T), note);
     train_print_memory_row("host buffers", (double)host_bytes, "at most (the whole model while loading it)");
     StepBytes b = tp_step_bytes(c, args->B, args->T, accum, sp);
     double activation = BT * c.channels * X;
@@ -338,7 +384,8 @@ int main(int argc, char** argv) {
     snprintf(layout, sizeof(layout), "%zu of %zu parameters per rank, -b %d -t %d", P_rank, P, args.B, args.T);
     // (rank 0 gathers a checkpoint through one more slice of fp32 on the device)
     size_t gather_bytes = world.size > 1 && args.checkpoint_every > 0 ? P_rank * sizeof(float) : 0;
-    memory_check_fits(gpt2_memory_bytes(dims, &rank_layout, ACTS_ALL, args.B, args.T) + gather_bytes, host_bytes,
+    unsigned kept = activations_kept(args.recompute, 0, dims);  // what the forward keeps (-r, model.h)
+    memory_check_fits(gpt2_memory_bytes(dims, &rank_layout, ACTS_ALL, kept, args.B, args.T) + gather_bytes, host_bytes,
                       world.ranks_sharing_memory, layout);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
@@ -368,7 +415,7 @@ int main(int argc, char** argv) {
     }
 
     GPT2 model;
-    gpt2_build(&model, config, dims, rank_layout, params_host, args.B, args.T, ACTS_ALL);
+    gpt2_build(&model, config, dims, rank_layout, params_host, args.B, args.T, ACTS_ALL, kept);
     free(params_host);
 
     if (rank == 0) {
@@ -386,7 +433,7 @@ int main(int argc, char** argv) {
     // model FLOPs per token (llmc/train.h); each rank does about 1/tp of them
     double flops_per_token = train_flops_per_token(config, args.T);
     DevicePeak peak = train_device_peak(rank);
-    StepStats stats = {0, 0, 0, 0};
+    StepStats stats = {0, 0, 0, 0, 0};
     for (int step = start_step; step <= max_steps; step++) {
         int last = step == max_steps;
         // a checkpoint holds the state before its step's validation and sample (train_gpt2_dp.cu)
@@ -453,8 +500,9 @@ int main(int argc, char** argv) {
         float clip_scale, lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
         device_synchronize();
         comm_collect_times(&world);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)
+        double recompute_s = device_spans_collect(&recompute_spans);
         double dt = wall_time_s() - t0;
-        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world));
+        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world), recompute_s);
         double step_comm = comm_seconds(&world), tokens_per_s = args.total_batch / dt;
         if (rank == 0) {
             char line[256], comm[200];
@@ -466,7 +514,8 @@ int main(int argc, char** argv) {
                 snprintf(comm + used, sizeof(comm) - used, " in %.1f ms (%.0f%%)", step_comm * 1e3, 100.0 * step_comm / dt);
             }
             double mfu = train_mfu(flops_per_token, tokens_per_s, world.size, peak);
-            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, tokens_per_s, mfu);
+            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s,
+                              tokens_per_s, mfu);
             printf("%s | %s\n", line, comm);
         }
         logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));

@@ -49,9 +49,14 @@ static inline void attention_half_backward(floatX* dln1, floatX* datty, floatX* 
     attention_half_backward_weight(g, dqkv, dout, a, B, T, d);
 }
 
-static inline void mlp_half_forward(LayerActs a, LayerWeights w, int B, int T, LayerDims d) {
+// the MLP half as far as its backward reads: fch and the GELU output (a rerun stops here, below)
+static inline void mlp_half_forward_to_gelu(LayerActs a, LayerWeights w, int B, int T, LayerDims d) {
     matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, B * T, d.C, d.fc);
     gelu_forward(a.fch_gelu, a.fch, (size_t)B * T * d.fc);
+}
+
+static inline void mlp_half_forward(LayerActs a, LayerWeights w, int B, int T, LayerDims d) {
+    mlp_half_forward_to_gelu(a, w, B, T, d);
     matmul_forward(a.fcproj, a.fch_gelu, w.fcprojw, w.fcprojb, B * T, d.fc, d.C);
 }
 
@@ -77,5 +82,23 @@ static inline void mlp_half_backward(floatX* dln2, floatX* dfch, const floatX* d
     mlp_half_backward_input(dln2, dfch, dout, a, w, B, T, d);
     mlp_half_backward_weight(g, dfch, dout, a, B, T, d);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Recomputation (-r, model.h): before a layer's backward, what its forward did not keep.
+
+// the time the step spent recomputing, for the step report (device.h's spans)
+static DeviceSpans recompute_spans;
+
+// -r 1: the GELU output from fch (fcproj's weight gradient reads it), and attention's
+// probabilities from qkv (attention runs again, and writes atty once more with the same values)
+static inline void layer_recompute_selective(LayerActs a, unsigned kept, int B, int T, LayerDims d) {
+    if (!(kept & KEEP_FCH_GELU)) gelu_forward(a.fch_gelu, a.fch, (size_t)B * T * d.fc);
+    if (!(kept & KEEP_ATT_STATE)) attention_forward(a.atty, a.att_state, a.qkv, B, T, d.att, d.NH);
+}
+
+// -r 2 (its residual stream after attention is gone): the layer's whole forward runs again from
+// its input, the trainer's own code with its collectives, as far as the backward reads: the
+// LayerNorms, both halves, but not fcproj, whose only use was residual3, which is kept
+static inline int layer_rerun_needed(unsigned kept) { return !(kept & KEEP_RESIDUAL2); }
 
 #endif

@@ -318,9 +318,11 @@ static inline void parameter_point(ParameterTensors* t, floatX* base, const Para
 // tokens (BTs below), while the LayerNorm outputs are kept whole, as gathered for the matmuls.
 // An arena holds some of three parts: what one micro-batch keeps through `layers` layers
 // (ACTS_LAYERS), what the LM head and the loss keep (ACTS_HEAD), and the backward pass's scratch
-// (ACTS_SCRATCH). DP and TP keep one micro-batch at a time: one arena of all three. A pipeline
-// stage keeps several micro-batches in flight: an arena of the scratch, and one per micro-batch
-// in flight of its layers (and head); the pointers of parts an arena lacks are NULL.
+// (ACTS_SCRATCH), and with recomputation (-r, below) one layer's buffers for what is not kept
+// (ACTS_RECOMPUTE). DP and TP keep one micro-batch at a time: one arena of all four. A pipeline
+// stage keeps several micro-batches in flight: an arena of the scratch and the recompute
+// buffers, and one per micro-batch in flight of its layers (and head); the pointers of parts an
+// arena lacks are NULL.
 
 typedef struct {
     floatX* encoded;    // (BTs, C)       token + position embedding, the residual stream's input
@@ -357,11 +359,57 @@ typedef struct {
     floatX* ln_shard;   // (BTs, C)       a LayerNorm's output on this rank's tokens, before the
                         //                all-gather that fills the whole (B, T, C) ln1/ln2/lnf
     floatX* dgathered;  // (B, T, C)      dresidual all-gathered over the sequence
+    unsigned kept;      // the per-layer tensors kept for every layer (KEEP_ bits, below); each
+                        // of the others is one layer's buffer, recomputed in the backward pass
     char* arena;        // the memory all of them point into
     size_t arena_bytes;
 } Activations;
 
-enum { ACTS_LAYERS = 1, ACTS_HEAD = 2, ACTS_SCRATCH = 4, ACTS_ALL = 7 };
+// ACTS_RECOMPUTE: one layer's buffers for the activations recomputation does not keep (below)
+enum { ACTS_LAYERS = 1, ACTS_HEAD = 2, ACTS_SCRATCH = 4, ACTS_RECOMPUTE = 8, ACTS_ALL = 15 };
+
+// ---------------------------------------------------------------------------------------------
+// Activation recomputation (-r; Chen et al. 2016, arXiv:1604.06174, and for the selective kind
+// Korthikanti et al. 2022, arXiv:2205.05198). The forward pass need not keep every tensor it
+// writes: a tensor it drops lives in one layer's buffer, which the next layer overwrites, and the
+// backward pass computes it again, with the same kernels on the same inputs, just before it
+// needs it. So the gradients are bit for bit those of -r 0; the price is compute.
+//   -r 0  keep everything.
+//   -r 1  selective: drop what is large and cheap to redo. The GELU output (B, T, 4C) comes back
+//         from fch in one elementwise pass; attention's (B, NH, T, T) probabilities (the CPU and
+//         the cuBLAS path; the flash path keeps only (B, NH, T) statistics, not worth dropping)
+//         from qkv by running attention again. attproj and fcproj are dropped too, and need no
+//         recomputing at all: the backward pass never reads them (only the residual adds did).
+//   -r 2  full: keep only each layer's output, residual3 (the next layer's input), and rerun the
+//         whole layer forward from its input before its backward; with tensor parallelism that
+//         rerun repeats the layer's collectives. The head (lnf, logits) is kept.
+// Zero bubble's W (pipeline.h) runs after B, from each matmul's input and output gradient kept in
+// the slot (train_gpt2_pp.cu's chunk_backward), so under -sched zb those stay kept whatever -r.
+enum {
+    KEEP_LN1 = 1 << 0, KEEP_LN1_STATS = 1 << 1, KEEP_QKV = 1 << 2, KEEP_ATTY = 1 << 3, KEEP_ATT_STATE = 1 << 4,
+    KEEP_ATTPROJ = 1 << 5, KEEP_RESIDUAL2 = 1 << 6, KEEP_LN2 = 1 << 7, KEEP_LN2_STATS = 1 << 8, KEEP_FCH = 1 << 9,
+    KEEP_FCH_GELU = 1 << 10, KEEP_FCPROJ = 1 << 11, KEEP_RESIDUAL3 = 1 << 12, KEEP_ALL = (1 << 13) - 1
+};
+#define RECOMPUTE_MAX 2
+static const char* recompute_names[RECOMPUTE_MAX + 1] = {
+    "none: every activation kept (-r 0)", "selective: GELU output and attention probabilities (-r 1)",
+    "full: each layer rerun from its input (-r 2)"};
+
+// what a layer's forward keeps for -r `recompute` (a mask of KEEP_ bits); weights_later: zero
+// bubble's W will read the matmuls' inputs and the slots of their output gradients
+static inline unsigned activations_kept(int recompute, int weights_later, LayerDims d) {
+    unsigned kept = KEEP_ALL;
+    if (recompute == 1) {
+        kept &= ~(unsigned)(KEEP_FCH_GELU | KEEP_ATTPROJ | KEEP_FCPROJ);
+        if (attention_state_is_probabilities(d.att, d.NH)) kept &= ~(unsigned)KEEP_ATT_STATE;
+    }
+    if (recompute == 2) kept = KEEP_RESIDUAL3;
+    if (weights_later) {
+        kept |= KEEP_LN1 | KEEP_QKV | KEEP_ATTY | KEEP_ATTPROJ | KEEP_LN2 | KEEP_FCH | KEEP_FCH_GELU | KEEP_FCPROJ;
+    }
+    return kept;
+}
+
 
 typedef struct {
     GPT2Config config;
@@ -383,46 +431,89 @@ typedef struct {
     float* losses_host;     // (B, T)
 } GPT2;
 
-// the parts of an arena (for `layers` layers) in one block, each tensor aligned to 256 bytes.
-// Returns its size; with base != NULL also points every tensor of `a` into it (NULL: only the
-// size, for planning)
-static inline size_t gpt2_lay_out_activations(Activations* a, LayerDims d, int layers, int parts, int B, int T,
-                                               char* base) {
+// One entry per tensor of an arena: where its pointer lives, its bytes, and its part.
+typedef struct {
+    void** ptr;
+    size_t bytes;
+    int part;  // the ACTS_ part it belongs to
+} ActivationTensor;
+
+// every tensor an arena may hold, for `layers` layers of which the forward keeps `kept`: a kept
+// per-layer tensor counts `layers` times in ACTS_LAYERS, a dropped one once in ACTS_RECOMPUTE.
+// Returns how many entries it wrote (at most ACTIVATION_TENSORS).
+#define ACTIVATION_TENSORS 32
+static inline int activation_tensors(ActivationTensor* t, Activations* a, LayerDims d, int layers, unsigned kept, int B,
+                                     int T) {
     size_t L = (size_t)layers, C = d.C, QKV = d.qkv, ATT = d.att, FC = d.fc, Vp = d.Vp;
     size_t BT = (size_t)B * T, BTs = BT / d.seq_shards, X = sizeof(floatX), F = sizeof(float);
     size_t sp = d.seq_shards > 1;  // 0 or 1: sequence parallelism's buffers or none
-    size_t layer = (parts & ACTS_LAYERS) != 0, head = (parts & ACTS_HEAD) != 0, scratch = (parts & ACTS_SCRATCH) != 0;
-    struct { void** ptr; size_t count; size_t elem_bytes; } t[] = {
-        {(void**)&a->encoded, layer * BTs * C, X}, {(void**)&a->ln1, layer * L * BT * C, X},
-        {(void**)&a->ln1_mean, layer * L * BTs, F}, {(void**)&a->ln1_rstd, layer * L * BTs, F},
-        {(void**)&a->qkv, layer * L * BT * QKV, X}, {(void**)&a->atty, layer * L * BT * ATT, X},
-        {(void**)&a->att_state, layer * L * attention_state_bytes(B, T, d.att, d.NH), 1},
-        {(void**)&a->attproj, layer * L * BT * C, X},
-        {(void**)&a->residual2, layer * L * BTs * C, X}, {(void**)&a->ln2, layer * L * BT * C, X},
-        {(void**)&a->ln2_mean, layer * L * BTs, F}, {(void**)&a->ln2_rstd, layer * L * BTs, F},
-        {(void**)&a->fch, layer * L * BT * FC, X}, {(void**)&a->fch_gelu, layer * L * BT * FC, X},
-        {(void**)&a->fcproj, layer * L * BT * C, X}, {(void**)&a->residual3, layer * L * BTs * C, X},
-        {(void**)&a->lnf, head * BT * C, X},      {(void**)&a->lnf_mean, head * BTs, F},
-        {(void**)&a->lnf_rstd, head * BTs, F},    {(void**)&a->logits, head * BT * Vp, X},
-        {(void**)&a->losses, head * BT, F},       {(void**)&a->row_max, head * BT, F},
-        {(void**)&a->row_sums, head * BT * 2, F},
-        {(void**)&a->dresidual, scratch * BTs * C, X}, {(void**)&a->dbuf, scratch * BT * C, X},
-        {(void**)&a->dqkv, scratch * BT * QKV, X}, {(void**)&a->dfch, scratch * BT * FC, X},
-        {(void**)&a->reduced, scratch * sp * BTs * C, X}, {(void**)&a->ln_shard, scratch * sp * BTs * C, X},
-        {(void**)&a->dgathered, scratch * sp * BT * C, X},
+    struct { void** ptr; size_t bytes; unsigned keep; } layer[] = {  // one layer's tensors
+        {(void**)&a->ln1, BT * C * X, KEEP_LN1},           {(void**)&a->ln1_mean, BTs * F, KEEP_LN1_STATS},
+        {(void**)&a->ln1_rstd, BTs * F, KEEP_LN1_STATS},   {(void**)&a->qkv, BT * QKV * X, KEEP_QKV},
+        {(void**)&a->atty, BT * ATT * X, KEEP_ATTY},
+        {(void**)&a->att_state, attention_state_bytes(B, T, d.att, d.NH), KEEP_ATT_STATE},
+        {(void**)&a->attproj, BT * C * X, KEEP_ATTPROJ},   {(void**)&a->residual2, BTs * C * X, KEEP_RESIDUAL2},
+        {(void**)&a->ln2, BT * C * X, KEEP_LN2},           {(void**)&a->ln2_mean, BTs * F, KEEP_LN2_STATS},
+        {(void**)&a->ln2_rstd, BTs * F, KEEP_LN2_STATS},   {(void**)&a->fch, BT * FC * X, KEEP_FCH},
+        {(void**)&a->fch_gelu, BT * FC * X, KEEP_FCH_GELU}, {(void**)&a->fcproj, BT * C * X, KEEP_FCPROJ},
+        {(void**)&a->residual3, BTs * C * X, KEEP_RESIDUAL3},
     };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
-        if (base) *t[i].ptr = t[i].count > 0 ? base + total : NULL;
-        total += (t[i].count * t[i].elem_bytes + 255) / 256 * 256;
+    int n = 0;
+    t[n++] = (ActivationTensor){(void**)&a->encoded, BTs * C * X, ACTS_LAYERS};
+    for (size_t i = 0; i < sizeof(layer) / sizeof(layer[0]); i++) {
+        int keep = (kept & layer[i].keep) != 0;
+        t[n++] = (ActivationTensor){layer[i].ptr, layer[i].bytes * (keep ? L : 1), keep ? ACTS_LAYERS : ACTS_RECOMPUTE};
     }
+    ActivationTensor rest[] = {
+        {(void**)&a->lnf, BT * C * X, ACTS_HEAD},          {(void**)&a->lnf_mean, BTs * F, ACTS_HEAD},
+        {(void**)&a->lnf_rstd, BTs * F, ACTS_HEAD},        {(void**)&a->logits, BT * Vp * X, ACTS_HEAD},
+        {(void**)&a->losses, BT * F, ACTS_HEAD},           {(void**)&a->row_max, BT * F, ACTS_HEAD},
+        {(void**)&a->row_sums, BT * 2 * F, ACTS_HEAD},
+        {(void**)&a->dresidual, BTs * C * X, ACTS_SCRATCH}, {(void**)&a->dbuf, BT * C * X, ACTS_SCRATCH},
+        {(void**)&a->dqkv, BT * QKV * X, ACTS_SCRATCH},    {(void**)&a->dfch, BT * FC * X, ACTS_SCRATCH},
+        {(void**)&a->reduced, sp * BTs * C * X, ACTS_SCRATCH}, {(void**)&a->ln_shard, sp * BTs * C * X, ACTS_SCRATCH},
+        {(void**)&a->dgathered, sp * BT * C * X, ACTS_SCRATCH},
+    };
+    for (size_t i = 0; i < sizeof(rest) / sizeof(rest[0]); i++) t[n++] = rest[i];
+    return n;
+}
+
+// the parts `parts` of an arena (for `layers` layers, keeping `kept`) in one block, each tensor
+// aligned to 256 bytes. Returns its size; with base != NULL also points every tensor of `a` into
+// it, the tensors of other parts at NULL (base NULL: only the size, for planning). bytes_of_part
+// (may be NULL) receives each part's bytes, indexed by the part's bit (1, 2, 4, 8).
+static inline size_t gpt2_lay_out_activations(Activations* a, LayerDims d, int layers, int parts, unsigned kept, int B,
+                                               int T, char* base, size_t bytes_of_part[ACTS_ALL + 1]) {
+    ActivationTensor t[ACTIVATION_TENSORS];
+    int n = activation_tensors(t, a, d, layers, kept, B, T);
+    size_t total = 0;
+    if (bytes_of_part) memset(bytes_of_part, 0, (ACTS_ALL + 1) * sizeof(size_t));
+    for (int i = 0; i < n; i++) {
+        size_t bytes = (t[i].part & parts) ? (t[i].bytes + 255) / 256 * 256 : 0;
+        if (base) *t[i].ptr = bytes > 0 ? base + total : NULL;
+        if (bytes_of_part) bytes_of_part[t[i].part] += bytes;
+        total += bytes;
+    }
+    if (base) a->kept = kept;
     return total;
 }
 
-static inline void activations_alloc(Activations* a, LayerDims d, int layers, int parts, int B, int T) {
-    a->arena_bytes = gpt2_lay_out_activations(a, d, layers, parts, B, T, NULL);
+static inline void activations_alloc(Activations* a, LayerDims d, int layers, int parts, unsigned kept, int B, int T) {
+    a->arena_bytes = gpt2_lay_out_activations(a, d, layers, parts, kept, B, T, NULL, NULL);
     a->arena = (char*)device_malloc(a->arena_bytes);
-    gpt2_lay_out_activations(a, d, layers, parts, B, T, a->arena);
+    gpt2_lay_out_activations(a, d, layers, parts, kept, B, T, a->arena, NULL);
+}
+
+// A pipeline slot keeps the layers of one micro-batch in flight; what recomputation drops is not
+// kept, so every slot shares the stage's one-layer buffers (in the model's scratch arena)
+static inline void activations_share_recomputed(Activations* slot, const Activations* scratch, LayerDims d, int B,
+                                                int T) {
+    ActivationTensor mine[ACTIVATION_TENSORS], theirs[ACTIVATION_TENSORS];
+    int n = activation_tensors(mine, slot, d, 1, slot->kept, B, T);
+    activation_tensors(theirs, (Activations*)scratch, d, 1, slot->kept, B, T);
+    for (int i = 0; i < n; i++) {
+        if (mine[i].part == ACTS_RECOMPUTE) *mine[i].ptr = *theirs[i].ptr;
+    }
 }
 
 static inline void activations_free(Activations* a) { device_free(a->arena); }
@@ -445,11 +536,11 @@ static inline size_t kernel_workspace_bytes(LayerDims d, int B, int T) {
 // what gpt2_build allocates on one rank: parameters and gradients (floatX), fp32 master weights
 // (bf16 only), AdamW m and v (fp32), each whole or its shards (layout_held), the activation parts `parts` for the layout's layers and the
 // token buffers
-static inline size_t gpt2_memory_bytes(LayerDims d, const ParameterLayout* layout, int parts, int B, int T) {
+static inline size_t gpt2_memory_bytes(LayerDims d, const ParameterLayout* layout, int parts, unsigned kept, int B, int T) {
     Activations unused;
     size_t S = layout_state_held(layout), master = FLOATX_IS_FLOAT ? 0 : S * sizeof(float);
     return (layout_params_held(layout) + layout_grads_held(layout)) * sizeof(floatX) + master + S * 2 * sizeof(float) +
-           gpt2_lay_out_activations(&unused, d, layout->layers, parts, B, T, NULL) + (size_t)B * T * 2 * sizeof(int);
+           gpt2_lay_out_activations(&unused, d, layout->layers, parts, kept, B, T, NULL, NULL) + (size_t)B * T * 2 * sizeof(int);
 }
 
 // this rank's slices of the whole model `full` (fp32, host, the file's layout) into the
@@ -480,7 +571,7 @@ static inline const float* gpt2_fp32_weights(const GPT2* model, int* sharded) {
 // full_weights: the whole model in the file's layout (fp32, host); this rank keeps its pieces
 // (layout) and allocates the activation parts `acts_parts` for its layers at B x T
 static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, ParameterLayout layout,
-                              const float* full_weights, int B, int T, int acts_parts) {
+                              const float* full_weights, int B, int T, int acts_parts, unsigned kept) {
     model->config = config;
     model->dims = dims;
     model->B = B;
@@ -504,7 +595,7 @@ static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, Pa
     memset(&model->grads, 0, sizeof(ParameterTensors));
     if (layout.zero < 3) parameter_point(&model->params, model->params_memory, &model->layout);
     if (layout.zero < 2) parameter_point(&model->grads, model->grads_memory, &model->layout);
-    activations_alloc(&model->acts, dims, layout.layers, acts_parts, B, T);
+    activations_alloc(&model->acts, dims, layout.layers, acts_parts, kept, B, T);
     model->inputs = (int*)device_malloc((size_t)B * T * sizeof(int));
     model->targets = (int*)device_malloc((size_t)B * T * sizeof(int));
     model->losses_host = (float*)malloc_check((size_t)B * T * sizeof(float));
@@ -573,15 +664,21 @@ typedef struct {
     floatX* residual3;        // (BTs, C)     the layer's output
 } LayerActs;
 
-// layer l's slices for a micro-batch of B x T (which may be smaller than the arena's shape)
+// layer l's slices for a micro-batch of B x T (which may be smaller than the arena's shape): of
+// a kept tensor layer l's own, of a recomputed one the one layer's buffer
 static inline LayerActs layer_acts(const Activations* a, LayerDims d, int B, int T, int l) {
-    size_t BT = (size_t)B * T, BTs = BT / d.seq_shards, li = (size_t)l;
+    size_t BT = (size_t)B * T, BTs = BT / d.seq_shards;
     size_t att_state = attention_state_bytes(B, T, d.att, d.NH);
-    LayerActs x = {a->ln1 + li * BT * d.C, a->ln1_mean + li * BTs, a->ln1_rstd + li * BTs,
-                   a->qkv + li * BT * d.qkv, a->atty + li * BT * d.att, a->att_state + li * att_state,
-                   a->attproj + li * BT * d.C, a->residual2 + li * BTs * d.C, a->ln2 + li * BT * d.C,
-                   a->ln2_mean + li * BTs, a->ln2_rstd + li * BTs, a->fch + li * BT * d.fc,
-                   a->fch_gelu + li * BT * d.fc, a->fcproj + li * BT * d.C, a->residual3 + li * BTs * d.C};
+#define AT(bit) ((a->kept & (bit)) ? (size_t)l : 0)  // the layer's index in its tensor
+    LayerActs x = {a->ln1 + AT(KEEP_LN1) * BT * d.C,       a->ln1_mean + AT(KEEP_LN1_STATS) * BTs,
+                   a->ln1_rstd + AT(KEEP_LN1_STATS) * BTs, a->qkv + AT(KEEP_QKV) * BT * d.qkv,
+                   a->atty + AT(KEEP_ATTY) * BT * d.att,   a->att_state + AT(KEEP_ATT_STATE) * att_state,
+                   a->attproj + AT(KEEP_ATTPROJ) * BT * d.C, a->residual2 + AT(KEEP_RESIDUAL2) * BTs * d.C,
+                   a->ln2 + AT(KEEP_LN2) * BT * d.C,       a->ln2_mean + AT(KEEP_LN2_STATS) * BTs,
+                   a->ln2_rstd + AT(KEEP_LN2_STATS) * BTs, a->fch + AT(KEEP_FCH) * BT * d.fc,
+                   a->fch_gelu + AT(KEEP_FCH_GELU) * BT * d.fc, a->fcproj + AT(KEEP_FCPROJ) * BT * d.C,
+                   a->residual3 + AT(KEEP_RESIDUAL3) * BTs * d.C};
+#undef AT
     return x;
 }
 

@@ -36,15 +36,32 @@ static inline int stage_num_slots(PipeSpec spec, const PipeAction* actions, int 
     return slots > 2 ? slots : 2;
 }
 
-// a slot's arena: chunk_layers layers of activations, and on the last stage the head
+// a slot's arena: chunk_layers layers of what the forward keeps (-r: `kept`, model.h), and on
+// the last stage the head
 static inline int stage_slot_parts(const ParameterLayout* layout) { return ACTS_LAYERS | (layout->head ? ACTS_HEAD : 0); }
-static inline size_t stage_slot_bytes(LayerDims d, const ParameterLayout* layout, int chunk_layers, int B, int T) {
+static inline size_t stage_slot_bytes(LayerDims d, const ParameterLayout* layout, int chunk_layers, unsigned kept, int B,
+                                      int T) {
     Activations unused;
-    return gpt2_lay_out_activations(&unused, d, chunk_layers, stage_slot_parts(layout), B, T, NULL);
+    return gpt2_lay_out_activations(&unused, d, chunk_layers, stage_slot_parts(layout), kept, B, T, NULL, NULL);
+}
+
+// what a stage keeps for -r `recompute`: zero bubble's W reads its matmuls' inputs from the slot
+static inline unsigned stage_kept(int recompute, PipeSpec spec, LayerDims d) {
+    return activations_kept(recompute, spec.sched == SCHEDULE_ZB, d);
+}
+
+// what a stage keeps of its micro-batches in flight: num_slots slots, and the one-layer buffers
+// of what they do not keep (which live in the model's scratch arena)
+static inline size_t stage_activation_bytes(LayerDims d, const ParameterLayout* layout, int chunk_layers, int num_slots,
+                                            unsigned kept, int B, int T) {
+    Activations unused;
+    return num_slots * stage_slot_bytes(d, layout, chunk_layers, kept, B, T) +
+           gpt2_lay_out_activations(&unused, d, chunk_layers, ACTS_RECOMPUTE, kept, B, T, NULL, NULL);
 }
 
 // the slots and the second gradient buffer on the device; the first is the model's scratch
-// dresidual
+// dresidual. The slots keep what the model's scratch arena was laid out to keep (its `kept`),
+// and share its one-layer buffers for the rest.
 static inline void stage_alloc(Stage* st, PipeSpec spec, int stage, int num_slots, GPT2* model, int B, int T) {
     st->spec = spec;
     st->stage = stage;
@@ -53,7 +70,9 @@ static inline void stage_alloc(Stage* st, PipeSpec spec, int stage, int num_slot
     st->slots = (Activations*)malloc_check((size_t)num_slots * sizeof(Activations));
     st->free_slots = (int*)malloc_check((size_t)num_slots * sizeof(int));
     for (int i = 0; i < num_slots; i++) {
-        activations_alloc(&st->slots[i], model->dims, st->chunk_layers, stage_slot_parts(&model->layout), B, T);
+        activations_alloc(&st->slots[i], model->dims, st->chunk_layers, stage_slot_parts(&model->layout), model->acts.kept,
+                          B, T);
+        activations_share_recomputed(&st->slots[i], &model->acts, model->dims, B, T);
         st->free_slots[i] = num_slots - 1 - i;
     }
     st->num_free = num_slots;

@@ -31,6 +31,7 @@ typedef struct {  // the common flags; see train_args_common for each one
     int checkpoint_every, resume;
     int seed, shuffle;
     int watchdog;
+    int recompute;
 } TrainArgs;
 
 #define TRAIN_MAX_SPECS 40
@@ -61,6 +62,7 @@ static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
     a->seed = 1337;
     a->shuffle = 0;
     a->watchdog = 0;
+    a->recompute = 0;
     const double MAX = ARG_NO_MAX;
     const ArgSpec common[] = {
         {"-i", ARG_STRING, &a->train_path, 0, 0, "train token file"},
@@ -86,6 +88,7 @@ static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
         {"-shuffle", ARG_INT, &a->shuffle, 0, 1, "1: shuffle the order of global batches every epoch"},
         {"-tok", ARG_STRING, &a->tokenizer_path, 0, 0, "tokenizer decode table, for samples"},
         {"-watchdog", ARG_INT, &a->watchdog, 0, MAX, "end the job when a rank makes no progress for this many seconds (0: off)"},
+        {"-r", ARG_INT, &a->recompute, 0, RECOMPUTE_MAX, "activation recomputation: 0 keep every activation, 1 selective (drop the GELU output and attention's probabilities, recompute them in the backward pass), 2 full (keep each layer's output only, rerun the layer forward before its backward); same results bit for bit"},
     };
     int n = (int)(sizeof(common) / sizeof(common[0]));
     for (int i = 0; i < n; i++) specs[i] = common[i];
@@ -283,14 +286,25 @@ static inline void train_print_memory_row(const char* label, double bytes, const
 }
 
 // the common part of a step line; a trainer appends its communication
+// (recompute_seconds: the step's time recomputing activations, printed as its share when -r > 0)
 static inline void train_format_step(char* out, size_t cap, int step, int max_steps, float loss, float lr,
-                                     float grad_norm, float clip_scale, double seconds,
+                                     float grad_norm, float clip_scale, double seconds, double recompute_seconds,
                                      double tokens_per_s, double mfu_percent) {
-    char clip[32] = "", mfu[32] = "";
+    char clip[32] = "", mfu[32] = "", recompute[48] = "";
     if (clip_scale < 1.0f) snprintf(clip, sizeof(clip), ", clipped x%.2f", clip_scale);
     if (mfu_percent > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", mfu_percent);
-    snprintf(out, cap, "step %4d/%d | loss %.6f | lr %.2e | norm %.4f%s | %.1f ms | %.0f tok/s (all ranks)%s",
-             step, max_steps, loss, lr, grad_norm, clip, seconds * 1e3, tokens_per_s, mfu);
+    if (recompute_seconds > 0) snprintf(recompute, sizeof(recompute), " (%.0f%% recompute)", 100.0 * recompute_seconds / seconds);
+    snprintf(out, cap, "step %4d/%d | loss %.6f | lr %.2e | norm %.4f%s | %.1f ms%s | %.0f tok/s (all ranks)%s",
+             step, max_steps, loss, lr, grad_norm, clip, seconds * 1e3, recompute, tokens_per_s, mfu);
+}
+
+// The memory table's activations: what this run keeps (-r), beside what each -r would keep.
+// bytes[r]: the activations of -r r, as the trainer lays them out
+static inline void train_print_activation_rows(const size_t bytes[RECOMPUTE_MAX + 1], int recompute, const char* note) {
+    char row[400];
+    snprintf(row, sizeof(row), "-r %d; -r 0 / 1 / 2: %.1f / %.1f / %.1f MB%s%s", recompute, bytes[0] / 1e6, bytes[1] / 1e6,
+             bytes[2] / 1e6, note[0] ? "; " : "", note);
+    train_print_memory_row("activations", (double)bytes[recompute], row);
 }
 
 // model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per parameter,
@@ -317,18 +331,21 @@ static inline double train_mfu(double flops_per_token, double tokens_per_s, int 
 // collectives (host time in the comm layer's calls; NCCL's asynchronous calls count 0), the
 // peak device memory
 typedef struct {
-    double seconds, comm_seconds;
+    double seconds, comm_seconds, recompute_seconds;
     int steps;
     size_t peak_memory;
 } StepStats;
 
-// collective_seconds: the step's time in collectives (comm_seconds of each group it used, summed)
-static inline void step_stats_add(StepStats* s, int first, double seconds, double collective_seconds) {
+// collective_seconds: the step's time in collectives (comm_seconds of each group it used, summed);
+// recompute_seconds: its time recomputing activations (-r; block.h's recompute_spans)
+static inline void step_stats_add(StepStats* s, int first, double seconds, double collective_seconds,
+                                  double recompute_seconds) {
     size_t memory = device_memory_used();
     s->peak_memory = memory > s->peak_memory ? memory : s->peak_memory;
     if (first) return;
     s->seconds += seconds;
     s->comm_seconds += collective_seconds;
+    s->recompute_seconds += recompute_seconds;
     s->steps++;
 }
 
@@ -338,6 +355,7 @@ static inline void step_stats_print(const StepStats* s, int total_batch, double 
     double tokens_per_s = total_batch / (s->seconds / s->steps);
     printf("average step time %.1f ms, %.0f tokens/s", s->seconds / s->steps * 1e3, tokens_per_s);
     if (s->comm_seconds > 0) printf(", %.0f%% of it in collectives", 100.0 * s->comm_seconds / s->seconds);
+    if (s->recompute_seconds > 0) printf(", %.0f%% recomputing activations (-r)", 100.0 * s->recompute_seconds / s->seconds);
     if (peak.flops > 0) printf(", MFU %.1f%%", train_mfu(flops_per_token, tokens_per_s, ranks, peak));
     if (s->peak_memory > 0) printf(", peak device memory %.2f GB", s->peak_memory / 1e9);
     printf("\n");

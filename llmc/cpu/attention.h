@@ -12,6 +12,12 @@ static inline size_t attention_state_bytes(int B, int T, int C, int NH) {
     return (size_t)B * NH * T * T * sizeof(float);
 }
 
+// 1: that state is the (B, NH, T, T) probabilities, worth dropping under -r 1 (model.h)
+static inline int attention_state_is_probabilities(int C, int NH) {
+    (void)C, (void)NH;
+    return 1;
+}
+
 // qkv (B, T, 3C) holds q, k, v side by side, each split into NH heads of size hs = C / NH.
 // out (B, T, C) = attention output; state: the probabilities att, for the backward pass.
 static inline void attention_forward(float* out, void* state, const float* qkv, int B, int T, int C,

@@ -34,6 +34,20 @@ static inline DevicePeak device_peak(void) {
     return none;
 }
 static inline size_t device_memory_used(void) { return 0; }
+
+// The time one kind of work takes inside a step (the trainers time recomputation): spans begun
+// and ended around it, their sum read and reset once the device has finished the step. On the
+// CPU the device is the caller, so a span is wall time.
+typedef struct {
+    double started, total;
+} DeviceSpans;
+static inline void device_span_begin(DeviceSpans* s) { s->started = wall_time_s(); }
+static inline void device_span_end(DeviceSpans* s) { s->total += wall_time_s() - s->started; }
+static inline double device_spans_collect(DeviceSpans* s) {
+    double total = s->total;
+    s->total = 0.0;
+    return total;
+}
 // fp32 host values to floatX device values and back (floatX is float on the CPU)
 static inline void copy_floats_to_device(floatX* dst, const float* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }
 static inline void copy_device_to_floats(float* dst, const floatX* src, size_t n) { memcpy(dst, src, n * sizeof(float)); }

@@ -178,6 +178,9 @@ static inline size_t attention_state_bytes(int B, int T, int C, int NH) {
     return (size_t)B * NH * T * T * sizeof(floatX);
 }
 
+// 1 when that state is the (B, NH, T, T) probabilities: worth dropping under -r 1 (model.h)
+static inline int attention_state_is_probabilities(int C, int NH) { return !attention_uses_flash(C, NH); }
+
 // the scratch of whichever path runs
 static inline size_t attention_scratch_bytes(int B, int T, int C, int NH) {
     return attention_uses_flash(C, NH) ? flash_scratch_bytes(B, T, NH) : attention_cublas_scratch_bytes(B, T, C, NH);

@@ -119,6 +119,37 @@ static inline void copy_device_to_floats(float* dst, const floatX* src, size_t n
     free(tmp);
 }
 
+// The time one kind of work takes inside a step (the trainers time recomputation): spans begun
+// and ended around it, their sum read and reset once the device has finished the step. The GPU
+// runs behind the host, so each span is a pair of events on the compute stream, timed after the
+// step's device_synchronize.
+typedef struct {
+    cudaEvent_t* events;  // begin, end of each span
+    int count, capacity;
+} DeviceSpans;
+static inline void device_span_record(DeviceSpans* s) {
+    if (s->count == s->capacity) {
+        int cap = s->capacity ? 2 * s->capacity : 64;
+        s->events = (cudaEvent_t*)realloc(s->events, (size_t)cap * sizeof(cudaEvent_t));
+        if (s->events == NULL) fail("out of host memory for %d timing events", cap);
+        for (int i = s->capacity; i < cap; i++) cudaCheck(cudaEventCreate(&s->events[i]));
+        s->capacity = cap;
+    }
+    cudaCheck(cudaEventRecord(s->events[s->count++], 0));
+}
+static inline void device_span_begin(DeviceSpans* s) { device_span_record(s); }
+static inline void device_span_end(DeviceSpans* s) { device_span_record(s); }
+static inline double device_spans_collect(DeviceSpans* s) {
+    double total = 0.0;
+    for (int i = 0; i + 1 < s->count; i += 2) {
+        float ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms, s->events[i], s->events[i + 1]));
+        total += ms * 1e-3;
+    }
+    s->count = 0;
+    return total;
+}
+
 // a device scratch buffer that grows on demand (kernels that need temporary space share it
 // only within one launcher call)
 typedef struct {
