@@ -136,6 +136,61 @@ static void grid_group_members(char* out, size_t cap, int dp, int pp, int tp, in
 // calls them for each action of the schedule. BTs is the number of tokens of the residual stream
 // on this rank: B*T, or B*T/tp with -sp; it is also what travels between stages.
 
+// One layer's forward on this rank's slices (the TP trainer's, train_gpt2_tp.cu), from its ln1
+// (with -sp this rank's tokens of it, in the scratch's ln_shard) to the summed fcproj (BTs
+// tokens, bias added), which the caller adds to the residual stream. rerun (-r 2): again before
+// the layer's backward, as far as the backward reads (block.h), with the collectives on the way.
+static floatX* layer_forward(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, const floatX* residual, int B,
+                             int T, int rerun) {
+    LayerDims d = model->dims;
+    Activations* scratch = &model->acts;  // the -sp staging buffers
+    int C = d.C, sp = d.seq_shards > 1;
+    size_t BT = (size_t)B * T;
+    int BTs = (int)(BT / d.seq_shards);
+    // f before the column-parallel qkv: identity, or with -sp all-gather of ln1 to (B, T, C)
+    gather_tokens(tp, scratch->ln_shard, x.ln1, BT, C, sp);
+    // the attention half on this rank's NH/tp heads; the row-parallel projection's bias is
+    // added once, after the sum (train_gpt2_tp.cu)
+    LayerWeights no_bias = w;
+    no_bias.attprojb = NULL;
+    no_bias.fcprojb = NULL;
+    attention_half_forward(x, no_bias, B, T, d);
+    // g after the row-parallel attproj: all-reduce of (B, T, C); with -sp reduce-scatter
+    floatX* attproj = sum_over_ranks(tp, x.attproj, scratch->reduced, BT, C, sp);
+    bias_add(attproj, w.attprojb, BTs, C);
+    fused_residual_layernorm_forward(x.residual2, sp ? scratch->ln_shard : x.ln2, x.ln2_mean, x.ln2_rstd, residual,
+                                     attproj, w.ln2w, w.ln2b, BTs, C);
+    // f before the column-parallel fc: identity, or with -sp all-gather of ln2 to (B, T, C)
+    gather_tokens(tp, scratch->ln_shard, x.ln2, BT, C, sp);
+    if (rerun) {  // the sum of fcproj is not repeated: only residual3 needed it, and it was kept
+        mlp_half_forward_to_gelu(x, no_bias, B, T, d);
+        return NULL;
+    }
+    mlp_half_forward(x, no_bias, B, T, d);
+    // g after the row-parallel fcproj: all-reduce of (B, T, C); with -sp reduce-scatter
+    floatX* fcproj = sum_over_ranks(tp, x.fcproj, scratch->reduced, BT, C, sp);
+    bias_add(fcproj, w.fcprojb, BTs, C);
+    return fcproj;
+}
+
+// -r 1 and 2: what layer k of a slot did not keep, computed again right before its backward
+// into the stage's one-layer buffers (train_gpt2_pp.cu); residual is the layer's input (BTs)
+static void layer_recompute(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, unsigned kept,
+                            const floatX* residual, int B, int T) {
+    LayerDims d = model->dims;
+    if (kept == KEEP_ALL) return;
+    device_span_begin(&recompute_spans);
+    if (layer_rerun_needed(kept)) {
+        int sp = d.seq_shards > 1;
+        layernorm_forward(sp ? model->acts.ln_shard : x.ln1, x.ln1_mean, x.ln1_rstd, residual, w.ln1w, w.ln1b,
+                          B * T / d.seq_shards, d.C);
+        layer_forward(model, tp, x, w, residual, B, T, 1);
+    } else {
+        layer_recompute_selective(x, kept, B, T, d);
+    }
+    device_span_end(&recompute_spans);
+}
+
 // The chunk's input is in a->encoded (BTs, C): the embedding (first virtual stage) or what the
 // stage before sent. Its output stays in the last layer's residual3 (BTs, C), to be sent on; on
 // the last virtual stage the vocabulary-parallel loss is computed instead, and this rank's
@@ -166,28 +221,9 @@ static float chunk_forward(Walk* walk, Activations* a, int chunk, const int* inp
     layernorm_forward(sp ? scratch->ln_shard : first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, w0.ln1w, w0.ln1b,
                       BTs, C);
     for (int k = 0; k < Lc; k++) {
-        LayerWeights w = gpt2_layer_params(model, chunk * Lc + k);  // the rank's local layer
-        LayerActs x = layer_acts(a, d, B, T, k);                    // the slot's layer
+        LayerActs x = layer_acts(a, d, B, T, k);  // the slot's layer
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
-        // f before the column-parallel qkv: identity, or with -sp all-gather of ln1 to (B, T, C)
-        gather_tokens(tp, scratch->ln_shard, x.ln1, BT, C, sp);
-        // the attention half on this rank's NH/tp heads; the row-parallel projection's bias is
-        // added once, after the sum (train_gpt2_tp.cu)
-        LayerWeights no_bias = w;
-        no_bias.attprojb = NULL;
-        no_bias.fcprojb = NULL;
-        attention_half_forward(x, no_bias, B, T, d);
-        // g after the row-parallel attproj: all-reduce of (B, T, C); with -sp reduce-scatter
-        floatX* attproj = sum_over_ranks(tp, x.attproj, scratch->reduced, BT, C, sp);
-        bias_add(attproj, w.attprojb, BTs, C);
-        fused_residual_layernorm_forward(x.residual2, sp ? scratch->ln_shard : x.ln2, x.ln2_mean, x.ln2_rstd, residual,
-                                         attproj, w.ln2w, w.ln2b, BTs, C);
-        // f before the column-parallel fc: identity, or with -sp all-gather of ln2 to (B, T, C)
-        gather_tokens(tp, scratch->ln_shard, x.ln2, BT, C, sp);
-        mlp_half_forward(x, no_bias, B, T, d);
-        // g after the row-parallel fcproj: all-reduce of (B, T, C); with -sp reduce-scatter
-        floatX* fcproj = sum_over_ranks(tp, x.fcproj, scratch->reduced, BT, C, sp);
-        bias_add(fcproj, w.fcprojb, BTs, C);
+        floatX* fcproj = layer_forward(model, tp, x, gpt2_layer_params(model, chunk * Lc + k), residual, B, T, 0);
         if (k + 1 < Lc) {  // the next layer's LayerNorm fused with this residual add
             LayerWeights wn = gpt2_layer_params(model, chunk * Lc + k + 1);
             LayerActs xn = layer_acts(a, d, B, T, k + 1);
@@ -241,6 +277,7 @@ static void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int ch
         LayerWeights w = gpt2_layer_params(model, chunk * Lc + k), gw = gpt2_layer_grads(model, chunk * Lc + k);
         LayerActs x = layer_acts(a, d, B, T, k);
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
+        layer_recompute(model, tp, x, w, a->kept, residual, B, T);
         // g's backward at fcproj: identity, or with -sp all-gather of dresidual to (B, T, C)
         floatX* dout = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
         mlp_half_backward_input(scratch->dbuf, scratch->dfch, dout, x, w, B, T, d);
@@ -339,7 +376,9 @@ static float owned_norm_squared(const GPT2* model, const floatX* grads, size_t l
 // the head too); a = B T C X, one activation.
 //   tp   per micro-batch 4 Ls + first + last collectives of a: all-reduces, or with -sp each of
 //        them a reduce-scatter plus an all-gather; the loss's 3 B T fp32 (last);
-//        with -sp per step the LayerNorm gradients, (4 Ls + 2 last) C X
+//        with -sp per step the LayerNorm gradients, (4 Ls + 2 last) C X. -r 2 reruns each layer's
+//        forward before its backward: m Ls a more all-reduced, or with -sp m Ls a more
+//        reduce-scattered and 2 m Ls a more all-gathered
 //   pp   (2V - 1) m messages of a / (tp with -sp) each way (pp > 1); the loss broadcast, 4 bytes
 //   dp   the gradients: an all-reduce of the rank's N parameters X, or with -z 1 a reduce-scatter
 //        and an all-gather of N X (N padded to dp x 128); the loss's average, 4 bytes
@@ -350,7 +389,8 @@ typedef struct {
     double dp_all_reduce, dp_reduce_scatter, dp_all_gather, embedding, world;
 } StepBytes;
 
-static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const ParameterLayout* p, int B, int T, int zero) {
+static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const ParameterLayout* p, int B, int T, int zero,
+                            int rerun) {
     double X = sizeof(floatX), a = (double)B * T * c.channels * X, m = s.m, Ls = (double)c.num_layers / s.p;
     int sp = d.seq_shards > 1, last = s.p == 1;
     double collectives = 4 * Ls + 1 + last;
@@ -358,6 +398,10 @@ static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const Paramet
     memset(&b, 0, sizeof(b));
     b.tp_all_reduce = last * m * 3.0 * B * T * 4 + (sp ? (4 * Ls + 2 * last) * c.channels * X : m * collectives * a);
     b.tp_reduce_scatter = b.tp_all_gather = sp ? m * collectives * a : 0;
+    if (rerun) {  // -r 2 reruns each layer's forward: attproj's sum again, with -sp both gathers
+        if (sp) b.tp_reduce_scatter += m * Ls * a, b.tp_all_gather += 2 * m * Ls * a;
+        else b.tp_all_reduce += m * Ls * a;
+    }
     b.pp_send = b.pp_recv = s.p > 1 ? (2.0 * s.V - 1) * m * a / d.seq_shards : 0;
     b.pp_broadcast = 4;
     b.dp_all_reduce = (zero ? 0 : (double)p->count * X) + 4;
@@ -384,9 +428,10 @@ static MemoryPlan plan_memory(GPT2Config c, LayerDims d, PipeSpec spec, const Pi
     mem.grads = N * X;
     mem.master = FLOATX_IS_FLOAT ? 0 : S * sizeof(float);  // (the -z 1 shard)
     mem.state = 2 * S * sizeof(float);
-    mem.slots = stage_num_slots(spec, stage_actions, n) *
-                stage_slot_bytes(d, layout, layout->layers / spec.V, args->B, args->T);
-    mem.scratch = gpt2_lay_out_activations(&unused, d, layout->layers, ACTS_SCRATCH, args->B, args->T, NULL) +
+    // the micro-batches in flight (slots) and the one-layer buffers of what they do not keep (-r)
+    mem.slots = stage_activation_bytes(d, layout, layout->layers / spec.V, stage_num_slots(spec, stage_actions, n),
+                                       stage_kept(args->recompute, spec, d), args->B, args->T);
+    mem.scratch = gpt2_lay_out_activations(&unused, d, layout->layers, ACTS_SCRATCH, 0, args->B, args->T, NULL, NULL) +
                   (size_t)args->B * args->T * 2 * sizeof(int) + message * X;  // + tokens, 2nd gradient message
     mem.reduce = zero ? S * X : 0;
     mem.kernels = kernel_workspace_bytes(d, args->B, args->T);
@@ -423,6 +468,7 @@ static void print_layout(const GPT2* model, const Stage* st, const Grid* g, cons
                s.V > 1 ? ", interleaved" : "");
     banner_row(&rows[n++], "data parallel", "%d replica%s%s", g->dp, g->dp > 1 ? "s" : "", zero ? ", ZeRO-1" : "");
     banner_row(&rows[n++], "micro-batches", "%d per replica of B x T = %d x %d", s.m, args->B, args->T);
+    banner_row(&rows[n++], "recomputation", "%s", recompute_names[args->recompute]);
     banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
     banner_row(&rows[n++], "steps", "%d", max_steps);
     banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
@@ -463,9 +509,14 @@ static void print_layout(const GPT2* model, const Stage* st, const Grid* g, cons
     train_print_memory_row("gradients", (double)mem.grads, "");
     train_print_memory_row("master weights", (double)mem.master, zero && mem.master ? "1/dp shard (ZeRO-1)" : "");
     train_print_memory_row("AdamW m, v", (double)mem.state, zero ? "1/dp shard (ZeRO-1)" : "");
-    snprintf(note, sizeof(note), "%d slots of the schedule's micro-batch%s in flight (at least 2)", st->num_slots,
-             s.V > 1 ? " chunks" : "es");
-    train_print_memory_row("activations", (double)mem.slots, note);
+    size_t acts[RECOMPUTE_MAX + 1];  // for each -r (model.h); zero bubble keeps W's inputs whatever -r
+    for (int r = 0; r <= RECOMPUTE_MAX; r++) {
+        acts[r] = stage_activation_bytes(d, &model->layout, st->chunk_layers, st->num_slots, stage_kept(r, s, d), args->B,
+                                         args->T);
+    }
+    snprintf(note, sizeof(note), "%d slots of the schedule's micro-batch%s in flight (at least 2), one layer's buffers",
+             st->num_slots, s.V > 1 ? " chunks" : "es");
+    train_print_activation_rows(acts, args->recompute, note);
     train_print_memory_row("scratch", (double)mem.scratch, "the backward's buffers and a second gradient message");
     train_print_memory_row("reduce buffer", (double)mem.reduce, zero ? "the reduce-scatter's 1/dp shard of the gradients" : "");
     train_print_memory_row("kernel scratch", (double)mem.kernels, mem.kernels ? "cuBLASLt's workspace and the kernels' scratch" : "none on the CPU backend");
@@ -474,7 +525,8 @@ static void print_layout(const GPT2* model, const Stage* st, const Grid* g, cons
              ranks_sharing_memory);
     train_print_memory_row("total", (double)mem.total, note);
     train_print_memory_row("host buffers", (double)host_bytes, "at most (the whole model, and on resume its state)");
-    StepBytes b = step_bytes(c, d, s, &model->layout, args->B, args->T, zero);
+    StepBytes b = step_bytes(c, d, s, &model->layout, args->B, args->T, zero,
+                             layer_rerun_needed(stage_kept(args->recompute, s, d)));
     double a = (double)args->B * args->T * c.channels * sizeof(floatX);
     printf("communication per step of rank 0 (payload per group; a = B T C X = %.0f bytes, Ls = L/pp = %d layers):\n", a,
            c.num_layers / s.p);
@@ -486,6 +538,10 @@ static void print_layout(const GPT2* model, const Stage* st, const Grid* g, cons
                s.p == 1 ? "m 3 B T 4 (loss) + " : "", s.p == 1 ? " + 2" : "");
     } else {
         printf("  tp all-reduce      %12.0f bytes  m (4 Ls + 1%s) a%s\n", b.tp_all_reduce, last, s.p == 1 ? " + m 3 B T 4 (loss)" : "");
+    }
+    if (layer_rerun_needed(stage_kept(args->recompute, s, d))) {
+        printf("  (tp, -r 2: + m Ls a %s for the forward rerun before each layer's backward)\n",
+               sp ? "reduce-scattered and 2 m Ls a all-gathered" : "all-reduced");
     }
     printf("  pp send, recv      %12.0f bytes  each: (2V-1) m a%s; + 4 (loss broadcast)\n", b.pp_send, sp ? " / tp" : "");
     if (zero) printf("  dp reduce-scatter  %12.0f bytes  N X, and as much all-gathered; + 4 (loss)\n", b.dp_reduce_scatter);
@@ -605,7 +661,8 @@ int main(int argc, char** argv) {
     }
 
     GPT2 model;
-    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_SCRATCH);
+    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_SCRATCH | ACTS_RECOMPUTE,
+               stage_kept(args.recompute, spec, dims));
     free(params_host);
     Stage stage;
     stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), &model, args.B, args.T);
@@ -716,20 +773,22 @@ int main(int argc, char** argv) {
             lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
         }
         device_synchronize();
+        double recompute_s = device_spans_collect(&recompute_spans);
         double dt = wall_time_s() - t0;
         double step_comm = 0.0;
         for (int i = 0; i < 5; i++) {
             comm_collect_times(groups[i]);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)
             step_comm += comm_seconds(groups[i]);
         }
-        step_stats_add(&stats, step == start_step, dt, step_comm);
+        step_stats_add(&stats, step == start_step, dt, step_comm, recompute_s);
         double tokens_per_s = args.total_batch / dt;
         long long total_bytes = 0;
         for (int i = 0; i < 5; i++) total_bytes += comm_total_bytes(groups[i]);
         if (rank == 0) {
             char line[256];
             double mfu = train_mfu(flops_per_token, tokens_per_s, world.size, peak);
-            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, tokens_per_s, mfu);
+            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s,
+                              tokens_per_s, mfu);
             // rank 0's bytes per group this step: equal to the formulas printed at the start
             printf("%s | tp %lld B, pp %lld B, dp %lld B, embedding %lld B, world %lld B\n", line,
                    comm_total_bytes(&grid.tp_group), comm_total_bytes(&grid.pp_group), comm_total_bytes(&grid.dp_group),
@@ -754,8 +813,7 @@ int main(int argc, char** argv) {
     }
     if (rank == 0) {
         step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
-        printf("device memory high-water mark %zu bytes allocated, predicted %zu (%+.2f%%)\n", device_allocated_peak(),
-               mem.total, 100.0 * ((double)device_allocated_peak() / (double)mem.total - 1.0));
+        train_print_high_water(mem.total);
     }
     if (max_steps > start_step && in_timeline) stage_report_peak(&stage, &grid.pp_group, all_actions, n);
 

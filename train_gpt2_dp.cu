@@ -760,8 +760,7 @@ int main(int argc, char** argv) {
     if (rank == 0) {
         step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
         // what was allocated at most, beside the prediction of the memory table (print_layout)
-        printf("device memory high-water mark %zu bytes allocated, predicted %zu (%+.2f%%)\n", device_allocated_peak(),
-               predicted, 100.0 * ((double)device_allocated_peak() / (double)predicted - 1.0));
+        train_print_high_water(predicted);
     }
 
     watchdog_phase("shutdown", max_steps);

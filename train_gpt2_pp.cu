@@ -296,7 +296,13 @@ static void print_layout(const GPT2* model, const Stage* st, const TrainArgs* ar
     train_print_activation_rows(acts, args->recompute, note);
     train_print_memory_row("scratch", (double)(model->acts.arena_bytes - recompute_buffers) + (double)args->B * args->T * c.channels * X,
                            "the backward's buffers, and a second (B, T, C) gradient buffer");
-    snprintf(note, sizeof(note), "x %d ranks sharing this memory", ranks_sharing_memory);
+    double kernels = (double)kernel_workspace_bytes(model->dims, args->B, args->T);
+    train_print_memory_row("kernel scratch", kernels, kernels > 0 ? "cuBLASLt's workspace and the kernels' scratch buffers" : "none on the CPU backend");
+    int gathers = s.p > 1 && args->checkpoint_every > 0;  // (the same as main's gather_bytes)
+    train_print_memory_row("file gather", gathers ? (double)P0 * sizeof(float) : 0,
+                           gathers ? "the stage's fp32 slice while a checkpoint is gathered" : "none: no checkpoints to gather");
+    snprintf(note, sizeof(note), "x %d ranks sharing this memory; the run's high-water mark is printed at its end",
+             ranks_sharing_memory);
     train_print_memory_row("total", (double)memory_bytes, note);
     train_print_memory_row("host buffers", (double)host_bytes, "at most (the whole model while loading it)");
     StepBytes b = pp_step_bytes(c, s, args->B, args->T);
@@ -383,7 +389,7 @@ int main(int argc, char** argv) {
     size_t BTC = (size_t)args.B * args.T * config.channels;
     size_t gather_bytes = p > 1 && args.checkpoint_every > 0 ? layout.count * sizeof(float) : 0;
     size_t memory_bytes = gpt2_memory_bytes(dims, &layout, ACTS_SCRATCH | ACTS_RECOMPUTE, kept, args.B, args.T) + num_slots * slot_bytes +
-                          BTC * sizeof(floatX) + gather_bytes;
+                          BTC * sizeof(floatX) + gather_bytes + kernel_workspace_bytes(dims, args.B, args.T);
     size_t P = gpt2_num_parameters(config);
     size_t host_bytes = P * sizeof(float) + layout.count * sizeof(float) +
                         (args.resume ? layout.count * (2 * sizeof(float) + (FLOATX_IS_FLOAT ? 0 : sizeof(floatX))) : 0);
@@ -536,7 +542,10 @@ int main(int argc, char** argv) {
         }
         if (timed) stage_report_timeline(&stage, pp, n, times, step + 1, args.out_dir);
     }
-    if (rank == 0) step_stats_print(&stats, args.total_batch, flops_per_token, peak, p);
+    if (rank == 0) {
+        step_stats_print(&stats, args.total_batch, flops_per_token, peak, p);
+        train_print_high_water(memory_bytes);
+    }
     // held activations: the schedule's count beside what each stage's slots measured
     if (max_steps > start_step) stage_report_peak(&stage, pp, all_actions, n);
 

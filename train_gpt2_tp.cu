@@ -259,23 +259,26 @@ static void sample(GPT2* model, CommGroup* tp, const Tokenizer* tok, int eot, Rn
 // layer two forward and two backward, the embedding, the LM head's input gradient), all-reduces,
 // or with -sp as many all-gathers plus as many reduce-scatters; the loss's all-reduces of 3 B*T
 // fp32. Per step: the gradient norm (4 bytes) and with -sp the LayerNorm gradients, (4L + 2) C.
+// rerun (-r 2): each layer's forward again before its backward, with attproj's sum (and with -sp
+// the two all-gathers): L more all-reduces per micro-batch, or L reduce-scatters and 2L gathers.
 typedef struct {
     double all_reduce, reduce_scatter, all_gather;
 } StepBytes;
 
-static StepBytes tp_step_bytes(GPT2Config c, int B, int T, int accum, int sp) {
+static StepBytes tp_step_bytes(GPT2Config c, int B, int T, int accum, int sp, int rerun) {
     double X = sizeof(floatX), L = c.num_layers, C = c.channels, BT = (double)B * T;
-    double activations = accum * (4 * L + 2) * BT * C * X;
+    double activation = accum * BT * C * X, collectives = 4 * L + 2, again = rerun ? L : 0;
     double loss_and_norm = accum * 3 * BT * 4 + 4;
-    StepBytes b = {sp ? loss_and_norm + (4 * L + 2) * C * X : activations + loss_and_norm,
-                   sp ? activations : 0, sp ? activations : 0};
+    StepBytes b = {sp ? loss_and_norm + (4 * L + 2) * C * X : (collectives + again) * activation + loss_and_norm,
+                   sp ? (collectives + again) * activation : 0, sp ? (collectives + 2 * again) * activation : 0};
     return b;
 }
 
 // what rank 0 prints at the start: the layout, which tensor is split how, the memory per rank and
 // the communication per step with its formula
 static void print_layout(const GPT2* model, const TrainArgs* args, int accum, int max_steps, size_t train_tokens,
-                         size_t val_tokens, size_t host_bytes, int ranks, int ranks_sharing_memory) {
+                         size_t val_tokens, size_t gather_bytes, size_t predicted, size_t host_bytes, int ranks,
+                         int ranks_sharing_memory) {
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     int sp = d.seq_shards > 1;
@@ -310,12 +313,16 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int accum, in
     snprintf(note, sizeof(note), "logits %.1f MB (B T Vp/tp); residual stream %s", BT * d.Vp * X / 1e6,
              sp ? "B T C/tp per layer" : "B T C per layer, whole on every rank");
     train_print_activation_rows(acts, args->recompute, note);
-    train_print_memory_row("comm buffers", ranks > 1 ? (double)P_rank * sizeof(float) : 0,
-                           "rank 0, while gathering a checkpoint; collectives work in place or on activations");
-    snprintf(note, sizeof(note), "x %d ranks sharing this memory", ranks_sharing_memory);
-    train_print_memory_row("total", (double)gpt2_memory_bytes(d, &model->layout, ACTS_ALL, model->acts.kept, args->B, args->T), note);
+    train_print_memory_row("comm buffers", (double)gather_bytes,
+                           "a slice of fp32 while a checkpoint is gathered; collectives work in place or on activations");
+    double scratch = (double)kernel_workspace_bytes(d, args->B, args->T);
+    train_print_memory_row("kernel scratch", scratch, scratch > 0 ? "cuBLASLt's workspace and the kernels' scratch buffers" : "none on the CPU backend");
+    snprintf(note, sizeof(note), "x %d ranks sharing this memory; the run's high-water mark is printed at its end",
+             ranks_sharing_memory);
+    train_print_memory_row("total", (double)predicted, note);
     train_print_memory_row("host buffers", (double)host_bytes, "at most (the whole model while loading it)");
-    StepBytes b = tp_step_bytes(c, args->B, args->T, accum, sp);
+    int rerun = layer_rerun_needed(model->acts.kept);
+    StepBytes b = tp_step_bytes(c, args->B, args->T, accum, sp, rerun);
     double activation = BT * c.channels * X;
     printf("communication per step (payload per rank), %d micro-batch%s of 4L+2 = %.0f collectives of B T C = %.0f bytes:\n",
            accum, accum > 1 ? "es" : "", 4 * L + 2, activation);
@@ -325,6 +332,10 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int accum, in
         printf("  all-reduce     %12.0f bytes  3 B T 4 (loss) per micro-batch + 4 (norm) + (4L+2) C X (LayerNorm gradients)\n", b.all_reduce);
     } else {
         printf("  all-reduce     %12.0f bytes  ((4L+2) B T C X + 3 B T 4 (loss)) per micro-batch + 4 (norm)\n", b.all_reduce);
+    }
+    if (rerun) {
+        printf("  (-r 2: + L B T C X per micro-batch %s, for the forward rerun before each layer's backward)\n",
+               sp ? "reduce-scattered and 2 L B T C X all-gathered" : "all-reduced");
     }
 }
 
@@ -385,7 +396,9 @@ int main(int argc, char** argv) {
     // (rank 0 gathers a checkpoint through one more slice of fp32 on the device)
     size_t gather_bytes = world.size > 1 && args.checkpoint_every > 0 ? P_rank * sizeof(float) : 0;
     unsigned kept = activations_kept(args.recompute, 0, dims);  // what the forward keeps (-r, model.h)
-    memory_check_fits(gpt2_memory_bytes(dims, &rank_layout, ACTS_ALL, kept, args.B, args.T) + gather_bytes, host_bytes,
+    size_t predicted = gpt2_memory_bytes(dims, &rank_layout, ACTS_ALL, kept, args.B, args.T) + gather_bytes +
+                       kernel_workspace_bytes(dims, args.B, args.T);
+    memory_check_fits(predicted, host_bytes,
                       world.ranks_sharing_memory, layout);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
@@ -420,7 +433,7 @@ int main(int argc, char** argv) {
 
     if (rank == 0) {
         print_layout(&model, &args, accum, max_steps, train.num_tokens, args.val_every > 0 ? val.num_tokens : 0,
-                     host_bytes, world.size, world.ranks_sharing_memory);
+                     gather_bytes, predicted, host_bytes, world.size, world.ranks_sharing_memory);
     }
 
     // ---- with -y 1, resume from the newest complete checkpoint (every rank its own state file)
@@ -527,7 +540,10 @@ int main(int argc, char** argv) {
             free(full);
         }
     }
-    if (rank == 0) step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
+    if (rank == 0) {
+        step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
+        train_print_high_water(predicted);
+    }
 
     watchdog_phase("shutdown", max_steps);
     logger_close(&logger);

@@ -361,6 +361,13 @@ static inline void step_stats_print(const StepStats* s, int total_batch, double 
     printf("\n");
 }
 
+// at the end of a run: what was allocated at most on this rank's device (allocations.h), beside
+// the memory table's prediction
+static inline void train_print_high_water(size_t predicted) {
+    printf("device memory high-water mark %zu bytes allocated, predicted %zu (%+.2f%%)\n", device_allocated_peak(), predicted,
+           100.0 * ((double)device_allocated_peak() / (double)predicted - 1.0));
+}
+
 // the next token of a sample: softmax over the V real entries of one row of logits, then the
 // token where the cumulative probability first exceeds a uniform draw
 static inline int sample_next_token(const float* logits, int V, Rng* rng) {

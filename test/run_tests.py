@@ -1495,6 +1495,83 @@ def grid3d_nonfinite_loss_stops_before_writing_the_step():
 
 
 # ---------------------------------------------------------------------------------------------
+# Activation recomputation (-r 1 selective, -r 2 full): the dropped activations are computed again
+# by the same kernels from the same inputs, so every bit of the run must equal -r 0's, while the
+# activations take less memory. Each trainer at 2 ranks (3D: a 1x2x2 grid), on the CPU backend
+# and under the emulator in bf16.
+
+def recompute_run(name, program, ranks, flags, cfg, B, r, run=None):
+    """one run with -r r: (its log's losses and norms, its files' bytes, the step lines' bytes,
+    the high-water mark of its device memory), after checking the mark against the prediction"""
+    ref = reference_run(cfg)
+    d = fresh_dir("%s_r%d" % (name, r))
+    args = trainer_args(ref, B, d, list(flags) + ["-r", r, "-n", cfg["steps"]], cfg=cfg)
+    out = run(program, ranks, args, d) if run else run_ok(ranks, args, program=program)
+    train, _ = read_log(d)
+    files = {}
+    for path in sorted(glob.glob(os.path.join(d, "*.bin"))):
+        with open(path, "rb") as f:
+            files[os.path.basename(path)] = f.read()
+    assert files, "no model or state files in " + d
+    peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
+    # the memory table's total against what was allocated (every buffer of the trainer's is counted)
+    assert abs(peak - predicted) <= 0.05 * predicted, "-r %d: %d bytes allocated at most, %d predicted" % (r, peak, predicted)
+    if r > 0:
+        assert re.search(r"^step +1/\d+ .*ms \(\d+% recompute\)", out, re.M), "-r %d: no recompute share\n%s" % (r, out[-1500:])
+    history = [(s, train[s]["train_loss"], train[s]["grad_norm"]) for s in sorted(train)]
+    return history, files, [train[s]["comm_bytes"] for s in sorted(train)], peak
+
+
+def check_recompute_bit_identical(name, program, ranks, flags, cfg, B, levels=(0, 1, 2), run=None, extra_bytes=None):
+    """-r 1 and 2 against -r 0: the same losses and norms, the same model and state files bit for
+    bit, and a lower high-water mark. extra_bytes(r): what the rerun adds to each step's
+    collectives (tensor parallelism repeats a layer's forward collectives), from the layout"""
+    base = recompute_run(name, program, ranks, flags, cfg, B, levels[0], run)
+    for r in levels[1:]:
+        history, files, comm, peak = recompute_run(name, program, ranks, flags, cfg, B, r, run)
+        assert history == base[0], "-r %d: losses or norms differ from -r %d:\n%s\n%s" % (r, levels[0], history, base[0])
+        assert sorted(files) == sorted(base[1]), "-r %d wrote %s, -r %d %s" % (r, sorted(files), levels[0], sorted(base[1]))
+        for f in files:
+            assert files[f] == base[1][f], "-r %d: %s differs from -r %d's" % (r, f, levels[0])
+        assert peak < base[3], "-r %d: %d bytes at most, not below -r %d's %d" % (r, peak, levels[0], base[3])
+        added = extra_bytes(r) if extra_bytes else 0
+        assert comm == [c + added for c in base[2]], "-r %d: %s bytes per step, -r %d %s + %d" % (r, comm, levels[0], base[2], added)
+
+
+def rerun_tp_bytes(cfg, B, accum, sp, X=4):
+    """-r 2 reruns each layer's forward before its backward, with its collectives up to the MLP:
+    attproj's sum (one B T C all-reduce; with -sp a reduce-scatter and the two all-gathers of ln1
+    and ln2), L layers per micro-batch; -r 1 reruns none"""
+    a = B * cfg["seq_len"] * cfg["channels"] * X
+    return lambda r: (3 if sp else 1) * cfg["layers"] * accum * a if r == 2 else 0
+
+
+@test
+def recompute_dp_zero3_accumulation_is_bit_identical():
+    """ZeRO-3 with 2 micro-batches: the rerun (-r 2) uses the parameters gathered for the backward"""
+    check_recompute_bit_identical("recompute_dp", "./train_gpt2_dp", 2, ["-z", 3], REF, 2)
+
+
+@test
+def recompute_tp_sp_is_bit_identical_and_repeats_the_collectives():
+    check_recompute_bit_identical("recompute_tp", TP, 2, ["-sp", 1], REF, 4, extra_bytes=rerun_tp_bytes(REF, 4, 2, 1))
+
+
+@test
+def recompute_pp_zb_and_interleaved_are_bit_identical():
+    """zero bubble's W reads what B left in the slot; interleaving holds 2 chunks per stage"""
+    check_recompute_bit_identical("recompute_pp_zb", PP, 2, ["-sched", "zb"], REF4, 2)
+    check_recompute_bit_identical("recompute_pp_interleaved", PP, 2, ["-sched", "interleaved", "-vp", 2], REF4, 2, levels=(0, 2))
+
+
+@test
+def recompute_grid3d_1x2x2_sp_is_bit_identical_and_repeats_the_collectives():
+    # rank 0's tp group: stage 0's 2 layers per micro-batch, m = 4 micro-batches of B = 2
+    tp_bytes = rerun_tp_bytes(dict(REF4, layers=2), 2, 4, 1)
+    check_recompute_bit_identical("recompute_3d", D3, 4, grid3d_flags(1, 2, 2, sp=1), REF4, 2, extra_bytes=tp_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
 # CUDA backend: compiled here whenever nvcc exists; run against the reference when a GPU exists.
 # The same tests also run the CUDA sources under test/cuda_emu, the CPU emulator of the CUDA
 # subset this project uses: kernels, cuBLAS and NCCL semantics checked on machines with no GPU.
@@ -1749,6 +1826,29 @@ def gpu_resume_is_bit_identical_bf16():
         raise Skip("no GPU")
     (program,) = build("cuda", "BF16", ["train_gpt2_dp"])
     check_resume(lambda args, d: run_gpu_ranks(program, 1, args, d), "gpu_resume", 4)
+
+
+def make_emu_recompute_test(trainer, ranks, flags, cfg, B, levels=(0, 1, 2), attention=None, extra_bytes=None):
+    """bf16 under the emulator, each rank its own emulated GPU (NCCL): -r against -r 0 bit for bit.
+    The flash path keeps only attention's row statistics, so -r 1 drops the GELU output alone;
+    attention "cublas" takes the path whose probabilities -r 1 drops and recomputes"""
+    def fn():
+        (program,) = build("emu", "BF16", [trainer])
+        check_recompute_bit_identical("emu_recompute_" + fn.__name__, program, ranks, flags, cfg, B, levels,
+                                      run=emu_runner(ranks, attention=attention), extra_bytes=extra_bytes)
+    fn.__name__ = "emu_recompute_%s_bf16%s" % (trainer[len("train_gpt2_"):], "_cublas_attention" if attention else "")
+    return fn
+
+
+# one step each (-x 1): the emulator takes seconds per step, and one step's update already
+# carries every gradient; -r 1 where it drops something (the cuBLAS path), -r 2 everywhere
+for _args in [("train_gpt2_dp", 2, ["-z", 3, "-x", 1], REF_CUDA, 2, (0, 2)),
+              ("train_gpt2_dp", 2, ["-z", 1, "-x", 1], REF_CUDA, 4, (0, 1), "cublas"),
+              ("train_gpt2_tp", 2, ["-sp", 1, "-x", 1], REF_CUDA, 8, (0, 2), None, rerun_tp_bytes(REF_CUDA, 8, 1, 1, X=2)),
+              ("train_gpt2_pp", 2, ["-sched", "zb", "-x", 1], REF4_CUDA, 4, (0, 2)),
+              ("train_gpt2_3d", 4, grid3d_flags(1, 2, 2, sp=1, sched="interleaved", V=2) + ["-x", 1], REF4_CUDA, 4, (0, 2),
+               None, rerun_tp_bytes(dict(REF4_CUDA, layers=2), 4, 2, 1, X=2))]:
+    test(make_emu_recompute_test(*_args))
 
 
 @test
