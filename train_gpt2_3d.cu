@@ -662,7 +662,7 @@ int main(int argc, char** argv) {
 
     GPT2 model;
     gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_SCRATCH | ACTS_RECOMPUTE,
-               stage_kept(args.recompute, spec, dims));
+               stage_kept(args.recompute, spec, dims), 0);
     free(params_host);
     Stage stage;
     stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), &model, args.B, args.T);

@@ -82,11 +82,32 @@ typedef struct {
     CommRequest* requests;  // one per bucket: its gradient's reduction (DDP and -z 1, on the last
                             // micro-batch), or its parameters' all-gather after the update
     CommRequest reducing;   // -z 2, 3: the reduce-scatter in flight (one at a time), its
-    int reducing_bucket;    // bucket (or -1), and 1 when its output is `received`, to be added
-    int reducing_adds;
+    int reducing_bucket;    // bucket (or -1), 1 when its output is `received`, to be added, and
+    int reducing_adds;      // 1 when it is the step's last for that bucket
+    int reducing_last;
     CommRequest gathering;  // -z 3: the all-gather in flight (one at a time: the prefetch)
     int micro, accum;     // the micro-batch of the step the backward is on, of accum
+    // -offload 1 (ZeRO-Offload, below): the host's side
+    int offload;
+    floatX* host_grads;   // (S) this rank's reduced gradients, copied as each bucket's reduction ends
+    floatX* host_params;  // (S) its updated parameters, copied back: in fp32 the weights AdamW
+                          // updates in place, in bf16 the rounded copy of the master weights
+    DeviceCopy* copies;   // one per bucket: its gradient's copy to the host, and
+    int* copying;         // 1 once it is posted this step
+    int buckets;
 } Zero;
+
+// ZeRO-Offload (-offload 1; Ren et al. 2021, arXiv:2101.06840). The optimizer state is 12 of the
+// 16 bytes per parameter in mixed precision (fp32 master weights, m, v): this trainer can keep it
+// in the host's memory instead of the GPU's, and run AdamW on the CPU, which has the memory and
+// is idle during the backward pass. The GPU keeps the bf16 parameters and gradients and does all
+// the forward and backward work. Each bucket's reduced gradient (this rank's shard of it under
+// ZeRO) goes to the host on a copy stream as soon as its reduction ends, behind the backward
+// pass; after the backward pass the CPU updates bucket after bucket (OpenMP over its cores) and
+// each bucket's new parameters go back, then are all-gathered (-z 1, 2) as without offload. The
+// price: 2 X bytes per parameter of this rank's share over PCIe each step, and AdamW at the CPU's
+// memory bandwidth. The arithmetic is the device's own, so on the CPU backend the run is the same
+// bit for bit; with bf16 the host rounds stochastically with the same bits as the GPU kernel.
 
 // the buffers of bucket k's gradient (-z 2, 3) and parameters (-z 3) before reduction / after
 // gathering: the embeddings fill the gather buffer; the layers take turns in its first two
@@ -124,6 +145,7 @@ static Zero zero_alloc(GPT2* model, CommGroup* dp, int accum, int overlap) {
     z.dp = dp;
     z.accum = accum;
     z.reducing_bucket = -1;
+    z.buckets = parameter_num_buckets(p);
     z.requests = (CommRequest*)calloc_check((size_t)parameter_num_buckets(p), sizeof(CommRequest));
     if (z.stage == 1) z.grad_shards = (floatX*)device_malloc(p->count / p->shards * sizeof(floatX));
     if (z.stage >= 2) {
@@ -133,8 +155,20 @@ static Zero zero_alloc(GPT2* model, CommGroup* dp, int accum, int overlap) {
         if (accum > 1) z.received = (floatX*)device_malloc(parameter_largest_bucket(p) / p->shards * sizeof(floatX));
     }
     if (z.stage == 3) z.gathered = (floatX*)device_malloc(gather_buffer_size(p) * sizeof(floatX));
+    z.offload = model->offload;
+    if (z.offload) {  // pinned host memory: the copies run at full speed, behind the host
+        size_t S = layout_state_held(p);
+        z.host_grads = (floatX*)host_malloc_pinned(S * sizeof(floatX));
+        z.host_params = (floatX*)host_malloc_pinned(S * sizeof(floatX));
+        z.copies = (DeviceCopy*)calloc_check((size_t)parameter_num_buckets(p), sizeof(DeviceCopy));
+        z.copying = (int*)calloc_check((size_t)parameter_num_buckets(p), sizeof(int));
+    }
     return z;
 }
+
+// -offload's host memory besides the model's optimizer state: the gradients and the parameters
+// in transit, X each per parameter of this rank's share
+static size_t offload_host_bytes(const ParameterLayout* p) { return 2 * layout_state_held(p) * sizeof(floatX); }
 
 static void zero_free(Zero* z) {
     if (z->stage == 1) device_free(z->grad_shards);
@@ -144,6 +178,13 @@ static void zero_free(Zero* z) {
     if (z->received) device_free(z->received);
     if (z->gathered) device_free(z->gathered);
     free(z->requests);
+    if (z->offload) {
+        host_free_pinned(z->host_grads);
+        host_free_pinned(z->host_params);
+        for (int k = 0; k < z->buckets; k++) device_copy_free(&z->copies[k]);
+        free(z->copies);
+        free(z->copying);
+    }
 }
 
 // ---- -z 3: the parameters of a bucket, gathered when they are needed
@@ -178,6 +219,17 @@ static LayerWeights layer_params(const Zero* z, const GPT2* model, int l) {
 // -z 2, 3: the reduce-scatter in flight is complete (its bucket buffer free again); after the
 // first micro-batch of a step it went into `received`, which is now added to the shards: the
 // shards accumulate the step's gradient, as the whole buffer does under DDP
+// -offload: bucket k's gradient on this rank is final (reduced, this step's micro-batches summed):
+// its shard (the whole bucket under DDP) goes to the host now, behind the work queued after it
+static floatX* reduced_grads(const Zero* z, const GPT2* model) { return z->stage > 0 ? z->grad_shards : model->grads_memory; }
+static void offload_grads_start(Zero* z, GPT2* model, int k) {
+    if (!z->offload || z->copying[k]) return;
+    size_t global, local, n;
+    layout_bucket_shard(&model->layout, k, &global, &local, &n);
+    copy_device_to_host_async(z->host_grads + local, reduced_grads(z, model) + local, n * sizeof(floatX), &z->copies[k]);
+    z->copying[k] = 1;
+}
+
 static void zero_reduce_wait(Zero* z, GPT2* model) {
     if (z->reducing_bucket < 0) return;
     comm_wait(&z->reducing);
@@ -186,6 +238,7 @@ static void zero_reduce_wait(Zero* z, GPT2* model) {
         layout_bucket_shard(&model->layout, z->reducing_bucket, &global, &local, &n);
         residual_forward(z->grad_shards + local, z->grad_shards + local, z->received, 1, (int)n);  // shards += received
     }
+    if (z->reducing_last) offload_grads_start(z, model, z->reducing_bucket);
     z->reducing_bucket = -1;
 }
 
@@ -217,6 +270,7 @@ static void bucket_grad_done(Zero* z, GPT2* model, int k) {
         comm_reduce_scatter_start(z->dp, grad_bucket_buffer(z, p, k), out, n, COMM_FLOATX, COMM_AVG, &z->reducing);
         z->reducing_bucket = k;
         z->reducing_adds = z->micro > 0;
+        z->reducing_last = z->micro == z->accum - 1;
         if (!z->overlap) zero_reduce_wait(z, model);
     } else if (z->overlap && z->micro == z->accum - 1) {
         floatX* grad = model->grads_memory + parameter_bucket_offset(p, k);
@@ -231,7 +285,10 @@ static void zero_reduce_finish(Zero* z, GPT2* model) {
     const ParameterLayout* p = &model->layout;
     if (z->stage >= 2) zero_reduce_wait(z, model);
     else if (z->overlap) {
-        for (int k = 0; k < parameter_num_buckets(p); k++) comm_wait(&z->requests[k]);
+        for (int k = 0; k < parameter_num_buckets(p); k++) {
+            comm_wait(&z->requests[k]);
+            offload_grads_start(z, model, k);  // (-offload) while the later buckets still reduce
+        }
     } else if (z->stage == 0) {
         // DDP: all-reduce every gradient, (Psi) floatX in one flat buffer, with AVG. After it
         // every rank holds the same gradient; the replicas stay identical because they also
@@ -248,6 +305,8 @@ static void zero_reduce_finish(Zero* z, GPT2* model) {
                                 COMM_FLOATX, COMM_AVG);
         }
     }
+    // -offload: every bucket's final gradient to the host (those not on their way already)
+    for (int k = 0; k < parameter_num_buckets(p); k++) offload_grads_start(z, model, k);
 }
 
 // -dump_grads: the step's averaged gradients as a model file (the file's order), from rank 0's
@@ -452,6 +511,8 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
     banner_row(&rows[n++], "accumulation steps", "%d", accum);
     banner_row(&rows[n++], "communication", "%s", overlap ? "overlapped with compute (-overlap 1)" : "after each post (-overlap 0)");
     banner_row(&rows[n++], "recomputation", "%s", recompute_names[args->recompute]);
+    banner_row(&rows[n++], "optimizer", "%s", model->offload ? "AdamW on the CPU, its state in host memory (-offload 1)"
+                                                             : "AdamW on the device (-offload 0)");
     banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
     banner_row(&rows[n++], "steps", "%d", max_steps);
     banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
@@ -472,13 +533,18 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
     char note[200];
     train_print_memory_row("parameters", layout_params_held(p) * X, zero >= 3 ? "X Psi / N" : "X Psi: whole");
     train_print_memory_row("gradients", layout_grads_held(p) * X, zero >= 2 ? "X Psi / N: this rank's shards" : "X Psi: whole");
-    train_print_memory_row("master weights", mixed ? S * 4 : 0, mixed ? (zero >= 1 ? "4 Psi / N" : "4 Psi") : "none in fp32");
-    train_print_memory_row("AdamW m, v", S * 8, zero >= 1 ? "8 Psi / N: this rank's shards" : "8 Psi");
-    double states = (layout_params_held(p) + layout_grads_held(p)) * X + S * (mixed ? 12 : 8);
+    // -offload: the master weights and moments are in host memory, none on the device
+    const char* on_host = "0 on the device: in host memory (-offload)";
+    train_print_memory_row("master weights", mixed && !model->offload ? S * 4 : 0,
+                           mixed ? (model->offload ? on_host : zero >= 1 ? "4 Psi / N" : "4 Psi") : "none in fp32");
+    train_print_memory_row("AdamW m, v", model->offload ? 0 : S * 8,
+                           model->offload ? on_host : zero >= 1 ? "8 Psi / N: this rank's shards" : "8 Psi");
+    double states = (layout_params_held(p) + layout_grads_held(p)) * X + (model->offload ? 0 : S * (mixed ? 12 : 8));
     const char* formula[4] = {"16 Psi (ZeRO paper: DDP)", mixed ? "(2 + 2) Psi + 12 Psi / N (ZeRO paper: P_os)" : "(4 + 4) Psi + 8 Psi / N",
                               mixed ? "2 Psi + 14 Psi / N (ZeRO paper: P_os+g)" : "4 Psi + 12 Psi / N",
                               "16 Psi / N (ZeRO paper: P_os+g+p)"};
-    snprintf(note, sizeof(note), "= %s", formula[zero]);
+    if (model->offload) snprintf(note, sizeof(note), "= %s, less the optimizer's %s on the host", formula[zero], mixed ? "12" : "8");
+    else snprintf(note, sizeof(note), "= %s", formula[zero]);
     train_print_memory_row("model states", states, note);
     // the activations of one micro-batch, for each -r (model.h); this run's were allocated
     size_t acts[RECOMPUTE_MAX + 1];
@@ -504,7 +570,13 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
     snprintf(note, sizeof(note), "x %d ranks sharing this memory; the run's high-water mark is printed at its end",
              ranks_sharing_memory);
     train_print_memory_row("total", (double)predicted, note);
-    train_print_memory_row("host buffers", (double)host_bytes, "at most (weights; on resume also the AdamW moments)");
+    if (model->offload) {
+        snprintf(note, sizeof(note), "%s m, v %s(%.0f bytes per parameter of this rank's share) + gradients and parameters "
+                 "in transit (2 X)", mixed ? "master weights," : "", zero >= 1 ? "of the 1/N shard " : "", mixed ? 12.0 : 8.0);
+        train_print_memory_row("host: optimizer", (double)(gpt2_optimizer_state_bytes(p) + offload_host_bytes(p)), note);
+    }
+    train_print_memory_row("host buffers", (double)host_bytes, model->offload ? "at most (weights while loading; the optimizer's above)"
+                                                                          : "at most (weights; on resume also the AdamW moments)");
 }
 
 int main(int argc, char** argv) {
@@ -513,13 +585,15 @@ int main(int argc, char** argv) {
     const char* dump_grads = NULL;
     ArgSpec specs[TRAIN_MAX_SPECS];
     int num_specs = train_args_common(&args, specs);
-    int check_replicas = 0, zero = 0, overlap = 1;
+    int check_replicas = 0, zero = 0, overlap = 1, offload = 0;
     ArgSpec zero_spec = {"-z", ARG_INT, &zero, 0, 3, "ZeRO stage: 0 DDP (everything replicated), 1 the optimizer state sharded over the ranks, 2 the gradients too, 3 the parameters too (FSDP)"};
     ArgSpec overlap_spec = {"-overlap", ARG_INT, &overlap, 0, 1, "1: gradient reductions and parameter gathers run while the rank computes; 0: each waited for at once"};
     ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"};
     ArgSpec check = {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all replicas hold the same parameters (their stored bits; not the master weights or moments) (0: never)"};
     specs[num_specs++] = zero_spec;
     specs[num_specs++] = overlap_spec;
+    ArgSpec offload_spec = {"-offload", ARG_INT, &offload, 0, 1, "1: master weights and AdamW moments in host memory and AdamW on the CPU (ZeRO-Offload), any -z; same results"};
+    specs[num_specs++] = offload_spec;
     specs[num_specs++] = dump;
     specs[num_specs++] = check;
     if (!args_parse(argc, argv, specs, num_specs)) return 0;
@@ -568,7 +642,9 @@ int main(int argc, char** argv) {
     size_t file_gather = checkpoint_gather > grads_gather ? checkpoint_gather : grads_gather;
     // what the forward pass keeps for the backward pass: everything, or with -r less (model.h)
     unsigned kept = activations_kept(args.recompute, 0, dims);
-    size_t predicted = gpt2_memory_bytes(dims, &layout, ACTS_ALL, kept, args.B, args.T) + zero_buffer_bytes(&layout, accum, overlap) +
+    // -offload: the optimizer state and the copies in transit live in host memory instead
+    if (offload) host_bytes += gpt2_optimizer_state_bytes(&layout) + offload_host_bytes(&layout);
+    size_t predicted = gpt2_memory_bytes(dims, &layout, ACTS_ALL, kept, args.B, args.T, offload) + zero_buffer_bytes(&layout, accum, overlap) +
                        kernel_workspace_bytes(dims, args.B, args.T) + file_gather;
     memory_check_fits(predicted, host_bytes, world.ranks_sharing_memory, layout_note);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
@@ -608,7 +684,7 @@ int main(int argc, char** argv) {
     }
 
     GPT2 model;
-    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_ALL, kept);
+    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_ALL, kept, offload);
     free(params_host);
     Zero z = zero_alloc(&model, &world, accum, overlap);
 
@@ -620,6 +696,15 @@ int main(int argc, char** argv) {
     // rank checks that its files are of that step, of its rank, of this layout and of this run
     Rng sample_rng;
     int start_step = train_start(&model, &args, &world, max_steps, &identity, &sample_rng, &train);
+    // -offload in fp32: AdamW on the host updates a host copy of this rank's share of the weights
+    // (in bf16 the master weights are that copy): taken from the device once, as started
+    if (offload && FLOATX_IS_FLOAT) {
+        for (int k = 0; k < parameter_num_buckets(&layout); k++) {
+            size_t global, local, n;
+            layout_bucket_shard(&layout, k, &global, &local, &n);
+            copy_device_to_host(z.host_params + local, model.params_memory + (zero == 3 ? local : global), n * sizeof(floatX));
+        }
+    }
     Logger logger;
     logger_init(&logger, args.out_dir, rank, args.resume ? start_step : -1);
 
@@ -696,32 +781,43 @@ int main(int argc, char** argv) {
         // must round the replicas alike (its index is each element's place in the model file, so
         // a shard rounds as the whole replica would)
         float clip_scale, lr;
-        if (zero == 0) {
+        if (zero == 0 && !offload) {
             lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
         } else {
             AdamWConfig opt = train_adamw_config(&args, step, max_steps, grad_norm, &clip_scale);
             lr = opt.lr;
             for (int k = 0; k < parameter_num_buckets(&layout); k++) {
-                // this rank's shard of bucket k: n elements from `global` in the whole model, at
-                // `local` in its shards of master weights, moments and gradients (and under -z 3
-                // of the parameters, which the next forward pass gathers)
+                // this rank's shard of bucket k (under DDP the whole bucket): n elements from
+                // `global` in the whole model, at `local` in its shards of master weights, moments
+                // and gradients (and under -z 3 of the parameters, which the next forward gathers)
                 size_t global, local, n;
                 layout_bucket_shard(&layout, k, &global, &local, &n);
                 floatX* params = model.params_memory + (zero == 3 ? local : global);
-                optimizer_adamw_step(params, model.master_memory ? model.master_memory + local : NULL,
-                                     z.grad_shards + local, model.m_memory + local, model.v_memory + local, global,
-                                     global + n, &layout, opt, clip_scale, step + 1);
+                float* master = model.master_memory ? model.master_memory + local : NULL;
+                if (offload) {
+                    // ZeRO-Offload: wait for the bucket's gradient on the host, update there (the
+                    // master weights and moments are host memory), send the new parameters back
+                    device_copy_wait(&z.copies[k]);
+                    z.copying[k] = 0;
+                    optimizer_adamw_step_with(adamw_update_host, z.host_params + local, master, z.host_grads + local,
+                                              model.m_memory + local, model.v_memory + local, global, global + n, &layout,
+                                              opt, clip_scale, step + 1);
+                    copy_host_to_device_async(params, z.host_params + local, n * sizeof(floatX));
+                } else {
+                    optimizer_adamw_step(params, master, z.grad_shards + local, model.m_memory + local,
+                                         model.v_memory + local, global, global + n, &layout, opt, clip_scale, step + 1);
+                }
                 // -z 1, 2: then the updated parameters to every rank: all-gather bucket k in
                 // place, each rank's shard (n floatX) already at its place in the whole (N n),
                 // while the next bucket is updated (with overlap)
-                if (zero < 3) {
+                if (zero == 1 || zero == 2) {
                     comm_all_gather_start(&world, NULL, model.params_memory + parameter_bucket_offset(&layout, k), n,
                                           COMM_FLOATX, &z.requests[k]);
                     if (!overlap) comm_wait(&z.requests[k]);
                 }
                 comm_progress(&world);  // (CPU: the gathers in flight move on)
             }
-            for (int k = 0; k < parameter_num_buckets(&layout); k++) comm_wait(&z.requests[k]);
+            for (int k = 0; k < parameter_num_buckets(&layout) && (zero == 1 || zero == 2); k++) comm_wait(&z.requests[k]);
         }
         device_synchronize();
         comm_collect_times(&world);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)

@@ -388,7 +388,7 @@ int main(int argc, char** argv) {
     size_t slot_bytes = stage_slot_bytes(dims, &layout, chunk_layers, kept, args.B, args.T);
     size_t BTC = (size_t)args.B * args.T * config.channels;
     size_t gather_bytes = p > 1 && args.checkpoint_every > 0 ? layout.count * sizeof(float) : 0;
-    size_t memory_bytes = gpt2_memory_bytes(dims, &layout, ACTS_SCRATCH | ACTS_RECOMPUTE, kept, args.B, args.T) + num_slots * slot_bytes +
+    size_t memory_bytes = gpt2_memory_bytes(dims, &layout, ACTS_SCRATCH | ACTS_RECOMPUTE, kept, args.B, args.T, 0) + num_slots * slot_bytes +
                           BTC * sizeof(floatX) + gather_bytes + kernel_workspace_bytes(dims, args.B, args.T);
     size_t P = gpt2_num_parameters(config);
     size_t host_bytes = P * sizeof(float) + layout.count * sizeof(float) +
@@ -432,7 +432,7 @@ int main(int argc, char** argv) {
     comm_split(&embed, &world, in_embed ? 0 : 1 + rank, rank, "embedding");
 
     GPT2 model;
-    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_SCRATCH | ACTS_RECOMPUTE, kept);
+    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_SCRATCH | ACTS_RECOMPUTE, kept, 0);
     free(params_host);
     Stage stage;
     stage_alloc(&stage, spec, rank, num_slots, &model, args.B, args.T);

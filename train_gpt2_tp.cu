@@ -396,7 +396,7 @@ int main(int argc, char** argv) {
     // (rank 0 gathers a checkpoint through one more slice of fp32 on the device)
     size_t gather_bytes = world.size > 1 && args.checkpoint_every > 0 ? P_rank * sizeof(float) : 0;
     unsigned kept = activations_kept(args.recompute, 0, dims);  // what the forward keeps (-r, model.h)
-    size_t predicted = gpt2_memory_bytes(dims, &rank_layout, ACTS_ALL, kept, args.B, args.T) + gather_bytes +
+    size_t predicted = gpt2_memory_bytes(dims, &rank_layout, ACTS_ALL, kept, args.B, args.T, 0) + gather_bytes +
                        kernel_workspace_bytes(dims, args.B, args.T);
     memory_check_fits(predicted, host_bytes,
                       world.ranks_sharing_memory, layout);
@@ -428,7 +428,7 @@ int main(int argc, char** argv) {
     }
 
     GPT2 model;
-    gpt2_build(&model, config, dims, rank_layout, params_host, args.B, args.T, ACTS_ALL, kept);
+    gpt2_build(&model, config, dims, rank_layout, params_host, args.B, args.T, ACTS_ALL, kept, 0);
     free(params_host);
 
     if (rank == 0) {

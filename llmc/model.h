@@ -423,6 +423,8 @@ typedef struct {
     float* master_memory;   // fp32 master weights when floatX is bf16, else NULL
     float* m_memory;        // AdamW first moment
     float* v_memory;        // AdamW second moment
+    int offload;            // 1: master weights and moments live in (pinned) host memory, and
+                            // AdamW runs on the host (-offload, train_gpt2_dp.cu)
     Activations acts;       // DP and TP: every part; a pipeline stage: the scratch
     LayerDims dims;         // this rank's widths
     int B, T;               // the shape the activations were allocated for
@@ -533,13 +535,19 @@ static inline size_t kernel_workspace_bytes(LayerDims d, int B, int T) {
 #endif
 }
 
-// what gpt2_build allocates on one rank: parameters and gradients (floatX), fp32 master weights
-// (bf16 only), AdamW m and v (fp32), each whole or its shards (layout_held), the activation parts `parts` for the layout's layers and the
-// token buffers
-static inline size_t gpt2_memory_bytes(LayerDims d, const ParameterLayout* layout, int parts, unsigned kept, int B, int T) {
+// what gpt2_build allocates on one rank's device: parameters and gradients (floatX), fp32 master
+// weights (bf16 only) and AdamW m and v (fp32) unless offloaded to the host, each whole or its
+// shards (layout_held), the activation parts `parts` for the layout's layers (keeping `kept`)
+// and the token buffers
+static inline size_t gpt2_optimizer_state_bytes(const ParameterLayout* layout) {
+    size_t S = layout_state_held(layout);
+    return (FLOATX_IS_FLOAT ? 0 : S * sizeof(float)) + S * 2 * sizeof(float);
+}
+static inline size_t gpt2_memory_bytes(LayerDims d, const ParameterLayout* layout, int parts, unsigned kept, int B, int T,
+                                       int offload) {
     Activations unused;
-    size_t S = layout_state_held(layout), master = FLOATX_IS_FLOAT ? 0 : S * sizeof(float);
-    return (layout_params_held(layout) + layout_grads_held(layout)) * sizeof(floatX) + master + S * 2 * sizeof(float) +
+    return (layout_params_held(layout) + layout_grads_held(layout)) * sizeof(floatX) +
+           (offload ? 0 : gpt2_optimizer_state_bytes(layout)) +
            gpt2_lay_out_activations(&unused, d, layout->layers, parts, kept, B, T, NULL, NULL) + (size_t)B * T * 2 * sizeof(int);
 }
 
@@ -568,10 +576,20 @@ static inline const float* gpt2_fp32_weights(const GPT2* model, int* sharded) {
     return model->master_memory ? model->master_memory : (const float*)model->params_memory;
 }
 
+// the optimizer state's home: the device, or with offload pinned host memory
+static inline float* optimizer_state_alloc(size_t n, int offload) {
+    return (float*)(offload ? host_malloc_pinned(n * sizeof(float)) : device_malloc(n * sizeof(float)));
+}
+static inline void optimizer_state_free(float* p, int offload) {
+    if (offload) host_free_pinned(p);
+    else device_free(p);
+}
+
 // full_weights: the whole model in the file's layout (fp32, host); this rank keeps its pieces
-// (layout) and allocates the activation parts `acts_parts` for its layers at B x T
+// (layout) and allocates the activation parts `acts_parts` for its layers at B x T, keeping
+// `kept` of each layer's (-r); offload: the optimizer state in host memory
 static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, ParameterLayout layout,
-                              const float* full_weights, int B, int T, int acts_parts, unsigned kept) {
+                              const float* full_weights, int B, int T, int acts_parts, unsigned kept, int offload) {
     model->config = config;
     model->dims = dims;
     model->B = B;
@@ -581,15 +599,21 @@ static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, Pa
     size_t S = layout_state_held(&layout);
     model->params_memory = (floatX*)device_malloc(layout_params_held(&layout) * sizeof(floatX));
     model->grads_memory = (floatX*)device_malloc(layout_grads_held(&layout) * sizeof(floatX));
-    model->m_memory = (float*)device_malloc(S * sizeof(float));
-    model->v_memory = (float*)device_malloc(S * sizeof(float));
+    model->offload = offload;
+    model->m_memory = optimizer_state_alloc(S, offload);
+    model->v_memory = optimizer_state_alloc(S, offload);
     model->master_memory = NULL;
     if (!FLOATX_IS_FLOAT) {  // AdamW updates fp32 master weights, then rounds them to bf16
-        model->master_memory = (float*)device_malloc(S * sizeof(float));
+        model->master_memory = optimizer_state_alloc(S, offload);
     }
     gpt2_weights_from_full(model, full_weights);
-    device_memset_zero(model->m_memory, S * sizeof(float));
-    device_memset_zero(model->v_memory, S * sizeof(float));
+    if (offload) {
+        memset(model->m_memory, 0, S * sizeof(float));
+        memset(model->v_memory, 0, S * sizeof(float));
+    } else {
+        device_memset_zero(model->m_memory, S * sizeof(float));
+        device_memset_zero(model->v_memory, S * sizeof(float));
+    }
     // tensor views of whole buffers only (a sharded one has none: NULL pointers fail loudly)
     memset(&model->params, 0, sizeof(ParameterTensors));
     memset(&model->grads, 0, sizeof(ParameterTensors));
@@ -604,9 +628,9 @@ static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, Pa
 static inline void gpt2_free(GPT2* model) {
     device_free(model->params_memory);
     device_free(model->grads_memory);
-    if (model->master_memory) device_free(model->master_memory);
-    device_free(model->m_memory);
-    device_free(model->v_memory);
+    if (model->master_memory) optimizer_state_free(model->master_memory, model->offload);
+    optimizer_state_free(model->m_memory, model->offload);
+    optimizer_state_free(model->v_memory, model->offload);
     activations_free(&model->acts);
     device_free(model->inputs);
     device_free(model->targets);

@@ -31,9 +31,14 @@ static inline float optimizer_clip_scale(float grad_norm, float grad_clip) {
 // stochastic-rounding stream is indexed by the layout's rounding index (model.h), so a ZeRO
 // shard rounds each element exactly as a full replica would, and replicated tensors round alike
 // on every tensor-parallel rank.
-static inline void optimizer_adamw_step(floatX* params, float* master, const floatX* grads, float* m,
-                                        float* v, size_t lo, size_t hi, const ParameterLayout* layout,
-                                        AdamWConfig opt, float grad_scale, int step) {
+// update: the backend's adamw_update (on the device), or adamw_update_host (-offload: the buffers
+// are in host memory); optimizer_adamw_step below is the first.
+typedef void (*AdamWUpdate)(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n, float lr,
+                            float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale,
+                            unsigned int seed, size_t first_index);
+static inline void optimizer_adamw_step_with(AdamWUpdate update, floatX* params, float* master, const floatX* grads,
+                                             float* m, float* v, size_t lo, size_t hi, const ParameterLayout* layout,
+                                             AdamWConfig opt, float grad_scale, int step) {
     if (hi > layout->count || lo > hi) fail("optimizer: range [%zu, %zu) outside the model", lo, hi);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (layout->sizes[i] == 0) continue;
@@ -45,11 +50,16 @@ static inline void optimizer_adamw_step(floatX* params, float* master, const flo
             size_t a = start > lo ? start : lo, b = end < hi ? end : hi;  // this piece within [lo, hi)
             if (a >= b) continue;
             size_t k = a - lo;
-            adamw_update(params + k, master ? master + k : NULL, grads + k, m + k, v + k, b - a,
-                         opt.lr, opt.beta1, opt.beta2, opt.eps, wd, step, grad_scale, opt.seed,
-                         layout->rounding[i] + j * piece + (a - start));
+            update(params + k, master ? master + k : NULL, grads + k, m + k, v + k, b - a, opt.lr, opt.beta1, opt.beta2,
+                   opt.eps, wd, step, grad_scale, opt.seed, layout->rounding[i] + j * piece + (a - start));
         }
     }
+}
+
+static inline void optimizer_adamw_step(floatX* params, float* master, const floatX* grads, float* m, float* v,
+                                        size_t lo, size_t hi, const ParameterLayout* layout, AdamWConfig opt,
+                                        float grad_scale, int step) {
+    optimizer_adamw_step_with(adamw_update, params, master, grads, m, v, lo, hi, layout, opt, grad_scale, step);
 }
 
 #endif

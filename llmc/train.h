@@ -488,8 +488,13 @@ static inline void zero_gather_full(const GPT2* model, CommGroup* group, const v
     for (int k = 0; k < parameter_num_buckets(p); k++) {
         size_t global, local, n;
         layout_bucket_shard(p, k, &global, &local, &n);
-        // (bucket k): every rank's shard of it, in rank order
-        comm_all_gather(group, (const char*)src + local * elem, bucket, n, dtype);
+        // (bucket k): every rank's shard of it, in rank order. The rank's own is copied to its
+        // place first and gathered in place: src may be host memory (-offload's master weights),
+        // which a collective cannot read on every backend
+        copy_host_to_device((char*)bucket + (size_t)group->rank * n * elem, (const char*)src + local * elem, n * elem);
+        CommRequest gathering;
+        comm_all_gather_start(group, NULL, bucket, n, dtype, &gathering);
+        comm_wait(&gathering);
         if (!whole) continue;
         float* at = whole + parameter_bucket_offset(p, k);
         if (dtype == COMM_FLOAT) copy_device_to_host(at, bucket, n * p->shards * sizeof(float));

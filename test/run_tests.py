@@ -1500,12 +1500,13 @@ def grid3d_nonfinite_loss_stops_before_writing_the_step():
 # activations take less memory. Each trainer at 2 ranks (3D: a 1x2x2 grid), on the CPU backend
 # and under the emulator in bf16.
 
-def recompute_run(name, program, ranks, flags, cfg, B, r, run=None):
-    """one run with -r r: (its log's losses and norms, its files' bytes, the step lines' bytes,
-    the high-water mark of its device memory), after checking the mark against the prediction"""
+def variant_run(name, program, ranks, flags, cfg, B, variant, run=None):
+    """one run with the variant's flags (-r or -offload): (its log's losses and norms, its files'
+    bytes, each step's comm bytes, the high-water mark of its device memory), after checking that
+    mark against the memory table's prediction"""
     ref = reference_run(cfg)
-    d = fresh_dir("%s_r%d" % (name, r))
-    args = trainer_args(ref, B, d, list(flags) + ["-r", r, "-n", cfg["steps"]], cfg=cfg)
+    d = fresh_dir("%s_%s" % (name, "".join(str(x) for x in variant).replace("-", "")))
+    args = trainer_args(ref, B, d, list(flags) + list(variant) + ["-n", cfg["steps"]], cfg=cfg)
     out = run(program, ranks, args, d) if run else run_ok(ranks, args, program=program)
     train, _ = read_log(d)
     files = {}
@@ -1515,27 +1516,33 @@ def recompute_run(name, program, ranks, flags, cfg, B, r, run=None):
     assert files, "no model or state files in " + d
     peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
     # the memory table's total against what was allocated (every buffer of the trainer's is counted)
-    assert abs(peak - predicted) <= 0.05 * predicted, "-r %d: %d bytes allocated at most, %d predicted" % (r, peak, predicted)
-    if r > 0:
-        assert re.search(r"^step +1/\d+ .*ms \(\d+% recompute\)", out, re.M), "-r %d: no recompute share\n%s" % (r, out[-1500:])
+    assert abs(peak - predicted) <= 0.05 * predicted, "%s: %d bytes allocated at most, %d predicted" % (variant, peak, predicted)
+    if variant[:1] == ["-r"] and variant[1] > 0:
+        assert re.search(r"^step +1/\d+ .*ms \(\d+% recompute\)", out, re.M), "%s: no recompute share\n%s" % (variant, out[-1500:])
     history = [(s, train[s]["train_loss"], train[s]["grad_norm"]) for s in sorted(train)]
     return history, files, [train[s]["comm_bytes"] for s in sorted(train)], peak
 
 
-def check_recompute_bit_identical(name, program, ranks, flags, cfg, B, levels=(0, 1, 2), run=None, extra_bytes=None):
-    """-r 1 and 2 against -r 0: the same losses and norms, the same model and state files bit for
-    bit, and a lower high-water mark. extra_bytes(r): what the rerun adds to each step's
-    collectives (tensor parallelism repeats a layer's forward collectives), from the layout"""
-    base = recompute_run(name, program, ranks, flags, cfg, B, levels[0], run)
-    for r in levels[1:]:
-        history, files, comm, peak = recompute_run(name, program, ranks, flags, cfg, B, r, run)
-        assert history == base[0], "-r %d: losses or norms differ from -r %d:\n%s\n%s" % (r, levels[0], history, base[0])
-        assert sorted(files) == sorted(base[1]), "-r %d wrote %s, -r %d %s" % (r, sorted(files), levels[0], sorted(base[1]))
+def check_variants_bit_identical(name, program, ranks, flags, cfg, B, variants, run=None, extra_bytes=None):
+    """every variant against the first: the same losses and norms, the same model and state files
+    bit for bit, and less device memory (the high-water mark). extra_bytes(variant): what it adds
+    to each step's collectives (-r 2 under tensor parallelism repeats a layer's forward ones)"""
+    base = variant_run(name, program, ranks, flags, cfg, B, variants[0], run)
+    for variant in variants[1:]:
+        history, files, comm, peak = variant_run(name, program, ranks, flags, cfg, B, variant, run)
+        assert history == base[0], "%s: losses or norms differ from %s:\n%s\n%s" % (variant, variants[0], history, base[0])
+        assert sorted(files) == sorted(base[1]), "%s wrote %s, %s %s" % (variant, sorted(files), variants[0], sorted(base[1]))
         for f in files:
-            assert files[f] == base[1][f], "-r %d: %s differs from -r %d's" % (r, f, levels[0])
-        assert peak < base[3], "-r %d: %d bytes at most, not below -r %d's %d" % (r, peak, levels[0], base[3])
-        added = extra_bytes(r) if extra_bytes else 0
-        assert comm == [c + added for c in base[2]], "-r %d: %s bytes per step, -r %d %s + %d" % (r, comm, levels[0], base[2], added)
+            assert files[f] == base[1][f], "%s: %s differs from %s's" % (variant, f, variants[0])
+        assert peak < base[3], "%s: %d bytes at most, not below %s's %d" % (variant, peak, variants[0], base[3])
+        added = extra_bytes(variant) if extra_bytes else 0
+        assert comm == [c + added for c in base[2]], "%s: %s bytes per step, %s %s + %d" % (variant, comm, variants[0], base[2], added)
+
+
+def check_recompute_bit_identical(name, program, ranks, flags, cfg, B, levels=(0, 1, 2), run=None, extra_bytes=None):
+    """-r 1 and 2 against -r 0: recomputation changes where activations live, not one bit"""
+    check_variants_bit_identical(name, program, ranks, flags, cfg, B, [["-r", r] for r in levels], run,
+                                 extra_bytes and (lambda v: extra_bytes(v[1])))
 
 
 def rerun_tp_bytes(cfg, B, accum, sp, X=4):
@@ -1569,6 +1576,29 @@ def recompute_grid3d_1x2x2_sp_is_bit_identical_and_repeats_the_collectives():
     # rank 0's tp group: stage 0's 2 layers per micro-batch, m = 4 micro-batches of B = 2
     tp_bytes = rerun_tp_bytes(dict(REF4, layers=2), 2, 4, 1)
     check_recompute_bit_identical("recompute_3d", D3, 4, grid3d_flags(1, 2, 2, sp=1), REF4, 2, extra_bytes=tp_bytes)
+
+
+@test
+def offload_is_bit_identical_for_every_zero_stage():
+    """-offload 1: AdamW on the host over host-memory master weights and moments, the same
+    arithmetic as the device's, so each -z gives -offload 0's run bit for bit, with the optimizer
+    state off the device"""
+    for zero in (0, 1, 2, 3):
+        check_variants_bit_identical("offload_z%d" % zero, "./train_gpt2_dp", 2, ["-z", zero], REF, 2,
+                                     [["-offload", 0], ["-offload", 1]])
+
+
+@test
+def emu_offload_bf16_zero1_and_zero3():
+    """bf16 under the emulator, 2 GPUs over NCCL: the host's AdamW rounds stochastically with the
+    kernel's own bits from the fp32 master weights in host memory, and the gradients go to the
+    host on a copy stream. The emulator compiles the kernel's arithmetic with the host's compiler,
+    so the runs agree bit for bit (a GPU's fused multiply-adds may move the last bit of a master
+    weight, within bf16's bounds)"""
+    (program,) = build("emu", "BF16", ["train_gpt2_dp"])
+    for zero in (1, 3):
+        check_variants_bit_identical("emu_offload_z%d" % zero, program, 2, ["-z", zero, "-x", 2], REF_CUDA, 2,
+                                     [["-offload", 0], ["-offload", 1]], run=emu_runner(2))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,24 @@ static inline void copy_host_to_device(void* dst, const void* src, size_t bytes)
 static inline void copy_device_to_host(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void copy_device_to_device(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void device_synchronize(void) {}
+
+// Host memory for what the device reads and writes often (-offload's optimizer state): pinned on
+// CUDA, so that copies run at full speed and asynchronously; plain memory here
+static inline void* host_malloc_pinned(size_t bytes) { return malloc_check(bytes); }
+static inline void host_free_pinned(void* p) { free(p); }
+
+// Copies that run behind the host on CUDA (a copy stream), each with its completion to wait for;
+// on the CPU they are done when called
+typedef struct {
+    int unused;
+} DeviceCopy;
+static inline void copy_device_to_host_async(void* dst, const void* src, size_t bytes, DeviceCopy* done) {
+    (void)done;
+    memcpy(dst, src, bytes);
+}
+static inline void device_copy_wait(DeviceCopy* done) { (void)done; }
+static inline void device_copy_free(DeviceCopy* done) { (void)done; }
+static inline void copy_host_to_device_async(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 // MFU and memory figures are printed for GPUs only
 typedef struct {
     const char* part;

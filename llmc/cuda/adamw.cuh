@@ -5,8 +5,9 @@
 #include "device.cuh"
 
 // a counter-based hash (a few rounds of multiply-xorshift): random bits from (seed, index)
-// with no state, so every element gets its own stream and a rerun gets the same bits
-__device__ inline unsigned int hash_u32(unsigned int seed, unsigned int index) {
+// with no state, so every element gets its own stream and a rerun gets the same bits (host code
+// calls it too: -offload's AdamW on the CPU)
+__host__ __device__ inline unsigned int hash_u32(unsigned int seed, unsigned int index) {
     unsigned int x = index * 0x9E3779B9u ^ seed;
     x ^= x >> 16; x *= 0x7FEB352Du;
     x ^= x >> 15; x *= 0x846CA68Bu;
@@ -16,7 +17,7 @@ __device__ inline unsigned int hash_u32(unsigned int seed, unsigned int index) {
 
 // fp32 -> floatX. For bf16, stochastic rounding: add random bits below bf16's 16 kept bits and
 // truncate, so the rounding is unbiased on average and small updates are not lost
-__device__ inline floatX round_to_floatX(float x, unsigned int random) {
+__host__ __device__ inline floatX round_to_floatX(float x, unsigned int random) {
 #if FLOATX_IS_FLOAT
     (void)random;
     return x;
@@ -24,9 +25,12 @@ __device__ inline floatX round_to_floatX(float x, unsigned int random) {
     // a NaN's mantissa plus the random bits would carry into the sign and give -0.0, hiding a
     // diverged weight: NaN stays NaN
     if (isnan(x)) return (floatX)x;
-    unsigned int bits = __float_as_uint(x);
+    unsigned int bits;
+    memcpy(&bits, &x, sizeof(bits));
     bits = (bits + (random & 0xFFFFu)) & 0xFFFF0000u;
-    return __float2bfloat16_rz(__uint_as_float(bits));
+    float kept;
+    memcpy(&kept, &bits, sizeof(kept));
+    return (floatX)kept;  // exact: its low 16 bits are zero
 #endif
 }
 
@@ -63,6 +67,29 @@ static inline void adamw_update(floatX* params, float* master, const floatX* gra
                                            weight_decay, correction1, correction2, grad_scale, seed,
                                            first_index);
     cudaCheckLaunch();
+}
+
+// -offload (ZeRO-Offload): the same step on the host, over pinned host buffers, in the kernel's
+// arithmetic and with its rounding bits, threads from OpenMP
+static inline void adamw_update_host(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
+                                     float lr, float beta1, float beta2, float eps, float weight_decay, int t,
+                                     float grad_scale, unsigned int seed, size_t first_index) {
+    float correction1 = 1.0f - powf(beta1, (float)t);
+    float correction2 = 1.0f - powf(beta2, (float)t);
+    #pragma omp parallel for
+    for (long long j = 0; j < (long long)n; j++) {
+        size_t i = (size_t)j;
+        float g = (float)grads[i] * grad_scale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float p = (master ? master[i] : (float)params[i]) * (1.0f - lr * weight_decay);
+        p -= lr * (mi / correction1) / (sqrtf(vi / correction2) + eps);
+        if (master) master[i] = p;
+        size_t index = first_index + i;
+        params[i] = round_to_floatX(p, hash_u32(seed ^ (unsigned int)(index >> 32), (unsigned int)index));
+    }
 }
 
 // sum of squares: a fixed grid of blocks writes partial sums, the host adds them in order, so

@@ -38,16 +38,58 @@ static inline void device_free(void* p) {
     cudaCheck(cudaFree(p));
 }
 static inline void device_memset_zero(void* p, size_t bytes) { cudaCheck(cudaMemset(p, 0, bytes)); }
+// the direction of a copy comes from the pointers (unified addressing), so that a "device"
+// buffer may also be host memory: the optimizer state is, with -offload
 static inline void copy_host_to_device(void* dst, const void* src, size_t bytes) {
-    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 }
 static inline void copy_device_to_host(void* dst, const void* src, size_t bytes) {
-    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 }
 static inline void copy_device_to_device(void* dst, const void* src, size_t bytes) {
     cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
 }
 static inline void device_synchronize(void) { cudaCheck(cudaDeviceSynchronize()); }
+
+// Host memory for what the device reads and writes often (-offload's optimizer state): pinned
+// (page-locked), so that the GPU's copy engines move it at full PCIe speed and asynchronously
+static inline void* host_malloc_pinned(size_t bytes) {
+    void* p = NULL;
+    cudaError_t err = cudaMallocHost(&p, bytes);
+    if (err != cudaSuccess) fail("cudaMallocHost of %zu bytes of pinned host memory failed: %s", bytes, cudaGetErrorString(err));
+    return p;
+}
+static inline void host_free_pinned(void* p) { cudaCheck(cudaFreeHost(p)); }
+
+// Copies that run behind the host: device to host on a copy stream of their own, after all the
+// compute stream has queued so far (so they overlap the kernels queued after them), each with an
+// event to wait for; host to device on the compute stream, before the kernels and collectives
+// queued after them (the source must stay untouched until then: pinned and not reused in a step)
+typedef struct {
+    cudaEvent_t queued, copied;  // created on first use
+} DeviceCopy;
+static cudaStream_t device_copy_stream;
+static inline void copy_device_to_host_async(void* dst, const void* src, size_t bytes, DeviceCopy* done) {
+    if (device_copy_stream == NULL) cudaCheck(cudaStreamCreateWithFlags(&device_copy_stream, cudaStreamNonBlocking));
+    if (done->queued == NULL) {
+        cudaCheck(cudaEventCreateWithFlags(&done->queued, cudaEventDisableTiming));
+        cudaCheck(cudaEventCreateWithFlags(&done->copied, cudaEventDisableTiming));
+    }
+    cudaCheck(cudaEventRecord(done->queued, 0));
+    cudaCheck(cudaStreamWaitEvent(device_copy_stream, done->queued, 0));
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, device_copy_stream));
+    cudaCheck(cudaEventRecord(done->copied, device_copy_stream));
+}
+static inline void device_copy_wait(DeviceCopy* done) {
+    if (done->copied) cudaCheck(cudaEventSynchronize(done->copied));
+}
+static inline void device_copy_free(DeviceCopy* done) {
+    if (done->queued) cudaEventDestroy(done->queued);
+    if (done->copied) cudaEventDestroy(done->copied);
+}
+static inline void copy_host_to_device_async(void* dst, const void* src, size_t bytes) {
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, 0));
+}
 
 // the dense peak of this GPU for floatX matmuls, from NVIDIA's datasheets, and which part it
 // was taken for. One compute capability covers parts of different speeds: sm_90 is the H100 SXM

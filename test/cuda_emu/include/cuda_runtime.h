@@ -32,6 +32,7 @@
 // ---- what the CUDA language adds to C++
 #define __global__
 #define __device__
+#define __host__
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static  // one block runs at a time: a static is the block's shared memory
 #define __launch_bounds__(...)
@@ -505,6 +506,17 @@ static inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, c
     if (bytes) memmove(dst, src, bytes);
     return cudaSuccess;
 }
+// the emulator's streams run each call at once, in the order the host makes them
+static inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s = 0) {
+    (void)s;
+    return cudaMemcpy(dst, src, bytes, kind);
+}
+// pinned host memory is plain host memory here (the device's is too)
+static inline cudaError_t cudaMallocHost(void** p, size_t bytes) {
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+static inline cudaError_t cudaFreeHost(void* p) { free(p); return cudaSuccess; }
 static inline cudaError_t cudaMemset(void* p, int value, size_t bytes) { memset(p, value, bytes); return cudaSuccess; }
 static inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 
