@@ -34,12 +34,11 @@ __host__ __device__ inline floatX round_to_floatX(float x, unsigned int random) 
 #endif
 }
 
-__global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v,
-                             size_t n, float lr, float beta1, float beta2, float eps,
-                             float weight_decay, float correction1, float correction2,
-                             float grad_scale, unsigned int seed, size_t first_index) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
+// element i's step: the kernel's, and the host's under -offload (the same arithmetic and bits)
+__host__ __device__ inline void adamw_element(floatX* params, float* master, const floatX* grads, float* m, float* v,
+                                              size_t i, float lr, float beta1, float beta2, float eps,
+                                              float weight_decay, float correction1, float correction2,
+                                              float grad_scale, unsigned int seed, size_t first_index) {
     float g = (float)grads[i] * grad_scale;
     float mi = beta1 * m[i] + (1.0f - beta1) * g;
     float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
@@ -50,6 +49,16 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
     if (master) master[i] = p;
     size_t index = first_index + i;  // the element's place in the whole model: its own bits
     params[i] = round_to_floatX(p, hash_u32(seed ^ (unsigned int)(index >> 32), (unsigned int)index));
+}
+
+__global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v,
+                             size_t n, float lr, float beta1, float beta2, float eps,
+                             float weight_decay, float correction1, float correction2,
+                             float grad_scale, unsigned int seed, size_t first_index) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    adamw_element(params, master, grads, m, v, i, lr, beta1, beta2, eps, weight_decay, correction1, correction2,
+                  grad_scale, seed, first_index);
 }
 
 // One AdamW step on n parameters, as torch.optim.AdamW. master: fp32 master weights when the
@@ -77,18 +86,9 @@ static inline void adamw_update_host(floatX* params, float* master, const floatX
     float correction1 = 1.0f - powf(beta1, (float)t);
     float correction2 = 1.0f - powf(beta2, (float)t);
     #pragma omp parallel for
-    for (long long j = 0; j < (long long)n; j++) {
-        size_t i = (size_t)j;
-        float g = (float)grads[i] * grad_scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float p = (master ? master[i] : (float)params[i]) * (1.0f - lr * weight_decay);
-        p -= lr * (mi / correction1) / (sqrtf(vi / correction2) + eps);
-        if (master) master[i] = p;
-        size_t index = first_index + i;
-        params[i] = round_to_floatX(p, hash_u32(seed ^ (unsigned int)(index >> 32), (unsigned int)index));
+    for (long long i = 0; i < (long long)n; i++) {
+        adamw_element(params, master, grads, m, v, (size_t)i, lr, beta1, beta2, eps, weight_decay, correction1,
+                      correction2, grad_scale, seed, first_index);
     }
 }
 
