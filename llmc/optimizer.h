@@ -31,6 +31,11 @@ static inline float optimizer_clip_scale(float grad_norm, float grad_clip) {
 // stochastic-rounding stream is indexed by the layout's rounding index (model.h), so a ZeRO
 // shard rounds each element exactly as a full replica would, and replicated tensors round alike
 // on every tensor-parallel rank.
+#ifndef __CUDACC__
+// -offload on the CPU backend: the host's step is the device's own (its "device" is the host)
+#define adamw_update_host adamw_update
+#endif
+
 // update: the backend's adamw_update (on the device), or adamw_update_host (-offload: the buffers
 // are in host memory); optimizer_adamw_step below is the first.
 typedef void (*AdamWUpdate)(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n, float lr,

@@ -29,10 +29,6 @@ static inline void adamw_update(float* params, float* master, const float* grads
     }
 }
 
-// -offload: the optimizer's step on the host is this same function (the CPU backend's "device"
-// is the host)
-#define adamw_update_host adamw_update
-
 // sum of squares of grads (n), in fixed chunks summed in order: the same result for any
 // number of threads, which keeps training bit-reproducible. Within a chunk, 8 running sums
 // (one per vector lane) let the compiler vectorize without reordering any addition. The lane
