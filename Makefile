@@ -84,6 +84,11 @@ test/test_%: test/test_%.c $(HEADERS) | check-deps
 dev/bench/bench_matmul: dev/bench/bench_matmul.c $(HEADERS)
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
+# will it fit? a rank's device memory for any model, machine and layout (no GPU, no ranks)
+# (the trainers' headers hold static tables the planner does not use: no warning for those)
+dev/memory_planner: dev/memory_planner.c $(HEADERS) | check-deps
+	$(MPICC) $(CFLAGS) -Wno-unused-variable $< -o $@ $(LDLIBS)
+
 # one dev/cuda program: make dev/cuda/layernorm_forward
 dev/cuda/%: dev/cuda/%.cu $(HEADERS) | check-cuda-deps
 	$(NVCC) $(NVCC_ARCH) $(NVCC_FLAGS) $(PRECISION_FLAG) $< -o $@ $(NCCL_FLAGS) $(CUDA_LIBS) -lgomp
@@ -155,7 +160,7 @@ check-cuda-deps:
 	@[ -n "$(NVCC)" ] || { echo "missing: nvcc. Install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads) or build with BACKEND=cpu"; exit 1; }
 	@[ -n "$(NCCL_DIR)" ] || { echo "missing: NCCL (nccl.h). Install libnccl-dev, set NCCL_HOME, or pip install nvidia-nccl-cu12"; exit 1; }
 
-test: check-deps check-test-deps $(TEST_PROGRAMS)
+test: check-deps check-test-deps $(TEST_PROGRAMS) dev/memory_planner
 	$(MAKE) -s BACKEND=cpu $(TRAINERS)
 	$(PYTHON) test/run_tests.py
 
@@ -183,5 +188,5 @@ bench: dev/bench/bench_matmul
 	./dev/bench/bench_pp.sh
 
 clean:
-	rm -f $(TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul $(DEV_CUDA:.cu=)
+	rm -f $(TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul dev/memory_planner $(DEV_CUDA:.cu=)
 	rm -rf test/tmp build

@@ -61,6 +61,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/stage.h"
 #include "llmc/allocations.h"
 #include "llmc/train.h"
+#include "llmc/memory_plan.h"
 
 // ----------------------------------------------------------------------------------------------
 // The grid. World rank r sits at tp rank r % tp, dp rank (r / tp) % dp and stage r / (tp dp):
@@ -411,55 +412,16 @@ static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const Paramet
     return b;
 }
 
-// The device memory of a rank, predicted from its layout before anything is allocated, part by
-// part as the trainer allocates it (rank 0 prints it; the run ends with the measured high-water
-// mark beside it). stage_actions: the rank's stage's list of n actions; root: world rank 0.
-typedef struct {
-    size_t params, master, grads, state, slots, scratch, reduce, kernels, file_gather, total;
-} MemoryPlan;
-
-static MemoryPlan plan_memory(GPT2Config c, LayerDims d, PipeSpec spec, const PipeAction* stage_actions, int n,
-                              const ParameterLayout* layout, const TrainArgs* args, int zero, int root) {
-    size_t X = sizeof(floatX), N = layout->count, S = layout_state_held(layout);
-    size_t message = (size_t)args->B * args->T / d.seq_shards * c.channels;
-    Activations unused;
-    MemoryPlan mem;
-    mem.params = N * X;
-    mem.grads = N * X;
-    mem.master = FLOATX_IS_FLOAT ? 0 : S * sizeof(float);  // (the -z 1 shard)
-    mem.state = 2 * S * sizeof(float);
-    // the micro-batches in flight (slots) and the one-layer buffers of what they do not keep (-r)
-    mem.slots = stage_activation_bytes(d, layout, layout->layers / spec.V, stage_num_slots(spec, stage_actions, n),
-                                       stage_kept(args->recompute, spec, d), args->B, args->T);
-    mem.scratch = gpt2_lay_out_activations(&unused, d, layout->layers, ACTS_SCRATCH, 0, args->B, args->T, NULL, NULL) +
-                  (size_t)args->B * args->T * 2 * sizeof(int) + message * X;  // + tokens, 2nd gradient message
-    mem.reduce = zero ? S * X : 0;
-    mem.kernels = kernel_workspace_bytes(d, args->B, args->T);
-    // a checkpoint: with -z 1 the rank's whole buffer all-gathered from the shards (N fp32), and
-    // on rank 0 a device buffer that receives the largest piece of the other ranks (gpt2_gather_full)
-    size_t largest = layout->pp * layout->tp > 1 ? layout->count : 0;  // (none when one rank holds the model)
-    for (int r = 1; r < layout->pp * layout->tp; r++) {
-        size_t count = parameter_layout_of_rank(c, layout, r).count;
-        largest = count > largest ? count : largest;
-    }
-    mem.file_gather = args->checkpoint_every > 0 ? (zero ? N * sizeof(float) : 0) + (root ? largest * sizeof(float) : 0) : 0;
-    mem.total = mem.params + mem.grads + mem.master + mem.state + mem.slots + mem.scratch + mem.reduce + mem.kernels +
-                mem.file_gather;
-    return mem;
-}
-
 // what rank 0 prints at the start: the grid and every rank's groups, each stage's layers, the
 // schedule's chart, the memory of each stage's ranks and of rank 0 part by part, and rank 0's
 // communication per step beside the formulas
 
 static void print_layout(const GPT2* model, const Stage* st, const Grid* g, const TrainArgs* args, int zero,
-                         int max_steps, size_t train_tokens, size_t val_tokens, const PipeAction* all_actions, int actions,
-                         MemoryPlan mem, size_t host_bytes, int ranks_sharing_memory) {
+                         int max_steps, size_t train_tokens, size_t val_tokens, const MemoryPlan* mem, const RunLayout* run) {
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     PipeSpec s = st->spec;
     int sp = d.seq_shards > 1, world = g->dp * g->pp * g->tp;
-    size_t P = gpt2_num_parameters(c);
     BannerRow rows[20];
     int n = train_banner_model(rows, "train_gpt2_3d (3D)", args->model, c);
     banner_row(&rows[n++], "grid dp x pp x tp", "%d x %d x %d = %d ranks", g->dp, g->pp, g->tp, world);
@@ -487,44 +449,20 @@ static void print_layout(const GPT2* model, const Stage* st, const Grid* g, cons
     if (world > 64) printf("  ... (%d ranks)\n", world);
     printf("stages (each split over its %d tp ranks; device memory predicted for each of their ranks):\n", g->tp);
     for (int stage = 0; stage < s.p; stage++) {
-        ParameterLayout l = parameter_layout_grid(c, g->tp, 0, s.p, stage, s.V);
-        size_t unpadded = l.count;
-        layout_shard_flat(&l, zero, g->dp, 0);
-        MemoryPlan plan = plan_memory(c, d, s, all_actions + (size_t)stage * actions, actions, &l, args, zero, 0);
+        size_t unpadded = parameter_layout_grid(c, g->tp, 0, s.p, stage, s.V).count;
+        MemoryPlan plan = memory_plan(c, d.target, run, stage, 0);
+        const ParameterLayout l = plan.layout;
         printf("  stage %d  layers", stage);
         for (int chunk = 0; chunk < s.V; chunk++) {
             int first = layout_layer(&l, chunk * st->chunk_layers);
             printf(" %d-%d", first, first + st->chunk_layers - 1);
         }
         printf("%s%s  %zu parameters per tp rank, %.1f MB (activations %.1f MB)\n", l.embedding ? " + wte, wpe" : "",
-               l.head ? " + lnf, wte copy" : "", unpadded, plan.total / 1e6, plan.slots / 1e6);
+               l.head ? " + lnf, wte copy" : "", unpadded, plan.total / 1e6, plan.activations / 1e6);
     }
     pipeline_print_chart(s);
-    size_t N = model->num_parameters;
-    char note[200];
     printf("memory of rank 0 (dp 0, stage 0, tp 0):\n");
-    snprintf(note, sizeof(note), "%zu of %zu (%.1f%%), %s%s", N, P, 100.0 * N / P, PRECISION_NAME,
-             zero ? ", padded to dp x 128" : "");
-    train_print_memory_row("parameters", (double)mem.params, note);
-    train_print_memory_row("gradients", (double)mem.grads, "");
-    train_print_memory_row("master weights", (double)mem.master, zero && mem.master ? "1/dp shard (ZeRO-1)" : "");
-    train_print_memory_row("AdamW m, v", (double)mem.state, zero ? "1/dp shard (ZeRO-1)" : "");
-    size_t acts[RECOMPUTE_MAX + 1];  // for each -r (model.h); zero bubble keeps W's inputs whatever -r
-    for (int r = 0; r <= RECOMPUTE_MAX; r++) {
-        acts[r] = stage_activation_bytes(d, &model->layout, st->chunk_layers, st->num_slots, stage_kept(r, s, d), args->B,
-                                         args->T);
-    }
-    snprintf(note, sizeof(note), "%d slots of the schedule's micro-batch%s in flight (at least 2), one layer's buffers",
-             st->num_slots, s.V > 1 ? " chunks" : "es");
-    train_print_activation_rows(acts, args->recompute, note);
-    train_print_memory_row("scratch", (double)mem.scratch, "the backward's buffers and a second gradient message");
-    train_print_memory_row("reduce buffer", (double)mem.reduce, zero ? "the reduce-scatter's 1/dp shard of the gradients" : "");
-    train_print_memory_row("kernel scratch", (double)mem.kernels, mem.kernels ? "cuBLASLt's workspace and the kernels' scratch" : "none on the CPU backend");
-    train_print_memory_row("file gather", (double)mem.file_gather, mem.file_gather ? "while a checkpoint gathers: the all-gathered shards, the pieces received" : "");
-    snprintf(note, sizeof(note), "x %d ranks sharing this memory; the run's high-water mark is printed at its end",
-             ranks_sharing_memory);
-    train_print_memory_row("total", (double)mem.total, note);
-    train_print_memory_row("host buffers", (double)host_bytes, "at most (the whole model, and on resume its state)");
+    memory_plan_print(mem, c, run);
     StepBytes b = step_bytes(c, d, s, &model->layout, args->B, args->T, zero,
                              layer_rerun_needed(stage_kept(args->recompute, s, d)));
     double a = (double)args->B * args->T * c.channels * sizeof(floatX);
@@ -626,16 +564,17 @@ int main(int argc, char** argv) {
     ParameterLayout layout = parameter_layout_grid(config, tp, grid.tp_rank, pp, grid.stage, vp);
     layout_shard_flat(&layout, zero, dp, grid.dp_rank);
 
-    // ---- memory, predicted before allocating (llmc/memory.h)
+    // ---- memory, predicted before allocating (llmc/memory.h): the rank's pieces of the model
+    // states, its stage's slots of micro-batches in flight at its tp widths, the pipeline's and
+    // ZeRO-1's buffers, part by part as they are allocated (llmc/memory_plan.h)
     size_t N = layout.count, P = gpt2_num_parameters(config);
-    MemoryPlan mem = plan_memory(config, dims, spec, actions, n, &layout, &args, zero, rank == 0);
-    // host: the whole model in fp32 plus this rank's pieces; on resume the whole state (m, v, and
-    // with bf16 the parameter bits) and this rank's pieces of it
-    size_t host_bytes = (P + N) * sizeof(float) + (args.resume ? (P + N) * (FLOATX_IS_FLOAT ? 2 : 3) * sizeof(float) : 0);
+    RunLayout run = {TRAINER_3D, dp, tp, pp, vp, spec.sched, m, args.B, args.T, zero, sp, args.recompute, 0, 0,
+                     args.checkpoint_every > 0, 0, args.resume};
+    MemoryPlan mem = memory_plan(config, build_target(config), &run, grid.stage, rank == 0);
     char layout_note[160];
     snprintf(layout_note, sizeof(layout_note), "%zu of %zu parameters on rank %d (dp %d, stage %d, tp %d), -b %d -t %d",
              N, P, rank, grid.dp_rank, grid.stage, grid.tp_rank, args.B, args.T);
-    memory_check_fits(mem.total, host_bytes, world.ranks_sharing_memory, layout_note);
+    memory_check_fits(mem.total, mem.host, world.ranks_sharing_memory, layout_note);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
     // the whole model: read (checksum verified, non-finite values refused) or drawn from the seed
@@ -672,7 +611,7 @@ int main(int argc, char** argv) {
 
     if (rank == 0) {
         print_layout(&model, &stage, &grid, &args, zero, max_steps, train.num_tokens,
-                     args.val_every > 0 ? val.num_tokens : 0, all_actions, n, mem, host_bytes, world.ranks_sharing_memory);
+                     args.val_every > 0 ? val.num_tokens : 0, &mem, &run);
     }
 
     // ---- with -y 1, resume from the newest complete checkpoint, whatever grid wrote it

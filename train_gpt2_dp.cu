@@ -37,6 +37,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/block.h"
 #include "llmc/optimizer.h"
 #include "llmc/train.h"
+#include "llmc/memory_plan.h"
 
 // ----------------------------------------------------------------------------------------------
 // ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054). DDP keeps on every rank what the optimizer
@@ -121,20 +122,8 @@ static floatX* gathered_bucket(const Zero* z, const ParameterLayout* p, int k) {
     int kind = parameter_bucket_kind(p, k);
     return z->gathered + (kind == 0 ? 0 : kind == 1 ? (size_t)((k - 1) % 2) * p->bucket_sizes[1] : 2 * p->bucket_sizes[1]);
 }
-static size_t gather_buffer_size(const ParameterLayout* p) {
-    size_t layers = 2 * p->bucket_sizes[1] + p->bucket_sizes[2];
-    return p->bucket_sizes[0] > layers ? p->bucket_sizes[0] : layers;
-}
-
-// ZeRO's buffers besides the model's own (which gpt2_build shards as the layout says)
-static size_t zero_buffer_bytes(const ParameterLayout* p, int accum, int overlap) {
-    size_t X = sizeof(floatX), bytes = 0;
-    if (p->zero == 1) bytes = p->count / p->shards * X;
-    if (p->zero >= 2) bytes = (p->bucket_sizes[0] + (overlap ? 2 : 1) * p->bucket_sizes[1] + p->bucket_sizes[2]) * X +
-                              (accum > 1 ? parameter_largest_bucket(p) / p->shards * X : 0);
-    if (p->zero == 3) bytes += gather_buffer_size(p) * X;
-    return bytes;
-}
+// (the gather buffer's size, zero_gather_buffer_size, and ZeRO's buffers besides the model's
+// own, zero_buffer_bytes: llmc/memory_plan.h, which the memory table counts with)
 
 static Zero zero_alloc(GPT2* model, CommGroup* dp, int accum, int overlap) {
     const ParameterLayout* p = &model->layout;
@@ -154,7 +143,7 @@ static Zero zero_alloc(GPT2* model, CommGroup* dp, int accum, int overlap) {
         for (int i = 0; i < 4; i++) z.grad_bucket[i] = sizes[i] ? (floatX*)device_malloc(sizes[i] * sizeof(floatX)) : NULL;
         if (accum > 1) z.received = (floatX*)device_malloc(parameter_largest_bucket(p) / p->shards * sizeof(floatX));
     }
-    if (z.stage == 3) z.gathered = (floatX*)device_malloc(gather_buffer_size(p) * sizeof(floatX));
+    if (z.stage == 3) z.gathered = (floatX*)device_malloc(zero_gather_buffer_size(p) * sizeof(floatX));
     z.offload = model->offload;
     if (z.offload) {  // pinned host memory: the copies run at full speed, behind the host
         size_t S = layout_state_held(p);
@@ -165,10 +154,6 @@ static Zero zero_alloc(GPT2* model, CommGroup* dp, int accum, int overlap) {
     }
     return z;
 }
-
-// -offload's host memory besides the model's optimizer state: the gradients and the parameters
-// in transit, X each per parameter of this rank's share
-static size_t offload_host_bytes(const ParameterLayout* p) { return 2 * layout_state_held(p) * sizeof(floatX); }
 
 static void zero_free(Zero* z) {
     if (z->stage == 1) device_free(z->grad_shards);
@@ -498,8 +483,7 @@ static void sample(GPT2* model, Zero* z, const Tokenizer* tok, int eot, Rng* rng
 // + gradients 4 + AdamW m 4 + v 4, or bf16 parameters 2 + gradients 2 + fp32 master weights 4 +
 // m 4 + v 4. DDP keeps all 16 on every rank; each ZeRO stage divides more of them by N.
 static void print_layout(const GPT2* model, const TrainArgs* args, int N, int zero, int overlap, int accum, int max_steps,
-                         size_t train_tokens, size_t val_tokens, size_t file_gather, size_t predicted,
-                         size_t host_bytes, int ranks_sharing_memory) {
+                         size_t train_tokens, size_t val_tokens, const MemoryPlan* plan, const RunLayout* run) {
     GPT2Config c = model->config;
     const ParameterLayout* p = &model->layout;
     BannerRow rows[16];
@@ -526,57 +510,10 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
            p->bucket_sizes[1]);
     printf("  final LayerNorm        %12zu  padded %12zu\n", sizes[14] + sizes[15], p->bucket_sizes[2]);
     printf("  all                    %12zu  padded %12zu = Psi\n", P, p->count);
-    double X = sizeof(floatX), Psi = (double)p->count, S = (double)layout_state_held(p);
     int mixed = model->master_memory != NULL;
-    printf("memory per rank, Psi = %.0f parameters (padded), N = %d ranks, bytes per parameter %s:\n", Psi, N,
+    printf("memory per rank, Psi = %zu parameters (padded), dp = %d ranks, bytes per parameter %s:\n", p->count, N,
            mixed ? "2 + 2 + 12 (bf16 parameters and gradients; fp32 master, m, v)" : "4 + 4 + 8 (fp32 parameters and gradients; m, v)");
-    char note[200];
-    train_print_memory_row("parameters", layout_params_held(p) * X, zero >= 3 ? "X Psi / N" : "X Psi: whole");
-    train_print_memory_row("gradients", layout_grads_held(p) * X, zero >= 2 ? "X Psi / N: this rank's shards" : "X Psi: whole");
-    // -offload: the master weights and moments are in host memory, none on the device
-    const char* on_host = "0 on the device: in host memory (-offload)";
-    train_print_memory_row("master weights", mixed && !model->offload ? S * 4 : 0,
-                           mixed ? (model->offload ? on_host : zero >= 1 ? "4 Psi / N" : "4 Psi") : "none in fp32");
-    train_print_memory_row("AdamW m, v", model->offload ? 0 : S * 8,
-                           model->offload ? on_host : zero >= 1 ? "8 Psi / N: this rank's shards" : "8 Psi");
-    double states = (layout_params_held(p) + layout_grads_held(p)) * X + (model->offload ? 0 : S * (mixed ? 12 : 8));
-    const char* formula[4] = {"16 Psi (ZeRO paper: DDP)", mixed ? "(2 + 2) Psi + 12 Psi / N (ZeRO paper: P_os)" : "(4 + 4) Psi + 8 Psi / N",
-                              mixed ? "2 Psi + 14 Psi / N (ZeRO paper: P_os+g)" : "4 Psi + 12 Psi / N",
-                              "16 Psi / N (ZeRO paper: P_os+g+p)"};
-    if (model->offload) snprintf(note, sizeof(note), "= %s, less the optimizer's %s on the host", formula[zero], mixed ? "12" : "8");
-    else snprintf(note, sizeof(note), "= %s", formula[zero]);
-    train_print_memory_row("model states", states, note);
-    // the activations of one micro-batch, for each -r (model.h); this run's were allocated
-    size_t acts[RECOMPUTE_MAX + 1];
-    Activations unused;
-    for (int r = 0; r <= RECOMPUTE_MAX; r++) {
-        acts[r] = gpt2_lay_out_activations(&unused, model->dims, c.num_layers, ACTS_ALL, activations_kept(r, 0, model->dims),
-                                           args->B, args->T, NULL, NULL);
-    }
-    snprintf(note, sizeof(note), "logits %.1f MB (B T Vp)", (double)args->B * args->T * c.padded_vocab_size * X / 1e6);
-    train_print_activation_rows(acts, args->recompute, note);
-    // -z 2 and 3 keep the same reduce buffers
-    const char* sharded = overlap ? "X (embeddings + 2 layers + final LayerNorm): buckets before reduction (+ a shard to add, with accumulation)"
-                                  : "X (embeddings + layer + final LayerNorm): buckets before reduction (+ a shard to add, with accumulation)";
-    const char* reduction[4] = {"none: the all-reduce works in place",
-                                "the reduce-scatter's output: X Psi / N (the all-gather works in place)", sharded, sharded};
-    double gather = zero == 3 ? (double)gather_buffer_size(p) * X : 0.0;
-    train_print_memory_row("reduce buffers", (double)zero_buffer_bytes(p, accum, overlap) - gather, reduction[zero]);
-    train_print_memory_row("gather buffer", gather, zero == 3 ? "X max(embeddings, 2 layers + final LayerNorm)" : "none: the parameters are whole");
-    double scratch = (double)kernel_workspace_bytes(model->dims, args->B, args->T);
-    train_print_memory_row("kernel scratch", scratch, scratch > 0 ? "cuBLASLt's workspace and the kernels' scratch buffers" : "none on the CPU backend");
-    train_print_memory_row("file gather", (double)file_gather,
-                           file_gather > 0 ? "one bucket, while a checkpoint or -dump_grads gathers the shards" : "none: no sharded files to write");
-    snprintf(note, sizeof(note), "x %d ranks sharing this memory; the run's high-water mark is printed at its end",
-             ranks_sharing_memory);
-    train_print_memory_row("total", (double)predicted, note);
-    if (model->offload) {
-        snprintf(note, sizeof(note), "%s m, v %s(%.0f bytes per parameter of this rank's share) + gradients and parameters "
-                 "in transit (2 X)", mixed ? "master weights," : "", zero >= 1 ? "of the 1/N shard " : "", mixed ? 12.0 : 8.0);
-        train_print_memory_row("host: optimizer", (double)(gpt2_optimizer_state_bytes(p) + offload_host_bytes(p)), note);
-    }
-    train_print_memory_row("host buffers", (double)host_bytes, model->offload ? "at most (weights while loading; the optimizer's above)"
-                                                                          : "at most (weights; on resume also the AdamW moments)");
+    memory_plan_print(plan, c, run);
 }
 
 int main(int argc, char** argv) {
@@ -619,34 +556,22 @@ int main(int argc, char** argv) {
     int accum = train_accumulation_steps(&args, world.size, "ranks");
 
     // ---- memory: predicted before allocating, so a batch too large for this machine is a
-    // message rather than a kill by the out-of-memory killer mid-run (llmc/memory.h). Host
-    // buffers at their largest: the fp32 weights while building, and on resume the weights plus
-    // the AdamW moments (and the bf16 parameter bits) read from the checkpoint.
-    // the fp32 weights in the file's order and in buckets while building (3 P at most), and on
-    // resume the AdamW moments (and the bf16 parameter bits) as well.
+    // message rather than a kill by the out-of-memory killer mid-run (llmc/memory.h). Every
+    // buffer this run allocates, part by part (llmc/memory_plan.h): ZeRO shards the model states
+    // as the layout says, -r keeps fewer activations, -offload moves the optimizer to the host.
     size_t P = gpt2_num_parameters(config);
-    size_t state_extra = FLOATX_IS_FLOAT ? 0 : P * sizeof(floatX);
-    size_t host_bytes = P * sizeof(float) * (args.resume ? 5 : 3) +
-                        (args.resume || args.checkpoint_every > 0 ? state_extra : 0);
+    RunLayout run = {TRAINER_DP, world.size, 1, 1, 1, SCHEDULE_1F1B, accum, args.B, args.T, zero, 0, args.recompute,
+                     offload, overlap, args.checkpoint_every > 0, dump_grads != NULL, args.resume};
+    MemoryPlan plan = memory_plan(config, build_target(config), &run, 0, rank == 0);
     char layout_note[128];
     snprintf(layout_note, sizeof(layout_note), "%zu parameters, -z %d over %d ranks, -b %d -t %d", P, zero, world.size,
              args.B, args.T);
     LayerDims dims = layer_dims(config, 1, 0);  // every rank holds whole layers
     // the whole model in buckets, padded for ZeRO into one equal shard per rank (model.h)
     ParameterLayout layout = parameter_layout_buckets(config, zero, world.size, rank);
-    // ZeRO's checkpoints (fp32 weights, when sharded: bf16 master weights from -z 1, fp32
-    // parameters from -z 3) and -dump_grads (floatX gradient shards) gather the shards through a
-    // temporary device buffer of one bucket, while they are written (never both at once)
-    size_t checkpoint_gather = args.checkpoint_every > 0 && fp32_weights_sharded(&layout) ? zero_gather_full_bytes(&layout, COMM_FLOAT) : 0;
-    size_t grads_gather = dump_grads != NULL ? zero_gather_full_bytes(&layout, COMM_FLOATX) : 0;
-    size_t file_gather = checkpoint_gather > grads_gather ? checkpoint_gather : grads_gather;
     // what the forward pass keeps for the backward pass: everything, or with -r less (model.h)
     unsigned kept = activations_kept(args.recompute, 0, dims);
-    // -offload: the optimizer state and the copies in transit live in host memory instead
-    if (offload) host_bytes += gpt2_optimizer_state_bytes(&layout) + offload_host_bytes(&layout);
-    size_t predicted = gpt2_memory_bytes(dims, &layout, ACTS_ALL, kept, args.B, args.T, offload) + zero_buffer_bytes(&layout, accum, overlap) +
-                       kernel_workspace_bytes(dims, args.B, args.T) + file_gather;
-    memory_check_fits(predicted, host_bytes, world.ranks_sharing_memory, layout_note);
+    memory_check_fits(plan.total, plan.host + plan.host_optimizer, world.ranks_sharing_memory, layout_note);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
     // the weights: read (checksum verified, non-finite values refused) or drawn from the seed
@@ -689,8 +614,7 @@ int main(int argc, char** argv) {
     Zero z = zero_alloc(&model, &world, accum, overlap);
 
     if (rank == 0) print_layout(&model, &args, world.size, zero, overlap, accum, max_steps, train.num_tokens,
-                                args.val_every > 0 ? val.num_tokens : 0, file_gather, predicted, host_bytes,
-                                world.ranks_sharing_memory);
+                                args.val_every > 0 ? val.num_tokens : 0, &plan, &run);
 
     // ---- with -y 1, resume from the newest complete checkpoint: rank 0 picks the step, every
     // rank checks that its files are of that step, of its rank, of this layout and of this run
@@ -856,7 +780,7 @@ int main(int argc, char** argv) {
     if (rank == 0) {
         step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
         // what was allocated at most, beside the prediction of the memory table (print_layout)
-        train_print_high_water(predicted);
+        train_print_high_water(plan.total);
     }
 
     watchdog_phase("shutdown", max_steps);

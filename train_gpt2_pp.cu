@@ -60,6 +60,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/pipeline.h"
 #include "llmc/stage.h"
 #include "llmc/train.h"
+#include "llmc/memory_plan.h"
 
 // ----------------------------------------------------------------------------------------------
 // forward and backward of one chunk of layers on one micro-batch (B, T)
@@ -249,7 +250,7 @@ static StepBytes pp_step_bytes(GPT2Config c, PipeSpec s, int B, int T) {
 // what rank 0 prints at the start: the layout, each stage's layers and parameters, the schedule's
 // chart, the memory per rank and the communication per step with its formula
 static void print_layout(const GPT2* model, const Stage* st, const TrainArgs* args, int max_steps, size_t train_tokens,
-                         size_t val_tokens, size_t host_bytes, size_t memory_bytes, int ranks_sharing_memory) {
+                         size_t val_tokens, const MemoryPlan* plan, const RunLayout* run) {
     GPT2Config c = model->config;
     PipeSpec s = st->spec;
     size_t P = gpt2_num_parameters(c), X = sizeof(floatX);
@@ -264,47 +265,23 @@ static void print_layout(const GPT2* model, const Stage* st, const TrainArgs* ar
     banner_row(&rows[n++], "steps", "%d", max_steps);
     banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
     train_print_banner(rows, n);
-    printf("stages (the embedding on the first, lnf and the tied LM head, a copy of wte, on the last):\n");
+    printf("stages (the embedding on the first, lnf and the tied LM head, a copy of wte, on the last; each one's device "
+           "memory predicted):\n");
     for (int stage = 0; stage < s.p; stage++) {
-        ParameterLayout l = parameter_layout_grid(c, 1, 0, s.p, stage, s.V);
+        MemoryPlan of_stage = memory_plan(c, plan->dims.target, run, stage, stage == 0);
+        const ParameterLayout l = of_stage.layout;
         printf("  stage %d  layers", stage);
         for (int chunk = 0; chunk < s.V; chunk++) {
             int first = layout_layer(&l, chunk * st->chunk_layers);
             printf(" %d-%d", first, first + st->chunk_layers - 1);
         }
-        printf("%s%s  %zu parameters (%.1f%%)\n", l.embedding ? " + wte, wpe" : "", l.head ? " + lnf, wte copy" : "",
-               l.count, 100.0 * l.count / P);
+        printf("%s%s  %zu parameters (%.1f%%), %.1f MB (activations %.1f MB in %d slots)\n", l.embedding ? " + wte, wpe" : "",
+               l.head ? " + lnf, wte copy" : "", l.count, 100.0 * l.count / P, of_stage.total / 1e6, of_stage.activations / 1e6,
+               of_stage.slots);
     }
     pipeline_print_chart(s);
-    size_t P0 = model->num_parameters, slot_bytes = st->slots[0].arena_bytes;
     printf("memory of stage 0 (this rank):\n");
-    char note[200];
-    snprintf(note, sizeof(note), "%zu of %zu, %s", P0, P, PRECISION_NAME);
-    train_print_memory_row("parameters", (double)P0 * X, note);
-    train_print_memory_row("master weights", model->master_memory ? (double)P0 * sizeof(float) : 0, "");
-    train_print_memory_row("gradients", (double)P0 * X, "");
-    train_print_memory_row("AdamW m, v", (double)P0 * 2 * sizeof(float), "");
-    // the micro-batches in flight for each -r (model.h); zero bubble keeps W's inputs whatever -r
-    size_t acts[RECOMPUTE_MAX + 1];
-    for (int r = 0; r <= RECOMPUTE_MAX; r++) {
-        acts[r] = stage_activation_bytes(model->dims, &model->layout, st->chunk_layers, st->num_slots,
-                                         stage_kept(r, s, model->dims), args->B, args->T);
-    }
-    size_t recompute_buffers = acts[args->recompute] - (size_t)st->num_slots * slot_bytes;
-    snprintf(note, sizeof(note), "%d slots of %.1f MB (the schedule's peak of micro-batch%s in flight, at least 2) + %.1f MB "
-             "of one layer's buffers", st->num_slots, slot_bytes / 1e6, s.V > 1 ? " chunks" : "es", recompute_buffers / 1e6);
-    train_print_activation_rows(acts, args->recompute, note);
-    train_print_memory_row("scratch", (double)(model->acts.arena_bytes - recompute_buffers) + (double)args->B * args->T * c.channels * X,
-                           "the backward's buffers, and a second (B, T, C) gradient buffer");
-    double kernels = (double)kernel_workspace_bytes(model->dims, args->B, args->T);
-    train_print_memory_row("kernel scratch", kernels, kernels > 0 ? "cuBLASLt's workspace and the kernels' scratch buffers" : "none on the CPU backend");
-    int gathers = s.p > 1 && args->checkpoint_every > 0;  // (the same as main's gather_bytes)
-    train_print_memory_row("file gather", gathers ? (double)P0 * sizeof(float) : 0,
-                           gathers ? "the stage's fp32 slice while a checkpoint is gathered" : "none: no checkpoints to gather");
-    snprintf(note, sizeof(note), "x %d ranks sharing this memory; the run's high-water mark is printed at its end",
-             ranks_sharing_memory);
-    train_print_memory_row("total", (double)memory_bytes, note);
-    train_print_memory_row("host buffers", (double)host_bytes, "at most (the whole model while loading it)");
+    memory_plan_print(plan, c, run);
     StepBytes b = pp_step_bytes(c, s, args->B, args->T);
     double message = (double)args->B * args->T * c.channels * X;
     printf("communication per step (payload of stage 0), messages of B T C X = %.0f bytes:\n", message);
@@ -377,26 +354,20 @@ int main(int argc, char** argv) {
     PipeAction* actions = all_actions + (size_t)rank * n;
 
     // ---- memory, predicted before allocating (llmc/memory.h): the stage's parameters and
-    // scratch (gpt2_memory_bytes), a slot of activations per micro-batch the schedule keeps in
-    // flight (at least 2: a forward-only pass receives into one while the last is sent), a second
-    // gradient buffer. Host: the whole model in fp32 plus the stage's part, and on resume this
-    // rank's AdamW moments (and bf16 parameter bits)
+    // scratch, a slot of activations per micro-batch the schedule keeps in flight (at least 2: a
+    // forward-only pass receives into one while the last is sent), a second gradient buffer
+    // (llmc/memory_plan.h)
     ParameterLayout layout = parameter_layout_grid(config, 1, 0, p, rank, vp);
-    int chunk_layers = config.num_layers / (p * vp);
     int num_slots = stage_num_slots(spec, actions, n);
     unsigned kept = stage_kept(args.recompute, spec, dims);  // what a slot keeps (-r, model.h)
-    size_t slot_bytes = stage_slot_bytes(dims, &layout, chunk_layers, kept, args.B, args.T);
-    size_t BTC = (size_t)args.B * args.T * config.channels;
-    size_t gather_bytes = p > 1 && args.checkpoint_every > 0 ? layout.count * sizeof(float) : 0;
-    size_t memory_bytes = gpt2_memory_bytes(dims, &layout, ACTS_SCRATCH | ACTS_RECOMPUTE, kept, args.B, args.T, 0) + num_slots * slot_bytes +
-                          BTC * sizeof(floatX) + gather_bytes + kernel_workspace_bytes(dims, args.B, args.T);
+    RunLayout run = {TRAINER_PP, 1, 1, p, vp, spec.sched, m, args.B, args.T, 0, 0, args.recompute, 0, 0,
+                     args.checkpoint_every > 0, 0, args.resume};
+    MemoryPlan plan = memory_plan(config, build_target(config), &run, rank, rank == 0);
     size_t P = gpt2_num_parameters(config);
-    size_t host_bytes = P * sizeof(float) + layout.count * sizeof(float) +
-                        (args.resume ? layout.count * (2 * sizeof(float) + (FLOATX_IS_FLOAT ? 0 : sizeof(floatX))) : 0);
     char layout_note[128];
     snprintf(layout_note, sizeof(layout_note), "%zu of %zu parameters on stage %d, -b %d -t %d", layout.count, P, rank,
              args.B, args.T);
-    memory_check_fits(memory_bytes, host_bytes, world.ranks_sharing_memory, layout_note);
+    memory_check_fits(plan.total, plan.host, world.ranks_sharing_memory, layout_note);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
     // the whole model: read (checksum verified, non-finite values refused) or drawn from the seed
@@ -439,7 +410,7 @@ int main(int argc, char** argv) {
 
     if (rank == 0) {
         print_layout(&model, &stage, &args, max_steps, train.num_tokens, args.val_every > 0 ? val.num_tokens : 0,
-                     host_bytes, memory_bytes, world.ranks_sharing_memory);
+                     &plan, &run);
     }
 
     // ---- with -y 1, resume from the newest complete checkpoint (every rank its own state file)
@@ -544,7 +515,7 @@ int main(int argc, char** argv) {
     }
     if (rank == 0) {
         step_stats_print(&stats, args.total_batch, flops_per_token, peak, p);
-        train_print_high_water(memory_bytes);
+        train_print_high_water(plan.total);
     }
     // held activations: the schedule's count beside what each stage's slots measured
     if (max_steps > start_step) stage_report_peak(&stage, pp, all_actions, n);

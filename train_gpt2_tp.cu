@@ -59,6 +59,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/optimizer.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/train.h"
+#include "llmc/memory_plan.h"
 
 // ----------------------------------------------------------------------------------------------
 // forward and backward of the model on one micro-batch, on this rank's slices. BTs is the number
@@ -277,12 +278,11 @@ static StepBytes tp_step_bytes(GPT2Config c, int B, int T, int accum, int sp, in
 // what rank 0 prints at the start: the layout, which tensor is split how, the memory per rank and
 // the communication per step with its formula
 static void print_layout(const GPT2* model, const TrainArgs* args, int accum, int max_steps, size_t train_tokens,
-                         size_t val_tokens, size_t gather_bytes, size_t predicted, size_t host_bytes, int ranks,
-                         int ranks_sharing_memory) {
+                         size_t val_tokens, const MemoryPlan* plan, const RunLayout* run, int ranks) {
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     int sp = d.seq_shards > 1;
-    size_t P = gpt2_num_parameters(c), P_rank = model->num_parameters, X = sizeof(floatX);
+    size_t X = sizeof(floatX);
     double BT = (double)args->B * args->T, L = c.num_layers;
     BannerRow rows[16];
     int n = train_banner_model(rows, "train_gpt2_tp (TP)", args->model, c);
@@ -298,29 +298,7 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int accum, in
     train_print_parameter_layout(c, &model->layout);
     printf("memory per rank (the block weights and wte split over %d ranks; wpe, LayerNorms and "
            "row-parallel biases replicated):\n", ranks);
-    char note[200];
-    snprintf(note, sizeof(note), "%zu of %zu (%.1f%%), %s", P_rank, P, 100.0 * P_rank / P, PRECISION_NAME);
-    train_print_memory_row("parameters", (double)P_rank * X, note);
-    train_print_memory_row("master weights", model->master_memory ? (double)P_rank * sizeof(float) : 0, "");
-    train_print_memory_row("gradients", (double)P_rank * X, "");
-    train_print_memory_row("AdamW m, v", (double)P_rank * 2 * sizeof(float), "");
-    size_t acts[RECOMPUTE_MAX + 1];  // one micro-batch's activations for each -r (model.h)
-    Activations unused;
-    for (int r = 0; r <= RECOMPUTE_MAX; r++) {
-        acts[r] = gpt2_lay_out_activations(&unused, d, c.num_layers, ACTS_ALL, activations_kept(r, 0, d), args->B, args->T,
-                                           NULL, NULL);
-    }
-    snprintf(note, sizeof(note), "logits %.1f MB (B T Vp/tp); residual stream %s", BT * d.Vp * X / 1e6,
-             sp ? "B T C/tp per layer" : "B T C per layer, whole on every rank");
-    train_print_activation_rows(acts, args->recompute, note);
-    train_print_memory_row("comm buffers", (double)gather_bytes,
-                           "a slice of fp32 while a checkpoint is gathered; collectives work in place or on activations");
-    double scratch = (double)kernel_workspace_bytes(d, args->B, args->T);
-    train_print_memory_row("kernel scratch", scratch, scratch > 0 ? "cuBLASLt's workspace and the kernels' scratch buffers" : "none on the CPU backend");
-    snprintf(note, sizeof(note), "x %d ranks sharing this memory; the run's high-water mark is printed at its end",
-             ranks_sharing_memory);
-    train_print_memory_row("total", (double)predicted, note);
-    train_print_memory_row("host buffers", (double)host_bytes, "at most (the whole model while loading it)");
+    memory_plan_print(plan, c, run);
     int rerun = layer_rerun_needed(model->acts.kept);
     StepBytes b = tp_step_bytes(c, args->B, args->T, accum, sp, rerun);
     double activation = BT * c.channels * X;
@@ -384,22 +362,18 @@ int main(int argc, char** argv) {
     // the batch: all ranks work on the same B x T tokens, `accum` micro-batches per step
     int accum = train_accumulation_steps(&args, 1, NULL);
 
-    // ---- memory, predicted before allocating (llmc/memory.h). Host buffers at their largest:
-    // the whole model in fp32 (every rank reads it and keeps its slices) plus the slices, and on
-    // resume this rank's AdamW moments (and bf16 parameter bits)
+    // ---- memory, predicted before allocating (llmc/memory.h): this rank's slices of the model
+    // states, every activation of a micro-batch at the rank's widths, and on rank 0 one more
+    // slice of fp32 through which a checkpoint is gathered (llmc/memory_plan.h)
     ParameterLayout rank_layout = parameter_layout(config, world.size, rank);
     size_t P = gpt2_num_parameters(config), P_rank = rank_layout.count;
-    size_t host_bytes = P * sizeof(float) + P_rank * sizeof(float) +
-                        (args.resume ? P_rank * (2 * sizeof(float) + (FLOATX_IS_FLOAT ? 0 : sizeof(floatX))) : 0);
     char layout[128];
     snprintf(layout, sizeof(layout), "%zu of %zu parameters per rank, -b %d -t %d", P_rank, P, args.B, args.T);
-    // (rank 0 gathers a checkpoint through one more slice of fp32 on the device)
-    size_t gather_bytes = world.size > 1 && args.checkpoint_every > 0 ? P_rank * sizeof(float) : 0;
+    RunLayout run = {TRAINER_TP, 1, world.size, 1, 1, SCHEDULE_1F1B, accum, args.B, args.T, 0, sp, args.recompute,
+                     0, 0, args.checkpoint_every > 0, 0, args.resume};
+    MemoryPlan plan = memory_plan(config, build_target(config), &run, 0, rank == 0);
     unsigned kept = activations_kept(args.recompute, 0, dims);  // what the forward keeps (-r, model.h)
-    size_t predicted = gpt2_memory_bytes(dims, &rank_layout, ACTS_ALL, kept, args.B, args.T, 0) + gather_bytes +
-                       kernel_workspace_bytes(dims, args.B, args.T);
-    memory_check_fits(predicted, host_bytes,
-                      world.ranks_sharing_memory, layout);
+    memory_check_fits(plan.total, plan.host, world.ranks_sharing_memory, layout);
     comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
 
     // the whole model: read (checksum verified, non-finite values refused) or drawn from the seed
@@ -433,7 +407,7 @@ int main(int argc, char** argv) {
 
     if (rank == 0) {
         print_layout(&model, &args, accum, max_steps, train.num_tokens, args.val_every > 0 ? val.num_tokens : 0,
-                     gather_bytes, predicted, host_bytes, world.size, world.ranks_sharing_memory);
+                     &plan, &run, world.size);
     }
 
     // ---- with -y 1, resume from the newest complete checkpoint (every rank its own state file)
@@ -542,7 +516,7 @@ int main(int argc, char** argv) {
     }
     if (rank == 0) {
         step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
-        train_print_high_water(predicted);
+        train_print_high_water(plan.total);
     }
 
     watchdog_phase("shutdown", max_steps);

@@ -8,6 +8,7 @@
 
 #include "gpt2.h"
 #include "ops.h"
+#include "target.h"
 
 // the widths of one layer on one rank: with tensor parallelism over tp ranks a rank holds NH/tp
 // heads, so 3C/tp of qkv, C/tp of the attention output and 4C/tp of the MLP; tp = 1 otherwise.
@@ -22,30 +23,52 @@ typedef struct {
     int Vp;          // logits per token, Vp / tp with a vocabulary-parallel LM head
     int tp;          // tensor-parallel ranks
     int seq_shards;  // tp with sequence parallelism, else 1
+    DeviceTarget target;  // how the tensors are stored: this build's (or the planner's machine's)
 } LayerDims;
 
-// tp: tensor-parallel ranks (1: none); sp: 1 to split the residual stream over them as well
-static inline LayerDims layer_dims(GPT2Config c, int tp, int sp) {
+// the machine this build runs on (llmc/target.h): the CPU backend in fp32, or CUDA in floatX,
+// with flash attention where the head size allows it and LLMC_ATTENTION does not ask for cuBLAS
+static inline DeviceTarget build_target(GPT2Config c) {
+#ifdef __CUDACC__
+    DeviceTarget t = {1, (int)sizeof(floatX), attention_uses_flash(c.channels, c.num_heads)};
+#else
+    (void)c;
+    DeviceTarget t = {0, (int)sizeof(float), 0};
+#endif
+    return t;
+}
+
+// 0 when tp ranks can split the layers of model c on target t, else 1 with the reason in why
+static inline int layer_dims_problem(GPT2Config c, int tp, DeviceTarget t, char* why, size_t why_size) {
     const char* what[3] = {"the heads NH", "the MLP width 4C", "the padded vocabulary Vp"};
     int n[3] = {c.num_heads, 4 * c.channels, c.padded_vocab_size};
     for (int i = 0; i < 3; i++) {
         if (n[i] % tp != 0) {
-            fail("-tp %d: tensor parallelism splits %s = %d over the ranks, and %d does not divide "
-                 "it (the model has NH=%d, C=%d, Vp=%d)", tp, what[i], n[i], tp, c.num_heads,
-                 c.channels, c.padded_vocab_size);
+            snprintf(why, why_size, "-tp %d: tensor parallelism splits %s = %d over the ranks, and %d does not divide "
+                     "it (the model has NH=%d, C=%d, Vp=%d)", tp, what[i], n[i], tp, c.num_heads, c.channels,
+                     c.padded_vocab_size);
+            return 1;
         }
     }
-    LayerDims d = {c.channels, 3 * c.channels / tp, c.channels / tp, 4 * c.channels / tp,
-                   c.num_heads / tp, c.padded_vocab_size / tp, tp, sp ? tp : 1};
-#ifdef __CUDACC__
     // the CUDA loss kernels read a rank's row of logits 16 bytes at a time
-    if (d.Vp % PACK16 != 0) {
-        fail("-tp %d: each rank's Vp/tp = %d logits per token must be a multiple of %d for the CUDA "
-             "kernels", tp, d.Vp, PACK16);
+    if (t.cuda && c.padded_vocab_size / tp % (16 / t.X) != 0) {
+        snprintf(why, why_size, "-tp %d: each rank's Vp/tp = %d logits per token must be a multiple of %d for the CUDA "
+                 "kernels", tp, c.padded_vocab_size / tp, 16 / t.X);
+        return 1;
     }
-#endif
+    return 0;
+}
+
+// tp: tensor-parallel ranks (1: none); sp: 1 to split the residual stream over them as well;
+// target: the machine (build_target for this one's)
+static inline LayerDims layer_dims_for(GPT2Config c, int tp, int sp, DeviceTarget target) {
+    char why[256];
+    if (layer_dims_problem(c, tp, target, why, sizeof(why))) fail("%s", why);
+    LayerDims d = {c.channels, 3 * c.channels / tp, c.channels / tp, 4 * c.channels / tp,
+                   c.num_heads / tp, c.padded_vocab_size / tp, tp, sp && tp > 1 ? tp : 1, target};
     return d;
 }
+static inline LayerDims layer_dims(GPT2Config c, int tp, int sp) { return layer_dims_for(c, tp, sp, build_target(c)); }
 
 // The vocabulary of tensor-parallel rank r is the tokens [r Vp/tp, (r+1) Vp/tp); of those
 // columns the first `real` ones are tokens (below V), the rest padding (none on most ranks).
@@ -331,7 +354,7 @@ typedef struct {
     float* ln1_rstd;    // (L, BTs)
     floatX* qkv;        // (L, B, T, 3C)
     floatX* atty;       // (L, B, T, C)   attention output before its projection
-    char* att_state;    // (L, attention_state_bytes) what attention keeps for its backward pass:
+    char* att_state;    // (L, attention_state_size) what attention keeps for its backward pass:
                         // the (B, NH, T, T) probabilities, or the flash path's (B, NH, T) lse
     floatX* attproj;    // (L, B, T, C)
     floatX* residual2;  // (L, BTs, C)    residual stream after attention
@@ -401,7 +424,7 @@ static inline unsigned activations_kept(int recompute, int weights_later, LayerD
     unsigned kept = KEEP_ALL;
     if (recompute == 1) {
         kept &= ~(unsigned)(KEEP_FCH_GELU | KEEP_ATTPROJ | KEEP_FCPROJ);
-        if (attention_state_is_probabilities(d.att, d.NH)) kept &= ~(unsigned)KEEP_ATT_STATE;
+        if (!d.target.flash) kept &= ~(unsigned)KEEP_ATT_STATE;  // the (B, NH, T, T) probabilities
     }
     if (recompute == 2) kept = KEEP_RESIDUAL3;
     if (weights_later) {
@@ -447,13 +470,13 @@ typedef struct {
 static inline int activation_tensors(ActivationTensor* t, Activations* a, LayerDims d, int layers, unsigned kept, int B,
                                      int T) {
     size_t L = (size_t)layers, C = d.C, QKV = d.qkv, ATT = d.att, FC = d.fc, Vp = d.Vp;
-    size_t BT = (size_t)B * T, BTs = BT / d.seq_shards, X = sizeof(floatX), F = sizeof(float);
+    size_t BT = (size_t)B * T, BTs = BT / d.seq_shards, X = d.target.X, F = sizeof(float);
     size_t sp = d.seq_shards > 1;  // 0 or 1: sequence parallelism's buffers or none
     struct { void** ptr; size_t bytes; unsigned keep; } layer[] = {  // one layer's tensors
         {(void**)&a->ln1, BT * C * X, KEEP_LN1},           {(void**)&a->ln1_mean, BTs * F, KEEP_LN1_STATS},
         {(void**)&a->ln1_rstd, BTs * F, KEEP_LN1_STATS},   {(void**)&a->qkv, BT * QKV * X, KEEP_QKV},
         {(void**)&a->atty, BT * ATT * X, KEEP_ATTY},
-        {(void**)&a->att_state, attention_state_bytes(B, T, d.att, d.NH), KEEP_ATT_STATE},
+        {(void**)&a->att_state, attention_state_size(d.target, B, T, d.NH), KEEP_ATT_STATE},
         {(void**)&a->attproj, BT * C * X, KEEP_ATTPROJ},   {(void**)&a->residual2, BTs * C * X, KEEP_RESIDUAL2},
         {(void**)&a->ln2, BT * C * X, KEEP_LN2},           {(void**)&a->ln2_mean, BTs * F, KEEP_LN2_STATS},
         {(void**)&a->ln2_rstd, BTs * F, KEEP_LN2_STATS},   {(void**)&a->fch, BT * FC * X, KEEP_FCH},
@@ -522,32 +545,29 @@ static inline void activations_free(Activations* a) { device_free(a->arena); }
 
 // The kernels' own device memory at widths d and B x T: on CUDA cuBLASLt's workspace and each
 // launcher's scratch buffer at its largest (they grow on demand to the largest call, and each
-// launcher's size function above is the one its call uses); none on the CPU
+// launcher asks llmc/target.h's size function used here); none on the CPU
 static inline size_t kernel_workspace_bytes(LayerDims d, int B, int T) {
-#ifdef __CUDACC__
+    if (!d.target.cuda) return 0;
     size_t BT = (size_t)B * T, widest_bias = d.fc > d.qkv ? d.fc : d.qkv;
     widest_bias = widest_bias > (size_t)d.C ? widest_bias : (size_t)d.C;
+    size_t attention = d.target.flash ? flash_scratch_bytes(B, T, d.NH) : attention_cublas_scratch_bytes(B, T, d.att, d.NH, d.target.X);
     return CUBLASLT_WORKSPACE_BYTES + bias_scratch_bytes(BT, (int)widest_bias) + layernorm_scratch_bytes(BT / d.seq_shards, d.C) +
-           attention_scratch_bytes(B, T, d.att, d.NH) + encoder_scratch_bytes(BT) + norm_scratch_bytes();
-#else
-    (void)d, (void)B, (void)T;
-    return 0;
-#endif
+           attention + encoder_scratch_bytes(BT) + norm_scratch_bytes();
 }
 
 // what gpt2_build allocates on one rank's device: parameters and gradients (floatX), fp32 master
 // weights (bf16 only) and AdamW m and v (fp32) unless offloaded to the host, each whole or its
 // shards (layout_held), the activation parts `parts` for the layout's layers (keeping `kept`)
 // and the token buffers
-static inline size_t gpt2_optimizer_state_bytes(const ParameterLayout* layout) {
+static inline size_t gpt2_optimizer_state_bytes(const ParameterLayout* layout, DeviceTarget t) {
     size_t S = layout_state_held(layout);
-    return (FLOATX_IS_FLOAT ? 0 : S * sizeof(float)) + S * 2 * sizeof(float);
+    return (t.X < 4 ? S * sizeof(float) : 0) + S * 2 * sizeof(float);
 }
 static inline size_t gpt2_memory_bytes(LayerDims d, const ParameterLayout* layout, int parts, unsigned kept, int B, int T,
                                        int offload) {
     Activations unused;
-    return (layout_params_held(layout) + layout_grads_held(layout)) * sizeof(floatX) +
-           (offload ? 0 : gpt2_optimizer_state_bytes(layout)) +
+    return (layout_params_held(layout) + layout_grads_held(layout)) * d.target.X +
+           (offload ? 0 : gpt2_optimizer_state_bytes(layout, d.target)) +
            gpt2_lay_out_activations(&unused, d, layout->layers, parts, kept, B, T, NULL, NULL) + (size_t)B * T * 2 * sizeof(int);
 }
 
@@ -570,9 +590,9 @@ static inline void gpt2_weights_from_full(GPT2* model, const float* full) {
 
 // this rank's fp32 weights on the device: the master copy when there is one (exact), else the
 // parameters themselves; *sharded says whether they are the rank's shards (ZeRO) or whole
-static inline int fp32_weights_sharded(const ParameterLayout* p) { return FLOATX_IS_FLOAT ? p->zero >= 3 : p->zero >= 1; }
+static inline int fp32_weights_sharded(const ParameterLayout* p, DeviceTarget t) { return t.X == 4 ? p->zero >= 3 : p->zero >= 1; }
 static inline const float* gpt2_fp32_weights(const GPT2* model, int* sharded) {
-    *sharded = fp32_weights_sharded(&model->layout);
+    *sharded = fp32_weights_sharded(&model->layout, model->dims.target);
     return model->master_memory ? model->master_memory : (const float*)model->params_memory;
 }
 
@@ -692,7 +712,7 @@ typedef struct {
 // a kept tensor layer l's own, of a recomputed one the one layer's buffer
 static inline LayerActs layer_acts(const Activations* a, LayerDims d, int B, int T, int l) {
     size_t BT = (size_t)B * T, BTs = BT / d.seq_shards;
-    size_t att_state = attention_state_bytes(B, T, d.att, d.NH);
+    size_t att_state = attention_state_size(d.target, B, T, d.NH);
 #define AT(bit) ((a->kept & (bit)) ? (size_t)l : 0)  // the layer's index in its tensor
     LayerActs x = {a->ln1 + AT(KEEP_LN1) * BT * d.C,       a->ln1_mean + AT(KEEP_LN1_STATS) * BTs,
                    a->ln1_rstd + AT(KEEP_LN1_STATS) * BTs, a->qkv + AT(KEEP_QKV) * BT * d.qkv,

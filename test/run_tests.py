@@ -1500,6 +1500,45 @@ def grid3d_nonfinite_loss_stops_before_writing_the_step():
 # activations take less memory. Each trainer at 2 ranks (3D: a 1x2x2 grid), on the CPU backend
 # and under the emulator in bf16.
 
+# dev/memory_planner's flags, the trainers' names for the same things
+PLANNER_FLAGS = {"-e", "-b", "-t", "-d", "-n", "-z", "-sp", "-r", "-offload", "-overlap", "-sched", "-vp", "-dp", "-pp", "-tp"}
+
+
+def check_planner_matches_trainer(program, ranks, args, out, attention=None):
+    """dev/memory_planner, a CPU program, given a run's flags and the machine it ran on: it prints
+    the very memory table the trainer printed (rank 0's rows, byte for byte), and its total is the
+    run's measured high-water mark within 5%: the planner shares the trainers' accounting
+    (llmc/memory_plan.h) and counts a CUDA bf16 run's buffers without its build"""
+    trainer = os.path.basename(program)[len("train_gpt2_"):]
+    flags = ["-trainer", trainer, "-stage", 0]
+    pairs = dict(zip([str(a) for a in args[0::2]], args[1::2]))
+    flags += [x for f, v in pairs.items() if f in PLANNER_FLAGS for x in (f, v)]
+    if trainer in ("dp", "tp", "pp"):
+        flags += ["-" + trainer, ranks]
+    elif "-dp" not in pairs:  # the 3D trainer's default: the ranks that pp x tp leave
+        flags += ["-dp", ranks // (int(pairs.get("-pp", 1)) * int(pairs.get("-tp", 1)))]
+    precision = "bf16" if "emu_BF16" in program else "fp32"
+    flags += ["-device", "cuda" if "emu_" in program else "cpu", "-precision", precision]
+    if attention:
+        flags += ["-attention", attention]
+    p = subprocess.run([os.path.join(ROOT, "dev", "memory_planner")] + [str(f) for f in flags], cwd=ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    planned = p.stdout.decode()
+    assert p.returncode in (0, 1), "memory_planner %s: exit %d\n%s" % (flags, p.returncode, planned)
+
+    def table(text):
+        lines = text.splitlines()
+        first = next(i for i, l in enumerate(lines) if l.startswith("  parameters "))
+        last = next(i for i, l in enumerate(lines) if l.startswith("  host buffers "))
+        return lines[first:last + 1]
+    assert table(planned) == table(out), "memory_planner %s printed\n%s\nthe trainer\n%s" % (
+        " ".join(str(f) for f in flags), "\n".join(table(planned)), "\n".join(table(out)))
+    total = float(re.search(r"^  total +([\d.]+) MB", planned, re.M).group(1)) * 1e6
+    peak = int(re.search(r"high-water mark (\d+) bytes allocated", out).group(1))
+    # (the table prints MB to one decimal: 0.05 MB of rounding, far inside 5%)
+    assert abs(peak - total) <= 0.05 * total, "memory_planner %s: %.0f bytes, the run's high-water mark %d" % (flags, total, peak)
+
+
 def variant_run(name, program, ranks, flags, cfg, B, variant, run=None):
     """one run with the variant's flags (-r or -offload): (its log's losses and norms, its files'
     bytes, each step's comm bytes, the high-water mark of its device memory), after checking that
@@ -1517,6 +1556,7 @@ def variant_run(name, program, ranks, flags, cfg, B, variant, run=None):
     peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
     # the memory table's total against what was allocated (every buffer of the trainer's is counted)
     assert abs(peak - predicted) <= 0.05 * predicted, "%s: %d bytes allocated at most, %d predicted" % (variant, peak, predicted)
+    check_planner_matches_trainer(program, ranks, args, out, getattr(run, "attention", None))
     if variant[:1] == ["-r"] and variant[1] > 0:
         assert re.search(r"^step +1/\d+ .*ms \(\d+% recompute\)", out, re.M), "%s: no recompute share\n%s" % (variant, out[-1500:])
     history = [(s, train[s]["train_loss"], train[s]["grad_norm"]) for s in sorted(train)]
@@ -1656,6 +1696,7 @@ def emu_runner(devices, order="forward", attention=None):
         threads = 2 if ranks == 1 else 1
         env = dict(CUDA_EMU_DEVICES=str(devices), CUDA_EMU_ORDER=order, LLMC_ATTENTION=attention or "")
         return run_ok(ranks, args, program=program, threads=threads, env=env)
+    run.attention = attention  # (for dev/memory_planner: the path whose buffers to count)
     return run
 
 

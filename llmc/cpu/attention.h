@@ -5,18 +5,9 @@
 #include <math.h>
 #include <string.h>
 
-// what attention_forward keeps for attention_backward (per layer): the softmax probabilities
-// att (B, NH, T, T), zero above the diagonal. The CUDA backend's flash path keeps less.
-static inline size_t attention_state_bytes(int B, int T, int C, int NH) {
-    (void)C;
-    return (size_t)B * NH * T * T * sizeof(float);
-}
-
-// 1: that state is the (B, NH, T, T) probabilities, worth dropping under -r 1 (model.h)
-static inline int attention_state_is_probabilities(int C, int NH) {
-    (void)C, (void)NH;
-    return 1;
-}
+// What attention_forward keeps for attention_backward (per layer) is the softmax probabilities
+// att (B, NH, T, T), zero above the diagonal; the CUDA backend's flash path keeps less
+// (attention_state_size, llmc/target.h).
 
 // qkv (B, T, 3C) holds q, k, v side by side, each split into NH heads of size hs = C / NH.
 // out (B, T, C) = attention output; state: the probabilities att, for the backward pass.

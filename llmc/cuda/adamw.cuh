@@ -94,7 +94,7 @@ static inline void adamw_update_host(floatX* params, float* master, const floatX
 
 // sum of squares: a fixed grid of blocks writes partial sums, the host adds them in order, so
 // the result is the same on every run
-#define NORM_BLOCKS 1024
+// (NORM_BLOCKS and norm_scratch_bytes: llmc/target.h)
 __global__ void norm_squared_partial(float* partial, const floatX* x, size_t n) {
     __shared__ float shared[32];
     float sum = 0.0f;
@@ -113,7 +113,6 @@ __global__ void norm_squared_partial(float* partial, const floatX* x, size_t n) 
 }
 
 static DeviceScratch norm_scratch;
-static inline size_t norm_scratch_bytes(void) { return NORM_BLOCKS * sizeof(float); }
 
 static inline float global_norm_squared(const floatX* grads, size_t n) {
     float* partial = (float*)scratch_get(&norm_scratch, norm_scratch_bytes());

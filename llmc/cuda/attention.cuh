@@ -98,13 +98,11 @@ __global__ void attention_softmax_backward(floatX* dscores, const floatX* att, s
 static DeviceScratch attention_scratch;
 
 // scratch laid out as q, k, v and one more (B, NH, T, hs) tensor, then a (B, NH, T, T) score
-// matrix; q, k and v are filled from qkv. Returns q; the others follow at steps of B*T*C.
-static inline size_t attention_cublas_scratch_bytes(int B, int T, int C, int NH) {
-    return (4 * (size_t)B * T * C + (size_t)B * NH * T * T) * sizeof(floatX);
-}
+// matrix (attention_cublas_scratch_bytes, llmc/target.h); q, k and v are filled from qkv.
+// Returns q; the others follow at steps of B*T*C.
 static floatX* attention_split_qkv(const floatX* qkv, int B, int T, int C, int NH) {
     size_t n = (size_t)B * T * C;
-    floatX* q = (floatX*)scratch_get(&attention_scratch, attention_cublas_scratch_bytes(B, T, C, NH));
+    floatX* q = (floatX*)scratch_get(&attention_scratch, attention_cublas_scratch_bytes(B, T, C, NH, sizeof(floatX)));
     for (int part = 0; part < 3; part++) attention_layout(q + part * n, qkv, 1, B, T, NH, C / NH, 3 * C, part * C);
     return q;
 }
@@ -163,28 +161,16 @@ static inline int attention_uses_flash(int C, int NH) {
         else if (strcmp(v, "cublas") == 0) asked = 2;
         else fail("LLMC_ATTENTION=%s: expected flash or cublas", v);
     }
-    int supported = flash_attention_supported(C / NH);
+    int supported = flash_attention_supports(sizeof(floatX), C / NH);
     if (asked == 1 && !supported) {
         fail("LLMC_ATTENTION=flash needs a bf16 build and a head size of 16, 32 or 64 (this one: %s, %d)",
              PRECISION_NAME, C / NH);
     }
     return supported && asked != 2;
 }
-
-// what attention_forward keeps for attention_backward, per layer: the flash path's log-sum-exp
-// of each row (B, NH, T), or the cuBLAS path's probabilities (B, NH, T, T)
-static inline size_t attention_state_bytes(int B, int T, int C, int NH) {
-    if (attention_uses_flash(C, NH)) return (size_t)B * NH * T * sizeof(float);
-    return (size_t)B * NH * T * T * sizeof(floatX);
-}
-
-// 1 when that state is the (B, NH, T, T) probabilities: worth dropping under -r 1 (model.h)
-static inline int attention_state_is_probabilities(int C, int NH) { return !attention_uses_flash(C, NH); }
-
-// the scratch of whichever path runs
-static inline size_t attention_scratch_bytes(int B, int T, int C, int NH) {
-    return attention_uses_flash(C, NH) ? flash_scratch_bytes(B, T, NH) : attention_cublas_scratch_bytes(B, T, C, NH);
-}
+// (what each path keeps for the backward pass, the flash path's log-sum-exp of each row
+// (B, NH, T) or the cuBLAS path's probabilities (B, NH, T, T), and each path's scratch are
+// counted in llmc/target.h and model.h)
 
 static inline void attention_forward(floatX* out, void* state, const floatX* qkv, int B, int T,
                                      int C, int NH) {

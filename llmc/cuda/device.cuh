@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include "../precision.h"
+#include "../target.h"
 #include "../utils.h"
 #include "../allocations.h"
 

@@ -55,8 +55,7 @@ __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dout, in
 
 static DeviceScratch encoder_scratch;
 
-// the backward's buckets handed to the GPU: tokens, starts and positions (3 BT + 1 ints at most)
-static inline size_t encoder_scratch_bytes(size_t BT) { return (3 * BT + 1) * sizeof(int); }
+// (the backward's buckets handed to the GPU: encoder_scratch_bytes, llmc/target.h)
 
 static inline void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* inp,
                                     int B, int T, int C) {

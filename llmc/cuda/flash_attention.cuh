@@ -24,13 +24,8 @@
 #include "device.cuh"
 #include "mma.cuh"
 
-// the head sizes the kernels below are built for, in bf16 builds only
-static inline int flash_attention_supported(int hs) {
-    return !FLOATX_IS_FLOAT && (hs == 16 || hs == 32 || hs == 64);
-}
-
-// the backward's scratch, D = rowsum(dO * O): one float per (batch, head, query)
-static inline size_t flash_scratch_bytes(int B, int T, int NH) { return (size_t)B * NH * T * sizeof(float); }
+// (the head sizes the kernels below are built for, flash_attention_supports, and the backward's
+// scratch D = rowsum(dO * O), flash_scratch_bytes: llmc/target.h)
 
 #if !FLOATX_IS_FLOAT
 

@@ -110,7 +110,7 @@ __global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp, const
 // weight and bias gradients in two deterministic stages: block (x, y) sums rows
 // y*rows_per_block.. for 32 channels into partial (gridDim.y, 2, C); then one thread per channel
 // adds the partials in order
-#define LN_ROWS_PER_BLOCK 256
+// (LN_ROWS_PER_BLOCK and layernorm_scratch_bytes: llmc/target.h)
 __global__ void layernorm_backward_params_partial(float* partial, const floatX* dout,
                                                   const floatX* inp, const float* mean,
                                                   const float* rstd, int N, int C) {
@@ -154,11 +154,6 @@ __global__ void layernorm_backward_params_final(floatX* dweight, floatX* dbias, 
 }
 
 static DeviceScratch layernorm_scratch;
-
-// the weight and bias gradients' scratch: partial sums (2 C) per block of LN_ROWS_PER_BLOCK rows
-static inline size_t layernorm_scratch_bytes(size_t N, int C) {
-    return (size_t)ceil_div(N, LN_ROWS_PER_BLOCK) * 2 * C * sizeof(float);
-}
 
 static inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias,
                                       const floatX* dout, const floatX* inp, const floatX* weight,

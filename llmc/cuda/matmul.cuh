@@ -14,7 +14,6 @@
 
 static cublasLtHandle_t cublaslt_handle = NULL;
 static void* cublaslt_workspace = NULL;
-#define CUBLASLT_WORKSPACE_BYTES (32u << 20)
 
 // the largest power of two up to 256 that divides the address. cuBLASLt's heuristic assumes
 // 256-byte-aligned matrices unless told otherwise, and one layer's slice of a tensor stacked over
@@ -82,7 +81,7 @@ static inline void matmul_forward(floatX* out, const floatX* inp, const floatX* 
 }
 
 // dbias (OC) += column sums of dout (N, OC): partial sums of row blocks, then one ordered pass
-#define BIAS_ROWS_PER_BLOCK 512
+// (BIAS_ROWS_PER_BLOCK and the scratch size, bias_scratch_bytes: llmc/target.h)
 __global__ void bias_backward_partial(float* partial, const floatX* dout, int N, int OC) {
     int o = blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= OC) return;
@@ -101,11 +100,6 @@ __global__ void bias_backward_final(floatX* dbias, const float* partial, int par
 }
 
 static DeviceScratch matmul_scratch;
-
-// the bias gradient's scratch: a partial column sum (OC) per block of BIAS_ROWS_PER_BLOCK rows
-static inline size_t bias_scratch_bytes(size_t N, int OC) {
-    return (size_t)ceil_div(N, BIAS_ROWS_PER_BLOCK) * OC * sizeof(float);
-}
 
 // The backward pass in its two halves, which a zero-bubble pipeline runs at different times
 // (train_gpt2_pp.cu): the input gradient, which the layer below waits for, and the weight

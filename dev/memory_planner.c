@@ -1,0 +1,225 @@
+// Will it fit? The device memory of one rank of a training run, predicted before the run for
+// any model, batch, machine and layout, with the trainers' own accounting (llmc/memory_plan.h):
+// the table a trainer prints at its start, here without a GPU, without MPI ranks and without
+// the model's weights. With -search N, every layout of N devices that fits, smallest first, as
+// the Ultra-Scale Playbook's memory widget lists them.
+//
+//   make dev/memory_planner
+//   dev/memory_planner -e d48 -b 4 -t 1024 -device cuda -dp 8 -z 3 -r 2    one layout's table
+//   dev/memory_planner -e d48 -b 4 -t 1024 -device cuda -search 8          every layout of 8 GPUs
+//
+// A layout is run by the trainer that holds it: data parallelism alone (with ZeRO and -offload)
+// by train_gpt2_dp, tensor parallelism alone by train_gpt2_tp, a pipeline alone by train_gpt2_pp,
+// and any mix by train_gpt2_3d; each allocates a little differently, and the plan is that
+// trainer's. The plan is of the rank that needs the most (the pipeline stage with the largest
+// total; every dp and tp rank of a stage needs the same, apart from rank 0's checkpoint gathers).
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "../llmc/args.h"
+#include "../llmc/gpt2.h"
+#include "../llmc/memory_plan.h"
+
+static const char* trainer_names[TRAINER_COUNT] = {"train_gpt2_dp", "train_gpt2_tp", "train_gpt2_pp", "train_gpt2_3d"};
+
+// the trainer that runs a grid: the simplest that holds it
+static TrainerKind trainer_for(int dp, int tp, int pp) {
+    if (tp == 1 && pp == 1) return TRAINER_DP;
+    if (dp == 1 && pp == 1) return TRAINER_TP;
+    if (dp == 1 && tp == 1) return TRAINER_PP;
+    return TRAINER_3D;
+}
+
+// 0 when the trainer of r can run it with model c on machine t, else 1 with the reason (the
+// checks the trainers make at their start, with the same messages where they share them)
+static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, int total_batch, char* why, size_t n) {
+    if (layer_dims_problem(c, r->tp, t, why, n)) return 1;
+    if (r->trainer == TRAINER_DP && (r->tp > 1 || r->pp > 1)) return snprintf(why, n, "train_gpt2_dp holds whole layers: -tp 1 -pp 1"), 1;
+    if (r->trainer == TRAINER_TP && (r->dp > 1 || r->pp > 1)) return snprintf(why, n, "train_gpt2_tp is one tp group: -dp 1 -pp 1"), 1;
+    if (r->trainer == TRAINER_PP && (r->dp > 1 || r->tp > 1)) return snprintf(why, n, "train_gpt2_pp is one pipeline: -dp 1 -tp 1"), 1;
+    int max_zero = r->trainer == TRAINER_DP ? 3 : r->trainer == TRAINER_3D ? 1 : 0;
+    if (r->zero > max_zero) return snprintf(why, n, "-z %d: %s runs -z 0..%d", r->zero, trainer_names[r->trainer], max_zero), 1;
+    if (r->offload && r->trainer != TRAINER_DP) return snprintf(why, n, "-offload 1 is train_gpt2_dp's"), 1;
+    if (r->sp && r->tp == 1) r->sp = 0;  // nothing to split, as the trainers do
+    if (r->sp && r->T % r->tp != 0) return snprintf(why, n, "-sp 1 splits the tokens over the %d tp ranks: -t %d must be a multiple of %d", r->tp, r->T, r->tp), 1;
+    if (c.num_layers % (r->pp * r->V) != 0) {
+        return snprintf(why, n, "the model's L = %d layers cannot be split into pp x vp = %d x %d equal chunks", c.num_layers,
+                        r->pp, r->V), 1;
+    }
+    size_t per_step = (size_t)r->B * r->T * (r->trainer == TRAINER_DP || r->trainer == TRAINER_3D ? r->dp : 1);
+    if (total_batch <= 0 || total_batch % per_step != 0) {
+        return snprintf(why, n, "-d %d must be a positive multiple of B*T%s = %zu", total_batch,
+                        r->dp > 1 ? "*dp" : "", per_step), 1;
+    }
+    r->m = (int)(total_batch / per_step);
+    if (r->trainer == TRAINER_PP || r->trainer == TRAINER_3D) {
+        PipeSpec spec = {r->sched, r->pp, r->m, r->V};
+        if (pipeline_spec_problem(spec, why, n)) return 1;
+    }
+    return 0;
+}
+
+// "train_gpt2_3d -dp 2 -pp 4 -tp 1 -z 1 -r 2"
+static void layout_flags(const RunLayout* r, char* out, size_t n) {
+    int k = snprintf(out, n, "%s", trainer_names[r->trainer]);
+    if (r->trainer == TRAINER_3D) k += snprintf(out + k, n - k, " -dp %d -pp %d -tp %d", r->dp, r->pp, r->tp);
+    if (r->trainer == TRAINER_DP) k += snprintf(out + k, n - k, " (%d ranks)", r->dp);
+    if (r->trainer == TRAINER_TP) k += snprintf(out + k, n - k, " -tp %d", r->tp);
+    if (r->trainer == TRAINER_PP) k += snprintf(out + k, n - k, " -pp %d", r->pp);
+    if (r->pp > 1) k += snprintf(out + k, n - k, " -sched %s", pipe_schedule_names[r->sched]);
+    if (r->V > 1) k += snprintf(out + k, n - k, " -vp %d", r->V);
+    if (r->zero) k += snprintf(out + k, n - k, " -z %d", r->zero);
+    if (r->sp) k += snprintf(out + k, n - k, " -sp 1");
+    k += snprintf(out + k, n - k, " -r %d", r->recompute);
+    if (r->offload) snprintf(out + k, n - k, " -offload 1");
+}
+
+typedef struct {
+    RunLayout run;
+    MemoryPlan plan;
+    int stage;
+} Candidate;
+
+static int by_total(const void* a, const void* b) {
+    size_t x = ((const Candidate*)a)->plan.total, y = ((const Candidate*)b)->plan.total;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char** argv) {
+    const char *model = "d12", *device = "cuda", *precision = "bf16", *attention = "flash", *sched_name = "1f1b";
+    const char* trainer_name = NULL;
+    int B = 4, T = 1024, total_batch = -1, dp = 1, tp = 1, pp = 1, vp = 1, zero = 0, sp = 0, recompute = 0, offload = 0;
+    int overlap = 1, checkpoint = 0, search = 0, stage = -1;
+    float memory_gb = 80.0f;
+    const ArgSpec specs[] = {
+        {"-e", ARG_STRING, &model, 0, 0, "model: a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25), or a model file"},
+        {"-b", ARG_INT, &B, 1, ARG_NO_MAX, "micro-batch size in sequences"},
+        {"-t", ARG_INT, &T, 1, ARG_NO_MAX, "sequence length"},
+        {"-d", ARG_INT, &total_batch, -1, ARG_NO_MAX, "total batch in tokens (-1: B*T*devices, one micro-batch per device)"},
+        {"-device", ARG_STRING, &device, 0, 0, "the backend planned for: cuda or cpu"},
+        {"-precision", ARG_STRING, &precision, 0, 0, "bf16 or fp32 (the CPU backend is fp32)"},
+        {"-attention", ARG_STRING, &attention, 0, 0, "flash or cublas (LLMC_ATTENTION; flash needs bf16 and a head size of 16, 32 or 64)"},
+        {"-mem", ARG_FLOAT, &memory_gb, 0, ARG_NO_MAX, "device memory in GB (1e9 bytes): 80 for an H100, 141 for an H200"},
+        {"-dp", ARG_INT, &dp, 1, ARG_NO_MAX, "data-parallel replicas"},
+        {"-tp", ARG_INT, &tp, 1, ARG_NO_MAX, "tensor-parallel ranks"},
+        {"-pp", ARG_INT, &pp, 1, ARG_NO_MAX, "pipeline stages"},
+        {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (-sched interleaved)"},
+        {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab, 1f1b, interleaved, zb"},
+        {"-z", ARG_INT, &zero, 0, 3, "ZeRO stage (train_gpt2_dp 0..3, train_gpt2_3d 0..1)"},
+        {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism in the tp group"},
+        {"-r", ARG_INT, &recompute, 0, RECOMPUTE_MAX, "activation recomputation: 0 none, 1 selective, 2 full"},
+        {"-offload", ARG_INT, &offload, 0, 1, "1: master weights and AdamW state in host memory (train_gpt2_dp)"},
+        {"-overlap", ARG_INT, &overlap, 0, 1, "train_gpt2_dp's -overlap (ZeRO-2/3 keep one more layer bucket with 1)"},
+        {"-n", ARG_INT, &checkpoint, 0, ARG_NO_MAX, "checkpoint every N steps (their gathers take memory; 0: never)"},
+        {"-stage", ARG_INT, &stage, -1, ARG_NO_MAX, "the pipeline stage whose table to print (-1: the largest; stage 0 is rank 0's)"},
+        {"-trainer", ARG_STRING, &trainer_name, 0, 0, "dp, tp, pp or 3d (default: the simplest trainer that runs the grid)"},
+        {"-search", ARG_INT, &search, 0, ARG_NO_MAX, "N: list every layout of N devices that fits in -mem, smallest first (0: plan the one layout)"},
+    };
+    int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
+    if (!args_parse(argc, argv, specs, num_specs)) return 0;
+
+    GPT2Config c;
+    int L, C, NH;
+    char tail;
+    if (sscanf(model, "%d/%d/%d%c", &L, &C, &NH, &tail) == 3) {
+        if (L <= 0 || C <= 0 || NH <= 0 || C % NH != 0) fail("-e %s: expected L/C/NH, all positive, with NH dividing C", model);
+        gpt2_config_from_descriptor("d12", &c);
+        c.num_layers = L, c.channels = C, c.num_heads = NH;
+    } else if (!gpt2_config_from_descriptor(model, &c)) {
+        gpt2_read_model_config(model, &c);
+    }
+    DeviceTarget target;
+    if (strcmp(device, "cuda") == 0) target.cuda = 1;
+    else if (strcmp(device, "cpu") == 0) target.cuda = 0;
+    else fail("-device %s: expected cuda or cpu", device);
+    if (strcmp(precision, "bf16") == 0) target.X = 2;
+    else if (strcmp(precision, "fp32") == 0) target.X = 4;
+    else fail("-precision %s: expected bf16 or fp32", precision);
+    if (!target.cuda && target.X != 4) fail("-device cpu trains in fp32 only: add -precision fp32");
+    int hs = c.channels / c.num_heads;
+    if (strcmp(attention, "flash") == 0) target.flash = target.cuda && flash_attention_supports(target.X, hs);
+    else if (strcmp(attention, "cublas") == 0) target.flash = 0;
+    else fail("-attention %s: expected flash or cublas", attention);
+    int sched = pipeline_schedule_from_name(sched_name);
+    if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
+    double memory = memory_gb * 1e9;
+    printf("model L=%d C=%d NH=%d, %zu parameters; micro-batch %d x %d; %s %s, %s attention; %.0f GB per device\n",
+           c.num_layers, c.channels, c.num_heads, gpt2_num_parameters(c), B, T, target.cuda ? "CUDA" : "CPU",
+           target.X == 2 ? "bf16" : "fp32", target.flash ? "flash" : target.cuda ? "cuBLAS" : "CPU", memory_gb);
+
+    if (search == 0) {
+        RunLayout r = {trainer_for(dp, tp, pp), dp, tp, pp, vp, (PipeSchedule)sched, 1, B, T, zero, sp, recompute, offload,
+                       overlap, checkpoint > 0, 0, 0};
+        if (trainer_name != NULL) {  // another trainer than the simplest, as train_gpt2_3d for any grid
+            int k = 0;
+            while (k < TRAINER_COUNT && strcmp(trainer_names[k] + strlen("train_gpt2_"), trainer_name) != 0) k++;
+            if (k == TRAINER_COUNT) fail("-trainer %s: expected dp, tp, pp or 3d", trainer_name);
+            r.trainer = (TrainerKind)k;
+        }
+        char why[256], flags[160];
+        int batch = total_batch == -1 ? B * T * dp * tp * pp : total_batch;
+        if (layout_problem(c, target, &r, batch, why, sizeof(why))) fail("%s", why);
+        if (stage >= r.pp) fail("-stage %d: the pipeline has stages 0..%d", stage, r.pp - 1);
+        MemoryPlan plan = stage >= 0 ? memory_plan(c, target, &r, stage, stage == 0) : memory_plan_largest(c, target, &r, &stage);
+        layout_flags(&r, flags, sizeof(flags));
+        printf("%s, %d micro-batch%s per step:\n", flags, r.m, r.m > 1 ? "es" : "");
+        if (r.pp > 1) {
+            for (int s = 0; s < r.pp; s++) {
+                MemoryPlan of_stage = memory_plan(c, target, &r, s, s == 0);
+                printf("  stage %d  %.1f MB (activations %.1f MB in %d slots)\n", s, of_stage.total / 1e6,
+                       of_stage.activations / 1e6, of_stage.slots);
+            }
+            printf("memory of a rank of stage %d%s:\n", stage, stage == 0 ? " (rank 0's, with its checkpoint gathers)" : "");
+        }
+        memory_plan_print(&plan, c, &r);
+        printf("%s: %.1f GB of %.1f GB per device\n", plan.total <= memory ? "fits" : "does not fit", plan.total / 1e9, memory_gb);
+        return plan.total <= memory ? 0 : 1;
+    }
+
+    // -search N: every grid dp x tp x pp = N, and on it every -z the trainer runs, -sp, -r and
+    // -offload; the pipeline schedule and -vp as given (-vp applies to layouts with pp > 1)
+    int N = search, capacity = 4096, count = 0, tried = 0;
+    int batch = total_batch == -1 ? B * T * N : total_batch;
+    Candidate* fits = (Candidate*)malloc_check((size_t)capacity * sizeof(Candidate));
+    for (int t = 1; t <= N; t++) {
+        for (int p = 1; t * p <= N; p++) {
+            if (N % (t * p) != 0) continue;
+            int d = N / (t * p);
+            TrainerKind kind = trainer_for(d, t, p);
+            int max_zero = kind == TRAINER_DP ? 3 : kind == TRAINER_3D && d > 1 ? 1 : 0;
+            for (int z = 0; z <= max_zero; z++)
+                for (int s = 0; s <= (t > 1); s++)
+                    for (int r = 0; r <= RECOMPUTE_MAX; r++)
+                        for (int o = 0; o <= (kind == TRAINER_DP); o++) {
+                            int V = p > 1 ? vp : 1;
+                            PipeSchedule sc = p > 1 ? (PipeSchedule)sched : SCHEDULE_1F1B;
+                            RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, overlap, checkpoint > 0, 0, 0};
+                            char why[256];
+                            if (layout_problem(c, target, &run, batch, why, sizeof(why))) continue;
+                            tried++;
+                            Candidate cand;
+                            cand.run = run;
+                            cand.plan = memory_plan_largest(c, target, &run, &cand.stage);
+                            if (cand.plan.total > memory) continue;
+                            if (count == capacity) fits = (Candidate*)realloc(fits, (size_t)(capacity *= 2) * sizeof(Candidate));
+                            if (fits == NULL) fail("out of host memory listing layouts");
+                            fits[count++] = cand;
+                        }
+        }
+    }
+    qsort(fits, (size_t)count, sizeof(Candidate), by_total);
+    printf("layouts of %d devices, total batch %d tokens: %d possible, %d fit in %.0f GB (per device, the largest stage's):\n",
+           N, batch, tried, count, memory_gb);
+    printf("  %9s %9s %9s %9s %9s  %s\n", "total GB", "states", "acts", "other", "host", "layout (micro-batches per step)");
+    for (int i = 0; i < count; i++) {
+        const MemoryPlan* m = &fits[i].plan;
+        char flags[160];
+        layout_flags(&fits[i].run, flags, sizeof(flags));
+        double states = (double)(m->params + m->grads + m->master + m->state);
+        printf("  %9.2f %9.2f %9.2f %9.2f %9.2f  %s (m=%d)\n", m->total / 1e9, states / 1e9, m->activations / 1e9,
+               (m->total - states - m->activations) / 1e9, (m->host + m->host_optimizer) / 1e9, flags, fits[i].run.m);
+    }
+    if (count == 0) printf("  none: a smaller micro-batch (-b), more devices or a larger -mem\n");
+    free(fits);
+    return 0;
+}

@@ -1,0 +1,272 @@
+// The device memory of one rank, predicted before anything is allocated, for any of the four
+// trainers and any layout: data parallelism with ZeRO and offload, tensor and sequence
+// parallelism, a pipeline with its schedule and chunks, and activation recomputation. Each
+// trainer calls memory_plan for its own run and prints the table memory_plan_print makes; the
+// run ends with the measured high-water mark beside it. dev/memory_planner calls the same two
+// functions for a machine it is not running on (llmc/target.h), and searches the layouts of N
+// devices for those that fit.
+//
+// Every number below is the size of a buffer the trainer allocates, from the same size
+// functions its allocations use (model.h, stage.h), so the plan and the allocations cannot drift
+// apart without the high-water test noticing. The model states follow the ZeRO paper's
+// accounting (Rajbhandari et al. 2020): per parameter X bytes of weights, X of gradients, and
+// with bf16 4 of fp32 master weights, plus 8 of AdamW moments (16 bytes with X = 2).
+#ifndef LLMC_MEMORY_PLAN_H
+#define LLMC_MEMORY_PLAN_H
+
+#include "model.h"
+#include "pipeline.h"
+#include "stage.h"
+#include "target.h"
+
+typedef enum { TRAINER_DP, TRAINER_TP, TRAINER_PP, TRAINER_3D, TRAINER_COUNT } TrainerKind;
+
+// a run's layout: everything that decides a rank's memory (the trainers' flags of the same names)
+typedef struct {
+    TrainerKind trainer;
+    int dp, tp, pp, V;   // the grid, dp x pp x tp ranks; V chunks of layers per stage (-vp)
+    PipeSchedule sched;  // the pipeline's schedule (train_gpt2_pp, train_gpt2_3d)
+    int m;               // micro-batches per step on each replica: accumulation or the pipeline's
+    int B, T;            // a micro-batch
+    int zero;            // -z: 0 to 3 in train_gpt2_dp, 0 or 1 in train_gpt2_3d
+    int sp;              // -sp: sequence parallelism in the tp group
+    int recompute;       // -r: 0, 1 selective, 2 full
+    int offload;         // -offload (train_gpt2_dp)
+    int overlap;         // -overlap (train_gpt2_dp): two layer buckets in flight rather than one
+    int checkpoint;      // 1: checkpoints are written (-n), and with sharded weights gathered
+    int dump_grads;      // -dump_grads (train_gpt2_dp): the gradients gathered once, for tests
+    int resume;          // -y 1: the host reads a checkpoint's state
+} RunLayout;
+
+// the parts of a rank's device memory, in bytes, as the trainer allocates them
+typedef struct {
+    ParameterLayout layout;  // the rank's parameters (tp rank 0 of its stage, dp rank 0)
+    LayerDims dims;
+    int slots;               // micro-batches (or chunks) a pipeline stage holds in flight; 1 without one
+    size_t params, grads, master, state;  // the model states
+    size_t layers;           // activations the forward keeps for the backward, slots x layers
+    size_t recomputed;       // one layer's buffers for what -r does not keep
+    size_t head;             // the last layers' LayerNorm, the logits (B T Vp/tp X) and losses
+    size_t backward;         // the gradients flowing down a layer, and the tokens
+    size_t activations;      // layers + recomputed + head + backward
+    size_t activations_for[RECOMPUTE_MAX + 1];  // the same for each -r
+    size_t comm;             // ZeRO's reduce and gather buckets, a pipeline's second gradient message
+    size_t kernels;          // cuBLASLt's workspace and the CUDA kernels' scratch (none on the CPU)
+    size_t file_gather;      // while a checkpoint (or -dump_grads) gathers sharded weights
+    size_t total;            // the sum: what the run's high-water mark should be
+    size_t host;             // host memory at most, besides the optimizer's under -offload
+    size_t host_optimizer;   // -offload: master weights, m, v, and the copies in transit
+} MemoryPlan;
+
+// ZeRO's buckets in train_gpt2_dp: the gather buffer of -z 3 holds the embeddings, or two layers
+// (the one computing and the next arriving) and the final LayerNorm
+static inline size_t zero_gather_buffer_size(const ParameterLayout* p) {
+    size_t layers = 2 * p->bucket_sizes[1] + p->bucket_sizes[2];
+    return p->bucket_sizes[0] > layers ? p->bucket_sizes[0] : layers;
+}
+
+// ZeRO's buffers besides the model's own (which gpt2_build shards as the layout says): -z 1 a
+// reduce-scatter's output, the 1/N shard of the gradients; -z 2 and 3 whole buckets to reduce
+// (two layers' with -overlap) and with accumulation a received shard to add; -z 3 the gather
+static inline size_t zero_buffer_bytes(const ParameterLayout* p, int X, int accum, int overlap) {
+    size_t bytes = 0;
+    if (p->zero == 1) bytes = p->count / p->shards * X;
+    if (p->zero >= 2) bytes = (p->bucket_sizes[0] + (overlap ? 2 : 1) * p->bucket_sizes[1] + p->bucket_sizes[2]) * X +
+                              (accum > 1 ? parameter_largest_bucket(p) / p->shards * X : 0);
+    if (p->zero == 3) bytes += zero_gather_buffer_size(p) * X;
+    return bytes;
+}
+
+// -offload's host memory besides the optimizer state: the gradients and the parameters in
+// transit, X each per parameter of this rank's share
+static inline size_t offload_host_bytes(const ParameterLayout* p, int X) { return 2 * layout_state_held(p) * X; }
+
+// the rank's parameter layout, as each trainer builds it
+static inline ParameterLayout memory_plan_layout(GPT2Config c, const RunLayout* r, int stage) {
+    if (r->trainer == TRAINER_DP) return parameter_layout_buckets(c, r->zero, r->dp, 0);
+    if (r->trainer == TRAINER_TP) return parameter_layout(c, r->tp, 0);
+    ParameterLayout l = parameter_layout_grid(c, r->tp, 0, r->pp, stage, r->V);
+    if (r->trainer == TRAINER_3D) layout_shard_flat(&l, r->zero, r->dp, 0);
+    return l;
+}
+
+// the activations of -r `recompute` into plan: DP and TP keep one arena of every layer; PP and
+// 3D a slot per micro-batch in flight of the stage's chunk and the model's arena of the rest
+static inline void memory_plan_activations(MemoryPlan* plan, const RunLayout* r, int recompute) {
+    LayerDims d = plan->dims;
+    const ParameterLayout* l = &plan->layout;
+    Activations unused;
+    size_t part[ACTS_ALL + 1], slot[ACTS_ALL + 1];
+    size_t tokens = (size_t)r->B * r->T * 2 * sizeof(int);  // inputs and targets
+    if (r->trainer == TRAINER_DP || r->trainer == TRAINER_TP) {
+        gpt2_lay_out_activations(&unused, d, l->layers, ACTS_ALL, activations_kept(recompute, 0, d), r->B, r->T, NULL, part);
+        plan->layers = part[ACTS_LAYERS];
+        plan->head = part[ACTS_HEAD];
+    } else {
+        PipeSpec spec = {r->sched, r->pp, r->m, r->V};
+        unsigned kept = stage_kept(recompute, spec, d);
+        gpt2_lay_out_activations(&unused, d, l->layers, ACTS_SCRATCH | ACTS_RECOMPUTE, kept, r->B, r->T, NULL, part);
+        gpt2_lay_out_activations(&unused, d, l->layers / r->V, stage_slot_parts(l), kept, r->B, r->T, NULL, slot);
+        plan->layers = plan->slots * slot[ACTS_LAYERS];
+        plan->head = plan->slots * slot[ACTS_HEAD];  // (the last stage's slots hold the head)
+    }
+    plan->recomputed = part[ACTS_RECOMPUTE];
+    plan->backward = part[ACTS_SCRATCH] + tokens;
+    plan->activations = plan->layers + plan->recomputed + plan->head + plan->backward;
+}
+
+// the plan of the rank at `stage` of run r on machine t (tp rank 0, dp rank 0); root: the plan of
+// world rank 0, which receives the other ranks' pieces when a checkpoint is gathered
+static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayout* r, int stage, int root) {
+    MemoryPlan plan;
+    memset(&plan, 0, sizeof(plan));
+    plan.dims = layer_dims_for(c, r->tp, r->sp, t);
+    plan.layout = memory_plan_layout(c, r, stage);
+    const ParameterLayout* l = &plan.layout;
+    size_t X = t.X, S = layout_state_held(l), P = gpt2_num_parameters(c), N = l->count;
+    int pipelined = r->trainer == TRAINER_PP || r->trainer == TRAINER_3D;
+    // the model states: parameters and gradients (floatX), fp32 master weights (bf16 only) and
+    // AdamW m and v (fp32), each whole or this rank's shard (layout_held), the optimizer's
+    // on the host under -offload
+    plan.params = layout_params_held(l) * X;
+    plan.grads = layout_grads_held(l) * X;
+    plan.master = t.X < 4 && !r->offload ? S * sizeof(float) : 0;
+    plan.state = r->offload ? 0 : 2 * S * sizeof(float);
+    // a pipeline stage's slots: the most micro-batches its schedule holds at once (pipeline.h)
+    plan.slots = 1;
+    if (pipelined) {
+        PipeSpec spec = {r->sched, r->pp, r->m, r->V};
+        int n = pipeline_actions_per_stage(spec);
+        PipeAction* actions = (PipeAction*)malloc_check((size_t)n * sizeof(PipeAction));
+        pipeline_stage_actions(spec, stage, actions);
+        plan.slots = stage_num_slots(spec, actions, n);
+        free(actions);
+    }
+    for (int k = 0; k <= RECOMPUTE_MAX; k++) {
+        memory_plan_activations(&plan, r, k);
+        plan.activations_for[k] = plan.activations;
+    }
+    memory_plan_activations(&plan, r, r->recompute);
+    // communication buffers: ZeRO's (train_gpt2_dp); a pipeline's second (BTs, C) gradient
+    // message, and with ZeRO-1 the reduce-scatter's 1/dp shard of the gradients (train_gpt2_3d)
+    if (r->trainer == TRAINER_DP) plan.comm = zero_buffer_bytes(l, t.X, r->m, r->overlap);
+    if (pipelined) plan.comm = (size_t)r->B * r->T / plan.dims.seq_shards * c.channels * X + (r->zero ? S * X : 0);
+    plan.kernels = kernel_workspace_bytes(plan.dims, r->B, r->T);
+    // gathers for files
+    if (r->trainer == TRAINER_DP) {
+        // sharded fp32 weights (bf16 master weights from -z 1, fp32 parameters from -z 3) and
+        // -dump_grads' floatX gradients go through a device buffer of one bucket, never both at once
+        size_t bucket = l->zero > 0 ? parameter_largest_bucket(l) : 0;
+        size_t weights = r->checkpoint && fp32_weights_sharded(l, t) ? bucket * sizeof(float) : 0;
+        size_t grads = r->dump_grads ? bucket * X : 0;
+        plan.file_gather = weights > grads ? weights : grads;
+    } else if (r->trainer == TRAINER_3D) {
+        // with -z 1 the rank's whole buffer all-gathered from the shards (N fp32), and on rank 0 a
+        // buffer that receives the largest piece of the other ranks (none when one rank holds the model)
+        size_t largest = l->pp * l->tp > 1 ? N : 0;
+        for (int k = 1; k < l->pp * l->tp; k++) {
+            size_t count = parameter_layout_of_rank(c, l, k).count;
+            largest = count > largest ? count : largest;
+        }
+        if (r->checkpoint) plan.file_gather = (r->zero ? N * sizeof(float) : 0) + (root ? largest * sizeof(float) : 0);
+    } else if (r->checkpoint && (r->tp > 1 || r->pp > 1)) {
+        plan.file_gather = N * sizeof(float);  // rank 0 receives each other rank's fp32 slice
+    }
+    plan.total = plan.params + plan.grads + plan.master + plan.state + plan.activations + plan.comm + plan.kernels +
+                 plan.file_gather;
+    // host memory at its largest: the whole model in fp32 while building (train_gpt2_dp: also in
+    // buckets, 3 P) and this rank's part; on resume the state read from the checkpoint too
+    size_t resume_state = t.X < 4 ? 2 * sizeof(float) + X : 2 * sizeof(float);  // m, v (and the bf16 bits)
+    if (r->trainer == TRAINER_DP) {
+        plan.host = P * sizeof(float) * (r->resume ? 5 : 3) + (r->resume || r->checkpoint ? (t.X < 4 ? P * X : 0) : 0);
+        if (r->offload) plan.host_optimizer = gpt2_optimizer_state_bytes(l, t) + offload_host_bytes(l, t.X);
+    } else if (r->trainer == TRAINER_3D) {
+        plan.host = (P + N) * sizeof(float) + (r->resume ? (P + N) * (t.X < 4 ? 3 : 2) * sizeof(float) : 0);
+    } else {
+        plan.host = P * sizeof(float) + N * sizeof(float) + (r->resume ? N * resume_state : 0);
+    }
+    return plan;
+}
+
+// the rank whose device needs the most: the largest of the stages' plans (the same on every dp
+// and tp rank of a stage), with its stage
+static inline MemoryPlan memory_plan_largest(GPT2Config c, DeviceTarget t, const RunLayout* r, int* stage_out) {
+    MemoryPlan best = memory_plan(c, t, r, 0, 1);
+    int best_stage = 0;
+    for (int s = 1; s < r->pp; s++) {
+        MemoryPlan plan = memory_plan(c, t, r, s, 0);
+        if (plan.total > best.total) best = plan, best_stage = s;
+    }
+    if (stage_out) *stage_out = best_stage;
+    return best;
+}
+
+// "  activations    14.5 MB  note"
+static inline void memory_print_row(const char* label, double bytes, const char* note) {
+    printf("  %-16s %10.1f MB%s%s\n", label, bytes / 1e6, note[0] ? "  " : "", note);
+}
+
+// the table every trainer prints at its start, and dev/memory_planner for any layout
+static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const RunLayout* r) {
+    const ParameterLayout* l = &plan->layout;
+    DeviceTarget t = plan->dims.target;
+    int X = t.X, dp_sharded = r->zero > 0 && r->dp > 1;
+    size_t P = gpt2_num_parameters(c);
+    char note[256];
+    const char* shard = dp_sharded ? " / dp: this rank's shard" : "";
+    snprintf(note, sizeof(note), "X Psi: %zu of %zu parameters (%.1f%%)%s, %s", layout_params_held(l), P,
+             100.0 * layout_params_held(l) / P, r->zero >= 3 ? " / dp: this rank's shard" : "", X == 2 ? "bf16" : "fp32");
+    memory_print_row("parameters", (double)plan->params, note);
+    memory_print_row("gradients", (double)plan->grads, r->zero >= 2 ? "X Psi / dp: this rank's shards" : "X Psi");
+    const char* on_host = "0 on the device: in host memory (-offload)";
+    snprintf(note, sizeof(note), "4 Psi%s", shard);
+    memory_print_row("master weights", (double)plan->master, r->offload ? on_host : X == 4 ? "none in fp32" : note);
+    snprintf(note, sizeof(note), "8 Psi%s", shard);
+    memory_print_row("AdamW m, v", (double)plan->state, r->offload ? on_host : note);
+    // the ZeRO paper's formulas with Psi the rank's parameters (of its tp slice and stage)
+    const char* formula[4] = {X == 2 ? "16 Psi (the ZeRO paper's DDP)" : "16 Psi",
+                              X == 2 ? "(2 + 2) Psi + 12 Psi / dp (the ZeRO paper's P_os)" : "(4 + 4) Psi + 8 Psi / dp",
+                              X == 2 ? "2 Psi + 14 Psi / dp (P_os+g)" : "4 Psi + 12 Psi / dp",
+                              "16 Psi / dp (P_os+g+p)"};
+    snprintf(note, sizeof(note), "= %s%s", formula[dp_sharded ? r->zero : 0],
+             r->offload ? (X == 2 ? ", less the optimizer's 12 Psi on the host" : ", less the optimizer's 8 Psi on the host") : "");
+    memory_print_row("model states", (double)(plan->params + plan->grads + plan->master + plan->state), note);
+    snprintf(note, sizeof(note), "-r %d; -r 0 / 1 / 2: %.1f / %.1f / %.1f MB", r->recompute, plan->activations_for[0] / 1e6,
+             plan->activations_for[1] / 1e6, plan->activations_for[2] / 1e6);
+    memory_print_row("activations", (double)plan->activations, note);
+    if (plan->slots > 1 || r->pp > 1) {
+        snprintf(note, sizeof(note), "kept for the backward: %d slot%s (the schedule's micro-batch%s in flight) x %d layers",
+                 plan->slots, plan->slots > 1 ? "s" : "", r->V > 1 ? " chunks" : "es", l->layers / r->V);
+    } else {
+        snprintf(note, sizeof(note), "kept for the backward: %d layers of one micro-batch", l->layers);
+    }
+    memory_print_row("  layers", (double)plan->layers, note);
+    memory_print_row("  recomputed", (double)plan->recomputed, plan->recomputed ? "one layer's buffers for what -r does not keep" : "");
+    snprintf(note, sizeof(note), "%s", plan->head ? "final LayerNorm, logits (B T Vp/tp X), losses" : "none: the head is on the last stage");
+    memory_print_row("  head", (double)plan->head, note);
+    memory_print_row("  backward", (double)plan->backward, "gradients flowing down a layer, the tokens");
+    const char* comm = "none: the collectives work in place or on activations";
+    if (r->trainer == TRAINER_DP && r->zero == 1) comm = "the reduce-scatter's output, X Psi / dp (the all-gather works in place)";
+    if (r->trainer == TRAINER_DP && r->zero >= 2) {
+        comm = r->zero == 3 ? "buckets before reduction, and the gathered parameters of 2 layers"
+                            : "buckets before their reduction (and a shard to add, with accumulation)";
+    }
+    if (r->trainer == TRAINER_PP || r->trainer == TRAINER_3D) {
+        comm = r->zero ? "a second gradient message, and the reduce-scatter's 1/dp shard of the gradients"
+                       : "a second gradient message (one is sent while the next arrives)";
+    }
+    memory_print_row("comm buffers", (double)plan->comm, comm);
+    memory_print_row("kernel scratch", (double)plan->kernels, t.cuda ? "cuBLASLt's workspace and the kernels' scratch buffers"
+                                                                      : "none on the CPU backend");
+    memory_print_row("file gather", (double)plan->file_gather,
+                     plan->file_gather ? "while a checkpoint gathers the shards or slices" : "none: no sharded files to gather");
+    memory_print_row("total", (double)plan->total, "the high-water mark to expect");
+    if (r->offload) {
+        snprintf(note, sizeof(note), "%s m, v (%d bytes per parameter of this rank's share) + gradients and parameters in "
+                 "transit (2 X)", X == 2 ? "master weights," : "", X == 2 ? 12 : 8);
+        memory_print_row("host: optimizer", (double)plan->host_optimizer, note);
+    }
+    memory_print_row("host buffers", (double)plan->host, "at most (the whole model while loading; on resume its state)");
+}
+
+#endif
