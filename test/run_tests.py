@@ -1641,6 +1641,74 @@ def emu_offload_bf16_zero1_and_zero3():
                                      [["-offload", 0], ["-offload", 1]], run=emu_runner(2))
 
 
+# dev/memory_planner on its own: the layouts it lists and the inputs it refuses. Its tables are
+# checked against the trainers' runs above (check_planner_matches_trainer, in every variant_run).
+
+def planner(*flags):
+    p = subprocess.run([os.path.join(ROOT, "dev", "memory_planner")] + [str(f) for f in flags], cwd=ROOT,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    return p.returncode, p.stdout.decode()
+
+
+@test
+def memory_planner_search_lists_the_layouts_that_fit_smallest_first():
+    """d48 (GPT-2 XL, 1.56B parameters) on 8 devices of 12 GB, micro-batch 4 x 1024, CUDA bf16:
+    every row fits and the rows are sorted; each row's total is what the planner gives for that
+    layout alone; none splits the heads over tp ranks (NH = 25 divides by none of 2, 4, 8); and
+    the model states follow the ZeRO paper's arithmetic: 16 bytes per parameter for DDP, and
+    under ZeRO-3 16 / 8 per parameter of the padded model"""
+    L, C, NH, V, Vp, T = 48, 1600, 25, 50257, 50304, 1024
+    P = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C  # the GPT-2 parameter count (wte padded)
+    code, out = planner("-e", "d48", "-b", 4, "-t", 1024, "-search", 8, "-mem", 12)
+    assert code == 0, out
+    rows = re.findall(r"^ +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+)  (train_gpt2_\S+.*) \(m=(\d+)\)$", out, re.M)
+    assert len(rows) >= 10, out
+    totals = [float(r[0]) for r in rows]
+    assert totals == sorted(totals) and max(totals) <= 12.0, out
+    assert not any(re.search(r"-tp [248]", r[5]) for r in rows), out
+    for total, states, acts, other, host, layout, m in rows:
+        flags = layout.split()
+        name = flags[0][len("train_gpt2_"):]
+        args = ["-e", "d48", "-b", 4, "-t", 1024, "-d", 4 * 1024 * 8, "-trainer", name] + flags[1:]
+        if name == "dp":  # "train_gpt2_dp (8 ranks) ..."
+            args = [a for a in args if a not in ("(8", "ranks)")] + ["-dp", 8]
+        code, alone = planner(*args)
+        assert code == 0, "%s: exit %d\n%s" % (args, code, alone)
+        planned = float(re.search(r"^  total +([\d.]+) MB", alone, re.M).group(1)) / 1e3
+        # the search prints GB to two decimals, the table MB to one
+        assert abs(planned - float(total)) <= 0.006, "%s: %.3f GB alone, %s GB in the list" % (layout, planned, total)
+    # the states column: DDP keeps 2 + 2 + 4 + 8 bytes of every parameter on every device
+    ddp = [r for r in rows if r[5].startswith("train_gpt2_dp") and "-z" not in r[5] and "-offload" not in r[5]]
+    for r in ddp:
+        assert abs(float(r[1]) - 16 * P / 1e9) <= 0.006, (r, 16 * P / 1e9)
+    zero3 = [r for r in rows if "-z 3" in r[5] and "-offload" not in r[5]]
+    assert zero3, out
+    for r in zero3:
+        # ZeRO-3 pads every bucket to a multiple of 8 x 128 elements: at most (L + 2) x 1024 more
+        assert 16 * P / 8 / 1e9 - 0.006 <= float(r[1]) <= 16 * (P + (L + 2) * 1024) / 8 / 1e9 + 0.006, (r, 16 * P / 8 / 1e9)
+
+
+@test
+def memory_planner_refuses_bad_layouts_and_says_whether_it_fits():
+    """a layout the trainers would refuse is refused with the reason; a plan that does not fit in
+    -mem exits 1 and says so"""
+    cases = [(["-e", "d48", "-tp", 2], "the heads NH = 25"),
+             (["-e", "d12", "-pp", 5], "L = 12 layers cannot be split"),
+             (["-e", "d12", "-device", "tpu"], "-device tpu: expected cuda or cpu"),
+             (["-e", "d12", "-device", "cpu"], "-device cpu trains in fp32 only"),
+             (["-e", "d12", "-dp", 2, "-d", 1000], "-d 1000 must be a positive multiple"),
+             (["-e", "d12", "-pp", 2, "-stage", 2], "-stage 2: the pipeline has stages 0..1"),
+             (["-e", "d12", "-tp", 2, "-offload", 1], "-offload 1 is train_gpt2_dp's"),
+             (["-e", "12/768"], "cannot open file '12/768'")]
+    for flags, message in cases:
+        code, out = planner(*flags)
+        assert code != 0 and message in out, "%s: exit %d, expected '%s' in\n%s" % (flags, code, message, out)
+    code, out = planner("-e", "d48", "-b", 32, "-t", 1024, "-dp", 8, "-mem", 80)
+    assert code == 1 and "does not fit" in out, out
+    code, out = planner("-e", "d48", "-b", 32, "-t", 1024, "-dp", 8, "-z", 3, "-r", 2, "-mem", 80)
+    assert code == 0 and "fits:" in out, out
+
+
 # ---------------------------------------------------------------------------------------------
 # CUDA backend: compiled here whenever nvcc exists; run against the reference when a GPU exists.
 # The same tests also run the CUDA sources under test/cuda_emu, the CPU emulator of the CUDA
