@@ -224,7 +224,7 @@ static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const
     snprintf(note, sizeof(note), "8 Psi%s", shard);
     memory_print_row("AdamW m, v", (double)plan->state, r->offload ? on_host : note);
     // the ZeRO paper's formulas with Psi the rank's parameters (of its tp slice and stage)
-    const char* formula[4] = {X == 2 ? "16 Psi (the ZeRO paper's DDP)" : "16 Psi",
+    const char* formula[4] = {X == 2 && r->trainer == TRAINER_DP ? "16 Psi (the ZeRO paper's DDP)" : "16 Psi",
                               X == 2 ? "(2 + 2) Psi + 12 Psi / dp (the ZeRO paper's P_os)" : "(4 + 4) Psi + 8 Psi / dp",
                               X == 2 ? "2 Psi + 14 Psi / dp (P_os+g)" : "4 Psi + 12 Psi / dp",
                               "16 Psi / dp (P_os+g+p)"};
