@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
     } else if (!gpt2_config_from_descriptor(model, &c)) {
         gpt2_read_model_config(model, &c);
     }
+    if (T > c.max_seq_len) fail("-t %d is longer than the model's maximum sequence length %d", T, c.max_seq_len);
     DeviceTarget target;
     if (strcmp(device, "cuda") == 0) target.cuda = 1;
     else if (strcmp(device, "cpu") == 0) target.cuda = 0;
