@@ -569,7 +569,7 @@ int main(int argc, char** argv) {
     // ZeRO-1's buffers, part by part as they are allocated (llmc/memory_plan.h)
     size_t N = layout.count, P = gpt2_num_parameters(config);
     RunLayout run = {TRAINER_3D, dp, tp, pp, vp, spec.sched, m, args.B, args.T, zero, sp, args.recompute, 0, 0,
-                     args.checkpoint_every > 0, 0, args.resume};
+                     args.checkpoint_every > 0, dump_grads != NULL, args.resume};
     MemoryPlan mem = memory_plan(config, build_target(config), &run, grid.stage, rank == 0);
     char layout_note[160];
     snprintf(layout_note, sizeof(layout_note), "%zu of %zu parameters on rank %d (dp %d, stage %d, tp %d), -b %d -t %d",

@@ -361,7 +361,7 @@ int main(int argc, char** argv) {
     int num_slots = stage_num_slots(spec, actions, n);
     unsigned kept = stage_kept(args.recompute, spec, dims);  // what a slot keeps (-r, model.h)
     RunLayout run = {TRAINER_PP, 1, 1, p, vp, spec.sched, m, args.B, args.T, 0, 0, args.recompute, 0, 0,
-                     args.checkpoint_every > 0, 0, args.resume};
+                     args.checkpoint_every > 0, dump_grads != NULL, args.resume};
     MemoryPlan plan = memory_plan(config, build_target(config), &run, rank, rank == 0);
     size_t P = gpt2_num_parameters(config);
     char layout_note[128];

@@ -370,7 +370,7 @@ int main(int argc, char** argv) {
     char layout[128];
     snprintf(layout, sizeof(layout), "%zu of %zu parameters per rank, -b %d -t %d", P_rank, P, args.B, args.T);
     RunLayout run = {TRAINER_TP, 1, world.size, 1, 1, SCHEDULE_1F1B, accum, args.B, args.T, 0, sp, args.recompute,
-                     0, 0, args.checkpoint_every > 0, 0, args.resume};
+                     0, 0, args.checkpoint_every > 0, dump_grads != NULL, args.resume};
     MemoryPlan plan = memory_plan(config, build_target(config), &run, 0, rank == 0);
     unsigned kept = activations_kept(args.recompute, 0, dims);  // what the forward keeps (-r, model.h)
     memory_check_fits(plan.total, plan.host, world.ranks_sharing_memory, layout);

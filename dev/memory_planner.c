@@ -32,7 +32,7 @@ static TrainerKind trainer_for(int dp, int tp, int pp) {
 
 // 0 when the trainer of r can run it with model c on machine t, else 1 with the reason (the
 // checks the trainers make at their start, with the same messages where they share them)
-static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, int total_batch, char* why, size_t n) {
+static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, size_t total_batch, char* why, size_t n) {
     if (layer_dims_problem(c, r->tp, t, why, n)) return 1;
     if (r->trainer == TRAINER_DP && (r->tp > 1 || r->pp > 1)) return snprintf(why, n, "train_gpt2_dp holds whole layers: -tp 1 -pp 1"), 1;
     if (r->trainer == TRAINER_TP && (r->dp > 1 || r->pp > 1)) return snprintf(why, n, "train_gpt2_tp is one tp group: -dp 1 -pp 1"), 1;
@@ -46,9 +46,11 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, int total_
         return snprintf(why, n, "the model's L = %d layers cannot be split into pp x vp = %d x %d equal chunks", c.num_layers,
                         r->pp, r->V), 1;
     }
-    size_t per_step = (size_t)r->B * r->T * (r->trainer == TRAINER_DP || r->trainer == TRAINER_3D ? r->dp : 1);
-    if (total_batch <= 0 || total_batch % per_step != 0) {
-        return snprintf(why, n, "-d %d must be a positive multiple of B*T%s = %zu", total_batch,
+    size_t per_step = mul_check(mul_check(r->B, r->T, "-b x -t"), r->trainer == TRAINER_DP || r->trainer == TRAINER_3D ? r->dp : 1,
+                                "-b x -t x dp");
+    if (total_batch == 0) total_batch = per_step;  // -d -1, as the trainers: one micro-batch per replica
+    if (total_batch % per_step != 0) {
+        return snprintf(why, n, "-d %zu must be a positive multiple of B*T%s = %zu", total_batch,
                         r->dp > 1 ? "*dp" : "", per_step), 1;
     }
     r->m = (int)(total_batch / per_step);
@@ -95,7 +97,7 @@ int main(int argc, char** argv) {
         {"-e", ARG_STRING, &model, 0, 0, "model: a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25), or a model file"},
         {"-b", ARG_INT, &B, 1, ARG_NO_MAX, "micro-batch size in sequences"},
         {"-t", ARG_INT, &T, 1, ARG_NO_MAX, "sequence length"},
-        {"-d", ARG_INT, &total_batch, -1, ARG_NO_MAX, "total batch in tokens (-1: B*T*devices, one micro-batch per device)"},
+        {"-d", ARG_INT, &total_batch, -1, ARG_NO_MAX, "total batch in tokens (-1: one micro-batch per step on each replica, as the trainers; with -search, B*T*N)"},
         {"-device", ARG_STRING, &device, 0, 0, "the backend planned for: cuda or cpu"},
         {"-precision", ARG_STRING, &precision, 0, 0, "bf16 or fp32 (the CPU backend is fp32)"},
         {"-attention", ARG_STRING, &attention, 0, 0, "flash or cublas (LLMC_ATTENTION; flash needs bf16 and a head size of 16, 32 or 64)"},
@@ -113,7 +115,7 @@ int main(int argc, char** argv) {
         {"-n", ARG_INT, &checkpoint, 0, ARG_NO_MAX, "checkpoint every N steps (their gathers take memory; 0: never)"},
         {"-stage", ARG_INT, &stage, -1, ARG_NO_MAX, "the pipeline stage whose table to print (-1: the largest; stage 0 is rank 0's)"},
         {"-trainer", ARG_STRING, &trainer_name, 0, 0, "dp, tp, pp or 3d (default: the simplest trainer that runs the grid)"},
-        {"-search", ARG_INT, &search, 0, ARG_NO_MAX, "N: list every layout of N devices that fits in -mem, smallest first (0: plan the one layout)"},
+        {"-search", ARG_INT, &search, 0, ARG_NO_MAX, "N: list every layout of N devices that fits in -mem, smallest first, over every grid, -z, -sp, -r and -offload (0: plan the one layout)"},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
     if (!args_parse(argc, argv, specs, num_specs)) return 0;
@@ -158,8 +160,8 @@ int main(int argc, char** argv) {
             r.trainer = (TrainerKind)k;
         }
         char why[256], flags[160];
-        int batch = total_batch == -1 ? B * T * dp * tp * pp : total_batch;
-        if (layout_problem(c, target, &r, batch, why, sizeof(why))) fail("%s", why);
+        if (total_batch == 0) fail("-d 0: expected a positive number of tokens, or -1");
+        if (layout_problem(c, target, &r, total_batch == -1 ? 0 : (size_t)total_batch, why, sizeof(why))) fail("%s", why);
         if (stage >= r.pp) fail("-stage %d: the pipeline has stages 0..%d", stage, r.pp - 1);
         MemoryPlan plan = stage >= 0 ? memory_plan(c, target, &r, stage, stage == 0) : memory_plan_largest(c, target, &r, &stage);
         layout_flags(&r, flags, sizeof(flags));
@@ -174,13 +176,15 @@ int main(int argc, char** argv) {
         }
         memory_plan_print(&plan, c, &r);
         printf("%s: %.1f GB of %.1f GB per device\n", plan.total <= memory ? "fits" : "does not fit", plan.total / 1e9, memory_gb);
-        return plan.total <= memory ? 0 : 1;
+        return plan.total <= memory ? 0 : 2;  // (1: an error, from fail)
     }
 
     // -search N: every grid dp x tp x pp = N, and on it every -z the trainer runs, -sp, -r and
-    // -offload; the pipeline schedule and -vp as given (-vp applies to layouts with pp > 1)
+    // -offload (so -dp, -tp, -pp, -z, -sp, -r and -offload are not read); the pipeline schedule
+    // and -vp as given (-vp applies to layouts with pp > 1)
     int N = search, capacity = 4096, count = 0, tried = 0;
-    int batch = total_batch == -1 ? B * T * N : total_batch;
+    size_t batch = total_batch == -1 ? mul_check(mul_check(B, T, "-b x -t"), N, "-b x -t x devices") : (size_t)total_batch;
+    if (batch == 0) fail("-d 0: expected a positive number of tokens, or -1");
     Candidate* fits = (Candidate*)malloc_check((size_t)capacity * sizeof(Candidate));
     for (int t = 1; t <= N; t++) {
         for (int p = 1; t * p <= N; p++) {
@@ -209,7 +213,7 @@ int main(int argc, char** argv) {
         }
     }
     qsort(fits, (size_t)count, sizeof(Candidate), by_total);
-    printf("layouts of %d devices, total batch %d tokens: %d possible, %d fit in %.0f GB (per device, the largest stage's):\n",
+    printf("layouts of %d devices, total batch %zu tokens: %d possible, %d fit in %.1f GB (per device, the largest stage's):\n",
            N, batch, tried, count, memory_gb);
     printf("  %9s %9s %9s %9s %9s  %s\n", "total GB", "states", "acts", "other", "host", "layout (micro-batches per step)");
     for (int i = 0; i < count; i++) {

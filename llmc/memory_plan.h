@@ -160,17 +160,19 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
         size_t weights = r->checkpoint && fp32_weights_sharded(l, t) ? bucket * sizeof(float) : 0;
         size_t grads = r->dump_grads ? bucket * X : 0;
         plan.file_gather = weights > grads ? weights : grads;
-    } else if (r->trainer == TRAINER_3D) {
-        // with -z 1 the rank's whole buffer all-gathered from the shards (N fp32), and on rank 0 a
-        // buffer that receives the largest piece of the other ranks (none when one rank holds the model)
-        size_t largest = l->pp * l->tp > 1 ? N : 0;
-        for (int k = 1; k < l->pp * l->tp; k++) {
-            size_t count = parameter_layout_of_rank(c, l, k).count;
+    } else {
+        // rank 0 receives each other model-parallel rank's piece into one device buffer, as large
+        // as the largest piece (gpt2_gather_full): fp32 for a checkpoint, floatX for -dump_grads;
+        // in train_gpt2_3d a sharded buffer is first all-gathered whole over dp (N fp32, every rank)
+        size_t largest = 0;
+        for (int k = 0; root && l->pp * l->tp > 1 && k < l->pp * l->tp; k++) {
+            size_t count = k == 0 ? N : parameter_layout_of_rank(c, l, k).count;
             largest = count > largest ? count : largest;
         }
-        if (r->checkpoint) plan.file_gather = (r->zero ? N * sizeof(float) : 0) + (root ? largest * sizeof(float) : 0);
-    } else if (r->checkpoint && (r->tp > 1 || r->pp > 1)) {
-        plan.file_gather = N * sizeof(float);  // rank 0 receives each other rank's fp32 slice
+        int sharded = r->trainer == TRAINER_3D && (fp32_weights_sharded(l, t) || S < N);
+        size_t weights = r->checkpoint ? (sharded ? N * sizeof(float) : 0) + largest * sizeof(float) : 0;
+        size_t grads = r->dump_grads ? largest * X : 0;
+        plan.file_gather = weights > grads ? weights : grads;
     }
     plan.total = plan.params + plan.grads + plan.master + plan.state + plan.activations + plan.comm + plan.kernels +
                  plan.file_gather;
@@ -182,6 +184,9 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
         if (r->offload) plan.host_optimizer = gpt2_optimizer_state_bytes(l, t) + offload_host_bytes(l, t.X);
     } else if (r->trainer == TRAINER_3D) {
         plan.host = (P + N) * sizeof(float) + (r->resume ? (P + N) * (t.X < 4 ? 3 : 2) * sizeof(float) : 0);
+        // rank 0 writing a gathered checkpoint: weights, m, v (and bf16 bits) whole, and a piece
+        size_t writing = root && r->checkpoint ? P * sizeof(float) * (t.X < 4 ? 4 : 3) + N * sizeof(float) : 0;
+        plan.host = writing > plan.host ? writing : plan.host;
     } else {
         plan.host = P * sizeof(float) + N * sizeof(float) + (r->resume ? N * resume_state : 0);
     }

@@ -227,8 +227,8 @@ static inline void train_check_replicas(const GPT2* model, CommGroup* group, int
 }
 
 // ---------------------------------------------------------------------------------------------
-// what a trainer prints: the banner (label | value rows), the parameter layout, memory rows and
-// the step line. Each trainer chooses its rows; the formatting is shared.
+// what a trainer prints: the banner (label | value rows), the parameter layout and the step line
+// (the memory table: memory_plan.h). Each trainer chooses its rows; the formatting is shared.
 
 typedef struct {
     const char* label;
@@ -280,11 +280,6 @@ static inline void train_print_parameter_layout(GPT2Config c, const ParameterLay
     }
 }
 
-// "  activations    14.5 MB  note"
-static inline void train_print_memory_row(const char* label, double bytes, const char* note) {
-    printf("  %-14s %10.1f MB%s%s\n", label, bytes / 1e6, note[0] ? "  " : "", note);
-}
-
 // the common part of a step line; a trainer appends its communication
 // (recompute_seconds: the step's time recomputing activations, printed as its share when -r > 0)
 static inline void train_format_step(char* out, size_t cap, int step, int max_steps, float loss, float lr,
@@ -296,15 +291,6 @@ static inline void train_format_step(char* out, size_t cap, int step, int max_st
     if (recompute_seconds > 0) snprintf(recompute, sizeof(recompute), " (%.0f%% recompute)", 100.0 * recompute_seconds / seconds);
     snprintf(out, cap, "step %4d/%d | loss %.6f | lr %.2e | norm %.4f%s | %.1f ms%s | %.0f tok/s (all ranks)%s",
              step, max_steps, loss, lr, grad_norm, clip, seconds * 1e3, recompute, tokens_per_s, mfu);
-}
-
-// The memory table's activations: what this run keeps (-r), beside what each -r would keep.
-// bytes[r]: the activations of -r r, as the trainer lays them out
-static inline void train_print_activation_rows(const size_t bytes[RECOMPUTE_MAX + 1], int recompute, const char* note) {
-    char row[400];
-    snprintf(row, sizeof(row), "-r %d; -r 0 / 1 / 2: %.1f / %.1f / %.1f MB%s%s", recompute, bytes[0] / 1e6, bytes[1] / 1e6,
-             bytes[2] / 1e6, note[0] ? "; " : "", note);
-    train_print_memory_row("activations", (double)bytes[recompute], row);
 }
 
 // model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per parameter,

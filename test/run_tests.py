@@ -1690,8 +1690,8 @@ def memory_planner_search_lists_the_layouts_that_fit_smallest_first():
 
 @test
 def memory_planner_refuses_bad_layouts_and_says_whether_it_fits():
-    """a layout the trainers would refuse is refused with the reason; a plan that does not fit in
-    -mem exits 1 and says so"""
+    """a layout the trainers would refuse is refused with the reason (exit 1); a plan that does not
+    fit in -mem exits 2 and says so"""
     cases = [(["-e", "d48", "-tp", 2], "the heads NH = 25"),
              (["-e", "d12", "-pp", 5], "L = 12 layers cannot be split"),
              (["-e", "d12", "-device", "tpu"], "-device tpu: expected cuda or cpu"),
@@ -1703,9 +1703,9 @@ def memory_planner_refuses_bad_layouts_and_says_whether_it_fits():
              (["-e", "12/768"], "cannot open file '12/768'")]
     for flags, message in cases:
         code, out = planner(*flags)
-        assert code != 0 and message in out, "%s: exit %d, expected '%s' in\n%s" % (flags, code, message, out)
+        assert code == 1 and message in out, "%s: exit %d, expected '%s' in\n%s" % (flags, code, message, out)
     code, out = planner("-e", "d48", "-b", 32, "-t", 1024, "-dp", 8, "-mem", 80)
-    assert code == 1 and "does not fit" in out, out
+    assert code == 2 and "does not fit" in out, out  # (1 is an error)
     code, out = planner("-e", "d48", "-b", 32, "-t", 1024, "-dp", 8, "-z", 3, "-r", 2, "-mem", 80)
     assert code == 0 and "fits:" in out, out
 
