@@ -4,8 +4,11 @@ checked against the CPU backend.
   make dev/cuda/matmul_backward && ./dev/cuda/matmul_backward
 Bias gradient variants (the two GEMMs are cuBLASLt in every variant):
 v1: one thread per column walks all N rows: few threads, long serial loops.
-v2: row blocks write partial sums, a second pass adds them in order (llmc/cuda/matmul.cuh):
-    many more threads, and still deterministic (no atomics).
+v2: row blocks write partial sums, a second pass adds them in order: many more threads, and still
+    deterministic (no atomics). llmc/cuda/matmul.cuh keeps it for when v3 has no algorithm.
+v3: no kernel of its own: the weight-gradient GEMM reads all of dout anyway, and cuBLASLt's
+    BGRADB epilogue sums its columns on the way (llmc/cuda/matmul.cuh's matmul_backward_weight).
+    v2 reads N x OC elements once more; v3 reads nothing extra.
 */
 #include "common.h"
 namespace cpu {
@@ -48,9 +51,24 @@ int main(void) {
     matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
     ok &= validate("dinp", d_dinp, dinp, (size_t)N * C, tol);
     ok &= validate("dweight", d_dw, dweight, (size_t)OC * C, tol);
-    ok &= validate("v2 dbias", d_db, dbias, OC, tol);
+    ok &= validate("v3 dbias (epilogue)", d_db, dbias, OC, tol);
     TIME_KERNEL(ms, 10, matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC));
-    report("all, v2 dbias", ms, 0, 4.0 * N * C * OC);
+    report("both GEMMs, v3 dbias in the epilogue", ms, 0, 4.0 * N * C * OC);
+    // the same gradients with the bias gradient accumulated twice: the epilogue writes, the
+    // launcher must add (dbias accumulates over micro-batches)
+    matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+    float* twice = (float*)malloc_check((size_t)OC * sizeof(float));
+    for (int o = 0; o < OC; o++) twice[o] = 2.0f * dbias[o];
+    device_memset_zero(d_db, OC * sizeof(floatX));
+    matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+    matmul_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, N, C, OC);
+    ok &= validate("v3 dbias accumulated over two calls", d_db, twice, OC, tol);
+
+    device_memset_zero(d_db, OC * sizeof(floatX));
+    bias_backward_kernels(d_db, d_dout, N, OC);
+    ok &= validate("v2 dbias", d_db, dbias, OC, tol);
+    TIME_KERNEL(ms, 10, bias_backward_kernels(d_db, d_dout, N, OC));
+    report("v2 dbias alone", ms, (double)N * OC * sizeof(floatX), 0);
 
     device_memset_zero(d_db, OC * sizeof(floatX));
     bias_backward_v1<<<ceil_div(OC, 256), 256>>>(d_db, d_dout, N, OC);

@@ -73,5 +73,13 @@ int main(void) {
     ok &= validate("v3 cuBLASLt", d_out, out, (size_t)N * OC, tol);
     TIME_KERNEL(ms, 20, matmul_forward(d_out, d_inp, d_w, d_b, N, C, OC));
     report("v3 cuBLASLt", ms, 0, flops);
+
+    // the same shapes with the bias 16 bytes off a 256-byte boundary (as one layer's slice of a
+    // stacked bias can be): the launcher keeps one algorithm per shape and alignment, and one
+    // chosen for the aligned bias must not be reused here (the emulator stops if it is)
+    floatX* d_b_shifted = (floatX*)device_malloc((OC + 16 / sizeof(floatX)) * sizeof(floatX)) + 16 / sizeof(floatX);
+    copy_device_to_device(d_b_shifted, d_b, OC * sizeof(floatX));
+    matmul_forward(d_out, d_inp, d_w, d_b_shifted, N, C, OC);
+    ok &= validate("v3, bias 16-byte aligned", d_out, out, (size_t)N * OC, tol);
     return finish(ok);
 }

@@ -1,4 +1,5 @@
-// Matmul on CUDA through cuBLASLt, with the bias added in the GEMM's epilogue.
+// Matmul on CUDA through cuBLASLt, with the bias added in the forward GEMM's epilogue and the
+// bias gradient summed in the weight-gradient GEMM's epilogue.
 // cuBLAS is column-major: a row-major (R, K) matrix is a column-major (K, R) one, so
 // each launcher below states its column-major view.
 #ifndef LLMC_CUDA_MATMUL_CUH
@@ -25,63 +26,125 @@ static inline uint32_t pointer_alignment(const void* p) {
     return alignment;
 }
 
-// D (m, n) = alpha op(A) op(B) + beta D, column-major, with an optional bias (m) epilogue.
-// FP32 builds compute in strict fp32 (no TF32), so they can be compared with the CPU tightly.
-static void cublaslt_gemm(floatX* d, const floatX* a, const floatX* b, const floatX* bias, int m,
-                          int n, int k, int transa, int transb, int lda, int ldb, int ldd,
-                          float beta) {
+// Everything cuBLASLt's heuristic looks at: the shapes, the transposes, the epilogue and each
+// pointer's alignment. Two calls that agree on all of it can share one algorithm.
+typedef struct {
+    int m, n, k, transa, transb, lda, ldb, ldd;
+    int epilogue;       // CUBLASLT_EPILOGUE_DEFAULT, _BIAS (add a bias) or _BGRADB (sum op(B) over k)
+    uint32_t align[4];  // of A, B, D (also C: the same matrix) and the bias vector
+} GemmKey;
+
+// A GEMM's descriptors and the algorithm the heuristic chose, kept for the next call with the
+// same key. Creating descriptors and asking the heuristic costs microseconds of host time per call,
+// as much as a small GEMM itself; a training step repeats the same few dozen shapes, layer after
+// layer, so they are set up once.
+typedef struct {
+    GemmKey key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+    int found;  // 0: cuBLASLt has no algorithm for this key (only allowed for BGRADB, see below)
+} GemmPlan;
+
+#define GEMM_PLANS 64  // a step of any trainer uses far fewer; when full, the oldest plan goes
+static GemmPlan gemm_plans[GEMM_PLANS];
+static int gemm_plans_made = 0;
+
+static void gemm_plan_destroy(GemmPlan* p) {
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->la));
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->lb));
+    cublasCheck(cublasLtMatrixLayoutDestroy(p->ld));
+    cublasCheck(cublasLtMatmulDescDestroy(p->desc));
+}
+
+// the plan for this key: found in the cache, or made (descriptors, layouts, heuristic) and kept.
+// bias: the bias (BIAS) or bias-gradient (BGRADB) vector; the heuristic reads its alignment.
+static GemmPlan* gemm_plan(const GemmKey* key, const void* bias) {
+    int cached = gemm_plans_made < GEMM_PLANS ? gemm_plans_made : GEMM_PLANS;
+    for (int i = 0; i < cached; i++) {
+        if (memcmp(&gemm_plans[i].key, key, sizeof(GemmKey)) == 0) return &gemm_plans[i];
+    }
     if (cublaslt_handle == NULL) {
         cublasCheck(cublasLtCreate(&cublaslt_handle));
         cublaslt_workspace = device_malloc(CUBLASLT_WORKSPACE_BYTES);
     }
-    cublasLtMatmulDesc_t desc;
-    cublasCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
-    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-    if (bias != NULL) {
-        cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    GemmPlan* p = &gemm_plans[gemm_plans_made % GEMM_PLANS];
+    if (gemm_plans_made >= GEMM_PLANS) gemm_plan_destroy(p);
+    gemm_plans_made++;
+    p->key = *key;
+    cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t opa = key->transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = key->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
+    if (key->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+        // the vector has D's type: for a bias as NVIDIA documents the default, and for a bias
+        // gradient the only type cuBLASLt writes (CUBLASLT_MATMUL_DESC_BIAS_POINTER in cublasLt.h)
+        cublasLtEpilogue_t epilogue = (cublasLtEpilogue_t)key->epilogue;
         cudaDataType_t bias_type = CUBLAS_FLOATX;
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
-        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     }
-    cublasLtMatrixLayout_t la, lb, ld;
-    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUBLAS_FLOATX, transa ? k : m, transa ? m : k, lda));
-    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUBLAS_FLOATX, transb ? n : k, transb ? k : n, ldb));
-    cublasCheck(cublasLtMatrixLayoutCreate(&ld, CUBLAS_FLOATX, m, n, ldd));
+    int m = key->m, n = key->n, k = key->k;
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->la, CUBLAS_FLOATX, key->transa ? k : m, key->transa ? m : k, key->lda));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->lb, CUBLAS_FLOATX, key->transb ? n : k, key->transb ? k : n, key->ldb));
+    cublasCheck(cublasLtMatrixLayoutCreate(&p->ld, CUBLAS_FLOATX, m, n, key->ldd));
     cublasLtMatmulPreference_t pref;
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     size_t ws = CUBLASLT_WORKSPACE_BYTES;
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    uint32_t align_a = pointer_alignment(a), align_b = pointer_alignment(b), align_d = pointer_alignment(d);
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d, sizeof(align_d)));
-    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d, sizeof(align_d)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key->align[0], sizeof(uint32_t)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key->align[1], sizeof(uint32_t)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key->align[2], sizeof(uint32_t)));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->align[2], sizeof(uint32_t)));
     cublasLtMatmulHeuristicResult_t heuristic;
-    int found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heuristic, &found));
-    if (found == 0) fail("cuBLASLt has no algorithm for a %d x %d x %d matmul (transa %d, transb %d, bias %d)", m, n, k, transa, transb, bias != NULL);
-    float alpha = 1.0f;
-    cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
-                               &heuristic.algo, cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, 0));
+    p->found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &heuristic, &p->found));
+    if (p->found) p->algo = heuristic.algo;
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
-    cublasCheck(cublasLtMatrixLayoutDestroy(la));
-    cublasCheck(cublasLtMatrixLayoutDestroy(lb));
-    cublasCheck(cublasLtMatrixLayoutDestroy(ld));
-    cublasCheck(cublasLtMatmulDescDestroy(desc));
+    return p;
+}
+
+// D (m, n) = alpha op(A) op(B) + beta D, column-major, with an epilogue on `bias` (m values):
+// none (DEFAULT), D += bias broadcast over the columns (BIAS), or bias = the sums of op(B) over k,
+// one per column of D (BGRADB, n values; written, not added). Returns 0, having done nothing,
+// when cuBLASLt has no algorithm for a BGRADB call (the caller then sums the bias itself); for
+// any other call that is an error.
+// FP32 builds compute in strict fp32 (no TF32), so they can be compared with the CPU tightly.
+static int cublaslt_gemm(floatX* d, const floatX* a, const floatX* b, int epilogue, const floatX* bias, int m, int n,
+                         int k, int transa, int transb, int lda, int ldb, int ldd, float beta) {
+    GemmKey key;
+    memset(&key, 0, sizeof(key));  // compared with memcmp: no stray bytes
+    key.m = m, key.n = n, key.k = k, key.transa = transa, key.transb = transb;
+    key.lda = lda, key.ldb = ldb, key.ldd = ldd, key.epilogue = epilogue;
+    key.align[0] = pointer_alignment(a), key.align[1] = pointer_alignment(b), key.align[2] = pointer_alignment(d);
+    key.align[3] = epilogue != CUBLASLT_EPILOGUE_DEFAULT ? pointer_alignment(bias) : 0;
+    GemmPlan* p = gemm_plan(&key, bias);
+    if (!p->found) {
+        if (epilogue == CUBLASLT_EPILOGUE_BGRADB) return 0;
+        fail("cuBLASLt has no algorithm for a %d x %d x %d matmul (transa %d, transb %d, epilogue %d)", m, n, k, transa,
+             transb, epilogue);
+    }
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)  // this call's vector (the plan's has the same alignment)
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    float alpha = 1.0f;
+    cublasCheck(cublasLtMatmul(cublaslt_handle, p->desc, &alpha, a, p->la, b, p->lb, &beta, d, p->ld, d, p->ld, &p->algo,
+                               cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, 0));
+    return 1;
 }
 
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC); bias may be NULL.
 // Column-major view: out^T (OC, N) = op_T(weight as (C, OC)) @ inp^T (C, N).
 static inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight,
                                   const floatX* bias, int N, int C, int OC) {
-    cublaslt_gemm(out, weight, inp, bias, OC, N, C, 1, 0, C, C, OC, 0.0f);
+    cublaslt_gemm(out, weight, inp, bias != NULL ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias, OC, N, C,
+                  1, 0, C, C, OC, 0.0f);
 }
 
-// dbias (OC) += column sums of dout (N, OC): partial sums of row blocks, then one ordered pass
-// (BIAS_ROWS_PER_BLOCK and the scratch size, bias_scratch_bytes: llmc/target.h)
+// dbias (OC) += column sums of dout (N, OC) as separate kernels, for where cuBLASLt's epilogue
+// has no algorithm: partial sums of row blocks, then one ordered pass (BIAS_ROWS_PER_BLOCK and the
+// scratch size, bias_scratch_bytes: llmc/target.h). They read all of dout once more: at d12, B=64,
+// T=1024, 0.9 GB per layer, about 3.6 ms of a step on an H100 (dev/bench/roofline.py -epilogue 0).
 __global__ void bias_backward_partial(float* partial, const floatX* dout, int N, int OC) {
     int o = blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= OC) return;
@@ -101,28 +164,49 @@ __global__ void bias_backward_final(floatX* dbias, const float* partial, int par
 
 static DeviceScratch matmul_scratch;
 
+static inline void bias_backward_kernels(floatX* dbias, const floatX* dout, int N, int OC) {
+    int parts = ceil_div(N, BIAS_ROWS_PER_BLOCK);
+    float* partial = (float*)scratch_get(&matmul_scratch, bias_scratch_bytes(N, OC));
+    bias_backward_partial<<<dim3(ceil_div(OC, 256), parts), 256>>>(partial, dout, N, OC);
+    cudaCheckLaunch();
+    bias_backward_final<<<ceil_div(OC, 256), 256>>>(dbias, partial, parts, OC);
+    cudaCheckLaunch();
+}
+
+// dbias (OC) += this pass's bias gradient (OC), which the epilogue wrote (it cannot add)
+__global__ void bias_accumulate_kernel(floatX* dbias, const floatX* step, int OC) {
+    int o = blockIdx.x * blockDim.x + threadIdx.x;
+    if (o < OC) dbias[o] = (floatX)((float)dbias[o] + (float)step[o]);
+}
+
 // The backward pass in its two halves, which a zero-bubble pipeline runs at different times
 // (train_gpt2_pp.cu): the input gradient, which the layer below waits for, and the weight
 // gradient, which nothing waits for.
 // dinp (N, C) = dout (N, OC) @ weight (OC, C)            (overwritten)
 static inline void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC) {
     // dinp^T (C, N) = weight as (C, OC) @ dout^T (OC, N)
-    cublaslt_gemm(dinp, weight, dout, NULL, C, N, OC, 0, 0, C, OC, C, 0.0f);
+    cublaslt_gemm(dinp, weight, dout, CUBLASLT_EPILOGUE_DEFAULT, NULL, C, N, OC, 0, 0, C, OC, C, 0.0f);
 }
 
 // dweight (OC, C) += dout^T @ inp; dbias (OC) += column sums of dout   (accumulated; dbias may be NULL)
 static inline void matmul_backward_weight(floatX* dweight, floatX* dbias, const floatX* dout, const floatX* inp, int N,
                                           int C, int OC) {
-    // dweight^T (C, OC) += inp^T (C, N) @ op_T(dout^T as (OC, N))
-    cublaslt_gemm(dweight, inp, dout, NULL, C, OC, N, 0, 1, C, OC, C, 1.0f);
+    // dweight^T (C, OC) += inp^T (C, N) @ op_T(dout^T as (OC, N)). The GEMM reads all of dout
+    // anyway, so the bias gradient, dout's column sums, comes almost free from its epilogue:
+    // BGRADB sums op(B) = dout (N, OC) over k = N, one value per column of D, that is per output
+    // channel. It writes this pass's sums (in floatX, D's type) to scratch; a tiny kernel adds them
+    // to dbias, which accumulates over micro-batches.
     if (dbias != NULL) {
-        int parts = ceil_div(N, BIAS_ROWS_PER_BLOCK);
-        float* partial = (float*)scratch_get(&matmul_scratch, bias_scratch_bytes(N, OC));
-        bias_backward_partial<<<dim3(ceil_div(OC, 256), parts), 256>>>(partial, dout, N, OC);
-        cudaCheckLaunch();
-        bias_backward_final<<<ceil_div(OC, 256), 256>>>(dbias, partial, parts, OC);
-        cudaCheckLaunch();
+        // the scratch is bias_scratch_bytes, which the fallback needs (>= OC floatX): one size
+        floatX* step = (floatX*)scratch_get(&matmul_scratch, bias_scratch_bytes(N, OC));
+        if (cublaslt_gemm(dweight, inp, dout, CUBLASLT_EPILOGUE_BGRADB, step, C, OC, N, 0, 1, C, OC, C, 1.0f)) {
+            bias_accumulate_kernel<<<ceil_div(OC, 256), 256>>>(dbias, step, OC);
+            cudaCheckLaunch();
+            return;
+        }
     }
+    cublaslt_gemm(dweight, inp, dout, CUBLASLT_EPILOGUE_DEFAULT, NULL, C, OC, N, 0, 1, C, OC, C, 1.0f);
+    if (dbias != NULL) bias_backward_kernels(dbias, dout, N, OC);
 }
 
 // both at once

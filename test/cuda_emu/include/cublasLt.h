@@ -1,7 +1,8 @@
 // cuda_emu: the part of cuBLASLt (and, in cublas_v2.h, of cuBLAS) this project calls, as plain
 // loops. Semantics from the cuBLAS documentation: column-major matrices, op(A) is m x k, op(B) is
 // k x n, D = alpha op(A) op(B) + beta C, then the epilogue (a bias of m values added to every
-// column). Products accumulate in fp32 as CUBLAS_COMPUTE_32F does; the shapes in each call are
+// column, or BGRADB: the sums of op(B) over k, one per column of D, written to the bias pointer).
+// Products accumulate in fp32 as CUBLAS_COMPUTE_32F does; the shapes in each call are
 // checked against its layouts, and a mismatch is an error, as it would be on a GPU.
 #ifndef CUDA_EMU_CUBLASLT_H
 #define CUDA_EMU_CUBLASLT_H
@@ -98,6 +99,7 @@ typedef struct {
 typedef enum {
     CUBLASLT_EPILOGUE_DEFAULT = 1,
     CUBLASLT_EPILOGUE_BIAS = 4,
+    CUBLASLT_EPILOGUE_BGRADB = 512,
 } cublasLtEpilogue_t;
 typedef enum {
     CUBLASLT_MATMUL_DESC_TRANSA = 3,
@@ -177,11 +179,16 @@ static inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, 
                                                             cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl,
                                                             cublasLtMatmulPreference_t p, int requested,
                                                             cublasLtMatmulHeuristicResult_t* results, int* found) {
-    (void)h, (void)d, (void)a, (void)b, (void)c, (void)dl;
+    (void)h, (void)a, (void)b, (void)c, (void)dl;
     if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
     memset(results, 0, sizeof(*results));
-    // the "algorithm" remembers the alignments it was chosen for, as a real one relies on them
+    // the "algorithm" remembers the alignments it was chosen for, as a real one relies on them:
+    // A-D's from the preference, the bias vector's from its pointer's value, which the heuristic
+    // reads without dereferencing it (CUBLASLT_MATMUL_DESC_BIAS_POINTER in NVIDIA's cublasLt.h)
     for (int i = 0; i < 4; i++) results->algo.data[i] = p->min_alignment[i];
+    uint32_t bias_alignment = 256;
+    while ((uintptr_t)d->bias % bias_alignment != 0) bias_alignment /= 2;
+    results->algo.data[4] = d->epilogue != CUBLASLT_EPILOGUE_DEFAULT ? bias_alignment : 1;
     *found = 1;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -203,6 +210,12 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDe
             cuda_emu::die(what);
         }
     }
+    if ((uintptr_t)desc->bias % algo->data[4] != 0) {
+        char what[160];
+        snprintf(what, sizeof(what), "cublasLtMatmul: the bias vector is not %u-byte aligned, the alignment of the "
+                 "pointer its algorithm was chosen with", (unsigned)algo->data[4]);
+        cuda_emu::die(what);
+    }
     uint64_t m = ld->rows, n = ld->cols;
     int ta = desc->transa == CUBLAS_OP_T, tb = desc->transb == CUBLAS_OP_T;
     uint64_t k = ta ? la->rows : la->cols;
@@ -211,11 +224,23 @@ static inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDe
         lc->rows != m || lc->cols != n) {
         return CUBLAS_STATUS_INVALID_VALUE;
     }
-    if (desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT && desc->epilogue != CUBLASLT_EPILOGUE_BIAS) return CUBLAS_STATUS_NOT_SUPPORTED;
-    const void* bias = desc->epilogue == CUBLASLT_EPILOGUE_BIAS ? desc->bias : NULL;
-    if (desc->epilogue == CUBLASLT_EPILOGUE_BIAS && bias == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    int epilogue = desc->epilogue;
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && epilogue != CUBLASLT_EPILOGUE_BIAS && epilogue != CUBLASLT_EPILOGUE_BGRADB)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && desc->bias == NULL) return CUBLAS_STATUS_INVALID_VALUE;
+    // a bias gradient has the output's type (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE)
+    if (epilogue == CUBLASLT_EPILOGUE_BGRADB && desc->bias_type != ld->type) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const void* bias = epilogue == CUBLASLT_EPILOGUE_BIAS ? desc->bias : NULL;
     cuda_emu::gemm(ta, tb, (int)m, (int)n, (int)k, *(const float*)alpha, a, la->type, la->ld, b, lb->type, lb->ld,
                    *(const float*)beta, c, lc->type, lc->ld, d, ld->type, ld->ld, bias, desc->bias_type);
+    if (epilogue == CUBLASLT_EPILOGUE_BGRADB) {
+        // column j of op(B) summed over its k rows, in fp32, stored once in the vector's type
+        for (uint64_t j = 0; j < n; j++) {
+            float sum = 0.0f;
+            for (uint64_t p = 0; p < k; p++) sum += cuda_emu::load(b, lb->type, tb ? p * lb->ld + j : j * lb->ld + p);
+            cuda_emu::store((void*)desc->bias, desc->bias_type, j, sum);
+        }
+    }
     return CUBLAS_STATUS_SUCCESS;
 }
 
