@@ -1711,6 +1711,142 @@ def memory_planner_refuses_bad_layouts_and_says_whether_it_fits():
 
 
 # ---------------------------------------------------------------------------------------------
+# dev/bench/roofline.py: a model, not a measurement, so its arithmetic is checked exactly here,
+# against counts derived in the test from GPT-2's shapes (not read back from the tool's output)
+
+# GPT-2 as llmc/gpt2.h builds a descriptor: d12 = 12 layers, 768 channels, 12 heads; the
+# vocabulary 50257 padded to a multiple of 128; maxT 1024
+ROOFLINE_GPT2 = dict(L=12, C=768, NH=12, V=50257, Vp=50304, maxT=1024)
+# NVIDIA's datasheet numbers for the H100 SXM (dense): 989 TFLOP/s bf16, 67 fp32, 3.35 TB/s HBM3
+ROOFLINE_H100 = dict(bf16=989e12, fp32=67e12, hbm=3.35e12)
+# the efficiencies are passed explicitly, so the test does not depend on the tool's defaults
+ROOFLINE_EFF = dict(gemm=0.7, attn=0.5, bw=0.9, vec=0.5)
+
+
+def roofline_json(*flags):
+    cmd = ["/usr/bin/python3", "dev/bench/roofline.py", "-device", "h100-sxm", "-json",
+           "-gemm_eff", str(ROOFLINE_EFF["gemm"]), "-attn_eff", str(ROOFLINE_EFF["attn"]),
+           "-bw_eff", str(ROOFLINE_EFF["bw"]), "-vec_eff", str(ROOFLINE_EFF["vec"])] + [str(f) for f in flags]
+    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert p.returncode == 0, "%s: exit %d\n%s" % (" ".join(cmd), p.returncode, p.stderr.decode()[-2000:])
+    return json.loads(p.stdout)
+
+
+def roofline_close(got, want, rel, what):
+    assert abs(got - want) <= rel * abs(want), "%s: %r, expected %r (relative tolerance %g)" % (what, got, want, rel)
+
+
+def roofline_total(res, **match):
+    """the sum of FLOPs or bytes over all calls of the rows whose fields match"""
+    rows = [r for r in res["rows"] if all(r[k] == v for k, v in match.items())]
+    assert rows, "no row with %s" % match
+    return sum(r["total_flops"] for r in rows), sum(r["total_bytes"] for r in rows)
+
+
+@test
+def roofline_counts_the_model_flops_and_the_minimum_bytes():
+    g = ROOFLINE_GPT2
+    L, C, NH, Vp, hs = g["L"], g["C"], g["NH"], g["Vp"], g["C"] // g["NH"]
+    # every parameter tensor of gpt2_parameter_sizes: wte, wpe, per layer ln1 (2C), qkv (3C^2 + 3C),
+    # attproj (C^2 + C), ln2 (2C), fc (4C^2 + 4C), fcproj (4C^2 + C), then lnf (2C)
+    P = Vp * C + g["maxT"] * C + L * (12 * C * C + 13 * C) + 2 * C
+    assert P == 124475904, "d12 has %d parameters, llm.c's GPT-2 124M (padded vocabulary) has 124475904" % P
+    # the last config makes the FLOP side bind too: at T = 1024 the flash kernels are compute-bound,
+    # and at 1% of the fp32 peak (-vec_eff 0.01) so are the elementwise kernels
+    for B, T, precision, vec_eff in ((4, 64, "bf16", 0.5), (2, 256, "bf16", 0.5), (4, 64, "fp32", 0.5),
+                                     (1, 1024, "bf16", 0.01)):
+        res = roofline_json("-e", "d12", "-b", B, "-t", T, "-precision", precision, "-vec_eff", vec_eff)
+        X = 2 if precision == "bf16" else 4  # bytes of an activation, parameter or gradient
+        N = B * T
+        what = "d12 B=%d T=%d %s" % (B, T, precision)
+        # FLOPs are integer counts far below 2^53: only float rounding separates the two sides
+        exact = 1e-12
+        # the cuBLASLt matmuls: forward 2 N K M each, backward twice that (input and weight
+        # gradients), over the 12 C^2 weights of each layer and the tied LM head (Vp, C)
+        flops, _ = roofline_total(res, op="matmul")
+        roofline_close(flops, 6.0 * (L * 12 * C * C + Vp * C) * N, exact, what + ": matmul FLOPs")
+        if precision == "bf16":
+            # flash attention as the kernels execute it: causal, whole 64 x 64 tiles on and below the
+            # diagonal, n (n + 1) / 2 of the n^2 tiles (n = T / 64); T = 64 is one tile, the full
+            # square: forward 4 B T^2 C. Forward = 2 tile products (q k^T, p v); backward = 7: the
+            # dK/dV kernel recomputes p and does 4 products (s, dv, dp, dk), the dQ kernel recomputes
+            # p and dp and does 3 (s, dp, dq); FlashAttention-2's single kernel would do 5
+            n = T // 64
+            product = B * NH * (n * (n + 1) // 2) * 2 * 64 * 64 * hs  # one causal tiled T x T x hs product
+            if T == 64:
+                assert product == 2 * B * T * T * C, "one tile is the whole square"
+            fwd, _ = roofline_total(res, engine="attn", group="layer forward")
+            bwd, _ = roofline_total(res, engine="attn", group="layer backward")
+            roofline_close(fwd, L * 2 * product, exact, what + ": flash forward FLOPs")
+            roofline_close(bwd, L * 7 * product, exact, what + ": flash backward FLOPs (p and dp recomputed)")
+        # GELU reads fch (N, 4C) and writes its output (N, 4C) once each
+        _, gelu_bytes = roofline_total(res, kernel="gelu_forward")
+        roofline_close(gelu_bytes, L * 2 * N * 4 * C * X, exact, what + ": gelu_forward bytes")
+        # every row is the roofline of its engine: max(FLOPs / achievable rate, bytes / bandwidth).
+        # matmuls (and the cuBLAS attention GEMMs) at the precision's dense peak (fp32 builds: strict
+        # fp32, no TF32), flash attention at its own fraction, elementwise work on the fp32 units
+        W = ROOFLINE_H100["hbm"] * ROOFLINE_EFF["bw"]
+        F = dict(gemm=ROOFLINE_H100[precision] * ROOFLINE_EFF["gemm"], attn=ROOFLINE_H100[precision] * ROOFLINE_EFF["attn"],
+                 vector=ROOFLINE_H100["fp32"] * vec_eff, memset=None)
+        compute_bound = set()
+        for r in res["rows"]:
+            assert r["engine"] in F, "%s: row %s has engine %s" % (what, r["kernel"], r["engine"])
+            t_flops = r["flops"] / F[r["engine"]] if F[r["engine"]] else 0.0
+            if t_flops > r["bytes"] / W:
+                compute_bound.add(r["engine"])
+            want = max(t_flops, r["bytes"] / W)
+            roofline_close(r["time_s"], want, 1e-9, "%s: time of %s" % (what, r["kernel"]))
+            roofline_close(r["total_time_s"], want * r["calls"], 1e-9, "%s: total time of %s" % (what, r["kernel"]))
+        if T == 1024:
+            assert compute_bound == {"gemm", "attn", "vector"}, "%s: compute-bound engines %s" % (what, compute_bound)
+        # the step is the sum of its kernels; MFU as llmc/train.h: (6 P + 12 L C T) per token,
+        # times B T, over the step, over the dense peak of the precision
+        step = sum(r["total_time_s"] for r in res["rows"])
+        roofline_close(res["summary"]["step_time_s"], step, 1e-9, what + ": step time = sum of the rows")
+        mfu = (6.0 * P + 12.0 * L * C * T) * N / step / ROOFLINE_H100[precision]
+        roofline_close(res["summary"]["mfu"], mfu, 1e-9, what + ": MFU")
+        assert 0 < mfu < 1, "%s: MFU %g" % (what, mfu)
+
+
+@test
+def roofline_bias_epilogue_cublas_attention_and_all_reduce():
+    g = ROOFLINE_GPT2
+    L, C, B, T = g["L"], g["C"], 4, 64
+    N, X = B * T, 2
+    base = ("-e", "d12", "-b", B, "-t", T)
+    fused, separate = roofline_json(*base, "-epilogue", 1), roofline_json(*base, "-epilogue", 0)
+    # without the epilogue, each of a layer's 4 bias gradients (qkv 3C, attproj C, fc 4C, fcproj C)
+    # is a kernel that reads dout (N, OC) again. The difference also holds the partial sums (fp32,
+    # one row of OC per 512 rows: +8 bytes per OC and block, under 1% of the reread) less the
+    # epilogue's own writes of OC values, hence 2% above the reread at most
+    extra = sum(r["total_bytes"] for r in separate["rows"]) - sum(r["total_bytes"] for r in fused["rows"])
+    reread = L * N * (3 * C + C + 4 * C + C) * X
+    assert reread <= extra <= 1.02 * reread, "-epilogue 0 moves %d more bytes than -epilogue 1, expected %d..%d" % (
+        extra, reread, 1.02 * reread)
+    assert len(separate["rows"]) > len(fused["rows"]), "-epilogue 0 has %d rows, -epilogue 1 %d" % (
+        len(separate["rows"]), len(fused["rows"]))
+    assert separate["summary"]["step_time_s"] > fused["summary"]["step_time_s"], "the separate bias kernels cost time"
+    # the cuBLAS attention path multiplies full (T, T) squares: 2 GEMMs forward (q k^T, att v) and 4
+    # backward (datt, dv, dq, dk), each 2 T^2 hs per (batch, head) = 2 B T^2 C over the heads; no
+    # causal saving, and every element is 2 bytes of a (B, NH, T, T) matrix in memory
+    res = roofline_json(*base, "-attention", "cublas")
+    fwd, _ = roofline_total(res, op="attention", engine="gemm", group="layer forward")
+    bwd, _ = roofline_total(res, op="attention", engine="gemm", group="layer backward")
+    roofline_close(fwd, L * 4.0 * B * T * T * C, 1e-12, "cuBLAS attention forward FLOPs")
+    roofline_close(bwd, L * 8.0 * B * T * T * C, 1e-12, "cuBLAS attention backward FLOPs")
+    # -dp 4: one all-reduce of the whole gradient, a ring sends 2 (N-1)/N of it over each link,
+    # here at a bus bandwidth of 300 GB/s given on the command line
+    res = roofline_json(*base, "-dp", 4, "-link_bw", 300)
+    P = res["config"]["parameters"]
+    rows = [r for r in res["rows"] if r["op"] == "comm"]
+    assert len(rows) == 1, "expected one all-reduce row, got %s" % [r["kernel"] for r in rows]
+    roofline_close(rows[0]["bytes"], 2 * 3 / 4 * P * X, 1e-12, "all-reduce bytes")
+    roofline_close(rows[0]["time_s"], 2 * 3 / 4 * P * X / 300e9, 1e-9, "all-reduce time")
+    roofline_close(res["summary"]["tokens_per_s"], 4 * N / res["summary"]["step_time_s"], 1e-9,
+                   "tokens/s over 4 ranks")
+
+
+# ---------------------------------------------------------------------------------------------
 # CUDA backend: compiled here whenever nvcc exists; run against the reference when a GPU exists.
 # The same tests also run the CUDA sources under test/cuda_emu, the CPU emulator of the CUDA
 # subset this project uses: kernels, cuBLAS and NCCL semantics checked on machines with no GPU.

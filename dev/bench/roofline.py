@@ -1,0 +1,533 @@
+"""
+A roofline model of one training step of train_gpt2_dp.cu on a GPU: every CUDA kernel the step
+launches, what it computes, what it must move, and how long that takes at best.
+
+    /usr/bin/python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -device h100-sxm
+    /usr/bin/python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -attention cublas -epilogue 0
+    /usr/bin/python3 dev/bench/roofline.py -e 12/768/12 -b 4 -t 64 -json
+
+What a roofline is (Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009). A kernel does
+some arithmetic (F floating-point operations) on data it must bring from the GPU's memory (HBM)
+and write back (M bytes). The chip has two speeds, a peak arithmetic rate P (FLOP/s, from the
+tensor cores for matmuls, from the ordinary fp32 units for everything else) and a memory
+bandwidth W (bytes/s). Neither can go faster than its own limit, and in the best case the two
+overlap completely, so the kernel takes at least
+
+    time >= max(F / P, M / W).
+
+Which term wins depends on the kernel's arithmetic intensity I = F / M (FLOP per byte) against the
+machine's ridge point P / W. On an H100 SXM in bf16: P / W = 989e12 / 3.35e12 = 295 FLOP/byte.
+- A matmul (N, K) x (K, M) does 2 N K M FLOPs on N K + K M + N M elements. For the MLP's first
+  layer at B=64, T=1024 (N = 65536, K = 768, M = 3072) that is 309 GFLOP on 0.51 GB in bf16,
+  I ~ 610 FLOP/byte, right of the ridge: compute-bound. Every element is reused ~K times from
+  registers and shared memory, so the bytes grow as N^2 while the FLOPs grow as N^3.
+- LayerNorm does ~8 FLOPs per element and reads 2 bytes and writes 2 more: I ~ 2 FLOP/byte, a
+  hundred times left of the ridge (and left of the fp32 units' ridge, 67e12 / 3.35e12 = 20 too):
+  memory-bound. So are GELU, the residual adds, the softmax of the loss and AdamW. Making them
+  faster means moving fewer bytes (fusing kernels, keeping data in registers), not fewer FLOPs.
+Nobody reaches a datasheet peak, so the model uses achievable rates: a fraction of each peak
+(-gemm_eff, -attn_eff, -vec_eff, -bw_eff), printed with the results.
+
+What this model counts, per kernel:
+- FLOPs: matmuls exactly (2 m n k); attention as the kernels execute it (the causal flash kernels
+  visit whole 64 x 64 tiles up to the diagonal; the cuBLAS path multiplies full T x T squares);
+  elementwise kernels by an approximate count of fp32 operations per element (stated below).
+- bytes: the minimum a kernel must move: each input read once and each output written once, at
+  its element width (bf16 = 2 bytes for parameters, activations and gradients; fp32 for master
+  weights, AdamW's m and v, LayerNorm's mean and rstd, attention's lse). Re-reads served by the
+  caches are free here, and a kernel that reads an input twice from HBM is slower than its row.
+- time: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth). Launch latency, the host's
+  own work (the encoder backward's sort, the loss's copy to the host) and the tail of a grid
+  that does not fill the GPU are not counted: the sum is a lower bound on the step.
+MFU is computed as the trainer does (llmc/train.h, train_flops_per_token): 6 x parameters +
+12 L C T FLOPs per token (the attention term counted without the causal half), times B T, over
+the step time, over the device's dense peak for the precision (llmc/cuda/device.cuh).
+"""
+import argparse
+import json
+import math
+import sys
+
+# ---------------------------------------------------------------------------------------------
+# devices: dense peaks and HBM bandwidth from NVIDIA's datasheets, the same peaks as
+# llmc/cuda/device.cuh's device_peak (the trainers' MFU); link = the per-direction NVLink (or
+# PCIe) bandwidth one GPU has for a ring all-reduce, of which NCCL reaches ~80% (nccl-tests busbw)
+DEVICES = {
+    # H100 datasheet (SXM5): bf16 1979 TFLOP/s with sparsity = 989 dense, fp32 67, HBM3 3.35 TB/s,
+    # NVLink 4 900 GB/s both directions = 450 per direction
+    "h100-sxm": dict(name="H100 SXM", bf16=989e12, fp32=67e12, hbm=3.35e12, link=450e9 * 0.8,
+                     link_name="NVLink 4, 80% of 450 GB/s per direction"),
+    # H100 datasheet (PCIe): bf16 756 dense, fp32 51, HBM2e 2.0 TB/s; without an NVLink bridge
+    # the GPUs talk over PCIe Gen5 x16, 64 GB/s per direction
+    "h100-pcie": dict(name="H100 PCIe", bf16=756e12, fp32=51e12, hbm=2.0e12, link=64e9 * 0.8,
+                      link_name="PCIe Gen5 x16, 80% of 64 GB/s per direction"),
+    # H100 datasheet (NVL): bf16 835 dense, fp32 60, HBM3 3.9 TB/s, NVLink bridge 600 GB/s
+    "h100-nvl": dict(name="H100 NVL", bf16=835e12, fp32=60e12, hbm=3.9e12, link=300e9 * 0.8,
+                     link_name="NVLink bridge, 80% of 300 GB/s per direction"),
+    # H200 datasheet (SXM): the H100 SXM's compute (989 / 67) with HBM3e at 4.8 TB/s
+    "h200": dict(name="H200 SXM", bf16=989e12, fp32=67e12, hbm=4.8e12, link=450e9 * 0.8,
+                 link_name="NVLink 4, 80% of 450 GB/s per direction"),
+    # A100 datasheet (SXM 80GB): bf16 312 dense, fp32 19.5, HBM2e 2.039 TB/s, NVLink 3 600 GB/s
+    "a100": dict(name="A100 SXM 80GB", bf16=312e12, fp32=19.5e12, hbm=2.039e12, link=300e9 * 0.8,
+                 link_name="NVLink 3, 80% of 300 GB/s per direction"),
+}
+
+# the achievable fractions of peak, each a flag
+DEFAULT_GEMM_EFF = 0.70  # cuBLASLt bf16 GEMMs of these shapes (K = 768..3072, N = B T) reach ~65-75% of dense peak
+DEFAULT_ATTN_EFF = 0.50  # between FlashAttention-2 on an H100 (~35%, Dao 2023) and FlashAttention-3 (~60-75%,
+                         # Shah et al. 2024); this repo's kernels measured 98 / 78 TFLOP/s forward / backward at
+                         # B=4 in dev/cuda (README), ~10% of peak
+DEFAULT_BW_EFF = 0.90    # a streaming copy reaches ~90% of the datasheet HBM bandwidth on H100 / A100
+DEFAULT_VEC_EFF = 0.50   # fp32 arithmetic of elementwise kernels (tanhf, expf on the SFUs); it never binds here
+
+# approximate fp32 operations per element of the elementwise kernels (only their order matters:
+# all of them sit far left of the ridge point, so their time is their bytes)
+FLOPS_PER = dict(
+    add=1,                  # encoder_forward, the residual add, a bias sum
+    layernorm=8,            # mean (1), variance (2), normalise and scale (4), shift (1)
+    gelu=10,                # cube, polynomial, tanh, product
+    gelu_backward=20,       # tanh again, its derivative, the chain rule
+    layernorm_backward=14,  # g = dout w, two row sums, then the input gradient
+    layernorm_params=5,     # dw += d xhat, db += d
+    classifier=9,           # max, exp and sum in the first pass; exp, scale, subtract, scale in the second
+    softmax=7,              # max, exp, sum, exp again and a scale (cuBLAS attention)
+    softmax_backward=5,     # the dot p . d, then p (d - dot) scale
+    dot=2,                  # flash backward's D = rowsum(dO * O), the gradient norm's squares
+    adamw=20,               # two moments, the bias corrections, sqrt, divide, decay, the rounding
+)
+
+FLASH_TILE = 64  # flash_attention.cuh: 64 queries x 64 keys per tile (FLASH_TILE)
+BIAS_ROWS_PER_BLOCK = 512  # llmc/target.h: rows of one block of the bias gradient's first pass
+LN_ROWS_PER_BLOCK = 256    # llmc/target.h: rows of one block of a LayerNorm's parameter gradient
+NORM_BLOCKS = 1024         # llmc/target.h: blocks of the gradient norm's first pass
+F32 = 4                    # bytes of a float
+
+
+def ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+# ---------------------------------------------------------------------------------------------
+# the model: GPT-2 shapes as llmc/gpt2.h builds them
+
+def parse_model(desc):
+    """'d12' (as gpt2_config_from_descriptor) or 'L/C/NH'; returns dict(L, C, NH, V, Vp, maxT)"""
+    if desc.startswith("d") and desc[1:].isdigit():
+        L = int(desc[1:])
+        C, NH = {24: (1024, 16), 36: (1280, 20), 48: (1600, 25)}.get(L, (64 * L, L))
+    else:
+        parts = desc.split("/")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ValueError("-e %s: expected dL (d12, d24, d36, d48, ...) or L/C/NH such as 12/768/12" % desc)
+        L, C, NH = (int(p) for p in parts)
+    if L <= 0 or C <= 0 or NH <= 0 or C % NH != 0:
+        raise ValueError("-e %s: L, C, NH must be positive and NH must divide C" % desc)
+    V = 50257
+    return dict(L=L, C=C, NH=NH, V=V, Vp=ceil_div(V, 128) * 128, maxT=1024)  # Vp = 50304, as the trainers pad
+
+
+def num_parameters(m):
+    """gpt2_parameter_sizes summed: wte, wpe, and per layer ln1, qkv, attproj, ln2, fc, fcproj, then lnf"""
+    L, C = m["L"], m["C"]
+    per_layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) + (4 * C * C + C)
+    return m["Vp"] * C + m["maxT"] * C + L * per_layer + 2 * C
+
+
+def flash_tiles(T):
+    """(query tile, key tile) pairs a causal flash kernel visits per (batch, head): the tiles on and
+    below the diagonal, each a whole 64 x 64 tile (flash_attention.cuh skips the ones above)"""
+    n = ceil_div(T, FLASH_TILE)
+    return n * (n + 1) // 2
+
+
+# ---------------------------------------------------------------------------------------------
+# the step, kernel by kernel
+
+class Step:
+    """the kernels of one step in launch order: rows of (group, kernel, calls, FLOPs and bytes of
+    one call, which rate bounds it). engine: 'gemm' (cuBLAS on tensor cores, or strict fp32 in
+    fp32 builds), 'attn' (the flash kernels), 'vector' (fp32 CUDA cores), 'memset', 'link'."""
+
+    def __init__(self):
+        self.rows = []
+        self.group = None
+
+    def begin(self, group):
+        self.group = group
+
+    def add(self, kernel, calls, flops, nbytes, engine, op, launches=None, note=""):
+        if calls > 0:
+            self.rows.append(dict(group=self.group, kernel=kernel, calls=calls, launches=launches or calls,
+                                  flops=float(flops), bytes=float(nbytes), engine=engine, op=op, note=note))
+
+
+def build_step(m, B, T, precision, attention, epilogue, dp):
+    L, C, NH, V, Vp = m["L"], m["C"], m["NH"], m["V"], m["Vp"]
+    hs = C // NH
+    N = B * T                       # rows of every activation matrix
+    X = 2 if precision == "bf16" else 4  # bytes of floatX: parameters, activations, gradients
+    P = num_parameters(m)
+    distinct = min(N, V)            # rows of wte a batch touches: at most one per distinct token
+    s = Step()
+
+    def matmul(kernel, rows, k, out, calls, bias=False, dweight=False, note=""):
+        """one cuBLASLt GEMM: (rows, k) x (k, out). Forward and input-gradient GEMMs read their two
+        operands and write the result; a weight-gradient GEMM (dweight) reads the activation (rows, k)
+        and the gradient (rows, out) and adds into the weight gradient (out, k): read and written (beta = 1)"""
+        flops = 2 * rows * k * out
+        if dweight:
+            nbytes = (rows * k + rows * out + 2 * out * k) * X
+            if bias:
+                nbytes += out * X  # BGRADB writes this pass's bias gradient (out) to scratch
+        else:
+            nbytes = (rows * k + k * out + rows * out + (out if bias else 0)) * X
+        s.add(kernel, calls, flops, nbytes, "gemm", "matmul", note=note)
+
+    def bias_grad(name, OC, calls):
+        """the bias gradient of a weight-gradient GEMM, dbias (OC) += column sums of dout (N, OC)"""
+        if epilogue:
+            # the sums came from the GEMM's BGRADB epilogue; one tiny kernel adds them to dbias
+            s.add("bias_accumulate (%s)" % name, calls, OC, 3 * OC * X, "vector", "bias")
+        else:
+            # matmul.cuh's two kernels: partial column sums of 512-row blocks, then one ordered pass;
+            # the first reads all of dout again (what the epilogue saves)
+            parts = ceil_div(N, BIAS_ROWS_PER_BLOCK)
+            s.add("bias_backward_partial (%s)" % name, calls, N * OC, N * OC * X + parts * OC * F32, "vector", "bias")
+            s.add("bias_backward_final (%s)" % name, calls, parts * OC, parts * OC * F32 + 2 * OC * X, "vector", "bias")
+
+    def layernorm_forward(kernel, calls, residual):
+        """one warp per row; with residual (fused_residual_layernorm_forward) it first adds a + b and
+        writes the sum (the residual stream); writes out (N, C) and fp32 mean, rstd (N)"""
+        reads = (2 if residual else 1) * N * C * X + 2 * C * X
+        writes = (2 if residual else 1) * N * C * X + 2 * N * F32
+        flops = (FLOPS_PER["layernorm"] + (FLOPS_PER["add"] if residual else 0)) * N * C
+        s.add(kernel, calls, flops, reads + writes, "vector", "layernorm")
+
+    def layernorm_backward(name, calls):
+        """layernorm.cuh's three kernels: the input gradient (added into dresidual: read and written),
+        then the weight and bias gradients in two deterministic passes"""
+        parts = ceil_div(N, LN_ROWS_PER_BLOCK)
+        s.add("layernorm_backward_input (%s)" % name, calls, FLOPS_PER["layernorm_backward"] * N * C,
+              4 * N * C * X + C * X + 2 * N * F32, "vector", "layernorm")
+        s.add("layernorm_backward_params_partial (%s)" % name, calls, FLOPS_PER["layernorm_params"] * N * C,
+              2 * N * C * X + 2 * N * F32 + parts * 2 * C * F32, "vector", "layernorm")
+        s.add("layernorm_backward_params_final (%s)" % name, calls, 2 * parts * C,
+              parts * 2 * C * F32 + 4 * C * X, "vector", "layernorm")
+
+    # the attention FLOPs: one (64 x hs) x (hs x 64) tile product is 2 * 64 * 64 * hs FLOPs
+    tile_matmul = B * NH * flash_tiles(T) * 2 * FLASH_TILE * FLASH_TILE * hs  # a causal T x T x hs product, tiled
+    square_matmul = B * NH * 2 * T * T * hs                                     # a full T x T x hs product
+    lse = B * NH * T * F32   # flash's log-sum-exp per query row, and D = rowsum(dO * O): (B, NH, T) fp32
+    scores = B * NH * T * T  # elements of a (B, NH, T, T) score or probability matrix
+    causal = B * NH * T * (T + 1) // 2  # of which on or below the diagonal
+
+    def attention_forward(calls):
+        if attention == "flash":
+            # flash_attention_forward_kernel: s = q k^T and o += p v per tile, 2 tile products; reads
+            # qkv once, writes out and lse; the T x T scores never leave the chip
+            s.add("flash_attention_forward", calls, 2 * tile_matmul, 4 * N * C * X + lse, "attn", "attention")
+        else:
+            s.add("attention_to_heads (q, k, v)", 3 * calls, 0, 2 * N * C * X, "vector", "attention")
+            s.add("gemm_batched scores = q k^T", calls, square_matmul, 2 * N * C * X + scores * X, "gemm", "attention")
+            s.add("attention_softmax", calls, FLOPS_PER["softmax"] * causal, causal * X + scores * X, "vector",
+                  "attention")
+            s.add("gemm_batched y = att v", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention")
+            s.add("attention_from_heads (y)", calls, 0, 2 * N * C * X, "vector", "attention")
+
+    def attention_backward(calls):
+        if attention == "flash":
+            # D = rowsum(dO * O); then dK, dV (a block owns 64 keys and walks the queries: s^T = k q^T,
+            # dv += p^T dO, dp^T = v dO^T, dk += ds^T q: 4 tile products) and dQ (a block owns 64 queries:
+            # s = q k^T, dp = dO v^T, dq += ds k: 3). Both recompute p from q, k and lse, and both compute
+            # dp: 7 tile products against FlashAttention-2's 5, the price of one writer per output
+            s.add("flash_attention_backward_dot (D)", calls, FLOPS_PER["dot"] * N * C, 2 * N * C * X + lse, "vector",
+                  "attention")
+            s.add("flash_attention_backward_dkdv", calls, 4 * tile_matmul, 6 * N * C * X + 2 * lse, "attn", "attention")
+            s.add("flash_attention_backward_dq", calls, 3 * tile_matmul, 5 * N * C * X + 2 * lse, "attn", "attention")
+        else:
+            s.add("attention_to_heads (q, k, v, dy)", 4 * calls, 0, 2 * N * C * X, "vector", "attention")
+            s.add("gemm_batched datt = dy v^T", calls, square_matmul, 2 * N * C * X + scores * X, "gemm", "attention")
+            s.add("gemm_batched dv = att^T dy", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention")
+            s.add("attention_softmax_backward", calls, FLOPS_PER["softmax_backward"] * causal,
+                  2 * causal * X + scores * X, "vector", "attention")
+            s.add("gemm_batched dq = ds k", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention")
+            s.add("gemm_batched dk = ds^T q", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention")
+            s.add("attention_from_heads (dq, dk, dv)", 3 * calls, 0, 2 * N * C * X, "vector", "attention")
+
+    # ---- the step, in the order train_gpt2_dp.cu launches it
+    s.begin("step start")
+    s.add("memset grads", 1, 0, P * X, "memset", "memset")  # device_memset_zero(grads_memory)
+
+    s.begin("embedding")
+    # one thread per output element: the token's row of wte (distinct rows read once) plus wpe
+    s.add("encoder_forward", 1, FLOPS_PER["add"] * N * C, N * 4 + distinct * C * X + T * C * X + N * C * X,
+          "vector", "embedding")
+    layernorm_forward("layernorm_forward (ln1 of layer 0)", 1, residual=False)
+
+    s.begin("layer forward")
+    matmul("matmul qkv (+bias epilogue)", N, C, 3 * C, L, bias=True)
+    attention_forward(L)
+    matmul("matmul attproj (+bias epilogue)", N, C, C, L, bias=True)
+    layernorm_forward("residual + layernorm (ln2)", L, residual=True)
+    matmul("matmul fc (+bias epilogue)", N, C, 4 * C, L, bias=True)
+    s.add("gelu_forward", L, FLOPS_PER["gelu"] * N * 4 * C, 2 * N * 4 * C * X, "vector", "gelu")
+    matmul("matmul fcproj (+bias epilogue)", N, 4 * C, C, L, bias=True)
+    layernorm_forward("residual + layernorm (ln1 of the next layer)", L - 1, residual=True)
+
+    s.begin("final layernorm")
+    layernorm_forward("residual + layernorm (lnf)", 1, residual=True)
+
+    s.begin("classifier")
+    matmul("matmul LM head, logits = lnf wte^T", N, C, Vp, 1)
+    # one block per row: an online softmax over the row, then dlogits written over the logits
+    s.add("fused_classifier (softmax, loss, dlogits)", 1, FLOPS_PER["classifier"] * N * V,
+          2 * N * Vp * X + 2 * N * 4, "vector", "classifier")
+    matmul("matmul LM head dinp = dlogits wte", N, Vp, C, 1)
+    matmul("matmul LM head dwte += dlogits^T lnf", N, C, Vp, 1, dweight=True)
+
+    s.begin("final layernorm backward")
+    s.add("memset dresidual", 1, 0, N * C * X, "memset", "memset")
+    layernorm_backward("lnf", 1)
+
+    s.begin("layer backward")
+    # MLP half (block.h): the input pass, then the weight pass
+    matmul("matmul fcproj dinp", N, C, 4 * C, L)
+    s.add("gelu_backward", L, FLOPS_PER["gelu_backward"] * N * 4 * C, 3 * N * 4 * C * X, "vector", "gelu")
+    matmul("matmul fc dinp", N, 4 * C, C, L)
+    matmul("matmul fcproj dweight" + (" (+dbias BGRADB)" if epilogue else ""), N, 4 * C, C, L, bias=epilogue,
+           dweight=True)
+    bias_grad("fcprojb", C, L)
+    matmul("matmul fc dweight" + (" (+dbias BGRADB)" if epilogue else ""), N, C, 4 * C, L, bias=epilogue,
+           dweight=True)
+    bias_grad("fcb", 4 * C, L)
+    layernorm_backward("ln2", L)
+    # attention half
+    matmul("matmul attproj dinp", N, C, C, L)
+    attention_backward(L)
+    matmul("matmul qkv dinp", N, 3 * C, C, L)
+    matmul("matmul attproj dweight" + (" (+dbias BGRADB)" if epilogue else ""), N, C, C, L, bias=epilogue,
+           dweight=True)
+    bias_grad("attprojb", C, L)
+    matmul("matmul qkv dweight" + (" (+dbias BGRADB)" if epilogue else ""), N, C, 3 * C, L, bias=epilogue,
+           dweight=True)
+    bias_grad("qkvb", 3 * C, L)
+    layernorm_backward("ln1", L)
+
+    s.begin("encoder backward")
+    # dwte: one block per distinct token sums its rows of dout (positions sorted on the host first),
+    # then adds into that token's row of dwte (read and written)
+    s.add("encoder_backward_wte", 1, FLOPS_PER["add"] * N * C,
+          N * C * X + (N + 2 * distinct + 1) * 4 + 2 * distinct * C * X, "vector", "embedding")
+    s.add("encoder_backward_wpe", 1, FLOPS_PER["add"] * N * C, N * C * X + 2 * T * C * X, "vector", "embedding")
+
+    if dp > 1:
+        s.begin("gradient all-reduce")
+        # NCCL's ring all-reduce sends and receives 2 (N-1)/N of the payload on each GPU's link
+        s.add("all-reduce grads (NCCL ring, %d ranks)" % dp, 1, 0, 2 * (dp - 1) / dp * P * X, "link", "comm")
+
+    s.begin("global norm + AdamW")
+    s.add("norm_squared_partial", 1, FLOPS_PER["dot"] * P, P * X + NORM_BLOCKS * F32, "vector", "optimizer")
+    # adamw_kernel, one launch per tensor (per layer for the layers' tensors: optimizer.h). Per
+    # parameter: the gradient read (X), the fp32 master weight (bf16) or the parameter itself (fp32)
+    # read and written, m and v read and written (fp32), the parameter written (X): 28 bytes either way
+    per_param = (2 + 8 + 8 + 8 + 2) if X == 2 else (4 + 8 + 8 + 8)
+    per_layer = (num_parameters(m) - (Vp + m["maxT"] + 2) * C) // L
+    for name, n, calls, launches in (("wte", Vp * C, 1, 1), ("wpe", m["maxT"] * C, 1, 1),
+                                     ("a layer's 12 tensors", per_layer, L, 12 * L), ("lnfw, lnfb", 2 * C, 1, 2)):
+        s.add("adamw_kernel (%s)" % name, calls, FLOPS_PER["adamw"] * n, per_param * n, "vector", "optimizer",
+              launches=launches)
+    return s.rows, P
+
+
+# ---------------------------------------------------------------------------------------------
+
+def roofline(args):
+    m = parse_model(args.e)
+    dev = DEVICES[args.device]
+    hs = m["C"] // m["NH"]
+    flash_ok = args.precision == "bf16" and hs in (16, 32, 64)  # llmc/target.h flash_attention_supports
+    attention = args.attention
+    if attention == "auto":  # as the trainer picks without LLMC_ATTENTION
+        attention = "flash" if flash_ok else "cublas"
+    if attention == "flash" and not flash_ok:
+        raise ValueError("-attention flash needs -precision bf16 and a head size of 16, 32 or 64 (this one: %s, %d), "
+                         "as the trainer's LLMC_ATTENTION=flash" % (args.precision, hs))
+    if not 1 <= args.t <= m["maxT"]:
+        raise ValueError("-t %d: expected 1..%d (the model's maxT)" % (args.t, m["maxT"]))
+    rows, P = build_step(m, args.b, args.t, args.precision, attention, args.epilogue, args.dp)
+
+    # the achievable rates. In bf16 the matmuls run on the tensor cores; fp32 builds compute in
+    # strict fp32 (no TF32: llmc/cuda/matmul.cuh) on the ordinary fp32 units, as does all the
+    # elementwise arithmetic in both builds
+    peak = dev[args.precision]
+    rates = dict(gemm=peak * args.gemm_eff, attn=peak * args.attn_eff, vector=dev["fp32"] * args.vec_eff)
+    bandwidth = dev["hbm"] * args.bw_eff
+    link = args.link_bw * 1e9 if args.link_bw else dev["link"]
+    for r in rows:
+        flops_rate = rates.get(r["engine"])
+        bytes_rate = link if r["engine"] == "link" else bandwidth
+        t_flops = r["flops"] / flops_rate if flops_rate else 0.0
+        t_bytes = r["bytes"] / bytes_rate
+        r.update(flops_per_s=flops_rate or 0.0, bytes_per_s=bytes_rate, time_s=max(t_flops, t_bytes),
+                 bound=("link" if r["engine"] == "link" else "compute" if t_flops > t_bytes else "memory"),
+                 intensity=r["flops"] / r["bytes"] if r["bytes"] else 0.0,
+                 total_flops=r["flops"] * r["calls"], total_bytes=r["bytes"] * r["calls"])
+        r["total_time_s"] = r["time_s"] * r["calls"]
+    step = sum(r["total_time_s"] for r in rows)
+    for r in rows:
+        r["share"] = r["total_time_s"] / step
+    comm = sum(r["total_time_s"] for r in rows if r["engine"] == "link")
+    # -overlap 1 (the trainer's default) reduces each layer's bucket while the backward pass goes
+    # on; the embeddings' bucket (wte, wpe) is complete only after the encoder backward, so its
+    # reduction cannot hide. With the rest hidden behind the backward pass at best:
+    emb_share = (m["Vp"] + m["maxT"]) * m["C"] / P
+    backward = sum(r["total_time_s"] for r in rows if r["group"] in ("final layernorm backward", "layer backward"))
+    overlapped = step - comm + comm * emb_share + max(0.0, comm * (1 - emb_share) - backward)
+    B, T, L, C = args.b, args.t, m["L"], m["C"]
+    per_token = 6.0 * P + 12.0 * L * C * T  # llmc/train.h train_flops_per_token
+    model_flops = per_token * B * T
+    summary = dict(step_time_s=step, compute_time_s=step - comm, comm_time_s=comm,
+                   step_time_overlapped_s=overlapped, tokens_per_s=args.dp * B * T / step,
+                   model_flops_per_token=per_token, model_flops=model_flops,
+                   executed_flops=sum(r["total_flops"] for r in rows),
+                   mfu=model_flops / step / peak, launches=sum(r["launches"] for r in rows))
+    assumptions = dict(device=args.device, device_name=dev["name"], precision=args.precision,
+                       peak_flops=peak, peak_vector_flops=dev["fp32"], hbm_bytes_per_s=dev["hbm"],
+                       gemm_eff=args.gemm_eff, attn_eff=args.attn_eff, bw_eff=args.bw_eff, vec_eff=args.vec_eff,
+                       gemm_flops_per_s=rates["gemm"], attn_flops_per_s=rates["attn"],
+                       vector_flops_per_s=rates["vector"], bytes_per_s=bandwidth, link_bytes_per_s=link,
+                       link=("-link_bw %g GB/s" % args.link_bw) if args.link_bw else dev["link_name"],
+                       ridge_peak=peak / dev["hbm"], ridge_achievable=rates["gemm"] / bandwidth,
+                       ridge_vector=dev["fp32"] / dev["hbm"])
+    config = dict(model=args.e, L=L, C=C, NH=m["NH"], hs=hs, V=m["V"], Vp=m["Vp"], maxT=m["maxT"], B=B, T=T,
+                  precision=args.precision, attention=attention, epilogue=args.epilogue, dp=args.dp, parameters=P)
+    return dict(config=config, assumptions=assumptions, rows=rows, summary=summary)
+
+
+def si(x, unit):
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return "%.3g %s%s" % (x / scale, prefix, unit)
+    return "%.3g %s" % (x, unit)
+
+
+def print_table(res):
+    c, a, s = res["config"], res["assumptions"], res["summary"]
+    print("Roofline of one train_gpt2_dp step: %s (L=%d C=%d NH=%d, %.1fM parameters), B=%d T=%d, %s, %s attention, "
+          "bias gradients %s%s" % (c["model"], c["L"], c["C"], c["NH"], c["parameters"] / 1e6, c["B"], c["T"],
+                                   c["precision"], c["attention"],
+                                   "in the GEMMs' BGRADB epilogue" if c["epilogue"] else "as separate kernels",
+                                   ", %d data-parallel ranks" % c["dp"] if c["dp"] > 1 else ""))
+    print("device %s: %s dense %s peak, fp32 (non-tensor) %s, HBM %s (datasheets; llmc/cuda/device.cuh)"
+          % (a["device_name"], si(a["peak_flops"], "FLOP/s"), c["precision"], si(a["peak_vector_flops"], "FLOP/s"),
+             si(a["hbm_bytes_per_s"], "B/s")))
+    flash = "flash attention %.0f%% = %s (-attn_eff), " % (100 * a["attn_eff"], si(a["attn_flops_per_s"], "FLOP/s"))
+    print("assumed achievable: GEMMs %.0f%% of peak = %s (-gemm_eff), %selementwise fp32 %.0f%% = %s (-vec_eff),"
+          % (100 * a["gemm_eff"], si(a["gemm_flops_per_s"], "FLOP/s"), flash if c["attention"] == "flash" else "",
+             100 * a["vec_eff"], si(a["vector_flops_per_s"], "FLOP/s")))
+    print("  HBM %.0f%% = %s (-bw_eff)%s" % (100 * a["bw_eff"], si(a["bytes_per_s"], "B/s"),
+                                           ", all-reduce bus %s (%s)" % (si(a["link_bytes_per_s"], "B/s"), a["link"])
+                                           if c["dp"] > 1 else ""))
+    print("ridge point (FLOP/byte where compute and memory take equally long): %.0f at the datasheet peaks, %.0f at "
+          "the achievable GEMM rate; %.0f for fp32 elementwise work"
+          % (a["ridge_peak"], a["ridge_achievable"], a["ridge_vector"]))
+    print("time = max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth): a kernel left of the ridge is "
+          "memory-bound")
+    print()
+    w = 52
+    header = "%-*s %6s %9s %9s %7s %9s %9s %-7s %6s" % (w, "kernel", "calls", "GFLOP", "MB", "FLOP/B", "us/call",
+                                                         "total ms", "bound", "share")
+    print(header)
+    print("-" * len(header))
+    L = c["L"]
+    group = None
+    totals = {}
+    for r in res["rows"]:
+        totals.setdefault(r["group"], 0.0)
+        totals[r["group"]] += r["total_time_s"]
+    for r in res["rows"]:
+        if r["group"] != group:
+            group = r["group"]
+            per = " (x %d layers: per call, then the total)" % L if group.startswith("layer") else ""
+            print("%s%s: %.2f ms, %.1f%%" % (group, per, totals[group] * 1e3, 100 * totals[group] / s["step_time_s"]))
+        calls = ("x %d" % r["calls"]) if r["calls"] > 1 else "1"
+        if r["launches"] != r["calls"]:
+            calls += "*"
+        print("  %-*s %6s %9.2f %9.1f %7.1f %9.1f %9.3f %-7s %5.1f%%"
+              % (w - 2, r["kernel"], calls, r["flops"] / 1e9, r["bytes"] / 1e6, r["intensity"], r["time_s"] * 1e6,
+                 r["total_time_s"] * 1e3, r["bound"], 100 * r["share"]))
+    print("-" * len(header))
+    print("(* a call is several launches of the same kind: %s)" % ", ".join(
+        "%s %d launches" % (r["kernel"], r["launches"]) for r in res["rows"] if r["launches"] != r["calls"]))
+    by_engine = {}
+    for r in res["rows"]:
+        key = {"gemm": "GEMMs (cuBLASLt)", "attn": "flash attention", "link": "all-reduce"}.get(r["engine"],
+                                                                                               "memory-bound kernels")
+        if r["engine"] in ("gemm", "attn") and r["bound"] == "memory":
+            key = "memory-bound kernels"
+        by_engine[key] = by_engine.get(key, 0.0) + r["total_time_s"]
+    print("by kind: " + ", ".join("%s %.2f ms (%.0f%%)" % (k, v * 1e3, 100 * v / s["step_time_s"])
+                                  for k, v in sorted(by_engine.items(), key=lambda kv: -kv[1])))
+    print("executed %.2f TFLOP (attention as the kernels run it) against the model's %.2f TFLOP (6 P + 12 L C T per "
+          "token, llmc/train.h); %d kernel launches" % (s["executed_flops"] / 1e12, s["model_flops"] / 1e12,
+                                                       s["launches"]))
+    print("not counted: launch latency and grid tails (small kernels such as bias_accumulate take a few us, not "
+          "0.0), the host's work inside the step (the loss copied to the host after fused_classifier, the encoder "
+          "backward's token sort and its copies, the gradient norm read back before AdamW), which leave the GPU idle")
+    print()
+    print("predicted step time (lower bound): %.2f ms, %.0f tokens/s%s, MFU %.1f%% (of the %s dense %s peak)"
+          % (s["step_time_s"] * 1e3, s["tokens_per_s"], " over %d ranks" % c["dp"] if c["dp"] > 1 else "",
+             100 * s["mfu"], a["device_name"], c["precision"]))
+    if c["dp"] > 1:
+        print("  of which the all-reduce %.2f ms; with -overlap 1 all but the embeddings' bucket can hide behind the "
+              "backward pass: %.2f ms" % (s["comm_time_s"] * 1e3, s["step_time_overlapped_s"] * 1e3))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="roofline.py", allow_abbrev=False,
+                                description="roofline model of one train_gpt2_dp training step on a GPU")
+    p.add_argument("-e", default="d12", help="model: d12, d24, d36, d48, dL, or L/C/NH such as 12/768/12")
+    p.add_argument("-b", type=int, default=64, help="micro-batch size B per rank")
+    p.add_argument("-t", type=int, default=1024, help="sequence length T (at most maxT = 1024)")
+    p.add_argument("-precision", choices=("bf16", "fp32"), default="bf16")
+    p.add_argument("-attention", choices=("auto", "flash", "cublas"), default="auto",
+                   help="auto: flash in bf16 with head size 16/32/64, else cublas (as the trainer)")
+    p.add_argument("-device", choices=sorted(DEVICES), default="h100-sxm")
+    p.add_argument("-dp", type=int, default=1, help="data-parallel ranks: adds the gradient all-reduce")
+    p.add_argument("-epilogue", type=int, choices=(0, 1), default=1,
+                   help="1: bias gradients from the weight-gradient GEMMs' BGRADB epilogue; 0: separate kernels")
+    p.add_argument("-gemm_eff", type=float, default=DEFAULT_GEMM_EFF, help="achievable fraction of the GEMM peak")
+    p.add_argument("-attn_eff", type=float, default=DEFAULT_ATTN_EFF, help="... of the peak for flash attention")
+    p.add_argument("-bw_eff", type=float, default=DEFAULT_BW_EFF, help="... of the HBM bandwidth")
+    p.add_argument("-vec_eff", type=float, default=DEFAULT_VEC_EFF, help="... of the fp32 (non-tensor) peak")
+    p.add_argument("-link_bw", type=float, default=0.0, help="all-reduce bus bandwidth in GB/s (default: per device)")
+    p.add_argument("-json", action="store_true", help="print everything as JSON")
+    p.add_argument("-brief", action="store_true", help="print one line: the predicted step (for bench_gpu.sh)")
+    args = p.parse_args(argv)
+    for name in ("gemm_eff", "attn_eff", "bw_eff", "vec_eff"):
+        v = getattr(args, name)
+        if not (math.isfinite(v) and 0 < v <= 1):
+            p.error("-%s %g: expected a fraction in (0, 1]" % (name, v))
+    if args.b < 1 or args.dp < 1:
+        p.error("-b and -dp must be at least 1")
+    if not (math.isfinite(args.link_bw) and args.link_bw >= 0):
+        p.error("-link_bw %g: expected GB/s > 0" % args.link_bw)
+    try:
+        res = roofline(args)
+    except ValueError as e:
+        p.error(str(e))
+    if args.json:
+        json.dump(res, sys.stdout, indent=1)
+        print()
+    elif args.brief:
+        s, a = res["summary"], res["assumptions"]
+        flash = ", flash attention %.0f%%" % (100 * a["attn_eff"]) if res["config"]["attention"] == "flash" else ""
+        print("roofline: %.1f ms predicted (a lower bound), %.0f tokens/s, MFU %.1f%% on %s (GEMMs %.0f%%%s, HBM %.0f%% "
+              "of peak)" % (s["step_time_s"] * 1e3, s["tokens_per_s"], 100 * s["mfu"], a["device_name"],
+                            100 * a["gemm_eff"], flash, 100 * a["bw_eff"]))
+    else:
+        print_table(res)
+
+
+if __name__ == "__main__":
+    main()
