@@ -211,7 +211,7 @@ static float chunk_forward(Walk* walk, Activations* a, int chunk, const int* inp
         // the vocabulary-parallel embedding: this rank's Vp/tp rows of wte (other tokens look up
         // zeros), wpe added by tp rank 0 alone; then g: all-reduce of the partial (B, T, C) over
         // tp, or with -sp a reduce-scatter into this rank's tokens
-        vocab_parallel_tokens(model->inputs, inputs_host, BT, tp->rank, d.Vp);
+        vocab_parallel_tokens(model->inputs, &model->input_stage, inputs_host, BT, tp->rank, d.Vp);
         floatX* partial = sp ? scratch->dbuf : a->encoded;
         encoder_forward(partial, model->inputs, p.wte, tp->rank == 0 ? p.wpe : NULL, B, T, C);
         sum_over_ranks(tp, partial, a->encoded, BT, C, sp);
@@ -308,8 +308,10 @@ static void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int ch
         // g's backward at the embedding: identity, or with -sp all-gather of dresidual to
         // (B, T, C); this rank's tokens scatter into its wte rows, every position into wpe
         floatX* dencoded = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
-        vocab_parallel_tokens(model->inputs, inputs_host, BT, tp->rank, d.Vp);
-        encoder_backward(g.wte, g.wpe, dencoded, model->inputs, B, T, C);
+        // this rank's table of the micro-batch's tokens, on the host only: the buckets of
+        // positions per token are sorted there
+        const int* tokens = vocab_parallel_tokens(NULL, &model->input_stage, inputs_host, BT, tp->rank, d.Vp);
+        encoder_backward(g.wte, g.wpe, dencoded, tokens, B, T, C);
     }
 }
 

@@ -351,7 +351,7 @@ static void gpt2_forward(GPT2* model, Zero* z, const int* inputs_host, int B, in
     const ParameterLayout* lay = &model->layout;
     int L = c.num_layers, C = c.channels;
     Activations* a = &model->acts;
-    copy_host_to_device(model->inputs, inputs_host, (size_t)B * T * sizeof(int));
+    tokens_to_device(model->inputs, &model->input_stage, inputs_host, (size_t)B * T);
 
     // -z 3: the embeddings' bucket (wte, wpe), then layer 0's, which the first LayerNorm needs
     params_gather_start(z, model, 0);
@@ -437,7 +437,9 @@ static void gpt2_backward(GPT2* model, Zero* z, int B, int T) {
                            x.ln1_rstd, B * T, C);
         bucket_grad_done(z, model, 1 + l);  // layer l's gradient is complete: reduced from now on
     }
-    encoder_backward(dwte, dwpe, a->dresidual, model->inputs, B, T, C);
+    // the embeddings read the tokens on the host (the stage the forward pass copied them from),
+    // where the positions are sorted by token
+    encoder_backward(dwte, dwpe, a->dresidual, (const int*)model->input_stage.host, B, T, C);
     bucket_grad_done(z, model, 0);
 }
 

@@ -105,7 +105,7 @@ static float chunk_forward(Walk* walk, Activations* a, int chunk, const int* inp
     int C = c.channels, BT = B * T, Lc = st->chunk_layers;
     ParameterTensors p = model->params;
     if (is_first_virtual(st, chunk)) {
-        copy_host_to_device(model->inputs, inputs_host, (size_t)BT * sizeof(int));
+        tokens_to_device(model->inputs, &model->input_stage, inputs_host, BT);
         encoder_forward(a->encoded, model->inputs, p.wte, p.wpe, B, T, C);
     }
     LayerActs first = layer_acts(a, d, B, T, 0);
@@ -131,11 +131,11 @@ static float chunk_forward(Walk* walk, Activations* a, int chunk, const int* inp
     if (!is_last_virtual(st, chunk)) return 0.0f;
     // the LM head (the last stage's copy of wte) and the loss; dlogits replace the logits
     matmul_forward(a->logits, a->lnf, p.wte, NULL, BT, C, c.padded_vocab_size);
-    copy_host_to_device(model->targets, targets_host, (size_t)BT * sizeof(int));
+    tokens_to_device(model->targets, &model->target_stage, targets_host, BT);
     fused_classifier(a->logits, a->losses, model->targets, walk->dloss, BT, c.vocab_size, c.padded_vocab_size);
-    copy_device_to_host(model->losses_host, a->losses, (size_t)BT * sizeof(float));
+    const float* losses = losses_to_host(model, a->losses, BT);
     double sum = 0.0;
-    for (int i = 0; i < BT; i++) sum += model->losses_host[i];
+    for (int i = 0; i < BT; i++) sum += losses[i];
     return (float)(sum / BT);
 }
 
@@ -194,8 +194,8 @@ static void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int ch
                            x.ln1_rstd, BT, C);
     }
     if (is_first_virtual(st, chunk)) {
-        copy_host_to_device(model->inputs, inputs_host, (size_t)BT * sizeof(int));
-        encoder_backward(g.wte, g.wpe, dresidual, model->inputs, B, T, C);
+        // the tokens from the host: the buckets of positions per token are sorted there
+        encoder_backward(g.wte, g.wpe, dresidual, inputs_host, B, T, C);
     }
 }
 

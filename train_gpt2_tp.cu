@@ -140,7 +140,7 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
     // vocabulary-parallel embedding: this rank holds rows [lo, lo + Vp/tp) of wte. A token of
     // another rank becomes -1, a row of zeros, and rank 0 alone adds wpe, so that the sum over
     // the ranks holds every token's row and its position's row exactly once.
-    vocab_parallel_tokens(model->inputs, inputs_host, BT, tp->rank, d.Vp);
+    vocab_parallel_tokens(model->inputs, &model->input_stage, inputs_host, BT, tp->rank, d.Vp);
     floatX* partial = sp ? a->dbuf : a->encoded;  // (B, T, C); dbuf is free until the backward
     encoder_forward(partial, model->inputs, p.wte, tp->rank == 0 ? p.wpe : NULL, B, T, C);
     // g after the vocabulary-parallel lookup: all-reduce of the partial embeddings (B, T, C);
@@ -214,7 +214,8 @@ static void gpt2_backward(GPT2* model, CommGroup* tp, int B, int T) {
     // the all-gather of dresidual to (B, T, C). Tokens of this rank's vocabulary scatter into its
     // wte rows; wpe gets every position's gradient, whole and equal on every rank.
     floatX* dencoded = gather_tokens(tp, a->dresidual, a->dgathered, BT, C, sp);
-    encoder_backward(g.wte, g.wpe, dencoded, model->inputs, B, T, C);
+    // (the tokens on the host: this rank's table, left in the stage by the forward pass)
+    encoder_backward(g.wte, g.wpe, dencoded, (const int*)model->input_stage.host, B, T, C);
 }
 
 // ----------------------------------------------------------------------------------------------

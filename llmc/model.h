@@ -453,7 +453,10 @@ typedef struct {
     int B, T;               // the shape the activations were allocated for
     int* inputs;            // (B, T) on the device
     int* targets;           // (B, T) on the device
-    float* losses_host;     // (B, T)
+    HostStage input_stage;  // the pinned host buffers they are copied from (tokens_to_device)
+    HostStage target_stage;
+    float* losses_host;     // (B, T), pinned: the losses come back by DMA, without a staging copy
+    DeviceCopy losses_copy;
 } GPT2;
 
 // One entry per tensor of an arena: where its pointer lives, its bytes, and its part.
@@ -642,7 +645,10 @@ static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, Pa
     activations_alloc(&model->acts, dims, layout.layers, acts_parts, kept, B, T);
     model->inputs = (int*)device_malloc((size_t)B * T * sizeof(int));
     model->targets = (int*)device_malloc((size_t)B * T * sizeof(int));
-    model->losses_host = (float*)malloc_check((size_t)B * T * sizeof(float));
+    model->losses_host = (float*)host_malloc_pinned((size_t)B * T * sizeof(float));
+    memset(&model->input_stage, 0, sizeof(HostStage));
+    memset(&model->target_stage, 0, sizeof(HostStage));
+    memset(&model->losses_copy, 0, sizeof(DeviceCopy));
 }
 
 static inline void gpt2_free(GPT2* model) {
@@ -654,7 +660,26 @@ static inline void gpt2_free(GPT2* model) {
     activations_free(&model->acts);
     device_free(model->inputs);
     device_free(model->targets);
-    free(model->losses_host);
+    host_stage_free(&model->input_stage);
+    host_stage_free(&model->target_stage);
+    host_free_pinned(model->losses_host);
+    device_copy_free(&model->losses_copy);
+}
+
+// n tokens of the micro-batch (inputs or targets) to the device, through the pinned `stage`:
+// queued on the compute stream before the kernels that read them, with no wait for the device
+static inline void tokens_to_device(int* device, HostStage* stage, const int* tokens_host, size_t n) {
+    int* staged = (int*)host_stage_take(stage, n * sizeof(int));
+    memcpy(staged, tokens_host, n * sizeof(int));
+    host_stage_to_device(stage, device, n * sizeof(int));
+}
+
+// the (B, T) losses to the host (pinned): waits for the kernels that computed them. The mean of
+// the micro-batch's loss is the one value each micro-batch hands back to the host.
+static inline float* losses_to_host(GPT2* model, const float* losses, size_t BT) {
+    copy_device_to_host_async(model->losses_host, losses, BT * sizeof(float), &model->losses_copy);
+    device_copy_wait(&model->losses_copy);
+    return model->losses_host;
 }
 
 
@@ -731,12 +756,12 @@ static inline LayerActs layer_acts(const Activations* a, LayerDims d, int B, int
 static inline float gpt2_loss(GPT2* model, const int* targets_host, int B, int T, float dloss) {
     GPT2Config c = model->config;
     size_t BT = (size_t)B * T;
-    copy_host_to_device(model->targets, targets_host, BT * sizeof(int));
+    tokens_to_device(model->targets, &model->target_stage, targets_host, BT);
     fused_classifier(model->acts.logits, model->acts.losses, model->targets, dloss, B * T,
                      c.vocab_size, c.padded_vocab_size);
-    copy_device_to_host(model->losses_host, model->acts.losses, BT * sizeof(float));
+    const float* losses = losses_to_host(model, model->acts.losses, BT);
     double sum = 0.0;
-    for (size_t i = 0; i < BT; i++) sum += model->losses_host[i];
+    for (size_t i = 0; i < BT; i++) sum += losses[i];
     return (float)(sum / (double)BT);
 }
 

@@ -35,14 +35,16 @@ static inline floatX* gather_tokens(CommGroup* tp, floatX* shard, floatX* whole,
 
 // ----------------------------------------------------------------------------------------------
 // The vocabulary-parallel embedding: this rank holds rows [lo, lo + Vp/tp) of wte. Its lookup
-// table of the B*T tokens (device, for encoder_forward and encoder_backward): a token of another
-// rank becomes -1, a row of zeros in the forward pass and no gradient in the backward pass.
-static inline void vocab_parallel_tokens(int* local_device, const int* tokens_host, size_t BT, int tp_rank, int Vp_rank) {
+// table of the B*T tokens, written to the host stage (for encoder_backward, which reads the tokens
+// on the host) and returned; with a `device` buffer also copied there (for encoder_forward). A token
+// of another rank becomes -1, a row of zeros in the forward pass and no gradient in the backward.
+static inline const int* vocab_parallel_tokens(int* device, HostStage* stage, const int* tokens_host, size_t BT,
+                                               int tp_rank, int Vp_rank) {
     int lo = tp_rank * Vp_rank;
-    int* local = (int*)malloc_check(BT * sizeof(int));
+    int* local = (int*)host_stage_take(stage, BT * sizeof(int));
     for (size_t i = 0; i < BT; i++) local[i] = tokens_host[i] >= lo && tokens_host[i] < lo + Vp_rank ? tokens_host[i] - lo : -1;
-    copy_host_to_device(local_device, local, BT * sizeof(int));
-    free(local);
+    if (device != NULL) host_stage_to_device(stage, device, BT * sizeof(int));
+    return local;
 }
 
 // Vocabulary-parallel cross-entropy: the mean loss of the micro-batch from this rank's logits
@@ -54,7 +56,7 @@ static inline float vocab_parallel_loss(GPT2* model, CommGroup* tp, Activations*
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     int BT = B * T, lo = tp->rank * d.Vp, real = vocab_real_columns(c, d, tp->rank);
-    copy_host_to_device(model->targets, targets_host, (size_t)BT * sizeof(int));
+    tokens_to_device(model->targets, &model->target_stage, targets_host, (size_t)BT);
     // each row's maximum over the whole vocabulary: all-reduce MAX of (B, T) fp32
     classifier_shard_max(head->row_max, head->logits, BT, d.Vp, real);
     comm_all_reduce(tp, head->row_max, (size_t)BT, COMM_FLOAT, COMM_MAX);
@@ -65,9 +67,9 @@ static inline float vocab_parallel_loss(GPT2* model, CommGroup* tp, Activations*
     // loss = log(sum) - (target - max) on every rank; dlogits = dloss (softmax - onehot), local
     classifier_shard_loss(head->logits, head->losses, head->row_max, head->row_sums, model->targets, dloss, BT, d.Vp,
                           real, lo);
-    copy_device_to_host(model->losses_host, head->losses, (size_t)BT * sizeof(float));
+    const float* losses = losses_to_host(model, head->losses, (size_t)BT);
     double sum = 0.0;
-    for (int i = 0; i < BT; i++) sum += model->losses_host[i];
+    for (int i = 0; i < BT; i++) sum += losses[i];
     return (float)(sum / BT);
 }
 

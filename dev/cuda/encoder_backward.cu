@@ -4,8 +4,10 @@ Encoder (token + position embedding) forward and backward, checked against the C
 Backward variants for dwte, where several positions hold the same token:
 v1: one thread per (position, channel) with atomicAdd: fast, but floating-point additions land in
     whatever order the threads arrive, so two runs can differ in the last bits.
-v2: positions grouped by token on the host, one block per token sums its rows in a fixed order
-    (llmc/cuda/encoder.cuh): deterministic, which bit-identical resumes and tests rely on.
+v2: positions grouped by token on the host (a counting sort of the batch the host loaded itself, so
+    no device sync), one block per token sums its rows in a fixed order, its 8 warps splitting a
+    frequent token's positions, 16-byte loads (llmc/cuda/encoder.cuh): deterministic, which
+    bit-identical resumes and tests rely on. Checked also with half the batch one token.
 Then the vocabulary-parallel embedding of tensor parallelism: tokens of -1 (rows on another rank)
 read zeros forward and add nothing to dwte backward, and wpe is NULL (added on one rank only);
 checked with a third of the tokens -1, and with every token -1 (no dwte launch at all).
@@ -42,7 +44,7 @@ static int check_other_rank_tokens(const char* name, const int* inp, const float
     ok &= validate("forward, wpe NULL", d_out, out, (size_t)B * T * C, tol);
     device_memset_zero(d_dwte, (size_t)V * C * sizeof(floatX));
     device_memset_zero(d_dwpe, (size_t)T * C * sizeof(floatX));
-    encoder_backward(d_dwte, d_dwpe, d_dout, d_inp, B, T, C);
+    encoder_backward(d_dwte, d_dwpe, d_dout, inp, B, T, C);
     ok &= validate("v2 dwte", d_dwte, dwte, (size_t)V * C, tol);
     ok &= validate("v2 dwpe", d_dwpe, dwpe, (size_t)T * C, tol);
     free(out);
@@ -93,11 +95,23 @@ int main(void) {
 
     device_memset_zero(d_dwte, (size_t)V * C * sizeof(floatX));
     device_memset_zero(d_dwpe, (size_t)T * C * sizeof(floatX));
-    encoder_backward(d_dwte, d_dwpe, d_dout, d_inp, B, T, C);
+    encoder_backward(d_dwte, d_dwpe, d_dout, inp, B, T, C);
     ok &= validate("v2 dwte (buckets)", d_dwte, dwte, (size_t)V * C, tol);
     ok &= validate("v2 dwpe", d_dwpe, dwpe, (size_t)T * C, tol);
-    TIME_KERNEL(ms, 10, encoder_backward(d_dwte, d_dwpe, d_dout, d_inp, B, T, C));
+    TIME_KERNEL(ms, 10, encoder_backward(d_dwte, d_dwpe, d_dout, inp, B, T, C));
     report("v2 dwte + dwpe", ms, 0, 0);
+
+    // one token in half the positions (as a space or a newline can be): its bucket, far longer
+    // than the others, is split over the block's warps
+    int* frequent = (int*)malloc_check((size_t)B * T * sizeof(int));
+    for (int i = 0; i < B * T; i++) frequent[i] = i % 2 ? 220 : inp[i];
+    memset(dwte, 0, (size_t)V * C * sizeof(float));
+    memset(dwpe, 0, (size_t)T * C * sizeof(float));
+    cpu::encoder_backward(dwte, dwpe, dout, frequent, B, T, C);
+    device_memset_zero(d_dwte, (size_t)V * C * sizeof(floatX));
+    device_memset_zero(d_dwpe, (size_t)T * C * sizeof(floatX));
+    encoder_backward(d_dwte, d_dwpe, d_dout, frequent, B, T, C);
+    ok &= validate("v2 dwte, half the batch one token", d_dwte, dwte, (size_t)V * C, tol);
 
     // a vocabulary-parallel embedding: a third of the tokens on another rank, then all of them
     for (int i = 0; i < B * T; i++) {

@@ -42,6 +42,25 @@ static inline void copy_device_to_host_async(void* dst, const void* src, size_t 
 static inline void device_copy_wait(DeviceCopy* done) { (void)done; }
 static inline void device_copy_free(DeviceCopy* done) { (void)done; }
 static inline void copy_host_to_device_async(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
+// What the host prepares for the device each micro-batch: pinned memory and an asynchronous copy
+// on CUDA; here a buffer and memcpy
+typedef struct {
+    void* host;
+    size_t bytes;
+} HostStage;
+static inline void* host_stage_take(HostStage* s, size_t bytes) {
+    if (bytes > s->bytes) {
+        free(s->host);
+        s->host = malloc_check(bytes);
+        s->bytes = bytes;
+    }
+    return s->host;
+}
+static inline void host_stage_to_device(HostStage* s, void* dst, size_t bytes) { memcpy(dst, s->host, bytes); }
+static inline void host_stage_free(HostStage* s) {
+    free(s->host);
+    s->host = NULL, s->bytes = 0;
+}
 // MFU and memory figures are printed for GPUs only
 typedef struct {
     const char* part;

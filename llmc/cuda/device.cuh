@@ -92,6 +92,39 @@ static inline void copy_host_to_device_async(void* dst, const void* src, size_t 
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, 0));
 }
 
+// Copies to the device of what the host prepares each micro-batch (the tokens, the encoder
+// backward's buckets) go through pinned memory: from pageable memory cudaMemcpy first waits for
+// all the device's queued work and then copies through a driver buffer, while a copy from pinned
+// memory is queued on the compute stream like a kernel and the host runs on. The pinned buffer
+// must stay untouched until the copy has run, so taking it again first waits for the event
+// recorded after its last copy (long done in a training step: the host is at most a few kernels
+// ahead, since it waits for each micro-batch's loss).
+typedef struct {
+    void* host;          // pinned, `bytes` long
+    size_t bytes;
+    cudaEvent_t copied;  // recorded after the last copy from `host`
+} HostStage;
+static inline void* host_stage_take(HostStage* s, size_t bytes) {
+    if (s->copied == NULL) cudaCheck(cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming));
+    cudaCheck(cudaEventSynchronize(s->copied));  // (an event never recorded is complete)
+    if (bytes > s->bytes) {
+        if (s->host != NULL) host_free_pinned(s->host);
+        s->host = host_malloc_pinned(bytes);
+        s->bytes = bytes;
+    }
+    return s->host;
+}
+// the first `bytes` of the stage to dst, in order with the kernels queued after it
+static inline void host_stage_to_device(HostStage* s, void* dst, size_t bytes) {
+    cudaCheck(cudaMemcpyAsync(dst, s->host, bytes, cudaMemcpyHostToDevice, 0));
+    cudaCheck(cudaEventRecord(s->copied, 0));
+}
+static inline void host_stage_free(HostStage* s) {
+    if (s->host != NULL) host_free_pinned(s->host);
+    if (s->copied != NULL) cudaEventDestroy(s->copied);
+    s->host = NULL, s->bytes = 0, s->copied = NULL;
+}
+
 // the dense peak of this GPU for floatX matmuls, from NVIDIA's datasheets, and which part it
 // was taken for. One compute capability covers parts of different speeds: sm_90 is the H100 SXM
 // and the H200 (132 SMs: 989 TFLOP/s bf16, 67 fp32), the H100 NVL (835, 60) and the H100 PCIe

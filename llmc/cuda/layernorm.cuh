@@ -1,5 +1,5 @@
 // LayerNorm (Ba, Kiros & Hinton 2016) on CUDA, fused with the residual add in the forward pass.
-// One warp per row of C channels; statistics in fp32.
+// One warp per row of C channels, the row in registers; statistics in fp32.
 #ifndef LLMC_CUDA_LAYERNORM_CUH
 #define LLMC_CUDA_LAYERNORM_CUH
 
@@ -7,31 +7,58 @@
 
 #define LAYERNORM_EPS 1e-5f
 
+// One warp per row of C channels, the row held in the warp's registers: lane l holds the row's
+// 16-byte packs l, l + 32, l + 64, ... (LN_PACKS of them at most), so the row is read from memory
+// once and the mean, the variance and the output are computed from registers. The launcher picks
+// the smallest LN_PACKS that holds a row (C / PACK16 / 32, rounded up to a power of two), so
+// that the loops over packs unroll and the packs stay in registers.
+#define LN_MAX_PACKS 32  // a row of up to 32 * 32 packs: 8192 channels in bf16, 4096 in fp32
+
 // one warp normalises row n of x (N, C): out = (x - mean) * rstd * weight + bias.
-// When a and b are given, x = a + b is computed first and written to `residual` (fused add).
-__global__ void layernorm_forward_kernel(floatX* residual, floatX* out, float* mean, float* rstd,
-                                         const floatX* a, const floatX* b, const floatX* inp,
-                                         const floatX* weight, const floatX* bias, int N, int C) {
+// When a and b are given, x = a + b is computed first and written to `residual` (fused add);
+// the statistics are taken of x as stored (rounded to floatX), as the CPU backend does.
+template <int LN_PACKS>
+__global__ void layernorm_forward_kernel(floatX* __restrict__ residual, floatX* __restrict__ out, float* mean,
+                                         float* rstd, const floatX* __restrict__ a, const floatX* __restrict__ b,
+                                         const floatX* __restrict__ inp, const floatX* __restrict__ weight,
+                                         const floatX* __restrict__ bias, int N, int C) {
     int warps_per_block = blockDim.x / 32, lane = threadIdx.x % 32;
     int n = blockIdx.x * warps_per_block + threadIdx.x / 32;
     if (n >= N) return;
     size_t row = (size_t)n * C;
-    const floatX* x = inp + row;
-    if (a != NULL) {  // no __syncwarp needed: each lane reads back only the elements it wrote
-        for (int c = lane; c < C; c += 32) residual[row + c] = (floatX)((float)a[row + c] + (float)b[row + c]);
-        x = residual + row;
-    }
+    Pack16 x[LN_PACKS];
     float sum = 0.0f;
-    for (int c = lane; c < C; c += 32) sum += (float)x[c];
+#pragma unroll
+    for (int p = 0; p < LN_PACKS; p++) {
+        int c = (lane + 32 * p) * PACK16;
+        if (c >= C) break;
+        if (a != NULL) {
+            Pack16 pa = load16(a + row + c), pb = load16(b + row + c);
+            for (int k = 0; k < PACK16; k++) x[p].v[k] = (floatX)((float)pa.v[k] + (float)pb.v[k]);
+            store16(residual + row + c, x[p]);
+        } else {
+            x[p] = load16(inp + row + c);
+        }
+        for (int k = 0; k < PACK16; k++) sum += (float)x[p].v[k];
+    }
     float m = warp_sum(sum) / (float)C;
-    float var = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float d = (float)x[c] - m;
-        var += d * d;
+    float var = 0.0f;  // from the registers, around the mean: no cancellation
+#pragma unroll
+    for (int p = 0; p < LN_PACKS; p++) {
+        if ((lane + 32 * p) * PACK16 >= C) break;
+        for (int k = 0; k < PACK16; k++) {
+            float d = (float)x[p].v[k] - m;
+            var += d * d;
+        }
     }
     float s = rsqrtf(warp_sum(var) / (float)C + LAYERNORM_EPS);
-    for (int c = lane; c < C; c += 32) {
-        out[row + c] = (floatX)(((float)x[c] - m) * s * (float)weight[c] + (float)bias[c]);
+#pragma unroll
+    for (int p = 0; p < LN_PACKS; p++) {
+        int c = (lane + 32 * p) * PACK16;
+        if (c >= C) break;
+        Pack16 w = load16(weight + c), bb = load16(bias + c), y;
+        for (int k = 0; k < PACK16; k++) y.v[k] = (floatX)(((float)x[p].v[k] - m) * s * (float)w.v[k] + (float)bb.v[k]);
+        store16(out + row + c, y);
     }
     if (lane == 0) {
         mean[n] = m;
@@ -39,10 +66,31 @@ __global__ void layernorm_forward_kernel(floatX* residual, floatX* out, float* m
     }
 }
 
+// LN_PACKS for rows of C channels: the smallest power of two with 32 * LN_PACKS packs >= C / PACK16
+static inline int layernorm_packs(const char* op, int C) {
+    check_whole_packs(op, "C", (size_t)C);
+    int packs = 1;
+    while (32 * packs * PACK16 < C) packs *= 2;
+    if (packs > LN_MAX_PACKS) fail("%s: C = %d channels, more than the %d a warp holds in registers", op, C, 32 * LN_MAX_PACKS * PACK16);
+    return packs;
+}
+
+// a kernel templated on LN_PACKS, launched with the instance for `packs`
+#define LN_LAUNCH(kernel, packs, grid, block, ...)                                   \
+    switch (packs) {                                                                 \
+        case 1: kernel<1><<<grid, block>>>(__VA_ARGS__); break;                      \
+        case 2: kernel<2><<<grid, block>>>(__VA_ARGS__); break;                      \
+        case 4: kernel<4><<<grid, block>>>(__VA_ARGS__); break;                      \
+        case 8: kernel<8><<<grid, block>>>(__VA_ARGS__); break;                      \
+        case 16: kernel<16><<<grid, block>>>(__VA_ARGS__); break;                    \
+        default: kernel<LN_MAX_PACKS><<<grid, block>>>(__VA_ARGS__); break;          \
+    }
+
 static inline void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp,
                                      const floatX* weight, const floatX* bias, int N, int C) {
-    layernorm_forward_kernel<<<ceil_div(N, 8), 256>>>(NULL, out, mean, rstd, NULL, NULL, inp,
-                                                      weight, bias, N, C);
+    int packs = layernorm_packs("layernorm_forward", C);
+    LN_LAUNCH(layernorm_forward_kernel, packs, ceil_div(N, 8), 256, NULL, out, mean, rstd, NULL, NULL, inp, weight,
+              bias, N, C);
     cudaCheckLaunch();
 }
 
@@ -70,14 +118,17 @@ static inline void fused_residual_layernorm_forward(floatX* residual, floatX* ou
                                                     float* rstd, const floatX* a, const floatX* b,
                                                     const floatX* weight, const floatX* bias,
                                                     int N, int C) {
-    layernorm_forward_kernel<<<ceil_div(N, 8), 256>>>(residual, out, mean, rstd, a, b, NULL,
-                                                      weight, bias, N, C);
+    int packs = layernorm_packs("fused_residual_layernorm_forward", C);
+    LN_LAUNCH(layernorm_forward_kernel, packs, ceil_div(N, 8), 256, residual, out, mean, rstd, a, b, NULL, weight,
+              bias, N, C);
     cudaCheckLaunch();
 }
 
-// dinp (N, C) += s * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight; one warp per row.
-// Memory-bound: 16-byte loads (C is a multiple of PACK16), and __restrict__ tells the compiler that
-// the stores to dinp cannot change dout or inp, so it may issue the next loads before them.
+// dinp (N, C) += s * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight; one warp per row,
+// in one pass over memory: the row's dout and x packs stay in registers (as in the forward pass)
+// between the two sums and the output. 16-byte loads, and __restrict__ tells the compiler that
+// the stores to dinp cannot change dout or inp, so it may issue the loads ahead of them.
+template <int LN_PACKS>
 __global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp, const floatX* __restrict__ dout,
                                                 const floatX* __restrict__ inp, const floatX* __restrict__ weight,
                                                 const float* mean, const float* rstd, int N, int C) {
@@ -86,21 +137,28 @@ __global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp, const
     if (n >= N) return;
     size_t row = (size_t)n * C;
     float m = mean[n], s = rstd[n];
+    Pack16 d[LN_PACKS], x[LN_PACKS];
     float g_sum = 0.0f, gx_sum = 0.0f;
-    for (int c = lane * PACK16; c < C; c += 32 * PACK16) {
-        Pack16 d = load16(dout + row + c), x = load16(inp + row + c), w = load16(weight + c);
+#pragma unroll
+    for (int p = 0; p < LN_PACKS; p++) {
+        int c = (lane + 32 * p) * PACK16;
+        if (c >= C) break;
+        d[p] = load16(dout + row + c), x[p] = load16(inp + row + c);
+        Pack16 w = load16(weight + c);
         for (int k = 0; k < PACK16; k++) {
-            float g = (float)d.v[k] * (float)w.v[k];
+            float g = (float)d[p].v[k] * (float)w.v[k];
             g_sum += g;
-            gx_sum += g * ((float)x.v[k] - m) * s;
+            gx_sum += g * ((float)x[p].v[k] - m) * s;
         }
     }
     float g_mean = warp_sum(g_sum) / (float)C, gx_mean = warp_sum(gx_sum) / (float)C;
-    for (int c = lane * PACK16; c < C; c += 32 * PACK16) {  // the row again, now from L1/L2
-        Pack16 d = load16(dout + row + c), x = load16(inp + row + c), w = load16(weight + c);
-        Pack16 di = load16(dinp + row + c);
+#pragma unroll
+    for (int p = 0; p < LN_PACKS; p++) {
+        int c = (lane + 32 * p) * PACK16;
+        if (c >= C) break;
+        Pack16 w = load16(weight + c), di = load16(dinp + row + c);  // (weight: C values, cached)
         for (int k = 0; k < PACK16; k++) {
-            float xhat = ((float)x.v[k] - m) * s, g = (float)d.v[k] * (float)w.v[k];
+            float xhat = ((float)x[p].v[k] - m) * s, g = (float)d[p].v[k] * (float)w.v[k];
             di.v[k] = (floatX)((float)di.v[k] + s * (g - g_mean - xhat * gx_mean));
         }
         store16(dinp + row + c, di);
@@ -158,8 +216,8 @@ static DeviceScratch layernorm_scratch;
 static inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias,
                                       const floatX* dout, const floatX* inp, const floatX* weight,
                                       const float* mean, const float* rstd, int N, int C) {
-    check_whole_packs("layernorm_backward", "C", (size_t)C);
-    layernorm_backward_input_kernel<<<ceil_div(N, 8), 256>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    int packs = layernorm_packs("layernorm_backward", C);
+    LN_LAUNCH(layernorm_backward_input_kernel, packs, ceil_div(N, 8), 256, dinp, dout, inp, weight, mean, rstd, N, C);
     cudaCheckLaunch();
     int parts = ceil_div(N, LN_ROWS_PER_BLOCK);
     float* partial = (float*)scratch_get(&layernorm_scratch, layernorm_scratch_bytes(N, C));
