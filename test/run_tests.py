@@ -2247,6 +2247,66 @@ def start_cuda_check():
                                                stderr=subprocess.STDOUT)
 
 
+# Flash attention, checked without a GPU: the shared-memory bank model and the compiled SASS
+# (dev/cuda/bank_conflicts.py, dev/cuda/flash_sass.sh). Paste into test/run_tests.py; it uses
+# that file's ROOT, test, Skip, os, re, shutil, subprocess and sys.
+
+
+@test
+def flash_attention_shared_memory_has_no_bank_conflicts():
+    script = os.path.join(ROOT, "dev", "cuda", "bank_conflicts.py")
+
+    def rows_of(out):
+        """(kernel, access, HS, wavefronts, ideal, worst phase, conflict-free) of each table row"""
+        rows = []
+        for line in out.splitlines():
+            m = re.match(r"(\w+)\s+(l\.\d+ .+?)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)-way\s+(yes|NO)$", line)
+            if m:
+                rows.append((m.group(1), m.group(2), int(m.group(3)), int(m.group(4)), int(m.group(5)),
+                             int(m.group(6)), m.group(7)))
+        return rows
+
+    r = subprocess.run([sys.executable, script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    rows = rows_of(r.stdout)
+    # the model read every kernel at every head size, and found the accesses the kernels make
+    for kernel in ("forward", "backward_dkdv", "backward_dq"):
+        for hs in (16, 32, 64):
+            kinds = {row[1].split()[1] for row in rows if row[0] == kernel and row[2] == hs}
+            assert {"cp.async", "ldmatrix.x4", "ldmatrix.x4.trans"} <= kinds, \
+                "%s HS=%d: accesses found %s\n%s" % (kernel, hs, sorted(kinds), out[-3000:])
+    bad = [row for row in rows if row[6] != "yes" or row[3] != row[4]]
+    assert r.returncode == 0 and not bad, "bank conflicts (exit %d): %s\n%s" % (r.returncode, bad, out[-3000:])
+
+    # the check can fail: unpadded rows (HS elements) put the 8 rows of an ldmatrix phase at HS = 64
+    # 128 bytes apart, all in the same 4 banks: 8 wavefronts a phase, 32 for the 4 matrices of an x4
+    r = subprocess.run([sys.executable, script, "--pad", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    rows = rows_of(r.stdout)
+    ld64 = [row for row in rows if row[2] == 64 and row[1].split()[1].startswith("ldmatrix")]
+    assert r.returncode == 1 and ld64, "--pad 0: exit %d\n%s" % (r.returncode, (r.stdout + r.stderr)[-3000:])
+    for row in ld64:
+        assert row[5] == 8 and row[3] == 8 * row[4] and row[6] == "NO", "--pad 0, HS=64: %s, expected 8-way" % (row,)
+
+
+@test
+def flash_attention_compiles_to_ldmatrix_and_mma_without_spills():
+    if not (shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")):
+        raise Skip("no nvcc")
+    r = subprocess.run([os.path.join(ROOT, "dev", "cuda", "flash_sass.sh")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=900)
+    out = r.stdout + r.stderr
+    if r.returncode == 77:
+        raise Skip("no cuobjdump or nvdisasm to read the SASS (pip install nvidia-cuda-nvdisasm)")
+    assert r.returncode == 0, "flash_sass.sh exit %d:\n%s" % (r.returncode, out[-4000:])
+    # every kernel at every head size, for Ampere and Hopper, with no spills and the three instructions
+    for sm in ("sm_80", "sm_90"):
+        for kernel in ("forward", "backward_dkdv", "backward_dq"):
+            for hs in (16, 32, 64):
+                m = re.search(r"^%s\s+%s<%d>\s+(\d+)\s+(\d+)\s+0/0\s+([1-9]\d*)\s+([1-9]\d*)\s+([1-9]\d*)\s"
+                              % (sm, kernel, hs), r.stdout, re.M)
+                assert m, "%s %s<%d>: no row without spills and with LDSM, HMMA, LDGSTS\n%s" % (sm, kernel, hs, out[-4000:])
+
+
 @test
 def cuda_compiles_for_sm80_and_sm90():
     if not have_nvcc():

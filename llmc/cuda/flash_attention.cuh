@@ -39,12 +39,17 @@
 
 // start loading tile (64, HS) <- rows t0.. of head h of a (B, T, width) tensor, at column
 // offset (q, k, v: 0, C, 2C of qkv; dout: 0 of a (B, T, C) tensor). Rows past T become zeros.
-// 16 bytes per copy: HS / 8 copies a row, consecutive threads on consecutive bytes.
+// 16 bytes per copy. Threads 8j..8j+7 copy the same 16 bytes of 8 consecutive rows, the pattern
+// an ldmatrix phase reads back: with the HS + 8 padding those 8 pieces land in 8 different groups
+// of 4 banks, so the shared-memory writes are conflict-free too (row-major order would put 2-4
+// rows' pieces of one phase in the same banks at HS 16 and 32; dev/cuda/bank_conflicts.py). The
+// next 8 threads take the next 16 bytes of the same rows, so in global memory a warp still reads
+// whole 32-byte sectors.
 template <int HS>
 __device__ inline void flash_load_async(floatX* tile, const floatX* x, int width, int offset, int b,
                                         int h, int t0, int T) {
     for (int idx = threadIdx.x; idx < FLASH_TILE * HS / 8; idx += blockDim.x) {
-        int r = idx / (HS / 8), c = idx % (HS / 8) * 8, t = t0 + r;
+        int r = idx % 8 + idx / HS * 8, c = idx / 8 % (HS / 8) * 8, t = t0 + r;
         const floatX* src = x + ((size_t)b * T + min(t, T - 1)) * width + offset + h * HS + c;
         cp_async16(tile + r * FLASH_LD(HS) + c, src, t < T);
     }
@@ -121,8 +126,10 @@ __device__ inline void flash_store(floatX* x, int width, int offset, const float
 // block (64 queries, b * NH + h), 4 warps of 16 queries. Lane (g, t) holds, for its rows
 // g and g + 8, the running max m and sum l of the softmax and columns 2t, 2t+1 of every 8-wide
 // output tile; the 4 lanes of a group together hold the whole rows.
+// (__launch_bounds__ with 1 block per SM lets ptxas use the registers the output accumulator and
+// the score tile need: held to 4 blocks per SM, forward<64> spilled on sm_90; dev/cuda/flash_sass.sh)
 template <int HS>
-__global__ void __launch_bounds__(FLASH_WARPS * 32)
+__global__ void __launch_bounds__(FLASH_WARPS * 32, 1)
 flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
     __shared__ __align__(16) floatX q_s[FLASH_TILE * FLASH_LD(HS)];
     __shared__ __align__(16) floatX k_s[2][FLASH_TILE * FLASH_LD(HS)];

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# What the compiler made of the flash attention kernels (llmc/cuda/flash_attention.cuh), without
+# a GPU: compile them for sm_80 and sm_90 with the Makefile's nvcc flags (bf16, the default
+# PRECISION), then check
+#   (a) ptxas -v: no kernel spills registers to local memory (0 bytes spill stores and loads);
+#       registers per thread and static shared memory per block are printed;
+#   (b) the SASS (cuobjdump -sass or nvdisasm): every tile kernel contains LDSM (ldmatrix),
+#       HMMA (mma.sync on the tensor cores) and LDGSTS (cp.async global -> shared), and how many
+#       plain shared loads/stores (LDS/STS), local loads/stores (LDL/STL: spills) and MUFU.EX2
+#       (the exp2 of the softmax) it has.
+# An instruction is counted once per place in the code, not per execution.
+#
+#   dev/cuda/flash_sass.sh        exit 0: all checks passed; 1: a check failed; 77: compiled and
+#                                 checked (a), but no disassembler was found for (b)
+# nvcc: PATH or /usr/local/cuda/bin. The disassembler: cuobjdump or nvdisasm from PATH or the
+# toolkit, else from NVIDIA's Python packages (pip install nvidia-cuda-nvdisasm, or
+# nvidia-cuda-cuobjdump): a minimal CUDA 13 toolkit install may lack both.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+PYTHON=$(command -v /usr/bin/python3 || command -v python3)
+
+NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+[ -n "$NVCC" ] || { echo "flash_sass: no nvcc (PATH or /usr/local/cuda/bin)"; exit 1; }
+CUDA_BIN=$(dirname "$NVCC")
+
+# the disassembler: cuobjdump or nvdisasm, from PATH, the toolkit, or NVIDIA's Python packages
+DISASM=""
+for tool in cuobjdump nvdisasm; do
+    for candidate in "$(command -v $tool || true)" "$CUDA_BIN/$tool" "/usr/local/cuda/bin/$tool"; do
+        if [ -n "$candidate" ] && [ -x "$candidate" ]; then DISASM=$candidate; break 2; fi
+    done
+done
+if [ -z "$DISASM" ]; then
+    for py in python3 /usr/bin/python3; do
+        found=$($py - <<'EOF' 2>/dev/null || true
+import glob, importlib.util, os
+spec = importlib.util.find_spec("nvidia")
+for tool in ("cuobjdump", "nvdisasm"):
+    for root in (spec.submodule_search_locations if spec else []):
+        for path in sorted(glob.glob(os.path.join(root, "*", "bin", tool))):
+            print(path)
+EOF
+)
+        found=$(echo "$found" | head -n 1)
+        if [ -n "$found" ] && [ -x "$found" ]; then DISASM=$found; break; fi
+    done
+fi
+
+# the Makefile's device-code flags (NVCC_FLAGS: -O3 -std=c++17 -I. ...); bf16 is PRECISION's default
+NVCC_FLAGS=$(sed -n 's/^NVCC_FLAGS := //p' Makefile)
+[ -n "$NVCC_FLAGS" ] || { echo "flash_sass: no NVCC_FLAGS in the Makefile"; exit 1; }
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+# one translation unit whose host code calls both launchers: every kernel and head size the
+# trainers can launch is instantiated, nothing else
+cat > "$WORK/flash_kernels.cu" <<'EOF'
+#include "llmc/cuda/flash_attention.cuh"
+void flash_instantiate(floatX* out, float* lse, floatX* dqkv, const floatX* dout, const floatX* qkv,
+                       int B, int T, int C, int NH) {
+    attention_forward_flash(out, lse, qkv, B, T, C, NH);
+    attention_backward_flash(dqkv, dout, qkv, out, lse, B, T, C, NH);
+}
+EOF
+
+ARCHS="80 90"
+for sm in $ARCHS; do  # the two architectures side by side (one per core)
+    # shellcheck disable=SC2086
+    "$NVCC" -cubin -gencode arch=compute_$sm,code=sm_$sm $NVCC_FLAGS -I"$ROOT" -Xptxas -v \
+        "$WORK/flash_kernels.cu" -o "$WORK/sm_$sm.cubin" > "$WORK/ptxas_$sm.txt" 2>&1 &
+done
+failed=0
+for job in $(jobs -p); do wait "$job" || failed=1; done
+if [ $failed -ne 0 ]; then
+    cat "$WORK"/ptxas_*.txt
+    echo "flash_sass: nvcc failed"
+    exit 1
+fi
+for sm in $ARCHS; do
+    if [ -n "$DISASM" ]; then
+        case "$DISASM" in
+            *cuobjdump) "$DISASM" -sass "$WORK/sm_$sm.cubin" > "$WORK/sass_$sm.txt" ;;
+            *) "$DISASM" -c "$WORK/sm_$sm.cubin" > "$WORK/sass_$sm.txt" ;;
+        esac
+    fi
+done
+
+status=0
+"$PYTHON" - "$WORK" "$ARCHS" "${DISASM:-}" <<'EOF' || status=$?
+import os, re, sys
+work, archs, disasm = sys.argv[1], sys.argv[2].split(), sys.argv[3]
+
+def demangle(symbol):
+    """_Z30flash_attention_forward_kernelILi64EEv... -> (flash_attention_forward_kernel, 64)"""
+    m = re.match(r"_Z(\d+)", symbol)
+    name = symbol[m.end():m.end() + int(m.group(1))]
+    hs = re.match(r"ILi(\d+)E", symbol[m.end() + int(m.group(1)):])
+    return name, int(hs.group(1)) if hs else None
+
+def ptxas(sm):
+    """kernel -> registers, shared bytes, spill store bytes, spill load bytes, stack bytes"""
+    info, kernel = {}, None
+    for line in open(os.path.join(work, "ptxas_%s.txt" % sm)):
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            kernel = demangle(m.group(1))
+            info[kernel] = {"smem": 0}
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and kernel:
+            info[kernel].update(stack=int(m.group(1)), spill_st=int(m.group(2)), spill_ld=int(m.group(3)))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and kernel:
+            info[kernel]["regs"] = int(m.group(1))
+            s = re.search(r"(\d+) bytes smem", line)
+            info[kernel]["smem"] = int(s.group(1)) if s else 0
+    return info
+
+OPS = ["LDSM", "HMMA", "LDGSTS", "LDS", "STS", "LDL", "STL", "MUFU.EX2"]
+
+def sass(sm):
+    """kernel -> {op: count}; LDS/STS count only instructions that can execute: ptxas puts
+    never-executed '@!PT LDS RZ, [RZ]' beside LDGSTS, counted apart as LDS(@!PT)"""
+    counts, kernel = {}, None
+    for line in open(os.path.join(work, "sass_%s.txt" % sm)):
+        m = re.search(r"(?:Function : |^\.text\.)(_Z\w+)", line)
+        if m:
+            kernel = demangle(m.group(1))
+            counts[kernel] = dict.fromkeys(OPS + ["LDS(@!PT)"], 0)
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)(\.[A-Z0-9_.]+)?\s", line)
+        if not (m and kernel):
+            continue
+        op = m.group(2)
+        if op == "MUFU" and (m.group(3) or "").startswith(".EX2"):
+            op = "MUFU.EX2"
+        if op in ("LDS", "STS") and (m.group(1) or "").strip() == "@!PT":
+            op += "(@!PT)"
+        if op in counts[kernel]:
+            counts[kernel][op] += 1
+    return counts
+
+failures, rows = [], []
+for sm in archs:
+    info = ptxas(sm)
+    counts = sass(sm) if disasm else {}
+    for (name, hs), k in sorted(info.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        if not name.startswith("flash_attention"):
+            continue
+        label = "%s%s" % (name.replace("flash_attention_", "").replace("_kernel", ""), "<%d>" % hs if hs else "")
+        if k["spill_st"] or k["spill_ld"]:
+            failures.append("sm_%s %s spills: %d bytes stores, %d bytes loads (%d registers)"
+                            % (sm, label, k["spill_st"], k["spill_ld"], k["regs"]))
+        c = counts.get((name, hs))
+        if disasm and c is None:
+            failures.append("sm_%s %s: not found in the SASS" % (sm, label))
+        if c and hs:  # the tile kernels: ldmatrix, tensor cores, cp.async
+            for op in ("LDSM", "HMMA", "LDGSTS"):
+                if c[op] == 0:
+                    failures.append("sm_%s %s: no %s in its SASS" % (sm, label, op))
+        rows.append(["sm_%s" % sm, label, k["regs"], k["smem"], "%d/%d" % (k["spill_st"], k["spill_ld"])]
+                    + ([c[op] for op in OPS + ["LDS(@!PT)"]] if c else ["-"] * (len(OPS) + 1)))
+
+head = ["arch", "kernel", "regs", "smem B", "spill st/ld B"] + OPS + ["LDS(@!PT)"]
+widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+print("  ".join(str(h).rjust(w) if i > 1 else str(h).ljust(w) for i, (h, w) in enumerate(zip(head, widths))))
+for r in rows:
+    print("  ".join(str(x).rjust(w) if i > 1 else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, widths))))
+print("LDS/STS that execute: only the dK/dV kernel's lse_s/D_s rows (flash_load_row_values stores them,\n"
+      "the score loop reads them); LDS(@!PT): placeholders ptxas sets beside LDGSTS, predicated never-true.\n"
+      "LDGSTS: once per flash_load_async call site (its loop over the tile is not unrolled).")
+if failures:
+    for f in failures:
+        print("FAILED: " + f)
+    sys.exit(1)
+if not disasm:
+    print("no cuobjdump or nvdisasm: SASS not checked (pip install nvidia-cuda-nvdisasm)")
+    sys.exit(77)
+print("flash_sass: no spills; LDSM, HMMA and LDGSTS in every tile kernel (disassembler: %s)" % disasm)
+EOF
+echo "flash_sass: ${SECONDS} s"
+exit $status
