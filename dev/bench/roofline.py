@@ -290,27 +290,26 @@ def build_step(m, B, T, precision, attention, epilogue, dp):
     layernorm_backward("lnf", 1)
 
     s.begin("layer backward")
+
+    def weight_gradient(name, K, OC):
+        # dweight (OC, K) += dout^T inp, with the bias gradient (OC) in the epilogue or a kernel
+        matmul("matmul %s dweight" % name + (" (+dbias BGRADB)" if epilogue else ""), N, K, OC, L, bias=epilogue,
+               dweight=True)
+        bias_grad(name + "b", OC, L)
+
     # MLP half (block.h): the input pass, then the weight pass
     matmul("matmul fcproj dinp", N, C, 4 * C, L)
     s.add("gelu_backward", L, FLOPS_PER["gelu_backward"] * N * 4 * C, 3 * N * 4 * C * X, "vector", "gelu")
     matmul("matmul fc dinp", N, 4 * C, C, L)
-    matmul("matmul fcproj dweight" + (" (+dbias BGRADB)" if epilogue else ""), N, 4 * C, C, L, bias=epilogue,
-           dweight=True)
-    bias_grad("fcprojb", C, L)
-    matmul("matmul fc dweight" + (" (+dbias BGRADB)" if epilogue else ""), N, C, 4 * C, L, bias=epilogue,
-           dweight=True)
-    bias_grad("fcb", 4 * C, L)
+    weight_gradient("fcproj", 4 * C, C)
+    weight_gradient("fc", C, 4 * C)
     layernorm_backward("ln2", L)
     # attention half
     matmul("matmul attproj dinp", N, C, C, L)
     attention_backward(L)
     matmul("matmul qkv dinp", N, 3 * C, C, L)
-    matmul("matmul attproj dweight" + (" (+dbias BGRADB)" if epilogue else ""), N, C, C, L, bias=epilogue,
-           dweight=True)
-    bias_grad("attprojb", C, L)
-    matmul("matmul qkv dweight" + (" (+dbias BGRADB)" if epilogue else ""), N, C, 3 * C, L, bias=epilogue,
-           dweight=True)
-    bias_grad("qkvb", 3 * C, L)
+    weight_gradient("attproj", C, C)
+    weight_gradient("qkv", C, 3 * C)
     layernorm_backward("ln1", L)
 
     s.begin("encoder backward")

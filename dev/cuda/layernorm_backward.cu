@@ -79,8 +79,16 @@ __global__ void layernorm_params_v1(floatX* dweight, floatX* dbias, const floatX
     dbias[c] = (floatX)((float)dbias[c] + db);
 }
 
-// the llmc launcher (v3 input gradient, v2 parameters) at N rows of C channels, against the CPU
-static int check_llmc(int N, int C, float tol, float tol_params) {
+// one problem: random inputs rounded like floatX, the CPU's gradients, and the device buffers
+typedef struct {
+    int N, C;
+    float *dinp, *dw, *db;  // the CPU's gradients (the references)
+    floatX *d_x, *d_w, *d_dout, *d_dinp, *d_dw, *d_db;
+    float *d_mean, *d_rstd;
+} Problem;
+
+static Problem problem_make(int N, int C) {
+    Problem p = {N, C};
     float* x = random_floats((size_t)N * C, 1.0f);
     float* w = random_floats(C, 1.0f);
     float* b = random_floats(C, 1.0f);
@@ -91,55 +99,38 @@ static int check_llmc(int N, int C, float tol, float tol_params) {
     float* out = (float*)malloc_check((size_t)N * C * sizeof(float));
     float *mean = (float*)malloc_check(N * sizeof(float)), *rstd = (float*)malloc_check(N * sizeof(float));
     cpu::layernorm_forward(out, mean, rstd, x, w, b, N, C);
-    float* dinp = (float*)calloc_check((size_t)N * C, sizeof(float));
-    float *dw = (float*)calloc_check(C, sizeof(float)), *db = (float*)calloc_check(C, sizeof(float));
-    cpu::layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C);
-    floatX *d_x = to_device(x, (size_t)N * C), *d_w = to_device(w, C), *d_dout = to_device(dout, (size_t)N * C);
-    float *d_mean = (float*)device_malloc(N * sizeof(float)), *d_rstd = (float*)device_malloc(N * sizeof(float));
-    copy_host_to_device(d_mean, mean, N * sizeof(float));
-    copy_host_to_device(d_rstd, rstd, N * sizeof(float));
-    floatX* d_dinp = (floatX*)device_malloc((size_t)N * C * sizeof(floatX));
-    floatX *d_dw = (floatX*)device_malloc(C * sizeof(floatX)), *d_db = (floatX*)device_malloc(C * sizeof(floatX));
-    device_memset_zero(d_dinp, (size_t)N * C * sizeof(floatX));
-    device_memset_zero(d_dw, C * sizeof(floatX));
-    device_memset_zero(d_db, C * sizeof(floatX));
-    layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
+    p.dinp = (float*)calloc_check((size_t)N * C, sizeof(float));
+    p.dw = (float*)calloc_check(C, sizeof(float)), p.db = (float*)calloc_check(C, sizeof(float));
+    cpu::layernorm_backward(p.dinp, p.dw, p.db, dout, x, w, mean, rstd, N, C);
+    p.d_x = to_device(x, (size_t)N * C), p.d_w = to_device(w, C), p.d_dout = to_device(dout, (size_t)N * C);
+    p.d_mean = (float*)device_malloc(N * sizeof(float)), p.d_rstd = (float*)device_malloc(N * sizeof(float));
+    copy_host_to_device(p.d_mean, mean, N * sizeof(float));
+    copy_host_to_device(p.d_rstd, rstd, N * sizeof(float));
+    p.d_dinp = (floatX*)device_malloc((size_t)N * C * sizeof(floatX));
+    p.d_dw = (floatX*)device_malloc(C * sizeof(floatX)), p.d_db = (floatX*)device_malloc(C * sizeof(floatX));
+    device_memset_zero(p.d_dinp, (size_t)N * C * sizeof(floatX));
+    device_memset_zero(p.d_dw, C * sizeof(floatX));
+    device_memset_zero(p.d_db, C * sizeof(floatX));
+    free(x), free(w), free(b), free(dout), free(out), free(mean), free(rstd);
+    return p;
+}
+
+// the llmc launcher (v3 input gradient, v2 parameters) on a fresh problem, against the CPU
+static int check_llmc(Problem* p, float tol, float tol_params) {
+    layernorm_backward(p->d_dinp, p->d_dw, p->d_db, p->d_dout, p->d_x, p->d_w, p->d_mean, p->d_rstd, p->N, p->C);
     char name[3][48];
-    snprintf(name[0], 48, "v3 dinp, C=%d", C);
-    snprintf(name[1], 48, "v2 dweight, C=%d", C);
-    snprintf(name[2], 48, "v2 dbias, C=%d", C);
-    int ok = validate(name[0], d_dinp, dinp, (size_t)N * C, tol) & validate(name[1], d_dw, dw, C, tol_params) &
-             validate(name[2], d_db, db, C, tol_params);
-    device_free(d_x), device_free(d_w), device_free(d_dout), device_free(d_mean), device_free(d_rstd);
-    device_free(d_dinp), device_free(d_dw), device_free(d_db);
-    free(x), free(w), free(b), free(dout), free(out), free(mean), free(rstd), free(dinp), free(dw), free(db);
-    return ok;
+    snprintf(name[0], 48, "v3 dinp, C=%d", p->C);
+    snprintf(name[1], 48, "v2 dweight, C=%d", p->C);
+    snprintf(name[2], 48, "v2 dbias, C=%d", p->C);
+    return validate(name[0], p->d_dinp, p->dinp, (size_t)p->N * p->C, tol) &
+           validate(name[1], p->d_dw, p->dw, p->C, tol_params) & validate(name[2], p->d_db, p->db, p->C, tol_params);
 }
 
 int main(void) {
     int N = GPU_OR_EMU(8 * 1024, 600), C = GPU_OR_EMU(768, 200);
-    float* x = random_floats((size_t)N * C, 1.0f);
-    float* w = random_floats(C, 1.0f);
-    float* b = random_floats(C, 1.0f);
-    float* dout = random_floats((size_t)N * C, 1.0f);
-    round_like_floatX(x, (size_t)N * C);
-    round_like_floatX(w, C);
-    round_like_floatX(dout, (size_t)N * C);
-    float* out = (float*)malloc_check((size_t)N * C * sizeof(float));
-    float* mean = (float*)malloc_check(N * sizeof(float));
-    float* rstd = (float*)malloc_check(N * sizeof(float));
-    cpu::layernorm_forward(out, mean, rstd, x, w, b, N, C);
-    float* dinp = (float*)calloc_check((size_t)N * C, sizeof(float));
-    float* dw = (float*)calloc_check(C, sizeof(float));
-    float* db = (float*)calloc_check(C, sizeof(float));
-    cpu::layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C);
-
-    floatX *d_x = to_device(x, (size_t)N * C), *d_w = to_device(w, C), *d_dout = to_device(dout, (size_t)N * C);
-    float *d_mean = (float*)device_malloc(N * sizeof(float)), *d_rstd = (float*)device_malloc(N * sizeof(float));
-    copy_host_to_device(d_mean, mean, N * sizeof(float));
-    copy_host_to_device(d_rstd, rstd, N * sizeof(float));
-    floatX* d_dinp = (floatX*)device_malloc((size_t)N * C * sizeof(floatX));
-    floatX *d_dw = (floatX*)device_malloc(C * sizeof(floatX)), *d_db = (floatX*)device_malloc(C * sizeof(floatX));
+    Problem p = problem_make(N, C);
+    floatX *d_x = p.d_x, *d_w = p.d_w, *d_dout = p.d_dout, *d_dinp = p.d_dinp, *d_dw = p.d_dw, *d_db = p.d_db;
+    float *d_mean = p.d_mean, *d_rstd = p.d_rstd, *dinp = p.dinp, *dw = p.dw, *db = p.db;
     // The parameter gradients are sums over N = 8192 rows of products of size ~1. The CPU adds
     // them one after another in fp32, so its partial sums grow to ~sqrt(N) = 90 and each addition
     // may round by 90 * 2^-24; over N additions that is ~sqrt(N) * 90 * 6e-8 = 5e-4 typically, far
@@ -149,16 +140,11 @@ int main(void) {
     int ok = 1;
     printf("layernorm_backward N=%d C=%d (%s)\n", N, C, PRECISION_NAME);
 
-    device_memset_zero(d_dinp, (size_t)N * C * sizeof(floatX));
-    device_memset_zero(d_dw, C * sizeof(floatX));
-    device_memset_zero(d_db, C * sizeof(floatX));
-    layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C);
-    ok &= validate("v3 dinp", d_dinp, dinp, (size_t)N * C, tol);
-    ok &= validate("v2 dweight", d_dw, dw, C, tol_params);
-    ok &= validate("v2 dbias", d_db, db, C, tol_params);
+    ok &= check_llmc(&p, tol, tol_params);
     TIME_KERNEL(ms, 20, layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C));
     report("v3 dinp + v2 params", ms, 6.0 * N * C * sizeof(floatX), 0);
-    ok &= check_llmc(GPU_OR_EMU(8 * 1024, 64), 1600, tol, tol_params);
+    Problem gpt2_xl = problem_make(GPU_OR_EMU(8 * 1024, 64), 1600);  // a row of 1600 channels, as in d48
+    ok &= check_llmc(&gpt2_xl, tol, tol_params);
 
     // dinp reads dout, inp and dinp and writes dinp: 4 N C elements
     device_memset_zero(d_dinp, (size_t)N * C * sizeof(floatX));
