@@ -163,24 +163,28 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B
         float s[FLASH_TILE / 8][4];
         flash_a_xt<HS>(s, q, k_s[buf]);
         // base-2 scores; the masked ones (a key after the query, or past T) become -inf
-        int masked = k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T;
-        float tile_max[2] = {-INFINITY, -INFINITY};
-        for (int j = 0; j < FLASH_TILE / 8; j++) {
-            for (int e = 0; e < 4; e++) {
-                int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
-                float x = s[j][e] * scale_log2;
-                if (masked && (key > query || key >= T)) x = -INFINITY;
-                s[j][e] = x;
-                tile_max[e / 2] = fmaxf(tile_max[e / 2], x);
+        // (only the diagonal tile and the last, past T, need the mask: the others skip its
+        // compares, since the whole warp takes the same branch)
+        for (int j = 0; j < FLASH_TILE / 8; j++)
+            for (int e = 0; e < 4; e++) s[j][e] *= scale_log2;
+        if (k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T) {
+            for (int j = 0; j < FLASH_TILE / 8; j++) {
+                for (int e = 0; e < 4; e++) {
+                    int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
+                    if (key > query || key >= T) s[j][e] = -INFINITY;
+                }
             }
         }
+        float tile_max[2] = {-INFINITY, -INFINITY};
+        for (int j = 0; j < FLASH_TILE / 8; j++)
+            for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[j][e]);
         float rescale[2];
         for (int r = 0; r < 2; r++) {  // the 4 lanes of the group hold the row between them
             tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
             tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
             // finite from the first tile on: key 0 is in it, and every query sees key 0
             float m_new = fmaxf(m[r], tile_max[r]);
-            rescale[r] = exp2f(m[r] - m_new);  // what the sums so far are worth at the new max
+            rescale[r] = exp2_approx(m[r] - m_new);  // what the sums so far are worth at the new max
             m[r] = m_new;
             l[r] *= rescale[r];
         }
@@ -190,7 +194,7 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B
         }
         for (int j = 0; j < FLASH_TILE / 8; j++) {  // p = exp(score - max), l += this lane's part
             for (int e = 0; e < 4; e++) {
-                s[j][e] = exp2f(s[j][e] - m[e / 2]);
+                s[j][e] = exp2_approx(s[j][e] - m[e / 2]);
                 l[e / 2] += s[j][e];
             }
         }
@@ -203,9 +207,10 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B
         l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
         l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
     }
+    float inv_l[2] = {1.0f / l[0], 1.0f / l[1]};  // two divisions, then multiplies
     for (int d = 0; d < HS / 8; d++) {
-        o[d][0] /= l[0], o[d][1] /= l[0];
-        o[d][2] /= l[1], o[d][3] /= l[1];
+        o[d][0] *= inv_l[0], o[d][1] *= inv_l[0];
+        o[d][2] *= inv_l[1], o[d][3] *= inv_l[1];
     }
     flash_store<HS>(out, C, 0, o, 1.0f, b, h, row0, T);
     for (int r = 0; r < 2; r++) {  // natural-log lse = ln 2 (m + log2 l), m in base-2 units
@@ -283,12 +288,16 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
         __syncthreads();
         float s[FLASH_TILE / 8][4];  // s^T, then p^T
         flash_a_xt<HS>(s, k, q_s[buf]);
-        int masked = u0 < key0 + FLASH_ROWS - 1 || u0 + FLASH_TILE > T;
         for (int j = 0; j < FLASH_TILE / 8; j++) {
-            for (int e = 0; e < 4; e++) {
-                int col = 8 * j + 2 * t + e % 2, query = u0 + col, key = key0 + g + e / 2 * 8;
-                float p = exp2f(s[j][e] * scale_log2 - lse_s[buf][col] * FLASH_LOG2E);
-                s[j][e] = masked && (query < key || query >= T) ? 0.0f : p;
+            for (int e = 0; e < 4; e++)
+                s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_s[buf][8 * j + 2 * t + e % 2] * FLASH_LOG2E);
+        }
+        if (u0 < key0 + FLASH_ROWS - 1 || u0 + FLASH_TILE > T) {  // the diagonal tile, or past T
+            for (int j = 0; j < FLASH_TILE / 8; j++) {
+                for (int e = 0; e < 4; e++) {
+                    int query = u0 + 8 * j + 2 * t + e % 2, key = key0 + g + e / 2 * 8;
+                    if (query < key || query >= T) s[j][e] = 0.0f;
+                }
             }
         }
         uint32_t a[FLASH_TILE / 16][4];
@@ -353,12 +362,14 @@ flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const float
         __syncthreads();
         float s[FLASH_TILE / 8][4];  // s, then p, then ds
         flash_a_xt<HS>(s, q, k_s[buf]);
-        int masked = k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T;
-        for (int j = 0; j < FLASH_TILE / 8; j++) {
-            for (int e = 0; e < 4; e++) {
-                int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
-                float p = exp2f(s[j][e] * scale_log2 - lse_log2[e / 2]);
-                s[j][e] = masked && (key > query || key >= T) ? 0.0f : p;
+        for (int j = 0; j < FLASH_TILE / 8; j++)
+            for (int e = 0; e < 4; e++) s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_log2[e / 2]);
+        if (k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T) {  // the diagonal tile, or past T
+            for (int j = 0; j < FLASH_TILE / 8; j++) {
+                for (int e = 0; e < 4; e++) {
+                    int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
+                    if (key > query || key >= T) s[j][e] = 0.0f;
+                }
             }
         }
         float dp[FLASH_TILE / 8][4];

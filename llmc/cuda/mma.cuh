@@ -5,6 +5,7 @@
 //   ldmatrix_x4_trans  the same, transposed on the way (for a B operand stored k-major)
 //   cp_async16         a 16-byte copy global -> shared that does not wait for the data
 //                      (cp.async, with commit/wait groups), so a tile loads while another computes
+//   exp2_approx        2^x in one MUFU.EX2 (ex2.approx.ftz), for the softmax
 // Unlike WMMA, whose fragments are opaque, these fragments have a layout the PTX ISA documents
 // ("Matrix fragments for mma.m16n8k16"), so a score tile can stay in registers from the product
 // q k^T through the softmax into the product p v. Lane l of a warp is in group g = l / 4 (a row)
@@ -64,6 +65,17 @@ __device__ inline void cp_async_commit(void) { asm volatile("cp.async.commit_gro
 // data is then visible to this thread, and to the block after a __syncthreads
 template <int newest> __device__ inline void cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(newest) : "memory");
+}
+
+// 2^x as the special-function unit computes it (relative error ~2^-22, far below bf16's 2^-8),
+// with denormal inputs and results flushed to zero. exp2f would wrap the same MUFU.EX2 in a
+// compare and two multiplies that rescue denormals: a softmax never needs them, and in the flash
+// kernels they were a sixth of the instructions of a tile step (dev/cuda/flash_sass.sh counts).
+// 2^-inf = +0, so masked scores of -inf give probability 0.
+__device__ inline float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
 }
 
 #endif  // CUDA_EMU
