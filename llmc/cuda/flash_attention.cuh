@@ -243,7 +243,7 @@ __device__ inline void flash_load_row_values(float* dst, const float* src, int t
 //   s^T = k q^T (16, 64), p^T = exp(s^T scale - lse),  dv += p^T dout,
 //   dp^T = v dout^T,  ds^T = p^T (dp^T - D),  dk += ds^T q scale
 template <int HS>
-__global__ void __launch_bounds__(FLASH_WARPS * 32)
+__global__ void __launch_bounds__(FLASH_WARPS * 32, 1)  // (as the forward: dkdv<32> spilled on sm_80)
 flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv,
                                      const float* lse, const float* D, int B, int T, int C, int NH) {
     __shared__ __align__(16) floatX q_s[2][FLASH_TILE * FLASH_LD(HS)];
