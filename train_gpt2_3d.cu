@@ -309,8 +309,8 @@ static void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int ch
         // (B, T, C); this rank's tokens scatter into its wte rows, every position into wpe
         floatX* dencoded = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
         // this rank's table of the micro-batch's tokens, on the host only: the buckets of
-        // positions per token are sorted there
-        const int* tokens = vocab_parallel_tokens(NULL, &model->input_stage, inputs_host, BT, tp->rank, d.Vp);
+        // positions per token are sorted there (a stage of its own, never waiting for a copy)
+        const int* tokens = vocab_parallel_tokens(NULL, &model->token_table, inputs_host, BT, tp->rank, d.Vp);
         encoder_backward(g.wte, g.wpe, dencoded, tokens, B, T, C);
     }
 }

@@ -453,8 +453,9 @@ typedef struct {
     int B, T;               // the shape the activations were allocated for
     int* inputs;            // (B, T) on the device
     int* targets;           // (B, T) on the device
-    HostStage input_stage;  // the pinned host buffers they are copied from (tokens_to_device)
-    HostStage target_stage;
+    HostStage input_stage;  // the pinned host buffers they are copied from (tokens_to_device);
+    HostStage target_stage; // DP and TP's backward reads the tokens back from input_stage
+    HostStage token_table;  // the 3D backward's vocabulary-parallel table (host only, never copied)
     float* losses_host;     // (B, T), pinned: the losses come back by DMA, without a staging copy
     DeviceCopy losses_copy;
 } GPT2;
@@ -648,6 +649,7 @@ static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, Pa
     model->losses_host = (float*)host_malloc_pinned((size_t)B * T * sizeof(float));
     memset(&model->input_stage, 0, sizeof(HostStage));
     memset(&model->target_stage, 0, sizeof(HostStage));
+    memset(&model->token_table, 0, sizeof(HostStage));
     memset(&model->losses_copy, 0, sizeof(DeviceCopy));
 }
 
@@ -662,6 +664,7 @@ static inline void gpt2_free(GPT2* model) {
     device_free(model->targets);
     host_stage_free(&model->input_stage);
     host_stage_free(&model->target_stage);
+    host_stage_free(&model->token_table);
     host_free_pinned(model->losses_host);
     device_copy_free(&model->losses_copy);
 }

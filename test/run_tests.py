@@ -1892,14 +1892,16 @@ def run_gpu_ranks(program, ranks, args, out_dir, timeout=600):
     return outs[0]
 
 
-def emu_runner(devices, order="forward", attention=None):
+def emu_runner(devices, order="forward", attention=None, bias_grad=None):
     """ranks under mpirun on `devices` emulated GPUs: one per rank goes through the NCCL calls
     (emulated over MPI); fewer than the ranks takes the comm layer's host-staged MPI path.
     order "reverse" runs each kernel's threads and blocks last to first; attention "cublas"
-    makes bf16 builds take the cuBLAS attention path instead of flash attention."""
+    makes bf16 builds take the cuBLAS attention path instead of flash attention; bias_grad
+    "kernels" sums the bias gradients in their own kernels instead of cuBLASLt's epilogue."""
     def run(program, ranks, args, out_dir):
         threads = 2 if ranks == 1 else 1
-        env = dict(CUDA_EMU_DEVICES=str(devices), CUDA_EMU_ORDER=order, LLMC_ATTENTION=attention or "")
+        env = dict(CUDA_EMU_DEVICES=str(devices), CUDA_EMU_ORDER=order, LLMC_ATTENTION=attention or "",
+                   LLMC_BIAS_GRAD=bias_grad or "")
         return run_ok(ranks, args, program=program, threads=threads, env=env)
     run.attention = attention  # (for dev/memory_planner: the path whose buffers to count)
     return run
@@ -1982,12 +1984,15 @@ def make_gpu_test(precision, ranks):
     return fn
 
 
-def make_emu_test(precision, ranks, devices, attention=None):
+def make_emu_test(precision, ranks, devices, attention=None, bias_grad=None):
     def fn():
-        compare_cuda_with_reference("emu", precision, ranks, emu_runner(devices, attention=attention))
+        compare_cuda_with_reference("emu", precision, ranks, emu_runner(devices, attention=attention,
+                                                                         bias_grad=bias_grad))
     path = "" if ranks == 1 else "_nccl" if devices >= ranks else "_host_staged"
     if precision == "BF16":  # the attention path: flash, unless asked for cuBLAS
         path += "_" + (attention or "flash") + "_attention"
+    if bias_grad:  # the bias gradients' path: cuBLASLt's epilogue, unless asked for the kernels
+        path += "_bias_grad_" + bias_grad
     fn.__name__ = "emu_dp_vs_pytorch_%s_%d_ranks%s" % (precision.lower(), ranks, path)
     return fn
 
@@ -1999,7 +2004,9 @@ for _precision in ("FP32", "BF16"):
 # (fp32 at 2 ranks runs every kernel that fp32 at 1 rank would, so 1 rank is left to bf16)
 for _precision, _ranks, _devices in (("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2, 1)):
     test(make_emu_test(_precision, _ranks, _devices))
-test(make_emu_test("BF16", 1, 1, "cublas"))
+# (the cuBLAS attention run also takes the bias-gradient kernels, the path where cuBLASLt has no
+# BGRADB algorithm)
+test(make_emu_test("BF16", 1, 1, "cublas", "kernels"))
 
 
 def make_emu_zero_test(precision, devices, zero):
@@ -2248,8 +2255,7 @@ def start_cuda_check():
 
 
 # Flash attention, checked without a GPU: the shared-memory bank model and the compiled SASS
-# (dev/cuda/bank_conflicts.py, dev/cuda/flash_sass.sh). Paste into test/run_tests.py; it uses
-# that file's ROOT, test, Skip, os, re, shutil, subprocess and sys.
+# (dev/cuda/bank_conflicts.py, dev/cuda/flash_sass.sh).
 
 
 @test

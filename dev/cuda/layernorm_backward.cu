@@ -8,7 +8,8 @@ v2: 16-byte loads and stores, __restrict__ pointers; on an H100 at N = 16384, C 
     kernel took 400 us in a training step, v2 ~15 us. It still walks the row twice (the sums,
     then the output), the second time from cache.
 v3: one pass: the row's dout and x packs stay in registers between the sums and the output, the
-    kernel templated on the packs per lane (llmc/cuda/layernorm.cuh); checked also at C = 1600.
+    kernel templated on the packs per lane (llmc/cuda/layernorm.cuh); checked also at C = 768
+    and 1600.
 Weight and bias gradient variants:
 v1: one thread per channel walks all N rows: only C threads, long loops.
 v2: blocks of 256 rows x 32 channels write partial sums, a second pass adds them in order
@@ -143,8 +144,9 @@ int main(void) {
     ok &= check_llmc(&p, tol, tol_params);
     TIME_KERNEL(ms, 20, layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C));
     report("v3 dinp + v2 params", ms, 6.0 * N * C * sizeof(floatX), 0);
-    Problem gpt2_xl = problem_make(GPU_OR_EMU(8 * 1024, 64), 1600);  // a row of 1600 channels, as in d48
-    ok &= check_llmc(&gpt2_xl, tol, tol_params);
+    // the kernel instances d12 (C = 768: 4 packs a lane in bf16, 8 in fp32) and d48 (1600) run
+    Problem gpt2_small = problem_make(GPU_OR_EMU(8 * 1024, 64), 768), gpt2_xl = problem_make(GPU_OR_EMU(8 * 1024, 64), 1600);
+    ok &= check_llmc(&gpt2_small, tol, tol_params) & check_llmc(&gpt2_xl, tol, tol_params);
 
     // dinp reads dout, inp and dinp and writes dinp: 4 N C elements
     device_memset_zero(d_dinp, (size_t)N * C * sizeof(floatX));

@@ -9,7 +9,7 @@ v3: one warp per row, the row kept in registers after the first read, so x is re
     once instead of three times.
 v4: v3 with 16-byte loads and stores, the row as packs of 8 bf16 in registers, the kernel
     templated on the packs per lane so the loops unroll for any C (llmc/cuda/layernorm.cuh);
-    checked also at C = 1600 (GPT-2 XL) and with the residual add fused in.
+    checked also at C = 768 and 1600 (GPT-2 small and XL) and with the residual add fused in.
 */
 #include "common.h"
 namespace cpu {
@@ -153,6 +153,8 @@ int main(void) {
     ok &= validate("v4 out", d_out, out, (size_t)N * C, tol) & validate_f32("v4 rstd", d_rstd, rstd, N, 1e-4f);
     TIME_KERNEL(ms, 20, layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C));
     report("v4 16-byte packs in registers", ms, bytes, 0);
-    ok &= check_v4_fused(GPU_OR_EMU(8 * 1024, 64), C) & check_v4_fused(GPU_OR_EMU(8 * 1024, 64), 1600);
+    // the kernel instances d12 (C = 768: 4 packs a lane in bf16, 8 in fp32) and d48 (1600) run
+    ok &= check_v4_fused(GPU_OR_EMU(8 * 1024, 64), C) & check_v4_fused(GPU_OR_EMU(8 * 1024, 64), 768) &
+          check_v4_fused(GPU_OR_EMU(8 * 1024, 64), 1600);
     return finish(ok);
 }

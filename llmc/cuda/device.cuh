@@ -97,8 +97,8 @@ static inline void copy_host_to_device_async(void* dst, const void* src, size_t 
 // all the device's queued work and then copies through a driver buffer, while a copy from pinned
 // memory is queued on the compute stream like a kernel and the host runs on. The pinned buffer
 // must stay untouched until the copy has run, so taking it again first waits for the event
-// recorded after its last copy (long done in a training step: the host is at most a few kernels
-// ahead, since it waits for each micro-batch's loss).
+// recorded after its last copy (in a training step that copy was queued a micro-batch earlier,
+// and the host rarely runs that far ahead: on the last stage it waits for each loss).
 typedef struct {
     void* host;          // pinned, `bytes` long
     size_t bytes;

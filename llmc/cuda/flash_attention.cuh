@@ -41,8 +41,8 @@
 // offset (q, k, v: 0, C, 2C of qkv; dout: 0 of a (B, T, C) tensor). Rows past T become zeros.
 // 16 bytes per copy. Threads 8j..8j+7 copy the same 16 bytes of 8 consecutive rows, the pattern
 // an ldmatrix phase reads back: with the HS + 8 padding those 8 pieces land in 8 different groups
-// of 4 banks, so the shared-memory writes are conflict-free too (row-major order would put 2-4
-// rows' pieces of one phase in the same banks at HS 16 and 32; dev/cuda/bank_conflicts.py). The
+// of 4 banks, so the shared-memory writes are conflict-free too (row-major order, 8 threads along
+// one row, made 2-way conflicts at HS 16 and 32; dev/cuda/bank_conflicts.py). The
 // next 8 threads take the next 16 bytes of the same rows, so in global memory a warp still reads
 // whole 32-byte sectors.
 template <int HS>

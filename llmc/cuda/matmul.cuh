@@ -26,8 +26,9 @@ static inline uint32_t pointer_alignment(const void* p) {
     return alignment;
 }
 
-// Everything cuBLASLt's heuristic looks at: the shapes, the transposes, the epilogue and each
-// pointer's alignment. Two calls that agree on all of it can share one algorithm.
+// Everything cuBLASLt's heuristic looks at that changes from call to call: the shapes, the
+// transposes, the epilogue and each pointer's alignment (the types, the compute type and the
+// workspace are fixed for a build). Two calls that agree on all of it can share one algorithm.
 typedef struct {
     int m, n, k, transa, transb, lda, ldb, ldd;
     int epilogue;       // CUBLASLT_EPILOGUE_DEFAULT, _BIAS (add a bias) or _BGRADB (sum op(B) over k)
@@ -43,12 +44,14 @@ typedef struct {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
-    int found;  // 0: cuBLASLt has no algorithm for this key (only allowed for BGRADB, see below)
+    int found;          // 0: cuBLASLt has no algorithm for this key (only allowed for BGRADB, see below)
+    long long used;     // when it was last used (the GEMM count then): the least recent goes first
 } GemmPlan;
 
-#define GEMM_PLANS 64  // a step of any trainer uses far fewer; when full, the oldest plan goes
+#define GEMM_PLANS 64  // a step of any trainer uses far fewer; when full, the least recently used goes
 static GemmPlan gemm_plans[GEMM_PLANS];
 static int gemm_plans_made = 0;
+static long long gemm_calls = 0;
 
 static void gemm_plan_destroy(GemmPlan* p) {
     cublasCheck(cublasLtMatrixLayoutDestroy(p->la));
@@ -60,18 +63,24 @@ static void gemm_plan_destroy(GemmPlan* p) {
 // the plan for this key: found in the cache, or made (descriptors, layouts, heuristic) and kept.
 // bias: the bias (BIAS) or bias-gradient (BGRADB) vector; the heuristic reads its alignment.
 static GemmPlan* gemm_plan(const GemmKey* key, const void* bias) {
-    int cached = gemm_plans_made < GEMM_PLANS ? gemm_plans_made : GEMM_PLANS;
+    gemm_calls++;
+    int cached = gemm_plans_made < GEMM_PLANS ? gemm_plans_made : GEMM_PLANS, oldest = 0;
     for (int i = 0; i < cached; i++) {
-        if (memcmp(&gemm_plans[i].key, key, sizeof(GemmKey)) == 0) return &gemm_plans[i];
+        if (memcmp(&gemm_plans[i].key, key, sizeof(GemmKey)) == 0) {
+            gemm_plans[i].used = gemm_calls;
+            return &gemm_plans[i];
+        }
+        if (gemm_plans[i].used < gemm_plans[oldest].used) oldest = i;
     }
     if (cublaslt_handle == NULL) {
         cublasCheck(cublasLtCreate(&cublaslt_handle));
         cublaslt_workspace = device_malloc(CUBLASLT_WORKSPACE_BYTES);
     }
-    GemmPlan* p = &gemm_plans[gemm_plans_made % GEMM_PLANS];
+    GemmPlan* p = &gemm_plans[gemm_plans_made < GEMM_PLANS ? gemm_plans_made : oldest];
     if (gemm_plans_made >= GEMM_PLANS) gemm_plan_destroy(p);
     gemm_plans_made++;
     p->key = *key;
+    p->used = gemm_calls;
     cublasCheck(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = key->transa ? CUBLAS_OP_T : CUBLAS_OP_N, opb = key->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
@@ -99,7 +108,13 @@ static GemmPlan* gemm_plan(const GemmKey* key, const void* bias) {
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key->align[2], sizeof(uint32_t)));
     cublasLtMatmulHeuristicResult_t heuristic;
     p->found = 0;
-    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &heuristic, &p->found));
+    // "no algorithm" comes back as found = 0, or as CUBLAS_STATUS_NOT_SUPPORTED when no heuristic
+    // covers the configuration at all (cublasLt.h): both are an answer, not an error, here
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1,
+                                                           &heuristic, &p->found);
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED) p->found = 0;
+    else cublasCheck(status);
+    if (p->found && heuristic.state != CUBLAS_STATUS_SUCCESS) p->found = 0;
     if (p->found) p->algo = heuristic.algo;
     cublasCheck(cublasLtMatmulPreferenceDestroy(pref));
     return p;
@@ -173,7 +188,22 @@ static inline void bias_backward_kernels(floatX* dbias, const floatX* dout, int 
     cudaCheckLaunch();
 }
 
-// dbias (OC) += this pass's bias gradient (OC), which the epilogue wrote (it cannot add)
+// the bias gradient in the GEMM's epilogue, unless LLMC_BIAS_GRAD=kernels (read once): both paths
+// can then be timed on a GPU (dev/bench/bench_gpu.sh), and tested under the emulator
+static inline int bias_grad_in_epilogue(void) {
+    static int asked = -1;
+    if (asked < 0) {
+        const char* v = getenv("LLMC_BIAS_GRAD");
+        if (v == NULL || *v == 0 || strcmp(v, "epilogue") == 0) asked = 1;
+        else if (strcmp(v, "kernels") == 0) asked = 0;
+        else fail("LLMC_BIAS_GRAD=%s: expected epilogue or kernels", v);
+    }
+    return asked;
+}
+
+// dbias (OC) += this pass's bias gradient (OC), which the epilogue wrote (it cannot add). In
+// bf16 that is a second rounding (the sum to bf16, then the addition), where the kernels round
+// their fp32 sum once: as PyTorch, which also accumulates a bf16 gradient into a bf16 .grad.
 __global__ void bias_accumulate_kernel(floatX* dbias, const floatX* step, int OC) {
     int o = blockIdx.x * blockDim.x + threadIdx.x;
     if (o < OC) dbias[o] = (floatX)((float)dbias[o] + (float)step[o]);
@@ -196,7 +226,7 @@ static inline void matmul_backward_weight(floatX* dweight, floatX* dbias, const 
     // BGRADB sums op(B) = dout (N, OC) over k = N, one value per column of D, that is per output
     // channel. It writes this pass's sums (in floatX, D's type) to scratch; a tiny kernel adds them
     // to dbias, which accumulates over micro-batches.
-    if (dbias != NULL) {
+    if (dbias != NULL && bias_grad_in_epilogue()) {
         // the scratch is bias_scratch_bytes, which the fallback needs (>= OC floatX): one size
         floatX* step = (floatX*)scratch_get(&matmul_scratch, bias_scratch_bytes(N, OC));
         if (cublaslt_gemm(dweight, inp, dout, CUBLASLT_EPILOGUE_BGRADB, step, C, OC, N, 0, 1, C, OC, C, 1.0f)) {
