@@ -12,8 +12,10 @@ v3: one pass: the row's dout and x packs stay in registers between the sums and 
     and 1600.
 Weight and bias gradient variants:
 v1: one thread per channel walks all N rows: only C threads, long loops.
-v2: blocks of 256 rows x 32 channels write partial sums, a second pass adds them in order
-    (llmc/cuda/layernorm.cuh): N/256 times more parallel, still deterministic.
+v2: blocks of 256 rows x 32 channels write partial sums, a second pass adds them in order:
+    N/256 times more parallel, still deterministic.
+v3: v2 with 16-byte loads, a lane summing 8 channels (llmc/cuda/layernorm.cuh); the same order
+    of additions, so the same bits as v2.
 */
 #include "common.h"
 namespace cpu {
@@ -116,16 +118,47 @@ static Problem problem_make(int N, int C) {
     return p;
 }
 
-// the llmc launcher (v3 input gradient, v2 parameters) on a fresh problem, against the CPU
+// the llmc launcher (v3 input gradient, v3 parameters) on a fresh problem, against the CPU
 static int check_llmc(Problem* p, float tol, float tol_params) {
     layernorm_backward(p->d_dinp, p->d_dw, p->d_db, p->d_dout, p->d_x, p->d_w, p->d_mean, p->d_rstd, p->N, p->C);
     char name[3][48];
     snprintf(name[0], 48, "v3 dinp, C=%d", p->C);
-    snprintf(name[1], 48, "v2 dweight, C=%d", p->C);
-    snprintf(name[2], 48, "v2 dbias, C=%d", p->C);
+    snprintf(name[1], 48, "v3 dweight, C=%d", p->C);
+    snprintf(name[2], 48, "v3 dbias, C=%d", p->C);
     return validate(name[0], p->d_dinp, p->dinp, (size_t)p->N * p->C, tol) &
            validate(name[1], p->d_dw, p->dw, p->C, tol_params) & validate(name[2], p->d_db, p->db, p->C, tol_params);
 }
+
+// v2's first stage: 32 channels a block, 2-byte loads (its second stage is llmc's)
+__global__ void layernorm_params_v2_partial(float* partial, const floatX* dout,
+                                                  const floatX* inp, const float* mean,
+                                                  const float* rstd, int N, int C) {
+    int c = blockIdx.x * 32 + threadIdx.x % 32;
+    int sub = threadIdx.x / 32, subs = blockDim.x / 32;  // row groups inside the block
+    __shared__ float dw_shared[8][32], db_shared[8][32];
+    float dw = 0.0f, db = 0.0f;
+    int row_begin = blockIdx.y * LN_ROWS_PER_BLOCK;
+    int row_end = min(row_begin + LN_ROWS_PER_BLOCK, N);
+    if (c < C) {
+        for (int n = row_begin + sub; n < row_end; n += subs) {
+            float d = (float)dout[(size_t)n * C + c];
+            dw += d * ((float)inp[(size_t)n * C + c] - mean[n]) * rstd[n];
+            db += d;
+        }
+    }
+    dw_shared[sub][threadIdx.x % 32] = dw;
+    db_shared[sub][threadIdx.x % 32] = db;
+    __syncthreads();
+    if (sub == 0 && c < C) {
+        for (int k = 1; k < subs; k++) {
+            dw += dw_shared[k][threadIdx.x];
+            db += db_shared[k][threadIdx.x];
+        }
+        partial[((size_t)blockIdx.y * 2) * C + c] = dw;
+        partial[((size_t)blockIdx.y * 2 + 1) * C + c] = db;
+    }
+}
+
 
 int main(void) {
     int N = GPU_OR_EMU(8 * 1024, 600), C = GPU_OR_EMU(768, 200);
@@ -143,7 +176,7 @@ int main(void) {
 
     ok &= check_llmc(&p, tol, tol_params);
     TIME_KERNEL(ms, 20, layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C));
-    report("v3 dinp + v2 params", ms, 6.0 * N * C * sizeof(floatX), 0);
+    report("v3 dinp + v3 params", ms, 6.0 * N * C * sizeof(floatX), 0);
     // the kernel instances d12 (C = 768: 4 packs a lane in bf16, 8 in fp32) and d48 (1600) run
     Problem gpt2_small = problem_make(GPU_OR_EMU(8 * 1024, 64), 768), gpt2_xl = problem_make(GPU_OR_EMU(8 * 1024, 64), 1600);
     ok &= check_llmc(&gpt2_small, tol, tol_params) & check_llmc(&gpt2_xl, tol, tol_params);
@@ -173,5 +206,19 @@ int main(void) {
     ok &= validate("v1 dbias", d_db, db, C, tol_params);
     TIME_KERNEL(ms, 20, (layernorm_params_v1<<<ceil_div(C, 128), 128>>>(d_dw, d_db, d_dout, d_x, d_mean, d_rstd, N, C)));
     report("v1 params alone", ms, 2.0 * N * C * sizeof(floatX), 0);
+
+    int parts = ceil_div(N, LN_ROWS_PER_BLOCK);
+    float* partial = (float*)device_malloc(layernorm_scratch_bytes(N, C));
+    device_memset_zero(d_dw, C * sizeof(floatX));
+    device_memset_zero(d_db, C * sizeof(floatX));
+    layernorm_params_v2_partial<<<dim3(ceil_div(C, 32), parts), 256>>>(partial, d_dout, d_x, d_mean, d_rstd, N, C);
+    layernorm_backward_params_final<<<ceil_div(C, 256), 256>>>(d_dw, d_db, partial, parts, C);
+    cudaCheckLaunch();
+    ok &= validate("v2 dweight", d_dw, dw, C, tol_params);
+    ok &= validate("v2 dbias", d_db, db, C, tol_params);
+    TIME_KERNEL(ms, 20, (layernorm_params_v2_partial<<<dim3(ceil_div(C, 32), parts), 256>>>(partial, d_dout, d_x, d_mean, d_rstd, N, C)));
+    report("v2 params partial sums alone", ms, 2.0 * N * C * sizeof(floatX), 0);
+    TIME_KERNEL(ms, 20, (layernorm_backward_params_partial<<<dim3(ceil_div(C, 32 * PACK16), parts), 256>>>(partial, d_dout, d_x, d_mean, d_rstd, N, C)));
+    report("v3 params partial sums alone", ms, 2.0 * N * C * sizeof(floatX), 0);
     return finish(ok);
 }

@@ -166,35 +166,44 @@ __global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp, const
 }
 
 // weight and bias gradients in two deterministic stages: block (x, y) sums rows
-// y*rows_per_block.. for 32 channels into partial (gridDim.y, 2, C); then one thread per channel
-// adds the partials in order
-// (LN_ROWS_PER_BLOCK and layernorm_scratch_bytes: llmc/target.h)
-__global__ void layernorm_backward_params_partial(float* partial, const floatX* dout,
-                                                  const floatX* inp, const float* mean,
+// y*LN_ROWS_PER_BLOCK.. for 32 lanes' packs of PACK16 channels (16-byte loads of dout and inp, a
+// warp reading 512 contiguous bytes of a row) into partial (gridDim.y, 2, C); then one thread per
+// channel adds the partials in order (LN_ROWS_PER_BLOCK and layernorm_scratch_bytes: llmc/target.h)
+__global__ void layernorm_backward_params_partial(float* partial, const floatX* __restrict__ dout,
+                                                  const floatX* __restrict__ inp, const float* mean,
                                                   const float* rstd, int N, int C) {
-    int c = blockIdx.x * 32 + threadIdx.x % 32;
+    int lane = threadIdx.x % 32, c = (blockIdx.x * 32 + lane) * PACK16;
     int sub = threadIdx.x / 32, subs = blockDim.x / 32;  // row groups inside the block
-    __shared__ float dw_shared[8][32], db_shared[8][32];
-    float dw = 0.0f, db = 0.0f;
+    __shared__ float dw_shared[8][32 * PACK16], db_shared[8][32 * PACK16];
+    float dw[PACK16] = {0.0f}, db[PACK16] = {0.0f};
     int row_begin = blockIdx.y * LN_ROWS_PER_BLOCK;
     int row_end = min(row_begin + LN_ROWS_PER_BLOCK, N);
     if (c < C) {
         for (int n = row_begin + sub; n < row_end; n += subs) {
-            float d = (float)dout[(size_t)n * C + c];
-            dw += d * ((float)inp[(size_t)n * C + c] - mean[n]) * rstd[n];
-            db += d;
+            Pack16 d = load16(dout + (size_t)n * C + c), x = load16(inp + (size_t)n * C + c);
+            float m = mean[n], s = rstd[n];
+            for (int k = 0; k < PACK16; k++) {
+                dw[k] += (float)d.v[k] * ((float)x.v[k] - m) * s;
+                db[k] += (float)d.v[k];
+            }
         }
     }
-    dw_shared[sub][threadIdx.x % 32] = dw;
-    db_shared[sub][threadIdx.x % 32] = db;
+    for (int k = 0; k < PACK16; k++) {
+        dw_shared[sub][lane * PACK16 + k] = dw[k];
+        db_shared[sub][lane * PACK16 + k] = db[k];
+    }
     __syncthreads();
-    if (sub == 0 && c < C) {
-        for (int k = 1; k < subs; k++) {
-            dw += dw_shared[k][threadIdx.x];
-            db += db_shared[k][threadIdx.x];
+    if (sub == 0 && c < C) {  // the row groups added in order
+        for (int j = 1; j < subs; j++) {
+            for (int k = 0; k < PACK16; k++) {
+                dw[k] += dw_shared[j][lane * PACK16 + k];
+                db[k] += db_shared[j][lane * PACK16 + k];
+            }
         }
-        partial[((size_t)blockIdx.y * 2) * C + c] = dw;
-        partial[((size_t)blockIdx.y * 2 + 1) * C + c] = db;
+        for (int k = 0; k < PACK16; k++) {
+            partial[((size_t)blockIdx.y * 2) * C + c + k] = dw[k];
+            partial[((size_t)blockIdx.y * 2 + 1) * C + c + k] = db[k];
+        }
     }
 }
 
@@ -221,7 +230,7 @@ static inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbi
     cudaCheckLaunch();
     int parts = ceil_div(N, LN_ROWS_PER_BLOCK);
     float* partial = (float*)scratch_get(&layernorm_scratch, layernorm_scratch_bytes(N, C));
-    dim3 grid(ceil_div(C, 32), parts);
+    dim3 grid(ceil_div(C, 32 * PACK16), parts);
     layernorm_backward_params_partial<<<grid, 256>>>(partial, dout, inp, mean, rstd, N, C);
     cudaCheckLaunch();
     layernorm_backward_params_final<<<ceil_div(C, 256), 256>>>(dweight, dbias, partial, parts, C);
