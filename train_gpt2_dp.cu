@@ -393,8 +393,8 @@ static void gpt2_forward(GPT2* model, Zero* z, const int* inputs_host, int B, in
 }
 
 // Accumulates the parameter gradients of one micro-batch, bucket by bucket (above); expects
-// gpt2_loss to have left dlogits.
-static void gpt2_backward(GPT2* model, Zero* z, int B, int T) {
+// gpt2_loss to have left dlogits. inputs_host: the micro-batch's tokens, for the embeddings.
+static void gpt2_backward(GPT2* model, Zero* z, const int* inputs_host, int B, int T) {
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     const ParameterLayout* lay = &model->layout;
@@ -437,9 +437,8 @@ static void gpt2_backward(GPT2* model, Zero* z, int B, int T) {
                            x.ln1_rstd, B * T, C);
         bucket_grad_done(z, model, 1 + l);  // layer l's gradient is complete: reduced from now on
     }
-    // the embeddings read the tokens on the host (the stage the forward pass copied them from),
-    // where the positions are sorted by token
-    encoder_backward(dwte, dwpe, a->dresidual, (const int*)model->input_stage.host, B, T, C);
+    // the embeddings read the tokens on the host, where the positions are sorted by token
+    encoder_backward(dwte, dwpe, a->dresidual, inputs_host, B, T, C);
     bucket_grad_done(z, model, 0);
 }
 
@@ -679,7 +678,7 @@ int main(int argc, char** argv) {
             gpt2_forward(&model, &z, train.inputs, args.B, args.T);
             loss += gpt2_loss(&model, train.targets, args.B, args.T, dloss) / (float)accum;
             z.micro = micro;
-            gpt2_backward(&model, &z, args.B, args.T);
+            gpt2_backward(&model, &z, train.inputs, args.B, args.T);
         }
         dataloader_advance(&train);
         // 2. the gradient reduction finishes (or, for DDP and -z 1 without overlap, happens:

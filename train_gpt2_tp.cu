@@ -171,8 +171,9 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
     matmul_forward(a->logits, a->lnf, p.wte, NULL, (int)BT, C, d.Vp);
 }
 
-// accumulates this rank's parameter gradients; expects vocab_parallel_loss to have left dlogits
-static void gpt2_backward(GPT2* model, CommGroup* tp, int B, int T) {
+// accumulates this rank's parameter gradients; expects vocab_parallel_loss to have left dlogits.
+// inputs_host: the micro-batch's tokens, for the embeddings.
+static void gpt2_backward(GPT2* model, CommGroup* tp, const int* inputs_host, int B, int T) {
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     int L = c.num_layers, C = c.channels, sp = d.seq_shards > 1;
@@ -214,8 +215,9 @@ static void gpt2_backward(GPT2* model, CommGroup* tp, int B, int T) {
     // the all-gather of dresidual to (B, T, C). Tokens of this rank's vocabulary scatter into its
     // wte rows; wpe gets every position's gradient, whole and equal on every rank.
     floatX* dencoded = gather_tokens(tp, a->dresidual, a->dgathered, BT, C, sp);
-    // (the tokens on the host: this rank's table, left in the stage by the forward pass)
-    encoder_backward(g.wte, g.wpe, dencoded, (const int*)model->input_stage.host, B, T, C);
+    // (this rank's table of the tokens, on the host only, where the positions are sorted by token)
+    const int* tokens = vocab_parallel_tokens(NULL, &model->token_table, inputs_host, BT, tp->rank, d.Vp);
+    encoder_backward(g.wte, g.wpe, dencoded, tokens, B, T, C);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -457,7 +459,7 @@ int main(int argc, char** argv) {
             // logits: all-reduces of each row's max, (B, T), and of its sum of exponentials with
             // its target's logit, (B, T, 2), in fp32; the logits are never gathered
             loss += vocab_parallel_loss(&model, tp, &model.acts, train.targets, args.B, args.T, dloss) / (float)accum;
-            gpt2_backward(&model, tp, args.B, args.T);
+            gpt2_backward(&model, tp, train.inputs, args.B, args.T);
         }
         dataloader_advance(&train);
         if (sp) {

@@ -31,6 +31,7 @@ typedef struct {
 static inline DeviceTarget build_target(GPT2Config c) {
 #ifdef __CUDACC__
     DeviceTarget t = {1, (int)sizeof(floatX), attention_uses_flash(c.channels, c.num_heads)};
+    bias_grad_in_epilogue();  // (LLMC_BIAS_GRAD read now, so a bad value stops before any file is written)
 #else
     (void)c;
     DeviceTarget t = {0, (int)sizeof(float), 0};
@@ -453,9 +454,9 @@ typedef struct {
     int B, T;               // the shape the activations were allocated for
     int* inputs;            // (B, T) on the device
     int* targets;           // (B, T) on the device
-    HostStage input_stage;  // the pinned host buffers they are copied from (tokens_to_device);
-    HostStage target_stage; // DP and TP's backward reads the tokens back from input_stage
-    HostStage token_table;  // the 3D backward's vocabulary-parallel table (host only, never copied)
+    HostStage input_stage;  // the pinned host buffers they are copied from (tokens_to_device)
+    HostStage target_stage;
+    HostStage token_table;  // the TP and 3D backward's vocabulary-parallel table (host only, never copied)
     float* losses_host;     // (B, T), pinned: the losses come back by DMA, without a staging copy
     DeviceCopy losses_copy;
 } GPT2;

@@ -2141,24 +2141,26 @@ def emu_one_rank_failing_stops_all_ranks_nccl():
     check_one_rank_failing("emu_one_rank_fails", program, dict(CUDA_EMU_DEVICES="2"))
 
 
-def make_emu_attention_choice_test(precision, value, message):
+def make_emu_env_choice_test(precision, variable, value, message):
     def fn():
         ref = reference_run()
         (program,) = build("emu", precision, ["train_gpt2_dp"])
-        d = fresh_dir("emu_attention_" + value)
+        d = fresh_dir("emu_%s_%s" % (variable.lower(), value))
         t0 = time.time()
         code, out = mpirun(2, trainer_args(ref, 4, d), program=program, timeout=60,
-                           env=dict(LLMC_ATTENTION=value, CUDA_EMU_DEVICES="2"))
+                           env={variable: value, "CUDA_EMU_DEVICES": "2"})
         assert code != 0 and message in out, "exit code %d\n%s" % (code, out[-2000:])
         assert not os.listdir(d), "files left behind: %s" % os.listdir(d)
         assert time.time() - t0 < 60
-    fn.__name__ = "emu_bad_input_attention_%s_%s" % (value, precision.lower())
+    fn.__name__ = "emu_bad_input_%s_%s_%s" % (variable[len("LLMC_"):].lower(), value, precision.lower())
     return fn
 
 
-# LLMC_ATTENTION: an unknown value, or flash where it cannot run, ends every rank with a message
-test(make_emu_attention_choice_test("BF16", "fast", "LLMC_ATTENTION=fast: expected flash or cublas"))
-test(make_emu_attention_choice_test("FP32", "flash", "LLMC_ATTENTION=flash needs a bf16 build"))
+# LLMC_ATTENTION: an unknown value, or flash where it cannot run, ends every rank with a message;
+# LLMC_BIAS_GRAD: an unknown value likewise
+test(make_emu_env_choice_test("BF16", "LLMC_ATTENTION", "fast", "LLMC_ATTENTION=fast: expected flash or cublas"))
+test(make_emu_env_choice_test("BF16", "LLMC_BIAS_GRAD", "fused", "LLMC_BIAS_GRAD=fused: expected epilogue or kernels"))
+test(make_emu_env_choice_test("FP32", "LLMC_ATTENTION", "flash", "LLMC_ATTENTION=flash needs a bf16 build"))
 
 
 @test
