@@ -97,6 +97,7 @@ FLOPS_PER = dict(
 )
 
 FLASH_TILE = 64  # flash_attention.cuh: 64 queries x 64 keys per tile (FLASH_TILE)
+FLASH_Q_TILES = 2  # flash_attention.cuh: the forward's warps take 2 row tiles of 16, 32 queries each
 BIAS_ROWS_PER_BLOCK = 512  # llmc/target.h: rows of one block of the bias gradient's first pass
 LN_ROWS_PER_BLOCK = 256    # llmc/target.h: rows of one block of a LayerNorm's parameter gradient
 NORM_BLOCKS = 1024         # llmc/target.h: blocks of the gradient norm's first pass
@@ -134,10 +135,20 @@ def num_parameters(m):
 
 
 def flash_tiles(T):
-    """(query tile, key tile) pairs a causal flash kernel visits per (batch, head): the tiles on and
-    below the diagonal, each a whole 64 x 64 tile (flash_attention.cuh skips the ones above)"""
+    """(query tile, key tile) pairs a causal flash backward kernel visits per (batch, head): the
+    tiles on and below the diagonal, each a whole 64 x 64 tile (flash_attention.cuh skips the ones
+    above)"""
     n = ceil_div(T, FLASH_TILE)
     return n * (n + 1) // 2
+
+
+def flash_forward_tiles(T):
+    """the same count for the forward, in 64 x 64 tiles: there a warp owns 16 FLASH_Q_TILES
+    queries and computes each 64-key tile up to its last query (none if it starts past T).
+    Equal to flash_tiles(T) when T is a multiple of 64"""
+    rows = 16 * FLASH_Q_TILES
+    strip_tiles = sum((row0 + rows - 1) // FLASH_TILE + 1 for row0 in range(0, T, rows))
+    return strip_tiles * rows / FLASH_TILE
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,6 +227,7 @@ def build_step(m, B, T, precision, attention, epilogue, dp):
 
     # the attention FLOPs: one (64 x hs) x (hs x 64) tile product is 2 * 64 * 64 * hs FLOPs
     tile_matmul = B * NH * flash_tiles(T) * 2 * FLASH_TILE * FLASH_TILE * hs  # a causal T x T x hs product, tiled
+    forward_matmul = B * NH * flash_forward_tiles(T) * 2 * FLASH_TILE * FLASH_TILE * hs  # the same, as the forward tiles it
     square_matmul = B * NH * 2 * T * T * hs                                     # a full T x T x hs product
     lse = B * NH * T * F32   # flash's log-sum-exp per query row, and D = rowsum(dO * O): (B, NH, T) fp32
     scores = B * NH * T * T  # elements of a (B, NH, T, T) score or probability matrix
@@ -225,7 +237,7 @@ def build_step(m, B, T, precision, attention, epilogue, dp):
         if attention == "flash":
             # flash_attention_forward_kernel: s = q k^T and o += p v per tile, 2 tile products; reads
             # qkv once, writes out and lse; the T x T scores never leave the chip
-            s.add("flash_attention_forward", calls, 2 * tile_matmul, 4 * N * C * X + lse, "attn", "attention")
+            s.add("flash_attention_forward", calls, 2 * forward_matmul, 4 * N * C * X + lse, "attn", "attention")
         else:
             s.add("attention_to_heads (q, k, v)", 3 * calls, 0, 2 * N * C * X, "vector", "attention")
             s.add("gemm_batched scores = q k^T", calls, square_matmul, 2 * N * C * X + scores * X, "gemm", "attention")

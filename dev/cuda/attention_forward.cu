@@ -13,10 +13,17 @@ v4: flash attention on tensor cores through WMMA (dev/cuda/flash_wmma.cuh, bf16 
     online softmax with whole tiles: a warp takes 16 queries, the block 64, keys come 32 at a
     time, q k^T and p v are 16 x 16 x 16 WMMA products; scores and outputs go through shared
     memory every step, since WMMA fragments are opaque.
-v5: FlashAttention-2 with mma.sync (llmc/cuda/flash_attention.cuh, llmc's path in bf16): the
-    score tile and the output stay in registers (the fragment layouts are documented, mma.cuh),
-    k/v tiles of 64 come in by cp.async into padded, double-buffered shared tiles, softmax in
-    base 2 with the scale folded in, only the diagonal tile masked.
+v5: FlashAttention-2 with mma.sync (llmc/cuda/flash_attention.cuh at MT = 1): the score tile
+    and the output stay in registers (the fragment layouts are documented, mma.cuh), k/v tiles
+    of 64 come in by cp.async into padded, double-buffered shared tiles, softmax in base 2 with
+    the scale folded in, only the diagonal tile masked. A warp takes 16 queries, the block 64.
+v6: the same kernel at MT = 2, llmc's path in bf16: a warp takes two row tiles of 16 queries,
+    the block 128 (FlashAttention-2's block). Each k/v tile loaded from memory serves twice the
+    queries, and each B fragment read from shared memory feeds 4 mma instead of 2, which at
+    2 mma per ldmatrix.x4 (512 bytes, 4 shared-memory wavefronts) would have left the tensor
+    cores waiting on shared memory. The cost: twice the score and output registers (forward<64>
+    on sm_90: 154 -> 246 per thread, so 2 blocks of 4 warps fit an SM instead of 3), and half
+    as many blocks per head, fewer to spread over the SMs at small B * NH * T.
 */
 #include "common.h"
 namespace cpu {
@@ -114,6 +121,19 @@ __global__ void attention_forward_v2(floatX* out, float* lse, const floatX* qkv,
     if (lane == 0) lse[row] = running_max + logf(running_sum);
 }
 
+#if !FLOATX_IS_FLOAT
+// v5: llmc's flash forward kernel with one row tile per warp (MT = 1): 64-query blocks
+static void attention_forward_flash_64_queries(floatX* out, float* lse, const floatX* qkv, int B, int T,
+                                               int C, int NH) {
+    dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
+    int hs = C / NH, threads = FLASH_WARPS * 32;
+    if (hs == 16) flash_attention_forward_kernel<16, 1><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);
+    else if (hs == 32) flash_attention_forward_kernel<32, 1><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);
+    else flash_attention_forward_kernel<64, 1><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);
+    cudaCheckLaunch();
+}
+#endif
+
 // the log-sum-exp (B, NH, T) of each query row's scaled scores, in double: what flash keeps
 static void cpu_lse(float* lse, const float* qkv, int B, int T, int C, int NH) {
     int hs = C / NH;
@@ -174,7 +194,7 @@ static int check(int B, int T, int C, int NH) {
     report("v3 cuBLAS batched", ms, 0, flops);
 
 #if FLOATX_IS_FLOAT
-    printf("  v4, v5 flash           bf16 builds only\n");
+    printf("  v4, v5, v6 flash       bf16 builds only\n");
 #else
     float* lse = (float*)malloc_check((size_t)B * NH * T * sizeof(float));
     cpu_lse(lse, qkv, B, T, C, NH);
@@ -185,11 +205,18 @@ static int check(int B, int T, int C, int NH) {
     report("v4 flash (WMMA)", ms, 0, flops);
 
     device_memset_zero(d_out, (size_t)B * T * C * sizeof(floatX));
-    attention_forward_flash(d_out, d_lse, d_qkv, B, T, C, NH);
+    attention_forward_flash_64_queries(d_out, d_lse, d_qkv, B, T, C, NH);
     ok &= validate("v5 out", d_out, out, (size_t)B * T * C, tol);
     ok &= validate_f32("v5 lse", d_lse, lse, (size_t)B * NH * T, 1e-4f);
+    TIME_KERNEL(ms, 10, attention_forward_flash_64_queries(d_out, d_lse, d_qkv, B, T, C, NH));
+    report("v5 flash, 64 queries", ms, 0, flops);
+
+    device_memset_zero(d_out, (size_t)B * T * C * sizeof(floatX));
+    attention_forward_flash(d_out, d_lse, d_qkv, B, T, C, NH);
+    ok &= validate("v6 out", d_out, out, (size_t)B * T * C, tol);
+    ok &= validate_f32("v6 lse", d_lse, lse, (size_t)B * NH * T, 1e-4f);
     TIME_KERNEL(ms, 10, attention_forward_flash(d_out, d_lse, d_qkv, B, T, C, NH));
-    report("v5 flash (mma.sync)", ms, 0, flops);
+    report("v6 flash, 128 queries", ms, 0, flops);
     free(lse);
 #endif
     return ok;

@@ -38,7 +38,8 @@ column (8 rows, one unit each, the way an ldmatrix phase reads) is conflict-free
 
 4. What is modelled, and how it follows the code. Nothing about the kernels is typed in here. The
 script reads llmc/cuda/flash_attention.cuh and llmc/cuda/mma.cuh: the macros (FLASH_LD, FLASH_TILE,
-FLASH_WARPS, ...), the head sizes the launchers instantiate, the shared arrays of each kernel, the
+FLASH_WARPS, ...), the template arguments the launchers instantiate (head size, and the forward's
+row tiles per warp), the shared arrays of each kernel, the
 calls of the helpers, their loops and int declarations, and the address expression of every
 shared-memory access: each ldmatrix_x4 / ldmatrix_x4_trans / cp_async16 (16-byte rows, from
 mma.cuh's PTX) and each element access of a shared array or of a helper's pointer to one. It
@@ -180,6 +181,28 @@ def evaluate(expr, env, macros):
 
 
 IDENT = r"(?<![.\w])%s\b"  # an identifier, not a member (threadIdx.x is not x)
+
+
+def template_params(text, fn):
+    """[(name, default expression or None)] of the 'template <int A, int B = X>' before fn"""
+    m = re.search(r"template\s*<([^<>]*)>\s*$", text[:fn.decl_start])
+    if not m:
+        return []
+    out = []
+    for part in split_top(m.group(1)):
+        p = re.fullmatch(r"int\s+(\w+)(?:\s*=\s*(.+))?", part.strip())
+        if not p:
+            raise SyntaxError("%s: a template parameter this model cannot read: %s" % (fn.name, part))
+        out.append((p.group(1), p.group(2)))
+    return out
+
+
+def template_args(text, pos):
+    """the expressions of the <...> that starts at text[pos] (after a function's name): (args, end)"""
+    if text[pos] != "<":
+        return [], pos
+    end = text.index(">", pos)
+    return split_top(text[pos + 1:end]), end + 1
 
 
 def line_of(text, pos):
@@ -372,7 +395,7 @@ def shared_arrays(fn, macros):
         align, elem = int(m.group(1) or 4), ELEMENT_BYTES[m.group(2)]
         for decl in split_top(m.group(3)):
             name = re.match(r"\w+", decl).group(0)
-            dims = [evaluate(d, {"HS": fn.hs}, macros) for d in re.findall(r"\[([^\]]+)\]", decl)]
+            dims = [evaluate(d, dict(fn.targs), macros) for d in re.findall(r"\[([^\]]+)\]", decl)]
             offset = (offset + align - 1) // align * align
             arrays[name] = (elem, dims, offset)
             size = elem
@@ -437,15 +460,16 @@ def requests_at(fn, pos, envs, active, macros, address, pinned, lanes_used=32):
     return out
 
 
-def kernel_accesses(kernel, funcs, prims, macros, hs):
-    """every shared-memory access that kernel<hs> makes, with its requests"""
-    kernel.hs = hs
+def kernel_accesses(kernel, funcs, prims, macros, targs):
+    """every shared-memory access that kernel<targs> makes, with its requests; targs: the template
+    arguments by name, HS first ({"HS": 64, "MT": 2})"""
+    kernel.targs = targs
     arrays = shared_arrays(kernel, macros)
     bounds = re.search(r"__launch_bounds__\((.+)\)\s*" + kernel.name, kernel.header)
     if not bounds:
         raise SyntaxError("%s: no __launch_bounds__ to take the block size from" % kernel.name)
     threads = evaluate(split_top(bounds.group(1))[0], {}, macros)  # (max threads, min blocks)
-    base_envs = [{"threadIdx_x": t, "blockDim_x": threads, "HS": hs} for t in range(threads)]
+    base_envs = [dict(targs, threadIdx_x=t, blockDim_x=threads) for t in range(threads)]
     all_active = [True] * threads
     accesses, pinned = [], set()
     text = kernel.text
@@ -468,7 +492,7 @@ def kernel_accesses(kernel, funcs, prims, macros, hs):
                 continue
             # a pointer into the array: it must be an argument of a helper the model reads
             call = None
-            for c in re.finditer(r"\b(\w+)(?:<\w+>)?\s*\(", text[kernel.start:pos]):
+            for c in re.finditer(r"\b(\w+)(?:<[\w\s,*+]+>)?\s*\(", text[kernel.start:pos]):
                 cstart = kernel.start + c.start()
                 if matching(text, kernel.start + c.end() - 1) > pos and c.group(1) in funcs:
                     call = (c.group(1), cstart, kernel.start + c.end() - 1)
@@ -496,7 +520,16 @@ def helper_accesses(kernel, call, arrays, funcs, prims, macros, base_envs, all_a
         pointer = None
         henvs = []
         for env in envs:
-            henv = {"threadIdx_x": env["threadIdx_x"], "blockDim_x": env["blockDim_x"], "HS": env["HS"]}
+            henv = {"threadIdx_x": env["threadIdx_x"], "blockDim_x": env["blockDim_x"]}
+            # the helper's template parameters: the call's <...> arguments, else the defaults
+            targs, _ = template_args(text, text.index(name, cstart) + len(name))
+            for k, (tname, default) in enumerate(template_params(text, helper)):
+                if k < len(targs):
+                    henv[tname] = evaluate(targs[k], env, macros)
+                elif default is not None:
+                    henv[tname] = evaluate(default, henv, macros)
+                else:
+                    raise SyntaxError("line %d: %s needs template argument %s" % (line_of(text, cstart), name, tname))
             for (ptype, pname, is_ptr), arg in zip(helper.params, args):
                 a = re.match(r"\w*", arg).group(0)
                 if a == array and is_ptr:
@@ -573,7 +606,7 @@ def main():
     prims = primitives(open(args.mma).read())
     funcs = functions(text)
     kernels = [f for f in funcs.values()
-               if f.is_kernel and re.search(r"template\s*<int HS>\s*$", text[:f.decl_start])]
+               if f.is_kernel and re.search(r"template\s*<int HS\b[^<>]*>\s*$", text[:f.decl_start])]
     print("shared-memory bank model of %s: rows of HS + %d elements%s; %s"
           % (os.path.relpath(args.cuh, ROOT), pad, " (--pad)" if args.pad is not None else " (FLASH_LD)",
              ", ".join("%s = %s" % (k, evaluate(k, {}, macros)) for k in macros.objects
@@ -582,11 +615,17 @@ def main():
     rows, bad = [], 0
     notes = set()
     for kernel in kernels:
-        sizes = sorted({int(s) for s in re.findall(r"\b%s<(\d+)>" % kernel.name, text)})
+        # the instantiations the launchers make: kernel<64> or kernel<64, FLASH_Q_TILES>
+        names = [tname for tname, _ in template_params(text, kernel)]
+        sizes = sorted({tuple(evaluate(a, {}, macros) for a in template_args(text, m.end() - 1)[0])
+                        for m in re.finditer(r"\b%s<" % kernel.name, text)})
         if not sizes:
             sys.exit("%s: no instantiation found" % kernel.name)
-        for hs in sizes:
-            accesses, pinned = kernel_accesses(kernel, funcs, prims, macros, hs)
+        for args in sizes:
+            if len(args) != len(names):
+                sys.exit("%s<%s>: %d template arguments for %s" % (kernel.name, args, len(args), names))
+            hs = args[0]
+            accesses, pinned = kernel_accesses(kernel, funcs, prims, macros, dict(zip(names, args)))
             notes |= pinned
             seen = {}
             for a in accesses:

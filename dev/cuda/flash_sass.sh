@@ -2,12 +2,14 @@
 # What the compiler made of the flash attention kernels (llmc/cuda/flash_attention.cuh), without
 # a GPU: compile them for sm_80 and sm_90 with the Makefile's nvcc flags (bf16, the default
 # PRECISION), then check
-#   (a) ptxas -v: no kernel spills registers to local memory (0 bytes spill stores and loads);
-#       registers per thread and static shared memory per block are printed;
+#   (a) ptxas -v: no kernel spills registers to local memory (0 bytes spill stores and loads)
+#       or has a stack frame (a register array indexed by a value known only at run time, such
+#       as the counter of a loop left rolled, lives in local memory too); registers per thread
+#       and static shared memory per block are printed;
 #   (b) the SASS (cuobjdump -sass or nvdisasm): every tile kernel contains LDSM (ldmatrix),
 #       HMMA (mma.sync on the tensor cores) and LDGSTS (cp.async global -> shared), and how many
 #       plain shared loads/stores (LDS/STS), local loads/stores (LDL/STL: spills) and MUFU.EX2
-#       (the exp2 of the softmax) it has.
+#       (the exp2 of the softmax) it has; a tile kernel with any LDL/STL fails.
 # An instruction is counted once per place in the code, not per execution.
 #
 #   dev/cuda/flash_sass.sh        exit 0: all checks passed; 1: a check failed; 77: compiled and
@@ -92,11 +94,12 @@ import os, re, sys
 work, archs, disasm = sys.argv[1], sys.argv[2].split(), sys.argv[3]
 
 def demangle(symbol):
-    """_Z30flash_attention_forward_kernelILi64EEv... -> (flash_attention_forward_kernel, 64)"""
+    """_Z30flash_attention_forward_kernelILi64ELi2EEv... -> (flash_attention_forward_kernel, (64, 2)):
+    the name and the int template arguments (head size first), () for a plain function"""
     m = re.match(r"_Z(\d+)", symbol)
     name = symbol[m.end():m.end() + int(m.group(1))]
-    hs = re.match(r"ILi(\d+)E", symbol[m.end() + int(m.group(1)):])
-    return name, int(hs.group(1)) if hs else None
+    args = re.match(r"I((?:Li\d+E)+)E", symbol[m.end() + int(m.group(1)):])
+    return name, tuple(int(a) for a in re.findall(r"Li(\d+)E", args.group(1))) if args else ()
 
 def ptxas(sm):
     """kernel -> registers, shared bytes, spill store bytes, spill load bytes, stack bytes"""
@@ -144,13 +147,17 @@ failures, rows = [], []
 for sm in archs:
     info = ptxas(sm)
     counts = sass(sm) if disasm else {}
-    for (name, hs), k in sorted(info.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+    for (name, hs), k in sorted(info.items()):
         if not name.startswith("flash_attention"):
             continue
-        label = "%s%s" % (name.replace("flash_attention_", "").replace("_kernel", ""), "<%d>" % hs if hs else "")
+        label = "%s%s" % (name.replace("flash_attention_", "").replace("_kernel", ""),
+                          "<%s>" % ",".join(map(str, hs)) if hs else "")
         if k["spill_st"] or k["spill_ld"]:
             failures.append("sm_%s %s spills: %d bytes stores, %d bytes loads (%d registers)"
                             % (sm, label, k["spill_st"], k["spill_ld"], k["regs"]))
+        if k["stack"]:
+            failures.append("sm_%s %s has a %d-byte stack frame: a register array in local memory"
+                            % (sm, label, k["stack"]))
         c = counts.get((name, hs))
         if disasm and c is None:
             failures.append("sm_%s %s: not found in the SASS" % (sm, label))
@@ -158,6 +165,9 @@ for sm in archs:
             for op in ("LDSM", "HMMA", "LDGSTS"):
                 if c[op] == 0:
                     failures.append("sm_%s %s: no %s in its SASS" % (sm, label, op))
+            if c["LDL"] or c["STL"]:
+                failures.append("sm_%s %s: %d LDL and %d STL: local memory in the tile loop"
+                                % (sm, label, c["LDL"], c["STL"]))
         rows.append(["sm_%s" % sm, label, k["regs"], k["smem"], "%d/%d" % (k["spill_st"], k["spill_ld"])]
                     + ([c[op] for op in OPS + ["LDS(@!PT)"]] if c else ["-"] * (len(OPS) + 1)))
 
@@ -176,7 +186,8 @@ if failures:
 if not disasm:
     print("no cuobjdump or nvdisasm: SASS not checked (pip install nvidia-cuda-nvdisasm)")
     sys.exit(77)
-print("flash_sass: no spills; LDSM, HMMA and LDGSTS in every tile kernel (disassembler: %s)" % disasm)
+print("flash_sass: no spills or local memory; LDSM, HMMA and LDGSTS in every tile kernel (disassembler: %s)"
+      % disasm)
 EOF
 echo "flash_sass: ${SECONDS} s"
 exit $status

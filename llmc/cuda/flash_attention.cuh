@@ -13,8 +13,10 @@
 //   of 4 banks, so no bank conflicts (HS + 0 would put all 8 rows in the same banks).
 // - the softmax works in base 2 with the 1/sqrt(hs) scale folded in: exp(x) = exp2(x log2 e),
 //   one FFMA and one MUFU.EX2 per score.
-// - causal: a block never loads a tile that lies wholly after its last query, and only the
-//   diagonal tile is masked.
+// - the forward's blocks take 128 queries, 32 per warp (FLASH_Q_TILES): each k, v tile and each
+//   fragment read from shared memory serves twice the queries it would with 16 per warp.
+// - causal: a block never loads a tile that lies wholly after its last query, a warp skips the
+//   tiles after its own last query, and only the diagonal tile is masked.
 // Every output element has one writer: dk and dv come from one kernel (a block owns 64 keys and
 // walks the queries), dq from another (64 queries, walking the keys), no atomics, the same bits
 // on every run.
@@ -32,12 +34,13 @@
 #define FLASH_WARPS 4
 #define FLASH_ROWS 16                              // rows per warp: the M of one mma tile
 #define FLASH_TILE (FLASH_WARPS * FLASH_ROWS)      // 64 rows per block, 64 columns per step
+#define FLASH_Q_TILES 2                            // forward: row tiles per warp, 128 queries per block
 #define FLASH_LOG2E 1.4426950408889634f
 
 // row stride of a shared tile, in elements: HS + 8 (see the bank note above)
 #define FLASH_LD(HS) ((HS) + 8)
 
-// start loading tile (64, HS) <- rows t0.. of head h of a (B, T, width) tensor, at column
+// start loading tile (ROWS, HS) <- rows t0.. of head h of a (B, T, width) tensor, at column
 // offset (q, k, v: 0, C, 2C of qkv; dout: 0 of a (B, T, C) tensor). Rows past T become zeros.
 // 16 bytes per copy. Threads 8j..8j+7 copy the same 16 bytes of 8 consecutive rows, the pattern
 // an ldmatrix phase reads back: with the HS + 8 padding those 8 pieces land in 8 different groups
@@ -45,10 +48,10 @@
 // one row, made 2-way conflicts at HS 16 and 32; dev/cuda/bank_conflicts.py). The
 // next 8 threads take the next 16 bytes of the same rows, so in global memory a warp still reads
 // whole 32-byte sectors.
-template <int HS>
+template <int HS, int ROWS = FLASH_TILE>
 __device__ inline void flash_load_async(floatX* tile, const floatX* x, int width, int offset, int b,
                                         int h, int t0, int T) {
-    for (int idx = threadIdx.x; idx < FLASH_TILE * HS / 8; idx += blockDim.x) {
+    for (int idx = threadIdx.x; idx < ROWS * HS / 8; idx += blockDim.x) {
         int r = idx % 8 + idx / HS * 8, c = idx / 8 % (HS / 8) * 8, t = t0 + r;
         const floatX* src = x + ((size_t)b * T + min(t, T - 1)) * width + offset + h * HS + c;
         cp_async16(tile + r * FLASH_LD(HS) + c, src, t < T);
@@ -64,35 +67,43 @@ __device__ inline void flash_rows_to_a(uint32_t (*a)[4], const floatX* tile, int
         ldmatrix_x4(a[kk], tile + (row0 + lane % 16) * FLASH_LD(HS) + kk * 16 + lane / 16 * 8);
 }
 
-// s (16, 64) = a (16, HS) x^T for a shared tile x (64 rows, HS): the columns of s are x's rows.
-// One ldmatrix gives B for two 8-column tiles j, j+1 at one 16-wide slice kk of HS: matrix i
-// (lanes 8i..8i+7) is rows 8j + 8 (i / 2).., columns 16 kk + 8 (i % 2)..
-template <int HS>
-__device__ inline void flash_a_xt(float (*s)[4], const uint32_t (*a)[4], const floatX* x) {
+// s[mt] (16, 64) = a[mt] (16, HS) x^T, mt < MT, for a shared tile x (64 rows, HS): the columns
+// of s are x's rows. One ldmatrix gives B for two 8-column tiles j, j+1 at one 16-wide slice kk
+// of HS: matrix i (lanes 8i..8i+7) is rows 8j + 8 (i / 2).., columns 16 kk + 8 (i % 2)..
+// Each B fragment serves the warp's MT row tiles: with MT = 2 a warp makes 4 mma per ldmatrix,
+// not 2, which halves the shared-memory reads per tensor-core operation (the backward kernels,
+// with more live registers, keep MT = 1 and pass &s, &k: one row tile)
+template <int HS, int MT>
+__device__ inline void flash_a_xt(float (*s)[FLASH_TILE / 8][4], const uint32_t (*a)[HS / 16][4], const floatX* x) {
     int lane = threadIdx.x % 32, i = lane / 8;
-    for (int j = 0; j < FLASH_TILE / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int mt = 0; mt < MT; mt++)
+        for (int j = 0; j < FLASH_TILE / 8; j++) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
     for (int kk = 0; kk < HS / 16; kk++) {
         for (int j = 0; j < FLASH_TILE / 8; j += 2) {
             uint32_t bx[4];
             ldmatrix_x4(bx, x + (8 * j + i / 2 * 8 + lane % 8) * FLASH_LD(HS) + 16 * kk + i % 2 * 8);
-            mma_bf16_16816(s[j], a[kk], bx);
-            mma_bf16_16816(s[j + 1], a[kk], bx + 2);
+            for (int mt = 0; mt < MT; mt++) {
+                mma_bf16_16816(s[mt][j], a[mt][kk], bx);
+                mma_bf16_16816(s[mt][j + 1], a[mt][kk], bx + 2);
+            }
         }
     }
 }
 
-// acc (16, HS) += p (16, 64) x for a shared tile x (64 rows, HS), p as 4 A fragments of 16
-// columns. x is stored k-major, so ldmatrix transposes: matrix i is rows 16 kk + 8 (i % 2)..,
-// columns 8 d + 8 (i / 2)..
-template <int HS>
-__device__ inline void flash_p_x(float (*acc)[4], const uint32_t (*p)[4], const floatX* x) {
+// acc[mt] (16, HS) += p[mt] (16, 64) x, mt < MT, for a shared tile x (64 rows, HS), p as 4 A
+// fragments of 16 columns. x is stored k-major, so ldmatrix transposes: matrix i is rows
+// 16 kk + 8 (i % 2).., columns 8 d + 8 (i / 2)..; again one ldmatrix serves the MT row tiles
+template <int HS, int MT>
+__device__ inline void flash_p_x(float (*acc)[HS / 8][4], const uint32_t (*p)[FLASH_TILE / 16][4], const floatX* x) {
     int lane = threadIdx.x % 32, i = lane / 8;
     for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
         for (int d = 0; d < HS / 8; d += 2) {
             uint32_t bx[4];
             ldmatrix_x4_trans(bx, x + (16 * kk + i % 2 * 8 + lane % 8) * FLASH_LD(HS) + 8 * d + i / 2 * 8);
-            mma_bf16_16816(acc[d], p[kk], bx);
-            mma_bf16_16816(acc[d + 1], p[kk], bx + 2);
+            for (int mt = 0; mt < MT; mt++) {
+                mma_bf16_16816(acc[mt][d], p[mt][kk], bx);
+                mma_bf16_16816(acc[mt][d + 1], p[mt][kk], bx + 2);
+            }
         }
     }
 }
@@ -123,99 +134,126 @@ __device__ inline void flash_store(floatX* x, int width, int offset, const float
     }
 }
 
-// block (64 queries, b * NH + h), 4 warps of 16 queries. Lane (g, t) holds, for its rows
-// g and g + 8, the running max m and sum l of the softmax and columns 2t, 2t+1 of every 8-wide
-// output tile; the 4 lanes of a group together hold the whole rows.
+// block (64 MT queries, b * NH + h), 4 warps of 16 MT queries: MT row tiles of 16 per warp.
+// The library runs MT = 2 (FLASH_Q_TILES), 128-query blocks as in FlashAttention-2: each k, v
+// tile a block loads from memory serves twice the queries, and each fragment a warp reads from
+// shared memory feeds twice the mma (flash_a_xt). dev/cuda/attention_forward times MT = 1 too.
+// Lane (g, t) holds, for rows g and g + 8 of each of its row tiles, the running max m and sum l
+// of the softmax and columns 2t, 2t+1 of every 8-wide output tile; the 4 lanes of a group
+// together hold the whole rows.
 // (__launch_bounds__ with 1 block per SM lets ptxas use the registers the output accumulator and
 // the score tile need: held to 4 blocks per SM, forward<64> spilled on sm_90; dev/cuda/flash_sass.sh)
-template <int HS>
+template <int HS, int MT>
 __global__ void __launch_bounds__(FLASH_WARPS * 32, 1)
 flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
-    __shared__ __align__(16) floatX q_s[FLASH_TILE * FLASH_LD(HS)];
-    __shared__ __align__(16) floatX k_s[2][FLASH_TILE * FLASH_LD(HS)];
-    __shared__ __align__(16) floatX v_s[2][FLASH_TILE * FLASH_LD(HS)];
+    // k and v, double-buffered: kv_s[buf][0] is k, kv_s[buf][1] is v. The block's q (64 MT rows)
+    // passes through kv_s[1] into registers before the loop first fills it: a q tile of its own
+    // would take the static shared memory past its 48 KB limit (55 KB at HS 64 and MT 2)
+    static_assert(MT == 1 || MT == 2, "q borrows the second k, v buffers: room for 2 tiles of rows");
+    __shared__ __align__(16) floatX kv_s[2][2][FLASH_TILE * FLASH_LD(HS)];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     // the last queries see the most keys: their blocks start first, short ones fill the tail
-    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE, row0 = q0 + warp * FLASH_ROWS;
-    int tiles = (min(q0 + FLASH_TILE, T) + FLASH_TILE - 1) / FLASH_TILE;  // causal: keys up to the last query
+    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE * MT, row0 = q0 + warp * FLASH_ROWS * MT;
+    int tiles = (min(q0 + FLASH_TILE * MT, T) + FLASH_TILE - 1) / FLASH_TILE;  // causal: keys up to the last query
     float scale_log2 = rsqrtf((float)HS) * FLASH_LOG2E;  // scores in base-2 units
-    flash_load_async<HS>(q_s, qkv, 3 * C, 0, b, h, q0, T);
-    flash_load_async<HS>(k_s[0], qkv, 3 * C, C, b, h, 0, T);
-    flash_load_async<HS>(v_s[0], qkv, 3 * C, 2 * C, b, h, 0, T);
+    flash_load_async<HS, FLASH_TILE * MT>(kv_s[1][0], qkv, 3 * C, 0, b, h, q0, T);
+    flash_load_async<HS>(kv_s[0][0], qkv, 3 * C, C, b, h, 0, T);
+    flash_load_async<HS>(kv_s[0][1], qkv, 3 * C, 2 * C, b, h, 0, T);
     cp_async_commit();
-    uint32_t q[HS / 16][4];
-    float o[HS / 8][4];
-    for (int d = 0; d < HS / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g, g + 8
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t q[MT][HS / 16][4];  // the warp's queries as A fragments, for the whole key loop
+    for (int mt = 0; mt < MT; mt++) flash_rows_to_a<HS>(q[mt], kv_s[1][0], warp * FLASH_ROWS * MT + mt * FLASH_ROWS);
+    __syncthreads();  // every warp holds its q: kv_s[1] is free for the second k, v tile
+    float o[MT][HS / 8][4];
+    float m[MT][2], l[MT][2];  // rows g, g + 8 of each row tile
+    for (int mt = 0; mt < MT; mt++) {
+        for (int d = 0; d < HS / 8; d++) o[mt][d][0] = o[mt][d][1] = o[mt][d][2] = o[mt][d][3] = 0.0f;
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
     for (int tile = 0; tile < tiles; tile++) {
         int k0 = tile * FLASH_TILE, buf = tile % 2;
         if (tile + 1 < tiles) {  // the next k, v stream in while this tile computes
-            flash_load_async<HS>(k_s[buf ^ 1], qkv, 3 * C, C, b, h, k0 + FLASH_TILE, T);
-            flash_load_async<HS>(v_s[buf ^ 1], qkv, 3 * C, 2 * C, b, h, k0 + FLASH_TILE, T);
+            flash_load_async<HS>(kv_s[buf ^ 1][0], qkv, 3 * C, C, b, h, k0 + FLASH_TILE, T);
+            flash_load_async<HS>(kv_s[buf ^ 1][1], qkv, 3 * C, 2 * C, b, h, k0 + FLASH_TILE, T);
             cp_async_commit();
-            cp_async_wait<1>();  // all but the newest group: this tile (and q) have landed
+            cp_async_wait<1>();  // all but the newest group: this tile has landed
         } else {
             cp_async_wait<0>();
         }
         __syncthreads();  // ... for every thread's copies
-        if (tile == 0) flash_rows_to_a<HS>(q, q_s, warp * FLASH_ROWS);
-        float s[FLASH_TILE / 8][4];
-        flash_a_xt<HS>(s, q, k_s[buf]);
-        // base-2 scores; the masked ones (a key after the query, or past T) become -inf
-        // (only the diagonal tile and the last, past T, need the mask: the others skip its
-        // compares, since the whole warp takes the same branch)
-        for (int j = 0; j < FLASH_TILE / 8; j++)
-            for (int e = 0; e < 4; e++) s[j][e] *= scale_log2;
-        if (k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T) {
-            for (int j = 0; j < FLASH_TILE / 8; j++) {
-                for (int e = 0; e < 4; e++) {
-                    int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
-                    if (key > query || key >= T) s[j][e] = -INFINITY;
+        // causal, per warp: with MT = 2 the block's last tile lies wholly after the queries of
+        // its first two warps, and a warp past T has no queries; they wait at the barriers only
+        if (k0 <= row0 + FLASH_ROWS * MT - 1 && row0 < T) {
+            float s[MT][FLASH_TILE / 8][4];
+            flash_a_xt<HS, MT>(s, q, kv_s[buf][0]);  // s = q k^T
+            uint32_t p[MT][FLASH_TILE / 16][4];
+            // unrolled, as every loop over mt: a register array indexed by a runtime value lives
+            // in local memory (flash_sass.sh counts LDL/STL)
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int first = row0 + mt * FLASH_ROWS;  // the row tile's first query
+                // base-2 scores; the masked ones (a key after the query, or past T) become -inf
+                // (only the diagonal tile and the last, past T, need the mask: the others skip
+                // its compares, since the whole warp takes the same branch)
+                for (int j = 0; j < FLASH_TILE / 8; j++)
+                    for (int e = 0; e < 4; e++) s[mt][j][e] *= scale_log2;
+                if (k0 + FLASH_TILE - 1 > first || k0 + FLASH_TILE > T) {
+                    for (int j = 0; j < FLASH_TILE / 8; j++) {
+                        for (int e = 0; e < 4; e++) {
+                            int key = k0 + 8 * j + 2 * t + e % 2, query = first + g + e / 2 * 8;
+                            if (key > query || key >= T) s[mt][j][e] = -INFINITY;
+                        }
+                    }
                 }
+                float tile_max[2] = {-INFINITY, -INFINITY};
+                for (int j = 0; j < FLASH_TILE / 8; j++)
+                    for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[mt][j][e]);
+                float rescale[2];
+                for (int r = 0; r < 2; r++) {  // the 4 lanes of the group hold the row between them
+                    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
+                    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
+                    // finite from the first tile on: key 0 is in it, and every query sees key 0
+                    float m_new = fmaxf(m[mt][r], tile_max[r]);
+                    rescale[r] = exp2_approx(m[mt][r] - m_new);  // what the sums so far are worth at the new max
+                    m[mt][r] = m_new;
+                    l[mt][r] *= rescale[r];
+                }
+                for (int d = 0; d < HS / 8; d++) {
+                    o[mt][d][0] *= rescale[0], o[mt][d][1] *= rescale[0];
+                    o[mt][d][2] *= rescale[1], o[mt][d][3] *= rescale[1];
+                }
+                for (int j = 0; j < FLASH_TILE / 8; j++) {  // p = exp(score - max), l += this lane's part
+                    for (int e = 0; e < 4; e++) {
+                        s[mt][j][e] = exp2_approx(s[mt][j][e] - m[mt][e / 2]);
+                        l[mt][e / 2] += s[mt][j][e];
+                    }
+                }
+                flash_scores_to_a(p[mt], s[mt]);
             }
+            flash_p_x<HS, MT>(o, p, kv_s[buf][1]);  // o += p v
         }
-        float tile_max[2] = {-INFINITY, -INFINITY};
-        for (int j = 0; j < FLASH_TILE / 8; j++)
-            for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[j][e]);
-        float rescale[2];
-        for (int r = 0; r < 2; r++) {  // the 4 lanes of the group hold the row between them
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
-            // finite from the first tile on: key 0 is in it, and every query sees key 0
-            float m_new = fmaxf(m[r], tile_max[r]);
-            rescale[r] = exp2_approx(m[r] - m_new);  // what the sums so far are worth at the new max
-            m[r] = m_new;
-            l[r] *= rescale[r];
+        __syncthreads();  // every warp is done with kv_s[buf] before it is refilled
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        int first = row0 + mt * FLASH_ROWS;
+        for (int r = 0; r < 2; r++) {  // the row sums, gathered from the group's 4 lanes
+            l[mt][r] += __shfl_xor_sync(0xffffffff, l[mt][r], 1);
+            l[mt][r] += __shfl_xor_sync(0xffffffff, l[mt][r], 2);
         }
+        float inv_l[2] = {1.0f / l[mt][0], 1.0f / l[mt][1]};  // two divisions, then multiplies
         for (int d = 0; d < HS / 8; d++) {
-            o[d][0] *= rescale[0], o[d][1] *= rescale[0];
-            o[d][2] *= rescale[1], o[d][3] *= rescale[1];
+            o[mt][d][0] *= inv_l[0], o[mt][d][1] *= inv_l[0];
+            o[mt][d][2] *= inv_l[1], o[mt][d][3] *= inv_l[1];
         }
-        for (int j = 0; j < FLASH_TILE / 8; j++) {  // p = exp(score - max), l += this lane's part
-            for (int e = 0; e < 4; e++) {
-                s[j][e] = exp2_approx(s[j][e] - m[e / 2]);
-                l[e / 2] += s[j][e];
-            }
+        flash_store<HS>(out, C, 0, o[mt], 1.0f, b, h, first, T);
+        for (int r = 0; r < 2; r++) {  // natural-log lse = ln 2 (m + log2 l), m in base-2 units
+            int row = first + g + 8 * r;
+            if (t == 0 && row < T) lse[((size_t)b * NH + h) * T + row] = (m[mt][r] + log2f(l[mt][r])) / FLASH_LOG2E;
         }
-        uint32_t p[FLASH_TILE / 16][4];
-        flash_scores_to_a(p, s);
-        flash_p_x<HS>(o, p, v_s[buf]);  // o += p v
-        __syncthreads();  // every warp is done with k_s[buf], v_s[buf] before they are refilled
-    }
-    for (int r = 0; r < 2; r++) {  // the row sums, gathered from the group's 4 lanes
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
-    }
-    float inv_l[2] = {1.0f / l[0], 1.0f / l[1]};  // two divisions, then multiplies
-    for (int d = 0; d < HS / 8; d++) {
-        o[d][0] *= inv_l[0], o[d][1] *= inv_l[0];
-        o[d][2] *= inv_l[1], o[d][3] *= inv_l[1];
-    }
-    flash_store<HS>(out, C, 0, o, 1.0f, b, h, row0, T);
-    for (int r = 0; r < 2; r++) {  // natural-log lse = ln 2 (m + log2 l), m in base-2 units
-        int row = row0 + g + 8 * r;
-        if (t == 0 && row < T) lse[((size_t)b * NH + h) * T + row] = (m[r] + log2f(l[r])) / FLASH_LOG2E;
     }
 }
 
@@ -287,7 +325,7 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
         }
         __syncthreads();
         float s[FLASH_TILE / 8][4];  // s^T, then p^T
-        flash_a_xt<HS>(s, k, q_s[buf]);
+        flash_a_xt<HS, 1>(&s, &k, q_s[buf]);
         for (int j = 0; j < FLASH_TILE / 8; j++) {
             for (int e = 0; e < 4; e++)
                 s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_s[buf][8 * j + 2 * t + e % 2] * FLASH_LOG2E);
@@ -302,13 +340,13 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
         }
         uint32_t a[FLASH_TILE / 16][4];
         flash_scores_to_a(a, s);
-        flash_p_x<HS>(dv, a, dy_s[buf]);  // dv += p^T dout
+        flash_p_x<HS, 1>(&dv, &a, dy_s[buf]);  // dv += p^T dout
         float dp[FLASH_TILE / 8][4];
-        flash_a_xt<HS>(dp, v, dy_s[buf]);  // dp^T = v dout^T
+        flash_a_xt<HS, 1>(&dp, &v, dy_s[buf]);  // dp^T = v dout^T
         for (int j = 0; j < FLASH_TILE / 8; j++)
             for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_s[buf][8 * j + 2 * t + e % 2];
         flash_scores_to_a(a, s);
-        flash_p_x<HS>(dk, a, q_s[buf]);  // dk += ds^T q
+        flash_p_x<HS, 1>(&dk, &a, q_s[buf]);  // dk += ds^T q
         __syncthreads();
     }
     flash_store<HS>(dqkv, 3 * C, C, dk, scale, b, h, key0, T);
@@ -361,7 +399,7 @@ flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const float
         }
         __syncthreads();
         float s[FLASH_TILE / 8][4];  // s, then p, then ds
-        flash_a_xt<HS>(s, q, k_s[buf]);
+        flash_a_xt<HS, 1>(&s, &q, k_s[buf]);
         for (int j = 0; j < FLASH_TILE / 8; j++)
             for (int e = 0; e < 4; e++) s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_log2[e / 2]);
         if (k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T) {  // the diagonal tile, or past T
@@ -373,12 +411,12 @@ flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const float
             }
         }
         float dp[FLASH_TILE / 8][4];
-        flash_a_xt<HS>(dp, dy, v_s[buf]);  // dp = dout v^T
+        flash_a_xt<HS, 1>(&dp, &dy, v_s[buf]);  // dp = dout v^T
         for (int j = 0; j < FLASH_TILE / 8; j++)
             for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_row[e / 2];
         uint32_t a[FLASH_TILE / 16][4];
         flash_scores_to_a(a, s);
-        flash_p_x<HS>(dq, a, k_s[buf]);  // dq += ds k
+        flash_p_x<HS, 1>(&dq, &a, k_s[buf]);  // dq += ds k
         __syncthreads();
     }
     flash_store<HS>(dqkv, 3 * C, 0, dq, scale, b, h, row0, T);
@@ -386,14 +424,14 @@ flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const float
 
 static DeviceScratch flash_scratch;
 
-// out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C)
+// out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C); 128-query blocks
 static inline void attention_forward_flash(floatX* out, float* lse, const floatX* qkv, int B, int T,
                                            int C, int NH) {
-    dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
+    dim3 grid(ceil_div(T, FLASH_TILE * FLASH_Q_TILES), B * NH);
     int hs = C / NH, threads = FLASH_WARPS * 32;
-    if (hs == 16) flash_attention_forward_kernel<16><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);
-    else if (hs == 32) flash_attention_forward_kernel<32><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);
-    else flash_attention_forward_kernel<64><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);
+    if (hs == 16) flash_attention_forward_kernel<16, FLASH_Q_TILES><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);
+    else if (hs == 32) flash_attention_forward_kernel<32, FLASH_Q_TILES><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);
+    else flash_attention_forward_kernel<64, FLASH_Q_TILES><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);
     cudaCheckLaunch();
 }
 
