@@ -143,7 +143,7 @@ def flash_tiles(T):
 
 
 def flash_forward_tiles(T):
-    """the same count for the forward, in 64 x 64 tiles: there a warp owns 16 FLASH_Q_TILES
+    """the same count for the forward, in 64 x 64 tiles: there a warp owns 16 * FLASH_Q_TILES
     queries and computes each 64-key tile up to its last query (none if it starts past T).
     Equal to flash_tiles(T) when T is a multiple of 64"""
     rows = 16 * FLASH_Q_TILES

@@ -22,7 +22,7 @@ v6: the same kernel at MT = 2, llmc's path in bf16: a warp takes two row tiles o
     queries, and each B fragment read from shared memory feeds 4 mma instead of 2, which at
     2 mma per ldmatrix.x4 (512 bytes, 4 shared-memory wavefronts) would have left the tensor
     cores waiting on shared memory. The cost: twice the score and output registers (forward<64>
-    on sm_90: 154 -> 246 per thread, so 2 blocks of 4 warps fit an SM instead of 3), and half
+    on sm_90: 158 -> 246 per thread, so 2 blocks of 4 warps fit an SM instead of 3), and half
     as many blocks per head, fewer to spread over the SMs at small B * NH * T.
 */
 #include "common.h"
@@ -205,6 +205,7 @@ static int check(int B, int T, int C, int NH) {
     report("v4 flash (WMMA)", ms, 0, flops);
 
     device_memset_zero(d_out, (size_t)B * T * C * sizeof(floatX));
+    device_memset_zero(d_lse, (size_t)B * NH * T * sizeof(float));  // no row may pass on stale values
     attention_forward_flash_64_queries(d_out, d_lse, d_qkv, B, T, C, NH);
     ok &= validate("v5 out", d_out, out, (size_t)B * T * C, tol);
     ok &= validate_f32("v5 lse", d_lse, lse, (size_t)B * NH * T, 1e-4f);
@@ -212,6 +213,7 @@ static int check(int B, int T, int C, int NH) {
     report("v5 flash, 64 queries", ms, 0, flops);
 
     device_memset_zero(d_out, (size_t)B * T * C * sizeof(floatX));
+    device_memset_zero(d_lse, (size_t)B * NH * T * sizeof(float));  // no row may pass on stale values
     attention_forward_flash(d_out, d_lse, d_qkv, B, T, C, NH);
     ok &= validate("v6 out", d_out, out, (size_t)B * T * C, tol);
     ok &= validate_f32("v6 lse", d_lse, lse, (size_t)B * NH * T, 1e-4f);

@@ -581,7 +581,8 @@ def helper_accesses(kernel, call, arrays, funcs, prims, macros, base_envs, all_a
             len(re.findall(r"\b%s\s*\(\s*(?:[^,()]*,\s*)*%s\b" % (p, pname), helper.body)) for p in prims)
         if not found or uses != modeled:
             raise SyntaxError("%s: pointer %s is used in a way this model does not read" % (name, pname))
-        break  # one set of parameter values describes the helper: the kernel's enclosing loop is pinned
+        # on to the next iteration of the kernel's loops around the call (a loop over row tiles);
+        # one whose bound is a runtime value (the loop over tiles) is taken at its first only
     return out
 
 

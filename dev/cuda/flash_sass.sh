@@ -56,7 +56,7 @@ NVCC_FLAGS=$(sed -n 's/^NVCC_FLAGS := //p' Makefile)
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 # one translation unit whose host code calls both launchers: every kernel and head size the
-# trainers can launch is instantiated, nothing else
+# trainers can launch is instantiated, and the forward at MT = 1 (dev/cuda's v5)
 cat > "$WORK/flash_kernels.cu" <<'EOF'
 #include "llmc/cuda/flash_attention.cuh"
 void flash_instantiate(floatX* out, float* lse, floatX* dqkv, const floatX* dout, const floatX* qkv,
@@ -64,6 +64,10 @@ void flash_instantiate(floatX* out, float* lse, floatX* dqkv, const floatX* dout
     attention_forward_flash(out, lse, qkv, B, T, C, NH);
     attention_backward_flash(dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
+// and the 64-query forward (MT = 1) that dev/cuda/attention_forward times as v5
+template __global__ void flash_attention_forward_kernel<16, 1>(floatX*, float*, const floatX*, int, int, int, int);
+template __global__ void flash_attention_forward_kernel<32, 1>(floatX*, float*, const floatX*, int, int, int, int);
+template __global__ void flash_attention_forward_kernel<64, 1>(floatX*, float*, const floatX*, int, int, int, int);
 EOF
 
 ARCHS="80 90"

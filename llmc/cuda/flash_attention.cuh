@@ -142,13 +142,15 @@ __device__ inline void flash_store(floatX* x, int width, int offset, const float
 // of the softmax and columns 2t, 2t+1 of every 8-wide output tile; the 4 lanes of a group
 // together hold the whole rows.
 // (__launch_bounds__ with 1 block per SM lets ptxas use the registers the output accumulator and
-// the score tile need: held to 4 blocks per SM, forward<64> spilled on sm_90; dev/cuda/flash_sass.sh)
+// the score tile need: held to 4 blocks per SM, the 64-query forward<64, 1> spilled on sm_90;
+// at MT = 2, forward<64, 2> takes 246 registers, no spills; dev/cuda/flash_sass.sh)
 template <int HS, int MT>
 __global__ void __launch_bounds__(FLASH_WARPS * 32, 1)
 flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
     // k and v, double-buffered: kv_s[buf][0] is k, kv_s[buf][1] is v. The block's q (64 MT rows)
     // passes through kv_s[1] into registers before the loop first fills it: a q tile of its own
-    // would take the static shared memory past its 48 KB limit (55 KB at HS 64 and MT 2)
+    // would take the static shared memory past its 48 KiB limit (54 KiB at HS 64 and MT 2; this
+    // way 36 KiB). Its rows 64-127 run on from kv_s[1][0] into kv_s[1][1], next in memory.
     static_assert(MT == 1 || MT == 2, "q borrows the second k, v buffers: room for 2 tiles of rows");
     __shared__ __align__(16) floatX kv_s[2][2][FLASH_TILE * FLASH_LD(HS)];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -157,11 +159,13 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B
     int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE * MT, row0 = q0 + warp * FLASH_ROWS * MT;
     int tiles = (min(q0 + FLASH_TILE * MT, T) + FLASH_TILE - 1) / FLASH_TILE;  // causal: keys up to the last query
     float scale_log2 = rsqrtf((float)HS) * FLASH_LOG2E;  // scores in base-2 units
+    // two commit groups: q, then the first k, v, which keep landing while the warps read q
     flash_load_async<HS, FLASH_TILE * MT>(kv_s[1][0], qkv, 3 * C, 0, b, h, q0, T);
+    cp_async_commit();
     flash_load_async<HS>(kv_s[0][0], qkv, 3 * C, C, b, h, 0, T);
     flash_load_async<HS>(kv_s[0][1], qkv, 3 * C, 2 * C, b, h, 0, T);
     cp_async_commit();
-    cp_async_wait<0>();
+    cp_async_wait<1>();  // groups complete in order: all but the newest is q
     __syncthreads();
     uint32_t q[MT][HS / 16][4];  // the warp's queries as A fragments, for the whole key loop
     for (int mt = 0; mt < MT; mt++) flash_rows_to_a<HS>(q[mt], kv_s[1][0], warp * FLASH_ROWS * MT + mt * FLASH_ROWS);
@@ -184,14 +188,16 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B
             cp_async_wait<0>();
         }
         __syncthreads();  // ... for every thread's copies
-        // causal, per warp: with MT = 2 the block's last tile lies wholly after the queries of
-        // its first two warps, and a warp past T has no queries; they wait at the barriers only
+        // causal, per warp: with MT = 2 and T past the block's first 64 queries, the block's
+        // last tile lies wholly after the queries of its first two warps; a warp past T has no
+        // queries. Such warps only wait at the barriers
         if (k0 <= row0 + FLASH_ROWS * MT - 1 && row0 < T) {
             float s[MT][FLASH_TILE / 8][4];
             flash_a_xt<HS, MT>(s, q, kv_s[buf][0]);  // s = q k^T
             uint32_t p[MT][FLASH_TILE / 16][4];
-            // unrolled, as every loop over mt: a register array indexed by a runtime value lives
-            // in local memory (flash_sass.sh counts LDL/STL)
+            // unrolled: a register array indexed by a runtime value lives in local memory. nvcc
+            // unrolls the short loops over mt by itself; this one and the last it left rolled
+            // (flash_sass.sh fails on any LDL/STL)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 int first = row0 + mt * FLASH_ROWS;  // the row tile's first query
