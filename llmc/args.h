@@ -36,8 +36,9 @@ static inline void args_format_range(const ArgSpec* s, char* out, size_t cap) {
     } else snprintf(out, cap, "%s..%s", lo, hi);
 }
 
-static inline void args_print_usage(const char* program, const ArgSpec* specs, int n) {
-    fprintf(stderr, "usage: %s [flags]\n", program);
+// to stdout when asked for (-h, --help: it can be piped to less), to stderr before an error
+static inline void args_print_usage(FILE* out, const char* program, const ArgSpec* specs, int n) {
+    fprintf(out, "usage: %s [flags]\n", program);
     for (int i = 0; i < n; i++) {
         char current[64], range[80];
         if (specs[i].type == ARG_INT) snprintf(current, sizeof(current), "%d", *(int*)specs[i].value);
@@ -47,16 +48,16 @@ static inline void args_print_usage(const char* program, const ArgSpec* specs, i
             snprintf(current, sizeof(current), "%s", s ? s : "(none)");
         }
         args_format_range(&specs[i], range, sizeof(range));
-        fprintf(stderr, "  %-12s %s (default: %s%s%s)\n", specs[i].flag, specs[i].help, current,
+        fprintf(out, "  %-12s %s (default: %s%s%s)\n", specs[i].flag, specs[i].help, current,
                 range[0] ? "; allowed: " : "", range);
     }
 }
 
-// returns 0 when --help was asked for (usage printed), 1 otherwise
+// returns 0 when the usage was asked for (-h, -help or --help: printed), 1 otherwise
 static inline int args_parse(int argc, char** argv, const ArgSpec* specs, int n) {
     for (int i = 1; i < argc; i += 2) {
-        if (strcmp(argv[i], "--help") == 0) {
-            args_print_usage(argv[0], specs, n);
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-help") == 0 || strcmp(argv[i], "-h") == 0) {
+            args_print_usage(stdout, argv[0], specs, n);
             return 0;
         }
         const ArgSpec* spec = NULL;
@@ -64,7 +65,7 @@ static inline int args_parse(int argc, char** argv, const ArgSpec* specs, int n)
             if (strcmp(argv[i], specs[j].flag) == 0) spec = &specs[j];
         }
         if (spec == NULL) {
-            args_print_usage(argv[0], specs, n);
+            args_print_usage(stderr, argv[0], specs, n);
             fail("unknown flag '%s' (see the list above)", argv[i]);
         }
         if (i + 1 >= argc) fail("flag '%s' needs a value: %s", argv[i], spec->help);

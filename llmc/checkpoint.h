@@ -122,6 +122,30 @@ static inline void state_header(int header[STATE_HEADER_INTS], const TrainState*
     header[13] = (int)s->model_crc;
 }
 
+// Stops the job when this rank's state file of checkpoint `step` cannot be opened. The usual
+// reason is a job with more ranks than the one that wrote the checkpoint: rank 0's file then
+// says how many ranks that was, and the message says so instead of naming a missing file.
+static inline void state_check_exists(const char* dir, int step, int rank, int world) {
+    char path[4096], first[4096];
+    checkpoint_path(path, sizeof(path), dir, "state", step, rank);
+    FILE* f = fopen(path, "rb");
+    if (f != NULL) {
+        fclose(f);
+        return;
+    }
+    checkpoint_path(first, sizeof(first), dir, "state", step, 0);
+    int header[STATE_HEADER_INTS];
+    FILE* f0 = fopen(first, "rb");
+    int known = f0 != NULL && fread(header, sizeof(int), STATE_HEADER_INTS, f0) == STATE_HEADER_INTS &&
+                header[0] == STATE_MAGIC && header[4] != world;
+    if (f0 != NULL) fclose(f0);
+    if (known) {
+        fail("the checkpoint of step %d was written by a job of %d ranks, this job has %d (rank %d has no "
+             "state file '%s'): resume with %d ranks", step, header[4], world, rank, path, header[4]);
+    }
+    fail("cannot open state file '%s' of the checkpoint of step %d (%s)", path, step, strerror(errno));
+}
+
 // writes the state file durably: header, identity, the n-element moments m and v, extra bytes
 static inline void state_write(const char* path, const TrainState* s, int rank, const RunIdentity* id,
                                const float* m, const float* v, size_t n, const void* extra,

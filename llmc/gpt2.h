@@ -232,13 +232,23 @@ static inline uint32_t gpt2_write_model_file(const char* path, GPT2Config c, con
 // descriptors: "dL" builds a GPT-2 of depth L. The GPT-2 family (d12 124M, d24 350M, d36 774M,
 // d48 1.5B) uses its published widths; any other depth gets C = 64 L with heads of size 64.
 
+// Returns 0 when desc is not a descriptor (then it names a model file). A name that starts with
+// d, has no / or ., is no file, and is not a valid descriptor (d0, dx, d12a) stops with a
+// message about descriptors rather than a missing file.
 static inline int gpt2_config_from_descriptor(const char* desc, GPT2Config* c) {
-    if (desc[0] != 'd' || desc[1] == '\0') return 0;
-    for (const char* p = desc + 1; *p; p++) {
-        if (!isdigit((unsigned char)*p)) return 0;
+    if (desc[0] != 'd' || strpbrk(desc, "/.") != NULL) return 0;  // a path: dev/..., d.bin
+    int digits = desc[1] != '\0';
+    for (const char* p = desc + 1; *p; p++) digits &= isdigit((unsigned char)*p) != 0;
+    int L = digits && strlen(desc) <= 5 ? atoi(desc + 1) : 0;
+    if (L < 1 || L > 1000) {
+        FILE* f = fopen(desc, "rb");
+        if (f != NULL) {
+            fclose(f);
+            return 0;  // a model file that happens to start with d
+        }
+        fail("-e '%s' is neither a model file nor a descriptor: dL builds a GPT-2 of depth L, 1 <= L <= 1000 "
+             "(d12: 124M)", desc);
     }
-    int L = atoi(desc + 1);
-    if (L <= 0 || L > 1000) return 0;
     int C = 64 * L, NH = L;
     if (L == 24) { C = 1024; NH = 16; }
     if (L == 36) { C = 1280; NH = 20; }

@@ -80,7 +80,7 @@ static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
         {"-v", ARG_INT, &a->val_every, 0, MAX, "validation loss every N steps (0: never)"},
         {"-m", ARG_INT, &a->val_batches, 1, MAX, "validation batches per evaluation"},
         {"-s", ARG_INT, &a->sample_every, 0, MAX, "sample text every N steps (0: never)"},
-        {"-g", ARG_INT, &a->gen_tokens, 1, MAX, "tokens to generate per sample"},
+        {"-g", ARG_INT, &a->gen_tokens, 1, MAX, "tokens to generate per sample (capped at -t)"},
         {"-n", ARG_INT, &a->checkpoint_every, 0, MAX, "checkpoint every N steps and at the end (0: never)"},
         {"-y", ARG_INT, &a->resume, 0, 1, "1: resume from the newest checkpoint in -o"},
         {"-gc", ARG_FLOAT, &a->grad_clip, 0, MAX, "clip the global gradient norm to this (0: off)"},
@@ -564,6 +564,7 @@ static inline TrainState read_checkpoint(GPT2* model, const char* dir, CommGroup
     size_t n = layout_state_held(&model->layout), extra = low_precision_param_bytes(model);
     float* host = (float*)malloc_check(n * sizeof(float) * 2);
     void* params = malloc_check(extra);
+    state_check_exists(dir, step, world->rank, world->size);  // a rank the checkpoint never had
     checkpoint_path(path, sizeof(path), dir, "state", step, world->rank);
     TrainState s = state_read(path, step, world->rank, world->size, id, host, host + n, n, params, extra);
     checkpoint_load_weights(model, dir, step, s.model_crc);

@@ -321,6 +321,11 @@ def help_lists_every_flag():
         assert "  %s " % flag in out, "--help does not list " + flag
     # each flag's allowed range is printed beside its default
     assert "-shuffle     1: shuffle the order of global batches every epoch (default: 0; allowed: 0|1)" in out, out
+    # -h and -help too, on stdout (so that it pipes into less), exit 0
+    for flag in ("-h", "-help"):
+        p = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "1", "./train_gpt2_dp", flag],
+                           cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+        assert p.returncode == 0 and "  -shuffle " in p.stdout, "%s: exit %d\n%s" % (flag, p.returncode, p.stderr)
 
 
 @test
@@ -396,6 +401,7 @@ def bad_input_cases():
         ("wrong_token_magic", base + ["-i", j("bad_magic_tokens.bin")], "magic number 42"),
         ("token_outside_vocab", base + ["-i", j("big_token.bin")], "outside the model's vocabulary"),
         ("missing_model_file", base + ["-e", j("nope_model.bin")], "nope_model.bin"),
+        ("not_a_descriptor", base + ["-e", "d0"], "-e 'd0' is neither a model file nor a descriptor"),
         ("truncated_model_file", base + ["-e", j("truncated_model.bin")], "truncated"),
         ("wrong_model_magic", base + ["-e", j("bad_magic_model.bin")], "magic number 1234"),
         ("wrong_model_version", base + ["-e", j("bad_version_model.bin")], "version 7"),
@@ -576,6 +582,21 @@ def reliability_resume_refuses_another_runs_checkpoint():
     # a fresh run (no -y) into a dir with checkpoints would mix two runs' files: refused
     out = expect_stop(small_run_args(d, ["-x", 6]), "already holds checkpoints", d)
     assert "-y 1" in out and "remove them or choose another -o" in out, out[-2000:]
+
+
+@test
+def reliability_resume_names_the_rank_count_of_the_checkpoint():
+    """a 2-rank checkpoint resumed by 1 or 3 ranks: every rank stops, naming both counts, not a
+    missing file (rank 2 of 3 has no state file of its own), and nothing in the run changes"""
+    d = finished_run("rank_count")
+    for ranks in (1, 3):
+        before = dir_snapshot(d)
+        code, out = mpirun(ranks, small_run_args(d, ["-x", 6, "-y", 1]), timeout=60)
+        assert code != 0, "exit code 0\n" + out[-2000:]
+        want = "was written by a job of 2 ranks, this job has %d" % ranks
+        assert want in out and "resume with 2 ranks" in out, "%d ranks: %r not in\n%s" % (ranks, want, out[-3000:])
+        assert "cannot open file" not in out, out[-3000:]
+        assert dir_snapshot(d) == before, "the failed %d-rank job changed the run's files" % ranks
 
 
 @test

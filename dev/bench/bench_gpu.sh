@@ -8,8 +8,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 steps=${1:-10}
+# a GPU first: without one there is nothing to time (the roofline alone: dev/bench/roofline.py)
+gpu=$( (nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null || true) | head -n 1)
+if [ -z "$gpu" ]; then
+    echo "bench_gpu.sh needs an NVIDIA GPU (nvidia-smi found none); for the predicted step without one:"
+    echo "  python3 dev/bench/roofline.py -e d12 -b 64 -t 1024"
+    exit 1
+fi
 make -s build/cuda_BF16/train_gpt2_dp
-gpu=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -n 1)
 echo "$gpu"
 # the roofline's device, from the GPU's name (as llmc/cuda/device.cuh tells the parts apart)
 case "$gpu" in
