@@ -156,6 +156,28 @@ static void cpu_lse(float* lse, const float* qkv, int B, int T, int C, int NH) {
     free(s);
 }
 
+#if !FLOATX_IS_FLOAT
+typedef void (*FlashForward)(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH);
+
+// one flash variant into cleared buffers (no row may pass on a value an earlier variant left):
+// out against the CPU's, lse against the CPU's in double, then timed
+static int check_flash(const char* name, FlashForward launch, floatX* d_out, float* d_lse, const floatX* d_qkv,
+                       const float* out, const float* lse, int B, int T, int C, int NH, double flops) {
+    char what[64];
+    float ms;
+    device_memset_zero(d_out, (size_t)B * T * C * sizeof(floatX));
+    device_memset_zero(d_lse, (size_t)B * NH * T * sizeof(float));
+    launch(d_out, d_lse, d_qkv, B, T, C, NH);
+    snprintf(what, sizeof(what), "%.2s out", name);
+    int ok = validate(what, d_out, out, (size_t)B * T * C, default_tolerance());
+    snprintf(what, sizeof(what), "%.2s lse", name);
+    ok &= validate_f32(what, d_lse, lse, (size_t)B * NH * T, 1e-4f);
+    TIME_KERNEL(ms, 10, launch(d_out, d_lse, d_qkv, B, T, C, NH));
+    report(name, ms, 0, flops);
+    return ok;
+}
+#endif
+
 // every variant at one shape; returns 1 when all validate
 static int check(int B, int T, int C, int NH) {
     float* qkv = random_floats((size_t)B * T * 3 * C, 1.0f);
@@ -198,27 +220,11 @@ static int check(int B, int T, int C, int NH) {
 #else
     float* lse = (float*)malloc_check((size_t)B * NH * T * sizeof(float));
     cpu_lse(lse, qkv, B, T, C, NH);
-    device_memset_zero(d_out, (size_t)B * T * C * sizeof(floatX));
-    attention_forward_flash_wmma(d_out, d_lse, d_qkv, B, T, C, NH);
-    ok &= validate("v4 out", d_out, out, (size_t)B * T * C, tol);
-    TIME_KERNEL(ms, 10, attention_forward_flash_wmma(d_out, d_lse, d_qkv, B, T, C, NH));
-    report("v4 flash (WMMA)", ms, 0, flops);
-
-    device_memset_zero(d_out, (size_t)B * T * C * sizeof(floatX));
-    device_memset_zero(d_lse, (size_t)B * NH * T * sizeof(float));  // no row may pass on stale values
-    attention_forward_flash_64_queries(d_out, d_lse, d_qkv, B, T, C, NH);
-    ok &= validate("v5 out", d_out, out, (size_t)B * T * C, tol);
-    ok &= validate_f32("v5 lse", d_lse, lse, (size_t)B * NH * T, 1e-4f);
-    TIME_KERNEL(ms, 10, attention_forward_flash_64_queries(d_out, d_lse, d_qkv, B, T, C, NH));
-    report("v5 flash, 64 queries", ms, 0, flops);
-
-    device_memset_zero(d_out, (size_t)B * T * C * sizeof(floatX));
-    device_memset_zero(d_lse, (size_t)B * NH * T * sizeof(float));  // no row may pass on stale values
-    attention_forward_flash(d_out, d_lse, d_qkv, B, T, C, NH);
-    ok &= validate("v6 out", d_out, out, (size_t)B * T * C, tol);
-    ok &= validate_f32("v6 lse", d_lse, lse, (size_t)B * NH * T, 1e-4f);
-    TIME_KERNEL(ms, 10, attention_forward_flash(d_out, d_lse, d_qkv, B, T, C, NH));
-    report("v6 flash, 128 queries", ms, 0, flops);
+    ok &= check_flash("v4 flash (WMMA)", attention_forward_flash_wmma, d_out, d_lse, d_qkv, out, lse, B, T, C, NH, flops);
+    ok &= check_flash("v5 flash, 64 queries", attention_forward_flash_64_queries, d_out, d_lse, d_qkv, out, lse, B, T,
+                      C, NH, flops);
+    ok &= check_flash("v6 flash, 128 queries", attention_forward_flash, d_out, d_lse, d_qkv, out, lse, B, T, C, NH,
+                      flops);
     free(lse);
 #endif
     return ok;
