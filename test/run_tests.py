@@ -1721,7 +1721,8 @@ def memory_planner_refuses_bad_layouts_and_says_whether_it_fits():
              (["-e", "d12", "-pp", 2, "-stage", 2], "-stage 2: the pipeline has stages 0..1"),
              (["-e", "d12", "-tp", 2, "-offload", 1], "-offload 1 is train_gpt2_dp's"),
              (["-e", "d12", "-t", 2048], "-t 2048 is longer than the model's maximum sequence length 1024"),
-             (["-e", "12/768"], "cannot open file '12/768'")]
+             (["-e", "12/768"], "cannot open file '12/768'"),
+             (["-e", "d0"], "-e 'd0' is neither a model file nor a descriptor")]
     for flags, message in cases:
         code, out = planner(*flags)
         assert code == 1 and message in out, "%s: exit %d, expected '%s' in\n%s" % (flags, code, message, out)
