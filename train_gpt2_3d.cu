@@ -634,6 +634,7 @@ int main(int argc, char** argv) {
     size_t hi = lo + shard < N ? lo + shard : N;
     lo = lo < hi ? lo : hi;
     CommGroup* groups[5] = {&grid.tp_group, &grid.pp_group, &grid.dp_group, &grid.embedding, &world};
+    StepReport report = step_report_init(groups, 5);
     // the replica of world rank 0's pipeline, at tp rank 0: where the timeline is measured
     int in_timeline = grid.dp_rank == 0 && grid.tp_rank == 0;
     for (int step = start_step; step <= max_steps; step++) {
@@ -722,20 +723,12 @@ int main(int argc, char** argv) {
             step_comm += comm_seconds(groups[i]);
         }
         step_stats_add(&stats, step == start_step, dt, step_comm, recompute_s);
+        // the step line and main.log (train.h): rank 0's bytes per group equal the formulas
+        // printed at the start
         double tokens_per_s = args.total_batch / dt;
-        long long total_bytes = 0;
-        for (int i = 0; i < 5; i++) total_bytes += comm_total_bytes(groups[i]);
-        if (rank == 0) {
-            char line[256];
-            double mfu = train_mfu(flops_per_token, tokens_per_s, world.size, peak);
-            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s,
-                              tokens_per_s, mfu);
-            // rank 0's bytes per group this step: equal to the formulas printed at the start
-            printf("%s | tp %lld B, pp %lld B, dp %lld B, embedding %lld B, world %lld B\n", line,
-                   comm_total_bytes(&grid.tp_group), comm_total_bytes(&grid.pp_group), comm_total_bytes(&grid.dp_group),
-                   comm_total_bytes(&grid.embedding), comm_total_bytes(&world));
-        }
-        logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, total_bytes);
+        StepFigures figures = {step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s, tokens_per_s,
+                               train_mfu(flops_per_token, tokens_per_s, world.size, peak)};
+        step_report(&report, &logger, rank, figures);
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
             unsigned wte_only = 1u, everything = (1u << NUM_PARAMETER_TENSORS) - 1;
             train_check_replicas(&model, &grid.tp_group, step + 1, NULL, "tp copies of the replicated tensors");

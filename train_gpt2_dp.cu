@@ -637,6 +637,8 @@ int main(int argc, char** argv) {
     double flops_per_token = train_flops_per_token(config, args.T);
     DevicePeak peak = train_device_peak(rank);
     StepStats stats = {0, 0, 0, 0, 0};
+    CommGroup* step_groups[1] = {&world};
+    StepReport report = step_report_init(step_groups, 1);
     for (int step = start_step; step <= max_steps; step++) {
         int last = step == max_steps;
         // The checkpoint of a step holds the state before that step's validation and sample
@@ -749,29 +751,15 @@ int main(int argc, char** argv) {
         double recompute_s = device_spans_collect(&recompute_spans);
         double dt = wall_time_s() - t0;
         step_stats_add(&stats, step == start_step, dt, comm_seconds(&world), recompute_s);
+        // the step line and main.log (train.h). The bytes each rank hands to the collectives and
+        // sends if each is a ring (comm.h): DDP's all-reduce 2 (N-1)/N Psi X, as much as ZeRO-1's
+        // and ZeRO-2's reduce-scatter plus all-gather, ZeRO-3's 3 (N-1)/N Psi X with its second
+        // all-gather; exposed: the part of the collectives' time the rank waited (not hidden
+        // behind compute; all of it with -overlap 0)
         double tokens_per_s = args.total_batch / dt;
-        if (rank == 0) {
-            char line[256], comm[256];
-            // the communication of the step: payload, what this rank handed to the collectives,
-            // and what it sends if each is a ring (comm.h): DDP's all-reduce 2 (N-1)/N Psi X, as
-            // much as ZeRO-1's and ZeRO-2's reduce-scatter plus all-gather, ZeRO-3's 3 (N-1)/N
-            // Psi X with its second all-gather. Then its time: every collective from post to
-            // completion (total), and the part of it the rank spent waiting (exposed: not hidden
-            // behind compute; all of it with -overlap 0)
-            if (world.size == 1) snprintf(comm, sizeof(comm), "no communication (1 rank)");
-            else {
-                int n = snprintf(comm, sizeof(comm), "all-reduce %lld B, reduce-scatter %lld B, all-gather %lld B; ring %.0f B",
-                                 world.bytes[COMM_ALL_REDUCE], world.bytes[COMM_REDUCE_SCATTER],
-                                 world.bytes[COMM_ALL_GATHER], comm_ring_bytes(&world));
-                snprintf(comm + n, sizeof(comm) - n, "; comm %.1f ms, exposed %.1f ms", world.flight_seconds * 1e3,
-                         comm_seconds(&world) * 1e3);
-            }
-            double mfu = train_mfu(flops_per_token, tokens_per_s, world.size, peak);
-            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s,
-                              tokens_per_s, mfu);
-            printf("%s | %s\n", line, comm);
-        }
-        logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));
+        StepFigures figures = {step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s, tokens_per_s,
+                               train_mfu(flops_per_token, tokens_per_s, world.size, peak)};
+        step_report(&report, &logger, rank, figures);
         // after the step's count; AdamW left the gradients as they were
         if (dump_grads != NULL && step == 0) write_gradients(&model, &z, &world, dump_grads);
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) {

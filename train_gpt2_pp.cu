@@ -423,6 +423,8 @@ int main(int argc, char** argv) {
     double flops_per_token = train_flops_per_token(config, args.T);
     DevicePeak peak = train_device_peak(rank);
     StepStats stats = {0, 0, 0, 0, 0};
+    CommGroup* step_groups[2] = {&world, &embed};
+    StepReport report = step_report_init(step_groups, 2);
     double* times = (double*)malloc_check((size_t)2 * n * sizeof(double));
     unsigned wte_only = 1u;  // the tensors the embedding group's copies share: wte
     for (int step = start_step; step <= max_steps; step++) {
@@ -490,18 +492,12 @@ int main(int argc, char** argv) {
         double recompute_s = device_spans_collect(&recompute_spans);
         double dt = wall_time_s() - t0;
         step_stats_add(&stats, step == start_step, dt, comm_seconds(&world) + comm_seconds(&embed), recompute_s);
+        // the step line and main.log (train.h): stage 0's bytes of each kind (send, recv,
+        // all-reduce, broadcast) equal the formula printed at the start
         double tokens_per_s = args.total_batch / dt;
-        long long all_reduce = world.bytes[COMM_ALL_REDUCE] + embed.bytes[COMM_ALL_REDUCE];
-        if (rank == 0) {
-            char line[256];
-            // bytes of each kind this step on stage 0: equal to the formula printed at the start
-            double mfu = train_mfu(flops_per_token, tokens_per_s, p, peak);
-            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s,
-                              tokens_per_s, mfu);
-            printf("%s | send %lld B, recv %lld B, all-reduce %lld B, broadcast %lld B\n", line, world.bytes[COMM_SEND],
-                   world.bytes[COMM_RECV], all_reduce, world.bytes[COMM_BROADCAST]);
-        }
-        logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world) + comm_total_bytes(&embed));
+        StepFigures figures = {step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s, tokens_per_s,
+                               train_mfu(flops_per_token, tokens_per_s, p, peak)};
+        step_report(&report, &logger, rank, figures);
         if (check_replicas > 0 && (step + 1) % check_replicas == 0 && p > 1 && in_embed) {
             train_check_replicas(&model, &embed, step + 1, &wte_only, "wte copies of the first and last stage");
         }

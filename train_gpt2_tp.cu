@@ -424,6 +424,8 @@ int main(int argc, char** argv) {
     double flops_per_token = train_flops_per_token(config, args.T);
     DevicePeak peak = train_device_peak(rank);
     StepStats stats = {0, 0, 0, 0, 0};
+    CommGroup* step_groups[1] = {&world};
+    StepReport report = step_report_init(step_groups, 1);
     for (int step = start_step; step <= max_steps; step++) {
         int last = step == max_steps;
         // a checkpoint holds the state before its step's validation and sample (train_gpt2_dp.cu)
@@ -493,22 +495,12 @@ int main(int argc, char** argv) {
         double recompute_s = device_spans_collect(&recompute_spans);
         double dt = wall_time_s() - t0;
         step_stats_add(&stats, step == start_step, dt, comm_seconds(&world), recompute_s);
-        double step_comm = comm_seconds(&world), tokens_per_s = args.total_batch / dt;
-        if (rank == 0) {
-            char line[256], comm[200];
-            // bytes per collective this step: equal to the formula printed at the start
-            snprintf(comm, sizeof(comm), "all-reduce %lld B, reduce-scatter %lld B, all-gather %lld B",
-                     world.bytes[COMM_ALL_REDUCE], world.bytes[COMM_REDUCE_SCATTER], world.bytes[COMM_ALL_GATHER]);
-            if (step_comm > 0) {
-                size_t used = strlen(comm);
-                snprintf(comm + used, sizeof(comm) - used, " in %.1f ms (%.0f%%)", step_comm * 1e3, 100.0 * step_comm / dt);
-            }
-            double mfu = train_mfu(flops_per_token, tokens_per_s, world.size, peak);
-            train_format_step(line, sizeof(line), step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s,
-                              tokens_per_s, mfu);
-            printf("%s | %s\n", line, comm);
-        }
-        logger_train(&logger, step + 1, loss, lr, grad_norm, tokens_per_s, comm_total_bytes(&world));
+        // the step line and main.log (train.h); the bytes of each collective equal the formula
+        // printed at the start
+        double tokens_per_s = args.total_batch / dt;
+        StepFigures figures = {step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s, tokens_per_s,
+                               train_mfu(flops_per_token, tokens_per_s, world.size, peak)};
+        step_report(&report, &logger, rank, figures);
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) train_check_replicas(&model, tp, step + 1, NULL, world.size > 1 ? "replicated tensors" : "replicas");
         if (dump_grads != NULL && step == 0) {  // after the step's count (AdamW left the gradients)
             float* full = rank == 0 ? (float*)malloc_check(P * sizeof(float)) : NULL;

@@ -1,35 +1,71 @@
 #!/usr/bin/env bash
-# Installs what the project needs and is missing, on Debian/Ubuntu:
-#   MPI (compiler wrapper and mpirun)          libopenmpi-dev openmpi-bin
-#   zlib (CRC-32 of checkpoint files)          zlib1g-dev
-#   the PyTorch reference for the tests        python3-torch python3-numpy (Debian's /usr/bin/python3)
-#   loss curves (dev/plot_runs.py)             python3-matplotlib
-#   a SASS disassembler, where nvcc has none   nvidia-cuda-cuobjdump (pip; dev/cuda/flash_sass.sh)
+# Installs what the tests, benchmarks and dev scripts need and this machine lacks (Debian/Ubuntu).
+# The list, and where each tool is looked for, is dev/tools.sh (the README's "What the tests
+# need" prints the same table).
+#
+#   dev/setup.sh            install what is missing: Debian packages with apt-get, NVIDIA's
+#                           command-line tools with pip --target into .tools (no Python changed)
+#   dev/setup.sh --check    only say what is found and what is missing; exit 1 when a required
+#                           tool is missing (the tests read this to skip what lacks its tool)
+#   dev/setup.sh --dry-run  --check, then the install commands it would run, without running them
+#                           (exit 1, as --check, when a required tool is missing)
+#   dev/setup.sh --list     the table itself: name|required or optional|used by|installed by
 set -euo pipefail
-# dev/cuda/flash_sass.sh reads the compiled flash attention kernels; a minimal CUDA toolkit may ship
-# nvcc without cuobjdump, and NVIDIA publishes it as a Python package. Optional: without it the
-# test that reads the SASS reports itself skipped.
-if { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; } &&
-    ! command -v cuobjdump >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/cuobjdump ] &&
-    ! python3 -c "import glob, nvidia; assert any(glob.glob(p + '/*/bin/cuobjdump') for p in nvidia.__path__)" >/dev/null 2>&1; then
-    python3 -m pip install -q nvidia-cuda-cuobjdump >/dev/null 2>&1 ||
-        echo "setup: could not pip install nvidia-cuda-cuobjdump (the SASS test will be skipped)"
-fi
-need=()
-command -v mpicc >/dev/null 2>&1 || need+=(libopenmpi-dev)
-command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
-command -v make >/dev/null 2>&1 || need+=(make)
-[ -f /usr/include/zlib.h ] || need+=(zlib1g-dev)
-command -v gcc >/dev/null 2>&1 || need+=(gcc)
-/usr/bin/python3 -c "import torch" >/dev/null 2>&1 || need+=(python3-torch)
-/usr/bin/python3 -c "import numpy" >/dev/null 2>&1 || need+=(python3-numpy)
-/usr/bin/python3 -c "import matplotlib" >/dev/null 2>&1 || need+=(python3-matplotlib)
-if [ ${#need[@]} -eq 0 ]; then
-    echo "setup: everything is installed"
-    exit 0
-fi
-echo "setup: installing ${need[*]}"
+source "$(dirname "$0")/tools.sh"
+
+mode=${1:-install}
+case "$mode" in
+    install|--check|--dry-run|--list) ;;
+    *) echo "dev/setup.sh: unknown argument '$mode' (expected --check, --dry-run or --list)" >&2; exit 2 ;;
+esac
+if [ "$mode" = --list ]; then tool_rows; exit 0; fi
+
+apt_packages=() pip_packages=() missing_required=0
+while IFS='|' read -r name need used_by installer; do
+    if where=$(find_tool "$name"); then
+        printf 'found    %-9s %-17s %s\n' "$need" "$name" "$where"
+        continue
+    fi
+    printf 'missing  %-9s %-17s %s (installed by %s)\n' "$need" "$name" "$used_by" "$installer"
+    [ "$need" = required ] && missing_required=1
+    case "$installer" in
+        apt:*) apt_packages+=("${installer#apt:}") ;;
+        # NVIDIA's tools are of use only to a CUDA compiler
+        pip:nvidia-*) find_tool nvcc >/dev/null && pip_packages+=("${installer#pip:}") ;;
+        pip:*) pip_packages+=("${installer#pip:}") ;;
+    esac
+done < <(tool_rows)
+if [ "$mode" = --check ]; then exit $missing_required; fi
+
+# sorted, once each (gcc serves two rows)
+mapfile -t apt_packages < <(printf '%s\n' "${apt_packages[@]}" | grep . | sort -u)
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}"
+if [ ${#apt_packages[@]} -gt 0 ]; then
+    echo "setup: apt-get install ${apt_packages[*]}"
+    if [ "$mode" = install ]; then
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_packages[@]}"
+    fi
+fi
+# pip --target: the package's files land in LLMC_TOOLS_DIR, where dev/tools.sh looks, and no
+# Python installation is changed (Debian's refuses pip installs into itself). An optional tool
+# that cannot be had leaves its tests skipped, not failed.
+if [ ${#pip_packages[@]} -gt 0 ]; then
+    echo "setup: pip install --target $LLMC_TOOLS_DIR ${pip_packages[*]}"
+    if [ "$mode" = install ]; then
+        pip_ok=""
+        for py in "$PYTHON" python3; do
+            if command -v "$py" >/dev/null 2>&1 && "$py" -m pip --version >/dev/null 2>&1; then
+                "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --upgrade \
+                    --target "$LLMC_TOOLS_DIR" "${pip_packages[@]}" && pip_ok=1 && break
+            fi
+        done
+        [ -n "$pip_ok" ] || echo "setup: could not pip install ${pip_packages[*]}: the tests that need them are skipped"
+    fi
+fi
+if [ "$mode" = install ] && [ $((${#apt_packages[@]} + ${#pip_packages[@]})) -gt 0 ]; then
+    echo "setup: after installing:"
+    exec "$0" --check  # exit 1 if a required tool is still missing
+fi
+[ "$mode" = install ] || exit $missing_required

@@ -1,4 +1,5 @@
-// Machine-readable training log: one JSON object per line in <output dir>/main.log.
+// Machine-readable training log: one JSON object per line in <output dir>/main.log (a train
+// step's record: step_report in train.h).
 // Floats are printed with 9 significant digits, enough to round-trip an fp32 exactly; a value
 // that is not finite is written as null (JSON has no nan or inf). A failed write (a full disk)
 // stops the run: a log that silently ends is worse than no log.
@@ -22,7 +23,7 @@ typedef struct {
 static inline void logger_cut_back(const char* path, int step) {
     FILE* in = fopen(path, "r");
     if (in == NULL) return;  // no log yet: nothing to cut
-    char tmp[4200], line[1024];
+    char tmp[4200], line[4096];
     FILE* out = fopen_temp(path, tmp, sizeof(tmp));
     while (fgets(line, sizeof(line), in)) {
         int line_step;
@@ -61,16 +62,6 @@ static inline const char* json_float(char* buf, size_t cap, double x) {
     if (isfinite(x)) snprintf(buf, cap, "%.9g", x);
     else snprintf(buf, cap, "null");
     return buf;
-}
-
-// comm_bytes: what this rank handed to collectives during the step (comm.h's counters)
-static inline void logger_train(Logger* log, int step, float loss, float lr, float grad_norm,
-                                double tokens_per_s, long long comm_bytes) {
-    if (!log->file) return;
-    char a[32], b[32], c[32];
-    logger_line(log, "{\"step\": %d, \"train_loss\": %s, \"lr\": %s, \"grad_norm\": %s, "
-                "\"tokens_per_s\": %.1f, \"comm_bytes\": %lld}\n", step, json_float(a, 32, loss),
-                json_float(b, 32, lr), json_float(c, 32, grad_norm), tokens_per_s, comm_bytes);
 }
 
 static inline void logger_val(Logger* log, int step, float val_loss) {

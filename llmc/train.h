@@ -280,17 +280,103 @@ static inline void train_print_parameter_layout(GPT2Config c, const ParameterLay
     }
 }
 
-// the common part of a step line; a trainer appends its communication
-// (recompute_seconds: the step's time recomputing activations, printed as its share when -r > 0)
-static inline void train_format_step(char* out, size_t cap, int step, int max_steps, float loss, float lr,
-                                     float grad_norm, float clip_scale, double seconds, double recompute_seconds,
-                                     double tokens_per_s, double mfu_percent) {
-    char clip[32] = "", mfu[32] = "", recompute[48] = "";
-    if (clip_scale < 1.0f) snprintf(clip, sizeof(clip), ", clipped x%.2f", clip_scale);
-    if (mfu_percent > 0) snprintf(mfu, sizeof(mfu), " | MFU %.1f%%", mfu_percent);
-    if (recompute_seconds > 0) snprintf(recompute, sizeof(recompute), " (%.0f%% recompute)", 100.0 * recompute_seconds / seconds);
-    snprintf(out, cap, "step %4d/%d | loss %.6f | lr %.2e | norm %.4f%s | %.1f ms%s | %.0f tok/s (all ranks)%s",
-             step, max_steps, loss, lr, grad_norm, clip, seconds * 1e3, recompute, tokens_per_s, mfu);
+// The step's report. On the terminal one line of what a user watches every step: the loss, the
+// gradient norm (and the clip factor when clipping acts), the learning rate, the step's time and
+// throughput, and with several ranks the time the rank waited in collectives (exposed: not hidden
+// behind computation). About 100 characters; under 120 while steps < 10^5, a step < 10 s, the
+// norm < 100 and tok/s < 10^7. The bytes of each collective, per group, print after the first
+// step (beside the formula the trainer printed at the start) and again only when they change.
+// main.log keeps every figure of every step (logger.h).
+typedef struct {
+    int step, max_steps;
+    float loss, lr, grad_norm, clip_scale;
+    double seconds, recompute_seconds;  // the step, and its part recomputing activations (-r)
+    double tokens_per_s, mfu_percent;   // over all ranks; MFU 0 where the peak is unknown (CPU)
+} StepFigures;
+
+#define STEP_MAX_GROUPS 8
+typedef struct {
+    CommGroup* groups[STEP_MAX_GROUPS];  // the groups this rank communicates in during a step
+    int num_groups;
+    long long printed[STEP_MAX_GROUPS][COMM_NUM_KINDS];  // the bytes printed last, -1 before
+} StepReport;
+
+static inline StepReport step_report_init(CommGroup** groups, int num_groups) {
+    StepReport r;
+    memset(&r, 0, sizeof(r));
+    if (num_groups > STEP_MAX_GROUPS) fail("step report: %d groups, at most %d", num_groups, STEP_MAX_GROUPS);
+    for (int i = 0; i < num_groups; i++) r.groups[i] = groups[i];
+    r.num_groups = num_groups;
+    memset(r.printed, 0xff, sizeof(r.printed));  // -1: nothing printed yet
+    return r;
+}
+
+// the step's communication, summed over the groups: bytes handed to collectives, bytes a ring
+// sends, time from post to completion (flight) and time the rank waited (exposed)
+static inline void step_comm_totals(const StepReport* r, long long* bytes, double* ring, double* flight,
+                                    double* exposed) {
+    *bytes = 0, *ring = 0.0, *flight = 0.0, *exposed = 0.0;
+    for (int i = 0; i < r->num_groups; i++) {
+        *bytes += comm_total_bytes(r->groups[i]);
+        *ring += comm_ring_bytes(r->groups[i]);
+        *flight += r->groups[i]->flight_seconds;
+        *exposed += comm_seconds(r->groups[i]);
+    }
+}
+
+// the per-collective bytes of every group with traffic, when they differ from those printed last
+static inline void step_print_bytes_if_changed(StepReport* r, int step) {
+    int changed = 0;
+    for (int i = 0; i < r->num_groups; i++)
+        changed |= memcmp(r->printed[i], r->groups[i]->bytes, sizeof(r->printed[i])) != 0;
+    if (!changed) return;
+    printf("bytes this rank moved per step, from step %d (ring: what it sends if every collective is a ring):\n", step);
+    for (int i = 0; i < r->num_groups; i++) {
+        CommGroup* g = r->groups[i];
+        memcpy(r->printed[i], g->bytes, sizeof(r->printed[i]));
+        if (comm_total_bytes(g) == 0) continue;
+        printf("  %-9s", g->name);
+        for (int k = 0; k < COMM_NUM_KINDS; k++)
+            if (g->bytes[k] > 0) printf("%s %s %lld B", k ? "," : "", comm_kind_names[k], g->bytes[k]);
+        printf(" (ring %.0f B)\n", comm_ring_bytes(g));
+    }
+}
+
+// the step line on rank 0, and the step's record in main.log (the logger is open on rank 0 only)
+static inline void step_report(StepReport* r, Logger* log, int rank, StepFigures f) {
+    long long bytes;
+    double ring, flight, exposed;
+    step_comm_totals(r, &bytes, &ring, &flight, &exposed);
+    if (rank == 0) {
+        char clip[32] = "", comm[48] = "";
+        if (f.clip_scale < 1.0f) snprintf(clip, sizeof(clip), " (clip %.2f)", f.clip_scale);
+        int ranks = 0;
+        for (int i = 0; i < r->num_groups; i++) ranks = r->groups[i]->size > ranks ? r->groups[i]->size : ranks;
+        if (ranks > 1) snprintf(comm, sizeof(comm), " | exposed %.1f ms", exposed * 1e3);
+        printf("step %4d/%d | loss %.6f | norm %.4f%s | lr %.2e | %.1f ms | %.0f tok/s%s\n", f.step, f.max_steps, f.loss,
+               f.grad_norm, clip, f.lr, f.seconds * 1e3, f.tokens_per_s, comm);
+        step_print_bytes_if_changed(r, f.step);
+    }
+    if (!log->file) return;
+    char loss[32], lr[32], norm[32], kinds[STEP_MAX_GROUPS * 160] = "";
+    size_t used = 0;
+    for (int i = 0; i < r->num_groups; i++) {
+        const CommGroup* g = r->groups[i];
+        used += snprintf(kinds + used, sizeof(kinds) - used, "%s\"%s\": {", i ? ", " : "", g->name);
+        int first = 1;
+        for (int k = 0; k < COMM_NUM_KINDS; k++) {
+            if (g->bytes[k] == 0) continue;
+            used += snprintf(kinds + used, sizeof(kinds) - used, "%s\"%s\": %lld", first ? "" : ", ", comm_kind_names[k], g->bytes[k]);
+            first = 0;
+        }
+        used += snprintf(kinds + used, sizeof(kinds) - used, "}");
+    }
+    logger_line(log, "{\"step\": %d, \"train_loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"clip_scale\": %.9g, "
+                "\"ms\": %.3f, \"recompute_ms\": %.3f, \"tokens_per_s\": %.1f, \"mfu_percent\": %.2f, "
+                "\"comm_bytes\": %lld, \"comm\": {%s}, \"ring_bytes\": %.0f, \"comm_ms\": %.3f, \"exposed_ms\": %.3f}\n",
+                f.step, json_float(loss, 32, f.loss), json_float(lr, 32, f.lr), json_float(norm, 32, f.grad_norm),
+                f.clip_scale, f.seconds * 1e3, f.recompute_seconds * 1e3, f.tokens_per_s, f.mfu_percent, bytes, kinds,
+                ring, flight * 1e3, exposed * 1e3);
 }
 
 // model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per parameter,

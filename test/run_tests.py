@@ -66,6 +66,170 @@ def fresh_dir(name):
     return d
 
 
+def step_comm_bytes(d, steps, out=None):
+    """{step: {group: {kind: bytes}}} from main.log in d, one entry for each of `steps` steps. With
+    the run's stdout `out`: every step line is under 120 characters, and the bytes of each
+    collective, the same every step in these runs, print once (after step 1), each group's equal
+    to main.log's"""
+    train, _ = read_log(d)
+    assert sorted(train) == list(range(1, steps + 1)), "main.log has steps %s, expected 1..%d" % (sorted(train), steps)
+    comm = {s: {g: {k.replace("_", "-"): n for k, n in kinds.items()} for g, kinds in train[s]["comm"].items()}
+            for s in train}
+    if out is not None:
+        lines = re.findall(r"^step +\d+/\d+ \|.*$", out, re.M)
+        assert len(lines) == steps, "%d step lines, expected %d:\n%s" % (len(lines), steps, out[-2000:])
+        long = [line for line in lines if len(line) >= 120]
+        assert not long, "step lines of 120 characters or more:\n" + "\n".join(long)
+        blocks = re.findall(r"^bytes this rank moved per step, from step (\d+) .*\n((?:  .*\n)*)", out, re.M)
+        assert [b[0] for b in blocks] == ["1"], "the bytes printed from steps %s, expected once, from step 1" % [b[0] for b in blocks]
+        for line in blocks[0][1].splitlines():
+            group, kinds = re.match(r"  (\S+)\s+(.*) \(ring \d+ B\)$", line).groups()
+            printed = {k.replace("_", "-"): int(n) for k, n in re.findall(r"(\w+) (\d+) B", kinds)}
+            assert printed == comm[1][group], "printed %s: %s, main.log: %s" % (group, printed, comm[1][group])
+    return comm
+
+
+# ---------------------------------------------------------------------------------------------
+# what the tests need (dev/tools.sh): one lookup for dev/setup.sh, which installs what is missing,
+# and for the tests, which skip with the tool's name when an optional one is not here
+
+SETUP = os.path.join(ROOT, "dev", "setup.sh")
+_tools = {}
+
+
+def tool(name):
+    """where dev/setup.sh --check found the tool (a path or a description), or None"""
+    if not _tools:
+        out = subprocess.run([SETUP, "--check"], cwd=ROOT, stdout=subprocess.PIPE, text=True).stdout
+        for line in out.splitlines():
+            found, _need, row, where = (line.split(None, 3) + [""])[:4]
+            _tools[row] = where if found == "found" else None
+    return _tools[name]
+
+
+def readme_tool_rows():
+    """the README's "What the tests need" table as (name, need, used by, installed by) rows"""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        section = f.read().split("### What the tests need", 1)[1].split("\n#", 1)[0]
+    rows = [[cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("| ")]
+    return [tuple(r) for r in rows[2:]]  # (after the head and its --- row)
+
+
+def setup_tool_rows():
+    out = subprocess.run([SETUP, "--list"], stdout=subprocess.PIPE, text=True, check=True).stdout
+    return [tuple(line.split("|")) for line in out.splitlines()]
+
+
+@test
+def setup_lists_what_the_readme_lists_and_sees_a_fresh_machine():
+    # the README's table is dev/tools.sh's, row for row
+    rows = setup_tool_rows()
+    assert readme_tool_rows() == rows, "README's table differs from dev/setup.sh --list:\n%s\n%s" % (
+        "\n".join(map(str, readme_tool_rows())), "\n".join(map(str, rows)))
+    # on this machine, which is running the tests, every required tool is found
+    r = subprocess.run([SETUP, "--check"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert r.returncode == 0 and not re.search(r"^missing\s+required", r.stdout, re.M), r.stdout
+    # a fresh machine: PATH holds only a shell and a few basics, PYTHON, CUDA_HOME and the pip
+    # directory point nowhere. Every tool is reported missing, and setup would install each
+    # row's Debian package, and no pip package (NVIDIA's tools only serve an nvcc)
+    bare = fresh_dir("bare_path")
+    for name in ("bash", "dirname", "mktemp", "rm", "grep", "sort", "head", "cat", "env", "id", "printf"):
+        os.symlink(shutil.which(name), os.path.join(bare, name))
+    env = dict(PATH=bare, HOME=bare, PYTHON="/nonexistent", CUDA_HOME="/nonexistent",
+               LLMC_TOOLS_DIR=os.path.join(bare, "tools"))
+    r = subprocess.run([os.path.join(bare, "bash"), SETUP, "--dry-run"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    assert r.returncode == 1, "a fresh machine: exit %d, expected 1 (required tools missing)\n%s" % (r.returncode, r.stdout)
+    for name, need, _used_by, _installer in rows:
+        assert re.search(r"^missing\s+%s\s+%s\s" % (need, re.escape(name)), r.stdout, re.M), \
+            "a fresh machine: %s not reported missing\n%s" % (name, r.stdout)
+    apt = re.search(r"^setup: apt-get install (.*)$", r.stdout, re.M)
+    wanted = {inst[len("apt:"):] for _n, _need, _u, inst in rows if inst.startswith("apt:")}
+    assert apt and set(apt.group(1).split()) == wanted, "apt packages: %s, expected %s" % (
+        apt.group(1) if apt else None, sorted(wanted))
+    assert "setup: pip install" not in r.stdout, r.stdout
+    # with nvcc (CUDA_HOME) but no disassembler, setup would pip install NVIDIA's nvdisasm
+    if have_nvcc():
+        env["CUDA_HOME"] = os.path.dirname(os.path.dirname(tool("nvcc")))
+        r = subprocess.run([os.path.join(bare, "bash"), SETUP, "--dry-run"], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert re.search(r"^setup: pip install --target \S+ nvidia-cuda-nvdisasm$", r.stdout, re.M), r.stdout
+
+
+# programs every Debian system has (its Essential packages: bash, coreutils, grep, sed, mawk,
+# findutils, util-linux, debianutils), which no script needs installed
+BASE_COMMANDS = {"awk", "basename", "bash", "cat", "cd", "chmod", "cp", "cut", "date", "dirname", "env", "find",
+                 "grep", "head", "id", "kill", "ls", "mkdir", "mktemp", "mv", "nice", "nproc", "printf",
+                 "rm", "sed", "sleep", "sort", "tail", "tee", "timeout", "touch", "tr", "uniq", "wc", "xargs"}
+# commands that are rows of their own under another name
+COMMAND_ROWS = {"nvidia-smi": "gpu", "python": "python3", "g++": "g++", "cc": "gcc"}
+
+
+def scripts_dependencies():
+    """(commands, Python modules) that the project's scripts call or import: the first word of
+    each command in the shell scripts, the programs of subprocess calls, and every import"""
+    import ast
+    commands, modules, local = {}, {}, set()
+    py_files = [f for f in glob.glob(os.path.join(ROOT, "**", "*.py"), recursive=True)
+                if "/build/" not in f and "/.tools/" not in f and "/test/tmp/" not in f]
+    sh_files = glob.glob(os.path.join(ROOT, "dev", "**", "*.sh"), recursive=True) + [os.path.join(ROOT, ".ci", "run")]
+    for path in py_files:
+        local.add(os.path.splitext(os.path.basename(path))[0])
+        rel = os.path.relpath(path, ROOT)
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    modules.setdefault(a.name.split(".")[0], rel)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                modules.setdefault(node.module.split(".")[0], rel)
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and isinstance(node.func.value, ast.Name) and node.func.value.id == "subprocess"
+                  and node.args and isinstance(node.args[0], ast.List) and node.args[0].elts
+                  and isinstance(node.args[0].elts[0], ast.Constant) and isinstance(node.args[0].elts[0].value, str)):
+                program = node.args[0].elts[0].value
+                if not program.startswith(("./", "/")):  # (the project's own programs)
+                    commands.setdefault(program, rel)
+    functions = set()
+    for path in sh_files:
+        functions |= set(re.findall(r"^\s*(\w+)\(\)\s*\{", open(path).read(), re.M))
+    for path in sh_files:
+        rel = os.path.relpath(path, ROOT)
+        text = open(path).read()
+        # the script's own functions, heredocs (Python fed to an interpreter), comments and quoted
+        # text are not commands
+        text = re.sub(r"<<-?'?(\w+)'?[^\n]*\n.*?\n\1\n", "\n", text, flags=re.S)
+        text = "\n".join(re.sub(r"(^|\s)#.*", "", line) for line in text.splitlines())
+        # quoted text, but for the commands run inside a double-quoted $(...)
+        text = re.sub(r'"([^"\\]|\\.)*"', lambda m: " ; ".join(re.findall(r"\$\(([^()]*)\)", m.group(0))), text)
+        text = re.sub(r"'[^']*'", "''", text)
+        text = re.sub(r"^\s*[^\s()]+\)", "", text, flags=re.M)  # a case label
+        for line in text.splitlines():
+            for part in re.split(r"&&|\|\||[;|`{}]|\$\(|\(|\bthen\b|\bdo\b|\belse\b", line):
+                words = [w for w in part.split() if not re.match(r"^\w+=", w)]
+                while words and words[0] in ("if", "while", "until", "!", "time", "exec", "nice", "-n", "19", "sudo"):
+                    words = words[1:]
+                if words and re.match(r"^[a-z][\w.+-]*$", words[0]) and words[0] not in functions:
+                    commands.setdefault(words[0], rel)
+    stdlib = set(sys.stdlib_module_names) | local
+    shell_words = subprocess.run(["bash", "-c", "compgen -b; compgen -k"], stdout=subprocess.PIPE, text=True).stdout.split()
+    return ({c: f for c, f in commands.items() if c not in shell_words},
+            {m: f for m, f in modules.items() if m not in stdlib})
+
+
+@test
+def every_program_and_module_the_scripts_use_is_in_setups_table():
+    names = {row[0] for row in setup_tool_rows()}
+    commands, modules = scripts_dependencies()
+    # the scan finds what is known to be there: it can fail
+    assert {"mpirun", "make", "compute-sanitizer", "nvidia-smi"} <= set(commands) and {"torch", "numpy"} <= set(modules), \
+        (sorted(commands), sorted(modules))
+    unlisted = ["%s (command, %s)" % (c, f) for c, f in sorted(commands.items())
+                if c not in BASE_COMMANDS and COMMAND_ROWS.get(c, c) not in names]
+    unlisted += ["%s (module, %s)" % (m, f) for m, f in sorted(modules.items()) if m not in names]
+    assert not unlisted, "used but not in dev/tools.sh's table (nor a Debian base command): " + ", ".join(unlisted)
+
+
 # ---------------------------------------------------------------------------------------------
 # the reference run shared by the trainer tests: a 2-layer GPT-2 (C=64, 4 heads, real vocab),
 # global batch 8 x 32 tokens, 5 AdamW steps with warmup, cosine decay, weight decay and clipping
@@ -223,8 +387,8 @@ def dp_zero_ring_bytes_are_2_2_2_3_times_the_parameters_and_memory_as_predicted(
     for zero in (0, 1, 2, 3):
         d = fresh_dir("dp_ring_z%d" % zero)
         out = run_ok(N, trainer_args(reference_run(), 2, d, ["-x", 2, "-z", zero]))
-        rings = [float(x) for x in re.findall(r"; ring (\d+) B", out)]
-        assert len(rings) == 2, out[-2000:]
+        step_comm_bytes(d, 2, out)  # (the step report's own checks)
+        rings = [rec["ring_bytes"] for rec in read_log(d)[0].values()]
         psi = zero_padded_parameters(REF, N, zero)
         scalars = 2 * share * (4 if zero == 0 else 8)
         for ring in rings:
@@ -782,10 +946,13 @@ def samples_by_step(out):
     return dict((int(k), v) for k, v in re.findall(r"---- sample at step (\d+) ----\n(.*?)\n----------------", out, re.S))
 
 
+TIMING = ("ms", "recompute_ms", "tokens_per_s", "mfu_percent", "comm_ms", "exposed_ms")
+
+
 def log_without_timing(d):
-    """main.log's lines without tokens_per_s, the one field a resume may change"""
+    """main.log's records without the timings, the only fields a resume may change"""
     with open(os.path.join(d, "main.log")) as f:
-        return [re.sub(r'"tokens_per_s": [0-9.e+-]+, ', "", line) for line in f]
+        return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in f]
 
 
 def check_resumed_equals_full(full_dir, full_out, part_dir, part_out, from_step, last_step):
@@ -1048,12 +1215,10 @@ def tp_step_bytes(cfg, B, accum, sp, X=4):
     return {"all-reduce": activations + small, "reduce-scatter": 0, "all-gather": 0}
 
 
-def check_tp_step_bytes(out, expected, steps):
-    """the bytes of each kind of collective that every step line reports, against the formula"""
-    lines = re.findall(r"^step +(\d+)/\d+ .*\| all-reduce (\d+) B, reduce-scatter (\d+) B, all-gather (\d+) B", out, re.M)
-    assert len(lines) == steps, "%d step lines with collective bytes, expected %d:\n%s" % (len(lines), steps, out[-2000:])
-    for step, *counts in lines:
-        got = dict(zip(("all-reduce", "reduce-scatter", "all-gather"), map(int, counts)))
+def check_tp_step_bytes(out, d, expected, steps):
+    """the bytes of each kind of collective that every step reports, against the formula"""
+    for step, groups in step_comm_bytes(d, steps, out).items():
+        got = {kind: groups["world"].get(kind, 0) for kind in expected}
         assert got == expected, "step %s moved %s, the formula says %s" % (step, got, expected)
 
 
@@ -1068,7 +1233,7 @@ def compare_tp_with_reference(tp, sp, accum, cfg=REF):
                                               "-check_replicas", 1], cfg=cfg), program=TP)
     expected = tp_step_bytes(cfg, B, accum, sp and tp > 1)  # one rank has nothing to split
     check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected)
-    check_tp_step_bytes(out, expected, cfg["steps"])
+    check_tp_step_bytes(out, d, expected, cfg["steps"])
     if tp > 1:
         assert "step %d: replicated tensors identical" % cfg["steps"] in out, out[-2000:]
 
@@ -1173,11 +1338,10 @@ def pp_step_bytes(cfg, B, m, p, V, X=4):
     return {"send": messages, "recv": messages, "all-reduce": (Vp * cfg["channels"] * X if p > 1 else 0) + 4, "broadcast": 4}
 
 
-def check_pp_step_bytes(out, expected, steps):
-    lines = re.findall(r"^step +(\d+)/\d+ .*\| send (\d+) B, recv (\d+) B, all-reduce (\d+) B, broadcast (\d+) B", out, re.M)
-    assert len(lines) == steps, "%d step lines with p2p bytes, expected %d:\n%s" % (len(lines), steps, out[-2000:])
-    for step, *counts in lines:
-        got = dict(zip(("send", "recv", "all-reduce", "broadcast"), map(int, counts)))
+def check_pp_step_bytes(out, d, expected, steps):
+    """stage 0's bytes of each kind every step (all-reduce: the world's and the embedding group's)"""
+    for step, groups in step_comm_bytes(d, steps, out).items():
+        got = {kind: sum(g.get(kind, 0) for g in groups.values()) for kind in expected}
         assert got == expected, "step %s moved %s, the formula says %s" % (step, got, expected)
 
 
@@ -1192,7 +1356,7 @@ def compare_pp_with_reference(p, sched, m, V, cfg):
                                              "-check_replicas", 1], cfg=cfg), program=PP)
     expected = pp_step_bytes(cfg, B, m, p, V)
     check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected)
-    check_pp_step_bytes(out, expected, cfg["steps"])
+    check_pp_step_bytes(out, d, expected, cfg["steps"])
     if p > 1:
         for step in range(1, cfg["steps"] + 1):
             assert "step %d: wte copies of the first and last stage identical" % step in out, out[-2000:]
@@ -1358,11 +1522,10 @@ def grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, X=4):
     return {"tp": tp_bytes, "pp": pp_bytes, "dp": dp_bytes, "embedding": VP * C // tp * X if pp > 1 else 0, "world": 4}
 
 
-def check_grid3d_step_bytes(out, expected, steps):
-    lines = re.findall(r"^step +(\d+)/\d+ .*\| tp (\d+) B, pp (\d+) B, dp (\d+) B, embedding (\d+) B, world (\d+) B", out, re.M)
-    assert len(lines) == steps, "%d step lines with bytes per group, expected %d:\n%s" % (len(lines), steps, out[-2000:])
-    for step, *counts in lines:
-        got = dict(zip(("tp", "pp", "dp", "embedding", "world"), map(int, counts)))
+def check_grid3d_step_bytes(out, d, expected, steps):
+    """rank 0's bytes per group every step"""
+    for step, groups in step_comm_bytes(d, steps, out).items():
+        got = {group: sum(groups[group].values()) for group in expected}
         assert got == expected, "step %s moved %s, the formula says %s" % (step, got, expected)
 
 
@@ -1382,7 +1545,7 @@ def compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero):
                                             + grid3d_flags(dp, pp, tp, sp, sched, V, zero), cfg=cfg), program=D3)
     expected = grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero)
     check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected)
-    check_grid3d_step_bytes(out, expected, cfg["steps"])
+    check_grid3d_step_bytes(out, d, expected, cfg["steps"])
     for what, size in (("tp copies of the replicated tensors", tp), ("wte copies of the first and last stage", pp),
                        ("dp replicas", dp)):
         if size > 1:
@@ -1579,7 +1742,7 @@ def variant_run(name, program, ranks, flags, cfg, B, variant, run=None):
     assert abs(peak - predicted) <= 0.05 * predicted, "%s: %d bytes allocated at most, %d predicted" % (variant, peak, predicted)
     check_planner_matches_trainer(program, ranks, args, out, getattr(run, "attention", None))
     if variant[:1] == ["-r"] and variant[1] > 0:
-        assert re.search(r"^step +1/\d+ .*ms \(\d+% recompute\)", out, re.M), "%s: no recompute share\n%s" % (variant, out[-1500:])
+        assert train[1]["recompute_ms"] > 0, "%s: no recompute time in main.log: %s" % (variant, train[1])
     history = [(s, train[s]["train_loss"], train[s]["grad_norm"]) for s in sorted(train)]
     return history, files, [train[s]["comm_bytes"] for s in sorted(train)], peak
 
@@ -1875,14 +2038,11 @@ def roofline_bias_epilogue_cublas_attention_and_all_reduce():
 
 
 def have_nvcc():
-    return shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+    return tool("nvcc") is not None
 
 
 def have_gpu():
-    try:
-        return subprocess.run(["nvidia-smi", "-L"], stdout=subprocess.PIPE, stderr=subprocess.PIPE).returncode == 0
-    except OSError:
-        return False
+    return tool("gpu") is not None
 
 
 def build(kind, precision, targets):
@@ -1951,7 +2111,7 @@ def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None, zero=0)
         peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
         assert abs(peak - predicted) <= 0.05 * predicted, "%d bytes allocated at most, %d predicted" % (peak, predicted)
     else:  # the replicated tensors round alike on both ranks (bf16: stochastically, same bits)
-        check_tp_step_bytes(out, tp_step_bytes(REF_CUDA, B, 1, tp_sp, X), REF_CUDA["steps"])
+        check_tp_step_bytes(out, d, tp_step_bytes(REF_CUDA, B, 1, tp_sp, X), REF_CUDA["steps"])
         assert "step %d: replicated tensors identical" % REF_CUDA["steps"] in out, out[-2000:]
         expected = sum(tp_step_bytes(REF_CUDA, B, 1, tp_sp, X).values())
     assert train[1]["comm_bytes"] == expected, "moved %d bytes, expected %d" % (train[1]["comm_bytes"], expected)
@@ -1984,7 +2144,7 @@ def make_emu_pp_test(precision, devices, sched):
         train = check_cuda_against_reference(ref, d, grads_path, precision,
                                              "emu train_gpt2_pp %s 2 stages %s" % (precision, sched))
         expected = pp_step_bytes(REF4_CUDA, B, m, 2, 1, X=4 if precision == "FP32" else 2)
-        check_pp_step_bytes(out, expected, REF4_CUDA["steps"])
+        check_pp_step_bytes(out, d, expected, REF4_CUDA["steps"])
         assert train[1]["comm_bytes"] == sum(expected.values()), train[1]
         assert "step %d: wte copies of the first and last stage identical" % REF4_CUDA["steps"] in out, out[-2000:]
     fn.__name__ = "emu_pp_vs_pytorch_%s_pp2_%s_%s" % (precision.lower(), sched, "nccl" if devices == 2 else "host_staged")
@@ -2091,7 +2251,7 @@ def emu_grid3d_vs_pytorch_fp32_1x2x2_sp_zb_nccl_through_compare_with_pytorch():
         assert f.read(8) == b"\x89PNG\r\n\x1a\n", "dev/plot_runs.py wrote no PNG"
     with open(os.path.join(out_dir, "run", "stdout.txt")) as f:
         out = f.read()
-    check_grid3d_step_bytes(out, grid3d_step_bytes(REF4, B, m, 1, 2, 2, 1, 1, 0), steps)
+    check_grid3d_step_bytes(out, os.path.join(out_dir, "run"), grid3d_step_bytes(REF4, B, m, 1, 2, 2, 1, 1, 0), steps)
     assert "step %d: wte copies of the first and last stage identical" % steps in out, out[-2000:]
     peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
     assert abs(peak - predicted) <= 0.05 * predicted, "%d bytes allocated at most, %d predicted" % (peak, predicted)
@@ -2270,7 +2430,7 @@ _cuda_check = {}
 
 
 def start_cuda_check():
-    if have_nvcc():
+    if have_nvcc() and tool("nccl") is not None:
         log = open(os.path.join(TMP, "cuda_check.log"), "w")
         _cuda_check["log"] = log.name
         # at the lowest priority: the tests come first, nvcc takes the cores they leave idle
@@ -2320,13 +2480,13 @@ def flash_attention_shared_memory_has_no_bank_conflicts():
 
 @test
 def flash_attention_compiles_to_ldmatrix_and_mma_without_spills():
-    if not (shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")):
+    if not have_nvcc():
         raise Skip("no nvcc")
+    if tool("nvdisasm") is None:
+        raise Skip("no nvdisasm to read the SASS (dev/setup.sh installs it: pip nvidia-cuda-nvdisasm)")
     r = subprocess.run([os.path.join(ROOT, "dev", "cuda", "flash_sass.sh")], cwd=ROOT, capture_output=True,
                        text=True, timeout=900)
     out = r.stdout + r.stderr
-    if r.returncode == 77:
-        raise Skip("no cuobjdump or nvdisasm to read the SASS (pip install nvidia-cuda-nvdisasm)")
     assert r.returncode == 0, "flash_sass.sh exit %d:\n%s" % (r.returncode, out[-4000:])
     # every kernel at every head size, for Ampere and Hopper, with no spills and the three instructions
     for sm in ("sm_80", "sm_90"):
@@ -2342,6 +2502,8 @@ def flash_attention_compiles_to_ldmatrix_and_mma_without_spills():
 def cuda_compiles_for_sm80_and_sm90():
     if not have_nvcc():
         raise Skip("no nvcc")
+    if tool("nccl") is None:
+        raise Skip("no NCCL (nccl.h) beside nvcc: install libnccl-dev or pip nvidia-nccl-cu13")
     if "proc" not in _cuda_check:
         start_cuda_check()
     code = _cuda_check["proc"].wait(timeout=3600)

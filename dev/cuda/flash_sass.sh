@@ -6,7 +6,7 @@
 #       or has a stack frame (a register array indexed by a value known only at run time, such
 #       as the counter of a loop left rolled, lives in local memory too); registers per thread
 #       and static shared memory per block are printed;
-#   (b) the SASS (cuobjdump -sass or nvdisasm): every tile kernel contains LDSM (ldmatrix),
+#   (b) the SASS (nvdisasm): every tile kernel contains LDSM (ldmatrix),
 #       HMMA (mma.sync on the tensor cores) and LDGSTS (cp.async global -> shared), and how many
 #       plain shared loads/stores (LDS/STS), local loads/stores (LDL/STL: spills) and MUFU.EX2
 #       (the exp2 of the softmax) it has; a tile kernel with any LDL/STL fails.
@@ -14,40 +14,20 @@
 #
 #   dev/cuda/flash_sass.sh        exit 0: all checks passed; 1: a check failed; 77: compiled and
 #                                 checked (a), but no disassembler was found for (b)
-# nvcc: PATH or /usr/local/cuda/bin. The disassembler: cuobjdump or nvdisasm from PATH or the
-# toolkit, else from NVIDIA's Python packages (pip install nvidia-cuda-nvdisasm, or
-# nvidia-cuda-cuobjdump): a minimal CUDA 13 toolkit install may lack both.
+# nvcc and nvdisasm: where dev/tools.sh looks (PATH, the toolkit, NVIDIA's pip package, which
+# dev/setup.sh installs where nvcc lacks a disassembler, as a minimal CUDA 13 toolkit does).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 PYTHON=$(command -v /usr/bin/python3 || command -v python3)
 
-NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
-[ -n "$NVCC" ] || { echo "flash_sass: no nvcc (PATH or /usr/local/cuda/bin)"; exit 1; }
-CUDA_BIN=$(dirname "$NVCC")
+source dev/tools.sh
+NVCC=$(find_cuda_tool nvcc || true)
+[ -n "$NVCC" ] || { echo "flash_sass: no nvcc (PATH or $CUDA_HOME/bin)"; exit 1; }
 
-# the disassembler: cuobjdump or nvdisasm, from PATH, the toolkit, or NVIDIA's Python packages
-DISASM=""
-for tool in cuobjdump nvdisasm; do
-    for candidate in "$(command -v $tool || true)" "$CUDA_BIN/$tool" "/usr/local/cuda/bin/$tool"; do
-        if [ -n "$candidate" ] && [ -x "$candidate" ]; then DISASM=$candidate; break 2; fi
-    done
-done
-if [ -z "$DISASM" ]; then
-    for py in python3 /usr/bin/python3; do
-        found=$($py - <<'EOF' 2>/dev/null || true
-import glob, importlib.util, os
-spec = importlib.util.find_spec("nvidia")
-for tool in ("cuobjdump", "nvdisasm"):
-    for root in (spec.submodule_search_locations if spec else []):
-        for path in sorted(glob.glob(os.path.join(root, "*", "bin", tool))):
-            print(path)
-EOF
-)
-        found=$(echo "$found" | head -n 1)
-        if [ -n "$found" ] && [ -x "$found" ]; then DISASM=$found; break; fi
-    done
-fi
+# the disassembler: nvdisasm, looked for where dev/setup.sh installs it (dev/tools.sh: PATH, the
+# toolkit, NVIDIA's pip package). cuobjdump -sass is not enough alone: it runs nvdisasm itself.
+DISASM=$(find_cuda_tool nvdisasm || true)
 
 # the Makefile's device-code flags (NVCC_FLAGS: -O3 -std=c++17 -I. ...); bf16 is PRECISION's default
 NVCC_FLAGS=$(sed -n 's/^NVCC_FLAGS := //p' Makefile)
@@ -85,10 +65,7 @@ if [ $failed -ne 0 ]; then
 fi
 for sm in $ARCHS; do
     if [ -n "$DISASM" ]; then
-        case "$DISASM" in
-            *cuobjdump) "$DISASM" -sass "$WORK/sm_$sm.cubin" > "$WORK/sass_$sm.txt" ;;
-            *) "$DISASM" -c "$WORK/sm_$sm.cubin" > "$WORK/sass_$sm.txt" ;;
-        esac
+        "$DISASM" -c "$WORK/sm_$sm.cubin" > "$WORK/sass_$sm.txt"
     fi
 done
 
@@ -130,7 +107,7 @@ def sass(sm):
     never-executed '@!PT LDS RZ, [RZ]' beside LDGSTS, counted apart as LDS(@!PT)"""
     counts, kernel = {}, None
     for line in open(os.path.join(work, "sass_%s.txt" % sm)):
-        m = re.search(r"(?:Function : |^\.text\.)(_Z\w+)", line)
+        m = re.search(r"^\.text\.(_Z\w+)", line)
         if m:
             kernel = demangle(m.group(1))
             counts[kernel] = dict.fromkeys(OPS + ["LDS(@!PT)"], 0)
@@ -188,7 +165,7 @@ if failures:
         print("FAILED: " + f)
     sys.exit(1)
 if not disasm:
-    print("no cuobjdump or nvdisasm: SASS not checked (pip install nvidia-cuda-nvdisasm)")
+    print("no nvdisasm: SASS not checked (dev/setup.sh installs it: pip nvidia-cuda-nvdisasm)")
     sys.exit(77)
 print("flash_sass: no spills or local memory; LDSM, HMMA and LDGSTS in every tile kernel (disassembler: %s)"
       % disasm)
