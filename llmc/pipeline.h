@@ -382,13 +382,29 @@ static inline const char* pipeline_check_exchanges(PipeSpec s, const PipeAction*
 // A timeline as a chart, one row per stage, as the Ultra-Scale Playbook draws it: F3 is
 // micro-batch 3's forward, B3 its backward, W3 its weight gradient (zb), with a chunk letter
 // (F3a, F3b) when stages hold several chunks; '.' is idle. start and end (p, n) are in any unit;
-// one column is `unit` of them. Each row ends with the stage's busy share.
-static inline void pipeline_draw(PipeSpec s, const PipeAction* actions, const double* start, const double* end,
-                                 double unit, const char* indent) {
+// one column is `unit` of them. An action takes the columns its times round to, but at least
+// one of its own: one that would share a column with the action before it (two short actions of
+// a measured timeline) starts after it, and the row grows. Each row ends with the stage's busy
+// share. Written to `out` (stdout, or a file in the tests).
+static inline void pipeline_draw(FILE* out, PipeSpec s, const PipeAction* actions, const double* start,
+                                 const double* end, double unit, const char* indent) {
     int n = pipeline_actions_per_stage(s), width = s.V > 1 ? 5 : 4;
     double length = 0.0;
     for (int i = 0; i < s.p * n; i++) length = end[i] > length ? end[i] : length;
+    // each action's first and last + 1 column; a stage's actions are in the order it ran them
+    int* c0 = (int*)malloc_check((size_t)s.p * n * sizeof(int));
+    int* c1 = (int*)malloc_check((size_t)s.p * n * sizeof(int));
     int columns = (int)(length / unit + 0.5);
+    for (int st = 0; st < s.p; st++) {
+        int next_free = 0;
+        for (int k = 0; k < n; k++) {
+            int i = st * n + k, first = (int)(start[i] / unit + 0.5), last = (int)(end[i] / unit + 0.5);
+            c0[i] = first > next_free ? first : next_free;
+            c1[i] = last > c0[i] ? last : c0[i] + 1;  // a short action still shows
+            next_free = c1[i];
+        }
+        columns = next_free > columns ? next_free : columns;
+    }
     char* row = (char*)malloc_check((size_t)columns * width + 1);
     for (int st = 0; st < s.p; st++) {
         memset(row, ' ', (size_t)columns * width);
@@ -397,19 +413,19 @@ static inline void pipeline_draw(PipeSpec s, const PipeAction* actions, const do
         for (int k = 0; k < n; k++) {
             int i = st * n + k;
             busy += end[i] - start[i];
-            int c0 = (int)(start[i] / unit + 0.5), c1 = (int)(end[i] / unit + 0.5);
-            if (c1 <= c0) c1 = c0 + 1;  // a short action still shows
             char cell[16], chunk[2] = {(char)('a' + actions[i].chunk), '\0'};
             snprintf(cell, sizeof(cell), "%c%d%s", pipe_op_letters[actions[i].op], actions[i].micro, s.V > 1 ? chunk : "");
-            for (int t = c0; t < c1 && t < columns; t++) {
+            for (int t = c0[i]; t < c1[i]; t++) {
                 memset(row + t * width, ' ', (size_t)width);
                 memcpy(row + t * width, cell, strlen(cell) < (size_t)width ? strlen(cell) : (size_t)width);
             }
         }
         row[columns * width] = '\0';
-        printf("%sstage %d |%s| busy %3.0f%%\n", indent, st, row, 100.0 * busy / length);
+        fprintf(out, "%sstage %d |%s| busy %3.0f%%\n", indent, st, row, 100.0 * busy / length);
     }
     free(row);
+    free(c0);
+    free(c1);
 }
 
 // The schedule as the unit-time chart, with the idle share beside its formula and each stage's
@@ -430,7 +446,7 @@ static inline void pipeline_print_chart(PipeSpec s) {
     if (s.V > 1) printf(", V=%d chunks per stage (a, b, ...)", s.V);
     printf(" (F: forward, 1 unit; %s):\n", s.sched == SCHEDULE_ZB ? "B: input gradient, 1 unit; W: weight gradient, 1 unit"
                                                                    : "B: backward, 2 units");
-    pipeline_draw(s, actions, t0, t1, 1.0, "  ");
+    pipeline_draw(stdout, s, actions, t0, t1, 1.0, "  ");
     double busy = 3.0 * s.m * s.V;
     const char* formula = s.sched == SCHEDULE_ZB ? "(p-1)/(3m+p-1) for m >= p" : s.V > 1 ? "(p-1)/(mV+p-1)" : "(p-1)/(m+p-1)";
     double predicted = s.sched == SCHEDULE_ZB ? (double)(s.p - 1) / (3 * s.m + s.p - 1)

@@ -345,7 +345,7 @@ static inline void stage_report_timeline(const Stage* st, CommGroup* pp, int n, 
     if (json) fclose(json);
     double unit = forward_sum / forwards;
     printf("timeline of step %d, measured (one column = a forward's mean, %.2f ms):\n", step, unit);
-    pipeline_draw(s, all, start, end, unit > 0 ? unit : 1e-3, "  ");
+    pipeline_draw(stdout, s, all, start, end, unit > 0 ? unit : 1e-3, "  ");
     device_free(dev);
     free(mine);
     free(all);

@@ -11,7 +11,8 @@
 //   - each stage holds at most the formula's activations: afab m, 1f1b min(p - s, m), zb
 //     min(p, m), interleaved its warm-up plus one;
 //   - the sends and receives between the actions pair up in order and never deadlock, and so do
-//     those of the forward passes alone (validation and sampling).
+//     those of the forward passes alone (validation and sampling);
+//   - a chart of a measured timeline keeps every action, two in one column included.
 // Prints a chart of each schedule at p = 4. Checked values come from formulas, not from a run.
 #include <stdio.h>
 #include "llmc/pipeline.h"
@@ -79,8 +80,33 @@ static void check_schedule(PipeSpec s) {
     free(at);
 }
 
+// A measured timeline can put two short actions into one column of the chart: both must show.
+// Two stages, one micro-batch (afab): stage 0 runs F0 over [0, 0.3) and B0 over [0.35, 1.0), so
+// both round to column 0 at one column a unit; stage 1 runs its F0 and B0 in columns 0 and 1.
+static void check_draw_keeps_every_action(void) {
+    PipeSpec s = {SCHEDULE_AFAB, 2, 1, 1};
+    PipeAction actions[4];
+    int unit_start[4], unit_end[4];
+    pipeline_simulate(s, actions, unit_start, unit_end);
+    double start[4] = {0.0, 0.35, 0.0, 1.0}, end[4] = {0.3, 1.0, 1.0, 2.0};
+    FILE* f = tmpfile();
+    pipeline_draw(f, s, actions, start, end, 1.0, "");
+    char chart[512] = "";
+    rewind(f);
+    size_t got = fread(chart, 1, sizeof(chart) - 1, f);
+    chart[got] = '\0';
+    fclose(f);
+    char* row0 = strstr(chart, "stage 0 |");
+    char* row1 = strstr(chart, "stage 1 |");
+    CHECK(row0 && row1 && strstr(row0, "F0") && strstr(row0, "F0") < strstr(row0, "B0") && strstr(row0, "B0") < row1,
+          "a chart row lost an action of two in one column:\n%s", chart);
+    // the rows stay aligned: both as long
+    CHECK(row1 && strchr(row0, '\n') - row0 == (long)strlen(row1) - 1, "the chart's rows differ in length:\n%s", chart);
+}
+
 int main(void) {
     int cases = 0;
+    check_draw_keeps_every_action();
     for (int sched = 0; sched < SCHEDULE_COUNT; sched++) {
         for (int p = 1; p <= 8; p++) {
             for (int m = 1; m <= 16; m++) {
