@@ -35,7 +35,7 @@ or 1x2x4, and bit for bit on the grid that wrote it.
 The result matches one process training the whole model to fp32 rounding (checked against
 PyTorch in test/).
 
-Build: make train_gpt2_3d        Run: mpirun -np 8 ./train_gpt2_3d -e d8 -dp 2 -pp 2 -tp 2 -b 2 -d 1024 -o out
+Build: make train_gpt2_3d        Run: mpirun -np 8 ./train_gpt2_3d -e d8 -dp 2 -pp 2 -tp 2 -b 2 -d 1024 -x 20 -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
 */
 #include <math.h>

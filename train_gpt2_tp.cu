@@ -305,7 +305,7 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int accum, in
     int rerun = layer_rerun_needed(model->acts.kept);
     StepBytes b = tp_step_bytes(c, args->B, args->T, accum, sp, rerun);
     double activation = BT * c.channels * X;
-    printf("communication per step (payload per rank), %d micro-batch%s of 4L+2 = %.0f collectives of B T C = %.0f bytes:\n",
+    printf("communication per step (payload per rank), %d micro-batch%s of 4L+2 = %.0f collectives of B T C X = %.0f bytes:\n",
            accum, accum > 1 ? "es" : "", 4 * L + 2, activation);
     if (sp) {
         printf("  all-gather     %12.0f bytes  (4L+2) B T C X per micro-batch\n", b.all_gather);

@@ -2,8 +2,10 @@
 // A half starts right after a LayerNorm and ends right before a residual add:
 //   attention half   ln1 (B,T,C) -> qkv (B,T,qkv) -> attention -> atty (B,T,att) -> attproj (B,T,C)
 //   MLP half         ln2 (B,T,C) -> fch (B,T,fc) -> GELU -> fch_gelu -> fcproj (B,T,C)
-// Neither communicates. The LayerNorms, the residual adds, the loop over layers and every
-// collective stay in the trainers, in the open: that is where the strategies differ. Under tensor
+// Neither communicates. The LayerNorms, the residual adds, the loop over layers and the
+// strategy's collectives stay in the trainers, in the open: that is where the strategies differ
+// (the collectives several trainers share are named calls: the pipeline's exchanges in stage.h,
+// the vocabulary-parallel cross-entropy's in tensor_parallel.h). Under tensor
 // parallelism a half is Megatron's column-parallel then row-parallel pair, on the rank's widths
 // (LayerDims); a row-parallel bias must be added once, after the reduction, so that trainer
 // passes a NULL attprojb/fcprojb and adds it itself.
