@@ -365,7 +365,7 @@ static float owned_norm_squared(const GPT2* model, const floatX* grads, size_t l
     double sum = 0.0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (!p->sharded[i] && tp_rank != 0) continue;
-        if (i == 0 && !p->embedding) continue;  // the last stage's wte copy
+        if (i == PARAM_WTE && !p->embedding) continue;  // the last stage's wte copy
         size_t a = p->offsets[i] > lo ? p->offsets[i] : lo, b = p->offsets[i] + p->sizes[i];
         b = b < hi ? b : hi;
         if (a < b) sum += global_norm_squared(grads + (a - lo), b - a);

@@ -475,7 +475,7 @@ int main(int argc, char** argv) {
         watchdog_phase("AdamW update", step);
         double squares = 0.0;
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            if (i == 0 && layout.head && !layout.embedding) continue;
+            if (i == PARAM_WTE && layout.head && !layout.embedding) continue;  // (a stage with the head but not the embedding: the last of several)
             squares += global_norm_squared(model.grads_memory + layout.offsets[i], layout.sizes[i]);
         }
         float norm_sum = (float)squares;

@@ -49,6 +49,12 @@ typedef struct {
     floatX* lnfb;      // (C)
 } ParameterTensors;
 
+// each tensor's index in that order (into parameter_names, a layout's sizes and offsets)
+enum {
+    PARAM_WTE, PARAM_WPE, PARAM_LN1W, PARAM_LN1B, PARAM_QKVW, PARAM_QKVB, PARAM_ATTPROJW, PARAM_ATTPROJB,
+    PARAM_LN2W, PARAM_LN2B, PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB, PARAM_LNFW, PARAM_LNFB
+};
+
 static const char* parameter_names[NUM_PARAMETER_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};

@@ -79,7 +79,7 @@ static inline float vocab_parallel_loss(GPT2* model, CommGroup* tp, Activations*
 // would update its LayerNorm copy with its own part of the gradient.
 static inline void layernorm_grads_all_reduce(GPT2* model, CommGroup* tp) {
     const ParameterLayout* p = &model->layout;
-    const int layernorms[6] = {2, 3, 8, 9, 14, 15};  // ln1w ln1b ln2w ln2b lnfw lnfb
+    const int layernorms[6] = {PARAM_LN1W, PARAM_LN1B, PARAM_LN2W, PARAM_LN2B, PARAM_LNFW, PARAM_LNFB};
     for (int i = 0; i < 6; i++) {
         int t = layernorms[i];
         if (p->sizes[t] > 0) comm_all_reduce(tp, model->grads_memory + p->offsets[t], p->sizes[t], COMM_FLOATX, COMM_SUM);
