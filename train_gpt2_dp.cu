@@ -310,6 +310,23 @@ static void write_gradients(GPT2* model, Zero* z, CommGroup* world, const char* 
     free(full);
 }
 
+// -dump_logits: the logits of rank 0's first micro-batch of step 0, right after the forward
+// (the loss then overwrites them with their gradient), as raw fp32 (B, T, V): the V real
+// columns of each row, the padded ones dropped. dev/hf_export.py's tests compare them with
+// PyTorch's and Hugging Face's.
+static void write_logits(GPT2* model, int B, int T, const char* path) {
+    int V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
+    float* row = (float*)malloc_check((size_t)Vp * sizeof(float));
+    char tmp[4200];
+    FILE* f = fopen_temp(path, tmp, sizeof(tmp));
+    for (size_t i = 0; i < (size_t)B * T; i++) {
+        copy_device_to_floats(row, model->acts.logits + i * Vp, Vp);
+        fwrite_check(row, sizeof(float), V, f, tmp);
+    }
+    file_commit(f, tmp, path);
+    free(row);
+}
+
 // ----------------------------------------------------------------------------------------------
 // forward and backward of the whole model on one micro-batch. B and T may be smaller than the
 // allocated shape (sampling uses B = 1): per-layer slices are laid out with the actual B, T.
@@ -520,19 +537,21 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
 int main(int argc, char** argv) {
     // the common flags (llmc/train.h) and this trainer's own
     TrainArgs args;
-    const char* dump_grads = NULL;
+    const char* dump_grads = NULL, *dump_logits = NULL;
     ArgSpec specs[TRAIN_MAX_SPECS];
     int num_specs = train_args_common(&args, specs);
     int check_replicas = 0, zero = 0, overlap = 1, offload = 0;
     ArgSpec zero_spec = {"-z", ARG_INT, &zero, 0, 3, "ZeRO stage: 0 DDP (everything replicated), 1 the optimizer state sharded over the ranks, 2 the gradients too, 3 the parameters too (FSDP)"};
     ArgSpec overlap_spec = {"-overlap", ARG_INT, &overlap, 0, 1, "1: gradient reductions and parameter gathers run while the rank computes; 0: each waited for at once"};
     ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"};
+    ArgSpec dump_logits_spec = {"-dump_logits", ARG_STRING, &dump_logits, 0, 0, "write rank 0's logits of the first micro-batch here, raw fp32 (B, T, V) (tests)"};
     ArgSpec check = {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all replicas hold the same parameters (their stored bits; not the master weights or moments) (0: never)"};
     specs[num_specs++] = zero_spec;
     specs[num_specs++] = overlap_spec;
     ArgSpec offload_spec = {"-offload", ARG_INT, &offload, 0, 1, "1: master weights and AdamW moments in host memory and AdamW on the CPU (ZeRO-Offload), any -z; same results"};
     specs[num_specs++] = offload_spec;
     specs[num_specs++] = dump;
+    specs[num_specs++] = dump_logits_spec;
     specs[num_specs++] = check;
     if (!args_parse(argc, argv, specs, num_specs)) return 0;
     if (zero == 3 && check_replicas > 0) {
@@ -678,6 +697,7 @@ int main(int argc, char** argv) {
             // and micro-steps together read the global batch once (llmc/dataloader.h)
             dataloader_load_chunk(&train, micro * world.size + rank, config.vocab_size);
             gpt2_forward(&model, &z, train.inputs, args.B, args.T);
+            if (dump_logits != NULL && step == 0 && micro == 0 && rank == 0) write_logits(&model, args.B, args.T, dump_logits);
             loss += gpt2_loss(&model, train.targets, args.B, args.T, dloss) / (float)accum;
             z.micro = micro;
             gpt2_backward(&model, &z, train.inputs, args.B, args.T);

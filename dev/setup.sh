@@ -29,10 +29,10 @@ while IFS='|' read -r name need used_by installer; do
     printf 'missing  %-9s %-17s %s (installed by %s)\n' "$need" "$name" "$used_by" "$installer"
     [ "$need" = required ] && missing_required=1
     case "$installer" in
-        apt:*) apt_packages+=("${installer#apt:}") ;;
+        apt:*) read -ra packages <<< "${installer#apt:}" && apt_packages+=("${packages[@]}") ;;
         # NVIDIA's tools are of use only to a CUDA compiler
-        pip:nvidia-*) find_tool nvcc >/dev/null && pip_packages+=("${installer#pip:}") ;;
-        pip:*) pip_packages+=("${installer#pip:}") ;;
+        pip:nvidia-*) find_tool nvcc >/dev/null && read -ra packages <<< "${installer#pip:}" && pip_packages+=("${packages[@]}") ;;
+        pip:*) read -ra packages <<< "${installer#pip:}" && pip_packages+=("${packages[@]}") ;;
     esac
 done < <(tool_rows)
 if [ "$mode" = --check ]; then exit $missing_required; fi
@@ -48,8 +48,9 @@ if [ ${#apt_packages[@]} -gt 0 ]; then
         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_packages[@]}"
     fi
 fi
-# pip --target: the package's files land in LLMC_TOOLS_DIR, where dev/tools.sh looks, and no
-# Python installation is changed (Debian's refuses pip installs into itself). An optional tool
+# pip --target: the packages' files land in LLMC_TOOLS_DIR, where dev/tools.sh looks, and no
+# Python installation is changed (Debian's refuses pip installs into itself); --no-deps: the
+# table names every package, so no newer numpy lands beside Debian's torch. An optional tool
 # that cannot be had leaves its tests skipped, not failed.
 if [ ${#pip_packages[@]} -gt 0 ]; then
     echo "setup: pip install --target $LLMC_TOOLS_DIR ${pip_packages[*]}"
@@ -57,7 +58,7 @@ if [ ${#pip_packages[@]} -gt 0 ]; then
         pip_ok=""
         for py in "$PYTHON" python3; do
             if command -v "$py" >/dev/null 2>&1 && "$py" -m pip --version >/dev/null 2>&1; then
-                "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --upgrade \
+                "$py" -m pip install -q --disable-pip-version-check --root-user-action=ignore --upgrade --no-deps \
                     --target "$LLMC_TOOLS_DIR" "${pip_packages[@]}" && pip_ok=1 && break
             fi
         done

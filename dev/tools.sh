@@ -17,8 +17,10 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 LLMC_TOOLS_DIR=${LLMC_TOOLS_DIR:-$LLMC_ROOT/.tools}
 
-# name | required or optional | what uses it | who installs it: apt:<package> and pip:<package>
-# (into LLMC_TOOLS_DIR) are dev/setup.sh's; "you: ..." says why setup does not
+# name | required or optional | what uses it | who installs it: apt:<packages> and pip:<packages>
+# (into LLMC_TOOLS_DIR, each named with its version and none of its dependencies installed for it,
+# so that nothing there shadows a Debian package: numpy above all) are dev/setup.sh's; "you: ..."
+# says why setup does not
 TOOL_TABLE='
 gcc|required|the CPU trainers and tests (through mpicc), with OpenMP|apt:gcc
 sanitizers|required|make sanitize and the sanitized_* tests (AddressSanitizer, UBSan runtimes)|apt:gcc
@@ -33,6 +35,7 @@ numpy|required|the tests, dev/hf_export.py, dev/hf_import.py|apt:python3-numpy
 matplotlib|required|dev/plot_runs.py, dev/plot_timeline.py (a test draws a plot)|apt:python3-matplotlib
 regex|optional|dev/data/tinyshakespeare.py: GPT-2 pre-tokenizer on non-ASCII text (re suffices on ASCII)|apt:python3-regex
 tiktoken|optional|dev/data/tinyshakespeare.py checks its own BPE against it|you: pip install tiktoken (a cross-check only)
+transformers|optional|the hf_transformers test: GPT2LMHeadModel loads dev/hf_export.py output (the last release for torch 1.13)|pip:transformers==4.46.3 tokenizers==0.20.3 safetensors==0.8.0 huggingface_hub==0.26.5 tqdm==4.70.1 filelock==4.2.12 fsspec==2026.9.0
 nvcc|optional|CUDA builds, make cuda-check, the SASS test (skipped without)|you: the CUDA toolkit
 nccl|optional|CUDA builds with nvcc (skipped without; the emulator has its own nccl.h)|you: libnccl-dev or pip nvidia-nccl-cu13 (a 300 MB wheel)
 nvdisasm|optional|dev/cuda/flash_sass.sh reads the flash kernels SASS (installed only where nvcc is)|pip:nvidia-cuda-nvdisasm
@@ -84,7 +87,7 @@ find_tool() {
             return $found ;;
         zlib)
             command -v gcc >/dev/null 2>&1 && echo '#include <zlib.h>' | gcc -E -x c - >/dev/null 2>&1 && echo "zlib.h" ;;
-        torch|numpy|matplotlib|regex|tiktoken) python_has "$1" ;;
+        torch|numpy|matplotlib|regex|tiktoken|transformers) python_has "$1" ;;
         nvcc) find_cuda_tool nvcc ;;
         nccl)  # where the Makefile looks: NCCL_HOME, the toolkit, system paths, then NVIDIA's pip package
             local dir

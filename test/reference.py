@@ -76,13 +76,15 @@ class GPT2(nn.Module):
                     lin.weight.normal_(0.0, std, generator=g)
                     lin.bias.zero_()
 
-    def forward(self, idx, targets):
+    def logits(self, idx):
         B, T = idx.shape
         x = self.wte[idx] + self.wpe[:T]
         for b in self.blocks:
             x = b(x)
-        logits = self.lnf(x) @ self.wte[: self.V].t()  # LM head tied to the token embedding
-        return F.cross_entropy(logits.view(-1, self.V), targets.reshape(-1))
+        return self.lnf(x) @ self.wte[: self.V].t()  # LM head tied to the token embedding
+
+    def forward(self, idx, targets):
+        return F.cross_entropy(self.logits(idx).view(-1, self.V), targets.reshape(-1))
 
     def file_parameters(self):
         """the parameters behind each of the model file's 16 tensors, in its order: [p] for a
@@ -161,6 +163,29 @@ def load_model_file(path):
                 p.copy_(torch.from_numpy(flat[offset: offset + n].copy()).view(p.shape))
                 offset += n
     assert offset == len(flat), "%s: %d weights, its header promises %d" % (path, len(flat), offset)
+    return model
+
+
+def load_hf_state_dict(config, state):
+    """a GPT2 holding a Hugging Face GPT2LMHeadModel: config.json's dict and the state dict
+    ({name: tensor}, names with "transformer."). Read here on its own terms, apart from
+    dev/hf_import.py, so that the tests check the converters against it: Conv1D weights are
+    (in, out), the transpose of nn.Linear's; the vocabulary is unpadded; lm_head is wte."""
+    V, L, C = config["vocab_size"], config["n_layer"], config["n_embd"]
+    model = GPT2(L, config["n_head"], C, config["n_positions"], V, (V + 127) // 128 * 128)
+    get = lambda name: state["transformer." + name].float()
+    with torch.no_grad():
+        model.wte[:V] = get("wte.weight")
+        model.wpe.copy_(get("wpe.weight"))
+        for i, b in enumerate(model.blocks):
+            pairs = [(b.ln1, "ln_1"), (b.qkv, "attn.c_attn"), (b.attproj, "attn.c_proj"), (b.ln2, "ln_2"),
+                     (b.fc, "mlp.c_fc"), (b.fcproj, "mlp.c_proj")]
+            for module, name in pairs:
+                weight = get("h.%d.%s.weight" % (i, name))
+                module.weight.copy_(weight.t() if isinstance(module, nn.Linear) else weight)
+                module.bias.copy_(get("h.%d.%s.bias" % (i, name)))
+        model.lnf.weight.copy_(get("ln_f.weight"))
+        model.lnf.bias.copy_(get("ln_f.bias"))
     return model
 
 
