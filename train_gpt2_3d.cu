@@ -463,7 +463,7 @@ static void print_layout(const GPT2* model, const Stage* st, const Grid* g, cons
                l.head ? " + lnf, wte copy" : "", unpadded, plan.total / 1e6, plan.activations / 1e6);
     }
     pipeline_print_chart(s);
-    printf("memory of rank 0 (dp 0, stage 0, tp 0):\n");
+    printf("memory of rank 0 (dp 0, stage 0, tp 0), Psi = its parameters:\n");
     memory_plan_print(mem, c, run);
     StepBytes b = step_bytes(c, d, s, &model->layout, args->B, args->T, zero,
                              layer_rerun_needed(stage_kept(args->recompute, s, d)));

@@ -528,6 +528,20 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
            p->bucket_sizes[1]);
     printf("  final LayerNorm        %12zu  padded %12zu\n", sizes[14] + sizes[15], p->bucket_sizes[2]);
     printf("  all                    %12zu  padded %12zu = Psi\n", P, p->count);
+    // what a step hands to the collectives (the README's ZeRO table; the step report prints the
+    // measured bytes after the first step): whole gradients once a step under DDP and ZeRO-1,
+    // every micro-batch's under ZeRO-2, and ZeRO-3 gathers the parameters for each micro-batch's
+    // forward and again for its backward
+    double psi = (double)sizeof(floatX) * p->count;
+    printf("communication per step (payload per rank), X Psi = %.0f bytes (X = %zu), accum = %d:\n", psi, sizeof(floatX), accum);
+    if (zero == 0) {
+        printf("  all_reduce     %14.0f bytes  X Psi + 4 (the loss)\n", psi + 4);
+    } else {
+        int reductions = zero == 1 ? 1 : accum, gathers = zero == 3 ? 2 * accum : 1;
+        printf("  reduce_scatter %14.0f bytes  %s X Psi\n", reductions * psi, zero == 1 ? "" : "accum");
+        printf("  all_gather     %14.0f bytes  %s X Psi\n", gathers * psi, zero == 3 ? "2 accum" : "");
+        printf("  all_reduce     %14.0f bytes  4 (the loss) + 4 (the gradient norm's sum)\n", 8.0);
+    }
     int mixed = model->master_memory != NULL;
     printf("memory per rank, Psi = %zu parameters (padded), dp = %d ranks, bytes per parameter %s:\n", p->count, N,
            mixed ? "2 + 2 + 12 (bf16 parameters and gradients; fp32 master, m, v)" : "4 + 4 + 8 (fp32 parameters and gradients; m, v)");

@@ -280,7 +280,7 @@ static void print_layout(const GPT2* model, const Stage* st, const TrainArgs* ar
                of_stage.slots);
     }
     pipeline_print_chart(s);
-    printf("memory of stage 0 (this rank):\n");
+    printf("memory of stage 0 (this rank), Psi = its parameters:\n");
     memory_plan_print(plan, c, run);
     StepBytes b = pp_step_bytes(c, s, args->B, args->T);
     double message = (double)args->B * args->T * c.channels * X;

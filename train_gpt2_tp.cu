@@ -299,8 +299,8 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int accum, in
     banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
     train_print_banner(rows, n);
     train_print_parameter_layout(c, &model->layout);
-    printf("memory per rank (the block weights and wte split over %d ranks; wpe, LayerNorms and "
-           "row-parallel biases replicated):\n", ranks);
+    printf("memory per rank, Psi = this rank's parameters (the block weights and wte split over %d ranks; wpe, "
+           "LayerNorms and row-parallel biases replicated):\n", ranks);
     memory_plan_print(plan, c, run);
     int rerun = layer_rerun_needed(model->acts.kept);
     StepBytes b = tp_step_bytes(c, args->B, args->T, accum, sp, rerun);

@@ -219,7 +219,7 @@ static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const
     size_t P = gpt2_num_parameters(c);
     char note[256];
     const char* shard = dp_sharded ? " / dp: this rank's shard" : "";
-    snprintf(note, sizeof(note), "X Psi: Psi = %zu of %zu parameters (%.1f%%)%s, X = %d bytes (%s)", layout_params_held(l),
+    snprintf(note, sizeof(note), "X Psi: %zu of %zu parameters (%.1f%%)%s, X = %d bytes (%s)", layout_params_held(l),
              P, 100.0 * layout_params_held(l) / P, r->zero >= 3 ? " / dp: this rank's shard" : "", X, X == 2 ? "bf16" : "fp32");
     memory_print_row("parameters", (double)plan->params, note);
     memory_print_row("gradients", (double)plan->grads, r->zero >= 2 ? "X Psi / dp: this rank's shards" : "X Psi");

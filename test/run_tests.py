@@ -393,7 +393,10 @@ def dp_zero_ring_bytes_are_2_2_2_3_times_the_parameters_and_memory_as_predicted(
     for zero in (0, 1, 2, 3):
         d = fresh_dir("dp_ring_z%d" % zero)
         out = run_ok(N, trainer_args(reference_run(), 2, d, ["-x", 2, "-z", zero]))
-        step_comm_bytes(d, 2, out)  # (the step report's own checks)
+        measured = step_comm_bytes(d, 2, out)[1]["world"]
+        # the formula printed at the start, the measured bytes
+        printed = {k.replace("_", "-"): int(n) for k, n in re.findall(r"^  (\w+) +(\d+) bytes ", out, re.M)}
+        assert printed == measured, "-z %d: start table %s, measured %s" % (zero, printed, measured)
         rings = [rec["ring_bytes"] for rec in read_log(d)[0].values()]
         psi = zero_padded_parameters(REF, N, zero)
         scalars = 2 * share * (4 if zero == 0 else 8)
