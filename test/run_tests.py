@@ -2716,6 +2716,7 @@ def main():
     if pattern in "cuda_compiles_for_sm80_and_sm90":
         start_cuda_check()
     passed = failed = skipped = 0
+    durations, start = [], time.time()
     for fn in TESTS:
         if pattern not in fn.__name__:
             continue
@@ -2730,6 +2731,11 @@ def main():
         except Exception as e:  # an assertion or a crash of the test itself
             failed += 1
             print("FAIL %s (%.1fs): %s" % (fn.__name__, time.time() - t0, e), flush=True)
+        durations.append((time.time() - t0, fn.__name__))
+    # where the suite's time goes (a test's time includes the builds it waits for)
+    print("the slowest tests (%.0f s in all):" % (time.time() - start))
+    for seconds, name in sorted(durations, reverse=True)[:15]:
+        print("  %6.1f s  %s" % (seconds, name))
     print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
     sys.exit(1 if failed else 0)
 
