@@ -61,6 +61,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/stage.h"
 #include "llmc/allocations.h"
 #include "llmc/train.h"
+#include "llmc/run.h"
 #include "llmc/memory_plan.h"
 
 // ----------------------------------------------------------------------------------------------

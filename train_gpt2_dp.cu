@@ -37,6 +37,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/block.h"
 #include "llmc/optimizer.h"
 #include "llmc/train.h"
+#include "llmc/run.h"
 #include "llmc/memory_plan.h"
 
 // ----------------------------------------------------------------------------------------------

@@ -60,6 +60,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/pipeline.h"
 #include "llmc/stage.h"
 #include "llmc/train.h"
+#include "llmc/run.h"
 #include "llmc/memory_plan.h"
 
 // ----------------------------------------------------------------------------------------------

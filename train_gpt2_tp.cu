@@ -59,6 +59,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/optimizer.h"
 #include "llmc/tensor_parallel.h"
 #include "llmc/train.h"
+#include "llmc/run.h"
 #include "llmc/memory_plan.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -222,40 +223,27 @@ static void gpt2_backward(GPT2* model, CommGroup* tp, const int* inputs_host, in
 
 // ----------------------------------------------------------------------------------------------
 
-// every rank evaluates the same batches (they share one model), so their losses agree
-static float evaluate(GPT2* model, CommGroup* tp, DataLoader* val, int batches) {
-    double sum = 0.0;
-    for (int i = 0; i < batches; i++) {
-        dataloader_seek(val, (size_t)i);
-        dataloader_load_chunk(val, 0, model->config.vocab_size);
-        gpt2_forward(model, tp, val->inputs, model->B, model->T);
-        sum += vocab_parallel_loss(model, tp, &model->acts, val->targets, model->B, model->T, 0.0f);
-    }
-    return (float)(sum / batches);
+// Validation and samples run this trainer's forward pass; the run layer (llmc/run.h) calls these
+// two with the model and the tp group
+typedef struct {
+    GPT2* model;
+    CommGroup* tp;
+} TensorParallel;
+
+// one validation batch: every rank evaluates the same tokens (they share one model), so their
+// losses agree
+static float val_loss(void* trainer, DataLoader* val) {
+    TensorParallel* t = (TensorParallel*)trainer;
+    dataloader_load_chunk(val, 0, t->model->config.vocab_size);
+    gpt2_forward(t->model, t->tp, val->inputs, t->model->B, t->model->T);
+    return vocab_parallel_loss(t->model, t->tp, &t->model->acts, val->targets, t->model->B, t->model->T, 0.0f);
 }
 
-// Autoregressive sampling from <|endoftext|>. Every rank runs the forward pass (it is split over
-// them) and draws the same token from its slice of the logits (sample_next_token_sharded);
-// rank 0 prints. With -sp the sequence is padded to a multiple of tp: causal attention never
-// lets a position see the positions after it, so the padding changes no logit we read.
-static void sample(GPT2* model, CommGroup* tp, const Tokenizer* tok, int eot, Rng* rng, int gen_tokens,
-                   int step) {
-    LayerDims d = model->dims;
-    int lo = tp->rank * d.Vp, real = vocab_real_columns(model->config, d, tp->rank);
-    int* tokens = (int*)malloc_check((size_t)model->T * sizeof(int));
-    float* logits = (float*)malloc_check((size_t)d.Vp * sizeof(float));  // one row, as fp32
-    for (int t = 0; t < model->T; t++) tokens[t] = eot;
-    if (tok) printf("---- sample at step %d ----\n", step);
-    for (int t = 1; t < gen_tokens; t++) {
-        int padded = (t + d.seq_shards - 1) / d.seq_shards * d.seq_shards;
-        gpt2_forward(model, tp, tokens, 1, padded);
-        copy_device_to_floats(logits, model->acts.logits + (size_t)(t - 1) * d.Vp, d.Vp);
-        tokens[t] = sample_next_token_sharded(logits, real, lo, rng, tp);
-        sample_token_drawn(tok, tokens[t]);
-    }
-    if (tok) printf("\n----------------\n");
-    free(tokens);
-    free(logits);
+// a sample's forward pass: this rank's slice of the logits, (1, T, Vp/tp)
+static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
+    TensorParallel* t = (TensorParallel*)trainer;
+    gpt2_forward(t->model, t->tp, tokens, 1, T);
+    return t->model->acts.logits;
 }
 
 // The communication of one step from the layout alone (the README derives it), payload per rank
@@ -280,11 +268,11 @@ static StepBytes tp_step_bytes(GPT2Config c, int B, int T, int accum, int sp, in
 
 // what rank 0 prints at the start: the layout, which tensor is split how, the memory per rank and
 // the communication per step with its formula
-static void print_layout(const GPT2* model, const TrainArgs* args, int accum, int max_steps, size_t train_tokens,
-                         size_t val_tokens, const MemoryPlan* plan, const RunLayout* run, int ranks) {
+static void print_layout(const Run* run, const GPT2* model, int accum) {
+    const TrainArgs* args = &run->args;
     GPT2Config c = model->config;
     LayerDims d = model->dims;
-    int sp = d.seq_shards > 1;
+    int sp = d.seq_shards > 1, ranks = run->world.size;
     size_t X = sizeof(floatX);
     double BT = (double)args->B * args->T, L = c.num_layers;
     BannerRow rows[16];
@@ -294,14 +282,12 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int accum, in
     banner_row(&rows[n++], "micro-batch B x T", "%d x %d (every rank)", args->B, args->T);
     banner_row(&rows[n++], "accumulation steps", "%d", accum);
     banner_row(&rows[n++], "recomputation", "%s", recompute_names[args->recompute]);
-    banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
-    banner_row(&rows[n++], "steps", "%d", max_steps);
-    banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
+    n = run_banner_rows(run, rows, n);
     train_print_banner(rows, n);
     train_print_parameter_layout(c, &model->layout);
     printf("memory per rank, Psi = this rank's parameters (the block weights and wte split over %d ranks; wpe, "
            "LayerNorms and row-parallel biases replicated):\n", ranks);
-    memory_plan_print(plan, c, run);
+    memory_plan_print(&run->plan, c, &run->layout);
     int rerun = layer_rerun_needed(model->acts.kept);
     StepBytes b = tp_step_bytes(c, args->B, args->T, accum, sp, rerun);
     double activation = BT * c.channels * X;
@@ -321,149 +307,83 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int accum, in
 }
 
 int main(int argc, char** argv) {
-    // the common flags (llmc/train.h) and this trainer's own
-    TrainArgs args;
+    // ---- the flags: the common ones (llmc/train.h) and this trainer's own; then the
+    // communication layer and the model's config (llmc/run.h)
+    Run run;
     const char* dump_grads = NULL;
     int tp_flag = 0, sp = 0, check_replicas = 0;
-    ArgSpec specs[TRAIN_MAX_SPECS];
-    int num_specs = train_args_common(&args, specs);
-    ArgSpec tp_spec = {"-tp", ARG_INT, &tp_flag, 0, ARG_NO_MAX, "tensor-parallel ranks; all ranks form one group, so it must equal the number of ranks (0: the number of ranks)"};
-    ArgSpec sp_spec = {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism, the LayerNorm and residual regions split along the tokens (T must divide by tp)"};
-    ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"};
-    ArgSpec check = {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all ranks hold the same replicated tensors (LayerNorms, row-parallel biases, wpe) (0: never)"};
-    specs[num_specs++] = tp_spec;
-    specs[num_specs++] = sp_spec;
-    specs[num_specs++] = dump;
-    specs[num_specs++] = check;
-    if (!args_parse(argc, argv, specs, num_specs)) return 0;
-
-    CommGroup world;
-    comm_init(&world, &argc, &argv);
-    CommGroup* tp = &world;  // one tensor-parallel group of every rank (the 3D trainer splits it)
-    int rank = world.rank;
-    watchdog_start(args.watchdog);
-
-    // ---- model: a model file, or a descriptor for a random init. Only its config for now: the
-    // layout and memory checks come before the first large allocation
-    GPT2Config config;
-    int from_descriptor = gpt2_config_from_descriptor(args.model, &config);
-    if (!from_descriptor) gpt2_read_model_config(args.model, &config);
+    const ArgSpec own[] = {
+        {"-tp", ARG_INT, &tp_flag, 0, ARG_NO_MAX, "tensor-parallel ranks; all ranks form one group, so it must equal the number of ranks (0: the number of ranks)"},
+        {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism, the LayerNorm and residual regions split along the tokens (T must divide by tp)"},
+        {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
+        {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all ranks hold the same replicated tensors (LayerNorms, row-parallel biases, wpe) (0: never)"},
+    };
+    if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
+    CommGroup* tp = &run.world;  // one tensor-parallel group of every rank (the 3D trainer splits it)
+    int rank = tp->rank, ranks = tp->size;
+    GPT2Config config = run.config;
 
     // ---- the layout: every rank one tp slice of the same model. The heads, the MLP width and
     // the vocabulary must divide by tp (layer_dims); with -sp the sequence length too.
-    if (tp_flag != 0 && tp_flag != world.size) {
+    if (tp_flag != 0 && tp_flag != ranks) {
         fail("-tp %d: this trainer puts every rank in one tensor-parallel group, so -tp must equal "
-             "the number of ranks, %d (launch with mpirun -np %d, or leave -tp out)", tp_flag, world.size, tp_flag);
+             "the number of ranks, %d (launch with mpirun -np %d, or leave -tp out)", tp_flag, ranks, tp_flag);
     }
-    LayerDims dims = layer_dims(config, world.size, sp);
+    LayerDims dims = layer_dims(config, ranks, sp);
     sp = dims.seq_shards > 1;  // with one rank there is nothing to split
-    train_check_flags(&args, config);
-    if (sp && args.T % world.size != 0) {
-        fail("-sp 1 splits the tokens over the %d ranks: -t %d must be a multiple of %d", world.size,
-             args.T, world.size);
+    if (sp && run.args.T % ranks != 0) {
+        fail("-sp 1 splits the tokens over the %d ranks: -t %d must be a multiple of %d", ranks, run.args.T, ranks);
     }
     // the batch: all ranks work on the same B x T tokens, `accum` micro-batches per step
-    int accum = train_accumulation_steps(&args, 1, NULL);
+    int B = run.args.B, T = run.args.T, accum = train_accumulation_steps(&run.args, 1, NULL);
 
-    // ---- memory, predicted before allocating (llmc/memory.h): this rank's slices of the model
-    // states, every activation of a micro-batch at the rank's widths, and on rank 0 one more
-    // slice of fp32 through which a checkpoint is gathered (llmc/memory_plan.h)
-    ParameterLayout rank_layout = parameter_layout(config, world.size, rank);
-    size_t P = gpt2_num_parameters(config), P_rank = rank_layout.count;
-    char layout[128];
-    snprintf(layout, sizeof(layout), "%zu of %zu parameters per rank, -b %d -t %d", P_rank, P, args.B, args.T);
-    RunLayout run = {TRAINER_TP, 1, world.size, 1, 1, SCHEDULE_1F1B, accum, args.B, args.T, 0, sp, args.recompute,
-                     0, 0, args.checkpoint_every > 0, dump_grads != NULL, args.resume};
-    MemoryPlan plan = memory_plan(config, build_target(config), &run, 0, rank == 0);
-    unsigned kept = activations_kept(args.recompute, 0, dims);  // what the forward keeps (-r, model.h)
-    memory_check_fits(plan.total, plan.host, world.ranks_sharing_memory, layout);
-    comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
+    // ---- memory, checked before allocating: this rank's slices of the model states, every
+    // activation of a micro-batch at the rank's widths, and on rank 0 one more slice of fp32
+    // through which a checkpoint is gathered (llmc/memory_plan.h)
+    ParameterLayout rank_layout = parameter_layout(config, ranks, rank);
+    RunLayout layout = run_layout(&run, TRAINER_TP, accum);
+    layout.tp = ranks;
+    layout.sp = sp;
+    layout.dump_grads = dump_grads != NULL;
+    run_check_memory(&run, layout, 0, "%zu of %zu parameters per rank, -b %d -t %d", rank_layout.count,
+                     gpt2_num_parameters(config), B, T);
 
-    // the whole model: read (checksum verified, non-finite values refused) or drawn from the seed
-    float* params_host = from_descriptor ? gpt2_init_random(config, (uint64_t)args.seed)
-                                         : gpt2_read_model_file(args.model, &config, NULL);
-
-    DataLoader train, val;
-    // a step is accum chunks of B x T tokens, each read by every rank
-    int max_steps = train_open_shared_loaders(&args, accum, &train, &val);
-    // samples are printed by rank 0; every rank takes part in drawing them
-    Tokenizer tok;
-    int eot, can_sample = train_open_shared_sampling(&args, config, &world, &tok, &eot);
-    int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
-
-    // ---- the run's identity (checkpoint.h): a resume must match it, layout included
-    RunIdentity identity;
-    char tp_layout[96];
-    snprintf(tp_layout, sizeof(tp_layout), "dp=1 tp=%d pp=1 sp=%d, %d micro-batches of %d x %d", world.size,
-             sp, accum, args.B, args.T);
-    train_run_identity(&identity, &args, config, params_host, &train, max_steps, tp_layout, &world);
-
-    // ---- the output dir: rank 0 holds its lock for the whole run
-    if (args.out_dir != NULL) {
-        if (rank == 0) output_dir_claim(args.out_dir, args.resume);
-        comm_barrier(&world);
-    }
-
+    // ---- the weights, the data (a step is accum chunks of B x T, each read by every rank), the
+    // run's identity with its layout (a resume must match it), the output dir
+    float* weights = run_load(&run, accum, 1, "dp=1 tp=%d pp=1 sp=%d, %d micro-batches of %d x %d", ranks, sp,
+                              accum, B, T);
     GPT2 model;
-    gpt2_build(&model, config, dims, rank_layout, params_host, args.B, args.T, ACTS_ALL, kept, 0);
-    free(params_host);
+    gpt2_build(&model, config, dims, rank_layout, weights, B, T, ACTS_ALL, activations_kept(run.args.recompute, 0, dims), 0);
+    free(weights);
+    if (rank == 0) print_layout(&run, &model, accum);
 
-    if (rank == 0) {
-        print_layout(&model, &args, accum, max_steps, train.num_tokens, args.val_every > 0 ? val.num_tokens : 0,
-                     &plan, &run, world.size);
-    }
-
-    // ---- with -y 1, resume from the newest complete checkpoint (every rank its own state file)
-    Rng sample_rng;
-    int start_step = train_start(&model, &args, &world, max_steps, &identity, &sample_rng, &train);
-    Logger logger;
-    logger_init(&logger, args.out_dir, rank, args.resume ? start_step : -1);
+    // ---- resume with -y 1; validation, samples and checkpoints through the tp group
+    TensorParallel trainer = {&model, tp};
+    RunModel hooks = {&model, &trainer, val_loss, sample_logits, NULL, NULL, tp, dims.seq_shards, tp, NULL};
+    run_begin(&run, hooks, &tp, 1);
 
     // ---- training loop; `step` counts completed optimizer steps
-    // model FLOPs per token (llmc/train.h); each rank does about 1/tp of them
-    double flops_per_token = train_flops_per_token(config, args.T);
-    DevicePeak peak = train_device_peak(rank);
-    StepStats stats = {0, 0, 0, 0, 0};
-    CommGroup* step_groups[1] = {&world};
-    StepReport report = step_report_init(step_groups, 1);
-    for (int step = start_step; step <= max_steps; step++) {
-        int last = step == max_steps;
-        // a checkpoint holds the state before its step's validation and sample (train_gpt2_dp.cu)
-        uint64_t rng_before_sample = sample_rng.state;
-        if (train_due(args.val_every, step, last)) {
-            watchdog_phase("validation", step);
-            train_report_val(&logger, rank, step, evaluate(&model, tp, &val, args.val_batches));
-        }
-        if (can_sample && step > 0 && train_due(args.sample_every, step, last)) {
-            watchdog_phase("sampling", step);
-            sample(&model, tp, rank == 0 ? &tok : NULL, eot, &sample_rng, gen_tokens, step);
-        }
-        if (train_checkpoint_due(&args, step, start_step, last)) {
-            watchdog_phase("checkpoint write", step);
-            write_checkpoint(&model, args.out_dir, &world, tp, step, &identity, rng_before_sample);
-        }
-        if (last) break;
-
-        double t0 = wall_time_s();
-        comm_reset_counters(&world);
+    for (int step = run.start_step; step <= run.max_steps; step++) {
+        if (run_between_steps(&run, step)) break;  // validation, a sample, a checkpoint: when due
+        run_step_begin(&run);
         // 1. forward + backward over the micro-batches, every rank on the same tokens and its
         // own slices; gradients accumulate. Each token's gradient is weighted 1/(B*T*accum): no
         // rank count enters, as the ranks split the model, not the batch.
         watchdog_phase("forward and backward", step);
         device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
         float loss = 0.0f;
-        float dloss = 1.0f / (float)((size_t)args.B * args.T * accum);
+        float dloss = 1.0f / (float)((size_t)B * T * accum);
         for (int micro = 0; micro < accum; micro++) {
             watchdog_beat();
-            dataloader_load_chunk(&train, micro, config.vocab_size);
-            gpt2_forward(&model, tp, train.inputs, args.B, args.T);
+            dataloader_load_chunk(&run.train, micro, config.vocab_size);
+            gpt2_forward(&model, tp, run.train.inputs, B, T);
             // the vocabulary-parallel loss (llmc/tensor_parallel.h) on this rank's (B, T, Vp/tp)
             // logits: all-reduces of each row's max, (B, T), and of its sum of exponentials with
             // its target's logit, (B, T, 2), in fp32; the logits are never gathered
-            loss += vocab_parallel_loss(&model, tp, &model.acts, train.targets, args.B, args.T, dloss) / (float)accum;
-            gpt2_backward(&model, tp, train.inputs, args.B, args.T);
+            loss += vocab_parallel_loss(&model, tp, &model.acts, run.train.targets, B, T, dloss) / (float)accum;
+            gpt2_backward(&model, tp, run.train.inputs, B, T);
         }
-        dataloader_advance(&train);
+        dataloader_advance(&run.train);
         if (sp) {
             // -sp: each rank's LayerNorm weights saw only its own tokens, so their gradients are
             // partial sums: all-reduce each of ln1w, ln1b, ln2w, ln2b ((L, C) each) and lnfw,
@@ -489,36 +409,17 @@ int main(int argc, char** argv) {
         train_stop_if_not_finite(step, loss, grad_norm);
         // 3. AdamW on this rank's slices. Replicated tensors get identical gradients on every
         // rank and round alike (the layout's rounding index), so their copies stay identical.
-        float clip_scale, lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
-        device_synchronize();
-        comm_collect_times(&world);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)
-        double recompute_s = device_spans_collect(&recompute_spans);
-        double dt = wall_time_s() - t0;
-        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world), recompute_s);
-        // the step line and main.log (train.h); the bytes of each collective equal the formula
+        float clip_scale, lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
+        // the step line and main.log (llmc/run.h); the bytes of each collective equal the formula
         // printed at the start
-        double tokens_per_s = args.total_batch / dt;
-        StepFigures figures = {step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s, tokens_per_s,
-                               train_mfu(flops_per_token, tokens_per_s, world.size, peak)};
-        step_report(&report, &logger, rank, figures);
-        if (check_replicas > 0 && (step + 1) % check_replicas == 0) train_check_replicas(&model, tp, step + 1, NULL, world.size > 1 ? "replicated tensors" : "replicas");
-        if (dump_grads != NULL && step == 0) {  // after the step's count (AdamW left the gradients)
-            float* full = rank == 0 ? (float*)malloc_check(P * sizeof(float)) : NULL;
-            gpt2_gather_full(&model, tp, model.grads_memory, COMM_FLOATX, full);
-            if (rank == 0) gpt2_write_model_file(dump_grads, config, full);
-            free(full);
+        run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
+        if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
+            train_check_replicas(&model, tp, step + 1, NULL, ranks > 1 ? "replicated tensors" : "replicas");
         }
+        // after the step's count (AdamW left the gradients): the slices gathered into one file
+        if (dump_grads != NULL && step == 0) gpt2_write_gathered(&model, tp, model.grads_memory, dump_grads);
     }
-    if (rank == 0) {
-        step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
-        train_print_high_water(plan.total);
-    }
-
-    watchdog_phase("shutdown", max_steps);
-    logger_close(&logger);
-    if (rank == 0 && can_sample) tokenizer_free(&tok);
-    dataloader_free(&train);
-    if (args.val_every > 0) dataloader_free(&val);
+    run_end(&run);
     gpt2_free(&model);
     comm_finalize();
     return 0;

@@ -549,6 +549,15 @@ static inline void gpt2_gather_full(const GPT2* model, CommGroup* group, const v
 // the data-parallel group into a bucket-sized device buffer, one bucket at a time, so that no
 // rank ever holds more than one whole bucket on the device: that buffer's bytes are
 // zero_gather_full_bytes (none without ZeRO).
+// the same, written as a model file by rank 0 of the group (-dump_grads: the gradients)
+static inline void gpt2_write_gathered(const GPT2* model, CommGroup* group, const void* src, const char* path) {
+    int root = group == NULL || group->rank == 0;
+    float* full = root ? (float*)malloc_check(gpt2_num_parameters(model->config) * sizeof(float)) : NULL;
+    gpt2_gather_full(model, group, src, COMM_FLOATX, full);
+    if (root) gpt2_write_model_file(path, model->config, full);
+    free(full);
+}
+
 static inline size_t zero_gather_full_bytes(const ParameterLayout* p, CommDtype dtype) {
     return p->zero > 0 ? parameter_largest_bucket(p) * comm_dtype_bytes(dtype) : 0;
 }
