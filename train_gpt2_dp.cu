@@ -462,49 +462,40 @@ static void gpt2_backward(GPT2* model, Zero* z, const int* inputs_host, int B, i
 
 // ----------------------------------------------------------------------------------------------
 
-static float evaluate(GPT2* model, Zero* z, DataLoader* val, int batches, CommGroup* world) {
-    double sum = 0.0;
-    for (int i = 0; i < batches; i++) {
-        dataloader_seek(val, (size_t)i);
-        dataloader_load_chunk(val, world->rank, model->config.vocab_size);  // one chunk per rank
-        gpt2_forward(model, z, val->inputs, model->B, model->T);
-        sum += gpt2_loss(model, val->targets, model->B, model->T, 0.0f);
-    }
-    float loss = (float)(sum / batches);
-    comm_all_reduce_scalar(world, &loss, COMM_AVG);  // every rank saw different validation tokens
-    return loss;
+// Validation and samples run this trainer's forward pass; the run layer (llmc/run.h) calls these
+// two with the model and its ZeRO state
+typedef struct {
+    GPT2* model;
+    Zero* z;
+} DataParallel;
+
+// one validation batch: one chunk per rank; the run layer averages the ranks' losses, since
+// every rank saw different validation tokens
+static float val_loss(void* trainer, DataLoader* val) {
+    DataParallel* t = (DataParallel*)trainer;
+    GPT2* model = t->model;
+    dataloader_load_chunk(val, t->z->dp->rank, model->config.vocab_size);
+    gpt2_forward(model, t->z, val->inputs, model->B, model->T);
+    return gpt2_loss(model, val->targets, model->B, model->T, 0.0f);
 }
 
-// autoregressive sampling from <|endoftext|> (its id was checked to be inside the model's
-// vocabulary). Every rank runs it, because under -z 3 the forward pass gathers each bucket from
-// all of them: the same sampling rng on every rank draws the same tokens, and rank 0 (tok !=
-// NULL) prints them
-static void sample(GPT2* model, Zero* z, const Tokenizer* tok, int eot, Rng* rng, int gen_tokens, int step) {
-    int V = model->config.vocab_size, Vp = model->config.padded_vocab_size;
-    int* tokens = (int*)malloc_check((size_t)gen_tokens * sizeof(int));
-    float* logits = (float*)malloc_check((size_t)Vp * sizeof(float));  // one row, as fp32
-    tokens[0] = eot;
-    if (tok) printf("---- sample at step %d ----\n", step);
-    for (int t = 1; t < gen_tokens; t++) {
-        gpt2_forward(model, z, tokens, 1, t);
-        copy_device_to_floats(logits, model->acts.logits + (size_t)(t - 1) * Vp, Vp);
-        int next = sample_next_token(logits, V, rng);
-        tokens[t] = next;
-        sample_token_drawn(tok, next);
-    }
-    if (tok) printf("\n----------------\n");
-    free(tokens);
-    free(logits);
+// a sample's forward pass, the logits (1, T, Vp). Every rank runs it, because under -z 3 the
+// forward pass gathers each bucket from all of them
+static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
+    DataParallel* t = (DataParallel*)trainer;
+    gpt2_forward(t->model, t->z, tokens, 1, T);
+    return t->model->acts.logits;
 }
 
 // What rank 0 prints at the start: the run, the buckets, and the memory of one rank beside the
 // ZeRO paper's formulas. Model states take 16 bytes per parameter either way: fp32 parameters 4
 // + gradients 4 + AdamW m 4 + v 4, or bf16 parameters 2 + gradients 2 + fp32 master weights 4 +
 // m 4 + v 4. DDP keeps all 16 on every rank; each ZeRO stage divides more of them by N.
-static void print_layout(const GPT2* model, const TrainArgs* args, int N, int zero, int overlap, int accum, int max_steps,
-                         size_t train_tokens, size_t val_tokens, const MemoryPlan* plan, const RunLayout* run) {
+static void print_layout(const Run* run, const GPT2* model, int zero, int overlap, int accum) {
+    const TrainArgs* args = &run->args;
     GPT2Config c = model->config;
     const ParameterLayout* p = &model->layout;
+    int N = run->world.size;
     BannerRow rows[16];
     const char* title[4] = {"train_gpt2_dp (DDP)", "train_gpt2_dp (ZeRO-1)", "train_gpt2_dp (ZeRO-2)",
                             "train_gpt2_dp (ZeRO-3)"};
@@ -516,9 +507,7 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
     banner_row(&rows[n++], "recomputation", "%s", recompute_names[args->recompute]);
     banner_row(&rows[n++], "optimizer", "%s", model->offload ? "AdamW on the CPU, its state in host memory (-offload 1)"
                                                              : "AdamW on the device (-offload 0)");
-    banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
-    banner_row(&rows[n++], "steps", "%d", max_steps);
-    banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
+    n = run_banner_rows(run, rows, n);
     train_print_banner(rows, n);
     size_t sizes[NUM_PARAMETER_TENSORS], P = gpt2_num_parameters(c);
     gpt2_parameter_sizes(sizes, c);
@@ -546,183 +535,109 @@ static void print_layout(const GPT2* model, const TrainArgs* args, int N, int ze
     int mixed = model->master_memory != NULL;
     printf("memory per rank, Psi = %zu parameters (padded), dp = %d ranks, bytes per parameter %s:\n", p->count, N,
            mixed ? "2 + 2 + 12 (bf16 parameters and gradients; fp32 master, m, v)" : "4 + 4 + 8 (fp32 parameters and gradients; m, v)");
-    memory_plan_print(plan, c, run);
+    memory_plan_print(&run->plan, c, &run->layout);
 }
 
 int main(int argc, char** argv) {
-    // the common flags (llmc/train.h) and this trainer's own
-    TrainArgs args;
+    // ---- the flags: the common ones (llmc/train.h) and this trainer's own; then the
+    // communication layer and the model's config (llmc/run.h)
+    Run run;
     const char* dump_grads = NULL, *dump_logits = NULL;
-    ArgSpec specs[TRAIN_MAX_SPECS];
-    int num_specs = train_args_common(&args, specs);
     int check_replicas = 0, zero = 0, overlap = 1, offload = 0;
-    ArgSpec zero_spec = {"-z", ARG_INT, &zero, 0, 3, "ZeRO stage: 0 DDP (everything replicated), 1 the optimizer state sharded over the ranks, 2 the gradients too, 3 the parameters too (FSDP)"};
-    ArgSpec overlap_spec = {"-overlap", ARG_INT, &overlap, 0, 1, "1: gradient reductions and parameter gathers run while the rank computes; 0: each waited for at once"};
-    ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"};
-    ArgSpec dump_logits_spec = {"-dump_logits", ARG_STRING, &dump_logits, 0, 0, "write rank 0's logits of the first micro-batch here, raw fp32 (B, T, V) (tests)"};
-    ArgSpec check = {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all replicas hold the same parameters (their stored bits; not the master weights or moments) (0: never)"};
-    specs[num_specs++] = zero_spec;
-    specs[num_specs++] = overlap_spec;
-    ArgSpec offload_spec = {"-offload", ARG_INT, &offload, 0, 1, "1: master weights and AdamW moments in host memory and AdamW on the CPU (ZeRO-Offload), any -z; same results"};
-    specs[num_specs++] = offload_spec;
-    specs[num_specs++] = dump;
-    specs[num_specs++] = dump_logits_spec;
-    specs[num_specs++] = check;
-    if (!args_parse(argc, argv, specs, num_specs)) return 0;
+    const ArgSpec own[] = {
+        {"-z", ARG_INT, &zero, 0, 3, "ZeRO stage: 0 DDP (everything replicated), 1 the optimizer state sharded over the ranks, 2 the gradients too, 3 the parameters too (FSDP)"},
+        {"-overlap", ARG_INT, &overlap, 0, 1, "1: gradient reductions and parameter gathers run while the rank computes; 0: each waited for at once"},
+        {"-offload", ARG_INT, &offload, 0, 1, "1: master weights and AdamW moments in host memory and AdamW on the CPU (ZeRO-Offload), any -z; same results"},
+        {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"},
+        {"-dump_logits", ARG_STRING, &dump_logits, 0, 0, "write rank 0's logits of the first micro-batch here, raw fp32 (B, T, V) (tests)"},
+        {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all replicas hold the same parameters (their stored bits; not the master weights or moments) (0: never)"},
+    };
+    if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
     if (zero == 3 && check_replicas > 0) {
         fail("-check_replicas %d with -z 3: under ZeRO-3 every rank holds a different shard of the "
              "parameters, so there are no replicas to compare; use -z 0, 1 or 2", check_replicas);
     }
-
-    CommGroup world;
-    comm_init(&world, &argc, &argv);
-    int rank = world.rank;
-    watchdog_start(args.watchdog);
-
-    // ---- model: a model file, or a descriptor for a random init. Only its config for now: the
-    // memory check comes before the first large allocation
-    GPT2Config config;
-    int from_descriptor = gpt2_config_from_descriptor(args.model, &config);
-    if (!from_descriptor) gpt2_read_model_config(args.model, &config);
+    CommGroup* world = &run.world;  // every rank a data-parallel replica
+    int rank = world->rank, ranks = world->size;
+    GPT2Config config = run.config;
 
     // ---- the batch layout: B x T per micro-batch, `accum` micro-batches per rank per step,
     // every rank on its own data
-    train_check_flags(&args, config);
-    int accum = train_accumulation_steps(&args, world.size, "ranks");
+    int B = run.args.B, T = run.args.T, accum = train_accumulation_steps(&run.args, ranks, "ranks");
 
-    // ---- memory: predicted before allocating, so a batch too large for this machine is a
-    // message rather than a kill by the out-of-memory killer mid-run (llmc/memory.h). Every
-    // buffer this run allocates, part by part (llmc/memory_plan.h): ZeRO shards the model states
-    // as the layout says, -r keeps fewer activations, -offload moves the optimizer to the host.
-    size_t P = gpt2_num_parameters(config);
-    RunLayout run = {TRAINER_DP, world.size, 1, 1, 1, SCHEDULE_1F1B, accum, args.B, args.T, zero, 0, args.recompute,
-                     offload, overlap, args.checkpoint_every > 0, dump_grads != NULL, args.resume};
-    MemoryPlan plan = memory_plan(config, build_target(config), &run, 0, rank == 0);
-    char layout_note[128];
-    snprintf(layout_note, sizeof(layout_note), "%zu parameters, -z %d over %d ranks, -b %d -t %d", P, zero, world.size,
-             args.B, args.T);
+    // ---- memory, checked before allocating (llmc/memory_plan.h): ZeRO shards the model states
+    // as the layout says, -r keeps fewer activations, -offload moves the optimizer to the host
+    RunLayout layout = run_layout(&run, TRAINER_DP, accum);
+    layout.dp = ranks;
+    layout.zero = zero;
+    layout.offload = offload;
+    layout.overlap = overlap;
+    layout.dump_grads = dump_grads != NULL;
+    run_check_memory(&run, layout, 0, "%zu parameters, -z %d over %d ranks, -b %d -t %d", gpt2_num_parameters(config),
+                     zero, ranks, B, T);
+
+    // ---- the weights, the data (a global batch is accum x ranks chunks of B x T tokens; which
+    // rank reads which: see the loop), the run's identity with DDP's layout (a resume must match
+    // it), the output dir
+    float* weights = run_load(&run, accum * ranks, ranks, "dp=%d zero=%d tp=1 pp=1, %d micro-batches of %d x %d",
+                              ranks, zero, accum, B, T);
     LayerDims dims = layer_dims(config, 1, 0);  // every rank holds whole layers
     // the whole model in buckets, padded for ZeRO into one equal shard per rank (model.h)
-    ParameterLayout layout = parameter_layout_buckets(config, zero, world.size, rank);
-    // what the forward pass keeps for the backward pass: everything, or with -r less (model.h)
-    unsigned kept = activations_kept(args.recompute, 0, dims);
-    memory_check_fits(plan.total, plan.host + plan.host_optimizer, world.ranks_sharing_memory, layout_note);
-    comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
-
-    // the weights: read (checksum verified, non-finite values refused) or drawn from the seed
-    float* params_host = from_descriptor ? gpt2_init_random(config, (uint64_t)args.seed)
-                                         : gpt2_read_model_file(args.model, &config, NULL);
-
-    DataLoader train, val;
-    // a global batch is accum x ranks chunks of B x T tokens; which rank reads which: see the loop
-    dataloader_init(&train, args.train_path, args.B, args.T, accum * world.size, args.shuffle, (uint64_t)args.seed);
-    if (args.val_every > 0) {
-        dataloader_init(&val, args.val_path, args.B, args.T, world.size, 0, 0);
-        if ((size_t)args.val_batches > val.batches_per_epoch) args.val_batches = (int)val.batches_per_epoch;
-    }
-    int max_steps = args.max_steps >= 0 ? args.max_steps : (int)train.batches_per_epoch;
-    // samples: drawn on every rank (-z 3 gathers the model from all of them), printed by rank 0
-    // with the tokenizer's decode table (checked against the model)
-    Tokenizer tok;
-    int eot, can_sample = train_open_shared_sampling(&args, config, &world, &tok, &eot);
-    int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
-
-    // ---- the run's identity: everything that determines the training trajectory. A checkpoint
-    // stores it, and a resume with anything different is refused (checkpoint.h). DDP's layout:
-    // every rank a data-parallel replica, accum micro-batches of B x T each
-    RunIdentity identity;
-    char dp_layout[96];
-    snprintf(dp_layout, sizeof(dp_layout), "dp=%d zero=%d tp=1 pp=1, %d micro-batches of %d x %d", world.size, zero, accum,
-             args.B, args.T);
-    train_run_identity(&identity, &args, config, params_host, &train, max_steps, dp_layout, &world);
-
-    // ---- the output dir: rank 0 holds its lock for the whole run; a fresh run refuses a dir
-    // that holds checkpoints already, instead of mixing them with its own
-    if (args.out_dir != NULL) {
-        if (rank == 0) output_dir_claim(args.out_dir, args.resume);
-        comm_barrier(&world);
-    }
-
+    ParameterLayout rank_layout = parameter_layout_buckets(config, zero, ranks, rank);
     GPT2 model;
-    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_ALL, kept, offload);
-    free(params_host);
-    Zero z = zero_alloc(&model, &world, accum, overlap);
+    gpt2_build(&model, config, dims, rank_layout, weights, B, T, ACTS_ALL, activations_kept(run.args.recompute, 0, dims),
+               offload);
+    free(weights);
+    Zero z = zero_alloc(&model, world, accum, overlap);
+    if (rank == 0) print_layout(&run, &model, zero, overlap, accum);
 
-    if (rank == 0) print_layout(&model, &args, world.size, zero, overlap, accum, max_steps, train.num_tokens,
-                                args.val_every > 0 ? val.num_tokens : 0, &plan, &run);
-
-    // ---- with -y 1, resume from the newest complete checkpoint: rank 0 picks the step, every
-    // rank checks that its files are of that step, of its rank, of this layout and of this run
-    Rng sample_rng;
-    int start_step = train_start(&model, &args, &world, max_steps, &identity, &sample_rng, &train);
+    // ---- resume with -y 1; validation (each rank its own chunk, averaged), samples (every rank
+    // draws, -z 3 gathers from all), checkpoints (ZeRO shards gathered over the ranks)
+    DataParallel trainer = {&model, &z};
+    RunModel hooks = {&model, &trainer, val_loss, sample_logits, world, NULL, NULL, 1, world, NULL};
+    run_begin(&run, hooks, &world, 1);
     // -offload in fp32: AdamW on the host updates a host copy of this rank's share of the weights
     // (in bf16 the master weights are that copy): taken from the device once, as started
     if (offload && FLOATX_IS_FLOAT) {
-        for (int k = 0; k < parameter_num_buckets(&layout); k++) {
+        for (int k = 0; k < parameter_num_buckets(&rank_layout); k++) {
             size_t global, local, n;
-            layout_bucket_shard(&layout, k, &global, &local, &n);
+            layout_bucket_shard(&rank_layout, k, &global, &local, &n);
             copy_device_to_host(z.host_params + local, model.params_memory + (zero == 3 ? local : global), n * sizeof(floatX));
         }
     }
-    Logger logger;
-    logger_init(&logger, args.out_dir, rank, args.resume ? start_step : -1);
 
     // ---- training loop; `step` counts completed optimizer steps
-    double flops_per_token = train_flops_per_token(config, args.T);
-    DevicePeak peak = train_device_peak(rank);
-    StepStats stats = {0, 0, 0, 0, 0};
-    CommGroup* step_groups[1] = {&world};
-    StepReport report = step_report_init(step_groups, 1);
-    for (int step = start_step; step <= max_steps; step++) {
-        int last = step == max_steps;
-        // The checkpoint of a step holds the state before that step's validation and sample
-        // (the sampling rng included), so a resumed run redoes them exactly as an uninterrupted
-        // run with its flags would: same values, same samples, and the log was cut back to match
-        uint64_t rng_before_sample = sample_rng.state;
-        if (train_due(args.val_every, step, last)) {
-            watchdog_phase("validation", step);
-            train_report_val(&logger, rank, step, evaluate(&model, &z, &val, args.val_batches, &world));
-        }
-        if (can_sample && step > 0 && train_due(args.sample_every, step, last)) {
-            watchdog_phase("sampling", step);
-            sample(&model, &z, rank == 0 ? &tok : NULL, eot, &sample_rng, gen_tokens, step);
-        }
-        if (train_checkpoint_due(&args, step, start_step, last)) {
-            watchdog_phase("checkpoint write", step);
-            write_checkpoint(&model, args.out_dir, &world, &world, step, &identity, rng_before_sample);
-        }
-        if (last) break;
-
-        double t0 = wall_time_s();
-        comm_reset_counters(&world);
+    for (int step = run.start_step; step <= run.max_steps; step++) {
+        if (run_between_steps(&run, step)) break;  // validation, a sample, a checkpoint: when due
+        run_step_begin(&run);
         // 1. forward + backward over this rank's micro-batches; gradients accumulate (-z 2, 3: in
         // this rank's shards, a bucket reduce-scattered as soon as it is complete)
         watchdog_phase("forward and backward", step);
-        device_memset_zero(model.grads_memory, layout_grads_held(&layout) * sizeof(floatX));
+        device_memset_zero(model.grads_memory, layout_grads_held(&rank_layout) * sizeof(floatX));
         float loss = 0.0f;
         // Loss scaling, in two halves: each token's gradient is weighted 1/(B*T*accum) here (the
         // mean over this rank's tokens), and the reduction below averages over the ranks
         // (COMM_AVG). Together: 1/total_batch, the gradient of the mean loss over the global batch,
         // whatever the layout. A plain sum over ranks would multiply the gradient, and with it
         // the effective learning rate, by the number of ranks.
-        float dloss = 1.0f / (float)((size_t)args.B * args.T * accum);
+        float dloss = 1.0f / (float)((size_t)B * T * accum);
         for (int micro = 0; micro < accum; micro++) {
             watchdog_beat();
             // the DDP slice: micro-step `micro` of rank r is chunk micro * ranks + r, so the ranks
             // and micro-steps together read the global batch once (llmc/dataloader.h)
-            dataloader_load_chunk(&train, micro * world.size + rank, config.vocab_size);
-            gpt2_forward(&model, &z, train.inputs, args.B, args.T);
-            if (dump_logits != NULL && step == 0 && micro == 0 && rank == 0) write_logits(&model, args.B, args.T, dump_logits);
-            loss += gpt2_loss(&model, train.targets, args.B, args.T, dloss) / (float)accum;
+            dataloader_load_chunk(&run.train, micro * ranks + rank, config.vocab_size);
+            gpt2_forward(&model, &z, run.train.inputs, B, T);
+            if (dump_logits != NULL && step == 0 && micro == 0 && rank == 0) write_logits(&model, B, T, dump_logits);
+            loss += gpt2_loss(&model, run.train.targets, B, T, dloss) / (float)accum;
             z.micro = micro;
-            gpt2_backward(&model, &z, train.inputs, args.B, args.T);
+            gpt2_backward(&model, &z, run.train.inputs, B, T);
         }
-        dataloader_advance(&train);
+        dataloader_advance(&run.train);
         // 2. the gradient reduction finishes (or, for DDP and -z 1 without overlap, happens:
         // zero_reduce_finish), and the loss (one float) is averaged over the ranks
         watchdog_phase("gradient reduction", step);
         zero_reduce_finish(&z, &model);
-        comm_all_reduce_scalar(&world, &loss, COMM_AVG);
+        comm_all_reduce_scalar(world, &loss, COMM_AVG);
         // 3. the global gradient norm, for clipping (as torch.nn.utils.clip_grad_norm_): DDP has
         // every gradient on every rank; a ZeRO rank has its shards, so the ranks' sums of squares
         // are summed (all-reduce of one float) before the square root: the norm of the whole
@@ -732,8 +647,8 @@ int main(int argc, char** argv) {
         if (zero == 0) {
             grad_norm = sqrtf(global_norm_squared(model.grads_memory, model.num_parameters));
         } else {
-            float squares = global_norm_squared(z.grad_shards, layout_state_held(&layout));
-            comm_all_reduce_scalar(&world, &squares, COMM_SUM);
+            float squares = global_norm_squared(z.grad_shards, layout_state_held(&rank_layout));
+            comm_all_reduce_scalar(world, &squares, COMM_SUM);
             grad_norm = sqrtf(squares);
         }
         // A nan or inf anywhere on any rank reaches every rank through the all-reduced sums, so
@@ -744,16 +659,16 @@ int main(int argc, char** argv) {
         // a shard rounds as the whole replica would)
         float clip_scale, lr;
         if (zero == 0 && !offload) {
-            lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
+            lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
         } else {
-            AdamWConfig opt = train_adamw_config(&args, step, max_steps, grad_norm, &clip_scale);
+            AdamWConfig opt = train_adamw_config(&run.args, step, run.max_steps, grad_norm, &clip_scale);
             lr = opt.lr;
-            for (int k = 0; k < parameter_num_buckets(&layout); k++) {
+            for (int k = 0; k < parameter_num_buckets(&rank_layout); k++) {
                 // this rank's shard of bucket k (under DDP the whole bucket): n elements from
                 // `global` in the whole model, at `local` in its shards of master weights, moments
                 // and gradients (and under -z 3 of the parameters, which the next forward gathers)
                 size_t global, local, n;
-                layout_bucket_shard(&layout, k, &global, &local, &n);
+                layout_bucket_shard(&rank_layout, k, &global, &local, &n);
                 floatX* params = model.params_memory + (zero == 3 ? local : global);
                 float* master = model.master_memory ? model.master_memory + local : NULL;
                 if (offload) {
@@ -762,56 +677,38 @@ int main(int argc, char** argv) {
                     device_copy_wait(&z.copies[k]);
                     z.copying[k] = 0;
                     optimizer_adamw_step_with(adamw_update_host, z.host_params + local, master, z.host_grads + local,
-                                              model.m_memory + local, model.v_memory + local, global, global + n, &layout,
+                                              model.m_memory + local, model.v_memory + local, global, global + n, &rank_layout,
                                               opt, clip_scale, step + 1);
                     copy_host_to_device_async(params, z.host_params + local, n * sizeof(floatX));
                 } else {
                     optimizer_adamw_step(params, master, z.grad_shards + local, model.m_memory + local,
-                                         model.v_memory + local, global, global + n, &layout, opt, clip_scale, step + 1);
+                                         model.v_memory + local, global, global + n, &rank_layout, opt, clip_scale, step + 1);
                 }
                 // -z 1, 2: then the updated parameters to every rank: all-gather bucket k in
                 // place, each rank's shard (n floatX) already at its place in the whole (N n),
                 // while the next bucket is updated (with overlap)
                 if (zero == 1 || zero == 2) {
-                    comm_all_gather_start(&world, NULL, model.params_memory + parameter_bucket_offset(&layout, k), n,
+                    comm_all_gather_start(world, NULL, model.params_memory + parameter_bucket_offset(&rank_layout, k), n,
                                           COMM_FLOATX, &z.requests[k]);
                     if (!overlap) comm_wait(&z.requests[k]);
                 }
-                comm_progress(&world);  // (CPU: the gathers in flight move on)
+                comm_progress(world);  // (CPU: the gathers in flight move on)
             }
-            for (int k = 0; k < parameter_num_buckets(&layout) && (zero == 1 || zero == 2); k++) comm_wait(&z.requests[k]);
+            for (int k = 0; k < parameter_num_buckets(&rank_layout) && (zero == 1 || zero == 2); k++) comm_wait(&z.requests[k]);
         }
-        device_synchronize();
-        comm_collect_times(&world);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)
-        double recompute_s = device_spans_collect(&recompute_spans);
-        double dt = wall_time_s() - t0;
-        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world), recompute_s);
-        // the step line and main.log (train.h). The bytes each rank hands to the collectives and
-        // sends if each is a ring (comm.h): DDP's all-reduce 2 (N-1)/N Psi X, as much as ZeRO-1's
-        // and ZeRO-2's reduce-scatter plus all-gather, ZeRO-3's 3 (N-1)/N Psi X with its second
-        // all-gather; exposed: the part of the collectives' time the rank waited (not hidden
-        // behind compute; all of it with -overlap 0)
-        double tokens_per_s = args.total_batch / dt;
-        StepFigures figures = {step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s, tokens_per_s,
-                               train_mfu(flops_per_token, tokens_per_s, world.size, peak)};
-        step_report(&report, &logger, rank, figures);
+        // the step line and main.log (llmc/run.h). The bytes each rank hands to the collectives
+        // and sends if each is a ring (comm.h): DDP's all-reduce 2 (N-1)/N Psi X, as much as
+        // ZeRO-1's and ZeRO-2's reduce-scatter plus all-gather, ZeRO-3's 3 (N-1)/N Psi X with its
+        // second all-gather; exposed: the part of the collectives' time the rank waited (not
+        // hidden behind compute; all of it with -overlap 0)
+        run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
         // after the step's count; AdamW left the gradients as they were
-        if (dump_grads != NULL && step == 0) write_gradients(&model, &z, &world, dump_grads);
+        if (dump_grads != NULL && step == 0) write_gradients(&model, &z, world, dump_grads);
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
-            train_check_replicas(&model, &world, step + 1, NULL, "replicas");
+            train_check_replicas(&model, world, step + 1, NULL, "replicas");
         }
     }
-    if (rank == 0) {
-        step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
-        // what was allocated at most, beside the prediction of the memory table (print_layout)
-        train_print_high_water(plan.total);
-    }
-
-    watchdog_phase("shutdown", max_steps);
-    logger_close(&logger);
-    if (can_sample && rank == 0) tokenizer_free(&tok);
-    dataloader_free(&train);
-    if (args.val_every > 0) dataloader_free(&val);
+    run_end(&run);
     zero_free(&z);
     gpt2_free(&model);
     comm_finalize();
