@@ -322,36 +322,29 @@ static const ChunkOps chunk_ops = {chunk_forward, chunk_backward, stage_chunk_we
 
 // ----------------------------------------------------------------------------------------------
 
-// Autoregressive sampling from <|endoftext|>: one forward pass of B = 1 through the pipe per new
-// token. The last stage's tp ranks draw it from their slices of the logits
-// (sample_next_token_sharded) and broadcast it over the pipe, since the first stage needs it
-// next. Every replica draws the same tokens (same weights, same rng); rank 0 prints. With -sp the
-// sequence is padded to a multiple of tp (causal attention: the padding changes no logit read).
-static void sample(GPT2* model, Stage* st, Grid* g, const Tokenizer* tok, int eot, Rng* rng, int gen_tokens, int step) {
-    LayerDims d = model->dims;
-    int lo = g->tp_rank * d.Vp, real = vocab_real_columns(model->config, d, g->tp_rank);
-    int* tokens = (int*)malloc_check((size_t)model->T * sizeof(int));
-    float* logits = (float*)malloc_check((size_t)d.Vp * sizeof(float));  // one row, fp32
-    for (int t = 0; t < model->T; t++) tokens[t] = eot;
-    if (tok) printf("---- sample at step %d ----\n", step);
-    for (int t = 1; t < gen_tokens; t++) {
-        int padded = (t + d.seq_shards - 1) / d.seq_shards * d.seq_shards;
-        Walk w = stage_forward_pass(model, st, chunk_ops, &g->pp_group, &g->tp_group, NULL, tokens, 1, padded);
-        float token = 0.0f;
-        if (g->stage == g->pp - 1) {  // its slot is free again, but nothing has overwritten it
-            copy_device_to_floats(logits, w.head->logits + (size_t)(t - 1) * d.Vp, d.Vp);
-            token = (float)sample_next_token_sharded(logits, real, lo, rng, &g->tp_group);
-        }
-        comm_broadcast_host(&g->pp_group, &token, sizeof(float), g->pp - 1);  // (token ids are exact in a float)
-        tokens[t] = (int)token;
-        sample_token_drawn(tok, tokens[t]);
-    }
-    if (tok) printf("\n----------------\n");
-    // only the last stage drew from the rng: hand its state to the other stages (8 bytes), so
-    // that every rank's rng, and so the checkpoint rank 0 writes, is where the samples left it
-    comm_broadcast_host(&g->pp_group, &rng->state, sizeof(rng->state), g->pp - 1);
-    free(tokens);
-    free(logits);
+// Validation and samples run forward-only walks through this replica's pipe, with the tp
+// collectives inside; the run layer (llmc/run.h) calls these two with the model, the stage and
+// the grid. Every replica evaluates and samples alike (same weights, same batches, same rng).
+typedef struct {
+    GPT2* model;
+    Stage* st;
+    Grid* g;
+} Grid3D;
+
+// one validation batch, one micro-batch forward through the pipe: its loss on the last stage
+// (0 elsewhere; the run layer broadcasts it over the pipe)
+static float val_loss(void* trainer, DataLoader* val) {
+    Grid3D* t = (Grid3D*)trainer;
+    return stage_forward_pass(t->model, t->st, chunk_ops, &t->g->pp_group, &t->g->tp_group, val, NULL, t->model->B,
+                              t->model->T).loss;
+}
+
+// a sample's forward pass through the pipe: this tp rank's slice of the logits, (1, T, Vp/tp), on
+// the last stage, where its slot is free again but nothing has overwritten it; NULL elsewhere
+static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
+    Grid3D* t = (Grid3D*)trainer;
+    Walk w = stage_forward_pass(t->model, t->st, chunk_ops, &t->g->pp_group, &t->g->tp_group, NULL, tokens, 1, T);
+    return t->g->stage == t->g->pp - 1 ? w.head->logits : NULL;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -419,8 +412,8 @@ static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const Paramet
 // schedule's chart, the memory of each stage's ranks and of rank 0 part by part, and rank 0's
 // communication per step beside the formulas
 
-static void print_layout(const GPT2* model, const Stage* st, const Grid* g, const TrainArgs* args, int zero,
-                         int max_steps, size_t train_tokens, size_t val_tokens, const MemoryPlan* mem, const RunLayout* run) {
+static void print_layout(const Run* run, const GPT2* model, const Stage* st, const Grid* g, int zero) {
+    const TrainArgs* args = &run->args;
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     PipeSpec s = st->spec;
@@ -434,9 +427,7 @@ static void print_layout(const GPT2* model, const Stage* st, const Grid* g, cons
     banner_row(&rows[n++], "data parallel", "%d replica%s%s", g->dp, g->dp > 1 ? "s" : "", zero ? ", ZeRO-1" : "");
     banner_row(&rows[n++], "micro-batches", "%d per replica of B x T = %d x %d", s.m, args->B, args->T);
     banner_row(&rows[n++], "recomputation", "%s", recompute_names[args->recompute]);
-    banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
-    banner_row(&rows[n++], "steps", "%d", max_steps);
-    banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
+    n = run_banner_rows(run, rows, n);
     train_print_banner(rows, n);
     printf("the grid (tp fastest, then dp, then pp) and each rank's groups:\n");
     for (int r = 0; r < world && r < 64; r++) {
@@ -453,7 +444,7 @@ static void print_layout(const GPT2* model, const Stage* st, const Grid* g, cons
     printf("stages (each split over its %d tp ranks; device memory predicted for each of their ranks):\n", g->tp);
     for (int stage = 0; stage < s.p; stage++) {
         size_t unpadded = parameter_layout_grid(c, g->tp, 0, s.p, stage, s.V).count;
-        MemoryPlan plan = memory_plan(c, d.target, run, stage, 0);
+        MemoryPlan plan = memory_plan(c, d.target, &run->layout, stage, 0);
         const ParameterLayout l = plan.layout;
         printf("  stage %d  layers", stage);
         for (int chunk = 0; chunk < s.V; chunk++) {
@@ -465,7 +456,7 @@ static void print_layout(const GPT2* model, const Stage* st, const Grid* g, cons
     }
     pipeline_print_chart(s);
     printf("memory of rank 0 (dp 0, stage 0, tp 0), Psi = its parameters:\n");
-    memory_plan_print(mem, c, run);
+    memory_plan_print(&run->plan, c, &run->layout);
     StepBytes b = step_bytes(c, d, s, &model->layout, args->B, args->T, zero,
                              layer_rerun_needed(stage_kept(args->recompute, s, d)));
     double a = (double)args->B * args->T * c.channels * sizeof(floatX);
@@ -492,13 +483,12 @@ static void print_layout(const GPT2* model, const Stage* st, const Grid* g, cons
 }
 
 int main(int argc, char** argv) {
-    // the common flags (llmc/train.h) and this trainer's own
-    TrainArgs args;
+    // ---- the flags: the common ones (llmc/train.h) and this trainer's own; then the
+    // communication layer and the model's config (llmc/run.h)
+    Run run;
     const char* dump_grads = NULL;
     const char* sched_name = "1f1b";
     int dp = 0, pp = 1, tp = 1, sp = 0, vp = 1, zero = 0, timeline = 0, check_replicas = 0;
-    ArgSpec specs[TRAIN_MAX_SPECS];
-    int num_specs = train_args_common(&args, specs);
     const ArgSpec own[] = {
         {"-dp", ARG_INT, &dp, 0, ARG_NO_MAX, "data-parallel replicas (0: the number of ranks / (pp x tp))"},
         {"-pp", ARG_INT, &pp, 1, ARG_NO_MAX, "pipeline stages; L must divide by pp x vp"},
@@ -511,32 +501,23 @@ int main(int argc, char** argv) {
         {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that every copy of a tensor is identical: over tp (replicated tensors), the embedding group (wte) and dp (everything) (0: never)"},
     };
-    for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++) specs[num_specs++] = own[i];
-    if (!args_parse(argc, argv, specs, num_specs)) return 0;
-
-    CommGroup world;
-    comm_init(&world, &argc, &argv);
-    int rank = world.rank;
-    watchdog_start(args.watchdog);
-
-    // ---- model: a model file, or a descriptor for a random init. Only its config for now: the
-    // layout and memory checks come before the first large allocation
-    GPT2Config config;
-    int from_descriptor = gpt2_config_from_descriptor(args.model, &config);
-    if (!from_descriptor) gpt2_read_model_config(args.model, &config);
+    if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
+    CommGroup* world = &run.world;
+    int rank = world->rank;
+    GPT2Config config = run.config;
 
     // ---- the grid: dp x pp x tp must be the world. Every rank checks the same flags against
     // the same world, so a bad layout stops every rank with the same message
     if (dp == 0) {
-        if (world.size % (pp * tp) != 0) {
+        if (world->size % (pp * tp) != 0) {
             fail("-pp %d x -tp %d = %d does not divide the %d ranks, so no number of data-parallel replicas "
-                 "fills the world; launch a multiple of %d ranks", pp, tp, pp * tp, world.size, pp * tp);
+                 "fills the world; launch a multiple of %d ranks", pp, tp, pp * tp, world->size, pp * tp);
         }
-        dp = world.size / (pp * tp);
+        dp = world->size / (pp * tp);
     }
-    if (dp * pp * tp != world.size) {
+    if (dp * pp * tp != world->size) {
         fail("-dp %d x -pp %d x -tp %d = %d ranks, but the job has %d: the grid must hold every rank exactly "
-             "once (launch with mpirun -np %d, or leave -dp out)", dp, pp, tp, dp * pp * tp, world.size, dp * pp * tp);
+             "once (launch with mpirun -np %d, or leave -dp out)", dp, pp, tp, dp * pp * tp, world->size, dp * pp * tp);
     }
     int sched = pipeline_schedule_from_name(sched_name);
     if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
@@ -546,20 +527,15 @@ int main(int argc, char** argv) {
     }
     LayerDims dims = layer_dims(config, tp, sp);  // (NH, 4C and Vp must divide by tp)
     sp = dims.seq_shards > 1;                     // with one tp rank there is nothing to split
-    train_check_flags(&args, config);
-    if (sp && args.T % tp != 0) fail("-sp 1 splits the tokens over the %d tp ranks: -t %d must be a multiple of %d", tp, args.T, tp);
+    int B = run.args.B, T = run.args.T;
+    if (sp && T % tp != 0) fail("-sp 1 splits the tokens over the %d tp ranks: -t %d must be a multiple of %d", tp, T, tp);
     // the batch: a step is m micro-batches of B x T on each of the dp replicas
-    int m = train_accumulation_steps(&args, dp, "dp");
+    int m = train_accumulation_steps(&run.args, dp, "dp");
     PipeSpec spec = {(PipeSchedule)sched, pp, m, vp};
-    char why[256];
-    if (pipeline_spec_problem(spec, why, sizeof(why))) fail("%s", why);
-    // every stage's list of actions, checked to pair up and finish (pipeline.h)
-    int n = pipeline_actions_per_stage(spec);
-    PipeAction* all_actions = (PipeAction*)malloc_check((size_t)pp * n * sizeof(PipeAction));
-    for (int s = 0; s < pp; s++) pipeline_stage_actions(spec, s, all_actions + (size_t)s * n);
-    if (pipeline_check_exchanges(spec, all_actions, n, why, sizeof(why))) fail("schedule %s: %s", sched_name, why);
+    int n;
+    PipeAction* all_actions = pipeline_plan(spec, sched_name, &n);  // every stage's actions (pipeline.h)
     Grid grid;
-    grid_init(&grid, &world, dp, pp, tp);
+    grid_init(&grid, world, dp, pp, tp);
     PipeAction* actions = all_actions + (size_t)grid.stage * n;
 
     // ---- this rank's parameters: its tp slices of its stage's tensors, with -z 1 padded so that
@@ -567,112 +543,72 @@ int main(int argc, char** argv) {
     ParameterLayout layout = parameter_layout_grid(config, tp, grid.tp_rank, pp, grid.stage, vp);
     layout_shard_flat(&layout, zero, dp, grid.dp_rank);
 
-    // ---- memory, predicted before allocating (llmc/memory.h): the rank's pieces of the model
-    // states, its stage's slots of micro-batches in flight at its tp widths, the pipeline's and
-    // ZeRO-1's buffers, part by part as they are allocated (llmc/memory_plan.h)
+    // ---- memory, checked before allocating: the rank's pieces of the model states, its stage's
+    // slots of micro-batches in flight at its tp widths, the pipeline's and ZeRO-1's buffers
+    // (llmc/memory_plan.h)
     size_t N = layout.count, P = gpt2_num_parameters(config);
-    RunLayout run = {TRAINER_3D, dp, tp, pp, vp, spec.sched, m, args.B, args.T, zero, sp, args.recompute, 0, 0,
-                     args.checkpoint_every > 0, dump_grads != NULL, args.resume};
-    MemoryPlan mem = memory_plan(config, build_target(config), &run, grid.stage, rank == 0);
-    char layout_note[160];
-    snprintf(layout_note, sizeof(layout_note), "%zu of %zu parameters on rank %d (dp %d, stage %d, tp %d), -b %d -t %d",
-             N, P, rank, grid.dp_rank, grid.stage, grid.tp_rank, args.B, args.T);
-    memory_check_fits(mem.total, mem.host, world.ranks_sharing_memory, layout_note);
-    comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
+    RunLayout grid_layout = run_layout(&run, TRAINER_3D, m);
+    grid_layout.dp = dp;
+    grid_layout.tp = tp;
+    grid_layout.pp = pp;
+    grid_layout.V = vp;
+    grid_layout.sched = spec.sched;
+    grid_layout.zero = zero;
+    grid_layout.sp = sp;
+    grid_layout.dump_grads = dump_grads != NULL;
+    run_check_memory(&run, grid_layout, grid.stage, "%zu of %zu parameters on rank %d (dp %d, stage %d, tp %d), -b %d -t %d",
+                     N, P, rank, grid.dp_rank, grid.stage, grid.tp_rank, B, T);
 
-    // the whole model: read (checksum verified, non-finite values refused) or drawn from the seed
-    float* params_host = from_descriptor ? gpt2_init_random(config, (uint64_t)args.seed)
-                                         : gpt2_read_model_file(args.model, &config, NULL);
-
-    DataLoader train, val;
-    // a step is dp x m chunks of B x T tokens: micro-batch i of replica r is chunk i dp + r, so
-    // that the replicas and micro-batches cover the global batch once (train_gpt2_dp.cu)
-    int max_steps = train_open_shared_loaders(&args, dp * m, &train, &val);
-    Tokenizer tok;
-    int eot, can_sample = train_open_shared_sampling(&args, config, &world, &tok, &eot);
-    int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
-
-    // ---- the run's identity (checkpoint.h), without the layout: any grid resumes it
-    RunIdentity identity;
-    train_run_identity(&identity, &args, config, params_host, &train, max_steps, NULL, &world);
-
-    // ---- the output dir: rank 0 holds its lock for the whole run
-    if (args.out_dir != NULL) {
-        if (rank == 0) output_dir_claim(args.out_dir, args.resume);
-        comm_barrier(&world);
-    }
-
+    // ---- the weights, the data (a step is dp x m chunks of B x T tokens: micro-batch i of
+    // replica r is chunk i dp + r, so that the replicas and micro-batches cover the global batch
+    // once), the run's identity without the layout (any grid resumes it), the output dir
+    float* weights = run_load(&run, dp * m, 1, NULL);
     GPT2 model;
-    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_SCRATCH | ACTS_RECOMPUTE,
-               stage_kept(args.recompute, spec, dims), 0);
-    free(params_host);
+    gpt2_build(&model, config, dims, layout, weights, B, T, ACTS_SCRATCH | ACTS_RECOMPUTE,
+               stage_kept(run.args.recompute, spec, dims), 0);
+    free(weights);
     Stage stage;
-    stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), &model, args.B, args.T);
+    stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), &model, B, T);
     // with -z 1 the reduce-scatter's output: this replica's 1/dp shard of the reduced gradients
     size_t X = sizeof(floatX), S = layout_state_held(&layout);
     floatX* grad_shard = zero ? (floatX*)device_malloc(S * X) : NULL;
+    if (rank == 0) print_layout(&run, &model, &stage, &grid, zero);
 
-    if (rank == 0) {
-        print_layout(&model, &stage, &grid, &args, zero, max_steps, train.num_tokens,
-                     args.val_every > 0 ? val.num_tokens : 0, &mem, &run);
-    }
-
-    // ---- with -y 1, resume from the newest complete checkpoint, whatever grid wrote it
-    Rng sample_rng;
-    int start_step = train_start_from(&model, &args, &world, max_steps, &identity, &sample_rng, &train,
-                                      read_checkpoint_gathered);
-    Logger logger;
-    logger_init(&logger, args.out_dir, rank, args.resume ? start_step : -1);
+    // ---- resume with -y 1, whatever grid wrote the checkpoint (its state is gathered into the
+    // model file's layout over dp and the model group); validation and samples as forward-only
+    // walks through the pipe, with the vocabulary split over tp
+    Grid3D trainer = {&model, &stage, &grid};
+    RunModel hooks = {&model, &trainer, val_loss, sample_logits, NULL, &grid.pp_group, &grid.tp_group,
+                      dims.seq_shards, &grid.model_group, &grid.dp_group};
+    CommGroup* groups[5] = {&grid.tp_group, &grid.pp_group, &grid.dp_group, &grid.embedding, world};
+    run_begin(&run, hooks, groups, 5);
 
     // ---- training loop; `step` counts completed optimizer steps
-    double flops_per_token = train_flops_per_token(config, args.T);
-    DevicePeak peak = train_device_peak(rank);
-    StepStats stats = {0, 0, 0, 0, 0};
     double* times = (double*)malloc_check((size_t)2 * n * sizeof(double));
     // the replica's dp shard of this rank's flat buffer: the elements whose norm it counts, and
     // with -z 1 the ones it updates
     size_t shard = zero ? S : (N + dp - 1) / dp, lo = (size_t)grid.dp_rank * shard;
     size_t hi = lo + shard < N ? lo + shard : N;
     lo = lo < hi ? lo : hi;
-    CommGroup* groups[5] = {&grid.tp_group, &grid.pp_group, &grid.dp_group, &grid.embedding, &world};
-    StepReport report = step_report_init(groups, 5);
     // the replica of world rank 0's pipeline, at tp rank 0: where the timeline is measured
     int in_timeline = grid.dp_rank == 0 && grid.tp_rank == 0;
-    for (int step = start_step; step <= max_steps; step++) {
-        int last = step == max_steps;
-        // a checkpoint holds the state before its step's validation and sample (train_gpt2_dp.cu)
-        uint64_t rng_before_sample = sample_rng.state;
-        if (train_due(args.val_every, step, last)) {
-            watchdog_phase("validation", step);
-            train_report_val(&logger, rank, step, stage_evaluate(&model, &stage, chunk_ops, &grid.pp_group, &grid.tp_group, &val, args.val_batches));
-        }
-        if (can_sample && step > 0 && train_due(args.sample_every, step, last)) {
-            watchdog_phase("sampling", step);
-            sample(&model, &stage, &grid, rank == 0 ? &tok : NULL, eot, &sample_rng, gen_tokens, step);
-        }
-        if (train_checkpoint_due(&args, step, start_step, last)) {
-            watchdog_phase("checkpoint write", step);
-            write_checkpoint_gathered(&model, args.out_dir, &world, &grid.dp_group, &grid.model_group, step, &identity,
-                                      rng_before_sample);
-        }
-        if (last) break;
-
+    for (int step = run.start_step; step <= run.max_steps; step++) {
+        if (run_between_steps(&run, step)) break;  // validation, a sample, a checkpoint: when due
         int timed = timeline > 0 && (step + 1) % timeline == 0;
-        if (timed) comm_barrier(&world);  // a common start, so that the stages' clocks line up
-        double t0 = wall_time_s();
-        for (int i = 0; i < 5; i++) comm_reset_counters(groups[i]);
+        if (timed) comm_barrier(world);  // a common start, so that the stages' clocks line up
+        run_step_begin(&run);
         // 1. the schedule over this replica's m micro-batches: each stage's forwards and
         // backwards with the exchanges between them (pp group), the tp collectives inside each
         // chunk. Each token's gradient is weighted 1/(B T m): the replica's mean; the mean over
         // the replicas follows in 4.
         watchdog_phase("pipeline schedule", step);
         device_memset_zero(model.grads_memory, N * X);
-        Walk w = walk_of(&model, &stage, chunk_ops, &grid.pp_group, &grid.tp_group, &train, dp, grid.dp_rank, NULL,
-                         args.B, args.T, 0, 1.0f / (float)((size_t)args.B * args.T * m));
+        Walk w = walk_of(&model, &stage, chunk_ops, &grid.pp_group, &grid.tp_group, &run.train, dp, grid.dp_rank, NULL,
+                         B, T, 0, 1.0f / (float)((size_t)B * T * m));
         w.times = timed && in_timeline ? times : NULL;
-        w.t0 = t0;
+        w.t0 = run.step_start;
         walk_actions(&w, actions, n);
-        dataloader_advance(&train);
+        dataloader_advance(&run.train);
         // 2. -sp: the LayerNorm weights of this stage saw only this rank's tokens: all-reduce
         // their gradients over tp ((Ls, C) each of ln1w, ln1b, ln2w, ln2b; (C) each of lnfw,
         // lnfb on the last stage)
@@ -698,7 +634,7 @@ int main(int argc, char** argv) {
         // over the world (all-reduce of one float)
         watchdog_phase("AdamW update", step);
         float squares = owned_norm_squared(&model, zero ? grad_shard : model.grads_memory + lo, lo, hi, grid.tp_rank);
-        comm_all_reduce_scalar(&world, &squares, COMM_SUM);
+        comm_all_reduce_scalar(world, &squares, COMM_SUM);
         float grad_norm = sqrtf(squares);
         // the loss and the norm are the same on every rank, so every rank stops here together
         train_stop_if_not_finite(step, loss, grad_norm);
@@ -707,29 +643,17 @@ int main(int argc, char** argv) {
         // this replica's shard [lo, hi), then the updated parameters all-gathered over dp (N)
         float clip_scale, lr;
         if (zero) {
-            AdamWConfig opt = train_adamw_config(&args, step, max_steps, grad_norm, &clip_scale);
+            AdamWConfig opt = train_adamw_config(&run.args, step, run.max_steps, grad_norm, &clip_scale);
             optimizer_adamw_step(model.params_memory + lo, model.master_memory, grad_shard, model.m_memory,
                                  model.v_memory, lo, hi, &layout, opt, clip_scale, step + 1);
             comm_all_gather_in_place(&grid.dp_group, model.params_memory, S, COMM_FLOATX);
             lr = opt.lr;
         } else {
-            lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
+            lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
         }
-        device_synchronize();
-        double recompute_s = device_spans_collect(&recompute_spans);
-        double dt = wall_time_s() - t0;
-        double step_comm = 0.0;
-        for (int i = 0; i < 5; i++) {
-            comm_collect_times(groups[i]);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)
-            step_comm += comm_seconds(groups[i]);
-        }
-        step_stats_add(&stats, step == start_step, dt, step_comm, recompute_s);
-        // the step line and main.log (train.h): rank 0's bytes per group equal the formulas
+        // the step line and main.log (llmc/run.h): rank 0's bytes per group equal the formulas
         // printed at the start
-        double tokens_per_s = args.total_batch / dt;
-        StepFigures figures = {step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s, tokens_per_s,
-                               train_mfu(flops_per_token, tokens_per_s, world.size, peak)};
-        step_report(&report, &logger, rank, figures);
+        run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
             unsigned wte_only = 1u, everything = (1u << NUM_PARAMETER_TENSORS) - 1;
             train_check_replicas(&model, &grid.tp_group, step + 1, NULL, "tp copies of the replicated tensors");
@@ -737,26 +661,14 @@ int main(int argc, char** argv) {
             train_check_replicas(&model, &grid.dp_group, step + 1, &everything, "dp replicas");
         }
         if (dump_grads != NULL && step == 0) {  // after the step's count (AdamW left the gradients)
-            float* full = rank == 0 ? (float*)malloc_check(P * sizeof(float)) : NULL;
             // with -z 1 each replica has only its shard reduced: all-gather the shards (N) first
             if (zero) comm_all_gather(&grid.dp_group, grad_shard, model.grads_memory, S, COMM_FLOATX);
-            if (grid.dp_rank == 0) gpt2_gather_full(&model, &grid.model_group, model.grads_memory, COMM_FLOATX, full);
-            if (rank == 0) gpt2_write_model_file(dump_grads, config, full);
-            free(full);
+            if (grid.dp_rank == 0) gpt2_write_gathered(&model, &grid.model_group, model.grads_memory, dump_grads);
         }
-        if (timed && in_timeline) stage_report_timeline(&stage, &grid.pp_group, n, times, step + 1, args.out_dir);
+        if (timed && in_timeline) stage_report_timeline(&stage, &grid.pp_group, n, times, step + 1, run.args.out_dir);
     }
-    if (rank == 0) {
-        step_stats_print(&stats, args.total_batch, flops_per_token, peak, world.size);
-        train_print_high_water(mem.total);
-    }
-    if (max_steps > start_step && in_timeline) stage_report_peak(&stage, &grid.pp_group, all_actions, n);
-
-    watchdog_phase("shutdown", max_steps);
-    logger_close(&logger);
-    if (rank == 0 && can_sample) tokenizer_free(&tok);
-    dataloader_free(&train);
-    if (args.val_every > 0) dataloader_free(&val);
+    run_end(&run);
+    if (run.max_steps > run.start_step && in_timeline) stage_report_peak(&stage, &grid.pp_group, all_actions, n);
     stage_free(&stage);
     if (grad_shard) device_free(grad_shard);
     free(times);

@@ -204,30 +204,27 @@ static void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int ch
 // W (stage_chunk_weights in llmc/stage.h: the weight gradients from what B kept in the slot)
 static const ChunkOps chunk_ops = {chunk_forward, chunk_backward, stage_chunk_weights};
 
-// Autoregressive sampling from <|endoftext|>: each new token is one forward pass of B = 1
-// through the whole pipe; the last stage draws the token from its logits and broadcasts it
-// (4 bytes), since the first stage needs it for the next pass. Rank 0 prints.
-static void sample(GPT2* model, Stage* st, CommGroup* pp, const Tokenizer* tok, int eot, Rng* rng, int gen_tokens,
-                   int step) {
-    GPT2Config c = model->config;
-    int* tokens = (int*)malloc_check((size_t)model->T * sizeof(int));
-    float* logits = (float*)malloc_check((size_t)c.padded_vocab_size * sizeof(float));  // one row, fp32
-    for (int t = 0; t < model->T; t++) tokens[t] = eot;
-    if (tok) printf("---- sample at step %d ----\n", step);
-    for (int t = 1; t < gen_tokens; t++) {
-        Walk w = stage_forward_pass(model, st, chunk_ops, pp, NULL, NULL, tokens, 1, t);
-        float token = 0.0f;
-        if (st->stage == pp->size - 1) {  // its slot is free again, but nothing has overwritten it
-            copy_device_to_floats(logits, w.head->logits + (size_t)(t - 1) * c.padded_vocab_size, c.padded_vocab_size);
-            token = (float)sample_next_token(logits, c.vocab_size, rng);
-        }
-        comm_broadcast_host(pp, &token, sizeof(float), pp->size - 1);  // (token ids are exact in a float)
-        tokens[t] = (int)token;
-        sample_token_drawn(tok, tokens[t]);
-    }
-    if (tok) printf("\n----------------\n");
-    free(tokens);
-    free(logits);
+// Validation and samples run forward-only walks through the pipe; the run layer (llmc/run.h)
+// calls these two with the model, the stage and the pipeline group
+typedef struct {
+    GPT2* model;
+    Stage* st;
+    CommGroup* pp;
+} Pipeline;
+
+// one validation batch, one micro-batch forward through the pipe: its loss on the last stage
+// (0 elsewhere; the run layer broadcasts it)
+static float val_loss(void* trainer, DataLoader* val) {
+    Pipeline* t = (Pipeline*)trainer;
+    return stage_forward_pass(t->model, t->st, chunk_ops, t->pp, NULL, val, NULL, t->model->B, t->model->T).loss;
+}
+
+// a sample's forward pass through the pipe: the logits (1, T, Vp) on the last stage, where its
+// slot is free again but nothing has overwritten it; NULL elsewhere
+static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
+    Pipeline* t = (Pipeline*)trainer;
+    Walk w = stage_forward_pass(t->model, t->st, chunk_ops, t->pp, NULL, NULL, tokens, 1, T);
+    return t->st->stage == t->pp->size - 1 ? w.head->logits : NULL;
 }
 
 // The communication of one step, payload on rank 0 (stage 0), from the layout alone (the README
@@ -250,8 +247,9 @@ static StepBytes pp_step_bytes(GPT2Config c, PipeSpec s, int B, int T) {
 
 // what rank 0 prints at the start: the layout, each stage's layers and parameters, the schedule's
 // chart, the memory per rank and the communication per step with its formula
-static void print_layout(const GPT2* model, const Stage* st, const TrainArgs* args, int max_steps, size_t train_tokens,
-                         size_t val_tokens, const MemoryPlan* plan, const RunLayout* run) {
+static void print_layout(const Run* run, const GPT2* model, const Stage* st) {
+    const TrainArgs* args = &run->args;
+    const MemoryPlan* plan = &run->plan;
     GPT2Config c = model->config;
     PipeSpec s = st->spec;
     size_t P = gpt2_num_parameters(c), X = sizeof(floatX);
@@ -262,14 +260,12 @@ static void print_layout(const GPT2* model, const Stage* st, const TrainArgs* ar
     banner_row(&rows[n++], "schedule", "%s", pipe_schedule_names[s.sched]);
     banner_row(&rows[n++], "micro-batches m", "%d of B x T = %d x %d", s.m, args->B, args->T);
     banner_row(&rows[n++], "recomputation", "%s", recompute_names[args->recompute]);
-    banner_row(&rows[n++], "total batch (tokens)", "%d", args->total_batch);
-    banner_row(&rows[n++], "steps", "%d", max_steps);
-    banner_row(&rows[n++], "train / val tokens", "%zu / %zu", train_tokens, val_tokens);
+    n = run_banner_rows(run, rows, n);
     train_print_banner(rows, n);
     printf("stages (the embedding on the first, lnf and the tied LM head, a copy of wte, on the last; each one's device "
            "memory predicted):\n");
     for (int stage = 0; stage < s.p; stage++) {
-        MemoryPlan of_stage = memory_plan(c, plan->dims.target, run, stage, stage == 0);
+        MemoryPlan of_stage = memory_plan(c, plan->dims.target, &run->layout, stage, stage == 0);
         const ParameterLayout l = of_stage.layout;
         printf("  stage %d  layers", stage);
         for (int chunk = 0; chunk < s.V; chunk++) {
@@ -282,7 +278,7 @@ static void print_layout(const GPT2* model, const Stage* st, const TrainArgs* ar
     }
     pipeline_print_chart(s);
     printf("memory of stage 0 (this rank), Psi = its parameters:\n");
-    memory_plan_print(plan, c, run);
+    memory_plan_print(plan, c, &run->layout);
     StepBytes b = pp_step_bytes(c, s, args->B, args->T);
     double message = (double)args->B * args->T * c.channels * X;
     printf("communication per step (payload of stage 0), messages of B T C X = %.0f bytes:\n", message);
@@ -295,38 +291,24 @@ static void print_layout(const GPT2* model, const Stage* st, const TrainArgs* ar
 }
 
 int main(int argc, char** argv) {
-    // the common flags (llmc/train.h) and this trainer's own
-    TrainArgs args;
+    // ---- the flags: the common ones (llmc/train.h) and this trainer's own; then the
+    // communication layer and the model's config (llmc/run.h)
+    Run run;
     const char* dump_grads = NULL;
     const char* sched_name = "1f1b";
     int pp_flag = 0, vp = 1, timeline = 0, check_replicas = 0;
-    ArgSpec specs[TRAIN_MAX_SPECS];
-    int num_specs = train_args_common(&args, specs);
-    ArgSpec pp_spec = {"-pp", ARG_INT, &pp_flag, 0, ARG_NO_MAX, "pipeline stages; all ranks form one pipeline, so it must equal the number of ranks (0: the number of ranks)"};
-    ArgSpec sched_spec = {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1)"};
-    ArgSpec vp_spec = {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved; L must divide by pp * vp"};
-    ArgSpec timeline_spec = {"-timeline", ARG_INT, &timeline, 0, ARG_NO_MAX, "every N steps print the measured timeline of the step (and append it to -o's timeline.jsonl) (0: never)"};
-    ArgSpec dump = {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"};
-    ArgSpec check = {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that the first and last stage hold the same wte (0: never)"};
-    specs[num_specs++] = pp_spec;
-    specs[num_specs++] = sched_spec;
-    specs[num_specs++] = vp_spec;
-    specs[num_specs++] = timeline_spec;
-    specs[num_specs++] = dump;
-    specs[num_specs++] = check;
-    if (!args_parse(argc, argv, specs, num_specs)) return 0;
-
-    CommGroup world;
-    comm_init(&world, &argc, &argv);
-    CommGroup* pp = &world;  // one pipeline of every rank (the 3D trainer splits it)
-    int rank = world.rank, p = world.size;
-    watchdog_start(args.watchdog);
-
-    // ---- model: a model file, or a descriptor for a random init. Only its config for now: the
-    // layout and memory checks come before the first large allocation
-    GPT2Config config;
-    int from_descriptor = gpt2_config_from_descriptor(args.model, &config);
-    if (!from_descriptor) gpt2_read_model_config(args.model, &config);
+    const ArgSpec own[] = {
+        {"-pp", ARG_INT, &pp_flag, 0, ARG_NO_MAX, "pipeline stages; all ranks form one pipeline, so it must equal the number of ranks (0: the number of ranks)"},
+        {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1)"},
+        {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved; L must divide by pp * vp"},
+        {"-timeline", ARG_INT, &timeline, 0, ARG_NO_MAX, "every N steps print the measured timeline of the step (and append it to -o's timeline.jsonl) (0: never)"},
+        {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
+        {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that the first and last stage hold the same wte (0: never)"},
+    };
+    if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
+    CommGroup* pp = &run.world;  // one pipeline of every rank (the 3D trainer splits it)
+    int rank = pp->rank, p = pp->size;
+    GPT2Config config = run.config;
 
     // ---- the layout: stage s = rank s; its layers in vp chunks of L / (p vp)
     if (pp_flag != 0 && pp_flag != p) {
@@ -340,128 +322,69 @@ int main(int argc, char** argv) {
              "number of ranks (and -vp) whose product divides %d", config.num_layers, p, vp, p * vp, config.num_layers);
     }
     LayerDims dims = layer_dims(config, 1, 0);  // every stage holds whole layers
-    train_check_flags(&args, config);
     // the batch: a step is m micro-batches of B x T, each through the whole pipe
-    int m = train_accumulation_steps(&args, 1, NULL);
+    int B = run.args.B, T = run.args.T, m = train_accumulation_steps(&run.args, 1, NULL);
     PipeSpec spec = {(PipeSchedule)sched, p, m, vp};
-    char why[256];
-    if (pipeline_spec_problem(spec, why, sizeof(why))) fail("%s", why);
-    // every stage's list of actions: this rank walks its own, and checks first that the
-    // exchanges of them all pair up and finish (pipeline.h; a wrong schedule stops here, not in a hang)
-    int n = pipeline_actions_per_stage(spec);
-    PipeAction* all_actions = (PipeAction*)malloc_check((size_t)p * n * sizeof(PipeAction));
-    for (int s = 0; s < p; s++) pipeline_stage_actions(spec, s, all_actions + (size_t)s * n);
-    if (pipeline_check_exchanges(spec, all_actions, n, why, sizeof(why))) fail("schedule %s: %s", sched_name, why);
+    // every stage's list of actions (pipeline.h): this rank walks its own
+    int n;
+    PipeAction* all_actions = pipeline_plan(spec, sched_name, &n);
     PipeAction* actions = all_actions + (size_t)rank * n;
 
-    // ---- memory, predicted before allocating (llmc/memory.h): the stage's parameters and
-    // scratch, a slot of activations per micro-batch the schedule keeps in flight (at least 2: a
-    // forward-only pass receives into one while the last is sent), a second gradient buffer
-    // (llmc/memory_plan.h)
+    // ---- memory, checked before allocating: the stage's parameters and scratch, a slot of
+    // activations per micro-batch the schedule keeps in flight (at least 2: a forward-only pass
+    // receives into one while the last is sent), a second gradient buffer (llmc/memory_plan.h)
     ParameterLayout layout = parameter_layout_grid(config, 1, 0, p, rank, vp);
-    int num_slots = stage_num_slots(spec, actions, n);
-    unsigned kept = stage_kept(args.recompute, spec, dims);  // what a slot keeps (-r, model.h)
-    RunLayout run = {TRAINER_PP, 1, 1, p, vp, spec.sched, m, args.B, args.T, 0, 0, args.recompute, 0, 0,
-                     args.checkpoint_every > 0, dump_grads != NULL, args.resume};
-    MemoryPlan plan = memory_plan(config, build_target(config), &run, rank, rank == 0);
-    size_t P = gpt2_num_parameters(config);
-    char layout_note[128];
-    snprintf(layout_note, sizeof(layout_note), "%zu of %zu parameters on stage %d, -b %d -t %d", layout.count, P, rank,
-             args.B, args.T);
-    memory_check_fits(plan.total, plan.host, world.ranks_sharing_memory, layout_note);
-    comm_barrier(&world);  // every rank checked before any allocates (ranks may share memory)
+    RunLayout run_layout_pp = run_layout(&run, TRAINER_PP, m);
+    run_layout_pp.pp = p;
+    run_layout_pp.V = vp;
+    run_layout_pp.sched = spec.sched;
+    run_layout_pp.dump_grads = dump_grads != NULL;
+    run_check_memory(&run, run_layout_pp, rank, "%zu of %zu parameters on stage %d, -b %d -t %d", layout.count,
+                     gpt2_num_parameters(config), rank, B, T);
 
-    // the whole model: read (checksum verified, non-finite values refused) or drawn from the seed
-    float* params_host = from_descriptor ? gpt2_init_random(config, (uint64_t)args.seed)
-                                         : gpt2_read_model_file(args.model, &config, NULL);
-
-    DataLoader train, val;
-    // a step is m chunks of B x T tokens, each read by every rank (the first stage uses their
-    // inputs, the last their targets)
-    int max_steps = train_open_shared_loaders(&args, m, &train, &val);
-    // samples are printed by rank 0; every rank takes part in drawing them
-    Tokenizer tok;
-    int eot, can_sample = train_open_shared_sampling(&args, config, &world, &tok, &eot);
-    int gen_tokens = args.gen_tokens < args.T ? args.gen_tokens : args.T;
-
-    // ---- the run's identity (checkpoint.h): a resume must match it, layout included
-    RunIdentity identity;
-    char pp_layout[128];
-    snprintf(pp_layout, sizeof(pp_layout), "dp=1 tp=1 pp=%d vp=%d sched=%s, %d micro-batches of %d x %d", p, vp,
-             sched_name, m, args.B, args.T);
-    train_run_identity(&identity, &args, config, params_host, &train, max_steps, pp_layout, &world);
-
-    // ---- the output dir: rank 0 holds its lock for the whole run
-    if (args.out_dir != NULL) {
-        if (rank == 0) output_dir_claim(args.out_dir, args.resume);
-        comm_barrier(&world);
-    }
-
+    // ---- the weights, the data (a step is m chunks of B x T tokens, each read by every rank:
+    // the first stage uses their inputs, the last their targets), the run's identity with its
+    // layout (a resume must match it), the output dir
+    float* weights = run_load(&run, m, 1, "dp=1 tp=1 pp=%d vp=%d sched=%s, %d micro-batches of %d x %d", p, vp,
+                              sched_name, m, B, T);
     // the embedding group: the first and the last stage, which both hold wte (a group of one
     // rank when p = 1; the stages between form groups of their own and never use them)
     CommGroup embed;
     int in_embed = rank == 0 || rank == p - 1;
-    comm_split(&embed, &world, in_embed ? 0 : 1 + rank, rank, "embedding");
-
+    comm_split(&embed, &run.world, in_embed ? 0 : 1 + rank, rank, "embedding");
     GPT2 model;
-    gpt2_build(&model, config, dims, layout, params_host, args.B, args.T, ACTS_SCRATCH | ACTS_RECOMPUTE, kept, 0);
-    free(params_host);
+    gpt2_build(&model, config, dims, layout, weights, B, T, ACTS_SCRATCH | ACTS_RECOMPUTE,
+               stage_kept(run.args.recompute, spec, dims), 0);  // what a slot keeps (-r, model.h)
+    free(weights);
     Stage stage;
-    stage_alloc(&stage, spec, rank, num_slots, &model, args.B, args.T);
+    stage_alloc(&stage, spec, rank, stage_num_slots(spec, actions, n), &model, B, T);
+    if (rank == 0) print_layout(&run, &model, &stage);
 
-    if (rank == 0) {
-        print_layout(&model, &stage, &args, max_steps, train.num_tokens, args.val_every > 0 ? val.num_tokens : 0,
-                     &plan, &run);
-    }
-
-    // ---- with -y 1, resume from the newest complete checkpoint (every rank its own state file)
-    Rng sample_rng;
-    int start_step = train_start(&model, &args, &world, max_steps, &identity, &sample_rng, &train);
-    Logger logger;
-    logger_init(&logger, args.out_dir, rank, args.resume ? start_step : -1);
+    // ---- resume with -y 1; validation and samples as forward-only walks through the pipe
+    Pipeline trainer = {&model, &stage, pp};
+    RunModel hooks = {&model, &trainer, val_loss, sample_logits, NULL, pp, NULL, 1, pp, NULL};
+    CommGroup* step_groups[2] = {pp, &embed};
+    run_begin(&run, hooks, step_groups, 2);
 
     // ---- training loop; `step` counts completed optimizer steps
-    double flops_per_token = train_flops_per_token(config, args.T);
-    DevicePeak peak = train_device_peak(rank);
-    StepStats stats = {0, 0, 0, 0, 0};
-    CommGroup* step_groups[2] = {&world, &embed};
-    StepReport report = step_report_init(step_groups, 2);
     double* times = (double*)malloc_check((size_t)2 * n * sizeof(double));
     unsigned wte_only = 1u;  // the tensors the embedding group's copies share: wte
-    for (int step = start_step; step <= max_steps; step++) {
-        int last = step == max_steps;
-        // a checkpoint holds the state before its step's validation and sample (train_gpt2_dp.cu)
-        uint64_t rng_before_sample = sample_rng.state;
-        if (train_due(args.val_every, step, last)) {
-            watchdog_phase("validation", step);
-            train_report_val(&logger, rank, step, stage_evaluate(&model, &stage, chunk_ops, pp, NULL, &val, args.val_batches));
-        }
-        if (can_sample && step > 0 && train_due(args.sample_every, step, last)) {
-            watchdog_phase("sampling", step);
-            sample(&model, &stage, pp, rank == 0 ? &tok : NULL, eot, &sample_rng, gen_tokens, step);
-        }
-        if (train_checkpoint_due(&args, step, start_step, last)) {
-            watchdog_phase("checkpoint write", step);
-            write_checkpoint(&model, args.out_dir, &world, pp, step, &identity, rng_before_sample);
-        }
-        if (last) break;
-
+    for (int step = run.start_step; step <= run.max_steps; step++) {
+        if (run_between_steps(&run, step)) break;  // validation, a sample, a checkpoint: when due
         int timed = timeline > 0 && (step + 1) % timeline == 0;
-        if (timed) comm_barrier(&world);  // a common start, so that the stages' clocks line up
-        double t0 = wall_time_s();
-        comm_reset_counters(&world);
-        comm_reset_counters(&embed);
+        if (timed) comm_barrier(pp);  // a common start, so that the stages' clocks line up
+        run_step_begin(&run);
         // 1. the schedule: this stage's forwards and backwards of the m micro-batches, with the
         // exchanges between them. Each token's gradient is weighted 1/(B*T*m): the 1/m of every
         // micro-batch's loss makes the step's gradient the mean over the whole batch.
         watchdog_phase("pipeline schedule", step);
         device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
-        Walk w = walk_of(&model, &stage, chunk_ops, pp, NULL, &train, 1, 0, NULL, args.B, args.T, 0,
-                         1.0f / (float)((size_t)args.B * args.T * m));
+        Walk w = walk_of(&model, &stage, chunk_ops, pp, NULL, &run.train, 1, 0, NULL, B, T, 0,
+                         1.0f / (float)((size_t)B * T * m));
         w.times = timed ? times : NULL;
-        w.t0 = t0;
+        w.t0 = run.step_start;
         walk_actions(&w, actions, n);
-        dataloader_advance(&train);
+        dataloader_advance(&run.train);
         // 2. the tied embedding: the first stage has wte's gradient from the lookups, the last
         // from the LM head. All-reduce (Vp, C) over the embedding group, so that both copies get
         // the sum and take the same update.
@@ -486,42 +409,20 @@ int main(int argc, char** argv) {
         train_stop_if_not_finite(step, loss, grad_norm);
         // 5. AdamW on this stage's parameters. Both wte copies have the same gradient, moments and
         // rounding index (the layout's), so they stay identical.
-        float clip_scale, lr = train_adamw_step(&model, &args, step, max_steps, grad_norm, &clip_scale);
-        device_synchronize();
-        comm_collect_times(&world);  // (CUDA: the GPU's timing of NCCL's calls, read after the sync)
-        comm_collect_times(&embed);
-        double recompute_s = device_spans_collect(&recompute_spans);
-        double dt = wall_time_s() - t0;
-        step_stats_add(&stats, step == start_step, dt, comm_seconds(&world) + comm_seconds(&embed), recompute_s);
-        // the step line and main.log (train.h): stage 0's bytes of each kind (send, recv,
+        float clip_scale, lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
+        // the step line and main.log (llmc/run.h): stage 0's bytes of each kind (send, recv,
         // all-reduce, broadcast) equal the formula printed at the start
-        double tokens_per_s = args.total_batch / dt;
-        StepFigures figures = {step + 1, max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s, tokens_per_s,
-                               train_mfu(flops_per_token, tokens_per_s, p, peak)};
-        step_report(&report, &logger, rank, figures);
+        run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
         if (check_replicas > 0 && (step + 1) % check_replicas == 0 && p > 1 && in_embed) {
             train_check_replicas(&model, &embed, step + 1, &wte_only, "wte copies of the first and last stage");
         }
-        if (dump_grads != NULL && step == 0) {  // after the step's count (AdamW left the gradients)
-            float* full = rank == 0 ? (float*)malloc_check(P * sizeof(float)) : NULL;
-            gpt2_gather_full(&model, pp, model.grads_memory, COMM_FLOATX, full);
-            if (rank == 0) gpt2_write_model_file(dump_grads, config, full);
-            free(full);
-        }
-        if (timed) stage_report_timeline(&stage, pp, n, times, step + 1, args.out_dir);
+        // after the step's count (AdamW left the gradients): the stages gathered into one file
+        if (dump_grads != NULL && step == 0) gpt2_write_gathered(&model, pp, model.grads_memory, dump_grads);
+        if (timed) stage_report_timeline(&stage, pp, n, times, step + 1, run.args.out_dir);
     }
-    if (rank == 0) {
-        step_stats_print(&stats, args.total_batch, flops_per_token, peak, p);
-        train_print_high_water(plan.total);
-    }
+    run_end(&run);
     // held activations: the schedule's count beside what each stage's slots measured
-    if (max_steps > start_step) stage_report_peak(&stage, pp, all_actions, n);
-
-    watchdog_phase("shutdown", max_steps);
-    logger_close(&logger);
-    if (rank == 0 && can_sample) tokenizer_free(&tok);
-    dataloader_free(&train);
-    if (args.val_every > 0) dataloader_free(&val);
+    if (run.max_steps > run.start_step) stage_report_peak(&stage, pp, all_actions, n);
     stage_free(&stage);
     free(times);
     free(all_actions);

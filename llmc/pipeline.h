@@ -462,4 +462,18 @@ static inline void pipeline_print_chart(PipeSpec s) {
     free(t1);
 }
 
+// Every stage's list of actions for a run, n each (the whole pipeline's, so that each stage can
+// report the others' counts): the spec checked first, then the exchanges of all the lists proven
+// to pair up and finish, so that a wrong schedule stops here with the reason, not in a hang
+static inline PipeAction* pipeline_plan(PipeSpec spec, const char* sched_name, int* n_out) {
+    char why[256];
+    if (pipeline_spec_problem(spec, why, sizeof(why))) fail("%s", why);
+    int n = pipeline_actions_per_stage(spec);
+    PipeAction* all_actions = (PipeAction*)malloc_check((size_t)spec.p * n * sizeof(PipeAction));
+    for (int s = 0; s < spec.p; s++) pipeline_stage_actions(spec, s, all_actions + (size_t)s * n);
+    if (pipeline_check_exchanges(spec, all_actions, n, why, sizeof(why))) fail("schedule %s: %s", sched_name, why);
+    *n_out = n;
+    return all_actions;
+}
+
 #endif

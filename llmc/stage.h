@@ -258,20 +258,6 @@ static inline Walk stage_forward_pass(GPT2* model, Stage* st, ChunkOps ops, Comm
     return w;
 }
 
-// Validation: each batch one micro-batch forward through the pipe; the last stage has the mean
-// loss and broadcasts it over the pipe (4 bytes), so that every rank reports the same
-static inline float stage_evaluate(GPT2* model, Stage* st, ChunkOps ops, CommGroup* pp, CommGroup* tp, DataLoader* val,
-                                   int batches) {
-    double sum = 0.0;
-    for (int i = 0; i < batches; i++) {
-        dataloader_seek(val, (size_t)i);
-        sum += stage_forward_pass(model, st, ops, pp, tp, val, NULL, model->B, model->T).loss;
-    }
-    float loss = (float)(sum / batches);
-    comm_broadcast_host(pp, &loss, sizeof(float), pp->size - 1);
-    return loss;
-}
-
 // Zero bubble's W action, the same in every pipeline trainer (ChunkOps.weights): the matmuls'
 // weight gradients of a chunk whose B has run, from each matmul's input and the gradient at its
 // output, both left in the slot by B (train_gpt2_pp.cu's chunk_backward says where). It needs no

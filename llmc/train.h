@@ -781,18 +781,6 @@ static inline int train_open_tokenizer(Tokenizer* tok, const char* path, GPT2Con
     return 1;
 }
 
-// The loaders of a trainer whose ranks all read the same micro-batches (TP, PP): a step is
-// `micro_batches` chunks of B x T tokens; validation reads one chunk per batch, at most the
-// file's batches (-m is lowered to fit). Returns the number of steps: -x, or one epoch.
-static inline int train_open_shared_loaders(TrainArgs* args, int micro_batches, DataLoader* train, DataLoader* val) {
-    dataloader_init(train, args->train_path, args->B, args->T, micro_batches, args->shuffle, (uint64_t)args->seed);
-    if (args->val_every > 0) {
-        dataloader_init(val, args->val_path, args->B, args->T, 1, 0, 0);
-        if ((size_t)args->val_batches > val->batches_per_epoch) args->val_batches = (int)val->batches_per_epoch;
-    }
-    return args->max_steps >= 0 ? args->max_steps : (int)train->batches_per_epoch;
-}
-
 // Samples that every rank takes part in drawing (DP, TP, PP): rank 0 opens the tokenizer (checked
 // against the model) and prints; it tells the others whether it could, and the end-of-text id
 // every sample starts from. Returns 1 when samples are on.
@@ -833,7 +821,7 @@ static inline float train_adamw_step(GPT2* model, const TrainArgs* args, int ste
 // (read_checkpoint); a barrier then makes sure every rank's checks passed before anything
 // (main.log first) is written. The sampling rng and the train loader continue from the
 // checkpoint. Returns the step.
-// read: how this trainer's checkpoints are read (read_checkpoint; train_start passes it)
+// read: how this trainer's checkpoints are read (read_checkpoint, or read_checkpoint_gathered)
 typedef TrainState (*CheckpointReader)(GPT2* model, const char* dir, CommGroup* world, int step, const RunIdentity* id);
 static inline int train_start_from(GPT2* model, const TrainArgs* args, CommGroup* world, int max_steps,
                                    const RunIdentity* id, Rng* sample_rng, DataLoader* train, CheckpointReader read) {
@@ -854,10 +842,6 @@ static inline int train_start_from(GPT2* model, const TrainArgs* args, CommGroup
     sample_rng->state = s.rng;
     dataloader_seek(train, (size_t)s.step);
     return s.step;
-}
-static inline int train_start(GPT2* model, const TrainArgs* args, CommGroup* world, int max_steps,
-                              const RunIdentity* id, Rng* sample_rng, DataLoader* train) {
-    return train_start_from(model, args, world, max_steps, id, sample_rng, train, read_checkpoint);
 }
 
 #endif
