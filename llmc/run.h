@@ -167,7 +167,7 @@ static inline int run_banner_rows(const Run* r, BannerRow* rows, int n) {
     return n;
 }
 
-// Where the run starts (train.h's train_start: step 0, or with -y 1 the newest checkpoint in -o,
+// Where the run starts (train.h's train_start_from: step 0, or with -y 1 the newest checkpoint in -o,
 // read as the trainer's checkpoints are written), then main.log (cut back to that step), and the
 // step's figures. groups: every group this rank communicates in during a step (the step line
 // and main.log report their bytes and times).
