@@ -461,6 +461,77 @@ static void gpt2_backward(GPT2* model, Zero* z, const int* inputs_host, int B, i
 }
 
 // ----------------------------------------------------------------------------------------------
+// The update, after the reduction
+
+// The global gradient norm, for clipping (as torch.nn.utils.clip_grad_norm_): DDP has every
+// gradient on every rank; a ZeRO rank has its shards, so the ranks' sums of squares are summed
+// (all-reduce of one float) before the square root: the norm of the whole gradient, not of one
+// shard
+static float zero_grad_norm(Zero* z, GPT2* model) {
+    if (z->stage == 0) return sqrtf(global_norm_squared(model->grads_memory, model->num_parameters));
+    float squares = global_norm_squared(z->grad_shards, layout_state_held(&model->layout));
+    comm_all_reduce_scalar(z->dp, &squares, COMM_SUM);
+    return sqrtf(squares);
+}
+
+// -offload in fp32: AdamW on the host updates a host copy of this rank's share of the weights
+// (in bf16 the master weights are that copy): taken from the device once, before the first step
+static void offload_take_weights(Zero* z, GPT2* model) {
+    if (!FLOATX_IS_FLOAT) return;
+    for (int k = 0; k < parameter_num_buckets(&model->layout); k++) {
+        size_t global, local, n;
+        layout_bucket_shard(&model->layout, k, &global, &local, &n);
+        copy_device_to_host(z->host_params + local, model->params_memory + (z->stage == 3 ? local : global),
+                            n * sizeof(floatX));
+    }
+}
+
+// AdamW (llmc/train.h) on this rank's shard of every bucket (DDP: the whole buffer at once), with
+// the same rounding seed on every rank: stochastic rounding must round the replicas alike (its
+// index is each element's place in the model file, so a shard rounds as the whole replica
+// would). -z 1, 2: each updated bucket is all-gathered to every rank. Returns the learning rate.
+static float zero_adamw_step(Zero* z, GPT2* model, const TrainArgs* args, int step, int max_steps, float grad_norm,
+                             float* clip_scale) {
+    if (z->stage == 0 && !z->offload) return train_adamw_step(model, args, step, max_steps, grad_norm, clip_scale);
+    const ParameterLayout* layout = &model->layout;
+    AdamWConfig opt = train_adamw_config(args, step, max_steps, grad_norm, clip_scale);
+    int gathers = z->stage == 1 || z->stage == 2;
+    for (int k = 0; k < parameter_num_buckets(layout); k++) {
+        // this rank's shard of bucket k (under DDP the whole bucket): n elements from `global` in
+        // the whole model, at `local` in its shards of master weights, moments and gradients (and
+        // under -z 3 of the parameters, which the next forward gathers)
+        size_t global, local, n;
+        layout_bucket_shard(layout, k, &global, &local, &n);
+        floatX* params = model->params_memory + (z->stage == 3 ? local : global);
+        float* master = model->master_memory ? model->master_memory + local : NULL;
+        if (z->offload) {
+            // ZeRO-Offload: wait for the bucket's gradient on the host, update there (the master
+            // weights and moments are host memory), send the new parameters back
+            device_copy_wait(&z->copies[k]);
+            z->copying[k] = 0;
+            optimizer_adamw_step_with(adamw_update_host, z->host_params + local, master, z->host_grads + local,
+                                      model->m_memory + local, model->v_memory + local, global, global + n, layout, opt,
+                                      *clip_scale, step + 1);
+            copy_host_to_device_async(params, z->host_params + local, n * sizeof(floatX));
+        } else {
+            optimizer_adamw_step(params, master, z->grad_shards + local, model->m_memory + local, model->v_memory + local,
+                                 global, global + n, layout, opt, *clip_scale, step + 1);
+        }
+        // -z 1, 2: then the updated parameters to every rank: all-gather bucket k in place, each
+        // rank's shard (n floatX) already at its place in the whole (N n), while the next bucket
+        // is updated (with overlap)
+        if (gathers) {
+            comm_all_gather_start(z->dp, NULL, model->params_memory + parameter_bucket_offset(layout, k), n, COMM_FLOATX,
+                                  &z->requests[k]);
+            if (!z->overlap) comm_wait(&z->requests[k]);
+        }
+        comm_progress(z->dp);  // (CPU: the gathers in flight move on)
+    }
+    for (int k = 0; k < parameter_num_buckets(layout) && gathers; k++) comm_wait(&z->requests[k]);
+    return opt.lr;
+}
+
+// ----------------------------------------------------------------------------------------------
 
 // Validation and samples run this trainer's forward pass; the run layer (llmc/run.h) calls these
 // two with the model and its ZeRO state
@@ -596,15 +667,7 @@ int main(int argc, char** argv) {
     DataParallel trainer = {&model, &z};
     RunModel hooks = {&model, &trainer, val_loss, sample_logits, world, NULL, NULL, 1, world, NULL};
     run_begin(&run, hooks, &world, 1);
-    // -offload in fp32: AdamW on the host updates a host copy of this rank's share of the weights
-    // (in bf16 the master weights are that copy): taken from the device once, as started
-    if (offload && FLOATX_IS_FLOAT) {
-        for (int k = 0; k < parameter_num_buckets(&rank_layout); k++) {
-            size_t global, local, n;
-            layout_bucket_shard(&rank_layout, k, &global, &local, &n);
-            copy_device_to_host(z.host_params + local, model.params_memory + (zero == 3 ? local : global), n * sizeof(floatX));
-        }
-    }
+    if (offload) offload_take_weights(&z, &model);  // (as started, or resumed)
 
     // ---- training loop; `step` counts completed optimizer steps
     for (int step = run.start_step; step <= run.max_steps; step++) {
@@ -638,64 +701,14 @@ int main(int argc, char** argv) {
         watchdog_phase("gradient reduction", step);
         zero_reduce_finish(&z, &model);
         comm_all_reduce_scalar(world, &loss, COMM_AVG);
-        // 3. the global gradient norm, for clipping (as torch.nn.utils.clip_grad_norm_): DDP has
-        // every gradient on every rank; a ZeRO rank has its shards, so the ranks' sums of squares
-        // are summed (all-reduce of one float) before the square root: the norm of the whole
-        // gradient, not of one shard
+        // 3. the global gradient norm: under ZeRO the shards' sums of squares all-reduced (a float)
         watchdog_phase("AdamW update", step);
-        float grad_norm;
-        if (zero == 0) {
-            grad_norm = sqrtf(global_norm_squared(model.grads_memory, model.num_parameters));
-        } else {
-            float squares = global_norm_squared(z.grad_shards, layout_state_held(&rank_layout));
-            comm_all_reduce_scalar(world, &squares, COMM_SUM);
-            grad_norm = sqrtf(squares);
-        }
+        float grad_norm = zero_grad_norm(&z, &model);
         // A nan or inf anywhere on any rank reaches every rank through the all-reduced sums, so
         // all ranks stop here together, before this step updates, logs or checkpoints anything
         train_stop_if_not_finite(step, loss, grad_norm);
-        // 4. AdamW (llmc/train.h), with the same rounding seed on every rank: stochastic rounding
-        // must round the replicas alike (its index is each element's place in the model file, so
-        // a shard rounds as the whole replica would)
-        float clip_scale, lr;
-        if (zero == 0 && !offload) {
-            lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
-        } else {
-            AdamWConfig opt = train_adamw_config(&run.args, step, run.max_steps, grad_norm, &clip_scale);
-            lr = opt.lr;
-            for (int k = 0; k < parameter_num_buckets(&rank_layout); k++) {
-                // this rank's shard of bucket k (under DDP the whole bucket): n elements from
-                // `global` in the whole model, at `local` in its shards of master weights, moments
-                // and gradients (and under -z 3 of the parameters, which the next forward gathers)
-                size_t global, local, n;
-                layout_bucket_shard(&rank_layout, k, &global, &local, &n);
-                floatX* params = model.params_memory + (zero == 3 ? local : global);
-                float* master = model.master_memory ? model.master_memory + local : NULL;
-                if (offload) {
-                    // ZeRO-Offload: wait for the bucket's gradient on the host, update there (the
-                    // master weights and moments are host memory), send the new parameters back
-                    device_copy_wait(&z.copies[k]);
-                    z.copying[k] = 0;
-                    optimizer_adamw_step_with(adamw_update_host, z.host_params + local, master, z.host_grads + local,
-                                              model.m_memory + local, model.v_memory + local, global, global + n, &rank_layout,
-                                              opt, clip_scale, step + 1);
-                    copy_host_to_device_async(params, z.host_params + local, n * sizeof(floatX));
-                } else {
-                    optimizer_adamw_step(params, master, z.grad_shards + local, model.m_memory + local,
-                                         model.v_memory + local, global, global + n, &rank_layout, opt, clip_scale, step + 1);
-                }
-                // -z 1, 2: then the updated parameters to every rank: all-gather bucket k in
-                // place, each rank's shard (n floatX) already at its place in the whole (N n),
-                // while the next bucket is updated (with overlap)
-                if (zero == 1 || zero == 2) {
-                    comm_all_gather_start(world, NULL, model.params_memory + parameter_bucket_offset(&rank_layout, k), n,
-                                          COMM_FLOATX, &z.requests[k]);
-                    if (!overlap) comm_wait(&z.requests[k]);
-                }
-                comm_progress(world);  // (CPU: the gathers in flight move on)
-            }
-            for (int k = 0; k < parameter_num_buckets(&rank_layout) && (zero == 1 || zero == 2); k++) comm_wait(&z.requests[k]);
-        }
+        // 4. AdamW on this rank's shards, then (-z 1, 2) each bucket all-gathered, (N n) floatX
+        float clip_scale, lr = zero_adamw_step(&z, &model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
         // the step line and main.log (llmc/run.h). The bytes each rank hands to the collectives
         // and sends if each is a ring (comm.h): DDP's all-reduce 2 (N-1)/N Psi X, as much as
         // ZeRO-1's and ZeRO-2's reduce-scatter plus all-gather, ZeRO-3's 3 (N-1)/N Psi X with its
