@@ -109,6 +109,23 @@ static void grid_init(Grid* g, CommGroup* world, int dp, int pp, int tp) {
     comm_split(&g->embedding, world, g->in_embedding ? g->dp_rank * tp + g->tp_rank : dp * tp + r, g->stage, "embedding");
 }
 
+// the replicas: -dp, or with -dp 0 as many as fill the world. Every rank checks the same flags
+// against the same world, so a bad grid stops every rank with the same message
+static int grid_replicas(int dp, int pp, int tp, int world) {
+    if (dp == 0) {
+        if (world % (pp * tp) != 0) {
+            fail("-pp %d x -tp %d = %d does not divide the %d ranks, so no number of data-parallel replicas "
+                 "fills the world; launch a multiple of %d ranks", pp, tp, pp * tp, world, pp * tp);
+        }
+        dp = world / (pp * tp);
+    }
+    if (dp * pp * tp != world) {
+        fail("-dp %d x -pp %d x -tp %d = %d ranks, but the job has %d: the grid must hold every rank exactly "
+             "once (launch with mpirun -np %d, or leave -dp out)", dp, pp, tp, dp * pp * tp, world, dp * pp * tp);
+    }
+    return dp;
+}
+
 static void grid_free(Grid* g) {
     comm_group_free(&g->tp_group);
     comm_group_free(&g->pp_group);
@@ -130,6 +147,20 @@ static void grid_group_members(char* out, size_t cap, int dp, int pp, int tp, in
         if (same && used < cap) used += (size_t)snprintf(out + used, cap - used, "%s%d", n++ ? "," : "", q);
     }
     if (used < cap) snprintf(out + used, cap - used, "}");
+}
+
+// what decides a rank's memory on this grid (llmc/memory_plan.h)
+static RunLayout grid_run_layout(const Run* run, const Grid* g, PipeSpec spec, int zero, int sp, int dump_grads) {
+    RunLayout l = run_layout(run, TRAINER_3D, spec.m);
+    l.dp = g->dp;
+    l.tp = g->tp;
+    l.pp = g->pp;
+    l.V = spec.V;
+    l.sched = spec.sched;
+    l.zero = zero;
+    l.sp = sp;
+    l.dump_grads = dump_grads;
+    return l;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -367,6 +398,49 @@ static float owned_norm_squared(const GPT2* model, const floatX* grads, size_t l
     return (float)sum;
 }
 
+// With -z 1 (ZeRO-1 over the dp group): AdamW on this replica's shard [lo, hi) of the rank's
+// buffer, whose reduced gradient the reduce-scatter left in grad_shard, then the updated
+// parameters all-gathered in place over dp (N floatX), so that every replica holds them all.
+// Returns the learning rate.
+static float zero1_adamw_step(GPT2* model, const Run* run, Grid* g, const floatX* grad_shard, size_t lo, size_t hi,
+                              int step, float grad_norm, float* clip_scale) {
+    AdamWConfig opt = train_adamw_config(&run->args, step, run->max_steps, grad_norm, clip_scale);
+    optimizer_adamw_step(model->params_memory + lo, model->master_memory, grad_shard, model->m_memory, model->v_memory,
+                         lo, hi, &model->layout, opt, *clip_scale, step + 1);
+    comm_all_gather_in_place(&g->dp_group, model->params_memory, layout_state_held(&model->layout), COMM_FLOATX);
+    return opt.lr;
+}
+
+// The replica's dp shard [lo, hi) of this rank's flat buffer: with -z 1 the elements it updates
+// (the reduce-scatter's output, S each); without, the elements whose squares it counts for the
+// gradient norm (every replica has all of them reduced, so each counts a 1/dp share and the
+// world's sum counts every element once)
+static void replica_shard(const ParameterLayout* layout, int zero, const Grid* g, size_t* lo, size_t* hi) {
+    size_t N = layout->count, shard = zero ? layout_state_held(layout) : (N + g->dp - 1) / g->dp;
+    *lo = (size_t)g->dp_rank * shard;
+    *hi = *lo + shard < N ? *lo + shard : N;
+    *lo = *lo < *hi ? *lo : *hi;
+}
+
+// -dump_grads: the first step's gradients as a model file. With -z 1 each replica has only its
+// shard reduced: all-gather the shards (N floatX) over dp first; then replica 0's model group
+// gathers its pieces to world rank 0, which writes the file
+static void dump_gradients(GPT2* model, Grid* g, const floatX* grad_shard, const char* path) {
+    if (grad_shard) {
+        comm_all_gather(&g->dp_group, grad_shard, model->grads_memory, layout_state_held(&model->layout), COMM_FLOATX);
+    }
+    if (g->dp_rank == 0) gpt2_write_gathered(model, &g->model_group, model->grads_memory, path);
+}
+
+// -check_replicas: every copy of a tensor identical, over tp (the tensors tp replicates), the
+// embedding group (the tied wte) and dp (everything)
+static void check_copies(const GPT2* model, Grid* g, int step) {
+    unsigned wte_only = 1u, everything = (1u << NUM_PARAMETER_TENSORS) - 1;
+    train_check_replicas(model, &g->tp_group, step, NULL, "tp copies of the replicated tensors");
+    if (g->in_embedding) train_check_replicas(model, &g->embedding, step, &wte_only, "wte copies of the first and last stage");
+    train_check_replicas(model, &g->dp_group, step, &everything, "dp replicas");
+}
+
 // The communication of one step of world rank 0 (dp 0, stage 0, tp 0), payload per group from
 // the layout alone (the README derives it). m micro-batches of B x T on this replica; Ls = L/pp
 // layers on this stage; first = 1 (stage 0 holds the embedding), last = 1 when pp = 1 (it holds
@@ -506,32 +580,15 @@ int main(int argc, char** argv) {
     int rank = world->rank;
     GPT2Config config = run.config;
 
-    // ---- the grid: dp x pp x tp must be the world. Every rank checks the same flags against
-    // the same world, so a bad layout stops every rank with the same message
-    if (dp == 0) {
-        if (world->size % (pp * tp) != 0) {
-            fail("-pp %d x -tp %d = %d does not divide the %d ranks, so no number of data-parallel replicas "
-                 "fills the world; launch a multiple of %d ranks", pp, tp, pp * tp, world->size, pp * tp);
-        }
-        dp = world->size / (pp * tp);
-    }
-    if (dp * pp * tp != world->size) {
-        fail("-dp %d x -pp %d x -tp %d = %d ranks, but the job has %d: the grid must hold every rank exactly "
-             "once (launch with mpirun -np %d, or leave -dp out)", dp, pp, tp, dp * pp * tp, world->size, dp * pp * tp);
-    }
-    int sched = pipeline_schedule_from_name(sched_name);
-    if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
-    if (config.num_layers % (pp * vp) != 0) {
-        fail("the model's L = %d layers cannot be split into pp x vp = %d x %d = %d equal chunks; choose -pp "
-             "(and -vp) whose product divides %d", config.num_layers, pp, vp, pp * vp, config.num_layers);
-    }
-    LayerDims dims = layer_dims(config, tp, sp);  // (NH, 4C and Vp must divide by tp)
-    sp = dims.seq_shards > 1;                     // with one tp rank there is nothing to split
+    // ---- the grid: dp x pp x tp ranks (grid_replicas: -dp 0 fills the world), tp slices of each
+    // stage's layers, whose heads, 4C and Vp divide by tp, and with -sp its tokens too
+    dp = grid_replicas(dp, pp, tp, world->size);
     int B = run.args.B, T = run.args.T;
-    if (sp && T % tp != 0) fail("-sp 1 splits the tokens over the %d tp ranks: -t %d must be a multiple of %d", tp, T, tp);
+    LayerDims dims = tp_layer_dims(config, tp, sp, T, "tp ranks");
+    sp = dims.seq_shards > 1;  // with one tp rank there is nothing to split
     // the batch: a step is m micro-batches of B x T on each of the dp replicas
     int m = train_accumulation_steps(&run.args, dp, "dp");
-    PipeSpec spec = {(PipeSchedule)sched, pp, m, vp};
+    PipeSpec spec = pipeline_spec_of(sched_name, pp, m, vp, config.num_layers, "-pp");
     int n;
     PipeAction* all_actions = pipeline_plan(spec, sched_name, &n);  // every stage's actions (pipeline.h)
     Grid grid;
@@ -547,15 +604,7 @@ int main(int argc, char** argv) {
     // slots of micro-batches in flight at its tp widths, the pipeline's and ZeRO-1's buffers
     // (llmc/memory_plan.h)
     size_t N = layout.count, P = gpt2_num_parameters(config);
-    RunLayout grid_layout = run_layout(&run, TRAINER_3D, m);
-    grid_layout.dp = dp;
-    grid_layout.tp = tp;
-    grid_layout.pp = pp;
-    grid_layout.V = vp;
-    grid_layout.sched = spec.sched;
-    grid_layout.zero = zero;
-    grid_layout.sp = sp;
-    grid_layout.dump_grads = dump_grads != NULL;
+    RunLayout grid_layout = grid_run_layout(&run, &grid, spec, zero, sp, dump_grads != NULL);
     run_check_memory(&run, grid_layout, grid.stage, "%zu of %zu parameters on rank %d (dp %d, stage %d, tp %d), -b %d -t %d",
                      N, P, rank, grid.dp_rank, grid.stage, grid.tp_rank, B, T);
 
@@ -585,11 +634,8 @@ int main(int argc, char** argv) {
 
     // ---- training loop; `step` counts completed optimizer steps
     double* times = (double*)malloc_check((size_t)2 * n * sizeof(double));
-    // the replica's dp shard of this rank's flat buffer: the elements whose norm it counts, and
-    // with -z 1 the ones it updates
-    size_t shard = zero ? S : (N + dp - 1) / dp, lo = (size_t)grid.dp_rank * shard;
-    size_t hi = lo + shard < N ? lo + shard : N;
-    lo = lo < hi ? lo : hi;
+    size_t lo, hi;  // this replica's dp shard of the rank's buffer (replica_shard)
+    replica_shard(&layout, zero, &grid, &lo, &hi);
     // the replica of world rank 0's pipeline, at tp rank 0: where the timeline is measured
     int in_timeline = grid.dp_rank == 0 && grid.tp_rank == 0;
     for (int step = run.start_step; step <= run.max_steps; step++) {
@@ -639,32 +685,15 @@ int main(int argc, char** argv) {
         // the loss and the norm are the same on every rank, so every rank stops here together
         train_stop_if_not_finite(step, loss, grad_norm);
         // 7. AdamW. Without ZeRO on the whole buffer (every replica the same update; replicated
-        // tensors and both wte copies round alike: the layout's rounding index). With -z 1 on
-        // this replica's shard [lo, hi), then the updated parameters all-gathered over dp (N)
-        float clip_scale, lr;
-        if (zero) {
-            AdamWConfig opt = train_adamw_config(&run.args, step, run.max_steps, grad_norm, &clip_scale);
-            optimizer_adamw_step(model.params_memory + lo, model.master_memory, grad_shard, model.m_memory,
-                                 model.v_memory, lo, hi, &layout, opt, clip_scale, step + 1);
-            comm_all_gather_in_place(&grid.dp_group, model.params_memory, S, COMM_FLOATX);
-            lr = opt.lr;
-        } else {
-            lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
-        }
+        // tensors and both wte copies round alike: the layout's rounding index); with -z 1 on
+        // this replica's shard [lo, hi), then all-gathered over dp (zero1_adamw_step)
+        float clip_scale, lr = zero ? zero1_adamw_step(&model, &run, &grid, grad_shard, lo, hi, step, grad_norm, &clip_scale)
+                                    : train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
         // the step line and main.log (llmc/run.h): rank 0's bytes per group equal the formulas
         // printed at the start
         run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
-        if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
-            unsigned wte_only = 1u, everything = (1u << NUM_PARAMETER_TENSORS) - 1;
-            train_check_replicas(&model, &grid.tp_group, step + 1, NULL, "tp copies of the replicated tensors");
-            if (grid.in_embedding) train_check_replicas(&model, &grid.embedding, step + 1, &wte_only, "wte copies of the first and last stage");
-            train_check_replicas(&model, &grid.dp_group, step + 1, &everything, "dp replicas");
-        }
-        if (dump_grads != NULL && step == 0) {  // after the step's count (AdamW left the gradients)
-            // with -z 1 each replica has only its shard reduced: all-gather the shards (N) first
-            if (zero) comm_all_gather(&grid.dp_group, grad_shard, model.grads_memory, S, COMM_FLOATX);
-            if (grid.dp_rank == 0) gpt2_write_gathered(&model, &grid.model_group, model.grads_memory, dump_grads);
-        }
+        if (check_replicas > 0 && (step + 1) % check_replicas == 0) check_copies(&model, &grid, step + 1);
+        if (dump_grads != NULL && step == 0) dump_gradients(&model, &grid, grad_shard, dump_grads);
         if (timed && in_timeline) stage_report_timeline(&stage, &grid.pp_group, n, times, step + 1, run.args.out_dir);
     }
     run_end(&run);

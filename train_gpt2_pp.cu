@@ -315,16 +315,10 @@ int main(int argc, char** argv) {
         fail("-pp %d: this trainer puts every rank in one pipeline, so -pp must equal the number of ranks, %d "
              "(launch with mpirun -np %d, or leave -pp out)", pp_flag, p, pp_flag);
     }
-    int sched = pipeline_schedule_from_name(sched_name);
-    if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
-    if (config.num_layers % (p * vp) != 0) {
-        fail("the model's L = %d layers cannot be split into pp x vp = %d x %d = %d equal chunks; choose a "
-             "number of ranks (and -vp) whose product divides %d", config.num_layers, p, vp, p * vp, config.num_layers);
-    }
     LayerDims dims = layer_dims(config, 1, 0);  // every stage holds whole layers
     // the batch: a step is m micro-batches of B x T, each through the whole pipe
     int B = run.args.B, T = run.args.T, m = train_accumulation_steps(&run.args, 1, NULL);
-    PipeSpec spec = {(PipeSchedule)sched, p, m, vp};
+    PipeSpec spec = pipeline_spec_of(sched_name, p, m, vp, config.num_layers, "a number of ranks");
     // every stage's list of actions (pipeline.h): this rank walks its own
     int n;
     PipeAction* all_actions = pipeline_plan(spec, sched_name, &n);

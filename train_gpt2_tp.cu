@@ -329,11 +329,8 @@ int main(int argc, char** argv) {
         fail("-tp %d: this trainer puts every rank in one tensor-parallel group, so -tp must equal "
              "the number of ranks, %d (launch with mpirun -np %d, or leave -tp out)", tp_flag, ranks, tp_flag);
     }
-    LayerDims dims = layer_dims(config, ranks, sp);
+    LayerDims dims = tp_layer_dims(config, ranks, sp, run.args.T, "ranks");
     sp = dims.seq_shards > 1;  // with one rank there is nothing to split
-    if (sp && run.args.T % ranks != 0) {
-        fail("-sp 1 splits the tokens over the %d ranks: -t %d must be a multiple of %d", ranks, run.args.T, ranks);
-    }
     // the batch: all ranks work on the same B x T tokens, `accum` micro-batches per step
     int B = run.args.B, T = run.args.T, accum = train_accumulation_steps(&run.args, 1, NULL);
 

@@ -462,6 +462,20 @@ static inline void pipeline_print_chart(PipeSpec s) {
     free(t1);
 }
 
+// A run's pipeline from its flags: the schedule by name, p stages with V chunks of L / (p V)
+// layers each, m micro-batches; a bad name, or L not splitting, stops the run with what to change
+// (stages_flag: the flag or the launch that sets p)
+static inline PipeSpec pipeline_spec_of(const char* sched_name, int p, int m, int V, int L, const char* stages_flag) {
+    int sched = pipeline_schedule_from_name(sched_name);
+    if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
+    if (L % (p * V) != 0) {
+        fail("the model's L = %d layers cannot be split into pp x vp = %d x %d = %d equal chunks; choose %s "
+             "(and -vp) whose product divides %d", L, p, V, p * V, stages_flag, L);
+    }
+    PipeSpec spec = {(PipeSchedule)sched, p, m, V};
+    return spec;
+}
+
 // Every stage's list of actions for a run, n each (the whole pipeline's, so that each stage can
 // report the others' counts): the spec checked first, then the exchanges of all the lists proven
 // to pair up and finish, so that a wrong schedule stops here with the reason, not in a hang

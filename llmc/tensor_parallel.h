@@ -13,6 +13,16 @@
 // The two collectives of tensor parallelism. Each is the forward of one of Megatron's operators
 // and the backward of the other, so the forward and backward passes call the same two.
 
+// a layer's widths on one of tp ranks (model.h: the heads, 4C and Vp must divide by tp); with
+// -sp the T tokens of a sequence are split over them too, so T must divide by tp
+static inline LayerDims tp_layer_dims(GPT2Config c, int tp, int sp, int T, const char* ranks_name) {
+    LayerDims d = layer_dims(c, tp, sp);
+    if (d.seq_shards > 1 && T % tp != 0) {
+        fail("-sp 1 splits the tokens over the %d %s: -t %d must be a multiple of %d", tp, ranks_name, T, tp);
+    }
+    return d;
+}
+
 // Sums partial (B, T, C), of which every rank holds a share, over the ranks. Without -sp an
 // all-reduce in place: returns partial, now whole on every rank. With -sp a reduce-scatter:
 // returns `reduced`, this rank's B*T/tp tokens of the sum.
