@@ -169,61 +169,6 @@ static RunLayout grid_run_layout(const Run* run, const Grid* g, PipeSpec spec, i
 // calls them for each action of the schedule. BTs is the number of tokens of the residual stream
 // on this rank: B*T, or B*T/tp with -sp; it is also what travels between stages.
 
-// One layer's forward on this rank's slices (the TP trainer's, train_gpt2_tp.cu), from its ln1
-// (with -sp this rank's tokens of it, in the scratch's ln_shard) to the summed fcproj (BTs
-// tokens, bias added), which the caller adds to the residual stream. rerun (-r 2): again before
-// the layer's backward, as far as the backward reads (block.h), with the collectives on the way.
-static floatX* layer_forward(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, const floatX* residual, int B,
-                             int T, int rerun) {
-    LayerDims d = model->dims;
-    Activations* scratch = &model->acts;  // the -sp staging buffers
-    int C = d.C, sp = d.seq_shards > 1;
-    size_t BT = (size_t)B * T;
-    int BTs = (int)(BT / d.seq_shards);
-    // f before the column-parallel qkv: identity, or with -sp all-gather of ln1 to (B, T, C)
-    gather_tokens(tp, scratch->ln_shard, x.ln1, BT, C, sp);
-    // the attention half on this rank's NH/tp heads; the row-parallel projection's bias is
-    // added once, after the sum (train_gpt2_tp.cu)
-    LayerWeights no_bias = w;
-    no_bias.attprojb = NULL;
-    no_bias.fcprojb = NULL;
-    attention_half_forward(x, no_bias, B, T, d);
-    // g after the row-parallel attproj: all-reduce of (B, T, C); with -sp reduce-scatter
-    floatX* attproj = sum_over_ranks(tp, x.attproj, scratch->reduced, BT, C, sp);
-    bias_add(attproj, w.attprojb, BTs, C);
-    fused_residual_layernorm_forward(x.residual2, sp ? scratch->ln_shard : x.ln2, x.ln2_mean, x.ln2_rstd, residual,
-                                     attproj, w.ln2w, w.ln2b, BTs, C);
-    // f before the column-parallel fc: identity, or with -sp all-gather of ln2 to (B, T, C)
-    gather_tokens(tp, scratch->ln_shard, x.ln2, BT, C, sp);
-    if (rerun) {  // the sum of fcproj is not repeated: only residual3 needed it, and it was kept
-        mlp_half_forward_to_gelu(x, no_bias, B, T, d);
-        return NULL;
-    }
-    mlp_half_forward(x, no_bias, B, T, d);
-    // g after the row-parallel fcproj: all-reduce of (B, T, C); with -sp reduce-scatter
-    floatX* fcproj = sum_over_ranks(tp, x.fcproj, scratch->reduced, BT, C, sp);
-    bias_add(fcproj, w.fcprojb, BTs, C);
-    return fcproj;
-}
-
-// -r 1 and 2: what layer k of a slot did not keep, computed again right before its backward
-// into the stage's one-layer buffers (train_gpt2_pp.cu); residual is the layer's input (BTs)
-static void layer_recompute(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, unsigned kept,
-                            const floatX* residual, int B, int T) {
-    LayerDims d = model->dims;
-    if (kept == KEEP_ALL) return;
-    device_span_begin(&recompute_spans);
-    if (layer_rerun_needed(kept)) {
-        int sp = d.seq_shards > 1;
-        layernorm_forward(sp ? model->acts.ln_shard : x.ln1, x.ln1_mean, x.ln1_rstd, residual, w.ln1w, w.ln1b,
-                          B * T / d.seq_shards, d.C);
-        layer_forward(model, tp, x, w, residual, B, T, 1);
-    } else {
-        layer_recompute_selective(x, kept, B, T, d);
-    }
-    device_span_end(&recompute_spans);
-}
-
 // The chunk's input is in a->encoded (BTs, C): the embedding (first virtual stage) or what the
 // stage before sent. Its output stays in the last layer's residual3 (BTs, C), to be sent on; on
 // the last virtual stage the vocabulary-parallel loss is computed instead, and this rank's
@@ -256,7 +201,7 @@ static float chunk_forward(Walk* walk, Activations* a, int chunk, const int* inp
     for (int k = 0; k < Lc; k++) {
         LayerActs x = layer_acts(a, d, B, T, k);  // the slot's layer
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
-        floatX* fcproj = layer_forward(model, tp, x, gpt2_layer_params(model, chunk * Lc + k), residual, B, T, 0);
+        floatX* fcproj = tp_layer_forward(model, tp, x, gpt2_layer_params(model, chunk * Lc + k), residual, B, T, 0);
         if (k + 1 < Lc) {  // the next layer's LayerNorm fused with this residual add
             LayerWeights wn = gpt2_layer_params(model, chunk * Lc + k + 1);
             LayerActs xn = layer_acts(a, d, B, T, k + 1);
@@ -310,31 +255,7 @@ static void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int ch
         LayerWeights w = gpt2_layer_params(model, chunk * Lc + k), gw = gpt2_layer_grads(model, chunk * Lc + k);
         LayerActs x = layer_acts(a, d, B, T, k);
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
-        layer_recompute(model, tp, x, w, a->kept, residual, B, T);
-        // g's backward at fcproj: identity, or with -sp all-gather of dresidual to (B, T, C)
-        floatX* dout = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
-        mlp_half_backward_input(scratch->dbuf, scratch->dfch, dout, x, w, B, T, d);
-        if (split) {  // kept for W: the gradients at fcproj and fch
-            copy_device_to_device(x.fcproj, dout, BT * C * X);
-            copy_device_to_device(x.fch, scratch->dfch, BT * d.fc * X);
-        } else {
-            mlp_half_backward_weight(gw, scratch->dfch, dout, x, B, T, d);
-        }
-        // f's backward at ln2: all-reduce of the partial dln2 (B, T, C); with -sp reduce-scatter
-        floatX* dln2 = sum_over_ranks(tp, scratch->dbuf, scratch->reduced, BT, C, sp);
-        layernorm_backward(dresidual, gw.ln2w, gw.ln2b, dln2, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd, BTs, C);
-        // g's backward at attproj: identity, or with -sp all-gather of dresidual to (B, T, C)
-        dout = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
-        attention_half_backward_input(scratch->dbuf, scratch->dbuf, scratch->dqkv, dout, x, w, B, T, d);
-        if (split) {  // kept for W: the gradients at attproj and qkv
-            copy_device_to_device(x.attproj, dout, BT * C * X);
-            copy_device_to_device(x.qkv, scratch->dqkv, BT * d.qkv * X);
-        } else {
-            attention_half_backward_weight(gw, scratch->dqkv, dout, x, B, T, d);
-        }
-        // f's backward at ln1: all-reduce of the partial dln1 (B, T, C); with -sp reduce-scatter
-        floatX* dln1 = sum_over_ranks(tp, scratch->dbuf, scratch->reduced, BT, C, sp);
-        layernorm_backward(dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, x.ln1_mean, x.ln1_rstd, BTs, C);
+        tp_layer_backward(model, tp, x, w, gw, a->kept, residual, dresidual, B, T, split);
     }
     if (is_first_virtual(st, chunk)) {
         // g's backward at the embedding: identity, or with -sp all-gather of dresidual to

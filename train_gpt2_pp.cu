@@ -204,6 +204,21 @@ static void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int ch
 // W (stage_chunk_weights in llmc/stage.h: the weight gradients from what B kept in the slot)
 static const ChunkOps chunk_ops = {chunk_forward, chunk_backward, stage_chunk_weights};
 
+// The global gradient norm: each stage's sum of squares of its own gradients, summed over the
+// pipeline (all-reduce of one float). The tied wte is counted once: a stage with the head but not
+// the embedding (the last of several) leaves out its copy, whose gradient is the first stage's.
+static float stage_grad_norm(const GPT2* model, CommGroup* pp) {
+    const ParameterLayout* layout = &model->layout;
+    double squares = 0.0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (i == PARAM_WTE && layout->head && !layout->embedding) continue;
+        squares += global_norm_squared(model->grads_memory + layout->offsets[i], layout->sizes[i]);
+    }
+    float norm_sum = (float)squares;
+    comm_all_reduce_scalar(pp, &norm_sum, COMM_SUM);
+    return sqrtf(norm_sum);
+}
+
 // Validation and samples run forward-only walks through the pipe; the run layer (llmc/run.h)
 // calls these two with the model, the stage and the pipeline group
 typedef struct {
@@ -389,16 +404,9 @@ int main(int argc, char** argv) {
         float loss = w.loss / (float)m;
         comm_broadcast_host(pp, &loss, sizeof(float), p - 1);
         // 4. the global gradient norm: the stages' squares summed over the pipeline (all-reduce of
-        // one float), the last stage's wte copy left out: its gradient is the first stage's
+        // one float in stage_grad_norm), the last stage's wte copy left out
         watchdog_phase("AdamW update", step);
-        double squares = 0.0;
-        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            if (i == PARAM_WTE && layout.head && !layout.embedding) continue;  // (a stage with the head but not the embedding: the last of several)
-            squares += global_norm_squared(model.grads_memory + layout.offsets[i], layout.sizes[i]);
-        }
-        float norm_sum = (float)squares;
-        comm_all_reduce_scalar(pp, &norm_sum, COMM_SUM);
-        float grad_norm = sqrtf(norm_sum);
+        float grad_norm = stage_grad_norm(&model, pp);
         // the loss and the norm are the same on every rank, so every rank stops here together
         train_stop_if_not_finite(step, loss, grad_norm);
         // 5. AdamW on this stage's parameters. Both wte copies have the same gradient, moments and

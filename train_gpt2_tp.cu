@@ -63,71 +63,11 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/memory_plan.h"
 
 // ----------------------------------------------------------------------------------------------
-// forward and backward of the model on one micro-batch, on this rank's slices. BTs is the number
-// of tokens of the residual stream on this rank: B*T, or B*T/tp with -sp.
-
-// One layer's forward on this rank's slices, from its ln1 (with -sp this rank's tokens of it, in
-// ln_shard) to the summed fcproj (B*T or with -sp B*T/tp tokens, bias added), which the caller
-// adds to the residual stream. rerun (-r 2): the same again before the layer's backward, as far
-// as the backward reads (block.h). Its collectives run again too, on every rank in the same
-// order: the all-gather of ln1 (-sp), the sum of attproj, the all-gather of ln2 (-sp); not the
-// sum of fcproj, which only residual3 needed, and that was kept.
-static floatX* layer_forward(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, const floatX* residual, int B,
-                             int T, int rerun) {
-    LayerDims d = model->dims;
-    Activations* a = &model->acts;
-    int C = d.C, sp = d.seq_shards > 1;
-    size_t BT = (size_t)B * T;
-    int BTs = (int)(BT / d.seq_shards);
-    // f before the column-parallel qkv: the identity (the LayerNorm wrote all of x.ln1), or
-    // with -sp the all-gather of ln1 from (B*T/tp, C) on each rank into x.ln1 (B, T, C)
-    gather_tokens(tp, a->ln_shard, x.ln1, BT, C, sp);
-    // the attention half on this rank's NH/tp heads; its row-parallel projection leaves a
-    // partial sum in attproj (B, T, C). Its bias is added once, after the sum, not per rank
-    // (the backward pass needs no such care: a bias gradient sums dout over all tokens,
-    // which every rank holds whole, so it comes out whole and equal on every rank).
-    LayerWeights no_bias = w;
-    no_bias.attprojb = NULL;
-    no_bias.fcprojb = NULL;
-    attention_half_forward(x, no_bias, B, T, d);
-    // g after the row-parallel attproj: all-reduce of (B, T, C); with -sp reduce-scatter
-    floatX* attproj = sum_over_ranks(tp, x.attproj, a->reduced, BT, C, sp);
-    bias_add(attproj, w.attprojb, BTs, C);
-    // replicated (or with -sp, this rank's tokens): residual2 = residual + attproj, then ln2
-    fused_residual_layernorm_forward(x.residual2, sp ? a->ln_shard : x.ln2, x.ln2_mean, x.ln2_rstd, residual, attproj,
-                                     w.ln2w, w.ln2b, BTs, C);
-    // f before the column-parallel fc: identity, or with -sp all-gather of ln2 to (B, T, C)
-    gather_tokens(tp, a->ln_shard, x.ln2, BT, C, sp);
-    if (rerun) {
-        mlp_half_forward_to_gelu(x, no_bias, B, T, d);
-        return NULL;
-    }
-    // the MLP half on this rank's 4C/tp columns; fcproj (B, T, C) is a partial sum again
-    mlp_half_forward(x, no_bias, B, T, d);
-    // g after the row-parallel fcproj: all-reduce of (B, T, C); with -sp reduce-scatter
-    floatX* fcproj = sum_over_ranks(tp, x.fcproj, a->reduced, BT, C, sp);
-    bias_add(fcproj, w.fcprojb, BTs, C);
-    return fcproj;
-}
-
-// -r 1 and 2: what layer l's forward did not keep, computed again right before its backward
-// (model.h); residual is the layer's input (this rank's tokens of it with -sp)
-static void layer_recompute(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, const floatX* residual, int B,
-                            int T) {
-    LayerDims d = model->dims;
-    unsigned kept = model->acts.kept;
-    if (kept == KEEP_ALL) return;
-    device_span_begin(&recompute_spans);
-    if (layer_rerun_needed(kept)) {
-        int sp = d.seq_shards > 1;
-        layernorm_forward(sp ? model->acts.ln_shard : x.ln1, x.ln1_mean, x.ln1_rstd, residual, w.ln1w, w.ln1b,
-                          B * T / d.seq_shards, d.C);
-        layer_forward(model, tp, x, w, residual, B, T, 1);
-    } else {
-        layer_recompute_selective(x, kept, B, T, d);
-    }
-    device_span_end(&recompute_spans);
-}
+// forward and backward of the model on one micro-batch, on this rank's slices: the
+// vocabulary-parallel embedding and LM head here, and between them each layer with its f and g
+// collectives in llmc/tensor_parallel.h (tp_layer_forward, tp_layer_backward: read them as part
+// of this chapter; the 3D trainer runs the same). BTs is the number of tokens of the residual
+// stream on this rank: B*T, or B*T/tp with -sp.
 
 static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int B, int T) {
     GPT2Config c = model->config;
@@ -154,7 +94,7 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
     for (int l = 0; l < L; l++) {
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? encoded : layer_acts(a, d, B, T, l - 1).residual3;
-        floatX* fcproj = layer_forward(model, tp, x, gpt2_layer_params(model, l), residual, B, T, 0);
+        floatX* fcproj = tp_layer_forward(model, tp, x, gpt2_layer_params(model, l), residual, B, T, 0);
         // residual3 = residual2 + fcproj, fused with the next LayerNorm (ln1 of l+1, or lnf)
         if (l + 1 < L) {
             LayerWeights wn = gpt2_layer_params(model, l + 1);
@@ -194,23 +134,8 @@ static void gpt2_backward(GPT2* model, CommGroup* tp, const int* inputs_host, in
         LayerWeights w = gpt2_layer_params(model, l), gw = gpt2_layer_grads(model, l);
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
-        layer_recompute(model, tp, x, w, residual, B, T);
-        // g's backward at fcproj: the identity (dresidual is whole on every rank), or with -sp
-        // the all-gather of dresidual (B*T/tp, C) to (B, T, C)
-        floatX* dout = gather_tokens(tp, a->dresidual, a->dgathered, BT, C, sp);
-        // the MLP half: this rank's columns' gradients, and a partial dln2 (B, T, C)
-        mlp_half_backward(a->dbuf, a->dfch, dout, x, w, gw, B, T, d);
-        // f's backward at ln2: all-reduce of dln2 (B, T, C); with -sp reduce-scatter
-        floatX* dln2 = sum_over_ranks(tp, a->dbuf, a->reduced, BT, C, sp);
-        layernorm_backward(a->dresidual, gw.ln2w, gw.ln2b, dln2, x.residual2, w.ln2w, x.ln2_mean,
-                           x.ln2_rstd, BTs, C);
-        // g's backward at attproj: identity, or with -sp all-gather of dresidual to (B, T, C)
-        dout = gather_tokens(tp, a->dresidual, a->dgathered, BT, C, sp);
-        attention_half_backward(a->dbuf, a->dbuf, a->dqkv, dout, x, w, gw, B, T, d);
-        // f's backward at ln1: all-reduce of dln1 (B, T, C); with -sp reduce-scatter
-        floatX* dln1 = sum_over_ranks(tp, a->dbuf, a->reduced, BT, C, sp);
-        layernorm_backward(a->dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, x.ln1_mean,
-                           x.ln1_rstd, BTs, C);
+        // f and g's backwards around each half (llmc/tensor_parallel.h); -r recomputes first
+        tp_layer_backward(model, tp, x, w, gw, a->kept, residual, a->dresidual, B, T, 0);
     }
     // g's backward at the embedding: the identity, or with -sp (its forward a reduce-scatter)
     // the all-gather of dresidual to (B, T, C). Tokens of this rank's vocabulary scatter into its

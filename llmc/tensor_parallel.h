@@ -6,6 +6,7 @@
 #ifndef LLMC_TENSOR_PARALLEL_H
 #define LLMC_TENSOR_PARALLEL_H
 
+#include "block.h"
 #include "comm.h"
 #include "model.h"
 
@@ -13,20 +14,11 @@
 // The two collectives of tensor parallelism. Each is the forward of one of Megatron's operators
 // and the backward of the other, so the forward and backward passes call the same two.
 
-// a layer's widths on one of tp ranks (model.h: the heads, 4C and Vp must divide by tp); with
-// -sp the T tokens of a sequence are split over them too, so T must divide by tp
-static inline LayerDims tp_layer_dims(GPT2Config c, int tp, int sp, int T, const char* ranks_name) {
-    LayerDims d = layer_dims(c, tp, sp);
-    if (d.seq_shards > 1 && T % tp != 0) {
-        fail("-sp 1 splits the tokens over the %d %s: -t %d must be a multiple of %d", tp, ranks_name, T, tp);
-    }
-    return d;
-}
-
 // Sums partial (B, T, C), of which every rank holds a share, over the ranks. Without -sp an
 // all-reduce in place: returns partial, now whole on every rank. With -sp a reduce-scatter:
-// returns `reduced`, this rank's B*T/tp tokens of the sum.
+// returns `reduced`, this rank's B*T/tp tokens of the sum. (tp NULL: one rank holds it all.)
 static inline floatX* sum_over_ranks(CommGroup* tp, floatX* partial, floatX* reduced, size_t BT, int C, int sp) {
+    if (tp == NULL) return partial;  // (no tensor parallelism: a pipeline stage of train_gpt2_pp)
     if (!sp) {
         comm_all_reduce(tp, partial, BT * C, COMM_FLOATX, COMM_SUM);
         return partial;
@@ -81,6 +73,132 @@ static inline float vocab_parallel_loss(GPT2* model, CommGroup* tp, Activations*
     double sum = 0.0;
     for (int i = 0; i < BT; i++) sum += losses[i];
     return (float)(sum / BT);
+}
+
+// ----------------------------------------------------------------------------------------------
+// One transformer layer on this rank's slices: Megatron's column-parallel first matmul and
+// row-parallel second matmul in each half (block.h), with f before each half and g after it.
+// The TP trainer runs them over its layers, the 3D trainer over each pipeline chunk's; and with
+// tp NULL (no tensor parallelism) they are the plain layer that train_gpt2_pp's stages run.
+//
+// The residual stream between the halves is replicated on every tp rank (with -sp split along
+// the tokens), so the residual add, the LayerNorms and their statistics are computed on every
+// rank alike. Its backward: dresidual, the gradient of the stream, is whole on every rank; each
+// LayerNorm's backward adds its input gradient into it, and the residual adds pass it on
+// unchanged. That is why g's backward is the identity (each rank already holds the whole
+// gradient its half needs) and f's backward is the all-reduce: each rank's half computed only a
+// partial input gradient from its slices.
+
+// a layer's widths on one of tp ranks (model.h: the heads, 4C and Vp must divide by tp); with
+// -sp the T tokens of a sequence are split over them too, so T must divide by tp
+static inline LayerDims tp_layer_dims(GPT2Config c, int tp, int sp, int T, const char* ranks_name) {
+    LayerDims d = layer_dims(c, tp, sp);
+    if (d.seq_shards > 1 && T % tp != 0) {
+        fail("-sp 1 splits the tokens over the %d %s: -t %d must be a multiple of %d", tp, ranks_name, T, tp);
+    }
+    return d;
+}
+
+// One layer's forward from its ln1 (with -sp this rank's tokens of it, in the scratch's ln_shard)
+// to the summed fcproj (B T/seq_shards tokens, bias added), which the caller adds to the residual
+// stream, fused with the next LayerNorm. rerun (-r 2): the same again before the layer's
+// backward, as far as the backward reads (block.h), with the collectives on the way.
+static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, const floatX* residual,
+                                       int B, int T, int rerun) {
+    LayerDims d = model->dims;
+    Activations* scratch = &model->acts;  // the -sp staging buffers (model.h)
+    int C = d.C, sp = d.seq_shards > 1;
+    size_t BT = (size_t)B * T;
+    int BTs = (int)(BT / d.seq_shards);
+    // f before the column-parallel qkv: the identity (the LayerNorm wrote all of x.ln1), or
+    // with -sp the all-gather of ln1 from (B*T/tp, C) on each rank (in ln_shard) into x.ln1
+    // (B, T, C)
+    gather_tokens(tp, scratch->ln_shard, x.ln1, BT, C, sp);
+    // the attention half on this rank's NH/tp heads; its row-parallel projection leaves a
+    // partial sum in attproj (B, T, C). Its bias is added once, after the sum, not per rank
+    // (the backward pass needs no such care: a bias gradient sums dout over all tokens,
+    // which every rank holds whole, so it comes out whole and equal on every rank).
+    LayerWeights slices = w;
+    if (tp) slices.attprojb = slices.fcprojb = NULL;
+    attention_half_forward(x, slices, B, T, d);
+    // g after the row-parallel attproj: all-reduce of (B, T, C); with -sp reduce-scatter
+    floatX* attproj = sum_over_ranks(tp, x.attproj, scratch->reduced, BT, C, sp);
+    if (tp) bias_add(attproj, w.attprojb, BTs, C);
+    // replicated (or with -sp, this rank's tokens): residual2 = residual + attproj, then ln2
+    fused_residual_layernorm_forward(x.residual2, sp ? scratch->ln_shard : x.ln2, x.ln2_mean, x.ln2_rstd, residual,
+                                     attproj, w.ln2w, w.ln2b, BTs, C);
+    // f before the column-parallel fc: identity, or with -sp all-gather of ln2 to (B, T, C)
+    gather_tokens(tp, scratch->ln_shard, x.ln2, BT, C, sp);
+    if (rerun) {  // the sum of fcproj is not repeated: only residual3 needed it, and it was kept
+        mlp_half_forward_to_gelu(x, slices, B, T, d);
+        return NULL;
+    }
+    // the MLP half on this rank's 4C/tp columns; fcproj (B, T, C) is a partial sum again
+    mlp_half_forward(x, slices, B, T, d);
+    // g after the row-parallel fcproj: all-reduce of (B, T, C); with -sp reduce-scatter
+    floatX* fcproj = sum_over_ranks(tp, x.fcproj, scratch->reduced, BT, C, sp);
+    if (tp) bias_add(fcproj, w.fcprojb, BTs, C);
+    return fcproj;
+}
+
+// -r 1 and 2: what the layer's forward did not keep (`kept`, model.h), computed again right before
+// its backward; residual is the layer's input (this rank's tokens of it with -sp)
+static inline void tp_layer_recompute(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, unsigned kept,
+                                      const floatX* residual, int B, int T) {
+    LayerDims d = model->dims;
+    if (kept == KEEP_ALL) return;
+    device_span_begin(&recompute_spans);
+    if (layer_rerun_needed(kept)) {
+        int sp = d.seq_shards > 1;
+        layernorm_forward(sp ? model->acts.ln_shard : x.ln1, x.ln1_mean, x.ln1_rstd, residual, w.ln1w, w.ln1b,
+                          B * T / d.seq_shards, d.C);
+        tp_layer_forward(model, tp, x, w, residual, B, T, 1);
+    } else {
+        layer_recompute_selective(x, kept, B, T, d);
+    }
+    device_span_end(&recompute_spans);
+}
+
+// One layer's backward: dresidual (B T/seq_shards, C) holds the gradient at the layer's output
+// and on return at its input; the weight gradients accumulate into gw. First what -r dropped is
+// recomputed. With split (zero bubble's B action) the matmuls' weight gradients wait for the W
+// action, which finds in the slot what it needs, each in the place of an activation B has used
+// up and that has its shape: the gradient at attproj (B,T,C) in attproj, at qkv (B,T,3C/tp) in
+// qkv, at fcproj (B,T,C) in fcproj, at fch (B,T,4C/tp) in fch (with -sp the gathered ones).
+static inline void tp_layer_backward(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, LayerWeights gw,
+                                     unsigned kept, const floatX* residual, floatX* dresidual, int B, int T, int split) {
+    LayerDims d = model->dims;
+    Activations* scratch = &model->acts;  // the backward's buffers, shared by every layer
+    int C = d.C, sp = d.seq_shards > 1;
+    size_t BT = (size_t)B * T, X = sizeof(floatX);
+    int BTs = (int)(BT / d.seq_shards);
+    tp_layer_recompute(model, tp, x, w, kept, residual, B, T);
+    // g's backward at fcproj: the identity (dresidual is whole on every rank), or with -sp the
+    // all-gather of dresidual (B*T/tp, C) to (B, T, C)
+    floatX* dout = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
+    // the MLP half: this rank's columns' gradients, and a partial dln2 (B, T, C) in dbuf
+    mlp_half_backward_input(scratch->dbuf, scratch->dfch, dout, x, w, B, T, d);
+    if (split) {  // kept for W: the gradients at fcproj and fch
+        copy_device_to_device(x.fcproj, dout, BT * C * X);
+        copy_device_to_device(x.fch, scratch->dfch, BT * d.fc * X);
+    } else {
+        mlp_half_backward_weight(gw, scratch->dfch, dout, x, B, T, d);
+    }
+    // f's backward at ln2: all-reduce of the partial dln2 (B, T, C); with -sp reduce-scatter
+    floatX* dln2 = sum_over_ranks(tp, scratch->dbuf, scratch->reduced, BT, C, sp);
+    layernorm_backward(dresidual, gw.ln2w, gw.ln2b, dln2, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd, BTs, C);
+    // g's backward at attproj: identity, or with -sp all-gather of dresidual to (B, T, C)
+    dout = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
+    attention_half_backward_input(scratch->dbuf, scratch->dbuf, scratch->dqkv, dout, x, w, B, T, d);
+    if (split) {  // kept for W: the gradients at attproj and qkv
+        copy_device_to_device(x.attproj, dout, BT * C * X);
+        copy_device_to_device(x.qkv, scratch->dqkv, BT * d.qkv * X);
+    } else {
+        attention_half_backward_weight(gw, scratch->dqkv, dout, x, B, T, d);
+    }
+    // f's backward at ln1: all-reduce of the partial dln1 (B, T, C); with -sp reduce-scatter
+    floatX* dln1 = sum_over_ranks(tp, scratch->dbuf, scratch->reduced, BT, C, sp);
+    layernorm_backward(dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, x.ln1_mean, x.ln1_rstd, BTs, C);
 }
 
 // With -sp each rank's LayerNorm weights saw only its own tokens, so their gradients are partial
