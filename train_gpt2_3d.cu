@@ -59,6 +59,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/tensor_parallel.h"
 #include "llmc/pipeline.h"
 #include "llmc/stage.h"
+#include "llmc/chunk.h"
 #include "llmc/allocations.h"
 #include "llmc/train.h"
 #include "llmc/run.h"
@@ -162,115 +163,6 @@ static RunLayout grid_run_layout(const Run* run, const Grid* g, PipeSpec spec, i
     l.dump_grads = dump_grads;
     return l;
 }
-
-// ----------------------------------------------------------------------------------------------
-// forward and backward of one chunk of layers on one micro-batch, on this rank's tp slices: the
-// PP trainer's chunk functions with the TP trainer's collectives inside. The walk (llmc/stage.h)
-// calls them for each action of the schedule. BTs is the number of tokens of the residual stream
-// on this rank: B*T, or B*T/tp with -sp; it is also what travels between stages.
-
-// The chunk's input is in a->encoded (BTs, C): the embedding (first virtual stage) or what the
-// stage before sent. Its output stays in the last layer's residual3 (BTs, C), to be sent on; on
-// the last virtual stage the vocabulary-parallel loss is computed instead, and this rank's
-// (B, T, Vp/tp) logits become their gradient. Returns the micro-batch's mean loss there, else 0.
-static float chunk_forward(Walk* walk, Activations* a, int chunk, const int* inputs_host, const int* targets_host) {
-    GPT2* model = walk->model;
-    Stage* st = walk->st;
-    CommGroup* tp = walk->tp;
-    GPT2Config c = model->config;
-    LayerDims d = model->dims;
-    int B = walk->B, T = walk->T, C = c.channels, Lc = st->chunk_layers, sp = d.seq_shards > 1;
-    size_t BT = (size_t)B * T;
-    int BTs = (int)(BT / d.seq_shards);
-    ParameterTensors p = model->params;
-    Activations* scratch = &model->acts;  // the backward's buffers; the -sp staging buffers
-    if (is_first_virtual(st, chunk)) {
-        // the vocabulary-parallel embedding: this rank's Vp/tp rows of wte (other tokens look up
-        // zeros), wpe added by tp rank 0 alone; then g: all-reduce of the partial (B, T, C) over
-        // tp, or with -sp a reduce-scatter into this rank's tokens
-        vocab_parallel_tokens(model->inputs, &model->input_stage, inputs_host, BT, tp->rank, d.Vp);
-        floatX* partial = sp ? scratch->dbuf : a->encoded;
-        encoder_forward(partial, model->inputs, p.wte, tp->rank == 0 ? p.wpe : NULL, B, T, C);
-        sum_over_ranks(tp, partial, a->encoded, BT, C, sp);
-    }
-    // the chunk's first LayerNorm on its own: the residual add before it ran on another stage
-    LayerActs first = layer_acts(a, d, B, T, 0);
-    LayerWeights w0 = gpt2_layer_params(model, chunk * Lc);
-    layernorm_forward(sp ? scratch->ln_shard : first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, w0.ln1w, w0.ln1b,
-                      BTs, C);
-    for (int k = 0; k < Lc; k++) {
-        LayerActs x = layer_acts(a, d, B, T, k);  // the slot's layer
-        floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
-        floatX* fcproj = tp_layer_forward(model, tp, x, gpt2_layer_params(model, chunk * Lc + k), residual, B, T, 0);
-        if (k + 1 < Lc) {  // the next layer's LayerNorm fused with this residual add
-            LayerWeights wn = gpt2_layer_params(model, chunk * Lc + k + 1);
-            LayerActs xn = layer_acts(a, d, B, T, k + 1);
-            fused_residual_layernorm_forward(x.residual3, sp ? scratch->ln_shard : xn.ln1, xn.ln1_mean, xn.ln1_rstd,
-                                             x.residual2, fcproj, wn.ln1w, wn.ln1b, BTs, C);
-        } else if (is_last_virtual(st, chunk)) {  // the model's last layer: lnf follows
-            fused_residual_layernorm_forward(x.residual3, sp ? scratch->ln_shard : a->lnf, a->lnf_mean, a->lnf_rstd,
-                                             x.residual2, fcproj, p.lnfw, p.lnfb, BTs, C);
-        } else {  // a stage boundary: the plain residual add, whose (BTs, C) output travels on
-            residual_forward(x.residual3, x.residual2, fcproj, BTs, C);
-        }
-    }
-    if (!is_last_virtual(st, chunk)) return 0.0f;
-    // f before the LM head (column-parallel over the vocabulary): identity, or with -sp the
-    // all-gather of lnf to (B, T, C); this rank's (B, T, Vp/tp) logits from its wte rows
-    gather_tokens(tp, scratch->ln_shard, a->lnf, BT, C, sp);
-    matmul_forward(a->logits, a->lnf, p.wte, NULL, (int)BT, C, d.Vp);
-    // the vocabulary-parallel loss: all-reduces over tp of (B, T) row maxima and (B, T, 2) sums
-    return vocab_parallel_loss(model, tp, a, targets_host, B, T, walk->dloss);
-}
-
-// The backward of one chunk: dresidual (BTs, C) holds the gradient at the chunk's output (the
-// stage after sent it), except on the last virtual stage, which starts from the dlogits. On
-// return dresidual holds the gradient at the chunk's input, to be sent back; the first virtual
-// stage scatters it into its wte rows and wpe instead. Every collective of the TP trainer's
-// backward is here, in the same order. With split (zero bubble's B) the matmuls' weight
-// gradients wait for W, which finds what it needs in the slot (train_gpt2_pp.cu says where);
-// with -sp the gradient at attproj and fcproj it keeps is the gathered (B, T, C) one.
-static void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int chunk, const int* inputs_host, int split) {
-    GPT2* model = walk->model;
-    Stage* st = walk->st;
-    CommGroup* tp = walk->tp;
-    GPT2Config c = model->config;
-    LayerDims d = model->dims;
-    int B = walk->B, T = walk->T, C = c.channels, Lc = st->chunk_layers, sp = d.seq_shards > 1;
-    size_t BT = (size_t)B * T, X = sizeof(floatX);
-    int BTs = (int)(BT / d.seq_shards);
-    ParameterTensors p = model->params, g = model->grads;
-    Activations* scratch = &model->acts;
-    if (is_last_virtual(st, chunk)) {
-        // the LM head: a partial dlnf (B, T, C) from this rank's vocabulary, and its wte rows'
-        // gradient; f's backward: all-reduce of dlnf, with -sp reduce-scatter
-        matmul_backward_input(scratch->dbuf, a->logits, p.wte, (int)BT, C, d.Vp);
-        if (!split) matmul_backward_weight(g.wte, NULL, a->logits, a->lnf, (int)BT, C, d.Vp);
-        floatX* dlnf = sum_over_ranks(tp, scratch->dbuf, scratch->reduced, BT, C, sp);
-        device_memset_zero(dresidual, (size_t)BTs * C * X);
-        layernorm_backward(dresidual, g.lnfw, g.lnfb, dlnf, layer_acts(a, d, B, T, Lc - 1).residual3, p.lnfw,
-                           a->lnf_mean, a->lnf_rstd, BTs, C);
-    }
-    for (int k = Lc - 1; k >= 0; k--) {
-        LayerWeights w = gpt2_layer_params(model, chunk * Lc + k), gw = gpt2_layer_grads(model, chunk * Lc + k);
-        LayerActs x = layer_acts(a, d, B, T, k);
-        floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
-        tp_layer_backward(model, tp, x, w, gw, a->kept, residual, dresidual, B, T, split);
-    }
-    if (is_first_virtual(st, chunk)) {
-        // g's backward at the embedding: identity, or with -sp all-gather of dresidual to
-        // (B, T, C); this rank's tokens scatter into its wte rows, every position into wpe
-        floatX* dencoded = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
-        // this rank's table of the micro-batch's tokens, on the host only: the buckets of
-        // positions per token are sorted there (a stage of its own, never waiting for a copy)
-        const int* tokens = vocab_parallel_tokens(NULL, &model->token_table, inputs_host, BT, tp->rank, d.Vp);
-        encoder_backward(g.wte, g.wpe, dencoded, tokens, B, T, C);
-    }
-}
-
-// what the walk calls for each action: the chunk functions above, and zero bubble's W (llmc/stage.h:
-// the weight gradients, with no collective: a slice's needs only its input and output gradient)
-static const ChunkOps chunk_ops = {chunk_forward, chunk_backward, stage_chunk_weights};
 
 // ----------------------------------------------------------------------------------------------
 

@@ -258,26 +258,6 @@ static inline Walk stage_forward_pass(GPT2* model, Stage* st, ChunkOps ops, Comm
     return w;
 }
 
-// Zero bubble's W action, the same in every pipeline trainer (ChunkOps.weights): the matmuls'
-// weight gradients of a chunk whose B has run, from each matmul's input and the gradient at its
-// output, both left in the slot by B (train_gpt2_pp.cu's chunk_backward says where). It needs no
-// collective, even with tensor parallelism: a slice's weight gradient needs only the slice's
-// input and output gradient. Nothing waits for it: it fills the bubble.
-static inline void stage_chunk_weights(Walk* walk, Activations* a, int chunk) {
-    GPT2* model = walk->model;
-    LayerDims d = model->dims;
-    int B = walk->B, T = walk->T, Lc = walk->st->chunk_layers;
-    for (int k = Lc - 1; k >= 0; k--) {
-        LayerWeights gw = gpt2_layer_grads(model, chunk * Lc + k);
-        LayerActs x = layer_acts(a, d, B, T, k);
-        mlp_half_backward_weight(gw, x.fch, x.fcproj, x, B, T, d);
-        attention_half_backward_weight(gw, x.qkv, x.attproj, x, B, T, d);
-    }
-    if (is_last_virtual(walk->st, chunk)) {  // the LM head's wte (this rank's Vp rows): dlogits^T @ lnf
-        matmul_backward_weight(model->grads.wte, NULL, a->logits, a->lnf, B * T, d.C, d.Vp);
-    }
-}
-
 // The measured timeline of a step: every stage's actions with their start and end (ms from the
 // step's start, after a barrier), gathered on rank 0 of pp, drawn as the chart of the schedule
 // with one column per average forward, and appended to -o's timeline.jsonl as one JSON line per

@@ -1,0 +1,156 @@
+// What a pipeline stage computes for one action of its schedule (pipeline.h): the forward (F) or
+// backward (B) of one chunk of its layers on one micro-batch, and zero bubble's weight gradients
+// (W). Shared by train_gpt2_pp.cu (each stage whole: tp NULL) and train_gpt2_3d.cu (each stage
+// split over its tp ranks, Megatron's collectives inside: llmc/tensor_parallel.h). The walk that
+// calls them, with the exchanges between stages, is train_gpt2_pp.cu's chapter (and stage.h's
+// stage_walk).
+//
+// BTs is the number of tokens of the residual stream on this rank: B*T, or B*T/tp with -sp; it is
+// also what travels between stages.
+#ifndef LLMC_CHUNK_H
+#define LLMC_CHUNK_H
+
+#include "block.h"
+#include "model.h"
+#include "stage.h"
+#include "tensor_parallel.h"
+
+// The chunk's input is in a->encoded (BTs, C): the embedding (first virtual stage) or what the
+// stage before sent. Its output stays in the last layer's residual3 (BTs, C), to be sent on; on
+// the last virtual stage the loss is computed instead, and the logits (this rank's
+// (B, T, Vp/tp) with tp) become their gradient, each token weighted by dloss. Returns the
+// micro-batch's mean loss there, else 0.
+static inline float chunk_forward(Walk* walk, Activations* a, int chunk, const int* inputs_host,
+                                  const int* targets_host) {
+    GPT2* model = walk->model;
+    Stage* st = walk->st;
+    CommGroup* tp = walk->tp;
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int B = walk->B, T = walk->T, C = c.channels, Lc = st->chunk_layers, sp = d.seq_shards > 1;
+    size_t BT = (size_t)B * T;
+    int BTs = (int)(BT / d.seq_shards);
+    ParameterTensors p = model->params;
+    Activations* scratch = &model->acts;  // the backward's buffers; the -sp staging buffers
+    if (is_first_virtual(st, chunk) && tp == NULL) {
+        tokens_to_device(model->inputs, &model->input_stage, inputs_host, BT);
+        encoder_forward(a->encoded, model->inputs, p.wte, p.wpe, B, T, C);
+    } else if (is_first_virtual(st, chunk)) {
+        // the vocabulary-parallel embedding: this rank's Vp/tp rows of wte (other tokens look up
+        // zeros), wpe added by tp rank 0 alone; then g: all-reduce of the partial (B, T, C) over
+        // tp, or with -sp a reduce-scatter into this rank's tokens
+        vocab_parallel_tokens(model->inputs, &model->input_stage, inputs_host, BT, tp->rank, d.Vp);
+        floatX* partial = sp ? scratch->dbuf : a->encoded;
+        encoder_forward(partial, model->inputs, p.wte, tp->rank == 0 ? p.wpe : NULL, B, T, C);
+        sum_over_ranks(tp, partial, a->encoded, BT, C, sp);
+    }
+    // the chunk's first LayerNorm on its own: the residual add before it ran on another stage
+    LayerActs first = layer_acts(a, d, B, T, 0);
+    LayerWeights w0 = gpt2_layer_params(model, chunk * Lc);
+    layernorm_forward(sp ? scratch->ln_shard : first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, w0.ln1w, w0.ln1b,
+                      BTs, C);
+    for (int k = 0; k < Lc; k++) {
+        LayerActs x = layer_acts(a, d, B, T, k);  // the slot's layer
+        floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
+        floatX* fcproj = tp_layer_forward(model, tp, x, gpt2_layer_params(model, chunk * Lc + k), residual, B, T, 0);
+        if (k + 1 < Lc) {  // the next layer's LayerNorm fused with this residual add
+            LayerWeights wn = gpt2_layer_params(model, chunk * Lc + k + 1);
+            LayerActs xn = layer_acts(a, d, B, T, k + 1);
+            fused_residual_layernorm_forward(x.residual3, sp ? scratch->ln_shard : xn.ln1, xn.ln1_mean, xn.ln1_rstd,
+                                             x.residual2, fcproj, wn.ln1w, wn.ln1b, BTs, C);
+        } else if (is_last_virtual(st, chunk)) {  // the model's last layer: lnf follows
+            fused_residual_layernorm_forward(x.residual3, sp ? scratch->ln_shard : a->lnf, a->lnf_mean, a->lnf_rstd,
+                                             x.residual2, fcproj, p.lnfw, p.lnfb, BTs, C);
+        } else {  // a stage boundary: the plain residual add, whose (BTs, C) output travels on
+            residual_forward(x.residual3, x.residual2, fcproj, BTs, C);
+        }
+    }
+    if (!is_last_virtual(st, chunk)) return 0.0f;
+    // f before the LM head (column-parallel over the vocabulary): identity, or with -sp the
+    // all-gather of lnf to (B, T, C); the logits (B, T, Vp/tp) from this rank's rows of wte, the
+    // last stage's copy
+    gather_tokens(tp, scratch->ln_shard, a->lnf, BT, C, sp);
+    matmul_forward(a->logits, a->lnf, p.wte, NULL, (int)BT, C, d.Vp);
+    // with tp, the vocabulary-parallel loss: all-reduces over tp of (B, T) row maxima and
+    // (B, T, 2) sums
+    if (tp) return vocab_parallel_loss(model, tp, a, targets_host, B, T, walk->dloss);
+    tokens_to_device(model->targets, &model->target_stage, targets_host, BT);
+    fused_classifier(a->logits, a->losses, model->targets, walk->dloss, (int)BT, c.vocab_size, d.Vp);
+    const float* losses = losses_to_host(model, a->losses, BT);
+    double sum = 0.0;
+    for (size_t i = 0; i < BT; i++) sum += losses[i];
+    return (float)(sum / BT);
+}
+
+// The backward of one chunk: dresidual (BTs, C) holds the gradient at the chunk's output (the
+// stage after sent it), except on the last virtual stage, which starts from the dlogits. On
+// return dresidual holds the gradient at the chunk's input, to be sent back; the first virtual
+// stage scatters it into wte (its rows) and wpe instead. Parameter gradients accumulate. With
+// split (zero bubble's B action) only the input gradients are computed, the path the stage before
+// waits for; the matmuls' weight gradients wait for W (chunk_weights), which finds what it needs
+// in the slot (tp_layer_backward says where). LayerNorm and embedding gradients are cheap and
+// come with the input gradient, so B computes them.
+static inline void chunk_backward(Walk* walk, Activations* a, floatX* dresidual, int chunk, const int* inputs_host,
+                                  int split) {
+    GPT2* model = walk->model;
+    Stage* st = walk->st;
+    CommGroup* tp = walk->tp;
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int B = walk->B, T = walk->T, C = c.channels, Lc = st->chunk_layers, sp = d.seq_shards > 1;
+    size_t BT = (size_t)B * T, X = sizeof(floatX);
+    int BTs = (int)(BT / d.seq_shards);
+    ParameterTensors p = model->params, g = model->grads;
+    Activations* scratch = &model->acts;
+    if (is_last_virtual(st, chunk)) {
+        // the LM head: dlnf (B, T, C) (with tp a partial one, from this rank's vocabulary) and
+        // the wte copy's gradient (its rows); f's backward: all-reduce of dlnf, with -sp
+        // reduce-scatter; then lnf's backward starts dresidual
+        matmul_backward_input(scratch->dbuf, a->logits, p.wte, (int)BT, C, d.Vp);
+        if (!split) matmul_backward_weight(g.wte, NULL, a->logits, a->lnf, (int)BT, C, d.Vp);
+        floatX* dlnf = sum_over_ranks(tp, scratch->dbuf, scratch->reduced, BT, C, sp);
+        device_memset_zero(dresidual, (size_t)BTs * C * X);
+        layernorm_backward(dresidual, g.lnfw, g.lnfb, dlnf, layer_acts(a, d, B, T, Lc - 1).residual3, p.lnfw,
+                           a->lnf_mean, a->lnf_rstd, BTs, C);
+    }
+    for (int k = Lc - 1; k >= 0; k--) {
+        LayerWeights w = gpt2_layer_params(model, chunk * Lc + k), gw = gpt2_layer_grads(model, chunk * Lc + k);
+        LayerActs x = layer_acts(a, d, B, T, k);
+        floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
+        tp_layer_backward(model, tp, x, w, gw, a->kept, residual, dresidual, B, T, split);
+    }
+    if (is_first_virtual(st, chunk)) {
+        // g's backward at the embedding: identity, or with -sp all-gather of dresidual to
+        // (B, T, C); the tokens scatter into wte (with tp this rank's rows), every position into
+        // wpe. The tokens are read on the host, where the buckets of positions per token are
+        // sorted (with tp this rank's table of them, a stage of its own, never waiting for a copy)
+        floatX* dencoded = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
+        const int* tokens = tp ? vocab_parallel_tokens(NULL, &model->token_table, inputs_host, BT, tp->rank, d.Vp)
+                               : inputs_host;
+        encoder_backward(g.wte, g.wpe, dencoded, tokens, B, T, C);
+    }
+}
+
+// Zero bubble's W action: the matmuls' weight gradients of a chunk whose B has run, from each
+// matmul's input and the gradient at its output, both left in the slot by B. It needs no
+// collective, even with tensor parallelism: a slice's weight gradient needs only the slice's
+// input and output gradient. Nothing waits for it: it fills the bubble.
+static inline void chunk_weights(Walk* walk, Activations* a, int chunk) {
+    GPT2* model = walk->model;
+    LayerDims d = model->dims;
+    int B = walk->B, T = walk->T, Lc = walk->st->chunk_layers;
+    for (int k = Lc - 1; k >= 0; k--) {
+        LayerWeights gw = gpt2_layer_grads(model, chunk * Lc + k);
+        LayerActs x = layer_acts(a, d, B, T, k);
+        mlp_half_backward_weight(gw, x.fch, x.fcproj, x, B, T, d);
+        attention_half_backward_weight(gw, x.qkv, x.attproj, x, B, T, d);
+    }
+    if (is_last_virtual(walk->st, chunk)) {  // the LM head's wte (this rank's Vp rows): dlogits^T @ lnf
+        matmul_backward_weight(model->grads.wte, NULL, a->logits, a->lnf, B * T, d.C, d.Vp);
+    }
+}
+
+// what the walk (stage.h) calls for each action
+static const ChunkOps chunk_ops = {chunk_forward, chunk_backward, chunk_weights};
+
+#endif
