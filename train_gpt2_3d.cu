@@ -179,7 +179,7 @@ typedef struct {
 // (0 elsewhere; the run layer broadcasts it over the pipe)
 static float val_loss(void* trainer, DataLoader* val) {
     Grid3D* t = (Grid3D*)trainer;
-    return stage_forward_pass(t->model, t->st, chunk_ops, &t->g->pp_group, &t->g->tp_group, val, NULL, t->model->B,
+    return stage_forward_pass(t->model, t->st, &t->g->pp_group, &t->g->tp_group, val, NULL, t->model->B,
                               t->model->T).loss;
 }
 
@@ -187,7 +187,7 @@ static float val_loss(void* trainer, DataLoader* val) {
 // the last stage, where its slot is free again but nothing has overwritten it; NULL elsewhere
 static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
     Grid3D* t = (Grid3D*)trainer;
-    Walk w = stage_forward_pass(t->model, t->st, chunk_ops, &t->g->pp_group, &t->g->tp_group, NULL, tokens, 1, T);
+    Walk w = stage_forward_pass(t->model, t->st, &t->g->pp_group, &t->g->tp_group, NULL, tokens, 1, T);
     return t->g->stage == t->g->pp - 1 ? w.head->logits : NULL;
 }
 
@@ -446,6 +446,12 @@ int main(int argc, char** argv) {
     run_begin(&run, hooks, groups, 5);
 
     // ---- training loop; `step` counts completed optimizer steps
+    // the replica's walk: micro-batch i is chunk i dp + dp_rank of the loader's batch
+    Walk walk = walk_init(&model, &stage, &grid.pp_group, &grid.tp_group, B, T);
+    walk.data = &run.train;
+    walk.data_ranks = dp;
+    walk.data_rank = grid.dp_rank;
+    walk.dloss = 1.0f / (float)((size_t)B * T * m);
     double* times = (double*)malloc_check((size_t)2 * n * sizeof(double));
     size_t lo, hi;  // this replica's dp shard of the rank's buffer (replica_shard)
     replica_shard(&layout, zero, &grid, &lo, &hi);
@@ -462,11 +468,10 @@ int main(int argc, char** argv) {
         // the replicas follows in 4.
         watchdog_phase("pipeline schedule", step);
         device_memset_zero(model.grads_memory, N * X);
-        Walk w = walk_of(&model, &stage, chunk_ops, &grid.pp_group, &grid.tp_group, &run.train, dp, grid.dp_rank, NULL,
-                         B, T, 0, 1.0f / (float)((size_t)B * T * m));
-        w.times = timed && in_timeline ? times : NULL;
-        w.t0 = run.step_start;
-        walk_actions(&w, actions, n);
+        walk.loss = 0.0f;
+        walk.times = timed && in_timeline ? times : NULL;
+        walk.t0 = run.step_start;
+        stage_walk(&walk, actions, n);  // train_gpt2_pp.cu's pipeline_walk
         dataloader_advance(&run.train);
         // 2. -sp: the LayerNorm weights of this stage saw only this rank's tokens: all-reduce
         // their gradients over tp ((Ls, C) each of ln1w, ln1b, ln2w, ln2b; (C) each of lnfw,
@@ -486,7 +491,7 @@ int main(int argc, char** argv) {
         else comm_all_reduce(&grid.dp_group, model.grads_memory, N, COMM_FLOATX, COMM_AVG);
         // 5. the loss lives on the last stage: broadcast over the pipe, then averaged over the
         // replicas (one float each), so that every rank prints and checks the same value
-        float loss = w.loss / (float)m;
+        float loss = walk.loss / (float)m;
         comm_broadcast_host(&grid.pp_group, &loss, sizeof(float), pp - 1);
         comm_all_reduce_scalar(&grid.dp_group, &loss, COMM_AVG);
         // 6. the global gradient norm: each rank's owned squares (owned_norm_squared), summed

@@ -1,8 +1,8 @@
 // A pipeline stage at run time, shared by the pipeline trainers (train_gpt2_pp.cu and
-// train_gpt2_3d.cu): the slots that hold the activations of micro-batches in flight, and the walk
-// of a schedule (pipeline.h): before each group of actions one exchange of messages with the
-// neighbouring stages, then the actions themselves. What an action computes (a chunk's forward,
-// its backward, its weight gradients) is the trainer's: the walk calls it through a ChunkOps.
+// train_gpt2_3d.cu): the slots that hold the activations of micro-batches in flight, the two
+// gradient buffers, which buffer each message of a walk lives in, and the reports of a step
+// (its measured timeline, the slots it held). The walk itself, the loop over the stage's actions
+// with its exchanges, is train_gpt2_pp.cu's chapter; what each action computes is llmc/chunk.h.
 #ifndef LLMC_STAGE_H
 #define LLMC_STAGE_H
 
@@ -114,31 +114,12 @@ static inline void stage_release(Stage* st, int micro, int chunk) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Walking a schedule. The stage runs its list of actions in groups (pipeline.h: one action, or
-// interleaved's forward + backward); before each group one exchange sends the outputs of the
-// group before and receives the inputs of this one, all at once (comm_exchange), so that no
-// stage waits on a send its partner has not reached. pipeline_check_exchanges has proven, at
-// start, that these exchanges pair up and finish for this schedule.
+// A walk: one pass of this stage over a list of actions (a training step's, or a forward-only
+// pass for validation and sampling), and what its actions need to know.
 
-typedef struct Walk Walk;
-
-// what the trainer's actions compute, on the slot of (micro-batch, chunk):
-//   forward   the chunk's layers on the input in slot->encoded (the embedding on the first
-//             virtual stage, computed from `inputs`); on the last virtual stage also the loss
-//             against `targets`, returned (else 0), with the logits replaced by their gradient
-//   backward  from the gradient at the chunk's output in dresidual (the last virtual stage: from
-//             the dlogits) to the gradient at its input, left in dresidual; with split (zero
-//             bubble's B) only the input gradients, the weight gradients left to `weights` (W)
 typedef struct {
-    float (*forward)(Walk* w, Activations* slot, int chunk, const int* inputs, const int* targets);
-    void (*backward)(Walk* w, Activations* slot, floatX* dresidual, int chunk, const int* inputs, int split);
-    void (*weights)(Walk* w, Activations* slot, int chunk);
-} ChunkOps;
-
-struct Walk {
     GPT2* model;
     Stage* st;
-    ChunkOps ops;
     CommGroup* pp;      // the pipeline: this stage and its neighbours
     CommGroup* tp;      // the chunk's own collectives (tensor parallelism), or NULL
     DataLoader* data;   // micro-batch i is chunk i * data_ranks + data_rank of the loader's
@@ -151,23 +132,43 @@ struct Walk {
     Activations* head;  // out: the last slot the last virtual stage used (its logits stay)
     double* times;      // with a timeline: each action's start and end (seconds from `t0`)
     double t0;
-};
+} Walk;
 
-// a training walk (forward_only 0) over the loader's current batch, or a forward-only one
-static inline Walk walk_of(GPT2* model, Stage* st, ChunkOps ops, CommGroup* pp, CommGroup* tp, DataLoader* data,
-                           int data_ranks, int data_rank, const int* tokens, int B, int T, int forward_only, float dloss) {
-    Walk w = {model, st, ops, pp, tp, data, data_ranks, data_rank, tokens, B, T, forward_only, dloss, 0.0f, NULL, NULL, 0.0};
+// a walk of this stage over micro-batches of B x T (the fields not named here start empty: the
+// caller sets the data, dloss, forward_only, times)
+static inline Walk walk_init(GPT2* model, Stage* st, CommGroup* pp, CommGroup* tp, int B, int T) {
+    Walk w;
+    memset(&w, 0, sizeof(w));
+    w.model = model;
+    w.st = st;
+    w.pp = pp;
+    w.tp = tp;
+    w.data_ranks = 1;
+    w.B = B;
+    w.T = T;
     return w;
 }
 
-// the buffer a message of action a lives in (its input: receive = 1; its output: 0)
-static inline floatX* message_buffer(Walk* w, PipeAction a, int receive, int grad_index) {
-    Stage* st = w->st;
-    if (a.op == PIPE_FORWARD) {
-        Activations* slot = stage_slot(st, a.micro, a.chunk);
-        return receive ? slot->encoded : layer_acts(slot, w->model->dims, w->B, w->T, st->chunk_layers - 1).residual3;
-    }
-    return st->grad[grad_index];
+// The buffers a walk's messages live in. A forward's input is received into its slot's encoded
+// (where the chunk's first LayerNorm reads it) and its output sent from its slot's last layer's
+// residual3; a backward's input and output are one of the stage's two gradient buffers, which
+// alternate (grad_index: the k-th backward of the walk uses grad[k % 2]), so that a backward can
+// receive into one while the gradient the one before computed is still being sent from the other.
+static inline floatX* stage_input_buffer(Walk* w, PipeAction a, int grad_index) {
+    return a.op == PIPE_FORWARD ? stage_slot(w->st, a.micro, a.chunk)->encoded : w->st->grad[grad_index];
+}
+static inline floatX* stage_output_buffer(Walk* w, PipeAction a, int grad_index) {
+    if (a.op != PIPE_FORWARD) return w->st->grad[grad_index];
+    Activations* slot = stage_slot(w->st, a.micro, a.chunk);
+    return layer_acts(slot, w->model->dims, w->B, w->T, w->st->chunk_layers - 1).residual3;
+}
+static inline void stage_grad_indices(const PipeAction* actions, int n, int* grad_index) {
+    for (int k = 0, backwards = 0; k < n; k++) grad_index[k] = actions[k].op == PIPE_BACKWARD ? backwards++ % 2 : 0;
+}
+
+// the elements of every message of a walk: (B, T, C), or this rank's (B T / tp, C) with -sp
+static inline size_t walk_message(const Walk* w) {
+    return (size_t)w->B * w->T / w->model->dims.seq_shards * w->model->config.channels;
 }
 
 // a training walk's slots in use, for the peak the trainer reports beside the schedule's
@@ -177,85 +178,16 @@ static inline void note_slots_in_use(Walk* w) {
     if (!w->forward_only && in_use > w->st->peak_in_use) w->st->peak_in_use = in_use;
 }
 
-static inline void walk_actions(Walk* w, const PipeAction* actions, int n) {
-    Stage* st = w->st;
-    PipeSpec s = st->spec;
-    size_t message = (size_t)w->B * w->T / w->model->dims.seq_shards * w->model->config.channels;
-    int* group = (int*)malloc_check((size_t)n * sizeof(int));
-    int* grad_index = (int*)malloc_check((size_t)n * sizeof(int));  // which grad buffer a B uses
-    int groups = pipeline_exchange_index(actions, n, group);
-    for (int k = 0, backwards = 0; k < n; k++) grad_index[k] = actions[k].op == PIPE_BACKWARD ? backwards++ % 2 : 0;
-    int k = 0, prev = 0;  // this group starts at action k, the one before at prev
-    for (int gi = 0; gi <= groups; gi++) {
-        int end = k;
-        while (end < n && group[end] == gi) end++;
-        // the exchange: outputs of the group before (actions prev .. k-1), inputs of this group
-        CommMessage msgs[8];
-        int count = 0;
-        for (int j = prev; j < k; j++) {
-            int to = pipeline_output_to(s, st->stage, actions[j]);
-            // (B, T, C), or this rank's (B T / tp, C) with -sp, to the next virtual stage
-            // (forward: activations) or the one before (backward: their gradient)
-            if (to >= 0) msgs[count++] = comm_message(message_buffer(w, actions[j], 0, grad_index[j]), message, to, 1);
-        }
-        for (int j = k; j < end; j++) {
-            int from = pipeline_input_from(s, st->stage, actions[j]);
-            if (from >= 0) msgs[count++] = comm_message(message_buffer(w, actions[j], 1, grad_index[j]), message, from, 0);
-        }
-        comm_exchange(w->pp, msgs, count, COMM_FLOATX);
-        note_slots_in_use(w);
-        // a forward-only walk frees a slot once its output is sent
-        for (int j = prev; j < k && w->forward_only; j++) stage_release(st, actions[j].micro, actions[j].chunk);
-        for (int j = k; j < end; j++) {  // the group's actions
-            PipeAction a = actions[j];
-            watchdog_beat();
-            if (w->times) w->times[2 * j] = wall_time_s() - w->t0;
-            int first = is_first_virtual(st, a.chunk), last = is_last_virtual(st, a.chunk);
-            // the tokens of the micro-batch: its inputs for the embedding (forward and backward),
-            // its targets for the loss (forward)
-            if (w->data && ((first && a.op != PIPE_WEIGHT) || (last && a.op == PIPE_FORWARD))) {
-                dataloader_load_chunk(w->data, a.micro * w->data_ranks + w->data_rank, w->model->config.vocab_size);
-            }
-            const int* inputs = w->data ? w->data->inputs : w->tokens;
-            const int* targets = w->data ? w->data->targets : w->tokens;  // (sampling reads logits only)
-            Activations* slot = stage_slot(st, a.micro, a.chunk);
-            note_slots_in_use(w);
-            if (a.op == PIPE_FORWARD) {
-                w->loss += w->ops.forward(w, slot, a.chunk, inputs, targets);
-                if (last) w->head = slot;
-            } else if (a.op == PIPE_BACKWARD) {
-                int split = s.sched == SCHEDULE_ZB;  // W follows later and needs the slot
-                w->ops.backward(w, slot, st->grad[grad_index[j]], a.chunk, inputs, split);
-                if (!split) stage_release(st, a.micro, a.chunk);
-            } else {
-                w->ops.weights(w, slot, a.chunk);
-                stage_release(st, a.micro, a.chunk);
-            }
-            if (w->times) {
-                device_synchronize();  // the GPU's work, not its launch
-                w->times[2 * j + 1] = wall_time_s() - w->t0;
-            }
-        }
-        prev = k;
-        k = end;
+// The tokens of action a's micro-batch: its inputs for the embedding (a forward or backward of
+// the first virtual stage), its targets for the loss (a forward of the last), read from the
+// loader (or, for a sample, the walk's tokens)
+static inline void walk_tokens(Walk* w, PipeAction a, const int** inputs, const int** targets) {
+    int first = is_first_virtual(w->st, a.chunk), last = is_last_virtual(w->st, a.chunk);
+    if (w->data && ((first && a.op != PIPE_WEIGHT) || (last && a.op == PIPE_FORWARD))) {
+        dataloader_load_chunk(w->data, a.micro * w->data_ranks + w->data_rank, w->model->config.vocab_size);
     }
-    free(group);
-    free(grad_index);
-}
-
-// One micro-batch of B x T forward through the whole pipe (every chunk in turn), no backward:
-// chunk 0 of the loader's current batch, or without a loader `tokens`. Returns the walk: its
-// loss on the last stage, and the slot holding the logits there.
-static inline Walk stage_forward_pass(GPT2* model, Stage* st, ChunkOps ops, CommGroup* pp, CommGroup* tp, DataLoader* data,
-                                      const int* tokens, int B, int T) {
-    PipeSpec one = st->spec;
-    one.m = 1;
-    PipeAction* actions = (PipeAction*)malloc_check((size_t)one.V * sizeof(PipeAction));
-    int n = pipeline_forward_actions(one, actions);
-    Walk w = walk_of(model, st, ops, pp, tp, data, 1, 0, tokens, B, T, 1, 0.0f);
-    walk_actions(&w, actions, n);
-    free(actions);
-    return w;
+    *inputs = w->data ? w->data->inputs : w->tokens;
+    *targets = w->data ? w->data->targets : w->tokens;  // (sampling reads logits only)
 }
 
 // The measured timeline of a step: every stage's actions with their start and end (ms from the
