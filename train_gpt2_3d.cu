@@ -440,8 +440,12 @@ int main(int argc, char** argv) {
     // model file's layout over dp and the model group); validation and samples as forward-only
     // walks through the pipe, with the vocabulary split over tp
     Grid3D trainer = {&model, &stage, &grid};
-    RunModel hooks = {&model, &trainer, val_loss, sample_logits, NULL, &grid.pp_group, &grid.tp_group,
-                      dims.seq_shards, &grid.model_group, &grid.dp_group};
+    RunModel hooks = run_model(&model, &trainer, val_loss, sample_logits);
+    hooks.pipe = &grid.pp_group;         // the loss and the logits on the last stage
+    hooks.vocab = &grid.tp_group;        // the vocabulary split over tp
+    hooks.sample_pad = dims.seq_shards;  // (-sp: a sample padded to a multiple of tp tokens)
+    hooks.split = &grid.model_group;     // checkpoints gathered over the model group ...
+    hooks.replicas = &grid.dp_group;     // ... and the optimizer state over dp: any grid resumes
     CommGroup* groups[5] = {&grid.tp_group, &grid.pp_group, &grid.dp_group, &grid.embedding, world};
     run_begin(&run, hooks, groups, 5);
 
@@ -452,7 +456,6 @@ int main(int argc, char** argv) {
     walk.data_ranks = dp;
     walk.data_rank = grid.dp_rank;
     walk.dloss = 1.0f / (float)((size_t)B * T * m);
-    double* times = (double*)malloc_check((size_t)2 * n * sizeof(double));
     size_t lo, hi;  // this replica's dp shard of the rank's buffer (replica_shard)
     replica_shard(&layout, zero, &grid, &lo, &hi);
     // the replica of world rank 0's pipeline, at tp rank 0: where the timeline is measured
@@ -469,7 +472,7 @@ int main(int argc, char** argv) {
         watchdog_phase("pipeline schedule", step);
         device_memset_zero(model.grads_memory, N * X);
         walk.loss = 0.0f;
-        walk.times = timed && in_timeline ? times : NULL;
+        walk.times = timed && in_timeline ? stage.times : NULL;
         walk.t0 = run.step_start;
         stage_walk(&walk, actions, n);  // train_gpt2_pp.cu's pipeline_walk
         dataloader_advance(&run.train);
@@ -512,13 +515,12 @@ int main(int argc, char** argv) {
         run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) check_copies(&model, &grid, step + 1);
         if (dump_grads != NULL && step == 0) dump_gradients(&model, &grid, grad_shard, dump_grads);
-        if (timed && in_timeline) stage_report_timeline(&stage, &grid.pp_group, n, times, step + 1, run.args.out_dir);
+        if (timed && in_timeline) stage_report_timeline(&stage, &grid.pp_group, step + 1, run.args.out_dir);
     }
     run_end(&run);
     if (run.max_steps > run.start_step && in_timeline) stage_report_peak(&stage, &grid.pp_group, all_actions, n);
     stage_free(&stage);
     if (grad_shard) device_free(grad_shard);
-    free(times);
     free(all_actions);
     gpt2_free(&model);
     grid_free(&grid);

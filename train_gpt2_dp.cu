@@ -665,7 +665,9 @@ int main(int argc, char** argv) {
     // ---- resume with -y 1; validation (each rank its own chunk, averaged), samples (every rank
     // draws, -z 3 gathers from all), checkpoints (ZeRO shards gathered over the ranks)
     DataParallel trainer = {&model, &z};
-    RunModel hooks = {&model, &trainer, val_loss, sample_logits, world, NULL, NULL, 1, world, NULL};
+    RunModel hooks = run_model(&model, &trainer, val_loss, sample_logits);
+    hooks.val_replicas = world;  // each rank its own validation chunk: the mean over the ranks
+    hooks.split = world;         // checkpoints gathered from the ZeRO shards
     run_begin(&run, hooks, &world, 1);
     if (offload) offload_take_weights(&z, &model);  // (as started, or resumed)
 

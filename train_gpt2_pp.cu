@@ -312,7 +312,9 @@ int main(int argc, char** argv) {
 
     // ---- resume with -y 1; validation and samples as forward-only walks through the pipe
     Pipeline trainer = {&model, &stage, pp};
-    RunModel hooks = {&model, &trainer, val_loss, sample_logits, NULL, pp, NULL, 1, pp, NULL};
+    RunModel hooks = run_model(&model, &trainer, val_loss, sample_logits);
+    hooks.pipe = pp;   // the loss and the logits on the last stage, broadcast over the pipe
+    hooks.split = pp;  // checkpoints gathered from the stages
     CommGroup* step_groups[2] = {pp, &embed};
     run_begin(&run, hooks, step_groups, 2);
 
@@ -320,7 +322,6 @@ int main(int argc, char** argv) {
     Walk walk = walk_init(&model, &stage, pp, NULL, B, T);  // (no tensor parallelism: tp NULL)
     walk.data = &run.train;
     walk.dloss = 1.0f / (float)((size_t)B * T * m);
-    double* times = (double*)malloc_check((size_t)2 * n * sizeof(double));
     unsigned wte_only = 1u;  // the tensors the embedding group's copies share: wte
     for (int step = run.start_step; step <= run.max_steps; step++) {
         if (run_between_steps(&run, step)) break;  // validation, a sample, a checkpoint: when due
@@ -333,7 +334,7 @@ int main(int argc, char** argv) {
         watchdog_phase("pipeline schedule", step);
         device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
         walk.loss = 0.0f;
-        walk.times = timed ? times : NULL;
+        walk.times = timed ? stage.times : NULL;
         walk.t0 = run.step_start;
         pipeline_walk(&walk, actions, n);
         dataloader_advance(&run.train);
@@ -363,13 +364,12 @@ int main(int argc, char** argv) {
         }
         // after the step's count (AdamW left the gradients): the stages gathered into one file
         if (dump_grads != NULL && step == 0) gpt2_write_gathered(&model, pp, model.grads_memory, dump_grads);
-        if (timed) stage_report_timeline(&stage, pp, n, times, step + 1, run.args.out_dir);
+        if (timed) stage_report_timeline(&stage, pp, step + 1, run.args.out_dir);
     }
     run_end(&run);
     // held activations: the schedule's count beside what each stage's slots measured
     if (run.max_steps > run.start_step) stage_report_peak(&stage, pp, all_actions, n);
     stage_free(&stage);
-    free(times);
     free(all_actions);
     gpt2_free(&model);
     comm_group_free(&embed);

@@ -281,7 +281,10 @@ int main(int argc, char** argv) {
 
     // ---- resume with -y 1; validation, samples and checkpoints through the tp group
     TensorParallel trainer = {&model, tp};
-    RunModel hooks = {&model, &trainer, val_loss, sample_logits, NULL, NULL, tp, dims.seq_shards, tp, NULL};
+    RunModel hooks = run_model(&model, &trainer, val_loss, sample_logits);
+    hooks.vocab = tp;                     // samples drawn from the vocabulary's slices
+    hooks.sample_pad = dims.seq_shards;   // (-sp: a sample padded to a multiple of tp tokens)
+    hooks.split = tp;                     // checkpoints gathered from the slices
     run_begin(&run, hooks, &tp, 1);
 
     // ---- training loop; `step` counts completed optimizer steps

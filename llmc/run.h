@@ -47,6 +47,19 @@ typedef struct {
                               // gathered into the model file's layout, so that any grid resumes it
 } RunModel;
 
+// the hooks every trainer has; the groups (NULL: none) are set by name after it
+static inline RunModel run_model(GPT2* model, void* trainer, float (*val_loss)(void*, DataLoader*),
+                                 const floatX* (*sample_logits)(void*, const int*, int)) {
+    RunModel h;
+    memset(&h, 0, sizeof(h));
+    h.model = model;
+    h.trainer = trainer;
+    h.val_loss = val_loss;
+    h.sample_logits = sample_logits;
+    h.sample_pad = 1;
+    return h;
+}
+
 typedef struct {
     TrainArgs args;           // the common flags (train.h)
     CommGroup world;

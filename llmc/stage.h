@@ -27,6 +27,7 @@ typedef struct {
     floatX* grad[2];           // (BTs, C) gradients at a chunk's output, then at its input:
                                // two, so that one can be sent while the next is received
     size_t message;            // elements of every message: B T C, or B T C / tp with -sp
+    double* times;             // a measured timeline (-timeline): each action's start and end
 } Stage;
 
 // the slots a stage of this schedule needs: the most micro-batches its own actions hold at once,
@@ -82,6 +83,7 @@ static inline void stage_alloc(Stage* st, PipeSpec spec, int stage, int num_slot
     st->message = (size_t)B * T / model->dims.seq_shards * model->config.channels;
     st->grad[0] = model->acts.dresidual;
     st->grad[1] = (floatX*)device_malloc(st->message * sizeof(floatX));
+    st->times = (double*)malloc_check((size_t)2 * pipeline_actions_per_stage(spec) * sizeof(double));
 }
 
 static inline void stage_free(Stage* st) {
@@ -90,6 +92,7 @@ static inline void stage_free(Stage* st) {
     free(st->free_slots);
     free(st->slot_of);
     device_free(st->grad[1]);
+    free(st->times);
 }
 
 static inline int is_first_virtual(const Stage* st, int chunk) { return pipeline_virtual_stage(st->spec, st->stage, chunk) == 0; }
@@ -194,9 +197,10 @@ static inline void walk_tokens(Walk* w, PipeAction a, const int** inputs, const 
 // step's start, after a barrier), gathered on rank 0 of pp, drawn as the chart of the schedule
 // with one column per average forward, and appended to -o's timeline.jsonl as one JSON line per
 // action.
-static inline void stage_report_timeline(const Stage* st, CommGroup* pp, int n, const double* times, int step,
-                                         const char* out_dir) {
+static inline void stage_report_timeline(const Stage* st, CommGroup* pp, int step, const char* out_dir) {
     PipeSpec s = st->spec;
+    int n = pipeline_actions_per_stage(s);
+    const double* times = st->times;
     float* mine = (float*)malloc_check((size_t)2 * n * sizeof(float));
     for (int i = 0; i < 2 * n; i++) mine[i] = (float)(times[i] * 1e3);
     float* dev = (float*)device_malloc((size_t)2 * n * sizeof(float));
