@@ -290,7 +290,7 @@ static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const Paramet
     b.pp_broadcast = 4;
     b.dp_all_reduce = (zero ? 0 : (double)p->count * X) + 4;
     b.dp_reduce_scatter = b.dp_all_gather = zero ? (double)p->count * X : 0;
-    b.embedding = s.p > 1 ? (double)d.Vp * c.channels * X : 0;
+    b.embedding = s.p > 1 ? (double)d.Vp_rank * c.channels * X : 0;
     b.world = 4;
     return b;
 }

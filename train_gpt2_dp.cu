@@ -407,7 +407,7 @@ static void gpt2_forward(GPT2* model, Zero* z, const int* inputs_host, int B, in
     // backward, which comes next
     params_gather_start(z, model, 0);
     params_gathered(z);
-    matmul_forward(a->logits, a->lnf, bucket_params(z, model, 0), NULL, B * T, C, d.Vp);
+    matmul_forward(a->logits, a->lnf, bucket_params(z, model, 0), NULL, B * T, C, d.Vp_rank);
 }
 
 // Accumulates the parameter gradients of one micro-batch, bucket by bucket (above); expects
@@ -428,7 +428,7 @@ static void gpt2_backward(GPT2* model, Zero* z, const int* inputs_host, int B, i
     // LM head (-z 3: wte still gathered from the forward pass) and final LayerNorm (-z 3:
     // gathered again, with layer L-1 prefetched behind it): dresidual = gradient w.r.t. the last
     // layer's output
-    matmul_backward(a->dbuf, dwte, NULL, a->logits, a->lnf, bucket_params(z, model, 0), B * T, C, d.Vp);
+    matmul_backward(a->dbuf, dwte, NULL, a->logits, a->lnf, bucket_params(z, model, 0), B * T, C, d.Vp_rank);
     params_gather_start(z, model, L + 1);
     params_gathered(z);
     params_gather_start(z, model, L);

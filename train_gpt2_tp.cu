@@ -81,8 +81,10 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
     // vocabulary-parallel embedding: this rank holds rows [lo, lo + Vp/tp) of wte. A token of
     // another rank becomes -1, a row of zeros, and rank 0 alone adds wpe, so that the sum over
     // the ranks holds every token's row and its position's row exactly once.
-    vocab_parallel_tokens(model->inputs, &model->input_stage, inputs_host, BT, tp->rank, d.Vp);
-    floatX* partial = sp ? a->dbuf : a->encoded;  // (B, T, C); dbuf is free until the backward
+    vocab_parallel_tokens(model->inputs, &model->input_stage, inputs_host, BT, tp->rank, d.Vp_rank);
+    // (B, T, C): with -sp in dbuf (free until the backward), summed into this rank's tokens of
+    // encoded (BTs, C); without, in encoded itself, summed in place
+    floatX* partial = sp ? a->dbuf : a->encoded;
     encoder_forward(partial, model->inputs, p.wte, tp->rank == 0 ? p.wpe : NULL, B, T, C);
     // g after the vocabulary-parallel lookup: all-reduce of the partial embeddings (B, T, C);
     // with -sp reduce-scatter into this rank's tokens
@@ -109,7 +111,7 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
     // f before the LM head (column-parallel over the vocabulary): identity, or with -sp the
     // all-gather of lnf to (B, T, C). This rank's logits: (B, T, Vp/tp), its vocabulary only.
     gather_tokens(tp, a->ln_shard, a->lnf, BT, C, sp);
-    matmul_forward(a->logits, a->lnf, p.wte, NULL, (int)BT, C, d.Vp);
+    matmul_forward(a->logits, a->lnf, p.wte, NULL, (int)BT, C, d.Vp_rank);
 }
 
 // accumulates this rank's parameter gradients; expects vocab_parallel_loss to have left dlogits.
@@ -124,7 +126,7 @@ static void gpt2_backward(GPT2* model, CommGroup* tp, const int* inputs_host, in
     Activations* a = &model->acts;
 
     // LM head: dwte's rows of this rank's vocabulary, and a partial dlnf (B, T, C) from them
-    matmul_backward(a->dbuf, g.wte, NULL, a->logits, a->lnf, p.wte, (int)BT, C, d.Vp);
+    matmul_backward(a->dbuf, g.wte, NULL, a->logits, a->lnf, p.wte, (int)BT, C, d.Vp_rank);
     // f's backward at the LM head's input: all-reduce of dlnf (B, T, C); with -sp reduce-scatter
     floatX* dlnf = sum_over_ranks(tp, a->dbuf, a->reduced, BT, C, sp);
     device_memset_zero(a->dresidual, (size_t)BTs * C * sizeof(floatX));
@@ -142,7 +144,7 @@ static void gpt2_backward(GPT2* model, CommGroup* tp, const int* inputs_host, in
     // wte rows; wpe gets every position's gradient, whole and equal on every rank.
     floatX* dencoded = gather_tokens(tp, a->dresidual, a->dgathered, BT, C, sp);
     // (this rank's table of the tokens, on the host only, where the positions are sorted by token)
-    const int* tokens = vocab_parallel_tokens(NULL, &model->token_table, inputs_host, BT, tp->rank, d.Vp);
+    const int* tokens = vocab_parallel_tokens(NULL, &model->token_table, inputs_host, BT, tp->rank, d.Vp_rank);
     encoder_backward(g.wte, g.wpe, dencoded, tokens, B, T, C);
 }
 

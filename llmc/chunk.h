@@ -39,7 +39,7 @@ static inline float chunk_forward(Walk* walk, Activations* a, int chunk, const i
         // the vocabulary-parallel embedding: this rank's Vp/tp rows of wte (other tokens look up
         // zeros), wpe added by tp rank 0 alone; then g: all-reduce of the partial (B, T, C) over
         // tp, or with -sp a reduce-scatter into this rank's tokens
-        vocab_parallel_tokens(model->inputs, &model->input_stage, inputs_host, BT, tp->rank, d.Vp);
+        vocab_parallel_tokens(model->inputs, &model->input_stage, inputs_host, BT, tp->rank, d.Vp_rank);
         floatX* partial = sp ? scratch->dbuf : a->encoded;
         encoder_forward(partial, model->inputs, p.wte, tp->rank == 0 ? p.wpe : NULL, B, T, C);
         sum_over_ranks(tp, partial, a->encoded, BT, C, sp);
@@ -70,12 +70,12 @@ static inline float chunk_forward(Walk* walk, Activations* a, int chunk, const i
     // all-gather of lnf to (B, T, C); the logits (B, T, Vp/tp) from this rank's rows of wte, the
     // last stage's copy
     gather_tokens(tp, scratch->ln_shard, a->lnf, BT, C, sp);
-    matmul_forward(a->logits, a->lnf, p.wte, NULL, (int)BT, C, d.Vp);
+    matmul_forward(a->logits, a->lnf, p.wte, NULL, (int)BT, C, d.Vp_rank);
     // with tp, the vocabulary-parallel loss: all-reduces over tp of (B, T) row maxima and
     // (B, T, 2) sums
     if (tp) return vocab_parallel_loss(model, tp, a, targets_host, B, T, walk->dloss);
     tokens_to_device(model->targets, &model->target_stage, targets_host, BT);
-    fused_classifier(a->logits, a->losses, model->targets, walk->dloss, (int)BT, c.vocab_size, d.Vp);
+    fused_classifier(a->logits, a->losses, model->targets, walk->dloss, (int)BT, c.vocab_size, d.Vp_rank);
     const float* losses = losses_to_host(model, a->losses, BT);
     double sum = 0.0;
     for (size_t i = 0; i < BT; i++) sum += losses[i];
@@ -106,8 +106,8 @@ static inline void chunk_backward(Walk* walk, Activations* a, floatX* dresidual,
         // the LM head: dlnf (B, T, C) (with tp a partial one, from this rank's vocabulary) and
         // the wte copy's gradient (its rows); f's backward: all-reduce of dlnf, with -sp
         // reduce-scatter; then lnf's backward starts dresidual
-        matmul_backward_input(scratch->dbuf, a->logits, p.wte, (int)BT, C, d.Vp);
-        if (!split) matmul_backward_weight(g.wte, NULL, a->logits, a->lnf, (int)BT, C, d.Vp);
+        matmul_backward_input(scratch->dbuf, a->logits, p.wte, (int)BT, C, d.Vp_rank);
+        if (!split) matmul_backward_weight(g.wte, NULL, a->logits, a->lnf, (int)BT, C, d.Vp_rank);
         floatX* dlnf = sum_over_ranks(tp, scratch->dbuf, scratch->reduced, BT, C, sp);
         device_memset_zero(dresidual, (size_t)BTs * C * X);
         layernorm_backward(dresidual, g.lnfw, g.lnfb, dlnf, layer_acts(a, d, B, T, Lc - 1).residual3, p.lnfw,
@@ -125,7 +125,7 @@ static inline void chunk_backward(Walk* walk, Activations* a, floatX* dresidual,
         // wpe. The tokens are read on the host, where the buckets of positions per token are
         // sorted (with tp this rank's table of them, a stage of its own, never waiting for a copy)
         floatX* dencoded = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
-        const int* tokens = tp ? vocab_parallel_tokens(NULL, &model->token_table, inputs_host, BT, tp->rank, d.Vp)
+        const int* tokens = tp ? vocab_parallel_tokens(NULL, &model->token_table, inputs_host, BT, tp->rank, d.Vp_rank)
                                : inputs_host;
         encoder_backward(g.wte, g.wpe, dencoded, tokens, B, T, C);
     }
@@ -146,7 +146,7 @@ static inline void chunk_weights(Walk* walk, Activations* a, int chunk) {
         attention_half_backward_weight(gw, x.qkv, x.attproj, x, B, T, d);
     }
     if (is_last_virtual(walk->st, chunk)) {  // the LM head's wte (this rank's Vp rows): dlogits^T @ lnf
-        matmul_backward_weight(model->grads.wte, NULL, a->logits, a->lnf, B * T, d.C, d.Vp);
+        matmul_backward_weight(model->grads.wte, NULL, a->logits, a->lnf, B * T, d.C, d.Vp_rank);
     }
 }
 

@@ -279,14 +279,17 @@ static inline float* gpt2_init_random(GPT2Config c, uint64_t seed) {
     Rng rng;
     rng_init(&rng, seed);
     float residual_std = 0.02f / sqrtf(2.0f * (float)c.num_layers);
-    float std[NUM_PARAMETER_TENSORS] = {0.02f, 0.02f, 0, 0, 0.02f, 0, residual_std, 0,
-                                        0, 0, 0.02f, 0, residual_std, 0, 0, 0};
+    // N(0, 0.02) for the embeddings and the first matmul of each half, 0.02/sqrt(2L) for the
+    // projections that add into the residual stream (GPT-2's scaling), zero for the biases
+    float std[NUM_PARAMETER_TENSORS] = {0};
+    std[PARAM_WTE] = std[PARAM_WPE] = std[PARAM_QKVW] = std[PARAM_FCW] = 0.02f;
+    std[PARAM_ATTPROJW] = std[PARAM_FCPROJW] = residual_std;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         // wte: only the V real rows; the padding rows stay zero
-        size_t n = i == 0 ? (size_t)c.vocab_size * c.channels : sizes[i];
+        size_t n = i == PARAM_WTE ? (size_t)c.vocab_size * c.channels : sizes[i];
         if (std[i] > 0.0f) rng_normal_fill(&rng, p + offset[i], n, 0.0f, std[i]);
     }
-    const int layernorm_gains[] = {2, 8, 14};  // ln1w, ln2w, lnfw
+    const int layernorm_gains[] = {PARAM_LN1W, PARAM_LN2W, PARAM_LNFW};  // one; their biases zero
     for (int j = 0; j < 3; j++) {
         for (size_t k = 0; k < sizes[layernorm_gains[j]]; k++) p[offset[layernorm_gains[j]] + k] = 1.0f;
     }

@@ -20,7 +20,7 @@ typedef struct {
     int att;         // C / tp: the attention output, the input of the attention projection
     int fc;          // 4C / tp
     int NH;          // heads, NH / tp
-    int Vp;          // logits per token, Vp / tp with a vocabulary-parallel LM head
+    int Vp_rank;     // this rank's logits per token: Vp, or Vp / tp with a vocabulary-parallel LM head
     int tp;          // tensor-parallel ranks
     int seq_shards;  // tp with sequence parallelism, else 1
     DeviceTarget target;  // how the tensors are stored: this build's (or the planner's machine's)
@@ -74,8 +74,8 @@ static inline LayerDims layer_dims(GPT2Config c, int tp, int sp) { return layer_
 // The vocabulary of tensor-parallel rank r is the tokens [r Vp/tp, (r+1) Vp/tp); of those
 // columns the first `real` ones are tokens (below V), the rest padding (none on most ranks).
 static inline int vocab_real_columns(GPT2Config c, LayerDims d, int tp_rank) {
-    int real = c.vocab_size - tp_rank * d.Vp;
-    return real < 0 ? 0 : real < d.Vp ? real : d.Vp;
+    int real = c.vocab_size - tp_rank * d.Vp_rank;
+    return real < 0 ? 0 : real < d.Vp_rank ? real : d.Vp_rank;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -474,7 +474,7 @@ typedef struct {
 #define ACTIVATION_TENSORS 32
 static inline int activation_tensors(ActivationTensor* t, Activations* a, LayerDims d, int layers, unsigned kept, int B,
                                      int T) {
-    size_t L = (size_t)layers, C = d.C, QKV = d.qkv, ATT = d.att, FC = d.fc, Vp = d.Vp;
+    size_t L = (size_t)layers, C = d.C, QKV = d.qkv, ATT = d.att, FC = d.fc, Vp = d.Vp_rank;
     size_t BT = (size_t)B * T, BTs = BT / d.seq_shards, X = d.target.X, F = sizeof(float);
     size_t sp = d.seq_shards > 1;  // 0 or 1: sequence parallelism's buffers or none
     struct { void** ptr; size_t bytes; unsigned keep; } layer[] = {  // one layer's tensors

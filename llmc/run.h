@@ -225,10 +225,10 @@ static inline float run_validate(Run* r) {
 static inline void run_sample(Run* r, int step) {
     RunModel* h = &r->hooks;
     LayerDims d = h->model->dims;
-    int T = r->args.T, lo = h->vocab ? h->vocab->rank * d.Vp : 0;
+    int T = r->args.T, lo = h->vocab ? h->vocab->rank * d.Vp_rank : 0;
     int real = h->vocab ? vocab_real_columns(r->config, d, h->vocab->rank) : r->config.vocab_size;
     int* tokens = (int*)malloc_check((size_t)T * sizeof(int));
-    float* row = (float*)malloc_check((size_t)d.Vp * sizeof(float));  // one row of logits, as fp32
+    float* row = (float*)malloc_check((size_t)d.Vp_rank * sizeof(float));  // one row of logits, as fp32
     for (int t = 0; t < T; t++) tokens[t] = r->eot;
     const Tokenizer* tok = r->rank == 0 ? &r->tok : NULL;
     if (tok) printf("---- sample at step %d ----\n", step);
@@ -237,7 +237,7 @@ static inline void run_sample(Run* r, int step) {
         const floatX* logits = h->sample_logits(h->trainer, tokens, padded);
         float token = 0.0f;  // (token ids are exact in a float)
         if (logits) {
-            copy_device_to_floats(row, logits + (size_t)(t - 1) * d.Vp, d.Vp);
+            copy_device_to_floats(row, logits + (size_t)(t - 1) * d.Vp_rank, d.Vp_rank);
             token = (float)(h->vocab ? sample_next_token_sharded(row, real, lo, &r->sample_rng, h->vocab)
                                      : sample_next_token(row, real, &r->sample_rng));
         }

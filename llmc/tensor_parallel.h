@@ -57,17 +57,17 @@ static inline float vocab_parallel_loss(GPT2* model, CommGroup* tp, Activations*
                                         int T, float dloss) {
     GPT2Config c = model->config;
     LayerDims d = model->dims;
-    int BT = B * T, lo = tp->rank * d.Vp, real = vocab_real_columns(c, d, tp->rank);
+    int BT = B * T, lo = tp->rank * d.Vp_rank, real = vocab_real_columns(c, d, tp->rank);
     tokens_to_device(model->targets, &model->target_stage, targets_host, (size_t)BT);
     // each row's maximum over the whole vocabulary: all-reduce MAX of (B, T) fp32
-    classifier_shard_max(head->row_max, head->logits, BT, d.Vp, real);
+    classifier_shard_max(head->row_max, head->logits, BT, d.Vp_rank, real);
     comm_all_reduce(tp, head->row_max, (size_t)BT, COMM_FLOAT, COMM_MAX);
     // each row's sum of exp(logit - max) and its target's logit (held by one rank, 0 on the
     // others): one all-reduce SUM of (B, T, 2) fp32 for both
-    classifier_shard_sums(head->row_sums, head->logits, head->row_max, model->targets, BT, d.Vp, real, lo);
+    classifier_shard_sums(head->row_sums, head->logits, head->row_max, model->targets, BT, d.Vp_rank, real, lo);
     comm_all_reduce(tp, head->row_sums, (size_t)BT * 2, COMM_FLOAT, COMM_SUM);
     // loss = log(sum) - (target - max) on every rank; dlogits = dloss (softmax - onehot), local
-    classifier_shard_loss(head->logits, head->losses, head->row_max, head->row_sums, model->targets, dloss, BT, d.Vp,
+    classifier_shard_loss(head->logits, head->losses, head->row_max, head->row_sums, model->targets, dloss, BT, d.Vp_rank,
                           real, lo);
     const float* losses = losses_to_host(model, head->losses, (size_t)BT);
     double sum = 0.0;
@@ -106,7 +106,11 @@ static inline LayerDims tp_layer_dims(GPT2Config c, int tp, int sp, int T, const
 static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, const floatX* residual,
                                        int B, int T, int rerun) {
     LayerDims d = model->dims;
-    Activations* scratch = &model->acts;  // the -sp staging buffers (model.h)
+    // the -sp staging buffers (model.h), one set for every layer: ln_shard (BTs, C) a LayerNorm's
+    // output on this rank's tokens, before the all-gather; reduced (BTs, C) a reduce-scatter's
+    // output, this rank's tokens of a sum (without -sp neither exists: BTs = B*T and both
+    // collectives work in place)
+    Activations* scratch = &model->acts;
     int C = d.C, sp = d.seq_shards > 1;
     size_t BT = (size_t)B * T;
     int BTs = (int)(BT / d.seq_shards);
@@ -168,7 +172,11 @@ static inline void tp_layer_recompute(GPT2* model, CommGroup* tp, LayerActs x, L
 static inline void tp_layer_backward(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, LayerWeights gw,
                                      unsigned kept, const floatX* residual, floatX* dresidual, int B, int T, int split) {
     LayerDims d = model->dims;
-    Activations* scratch = &model->acts;  // the backward's buffers, shared by every layer
+    // the backward's buffers, shared by every layer (model.h): dbuf (B, T, C) a half's partial
+    // input gradient, dfch (B, T, 4C/tp) and dqkv (B, T, 3C/tp) inside the halves; with -sp
+    // dgathered (B, T, C) the all-gathered dresidual and reduced (BTs, C) a reduce-scatter's
+    // output
+    Activations* scratch = &model->acts;
     int C = d.C, sp = d.seq_shards > 1;
     size_t BT = (size_t)B * T, X = sizeof(floatX);
     int BTs = (int)(BT / d.seq_shards);
