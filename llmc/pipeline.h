@@ -86,14 +86,38 @@ static inline int pipeline_min(int a, int b) { return a < b ? a : b; }
 
 // Megatron-LM's interleaved order: micro-batches go through in groups of p; a stage's k-th
 // forward is micro-batch (k / pV) p + k % p of chunk (k / p) % V, its backwards the same with
-// the chunks in reverse. Warm-up: the 1F1B count doubled, plus (V - 1) p forwards that fill the
-// other chunks.
+// the chunks in reverse. Its warm-up: pipeline_stage_actions says why.
 static inline PipeAction interleaved_action(PipeSpec s, int k, PipeOp op) {
     int group = k / (s.p * s.V), chunk = (k / s.p) % s.V;
     return pipe_action(op, group * s.p + k % s.p, op == PIPE_FORWARD ? chunk : s.V - 1 - chunk);
 }
 
-// Stage `stage`'s actions in the order it runs them (pipeline_actions_per_stage of them)
+// Stage `stage`'s actions in the order it runs them (pipeline_actions_per_stage of them). Where
+// the numbers come from:
+//   - 1F1B's warm-up, p - s - 1 forwards. Stage s's first backward waits for micro-batch 0 to go
+//     forward through the p - s - 1 stages after it and for its gradient to come back through
+//     them. Counted in groups of actions (each with its exchange), that round trip is
+//     2 (p - s - 1) groups, and in 1F1B's steady state every other group is a forward: p - s - 1
+//     forwards, one for each later stage to work on meanwhile. From then on each forward admits
+//     a micro-batch and each backward retires the oldest, so the stage holds at most p - s.
+//   - interleaved's warm-up, 2 (p - s - 1) + (V - 1) p. A stage sends its forwards of a chunk in
+//     groups of p micro-batches (interleaved_action), so before micro-batch 0 reaches the stage's
+//     last chunk it has run the groups of its other V - 1 chunks: (V - 1) p forwards. From there
+//     the round trip is again 2 (p - s - 1) groups, but now every group of the steady state holds
+//     a forward AND a backward (they join, below), so every one of those groups is a forward.
+//   - joins. In interleaved's steady state a forward and a backward run as one group, with one
+//     exchange before them, as Megatron-LM runs them. With one exchange per action the stages
+//     wait on each other in a cycle: pipeline_check_exchanges finds, for p = 2, m = 4, V = 2
+//     unjoined, rank 0 waiting forever in exchange 6 of 16, for a message its neighbour posts only
+//     after an exchange that waits for rank 0's next. Joined, the forward's and the backward's
+//     inputs arrive in one exchange and their outputs leave in the next.
+//   - zero bubble's W. A micro-batch keeps its slot from its F until its W (W reads the
+//     activations), so the stage holds forwards - weights micro-batches. ZB-H1 caps that at p,
+//     what 1F1B's first stage holds: W waits while the stage has room (the next B, which the stage
+//     before waits for, comes sooner) and runs once the cap is reached; when no forward is left
+//     (the cool-down, 1F1B's bubble) the W's run between the B's, filling the time the stage would
+//     have waited for its next input gradient.
+// test/test_pipeline.c plays every schedule out and checks its time and peak against these.
 static inline int pipeline_stage_actions(PipeSpec s, int stage, PipeAction* out) {
     int n = 0, total = s.m * s.V;
     int warmup = s.sched == SCHEDULE_AFAB          ? total
@@ -243,8 +267,8 @@ static inline int pipeline_peak_formula(PipeSpec s, int stage) {
 
 // ---------------------------------------------------------------------------------------------
 // Sends and receives. A stage's actions run in groups, one action each, except that interleaved
-// runs its steady state's forward and backward as one group (as Megatron-LM does: with one action
-// per group its exchanges deadlock, which pipeline_check_exchanges finds). Between two groups the
+// runs its steady state's forward and backward as one group (joins: pipeline_stage_actions says
+// why one action per group would deadlock there). Between two groups the
 // stage makes one exchange: it sends the outputs of the group before and receives the inputs of
 // the group after, all posted together and waited for together (MPI_Isend and MPI_Irecv, then
 // MPI_Waitall; NCCL's ncclSend and ncclRecv in one group). Sends and receives between two ranks
