@@ -1,5 +1,5 @@
 // Machine-readable training log: one JSON object per line in <output dir>/main.log (a train
-// step's record: step_report in train.h).
+// step's record: step_report in run.h).
 // Floats are printed with 9 significant digits, enough to round-trip an fp32 exactly; a value
 // that is not finite is written as null (JSON has no nan or inf). A failed write (a full disk)
 // stops the run: a log that silently ends is worse than no log.

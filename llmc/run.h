@@ -27,6 +27,310 @@
 #include "memory_plan.h"
 #include "train.h"
 
+// ---------------------------------------------------------------------------------------------
+// what a trainer prints: the banner (label | value rows), the parameter layout and the step line
+// (the memory table: memory_plan.h). Each trainer chooses its rows; the formatting is shared.
+
+typedef struct {
+    const char* label;
+    char value[64];
+} BannerRow;
+
+static inline void banner_row(BannerRow* row, const char* label, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    row->label = label;
+    vsnprintf(row->value, sizeof(row->value), fmt, ap);
+    va_end(ap);
+}
+
+static inline void train_print_banner(const BannerRow* rows, int n) {
+    const char* rule = "+-----------------------+----------------------------------------------------+";
+    printf("%s\n", rule);
+    for (int i = 0; i < n; i++) printf("| %-21s | %-50s |\n", rows[i].label, rows[i].value);
+    printf("%s\n", rule);
+}
+
+// the model rows every trainer's banner starts with
+static inline int train_banner_model(BannerRow* rows, const char* title, const char* model, GPT2Config c) {
+    banner_row(&rows[0], title, "backend %s, precision %s", BACKEND_NAME, PRECISION_NAME);
+    banner_row(&rows[1], "model", "%s", model);
+    banner_row(&rows[2], "L, NH, C", "%d, %d, %d", c.num_layers, c.num_heads, c.channels);
+    banner_row(&rows[3], "maxT, V, Vp", "%d, %d, %d", c.max_seq_len, c.vocab_size, c.padded_vocab_size);
+    banner_row(&rows[4], "parameters", "%zu", gpt2_num_parameters(c));
+    return 5;
+}
+
+// one row per tensor: its size in the model, and with tensor parallelism this rank's part of it
+// and how the tensor is split
+static inline void train_print_parameter_layout(GPT2Config c, const ParameterLayout* p) {
+    static const char* how[NUM_PARAMETER_TENSORS] = {
+        "rows: this rank's vocabulary (embedding and LM head)", "", "", "",
+        "rows: q, k, v of this rank's heads (column-parallel)", "rows: q, k, v of this rank's heads",
+        "input columns: this rank's heads (row-parallel)", "", "", "",
+        "rows: this rank's 4C/tp (column-parallel)", "rows: this rank's 4C/tp",
+        "input columns: this rank's 4C/tp (row-parallel)", "", "", ""};
+    size_t sizes[NUM_PARAMETER_TENSORS];
+    gpt2_parameter_sizes(sizes, c);
+    printf("parameter layout (one flat buffer per rank; gradients and AdamW moments share it):\n");
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        const char* wd = parameter_is_matrix[i] ? "  (weight decay)" : "";
+        if (p->tp == 1) printf("  %-9s %12zu%s\n", parameter_names[i], sizes[i], wd);
+        else printf("  %-9s %12zu  this rank %12zu  %s%s\n", parameter_names[i], sizes[i], p->sizes[i],
+                    p->sharded[i] ? how[i] : "replicated", wd);
+    }
+}
+
+// The step's report. On the terminal one line of what a user watches every step: the loss, the
+// gradient norm (and the clip factor when clipping acts), the learning rate, the step's time and
+// throughput, and with several ranks the time the rank waited in collectives (exposed: not hidden
+// behind computation). About 100 characters; under 120 while steps < 10^5, a step < 10 s, the
+// norm < 100 and tok/s < 10^7. The bytes of each collective, per group, print after the first
+// step (beside the formula the trainer printed at the start) and again only when they change.
+// main.log keeps every figure of every step (logger.h).
+typedef struct {
+    int step, max_steps;
+    float loss, lr, grad_norm, clip_scale;
+    double seconds, recompute_seconds;  // the step, and its part recomputing activations (-r)
+    double tokens_per_s, mfu_percent;   // over all ranks; MFU 0 where the peak is unknown (CPU)
+} StepFigures;
+
+#define STEP_MAX_GROUPS 8
+typedef struct {
+    CommGroup* groups[STEP_MAX_GROUPS];  // the groups this rank communicates in during a step
+    int num_groups;
+    long long printed[STEP_MAX_GROUPS][COMM_NUM_KINDS];  // the bytes printed last, -1 before
+} StepReport;
+
+static inline StepReport step_report_init(CommGroup** groups, int num_groups) {
+    StepReport r;
+    memset(&r, 0, sizeof(r));
+    if (num_groups > STEP_MAX_GROUPS) fail("step report: %d groups, at most %d", num_groups, STEP_MAX_GROUPS);
+    for (int i = 0; i < num_groups; i++) r.groups[i] = groups[i];
+    r.num_groups = num_groups;
+    memset(r.printed, 0xff, sizeof(r.printed));  // -1: nothing printed yet
+    return r;
+}
+
+// the step's communication, summed over the groups: bytes handed to collectives, bytes a ring
+// sends, time from post to completion (flight) and time the rank waited (exposed)
+static inline void step_comm_totals(const StepReport* r, long long* bytes, double* ring, double* flight,
+                                    double* exposed) {
+    *bytes = 0, *ring = 0.0, *flight = 0.0, *exposed = 0.0;
+    for (int i = 0; i < r->num_groups; i++) {
+        *bytes += comm_total_bytes(r->groups[i]);
+        *ring += comm_ring_bytes(r->groups[i]);
+        *flight += r->groups[i]->flight_seconds;
+        *exposed += comm_seconds(r->groups[i]);
+    }
+}
+
+// the per-collective bytes of every group with traffic, when they differ from those printed last
+static inline void step_print_bytes_if_changed(StepReport* r, int step) {
+    int changed = 0;
+    for (int i = 0; i < r->num_groups; i++)
+        changed |= memcmp(r->printed[i], r->groups[i]->bytes, sizeof(r->printed[i])) != 0;
+    if (!changed) return;
+    printf("bytes this rank moved per step, from step %d (ring: what it sends if every collective is a ring):\n", step);
+    for (int i = 0; i < r->num_groups; i++) {
+        CommGroup* g = r->groups[i];
+        memcpy(r->printed[i], g->bytes, sizeof(r->printed[i]));
+        if (comm_total_bytes(g) == 0) continue;
+        printf("  %-9s", g->name);
+        for (int k = 0; k < COMM_NUM_KINDS; k++)
+            if (g->bytes[k] > 0) printf("%s %s %lld B", k ? "," : "", comm_kind_names[k], g->bytes[k]);
+        printf(" (ring %.0f B)\n", comm_ring_bytes(g));
+    }
+}
+
+// the step line on rank 0, and the step's record in main.log (the logger is open on rank 0 only)
+static inline void step_report(StepReport* r, Logger* log, int rank, StepFigures f) {
+    long long bytes;
+    double ring, flight, exposed;
+    step_comm_totals(r, &bytes, &ring, &flight, &exposed);
+    if (rank == 0) {
+        char clip[32] = "", comm[48] = "";
+        if (f.clip_scale < 1.0f) snprintf(clip, sizeof(clip), " (clip %.2f)", f.clip_scale);
+        int ranks = 0;
+        for (int i = 0; i < r->num_groups; i++) ranks = r->groups[i]->size > ranks ? r->groups[i]->size : ranks;
+        if (ranks > 1) snprintf(comm, sizeof(comm), " | exposed %.1f ms", exposed * 1e3);
+        printf("step %4d/%d | loss %.6f | norm %.4f%s | lr %.2e | %.1f ms | %.0f tok/s%s\n", f.step, f.max_steps, f.loss,
+               f.grad_norm, clip, f.lr, f.seconds * 1e3, f.tokens_per_s, comm);
+        step_print_bytes_if_changed(r, f.step);
+    }
+    if (!log->file) return;
+    char loss[32], lr[32], norm[32], kinds[STEP_MAX_GROUPS * 160] = "";
+    size_t used = 0;
+    for (int i = 0; i < r->num_groups; i++) {
+        const CommGroup* g = r->groups[i];
+        used += snprintf(kinds + used, sizeof(kinds) - used, "%s\"%s\": {", i ? ", " : "", g->name);
+        int first = 1;
+        for (int k = 0; k < COMM_NUM_KINDS; k++) {
+            if (g->bytes[k] == 0) continue;
+            used += snprintf(kinds + used, sizeof(kinds) - used, "%s\"%s\": %lld", first ? "" : ", ", comm_kind_names[k], g->bytes[k]);
+            first = 0;
+        }
+        used += snprintf(kinds + used, sizeof(kinds) - used, "}");
+    }
+    logger_line(log, "{\"step\": %d, \"train_loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"clip_scale\": %.9g, "
+                "\"ms\": %.3f, \"recompute_ms\": %.3f, \"tokens_per_s\": %.1f, \"mfu_percent\": %.2f, "
+                "\"comm_bytes\": %lld, \"comm\": {%s}, \"ring_bytes\": %.0f, \"comm_ms\": %.3f, \"exposed_ms\": %.3f}\n",
+                f.step, json_float(loss, 32, f.loss), json_float(lr, 32, f.lr), json_float(norm, 32, f.grad_norm),
+                f.clip_scale, f.seconds * 1e3, f.recompute_seconds * 1e3, f.tokens_per_s, f.mfu_percent, bytes, kinds,
+                ring, flight * 1e3, exposed * 1e3);
+}
+
+// model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per parameter,
+// plus the attention scores and their use, 12 L C T (PaLM paper, appendix B)
+static inline double train_flops_per_token(GPT2Config c, int T) {
+    return 6.0 * (double)gpt2_num_parameters(c) + 12.0 * c.num_layers * c.channels * (double)T;
+}
+
+// this device's dense peak for MFU (none on the CPU), named by rank 0
+static inline DevicePeak train_device_peak(int rank) {
+    DevicePeak peak = device_peak();
+    if (rank == 0 && peak.flops > 0)
+        printf("MFU against the %s dense %s peak, %.0f TFLOP/s\n", peak.part, PRECISION_NAME, peak.flops / 1e12);
+    return peak;
+}
+
+// MFU in percent: the model FLOPs of tokens_per_s, shared by `ranks` devices, against one
+// device's dense peak (0 where the peak is unknown: CPUs, other GPUs)
+static inline double train_mfu(double flops_per_token, double tokens_per_s, int ranks, DevicePeak peak) {
+    return peak.flops > 0 ? 100.0 * flops_per_token * tokens_per_s / ranks / peak.flops : 0.0;
+}
+
+// the run's averages: step times after the first (which warms caches), the time inside
+// collectives (host time in the comm layer's calls; NCCL's asynchronous calls count 0), the
+// peak device memory
+typedef struct {
+    double seconds, comm_seconds, recompute_seconds;
+    int steps;
+    size_t peak_memory;
+} StepStats;
+
+// collective_seconds: the step's time in collectives (comm_seconds of each group it used, summed);
+// recompute_seconds: its time recomputing activations (-r; block.h's recompute_spans)
+static inline void step_stats_add(StepStats* s, int first, double seconds, double collective_seconds,
+                                  double recompute_seconds) {
+    size_t memory = device_memory_used();
+    s->peak_memory = memory > s->peak_memory ? memory : s->peak_memory;
+    if (first) return;
+    s->seconds += seconds;
+    s->comm_seconds += collective_seconds;
+    s->recompute_seconds += recompute_seconds;
+    s->steps++;
+}
+
+static inline void step_stats_print(const StepStats* s, int total_batch, double flops_per_token, DevicePeak peak,
+                                    int ranks) {
+    if (s->steps == 0) return;
+    double tokens_per_s = total_batch / (s->seconds / s->steps);
+    printf("average step time %.1f ms, %.0f tokens/s", s->seconds / s->steps * 1e3, tokens_per_s);
+    if (s->comm_seconds > 0) printf(", %.0f%% of it in collectives", 100.0 * s->comm_seconds / s->seconds);
+    if (s->recompute_seconds > 0) printf(", %.0f%% recomputing activations (-r)", 100.0 * s->recompute_seconds / s->seconds);
+    if (peak.flops > 0) printf(", MFU %.1f%%", train_mfu(flops_per_token, tokens_per_s, ranks, peak));
+    if (s->peak_memory > 0) printf(", peak device memory %.2f GB", s->peak_memory / 1e9);
+    printf("\n");
+}
+
+// at the end of a run: what was allocated at most on this rank's device (allocations.h), beside
+// the memory table's prediction
+static inline void train_print_high_water(size_t predicted) {
+    printf("device memory high-water mark %zu bytes allocated, predicted %zu (%+.2f%%)\n", device_allocated_peak(), predicted,
+           100.0 * ((double)device_allocated_peak() / (double)predicted - 1.0));
+}
+
+// the next token of a sample: softmax over the V real entries of one row of logits, then the
+// token where the cumulative probability first exceeds a uniform draw
+static inline int sample_next_token(const float* logits, int V, Rng* rng) {
+    float maxval = -INFINITY, sum = 0.0f;
+    for (int v = 0; v < V; v++) maxval = logits[v] > maxval ? logits[v] : maxval;
+    for (int v = 0; v < V; v++) sum += expf(logits[v] - maxval);
+    float r = rng_uniform(rng) * sum, cdf = 0.0f;
+    for (int v = 0; v < V; v++) {
+        cdf += expf(logits[v] - maxval);
+        if (r < cdf) return v;
+    }
+    return V - 1;
+}
+
+// sample_next_token with the vocabulary split over the ranks of `group`: this rank holds the
+// logits of tokens [lo, lo + real). The ranks agree on the maximum (all-reduce MAX) and learn each
+// other's sums of exponentials (one all-reduce per rank, the others adding 0); with the same rng
+// state everywhere they draw the same number, and the rank whose range it falls in finds the
+// token; an all-reduce MAX (-1 elsewhere) tells the others. The row of logits is never
+// gathered; every rank returns the same token.
+static inline int sample_next_token_sharded(const float* logits, int real, int lo, Rng* rng, CommGroup* group) {
+    float maxval = -INFINITY, sum = 0.0f;
+    for (int v = 0; v < real; v++) maxval = logits[v] > maxval ? logits[v] : maxval;
+    comm_all_reduce_scalar(group, &maxval, COMM_MAX);
+    for (int v = 0; v < real; v++) sum += expf(logits[v] - maxval);
+    float before = 0.0f, total = 0.0f;  // the sums of the ranks below this one, and of all
+    for (int r = 0; r < group->size; r++) {
+        float sum_r = r == group->rank ? sum : 0.0f;
+        comm_all_reduce_scalar(group, &sum_r, COMM_SUM);
+        if (r < group->rank) before += sum_r;
+        total += sum_r;
+    }
+    float u = rng_uniform(rng) * total;
+    // the ranks' ranges [before, before + sum) tile [0, total); u rounded up to total goes last
+    int owner = u >= before && (u < before + sum || group->rank == group->size - 1);
+    int token = -1;
+    if (owner) {
+        float cdf = before;
+        for (int v = 0; v < real && token < 0; v++) {
+            cdf += expf(logits[v] - maxval);
+            if (u < cdf) token = lo + v;
+        }
+        if (token < 0) token = lo + real - 1;  // rounding left u just past the last cdf step
+    }
+    float found = (float)token;  // the owner's token, -1 elsewhere: their maximum is the token
+    comm_all_reduce_scalar(group, &found, COMM_MAX);  // (token ids are exact in a float)
+    return (int)found;
+}
+
+// a sample's new token drawn: progress for the watchdog (a long sample is not a hang), and the
+// printing rank (the one with the tokenizer, NULL elsewhere) prints it at once
+static inline void sample_token_drawn(const Tokenizer* tok, int token) {
+    watchdog_beat();
+    if (tok) {
+        tokenizer_print(tok, token);
+        fflush(stdout);
+    }
+}
+
+// the decode table for samples; 0 (samples off, with a warning) when there is none, or when its
+// end-of-text id, where every sample starts, is not a row of the model's embedding
+static inline int train_open_tokenizer(Tokenizer* tok, const char* path, GPT2Config c) {
+    FILE* f = fopen(path, "rb");
+    if (f == NULL) {
+        printf("warning: no tokenizer at '%s' (-tok): samples are off\n", path);
+        return 0;
+    }
+    fclose(f);
+    tokenizer_init(tok, path);
+    if (tok->eot_token >= c.vocab_size) {
+        printf("warning: the tokenizer's end-of-text id %d is outside the model's vocabulary of %d "
+               "(-tok '%s' does not fit -e): samples are off\n", tok->eot_token, c.vocab_size, path);
+        tokenizer_free(tok);
+        return 0;
+    }
+    return 1;
+}
+
+// Samples that every rank takes part in drawing (DP, TP, PP): rank 0 opens the tokenizer (checked
+// against the model) and prints; it tells the others whether it could, and the end-of-text id
+// every sample starts from. Returns 1 when samples are on.
+static inline int train_open_shared_sampling(const TrainArgs* args, GPT2Config c, CommGroup* world, Tokenizer* tok,
+                                             int* eot) {
+    int on = world->rank == 0 && args->sample_every > 0 && train_open_tokenizer(tok, args->tokenizer_path, c);
+    *eot = on ? tok->eot_token : 0;
+    comm_broadcast_host(world, &on, sizeof(int), 0);
+    comm_broadcast_host(world, eot, sizeof(int), 0);
+    return on;
+}
+
 // What the run layer needs of the trainer's model, for validation, samples and checkpoints
 typedef struct {
     GPT2* model;
@@ -217,7 +521,7 @@ static inline float run_validate(Run* r) {
 // split over them, or under -z 3 gathered from them) and, with the same rng state everywhere,
 // draws the same tokens; rank 0 prints them.
 //   - the vocabulary split over tp ranks: each holds the logits of its columns, and they draw
-//     together without gathering the row (train.h, sample_next_token_sharded);
+//     together without gathering the row (sample_next_token_sharded, above);
 //   - a pipeline: the last stage draws and broadcasts the token (4 bytes) over the pipe, since
 //     the first stage needs it for the next pass;
 //   - -sp: the sequence is padded to a multiple of tp; causal attention never lets a position
@@ -290,7 +594,7 @@ static inline void run_step_begin(Run* r) {
 
 // The step's end: wait for the device, then its time, its collectives' time (CUDA: the GPU's
 // timing of NCCL's calls, read after the sync) and its recomputation's (-r), into the run's
-// averages, the step line and main.log (train.h: step_report)
+// averages, the step line and main.log (step_report, above)
 static inline void run_step_end(Run* r, int step, float loss, float lr, float grad_norm, float clip_scale) {
     device_synchronize();
     double recompute_s = device_spans_collect(&recompute_spans);

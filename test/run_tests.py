@@ -1993,7 +1993,7 @@ def roofline_counts_the_model_flops_and_the_minimum_bytes():
             roofline_close(r["total_time_s"], want * r["calls"], 1e-9, "%s: total time of %s" % (what, r["kernel"]))
         if T == 1024:
             assert compute_bound == {"gemm", "attn", "vector"}, "%s: compute-bound engines %s" % (what, compute_bound)
-        # the step is the sum of its kernels; MFU as llmc/train.h: (6 P + 12 L C T) per token,
+        # the step is the sum of its kernels; MFU as llmc/run.h: (6 P + 12 L C T) per token,
         # times B T, over the step, over the dense peak of the precision
         step = sum(r["total_time_s"] for r in res["rows"])
         roofline_close(res["summary"]["step_time_s"], step, 1e-9, what + ": step time = sum of the rows")

@@ -39,7 +39,7 @@ What this model counts, per kernel:
 - time: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth). Launch latency, the host's
   own work (the encoder backward's sort, the loss's copy to the host) and the tail of a grid
   that does not fill the GPU are not counted: the sum is a lower bound on the step.
-MFU is computed as the trainer does (llmc/train.h, train_flops_per_token): 6 x parameters +
+MFU is computed as the trainer does (llmc/run.h, train_flops_per_token): 6 x parameters +
 12 L C T FLOPs per token (the attention term counted without the causal half), times B T, over
 the step time, over the device's dense peak for the precision (llmc/cuda/device.cuh).
 """
@@ -395,7 +395,7 @@ def roofline(args):
     backward = sum(r["total_time_s"] for r in rows if r["group"] in ("final layernorm backward", "layer backward"))
     overlapped = step - comm + comm * emb_share + max(0.0, comm * (1 - emb_share) - backward)
     B, T, L, C = args.b, args.t, m["L"], m["C"]
-    per_token = 6.0 * P + 12.0 * L * C * T  # llmc/train.h train_flops_per_token
+    per_token = 6.0 * P + 12.0 * L * C * T  # llmc/run.h train_flops_per_token
     model_flops = per_token * B * T
     summary = dict(step_time_s=step, compute_time_s=step - comm, comm_time_s=comm,
                    step_time_overlapped_s=overlapped, tokens_per_s=args.dp * B * T / step,
@@ -480,7 +480,7 @@ def print_table(res):
     print("by kind: " + ", ".join("%s %.2f ms (%.0f%%)" % (k, v * 1e3, 100 * v / s["step_time_s"])
                                   for k, v in sorted(by_engine.items(), key=lambda kv: -kv[1])))
     print("executed %.2f TFLOP (attention as the kernels run it) against the model's %.2f TFLOP (6 P + 12 L C T per "
-          "token, llmc/train.h); %d kernel launches" % (s["executed_flops"] / 1e12, s["model_flops"] / 1e12,
+          "token, llmc/run.h); %d kernel launches" % (s["executed_flops"] / 1e12, s["model_flops"] / 1e12,
                                                        s["launches"]))
     print("not counted: launch latency and grid tails (small kernels such as bias_accumulate take a few us, not "
           "0.0), the host's work inside the step (the loss copied to the host after fused_classifier, the encoder "
