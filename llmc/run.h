@@ -201,37 +201,78 @@ static inline double train_mfu(double flops_per_token, double tokens_per_s, int 
 }
 
 // the run's averages: step times after the first (which warms caches), the time inside
-// collectives (host time in the comm layer's calls; NCCL's asynchronous calls count 0), the
-// peak device memory
+// collectives (host time in the comm layer's calls; NCCL's asynchronous calls count 0) and the
+// bytes a ring would send in them, the peak device memory
 typedef struct {
-    double seconds, comm_seconds, recompute_seconds;
+    double seconds, comm_seconds, recompute_seconds, ring_bytes;
     int steps;
     size_t peak_memory;
+    double rate;  // bytes per second between two ranks, measured before the first step (0: none)
 } StepStats;
 
 // collective_seconds: the step's time in collectives (comm_seconds of each group it used, summed);
-// recompute_seconds: its time recomputing activations (-r; block.h's recompute_spans)
+// ring_bytes: what this rank would send in them as rings (comm_ring_bytes); recompute_seconds:
+// its time recomputing activations (-r; block.h's recompute_spans)
 static inline void step_stats_add(StepStats* s, int first, double seconds, double collective_seconds,
-                                  double recompute_seconds) {
+                                  double ring_bytes, double recompute_seconds) {
     size_t memory = device_memory_used();
     s->peak_memory = memory > s->peak_memory ? memory : s->peak_memory;
     if (first) return;
     s->seconds += seconds;
     s->comm_seconds += collective_seconds;
+    s->ring_bytes += ring_bytes;
     s->recompute_seconds += recompute_seconds;
     s->steps++;
 }
 
+// The averages after the run. The time in collectives splits in two: moving, the bytes a ring
+// sends at the measured rate, and waiting, the rest, in which a partner had not yet posted its
+// part (a pipeline stage waiting for its neighbour, a rank for the slowest). Busy is the time
+// outside collectives, computing.
 static inline void step_stats_print(const StepStats* s, int total_batch, double flops_per_token, DevicePeak peak,
                                     int ranks) {
     if (s->steps == 0) return;
     double tokens_per_s = total_batch / (s->seconds / s->steps);
     printf("average step time %.1f ms, %.0f tokens/s", s->seconds / s->steps * 1e3, tokens_per_s);
-    if (s->comm_seconds > 0) printf(", %.0f%% of it in collectives", 100.0 * s->comm_seconds / s->seconds);
+    if (s->comm_seconds > 0 && s->rate > 0) {
+        double moving = s->ring_bytes / s->rate < s->comm_seconds ? s->ring_bytes / s->rate : s->comm_seconds;
+        printf(": busy %.0f%%, waiting %.0f%%, moving %.0f%% at the measured %.2f GB/s",
+               100.0 * (1.0 - s->comm_seconds / s->seconds), 100.0 * (s->comm_seconds - moving) / s->seconds,
+               100.0 * moving / s->seconds, s->rate / 1e9);
+    } else if (s->comm_seconds > 0) {
+        printf(", %.0f%% of it in collectives", 100.0 * s->comm_seconds / s->seconds);
+    }
     if (s->recompute_seconds > 0) printf(", %.0f%% recomputing activations (-r)", 100.0 * s->recompute_seconds / s->seconds);
     if (peak.flops > 0) printf(", MFU %.1f%%", train_mfu(flops_per_token, tokens_per_s, ranks, peak));
     if (s->peak_memory > 0) printf(", peak device memory %.2f GB", s->peak_memory / 1e9);
     printf("\n");
+}
+
+// The rate the transport moves bytes between two ranks, measured once before the first step:
+// ranks in pairs (2k, 2k + 1; with an odd count the last sits out) exchange n floatX both ways at
+// once (as a pipeline's exchange does), one round to warm up, then 3 timed; every rank takes the
+// slowest pair's time (an all-reduce MAX). n is at most 1M elements and fits the scratch of every
+// rank: 2 n elements of device memory the step does not need yet (the gradient buffer, zeroed
+// before each step). Returns bytes per second, 0 with one rank.
+static inline double measure_exchange_rate(CommGroup* world, floatX* scratch, size_t scratch_elements) {
+    if (world->size < 2) return 0.0;
+    float fewest = -(float)(scratch_elements / 2 < (1u << 20) ? scratch_elements / 2 : (1u << 20));
+    comm_all_reduce_scalar(world, &fewest, COMM_MAX);  // (the smallest scratch of all ranks)
+    size_t n = (size_t)-fewest;
+    int partner = (world->rank ^ 1) < world->size ? world->rank ^ 1 : -1;
+    double seconds = 0.0;
+    for (int round = 0; round < 4; round++) {
+        comm_barrier(world);
+        double t0 = wall_time_s();
+        CommMessage msgs[2] = {comm_message(scratch, n, partner, 1), comm_message(scratch + n, n, partner, 0)};
+        if (partner >= 0 && n > 0) comm_exchange(world, msgs, 2, COMM_FLOATX);
+        device_synchronize();
+        if (round > 0) seconds += wall_time_s() - t0;
+    }
+    float slowest = (float)seconds;
+    comm_all_reduce_scalar(world, &slowest, COMM_MAX);
+    comm_reset_counters(world);
+    return slowest > 0 ? 3.0 * n * sizeof(floatX) / slowest : 0.0;
 }
 
 // at the end of a run: what was allocated at most on this rank's device (allocations.h), beside
@@ -496,6 +537,7 @@ static inline void run_begin(Run* r, RunModel hooks, CommGroup** groups, int num
     r->flops_per_token = train_flops_per_token(r->config, r->args.T);  // each rank does its share
     r->peak = train_device_peak(r->rank);
     memset(&r->stats, 0, sizeof(r->stats));
+    r->stats.rate = measure_exchange_rate(&r->world, hooks.model->grads_memory, layout_grads_held(&hooks.model->layout));
     r->report = step_report_init(groups, num_groups);
 }
 
@@ -598,12 +640,13 @@ static inline void run_step_begin(Run* r) {
 static inline void run_step_end(Run* r, int step, float loss, float lr, float grad_norm, float clip_scale) {
     device_synchronize();
     double recompute_s = device_spans_collect(&recompute_spans);
-    double dt = wall_time_s() - r->step_start, comm_s = 0.0;
+    double dt = wall_time_s() - r->step_start, comm_s = 0.0, ring = 0.0;
     for (int i = 0; i < r->report.num_groups; i++) {
         comm_collect_times(r->report.groups[i]);
         comm_s += comm_seconds(r->report.groups[i]);
+        ring += comm_ring_bytes(r->report.groups[i]);
     }
-    step_stats_add(&r->stats, step == r->start_step, dt, comm_s, recompute_s);
+    step_stats_add(&r->stats, step == r->start_step, dt, comm_s, ring, recompute_s);
     double tokens_per_s = r->args.total_batch / dt;
     StepFigures f = {step + 1, r->max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s, tokens_per_s,
                      train_mfu(r->flops_per_token, tokens_per_s, r->world.size, r->peak)};
