@@ -3,29 +3,31 @@ GPT-2 training with 3D parallelism: data, pipeline and tensor parallelism at onc
 dp x pp x tp ranks, as Megatron-LM composes them (Narayanan et al. 2021, "Efficient Large-Scale
 Language Model Training on GPU Clusters Using Megatron-LM", arXiv:2104.04473).
 
-This trainer is the sum of the other three chapters; read them first. Only how they compose is
-new here:
-  - tensor parallelism (train_gpt2_tp.cu) inside each pipeline stage: the tp ranks of a stage
-    split every weight matrix of its layers (Megatron's column- and row-parallel halves, with
-    the f and g collectives at their ends, -sp for sequence parallelism), the first stage's
-    embedding and the last stage's LM head and loss by vocabulary;
-  - pipeline parallelism (train_gpt2_pp.cu) across the stages: the same schedules (afab, 1f1b,
-    interleaved with -vp, zb), walked by llmc/stage.h, the micro-batches' activations sent from
-    each tp rank of a stage to the same tp rank of the next (B*T*C each, or with -sp its B*T/tp
-    tokens); the tied wte's gradient summed over the embedding group of the first and last stage;
-  - data parallelism (train_gpt2_dp.cu) across the replicas: each of the dp copies of this
-    tp x pp model reads its own micro-batches, and after the last one the gradients are averaged
-    over the dp group (all-reduce), or with -z 1 reduce-scattered so that each replica keeps the
-    AdamW state of a 1/dp shard of its rank's parameters and all-gathers the updated parameters
-    (ZeRO-1, Rajbhandari et al. 2020, arXiv:1910.02054).
-So every rank belongs to four groups: its tp group (the tp ranks of its stage in its replica), its
-pp group (the stages of its replica at its tp rank), its dp group (the replicas at its place in
-the model) and, on the first and last stage, the embedding group. The grid numbers its ranks
-with tp fastest, then dp, then pp (grid_coordinates). The step's gradient is the mean over all
-dp*m micro-batches, and the global gradient norm counts every parameter exactly once: each
-element is counted by one rank of the world (the dp rank whose shard holds it, tp rank 0 for the
-tensors tp replicates, the first stage for the tied wte), and one all-reduce over the world sums
-them.
+This trainer is the sum of the other three chapters; read them first. It runs their code: each
+pipeline stage's chunk of layers is llmc/chunk.h's (the PP trainer's), here with a tp group inside
+it, so that every layer is llmc/tensor_parallel.h's (the TP trainer's: column- and row-parallel
+halves with f and g, -sp, the vocabulary-parallel embedding and loss on the first and last
+stage); the schedules are the PP trainer's, walked by stage_walk (train_gpt2_pp.cu's
+pipeline_walk), each message going from a tp rank of one stage to the same tp rank of the next
+(B T C, or with -sp its B T / tp tokens). What this chapter adds, each explained where it is
+written:
+  1. The grid (grid_coordinates, grid_init): world rank r at tp rank r % tp, dp rank
+     (r / tp) % dp, stage r / (tp dp), and its groups, each split from the world by a colour that
+     its members share: tp (the tp ranks of one stage of one replica), pp (the stages of one
+     replica at one tp rank), dp (the replicas at one place in the model), the embedding group
+     (the first and last stage at one dp and tp rank), and the model group (the tp x pp ranks of
+     one replica, which gather the model file).
+  2. The reductions across groups after the schedule: -sp's LayerNorm gradients over tp, the
+     tied wte's over the embedding group, every gradient's mean over dp (DDP: all-reduce; -z 1:
+     reduce-scatter), the loss broadcast over pp and averaged over dp.
+  3. The gradient norm's ownership (owned_norm_squared, replica_shard): each element counted by
+     exactly one rank of the world (its dp shard's replica, tp rank 0 for what tp replicates, the
+     first stage for the tied wte), so one all-reduce over the world sums the squares.
+  4. ZeRO-1 over the dp group (-z 1, Rajbhandari et al. 2020, arXiv:1910.02054;
+     zero1_adamw_step): each replica updates a 1/dp shard of its rank's buffer and all-gathers.
+  5. Checkpoints that any grid resumes (below), and a memory table and byte formulas per group.
+The step's gradient is the mean over all dp*m micro-batches: each token's weight is 1/(B T m)
+in the walk, then the dp reduction averages.
 
 Checkpoints: the model file is the whole model in llm.c's layout, and the training state (AdamW
 moments, and bf16 parameter bits) is gathered into the same layout (llmc/train.h,
@@ -94,7 +96,19 @@ static void grid_coordinates(int rank, int dp, int tp, int* dp_rank, int* stage,
     *stage = rank / (tp * dp);
 }
 
-// the groups, each split from the world by a color shared by its members (comm_split)
+// The groups. comm_split(out, world, colour, key) puts the ranks that pass the same colour in one
+// group, numbered by their keys (MPI_Comm_split, ncclCommSplit): the colour is what the members
+// share, the key their order inside the group.
+//   tp     colour r / tp (one stage of one replica: tp consecutive ranks), key the tp rank
+//   pp     colour dp_rank tp + tp_rank (the same replica and tp rank), key the stage
+//   dp     colour stage tp + tp_rank (the same place in the model), key the dp rank
+//   model  colour dp_rank (one replica's tp x pp ranks), key stage tp + tp_rank: the order
+//          parameter_layout_of_rank numbers a replica's pieces in, so that rank 0 of it can
+//          gather the model file (gpt2_gather_full)
+//   embedding  colour dp_rank tp + tp_rank on the first and last stage (the two wte copies of one
+//          replica and tp rank; one group when pp = 1), key the stage. Every rank must call
+//          comm_split, so each rank of a middle stage gets a colour no other rank has,
+//          dp tp + r (above every real colour): a group of its own, which it never uses
 static void grid_init(Grid* g, CommGroup* world, int dp, int pp, int tp) {
     g->dp = dp;
     g->pp = pp;
@@ -105,7 +119,6 @@ static void grid_init(Grid* g, CommGroup* world, int dp, int pp, int tp) {
     comm_split(&g->pp_group, world, g->dp_rank * tp + g->tp_rank, g->stage, "pp");
     comm_split(&g->dp_group, world, g->stage * tp + g->tp_rank, g->dp_rank, "dp");
     comm_split(&g->model_group, world, g->dp_rank, g->stage * tp + g->tp_rank, "model");
-    // ranks outside the embedding group form groups of their own and never use them
     g->in_embedding = g->stage == 0 || g->stage == pp - 1;
     comm_split(&g->embedding, world, g->in_embedding ? g->dp_rank * tp + g->tp_rank : dp * tp + r, g->stage, "embedding");
 }
