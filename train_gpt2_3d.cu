@@ -231,6 +231,11 @@ static float owned_norm_squared(const GPT2* model, const floatX* grads, size_t l
 static float zero1_adamw_step(GPT2* model, const Run* run, Grid* g, const floatX* grad_shard, size_t lo, size_t hi,
                               int step, float grad_norm, float* clip_scale) {
     AdamWConfig opt = train_adamw_config(&run->args, step, run->max_steps, grad_norm, clip_scale);
+    // the range [lo, hi) of the rank's flat buffer (llmc/optimizer.h): its parameters are at lo in
+    // the whole buffer (every replica holds them all); the gradients, and the master weights and
+    // moments (layout_shard_flat allocated only the shard of those), start at 0 of theirs; lo
+    // and hi themselves say which tensor each element is of (weight decay) and its place in the
+    // model file (the rounding index, so that the replicas round alike)
     optimizer_adamw_step(model->params_memory + lo, model->master_memory, grad_shard, model->m_memory, model->v_memory,
                          lo, hi, &model->layout, opt, *clip_scale, step + 1);
     comm_all_gather_in_place(&g->dp_group, model->params_memory, layout_state_held(&model->layout), COMM_FLOATX);
