@@ -224,6 +224,19 @@ static float owned_norm_squared(const GPT2* model, const floatX* grads, size_t l
     return (float)sum;
 }
 
+// This replica's walk over its pipe (llmc/stage.h): the tp collectives inside each chunk, the
+// messages over pp; micro-batch i of the step is chunk i dp + dp_rank of the loader's batch, and
+// each token's gradient weighs 1/(B T m), the replica's mean (the dp reduction averages the
+// replicas')
+static Walk replica_walk(GPT2* model, Stage* st, Grid* g, DataLoader* train, int m) {
+    Walk w = walk_init(model, st, &g->pp_group, &g->tp_group, model->B, model->T);
+    w.data = train;
+    w.data_ranks = g->dp;
+    w.data_rank = g->dp_rank;
+    w.dloss = 1.0f / (float)((size_t)model->B * model->T * m);
+    return w;
+}
+
 // With -z 1 (ZeRO-1 over the dp group): AdamW on this replica's shard [lo, hi) of the rank's
 // buffer, whose reduced gradient the reduce-scatter left in grad_shard, then the updated
 // parameters all-gathered in place over dp (N floatX), so that every replica holds them all.
@@ -468,12 +481,7 @@ int main(int argc, char** argv) {
     run_begin(&run, hooks, groups, 5);
 
     // ---- training loop; `step` counts completed optimizer steps
-    // the replica's walk: micro-batch i is chunk i dp + dp_rank of the loader's batch
-    Walk walk = walk_init(&model, &stage, &grid.pp_group, &grid.tp_group, B, T);
-    walk.data = &run.train;
-    walk.data_ranks = dp;
-    walk.data_rank = grid.dp_rank;
-    walk.dloss = 1.0f / (float)((size_t)B * T * m);
+    Walk walk = replica_walk(&model, &stage, &grid, &run.train, m);
     size_t lo, hi;  // this replica's dp shard of the rank's buffer (replica_shard)
     replica_shard(&layout, zero, &grid, &lo, &hi);
     // the replica of world rank 0's pipeline, at tp rank 0: where the timeline is measured
