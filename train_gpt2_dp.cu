@@ -477,7 +477,6 @@ static float zero_grad_norm(Zero* z, GPT2* model) {
 // -offload in fp32: AdamW on the host updates a host copy of this rank's share of the weights
 // (in bf16 the master weights are that copy): taken from the device once, before the first step
 static void offload_take_weights(Zero* z, GPT2* model) {
-    if (!FLOATX_IS_FLOAT) return;
     for (int k = 0; k < parameter_num_buckets(&model->layout); k++) {
         size_t global, local, n;
         layout_bucket_shard(&model->layout, k, &global, &local, &n);
@@ -669,7 +668,7 @@ int main(int argc, char** argv) {
     hooks.val_replicas = world;  // each rank its own validation chunk: the mean over the ranks
     hooks.split = world;         // checkpoints gathered from the ZeRO shards
     run_begin(&run, hooks, &world, 1);
-    if (offload) offload_take_weights(&z, &model);  // (as started, or resumed)
+    if (offload && FLOATX_IS_FLOAT) offload_take_weights(&z, &model);  // (as started, or resumed)
 
     // ---- training loop; `step` counts completed optimizer steps
     for (int step = run.start_step; step <= run.max_steps; step++) {
