@@ -408,7 +408,7 @@ enum { ACTS_LAYERS = 1, ACTS_HEAD = 2, ACTS_SCRATCH = 4, ACTS_RECOMPUTE = 8, ACT
 //         whole layer forward from its input before its backward; with tensor parallelism that
 //         rerun repeats the layer's collectives. The head (lnf, logits) is kept.
 // Zero bubble's W (pipeline.h) runs after B, from each matmul's input and output gradient kept in
-// the slot (train_gpt2_pp.cu's chunk_backward), so under -sched zb those stay kept whatever -r.
+// the slot (llmc/tensor_parallel.h's tp_layer_backward), so under -sched zb those stay kept whatever -r.
 enum {
     KEEP_LN1 = 1 << 0, KEEP_LN1_STATS = 1 << 1, KEEP_QKV = 1 << 2, KEEP_ATTY = 1 << 3, KEEP_ATT_STATE = 1 << 4,
     KEEP_ATTPROJ = 1 << 5, KEEP_RESIDUAL2 = 1 << 6, KEEP_LN2 = 1 << 7, KEEP_LN2_STATS = 1 << 8, KEEP_FCH = 1 << 9,
