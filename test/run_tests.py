@@ -54,16 +54,29 @@ def mpirun(np_, args, threads=1, timeout=TIMEOUT, program="./train_gpt2_dp", env
     return p.returncode, p.stdout.decode("utf-8", "replace")
 
 
+def why_it_failed(out):
+    """the lines of a failed run that say why (a rank's "error:", MPI's abort, the emulator's
+    complaint), first, so that a report cut after a few lines still shows them; then the tail"""
+    why = [l for l in out.splitlines() if re.search(r"error|abort|fatal|emu:|signal", l, re.I)]
+    return "\n".join(why[:12] + ["-- the run's last lines:", out[-3000:]])
+
+
 def run_ok(np_, args, **kw):
     code, out = mpirun(np_, args, **kw)
-    assert code == 0, "exit code %d\n%s" % (code, out[-3000:])
+    assert code == 0, "exit code %d; %s" % (code, why_it_failed(out))
     return out
+
+
+# the directories the running test made: removed when it passes (its checkpoints would otherwise
+# fill gigabytes over the suite), kept for reading when it fails
+TEST_DIRS = []
 
 
 def fresh_dir(name):
     d = os.path.join(TMP, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
+    TEST_DIRS.append(d)
     return d
 
 
@@ -2710,8 +2723,19 @@ def cuda_compiles_for_sm80_and_sm90():
     assert code == 0 and "cuda-check: all compiled" in out, out[-3000:]
 
 
+# the most the suite holds on disk at once (its builds and the running test's files), about 2 GB,
+# with room to spare: a disk that fills mid-run fails whichever trainer is writing just then
+DISK_NEEDED = 3e9
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
+    free = shutil.disk_usage(TMP).free
+    if free < DISK_NEEDED:
+        print("error: %s has %.1f GB free on its disk; the tests need about %.0f GB (their checkpoints and "
+              "builds). Free some space and run again." % (TMP, free / 1e9, DISK_NEEDED / 1e9))
+        print("0 passed, 1 failed, 0 skipped")
+        sys.exit(1)
     pattern = sys.argv[1] if len(sys.argv) > 1 else ""
     if pattern in "cuda_compiles_for_sm80_and_sm90":
         start_cuda_check()
@@ -2721,6 +2745,7 @@ def main():
         if pattern not in fn.__name__:
             continue
         t0 = time.time()
+        del TEST_DIRS[:]
         try:
             fn()
             passed += 1
@@ -2730,8 +2755,13 @@ def main():
             print("SKIP %s: skipped (%s)" % (fn.__name__, e), flush=True)
         except Exception as e:  # an assertion or a crash of the test itself
             failed += 1
-            print("FAIL %s (%.1fs): %s" % (fn.__name__, time.time() - t0, e), flush=True)
-        durations.append((time.time() - t0, fn.__name__))
+            kept = " (its files kept: %s)" % " ".join(os.path.relpath(d, ROOT) for d in TEST_DIRS) if TEST_DIRS else ""
+            print("FAIL %s (%.1fs)%s: %s" % (fn.__name__, time.time() - t0, kept, e), flush=True)
+            continue
+        finally:
+            durations.append((time.time() - t0, fn.__name__))
+        for d in TEST_DIRS:
+            shutil.rmtree(d, ignore_errors=True)
     # where the suite's time goes (a test's time includes the builds it waits for)
     print("the slowest tests (%.0f s in all):" % (time.time() - start))
     for seconds, name in sorted(durations, reverse=True)[:15]:
