@@ -106,7 +106,8 @@ static void grid_coordinates(int rank, int dp, int tp, int* dp_rank, int* stage,
 //          parameter_layout_of_rank numbers a replica's pieces in, so that rank 0 of it can
 //          gather the model file (gpt2_gather_full)
 //   embedding  colour dp_rank tp + tp_rank on the first and last stage (the two wte copies of one
-//          replica and tp rank; one group when pp = 1), key the stage. Every rank must call
+//          replica and tp rank; with pp = 1 the one stage is both, a group of that rank alone),
+//          key the stage. Every rank must call
 //          comm_split, so each rank of a middle stage gets a colour no other rank has,
 //          dp tp + r (above every real colour): a group of its own, which it never uses
 static void grid_init(Grid* g, CommGroup* world, int dp, int pp, int tp) {
@@ -202,6 +203,22 @@ static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
     Grid3D* t = (Grid3D*)trainer;
     Walk w = stage_forward_pass(t->model, t->st, &t->g->pp_group, &t->g->tp_group, NULL, tokens, 1, T);
     return t->g->stage == t->g->pp - 1 ? w.head->logits : NULL;
+}
+
+// What the run layer (llmc/run.h) needs of this trainer, then the run's start: with -y 1 the
+// resume, whatever grid wrote the checkpoint (its state is gathered into the model file's layout
+// over dp and the model group); validation and samples as forward-only walks through the pipe,
+// the vocabulary split over tp; each step's bytes reported for the five groups.
+static void grid_run_begin(Run* run, Grid3D* trainer, int seq_shards) {
+    Grid* g = trainer->g;
+    RunModel hooks = run_model(trainer->model, trainer, val_loss, sample_logits);
+    hooks.pipe = &g->pp_group;         // the loss and the logits on the last stage
+    hooks.vocab = &g->tp_group;        // the vocabulary split over tp
+    hooks.sample_pad = seq_shards;     // (-sp: a sample padded to a multiple of tp tokens)
+    hooks.split = &g->model_group;     // checkpoints gathered over the model group ...
+    hooks.replicas = &g->dp_group;     // ... and the optimizer state over dp: any grid resumes
+    CommGroup* groups[5] = {&g->tp_group, &g->pp_group, &g->dp_group, &g->embedding, &run->world};
+    run_begin(run, hooks, groups, 5);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -437,7 +454,7 @@ int main(int argc, char** argv) {
     PipeAction* all_actions = pipeline_plan(spec, sched_name, &n);  // every stage's actions (pipeline.h)
     Grid grid;
     grid_init(&grid, world, dp, pp, tp);
-    PipeAction* actions = all_actions + (size_t)grid.stage * n;
+    PipeAction* actions = all_actions + (size_t)grid.stage * n;  // (every stage's list has n actions)
 
     // ---- this rank's parameters: its tp slices of its stage's tensors, with -z 1 padded so that
     // the dp replicas can split its state into equal shards
@@ -455,7 +472,8 @@ int main(int argc, char** argv) {
     // ---- the weights, the data (a step is dp x m chunks of B x T tokens: micro-batch i of
     // replica r is chunk i dp + r, so that the replicas and micro-batches cover the global batch
     // once), the run's identity without the layout (any grid resumes it), the output dir
-    float* weights = run_load(&run, dp * m, 1, NULL);
+    // validation: every replica evaluates the same chunk (val_chunks 1), as one model would
+    float* weights = run_load(&run, dp * m, /*val_chunks*/ 1, NULL);
     GPT2 model;
     gpt2_build(&model, config, dims, layout, weights, B, T, ACTS_SCRATCH | ACTS_RECOMPUTE,
                stage_kept(run.args.recompute, spec, dims), 0);
@@ -467,18 +485,9 @@ int main(int argc, char** argv) {
     floatX* grad_shard = zero ? (floatX*)device_malloc(S * X) : NULL;
     if (rank == 0) print_layout(&run, &model, &stage, &grid, zero);
 
-    // ---- resume with -y 1, whatever grid wrote the checkpoint (its state is gathered into the
-    // model file's layout over dp and the model group); validation and samples as forward-only
-    // walks through the pipe, with the vocabulary split over tp
+    // ---- resume with -y 1 from any grid's checkpoint; validation and samples through the pipe
     Grid3D trainer = {&model, &stage, &grid};
-    RunModel hooks = run_model(&model, &trainer, val_loss, sample_logits);
-    hooks.pipe = &grid.pp_group;         // the loss and the logits on the last stage
-    hooks.vocab = &grid.tp_group;        // the vocabulary split over tp
-    hooks.sample_pad = dims.seq_shards;  // (-sp: a sample padded to a multiple of tp tokens)
-    hooks.split = &grid.model_group;     // checkpoints gathered over the model group ...
-    hooks.replicas = &grid.dp_group;     // ... and the optimizer state over dp: any grid resumes
-    CommGroup* groups[5] = {&grid.tp_group, &grid.pp_group, &grid.dp_group, &grid.embedding, world};
-    run_begin(&run, hooks, groups, 5);
+    grid_run_begin(&run, &trainer, dims.seq_shards);
 
     // ---- training loop; `step` counts completed optimizer steps
     Walk walk = replica_walk(&model, &stage, &grid, &run.train, m);
@@ -510,16 +519,19 @@ int main(int argc, char** argv) {
         // 3. the tied embedding: the first stage's wte rows (this tp rank's Vp/tp) have their
         // gradient from the lookups, the last stage's copy from the LM head. All-reduce
         // (Vp/tp, C) over the embedding group, so both copies get the sum and the same update.
+        // A SUM: the two are parts of one tensor's gradient (as two uses of it in one process
+        // add); the replicas' gradients below are whole estimates of the same one, so an AVG.
         if (pp > 1 && grid.in_embedding) {
-            comm_all_reduce(&grid.embedding, model.grads.wte, layout.sizes[0], COMM_FLOATX, COMM_SUM);
+            comm_all_reduce(&grid.embedding, model.grads.wte, layout.sizes[PARAM_WTE], COMM_FLOATX, COMM_SUM);
         }
         // 4. data parallelism: the mean of the replicas' gradients. An all-reduce (AVG) of this
         // rank's whole buffer (N) over dp; with -z 1 a reduce-scatter (AVG) that leaves this
         // replica its 1/dp shard, the part of the buffer it updates
         if (zero) comm_reduce_scatter(&grid.dp_group, model.grads_memory, grad_shard, S, COMM_FLOATX, COMM_AVG);
         else comm_all_reduce(&grid.dp_group, model.grads_memory, N, COMM_FLOATX, COMM_AVG);
-        // 5. the loss lives on the last stage: broadcast over the pipe, then averaged over the
-        // replicas (one float each), so that every rank prints and checks the same value
+        // 5. the loss lives on the last stage (walk.loss is 0 on the others): broadcast over the
+        // pipe, then averaged over the replicas (one float each), so that every rank prints and
+        // checks the same value
         float loss = walk.loss / (float)m;
         comm_broadcast_host(&grid.pp_group, &loss, sizeof(float), pp - 1);
         comm_all_reduce_scalar(&grid.dp_group, &loss, COMM_AVG);
@@ -540,6 +552,7 @@ int main(int argc, char** argv) {
         // printed at the start
         run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) check_copies(&model, &grid, step + 1);
+        // (after the step's count; AdamW left the gradients as they were)
         if (dump_grads != NULL && step == 0) dump_gradients(&model, &grid, grad_shard, dump_grads);
         if (timed && in_timeline) stage_report_timeline(&stage, &grid.pp_group, step + 1, run.args.out_dir);
     }

@@ -83,10 +83,10 @@ typedef struct {
                           // bucket, or two layers' buckets and the final LayerNorm's after them
     CommRequest* requests;  // one per bucket: its gradient's reduction (DDP and -z 1, on the last
                             // micro-batch), or its parameters' all-gather after the update
-    CommRequest reducing;   // -z 2, 3: the reduce-scatter in flight (one at a time), its
-    int reducing_bucket;    // bucket (or -1), 1 when its output is `received`, to be added, and
-    int reducing_adds;      // 1 when it is the step's last for that bucket
-    int reducing_last;
+    CommRequest reducing;   // -z 2, 3: the reduce-scatter in flight (one at a time)
+    int reducing_bucket;    // its bucket, or -1 when none is in flight
+    int reducing_adds;      // 1: its output is `received`, to be added to the shards
+    int reducing_last;      // 1: it is the step's last reduction of that bucket
     CommRequest gathering;  // -z 3: the all-gather in flight (one at a time: the prefetch)
     int micro, accum;     // the micro-batch of the step the backward is on, of accum
     // -offload 1 (ZeRO-Offload, below): the host's side
@@ -173,6 +173,14 @@ static void zero_free(Zero* z) {
     }
 }
 
+// ---- the buckets and their shards
+// Bucket k: 0 the embeddings (wte, wpe), 1 + l layer l, L + 1 the final LayerNorm (model.h).
+// layout_bucket_shard(k) gives this rank's shard of it as (global, local, n): n elements (the
+// bucket / N), starting at `global` in the whole model's buffer and at `local` in this rank's
+// packed buffer of shards (the bucket's offset / N). The comm calls take n, each rank's share:
+// an all-gather of n from every rank fills the whole bucket (N n); a reduce-scatter of the whole
+// bucket leaves n on each.
+
 // ---- -z 3: the parameters of a bucket, gathered when they are needed
 
 // Posts the all-gather of bucket k's parameters into its place in the gather buffer: every
@@ -204,7 +212,8 @@ static LayerWeights layer_params(const Zero* z, const GPT2* model, int l) {
 
 // -z 2, 3: the reduce-scatter in flight is complete (its bucket buffer free again); after the
 // first micro-batch of a step it went into `received`, which is now added to the shards: the
-// shards accumulate the step's gradient, as the whole buffer does under DDP
+// shards accumulate the step's gradient, as the whole buffer does under DDP (each micro-batch's
+// average over the ranks, summed over micro-batches: the average of the ranks' sums)
 // -offload: bucket k's gradient on this rank is final (reduced, this step's micro-batches summed):
 // its shard (the whole bucket under DDP) goes to the host now, behind the work queued after it
 static floatX* reduced_grads(const Zero* z, const GPT2* model) { return z->stage > 0 ? z->grad_shards : model->grads_memory; }
@@ -242,7 +251,8 @@ static floatX* bucket_grad(Zero* z, GPT2* model, int k) {
 // Bucket k's gradient is complete for this micro-batch; its reduction is posted now:
 //   -z 2, 3: reduce-scatter, (bucket size) floatX in, this rank's 1/N of it out, averaged over
 //            the ranks, into the shards (first micro-batch) or `received` (later ones). One in
-//            flight at a time: the previous bucket's is finished first.
+//            flight at a time: the previous bucket's is finished first, so with two layer
+//            buffers the backward fills one while the other is reduced.
 //   DDP, -z 1 with overlap, on the step's last micro-batch (the earlier ones only accumulate):
 //            all-reduce of the bucket in place (DDP) or reduce-scatter into the shards (-z 1),
 //            all of them in flight until the backward pass ends (zero_reduce_finish).
@@ -371,7 +381,10 @@ static void gpt2_forward(GPT2* model, Zero* z, const int* inputs_host, int B, in
     Activations* a = &model->acts;
     tokens_to_device(model->inputs, &model->input_stage, inputs_host, (size_t)B * T);
 
-    // -z 3: the embeddings' bucket (wte, wpe), then layer 0's, which the first LayerNorm needs
+    // -z 3: the embeddings' bucket (wte, wpe), then layer 0's, which the first LayerNorm needs.
+    // The gather buffer's places are reused (gathered_bucket): a gather may overwrite parameters
+    // a kernel has just read, safe because a collective is queued behind the kernels issued
+    // before it (CUDA: the comm stream waits for them; CPU: kernels finish before the call)
     params_gather_start(z, model, 0);
     params_gathered(z);
     floatX* wte = bucket_params(z, model, 0);
@@ -516,9 +529,9 @@ static float zero_adamw_step(Zero* z, GPT2* model, const TrainArgs* args, int st
             optimizer_adamw_step(params, master, z->grad_shards + local, model->m_memory + local, model->v_memory + local,
                                  global, global + n, layout, opt, *clip_scale, step + 1);
         }
-        // -z 1, 2: then the updated parameters to every rank: all-gather bucket k in place, each
-        // rank's shard (n floatX) already at its place in the whole (N n), while the next bucket
-        // is updated (with overlap)
+        // -z 1, 2: then the updated parameters to every rank: all-gather bucket k in place (the
+        // NULL send buffer), each rank's shard (n floatX) already at its place in the whole (N n),
+        // while the next bucket is updated (with overlap)
         if (gathers) {
             comm_all_gather_start(z->dp, NULL, model->params_memory + parameter_bucket_offset(layout, k), n, COMM_FLOATX,
                                   &z->requests[k]);
@@ -648,10 +661,10 @@ int main(int argc, char** argv) {
 
     // ---- the weights, the data (a global batch is accum x ranks chunks of B x T tokens; which
     // rank reads which: see the loop), the run's identity with DDP's layout (a resume must match
-    // it), the output dir
-    float* weights = run_load(&run, accum * ranks, ranks, "dp=%d zero=%d tp=1 pp=1, %d micro-batches of %d x %d",
+    // it), the output dir; validation: each rank evaluates its own chunk, ranks chunks a batch
+    float* weights = run_load(&run, accum * ranks, /*val_chunks*/ ranks, "dp=%d zero=%d tp=1 pp=1, %d micro-batches of %d x %d",
                               ranks, zero, accum, B, T);
-    LayerDims dims = layer_dims(config, 1, 0);  // every rank holds whole layers
+    LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);  // every rank holds whole layers
     // the whole model in buckets, padded for ZeRO into one equal shard per rank (model.h)
     ParameterLayout rank_layout = parameter_layout_buckets(config, zero, ranks, rank);
     GPT2 model;
@@ -675,7 +688,9 @@ int main(int argc, char** argv) {
         if (run_between_steps(&run, step)) break;  // validation, a sample, a checkpoint: when due
         run_step_begin(&run);
         // 1. forward + backward over this rank's micro-batches; gradients accumulate (-z 2, 3: in
-        // this rank's shards, a bucket reduce-scattered as soon as it is complete)
+        // this rank's shards, a bucket reduce-scattered as soon as it is complete). The backward
+        // posts each bucket's reduction itself (bucket_grad_done): DDP and -z 1 with overlap on
+        // the last micro-batch (z.micro == accum - 1), -z 2, 3 on every one
         watchdog_phase("forward and backward", step);
         device_memset_zero(model.grads_memory, layout_grads_held(&rank_layout) * sizeof(floatX));
         float loss = 0.0f;

@@ -30,8 +30,9 @@ stage boundaries use a plain residual add.
 
 Every rank computes the gradients of its layers only, so the global gradient norm is the sum of
 the stages' squares (one all-reduce of a float), the tied wte counted once. The loss exists on the
-last stage only; it is broadcast for the step line. Every micro-batch's loss is scaled by 1/m:
-the step's gradient is the mean over the whole batch, as one process computing it would get.
+last stage only; it is broadcast for the step line. Each token's gradient is weighted 1/(B T m),
+so the step's gradient is the mean over the whole batch, as one process computing it would get;
+the printed loss is the mean of the micro-batches' mean losses.
 
 The result matches one process training the whole model to fp32 rounding (checked against
 PyTorch in test/).
@@ -96,7 +97,8 @@ static void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
     // exchange sends its outputs
     for (int k = 0, prev = 0, end; ; prev = k, k = end) {
         for (end = k; end < n && group[end] == group[k]; end++) {}
-        CommMessage msgs[8];
+        // (a group is one action, or two joined: at most two sends and two receives)
+        CommMessage msgs[4];
         int count = 0;
         for (int j = prev; j < k; j++) {  // send: the outputs of the group before
             // a forward's from its slot's last layer's residual3 to the next virtual stage; a
@@ -111,7 +113,7 @@ static void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
             if (from >= 0) msgs[count++] = comm_message(stage_input_buffer(w, actions[j], grad_index[j]), st->message, from, 0);
         }
         comm_exchange(w->pp, msgs, count, COMM_FLOATX);
-        note_slots_in_use(w);
+        note_slots_in_use(w);  // (the peak count of slots held, for the memory check at the end)
         if (k == n) break;
         for (int j = k; j < end; j++) {  // compute: the group's actions, each on its slot
             PipeAction a = actions[j];
@@ -271,9 +273,9 @@ int main(int argc, char** argv) {
         fail("-pp %d: this trainer puts every rank in one pipeline, so -pp must equal the number of ranks, %d "
              "(launch with mpirun -np %d, or leave -pp out)", pp_flag, p, pp_flag);
     }
-    LayerDims dims = layer_dims(config, 1, 0);  // every stage holds whole layers
+    LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);  // every stage holds whole layers
     // the batch: a step is m micro-batches of B x T, each through the whole pipe
-    int B = run.args.B, T = run.args.T, m = train_accumulation_steps(&run.args, 1, NULL);
+    int B = run.args.B, T = run.args.T, m = train_accumulation_steps(&run.args, /*readers*/ 1, NULL);
     PipeSpec spec = pipeline_spec_of(sched_name, p, m, vp, config.num_layers, "a number of ranks");
     // every stage's list of actions (pipeline.h): this rank walks its own
     int n;
@@ -283,7 +285,7 @@ int main(int argc, char** argv) {
     // ---- memory, checked before allocating: the stage's parameters and scratch, a slot of
     // activations per micro-batch the schedule keeps in flight (at least 2: a forward-only pass
     // receives into one while the last is sent), a second gradient buffer (llmc/memory_plan.h)
-    ParameterLayout layout = parameter_layout_grid(config, 1, 0, p, rank, vp);
+    ParameterLayout layout = parameter_layout_grid(config, /*tp*/ 1, /*tp_rank*/ 0, p, rank, vp);
     RunLayout run_layout_pp = run_layout(&run, TRAINER_PP, m);
     run_layout_pp.pp = p;
     run_layout_pp.V = vp;
@@ -295,12 +297,13 @@ int main(int argc, char** argv) {
     // ---- the weights, the data (a step is m chunks of B x T tokens, each read by every rank:
     // the first stage uses their inputs, the last their targets), the run's identity with its
     // layout (a resume must match it), the output dir
-    float* weights = run_load(&run, m, 1, "dp=1 tp=1 pp=%d vp=%d sched=%s, %d micro-batches of %d x %d", p, vp,
+    float* weights = run_load(&run, m, /*val_chunks*/ 1, "dp=1 tp=1 pp=%d vp=%d sched=%s, %d micro-batches of %d x %d", p, vp,
                               sched_name, m, B, T);
     // the embedding group: the first and the last stage, which both hold wte (a group of one
     // rank when p = 1; the stages between form groups of their own and never use them)
     CommGroup embed;
     int in_embed = rank == 0 || rank == p - 1;
+    // (comm_split's colour: 0 for the first and last stage, one of its own for each other)
     comm_split(&embed, &run.world, in_embed ? 0 : 1 + rank, rank, "embedding");
     GPT2 model;
     gpt2_build(&model, config, dims, layout, weights, B, T, ACTS_SCRATCH | ACTS_RECOMPUTE,
@@ -316,13 +319,13 @@ int main(int argc, char** argv) {
     hooks.pipe = pp;   // the loss and the logits on the last stage, broadcast over the pipe
     hooks.split = pp;  // checkpoints gathered from the stages
     CommGroup* step_groups[2] = {pp, &embed};
-    run_begin(&run, hooks, step_groups, 2);
+    run_begin(&run, hooks, step_groups, 2);  // (step_groups: whose bytes each step reports)
 
     // ---- training loop; `step` counts completed optimizer steps
     Walk walk = walk_init(&model, &stage, pp, NULL, B, T);  // (no tensor parallelism: tp NULL)
     walk.data = &run.train;
     walk.dloss = 1.0f / (float)((size_t)B * T * m);
-    unsigned wte_only = 1u;  // the tensors the embedding group's copies share: wte
+    unsigned wte_only = 1u << PARAM_WTE;  // a mask of the tensors the embedding group's copies share
     for (int step = run.start_step; step <= run.max_steps; step++) {
         if (run_between_steps(&run, step)) break;  // validation, a sample, a checkpoint: when due
         int timed = timeline > 0 && (step + 1) % timeline == 0;
@@ -342,13 +345,14 @@ int main(int argc, char** argv) {
         // from the LM head. All-reduce (Vp, C) over the embedding group, so that both copies get
         // the sum and take the same update.
         watchdog_phase("embedding all-reduce", step);
-        if (p > 1 && in_embed) comm_all_reduce(&embed, model.grads.wte, model.layout.sizes[0], COMM_FLOATX, COMM_SUM);
+        if (p > 1 && in_embed) comm_all_reduce(&embed, model.grads.wte, model.layout.sizes[PARAM_WTE], COMM_FLOATX, COMM_SUM);
         // 3. the loss lives on the last stage: broadcast it (one float) for the step line and
         // for every rank's finite check
         float loss = walk.loss / (float)m;
         comm_broadcast_host(pp, &loss, sizeof(float), p - 1);
         // 4. the global gradient norm: the stages' squares summed over the pipeline (all-reduce of
-        // one float in stage_grad_norm), the last stage's wte copy left out
+        // one float in stage_grad_norm), the last stage's wte copy left out: after step 2 it
+        // equals the first stage's
         watchdog_phase("AdamW update", step);
         float grad_norm = stage_grad_norm(&model, pp);
         // the loss and the norm are the same on every rank, so every rank stops here together

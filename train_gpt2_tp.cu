@@ -30,7 +30,7 @@ the wire, and the residual stream and LayerNorm statistics shrink by tp (this tr
 gathered LayerNorm outputs whole). LayerNorm weights then see only this rank's tokens, so their
 gradients must be summed over the ranks. Megatron's activations are (T, B, C), so its split
 falls along the sequence; ours are (B, T, C), so a rank's B*T/tp tokens are consecutive rows:
-with B >= tp, whole sequences. Nothing in those regions mixes tokens, so the split is free to
+when tp divides B, whole sequences (B/tp each). Nothing in those regions mixes tokens, so the split is free to
 fall anywhere; T must divide by tp, as in Megatron.
 
 The result matches one process training the whole model to fp32 rounding (checked against
@@ -96,8 +96,13 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
     for (int l = 0; l < L; l++) {
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? encoded : layer_acts(a, d, B, T, l - 1).residual3;
+        // the layer (llmc/tensor_parallel.h): with -sp it starts by all-gathering ln_shard, this
+        // rank's tokens of its ln1 written just below, into x.ln1 (B, T, C). It returns the MLP's
+        // output after g: x.fcproj (all-reduced in place), or with -sp scratch `reduced`, this
+        // rank's (BTs, C) tokens of it
         floatX* fcproj = tp_layer_forward(model, tp, x, gpt2_layer_params(model, l), residual, B, T, 0);
-        // residual3 = residual2 + fcproj, fused with the next LayerNorm (ln1 of l+1, or lnf)
+        // residual3 = residual2 + fcproj, fused with the next LayerNorm (ln1 of l+1, or lnf);
+        // with -sp the LayerNorm's output goes to ln_shard, for the next layer to gather
         if (l + 1 < L) {
             LayerWeights wn = gpt2_layer_params(model, l + 1);
             LayerActs xn = layer_acts(a, d, B, T, l + 1);
@@ -125,7 +130,8 @@ static void gpt2_backward(GPT2* model, CommGroup* tp, const int* inputs_host, in
     ParameterTensors p = model->params, g = model->grads;
     Activations* a = &model->acts;
 
-    // LM head: dwte's rows of this rank's vocabulary, and a partial dlnf (B, T, C) from them
+    // LM head: dwte's rows of this rank's vocabulary, and a partial dlnf (B, T, C) from them.
+    // a->logits holds dlogits here: the loss wrote each row's gradient over its logits.
     matmul_backward(a->dbuf, g.wte, NULL, a->logits, a->lnf, p.wte, (int)BT, C, d.Vp_rank);
     // f's backward at the LM head's input: all-reduce of dlnf (B, T, C); with -sp reduce-scatter
     floatX* dlnf = sum_over_ranks(tp, a->dbuf, a->reduced, BT, C, sp);
@@ -257,9 +263,9 @@ int main(int argc, char** argv) {
              "the number of ranks, %d (launch with mpirun -np %d, or leave -tp out)", tp_flag, ranks, tp_flag);
     }
     LayerDims dims = tp_layer_dims(config, ranks, sp, run.args.T, "ranks");
-    sp = dims.seq_shards > 1;  // with one rank there is nothing to split
+    sp = dims.seq_shards > 1;  // -sp 1 on one rank: nothing to split, so the run goes on without
     // the batch: all ranks work on the same B x T tokens, `accum` micro-batches per step
-    int B = run.args.B, T = run.args.T, accum = train_accumulation_steps(&run.args, 1, NULL);
+    int B = run.args.B, T = run.args.T, accum = train_accumulation_steps(&run.args, /*readers*/ 1, NULL);
 
     // ---- memory, checked before allocating: this rank's slices of the model states, every
     // activation of a micro-batch at the rank's widths, and on rank 0 one more slice of fp32
@@ -274,10 +280,11 @@ int main(int argc, char** argv) {
 
     // ---- the weights, the data (a step is accum chunks of B x T, each read by every rank), the
     // run's identity with its layout (a resume must match it), the output dir
-    float* weights = run_load(&run, accum, 1, "dp=1 tp=%d pp=1 sp=%d, %d micro-batches of %d x %d", ranks, sp,
+    float* weights = run_load(&run, accum, /*val_chunks*/ 1, "dp=1 tp=%d pp=1 sp=%d, %d micro-batches of %d x %d", ranks, sp,
                               accum, B, T);
     GPT2 model;
-    gpt2_build(&model, config, dims, rank_layout, weights, B, T, ACTS_ALL, activations_kept(run.args.recompute, 0, dims), 0);
+    gpt2_build(&model, config, dims, rank_layout, weights, B, T, ACTS_ALL,
+               activations_kept(run.args.recompute, /*weights_later*/ 0, dims), /*offload*/ 0);
     free(weights);
     if (rank == 0) print_layout(&run, &model, accum);
 
@@ -287,7 +294,7 @@ int main(int argc, char** argv) {
     hooks.vocab = tp;                     // samples drawn from the vocabulary's slices
     hooks.sample_pad = dims.seq_shards;   // (-sp: a sample padded to a multiple of tp tokens)
     hooks.split = tp;                     // checkpoints gathered from the slices
-    run_begin(&run, hooks, &tp, 1);
+    run_begin(&run, hooks, &tp, 1);  // (tp: the group whose bytes each step reports)
 
     // ---- training loop; `step` counts completed optimizer steps
     for (int step = run.start_step; step <= run.max_steps; step++) {
@@ -321,7 +328,7 @@ int main(int argc, char** argv) {
         }
         // 2. the global gradient norm counts every parameter once: the slices' squares summed
         // over the ranks (all-reduce of one float), the replicated tensors' squares, equal on
-        // every rank, added once
+        // every rank (with -sp only since the LayerNorm all-reduce above), added once
         watchdog_phase("AdamW update", step);
         double sliced = 0.0, replicated = 0.0;
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
