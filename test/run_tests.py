@@ -1174,6 +1174,9 @@ for _n in (1, 2, 3, 4):
                                "test/test_dataloader", _n, [_b, _t, _a, _s], "dataloader ok"))
 # pipeline schedules (llmc/pipeline.h): order, dependencies, bubble and memory against their formulas
 test(make_program_test("pipeline_schedules", "test/test_pipeline", 1, [], "pipeline ok"))
+# context parallelism's block attention (llmc/cpu/ring_attention.h) against the whole-sequence
+# attention, cp = 1..4, contiguous and zigzag; the work per rank against its formula
+test(make_program_test("ring_attention_blocks_equal_whole_attention", "test/test_ring_attention", 1, [], "ring attention ok"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,59 @@
+// Context parallelism's split of a sequence: which positions of each sequence of T tokens a rank
+// of the cp group holds, and what causal attention between two ranks' tokens then costs.
+// The sequence is cut into chunks of equal length; a rank holds one or two of them:
+//   contiguous  cp chunks of T/cp: rank r holds chunk r
+//   zigzag      2 cp chunks of T/(2 cp): rank r holds chunks r and 2cp-1-r (Megatron-LM's and
+//               torchtitan's load balancing for causal attention: an early chunk, little work,
+//               paired with a late one, much work)
+// A rank's tokens are its chunks one after another: local position t is in its chunk t / len.
+#ifndef LLMC_CP_LAYOUT_H
+#define LLMC_CP_LAYOUT_H
+
+#include "utils.h"
+
+// the largest head size the block-attention kernels hold in registers (GPT-2's is 64)
+#define RING_MAX_HEAD 128
+
+typedef enum { CP_CONTIGUOUS = 0, CP_ZIGZAG = 1 } CpSplit;
+static const char* cp_split_names[2] = {"contiguous", "zigzag"};
+
+typedef struct {
+    int n;         // the rank's chunks: 1 or 2
+    int len;       // positions per chunk
+    int index[2];  // which chunks: chunk i holds positions [index[i] len, (index[i] + 1) len)
+} CpChunks;
+
+static inline CpChunks cp_chunks_of(CpSplit split, int T, int cp, int rank) {
+    CpChunks c;
+    c.n = split == CP_ZIGZAG ? 2 : 1;
+    c.len = T / (c.n * cp);
+    c.index[0] = rank;
+    c.index[1] = 2 * cp - 1 - rank;  // (zigzag only)
+    return c;
+}
+
+// the global position of local token t (0 <= t < n len)
+static inline int cp_position(CpChunks c, int t) { return c.index[t / c.len] * c.len + t % c.len; }
+
+// How a chunk of queries sees a chunk of keys of the same length under the causal mask: every key
+// before every query (whole), the same positions (diagonal: key <= query), or every key after
+// every query (masked: no work, skipped)
+typedef enum { TILE_WHOLE, TILE_DIAGONAL, TILE_MASKED } CpTile;
+static inline CpTile cp_tile(int query_chunk, int key_chunk) {
+    return key_chunk < query_chunk ? TILE_WHOLE : key_chunk == query_chunk ? TILE_DIAGONAL : TILE_MASKED;
+}
+
+// the (query, key) score products one rank's queries do against another's keys, per sequence and
+// head: len^2 per whole tile, len (len + 1) / 2 per diagonal one, none per masked one
+static inline double cp_attention_work(CpChunks q, CpChunks k) {
+    double work = 0.0, len = q.len;
+    for (int i = 0; i < q.n; i++) {
+        for (int j = 0; j < k.n; j++) {
+            CpTile tile = cp_tile(q.index[i], k.index[j]);
+            work += tile == TILE_WHOLE ? len * len : tile == TILE_DIAGONAL ? len * (len + 1) / 2 : 0.0;
+        }
+    }
+    return work;
+}
+
+#endif
