@@ -27,7 +27,7 @@ else
 endif
 BACKEND ?= $(DEFAULT_BACKEND)
 
-TRAINERS := train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_3d
+TRAINERS := train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_3d train_gpt2_cp
 TEST_PROGRAMS := test/test_comm test/test_dataloader test/test_norm test/test_pipeline test/test_ring_attention
 HEADERS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cuda/*.cuh dev/cuda/*.h dev/cuda/*.cuh)
 DEV_CUDA := $(wildcard dev/cuda/*.cu)

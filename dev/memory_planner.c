@@ -20,7 +20,8 @@
 #include "../llmc/gpt2.h"
 #include "../llmc/memory_plan.h"
 
-static const char* trainer_names[TRAINER_COUNT] = {"train_gpt2_dp", "train_gpt2_tp", "train_gpt2_pp", "train_gpt2_3d"};
+static const char* trainer_names[TRAINER_COUNT] = {"train_gpt2_dp", "train_gpt2_tp", "train_gpt2_pp", "train_gpt2_3d",
+                                                   "train_gpt2_cp"};
 
 // the trainer that runs a grid: the simplest that holds it
 static TrainerKind trainer_for(int dp, int tp, int pp) {

@@ -56,4 +56,18 @@ static inline double cp_attention_work(CpChunks q, CpChunks k) {
     return work;
 }
 
+// The device buffers of context-parallel attention, in bytes, for micro-batches of B x T on cp
+// ranks (Tl = T / cp tokens each), floatX of X bytes; allgather: -cp_comm allgather. In order:
+//   kv   ring: two (B, Tl, 2C) blocks of keys and values, the one computed on and the one
+//        arriving; allgather: this rank's block and the whole sequence's (B, T, 2C)
+//   dkv  the same shapes in fp32: the gradients of keys and values, summed over the ranks' queries
+//   o, dq  (B, Tl, C) fp32 each: the output merged so far; the queries' gradient
+//   D    (B, NH, Tl) fp32: the softmax backward's row sums
+//   wpe  two (Tl, C): the position embeddings of this rank's positions, and their gradient
+static inline size_t cp_scratch_bytes(int B, int T, int cp, int C, int NH, int X, int allgather) {
+    size_t BTl = (size_t)B * (T / cp), blocks = allgather ? BTl + (size_t)B * T : 2 * BTl;
+    return blocks * 2 * C * (X + sizeof(float)) + 2 * BTl * C * sizeof(float) + BTl * NH * sizeof(float) +
+           2 * (size_t)(T / cp) * C * X;
+}
+
 #endif

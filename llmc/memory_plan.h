@@ -18,8 +18,9 @@
 #include "pipeline.h"
 #include "stage.h"
 #include "target.h"
+#include "cp_layout.h"
 
-typedef enum { TRAINER_DP, TRAINER_TP, TRAINER_PP, TRAINER_3D, TRAINER_COUNT } TrainerKind;
+typedef enum { TRAINER_DP, TRAINER_TP, TRAINER_PP, TRAINER_3D, TRAINER_CP, TRAINER_COUNT } TrainerKind;
 
 // a run's layout: everything that decides a rank's memory (the trainers' flags of the same names)
 typedef struct {
@@ -36,6 +37,9 @@ typedef struct {
     int checkpoint;      // 1: checkpoints are written (-n), and with sharded weights gathered
     int dump_grads;      // -dump_grads (train_gpt2_dp): the gradients gathered once, for tests
     int resume;          // -y 1: the host reads a checkpoint's state
+    int cp;              // context-parallel ranks (train_gpt2_cp; 0 or 1: none): activations of
+                         // T / cp tokens
+    int cp_allgather;    // -cp_comm allgather: the whole sequence's K,V on every rank
 } RunLayout;
 
 // the parts of a rank's device memory, in bytes, as the trainer allocates them
@@ -81,10 +85,12 @@ static inline size_t zero_buffer_bytes(const ParameterLayout* p, int X, int accu
 // transit, X each per parameter of this rank's share
 static inline size_t offload_host_bytes(const ParameterLayout* p, int X) { return 2 * layout_state_held(p) * X; }
 
+static inline int layout_cp(const RunLayout* r) { return r->cp > 1 ? r->cp : 1; }
+
 // the rank's parameter layout, as each trainer builds it
 static inline ParameterLayout memory_plan_layout(GPT2Config c, const RunLayout* r, int stage) {
     if (r->trainer == TRAINER_DP) return parameter_layout_buckets(c, r->zero, r->dp, 0);
-    if (r->trainer == TRAINER_TP) return parameter_layout(c, r->tp, 0);
+    if (r->trainer == TRAINER_TP || r->trainer == TRAINER_CP) return parameter_layout(c, r->tp, 0);
     ParameterLayout l = parameter_layout_grid(c, r->tp, 0, r->pp, stage, r->V);
     if (r->trainer == TRAINER_3D) layout_shard_flat(&l, r->zero, r->dp, 0);
     return l;
@@ -97,9 +103,10 @@ static inline void memory_plan_activations(MemoryPlan* plan, const RunLayout* r,
     const ParameterLayout* l = &plan->layout;
     Activations unused;
     size_t part[ACTS_ALL + 1], slot[ACTS_ALL + 1];
-    size_t tokens = (size_t)r->B * r->T * 2 * sizeof(int);  // inputs and targets
-    if (r->trainer == TRAINER_DP || r->trainer == TRAINER_TP) {
-        gpt2_lay_out_activations(&unused, d, l->layers, ACTS_ALL, activations_kept(recompute, 0, d), r->B, r->T, NULL, part);
+    int T = r->T / layout_cp(r);  // (context parallelism: each rank's tokens of a sequence)
+    size_t tokens = (size_t)r->B * T * 2 * sizeof(int);  // inputs and targets
+    if (r->trainer == TRAINER_DP || r->trainer == TRAINER_TP || r->trainer == TRAINER_CP) {
+        gpt2_lay_out_activations(&unused, d, l->layers, ACTS_ALL, activations_kept(recompute, 0, d), r->B, T, NULL, part);
         plan->layers = part[ACTS_LAYERS];
         plan->head = part[ACTS_HEAD];
     } else {
@@ -120,6 +127,7 @@ static inline void memory_plan_activations(MemoryPlan* plan, const RunLayout* r,
 static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayout* r, int stage, int root) {
     MemoryPlan plan;
     memset(&plan, 0, sizeof(plan));
+    if (r->trainer == TRAINER_CP) t.flash = 1;  // (ring attention keeps flash attention's lse)
     plan.dims = layer_dims_for(c, r->tp, r->sp, t);
     plan.layout = memory_plan_layout(c, r, stage);
     const ParameterLayout* l = &plan.layout;
@@ -151,7 +159,8 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     // message, and with ZeRO-1 the reduce-scatter's 1/dp shard of the gradients (train_gpt2_3d)
     if (r->trainer == TRAINER_DP) plan.comm = zero_buffer_bytes(l, t.X, r->m, r->overlap);
     if (pipelined) plan.comm = (size_t)r->B * r->T / plan.dims.seq_shards * c.channels * X + (r->zero ? S * X : 0);
-    plan.kernels = kernel_workspace_bytes(plan.dims, r->B, r->T);
+    if (r->trainer == TRAINER_CP) plan.comm = cp_scratch_bytes(r->B, r->T, r->cp, c.channels, c.num_heads, t.X, r->cp_allgather);
+    plan.kernels = kernel_workspace_bytes(plan.dims, r->B, r->T / layout_cp(r));
     // gathers for files
     if (r->trainer == TRAINER_DP) {
         // sharded fp32 weights (bf16 master weights from -z 1, fp32 parameters from -z 3) and

@@ -385,6 +385,9 @@ typedef struct {
     CommGroup* val_replicas;  // data parallelism: the ranks evaluate different batches; their mean
     CommGroup* pipe;          // pipelines: the last stage has the loss and the logits, and broadcasts
     CommGroup* vocab;         // tensor parallelism: the vocabulary is split over these ranks
+    CommGroup* seq;           // context parallelism: a sequence's positions are split over these ranks;
+                              // the one holding the position sampled from draws and broadcasts
+    int (*seq_row)(void* trainer, int T, int position, int* owner);  // (its rank, and row there or -1)
     int sample_pad;           // a sample's length is padded to a multiple of this (-sp: tp tokens)
     CommGroup* split;         // checkpoints: the ranks the model's tensors are split over (DP: its ZeRO
                               // group), gathered into the model file by rank 0 of it
@@ -453,7 +456,7 @@ static inline RunLayout run_layout(const Run* r, TrainerKind trainer, int micro_
     RunLayout l;
     memset(&l, 0, sizeof(l));
     l.trainer = trainer;
-    l.dp = l.tp = l.pp = l.V = 1;
+    l.dp = l.tp = l.pp = l.V = l.cp = 1;
     l.sched = SCHEDULE_1F1B;
     l.m = micro_batches;
     l.B = r->args.B;
@@ -567,7 +570,10 @@ static inline float run_validate(Run* r) {
 //   - a pipeline: the last stage draws and broadcasts the token (4 bytes) over the pipe, since
 //     the first stage needs it for the next pass;
 //   - -sp: the sequence is padded to a multiple of tp; causal attention never lets a position
-//     see the ones after it, so the padding changes no logit we read.
+//     see the ones after it, so the padding changes no logit we read;
+//   - context parallelism: the sequence is split (and padded to whole chunks) as training's; the
+//     rank holding the last position draws and broadcasts the token (4 bytes); the others draw
+//     the same uniform number unused, so that every rank's rng stays where the owner's is.
 static inline void run_sample(Run* r, int step) {
     RunModel* h = &r->hooks;
     LayerDims d = h->model->dims;
@@ -582,12 +588,17 @@ static inline void run_sample(Run* r, int step) {
         int padded = (t + h->sample_pad - 1) / h->sample_pad * h->sample_pad;
         const floatX* logits = h->sample_logits(h->trainer, tokens, padded);
         float token = 0.0f;  // (token ids are exact in a float)
-        if (logits) {
-            copy_device_to_floats(row, logits + (size_t)(t - 1) * d.Vp_rank, d.Vp_rank);
+        int at = t - 1, owner = 0;  // the row of the last position's logits, and who holds it
+        if (h->seq) at = h->seq_row(h->trainer, padded, t - 1, &owner);
+        if (logits && at >= 0) {
+            copy_device_to_floats(row, logits + (size_t)at * d.Vp_rank, d.Vp_rank);
             token = (float)(h->vocab ? sample_next_token_sharded(row, real, lo, &r->sample_rng, h->vocab)
                                      : sample_next_token(row, real, &r->sample_rng));
+        } else if (h->seq) {
+            rng_uniform(&r->sample_rng);  // the owner's one draw: every rank's rng stays the same
         }
         if (h->pipe) comm_broadcast_host(h->pipe, &token, sizeof(float), h->pipe->size - 1);
+        if (h->seq) comm_broadcast_host(h->seq, &token, sizeof(float), owner);
         tokens[t] = (int)token;
         sample_token_drawn(tok, tokens[t]);
     }

@@ -16,12 +16,13 @@ static inline void kv_pack(float* kv, const float* qkv, int B, int T, int C) {
 }
 
 // o (B, Tq, C) and lse (B, NH, Tq), fp32: this rank's queries' attention output so far and the
-// log of its softmax denominator (start: o = 0, lse = -inf). Merged with their attention to the
-// block of keys and values kv (B, Tk, 2C) at positions k: for each query row the block's own
-// output o_b and log-sum-exp lse_b, then lse' = log(e^lse + e^lse_b), o' = o e^(lse - lse') +
-// o_b e^(lse_b - lse').
+// log of its softmax denominator, merged with their attention to the block of keys and values kv
+// (B, Tk, 2C) at positions k: for each query row the block's own output o_b and log-sum-exp
+// lse_b, then lse' = log(e^lse + e^lse_b), o' = o e^(lse - lse') + o_b e^(lse_b - lse'). The
+// first block (first = 1) is written, not merged: it must be the rank's own, where every query
+// sees at least itself.
 static inline void attention_block_forward(float* o, float* lse, const float* qkv, const float* kv, CpChunks q,
-                                           CpChunks k, int B, int C, int NH) {
+                                           CpChunks k, int B, int C, int NH, int first) {
     int hs = C / NH, Tq = q.n * q.len, Tk = k.n * k.len;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(3)
@@ -48,9 +49,9 @@ static inline void attention_block_forward(float* o, float* lse, const float* qk
                 float* l = lse + ((size_t)b * NH + h) * Tq + t;
                 float* ot = o + ((size_t)b * Tq + t) * C + h * hs;
                 float lse_b = m + logf(sum);
-                float lse_new = *l == -INFINITY ? lse_b : fmaxf(*l, lse_b) + log1pf(expf(-fabsf(*l - lse_b)));
-                float keep = expf(*l - lse_new), add = expf(lse_b - lse_new) / sum;
-                for (int i = 0; i < hs; i++) ot[i] = ot[i] * keep + ob[i] * add;
+                float lse_new = first ? lse_b : fmaxf(*l, lse_b) + log1pf(expf(-fabsf(*l - lse_b)));
+                float keep = first ? 0.0f : expf(*l - lse_new), add = expf(lse_b - lse_new) / sum;
+                for (int i = 0; i < hs; i++) ot[i] = (first ? 0.0f : ot[i] * keep) + ob[i] * add;
                 *l = lse_new;
             }
         }

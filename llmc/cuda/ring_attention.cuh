@@ -26,7 +26,7 @@ static inline void kv_pack(floatX* kv, const floatX* qkv, int B, int T, int C) {
 
 // one thread per (b, h, query t): its attention to the block's visible keys, merged into o, lse
 __global__ void attention_block_forward_kernel(float* o, float* lse, const floatX* qkv, const floatX* kv, CpChunks q,
-                                               CpChunks k, int B, int C, int NH) {
+                                               CpChunks k, int B, int C, int NH, int first) {
     int hs = C / NH, Tq = q.n * q.len, Tk = k.n * k.len;
     size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // over (b, h, t)
     if (idx >= (size_t)B * NH * Tq) return;
@@ -52,15 +52,15 @@ __global__ void attention_block_forward_kernel(float* o, float* lse, const float
     float* l = lse + ((size_t)b * NH + h) * Tq + t;
     float* ot = o + ((size_t)b * Tq + t) * C + h * hs;
     float lse_b = m + logf(sum);
-    float lse_new = *l == -INFINITY ? lse_b : fmaxf(*l, lse_b) + log1pf(expf(-fabsf(*l - lse_b)));
-    float keep = expf(*l - lse_new), add = expf(lse_b - lse_new) / sum;
-    for (int i = 0; i < hs; i++) ot[i] = ot[i] * keep + ob[i] * add;
+    float lse_new = first ? lse_b : fmaxf(*l, lse_b) + log1pf(expf(-fabsf(*l - lse_b)));
+    float keep = first ? 0.0f : expf(*l - lse_new), add = expf(lse_b - lse_new) / sum;
+    for (int i = 0; i < hs; i++) ot[i] = (first ? 0.0f : ot[i] * keep) + ob[i] * add;
     *l = lse_new;
 }
 static inline void attention_block_forward(float* o, float* lse, const floatX* qkv, const floatX* kv, CpChunks q,
-                                           CpChunks k, int B, int C, int NH) {
+                                           CpChunks k, int B, int C, int NH, int first) {
     size_t n = (size_t)B * NH * q.n * q.len;
-    attention_block_forward_kernel<<<ceil_div(n, 128), 128>>>(o, lse, qkv, kv, q, k, B, C, NH);
+    attention_block_forward_kernel<<<ceil_div(n, 128), 128>>>(o, lse, qkv, kv, q, k, B, C, NH, first);
     cudaCheckLaunch();
 }
 
