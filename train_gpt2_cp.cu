@@ -81,7 +81,9 @@ typedef struct {
     float* D;        // (B, NH, Tl) the softmax backward's row sums
     floatX* wpe;     // (Tl, C) wpe's rows at this rank's positions ...
     floatX* dwpe;    // ... and their gradient
-    double work;     // the (query, key) score products of this rank's attention, this step
+    double work;     // the (query, key) score products of this rank's attention so far (every
+                     // layer's, micro-batch's and head's)
+    double step_work;  // ... and in the last training step's forward passes
     DeviceSpans attention_time;  // the time in attention blocks (device spans)
 } ContextParallel;
 
@@ -176,6 +178,7 @@ static void cp_attention_backward(ContextParallel* cp, floatX* dqkv, const float
         own_dkv = cp->dkv[0];
     } else {
         device_memset_zero(cp->dkv[0], block * sizeof(float));
+        own_dkv = cp->dkv[0];  // (one rank: its block never leaves)
         for (int s = 0; s < n; s++) {
             int here = s % 2, owner = (r + n - s) % n;
             attention_block_backward(cp->dq, cp->dkv[here], datty, lse, cp->D, qkv, cp->kv[here], mine,
@@ -189,13 +192,13 @@ static void cp_attention_backward(ContextParallel* cp, floatX* dqkv, const float
             msgs[count++] = comm_message(cp->dkv[here], block, (r + 1) % n, 1);
             msgs[count++] = comm_message(cp->dkv[1 - here], block, (r + n - 1) % n, 0);
             comm_exchange(g, msgs, count, COMM_FLOAT);
+            own_dkv = cp->dkv[1 - here];  // after the last pass: this rank's block's, home again
             if (s < n - 1) {
                 msgs[0] = comm_message(cp->kv[here], block, (r + 1) % n, 1);
                 msgs[1] = comm_message(cp->kv[1 - here], block, (r + n - 1) % n, 0);
                 comm_exchange(g, msgs, 2, COMM_FLOATX);
             }
         }
-        own_dkv = cp->dkv[n % 2];  // (received in the last exchange: its own block's)
     }
     attention_block_grads(dqkv, cp->dq, own_dkv, B, Tl, C);
     device_span_end(&cp->attention_time);
@@ -369,7 +372,7 @@ static int sample_row(void* trainer, int T, int position, int* owner) {
 // bytes of K,V (floatX) per block. Ring: forward (cp - 1) blocks sent and as many received;
 // backward (cp - 1) again, plus cp blocks of dK,dV in fp32. Allgather: per layer forward and
 // backward one all-gather each of cp blocks, backward one reduce-scatter of cp fp32 blocks. Per
-// step: the gradient all-reduce P X, the loss's (4 bytes a micro-batch), the norm's none (every
+// step: the gradient all-reduce P X, the loss's (4 bytes), the norm's none (every
 // rank holds the whole summed gradient).
 typedef struct {
     double send, recv, all_gather, reduce_scatter, all_reduce;
@@ -378,7 +381,7 @@ typedef struct {
 static StepBytes cp_step_bytes(GPT2Config c, int B, int T, int cp, int accum, int allgather, int rerun) {
     double X = sizeof(floatX), L = c.num_layers, kv = (double)B * (T / cp) * 2 * c.channels;
     double passes = 2 + (rerun ? 1 : 0);  // attention runs forward, backward (and again with -r 2)
-    StepBytes b = {0, 0, 0, 0, gpt2_num_parameters(c) * X + accum * 4.0};
+    StepBytes b = {0, 0, 0, 0, gpt2_num_parameters(c) * X + 4.0};
     if (cp == 1) return b;
     if (allgather) {
         b.all_gather = accum * L * passes * cp * kv * X;
@@ -424,7 +427,7 @@ static void print_layout(const Run* run, const ContextParallel* cp, int accum) {
     } else {
         printf("  send, recv     %12.0f bytes  each: L (2 (cp-1) B T/cp 2C X + cp B T/cp 2C 4) per micro-batch\n", b.send);
     }
-    printf("  all-reduce     %12.0f bytes  P X (the gradients, SUM) + 4 (loss) per micro-batch\n", b.all_reduce);
+    printf("  all-reduce     %12.0f bytes  P X (the gradients, SUM) + 4 (the loss)\n", b.all_reduce);
 }
 
 int main(int argc, char** argv) {
@@ -531,6 +534,7 @@ int main(int argc, char** argv) {
             gpt2_backward(&model, &cp, trainer.inputs, B, T);
         }
         dataloader_advance(&run.train);
+        cp.step_work = cp.work;
         // 5. the model's gradient is the sum of the ranks' parts: all-reduce (SUM) of the whole
         // buffer, P floatX; the loss, the mean of the ranks' token means (AVG, one float)
         watchdog_phase("gradient all-reduce", step);
@@ -553,7 +557,7 @@ int main(int argc, char** argv) {
     // each rank's attention work (score products) in the last step, and its time in attention
     double attention_s = device_spans_collect(&cp.attention_time);
     for (int r = 0; r < ranks; r++) {
-        float figures[2] = {r == rank ? (float)cp.work : 0.0f, r == rank ? (float)attention_s : 0.0f};
+        float figures[2] = {r == rank ? (float)cp.step_work : 0.0f, r == rank ? (float)attention_s : 0.0f};
         comm_all_reduce_scalar(world, &figures[0], COMM_SUM);
         comm_all_reduce_scalar(world, &figures[1], COMM_SUM);
         if (rank == 0) printf("rank %d: attention work %.0f score products a step, %.1f ms in attention in all\n", r, figures[0], 1e3 * figures[1]);

@@ -1704,6 +1704,126 @@ def grid3d_nonfinite_loss_stops_before_writing_the_step():
 
 
 # ---------------------------------------------------------------------------------------------
+# Context parallelism (train_gpt2_cp): every sequence split over the ranks, attention by a ring of
+# K,V blocks or one all-gather; the same model as one process trains, bytes as the formula says
+
+CP = "./train_gpt2_cp"
+
+
+def cp_step_bytes(cfg, B, cp, accum, allgather, P):
+    """{kind: bytes} one rank moves in a step, from the rule (not from the trainer): per layer and
+    micro-batch, blocks of K,V of B T/cp 2C fp32 values; the ring sends cp - 1 of them forward and
+    again backward, with cp blocks of dK,dV; the all-gather variant gathers cp blocks forward and
+    backward and reduce-scatters cp blocks of dK,dV. Then the gradients' all-reduce, P floats, and
+    the loss's, one float"""
+    L, C, T = cfg["layers"], cfg["channels"], cfg["seq_len"]
+    block = B * (T // cp) * 2 * C * 4
+    b = {"all_reduce": 4 * P + 4}
+    if cp > 1 and allgather:
+        b.update(all_gather=accum * L * 2 * cp * block, reduce_scatter=accum * L * cp * block)
+    elif cp > 1:
+        b.update(send=accum * L * (2 * (cp - 1) + cp) * block, recv=accum * L * (2 * (cp - 1) + cp) * block)
+    return b
+
+
+def cp_run(cp, split, comm, accum, cfg, extra=()):
+    """one CP run against the reference: losses, step-0 gradients, final weights, the bytes of
+    every step, the replicas identical; returns its output"""
+    ref = reference_run(cfg)
+    B = cfg["batch"] // accum
+    d = fresh_dir("cp%d_%s_%s_accum%d" % (cp, split, comm, accum))
+    grads_path = os.path.join(d, "grads.bin")
+    out = run_ok(cp, trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-cp_layout", split,
+                                              "-cp_comm", comm, "-check_replicas", 1] + list(extra), cfg=cfg), program=CP)
+    P = len(reference.read_model_file(os.path.join(ref["dir"], "final.bin"))[1])
+    expected = cp_step_bytes(cfg, B, cp, accum, comm == "allgather", P)
+    check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected, cfg["steps"])
+    train, _ = read_log(d)
+    got = {k: n for kinds in train[1]["comm"].values() for k, n in kinds.items() if n}
+    assert got == expected, "step 1 moved %s, the rule gives %s" % (got, expected)
+    if cp > 1:
+        assert "step %d: replicas identical" % cfg["steps"] in out, out[-2000:]
+    return out
+
+
+def make_cp_test(cp, split, comm, accum, cfg):
+    def fn():
+        out = cp_run(cp, split, comm, accum, cfg)
+        # each rank's attention work (score products a step) from the rule: per chunk pair,
+        # len^2 where the keys come first, len (len + 1) / 2 on the diagonal, none after;
+        # zigzag gives every rank the same, contiguous rank r r len^2 + len (len + 1) / 2; per
+        # sequence, head, layer and micro-batch
+        work = dict((int(r), float(w)) for r, w in re.findall(r"^rank (\d+): attention work (\d+)", out, re.M))
+        B, T, NH = cfg["batch"] // accum, cfg["seq_len"], cfg["heads"]
+        n = 2 if split == "zigzag" else 1
+        ln = T // (n * cp)
+        chunks = lambda r: [r, 2 * cp - 1 - r][:n]  # noqa: E731
+        tile = lambda q, k: ln * ln if k < q else ln * (ln + 1) // 2 if k == q else 0  # noqa: E731
+        want = {r: accum * cfg["layers"] * B * NH * sum(tile(q, k) for q in chunks(r) for j in range(cp) for k in chunks(j)) for r in range(cp)}
+        assert work == want, "attention work per rank %s, the rule gives %s" % (work, want)
+    fn.__name__ = "cp_vs_pytorch_cp%d_%s_%s_accum_%d%s" % (cp, split, comm, accum, "_3_heads" if cfg is REF3 else "")
+    return fn
+
+
+# T = 32 splits into 2 cp chunks for cp = 2 and 4; T = 24 (REF3) for cp = 3
+for _cp, _split, _comm, _accum, _cfg in [(1, "zigzag", "ring", 1, REF), (2, "zigzag", "ring", 1, REF),
+                                         (2, "contiguous", "allgather", 2, REF), (3, "zigzag", "allgather", 1, REF3),
+                                         (3, "contiguous", "ring", 2, REF3), (4, "zigzag", "ring", 2, REF),
+                                         (4, "contiguous", "ring", 1, REF), (4, "zigzag", "allgather", 1, REF)]:
+    test(make_cp_test(_cp, _split, _comm, _accum, _cfg))
+
+
+@test
+def cp_recompute_is_bit_identical():
+    """-r 1 and -r 2 (the ring runs again before each layer's backward) train bit for bit as -r 0"""
+    ref = reference_run()
+    logs = []
+    for r in (0, 1, 2):
+        d = fresh_dir("cp_r%d" % r)
+        run_ok(2, trainer_args(ref, 8, d, ["-x", 2, "-r", r]), program=CP)
+        logs.append([(s["train_loss"], s["grad_norm"]) for _, s in sorted(read_log(d)[0].items())])
+    assert logs[0] == logs[1] == logs[2], logs
+
+
+@test
+def cp_resume_is_bit_identical():
+    check_resume(lambda args, d: run_ok(2, args, program=CP), "cp_resume", 8)
+
+
+@test
+def cp_model_file_loads_in_the_dp_trainer_and_samples():
+    """the model file of a cp = 2 run is llm.c's: the DP trainer measures the validation loss the
+    cp run measured (the same tokens, split or not); samples are drawn with the sequence split"""
+    ref = reference_run()
+    d = fresh_dir("cp_file")
+    out = run_ok(2, trainer_args(ref, 8, d, ["-x", 2, "-n", 2, "-v", 2, "-m", 2, "-s", 2, "-g", 12]), program=CP)
+    assert "---- sample at step 2 ----" in out, out[-2000:]
+    val_cp = read_log(d)[1][2]["val_loss"]
+    e = fresh_dir("cp_file_load")
+    run_ok(1, trainer_args(ref, 8, e, ["-e", os.path.join(d, "model_00000002.bin"), "-x", 0, "-v", 1, "-m", 2]))
+    val_dp = read_log(e)[1][0]["val_loss"]
+    # fp32 sums in another order over 2 x 8 x 32 tokens: 1e-5 relative is ~100 ulps of a loss ~10
+    assert abs(val_dp - val_cp) <= 1e-5 * abs(val_dp), "val loss %r at cp=2, %r in the DP trainer" % (val_cp, val_dp)
+
+
+@test
+def cp_bad_inputs():
+    """the common bad inputs as every trainer, and CP's own: each rank stops with the message and
+    nothing is written"""
+    run_bad_inputs_concurrently(CP, messages=TP_MESSAGES)
+    d = fresh_dir("cp_flags")
+    base = ["-e", "d2", "-i", REF["tokens"], "-b", 2, "-x", 2, "-v", 0, "-s", 0, "-o", os.path.join(d, "out")]
+    for ranks, args, message in ((3, ["-t", 32], "-t 32: the zigzag split cuts each sequence into 6 chunks (2 cp), so T must divide by 6"),
+                                 (3, ["-t", 32, "-cp_layout", "contiguous"], "so T must divide by 3"),
+                                 (2, ["-t", 32, "-cp_layout", "stripes"], "-cp_layout stripes: expected zigzag or contiguous"),
+                                 (2, ["-t", 32, "-cp_comm", "tree"], "-cp_comm tree: expected ring or allgather"),
+                                 (2, ["-t", 32, "-cp", 4], "-cp 4: this trainer puts every rank in one context-parallel group")):
+        code, out = mpirun(ranks, base + args, timeout=60, program=CP)
+        assert code != 0 and message in out, "%s: exit %d, %r not in:\n%s" % (args, code, message, out[-2000:])
+        assert not os.path.exists(os.path.join(d, "out")), "%s left its output dir behind" % args
+
+
+# ---------------------------------------------------------------------------------------------
 # Activation recomputation (-r 1 selective, -r 2 full): the dropped activations are computed again
 # by the same kernels from the same inputs, so every bit of the run must equal -r 0's, while the
 # activations take less memory. Each trainer at 2 ranks (3D: a 1x2x2 grid), on the CPU backend
