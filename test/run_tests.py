@@ -1710,19 +1710,20 @@ def grid3d_nonfinite_loss_stops_before_writing_the_step():
 CP = "./train_gpt2_cp"
 
 
-def cp_step_bytes(cfg, B, cp, accum, allgather, P):
+def cp_step_bytes(cfg, B, cp, accum, allgather, P, X=4):
     """{kind: bytes} one rank moves in a step, from the rule (not from the trainer): per layer and
-    micro-batch, blocks of K,V of B T/cp 2C fp32 values; the ring sends cp - 1 of them forward and
+    micro-batch, blocks of K,V of B T/cp 2C values of X bytes; the ring sends cp - 1 of them forward and
     again backward, with cp blocks of dK,dV; the all-gather variant gathers cp blocks forward and
-    backward and reduce-scatters cp blocks of dK,dV. Then the gradients' all-reduce, P floats, and
-    the loss's, one float"""
+    backward and reduce-scatters cp blocks of dK,dV (fp32 always). Then the gradients' all-reduce,
+    P values of X bytes, and the loss's, one float"""
     L, C, T = cfg["layers"], cfg["channels"], cfg["seq_len"]
-    block = B * (T // cp) * 2 * C * 4
-    b = {"all_reduce": 4 * P + 4}
+    block = B * (T // cp) * 2 * C
+    b = {"all_reduce": X * P + 4}
     if cp > 1 and allgather:
-        b.update(all_gather=accum * L * 2 * cp * block, reduce_scatter=accum * L * cp * block)
+        b.update(all_gather=accum * L * 2 * cp * block * X, reduce_scatter=accum * L * cp * block * 4)
     elif cp > 1:
-        b.update(send=accum * L * (2 * (cp - 1) + cp) * block, recv=accum * L * (2 * (cp - 1) + cp) * block)
+        ring = accum * L * (2 * (cp - 1) * block * X + cp * block * 4)
+        b.update(send=ring, recv=ring)
     return b
 
 
@@ -2294,6 +2295,34 @@ def make_emu_pp_test(precision, devices, sched):
         assert "step %d: wte copies of the first and last stage identical" % REF4_CUDA["steps"] in out, out[-2000:]
     fn.__name__ = "emu_pp_vs_pytorch_%s_pp2_%s_%s" % (precision.lower(), sched, "nccl" if devices == 2 else "host_staged")
     return fn
+
+
+def make_emu_cp_test(precision, devices, split, comm):
+    def fn():
+        """context parallelism on the emulator: the CUDA block-attention kernels, K,V blocks in
+        floatX and dK,dV in fp32 through NCCL's send/recv or all-gather (or the host-staged path)"""
+        ref = reference_run(REF_CUDA)
+        program = build("emu", precision, ["train_gpt2_cp"])[0]
+        d = fresh_dir("emu_%s_cp2_%s_%s" % (precision, split, comm))
+        grads_path = os.path.join(d, "grads.bin")
+        B = REF_CUDA["batch"]
+        out = emu_runner(devices)(program, 2, trainer_args(ref, B, d, ["-n", REF_CUDA["steps"], "-dump_grads", grads_path,
+                                                                       "-check_replicas", 1, "-cp_layout", split,
+                                                                       "-cp_comm", comm], cfg=REF_CUDA), d)
+        train = check_cuda_against_reference(ref, d, grads_path, precision, "emu train_gpt2_cp %s cp=2 %s %s" %
+                                             (precision, split, comm))
+        P = len(reference.read_model_file(os.path.join(ref["dir"], "final.bin"))[1])
+        expected = cp_step_bytes(REF_CUDA, B, 2, 1, comm == "allgather", P, X=4 if precision == "FP32" else 2)
+        assert train[1]["comm_bytes"] == sum(expected.values()), (train[1]["comm_bytes"], expected)
+        assert "step %d: replicas identical" % REF_CUDA["steps"] in out, out[-2000:]
+    fn.__name__ = "emu_cp_vs_pytorch_%s_cp2_%s_%s_%s" % (precision.lower(), split, comm, "nccl" if devices == 2 else "host_staged")
+    return fn
+
+
+# context parallelism on the emulator: the ring over NCCL in fp32 (tight), the all-gather over the
+# host-staged path in bf16 (bounded)
+for _precision, _devices, _split, _comm in (("FP32", 2, "zigzag", "ring"), ("BF16", 1, "contiguous", "allgather")):
+    test(make_emu_cp_test(_precision, _devices, _split, _comm))
 
 
 # pipeline parallelism on the emulator: 1f1b over NCCL in fp32 (tight) and over the host-staged
