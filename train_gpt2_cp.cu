@@ -84,7 +84,8 @@ typedef struct {
     double work;     // the (query, key) score products of this rank's attention so far (every
                      // layer's, micro-batch's and head's)
     double step_work;  // ... and in the last training step's forward passes
-    DeviceSpans attention_time;  // the time in attention blocks (device spans)
+    DeviceSpans attention_time;  // the time computing attention blocks, forward and backward
+    double step_attention_s;     // ... in the last training step
 } ContextParallel;
 
 static void cp_alloc(ContextParallel* cp, int B, int T, int C, int NH) {
@@ -120,7 +121,6 @@ static void cp_attention_forward(ContextParallel* cp, floatX* atty, float* lse, 
     CommGroup* g = cp->cp;
     int r = g->rank, n = g->size, Tl = T / n;
     size_t block = (size_t)B * Tl * 2 * C;
-    device_span_begin(&cp->attention_time);
     kv_pack(cp->kv[0], qkv, B, Tl, C);  // the K and V of this rank's tokens: what travels
     if (cp->allgather) {
         // all-gather of the K,V blocks, (B, Tl, 2C) from each rank into (cp, B, Tl, 2C): the
@@ -129,7 +129,9 @@ static void cp_attention_forward(ContextParallel* cp, floatX* atty, float* lse, 
         for (int s = 0; s < n; s++) {  // own block first: its queries see at least themselves
             int owner = (r + n - s) % n;
             CpChunks theirs = cp_chunks_of(cp->split, T, n, owner);
+            device_span_begin(&cp->attention_time);
             attention_block_forward(cp->o, lse, qkv, cp->kv_all + owner * block, mine, theirs, B, C, NH, s == 0);
+            device_span_end(&cp->attention_time);
             cp->work += B * NH * cp_attention_work(mine, theirs);
         }
     } else {
@@ -145,12 +147,13 @@ static void cp_attention_forward(ContextParallel* cp, floatX* atty, float* lse, 
                 comm_exchange(g, msgs, 2, COMM_FLOATX);
             }
             CpChunks theirs = cp_chunks_of(cp->split, T, n, owner);
+            device_span_begin(&cp->attention_time);  // (the blocks' compute, without the exchanges)
             attention_block_forward(cp->o, lse, qkv, here, mine, theirs, B, C, NH, s == 0);
+            device_span_end(&cp->attention_time);
             cp->work += B * NH * cp_attention_work(mine, theirs);
         }
     }
     attention_block_output(atty, cp->o, (size_t)B * Tl * C);
-    device_span_end(&cp->attention_time);
 }
 
 // dqkv (B, Tl, 3C): the gradient at qkv from datty (B, Tl, C), with the forward's atty and lse
@@ -159,7 +162,6 @@ static void cp_attention_backward(ContextParallel* cp, floatX* dqkv, const float
     CommGroup* g = cp->cp;
     int r = g->rank, n = g->size, Tl = T / n;
     size_t block = (size_t)B * Tl * 2 * C;
-    device_span_begin(&cp->attention_time);
     attention_block_backward_prepare(cp->D, datty, atty, B, Tl, C, NH);
     device_memset_zero(cp->dq, (size_t)B * Tl * C * sizeof(float));
     kv_pack(cp->kv[0], qkv, B, Tl, C);
@@ -171,8 +173,10 @@ static void cp_attention_backward(ContextParallel* cp, floatX* dqkv, const float
         comm_all_gather(g, cp->kv[0], cp->kv_all, block, COMM_FLOATX);
         device_memset_zero(cp->dkv_all, (size_t)n * block * sizeof(float));
         for (int owner = 0; owner < n; owner++) {
+            device_span_begin(&cp->attention_time);
             attention_block_backward(cp->dq, cp->dkv_all + owner * block, datty, lse, cp->D, qkv, cp->kv_all + owner * block,
                                      mine, cp_chunks_of(cp->split, T, n, owner), B, C, NH);
+            device_span_end(&cp->attention_time);
         }
         comm_reduce_scatter(g, cp->dkv_all, cp->dkv[0], block, COMM_FLOAT, COMM_SUM);
         own_dkv = cp->dkv[0];
@@ -181,8 +185,10 @@ static void cp_attention_backward(ContextParallel* cp, floatX* dqkv, const float
         own_dkv = cp->dkv[0];  // (one rank: its block never leaves)
         for (int s = 0; s < n; s++) {
             int here = s % 2, owner = (r + n - s) % n;
+            device_span_begin(&cp->attention_time);
             attention_block_backward(cp->dq, cp->dkv[here], datty, lse, cp->D, qkv, cp->kv[here], mine,
                                      cp_chunks_of(cp->split, T, n, owner), B, C, NH);
+            device_span_end(&cp->attention_time);
             if (n == 1) break;
             // the ring again: the block (B, Tl, 2C) on to rank r + 1 (not after the last step:
             // every rank has seen it), and with it its gradient so far (fp32, the same shape),
@@ -201,7 +207,6 @@ static void cp_attention_backward(ContextParallel* cp, floatX* dqkv, const float
         }
     }
     attention_block_grads(dqkv, cp->dq, own_dkv, B, Tl, C);
-    device_span_end(&cp->attention_time);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -547,6 +552,7 @@ int main(int argc, char** argv) {
         watchdog_phase("AdamW update", step);
         float clip_scale, lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
         run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
+        cp.step_attention_s = device_spans_collect(&cp.attention_time);  // (the step has finished)
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
             train_check_replicas(&model, world, step + 1, NULL, "replicas");
         }
@@ -554,13 +560,13 @@ int main(int argc, char** argv) {
         if (dump_grads != NULL && step == 0 && rank == 0) gpt2_write_gathered(&model, NULL, model.grads_memory, dump_grads);
     }
     run_end(&run);
-    // each rank's attention work (score products) in the last step, and its time in attention
-    double attention_s = device_spans_collect(&cp.attention_time);
-    for (int r = 0; r < ranks; r++) {
-        float figures[2] = {r == rank ? (float)cp.step_work : 0.0f, r == rank ? (float)attention_s : 0.0f};
+    // each rank's attention work (score products) and time computing it in the last step: the
+    // balance of the split, measured (the exchanges' waiting is in the step line's "exposed")
+    for (int r = 0; r < ranks && run.max_steps > run.start_step; r++) {
+        float figures[2] = {r == rank ? (float)cp.step_work : 0.0f, r == rank ? (float)cp.step_attention_s : 0.0f};
         comm_all_reduce_scalar(world, &figures[0], COMM_SUM);
         comm_all_reduce_scalar(world, &figures[1], COMM_SUM);
-        if (rank == 0) printf("rank %d: attention work %.0f score products a step, %.1f ms in attention in all\n", r, figures[0], 1e3 * figures[1]);
+        if (rank == 0) printf("rank %d: attention work %.0f score products a step, %.1f ms computing it\n", r, figures[0], 1e3 * figures[1]);
     }
     free(trainer.inputs);
     free(trainer.targets);

@@ -256,7 +256,9 @@ static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const
     }
     memory_print_row("  layers", (double)plan->layers, note);
     memory_print_row("  recomputed", (double)plan->recomputed, plan->recomputed ? "one layer's buffers for what -r does not keep" : "");
-    snprintf(note, sizeof(note), "%s", plan->head ? "final LayerNorm, logits (B T Vp/tp X), losses" : "none: the head is on the last stage");
+    snprintf(note, sizeof(note), "%s", !plan->head ? "none: the head is on the last stage"
+                                       : r->trainer == TRAINER_CP ? "final LayerNorm, logits (B T/cp Vp X), losses"
+                                                                  : "final LayerNorm, logits (B T Vp/tp X), losses");
     memory_print_row("  head", (double)plan->head, note);
     memory_print_row("  backward", (double)plan->backward, "gradients flowing down a layer, the tokens");
     const char* comm = "none: the collectives work in place or on activations";
@@ -268,6 +270,10 @@ static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const
     if (r->trainer == TRAINER_PP || r->trainer == TRAINER_3D) {
         comm = r->zero ? "a second gradient message, and the reduce-scatter's 1/dp shard of the gradients"
                        : "a second gradient message (one is sent while the next arrives)";
+    }
+    if (r->trainer == TRAINER_CP) {
+        comm = r->cp_allgather ? "K,V of the whole sequence (X) and their gradient (fp32); o, dq, wpe rows"
+                               : "two K,V blocks of the ring (X) and their gradients (fp32); o, dq, wpe rows";
     }
     memory_print_row("comm buffers", (double)plan->comm, comm);
     memory_print_row("kernel scratch", (double)plan->kernels, t.cuda ? "cuBLASLt's workspace and the kernels' scratch buffers"

@@ -1,8 +1,9 @@
 // Attention in blocks of keys, for context parallelism (train_gpt2_cp.cu) on the CPU: this rank's
 // queries against one rank's keys and values at a time, the partial results merged by their
 // log-sum-exp (Milakov and Gimelshein 2018; the merge flash attention and ring attention use).
-// Positions come from the two ranks' chunks (llmc/cp_layout.h), so the causal mask is exact
-// whatever the split; a masked tile is skipped.
+// Positions come from the two ranks' chunks (llmc/cp_layout.h), both split alike (chunks of the
+// same length): a query chunk against a key chunk is whole (every key visible), diagonal (keys up
+// to the query's own position) or masked, skipped without a single score computed.
 #ifndef LLMC_CPU_RING_ATTENTION_H
 #define LLMC_CPU_RING_ATTENTION_H
 
@@ -30,11 +31,16 @@ static inline void attention_block_forward(float* o, float* lse, const float* qk
         for (int h = 0; h < NH; h++) {
             for (int t = 0; t < Tq; t++) {
                 const float* qt = qkv + ((size_t)b * Tq + t) * 3 * C + h * hs;
-                int qpos = cp_position(q, t);
+                int chunk = t / q.len, offset = t % q.len;
                 float m = -INFINITY, sum = 0.0f, ob[RING_MAX_HEAD];  // (the trainer checks hs)
                 for (int i = 0; i < hs; i++) ob[i] = 0.0f;
                 for (int t2 = 0; t2 < Tk; t2++) {  // one pass: the running max rescales the sum
-                    if (cp_position(k, t2) > qpos) continue;  // the causal mask
+                    CpTile tile = cp_tile(q.index[chunk], k.index[t2 / k.len]);
+                    if (tile == TILE_MASKED) {  // the causal mask: this key chunk is after the query's
+                        t2 += k.len - 1;
+                        continue;
+                    }
+                    if (tile == TILE_DIAGONAL && t2 % k.len > offset) continue;
                     const float* kt = kv + ((size_t)b * Tk + t2) * 2 * C + h * hs;
                     const float* vt = kt + C;
                     float s = 0.0f;
@@ -94,9 +100,14 @@ static inline void attention_block_backward(float* dq, float* dkv, const float* 
                 const float* dy = datty + ((size_t)b * Tq + t) * C + h * hs;
                 float* dqt = dq + ((size_t)b * Tq + t) * C + h * hs;
                 size_t row = ((size_t)b * NH + h) * Tq + t;
-                int qpos = cp_position(q, t);
+                int chunk = t / q.len, offset = t % q.len;
                 for (int t2 = 0; t2 < Tk; t2++) {
-                    if (cp_position(k, t2) > qpos) continue;
+                    CpTile tile = cp_tile(q.index[chunk], k.index[t2 / k.len]);
+                    if (tile == TILE_MASKED) {
+                        t2 += k.len - 1;
+                        continue;
+                    }
+                    if (tile == TILE_DIAGONAL && t2 % k.len > offset) continue;
                     const float* kt = kv + ((size_t)b * Tk + t2) * 2 * C + h * hs;
                     const float* vt = kt + C;
                     float* dkt = dkv + ((size_t)b * Tk + t2) * 2 * C + h * hs;
