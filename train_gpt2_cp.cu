@@ -138,19 +138,22 @@ static void cp_attention_forward(ContextParallel* cp, floatX* atty, float* lse, 
         for (int s = 0; s < n; s++) {
             floatX* here = cp->kv[s % 2];  // the block of rank r - s
             int owner = (r + n - s) % n;
+            CommRequest next;
+            memset(&next, 0, sizeof(next));  // (none posted at the last step: comm_wait returns)
             if (s < n - 1) {
                 // the ring: send this block (B, Tl, 2C) on to rank r + 1 and receive the next,
-                // rank r - s - 1's, from rank r - 1 into the other buffer; both posted together,
-                // so every rank sends and receives at once
+                // rank r - s - 1's, from rank r - 1 into the other buffer. Posted, not waited
+                // for: the next block travels while this one is computed (both only read `here`)
                 CommMessage msgs[2] = {comm_message(here, block, (r + 1) % n, 1),
                                        comm_message(cp->kv[(s + 1) % 2], block, (r + n - 1) % n, 0)};
-                comm_exchange(g, msgs, 2, COMM_FLOATX);
+                comm_exchange_start(g, msgs, 2, COMM_FLOATX, &next);
             }
             CpChunks theirs = cp_chunks_of(cp->split, T, n, owner);
             device_span_begin(&cp->attention_time);  // (the blocks' compute, without the exchanges)
             attention_block_forward(cp->o, lse, qkv, here, mine, theirs, B, C, NH, s == 0);
             device_span_end(&cp->attention_time);
             cp->work += B * NH * cp_attention_work(mine, theirs);
+            comm_wait(&next);  // the next block has arrived; `here` may be overwritten
         }
     }
     attention_block_output(atty, cp->o, (size_t)B * Tl * C);
@@ -185,25 +188,29 @@ static void cp_attention_backward(ContextParallel* cp, floatX* dqkv, const float
         own_dkv = cp->dkv[0];  // (one rank: its block never leaves)
         for (int s = 0; s < n; s++) {
             int here = s % 2, owner = (r + n - s) % n;
+            CommRequest next;
+            memset(&next, 0, sizeof(next));  // (none posted at the last step: comm_wait returns)
+            if (s < n - 1) {
+                // the ring again: the block (B, Tl, 2C) on to rank r + 1, the next from r - 1,
+                // posted to travel while this one is computed (not after the last step: every
+                // rank has seen the block then)
+                CommMessage kv[2] = {comm_message(cp->kv[here], block, (r + 1) % n, 1),
+                                     comm_message(cp->kv[1 - here], block, (r + n - 1) % n, 0)};
+                comm_exchange_start(g, kv, 2, COMM_FLOATX, &next);
+            }
             device_span_begin(&cp->attention_time);
             attention_block_backward(cp->dq, cp->dkv[here], datty, lse, cp->D, qkv, cp->kv[here], mine,
                                      cp_chunks_of(cp->split, T, n, owner), B, C, NH);
             device_span_end(&cp->attention_time);
+            comm_wait(&next);
             if (n == 1) break;
-            // the ring again: the block (B, Tl, 2C) on to rank r + 1 (not after the last step:
-            // every rank has seen it), and with it its gradient so far (fp32, the same shape),
-            // every step: after cp passes the gradient is back with its owner
-            CommMessage msgs[4];
-            int count = 0;
-            msgs[count++] = comm_message(cp->dkv[here], block, (r + 1) % n, 1);
-            msgs[count++] = comm_message(cp->dkv[1 - here], block, (r + n - 1) % n, 0);
-            comm_exchange(g, msgs, count, COMM_FLOAT);
+            // the block's gradient so far, (B, Tl, 2C) fp32, follows it to rank r + 1 once this
+            // rank has added its queries' part (every step: after cp passes it is back with its
+            // owner); the gradient of the next block arrives from rank r - 1
+            CommMessage dkv[2] = {comm_message(cp->dkv[here], block, (r + 1) % n, 1),
+                                  comm_message(cp->dkv[1 - here], block, (r + n - 1) % n, 0)};
+            comm_exchange(g, dkv, 2, COMM_FLOAT);
             own_dkv = cp->dkv[1 - here];  // after the last pass: this rank's block's, home again
-            if (s < n - 1) {
-                msgs[0] = comm_message(cp->kv[here], block, (r + 1) % n, 1);
-                msgs[1] = comm_message(cp->kv[1 - here], block, (r + n - 1) % n, 0);
-                comm_exchange(g, msgs, 2, COMM_FLOATX);
-            }
         }
     }
     attention_block_grads(dqkv, cp->dq, own_dkv, B, Tl, C);
@@ -405,7 +412,7 @@ static void print_layout(const Run* run, const ContextParallel* cp, int accum) {
     int n = cp->cp->size, T = args->T;
     BannerRow rows[16];
     int k = train_banner_model(rows, "train_gpt2_cp (CP)", args->model, c);
-    banner_row(&rows[k++], "context parallel", "%d ranks, %s split, %s", n, cp_split_names[cp->split],
+    banner_row(&rows[k++], "context parallel", "%d ranks, %s split, %s", n, cp_split_name(cp->split),
                cp->allgather ? "all-gather of K,V" : "ring of K,V");
     banner_row(&rows[k++], "micro-batch B x T", "%d x %d (%d tokens a sequence per rank)", args->B, T, T / n);
     banner_row(&rows[k++], "accumulation steps", "%d", accum);

@@ -43,6 +43,7 @@ typedef enum {
 static const char* comm_kind_names[COMM_NUM_KINDS] = {
     "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"};
 
+#define COMM_EXCHANGE_MAX 8    // messages in one exchange (comm_exchange) at most
 #define COMM_MAX_PENDING 256  // non-blocking operations in flight on one group at a time
 #ifdef __CUDACC__
 #define COMM_EVENTS COMM_MAX_PENDING  // a group's completion events, used round-robin
@@ -119,7 +120,8 @@ typedef struct CommRequest {
     float* average;     // MPI has no average: SUM, then these `average_n` floats scaled by 1/size
     size_t average_n;
 #ifdef USE_MPI
-    MPI_Request mpi;
+    MPI_Request mpi[COMM_EXCHANGE_MAX];  // one for a collective; an exchange's, one per message
+    int num_mpi;
 #endif
 #ifdef __CUDACC__
     cudaEvent_t done;   // NCCL: recorded on the comm stream after the call

@@ -15,7 +15,7 @@
 #define RING_MAX_HEAD 128
 
 typedef enum { CP_CONTIGUOUS = 0, CP_ZIGZAG = 1 } CpSplit;
-static const char* cp_split_names[2] = {"contiguous", "zigzag"};
+static inline const char* cp_split_name(CpSplit s) { return s == CP_ZIGZAG ? "zigzag" : "contiguous"; }
 
 typedef struct {
     int n;         // the rank's chunks: 1 or 2

@@ -85,7 +85,7 @@ static void check_split(CpSplit split, int cp, int len, int B, int C, int NH) {
     for (int r = 0; r < cp; r++) {
         for (int j = 0; j < cp; j++) total += cp_attention_work(cp_chunks_of(split, T, cp, r), cp_chunks_of(split, T, cp, j));
     }
-    CHECK(total == (double)T * (T + 1) / 2, "%s cp=%d: work %.0f, the triangle %.0f", cp_split_names[split], cp, total,
+    CHECK(total == (double)T * (T + 1) / 2, "%s cp=%d: work %.0f, the triangle %.0f", cp_split_name(split), cp, total,
           (double)T * (T + 1) / 2);
     // zigzag: every rank the same work (its two chunks pair an early and a late one)
     if (split == CP_ZIGZAG) CHECK(work_min == work_max, "zigzag cp=%d: work from %.0f to %.0f", cp, work_min, work_max);
@@ -104,8 +104,8 @@ static void check_split(CpSplit split, int cp, int len, int B, int C, int NH) {
     // values near 1 (6e-8 each), so 2e-6 relative to 1 + |value|; measured up to 3e-7
     float e_out = max_error(o, want_out, cp * per * C), e_grad = max_error(got_dqkv, want_dqkv, cp * per * 3 * C);
     CHECK(e_out < 2e-6f && e_grad < 2e-6f, "%s cp=%d len=%d: output off by %.2e, gradients by %.2e",
-          cp_split_names[split], cp, len, e_out, e_grad);
-    printf("%-10s cp=%d T=%2d: output %.1e, dqkv %.1e, work per rank %.0f to %.0f\n", cp_split_names[split], cp, T, e_out,
+          cp_split_name(split), cp, len, e_out, e_grad);
+    printf("%-10s cp=%d T=%2d: output %.1e, dqkv %.1e, work per rank %.0f to %.0f\n", cp_split_name(split), cp, T, e_out,
            e_grad, work_min, work_max);
     free(qkv); free(dout); free(out); free(att); free(dqkv); free(dcopy); free(lqkv); free(kv); free(o); free(lse);
     free(ldout); free(D); free(dq); free(dkv); free(want_out); free(want_dqkv); free(got_dqkv);

@@ -74,9 +74,9 @@ static inline void mpi_recv(CommGroup* g, float* buf, size_t n, int src) {
 // an exchange completes once every partner has posted its side, whatever order the ranks call
 // their exchanges in. Messages between two ranks pair up in the order they are posted (MPI's
 // non-overtaking rule), so both sides must post them in the same order.
-static inline void mpi_exchange(CommGroup* g, const CommMessage* msgs, int count, float** host_bufs) {
-    MPI_Request requests[8];
-    if (count > 8) fail("exchange on group '%s': %d messages, at most 8", g->name, count);
+static inline void mpi_exchange_post(CommGroup* g, const CommMessage* msgs, int count, float** host_bufs,
+                                     MPI_Request* requests) {
+    if (count > COMM_EXCHANGE_MAX) fail("exchange on group '%s': %d messages, at most %d", g->name, count, COMM_EXCHANGE_MAX);
     for (int i = 0; i < count; i++) {
         mpi_check_count(g, msgs[i].n, "exchange");
         int n = (int)msgs[i].n;
@@ -86,6 +86,10 @@ static inline void mpi_exchange(CommGroup* g, const CommMessage* msgs, int count
             comm_check(MPI_Irecv(host_bufs[i], n, MPI_FLOAT, msgs[i].peer, 0, g->mpi, &requests[i]), g, "recv");
         }
     }
+}
+static inline void mpi_exchange(CommGroup* g, const CommMessage* msgs, int count, float** host_bufs) {
+    MPI_Request requests[COMM_EXCHANGE_MAX];
+    mpi_exchange_post(g, msgs, count, host_bufs, requests);
     comm_check(MPI_Waitall(count, requests, MPI_STATUSES_IGNORE), g, "exchange");
 }
 
@@ -98,14 +102,16 @@ static inline void mpi_average_later(CommRequest* r, float* buf, size_t n, CommO
 
 static inline void mpi_all_reduce_start(CommGroup* g, float* buf, size_t n, CommOp op, CommRequest* r) {
     mpi_check_count(g, n, "all_reduce");
-    comm_check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi, &r->mpi), g, "all_reduce");
+    r->num_mpi = 1;
+    comm_check(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi, &r->mpi[0]), g, "all_reduce");
     mpi_average_later(r, buf, n, op);
 }
 
 static inline void mpi_reduce_scatter_start(CommGroup* g, const float* send, float* recv, size_t n, CommOp op,
                                             CommRequest* r) {
     mpi_check_count(g, n, "reduce_scatter");
-    comm_check(MPI_Ireduce_scatter_block(send, recv, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi, &r->mpi), g,
+    r->num_mpi = 1;
+    comm_check(MPI_Ireduce_scatter_block(send, recv, (int)n, MPI_FLOAT, comm_mpi_op(op), g->mpi, &r->mpi[0]), g,
                "reduce_scatter");
     mpi_average_later(r, recv, n, op);
 }
@@ -113,14 +119,15 @@ static inline void mpi_reduce_scatter_start(CommGroup* g, const float* send, flo
 // send == NULL: in place (recv holds this rank's n at its block already)
 static inline void mpi_all_gather_start(CommGroup* g, const float* send, float* recv, size_t n, CommRequest* r) {
     mpi_check_count(g, n, "all_gather");
-    if (send) comm_check(MPI_Iallgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi, &r->mpi), g, "all_gather");
-    else comm_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)n, MPI_FLOAT, g->mpi, &r->mpi), g, "all_gather");
+    r->num_mpi = 1;
+    if (send) comm_check(MPI_Iallgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, g->mpi, &r->mpi[0]), g, "all_gather");
+    else comm_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, (int)n, MPI_FLOAT, g->mpi, &r->mpi[0]), g, "all_gather");
     mpi_average_later(r, NULL, 0, COMM_SUM);
 }
 
 // blocks until r is complete, then applies the average
 static inline void mpi_wait(CommRequest* r) {
-    comm_check(MPI_Wait(&r->mpi, MPI_STATUS_IGNORE), r->g, comm_kind_names[r->kind]);
+    comm_check(MPI_Waitall(r->num_mpi, r->mpi, MPI_STATUSES_IGNORE), r->g, comm_kind_names[r->kind]);
     if (r->average) mpi_scale(r->average, r->average_n, 1.0f / (float)r->g->size);
 }
 
@@ -132,10 +139,10 @@ static inline void mpi_progress(CommGroup* g) {
         CommRequest* r = g->pending[i];
         int done = 0;
         double t0 = wall_time_s();
-        comm_check(MPI_Test(&r->mpi, &done, MPI_STATUS_IGNORE), g, comm_kind_names[r->kind]);
+        comm_check(MPI_Testall(r->num_mpi, r->mpi, &done, MPI_STATUSES_IGNORE), g, comm_kind_names[r->kind]);
         double t1 = wall_time_s();
         g->seconds[r->kind] += t1 - t0;  // the host's time in MPI is exposed, however short
-        if (done) comm_completed(r, t1);  // (MPI_Test set r->mpi to MPI_REQUEST_NULL: the wait returns at once)
+        if (done) comm_completed(r, t1);  // (MPI_Testall set the requests to MPI_REQUEST_NULL: the wait returns at once)
     }
 }
 
@@ -249,10 +256,26 @@ static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int coun
     if (count == 0) return;
     comm_check_dtype(g, dtype, "exchange");
     comm_count_exchange(g, msgs, count, sizeof(float));
-    float* bufs[8];
-    for (int i = 0; i < count && i < 8; i++) bufs[i] = (float*)msgs[i].buf;
+    float* bufs[COMM_EXCHANGE_MAX];
+    for (int i = 0; i < count && i < COMM_EXCHANGE_MAX; i++) bufs[i] = (float*)msgs[i].buf;
     mpi_exchange(g, msgs, count, bufs);
     comm_done(g);
+}
+
+// the same, posted: comm_wait(r) finishes it (the receive buffers filled, the send buffers free)
+static inline void comm_exchange_start(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype, CommRequest* r) {
+    comm_check_dtype(g, dtype, "exchange");
+    if (count == 0) {
+        r->active = 0;
+        return;
+    }
+    comm_count_exchange(g, msgs, count, sizeof(float));
+    float* bufs[COMM_EXCHANGE_MAX];
+    for (int i = 0; i < count && i < COMM_EXCHANGE_MAX; i++) bufs[i] = (float*)msgs[i].buf;
+    mpi_exchange_post(g, msgs, count, bufs, r->mpi);
+    r->num_mpi = count;
+    r->average = NULL;
+    comm_posted(g, r, 1);
 }
 
 // the non-blocking forms of the three collectives data parallelism overlaps with its compute

@@ -406,11 +406,11 @@ static inline void comm_recv(CommGroup* g, void* buf, size_t n, CommDtype dtype,
 // host-staged path: the same through MPI's non-blocking calls, cpu/comm.h)
 static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype) {
     if (count == 0) return;
-    if (count > 8) fail("exchange on group '%s': %d messages, at most 8", g->name, count);
+    if (count > COMM_EXCHANGE_MAX) fail("exchange on group '%s': %d messages, at most %d", g->name, count, COMM_EXCHANGE_MAX);
     comm_count_exchange(g, msgs, count, comm_dtype_bytes(dtype));
 #ifdef USE_MPI
     if (g->staged) {
-        float* host[8];
+        float* host[COMM_EXCHANGE_MAX];
         for (int i = 0; i < count; i++) {
             host[i] = msgs[i].is_send ? staged_to_host(msgs[i].buf, msgs[i].n, dtype)
                                       : (float*)malloc_check(msgs[i].n * sizeof(float));
@@ -486,6 +486,26 @@ static inline void comm_all_gather_start(CommGroup* g, const void* send, void* r
     comm_begin(g);
     if (send == NULL) send = (const char*)recv + (size_t)g->rank * n * comm_dtype_bytes(dtype);
     nccl_check(ncclAllGather(send, recv, n, comm_nccl_type(dtype), g->nccl, g->stream), g, "all_gather");
+    comm_nccl_posted(g, r);
+}
+
+// comm_exchange posted: NCCL's grouped sends and receives on the comm stream, which the compute
+// stream waits for at comm_wait (the host-staged path exchanges at once)
+static inline void comm_exchange_start(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype, CommRequest* r) {
+    if (count == 0 || g->staged) {
+        comm_exchange(g, msgs, count, dtype);
+        r->active = 0;
+        return;
+    }
+    if (count > COMM_EXCHANGE_MAX) fail("exchange on group '%s': %d messages, at most %d", g->name, count, COMM_EXCHANGE_MAX);
+    comm_count_exchange(g, msgs, count, comm_dtype_bytes(dtype));
+    comm_begin(g);
+    nccl_check(ncclGroupStart(), g, "exchange");
+    for (int i = 0; i < count; i++) {
+        if (msgs[i].is_send) nccl_check(ncclSend(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "send");
+        else nccl_check(ncclRecv(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "recv");
+    }
+    nccl_check(ncclGroupEnd(), g, "exchange");
     comm_nccl_posted(g, r);
 }
 
