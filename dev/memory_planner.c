@@ -23,8 +23,9 @@
 static const char* trainer_names[TRAINER_COUNT] = {"train_gpt2_dp", "train_gpt2_tp", "train_gpt2_pp", "train_gpt2_3d",
                                                    "train_gpt2_cp"};
 
-// the trainer that runs a grid: the simplest that holds it
-static TrainerKind trainer_for(int dp, int tp, int pp) {
+// the trainer that runs a grid: the simplest that holds it (cp > 1: train_gpt2_cp, alone)
+static TrainerKind trainer_for(int dp, int tp, int pp, int cp) {
+    if (cp > 1) return TRAINER_CP;
     if (tp == 1 && pp == 1) return TRAINER_DP;
     if (dp == 1 && pp == 1) return TRAINER_TP;
     if (dp == 1 && tp == 1) return TRAINER_PP;
@@ -38,6 +39,14 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, size_t tot
     if (r->trainer == TRAINER_DP && (r->tp > 1 || r->pp > 1)) return snprintf(why, n, "train_gpt2_dp holds whole layers: -tp 1 -pp 1"), 1;
     if (r->trainer == TRAINER_TP && (r->dp > 1 || r->pp > 1)) return snprintf(why, n, "train_gpt2_tp is one tp group: -dp 1 -pp 1"), 1;
     if (r->trainer == TRAINER_PP && (r->dp > 1 || r->tp > 1)) return snprintf(why, n, "train_gpt2_pp is one pipeline: -dp 1 -tp 1"), 1;
+    if (r->trainer == TRAINER_CP && (r->dp > 1 || r->tp > 1 || r->pp > 1)) {
+        return snprintf(why, n, "train_gpt2_cp is one context-parallel group: -dp 1 -tp 1 -pp 1"), 1;
+    }
+    if (r->trainer != TRAINER_CP && r->cp > 1) return snprintf(why, n, "-cp %d is train_gpt2_cp's", r->cp), 1;
+    if (r->cp > 1 && r->T % r->cp != 0) {
+        return snprintf(why, n, "-cp %d splits each sequence over the ranks: -t %d must divide by cp (by 2 cp for zigzag)", r->cp,
+                        r->T), 1;
+    }
     int max_zero = r->trainer == TRAINER_DP ? 3 : r->trainer == TRAINER_3D ? 1 : 0;
     if (r->zero > max_zero) return snprintf(why, n, "-z %d: %s runs -z 0..%d", r->zero, trainer_names[r->trainer], max_zero), 1;
     if (r->offload && r->trainer != TRAINER_DP) return snprintf(why, n, "-offload 1 is train_gpt2_dp's"), 1;
@@ -69,6 +78,7 @@ static void layout_flags(const RunLayout* r, char* out, size_t n) {
     if (r->trainer == TRAINER_DP) k += snprintf(out + k, n - k, " (%d ranks)", r->dp);
     if (r->trainer == TRAINER_TP) k += snprintf(out + k, n - k, " -tp %d", r->tp);
     if (r->trainer == TRAINER_PP) k += snprintf(out + k, n - k, " -pp %d", r->pp);
+    if (r->trainer == TRAINER_CP) k += snprintf(out + k, n - k, " -cp %d%s", r->cp, r->cp_allgather ? " -cp_comm allgather" : "");
     if (r->pp > 1) k += snprintf(out + k, n - k, " -sched %s", pipe_schedule_names[r->sched]);
     if (r->V > 1) k += snprintf(out + k, n - k, " -vp %d", r->V);
     if (r->zero) k += snprintf(out + k, n - k, " -z %d", r->zero);
@@ -91,7 +101,8 @@ static int by_total(const void* a, const void* b) {
 int main(int argc, char** argv) {
     const char *model = "d12", *device = "cuda", *precision = "bf16", *attention = "flash", *sched_name = "1f1b";
     const char* trainer_name = NULL;
-    int B = 4, T = 1024, total_batch = -1, dp = 1, tp = 1, pp = 1, vp = 1, zero = 0, sp = 0, recompute = 0, offload = 0;
+    int B = 4, T = 1024, total_batch = -1, dp = 1, tp = 1, pp = 1, vp = 1, zero = 0, sp = 0, recompute = 0, offload = 0, cp = 1;
+    const char* cp_comm = "ring";
     int overlap = 1, checkpoint = 0, search = 0, stage = -1;
     float memory_gb = 80.0f;
     const ArgSpec specs[] = {
@@ -106,6 +117,8 @@ int main(int argc, char** argv) {
         {"-dp", ARG_INT, &dp, 1, ARG_NO_MAX, "data-parallel replicas"},
         {"-tp", ARG_INT, &tp, 1, ARG_NO_MAX, "tensor-parallel ranks"},
         {"-pp", ARG_INT, &pp, 1, ARG_NO_MAX, "pipeline stages"},
+        {"-cp", ARG_INT, &cp, 1, ARG_NO_MAX, "context-parallel ranks (train_gpt2_cp: each holds T/cp tokens of every sequence)"},
+        {"-cp_comm", ARG_STRING, &cp_comm, 0, 0, "ring or allgather (the whole sequence's K,V on every rank)"},
         {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (-sched interleaved)"},
         {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab, 1f1b, interleaved, zb"},
         {"-z", ARG_INT, &zero, 0, 3, "ZeRO stage (train_gpt2_dp 0..3, train_gpt2_3d 0..1)"},
@@ -115,7 +128,7 @@ int main(int argc, char** argv) {
         {"-overlap", ARG_INT, &overlap, 0, 1, "train_gpt2_dp's -overlap (ZeRO-2/3 keep one more layer bucket with 1)"},
         {"-n", ARG_INT, &checkpoint, 0, ARG_NO_MAX, "checkpoint every N steps (their gathers take memory; 0: never)"},
         {"-stage", ARG_INT, &stage, -1, ARG_NO_MAX, "the pipeline stage whose table to print (-1: the largest; stage 0 is rank 0's)"},
-        {"-trainer", ARG_STRING, &trainer_name, 0, 0, "dp, tp, pp or 3d (default: the simplest trainer that runs the grid)"},
+        {"-trainer", ARG_STRING, &trainer_name, 0, 0, "dp, tp, pp, 3d or cp (default: the simplest trainer that runs the grid)"},
         {"-search", ARG_INT, &search, 0, ARG_NO_MAX, "N: list every layout of N devices that fits in -mem, smallest first, over every grid, -z, -sp, -r and -offload (0: plan the one layout)"},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
@@ -146,18 +159,20 @@ int main(int argc, char** argv) {
     else fail("-attention %s: expected flash or cublas", attention);
     int sched = pipeline_schedule_from_name(sched_name);
     if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
+    if (strcmp(cp_comm, "ring") != 0 && strcmp(cp_comm, "allgather") != 0) fail("-cp_comm %s: expected ring or allgather", cp_comm);
+    int allgather = strcmp(cp_comm, "allgather") == 0;
     double memory = memory_gb * 1e9;
     printf("model L=%d C=%d NH=%d, %zu parameters; micro-batch %d x %d; %s %s, %s attention; %.0f GB per device\n",
            c.num_layers, c.channels, c.num_heads, gpt2_num_parameters(c), B, T, target.cuda ? "CUDA" : "CPU",
            target.X == 2 ? "bf16" : "fp32", target.flash ? "flash" : target.cuda ? "cuBLAS" : "CPU", memory_gb);
 
     if (search == 0) {
-        RunLayout r = {trainer_for(dp, tp, pp), dp, tp, pp, vp, (PipeSchedule)sched, 1, B, T, zero, sp, recompute, offload,
-                       overlap, checkpoint > 0, 0, 0};
+        RunLayout r = {trainer_for(dp, tp, pp, cp), dp, tp, pp, vp, (PipeSchedule)sched, 1, B, T, zero, sp, recompute, offload,
+                       overlap, checkpoint > 0, 0, 0, cp, allgather};
         if (trainer_name != NULL) {  // another trainer than the simplest, as train_gpt2_3d for any grid
             int k = 0;
             while (k < TRAINER_COUNT && strcmp(trainer_names[k] + strlen("train_gpt2_"), trainer_name) != 0) k++;
-            if (k == TRAINER_COUNT) fail("-trainer %s: expected dp, tp, pp or 3d", trainer_name);
+            if (k == TRAINER_COUNT) fail("-trainer %s: expected dp, tp, pp, 3d or cp", trainer_name);
             r.trainer = (TrainerKind)k;
         }
         char why[256], flags[160];
@@ -191,7 +206,7 @@ int main(int argc, char** argv) {
         for (int p = 1; t * p <= N; p++) {
             if (N % (t * p) != 0) continue;
             int d = N / (t * p);
-            TrainerKind kind = trainer_for(d, t, p);
+            TrainerKind kind = trainer_for(d, t, p, 1);
             int max_zero = kind == TRAINER_DP ? 3 : kind == TRAINER_3D && d > 1 ? 1 : 0;
             for (int z = 0; z <= max_zero; z++)
                 for (int s = 0; s <= (t > 1); s++)
@@ -199,7 +214,7 @@ int main(int argc, char** argv) {
                         for (int o = 0; o <= (kind == TRAINER_DP); o++) {
                             int V = p > 1 ? vp : 1;
                             PipeSchedule sc = p > 1 ? (PipeSchedule)sched : SCHEDULE_1F1B;
-                            RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, overlap, checkpoint > 0, 0, 0};
+                            RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, overlap, checkpoint > 0, 0, 0, 1, 0};
                             char why[256];
                             if (layout_problem(c, target, &run, batch, why, sizeof(why))) continue;
                             tried++;
@@ -211,6 +226,22 @@ int main(int argc, char** argv) {
                             if (fits == NULL) fail("out of host memory listing layouts");
                             fits[count++] = cand;
                         }
+        }
+    }
+    // and context parallelism, the N devices one cp group (its own trainer), ring or all-gather
+    for (int a = 0; a <= 1 && N > 1; a++) {
+        for (int r = 0; r <= RECOMPUTE_MAX; r++) {
+            RunLayout run = {TRAINER_CP, 1, 1, 1, 1, SCHEDULE_1F1B, 1, B, T, 0, 0, r, 0, overlap, checkpoint > 0, 0, 0, N, a};
+            char why[256];
+            if (layout_problem(c, target, &run, batch, why, sizeof(why))) continue;
+            tried++;
+            Candidate cand;
+            cand.run = run;
+            cand.plan = memory_plan_largest(c, target, &run, &cand.stage);
+            if (cand.plan.total > memory) continue;
+            if (count == capacity) fits = (Candidate*)realloc(fits, (size_t)(capacity *= 2) * sizeof(Candidate));
+            if (fits == NULL) fail("out of host memory listing layouts");
+            fits[count++] = cand;
         }
     }
     qsort(fits, (size_t)count, sizeof(Candidate), by_total);

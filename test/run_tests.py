@@ -1729,13 +1729,16 @@ def cp_step_bytes(cfg, B, cp, accum, allgather, P, X=4):
 
 def cp_run(cp, split, comm, accum, cfg, extra=()):
     """one CP run against the reference: losses, step-0 gradients, final weights, the bytes of
-    every step, the replicas identical; returns its output"""
+    every step, the replicas identical, dev/memory_planner's table and the measured high-water
+    mark; returns its output"""
     ref = reference_run(cfg)
     B = cfg["batch"] // accum
     d = fresh_dir("cp%d_%s_%s_accum%d" % (cp, split, comm, accum))
     grads_path = os.path.join(d, "grads.bin")
-    out = run_ok(cp, trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-cp_layout", split,
-                                              "-cp_comm", comm, "-check_replicas", 1] + list(extra), cfg=cfg), program=CP)
+    args = trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-cp_layout", split, "-cp_comm", comm,
+                                    "-check_replicas", 1] + list(extra), cfg=cfg)
+    out = run_ok(cp, args, program=CP)
+    check_planner_matches_trainer(CP, cp, args, out)  # (the planner's table is the trainer's)
     P = len(reference.read_model_file(os.path.join(ref["dir"], "final.bin"))[1])
     expected = cp_step_bytes(cfg, B, cp, accum, comm == "allgather", P)
     check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected, cfg["steps"])
@@ -1831,7 +1834,8 @@ def cp_bad_inputs():
 # and under the emulator in bf16.
 
 # dev/memory_planner's flags, the trainers' names for the same things
-PLANNER_FLAGS = {"-e", "-b", "-t", "-d", "-n", "-z", "-sp", "-r", "-offload", "-overlap", "-sched", "-vp", "-dp", "-pp", "-tp"}
+PLANNER_FLAGS = {"-e", "-b", "-t", "-d", "-n", "-z", "-sp", "-r", "-offload", "-overlap", "-sched", "-vp", "-dp", "-pp", "-tp",
+                 "-cp_comm"}
 
 
 def check_planner_matches_trainer(program, ranks, args, out, attention=None):
@@ -1843,7 +1847,7 @@ def check_planner_matches_trainer(program, ranks, args, out, attention=None):
     flags = ["-trainer", trainer, "-stage", 0]
     pairs = dict(zip([str(a) for a in args[0::2]], args[1::2]))
     flags += [x for f, v in pairs.items() if f in PLANNER_FLAGS for x in (f, v)]
-    if trainer in ("dp", "tp", "pp"):
+    if trainer in ("dp", "tp", "pp", "cp"):
         flags += ["-" + trainer, ranks]
     elif "-dp" not in pairs:  # the 3D trainer's default: the ranks that pp x tp leave
         flags += ["-dp", ranks // (int(pairs.get("-pp", 1)) * int(pairs.get("-tp", 1)))]
@@ -2306,9 +2310,10 @@ def make_emu_cp_test(precision, devices, split, comm):
         d = fresh_dir("emu_%s_cp2_%s_%s" % (precision, split, comm))
         grads_path = os.path.join(d, "grads.bin")
         B = REF_CUDA["batch"]
-        out = emu_runner(devices)(program, 2, trainer_args(ref, B, d, ["-n", REF_CUDA["steps"], "-dump_grads", grads_path,
-                                                                       "-check_replicas", 1, "-cp_layout", split,
-                                                                       "-cp_comm", comm], cfg=REF_CUDA), d)
+        args = trainer_args(ref, B, d, ["-n", REF_CUDA["steps"], "-dump_grads", grads_path, "-check_replicas", 1,
+                                        "-cp_layout", split, "-cp_comm", comm], cfg=REF_CUDA)
+        out = emu_runner(devices)(program, 2, args, d)
+        check_planner_matches_trainer(program, 2, args, out)  # (a CUDA run's buffers, planned on the CPU)
         train = check_cuda_against_reference(ref, d, grads_path, precision, "emu train_gpt2_cp %s cp=2 %s %s" %
                                              (precision, split, comm))
         P = len(reference.read_model_file(os.path.join(ref["dir"], "final.bin"))[1])
