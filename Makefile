@@ -180,12 +180,13 @@ train: setup
 	OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 ./train_gpt2_dp -e d4 -b 4 -t 64 -x 150 -v 25 -m 10 -s 50 -g 64 -n 50 -l 1e-3 -u 10 -q 0.1 -c 0.1 -o out/quickstart
 
 bench: dev/bench/bench_matmul
-	$(MAKE) -s BACKEND=cpu train_gpt2_dp train_gpt2_tp
+	$(MAKE) -s BACKEND=cpu train_gpt2_dp train_gpt2_tp train_gpt2_cp
 	./dev/bench/bench_matmul
 	./dev/bench/bench_cpu_step.sh
 	./dev/bench/bench_zero.sh
 	./dev/bench/bench_tp.sh
 	./dev/bench/bench_pp.sh
+	./dev/bench/bench_cp.sh
 
 clean:
 	rm -f $(TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul dev/memory_planner $(DEV_CUDA:.cu=)
