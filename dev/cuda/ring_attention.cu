@@ -1,0 +1,101 @@
+/*
+Context parallelism's block attention (llmc/cuda/ring_attention.cuh), checked against the CPU
+backend's (llmc/cpu/ring_attention.h): one rank's queries against each rank's block of keys and
+values in ring order, merged by log-sum-exp, then the backward through every block. cp = 2, both
+splits, with chunks of odd length: every tile case (whole, diagonal, masked) appears.
+  make dev/cuda/ring_attention && ./dev/cuda/ring_attention
+v1: one thread per query row (forward, dq) or key row (dk, dv), fp32 sums in registers (the
+    trainer's kernels). Not yet the tensor-core flash kernels: the timing shows what they would
+    replace.
+*/
+#include "common.h"
+#include "llmc/cp_layout.h"
+namespace cpu {
+#include "llmc/cpu/ring_attention.h"
+}
+#include "llmc/cuda/ring_attention.cuh"
+
+// one rank's attention over the whole sequence, forward and backward, on the CPU and the GPU
+static int check(CpSplit split, int cp, int len, int B, int C, int NH, int rank) {
+    int n = split == CP_ZIGZAG ? 2 : 1, T = n * cp * len, Tl = n * len;
+    size_t qkv_n = (size_t)B * Tl * 3 * C, block = (size_t)B * Tl * 2 * C, out_n = (size_t)B * Tl * C;
+    size_t rows = (size_t)B * NH * Tl;
+    float* qkv = random_floats(qkv_n, 1.0f);  // this rank's q, k, v
+    float* dout = random_floats(out_n, 1.0f);
+    float* kv = random_floats(cp * block, 1.0f);  // every rank's block of keys and values
+    round_like_floatX(qkv, qkv_n);
+    round_like_floatX(dout, out_n);
+    round_like_floatX(kv, cp * block);
+    cpu::kv_pack(kv + rank * block, qkv, B, Tl, C);  // its own block is its qkv's
+    CpChunks mine = cp_chunks_of(split, T, cp, rank);
+    // the CPU: blocks in ring order (its own first), then the backward through each
+    float *o = (float*)malloc_check(out_n * sizeof(float)), *lse = (float*)malloc_check(rows * sizeof(float));
+    float *D = (float*)malloc_check(rows * sizeof(float)), *dq = (float*)calloc_check(out_n, sizeof(float));
+    float* dkv = (float*)calloc_check(cp * block, sizeof(float));
+    for (int s = 0; s < cp; s++) {
+        int owner = (rank + cp - s) % cp;
+        cpu::attention_block_forward(o, lse, qkv, kv + owner * block, mine, cp_chunks_of(split, T, cp, owner), B, C, NH, s == 0);
+    }
+    cpu::attention_block_backward_prepare(D, dout, o, B, Tl, C, NH);
+    for (int owner = 0; owner < cp; owner++) {
+        cpu::attention_block_backward(dq, dkv + owner * block, dout, lse, D, qkv, kv + owner * block, mine,
+                                      cp_chunks_of(split, T, cp, owner), B, C, NH);
+    }
+    // the GPU, the same steps (the o it merges is fp32; atty, its floatX copy, feeds D as in the
+    // trainer, so D is compared with a floatX tolerance)
+    floatX *d_qkv = to_device(qkv, qkv_n), *d_dout = to_device(dout, out_n), *d_kv = to_device(kv, cp * block);
+    floatX *d_atty = (floatX*)device_malloc(out_n * sizeof(floatX)), *d_packed = (floatX*)device_malloc(block * sizeof(floatX));
+    float *d_o = (float*)device_malloc(out_n * sizeof(float)), *d_lse = (float*)device_malloc(rows * sizeof(float));
+    float *d_D = (float*)device_malloc(rows * sizeof(float)), *d_dq = (float*)device_malloc(out_n * sizeof(float));
+    float* d_dkv = (float*)device_malloc(cp * block * sizeof(float));
+    float tol = 1e-4f;  // fp32 sums of the same floatX inputs, in another order
+    int ok = 1;
+    printf("%s cp=%d T=%d (chunks of %d), rank %d, B=%d C=%d NH=%d (%s)\n", cp_split_name(split), cp, T, len, rank, B, C, NH,
+           PRECISION_NAME);
+    kv_pack(d_packed, d_qkv, B, Tl, C);
+    ok &= validate("kv_pack", d_packed, kv + rank * block, block, 0.0f);
+    for (int s = 0; s < cp; s++) {
+        int owner = (rank + cp - s) % cp;
+        attention_block_forward(d_o, d_lse, d_qkv, d_kv + owner * block, mine, cp_chunks_of(split, T, cp, owner), B, C, NH, s == 0);
+    }
+    ok &= validate_f32("forward o", d_o, o, out_n, tol);
+    ok &= validate_f32("forward lse", d_lse, lse, rows, tol);
+    attention_block_output(d_atty, d_o, out_n);
+    attention_block_backward_prepare(d_D, d_dout, d_atty, B, Tl, C, NH);
+    ok &= validate_f32("backward D", d_D, D, rows, FLOATX_IS_FLOAT ? tol : default_tolerance());
+    // the backward from the CPU's D, so that dq and dkv are checked to fp32 precision
+    cudaCheck(cudaMemcpy(d_D, D, rows * sizeof(float), cudaMemcpyHostToDevice));
+    device_memset_zero(d_dq, out_n * sizeof(float));
+    device_memset_zero(d_dkv, cp * block * sizeof(float));
+    for (int owner = 0; owner < cp; owner++) {
+        attention_block_backward(d_dq, d_dkv + owner * block, d_dout, d_lse, d_D, d_qkv, d_kv + owner * block, mine,
+                                 cp_chunks_of(split, T, cp, owner), B, C, NH);
+    }
+    ok &= validate_f32("backward dq", d_dq, dq, out_n, tol);
+    ok &= validate_f32("backward dk, dv", d_dkv, dkv, cp * block, tol);
+    // timing: one block forward and backward (the other rank's, the first step after its own)
+    float ms;
+    int other = (rank + cp - 1) % cp;
+    CpChunks theirs = cp_chunks_of(split, T, cp, other);
+    double flops = 4.0 * B * NH * cp_attention_work(mine, theirs) * (C / NH);  // q k and p v: 2 flops a product each
+    TIME_KERNEL(ms, 10, attention_block_forward(d_o, d_lse, d_qkv, d_kv + other * block, mine, theirs, B, C, NH, 0));
+    report("v1 block forward", ms, 0, flops);
+    TIME_KERNEL(ms, 10, attention_block_backward(d_dq, d_dkv + other * block, d_dout, d_lse, d_D, d_qkv, d_kv + other * block,
+                                                 mine, theirs, B, C, NH));
+    report("v1 block backward", ms, 0, 2.5 * flops);
+    free(qkv), free(dout), free(kv), free(o), free(lse), free(D), free(dq), free(dkv);
+    device_free(d_qkv), device_free(d_dout), device_free(d_kv), device_free(d_atty), device_free(d_packed);
+    device_free(d_o), device_free(d_lse), device_free(d_D), device_free(d_dq), device_free(d_dkv);
+    return ok;
+}
+
+int main(void) {
+    int B = GPU_OR_EMU(4, 1), C = GPU_OR_EMU(768, 32), NH = GPU_OR_EMU(12, 2);
+    int ok = 1;
+    // odd chunks; each rank of cp = 2 (its own block diagonal, the other's whole or masked)
+    for (int rank = 0; rank < 2; rank++) {
+        ok &= check(CP_ZIGZAG, 2, GPU_OR_EMU(255, 3), B, C, NH, rank);
+        ok &= check(CP_CONTIGUOUS, 2, GPU_OR_EMU(511, 5), B, C, NH, rank);
+    }
+    return finish(ok);
+}
