@@ -2144,6 +2144,26 @@ def roofline_counts_the_model_flops_and_the_minimum_bytes():
 
 
 @test
+def roofline_context_parallel_rank_does_its_share():
+    """-cp 4: one rank's matmuls on B T/4 rows (a quarter of cp = 1's FLOPs), a quarter of the causal
+    attention (zigzag), and on the link the ring's K,V per layer, (cp - 1) blocks of B T/cp 2C X
+    forward, as many backward plus cp blocks of dK, dV in fp32, and the gradients' all-reduce,
+    2 (cp - 1)/cp P X; per rank, the model's FLOPs are a quarter too"""
+    g = ROOFLINE_GPT2
+    L, C, Vp = g["L"], g["C"], g["Vp"]
+    P = Vp * C + g["maxT"] * C + L * (12 * C * C + 13 * C) + 2 * C
+    B, T, cp, X = 2, 1024, 4, 2
+    one, four = roofline_json("-e", "d12", "-b", B, "-t", T), roofline_json("-e", "d12", "-b", B, "-t", T, "-cp", cp)
+    roofline_close(roofline_total(four, engine="gemm")[0], roofline_total(one, engine="gemm")[0] / cp, 1e-12, "GEMM FLOPs")
+    roofline_close(roofline_total(four, engine="attn")[0], roofline_total(one, engine="attn")[0] / cp, 1e-12,
+                   "attention FLOPs")
+    block = B * (T // cp) * 2 * C
+    ring = L * (cp - 1) * block * X + L * ((cp - 1) * block * X + cp * block * 4)
+    roofline_close(roofline_total(four, engine="link")[1], ring + 2 * (cp - 1) / cp * P * X, 1e-12, "bytes on the link")
+    roofline_close(four["summary"]["model_flops"], one["summary"]["model_flops"] / cp, 1e-12, "the model's FLOPs per rank")
+
+
+@test
 def roofline_bias_epilogue_cublas_attention_and_all_reduce():
     g = ROOFLINE_GPT2
     L, C, B, T = g["L"], g["C"], 4, 64

@@ -172,10 +172,12 @@ class Step:
                                   flops=float(flops), bytes=float(nbytes), engine=engine, op=op, note=note))
 
 
-def build_step(m, B, T, precision, attention, epilogue, dp):
+def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
+    """cp > 1: one rank of train_gpt2_cp, its T/cp tokens of each sequence (zigzag: an equal share
+    of the causal attention), the ring's K,V blocks and the gradients' all-reduce over cp"""
     L, C, NH, V, Vp = m["L"], m["C"], m["NH"], m["V"], m["Vp"]
     hs = C // NH
-    N = B * T                       # rows of every activation matrix
+    N = B * T // cp                 # rows of every activation matrix
     X = 2 if precision == "bf16" else 4  # bytes of floatX: parameters, activations, gradients
     P = num_parameters(m)
     distinct = min(N, V)            # rows of wte a batch touches: at most one per distinct token
@@ -225,11 +227,12 @@ def build_step(m, B, T, precision, attention, epilogue, dp):
         s.add("layernorm_backward_params_final (%s)" % name, calls, 2 * parts * C,
               parts * 2 * C * F32 + 4 * C * X, "vector", "layernorm")
 
-    # the attention FLOPs: one (64 x hs) x (hs x 64) tile product is 2 * 64 * 64 * hs FLOPs
-    tile_matmul = B * NH * flash_tiles(T) * 2 * FLASH_TILE * FLASH_TILE * hs  # a causal T x T x hs product, tiled
-    forward_matmul = B * NH * flash_forward_tiles(T) * 2 * FLASH_TILE * FLASH_TILE * hs  # the same, as the forward tiles it
+    # the attention FLOPs: one (64 x hs) x (hs x 64) tile product is 2 * 64 * 64 * hs FLOPs; under
+    # context parallelism this rank's share of the causal triangle, 1/cp of it (zigzag)
+    tile_matmul = B * NH * flash_tiles(T) * 2 * FLASH_TILE * FLASH_TILE * hs / cp  # a causal T x T x hs product, tiled
+    forward_matmul = B * NH * flash_forward_tiles(T) * 2 * FLASH_TILE * FLASH_TILE * hs / cp  # the same, as the forward tiles it
     square_matmul = B * NH * 2 * T * T * hs                                     # a full T x T x hs product
-    lse = B * NH * T * F32   # flash's log-sum-exp per query row, and D = rowsum(dO * O): (B, NH, T) fp32
+    lse = B * NH * (T // cp) * F32   # flash's log-sum-exp per query row, and D = rowsum(dO * O): (B, NH, T/cp) fp32
     scores = B * NH * T * T  # elements of a (B, NH, T, T) score or probability matrix
     causal = B * NH * T * (T + 1) // 2  # of which on or below the diagonal
 
@@ -272,12 +275,18 @@ def build_step(m, B, T, precision, attention, epilogue, dp):
 
     s.begin("embedding")
     # one thread per output element: the token's row of wte (distinct rows read once) plus wpe
-    s.add("encoder_forward", 1, FLOPS_PER["add"] * N * C, N * 4 + distinct * C * X + T * C * X + N * C * X,
+    s.add("encoder_forward", 1, FLOPS_PER["add"] * N * C, N * 4 + distinct * C * X + (T // cp) * C * X + N * C * X,
           "vector", "embedding")
     layernorm_forward("layernorm_forward (ln1 of layer 0)", 1, residual=False)
 
+    # context parallelism's ring (train_gpt2_cp.cu): per layer, cp - 1 blocks of K,V (B, T/cp, 2C)
+    # sent forward, as many again backward with cp blocks of dK, dV in fp32
+    kv_block = N * 2 * C
+
     s.begin("layer forward")
     matmul("matmul qkv (+bias epilogue)", N, C, 3 * C, L, bias=True)
+    if cp > 1:
+        s.add("ring: K,V blocks to the next rank (%d steps)" % (cp - 1), L, 0, (cp - 1) * kv_block * X, "link", "comm")
     attention_forward(L)
     matmul("matmul attproj (+bias epilogue)", N, C, C, L, bias=True)
     layernorm_forward("residual + layernorm (ln2)", L, residual=True)
@@ -318,6 +327,9 @@ def build_step(m, B, T, precision, attention, epilogue, dp):
     layernorm_backward("ln2", L)
     # attention half
     matmul("matmul attproj dinp", N, C, C, L)
+    if cp > 1:
+        s.add("ring: K,V again and dK,dV (fp32) to the next rank", L, 0, (cp - 1) * kv_block * X + cp * kv_block * F32,
+              "link", "comm")
     attention_backward(L)
     matmul("matmul qkv dinp", N, 3 * C, C, L)
     weight_gradient("attproj", C, C)
@@ -329,12 +341,14 @@ def build_step(m, B, T, precision, attention, epilogue, dp):
     # then adds into that token's row of dwte (read and written)
     s.add("encoder_backward_wte", 1, FLOPS_PER["add"] * N * C,
           N * C * X + (N + 2 * distinct + 1) * 4 + 2 * distinct * C * X, "vector", "embedding")
-    s.add("encoder_backward_wpe", 1, FLOPS_PER["add"] * N * C, N * C * X + 2 * T * C * X, "vector", "embedding")
+    s.add("encoder_backward_wpe", 1, FLOPS_PER["add"] * N * C, N * C * X + 2 * (T // cp) * C * X, "vector", "embedding")
 
-    if dp > 1:
+    if dp * cp > 1:
         s.begin("gradient all-reduce")
         # NCCL's ring all-reduce sends and receives 2 (N-1)/N of the payload on each GPU's link
-        s.add("all-reduce grads (NCCL ring, %d ranks)" % dp, 1, 0, 2 * (dp - 1) / dp * P * X, "link", "comm")
+        # (train_gpt2_cp: a SUM over the cp ranks)
+        ranks = dp * cp
+        s.add("all-reduce grads (NCCL ring, %d ranks)" % ranks, 1, 0, 2 * (ranks - 1) / ranks * P * X, "link", "comm")
 
     s.begin("global norm + AdamW")
     s.add("norm_squared_partial", 1, FLOPS_PER["dot"] * P, P * X + NORM_BLOCKS * F32, "vector", "optimizer")
@@ -365,7 +379,9 @@ def roofline(args):
                          "as the trainer's LLMC_ATTENTION=flash" % (args.precision, hs))
     if not 1 <= args.t <= m["maxT"]:
         raise ValueError("-t %d: expected 1..%d (the model's maxT)" % (args.t, m["maxT"]))
-    rows, P = build_step(m, args.b, args.t, args.precision, attention, args.epilogue, args.dp)
+    if args.cp > 1 and (args.dp > 1 or args.t % (2 * args.cp) != 0):
+        raise ValueError("-cp %d: train_gpt2_cp alone (-dp 1), with -t a multiple of 2 cp (zigzag)" % args.cp)
+    rows, P = build_step(m, args.b, args.t, args.precision, attention, args.epilogue, args.dp, args.cp)
 
     # the achievable rates. In bf16 the matmuls run on the tensor cores; fp32 builds compute in
     # strict fp32 (no TF32: llmc/cuda/matmul.cuh) on the ordinary fp32 units, as does all the
@@ -396,9 +412,9 @@ def roofline(args):
     overlapped = step - comm + comm * emb_share + max(0.0, comm * (1 - emb_share) - backward)
     B, T, L, C = args.b, args.t, m["L"], m["C"]
     per_token = 6.0 * P + 12.0 * L * C * T  # llmc/run.h train_flops_per_token
-    model_flops = per_token * B * T
+    model_flops = per_token * B * T / args.cp  # (one rank's share: the cp ranks split each sequence)
     summary = dict(step_time_s=step, compute_time_s=step - comm, comm_time_s=comm,
-                   step_time_overlapped_s=overlapped, tokens_per_s=args.dp * B * T / step,
+                   step_time_overlapped_s=overlapped, tokens_per_s=args.dp * B * T / step,  # (cp ranks share B T)
                    model_flops_per_token=per_token, model_flops=model_flops,
                    executed_flops=sum(r["total_flops"] for r in rows),
                    mfu=model_flops / step / peak, launches=sum(r["launches"] for r in rows))
@@ -411,7 +427,8 @@ def roofline(args):
                        ridge_peak=peak / dev["hbm"], ridge_achievable=rates["gemm"] / bandwidth,
                        ridge_vector=dev["fp32"] / dev["hbm"])
     config = dict(model=args.e, L=L, C=C, NH=m["NH"], hs=hs, V=m["V"], Vp=m["Vp"], maxT=m["maxT"], B=B, T=T,
-                  precision=args.precision, attention=attention, epilogue=args.epilogue, dp=args.dp, parameters=P)
+                  precision=args.precision, attention=attention, epilogue=args.epilogue, dp=args.dp, cp=args.cp,
+                  parameters=P)
     return dict(config=config, assumptions=assumptions, rows=rows, summary=summary)
 
 
@@ -472,7 +489,8 @@ def print_table(res):
         "%s %d launches" % (r["kernel"], r["launches"]) for r in res["rows"] if r["launches"] != r["calls"]))
     by_engine = {}
     for r in res["rows"]:
-        key = {"gemm": "GEMMs (cuBLASLt)", "attn": "flash attention", "link": "all-reduce"}.get(r["engine"],
+        key = {"gemm": "GEMMs (cuBLASLt)", "attn": "flash attention",
+               "link": "all-reduce" if c["cp"] == 1 else "communication"}.get(r["engine"],
                                                                                                "memory-bound kernels")
         if r["engine"] in ("gemm", "attn") and r["bound"] == "memory":
             key = "memory-bound kernels"
@@ -487,8 +505,11 @@ def print_table(res):
           "backward's token sort and its copies, the gradient norm read back before AdamW), which leave the GPU idle")
     print()
     print("predicted step time (lower bound): %.2f ms, %.0f tokens/s%s, MFU %.1f%% (of the %s dense %s peak)"
-          % (s["step_time_s"] * 1e3, s["tokens_per_s"], " over %d ranks" % c["dp"] if c["dp"] > 1 else "",
+          % (s["step_time_s"] * 1e3, s["tokens_per_s"], " over %d ranks" % (c["dp"] * c["cp"]) if c["dp"] * c["cp"] > 1 else "",
              100 * s["mfu"], a["device_name"], c["precision"]))
+    if c["cp"] > 1:
+        print("  of which communication %.2f ms: the ring's K,V (hidden behind the attention blocks when T is long) "
+              "and the gradients' all-reduce" % (s["comm_time_s"] * 1e3))
     if c["dp"] > 1:
         print("  of which the all-reduce %.2f ms; with -overlap 1 all but the embeddings' bucket can hide behind the "
               "backward pass: %.2f ms" % (s["comm_time_s"] * 1e3, s["step_time_overlapped_s"] * 1e3))
@@ -505,6 +526,8 @@ def main(argv=None):
                    help="auto: flash in bf16 with head size 16/32/64, else cublas (as the trainer)")
     p.add_argument("-device", choices=sorted(DEVICES), default="h100-sxm")
     p.add_argument("-dp", type=int, default=1, help="data-parallel ranks: adds the gradient all-reduce")
+    p.add_argument("-cp", type=int, default=1, help="context-parallel ranks (train_gpt2_cp, zigzag): T/cp tokens a rank, "
+                   "its share of attention, the ring's K,V and the gradients' all-reduce")
     p.add_argument("-epilogue", type=int, choices=(0, 1), default=1,
                    help="1: bias gradients from the weight-gradient GEMMs' BGRADB epilogue; 0: separate kernels")
     p.add_argument("-gemm_eff", type=float, default=DEFAULT_GEMM_EFF, help="achievable fraction of the GEMM peak")
