@@ -22,7 +22,8 @@ One step, on each of the cp ranks (all ranks form one cp group; each holds the w
    ring       cp steps: at step s the rank holds the K,V block of rank r - s, computes its queries
               against it and merges the partial result by log-sum-exp, while passing the block
               on to rank r + 1 and receiving the next from rank r - 1 (send/recv, cp - 1 of them)
-   allgather  one all-gather of every rank's K,V block, (B, T, 2C), then the same merge
+   allgather  one all-gather of every rank's K,V block into (cp, B, T/cp, 2C), rank after rank,
+              then the same merge
    The causal mask decides per pair of chunks: keys wholly before the queries, wholly after
    (skipped: no work), or the same chunk (the diagonal).
 3. The loss: cross-entropy of the rank's tokens, each token's gradient weighted 1/(B T accum),
@@ -71,10 +72,12 @@ typedef struct {
     CommGroup* cp;   // every rank: the sequence is split over them
     CpSplit split;   // -cp_layout
     int allgather;   // -cp_comm allgather (else ring)
-    floatX* kv[2];   // ring: the K,V block computed on and the one arriving, (B, Tl, 2C) each;
-                     // allgather: this rank's block, and (kv_all) the whole sequence's
-    floatX* kv_all;  // (B, T, 2C), rank after rank
-    float* dkv[2];   // their gradients, fp32, the same shapes (dkv_all: the whole sequence's)
+    floatX* kv[2];   // ring: two (B, Tl, 2C) blocks whose roles alternate: at step s the block
+                     // computed on is kv[s % 2], the next one arrives in the other;
+                     // allgather: kv[0] this rank's block
+    floatX* kv_all;  // allgather: every rank's block, (cp, B, Tl, 2C), in rank order (with zigzag
+                     // not the sequence's order: the chunks say where each token is)
+    float* dkv[2];   // their gradients, fp32, the same shapes and roles
     float* dkv_all;
     float* o;        // (B, Tl, C) the attention output merged so far, fp32
     float* dq;       // (B, Tl, C) the queries' gradient, fp32
@@ -135,15 +138,17 @@ static void cp_attention_forward(ContextParallel* cp, floatX* atty, float* lse, 
             cp->work += B * NH * cp_attention_work(mine, theirs);
         }
     } else {
-        for (int s = 0; s < n; s++) {
+        for (int s = 0; s < n; s++) {  // (step 0: this rank's own block, which `first` needs)
             floatX* here = cp->kv[s % 2];  // the block of rank r - s
             int owner = (r + n - s) % n;
             CommRequest next;
             memset(&next, 0, sizeof(next));  // (none posted at the last step: comm_wait returns)
             if (s < n - 1) {
                 // the ring: send this block (B, Tl, 2C) on to rank r + 1 and receive the next,
-                // rank r - s - 1's, from rank r - 1 into the other buffer. Posted, not waited
-                // for: the next block travels while this one is computed (both only read `here`)
+                // rank r - s - 1's, from rank r - 1 into the other buffer (free: last step's
+                // compute on it was issued before this post, and a post waits for what was
+                // issued before it). Posted, not waited for: the next block travels while this
+                // one is computed (both only read `here`)
                 CommMessage msgs[2] = {comm_message(here, block, (r + 1) % n, 1),
                                        comm_message(cp->kv[(s + 1) % 2], block, (r + n - 1) % n, 0)};
                 comm_exchange_start(g, msgs, 2, COMM_FLOATX, &next);
@@ -168,7 +173,8 @@ static void cp_attention_backward(ContextParallel* cp, floatX* dqkv, const float
     attention_block_backward_prepare(cp->D, datty, atty, B, Tl, C, NH);
     device_memset_zero(cp->dq, (size_t)B * Tl * C * sizeof(float));
     kv_pack(cp->kv[0], qkv, B, Tl, C);
-    float* own_dkv;  // where this rank's block's dK, dV end up, summed over every rank's queries
+    float* own_dkv = cp->dkv[0];  // where this rank's block's dK, dV end up, summed over every
+                                  // rank's queries (one rank: where its block stays)
     if (cp->allgather) {
         // the keys and values again (all-gather of (B, Tl, 2C) per rank), and their gradient for
         // the whole sequence, summed over the ranks and scattered to the owners: reduce-scatter of
@@ -181,11 +187,9 @@ static void cp_attention_backward(ContextParallel* cp, floatX* dqkv, const float
                                      mine, cp_chunks_of(cp->split, T, n, owner), B, C, NH);
             device_span_end(&cp->attention_time);
         }
-        comm_reduce_scatter(g, cp->dkv_all, cp->dkv[0], block, COMM_FLOAT, COMM_SUM);
-        own_dkv = cp->dkv[0];
+        comm_reduce_scatter(g, cp->dkv_all, own_dkv, block, COMM_FLOAT, COMM_SUM);
     } else {
         device_memset_zero(cp->dkv[0], block * sizeof(float));
-        own_dkv = cp->dkv[0];  // (one rank: its block never leaves)
         for (int s = 0; s < n; s++) {
             int here = s % 2, owner = (r + n - s) % n;
             CommRequest next;
@@ -205,12 +209,13 @@ static void cp_attention_backward(ContextParallel* cp, floatX* dqkv, const float
             comm_wait(&next);
             if (n == 1) break;
             // the block's gradient so far, (B, Tl, 2C) fp32, follows it to rank r + 1 once this
-            // rank has added its queries' part (every step: after cp passes it is back with its
-            // owner); the gradient of the next block arrives from rank r - 1
+            // rank has added its queries' part (so this exchange cannot overlap: it waits for
+            // the compute); the gradient of the next block, rank r - s - 1's, arrives from rank
+            // r - 1. Every step: after cp passes each gradient is back with its owner
             CommMessage dkv[2] = {comm_message(cp->dkv[here], block, (r + 1) % n, 1),
                                   comm_message(cp->dkv[1 - here], block, (r + n - 1) % n, 0)};
             comm_exchange(g, dkv, 2, COMM_FLOAT);
-            own_dkv = cp->dkv[1 - here];  // after the last pass: this rank's block's, home again
+            own_dkv = cp->dkv[1 - here];  // after the last pass (s = cp - 1): this rank's own, home
         }
     }
     attention_block_grads(dqkv, cp->dq, own_dkv, B, Tl, C);
@@ -245,8 +250,10 @@ static void layer_recompute(GPT2* model, ContextParallel* cp, LayerActs x, Layer
     if (kept == KEEP_ALL) return;
     device_span_begin(&recompute_spans);
     if (layer_rerun_needed(kept)) {
+        double work = cp->work;  // (the step's attention work counts each forward once)
         layernorm_forward(x.ln1, x.ln1_mean, x.ln1_rstd, residual, w.ln1w, w.ln1b, B * Tl, model->dims.C);
         layer_forward(model, cp, x, w, residual, mine, B, T, 1);
+        cp->work = work;
     } else {
         layer_recompute_selective(x, kept, B, Tl, model->dims);  // (the GELU: lse is always kept)
     }
@@ -343,8 +350,8 @@ typedef struct {
 static float val_loss(void* trainer, DataLoader* val) {
     Context* t = (Context*)trainer;
     GPT2* m = t->model;
-    CpChunks mine = cp_chunks_of(t->cp->split, m->T * t->cp->cp->size, t->cp->cp->size, t->cp->cp->rank);
-    int T = m->T * t->cp->cp->size;
+    int T = m->T * t->cp->cp->size;  // (the model holds B x Tl tokens: Tl = T / cp)
+    CpChunks mine = cp_chunks_of(t->cp->split, T, t->cp->cp->size, t->cp->cp->rank);
     dataloader_load_chunk(val, 0, m->config.vocab_size);
     cp_take_tokens(t->inputs, val->inputs, mine, m->B, T);
     cp_take_tokens(t->targets, val->targets, mine, m->B, T);
@@ -352,7 +359,8 @@ static float val_loss(void* trainer, DataLoader* val) {
     return gpt2_loss(m, t->targets, m->B, T / t->cp->cp->size, 0.0f);
 }
 
-// a sample's forward pass, (1, T) split as training's: this rank's logits, (1, Tl, Vp)
+// a sample's forward pass, (1, T) split as training's (T at most training's: run.h keeps a
+// sample within -t, so the buffers sized for it hold): this rank's logits, (1, Tl, Vp)
 static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
     Context* t = (Context*)trainer;
     CpChunks mine = cp_chunks_of(t->cp->split, T, t->cp->cp->size, t->cp->cp->rank);
@@ -430,14 +438,17 @@ static void print_layout(const Run* run, const ContextParallel* cp, int accum) {
     }
     printf("memory per rank, Psi = the model's parameters (every rank holds them all; activations of T/cp tokens):\n");
     memory_plan_print(&run->plan, c, &run->layout);
-    StepBytes b = cp_step_bytes(c, args->B, T, n, accum, cp->allgather, layer_rerun_needed(activations_kept(args->recompute, 0, layer_dims(c, 1, 0))));
+    int rerun = layer_rerun_needed(activations_kept(args->recompute, 0, run->plan.dims));  // (-r 2)
+    StepBytes b = cp_step_bytes(c, args->B, T, n, accum, cp->allgather, rerun);
     double kv = (double)args->B * (T / n) * 2 * c.channels;
     printf("communication per step (payload per rank), blocks of K,V of B T/cp 2C X = %.0f bytes:\n", kv * sizeof(floatX));
     if (cp->allgather) {
-        printf("  all-gather     %12.0f bytes  2 L cp B T/cp 2C X per micro-batch (forward and backward)\n", b.all_gather);
+        printf("  all-gather     %12.0f bytes  %d L cp B T/cp 2C X per micro-batch (forward, %sbackward)\n", b.all_gather,
+               2 + rerun, rerun ? "again before the backward, " : "");
         printf("  reduce-scatter %12.0f bytes  L cp B T/cp 2C 4 per micro-batch (dK, dV in fp32)\n", b.reduce_scatter);
     } else {
-        printf("  send, recv     %12.0f bytes  each: L (2 (cp-1) B T/cp 2C X + cp B T/cp 2C 4) per micro-batch\n", b.send);
+        printf("  send, recv     %12.0f bytes  each: L (%d (cp-1) B T/cp 2C X + cp B T/cp 2C 4) per micro-batch\n", b.send,
+               2 + rerun);
     }
     printf("  all-reduce     %12.0f bytes  P X (the gradients, SUM) + 4 (the loss)\n", b.all_reduce);
 }
@@ -528,9 +539,11 @@ int main(int argc, char** argv) {
     for (int step = run.start_step; step <= run.max_steps; step++) {
         if (run_between_steps(&run, step)) break;  // validation, a sample, a checkpoint: when due
         run_step_begin(&run);
+        device_spans_collect(&cp.attention_time);  // (validation's and samples' blocks are not the step's)
         // 1-4. forward + backward over the micro-batches, every rank on its tokens of the same
-        // sequences; gradients accumulate. Each token's gradient is weighted 1/(B*T*accum): the
-        // whole sequence's T, since every rank holds a part of each token mean.
+        // sequences; gradients accumulate. Each token's gradient is weighted 1/(B*T*accum), T the
+        // whole sequence's: the step's loss is the mean over all B T accum tokens, of which this
+        // rank holds B Tl accum.
         watchdog_phase("forward and backward", step);
         device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
         cp.work = 0.0;
@@ -551,7 +564,7 @@ int main(int argc, char** argv) {
         // buffer, P floatX; the loss, the mean of the ranks' token means (AVG, one float)
         watchdog_phase("gradient all-reduce", step);
         comm_all_reduce(world, model.grads_memory, model.num_parameters, COMM_FLOATX, COMM_SUM);
-        comm_all_reduce_scalar(world, &loss, COMM_AVG);
+        comm_all_reduce_scalar(world, &loss, COMM_AVG);  // (equal token counts: the global mean)
         // the norm of the summed gradient, the same on every rank
         float grad_norm = sqrtf(global_norm_squared(model.grads_memory, model.num_parameters));
         train_stop_if_not_finite(step, loss, grad_norm);

@@ -756,7 +756,8 @@ static inline LayerActs layer_acts(const Activations* a, LayerDims d, int B, int
 }
 
 // mean cross-entropy of the micro-batch. With dloss != 0 the logits are replaced by their
-// gradient, each token's loss weighted by dloss (1 / tokens in the global batch per rank).
+// gradient, each token's loss weighted by dloss (the trainer's: 1 / the tokens whose mean the
+// step's loss is).
 static inline float gpt2_loss(GPT2* model, const int* targets_host, int B, int T, float dloss) {
     GPT2Config c = model->config;
     size_t BT = (size_t)B * T;
