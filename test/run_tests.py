@@ -1116,6 +1116,26 @@ def sanitized_tp_run_with_sequence_parallelism_sampling_and_resume():
 
 
 @test
+def sanitized_cp_runs_ring_and_allgather_with_sampling_and_resume():
+    """the CP trainer's token split, K,V blocks, exchanges and sampling under AddressSanitizer +
+    UndefinedBehaviorSanitizer: 3 ranks, the ring (zigzag, -r 2) with a checkpoint, a sample and a
+    resume; then the all-gather (contiguous)"""
+    p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
+    env = dict(ASAN_OPTIONS="detect_leaks=0")
+    d = fresh_dir("sanitized_cp")
+    args = small_run_args(d, ["-b", 2, "-t", 24, "-d", 2 * 24, "-x", 2, "-s", 2, "-g", 8, "-r", 2])
+    for extra in ([], ["-x", 3, "-y", 1]):
+        out = run_ok(3, args + extra, program="./build/sanitize/train_gpt2_cp", env=env)
+        assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+    assert "resumed from step 2" in out and "---- sample at step 3 ----" in out, out[-3000:]
+    e = fresh_dir("sanitized_cp_allgather")
+    out = run_ok(3, small_run_args(e, ["-b", 2, "-t", 24, "-x", 2, "-cp_comm", "allgather", "-cp_layout", "contiguous"]),
+                 program="./build/sanitize/train_gpt2_cp", env=env)
+    assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+
+
+@test
 def sanitized_pp_run_interleaved_with_timeline_sampling_and_resume_and_zb():
     """the PP trainer's activation slots, exchanges and gathers under AddressSanitizer +
     UndefinedBehaviorSanitizer: 2 stages of 2 chunks (interleaved) on a 4-layer model, a timeline, a
