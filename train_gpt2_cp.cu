@@ -474,10 +474,7 @@ int main(int argc, char** argv) {
     GPT2Config config = run.config;
 
     // ---- the layout: every rank the whole model and T/cp tokens of each sequence
-    if (cp_flag != 0 && cp_flag != ranks) {
-        fail("-cp %d: this trainer puts every rank in one context-parallel group, so -cp must equal the number of "
-             "ranks, %d (launch with mpirun -np %d, or leave -cp out)", cp_flag, ranks, cp_flag);
-    }
+    run_check_one_group(&run, "-cp", cp_flag, "one context-parallel group");
     ContextParallel cp;
     memset(&cp, 0, sizeof(cp));
     cp.cp = world;

@@ -269,10 +269,7 @@ int main(int argc, char** argv) {
     GPT2Config config = run.config;
 
     // ---- the layout: stage s = rank s; its layers in vp chunks of L / (p vp)
-    if (pp_flag != 0 && pp_flag != p) {
-        fail("-pp %d: this trainer puts every rank in one pipeline, so -pp must equal the number of ranks, %d "
-             "(launch with mpirun -np %d, or leave -pp out)", pp_flag, p, pp_flag);
-    }
+    run_check_one_group(&run, "-pp", pp_flag, "one pipeline");
     LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);  // every stage holds whole layers
     // the batch: a step is m micro-batches of B x T, each through the whole pipe
     int B = run.args.B, T = run.args.T, m = train_accumulation_steps(&run.args, /*readers*/ 1, NULL);

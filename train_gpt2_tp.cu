@@ -258,10 +258,7 @@ int main(int argc, char** argv) {
 
     // ---- the layout: every rank one tp slice of the same model. The heads, the MLP width and
     // the vocabulary must divide by tp (layer_dims); with -sp the sequence length too.
-    if (tp_flag != 0 && tp_flag != ranks) {
-        fail("-tp %d: this trainer puts every rank in one tensor-parallel group, so -tp must equal "
-             "the number of ranks, %d (launch with mpirun -np %d, or leave -tp out)", tp_flag, ranks, tp_flag);
-    }
+    run_check_one_group(&run, "-tp", tp_flag, "one tensor-parallel group");
     LayerDims dims = tp_layer_dims(config, ranks, sp, run.args.T, "ranks");
     sp = dims.seq_shards > 1;  // -sp 1 on one rank: nothing to split, so the run goes on without
     // the batch: all ranks work on the same B x T tokens, `accum` micro-batches per step

@@ -98,6 +98,21 @@ static int by_total(const void* a, const void* b) {
     return x < y ? -1 : x > y;
 }
 
+// -search: one layout; counted when its trainer can run it, kept in fits when it fits in memory
+static void try_layout(Candidate** fits, int* count, int* capacity, int* tried, GPT2Config c, DeviceTarget target,
+                       RunLayout run, size_t batch, double memory) {
+    char why[256];
+    if (layout_problem(c, target, &run, batch, why, sizeof(why))) return;
+    (*tried)++;
+    Candidate cand;
+    cand.run = run;
+    cand.plan = memory_plan_largest(c, target, &run, &cand.stage);
+    if (cand.plan.total > memory) return;
+    if (*count == *capacity) *fits = (Candidate*)realloc(*fits, (size_t)(*capacity *= 2) * sizeof(Candidate));
+    if (*fits == NULL) fail("out of host memory listing layouts");
+    (*fits)[(*count)++] = cand;
+}
+
 int main(int argc, char** argv) {
     const char *model = "d12", *device = "cuda", *precision = "bf16", *attention = "flash", *sched_name = "1f1b";
     const char* trainer_name = NULL;
@@ -215,16 +230,7 @@ int main(int argc, char** argv) {
                             int V = p > 1 ? vp : 1;
                             PipeSchedule sc = p > 1 ? (PipeSchedule)sched : SCHEDULE_1F1B;
                             RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, overlap, checkpoint > 0, 0, 0, 1, 0};
-                            char why[256];
-                            if (layout_problem(c, target, &run, batch, why, sizeof(why))) continue;
-                            tried++;
-                            Candidate cand;
-                            cand.run = run;
-                            cand.plan = memory_plan_largest(c, target, &run, &cand.stage);
-                            if (cand.plan.total > memory) continue;
-                            if (count == capacity) fits = (Candidate*)realloc(fits, (size_t)(capacity *= 2) * sizeof(Candidate));
-                            if (fits == NULL) fail("out of host memory listing layouts");
-                            fits[count++] = cand;
+                            try_layout(&fits, &count, &capacity, &tried, c, target, run, batch, memory);
                         }
         }
     }
@@ -232,16 +238,7 @@ int main(int argc, char** argv) {
     for (int a = 0; a <= 1 && N > 1; a++) {
         for (int r = 0; r <= RECOMPUTE_MAX; r++) {
             RunLayout run = {TRAINER_CP, 1, 1, 1, 1, SCHEDULE_1F1B, 1, B, T, 0, 0, r, 0, overlap, checkpoint > 0, 0, 0, N, a};
-            char why[256];
-            if (layout_problem(c, target, &run, batch, why, sizeof(why))) continue;
-            tried++;
-            Candidate cand;
-            cand.run = run;
-            cand.plan = memory_plan_largest(c, target, &run, &cand.stage);
-            if (cand.plan.total > memory) continue;
-            if (count == capacity) fits = (Candidate*)realloc(fits, (size_t)(capacity *= 2) * sizeof(Candidate));
-            if (fits == NULL) fail("out of host memory listing layouts");
-            fits[count++] = cand;
+            try_layout(&fits, &count, &capacity, &tried, c, target, run, batch, memory);
         }
     }
     qsort(fits, (size_t)count, sizeof(Candidate), by_total);

@@ -450,6 +450,16 @@ static inline int run_start(Run* r, int* argc, char*** argv, const ArgSpec* own,
     return 1;
 }
 
+// A trainer whose ranks all form one group (TP, PP, CP): its size flag (-tp, -pp, -cp) may only
+// repeat the number of ranks; 0 means "the number of ranks"
+static inline void run_check_one_group(const Run* r, const char* flag, int value, const char* group) {
+    int ranks = r->world.size;
+    if (value != 0 && value != ranks) {
+        fail("%s %d: this trainer puts every rank in %s, so %s must equal the number of ranks, %d (launch with mpirun "
+             "-np %d, or leave %s out)", flag, value, group, flag, ranks, value, flag);
+    }
+}
+
 // The layout fields every trainer fills alike (one rank of everything, the batch, -r, -n, -y);
 // the trainer then sets its own: dp, tp, pp, V, sched, zero, sp, offload, overlap, dump_grads
 static inline RunLayout run_layout(const Run* r, TrainerKind trainer, int micro_batches) {

@@ -401,6 +401,16 @@ static inline void comm_recv(CommGroup* g, void* buf, size_t n, CommDtype dtype,
     comm_end(g);
 }
 
+// an exchange's sends and receives as one NCCL group on the comm stream
+static inline void nccl_post_messages(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype) {
+    nccl_check(ncclGroupStart(), g, "exchange");
+    for (int i = 0; i < count; i++) {
+        if (msgs[i].is_send) nccl_check(ncclSend(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "send");
+        else nccl_check(ncclRecv(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "recv");
+    }
+    nccl_check(ncclGroupEnd(), g, "exchange");
+}
+
 // sends and receives of device buffers to and from several ranks at once: NCCL's group call
 // posts them together, so the exchange completes once every partner has posted its side (the
 // host-staged path: the same through MPI's non-blocking calls, cpu/comm.h)
@@ -425,12 +435,7 @@ static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int coun
     }
 #endif
     comm_begin(g);
-    nccl_check(ncclGroupStart(), g, "exchange");
-    for (int i = 0; i < count; i++) {
-        if (msgs[i].is_send) nccl_check(ncclSend(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "send");
-        else nccl_check(ncclRecv(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "recv");
-    }
-    nccl_check(ncclGroupEnd(), g, "exchange");
+    nccl_post_messages(g, msgs, count, dtype);
     comm_end(g);
 }
 
@@ -500,12 +505,7 @@ static inline void comm_exchange_start(CommGroup* g, const CommMessage* msgs, in
     if (count > COMM_EXCHANGE_MAX) fail("exchange on group '%s': %d messages, at most %d", g->name, count, COMM_EXCHANGE_MAX);
     comm_count_exchange(g, msgs, count, comm_dtype_bytes(dtype));
     comm_begin(g);
-    nccl_check(ncclGroupStart(), g, "exchange");
-    for (int i = 0; i < count; i++) {
-        if (msgs[i].is_send) nccl_check(ncclSend(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "send");
-        else nccl_check(ncclRecv(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "recv");
-    }
-    nccl_check(ncclGroupEnd(), g, "exchange");
+    nccl_post_messages(g, msgs, count, dtype);
     comm_nccl_posted(g, r);
 }
 
