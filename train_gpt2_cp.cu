@@ -510,9 +510,9 @@ int main(int argc, char** argv) {
     run_check_memory(&run, plan, 0, "the whole model and %d of %d tokens a sequence per rank, -b %d", Tl, T, B);
 
     // ---- the weights, the data (a step is accum chunks of B x T, each read by every rank, which
-    // keeps its tokens), the run's identity with its layout (a resume must match it), the output dir
-    float* weights = run_load(&run, accum, /*val_chunks*/ 1, "cp=%d split=%s comm=%s, %d micro-batches of %d x %d",
-                              ranks, split_name, comm_name, accum, B, T);
+    // keeps its tokens), the run's identity without the layout (the ranks train one model whatever
+    // the split: a checkpoint resumes at any cp, split or variant), the output dir
+    float* weights = run_load(&run, accum, /*val_chunks*/ 1, NULL);
     GPT2 model;
     gpt2_build(&model, config, dims, layout, weights, B, Tl, ACTS_ALL,
                activations_kept(run.args.recompute, /*weights_later*/ 0, dims), /*offload*/ 0);
@@ -520,7 +520,8 @@ int main(int argc, char** argv) {
     cp_alloc(&cp, B, T, config.channels, config.num_heads);
     if (rank == 0) print_layout(&run, &cp, accum);
 
-    // ---- resume with -y 1; validation and samples with the sequence split as in training
+    // ---- resume with -y 1 (a checkpoint of any cp); validation and samples with the sequence split
+    // as in training
     Context trainer = {&model, &cp, (int*)malloc_check((size_t)B * Tl * sizeof(int)),
                        (int*)malloc_check((size_t)B * Tl * sizeof(int))};
     RunModel hooks = run_model(&model, &trainer, val_loss, sample_logits);
@@ -528,7 +529,8 @@ int main(int argc, char** argv) {
     hooks.seq = world;              // a sample's positions split over the ranks
     hooks.seq_row = sample_row;
     hooks.sample_pad = chunks;      // (a sample padded to whole chunks; causal: the padding is unseen)
-    hooks.split = world;            // checkpoints: the replicas are identical, rank 0 writes
+    hooks.replicas = world;         // checkpoints: every rank a replica; rank 0 writes the state in
+    hooks.split = world;            // the model file's layout, which any cp reads (the split: none)
     run_begin(&run, hooks, &world, 1);  // (world: the group whose bytes each step reports)
 
     // ---- training loop; `step` counts completed optimizer steps

@@ -198,6 +198,10 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
         plan.host = writing > plan.host ? writing : plan.host;
     } else {
         plan.host = P * sizeof(float) + N * sizeof(float) + (r->resume ? N * resume_state : 0);
+        if (r->trainer == TRAINER_CP && root && r->checkpoint) {  // rank 0 writing the gathered state
+            size_t writing = P * sizeof(float) * (t.X < 4 ? 4 : 3);  // (weights, m, v and the bf16 bits)
+            plan.host = writing > plan.host ? writing : plan.host;
+        }
     }
     return plan;
 }

@@ -1815,6 +1815,30 @@ def cp_resume_is_bit_identical():
 
 
 @test
+def cp_checkpoint_of_cp2_resumes_at_cp1_and_cp4():
+    """a cp = 2 run (zigzag ring) checkpoints step 2; resumed on one rank and on cp = 4 (contiguous,
+    all-gather: other tokens per rank, another variant), steps 3-5 still match the uninterrupted
+    reference: the state is gathered in the model file's layout, which no split changes"""
+    ref = reference_run()
+    saved = fresh_dir("cp_saved_cp2")
+    run_ok(2, trainer_args(ref, 8, saved, ["-n", 2]), program=CP)
+    for ranks, flags in ((1, []), (4, ["-cp_layout", "contiguous", "-cp_comm", "allgather"])):
+        d = fresh_dir("cp_resumed_cp%d" % ranks)
+        for f in glob.glob(os.path.join(saved, "*_00000002*")):
+            shutil.copy(f, d)
+        out = run_ok(ranks, trainer_args(ref, 8, d, ["-n", 3, "-y", 1] + flags), program=CP)
+        assert "resumed from step 2" in out, out[-2000:]
+        train, _ = read_log(d)
+        for s in (3, 4, 5):  # the tolerances of check_against_reference: fp32 summation orders differ
+            a, b = train[s]["train_loss"], ref["losses"][s - 1]
+            assert abs(a - b) <= 1e-5, "cp=%d step %d loss %.7f, reference %.7f" % (ranks, s, a, b)
+        _, p_ref = reference.read_model_file(os.path.join(ref["dir"], "final.bin"))
+        _, p = reference.read_model_file(os.path.join(d, "model_%08d.bin" % REF["steps"]))
+        err = np.abs(p - p_ref).max()
+        assert err <= 2e-5, "cp=%d final parameters: max abs error %.3g" % (ranks, err)
+
+
+@test
 def cp_model_file_loads_in_the_dp_trainer_and_samples():
     """the model file of a cp = 2 run is llm.c's: the DP trainer measures the validation loss the
     cp run measured (the same tokens, split or not); samples are drawn with the sequence split"""
