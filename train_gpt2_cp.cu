@@ -125,7 +125,7 @@ static void cp_attention_forward(ContextParallel* cp, floatX* atty, float* lse, 
     int r = g->rank, n = g->size, Tl = T / n;
     size_t block = (size_t)B * Tl * 2 * C;
     kv_pack(cp->kv[0], qkv, B, Tl, C);  // the K and V of this rank's tokens: what travels
-    if (cp->allgather) {
+    if (cp->allgather && n > 1) {  // (one rank: nothing to gather, the ring's single step)
         // all-gather of the K,V blocks, (B, Tl, 2C) from each rank into (cp, B, Tl, 2C): the
         // whole sequence's keys and values on every rank at once (memory: B T 2C X)
         comm_all_gather(g, cp->kv[0], cp->kv_all, block, COMM_FLOATX);
@@ -175,7 +175,7 @@ static void cp_attention_backward(ContextParallel* cp, floatX* dqkv, const float
     kv_pack(cp->kv[0], qkv, B, Tl, C);
     float* own_dkv = cp->dkv[0];  // where this rank's block's dK, dV end up, summed over every
                                   // rank's queries (one rank: where its block stays)
-    if (cp->allgather) {
+    if (cp->allgather && n > 1) {
         // the keys and values again (all-gather of (B, Tl, 2C) per rank), and their gradient for
         // the whole sequence, summed over the ranks and scattered to the owners: reduce-scatter of
         // (cp, B, Tl, 2C) fp32, each rank left with its block's

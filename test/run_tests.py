@@ -1790,7 +1790,8 @@ def make_cp_test(cp, split, comm, accum, cfg):
 
 
 # T = 32 splits into 2 cp chunks for cp = 2 and 4; T = 24 (REF3) for cp = 3
-for _cp, _split, _comm, _accum, _cfg in [(1, "zigzag", "ring", 1, REF), (2, "zigzag", "ring", 1, REF),
+for _cp, _split, _comm, _accum, _cfg in [(1, "zigzag", "ring", 1, REF), (1, "contiguous", "allgather", 1, REF),
+                                         (2, "zigzag", "ring", 1, REF),
                                          (2, "contiguous", "allgather", 2, REF), (3, "zigzag", "allgather", 1, REF3),
                                          (3, "contiguous", "ring", 2, REF3), (4, "zigzag", "ring", 2, REF),
                                          (4, "contiguous", "ring", 1, REF), (4, "zigzag", "allgather", 1, REF)]:
