@@ -11,6 +11,13 @@
 
 #include "utils.h"
 
+// the mask functions below run in the CUDA kernels too
+#ifdef __CUDACC__
+#define CP_HOST_DEVICE __host__ __device__
+#else
+#define CP_HOST_DEVICE
+#endif
+
 // the largest head size the block-attention kernels hold in registers (GPT-2's is 64)
 #define RING_MAX_HEAD 128
 
@@ -39,8 +46,21 @@ static inline int cp_position(CpChunks c, int t) { return c.index[t / c.len] * c
 // before every query (whole), the same positions (diagonal: key <= query), or every key after
 // every query (masked: no work, skipped)
 typedef enum { TILE_WHOLE, TILE_DIAGONAL, TILE_MASKED } CpTile;
-static inline CpTile cp_tile(int query_chunk, int key_chunk) {
+CP_HOST_DEVICE static inline CpTile cp_tile(int query_chunk, int key_chunk) {
     return key_chunk < query_chunk ? TILE_WHOLE : key_chunk == query_chunk ? TILE_DIAGONAL : TILE_MASKED;
+}
+
+// The mask as loop bounds (both ranks split alike: chunks of one length). How many keys of key
+// chunk j, from its first, local query t sees: all (whole), up to its own offset (diagonal), none
+// (masked: the tile is skipped, not a score computed)
+CP_HOST_DEVICE static inline int cp_keys_seen(CpChunks q, int t, CpChunks k, int j) {
+    CpTile tile = cp_tile(q.index[t / q.len], k.index[j]);
+    return tile == TILE_WHOLE ? k.len : tile == TILE_DIAGONAL ? t % q.len + 1 : 0;
+}
+// ... and the other way: the first query of query chunk i that sees local key t2 (q.len: none)
+CP_HOST_DEVICE static inline int cp_first_query_seeing(CpChunks q, int i, CpChunks k, int t2) {
+    CpTile tile = cp_tile(q.index[i], k.index[t2 / k.len]);
+    return tile == TILE_WHOLE ? 0 : tile == TILE_DIAGONAL ? t2 % k.len : q.len;
 }
 
 // the (query, key) score products one rank's queries do against another's keys, per sequence and

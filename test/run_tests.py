@@ -1619,6 +1619,20 @@ for _grid in [(1, 1, 1, 0, "1f1b", 1, 1, 0), (2, 1, 1, 0, "1f1b", 1, 2, 1), (1, 
     test(make_grid3d_test(*_grid))
 
 
+def check_resumed_against_reference(ref, d, name, steps, last_step):
+    """a run resumed in d on another layout: the losses of `steps` and its final weights against the
+    uninterrupted reference, within check_against_reference's tolerances (only fp32 summation
+    orders differ)"""
+    train, _ = read_log(d)
+    for s in steps:
+        a, b = train[s]["train_loss"], ref["losses"][s - 1]
+        assert abs(a - b) <= 1e-5, "%s step %d loss %.7f, reference %.7f" % (name, s, a, b)
+    _, p_ref = reference.read_model_file(os.path.join(ref["dir"], "final.bin"))
+    _, p = reference.read_model_file(os.path.join(d, "model_%08d.bin" % last_step))
+    err = np.abs(p - p_ref).max()
+    assert err <= 2e-5, "%s final parameters: max abs error %.3g" % (name, err)
+
+
 @test
 def grid3d_checkpoint_of_2x2x2_resumes_at_1x1x1_and_1x2x4():
     """a 2x2x2 run (-sp, ZeRO-1) checkpoints step 2; resumed on one rank and on 1x2x4 (other
@@ -1633,15 +1647,7 @@ def grid3d_checkpoint_of_2x2x2_resumes_at_1x1x1_and_1x2x4():
             shutil.copy(f, d)
         out = run_ok(ranks, trainer_args(ref, B, d, ["-n", 3, "-y", 1] + flags, cfg=cfg), program=D3)
         assert "resumed from step 2" in out, out[-2000:]
-        train, _ = read_log(d)
-        # the tolerances of check_against_reference: only fp32 summation orders differ
-        for s in (3, 4, 5):
-            a, b = train[s]["train_loss"], ref["losses"][s - 1]
-            assert abs(a - b) <= 1e-5, "%s step %d loss %.7f, reference %.7f" % (name, s, a, b)
-        _, p_ref = reference.read_model_file(os.path.join(ref["dir"], "final.bin"))
-        _, p = reference.read_model_file(os.path.join(d, "model_%08d.bin" % cfg["steps"]))
-        err = np.abs(p - p_ref).max()
-        assert err <= 2e-5, "%s final parameters: max abs error %.3g" % (name, err)
+        check_resumed_against_reference(ref, d, name, (3, 4, 5), cfg["steps"])
 
 
 @test
@@ -1829,14 +1835,7 @@ def cp_checkpoint_of_cp2_resumes_at_cp1_and_cp4():
             shutil.copy(f, d)
         out = run_ok(ranks, trainer_args(ref, 8, d, ["-n", 3, "-y", 1] + flags), program=CP)
         assert "resumed from step 2" in out, out[-2000:]
-        train, _ = read_log(d)
-        for s in (3, 4, 5):  # the tolerances of check_against_reference: fp32 summation orders differ
-            a, b = train[s]["train_loss"], ref["losses"][s - 1]
-            assert abs(a - b) <= 1e-5, "cp=%d step %d loss %.7f, reference %.7f" % (ranks, s, a, b)
-        _, p_ref = reference.read_model_file(os.path.join(ref["dir"], "final.bin"))
-        _, p = reference.read_model_file(os.path.join(d, "model_%08d.bin" % REF["steps"]))
-        err = np.abs(p - p_ref).max()
-        assert err <= 2e-5, "cp=%d final parameters: max abs error %.3g" % (ranks, err)
+        check_resumed_against_reference(ref, d, "cp=%d" % ranks, (3, 4, 5), REF["steps"])
 
 
 @test

@@ -31,16 +31,10 @@ static inline void attention_block_forward(float* o, float* lse, const float* qk
         for (int h = 0; h < NH; h++) {
             for (int t = 0; t < Tq; t++) {
                 const float* qt = qkv + ((size_t)b * Tq + t) * 3 * C + h * hs;
-                int chunk = t / q.len, offset = t % q.len;
                 float m = -INFINITY, sum = 0.0f, ob[RING_MAX_HEAD];  // (the trainer checks hs)
                 for (int i = 0; i < hs; i++) ob[i] = 0.0f;
-                for (int t2 = 0; t2 < Tk; t2++) {  // one pass: the running max rescales the sum
-                    CpTile tile = cp_tile(q.index[chunk], k.index[t2 / k.len]);
-                    if (tile == TILE_MASKED) {  // the causal mask: this key chunk is after the query's
-                        t2 += k.len - 1;
-                        continue;
-                    }
-                    if (tile == TILE_DIAGONAL && t2 % k.len > offset) continue;
+                // one pass over the keys the causal mask lets it see: the running max rescales the sum
+                for (int j = 0; j < k.n; j++) for (int t2 = j * k.len; t2 < j * k.len + cp_keys_seen(q, t, k, j); t2++) {
                     const float* kt = kv + ((size_t)b * Tk + t2) * 2 * C + h * hs;
                     const float* vt = kt + C;
                     float s = 0.0f;
@@ -100,14 +94,7 @@ static inline void attention_block_backward(float* dq, float* dkv, const float* 
                 const float* dy = datty + ((size_t)b * Tq + t) * C + h * hs;
                 float* dqt = dq + ((size_t)b * Tq + t) * C + h * hs;
                 size_t row = ((size_t)b * NH + h) * Tq + t;
-                int chunk = t / q.len, offset = t % q.len;
-                for (int t2 = 0; t2 < Tk; t2++) {
-                    CpTile tile = cp_tile(q.index[chunk], k.index[t2 / k.len]);
-                    if (tile == TILE_MASKED) {
-                        t2 += k.len - 1;
-                        continue;
-                    }
-                    if (tile == TILE_DIAGONAL && t2 % k.len > offset) continue;
+                for (int j = 0; j < k.n; j++) for (int t2 = j * k.len; t2 < j * k.len + cp_keys_seen(q, t, k, j); t2++) {
                     const float* kt = kv + ((size_t)b * Tk + t2) * 2 * C + h * hs;
                     const float* vt = kt + C;
                     float* dkt = dkv + ((size_t)b * Tk + t2) * 2 * C + h * hs;

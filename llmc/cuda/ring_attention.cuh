@@ -9,12 +9,6 @@
 #include "device.cuh"
 #include "../cp_layout.h"
 
-// 1 when key t2 of block k is visible to query t of block q (the causal mask by chunks: whole,
-// diagonal, masked; cp_tile)
-__device__ inline int cp_visible(CpChunks q, int t, CpChunks k, int t2) {
-    int qc = q.index[t / q.len], kc = k.index[t2 / k.len];
-    return kc < qc || (kc == qc && t2 % k.len <= t % q.len);
-}
 
 // kv (B, T, 2C) = the keys and values of qkv (B, T, 3C)
 __global__ void kv_pack_kernel(floatX* kv, const floatX* qkv, size_t BT, int C) {
@@ -40,8 +34,7 @@ __global__ void attention_block_forward_kernel(float* o, float* lse, const float
     const floatX* qt = qkv + ((size_t)b * Tq + t) * 3 * C + h * hs;
     float m = -INFINITY, sum = 0.0f, ob[RING_MAX_HEAD];
     for (int i = 0; i < hs; i++) ob[i] = 0.0f;
-    for (int t2 = 0; t2 < Tk; t2++) {
-        if (!cp_visible(q, t, k, t2)) continue;
+    for (int j = 0; j < k.n; j++) for (int t2 = j * k.len; t2 < j * k.len + cp_keys_seen(q, t, k, j); t2++) {
         const floatX* kt = kv + ((size_t)b * Tk + t2) * 2 * C + h * hs;
         const floatX* vt = kt + C;
         float s = 0.0f;
@@ -100,8 +93,7 @@ __global__ void attention_block_dq_kernel(float* dq, const floatX* datty, const 
     const floatX* qt = qkv + ((size_t)b * Tq + t) * 3 * C + h * hs;
     const floatX* dy = datty + ((size_t)b * Tq + t) * C + h * hs;
     float* dqt = dq + ((size_t)b * Tq + t) * C + h * hs;
-    for (int t2 = 0; t2 < Tk; t2++) {
-        if (!cp_visible(q, t, k, t2)) continue;
+    for (int j = 0; j < k.n; j++) for (int t2 = j * k.len; t2 < j * k.len + cp_keys_seen(q, t, k, j); t2++) {
         const floatX* kt = kv + ((size_t)b * Tk + t2) * 2 * C + h * hs;
         const floatX* vt = kt + C;
         float s = 0.0f, dp = 0.0f;
@@ -127,8 +119,7 @@ __global__ void attention_block_dkv_kernel(float* dkv, const floatX* datty, cons
     const floatX* vt = kt + C;
     float dk[RING_MAX_HEAD], dv[RING_MAX_HEAD];
     for (int i = 0; i < hs; i++) dk[i] = dv[i] = 0.0f;
-    for (int t = 0; t < Tq; t++) {
-        if (!cp_visible(q, t, k, t2)) continue;
+    for (int qc = 0; qc < q.n; qc++) for (int t = qc * q.len + cp_first_query_seeing(q, qc, k, t2); t < (qc + 1) * q.len; t++) {
         const floatX* qt = qkv + ((size_t)b * Tq + t) * 3 * C + h * hs;
         const floatX* dy = datty + ((size_t)b * Tq + t) * C + h * hs;
         size_t row = ((size_t)b * NH + h) * Tq + t;
