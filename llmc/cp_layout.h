@@ -39,6 +39,17 @@ static inline CpChunks cp_chunks_of(CpSplit split, int T, int cp, int rank) {
     return c;
 }
 
+// the chunks `split` cuts each sequence into over cp ranks (`ranks_name` says which), after
+// checking that T divides by them: a clear error naming the rule otherwise
+static inline int cp_check_split(CpSplit split, int cp, int T, const char* ranks_name) {
+    int chunks = (split == CP_ZIGZAG ? 2 : 1) * cp;
+    if (T % chunks != 0) {
+        fail("-t %d: the %s split cuts each sequence into %d chunks (%s, over the %d %s), so T must divide by %d", T,
+             cp_split_name(split), chunks, split == CP_ZIGZAG ? "2 cp" : "cp", cp, ranks_name, chunks);
+    }
+    return chunks;
+}
+
 // the global position of local token t (0 <= t < n len)
 static inline int cp_position(CpChunks c, int t) { return c.index[t / c.len] * c.len + t % c.len; }
 
@@ -77,16 +88,17 @@ static inline double cp_attention_work(CpChunks q, CpChunks k) {
 }
 
 // The device buffers of context-parallel attention, in bytes, for micro-batches of B x T on cp
-// ranks (Tl = T / cp tokens each), floatX of X bytes; allgather: -cp_comm allgather. In order:
-//   kv   ring: two (B, Tl, 2C) blocks of keys and values, the one computed on and the one
-//        arriving; allgather: this rank's block and the whole sequence's (B, T, 2C)
+// ranks (Tl = T / cp tokens each), the model's width C, the attention's A (C / tp with tensor
+// parallelism) and NH heads, floatX of X bytes; allgather: -cp_comm allgather. In order:
+//   kv   ring: two (B, Tl, 2A) blocks of keys and values, the one computed on and the one
+//        arriving; allgather: this rank's block and the whole sequence's (B, T, 2A)
 //   dkv  the same shapes in fp32: the gradients of keys and values, summed over the ranks' queries
-//   o, dq  (B, Tl, C) fp32 each: the output merged so far; the queries' gradient
+//   o, dq  (B, Tl, A) fp32 each: the output merged so far; the queries' gradient
 //   D    (B, NH, Tl) fp32: the softmax backward's row sums
 //   wpe  two (Tl, C): the position embeddings of this rank's positions, and their gradient
-static inline size_t cp_scratch_bytes(int B, int T, int cp, int C, int NH, int X, int allgather) {
+static inline size_t cp_scratch_bytes(int B, int T, int cp, int C, int A, int NH, int X, int allgather) {
     size_t BTl = (size_t)B * (T / cp), blocks = allgather ? BTl + (size_t)B * T : 2 * BTl;
-    return blocks * 2 * C * (X + sizeof(float)) + 2 * BTl * C * sizeof(float) + BTl * NH * sizeof(float) +
+    return blocks * 2 * A * (X + sizeof(float)) + 2 * BTl * A * sizeof(float) + BTl * NH * sizeof(float) +
            2 * (size_t)(T / cp) * C * X;
 }
 

@@ -159,7 +159,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     // message, and with ZeRO-1 the reduce-scatter's 1/dp shard of the gradients (train_gpt2_3d)
     if (r->trainer == TRAINER_DP) plan.comm = zero_buffer_bytes(l, t.X, r->m, r->overlap);
     if (pipelined) plan.comm = (size_t)r->B * r->T / plan.dims.seq_shards * c.channels * X + (r->zero ? S * X : 0);
-    if (r->trainer == TRAINER_CP) plan.comm = cp_scratch_bytes(r->B, r->T, r->cp, c.channels, c.num_heads, t.X, r->cp_allgather);
+    if (r->trainer == TRAINER_CP) plan.comm = cp_scratch_bytes(r->B, r->T, r->cp, c.channels, c.channels, c.num_heads, t.X, r->cp_allgather);
     plan.kernels = kernel_workspace_bytes(plan.dims, r->B, r->T / layout_cp(r));
     // gathers for files
     if (r->trainer == TRAINER_DP) {

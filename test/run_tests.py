@@ -1861,7 +1861,7 @@ def cp_bad_inputs():
     run_bad_inputs_concurrently(CP, messages=TP_MESSAGES)
     d = fresh_dir("cp_flags")
     base = ["-e", "d2", "-i", REF["tokens"], "-b", 2, "-x", 2, "-v", 0, "-s", 0, "-o", os.path.join(d, "out")]
-    for ranks, args, message in ((3, ["-t", 32], "-t 32: the zigzag split cuts each sequence into 6 chunks (2 cp), so T must divide by 6"),
+    for ranks, args, message in ((3, ["-t", 32], "-t 32: the zigzag split cuts each sequence into 6 chunks (2 cp, over the 3 cp ranks), so T must divide by 6"),
                                  (3, ["-t", 32, "-cp_layout", "contiguous"], "so T must divide by 3"),
                                  (2, ["-t", 32, "-cp_layout", "stripes"], "-cp_layout stripes: expected zigzag or contiguous"),
                                  (2, ["-t", 32, "-cp_comm", "tree"], "-cp_comm tree: expected ring or allgather"),
