@@ -59,6 +59,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/block.h"
 #include "llmc/optimizer.h"
 #include "llmc/tensor_parallel.h"
+#include "llmc/context_parallel.h"
 #include "llmc/pipeline.h"
 #include "llmc/stage.h"
 #include "llmc/chunk.h"
@@ -68,81 +69,101 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/memory_plan.h"
 
 // ----------------------------------------------------------------------------------------------
-// The grid. World rank r sits at tp rank r % tp, dp rank (r / tp) % dp and stage r / (tp dp):
-// tp varies fastest, then dp, then pp, the order Megatron-LM uses. Consecutive ranks share a
-// machine, and the group that talks most should be the one whose ranks are closest: the tp
-// group does 4 collectives of a whole (B, T, C) activation per layer per micro-batch, on the
-// critical path, so it belongs on one machine's NVLink. The dp group comes next: one reduction
-// of the gradients per step, which can overlap the backward pass (train_gpt2_dp.cu's -overlap;
-// this trainer reduces after the schedule, to keep the step readable). The pp group talks least (one
-// (B, T, C) message per micro-batch per stage boundary, point to point), so stages can sit on
-// different machines.
+// The grid. World rank r sits at tp rank r % tp, cp rank (r / tp) % cp, dp rank
+// (r / (tp cp)) % dp and stage r / (tp cp dp): tp varies fastest, then cp, then dp, then pp, the
+// order Megatron-LM uses. Consecutive ranks share a machine, and the group that talks most should
+// be the one whose ranks are closest: the tp group does 4 collectives of a whole (B, T, C)
+// activation per layer per micro-batch, on the critical path, so it belongs on one machine's
+// NVLink. The cp group comes next: per layer and micro-batch it passes K,V blocks, (B, T/cp, 2C/tp)
+// each, cp - 1 times forward and again backward with their gradients, hidden behind attention's
+// compute when T is long. Then dp: one reduction of the gradients per step, which can overlap
+// the backward pass (train_gpt2_dp.cu's -overlap; this trainer reduces after the schedule, to
+// keep the step readable). The pp group talks least (one activation message per micro-batch per
+// stage boundary, point to point), so stages can sit on different machines.
 
 typedef struct {
-    int dp, pp, tp;                 // the grid's sides, dp * pp * tp = world size
-    int dp_rank, stage, tp_rank;    // this rank's coordinates
-    CommGroup tp_group;             // the tp ranks of this stage of this replica
-    CommGroup pp_group;             // the stages of this replica at this tp rank
-    CommGroup dp_group;             // the replicas, at this stage and tp rank
-    CommGroup embedding;            // the first and last stage at this dp and tp rank (tied wte)
-    CommGroup model_group;          // the tp x pp ranks of this replica, in the order
+    int dp, pp, cp, tp;                      // the grid's sides, dp * pp * cp * tp = world size
+    int dp_rank, stage, cp_rank, tp_rank;    // this rank's coordinates
+    CommGroup tp_group;             // the tp ranks of this stage of this replica and cp rank
+    CommGroup cp_group;             // the cp ranks: this stage's and tp rank's share of one
+                                    // replica's sequences, split over them
+    CommGroup pp_group;             // the stages of this replica at this cp and tp rank
+    CommGroup dp_group;             // the ranks holding the same parameters: the replicas and
+                                    // their cp ranks (dp x cp ranks) at this stage and tp rank
+    CommGroup embedding;            // the first and last stage at this dp, cp and tp rank (tied wte)
+    CommGroup model_group;          // the tp x pp ranks of this replica and cp rank, in the order
                                     // parameter_layout_of_rank numbers them (to gather the model)
     int in_embedding;
 } Grid;
 
-static void grid_coordinates(int rank, int dp, int tp, int* dp_rank, int* stage, int* tp_rank) {
+static void grid_coordinates(int rank, int dp, int cp, int tp, int* dp_rank, int* stage, int* cp_rank, int* tp_rank) {
     *tp_rank = rank % tp;
-    *dp_rank = rank / tp % dp;
-    *stage = rank / (tp * dp);
+    *cp_rank = rank / tp % cp;
+    *dp_rank = rank / (tp * cp) % dp;
+    *stage = rank / (tp * cp * dp);
 }
 
 // The groups. comm_split(out, world, colour, key) puts the ranks that pass the same colour in one
 // group, numbered by their keys (MPI_Comm_split, ncclCommSplit): the colour is what the members
-// share, the key their order inside the group.
-//   tp     colour r / tp (one stage of one replica: tp consecutive ranks), key the tp rank
-//   pp     colour dp_rank tp + tp_rank (the same replica and tp rank), key the stage
-//   dp     colour stage tp + tp_rank (the same place in the model), key the dp rank
-//   model  colour dp_rank (one replica's tp x pp ranks), key stage tp + tp_rank: the order
+// share, the key their order inside the group. A replica's cp ranks hold the same parameters
+// and each a part of its tokens, so "replica" below is the pair (dp rank, cp rank), numbered
+// dp_rank cp + cp_rank.
+//   tp     colour r / tp (tp consecutive ranks), key the tp rank
+//   cp     colour (stage dp + dp_rank) tp + tp_rank (the same stage, replica and tp rank), key the
+//          cp rank
+//   pp     colour replica tp + tp_rank (the same replica, cp and tp rank), key the stage
+//   dp     colour stage tp + tp_rank (the same place in the model), key the replica: the dp x cp
+//          ranks whose gradients are averaged and, with -z 1, over which the state is sharded
+//          (Megatron-LM's data-parallel group with context parallelism)
+//   model  colour replica (its tp x pp ranks), key stage tp + tp_rank: the order
 //          parameter_layout_of_rank numbers a replica's pieces in, so that rank 0 of it can
 //          gather the model file (gpt2_gather_full)
-//   embedding  colour dp_rank tp + tp_rank on the first and last stage (the two wte copies of one
+//   embedding  colour replica tp + tp_rank on the first and last stage (the two wte copies of one
 //          replica and tp rank; with pp = 1 the one stage is both, a group of that rank alone),
 //          key the stage. Every rank must call
 //          comm_split, so each rank of a middle stage gets a colour no other rank has,
-//          dp tp + r (above every real colour): a group of its own, which it never uses
-static void grid_init(Grid* g, CommGroup* world, int dp, int pp, int tp) {
+//          dp cp tp + r (above every real colour): a group of its own, which it never uses
+static void grid_init(Grid* g, CommGroup* world, int dp, int pp, int cp, int tp) {
     g->dp = dp;
     g->pp = pp;
+    g->cp = cp;
     g->tp = tp;
     int r = world->rank;
-    grid_coordinates(r, dp, tp, &g->dp_rank, &g->stage, &g->tp_rank);
+    grid_coordinates(r, dp, cp, tp, &g->dp_rank, &g->stage, &g->cp_rank, &g->tp_rank);
+    int replica = g->dp_rank * cp + g->cp_rank;
     comm_split(&g->tp_group, world, r / tp, g->tp_rank, "tp");
-    comm_split(&g->pp_group, world, g->dp_rank * tp + g->tp_rank, g->stage, "pp");
-    comm_split(&g->dp_group, world, g->stage * tp + g->tp_rank, g->dp_rank, "dp");
-    comm_split(&g->model_group, world, g->dp_rank, g->stage * tp + g->tp_rank, "model");
+    comm_split(&g->cp_group, world, (g->stage * dp + g->dp_rank) * tp + g->tp_rank, g->cp_rank, "cp");
+    comm_split(&g->pp_group, world, replica * tp + g->tp_rank, g->stage, "pp");
+    comm_split(&g->dp_group, world, g->stage * tp + g->tp_rank, replica, "dp");
+    comm_split(&g->model_group, world, replica, g->stage * tp + g->tp_rank, "model");
     g->in_embedding = g->stage == 0 || g->stage == pp - 1;
-    comm_split(&g->embedding, world, g->in_embedding ? g->dp_rank * tp + g->tp_rank : dp * tp + r, g->stage, "embedding");
+    comm_split(&g->embedding, world, g->in_embedding ? replica * tp + g->tp_rank : dp * cp * tp + r, g->stage, "embedding");
 }
 
 // the replicas: -dp, or with -dp 0 as many as fill the world. Every rank checks the same flags
 // against the same world, so a bad grid stops every rank with the same message
-static int grid_replicas(int dp, int pp, int tp, int world) {
+static int grid_replicas(int dp, int pp, int cp, int tp, int world) {
+    int model = pp * cp * tp;  // the ranks of one replica
+    char sides[64];
+    if (cp > 1) snprintf(sides, sizeof(sides), "-pp %d x -cp %d x -tp %d", pp, cp, tp);
+    else snprintf(sides, sizeof(sides), "-pp %d x -tp %d", pp, tp);
     if (dp == 0) {
-        if (world % (pp * tp) != 0) {
-            fail("-pp %d x -tp %d = %d does not divide the %d ranks, so no number of data-parallel replicas "
-                 "fills the world; launch a multiple of %d ranks", pp, tp, pp * tp, world, pp * tp);
+        if (world % model != 0) {
+            fail("%s = %d does not divide the %d ranks, so no number of data-parallel replicas "
+                 "fills the world; launch a multiple of %d ranks", sides, model, world, model);
         }
-        dp = world / (pp * tp);
+        dp = world / model;
     }
-    if (dp * pp * tp != world) {
-        fail("-dp %d x -pp %d x -tp %d = %d ranks, but the job has %d: the grid must hold every rank exactly "
-             "once (launch with mpirun -np %d, or leave -dp out)", dp, pp, tp, dp * pp * tp, world, dp * pp * tp);
+    if (dp * model != world) {
+        fail("-dp %d x %s = %d ranks, but the job has %d: the grid must hold every rank exactly "
+             "once (launch with mpirun -np %d, or leave -dp out)", dp, sides, dp * model, world, dp * model);
     }
     return dp;
 }
 
 static void grid_free(Grid* g) {
     comm_group_free(&g->tp_group);
+    comm_group_free(&g->cp_group);
     comm_group_free(&g->pp_group);
     comm_group_free(&g->dp_group);
     comm_group_free(&g->model_group);
@@ -150,24 +171,28 @@ static void grid_free(Grid* g) {
 }
 
 // the members of rank r's groups, from the numbering alone: "{0,1}"
-static void grid_group_members(char* out, size_t cap, int dp, int pp, int tp, int r, char which) {
-    int d, s, t, n = 0;
-    grid_coordinates(r, dp, tp, &d, &s, &t);
+static void grid_group_members(char* out, size_t cap, const Grid* g, int r, char which) {
+    int d, s, c, t, n = 0;
+    grid_coordinates(r, g->dp, g->cp, g->tp, &d, &s, &c, &t);
     size_t used = (size_t)snprintf(out, cap, "{");
-    for (int q = 0; q < dp * pp * tp; q++) {
-        int qd, qs, qt;
-        grid_coordinates(q, dp, tp, &qd, &qs, &qt);
-        int same = which == 't' ? qd == d && qs == s : which == 'p' ? qd == d && qt == t
-                 : which == 'd' ? qs == s && qt == t : qd == d && qt == t && (qs == 0 || qs == pp - 1);
+    for (int q = 0; q < g->dp * g->pp * g->cp * g->tp; q++) {
+        int qd, qs, qc, qt;
+        grid_coordinates(q, g->dp, g->cp, g->tp, &qd, &qs, &qc, &qt);
+        int same = which == 't' ? qd == d && qs == s && qc == c : which == 'c' ? qd == d && qs == s && qt == t
+                 : which == 'p' ? qd == d && qc == c && qt == t : which == 'd' ? qs == s && qt == t
+                 : qd == d && qc == c && qt == t && (qs == 0 || qs == g->pp - 1);
         if (same && used < cap) used += (size_t)snprintf(out + used, cap - used, "%s%d", n++ ? "," : "", q);
     }
     if (used < cap) snprintf(out + used, cap - used, "}");
 }
 
 // what decides a rank's memory on this grid (llmc/memory_plan.h)
-static RunLayout grid_run_layout(const Run* run, const Grid* g, PipeSpec spec, int zero, int sp, int dump_grads) {
+static RunLayout grid_run_layout(const Run* run, const Grid* g, PipeSpec spec, int zero, int sp, int allgather,
+                                 int dump_grads) {
     RunLayout l = run_layout(run, TRAINER_3D, spec.m);
     l.dp = g->dp;
+    l.cp = g->cp;
+    l.cp_allgather = allgather;
     l.tp = g->tp;
     l.pp = g->pp;
     l.V = spec.V;
@@ -182,43 +207,58 @@ static RunLayout grid_run_layout(const Run* run, const Grid* g, PipeSpec spec, i
 
 // Validation and samples run forward-only walks through this replica's pipe, with the tp
 // collectives inside; the run layer (llmc/run.h) calls these two with the model, the stage and
-// the grid. Every replica evaluates and samples alike (same weights, same batches, same rng).
+// the grid. Every replica evaluates and samples alike (same weights, same batches, same rng); with
+// -cp each of its cp ranks on its part of the tokens.
 typedef struct {
     GPT2* model;
     Stage* st;
     Grid* g;
+    ContextParallel* cp;  // NULL without -cp
 } Grid3D;
 
 // one validation batch, one micro-batch forward through the pipe: its loss on the last stage
-// (0 elsewhere; the run layer broadcasts it over the pipe)
+// (0 elsewhere; the run layer broadcasts it over the pipe), with -cp the mean of this rank's
+// tokens (the run layer averages over cp)
 static float val_loss(void* trainer, DataLoader* val) {
     Grid3D* t = (Grid3D*)trainer;
-    return stage_forward_pass(t->model, t->st, &t->g->pp_group, &t->g->tp_group, val, NULL, t->model->B,
+    return stage_forward_pass(t->model, t->st, &t->g->pp_group, &t->g->tp_group, t->cp, val, NULL, t->model->B,
                               t->model->T).loss;
 }
 
-// a sample's forward pass through the pipe: this tp rank's slice of the logits, (1, T, Vp/tp), on
-// the last stage, where its slot is free again but nothing has overwritten it; NULL elsewhere
+// a sample's forward pass through the pipe: this tp rank's slice of the logits, (1, T, Vp/tp)
+// (with -cp its T/cp positions' rows), on the last stage, where its slot is free again but
+// nothing has overwritten it; NULL elsewhere
 static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
     Grid3D* t = (Grid3D*)trainer;
-    Walk w = stage_forward_pass(t->model, t->st, &t->g->pp_group, &t->g->tp_group, NULL, tokens, 1, T);
+    Walk w = stage_forward_pass(t->model, t->st, &t->g->pp_group, &t->g->tp_group, t->cp, NULL, tokens, 1, T / t->g->cp);
     return t->g->stage == t->g->pp - 1 ? w.head->logits : NULL;
+}
+
+// -cp: the cp rank holding position `position` of a T-token sample, and its row there
+static int sample_row(void* trainer, int T, int position, int* owner) {
+    return cp_row_of_position(((Grid3D*)trainer)->cp, T, position, owner);
 }
 
 // What the run layer (llmc/run.h) needs of this trainer, then the run's start: with -y 1 the
 // resume, whatever grid wrote the checkpoint (its state is gathered into the model file's layout
 // over dp and the model group); validation and samples as forward-only walks through the pipe,
-// the vocabulary split over tp; each step's bytes reported for the five groups.
-static void grid_run_begin(Run* run, Grid3D* trainer, int seq_shards) {
+// the vocabulary split over tp, the positions over cp; each step's bytes reported for the six
+// groups.
+static void grid_run_begin(Run* run, Grid3D* trainer, int sample_pad) {
     Grid* g = trainer->g;
     RunModel hooks = run_model(trainer->model, trainer, val_loss, sample_logits);
     hooks.pipe = &g->pp_group;         // the loss and the logits on the last stage
     hooks.vocab = &g->tp_group;        // the vocabulary split over tp
-    hooks.sample_pad = seq_shards;     // (-sp: a sample padded to a multiple of tp tokens)
+    if (trainer->cp) {
+        hooks.val_replicas = &g->cp_group;  // each cp rank its tokens' mean: the mean over cp
+        hooks.seq = &g->cp_group;           // a sample's positions split over cp
+        hooks.seq_row = sample_row;
+    }
+    hooks.sample_pad = sample_pad;     // (-sp: a multiple of tp tokens on each rank; -cp: whole chunks)
     hooks.split = &g->model_group;     // checkpoints gathered over the model group ...
-    hooks.replicas = &g->dp_group;     // ... and the optimizer state over dp: any grid resumes
-    CommGroup* groups[5] = {&g->tp_group, &g->pp_group, &g->dp_group, &g->embedding, &run->world};
-    run_begin(run, hooks, groups, 5);
+    hooks.replicas = &g->dp_group;     // ... and the optimizer state over dp x cp: any grid resumes
+    CommGroup* groups[6] = {&g->tp_group, &g->cp_group, &g->pp_group, &g->dp_group, &g->embedding, &run->world};
+    run_begin(run, hooks, groups, 6);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -241,12 +281,14 @@ static float owned_norm_squared(const GPT2* model, const floatX* grads, size_t l
     return (float)sum;
 }
 
-// This replica's walk over its pipe (llmc/stage.h): the tp collectives inside each chunk, the
-// messages over pp; micro-batch i of the step is chunk i dp + dp_rank of the loader's batch, and
-// each token's gradient weighs 1/(B T m), the replica's mean (the dp reduction averages the
-// replicas')
-static Walk replica_walk(GPT2* model, Stage* st, Grid* g, DataLoader* train, int m) {
-    Walk w = walk_init(model, st, &g->pp_group, &g->tp_group, model->B, model->T);
+// This replica's walk over its pipe (llmc/stage.h): the tp collectives inside each chunk (and
+// with -cp the ring over cp inside attention), the messages over pp; micro-batch i of the step
+// is chunk i dp + dp_rank of the loader's batch (its cp ranks read the same one and keep each
+// its tokens), and each token's gradient weighs 1/(B T m), T this rank's tokens of a sequence: the
+// mean of its share (the dp reduction averages the dp x cp shares, all of equal size: the mean
+// of every token's, as Megatron-LM scales it)
+static Walk replica_walk(GPT2* model, Stage* st, Grid* g, ContextParallel* cp, DataLoader* train, int m) {
+    Walk w = walk_init(model, st, &g->pp_group, &g->tp_group, cp, model->B, model->T);
     w.data = train;
     w.data_ranks = g->dp;
     w.data_rank = g->dp_rank;
@@ -272,29 +314,30 @@ static float zero1_adamw_step(GPT2* model, const Run* run, Grid* g, const floatX
     return opt.lr;
 }
 
-// The replica's dp shard [lo, hi) of this rank's flat buffer: with -z 1 the elements it updates
-// (the reduce-scatter's output, S each); without, the elements whose squares it counts for the
-// gradient norm (every replica has all of them reduced, so each counts a 1/dp share and the
-// world's sum counts every element once)
+// The replica's shard [lo, hi) of this rank's flat buffer over the dp group (dp x cp ranks):
+// with -z 1 the elements it updates (the reduce-scatter's output, S each); without, the elements
+// whose squares it counts for the gradient norm (every replica has all of them reduced, so each
+// counts a 1/(dp cp) share and the world's sum counts every element once)
 static void replica_shard(const ParameterLayout* layout, int zero, const Grid* g, size_t* lo, size_t* hi) {
-    size_t N = layout->count, shard = zero ? layout_state_held(layout) : (N + g->dp - 1) / g->dp;
-    *lo = (size_t)g->dp_rank * shard;
+    int n = g->dp_group.size;
+    size_t N = layout->count, shard = zero ? layout_state_held(layout) : (N + n - 1) / n;
+    *lo = (size_t)g->dp_group.rank * shard;
     *hi = *lo + shard < N ? *lo + shard : N;
     *lo = *lo < *hi ? *lo : *hi;
 }
 
 // -dump_grads: the first step's gradients as a model file. With -z 1 each replica has only its
-// shard reduced: all-gather the shards (N floatX) over dp first; then replica 0's model group
-// gathers its pieces to world rank 0, which writes the file
+// shard reduced: all-gather the shards (N floatX) over dp (x cp) first; then replica 0's model
+// group gathers its pieces to world rank 0, which writes the file
 static void dump_gradients(GPT2* model, Grid* g, const floatX* grad_shard, const char* path) {
     if (grad_shard) {
         comm_all_gather(&g->dp_group, grad_shard, model->grads_memory, layout_state_held(&model->layout), COMM_FLOATX);
     }
-    if (g->dp_rank == 0) gpt2_write_gathered(model, &g->model_group, model->grads_memory, path);
+    if (g->dp_group.rank == 0) gpt2_write_gathered(model, &g->model_group, model->grads_memory, path);
 }
 
 // -check_replicas: every copy of a tensor identical, over tp (the tensors tp replicates), the
-// embedding group (the tied wte) and dp (everything)
+// embedding group (the tied wte) and dp (everything, over the dp x cp ranks)
 static void check_copies(const GPT2* model, Grid* g, int step) {
     unsigned wte_only = 1u, everything = (1u << NUM_PARAMETER_TENSORS) - 1;
     train_check_replicas(model, &g->tp_group, step, NULL, "tp copies of the replicated tensors");
@@ -302,27 +345,30 @@ static void check_copies(const GPT2* model, Grid* g, int step) {
     train_check_replicas(model, &g->dp_group, step, &everything, "dp replicas");
 }
 
-// The communication of one step of world rank 0 (dp 0, stage 0, tp 0), payload per group from
-// the layout alone (the README derives it). m micro-batches of B x T on this replica; Ls = L/pp
-// layers on this stage; first = 1 (stage 0 holds the embedding), last = 1 when pp = 1 (it holds
-// the head too); a = B T C X, one activation.
+// The communication of one step of world rank 0 (dp 0, stage 0, cp 0, tp 0), payload per group
+// from the layout alone (the README derives it). m micro-batches of B x T on this replica, T the
+// rank's tokens of a sequence (T/cp of -t); Ls = L/pp layers on this stage; first = 1 (stage 0
+// holds the embedding), last = 1 when pp = 1 (it holds the head too); a = B T C X, one activation.
 //   tp   per micro-batch 4 Ls + first + last collectives of a: all-reduces, or with -sp each of
 //        them a reduce-scatter plus an all-gather; the loss's 3 B T fp32 (last);
 //        with -sp per step the LayerNorm gradients, (4 Ls + 2 last) C X. -r 2 reruns each layer's
 //        forward before its backward: m Ls a more all-reduced, or with -sp m Ls a more
 //        reduce-scattered and 2 m Ls a more all-gathered
+//   cp   per layer of the stage and micro-batch, attention's K,V blocks of B T 2C/tp X:
+//        cp_attention_bytes (llmc/context_parallel.h) with Ls layers and m micro-batches
 //   pp   (2V - 1) m messages of a / (tp with -sp) each way (pp > 1); the loss broadcast, 4 bytes
 //   dp   the gradients: an all-reduce of the rank's N parameters X, or with -z 1 a reduce-scatter
-//        and an all-gather of N X (N padded to dp x 128); the loss's average, 4 bytes
+//        and an all-gather of N X (N padded to dp cp x 128); the loss's average, 4 bytes
 //   embedding  the tied wte's gradient on this rank, Vp/tp C X (pp > 1)
 //   world      the gradient norm's float
 typedef struct {
     double tp_all_reduce, tp_reduce_scatter, tp_all_gather, pp_send, pp_recv, pp_broadcast;
     double dp_all_reduce, dp_reduce_scatter, dp_all_gather, embedding, world;
+    CpBytes cp;
 } StepBytes;
 
-static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const ParameterLayout* p, int B, int T, int zero,
-                            int rerun) {
+static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const ParameterLayout* p, int B, int T, int cp,
+                            int allgather, int zero, int rerun) {
     double X = sizeof(floatX), a = (double)B * T * c.channels * X, m = s.m, Ls = (double)c.num_layers / s.p;
     int sp = d.seq_shards > 1, last = s.p == 1;
     double collectives = 4 * Ls + 1 + last;
@@ -340,6 +386,7 @@ static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const Paramet
     b.dp_reduce_scatter = b.dp_all_gather = zero ? (double)p->count * X : 0;
     b.embedding = s.p > 1 ? (double)d.Vp_rank * c.channels * X : 0;
     b.world = 4;
+    b.cp = cp_attention_bytes(B, T, d.att, cp, Ls, m, allgather, rerun);
     return b;
 }
 
@@ -347,16 +394,21 @@ static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const Paramet
 // schedule's chart, the memory of each stage's ranks and of rank 0 part by part, and rank 0's
 // communication per step beside the formulas
 
-static void print_layout(const Run* run, const GPT2* model, const Stage* st, const Grid* g, int zero) {
+static void print_layout(const Run* run, const GPT2* model, const Stage* st, const Grid* g, const ContextParallel* cp,
+                         int zero) {
     const TrainArgs* args = &run->args;
     GPT2Config c = model->config;
     LayerDims d = model->dims;
     PipeSpec s = st->spec;
-    int sp = d.seq_shards > 1, world = g->dp * g->pp * g->tp;
+    int sp = d.seq_shards > 1, world = g->dp * g->pp * g->cp * g->tp, Tl = args->T / g->cp;
     BannerRow rows[20];
     int n = train_banner_model(rows, "train_gpt2_3d (3D)", args->model, c);
-    banner_row(&rows[n++], "grid dp x pp x tp", "%d x %d x %d = %d ranks", g->dp, g->pp, g->tp, world);
+    banner_row(&rows[n++], "grid dp x pp x cp x tp", "%d x %d x %d x %d = %d ranks", g->dp, g->pp, g->cp, g->tp, world);
     banner_row(&rows[n++], "tensor parallel", "%d heads of %d per rank%s", d.NH, c.num_heads, sp ? ", sequence parallel" : "");
+    if (g->cp > 1) {
+        banner_row(&rows[n++], "context parallel", "%d tokens of each sequence per rank, %s split, %s", Tl,
+                   cp_split_name(cp->split), cp->allgather ? "all-gather of K,V" : "ring of K,V");
+    }
     banner_row(&rows[n++], "pipeline", "%s, %d stage%s%s", pipe_schedule_names[s.sched], s.p, s.p > 1 ? "s" : "",
                s.V > 1 ? ", interleaved" : "");
     banner_row(&rows[n++], "data parallel", "%d replica%s%s", g->dp, g->dp > 1 ? "s" : "", zero ? ", ZeRO-1" : "");
@@ -364,16 +416,17 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
     banner_row(&rows[n++], "recomputation", "%s", recompute_names[args->recompute]);
     n = run_banner_rows(run, rows, n);
     train_print_banner(rows, n);
-    printf("the grid (tp fastest, then dp, then pp) and each rank's groups:\n");
+    printf("the grid (tp fastest, then cp, dp, pp) and each rank's groups:\n");
     for (int r = 0; r < world && r < 64; r++) {
-        int dr, sr, tr;
-        grid_coordinates(r, g->dp, g->tp, &dr, &sr, &tr);
-        char groups[4][160];
-        const char which[4] = {'t', 'p', 'd', 'e'};
-        for (int k = 0; k < 4; k++) grid_group_members(groups[k], sizeof(groups[k]), g->dp, g->pp, g->tp, r, which[k]);
+        int dr, sr, cr, tr;
+        grid_coordinates(r, g->dp, g->cp, g->tp, &dr, &sr, &cr, &tr);
+        char groups[5][160];
+        const char which[5] = {'t', 'c', 'p', 'd', 'e'};
+        for (int k = 0; k < 5; k++) grid_group_members(groups[k], sizeof(groups[k]), g, r, which[k]);
         int embeds = sr == 0 || sr == g->pp - 1;
-        printf("  rank %2d  dp %d pp %d tp %d   tp %-10s pp %-10s dp %-10s%s%s\n", r, dr, sr, tr, groups[0], groups[1],
-               groups[2], embeds && g->pp > 1 ? "embedding " : "", embeds && g->pp > 1 ? groups[3] : "");
+        printf("  rank %2d  dp %d pp %d cp %d tp %d   tp %-10s cp %-10s pp %-10s dp %-10s%s%s\n", r, dr, sr, cr, tr,
+               groups[0], groups[1], groups[2], groups[3], embeds && g->pp > 1 ? "embedding " : "",
+               embeds && g->pp > 1 ? groups[4] : "");
     }
     if (world > 64) printf("  ... (%d ranks)\n", world);
     printf("stages (each split over its %d tp ranks; device memory predicted for each of their ranks):\n", g->tp);
@@ -390,13 +443,13 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
                l.head ? " + lnf, wte copy" : "", unpadded, plan.total / 1e6, plan.activations / 1e6);
     }
     pipeline_print_chart(s);
-    printf("memory of rank 0 (dp 0, stage 0, tp 0), Psi = its parameters:\n");
+    printf("memory of rank 0 (dp 0, stage 0, cp 0, tp 0), Psi = its parameters:\n");
     memory_plan_print(&run->plan, c, &run->layout);
-    StepBytes b = step_bytes(c, d, s, &model->layout, args->B, args->T, zero,
-                             layer_rerun_needed(stage_kept(args->recompute, s, d)));
-    double a = (double)args->B * args->T * c.channels * sizeof(floatX);
-    printf("communication per step of rank 0 (payload per group; a = B T C X = %.0f bytes, Ls = L/pp = %d layers):\n", a,
-           c.num_layers / s.p);
+    int rerun = layer_rerun_needed(stage_kept(args->recompute, s, d));
+    StepBytes b = step_bytes(c, d, s, &model->layout, args->B, Tl, g->cp, cp && cp->allgather, zero, rerun);
+    double a = (double)args->B * Tl * c.channels * sizeof(floatX);
+    printf("communication per step of rank 0 (payload per group; a = B T C X = %.0f bytes%s, Ls = L/pp = %d layers):\n", a,
+           g->cp > 1 ? " with T = T/cp" : "", c.num_layers / s.p);
     const char* last = s.p == 1 ? " + 1 (head)" : "";
     if (sp) {
         printf("  tp all-gather      %12.0f bytes  m (4 Ls + 1%s) a\n", b.tp_all_gather, last);
@@ -410,9 +463,18 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
         printf("  (tp, -r 2: + m Ls a %s for the forward rerun before each layer's backward)\n",
                sp ? "reduce-scattered and 2 m Ls a all-gathered" : "all-reduced");
     }
+    if (g->cp > 1 && cp->allgather) {
+        printf("  cp all-gather      %12.0f bytes  %d m Ls cp B T 2C/tp X (K,V forward, %sbackward)\n", b.cp.all_gather,
+               2 + rerun, rerun ? "again before the backward, " : "");
+        printf("  cp reduce-scatter  %12.0f bytes  m Ls cp B T 2C/tp 4 (dK, dV in fp32)\n", b.cp.reduce_scatter);
+    } else if (g->cp > 1) {
+        printf("  cp send, recv      %12.0f bytes  each: m Ls (%d (cp-1) B T 2C/tp X + cp B T 2C/tp 4) (K,V; dK,dV)\n",
+               b.cp.send, 2 + rerun);
+    }
     printf("  pp send, recv      %12.0f bytes  each: (2V-1) m a%s; + 4 (loss broadcast)\n", b.pp_send, sp ? " / tp" : "");
-    if (zero) printf("  dp reduce-scatter  %12.0f bytes  N X, and as much all-gathered; + 4 (loss)\n", b.dp_reduce_scatter);
-    else printf("  dp all-reduce      %12.0f bytes  N X + 4 (loss)\n", b.dp_all_reduce);
+    const char* over = g->cp > 1 ? " (over dp x cp)" : "";
+    if (zero) printf("  dp reduce-scatter  %12.0f bytes  N X, and as much all-gathered; + 4 (loss)%s\n", b.dp_reduce_scatter, over);
+    else printf("  dp all-reduce      %12.0f bytes  N X + 4 (loss)%s\n", b.dp_all_reduce, over);
     printf("  embedding          %12.0f bytes  Vp/tp C X (the tied wte's gradient)\n", b.embedding);
     printf("  world all-reduce   %12.0f bytes  4 (the gradient norm)\n", b.world);
 }
@@ -423,78 +485,110 @@ int main(int argc, char** argv) {
     Run run;
     const char* dump_grads = NULL;
     const char* sched_name = "1f1b";
-    int dp = 0, pp = 1, tp = 1, sp = 0, vp = 1, zero = 0, timeline = 0, check_replicas = 0;
+    const char* split_name = "zigzag";
+    const char* cp_comm = "ring";
+    int dp = 0, pp = 1, cp_size = 1, tp = 1, sp = 0, vp = 1, zero = 0, timeline = 0, check_replicas = 0;
     const ArgSpec own[] = {
-        {"-dp", ARG_INT, &dp, 0, ARG_NO_MAX, "data-parallel replicas (0: the number of ranks / (pp x tp))"},
+        {"-dp", ARG_INT, &dp, 0, ARG_NO_MAX, "data-parallel replicas (0: the number of ranks / (pp x cp x tp))"},
         {"-pp", ARG_INT, &pp, 1, ARG_NO_MAX, "pipeline stages; L must divide by pp x vp"},
+        {"-cp", ARG_INT, &cp_size, 1, ARG_NO_MAX, "context-parallel ranks: each holds T/cp tokens of every sequence"},
+        {"-cp_layout", ARG_STRING, &split_name, 0, 0, "with -cp, how a sequence is split: zigzag (chunks r and 2cp-1-r of 2cp) or contiguous"},
+        {"-cp_comm", ARG_STRING, &cp_comm, 0, 0, "with -cp, how attention gets the other ranks' keys and values: ring or allgather"},
         {"-tp", ARG_INT, &tp, 1, ARG_NO_MAX, "tensor-parallel ranks per stage; NH, 4C and Vp must divide by it"},
-        {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism inside the tp group (T must divide by tp)"},
+        {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism inside the tp group (T/cp must divide by tp)"},
         {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1)"},
         {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved"},
-        {"-z", ARG_INT, &zero, 0, 1, "1: ZeRO-1, the AdamW state sharded over the dp replicas"},
+        {"-z", ARG_INT, &zero, 0, 1, "1: ZeRO-1, the AdamW state sharded over the dp replicas (and their cp ranks)"},
         {"-timeline", ARG_INT, &timeline, 0, ARG_NO_MAX, "every N steps print the measured timeline of replica 0's pipeline at tp rank 0 (0: never)"},
         {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
-        {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that every copy of a tensor is identical: over tp (replicated tensors), the embedding group (wte) and dp (everything) (0: never)"},
+        {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that every copy of a tensor is identical: over tp (replicated tensors), the embedding group (wte) and dp x cp (everything) (0: never)"},
     };
     if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
     CommGroup* world = &run.world;
     int rank = world->rank;
     GPT2Config config = run.config;
 
-    // ---- the grid: dp x pp x tp ranks (grid_replicas: -dp 0 fills the world), tp slices of each
-    // stage's layers, whose heads, 4C and Vp divide by tp, and with -sp its tokens too
-    dp = grid_replicas(dp, pp, tp, world->size);
-    int B = run.args.B, T = run.args.T;
+    // ---- the grid: dp x pp x cp x tp ranks (grid_replicas: -dp 0 fills the world), tp slices of
+    // each stage's layers, whose heads, 4C and Vp divide by tp; cp ranks holding Tl = T/cp
+    // tokens of each sequence (whole chunks of the split); with -sp those split over tp too
+    dp = grid_replicas(dp, pp, cp_size, tp, world->size);
+    if (strcmp(split_name, "zigzag") != 0 && strcmp(split_name, "contiguous") != 0) {
+        fail("-cp_layout %s: expected zigzag or contiguous", split_name);
+    }
+    if (strcmp(cp_comm, "ring") != 0 && strcmp(cp_comm, "allgather") != 0) fail("-cp_comm %s: expected ring or allgather", cp_comm);
+    CpSplit split = strcmp(split_name, "zigzag") == 0 ? CP_ZIGZAG : CP_CONTIGUOUS;
+    int allgather = strcmp(cp_comm, "allgather") == 0;
+    int B = run.args.B, T = run.args.T, chunks = cp_size > 1 ? cp_check_split(split, cp_size, T, "cp ranks") : 1;
+    int Tl = T / cp_size;
     LayerDims dims = tp_layer_dims(config, tp, sp, T, "tp ranks");
     sp = dims.seq_shards > 1;  // with one tp rank there is nothing to split
+    if (sp && Tl % tp != 0) {
+        fail("-sp 1 splits each rank's T/cp = %d tokens over the %d tp ranks: -t %d must be a multiple of cp x tp = %d", Tl,
+             tp, T, cp_size * tp);
+    }
+    if (cp_size > 1) {
+        if (dims.att / dims.NH > RING_MAX_HEAD) {
+            fail("head size C/NH = %d: the block-attention kernels hold at most %d", dims.att / dims.NH, RING_MAX_HEAD);
+        }
+        dims.target.flash = 1;  // attention keeps lse, (B, NH/tp, Tl) fp32, as flash attention does
+    }
     // the batch: a step is m micro-batches of B x T on each of the dp replicas
     int m = train_accumulation_steps(&run.args, dp, "dp");
     PipeSpec spec = pipeline_spec_of(sched_name, pp, m, vp, config.num_layers, "-pp");
     int n;
     PipeAction* all_actions = pipeline_plan(spec, sched_name, &n);  // every stage's actions (pipeline.h)
     Grid grid;
-    grid_init(&grid, world, dp, pp, tp);
+    grid_init(&grid, world, dp, pp, cp_size, tp);
     PipeAction* actions = all_actions + (size_t)grid.stage * n;  // (every stage's list has n actions)
 
     // ---- this rank's parameters: its tp slices of its stage's tensors, with -z 1 padded so that
-    // the dp replicas can split its state into equal shards
+    // the dp x cp ranks holding them can split its state into equal shards
     ParameterLayout layout = parameter_layout_grid(config, tp, grid.tp_rank, pp, grid.stage, vp);
-    layout_shard_flat(&layout, zero, dp, grid.dp_rank);
+    layout_shard_flat(&layout, zero, grid.dp_group.size, grid.dp_group.rank);
 
     // ---- memory, checked before allocating: the rank's pieces of the model states, its stage's
-    // slots of micro-batches in flight at its tp widths, the pipeline's and ZeRO-1's buffers
-    // (llmc/memory_plan.h)
+    // slots of micro-batches in flight at its tp widths and T/cp tokens, the pipeline's, ZeRO-1's
+    // and context parallelism's buffers (llmc/memory_plan.h)
     size_t N = layout.count, P = gpt2_num_parameters(config);
-    RunLayout grid_layout = grid_run_layout(&run, &grid, spec, zero, sp, dump_grads != NULL);
-    run_check_memory(&run, grid_layout, grid.stage, "%zu of %zu parameters on rank %d (dp %d, stage %d, tp %d), -b %d -t %d",
-                     N, P, rank, grid.dp_rank, grid.stage, grid.tp_rank, B, T);
+    RunLayout grid_layout = grid_run_layout(&run, &grid, spec, zero, sp, allgather, dump_grads != NULL);
+    run_check_memory(&run, grid_layout, grid.stage,
+                     "%zu of %zu parameters on rank %d (dp %d, stage %d, cp %d, tp %d), -b %d -t %d", N, P, rank,
+                     grid.dp_rank, grid.stage, grid.cp_rank, grid.tp_rank, B, T);
 
     // ---- the weights, the data (a step is dp x m chunks of B x T tokens: micro-batch i of
     // replica r is chunk i dp + r, so that the replicas and micro-batches cover the global batch
-    // once), the run's identity without the layout (any grid resumes it), the output dir
-    // validation: every replica evaluates the same chunk (val_chunks 1), as one model would
+    // once; its cp ranks read the same chunk and keep each its tokens), the run's identity without
+    // the layout (any grid resumes it), the output dir. Validation: every replica evaluates the
+    // same chunk (val_chunks 1), as one model would
     float* weights = run_load(&run, dp * m, /*val_chunks*/ 1, NULL);
     GPT2 model;
-    gpt2_build(&model, config, dims, layout, weights, B, T, ACTS_SCRATCH | ACTS_RECOMPUTE,
+    gpt2_build(&model, config, dims, layout, weights, B, Tl, ACTS_SCRATCH | ACTS_RECOMPUTE,
                stage_kept(run.args.recompute, spec, dims), 0);
     free(weights);
     Stage stage;
-    stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), &model, B, T);
-    // with -z 1 the reduce-scatter's output: this replica's 1/dp shard of the reduced gradients
+    stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), &model, B, Tl);
+    // with -z 1 the reduce-scatter's output: this rank's 1/(dp cp) shard of the reduced gradients
     size_t X = sizeof(floatX), S = layout_state_held(&layout);
     floatX* grad_shard = zero ? (floatX*)device_malloc(S * X) : NULL;
-    if (rank == 0) print_layout(&run, &model, &stage, &grid, zero);
+    // with -cp: this rank's chunks of each sequence, and the buffers of attention over the cp
+    // group, on the rank's NH/tp heads (llmc/context_parallel.h)
+    ContextParallel context, *cp = NULL;
+    if (cp_size > 1) {
+        cp = &context;
+        cp_alloc(cp, &grid.cp_group, split, allgather, B, T, config.channels, dims.att, dims.NH);
+    }
+    if (rank == 0) print_layout(&run, &model, &stage, &grid, cp, zero);
 
     // ---- resume with -y 1 from any grid's checkpoint; validation and samples through the pipe
-    Grid3D trainer = {&model, &stage, &grid};
-    grid_run_begin(&run, &trainer, dims.seq_shards);
+    Grid3D trainer = {&model, &stage, &grid, cp};
+    grid_run_begin(&run, &trainer, chunks * dims.seq_shards);
 
     // ---- training loop; `step` counts completed optimizer steps
-    Walk walk = replica_walk(&model, &stage, &grid, &run.train, m);
-    size_t lo, hi;  // this replica's dp shard of the rank's buffer (replica_shard)
+    Walk walk = replica_walk(&model, &stage, &grid, cp, &run.train, m);
+    size_t lo, hi;  // this rank's shard of its buffer over dp x cp (replica_shard)
     replica_shard(&layout, zero, &grid, &lo, &hi);
-    // the replica of world rank 0's pipeline, at tp rank 0: where the timeline is measured
-    int in_timeline = grid.dp_rank == 0 && grid.tp_rank == 0;
+    // the replica of world rank 0's pipeline, at cp and tp rank 0: where the timeline is measured
+    int in_timeline = grid.dp_rank == 0 && grid.cp_rank == 0 && grid.tp_rank == 0;
     for (int step = run.start_step; step <= run.max_steps; step++) {
         if (run_between_steps(&run, step)) break;  // validation, a sample, a checkpoint: when due
         int timed = timeline > 0 && (step + 1) % timeline == 0;
@@ -502,8 +596,9 @@ int main(int argc, char** argv) {
         run_step_begin(&run);
         // 1. the schedule over this replica's m micro-batches: each stage's forwards and
         // backwards with the exchanges between them (pp group), the tp collectives inside each
-        // chunk. Each token's gradient is weighted 1/(B T m): the replica's mean; the mean over
-        // the replicas follows in 4.
+        // chunk, with -cp attention's K,V exchanges over cp inside each layer. Each of this
+        // rank's tokens' gradient is weighted 1/(B T m), T its T/cp tokens of a sequence: the
+        // mean of its share; the mean over the shares follows in 4.
         watchdog_phase("pipeline schedule", step);
         device_memset_zero(model.grads_memory, N * X);
         walk.loss = 0.0f;
@@ -526,12 +621,15 @@ int main(int argc, char** argv) {
         }
         // 4. data parallelism: the mean of the replicas' gradients. An all-reduce (AVG) of this
         // rank's whole buffer (N) over dp; with -z 1 a reduce-scatter (AVG) that leaves this
-        // replica its 1/dp shard, the part of the buffer it updates
+        // replica its 1/dp shard, the part of the buffer it updates. With -cp the group holds the
+        // replicas' cp ranks too (dp x cp): each holds the gradient of its tokens' mean loss, the
+        // ring having carried every token's part to the keys' owners, so the mean over the dp x cp
+        // equal shares is the mean over every token of the step, as one process would compute
         if (zero) comm_reduce_scatter(&grid.dp_group, model.grads_memory, grad_shard, S, COMM_FLOATX, COMM_AVG);
         else comm_all_reduce(&grid.dp_group, model.grads_memory, N, COMM_FLOATX, COMM_AVG);
         // 5. the loss lives on the last stage (walk.loss is 0 on the others): broadcast over the
-        // pipe, then averaged over the replicas (one float each), so that every rank prints and
-        // checks the same value
+        // pipe, then averaged over the replicas and their cp ranks (one float each, each a mean of
+        // as many tokens), so that every rank prints and checks the same value
         float loss = walk.loss / (float)m;
         comm_broadcast_host(&grid.pp_group, &loss, sizeof(float), pp - 1);
         comm_all_reduce_scalar(&grid.dp_group, &loss, COMM_AVG);
@@ -559,6 +657,7 @@ int main(int argc, char** argv) {
     run_end(&run);
     if (run.max_steps > run.start_step && in_timeline) stage_report_peak(&stage, &grid.pp_group, all_actions, n);
     stage_free(&stage);
+    if (cp) cp_free(cp);
     if (grad_shard) device_free(grad_shard);
     free(all_actions);
     gpt2_free(&model);

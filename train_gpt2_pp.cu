@@ -174,14 +174,14 @@ typedef struct {
 // (0 elsewhere; the run layer broadcasts it)
 static float val_loss(void* trainer, DataLoader* val) {
     Pipeline* t = (Pipeline*)trainer;
-    return stage_forward_pass(t->model, t->st, t->pp, NULL, val, NULL, t->model->B, t->model->T).loss;
+    return stage_forward_pass(t->model, t->st, t->pp, NULL, NULL, val, NULL, t->model->B, t->model->T).loss;
 }
 
 // a sample's forward pass through the pipe: the logits (1, T, Vp) on the last stage, where its
 // slot is free again but nothing has overwritten it; NULL elsewhere
 static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
     Pipeline* t = (Pipeline*)trainer;
-    Walk w = stage_forward_pass(t->model, t->st, t->pp, NULL, NULL, tokens, 1, T);
+    Walk w = stage_forward_pass(t->model, t->st, t->pp, NULL, NULL, NULL, tokens, 1, T);
     return t->st->stage == t->pp->size - 1 ? w.head->logits : NULL;
 }
 
@@ -319,7 +319,7 @@ int main(int argc, char** argv) {
     run_begin(&run, hooks, step_groups, 2);  // (step_groups: whose bytes each step reports)
 
     // ---- training loop; `step` counts completed optimizer steps
-    Walk walk = walk_init(&model, &stage, pp, NULL, B, T);  // (no tensor parallelism: tp NULL)
+    Walk walk = walk_init(&model, &stage, pp, NULL, NULL, B, T);  // (no tensor or context parallelism: tp, cp NULL)
     walk.data = &run.train;
     walk.dloss = 1.0f / (float)((size_t)B * T * m);
     unsigned wte_only = 1u << PARAM_WTE;  // a mask of the tensors the embedding group's copies share

@@ -100,7 +100,7 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
         // rank's tokens of its ln1 written just below, into x.ln1 (B, T, C). It returns the MLP's
         // output after g: x.fcproj (all-reduced in place), or with -sp scratch `reduced`, this
         // rank's (BTs, C) tokens of it
-        floatX* fcproj = tp_layer_forward(model, tp, x, gpt2_layer_params(model, l), residual, B, T, 0);
+        floatX* fcproj = tp_layer_forward(model, tp, /*cp*/ NULL, x, gpt2_layer_params(model, l), residual, B, T, 0);
         // residual3 = residual2 + fcproj, fused with the next LayerNorm (ln1 of l+1, or lnf);
         // with -sp the LayerNorm's output goes to ln_shard, for the next layer to gather
         if (l + 1 < L) {
@@ -143,7 +143,7 @@ static void gpt2_backward(GPT2* model, CommGroup* tp, const int* inputs_host, in
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
         // f and g's backwards around each half (llmc/tensor_parallel.h); -r recomputes first
-        tp_layer_backward(model, tp, x, w, gw, a->kept, residual, a->dresidual, B, T, 0);
+        tp_layer_backward(model, tp, /*cp*/ NULL, x, w, gw, a->kept, residual, a->dresidual, B, T, 0);
     }
     // g's backward at the embedding: the identity, or with -sp (its forward a reduce-scatter)
     // the all-gather of dresidual to (B, T, C). Tokens of this rank's vocabulary scatter into its

@@ -23,9 +23,10 @@
 static const char* trainer_names[TRAINER_COUNT] = {"train_gpt2_dp", "train_gpt2_tp", "train_gpt2_pp", "train_gpt2_3d",
                                                    "train_gpt2_cp"};
 
-// the trainer that runs a grid: the simplest that holds it (cp > 1: train_gpt2_cp, alone)
+// the trainer that runs a grid: the simplest that holds it (cp alone: train_gpt2_cp; cp with
+// another axis: train_gpt2_3d)
 static TrainerKind trainer_for(int dp, int tp, int pp, int cp) {
-    if (cp > 1) return TRAINER_CP;
+    if (cp > 1) return dp == 1 && tp == 1 && pp == 1 ? TRAINER_CP : TRAINER_3D;
     if (tp == 1 && pp == 1) return TRAINER_DP;
     if (dp == 1 && pp == 1) return TRAINER_TP;
     if (dp == 1 && tp == 1) return TRAINER_PP;
@@ -42,7 +43,9 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, size_t tot
     if (r->trainer == TRAINER_CP && (r->dp > 1 || r->tp > 1 || r->pp > 1)) {
         return snprintf(why, n, "train_gpt2_cp is one context-parallel group: -dp 1 -tp 1 -pp 1"), 1;
     }
-    if (r->trainer != TRAINER_CP && r->cp > 1) return snprintf(why, n, "-cp %d is train_gpt2_cp's", r->cp), 1;
+    if (r->trainer != TRAINER_CP && r->trainer != TRAINER_3D && r->cp > 1) {
+        return snprintf(why, n, "-cp %d is train_gpt2_cp's or train_gpt2_3d's", r->cp), 1;
+    }
     if (r->cp > 1 && r->T % r->cp != 0) {
         return snprintf(why, n, "-cp %d splits each sequence over the ranks: -t %d must divide by cp (by 2 cp for zigzag)", r->cp,
                         r->T), 1;
@@ -52,6 +55,10 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, size_t tot
     if (r->offload && r->trainer != TRAINER_DP) return snprintf(why, n, "-offload 1 is train_gpt2_dp's"), 1;
     if (r->sp && r->tp == 1) r->sp = 0;  // nothing to split, as the trainers do
     if (r->sp && r->T % r->tp != 0) return snprintf(why, n, "-sp 1 splits the tokens over the %d tp ranks: -t %d must be a multiple of %d", r->tp, r->T, r->tp), 1;
+    if (r->sp && r->cp > 1 && r->T / r->cp % r->tp != 0) {
+        return snprintf(why, n, "-sp 1 splits each rank's T/cp = %d tokens over the %d tp ranks: -t %d must be a multiple of cp x tp = %d",
+                        r->T / r->cp, r->tp, r->T, r->cp * r->tp), 1;
+    }
     if (c.num_layers % (r->pp * r->V) != 0) {
         return snprintf(why, n, "the model's L = %d layers cannot be split into pp x vp = %d x %d equal chunks", c.num_layers,
                         r->pp, r->V), 1;
@@ -75,6 +82,9 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, size_t tot
 static void layout_flags(const RunLayout* r, char* out, size_t n) {
     int k = snprintf(out, n, "%s", trainer_names[r->trainer]);
     if (r->trainer == TRAINER_3D) k += snprintf(out + k, n - k, " -dp %d -pp %d -tp %d", r->dp, r->pp, r->tp);
+    if (r->trainer == TRAINER_3D && r->cp > 1) {
+        k += snprintf(out + k, n - k, " -cp %d%s", r->cp, r->cp_allgather ? " -cp_comm allgather" : "");
+    }
     if (r->trainer == TRAINER_DP) k += snprintf(out + k, n - k, " (%d ranks)", r->dp);
     if (r->trainer == TRAINER_TP) k += snprintf(out + k, n - k, " -tp %d", r->tp);
     if (r->trainer == TRAINER_PP) k += snprintf(out + k, n - k, " -pp %d", r->pp);
@@ -132,7 +142,7 @@ int main(int argc, char** argv) {
         {"-dp", ARG_INT, &dp, 1, ARG_NO_MAX, "data-parallel replicas"},
         {"-tp", ARG_INT, &tp, 1, ARG_NO_MAX, "tensor-parallel ranks"},
         {"-pp", ARG_INT, &pp, 1, ARG_NO_MAX, "pipeline stages"},
-        {"-cp", ARG_INT, &cp, 1, ARG_NO_MAX, "context-parallel ranks (train_gpt2_cp: each holds T/cp tokens of every sequence)"},
+        {"-cp", ARG_INT, &cp, 1, ARG_NO_MAX, "context-parallel ranks (train_gpt2_cp, or train_gpt2_3d's fourth axis): each holds T/cp tokens of every sequence"},
         {"-cp_comm", ARG_STRING, &cp_comm, 0, 0, "ring or allgather (the whole sequence's K,V on every rank)"},
         {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (-sched interleaved)"},
         {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab, 1f1b, interleaved, zb"},
@@ -210,35 +220,32 @@ int main(int argc, char** argv) {
         return plan.total <= memory ? 0 : 2;  // (1: an error, from fail)
     }
 
-    // -search N: every grid dp x tp x pp = N, and on it every -z the trainer runs, -sp, -r and
-    // -offload (so -dp, -tp, -pp, -z, -sp, -r and -offload are not read); the pipeline schedule
-    // and -vp as given (-vp applies to layouts with pp > 1)
+    // -search N: every grid dp x tp x pp x cp = N, and on it every -z the trainer runs, -sp, -r,
+    // -offload and with cp > 1 the ring or the all-gather (so -dp, -tp, -pp, -cp, -z, -sp, -r,
+    // -offload and -cp_comm are not read); the pipeline schedule and -vp as given (-vp applies to
+    // layouts with pp > 1)
     int N = search, capacity = 4096, count = 0, tried = 0;
     size_t batch = total_batch == -1 ? mul_check(mul_check(B, T, "-b x -t"), N, "-b x -t x devices") : (size_t)total_batch;
     if (batch == 0) fail("-d 0: expected a positive number of tokens, or -1");
     Candidate* fits = (Candidate*)malloc_check((size_t)capacity * sizeof(Candidate));
     for (int t = 1; t <= N; t++) {
         for (int p = 1; t * p <= N; p++) {
-            if (N % (t * p) != 0) continue;
-            int d = N / (t * p);
-            TrainerKind kind = trainer_for(d, t, p, 1);
-            int max_zero = kind == TRAINER_DP ? 3 : kind == TRAINER_3D && d > 1 ? 1 : 0;
-            for (int z = 0; z <= max_zero; z++)
-                for (int s = 0; s <= (t > 1); s++)
-                    for (int r = 0; r <= RECOMPUTE_MAX; r++)
-                        for (int o = 0; o <= (kind == TRAINER_DP); o++) {
-                            int V = p > 1 ? vp : 1;
-                            PipeSchedule sc = p > 1 ? (PipeSchedule)sched : SCHEDULE_1F1B;
-                            RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, overlap, checkpoint > 0, 0, 0, 1, 0};
-                            try_layout(&fits, &count, &capacity, &tried, c, target, run, batch, memory);
-                        }
-        }
-    }
-    // and context parallelism, the N devices one cp group (its own trainer), ring or all-gather
-    for (int a = 0; a <= 1 && N > 1; a++) {
-        for (int r = 0; r <= RECOMPUTE_MAX; r++) {
-            RunLayout run = {TRAINER_CP, 1, 1, 1, 1, SCHEDULE_1F1B, 1, B, T, 0, 0, r, 0, overlap, checkpoint > 0, 0, 0, N, a};
-            try_layout(&fits, &count, &capacity, &tried, c, target, run, batch, memory);
+            for (int q = 1; t * p * q <= N; q++) {  // (q: cp)
+                if (N % (t * p * q) != 0) continue;
+                int d = N / (t * p * q);
+                TrainerKind kind = trainer_for(d, t, p, q);
+                int max_zero = kind == TRAINER_DP ? 3 : kind == TRAINER_3D && d * q > 1 ? 1 : 0;
+                for (int z = 0; z <= max_zero; z++)
+                    for (int s = 0; s <= (t > 1); s++)
+                        for (int r = 0; r <= RECOMPUTE_MAX; r++)
+                            for (int o = 0; o <= (kind == TRAINER_DP); o++)
+                                for (int a = 0; a <= (q > 1); a++) {
+                                    int V = p > 1 ? vp : 1;
+                                    PipeSchedule sc = p > 1 ? (PipeSchedule)sched : SCHEDULE_1F1B;
+                                    RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, overlap, checkpoint > 0, 0, 0, q, a};
+                                    try_layout(&fits, &count, &capacity, &tried, c, target, run, batch, memory);
+                                }
+            }
         }
     }
     qsort(fits, (size_t)count, sizeof(Candidate), by_total);

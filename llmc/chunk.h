@@ -32,16 +32,18 @@ static inline float chunk_forward(Walk* walk, Activations* a, int chunk, const i
     int BTs = (int)(BT / d.seq_shards);
     ParameterTensors p = model->params;
     Activations* scratch = &model->acts;  // the backward's buffers; the -sp staging buffers
+    // the position embeddings: wpe's first T rows, or with cp its rows at this rank's positions
+    const floatX* wpe = walk->cp && is_first_virtual(st, chunk) ? cp_positions(walk->cp, p.wpe, T, C) : p.wpe;
     if (is_first_virtual(st, chunk) && tp == NULL) {
         tokens_to_device(model->inputs, &model->input_stage, inputs_host, BT);
-        encoder_forward(a->encoded, model->inputs, p.wte, p.wpe, B, T, C);
+        encoder_forward(a->encoded, model->inputs, p.wte, wpe, B, T, C);
     } else if (is_first_virtual(st, chunk)) {
         // the vocabulary-parallel embedding: this rank's Vp/tp rows of wte (other tokens look up
         // zeros), wpe added by tp rank 0 alone; then g: all-reduce of the partial (B, T, C) over
         // tp, or with -sp a reduce-scatter into this rank's tokens
         vocab_parallel_tokens(model->inputs, &model->input_stage, inputs_host, BT, tp->rank, d.Vp_rank);
         floatX* partial = sp ? scratch->dbuf : a->encoded;
-        encoder_forward(partial, model->inputs, p.wte, tp->rank == 0 ? p.wpe : NULL, B, T, C);
+        encoder_forward(partial, model->inputs, p.wte, tp->rank == 0 ? wpe : NULL, B, T, C);
         sum_over_ranks(tp, partial, a->encoded, BT, C, sp);
     }
     // the chunk's first LayerNorm on its own: the residual add before it ran on another stage
@@ -52,7 +54,8 @@ static inline float chunk_forward(Walk* walk, Activations* a, int chunk, const i
     for (int k = 0; k < Lc; k++) {
         LayerActs x = layer_acts(a, d, B, T, k);  // the slot's layer
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
-        floatX* fcproj = tp_layer_forward(model, tp, x, gpt2_layer_params(model, chunk * Lc + k), residual, B, T, 0);
+        floatX* fcproj = tp_layer_forward(model, tp, walk->cp, x, gpt2_layer_params(model, chunk * Lc + k), residual, B,
+                                          T, 0);
         if (k + 1 < Lc) {  // the next layer's LayerNorm fused with this residual add
             LayerWeights wn = gpt2_layer_params(model, chunk * Lc + k + 1);
             LayerActs xn = layer_acts(a, d, B, T, k + 1);
@@ -117,17 +120,19 @@ static inline void chunk_backward(Walk* walk, Activations* a, floatX* dresidual,
         LayerWeights w = gpt2_layer_params(model, chunk * Lc + k), gw = gpt2_layer_grads(model, chunk * Lc + k);
         LayerActs x = layer_acts(a, d, B, T, k);
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
-        tp_layer_backward(model, tp, x, w, gw, a->kept, residual, dresidual, B, T, split);
+        tp_layer_backward(model, tp, walk->cp, x, w, gw, a->kept, residual, dresidual, B, T, split);
     }
     if (is_first_virtual(st, chunk)) {
         // g's backward at the embedding: identity, or with -sp all-gather of dresidual to
         // (B, T, C); the tokens scatter into wte (with tp this rank's rows), every position into
-        // wpe. The tokens are read on the host, where the buckets of positions per token are
-        // sorted (with tp this rank's table of them, a stage of its own, never waiting for a copy)
+        // wpe (with cp into the rows of this rank's positions, added back at them). The tokens
+        // are read on the host, where the buckets of positions per token are sorted (with tp
+        // this rank's table of them, a stage of its own, never waiting for a copy)
         floatX* dencoded = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
         const int* tokens = tp ? vocab_parallel_tokens(NULL, &model->token_table, inputs_host, BT, tp->rank, d.Vp_rank)
                                : inputs_host;
-        encoder_backward(g.wte, g.wpe, dencoded, tokens, B, T, C);
+        encoder_backward(g.wte, walk->cp ? cp_position_grads(walk->cp, T, C) : g.wpe, dencoded, tokens, B, T, C);
+        if (walk->cp) cp_add_position_grads(walk->cp, g.wpe, T, C);
     }
 }
 
@@ -210,13 +215,13 @@ static inline void stage_walk(Walk* w, const PipeAction* actions, int n) {
 // One micro-batch of B x T forward through the whole pipe (every chunk in turn), no backward:
 // chunk 0 of the loader's current batch, or without a loader `tokens`. Returns the walk: its
 // loss on the last stage, and the slot holding the logits there.
-static inline Walk stage_forward_pass(GPT2* model, Stage* st, CommGroup* pp, CommGroup* tp, DataLoader* data,
-                                      const int* tokens, int B, int T) {
+static inline Walk stage_forward_pass(GPT2* model, Stage* st, CommGroup* pp, CommGroup* tp, ContextParallel* cp,
+                                      DataLoader* data, const int* tokens, int B, int T) {
     PipeSpec one = st->spec;
     one.m = 1;
     PipeAction* actions = (PipeAction*)malloc_check((size_t)one.V * sizeof(PipeAction));
     int n = pipeline_forward_actions(one, actions);
-    Walk w = walk_init(model, st, pp, tp, B, T);
+    Walk w = walk_init(model, st, pp, tp, cp, B, T);
     w.data = data;
     w.tokens = tokens;
     w.forward_only = 1;

@@ -92,7 +92,7 @@ static inline ParameterLayout memory_plan_layout(GPT2Config c, const RunLayout* 
     if (r->trainer == TRAINER_DP) return parameter_layout_buckets(c, r->zero, r->dp, 0);
     if (r->trainer == TRAINER_TP || r->trainer == TRAINER_CP) return parameter_layout(c, r->tp, 0);
     ParameterLayout l = parameter_layout_grid(c, r->tp, 0, r->pp, stage, r->V);
-    if (r->trainer == TRAINER_3D) layout_shard_flat(&l, r->zero, r->dp, 0);
+    if (r->trainer == TRAINER_3D) layout_shard_flat(&l, r->zero, r->dp * layout_cp(r), 0);  // (ZeRO-1 over dp x cp)
     return l;
 }
 
@@ -112,8 +112,8 @@ static inline void memory_plan_activations(MemoryPlan* plan, const RunLayout* r,
     } else {
         PipeSpec spec = {r->sched, r->pp, r->m, r->V};
         unsigned kept = stage_kept(recompute, spec, d);
-        gpt2_lay_out_activations(&unused, d, l->layers, ACTS_SCRATCH | ACTS_RECOMPUTE, kept, r->B, r->T, NULL, part);
-        gpt2_lay_out_activations(&unused, d, l->layers / r->V, stage_slot_parts(l), kept, r->B, r->T, NULL, slot);
+        gpt2_lay_out_activations(&unused, d, l->layers, ACTS_SCRATCH | ACTS_RECOMPUTE, kept, r->B, T, NULL, part);
+        gpt2_lay_out_activations(&unused, d, l->layers / r->V, stage_slot_parts(l), kept, r->B, T, NULL, slot);
         plan->layers = plan->slots * slot[ACTS_LAYERS];
         plan->head = plan->slots * slot[ACTS_HEAD];  // (the last stage's slots hold the head)
     }
@@ -127,7 +127,7 @@ static inline void memory_plan_activations(MemoryPlan* plan, const RunLayout* r,
 static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayout* r, int stage, int root) {
     MemoryPlan plan;
     memset(&plan, 0, sizeof(plan));
-    if (r->trainer == TRAINER_CP) t.flash = 1;  // (ring attention keeps flash attention's lse)
+    if (r->trainer == TRAINER_CP || layout_cp(r) > 1) t.flash = 1;  // (ring attention keeps flash attention's lse)
     plan.dims = layer_dims_for(c, r->tp, r->sp, t);
     plan.layout = memory_plan_layout(c, r, stage);
     const ParameterLayout* l = &plan.layout;
@@ -156,11 +156,15 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     }
     memory_plan_activations(&plan, r, r->recompute);
     // communication buffers: ZeRO's (train_gpt2_dp); a pipeline's second (BTs, C) gradient
-    // message, and with ZeRO-1 the reduce-scatter's 1/dp shard of the gradients (train_gpt2_3d)
+    // message, and with ZeRO-1 the reduce-scatter's 1/(dp cp) shard of the gradients
+    // (train_gpt2_3d); context parallelism's K,V blocks and their gradients, on the rank's heads
+    int cp = layout_cp(r), Tl = r->T / cp;
     if (r->trainer == TRAINER_DP) plan.comm = zero_buffer_bytes(l, t.X, r->m, r->overlap);
-    if (pipelined) plan.comm = (size_t)r->B * r->T / plan.dims.seq_shards * c.channels * X + (r->zero ? S * X : 0);
-    if (r->trainer == TRAINER_CP) plan.comm = cp_scratch_bytes(r->B, r->T, r->cp, c.channels, c.channels, c.num_heads, t.X, r->cp_allgather);
-    plan.kernels = kernel_workspace_bytes(plan.dims, r->B, r->T / layout_cp(r));
+    if (pipelined) plan.comm = (size_t)r->B * Tl / plan.dims.seq_shards * c.channels * X + (r->zero ? S * X : 0);
+    if (r->trainer == TRAINER_CP || cp > 1) {
+        plan.comm += cp_scratch_bytes(r->B, r->T, cp, c.channels, plan.dims.att, plan.dims.NH, t.X, r->cp_allgather);
+    }
+    plan.kernels = kernel_workspace_bytes(plan.dims, r->B, Tl);
     // gathers for files
     if (r->trainer == TRAINER_DP) {
         // sharded fp32 weights (bf16 master weights from -z 1, fp32 parameters from -z 3) and
@@ -274,6 +278,10 @@ static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const
     if (r->trainer == TRAINER_PP || r->trainer == TRAINER_3D) {
         comm = r->zero ? "a second gradient message, and the reduce-scatter's 1/dp shard of the gradients"
                        : "a second gradient message (one is sent while the next arrives)";
+    }
+    if (r->trainer == TRAINER_3D && layout_cp(r) > 1) {
+        comm = r->zero ? "a second gradient message, the 1/(dp cp) gradient shard; the cp ring's K,V blocks (tp's heads)"
+                       : "a second gradient message; the K,V blocks of the cp ring on tp's heads, o, dq, wpe rows";
     }
     if (r->trainer == TRAINER_CP) {
         comm = r->cp_allgather ? "K,V of the whole sequence (X) and their gradient (fp32); o, dq, wpe rows"

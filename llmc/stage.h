@@ -8,6 +8,7 @@
 
 #include "block.h"
 #include "comm.h"
+#include "context_parallel.h"
 #include "dataloader.h"
 #include "model.h"
 #include "pipeline.h"
@@ -125,6 +126,8 @@ typedef struct {
     Stage* st;
     CommGroup* pp;      // the pipeline: this stage and its neighbours
     CommGroup* tp;      // the chunk's own collectives (tensor parallelism), or NULL
+    ContextParallel* cp;  // context parallelism (the 3D trainer's -cp), or NULL: the stage holds
+                          // T = T/cp tokens of each sequence, and its attention reaches the rest
     DataLoader* data;   // micro-batch i is chunk i * data_ranks + data_rank of the loader's
     int data_ranks, data_rank;  // current batch (data-parallel replicas read their own) ...
     const int* tokens;  // ... or, without a loader (sampling), these B x T tokens
@@ -139,13 +142,14 @@ typedef struct {
 
 // a walk of this stage over micro-batches of B x T (the fields not named here start empty: the
 // caller sets the data, dloss, forward_only, times)
-static inline Walk walk_init(GPT2* model, Stage* st, CommGroup* pp, CommGroup* tp, int B, int T) {
+static inline Walk walk_init(GPT2* model, Stage* st, CommGroup* pp, CommGroup* tp, ContextParallel* cp, int B, int T) {
     Walk w;
     memset(&w, 0, sizeof(w));
     w.model = model;
     w.st = st;
     w.pp = pp;
     w.tp = tp;
+    w.cp = cp;
     w.data_ranks = 1;
     w.B = B;
     w.T = T;
@@ -183,14 +187,23 @@ static inline void note_slots_in_use(Walk* w) {
 
 // The tokens of action a's micro-batch: its inputs for the embedding (a forward or backward of
 // the first virtual stage), its targets for the loss (a forward of the last), read from the
-// loader (or, for a sample, the walk's tokens)
+// loader (or, for a sample, the walk's tokens). With cp the loader's sequences are whole, and
+// this rank takes its T tokens of each (cp_take_tokens: its chunks of the T cp)
 static inline void walk_tokens(Walk* w, PipeAction a, const int** inputs, const int** targets) {
     int first = is_first_virtual(w->st, a.chunk), last = is_last_virtual(w->st, a.chunk);
-    if (w->data && ((first && a.op != PIPE_WEIGHT) || (last && a.op == PIPE_FORWARD))) {
+    int needed = (first && a.op != PIPE_WEIGHT) || (last && a.op == PIPE_FORWARD);
+    if (w->data && needed) {
         dataloader_load_chunk(w->data, a.micro * w->data_ranks + w->data_rank, w->model->config.vocab_size);
     }
     *inputs = w->data ? w->data->inputs : w->tokens;
     *targets = w->data ? w->data->targets : w->tokens;  // (sampling reads logits only)
+    if (w->cp && needed) {
+        CpChunks mine = cp_mine(w->cp, w->T);
+        cp_take_tokens(w->cp->inputs, *inputs, mine, w->B, w->T * w->cp->cp->size);
+        cp_take_tokens(w->cp->targets, *targets, mine, w->B, w->T * w->cp->cp->size);
+        *inputs = w->cp->inputs;
+        *targets = w->cp->targets;
+    }
 }
 
 // The measured timeline of a step: every stage's actions with their start and end (ms from the

@@ -8,6 +8,7 @@
 
 #include "block.h"
 #include "comm.h"
+#include "context_parallel.h"
 #include "model.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -79,7 +80,10 @@ static inline float vocab_parallel_loss(GPT2* model, CommGroup* tp, Activations*
 // One transformer layer on this rank's slices: Megatron's column-parallel first matmul and
 // row-parallel second matmul in each half (block.h), with f before each half and g after it.
 // The TP trainer runs them over its layers, the 3D trainer over each pipeline chunk's; and with
-// tp NULL (no tensor parallelism) they are the plain layer that train_gpt2_pp's stages run.
+// tp NULL (no tensor parallelism) they are the plain layer that train_gpt2_pp's stages run. With
+// cp (the 3D trainer's -cp; NULL: none) the rank holds T = T/cp tokens of each sequence, and
+// its attention, on its NH/tp heads, reaches the rest of the sequence over the cp group
+// (llmc/context_parallel.h, train_gpt2_cp.cu's chapter); nothing else in the layer changes.
 //
 // The residual stream between the halves is replicated on every tp rank (with -sp split along
 // the tokens), so the residual add, the LayerNorms and their statistics are computed on every
@@ -103,8 +107,8 @@ static inline LayerDims tp_layer_dims(GPT2Config c, int tp, int sp, int T, const
 // to the summed fcproj (B T/seq_shards tokens, bias added), which the caller adds to the residual
 // stream, fused with the next LayerNorm. rerun (-r 2): the same again before the layer's
 // backward, as far as the backward reads (block.h), with the collectives on the way.
-static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, const floatX* residual,
-                                       int B, int T, int rerun) {
+static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, ContextParallel* cp, LayerActs x, LayerWeights w,
+                                       const floatX* residual, int B, int T, int rerun) {
     LayerDims d = model->dims;
     // the -sp staging buffers (model.h), one set for every layer: ln_shard (BTs, C) a LayerNorm's
     // output on this rank's tokens, before the all-gather; reduced (BTs, C) a reduce-scatter's
@@ -121,10 +125,12 @@ static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, LayerActs x, 
     // the attention half on this rank's NH/tp heads; its row-parallel projection leaves a
     // partial sum in attproj (B, T, C). Its bias is added once, after the sum, not per rank
     // (the backward pass needs no such care: a bias gradient sums dout over all tokens,
-    // which every rank holds whole, so it comes out whole and equal on every rank).
+    // which every rank holds whole, so it comes out whole and equal on every rank). With cp
+    // the queries attend to the whole sequence: the ring (or all-gather) of K,V over cp.
     LayerWeights slices = w;
     if (tp) slices.attprojb = slices.fcprojb = NULL;
-    attention_half_forward(x, slices, B, T, d);
+    if (cp) cp_attention_half_forward(cp, x, slices, B, T, d);
+    else attention_half_forward(x, slices, B, T, d);
     // g after the row-parallel attproj: all-reduce of (B, T, C); with -sp reduce-scatter
     floatX* attproj = sum_over_ranks(tp, x.attproj, scratch->reduced, BT, C, sp);
     if (tp) bias_add(attproj, w.attprojb, BTs, C);
@@ -147,8 +153,8 @@ static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, LayerActs x, 
 
 // -r 1 and 2: what the layer's forward did not keep (`kept`, model.h), computed again right before
 // its backward; residual is the layer's input (this rank's tokens of it with -sp)
-static inline void tp_layer_recompute(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, unsigned kept,
-                                      const floatX* residual, int B, int T) {
+static inline void tp_layer_recompute(GPT2* model, CommGroup* tp, ContextParallel* cp, LayerActs x, LayerWeights w,
+                                      unsigned kept, const floatX* residual, int B, int T) {
     LayerDims d = model->dims;
     if (kept == KEEP_ALL) return;
     device_span_begin(&recompute_spans);
@@ -156,9 +162,9 @@ static inline void tp_layer_recompute(GPT2* model, CommGroup* tp, LayerActs x, L
         int sp = d.seq_shards > 1;
         layernorm_forward(sp ? model->acts.ln_shard : x.ln1, x.ln1_mean, x.ln1_rstd, residual, w.ln1w, w.ln1b,
                           B * T / d.seq_shards, d.C);
-        tp_layer_forward(model, tp, x, w, residual, B, T, 1);
+        tp_layer_forward(model, tp, cp, x, w, residual, B, T, 1);
     } else {
-        layer_recompute_selective(x, kept, B, T, d);
+        layer_recompute_selective(x, kept, B, T, d);  // (with cp lse is always kept: no attention)
     }
     device_span_end(&recompute_spans);
 }
@@ -169,8 +175,9 @@ static inline void tp_layer_recompute(GPT2* model, CommGroup* tp, LayerActs x, L
 // action, which finds in the slot what it needs, each in the place of an activation B has used
 // up and that has its shape: the gradient at attproj (B,T,C) in attproj, at qkv (B,T,3C/tp) in
 // qkv, at fcproj (B,T,C) in fcproj, at fch (B,T,4C/tp) in fch (with -sp the gathered ones).
-static inline void tp_layer_backward(GPT2* model, CommGroup* tp, LayerActs x, LayerWeights w, LayerWeights gw,
-                                     unsigned kept, const floatX* residual, floatX* dresidual, int B, int T, int split) {
+static inline void tp_layer_backward(GPT2* model, CommGroup* tp, ContextParallel* cp, LayerActs x, LayerWeights w,
+                                     LayerWeights gw, unsigned kept, const floatX* residual, floatX* dresidual, int B,
+                                     int T, int split) {
     LayerDims d = model->dims;
     // the backward's buffers, shared by every layer (model.h): dbuf (B, T, C) a half's partial
     // input gradient, dfch (B, T, 4C/tp) and dqkv (B, T, 3C/tp) inside the halves; with -sp
@@ -180,7 +187,7 @@ static inline void tp_layer_backward(GPT2* model, CommGroup* tp, LayerActs x, La
     int C = d.C, sp = d.seq_shards > 1;
     size_t BT = (size_t)B * T, X = sizeof(floatX);
     int BTs = (int)(BT / d.seq_shards);
-    tp_layer_recompute(model, tp, x, w, kept, residual, B, T);
+    tp_layer_recompute(model, tp, cp, x, w, kept, residual, B, T);
     // g's backward at fcproj: the identity (dresidual is whole on every rank), or with -sp the
     // all-gather of dresidual (B*T/tp, C) to (B, T, C)
     floatX* dout = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
@@ -197,7 +204,8 @@ static inline void tp_layer_backward(GPT2* model, CommGroup* tp, LayerActs x, La
     layernorm_backward(dresidual, gw.ln2w, gw.ln2b, dln2, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd, BTs, C);
     // g's backward at attproj: identity, or with -sp all-gather of dresidual to (B, T, C)
     dout = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
-    attention_half_backward_input(scratch->dbuf, scratch->dbuf, scratch->dqkv, dout, x, w, B, T, d);
+    if (cp) cp_attention_half_backward_input(cp, scratch->dbuf, scratch->dbuf, scratch->dqkv, dout, x, w, B, T, d);
+    else attention_half_backward_input(scratch->dbuf, scratch->dbuf, scratch->dqkv, dout, x, w, B, T, d);
     if (split) {  // kept for W: the gradients at attproj and qkv
         copy_device_to_device(x.attproj, dout, BT * C * X);
         copy_device_to_device(x.qkv, scratch->dqkv, BT * d.qkv * X);

@@ -1528,9 +1528,9 @@ def pp_nonfinite_loss_stops_before_writing_the_step():
 
 
 # ---------------------------------------------------------------------------------------------
-# 3D parallelism (train_gpt2_3d.cu): dp x pp x tp grids against the reference; rank 0's bytes
-# per group against the README's formulas, computed here from the rule, independently of the
-# trainer; checkpoints that move between grids
+# 3D parallelism (train_gpt2_3d.cu): dp x pp x tp grids (and with -cp dp x pp x cp x tp) against
+# the reference; rank 0's bytes per group against the README's formulas, computed here from the
+# rule, independently of the trainer; checkpoints that move between grids
 
 D3 = "./train_gpt2_3d"
 VP = (50257 + 127) // 128 * 128
@@ -1539,7 +1539,7 @@ VP = (50257 + 127) // 128 * 128
 def grid3d_rank0_parameters(cfg, dp, pp, tp, zero):
     """rank 0's parameters (stage 0, tp rank 0): its Vp/tp rows of wte, wpe, its tp slices of the
     L/pp layers of stage 0 (replicated LayerNorms and row-parallel biases whole), lnf when pp = 1;
-    with -z 1 padded to a multiple of dp x 128"""
+    with -z 1 padded to a multiple of dp x 128 (dp: the ranks sharing the state, dp x cp)"""
     C, L, maxT = cfg["channels"], cfg["layers"], cfg["max_seq_len"]
     sliced = 3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C  # qkvw qkvb attprojw fcw fcb fcprojw
     layer = sliced // tp + 6 * C  # + ln1w ln1b attprojb ln2w ln2b fcprojb
@@ -1547,15 +1547,17 @@ def grid3d_rank0_parameters(cfg, dp, pp, tp, zero):
     return -(-n // (dp * 128)) * dp * 128 if zero else n
 
 
-def grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, X=4):
-    """rank 0's payload per group and step (README, 3D): tp collectives of a = B T C X, 4 per layer
-    of stage 0 and micro-batch, one for the embedding and one for the head when stage 0 is also
-    the last (with -sp each one reduce-scatter plus one all-gather), the loss's
-    3 B T fp32 on the last stage, with -sp the LayerNorm gradients; (2V - 1) m messages each way
-    over pp (a / tp with -sp) and the loss broadcast; the dp reduction of rank 0's N parameters
-    (twice N with -z 1: reduce-scatter and all-gather) and the loss average; the tied wte's
-    Vp/tp C over the embedding group; the norm's float over the world"""
-    T, C, L = cfg["seq_len"], cfg["channels"], cfg["layers"]
+def grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, X=4, cp=1, allgather=False):
+    """rank 0's payload per group and step (README, 3D): tp collectives of a = B T C X (T = T/cp,
+    the rank's tokens), 4 per layer of stage 0 and micro-batch, one for the embedding and one for
+    the head when stage 0 is also the last (with -sp each one reduce-scatter plus one all-gather),
+    the loss's 3 B T fp32 on the last stage, with -sp the LayerNorm gradients; over cp, per layer
+    of stage 0 and micro-batch, K,V blocks of B T 2C/tp (cp_step_bytes' rule on the stage's
+    layers and tp's heads); (2V - 1) m messages each way over pp (a / tp with -sp) and the loss
+    broadcast; the dp x cp reduction of rank 0's N parameters (twice N with -z 1: reduce-scatter
+    and all-gather) and the loss average; the tied wte's Vp/tp C over the embedding group; the
+    norm's float over the world"""
+    T, C, L = cfg["seq_len"] // cp, cfg["channels"], cfg["layers"]
     a, Ls, last, sp = B * T * C * X, L // pp, 1 if pp == 1 else 0, sp and tp > 1
     loss = last * m * 3 * B * T * 4
     if sp:
@@ -1563,8 +1565,10 @@ def grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, X=4):
     else:
         tp_bytes = m * (4 * Ls + 1 + last) * a + loss
     pp_bytes = (2 * (2 * V - 1) * m * a // (tp if sp else 1) if pp > 1 else 0) + 4
-    dp_bytes = (2 if zero else 1) * grid3d_rank0_parameters(cfg, dp, pp, tp, zero) * X + 4
-    return {"tp": tp_bytes, "pp": pp_bytes, "dp": dp_bytes, "embedding": VP * C // tp * X if pp > 1 else 0, "world": 4}
+    dp_bytes = (2 if zero else 1) * grid3d_rank0_parameters(cfg, dp * cp, pp, tp, zero) * X + 4
+    cp_bytes = sum(cp_step_bytes(dict(cfg, layers=Ls, channels=C // tp), B, cp, m, allgather, 0, X).values()) - 4
+    return {"tp": tp_bytes, "cp": cp_bytes, "pp": pp_bytes, "dp": dp_bytes,
+            "embedding": VP * C // tp * X if pp > 1 else 0, "world": 4}
 
 
 def check_grid3d_step_bytes(out, d, expected, steps):
@@ -1574,25 +1578,29 @@ def check_grid3d_step_bytes(out, d, expected, steps):
         assert got == expected, "step %s moved %s, the formula says %s" % (step, got, expected)
 
 
-def grid3d_flags(dp, pp, tp, sp=0, sched="1f1b", V=1, zero=0):
-    return ["-dp", dp, "-pp", pp, "-tp", tp, "-sp", sp, "-sched", sched, "-vp", V, "-z", zero]
+def grid3d_flags(dp, pp, tp, sp=0, sched="1f1b", V=1, zero=0, cp=1, cp_layout="zigzag", cp_comm="ring"):
+    return ["-dp", dp, "-pp", pp, "-tp", tp, "-sp", sp, "-sched", sched, "-vp", V, "-z", zero] + (
+        ["-cp", cp, "-cp_layout", cp_layout, "-cp_comm", cp_comm] if cp > 1 else [])
 
 
-def compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero):
+def compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero, cp=1, cp_layout="zigzag", cp_comm="ring"):
     cfg = REF4
     ref = reference_run(cfg)
     B = cfg["batch"] // (dp * m)
-    d = fresh_dir("grid3d_%dx%dx%d_sp%d_%s_v%d_m%d_z%d" % (dp, pp, tp, sp, sched, V, m, zero))
+    d = fresh_dir("grid3d_%dx%dx%dx%d_sp%d_%s_v%d_m%d_z%d_%s_%s" % (dp, pp, cp, tp, sp, sched, V, m, zero, cp_layout, cp_comm))
     grads_path = os.path.join(d, "grads.bin")
     # step-0 gradients gathered from every rank's pieces into the whole model; after every step
-    # every copy of every tensor (tp's replicated ones, the two wte, the dp replicas) compared
-    out = run_ok(dp * pp * tp, trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-check_replicas", 1]
-                                            + grid3d_flags(dp, pp, tp, sp, sched, V, zero), cfg=cfg), program=D3)
-    expected = grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero)
+    # every copy of every tensor (tp's replicated ones, the two wte, the dp x cp replicas) compared
+    args = trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-check_replicas", 1]
+                        + grid3d_flags(dp, pp, tp, sp, sched, V, zero, cp, cp_layout, cp_comm), cfg=cfg)
+    out = run_ok(dp * pp * cp * tp, args, program=D3)
+    if cp > 1:
+        check_planner_matches_trainer(D3, dp * pp * cp * tp, args, out)  # (the planner's table is the trainer's)
+    expected = grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, cp=cp, allgather=cp_comm == "allgather")
     check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected)
     check_grid3d_step_bytes(out, d, expected, cfg["steps"])
     for what, size in (("tp copies of the replicated tensors", tp), ("wte copies of the first and last stage", pp),
-                       ("dp replicas", dp)):
+                       ("dp replicas", dp * cp)):
         if size > 1:
             assert "step %d: %s identical" % (cfg["steps"], what) in out, what + "\n" + out[-2000:]
     # the memory table's total against what was allocated (the CPU backend counts every buffer)
@@ -1603,11 +1611,12 @@ def compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero):
     assert len(pairs) == pp and all(a == b for _, a, b in pairs), held.group(0)
 
 
-def make_grid3d_test(dp, pp, tp, sp, sched, V, m, zero):
+def make_grid3d_test(dp, pp, tp, sp, sched, V, m, zero, cp=1, cp_layout="zigzag", cp_comm="ring"):
     def fn():
-        compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero)
-    fn.__name__ = "grid3d_vs_pytorch_%dx%dx%d%s_%s%s_m%d%s" % (dp, pp, tp, "_sp" if sp else "", sched,
-                                                              "_v%d" % V if V > 1 else "", m, "_z1" if zero else "")
+        compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero, cp, cp_layout, cp_comm)
+    grid = "%dx%dx%d" % (dp, pp, tp) if cp == 1 else "%dx%dx%dx%d_cp_%s_%s" % (dp, pp, cp, tp, cp_layout, cp_comm)
+    fn.__name__ = "grid3d_vs_pytorch_%s%s_%s%s_m%d%s" % (grid, "_sp" if sp else "", sched, "_v%d" % V if V > 1 else "", m,
+                                                        "_z1" if zero else "")
     return fn
 
 
@@ -1616,6 +1625,11 @@ def make_grid3d_test(dp, pp, tp, sp, sched, V, m, zero):
 for _grid in [(1, 1, 1, 0, "1f1b", 1, 1, 0), (2, 1, 1, 0, "1f1b", 1, 2, 1), (1, 2, 1, 0, "interleaved", 2, 2, 0),
               (1, 1, 2, 1, "1f1b", 1, 1, 0), (2, 2, 1, 0, "zb", 1, 2, 1), (2, 1, 2, 1, "afab", 1, 2, 0),
               (1, 2, 2, 1, "interleaved", 2, 2, 0), (2, 2, 2, 1, "1f1b", 1, 2, 1), (2, 2, 2, 0, "interleaved", 2, 2, 0)]:
+    test(make_grid3d_test(*_grid))
+# the fourth axis, cp (dp x pp x cp x tp): with tp and -sp inside one stage, with a pipeline and
+# replicas (ZeRO-1 over dp x cp), and on 8 ranks with tp, each split and exchange somewhere
+for _grid in [(1, 1, 2, 1, "1f1b", 1, 2, 0, 2, "zigzag", "ring"), (2, 2, 1, 0, "1f1b", 1, 2, 1, 2, "contiguous", "ring"),
+              (2, 1, 2, 0, "afab", 1, 1, 0, 2, "zigzag", "allgather")]:
     test(make_grid3d_test(*_grid))
 
 
@@ -1879,7 +1893,7 @@ def cp_bad_inputs():
 
 # dev/memory_planner's flags, the trainers' names for the same things
 PLANNER_FLAGS = {"-e", "-b", "-t", "-d", "-n", "-z", "-sp", "-r", "-offload", "-overlap", "-sched", "-vp", "-dp", "-pp", "-tp",
-                 "-cp_comm"}
+                 "-cp", "-cp_comm"}
 
 
 def check_planner_matches_trainer(program, ranks, args, out, attention=None):
@@ -1893,8 +1907,8 @@ def check_planner_matches_trainer(program, ranks, args, out, attention=None):
     flags += [x for f, v in pairs.items() if f in PLANNER_FLAGS for x in (f, v)]
     if trainer in ("dp", "tp", "pp", "cp"):
         flags += ["-" + trainer, ranks]
-    elif "-dp" not in pairs:  # the 3D trainer's default: the ranks that pp x tp leave
-        flags += ["-dp", ranks // (int(pairs.get("-pp", 1)) * int(pairs.get("-tp", 1)))]
+    elif "-dp" not in pairs:  # the 3D trainer's default: the ranks that pp x cp x tp leave
+        flags += ["-dp", ranks // (int(pairs.get("-pp", 1)) * int(pairs.get("-cp", 1)) * int(pairs.get("-tp", 1)))]
     precision = "bf16" if "emu_BF16" in program else "fp32"
     flags += ["-device", "cuda" if "emu_" in program else "cpu", "-precision", precision]
     if attention:
