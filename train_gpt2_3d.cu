@@ -1,43 +1,60 @@
 /*
 GPT-2 training with 3D parallelism: data, pipeline and tensor parallelism at once, on a grid of
 dp x pp x tp ranks, as Megatron-LM composes them (Narayanan et al. 2021, "Efficient Large-Scale
-Language Model Training on GPU Clusters Using Megatron-LM", arXiv:2104.04473).
+Language Model Training on GPU Clusters Using Megatron-LM", arXiv:2104.04473), and context
+parallelism as a fourth axis (-cp: dp x pp x cp x tp, Megatron-LM's context parallelism).
 
-This trainer is the sum of the other three chapters; read them first. It runs their code: each
+This trainer is the sum of the other four chapters; read them first. It runs their code: each
 pipeline stage's chunk of layers is llmc/chunk.h's (the PP trainer's), here with a tp group inside
 it, so that every layer is llmc/tensor_parallel.h's (the TP trainer's: column- and row-parallel
 halves with f and g, -sp, the vocabulary-parallel embedding and loss on the first and last
-stage); the schedules are the PP trainer's, walked by stage_walk (train_gpt2_pp.cu's
-pipeline_walk), each message going from a tp rank of one stage to the same tp rank of the next
-(B T C, or with -sp its B T / tp tokens). What this chapter adds, each explained where it is
-written:
-  1. The grid (grid_coordinates, grid_init): world rank r at tp rank r % tp, dp rank
-     (r / tp) % dp, stage r / (tp dp), and its groups, each split from the world by a colour that
-     its members share: tp (the tp ranks of one stage of one replica), pp (the stages of one
-     replica at one tp rank), dp (the replicas at one place in the model), the embedding group
-     (the first and last stage at one dp and tp rank), and the model group (the tp x pp ranks of
-     one replica, which gather the model file).
+stage); with -cp each rank holds T/cp tokens of every sequence and its attention, on its tp
+rank's heads, reaches the rest over the cp group (llmc/context_parallel.h, the CP trainer's ring
+or all-gather); the schedules are the PP trainer's, walked by stage_walk (train_gpt2_pp.cu's
+pipeline_walk), each message going from a tp rank of one stage to the same tp and cp rank of the
+next (B T C, T the rank's tokens, or with -sp its B T / tp of them). What this chapter adds, each
+explained where it is written:
+  1. The grid (grid_coordinates, grid_init): world rank r at tp rank r % tp, cp rank
+     (r / tp) % cp, dp rank (r / (tp cp)) % dp, stage r / (tp cp dp), and its groups, each split
+     from the world by a colour that its members share: tp (the tp ranks of one stage of one
+     replica), cp (the ranks one replica's sequences are split over, at one stage and tp rank),
+     pp (the stages of one replica at one cp and tp rank), dp (the ranks that hold the same
+     parameters: the replicas and their cp ranks), the embedding group (the first and last stage
+     at one dp, cp and tp rank), and the model group (the tp x pp ranks of one replica and cp
+     rank, which gather the model file).
   2. The reductions across groups after the schedule: -sp's LayerNorm gradients over tp, the
-     tied wte's over the embedding group, every gradient's mean over dp (DDP: all-reduce; -z 1:
-     reduce-scatter), the loss broadcast over pp and averaged over dp.
+     tied wte's over the embedding group, every gradient's mean over dp x cp (DDP: all-reduce;
+     -z 1: reduce-scatter), the loss broadcast over pp and averaged over dp x cp.
   3. The gradient norm's ownership (owned_norm_squared, replica_shard): each element counted by
-     exactly one rank of the world (its dp shard's replica, tp rank 0 for what tp replicates, the
+     exactly one rank of the world (its dp shard's rank, tp rank 0 for what tp replicates, the
      first stage for the tied wte), so one all-reduce over the world sums the squares.
   4. ZeRO-1 over the dp group (-z 1, Rajbhandari et al. 2020, arXiv:1910.02054;
-     zero1_adamw_step): each replica updates a 1/dp shard of its rank's buffer and all-gathers.
+     zero1_adamw_step): each of its ranks updates a 1/(dp cp) shard of its buffer and all-gathers.
   5. Checkpoints that any grid resumes (below), and a memory table and byte formulas per group.
-The step's gradient is the mean over all dp*m micro-batches: each token's weight is 1/(B T m)
-in the walk, then the dp reduction averages.
+The step's gradient is the mean over all tokens of the dp*m micro-batches: each of a rank's
+tokens weighs 1/(B T m) in the walk (T its tokens of a sequence), then the reduction averages
+over dp x cp.
+
+How the four axes compose, and which to reach for: tp splits each layer's width (heads, 4C, the
+vocabulary) and talks most, 4 activation-sized collectives per layer: inside a machine. cp
+splits the sequence and only attention talks, K,V blocks that hide behind attention's compute
+when T is long: next to tp. dp replicates the model and talks once a step; pp splits the layers
+and sends one activation per micro-batch per boundary: across machines. For long sequences,
+activations are what runs out (B T C per layer, and attention's T^2 without flash): -sp divides
+them by tp but tp is bounded by the heads and costs collectives on every matmul; -cp divides
+every activation by cp at the price of attention's K,V traffic, and -r trades compute for them.
+Reach for tp (with -sp) inside a machine first, then cp for the sequence, then pp and dp.
 
 Checkpoints: the model file is the whole model in llm.c's layout, and the training state (AdamW
 moments, and bf16 parameter bits) is gathered into the same layout (llmc/train.h,
 write_checkpoint_gathered), so that a run saved on one grid resumes on any other: 2x2x2 -> 1x1x1
-or 1x2x4, and bit for bit on the grid that wrote it.
+or 1x2x4, a cp run of the CP trainer at any cp here, and bit for bit on the grid that wrote it.
 
 The result matches one process training the whole model to fp32 rounding (checked against
 PyTorch in test/).
 
 Build: make train_gpt2_3d        Run: mpirun -np 8 ./train_gpt2_3d -e d8 -dp 2 -pp 2 -tp 2 -b 2 -d 1024 -x 20 -o out
+           long sequences:        mpirun -np 8 ./train_gpt2_3d -e d8 -pp 2 -cp 2 -tp 2 -sp 1 -t 1024 -x 20 -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
 */
 #include <math.h>

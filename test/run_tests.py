@@ -1665,6 +1665,26 @@ def grid3d_checkpoint_of_2x2x2_resumes_at_1x1x1_and_1x2x4():
 
 
 @test
+def grid3d_resumes_a_cp_checkpoint_of_the_cp_trainer_at_cp1_and_cp4():
+    """a train_gpt2_cp run at cp = 2 (zigzag ring) checkpoints step 2; the 3D trainer resumes it on
+    2x2x1x1 (no cp: replicas and stages) and on 1x1x4x2 (cp = 4, contiguous all-gather, tp 2
+    with -sp): steps 3-5 match the uninterrupted reference. Both trainers gather the state into
+    the model file's layout, which no grid or split changes"""
+    ref = reference_run()
+    saved = fresh_dir("grid3d_saved_cp2")
+    run_ok(2, trainer_args(ref, 8, saved, ["-n", 2]), program=CP)
+    for name, ranks, B, flags in (("2x2x1x1", 4, 4, grid3d_flags(2, 2, 1)),
+                                  ("1x1x4x2", 8, 8, grid3d_flags(1, 1, 2, 1, cp=4, cp_layout="contiguous",
+                                                                 cp_comm="allgather"))):
+        d = fresh_dir("grid3d_resumed_cp_" + name)
+        for f in glob.glob(os.path.join(saved, "*_00000002*")):
+            shutil.copy(f, d)
+        out = run_ok(ranks, trainer_args(ref, B, d, ["-n", 3, "-y", 1] + flags), program=D3)
+        assert "resumed from step 2" in out, out[-2000:]
+        check_resumed_against_reference(ref, d, name, (3, 4, 5), REF["steps"])
+
+
+@test
 def grid3d_resume_on_the_same_grid_is_bit_identical_samples_included():
     """2x2x2 with -sp and ZeRO-1, samples every 2 steps: resumed from the checkpoint of step 3, the
     log, the samples (the last stage draws them: its rng must be the one checkpointed) and the
@@ -1712,6 +1732,15 @@ def grid3d_bad_layouts():
     check_grid3d_bad_layout(2, ["-pp", 2, "-sched", "interleaved", "-vp", 4], "pp x vp = 2 x 4 = 8 equal chunks")
     check_grid3d_bad_layout(2, ["-tp", 2, "-sp", 1, "-t", 31], "-sp 1 splits the tokens over the 2 tp ranks: -t 31")
     check_grid3d_bad_layout(2, ["-dp", 2, "-b", 3], "-d 256 must be a positive multiple of B*T*dp = 3*32*2 = 192")
+    # the fourth axis: the grid, the split of T (zigzag: 2 cp chunks), -sp on each rank's T/cp, the two names
+    check_grid3d_bad_layout(4, ["-dp", 2, "-cp", 2, "-tp", 2], "-dp 2 x -pp 1 x -cp 2 x -tp 2 = 8 ranks, but the job has 4")
+    check_grid3d_bad_layout(6, ["-cp", 4], "-pp 1 x -cp 4 x -tp 1 = 4 does not divide the 6 ranks")
+    check_grid3d_bad_layout(4, ["-cp", 2, "-tp", 2, "-t", 30],
+                            "-t 30: the zigzag split cuts each sequence into 4 chunks (2 cp, over the 2 cp ranks), so T must divide by 4")
+    check_grid3d_bad_layout(4, ["-cp", 2, "-tp", 2, "-sp", 1, "-t", 34, "-cp_layout", "contiguous"],
+                            "-sp 1 splits each rank's T/cp = 17 tokens over the 2 tp ranks: -t 34 must be a multiple of cp x tp = 4")
+    check_grid3d_bad_layout(2, ["-cp", 2, "-cp_layout", "diagonal"], "-cp_layout diagonal: expected zigzag or contiguous")
+    check_grid3d_bad_layout(2, ["-cp", 2, "-cp_comm", "broadcast"], "-cp_comm broadcast: expected ring or allgather")
 
 
 @test
@@ -1731,6 +1760,25 @@ def grid3d_sampling_validation_and_timeline():
     assert "timeline of step 2, measured" in out, out[-2000:]
     _, val = read_log(d)
     assert abs(val[0]["val_loss"] - np.log(50257)) < 0.2, val[0]
+
+
+@test
+def grid3d_with_cp_validates_and_samples_as_one_process():
+    """on 1x2x2x1 (two stages, each sequence split over two cp ranks, zigzag) validation averages
+    the cp ranks' token means and samples are drawn with the positions split (the last stage's
+    owner of each position draws, then the pipe hears it): the validation loss equals one DP
+    process's on the same run within 1e-5 (fp32 summation orders), and the samples are its tokens"""
+    ref = reference_run(REF4)
+    runs = {}
+    for name, ranks, program, flags in (("dp", 1, "./train_gpt2_dp", []), ("3d", 4, D3, grid3d_flags(1, 2, 1, cp=2))):
+        d = fresh_dir("grid3d_cp_sample_" + name)
+        out = run_ok(ranks, trainer_args(ref, 8, d, ["-x", 2, "-v", 2, "-m", 2, "-s", 2, "-g", 12] + flags, cfg=REF4),
+                     program=program)
+        sample = re.search(r"---- sample at step 2 ----\n(.*?)\n----------------", out, re.S)
+        assert sample, out[-2000:]
+        runs[name] = (read_log(d)[1][2]["val_loss"], sample.group(1))
+    assert abs(runs["dp"][0] - runs["3d"][0]) <= 1e-5, runs
+    assert runs["dp"][1] == runs["3d"][1], runs
 
 
 @test
@@ -2008,6 +2056,19 @@ def recompute_grid3d_1x2x2_sp_is_bit_identical_and_repeats_the_collectives():
     # rank 0's tp group: stage 0's 2 layers per micro-batch, m = 4 micro-batches of B = 2
     tp_bytes = rerun_tp_bytes(dict(REF4, layers=2), 2, 4, 1)
     check_recompute_bit_identical("recompute_3d", D3, 4, grid3d_flags(1, 2, 2, sp=1), REF4, 2, extra_bytes=tp_bytes)
+
+
+@test
+def recompute_grid3d_with_cp_is_bit_identical_and_repeats_the_ring():
+    """1x1x2x2 with -sp: -r 2 reruns each layer's forward, its tp collectives (on T/cp = 16 tokens)
+    and the ring's K,V blocks (B T/cp 2C/tp, cp - 1 of them each way per layer and micro-batch);
+    -r 1 keeps lse (flash's state), so nothing is rerun over cp"""
+    cp, tp, B, m, L = 2, 2, 2, 4, REF4["layers"]
+    cfg = dict(REF4, seq_len=REF4["seq_len"] // cp)
+    tp_bytes = rerun_tp_bytes(cfg, B, m, 1)
+    ring = lambda r: 2 * m * L * (cp - 1) * B * cfg["seq_len"] * 2 * (REF4["channels"] // tp) * 4 if r == 2 else 0  # noqa: E731
+    check_recompute_bit_identical("recompute_3d_cp", D3, 4, grid3d_flags(1, 1, tp, sp=1, cp=cp), REF4, B,
+                                  extra_bytes=lambda r: tp_bytes(r) + ring(r))
 
 
 @test
