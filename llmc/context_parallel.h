@@ -30,7 +30,8 @@ typedef struct {
     float* dkv_all;
     float* o;        // (B, Tl, A) the attention output merged so far, fp32
     float* dq;       // (B, Tl, A) the queries' gradient, fp32
-    float* D;        // (B, NH, Tl) the softmax backward's row sums
+    float* D;        // (B, NH, Tl) the softmax backward's row sums (in the forward, the CUDA
+                     // kernels' merged lse on its way)
     floatX* wpe;     // (Tl, C) wpe's rows at this rank's positions ...
     floatX* dwpe;    // ... and their gradient
     int* inputs;     // (B, Tl) host: this rank's tokens of a micro-batch (cp_take_tokens)
@@ -144,7 +145,7 @@ static inline void cp_attention_forward(ContextParallel* cp, floatX* atty, float
             int owner = (r + n - s) % n;
             CpChunks theirs = cp_chunks_of(cp->split, T, n, owner);
             device_span_begin(&cp->attention_time);
-            attention_block_forward(cp->o, lse, qkv, cp->kv_all + owner * block, mine, theirs, B, A, NH, s == 0);
+            attention_block_forward(cp->o, lse, cp->D, qkv, cp->kv_all + owner * block, mine, theirs, B, A, NH, s == 0);
             device_span_end(&cp->attention_time);
             cp->work += B * NH * cp_attention_work(mine, theirs);
         }
@@ -166,7 +167,7 @@ static inline void cp_attention_forward(ContextParallel* cp, floatX* atty, float
             }
             CpChunks theirs = cp_chunks_of(cp->split, T, n, owner);
             device_span_begin(&cp->attention_time);  // (the blocks' compute, without the exchanges)
-            attention_block_forward(cp->o, lse, qkv, here, mine, theirs, B, A, NH, s == 0);
+            attention_block_forward(cp->o, lse, cp->D, qkv, here, mine, theirs, B, A, NH, s == 0);
             device_span_end(&cp->attention_time);
             cp->work += B * NH * cp_attention_work(mine, theirs);
             comm_wait(&next);  // the next block has arrived; `here` may be overwritten

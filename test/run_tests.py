@@ -1160,7 +1160,8 @@ def sanitized_pp_run_interleaved_with_timeline_sampling_and_resume_and_zb():
 def sanitized_grid3d_interleaved_sp_checkpoint_resumed_on_another_grid_with_zero1():
     """the 3D trainer's groups, slots, tp collectives inside chunks and gathered checkpoints under
     AddressSanitizer + UndefinedBehaviorSanitizer: 1x2x2 with -sp, 2 chunks per stage, a sample
-    and a checkpoint; resumed as 2x1x2 with ZeRO-1 (other slices, shards and micro-batches)"""
+    and a checkpoint; resumed as 2x1x2 with ZeRO-1 (other slices, shards and micro-batches), then
+    as 1x1x2x2 with -cp 2 (the ring on tp's heads, -sp on T/cp, ZeRO-1 over cp) with a sample"""
     p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     env = dict(ASAN_OPTIONS="detect_leaks=0")
@@ -1172,6 +1173,10 @@ def sanitized_grid3d_interleaved_sp_checkpoint_resumed_on_another_grid_with_zero
     out = run_ok(4, args + ["-x", 3, "-y", 1, "-b", 2, "-dp", 2, "-tp", 2, "-z", 1], program="./build/sanitize/train_gpt2_3d", env=env)
     assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
     assert "resumed from step 2" in out and "---- sample at step 3 ----" in out, out[-3000:]
+    out = run_ok(4, args + ["-x", 4, "-y", 1, "-b", 4, "-cp", 2, "-tp", 2, "-sp", 1, "-z", 1],
+                 program="./build/sanitize/train_gpt2_3d", env=env)
+    assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+    assert "resumed from step 3" in out and "---- sample at step 4 ----" in out, out[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------

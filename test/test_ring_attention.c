@@ -73,7 +73,7 @@ static void check_split(CpSplit split, int cp, int len, int B, int C, int NH) {
         for (int s = 0; s < cp; s++) {
             int owner = (r - s + cp) % cp;
             CpChunks k = cp_chunks_of(split, T, cp, owner);
-            attention_block_forward(o + r * per * C, lse + r * per * NH, lqkv + r * per * 3 * C, kv + owner * per * 2 * C,
+            attention_block_forward(o + r * per * C, lse + r * per * NH, NULL, lqkv + r * per * 3 * C, kv + owner * per * 2 * C,
                                     q, k, B, C, NH, s == 0);
             work += cp_attention_work(q, k);
         }

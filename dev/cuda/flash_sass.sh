@@ -39,10 +39,17 @@ trap 'rm -rf "$WORK"' EXIT
 # trainers can launch is instantiated, and the forward at MT = 1 (dev/cuda's v5)
 cat > "$WORK/flash_kernels.cu" <<'EOF'
 #include "llmc/cuda/flash_attention.cuh"
+#include "llmc/cuda/ring_attention.cuh"
 void flash_instantiate(floatX* out, float* lse, floatX* dqkv, const floatX* dout, const floatX* qkv,
                        int B, int T, int C, int NH) {
     attention_forward_flash(out, lse, qkv, B, T, C, NH);
     attention_backward_flash(dqkv, dout, qkv, out, lse, B, T, C, NH);
+}
+// context parallelism's blocks: the same kernels on chunk pairs (llmc/cuda/ring_attention.cuh)
+void ring_instantiate(float* o, float* lse, float* scratch, float* dq, float* dkv, const floatX* dout, const floatX* qkv,
+                      const floatX* kv, CpChunks q, CpChunks k, int B, int C, int NH) {
+    attention_block_forward_flash(o, lse, scratch, qkv, kv, q, k, B, C, NH, 1);
+    attention_block_backward_flash(dq, dkv, dout, lse, scratch, qkv, kv, q, k, B, C, NH);
 }
 // and the 64-query forward (MT = 1) that dev/cuda/attention_forward times as v5
 template __global__ void flash_attention_forward_kernel<16, 1>(floatX*, float*, const floatX*, int, int, int, int);
@@ -129,7 +136,7 @@ for sm in archs:
     info = ptxas(sm)
     counts = sass(sm) if disasm else {}
     for (name, hs), k in sorted(info.items()):
-        if not name.startswith("flash_attention"):
+        if not name.startswith("flash_attention") and not name.startswith("ring_flash"):
             continue
         label = "%s%s" % (name.replace("flash_attention_", "").replace("_kernel", ""),
                           "<%s>" % ",".join(map(str, hs)) if hs else "")

@@ -2,11 +2,15 @@
 Context parallelism's block attention (llmc/cuda/ring_attention.cuh), checked against the CPU
 backend's (llmc/cpu/ring_attention.h): one rank's queries against each rank's block of keys and
 values in ring order, merged by log-sum-exp, then the backward through every block. cp = 2, both
-splits, with chunks of odd length: every tile case (whole, diagonal, masked) appears.
+splits, chunks of odd length below a tile and past two: every tile case (whole, diagonal,
+masked), a ragged last tile, and on the diagonal a chunk of several tiles.
   make dev/cuda/ring_attention && ./dev/cuda/ring_attention
-v1: one thread per query row (forward, dq) or key row (dk, dv), fp32 sums in registers (the
-    trainer's kernels). Not yet the tensor-core flash kernels: the timing shows what they would
-    replace.
+v1 plain: one thread per query row (forward, dq) or key row (dk, dv), fp32 sums in registers;
+   any precision and head size (the trainers' kernels in fp32 builds).
+v2 flash: flash_attention.cuh's tensor-core kernels on one chunk pair at a time, the merge in
+   fp32 in the forward's epilogue (bf16 builds, head sizes 16, 32, 64: the trainers' kernels
+   there). p and ds are rounded to bf16 for the tensor cores, as in the library's flash
+   attention: the tolerance is bf16's on o, dq, dk, dv.
 */
 #include "common.h"
 #include "llmc/cp_layout.h"
@@ -14,6 +18,24 @@ namespace cpu {
 #include "llmc/cpu/ring_attention.h"
 }
 #include "llmc/cuda/ring_attention.cuh"
+
+// the versions: v1 everywhere, v2 where it is built
+static void forward_version(int v, float* o, float* lse, float* scratch, const floatX* qkv, const floatX* kv, CpChunks q,
+                            CpChunks k, int B, int C, int NH, int first) {
+#if !FLOATX_IS_FLOAT
+    if (v == 2) return attention_block_forward_flash(o, lse, scratch, qkv, kv, q, k, B, C, NH, first);
+#endif
+    (void)v, (void)scratch;
+    attention_block_forward_plain(o, lse, qkv, kv, q, k, B, C, NH, first);
+}
+static void backward_version(int v, float* dq, float* dkv, const floatX* datty, const float* lse, const float* D,
+                             const floatX* qkv, const floatX* kv, CpChunks q, CpChunks k, int B, int C, int NH) {
+#if !FLOATX_IS_FLOAT
+    if (v == 2) return attention_block_backward_flash(dq, dkv, datty, lse, D, qkv, kv, q, k, B, C, NH);
+#endif
+    (void)v;
+    attention_block_backward_plain(dq, dkv, datty, lse, D, qkv, kv, q, k, B, C, NH);
+}
 
 // one rank's attention over the whole sequence, forward and backward, on the CPU and the GPU
 static int check(CpSplit split, int cp, int len, int B, int C, int NH, int rank) {
@@ -34,7 +56,8 @@ static int check(CpSplit split, int cp, int len, int B, int C, int NH, int rank)
     float* dkv = (float*)calloc_check(cp * block, sizeof(float));
     for (int s = 0; s < cp; s++) {
         int owner = (rank + cp - s) % cp;
-        cpu::attention_block_forward(o, lse, qkv, kv + owner * block, mine, cp_chunks_of(split, T, cp, owner), B, C, NH, s == 0);
+        cpu::attention_block_forward(o, lse, NULL, qkv, kv + owner * block, mine, cp_chunks_of(split, T, cp, owner), B, C, NH,
+                                     s == 0);
     }
     cpu::attention_block_backward_prepare(D, dout, o, B, Tl, C, NH);
     for (int owner = 0; owner < cp; owner++) {
@@ -47,55 +70,70 @@ static int check(CpSplit split, int cp, int len, int B, int C, int NH, int rank)
     floatX *d_atty = (floatX*)device_malloc(out_n * sizeof(floatX)), *d_packed = (floatX*)device_malloc(block * sizeof(floatX));
     float *d_o = (float*)device_malloc(out_n * sizeof(float)), *d_lse = (float*)device_malloc(rows * sizeof(float));
     float *d_D = (float*)device_malloc(rows * sizeof(float)), *d_dq = (float*)device_malloc(out_n * sizeof(float));
-    float* d_dkv = (float*)device_malloc(cp * block * sizeof(float));
-    float tol = 1e-4f;  // fp32 sums of the same floatX inputs, in another order
+    float *d_scratch = (float*)device_malloc(rows * sizeof(float)), *d_dkv = (float*)device_malloc(cp * block * sizeof(float));
     int ok = 1;
     printf("%s cp=%d T=%d (chunks of %d), rank %d, B=%d C=%d NH=%d (%s)\n", cp_split_name(split), cp, T, len, rank, B, C, NH,
            PRECISION_NAME);
     kv_pack(d_packed, d_qkv, B, Tl, C);
     ok &= validate("kv_pack", d_packed, kv + rank * block, block, 0.0f);
-    for (int s = 0; s < cp; s++) {
-        int owner = (rank + cp - s) % cp;
-        attention_block_forward(d_o, d_lse, d_qkv, d_kv + owner * block, mine, cp_chunks_of(split, T, cp, owner), B, C, NH, s == 0);
+    int last = ring_flash_supports(C / NH) ? 2 : 1;
+    for (int v = 1; v <= last; v++) {
+        // v1: fp32 sums of the same floatX inputs in another order; v2: p and ds in bf16 on the
+        // tensor cores (lse and D stay fp32 sums)
+        float tol = v == 1 ? 1e-4f : default_tolerance(), tol_lse = v == 1 ? 1e-4f : 1e-3f;
+        char name[64];
+        printf(" v%d %s\n", v, v == 1 ? "plain" : "flash");
+        for (int s = 0; s < cp; s++) {
+            int owner = (rank + cp - s) % cp;
+            forward_version(v, d_o, d_lse, d_scratch, d_qkv, d_kv + owner * block, mine, cp_chunks_of(split, T, cp, owner), B, C,
+                            NH, s == 0);
+        }
+        ok &= validate_f32("forward o", d_o, o, out_n, tol);
+        ok &= validate_f32("forward lse", d_lse, lse, rows, tol_lse);
+        attention_block_output(d_atty, d_o, out_n);
+        attention_block_backward_prepare(d_D, d_dout, d_atty, B, Tl, C, NH);
+        ok &= validate_f32("backward D", d_D, D, rows, FLOATX_IS_FLOAT ? 1e-4f : default_tolerance());
+        // the backward from the CPU's lse and D, so that dq and dkv are checked alone
+        cudaCheck(cudaMemcpy(d_D, D, rows * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d_lse, lse, rows * sizeof(float), cudaMemcpyHostToDevice));
+        device_memset_zero(d_dq, out_n * sizeof(float));
+        device_memset_zero(d_dkv, cp * block * sizeof(float));
+        for (int owner = 0; owner < cp; owner++) {
+            backward_version(v, d_dq, d_dkv + owner * block, d_dout, d_lse, d_D, d_qkv, d_kv + owner * block, mine,
+                             cp_chunks_of(split, T, cp, owner), B, C, NH);
+        }
+        ok &= validate_f32("backward dq", d_dq, dq, out_n, tol);
+        ok &= validate_f32("backward dk, dv", d_dkv, dkv, cp * block, tol);
+        // timing: one block forward and backward (the other rank's, the first step after its own)
+        float ms;
+        int other = (rank + cp - 1) % cp;
+        CpChunks theirs = cp_chunks_of(split, T, cp, other);
+        double flops = 4.0 * B * NH * cp_attention_work(mine, theirs) * (C / NH);  // q k and p v: 2 flops a product each
+        TIME_KERNEL(ms, 10, forward_version(v, d_o, d_lse, d_scratch, d_qkv, d_kv + other * block, mine, theirs, B, C, NH, 0));
+        snprintf(name, sizeof(name), "v%d block forward", v);
+        report(name, ms, 0, flops);
+        TIME_KERNEL(ms, 10, backward_version(v, d_dq, d_dkv + other * block, d_dout, d_lse, d_D, d_qkv, d_kv + other * block,
+                                             mine, theirs, B, C, NH));
+        snprintf(name, sizeof(name), "v%d block backward", v);
+        report(name, ms, 0, 2.5 * flops);
     }
-    ok &= validate_f32("forward o", d_o, o, out_n, tol);
-    ok &= validate_f32("forward lse", d_lse, lse, rows, tol);
-    attention_block_output(d_atty, d_o, out_n);
-    attention_block_backward_prepare(d_D, d_dout, d_atty, B, Tl, C, NH);
-    ok &= validate_f32("backward D", d_D, D, rows, FLOATX_IS_FLOAT ? tol : default_tolerance());
-    // the backward from the CPU's D, so that dq and dkv are checked to fp32 precision
-    cudaCheck(cudaMemcpy(d_D, D, rows * sizeof(float), cudaMemcpyHostToDevice));
-    device_memset_zero(d_dq, out_n * sizeof(float));
-    device_memset_zero(d_dkv, cp * block * sizeof(float));
-    for (int owner = 0; owner < cp; owner++) {
-        attention_block_backward(d_dq, d_dkv + owner * block, d_dout, d_lse, d_D, d_qkv, d_kv + owner * block, mine,
-                                 cp_chunks_of(split, T, cp, owner), B, C, NH);
-    }
-    ok &= validate_f32("backward dq", d_dq, dq, out_n, tol);
-    ok &= validate_f32("backward dk, dv", d_dkv, dkv, cp * block, tol);
-    // timing: one block forward and backward (the other rank's, the first step after its own)
-    float ms;
-    int other = (rank + cp - 1) % cp;
-    CpChunks theirs = cp_chunks_of(split, T, cp, other);
-    double flops = 4.0 * B * NH * cp_attention_work(mine, theirs) * (C / NH);  // q k and p v: 2 flops a product each
-    TIME_KERNEL(ms, 10, attention_block_forward(d_o, d_lse, d_qkv, d_kv + other * block, mine, theirs, B, C, NH, 0));
-    report("v1 block forward", ms, 0, flops);
-    TIME_KERNEL(ms, 10, attention_block_backward(d_dq, d_dkv + other * block, d_dout, d_lse, d_D, d_qkv, d_kv + other * block,
-                                                 mine, theirs, B, C, NH));
-    report("v1 block backward", ms, 0, 2.5 * flops);
     free(qkv), free(dout), free(kv), free(o), free(lse), free(D), free(dq), free(dkv);
     device_free(d_qkv), device_free(d_dout), device_free(d_kv), device_free(d_atty), device_free(d_packed);
-    device_free(d_o), device_free(d_lse), device_free(d_D), device_free(d_dq), device_free(d_dkv);
+    device_free(d_o), device_free(d_lse), device_free(d_D), device_free(d_dq), device_free(d_dkv), device_free(d_scratch);
     return ok;
 }
 
 int main(void) {
-    int B = GPU_OR_EMU(4, 1), C = GPU_OR_EMU(768, 32), NH = GPU_OR_EMU(12, 2);
+    int B = GPU_OR_EMU(4, 2), C = GPU_OR_EMU(768, 128), NH = GPU_OR_EMU(12, 2);  // (emulated: head size 64, as the trainers)
     int ok = 1;
-    // odd chunks; each rank of cp = 2 (its own block diagonal, the other's whole or masked)
+    // odd chunks; each rank of cp = 2 (its own block diagonal, the other's whole or masked); below
+    // a tile (3, 5) and past two (131: three tiles of keys, the last ragged, so that a loop
+    // prefetches into a buffer the tile before used: what its barriers guard, which the mutation
+    // sweep deletes)
     for (int rank = 0; rank < 2; rank++) {
         ok &= check(CP_ZIGZAG, 2, GPU_OR_EMU(255, 3), B, C, NH, rank);
         ok &= check(CP_CONTIGUOUS, 2, GPU_OR_EMU(511, 5), B, C, NH, rank);
     }
+    ok &= check(CP_ZIGZAG, 2, GPU_OR_EMU(1023, 131), B, C, NH, 1);
     return finish(ok);
 }

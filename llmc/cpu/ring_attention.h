@@ -21,9 +21,11 @@ static inline void kv_pack(float* kv, const float* qkv, int B, int T, int C) {
 // (B, Tk, 2C) at positions k: for each query row the block's own output o_b and log-sum-exp
 // lse_b, then lse' = log(e^lse + e^lse_b), o' = o e^(lse - lse') + o_b e^(lse_b - lse'). The
 // first block (first = 1) is written, not merged: it must be the rank's own, where every query
-// sees at least itself.
-static inline void attention_block_forward(float* o, float* lse, const float* qkv, const float* kv, CpChunks q,
-                                           CpChunks k, int B, int C, int NH, int first) {
+// sees at least itself. scratch (B, NH, Tq) fp32 is for the CUDA kernels (the merged lse waits
+// there until every reader of the old one is done); the CPU merges in place.
+static inline void attention_block_forward(float* o, float* lse, float* scratch, const float* qkv, const float* kv,
+                                           CpChunks q, CpChunks k, int B, int C, int NH, int first) {
+    (void)scratch;
     int hs = C / NH, Tq = q.n * q.len, Tk = k.n * k.len;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(3)

@@ -47,15 +47,22 @@
 // of 4 banks, so the shared-memory writes are conflict-free too (row-major order, 8 threads along
 // one row, made 2-way conflicts at HS 16 and 32; dev/cuda/bank_conflicts.py). The
 // next 8 threads take the next 16 bytes of the same rows, so in global memory a warp still reads
-// whole 32-byte sectors.
+// whole 32-byte sectors. The general form reads a run of `rows` rows from row `base` of each
+// sequence of T (context parallelism's chunks, llmc/cuda/ring_attention.cuh), t0 counted from
+// base and rows past the run zeros.
+template <int HS, int ROWS = FLASH_TILE>
+__device__ inline void flash_load_rows_async(floatX* tile, const floatX* x, int width, int offset, int b, int h, int t0,
+                                             int T, int base, int rows) {
+    for (int idx = threadIdx.x; idx < ROWS * HS / 8; idx += blockDim.x) {
+        int r = idx % 8 + idx / HS * 8, c = idx / 8 % (HS / 8) * 8, t = t0 + r;
+        const floatX* src = x + ((size_t)b * T + base + min(t, rows - 1)) * width + offset + h * HS + c;
+        cp_async16(tile + r * FLASH_LD(HS) + c, src, t < rows);
+    }
+}
 template <int HS, int ROWS = FLASH_TILE>
 __device__ inline void flash_load_async(floatX* tile, const floatX* x, int width, int offset, int b,
                                         int h, int t0, int T) {
-    for (int idx = threadIdx.x; idx < ROWS * HS / 8; idx += blockDim.x) {
-        int r = idx % 8 + idx / HS * 8, c = idx / 8 % (HS / 8) * 8, t = t0 + r;
-        const floatX* src = x + ((size_t)b * T + min(t, T - 1)) * width + offset + h * HS + c;
-        cp_async16(tile + r * FLASH_LD(HS) + c, src, t < T);
-    }
+    flash_load_rows_async<HS, ROWS>(tile, x, width, offset, b, h, t0, T, 0, T);
 }
 
 // A fragments (16 rows, HS) of this warp's rows row0.. of a shared tile, HS / 16 of them:

@@ -1,12 +1,16 @@
-// Attention in blocks of keys, for context parallelism (train_gpt2_cp.cu), on CUDA: the same
-// launchers and the same math as llmc/cpu/ring_attention.h (read that file first), one thread
-// per query row (forward, dq) or key row (dk, dv), its head's hs values in registers and fp32
-// sums. A plain kernel, correct at every tile case, not yet the tensor-core flash kernels of
-// flash_attention.cuh: those are what a long sequence needs on a GPU.
+// Attention in blocks of keys, for context parallelism (llmc/context_parallel.h), on CUDA: the
+// same launchers and the same math as llmc/cpu/ring_attention.h (read that file first), in two
+// versions (dev/cuda/ring_attention.cu checks both against the CPU and times them):
+//   plain  one thread per query row (forward, dq) or key row (dk, dv), its head's hs values in
+//          registers and fp32 sums: any precision and head size, at every tile case
+//   flash  flash_attention.cuh's tensor-core kernels (FlashAttention-2) on one pair of chunks at
+//          a time, bf16 builds with head sizes 16, 32, 64: what a long sequence needs on a GPU
+// The launchers at the end pick flash where it is built, plain elsewhere.
 #ifndef LLMC_CUDA_RING_ATTENTION_CUH
 #define LLMC_CUDA_RING_ATTENTION_CUH
 
 #include "device.cuh"
+#include "flash_attention.cuh"
 #include "../cp_layout.h"
 
 
@@ -54,8 +58,8 @@ __global__ void attention_block_forward_kernel(float* o, float* lse, const float
     for (int i = 0; i < hs; i++) ot[i] = (first ? 0.0f : ot[i] * keep) + ob[i] * add;
     *l = lse_new;
 }
-static inline void attention_block_forward(float* o, float* lse, const floatX* qkv, const floatX* kv, CpChunks q,
-                                           CpChunks k, int B, int C, int NH, int first) {
+static inline void attention_block_forward_plain(float* o, float* lse, const floatX* qkv, const floatX* kv, CpChunks q,
+                                                 CpChunks k, int B, int C, int NH, int first) {
     size_t n = (size_t)B * NH * q.n * q.len;
     attention_block_forward_kernel<<<ceil_div(n, 128), 128>>>(o, lse, qkv, kv, q, k, B, C, NH, first);
     cudaCheckLaunch();
@@ -141,14 +145,401 @@ __global__ void attention_block_dkv_kernel(float* dkv, const floatX* datty, cons
     }
 }
 
-static inline void attention_block_backward(float* dq, float* dkv, const floatX* datty, const float* lse,
-                                            const float* D, const floatX* qkv, const floatX* kv, CpChunks q,
-                                            CpChunks k, int B, int C, int NH) {
+static inline void attention_block_backward_plain(float* dq, float* dkv, const floatX* datty, const float* lse,
+                                                  const float* D, const floatX* qkv, const floatX* kv, CpChunks q,
+                                                  CpChunks k, int B, int C, int NH) {
     size_t nq = (size_t)B * NH * q.n * q.len, nk = (size_t)B * NH * k.n * k.len;
     attention_block_dq_kernel<<<ceil_div(nq, 128), 128>>>(dq, datty, lse, D, qkv, kv, q, k, B, C, NH);
     cudaCheckLaunch();
     attention_block_dkv_kernel<<<ceil_div(nk, 128), 128>>>(dkv, datty, lse, D, qkv, kv, q, k, B, C, NH);
     cudaCheckLaunch();
+}
+
+// ---------------------------------------------------------------------------------------------
+// flash: the tensor-core kernels on one chunk pair. A rank's queries and a block's keys are
+// chunks of one length `len` (cp_layout.h), and a pair of them is masked (skipped), whole (every
+// key before every query: attention without a mask) or diagonal (the same positions: causal
+// attention inside the chunk, flash_attention.cuh's very case). So each kernel below is the
+// FlashAttention-2 kernel of that file it is named after, with three changes: its rows are the
+// pair's (the query chunk from row q0row of the rank's Tq, the key chunk from row k0row of the
+// block's Tk; flash_load_rows_async), `causal` says diagonal or whole, and its results are fp32
+// and accumulate across blocks: the forward merges its (o, lse) into what earlier blocks left
+// by the log-sum-exp rule, dq and dk, dv add to theirs. Read flash_attention.cuh first: the
+// comments here are on what differs.
+
+#if !FLOATX_IS_FLOAT
+
+static inline int ring_flash_supports(int hs) { return hs == 16 || hs == 32 || hs == 64; }
+
+// o (B, Tq, C) and lse (B, NH, Tq) fp32 merged with this pair's attention: block (128 queries
+// of the chunk, MT = 2 row tiles per warp as the library's forward, b * NH + h). The merged lse
+// goes to lse_new, not lse: the 4 lanes that hold a row each read its old lse (for their columns
+// of o), in no promised order, and ring_lse_update copies it over once the kernel is done. init:
+// the chunk's first pair, whose result is written, not merged.
+template <int HS>
+__global__ void __launch_bounds__(FLASH_WARPS * 32, 1)
+ring_flash_forward_kernel(float* o, float* lse_new, const float* lse, const floatX* qkv, const floatX* kv, int q0row,
+                          int k0row, int len, int Tq, int Tk, int C, int NH, int causal, int init) {
+    const int MT = FLASH_Q_TILES;
+    __shared__ __align__(16) floatX kv_s[2][2][FLASH_TILE * FLASH_LD(HS)];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE * MT, row0 = q0 + warp * FLASH_ROWS * MT;
+    // diagonal: keys up to the block's last query; whole: every key of the chunk
+    int keys = causal ? min(q0 + FLASH_TILE * MT, len) : len, tiles = (keys + FLASH_TILE - 1) / FLASH_TILE;
+    float scale_log2 = rsqrtf((float)HS) * FLASH_LOG2E;
+    // q from qkv (B, Tq, 3C); k and v from the block kv (B, Tk, 2C) at columns 0 and C
+    flash_load_rows_async<HS, FLASH_TILE * MT>(kv_s[1][0], qkv, 3 * C, 0, b, h, q0, Tq, q0row, len);
+    cp_async_commit();
+    flash_load_rows_async<HS>(kv_s[0][0], kv, 2 * C, 0, b, h, 0, Tk, k0row, len);
+    flash_load_rows_async<HS>(kv_s[0][1], kv, 2 * C, C, b, h, 0, Tk, k0row, len);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    uint32_t q[MT][HS / 16][4];
+    for (int mt = 0; mt < MT; mt++) flash_rows_to_a<HS>(q[mt], kv_s[1][0], warp * FLASH_ROWS * MT + mt * FLASH_ROWS);
+    __syncthreads();  // every warp holds its q: kv_s[1] is free for the second k, v tile
+    float acc[MT][HS / 8][4];
+    float m[MT][2], l[MT][2];
+    for (int mt = 0; mt < MT; mt++) {
+        for (int d = 0; d < HS / 8; d++) acc[mt][d][0] = acc[mt][d][1] = acc[mt][d][2] = acc[mt][d][3] = 0.0f;
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+    }
+    for (int tile = 0; tile < tiles; tile++) {
+        int k0 = tile * FLASH_TILE, buf = tile % 2;
+        if (tile + 1 < tiles) {
+            flash_load_rows_async<HS>(kv_s[buf ^ 1][0], kv, 2 * C, 0, b, h, k0 + FLASH_TILE, Tk, k0row, len);
+            flash_load_rows_async<HS>(kv_s[buf ^ 1][1], kv, 2 * C, C, b, h, k0 + FLASH_TILE, Tk, k0row, len);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if ((!causal || k0 <= row0 + FLASH_ROWS * MT - 1) && row0 < len) {
+            float s[MT][FLASH_TILE / 8][4];
+            flash_a_xt<HS, MT>(s, q, kv_s[buf][0]);
+            uint32_t p[MT][FLASH_TILE / 16][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                int first = row0 + mt * FLASH_ROWS;
+                for (int j = 0; j < FLASH_TILE / 8; j++)
+                    for (int e = 0; e < 4; e++) s[mt][j][e] *= scale_log2;
+                // masked: past the chunk's keys, and on the diagonal a key after the query
+                if ((causal && k0 + FLASH_TILE - 1 > first) || k0 + FLASH_TILE > len) {
+                    for (int j = 0; j < FLASH_TILE / 8; j++) {
+                        for (int e = 0; e < 4; e++) {
+                            int key = k0 + 8 * j + 2 * t + e % 2, query = first + g + e / 2 * 8;
+                            if ((causal && key > query) || key >= len) s[mt][j][e] = -INFINITY;
+                        }
+                    }
+                }
+                float tile_max[2] = {-INFINITY, -INFINITY};
+                for (int j = 0; j < FLASH_TILE / 8; j++)
+                    for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[mt][j][e]);
+                float rescale[2];
+                for (int r = 0; r < 2; r++) {
+                    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
+                    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
+                    // finite from the first tile on: the chunk's first key is in it, and every
+                    // query sees it (whole: every key; diagonal: keys up to its own)
+                    float m_new = fmaxf(m[mt][r], tile_max[r]);
+                    rescale[r] = exp2_approx(m[mt][r] - m_new);
+                    m[mt][r] = m_new;
+                    l[mt][r] *= rescale[r];
+                }
+                for (int d = 0; d < HS / 8; d++) {
+                    acc[mt][d][0] *= rescale[0], acc[mt][d][1] *= rescale[0];
+                    acc[mt][d][2] *= rescale[1], acc[mt][d][3] *= rescale[1];
+                }
+                for (int j = 0; j < FLASH_TILE / 8; j++) {
+                    for (int e = 0; e < 4; e++) {
+                        s[mt][j][e] = exp2_approx(s[mt][j][e] - m[mt][e / 2]);
+                        l[mt][e / 2] += s[mt][j][e];
+                    }
+                }
+                flash_scores_to_a(p[mt], s[mt]);
+            }
+            flash_p_x<HS, MT>(acc, p, kv_s[buf][1]);
+        }
+        __syncthreads();
+    }
+    // the merge, in fp32 (attention_block_forward's rule): this pair's lse_b = ln 2 (m + log2 l)
+    // and unnormalized output acc, against the rows' lse and o so far
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        for (int r = 0; r < 2; r++) {
+            l[mt][r] += __shfl_xor_sync(0xffffffff, l[mt][r], 1);
+            l[mt][r] += __shfl_xor_sync(0xffffffff, l[mt][r], 2);
+            int row = row0 + mt * FLASH_ROWS + g + 8 * r;
+            if (row >= len) continue;
+            size_t at = ((size_t)b * NH + h) * Tq + q0row + row;
+            float lse_b = (m[mt][r] + log2f(l[mt][r])) / FLASH_LOG2E;
+            float merged = init ? lse_b : fmaxf(lse[at], lse_b) + log1pf(expf(-fabsf(lse[at] - lse_b)));
+            float keep = init ? 0.0f : expf(lse[at] - merged), add = expf(lse_b - merged) / l[mt][r];
+            float* dst = o + ((size_t)b * Tq + q0row + row) * C + h * HS + 2 * t;
+            for (int d = 0; d < HS / 8; d++) {
+                for (int e = 0; e < 2; e++) {
+                    float before = init ? 0.0f : dst[8 * d + e] * keep;  // (init: o holds no number yet)
+                    dst[8 * d + e] = before + acc[mt][d][2 * r + e] * add;
+                }
+            }
+            if (t == 0) lse_new[at] = merged;
+        }
+    }
+}
+
+// lse (B, NH, Tq) = lse_new at the len rows of a query chunk from q0row
+__global__ void ring_lse_update_kernel(float* lse, const float* lse_new, int q0row, int len, int Tq, size_t n) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // over (b, h, row of the chunk)
+    if (idx >= n) return;
+    size_t at = idx / len * Tq + q0row + idx % len;
+    lse[at] = lse_new[at];
+}
+
+// the warp's (16, HS) tile times scale, added to rows row0.. (< len) of a chunk from row `base`
+// of (B, T, width) fp32 at column offset + h HS
+template <int HS>
+__device__ inline void ring_flash_add(float* x, int width, int offset, const float (*acc)[4], float scale, int b, int h,
+                                      int row0, int len, int T, int base) {
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (int half = 0; half < 2; half++) {
+        int row = row0 + g + 8 * half;
+        if (row >= len) continue;
+        float* dst = x + ((size_t)b * T + base + row) * width + offset + h * HS + 2 * t;
+        for (int d = 0; d < HS / 8; d++) {
+            dst[8 * d] += acc[d][2 * half] * scale;
+            dst[8 * d + 1] += acc[d][2 * half + 1] * scale;
+        }
+    }
+}
+
+// dk, dv (added into dkv (B, Tk, 2C) fp32): block (64 keys of the key chunk, b * NH + h), walking
+// the query chunk's queries that see them (diagonal: from the block's first key on; whole: all)
+template <int HS>
+__global__ void __launch_bounds__(FLASH_WARPS * 32, 1)
+ring_flash_dkdv_kernel(float* dkv, const floatX* datty, const float* lse, const float* D, const floatX* qkv,
+                       const floatX* kv, int q0row, int k0row, int len, int Tq, int Tk, int C, int NH, int causal) {
+    __shared__ __align__(16) floatX q_s[2][FLASH_TILE * FLASH_LD(HS)];
+    __shared__ __align__(16) floatX dy_s[2][FLASH_TILE * FLASH_LD(HS)];
+    __shared__ float lse_s[2][FLASH_TILE], D_s[2][FLASH_TILE];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int block_key0 = blockIdx.x * FLASH_TILE, key0 = block_key0 + warp * FLASH_ROWS;
+    int query0 = causal ? block_key0 : 0, tiles = (len - query0 + FLASH_TILE - 1) / FLASH_TILE;
+    float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
+    const float* lse_bh = lse + ((size_t)b * NH + h) * Tq + q0row;  // the query chunk's rows
+    const float* D_bh = D + ((size_t)b * NH + h) * Tq + q0row;
+    flash_load_rows_async<HS>(q_s[1], kv, 2 * C, 0, b, h, block_key0, Tk, k0row, len);
+    flash_load_rows_async<HS>(dy_s[1], kv, 2 * C, C, b, h, block_key0, Tk, k0row, len);
+    flash_load_rows_async<HS>(q_s[0], qkv, 3 * C, 0, b, h, query0, Tq, q0row, len);
+    flash_load_rows_async<HS>(dy_s[0], datty, C, 0, b, h, query0, Tq, q0row, len);
+    cp_async_commit();
+    flash_load_row_values(lse_s[0], lse_bh, query0, len, 0);
+    flash_load_row_values(D_s[0], D_bh, query0, len, FLASH_TILE);
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t k[HS / 16][4], v[HS / 16][4];
+    flash_rows_to_a<HS>(k, q_s[1], warp * FLASH_ROWS);
+    flash_rows_to_a<HS>(v, dy_s[1], warp * FLASH_ROWS);
+    __syncthreads();
+    float dk[HS / 8][4], dv[HS / 8][4];
+    for (int d = 0; d < HS / 8; d++)
+        for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
+    for (int tile = 0; tile < tiles; tile++) {
+        int u0 = query0 + tile * FLASH_TILE, buf = tile % 2;
+        if (tile + 1 < tiles) {
+            flash_load_rows_async<HS>(q_s[buf ^ 1], qkv, 3 * C, 0, b, h, u0 + FLASH_TILE, Tq, q0row, len);
+            flash_load_rows_async<HS>(dy_s[buf ^ 1], datty, C, 0, b, h, u0 + FLASH_TILE, Tq, q0row, len);
+            cp_async_commit();
+            flash_load_row_values(lse_s[buf ^ 1], lse_bh, u0 + FLASH_TILE, len, 0);
+            flash_load_row_values(D_s[buf ^ 1], D_bh, u0 + FLASH_TILE, len, FLASH_TILE);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        float s[FLASH_TILE / 8][4];
+        flash_a_xt<HS, 1>(&s, &k, q_s[buf]);
+        for (int j = 0; j < FLASH_TILE / 8; j++) {
+            for (int e = 0; e < 4; e++)
+                s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_s[buf][8 * j + 2 * t + e % 2] * FLASH_LOG2E);
+        }
+        if ((causal && u0 < key0 + FLASH_ROWS - 1) || u0 + FLASH_TILE > len) {  // the diagonal, or past the chunk
+            for (int j = 0; j < FLASH_TILE / 8; j++) {
+                for (int e = 0; e < 4; e++) {
+                    int query = u0 + 8 * j + 2 * t + e % 2, key = key0 + g + e / 2 * 8;
+                    if ((causal && query < key) || query >= len) s[j][e] = 0.0f;
+                }
+            }
+        }
+        uint32_t a[FLASH_TILE / 16][4];
+        flash_scores_to_a(a, s);
+        flash_p_x<HS, 1>(&dv, &a, dy_s[buf]);
+        float dp[FLASH_TILE / 8][4];
+        flash_a_xt<HS, 1>(&dp, &v, dy_s[buf]);
+        for (int j = 0; j < FLASH_TILE / 8; j++)
+            for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_s[buf][8 * j + 2 * t + e % 2];
+        flash_scores_to_a(a, s);
+        flash_p_x<HS, 1>(&dk, &a, q_s[buf]);
+        __syncthreads();
+    }
+    ring_flash_add<HS>(dkv, 2 * C, 0, dk, scale, b, h, key0, len, Tk, k0row);
+    ring_flash_add<HS>(dkv, 2 * C, C, dv, 1.0f, b, h, key0, len, Tk, k0row);
+}
+
+// dq (added into dq (B, Tq, C) fp32): block (64 queries of the query chunk, b * NH + h), walking
+// the key chunk's keys each query sees
+template <int HS>
+__global__ void __launch_bounds__(FLASH_WARPS * 32)
+ring_flash_dq_kernel(float* dq, const floatX* datty, const float* lse, const float* D, const floatX* qkv,
+                     const floatX* kv, int q0row, int k0row, int len, int Tq, int Tk, int C, int NH, int causal) {
+    __shared__ __align__(16) floatX k_s[2][FLASH_TILE * FLASH_LD(HS)];
+    __shared__ __align__(16) floatX v_s[2][FLASH_TILE * FLASH_LD(HS)];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE, row0 = q0 + warp * FLASH_ROWS;
+    int keys = causal ? min(q0 + FLASH_TILE, len) : len, tiles = (keys + FLASH_TILE - 1) / FLASH_TILE;
+    float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
+    flash_load_rows_async<HS>(k_s[1], qkv, 3 * C, 0, b, h, q0, Tq, q0row, len);
+    flash_load_rows_async<HS>(v_s[1], datty, C, 0, b, h, q0, Tq, q0row, len);
+    flash_load_rows_async<HS>(k_s[0], kv, 2 * C, 0, b, h, 0, Tk, k0row, len);
+    flash_load_rows_async<HS>(v_s[0], kv, 2 * C, C, b, h, 0, Tk, k0row, len);
+    cp_async_commit();
+    float lse_log2[2], D_row[2];
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + g + 8 * r;
+        size_t at = ((size_t)b * NH + h) * Tq + q0row + row;
+        lse_log2[r] = row < len ? lse[at] * FLASH_LOG2E : 0.0f;
+        D_row[r] = row < len ? D[at] : 0.0f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t q[HS / 16][4], dy[HS / 16][4];
+    flash_rows_to_a<HS>(q, k_s[1], warp * FLASH_ROWS);
+    flash_rows_to_a<HS>(dy, v_s[1], warp * FLASH_ROWS);
+    __syncthreads();
+    float acc[HS / 8][4];
+    for (int d = 0; d < HS / 8; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
+    for (int tile = 0; tile < tiles; tile++) {
+        int k0 = tile * FLASH_TILE, buf = tile % 2;
+        if (tile + 1 < tiles) {
+            flash_load_rows_async<HS>(k_s[buf ^ 1], kv, 2 * C, 0, b, h, k0 + FLASH_TILE, Tk, k0row, len);
+            flash_load_rows_async<HS>(v_s[buf ^ 1], kv, 2 * C, C, b, h, k0 + FLASH_TILE, Tk, k0row, len);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        float s[FLASH_TILE / 8][4];
+        flash_a_xt<HS, 1>(&s, &q, k_s[buf]);
+        for (int j = 0; j < FLASH_TILE / 8; j++)
+            for (int e = 0; e < 4; e++) s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_log2[e / 2]);
+        if ((causal && k0 + FLASH_TILE - 1 > row0) || k0 + FLASH_TILE > len) {
+            for (int j = 0; j < FLASH_TILE / 8; j++) {
+                for (int e = 0; e < 4; e++) {
+                    int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
+                    if ((causal && key > query) || key >= len) s[j][e] = 0.0f;
+                }
+            }
+        }
+        float dp[FLASH_TILE / 8][4];
+        flash_a_xt<HS, 1>(&dp, &dy, v_s[buf]);
+        for (int j = 0; j < FLASH_TILE / 8; j++)
+            for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_row[e / 2];
+        uint32_t a[FLASH_TILE / 16][4];
+        flash_scores_to_a(a, s);
+        flash_p_x<HS, 1>(&acc, &a, k_s[buf]);
+        __syncthreads();
+    }
+    ring_flash_add<HS>(dq, C, 0, acc, scale, b, h, row0, len, Tq, q0row);
+}
+
+// the launchers of one pair (i, j): query chunk i's rows against key chunk j's
+#define RING_FLASH_LAUNCH(kernel, grid, ...)                                                            \
+    do {                                                                                                \
+        if (hs == 16) kernel<16><<<grid, FLASH_WARPS * 32>>>(__VA_ARGS__);                              \
+        else if (hs == 32) kernel<32><<<grid, FLASH_WARPS * 32>>>(__VA_ARGS__);                         \
+        else kernel<64><<<grid, FLASH_WARPS * 32>>>(__VA_ARGS__);                                       \
+        cudaCheckLaunch();                                                                              \
+    } while (0)
+
+// the forward of a block, pair by pair; first: the rank's own block (q and k the same chunks),
+// each query chunk's diagonal pair first, which writes what the others then merge into
+static inline void attention_block_forward_flash(float* o, float* lse, float* lse_new, const floatX* qkv, const floatX* kv,
+                                                 CpChunks q, CpChunks k, int B, int C, int NH, int first) {
+    int hs = C / NH, len = q.len, Tq = q.n * len, Tk = k.n * k.len;
+    dim3 grid(ceil_div(len, FLASH_TILE * FLASH_Q_TILES), B * NH);
+    size_t rows = (size_t)B * NH * len;
+    for (int i = 0; i < q.n; i++) {
+        int written = !first;  // (another block wrote these rows already)
+        for (int n = 0; n < k.n; n++) {
+            int j = first ? (i + n) % k.n : n;  // (first: j = i, the diagonal, comes first)
+            CpTile tile = cp_tile(q.index[i], k.index[j]);
+            if (tile == TILE_MASKED) continue;  // every key after every query: no work
+            int causal = tile == TILE_DIAGONAL;
+            RING_FLASH_LAUNCH(ring_flash_forward_kernel, grid, o, lse_new, lse, qkv, kv, i * len, j * len, len, Tq, Tk, C, NH,
+                              causal, !written);
+            ring_lse_update_kernel<<<ceil_div(rows, 256), 256>>>(lse, lse_new, i * len, len, Tq, rows);
+            cudaCheckLaunch();
+            written = 1;
+        }
+    }
+}
+
+// the backward of a block, pair by pair: dk, dv of key chunk j from query chunk i's queries, and
+// dq of query chunk i from key chunk j's keys (pairs sharing a chunk add in launch order)
+static inline void attention_block_backward_flash(float* dq, float* dkv, const floatX* datty, const float* lse,
+                                                  const float* D, const floatX* qkv, const floatX* kv, CpChunks q,
+                                                  CpChunks k, int B, int C, int NH) {
+    int hs = C / NH, len = q.len, Tq = q.n * len, Tk = k.n * k.len;
+    dim3 grid(ceil_div(len, FLASH_TILE), B * NH);
+    for (int i = 0; i < q.n; i++) {
+        for (int j = 0; j < k.n; j++) {
+            CpTile tile = cp_tile(q.index[i], k.index[j]);
+            if (tile == TILE_MASKED) continue;
+            int causal = tile == TILE_DIAGONAL;
+            RING_FLASH_LAUNCH(ring_flash_dkdv_kernel, grid, dkv, datty, lse, D, qkv, kv, i * len, j * len, len, Tq, Tk, C,
+                              NH, causal);
+            RING_FLASH_LAUNCH(ring_flash_dq_kernel, grid, dq, datty, lse, D, qkv, kv, i * len, j * len, len, Tq, Tk, C, NH,
+                              causal);
+        }
+    }
+}
+
+#else
+static inline int ring_flash_supports(int hs) { (void)hs; return 0; }  // (fp32 builds: the plain kernels)
+#endif  // !FLOATX_IS_FLOAT
+
+// ---------------------------------------------------------------------------------------------
+// The launchers the trainers call (llmc/context_parallel.h), as the CPU backend's: flash where it
+// is built for the head size, plain elsewhere. scratch (B, NH, Tq) fp32: the flash forward's
+// merged lse, on its way
+
+static inline void attention_block_forward(float* o, float* lse, float* scratch, const floatX* qkv, const floatX* kv,
+                                           CpChunks q, CpChunks k, int B, int C, int NH, int first) {
+#if !FLOATX_IS_FLOAT
+    if (ring_flash_supports(C / NH)) {
+        attention_block_forward_flash(o, lse, scratch, qkv, kv, q, k, B, C, NH, first);
+        return;
+    }
+#endif
+    (void)scratch;
+    attention_block_forward_plain(o, lse, qkv, kv, q, k, B, C, NH, first);
+}
+
+static inline void attention_block_backward(float* dq, float* dkv, const floatX* datty, const float* lse,
+                                            const float* D, const floatX* qkv, const floatX* kv, CpChunks q,
+                                            CpChunks k, int B, int C, int NH) {
+#if !FLOATX_IS_FLOAT
+    if (ring_flash_supports(C / NH)) {
+        attention_block_backward_flash(dq, dkv, datty, lse, D, qkv, kv, q, k, B, C, NH);
+        return;
+    }
+#endif
+    attention_block_backward_plain(dq, dkv, datty, lse, D, qkv, kv, q, k, B, C, NH);
 }
 
 // dqkv (B, T, 3C) floatX = dq (B, T, C) beside dkv (B, T, 2C), fp32
