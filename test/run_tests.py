@@ -1670,17 +1670,21 @@ def grid3d_checkpoint_of_2x2x2_resumes_at_1x1x1_and_1x2x4():
 
 
 @test
-def grid3d_resumes_a_cp_checkpoint_of_the_cp_trainer_at_cp1_and_cp4():
-    """a train_gpt2_cp run at cp = 2 (zigzag ring) checkpoints step 2; the 3D trainer resumes it on
-    2x2x1x1 (no cp: replicas and stages) and on 1x1x4x2 (cp = 4, contiguous all-gather, tp 2
-    with -sp): steps 3-5 match the uninterrupted reference. Both trainers gather the state into
+def grid3d_resumes_cp_checkpoints_on_other_grids():
+    """checkpoints of step 2 with cp = 2 resumed on other grids, steps 3-5 against the
+    uninterrupted reference: train_gpt2_cp's (zigzag ring) on 2x2x1x1 (no cp: replicas and
+    stages) and on 1x1x4x2 (cp = 4, contiguous all-gather, tp 2 with -sp); the 3D trainer's own
+    on 1x2x2x2 with ZeRO-1 over dp x cp (-sp) on one rank. Every trainer gathers the state into
     the model file's layout, which no grid or split changes"""
     ref = reference_run()
-    saved = fresh_dir("grid3d_saved_cp2")
-    run_ok(2, trainer_args(ref, 8, saved, ["-n", 2]), program=CP)
-    for name, ranks, B, flags in (("2x2x1x1", 4, 4, grid3d_flags(2, 2, 1)),
-                                  ("1x1x4x2", 8, 8, grid3d_flags(1, 1, 2, 1, cp=4, cp_layout="contiguous",
-                                                                 cp_comm="allgather"))):
+    saved_cp = fresh_dir("grid3d_saved_cp2")
+    run_ok(2, trainer_args(ref, 8, saved_cp, ["-n", 2]), program=CP)
+    saved_3d = fresh_dir("grid3d_saved_1x2x2x2")
+    run_ok(8, trainer_args(ref, 8, saved_3d, ["-n", 2] + grid3d_flags(1, 2, 2, 1, zero=1, cp=2)), program=D3)
+    for name, saved, ranks, B, flags in (
+            ("2x2x1x1", saved_cp, 4, 4, grid3d_flags(2, 2, 1)),
+            ("1x1x4x2", saved_cp, 8, 8, grid3d_flags(1, 1, 2, 1, cp=4, cp_layout="contiguous", cp_comm="allgather")),
+            ("1x1x1x1", saved_3d, 1, 8, grid3d_flags(1, 1, 1))):
         d = fresh_dir("grid3d_resumed_cp_" + name)
         for f in glob.glob(os.path.join(saved, "*_00000002*")):
             shutil.copy(f, d)
