@@ -420,11 +420,11 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
     int sp = d.seq_shards > 1, world = g->dp * g->pp * g->cp * g->tp, Tl = args->T / g->cp;
     BannerRow rows[20];
     int n = train_banner_model(rows, "train_gpt2_3d (3D)", args->model, c);
-    banner_row(&rows[n++], "grid dp x pp x cp x tp", "%d x %d x %d x %d = %d ranks", g->dp, g->pp, g->cp, g->tp, world);
+    banner_row(&rows[n++], "dp x pp x cp x tp", "%d x %d x %d x %d = %d ranks", g->dp, g->pp, g->cp, g->tp, world);
     banner_row(&rows[n++], "tensor parallel", "%d heads of %d per rank%s", d.NH, c.num_heads, sp ? ", sequence parallel" : "");
     if (g->cp > 1) {
-        banner_row(&rows[n++], "context parallel", "%d tokens of each sequence per rank, %s split, %s", Tl,
-                   cp_split_name(cp->split), cp->allgather ? "all-gather of K,V" : "ring of K,V");
+        banner_row(&rows[n++], "context parallel", "%d of T per rank, %s, %s", Tl, cp_split_name(cp->split),
+                   cp->allgather ? "all-gather of K,V" : "ring of K,V");
     }
     banner_row(&rows[n++], "pipeline", "%s, %d stage%s%s", pipe_schedule_names[s.sched], s.p, s.p > 1 ? "s" : "",
                s.V > 1 ? ", interleaved" : "");
@@ -529,24 +529,22 @@ int main(int argc, char** argv) {
     // each stage's layers, whose heads, 4C and Vp divide by tp; cp ranks holding Tl = T/cp
     // tokens of each sequence (whole chunks of the split); with -sp those split over tp too
     dp = grid_replicas(dp, pp, cp_size, tp, world->size);
-    if (strcmp(split_name, "zigzag") != 0 && strcmp(split_name, "contiguous") != 0) {
-        fail("-cp_layout %s: expected zigzag or contiguous", split_name);
-    }
-    if (strcmp(cp_comm, "ring") != 0 && strcmp(cp_comm, "allgather") != 0) fail("-cp_comm %s: expected ring or allgather", cp_comm);
-    CpSplit split = strcmp(split_name, "zigzag") == 0 ? CP_ZIGZAG : CP_CONTIGUOUS;
-    int allgather = strcmp(cp_comm, "allgather") == 0;
-    int B = run.args.B, T = run.args.T, chunks = cp_size > 1 ? cp_check_split(split, cp_size, T, "cp ranks") : 1;
+    CpSplit split = cp_split_of(split_name);
+    int allgather = cp_allgather_of(cp_comm);
+    int B = run.args.B, T = run.args.T;
+    if (cp_size > 1) cp_check_split(split, cp_size, T, "cp ranks");
     int Tl = T / cp_size;
     LayerDims dims = tp_layer_dims(config, tp, sp, T, "tp ranks");
     sp = dims.seq_shards > 1;  // with one tp rank there is nothing to split
-    if (sp && Tl % tp != 0) {
-        fail("-sp 1 splits each rank's T/cp = %d tokens over the %d tp ranks: -t %d must be a multiple of cp x tp = %d", Tl,
-             tp, T, cp_size * tp);
+    // a sequence's tokens on this rank (and a sample's, padded to this multiple): whole chunks,
+    // and with -sp whole shards of T/cp over tp
+    int tokens_multiple = cp_size > 1 ? cp_tokens_multiple(split, cp_size, dims.seq_shards) : dims.seq_shards;
+    if (T % tokens_multiple != 0) {
+        fail("-sp 1 splits each rank's T/cp = %d tokens over the %d tp ranks: -t %d must be a multiple of %d (cp x tp = %d, "
+             "and the %s split's chunks)", Tl, tp, T, tokens_multiple, cp_size * tp, cp_split_name(split));
     }
     if (cp_size > 1) {
-        if (dims.att / dims.NH > RING_MAX_HEAD) {
-            fail("head size C/NH = %d: the block-attention kernels hold at most %d", dims.att / dims.NH, RING_MAX_HEAD);
-        }
+        cp_check_head_size(dims.att / dims.NH);
         dims.target.flash = 1;  // attention keeps lse, (B, NH/tp, Tl) fp32, as flash attention does
     }
     // the batch: a step is m micro-batches of B x T on each of the dp replicas
@@ -598,7 +596,7 @@ int main(int argc, char** argv) {
 
     // ---- resume with -y 1 from any grid's checkpoint; validation and samples through the pipe
     Grid3D trainer = {&model, &stage, &grid, cp};
-    grid_run_begin(&run, &trainer, chunks * dims.seq_shards);
+    grid_run_begin(&run, &trainer, tokens_multiple);
 
     // ---- training loop; `step` counts completed optimizer steps
     Walk walk = replica_walk(&model, &stage, &grid, cp, &run.train, m);
@@ -666,6 +664,7 @@ int main(int argc, char** argv) {
         // the step line and main.log (llmc/run.h): rank 0's bytes per group equal the formulas
         // printed at the start
         run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
+        if (cp) device_spans_collect(&cp->attention_time);  // (the CP chapter reports them; here read, not kept)
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) check_copies(&model, &grid, step + 1);
         // (after the step's count; AdamW left the gradients as they were)
         if (dump_grads != NULL && step == 0) dump_gradients(&model, &grid, grad_shard, dump_grads);

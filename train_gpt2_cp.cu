@@ -273,19 +273,10 @@ int main(int argc, char** argv) {
 
     // ---- the layout: every rank the whole model and T/cp tokens of each sequence
     run_check_one_group(&run, "-cp", cp_flag, "one context-parallel group");
-    if (strcmp(split_name, "zigzag") != 0 && strcmp(split_name, "contiguous") != 0) {
-        fail("-cp_layout %s: expected zigzag or contiguous", split_name);
-    }
-    if (strcmp(comm_name, "ring") != 0 && strcmp(comm_name, "allgather") != 0) {
-        fail("-cp_comm %s: expected ring or allgather", comm_name);
-    }
-    CpSplit split = strcmp(split_name, "zigzag") == 0 ? CP_ZIGZAG : CP_CONTIGUOUS;
-    int allgather = strcmp(comm_name, "allgather") == 0;
+    CpSplit split = cp_split_of(split_name);
+    int allgather = cp_allgather_of(comm_name);
     int B = run.args.B, T = run.args.T, chunks = cp_check_split(split, ranks, T, "cp ranks");
-    if (config.channels / config.num_heads > RING_MAX_HEAD) {
-        fail("head size C/NH = %d: the block-attention kernels hold at most %d", config.channels / config.num_heads,
-             RING_MAX_HEAD);
-    }
+    cp_check_head_size(config.channels / config.num_heads);
     int Tl = T / ranks;
     LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);
     dims.target.flash = 1;  // attention keeps lse, (B, NH, Tl) fp32, as flash attention does

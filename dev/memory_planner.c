@@ -35,7 +35,8 @@ static TrainerKind trainer_for(int dp, int tp, int pp, int cp) {
 
 // 0 when the trainer of r can run it with model c on machine t, else 1 with the reason (the
 // checks the trainers make at their start, with the same messages where they share them)
-static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, size_t total_batch, char* why, size_t n) {
+static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, CpSplit split, size_t total_batch, char* why,
+                          size_t n) {
     if (layer_dims_problem(c, r->tp, t, why, n)) return 1;
     if (r->trainer == TRAINER_DP && (r->tp > 1 || r->pp > 1)) return snprintf(why, n, "train_gpt2_dp holds whole layers: -tp 1 -pp 1"), 1;
     if (r->trainer == TRAINER_TP && (r->dp > 1 || r->pp > 1)) return snprintf(why, n, "train_gpt2_tp is one tp group: -dp 1 -pp 1"), 1;
@@ -46,18 +47,20 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, size_t tot
     if (r->trainer != TRAINER_CP && r->trainer != TRAINER_3D && r->cp > 1) {
         return snprintf(why, n, "-cp %d is train_gpt2_cp's or train_gpt2_3d's", r->cp), 1;
     }
-    if (r->cp > 1 && r->T % r->cp != 0) {
-        return snprintf(why, n, "-cp %d splits each sequence over the ranks: -t %d must divide by cp (by 2 cp for zigzag)", r->cp,
-                        r->T), 1;
+    int chunks = (split == CP_ZIGZAG ? 2 : 1) * r->cp;
+    if (r->cp > 1 && r->T % chunks != 0) {
+        return snprintf(why, n, "-t %d: the %s split cuts each sequence into %d chunks, so T must divide by %d", r->T,
+                        cp_split_name(split), chunks, chunks), 1;
     }
     int max_zero = r->trainer == TRAINER_DP ? 3 : r->trainer == TRAINER_3D ? 1 : 0;
     if (r->zero > max_zero) return snprintf(why, n, "-z %d: %s runs -z 0..%d", r->zero, trainer_names[r->trainer], max_zero), 1;
     if (r->offload && r->trainer != TRAINER_DP) return snprintf(why, n, "-offload 1 is train_gpt2_dp's"), 1;
     if (r->sp && r->tp == 1) r->sp = 0;  // nothing to split, as the trainers do
     if (r->sp && r->T % r->tp != 0) return snprintf(why, n, "-sp 1 splits the tokens over the %d tp ranks: -t %d must be a multiple of %d", r->tp, r->T, r->tp), 1;
-    if (r->sp && r->cp > 1 && r->T / r->cp % r->tp != 0) {
-        return snprintf(why, n, "-sp 1 splits each rank's T/cp = %d tokens over the %d tp ranks: -t %d must be a multiple of cp x tp = %d",
-                        r->T / r->cp, r->tp, r->T, r->cp * r->tp), 1;
+    int multiple = cp_tokens_multiple(split, r->cp, r->sp ? r->tp : 1);
+    if (r->sp && r->cp > 1 && r->T % multiple != 0) {
+        return snprintf(why, n, "-sp 1 splits each rank's T/cp = %d tokens over the %d tp ranks: -t %d must be a multiple of %d",
+                        r->T / r->cp, r->tp, r->T, multiple), 1;
     }
     if (c.num_layers % (r->pp * r->V) != 0) {
         return snprintf(why, n, "the model's L = %d layers cannot be split into pp x vp = %d x %d equal chunks", c.num_layers,
@@ -110,9 +113,9 @@ static int by_total(const void* a, const void* b) {
 
 // -search: one layout; counted when its trainer can run it, kept in fits when it fits in memory
 static void try_layout(Candidate** fits, int* count, int* capacity, int* tried, GPT2Config c, DeviceTarget target,
-                       RunLayout run, size_t batch, double memory) {
+                       RunLayout run, CpSplit split, size_t batch, double memory) {
     char why[256];
-    if (layout_problem(c, target, &run, batch, why, sizeof(why))) return;
+    if (layout_problem(c, target, &run, split, batch, why, sizeof(why))) return;
     (*tried)++;
     Candidate cand;
     cand.run = run;
@@ -128,6 +131,7 @@ int main(int argc, char** argv) {
     const char* trainer_name = NULL;
     int B = 4, T = 1024, total_batch = -1, dp = 1, tp = 1, pp = 1, vp = 1, zero = 0, sp = 0, recompute = 0, offload = 0, cp = 1;
     const char* cp_comm = "ring";
+    const char* cp_layout = "zigzag";
     int overlap = 1, checkpoint = 0, search = 0, stage = -1;
     float memory_gb = 80.0f;
     const ArgSpec specs[] = {
@@ -144,6 +148,7 @@ int main(int argc, char** argv) {
         {"-pp", ARG_INT, &pp, 1, ARG_NO_MAX, "pipeline stages"},
         {"-cp", ARG_INT, &cp, 1, ARG_NO_MAX, "context-parallel ranks (train_gpt2_cp, or train_gpt2_3d's fourth axis): each holds T/cp tokens of every sequence"},
         {"-cp_comm", ARG_STRING, &cp_comm, 0, 0, "ring or allgather (the whole sequence's K,V on every rank)"},
+        {"-cp_layout", ARG_STRING, &cp_layout, 0, 0, "zigzag (2 cp chunks: T must divide by 2 cp) or contiguous"},
         {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (-sched interleaved)"},
         {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab, 1f1b, interleaved, zb"},
         {"-z", ARG_INT, &zero, 0, 3, "ZeRO stage (train_gpt2_dp 0..3, train_gpt2_3d 0..1)"},
@@ -184,8 +189,8 @@ int main(int argc, char** argv) {
     else fail("-attention %s: expected flash or cublas", attention);
     int sched = pipeline_schedule_from_name(sched_name);
     if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
-    if (strcmp(cp_comm, "ring") != 0 && strcmp(cp_comm, "allgather") != 0) fail("-cp_comm %s: expected ring or allgather", cp_comm);
-    int allgather = strcmp(cp_comm, "allgather") == 0;
+    int allgather = cp_allgather_of(cp_comm);
+    CpSplit split = cp_split_of(cp_layout);
     double memory = memory_gb * 1e9;
     printf("model L=%d C=%d NH=%d, %zu parameters; micro-batch %d x %d; %s %s, %s attention; %.0f GB per device\n",
            c.num_layers, c.channels, c.num_heads, gpt2_num_parameters(c), B, T, target.cuda ? "CUDA" : "CPU",
@@ -202,7 +207,7 @@ int main(int argc, char** argv) {
         }
         char why[256], flags[160];
         if (total_batch == 0) fail("-d 0: expected a positive number of tokens, or -1");
-        if (layout_problem(c, target, &r, total_batch == -1 ? 0 : (size_t)total_batch, why, sizeof(why))) fail("%s", why);
+        if (layout_problem(c, target, &r, split, total_batch == -1 ? 0 : (size_t)total_batch, why, sizeof(why))) fail("%s", why);
         if (stage >= r.pp) fail("-stage %d: the pipeline has stages 0..%d", stage, r.pp - 1);
         MemoryPlan plan = stage >= 0 ? memory_plan(c, target, &r, stage, stage == 0) : memory_plan_largest(c, target, &r, &stage);
         layout_flags(&r, flags, sizeof(flags));
@@ -243,7 +248,7 @@ int main(int argc, char** argv) {
                                     int V = p > 1 ? vp : 1;
                                     PipeSchedule sc = p > 1 ? (PipeSchedule)sched : SCHEDULE_1F1B;
                                     RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, overlap, checkpoint > 0, 0, 0, q, a};
-                                    try_layout(&fits, &count, &capacity, &tried, c, target, run, batch, memory);
+                                    try_layout(&fits, &count, &capacity, &tried, c, target, run, split, batch, memory);
                                 }
             }
         }

@@ -9,6 +9,7 @@
 #ifndef LLMC_CP_LAYOUT_H
 #define LLMC_CP_LAYOUT_H
 
+#include <string.h>
 #include "utils.h"
 
 // the mask functions below run in the CUDA kernels too
@@ -37,6 +38,33 @@ static inline CpChunks cp_chunks_of(CpSplit split, int T, int cp, int rank) {
     c.index[0] = rank;
     c.index[1] = 2 * cp - 1 - rank;  // (zigzag only)
     return c;
+}
+
+// -cp_layout and -cp_comm, read alike by every program that takes them
+static inline CpSplit cp_split_of(const char* name) {
+    if (strcmp(name, "zigzag") != 0 && strcmp(name, "contiguous") != 0) fail("-cp_layout %s: expected zigzag or contiguous", name);
+    return strcmp(name, "zigzag") == 0 ? CP_ZIGZAG : CP_CONTIGUOUS;
+}
+static inline int cp_allgather_of(const char* name) {
+    if (strcmp(name, "ring") != 0 && strcmp(name, "allgather") != 0) fail("-cp_comm %s: expected ring or allgather", name);
+    return strcmp(name, "allgather") == 0;
+}
+
+// the block-attention kernels hold a head's hs values in registers (RING_MAX_HEAD at most)
+static inline void cp_check_head_size(int hs) {
+    if (hs > RING_MAX_HEAD) fail("head size C/NH = %d: the block-attention kernels hold at most %d", hs, RING_MAX_HEAD);
+}
+
+// T must cut into whole chunks (2 cp for zigzag, cp for contiguous) and, with -sp splitting each
+// rank's T/cp tokens over seq_shards tp ranks, T/cp into whole shards: T a multiple of the least
+// common multiple of the chunks and cp seq_shards (what a sample is padded to, too)
+static inline int cp_tokens_multiple(CpSplit split, int cp, int seq_shards) {
+    int chunks = (split == CP_ZIGZAG ? 2 : 1) * cp, shards = cp * seq_shards, a = chunks, b = shards;
+    while (b != 0) {  // (Euclid: a becomes the greatest common divisor)
+        int r = a % b;
+        a = b, b = r;
+    }
+    return chunks / a * shards;
 }
 
 // the chunks `split` cuts each sequence into over cp ranks (`ranks_name` says which), after

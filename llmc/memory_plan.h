@@ -280,8 +280,10 @@ static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const
                        : "a second gradient message (one is sent while the next arrives)";
     }
     if (r->trainer == TRAINER_3D && layout_cp(r) > 1) {
-        comm = r->zero ? "a second gradient message, the 1/(dp cp) gradient shard; the cp ring's K,V blocks (tp's heads)"
-                       : "a second gradient message; the K,V blocks of the cp ring on tp's heads, o, dq, wpe rows";
+        const char* kv = r->cp_allgather ? "the sequence's K,V" : "the ring's K,V blocks";
+        snprintf(note, sizeof(note), "a second gradient message%s; %s (tp's heads) and grads, o, dq, wpe rows",
+                 r->zero ? ", the 1/(dp cp) gradient shard" : "", kv);
+        comm = note;
     }
     if (r->trainer == TRAINER_CP) {
         comm = r->cp_allgather ? "K,V of the whole sequence (X) and their gradient (fp32); o, dq, wpe rows"

@@ -1161,7 +1161,9 @@ def sanitized_grid3d_interleaved_sp_checkpoint_resumed_on_another_grid_with_zero
     """the 3D trainer's groups, slots, tp collectives inside chunks and gathered checkpoints under
     AddressSanitizer + UndefinedBehaviorSanitizer: 1x2x2 with -sp, 2 chunks per stage, a sample
     and a checkpoint; resumed as 2x1x2 with ZeRO-1 (other slices, shards and micro-batches), then
-    as 1x1x2x2 with -cp 2 (the ring on tp's heads, -sp on T/cp, ZeRO-1 over cp) with a sample"""
+    as 1x1x2x2 with -cp 2 (the ring on tp's heads, -sp on T/cp, ZeRO-1 over cp) with a sample;
+    and a 1x1x2x2 run at T = 36, whose samples of every length pad to whole chunks and shards
+    (multiples of 4, not of 2 cp x tp = 8: the sample must stay within -t's buffers)"""
     p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     env = dict(ASAN_OPTIONS="detect_leaks=0")
@@ -1177,6 +1179,12 @@ def sanitized_grid3d_interleaved_sp_checkpoint_resumed_on_another_grid_with_zero
                  program="./build/sanitize/train_gpt2_3d", env=env)
     assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
     assert "resumed from step 3" in out and "---- sample at step 4 ----" in out, out[-3000:]
+    d36 = fresh_dir("sanitized_grid3d_t36")
+    out = run_ok(4, small_run_args(d36, ["-e", os.path.join(reference_run(REF4)["dir"], "model.bin"), "-b", 1, "-t", 36,
+                                         "-d", 36, "-x", 1, "-n", 0, "-v", 0, "-s", 1, "-g", 36, "-cp", 2, "-tp", 2, "-sp", 1]),
+                 program="./build/sanitize/train_gpt2_3d", env=env)
+    assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+    assert "---- sample at step 1 ----" in out, out[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1747,7 +1755,7 @@ def grid3d_bad_layouts():
     check_grid3d_bad_layout(4, ["-cp", 2, "-tp", 2, "-t", 30],
                             "-t 30: the zigzag split cuts each sequence into 4 chunks (2 cp, over the 2 cp ranks), so T must divide by 4")
     check_grid3d_bad_layout(4, ["-cp", 2, "-tp", 2, "-sp", 1, "-t", 34, "-cp_layout", "contiguous"],
-                            "-sp 1 splits each rank's T/cp = 17 tokens over the 2 tp ranks: -t 34 must be a multiple of cp x tp = 4")
+                            "-sp 1 splits each rank's T/cp = 17 tokens over the 2 tp ranks: -t 34 must be a multiple of 4")
     check_grid3d_bad_layout(2, ["-cp", 2, "-cp_layout", "diagonal"], "-cp_layout diagonal: expected zigzag or contiguous")
     check_grid3d_bad_layout(2, ["-cp", 2, "-cp_comm", "broadcast"], "-cp_comm broadcast: expected ring or allgather")
 
@@ -1950,7 +1958,7 @@ def cp_bad_inputs():
 
 # dev/memory_planner's flags, the trainers' names for the same things
 PLANNER_FLAGS = {"-e", "-b", "-t", "-d", "-n", "-z", "-sp", "-r", "-offload", "-overlap", "-sched", "-vp", "-dp", "-pp", "-tp",
-                 "-cp", "-cp_comm"}
+                 "-cp", "-cp_comm", "-cp_layout"}
 
 
 def check_planner_matches_trainer(program, ranks, args, out, attention=None):

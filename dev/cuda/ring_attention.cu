@@ -135,5 +135,8 @@ int main(void) {
         ok &= check(CP_CONTIGUOUS, 2, GPU_OR_EMU(511, 5), B, C, NH, rank);
     }
     ok &= check(CP_ZIGZAG, 2, GPU_OR_EMU(1023, 131), B, C, NH, 1);
+    // the flash kernels' other head sizes, 16 and 32 (two tiles, the second ragged)
+    ok &= check(CP_ZIGZAG, 2, GPU_OR_EMU(255, 67), B, 16 * NH, NH, 1);
+    ok &= check(CP_CONTIGUOUS, 2, GPU_OR_EMU(255, 67), B, 32 * NH, NH, 1);
     return finish(ok);
 }
