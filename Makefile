@@ -9,7 +9,7 @@
 #   make sanitize        the CPU trainers built with AddressSanitizer + UndefinedBehaviorSanitizer:
 #                        build/sanitize/train_gpt2_dp, ..._tp, ..._pp, ..._3d, ..._cp (the tests run bad inputs, TP, PP, 3D and CP runs)
 #   make mutation-sweep  delete each barrier of llmc/cuda in turn and check the emulator notices
-#                        (dev/cuda/mutation_sweep.py; about 15 minutes on 2 cores)
+#                        (dev/cuda/mutation_sweep.py; about 20 minutes on 2 cores)
 #   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90 (no GPU needed; -j2 runs two at a time)
 #   make build/emu_FP32/train_gpt2_dp   the CUDA backend built for the CPU emulator (test/cuda_emu);
 #                        also build/emu_BF16/..., build/emu_FP32/dev/cuda/<kernel>, build/cuda_BF16/... (nvcc)

@@ -54,7 +54,7 @@ static int check_other_rank_tokens(const char* name, const int* inp, const float
 }
 
 int main(void) {
-    int B = GPU_OR_EMU(8, 2), T = GPU_OR_EMU(1024, 64), C = GPU_OR_EMU(768, 128), V = 50304;
+    int B = GPU_OR_EMU(8, 2), T = GPU_OR_EMU(1024, 64), C = GPU_OR_EMU(768, 384), V = 50304;  // (C: two chunks of 32 lanes x 16 bytes, bf16)
     int* inp = (int*)malloc_check((size_t)B * T * sizeof(int));
     for (int i = 0; i < B * T; i++) inp[i] = (int)(rng_u64(&dev_rng) % 2000);  // many repeats
     float* wte = random_floats((size_t)V * C, 0.02f);
