@@ -47,22 +47,17 @@
 // of 4 banks, so the shared-memory writes are conflict-free too (row-major order, 8 threads along
 // one row, made 2-way conflicts at HS 16 and 32; dev/cuda/bank_conflicts.py). The
 // next 8 threads take the next 16 bytes of the same rows, so in global memory a warp still reads
-// whole 32-byte sectors. The general form reads a run of `rows` rows from row `base` of each
-// sequence of T (context parallelism's chunks, llmc/cuda/ring_attention.cuh), t0 counted from
-// base and rows past the run zeros.
+// whole 32-byte sectors. Rows run from row `base` of each sequence of T for `rows` rows (the
+// whole sequence: 0 and T; context parallelism's chunks, llmc/cuda/ring_attention.cuh: a chunk's
+// first row and length), t0 counted from base; rows past the run become zeros.
 template <int HS, int ROWS = FLASH_TILE>
-__device__ inline void flash_load_rows_async(floatX* tile, const floatX* x, int width, int offset, int b, int h, int t0,
-                                             int T, int base, int rows) {
+__device__ inline void flash_load_async(floatX* tile, const floatX* x, int width, int offset, int b, int h, int t0, int T,
+                                        int base, int rows) {
     for (int idx = threadIdx.x; idx < ROWS * HS / 8; idx += blockDim.x) {
         int r = idx % 8 + idx / HS * 8, c = idx / 8 % (HS / 8) * 8, t = t0 + r;
         const floatX* src = x + ((size_t)b * T + base + min(t, rows - 1)) * width + offset + h * HS + c;
         cp_async16(tile + r * FLASH_LD(HS) + c, src, t < rows);
     }
-}
-template <int HS, int ROWS = FLASH_TILE>
-__device__ inline void flash_load_async(floatX* tile, const floatX* x, int width, int offset, int b,
-                                        int h, int t0, int T) {
-    flash_load_rows_async<HS, ROWS>(tile, x, width, offset, b, h, t0, T, 0, T);
 }
 
 // A fragments (16 rows, HS) of this warp's rows row0.. of a shared tile, HS / 16 of them:
@@ -167,10 +162,10 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B
     int tiles = (min(q0 + FLASH_TILE * MT, T) + FLASH_TILE - 1) / FLASH_TILE;  // causal: keys up to the last query
     float scale_log2 = rsqrtf((float)HS) * FLASH_LOG2E;  // scores in base-2 units
     // two commit groups: q, then the first k, v, which keep landing while the warps read q
-    flash_load_async<HS, FLASH_TILE * MT>(kv_s[1][0], qkv, 3 * C, 0, b, h, q0, T);
+    flash_load_async<HS, FLASH_TILE * MT>(kv_s[1][0], qkv, 3 * C, 0, b, h, q0, T, 0, T);
     cp_async_commit();
-    flash_load_async<HS>(kv_s[0][0], qkv, 3 * C, C, b, h, 0, T);
-    flash_load_async<HS>(kv_s[0][1], qkv, 3 * C, 2 * C, b, h, 0, T);
+    flash_load_async<HS>(kv_s[0][0], qkv, 3 * C, C, b, h, 0, T, 0, T);
+    flash_load_async<HS>(kv_s[0][1], qkv, 3 * C, 2 * C, b, h, 0, T, 0, T);
     cp_async_commit();
     cp_async_wait<1>();  // groups complete in order: all but the newest is q
     __syncthreads();
@@ -187,8 +182,8 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B
     for (int tile = 0; tile < tiles; tile++) {
         int k0 = tile * FLASH_TILE, buf = tile % 2;
         if (tile + 1 < tiles) {  // the next k, v stream in while this tile computes
-            flash_load_async<HS>(kv_s[buf ^ 1][0], qkv, 3 * C, C, b, h, k0 + FLASH_TILE, T);
-            flash_load_async<HS>(kv_s[buf ^ 1][1], qkv, 3 * C, 2 * C, b, h, k0 + FLASH_TILE, T);
+            flash_load_async<HS>(kv_s[buf ^ 1][0], qkv, 3 * C, C, b, h, k0 + FLASH_TILE, T, 0, T);
+            flash_load_async<HS>(kv_s[buf ^ 1][1], qkv, 3 * C, 2 * C, b, h, k0 + FLASH_TILE, T, 0, T);
             cp_async_commit();
             cp_async_wait<1>();  // all but the newest group: this tile has landed
         } else {
@@ -308,10 +303,10 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
     const float* lse_bh = lse + ((size_t)b * NH + h) * T;
     const float* D_bh = D + ((size_t)b * NH + h) * T;
     // the block's k and v pass through the second buffers into registers, before the loop uses them
-    flash_load_async<HS>(q_s[1], qkv, 3 * C, C, b, h, block_key0, T);
-    flash_load_async<HS>(dy_s[1], qkv, 3 * C, 2 * C, b, h, block_key0, T);
-    flash_load_async<HS>(q_s[0], qkv, 3 * C, 0, b, h, block_key0, T);
-    flash_load_async<HS>(dy_s[0], dout, C, 0, b, h, block_key0, T);
+    flash_load_async<HS>(q_s[1], qkv, 3 * C, C, b, h, block_key0, T, 0, T);
+    flash_load_async<HS>(dy_s[1], qkv, 3 * C, 2 * C, b, h, block_key0, T, 0, T);
+    flash_load_async<HS>(q_s[0], qkv, 3 * C, 0, b, h, block_key0, T, 0, T);
+    flash_load_async<HS>(dy_s[0], dout, C, 0, b, h, block_key0, T, 0, T);
     cp_async_commit();
     flash_load_row_values(lse_s[0], lse_bh, block_key0, T, 0);
     flash_load_row_values(D_s[0], D_bh, block_key0, T, FLASH_TILE);
@@ -327,8 +322,8 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
     for (int tile = 0; tile < tiles; tile++) {
         int u0 = block_key0 + tile * FLASH_TILE, buf = tile % 2;
         if (tile + 1 < tiles) {
-            flash_load_async<HS>(q_s[buf ^ 1], qkv, 3 * C, 0, b, h, u0 + FLASH_TILE, T);
-            flash_load_async<HS>(dy_s[buf ^ 1], dout, C, 0, b, h, u0 + FLASH_TILE, T);
+            flash_load_async<HS>(q_s[buf ^ 1], qkv, 3 * C, 0, b, h, u0 + FLASH_TILE, T, 0, T);
+            flash_load_async<HS>(dy_s[buf ^ 1], dout, C, 0, b, h, u0 + FLASH_TILE, T, 0, T);
             cp_async_commit();
             flash_load_row_values(lse_s[buf ^ 1], lse_bh, u0 + FLASH_TILE, T, 0);
             flash_load_row_values(D_s[buf ^ 1], D_bh, u0 + FLASH_TILE, T, FLASH_TILE);
@@ -381,10 +376,10 @@ flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const float
     int tiles = (min(q0 + FLASH_TILE, T) + FLASH_TILE - 1) / FLASH_TILE;
     float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
     // q and dout of the block pass through the second buffers into registers
-    flash_load_async<HS>(k_s[1], qkv, 3 * C, 0, b, h, q0, T);
-    flash_load_async<HS>(v_s[1], dout, C, 0, b, h, q0, T);
-    flash_load_async<HS>(k_s[0], qkv, 3 * C, C, b, h, 0, T);
-    flash_load_async<HS>(v_s[0], qkv, 3 * C, 2 * C, b, h, 0, T);
+    flash_load_async<HS>(k_s[1], qkv, 3 * C, 0, b, h, q0, T, 0, T);
+    flash_load_async<HS>(v_s[1], dout, C, 0, b, h, q0, T, 0, T);
+    flash_load_async<HS>(k_s[0], qkv, 3 * C, C, b, h, 0, T, 0, T);
+    flash_load_async<HS>(v_s[0], qkv, 3 * C, 2 * C, b, h, 0, T, 0, T);
     cp_async_commit();
     float lse_log2[2], D_row[2];  // rows g, g + 8
     for (int r = 0; r < 2; r++) {
@@ -403,8 +398,8 @@ flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const float
     for (int tile = 0; tile < tiles; tile++) {
         int k0 = tile * FLASH_TILE, buf = tile % 2;
         if (tile + 1 < tiles) {
-            flash_load_async<HS>(k_s[buf ^ 1], qkv, 3 * C, C, b, h, k0 + FLASH_TILE, T);
-            flash_load_async<HS>(v_s[buf ^ 1], qkv, 3 * C, 2 * C, b, h, k0 + FLASH_TILE, T);
+            flash_load_async<HS>(k_s[buf ^ 1], qkv, 3 * C, C, b, h, k0 + FLASH_TILE, T, 0, T);
+            flash_load_async<HS>(v_s[buf ^ 1], qkv, 3 * C, 2 * C, b, h, k0 + FLASH_TILE, T, 0, T);
             cp_async_commit();
             cp_async_wait<1>();
         } else {

@@ -162,7 +162,7 @@ static inline void attention_block_backward_plain(float* dq, float* dkv, const f
 // attention inside the chunk, flash_attention.cuh's very case). So each kernel below is the
 // FlashAttention-2 kernel of that file it is named after, with three changes: its rows are the
 // pair's (the query chunk from row q0row of the rank's Tq, the key chunk from row k0row of the
-// block's Tk; flash_load_rows_async), `causal` says diagonal or whole, and its results are fp32
+// block's Tk; flash_load_async), `causal` says diagonal or whole, and its results are fp32
 // and accumulate across blocks: the forward merges its (o, lse) into what earlier blocks left
 // by the log-sum-exp rule, dq and dk, dv add to theirs. Read flash_attention.cuh first: the
 // comments here are on what differs.
@@ -189,10 +189,10 @@ ring_flash_forward_kernel(float* o, float* lse_new, const float* lse, const floa
     int keys = causal ? min(q0 + FLASH_TILE * MT, len) : len, tiles = (keys + FLASH_TILE - 1) / FLASH_TILE;
     float scale_log2 = rsqrtf((float)HS) * FLASH_LOG2E;
     // q from qkv (B, Tq, 3C); k and v from the block kv (B, Tk, 2C) at columns 0 and C
-    flash_load_rows_async<HS, FLASH_TILE * MT>(kv_s[1][0], qkv, 3 * C, 0, b, h, q0, Tq, q0row, len);
+    flash_load_async<HS, FLASH_TILE * MT>(kv_s[1][0], qkv, 3 * C, 0, b, h, q0, Tq, q0row, len);
     cp_async_commit();
-    flash_load_rows_async<HS>(kv_s[0][0], kv, 2 * C, 0, b, h, 0, Tk, k0row, len);
-    flash_load_rows_async<HS>(kv_s[0][1], kv, 2 * C, C, b, h, 0, Tk, k0row, len);
+    flash_load_async<HS>(kv_s[0][0], kv, 2 * C, 0, b, h, 0, Tk, k0row, len);
+    flash_load_async<HS>(kv_s[0][1], kv, 2 * C, C, b, h, 0, Tk, k0row, len);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -209,8 +209,8 @@ ring_flash_forward_kernel(float* o, float* lse_new, const float* lse, const floa
     for (int tile = 0; tile < tiles; tile++) {
         int k0 = tile * FLASH_TILE, buf = tile % 2;
         if (tile + 1 < tiles) {
-            flash_load_rows_async<HS>(kv_s[buf ^ 1][0], kv, 2 * C, 0, b, h, k0 + FLASH_TILE, Tk, k0row, len);
-            flash_load_rows_async<HS>(kv_s[buf ^ 1][1], kv, 2 * C, C, b, h, k0 + FLASH_TILE, Tk, k0row, len);
+            flash_load_async<HS>(kv_s[buf ^ 1][0], kv, 2 * C, 0, b, h, k0 + FLASH_TILE, Tk, k0row, len);
+            flash_load_async<HS>(kv_s[buf ^ 1][1], kv, 2 * C, C, b, h, k0 + FLASH_TILE, Tk, k0row, len);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -331,10 +331,10 @@ ring_flash_dkdv_kernel(float* dkv, const floatX* datty, const float* lse, const 
     float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
     const float* lse_bh = lse + ((size_t)b * NH + h) * Tq + q0row;  // the query chunk's rows
     const float* D_bh = D + ((size_t)b * NH + h) * Tq + q0row;
-    flash_load_rows_async<HS>(q_s[1], kv, 2 * C, 0, b, h, block_key0, Tk, k0row, len);
-    flash_load_rows_async<HS>(dy_s[1], kv, 2 * C, C, b, h, block_key0, Tk, k0row, len);
-    flash_load_rows_async<HS>(q_s[0], qkv, 3 * C, 0, b, h, query0, Tq, q0row, len);
-    flash_load_rows_async<HS>(dy_s[0], datty, C, 0, b, h, query0, Tq, q0row, len);
+    flash_load_async<HS>(q_s[1], kv, 2 * C, 0, b, h, block_key0, Tk, k0row, len);
+    flash_load_async<HS>(dy_s[1], kv, 2 * C, C, b, h, block_key0, Tk, k0row, len);
+    flash_load_async<HS>(q_s[0], qkv, 3 * C, 0, b, h, query0, Tq, q0row, len);
+    flash_load_async<HS>(dy_s[0], datty, C, 0, b, h, query0, Tq, q0row, len);
     cp_async_commit();
     flash_load_row_values(lse_s[0], lse_bh, query0, len, 0);
     flash_load_row_values(D_s[0], D_bh, query0, len, FLASH_TILE);
@@ -350,8 +350,8 @@ ring_flash_dkdv_kernel(float* dkv, const floatX* datty, const float* lse, const 
     for (int tile = 0; tile < tiles; tile++) {
         int u0 = query0 + tile * FLASH_TILE, buf = tile % 2;
         if (tile + 1 < tiles) {
-            flash_load_rows_async<HS>(q_s[buf ^ 1], qkv, 3 * C, 0, b, h, u0 + FLASH_TILE, Tq, q0row, len);
-            flash_load_rows_async<HS>(dy_s[buf ^ 1], datty, C, 0, b, h, u0 + FLASH_TILE, Tq, q0row, len);
+            flash_load_async<HS>(q_s[buf ^ 1], qkv, 3 * C, 0, b, h, u0 + FLASH_TILE, Tq, q0row, len);
+            flash_load_async<HS>(dy_s[buf ^ 1], datty, C, 0, b, h, u0 + FLASH_TILE, Tq, q0row, len);
             cp_async_commit();
             flash_load_row_values(lse_s[buf ^ 1], lse_bh, u0 + FLASH_TILE, len, 0);
             flash_load_row_values(D_s[buf ^ 1], D_bh, u0 + FLASH_TILE, len, FLASH_TILE);
@@ -402,10 +402,10 @@ ring_flash_dq_kernel(float* dq, const floatX* datty, const float* lse, const flo
     int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE, row0 = q0 + warp * FLASH_ROWS;
     int keys = causal ? min(q0 + FLASH_TILE, len) : len, tiles = (keys + FLASH_TILE - 1) / FLASH_TILE;
     float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
-    flash_load_rows_async<HS>(k_s[1], qkv, 3 * C, 0, b, h, q0, Tq, q0row, len);
-    flash_load_rows_async<HS>(v_s[1], datty, C, 0, b, h, q0, Tq, q0row, len);
-    flash_load_rows_async<HS>(k_s[0], kv, 2 * C, 0, b, h, 0, Tk, k0row, len);
-    flash_load_rows_async<HS>(v_s[0], kv, 2 * C, C, b, h, 0, Tk, k0row, len);
+    flash_load_async<HS>(k_s[1], qkv, 3 * C, 0, b, h, q0, Tq, q0row, len);
+    flash_load_async<HS>(v_s[1], datty, C, 0, b, h, q0, Tq, q0row, len);
+    flash_load_async<HS>(k_s[0], kv, 2 * C, 0, b, h, 0, Tk, k0row, len);
+    flash_load_async<HS>(v_s[0], kv, 2 * C, C, b, h, 0, Tk, k0row, len);
     cp_async_commit();
     float lse_log2[2], D_row[2];
     for (int r = 0; r < 2; r++) {
@@ -425,8 +425,8 @@ ring_flash_dq_kernel(float* dq, const floatX* datty, const float* lse, const flo
     for (int tile = 0; tile < tiles; tile++) {
         int k0 = tile * FLASH_TILE, buf = tile % 2;
         if (tile + 1 < tiles) {
-            flash_load_rows_async<HS>(k_s[buf ^ 1], kv, 2 * C, 0, b, h, k0 + FLASH_TILE, Tk, k0row, len);
-            flash_load_rows_async<HS>(v_s[buf ^ 1], kv, 2 * C, C, b, h, k0 + FLASH_TILE, Tk, k0row, len);
+            flash_load_async<HS>(k_s[buf ^ 1], kv, 2 * C, 0, b, h, k0 + FLASH_TILE, Tk, k0row, len);
+            flash_load_async<HS>(v_s[buf ^ 1], kv, 2 * C, C, b, h, k0 + FLASH_TILE, Tk, k0row, len);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
