@@ -27,7 +27,7 @@ else
 endif
 BACKEND ?= $(DEFAULT_BACKEND)
 
-TRAINERS := train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_3d train_gpt2_cp
+TRAINERS := train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_3d train_gpt2_cp train_gpt2_diloco
 TEST_PROGRAMS := test/test_comm test/test_dataloader test/test_norm test/test_pipeline test/test_ring_attention
 HEADERS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cuda/*.cuh dev/cuda/*.h dev/cuda/*.cuh)
 DEV_CUDA := $(wildcard dev/cuda/*.cu)
@@ -73,7 +73,7 @@ endif
 # any out-of-bounds access, use after free or undefined behaviour (an int overflow, a bad shift)
 # stops the program with a report; -O1 -g keeps the reports readable
 SANITIZE_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-sanitize: build/sanitize/train_gpt2_dp build/sanitize/train_gpt2_tp build/sanitize/train_gpt2_pp build/sanitize/train_gpt2_3d build/sanitize/train_gpt2_cp
+sanitize: build/sanitize/train_gpt2_dp build/sanitize/train_gpt2_tp build/sanitize/train_gpt2_pp build/sanitize/train_gpt2_3d build/sanitize/train_gpt2_cp build/sanitize/train_gpt2_diloco
 build/sanitize/train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-deps
 	@mkdir -p $(dir $@)
 	$(MPICC) $(filter-out -O3,$(CFLAGS)) $(SANITIZE_FLAGS) -x c $< -x none -o $@ $(LDLIBS)

@@ -21,7 +21,7 @@
 #include "../llmc/memory_plan.h"
 
 static const char* trainer_names[TRAINER_COUNT] = {"train_gpt2_dp", "train_gpt2_tp", "train_gpt2_pp", "train_gpt2_3d",
-                                                   "train_gpt2_cp"};
+                                                   "train_gpt2_cp", "train_gpt2_diloco"};
 
 // the trainer that runs a grid: the simplest that holds it (cp alone: train_gpt2_cp; cp with
 // another axis: train_gpt2_3d)
@@ -41,6 +41,9 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, CpSplit sp
     if (r->trainer == TRAINER_DP && (r->tp > 1 || r->pp > 1)) return snprintf(why, n, "train_gpt2_dp holds whole layers: -tp 1 -pp 1"), 1;
     if (r->trainer == TRAINER_TP && (r->dp > 1 || r->pp > 1)) return snprintf(why, n, "train_gpt2_tp is one tp group: -dp 1 -pp 1"), 1;
     if (r->trainer == TRAINER_PP && (r->dp > 1 || r->tp > 1)) return snprintf(why, n, "train_gpt2_pp is one pipeline: -dp 1 -tp 1"), 1;
+    if (r->trainer == TRAINER_DILOCO && (r->tp > 1 || r->pp > 1 || r->cp > 1)) {
+        return snprintf(why, n, "train_gpt2_diloco holds whole models, -dp ranks of them: -tp 1 -pp 1 -cp 1"), 1;
+    }
     if (r->trainer == TRAINER_CP && (r->dp > 1 || r->tp > 1 || r->pp > 1)) {
         return snprintf(why, n, "train_gpt2_cp is one context-parallel group: -dp 1 -tp 1 -pp 1"), 1;
     }
@@ -66,7 +69,8 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, CpSplit sp
         return snprintf(why, n, "the model's L = %d layers cannot be split into pp x vp = %d x %d equal chunks", c.num_layers,
                         r->pp, r->V), 1;
     }
-    size_t per_step = mul_check(mul_check(r->B, r->T, "-b x -t"), r->trainer == TRAINER_DP || r->trainer == TRAINER_3D ? r->dp : 1,
+    int readers = r->trainer == TRAINER_DP || r->trainer == TRAINER_3D || r->trainer == TRAINER_DILOCO;
+    size_t per_step = mul_check(mul_check(r->B, r->T, "-b x -t"), readers ? r->dp : 1,
                                 "-b x -t x dp");
     if (total_batch == 0) total_batch = per_step;  // -d -1, as the trainers: one micro-batch per replica
     if (total_batch % per_step != 0) {
@@ -88,7 +92,7 @@ static void layout_flags(const RunLayout* r, char* out, size_t n) {
     if (r->trainer == TRAINER_3D && r->cp > 1) {
         k += snprintf(out + k, n - k, " -cp %d%s", r->cp, r->cp_allgather ? " -cp_comm allgather" : "");
     }
-    if (r->trainer == TRAINER_DP) k += snprintf(out + k, n - k, " (%d ranks)", r->dp);
+    if (r->trainer == TRAINER_DP || r->trainer == TRAINER_DILOCO) k += snprintf(out + k, n - k, " (%d ranks)", r->dp);
     if (r->trainer == TRAINER_TP) k += snprintf(out + k, n - k, " -tp %d", r->tp);
     if (r->trainer == TRAINER_PP) k += snprintf(out + k, n - k, " -pp %d", r->pp);
     if (r->trainer == TRAINER_CP) k += snprintf(out + k, n - k, " -cp %d%s", r->cp, r->cp_allgather ? " -cp_comm allgather" : "");
@@ -158,7 +162,7 @@ int main(int argc, char** argv) {
         {"-overlap", ARG_INT, &overlap, 0, 1, "train_gpt2_dp's -overlap (ZeRO-2/3 keep one more layer bucket with 1)"},
         {"-n", ARG_INT, &checkpoint, 0, ARG_NO_MAX, "checkpoint every N steps (their gathers take memory; 0: never)"},
         {"-stage", ARG_INT, &stage, -1, ARG_NO_MAX, "the pipeline stage whose table to print (-1: the largest; stage 0 is rank 0's)"},
-        {"-trainer", ARG_STRING, &trainer_name, 0, 0, "dp, tp, pp, 3d or cp (default: the simplest trainer that runs the grid)"},
+        {"-trainer", ARG_STRING, &trainer_name, 0, 0, "dp, tp, pp, 3d, cp or diloco (default: the simplest trainer that runs the grid; diloco: -dp ranks)"},
         {"-search", ARG_INT, &search, 0, ARG_NO_MAX, "N: list every layout of N devices that fits in -mem, smallest first, over every grid, -z, -sp, -r and -offload (0: plan the one layout)"},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
@@ -202,7 +206,7 @@ int main(int argc, char** argv) {
         if (trainer_name != NULL) {  // another trainer than the simplest, as train_gpt2_3d for any grid
             int k = 0;
             while (k < TRAINER_COUNT && strcmp(trainer_names[k] + strlen("train_gpt2_"), trainer_name) != 0) k++;
-            if (k == TRAINER_COUNT) fail("-trainer %s: expected dp, tp, pp, 3d or cp", trainer_name);
+            if (k == TRAINER_COUNT) fail("-trainer %s: expected dp, tp, pp, 3d, cp or diloco", trainer_name);
             r.trainer = (TrainerKind)k;
         }
         char why[256], flags[160];

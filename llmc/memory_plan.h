@@ -20,7 +20,7 @@
 #include "target.h"
 #include "cp_layout.h"
 
-typedef enum { TRAINER_DP, TRAINER_TP, TRAINER_PP, TRAINER_3D, TRAINER_CP, TRAINER_COUNT } TrainerKind;
+typedef enum { TRAINER_DP, TRAINER_TP, TRAINER_PP, TRAINER_3D, TRAINER_CP, TRAINER_DILOCO, TRAINER_COUNT } TrainerKind;
 
 // a run's layout: everything that decides a rank's memory (the trainers' flags of the same names)
 typedef struct {
@@ -55,6 +55,8 @@ typedef struct {
     size_t activations;      // layers + recomputed + head + backward
     size_t activations_for[RECOMPUTE_MAX + 1];  // the same for each -r
     size_t comm;             // ZeRO's reduce and gather buckets, a pipeline's second gradient message
+    size_t outer;            // DiLoCo's outer state: the outer parameters, their momentum and the
+                             // pseudo-gradient, fp32 each
     size_t kernels;          // cuBLASLt's workspace and the CUDA kernels' scratch (none on the CPU)
     size_t file_gather;      // while a checkpoint (or -dump_grads) gathers sharded weights
     size_t total;            // the sum: what the run's high-water mark should be
@@ -90,7 +92,7 @@ static inline int layout_cp(const RunLayout* r) { return r->cp > 1 ? r->cp : 1; 
 // the rank's parameter layout, as each trainer builds it
 static inline ParameterLayout memory_plan_layout(GPT2Config c, const RunLayout* r, int stage) {
     if (r->trainer == TRAINER_DP) return parameter_layout_buckets(c, r->zero, r->dp, 0);
-    if (r->trainer == TRAINER_TP || r->trainer == TRAINER_CP) return parameter_layout(c, r->tp, 0);
+    if (r->trainer == TRAINER_TP || r->trainer == TRAINER_CP || r->trainer == TRAINER_DILOCO) return parameter_layout(c, r->tp, 0);
     ParameterLayout l = parameter_layout_grid(c, r->tp, 0, r->pp, stage, r->V);
     if (r->trainer == TRAINER_3D) layout_shard_flat(&l, r->zero, r->dp * layout_cp(r), 0);  // (ZeRO-1 over dp x cp)
     return l;
@@ -105,7 +107,7 @@ static inline void memory_plan_activations(MemoryPlan* plan, const RunLayout* r,
     size_t part[ACTS_ALL + 1], slot[ACTS_ALL + 1];
     int T = r->T / layout_cp(r);  // (context parallelism: each rank's tokens of a sequence)
     size_t tokens = (size_t)r->B * T * 2 * sizeof(int);  // inputs and targets
-    if (r->trainer == TRAINER_DP || r->trainer == TRAINER_TP || r->trainer == TRAINER_CP) {
+    if (r->trainer == TRAINER_DP || r->trainer == TRAINER_TP || r->trainer == TRAINER_CP || r->trainer == TRAINER_DILOCO) {
         gpt2_lay_out_activations(&unused, d, l->layers, ACTS_ALL, activations_kept(recompute, 0, d), r->B, T, NULL, part);
         plan->layers = part[ACTS_LAYERS];
         plan->head = part[ACTS_HEAD];
@@ -165,6 +167,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
         plan.comm += cp_scratch_bytes(r->B, r->T, cp, c.channels, plan.dims.att, plan.dims.NH, t.X, r->cp_allgather);
     }
     plan.kernels = kernel_workspace_bytes(plan.dims, r->B, Tl);
+    if (r->trainer == TRAINER_DILOCO) plan.outer = 3 * N * sizeof(float);
     // gathers for files
     if (r->trainer == TRAINER_DP) {
         // sharded fp32 weights (bf16 master weights from -z 1, fp32 parameters from -z 3) and
@@ -188,7 +191,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
         plan.file_gather = weights > grads ? weights : grads;
     }
     plan.total = plan.params + plan.grads + plan.master + plan.state + plan.activations + plan.comm + plan.kernels +
-                 plan.file_gather;
+                 plan.file_gather + plan.outer;
     // host memory at its largest: the whole model in fp32 while building (train_gpt2_dp: also in
     // buckets, 3 P) and this rank's part; on resume the state read from the checkpoint too
     size_t resume_state = t.X < 4 ? 2 * sizeof(float) + X : 2 * sizeof(float);  // m, v (and the bf16 bits)
@@ -290,6 +293,10 @@ static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const
                                : "two K,V blocks of the ring (X) and their gradients (fp32); o, dq, wpe rows";
     }
     memory_print_row("comm buffers", (double)plan->comm, comm);
+    if (r->trainer == TRAINER_DILOCO) {
+        memory_print_row("outer state", (double)plan->outer, "12 Psi: the outer parameters, their momentum and the "
+                                                             "pseudo-gradient (fp32)");
+    }
     memory_print_row("kernel scratch", (double)plan->kernels, t.cuda ? "cuBLASLt's workspace and the kernels' scratch buffers"
                                                                       : "none on the CPU backend");
     memory_print_row("file gather", (double)plan->file_gather,

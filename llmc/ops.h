@@ -13,6 +13,7 @@
 #include "cuda/gelu.cuh"
 #include "cuda/classifier.cuh"
 #include "cuda/adamw.cuh"
+#include "cuda/outer.cuh"
 #else
 #include "cpu/device.h"
 #include "cpu/encoder.h"
@@ -23,6 +24,7 @@
 #include "cpu/gelu.h"
 #include "cpu/classifier.h"
 #include "cpu/adamw.h"
+#include "cpu/outer.h"
 #endif
 
 #endif

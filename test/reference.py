@@ -18,6 +18,7 @@ Batches: step s uses the global batch tokens[s*G : s*G + G + 1] of the token fil
 the same tokens the trainers' ranks and micro-steps divide among themselves.
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -233,6 +234,78 @@ def run(args):
     write_model_file(os.path.join(args.out, "final.bin"), model, model.tensors())
     with open(os.path.join(args.out, "reference.json"), "w") as f:
         json.dump({"losses": losses, "grad_norms": norms, "lrs": lrs}, f, indent=1)
+    return losses, norms
+
+
+def run_diloco(args):
+    """DiLoCo (Douillard et al. 2023, arXiv:2311.08105, Algorithm 1), written from the paper, not
+    from the trainer: args.workers copies of the model from the same initial weights, each with its
+    own AdamW (the inner optimizer, the reference's settings), each training on its share of every
+    global batch; after every args.H steps, and after the last, the outer step: the outer gradient
+    is the mean over the workers of (theta_outer - theta_w), the outer optimizer torch's SGD with
+    Nesterov momentum (args.outer_lr, args.outer_momentum), and every worker continues from the new
+    theta_outer. A worker's share: the batch's B sequences are ranks x micro-batches chunks of B /
+    (ranks m) sequences, chunk i ranks + r read by rank r (the DDP trainer's split), and worker w
+    holds ranks w R .. w R + R - 1 (args.ranks, args.micro). Writes final.bin (theta_outer),
+    momentum.bin (the outer momentum, a model file), reference.json (per step: the workers' mean
+    loss and mean gradient norm). args.dtype: float64 (the default, as run's) or float32."""
+    torch.manual_seed(args.seed)
+    model = load_model_file(args.init) if getattr(args, "init", None) else None
+    if model is None:
+        model = GPT2(args.layers, args.heads, args.channels, args.max_seq_len, 50257, 50304)
+        model.init_weights(args.seed)
+    model = model.float() if getattr(args, "dtype", "float64") == "float32" else model.double()
+    W, H, ranks, m = args.workers, args.H, args.ranks, args.micro
+    R, per = ranks // W, args.batch // (ranks * m)
+    copies = [copy.deepcopy(model) for _ in range(W)]
+    opts = []
+    for c in copies:
+        decay = [p for p in c.parameters() if p.dim() == 2]
+        no_decay = [p for p in c.parameters() if p.dim() < 2]
+        opts.append(torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                       {"params": no_decay, "weight_decay": 0.0}],
+                                      lr=args.lr, betas=(0.9, 0.95), eps=1e-8))
+    outer = copy.deepcopy(model)  # theta_outer, and the outer optimizer on it
+    outer_opt = torch.optim.SGD(outer.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
+                                nesterov=args.outer_momentum > 0)
+    tokens = read_tokens(args.tokens)
+    B, T = args.batch, args.seq_len
+    G = B * T
+    losses, norms = [], []
+    for step in range(args.steps):
+        chunk = torch.from_numpy(tokens[step * G: step * G + G + 1])
+        x, y = chunk[:-1].view(B, T), chunk[1:].view(B, T)
+        lr = learning_rate(step, args.lr, args.warmup, args.steps, args.final_lr_frac)
+        step_losses, step_norms = [], []
+        for w, (c, opt) in enumerate(zip(copies, opts)):
+            rows = [(i * ranks + r) * per + j for i in range(m) for r in range(w * R, (w + 1) * R) for j in range(per)]
+            loss = c(x[rows], y[rows])
+            loss.backward()
+            step_norms.append(float(torch.nn.utils.clip_grad_norm_(c.parameters(), args.grad_clip)))
+            for group in opt.param_groups:
+                group["lr"] = lr
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step_losses.append(loss.item())
+        losses.append(sum(step_losses) / W)
+        norms.append(sum(step_norms) / W)
+        if (step + 1) % H == 0 or step + 1 == args.steps:
+            with torch.no_grad():
+                for p_outer, *p_workers in zip(outer.parameters(), *[c.parameters() for c in copies]):
+                    p_outer.grad = sum(p_outer - p for p in p_workers) / W
+            outer_opt.step()
+            with torch.no_grad():
+                for p_outer, *p_workers in zip(outer.parameters(), *[c.parameters() for c in copies]):
+                    for p in p_workers:
+                        p.copy_(p_outer)
+    os.makedirs(args.out, exist_ok=True)
+    write_model_file(os.path.join(args.out, "final.bin"), outer, outer.tensors())
+    for p in outer.parameters():  # the momentum buffers, in the model file's layout (none: zeros)
+        buf = outer_opt.state[p].get("momentum_buffer")
+        p.grad = buf if buf is not None else torch.zeros_like(p)
+    write_model_file(os.path.join(args.out, "momentum.bin"), outer, outer.tensors(grads=True))
+    with open(os.path.join(args.out, "reference.json"), "w") as f:
+        json.dump({"losses": losses, "grad_norms": norms}, f, indent=1)
     return losses, norms
 
 

@@ -80,11 +80,13 @@ def fresh_dir(name):
     return d
 
 
-def step_comm_bytes(d, steps, out=None):
+def step_comm_bytes(d, steps, out=None, changing=False):
     """{step: {group: {kind: bytes}}} from main.log in d, one entry for each of `steps` steps. With
     the run's stdout `out`: every step line is under 120 characters, and the bytes of each
     collective, the same every step in these runs, print once (after step 1), each group's equal
-    to main.log's"""
+    to main.log's; changing: bytes that change from step to step (DiLoCo's outer steps) print
+    after step 1 and after each step whose bytes differ from the step before, each time equal to
+    main.log's"""
     train, _ = read_log(d)
     assert sorted(train) == list(range(1, steps + 1)), "main.log has steps %s, expected 1..%d" % (sorted(train), steps)
     comm = {s: {g: {k.replace("_", "-"): n for k, n in kinds.items()} for g, kinds in train[s]["comm"].items()}
@@ -95,11 +97,15 @@ def step_comm_bytes(d, steps, out=None):
         long = [line for line in lines if len(line) >= 120]
         assert not long, "step lines of 120 characters or more:\n" + "\n".join(long)
         blocks = re.findall(r"^bytes this rank moved per step, from step (\d+) .*\n((?:  .*\n)*)", out, re.M)
-        assert [b[0] for b in blocks] == ["1"], "the bytes printed from steps %s, expected once, from step 1" % [b[0] for b in blocks]
-        for line in blocks[0][1].splitlines():
-            group, kinds = re.match(r"  (\S+)\s+(.*) \(ring \d+ B\)$", line).groups()
-            printed = {k.replace("_", "-"): int(n) for k, n in re.findall(r"(\w+) (\d+) B", kinds)}
-            assert printed == comm[1][group], "printed %s: %s, main.log: %s" % (group, printed, comm[1][group])
+        expected = ["1"] + [str(s) for s in range(2, steps + 1) if comm[s] != comm[s - 1]] if changing else ["1"]
+        assert [b[0] for b in blocks] == expected, "the bytes printed from steps %s, expected from %s" % (
+            [b[0] for b in blocks], expected)
+        for step, text in blocks:
+            for line in text.splitlines():
+                group, kinds = re.match(r"  (\S+)\s+(.*) \(ring \d+ B\)$", line).groups()
+                printed = {k.replace("_", "-"): int(n) for k, n in re.findall(r"(\w+) (\d+) B", kinds)}
+                got = comm[int(step)][group]
+                assert printed == got, "step %s printed %s: %s, main.log: %s" % (step, group, printed, got)
     return comm
 
 
@@ -1972,6 +1978,8 @@ def check_planner_matches_trainer(program, ranks, args, out, attention=None):
     flags += [x for f, v in pairs.items() if f in PLANNER_FLAGS for x in (f, v)]
     if trainer in ("dp", "tp", "pp", "cp"):
         flags += ["-" + trainer, ranks]
+    elif trainer == "diloco":  # (every rank a whole model, as DDP's)
+        flags += ["-dp", ranks]
     elif "-dp" not in pairs:  # the 3D trainer's default: the ranks that pp x cp x tp leave
         flags += ["-dp", ranks // (int(pairs.get("-pp", 1)) * int(pairs.get("-cp", 1)) * int(pairs.get("-tp", 1)))]
     precision = "bf16" if "emu_BF16" in program else "fp32"
@@ -2756,6 +2764,111 @@ def make_dev_cuda_test(kind, precision):
 for _kind in ("cuda", "emu"):
     for _precision in ("FP32", "BF16"):
         test(make_dev_cuda_test(_kind, _precision))
+
+
+# ---------------------------------------------------------------------------------------------
+# DiLoCo (train_gpt2_diloco.cu): W workers of R ranks, an outer step every H steps, against
+# test/reference.py's run_diloco (written from the paper's algorithm, float64)
+
+DILOCO = "./train_gpt2_diloco"
+_diloco_cache = {}
+
+
+def diloco_reference(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF, dtype="float64"):
+    """run_diloco from the reference's initial weights: its losses, norms and directory"""
+    key = (workers, H, ranks, micro, outer_lr, outer_momentum, dtype)
+    if key not in _diloco_cache:
+        out = os.path.join(TMP, "reference_diloco_%d_%d_%d_%d_%g_%g_%s" % key)
+        shutil.rmtree(out, ignore_errors=True)
+        args = type("Args", (), dict(cfg, out=out, init=os.path.join(reference_run(cfg)["dir"], "model.bin"),
+                                     workers=workers, H=H, ranks=ranks, micro=micro, outer_lr=outer_lr,
+                                     outer_momentum=outer_momentum, dtype=dtype))
+        reference.run_diloco(args)
+        with open(os.path.join(out, "reference.json")) as f:
+            _diloco_cache[key] = dict(json.load(f), dir=out)
+    return _diloco_cache[key]
+
+
+def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF):
+    """a DiLoCo run against the reference: every step's loss (the workers' mean) and gradient norm
+    (their mean) within the CPU's fp32 tolerances; the final weights (theta_outer) and the outer
+    momentum within 2e-5 (the other trainers' bound) plus twice what the reference's own float32
+    run differs from its float64 one: W workers' AdamW steps on their own, each normalizing
+    gradients of tiny elements by their own moments, then the outer momentum, amplify fp32's
+    rounding beyond one DDP trajectory's (2.5e-4 between PyTorch's own fp32 and fp64 runs at W = 4,
+    H = 1; the trainer is within 7e-5); every step's bytes from the rule: the worker's DDP
+    all-reduce (P X and the loss's 4 bytes, when R > 1), across workers 8 bytes for the step line
+    and at each outer step (every H steps and the last) P fp32"""
+    ref = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg)
+    B = cfg["batch"] // (ranks * micro)
+    d = fresh_dir("diloco_w%d_h%d_r%d_m%d" % (workers, H, ranks, micro))
+    outer_path = os.path.join(d, "momentum.bin")
+    args = trainer_args(reference_run(cfg), B, d, ["-workers", workers, "-H", H, "-outer_lr", outer_lr,
+                                                   "-outer_momentum", outer_momentum, "-dump_outer", outer_path], cfg=cfg)
+    out = run_ok(ranks, args, program=DILOCO)
+    check_planner_matches_trainer(DILOCO, ranks, args, out)  # (the outer state its own row)
+    train, _ = read_log(d)
+    steps = cfg["steps"]
+    for s in range(1, steps + 1):
+        a, b = train[s]["train_loss"], ref["losses"][s - 1]
+        assert abs(a - b) <= 1e-5, "step %d loss %.7f, reference %.7f" % (s, a, b)
+        n, nr = train[s]["grad_norm"], ref["grad_norms"][s - 1]
+        assert abs(n - nr) <= 1e-5 * nr, "step %d norm %.7f, reference %.7f" % (s, n, nr)
+    ref32 = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, "float32")
+    # (with no momentum torch's SGD keeps no buffer: the reference writes zeros, nothing to compare)
+    files = [("final.bin", "model_%08d.bin" % steps)] + ([("momentum.bin", "momentum.bin")] if outer_momentum > 0 else [])
+    for name, mine in files:
+        _, p_ref = reference.read_model_file(os.path.join(ref["dir"], name))
+        _, p_ref32 = reference.read_model_file(os.path.join(ref32["dir"], name))
+        _, p = reference.read_model_file(os.path.join(d, mine))
+        err, tol = np.abs(p - p_ref).max(), 2e-5 + 2 * np.abs(p_ref32 - p_ref).max()
+        assert err <= tol, "%s: max abs error %.3g against the reference, bound %.3g" % (name, err, tol)
+        print("    %s: max abs error %.2e, bound %.2e" % (name, err, tol))
+    P = len(p_ref)
+    R = ranks // workers
+    for s, groups in step_comm_bytes(d, steps, out, changing=True).items():
+        got = {g: sum(groups[g].values()) for g in ("worker", "across")}
+        outer = s % H == 0 or s == steps
+        want = {"worker": P * 4 + 4 if R > 1 else 0, "across": 8 + (P * 4 if outer else 0)}
+        assert got == want, "step %d moved %s, the rule gives %s" % (s, got, want)
+    return out
+
+
+def make_diloco_test(workers, H, ranks, micro, cfg=REF):
+    def fn():
+        diloco_run(workers, H, ranks, micro, cfg=cfg)
+    fn.__name__ = "diloco_vs_reference_w%d_h%d_%d_ranks%s" % (workers, H, ranks, "_accum_%d" % micro if micro > 1 else "")
+    return fn
+
+
+# W = 2, 3 (6 sequences: REF6), 4 workers x H = 1, 3, and 4 ranks as 2 workers of 2 (DDP inside)
+for _w, _h, _r, _m, _cfg in [(2, 1, 2, 1, REF), (2, 3, 2, 2, REF), (3, 1, 3, 1, REF6), (3, 3, 3, 1, REF6), (4, 1, 4, 1, REF),
+                             (4, 3, 4, 1, REF), (2, 3, 4, 1, REF)]:
+    test(make_diloco_test(_w, _h, _r, _m, _cfg))
+
+
+@test
+def diloco_bad_inputs():
+    """the common bad inputs as every trainer, and DiLoCo's own: each rank stops with the message
+    and nothing is written"""
+    # (-y: this trainer writes no checkpoints yet, and says so before it looks for one)
+    run_bad_inputs_concurrently(DILOCO, messages={"resume_without_checkpoint": "train_gpt2_diloco does not write or read checkpoints yet"})
+    d = fresh_dir("diloco_flags")
+    base = ["-e", "d2", "-i", REF["tokens"], "-b", 2, "-t", 32, "-x", 2, "-v", 0, "-s", 0, "-o", os.path.join(d, "out")]
+    for ranks, args, message in ((3, ["-workers", 2], "-workers 2 does not divide the 3 ranks"),
+                                 (2, ["-H", 0], "-H"),
+                                 (2, ["-outer_momentum", 1.5], "-outer_momentum"),
+                                 (2, ["-n", 1], "-n and -y: train_gpt2_diloco does not write or read checkpoints yet")):
+        code, out = mpirun(ranks, base + args, timeout=60, program=DILOCO)
+        assert code != 0 and message in out, "%s: exit %d, %r not in:\n%s" % (args, code, message, out[-2000:])
+        assert not os.path.exists(os.path.join(d, "out")), "%s left its output dir behind" % args
+
+
+@test
+def diloco_h1_plain_averaging_equals_the_mean_of_the_workers():
+    """-H 1 -outer_lr 1 -outer_momentum 0: theta_outer is the workers' mean after every step (the
+    reference computes it as the SGD step of lr 1 on the mean pseudo-gradient)"""
+    diloco_run(2, 1, 2, 1, outer_lr=1.0, outer_momentum=0.0)
 
 
 # ---------------------------------------------------------------------------------------------

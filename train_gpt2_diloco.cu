@@ -1,0 +1,334 @@
+/*
+GPT-2 training across datacenters with DiLoCo (Douillard et al. 2023, "DiLoCo: Distributed
+Low-Communication Training of Language Models", arXiv:2311.08105): W workers, each a
+data-parallel group of ranks, train on their own for H steps and only then exchange what they
+learned, in one all-reduce across workers.
+
+Why: data parallelism (train_gpt2_dp.cu) all-reduces every gradient every step, 2 (p-1)/p P X
+bytes, which a link between datacenters cannot carry. DiLoCo sends the same amount once every H
+steps, so the link needs H times less bandwidth; the price is that the workers drift apart
+between outer steps, and how much that costs in loss is the experiment.
+
+The ranks form W workers of R = ranks / W consecutive ranks (-workers). Every rank holds the
+whole model, the workers' inner AdamW state (each rank its worker's, as DDP keeps it), and two
+fp32 copies more: the outer parameters theta_outer, on which every worker agrees, and the outer
+optimizer's momentum (12 bytes a parameter with the pseudo-gradient's buffer: the memory table's
+"outer state"). One outer round, on every rank:
+1. Inner steps, H of them: the worker trains as DDP (its ranks read disjoint micro-batches of the
+   global batch, exactly as the DP trainer's ranks do, and all-reduce their gradients over the
+   worker), clips by the worker's gradient norm and takes an AdamW step: the inner optimizer.
+   Nothing crosses workers.
+2. The pseudo-gradient: delta = theta_outer - theta, how far this worker moved.
+3. Its mean over the workers: one all-reduce (AVG) of P fp32 values across workers, each rank
+   with the ranks at its place in the other workers (R all-reduces side by side).
+4. The outer optimizer, Nesterov momentum SGD (-outer_lr 0.7, -outer_momentum 0.9, the paper's):
+   momentum = mu momentum + delta; theta_outer -= lr (delta + mu momentum).
+5. Every worker starts again from theta_outer (its inner AdamW moments kept, as the paper does).
+The run ends with an outer step, so that the model file written is theta_outer.
+
+-H 1 -outer_lr 1 -outer_momentum 0 averages the workers' parameters after every step: theta_outer
+becomes the mean of the workers' theta. That is not DDP: DDP averages the gradients before one
+AdamW step, so every worker takes the same step; parameter averaging lets each worker's AdamW
+take its own (normalized by its own moments), then averages the results.
+
+The loss printed is the mean over the workers' losses (each the mean of its tokens: the global
+batch's mean, as DDP's), and the gradient norm the mean of the workers' norms.
+
+Build: make train_gpt2_diloco        Run: mpirun -np 4 ./train_gpt2_diloco -e d6 -workers 4 -H 10 -x 100 -o out
+The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
+*/
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include "llmc/utils.h"
+#include "llmc/args.h"
+#include "llmc/comm.h"
+#include "llmc/gpt2.h"
+#include "llmc/dataloader.h"
+#include "llmc/ops.h"
+#include "llmc/model.h"
+#include "llmc/block.h"
+#include "llmc/tensor_parallel.h"
+#include "llmc/train.h"
+#include "llmc/run.h"
+#include "llmc/memory_plan.h"
+
+// ----------------------------------------------------------------------------------------------
+// The workers and the outer state
+
+typedef struct {
+    int workers, ranks_per_worker;  // W, R
+    int H;                          // inner steps between outer steps
+    float outer_lr, outer_momentum;
+    CommGroup worker;   // this worker's R ranks: DDP inside it, every inner step
+    CommGroup across;   // the W ranks at this place in every worker: the outer all-reduce
+    float* outer;       // (P) fp32 theta_outer: the same on every rank
+    float* momentum;    // (P) fp32 the outer optimizer's momentum: the same on every rank
+    float* delta;       // (P) fp32 the pseudo-gradient
+} Diloco;
+
+// Worker w holds ranks w R .. w R + R - 1: consecutive ranks share a machine, and the worker's
+// every-step all-reduce should be the fast one. comm_split (MPI_Comm_split, ncclCommSplit): the
+// ranks passing the same colour form a group, ordered by the key.
+static void diloco_init(Diloco* d, CommGroup* world, int workers, size_t P) {
+    int R = world->size / workers, r = world->rank;
+    d->workers = workers;
+    d->ranks_per_worker = R;
+    comm_split(&d->worker, world, r / R, r % R, "worker");
+    comm_split(&d->across, world, r % R, r / R, "across");
+    d->outer = (float*)device_malloc(P * sizeof(float));
+    d->momentum = (float*)device_malloc(P * sizeof(float));
+    d->delta = (float*)device_malloc(P * sizeof(float));
+    device_memset_zero(d->momentum, P * sizeof(float));
+}
+
+static void diloco_free(Diloco* d) {
+    device_free(d->outer);
+    device_free(d->momentum);
+    device_free(d->delta);
+    comm_group_free(&d->worker);
+    comm_group_free(&d->across);
+}
+
+// Steps 2-5 of the header: one outer step, after an inner step has left this worker at theta.
+static void outer_step(Diloco* d, GPT2* model) {
+    size_t P = model->num_parameters;
+    // 2. delta = theta_outer - theta (theta: the fp32 master weights in bf16 builds)
+    pseudo_gradient(d->delta, d->outer, model->params_memory, model->master_memory, P);
+    // 3. the mean pseudo-gradient over the workers: all-reduce (AVG) of (P) fp32 across workers.
+    // The worker's R ranks hold the same delta and each all-reduces it with its peers in the
+    // other workers: R all-reduces of W ranks, side by side
+    comm_all_reduce(&d->across, d->delta, P, COMM_FLOAT, COMM_AVG);
+    // 4. Nesterov momentum on it, the same on every rank: theta_outer stays agreed
+    outer_nesterov_step(d->outer, d->momentum, d->delta, P, d->outer_lr, d->outer_momentum);
+    // 5. every worker starts again from theta_outer
+    outer_to_params(model->params_memory, model->master_memory, d->outer, P);
+}
+
+// an fp32 device buffer of the model's shape (theta_outer, its momentum) as a model file
+static void write_outer_file(const GPT2* model, const float* values, const char* path) {
+    float* full = (float*)malloc_check(model->num_parameters * sizeof(float));
+    gpt2_gather_full(model, NULL, values, COMM_FLOAT, full);
+    gpt2_write_model_file(path, model->config, full);
+    free(full);
+}
+
+// ----------------------------------------------------------------------------------------------
+// The model on one micro-batch: the plain layer the pipeline stages run (llmc/tensor_parallel.h
+// with no tp group), the embedding before it and the LM head after
+
+static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int L = c.num_layers, C = c.channels;
+    ParameterTensors p = model->params;
+    Activations* a = &model->acts;
+    tokens_to_device(model->inputs, &model->input_stage, inputs_host, (size_t)B * T);
+    encoder_forward(a->encoded, model->inputs, p.wte, p.wpe, B, T, C);
+    LayerActs first = layer_acts(a, d, B, T, 0);
+    layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, p.ln1w, p.ln1b, B * T, C);
+    for (int l = 0; l < L; l++) {
+        LayerActs x = layer_acts(a, d, B, T, l);
+        floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
+        floatX* fcproj = tp_layer_forward(model, /*tp*/ NULL, /*cp*/ NULL, x, gpt2_layer_params(model, l), residual, B, T, 0);
+        // residual3 = residual2 + fcproj, fused with the next LayerNorm (ln1 of l+1, or lnf)
+        if (l + 1 < L) {
+            LayerWeights wn = gpt2_layer_params(model, l + 1);
+            LayerActs xn = layer_acts(a, d, B, T, l + 1);
+            fused_residual_layernorm_forward(x.residual3, xn.ln1, xn.ln1_mean, xn.ln1_rstd, x.residual2, fcproj, wn.ln1w,
+                                             wn.ln1b, B * T, C);
+        } else {
+            fused_residual_layernorm_forward(x.residual3, a->lnf, a->lnf_mean, a->lnf_rstd, x.residual2, fcproj, p.lnfw,
+                                             p.lnfb, B * T, C);
+        }
+    }
+    matmul_forward(a->logits, a->lnf, p.wte, NULL, B * T, C, c.padded_vocab_size);  // (B, T, Vp)
+}
+
+// accumulates the micro-batch's gradients; gpt2_loss left dlogits
+static void gpt2_backward(GPT2* model, const int* inputs_host, int B, int T) {
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int L = c.num_layers, C = c.channels;
+    ParameterTensors p = model->params, g = model->grads;
+    Activations* a = &model->acts;
+    matmul_backward(a->dbuf, g.wte, NULL, a->logits, a->lnf, p.wte, B * T, C, c.padded_vocab_size);
+    device_memset_zero(a->dresidual, (size_t)B * T * C * sizeof(floatX));
+    layernorm_backward(a->dresidual, g.lnfw, g.lnfb, a->dbuf, layer_acts(a, d, B, T, L - 1).residual3, p.lnfw,
+                       a->lnf_mean, a->lnf_rstd, B * T, C);
+    for (int l = L - 1; l >= 0; l--) {
+        LayerActs x = layer_acts(a, d, B, T, l);
+        floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
+        tp_layer_backward(model, NULL, NULL, x, gpt2_layer_params(model, l), gpt2_layer_grads(model, l), a->kept, residual,
+                          a->dresidual, B, T, 0);
+    }
+    encoder_backward(g.wte, g.wpe, a->dresidual, inputs_host, B, T, C);
+}
+
+// ----------------------------------------------------------------------------------------------
+// Validation and samples (the run layer, llmc/run.h, calls these): each rank on its worker's
+// current model; the run layer averages the validation loss over every rank (right after an
+// outer step every worker holds theta_outer, so at multiples of H it is theta_outer's loss)
+
+static float val_loss(void* trainer, DataLoader* val) {
+    GPT2* model = (GPT2*)trainer;
+    dataloader_load_chunk(val, 0, model->config.vocab_size);
+    gpt2_forward(model, val->inputs, model->B, model->T);
+    return gpt2_loss(model, val->targets, model->B, model->T, 0.0f);
+}
+
+static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
+    GPT2* model = (GPT2*)trainer;
+    gpt2_forward(model, tokens, 1, T);
+    return model->acts.logits;
+}
+
+// ----------------------------------------------------------------------------------------------
+// What rank 0 prints at the start: the workers, the memory of a rank (the outer state its own
+// row), and the bytes: every inner step the worker's DDP all-reduce, every H steps the outer one
+
+static void print_layout(const Run* run, const Diloco* d, int accum) {
+    const TrainArgs* args = &run->args;
+    GPT2Config c = run->config;
+    BannerRow rows[16];
+    int k = train_banner_model(rows, "train_gpt2_diloco (DiLoCo)", args->model, c);
+    banner_row(&rows[k++], "workers", "%d of %d rank%s each (DDP inside a worker)", d->workers, d->ranks_per_worker,
+               d->ranks_per_worker > 1 ? "s" : "");
+    banner_row(&rows[k++], "outer step", "every %d steps: Nesterov, lr %g, momentum %g", d->H, d->outer_lr,
+               d->outer_momentum);
+    banner_row(&rows[k++], "micro-batch B x T", "%d x %d, %d per rank and step", args->B, args->T, accum);
+    banner_row(&rows[k++], "recomputation", "%s", recompute_names[args->recompute]);
+    k = run_banner_rows(run, rows, k);
+    train_print_banner(rows, k);
+    printf("memory per rank, Psi = the model's parameters (every rank holds them all):\n");
+    memory_plan_print(&run->plan, c, &run->layout);
+    double P = (double)gpt2_num_parameters(c), X = sizeof(floatX);
+    printf("communication per rank (payload), P = %.0f parameters:\n", P);
+    printf("  worker all-reduce  %12.0f bytes every step  P X (the gradients, AVG) + 4 (the loss)%s\n",
+           d->ranks_per_worker > 1 ? P * X + 4 : 0.0, d->ranks_per_worker > 1 ? "" : " (one rank: none)");
+    printf("  across all-reduce  %12.0f bytes every %d steps  P 4 (the pseudo-gradient, AVG, fp32)\n", P * 4, d->H);
+    printf("  across all-reduce  %12.0f bytes every step  8 (the loss and the norm, for the step line)\n", 8.0);
+    printf("  the link between workers: %.0f bytes a step on average, against DDP's P X = %.0f every step\n",
+           P * 4 / d->H + 8, P * X);
+}
+
+int main(int argc, char** argv) {
+    // ---- the flags: the common ones (llmc/train.h) and this trainer's own; then the
+    // communication layer and the model's config (llmc/run.h)
+    Run run;
+    int workers = 0, H = 10;
+    float outer_lr = 0.7f, outer_momentum = 0.9f;
+    const char* dump_outer = NULL;
+    const ArgSpec own[] = {
+        {"-workers", ARG_INT, &workers, 0, ARG_NO_MAX, "DiLoCo workers W, each ranks / W ranks training as DDP (0: one per rank)"},
+        {"-H", ARG_INT, &H, 1, ARG_NO_MAX, "inner steps between two outer steps"},
+        {"-outer_lr", ARG_FLOAT, &outer_lr, 0, ARG_NO_MAX, "the outer optimizer's learning rate (Nesterov SGD)"},
+        {"-outer_momentum", ARG_FLOAT, &outer_momentum, 0, 1, "the outer optimizer's momentum"},
+        {"-dump_outer", ARG_STRING, &dump_outer, 0, 0, "at the end, write the outer momentum here as a model file (tests)"},
+    };
+    if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
+    CommGroup* world = &run.world;
+    int rank = world->rank, ranks = world->size;
+    GPT2Config config = run.config;
+
+    // ---- the workers: W of R ranks, every rank the whole model
+    if (workers == 0) workers = ranks;
+    if (ranks % workers != 0) {
+        fail("-workers %d does not divide the %d ranks: each worker is ranks / W ranks (launch a multiple of %d)", workers,
+             ranks, workers);
+    }
+    if (run.args.checkpoint_every > 0 || run.args.resume) {
+        fail("-n and -y: train_gpt2_diloco does not write or read checkpoints yet (the outer state is not saved); "
+             "run with -n 0");
+    }
+    int B = run.args.B, T = run.args.T;
+    LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);
+    // a step is accum micro-batches of B x T on each of the ranks, as DDP over all of them
+    int accum = train_accumulation_steps(&run.args, ranks, "ranks");
+
+    // ---- memory, checked before allocating: the whole model's states, the activations, the
+    // outer state (llmc/memory_plan.h)
+    ParameterLayout layout = parameter_layout(config, 1, 0);
+    RunLayout plan = run_layout(&run, TRAINER_DILOCO, accum);
+    plan.dp = ranks;
+    run_check_memory(&run, plan, 0, "the whole model and its outer state, -b %d -t %d", B, T);
+
+    // ---- the weights, the data (a step is accum x ranks chunks of B x T: micro-batch i of rank r
+    // is chunk i ranks + r, DDP's split, so that W workers see the tokens DDP over the ranks
+    // would), the run's identity, the output dir
+    float* weights = run_load(&run, accum * ranks, /*val_chunks*/ 1, "-workers %d -H %d -outer_lr %g -outer_momentum %g",
+                              workers, H, outer_lr, outer_momentum);
+    GPT2 model;
+    gpt2_build(&model, config, dims, layout, weights, B, T, ACTS_ALL, activations_kept(run.args.recompute, 0, dims), 0);
+    free(weights);
+    Diloco d;
+    d.H = H;
+    d.outer_lr = outer_lr;
+    d.outer_momentum = outer_momentum;
+    diloco_init(&d, world, workers, model.num_parameters);
+    outer_from_params(d.outer, model.params_memory, model.master_memory, model.num_parameters);  // theta_outer = theta_0
+    if (rank == 0) print_layout(&run, &d, accum);
+
+    // ---- validation and samples on each worker's model (val_replicas: the mean over the ranks)
+    RunModel hooks = run_model(&model, &model, val_loss, sample_logits);
+    hooks.val_replicas = world;
+    CommGroup* groups[3] = {&d.worker, &d.across, world};
+    run_begin(&run, hooks, groups, 3);
+
+    // ---- training loop; `step` counts completed optimizer steps
+    for (int step = run.start_step; step <= run.max_steps; step++) {
+        if (run_between_steps(&run, step)) break;  // validation, a sample: when due
+        run_step_begin(&run);
+        // 1. an inner step of this worker: forward and backward over this rank's micro-batches,
+        // each token weighted 1/(B T accum), the rank's mean
+        watchdog_phase("forward and backward", step);
+        device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
+        float loss = 0.0f;
+        float dloss = 1.0f / (float)((size_t)B * T * accum);
+        for (int micro = 0; micro < accum; micro++) {
+            watchdog_beat();
+            dataloader_load_chunk(&run.train, micro * ranks + rank, config.vocab_size);
+            gpt2_forward(&model, run.train.inputs, B, T);
+            loss += gpt2_loss(&model, run.train.targets, B, T, dloss) / (float)accum;
+            gpt2_backward(&model, run.train.inputs, B, T);
+        }
+        dataloader_advance(&run.train);
+        // DDP inside the worker: all-reduce (AVG) of the gradients, P floatX, over its R ranks
+        // and of the loss (one float): the worker's mean. Nothing crosses workers.
+        watchdog_phase("worker all-reduce", step);
+        if (d.ranks_per_worker > 1) {
+            comm_all_reduce(&d.worker, model.grads_memory, model.num_parameters, COMM_FLOATX, COMM_AVG);
+            comm_all_reduce_scalar(&d.worker, &loss, COMM_AVG);
+        }
+        // the inner optimizer: clipping by the worker's own norm, AdamW
+        float grad_norm = sqrtf(global_norm_squared(model.grads_memory, model.num_parameters));
+        train_stop_if_not_finite(step, loss, grad_norm);
+        watchdog_phase("inner AdamW", step);
+        float clip_scale, lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
+        // 2-5. every H steps, and at the last, the outer step across workers
+        int last = step + 1 == run.max_steps;
+        if ((step + 1) % H == 0 || last) {
+            watchdog_phase("outer step", step);
+            outer_step(&d, &model);
+        }
+        // the step line: the workers' mean loss and norm, all-reduced (AVG) across workers, one
+        // float each (every rank of a worker holds its worker's)
+        float printed[2] = {loss, grad_norm};
+        comm_all_reduce_scalar(&d.across, &printed[0], COMM_AVG);
+        comm_all_reduce_scalar(&d.across, &printed[1], COMM_AVG);
+        run_step_end(&run, step, printed[0], lr, printed[1], clip_scale);
+    }
+    run_end(&run);
+    // the model file of the run: theta_outer after the last outer step, in -o (model_<step>.bin,
+    // as the other trainers' last checkpoint names it); with -dump_outer the outer momentum too
+    if (rank == 0 && run.args.out_dir != NULL && run.max_steps > run.start_step) {
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/model_%08d.bin", run.args.out_dir, run.max_steps);
+        write_outer_file(&model, d.outer, path);
+    }
+    if (rank == 0 && dump_outer != NULL) write_outer_file(&model, d.momentum, dump_outer);
+    diloco_free(&d);
+    gpt2_free(&model);
+    comm_finalize();
+    return 0;
+}
