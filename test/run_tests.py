@@ -2494,6 +2494,47 @@ for _precision, _devices, _split, _comm in (("FP32", 2, "zigzag", "ring"), ("BF1
     test(make_emu_cp_test(_precision, _devices, _split, _comm))
 
 
+def make_emu_diloco_test(precision, devices):
+    def fn():
+        """DiLoCo on the emulator, 2 workers of one rank, H = 2 over 3 steps (outer steps at 2 and
+        3): the CUDA outer-step kernels, the pseudo-gradient all-reduced in fp32 through NCCL (or
+        the host-staged path). Against the float64 reference within the GPU's tolerances (cuda
+        fp32, cuda bf16; comparison.py), the final weights and momentum within them plus twice the
+        reference's own fp32-against-fp64 spread (diloco_run says why)"""
+        kind = "cuda " + precision.lower()
+        tol = comparison.TOLERANCES[kind]
+        ref = diloco_reference(2, 2, 2, 1, cfg=REF_CUDA)
+        ref32 = diloco_reference(2, 2, 2, 1, cfg=REF_CUDA, dtype="float32")
+        program = build("emu", precision, ["train_gpt2_diloco"])[0]
+        d = fresh_dir("emu_%s_diloco" % precision)
+        args = trainer_args(reference_run(REF_CUDA), REF_CUDA["batch"] // 2, d,
+                            ["-workers", 2, "-H", 2, "-dump_outer", os.path.join(d, "momentum.bin")], cfg=REF_CUDA)
+        out = emu_runner(devices)(program, 2, args, d)
+        check_planner_matches_trainer(program, 2, args, out)  # (a CUDA run's buffers, planned on the CPU)
+        train, _ = read_log(d)
+        steps = REF_CUDA["steps"]
+        worst = max(abs(train[s]["train_loss"] - ref["losses"][s - 1]) for s in range(1, steps + 1))
+        assert worst <= tol["loss"], "loss off by %.3g, tolerance %.3g" % (worst, tol["loss"])
+        for name, mine in (("final.bin", "model_%08d.bin" % steps), ("momentum.bin", "momentum.bin")):
+            _, p_ref = reference.read_model_file(os.path.join(ref["dir"], name))
+            _, p_ref32 = reference.read_model_file(os.path.join(ref32["dir"], name))
+            _, p = reference.read_model_file(os.path.join(d, mine))
+            err, bound = np.abs(p - p_ref).max(), tol["params_max"] + 2 * np.abs(p_ref32 - p_ref).max()
+            assert err <= bound, "%s: max abs error %.3g, bound %.3g" % (name, err, bound)
+            print("    emu train_gpt2_diloco %s: loss %.2e, %s max abs error %.2e (bound %.2e)" % (precision, worst, name,
+                                                                                                   err, bound))
+        P = len(p_ref)
+        for s, groups in step_comm_bytes(d, steps).items():  # (the pseudo-gradient is fp32 in every build)
+            got = sum(groups["across"].values())
+            assert got == 8 + (P * 4 if s % 2 == 0 or s == steps else 0), "step %d moved %d across workers" % (s, got)
+    fn.__name__ = "emu_diloco_vs_reference_%s_2_workers_%s" % (precision.lower(), "nccl" if devices == 2 else "host_staged")
+    return fn
+
+
+for _precision, _devices in (("FP32", 2), ("BF16", 1)):
+    test(make_emu_diloco_test(_precision, _devices))
+
+
 # pipeline parallelism on the emulator: 1f1b over NCCL in fp32 (tight) and over the host-staged
 # path in bf16 (bounded); zero bubble's split backward runs in the 3D trainer's emulator test
 for _precision, _devices, _sched in (("FP32", 2, "1f1b"), ("BF16", 1, "1f1b")):
