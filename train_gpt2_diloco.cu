@@ -26,6 +26,14 @@ optimizer's momentum (12 bytes a parameter with the pseudo-gradient's buffer: th
 5. Every worker starts again from theta_outer (its inner AdamW moments kept, as the paper does).
 The run ends with an outer step, so that the model file written is theta_outer.
 
+Streaming DiLoCo (Douillard et al. 2025, "Streaming DiLoCo with overlapping communication",
+arXiv:2501.18512), -fragments F: the layers are cut into F fragments of L/F consecutive layers
+(the embeddings go with the first, the final LayerNorm with the last), and fragment f takes its
+outer step (2-5 above, on its parameters only) after the steps s with (s - f H/F) % H == 0. Each
+fragment still synchronises every H steps, but they take turns: a step sends at most one
+fragment, about P/F values, so the link's peak need drops F times, where plain DiLoCo sends all
+P at once every H steps.
+
 -H 1 -outer_lr 1 -outer_momentum 0 averages the workers' parameters after every step: theta_outer
 becomes the mean of the workers' theta. That is not DDP: DDP averages the gradients before one
 AdamW step, so every worker takes the same step; parameter averaging lets each worker's AdamW
@@ -59,6 +67,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 typedef struct {
     int workers, ranks_per_worker;  // W, R
     int H;                          // inner steps between outer steps
+    int fragments;                  // F (streaming DiLoCo; 1: the whole model at once)
     float outer_lr, outer_momentum;
     CommGroup worker;   // this worker's R ranks: DDP inside it, every inner step
     CommGroup across;   // the W ranks at this place in every worker: the outer all-reduce
@@ -90,19 +99,63 @@ static void diloco_free(Diloco* d) {
     comm_group_free(&d->across);
 }
 
-// Steps 2-5 of the header: one outer step, after an inner step has left this worker at theta.
-static void outer_step(Diloco* d, GPT2* model) {
-    size_t P = model->num_parameters;
-    // 2. delta = theta_outer - theta (theta: the fp32 master weights in bf16 builds)
-    pseudo_gradient(d->delta, d->outer, model->params_memory, model->master_memory, P);
-    // 3. the mean pseudo-gradient over the workers: all-reduce (AVG) of (P) fp32 across workers.
+// A fragment's parameters in the flat buffer: the layout stores each tensor for all layers one
+// after another (ln1w of layer 0, 1, ..., then qkvw of layer 0, 1, ...), so fragment f's layers
+// [f L/F, (f+1) L/F) are one run of each per-layer tensor, and the embeddings (f = 0) and the
+// final LayerNorm (f = F-1) spans of their own. Returns the number of spans; their elements in *P_f.
+typedef struct {
+    size_t offset, count;
+} Span;
+static int fragment_spans(const ParameterLayout* p, int f, int F, Span* runs, size_t* P_f) {
+    int n = 0, first = f * p->layers / F, last = (f + 1) * p->layers / F;
+    *P_f = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        Span r = {p->offsets[i], p->sizes[i]};
+        if (tensor_is_per_layer(i)) {
+            r.offset += (size_t)first * p->layer_stride[i];
+            r.count = (size_t)(last - first) * p->layer_stride[i];
+        } else if ((i == PARAM_WTE || i == PARAM_WPE) ? f != 0 : f != F - 1) {
+            continue;  // (the embeddings with the first fragment, the final LayerNorm with the last)
+        }
+        runs[n++] = r;
+        *P_f += r.count;
+    }
+    return n;
+}
+
+// does fragment f take its outer step after `completed` steps (of max_steps: the last, every one)
+static int fragment_due(const Diloco* d, int f, int completed, int max_steps) {
+    int offset = f * d->H / d->fragments;
+    return completed == max_steps || (completed >= offset && (completed - offset) % d->H == 0 && completed > 0);
+}
+
+// Steps 2-5 of the header for fragment f (the whole model when F = 1), after an inner step has
+// left this worker at theta. Returns the values all-reduced.
+static size_t outer_step(Diloco* d, GPT2* model, int f) {
+    Span runs[NUM_PARAMETER_TENSORS];
+    size_t P_f, packed = 0;
+    int n = fragment_spans(&model->layout, f, d->fragments, runs, &P_f);
+    float* master = model->master_memory;  // (the fp32 master weights in bf16 builds, else NULL)
+    // 2. delta = theta_outer - theta, the fragment's spans packed one after another
+    for (int k = 0; k < n; k++) {
+        size_t o = runs[k].offset;
+        pseudo_gradient(d->delta + packed, d->outer + o, model->params_memory + o, master ? master + o : NULL, runs[k].count);
+        packed += runs[k].count;
+    }
+    // 3. the mean pseudo-gradient over the workers: all-reduce (AVG) of (P_f) fp32 across workers.
     // The worker's R ranks hold the same delta and each all-reduces it with its peers in the
     // other workers: R all-reduces of W ranks, side by side
-    comm_all_reduce(&d->across, d->delta, P, COMM_FLOAT, COMM_AVG);
-    // 4. Nesterov momentum on it, the same on every rank: theta_outer stays agreed
-    outer_nesterov_step(d->outer, d->momentum, d->delta, P, d->outer_lr, d->outer_momentum);
-    // 5. every worker starts again from theta_outer
-    outer_to_params(model->params_memory, model->master_memory, d->outer, P);
+    comm_all_reduce(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG);
+    // 4. Nesterov momentum on it, the same on every rank (theta_outer stays agreed); 5. every
+    // worker starts again from theta_outer
+    packed = 0;
+    for (int k = 0; k < n; k++) {
+        size_t o = runs[k].offset, count = runs[k].count;
+        outer_nesterov_step(d->outer + o, d->momentum + o, d->delta + packed, count, d->outer_lr, d->outer_momentum);
+        outer_to_params(model->params_memory + o, master ? master + o : NULL, d->outer + o, count);
+        packed += count;
+    }
+    return P_f;
 }
 
 // an fp32 device buffer of the model's shape (theta_outer, its momentum) as a model file
@@ -187,15 +240,15 @@ static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
 // What rank 0 prints at the start: the workers, the memory of a rank (the outer state its own
 // row), and the bytes: every inner step the worker's DDP all-reduce, every H steps the outer one
 
-static void print_layout(const Run* run, const Diloco* d, int accum) {
+static void print_layout(const Run* run, const Diloco* d, const ParameterLayout* layout, int accum) {
     const TrainArgs* args = &run->args;
     GPT2Config c = run->config;
     BannerRow rows[16];
     int k = train_banner_model(rows, "train_gpt2_diloco (DiLoCo)", args->model, c);
     banner_row(&rows[k++], "workers", "%d of %d rank%s each (DDP inside a worker)", d->workers, d->ranks_per_worker,
                d->ranks_per_worker > 1 ? "s" : "");
-    banner_row(&rows[k++], "outer step", "every %d steps: Nesterov, lr %g, momentum %g", d->H, d->outer_lr,
-               d->outer_momentum);
+    banner_row(&rows[k++], "outer step", "every %d steps%s: Nesterov, lr %g, mu %g", d->H,
+               d->fragments > 1 ? ", F fragments in turn" : "", d->outer_lr, d->outer_momentum);
     banner_row(&rows[k++], "micro-batch B x T", "%d x %d, %d per rank and step", args->B, args->T, accum);
     banner_row(&rows[k++], "recomputation", "%s", recompute_names[args->recompute]);
     k = run_banner_rows(run, rows, k);
@@ -206,17 +259,33 @@ static void print_layout(const Run* run, const Diloco* d, int accum) {
     printf("communication per rank (payload), P = %.0f parameters:\n", P);
     printf("  worker all-reduce  %12.0f bytes every step  P X (the gradients, AVG) + 4 (the loss)%s\n",
            d->ranks_per_worker > 1 ? P * X + 4 : 0.0, d->ranks_per_worker > 1 ? "" : " (one rank: none)");
-    printf("  across all-reduce  %12.0f bytes every %d steps  P 4 (the pseudo-gradient, AVG, fp32)\n", P * 4, d->H);
+    if (d->fragments == 1) {
+        printf("  across all-reduce  %12.0f bytes every %d steps  P 4 (the pseudo-gradient, AVG, fp32)\n", P * 4, d->H);
+    }
+    double peak = P * 4;  // the most one step sends across workers: the largest fragment
+    if (d->fragments > 1) {
+        printf("  across all-reduce  fragment f's P_f 4 bytes (fp32) every %d steps, after steps f H/F + k H:\n", d->H);
+        peak = 0;
+        for (int f = 0; f < d->fragments; f++) {
+            Span spans[NUM_PARAMETER_TENSORS];
+            size_t P_f;
+            fragment_spans(layout, f, d->fragments, spans, &P_f);
+            printf("    fragment %d  layers %d-%d%-12s %12.0f bytes\n", f, f * c.num_layers / d->fragments,
+                   (f + 1) * c.num_layers / d->fragments - 1, f == 0 ? " + wte, wpe" : f == d->fragments - 1 ? " + lnf" : "",
+                   P_f * 4.0);
+            peak = P_f * 4.0 > peak ? P_f * 4.0 : peak;
+        }
+    }
     printf("  across all-reduce  %12.0f bytes every step  8 (the loss and the norm, for the step line)\n", 8.0);
-    printf("  the link between workers: %.0f bytes a step on average, against DDP's P X = %.0f every step\n",
-           P * 4 / d->H + 8, P * X);
+    printf("  the link between workers: %.0f bytes a step on average, at most %.0f in one step; DDP: P X = %.0f every step\n",
+           P * 4 / d->H + 8, peak + 8, P * X);
 }
 
 int main(int argc, char** argv) {
     // ---- the flags: the common ones (llmc/train.h) and this trainer's own; then the
     // communication layer and the model's config (llmc/run.h)
     Run run;
-    int workers = 0, H = 10;
+    int workers = 0, H = 10, fragments = 1;
     float outer_lr = 0.7f, outer_momentum = 0.9f;
     const char* dump_outer = NULL;
     const ArgSpec own[] = {
@@ -224,6 +293,7 @@ int main(int argc, char** argv) {
         {"-H", ARG_INT, &H, 1, ARG_NO_MAX, "inner steps between two outer steps"},
         {"-outer_lr", ARG_FLOAT, &outer_lr, 0, ARG_NO_MAX, "the outer optimizer's learning rate (Nesterov SGD)"},
         {"-outer_momentum", ARG_FLOAT, &outer_momentum, 0, 1, "the outer optimizer's momentum"},
+        {"-fragments", ARG_INT, &fragments, 1, ARG_NO_MAX, "streaming DiLoCo: F fragments of layers taking turns (F divides L and H)"},
         {"-dump_outer", ARG_STRING, &dump_outer, 0, 0, "at the end, write the outer momentum here as a model file (tests)"},
     };
     if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
@@ -236,6 +306,10 @@ int main(int argc, char** argv) {
     if (ranks % workers != 0) {
         fail("-workers %d does not divide the %d ranks: each worker is ranks / W ranks (launch a multiple of %d)", workers,
              ranks, workers);
+    }
+    if (config.num_layers % fragments != 0 || H % fragments != 0) {
+        fail("-fragments %d: the fragments are L/F layers each and take turns every H/F steps, so F must divide the "
+             "model's L = %d layers and -H %d", fragments, config.num_layers, H);
     }
     if (run.args.checkpoint_every > 0 || run.args.resume) {
         fail("-n and -y: train_gpt2_diloco does not write or read checkpoints yet (the outer state is not saved); "
@@ -256,18 +330,19 @@ int main(int argc, char** argv) {
     // ---- the weights, the data (a step is accum x ranks chunks of B x T: micro-batch i of rank r
     // is chunk i ranks + r, DDP's split, so that W workers see the tokens DDP over the ranks
     // would), the run's identity, the output dir
-    float* weights = run_load(&run, accum * ranks, /*val_chunks*/ 1, "-workers %d -H %d -outer_lr %g -outer_momentum %g",
-                              workers, H, outer_lr, outer_momentum);
+    float* weights = run_load(&run, accum * ranks, /*val_chunks*/ 1, "-workers %d -H %d -fragments %d -outer_lr %g "
+                              "-outer_momentum %g", workers, H, fragments, outer_lr, outer_momentum);
     GPT2 model;
     gpt2_build(&model, config, dims, layout, weights, B, T, ACTS_ALL, activations_kept(run.args.recompute, 0, dims), 0);
     free(weights);
     Diloco d;
     d.H = H;
+    d.fragments = fragments;
     d.outer_lr = outer_lr;
     d.outer_momentum = outer_momentum;
     diloco_init(&d, world, workers, model.num_parameters);
     outer_from_params(d.outer, model.params_memory, model.master_memory, model.num_parameters);  // theta_outer = theta_0
-    if (rank == 0) print_layout(&run, &d, accum);
+    if (rank == 0) print_layout(&run, &d, &layout, accum);
 
     // ---- validation and samples on each worker's model (val_replicas: the mean over the ranks)
     RunModel hooks = run_model(&model, &model, val_loss, sample_logits);
@@ -305,11 +380,11 @@ int main(int argc, char** argv) {
         train_stop_if_not_finite(step, loss, grad_norm);
         watchdog_phase("inner AdamW", step);
         float clip_scale, lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
-        // 2-5. every H steps, and at the last, the outer step across workers
-        int last = step + 1 == run.max_steps;
-        if ((step + 1) % H == 0 || last) {
-            watchdog_phase("outer step", step);
-            outer_step(&d, &model);
+        // 2-5. the outer step across workers of each fragment that is due (F = 1: every H steps);
+        // at the last step of every fragment
+        watchdog_phase("outer step", step);
+        for (int f = 0; f < d.fragments; f++) {
+            if (fragment_due(&d, f, step + 1, run.max_steps)) outer_step(&d, &model, f);
         }
         // the step line: the workers' mean loss and norm, all-reduced (AVG) across workers, one
         // float each (every rank of a worker holds its worker's)

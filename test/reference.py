@@ -248,7 +248,11 @@ def run_diloco(args):
     (ranks m) sequences, chunk i ranks + r read by rank r (the DDP trainer's split), and worker w
     holds ranks w R .. w R + R - 1 (args.ranks, args.micro). Writes final.bin (theta_outer),
     momentum.bin (the outer momentum, a model file), reference.json (per step: the workers' mean
-    loss and mean gradient norm). args.dtype: float64 (the default, as run's) or float32."""
+    loss and mean gradient norm). args.dtype: float64 (the default, as run's) or float32.
+    Streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512), args.fragments F: the layers in F
+    groups of L/F consecutive blocks (wte and wpe with the first, the final LayerNorm with the
+    last), each with its own outer optimizer, group f stepping after the steps s with
+    (s - f H/F) % H == 0 (s >= 1), and every group after the last step."""
     torch.manual_seed(args.seed)
     model = load_model_file(args.init) if getattr(args, "init", None) else None
     if model is None:
@@ -265,9 +269,17 @@ def run_diloco(args):
         opts.append(torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                        {"params": no_decay, "weight_decay": 0.0}],
                                       lr=args.lr, betas=(0.9, 0.95), eps=1e-8))
-    outer = copy.deepcopy(model)  # theta_outer, and the outer optimizer on it
-    outer_opt = torch.optim.SGD(outer.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
-                                nesterov=args.outer_momentum > 0)
+    F = getattr(args, "fragments", 1)
+    outer = copy.deepcopy(model)  # theta_outer, and an outer optimizer on each fragment of it
+
+    def fragment(name):
+        if name.startswith("blocks."):  # block l: fragment l // (L / F)
+            return int(name.split(".")[1]) * F // model.L
+        return 0 if name in ("wte", "wpe") else F - 1
+    groups = [[i for i, (n, _) in enumerate(outer.named_parameters()) if fragment(n) == f] for f in range(F)]
+    params = list(outer.parameters())
+    outer_opts = [torch.optim.SGD([params[i] for i in g], lr=args.outer_lr, momentum=args.outer_momentum,
+                                  nesterov=args.outer_momentum > 0) for g in groups]
     tokens = read_tokens(args.tokens)
     B, T = args.batch, args.seq_len
     G = B * T
@@ -289,19 +301,26 @@ def run_diloco(args):
             step_losses.append(loss.item())
         losses.append(sum(step_losses) / W)
         norms.append(sum(step_norms) / W)
-        if (step + 1) % H == 0 or step + 1 == args.steps:
+        s = step + 1
+        for f in range(F):
+            if not (s == args.steps or (s >= f * H // F and (s - f * H // F) % H == 0)):
+                continue
+            workers_params = [list(c.parameters()) for c in copies]
             with torch.no_grad():
-                for p_outer, *p_workers in zip(outer.parameters(), *[c.parameters() for c in copies]):
-                    p_outer.grad = sum(p_outer - p for p in p_workers) / W
-            outer_opt.step()
+                for i in groups[f]:
+                    params[i].grad = sum(params[i] - wp[i] for wp in workers_params) / W
+            outer_opts[f].step()
             with torch.no_grad():
-                for p_outer, *p_workers in zip(outer.parameters(), *[c.parameters() for c in copies]):
-                    for p in p_workers:
-                        p.copy_(p_outer)
+                for i in groups[f]:
+                    for wp in workers_params:
+                        wp[i].copy_(params[i])
     os.makedirs(args.out, exist_ok=True)
     write_model_file(os.path.join(args.out, "final.bin"), outer, outer.tensors())
+    states = {}
+    for opt in outer_opts:
+        states.update(opt.state)
     for p in outer.parameters():  # the momentum buffers, in the model file's layout (none: zeros)
-        buf = outer_opt.state[p].get("momentum_buffer")
+        buf = states[p].get("momentum_buffer") if p in states else None
         p.grad = buf if buf is not None else torch.zeros_like(p)
     write_model_file(os.path.join(args.out, "momentum.bin"), outer, outer.tensors(grads=True))
     with open(os.path.join(args.out, "reference.json"), "w") as f:

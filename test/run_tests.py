@@ -2815,22 +2815,22 @@ DILOCO = "./train_gpt2_diloco"
 _diloco_cache = {}
 
 
-def diloco_reference(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF, dtype="float64"):
+def diloco_reference(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF, dtype="float64", fragments=1):
     """run_diloco from the reference's initial weights: its losses, norms and directory"""
-    key = (workers, H, ranks, micro, outer_lr, outer_momentum, dtype)
+    key = (workers, H, ranks, micro, outer_lr, outer_momentum, dtype, fragments, cfg["layers"], cfg["steps"])
     if key not in _diloco_cache:
-        out = os.path.join(TMP, "reference_diloco_%d_%d_%d_%d_%g_%g_%s" % key)
+        out = os.path.join(TMP, "reference_diloco_%d_%d_%d_%d_%g_%g_%s_f%d_l%d_s%d" % key)
         shutil.rmtree(out, ignore_errors=True)
         args = type("Args", (), dict(cfg, out=out, init=os.path.join(reference_run(cfg)["dir"], "model.bin"),
                                      workers=workers, H=H, ranks=ranks, micro=micro, outer_lr=outer_lr,
-                                     outer_momentum=outer_momentum, dtype=dtype))
+                                     outer_momentum=outer_momentum, dtype=dtype, fragments=fragments))
         reference.run_diloco(args)
         with open(os.path.join(out, "reference.json")) as f:
             _diloco_cache[key] = dict(json.load(f), dir=out)
     return _diloco_cache[key]
 
 
-def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF):
+def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF, fragments=1):
     """a DiLoCo run against the reference: every step's loss (the workers' mean) and gradient norm
     (their mean) within the CPU's fp32 tolerances; the final weights (theta_outer) and the outer
     momentum within 2e-5 (the other trainers' bound) plus twice what the reference's own float32
@@ -2839,13 +2839,15 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
     rounding beyond one DDP trajectory's (2.5e-4 between PyTorch's own fp32 and fp64 runs at W = 4,
     H = 1; the trainer is within 7e-5); every step's bytes from the rule: the worker's DDP
     all-reduce (P X and the loss's 4 bytes, when R > 1), across workers 8 bytes for the step line
-    and at each outer step (every H steps and the last) P fp32"""
-    ref = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg)
+    and at each outer step (every H steps and the last) P fp32; with fragments F, at the steps s
+    with (s - f H/F) % H == 0 the P_f values of each fragment f due (and every fragment at the last)"""
+    ref = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, fragments=fragments)
     B = cfg["batch"] // (ranks * micro)
-    d = fresh_dir("diloco_w%d_h%d_r%d_m%d" % (workers, H, ranks, micro))
+    d = fresh_dir("diloco_w%d_h%d_r%d_m%d_f%d" % (workers, H, ranks, micro, fragments))
     outer_path = os.path.join(d, "momentum.bin")
     args = trainer_args(reference_run(cfg), B, d, ["-workers", workers, "-H", H, "-outer_lr", outer_lr,
-                                                   "-outer_momentum", outer_momentum, "-dump_outer", outer_path], cfg=cfg)
+                                                   "-outer_momentum", outer_momentum, "-dump_outer", outer_path,
+                                                   "-fragments", fragments], cfg=cfg)
     out = run_ok(ranks, args, program=DILOCO)
     check_planner_matches_trainer(DILOCO, ranks, args, out)  # (the outer state its own row)
     train, _ = read_log(d)
@@ -2855,7 +2857,7 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
         assert abs(a - b) <= 1e-5, "step %d loss %.7f, reference %.7f" % (s, a, b)
         n, nr = train[s]["grad_norm"], ref["grad_norms"][s - 1]
         assert abs(n - nr) <= 1e-5 * nr, "step %d norm %.7f, reference %.7f" % (s, n, nr)
-    ref32 = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, "float32")
+    ref32 = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, "float32", fragments)
     # (with no momentum torch's SGD keeps no buffer: the reference writes zeros, nothing to compare)
     files = [("final.bin", "model_%08d.bin" % steps)] + ([("momentum.bin", "momentum.bin")] if outer_momentum > 0 else [])
     for name, mine in files:
@@ -2867,10 +2869,17 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
         print("    %s: max abs error %.2e, bound %.2e" % (name, err, tol))
     P = len(p_ref)
     R = ranks // workers
+    # each fragment's parameters from the model's shape: its L/F layers' share of every per-layer
+    # tensor, wte and wpe with the first, lnf with the last
+    C, L, V, T = cfg["channels"], cfg["layers"], VP, cfg["max_seq_len"]
+    layer = 12 * C * C + 13 * C
+    P_f = [L // fragments * layer + (V * C + T * C if f == 0 else 0) + (2 * C if f == fragments - 1 else 0)
+           for f in range(fragments)]
+    assert sum(P_f) == P, (P_f, P)
     for s, groups in step_comm_bytes(d, steps, out, changing=True).items():
         got = {g: sum(groups[g].values()) for g in ("worker", "across")}
-        outer = s % H == 0 or s == steps
-        want = {"worker": P * 4 + 4 if R > 1 else 0, "across": 8 + (P * 4 if outer else 0)}
+        due = [f for f in range(fragments) if s == steps or (s >= f * H // fragments and (s - f * H // fragments) % H == 0)]
+        want = {"worker": P * 4 + 4 if R > 1 else 0, "across": 8 + 4 * sum(P_f[f] for f in due)}
         assert got == want, "step %d moved %s, the rule gives %s" % (s, got, want)
     return out
 
@@ -2899,10 +2908,20 @@ def diloco_bad_inputs():
     for ranks, args, message in ((3, ["-workers", 2], "-workers 2 does not divide the 3 ranks"),
                                  (2, ["-H", 0], "-H"),
                                  (2, ["-outer_momentum", 1.5], "-outer_momentum"),
+                                 (2, ["-fragments", 3], "-fragments 3: the fragments are L/F layers each"),
+                                 (2, ["-fragments", 2, "-H", 3], "must divide the model's L = 2 layers and -H 3"),
                                  (2, ["-n", 1], "-n and -y: train_gpt2_diloco does not write or read checkpoints yet")):
         code, out = mpirun(ranks, base + args, timeout=60, program=DILOCO)
         assert code != 0 and message in out, "%s: exit %d, %r not in:\n%s" % (args, code, message, out[-2000:])
         assert not os.path.exists(os.path.join(d, "out")), "%s left its output dir behind" % args
+
+
+@test
+def diloco_streaming_with_2_fragments_against_the_reference():
+    """streaming DiLoCo, F = 2 fragments of a 4-layer model, H = 4 over 5 steps: fragment 1
+    (layers 2-3, lnf) steps after step 2, fragment 0 (layers 0-1, wte, wpe) after step 4, both
+    after the last; each step's bytes are the due fragments' P_f 4"""
+    diloco_run(2, 4, 2, 1, cfg=REF4, fragments=2)
 
 
 @test
