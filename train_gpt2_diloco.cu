@@ -30,9 +30,11 @@ Streaming DiLoCo (Douillard et al. 2025, "Streaming DiLoCo with overlapping comm
 arXiv:2501.18512), -fragments F: the layers are cut into F fragments of L/F consecutive layers
 (the embeddings go with the first, the final LayerNorm with the last), and fragment f takes its
 outer step (2-5 above, on its parameters only) after the steps s with (s - f H/F) % H == 0. Each
-fragment still synchronises every H steps, but they take turns: a step sends at most one
-fragment, about P/F values, so the link's peak need drops F times, where plain DiLoCo sends all
-P at once every H steps.
+fragment still synchronises every H steps, but they take turns: a step between the first and the
+last sends one fragment, where plain DiLoCo sends all P values at once every H steps. The peak
+drops by less than F: the first fragment carries the embeddings (for GPT-2 124M at F = 2 about
+1.5 times less). The fragments here are consecutive layers (the paper's default strides them),
+and the exchange neither overlaps the inner steps nor is quantized (the paper does both).
 
 -H 1 -outer_lr 1 -outer_momentum 0 averages the workers' parameters after every step: theta_outer
 becomes the mean of the workers' theta. That is not DDP: DDP averages the gradients before one
@@ -126,7 +128,7 @@ static int fragment_spans(const ParameterLayout* p, int f, int F, Span* runs, si
 // does fragment f take its outer step after `completed` steps (of max_steps: the last, every one)
 static int fragment_due(const Diloco* d, int f, int completed, int max_steps) {
     int offset = f * d->H / d->fragments;
-    return completed == max_steps || (completed >= offset && (completed - offset) % d->H == 0 && completed > 0);
+    return completed == max_steps || (completed >= offset && (completed - offset) % d->H == 0);
 }
 
 // Steps 2-5 of the header for fragment f (the whole model when F = 1), after an inner step has
@@ -221,7 +223,8 @@ static void gpt2_backward(GPT2* model, const int* inputs_host, int B, int T) {
 // ----------------------------------------------------------------------------------------------
 // Validation and samples (the run layer, llmc/run.h, calls these): each rank on its worker's
 // current model; the run layer averages the validation loss over every rank (right after an
-// outer step every worker holds theta_outer, so at multiples of H it is theta_outer's loss)
+// outer step of every fragment all workers hold theta_outer: with F = 1 at multiples of H the
+// loss is theta_outer's)
 
 static float val_loss(void* trainer, DataLoader* val) {
     GPT2* model = (GPT2*)trainer;
@@ -244,11 +247,15 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
     const TrainArgs* args = &run->args;
     GPT2Config c = run->config;
     BannerRow rows[16];
-    int k = train_banner_model(rows, "train_gpt2_diloco (DiLoCo)", args->model, c);
+    int k = train_banner_model(rows, "train_gpt2_diloco", args->model, c);
     banner_row(&rows[k++], "workers", "%d of %d rank%s each (DDP inside a worker)", d->workers, d->ranks_per_worker,
                d->ranks_per_worker > 1 ? "s" : "");
-    banner_row(&rows[k++], "outer step", "every %d steps%s: Nesterov, lr %g, mu %g", d->H,
-               d->fragments > 1 ? ", F fragments in turn" : "", d->outer_lr, d->outer_momentum);
+    if (d->fragments > 1) {
+        banner_row(&rows[k++], "outer step", "every %d steps, %d fragments in turn", d->H, d->fragments);
+    } else {
+        banner_row(&rows[k++], "outer step", "every %d steps", d->H);
+    }
+    banner_row(&rows[k++], "outer optimizer", "Nesterov SGD, lr %g, momentum %g", d->outer_lr, d->outer_momentum);
     banner_row(&rows[k++], "micro-batch B x T", "%d x %d, %d per rank and step", args->B, args->T, accum);
     banner_row(&rows[k++], "recomputation", "%s", recompute_names[args->recompute]);
     k = run_banner_rows(run, rows, k);
@@ -262,7 +269,7 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
     if (d->fragments == 1) {
         printf("  across all-reduce  %12.0f bytes every %d steps  P 4 (the pseudo-gradient, AVG, fp32)\n", P * 4, d->H);
     }
-    double peak = P * 4;  // the most one step sends across workers: the largest fragment
+    double peak = P * 4;  // the most a step sends across workers before the last: the largest fragment
     if (d->fragments > 1) {
         printf("  across all-reduce  fragment f's P_f 4 bytes (fp32) every %d steps, after steps f H/F + k H:\n", d->H);
         peak = 0;
@@ -277,8 +284,8 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
         }
     }
     printf("  across all-reduce  %12.0f bytes every step  8 (the loss and the norm, for the step line)\n", 8.0);
-    printf("  the link between workers: %.0f bytes a step on average, at most %.0f in one step; DDP: P X = %.0f every step\n",
-           P * 4 / d->H + 8, peak + 8, P * X);
+    printf("  the link between workers: %.0f bytes a step on average, at most %.0f in a step before the last (which "
+           "sends every fragment); DDP: P X = %.0f every step\n", P * 4 / d->H + 8, peak + 8, P * X);
 }
 
 int main(int argc, char** argv) {
@@ -375,9 +382,15 @@ int main(int argc, char** argv) {
             comm_all_reduce(&d.worker, model.grads_memory, model.num_parameters, COMM_FLOATX, COMM_AVG);
             comm_all_reduce_scalar(&d.worker, &loss, COMM_AVG);
         }
-        // the inner optimizer: clipping by the worker's own norm, AdamW
+        // the inner optimizer: clipping by the worker's own norm, AdamW. First the step line's
+        // figures, the workers' mean loss and norm: all-reduce (AVG) across workers, one float
+        // each (every rank of a worker holds its worker's). A non-finite value on any worker
+        // reaches every rank through them, so every rank stops here together
         float grad_norm = sqrtf(global_norm_squared(model.grads_memory, model.num_parameters));
-        train_stop_if_not_finite(step, loss, grad_norm);
+        float printed[2] = {loss, grad_norm};
+        comm_all_reduce_scalar(&d.across, &printed[0], COMM_AVG);
+        comm_all_reduce_scalar(&d.across, &printed[1], COMM_AVG);
+        train_stop_if_not_finite(step, printed[0], printed[1]);
         watchdog_phase("inner AdamW", step);
         float clip_scale, lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
         // 2-5. the outer step across workers of each fragment that is due (F = 1: every H steps);
@@ -386,11 +399,6 @@ int main(int argc, char** argv) {
         for (int f = 0; f < d.fragments; f++) {
             if (fragment_due(&d, f, step + 1, run.max_steps)) outer_step(&d, &model, f);
         }
-        // the step line: the workers' mean loss and norm, all-reduced (AVG) across workers, one
-        // float each (every rank of a worker holds its worker's)
-        float printed[2] = {loss, grad_norm};
-        comm_all_reduce_scalar(&d.across, &printed[0], COMM_AVG);
-        comm_all_reduce_scalar(&d.across, &printed[1], COMM_AVG);
         run_step_end(&run, step, printed[0], lr, printed[1], clip_scale);
     }
     run_end(&run);
