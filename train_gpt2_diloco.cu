@@ -20,7 +20,9 @@ optimizer's momentum (12 bytes a parameter with the pseudo-gradient's buffer: th
    Nothing crosses workers.
 2. The pseudo-gradient: delta = theta_outer - theta, how far this worker moved.
 3. Its mean over the workers: one all-reduce (AVG) of P fp32 values across workers, each rank
-   with the ranks at its place in the other workers (R all-reduces side by side).
+   with the ranks at its place in the other workers (R all-reduces side by side). With
+   -outer_dtype bf16 the values cross the link in bf16, half the bytes: the all-reduce written
+   out as a reduce-scatter and an all-gather of bf16 shards, summed in fp32 (average_bf16).
 4. The outer optimizer, Nesterov momentum SGD (-outer_lr 0.7, -outer_momentum 0.9, the paper's):
    momentum = mu momentum + delta; theta_outer -= lr (delta + mu momentum).
 5. Every worker starts again from theta_outer (its inner AdamW moments kept, as the paper does).
@@ -34,7 +36,8 @@ fragment still synchronises every H steps, but they take turns: a step between t
 last sends one fragment, where plain DiLoCo sends all P values at once every H steps. The peak
 drops by less than F: the first fragment carries the embeddings (for GPT-2 124M at F = 2 about
 1.5 times less). The fragments here are consecutive layers (the paper's default strides them),
-and the exchange neither overlaps the inner steps nor is quantized (the paper does both).
+and the exchange does not overlap the inner steps (the paper's does); the paper also sends the
+pseudo-gradients in low precision, down to 4 bits, where -outer_dtype goes to bf16.
 
 -H 1 -outer_lr 1 -outer_momentum 0 averages the workers' parameters after every step: theta_outer
 becomes the mean of the workers' theta. That is not DDP: DDP averages the gradients before one
@@ -43,6 +46,10 @@ take its own (normalized by its own moments), then averages the results.
 
 The loss printed is the mean over the workers' losses (each the mean of its tokens: the global
 batch's mean, as DDP's), and the gradient norm the mean of the workers' norms.
+
+Checkpoints (-n, -y) hold what differs between workers: every rank's state file carries its
+worker's AdamW moments and weights, theta_outer and the outer momentum, so a run resumes bit for
+bit between two outer steps; the same W and rank count are required.
 
 Build: make train_gpt2_diloco        Run: mpirun -np 4 ./train_gpt2_diloco -e d6 -workers 4 -H 10 -x 100 -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
@@ -70,12 +77,14 @@ typedef struct {
     int workers, ranks_per_worker;  // W, R
     int H;                          // inner steps between outer steps
     int fragments;                  // F (streaming DiLoCo; 1: the whole model at once)
+    int outer_bf16;                 // the pseudo-gradient crosses the link in bf16 (-outer_dtype)
     float outer_lr, outer_momentum;
     CommGroup worker;   // this worker's R ranks: DDP inside it, every inner step
     CommGroup across;   // the W ranks at this place in every worker: the outer all-reduce
     float* outer;       // (P) fp32 theta_outer: the same on every rank
     float* momentum;    // (P) fp32 the outer optimizer's momentum: the same on every rank
-    float* delta;       // (P) fp32 the pseudo-gradient
+    float* delta;       // (P) fp32 the pseudo-gradient; in bf16, the two halves of its average
+                        // (average_bf16) in the same bytes
 } Diloco;
 
 // Worker w holds ranks w R .. w R + R - 1: consecutive ranks share a machine, and the worker's
@@ -131,33 +140,89 @@ static int fragment_due(const Diloco* d, int f, int completed, int max_steps) {
     return completed == max_steps || (completed >= offset && (completed - offset) % d->H == 0);
 }
 
+// worker w's shard of a fragment's P_f values, for the bf16 average: [w P_f / W, (w + 1) P_f / W)
+static size_t shard_start(size_t P_f, int w, int W) { return (size_t)w * P_f / (size_t)W; }
+static size_t shard_size(size_t P_f, int w, int W) { return shard_start(P_f, w + 1, W) - shard_start(P_f, w, W); }
+
+// Step 3 in bf16 (-outer_dtype bf16): the mean over the workers of q (P_f bf16 pseudo-gradient
+// values), into q. An all-reduce is a reduce-scatter and an all-gather; written out as W - 1
+// rounds of exchanges each, the values cross the link in bf16 while the sum is taken in fp32:
+//  a. reduce-scatter: worker w owns shard w of q; in round k every worker sends its values of
+//     shard (me + k) % W to that shard's owner and receives its own shard's from worker
+//     (me - k) % W: (P_f/W) bf16 each way;
+//  b. the owner sums the W values of each element in fp32, in worker order, divides by W and
+//     rounds to bf16 (outer_mean_bf16);
+//  c. all-gather: in round k every worker sends its mean shard to worker (me + k) % W and receives
+//     worker (me - k) % W's into q.
+// Each rank sends 2 (W - 1)/W P_f values of 2 bytes, as a ring all-reduce in bf16 would: half of
+// the fp32 all-reduce's bytes. Two roundings: each worker's delta, and the mean on its way back.
+// The others' values of this rank's shard wait in the delta buffer after q: (W - 1) x (P_f/W).
+static void average_bf16(Diloco* d, bfloat16* q, size_t P_f) {
+    CommGroup* g = &d->across;
+    int W = g->size, me = g->rank;
+    size_t lo = shard_start(P_f, me, W), n = shard_size(P_f, me, W);
+    bfloat16* others = q + P_f;
+    for (int k = 1; k < W; k++) {  // a.
+        int to = (me + k) % W, from = (me - k + W) % W;
+        CommMessage msgs[2] = {comm_message(q + shard_start(P_f, to, W), shard_size(P_f, to, W), to, 1),
+                               comm_message(others + (size_t)(from < me ? from : from - 1) * n, n, from, 0)};
+        comm_exchange(g, msgs, 2, COMM_BF16);
+    }
+    outer_mean_bf16(q + lo, others, W, me, n);  // b.
+    for (int k = 1; k < W; k++) {  // c.
+        int to = (me + k) % W, from = (me - k + W) % W;
+        CommMessage msgs[2] = {comm_message(q + lo, n, to, 1),
+                               comm_message(q + shard_start(P_f, from, W), shard_size(P_f, from, W), from, 0)};
+        comm_exchange(g, msgs, 2, COMM_BF16);
+    }
+}
+
 // Steps 2-5 of the header for fragment f (the whole model when F = 1), after an inner step has
-// left this worker at theta. Returns the values all-reduced.
-static size_t outer_step(Diloco* d, GPT2* model, int f) {
+// left this worker at theta
+static void outer_step(Diloco* d, GPT2* model, int f) {
     Span runs[NUM_PARAMETER_TENSORS];
     size_t P_f, packed = 0;
     int n = fragment_spans(&model->layout, f, d->fragments, runs, &P_f);
     float* master = model->master_memory;  // (the fp32 master weights in bf16 builds, else NULL)
-    // 2. delta = theta_outer - theta, the fragment's spans packed one after another
+    bfloat16* q = d->outer_bf16 ? (bfloat16*)d->delta : NULL;
+    // 2. delta = theta_outer - theta, the fragment's spans packed one after another (in bf16: q)
     for (int k = 0; k < n; k++) {
         size_t o = runs[k].offset;
-        pseudo_gradient(d->delta + packed, d->outer + o, model->params_memory + o, master ? master + o : NULL, runs[k].count);
+        const float* m = master ? master + o : NULL;
+        if (q) pseudo_gradient_bf16(q + packed, d->outer + o, model->params_memory + o, m, runs[k].count);
+        else pseudo_gradient(d->delta + packed, d->outer + o, model->params_memory + o, m, runs[k].count);
         packed += runs[k].count;
     }
-    // 3. the mean pseudo-gradient over the workers: all-reduce (AVG) of (P_f) fp32 across workers.
-    // The worker's R ranks hold the same delta and each all-reduces it with its peers in the
-    // other workers: R all-reduces of W ranks, side by side
-    comm_all_reduce(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG);
+    // 3. the mean pseudo-gradient over the workers: all-reduce (AVG) of (P_f) fp32 across workers
+    // (in bf16: average_bf16). The worker's R ranks hold the same delta and each averages it with
+    // its peers in the other workers: R all-reduces of W ranks, side by side
+    if (q) average_bf16(d, q, P_f);
+    else comm_all_reduce(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG);
     // 4. Nesterov momentum on it, the same on every rank (theta_outer stays agreed); 5. every
     // worker starts again from theta_outer
     packed = 0;
     for (int k = 0; k < n; k++) {
         size_t o = runs[k].offset, count = runs[k].count;
-        outer_nesterov_step(d->outer + o, d->momentum + o, d->delta + packed, count, d->outer_lr, d->outer_momentum);
+        outer_nesterov_step(d->outer + o, d->momentum + o, q ? NULL : d->delta + packed, q ? q + packed : NULL, count,
+                            d->outer_lr, d->outer_momentum);
         outer_to_params(model->params_memory + o, master ? master + o : NULL, d->outer + o, count);
         packed += count;
     }
-    return P_f;
+}
+
+// The bytes of fragment f's outer step on this rank, as the step line counts them (fp32: the
+// all-reduce's payload; bf16: every value sent and received in the exchanges), and those that
+// leave the rank on the link (fp32: a ring all-reduce's 2 (W-1)/W P_f 4)
+static void outer_step_bytes(const Diloco* d, size_t P_f, double* counted, double* sent) {
+    int W = d->workers;
+    if (!d->outer_bf16) {
+        *counted = 4.0 * P_f;
+        *sent = 2.0 * (W - 1) / W * 4.0 * P_f;
+        return;
+    }
+    size_t n = shard_size(P_f, d->across.rank, W);
+    *sent = 2.0 * ((P_f - n) + (double)(W - 1) * n);  // a.: the other shards; c.: its mean W - 1 times
+    *counted = 2 * *sent;                             // (each value sent is received by another)
 }
 
 // an fp32 device buffer of the model's shape (theta_outer, its momentum) as a model file
@@ -250,10 +315,11 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
     int k = train_banner_model(rows, "train_gpt2_diloco", args->model, c);
     banner_row(&rows[k++], "workers", "%d of %d rank%s each (DDP inside a worker)", d->workers, d->ranks_per_worker,
                d->ranks_per_worker > 1 ? "s" : "");
+    const char* dtype = d->outer_bf16 ? "bf16" : "fp32";
     if (d->fragments > 1) {
-        banner_row(&rows[k++], "outer step", "every %d steps, %d fragments in turn", d->H, d->fragments);
+        banner_row(&rows[k++], "outer step", "every %d steps, %d fragments in turn, %s on the link", d->H, d->fragments, dtype);
     } else {
-        banner_row(&rows[k++], "outer step", "every %d steps", d->H);
+        banner_row(&rows[k++], "outer step", "every %d steps, %s on the link", d->H, dtype);
     }
     banner_row(&rows[k++], "outer optimizer", "Nesterov SGD, lr %g, momentum %g", d->outer_lr, d->outer_momentum);
     banner_row(&rows[k++], "micro-batch B x T", "%d x %d, %d per rank and step", args->B, args->T, accum);
@@ -263,29 +329,35 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
     printf("memory per rank, Psi = the model's parameters (every rank holds them all):\n");
     memory_plan_print(&run->plan, c, &run->layout);
     double P = (double)gpt2_num_parameters(c), X = sizeof(floatX);
-    printf("communication per rank (payload), P = %.0f parameters:\n", P);
+    int R = d->ranks_per_worker, W = d->workers, p = W * R;
+    printf("communication per rank, P = %.0f parameters (bytes as the step line counts them):\n", P);
     printf("  worker all-reduce  %12.0f bytes every step  P X (the gradients, AVG) + 4 (the loss)%s\n",
-           d->ranks_per_worker > 1 ? P * X + 4 : 0.0, d->ranks_per_worker > 1 ? "" : " (one rank: none)");
-    if (d->fragments == 1) {
-        printf("  across all-reduce  %12.0f bytes every %d steps  P 4 (the pseudo-gradient, AVG, fp32)\n", P * 4, d->H);
-    }
-    double peak = P * 4;  // the most a step sends across workers before the last: the largest fragment
-    if (d->fragments > 1) {
-        printf("  across all-reduce  fragment f's P_f 4 bytes (fp32) every %d steps, after steps f H/F + k H:\n", d->H);
-        peak = 0;
-        for (int f = 0; f < d->fragments; f++) {
-            Span spans[NUM_PARAMETER_TENSORS];
-            size_t P_f;
-            fragment_spans(layout, f, d->fragments, spans, &P_f);
-            printf("    fragment %d  layers %d-%d%-12s %12.0f bytes\n", f, f * c.num_layers / d->fragments,
-                   (f + 1) * c.num_layers / d->fragments - 1, f == 0 ? " + wte, wpe" : f == d->fragments - 1 ? " + lnf" : "",
-                   P_f * 4.0);
-            peak = P_f * 4.0 > peak ? P_f * 4.0 : peak;
+           R > 1 ? P * X + 4 : 0.0, R > 1 ? "" : " (one rank: none)");
+    const char* how = d->outer_bf16 ? "the pseudo-gradient in bf16: reduce-scatter and all-gather as W - 1 exchanges each, "
+                                      "every value sent and received counted"
+                                    : "the pseudo-gradient, AVG, fp32: P_f 4";
+    printf("  across, the outer step (%s), every %d steps%s:\n", how, d->H,
+           d->fragments > 1 ? ", fragment f after the steps f H/F + k H" : "");
+    double mean_sent = 0, peak_sent = 0;  // on the link per step: on average, and at most before the last
+    for (int f = 0; f < d->fragments; f++) {
+        Span spans[NUM_PARAMETER_TENSORS];
+        size_t P_f;
+        fragment_spans(layout, f, d->fragments, spans, &P_f);
+        double counted, sent;
+        outer_step_bytes(d, P_f, &counted, &sent);
+        char name[64] = "the model";
+        if (d->fragments > 1) {
+            snprintf(name, sizeof(name), "fragment %d: layers %d-%d%s", f, f * c.num_layers / d->fragments,
+                     (f + 1) * c.num_layers / d->fragments - 1, f == 0 ? " + wte, wpe" : f == d->fragments - 1 ? " + lnf" : "");
         }
+        printf("    %-32s %12.0f bytes, %12.0f of them sent\n", name, counted, sent);
+        mean_sent += sent / d->H;
+        peak_sent = sent > peak_sent ? sent : peak_sent;
     }
     printf("  across all-reduce  %12.0f bytes every step  8 (the loss and the norm, for the step line)\n", 8.0);
-    printf("  the link between workers: %.0f bytes a step on average, at most %.0f in a step before the last (which "
-           "sends every fragment); DDP: P X = %.0f every step\n", P * 4 / d->H + 8, peak + 8, P * X);
+    printf("  the link between workers, sent per rank: %.0f bytes a step on average, at most %.0f in a step before "
+           "the last (which sends every fragment); DDP over %d ranks: 2 (p-1)/p P X = %.0f every step\n",
+           mean_sent, peak_sent, p, 2.0 * (p - 1) / p * P * X);
 }
 
 int main(int argc, char** argv) {
@@ -295,12 +367,14 @@ int main(int argc, char** argv) {
     int workers = 0, H = 10, fragments = 1;
     float outer_lr = 0.7f, outer_momentum = 0.9f;
     const char* dump_outer = NULL;
+    const char* outer_dtype = "fp32";
     const ArgSpec own[] = {
         {"-workers", ARG_INT, &workers, 0, ARG_NO_MAX, "DiLoCo workers W, each ranks / W ranks training as DDP (0: one per rank)"},
         {"-H", ARG_INT, &H, 1, ARG_NO_MAX, "inner steps between two outer steps"},
         {"-outer_lr", ARG_FLOAT, &outer_lr, 0, ARG_NO_MAX, "the outer optimizer's learning rate (Nesterov SGD)"},
         {"-outer_momentum", ARG_FLOAT, &outer_momentum, 0, 1, "the outer optimizer's momentum"},
         {"-fragments", ARG_INT, &fragments, 1, ARG_NO_MAX, "streaming DiLoCo: F fragments of layers taking turns (F divides L and H)"},
+        {"-outer_dtype", ARG_STRING, &outer_dtype, 0, 0, "the pseudo-gradient on the link between workers: fp32 or bf16 (half the bytes)"},
         {"-dump_outer", ARG_STRING, &dump_outer, 0, 0, "at the end, write the outer momentum here as a model file (tests)"},
     };
     if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
@@ -318,9 +392,8 @@ int main(int argc, char** argv) {
         fail("-fragments %d: the fragments are L/F layers each and take turns every H/F steps, so F must divide the "
              "model's L = %d layers and -H %d", fragments, config.num_layers, H);
     }
-    if (run.args.checkpoint_every > 0 || run.args.resume) {
-        fail("-n and -y: train_gpt2_diloco does not write or read checkpoints yet (the outer state is not saved); "
-             "run with -n 0");
+    if (strcmp(outer_dtype, "fp32") != 0 && strcmp(outer_dtype, "bf16") != 0) {
+        fail("-outer_dtype %s: expected fp32 or bf16", outer_dtype);
     }
     int B = run.args.B, T = run.args.T;
     LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);
@@ -338,7 +411,8 @@ int main(int argc, char** argv) {
     // is chunk i ranks + r, DDP's split, so that W workers see the tokens DDP over the ranks
     // would), the run's identity, the output dir
     float* weights = run_load(&run, accum * ranks, /*val_chunks*/ 1, "-workers %d -H %d -fragments %d -outer_lr %g "
-                              "-outer_momentum %g", workers, H, fragments, outer_lr, outer_momentum);
+                              "-outer_momentum %g -outer_dtype %s", workers, H, fragments, outer_lr, outer_momentum,
+                              outer_dtype);
     GPT2 model;
     gpt2_build(&model, config, dims, layout, weights, B, T, ACTS_ALL, activations_kept(run.args.recompute, 0, dims), 0);
     free(weights);
@@ -347,13 +421,22 @@ int main(int argc, char** argv) {
     d.fragments = fragments;
     d.outer_lr = outer_lr;
     d.outer_momentum = outer_momentum;
+    d.outer_bf16 = strcmp(outer_dtype, "bf16") == 0;
     diloco_init(&d, world, workers, model.num_parameters);
     outer_from_params(d.outer, model.params_memory, model.master_memory, model.num_parameters);  // theta_outer = theta_0
     if (rank == 0) print_layout(&run, &d, &layout, accum);
 
-    // ---- validation and samples on each worker's model (val_replicas: the mean over the ranks)
+    // ---- validation and samples on each worker's model (val_replicas: the mean over the ranks);
+    // checkpoints: rank 0's model file holds worker 0's weights (theta_outer right after an outer
+    // step of every fragment), and every rank's state file its worker's AdamW moments and, as
+    // this trainer's own state, theta_outer, the outer momentum and its worker's fp32 weights,
+    // which differ from worker to worker between outer steps. A resume needs the same W: the
+    // run's identity holds it, and the rank count is checked
     RunModel hooks = run_model(&model, &model, val_loss, sample_logits);
     hooks.val_replicas = world;
+    float* own_weights = model.master_memory ? model.master_memory : (float*)model.params_memory;
+    hooks.own = (TrainerState){{d.outer, d.momentum, own_weights}, {model.num_parameters, model.num_parameters,
+                                                                    model.num_parameters}, 3};
     CommGroup* groups[3] = {&d.worker, &d.across, world};
     run_begin(&run, hooks, groups, 3);
 
@@ -403,8 +486,10 @@ int main(int argc, char** argv) {
     }
     run_end(&run);
     // the model file of the run: theta_outer after the last outer step, in -o (model_<step>.bin,
-    // as the other trainers' last checkpoint names it); with -dump_outer the outer momentum too
-    if (rank == 0 && run.args.out_dir != NULL && run.max_steps > run.start_step) {
+    // as the other trainers' last checkpoint names it, which holds the same values when -n wrote
+    // it); with -dump_outer the outer momentum too
+    int checkpointed = train_checkpoint_due(&run.args, run.max_steps, run.start_step, 1);
+    if (rank == 0 && run.args.out_dir != NULL && run.max_steps > run.start_step && !checkpointed) {
         char path[4200];
         snprintf(path, sizeof(path), "%s/model_%08d.bin", run.args.out_dir, run.max_steps);
         write_outer_file(&model, d.outer, path);

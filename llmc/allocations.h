@@ -20,10 +20,11 @@ typedef struct {
 
 static DeviceAllocations device_allocations;
 
-static inline void allocation_add(const void* p, size_t bytes) {
+// (by address: a uintptr_t, so that no compiler takes the fresh, unwritten memory for an input)
+static inline void allocation_add(uintptr_t p, size_t bytes) {
     DeviceAllocations* a = &device_allocations;
     if (a->count == MAX_DEVICE_ALLOCATIONS) fail("more than %d device allocations at once", MAX_DEVICE_ALLOCATIONS);
-    a->ptrs[a->count] = (uintptr_t)p;
+    a->ptrs[a->count] = p;
     a->sizes[a->count++] = bytes;
     a->now += bytes;
     a->peak = a->now > a->peak ? a->now : a->peak;

@@ -130,13 +130,6 @@ static inline void gpt2_check_finite(const float* params, GPT2Config c, const ch
     }
 }
 
-static inline float bf16_to_float(uint16_t b) {
-    uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, sizeof(f));
-    return f;
-}
-
 // opens a model file and checks its header and size; returns the file positioned at the
 // parameters, with the header and the config filled in
 static inline FILE* gpt2_open_model_file(const char* path, int header[256], GPT2Config* config) {

@@ -295,7 +295,7 @@ static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const
     memory_print_row("comm buffers", (double)plan->comm, comm);
     if (r->trainer == TRAINER_DILOCO) {
         memory_print_row("outer state", (double)plan->outer, "12 Psi: the outer parameters, their momentum and the "
-                                                             "pseudo-gradient (fp32)");
+                                                             "pseudo-gradient (fp32; in bf16 on the link, its halves)");
     }
     memory_print_row("kernel scratch", (double)plan->kernels, t.cuda ? "cuBLASLt's workspace and the kernels' scratch buffers"
                                                                       : "none on the CPU backend");

@@ -393,6 +393,7 @@ typedef struct {
                               // group), gathered into the model file by rank 0 of it
     CommGroup* replicas;      // checkpoints of any grid (3D): the dp group; the training state is
                               // gathered into the model file's layout, so that any grid resumes it
+    TrainerState own;         // checkpoints: the trainer's own state, in every rank's state file
 } RunModel;
 
 // the hooks every trainer has; the groups (NULL: none) are set by name after it
@@ -545,7 +546,7 @@ static inline int run_banner_rows(const Run* r, BannerRow* rows, int n) {
 static inline void run_begin(Run* r, RunModel hooks, CommGroup** groups, int num_groups) {
     r->hooks = hooks;
     r->start_step = train_start_from(hooks.model, &r->args, &r->world, r->max_steps, &r->identity, &r->sample_rng,
-                                     &r->train, hooks.replicas ? read_checkpoint_gathered : read_checkpoint);
+                                     &r->train, hooks.replicas ? read_checkpoint_gathered : read_checkpoint, &hooks.own);
     logger_init(&r->logger, r->args.out_dir, r->rank, r->args.resume ? r->start_step : -1);
     r->flops_per_token = train_flops_per_token(r->config, r->args.T);  // each rank does its share
     r->peak = train_device_peak(r->rank);
@@ -643,7 +644,7 @@ static inline int run_between_steps(Run* r, int step) {
             write_checkpoint_gathered(h->model, r->args.out_dir, &r->world, h->replicas, h->split, step, &r->identity,
                                       rng_before_sample);
         } else {
-            write_checkpoint(h->model, r->args.out_dir, &r->world, h->split, step, &r->identity, rng_before_sample);
+            write_checkpoint(h->model, r->args.out_dir, &r->world, h->split, step, &r->identity, rng_before_sample, &h->own);
         }
     }
     return last;

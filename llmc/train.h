@@ -314,16 +314,48 @@ static inline void zero_gather_full(const GPT2* model, CommGroup* group, const v
     free(whole);
 }
 
-// Every rank writes its state file (its AdamW moments, and its bf16 parameter bits), rank 0 the
-// model file (the whole model, gathered over `group` when the model is split; NULL without),
+// A trainer's own state beyond the model's, per rank (DiLoCo: the outer parameters, their
+// momentum and this worker's weights): fp32 device buffers that every rank's state file carries
+// after its moments and parameter bits, and that a resume restores last, over what the model
+// file and the moments set
+#define TRAINER_STATE_MAX 4
+typedef struct {
+    float* buffers[TRAINER_STATE_MAX];
+    size_t counts[TRAINER_STATE_MAX];
+    int num;
+} TrainerState;
+
+static inline size_t trainer_state_bytes(const TrainerState* own) {
+    size_t bytes = 0;
+    for (int i = 0; own && i < own->num; i++) bytes += own->counts[i] * sizeof(float);
+    return bytes;
+}
+
+// between the device buffers and the state file's extra bytes, after the parameter bits at `at`
+static inline void trainer_state_to_host(const TrainerState* own, char* at) {
+    for (int i = 0; own && i < own->num; i++) {
+        copy_device_to_host(at, own->buffers[i], own->counts[i] * sizeof(float));
+        at += own->counts[i] * sizeof(float);
+    }
+}
+static inline void trainer_state_to_device(const TrainerState* own, const char* at) {
+    for (int i = 0; own && i < own->num; i++) {
+        copy_host_to_device(own->buffers[i], at, own->counts[i] * sizeof(float));
+        at += own->counts[i] * sizeof(float);
+    }
+}
+
+// Every rank writes its state file (its AdamW moments, its bf16 parameter bits and the trainer's
+// own state), rank 0 the model file (the whole model, gathered over `group` when the model is split; NULL without),
 // then DONE marks the checkpoint complete (checkpoint.h). Under DDP the AdamW moments are the
 // same on every rank and one copy would do; each rank writes its own anyway, because in the
 // sharded trainers (ZeRO, TP, PP) they differ, one format serves all, and a resume then checks
 // every rank's state against the others'.
 static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* world, CommGroup* group,
-                                    int step, const RunIdentity* id, uint64_t sample_rng_state) {
+                                    int step, const RunIdentity* id, uint64_t sample_rng_state, const TrainerState* own) {
     char path[4096];
-    size_t n = layout_state_held(&model->layout), extra = low_precision_param_bytes(model);
+    size_t n = layout_state_held(&model->layout), bits = low_precision_param_bytes(model);
+    size_t extra = bits + trainer_state_bytes(own);
     TrainState s = {step, world->size, sample_rng_state, 0};
     int sharded;
     const float* weights = gpt2_fp32_weights(model, &sharded);
@@ -349,8 +381,9 @@ static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* wor
     float* host = (float*)malloc_check(n * sizeof(float) * 2);
     copy_device_to_host(host, model->m_memory, n * sizeof(float));
     copy_device_to_host(host + n, model->v_memory, n * sizeof(float));
-    void* params = malloc_check(extra);
-    if (extra > 0) copy_device_to_host(params, model->params_memory, extra);
+    char* params = (char*)malloc_check(extra);
+    if (bits > 0) copy_device_to_host(params, model->params_memory, bits);
+    trainer_state_to_host(own, params + bits);
     checkpoint_path(path, sizeof(path), dir, "state", step, world->rank);
     state_write(path, &s, world->rank, id, host, host + n, n, params, extra);
     free(host);
@@ -382,18 +415,20 @@ static inline void checkpoint_load_weights(GPT2* model, const char* dir, int ste
 // model file against the checksum its state file recorded: any mismatch stops every rank
 // before anything is written. Every rank reads the whole model file and keeps its slices.
 static inline TrainState read_checkpoint(GPT2* model, const char* dir, CommGroup* world, int step,
-                                         const RunIdentity* id) {
+                                         const RunIdentity* id, const TrainerState* own) {
     char path[4096];
-    size_t n = layout_state_held(&model->layout), extra = low_precision_param_bytes(model);
+    size_t n = layout_state_held(&model->layout), bits = low_precision_param_bytes(model);
+    size_t extra = bits + trainer_state_bytes(own);
     float* host = (float*)malloc_check(n * sizeof(float) * 2);
-    void* params = malloc_check(extra);
+    char* params = (char*)malloc_check(extra);
     state_check_exists(dir, step, world->rank, world->size);  // a rank the checkpoint never had
     checkpoint_path(path, sizeof(path), dir, "state", step, world->rank);
     TrainState s = state_read(path, step, world->rank, world->size, id, host, host + n, n, params, extra);
     checkpoint_load_weights(model, dir, step, s.model_crc);
     copy_host_to_device(model->m_memory, host, n * sizeof(float));
     copy_host_to_device(model->v_memory, host + n, n * sizeof(float));
-    if (extra > 0) copy_host_to_device(model->params_memory, params, extra);
+    if (bits > 0) copy_host_to_device(model->params_memory, params, bits);
+    trainer_state_to_device(own, params + bits);
     free(host);
     free(params);
     return s;
@@ -465,7 +500,8 @@ static inline float* layout_pieces_of_full(const GPT2* model, const float* full,
 // a CheckpointReader (train_start_from): every rank reads the gathered state file and the model
 // file, checks them as read_checkpoint does, and keeps its pieces
 static inline TrainState read_checkpoint_gathered(GPT2* model, const char* dir, CommGroup* world, int step,
-                                                  const RunIdentity* id) {
+                                                  const RunIdentity* id, const TrainerState* own) {
+    if (trainer_state_bytes(own) > 0) fail("a checkpoint of any grid holds no trainer state of its own");
     (void)world;
     const ParameterLayout* p = &model->layout;
     size_t P = gpt2_num_parameters(model->config), extra = model->master_memory ? P * sizeof(float) : 0;
@@ -519,9 +555,12 @@ static inline float train_adamw_step(GPT2* model, const TrainArgs* args, int ste
 // (main.log first) is written. The sampling rng and the train loader continue from the
 // checkpoint. Returns the step.
 // read: how this trainer's checkpoints are read (read_checkpoint, or read_checkpoint_gathered)
-typedef TrainState (*CheckpointReader)(GPT2* model, const char* dir, CommGroup* world, int step, const RunIdentity* id);
+// (own: the trainer's state of its own, or NULL)
+typedef TrainState (*CheckpointReader)(GPT2* model, const char* dir, CommGroup* world, int step, const RunIdentity* id,
+                                       const TrainerState* own);
 static inline int train_start_from(GPT2* model, const TrainArgs* args, CommGroup* world, int max_steps,
-                                   const RunIdentity* id, Rng* sample_rng, DataLoader* train, CheckpointReader read) {
+                                   const RunIdentity* id, Rng* sample_rng, DataLoader* train, CheckpointReader read,
+                                   const TrainerState* own) {
     rng_init(sample_rng, (uint64_t)args->seed + 1);
     if (!args->resume) return 0;
     watchdog_phase("resume", 0);
@@ -533,7 +572,7 @@ static inline int train_start_from(GPT2* model, const TrainArgs* args, CommGroup
         fail("-x %d: the newest checkpoint in '%s' is already at step %d, so there is nothing to "
              "train; raise -x", max_steps, dir, latest);
     }
-    TrainState s = read(model, dir, world, latest, id);
+    TrainState s = read(model, dir, world, latest, id, own);
     comm_barrier(world);
     if (world->rank == 0) printf("resumed from step %d in %s\n", s.step, dir);
     sample_rng->state = s.rng;

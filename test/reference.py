@@ -252,7 +252,10 @@ def run_diloco(args):
     Streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512), args.fragments F: the layers in F
     groups of L/F consecutive blocks (wte and wpe with the first, the final LayerNorm with the
     last), each with its own outer optimizer, group f stepping after the steps s with
-    (s - f H/F) % H == 0 (s >= 1), and every group after the last step."""
+    (s - f H/F) % H == 0 (s >= 1), and every group after the last step. args.outer_dtype "bf16":
+    the outer gradient crosses the link in bf16 as Streaming DiLoCo sends it in low precision:
+    each worker's theta_outer - theta_w rounded to bf16 (nearest, ties to even), their mean taken
+    in the reference's dtype and rounded to bf16 again (the average's way back to the workers)."""
     torch.manual_seed(args.seed)
     model = load_model_file(args.init) if getattr(args, "init", None) else None
     if model is None:
@@ -277,6 +280,9 @@ def run_diloco(args):
             return int(name.split(".")[1]) * F // model.L
         return 0 if name in ("wte", "wpe") else F - 1
     groups = [[i for i, (n, _) in enumerate(outer.named_parameters()) if fragment(n) == f] for f in range(F)]
+
+    def link(x):  # what crosses the link between workers
+        return x.to(torch.bfloat16).to(x.dtype) if getattr(args, "outer_dtype", "fp32") == "bf16" else x
     params = list(outer.parameters())
     outer_opts = [torch.optim.SGD([params[i] for i in g], lr=args.outer_lr, momentum=args.outer_momentum,
                                   nesterov=args.outer_momentum > 0) for g in groups]
@@ -308,7 +314,7 @@ def run_diloco(args):
             workers_params = [list(c.parameters()) for c in copies]
             with torch.no_grad():
                 for i in groups[f]:
-                    params[i].grad = sum(params[i] - wp[i] for wp in workers_params) / W
+                    params[i].grad = link(sum(link(params[i] - wp[i]) for wp in workers_params) / W)
             outer_opts[f].step()
             with torch.no_grad():
                 for i in groups[f]:

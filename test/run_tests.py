@@ -2494,21 +2494,23 @@ for _precision, _devices, _split, _comm in (("FP32", 2, "zigzag", "ring"), ("BF1
     test(make_emu_cp_test(_precision, _devices, _split, _comm))
 
 
-def make_emu_diloco_test(precision, devices):
+def make_emu_diloco_test(precision, devices, outer_dtype):
     def fn():
         """DiLoCo on the emulator, 2 workers of one rank, H = 2 over 3 steps (outer steps at 2 and
-        3): the CUDA outer-step kernels, the pseudo-gradient all-reduced in fp32 through NCCL (or
-        the host-staged path). Against the float64 reference within the GPU's tolerances (cuda
-        fp32, cuda bf16; comparison.py), the final weights and momentum within them plus twice the
-        reference's own fp32-against-fp64 spread (diloco_run says why)"""
+        3): the CUDA outer-step kernels, the pseudo-gradient averaged in fp32 through NCCL's
+        all-reduce (or the host-staged path), or in bf16 through NCCL's sends and receives. Against
+        the float64 reference (rounding the link's values as the trainer does) within the GPU's
+        tolerances (cuda fp32, cuda bf16; comparison.py), the final weights and momentum within
+        them plus twice the reference's own fp32-against-fp64 spread (diloco_run says why)"""
         kind = "cuda " + precision.lower()
         tol = comparison.TOLERANCES[kind]
-        ref = diloco_reference(2, 2, 2, 1, cfg=REF_CUDA)
-        ref32 = diloco_reference(2, 2, 2, 1, cfg=REF_CUDA, dtype="float32")
+        ref = diloco_reference(2, 2, 2, 1, cfg=REF_CUDA, outer_dtype=outer_dtype)
+        ref32 = diloco_reference(2, 2, 2, 1, cfg=REF_CUDA, dtype="float32", outer_dtype=outer_dtype)
         program = build("emu", precision, ["train_gpt2_diloco"])[0]
-        d = fresh_dir("emu_%s_diloco" % precision)
+        d = fresh_dir("emu_%s_diloco_%s" % (precision, outer_dtype))
         args = trainer_args(reference_run(REF_CUDA), REF_CUDA["batch"] // 2, d,
-                            ["-workers", 2, "-H", 2, "-dump_outer", os.path.join(d, "momentum.bin")], cfg=REF_CUDA)
+                            ["-workers", 2, "-H", 2, "-outer_dtype", outer_dtype,
+                             "-dump_outer", os.path.join(d, "momentum.bin")], cfg=REF_CUDA)
         out = emu_runner(devices)(program, 2, args, d)
         check_planner_matches_trainer(program, 2, args, out)  # (a CUDA run's buffers, planned on the CPU)
         train, _ = read_log(d)
@@ -2524,15 +2526,18 @@ def make_emu_diloco_test(precision, devices):
             print("    emu train_gpt2_diloco %s: loss %.2e, %s max abs error %.2e (bound %.2e)" % (precision, worst, name,
                                                                                                    err, bound))
         P = len(p_ref)
-        for s, groups in step_comm_bytes(d, steps).items():  # (the pseudo-gradient is fp32 in every build)
+        # (the link's dtype whatever the build's; in bf16 with W = 2 rank 0 sends and receives P/2
+        # values of 2 bytes in each half of the average: 4 P bytes counted, as fp32's all-reduce)
+        for s, groups in step_comm_bytes(d, steps, changing=True).items():
             got = sum(groups["across"].values())
             assert got == 8 + (P * 4 if s % 2 == 0 or s == steps else 0), "step %d moved %d across workers" % (s, got)
-    fn.__name__ = "emu_diloco_vs_reference_%s_2_workers_%s" % (precision.lower(), "nccl" if devices == 2 else "host_staged")
+    fn.__name__ = "emu_diloco_vs_reference_%s_2_workers_%s%s" % (precision.lower(), "nccl" if devices == 2 else "host_staged",
+                                                                "_bf16_link" if outer_dtype == "bf16" else "")
     return fn
 
 
-for _precision, _devices in (("FP32", 2), ("BF16", 1)):
-    test(make_emu_diloco_test(_precision, _devices))
+for _precision, _devices, _outer in (("FP32", 2, "fp32"), ("BF16", 1, "fp32"), ("BF16", 2, "bf16")):
+    test(make_emu_diloco_test(_precision, _devices, _outer))
 
 
 # pipeline parallelism on the emulator: 1f1b over NCCL in fp32 (tight) and over the host-staged
@@ -2815,22 +2820,24 @@ DILOCO = "./train_gpt2_diloco"
 _diloco_cache = {}
 
 
-def diloco_reference(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF, dtype="float64", fragments=1):
+def diloco_reference(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF, dtype="float64", fragments=1,
+                     outer_dtype="fp32"):
     """run_diloco from the reference's initial weights: its losses, norms and directory"""
-    key = (workers, H, ranks, micro, outer_lr, outer_momentum, dtype, fragments, cfg["layers"], cfg["steps"])
+    key = (workers, H, ranks, micro, outer_lr, outer_momentum, dtype, fragments, outer_dtype, cfg["layers"], cfg["steps"])
     if key not in _diloco_cache:
-        out = os.path.join(TMP, "reference_diloco_%d_%d_%d_%d_%g_%g_%s_f%d_l%d_s%d" % key)
+        out = os.path.join(TMP, "reference_diloco_%d_%d_%d_%d_%g_%g_%s_f%d_%s_l%d_s%d" % key)
         shutil.rmtree(out, ignore_errors=True)
         args = type("Args", (), dict(cfg, out=out, init=os.path.join(reference_run(cfg)["dir"], "model.bin"),
                                      workers=workers, H=H, ranks=ranks, micro=micro, outer_lr=outer_lr,
-                                     outer_momentum=outer_momentum, dtype=dtype, fragments=fragments))
+                                     outer_momentum=outer_momentum, dtype=dtype, fragments=fragments,
+                                     outer_dtype=outer_dtype))
         reference.run_diloco(args)
         with open(os.path.join(out, "reference.json")) as f:
             _diloco_cache[key] = dict(json.load(f), dir=out)
     return _diloco_cache[key]
 
 
-def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF, fragments=1):
+def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF, fragments=1, outer_dtype="fp32"):
     """a DiLoCo run against the reference: every step's loss (the workers' mean) and gradient norm
     (their mean) within the CPU's fp32 tolerances; the final weights (theta_outer) and the outer
     momentum within 2e-5 (the other trainers' bound) plus twice what the reference's own float32
@@ -2840,14 +2847,19 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
     H = 1; the trainer is within 7e-5); every step's bytes from the rule: the worker's DDP
     all-reduce (P X and the loss's 4 bytes, when R > 1), across workers 8 bytes for the step line
     and at each outer step (every H steps and the last) P fp32; with fragments F, at the steps s
-    with (s - f H/F) % H == 0 the P_f values of each fragment f due (and every fragment at the last)"""
-    ref = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, fragments=fragments)
+    with (s - f H/F) % H == 0 the P_f values of each fragment f due (and every fragment at the last).
+    outer_dtype bf16: the reference rounds as the trainer does (each worker's pseudo-gradient, and
+    the mean), so the same bound holds: its float32 run meets the same roundings, and where fp32's
+    noise tips a value to the next bf16 step there, it does so here; the bytes are the exchanges'
+    (average_bf16): rank 0 sends and receives P_f - P_f/W + (W - 1) P_f/W values of 2 bytes"""
+    ref = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, fragments=fragments,
+                           outer_dtype=outer_dtype)
     B = cfg["batch"] // (ranks * micro)
-    d = fresh_dir("diloco_w%d_h%d_r%d_m%d_f%d" % (workers, H, ranks, micro, fragments))
+    d = fresh_dir("diloco_w%d_h%d_r%d_m%d_f%d_%s" % (workers, H, ranks, micro, fragments, outer_dtype))
     outer_path = os.path.join(d, "momentum.bin")
     args = trainer_args(reference_run(cfg), B, d, ["-workers", workers, "-H", H, "-outer_lr", outer_lr,
                                                    "-outer_momentum", outer_momentum, "-dump_outer", outer_path,
-                                                   "-fragments", fragments], cfg=cfg)
+                                                   "-fragments", fragments, "-outer_dtype", outer_dtype], cfg=cfg)
     out = run_ok(ranks, args, program=DILOCO)
     check_planner_matches_trainer(DILOCO, ranks, args, out)  # (the outer state its own row)
     train, _ = read_log(d)
@@ -2857,7 +2869,7 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
         assert abs(a - b) <= 1e-5, "step %d loss %.7f, reference %.7f" % (s, a, b)
         n, nr = train[s]["grad_norm"], ref["grad_norms"][s - 1]
         assert abs(n - nr) <= 1e-5 * nr, "step %d norm %.7f, reference %.7f" % (s, n, nr)
-    ref32 = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, "float32", fragments)
+    ref32 = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, "float32", fragments, outer_dtype)
     # (with no momentum torch's SGD keeps no buffer: the reference writes zeros, nothing to compare)
     files = [("final.bin", "model_%08d.bin" % steps)] + ([("momentum.bin", "momentum.bin")] if outer_momentum > 0 else [])
     for name, mine in files:
@@ -2879,7 +2891,11 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
     for s, groups in step_comm_bytes(d, steps, out, changing=True).items():
         got = {g: sum(groups[g].values()) for g in ("worker", "across")}
         due = [f for f in range(fragments) if s == steps or (s >= f * H // fragments and (s - f * H // fragments) % H == 0)]
-        want = {"worker": P * 4 + 4 if R > 1 else 0, "across": 8 + 4 * sum(P_f[f] for f in due)}
+        if outer_dtype == "bf16":  # (rank 0 owns shard 0 of each fragment: P_f // W values)
+            outer = sum(2 * 2 * (P_f[f] - P_f[f] // workers + (workers - 1) * (P_f[f] // workers)) for f in due)
+        else:
+            outer = 4 * sum(P_f[f] for f in due)
+        want = {"worker": P * 4 + 4 if R > 1 else 0, "across": 8 + outer}
         assert got == want, "step %d moved %s, the rule gives %s" % (s, got, want)
     return out
 
@@ -2901,8 +2917,7 @@ for _w, _h, _r, _m, _cfg in [(2, 1, 2, 1, REF), (2, 3, 2, 2, REF), (3, 1, 3, 1, 
 def diloco_bad_inputs():
     """the common bad inputs as every trainer, and DiLoCo's own: each rank stops with the message
     and nothing is written"""
-    # (-y: this trainer writes no checkpoints yet, and says so before it looks for one)
-    run_bad_inputs_concurrently(DILOCO, messages={"resume_without_checkpoint": "train_gpt2_diloco does not write or read checkpoints yet"})
+    run_bad_inputs_concurrently(DILOCO)
     d = fresh_dir("diloco_flags")
     base = ["-e", "d2", "-i", REF["tokens"], "-b", 2, "-t", 32, "-x", 2, "-v", 0, "-s", 0, "-o", os.path.join(d, "out")]
     for ranks, args, message in ((3, ["-workers", 2], "-workers 2 does not divide the 3 ranks"),
@@ -2910,7 +2925,7 @@ def diloco_bad_inputs():
                                  (2, ["-outer_momentum", 1.5], "-outer_momentum"),
                                  (2, ["-fragments", 3], "-fragments 3: the fragments are L/F layers each"),
                                  (2, ["-fragments", 2, "-H", 3], "must divide the model's L = 2 layers and -H 3"),
-                                 (2, ["-n", 1], "-n and -y: train_gpt2_diloco does not write or read checkpoints yet")):
+                                 (2, ["-outer_dtype", "fp8"], "-outer_dtype fp8: expected fp32 or bf16")):
         code, out = mpirun(ranks, base + args, timeout=60, program=DILOCO)
         assert code != 0 and message in out, "%s: exit %d, %r not in:\n%s" % (args, code, message, out[-2000:])
         assert not os.path.exists(os.path.join(d, "out")), "%s left its output dir behind" % args
@@ -2922,6 +2937,42 @@ def diloco_streaming_with_2_fragments_against_the_reference():
     (layers 2-3, lnf) steps after step 2, fragment 0 (layers 0-1, wte, wpe) after step 4, both
     after the last; each step's bytes are the due fragments' P_f 4"""
     diloco_run(2, 4, 2, 1, cfg=REF4, fragments=2)
+
+
+@test
+def diloco_bf16_pseudo_gradients_against_the_reference():
+    """-outer_dtype bf16, W = 3 workers (uneven shards of the exchanges), H = 2, against the
+    reference that rounds the same values to bf16; fp32's own bound (diloco_run says why)"""
+    diloco_run(3, 2, 3, 1, cfg=REF6, outer_dtype="bf16")
+    # and exactly bf16: after one step, the run's only outer step, the outer momentum is the mean
+    # pseudo-gradient as it came back over the link, so every value is a bf16 (low 16 bits 0)
+    d = fresh_dir("diloco_bf16_one_step")
+    path = os.path.join(d, "momentum.bin")
+    run_ok(3, trainer_args(reference_run(REF6), REF6["batch"] // 3, d, ["-x", 1, "-H", 2, "-outer_dtype", "bf16",
+                                                                        "-dump_outer", path], cfg=REF6), program=DILOCO)
+    _, m = reference.read_model_file(path)
+    low = m.astype(np.float32).view(np.uint32) & 0xffff
+    assert np.abs(m).max() > 0 and (low == 0).all(), "%d momentum values are not bf16" % (low != 0).sum()
+
+
+@test
+def diloco_resume_mid_round_is_bit_identical_and_needs_the_same_workers():
+    """2 workers, H = 2: the checkpoint of step 3 falls between the outer steps after 2 and 4,
+    when the workers' weights and AdamW moments differ; resumed from it, steps 4-5, the final
+    theta_outer and the outer momentum repeat bit for bit. The checkpoint refuses another worker
+    count (the run's identity holds W) and another rank count"""
+    def run(args, d):
+        return run_ok(2, args + ["-workers", 2, "-H", 2, "-dump_outer", os.path.join(d, "momentum.bin")], program=DILOCO)
+    check_resume(run, "diloco_resume", 4)
+    with open(os.path.join(TMP, "diloco_resume_full", "momentum.bin"), "rb") as a, \
+            open(os.path.join(TMP, "diloco_resume_part", "momentum.bin"), "rb") as b:
+        assert a.read() == b.read(), "the outer momentum differs after resume"
+    part = os.path.join(TMP, "diloco_resume_part")
+    base = trainer_args(reference_run(), 4, part, ["-n", 3, "-v", 2, "-m", 2, "-y", 1, "-H", 2])
+    for ranks, flags, message in ((2, ["-workers", 1], "belongs to another run: layout: -workers 2 -H 2"),
+                                  (1, ["-workers", 1, "-b", 8], "written by a job of 2 ranks, this job has 1")):
+        code, out = mpirun(ranks, base + flags, timeout=60, program=DILOCO)
+        assert code != 0 and message in out, "%s: exit %d, %r not in:\n%s" % (flags, code, message, out[-2000:])
 
 
 @test

@@ -73,23 +73,25 @@ static inline void mpi_recv(CommGroup* g, float* buf, size_t n, int src) {
 // Messages to and from other ranks, all posted at once (non-blocking), then waited for together:
 // an exchange completes once every partner has posted its side, whatever order the ranks call
 // their exchanges in. Messages between two ranks pair up in the order they are posted (MPI's
-// non-overtaking rule), so both sides must post them in the same order.
-static inline void mpi_exchange_post(CommGroup* g, const CommMessage* msgs, int count, float** host_bufs,
-                                     MPI_Request* requests) {
+// non-overtaking rule), so both sides must post them in the same order. An exchange only moves
+// values, so it takes bf16 words too (MPI has no bf16 type: 16-bit integers, moved untouched).
+static inline MPI_Datatype mpi_type(CommDtype dtype) { return dtype == COMM_FLOAT ? MPI_FLOAT : MPI_UINT16_T; }
+static inline void mpi_exchange_post(CommGroup* g, const CommMessage* msgs, int count, void** host_bufs,
+                                     CommDtype dtype, MPI_Request* requests) {
     if (count > COMM_EXCHANGE_MAX) fail("exchange on group '%s': %d messages, at most %d", g->name, count, COMM_EXCHANGE_MAX);
     for (int i = 0; i < count; i++) {
         mpi_check_count(g, msgs[i].n, "exchange");
         int n = (int)msgs[i].n;
         if (msgs[i].is_send) {
-            comm_check(MPI_Isend(host_bufs[i], n, MPI_FLOAT, msgs[i].peer, 0, g->mpi, &requests[i]), g, "send");
+            comm_check(MPI_Isend(host_bufs[i], n, mpi_type(dtype), msgs[i].peer, 0, g->mpi, &requests[i]), g, "send");
         } else {
-            comm_check(MPI_Irecv(host_bufs[i], n, MPI_FLOAT, msgs[i].peer, 0, g->mpi, &requests[i]), g, "recv");
+            comm_check(MPI_Irecv(host_bufs[i], n, mpi_type(dtype), msgs[i].peer, 0, g->mpi, &requests[i]), g, "recv");
         }
     }
 }
-static inline void mpi_exchange(CommGroup* g, const CommMessage* msgs, int count, float** host_bufs) {
+static inline void mpi_exchange(CommGroup* g, const CommMessage* msgs, int count, void** host_bufs, CommDtype dtype) {
     MPI_Request requests[COMM_EXCHANGE_MAX];
-    mpi_exchange_post(g, msgs, count, host_bufs, requests);
+    mpi_exchange_post(g, msgs, count, host_bufs, dtype, requests);
     comm_check(MPI_Waitall(count, requests, MPI_STATUSES_IGNORE), g, "exchange");
 }
 
@@ -187,7 +189,7 @@ static inline void comm_finalize(void) {
     MPI_Finalize();
 }
 
-// the CPU backend holds every buffer in fp32
+// the CPU backend holds every buffer in fp32 (an exchange, below, also moves bf16 words)
 static inline void comm_check_dtype(const CommGroup* g, CommDtype dtype, const char* op) {
     if (dtype != COMM_FLOAT) fail("%s on group '%s': the CPU backend communicates fp32 only", op, g->name);
 }
@@ -251,28 +253,27 @@ static inline void comm_recv(CommGroup* g, void* buf, size_t n, CommDtype dtype,
     comm_done(g);
 }
 
-// sends and receives of host fp32 buffers to and from several ranks at once (mpi_exchange)
+// sends and receives of host buffers to and from several ranks at once (mpi_exchange): fp32, or
+// bf16 words (uint16_t, DiLoCo's low-precision pseudo-gradients: the only bf16 of this backend)
 static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype) {
     if (count == 0) return;
-    comm_check_dtype(g, dtype, "exchange");
-    comm_count_exchange(g, msgs, count, sizeof(float));
-    float* bufs[COMM_EXCHANGE_MAX];
-    for (int i = 0; i < count && i < COMM_EXCHANGE_MAX; i++) bufs[i] = (float*)msgs[i].buf;
-    mpi_exchange(g, msgs, count, bufs);
+    comm_count_exchange(g, msgs, count, comm_dtype_bytes(dtype));
+    void* bufs[COMM_EXCHANGE_MAX];
+    for (int i = 0; i < count && i < COMM_EXCHANGE_MAX; i++) bufs[i] = msgs[i].buf;
+    mpi_exchange(g, msgs, count, bufs, dtype);
     comm_done(g);
 }
 
 // the same, posted: comm_wait(r) finishes it (the receive buffers filled, the send buffers free)
 static inline void comm_exchange_start(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype, CommRequest* r) {
-    comm_check_dtype(g, dtype, "exchange");
     if (count == 0) {
         r->active = 0;
         return;
     }
-    comm_count_exchange(g, msgs, count, sizeof(float));
-    float* bufs[COMM_EXCHANGE_MAX];
-    for (int i = 0; i < count && i < COMM_EXCHANGE_MAX; i++) bufs[i] = (float*)msgs[i].buf;
-    mpi_exchange_post(g, msgs, count, bufs, r->mpi);
+    comm_count_exchange(g, msgs, count, comm_dtype_bytes(dtype));
+    void* bufs[COMM_EXCHANGE_MAX];
+    for (int i = 0; i < count && i < COMM_EXCHANGE_MAX; i++) bufs[i] = msgs[i].buf;
+    mpi_exchange_post(g, msgs, count, bufs, dtype, r->mpi);
     r->num_mpi = count;
     r->average = NULL;
     comm_posted(g, r, 1);

@@ -12,7 +12,7 @@
 
 static inline void* device_malloc(size_t bytes) {
     void* p = malloc_check(bytes);
-    allocation_add(p, bytes);
+    allocation_add((uintptr_t)p, bytes);
     return p;
 }
 static inline void device_free(void* p) {

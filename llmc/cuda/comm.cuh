@@ -419,16 +419,17 @@ static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int coun
     if (count > COMM_EXCHANGE_MAX) fail("exchange on group '%s': %d messages, at most %d", g->name, count, COMM_EXCHANGE_MAX);
     comm_count_exchange(g, msgs, count, comm_dtype_bytes(dtype));
 #ifdef USE_MPI
-    if (g->staged) {
-        float* host[COMM_EXCHANGE_MAX];
+    if (g->staged) {  // an exchange moves values: the device's bytes as they are, through MPI
+        size_t elem = comm_dtype_bytes(dtype);
+        void* host[COMM_EXCHANGE_MAX];
         for (int i = 0; i < count; i++) {
-            host[i] = msgs[i].is_send ? staged_to_host(msgs[i].buf, msgs[i].n, dtype)
-                                      : (float*)malloc_check(msgs[i].n * sizeof(float));
+            host[i] = malloc_check(msgs[i].n * elem);
+            if (msgs[i].is_send) copy_device_to_host(host[i], msgs[i].buf, msgs[i].n * elem);
         }
-        mpi_exchange(g, msgs, count, host);
+        mpi_exchange(g, msgs, count, host, dtype);
         for (int i = 0; i < count; i++) {
-            if (msgs[i].is_send) free(host[i]);
-            else staged_to_device(msgs[i].buf, host[i], msgs[i].n, dtype);
+            if (!msgs[i].is_send) copy_host_to_device(msgs[i].buf, host[i], msgs[i].n * elem);
+            free(host[i]);
         }
         comm_done(g);
         return;

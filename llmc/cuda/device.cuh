@@ -31,7 +31,7 @@ static inline void* device_malloc(size_t bytes) {
     void* p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes);
     if (err != cudaSuccess) fail("cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(err));
-    allocation_add(p, bytes);
+    allocation_add((uintptr_t)p, bytes);
     return p;
 }
 static inline void device_free(void* p) {

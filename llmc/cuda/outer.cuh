@@ -1,6 +1,7 @@
 // DiLoCo's outer step (train_gpt2_diloco.cu) on CUDA: the same element-wise steps as
-// llmc/cpu/outer.h (read that file first), a thread per element, fp32 throughout; the
-// parameters themselves are floatX, rounded to nearest from the fp32 outer ones.
+// llmc/cpu/outer.h (read that file first), a thread per element, fp32 but for the bf16 that
+// crosses the link (bfloat16: CUDA's __nv_bfloat16, rounded to nearest even); the parameters
+// themselves are floatX, rounded to nearest from the fp32 outer ones.
 #ifndef LLMC_CUDA_OUTER_CUH
 #define LLMC_CUDA_OUTER_CUH
 
@@ -24,15 +25,39 @@ static inline void pseudo_gradient(float* delta, const float* outer, const float
     cudaCheckLaunch();
 }
 
-__global__ void outer_nesterov_step_kernel(float* outer, float* momentum, const float* delta, size_t n, float lr, float mu) {
+__global__ void pseudo_gradient_bf16_kernel(bfloat16* q, const float* outer, const floatX* params, const float* master, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) q[i] = (bfloat16)(outer[i] - (master ? master[i] : (float)params[i]));
+}
+static inline void pseudo_gradient_bf16(bfloat16* q, const float* outer, const floatX* params, const float* master, size_t n) {
+    pseudo_gradient_bf16_kernel<<<ceil_div(n, 256), 256>>>(q, outer, params, master, n);
+    cudaCheckLaunch();
+}
+
+__global__ void outer_mean_bf16_kernel(bfloat16* mine, const bfloat16* others, int W, int me, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float m = mu * momentum[i] + delta[i];
-    momentum[i] = m;
-    outer[i] -= lr * (delta[i] + mu * m);
+    float sum = 0.0f;
+    for (int w = 0; w < W; w++) sum += (float)(w == me ? mine[i] : others[(size_t)(w < me ? w : w - 1) * n + i]);
+    mine[i] = (bfloat16)(sum / (float)W);
 }
-static inline void outer_nesterov_step(float* outer, float* momentum, const float* delta, size_t n, float lr, float mu) {
-    outer_nesterov_step_kernel<<<ceil_div(n, 256), 256>>>(outer, momentum, delta, n, lr, mu);
+static inline void outer_mean_bf16(bfloat16* mine, const bfloat16* others, int W, int me, size_t n) {
+    outer_mean_bf16_kernel<<<ceil_div(n, 256), 256>>>(mine, others, W, me, n);
+    cudaCheckLaunch();
+}
+
+__global__ void outer_nesterov_step_kernel(float* outer, float* momentum, const float* delta, const bfloat16* delta_bf16,
+                                           size_t n, float lr, float mu) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = delta ? delta[i] : (float)delta_bf16[i];
+    float m = mu * momentum[i] + g;
+    momentum[i] = m;
+    outer[i] -= lr * (g + mu * m);
+}
+static inline void outer_nesterov_step(float* outer, float* momentum, const float* delta, const bfloat16* delta_bf16,
+                                       size_t n, float lr, float mu) {
+    outer_nesterov_step_kernel<<<ceil_div(n, 256), 256>>>(outer, momentum, delta, delta_bf16, n, lr, mu);
     cudaCheckLaunch();
 }
 
