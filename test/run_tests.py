@@ -6,10 +6,19 @@ The trainers are compared against test/reference.py (PyTorch, fp32, one process)
 weights (the reference writes the model file the trainers load), same global batches.
 
     /usr/bin/python3 test/run_tests.py [name-filter]
+
+Tests run side by side, as many at a time as the machine has cores (TEST_JOBS=N to choose; 1:
+one after another, in this process). Each runs in a worker process of its own and prints its
+lines when it ends. What tests share is made once per suite run and locked while it is made
+(shared_dir: the references; build: make), and each test's directories are its own (fresh_dir
+stops two tests from claiming one).
 """
 import concurrent.futures
+import fcntl
 import glob
+import io
 import json
+import multiprocessing
 import math
 import os
 import re
@@ -31,6 +40,9 @@ from comparison import read_log  # noqa: E402
 TMP = os.path.join(ROOT, "test", "tmp")
 TIMEOUT = 300  # seconds; a run that takes longer is reported as a hang
 TESTS = []
+# this suite run, the same in its worker processes: what it made in TMP is reused, what an
+# earlier run left there is made again (the code under test may have changed since)
+SUITE = os.environ.setdefault("LLMC_TEST_SUITE", "%d.%d" % (os.getpid(), time.time()))
 
 
 class Skip(Exception):
@@ -70,14 +82,56 @@ def run_ok(np_, args, **kw):
 # the directories the running test made: removed when it passes (its checkpoints would otherwise
 # fill gigabytes over the suite), kept for reading when it fails
 TEST_DIRS = []
+RUNNING = {"test": None}  # the name of the test this process runs
 
 
 def fresh_dir(name):
+    """an empty directory of the running test's own: tests run side by side, so a name another
+    test of this suite run claimed is an error (a claim file in TMP/.claims holds the name)"""
+    claims = os.path.join(TMP, ".claims")
+    os.makedirs(claims, exist_ok=True)
+    claim, me = os.path.join(claims, name), "%s %s" % (SUITE, RUNNING["test"])
+    try:
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.write(fd, me.encode())
+        os.close(fd)
+    except FileExistsError:
+        with open(claim) as f:
+            holder = f.read()
+        if holder.split(" ")[0] == SUITE and holder != me:
+            raise AssertionError("test/tmp/%s is %s's too: give each test directories of its own" % (name, holder.split(" ")[1]))
+        with open(claim, "w") as f:  # an earlier suite run's
+            f.write(me)
     d = os.path.join(TMP, name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     TEST_DIRS.append(d)
     return d
+
+
+def make(targets, timeout=1800):
+    """make -s -j2 targets, one make at a time over the suite's processes (two makes of one target
+    side by side would write the same files)"""
+    os.makedirs(TMP, exist_ok=True)
+    with open(os.path.join(TMP, ".make.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return subprocess.run(["make", "-s", "-j2"] + targets, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=timeout)
+
+
+def shared_dir(out, fill):
+    """out, made by fill(out) once in this suite run, whichever test asks first: a test running
+    beside it waits on the lock and reads what the first made (a reference run, say)"""
+    os.makedirs(TMP, exist_ok=True)
+    with open(out + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes)
+        stamp = os.path.join(out, ".suite")
+        if not os.path.exists(stamp) or open(stamp).read() != SUITE:
+            shutil.rmtree(out, ignore_errors=True)
+            fill(out)
+            with open(stamp, "w") as f:
+                f.write(SUITE)
+    return out
 
 
 def step_comm_bytes(d, steps, out=None, changing=False):
@@ -281,9 +335,7 @@ def reference_run(cfg=REF):
     key = (cfg["layers"], cfg["heads"], cfg["channels"], cfg["seq_len"], cfg["batch"], cfg["steps"])
     if key not in _ref_cache:
         out = os.path.join(TMP, "reference" if cfg is REF else "reference_%d_%d_%d_%d_%d_%d" % key)
-        shutil.rmtree(out, ignore_errors=True)
-        args = type("Args", (), dict(cfg, out=out))
-        reference.run(args)
+        shared_dir(out, lambda out: reference.run(type("Args", (), dict(cfg, out=out))))
         with open(os.path.join(out, "reference.json")) as f:
             _ref_cache[key] = dict(json.load(f), dir=out)
         # the comparison is only meaningful if clipping and weight decay act: check they do
@@ -1077,7 +1129,7 @@ def reliability_longer_run_from_a_finished_one_equals_an_uninterrupted_one():
 def sanitized_bad_inputs_and_small_vocabulary():
     """the bad-input cases once more, under AddressSanitizer + UndefinedBehaviorSanitizer
     (make sanitize): each must stop with its message and no sanitizer report"""
-    p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    p = make(["sanitize"], timeout=600)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     env = dict(ASAN_OPTIONS="detect_leaks=0")  # MPI's own allocations live until exit
     for name, out in run_bad_inputs_concurrently("./build/sanitize/train_gpt2_dp", env):
@@ -1092,7 +1144,7 @@ def sanitized_dp_zero3_with_accumulation_overlap_sampling_and_resume():
     """ZeRO-3's gather buffer, prefetch and double-buffered gradient buckets under AddressSanitizer
     + UndefinedBehaviorSanitizer: 2 ranks, 2 micro-batches, overlap on, a checkpoint, a sample
     (every rank gathers) and a resume; then ZeRO-2 without overlap"""
-    p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    p = make(["sanitize"], timeout=600)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     env = dict(ASAN_OPTIONS="detect_leaks=0")
     d = fresh_dir("sanitized_dp_z3")
@@ -1110,7 +1162,7 @@ def sanitized_dp_zero3_with_accumulation_overlap_sampling_and_resume():
 def sanitized_tp_run_with_sequence_parallelism_sampling_and_resume():
     """the TP trainer's slicing, gathering and split-vocabulary sampling under AddressSanitizer +
     UndefinedBehaviorSanitizer: a tp=2 -sp 1 run with a checkpoint, a sample and a resume"""
-    p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    p = make(["sanitize"], timeout=600)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     env = dict(ASAN_OPTIONS="detect_leaks=0")
     d = fresh_dir("sanitized_tp")
@@ -1126,7 +1178,7 @@ def sanitized_cp_runs_ring_and_allgather_with_sampling_and_resume():
     """the CP trainer's token split, K,V blocks, exchanges and sampling under AddressSanitizer +
     UndefinedBehaviorSanitizer: 3 ranks, the ring (zigzag, -r 2) with a checkpoint, a sample and a
     resume; then the all-gather (contiguous)"""
-    p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    p = make(["sanitize"], timeout=600)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     env = dict(ASAN_OPTIONS="detect_leaks=0")
     d = fresh_dir("sanitized_cp")
@@ -1142,11 +1194,27 @@ def sanitized_cp_runs_ring_and_allgather_with_sampling_and_resume():
 
 
 @test
+def sanitized_diloco_bf16_link_fragments_checkpoint_sampling_and_resume():
+    """DiLoCo's outer step under AddressSanitizer + UndefinedBehaviorSanitizer: 3 workers (uneven
+    shards of the bf16 exchanges, in the pseudo-gradient's buffer), 2 fragments, H = 2, a
+    checkpoint between outer steps (every worker's state), a sample and a resume"""
+    p = make(["sanitize"], timeout=600)
+    assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
+    env = dict(ASAN_OPTIONS="detect_leaks=0")
+    d = fresh_dir("sanitized_diloco")
+    args = small_run_args(d, ["-x", 3, "-n", 3, "-s", 3, "-g", 8, "-H", 2, "-fragments", 2, "-outer_dtype", "bf16"])
+    for extra in ([], ["-x", 4, "-y", 1]):
+        out = run_ok(3, args + extra, program="./build/sanitize/train_gpt2_diloco", env=env)
+        assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+    assert "resumed from step 3" in out and "---- sample at step 4 ----" in out, out[-3000:]
+
+
+@test
 def sanitized_pp_run_interleaved_with_timeline_sampling_and_resume_and_zb():
     """the PP trainer's activation slots, exchanges and gathers under AddressSanitizer +
     UndefinedBehaviorSanitizer: 2 stages of 2 chunks (interleaved) on a 4-layer model, a timeline, a
     checkpoint, a sample and a resume; then zero bubble, whose W reads what B kept in the slots"""
-    p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    p = make(["sanitize"], timeout=600)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     env = dict(ASAN_OPTIONS="detect_leaks=0")
     d = fresh_dir("sanitized_pp")
@@ -1170,7 +1238,7 @@ def sanitized_grid3d_interleaved_sp_checkpoint_resumed_on_another_grid_with_zero
     as 1x1x2x2 with -cp 2 (the ring on tp's heads, -sp on T/cp, ZeRO-1 over cp) with a sample;
     and a 1x1x2x2 run at T = 36, whose samples of every length pad to whole chunks and shards
     (multiples of 4, not of 2 cp x tp = 8: the sample must stay within -t's buffers)"""
-    p = subprocess.run(["make", "-s", "sanitize"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    p = make(["sanitize"], timeout=600)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     env = dict(ASAN_OPTIONS="detect_leaks=0")
     d = fresh_dir("sanitized_grid3d")
@@ -2362,7 +2430,7 @@ def have_gpu():
 def build(kind, precision, targets):
     """kind 'cuda' (nvcc, for a GPU) or 'emu' (g++ and test/cuda_emu, for the CPU)"""
     paths = ["build/%s_%s/%s" % (kind, precision, t) for t in targets]
-    p = subprocess.run(["make", "-s", "-j2"] + paths, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800)
+    p = make(paths)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     return [os.path.join(ROOT, x) for x in paths]
 
@@ -2826,12 +2894,11 @@ def diloco_reference(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9,
     key = (workers, H, ranks, micro, outer_lr, outer_momentum, dtype, fragments, outer_dtype, cfg["layers"], cfg["steps"])
     if key not in _diloco_cache:
         out = os.path.join(TMP, "reference_diloco_%d_%d_%d_%d_%g_%g_%s_f%d_%s_l%d_s%d" % key)
-        shutil.rmtree(out, ignore_errors=True)
-        args = type("Args", (), dict(cfg, out=out, init=os.path.join(reference_run(cfg)["dir"], "model.bin"),
-                                     workers=workers, H=H, ranks=ranks, micro=micro, outer_lr=outer_lr,
-                                     outer_momentum=outer_momentum, dtype=dtype, fragments=fragments,
-                                     outer_dtype=outer_dtype))
-        reference.run_diloco(args)
+        init = os.path.join(reference_run(cfg)["dir"], "model.bin")
+        args = type("Args", (), dict(cfg, out=out, init=init, workers=workers, H=H, ranks=ranks, micro=micro,
+                                     outer_lr=outer_lr, outer_momentum=outer_momentum, dtype=dtype,
+                                     fragments=fragments, outer_dtype=outer_dtype))
+        shared_dir(out, lambda out: reference.run_diloco(args))
         with open(os.path.join(out, "reference.json")) as f:
             _diloco_cache[key] = dict(json.load(f), dir=out)
     return _diloco_cache[key]
@@ -3265,6 +3332,39 @@ def cuda_compiles_for_sm80_and_sm90():
 DISK_NEEDED = 3e9
 
 
+def run_test(fn, capture):
+    """one test: (outcome PASS/SKIP/FAIL, seconds, what it printed when captured, its message);
+    a test that passes or is skipped leaves no directories behind, a failed one keeps them"""
+    t0 = time.time()
+    del TEST_DIRS[:]
+    RUNNING["test"] = fn.__name__
+    printed, stdout = io.StringIO(), sys.stdout
+    if capture:
+        sys.stdout = printed
+    try:
+        fn()
+        outcome, message = "PASS", ""
+    except Skip as e:
+        outcome, message = "SKIP", "skipped (%s)" % e
+    except Exception as e:  # an assertion or a crash of the test itself
+        kept = " (its files kept: %s)" % " ".join(os.path.relpath(d, ROOT) for d in TEST_DIRS) if TEST_DIRS else ""
+        outcome, message = "FAIL", "%s: %s" % (kept, e)
+    finally:
+        sys.stdout = stdout
+    if outcome != "FAIL":
+        for d in TEST_DIRS:
+            shutil.rmtree(d, ignore_errors=True)
+    return outcome, time.time() - t0, printed.getvalue(), message
+
+
+def run_test_named(name):  # in a worker process of the pool (forked: it has every test)
+    return run_test(next(fn for fn in TESTS if fn.__name__ == name), capture=True)
+
+
+# what holds this process's state runs here, after the others: the background nvcc it waits for
+IN_MAIN_PROCESS = {"cuda_compiles_for_sm80_and_sm90"}
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     free = shutil.disk_usage(TMP).free
@@ -3274,37 +3374,39 @@ def main():
         print("0 passed, 1 failed, 0 skipped")
         sys.exit(1)
     pattern = sys.argv[1] if len(sys.argv) > 1 else ""
+    jobs = int(os.environ.get("TEST_JOBS", os.cpu_count() or 1))
     if pattern in "cuda_compiles_for_sm80_and_sm90":
         start_cuda_check()
-    passed = failed = skipped = 0
+    selected = [fn for fn in TESTS if pattern in fn.__name__]
+    counts = {"PASS": 0, "FAIL": 0, "SKIP": 0}
     durations, start = [], time.time()
-    for fn in TESTS:
-        if pattern not in fn.__name__:
-            continue
-        t0 = time.time()
-        del TEST_DIRS[:]
-        try:
-            fn()
-            passed += 1
-            print("PASS %s (%.1fs)" % (fn.__name__, time.time() - t0), flush=True)
-        except Skip as e:
-            skipped += 1
-            print("SKIP %s: skipped (%s)" % (fn.__name__, e), flush=True)
-        except Exception as e:  # an assertion or a crash of the test itself
-            failed += 1
-            kept = " (its files kept: %s)" % " ".join(os.path.relpath(d, ROOT) for d in TEST_DIRS) if TEST_DIRS else ""
-            print("FAIL %s (%.1fs)%s: %s" % (fn.__name__, time.time() - t0, kept, e), flush=True)
-            continue
-        finally:
-            durations.append((time.time() - t0, fn.__name__))
-        for d in TEST_DIRS:
-            shutil.rmtree(d, ignore_errors=True)
+
+    def report(name, result):
+        outcome, seconds, printed, message = result
+        counts[outcome] += 1
+        durations.append((seconds, name))
+        sys.stdout.write(printed)
+        if outcome == "SKIP":
+            print("SKIP %s: %s" % (name, message), flush=True)
+        else:
+            print("%s %s (%.1fs)%s" % (outcome, name, seconds, message), flush=True)
+
+    later = [fn for fn in selected if fn.__name__ in IN_MAIN_PROCESS] if jobs > 1 else []
+    if jobs > 1:
+        # fork: the workers start with this module as it is, every test registered
+        pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"))
+        futures = {pool.submit(run_test_named, fn.__name__): fn.__name__ for fn in selected if fn not in later}
+        for future in concurrent.futures.as_completed(futures):
+            report(futures[future], future.result())
+        pool.shutdown()
+    for fn in (later if jobs > 1 else selected):
+        report(fn.__name__, run_test(fn, capture=False))
     # where the suite's time goes (a test's time includes the builds it waits for)
-    print("the slowest tests (%.0f s in all):" % (time.time() - start))
+    print("the slowest tests (%.0f s in all, %d at a time):" % (time.time() - start, jobs))
     for seconds, name in sorted(durations, reverse=True)[:15]:
         print("  %6.1f s  %s" % (seconds, name))
-    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
-    sys.exit(1 if failed else 0)
+    print("%d passed, %d failed, %d skipped" % (counts["PASS"], counts["FAIL"], counts["SKIP"]))
+    sys.exit(1 if counts["FAIL"] else 0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+#!/bin/bash
+# The DiLoCo chapter's experiment (README, "Across datacenters in five minutes"): a 4-layer GPT-2
+# (d4) trained from the same random init on tiny Shakespeare by DDP over 4 ranks and by DiLoCo
+# with 4 workers of one rank (each rank standing for a datacenter) with H = 1, 10, 50, and
+# streaming DiLoCo with F = 4 fragments (H = 48: F must divide H), all with the same tokens per
+# step and the same inner AdamW settings. dev/plot_diloco.py draws the validation loss against
+# the step and against the bytes sent on the link, and prints the README's table.
+#   bash dev/diloco_vs_ddp.sh [out.png]      (default dev/images/diloco_vs_ddp.png)
+#   STEPS=400 by default; on 2 cores about 25 minutes for the five runs
+set -e
+cd "$(dirname "$0")/.."
+out=${1:-dev/images/diloco_vs_ddp.png}
+steps=${STEPS:-400}
+make -s train_gpt2_dp train_gpt2_diloco
+# 4 ranks x B 2 x T 64 = 512 tokens a step; validation every 10 steps on 4 batches of each rank
+common=(-e d4 -b 2 -t 64 -x "$steps" -l 1e-3 -u 20 -q 0.1 -v 10 -m 4 -s 0 -seed 1337)
+mpi=(mpirun -np 4)
+[ "$(id -u)" = 0 ] && mpi+=(--allow-run-as-root)
+# more ranks than cores: one thread each, or their OpenMP threads fight over the cores
+if [ "$(nproc)" -lt 4 ]; then
+    mpi+=(--oversubscribe)
+    export OMP_NUM_THREADS=1
+fi
+run() {  # name program flags...
+    local name=$1 program=$2
+    shift 2
+    rm -rf "out/diloco_vs_ddp/$name"
+    echo "$name: $program $*"
+    "${mpi[@]}" "$program" "${common[@]}" -o "out/diloco_vs_ddp/$name" "$@" | grep -E "^average step time"
+}
+run ddp ./train_gpt2_dp
+run h1 ./train_gpt2_diloco -H 1
+run h10 ./train_gpt2_diloco -H 10
+run h50 ./train_gpt2_diloco -H 50
+run h48_f4 ./train_gpt2_diloco -H 48 -fragments 4
+/usr/bin/python3 dev/plot_diloco.py -o "$out" --link-ranks 4 \
+    --title "GPT-2 d4 on tiny Shakespeare, 4 datacenters of one rank: DDP and DiLoCo" \
+    "DDP=out/diloco_vs_ddp/ddp" "DiLoCo H=1=out/diloco_vs_ddp/h1" "DiLoCo H=10=out/diloco_vs_ddp/h10" \
+    "DiLoCo H=50=out/diloco_vs_ddp/h50" "streaming F=4, H=48=out/diloco_vs_ddp/h48_f4"
