@@ -2,7 +2,7 @@
 GPT-2 training across datacenters with DiLoCo (Douillard et al. 2023, "DiLoCo: Distributed
 Low-Communication Training of Language Models", arXiv:2311.08105): W workers, each a
 data-parallel group of ranks, train on their own for H steps and only then exchange what they
-learned, in one all-reduce across workers.
+learned, in one all-reduce across workers (or its two halves in bf16, -outer_dtype).
 
 Why: data parallelism (train_gpt2_dp.cu) all-reduces every gradient every step, 2 (p-1)/p P X
 bytes, which a link between datacenters cannot carry. DiLoCo sends the same amount once every H
@@ -96,6 +96,12 @@ static void diloco_init(Diloco* d, CommGroup* world, int workers, size_t P) {
     d->ranks_per_worker = R;
     comm_split(&d->worker, world, r / R, r % R, "worker");
     comm_split(&d->across, world, r % R, r / R, "across");
+    // the bf16 average's buffers fit in delta's 2P bf16 slots: q (P_f <= P) and the other workers'
+    // values of this rank's shard ((W - 1) ceil(P_f / W)), while W is below about sqrt(P)
+    size_t W = (size_t)workers, largest_shard = (P + W - 1) / W;
+    if ((W - 1) * largest_shard > P) {
+        fail("-workers %d: the bf16 average needs P / W >= W - 1, and the model has P = %zu parameters", workers, P);
+    }
     d->outer = (float*)device_malloc(P * sizeof(float));
     d->momentum = (float*)device_malloc(P * sizeof(float));
     d->delta = (float*)device_malloc(P * sizeof(float));
@@ -354,6 +360,9 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
         mean_sent += sent / d->H;
         peak_sent = sent > peak_sent ? sent : peak_sent;
     }
+    double line = 2.0 * (W - 1) / W * 8;  // the step line's loss and norm, 8 bytes all-reduced every step
+    mean_sent += line;
+    peak_sent += line;
     printf("  across all-reduce  %12.0f bytes every step  8 (the loss and the norm, for the step line)\n", 8.0);
     printf("  the link between workers, sent per rank: %.0f bytes a step on average, at most %.0f in a step before "
            "the last (which sends every fragment); DDP over %d ranks: 2 (p-1)/p P X = %.0f every step\n",

@@ -2809,6 +2809,16 @@ def emu_resume_is_bit_identical_bf16():
 
 
 @test
+def emu_diloco_resume_mid_round_is_bit_identical_bf16():
+    """DiLoCo in a bf16 build, 2 workers on one emulated GPU (host-staged), H = 2, a bf16 link:
+    resumed from the checkpoint of step 3, between outer steps, steps 4-5 and the final theta_outer
+    repeat bit for bit (the workers' fp32 master weights restored over their bf16 parameter bits)"""
+    (program,) = build("emu", "BF16", ["train_gpt2_diloco"])
+    check_resume(lambda args, d: emu_runner(1)(program, 2, args + ["-H", 2, "-outer_dtype", "bf16"], d),
+                 "emu_diloco_resume", 4)
+
+
+@test
 def emu_catches_a_missing_block_barrier():
     """delete the barrier after the flash forward loads a k/v tile: other warps would read a
     half-loaded tile on a GPU. The emulator's warp-serial schedule (each warp alone between two
@@ -3008,9 +3018,10 @@ def diloco_streaming_with_2_fragments_against_the_reference():
 
 @test
 def diloco_bf16_pseudo_gradients_against_the_reference():
-    """-outer_dtype bf16, W = 3 workers (uneven shards of the exchanges), H = 2, against the
-    reference that rounds the same values to bf16; fp32's own bound (diloco_run says why)"""
-    diloco_run(3, 2, 3, 1, cfg=REF6, outer_dtype="bf16")
+    """-outer_dtype bf16, W = 3 workers (uneven shards of the exchanges), H = 2 and 2 fragments,
+    against the reference that rounds the same values to bf16; fp32's own bound (diloco_run says
+    why)"""
+    diloco_run(3, 2, 3, 1, cfg=REF6, outer_dtype="bf16", fragments=2)
     # and exactly bf16: after one step, the run's only outer step, the outer momentum is the mean
     # pseudo-gradient as it came back over the link, so every value is a bf16 (low 16 bits 0)
     d = fresh_dir("diloco_bf16_one_step")
