@@ -74,6 +74,8 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 // The workers and the outer state
 
 typedef struct {
+    GPT2* model;                    // this rank's copy: its worker's
+    int rank;                       // in the world: worker w's r-th rank is w R + r
     int workers, ranks_per_worker;  // W, R
     int H;                          // inner steps between outer steps
     int fragments;                  // F (streaming DiLoCo; 1: the whole model at once)
@@ -92,6 +94,7 @@ typedef struct {
 // ranks passing the same colour form a group, ordered by the key.
 static void diloco_init(Diloco* d, CommGroup* world, int workers, size_t P) {
     int R = world->size / workers, r = world->rank;
+    d->rank = r;
     d->workers = workers;
     d->ranks_per_worker = R;
     comm_split(&d->worker, world, r / R, r % R, "worker");
@@ -293,19 +296,21 @@ static void gpt2_backward(GPT2* model, const int* inputs_host, int B, int T) {
 
 // ----------------------------------------------------------------------------------------------
 // Validation and samples (the run layer, llmc/run.h, calls these): each rank on its worker's
-// current model; the run layer averages the validation loss over every rank (right after an
-// outer step of every fragment all workers hold theta_outer: with F = 1 at multiples of H the
-// loss is theta_outer's)
+// current model and its own validation batch, as DDP's ranks split them (so that both measure
+// the same tokens); the run layer averages the loss over every rank. Right after an outer step
+// of every fragment all workers hold theta_outer: with F = 1 at multiples of H the loss is
+// theta_outer's, between outer steps the workers' mean
 
 static float val_loss(void* trainer, DataLoader* val) {
-    GPT2* model = (GPT2*)trainer;
-    dataloader_load_chunk(val, 0, model->config.vocab_size);
+    Diloco* d = (Diloco*)trainer;
+    GPT2* model = d->model;
+    dataloader_load_chunk(val, d->rank, model->config.vocab_size);
     gpt2_forward(model, val->inputs, model->B, model->T);
     return gpt2_loss(model, val->targets, model->B, model->T, 0.0f);
 }
 
 static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
-    GPT2* model = (GPT2*)trainer;
+    GPT2* model = ((Diloco*)trainer)->model;
     gpt2_forward(model, tokens, 1, T);
     return model->acts.logits;
 }
@@ -419,13 +424,14 @@ int main(int argc, char** argv) {
     // ---- the weights, the data (a step is accum x ranks chunks of B x T: micro-batch i of rank r
     // is chunk i ranks + r, DDP's split, so that W workers see the tokens DDP over the ranks
     // would), the run's identity, the output dir
-    float* weights = run_load(&run, accum * ranks, /*val_chunks*/ 1, "-workers %d -H %d -fragments %d -outer_lr %g "
+    float* weights = run_load(&run, accum * ranks, /*val_chunks*/ ranks, "-workers %d -H %d -fragments %d -outer_lr %g "
                               "-outer_momentum %g -outer_dtype %s", workers, H, fragments, outer_lr, outer_momentum,
                               outer_dtype);
     GPT2 model;
     gpt2_build(&model, config, dims, layout, weights, B, T, ACTS_ALL, activations_kept(run.args.recompute, 0, dims), 0);
     free(weights);
     Diloco d;
+    d.model = &model;
     d.H = H;
     d.fragments = fragments;
     d.outer_lr = outer_lr;
@@ -441,7 +447,7 @@ int main(int argc, char** argv) {
     // this trainer's own state, theta_outer, the outer momentum and its worker's fp32 weights,
     // which differ from worker to worker between outer steps. A resume needs the same W: the
     // run's identity holds it, and the rank count is checked
-    RunModel hooks = run_model(&model, &model, val_loss, sample_logits);
+    RunModel hooks = run_model(&model, &d, val_loss, sample_logits);
     hooks.val_replicas = world;
     float* own_weights = model.master_memory ? model.master_memory : (float*)model.params_memory;
     hooks.own = (TrainerState){{d.outer, d.momentum, own_weights}, {model.num_parameters, model.num_parameters,

@@ -3054,6 +3054,20 @@ def diloco_resume_mid_round_is_bit_identical_and_needs_the_same_workers():
 
 
 @test
+def diloco_validation_reads_the_batches_ddp_reads():
+    """from the same weights, the validation loss before the first step equals the DP trainer's
+    over the same ranks (each rank its own batches, the mean over all): the experiment against
+    DDP (dev/diloco_vs_ddp.sh) compares the same tokens. 1e-6: the two trainers' forward passes
+    are the same kernels in another order of calls"""
+    vals = []
+    for program in (DILOCO, "./train_gpt2_dp"):
+        d = fresh_dir("diloco_val_" + os.path.basename(program))
+        run_ok(2, trainer_args(reference_run(), 4, d, ["-x", 1, "-v", 1, "-m", 3]), program=program)
+        vals.append(read_log(d)[1][0]["val_loss"])
+    assert abs(vals[0] - vals[1]) <= 1e-6, "validation before step 1: DiLoCo %.7f, DDP %.7f" % tuple(vals)
+
+
+@test
 def diloco_h1_plain_averaging_equals_the_mean_of_the_workers():
     """-H 1 -outer_lr 1 -outer_momentum 0: theta_outer is the workers' mean after every step (the
     reference computes it as the SGD step of lr 1 on the mean pseudo-gradient)"""
