@@ -11,7 +11,7 @@ Tests run side by side, as many at a time as the machine has cores (TEST_JOBS=N 
 one after another, in this process). Each runs in a worker process of its own and prints its
 lines when it ends. What tests share is made once per suite run and locked while it is made
 (shared_dir: the references; build: make), and each test's directories are its own (fresh_dir
-stops two tests from claiming one).
+puts them under the test's name).
 """
 import concurrent.futures
 import fcntl
@@ -85,24 +85,14 @@ TEST_DIRS = []
 RUNNING = {"test": None}  # the name of the test this process runs
 
 
+def test_dir(name):
+    """where fresh_dir(name) puts the running test's directory: under the test's own name, so
+    that tests running side by side (or helpers that two tests call) never share one"""
+    return os.path.join(TMP, RUNNING["test"], name) if RUNNING["test"] else os.path.join(TMP, name)
+
+
 def fresh_dir(name):
-    """an empty directory of the running test's own: tests run side by side, so a name another
-    test of this suite run claimed is an error (a claim file in TMP/.claims holds the name)"""
-    claims = os.path.join(TMP, ".claims")
-    os.makedirs(claims, exist_ok=True)
-    claim, me = os.path.join(claims, name), "%s %s" % (SUITE, RUNNING["test"])
-    try:
-        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        os.write(fd, me.encode())
-        os.close(fd)
-    except FileExistsError:
-        with open(claim) as f:
-            holder = f.read()
-        if holder.split(" ")[0] == SUITE and holder != me:
-            raise AssertionError("test/tmp/%s is %s's too: give each test directories of its own" % (name, holder.split(" ")[1]))
-        with open(claim, "w") as f:  # an earlier suite run's
-            f.write(me)
-    d = os.path.join(TMP, name)
+    d = test_dir(name)
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     TEST_DIRS.append(d)
@@ -491,7 +481,7 @@ def dp_zero_resume_is_bit_identical_and_refuses_another_stage():
     load at -z 2 (nor at another rank count: the state files are this layout's shards)"""
     for zero in (1, 2, 3):
         check_resume(lambda args, d: run_ok(2, args + ["-z", zero]), "dp_z%d_resume" % zero, 2)
-    part = os.path.join(TMP, "dp_z1_resume_part")
+    part = test_dir("dp_z1_resume_part")
     code, out = mpirun(2, trainer_args(reference_run(), 2, part, ["-n", 3, "-v", 2, "-m", 2, "-y", 1, "-x", 6, "-z", 2]),
                        timeout=60)
     assert code != 0 and "zero=1" in out and "zero=2" in out, out[-2000:]
@@ -3042,10 +3032,10 @@ def diloco_resume_mid_round_is_bit_identical_and_needs_the_same_workers():
     def run(args, d):
         return run_ok(2, args + ["-workers", 2, "-H", 2, "-dump_outer", os.path.join(d, "momentum.bin")], program=DILOCO)
     check_resume(run, "diloco_resume", 4)
-    with open(os.path.join(TMP, "diloco_resume_full", "momentum.bin"), "rb") as a, \
-            open(os.path.join(TMP, "diloco_resume_part", "momentum.bin"), "rb") as b:
+    with open(os.path.join(test_dir("diloco_resume_full"), "momentum.bin"), "rb") as a, \
+            open(os.path.join(test_dir("diloco_resume_part"), "momentum.bin"), "rb") as b:
         assert a.read() == b.read(), "the outer momentum differs after resume"
-    part = os.path.join(TMP, "diloco_resume_part")
+    part = test_dir("diloco_resume_part")
     base = trainer_args(reference_run(), 4, part, ["-n", 3, "-v", 2, "-m", 2, "-y", 1, "-H", 2])
     for ranks, flags, message in ((2, ["-workers", 1], "belongs to another run: layout: -workers 2 -H 2"),
                                   (1, ["-workers", 1, "-b", 8], "written by a job of 2 ranks, this job has 1")):
@@ -3379,6 +3369,8 @@ def run_test(fn, capture):
     if outcome != "FAIL":
         for d in TEST_DIRS:
             shutil.rmtree(d, ignore_errors=True)
+        shutil.rmtree(os.path.join(TMP, fn.__name__), ignore_errors=True)
+    RUNNING["test"] = None
     return outcome, time.time() - t0, printed.getvalue(), message
 
 
@@ -3422,7 +3414,11 @@ def main():
         pool = concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"))
         futures = {pool.submit(run_test_named, fn.__name__): fn.__name__ for fn in selected if fn not in later}
         for future in concurrent.futures.as_completed(futures):
-            report(futures[future], future.result())
+            try:
+                result = future.result()
+            except Exception as e:  # the worker process died (a crash of Python itself)
+                result = ("FAIL", 0.0, "", ": its worker process ended: %r" % e)
+            report(futures[future], result)
         pool.shutdown()
     for fn in (later if jobs > 1 else selected):
         report(fn.__name__, run_test(fn, capture=False))
