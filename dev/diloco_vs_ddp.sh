@@ -3,10 +3,11 @@
 # (d4) trained from the same random init on tiny Shakespeare by DDP over 4 ranks and by DiLoCo
 # with 4 workers of one rank (each rank standing for a datacenter) with H = 1, 10, 50, and
 # streaming DiLoCo with F = 4 fragments (H = 48: F must divide H), all with the same tokens per
-# step and the same inner AdamW settings. dev/plot_diloco.py draws the validation loss against
+# step and the same inner AdamW settings, the outer ones the paper's (lr 0.7, momentum 0.9); then
+# H = 1 again as plain parameter averaging (outer lr 1, momentum 0). dev/plot_diloco.py draws the validation loss against
 # the step and against the bytes sent on the link, and prints the README's table.
 #   bash dev/diloco_vs_ddp.sh [out.png]      (default dev/images/diloco_vs_ddp.png)
-#   STEPS=400 by default; on 2 cores about 25 minutes for the five runs
+#   STEPS=400 by default; on 2 cores about 30 minutes for the six runs
 set -e
 cd "$(dirname "$0")/.."
 out=${1:-dev/images/diloco_vs_ddp.png}
@@ -33,7 +34,10 @@ run h1 ./train_gpt2_diloco -H 1
 run h10 ./train_gpt2_diloco -H 10
 run h50 ./train_gpt2_diloco -H 50
 run h48_f4 ./train_gpt2_diloco -H 48 -fragments 4
+# and H = 1 as plain parameter averaging (the outer step without its momentum and learning rate)
+run h1_avg ./train_gpt2_diloco -H 1 -outer_lr 1 -outer_momentum 0
 /usr/bin/python3 dev/plot_diloco.py -o "$out" --link-ranks 4 \
     --title "GPT-2 d4 on tiny Shakespeare, 4 datacenters of one rank: DDP and DiLoCo" \
     "DDP=out/diloco_vs_ddp/ddp" "DiLoCo H=1=out/diloco_vs_ddp/h1" "DiLoCo H=10=out/diloco_vs_ddp/h10" \
-    "DiLoCo H=50=out/diloco_vs_ddp/h50" "streaming F=4, H=48=out/diloco_vs_ddp/h48_f4"
+    "DiLoCo H=50=out/diloco_vs_ddp/h50" "streaming F=4, H=48=out/diloco_vs_ddp/h48_f4" \
+    "H=1, averaging (lr 1, mu 0)=out/diloco_vs_ddp/h1_avg"

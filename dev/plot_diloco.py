@@ -46,7 +46,7 @@ def read_run(run_dir, n):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", help="LABEL=DIR; the first is the baseline (DDP)")
+    ap.add_argument("runs", nargs="+", help="LABEL=DIR (the last = splits them); the first is the baseline (DDP)")
     ap.add_argument("-o", "--out", required=True, help="the PNG to write")
     ap.add_argument("--link-ranks", type=int, required=True, help="ranks of a group that crosses the link (W)")
     ap.add_argument("--title", default="DiLoCo against DDP")
@@ -54,7 +54,7 @@ def main():
 
     runs = []
     for run in args.runs:
-        label, run_dir = run.split("=", 1)
+        label, run_dir = run.rsplit("=", 1)  # (a label may hold "=", a directory does not)
         val, sent = read_run(run_dir, args.link_ranks)
         runs.append((label, val, sent))
     fig, (by_step, by_bytes) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -63,7 +63,7 @@ def main():
         by_step.plot(steps, [val[s] for s in steps], marker=".", label=label)
         by_bytes.plot([max(sent[s], 1e5) for s in steps], [val[s] for s in steps], marker=".", label=label)
     by_step.set_xlabel("step (every run sees the same tokens)")
-    by_bytes.set_xlabel("bytes sent on the link per rank (log scale; 0 drawn at 1e5)")
+    by_bytes.set_xlabel("bytes sent on the link per rank (log scale; less than 1e5 drawn at 1e5)")
     by_bytes.set_xscale("log")
     for ax in (by_step, by_bytes):
         ax.set_ylabel("validation loss")
@@ -77,15 +77,18 @@ def main():
     # the table: equal tokens (the last validation) and equal bytes (DDP when it had sent as much)
     base_label, base_val, base_sent = runs[0]
     last = max(base_val)
-    print("| run | val loss at step %d | bytes sent on the link | %s's bytes / these | %s's val loss at these bytes |"
-          % (last, base_label, base_label))
-    print("| --- | --- | --- | --- | --- |")
+    print("| run | val loss at step %d | bytes sent on the link | %s's bytes / these | most in one step | %s's val loss "
+          "at these bytes |" % (last, base_label, base_label))
+    print("| --- | --- | --- | --- | --- | --- |")
     for label, val, sent in runs:
-        total = sent[max(sent)]
+        steps = sorted(sent)
+        total = sent[steps[-1]]
+        # the burst the link must carry: the most a step sends, the last step's (every fragment) aside
+        peak = max(sent[b] - sent[a] for a, b in zip(steps[:-2], steps[1:-1]))
         ratio = "%.1fx" % (base_sent[max(base_sent)] / total) if total > 0 else "-"
         reached = [s for s in sorted(base_val) if base_sent.get(s, 0.0) <= total]
         at_bytes = "%.3f (step %d)" % (base_val[reached[-1]], reached[-1]) if reached else "-"
-        print("| %s | %.3f | %.3g | %s | %s |" % (label, val.get(last, float("nan")), total, ratio, at_bytes))
+        print("| %s | %.3f | %.3g | %s | %.3g | %s |" % (label, val.get(last, float("nan")), total, ratio, peak, at_bytes))
 
 
 if __name__ == "__main__":
