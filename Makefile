@@ -81,8 +81,10 @@ build/sanitize/train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-deps
 test/test_%: test/test_%.c $(HEADERS) | check-deps
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
+# OpenBLAS's sgemm beside ours, when it is installed (dev/setup.sh --bench installs it)
+OPENBLAS_FLAGS := $(shell pkg-config --exists openblas 2>/dev/null && echo -DHAVE_OPENBLAS $$(pkg-config --cflags --libs openblas))
 dev/bench/bench_matmul: dev/bench/bench_matmul.c $(HEADERS)
-	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
+	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS) $(OPENBLAS_FLAGS)
 
 # will it fit? a rank's device memory for any model, machine and layout (no GPU, no ranks)
 # (the trainers' headers hold static tables the planner does not use: no warning for those)
@@ -179,7 +181,9 @@ train: setup
 	$(MAKE) -s BACKEND=cpu train_gpt2_dp
 	OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 ./train_gpt2_dp -e d4 -b 4 -t 64 -x 150 -v 25 -m 10 -s 50 -g 64 -n 50 -l 1e-3 -u 10 -q 0.1 -c 0.1 -o out/quickstart
 
-bench: dev/bench/bench_matmul
+bench:
+	./dev/setup.sh --bench
+	$(MAKE) -s -B BACKEND=cpu dev/bench/bench_matmul  # (again: now with OpenBLAS)
 	$(MAKE) -s BACKEND=cpu train_gpt2_dp train_gpt2_tp train_gpt2_cp
 	./dev/bench/bench_matmul
 	./dev/bench/bench_cpu_step.sh

@@ -10,15 +10,26 @@
 #   dev/setup.sh --dry-run  --check, then the install commands it would run, without running them
 #                           (exit 1, as --check, when a required tool is missing)
 #   dev/setup.sh --list     the table itself: name|required or optional|used by|installed by
+#   dev/setup.sh --bench    (make bench) also OpenBLAS, the peer dev/bench/bench_matmul times
+#                           ours against; nothing else needs it
 set -euo pipefail
 source "$(dirname "$0")/tools.sh"
 
 mode=${1:-install}
 case "$mode" in
-    install|--check|--dry-run|--list) ;;
-    *) echo "dev/setup.sh: unknown argument '$mode' (expected --check, --dry-run or --list)" >&2; exit 2 ;;
+    install|--check|--dry-run|--list|--bench) ;;
+    *) echo "dev/setup.sh: unknown argument '$mode' (expected --check, --dry-run, --list or --bench)" >&2; exit 2 ;;
 esac
 if [ "$mode" = --list ]; then tool_rows; exit 0; fi
+if [ "$mode" = --bench ]; then
+    if pkg-config --exists openblas 2>/dev/null; then echo "found    bench     openblas"; exit 0; fi
+    echo "setup: apt-get install libopenblas-dev (dev/bench/bench_matmul's peer)"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas-dev pkg-config
+    exit 0
+fi
 
 apt_packages=() pip_packages=() missing_required=0
 while IFS='|' read -r name need used_by installer; do

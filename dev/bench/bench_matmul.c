@@ -1,11 +1,17 @@
-// CPU matmul benchmark on the linear layers of GPT-2 124M (d12) at B x T = 4 x 64 tokens:
-// forward and backward of each layer shape, in GFLOP/s, checked against a naive loop.
+// CPU matmul benchmark on the linear layers of GPT-2 124M (d12) at B x T = 4 x 64 tokens: each
+// of a layer's three products (forward out = inp W^T; backward dinp = dout W and dW += dout^T inp)
+// timed alone, in GFLOP/s, ours (llmc/cpu/matmul.h) beside OpenBLAS's sgemm on the same shapes
+// when it is installed (libopenblas-dev: `make bench` installs it through dev/setup.sh --bench),
+// and the step's total at both speeds. Ours is checked against a naive loop.
 //   make dev/bench/bench_matmul && OMP_NUM_THREADS=2 ./dev/bench/bench_matmul [N]
 #include <math.h>
 #include <omp.h>
 #include "llmc/utils.h"
 #include "llmc/rng.h"
 #include "llmc/cpu/matmul.h"
+#ifdef HAVE_OPENBLAS
+#include <cblas.h>
+#endif
 
 // largest |out - naive| over a sample of outputs, relative to the largest output
 static double check_forward(const float* out, const float* inp, const float* w, int N, int C, int OC) {
@@ -21,41 +27,98 @@ static double check_forward(const float* out, const float* inp, const float* w, 
     return err / scale;
 }
 
+// the three products of a linear layer (N tokens, C in, OC out), by ours or by OpenBLAS
+typedef struct {
+    float *inp, *w, *out, *dout, *dinp, *dw;
+    int N, C, OC;
+} Layer;
+
+static void ours(const Layer* l, int product) {
+    if (product == 0) matmul_forward(l->out, l->inp, l->w, NULL, l->N, l->C, l->OC);
+    if (product == 1) matmul_backward_input(l->dinp, l->dout, l->w, l->N, l->C, l->OC);
+    if (product == 2) matmul_backward_weight(l->dw, NULL, l->dout, l->inp, l->N, l->C, l->OC);
+}
+
+#ifdef HAVE_OPENBLAS
+static void openblas(const Layer* l, int product) {
+    int N = l->N, C = l->C, OC = l->OC;
+    if (product == 0) {  // out (N, OC) = inp (N, C) W^T, W (OC, C)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, l->inp, C, l->w, C, 0.0f, l->out, OC);
+    } else if (product == 1) {  // dinp (N, C) = dout (N, OC) W
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, l->dout, OC, l->w, C, 0.0f, l->dinp, C);
+    } else {  // dW (OC, C) += dout^T (OC, N) inp (N, C)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, l->dout, OC, l->inp, C, 1.0f, l->dw, C);
+    }
+}
+#endif
+
+// seconds per call, the best of 3 rounds of `reps` calls after one to warm up
+static double seconds(void (*run)(const Layer*, int), const Layer* l, int product) {
+    run(l, product);
+    double best = 1e30;
+    for (int round = 0; round < 3; round++) {
+        int reps = 3;
+        double t0 = wall_time_s();
+        for (int r = 0; r < reps; r++) run(l, product);
+        best = fmin(best, (wall_time_s() - t0) / reps);
+    }
+    return best;
+}
+
 int main(int argc, char** argv) {
     int N = argc > 1 ? atoi(argv[1]) : 256;  // tokens: B * T
     const char* names[] = {"qkv", "attproj", "fc", "fcproj", "classifier"};
+    const char* products[] = {"forward", "dinp", "dweight"};
     int Cs[] = {768, 768, 768, 3072, 768};
     int OCs[] = {2304, 768, 3072, 768, 50304};
     int calls_per_step[] = {12, 12, 12, 12, 1};
     Rng rng;
     rng_init(&rng, 1);
-    printf("matmul, N = %d tokens, %d threads\n", N, omp_get_max_threads());
-    printf("%-11s %6s %6s | %9s %9s | %9s %9s | %s\n", "layer", "C", "OC", "fwd ms", "GFLOP/s", "bwd ms", "GFLOP/s", "rel err");
-    double total_ms = 0.0;
+    int threads = omp_get_max_threads();
+#ifdef HAVE_OPENBLAS
+    openblas_set_num_threads(threads);
+    const char* blas = "OpenBLAS";
+#else
+    const char* blas = "OpenBLAS not installed (make bench installs it: dev/setup.sh --bench)";
+#endif
+    printf("matmul, N = %d tokens, %d threads; GFLOP/s of ours and of %s\n", N, threads, blas);
+    printf("%-11s %6s %6s %-8s | %9s %9s | %9s %9s | %7s\n", "layer", "C", "OC", "product", "ours ms", "GFLOP/s",
+           "BLAS ms", "GFLOP/s", "ours/BLAS");
+    double step_ours = 0.0, step_blas = 0.0, worst_err = 0.0;
     for (int i = 0; i < 5; i++) {
-        int C = Cs[i], OC = OCs[i];
-        float* inp = (float*)malloc_check((size_t)N * C * sizeof(float));
-        float* w = (float*)malloc_check((size_t)OC * C * sizeof(float));
-        float* out = (float*)malloc_check((size_t)N * OC * sizeof(float));
-        float* dinp = (float*)malloc_check((size_t)N * C * sizeof(float));
-        float* dw = (float*)calloc_check((size_t)OC * C, sizeof(float));
-        rng_normal_fill(&rng, inp, (size_t)N * C, 0.0f, 1.0f);
-        rng_normal_fill(&rng, w, (size_t)OC * C, 0.0f, 0.02f);
-        matmul_forward(out, inp, w, NULL, N, C, OC);  // warm up, and the output to check
-        double err = check_forward(out, inp, w, N, C, OC);
-        int reps = 5;
-        double t0 = wall_time_s();
-        for (int r = 0; r < reps; r++) matmul_forward(out, inp, w, NULL, N, C, OC);
-        double fwd = (wall_time_s() - t0) / reps;
-        t0 = wall_time_s();
-        for (int r = 0; r < reps; r++) matmul_backward(dinp, dw, NULL, out, inp, w, N, C, OC);
-        double bwd = (wall_time_s() - t0) / reps;
-        double flop = 2.0 * N * C * OC;
-        printf("%-11s %6d %6d | %9.2f %9.1f | %9.2f %9.1f | %.1e\n", names[i], C, OC, fwd * 1e3,
-               flop / fwd / 1e9, bwd * 1e3, 2 * flop / bwd / 1e9, err);
-        total_ms += (fwd + bwd) * 1e3 * calls_per_step[i];
-        free(inp); free(w); free(out); free(dinp); free(dw);
+        Layer l = {NULL, NULL, NULL, NULL, NULL, NULL, N, Cs[i], OCs[i]};
+        int C = l.C, OC = l.OC;
+        l.inp = (float*)malloc_check((size_t)N * C * sizeof(float));
+        l.w = (float*)malloc_check((size_t)OC * C * sizeof(float));
+        l.out = (float*)malloc_check((size_t)N * OC * sizeof(float));
+        l.dout = (float*)malloc_check((size_t)N * OC * sizeof(float));
+        l.dinp = (float*)malloc_check((size_t)N * C * sizeof(float));
+        l.dw = (float*)calloc_check((size_t)OC * C, sizeof(float));
+        rng_normal_fill(&rng, l.inp, (size_t)N * C, 0.0f, 1.0f);
+        rng_normal_fill(&rng, l.w, (size_t)OC * C, 0.0f, 0.02f);
+        rng_normal_fill(&rng, l.dout, (size_t)N * OC, 0.0f, 1.0f);
+        matmul_forward(l.out, l.inp, l.w, NULL, N, C, OC);
+        worst_err = fmax(worst_err, check_forward(l.out, l.inp, l.w, N, C, OC));
+        double flop = 2.0 * N * C * OC;  // each of the three products
+        for (int p = 0; p < 3; p++) {
+            double t = seconds(ours, &l, p);
+            step_ours += t * calls_per_step[i];
+            printf("%-11s %6d %6d %-8s | %9.2f %9.1f |", names[i], C, OC, products[p], t * 1e3, flop / t / 1e9);
+#ifdef HAVE_OPENBLAS
+            double tb = seconds(openblas, &l, p);
+            step_blas += tb * calls_per_step[i];
+            printf(" %9.2f %9.1f | %6.2fx\n", tb * 1e3, flop / tb / 1e9, t / tb);
+#else
+            printf(" %9s %9s | %7s\n", "-", "-", "-");
+#endif
+        }
+        free(l.inp); free(l.w); free(l.out); free(l.dout); free(l.dinp); free(l.dw);
     }
-    printf("all matmuls of one d12 training step: %.0f ms\n", total_ms);
+    printf("forward against a float64 loop: largest relative error %.1e\n", worst_err);
+    printf("all matmuls of one d12 training step: ours %.0f ms", step_ours * 1e3);
+#ifdef HAVE_OPENBLAS
+    printf(", at OpenBLAS's speed %.0f ms (ours %.2fx its time)", step_blas * 1e3, step_ours / step_blas);
+#endif
+    printf("\n");
     return 0;
 }
