@@ -84,7 +84,10 @@ int main(int argc, char** argv) {
     printf("matmul, N = %d tokens, %d threads; GFLOP/s of ours and of %s\n", N, threads, blas);
     printf("%-11s %6s %6s %-8s | %9s %9s | %9s %9s | %7s\n", "layer", "C", "OC", "product", "ours ms", "GFLOP/s",
            "BLAS ms", "GFLOP/s", "ours/BLAS");
-    double step_ours = 0.0, step_blas = 0.0, worst_err = 0.0;
+    double step_ours = 0.0, worst_err = 0.0;
+#ifdef HAVE_OPENBLAS
+    double step_blas = 0.0;
+#endif
     for (int i = 0; i < 5; i++) {
         Layer l = {NULL, NULL, NULL, NULL, NULL, NULL, N, Cs[i], OCs[i]};
         int C = l.C, OC = l.OC;
