@@ -7,7 +7,7 @@
 #                        (TRAINER may be an emulator build, e.g. build/emu_FP32/train_gpt2_tp with ENV=CUDA_EMU_DEVICES=2)
 #   make bench           benchmarks (CPU: matmul GFLOP/s, a training step, tensor and pipeline parallelism; GPU: dev/bench/bench_gpu.sh)
 #   make sanitize        the CPU trainers built with AddressSanitizer + UndefinedBehaviorSanitizer:
-#                        build/sanitize/train_gpt2_dp, ..._tp, ..._pp, ..._3d, ..._cp (the tests run bad inputs, TP, PP, 3D and CP runs)
+#                        build/sanitize/train_gpt2_dp, ..._tp, ..._pp, ..._3d, ..._cp, ..._diloco (the tests run bad inputs, TP, PP, 3D, CP and DiLoCo runs)
 #   make mutation-sweep  delete each barrier of llmc/cuda in turn and check the emulator notices
 #                        (dev/cuda/mutation_sweep.py; about 20 minutes on 2 cores)
 #   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90 (no GPU needed; -j2 runs two at a time)
