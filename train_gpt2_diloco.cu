@@ -45,7 +45,8 @@ AdamW step, so every worker takes the same step; parameter averaging lets each w
 take its own (normalized by its own moments), then averages the results.
 
 The loss printed is the mean over the workers' losses (each the mean of its tokens: the global
-batch's mean, as DDP's), and the gradient norm the mean of the workers' norms.
+batch's mean, as DDP's), and the gradient norm the mean of the workers' norms; the clip scale
+beside it is rank 0's worker's own.
 
 Checkpoints (-n, -y) hold what differs between workers: every rank's state file carries its
 worker's AdamW moments and weights, theta_outer and the outer momentum, so a run resumes bit for
@@ -57,6 +58,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 #include "llmc/utils.h"
 #include "llmc/args.h"
 #include "llmc/comm.h"
@@ -361,7 +363,7 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
             snprintf(name, sizeof(name), "fragment %d: layers %d-%d%s", f, f * c.num_layers / d->fragments,
                      (f + 1) * c.num_layers / d->fragments - 1, f == 0 ? " + wte, wpe" : f == d->fragments - 1 ? " + lnf" : "");
         }
-        printf("    %-32s %12.0f bytes, %12.0f of them sent\n", name, counted, sent);
+        printf("    %-32s %12.0f bytes counted, %12.0f sent by the rank\n", name, counted, sent);
         mean_sent += sent / d->H;
         peak_sent = sent > peak_sent ? sent : peak_sent;
     }
@@ -408,6 +410,18 @@ int main(int argc, char** argv) {
     }
     if (strcmp(outer_dtype, "fp32") != 0 && strcmp(outer_dtype, "bf16") != 0) {
         fail("-outer_dtype %s: expected fp32 or bf16", outer_dtype);
+    }
+    if (dump_outer != NULL) {  // (checked now: it is written only after the run)
+        char dir[4096];
+        snprintf(dir, sizeof(dir), "%s", dump_outer);
+        char* slash = strrchr(dir, '/');
+        if (slash == NULL) snprintf(dir, sizeof(dir), ".");
+        else if (slash == dir) slash[1] = '\0';
+        else *slash = '\0';
+        struct stat st;
+        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            fail("-dump_outer %s: its directory '%s' does not exist", dump_outer, dir);
+        }
     }
     int B = run.args.B, T = run.args.T;
     LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);

@@ -209,6 +209,15 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
             size_t writing = P * sizeof(float) * (t.X < 4 ? 4 : 3);  // (weights, m, v and the bf16 bits)
             plan.host = writing > plan.host ? writing : plan.host;
         }
+        if (r->trainer == TRAINER_DILOCO) {
+            // every state file carries the trainer's own state too: theta_outer, the momentum and
+            // the worker's weights (3 N fp32), read on resume and, writing, beside m, v (and the
+            // bits) and on rank 0 the whole model
+            size_t own = 3 * N * sizeof(float);
+            if (r->resume) plan.host += own;
+            size_t writing = r->checkpoint ? (root ? P * sizeof(float) : 0) + N * resume_state + own : 0;
+            plan.host = writing > plan.host ? writing : plan.host;
+        }
     }
     return plan;
 }
