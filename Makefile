@@ -81,8 +81,9 @@ build/sanitize/train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-deps
 test/test_%: test/test_%.c $(HEADERS) | check-deps
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-# OpenBLAS's sgemm beside ours, when it is installed (dev/setup.sh --bench installs it)
-OPENBLAS_FLAGS := $(shell pkg-config --exists openblas 2>/dev/null && echo -DHAVE_OPENBLAS $$(pkg-config --cflags --libs openblas))
+# OpenBLAS's sgemm beside ours, when it is installed (dev/setup.sh --bench installs it): when a
+# program links with -lopenblas
+OPENBLAS_FLAGS := $(shell echo 'int main(void) { return 0; }' | $(CC) -x c - -lopenblas -o /dev/null 2>/dev/null && echo -DHAVE_OPENBLAS -lopenblas)
 dev/bench/bench_matmul: dev/bench/bench_matmul.c $(HEADERS)
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS) $(OPENBLAS_FLAGS)
 

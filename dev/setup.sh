@@ -22,12 +22,16 @@ case "$mode" in
 esac
 if [ "$mode" = --list ]; then tool_rows; exit 0; fi
 if [ "$mode" = --bench ]; then
-    if pkg-config --exists openblas 2>/dev/null; then echo "found    bench     openblas"; exit 0; fi
+    # (as the Makefile looks for it: a program links with -lopenblas)
+    if echo 'int main(void) { return 0; }' | gcc -x c - -lopenblas -o /dev/null 2>/dev/null; then
+        echo "found    bench     openblas"
+        exit 0
+    fi
     echo "setup: apt-get install libopenblas-dev (dev/bench/bench_matmul's peer)"
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas-dev pkg-config
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas-dev
     exit 0
 fi
 

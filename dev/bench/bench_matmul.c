@@ -10,7 +10,12 @@
 #include "llmc/rng.h"
 #include "llmc/cpu/matmul.h"
 #ifdef HAVE_OPENBLAS
-#include <cblas.h>
+// OpenBLAS's C interface: the two functions used, declared here (its cblas.h lives in a directory
+// of its own on each distribution); the CBLAS enums are ints with these values
+enum { CblasRowMajor = 101, CblasNoTrans = 111, CblasTrans = 112 };
+void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                 const float* B, int ldb, float beta, float* C, int ldc);
+void openblas_set_num_threads(int threads);
 #endif
 
 // largest |out - naive| over a sample of outputs, relative to the largest output
