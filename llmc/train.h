@@ -346,11 +346,11 @@ static inline void trainer_state_to_device(const TrainerState* own, const char* 
 }
 
 // Every rank writes its state file (its AdamW moments, its bf16 parameter bits and the trainer's
-// own state), rank 0 the model file (the whole model, gathered over `group` when the model is split; NULL without),
-// then DONE marks the checkpoint complete (checkpoint.h). Under DDP the AdamW moments are the
-// same on every rank and one copy would do; each rank writes its own anyway, because in the
-// sharded trainers (ZeRO, TP, PP) they differ, one format serves all, and a resume then checks
-// every rank's state against the others'.
+// own state), rank 0 the model file (the whole model, gathered over `group` when the model is
+// split; NULL without), then DONE marks the checkpoint complete (checkpoint.h). Under DDP the
+// AdamW moments are the same on every rank and one copy would do; each rank writes its own
+// anyway, because in the sharded trainers (ZeRO, TP, PP) and DiLoCo's workers they differ, one
+// format serves all, and a resume then checks every rank's state against the others'.
 static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* world, CommGroup* group,
                                     int step, const RunIdentity* id, uint64_t sample_rng_state, const TrainerState* own) {
     char path[4096];
