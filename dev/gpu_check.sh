@@ -1,24 +1,38 @@
 #!/usr/bin/env bash
-# Everything a machine with a GPU should check, in one command: the GPU tests (the CUDA trainer
-# against the PyTorch reference in FP32 and BF16 at 1 and 2 ranks, bf16 resume, NCCL collectives,
-# every dev/cuda validation), then the throughput benchmark beside PyTorch.
+# Everything a machine with a GPU should check, in one command: the GPU tests (every trainer's
+# CUDA backend against the PyTorch reference in FP32 and BF16: DDP at 1 and 2 ranks, ZeRO-1/2/3,
+# TP with and without SP, PP 1f1b and zero bubble, CP ring and all-gather, DiLoCo with an fp32 and a
+# bf16 link; bf16 resume, NCCL collectives, every dev/cuda validation), memcheck and racecheck
+# of the trainer, then the throughput benchmark beside PyTorch.
 # Needs nvcc, a GPU and a python3 with PyTorch; MPI is not needed. Logs go to $OUT or /tmp.
 #   ./dev/gpu_check.sh [benchmark steps]
+# GPU_CHECK_SECONDS=N stops each part at the time left of N seconds (a lent GPU's time is short):
+# the parts run in order of what they tell, the benchmark last.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 logs=${OUT:-/tmp}
+deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-86400}))
+left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
-PYTHONUNBUFFERED=1 python3 test/run_tests.py gpu 2>&1 | tee "$logs/gpu_tests.log"
+# every CUDA program the tests run, built side by side on all cores first (the test runner's own
+# make runs two at a time)
+programs="train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_cp train_gpt2_diloco $(ls dev/cuda/*.cu | sed 's/\.cu$//')"
+targets="build/cuda_FP32/test/test_comm"
+for precision in FP32 BF16; do
+    for p in $programs; do targets="$targets build/cuda_$precision/$p"; done
+done
+time timeout "$(left)" make -s -j"$(nproc)" $targets 2>&1 | tail -20
+PYTHONUNBUFFERED=1 TEST_JOBS=${TEST_JOBS:-4} timeout "$(left)" python3 test/run_tests.py gpu 2>&1 | tee "$logs/gpu_tests.log"
 # out-of-bounds accesses and shared-memory races that a numerical test can miss: two steps of a
 # small model. API errors are not reported: NCCL probes for kernel images it was not built with
 # (cudaFuncGetAttributes fails, harmlessly), and the trainer checks every CUDA call it makes itself.
 # racecheck names cuBLAS's own split-K kernels too (nvjet_*); only this project's kernels count.
 if command -v compute-sanitizer >/dev/null; then
-    make -s build/cuda_BF16/train_gpt2_dp
     for tool in memcheck racecheck; do
-        compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 ./build/cuda_BF16/train_gpt2_dp \
-            -e d2 -b 2 -t 64 -x 2 -v 1 -m 1 -s 2 -g 8 > "$logs/gpu_$tool.log" 2>&1
+        timeout "$(( $(left) / 4 + 1 ))" compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 \
+            ./build/cuda_BF16/train_gpt2_dp -e d2 -b 2 -t 64 -x 2 -v 1 -m 1 -s 2 -g 8 > "$logs/gpu_$tool.log" 2>&1
+        echo "compute-sanitizer $tool: exit $?"
         grep "=====" "$logs/gpu_$tool.log" | head -40
     done
 fi
-./dev/bench/bench_gpu.sh "${1:-10}" 2>&1 | tee "$logs/gpu_bench.log"
+timeout "$(left)" ./dev/bench/bench_gpu.sh "${1:-10}" 2>&1 | tee "$logs/gpu_bench.log"

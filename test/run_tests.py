@@ -2461,6 +2461,22 @@ def emu_runner(devices, order="forward", attention=None, bias_grad=None):
     return run
 
 
+def cuda_runner(kind, devices):
+    """kind "emu": emu_runner(devices); kind "cuda": every rank on the one GPU (skipped without one)"""
+    if kind == "cuda":
+        if not have_gpu():
+            raise Skip("no GPU")
+        return run_gpu_ranks
+    return emu_runner(devices)
+
+
+def cuda_test_name(kind, devices):
+    """the test name's prefix and its comm path: a GPU's ranks always talk through NCCL"""
+    if kind == "cuda":
+        return "gpu", "nccl"
+    return "emu", "nccl" if devices >= 2 else "host_staged"
+
+
 def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None, zero=0):
     """the DP trainer on `ranks` ranks (-z zero); with tp_sp = 0 or 1 the TP trainer, -sp tp_sp"""
     ref = reference_run(REF_CUDA)
@@ -2499,78 +2515,88 @@ def check_cuda_against_reference(ref, d, grads_path, precision, label):
     return read_log(d)[0]
 
 
-def make_emu_pp_test(precision, devices, sched):
+def make_cuda_pp_test(kind, precision, devices, sched):
     def fn():
-        """pipeline parallelism on the emulator: 2 stages, 4 micro-batches; activations and their
-        gradients travel in floatX through NCCL's grouped send/recv (or the host-staged path);
+        """pipeline parallelism on the emulator (or a GPU): 2 stages, 4 micro-batches; activations
+        and their gradients travel in floatX through NCCL's grouped send/recv (or the host-staged path);
         both wte copies stay bit-identical (bf16: the same stochastic rounding). zb runs the
         backward's two halves (matmul_backward_input, then _weight) apart"""
+        run = cuda_runner(kind, devices)
         ref = reference_run(REF4_CUDA)
-        program = build("emu", precision, ["train_gpt2_pp"])[0]
-        d = fresh_dir("emu_%s_pp2_%s" % (precision, sched))
+        program = build(kind, precision, ["train_gpt2_pp"])[0]
+        d = fresh_dir("%s_%s_pp2_%s" % (kind, precision, sched))
         grads_path = os.path.join(d, "grads.bin")
         m = 4
         B = REF4_CUDA["batch"] // m
-        out = emu_runner(devices)(program, 2, trainer_args(ref, B, d, ["-n", REF4_CUDA["steps"], "-dump_grads", grads_path,
-                                                                       "-check_replicas", 1, "-sched", sched], cfg=REF4_CUDA), d)
+        out = run(program, 2, trainer_args(ref, B, d, ["-n", REF4_CUDA["steps"], "-dump_grads", grads_path,
+                                                       "-check_replicas", 1, "-sched", sched], cfg=REF4_CUDA), d)
         train = check_cuda_against_reference(ref, d, grads_path, precision,
-                                             "emu train_gpt2_pp %s 2 stages %s" % (precision, sched))
+                                             "%s train_gpt2_pp %s 2 stages %s" % (kind, precision, sched))
         expected = pp_step_bytes(REF4_CUDA, B, m, 2, 1, X=4 if precision == "FP32" else 2)
         check_pp_step_bytes(out, d, expected, REF4_CUDA["steps"])
         assert train[1]["comm_bytes"] == sum(expected.values()), train[1]
         assert "step %d: wte copies of the first and last stage identical" % REF4_CUDA["steps"] in out, out[-2000:]
-    fn.__name__ = "emu_pp_vs_pytorch_%s_pp2_%s_%s" % (precision.lower(), sched, "nccl" if devices == 2 else "host_staged")
+    prefix, path = cuda_test_name(kind, devices)
+    fn.__name__ = "%s_pp_vs_pytorch_%s_pp2_%s_%s" % (prefix, precision.lower(), sched, path)
     return fn
 
 
-def make_emu_cp_test(precision, devices, split, comm):
+def make_cuda_cp_test(kind, precision, devices, split, comm):
     def fn():
-        """context parallelism on the emulator: the CUDA block-attention kernels, K,V blocks in
-        floatX and dK,dV in fp32 through NCCL's send/recv or all-gather (or the host-staged path)"""
+        """context parallelism on the emulator (or a GPU): the CUDA block-attention kernels, K,V
+        blocks in floatX and dK,dV in fp32 through NCCL's send/recv or all-gather (or the
+        host-staged path)"""
+        run = cuda_runner(kind, devices)
         ref = reference_run(REF_CUDA)
-        program = build("emu", precision, ["train_gpt2_cp"])[0]
-        d = fresh_dir("emu_%s_cp2_%s_%s" % (precision, split, comm))
+        program = build(kind, precision, ["train_gpt2_cp"])[0]
+        d = fresh_dir("%s_%s_cp2_%s_%s" % (kind, precision, split, comm))
         grads_path = os.path.join(d, "grads.bin")
         B = REF_CUDA["batch"]
         args = trainer_args(ref, B, d, ["-n", REF_CUDA["steps"], "-dump_grads", grads_path, "-check_replicas", 1,
                                         "-cp_layout", split, "-cp_comm", comm], cfg=REF_CUDA)
-        out = emu_runner(devices)(program, 2, args, d)
-        check_planner_matches_trainer(program, 2, args, out)  # (a CUDA run's buffers, planned on the CPU)
-        train = check_cuda_against_reference(ref, d, grads_path, precision, "emu train_gpt2_cp %s cp=2 %s %s" %
-                                             (precision, split, comm))
+        out = run(program, 2, args, d)
+        if kind == "emu":  # (a CUDA run's buffers, planned on the CPU; the planner is built with MPI)
+            check_planner_matches_trainer(program, 2, args, out)
+        train = check_cuda_against_reference(ref, d, grads_path, precision, "%s train_gpt2_cp %s cp=2 %s %s" %
+                                             (kind, precision, split, comm))
         P = len(reference.read_model_file(os.path.join(ref["dir"], "final.bin"))[1])
         expected = cp_step_bytes(REF_CUDA, B, 2, 1, comm == "allgather", P, X=4 if precision == "FP32" else 2)
         assert train[1]["comm_bytes"] == sum(expected.values()), (train[1]["comm_bytes"], expected)
         assert "step %d: replicas identical" % REF_CUDA["steps"] in out, out[-2000:]
-    fn.__name__ = "emu_cp_vs_pytorch_%s_cp2_%s_%s_%s" % (precision.lower(), split, comm, "nccl" if devices == 2 else "host_staged")
+    prefix, path = cuda_test_name(kind, devices)
+    fn.__name__ = "%s_cp_vs_pytorch_%s_cp2_%s_%s_%s" % (prefix, precision.lower(), split, comm, path)
     return fn
 
 
 # context parallelism on the emulator: the ring over NCCL in fp32 (tight), the all-gather over the
 # host-staged path in bf16 (bounded)
 for _precision, _devices, _split, _comm in (("FP32", 2, "zigzag", "ring"), ("BF16", 1, "contiguous", "allgather")):
-    test(make_emu_cp_test(_precision, _devices, _split, _comm))
+    test(make_cuda_cp_test("emu", _precision, _devices, _split, _comm))
+# on a GPU: the tensor-core flash kernels of the ring's blocks in bf16, the all-gather in fp32
+for _precision, _split, _comm in (("BF16", "zigzag", "ring"), ("FP32", "contiguous", "allgather")):
+    test(make_cuda_cp_test("cuda", _precision, None, _split, _comm))
 
 
-def make_emu_diloco_test(precision, devices, outer_dtype):
+def make_cuda_diloco_test(kind, precision, devices, outer_dtype):
     def fn():
-        """DiLoCo on the emulator, 2 workers of one rank, H = 2 over 3 steps (outer steps at 2 and
+        """DiLoCo on the emulator (or a GPU), 2 workers of one rank, H = 2 over 3 steps (outer steps at 2 and
         3): the CUDA outer-step kernels, the pseudo-gradient averaged in fp32 through NCCL's
         all-reduce (or the host-staged path), or in bf16 through NCCL's sends and receives. Against
         the float64 reference (rounding the link's values as the trainer does) within the GPU's
         tolerances (cuda fp32, cuda bf16; comparison.py), the final weights and momentum within
         them plus twice the reference's own fp32-against-fp64 spread (diloco_run says why)"""
-        kind = "cuda " + precision.lower()
-        tol = comparison.TOLERANCES[kind]
+        run = cuda_runner(kind, devices)
+        tol = comparison.TOLERANCES["cuda " + precision.lower()]
         ref = diloco_reference(2, 2, 2, 1, cfg=REF_CUDA, outer_dtype=outer_dtype)
         ref32 = diloco_reference(2, 2, 2, 1, cfg=REF_CUDA, dtype="float32", outer_dtype=outer_dtype)
-        program = build("emu", precision, ["train_gpt2_diloco"])[0]
-        d = fresh_dir("emu_%s_diloco_%s" % (precision, outer_dtype))
+        program = build(kind, precision, ["train_gpt2_diloco"])[0]
+        d = fresh_dir("%s_%s_diloco_%s" % (kind, precision, outer_dtype))
         args = trainer_args(reference_run(REF_CUDA), REF_CUDA["batch"] // 2, d,
                             ["-workers", 2, "-H", 2, "-outer_dtype", outer_dtype,
                              "-dump_outer", os.path.join(d, "momentum.bin")], cfg=REF_CUDA)
-        out = emu_runner(devices)(program, 2, args, d)
-        check_planner_matches_trainer(program, 2, args, out)  # (a CUDA run's buffers, planned on the CPU)
+        out = run(program, 2, args, d)
+        if kind == "emu":  # (a CUDA run's buffers, planned on the CPU; the planner is built with MPI)
+            check_planner_matches_trainer(program, 2, args, out)
         train, _ = read_log(d)
         steps = REF_CUDA["steps"]
         worst = max(abs(train[s]["train_loss"] - ref["losses"][s - 1]) for s in range(1, steps + 1))
@@ -2581,27 +2607,33 @@ def make_emu_diloco_test(precision, devices, outer_dtype):
             _, p = reference.read_model_file(os.path.join(d, mine))
             err, bound = np.abs(p - p_ref).max(), tol["params_max"] + 2 * np.abs(p_ref32 - p_ref).max()
             assert err <= bound, "%s: max abs error %.3g, bound %.3g" % (name, err, bound)
-            print("    emu train_gpt2_diloco %s: loss %.2e, %s max abs error %.2e (bound %.2e)" % (precision, worst, name,
-                                                                                                   err, bound))
+            print("    %s train_gpt2_diloco %s: loss %.2e, %s max abs error %.2e (bound %.2e)" % (kind, precision, worst,
+                                                                                                  name, err, bound))
         P = len(p_ref)
         # (the link's dtype whatever the build's; in bf16 with W = 2 rank 0 sends and receives P/2
         # values of 2 bytes in each half of the average: 4 P bytes counted, as fp32's all-reduce)
         for s, groups in step_comm_bytes(d, steps, changing=True).items():
             got = sum(groups["across"].values())
             assert got == 8 + (P * 4 if s % 2 == 0 or s == steps else 0), "step %d moved %d across workers" % (s, got)
-    fn.__name__ = "emu_diloco_vs_reference_%s_2_workers_%s%s" % (precision.lower(), "nccl" if devices == 2 else "host_staged",
-                                                                "_bf16_link" if outer_dtype == "bf16" else "")
+    prefix, path = cuda_test_name(kind, devices)
+    fn.__name__ = "%s_diloco_vs_reference_%s_2_workers_%s%s" % (prefix, precision.lower(), path,
+                                                               "_bf16_link" if outer_dtype == "bf16" else "")
     return fn
 
 
 for _precision, _devices, _outer in (("FP32", 2, "fp32"), ("BF16", 1, "fp32"), ("BF16", 2, "bf16")):
-    test(make_emu_diloco_test(_precision, _devices, _outer))
+    test(make_cuda_diloco_test("emu", _precision, _devices, _outer))
+for _precision, _outer in (("FP32", "fp32"), ("BF16", "bf16")):
+    test(make_cuda_diloco_test("cuda", _precision, None, _outer))
 
 
 # pipeline parallelism on the emulator: 1f1b over NCCL in fp32 (tight) and over the host-staged
 # path in bf16 (bounded); zero bubble's split backward runs in the 3D trainer's emulator test
 for _precision, _devices, _sched in (("FP32", 2, "1f1b"), ("BF16", 1, "1f1b")):
-    test(make_emu_pp_test(_precision, _devices, _sched))
+    test(make_cuda_pp_test("emu", _precision, _devices, _sched))
+# on a GPU: 1f1b in bf16, zero bubble's split backward in fp32
+for _precision, _sched in (("BF16", "1f1b"), ("FP32", "zb")):
+    test(make_cuda_pp_test("cuda", _precision, None, _sched))
 
 
 def make_gpu_test(precision, ranks):
@@ -2638,31 +2670,37 @@ for _precision, _ranks, _devices in (("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2,
 test(make_emu_test("BF16", 1, 1, "cublas", "kernels"))
 
 
-def make_emu_zero_test(precision, devices, zero):
+def make_cuda_zero_test(kind, precision, devices, zero):
     def fn():
-        """ZeRO on the emulator at 2 ranks: reduce-scatter per bucket, in-place all-gather of the
-        parameters (bf16: each rank rounds its shard, the replicas stay identical)"""
-        compare_cuda_with_reference("emu", precision, 2, emu_runner(devices), zero=zero)
-    fn.__name__ = "emu_dp_zero%d_vs_pytorch_%s_2_ranks_%s" % (zero, precision.lower(), "nccl" if devices == 2 else "host_staged")
+        """ZeRO on the emulator (or a GPU) at 2 ranks: reduce-scatter per bucket, in-place
+        all-gather of the parameters (bf16: each rank rounds its shard, the replicas stay identical)"""
+        compare_cuda_with_reference(kind, precision, 2, cuda_runner(kind, devices), zero=zero)
+    prefix, path = cuda_test_name(kind, devices)
+    fn.__name__ = "%s_dp_zero%d_vs_pytorch_%s_2_ranks_%s" % (prefix, zero, precision.lower(), path)
     return fn
 
 
 # each stage through both paths, in the two precisions
 for _zero, _precision, _devices in ((1, "FP32", 2), (1, "BF16", 1), (2, "BF16", 2), (2, "FP32", 1), (3, "FP32", 2), (3, "BF16", 1)):
-    test(make_emu_zero_test(_precision, _devices, _zero))
+    test(make_cuda_zero_test("emu", _precision, _devices, _zero))
+for _zero, _precision in ((1, "BF16"), (2, "FP32"), (3, "BF16")):
+    test(make_cuda_zero_test("cuda", _precision, None, _zero))
 
 
-def make_emu_tp_test(precision, devices, sp):
+def make_cuda_tp_test(kind, precision, devices, sp):
     def fn():
-        compare_cuda_with_reference("emu", precision, 2, emu_runner(devices), tp_sp=sp)
-    fn.__name__ = "emu_tp_vs_pytorch_%s_tp2%s_%s" % (precision.lower(), "_sp" if sp else "", "nccl" if devices == 2 else "host_staged")
+        compare_cuda_with_reference(kind, precision, 2, cuda_runner(kind, devices), tp_sp=sp)
+    prefix, path = cuda_test_name(kind, devices)
+    fn.__name__ = "%s_tp_vs_pytorch_%s_tp2%s_%s" % (prefix, precision.lower(), "_sp" if sp else "", path)
     return fn
 
 
 # tensor parallelism on the emulator: NCCL in fp32 (tight), the host-staged path in bf16 (bounded)
 for _precision, _devices in (("FP32", 2), ("BF16", 1)):
     for _sp in (0, 1):
-        test(make_emu_tp_test(_precision, _devices, _sp))
+        test(make_cuda_tp_test("emu", _precision, _devices, _sp))
+for _precision, _sp in (("FP32", 0), ("BF16", 1)):
+    test(make_cuda_tp_test("cuda", _precision, None, _sp))
 
 
 @test
