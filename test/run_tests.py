@@ -273,11 +273,14 @@ def scripts_dependencies():
         text = re.sub(r'"([^"\\]|\\.)*"', lambda m: " ; ".join(re.findall(r"\$\(([^()]*)\)", m.group(0))), text)
         text = re.sub(r"'[^']*'", "''", text)
         text = re.sub(r"^\s*[^\s()]+\)", "", text, flags=re.M)  # a case label
+        text = re.sub(r"\$\(\((?:[^()]|\([^()]*\))*\)\)", "0", text)  # arithmetic, $(( ... ))
         for line in text.splitlines():
             for part in re.split(r"&&|\|\||[;|`{}]|\$\(|\(|\bthen\b|\bdo\b|\belse\b", line):
                 words = [w for w in part.split() if not re.match(r"^\w+=", w)]
                 while words and words[0] in ("if", "while", "until", "!", "time", "exec", "nice", "-n", "19", "sudo"):
                     words = words[1:]
+                if words and words[0] == "timeout":  # timeout DURATION COMMAND: the command
+                    words = words[2:]
                 if words and re.match(r"^[a-z][\w.+-]*$", words[0]) and words[0] not in functions:
                     commands.setdefault(words[0], rel)
     stdlib = set(sys.stdlib_module_names) | local
