@@ -531,6 +531,45 @@ def results_do_not_depend_on_threads():
             assert logs[0][s][key] == logs[1][s][key], "step %d %s: %r with 1 thread, %r with 2" % (s, key, logs[0][s][key], logs[1][s][key])
 
 
+def cpu_gemm_instruction_sets():
+    """the micro-kernels (llmc/cpu/matmul.h) this CPU runs, widest first, from its flags"""
+    flags = set()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = set(next((l.split(":", 1)[1].split() for l in f if l.startswith("flags")), []))
+    isas = ["avx512"] if {"avx512f", "avx2", "fma"} <= flags else []
+    isas += ["avx2"] if {"avx2", "fma"} <= flags else []
+    return isas + ["generic"]
+
+
+@test
+def every_gemm_instruction_set_matches_the_reference_at_any_thread_count():
+    """each micro-kernel this CPU runs (LLMC_GEMM_ISA picks one): the step-0 gradients and the
+    losses against the reference within the CPU's fp32 tolerances, and the same bits at 1 and 2
+    threads; a kernel the CPU lacks, or a name that is none, is refused with a message"""
+    ref = reference_run()
+    for isa in cpu_gemm_instruction_sets():
+        logs = []
+        for threads in (1, 2):
+            d = fresh_dir("isa_%s_%d" % (isa, threads))
+            grads_path = os.path.join(d, "grads.bin")
+            run_ok(1, trainer_args(ref, 8, d, ["-n", REF["steps"], "-dump_grads", grads_path]), threads=threads,
+                   env={"LLMC_GEMM_ISA": isa})
+            report = comparison.compare_run(ref, d, grads_path, "cpu fp32")
+            comparison.assert_matches(report)
+            logs.append(read_log(d)[0])
+        print("    %s: %s" % (isa, ", ".join("%s %.2e" % (c[0], c[1]) for c in report["checks"])))
+        for s in logs[0]:
+            assert logs[0][s]["train_loss"] == logs[1][s]["train_loss"], "%s, step %d: 1 and 2 threads differ" % (isa, s)
+    for isa, message in (("sse9", "LLMC_GEMM_ISA=sse9: expected generic, avx2 or avx512"),
+                         ("avx512", "LLMC_GEMM_ISA=avx512: this CPU does not run it")):
+        if isa in cpu_gemm_instruction_sets():
+            continue
+        d = fresh_dir("isa_refused")
+        code, out = mpirun(1, trainer_args(ref, 8, d, ["-x", 1]), env={"LLMC_GEMM_ISA": isa})
+        assert code != 0 and message in out, out[-2000:]
+
+
 @test
 def model_files_bf16_and_fp32_round_trip():
     ref = reference_run()

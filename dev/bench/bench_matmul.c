@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
 #else
     const char* blas = "OpenBLAS not installed (make bench installs it: dev/setup.sh --bench)";
 #endif
-    printf("matmul, N = %d tokens, %d threads; GFLOP/s of ours and of %s\n", N, threads, blas);
+    printf("matmul, N = %d tokens, %d threads, our %s micro-kernel (LLMC_GEMM_ISA to choose); GFLOP/s of ours and of %s\n", N,
+           threads, gemm_isa().name, blas);
     printf("%-11s %6s %6s %-8s | %9s %9s | %9s %9s | %7s\n", "layer", "C", "OC", "product", "ours ms", "GFLOP/s",
            "BLAS ms", "GFLOP/s", "ours/BLAS");
     double step_ours = 0.0, worst_err = 0.0;

@@ -9,14 +9,15 @@
 #include <stddef.h>
 #include "../utils.h"
 
-// 6 x 16 fp32 accumulators = 12 AVX2 registers; the compiler vectorizes the j loop
+// The blocking. MR x NR is the register tile: 6 rows x 2 vectors (6 x 16 floats with AVX2, 6 x 32
+// with AVX-512). MC x KC of A (96 x 256 floats, 96 KB) sits in L2 (1 MB a core here), a KC x NR
+// panel of B (16 or 32 KB) in L1 (32 KB or more); NC (128) columns of B are one task's.
 #define GEMM_MR 6
-#define GEMM_NR 16
 #define GEMM_MC 96
 #define GEMM_NC 128
 #define GEMM_KC 256
 
-static float* gemm_pack_buffer = NULL;  // per thread: MC*KC of A then KC*NC of B
+static float* gemm_pack_buffer = NULL;  // per thread: a task's block, MC x KC of A or KC x NC of B
 #pragma omp threadprivate(gemm_pack_buffer)
 
 // Packing copies a block of an operand into panels the micro-kernel reads contiguously:
@@ -28,86 +29,161 @@ static inline void gemm_pack(float* dst, const float* src, long s_w, long s_k, i
         float* panel = dst + (size_t)p * kc;
         int valid = count - p < width ? count - p : width;
         const float* base = src + (long)(w0 + p) * s_w + (long)k0 * s_k;
+        if (valid < width) memset(panel, 0, sizeof(float) * kc * width);  // an edge panel: zeros past `count`
         if (s_w == 1) {  // the panel's row at each k is contiguous: copy it whole
-            for (int k = 0; k < kc; k++) {
-                for (int w = 0; w < width; w++) panel[k * width + w] = w < valid ? base[k * s_k + w] : 0.0f;
-            }
-        } else {         // walk along k for each w (contiguous when s_k == 1)
-            for (int w = 0; w < width; w++) {
-                for (int k = 0; k < kc; k++) panel[k * width + w] = w < valid ? base[w * s_w + k * s_k] : 0.0f;
+            for (int k = 0; k < kc; k++) memcpy(panel + k * width, base + k * s_k, sizeof(float) * valid);
+        } else {         // a transpose, 16 k at a time: 16 floats (a cache line) of each w when s_k == 1
+            for (int kb = 0; kb < kc; kb += 16) {
+                int kend = kc - kb < 16 ? kc : kb + 16;
+                for (int w = 0; w < valid; w++) {
+                    for (int k = kb; k < kend; k++) panel[k * width + w] = base[w * s_w + k * s_k];
+                }
             }
         }
     }
 }
 
-// 8 floats in one vector register (GCC/Clang vector extension; AVX2 on x86, two NEON on Arm)
-typedef float vfloat8 __attribute__((vector_size(32)));
+// The micro-kernel, compiled for each instruction set (gemm_kernel.h) and chosen at run time, so
+// the build needs no -march: AVX-512 (16 floats a register) where the CPU has it, AVX2 + FMA (8)
+// otherwise, the compiler's baseline (SSE2 on x86-64: 4) elsewhere. LLMC_GEMM_ISA=avx2 (or
+// generic) picks a narrower one, to compare or test them on one machine.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GEMM_KERNEL gemm_kernel_avx512
+#define GEMM_VEC_FLOATS 16
+#define GEMM_TARGET __attribute__((target("avx512f,avx2,fma")))
+#include "gemm_kernel.h"
+#undef GEMM_KERNEL
+#undef GEMM_VEC_FLOATS
+#undef GEMM_TARGET
+#define GEMM_KERNEL gemm_kernel_avx2
+#define GEMM_VEC_FLOATS 8
+#define GEMM_TARGET __attribute__((target("avx2,fma")))
+#include "gemm_kernel.h"
+#undef GEMM_KERNEL
+#undef GEMM_VEC_FLOATS
+#undef GEMM_TARGET
+#endif
+#define GEMM_KERNEL gemm_kernel_generic
+#define GEMM_VEC_FLOATS 4
+#define GEMM_TARGET
+#include "gemm_kernel.h"
+#undef GEMM_KERNEL
+#undef GEMM_VEC_FLOATS
+#undef GEMM_TARGET
 
-// C tile (mr x nr, row stride ldc) = (accumulate ? C : 0) + a_panel^T b_panel over kc.
-// The 6 x 16 accumulator tile is 12 vector registers; each k step broadcasts 6 values of A
-// and does 12 fused multiply-adds against two vectors of B.
-static inline void gemm_micro_kernel(int kc, const float* __restrict__ a, const float* __restrict__ b,
-                                     float* __restrict__ c, long ldc, int mr, int nr, int accumulate) {
-    vfloat8 acc[GEMM_MR][2];
-    for (int i = 0; i < GEMM_MR; i++) acc[i][0] = acc[i][1] = (vfloat8){0};
-    for (int k = 0; k < kc; k++) {
-        vfloat8 b0 = *(const vfloat8*)(b + k * GEMM_NR);
-        vfloat8 b1 = *(const vfloat8*)(b + k * GEMM_NR + 8);
-        for (int i = 0; i < GEMM_MR; i++) {
-            float a_ik = a[k * GEMM_MR + i];
-            acc[i][0] += a_ik * b0;
-            acc[i][1] += a_ik * b1;
-        }
+typedef struct {
+    void (*kernel)(int kc, const float* a, const float* b, float* c, long ldc, int mr, int nr, int accumulate);
+    int nr;            // the tile's columns: 2 vectors
+    const char* name;
+} GemmIsa;
+
+// the widest instruction set this CPU runs (or the one LLMC_GEMM_ISA names), decided once
+static GemmIsa gemm_isa(void) {
+    static const char* names[] = {"generic", "avx2", "avx512"};
+    static GemmIsa isa = {NULL, 0, NULL};
+    if (isa.kernel != NULL) return isa;
+    int cpu = 0;  // 0 generic, 1 AVX2 + FMA, 2 AVX-512
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) cpu = 1;
+    if (cpu == 1 && __builtin_cpu_supports("avx512f")) cpu = 2;
+#endif
+    int level = cpu;
+    const char* asked = getenv("LLMC_GEMM_ISA");
+    if (asked != NULL && asked[0] != '\0') {
+        for (level = 0; level < 3 && strcmp(asked, names[level]) != 0; level++) {}
+        if (level == 3) fail("LLMC_GEMM_ISA=%s: expected generic, avx2 or avx512", asked);
+        if (level > cpu) fail("LLMC_GEMM_ISA=%s: this CPU does not run it (its widest: %s)", asked, names[cpu]);
     }
-    float tile[GEMM_MR][GEMM_NR];
-    memcpy(tile, acc, sizeof(tile));
-    for (int i = 0; i < mr; i++) {
-        for (int j = 0; j < nr; j++) c[i * ldc + j] = (accumulate ? c[i * ldc + j] : 0.0f) + tile[i][j];
-    }
+    isa = (GemmIsa){gemm_kernel_generic, 8, "generic"};
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (level == 1) isa = (GemmIsa){gemm_kernel_avx2, 16, "avx2"};
+    if (level == 2) isa = (GemmIsa){gemm_kernel_avx512, 32, "avx512"};
+#endif
+    return isa;
 }
 
 // C[m][n] = (accumulate ? C[m][n] : 0) + sum_k A(m,k) B(k,n), with A(m,k) = A[m*a_rs + k*a_cs]
 // and B(k,n) = B[k*b_rs + n*b_cs], so transposed operands need no copy.
-// A task owns NC columns of C (and, when there are few such blocks, a share of the rows): it packs
-// each KC x NC block of B once and sweeps it over its rows. Each element of C is summed by one
-// thread in a fixed order, so results do not depend on the number of threads.
+// Every element of both operands is packed once. The smaller side (A's M rows or B's N columns:
+// the B x T = 256 tokens of a linear layer's forward and dinp, the C = 768 columns of its dweight)
+// is packed by all threads together into one shared buffer, whole when it holds at most
+// GEMM_SHARED_MAX floats (then a task keeps its block of C in cache over all of K: the
+// classifier's forward writes a 256 x 50304 C, 51 MB, once instead of once per KC), else one KC
+// slice at a time (256 x 256 floats, 256 KB, in L2). The threads then split the other side into
+// tasks of NC columns of B (or MC rows of A), each packed by the task that multiplies it with the
+// shared panels. Each element of C is summed over k in the same order whichever thread computes
+// it, so results do not depend on the number of threads.
+#define GEMM_SHARED_MAX (1 << 20)
+static float* gemm_shared_buffer = NULL;  // the smaller operand's panels, for every thread
+static size_t gemm_shared_floats = 0;
+
 static inline void gemm(int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B,
                         long b_rs, long b_cs, float* C, long ldc, int accumulate) {
-    int m_blocks = (M + GEMM_MC - 1) / GEMM_MC;
-    int n_blocks = (N + GEMM_NC - 1) / GEMM_NC;
+    GemmIsa isa = gemm_isa();  // (before the threads start: decided once)
+    int share_a = M <= N;                         // whose panels the threads share
+    int shared = share_a ? M : N;                 // its rows of A or columns of B
+    int width = share_a ? GEMM_MR : isa.nr;       // its panels' width
+    int other = share_a ? N : M;                  // the other side, split into tasks
+    int other_width = share_a ? isa.nr : GEMM_MR;
+    int block = share_a ? GEMM_NC : GEMM_MC;      // a task's columns of B (or rows of A)
     int threads = omp_get_max_threads();
-    // enough tasks to keep every thread busy: split the rows when there are few column blocks
-    int m_groups = (2 * threads + n_blocks - 1) / n_blocks;
-    if (m_groups > m_blocks) m_groups = m_blocks;
+    // at least two tasks a thread where the other side is small (a multiple of its panel width)
+    while (block > other_width && (other + block - 1) / block < 2 * threads) {
+        block = (block / 2 + other_width - 1) / other_width * other_width;
+    }
+    int tasks = (other + block - 1) / block;
+    int panels = (shared + width - 1) / width;
+    size_t slice_floats = (size_t)panels * width * GEMM_KC;  // one KC slice of the shared side
+    int round_k = slice_floats * ((K + GEMM_KC - 1) / GEMM_KC) <= GEMM_SHARED_MAX ? K : GEMM_KC;  // k packed per round
+    size_t need = slice_floats * ((round_k + GEMM_KC - 1) / GEMM_KC);
+    if (need > gemm_shared_floats) {
+        free(gemm_shared_buffer);  // 64-byte aligned: the micro-kernel loads B panels as aligned vectors
+        gemm_shared_buffer = (float*)aligned_alloc(64, need * sizeof(float));
+        if (gemm_shared_buffer == NULL) fail("allocation of the GEMM packing buffer failed");
+        gemm_shared_floats = need;
+    }
+    float* shared_pack = gemm_shared_buffer;
     #pragma omp parallel
     {
-        if (gemm_pack_buffer == NULL) {
-            // 32-byte aligned: the micro-kernel loads B panels as aligned vectors
-            gemm_pack_buffer = (float*)aligned_alloc(32, sizeof(float) * (GEMM_MC + GEMM_NC) * GEMM_KC);
+        if (gemm_pack_buffer == NULL) {  // this thread's block of the other operand
+            gemm_pack_buffer = (float*)aligned_alloc(64, sizeof(float) * GEMM_KC * (GEMM_MC > GEMM_NC ? GEMM_MC : GEMM_NC));
             if (gemm_pack_buffer == NULL) fail("allocation of the GEMM packing buffer failed");
         }
-        float* a_pack = gemm_pack_buffer;
-        float* b_pack = gemm_pack_buffer + GEMM_MC * GEMM_KC;
-        #pragma omp for schedule(dynamic)
-        for (int task = 0; task < n_blocks * m_groups; task++) {
-            int jb = task / m_groups, group = task % m_groups;
-            int ib_begin = group * m_blocks / m_groups, ib_end = (group + 1) * m_blocks / m_groups;
-            int j0 = jb * GEMM_NC;
-            int nc = N - j0 < GEMM_NC ? N - j0 : GEMM_NC;
-            for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
-                int kc = K - k0 < GEMM_KC ? K - k0 : GEMM_KC;
-                gemm_pack(b_pack, B, b_cs, b_rs, j0, nc, k0, kc, GEMM_NR);
-                for (int ib = ib_begin; ib < ib_end; ib++) {
-                    int i0 = ib * GEMM_MC;
-                    int mc = M - i0 < GEMM_MC ? M - i0 : GEMM_MC;
-                    gemm_pack(a_pack, A, a_rs, a_cs, i0, mc, k0, kc, GEMM_MR);
-                    for (int q = 0; q < nc; q += GEMM_NR) {
-                        for (int p = 0; p < mc; p += GEMM_MR) {
-                            int mr = mc - p < GEMM_MR ? mc - p : GEMM_MR;
-                            int nr = nc - q < GEMM_NR ? nc - q : GEMM_NR;
-                            gemm_micro_kernel(kc, a_pack + (size_t)p * kc, b_pack + (size_t)q * kc,
-                                              C + (long)(i0 + p) * ldc + (j0 + q), ldc, mr, nr,
-                                              accumulate || k0 > 0);
+        float* own = gemm_pack_buffer;
+        for (int r0 = 0; r0 < K; r0 += round_k) {
+            int r_end = K - r0 < round_k ? K : r0 + round_k;
+            // 1. the shared panels of this round's k, split over the threads (then all wait for them)
+            #pragma omp for schedule(static)
+            for (int p = 0; p < panels; p++) {
+                int count = shared - p * width < width ? shared - p * width : width;
+                for (int k0 = r0; k0 < r_end; k0 += GEMM_KC) {
+                    int kc = r_end - k0 < GEMM_KC ? r_end - k0 : GEMM_KC;
+                    float* dst = shared_pack + slice_floats * ((k0 - r0) / GEMM_KC) + (size_t)p * width * kc;
+                    if (share_a) gemm_pack(dst, A, a_rs, a_cs, p * width, count, k0, kc, width);
+                    else gemm_pack(dst, B, b_cs, b_rs, p * width, count, k0, kc, width);
+                }
+            }
+            // 2. the tasks: a block of the other operand, packed one KC at a time, against the shared panels
+            #pragma omp for schedule(dynamic)
+            for (int t = 0; t < tasks; t++) {
+                int o0 = t * block, count = other - o0 < block ? other - o0 : block;
+                int i0 = share_a ? 0 : o0, rows = share_a ? M : count;
+                int j0 = share_a ? o0 : 0, cols = share_a ? count : N;
+                for (int k0 = r0; k0 < r_end; k0 += GEMM_KC) {
+                    int kc = r_end - k0 < GEMM_KC ? r_end - k0 : GEMM_KC;
+                    const float* slice = shared_pack + slice_floats * ((k0 - r0) / GEMM_KC);
+                    if (share_a) gemm_pack(own, B, b_cs, b_rs, o0, count, k0, kc, isa.nr);
+                    else gemm_pack(own, A, a_rs, a_cs, o0, count, k0, kc, GEMM_MR);
+                    const float* a_pack = share_a ? slice : own;
+                    const float* b_pack = share_a ? own : slice;
+                    // a panel of B (kc x nr, in L1) against every panel of A (kc x MR each, from L2)
+                    for (int q = 0; q < cols; q += isa.nr) {
+                        for (int p = 0; p < rows; p += GEMM_MR) {
+                            int mr = rows - p < GEMM_MR ? rows - p : GEMM_MR;
+                            int nr = cols - q < isa.nr ? cols - q : isa.nr;
+                            isa.kernel(kc, a_pack + (size_t)p * kc, b_pack + (size_t)q * kc,
+                                       C + (long)(i0 + p) * ldc + (j0 + q), ldc, mr, nr, accumulate || k0 > 0);
                         }
                     }
                 }
