@@ -14,33 +14,26 @@ datacenter) does not cross the link, every other group does. n is the group's ra
     /usr/bin/python3 dev/plot_diloco.py -o out.png --link-ranks 4 LABEL=RUN_DIR ...
 """
 import argparse
-import json
-import os
-import sys
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from plot_runs import read_records  # noqa: E402  (the same main.log reader)
 
 
 def read_run(run_dir, n):
     """{step: val loss}, {step: bytes sent on the link by the end of that step}"""
-    path = os.path.join(run_dir, "main.log")
-    if not os.path.exists(path):
-        sys.exit("error: no main.log in %s (a trainer writes it into its -o dir)" % run_dir)
     share = {"all_reduce": 2.0 * (n - 1) / n, "reduce_scatter": (n - 1.0) / n, "all_gather": (n - 1.0) / n, "send": 1.0}
     val, sent, total = {}, {0: 0.0}, 0.0
-    with open(path) as f:
-        for line in f:
-            rec = json.loads(line)
-            if "val_loss" in rec:
-                val[rec["step"]] = rec["val_loss"]
-            elif "train_loss" in rec:
-                for group, kinds in rec["comm"].items():
-                    if group != "worker":
-                        total += sum(share.get(kind, 0.0) * b for kind, b in kinds.items())
-                sent[rec["step"]] = total
+    for rec in read_records(run_dir):
+        if "val_loss" in rec:
+            val[rec["step"]] = rec["val_loss"]
+        elif "train_loss" in rec:
+            for group, kinds in rec["comm"].items():
+                if group != "worker":
+                    total += sum(share.get(kind, 0.0) * b for kind, b in kinds.items())
+            sent[rec["step"]] = total
     return val, sent
 
 

@@ -19,19 +19,23 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def read_log(run_dir):
-    """{step: train loss}, {step: val loss} of a run's main.log"""
-    train, val = {}, {}
+def read_records(run_dir):
+    """the JSON records of a run's main.log, one a line (train steps, validations), in order"""
     path = os.path.join(run_dir, "main.log")
     if not os.path.exists(path):
         sys.exit("error: no main.log in %s (a trainer writes it into its -o dir)" % run_dir)
     with open(path) as f:
-        for line in f:
-            rec = json.loads(line)
-            if "train_loss" in rec:
-                train[rec["step"]] = rec["train_loss"]
-            elif "val_loss" in rec:
-                val[rec["step"]] = rec["val_loss"]
+        return [json.loads(line) for line in f]
+
+
+def read_log(run_dir):
+    """{step: train loss}, {step: val loss} of a run's main.log"""
+    train, val = {}, {}
+    for rec in read_records(run_dir):
+        if "train_loss" in rec:
+            train[rec["step"]] = rec["train_loss"]
+        elif "val_loss" in rec:
+            val[rec["step"]] = rec["val_loss"]
     return train, val
 
 
