@@ -34,7 +34,9 @@ DEV_CUDA := $(wildcard dev/cuda/*.cu)
 
 # ---- CPU backend: the .cu sources compile as C11 with OpenMP, MPI through mpicc
 MPICC ?= mpicc
-CFLAGS ?= -O3 -march=native -ffp-contract=fast -fno-math-errno
+# portable: no -march=native (the GEMM's micro-kernel and the hot ops pick AVX-512, AVX2 or SSE2 at
+# run time: llmc/cpu/matmul.h, llmc/cpu/clones.h), so a binary built here runs on any x86-64
+CFLAGS ?= -O3 -ffp-contract=fast -fno-math-errno
 CFLAGS += -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -fopenmp -Wall -Wextra -I.
 LDLIBS := -lm -lz  # zlib: CRC-32 of checkpoint files
 

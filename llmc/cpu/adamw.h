@@ -3,12 +3,13 @@
 #define LLMC_CPU_ADAMW_H
 
 #include <math.h>
+#include "clones.h"
 
 // One AdamW step on n parameters, the same arithmetic as torch.optim.AdamW: decoupled weight
 // decay, then bias-corrected moments. grad_scale multiplies the gradient first (clipping).
 // master: fp32 master weights when the parameters are kept in lower precision, else NULL.
 // seed, first_index: for stochastic rounding to a lower precision; fp32 parameters need none.
-static inline void adamw_update(float* params, float* master, const float* grads, float* m,
+CPU_CLONES static inline void adamw_update(float* params, float* master, const float* grads, float* m,
                                 float* v, size_t n, float lr, float beta1, float beta2, float eps,
                                 float weight_decay, int t, float grad_scale, unsigned int seed,
                                 size_t first_index) {
@@ -36,7 +37,7 @@ static inline void adamw_update(float* params, float* master, const float* grads
 // the logged norm; in double the loss is ~1e-13 and the result is the float nearest the norm.
 #define NORM_CHUNK 65536
 #define NORM_LANES 8
-static inline float global_norm_squared(const float* grads, size_t n) {
+CPU_CLONES static inline float global_norm_squared(const float* grads, size_t n) {
     size_t chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
     double* partial = (double*)malloc_check((chunks ? chunks : 1) * sizeof(double));
     #pragma omp parallel for

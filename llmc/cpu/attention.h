@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <string.h>
+#include "clones.h"
 
 // What attention_forward keeps for attention_backward (per layer) is the softmax probabilities
 // att (B, NH, T, T), zero above the diagonal; the CUDA backend's flash path keeps less
@@ -11,7 +12,7 @@
 
 // qkv (B, T, 3C) holds q, k, v side by side, each split into NH heads of size hs = C / NH.
 // out (B, T, C) = attention output; state: the probabilities att, for the backward pass.
-static inline void attention_forward(float* out, void* state, const float* qkv, int B, int T, int C,
+CPU_CLONES static inline void attention_forward(float* out, void* state, const float* qkv, int B, int T, int C,
                               int NH) {
     float* att = (float*)state;
     int hs = C / NH;
@@ -52,7 +53,7 @@ static inline void attention_forward(float* out, void* state, const float* qkv, 
 // dqkv (B, T, 3C) = gradient of the attention output dout (B, T, C) (overwritten). out, the
 // forward's output, is used by the CUDA flash path only. Threads own whole (batch, head) pairs,
 // so their writes into dqkv never overlap.
-static inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+CPU_CLONES static inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                const void* state, int B, int T, int C, int NH) {
     const float* att = (const float*)state;
     (void)out;

@@ -4,11 +4,12 @@
 #define LLMC_CPU_CLASSIFIER_H
 
 #include <math.h>
+#include "clones.h"
 
 // logits (N, Vp) with N = B*T rows; only the first V columns are real tokens.
 // losses (N) = -log softmax(logits)[target]. When dloss != 0 each row becomes
 // dloss * (softmax - onehot(target)) over the V real columns and 0 over the padding.
-static inline void fused_classifier(float* logits, float* losses, const int* targets, float dloss,
+CPU_CLONES static inline void fused_classifier(float* logits, float* losses, const int* targets, float dloss,
                              int N, int V, int Vp) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {

@@ -3,11 +3,12 @@
 #define LLMC_CPU_GELU_H
 
 #include <math.h>
+#include "clones.h"
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
 
 // out (N) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-static inline void gelu_forward(float* out, const float* inp, size_t N) {
+CPU_CLONES static inline void gelu_forward(float* out, const float* inp, size_t N) {
     #pragma omp parallel for
     for (size_t i = 0; i < N; i++) {
         float x = inp[i];
@@ -16,7 +17,7 @@ static inline void gelu_forward(float* out, const float* inp, size_t N) {
 }
 
 // dinp (N) = dout * gelu'(inp); dinp may be the same buffer as dout
-static inline void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
+CPU_CLONES static inline void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
     #pragma omp parallel for
     for (size_t i = 0; i < N; i++) {
         float x = inp[i];

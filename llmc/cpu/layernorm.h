@@ -3,6 +3,7 @@
 #define LLMC_CPU_LAYERNORM_H
 
 #include <math.h>
+#include "clones.h"
 
 #define LAYERNORM_EPS 1e-5f
 
@@ -22,7 +23,7 @@ static inline void layernorm_row(float* out, float* mean, float* rstd, const flo
 }
 
 // out (N, C) = layernorm of each row of inp; saves mean (N) and rstd (N) for backward
-static inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+CPU_CLONES static inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                                      const float* weight, const float* bias, int N, int C) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
@@ -32,7 +33,7 @@ static inline void layernorm_forward(float* out, float* mean, float* rstd, const
 
 // dinp (N, C) += gradient through the normalisation; dweight, dbias (C) += their gradients.
 // dinp accumulates because it is the residual stream's gradient, which also gets the skip path.
-static inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+CPU_CLONES static inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, const float* mean,
                                const float* rstd, int N, int C) {
     #pragma omp parallel for
@@ -80,7 +81,7 @@ static inline void residual_forward(float* out, const float* a, const float* b, 
 // residual (N, C) = a + b, then out = layernorm(residual): the residual connection followed by
 // the next LayerNorm, in one pass over each row. The residual add's backward is the identity on
 // both inputs, so the trainer needs no backward op for it: its gradient flows on in place.
-static inline void fused_residual_layernorm_forward(float* residual, float* out, float* mean,
+CPU_CLONES static inline void fused_residual_layernorm_forward(float* residual, float* out, float* mean,
                                                     float* rstd, const float* a, const float* b,
                                                     const float* weight, const float* bias, int N,
                                                     int C) {
