@@ -190,12 +190,19 @@ def load_hf_state_dict(config, state):
     return model
 
 
+def gpt2_of_args(args):
+    """a GPT-2 of the run's shape; its vocabulary (GPT-2's 50257 unless args.vocab says another)
+    padded to a multiple of 128, as the trainers' model files hold it"""
+    V = getattr(args, "vocab", 50257)
+    return GPT2(args.layers, args.heads, args.channels, args.max_seq_len, V, (V + 127) // 128 * 128)
+
+
 def run(args):
     torch.manual_seed(args.seed)
     if getattr(args, "init", None):
         model = load_model_file(args.init)
     else:
-        model = GPT2(args.layers, args.heads, args.channels, args.max_seq_len, 50257, 50304)
+        model = gpt2_of_args(args)
         model.init_weights(args.seed)
     os.makedirs(args.out, exist_ok=True)
     write_model_file(os.path.join(args.out, "model.bin"), model, model.tensors())
@@ -259,7 +266,7 @@ def run_diloco(args):
     torch.manual_seed(args.seed)
     model = load_model_file(args.init) if getattr(args, "init", None) else None
     if model is None:
-        model = GPT2(args.layers, args.heads, args.channels, args.max_seq_len, 50257, 50304)
+        model = gpt2_of_args(args)
         model.init_weights(args.seed)
     model = model.float() if getattr(args, "dtype", "float64") == "float32" else model.double()
     W, H, ranks, m = args.workers, args.H, args.ranks, args.micro

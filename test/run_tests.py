@@ -307,7 +307,7 @@ def every_program_and_module_the_scripts_use_is_in_setups_table():
 # global batch 8 x 32 tokens, 5 AdamW steps with warmup, cosine decay, weight decay and clipping
 
 REF = dict(layers=2, heads=4, channels=64, max_seq_len=64, batch=8, seq_len=32, steps=5, lr=1e-3,
-           warmup=2, final_lr_frac=0.1, weight_decay=0.1, grad_clip=1.0, seed=42, dtype="float64",
+           warmup=2, final_lr_frac=0.1, weight_decay=0.1, grad_clip=1.0, seed=42, dtype="float64", vocab=50257,
            tokens=os.path.join(ROOT, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"))
 # the same with 3 heads of 16 channels and T = 24, for 3 tensor-parallel ranks (NH, 4C, Vp and T
 # divide by 3)
@@ -318,16 +318,36 @@ REF8 = dict(REF, layers=8)
 # a batch of 6 sequences, for 3 data-parallel ranks
 REF6 = dict(REF, batch=6)
 # 3 steps of REF and REF4 for the CUDA backend's tests: the emulator runs a step in seconds,
-# not milliseconds, and 3 steps still cover warmup, decay and a step after clipping
-REF_CUDA = dict(REF, steps=3)
-REF4_CUDA = dict(REF4, steps=3)
+# not milliseconds, and 3 steps still cover warmup, decay and a step after clipping. Their
+# vocabulary is 1000 (padded to 1024: the padding and the vocabulary split still exercised), the
+# tokens those of tiny Shakespeare modulo 1000: with GPT-2's 50257 the LM head and the
+# classifier were over 90% of an emulated step of this 2-layer C = 64 model.
+SMALL_VOCAB_TOKENS = os.path.join(TMP, "tokens_v1000", "train.bin")
+REF_SMALL = dict(REF, vocab=1000, tokens=SMALL_VOCAB_TOKENS, val_tokens=os.path.join(TMP, "tokens_v1000", "val.bin"))
+REF_CUDA = dict(REF_SMALL, steps=3)
+REF4_CUDA = dict(REF4, steps=3, vocab=1000, tokens=SMALL_VOCAB_TOKENS, val_tokens=REF_SMALL["val_tokens"])
 _ref_cache = {}
 
 
+def padded_vocab(cfg):
+    """the vocabulary padded to a multiple of 128, as the trainers' model files hold it"""
+    return (cfg["vocab"] + 127) // 128 * 128
+
+
+def small_vocab_tokens(out):
+    """SMALL_VOCAB_TOKENS' directory: tiny Shakespeare's GPT-2 tokens modulo 1000, train and val"""
+    os.makedirs(out, exist_ok=True)
+    for name in ("train", "val"):
+        path = os.path.join(ROOT, "dev/data/tinyshakespeare/tiny_shakespeare_%s.bin" % name)
+        write_tokens(os.path.join(out, name + ".bin"), reference.read_tokens(path) % 1000)
+
+
 def reference_run(cfg=REF):
-    key = (cfg["layers"], cfg["heads"], cfg["channels"], cfg["seq_len"], cfg["batch"], cfg["steps"])
+    if cfg["tokens"] == SMALL_VOCAB_TOKENS:
+        shared_dir(os.path.dirname(SMALL_VOCAB_TOKENS), small_vocab_tokens)
+    key = (cfg["layers"], cfg["heads"], cfg["channels"], cfg["seq_len"], cfg["batch"], cfg["steps"], cfg["vocab"])
     if key not in _ref_cache:
-        out = os.path.join(TMP, "reference" if cfg is REF else "reference_%d_%d_%d_%d_%d_%d" % key)
+        out = os.path.join(TMP, "reference" if cfg is REF else "reference_%d_%d_%d_%d_%d_%d_v%d" % key)
         shared_dir(out, lambda out: reference.run(type("Args", (), dict(cfg, out=out))))
         with open(os.path.join(out, "reference.json")) as f:
             _ref_cache[key] = dict(json.load(f), dir=out)
@@ -341,7 +361,8 @@ def trainer_args(ref, B, out_dir, extra=(), cfg=REF):
     return ["-e", os.path.join(ref["dir"], "model.bin"), "-i", cfg["tokens"], "-b", B,
             "-t", cfg["seq_len"], "-d", total, "-x", cfg["steps"], "-l", cfg["lr"],
             "-u", cfg["warmup"], "-q", cfg["final_lr_frac"], "-c", cfg["weight_decay"],
-            "-gc", cfg["grad_clip"], "-v", 0, "-s", 0, "-o", out_dir] + list(extra)
+            "-gc", cfg["grad_clip"], "-v", 0, "-s", 0, "-o", out_dir] + \
+        (["-j", cfg["val_tokens"]] if "val_tokens" in cfg else []) + list(extra)
 
 
 def check_against_reference(ref, d, grads_path, expected_bytes, formula, steps=REF["steps"]):
@@ -387,8 +408,7 @@ for _ranks, _accum in [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (4, 2)]:
 def zero_padded_parameters(cfg, ranks, zero):
     """Psi with padding: the embeddings (Vp + maxT) C, each layer 12 C^2 + 13 C and the final
     LayerNorm 2 C, each bucket padded to a multiple of ranks x 128 elements under ZeRO"""
-    C, L = cfg["channels"], cfg["layers"]
-    Vp = (50257 + 127) // 128 * 128
+    C, L, Vp = cfg["channels"], cfg["layers"], padded_vocab(cfg)
     pad = ranks * 128 if zero > 0 else 1
     up = lambda n: (n + pad - 1) // pad * pad
     return up((Vp + cfg["max_seq_len"]) * C) + L * up(12 * C * C + 13 * C) + up(2 * C)
@@ -490,17 +510,17 @@ def dp_zero_resume_is_bit_identical_and_refuses_another_stage():
     assert code != 0 and "zero=1" in out and "zero=2" in out, out[-2000:]
 
 
-def check_resume(run, name, B):
+def check_resume(run, name, B, cfg=REF):
     """run(args, out_dir) trains; resuming from the step-3 checkpoint must repeat steps 4-5 bit
     for bit"""
-    ref = reference_run()
+    ref = reference_run(cfg)
     full = fresh_dir(name + "_full")
-    run(trainer_args(ref, B, full, ["-n", 3, "-v", 2, "-m", 2]), full)
+    run(trainer_args(ref, B, full, ["-n", 3, "-v", 2, "-m", 2], cfg=cfg), full)
     part = fresh_dir(name + "_part")
     # the checkpoint of step 3 is what an interrupted run leaves behind
     for f in glob.glob(os.path.join(full, "*_00000003*")):
         shutil.copy(f, part)
-    out = run(trainer_args(ref, B, part, ["-n", 3, "-v", 2, "-m", 2, "-y", 1]), part)
+    out = run(trainer_args(ref, B, part, ["-n", 3, "-v", 2, "-m", 2, "-y", 1], cfg=cfg), part)
     assert "resumed from step 3" in out, out[-2000:]
     train_full, val_full = read_log(full)
     train_part, val_part = read_log(part)
@@ -1497,7 +1517,7 @@ def pp_step_bytes(cfg, B, m, p, V, X=4):
     messages of B*T*C floatX each way (activations of its V chunks, gradients of all but the
     first); per step the embedding group's all-reduce of wte's gradient (Vp*C), the norm's float
     and the loss's broadcast (4 bytes)"""
-    Vp = (50257 + 127) // 128 * 128
+    Vp = padded_vocab(cfg)
     messages = m * (2 * V - 1) * B * cfg["seq_len"] * cfg["channels"] * X if p > 1 else 0
     return {"send": messages, "recv": messages, "all-reduce": (Vp * cfg["channels"] * X if p > 1 else 0) + 4, "broadcast": 4}
 
@@ -1652,9 +1672,6 @@ def pp_nonfinite_loss_stops_before_writing_the_step():
 # rule, independently of the trainer; checkpoints that move between grids
 
 D3 = "./train_gpt2_3d"
-VP = (50257 + 127) // 128 * 128
-
-
 def grid3d_rank0_parameters(cfg, dp, pp, tp, zero):
     """rank 0's parameters (stage 0, tp rank 0): its Vp/tp rows of wte, wpe, its tp slices of the
     L/pp layers of stage 0 (replicated LayerNorms and row-parallel biases whole), lnf when pp = 1;
@@ -1662,7 +1679,7 @@ def grid3d_rank0_parameters(cfg, dp, pp, tp, zero):
     C, L, maxT = cfg["channels"], cfg["layers"], cfg["max_seq_len"]
     sliced = 3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C  # qkvw qkvb attprojw fcw fcb fcprojw
     layer = sliced // tp + 6 * C  # + ln1w ln1b attprojb ln2w ln2b fcprojb
-    n = VP * C // tp + maxT * C + L // pp * layer + (2 * C if pp == 1 else 0)
+    n = padded_vocab(cfg) * C // tp + maxT * C + L // pp * layer + (2 * C if pp == 1 else 0)
     return -(-n // (dp * 128)) * dp * 128 if zero else n
 
 
@@ -1687,7 +1704,7 @@ def grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, X=4, cp=1, allgather=F
     dp_bytes = (2 if zero else 1) * grid3d_rank0_parameters(cfg, dp * cp, pp, tp, zero) * X + 4
     cp_bytes = sum(cp_step_bytes(dict(cfg, layers=Ls, channels=C // tp), B, cp, m, allgather, 0, X).values()) - 4
     return {"tp": tp_bytes, "cp": cp_bytes, "pp": pp_bytes, "dp": dp_bytes,
-            "embedding": VP * C // tp * X if pp > 1 else 0, "world": 4}
+            "embedding": padded_vocab(cfg) * C // tp * X if pp > 1 else 0, "world": 4}
 
 
 def check_grid3d_step_bytes(out, d, expected, steps):
@@ -2801,12 +2818,12 @@ def emu_odd_depth_matmuls_on_less_aligned_slices_bf16():
 def emu_results_do_not_depend_on_thread_order():
     """every CUDA reduction has a fixed order (no float atomics), so running each kernel's threads
     and blocks last to first instead of first to last must not change a single bit"""
-    ref = reference_run()
+    ref = reference_run(REF_SMALL)
     (program,) = build("emu", "BF16", ["train_gpt2_dp"])
     models = []
     for order in ("forward", "reverse"):
         d = fresh_dir("emu_order_" + order)
-        emu_runner(1, order)(program, 1, trainer_args(ref, REF["batch"], d, ["-x", 2, "-n", 2]), d)
+        emu_runner(1, order)(program, 1, trainer_args(ref, REF["batch"], d, ["-x", 2, "-n", 2], cfg=REF_SMALL), d)
         with open(os.path.join(d, "model_%08d.bin" % 2), "rb") as f:
             models.append(f.read())
     assert models[0] == models[1], "final bf16 weights differ between thread orders"
@@ -2817,7 +2834,7 @@ def gpu_resume_is_bit_identical_bf16():
     if not have_gpu():
         raise Skip("no GPU")
     (program,) = build("cuda", "BF16", ["train_gpt2_dp"])
-    check_resume(lambda args, d: run_gpu_ranks(program, 1, args, d), "gpu_resume", 4)
+    check_resume(lambda args, d: run_gpu_ranks(program, 1, args, d), "gpu_resume", 4, REF_SMALL)
 
 
 def make_emu_recompute_test(trainer, ranks, flags, cfg, B, levels=(0, 1, 2), attention=None, extra_bytes=None):
@@ -2875,7 +2892,7 @@ test(make_emu_env_choice_test("FP32", "LLMC_ATTENTION", "flash", "LLMC_ATTENTION
 @test
 def emu_resume_is_bit_identical_bf16():
     (program,) = build("emu", "BF16", ["train_gpt2_dp"])
-    check_resume(lambda args, d: emu_runner(1)(program, 1, args, d), "emu_resume", 4)
+    check_resume(lambda args, d: emu_runner(1)(program, 1, args, d), "emu_resume", 4, REF_SMALL)
 
 
 @test
@@ -2885,7 +2902,7 @@ def emu_diloco_resume_mid_round_is_bit_identical_bf16():
     repeat bit for bit (the workers' fp32 master weights restored over their bf16 parameter bits)"""
     (program,) = build("emu", "BF16", ["train_gpt2_diloco"])
     check_resume(lambda args, d: emu_runner(1)(program, 2, args + ["-H", 2, "-outer_dtype", "bf16"], d),
-                 "emu_diloco_resume", 4)
+                 "emu_diloco_resume", 4, REF_SMALL)
 
 
 @test
@@ -3038,7 +3055,7 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
     R = ranks // workers
     # each fragment's parameters from the model's shape: its L/F layers' share of every per-layer
     # tensor, wte and wpe with the first, lnf with the last
-    C, L, V, T = cfg["channels"], cfg["layers"], VP, cfg["max_seq_len"]
+    C, L, V, T = cfg["channels"], cfg["layers"], padded_vocab(cfg), cfg["max_seq_len"]
     layer = 12 * C * C + 13 * C
     P_f = [L // fragments * layer + (V * C + T * C if f == 0 else 0) + (2 * C if f == fragments - 1 else 0)
            for f in range(fragments)]
