@@ -346,6 +346,7 @@ def add_run_arguments(ap, layers=2):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap.add_argument("--tokens", default=os.path.join(root, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"))
     ap.add_argument("--init", help="initial weights from this llm.c model file (its shape overrides --layers ...)")
+    ap.add_argument("--vocab", type=int, default=50257, help="the vocabulary (GPT-2's by default): --tokens must lie below it")
     ap.add_argument("--layers", type=int, default=layers)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--channels", type=int, default=64)

@@ -19,7 +19,8 @@ __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t N) {
     Pack16 x = load16(inp + i), y;
     for (int k = 0; k < PACK16; k++) {
         float a = (float)x.v[k];
-        y.v[k] = (floatX)(0.5f * a * (1.0f + tanhf(GELU_SCALE * (a + 0.044715f * a * a * a))));
+        float u = GELU_SCALE * (a + 0.044715f * a * a * a);
+        y.v[k] = (floatX)(a / (1.0f + expf(fminf(-2.0f * u, 80.0f))));  // 0.5 a (1 + tanh u), as llmc/cpu/gelu.h
     }
     store16(out + i, y);
 }
@@ -30,9 +31,10 @@ __global__ void gelu_backward_kernel(floatX* dinp, const floatX* inp, const floa
     Pack16 x = load16(inp + i), dy = load16(dout + i), dx;
     for (int k = 0; k < PACK16; k++) {
         float a = (float)x.v[k];
-        float th = tanhf(GELU_SCALE * (a + 0.044715f * a * a * a));
+        float e = expf(fminf(-2.0f * GELU_SCALE * (a + 0.044715f * a * a * a), 80.0f));
+        float s = 1.0f / (1.0f + e);  // 0.5 (1 + tanh u); e s = 0.5 (1 - tanh u)
         float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * a * a);
-        float grad = 0.5f * (1.0f + th) + 0.5f * a * (1.0f - th * th) * du;
+        float grad = s + 2.0f * a * s * (e * s) * du;
         dx.v[k] = (floatX)((float)dy.v[k] * grad);
     }
     store16(dinp + i, dx);
