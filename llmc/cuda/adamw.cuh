@@ -92,9 +92,12 @@ static inline void adamw_update_host(floatX* params, float* master, const floatX
     }
 }
 
-// sum of squares: a fixed grid of blocks writes partial sums, the host adds them in order, so
-// the result is the same on every run
+// sum of squares: a grid of blocks fixed by n writes partial sums, the host adds them in order,
+// so the result is the same on every run. Each thread sums at least NORM_PER_THREAD elements:
+// a bias of 64 gets one block, not NORM_BLOCKS of idle threads (the trainers call this per
+// tensor or per shard); past 512 x 16 x NORM_BLOCKS elements the grid stays NORM_BLOCKS
 // (NORM_BLOCKS and norm_scratch_bytes: llmc/target.h)
+#define NORM_PER_THREAD 16
 __global__ void norm_squared_partial(float* partial, const floatX* x, size_t n) {
     __shared__ float shared[32];
     float sum = 0.0f;
@@ -116,12 +119,14 @@ static DeviceScratch norm_scratch;
 
 static inline float global_norm_squared(const floatX* grads, size_t n) {
     float* partial = (float*)scratch_get(&norm_scratch, norm_scratch_bytes());
-    norm_squared_partial<<<NORM_BLOCKS, 512>>>(partial, grads, n);
+    size_t wanted = ceil_div(n, (size_t)512 * NORM_PER_THREAD);
+    int blocks = wanted < 1 ? 1 : wanted > NORM_BLOCKS ? NORM_BLOCKS : (int)wanted;
+    norm_squared_partial<<<blocks, 512>>>(partial, grads, n);
     cudaCheckLaunch();
     float host[NORM_BLOCKS];
-    copy_device_to_host(host, partial, sizeof(host));
+    copy_device_to_host(host, partial, blocks * sizeof(float));
     double total = 0.0;
-    for (int i = 0; i < NORM_BLOCKS; i++) total += host[i];
+    for (int i = 0; i < blocks; i++) total += host[i];
     return (float)total;
 }
 
