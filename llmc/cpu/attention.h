@@ -6,6 +6,23 @@
 #include <string.h>
 #include "clones.h"
 
+// q . k over n channels in DOT_LANES running sums, added in a fixed order at the end. One running
+// sum is a chain of dependent adds that the compiler may not reorder, so it stays scalar (it was
+// most of attention's time); the lanes are independent, so they vectorize, and the order is
+// still fixed: the same result on every run and thread count.
+#define DOT_LANES 16
+static inline float dot_in_lanes(const float* a, const float* b, int n) {
+    float lane[DOT_LANES] = {0};
+    int i = 0;
+    for (; i + DOT_LANES <= n; i += DOT_LANES) {
+        for (int j = 0; j < DOT_LANES; j++) lane[j] += a[i + j] * b[i + j];
+    }
+    float s = 0.0f;
+    for (; i < n; i++) s += a[i] * b[i];
+    for (int j = 0; j < DOT_LANES; j++) s += lane[j];
+    return s;
+}
+
 // What attention_forward keeps for attention_backward (per layer) is the softmax probabilities
 // att (B, NH, T, T), zero above the diagonal; the CUDA backend's flash path keeps less
 // (attention_state_size, llmc/target.h).
@@ -26,9 +43,7 @@ CPU_CLONES static inline void attention_forward(float* out, void* state, const f
                 float maxval = -INFINITY;
                 for (int t2 = 0; t2 <= t; t2++) {
                     const float* k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
-                    float s = 0.0f;
-                    for (int i = 0; i < hs; i++) s += q[i] * k[i];
-                    s *= scale;
+                    float s = dot_in_lanes(q, k, hs) * scale;
                     p[t2] = s;
                     if (s > maxval) maxval = s;
                 }
@@ -79,11 +94,8 @@ CPU_CLONES static inline void attention_backward(float* dqkv, const float* dout,
                 for (int t2 = 0; t2 <= t; t2++) {
                     const float* v = qkv + ((size_t)b * T + t2) * 3 * C + 2 * C + h * hs;
                     float* dv = dqkv + ((size_t)b * T + t2) * 3 * C + 2 * C + h * hs;
-                    float dp = 0.0f;
-                    for (int i = 0; i < hs; i++) {
-                        dp += dy[i] * v[i];
-                        dv[i] += p[t2] * dy[i];
-                    }
+                    float dp = dot_in_lanes(dy, v, hs);
+                    for (int i = 0; i < hs; i++) dv[i] += p[t2] * dy[i];
                     dscore[t2] = dp;
                     dot += p[t2] * dp;
                 }
