@@ -5,23 +5,7 @@
 #include <math.h>
 #include <string.h>
 #include "clones.h"
-
-// q . k over n channels in DOT_LANES running sums, added in a fixed order at the end. One running
-// sum is a chain of dependent adds that the compiler may not reorder, so it stays scalar (it was
-// most of attention's time); the lanes are independent, so they vectorize, and the order is
-// still fixed: the same result on every run and thread count.
-#define DOT_LANES 16
-static inline float dot_in_lanes(const float* a, const float* b, int n) {
-    float lane[DOT_LANES] = {0};
-    int i = 0;
-    for (; i + DOT_LANES <= n; i += DOT_LANES) {
-        for (int j = 0; j < DOT_LANES; j++) lane[j] += a[i + j] * b[i + j];
-    }
-    float s = 0.0f;
-    for (; i < n; i++) s += a[i] * b[i];
-    for (int j = 0; j < DOT_LANES; j++) s += lane[j];
-    return s;
-}
+#include "vector_math.h"
 
 // What attention_forward keeps for attention_backward (per layer) is the softmax probabilities
 // att (B, NH, T, T), zero above the diagonal; the CUDA backend's flash path keeps less
@@ -47,11 +31,7 @@ CPU_CLONES static inline void attention_forward(float* out, void* state, const f
                     p[t2] = s;
                     if (s > maxval) maxval = s;
                 }
-                float sum = 0.0f;
-                for (int t2 = 0; t2 <= t; t2++) {
-                    p[t2] = expf(p[t2] - maxval);
-                    sum += p[t2];
-                }
+                float sum = exp_in_place_sum_in_lanes(p, maxval, t + 1);
                 for (int t2 = 0; t2 <= t; t2++) p[t2] /= sum;
                 for (int t2 = t + 1; t2 < T; t2++) p[t2] = 0.0f;
                 float* o = out + ((size_t)b * T + t) * C + h * hs;

@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include "clones.h"
+#include "vector_math.h"
 
 // logits (N, Vp) with N = B*T rows; only the first V columns are real tokens.
 // losses (N) = -log softmax(logits)[target]. When dloss != 0 each row becomes
@@ -15,18 +16,11 @@ CPU_CLONES static inline void fused_classifier(float* logits, float* losses, con
     for (int n = 0; n < N; n++) {
         float* row = logits + (size_t)n * Vp;
         int target = targets[n];
-        float maxval = -INFINITY;
-        for (int v = 0; v < V; v++) maxval = row[v] > maxval ? row[v] : maxval;
+        float maxval = max_in_lanes(row, V);
         float target_logit = row[target];
-        float sum = 0.0f;
-        if (dloss == 0.0f) {  // the loss only: leave the logits as they are
-            for (int v = 0; v < V; v++) sum += expf(row[v] - maxval);
-        } else {              // keep each exponential in place for the gradient pass
-            for (int v = 0; v < V; v++) {
-                row[v] = expf(row[v] - maxval);
-                sum += row[v];
-            }
-        }
+        // the loss only: leave the logits as they are; else keep each exponential in place for
+        // the gradient pass
+        float sum = dloss == 0.0f ? sum_exp_in_lanes(row, maxval, V) : exp_in_place_sum_in_lanes(row, maxval, V);
         losses[n] = logf(sum) - (target_logit - maxval);
         if (dloss == 0.0f) continue;
         float scale = dloss / sum;
@@ -53,9 +47,7 @@ static inline void classifier_shard_max(float* maxes, const float* logits, int N
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* row = logits + (size_t)n * Vl;
-        float maxval = -INFINITY;
-        for (int v = 0; v < real; v++) maxval = row[v] > maxval ? row[v] : maxval;
-        maxes[n] = maxval;
+        maxes[n] = max_in_lanes(row, real);
     }
 }
 
@@ -66,8 +58,7 @@ static inline void classifier_shard_sums(float* sums, const float* logits, const
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* row = logits + (size_t)n * Vl;
-        float sum = 0.0f;
-        for (int v = 0; v < real; v++) sum += expf(row[v] - maxes[n]);
+        float sum = sum_exp_in_lanes(row, maxes[n], real);
         int local = targets[n] - lo;
         sums[2 * n] = sum;
         sums[2 * n + 1] = local >= 0 && local < real ? row[local] - maxes[n] : 0.0f;
@@ -84,7 +75,7 @@ static inline void classifier_shard_loss(float* logits, float* losses, const flo
         if (dloss == 0.0f) continue;
         float* row = logits + (size_t)n * Vl;
         float scale = dloss / sums[2 * n];
-        for (int v = 0; v < real; v++) row[v] = expf(row[v] - maxes[n]) * scale;
+        for (int v = 0; v < real; v++) row[v] = exp_vectorizable(row[v] - maxes[n]) * scale;
         int local = targets[n] - lo;
         if (local >= 0 && local < real) row[local] -= dloss;
         for (int v = real; v < Vl; v++) row[v] = 0.0f;
