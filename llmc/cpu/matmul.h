@@ -215,11 +215,18 @@ static inline void matmul_backward_weight(float* dweight, float* dbias, const fl
                                           int C, int OC) {
     gemm(OC, C, N, dout, 1, OC, inp, C, 1, dweight, C, 1);
     if (dbias != NULL) {
+        // dbias (OC) += the column sums of dout (N, OC), each summed over n in order; a task takes
+        // 64 columns and walks the rows, so its loads are contiguous and the sums vectorize (one
+        // column at a time strided through memory, OC floats apart, and cost 20 ms of a d12 step)
         #pragma omp parallel for
-        for (int o = 0; o < OC; o++) {
-            float sum = 0.0f;
-            for (int n = 0; n < N; n++) sum += dout[(size_t)n * OC + o];
-            dbias[o] += sum;
+        for (int o0 = 0; o0 < OC; o0 += 64) {
+            int width = OC - o0 < 64 ? OC - o0 : 64;
+            float sum[64] = {0};
+            for (int n = 0; n < N; n++) {
+                const float* row = dout + (size_t)n * OC + o0;
+                for (int j = 0; j < width; j++) sum[j] += row[j];
+            }
+            for (int j = 0; j < width; j++) dbias[o0 + j] += sum[j];
         }
     }
 }
