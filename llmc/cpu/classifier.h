@@ -43,7 +43,7 @@ CPU_CLONES static inline void fused_classifier(float* logits, float* losses, con
 // operation.
 
 // maxes (N) = the maximum of each row's real columns (-inf when the rank holds none)
-static inline void classifier_shard_max(float* maxes, const float* logits, int N, int Vl, int real) {
+CPU_CLONES static inline void classifier_shard_max(float* maxes, const float* logits, int N, int Vl, int real) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* row = logits + (size_t)n * Vl;
@@ -53,7 +53,7 @@ static inline void classifier_shard_max(float* maxes, const float* logits, int N
 
 // sums (N, 2): [sum over real columns of exp(logit - maxes[n]), the target's logit - maxes[n]
 // if the target is among this rank's columns, else 0]
-static inline void classifier_shard_sums(float* sums, const float* logits, const float* maxes,
+CPU_CLONES static inline void classifier_shard_sums(float* sums, const float* logits, const float* maxes,
                                          const int* targets, int N, int Vl, int real, int lo) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
@@ -67,7 +67,7 @@ static inline void classifier_shard_sums(float* sums, const float* logits, const
 
 // losses (N) = log(sum) - (target logit - max), from the sums over all ranks. With dloss != 0
 // each row becomes dloss * (softmax - onehot(target)) over the real columns, 0 over padding.
-static inline void classifier_shard_loss(float* logits, float* losses, const float* maxes, const float* sums,
+CPU_CLONES static inline void classifier_shard_loss(float* logits, float* losses, const float* maxes, const float* sums,
                                          const int* targets, float dloss, int N, int Vl, int real, int lo) {
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {

@@ -10,7 +10,8 @@
 
 // With u = sqrt(2/pi) (x + 0.044715 x^3), GELU is 0.5 x (1 + tanh u) = x s, s = 1 / (1 + e^(-2u)).
 // The second form is the one computed: for x below about -4, 1 + tanh u cancels (tanh u =
-// -0.9999...) and fp32 keeps only a few bits of it, while s keeps full precision for every x; and
+// -0.9999...) and fp32 keeps only a few bits of it, while s has no cancellation (its error is that
+// of u and of one exponential; below x = -8.4 it is clamped at 1.8e-35, see vector_math.h); and
 // it costs one exponential, vectorized, in place of a call to tanhf per element.
 
 // out (N) = GELU(inp)
