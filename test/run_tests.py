@@ -1370,6 +1370,9 @@ test(make_program_test("pipeline_schedules", "test/test_pipeline", 1, [], "pipel
 # context parallelism's block attention (llmc/cpu/ring_attention.h) against the whole-sequence
 # attention, cp = 1..4, contiguous and zigzag; the work per rank against its formula
 test(make_program_test("ring_attention_blocks_equal_whole_attention", "test/test_ring_attention", 1, [], "ring attention ok"))
+# the vocabulary-parallel cross-entropy at one rank is fused_classifier bit for bit (llmc/cpu/classifier.h)
+test(make_program_test("classifier_vocabulary_parallel_at_one_rank_is_the_fused_one_bit_for_bit", "test/test_classifier", 1, [],
+                       "classifier ok"))
 
 
 # ---------------------------------------------------------------------------------------------
