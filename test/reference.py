@@ -18,6 +18,7 @@ Batches: step s uses the global batch tokens[s*G : s*G + G + 1] of the token fil
 the same tokens the trainers' ranks and micro-steps divide among themselves.
 """
 import argparse
+import sys
 import copy
 import json
 import math
@@ -190,11 +191,28 @@ def load_hf_state_dict(config, state):
     return model
 
 
+def padded_vocab(V):
+    """the vocabulary padded to a multiple of 128, as the trainers' model files hold it"""
+    return (V + 127) // 128 * 128
+
+
 def gpt2_of_args(args):
-    """a GPT-2 of the run's shape; its vocabulary (GPT-2's 50257 unless args.vocab says another)
-    padded to a multiple of 128, as the trainers' model files hold it"""
+    """a GPT-2 of the run's shape; its vocabulary GPT-2's 50257 unless args.vocab says another"""
     V = getattr(args, "vocab", 50257)
-    return GPT2(args.layers, args.heads, args.channels, args.max_seq_len, V, (V + 127) // 128 * 128)
+    if V < 1:
+        sys.exit("error: --vocab %d: expected a vocabulary of at least 1 token" % V)
+    return GPT2(args.layers, args.heads, args.channels, args.max_seq_len, V, padded_vocab(V))
+
+
+def tokens_for(model, path):
+    """the run's tokens, each below the model's vocabulary (else a clear error, not an IndexError
+    deep in the forward)"""
+    tokens = read_tokens(path)
+    outside = np.flatnonzero(tokens >= model.V)
+    if len(outside):
+        sys.exit("error: --tokens %s: token %d at position %d is outside the model's vocabulary of %d (--vocab, or "
+                 "the --init file's)" % (path, tokens[outside[0]], outside[0], model.V))
+    return tokens
 
 
 def run(args):
@@ -204,6 +222,7 @@ def run(args):
     else:
         model = gpt2_of_args(args)
         model.init_weights(args.seed)
+    tokens = tokens_for(model, args.tokens)  # (before anything is written)
     os.makedirs(args.out, exist_ok=True)
     write_model_file(os.path.join(args.out, "model.bin"), model, model.tensors())
     write_model_file(os.path.join(args.out, "model_bf16.bin"), model, model.tensors(), bf16=True)
@@ -218,7 +237,6 @@ def run(args):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
-    tokens = read_tokens(args.tokens)
     B, T = args.batch, args.seq_len
     G = B * T
     losses, norms, lrs = [], [], []
@@ -293,7 +311,7 @@ def run_diloco(args):
     params = list(outer.parameters())
     outer_opts = [torch.optim.SGD([params[i] for i in g], lr=args.outer_lr, momentum=args.outer_momentum,
                                   nesterov=args.outer_momentum > 0) for g in groups]
-    tokens = read_tokens(args.tokens)
+    tokens = tokens_for(model, args.tokens)
     B, T = args.batch, args.seq_len
     G = B * T
     losses, norms = [], []

@@ -341,8 +341,7 @@ _ref_cache = {}
 
 
 def padded_vocab(cfg):
-    """the vocabulary padded to a multiple of 128, as the trainers' model files hold it"""
-    return (cfg["vocab"] + 127) // 128 * 128
+    return reference.padded_vocab(cfg["vocab"])
 
 
 def small_vocabulary(out):
@@ -1891,12 +1890,22 @@ def check_grid3d_bad_layout(ranks, extra, message):
 @test
 def compare_with_pytorch_fails_when_the_trainer_fails():
     """dev/compare_with_pytorch.py exits 1 with FAIL and the trainer's error when the trainer
-    stops (here a grid that does not fit); its PASS path runs in the emulator's 3D test"""
+    stops (here a grid that does not fit), and with a message when --vocab does not fit the
+    tokens; its PASS path runs in the emulator's 3D test"""
     cmd = [sys.executable, "dev/compare_with_pytorch.py", "--layers", 1, "--steps", 1, "--ranks", 2,
            "--out", fresh_dir("compare_tool"), D3, "--", "-tp", 3, "-b", 8]
     p = subprocess.run([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT)
     report = p.stdout.decode("utf-8", "replace")
     assert p.returncode == 1 and "FAIL: the trainer exited with status" in report and "-tp 3" in report, report[-3000:]
+    # and a reference it cannot build: a message naming the flag, nothing written
+    for flags, message in ((["--vocab", 100], "token 9203 at position 0 is outside the model's vocabulary of 100"),
+                           (["--vocab", 0], "--vocab 0: expected a vocabulary of at least 1 token")):
+        out = fresh_dir("compare_tool_vocab")
+        cmd = [sys.executable, "dev/compare_with_pytorch.py", "--steps", 1, "--out", out] + flags + ["./train_gpt2_dp"]
+        p = subprocess.run([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=TIMEOUT)
+        report = p.stdout.decode("utf-8", "replace")
+        assert p.returncode != 0 and message in report, report[-3000:]
+        assert not glob.glob(os.path.join(out, "reference", "*")), "files written: %s" % glob.glob(os.path.join(out, "*", "*"))
 
 
 @test
