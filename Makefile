@@ -89,9 +89,9 @@ test/test_%: test/test_%.c $(HEADERS) | check-deps
 # OpenBLAS's sgemm beside ours, when it is installed (dev/setup.sh --bench installs it): when a
 # program links with -lopenblas
 OPENBLAS_FLAGS := $(shell echo 'int main(void) { return 0; }' | $(CC) -x c - -lopenblas -o /dev/null 2>/dev/null && echo -DHAVE_OPENBLAS -lopenblas)
-dev/bench/bench_matmul: dev/bench/bench_matmul.c $(HEADERS)
+dev/bench/bench_matmul: dev/bench/bench_matmul.c dev/bench/best_seconds.h $(HEADERS)
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS) $(OPENBLAS_FLAGS)
-dev/bench/bench_cpu_ops: dev/bench/bench_cpu_ops.c $(HEADERS)
+dev/bench/bench_cpu_ops: dev/bench/bench_cpu_ops.c dev/bench/best_seconds.h $(HEADERS)
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 # will it fit? a rank's device memory for any model, machine and layout (no GPU, no ranks)

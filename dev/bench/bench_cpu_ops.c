@@ -16,6 +16,7 @@
 #include "llmc/cpu/encoder.h"
 #include "llmc/cpu/gelu.h"
 #include "llmc/cpu/layernorm.h"
+#include "dev/bench/best_seconds.h"
 
 enum { B = 4, T = 64, C = 768, NH = 12, L = 12, V = 50257, VP = 50304, MAXT = 1024 };
 #define N ((size_t)B * T)
@@ -74,18 +75,6 @@ typedef struct {
     double bytes;  // the least a call must move
     int calls;     // per training step (forward, backward and the update; -r 0)
 } Op;
-
-// seconds per call, the best of 3 rounds of `reps` calls after one to warm up
-static double seconds(void (*run)(Bufs*), Bufs* s, int reps) {
-    run(s);
-    double best = 1e30;
-    for (int round = 0; round < 3; round++) {
-        double t0 = wall_time_s();
-        for (int r = 0; r < reps; r++) run(s);
-        best = fmin(best, (wall_time_s() - t0) / reps);
-    }
-    return best;
-}
 
 // STREAM's triad a = b + s c over three arrays far larger than the caches: GB/s counting 12
 // bytes an element (the write-allocate read of a is not counted, as STREAM does not)
@@ -165,7 +154,8 @@ int main(void) {
     for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
         // the big passes (classifier, AdamW, norm) a few times; the per-layer ones more
         int reps = ops[i].bytes > 1e8 ? 3 : 20;
-        double t = seconds(ops[i].run, &s, reps);
+        double t;
+        BEST_SECONDS(t, reps, ops[i].run(&s));
         double gbs = ops[i].bytes / t / 1e9;
         step += t * ops[i].calls;
         step_at_triad += ops[i].bytes / (triad * 1e9) * ops[i].calls;

@@ -9,6 +9,7 @@
 #include "llmc/utils.h"
 #include "llmc/rng.h"
 #include "llmc/cpu/matmul.h"
+#include "dev/bench/best_seconds.h"
 #ifdef HAVE_OPENBLAS
 // OpenBLAS's C interface: the two functions used, declared here (its cblas.h lives in a directory
 // of its own on each distribution); the CBLAS enums are ints with these values
@@ -57,19 +58,6 @@ static void openblas(const Layer* l, int product) {
 }
 #endif
 
-// seconds per call, the best of 3 rounds of `reps` calls after one to warm up
-static double seconds(void (*run)(const Layer*, int), const Layer* l, int product) {
-    run(l, product);
-    double best = 1e30;
-    for (int round = 0; round < 3; round++) {
-        int reps = 3;
-        double t0 = wall_time_s();
-        for (int r = 0; r < reps; r++) run(l, product);
-        best = fmin(best, (wall_time_s() - t0) / reps);
-    }
-    return best;
-}
-
 int main(int argc, char** argv) {
     int N = argc > 1 ? atoi(argv[1]) : 256;  // tokens: B * T
     const char* names[] = {"qkv", "attproj", "fc", "fcproj", "classifier"};
@@ -110,11 +98,13 @@ int main(int argc, char** argv) {
         worst_err = fmax(worst_err, check_forward(l.out, l.inp, l.w, N, C, OC));
         double flop = 2.0 * N * C * OC;  // each of the three products
         for (int p = 0; p < 3; p++) {
-            double t = seconds(ours, &l, p);
+            double t;
+            BEST_SECONDS(t, 3, ours(&l, p));
             step_ours += t * calls_per_step[i];
             printf("%-11s %6d %6d %-8s | %9.2f %9.1f |", names[i], C, OC, products[p], t * 1e3, flop / t / 1e9);
 #ifdef HAVE_OPENBLAS
-            double tb = seconds(openblas, &l, p);
+            double tb;
+            BEST_SECONDS(tb, 3, openblas(&l, p));
             step_blas += tb * calls_per_step[i];
             printf(" %9.2f %9.1f | %6.2fx\n", tb * 1e3, flop / tb / 1e9, t / tb);
 #else
