@@ -78,40 +78,56 @@ int main(int argc, char** argv) {
            threads, gemm_isa().name, blas);
     printf("%-11s %6s %6s %-8s | %9s %9s | %9s %9s | %7s\n", "layer", "C", "OC", "product", "ours ms", "GFLOP/s",
            "BLAS ms", "GFLOP/s", "ours/BLAS");
-    double step_ours = 0.0, worst_err = 0.0;
-#ifdef HAVE_OPENBLAS
-    double step_blas = 0.0;
-#endif
+    // The shapes' operands, all allocated first, so that each library is timed over every shape in
+    // one phase of its own: OpenBLAS's worker threads busy-wait for a while after each call (its
+    // THREAD_TIMEOUT) and, timed in turns, they took cycles from ours (up to 1.15x on a shape).
+    Layer layers[5];
+    double worst_err = 0.0;
     for (int i = 0; i < 5; i++) {
-        Layer l = {NULL, NULL, NULL, NULL, NULL, NULL, N, Cs[i], OCs[i]};
-        int C = l.C, OC = l.OC;
-        l.inp = (float*)malloc_check((size_t)N * C * sizeof(float));
-        l.w = (float*)malloc_check((size_t)OC * C * sizeof(float));
-        l.out = (float*)malloc_check((size_t)N * OC * sizeof(float));
-        l.dout = (float*)malloc_check((size_t)N * OC * sizeof(float));
-        l.dinp = (float*)malloc_check((size_t)N * C * sizeof(float));
-        l.dw = (float*)calloc_check((size_t)OC * C, sizeof(float));
-        rng_normal_fill(&rng, l.inp, (size_t)N * C, 0.0f, 1.0f);
-        rng_normal_fill(&rng, l.w, (size_t)OC * C, 0.0f, 0.02f);
-        rng_normal_fill(&rng, l.dout, (size_t)N * OC, 0.0f, 1.0f);
-        matmul_forward(l.out, l.inp, l.w, NULL, N, C, OC);
-        worst_err = fmax(worst_err, check_forward(l.out, l.inp, l.w, N, C, OC));
-        double flop = 2.0 * N * C * OC;  // each of the three products
-        for (int p = 0; p < 3; p++) {
-            double t;
-            BEST_SECONDS(t, 3, ours(&l, p));
-            step_ours += t * calls_per_step[i];
-            printf("%-11s %6d %6d %-8s | %9.2f %9.1f |", names[i], C, OC, products[p], t * 1e3, flop / t / 1e9);
+        Layer* l = &layers[i];
+        int C = Cs[i], OC = OCs[i];
+        *l = (Layer){NULL, NULL, NULL, NULL, NULL, NULL, N, C, OC};
+        l->inp = (float*)malloc_check((size_t)N * C * sizeof(float));
+        l->w = (float*)malloc_check((size_t)OC * C * sizeof(float));
+        l->out = (float*)malloc_check((size_t)N * OC * sizeof(float));
+        l->dout = (float*)malloc_check((size_t)N * OC * sizeof(float));
+        l->dinp = (float*)malloc_check((size_t)N * C * sizeof(float));
+        l->dw = (float*)calloc_check((size_t)OC * C, sizeof(float));
+        rng_normal_fill(&rng, l->inp, (size_t)N * C, 0.0f, 1.0f);
+        rng_normal_fill(&rng, l->w, (size_t)OC * C, 0.0f, 0.02f);
+        rng_normal_fill(&rng, l->dout, (size_t)N * OC, 0.0f, 1.0f);
+        matmul_forward(l->out, l->inp, l->w, NULL, N, C, OC);
+        worst_err = fmax(worst_err, check_forward(l->out, l->inp, l->w, N, C, OC));
+    }
+    double ours_s[5][3];
+    for (int i = 0; i < 5; i++) {
+        for (int p = 0; p < 3; p++) BEST_SECONDS(ours_s[i][p], 3, ours(&layers[i], p));
+    }
 #ifdef HAVE_OPENBLAS
-            double tb;
-            BEST_SECONDS(tb, 3, openblas(&l, p));
+    double blas_s[5][3], step_blas = 0.0;
+    for (int i = 0; i < 5; i++) {
+        for (int p = 0; p < 3; p++) BEST_SECONDS(blas_s[i][p], 3, openblas(&layers[i], p));
+    }
+#endif
+    double step_ours = 0.0;
+    for (int i = 0; i < 5; i++) {
+        double flop = 2.0 * N * Cs[i] * OCs[i];  // each of the three products
+        for (int p = 0; p < 3; p++) {
+            double t = ours_s[i][p];
+            step_ours += t * calls_per_step[i];
+            printf("%-11s %6d %6d %-8s | %9.2f %9.1f |", names[i], Cs[i], OCs[i], products[p], t * 1e3, flop / t / 1e9);
+#ifdef HAVE_OPENBLAS
+            double tb = blas_s[i][p];
             step_blas += tb * calls_per_step[i];
             printf(" %9.2f %9.1f | %6.2fx\n", tb * 1e3, flop / tb / 1e9, t / tb);
 #else
             printf(" %9s %9s | %7s\n", "-", "-", "-");
 #endif
         }
-        free(l.inp); free(l.w); free(l.out); free(l.dout); free(l.dinp); free(l.dw);
+    }
+    for (int i = 0; i < 5; i++) {
+        Layer* l = &layers[i];
+        free(l->inp); free(l->w); free(l->out); free(l->dout); free(l->dinp); free(l->dw);
     }
     printf("forward against a float64 loop: largest relative error %.1e\n", worst_err);
     printf("all matmuls of one d12 training step: ours %.0f ms", step_ours * 1e3);
