@@ -20,39 +20,53 @@
 static float* gemm_pack_buffer = NULL;  // per thread: a task's block, MC x KC of A or KC x NC of B
 #pragma omp threadprivate(gemm_pack_buffer)
 
-// kc rows of n contiguous floats, src's s_k apart, to dst's rows of n: inlined where n is a
-// constant, each row is a few vector moves instead of a call to memcpy (a call per 24 bytes of an
-// A panel cost 5% of a dweight)
-static inline __attribute__((always_inline)) void gemm_copy_rows(float* dst, const float* src, long s_k, int kc, int n) {
-    for (int k = 0; k < kc; k++) memcpy(dst + k * n, src + k * s_k, sizeof(float) * n);
-}
-
 // Packing copies a block of an operand into panels the micro-kernel reads contiguously:
 // dst[panel][k][w] = src[(w0 + panel*width + w) * s_w + (k0 + k) * s_k], zero past `count`.
 // A is packed with w = rows (width MR), B with w = columns (width NR).
+
+// The block's w are contiguous in src (s_w == 1): at each k, its `count` floats (a task's 128
+// columns of B: 512 bytes) are read in order and dealt out to the panels, `width` floats each.
+// Inlined with `width` a constant, each piece is a few vector moves, not a call to memcpy (a call
+// per 24 bytes of an A panel cost 5% of a dweight). Row after row, not panel after panel, so
+// each row's lines are read once, in order (the dinp packs the classifier's 154 MB weight so).
+static inline __attribute__((always_inline)) void gemm_pack_rows(float* dst, const float* src, long s_k, int kc,
+                                                                 int count, int width) {
+    int full = count / width * width;  // the whole panels' w; an edge panel's were zeroed
+    for (int k = 0; k < kc; k++) {
+        const float* row = src + k * s_k;
+        for (int w = 0; w < full; w += width) memcpy(dst + (size_t)w * kc + k * width, row + w, sizeof(float) * width);
+        if (full < count) memcpy(dst + (size_t)full * kc + k * width, row + full, sizeof(float) * (count - full));
+    }
+}
+
 static inline void gemm_pack(float* dst, const float* src, long s_w, long s_k, int w0, int count,
                              int k0, int kc, int width) {
+    int full = count / width * width;
+    if (full < count) memset(dst + (size_t)full * kc, 0, sizeof(float) * kc * width);  // the edge panel
+    if (s_w == 1) {
+        const float* base = src + w0 + (long)k0 * s_k;
+        switch (width) {  // a constant for each width used: MR for A, NR for B (AVX-512, AVX2, generic)
+            case GEMM_MR: gemm_pack_rows(dst, base, s_k, kc, count, GEMM_MR); break;
+            case 32: gemm_pack_rows(dst, base, s_k, kc, count, 32); break;
+            case 16: gemm_pack_rows(dst, base, s_k, kc, count, 16); break;
+            case 8: gemm_pack_rows(dst, base, s_k, kc, count, 8); break;
+            default: gemm_pack_rows(dst, base, s_k, kc, count, width);
+        }
+        return;
+    }
+    // a transpose (s_k == 1 in every product here), panel by panel, 16 k at a time: a cache line of each w
     for (int p = 0; p < count; p += width) {
         float* panel = dst + (size_t)p * kc;
         int valid = count - p < width ? count - p : width;
         const float* base = src + (long)(w0 + p) * s_w + (long)k0 * s_k;
-        if (valid < width) memset(panel, 0, sizeof(float) * kc * width);  // an edge panel: zeros past `count`
-        if (s_w == 1) {  // the panel's row at each k is contiguous: copy it whole
-            if (valid == GEMM_MR && width == GEMM_MR) gemm_copy_rows(panel, base, s_k, kc, GEMM_MR);  // A
-            else if (valid == 32 && width == 32) gemm_copy_rows(panel, base, s_k, kc, 32);  // B, AVX-512
-            else if (valid == 16 && width == 16) gemm_copy_rows(panel, base, s_k, kc, 16);  // B, AVX2
-            else if (valid == 8 && width == 8) gemm_copy_rows(panel, base, s_k, kc, 8);     // B, generic
-            else for (int k = 0; k < kc; k++) memcpy(panel + k * width, base + k * s_k, sizeof(float) * valid);
-        } else {         // a transpose, 16 k at a time: 16 floats (a cache line) of each w when s_k == 1
-            for (int kb = 0; kb < kc; kb += 16) {
-                int kend = kc - kb < 16 ? kc : kb + 16;
-                for (int w = 0; w < valid; w++) {
-                    // each w is a stream of its own (32 of them for a B panel), more than the
-                    // hardware prefetcher follows: ask for the line two ahead (the classifier's
-                    // forward packs its 154 MB weight this way: 114 -> 104 ms, OpenBLAS's 102)
-                    if (s_k == 1) __builtin_prefetch(base + w * s_w + kb + 32);
-                    for (int k = kb; k < kend; k++) panel[k * width + w] = base[w * s_w + k * s_k];
-                }
+        for (int kb = 0; kb < kc; kb += 16) {
+            int kend = kc - kb < 16 ? kc : kb + 16;
+            for (int w = 0; w < valid; w++) {
+                // each w is a stream of its own (32 of them for a B panel), more than the
+                // hardware prefetcher follows: ask for the line two ahead (the classifier's
+                // forward packs its 154 MB weight this way: 114 -> 104 ms, OpenBLAS's 102)
+                if (s_k == 1) __builtin_prefetch(base + w * s_w + kb + 32);
+                for (int k = kb; k < kend; k++) panel[k * width + w] = base[w * s_w + k * s_k];
             }
         }
     }
