@@ -206,9 +206,16 @@ static inline void gemm(int M, int N, int K, const float* A, long a_rs, long a_c
                     else gemm_pack(own, A, a_rs, a_cs, o0, count, k0, kc, GEMM_MR);
                     const float* a_pack = share_a ? slice : own;
                     const float* b_pack = share_a ? own : slice;
-                    // a panel of B (kc x nr, in L1) against every panel of A (kc x MR each, from L2)
-                    for (int q = 0; q < cols; q += isa.nr) {
-                        for (int p = 0; p < rows; p += GEMM_MR) {
+                    // The task's own panel stays in L1 while the shared panels stream past it from
+                    // L2: sharing A, a panel of B (kc x nr, 32 KB) against every panel of A; sharing
+                    // B (a dweight whose OC > C), a panel of A (kc x MR) against every panel of B,
+                    // which walks C (MC rows x all of N) row by row, in the order it lies in memory,
+                    // where a dweight's C comes from (classifier dweight: 95 -> 92 ms).
+                    int outer = share_a ? cols : rows, outer_step = share_a ? isa.nr : GEMM_MR;
+                    int inner = share_a ? rows : cols, inner_step = share_a ? GEMM_MR : isa.nr;
+                    for (int u = 0; u < outer; u += outer_step) {
+                        for (int v = 0; v < inner; v += inner_step) {
+                            int p = share_a ? v : u, q = share_a ? u : v;  // A's panel, B's panel
                             int mr = rows - p < GEMM_MR ? rows - p : GEMM_MR;
                             int nr = cols - q < isa.nr ? cols - q : isa.nr;
                             isa.kernel(kc, a_pack + (size_t)p * kc, b_pack + (size_t)q * kc,
