@@ -18,7 +18,10 @@ static inline void mpi_check_count(const CommGroup* g, size_t n, const char* op)
     if (n > COMM_MPI_PIECE) fail("%s on group '%s': %zu elements per rank, more than MPI's int counts allow", op, g->name, n);
 }
 
+// buf (n) *= s, the 1/ranks of an average; nothing to do at one rank (x * 1 == x), where the
+// pass over a d12's 124M gradients took 25 ms of each 1.1 s step
 static inline void mpi_scale(float* buf, size_t n, float s) {
+    if (s == 1.0f) return;
     for (size_t i = 0; i < n; i++) buf[i] *= s;
 }
 
