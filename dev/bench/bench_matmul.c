@@ -58,6 +58,23 @@ static void openblas(const Layer* l, int product) {
 }
 #endif
 
+// The micro-kernel alone on every thread, each on its own panels in L1, `calls` times: the most
+// this GEMM can do here. Each shape's GFLOP/s is this less packing, C's traffic and waiting.
+static void kernel_on_every_thread(int calls) {
+    GemmIsa isa = gemm_isa();
+    #pragma omp parallel
+    {
+        float* a = (float*)aligned_alloc(64, sizeof(float) * GEMM_KC * GEMM_MR);
+        float* b = (float*)aligned_alloc(64, sizeof(float) * GEMM_KC * isa.nr);
+        float c[GEMM_MR * 32] = {0};
+        for (int i = 0; i < GEMM_KC * GEMM_MR; i++) a[i] = 1e-3f * (i % 7);
+        for (int i = 0; i < GEMM_KC * isa.nr; i++) b[i] = 1e-3f * (i % 5);
+        for (int i = 0; i < calls; i++) isa.kernel(GEMM_KC, a, b, c, isa.nr, GEMM_MR, isa.nr, 1);
+        free(a);
+        free(b);
+    }
+}
+
 int main(int argc, char** argv) {
     int N = argc > 1 ? atoi(argv[1]) : 256;  // tokens: B * T
     const char* names[] = {"qkv", "attproj", "fc", "fcproj", "classifier"};
@@ -76,6 +93,10 @@ int main(int argc, char** argv) {
 #endif
     printf("matmul, N = %d tokens, %d threads, our %s micro-kernel (LLMC_GEMM_ISA to choose); GFLOP/s of ours and of %s\n", N,
            threads, gemm_isa().name, blas);
+    double kernel_s;
+    BEST_SECONDS(kernel_s, 1, kernel_on_every_thread(20000));
+    printf("the micro-kernel alone on %d threads, its panels in L1: %.1f GFLOP/s (the most any shape can reach)\n", threads,
+           2.0 * GEMM_MR * gemm_isa().nr * GEMM_KC * 20000 * threads / kernel_s / 1e9);
     printf("%-11s %6s %6s %-8s | %9s %9s | %9s %9s | %7s\n", "layer", "C", "OC", "product", "ours ms", "GFLOP/s",
            "BLAS ms", "GFLOP/s", "ours/BLAS");
     // The shapes' operands, all allocated first, so that each library is timed over every shape in

@@ -1,7 +1,7 @@
 // Matmul on the CPU: one cache-blocked, packed GEMM (the BLIS/GotoBLAS structure: Goto & van de
 // Geijn, "Anatomy of High-Performance Matrix Multiplication", 2008) serves all three products of
-// a linear layer. Blocks of A (MC x KC) stay in L2, a panel of B (KC x NR) stays in L1, and a
-// MR x NR tile of C lives in registers while the micro-kernel streams K through it.
+// a linear layer. A block of one operand stays in L2, a panel of it (KC x MR of A or KC x NR of B)
+// in L1, and a MR x NR tile of C lives in registers while the micro-kernel streams K through it.
 #ifndef LLMC_CPU_MATMUL_H
 #define LLMC_CPU_MATMUL_H
 
@@ -9,9 +9,17 @@
 #include <stddef.h>
 #include "../utils.h"
 
-// The blocking. MR x NR is the register tile: 6 rows x 2 vectors (6 x 16 floats with AVX2, 6 x 32
-// with AVX-512). MC x KC of A (96 x 256 floats, 96 KB) sits in L2 (1 MB a core here), a KC x NR
-// panel of B (16 or 32 KB) in L1 (32 KB or more); NC (128) columns of B are one task's.
+// The blocking, with the numbers of the machine it was tuned on (a 2-core AMD EPYC Zen 4 VM: 32 KB
+// of L1d and 1 MB of L2 a core, 32 MB of L3 shared; AVX-512 at one 16-float FMA a cycle):
+// - MR x NR, the register tile: 6 rows x 2 vectors (6 x 32 floats with AVX-512, 6 x 16 with AVX2)
+//   in 12 accumulators. Each k step loads 2 vectors of B and broadcasts 6 floats of A for 12 FMAs:
+//   few enough loads that the FMAs need not wait (alone, on panels in L1, the kernel does 114
+//   GFLOP/s a core here: bench_matmul prints it).
+// - KC = 256, the k summed per visit to a tile of C: a KC x NR panel of B is 32 KB (AVX-512; 16 KB
+//   with AVX2), L1's size, and a KC x MR panel of A 6 KB. A task's own panel stays in L1 while the
+//   shared panels stream past it from L2 (KC = 128 or 192 was slower: C visited more often).
+// - MC x KC of A (96 x 256 floats, 96 KB) or KC x NC of B (256 x 128, 128 KB) is a task's block,
+//   in L2 (1 MB) beside the shared side's slice (256 tokens x 256, 256 KB).
 #define GEMM_MR 6
 #define GEMM_MC 96
 #define GEMM_NC 128
