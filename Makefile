@@ -91,6 +91,8 @@ test/test_%: test/test_%.c $(HEADERS) | check-deps
 OPENBLAS_FLAGS := $(shell echo 'int main(void) { return 0; }' | $(CC) -x c - -lopenblas -o /dev/null 2>/dev/null && echo -DHAVE_OPENBLAS -lopenblas)
 dev/bench/bench_matmul: dev/bench/bench_matmul.c dev/bench/best_seconds.h $(HEADERS)
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS) $(OPENBLAS_FLAGS)
+dev/bench/train_gpt2_dp_openblas: train_gpt2_dp.cu $(HEADERS)  # bench_cpu_step.sh's peer: OpenBLAS's sgemm in our trainer
+	$(MPICC) $(CFLAGS) -DLLMC_GEMM_OPENBLAS -x c $< -x none -o $@ $(LDLIBS) -lopenblas
 dev/bench/bench_cpu_ops: dev/bench/bench_cpu_ops.c dev/bench/best_seconds.h $(HEADERS)
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
@@ -206,5 +208,5 @@ bench:
 	./dev/bench/bench_cp.sh
 
 clean:
-	rm -f $(TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul dev/bench/bench_cpu_ops dev/memory_planner $(DEV_CUDA:.cu=)
+	rm -f $(TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul dev/bench/bench_cpu_ops dev/bench/train_gpt2_dp_openblas dev/memory_planner $(DEV_CUDA:.cu=)
 	rm -rf test/tmp build

@@ -236,6 +236,22 @@ static inline void gemm(int M, int N, int K, const float* A, long a_rs, long a_c
     }
 }
 
+#ifdef LLMC_GEMM_OPENBLAS
+// The peer for dev/bench/bench_cpu_step.sh (make dev/bench/train_gpt2_dp_openblas): the same
+// trainer with OpenBLAS's sgemm doing every product, to time a step beside ours on one machine.
+// Not for training: its sums do not keep one order whatever the thread count.
+void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+                 const float* B, int ldb, float beta, float* C, int ldc);
+static inline void gemm_openblas(int M, int N, int K, const float* A, long a_rs, long a_cs, const float* B,
+                                 long b_rs, long b_cs, float* C, long ldc, int accumulate) {
+    if ((a_cs != 1 && a_rs != 1) || (b_cs != 1 && b_rs != 1)) fail("gemm_openblas: an operand with no unit stride");
+    // row-major (101); an operand whose rows are contiguous is used as it is (111), else transposed (112)
+    cblas_sgemm(101, a_cs == 1 ? 111 : 112, b_cs == 1 ? 111 : 112, M, N, K, 1.0f, A, (int)(a_cs == 1 ? a_rs : a_cs),
+                B, (int)(b_cs == 1 ? b_rs : b_cs), accumulate ? 1.0f : 0.0f, C, (int)ldc);
+}
+#define gemm gemm_openblas
+#endif
+
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC); bias may be NULL
 static inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
                            int N, int C, int OC) {
