@@ -91,8 +91,12 @@ test/test_%: test/test_%.c $(HEADERS) | check-deps
 OPENBLAS_FLAGS := $(shell echo 'int main(void) { return 0; }' | $(CC) -x c - -lopenblas -o /dev/null 2>/dev/null && echo -DHAVE_OPENBLAS -lopenblas)
 dev/bench/bench_matmul: dev/bench/bench_matmul.c dev/bench/best_seconds.h $(HEADERS)
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS) $(OPENBLAS_FLAGS)
-dev/bench/train_gpt2_dp_openblas: train_gpt2_dp.cu $(HEADERS)  # bench_cpu_step.sh's peer: OpenBLAS's sgemm in our trainer
-	$(MPICC) $(CFLAGS) -DLLMC_GEMM_OPENBLAS -x c $< -x none -o $@ $(LDLIBS) -lopenblas
+# bench_cpu_step.sh's peer: our trainer with OpenBLAS's sgemm, its OpenMP build (Debian's
+# libopenblas0-openmp, which dev/setup.sh --bench installs), so that one pool of threads serves both
+OPENBLAS_OPENMP := /usr/lib/$(shell $(CC) -print-multiarch)/openblas-openmp/libopenblas.so.0
+dev/bench/train_gpt2_dp_openblas: train_gpt2_dp.cu $(HEADERS)
+	@test -f $(OPENBLAS_OPENMP) || { echo "missing: $(OPENBLAS_OPENMP) (OpenBLAS's OpenMP build). Install: dev/setup.sh --bench"; exit 1; }
+	$(MPICC) $(CFLAGS) -DLLMC_GEMM_OPENBLAS -x c $< -x none -o $@ $(LDLIBS) $(OPENBLAS_OPENMP) -Wl,-rpath,$(dir $(OPENBLAS_OPENMP))
 dev/bench/bench_cpu_ops: dev/bench/bench_cpu_ops.c dev/bench/best_seconds.h $(HEADERS)
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
 

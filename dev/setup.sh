@@ -11,7 +11,8 @@
 #                           (exit 1, as --check, when a required tool is missing)
 #   dev/setup.sh --list     the table itself: name|required or optional|used by|installed by
 #   dev/setup.sh --bench    (make bench) also OpenBLAS, the peer dev/bench/bench_matmul times
-#                           ours against; nothing else needs it
+#                           ours against, and its OpenMP build, which dev/bench/bench_cpu_step.sh's
+#                           peer trainer links; nothing else needs them
 set -euo pipefail
 source "$(dirname "$0")/tools.sh"
 
@@ -22,16 +23,18 @@ case "$mode" in
 esac
 if [ "$mode" = --list ]; then tool_rows; exit 0; fi
 if [ "$mode" = --bench ]; then
-    # (as the Makefile looks for it: a program links with -lopenblas)
-    if echo 'int main(void) { return 0; }' | gcc -x c - -lopenblas -o /dev/null 2>/dev/null; then
-        echo "found    bench     openblas"
+    # (as the Makefile looks for them: a program links with -lopenblas; the OpenMP build's library
+    # in its multiarch directory)
+    openmp_build="/usr/lib/$(gcc -print-multiarch)/openblas-openmp/libopenblas.so.0"
+    if echo 'int main(void) { return 0; }' | gcc -x c - -lopenblas -o /dev/null 2>/dev/null && [ -f "$openmp_build" ]; then
+        echo "found    bench     openblas, and its OpenMP build $openmp_build"
         exit 0
     fi
-    echo "setup: apt-get install libopenblas-dev (dev/bench/bench_matmul's peer)"
+    echo "setup: apt-get install libopenblas-dev libopenblas0-openmp (the peers of dev/bench/bench_matmul and bench_cpu_step.sh)"
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas-dev
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas-dev libopenblas0-openmp
     exit 0
 fi
 

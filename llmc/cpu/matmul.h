@@ -16,10 +16,12 @@
 //   few enough loads that the FMAs need not wait (alone, on panels in L1, the kernel does 114
 //   GFLOP/s a core here: bench_matmul prints it).
 // - KC = 256, the k summed per visit to a tile of C: a KC x NR panel of B is 32 KB (AVX-512; 16 KB
-//   with AVX2), L1's size, and a KC x MR panel of A 6 KB. A task's own panel stays in L1 while the
-//   shared panels stream past it from L2 (KC = 128 or 192 was slower: C visited more often).
+//   with AVX2), L1's size, and a KC x MR panel of A 6 KB. A task's own panel stays in L1, mostly
+//   (the shared panels and C's lines pass through it too), while the shared panels stream past it
+//   from L2 (KC = 128 or 192 was slower: C visited more often).
 // - MC x KC of A (96 x 256 floats, 96 KB) or KC x NC of B (256 x 128, 128 KB) is a task's block,
-//   in L2 (1 MB) beside the shared side's slice (256 tokens x 256, 256 KB).
+//   in L2 (1 MB) beside the shared side's slice: 256 tokens x 256 (256 KB) in a forward or dinp,
+//   the C = 768 columns x 256 (768 KB) in a dweight.
 #define GEMM_MR 6
 #define GEMM_MC 96
 #define GEMM_NC 128
@@ -72,7 +74,7 @@ static inline void gemm_pack(float* dst, const float* src, long s_w, long s_k, i
             for (int w = 0; w < valid; w++) {
                 // each w is a stream of its own (32 of them for a B panel), more than the
                 // hardware prefetcher follows: ask for the line two ahead (the classifier's
-                // forward packs its 154 MB weight this way: 114 -> 104 ms, OpenBLAS's 102)
+                // forward packs its 154 MB weight this way: 109 -> 98 ms in bench_matmul)
                 if (s_k == 1) __builtin_prefetch(base + w * s_w + kb + 32);
                 for (int k = kb; k < kend; k++) panel[k * width + w] = base[w * s_w + k * s_k];
             }
@@ -239,6 +241,7 @@ static inline void gemm(int M, int N, int K, const float* A, long a_rs, long a_c
 #ifdef LLMC_GEMM_OPENBLAS
 // The peer for dev/bench/bench_cpu_step.sh (make dev/bench/train_gpt2_dp_openblas): the same
 // trainer with OpenBLAS's sgemm doing every product, to time a step beside ours on one machine.
+// It links OpenBLAS's OpenMP build, so that its sgemm and our other ops share one pool of threads.
 // Not for training: its sums do not keep one order whatever the thread count.
 void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                  const float* B, int ldb, float beta, float* C, int ldc);
