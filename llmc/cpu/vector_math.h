@@ -46,6 +46,27 @@ static inline float dot_in_lanes(const float* a, const float* b, int n) {
     return s;
 }
 
+// y (n) = the sum over r < rows, in order, of w[r * w_stride] x_r, the rows x_r = x + r * x_stride:
+// LANES elements of y at a time, held in registers over all the rows (summed into y in memory,
+// each row's update waited for the last one's store: 37% of attention's forward)
+static inline void weighted_sum_of_rows(float* y, const float* w, size_t w_stride, const float* x, size_t x_stride,
+                                        int rows, int n) {
+    int i = 0;
+    for (; i + LANES <= n; i += LANES) {
+        float acc[LANES] = {0};
+        for (int r = 0; r < rows; r++) {
+            const float* xr = x + r * x_stride + i;
+            for (int j = 0; j < LANES; j++) acc[j] += w[r * w_stride] * xr[j];
+        }
+        memcpy(y + i, acc, sizeof acc);
+    }
+    for (; i < n; i++) {
+        float acc = 0.0f;
+        for (int r = 0; r < rows; r++) acc += w[r * w_stride] * x[r * x_stride + i];
+        y[i] = acc;
+    }
+}
+
 // the largest of x (n): lanes too, but max is exact, so any order gives the same result
 static inline float max_in_lanes(const float* x, int n) {
     float lane[LANES];
