@@ -86,17 +86,17 @@ build/sanitize/train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-deps
 test/test_%: test/test_%.c $(HEADERS) | check-deps
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
-# OpenBLAS's sgemm beside ours, when it is installed (dev/setup.sh --bench installs it): when a
-# program links with -lopenblas
-OPENBLAS_FLAGS := $(shell echo 'int main(void) { return 0; }' | $(CC) -x c - -lopenblas -o /dev/null 2>/dev/null && echo -DHAVE_OPENBLAS -lopenblas)
-dev/bench/bench_matmul: dev/bench/bench_matmul.c dev/bench/best_seconds.h $(HEADERS)
-	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS) $(OPENBLAS_FLAGS)
-# bench_cpu_step.sh's peer: our trainer with OpenBLAS's sgemm, its OpenMP build (Debian's
-# libopenblas0-openmp, which dev/setup.sh --bench installs), so that one pool of threads serves both
+# OpenBLAS's sgemm beside ours, when it is installed (dev/setup.sh --bench installs it): its OpenMP
+# build (Debian's libopenblas0-openmp), so that one pool of threads serves its sgemm and our code
+# (with its pthreads build, its idle workers busy-wait and take the cores from ours)
 OPENBLAS_OPENMP := /usr/lib/$(shell $(CC) -print-multiarch)/openblas-openmp/libopenblas.so.0
+OPENBLAS_LINK := $(OPENBLAS_OPENMP) -Wl,-rpath,$(dir $(OPENBLAS_OPENMP))
+dev/bench/bench_matmul: dev/bench/bench_matmul.c dev/bench/best_seconds.h $(HEADERS)
+	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS) $(if $(wildcard $(OPENBLAS_OPENMP)),-DHAVE_OPENBLAS $(OPENBLAS_LINK))
+# bench_cpu_step.sh's peer: our trainer with OpenBLAS's sgemm doing every matmul
 dev/bench/train_gpt2_dp_openblas: train_gpt2_dp.cu $(HEADERS)
 	@test -f $(OPENBLAS_OPENMP) || { echo "missing: $(OPENBLAS_OPENMP) (OpenBLAS's OpenMP build). Install: dev/setup.sh --bench"; exit 1; }
-	$(MPICC) $(CFLAGS) -DLLMC_GEMM_OPENBLAS -x c $< -x none -o $@ $(LDLIBS) $(OPENBLAS_OPENMP) -Wl,-rpath,$(dir $(OPENBLAS_OPENMP))
+	$(MPICC) $(CFLAGS) -DLLMC_GEMM_OPENBLAS -x c $< -x none -o $@ $(LDLIBS) $(OPENBLAS_LINK)
 dev/bench/bench_cpu_ops: dev/bench/bench_cpu_ops.c dev/bench/best_seconds.h $(HEADERS)
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
 

@@ -10,9 +10,9 @@
 #   dev/setup.sh --dry-run  --check, then the install commands it would run, without running them
 #                           (exit 1, as --check, when a required tool is missing)
 #   dev/setup.sh --list     the table itself: name|required or optional|used by|installed by
-#   dev/setup.sh --bench    (make bench) also OpenBLAS, the peer dev/bench/bench_matmul times
-#                           ours against, and its OpenMP build, which dev/bench/bench_cpu_step.sh's
-#                           peer trainer links; nothing else needs them
+#   dev/setup.sh --bench    (make bench) also OpenBLAS's OpenMP build, the peer that
+#                           dev/bench/bench_matmul and bench_cpu_step.sh time ours against;
+#                           nothing else needs it
 set -euo pipefail
 source "$(dirname "$0")/tools.sh"
 
@@ -23,18 +23,17 @@ case "$mode" in
 esac
 if [ "$mode" = --list ]; then tool_rows; exit 0; fi
 if [ "$mode" = --bench ]; then
-    # (as the Makefile looks for them: a program links with -lopenblas; the OpenMP build's library
-    # in its multiarch directory)
+    # (where the Makefile looks for it: the library in its multiarch directory)
     openmp_build="/usr/lib/$(gcc -print-multiarch)/openblas-openmp/libopenblas.so.0"
-    if echo 'int main(void) { return 0; }' | gcc -x c - -lopenblas -o /dev/null 2>/dev/null && [ -f "$openmp_build" ]; then
-        echo "found    bench     openblas, and its OpenMP build $openmp_build"
+    if [ -f "$openmp_build" ]; then
+        echo "found    bench     openblas (its OpenMP build) $openmp_build"
         exit 0
     fi
-    echo "setup: apt-get install libopenblas-dev libopenblas0-openmp (the peers of dev/bench/bench_matmul and bench_cpu_step.sh)"
+    echo "setup: apt-get install libopenblas0-openmp (the peer of dev/bench/bench_matmul and bench_cpu_step.sh)"
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas-dev libopenblas0-openmp
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas0-openmp
     exit 0
 fi
 

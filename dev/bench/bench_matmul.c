@@ -1,7 +1,8 @@
 // CPU matmul benchmark on the linear layers of GPT-2 124M (d12) at B x T = 4 x 64 tokens: each
 // of a layer's three products (forward out = inp W^T; backward dinp = dout W and dW += dout^T inp)
 // timed alone, in GFLOP/s, ours (llmc/cpu/matmul.h) beside OpenBLAS's sgemm on the same shapes
-// when it is installed (libopenblas-dev: `make bench` installs it through dev/setup.sh --bench),
+// when it is installed (its OpenMP build, libopenblas0-openmp: `make bench` installs it through
+// dev/setup.sh --bench; one pool of threads then serves both),
 // and the step's total at both speeds. Ours is checked against a naive loop.
 //   make dev/bench/bench_matmul && OMP_NUM_THREADS=2 ./dev/bench/bench_matmul [N]
 #include <math.h>
@@ -100,8 +101,9 @@ int main(int argc, char** argv) {
     printf("%-11s %6s %6s %-8s | %9s %9s | %9s %9s | %7s\n", "layer", "C", "OC", "product", "ours ms", "GFLOP/s",
            "BLAS ms", "GFLOP/s", "ours/BLAS");
     // The shapes' operands, all allocated first, so that each library is timed over every shape in
-    // one phase of its own: OpenBLAS's worker threads busy-wait for a while after each call (its
-    // THREAD_TIMEOUT) and, timed in turns, they took cycles from ours (up to 1.15x on a shape).
+    // one phase of its own: neither then runs just after the other (the pthreads build of OpenBLAS,
+    // linked before, has workers that busy-wait after each call: timed in turns, they took cycles
+    // from ours, up to 1.15x on a shape).
     Layer layers[5];
     double worst_err = 0.0;
     for (int i = 0; i < 5; i++) {
