@@ -65,14 +65,23 @@ static void kernel_on_every_thread(int calls) {
     GemmIsa isa = gemm_isa();
     #pragma omp parallel
     {
-        float* a = (float*)aligned_alloc(64, sizeof(float) * GEMM_KC * GEMM_MR);
-        float* b = (float*)aligned_alloc(64, sizeof(float) * GEMM_KC * isa.nr);
+        float a[GEMM_KC * GEMM_MR] __attribute__((aligned(64)));
+        float b[GEMM_KC * 32] __attribute__((aligned(64)));  // (NR is at most 32)
         float c[GEMM_MR * 32] = {0};
         for (int i = 0; i < GEMM_KC * GEMM_MR; i++) a[i] = 1e-3f * (i % 7);
         for (int i = 0; i < GEMM_KC * isa.nr; i++) b[i] = 1e-3f * (i % 5);
         for (int i = 0; i < calls; i++) isa.kernel(GEMM_KC, a, b, c, isa.nr, GEMM_MR, isa.nr, 1);
-        free(a);
-        free(b);
+    }
+}
+
+// one phase: every product of every shape by `run`, each time kept when it beats the last pass's
+static void time_every_shape(void (*run)(const Layer*, int), const Layer* layers, double best[5][3], int pass) {
+    for (int i = 0; i < 5; i++) {
+        for (int p = 0; p < 3; p++) {
+            double t;
+            BEST_SECONDS(t, 3, run(&layers[i], p));
+            best[i][p] = pass == 0 ? t : fmin(best[i][p], t);
+        }
     }
 }
 
@@ -124,31 +133,21 @@ int main(int argc, char** argv) {
     }
     // Three passes of both phases, each shape's best kept: a shared VM slows down for seconds at a
     // time, which in a single pass lands on one library's phase only.
-    double ours_s[5][3], t;
+    double ours_s[5][3];
 #ifdef HAVE_OPENBLAS
     double blas_s[5][3], step_blas = 0.0;
 #endif
     for (int pass = 0; pass < 3; pass++) {
-        for (int i = 0; i < 5; i++) {
-            for (int p = 0; p < 3; p++) {
-                BEST_SECONDS(t, 3, ours(&layers[i], p));
-                ours_s[i][p] = pass == 0 ? t : fmin(ours_s[i][p], t);
-            }
-        }
+        time_every_shape(ours, layers, ours_s, pass);
 #ifdef HAVE_OPENBLAS
-        for (int i = 0; i < 5; i++) {
-            for (int p = 0; p < 3; p++) {
-                BEST_SECONDS(t, 3, openblas(&layers[i], p));
-                blas_s[i][p] = pass == 0 ? t : fmin(blas_s[i][p], t);
-            }
-        }
+        time_every_shape(openblas, layers, blas_s, pass);
 #endif
     }
     double step_ours = 0.0;
     for (int i = 0; i < 5; i++) {
         double flop = 2.0 * N * Cs[i] * OCs[i];  // each of the three products
         for (int p = 0; p < 3; p++) {
-            t = ours_s[i][p];
+            double t = ours_s[i][p];
             step_ours += t * calls_per_step[i];
             printf("%-11s %6d %6d %-8s | %9.2f %9.1f |", names[i], Cs[i], OCs[i], products[p], t * 1e3, flop / t / 1e9);
 #ifdef HAVE_OPENBLAS

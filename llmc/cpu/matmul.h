@@ -49,6 +49,7 @@ static inline __attribute__((always_inline)) void gemm_pack_rows(float* dst, con
     }
 }
 
+// the packing of a block (above): contiguous w's or a transpose
 static inline void gemm_pack(float* dst, const float* src, long s_w, long s_k, int w0, int count,
                              int k0, int kc, int width) {
     int full = count / width * width;
