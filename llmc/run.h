@@ -650,14 +650,16 @@ static inline int run_between_steps(Run* r, int step) {
     return last;
 }
 
-// the step's clock starts, and every group's byte counters
+// the step's clock starts, every group's byte counters, and the kernel times' spans (kernel_times.h)
 static inline void run_step_begin(Run* r) {
     r->step_start = wall_time_s();
     for (int i = 0; i < r->report.num_groups; i++) comm_reset_counters(r->report.groups[i]);
+    kernel_times_step_begin();
 }
 
 // The step's end: wait for the device, then its time, its collectives' time (CUDA: the GPU's
-// timing of NCCL's calls, read after the sync) and its recomputation's (-r), into the run's
+// timing of NCCL's calls, read after the sync), its recomputation's (-r) and its kernels' (with
+// LLMC_KERNEL_TIMES=1), into the run's
 // averages, the step line and main.log (step_report, above)
 static inline void run_step_end(Run* r, int step, float loss, float lr, float grad_norm, float clip_scale) {
     device_synchronize();
@@ -669,6 +671,7 @@ static inline void run_step_end(Run* r, int step, float loss, float lr, float gr
         ring += comm_ring_bytes(r->report.groups[i]);
     }
     step_stats_add(&r->stats, step == r->start_step, dt, comm_s, ring, recompute_s);
+    kernel_times_step_end(step != r->start_step, dt);
     double tokens_per_s = r->args.total_batch / dt;
     StepFigures f = {step + 1, r->max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s, tokens_per_s,
                      train_mfu(r->flops_per_token, tokens_per_s, r->world.size, r->peak)};
@@ -682,6 +685,7 @@ static inline void run_end(Run* r) {
     if (r->rank == 0) {
         step_stats_print(&r->stats, r->args.total_batch, r->flops_per_token, r->peak, r->world.size);
         train_print_high_water(r->plan.total);
+        kernel_times_print(r->rank);
     }
     watchdog_phase("shutdown", r->max_steps);
     logger_close(&r->logger);

@@ -13,6 +13,7 @@ CPU_CLONES static inline void adamw_update(float* params, float* master, const f
                                 float* v, size_t n, float lr, float beta1, float beta2, float eps,
                                 float weight_decay, int t, float grad_scale, unsigned int seed,
                                 size_t first_index) {
+    int kernel_span = kernel_time_begin("adamw", 0, 0);
     (void)seed, (void)first_index;
     float correction1 = 1.0f - powf(beta1, (float)t);
     float correction2 = 1.0f - powf(beta2, (float)t);
@@ -28,6 +29,7 @@ CPU_CLONES static inline void adamw_update(float* params, float* master, const f
         if (master) master[i] = p;
         params[i] = p;
     }
+    kernel_time_end(kernel_span);
 }
 
 // sum of squares of grads (n), in fixed chunks summed in order: the same result for any
@@ -38,6 +40,7 @@ CPU_CLONES static inline void adamw_update(float* params, float* master, const f
 #define NORM_CHUNK 65536
 #define NORM_LANES 8
 CPU_CLONES static inline float global_norm_squared(const float* grads, size_t n) {
+    int kernel_span = kernel_time_begin("gradient norm", 0, 0);
     size_t chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
     double* partial = (double*)malloc_check((chunks ? chunks : 1) * sizeof(double));
     #pragma omp parallel for
@@ -56,6 +59,7 @@ CPU_CLONES static inline float global_norm_squared(const float* grads, size_t n)
     double total = 0.0;
     for (size_t c = 0; c < chunks; c++) total += partial[c];
     free(partial);
+    kernel_time_end(kernel_span);
     return (float)total;
 }
 

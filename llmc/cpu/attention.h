@@ -15,6 +15,7 @@
 // out (B, T, C) = attention output; state: the probabilities att, for the backward pass.
 CPU_CLONES static inline void attention_forward(float* out, void* state, const float* qkv, int B, int T, int C,
                               int NH) {
+    int kernel_span = kernel_time_begin("attention forward", 0, 0);
     float* att = (float*)state;
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
@@ -40,6 +41,7 @@ CPU_CLONES static inline void attention_forward(float* out, void* state, const f
             }
         }
     }
+    kernel_time_end(kernel_span);
 }
 
 // dqkv (B, T, 3C) = gradient of the attention output dout (B, T, C) (overwritten). out, the
@@ -49,6 +51,7 @@ CPU_CLONES static inline void attention_forward(float* out, void* state, const f
 // at every (t, t2): by rows t, dq; then by columns t2, dk and dv.
 CPU_CLONES static inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                                const void* state, int B, int T, int C, int NH) {
+    int kernel_span = kernel_time_begin("attention backward", 0, 0);
     const float* att = (const float*)state;
     (void)out;
     int hs = C / NH;
@@ -89,6 +92,7 @@ CPU_CLONES static inline void attention_backward(float* dqkv, const float* dout,
         }
         free(dscore);
     }
+    kernel_time_end(kernel_span);
 }
 
 #endif

@@ -12,6 +12,7 @@
 // dloss * (softmax - onehot(target)) over the V real columns and 0 over the padding.
 CPU_CLONES static inline void fused_classifier(float* logits, float* losses, const int* targets, float dloss,
                              int N, int V, int Vp) {
+    int kernel_span = kernel_time_begin("classifier (softmax, loss, dlogits)", 0, 0);
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         float* row = logits + (size_t)n * Vp;
@@ -28,6 +29,7 @@ CPU_CLONES static inline void fused_classifier(float* logits, float* losses, con
         row[target] -= dloss;
         for (int v = V; v < Vp; v++) row[v] = 0.0f;
     }
+    kernel_time_end(kernel_span);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -44,17 +46,20 @@ CPU_CLONES static inline void fused_classifier(float* logits, float* losses, con
 
 // maxes (N) = the maximum of each row's real columns (-inf when the rank holds none)
 CPU_CLONES static inline void classifier_shard_max(float* maxes, const float* logits, int N, int Vl, int real) {
+    int kernel_span = kernel_time_begin("vocab-parallel classifier: row maxima", 0, 0);
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* row = logits + (size_t)n * Vl;
         maxes[n] = max_in_lanes(row, real);
     }
+    kernel_time_end(kernel_span);
 }
 
 // sums (N, 2): [sum over real columns of exp(logit - maxes[n]), the target's logit - maxes[n]
 // if the target is among this rank's columns, else 0]
 CPU_CLONES static inline void classifier_shard_sums(float* sums, const float* logits, const float* maxes,
                                          const int* targets, int N, int Vl, int real, int lo) {
+    int kernel_span = kernel_time_begin("vocab-parallel classifier: row sums", 0, 0);
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* row = logits + (size_t)n * Vl;
@@ -63,12 +68,14 @@ CPU_CLONES static inline void classifier_shard_sums(float* sums, const float* lo
         sums[2 * n] = sum;
         sums[2 * n + 1] = local >= 0 && local < real ? row[local] - maxes[n] : 0.0f;
     }
+    kernel_time_end(kernel_span);
 }
 
 // losses (N) = log(sum) - (target logit - max), from the sums over all ranks. With dloss != 0
 // each row becomes dloss * (softmax - onehot(target)) over the real columns, 0 over padding.
 CPU_CLONES static inline void classifier_shard_loss(float* logits, float* losses, const float* maxes, const float* sums,
                                          const int* targets, float dloss, int N, int Vl, int real, int lo) {
+    int kernel_span = kernel_time_begin("vocab-parallel classifier: loss, dlogits", 0, 0);
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         losses[n] = logf(sums[2 * n]) - sums[2 * n + 1];
@@ -80,6 +87,7 @@ CPU_CLONES static inline void classifier_shard_loss(float* logits, float* losses
         if (local >= 0 && local < real) row[local] -= dloss;
         for (int v = real; v < Vl; v++) row[v] = 0.0f;
     }
+    kernel_time_end(kernel_span);
 }
 
 #endif

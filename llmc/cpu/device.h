@@ -8,6 +8,14 @@
 #include "../utils.h"
 #include "../allocations.h"
 
+// A mark on the device's timeline (kernel_times.h): on the CPU the device is the caller, so a mark
+// is the wall time when it is recorded
+typedef double DeviceMark;
+static inline void device_mark_create(DeviceMark* m) { *m = 0.0; }
+static inline void device_mark_record(DeviceMark* m) { *m = wall_time_s(); }
+static inline double device_marks_seconds(const DeviceMark* from, const DeviceMark* to) { return *to - *from; }
+#include "../kernel_times.h"
+
 #define BACKEND_NAME "cpu"
 
 static inline void* device_malloc(size_t bytes) {

@@ -7,6 +7,7 @@
 // live on another rank, and adds wpe on one rank only (train_gpt2_tp.cu).
 static inline void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B,
                             int T, int C) {
+    int kernel_span = kernel_time_begin("encoder forward", 0, 0);
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
@@ -17,6 +18,7 @@ static inline void encoder_forward(float* out, const int* inp, const float* wte,
             for (int c = 0; c < C; c++) o[c] = (tok ? tok[c] : 0.0f) + (pos ? pos[c] : 0.0f);
         }
     }
+    kernel_time_end(kernel_span);
 }
 
 // dwte (Vp, C) and dwpe (maxT, C) += dout (B, T, C) scattered by token and position. Threads
@@ -24,6 +26,7 @@ static inline void encoder_forward(float* out, const int* inp, const float* wte,
 // (rows on another rank) add nothing to dwte.
 static inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B,
                              int T, int C) {
+    int kernel_span = kernel_time_begin("encoder backward", 0, 0);
     #pragma omp parallel for
     for (int c = 0; c < C; c++) {
         for (int b = 0; b < B; b++) {
@@ -35,6 +38,7 @@ static inline void encoder_backward(float* dwte, float* dwpe, const float* dout,
             }
         }
     }
+    kernel_time_end(kernel_span);
 }
 
 #endif

@@ -16,17 +16,20 @@
 
 // out (N) = GELU(inp)
 CPU_CLONES static inline void gelu_forward(float* out, const float* inp, size_t N) {
+    int kernel_span = kernel_time_begin("gelu forward", 0, 0);
     #pragma omp parallel for
     for (size_t i = 0; i < N; i++) {
         float x = inp[i];
         float u = GELU_SCALE * (x + 0.044715f * x * x * x);
         out[i] = x / (1.0f + exp_vectorizable(-2.0f * u));
     }
+    kernel_time_end(kernel_span);
 }
 
 // dinp (N) = dout * GELU'(inp); dinp may be the same buffer as dout.
 // GELU' = s + x s (1 - s) 2 du/dx, and 1 - s = e s with e = e^(-2u)
 CPU_CLONES static inline void gelu_backward(float* dinp, const float* inp, const float* dout, size_t N) {
+    int kernel_span = kernel_time_begin("gelu backward", 0, 0);
     #pragma omp parallel for
     for (size_t i = 0; i < N; i++) {
         float x = inp[i];
@@ -36,6 +39,7 @@ CPU_CLONES static inline void gelu_backward(float* dinp, const float* inp, const
         float du = GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] = dout[i] * (s + 2.0f * x * s * (e * s) * du);
     }
+    kernel_time_end(kernel_span);
 }
 
 #endif

@@ -25,10 +25,12 @@ static inline void layernorm_row(float* out, float* mean, float* rstd, const flo
 // out (N, C) = layernorm of each row of inp; saves mean (N) and rstd (N) for backward
 CPU_CLONES static inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                                      const float* weight, const float* bias, int N, int C) {
+    int kernel_span = kernel_time_begin("layernorm forward", 0, 0);
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         layernorm_row(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, weight, bias, C);
     }
+    kernel_time_end(kernel_span);
 }
 
 // dinp (N, C) += gradient through the normalisation; dweight, dbias (C) += their gradients.
@@ -36,6 +38,7 @@ CPU_CLONES static inline void layernorm_forward(float* out, float* mean, float* 
 CPU_CLONES static inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                const float* inp, const float* weight, const float* mean,
                                const float* rstd, int N, int C) {
+    int kernel_span = kernel_time_begin("layernorm backward", 0, 0);
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         const float* x = inp + (size_t)n * C;
@@ -68,14 +71,17 @@ CPU_CLONES static inline void layernorm_backward(float* dinp, float* dweight, fl
         dweight[c] += dw;
         dbias[c] += db;
     }
+    kernel_time_end(kernel_span);
 }
 
 // out (N, C) = a + b: a residual connection alone, where no LayerNorm follows on this rank (the
 // last layer of a pipeline stage: the next LayerNorm is on the next stage)
 static inline void residual_forward(float* out, const float* a, const float* b, int N, int C) {
+    int kernel_span = kernel_time_begin("residual forward", 0, 0);
     size_t n = (size_t)N * C;
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    kernel_time_end(kernel_span);
 }
 
 // residual (N, C) = a + b, then out = layernorm(residual): the residual connection followed by
@@ -85,12 +91,14 @@ CPU_CLONES static inline void fused_residual_layernorm_forward(float* residual, 
                                                     float* rstd, const float* a, const float* b,
                                                     const float* weight, const float* bias, int N,
                                                     int C) {
+    int kernel_span = kernel_time_begin("residual + layernorm forward", 0, 0);
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         size_t row = (size_t)n * C;
         for (int c = 0; c < C; c++) residual[row + c] = a[row + c] + b[row + c];
         layernorm_row(out + row, mean + n, rstd + n, residual + row, weight, bias, C);
     }
+    kernel_time_end(kernel_span);
 }
 
 #endif

@@ -269,11 +269,13 @@ static inline void gemm_openblas(int M, int N, int K, const float* A, long a_rs,
 // out (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC); bias may be NULL
 static inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
                            int N, int C, int OC) {
+    int kernel_span = kernel_time_begin("matmul forward", C, OC);
     if (bias != NULL) {
         #pragma omp parallel for
         for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, (size_t)OC * sizeof(float));
     }
     gemm(N, OC, C, inp, C, 1, weight, 1, C, out, OC, bias != NULL);
+    kernel_time_end(kernel_span);
 }
 
 // The backward pass in its two halves, which a zero-bubble pipeline runs at different times
@@ -281,12 +283,15 @@ static inline void matmul_forward(float* out, const float* inp, const float* wei
 // gradient, which nothing waits for.
 // dinp (N, C) = dout (N, OC) @ weight (OC, C)            (overwritten)
 static inline void matmul_backward_input(float* dinp, const float* dout, const float* weight, int N, int C, int OC) {
+    int kernel_span = kernel_time_begin("matmul dinp", C, OC);
     gemm(N, C, OC, dout, OC, 1, weight, C, 1, dinp, C, 0);
+    kernel_time_end(kernel_span);
 }
 
 // dweight (OC, C) += dout^T @ inp; dbias (OC) += column sums of dout   (accumulated; dbias may be NULL)
 static inline void matmul_backward_weight(float* dweight, float* dbias, const float* dout, const float* inp, int N,
                                           int C, int OC) {
+    int kernel_span = kernel_time_begin("matmul dweight", C, OC);
     gemm(OC, C, N, dout, 1, OC, inp, C, 1, dweight, C, 1);
     if (dbias != NULL) {
         // dbias (OC) += the column sums of dout (N, OC), each summed over n in order; a task takes
@@ -303,6 +308,7 @@ static inline void matmul_backward_weight(float* dweight, float* dbias, const fl
             for (int j = 0; j < width; j++) dbias[o0 + j] += sum[j];
         }
     }
+    kernel_time_end(kernel_span);
 }
 
 // both at once
@@ -315,10 +321,12 @@ static inline void matmul_backward(float* dinp, float* dweight, float* dbias, co
 // out (N, OC) += bias (OC): the bias of a row-parallel matmul, added once after the partial
 // products of the ranks were summed (train_gpt2_tp.cu)
 static inline void bias_add(float* out, const float* bias, int N, int OC) {
+    int kernel_span = kernel_time_begin("bias add", 0, 0);
     #pragma omp parallel for
     for (int n = 0; n < N; n++) {
         for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
     }
+    kernel_time_end(kernel_span);
 }
 
 #endif

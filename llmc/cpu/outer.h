@@ -11,18 +11,24 @@
 // outer (n) = this worker's parameters, fp32 (master: the fp32 master weights when the
 // parameters are kept in a lower precision, else NULL)
 static inline void outer_from_params(float* outer, const float* params, const float* master, size_t n) {
+    int kernel_span = kernel_time_begin("diloco: outer weights from the parameters", 0, 0);
     for (size_t i = 0; i < n; i++) outer[i] = master ? master[i] : params[i];
+    kernel_time_end(kernel_span);
 }
 
 // delta (n) = outer - theta: how far this worker's parameters moved from the outer ones, with
 // the sign of a gradient (the direction the outer optimizer steps against)
 static inline void pseudo_gradient(float* delta, const float* outer, const float* params, const float* master, size_t n) {
+    int kernel_span = kernel_time_begin("diloco: pseudo-gradient", 0, 0);
     for (size_t i = 0; i < n; i++) delta[i] = outer[i] - (master ? master[i] : params[i]);
+    kernel_time_end(kernel_span);
 }
 
 // the same rounded to bf16 for the link (-outer_dtype bf16): q (n) = bf16(outer - theta)
 static inline void pseudo_gradient_bf16(bfloat16* q, const float* outer, const float* params, const float* master, size_t n) {
+    int kernel_span = kernel_time_begin("diloco: pseudo-gradient (bf16)", 0, 0);
     for (size_t i = 0; i < n; i++) q[i] = bf16_from_float(outer[i] - (master ? master[i] : params[i]));
+    kernel_time_end(kernel_span);
 }
 
 // The mean over W workers of one shard of n bf16 pseudo-gradient values, which this rank (worker
@@ -30,11 +36,13 @@ static inline void pseudo_gradient_bf16(bfloat16* q, const float* outer, const f
 // slot w, or w - 1 past me). Summed in fp32 in worker order, divided by W, rounded to bf16 for
 // the way back; written over mine (each element read before it is written)
 static inline void outer_mean_bf16(bfloat16* mine, const bfloat16* others, int W, int me, size_t n) {
+    int kernel_span = kernel_time_begin("diloco: mean of bf16 pseudo-gradients", 0, 0);
     for (size_t i = 0; i < n; i++) {
         float sum = 0.0f;
         for (int w = 0; w < W; w++) sum += bf16_to_float(w == me ? mine[i] : others[(size_t)(w < me ? w : w - 1) * n + i]);
         mine[i] = bf16_from_float(sum / (float)W);
     }
+    kernel_time_end(kernel_span);
 }
 
 // Nesterov momentum SGD on the averaged pseudo-gradient delta, as torch.optim.SGD(nesterov=True)
@@ -42,19 +50,23 @@ static inline void outer_mean_bf16(bfloat16* mine, const bfloat16* others, int W
 // or (delta NULL) the bf16 mean in delta_bf16
 static inline void outer_nesterov_step(float* outer, float* momentum, const float* delta, const bfloat16* delta_bf16,
                                        size_t n, float lr, float mu) {
+    int kernel_span = kernel_time_begin("diloco: outer Nesterov step", 0, 0);
     for (size_t i = 0; i < n; i++) {
         float g = delta ? delta[i] : bf16_to_float(delta_bf16[i]);
         momentum[i] = mu * momentum[i] + g;
         outer[i] -= lr * (g + mu * momentum[i]);
     }
+    kernel_time_end(kernel_span);
 }
 
 // every worker starts again from the outer parameters: params (and master) = outer
 static inline void outer_to_params(float* params, float* master, const float* outer, size_t n) {
+    int kernel_span = kernel_time_begin("diloco: parameters from the outer weights", 0, 0);
     for (size_t i = 0; i < n; i++) {
         params[i] = outer[i];
         if (master) master[i] = outer[i];
     }
+    kernel_time_end(kernel_span);
 }
 
 #endif

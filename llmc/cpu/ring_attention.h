@@ -13,7 +13,9 @@
 
 // kv (B, T, 2C): the keys and values of qkv (B, T, 3C), the part of it that travels
 static inline void kv_pack(float* kv, const float* qkv, int B, int T, int C) {
+    int kernel_span = kernel_time_begin("ring attention: pack k,v", 0, 0);
     for (size_t i = 0; i < (size_t)B * T; i++) memcpy(kv + i * 2 * C, qkv + i * 3 * C + C, 2 * (size_t)C * sizeof(float));
+    kernel_time_end(kernel_span);
 }
 
 // o (B, Tq, C) and lse (B, NH, Tq), fp32: this rank's queries' attention output so far and the
@@ -25,6 +27,7 @@ static inline void kv_pack(float* kv, const float* qkv, int B, int T, int C) {
 // there until every reader of the old one is done); the CPU merges in place.
 static inline void attention_block_forward(float* o, float* lse, float* scratch, const float* qkv, const float* kv,
                                            CpChunks q, CpChunks k, int B, int C, int NH, int first) {
+    int kernel_span = kernel_time_begin("ring attention: block forward", 0, 0);
     (void)scratch;
     int hs = C / NH, Tq = q.n * q.len, Tk = k.n * k.len;
     float scale = 1.0f / sqrtf((float)hs);
@@ -58,12 +61,14 @@ static inline void attention_block_forward(float* o, float* lse, float* scratch,
             }
         }
     }
+    kernel_time_end(kernel_span);
 }
 
 // D (B, NH, Tq) = the sum over each head's channels of datty * atty: the softmax backward's
 // sum_j p_j dp_j, from the output alone (flash attention's trick: no probabilities kept)
 static inline void attention_block_backward_prepare(float* D, const float* datty, const float* atty, int B, int Tq,
                                                     int C, int NH) {
+    int kernel_span = kernel_time_begin("ring attention: backward's D", 0, 0);
     int hs = C / NH;
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < NH; h++) {
@@ -76,6 +81,7 @@ static inline void attention_block_backward_prepare(float* D, const float* datty
             }
         }
     }
+    kernel_time_end(kernel_span);
 }
 
 // The gradients through one block: dq (B, Tq, C) += and dkv (B, Tk, 2C) += (fp32), from the
@@ -86,6 +92,7 @@ static inline void attention_block_backward_prepare(float* D, const float* datty
 static inline void attention_block_backward(float* dq, float* dkv, const float* datty, const float* lse,
                                             const float* D, const float* qkv, const float* kv, CpChunks q,
                                             CpChunks k, int B, int C, int NH) {
+    int kernel_span = kernel_time_begin("ring attention: block backward", 0, 0);
     int hs = C / NH, Tq = q.n * q.len, Tk = k.n * k.len;
     float scale = 1.0f / sqrtf((float)hs);
     #pragma omp parallel for collapse(2)
@@ -116,17 +123,24 @@ static inline void attention_block_backward(float* dq, float* dkv, const float* 
             }
         }
     }
+    kernel_time_end(kernel_span);
 }
 
 // dqkv (B, T, 3C) = dq (B, T, C) beside dkv (B, T, 2C): the gradient at qkv, from fp32 sums
 static inline void attention_block_grads(float* dqkv, const float* dq, const float* dkv, int B, int T, int C) {
+    int kernel_span = kernel_time_begin("ring attention: dq, dk, dv to dqkv", 0, 0);
     for (size_t i = 0; i < (size_t)B * T; i++) {
         memcpy(dqkv + i * 3 * C, dq + i * C, (size_t)C * sizeof(float));
         memcpy(dqkv + i * 3 * C + C, dkv + i * 2 * C, 2 * (size_t)C * sizeof(float));
     }
+    kernel_time_end(kernel_span);
 }
 
 // atty (B, T, C) = o, the merged fp32 output, in the activations' precision
-static inline void attention_block_output(float* atty, const float* o, size_t n) { memcpy(atty, o, n * sizeof(float)); }
+static inline void attention_block_output(float* atty, const float* o, size_t n) {
+    int kernel_span = kernel_time_begin("ring attention: output", 0, 0);
+    memcpy(atty, o, n * sizeof(float));
+    kernel_time_end(kernel_span);
+}
 
 #endif

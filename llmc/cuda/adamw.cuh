@@ -70,12 +70,14 @@ static inline void adamw_update(floatX* params, float* master, const floatX* gra
                                 float* v, size_t n, float lr, float beta1, float beta2, float eps,
                                 float weight_decay, int t, float grad_scale, unsigned int seed,
                                 size_t first_index) {
+    int kernel_span = kernel_time_begin("adamw", 0, 0);
     float correction1 = 1.0f - powf(beta1, (float)t);
     float correction2 = 1.0f - powf(beta2, (float)t);
     adamw_kernel<<<ceil_div(n, 256), 256>>>(params, master, grads, m, v, n, lr, beta1, beta2, eps,
                                            weight_decay, correction1, correction2, grad_scale, seed,
                                            first_index);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 // -offload (ZeRO-Offload): the same step on the host, over pinned host buffers, in the kernel's
@@ -83,6 +85,7 @@ static inline void adamw_update(floatX* params, float* master, const floatX* gra
 static inline void adamw_update_host(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
                                      float lr, float beta1, float beta2, float eps, float weight_decay, int t,
                                      float grad_scale, unsigned int seed, size_t first_index) {
+    int kernel_span = kernel_time_begin("adamw on the host (-offload)", 0, 0);
     float correction1 = 1.0f - powf(beta1, (float)t);
     float correction2 = 1.0f - powf(beta2, (float)t);
     #pragma omp parallel for
@@ -90,6 +93,7 @@ static inline void adamw_update_host(floatX* params, float* master, const floatX
         adamw_element(params, master, grads, m, v, (size_t)i, lr, beta1, beta2, eps, weight_decay, correction1,
                       correction2, grad_scale, seed, first_index);
     }
+    kernel_time_end(kernel_span);
 }
 
 // sum of squares: a grid of blocks fixed by n writes partial sums, the host adds them in order,
@@ -118,6 +122,7 @@ __global__ void norm_squared_partial(float* partial, const floatX* x, size_t n) 
 static DeviceScratch norm_scratch;
 
 static inline float global_norm_squared(const floatX* grads, size_t n) {
+    int kernel_span = kernel_time_begin("gradient norm", 0, 0);
     float* partial = (float*)scratch_get(&norm_scratch, norm_scratch_bytes());
     size_t wanted = ceil_div(n, (size_t)512 * NORM_PER_THREAD);
     int blocks = wanted < 1 ? 1 : wanted > NORM_BLOCKS ? NORM_BLOCKS : (int)wanted;
@@ -127,6 +132,7 @@ static inline float global_norm_squared(const floatX* grads, size_t n) {
     copy_device_to_host(host, partial, blocks * sizeof(float));
     double total = 0.0;
     for (int i = 0; i < blocks; i++) total += host[i];
+    kernel_time_end(kernel_span);
     return (float)total;
 }
 

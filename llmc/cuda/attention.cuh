@@ -174,27 +174,33 @@ static inline int attention_uses_flash(int C, int NH) {
 
 static inline void attention_forward(floatX* out, void* state, const floatX* qkv, int B, int T,
                                      int C, int NH) {
+    int kernel_span = kernel_time_begin("attention forward", 0, 0);
 #if !FLOATX_IS_FLOAT
     if (attention_uses_flash(C, NH)) {
         attention_forward_flash(out, (float*)state, qkv, B, T, C, NH);
+        kernel_time_end(kernel_span);
         return;
     }
 #endif
     attention_forward_cublas(out, (floatX*)state, qkv, B, T, C, NH);
+    kernel_time_end(kernel_span);
 }
 
 // out: the forward's output (B, T, C), which the flash path needs
 static inline void attention_backward(floatX* dqkv, const floatX* dout, const floatX* qkv,
                                       const floatX* out, const void* state, int B, int T, int C,
                                       int NH) {
+    int kernel_span = kernel_time_begin("attention backward", 0, 0);
 #if !FLOATX_IS_FLOAT
     if (attention_uses_flash(C, NH)) {
         attention_backward_flash(dqkv, dout, qkv, out, (const float*)state, B, T, C, NH);
+        kernel_time_end(kernel_span);
         return;
     }
 #endif
     (void)out;
     attention_backward_cublas(dqkv, dout, qkv, (const floatX*)state, B, T, C, NH);
+    kernel_time_end(kernel_span);
 }
 
 #endif

@@ -68,9 +68,11 @@ __global__ void fused_classifier_kernel(floatX* logits, float* losses, const int
 // dloss != 0 each row becomes dloss * (softmax - onehot(target)), zero over the padding.
 static inline void fused_classifier(floatX* logits, float* losses, const int* targets, float dloss,
                                     int N, int V, int Vp) {
+    int kernel_span = kernel_time_begin("classifier (softmax, loss, dlogits)", 0, 0);
     check_whole_packs("fused_classifier", "Vp", (size_t)Vp);
     fused_classifier_kernel<<<N, 1024>>>(logits, losses, targets, dloss, V, Vp);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -180,18 +182,22 @@ static inline void classifier_shard_check(const char* op, int Vl, int real) {
 
 // maxes (N) = the max of each row's real columns of logits (N, Vl) (-inf when real = 0)
 static inline void classifier_shard_max(float* maxes, const floatX* logits, int N, int Vl, int real) {
+    int kernel_span = kernel_time_begin("vocab-parallel classifier: row maxima", 0, 0);
     classifier_shard_check("classifier_shard_max", Vl, real);
     classifier_shard_max_kernel<<<N, CLASSIFIER_SHARD_THREADS>>>(maxes, logits, Vl, real);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 // sums (N, 2): [sum over real columns of exp(logit - maxes[n]), the target's logit - maxes[n]
 // if lo <= target < lo + real, else 0]
 static inline void classifier_shard_sums(float* sums, const floatX* logits, const float* maxes,
                                          const int* targets, int N, int Vl, int real, int lo) {
+    int kernel_span = kernel_time_begin("vocab-parallel classifier: row sums", 0, 0);
     classifier_shard_check("classifier_shard_sums", Vl, real);
     classifier_shard_sums_kernel<<<N, CLASSIFIER_SHARD_THREADS>>>(sums, logits, maxes, targets, Vl, real, lo);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 // losses (N) = log(sum) - (target logit - max); with dloss != 0 each row of logits (N, Vl)
@@ -199,10 +205,12 @@ static inline void classifier_shard_sums(float* sums, const floatX* logits, cons
 static inline void classifier_shard_loss(floatX* logits, float* losses, const float* maxes,
                                          const float* sums, const int* targets, float dloss, int N,
                                          int Vl, int real, int lo) {
+    int kernel_span = kernel_time_begin("vocab-parallel classifier: loss, dlogits", 0, 0);
     classifier_shard_check("classifier_shard_loss", Vl, real);
     classifier_shard_loss_kernel<<<N, CLASSIFIER_SHARD_THREADS>>>(logits, losses, maxes, sums, targets, dloss, Vl,
                                                                   real, lo);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 #endif

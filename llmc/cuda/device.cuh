@@ -27,6 +27,18 @@ static inline void cublas_check(cublasStatus_t status, const char* file, int lin
 
 static inline int ceil_div(size_t a, size_t b) { return (int)((a + b - 1) / b); }
 
+// A mark on the compute stream's timeline: the time between two marks is the time the GPU spent
+// on the work queued between them (kernel_times.h), read after the marks have been passed
+typedef cudaEvent_t DeviceMark;
+static inline void device_mark_create(DeviceMark* m) { cudaCheck(cudaEventCreate(m)); }
+static inline void device_mark_record(DeviceMark* m) { cudaCheck(cudaEventRecord(*m, 0)); }
+static inline double device_marks_seconds(const DeviceMark* from, const DeviceMark* to) {
+    float ms = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&ms, *from, *to));
+    return ms * 1e-3;
+}
+#include "../kernel_times.h"
+
 static inline void* device_malloc(size_t bytes) {
     void* p = NULL;
     cudaError_t err = cudaMalloc(&p, bytes);
@@ -38,17 +50,27 @@ static inline void device_free(void* p) {
     allocation_remove(p);
     cudaCheck(cudaFree(p));
 }
-static inline void device_memset_zero(void* p, size_t bytes) { cudaCheck(cudaMemset(p, 0, bytes)); }
+static inline void device_memset_zero(void* p, size_t bytes) {
+    int kernel_span = kernel_time_begin("memset", 0, 0);
+    cudaCheck(cudaMemset(p, 0, bytes));
+    kernel_time_end(kernel_span);
+}
 // the direction of a copy comes from the pointers (unified addressing), so that a "device"
 // buffer may also be host memory: the optimizer state is, with -offload
 static inline void copy_host_to_device(void* dst, const void* src, size_t bytes) {
+    int kernel_span = kernel_time_begin("copy host to device", 0, 0);
     cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+    kernel_time_end(kernel_span);
 }
 static inline void copy_device_to_host(void* dst, const void* src, size_t bytes) {
+    int kernel_span = kernel_time_begin("copy device to host", 0, 0);
     cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+    kernel_time_end(kernel_span);
 }
 static inline void copy_device_to_device(void* dst, const void* src, size_t bytes) {
+    int kernel_span = kernel_time_begin("copy device to device", 0, 0);
     cudaCheck(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    kernel_time_end(kernel_span);
 }
 static inline void device_synchronize(void) { cudaCheck(cudaDeviceSynchronize()); }
 
@@ -89,7 +111,9 @@ static inline void device_copy_free(DeviceCopy* done) {
     if (done->copied) cudaEventDestroy(done->copied);
 }
 static inline void copy_host_to_device_async(void* dst, const void* src, size_t bytes) {
+    int kernel_span = kernel_time_begin("copy host to device", 0, 0);
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, 0));
+    kernel_time_end(kernel_span);
 }
 
 // Copies to the device of what the host prepares each micro-batch (the tokens, the encoder

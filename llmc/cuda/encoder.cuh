@@ -24,10 +24,12 @@ __global__ void encoder_forward_kernel(floatX* out, const int* inp, const floatX
 
 static inline void encoder_forward(floatX* out, const int* inp, const floatX* wte,
                                    const floatX* wpe, int B, int T, int C) {
+    int kernel_span = kernel_time_begin("encoder forward", 0, 0);
     check_whole_packs("encoder_forward", "C", (size_t)C);
     size_t packs = (size_t)B * T * C / PACK16;
     encoder_forward_kernel<<<ceil_div(packs, 256), 256>>>(out, inp, wte, wpe, packs, T, C);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 // dwte: the positions are grouped by token on the host (a counting sort of the B*T tokens, which
@@ -89,6 +91,7 @@ static HostStage encoder_stage;        // the buckets on the host, pinned, on th
 // by an asynchronous copy queued before the kernel.
 static inline void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dout, const int* tokens_host,
                                     int B, int T, int C) {
+    int kernel_span = kernel_time_begin("encoder backward", 0, 0);
     check_whole_packs("encoder_backward", "C", (size_t)C);
     int BT = B * T;
     // counting sort of the positions by token; tokens of -1 are left out
@@ -128,6 +131,7 @@ static inline void encoder_backward(floatX* dwte, floatX* dwpe, const floatX* do
     size_t TC = (size_t)T * C;
     encoder_backward_wpe_kernel<<<ceil_div(TC / PACK16, 256), 256>>>(dwpe, dout, B, TC);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 #endif

@@ -41,16 +41,20 @@ __global__ void gelu_backward_kernel(floatX* dinp, const floatX* inp, const floa
 }
 
 static inline void gelu_forward(floatX* out, const floatX* inp, size_t N) {
+    int kernel_span = kernel_time_begin("gelu forward", 0, 0);
     check_whole_packs("gelu_forward", "N", N);
     gelu_forward_kernel<<<ceil_div(N / PACK16, 256), 256>>>(out, inp, N);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 // dinp may be the same buffer as dout
 static inline void gelu_backward(floatX* dinp, const floatX* inp, const floatX* dout, size_t N) {
+    int kernel_span = kernel_time_begin("gelu backward", 0, 0);
     check_whole_packs("gelu_backward", "N", N);
     gelu_backward_kernel<<<ceil_div(N / PACK16, 256), 256>>>(dinp, inp, dout, N);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 #endif

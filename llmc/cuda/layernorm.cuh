@@ -88,10 +88,12 @@ static inline int layernorm_packs(const char* op, int C) {
 
 static inline void layernorm_forward(floatX* out, float* mean, float* rstd, const floatX* inp,
                                      const floatX* weight, const floatX* bias, int N, int C) {
+    int kernel_span = kernel_time_begin("layernorm forward", 0, 0);
     int packs = layernorm_packs("layernorm_forward", C);
     LN_LAUNCH(layernorm_forward_kernel, packs, ceil_div(N, 8), 256, NULL, out, mean, rstd, NULL, NULL, inp, weight,
               bias, N, C);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 // out (N, C) = a + b, 16 bytes per thread: a residual connection alone (a pipeline stage's last
@@ -109,8 +111,10 @@ static inline void residual_forward(floatX* out, const floatX* a, const floatX* 
     check_whole_packs("residual_forward", "C", (size_t)C);
     size_t packs = (size_t)N * C / PACK16;
     if (packs == 0) return;
+    int kernel_span = kernel_time_begin("residual forward", 0, 0);
     residual_forward_kernel<<<ceil_div(packs, 256), 256>>>(out, a, b, packs);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 // residual (N, C) = a + b, then out = layernorm(residual), in one pass
@@ -118,10 +122,12 @@ static inline void fused_residual_layernorm_forward(floatX* residual, floatX* ou
                                                     float* rstd, const floatX* a, const floatX* b,
                                                     const floatX* weight, const floatX* bias,
                                                     int N, int C) {
+    int kernel_span = kernel_time_begin("residual + layernorm forward", 0, 0);
     int packs = layernorm_packs("fused_residual_layernorm_forward", C);
     LN_LAUNCH(layernorm_forward_kernel, packs, ceil_div(N, 8), 256, residual, out, mean, rstd, a, b, NULL, weight,
               bias, N, C);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 // dinp (N, C) += s * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight; one warp per row,
@@ -225,6 +231,7 @@ static DeviceScratch layernorm_scratch;
 static inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias,
                                       const floatX* dout, const floatX* inp, const floatX* weight,
                                       const float* mean, const float* rstd, int N, int C) {
+    int kernel_span = kernel_time_begin("layernorm backward", 0, 0);
     int packs = layernorm_packs("layernorm_backward", C);
     LN_LAUNCH(layernorm_backward_input_kernel, packs, ceil_div(N, 8), 256, dinp, dout, inp, weight, mean, rstd, N, C);
     cudaCheckLaunch();
@@ -235,6 +242,7 @@ static inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbi
     cudaCheckLaunch();
     layernorm_backward_params_final<<<ceil_div(C, 256), 256>>>(dweight, dbias, partial, parts, C);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 #endif

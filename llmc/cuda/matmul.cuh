@@ -152,8 +152,10 @@ static int cublaslt_gemm(floatX* d, const floatX* a, const floatX* b, int epilog
 // Column-major view: out^T (OC, N) = op_T(weight as (C, OC)) @ inp^T (C, N).
 static inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight,
                                   const floatX* bias, int N, int C, int OC) {
+    int kernel_span = kernel_time_begin("matmul forward", C, OC);
     cublaslt_gemm(out, weight, inp, bias != NULL ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias, OC, N, C,
                   1, 0, C, C, OC, 0.0f);
+    kernel_time_end(kernel_span);
 }
 
 // dbias (OC) += column sums of dout (N, OC) as separate kernels, for where cuBLASLt's epilogue
@@ -214,8 +216,10 @@ __global__ void bias_accumulate_kernel(floatX* dbias, const floatX* step, int OC
 // gradient, which nothing waits for.
 // dinp (N, C) = dout (N, OC) @ weight (OC, C)            (overwritten)
 static inline void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC) {
+    int kernel_span = kernel_time_begin("matmul dinp", C, OC);
     // dinp^T (C, N) = weight as (C, OC) @ dout^T (OC, N)
     cublaslt_gemm(dinp, weight, dout, CUBLASLT_EPILOGUE_DEFAULT, NULL, C, N, OC, 0, 0, C, OC, C, 0.0f);
+    kernel_time_end(kernel_span);
 }
 
 // dweight (OC, C) += dout^T @ inp; dbias (OC) += column sums of dout   (accumulated; dbias may be NULL)
@@ -226,17 +230,21 @@ static inline void matmul_backward_weight(floatX* dweight, floatX* dbias, const 
     // BGRADB sums op(B) = dout (N, OC) over k = N, one value per column of D, that is per output
     // channel. It writes this pass's sums (in floatX, D's type) to scratch; a tiny kernel adds them
     // to dbias, which accumulates over micro-batches.
+    int kernel_span = kernel_time_begin("matmul dweight", C, OC), epilogue_done = 0;
     if (dbias != NULL && bias_grad_in_epilogue()) {
         // the scratch is bias_scratch_bytes, which the fallback needs (>= OC floatX): one size
         floatX* step = (floatX*)scratch_get(&matmul_scratch, bias_scratch_bytes(N, OC));
-        if (cublaslt_gemm(dweight, inp, dout, CUBLASLT_EPILOGUE_BGRADB, step, C, OC, N, 0, 1, C, OC, C, 1.0f)) {
+        epilogue_done = cublaslt_gemm(dweight, inp, dout, CUBLASLT_EPILOGUE_BGRADB, step, C, OC, N, 0, 1, C, OC, C, 1.0f);
+        if (epilogue_done) {
             bias_accumulate_kernel<<<ceil_div(OC, 256), 256>>>(dbias, step, OC);
             cudaCheckLaunch();
-            return;
         }
     }
-    cublaslt_gemm(dweight, inp, dout, CUBLASLT_EPILOGUE_DEFAULT, NULL, C, OC, N, 0, 1, C, OC, C, 1.0f);
-    if (dbias != NULL) bias_backward_kernels(dbias, dout, N, OC);
+    if (!epilogue_done) {  // no bias, or no epilogue algorithm: the plain GEMM, then the bias's kernels
+        cublaslt_gemm(dweight, inp, dout, CUBLASLT_EPILOGUE_DEFAULT, NULL, C, OC, N, 0, 1, C, OC, C, 1.0f);
+        if (dbias != NULL) bias_backward_kernels(dbias, dout, N, OC);
+    }
+    kernel_time_end(kernel_span);
 }
 
 // both at once
@@ -265,8 +273,10 @@ static inline void bias_add(floatX* out, const floatX* bias, int N, int OC) {
     check_whole_packs("bias_add", "OC", (size_t)OC);
     size_t packs = (size_t)N * OC / PACK16;
     if (packs == 0) return;
+    int kernel_span = kernel_time_begin("bias add", 0, 0);
     bias_add_kernel<<<ceil_div(packs, 256), 256>>>(out, bias, packs, OC);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 #endif

@@ -12,8 +12,10 @@ __global__ void outer_from_params_kernel(float* outer, const floatX* params, con
     if (i < n) outer[i] = master ? master[i] : (float)params[i];
 }
 static inline void outer_from_params(float* outer, const floatX* params, const float* master, size_t n) {
+    int kernel_span = kernel_time_begin("diloco: outer weights from the parameters", 0, 0);
     outer_from_params_kernel<<<ceil_div(n, 256), 256>>>(outer, params, master, n);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 __global__ void pseudo_gradient_kernel(float* delta, const float* outer, const floatX* params, const float* master, size_t n) {
@@ -21,8 +23,10 @@ __global__ void pseudo_gradient_kernel(float* delta, const float* outer, const f
     if (i < n) delta[i] = outer[i] - (master ? master[i] : (float)params[i]);
 }
 static inline void pseudo_gradient(float* delta, const float* outer, const floatX* params, const float* master, size_t n) {
+    int kernel_span = kernel_time_begin("diloco: pseudo-gradient", 0, 0);
     pseudo_gradient_kernel<<<ceil_div(n, 256), 256>>>(delta, outer, params, master, n);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 __global__ void pseudo_gradient_bf16_kernel(bfloat16* q, const float* outer, const floatX* params, const float* master, size_t n) {
@@ -30,8 +34,10 @@ __global__ void pseudo_gradient_bf16_kernel(bfloat16* q, const float* outer, con
     if (i < n) q[i] = (bfloat16)(outer[i] - (master ? master[i] : (float)params[i]));
 }
 static inline void pseudo_gradient_bf16(bfloat16* q, const float* outer, const floatX* params, const float* master, size_t n) {
+    int kernel_span = kernel_time_begin("diloco: pseudo-gradient (bf16)", 0, 0);
     pseudo_gradient_bf16_kernel<<<ceil_div(n, 256), 256>>>(q, outer, params, master, n);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 __global__ void outer_mean_bf16_kernel(bfloat16* mine, const bfloat16* others, int W, int me, size_t n) {
@@ -42,8 +48,10 @@ __global__ void outer_mean_bf16_kernel(bfloat16* mine, const bfloat16* others, i
     mine[i] = (bfloat16)(sum / (float)W);
 }
 static inline void outer_mean_bf16(bfloat16* mine, const bfloat16* others, int W, int me, size_t n) {
+    int kernel_span = kernel_time_begin("diloco: mean of bf16 pseudo-gradients", 0, 0);
     outer_mean_bf16_kernel<<<ceil_div(n, 256), 256>>>(mine, others, W, me, n);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 __global__ void outer_nesterov_step_kernel(float* outer, float* momentum, const float* delta, const bfloat16* delta_bf16,
@@ -57,8 +65,10 @@ __global__ void outer_nesterov_step_kernel(float* outer, float* momentum, const 
 }
 static inline void outer_nesterov_step(float* outer, float* momentum, const float* delta, const bfloat16* delta_bf16,
                                        size_t n, float lr, float mu) {
+    int kernel_span = kernel_time_begin("diloco: outer Nesterov step", 0, 0);
     outer_nesterov_step_kernel<<<ceil_div(n, 256), 256>>>(outer, momentum, delta, delta_bf16, n, lr, mu);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 __global__ void outer_to_params_kernel(floatX* params, float* master, const float* outer, size_t n) {
@@ -68,8 +78,10 @@ __global__ void outer_to_params_kernel(floatX* params, float* master, const floa
     if (master) master[i] = outer[i];
 }
 static inline void outer_to_params(floatX* params, float* master, const float* outer, size_t n) {
+    int kernel_span = kernel_time_begin("diloco: parameters from the outer weights", 0, 0);
     outer_to_params_kernel<<<ceil_div(n, 256), 256>>>(params, master, outer, n);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 #endif

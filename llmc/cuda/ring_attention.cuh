@@ -22,9 +22,11 @@ __global__ void kv_pack_kernel(floatX* kv, const floatX* qkv, size_t BT, int C) 
     kv[idx] = qkv[token * 3 * C + C + j];
 }
 static inline void kv_pack(floatX* kv, const floatX* qkv, int B, int T, int C) {
+    int kernel_span = kernel_time_begin("ring attention: pack k,v", 0, 0);
     size_t n = (size_t)B * T * 2 * C;
     kv_pack_kernel<<<ceil_div(n, 256), 256>>>(kv, qkv, (size_t)B * T, C);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 // one thread per (b, h, query t): its attention to the block's visible keys, merged into o, lse
@@ -80,9 +82,11 @@ __global__ void attention_block_backward_prepare_kernel(float* D, const floatX* 
 }
 static inline void attention_block_backward_prepare(float* D, const floatX* datty, const floatX* atty, int B, int Tq,
                                                     int C, int NH) {
+    int kernel_span = kernel_time_begin("ring attention: backward's D", 0, 0);
     size_t n = (size_t)B * NH * Tq;
     attention_block_backward_prepare_kernel<<<ceil_div(n, 128), 128>>>(D, datty, atty, B, Tq, C, NH);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 // dq: one thread per (b, h, query t), over the block's visible keys
@@ -520,26 +524,32 @@ static inline int ring_flash_supports(int hs) { (void)hs; return 0; }  // (fp32 
 
 static inline void attention_block_forward(float* o, float* lse, float* scratch, const floatX* qkv, const floatX* kv,
                                            CpChunks q, CpChunks k, int B, int C, int NH, int first) {
+    int kernel_span = kernel_time_begin("ring attention: block forward", 0, 0);
 #if !FLOATX_IS_FLOAT
     if (ring_flash_supports(C / NH)) {
         attention_block_forward_flash(o, lse, scratch, qkv, kv, q, k, B, C, NH, first);
+        kernel_time_end(kernel_span);
         return;
     }
 #endif
     (void)scratch;
     attention_block_forward_plain(o, lse, qkv, kv, q, k, B, C, NH, first);
+    kernel_time_end(kernel_span);
 }
 
 static inline void attention_block_backward(float* dq, float* dkv, const floatX* datty, const float* lse,
                                             const float* D, const floatX* qkv, const floatX* kv, CpChunks q,
                                             CpChunks k, int B, int C, int NH) {
+    int kernel_span = kernel_time_begin("ring attention: block backward", 0, 0);
 #if !FLOATX_IS_FLOAT
     if (ring_flash_supports(C / NH)) {
         attention_block_backward_flash(dq, dkv, datty, lse, D, qkv, kv, q, k, B, C, NH);
+        kernel_time_end(kernel_span);
         return;
     }
 #endif
     attention_block_backward_plain(dq, dkv, datty, lse, D, qkv, kv, q, k, B, C, NH);
+    kernel_time_end(kernel_span);
 }
 
 // dqkv (B, T, 3C) floatX = dq (B, T, C) beside dkv (B, T, 2C), fp32
@@ -550,9 +560,11 @@ __global__ void attention_block_grads_kernel(floatX* dqkv, const float* dq, cons
     dqkv[idx] = (floatX)(j < (size_t)C ? dq[token * C + j] : dkv[token * 2 * C + j - C]);
 }
 static inline void attention_block_grads(floatX* dqkv, const float* dq, const float* dkv, int B, int T, int C) {
+    int kernel_span = kernel_time_begin("ring attention: dq, dk, dv to dqkv", 0, 0);
     size_t n = (size_t)B * T * 3 * C;
     attention_block_grads_kernel<<<ceil_div(n, 256), 256>>>(dqkv, dq, dkv, (size_t)B * T, C);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 // atty = o, rounded to the activations' precision
@@ -561,8 +573,10 @@ __global__ void attention_block_output_kernel(floatX* atty, const float* o, size
     if (idx < n) atty[idx] = (floatX)o[idx];
 }
 static inline void attention_block_output(floatX* atty, const float* o, size_t n) {
+    int kernel_span = kernel_time_begin("ring attention: output", 0, 0);
     attention_block_output_kernel<<<ceil_div(n, 256), 256>>>(atty, o, n);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
 }
 
 #endif
