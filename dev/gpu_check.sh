@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Everything a machine with a GPU should check, in one command: the GPU tests (every trainer's
+# Everything a machine with a GPU should check, in one command: where a d12 step's time goes,
+# kernel by kernel beside the roofline (LLMC_KERNEL_TIMES=1), the GPU tests (every trainer's
 # CUDA backend against the PyTorch reference in FP32 and BF16: DDP at 1 and 2 ranks, ZeRO-1/2/3,
 # TP with and without SP, PP 1f1b and zero bubble, CP ring and all-gather, DiLoCo with an fp32 and a
 # bf16 link; bf16 resume, NCCL collectives, every dev/cuda validation), memcheck and racecheck
@@ -22,6 +23,15 @@ for precision in FP32 BF16; do
     for p in $programs; do targets="$targets build/cuda_$precision/$p"; done
 done
 time timeout "$(left)" make -s -j"$(nproc)" $targets 2>&1 | tail -20
+# where the step's time goes: d12 at the benchmark's shape, each kind of launch timed
+# (LLMC_KERNEL_TIMES=1, llmc/kernel_times.h) beside its roofline, the largest gap first
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" in
+    *H200*) roofline_device=h200 ;; *H100*PCIe*) roofline_device=h100-pcie ;; *H100*NVL*) roofline_device=h100-nvl ;;
+    *A100*) roofline_device=a100 ;; *) roofline_device=h100-sxm ;;
+esac
+LLMC_KERNEL_TIMES=1 timeout "$(left)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 6 -v 0 -s 0 > "$logs/gpu_kernel_times.log" 2>&1
+grep -A60 "^kernel times" "$logs/gpu_kernel_times.log"
+python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device "$roofline_device" -measured "$logs/gpu_kernel_times.log"
 PYTHONUNBUFFERED=1 TEST_JOBS=${TEST_JOBS:-4} timeout "$(left)" python3 test/run_tests.py gpu 2>&1 | tee "$logs/gpu_tests.log"
 # out-of-bounds accesses and shared-memory races that a numerical test can miss: two steps of a
 # small model. API errors are not reported: NCCL probes for kernel images it was not built with

@@ -46,6 +46,7 @@ the step time, over the device's dense peak for the precision (llmc/cuda/device.
 import argparse
 import json
 import math
+import re
 import sys
 
 # ---------------------------------------------------------------------------------------------
@@ -166,10 +167,13 @@ class Step:
     def begin(self, group):
         self.group = group
 
-    def add(self, kernel, calls, flops, nbytes, engine, op, launches=None, note=""):
+    def add(self, kernel, calls, flops, nbytes, engine, op, launches=None, note="", launch=None):
+        """launch: the trainer's kind of launch this kernel runs in, as its LLMC_KERNEL_TIMES table
+        names it (llmc/kernel_times.h); None for what no launcher runs (the collectives)"""
         if calls > 0:
             self.rows.append(dict(group=self.group, kernel=kernel, calls=calls, launches=launches or calls,
-                                  flops=float(flops), bytes=float(nbytes), engine=engine, op=op, note=note))
+                                  flops=float(flops), bytes=float(nbytes), engine=engine, op=op, note=note,
+                                  launch=launch))
 
 
 def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
@@ -183,10 +187,11 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
     distinct = min(N, V)            # rows of wte a batch touches: at most one per distinct token
     s = Step()
 
-    def matmul(kernel, rows, k, out, calls, bias=False, dweight=False, note=""):
+    def matmul(kernel, rows, k, out, calls, bias=False, dweight=False, note="", launch=None):
         """one cuBLASLt GEMM: (rows, k) x (k, out). Forward and input-gradient GEMMs read their two
         operands and write the result; a weight-gradient GEMM (dweight) reads the activation (rows, k)
-        and the gradient (rows, out) and adds into the weight gradient (out, k): read and written (beta = 1)"""
+        and the gradient (rows, out) and adds into the weight gradient (out, k): read and written (beta = 1).
+        launch: the trainer's name, by the weight's shape C -> OC; a forward's is (k, out), and dweight's"""
         flops = 2 * rows * k * out
         if dweight:
             nbytes = (rows * k + rows * out + 2 * out * k) * X
@@ -194,19 +199,26 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
                 nbytes += out * X  # BGRADB writes this pass's bias gradient (out) to scratch
         else:
             nbytes = (rows * k + k * out + rows * out + (out if bias else 0)) * X
-        s.add(kernel, calls, flops, nbytes, "gemm", "matmul", note=note)
+        s.add(kernel, calls, flops, nbytes, "gemm", "matmul", note=note,
+              launch=launch or "matmul %s %d->%d" % ("dweight" if dweight else "forward", k, out))
 
-    def bias_grad(name, OC, calls):
+    def matmul_dinp(kernel, rows, k, out, calls):
+        """dinp (rows, out) = dout (rows, k) x weight: the weight is out -> k"""
+        matmul(kernel, rows, k, out, calls, launch="matmul dinp %d->%d" % (out, k))
+
+    def bias_grad(name, OC, calls, launch):
         """the bias gradient of a weight-gradient GEMM, dbias (OC) += column sums of dout (N, OC)"""
         if epilogue:
             # the sums came from the GEMM's BGRADB epilogue; one tiny kernel adds them to dbias
-            s.add("bias_accumulate (%s)" % name, calls, OC, 3 * OC * X, "vector", "bias")
+            s.add("bias_accumulate (%s)" % name, calls, OC, 3 * OC * X, "vector", "bias", launch=launch)
         else:
             # matmul.cuh's two kernels: partial column sums of 512-row blocks, then one ordered pass;
             # the first reads all of dout again (what the epilogue saves)
             parts = ceil_div(N, BIAS_ROWS_PER_BLOCK)
-            s.add("bias_backward_partial (%s)" % name, calls, N * OC, N * OC * X + parts * OC * F32, "vector", "bias")
-            s.add("bias_backward_final (%s)" % name, calls, parts * OC, parts * OC * F32 + 2 * OC * X, "vector", "bias")
+            s.add("bias_backward_partial (%s)" % name, calls, N * OC, N * OC * X + parts * OC * F32, "vector", "bias",
+                  launch=launch)
+            s.add("bias_backward_final (%s)" % name, calls, parts * OC, parts * OC * F32 + 2 * OC * X, "vector", "bias",
+                  launch=launch)
 
     def layernorm_forward(kernel, calls, residual):
         """one warp per row; with residual (fused_residual_layernorm_forward) it first adds a + b and
@@ -214,18 +226,19 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
         reads = (2 if residual else 1) * N * C * X + 2 * C * X
         writes = (2 if residual else 1) * N * C * X + 2 * N * F32
         flops = (FLOPS_PER["layernorm"] + (FLOPS_PER["add"] if residual else 0)) * N * C
-        s.add(kernel, calls, flops, reads + writes, "vector", "layernorm")
+        s.add(kernel, calls, flops, reads + writes, "vector", "layernorm",
+              launch="residual + layernorm forward" if residual else "layernorm forward")
 
     def layernorm_backward(name, calls):
         """layernorm.cuh's three kernels: the input gradient (added into dresidual: read and written),
         then the weight and bias gradients in two deterministic passes"""
         parts = ceil_div(N, LN_ROWS_PER_BLOCK)
         s.add("layernorm_backward_input (%s)" % name, calls, FLOPS_PER["layernorm_backward"] * N * C,
-              4 * N * C * X + C * X + 2 * N * F32, "vector", "layernorm")
+              4 * N * C * X + C * X + 2 * N * F32, "vector", "layernorm", launch="layernorm backward")
         s.add("layernorm_backward_params_partial (%s)" % name, calls, FLOPS_PER["layernorm_params"] * N * C,
-              2 * N * C * X + 2 * N * F32 + parts * 2 * C * F32, "vector", "layernorm")
+              2 * N * C * X + 2 * N * F32 + parts * 2 * C * F32, "vector", "layernorm", launch="layernorm backward")
         s.add("layernorm_backward_params_final (%s)" % name, calls, 2 * parts * C,
-              parts * 2 * C * F32 + 4 * C * X, "vector", "layernorm")
+              parts * 2 * C * F32 + 4 * C * X, "vector", "layernorm", launch="layernorm backward")
 
     # the attention FLOPs: one (64 x hs) x (hs x 64) tile product is 2 * 64 * 64 * hs FLOPs; under
     # context parallelism this rank's share of the causal triangle, 1/cp of it (zigzag)
@@ -240,14 +253,14 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
         if attention == "flash":
             # flash_attention_forward_kernel: s = q k^T and o += p v per tile, 2 tile products; reads
             # qkv once, writes out and lse; the T x T scores never leave the chip
-            s.add("flash_attention_forward", calls, 2 * forward_matmul, 4 * N * C * X + lse, "attn", "attention")
+            s.add("flash_attention_forward", calls, 2 * forward_matmul, 4 * N * C * X + lse, "attn", "attention", launch="attention forward")
         else:
-            s.add("attention_to_heads (q, k, v)", 3 * calls, 0, 2 * N * C * X, "vector", "attention")
-            s.add("gemm_batched scores = q k^T", calls, square_matmul, 2 * N * C * X + scores * X, "gemm", "attention")
+            s.add("attention_to_heads (q, k, v)", 3 * calls, 0, 2 * N * C * X, "vector", "attention", launch="attention forward")
+            s.add("gemm_batched scores = q k^T", calls, square_matmul, 2 * N * C * X + scores * X, "gemm", "attention", launch="attention forward")
             s.add("attention_softmax", calls, FLOPS_PER["softmax"] * causal, causal * X + scores * X, "vector",
-                  "attention")
-            s.add("gemm_batched y = att v", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention")
-            s.add("attention_from_heads (y)", calls, 0, 2 * N * C * X, "vector", "attention")
+                  "attention", launch="attention forward")
+            s.add("gemm_batched y = att v", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention", launch="attention forward")
+            s.add("attention_from_heads (y)", calls, 0, 2 * N * C * X, "vector", "attention", launch="attention forward")
 
     def attention_backward(calls):
         if attention == "flash":
@@ -256,27 +269,27 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
             # s = q k^T, dp = dO v^T, dq += ds k: 3). Both recompute p from q, k and lse, and both compute
             # dp: 7 tile products against FlashAttention-2's 5, the price of one writer per output
             s.add("flash_attention_backward_dot (D)", calls, FLOPS_PER["dot"] * N * C, 2 * N * C * X + lse, "vector",
-                  "attention")
-            s.add("flash_attention_backward_dkdv", calls, 4 * tile_matmul, 6 * N * C * X + 2 * lse, "attn", "attention")
-            s.add("flash_attention_backward_dq", calls, 3 * tile_matmul, 5 * N * C * X + 2 * lse, "attn", "attention")
+                  "attention", launch="attention backward")
+            s.add("flash_attention_backward_dkdv", calls, 4 * tile_matmul, 6 * N * C * X + 2 * lse, "attn", "attention", launch="attention backward")
+            s.add("flash_attention_backward_dq", calls, 3 * tile_matmul, 5 * N * C * X + 2 * lse, "attn", "attention", launch="attention backward")
         else:
-            s.add("attention_to_heads (q, k, v, dy)", 4 * calls, 0, 2 * N * C * X, "vector", "attention")
-            s.add("gemm_batched datt = dy v^T", calls, square_matmul, 2 * N * C * X + scores * X, "gemm", "attention")
-            s.add("gemm_batched dv = att^T dy", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention")
+            s.add("attention_to_heads (q, k, v, dy)", 4 * calls, 0, 2 * N * C * X, "vector", "attention", launch="attention backward")
+            s.add("gemm_batched datt = dy v^T", calls, square_matmul, 2 * N * C * X + scores * X, "gemm", "attention", launch="attention backward")
+            s.add("gemm_batched dv = att^T dy", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention", launch="attention backward")
             s.add("attention_softmax_backward", calls, FLOPS_PER["softmax_backward"] * causal,
-                  2 * causal * X + scores * X, "vector", "attention")
-            s.add("gemm_batched dq = ds k", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention")
-            s.add("gemm_batched dk = ds^T q", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention")
-            s.add("attention_from_heads (dq, dk, dv)", 3 * calls, 0, 2 * N * C * X, "vector", "attention")
+                  2 * causal * X + scores * X, "vector", "attention", launch="attention backward")
+            s.add("gemm_batched dq = ds k", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention", launch="attention backward")
+            s.add("gemm_batched dk = ds^T q", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention", launch="attention backward")
+            s.add("attention_from_heads (dq, dk, dv)", 3 * calls, 0, 2 * N * C * X, "vector", "attention", launch="attention backward")
 
     # ---- the step, in the order train_gpt2_dp.cu launches it
     s.begin("step start")
-    s.add("memset grads", 1, 0, P * X, "memset", "memset")  # device_memset_zero(grads_memory)
+    s.add("memset grads", 1, 0, P * X, "memset", "memset", launch="memset")  # device_memset_zero(grads_memory)
 
     s.begin("embedding")
     # one thread per output element: the token's row of wte (distinct rows read once) plus wpe
     s.add("encoder_forward", 1, FLOPS_PER["add"] * N * C, N * 4 + distinct * C * X + (T // cp) * C * X + N * C * X,
-          "vector", "embedding")
+          "vector", "embedding", launch="encoder forward")
     layernorm_forward("layernorm_forward (ln1 of layer 0)", 1, residual=False)
 
     # context parallelism's ring (train_gpt2_cp.cu): per layer, cp - 1 blocks of K,V (B, T/cp, 2C)
@@ -291,7 +304,7 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
     matmul("matmul attproj (+bias epilogue)", N, C, C, L, bias=True)
     layernorm_forward("residual + layernorm (ln2)", L, residual=True)
     matmul("matmul fc (+bias epilogue)", N, C, 4 * C, L, bias=True)
-    s.add("gelu_forward", L, FLOPS_PER["gelu"] * N * 4 * C, 2 * N * 4 * C * X, "vector", "gelu")
+    s.add("gelu_forward", L, FLOPS_PER["gelu"] * N * 4 * C, 2 * N * 4 * C * X, "vector", "gelu", launch="gelu forward")
     matmul("matmul fcproj (+bias epilogue)", N, 4 * C, C, L, bias=True)
     layernorm_forward("residual + layernorm (ln1 of the next layer)", L - 1, residual=True)
 
@@ -302,12 +315,13 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
     matmul("matmul LM head, logits = lnf wte^T", N, C, Vp, 1)
     # one block per row: an online softmax over the row, then dlogits written over the logits
     s.add("fused_classifier (softmax, loss, dlogits)", 1, FLOPS_PER["classifier"] * N * V,
-          2 * N * Vp * X + 2 * N * 4, "vector", "classifier")
-    matmul("matmul LM head dinp = dlogits wte", N, Vp, C, 1)
+          2 * N * Vp * X + 2 * N * 4, "vector", "classifier",
+          launch="classifier (softmax, loss, dlogits)")
+    matmul_dinp("matmul LM head dinp = dlogits wte", N, Vp, C, 1)
     matmul("matmul LM head dwte += dlogits^T lnf", N, C, Vp, 1, dweight=True)
 
     s.begin("final layernorm backward")
-    s.add("memset dresidual", 1, 0, N * C * X, "memset", "memset")
+    s.add("memset dresidual", 1, 0, N * C * X, "memset", "memset", launch="memset")
     layernorm_backward("lnf", 1)
 
     s.begin("layer backward")
@@ -316,22 +330,22 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
         # dweight (OC, K) += dout^T inp, with the bias gradient (OC) in the epilogue or a kernel
         matmul("matmul %s dweight" % name + (" (+dbias BGRADB)" if epilogue else ""), N, K, OC, L, bias=epilogue,
                dweight=True)
-        bias_grad(name + "b", OC, L)
+        bias_grad(name + "b", OC, L, "matmul dweight %d->%d" % (K, OC))
 
     # MLP half (block.h): the input pass, then the weight pass
-    matmul("matmul fcproj dinp", N, C, 4 * C, L)
-    s.add("gelu_backward", L, FLOPS_PER["gelu_backward"] * N * 4 * C, 3 * N * 4 * C * X, "vector", "gelu")
-    matmul("matmul fc dinp", N, 4 * C, C, L)
+    matmul_dinp("matmul fcproj dinp", N, C, 4 * C, L)
+    s.add("gelu_backward", L, FLOPS_PER["gelu_backward"] * N * 4 * C, 3 * N * 4 * C * X, "vector", "gelu", launch="gelu backward")
+    matmul_dinp("matmul fc dinp", N, 4 * C, C, L)
     weight_gradient("fcproj", 4 * C, C)
     weight_gradient("fc", C, 4 * C)
     layernorm_backward("ln2", L)
     # attention half
-    matmul("matmul attproj dinp", N, C, C, L)
+    matmul_dinp("matmul attproj dinp", N, C, C, L)
     if cp > 1:
         s.add("ring: K,V again and dK,dV (fp32) to the next rank", L, 0, (cp - 1) * kv_block * X + cp * kv_block * F32,
               "link", "comm")
     attention_backward(L)
-    matmul("matmul qkv dinp", N, 3 * C, C, L)
+    matmul_dinp("matmul qkv dinp", N, 3 * C, C, L)
     weight_gradient("attproj", C, C)
     weight_gradient("qkv", C, 3 * C)
     layernorm_backward("ln1", L)
@@ -340,8 +354,10 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
     # dwte: one block per distinct token sums its rows of dout (positions sorted on the host first),
     # then adds into that token's row of dwte (read and written)
     s.add("encoder_backward_wte", 1, FLOPS_PER["add"] * N * C,
-          N * C * X + (N + 2 * distinct + 1) * 4 + 2 * distinct * C * X, "vector", "embedding")
-    s.add("encoder_backward_wpe", 1, FLOPS_PER["add"] * N * C, N * C * X + 2 * (T // cp) * C * X, "vector", "embedding")
+          N * C * X + (N + 2 * distinct + 1) * 4 + 2 * distinct * C * X, "vector", "embedding",
+          launch="encoder backward")
+    s.add("encoder_backward_wpe", 1, FLOPS_PER["add"] * N * C, N * C * X + 2 * (T // cp) * C * X, "vector", "embedding",
+          launch="encoder backward")
 
     if dp * cp > 1:
         s.begin("gradient all-reduce")
@@ -351,7 +367,7 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
         s.add("all-reduce grads (NCCL ring, %d ranks)" % ranks, 1, 0, 2 * (ranks - 1) / ranks * P * X, "link", "comm")
 
     s.begin("global norm + AdamW")
-    s.add("norm_squared_partial", 1, FLOPS_PER["dot"] * P, P * X + NORM_BLOCKS * F32, "vector", "optimizer")
+    s.add("norm_squared_partial", 1, FLOPS_PER["dot"] * P, P * X + NORM_BLOCKS * F32, "vector", "optimizer", launch="gradient norm")
     # adamw_kernel, one launch per tensor (per layer for the layers' tensors: optimizer.h). Per
     # parameter: the gradient read (X), the fp32 master weight (bf16) or the parameter itself (fp32)
     # read and written, m and v read and written (fp32), the parameter written (X): 28 bytes either way
@@ -360,7 +376,7 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
     for name, n, calls, launches in (("wte", Vp * C, 1, 1), ("wpe", m["maxT"] * C, 1, 1),
                                      ("a layer's 12 tensors", per_layer, L, 12 * L), ("lnfw, lnfb", 2 * C, 1, 2)):
         s.add("adamw_kernel (%s)" % name, calls, FLOPS_PER["adamw"] * n, per_param * n, "vector", "optimizer",
-              launches=launches)
+              launches=launches, launch="adamw")
     return s.rows, P
 
 
@@ -515,6 +531,66 @@ def print_table(res):
               "backward pass: %.2f ms" % (s["comm_time_s"] * 1e3, s["step_time_overlapped_s"] * 1e3))
 
 
+def read_kernel_times(path):
+    """the LLMC_KERNEL_TIMES=1 table of a trainer's output (llmc/kernel_times.h): {kind: (calls, ms)}
+    per step, the time outside the launchers, and the step's time"""
+    kinds, outside, step, inside = {}, None, None, False
+    row = re.compile(r"^  (.+?)\s+([0-9.]+)?\s+([0-9.]+)\s+-?[0-9.]+%$")
+    with open(path) as f:
+        for line in f:
+            if line.startswith("kernel times on rank"):
+                kinds, inside = {}, True  # (the last table in the file, if there are several)
+                continue
+            m = row.match(line.rstrip("\n")) if inside else None
+            if m is None:
+                inside = inside and line.startswith("  ")
+                continue
+            name, calls, ms = m.group(1), m.group(2), float(m.group(3))
+            if name.startswith("outside the launchers"):
+                outside = ms
+            elif name == "step":
+                step = ms
+            elif calls is not None:
+                kinds[name] = (float(calls), ms)
+    if step is None:
+        raise ValueError("%s: no LLMC_KERNEL_TIMES=1 table (run the trainer with LLMC_KERNEL_TIMES=1 and keep its output)"
+                         % path)
+    return kinds, outside, step
+
+
+def print_measured(res, path):
+    """the measured table beside the roofline's rows for the same kinds of launch: where the step's
+    time above its lower bound goes, the largest gap first"""
+    kinds, outside, step = read_kernel_times(path)
+    predicted = {}
+    for r in res["rows"]:
+        if r["launch"] is not None:
+            predicted[r["launch"]] = predicted.get(r["launch"], 0.0) + r["total_time_s"] * 1e3
+    c, s = res["config"], res["summary"]
+    print("measured (%s, LLMC_KERNEL_TIMES=1) beside the roofline of %s B=%d T=%d %s %s attention on %s; per step, "
+          "largest gap first" % (path, c["model"], c["B"], c["T"], c["precision"], c["attention"],
+                                 res["assumptions"]["device_name"]))
+    w = 44
+    header = "%-*s %7s %11s %11s %9s %9s %7s" % (w, "kind of launch", "calls", "measured ms", "roofline ms",
+                                                  "measured/", "gap ms", "share")
+    print(header)
+    print("%-*s %7s %11s %11s %9s %9s %7s" % (w, "", "", "", "", "roofline", "", "of step"))
+    print("-" * len(header))
+    rows = [(name, calls, ms, predicted.get(name)) for name, (calls, ms) in kinds.items()]
+    rows += [(name, None, 0.0, ms) for name, ms in predicted.items() if name not in kinds]
+    rows.append(("outside the launchers (host, waits, gaps)", None, outside or 0.0, 0.0))
+    rows.sort(key=lambda r: -(r[2] - (r[3] or 0.0)))
+    for name, calls, ms, pred in rows:
+        print("%-*s %7s %11.3f %11s %9s %9.3f %6.1f%%" % (
+            w, name, "%.0f" % calls if calls is not None else "", ms, "%.3f" % pred if pred is not None else "-",
+            "%.2f" % (ms / pred) if pred else "-", ms - (pred or 0.0), 100.0 * ms / step))
+    print("-" * len(header))
+    print("%-*s %7s %11.3f %11.3f %9.2f %9.3f" % (w, "step", "", step, s["step_time_s"] * 1e3,
+                                                  step / (s["step_time_s"] * 1e3), step - s["step_time_s"] * 1e3))
+    print("(a kind the roofline has no row for shows '-': it is not in train_gpt2_dp's step as modelled; a row "
+          "measured 0 was not launched)")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="roofline.py", allow_abbrev=False,
                                 description="roofline model of one train_gpt2_dp training step on a GPU")
@@ -537,6 +613,8 @@ def main(argv=None):
     p.add_argument("-link_bw", type=float, default=0.0, help="all-reduce bus bandwidth in GB/s (default: per device)")
     p.add_argument("-json", action="store_true", help="print everything as JSON")
     p.add_argument("-brief", action="store_true", help="print one line: the predicted step (for bench_gpu.sh)")
+    p.add_argument("-measured", metavar="LOG", help="a trainer's output with its LLMC_KERNEL_TIMES=1 table (run at the "
+                   "same -e, -b, -t and precision): print each kind of launch, measured, beside its roofline")
     args = p.parse_args(argv)
     for name in ("gemm_eff", "attn_eff", "bw_eff", "vec_eff"):
         v = getattr(args, name)
@@ -553,6 +631,11 @@ def main(argv=None):
     if args.json:
         json.dump(res, sys.stdout, indent=1)
         print()
+    elif args.measured:
+        try:
+            print_measured(res, args.measured)
+        except (OSError, ValueError) as e:
+            p.error(str(e))
     elif args.brief:
         s, a = res["summary"], res["assumptions"]
         flash = ", flash attention %.0f%%" % (100 * a["attn_eff"]) if res["config"]["attention"] == "flash" else ""

@@ -27,7 +27,11 @@ static inline void device_free(void* p) {
     allocation_remove(p);
     free(p);
 }
-static inline void device_memset_zero(void* p, size_t bytes) { memset(p, 0, bytes); }
+static inline void device_memset_zero(void* p, size_t bytes) {
+    int kernel_span = kernel_time_begin("memset", 0, 0);
+    memset(p, 0, bytes);
+    kernel_time_end(kernel_span);
+}
 static inline void copy_host_to_device(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void copy_device_to_host(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
 static inline void copy_device_to_device(void* dst, const void* src, size_t bytes) { memcpy(dst, src, bytes); }
