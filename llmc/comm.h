@@ -77,7 +77,9 @@ typedef struct {
     ncclComm_t nccl;          // NULL on the host-staged path
     cudaStream_t stream;      // collectives run here, ordered against the compute stream by events
     cudaEvent_t ready, done;
-    float* scalar;            // device scratch for host values sent through NCCL
+    float* scalar;            // device scratch for host values sent through NCCL (64 bytes),
+                              // then 2 floats for a pair's first exchange (nccl_post_messages)
+    unsigned char* connected;  // per rank of the group: 1 once this rank's NCCL has connected to it
     cudaEvent_t events[COMM_EVENTS];  // non-blocking calls' completions on the comm stream
     unsigned next_event;
     cudaEvent_t* timing;      // pairs of timing events (comm_timing_start), 2 per pair ...

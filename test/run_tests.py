@@ -2807,6 +2807,48 @@ for _precision, _sp in (("FP32", 0), ("BF16", 1)):
     test(make_cuda_tp_test("cuda", _precision, None, _sp))
 
 
+def make_cuda_grid3d_test(kind, precision, devices, dp, pp, cp, tp, sp, m, zero):
+    def fn():
+        """the 3D trainer's CUDA backend on a GPU (or the emulator) against the 4-layer reference,
+        dp x pp x cp x tp ranks on the one device, 1f1b over m micro-batches: the pipe's
+        activations through NCCL's grouped send/recv, whose first exchange at m = 1 (stage 0
+        sends and receives, stage 1 only receives) NCCL can only connect if both ranks connect
+        both directions in it (the emulator checks that rule, and the order of every collective); tp's collectives, cp's ring, the dp
+        reduction (-z 1: reduce-scatter and all-gather). Rank 0's bytes per group equal the
+        formulas, and every copy of every tensor is identical after every step"""
+        run = cuda_runner(kind, devices)
+        ref = reference_run(REF4_CUDA)
+        program = build(kind, precision, ["train_gpt2_3d"])[0]
+        ranks, steps, B = dp * pp * cp * tp, REF4_CUDA["steps"], REF4_CUDA["batch"] // (dp * m)
+        d = fresh_dir("%s_%s_grid3d_%dx%dx%dx%d_sp%d_z%d" % (kind, precision, dp, pp, cp, tp, sp, zero))
+        grads_path = os.path.join(d, "grads.bin")
+        out = run(program, ranks, trainer_args(ref, B, d, ["-n", steps, "-dump_grads", grads_path, "-check_replicas", 1]
+                                               + grid3d_flags(dp, pp, tp, sp, zero=zero, cp=cp), cfg=REF4_CUDA), d)
+        check_cuda_against_reference(ref, d, grads_path, precision, "%s train_gpt2_3d %s %dx%dx%dx%d" %
+                                     (kind, precision, dp, pp, cp, tp))
+        X = 4 if precision == "FP32" else 2
+        check_grid3d_step_bytes(out, d, grid3d_step_bytes(REF4_CUDA, B, m, dp, pp, tp, sp, 1, zero, X=X, cp=cp), steps)
+        for what, size in (("tp copies of the replicated tensors", tp), ("wte copies of the first and last stage", pp),
+                           ("dp replicas", dp * cp)):
+            if size > 1:
+                assert "step %d: %s identical" % (steps, what) in out, what + "\n" + out[-2000:]
+    prefix, path = cuda_test_name(kind, devices)
+    grid = "%dx%dx%d" % (dp, pp, tp) if cp == 1 else "%dx%dx%dx%d_cp" % (dp, pp, cp, tp)
+    fn.__name__ = "%s_grid3d_vs_pytorch_%s_%s%s%s_%s" % (prefix, precision.lower(), grid, "_sp" if sp else "",
+                                                        "_z1" if zero else "", path)
+    return fn
+
+
+# on a GPU, every rank on the one device (NCCL over sockets: a host id of its own per rank): a
+# pipe alone, with tp and -sp, with replicas and ZeRO-1, and cp's ring with tp (dp x pp x cp x tp)
+for _precision, _grid in (("FP32", (1, 2, 1, 1, 0, 1, 0)), ("BF16", (1, 2, 1, 2, 1, 1, 0)),
+                          ("FP32", (2, 2, 1, 1, 0, 1, 1)), ("BF16", (1, 1, 2, 2, 1, 2, 0))):
+    test(make_cuda_grid3d_test("cuda", _precision, None, *_grid))
+# on the emulator, the pipe alone at 2 ranks through NCCL, one micro-batch: the first exchange is
+# stage 0's send and receive against stage 1's receive (the 4-rank run below adds tp and zb)
+test(make_cuda_grid3d_test("emu", "FP32", 2, 1, 2, 1, 1, 0, 1, 0))
+
+
 @test
 def emu_grid3d_vs_pytorch_fp32_1x2x2_sp_zb_nccl_through_compare_with_pytorch():
     """the 3D trainer's CUDA backend on the emulator, 4 ranks (dp 1, pp 2, tp 2, -sp, zero bubble:

@@ -25,10 +25,11 @@ static inline void comm_exit(int code) {
     exit(code);
 }
 
+// the error, and NCCL's own account of it (its last warning: which rank, what message)
 static inline void nccl_check(ncclResult_t r, const CommGroup* g, const char* op) {
     if (r != ncclSuccess) {
-        fail("NCCL failed in %s on group '%s' (rank %d of %d): %s", op, g->name, g->rank, g->size,
-             ncclGetErrorString(r));
+        fail("NCCL failed in %s on group '%s' (rank %d of %d): %s: %s", op, g->name, g->rank, g->size,
+             ncclGetErrorString(r), ncclGetLastError(g->nccl));
     }
 }
 
@@ -65,7 +66,9 @@ static inline void comm_group_streams(CommGroup* g) {
     cudaCheck(cudaEventCreateWithFlags(&g->ready, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&g->done, cudaEventDisableTiming));
     for (int i = 0; i < COMM_EVENTS; i++) cudaCheck(cudaEventCreateWithFlags(&g->events[i], cudaEventDisableTiming));
-    g->scalar = (float*)device_malloc(64);
+    g->scalar = (float*)device_malloc(64 + 2 * sizeof(float));
+    g->connected = (unsigned char*)calloc((size_t)g->size, 1);
+    if (g->connected == NULL) fail("out of host memory for group '%s'", g->name);
 }
 
 static inline void comm_init(CommGroup* world, int* argc, char*** argv) {
@@ -170,6 +173,7 @@ static inline void comm_group_free(CommGroup* g) {
     for (int i = 0; i < 2 * g->timing_capacity; i++) cudaEventDestroy(g->timing[i]);
     free(g->timing);
     free(g->timing_what);
+    free(g->connected);
     device_free(g->scalar);
 }
 
@@ -368,6 +372,30 @@ static inline void comm_broadcast_host(CommGroup* g, void* buf, size_t bytes, in
     copy_device_to_host(buf, g->scalar, bytes);
 }
 
+// An exchange's sends and receives as one NCCL group on the comm stream.
+// NCCL connects two ranks lazily, on the host, in the group of their first send/recv; where one
+// bootstrap message carries both directions' connection info (a group of 2, or ranks size/2
+// apart), both ranks must connect the same directions in that group. A pipeline's first exchange
+// breaks that: stage 0 sends an activation and receives a gradient, stage 1 only receives
+// (NCCL: "Message truncated : received 1024 bytes instead of 512", then a hang). So the group of
+// a pair's first use also carries one float each way, on both ranks, whatever they exchange:
+// both connect both directions at once. (Not counted: it carries no data.)
+static inline void nccl_post_messages(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype) {
+    nccl_check(ncclGroupStart(), g, "exchange");
+    for (int i = 0; i < count; i++) {
+        int peer = msgs[i].peer;
+        if (g->connected[peer] || peer == g->rank) continue;
+        g->connected[peer] = 1;
+        nccl_check(ncclSend(g->scalar + 16, 1, ncclFloat, peer, g->nccl, g->stream), g, "connect");
+        nccl_check(ncclRecv(g->scalar + 17, 1, ncclFloat, peer, g->nccl, g->stream), g, "connect");
+    }
+    for (int i = 0; i < count; i++) {
+        if (msgs[i].is_send) nccl_check(ncclSend(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "send");
+        else nccl_check(ncclRecv(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "recv");
+    }
+    nccl_check(ncclGroupEnd(), g, "exchange");
+}
+
 // n elements of dtype (bf16 activations, fp32 gradients) to rank dest, and from rank src
 static inline void comm_send(CommGroup* g, const void* buf, size_t n, CommDtype dtype, int dest) {
     comm_count(g, COMM_SEND, n * comm_dtype_bytes(dtype));
@@ -381,7 +409,8 @@ static inline void comm_send(CommGroup* g, const void* buf, size_t n, CommDtype 
     }
 #endif
     comm_begin(g);
-    nccl_check(ncclSend(buf, n, comm_nccl_type(dtype), dest, g->nccl, g->stream), g, "send");
+    CommMessage msg = comm_message((void*)buf, n, dest, 1);
+    nccl_post_messages(g, &msg, 1, dtype);
     comm_end(g);
 }
 
@@ -397,18 +426,9 @@ static inline void comm_recv(CommGroup* g, void* buf, size_t n, CommDtype dtype,
     }
 #endif
     comm_begin(g);
-    nccl_check(ncclRecv(buf, n, comm_nccl_type(dtype), src, g->nccl, g->stream), g, "recv");
+    CommMessage msg = comm_message(buf, n, src, 0);
+    nccl_post_messages(g, &msg, 1, dtype);
     comm_end(g);
-}
-
-// an exchange's sends and receives as one NCCL group on the comm stream
-static inline void nccl_post_messages(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype) {
-    nccl_check(ncclGroupStart(), g, "exchange");
-    for (int i = 0; i < count; i++) {
-        if (msgs[i].is_send) nccl_check(ncclSend(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "send");
-        else nccl_check(ncclRecv(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "recv");
-    }
-    nccl_check(ncclGroupEnd(), g, "exchange");
 }
 
 // sends and receives of device buffers to and from several ranks at once: NCCL's group call
