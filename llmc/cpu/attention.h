@@ -2,6 +2,8 @@
 #ifndef LLMC_CPU_ATTENTION_H
 #define LLMC_CPU_ATTENTION_H
 
+#include "device.h"  // (kernel_times.h: the launchers time themselves with LLMC_KERNEL_TIMES=1)
+
 #include <math.h>
 #include <string.h>
 #include "clones.h"

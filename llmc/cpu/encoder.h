@@ -2,6 +2,8 @@
 #ifndef LLMC_CPU_ENCODER_H
 #define LLMC_CPU_ENCODER_H
 
+#include "device.h"  // (kernel_times.h: the launchers time themselves with LLMC_KERNEL_TIMES=1)
+
 // out (B, T, C) = wte[inp[b, t]] (Vp, C) + wpe[t] (maxT, C). A token id of -1 reads a row of
 // zeros and wpe may be NULL: a vocabulary-parallel embedding passes -1 for the tokens whose rows
 // live on another rank, and adds wpe on one rank only (train_gpt2_tp.cu).

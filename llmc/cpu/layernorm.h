@@ -2,6 +2,8 @@
 #ifndef LLMC_CPU_LAYERNORM_H
 #define LLMC_CPU_LAYERNORM_H
 
+#include "device.h"  // (kernel_times.h: the launchers time themselves with LLMC_KERNEL_TIMES=1)
+
 #include <math.h>
 #include "clones.h"
 

@@ -5,6 +5,8 @@
 #ifndef LLMC_CPU_OUTER_H
 #define LLMC_CPU_OUTER_H
 
+#include "device.h"  // (kernel_times.h: the launchers time themselves with LLMC_KERNEL_TIMES=1)
+
 #include <stddef.h>
 #include "../precision.h"
 
