@@ -3576,6 +3576,84 @@ def run_test_named(name):  # in a worker process of the pool (forked: it has eve
 IN_MAIN_PROCESS = {"cuda_compiles_for_sm80_and_sm90"}
 
 
+# ---------------------------------------------------------------------------------------------
+# LLMC_KERNEL_TIMES=1 (llmc/kernel_times.h): the step's time by kind of launch
+
+def kernel_times_table(out):
+    """{kind: (calls a step, ms a step)}, the time outside the launchers and the step, as printed"""
+    rows, outside, step = {}, None, None
+    table = out[out.index("kernel times on rank 0"):]
+    for line in table.splitlines()[2:]:
+        m = re.match(r"^  (.+?)\s+([0-9.]+)?\s+([0-9.]+)\s+-?[0-9.]+%$", line)
+        if m is None:
+            break
+        name, calls, ms = m.group(1), m.group(2), float(m.group(3))
+        if name.startswith("outside the launchers"):
+            outside = ms
+        elif name == "step":
+            step = ms
+        else:
+            rows[name] = (float(calls), ms)
+    return rows, outside, step
+
+
+def check_kernel_times(program, out, L, C, Vp):
+    rows, outside, step = kernel_times_table(out)
+    # the launches of one train_gpt2_dp step of an L-layer GPT-2, counted from the model
+    # (block.h's halves, the trainer's LayerNorms, one AdamW launch per tensor and layer)
+    expected = {"encoder forward": 1, "layernorm forward": 1, "residual + layernorm forward": 2 * L,
+                "attention forward": L, "gelu forward": L, "classifier (softmax, loss, dlogits)": 1,
+                "layernorm backward": 2 * L + 1, "attention backward": L, "gelu backward": L, "encoder backward": 1,
+                "gradient norm": 1, "adamw": 12 * L + 4}
+    for K, OC, n in ((C, 3 * C, L), (C, C, L), (C, 4 * C, L), (4 * C, C, L), (C, Vp, 1)):
+        for kind in ("forward", "dinp", "dweight"):
+            expected["matmul %s %d->%d" % (kind, K, OC)] = n
+    for name, calls in expected.items():
+        assert name in rows, "%s: no row '%s' in\n%s" % (program, name, out[-3000:])
+        assert rows[name][0] == calls, "%s: '%s' %g calls a step, expected %d" % (program, name, rows[name][0], calls)
+    others = set(rows) - set(expected)
+    assert all(n == "memset" or n.startswith("copy ") for n in others), "%s: unexpected kinds %s" % (program, others)
+    # the rows and what fell outside them add up to the step (each printed to 0.001 ms)
+    total = sum(ms for _, ms in rows.values()) + outside
+    assert all(ms >= 0 for _, ms in rows.values()) and outside >= -0.01, out[-3000:]
+    assert abs(total - step) <= 0.001 * (len(rows) + 2), "%s: rows add to %.3f ms, the step is %.3f" % (program, total, step)
+    return rows
+
+
+@test
+def kernel_times_count_every_launch_of_the_step_and_name_the_rooflines_rows():
+    """LLMC_KERNEL_TIMES=1 on the CPU backend and the CUDA one under the emulator: each kind of launch
+    is called as often a step as the model says (L qkv GEMMs, 2L + 1 LayerNorm backwards, 12L + 4
+    AdamW launches, ...), the rows and the time outside them add to the step, and every kind is one
+    dev/bench/roofline.py predicts, so that its -measured table joins them (it fails if a launcher's
+    name and the roofline's drift apart)"""
+    L, C, B, T = 2, 128, 2, 64
+    (emu,) = build("emu", "BF16", ["train_gpt2_dp"])
+    roof = subprocess.run([sys.executable, "dev/bench/roofline.py", "-e", "d%d" % L, "-b", str(B), "-t", str(T), "-json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert roof.returncode == 0, roof.stderr
+    predicted = {r["launch"] for r in json.loads(roof.stdout)["rows"]}
+    for program in ("./train_gpt2_dp", emu):
+        p = subprocess.run([program, "-e", "d%d" % L, "-b", str(B), "-t", str(T), "-x", "3", "-v", "0", "-s", "0"],
+                           cwd=ROOT, env=dict(os.environ, LLMC_KERNEL_TIMES="1", OMP_NUM_THREADS="2"),
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        rows = check_kernel_times(program, p.stdout, L, C, 50304)
+        unknown = {n for n in rows if not n.startswith("copy ")} - predicted
+        assert not unknown, "%s: kinds the roofline has no row for: %s" % (program, unknown)
+        log = os.path.join(fresh_dir("kernel_times"), "out.log")
+        with open(log, "w") as f:
+            f.write(p.stdout)
+        joined = subprocess.run([sys.executable, "dev/bench/roofline.py", "-e", "d%d" % L, "-b", str(B), "-t", str(T),
+                                 "-precision", "fp32" if program == "./train_gpt2_dp" else "bf16", "-measured", log],
+                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert joined.returncode == 0 and "matmul forward 128->384" in joined.stdout, joined.stdout + joined.stderr
+    # without the variable: no table, and the launchers' timing costs nothing
+    p = subprocess.run(["./train_gpt2_dp", "-e", "d%d" % L, "-b", str(B), "-t", str(T), "-x", "2", "-v", "0", "-s", "0"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "kernel times" not in p.stdout, p.stdout[-2000:]
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     free = shutil.disk_usage(TMP).free
