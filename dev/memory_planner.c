@@ -7,6 +7,12 @@
 //   make dev/memory_planner
 //   dev/memory_planner -e d48 -b 4 -t 1024 -device cuda -dp 8 -z 3 -r 2    one layout's table
 //   dev/memory_planner -e d48 -b 4 -t 1024 -device cuda -search 8          every layout of 8 GPUs
+//   dev/memory_planner -e d4 -b 4 -t 64 -dp 2 -device cpu                  the quick start's run
+//
+// Its defaults are a GPU's, not the trainers': -t 1024 (the trainers' -t is 64), -device cuda in
+// bf16 (-device cpu plans the CPU backend, fp32), -mem 80 (GB, an H100). Ranks are -dp (-tp,
+// -pp, -cp): "mpirun -np 2 ./train_gpt2_dp" is -dp 2. -e, -b, -d, -z, -r, -n mean what the trainers'
+// flags of those letters mean, with the same defaults.
 //
 // A layout is run by the trainer that holds it: data parallelism alone (with ZeRO and -offload)
 // by train_gpt2_dp, tensor parallelism alone by train_gpt2_tp, a pipeline alone by train_gpt2_pp,
@@ -131,7 +137,8 @@ static void try_layout(Candidate** fits, int* count, int* capacity, int* tried, 
 }
 
 int main(int argc, char** argv) {
-    const char *model = "d12", *device = "cuda", *precision = "bf16", *attention = "flash", *sched_name = "1f1b";
+    llmc_rank = -1;  // no ranks here: messages are "error: ...", without "[rank 0]"
+    const char *model = "d12", *device = "cuda", *precision = NULL, *attention = "flash", *sched_name = "1f1b";
     const char* trainer_name = NULL;
     int B = 4, T = 1024, total_batch = -1, dp = 1, tp = 1, pp = 1, vp = 1, zero = 0, sp = 0, recompute = 0, offload = 0, cp = 1;
     const char* cp_comm = "ring";
@@ -144,7 +151,7 @@ int main(int argc, char** argv) {
         {"-t", ARG_INT, &T, 1, ARG_NO_MAX, "sequence length"},
         {"-d", ARG_INT, &total_batch, -1, ARG_NO_MAX, "total batch in tokens (-1: one micro-batch per step on each replica, as the trainers; with -search, B*T*N)"},
         {"-device", ARG_STRING, &device, 0, 0, "the backend planned for: cuda or cpu"},
-        {"-precision", ARG_STRING, &precision, 0, 0, "bf16 or fp32 (the CPU backend is fp32)"},
+        {"-precision", ARG_STRING, &precision, 0, 0, "bf16 or fp32 (default: bf16 on cuda, fp32 on cpu, the CPU backend's only)"},
         {"-attention", ARG_STRING, &attention, 0, 0, "flash or cublas (LLMC_ATTENTION; flash needs bf16 and a head size of 16, 32 or 64)"},
         {"-mem", ARG_FLOAT, &memory_gb, 0, ARG_NO_MAX, "device memory in GB (1e9 bytes): 80 for an H100, 141 for an H200"},
         {"-dp", ARG_INT, &dp, 1, ARG_NO_MAX, "data-parallel replicas"},
@@ -183,10 +190,11 @@ int main(int argc, char** argv) {
     if (strcmp(device, "cuda") == 0) target.cuda = 1;
     else if (strcmp(device, "cpu") == 0) target.cuda = 0;
     else fail("-device %s: expected cuda or cpu", device);
+    if (precision == NULL) precision = target.cuda ? "bf16" : "fp32";  // as the trainers' builds
     if (strcmp(precision, "bf16") == 0) target.X = 2;
     else if (strcmp(precision, "fp32") == 0) target.X = 4;
     else fail("-precision %s: expected bf16 or fp32", precision);
-    if (!target.cuda && target.X != 4) fail("-device cpu trains in fp32 only: add -precision fp32");
+    if (!target.cuda && target.X != 4) fail("-device cpu trains in fp32 only: -precision bf16 is the CUDA backend's (leave -precision out)");
     int hs = c.channels / c.num_heads;
     if (strcmp(attention, "flash") == 0) target.flash = target.cuda && flash_attention_supports(target.X, hs);
     else if (strcmp(attention, "cublas") == 0) target.flash = 0;

@@ -3,6 +3,9 @@
 // an integer that would not fit an int (no silent wrap: 4294967298 is not 2), a float that is not
 // finite, or a value outside its range prints what was expected and stops, before any work.
 // An "enum" such as -shuffle 0|1 is an integer whose range holds exactly its values.
+// Every rank parses the same command line before the ranks connect, so a flag error is printed
+// once, by the launcher's rank 0, and every rank exits 1 (no MPI_Abort: MPI is not started yet).
+// A flag that another trainer takes says which (args_flag_owners); --help prints the defaults.
 #ifndef LLMC_ARGS_H
 #define LLMC_ARGS_H
 
@@ -36,39 +39,147 @@ static inline void args_format_range(const ArgSpec* s, char* out, size_t cap) {
     } else snprintf(out, cap, "%s..%s", lo, hi);
 }
 
-// to stdout when asked for (-h, --help: it can be piped to less), to stderr before an error
+// The flags only some trainers take, and which (the common flags of llmc/train.h are every
+// trainer's): an unknown flag that another trainer takes says so. The test
+// flag_owners_match_the_trainers checks this table against every trainer's --help.
+typedef struct {
+    const char* flag;
+    const char* trainers;
+} ArgOwner;
+static const ArgOwner args_flag_owners[] = {
+    {"-z", "train_gpt2_dp and train_gpt2_3d"},
+    {"-overlap", "train_gpt2_dp"},
+    {"-offload", "train_gpt2_dp"},
+    {"-dump_logits", "train_gpt2_dp"},
+    {"-dump_grads", "train_gpt2_dp, train_gpt2_tp, train_gpt2_pp, train_gpt2_3d and train_gpt2_cp"},
+    {"-check_replicas", "train_gpt2_dp, train_gpt2_tp, train_gpt2_pp, train_gpt2_3d and train_gpt2_cp"},
+    {"-dp", "train_gpt2_3d (train_gpt2_dp's replicas are its ranks)"},
+    {"-tp", "train_gpt2_tp and train_gpt2_3d"},
+    {"-sp", "train_gpt2_tp and train_gpt2_3d"},
+    {"-pp", "train_gpt2_pp and train_gpt2_3d"},
+    {"-sched", "train_gpt2_pp and train_gpt2_3d"},
+    {"-vp", "train_gpt2_pp and train_gpt2_3d"},
+    {"-timeline", "train_gpt2_pp and train_gpt2_3d"},
+    {"-cp", "train_gpt2_cp and train_gpt2_3d"},
+    {"-cp_layout", "train_gpt2_cp and train_gpt2_3d"},
+    {"-cp_comm", "train_gpt2_cp and train_gpt2_3d"},
+    {"-workers", "train_gpt2_diloco"},
+    {"-H", "train_gpt2_diloco"},
+    {"-outer_lr", "train_gpt2_diloco"},
+    {"-outer_momentum", "train_gpt2_diloco"},
+    {"-fragments", "train_gpt2_diloco"},
+    {"-outer_dtype", "train_gpt2_diloco"},
+    {"-dump_outer", "train_gpt2_diloco"},
+};
+// llm.c's flags that this project does not have (DESIGN.md section 8 keeps their letters free)
+static const char* args_llmc_only[] = {"-k", "-lg", "-nk", "-nm", "-a", "-f", "-w", "-ge", "-pn", "-pr", "-pg",
+                                       "-pf", "-ps", "-pi"};
+
+static inline const char* args_program_name(const char* argv0) {
+    const char* slash = strrchr(argv0, '/');
+    return slash ? slash + 1 : argv0;
+}
+
+// A flag error: the message and, with hint, a one-line pointer to --help, printed by the
+// launcher's rank 0 only (every rank parses the same flags); every rank exits 1
+static inline void args_fail(const char* program, int hint, const char* fmt, ...) {
+    if (llmc_launcher_rank() == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        fprintf(stderr, "error: ");
+        vfprintf(stderr, fmt, ap);
+        fprintf(stderr, "\n");
+        va_end(ap);
+        if (hint) fprintf(stderr, "run %s --help for every flag, its default and its range\n", program);
+        fflush(stderr);
+    }
+    exit(1);
+}
+
+// the value a flag holds now, as text
+static inline void args_format_value(const ArgSpec* s, char* out, size_t cap) {
+    if (s->type == ARG_INT) snprintf(out, cap, "%d", *(int*)s->value);
+    if (s->type == ARG_FLOAT) snprintf(out, cap, "%g", *(float*)s->value);
+    if (s->type == ARG_STRING) {
+        const char* v = *(const char**)s->value;
+        snprintf(out, cap, "%s", v ? v : "(none)");
+    }
+}
+
+// to stdout when asked for (-h, --help: it can be piped to less); the values printed are the
+// flags' current ones, so args_parse prints it before reading any flag: the defaults
 static inline void args_print_usage(FILE* out, const char* program, const ArgSpec* specs, int n) {
     fprintf(out, "usage: %s [flags]\n", program);
     for (int i = 0; i < n; i++) {
         char current[64], range[80];
-        if (specs[i].type == ARG_INT) snprintf(current, sizeof(current), "%d", *(int*)specs[i].value);
-        if (specs[i].type == ARG_FLOAT) snprintf(current, sizeof(current), "%g", *(float*)specs[i].value);
-        if (specs[i].type == ARG_STRING) {
-            const char* s = *(const char**)specs[i].value;
-            snprintf(current, sizeof(current), "%s", s ? s : "(none)");
-        }
+        args_format_value(&specs[i], current, sizeof(current));
         args_format_range(&specs[i], range, sizeof(range));
         fprintf(out, "  %-12s %s (default: %s%s%s)\n", specs[i].flag, specs[i].help, current,
                 range[0] ? "; allowed: " : "", range);
     }
 }
 
-// returns 0 when the usage was asked for (-h, -help or --help: printed), 1 otherwise
+static inline int args_is_help(const char* a) {
+    return strcmp(a, "--help") == 0 || strcmp(a, "-help") == 0 || strcmp(a, "-h") == 0;
+}
+
+// why flag is not one of specs: another trainer's, llm.c's, or a double dash; "" when none of these
+static inline void args_unknown_note(const char* flag, const char* program, const ArgSpec* specs, int n, char* out,
+                                     size_t cap) {
+    out[0] = '\0';
+    if (strncmp(flag, "--", 2) == 0 && flag[2] != '\0') {  // --tp: -tp's note, or the one dash
+        for (int j = 0; j < n; j++) {
+            if (strcmp(flag + 1, specs[j].flag) == 0) {
+                snprintf(out, cap, ": flags take one dash, as in llm.c: %s", specs[j].flag);
+                return;
+            }
+        }
+        args_unknown_note(flag + 1, program, specs, n, out, cap);
+        size_t len = strlen(out);
+        if (len == 0) snprintf(out, cap, ": flags take one dash, as in llm.c (-x for the steps, -i for the data, ...)");
+        else snprintf(out + len, cap - len, " (and flags take one dash)");
+        return;
+    }
+    for (size_t k = 0; k < sizeof(args_flag_owners) / sizeof(args_flag_owners[0]); k++) {
+        if (strcmp(flag, args_flag_owners[k].flag) == 0) {
+            snprintf(out, cap, ": %s is a flag of %s, not of %s", flag, args_flag_owners[k].trainers, program);
+            return;
+        }
+    }
+    for (size_t k = 0; k < sizeof(args_llmc_only) / sizeof(args_llmc_only[0]); k++) {
+        if (strcmp(flag, args_llmc_only[k]) == 0) {
+            snprintf(out, cap, ": %s is llm.c's, and this project has no such flag", flag);
+            return;
+        }
+    }
+}
+
+// returns 0 when the usage was asked for (-h, -help or --help anywhere: printed, with the
+// defaults, by the launcher's rank 0), 1 otherwise. Registers the string flags' variables for
+// path_origin (utils.h), so that a file error names the flag of its path.
 static inline int args_parse(int argc, char** argv, const ArgSpec* specs, int n) {
-    for (int i = 1; i < argc; i += 2) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-help") == 0 || strcmp(argv[i], "-h") == 0) {
-            args_print_usage(stdout, argv[0], specs, n);
+    const char* program = args_program_name(argv[0]);
+    llmc_launched_alone();  // (read before MPI_Init changes what it reads)
+    for (int i = 1; i < argc; i++) {
+        if (args_is_help(argv[i])) {
+            if (llmc_launcher_rank() == 0) args_print_usage(stdout, argv[0], specs, n);
             return 0;
         }
-        const ArgSpec* spec = NULL;
+    }
+    int given[256] = {0};
+    for (int i = 1; i < argc; i += 2) {
+        int index = -1;
         for (int j = 0; j < n; j++) {
-            if (strcmp(argv[i], specs[j].flag) == 0) spec = &specs[j];
+            if (strcmp(argv[i], specs[j].flag) == 0) index = j;
         }
-        if (spec == NULL) {
-            args_print_usage(stderr, argv[0], specs, n);
-            fail("unknown flag '%s' (see the list above)", argv[i]);
+        if (index < 0) {
+            char note[256];
+            args_unknown_note(argv[i], program, specs, n, note, sizeof(note));
+            args_fail(argv[0], 1, "unknown flag '%s'%s", argv[i], note);
         }
-        if (i + 1 >= argc) fail("flag '%s' needs a value: %s", argv[i], spec->help);
+        const ArgSpec* spec = &specs[index];
+        if (index < 256) given[index] = 1;
+        if (i + 1 >= argc) args_fail(argv[0], 1, "flag '%s' needs a value: %s", argv[i], spec->help);
         const char* text = argv[i + 1];
         char* end = NULL;
         char range[80];
@@ -77,29 +188,38 @@ static inline int args_parse(int argc, char** argv, const ArgSpec* specs, int n)
             // parsed as 64 bits first, so a value past INT_MAX is reported instead of wrapped
             errno = 0;
             long long v = strtoll(text, &end, 10);
-            if (*text == '\0' || *end != '\0') fail("flag '%s' expects an integer, got '%s'", argv[i], text);
+            if (*text == '\0' || *end != '\0') args_fail(argv[0], 0, "flag '%s' expects an integer, got '%s'", argv[i], text);
             if (errno == ERANGE || v < INT_MIN || v > INT_MAX) {
-                fail("flag '%s' is %s, which does not fit a 32-bit int (at most %d)", argv[i], text, INT_MAX);
+                args_fail(argv[0], 0, "flag '%s' is %s, which does not fit a 32-bit int (at most %d)", argv[i], text, INT_MAX);
             }
             if (v < spec->min || v > spec->max) {
-                fail("flag '%s' is %s, outside its allowed range %s: %s", argv[i], text, range, spec->help);
+                args_fail(argv[0], 0, "flag '%s' is %s, outside its allowed range %s: %s", argv[i], text, range, spec->help);
             }
             *(int*)spec->value = (int)v;
         } else if (spec->type == ARG_FLOAT) {
             // nan and inf parse as numbers; they would train silently on non-finite weights
             double v = strtod(text, &end);
-            if (*text == '\0' || *end != '\0') fail("flag '%s' expects a number, got '%s'", argv[i], text);
+            if (*text == '\0' || *end != '\0') args_fail(argv[0], 0, "flag '%s' expects a number, got '%s'", argv[i], text);
             if (!isfinite(v) || !isfinite((float)v) || (v != 0.0 && (float)v == 0.0f)) {
-                fail("flag '%s' is %s: expected a finite number that fits a float (magnitude "
-                     "between 1e-45 and 3.4e38, or 0)", argv[i], text);
+                args_fail(argv[0], 0, "flag '%s' is %s: expected a finite number that fits a float (magnitude "
+                          "between 1e-45 and 3.4e38, or 0)", argv[i], text);
             }
             if (v < spec->min || v > spec->max) {
-                fail("flag '%s' is %s, outside its allowed range %s: %s", argv[i], text, range, spec->help);
+                args_fail(argv[0], 0, "flag '%s' is %s, outside its allowed range %s: %s", argv[i], text, range, spec->help);
             }
             *(float*)spec->value = (float)v;
         } else {
             *(const char**)spec->value = text;
         }
+    }
+    llmc_num_path_flags = 0;
+    for (int j = 0; j < n && llmc_num_path_flags < LLMC_PATH_FLAGS; j++) {
+        if (specs[j].type != ARG_STRING) continue;
+        PathFlag* p = &llmc_path_flags[llmc_num_path_flags++];
+        p->flag = specs[j].flag;
+        p->value = (const char* const*)specs[j].value;
+        p->help = specs[j].help;
+        p->given = j < 256 && given[j];
     }
     return 1;
 }

@@ -48,6 +48,9 @@ static inline void dataloader_make_order(DataLoader* dl) {
     }
 }
 
+// Every rank of the world calls it at the same point (the trainers: run_load), for the same file:
+// a missing or malformed file is a check every rank makes (check_every_rank: printed once), and
+// the message names the flag that gave the path (-i, -j)
 static inline void dataloader_init(DataLoader* dl, const char* path, int B, int T, int chunks,
                                    int shuffle, uint64_t seed) {
     memset(dl, 0, sizeof(*dl));
@@ -57,31 +60,36 @@ static inline void dataloader_init(DataLoader* dl, const char* path, int B, int 
     dl->chunks = chunks;
     dl->shuffle = shuffle;
     dl->seed = seed;
-    dl->file = fopen_check(path, "rb");
-    long bytes = file_size_check(dl->file, path);
+    dl->file = fopen_every_rank(path, "rb");
+    char why[1024] = "";
+    const char* flag = path_origin(path);
+    long bytes = -1;
     int header[256];
-    if (bytes < (long)TOKENS_HEADER_BYTES) {
-        fail("token file '%s' is %ld bytes, shorter than its 1024-byte header", path, bytes);
+    if (fseek(dl->file, 0, SEEK_END) == 0) bytes = ftell(dl->file);
+    if (bytes < 0 || fseek(dl->file, 0, SEEK_SET) != 0) {
+        snprintf(why, sizeof(why), "cannot tell the size of token file '%s'%s", path, flag);
+    } else if (bytes < (long)TOKENS_HEADER_BYTES) {
+        snprintf(why, sizeof(why), "token file '%s'%s is %ld bytes, shorter than its 1024-byte header", path, flag, bytes);
+    } else if (fread(header, sizeof(int), 256, dl->file) != 256) {
+        snprintf(why, sizeof(why), "token file '%s'%s is unreadable: %s", path, flag, strerror(errno));
+    } else if (header[0] != TOKENS_MAGIC) {
+        snprintf(why, sizeof(why), "token file '%s'%s has magic number %d, expected %d (an llm.c token file)", path, flag,
+                 header[0], TOKENS_MAGIC);
+    } else if (header[1] != TOKENS_VERSION) {
+        snprintf(why, sizeof(why), "token file '%s'%s has version %d, expected %d", path, flag, header[1], TOKENS_VERSION);
+    } else {
+        dl->num_tokens = (size_t)(unsigned)header[2];
+        long expected = (long)(TOKENS_HEADER_BYTES + dl->num_tokens * sizeof(uint16_t));
+        dl->global_batch_tokens = (size_t)B * T * chunks;
+        if (bytes != expected) {
+            snprintf(why, sizeof(why), "token file '%s'%s is %ld bytes, but its header promises %zu tokens (%ld bytes): "
+                     "truncated or corrupt", path, flag, bytes, dl->num_tokens, expected);
+        } else if (dl->num_tokens < dl->global_batch_tokens + 1) {
+            snprintf(why, sizeof(why), "token file '%s'%s holds %zu tokens, fewer than one global batch of %zu (+1 target)",
+                     path, flag, dl->num_tokens, dl->global_batch_tokens);
+        }
     }
-    fread_check(header, sizeof(int), 256, dl->file, path);
-    if (header[0] != TOKENS_MAGIC) {
-        fail("token file '%s' has magic number %d, expected %d (an llm.c token file)", path,
-             header[0], TOKENS_MAGIC);
-    }
-    if (header[1] != TOKENS_VERSION) {
-        fail("token file '%s' has version %d, expected %d", path, header[1], TOKENS_VERSION);
-    }
-    dl->num_tokens = (size_t)(unsigned)header[2];
-    long expected = (long)(TOKENS_HEADER_BYTES + dl->num_tokens * sizeof(uint16_t));
-    if (bytes != expected) {
-        fail("token file '%s' is %ld bytes, but its header promises %zu tokens (%ld bytes): "
-             "truncated or corrupt", path, bytes, dl->num_tokens, expected);
-    }
-    dl->global_batch_tokens = (size_t)B * T * chunks;
-    if (dl->num_tokens < dl->global_batch_tokens + 1) {
-        fail("token file '%s' holds %zu tokens, fewer than one global batch of %zu (+1 target)",
-             path, dl->num_tokens, dl->global_batch_tokens);
-    }
+    check_every_rank(why[0] == '\0', "%s", why);
     dl->batches_per_epoch = (dl->num_tokens - 1) / dl->global_batch_tokens;
     dl->order = (size_t*)malloc_check(dl->batches_per_epoch * sizeof(size_t));
     dl->buffer = (uint16_t*)malloc_check(((size_t)B * T + 1) * sizeof(uint16_t));
@@ -111,8 +119,8 @@ static inline void dataloader_load_chunk(DataLoader* dl, int chunk, int vocab_si
     fread_check(dl->buffer, sizeof(uint16_t), n + 1, dl->file, dl->path);
     for (size_t i = 0; i <= n; i++) {
         if (dl->buffer[i] >= vocab_size) {
-            fail("token file '%s': token %u at position %zu is outside the model's vocabulary "
-                 "of %d", dl->path, dl->buffer[i], first + i, vocab_size);
+            fail("token file '%s'%s: token %u at position %zu is outside the model's vocabulary "
+                 "of %d", dl->path, path_origin(dl->path), dl->buffer[i], first + i, vocab_size);
         }
     }
     for (size_t i = 0; i < n; i++) {

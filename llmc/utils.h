@@ -1,5 +1,7 @@
-// Checked wrappers around the C library: every failure names the file or call and stops the job.
-// In a multi-rank run comm.h installs an abort hook so that one rank's error ends every rank.
+// Checked wrappers around the C library: every failure names the file or call (and the flag that
+// gave the path) and stops the job. In a multi-rank run comm.h installs an abort hook so that one
+// rank's error ends every rank, and the hooks of check_every_rank, so that an error every rank
+// meets alike is printed once and ends the job without the launcher's abort report.
 #ifndef LLMC_UTILS_H
 #define LLMC_UTILS_H
 
@@ -14,23 +16,170 @@
 #include <unistd.h>
 #include <zlib.h>
 
-// set by comm_init: the rank used in messages and the way to end all ranks (MPI_Abort)
+// set by comm_init: the rank used in messages (-1: a tool without ranks, dev/memory_planner, whose
+// messages carry no "[rank N]") and the way to end all ranks (MPI_Abort)
 static int llmc_rank = 0;
 static void (*llmc_abort_hook)(int code) = NULL;
+// set by comm_init, for check_every_rank below: the number of ranks of the world whose flag is 1
+// (an all-reduce: every rank calls it at the same point), the world's size in *ranks; and the way
+// to end the communication layer in order (MPI_Finalize), so that a job whose every rank stops
+// on the same error exits without the launcher's abort report
+static int (*llmc_count_hook)(int flag, int* ranks) = NULL;
+static void (*llmc_finalize_hook)(void) = NULL;
 // called between the pieces of long file reads, writes and checksums: the watchdog's heartbeat
 static void (*llmc_progress_hook)(void) = NULL;
 #define LLMC_IO_PIECE ((size_t)1 << 26)  // 64 MB
 
+// What the launcher says before the ranks connect (MPI_Init): this process's rank (0 when there
+// is no launcher), and whether it runs alone (no launcher, or one of one rank): such a process
+// ends by exit(1) alone, without MPI_Abort's report. Unknown launchers count as several ranks.
+static inline int llmc_launcher_rank(void) {
+    const char* names[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"};
+    for (int i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++) {
+        const char* v = getenv(names[i]);
+        if (v != NULL && *v != '\0') return atoi(v);
+    }
+    const char* v = getenv("RANK");  // torchrun's variables (the CUDA backend without MPI)
+    return v != NULL && getenv("WORLD_SIZE") != NULL ? atoi(v) : 0;
+}
+
+// (cached at its first call, which args_parse makes before MPI_Init: a process that MPI_Init
+// starts alone, a singleton, is then given PMIX_RANK)
+static inline int llmc_launched_alone(void) {
+    static int alone = -1;
+    if (alone >= 0) return alone;
+    alone = 0;
+    const char* sizes[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "WORLD_SIZE"};
+    int named = 0;
+    for (int i = 0; i < (int)(sizeof(sizes) / sizeof(sizes[0])); i++) {
+        const char* v = getenv(sizes[i]);
+        if (v == NULL || *v == '\0') continue;
+        if (atoi(v) != 1) return alone;
+        named = 1;
+    }
+    alone = named || getenv("PMIX_RANK") == NULL;  // (PMIx names the rank, not the size)
+    return alone;
+}
+
+static inline void llmc_print_error(const char* fmt, va_list ap) {
+    if (llmc_rank < 0) fprintf(stderr, "error: ");
+    else fprintf(stderr, "[rank %d] error: ", llmc_rank);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    fflush(stderr);
+}
+
+// This rank's error: printed with the rank, then every rank ends (the abort hook, where there are others)
 static inline void fail(const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "[rank %d] error: ", llmc_rank);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    llmc_print_error(fmt, ap);
     va_end(ap);
-    fflush(stderr);
-    if (llmc_abort_hook) llmc_abort_hook(1);
+    if (llmc_abort_hook && !llmc_launched_alone()) llmc_abort_hook(1);
     exit(1);
+}
+
+// A check that every rank of the world makes at the same point (a layout, the flags, a file every
+// rank reads), ok being this rank's verdict; costs one all-reduce of an int. When every rank
+// fails it, the message is printed once, by rank 0, without a rank, and every rank ends the
+// communication layer in order and exits 1: the launcher reports an exit code, not an abort.
+// When only some fail (a file one machine cannot see), each of those prints with its rank and
+// the job is aborted. Before comm_init, or in a tool, it is fail().
+static inline void check_every_rank(int ok, const char* fmt, ...) {
+    va_list ap;
+    int ranks = 1, failing = ok ? 0 : 1;
+    if (llmc_count_hook != NULL) failing = llmc_count_hook(!ok, &ranks);
+    if (failing == 0) return;
+    if (llmc_count_hook != NULL && failing == ranks) {
+        if (llmc_rank <= 0) {
+            fprintf(stderr, "error: ");
+            va_start(ap, fmt);
+            vfprintf(stderr, fmt, ap);
+            va_end(ap);
+            fprintf(stderr, "\n");
+            fflush(stderr);
+        }
+        llmc_abort_hook = NULL;
+        if (llmc_finalize_hook) llmc_finalize_hook();
+        exit(1);
+    }
+    if (ok) {  // another rank failed: it prints and ends the job; this one waits to be ended
+        for (int s = 0; s < 60; s++) sleep(1);
+        if (llmc_abort_hook) llmc_abort_hook(1);
+        exit(1);
+    }
+    va_start(ap, fmt);
+    llmc_print_error(fmt, ap);
+    va_end(ap);
+    if (llmc_count_hook != NULL) fprintf(stderr, "[rank %d] (%d of the %d ranks failed this check)\n", llmc_rank, failing, ranks);
+    if (llmc_abort_hook && !llmc_launched_alone()) llmc_abort_hook(1);
+    exit(1);
+}
+
+// The flags whose values name files or directories (args_parse registers every string flag), so
+// that a file error says which flag gave the path: value points at the flag's variable, read
+// when the error happens, so it must outlive the run (main's variables, the Run struct)
+#define LLMC_PATH_FLAGS 48
+typedef struct {
+    const char* flag;
+    const char* const* value;
+    const char* help;
+    int given;  // 0: the default
+} PathFlag;
+static PathFlag llmc_path_flags[LLMC_PATH_FLAGS];
+static int llmc_num_path_flags = 0;
+
+// " (-i: train token file)" for a path that is a flag's value, " (in -o: output dir ...)" for one
+// inside a flag's directory, "" for any other; in a static buffer
+static inline const char* path_origin(const char* path) {
+    static char note[400];
+    note[0] = '\0';
+    for (int pass = 0; pass < 2 && note[0] == '\0'; pass++) {
+        for (int i = 0; i < llmc_num_path_flags; i++) {
+            const PathFlag* p = &llmc_path_flags[i];
+            const char* v = *p->value;
+            if (v == NULL || *v == '\0') continue;
+            size_t n = strlen(v);
+            int here = pass == 0 ? strcmp(path, v) == 0 : strncmp(path, v, n) == 0 && path[n] == '/';
+            if (!here) continue;
+            snprintf(note, sizeof(note), " (%s%s: %.200s%s)", pass == 0 ? "" : "in ", p->flag, p->help,
+                     p->given ? "" : "; the default");
+            break;
+        }
+    }
+    return note;
+}
+
+// why path could not be opened with mode (errno's reason, the flag that gave the path, where a
+// relative path starts), into why
+static inline void fopen_problem(const char* path, const char* mode, int err, char* why, size_t cap) {
+    const char* verb = mode[0] == 'r' ? "reading" : mode[0] == 'a' ? "appending" : "writing";
+    char where[4200] = "";
+    if (path[0] != '/') {
+        char cwd[4096];
+        if (getcwd(cwd, sizeof(cwd)) == NULL) snprintf(cwd, sizeof(cwd), "(unknown)");
+        snprintf(where, sizeof(where), "; a relative path starts at the working directory, %s", cwd);
+    }
+    snprintf(why, cap, "cannot open file '%s'%s for %s: %s%s", path, path_origin(path), verb, strerror(err), where);
+}
+
+static inline FILE* fopen_check(const char* path, const char* mode) {
+    FILE* f = fopen(path, mode);
+    if (f == NULL) {
+        char why[8192];
+        fopen_problem(path, mode, errno, why, sizeof(why));
+        fail("%s", why);
+    }
+    return f;
+}
+
+// fopen_check where every rank of the world opens the same file at the same point (check_every_rank)
+static inline FILE* fopen_every_rank(const char* path, const char* mode) {
+    FILE* f = fopen(path, mode);
+    char why[8192] = "";
+    if (f == NULL) fopen_problem(path, mode, errno, why, sizeof(why));
+    check_every_rank(f != NULL, "%s", why);
+    return f;
 }
 
 static inline void* malloc_check(size_t bytes) {
@@ -43,12 +192,6 @@ static inline void* calloc_check(size_t count, size_t size) {
     void* p = calloc(count, size);
     if (p == NULL && count > 0) fail("calloc of %zu x %zu bytes failed", count, size);
     return p;
-}
-
-static inline FILE* fopen_check(const char* path, const char* mode) {
-    FILE* f = fopen(path, mode);
-    if (f == NULL) fail("cannot open file '%s' (mode %s): %s", path, mode, strerror(errno));
-    return f;
 }
 
 // reads exactly count items or stops with the file name and what was missing
