@@ -249,6 +249,12 @@ static void print_layout(const Run* run, const ContextParallel* cp, int accum) {
                2 + rerun);
     }
     printf("  all-reduce     %12.0f bytes  P X (the gradients, SUM) + 4 (the loss)\n", all_reduce);
+    // on the link (the step line's "ring"): a ring all-reduce sends 2 (cp-1)/cp of its payload,
+    // an all-gather or reduce-scatter (cp-1)/cp, a send its whole message
+    double share = (n - 1.0) / n;
+    printf("  on the link    %12.0f bytes  2 (cp-1)/cp all-reduce + %s\n",
+           2 * share * all_reduce + (cp->allgather ? share * (b.all_gather + b.reduce_scatter) : b.send),
+           cp->allgather ? "(cp-1)/cp (all-gather + reduce-scatter)" : "send");
 }
 
 int main(int argc, char** argv) {

@@ -244,6 +244,11 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st) {
     printf("  recv           %12.0f bytes  the same, the other way\n", b.recv);
     printf("  all-reduce     %12.0f bytes  Vp C X (wte's gradient, embedding group) + 4 (norm)\n", b.all_reduce);
     printf("  broadcast      %12.0f bytes  4 (the loss, from the last stage)\n", b.broadcast);
+    // on the link (the step line's "ring"): the sends whole, the embedding group's all-reduce of 2
+    // ranks as a ring (2 (2-1)/2 of it), the norm's over the pipe 2 (p-1)/p of 4 bytes
+    if (s.p > 1)
+        printf("  on the link    %12.0f bytes  send + Vp C X + 2 (p-1)/p 4\n",
+               b.send + (b.all_reduce - 4) + 2.0 * (s.p - 1) / s.p * 4);
     printf("  the whole pipeline sends (pV-1) boundaries x 2 m B T C X = %.0f bytes per step\n",
            (double)(s.p * s.V - 1) * 2 * s.m * message);
 }

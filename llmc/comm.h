@@ -222,10 +222,13 @@ static inline long long comm_total_bytes(const CommGroup* g) {
 
 // What this rank sends over the wire for the counted calls if every collective is a ring (as
 // NCCL's are on one node): an all-reduce of S bytes is a reduce-scatter then an all-gather, and
-// each of those passes (N-1)/N of S through every rank's link. (Broadcasts and sends are not counted.)
+// each of those passes (N-1)/N of S through every rank's link; a point-to-point send (CP's K,V
+// ring, PP's activations, DiLoCo's bf16 exchanges) passes its whole message. (Broadcasts, which
+// carry only the loss here, are not counted.)
 static inline double comm_ring_bytes(const CommGroup* g) {
     double share = g->size > 1 ? (double)(g->size - 1) / g->size : 0.0;
-    return share * (2.0 * g->bytes[COMM_ALL_REDUCE] + g->bytes[COMM_REDUCE_SCATTER] + g->bytes[COMM_ALL_GATHER]);
+    return share * (2.0 * g->bytes[COMM_ALL_REDUCE] + g->bytes[COMM_REDUCE_SCATTER] + g->bytes[COMM_ALL_GATHER]) +
+           (double)g->bytes[COMM_SEND];
 }
 
 static inline void comm_reset_counters(CommGroup* g) {

@@ -112,8 +112,9 @@ static inline StepReport step_report_init(CommGroup** groups, int num_groups) {
     return r;
 }
 
-// the step's communication, summed over the groups: bytes handed to collectives, bytes a ring
-// sends, time from post to completion (flight) and time the rank waited (exposed)
+// the step's communication, summed over the groups: bytes handed to collectives and sends, bytes
+// the rank puts on the link (comm_ring_bytes: collectives as rings, sends whole), time from post
+// to completion (flight) and time the rank waited (exposed)
 static inline void step_comm_totals(const StepReport* r, long long* bytes, double* ring, double* flight,
                                     double* exposed) {
     *bytes = 0, *ring = 0.0, *flight = 0.0, *exposed = 0.0;
@@ -131,7 +132,7 @@ static inline void step_print_bytes_if_changed(StepReport* r, int step) {
     for (int i = 0; i < r->num_groups; i++)
         changed |= memcmp(r->printed[i], r->groups[i]->bytes, sizeof(r->printed[i])) != 0;
     if (!changed) return;
-    printf("bytes this rank moved per step, from step %d (ring: what it sends if every collective is a ring):\n", step);
+    printf("bytes this rank moved per step, from step %d (ring: what it sends, every collective a ring):\n", step);
     for (int i = 0; i < r->num_groups; i++) {
         CommGroup* g = r->groups[i];
         memcpy(r->printed[i], g->bytes, sizeof(r->printed[i]));
@@ -211,8 +212,8 @@ typedef struct {
 } StepStats;
 
 // collective_seconds: the step's time in collectives (comm_seconds of each group it used, summed);
-// ring_bytes: what this rank would send in them as rings (comm_ring_bytes); recompute_seconds:
-// its time recomputing activations (-r; block.h's recompute_spans)
+// ring_bytes: what this rank puts on the link (comm_ring_bytes: collectives as rings, sends
+// whole); recompute_seconds: its time recomputing activations (-r; block.h's recompute_spans)
 static inline void step_stats_add(StepStats* s, int first, double seconds, double collective_seconds,
                                   double ring_bytes, double recompute_seconds) {
     size_t memory = device_memory_used();
@@ -225,8 +226,8 @@ static inline void step_stats_add(StepStats* s, int first, double seconds, doubl
     s->steps++;
 }
 
-// The averages after the run. The time in collectives splits in two: moving, the bytes a ring
-// sends at the measured rate, and waiting, the rest, in which a partner had not yet posted its
+// The averages after the run. The time in collectives splits in two: moving, the bytes the rank
+// puts on the link (collectives as rings, point-to-point sends whole) at the measured rate, and waiting, the rest, in which a partner had not yet posted its
 // part (a pipeline stage waiting for its neighbour, a rank for the slowest). Busy is the time
 // outside collectives, computing.
 static inline void step_stats_print(const StepStats* s, int total_batch, double flops_per_token, DevicePeak peak,

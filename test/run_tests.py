@@ -1577,6 +1577,10 @@ def compare_pp_with_reference(p, sched, m, V, cfg):
     expected = pp_step_bytes(cfg, B, m, p, V)
     check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected)
     check_pp_step_bytes(out, d, expected, cfg["steps"])
+    # on the link: the sends whole, the embedding group's all-reduce over 2 ranks as a ring
+    # (2 (2-1)/2 of its payload), the norm's float over the pipe's p
+    link = expected["send"] + (expected["all-reduce"] - 4) + 2 * (p - 1) / p * 4
+    check_link_bytes(out, read_log(d)[0], link)
     if p > 1:
         for step in range(1, cfg["steps"] + 1):
             assert "step %d: wte copies of the first and last stage identical" % step in out, out[-2000:]
@@ -2000,6 +2004,27 @@ def cp_step_bytes(cfg, B, cp, accum, allgather, P, X=4):
     return b
 
 
+def cp_link_bytes(b, cp):
+    """what a CP rank puts on the link in a step, from the payloads b (cp_step_bytes): a ring
+    all-reduce sends 2 (cp-1)/cp of its payload, an all-gather or a reduce-scatter (cp-1)/cp, and
+    the K,V ring's sends go whole"""
+    share = (cp - 1) / cp
+    return 2 * share * b["all_reduce"] + share * (b.get("all_gather", 0) + b.get("reduce_scatter", 0)) + b.get("send", 0)
+
+
+def check_link_bytes(out, train, want):
+    """every step's ring_bytes in main.log (the step line's "ring", the "moving" share's bytes)
+    and the "on the link" line the trainer prints at the start equal `want`, the formula's; main.log
+    and the start line round to a whole byte"""
+    for step, rec in train.items():
+        assert abs(rec["ring_bytes"] - want) <= 1, "step %d: %.0f bytes on the link, the formula gives %.1f" % (
+            step, rec["ring_bytes"], want)
+    if want:
+        printed = re.search(r"^  on the link +(\d+) bytes", out, re.M)
+        assert printed and abs(int(printed.group(1)) - want) <= 1, "the start's 'on the link' line: %s, formula %.1f" % (
+            printed and printed.group(0), want)
+
+
 def cp_run(cp, split, comm, accum, cfg, extra=()):
     """one CP run against the reference: losses, step-0 gradients, final weights, the bytes of
     every step, the replicas identical, dev/memory_planner's table and the measured high-water
@@ -2018,6 +2043,7 @@ def cp_run(cp, split, comm, accum, cfg, extra=()):
     train, _ = read_log(d)
     got = {k: n for kinds in train[1]["comm"].values() for k, n in kinds.items() if n}
     assert got == expected, "step 1 moved %s, the rule gives %s" % (got, expected)
+    check_link_bytes(out, train, cp_link_bytes(expected, cp))
     if cp > 1:
         assert "step %d: replicas identical" % cfg["steps"] in out, out[-2000:]
     return out
@@ -3157,6 +3183,12 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
             outer = 4 * sum(P_f[f] for f in due)
         want = {"worker": P * 4 + 4 if R > 1 else 0, "across": 8 + outer}
         assert got == want, "step %d moved %s, the rule gives %s" % (s, got, want)
+        # on the link: the all-reduces as rings (2 (n-1)/n of the payload over n ranks), the bf16
+        # exchanges' sends whole (half of the values counted: each is sent once, received once)
+        sent = outer / 2 if outer_dtype == "bf16" else 2 * (workers - 1) / workers * outer
+        link = 2 * (R - 1) / R * want["worker"] + 2 * (workers - 1) / workers * 8 + sent
+        assert abs(train[s]["ring_bytes"] - link) <= 1, "step %d: %.0f bytes on the link, the formula gives %.1f" % (
+            s, train[s]["ring_bytes"], link)
     return out
 
 
