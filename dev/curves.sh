@@ -1,16 +1,29 @@
 #!/bin/bash
 # The README's figure: the four trainers trained from the same initial weights on the same data
 # as PyTorch (dev/compare_with_pytorch.py, 40 steps of a 4-layer model), their loss curves on one
-# PNG (dev/plot_runs.py). Each run also prints its comparison table and PASS line.
-#   bash dev/curves.sh [out.png]        (default dev/images/losses_vs_pytorch.png; about 8 minutes on 2 cores)
+# PNG (dev/plot_runs.py). Each run also prints its comparison table's PASS or FAIL line.
+#   bash dev/curves.sh                 the figure into out/curves/losses_vs_pytorch.png
+#   bash dev/curves.sh OUT.png         the figure into OUT.png
+#   bash dev/curves.sh --readme        redraws the README's committed figure, dev/images/losses_vs_pytorch.png
+# Four runs of up to 8 MPI ranks (the 3D run: 2x2x2), oversubscribed where the machine has fewer
+# cores: about 8 minutes on 2 cores. The runs stay in out/curves/.
 set -e
 cd "$(dirname "$0")/.."
-out=${1:-dev/images/losses_vs_pytorch.png}
+case "${1:-}" in
+    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --readme) out=dev/images/losses_vs_pytorch.png ;;
+    -*) echo "curves.sh: unknown option '$1' (--readme, --help, or the PNG to write)" >&2; exit 1 ;;
+    "") out=out/curves/losses_vs_pytorch.png ;;
+    *) out=$1 ;;
+esac
+echo "curves.sh: 4 trainers against PyTorch, 40 steps each: DP 2 ranks, TP 2, PP 4, 3D 8 (2x2x2);" \
+     "about 8 minutes on 2 cores ($(nproc) here); the figure: $out"
+mkdir -p "$(dirname "$out")" out/curves
 make -s train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_3d
 compare() {  # name ranks trainer flags...
     local name=$1 ranks=$2 trainer=$3
     shift 3
-    echo "$name: $(/usr/bin/python3 dev/compare_with_pytorch.py --steps 40 --out out/curves/$name --ranks $ranks $trainer -- "$@" | grep -E '^(PASS|FAIL)')"
+    echo "$name ($ranks ranks): $(/usr/bin/python3 dev/compare_with_pytorch.py --steps 40 --out out/curves/$name --ranks $ranks $trainer -- "$@" | grep -E '^(PASS|FAIL)')"
 }
 compare dp 2 ./train_gpt2_dp -z 1 -b 4
 compare tp 2 ./train_gpt2_tp -sp 1 -b 8

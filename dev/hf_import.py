@@ -7,8 +7,15 @@ transposed back to (out, in), wte stored once (a separate lm_head.weight must eq
 with or without the "transformer." prefix are read; the attention mask buffers are skipped.
 Needs numpy only; the formats are in dev/hf_gpt2.py.
 
-    /usr/bin/python3 dev/hf_import.py ~/gpt2 out/gpt2_124M.bin
+    /usr/bin/python3 dev/hf_import.py out/gpt2 out/gpt2_124M.bin
     ./train_gpt2_dp -e out/gpt2_124M.bin ...
+
+OpenAI's GPT-2 124M is on the Hugging Face hub as openai-community/gpt2; its two files this script
+reads (548 MB) come with the hub's client, which dev/setup.sh installs into .tools:
+
+    PYTHONPATH=.tools .tools/bin/huggingface-cli download openai-community/gpt2 config.json model.safetensors --local-dir out/gpt2
+
+(gpt2-medium, gpt2-large and gpt2-xl likewise: openai-community/gpt2-medium, ...)
 """
 import argparse
 import json

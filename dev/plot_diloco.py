@@ -11,15 +11,19 @@ all-gather (n-1)/n of the whole buffer, a send all of it; the group "worker" (DD
 datacenter) does not cross the link, every other group does. n is the group's rank count
 (--link-ranks: the datacenters, W).
 
-    /usr/bin/python3 dev/plot_diloco.py -o out.png --link-ranks 4 LABEL=RUN_DIR ...
+    /usr/bin/python3 dev/plot_diloco.py [-o out/diloco_vs_ddp/diloco_vs_ddp.png] --link-ranks 4 LABEL=RUN_DIR ...
+
+The PNG goes under the repository's out/ by default, and never into the repository's root (as
+dev/plot_runs.py's -o); dev/diloco_vs_ddp.sh names the README's figure when it redraws it.
 """
 import argparse
+import os
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
-from plot_runs import read_records  # noqa: E402  (the same main.log reader)
+from plot_runs import output_path, read_records  # noqa: E402  (the same main.log reader and -o rule)
 
 
 def read_run(run_dir, n):
@@ -40,10 +44,11 @@ def read_run(run_dir, n):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="LABEL=DIR (the last = splits them); the first is the baseline (DDP)")
-    ap.add_argument("-o", "--out", required=True, help="the PNG to write")
+    ap.add_argument("-o", "--out", help="the PNG to write (default out/diloco_vs_ddp/diloco_vs_ddp.png)")
     ap.add_argument("--link-ranks", type=int, required=True, help="ranks of a group that crosses the link (W)")
     ap.add_argument("--title", default="DiLoCo against DDP")
     args = ap.parse_args()
+    out = output_path(args.out, os.path.join("diloco_vs_ddp", "diloco_vs_ddp.png"))
 
     runs = []
     for run in args.runs:
@@ -64,8 +69,8 @@ def main():
         ax.legend()
     fig.suptitle(args.title)
     fig.tight_layout()
-    fig.savefig(args.out, dpi=110)
-    print("wrote %s" % args.out)
+    fig.savefig(out, dpi=110)
+    print("wrote %s" % os.path.relpath(out))
 
     # the table: equal tokens (the last validation) and equal bytes (DDP when it had sent as much)
     base_label, base_val, base_sent = runs[0]

@@ -45,31 +45,32 @@ static inline void args_format_range(const ArgSpec* s, char* out, size_t cap) {
 typedef struct {
     const char* flag;
     const char* trainers;
+    const char* note;  // said after them, or NULL
 } ArgOwner;
 static const ArgOwner args_flag_owners[] = {
-    {"-z", "train_gpt2_dp and train_gpt2_3d"},
-    {"-overlap", "train_gpt2_dp"},
-    {"-offload", "train_gpt2_dp"},
-    {"-dump_logits", "train_gpt2_dp"},
-    {"-dump_grads", "train_gpt2_dp, train_gpt2_tp, train_gpt2_pp, train_gpt2_3d and train_gpt2_cp"},
-    {"-check_replicas", "train_gpt2_dp, train_gpt2_tp, train_gpt2_pp, train_gpt2_3d and train_gpt2_cp"},
-    {"-dp", "train_gpt2_3d (train_gpt2_dp's replicas are its ranks)"},
-    {"-tp", "train_gpt2_tp and train_gpt2_3d"},
-    {"-sp", "train_gpt2_tp and train_gpt2_3d"},
-    {"-pp", "train_gpt2_pp and train_gpt2_3d"},
-    {"-sched", "train_gpt2_pp and train_gpt2_3d"},
-    {"-vp", "train_gpt2_pp and train_gpt2_3d"},
-    {"-timeline", "train_gpt2_pp and train_gpt2_3d"},
-    {"-cp", "train_gpt2_cp and train_gpt2_3d"},
-    {"-cp_layout", "train_gpt2_cp and train_gpt2_3d"},
-    {"-cp_comm", "train_gpt2_cp and train_gpt2_3d"},
-    {"-workers", "train_gpt2_diloco"},
-    {"-H", "train_gpt2_diloco"},
-    {"-outer_lr", "train_gpt2_diloco"},
-    {"-outer_momentum", "train_gpt2_diloco"},
-    {"-fragments", "train_gpt2_diloco"},
-    {"-outer_dtype", "train_gpt2_diloco"},
-    {"-dump_outer", "train_gpt2_diloco"},
+    {"-z", "train_gpt2_dp and train_gpt2_3d", NULL},
+    {"-overlap", "train_gpt2_dp", NULL},
+    {"-offload", "train_gpt2_dp", NULL},
+    {"-dump_logits", "train_gpt2_dp", NULL},
+    {"-dump_grads", "train_gpt2_dp, train_gpt2_tp, train_gpt2_pp, train_gpt2_3d and train_gpt2_cp", NULL},
+    {"-check_replicas", "train_gpt2_dp, train_gpt2_tp, train_gpt2_pp, train_gpt2_3d and train_gpt2_cp", NULL},
+    {"-dp", "train_gpt2_3d", "(in train_gpt2_dp and train_gpt2_diloco the replicas are the ranks: mpirun -np N)"},
+    {"-tp", "train_gpt2_tp and train_gpt2_3d", NULL},
+    {"-sp", "train_gpt2_tp and train_gpt2_3d", NULL},
+    {"-pp", "train_gpt2_pp and train_gpt2_3d", NULL},
+    {"-sched", "train_gpt2_pp and train_gpt2_3d", NULL},
+    {"-vp", "train_gpt2_pp and train_gpt2_3d", NULL},
+    {"-timeline", "train_gpt2_pp and train_gpt2_3d", NULL},
+    {"-cp", "train_gpt2_cp and train_gpt2_3d", NULL},
+    {"-cp_layout", "train_gpt2_cp and train_gpt2_3d", NULL},
+    {"-cp_comm", "train_gpt2_cp and train_gpt2_3d", NULL},
+    {"-workers", "train_gpt2_diloco", NULL},
+    {"-H", "train_gpt2_diloco", NULL},
+    {"-outer_lr", "train_gpt2_diloco", NULL},
+    {"-outer_momentum", "train_gpt2_diloco", NULL},
+    {"-fragments", "train_gpt2_diloco", NULL},
+    {"-outer_dtype", "train_gpt2_diloco", NULL},
+    {"-dump_outer", "train_gpt2_diloco", NULL},
 };
 // llm.c's flags that this project does not have (DESIGN.md section 8 keeps their letters free)
 static const char* args_llmc_only[] = {"-k", "-lg", "-nk", "-nm", "-a", "-f", "-w", "-ge", "-pn", "-pr", "-pg",
@@ -142,7 +143,9 @@ static inline void args_unknown_note(const char* flag, const char* program, cons
     }
     for (size_t k = 0; k < sizeof(args_flag_owners) / sizeof(args_flag_owners[0]); k++) {
         if (strcmp(flag, args_flag_owners[k].flag) == 0) {
-            snprintf(out, cap, ": %s is a flag of %s, not of %s", flag, args_flag_owners[k].trainers, program);
+            const ArgOwner* o = &args_flag_owners[k];
+            snprintf(out, cap, ": %s is a flag of %s, not of %s%s%s", flag, o->trainers, program, o->note ? " " : "",
+                     o->note ? o->note : "");
             return;
         }
     }
