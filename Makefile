@@ -1,7 +1,9 @@
 # Builds the trainers for the backend this machine can run, the tests and the benchmarks.
 #   make                 build every trainer (BACKEND=cpu|cuda; default cuda when nvcc and a GPU are present)
 #   make test            build and run all tests; ends with "N passed, N failed, N skipped"
-#   make train           set up what is missing, build, and run the quick-start training job
+#   make train           set up what is missing, build, and run the quick-start training job;
+#                        STEPS=N its length (150), RESUME=1 continues it from its newest checkpoint,
+#                        QUICKSTART=dir its output dir (out/quickstart)
 #   make compare         train one trainer and PyTorch alike and compare them step by step (dev/compare_with_pytorch.py):
 #                        make compare TRAINER=train_gpt2_3d RANKS=8 FLAGS="-dp 2 -pp 2 -tp 2 -sp 1 -b 2"
 #                        (TRAINER may be an emulator build, e.g. build/emu_FP32/train_gpt2_tp with ENV=CUDA_EMU_DEVICES=2)
@@ -195,9 +197,21 @@ compare: check-test-deps $(TRAINER)
 setup:
 	./dev/setup.sh
 
+# the quick start: d4 on Tiny Shakespeare, 2 ranks, into out/quickstart. STEPS is the run's
+# length (default 150; the learning rate's schedule spans it, so it is part of the run);
+# RESUME=1 continues the run there from its newest checkpoint (a checkpoint every 50 steps),
+# with the same STEPS. Without RESUME=1 an earlier run's checkpoints stop it, as the trainer
+# would, saying how to continue or start over.
+STEPS ?= 150
+RESUME ?= 0
+QUICKSTART := out/quickstart
 train: setup
 	$(MAKE) -s BACKEND=cpu train_gpt2_dp
-	OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 ./train_gpt2_dp -e d4 -b 4 -t 64 -x 150 -v 25 -m 10 -s 50 -g 64 -n 50 -l 1e-3 -u 10 -q 0.1 -c 0.1 -o out/quickstart
+	@if [ "$(RESUME)" != 1 ] && ls $(QUICKSTART)/DONE_* >/dev/null 2>&1; then \
+	    echo "make train: $(QUICKSTART) holds checkpoints of an earlier run. Continue it from the" \
+	         "newest with 'make train RESUME=1' (and the STEPS it had), or start over: 'rm -rf $(QUICKSTART)'" \
+	         "(or QUICKSTART=out/another)"; exit 1; fi
+	OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 ./train_gpt2_dp -e d4 -b 4 -t 64 -x $(STEPS) -v 25 -m 10 -s 50 -g 64 -n 50 -l 1e-3 -u 10 -q 0.1 -c 0.1 -y $(RESUME) -o $(QUICKSTART)
 
 bench:
 	./dev/setup.sh --bench
