@@ -6,7 +6,10 @@ v1: one thread per row: three serial passes over 50257 logits (max, sum, gradien
 v2: one block per row with an online softmax: the max and the sum in a single pass, block-wide
     reductions, then the gradient pass; 2-byte loads in bf16.
 v3: v2 with 16-byte loads and stores, one online-softmax merge per pack of 8 logits
-    (llmc/cuda/classifier.cuh).
+    (llmc/cuda/classifier.cuh's fused_classifier_wide_kernel, for vocabularies above 65536).
+v4: the row in registers, 8 packs a thread, every load issued before the first is used: read
+    once, the max, the sum of exponentials (base 2), then the gradient from the registers; the row
+    crosses the bus twice instead of three times (llmc/cuda/classifier.cuh's fused_classifier).
 shards: the vocabulary-parallel loss of tensor parallelism (classifier_shard_max, _sums, _loss in
     llmc/cuda/classifier.cuh): the Vp columns split over tp ranks, each rank's three kernels on its
     (N, Vp / tp) slice, and the two all-reduces between them (max, then sum) done on the host.
@@ -215,8 +218,8 @@ static int check_shards(const char* label, int tp, const float* logits, const in
     snprintf(name, sizeof(name), "%s gradient x N", label);
     ok &= compare_arrays(name, grads, grads_ref, n_all, default_tolerance());
     if (fused_losses != NULL) {
-        ok &= compare_arrays("tp=1 losses = v3's", losses, fused_losses, N, 1e-4f);
-        ok &= compare_arrays("tp=1 gradient = v3's", grads, fused_grads_xN, n_all, default_tolerance());
+        ok &= compare_arrays("tp=1 losses = fused_classifier's", losses, fused_losses, N, 1e-4f);
+        ok &= compare_arrays("tp=1 gradient = fused_classifier's", grads, fused_grads_xN, n_all, default_tolerance());
     }
     free(maxes); free(maxes_ref);
     free(losses); free(losses_ref);
@@ -269,22 +272,39 @@ int main(void) {
     TIME_KERNEL(ms, 10, (classifier_v2<<<N, 1024>>>(d_logits, d_losses, d_targets, 0.0f, V, Vp)));
     report("v2 losses only", ms, bytes / 2, 0);
 
-    fused_classifier(d_logits, d_losses, d_targets, dloss, N, V, Vp);
+    copy_floats_to_device(d_logits, logits, (size_t)N * Vp);
+    fused_classifier_wide_kernel<<<N, 1024>>>(d_logits, d_losses, d_targets, dloss, V, Vp);
+    cudaCheckLaunch();
     ok &= validate_f32("v3 losses", d_losses, losses, N, 1e-4f);
     copy_device_to_floats(got, d_logits, (size_t)N * Vp);
     for (size_t i = 0; i < (size_t)N * Vp; i++) got[i] *= (float)N;
     ok &= compare_arrays("v3 gradient x N", got, grads, (size_t)N * Vp, tol);
-    float* v3_losses = (float*)malloc_check(N * sizeof(float));  // for the one-rank shards below
-    copy_device_to_host(v3_losses, d_losses, N * sizeof(float));
     copy_floats_to_device(d_logits, logits, (size_t)N * Vp);
-    TIME_KERNEL(ms, 10, fused_classifier(d_logits, d_losses, d_targets, 0.0f, N, V, Vp));
+    TIME_KERNEL(ms, 10, (fused_classifier_wide_kernel<<<N, 1024>>>(d_logits, d_losses, d_targets, 0.0f, V, Vp)));
     report("v3 losses only", ms, bytes / 2, 0);
     // with the gradient: the row read twice, written once (repeats work on earlier gradients)
-    TIME_KERNEL(ms, 10, fused_classifier(d_logits, d_losses, d_targets, dloss, N, V, Vp));
+    TIME_KERNEL(ms, 10, (fused_classifier_wide_kernel<<<N, 1024>>>(d_logits, d_losses, d_targets, dloss, V, Vp)));
     report("v3 with gradient", ms, 1.5 * bytes, 0);
 
+    // v4, llmc's (in fp32 builds a row of 50304 floats is 12576 packs: too wide for one block's
+    // registers, so fused_classifier takes v3's kernel there)
+    copy_floats_to_device(d_logits, logits, (size_t)N * Vp);
+    fused_classifier(d_logits, d_losses, d_targets, dloss, N, V, Vp);
+    ok &= validate_f32("v4 losses", d_losses, losses, N, 1e-4f);
+    copy_device_to_floats(got, d_logits, (size_t)N * Vp);
+    for (size_t i = 0; i < (size_t)N * Vp; i++) got[i] *= (float)N;
+    ok &= compare_arrays("v4 gradient x N", got, grads, (size_t)N * Vp, tol);
+    float* v4_losses = (float*)malloc_check(N * sizeof(float));  // for the one-rank shards below
+    copy_device_to_host(v4_losses, d_losses, N * sizeof(float));
+    copy_floats_to_device(d_logits, logits, (size_t)N * Vp);
+    TIME_KERNEL(ms, 10, fused_classifier(d_logits, d_losses, d_targets, 0.0f, N, V, Vp));
+    report("v4 losses only", ms, bytes / 2, 0);
+    // with the gradient: the row read once, written once
+    TIME_KERNEL(ms, 10, fused_classifier(d_logits, d_losses, d_targets, dloss, N, V, Vp));
+    report("v4 with gradient", ms, bytes, 0);
+
     printf("vocab-parallel loss (classifier_shard_*), the all-reduces on the host\n");
-    ok &= check_shards("tp=1", 1, logits, targets, dloss, N, V, Vp, v3_losses, got);
+    ok &= check_shards("tp=1", 1, logits, targets, dloss, N, V, Vp, v4_losses, got);
     ok &= check_shards("tp=2", 2, logits, targets, dloss, N, V, Vp, NULL, NULL);
     ok &= check_shards("tp=3", 3, logits, targets, dloss, N, V, Vp, NULL, NULL);
     // a rank with padding only (real = 0: its max is -inf, its sum 0, its gradient all zero):

@@ -38,6 +38,7 @@
 #define __launch_bounds__(...)
 
 struct uint3 { unsigned int x, y, z; };
+struct alignas(16) uint4 { unsigned int x, y, z, w; };  // (16-byte loads and stores as one value)
 struct dim3 {
     unsigned int x, y, z;
     dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
