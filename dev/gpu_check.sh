@@ -32,6 +32,18 @@ esac
 LLMC_KERNEL_TIMES=1 timeout "$(left)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 6 -v 0 -s 0 > "$logs/gpu_kernel_times.log" 2>&1
 grep -A60 "^kernel times" "$logs/gpu_kernel_times.log"
 python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device "$roofline_device" -measured "$logs/gpu_kernel_times.log"
+# why the flash kernels run below their roofline (the largest gap above): Nsight Compute on one
+# call of each (the second step's last forward, then its first backward: D, dK dV, dQ; a step
+# launches 48 of them), their throughput against the
+# peaks, occupancy and what the warps stall on
+if command -v ncu >/dev/null; then
+    timeout "$(( $(left) / 6 + 1 ))" ncu --kernel-name regex:flash_attention --launch-skip 59 --launch-count 4 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+        ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 2 -v 0 -s 0 > "$logs/gpu_flash_ncu.log" 2>&1
+    echo "ncu of the flash kernels: exit $? ($logs/gpu_flash_ncu.log)"
+    grep -E "flash_attention|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Shared Memory|Stall" \
+        "$logs/gpu_flash_ncu.log" | head -60
+fi
 PYTHONUNBUFFERED=1 TEST_JOBS=${TEST_JOBS:-4} timeout "$(left)" python3 test/run_tests.py gpu 2>&1 | tee "$logs/gpu_tests.log"
 # out-of-bounds accesses and shared-memory races that a numerical test can miss: two steps of a
 # small model. API errors are not reported: NCCL probes for kernel images it was not built with
