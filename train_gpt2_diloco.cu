@@ -89,6 +89,8 @@ typedef struct {
     float* momentum;    // (P) fp32 the outer optimizer's momentum: the same on every rank
     float* delta;       // (P) fp32 the pseudo-gradient; in bf16, the two halves of its average
                         // (average_bf16) in the same bytes
+    float* ended;       // (1) fp32 1 once the run's last step has taken an outer step off its
+                        // schedule (fragment_due), 0 before: a checkpoint carries it (check_resume)
 } Diloco;
 
 // Worker w holds ranks w R .. w R + R - 1: consecutive ranks share a machine, and the worker's
@@ -110,13 +112,16 @@ static void diloco_init(Diloco* d, CommGroup* world, int workers, size_t P) {
     d->outer = (float*)device_malloc(P * sizeof(float));
     d->momentum = (float*)device_malloc(P * sizeof(float));
     d->delta = (float*)device_malloc(P * sizeof(float));
+    d->ended = (float*)device_malloc(sizeof(float));
     device_memset_zero(d->momentum, P * sizeof(float));
+    device_memset_zero(d->ended, sizeof(float));
 }
 
 static void diloco_free(Diloco* d) {
     device_free(d->outer);
     device_free(d->momentum);
     device_free(d->delta);
+    device_free(d->ended);
     comm_group_free(&d->worker);
     comm_group_free(&d->across);
 }
@@ -145,10 +150,35 @@ static int fragment_spans(const ParameterLayout* p, int f, int F, Span* runs, si
     return n;
 }
 
-// does fragment f take its outer step after `completed` steps (of max_steps: the last, every one)
+// does fragment f take its outer step after `completed` steps by its schedule: every H steps from
+// its offset f H/F (in 64 bits: f H overflows an int for -H near 2^31)
+static int fragment_scheduled(const Diloco* d, int f, int completed) {
+    long long offset = (long long)f * d->H / d->fragments;
+    return completed >= offset && (completed - offset) % d->H == 0;
+}
+
+// ... and in this run: by its schedule, and after the last step every fragment (so that the model
+// file written is theta_outer)
 static int fragment_due(const Diloco* d, int f, int completed, int max_steps) {
-    int offset = f * d->H / d->fragments;
-    return completed == max_steps || (completed >= offset && (completed - offset) % d->H == 0);
+    return completed == max_steps || fragment_scheduled(d, f, completed);
+}
+
+// A run extended past its end (-y 1 with a larger -x) must repeat the longer run. Its last step
+// took the outer step of every fragment; where one was not scheduled then, the longer run would
+// not have taken it, and theta_outer, the momentum and the workers' weights already differ from
+// that run's: refuse, saying so. (A checkpoint before the last step, or a last step where every
+// fragment was due anyway, continues exactly.)
+static void check_resume(void* trainer, const char* dir, int step, int max_steps) {
+    Diloco* d = (Diloco*)trainer;
+    float ended = 0.0f;
+    copy_device_to_host(&ended, d->ended, sizeof(float));
+    if (ended == 0.0f || step == max_steps) return;
+    int f = 0;
+    while (f < d->fragments - 1 && fragment_scheduled(d, f, step)) f++;
+    fail("-y 1 -x %d: the checkpoint of step %d in '%s' ends a run of -x %d, whose last step took an outer step off "
+         "the schedule (-H %d: fragment %d was not due after step %d) so that its model file is theta_outer; a run of "
+         "-x %d would not have taken it, so continuing cannot repeat that run. Train -x %d from a checkpoint before "
+         "step %d, or from the start", max_steps, step, dir, step, d->H, f, step, max_steps, max_steps, step);
 }
 
 // worker w's shard of a fragment's P_f values, for the bf16 average: [w P_f / W, (w + 1) P_f / W)
@@ -464,8 +494,9 @@ int main(int argc, char** argv) {
     RunModel hooks = run_model(&model, &d, val_loss, sample_logits);
     hooks.val_replicas = world;
     float* own_weights = model.master_memory ? model.master_memory : (float*)model.params_memory;
-    hooks.own = (TrainerState){{d.outer, d.momentum, own_weights}, {model.num_parameters, model.num_parameters,
-                                                                    model.num_parameters}, 3};
+    hooks.own = (TrainerState){{d.outer, d.momentum, own_weights, d.ended}, {model.num_parameters, model.num_parameters,
+                                                                             model.num_parameters, 1}, 4};
+    hooks.check_resume = check_resume;
     CommGroup* groups[3] = {&d.worker, &d.across, world};
     run_begin(&run, hooks, groups, 3);
 
@@ -509,7 +540,10 @@ int main(int argc, char** argv) {
         // at the last step of every fragment
         watchdog_phase("outer step", step);
         for (int f = 0; f < d.fragments; f++) {
-            if (fragment_due(&d, f, step + 1, run.max_steps)) outer_step(&d, &model, f);
+            if (!fragment_due(&d, f, step + 1, run.max_steps)) continue;
+            outer_step(&d, &model, f);
+            float one = 1.0f;  // (check_resume)
+            if (!fragment_scheduled(&d, f, step + 1)) copy_host_to_device(d.ended, &one, sizeof(float));
         }
         run_step_end(&run, step, printed[0], lr, printed[1], clip_scale);
     }

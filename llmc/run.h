@@ -395,6 +395,9 @@ typedef struct {
     CommGroup* replicas;      // checkpoints of any grid (3D): the dp group; the training state is
                               // gathered into the model file's layout, so that any grid resumes it
     TrainerState own;         // checkpoints: the trainer's own state, in every rank's state file
+    // resume: the trainer's check of the checkpoint it resumed from, before anything is written
+    // (DiLoCo: a run's last step took outer steps that an extended run would not); NULL: none
+    void (*check_resume)(void* trainer, const char* dir, int step, int max_steps);
 } RunModel;
 
 // the hooks every trainer has; the groups (NULL: none) are set by name after it
@@ -548,6 +551,7 @@ static inline void run_begin(Run* r, RunModel hooks, CommGroup** groups, int num
     r->hooks = hooks;
     r->start_step = train_start_from(hooks.model, &r->args, &r->world, r->max_steps, &r->identity, &r->sample_rng,
                                      &r->train, hooks.replicas ? read_checkpoint_gathered : read_checkpoint, &hooks.own);
+    if (r->args.resume && hooks.check_resume) hooks.check_resume(hooks.trainer, r->args.out_dir, r->start_step, r->max_steps);
     logger_init(&r->logger, r->args.out_dir, r->rank, r->args.resume ? r->start_step : -1);
     r->flops_per_token = train_flops_per_token(r->config, r->args.T);  // each rank does its share
     r->peak = train_device_peak(r->rank);

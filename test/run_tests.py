@@ -1283,16 +1283,25 @@ def sanitized_cp_runs_ring_and_allgather_with_sampling_and_resume():
 def sanitized_diloco_bf16_link_fragments_checkpoint_sampling_and_resume():
     """DiLoCo's outer step under AddressSanitizer + UndefinedBehaviorSanitizer: 3 workers (uneven
     shards of the bf16 exchanges, in the pseudo-gradient's buffer), 2 fragments, H = 2, a
-    checkpoint between outer steps (every worker's state), a sample and a resume"""
+    checkpoint between outer steps (every worker's state), a sample and a resume from it (in a
+    dir of its own: the run's last checkpoint follows its final outer steps). And the fragments'
+    offsets f H/F at -H 2147483644 -fragments 4, where f H passes 2^31"""
     p = make(["sanitize"], timeout=600)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     env = dict(ASAN_OPTIONS="detect_leaks=0")
-    d = fresh_dir("sanitized_diloco")
-    args = small_run_args(d, ["-x", 3, "-n", 3, "-s", 3, "-g", 8, "-H", 2, "-fragments", 2, "-outer_dtype", "bf16"])
-    for extra in ([], ["-x", 4, "-y", 1]):
-        out = run_ok(3, args + extra, program="./build/sanitize/train_gpt2_diloco", env=env)
+    d, part = fresh_dir("sanitized_diloco"), fresh_dir("sanitized_diloco_part")
+    args = ["-x", 4, "-n", 3, "-s", 3, "-g", 8, "-H", 2, "-fragments", 2, "-outer_dtype", "bf16"]
+    for out_dir, extra in ((d, []), (part, ["-y", 1])):
+        if out_dir is part:  # the checkpoint between outer steps
+            for f in glob.glob(os.path.join(d, "*_00000003*")):
+                shutil.copy(f, part)
+        out = run_ok(3, small_run_args(out_dir, args + extra), program="./build/sanitize/train_gpt2_diloco", env=env)
         assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
     assert "resumed from step 3" in out and "---- sample at step 4 ----" in out, out[-3000:]
+    d = fresh_dir("sanitized_diloco_long_h")
+    out = run_ok(2, small_run_args(d, ["-x", 2, "-n", 0, "-H", 2147483644, "-fragments", 4], cfg=REF4),
+                 program="./build/sanitize/train_gpt2_diloco", env=env)
+    assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
 
 
 @test
@@ -3267,6 +3276,43 @@ def diloco_resume_mid_round_is_bit_identical_and_needs_the_same_workers():
                                   (1, ["-workers", 1, "-b", 8], "written by a job of 2 ranks, this job has 1")):
         code, out = mpirun(ranks, base + flags, timeout=60, program=DILOCO)
         assert code != 0 and message in out, "%s: exit %d, %r not in:\n%s" % (flags, code, message, out[-2000:])
+
+
+@test
+def diloco_extending_a_finished_run_continues_exactly_or_is_refused():
+    """-q 1 (no decay: -x is not in the run's identity), H = 3, each run's last step taking every
+    fragment's outer step. A finished run of -x 6 ended on its schedule (6 = 2 H): resumed with
+    -x 9 from its last checkpoint, steps 7-9 and the model file repeat the uninterrupted -x 9 bit for
+    bit. A finished run of -x 4 took an outer step after step 4 that a run of -x 9 would not
+    (the issue's reproduction: 10.3228 resumed against 10.3988 uninterrupted): -x 9 is refused,
+    naming why, and the dir keeps what it had; at -x 4 it has nothing to train and succeeds"""
+    ref = reference_run()
+
+    def run(d, x, extra=()):
+        return run_ok(2, trainer_args(ref, 4, d, ["-q", 1, "-H", 3, "-x", x, "-n", x] + list(extra)), program=DILOCO)
+    full = fresh_dir("diloco_extend_full")
+    run(full, 9)
+    for end, ok in ((6, True), (4, False)):
+        d = fresh_dir("diloco_extend_%d" % end)
+        run(d, end)
+        if ok:
+            out = run(d, 9, ["-y", 1])
+            assert "resumed from step %d" % end in out, out[-2000:]
+            a, b = read_log(full)[0], read_log(d)[0]
+            for s in range(end + 1, 10):  # (9 significant digits: equal text means equal fp32)
+                assert a[s]["train_loss"] == b[s]["train_loss"], "step %d: %r uninterrupted, %r extended" % (
+                    s, a[s]["train_loss"], b[s]["train_loss"])
+            with open(os.path.join(full, "model_00000009.bin"), "rb") as f1, open(os.path.join(d, "model_00000009.bin"), "rb") as f2:
+                assert f1.read() == f2.read(), "the extended run's model file differs from the uninterrupted one's"
+            continue
+        before = dir_snapshot(d)
+        code, out = mpirun(2, trainer_args(ref, 4, d, ["-q", 1, "-H", 3, "-x", 9, "-n", 9, "-y", 1]), timeout=60,
+                           program=DILOCO)
+        message = ("the checkpoint of step 4 in '%s' ends a run of -x 4, whose last step took an outer step off the "
+                   "schedule (-H 3: fragment 0 was not due after step 4)" % d)
+        assert code != 0 and message in out, "exit %d, %r not in:\n%s" % (code, message, out[-2000:])
+        assert dir_snapshot(d) == before, "the refused resume changed the output dir"
+        run(d, 4, ["-y", 1])
 
 
 @test
