@@ -10,8 +10,8 @@ it, so that every layer is llmc/tensor_parallel.h's (the TP trainer's: column- a
 halves with f and g, -sp, the vocabulary-parallel embedding and loss on the first and last
 stage); with -cp each rank holds T/cp tokens of every sequence and its attention, on its tp
 rank's heads, reaches the rest over the cp group (llmc/context_parallel.h, the CP trainer's ring
-or all-gather); the schedules are the PP trainer's, walked by stage_walk (train_gpt2_pp.cu's
-pipeline_walk), each message going from a tp rank of one stage to the same tp and cp rank of the
+or all-gather); the schedules are the PP trainer's, walked by its pipeline_walk
+(llmc/pipeline_walk.h), each message going from a tp rank of one stage to the same tp and cp rank of the
 next (B T C, T the rank's tokens, or with -sp its B T / tp of them). What this chapter adds, each
 explained where it is written:
   1. The grid (grid_coordinates, grid_init): world rank r at tp rank r % tp, cp rank
@@ -80,6 +80,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/pipeline.h"
 #include "llmc/stage.h"
 #include "llmc/chunk.h"
+#include "llmc/pipeline_walk.h"
 #include "llmc/allocations.h"
 #include "llmc/train.h"
 #include "llmc/run.h"
@@ -619,7 +620,7 @@ int main(int argc, char** argv) {
         walk.loss = 0.0f;
         walk.times = timed && in_timeline ? stage.times : NULL;
         walk.t0 = run.step_start;
-        stage_walk(&walk, actions, n);  // train_gpt2_pp.cu's pipeline_walk
+        pipeline_walk(&walk, actions, n);  // (llmc/pipeline_walk.h, the PP chapter's walk)
         dataloader_advance(&run.train);
         // 2. -sp: the LayerNorm weights of this stage saw only this rank's tokens: all-reduce
         // their gradients over tp ((Ls, C) each of ln1w, ln1b, ln2w, ln2b; (C) each of lnfw,

@@ -61,91 +61,10 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/pipeline.h"
 #include "llmc/stage.h"
 #include "llmc/chunk.h"
+#include "llmc/pipeline_walk.h"
 #include "llmc/train.h"
 #include "llmc/run.h"
 #include "llmc/memory_plan.h"
-
-// ----------------------------------------------------------------------------------------------
-// The walk: one training step of this stage, its actions in the order the schedule gives
-// (pipeline.h; F a chunk's forward, B its backward, W zero bubble's weight gradients), each on
-// one micro-batch. The computing is llmc/chunk.h's; what is pipeline parallelism is here: which
-// buffer goes to which neighbour, and when.
-//
-// Stage s talks only to its neighbours: a forward's input comes from the virtual stage before
-// (stage s - 1; with -vp, chunk c > 0 of stage 0 from the last stage's chunk c - 1) and its output
-// goes to the next; a backward's go the other way. Every message is (B, T, C) floatX.
-//
-// The actions run in groups (pipeline_exchange_index: one action each, or interleaved's forward
-// and backward that "join"). Before each group, ONE exchange posts at once the sends of the
-// group before's outputs and the receives of this group's inputs (comm_exchange: MPI_Isend and
-// MPI_Irecv then a wait for all; NCCL's send and recv in one group). Posting them together is what
-// lets two neighbours that each send to the other both go on: in 1F1B's steady state stage s
-// sends a forward's output down the pipe while stage s + 1 sends a backward's gradient up; two
-// blocking sends would wait for each other forever. pipeline_check_exchanges proved at start that
-// every exchange of this schedule pairs up and completes.
-static void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
-    Stage* st = w->st;
-    int split = st->spec.sched == SCHEDULE_ZB;  // B leaves the weight gradients to a later W
-    int* group = (int*)malloc_check((size_t)n * sizeof(int));
-    int* grad_index = (int*)malloc_check((size_t)n * sizeof(int));
-    pipeline_exchange_index(actions, n, group);
-    // the stage's two gradient buffers alternate: the k-th backward receives into (and leaves its
-    // input gradient in) grad[k % 2], so it never overwrites the one the backward before is
-    // still sending
-    stage_grad_indices(actions, n, grad_index);
-    // this group is actions k .. end-1, the one before prev .. k-1; after the last group one more
-    // exchange sends its outputs
-    for (int k = 0, prev = 0, end; ; prev = k, k = end) {
-        for (end = k; end < n && group[end] == group[k]; end++) {}
-        // (a group is one action, or two joined: at most two sends and two receives)
-        CommMessage msgs[4];
-        int count = 0;
-        for (int j = prev; j < k; j++) {  // send: the outputs of the group before
-            // a forward's from its slot's last layer's residual3 to the next virtual stage; a
-            // backward's, its input gradient in grad[grad_index], to the one before (none: -1)
-            int to = pipeline_output_to(st->spec, st->stage, actions[j]);
-            if (to >= 0) msgs[count++] = comm_message(stage_output_buffer(w, actions[j], grad_index[j]), st->message, to, 1);
-        }
-        for (int j = k; j < end; j++) {  // receive: the inputs of this group
-            // a forward's into its slot's encoded (the slot is taken here, from the free ones);
-            // a backward's, the gradient at its chunk's output, into grad[grad_index]
-            int from = pipeline_input_from(st->spec, st->stage, actions[j]);
-            if (from >= 0) msgs[count++] = comm_message(stage_input_buffer(w, actions[j], grad_index[j]), st->message, from, 0);
-        }
-        comm_exchange(w->pp, msgs, count, COMM_FLOATX);
-        note_slots_in_use(w);  // (the peak count of slots held, for the memory check at the end)
-        if (k == n) break;
-        for (int j = k; j < end; j++) {  // compute: the group's actions, each on its slot
-            PipeAction a = actions[j];
-            watchdog_beat();
-            if (w->times) w->times[2 * j] = wall_time_s() - w->t0;
-            const int *inputs, *targets;
-            walk_tokens(w, a, &inputs, &targets);  // the micro-batch's tokens (first and last stage)
-            Activations* slot = stage_slot(st, a.micro, a.chunk);
-            note_slots_in_use(w);
-            if (a.op == PIPE_FORWARD) {
-                // the chunk's layers; the last virtual stage also the loss, its logits becoming
-                // their gradient. The slot keeps the activations for the backward.
-                w->loss += chunk_forward(w, slot, a.chunk, inputs, targets);
-            } else if (a.op == PIPE_BACKWARD) {
-                // from the gradient at the chunk's output (received into grad, or on the last
-                // virtual stage the dlogits) to the gradient at its input, left in the same
-                // buffer to be sent back; then the slot is free, unless W still needs it
-                chunk_backward(w, slot, st->grad[grad_index[j]], a.chunk, inputs, split);
-                if (!split) stage_release(st, a.micro, a.chunk);
-            } else {
-                chunk_weights(w, slot, a.chunk);  // W: the weight gradients B left to it
-                stage_release(st, a.micro, a.chunk);
-            }
-            if (w->times) {
-                device_synchronize();  // the GPU's work, not its launch
-                w->times[2 * j + 1] = wall_time_s() - w->t0;
-            }
-        }
-    }
-    free(group);
-    free(grad_index);
-}
 
 // The global gradient norm: each stage's sum of squares of its own gradients, summed over the
 // pipeline (all-reduce of one float). The tied wte is counted once: a stage with the head but not
@@ -334,8 +253,13 @@ int main(int argc, char** argv) {
         if (timed) comm_barrier(pp);  // a common start, so that the stages' clocks line up
         run_step_begin(&run);
         // 1. the schedule: this stage's forwards and backwards of the m micro-batches, with the
-        // exchanges between them. Each token's gradient is weighted 1/(B*T*m): the 1/m of every
-        // micro-batch's loss makes the step's gradient the mean over the whole batch.
+        // exchanges between them (llmc/pipeline_walk.h, read it next). The actions run in groups;
+        // before each, ONE exchange (MPI_Isend + MPI_Irecv, or NCCL's send and recv in one group)
+        // sends the group before's outputs, (B, T, C) floatX each: a forward's from its slot's last
+        // residual3 down the pipe, a backward's input gradient (grad[k % 2]) up it; and receives
+        // this group's inputs into a slot's encoded, or grad. Then each action computes
+        // (llmc/chunk.h) on its micro-batch's slot. Each token's gradient is weighted 1/(B*T*m):
+        // the 1/m of every micro-batch's loss makes the step's gradient the mean over the batch.
         watchdog_phase("pipeline schedule", step);
         device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
         walk.loss = 0.0f;

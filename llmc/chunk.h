@@ -2,8 +2,7 @@
 // backward (B) of one chunk of its layers on one micro-batch, and zero bubble's weight gradients
 // (W). Shared by train_gpt2_pp.cu (each stage whole: tp NULL) and train_gpt2_3d.cu (each stage
 // split over its tp ranks, Megatron's collectives inside: llmc/tensor_parallel.h). The walk that
-// calls them, with the exchanges between stages, is train_gpt2_pp.cu's chapter (and, for the 3D
-// trainer and forward-only passes, stage_walk below).
+// calls them, with the exchanges between stages, is llmc/pipeline_walk.h.
 //
 // BTs is the number of tokens of the residual stream on this rank: B*T, or B*T/tp with -sp; it is
 // also what travels between stages.
@@ -153,81 +152,6 @@ static inline void chunk_weights(Walk* walk, Activations* a, int chunk) {
     if (is_last_virtual(walk->st, chunk)) {  // the LM head's wte (this rank's Vp rows): dlogits^T @ lnf
         matmul_backward_weight(model->grads.wte, NULL, a->logits, a->lnf, B * T, d.C, d.Vp_rank);
     }
-}
-
-// ----------------------------------------------------------------------------------------------
-// The walk over a list of this stage's actions: train_gpt2_pp.cu's pipeline_walk, where each of
-// its steps is explained, here for the 3D trainer's steps and for both trainers' forward-only
-// passes. Before each group of actions (pipeline_exchange_index) one exchange sends the outputs of
-// the group before and receives the inputs of this one; a forward-only walk frees a slot once its
-// output is sent.
-static inline void stage_walk(Walk* w, const PipeAction* actions, int n) {
-    Stage* st = w->st;
-    int* group = (int*)malloc_check((size_t)n * sizeof(int));
-    int* grad_index = (int*)malloc_check((size_t)n * sizeof(int));
-    pipeline_exchange_index(actions, n, group);
-    stage_grad_indices(actions, n, grad_index);
-    for (int k = 0, prev = 0, end; ; prev = k, k = end) {
-        for (end = k; end < n && group[end] == group[k]; end++) {}
-        CommMessage msgs[8];
-        int count = 0;
-        for (int j = prev; j < k; j++) {
-            int to = pipeline_output_to(st->spec, st->stage, actions[j]);
-            if (to >= 0) msgs[count++] = comm_message(stage_output_buffer(w, actions[j], grad_index[j]), walk_message(w), to, 1);
-        }
-        for (int j = k; j < end; j++) {
-            int from = pipeline_input_from(st->spec, st->stage, actions[j]);
-            if (from >= 0) msgs[count++] = comm_message(stage_input_buffer(w, actions[j], grad_index[j]), walk_message(w), from, 0);
-        }
-        comm_exchange(w->pp, msgs, count, COMM_FLOATX);
-        note_slots_in_use(w);
-        for (int j = prev; j < k && w->forward_only; j++) stage_release(st, actions[j].micro, actions[j].chunk);
-        if (k == n) break;
-        for (int j = k; j < end; j++) {
-            PipeAction a = actions[j];
-            watchdog_beat();
-            if (w->times) w->times[2 * j] = wall_time_s() - w->t0;
-            const int *inputs, *targets;
-            walk_tokens(w, a, &inputs, &targets);
-            Activations* slot = stage_slot(st, a.micro, a.chunk);
-            note_slots_in_use(w);
-            if (a.op == PIPE_FORWARD) {
-                w->loss += chunk_forward(w, slot, a.chunk, inputs, targets);
-                if (is_last_virtual(st, a.chunk)) w->head = slot;
-            } else if (a.op == PIPE_BACKWARD) {
-                int split = st->spec.sched == SCHEDULE_ZB;  // W follows later and needs the slot
-                chunk_backward(w, slot, st->grad[grad_index[j]], a.chunk, inputs, split);
-                if (!split) stage_release(st, a.micro, a.chunk);
-            } else {
-                chunk_weights(w, slot, a.chunk);
-                stage_release(st, a.micro, a.chunk);
-            }
-            if (w->times) {
-                device_synchronize();  // the GPU's work, not its launch
-                w->times[2 * j + 1] = wall_time_s() - w->t0;
-            }
-        }
-    }
-    free(group);
-    free(grad_index);
-}
-
-// One micro-batch of B x T forward through the whole pipe (every chunk in turn), no backward:
-// chunk 0 of the loader's current batch, or without a loader `tokens`. Returns the walk: its
-// loss on the last stage, and the slot holding the logits there.
-static inline Walk stage_forward_pass(GPT2* model, Stage* st, CommGroup* pp, CommGroup* tp, ContextParallel* cp,
-                                      DataLoader* data, const int* tokens, int B, int T) {
-    PipeSpec one = st->spec;
-    one.m = 1;
-    PipeAction* actions = (PipeAction*)malloc_check((size_t)one.V * sizeof(PipeAction));
-    int n = pipeline_forward_actions(one, actions);
-    Walk w = walk_init(model, st, pp, tp, cp, B, T);
-    w.data = data;
-    w.tokens = tokens;
-    w.forward_only = 1;
-    stage_walk(&w, actions, n);
-    free(actions);
-    return w;
 }
 
 #endif

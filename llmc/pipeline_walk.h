@@ -1,0 +1,116 @@
+// The pipeline walk: one stage's actions of one step in the order its schedule gives
+// (llmc/pipeline.h), with the exchanges between neighbouring stages. The PP chapter
+// (train_gpt2_pp.cu) and the 3D trainer's steps call pipeline_walk; validation and samples walk
+// the pipe forward-only (stage_forward_pass). The computing of each action is llmc/chunk.h's.
+#ifndef LLMC_PIPELINE_WALK_H
+#define LLMC_PIPELINE_WALK_H
+
+#include "chunk.h"
+#include "pipeline.h"
+#include "stage.h"
+
+// The walk: one training step of this stage, its actions in the order the schedule gives
+// (pipeline.h; F a chunk's forward, B its backward, W zero bubble's weight gradients), each on
+// one micro-batch (a forward-only walk, for validation and samples: F only). The computing is
+// llmc/chunk.h's; what is pipeline parallelism is here: which buffer goes to which neighbour, and
+// when.
+//
+// Stage s talks only to its neighbours: a forward's input comes from the virtual stage before
+// (stage s - 1; with -vp, chunk c > 0 of stage 0 from the last stage's chunk c - 1) and its output
+// goes to the next; a backward's go the other way. Every message is (B, T, C) floatX (with the 3D
+// trainer's -sp, the rank's (B T/tp, C): walk_message).
+//
+// The actions run in groups (pipeline_exchange_index: one action each, or interleaved's forward
+// and backward that "join"). Before each group, ONE exchange posts at once the sends of the
+// group before's outputs and the receives of this group's inputs (comm_exchange: MPI_Isend and
+// MPI_Irecv then a wait for all; NCCL's send and recv in one group). Posting them together is what
+// lets two neighbours that each send to the other both go on: in 1F1B's steady state stage s
+// sends a forward's output down the pipe while stage s + 1 sends a backward's gradient up; two
+// blocking sends would wait for each other forever. pipeline_check_exchanges proved at start that
+// every exchange of this schedule pairs up and completes.
+static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
+    Stage* st = w->st;
+    int split = st->spec.sched == SCHEDULE_ZB;  // B leaves the weight gradients to a later W
+    int* group = (int*)malloc_check((size_t)n * sizeof(int));
+    int* grad_index = (int*)malloc_check((size_t)n * sizeof(int));
+    pipeline_exchange_index(actions, n, group);
+    // the stage's two gradient buffers alternate: the k-th backward receives into (and leaves its
+    // input gradient in) grad[k % 2], so it never overwrites the one the backward before is
+    // still sending
+    stage_grad_indices(actions, n, grad_index);
+    // this group is actions k .. end-1, the one before prev .. k-1; after the last group one more
+    // exchange sends its outputs
+    for (int k = 0, prev = 0, end; ; prev = k, k = end) {
+        for (end = k; end < n && group[end] == group[k]; end++) {}
+        // (a group is one action, or two joined: at most two sends and two receives)
+        CommMessage msgs[4];
+        int count = 0;
+        for (int j = prev; j < k; j++) {  // send: the outputs of the group before
+            // a forward's from its slot's last layer's residual3 to the next virtual stage; a
+            // backward's, its input gradient in grad[grad_index], to the one before (none: -1)
+            int to = pipeline_output_to(st->spec, st->stage, actions[j]);
+            if (to >= 0) msgs[count++] = comm_message(stage_output_buffer(w, actions[j], grad_index[j]), walk_message(w), to, 1);
+        }
+        for (int j = k; j < end; j++) {  // receive: the inputs of this group
+            // a forward's into its slot's encoded (the slot is taken here, from the free ones);
+            // a backward's, the gradient at its chunk's output, into grad[grad_index]
+            int from = pipeline_input_from(st->spec, st->stage, actions[j]);
+            if (from >= 0) msgs[count++] = comm_message(stage_input_buffer(w, actions[j], grad_index[j]), walk_message(w), from, 0);
+        }
+        comm_exchange(w->pp, msgs, count, COMM_FLOATX);
+        note_slots_in_use(w);  // (the peak count of slots held, for the memory check at the end)
+        // a forward-only walk frees a slot once its output is sent
+        for (int j = prev; j < k && w->forward_only; j++) stage_release(st, actions[j].micro, actions[j].chunk);
+        if (k == n) break;
+        for (int j = k; j < end; j++) {  // compute: the group's actions, each on its slot
+            PipeAction a = actions[j];
+            watchdog_beat();
+            if (w->times) w->times[2 * j] = wall_time_s() - w->t0;
+            const int *inputs, *targets;
+            walk_tokens(w, a, &inputs, &targets);  // the micro-batch's tokens (first and last stage)
+            Activations* slot = stage_slot(st, a.micro, a.chunk);
+            note_slots_in_use(w);
+            if (a.op == PIPE_FORWARD) {
+                // the chunk's layers; the last virtual stage also the loss, its logits becoming
+                // their gradient. The slot keeps the activations for the backward.
+                w->loss += chunk_forward(w, slot, a.chunk, inputs, targets);
+                if (is_last_virtual(st, a.chunk)) w->head = slot;  // (its logits: a sample's)
+            } else if (a.op == PIPE_BACKWARD) {
+                // from the gradient at the chunk's output (received into grad, or on the last
+                // virtual stage the dlogits) to the gradient at its input, left in the same
+                // buffer to be sent back; then the slot is free, unless W still needs it
+                chunk_backward(w, slot, st->grad[grad_index[j]], a.chunk, inputs, split);
+                if (!split) stage_release(st, a.micro, a.chunk);
+            } else {
+                chunk_weights(w, slot, a.chunk);  // W: the weight gradients B left to it
+                stage_release(st, a.micro, a.chunk);
+            }
+            if (w->times) {
+                device_synchronize();  // the GPU's work, not its launch
+                w->times[2 * j + 1] = wall_time_s() - w->t0;
+            }
+        }
+    }
+    free(group);
+    free(grad_index);
+}
+
+// One micro-batch of B x T forward through the whole pipe (every chunk in turn), no backward:
+// chunk 0 of the loader's current batch, or without a loader `tokens`. Returns the walk: its
+// loss on the last stage, and the slot holding the logits there.
+static inline Walk stage_forward_pass(GPT2* model, Stage* st, CommGroup* pp, CommGroup* tp, ContextParallel* cp,
+                                      DataLoader* data, const int* tokens, int B, int T) {
+    PipeSpec one = st->spec;
+    one.m = 1;
+    PipeAction* actions = (PipeAction*)malloc_check((size_t)one.V * sizeof(PipeAction));
+    int n = pipeline_forward_actions(one, actions);
+    Walk w = walk_init(model, st, pp, tp, cp, B, T);
+    w.data = data;
+    w.tokens = tokens;
+    w.forward_only = 1;
+    pipeline_walk(&w, actions, n);
+    free(actions);
+    return w;
+}
+
+#endif
