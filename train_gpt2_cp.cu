@@ -21,7 +21,9 @@ One step, on each of the cp ranks (all ranks form one cp group; each holds the w
    the keys and values of all the earlier tokens, which other ranks hold:
    ring       cp steps: at step s the rank holds the K,V block of rank r - s, computes its queries
               against it and merges the partial result by log-sum-exp, while passing the block
-              on to rank r + 1 and receiving the next from rank r - 1 (send/recv, cp - 1 of them)
+              on to rank r + 1 and receiving the next from rank r - 1 (send/recv, cp - 1 of them).
+              Step 0's block is the rank's own: under the causal mask every query sees at least
+              itself there, so the merge starts from a finite max and lse for every row
    allgather  one all-gather of every rank's K,V block into (cp, B, T/cp, 2C), rank after rank,
               then the same merge
    The causal mask decides per pair of chunks: keys wholly before the queries, wholly after
@@ -39,9 +41,14 @@ One step, on each of the cp ranks (all ranks form one cp group; each holds the w
 
 Choosing: CP divides every activation by cp (the weights and optimizer states not at all: with
 ZeRO or TP beside it in a grid); it costs attention's K,V traffic, 2 (cp - 1)/cp B T C X per layer
-forward, which hides behind the block computation when T is long. The zigzag split gives every
-rank the same attention work; contiguous gives the last rank 2cp - 1 times the first's (-cp_layout
-contiguous shows it).
+forward, which hides behind the block computation when T is long. The balance, in tiles of
+len x len score products (len the chunk length): query chunk i does i whole tiles (the keys of
+chunks 0..i-1) and one diagonal (its own keys, half a tile: len (len + 1) / 2). Zigzag cuts the
+sequence into 2cp chunks and gives rank r chunks r and 2cp-1-r: r + (2cp-1-r) = 2cp - 1 whole tiles
+and two diagonals on every rank. Contiguous gives rank r chunk r of cp: r whole tiles and one
+diagonal, so the last rank does (cp-1) len^2 + len (len+1)/2 against the first's len (len+1)/2,
+which tends to 2cp - 1 times as len = T/cp grows (at cp 4, T 32: 228 against 36, 6.3 times; the
+start's table prints each rank's).
 
 The result matches one process training the whole model to fp32 rounding (checked against
 PyTorch in test/).
@@ -75,9 +82,14 @@ static void layer_forward(GPT2* model, ContextParallel* cp, LayerActs x, LayerWe
                           int B, int T, int rerun) {
     LayerDims d = model->dims;
     int Tl = T / cp->cp->size, C = d.C;
-    // the attention half, its queries against the keys and values of the whole sequence (ring
-    // or all-gather over the cp group; att_state keeps lse, (B, NH, Tl) fp32): residual2 =
-    // residual + attproj, fused with ln2
+    // the attention half, its queries against the keys and values of the whole sequence
+    // (llmc/context_parallel.h's cp_attention_forward, read it next). Ring: the rank packs its
+    // K,V (B, Tl, 2C) into kv[0]; then cp steps, at step s computing against the block in
+    // kv[s % 2] (rank r - s's; step 0 its own, which every query's merge must start from) while
+    // that block is posted on to rank r + 1 and the next received from rank r - 1 into the other
+    // buffer; each step's partial output merges into o (fp32) by log-sum-exp. All-gather: one
+    // collective of every rank's block into kv_all (cp, B, Tl, 2C), then the same merge.
+    // att_state keeps lse, (B, NH, Tl) fp32. Then residual2 = residual + attproj, fused with ln2
     cp_attention_half_forward(cp, x, w, B, Tl, d);
     fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, residual, x.attproj, w.ln2w, w.ln2b,
                                      B * Tl, C);
@@ -157,8 +169,12 @@ static void gpt2_backward(GPT2* model, ContextParallel* cp, const int* inputs_ho
         layernorm_backward(a->dresidual, gw.ln2w, gw.ln2b, a->dbuf, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd, B * Tl,
                            C);
         // the attention half's backward (block.h's two passes, attention over the sequence in
-        // the first: the ring once more, or the all-gather and a reduce-scatter): datty in dbuf,
-        // dqkv, then dln1 into dbuf (datty is used up by then)
+        // the first: cp_attention_backward). Ring: the K,V blocks go round a second time, and
+        // with each its gradient dK,dV (B, Tl, 2C) fp32 in dkv, to which every rank adds its
+        // queries' part before passing it on; after cp passes each block's gradient is home with
+        // its owner. All-gather: K,V gathered again, then a reduce-scatter of the whole
+        // sequence's dK,dV to the owners. datty in dbuf, dqkv, then dln1 into dbuf (datty is
+        // used up by then)
         cp_attention_half_backward_input(cp, a->dbuf, a->dbuf, a->dqkv, a->dresidual, x, w, B, Tl, d);
         attention_half_backward_weight(gw, a->dqkv, a->dresidual, x, B, Tl, d);
         layernorm_backward(a->dresidual, gw.ln1w, gw.ln1b, a->dbuf, residual, w.ln1w, x.ln1_mean, x.ln1_rstd, B * Tl, C);
@@ -280,6 +296,8 @@ int main(int argc, char** argv) {
     // ---- the layout: every rank the whole model and T/cp tokens of each sequence
     run_check_one_group(&run, "-cp", cp_flag, "one context-parallel group");
     CpSplit split = cp_split_of(split_name);
+    // all-gather wins where one collective beats cp - 1 exchanges: K,V blocks too small to hide
+    // each exchange behind a block's compute (short T/cp); the ring holds 2 blocks, not cp
     int allgather = cp_allgather_of(comm_name);
     int B = run.args.B, T = run.args.T, chunks = cp_check_split(split, ranks, T, "cp ranks");
     cp_check_head_size(config.channels / config.num_heads);
@@ -368,13 +386,15 @@ int main(int argc, char** argv) {
         if (dump_grads != NULL && step == 0 && rank == 0) gpt2_write_gathered(&model, NULL, model.grads_memory, dump_grads);
     }
     run_end(&run);
-    // each rank's attention work (score products) and time computing it in the last step: the
-    // balance of the split, measured (the exchanges' waiting is in the step line's "exposed")
+    // each rank's attention work (the forward's score products; the backward redoes each) and
+    // its time computing blocks forward and backward in the last step: the balance of the split,
+    // measured (the exchanges' waiting is in the step line's "exposed")
     for (int r = 0; r < ranks && run.max_steps > run.start_step; r++) {
         float figures[2] = {r == rank ? (float)step_work : 0.0f, r == rank ? (float)step_attention_s : 0.0f};
         comm_all_reduce_scalar(world, &figures[0], COMM_SUM);
         comm_all_reduce_scalar(world, &figures[1], COMM_SUM);
-        if (rank == 0) printf("rank %d: attention work %.0f score products a step, %.1f ms computing it\n", r, figures[0], 1e3 * figures[1]);
+        if (rank == 0) printf("rank %d: attention work %.0f score products a step (forward), %.1f ms computing blocks forward and "
+                           "backward\n", r, figures[0], 1e3 * figures[1]);
     }
     cp_free(&cp);
     gpt2_free(&model);

@@ -150,7 +150,9 @@ static inline void cp_attention_forward(ContextParallel* cp, floatX* atty, float
             cp->work += B * NH * cp_attention_work(mine, theirs);
         }
     } else {
-        for (int s = 0; s < n; s++) {  // (step 0: this rank's own block, which `first` needs)
+        // step 0 is this rank's own block: under the causal mask every query sees at least
+        // itself there, so the merge (`first`, s == 0) starts every row from a finite max and lse
+        for (int s = 0; s < n; s++) {
             floatX* here = cp->kv[s % 2];  // the block of rank r - s
             int owner = (r + n - s) % n;
             CommRequest next;
