@@ -452,13 +452,9 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
         size_t unpadded = parameter_layout_grid(c, g->tp, 0, s.p, stage, s.V).count;
         MemoryPlan plan = memory_plan(c, d.target, &run->layout, stage, 0);
         const ParameterLayout l = plan.layout;
-        printf("  stage %d  layers", stage);
-        for (int chunk = 0; chunk < s.V; chunk++) {
-            int first = layout_layer(&l, chunk * st->chunk_layers);
-            printf(" %d-%d", first, first + st->chunk_layers - 1);
-        }
-        printf("%s%s  %zu parameters per tp rank, %.1f MB (activations %.1f MB)\n", l.embedding ? " + wte, wpe" : "",
-               l.head ? " + lnf, wte copy" : "", unpadded, plan.total / 1e6, plan.activations / 1e6);
+        stage_print_layers(stage, &l, s.V, st->chunk_layers);
+        printf("  %zu parameters per tp rank, %.1f MB (activations %.1f MB)\n", unpadded, plan.total / 1e6,
+               plan.activations / 1e6);
     }
     pipeline_print_chart(s);
     printf("memory of rank 0 (dp 0, stage 0, cp 0, tp 0), Psi = its parameters:\n");
@@ -497,6 +493,92 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
     printf("  world all-reduce   %12.0f bytes  4 (the gradient norm)\n", b.world);
 }
 
+// A layer's widths on this rank (tp slices; with -sp its T/cp tokens split over tp), checked
+// against the grid: cp whole chunks of the split, tp dividing the heads, 4C and Vp. A sequence's
+// tokens on this rank (and a sample's, padded to this multiple) are whole chunks, and with -sp
+// whole shards of T/cp over tp: that multiple in *tokens_multiple
+static LayerDims grid_dims(GPT2Config config, int cp_size, int tp, int sp, CpSplit split, int T, int* tokens_multiple) {
+    if (cp_size > 1) cp_check_split(split, cp_size, T, "cp ranks");
+    LayerDims dims = tp_layer_dims(config, tp, sp, T, "tp ranks");
+    *tokens_multiple = cp_size > 1 ? cp_tokens_multiple(split, cp_size, dims.seq_shards) : dims.seq_shards;
+    if (T % *tokens_multiple != 0) {
+        fail("-sp 1 splits each rank's T/cp = %d tokens over the %d tp ranks: -t %d must be a multiple of %d (cp x tp = %d, "
+             "and the %s split's chunks)", T / cp_size, tp, T, *tokens_multiple, cp_size * tp, cp_split_name(split));
+    }
+    if (cp_size > 1) {
+        cp_check_head_size(dims.att / dims.NH);
+        dims.target.flash = 1;  // attention keeps lse, (B, NH/tp, Tl) fp32, as flash attention does
+    }
+    return dims;
+}
+
+// One training step of this rank (the header's steps 1-7), after run_step_begin: the schedule
+// over the replica's micro-batches, then the reductions across groups, the norm, AdamW, the step
+// line. timed: the walk records each action's times (-timeline, on replica 0's pipeline)
+static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions, int n, floatX* grad_shard, int zero,
+                      int step, int timed) {
+    GPT2* model = t->model;
+    Grid* g = t->g;
+    const ParameterLayout* layout = &model->layout;
+    size_t lo, hi;  // this rank's shard of its buffer over dp x cp (replica_shard)
+    replica_shard(layout, zero, g, &lo, &hi);
+    // 1. the schedule over this replica's m micro-batches: each stage's forwards and
+    // backwards with the exchanges between them (pp group), the tp collectives inside each
+    // chunk, with -cp attention's K,V exchanges over cp inside each layer. Each of this
+    // rank's tokens' gradient is weighted 1/(B T m), T its T/cp tokens of a sequence: the
+    // mean of its share; the mean over the shares follows in 4.
+    watchdog_phase("pipeline schedule", step);
+    device_memset_zero(model->grads_memory, layout->count * sizeof(floatX));
+    walk->loss = 0.0f;
+    walk->times = timed ? t->st->times : NULL;
+    walk->t0 = run->step_start;
+    pipeline_walk(walk, actions, n);  // (llmc/pipeline_walk.h, the PP chapter's walk)
+    dataloader_advance(&run->train);
+    // 2. -sp: the LayerNorm weights of this stage saw only this rank's tokens: all-reduce
+    // their gradients over tp ((Ls, C) each of ln1w, ln1b, ln2w, ln2b; (C) each of lnfw,
+    // lnfb on the last stage)
+    watchdog_phase("gradient reductions", step);
+    if (model->dims.seq_shards > 1) layernorm_grads_all_reduce(model, &g->tp_group);
+    // 3. the tied embedding: the first stage's wte rows (this tp rank's Vp/tp) have their
+    // gradient from the lookups, the last stage's copy from the LM head. All-reduce
+    // (Vp/tp, C) over the embedding group, so both copies get the sum and the same update.
+    // A SUM: the two are parts of one tensor's gradient (as two uses of it in one process
+    // add); the replicas' gradients below are whole estimates of the same one, so an AVG.
+    if (g->pp > 1 && g->in_embedding) {
+        comm_all_reduce(&g->embedding, model->grads.wte, layout->sizes[PARAM_WTE], COMM_FLOATX, COMM_SUM);
+    }
+    // 4. data parallelism: the mean of the replicas' gradients. An all-reduce (AVG) of this
+    // rank's whole buffer (N) over dp; with -z 1 a reduce-scatter (AVG) that leaves this
+    // replica its 1/dp shard, the part of the buffer it updates. With -cp the group holds the
+    // replicas' cp ranks too (dp x cp): each holds the gradient of its tokens' mean loss, the
+    // ring having carried every token's part to the keys' owners, so the mean over the dp x cp
+    // equal shares is the mean over every token of the step, as one process would compute
+    if (zero) comm_reduce_scatter(&g->dp_group, model->grads_memory, grad_shard, layout_state_held(layout), COMM_FLOATX, COMM_AVG);
+    else comm_all_reduce(&g->dp_group, model->grads_memory, layout->count, COMM_FLOATX, COMM_AVG);
+    // 5. the loss lives on the last stage (walk.loss is 0 on the others): broadcast over the
+    // pipe, then averaged over the replicas and their cp ranks (one float each, each a mean of
+    // as many tokens), so that every rank prints and checks the same value
+    float loss = walk->loss / (float)t->st->spec.m;
+    comm_broadcast_host(&g->pp_group, &loss, sizeof(float), g->pp - 1);
+    comm_all_reduce_scalar(&g->dp_group, &loss, COMM_AVG);
+    // 6. the global gradient norm: each rank's owned squares (owned_norm_squared), summed
+    // over the world (all-reduce of one float)
+    watchdog_phase("AdamW update", step);
+    float squares = owned_norm_squared(model, zero ? grad_shard : model->grads_memory + lo, lo, hi, g->tp_rank);
+    comm_all_reduce_scalar(&run->world, &squares, COMM_SUM);
+    float grad_norm = sqrtf(squares);
+    // the loss and the norm are the same on every rank, so every rank stops here together
+    train_stop_if_not_finite(step, loss, grad_norm);
+    // 7. AdamW. Without ZeRO on the whole buffer (every replica the same update; replicated
+    // tensors and both wte copies round alike: the layout's rounding index); with -z 1 on
+    // this replica's shard [lo, hi), then all-gathered over dp (zero1_adamw_step)
+    float clip_scale, lr = zero ? zero1_adamw_step(model, run, g, grad_shard, lo, hi, step, grad_norm, &clip_scale)
+                                : train_adamw_step(model, &run->args, step, run->max_steps, grad_norm, &clip_scale);
+    // the step line and main.log (llmc/run.h): rank 0's bytes per group equal the formulas
+    // printed at the start
+    run_step_end(run, step, loss, lr, grad_norm, clip_scale);
+}
+
 int main(int argc, char** argv) {
     // ---- the flags: the common ones (llmc/train.h) and this trainer's own; then the
     // communication layer and the model's config (llmc/run.h)
@@ -532,22 +614,9 @@ int main(int argc, char** argv) {
     dp = grid_replicas(dp, pp, cp_size, tp, world->size);
     CpSplit split = cp_split_of(split_name);
     int allgather = cp_allgather_of(cp_comm);
-    int B = run.args.B, T = run.args.T;
-    if (cp_size > 1) cp_check_split(split, cp_size, T, "cp ranks");
-    int Tl = T / cp_size;
-    LayerDims dims = tp_layer_dims(config, tp, sp, T, "tp ranks");
+    int B = run.args.B, T = run.args.T, Tl = T / cp_size, tokens_multiple;
+    LayerDims dims = grid_dims(config, cp_size, tp, sp, split, T, &tokens_multiple);
     sp = dims.seq_shards > 1;  // with one tp rank there is nothing to split
-    // a sequence's tokens on this rank (and a sample's, padded to this multiple): whole chunks,
-    // and with -sp whole shards of T/cp over tp
-    int tokens_multiple = cp_size > 1 ? cp_tokens_multiple(split, cp_size, dims.seq_shards) : dims.seq_shards;
-    if (T % tokens_multiple != 0) {
-        fail("-sp 1 splits each rank's T/cp = %d tokens over the %d tp ranks: -t %d must be a multiple of %d (cp x tp = %d, "
-             "and the %s split's chunks)", Tl, tp, T, tokens_multiple, cp_size * tp, cp_split_name(split));
-    }
-    if (cp_size > 1) {
-        cp_check_head_size(dims.att / dims.NH);
-        dims.target.flash = 1;  // attention keeps lse, (B, NH/tp, Tl) fp32, as flash attention does
-    }
     // the batch: a step is m micro-batches of B x T on each of the dp replicas
     int m = train_accumulation_steps(&run.args, dp, "dp");
     PipeSpec spec = pipeline_spec_of(sched_name, pp, m, vp, config.num_layers, "-pp");
@@ -601,8 +670,6 @@ int main(int argc, char** argv) {
 
     // ---- training loop; `step` counts completed optimizer steps
     Walk walk = replica_walk(&model, &stage, &grid, cp, &run.train, m);
-    size_t lo, hi;  // this rank's shard of its buffer over dp x cp (replica_shard)
-    replica_shard(&layout, zero, &grid, &lo, &hi);
     // the replica of world rank 0's pipeline, at cp and tp rank 0: where the timeline is measured
     int in_timeline = grid.dp_rank == 0 && grid.cp_rank == 0 && grid.tp_rank == 0;
     for (int step = run.start_step; step <= run.max_steps; step++) {
@@ -610,61 +677,7 @@ int main(int argc, char** argv) {
         int timed = timeline > 0 && (step + 1) % timeline == 0;
         if (timed) comm_barrier(world);  // a common start, so that the stages' clocks line up
         run_step_begin(&run);
-        // 1. the schedule over this replica's m micro-batches: each stage's forwards and
-        // backwards with the exchanges between them (pp group), the tp collectives inside each
-        // chunk, with -cp attention's K,V exchanges over cp inside each layer. Each of this
-        // rank's tokens' gradient is weighted 1/(B T m), T its T/cp tokens of a sequence: the
-        // mean of its share; the mean over the shares follows in 4.
-        watchdog_phase("pipeline schedule", step);
-        device_memset_zero(model.grads_memory, N * X);
-        walk.loss = 0.0f;
-        walk.times = timed && in_timeline ? stage.times : NULL;
-        walk.t0 = run.step_start;
-        pipeline_walk(&walk, actions, n);  // (llmc/pipeline_walk.h, the PP chapter's walk)
-        dataloader_advance(&run.train);
-        // 2. -sp: the LayerNorm weights of this stage saw only this rank's tokens: all-reduce
-        // their gradients over tp ((Ls, C) each of ln1w, ln1b, ln2w, ln2b; (C) each of lnfw,
-        // lnfb on the last stage)
-        watchdog_phase("gradient reductions", step);
-        if (sp) layernorm_grads_all_reduce(&model, &grid.tp_group);
-        // 3. the tied embedding: the first stage's wte rows (this tp rank's Vp/tp) have their
-        // gradient from the lookups, the last stage's copy from the LM head. All-reduce
-        // (Vp/tp, C) over the embedding group, so both copies get the sum and the same update.
-        // A SUM: the two are parts of one tensor's gradient (as two uses of it in one process
-        // add); the replicas' gradients below are whole estimates of the same one, so an AVG.
-        if (pp > 1 && grid.in_embedding) {
-            comm_all_reduce(&grid.embedding, model.grads.wte, layout.sizes[PARAM_WTE], COMM_FLOATX, COMM_SUM);
-        }
-        // 4. data parallelism: the mean of the replicas' gradients. An all-reduce (AVG) of this
-        // rank's whole buffer (N) over dp; with -z 1 a reduce-scatter (AVG) that leaves this
-        // replica its 1/dp shard, the part of the buffer it updates. With -cp the group holds the
-        // replicas' cp ranks too (dp x cp): each holds the gradient of its tokens' mean loss, the
-        // ring having carried every token's part to the keys' owners, so the mean over the dp x cp
-        // equal shares is the mean over every token of the step, as one process would compute
-        if (zero) comm_reduce_scatter(&grid.dp_group, model.grads_memory, grad_shard, S, COMM_FLOATX, COMM_AVG);
-        else comm_all_reduce(&grid.dp_group, model.grads_memory, N, COMM_FLOATX, COMM_AVG);
-        // 5. the loss lives on the last stage (walk.loss is 0 on the others): broadcast over the
-        // pipe, then averaged over the replicas and their cp ranks (one float each, each a mean of
-        // as many tokens), so that every rank prints and checks the same value
-        float loss = walk.loss / (float)m;
-        comm_broadcast_host(&grid.pp_group, &loss, sizeof(float), pp - 1);
-        comm_all_reduce_scalar(&grid.dp_group, &loss, COMM_AVG);
-        // 6. the global gradient norm: each rank's owned squares (owned_norm_squared), summed
-        // over the world (all-reduce of one float)
-        watchdog_phase("AdamW update", step);
-        float squares = owned_norm_squared(&model, zero ? grad_shard : model.grads_memory + lo, lo, hi, grid.tp_rank);
-        comm_all_reduce_scalar(world, &squares, COMM_SUM);
-        float grad_norm = sqrtf(squares);
-        // the loss and the norm are the same on every rank, so every rank stops here together
-        train_stop_if_not_finite(step, loss, grad_norm);
-        // 7. AdamW. Without ZeRO on the whole buffer (every replica the same update; replicated
-        // tensors and both wte copies round alike: the layout's rounding index); with -z 1 on
-        // this replica's shard [lo, hi), then all-gathered over dp (zero1_adamw_step)
-        float clip_scale, lr = zero ? zero1_adamw_step(&model, &run, &grid, grad_shard, lo, hi, step, grad_norm, &clip_scale)
-                                    : train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
-        // the step line and main.log (llmc/run.h): rank 0's bytes per group equal the formulas
-        // printed at the start
-        run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
+        grid_step(&run, &trainer, &walk, actions, n, grad_shard, zero, step, timed && in_timeline);  // steps 1-7 (above)
         if (cp) device_spans_collect(&cp->attention_time);  // (the CP chapter reports them; here read, not kept)
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) check_copies(&model, &grid, step + 1);
         // (after the step's count; AdamW left the gradients as they were)

@@ -273,6 +273,22 @@ static void print_layout(const Run* run, const ContextParallel* cp, int accum) {
            cp->allgather ? "(cp-1)/cp (all-gather + reduce-scatter)" : "send");
 }
 
+// After the run: each rank's attention work (the forward's score products; the backward redoes
+// each) and its time computing blocks forward and backward in the last step, gathered to rank 0
+// (one float each per rank): the balance of the split, measured (the exchanges' waiting is in the
+// step line's "exposed")
+static void report_attention_work(CommGroup* world, double step_work, double step_attention_s) {
+    for (int r = 0; r < world->size; r++) {
+        float figures[2] = {r == world->rank ? (float)step_work : 0.0f, r == world->rank ? (float)step_attention_s : 0.0f};
+        comm_all_reduce_scalar(world, &figures[0], COMM_SUM);
+        comm_all_reduce_scalar(world, &figures[1], COMM_SUM);
+        if (world->rank == 0) {
+            printf("rank %d: attention work %.0f score products a step (forward), %.1f ms computing blocks forward and "
+                   "backward\n", r, figures[0], 1e3 * figures[1]);
+        }
+    }
+}
+
 int main(int argc, char** argv) {
     // ---- the flags: the common ones (llmc/train.h) and this trainer's own; then the
     // communication layer and the model's config (llmc/run.h)
@@ -386,16 +402,7 @@ int main(int argc, char** argv) {
         if (dump_grads != NULL && step == 0 && rank == 0) gpt2_write_gathered(&model, NULL, model.grads_memory, dump_grads);
     }
     run_end(&run);
-    // each rank's attention work (the forward's score products; the backward redoes each) and
-    // its time computing blocks forward and backward in the last step: the balance of the split,
-    // measured (the exchanges' waiting is in the step line's "exposed")
-    for (int r = 0; r < ranks && run.max_steps > run.start_step; r++) {
-        float figures[2] = {r == rank ? (float)step_work : 0.0f, r == rank ? (float)step_attention_s : 0.0f};
-        comm_all_reduce_scalar(world, &figures[0], COMM_SUM);
-        comm_all_reduce_scalar(world, &figures[1], COMM_SUM);
-        if (rank == 0) printf("rank %d: attention work %.0f score products a step (forward), %.1f ms computing blocks forward and "
-                           "backward\n", r, figures[0], 1e3 * figures[1]);
-    }
+    if (run.max_steps > run.start_step) report_attention_work(world, step_work, step_attention_s);
     cp_free(&cp);
     gpt2_free(&model);
     comm_finalize();

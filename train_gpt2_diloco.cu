@@ -96,8 +96,16 @@ typedef struct {
 // Worker w holds ranks w R .. w R + R - 1: consecutive ranks share a machine, and the worker's
 // every-step all-reduce should be the fast one. comm_split (MPI_Comm_split, ncclCommSplit): the
 // ranks passing the same colour form a group, ordered by the key.
-static void diloco_init(Diloco* d, CommGroup* world, int workers, size_t P) {
+static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, int H, int fragments, float outer_lr,
+                        float outer_momentum, int outer_bf16) {
     int R = world->size / workers, r = world->rank;
+    size_t P = model->num_parameters;
+    d->model = model;
+    d->H = H;
+    d->fragments = fragments;
+    d->outer_lr = outer_lr;
+    d->outer_momentum = outer_momentum;
+    d->outer_bf16 = outer_bf16;
     d->rank = r;
     d->workers = workers;
     d->ranks_per_worker = R;
@@ -406,6 +414,51 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
            mean_sent, peak_sent, p, 2.0 * (p - 1) / p * P * X);
 }
 
+// DiLoCo's own flags against the job: W dividing the ranks (0: one worker per rank), F dividing
+// L and H, the link's dtype, -dump_outer's directory (checked now: it is written after the run).
+// Returns W.
+static int diloco_check_flags(int workers, int ranks, int H, int fragments, GPT2Config c, const char* outer_dtype,
+                              const char* dump_outer) {
+    if (workers == 0) workers = ranks;
+    if (ranks % workers != 0) {
+        fail("-workers %d does not divide the %d ranks: each worker is ranks / W ranks (launch a multiple of %d)", workers,
+             ranks, workers);
+    }
+    if (c.num_layers % fragments != 0 || H % fragments != 0) {
+        fail("-fragments %d: the fragments are L/F layers each and take turns every H/F steps, so F must divide the "
+             "model's L = %d layers and -H %d", fragments, c.num_layers, H);
+    }
+    if (strcmp(outer_dtype, "fp32") != 0 && strcmp(outer_dtype, "bf16") != 0) {
+        fail("-outer_dtype %s: expected fp32 or bf16", outer_dtype);
+    }
+    if (dump_outer != NULL) {
+        char dir[4096];
+        snprintf(dir, sizeof(dir), "%s", dump_outer);
+        char* slash = strrchr(dir, '/');
+        if (slash == NULL) snprintf(dir, sizeof(dir), ".");
+        else if (slash == dir) slash[1] = '\0';
+        else *slash = '\0';
+        struct stat st;
+        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            fail("-dump_outer %s: its directory '%s' does not exist", dump_outer, dir);
+        }
+    }
+    return workers;
+}
+
+// on rank 0 after the run: theta_outer after the last outer step in -o (model_<step>.bin, as the
+// other trainers' last checkpoint names it, which holds the same values when -n wrote it); with
+// -dump_outer the outer momentum too
+static void write_run_files(const Run* run, const Diloco* d, const char* dump_outer) {
+    int checkpointed = train_checkpoint_due(&run->args, run->max_steps, run->start_step, 1);
+    if (run->args.out_dir != NULL && run->max_steps > run->start_step && !checkpointed) {
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/model_%08d.bin", run->args.out_dir, run->max_steps);
+        write_outer_file(d->model, d->outer, path);
+    }
+    if (dump_outer != NULL) write_outer_file(d->model, d->momentum, dump_outer);
+}
+
 int main(int argc, char** argv) {
     // ---- the flags: the common ones (llmc/train.h) and this trainer's own; then the
     // communication layer and the model's config (llmc/run.h)
@@ -429,30 +482,7 @@ int main(int argc, char** argv) {
     GPT2Config config = run.config;
 
     // ---- the workers: W of R ranks, every rank the whole model
-    if (workers == 0) workers = ranks;
-    if (ranks % workers != 0) {
-        fail("-workers %d does not divide the %d ranks: each worker is ranks / W ranks (launch a multiple of %d)", workers,
-             ranks, workers);
-    }
-    if (config.num_layers % fragments != 0 || H % fragments != 0) {
-        fail("-fragments %d: the fragments are L/F layers each and take turns every H/F steps, so F must divide the "
-             "model's L = %d layers and -H %d", fragments, config.num_layers, H);
-    }
-    if (strcmp(outer_dtype, "fp32") != 0 && strcmp(outer_dtype, "bf16") != 0) {
-        fail("-outer_dtype %s: expected fp32 or bf16", outer_dtype);
-    }
-    if (dump_outer != NULL) {  // (checked now: it is written only after the run)
-        char dir[4096];
-        snprintf(dir, sizeof(dir), "%s", dump_outer);
-        char* slash = strrchr(dir, '/');
-        if (slash == NULL) snprintf(dir, sizeof(dir), ".");
-        else if (slash == dir) slash[1] = '\0';
-        else *slash = '\0';
-        struct stat st;
-        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-            fail("-dump_outer %s: its directory '%s' does not exist", dump_outer, dir);
-        }
-    }
+    workers = diloco_check_flags(workers, ranks, H, fragments, config, outer_dtype, dump_outer);
     int B = run.args.B, T = run.args.T;
     LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);
     // a step is accum micro-batches of B x T on each of the ranks, as DDP over all of them
@@ -475,13 +505,7 @@ int main(int argc, char** argv) {
     gpt2_build(&model, config, dims, layout, weights, B, T, ACTS_ALL, activations_kept(run.args.recompute, 0, dims), 0);
     free(weights);
     Diloco d;
-    d.model = &model;
-    d.H = H;
-    d.fragments = fragments;
-    d.outer_lr = outer_lr;
-    d.outer_momentum = outer_momentum;
-    d.outer_bf16 = strcmp(outer_dtype, "bf16") == 0;
-    diloco_init(&d, world, workers, model.num_parameters);
+    diloco_init(&d, &model, world, workers, H, fragments, outer_lr, outer_momentum, strcmp(outer_dtype, "bf16") == 0);
     outer_from_params(d.outer, model.params_memory, model.master_memory, model.num_parameters);  // theta_outer = theta_0
     if (rank == 0) print_layout(&run, &d, &layout, accum);
 
@@ -548,16 +572,7 @@ int main(int argc, char** argv) {
         run_step_end(&run, step, printed[0], lr, printed[1], clip_scale);
     }
     run_end(&run);
-    // the model file of the run: theta_outer after the last outer step, in -o (model_<step>.bin,
-    // as the other trainers' last checkpoint names it, which holds the same values when -n wrote
-    // it); with -dump_outer the outer momentum too
-    int checkpointed = train_checkpoint_due(&run.args, run.max_steps, run.start_step, 1);
-    if (rank == 0 && run.args.out_dir != NULL && run.max_steps > run.start_step && !checkpointed) {
-        char path[4200];
-        snprintf(path, sizeof(path), "%s/model_%08d.bin", run.args.out_dir, run.max_steps);
-        write_outer_file(&model, d.outer, path);
-    }
-    if (rank == 0 && dump_outer != NULL) write_outer_file(&model, d.momentum, dump_outer);
+    if (rank == 0) write_run_files(&run, &d, dump_outer);  // theta_outer as the run's model file
     diloco_free(&d);
     gpt2_free(&model);
     comm_finalize();

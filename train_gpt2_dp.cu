@@ -733,9 +733,7 @@ int main(int argc, char** argv) {
         run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
         // after the step's count; AdamW left the gradients as they were
         if (dump_grads != NULL && step == 0) write_gradients(&model, &z, world, dump_grads);
-        if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
-            train_check_replicas(&model, world, step + 1, NULL, "replicas");
-        }
+        if (check_replicas > 0 && (step + 1) % check_replicas == 0) train_check_replicas(&model, world, step + 1, NULL, "replicas");
     }
     run_end(&run);
     zero_free(&z);

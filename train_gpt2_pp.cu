@@ -144,14 +144,9 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st) {
     for (int stage = 0; stage < s.p; stage++) {
         MemoryPlan of_stage = memory_plan(c, plan->dims.target, &run->layout, stage, stage == 0);
         const ParameterLayout l = of_stage.layout;
-        printf("  stage %d  layers", stage);
-        for (int chunk = 0; chunk < s.V; chunk++) {
-            int first = layout_layer(&l, chunk * st->chunk_layers);
-            printf(" %d-%d", first, first + st->chunk_layers - 1);
-        }
-        printf("%s%s  %zu parameters (%.1f%%), %.1f MB (activations %.1f MB in %d slots)\n", l.embedding ? " + wte, wpe" : "",
-               l.head ? " + lnf, wte copy" : "", l.count, 100.0 * l.count / P, of_stage.total / 1e6, of_stage.activations / 1e6,
-               of_stage.slots);
+        stage_print_layers(stage, &l, s.V, st->chunk_layers);
+        printf("  %zu parameters (%.1f%%), %.1f MB (activations %.1f MB in %d slots)\n", l.count, 100.0 * l.count / P,
+               of_stage.total / 1e6, of_stage.activations / 1e6, of_stage.slots);
     }
     pipeline_print_chart(s);
     printf("memory of stage 0 (this rank), Psi = its parameters:\n");
@@ -170,6 +165,52 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st) {
                b.send + (b.all_reduce - 4) + 2.0 * (s.p - 1) / s.p * 4);
     printf("  the whole pipeline sends (pV-1) boundaries x 2 m B T C X = %.0f bytes per step\n",
            (double)(s.p * s.V - 1) * 2 * s.m * message);
+}
+
+// One training step of this stage (steps 1-5 of the loop), after run_step_begin: the schedule
+// with its exchanges, the tied embedding's all-reduce, the loss, the norm, AdamW, the step line.
+// embed: the embedding group (the first and last stage; a group of one rank elsewhere and when
+// p = 1). timed: the walk records each action's times (-timeline)
+static void pipeline_step(Run* run, Pipeline* t, Walk* walk, const PipeAction* actions, int n, CommGroup* embed, int step,
+                          int timed) {
+    GPT2* model = t->model;
+    // 1. the schedule: this stage's forwards and backwards of the m micro-batches, with the
+    // exchanges between them (llmc/pipeline_walk.h, read it next). The actions run in groups;
+    // before each, ONE exchange (MPI_Isend + MPI_Irecv, or NCCL's send and recv in one group)
+    // sends the group before's outputs, (B, T, C) floatX each: a forward's from its slot's last
+    // residual3 down the pipe, a backward's input gradient (grad[k % 2]) up it; and receives
+    // this group's inputs into a slot's encoded, or grad. Then each action computes
+    // (llmc/chunk.h) on its micro-batch's slot. Each token's gradient is weighted 1/(B*T*m):
+    // the 1/m of every micro-batch's loss makes the step's gradient the mean over the batch.
+    watchdog_phase("pipeline schedule", step);
+    device_memset_zero(model->grads_memory, model->num_parameters * sizeof(floatX));
+    walk->loss = 0.0f;
+    walk->times = timed ? t->st->times : NULL;
+    walk->t0 = run->step_start;
+    pipeline_walk(walk, actions, n);
+    dataloader_advance(&run->train);
+    // 2. the tied embedding: the first stage has wte's gradient from the lookups, the last
+    // from the LM head. All-reduce (Vp, C) over the embedding group, so that both copies get
+    // the sum and take the same update.
+    watchdog_phase("embedding all-reduce", step);
+    if (embed->size > 1) comm_all_reduce(embed, model->grads.wte, model->layout.sizes[PARAM_WTE], COMM_FLOATX, COMM_SUM);
+    // 3. the loss lives on the last stage: broadcast it (one float) for the step line and
+    // for every rank's finite check
+    float loss = walk->loss / (float)t->st->spec.m;
+    comm_broadcast_host(t->pp, &loss, sizeof(float), t->pp->size - 1);
+    // 4. the global gradient norm: the stages' squares summed over the pipeline (all-reduce of
+    // one float in stage_grad_norm), the last stage's wte copy left out: after step 2 it
+    // equals the first stage's
+    watchdog_phase("AdamW update", step);
+    float grad_norm = stage_grad_norm(model, t->pp);
+    // the loss and the norm are the same on every rank, so every rank stops here together
+    train_stop_if_not_finite(step, loss, grad_norm);
+    // 5. AdamW on this stage's parameters. Both wte copies have the same gradient, moments and
+    // rounding index (the layout's), so they stay identical.
+    float clip_scale, lr = train_adamw_step(model, &run->args, step, run->max_steps, grad_norm, &clip_scale);
+    // the step line and main.log (llmc/run.h): stage 0's bytes of each kind (send, recv,
+    // all-reduce, broadcast) equal the formula printed at the start
+    run_step_end(run, step, loss, lr, grad_norm, clip_scale);
 }
 
 int main(int argc, char** argv) {
@@ -252,43 +293,7 @@ int main(int argc, char** argv) {
         int timed = timeline > 0 && (step + 1) % timeline == 0;
         if (timed) comm_barrier(pp);  // a common start, so that the stages' clocks line up
         run_step_begin(&run);
-        // 1. the schedule: this stage's forwards and backwards of the m micro-batches, with the
-        // exchanges between them (llmc/pipeline_walk.h, read it next). The actions run in groups;
-        // before each, ONE exchange (MPI_Isend + MPI_Irecv, or NCCL's send and recv in one group)
-        // sends the group before's outputs, (B, T, C) floatX each: a forward's from its slot's last
-        // residual3 down the pipe, a backward's input gradient (grad[k % 2]) up it; and receives
-        // this group's inputs into a slot's encoded, or grad. Then each action computes
-        // (llmc/chunk.h) on its micro-batch's slot. Each token's gradient is weighted 1/(B*T*m):
-        // the 1/m of every micro-batch's loss makes the step's gradient the mean over the batch.
-        watchdog_phase("pipeline schedule", step);
-        device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
-        walk.loss = 0.0f;
-        walk.times = timed ? stage.times : NULL;
-        walk.t0 = run.step_start;
-        pipeline_walk(&walk, actions, n);
-        dataloader_advance(&run.train);
-        // 2. the tied embedding: the first stage has wte's gradient from the lookups, the last
-        // from the LM head. All-reduce (Vp, C) over the embedding group, so that both copies get
-        // the sum and take the same update.
-        watchdog_phase("embedding all-reduce", step);
-        if (p > 1 && in_embed) comm_all_reduce(&embed, model.grads.wte, model.layout.sizes[PARAM_WTE], COMM_FLOATX, COMM_SUM);
-        // 3. the loss lives on the last stage: broadcast it (one float) for the step line and
-        // for every rank's finite check
-        float loss = walk.loss / (float)m;
-        comm_broadcast_host(pp, &loss, sizeof(float), p - 1);
-        // 4. the global gradient norm: the stages' squares summed over the pipeline (all-reduce of
-        // one float in stage_grad_norm), the last stage's wte copy left out: after step 2 it
-        // equals the first stage's
-        watchdog_phase("AdamW update", step);
-        float grad_norm = stage_grad_norm(&model, pp);
-        // the loss and the norm are the same on every rank, so every rank stops here together
-        train_stop_if_not_finite(step, loss, grad_norm);
-        // 5. AdamW on this stage's parameters. Both wte copies have the same gradient, moments and
-        // rounding index (the layout's), so they stay identical.
-        float clip_scale, lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
-        // the step line and main.log (llmc/run.h): stage 0's bytes of each kind (send, recv,
-        // all-reduce, broadcast) equal the formula printed at the start
-        run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
+        pipeline_step(&run, &trainer, &walk, actions, n, &embed, step, timed);  // steps 1-5 (above)
         if (check_replicas > 0 && (step + 1) % check_replicas == 0 && p > 1 && in_embed) {
             train_check_replicas(&model, &embed, step + 1, &wte_only, "wte copies of the first and last stage");
         }

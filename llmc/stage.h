@@ -173,6 +173,17 @@ static inline void stage_grad_indices(const PipeAction* actions, int n, int* gra
     for (int k = 0, backwards = 0; k < n; k++) grad_index[k] = actions[k].op == PIPE_BACKWARD ? backwards++ % 2 : 0;
 }
 
+// the start's table: "  stage s  layers a-b ..." (one range per chunk, with -vp V of them) and
+// what else the stage holds (the embeddings on the first, lnf and wte's copy on the last)
+static inline void stage_print_layers(int stage, const ParameterLayout* l, int V, int chunk_layers) {
+    printf("  stage %d  layers", stage);
+    for (int chunk = 0; chunk < V; chunk++) {
+        int first = layout_layer(l, chunk * chunk_layers);
+        printf(" %d-%d", first, first + chunk_layers - 1);
+    }
+    printf("%s%s", l->embedding ? " + wte, wpe" : "", l->head ? " + lnf, wte copy" : "");
+}
+
 // the elements of every message of a walk: (B, T, C), or this rank's (B T / tp, C) with -sp
 static inline size_t walk_message(const Walk* w) {
     return (size_t)w->B * w->T / w->model->dims.seq_shards * w->model->config.channels;
