@@ -5,9 +5,11 @@ data-parallel group of ranks, train on their own for H steps and only then excha
 learned, in one all-reduce across workers (or its two halves in bf16, -outer_dtype).
 
 Why: data parallelism (train_gpt2_dp.cu) all-reduces every gradient every step, 2 (p-1)/p P X
-bytes, which a link between datacenters cannot carry. DiLoCo sends the same amount once every H
-steps, so the link needs H times less bandwidth; the price is that the workers drift apart
-between outer steps, and how much that costs in loss is the experiment.
+bytes, which a link between datacenters cannot carry. DiLoCo all-reduces P fp32 values once every
+H steps: in an fp32 build (X = 4) the same bytes as a DDP step, so the link needs H times less
+bandwidth; in a bf16 build (X = 2, the CUDA default) an outer step's P 4 is twice a DDP step's
+P 2, so H/2 times less, and -outer_dtype bf16 (P 2 again) gives back H. The price is that the
+workers drift apart between outer steps, and how much that costs in loss is the experiment.
 
 The ranks form W workers of R = ranks / W consecutive ranks (-workers). Every rank holds the
 whole model, the workers' inner AdamW state (each rank its worker's, as DDP keeps it), and two
@@ -33,7 +35,8 @@ arXiv:2501.18512), -fragments F: the layers are cut into F fragments of L/F cons
 (the embeddings go with the first, the final LayerNorm with the last), and fragment f takes its
 outer step (2-5 above, on its parameters only) after the steps s with (s - f H/F) % H == 0. Each
 fragment still synchronises every H steps, but they take turns: a step between the first and the
-last sends one fragment, where plain DiLoCo sends all P values at once every H steps. The peak
+last sends one fragment, where plain DiLoCo sends all P values at once every H steps (fragment
+f > 0's first round is shorter, f H/F steps: its first outer step follows step f H/F). The peak
 drops by less than F: the first fragment carries the embeddings (for GPT-2 124M at F = 2 about
 1.5 times less). The fragments here are consecutive layers (the paper's default strides them),
 and the exchange does not overlap the inner steps (the paper's does); the paper also sends the
@@ -50,7 +53,9 @@ beside it is rank 0's worker's own.
 
 Checkpoints (-n, -y) hold what differs between workers: every rank's state file carries its
 worker's AdamW moments and weights, theta_outer and the outer momentum, so a run resumes bit for
-bit between two outer steps; the same W and rank count are required.
+bit between two outer steps; the same W and rank count are required. A finished run extends (-y 1
+with a larger -x) only where its last step was due for every fragment anyway: otherwise that
+step's outer step is one the longer run would not take, and the resume is refused (check_resume).
 
 Build: make train_gpt2_diloco        Run: mpirun -np 4 ./train_gpt2_diloco -e d6 -workers 4 -H 10 -x 100 -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
