@@ -186,6 +186,28 @@ def setup_tool_rows():
 
 
 @test
+def readme_contents_list_links_every_chapter_in_reading_order():
+    """the README's contents: every link names a heading of the README (GitHub's anchor: lower
+    case, punctuation but - and _ dropped, spaces as -), every chapter ("in five minutes") is
+    listed, and the chapters stand in the file in the order the list gives: CP before 3D, whose
+    fourth axis builds on it"""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    heads = re.findall(r"^#{2,3} (.*)$", text, re.M)
+    anchor = lambda h: re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")  # noqa: E731
+    anchors = [anchor(h) for h in heads]
+    contents = text.split("## Contents\n", 1)[1].split("\n## ", 1)[0]
+    links = re.findall(r"\]\(#([^)]+)\)", contents)
+    missing = [a for a in links if a not in anchors]
+    assert links and not missing, "contents links with no heading: %s" % missing
+    chapters = [anchor(h) for h in heads if "in five minutes" in h]
+    listed = [a for a in links if a in chapters]
+    assert listed == chapters, "chapters in the file %s, in the contents %s" % (chapters, listed)
+    assert chapters.index("context-parallelism-in-five-minutes-train_gpt2_cpcu") < \
+        chapters.index("3d-parallelism-in-five-minutes-train_gpt2_3dcu"), chapters
+
+
+@test
 def setup_lists_what_the_readme_lists_and_sees_a_fresh_machine():
     # the README's table is dev/tools.sh's, row for row
     rows = setup_tool_rows()
