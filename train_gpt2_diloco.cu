@@ -562,7 +562,7 @@ int main(int argc, char** argv) {
         float printed[2] = {loss, grad_norm};
         comm_all_reduce_scalar(&d.across, &printed[0], COMM_AVG);
         comm_all_reduce_scalar(&d.across, &printed[1], COMM_AVG);
-        train_stop_if_not_finite(step, printed[0], printed[1]);
+        train_stop_if_not_finite_hint(step, printed[0], printed[1], "-l, or -outer_lr (the outer steps move the weights too)");
         watchdog_phase("inner AdamW", step);
         float clip_scale, lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
         // 2-5. the outer step across workers of each fragment that is due (F = 1: every H steps);

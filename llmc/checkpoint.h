@@ -125,6 +125,22 @@ static inline void state_header(int header[STATE_HEADER_INTS], const TrainState*
 // Stops the job when this rank's state file of checkpoint `step` cannot be opened. The usual
 // reason is a job with more ranks than the one that wrote the checkpoint: rank 0's file then
 // says how many ranks that was, and the message says so instead of naming a missing file.
+// A checkpoint is one of two kinds: a state file per rank (DP, TP, PP, DiLoCo) or one state file
+// gathered into the model file's layout (CP, 3D: any layout resumes it). Where this trainer's
+// kind is missing and the other's is there, the checkpoint is another trainer's: say so.
+static inline void state_check_kind(const char* dir, int step, int gathered) {
+    char other[4096];
+    checkpoint_path(other, sizeof(other), dir, "state", step, gathered ? 0 : -1);
+    FILE* f = fopen(other, "rb");
+    if (f == NULL) return;
+    fclose(f);
+    fail("the checkpoint of step %d in '%s' is another trainer's: it holds %s ('%s'), which %s writes; this "
+         "trainer reads %s. Resume it with the trainer that wrote it, or start over in an empty output dir", step, dir,
+         gathered ? "a state file per rank" : "one gathered state file", other,
+         gathered ? "train_gpt2_dp, _tp, _pp or _diloco" : "train_gpt2_cp or train_gpt2_3d",
+         gathered ? "one gathered state file (train_gpt2_cp, train_gpt2_3d)" : "a state file per rank");
+}
+
 static inline void state_check_exists(const char* dir, int step, int rank, int world) {
     char path[4096], first[4096];
     checkpoint_path(path, sizeof(path), dir, "state", step, rank);
@@ -133,6 +149,7 @@ static inline void state_check_exists(const char* dir, int step, int rank, int w
         fclose(f);
         return;
     }
+    state_check_kind(dir, step, /*gathered*/ 0);
     checkpoint_path(first, sizeof(first), dir, "state", step, 0);
     int header[STATE_HEADER_INTS];
     FILE* f0 = fopen(first, "rb");

@@ -148,12 +148,16 @@ static inline void train_report_val(Logger* logger, int rank, int step, float va
 // A nan or inf loss or gradient norm stops the run before the update, so that nothing of this
 // step is logged or checkpointed. Every trainer reduces both over its ranks first, so all ranks
 // see the same values and stop together.
-static inline void train_stop_if_not_finite(int step, float loss, float grad_norm) {
+// (lr_flags: the flags whose step sizes could have caused it, "-l" or DiLoCo's "-l or -outer_lr")
+static inline void train_stop_if_not_finite_hint(int step, float loss, float grad_norm, const char* lr_flags) {
     if (!isfinite(loss) || !isfinite(grad_norm)) {
         fail("step %d: the %s is %g; stopping before the update, so nothing of this step is "
-             "written (the newest checkpoint is intact; try a lower -l)", step + 1,
-             isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss);
+             "written (the newest checkpoint is intact; try a lower %s)", step + 1,
+             isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss, lr_flags);
     }
+}
+static inline void train_stop_if_not_finite(int step, float loss, float grad_norm) {
+    train_stop_if_not_finite_hint(step, loss, grad_norm, "-l");
 }
 
 // the run's identity (checkpoint.h): everything that determines the training trajectory, common
@@ -508,6 +512,9 @@ static inline TrainState read_checkpoint_gathered(GPT2* model, const char* dir, 
     float* full = (float*)malloc_check(P * sizeof(float) * (extra ? 3 : 2));  // m, v, bits
     char path[4096];
     checkpoint_path(path, sizeof(path), dir, "state", step, -1);
+    FILE* f = fopen(path, "rb");  // (missing: perhaps another trainer's kind of checkpoint)
+    if (f == NULL) state_check_kind(dir, step, /*gathered*/ 1);
+    else fclose(f);
     TrainState s = state_read(path, step, 0, 0, id, full, full + P, P, full + 2 * P, extra);
     checkpoint_load_weights(model, dir, step, s.model_crc);
     size_t held = layout_state_held(p);

@@ -186,6 +186,22 @@ def setup_tool_rows():
 
 
 @test
+def resume_with_another_trainer_names_whose_checkpoint_it_is():
+    """a checkpoint of a trainer with a state file per rank (DP) resumed by one that reads a
+    gathered state file (CP), and the other way round: every rank stops naming the checkpoint's
+    kind and the trainers that write it, and the dir keeps what it had"""
+    for writer, reader, message in (("./train_gpt2_dp", CP, "holds a state file per rank"),
+                                    (CP, "./train_gpt2_dp", "holds one gathered state file")):
+        d = fresh_dir("resume_other_" + os.path.basename(writer))
+        run_ok(2, small_run_args(d, ["-x", 2]), program=writer)
+        before = dir_snapshot(d)
+        code, out = mpirun(2, small_run_args(d, ["-x", 4, "-y", 1]), timeout=60, program=reader)
+        assert code != 0 and "the checkpoint of step 2 in '%s' is another trainer's: it %s" % (d, message) in out, \
+            "%s resuming %s's dir: exit %d\n%s" % (reader, writer, code, out[-2000:])
+        assert dir_snapshot(d) == before, "the refused resume changed the output dir"
+
+
+@test
 def readme_contents_list_links_every_chapter_in_reading_order():
     """the README's contents: every link names a heading of the README (GitHub's anchor: lower
     case, punctuation but - and _ dropped, spaces as -), every chapter ("in five minutes") is
@@ -3335,6 +3351,17 @@ def diloco_extending_a_finished_run_continues_exactly_or_is_refused():
         assert code != 0 and message in out, "exit %d, %r not in:\n%s" % (code, message, out[-2000:])
         assert dir_snapshot(d) == before, "the refused resume changed the output dir"
         run(d, 4, ["-y", 1])
+
+
+@test
+def diloco_nonfinite_after_an_outer_step_names_outer_lr():
+    """-outer_lr 1e30: the first outer step (H = 1) throws the weights out of range, the next
+    step's loss is not finite, and the stop names -outer_lr beside -l"""
+    d = fresh_dir("diloco_outer_lr_nan")
+    code, out = mpirun(2, trainer_args(reference_run(), 4, d, ["-H", 1, "-x", 3, "-outer_lr", 1e30]), timeout=60,
+                       program=DILOCO)
+    assert code != 0 and "stopping before the update" in out and "try a lower -l, or -outer_lr" in out, \
+        "exit %d:\n%s" % (code, out[-2000:])
 
 
 @test
