@@ -40,6 +40,7 @@ nvcc|optional|CUDA builds, make cuda-check, the SASS test (skipped without)|you:
 nccl|optional|CUDA builds with nvcc (skipped without; the emulator has its own nccl.h)|you: libnccl-dev or pip nvidia-nccl-cu13 (a 300 MB wheel)
 nvdisasm|optional|dev/cuda/flash_sass.sh reads the flash kernels SASS (installed only where nvcc is)|pip:nvidia-cuda-nvdisasm
 compute-sanitizer|optional|dev/gpu_check.sh: memcheck and racecheck of the CUDA trainer|you: the CUDA toolkit
+ncu|optional|dev/gpu_check.sh: Nsight Compute on the flash attention kernels|you: the CUDA toolkit (Nsight Compute)
 gpu|optional|the gpu_* tests, dev/gpu_check.sh, dev/bench/bench_gpu.sh (nvidia-smi -L)|you: an NVIDIA GPU and its driver
 '
 
@@ -95,7 +96,7 @@ find_tool() {
                 if [ -f "$dir/include/nccl.h" ]; then echo "$dir/include/nccl.h"; return 0; fi
             done
             python_has nvidia.nccl ;;
-        nvdisasm|compute-sanitizer) find_cuda_tool "$1" ;;
+        nvdisasm|compute-sanitizer|ncu) find_cuda_tool "$1" ;;
         gpu) command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | head -n 1 | grep . ;;
         *) echo "dev/tools.sh: no lookup for '$1'" >&2; return 2 ;;
     esac
