@@ -159,23 +159,20 @@ static void grid_init(Grid* g, CommGroup* world, int dp, int pp, int cp, int tp)
 }
 
 // the replicas: -dp, or with -dp 0 as many as fill the world. Every rank checks the same flags
-// against the same world, so a bad grid stops every rank with the same message
+// against the same world, so a bad grid stops every rank, printed once (utils.h, check_every_rank)
 static int grid_replicas(int dp, int pp, int cp, int tp, int world) {
     int model = pp * cp * tp;  // the ranks of one replica
     char sides[64];
     if (cp > 1) snprintf(sides, sizeof(sides), "-pp %d x -cp %d x -tp %d", pp, cp, tp);
     else snprintf(sides, sizeof(sides), "-pp %d x -tp %d", pp, tp);
     if (dp == 0) {
-        if (world % model != 0) {
-            fail("%s = %d does not divide the %d ranks, so no number of data-parallel replicas "
-                 "fills the world; launch a multiple of %d ranks", sides, model, world, model);
-        }
+        check_every_rank(world % model == 0, "%s = %d does not divide the %d ranks, so no number of data-parallel "
+                         "replicas fills the world; launch a multiple of %d ranks", sides, model, world, model);
         dp = world / model;
     }
-    if (dp * model != world) {
-        fail("-dp %d x %s = %d ranks, but the job has %d: the grid must hold every rank exactly "
-             "once (launch with mpirun -np %d, or leave -dp out)", dp, sides, dp * model, world, dp * model);
-    }
+    check_every_rank(dp * model == world, "-dp %d x %s = %d ranks, but the job has %d: the grid must hold every rank "
+                     "exactly once (launch with mpirun -np %d, or leave -dp out)", dp, sides, dp * model, world,
+                     dp * model);
     return dp;
 }
 
@@ -422,7 +419,7 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
     BannerRow rows[20];
     int n = train_banner_model(rows, "train_gpt2_3d (3D)", args->model, c);
     banner_row(&rows[n++], "dp x pp x cp x tp", "%d x %d x %d x %d = %d ranks", g->dp, g->pp, g->cp, g->tp, world);
-    banner_row(&rows[n++], "tensor parallel", "%d heads of %d per rank%s", d.NH, c.num_heads, sp ? ", sequence parallel" : "");
+    banner_row(&rows[n++], "tensor parallel", "%d of the %d heads a rank%s", d.NH, c.num_heads, sp ? ", sequence parallel" : "");
     if (g->cp > 1) {
         banner_row(&rows[n++], "context parallel", "%d of T per rank, %s, %s", Tl, cp_split_name(cp->split),
                    cp->allgather ? "all-gather of K,V" : "ring of K,V");
@@ -548,8 +545,8 @@ static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions
         comm_all_reduce(&g->embedding, model->grads.wte, layout->sizes[PARAM_WTE], COMM_FLOATX, COMM_SUM);
     }
     // 4. data parallelism: the mean of the replicas' gradients. An all-reduce (AVG) of this
-    // rank's whole buffer (N) over dp; with -z 1 a reduce-scatter (AVG) that leaves this
-    // replica its 1/dp shard, the part of the buffer it updates. With -cp the group holds the
+    // rank's whole buffer (N) over dp; with -z 1 a reduce-scatter (AVG) that leaves this rank
+    // its 1/(dp cp) shard, the part of the buffer it updates. With -cp the group holds the
     // replicas' cp ranks too (dp x cp): each holds the gradient of its tokens' mean loss, the
     // ring having carried every token's part to the keys' owners, so the mean over the dp x cp
     // equal shares is the mean over every token of the step, as one process would compute

@@ -19,7 +19,8 @@ optimizer's momentum (12 bytes a parameter with the pseudo-gradient's buffer: th
 1. Inner steps, H of them: the worker trains as DDP (its ranks read disjoint micro-batches of the
    global batch, exactly as the DP trainer's ranks do, and all-reduce their gradients over the
    worker), clips by the worker's gradient norm and takes an AdamW step: the inner optimizer.
-   Nothing crosses workers.
+   Only two floats cross workers (the step line's mean loss and norm, which also stop every
+   rank together on a non-finite value): on a slow link, a round trip each step.
 2. The pseudo-gradient: delta = theta_outer - theta, how far this worker moved.
 3. Its mean over the workers: one all-reduce (AVG) of P fp32 values across workers, each rank
    with the ranks at its place in the other workers (R all-reduces side by side). With
@@ -425,17 +426,14 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
 static int diloco_check_flags(int workers, int ranks, int H, int fragments, GPT2Config c, const char* outer_dtype,
                               const char* dump_outer) {
     if (workers == 0) workers = ranks;
-    if (ranks % workers != 0) {
-        fail("-workers %d does not divide the %d ranks: each worker is ranks / W ranks (launch a multiple of %d)", workers,
-             ranks, workers);
-    }
-    if (c.num_layers % fragments != 0 || H % fragments != 0) {
-        fail("-fragments %d: the fragments are L/F layers each and take turns every H/F steps, so F must divide the "
-             "model's L = %d layers and -H %d", fragments, c.num_layers, H);
-    }
-    if (strcmp(outer_dtype, "fp32") != 0 && strcmp(outer_dtype, "bf16") != 0) {
-        fail("-outer_dtype %s: expected fp32 or bf16", outer_dtype);
-    }
+    // (every rank checks the same flags: a bad one is printed once, utils.h's check_every_rank)
+    check_every_rank(ranks % workers == 0, "-workers %d does not divide the %d ranks: each worker is ranks / W ranks "
+                     "(launch a multiple of %d)", workers, ranks, workers);
+    check_every_rank(c.num_layers % fragments == 0 && H % fragments == 0, "-fragments %d: the fragments are L/F layers "
+                     "each and take turns every H/F steps, so F must divide the model's L = %d layers and -H %d",
+                     fragments, c.num_layers, H);
+    check_every_rank(strcmp(outer_dtype, "fp32") == 0 || strcmp(outer_dtype, "bf16") == 0,
+                     "-outer_dtype %s: expected fp32 or bf16", outer_dtype);
     if (dump_outer != NULL) {
         char dir[4096];
         snprintf(dir, sizeof(dir), "%s", dump_outer);
@@ -548,7 +546,7 @@ int main(int argc, char** argv) {
         }
         dataloader_advance(&run.train);
         // DDP inside the worker: all-reduce (AVG) of the gradients, P floatX, over its R ranks
-        // and of the loss (one float): the worker's mean. Nothing crosses workers.
+        // and of the loss (one float): the worker's mean. No gradient crosses workers.
         watchdog_phase("worker all-reduce", step);
         if (d.ranks_per_worker > 1) {
             comm_all_reduce(&d.worker, model.grads_memory, model.num_parameters, COMM_FLOATX, COMM_AVG);

@@ -138,8 +138,12 @@ static inline void step_print_bytes_if_changed(StepReport* r, int step) {
         memcpy(r->printed[i], g->bytes, sizeof(r->printed[i]));
         if (comm_total_bytes(g) == 0) continue;
         printf("  %-9s", g->name);
-        for (int k = 0; k < COMM_NUM_KINDS; k++)
-            if (g->bytes[k] > 0) printf("%s %s %lld B", k ? "," : "", comm_kind_names[k], g->bytes[k]);
+        const char* separator = "";  // (a comma before every kind but the group's first)
+        for (int k = 0; k < COMM_NUM_KINDS; k++) {
+            if (g->bytes[k] == 0) continue;
+            printf("%s %s %lld B", separator, comm_kind_names[k], g->bytes[k]);
+            separator = ",";
+        }
         printf(" (ring %.0f B)\n", comm_ring_bytes(g));
     }
 }
@@ -459,8 +463,8 @@ static inline int run_start(Run* r, int* argc, char*** argv, const ArgSpec* own,
 // repeat the number of ranks; 0 means "the number of ranks"
 static inline void run_check_one_group(const Run* r, const char* flag, int value, const char* group) {
     int ranks = r->world.size;
-    if (value != 0 && value != ranks) {
-        fail("%s %d: this trainer puts every rank in %s, so %s must equal the number of ranks, %d (launch with mpirun "
+    {
+        check_every_rank(value == 0 || value == ranks, "%s %d: this trainer puts every rank in %s, so %s must equal the number of ranks, %d (launch with mpirun "
              "-np %d, or leave %s out)", flag, value, group, flag, ranks, value, flag);
     }
 }

@@ -96,9 +96,11 @@ static inline float vocab_parallel_loss(GPT2* model, CommGroup* tp, Activations*
 // a layer's widths on one of tp ranks (model.h: the heads, 4C and Vp must divide by tp); with
 // -sp the T tokens of a sequence are split over them too, so T must divide by tp
 static inline LayerDims tp_layer_dims(GPT2Config c, int tp, int sp, int T, const char* ranks_name) {
+    char why[256];
+    check_every_rank(!layer_dims_problem(c, tp, build_target(c), why, sizeof(why)), "%s", why);
     LayerDims d = layer_dims(c, tp, sp);
-    if (d.seq_shards > 1 && T % tp != 0) {
-        fail("-sp 1 splits the tokens over the %d %s: -t %d must be a multiple of %d", tp, ranks_name, T, tp);
+    {
+        check_every_rank(!(d.seq_shards > 1 && T % tp != 0), "-sp 1 splits the tokens over the %d %s: -t %d must be a multiple of %d", tp, ranks_name, T, tp);
     }
     return d;
 }

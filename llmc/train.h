@@ -98,12 +98,10 @@ static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
 
 // the checks of the common flags that need the model's config
 static inline void train_check_flags(const TrainArgs* args, GPT2Config config) {
-    if (args->T > config.max_seq_len) {
-        fail("-t %d is longer than the model's maximum sequence length %d", args->T, config.max_seq_len);
-    }
-    if ((args->checkpoint_every > 0 || args->resume) && args->out_dir == NULL) {
-        fail("-n and -y need an output dir (-o)");
-    }
+    check_every_rank(args->T <= config.max_seq_len, "-t %d is longer than the model's maximum sequence length %d",
+                     args->T, config.max_seq_len);
+    check_every_rank(!((args->checkpoint_every > 0 || args->resume) && args->out_dir == NULL),
+                     "-n and -y need an output dir (-o)");
 }
 
 // The batch layout: a micro-batch is B x T tokens on each of the `readers` ranks that read
@@ -119,10 +117,10 @@ static inline int train_accumulation_steps(TrainArgs* args, int readers, const c
         if (tokens_per_pass > INT_MAX) fail("%s = %zu tokens does not fit -d's int range", what, tokens_per_pass);
         args->total_batch = (int)tokens_per_pass;
     }
-    if (args->total_batch <= 0 || args->total_batch % tokens_per_pass != 0) {
+    {
         char factors[64];
         snprintf(factors, sizeof(factors), readers_name ? "%d*%d*%d" : "%d*%d", args->B, args->T, readers);
-        fail("-d %d must be a positive multiple of %s = %s = %zu%s", args->total_batch, what, factors,
+        check_every_rank(args->total_batch > 0 && args->total_batch % tokens_per_pass == 0, "-d %d must be a positive multiple of %s = %s = %zu%s", args->total_batch, what, factors,
              tokens_per_pass, readers_name ? "" : " (the ranks share every micro-batch)");
     }
     return (int)(args->total_batch / tokens_per_pass);

@@ -164,6 +164,15 @@ static inline void comm_group_from_mpi(CommGroup* g, MPI_Comm mpi, const char* n
     comm_check(MPI_Comm_size(mpi, &g->size), g, "comm_size");
 }
 
+static inline void comm_finalize(void);
+// utils.h's check_every_rank: how many ranks of the world have flag 1 (an all-reduce), and their number
+static inline int comm_world_count(int flag, int* ranks) {
+    int total = -1;
+    MPI_Comm_size(MPI_COMM_WORLD, ranks);
+    if (MPI_Allreduce(&flag, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS) return -1;
+    return total;
+}
+
 // MPI_Init works with mpirun/srun and also for a plain ./program, which is a world of size 1
 static inline void comm_init(CommGroup* world, int* argc, char*** argv) {
     if (MPI_Init(argc, argv) != MPI_SUCCESS) fail("MPI_Init failed");
@@ -174,6 +183,8 @@ static inline void comm_init(CommGroup* world, int* argc, char*** argv) {
     MPI_Comm_free(&node);
     llmc_rank = world->rank;
     llmc_abort_hook = comm_abort;
+    llmc_count_hook = comm_world_count;
+    llmc_finalize_hook = comm_finalize;
 }
 
 // ranks with the same color form a group, ordered by key (MPI_Comm_split)
