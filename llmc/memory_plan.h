@@ -167,7 +167,9 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
         plan.comm += cp_scratch_bytes(r->B, r->T, cp, c.channels, plan.dims.att, plan.dims.NH, t.X, r->cp_allgather);
     }
     plan.kernels = kernel_workspace_bytes(plan.dims, r->B, Tl);
-    if (r->trainer == TRAINER_DILOCO) plan.outer = 3 * N * sizeof(float);
+    // DiLoCo: theta_outer, the momentum and the pseudo-gradient (P fp32 each), and the one-float
+    // flag of a run whose last step took an outer step off its schedule (train_gpt2_diloco.cu)
+    if (r->trainer == TRAINER_DILOCO) plan.outer = 3 * N * sizeof(float) + sizeof(float);
     // gathers for files
     if (r->trainer == TRAINER_DP) {
         // sharded fp32 weights (bf16 master weights from -z 1, fp32 parameters from -z 3) and
