@@ -2408,7 +2408,7 @@ def memory_planner_refuses_bad_layouts_and_says_whether_it_fits():
     cases = [(["-e", "d48", "-tp", 2], "the heads NH = 25"),
              (["-e", "d12", "-pp", 5], "L = 12 layers cannot be split"),
              (["-e", "d12", "-device", "tpu"], "-device tpu: expected cuda or cpu"),
-             (["-e", "d12", "-device", "cpu"], "-device cpu trains in fp32 only"),
+             (["-e", "d12", "-device", "cpu", "-precision", "bf16"], "-device cpu trains in fp32 only"),
              (["-e", "d12", "-dp", 2, "-d", 1000], "-d 1000 must be a positive multiple"),
              (["-e", "d12", "-pp", 2, "-stage", 2], "-stage 2: the pipeline has stages 0..1"),
              (["-e", "d12", "-tp", 2, "-offload", 1], "-offload 1 is train_gpt2_dp's"),
@@ -3779,6 +3779,308 @@ def kernel_times_count_every_launch_of_the_step_and_name_the_rooflines_rows():
     p = subprocess.run(["./train_gpt2_dp", "-e", "d%d" % L, "-b", str(B), "-t", str(T), "-x", "2", "-v", "0", "-s", "0"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0 and "kernel times" not in p.stdout, p.stdout[-2000:]
+
+
+# ---------------------------------------------------------------------------------------------
+# A newcomer's first hour (issue 46): the exported model in transformers with its tokenizer, the
+# plots under out/, and errors a new user can act on: printed once, naming the flag, the
+# trainer that takes it, the defaults
+
+# The README's snippet (section "Using the model elsewhere"), run as pasted from the repository's
+# root with PYTHONPATH=.tools after dev/hf_export.py wrote out/hf_quickstart; the test reads it
+# from the README and runs it on its own export (HF_SNIPPET_DIR replaced)
+HF_SNIPPET_DIR = "out/hf_quickstart"
+
+
+def readme_hf_snippet():
+    """the Python of the README's snippet: what it feeds /usr/bin/python3 between <<'EOF' and EOF"""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    start = readme.index("PYTHONPATH=.tools /usr/bin/python3 - <<'EOF'\n")
+    start = readme.index("\n", start) + 1
+    return readme[start:readme.index("\nEOF\n", start) + 1]
+
+
+@test
+def newcomer_hf_export_writes_the_tokenizer_and_generation_fields():
+    """vocab.json and merges.txt are GPT-2's BPE files (the ones dev/data/tinyshakespeare.py
+    tokenizes with), <|endoftext|> = 50256 is bos and eos in config.json and generation_config.json"""
+    ref = reference_run(REF_GPT2)
+    d = fresh_dir("hf_tokenizer")
+    hf_dir = os.path.join(d, "hf")
+    subprocess.run(HF_EXPORT + [os.path.join(ref["dir"], "model.bin"), hf_dir], check=True, stdout=subprocess.PIPE)
+    for src, dst in (("gpt2_encoder.json", "vocab.json"), ("gpt2_vocab.bpe", "merges.txt")):
+        with open(os.path.join(ROOT, "dev", "data", src), "rb") as a, open(os.path.join(hf_dir, dst), "rb") as b:
+            assert a.read() == b.read(), dst + " is not dev/data/" + src
+    with open(os.path.join(hf_dir, "vocab.json")) as f:
+        assert json.load(f)["<|endoftext|>"] == 50256
+    for name in ("config.json", "generation_config.json"):
+        with open(os.path.join(hf_dir, name)) as f:
+            cfg = json.load(f)
+        assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (50256, 50256), (name, cfg)
+    with open(os.path.join(hf_dir, "tokenizer_config.json")) as f:
+        tc = json.load(f)
+    assert tc["eos_token"] == tc["bos_token"] == "<|endoftext|>" and tc["model_max_length"] == REF_GPT2["max_seq_len"], tc
+
+
+@test
+def newcomer_hf_snippet_tokenizes_and_generates_greedily():
+    """the README's snippet on an export: the tokenizer gives the ids the data's tokenizer gave
+    (tiny_shakespeare_val.bin starts with <|endoftext|> First Citizen:), and each token the loop
+    appends is the argmax of test/reference.py's own GPT-2 (float64) on the same prefix"""
+    if tool("transformers") is None:
+        raise Skip("transformers not installed (dev/setup.sh installs it into .tools)")
+    import torch
+    ref = reference_run(REF_GPT2)
+    d = fresh_dir("hf_snippet")
+    hf_dir = os.path.join(d, "hf")
+    subprocess.run(HF_EXPORT + [os.path.join(ref["dir"], "model.bin"), hf_dir], check=True, stdout=subprocess.PIPE)
+    check = """
+print("IDS", ids[0].tolist())
+print("PROMPT", tokenizer("First Citizen:\\nBefore we proceed any further, hear me speak").input_ids)
+"""
+    tools_dir = os.environ.get("LLMC_TOOLS_DIR", os.path.join(ROOT, ".tools"))
+    r = subprocess.run(["/usr/bin/python3", "-c", readme_hf_snippet().replace(HF_SNIPPET_DIR, hf_dir) + check], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=tools_dir))
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    ids = json.loads(next(l for l in lines if l.startswith("IDS "))[4:])
+    prompt = json.loads(next(l for l in lines if l.startswith("PROMPT "))[7:])
+    val = reference.read_tokens(REF_GPT2["val_tokens"])
+    assert val[0] == 50256 and prompt == [int(t) for t in val[1:1 + len(prompt)]], (prompt, val[:16])
+    assert ids[:3] == prompt[:3] and len(ids) == 3 + 20, ids  # "First", " Citizen", ":" and 20 more
+    assert lines[0].startswith("First Citizen:"), r.stdout[:500]
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        cfg = json.load(f)
+    state = {name: torch.from_numpy(array.copy()) for name, (array, _) in
+             hf_gpt2.read_safetensors(os.path.join(hf_dir, "model.safetensors")).items()}
+    model = reference.load_hf_state_dict(cfg, state).double()
+    with torch.no_grad():
+        logits = model.logits(torch.tensor([ids[:-1]]))[0].numpy()
+    # transformers in fp32 against float64: a near-tie may go either way, within fp32's error on
+    # logits of magnitude ~1 (hf_transformers measured 4.8e-7; 1e-5 leaves 20x)
+    for k in range(3, len(ids)):
+        row = logits[k - 1]
+        assert row[ids[k]] >= row.max() - 1e-5, "token %d: chose %d (logit %.7g), the reference's argmax %d (%.7g)" % (
+            k, ids[k], row[ids[k]], row.argmax(), row.max())
+
+
+def newcomer_plot_copy(d):
+    """dev/plot_runs.py and dev/plot_diloco.py copied into a repository-like tree d/repo (their
+    root is the directory above dev/), and one run's main.log and reference.json"""
+    repo = os.path.join(d, "repo")
+    os.makedirs(os.path.join(repo, "dev"))
+    for name in ("plot_runs.py", "plot_diloco.py"):
+        shutil.copy(os.path.join(ROOT, "dev", name), os.path.join(repo, "dev", name))
+    run = os.path.join(d, "run")
+    os.makedirs(run)
+    # distances from the reference: 0 (drawn at the 1e-7 floor), 3e-7, 2e-6
+    losses = [10.0, 9.5, 9.0]
+    ref = [10.0, 9.5 + 3e-7, 9.0 - 2e-6]
+    with open(os.path.join(run, "main.log"), "w") as f:
+        for s, loss in enumerate(losses, 1):
+            f.write(json.dumps({"step": s, "train_loss": loss, "comm": {"dc": {"all_reduce": 1000 * s}}}) + "\n")
+            f.write(json.dumps({"step": s, "val_loss": loss + 0.1}) + "\n")
+    with open(os.path.join(run, "reference.json"), "w") as f:
+        json.dump({"losses": ref}, f)
+    return repo, run
+
+
+@test
+def newcomer_plots_write_under_out_never_in_the_root():
+    d = fresh_dir("plots_out")
+    repo, run = newcomer_plot_copy(d)
+    py = "/usr/bin/python3"
+    plot = os.path.join(repo, "dev", "plot_runs.py")
+    # no -o: out/plots/losses.png of the repository, from any working directory; the lower
+    # panel's range printed (the distances above: 0 .. 2e-6, one at or below the floor)
+    r = subprocess.run([py, plot, "--reference", run, "a=" + run], cwd=d, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert os.path.exists(os.path.join(repo, "out", "plots", "losses.png")), r.stdout
+    assert "from 0 to 2e-06 (1 of 3 steps at or below the 1e-7 floor)" in r.stdout, r.stdout
+    # -o naming a file in the repository's root: written into out/ instead
+    r = subprocess.run([py, plot, "-o", "losses.png", "a=" + run], cwd=repo, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert os.path.exists(os.path.join(repo, "out", "losses.png")) and not os.path.exists(os.path.join(repo, "losses.png")), r.stdout
+    # elsewhere, -o is where the file goes
+    r = subprocess.run([py, plot, "-o", os.path.join(d, "mine.png"), "a=" + run], cwd=repo, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and os.path.exists(os.path.join(d, "mine.png")), r.stdout + r.stderr
+    r = subprocess.run([py, os.path.join(repo, "dev", "plot_diloco.py"), "--link-ranks", "2", "x=" + run], cwd=repo,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert os.path.exists(os.path.join(repo, "out", "diloco_vs_ddp", "diloco_vs_ddp.png")), r.stdout
+    assert sorted(os.listdir(repo)) == ["dev", "out"], os.listdir(repo)
+
+
+@test
+def newcomer_curves_sh_says_its_ranks_time_and_output():
+    """bash dev/curves.sh --help: its rank count (the 3D run's 8), its time, out/ by default and
+    --readme for the committed figure; an unknown option is refused before any run"""
+    r = subprocess.run(["bash", os.path.join(ROOT, "dev", "curves.sh"), "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    for words in ("8 MPI ranks", "minutes", "out/curves/losses_vs_pytorch.png", "--readme",
+                  "dev/images/losses_vs_pytorch.png"):
+        assert words in r.stdout, "%r not in:\n%s" % (words, r.stdout)
+    r = subprocess.run(["bash", os.path.join(ROOT, "dev", "curves.sh"), "-x"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "unknown option '-x'" in r.stderr, r.stdout + r.stderr
+
+
+def newcomer_lines(out, text):
+    """the lines of out that hold text"""
+    return [l for l in out.splitlines() if text in l]
+
+
+MPI_NOISE = ("MPI_ABORT", "ORTE_ERROR_LOG", "[rank ")
+
+
+@test
+def newcomer_layout_errors_print_once_and_end_without_abort_noise():
+    """an error every rank meets alike (a layout that does not fit, a batch that does not divide,
+    a missing data file every rank opens) is printed once, without a rank, and the job ends by
+    exit status: no MPI_Abort report, no ORTE_ERROR_LOG"""
+    data = os.path.join(ROOT, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin")
+    cases = [
+        (TP, 2, ["-e", "d2", "-tp", 3], "-tp 3: this trainer puts every rank in one tensor-parallel group"),
+        (TP, 3, ["-e", "d4", "-x", 1], "-tp 3: tensor parallelism splits the heads NH = 4 over the ranks"),
+        ("./train_gpt2_dp", 2, ["-e", "d2", "-d", 1000], "-d 1000 must be a positive multiple of B*T*ranks = 4*64*2 = 512"),
+        ("./train_gpt2_dp", 2, ["-e", "d2", "-i", data + ".nope"], "cannot open file '%s.nope' (-i: train token file)" % data),
+    ]
+    for program, ranks, args, message in cases:
+        code, out = mpirun(ranks, args, timeout=60, program=program)
+        assert code == 1, "%s %s: exit %d\n%s" % (program, args, code, out[-2000:])
+        assert len(newcomer_lines(out, message)) == 1, "%r not printed exactly once:\n%s" % (message, out[-2000:])
+        assert "error: " + message in out, out[-2000:]
+        for noise in MPI_NOISE:
+            assert noise not in out, "%s %s: %r in\n%s" % (program, args, noise, out[-2000:])
+    # a rank alone (no mpirun): the same, and no MPI_Abort report either
+    p = subprocess.run(["./train_gpt2_dp", "-e", "d2", "-i", "nope.bin"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "cannot open file 'nope.bin'" in p.stderr, p.stderr
+    assert not any(noise in p.stdout + p.stderr for noise in ("MPI_ABORT", "ORTE_ERROR_LOG")), p.stderr
+
+
+@test
+def newcomer_file_error_names_its_flag_and_the_working_directory():
+    """run from another directory, the default data path (relative to the repository's root) is
+    not found: the message names -i, says it is the default, and where relative paths start"""
+    d = fresh_dir("other_cwd")
+    program = os.path.join(ROOT, "train_gpt2_dp")
+    p = subprocess.run([program, "-e", "d2"], cwd=d, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stdout + p.stderr
+    want = ("cannot open file 'dev/data/tinyshakespeare/tiny_shakespeare_train.bin' (-i: train token file; the default) "
+            "for reading: No such file or directory; a relative path starts at the working directory, " + os.path.realpath(d))
+    assert want in p.stderr, p.stderr
+    for args, flag in ((["-j", "nope_val.bin"], "(-j: validation token file)"), (["-e", "nope_model.bin"], "(-e: model file")):
+        p = subprocess.run([program, "-i", os.path.join(ROOT, "dev/data/tinyshakespeare/tiny_shakespeare_train.bin")] + args,
+                           cwd=d, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1 and ("'%s' %s" % (args[1], flag)) in p.stderr, p.stderr
+    # an absolute path needs no word on the working directory
+    p = subprocess.run([program, "-e", "d2", "-i", "/nonexistent/x.bin"], cwd=d, capture_output=True, text=True, timeout=60)
+    assert "cannot open file '/nonexistent/x.bin' (-i: train token file) for reading" in p.stderr, p.stderr
+    assert "working directory" not in p.stderr, p.stderr
+
+
+def newcomer_trainers():
+    """{trainer: its flags}, from each built trainer's --help (the truth args.h's table must match)"""
+    flags = {}
+    for src in sorted(glob.glob(os.path.join(ROOT, "train_gpt2_*.cu"))):
+        name = os.path.basename(src)[:-3]
+        p = subprocess.run([os.path.join(ROOT, name), "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, name + ": " + p.stderr
+        flags[name] = set(re.findall(r"^  (-\S+) ", p.stdout, re.M))
+    return flags
+
+
+@test
+def newcomer_flag_of_another_trainer_names_the_trainers_that_take_it():
+    """every flag that some trainers take and others do not, given to one that does not: the
+    message names exactly the trainers whose --help lists it"""
+    flags = newcomer_trainers()
+    every = set.intersection(*flags.values())
+    for flag in sorted(set.union(*flags.values()) - every):
+        owners = {t for t in flags if flag in flags[t]}
+        for program in sorted(set(flags) - owners):
+            p = subprocess.run(["./" + program, flag, "1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+            assert p.returncode == 1, (program, flag, p.stderr)
+            m = re.search(r"unknown flag '%s': %s is a flag of (.*), not of %s" % (re.escape(flag), re.escape(flag), program),
+                          p.stderr)
+            assert m, "%s %s: no trainers named in\n%s" % (program, flag, p.stderr)
+            named = set(re.findall(r"train_gpt2_\w+", m.group(1)))
+            assert named == owners, "%s %s: names %s, the trainers that take it are %s" % (program, flag, sorted(named),
+                                                                                         sorted(owners))
+    # the README's example: -z to the TP trainer, once under mpirun
+    code, out = mpirun(2, ["-z", 1], timeout=60, program=TP)
+    assert code == 1 and len(newcomer_lines(out, "unknown flag '-z'")) == 1, out
+
+
+@test
+def newcomer_bad_flag_prints_the_error_first_and_a_hint():
+    """--steps: the error on the first line, one line pointing to --help, not the table of flags;
+    once under mpirun with 2 ranks"""
+    p = subprocess.run(["./train_gpt2_dp", "--steps", "3"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = p.stderr.splitlines()
+    assert p.returncode == 1 and lines[0].startswith("error: unknown flag '--steps'"), p.stderr
+    assert len(lines) == 2 and "--help" in lines[1] and "usage:" not in p.stdout + p.stderr, p.stdout + p.stderr
+    p = subprocess.run(["./train_gpt2_dp", "--tp", "2"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "-tp is a flag of train_gpt2_tp and train_gpt2_3d" in p.stderr and "one dash" in p.stderr, p.stderr
+    code, out = mpirun(2, ["--steps", 3], timeout=60)
+    assert code == 1 and len(newcomer_lines(out, "unknown flag '--steps'")) == 1, out
+    assert len(newcomer_lines(out, "--help")) == 1 and "[rank " not in out, out
+
+
+@test
+def newcomer_help_shows_the_defaults_not_the_values_given():
+    """--help after other flags prints the same table as --help alone (the values given are not
+    defaults), and under mpirun it is printed once"""
+    alone = subprocess.run(["./train_gpt2_dp", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    given = subprocess.run(["./train_gpt2_dp", "-e", "d2", "-b", "7", "-l", "0.5", "--help"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+    assert alone.returncode == given.returncode == 0, alone.stderr + given.stderr
+    assert given.stdout == alone.stdout, "--help after -e d2 -b 7 -l 0.5 differs from --help alone"
+    assert "(default: d2)" not in given.stdout and "(default: 7;" not in given.stdout, given.stdout
+    code, out = mpirun(2, ["-e", "d2", "--help"], timeout=60)
+    assert code == 0 and out.count("usage: ") == 1, out[:2000]
+
+
+@test
+def newcomer_memory_planner_plans_the_quick_start():
+    """-device cpu means fp32 (the CPU backend's only); the quick start's run (2 ranks of
+    train_gpt2_dp, -e d4 -b 4 -t 64 -n 50) planned with -dp 2 -device cpu gives the trainer's own
+    total; the planner's errors carry no rank"""
+    code, out = planner("-e", "d4", "-b", 4, "-t", 64, "-dp", 2, "-n", 50, "-device", "cpu")
+    assert code == 0 and "CPU fp32" in out, out
+    code_fp32, out_fp32 = planner("-e", "d4", "-b", 4, "-t", 64, "-dp", 2, "-n", 50, "-device", "cpu", "-precision", "fp32")
+    assert out_fp32 == out, "-device cpu is not -device cpu -precision fp32"
+    total = re.search(r"^  total +([\d.]+ MB)", out, re.M).group(1)
+    d = fresh_dir("planner_quickstart")
+    run = run_ok(2, ["-e", "d4", "-b", 4, "-t", 64, "-x", 0, "-v", 0, "-s", 0, "-n", 50, "-o", os.path.join(d, "out")])
+    assert re.search(r"^  total +%s" % re.escape(total), run, re.M), "planner %s, the trainer:\n%s" % (total, run[-3000:])
+    code, out = planner("-e", "d12", "-device", "cpu", "-precision", "bf16")
+    assert code == 1 and out.startswith("error: -device cpu trains in fp32 only"), out
+    code, out = planner("-zz", 1)
+    assert code == 1 and out.startswith("error: unknown flag '-zz'") and "[rank" not in out, out
+
+
+@test
+def readme_run_block_runs_as_pasted():
+    """the README's "To run a trainer yourself" block pasted into bash as it stands, each -x cut to
+    one step: its first line's exports are the only mpirun setup (no OMPI_* from the caller, as
+    for a newcomer who is root on a 2-core laptop), every command exits 0, every trainer prints its
+    averages and make compare its PASS"""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    start = readme.index("```bash\n", readme.index("To run a trainer yourself")) + len("```bash\n")
+    block = readme[start:readme.index("```", start)]
+    trainers = len(re.findall(r"\./train_gpt2_\w+ ", block))
+    assert trainers >= 8 and "OMPI_ALLOW_RUN_AS_ROOT=1" in block, block
+    block = re.sub(r"-x \d+", "-x 1", block)  # the commands as written, for one step each
+    out = fresh_dir("readme_block")
+    block = block.replace("-o out/", "-o %s/" % out)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_") and k != "OMP_NUM_THREADS"}
+    env["BACKEND"] = "cpu"  # (make's default on a machine with a GPU builds the CUDA trainers here)
+    p = subprocess.run(["bash", "-e", "-c", block], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert p.stdout.count("average step time") == trainers, p.stdout[-4000:]
+    if "make compare" in block:
+        assert "PASS: the trainer matches PyTorch" in p.stdout, p.stdout[-3000:]
 
 
 def main():
