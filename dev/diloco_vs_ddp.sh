@@ -6,12 +6,19 @@
 # step and the same inner AdamW settings, the outer ones the paper's (lr 0.7, momentum 0.9); then
 # H = 1 again as plain parameter averaging (outer lr 1, momentum 0). dev/plot_diloco.py draws the validation loss against
 # the step and against the bytes sent on the link, and prints the README's table.
-#   bash dev/diloco_vs_ddp.sh [out.png]      (default dev/images/diloco_vs_ddp.png)
+#   bash dev/diloco_vs_ddp.sh [out.png]      (default out/diloco_vs_ddp/diloco_vs_ddp.png)
+#   bash dev/diloco_vs_ddp.sh --readme       redraws the README's figure, dev/images/diloco_vs_ddp.png
 #   STEPS=400 by default; on 2 cores about 30 minutes for the six runs
 set -e
 cd "$(dirname "$0")/.."
-out=${1:-dev/images/diloco_vs_ddp.png}
+case "${1:-}" in
+    --readme) out=dev/images/diloco_vs_ddp.png ;;
+    -*) echo "dev/diloco_vs_ddp.sh: unknown option '$1' (expected --readme or an output .png)" >&2; exit 2 ;;
+    *) out=${1:-out/diloco_vs_ddp/diloco_vs_ddp.png} ;;
+esac
 steps=${STEPS:-400}
+echo "6 runs of 4 ranks, $steps steps each (about 30 minutes on 2 cores at 400); the figure: $out"
+mkdir -p "$(dirname "$out")"
 make -s train_gpt2_dp train_gpt2_diloco
 # 4 ranks x B 2 x T 64 = 512 tokens a step; validation every 10 steps on 4 batches of each rank
 common=(-e d4 -b 2 -t 64 -x "$steps" -l 1e-3 -u 20 -q 0.1 -v 10 -m 4 -s 0 -seed 1337)
