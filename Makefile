@@ -208,9 +208,16 @@ QUICKSTART := out/quickstart
 train: setup
 	$(MAKE) -s BACKEND=cpu train_gpt2_dp
 	@if [ "$(RESUME)" != 1 ] && ls $(QUICKSTART)/DONE_* >/dev/null 2>&1; then \
-	    echo "make train: $(QUICKSTART) holds checkpoints of an earlier run. Continue it from the" \
-	         "newest with 'make train RESUME=1' (and the STEPS it had), or start over: 'rm -rf $(QUICKSTART)'" \
-	         "(or QUICKSTART=out/another)"; exit 1; fi
+	    steps="$(if $(filter-out 150,$(STEPS)), STEPS=$(STEPS))"; dir="$(if $(filter-out out/quickstart,$(QUICKSTART)), QUICKSTART=$(QUICKSTART))"; \
+	    if [ -e $(QUICKSTART)/DONE_$$(printf %08d $(STEPS)) ]; then \
+	        echo "make train: $(QUICKSTART) holds a finished run of $(STEPS) steps (its model file:" \
+	             "$(QUICKSTART)/model_$$(printf %08d $(STEPS)).bin). For another, start over with" \
+	             "'rm -rf $(QUICKSTART)' or give it another dir: 'make train$$steps QUICKSTART=out/another'"; \
+	    else \
+	        echo "make train: $(QUICKSTART) holds checkpoints of an earlier run. Continue it from the" \
+	             "newest with 'make train$$steps$$dir RESUME=1' (with the STEPS it had), or start over:" \
+	             "'rm -rf $(QUICKSTART)'"; \
+	    fi; exit 1; fi
 	OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 ./train_gpt2_dp -e d4 -b 4 -t 64 -x $(STEPS) -v 25 -m 10 -s 50 -g 64 -n 50 -l 1e-3 -u 10 -q 0.1 -c 0.1 -y $(RESUME) -o $(QUICKSTART)
 
 bench:

@@ -171,8 +171,8 @@ static int grid_replicas(int dp, int pp, int cp, int tp, int world) {
         dp = world / model;
     }
     check_every_rank(dp * model == world, "-dp %d x %s = %d ranks, but the job has %d: the grid must hold every rank "
-                     "exactly once (launch with mpirun -np %d, or leave -dp out)", dp, sides, dp * model, world,
-                     dp * model);
+                     "exactly once (launch with mpirun -np %d%s)", dp, sides, dp * model, world, dp * model,
+                     world % model == 0 ? ", or leave -dp out" : "");
     return dp;
 }
 

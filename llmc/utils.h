@@ -158,7 +158,8 @@ static inline void fopen_problem(const char* path, const char* mode, int err, ch
     if (path[0] != '/') {
         char cwd[4096];
         if (getcwd(cwd, sizeof(cwd)) == NULL) snprintf(cwd, sizeof(cwd), "(unknown)");
-        snprintf(where, sizeof(where), "; a relative path starts at the working directory, %s", cwd);
+        snprintf(where, sizeof(where), "; a relative path starts at the working directory, %s (the defaults, "
+                 "dev/data/..., at the repository's root: run from there, or give the path)", cwd);
     }
     snprintf(why, cap, "cannot open file '%s'%s for %s: %s%s", path, path_origin(path), verb, strerror(err), where);
 }
