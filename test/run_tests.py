@@ -4076,11 +4076,12 @@ def readme_run_block_runs_as_pasted():
     block = block.replace("-o out/", "-o %s/" % out)
     env = {k: v for k, v in os.environ.items() if not k.startswith("OMPI_") and k != "OMP_NUM_THREADS"}
     env["BACKEND"] = "cpu"  # (make's default on a machine with a GPU builds the CUDA trainers here)
-    p = subprocess.run(["bash", "-e", "-c", block], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    assert p.stdout.count("average step time") == trainers, p.stdout[-4000:]
+    p = subprocess.run(["bash", "-e", "-c", block], cwd=ROOT, env=env, capture_output=True, timeout=1800)
+    out = p.stdout.decode("utf-8", "replace")  # (the samples are byte tokens, not always whole UTF-8)
+    assert p.returncode == 0, (out + p.stderr.decode("utf-8", "replace"))[-4000:]
+    assert out.count("average step time") == trainers, out[-4000:]
     if "make compare" in block:
-        assert "PASS: the trainer matches PyTorch" in p.stdout, p.stdout[-3000:]
+        assert "PASS: the trainer matches PyTorch" in out, out[-3000:]
 
 
 def main():
