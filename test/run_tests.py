@@ -4084,6 +4084,32 @@ def readme_run_block_runs_as_pasted():
         assert "PASS: the trainer matches PyTorch" in out, out[-3000:]
 
 
+@test
+def make_train_takes_steps_and_resume_and_says_how_to_go_on():
+    """make train's knobs on the quick start's model: STEPS=2 trains 2 steps into QUICKSTART; run
+    again it stops (exit non-zero, nothing written) naming the finished run's model file and the
+    command for another dir; RESUME=1 resumes from step 2 rather than refusing"""
+    d = fresh_dir("make_train")
+    qs = os.path.join(d, "qs")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    env["BACKEND"] = "cpu"
+
+    def make_train(*knobs):
+        p = subprocess.run(["make", "-s", "train", "STEPS=2", "QUICKSTART=" + qs] + list(knobs), cwd=ROOT, env=env,
+                           capture_output=True, timeout=900)
+        return p.returncode, (p.stdout + p.stderr).decode("utf-8", "replace")
+
+    rc, out = make_train()
+    assert rc == 0 and "step    2/2" in out, out[-3000:]
+    before = dir_snapshot(qs)
+    rc, out = make_train()
+    assert rc != 0 and "holds a finished run of 2 steps" in out and "model_00000002.bin" in out, out[-2000:]
+    assert "QUICKSTART=out/another" in out and "STEPS=2" in out, out[-2000:]
+    assert dir_snapshot(qs) == before, "the refused run wrote into " + qs
+    rc, out = make_train("RESUME=1")
+    assert rc == 0 and "resumed from step 2 in " + qs in out, out[-3000:]
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     free = shutil.disk_usage(TMP).free
