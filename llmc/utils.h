@@ -154,7 +154,7 @@ static inline const char* path_origin(const char* path) {
 // relative path starts), into why
 static inline void fopen_problem(const char* path, const char* mode, int err, char* why, size_t cap) {
     const char* verb = mode[0] == 'r' ? "reading" : mode[0] == 'a' ? "appending" : "writing";
-    char where[4200] = "";
+    char where[4400] = "";
     if (path[0] != '/') {
         char cwd[4096];
         if (getcwd(cwd, sizeof(cwd)) == NULL) snprintf(cwd, sizeof(cwd), "(unknown)");
