@@ -25,13 +25,9 @@ done
 time timeout "$(left)" make -s -j"$(nproc)" $targets 2>&1 | tail -20
 # where the step's time goes: d12 at the benchmark's shape, each kind of launch timed
 # (LLMC_KERNEL_TIMES=1, llmc/kernel_times.h) beside its roofline, the largest gap first
-case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" in
-    *H200*) roofline_device=h200 ;; *H100*PCIe*) roofline_device=h100-pcie ;; *H100*NVL*) roofline_device=h100-nvl ;;
-    *A100*) roofline_device=a100 ;; *) roofline_device=h100-sxm ;;
-esac
 LLMC_KERNEL_TIMES=1 timeout "$(left)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 6 -v 0 -s 0 > "$logs/gpu_kernel_times.log" 2>&1
 grep -A60 "^kernel times" "$logs/gpu_kernel_times.log"
-python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device "$roofline_device" -measured "$logs/gpu_kernel_times.log"
+python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device auto -measured "$logs/gpu_kernel_times.log"
 # why the flash kernels run below their roofline (the largest gap above): Nsight Compute on one
 # call of each (the second step's last forward, then its first backward: D, dK dV, dQ; a step
 # launches 48 of them), their throughput against the

@@ -47,6 +47,7 @@ import argparse
 import json
 import math
 import re
+import subprocess
 import sys
 
 # ---------------------------------------------------------------------------------------------
@@ -531,6 +532,21 @@ def print_table(res):
               "backward pass: %.2f ms" % (s["comm_time_s"] * 1e3, s["step_time_overlapped_s"] * 1e3))
 
 
+def this_gpu():
+    """the DEVICES key of the GPU nvidia-smi names (the parts told apart as llmc/cuda/device.cuh
+    does), for -device auto"""
+    try:
+        name = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=30).stdout.splitlines()[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        raise ValueError("-device auto: nvidia-smi names no GPU here; give one of " + ", ".join(sorted(DEVICES)))
+    for key, words in (("h100-pcie", ("H100", "PCIe")), ("h100-nvl", ("H100", "NVL")), ("h100-sxm", ("H100",)),
+                       ("h200", ("H200",)), ("a100", ("A100",))):
+        if all(w in name for w in words):
+            return key
+    raise ValueError("-device auto: no roofline for the %s; give one of %s" % (name, ", ".join(sorted(DEVICES))))
+
+
 def read_kernel_times(path):
     """the LLMC_KERNEL_TIMES=1 table of a trainer's output (llmc/kernel_times.h): {kind: (calls, ms)}
     per step, the time outside the launchers, and the step's time"""
@@ -600,7 +616,8 @@ def main(argv=None):
     p.add_argument("-precision", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("-attention", choices=("auto", "flash", "cublas"), default="auto",
                    help="auto: flash in bf16 with head size 16/32/64, else cublas (as the trainer)")
-    p.add_argument("-device", choices=sorted(DEVICES), default="h100-sxm")
+    p.add_argument("-device", choices=sorted(DEVICES) + ["auto"], default="h100-sxm",
+                   help="auto: the GPU nvidia-smi names")
     p.add_argument("-dp", type=int, default=1, help="data-parallel ranks: adds the gradient all-reduce")
     p.add_argument("-cp", type=int, default=1, help="context-parallel ranks (train_gpt2_cp, zigzag): T/cp tokens a rank, "
                    "its share of attention, the ring's K,V and the gradients' all-reduce")
@@ -625,6 +642,8 @@ def main(argv=None):
     if not (math.isfinite(args.link_bw) and args.link_bw >= 0):
         p.error("-link_bw %g: expected GB/s > 0" % args.link_bw)
     try:
+        if args.device == "auto":
+            args.device = this_gpu()
         res = roofline(args)
     except ValueError as e:
         p.error(str(e))
