@@ -269,7 +269,7 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
             # dv += p^T dO, dp^T = v dO^T, dk += ds^T q: 4 tile products) and dQ (a block owns 64 queries:
             # s = q k^T, dp = dO v^T, dq += ds k: 3). Both recompute p from q, k and lse, and both compute
             # dp: 7 tile products against FlashAttention-2's 5, the price of one writer per output
-            s.add("flash_attention_backward_dot (D)", calls, FLOPS_PER["dot"] * N * C, 2 * N * C * X + lse, "vector",
+            s.add("attention_row_dot (D)", calls, FLOPS_PER["dot"] * N * C, 2 * N * C * X + lse, "vector",
                   "attention", launch="attention backward")
             s.add("flash_attention_backward_dkdv", calls, 4 * tile_matmul, 6 * N * C * X + 2 * lse, "attn", "attention", launch="attention backward")
             s.add("flash_attention_backward_dq", calls, 3 * tile_matmul, 5 * N * C * X + 2 * lse, "attn", "attention", launch="attention backward")

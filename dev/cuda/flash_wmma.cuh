@@ -293,8 +293,7 @@ static inline void attention_backward_flash_wmma(floatX* dqkv, const floatX* dou
                                             int C, int NH) {
     size_t rows = (size_t)B * NH * T;
     float* D = (float*)scratch_get(&wmma_flash_scratch, rows * sizeof(float));
-    flash_attention_backward_dot<<<ceil_div(rows, 8), 256>>>(D, dout, out, B, T, C, NH);
-    cudaCheckLaunch();
+    attention_row_dot(D, dout, out, B, T, C, NH);
     dim3 grid(ceil_div(T, WMMA_FLASH_BLOCK_ROWS), B * NH);
     int hs = C / NH, threads = WMMA_FLASH_WARPS * 32;
     if (hs == 16) {

@@ -138,5 +138,8 @@ int main(void) {
     // the flash kernels' other head sizes, 16 and 32 (two tiles, the second ragged)
     ok &= check(CP_ZIGZAG, 2, GPU_OR_EMU(255, 67), B, 16 * NH, NH, 1);
     ok &= check(CP_CONTIGUOUS, 2, GPU_OR_EMU(255, 67), B, 32 * NH, NH, 1);
+    // a head size no flash kernel takes (48: the plain path alone), where the row dot D gives each
+    // head 16 threads of 3 values instead of packs of 16 bytes
+    ok &= check(CP_ZIGZAG, 2, GPU_OR_EMU(63, 5), B, 48 * NH, NH, 0);
     return finish(ok);
 }

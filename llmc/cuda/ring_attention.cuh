@@ -67,25 +67,11 @@ static inline void attention_block_forward_plain(float* o, float* lse, const flo
     cudaCheckLaunch();
 }
 
-// D (B, NH, Tq) = per head, the sum of datty * atty
-__global__ void attention_block_backward_prepare_kernel(float* D, const floatX* datty, const floatX* atty, int B,
-                                                        int Tq, int C, int NH) {
-    int hs = C / NH;
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // over (b, h, t)
-    if (idx >= (size_t)B * NH * Tq) return;
-    int t = (int)(idx % Tq), h = (int)((idx / Tq) % NH), b = (int)(idx / ((size_t)Tq * NH));
-    const floatX* dy = datty + ((size_t)b * Tq + t) * C + h * hs;
-    const floatX* y = atty + ((size_t)b * Tq + t) * C + h * hs;
-    float s = 0.0f;
-    for (int i = 0; i < hs; i++) s += (float)dy[i] * (float)y[i];
-    D[idx] = s;
-}
+// D (B, NH, Tq) = per head, the sum of datty * atty (the kernel the flash backward uses)
 static inline void attention_block_backward_prepare(float* D, const floatX* datty, const floatX* atty, int B, int Tq,
                                                     int C, int NH) {
     int kernel_span = kernel_time_begin("ring attention: backward's D", 0, 0);
-    size_t n = (size_t)B * NH * Tq;
-    attention_block_backward_prepare_kernel<<<ceil_div(n, 128), 128>>>(D, datty, atty, B, Tq, C, NH);
-    cudaCheckLaunch();
+    attention_row_dot(D, datty, atty, B, Tq, C, NH);
     kernel_time_end(kernel_span);
 }
 
