@@ -78,6 +78,20 @@ static inline void attention_row_dot(float* D, const floatX* dout, const floatX*
 #define FLASH_Q_TILES 2                            // forward: row tiles per warp, 128 queries per block
 #define FLASH_LOG2E 1.4426950408889634f
 
+// blocks per SM each kernel is compiled for (the second number of its __launch_bounds__): more
+// blocks hide more latency (the kernels issue an instruction every 4-6 cycles a warp at 2 warps a
+// scheduler) but leave a thread fewer registers, and past a point ptxas spills. A build can set
+// them (-DFLASH_DKDV_BLOCKS=3) to time the trade on a GPU with dev/cuda/attention_backward.
+#ifndef FLASH_FORWARD_BLOCKS
+#define FLASH_FORWARD_BLOCKS 1
+#endif
+#ifndef FLASH_DKDV_BLOCKS
+#define FLASH_DKDV_BLOCKS 1
+#endif
+#ifndef FLASH_DQ_BLOCKS
+#define FLASH_DQ_BLOCKS 0  // 0: no minimum, ptxas chooses (163 registers on sm_90, 3 blocks; 1 gives 191, 2 blocks)
+#endif
+
 // row stride of a shared tile, in elements: HS + 8 (see the bank note above)
 #define FLASH_LD(HS) ((HS) + 8)
 
@@ -188,7 +202,7 @@ __device__ inline void flash_store(floatX* x, int width, int offset, const float
 // the score tile need: held to 4 blocks per SM, the 64-query forward<64, 1> spilled on sm_90;
 // at MT = 2, forward<64, 2> takes 246 registers, no spills; dev/cuda/flash_sass.sh)
 template <int HS, int MT>
-__global__ void __launch_bounds__(FLASH_WARPS * 32, 1)
+__global__ void __launch_bounds__(FLASH_WARPS * 32, FLASH_FORWARD_BLOCKS)
 flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
     // k and v, double-buffered: kv_s[buf][0] is k, kv_s[buf][1] is v. The block's q (64 MT rows)
     // passes through kv_s[1] into registers before the loop first fills it: a q tile of its own
@@ -317,7 +331,7 @@ __device__ inline void flash_load_row_values(float* dst, const float* src, int t
 //   s^T = k q^T (16, 64), p^T = exp(s^T scale - lse),  dv += p^T dout,
 //   dp^T = v dout^T,  ds^T = p^T (dp^T - D),  dk += ds^T q scale
 template <int HS>
-__global__ void __launch_bounds__(FLASH_WARPS * 32, 1)  // (as the forward: dkdv<32> spilled on sm_80)
+__global__ void __launch_bounds__(FLASH_WARPS * 32, FLASH_DKDV_BLOCKS)  // (1: as the forward, dkdv<32> spilled on sm_80)
 flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv,
                                      const float* lse, const float* D, int B, int T, int C, int NH) {
     __shared__ __align__(16) floatX q_s[2][FLASH_TILE * FLASH_LD(HS)];
@@ -393,7 +407,7 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
 // up to its causal limit, 64 at a time:
 //   p = exp(q k^T scale - lse),  dp = dout v^T,  ds = p (dp - D),  dq += ds k scale
 template <int HS>
-__global__ void __launch_bounds__(FLASH_WARPS * 32)
+__global__ void __launch_bounds__(FLASH_WARPS * 32, FLASH_DQ_BLOCKS)
 flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv,
                                    const float* lse, const float* D, int B, int T, int C, int NH) {
     __shared__ __align__(16) floatX k_s[2][FLASH_TILE * FLASH_LD(HS)];
