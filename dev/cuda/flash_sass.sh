@@ -5,7 +5,11 @@
 #   (a) ptxas -v: no kernel spills registers to local memory (0 bytes spill stores and loads)
 #       or has a stack frame (a register array indexed by a value known only at run time, such
 #       as the counter of a loop left rolled, lives in local memory too); registers per thread
-#       and static shared memory per block are printed;
+#       and static shared memory per block are printed. One exception, chosen and bounded:
+#       dK/dV at head size 64 is compiled for 3 blocks an SM (FLASH_DKDV_BLOCKS), 168 registers,
+#       and spills a few words (68 bytes on sm_90): measured faster than 227 registers and no
+#       spills (23.8 against 24.9 ms a d12 step's attention backward on an H200). It may spill
+#       at most SPILL_BUDGET bytes; more, or a spill anywhere else, fails;
 #   (b) the SASS (nvdisasm): every tile kernel contains LDSM (ldmatrix),
 #       HMMA (mma.sync on the tensor cores) and LDGSTS (cp.async global -> shared), and how many
 #       plain shared loads/stores (LDS/STS), local loads/stores (LDL/STL: spills) and MUFU.EX2
@@ -108,6 +112,8 @@ def ptxas(sm):
     return info
 
 OPS = ["LDSM", "HMMA", "LDGSTS", "LDS", "STS", "LDL", "STL", "MUFU.EX2"]
+# the spills chosen for speed (the head comment): kernel -> bytes of spill stores allowed
+SPILL_BUDGET = {("flash_attention_backward_dkdv_kernel", (64,)): 128}
 
 def sass(sm):
     """kernel -> {op: count}; LDS/STS count only instructions that can execute: ptxas puts
@@ -140,10 +146,11 @@ for sm in archs:
             continue
         label = "%s%s" % (name.replace("flash_attention_", "").replace("_kernel", ""),
                           "<%s>" % ",".join(map(str, hs)) if hs else "")
-        if k["spill_st"] or k["spill_ld"]:
-            failures.append("sm_%s %s spills: %d bytes stores, %d bytes loads (%d registers)"
-                            % (sm, label, k["spill_st"], k["spill_ld"], k["regs"]))
-        if k["stack"]:
+        budget = SPILL_BUDGET.get((name, hs), 0)
+        if k["spill_st"] > budget or k["spill_ld"] > budget:
+            failures.append("sm_%s %s spills: %d bytes stores, %d bytes loads (%d registers; %d allowed)"
+                            % (sm, label, k["spill_st"], k["spill_ld"], k["regs"], budget))
+        if k["stack"] and not budget:  # (a budgeted kernel's spill slots are its stack frame)
             failures.append("sm_%s %s has a %d-byte stack frame: a register array in local memory"
                             % (sm, label, k["stack"]))
         c = counts.get((name, hs))
@@ -153,7 +160,7 @@ for sm in archs:
             for op in ("LDSM", "HMMA", "LDGSTS"):
                 if c[op] == 0:
                     failures.append("sm_%s %s: no %s in its SASS" % (sm, label, op))
-            if c["LDL"] or c["STL"]:
+            if (c["LDL"] or c["STL"]) and not budget:
                 failures.append("sm_%s %s: %d LDL and %d STL: local memory in the tile loop"
                                 % (sm, label, c["LDL"], c["STL"]))
         rows.append(["sm_%s" % sm, label, k["regs"], k["smem"], "%d/%d" % (k["spill_st"], k["spill_ld"])]
@@ -174,8 +181,10 @@ if failures:
 if not disasm:
     print("no nvdisasm: SASS not checked (dev/setup.sh installs it: pip nvidia-cuda-nvdisasm)")
     sys.exit(77)
-print("flash_sass: no spills or local memory; LDSM, HMMA and LDGSTS in every tile kernel (disassembler: %s)"
-      % disasm)
+print("flash_sass: no spills or local memory but the budgeted ones (%s); LDSM, HMMA and LDGSTS in every tile kernel"
+      " (disassembler: %s)" % (", ".join("%s<%s> %d B" % (n.replace("flash_attention_", "").replace("_kernel", ""),
+                                                           ",".join(map(str, h)), b) for (n, h), b in SPILL_BUDGET.items()),
+                               disasm))
 EOF
 echo "flash_sass: ${SECONDS} s"
 exit $status

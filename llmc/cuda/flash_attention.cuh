@@ -81,12 +81,15 @@ static inline void attention_row_dot(float* D, const floatX* dout, const floatX*
 // blocks per SM each kernel is compiled for (the second number of its __launch_bounds__): more
 // blocks hide more latency (the kernels issue an instruction every 4-6 cycles a warp at 2 warps a
 // scheduler) but leave a thread fewer registers, and past a point ptxas spills. A build can set
-// them (-DFLASH_DKDV_BLOCKS=3) to time the trade on a GPU with dev/cuda/attention_backward.
+// them (-DFLASH_DQ_BLOCKS=4) to time the trade on a GPU (LLMC_KERNEL_TIMES=1 in a trainer).
+// Measured in train_gpt2_dp, d12 B=64 on an H200 (2026-11-26): dK dV at 3 blocks (168 registers,
+// 68 bytes spilled) took the backward from 24.9 to 23.8 ms a step; dQ at 4 (128 registers, 104
+// bytes spilled) cost 0.6 ms, the forward at 3 (312 bytes spilled) 0.8 ms.
 #ifndef FLASH_FORWARD_BLOCKS
-#define FLASH_FORWARD_BLOCKS 1
+#define FLASH_FORWARD_BLOCKS 1  // 246 registers on sm_90, 2 blocks
 #endif
 #ifndef FLASH_DKDV_BLOCKS
-#define FLASH_DKDV_BLOCKS 1
+#define FLASH_DKDV_BLOCKS 3  // 1: 227 registers, 2 blocks, no spills
 #endif
 #ifndef FLASH_DQ_BLOCKS
 #define FLASH_DQ_BLOCKS 0  // 0: no minimum, ptxas chooses (163 registers on sm_90, 3 blocks; 1 gives 191, 2 blocks)
@@ -331,7 +334,7 @@ __device__ inline void flash_load_row_values(float* dst, const float* src, int t
 //   s^T = k q^T (16, 64), p^T = exp(s^T scale - lse),  dv += p^T dout,
 //   dp^T = v dout^T,  ds^T = p^T (dp^T - D),  dk += ds^T q scale
 template <int HS>
-__global__ void __launch_bounds__(FLASH_WARPS * 32, FLASH_DKDV_BLOCKS)  // (1: as the forward, dkdv<32> spilled on sm_80)
+__global__ void __launch_bounds__(FLASH_WARPS * 32, FLASH_DKDV_BLOCKS)
 flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv,
                                      const float* lse, const float* D, int B, int T, int C, int NH) {
     __shared__ __align__(16) floatX q_s[2][FLASH_TILE * FLASH_LD(HS)];
