@@ -412,7 +412,7 @@ static void gpt2_forward(GPT2* model, Zero* z, const int* inputs_host, int B, in
         } else {
             floatX* lnf = bucket_params(z, model, L + 1);
             fused_residual_layernorm_forward(x.residual3, a->lnf, a->lnf_mean, a->lnf_rstd,
-                                             x.residual2, x.fcproj, lnf, lnf + lay->sizes[14], B * T, C);
+                                             x.residual2, x.fcproj, lnf, lnf + lay->sizes[PARAM_LNFW], B * T, C);
         }
     }
     // LM head tied to the token embedding: logits (B, T, Vp) = lnf @ wte^T. -z 3: the
@@ -436,7 +436,7 @@ static void gpt2_backward(GPT2* model, Zero* z, const int* inputs_host, int B, i
     // complete only at the end of the backward pass
     floatX* embeddings = bucket_grad(z, model, 0);
     floatX* lnf = bucket_grad(z, model, L + 1);
-    floatX *dwte = embeddings, *dwpe = embeddings + lay->sizes[0], *dlnfw = lnf, *dlnfb = lnf + lay->sizes[14];
+    floatX *dwte = embeddings, *dwpe = embeddings + lay->sizes[0], *dlnfw = lnf, *dlnfb = lnf + lay->sizes[PARAM_LNFW];
 
     // LM head (-z 3: wte still gathered from the forward pass) and final LayerNorm (-z 3:
     // gathered again, with layer L-1 prefetched behind it): dresidual = gradient w.r.t. the last
@@ -596,10 +596,10 @@ static void print_layout(const Run* run, const GPT2* model, int zero, int overla
     gpt2_parameter_sizes(sizes, c);
     printf("buckets (one collective each; padded to %s):\n",
            zero > 0 ? "a multiple of N x 128 elements, one equal shard per rank" : "nothing: DDP reduces them whole");
-    printf("  embeddings (wte, wpe)  %12zu  padded %12zu\n", sizes[0] + sizes[1], p->bucket_sizes[0]);
-    printf("  each of %d layers      %12zu  padded %12zu\n", c.num_layers, (P - sizes[0] - sizes[1] - sizes[14] - sizes[15]) / c.num_layers,
+    printf("  embeddings (wte, wpe)  %12zu  padded %12zu\n", sizes[PARAM_WTE] + sizes[PARAM_WPE], p->bucket_sizes[0]);
+    printf("  each of %d layers      %12zu  padded %12zu\n", c.num_layers, (P - sizes[PARAM_WTE] - sizes[PARAM_WPE] - sizes[PARAM_LNFW] - sizes[PARAM_LNFB]) / c.num_layers,
            p->bucket_sizes[1]);
-    printf("  final LayerNorm        %12zu  padded %12zu\n", sizes[14] + sizes[15], p->bucket_sizes[2]);
+    printf("  final LayerNorm        %12zu  padded %12zu\n", sizes[PARAM_LNFW] + sizes[PARAM_LNFB], p->bucket_sizes[2]);
     printf("  all                    %12zu  padded %12zu = Psi\n", P, p->count);
     // what a step hands to the collectives (the README's ZeRO table; the step report prints the
     // measured bytes after the first step): whole gradients once a step under DDP and ZeRO-1,

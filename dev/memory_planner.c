@@ -27,7 +27,7 @@
 #include "../llmc/memory_plan.h"
 
 static const char* trainer_names[TRAINER_COUNT] = {"train_gpt2_dp", "train_gpt2_tp", "train_gpt2_pp", "train_gpt2_3d",
-                                                   "train_gpt2_cp", "train_gpt2_diloco"};
+                                                   "train_gpt2_cp", "train_gpt2_diloco", "train_gpt2_ep"};
 
 // the trainer that runs a grid: the simplest that holds it (cp alone: train_gpt2_cp; cp with
 // another axis: train_gpt2_3d)
@@ -53,6 +53,18 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, CpSplit sp
     if (r->trainer == TRAINER_CP && (r->dp > 1 || r->tp > 1 || r->pp > 1)) {
         return snprintf(why, n, "train_gpt2_cp is one context-parallel group: -dp 1 -tp 1 -pp 1"), 1;
     }
+    if (r->trainer == TRAINER_EP) {
+        if (!gpt2_is_moe(c)) return snprintf(why, n, "train_gpt2_ep trains Mixture-of-Experts models: -experts E >= 2"), 1;
+        if (r->tp > 1 || r->pp > 1 || r->cp > 1) return snprintf(why, n, "train_gpt2_ep is data parallel with -ep: -tp 1 -pp 1 -cp 1"), 1;
+        if (c.experts % layout_ep(r) != 0 || r->dp % layout_ep(r) != 0) {
+            return snprintf(why, n, "-ep %d: expert parallelism splits the E = %d experts over ep of the %d ranks, so ep must "
+                            "divide both", layout_ep(r), c.experts, r->dp), 1;
+        }
+    } else if (gpt2_is_moe(c)) {
+        return snprintf(why, n, "-experts %d: a Mixture-of-Experts model is train_gpt2_ep's (-trainer ep)", c.experts), 1;
+    } else if (r->ep > 1) {
+        return snprintf(why, n, "-ep %d is train_gpt2_ep's (-trainer ep)", r->ep), 1;
+    }
     if (r->trainer != TRAINER_CP && r->trainer != TRAINER_3D && r->cp > 1) {
         return snprintf(why, n, "-cp %d is train_gpt2_cp's or train_gpt2_3d's", r->cp), 1;
     }
@@ -75,7 +87,7 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, CpSplit sp
         return snprintf(why, n, "the model's L = %d layers cannot be split into pp x vp = %d x %d equal chunks", c.num_layers,
                         r->pp, r->V), 1;
     }
-    int readers = r->trainer == TRAINER_DP || r->trainer == TRAINER_3D || r->trainer == TRAINER_DILOCO;
+    int readers = r->trainer == TRAINER_DP || r->trainer == TRAINER_3D || r->trainer == TRAINER_DILOCO || r->trainer == TRAINER_EP;
     size_t per_step = mul_check(mul_check(r->B, r->T, "-b x -t"), readers ? r->dp : 1,
                                 "-b x -t x dp");
     if (total_batch == 0) total_batch = per_step;  // -d -1, as the trainers: one micro-batch per replica
@@ -99,6 +111,10 @@ static void layout_flags(const RunLayout* r, char* out, size_t n) {
         k += snprintf(out + k, n - k, " -cp %d%s", r->cp, r->cp_allgather ? " -cp_comm allgather" : "");
     }
     if (r->trainer == TRAINER_DP || r->trainer == TRAINER_DILOCO) k += snprintf(out + k, n - k, " (%d ranks)", r->dp);
+    if (r->trainer == TRAINER_EP) {
+        k += snprintf(out + k, n - k, " -ep %d (%d ranks)", layout_ep(r), r->dp);
+        if (r->capacity_factor > 0) k += snprintf(out + k, n - k, " -capacity_factor %g", r->capacity_factor);
+    }
     if (r->trainer == TRAINER_TP) k += snprintf(out + k, n - k, " -tp %d", r->tp);
     if (r->trainer == TRAINER_PP) k += snprintf(out + k, n - k, " -pp %d", r->pp);
     if (r->trainer == TRAINER_CP) k += snprintf(out + k, n - k, " -cp %d%s", r->cp, r->cp_allgather ? " -cp_comm allgather" : "");
@@ -143,8 +159,8 @@ int main(int argc, char** argv) {
     int B = 4, T = 1024, total_batch = -1, dp = 1, tp = 1, pp = 1, vp = 1, zero = 0, sp = 0, recompute = 0, offload = 0, cp = 1;
     const char* cp_comm = "ring";
     const char* cp_layout = "zigzag";
-    int overlap = 1, checkpoint = 0, search = 0, stage = -1;
-    float memory_gb = 80.0f;
+    int overlap = 1, checkpoint = 0, search = 0, stage = -1, experts = 0, topk = 2, ep = 1;
+    float memory_gb = 80.0f, capacity_factor = 0.0f;
     const ArgSpec specs[] = {
         {"-e", ARG_STRING, &model, 0, 0, "model: a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25), or a model file"},
         {"-b", ARG_INT, &B, 1, ARG_NO_MAX, "micro-batch size in sequences"},
@@ -169,7 +185,11 @@ int main(int argc, char** argv) {
         {"-overlap", ARG_INT, &overlap, 0, 1, "train_gpt2_dp's -overlap (ZeRO-2/3 keep one more layer bucket with 1)"},
         {"-n", ARG_INT, &checkpoint, 0, ARG_NO_MAX, "checkpoint every N steps (their gathers take memory; 0: never)"},
         {"-stage", ARG_INT, &stage, -1, ARG_NO_MAX, "the pipeline stage whose table to print (-1: the largest; stage 0 is rank 0's)"},
-        {"-trainer", ARG_STRING, &trainer_name, 0, 0, "dp, tp, pp, 3d, cp or diloco (default: the simplest trainer that runs the grid; diloco: -dp ranks)"},
+        {"-trainer", ARG_STRING, &trainer_name, 0, 0, "dp, tp, pp, 3d, cp, diloco or ep (default: the simplest trainer that runs the grid; diloco and ep: -dp ranks)"},
+        {"-experts", ARG_INT, &experts, 0, 1024, "a Mixture-of-Experts model of E experts a layer (train_gpt2_ep; 0: the model file's, dense for a descriptor)"},
+        {"-topk", ARG_INT, &topk, 1, 1024, "with -experts: the experts each token goes to"},
+        {"-ep", ARG_INT, &ep, 1, 1024, "train_gpt2_ep: the ranks the experts are split over (ep divides E and -dp)"},
+        {"-capacity_factor", ARG_FLOAT, &capacity_factor, 0, ARG_NO_MAX, "train_gpt2_ep: at most ceil(cf N k / E) slots an expert per micro-batch (0: dropless)"},
         {"-search", ARG_INT, &search, 0, ARG_NO_MAX, "N: list every layout of N devices that fits in -mem, smallest first, over every grid, -z, -sp, -r and -offload (0: plan the one layout)"},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
@@ -186,6 +206,10 @@ int main(int argc, char** argv) {
         gpt2_read_model_config(model, &c);
     }
     if (T > c.max_seq_len) fail("-t %d is longer than the model's maximum sequence length %d", T, c.max_seq_len);
+    if (experts > 0) {
+        if (experts < 2 || topk > experts) fail("-experts %d -topk %d: expected E >= 2 and 1 <= k <= E", experts, topk);
+        c.experts = experts, c.topk = topk;
+    }
     DeviceTarget target;
     if (strcmp(device, "cuda") == 0) target.cuda = 1;
     else if (strcmp(device, "cpu") == 0) target.cuda = 0;
@@ -204,19 +228,24 @@ int main(int argc, char** argv) {
     int allgather = cp_allgather_of(cp_comm);
     CpSplit split = cp_split_of(cp_layout);
     double memory = memory_gb * 1e9;
+    if (search > 0 && gpt2_is_moe(c)) fail("-search lists the dense trainers' layouts; plan a Mixture-of-Experts layout with -dp and -ep");
     printf("model L=%d C=%d NH=%d, %zu parameters; micro-batch %d x %d; %s %s, %s attention; %.0f GB per device\n",
            c.num_layers, c.channels, c.num_heads, gpt2_num_parameters(c), B, T, target.cuda ? "CUDA" : "CPU",
            target.X == 2 ? "bf16" : "fp32", target.flash ? "flash" : target.cuda ? "cuBLAS" : "CPU", memory_gb);
 
     if (search == 0) {
         RunLayout r = {trainer_for(dp, tp, pp, cp), dp, tp, pp, vp, (PipeSchedule)sched, 1, B, T, zero, sp, recompute, offload,
-                       overlap, checkpoint > 0, 0, 0, cp, allgather};
+                       overlap, checkpoint > 0, 0, 0, cp, allgather, 1, 0.0f};
         if (trainer_name != NULL) {  // another trainer than the simplest, as train_gpt2_3d for any grid
             int k = 0;
             while (k < TRAINER_COUNT && strcmp(trainer_names[k] + strlen("train_gpt2_"), trainer_name) != 0) k++;
-            if (k == TRAINER_COUNT) fail("-trainer %s: expected dp, tp, pp, 3d, cp or diloco", trainer_name);
+            if (k == TRAINER_COUNT) fail("-trainer %s: expected dp, tp, pp, 3d, cp, diloco or ep", trainer_name);
             r.trainer = (TrainerKind)k;
+        } else if (gpt2_is_moe(c)) {
+            r.trainer = TRAINER_EP;  // (the one trainer of MoE models)
         }
+        r.ep = ep;
+        r.capacity_factor = capacity_factor;
         char why[256], flags[160];
         if (total_batch == 0) fail("-d 0: expected a positive number of tokens, or -1");
         if (layout_problem(c, target, &r, split, total_batch == -1 ? 0 : (size_t)total_batch, why, sizeof(why))) fail("%s", why);
@@ -259,7 +288,7 @@ int main(int argc, char** argv) {
                                 for (int a = 0; a <= (q > 1); a++) {
                                     int V = p > 1 ? vp : 1;
                                     PipeSchedule sc = p > 1 ? (PipeSchedule)sched : SCHEDULE_1F1B;
-                                    RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, overlap, checkpoint > 0, 0, 0, q, a};
+                                    RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, overlap, checkpoint > 0, 0, 0, q, a, 1, 0.0f};
                                     try_layout(&fits, &count, &capacity, &tried, c, target, run, split, batch, memory);
                                 }
             }

@@ -8,7 +8,8 @@
 //
 // Bytes counted per call are the payload this rank hands to the operation: all-reduce and
 // broadcast n elements, reduce-scatter the full input, all-gather the full output, send/recv the
-// message. The wire traffic of a ring all-reduce is 2(p-1)/p times its payload.
+// message, all-to-all what it sends to the other ranks (its own block stays). The wire traffic
+// of a ring all-reduce is 2(p-1)/p times its payload.
 #ifndef LLMC_COMM_H
 #define LLMC_COMM_H
 
@@ -37,11 +38,11 @@ typedef enum { COMM_FLOAT, COMM_BF16 } CommDtype;
 
 typedef enum {
     COMM_ALL_REDUCE, COMM_REDUCE_SCATTER, COMM_ALL_GATHER, COMM_BROADCAST,
-    COMM_SEND, COMM_RECV, COMM_BARRIER, COMM_NUM_KINDS
+    COMM_SEND, COMM_RECV, COMM_BARRIER, COMM_ALL_TO_ALL, COMM_NUM_KINDS
 } CommKind;
 
 static const char* comm_kind_names[COMM_NUM_KINDS] = {
-    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier"};
+    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "barrier", "all_to_all"};
 
 #define COMM_EXCHANGE_MAX 8    // messages in one exchange (comm_exchange) at most
 #define COMM_MAX_PENDING 256  // non-blocking operations in flight on one group at a time
@@ -223,12 +224,13 @@ static inline long long comm_total_bytes(const CommGroup* g) {
 // What this rank sends over the wire for the counted calls if every collective is a ring (as
 // NCCL's are on one node): an all-reduce of S bytes is a reduce-scatter then an all-gather, and
 // each of those passes (N-1)/N of S through every rank's link; a point-to-point send (CP's K,V
-// ring, PP's activations, DiLoCo's bf16 exchanges) passes its whole message. (Broadcasts, which
+// ring, PP's activations, DiLoCo's bf16 exchanges) and an all-to-all's blocks for the other ranks
+// (MoE's tokens) pass whole. (Broadcasts, which
 // carry only the loss here, are not counted.)
 static inline double comm_ring_bytes(const CommGroup* g) {
     double share = g->size > 1 ? (double)(g->size - 1) / g->size : 0.0;
     return share * (2.0 * g->bytes[COMM_ALL_REDUCE] + g->bytes[COMM_REDUCE_SCATTER] + g->bytes[COMM_ALL_GATHER]) +
-           (double)g->bytes[COMM_SEND];
+           (double)g->bytes[COMM_SEND] + (double)g->bytes[COMM_ALL_TO_ALL];
 }
 
 static inline void comm_reset_counters(CommGroup* g) {

@@ -1,5 +1,7 @@
-// GPT-2 configuration, the layout of its 16 parameter tensors, model files (llm.c format) and
-// random initialisation from a descriptor such as "d12".
+// GPT-2 configuration, the layout of its 17 parameter tensors, model files (llm.c format) and
+// random initialisation from a descriptor such as "d12". A Mixture-of-Experts GPT-2
+// (train_gpt2_ep.cu) has E experts in every layer's MLP: its file has a router and an expert
+// dimension in the MLP's tensors; a dense GPT-2 is E = 1, its router empty, its file llm.c's.
 #ifndef LLMC_GPT2_H
 #define LLMC_GPT2_H
 
@@ -18,7 +20,7 @@
 // elsewhere have 0 there and load without a checksum
 #define MODEL_CHECKSUM_TAG 0x43524333  // "3CRC"
 #define GPT2_VOCAB_SIZE 50257
-#define NUM_PARAMETER_TENSORS 16
+#define NUM_PARAMETER_TENSORS 17
 
 typedef struct {
     int max_seq_len;        // maxT
@@ -27,7 +29,13 @@ typedef struct {
     int num_layers;         // L
     int num_heads;          // NH
     int channels;           // C
+    int experts;            // E: each layer's MLP is E experts and a router; 0 in a dense model
+    int topk;               // k: the experts each token goes to (0 in a dense model)
 } GPT2Config;
+
+// the MLP copies a layer holds: E in a Mixture-of-Experts model, 1 in a dense one
+static inline int gpt2_experts(GPT2Config c) { return c.experts > 1 ? c.experts : 1; }
+static inline int gpt2_is_moe(GPT2Config c) { return c.experts > 1; }
 
 // the tensors, in file order; every per-layer tensor is stacked over the L layers
 typedef struct {
@@ -41,10 +49,11 @@ typedef struct {
     floatX* attprojb;  // (L, C)
     floatX* ln2w;      // (L, C)
     floatX* ln2b;      // (L, C)
-    floatX* fcw;       // (L, 4C, C)
-    floatX* fcb;       // (L, 4C)
-    floatX* fcprojw;   // (L, C, 4C)
-    floatX* fcprojb;   // (L, C)
+    floatX* routerw;   // (L, E, C)  Mixture-of-Experts only: the router; empty in a dense model
+    floatX* fcw;       // (L, E, 4C, C)  E = 1 in a dense model: (L, 4C, C)
+    floatX* fcb;       // (L, E, 4C)
+    floatX* fcprojw;   // (L, E, C, 4C)
+    floatX* fcprojb;   // (L, E, C)
     floatX* lnfw;      // (C)
     floatX* lnfb;      // (C)
 } ParameterTensors;
@@ -52,35 +61,37 @@ typedef struct {
 // each tensor's index in that order (into parameter_names, a layout's sizes and offsets)
 enum {
     PARAM_WTE, PARAM_WPE, PARAM_LN1W, PARAM_LN1B, PARAM_QKVW, PARAM_QKVB, PARAM_ATTPROJW, PARAM_ATTPROJB,
-    PARAM_LN2W, PARAM_LN2B, PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB, PARAM_LNFW, PARAM_LNFB
+    PARAM_LN2W, PARAM_LN2B, PARAM_ROUTERW, PARAM_FCW, PARAM_FCB, PARAM_FCPROJW, PARAM_FCPROJB, PARAM_LNFW, PARAM_LNFB
 };
 
 static const char* parameter_names[NUM_PARAMETER_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
-    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+    "ln2w", "ln2b", "routerw", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
 
 // AdamW decays the 2-D weight matrices only, never biases or LayerNorm gains (as in GPT-2/nanoGPT)
 static const int parameter_is_matrix[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0,
-                                                                0, 0, 1, 0, 1, 0, 0, 0};
+                                                                0, 0, 1, 1, 0, 1, 0, 0, 0};
 
 static inline void gpt2_parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], GPT2Config c) {
     size_t Vp = c.padded_vocab_size, C = c.channels, maxT = c.max_seq_len, L = c.num_layers;
-    sizes[0] = Vp * C;
-    sizes[1] = maxT * C;
-    sizes[2] = L * C;
-    sizes[3] = L * C;
-    sizes[4] = L * 3 * C * C;
-    sizes[5] = L * 3 * C;
-    sizes[6] = L * C * C;
-    sizes[7] = L * C;
-    sizes[8] = L * C;
-    sizes[9] = L * C;
-    sizes[10] = L * 4 * C * C;
-    sizes[11] = L * 4 * C;
-    sizes[12] = L * C * 4 * C;
-    sizes[13] = L * C;
-    sizes[14] = C;
-    sizes[15] = C;
+    size_t E = (size_t)gpt2_experts(c), router = gpt2_is_moe(c) ? E : 0;
+    sizes[PARAM_WTE] = Vp * C;
+    sizes[PARAM_WPE] = maxT * C;
+    sizes[PARAM_LN1W] = L * C;
+    sizes[PARAM_LN1B] = L * C;
+    sizes[PARAM_QKVW] = L * 3 * C * C;
+    sizes[PARAM_QKVB] = L * 3 * C;
+    sizes[PARAM_ATTPROJW] = L * C * C;
+    sizes[PARAM_ATTPROJB] = L * C;
+    sizes[PARAM_LN2W] = L * C;
+    sizes[PARAM_LN2B] = L * C;
+    sizes[PARAM_ROUTERW] = L * router * C;
+    sizes[PARAM_FCW] = L * E * 4 * C * C;
+    sizes[PARAM_FCB] = L * E * 4 * C;
+    sizes[PARAM_FCPROJW] = L * E * C * 4 * C;
+    sizes[PARAM_FCPROJB] = L * E * C;
+    sizes[PARAM_LNFW] = C;
+    sizes[PARAM_LNFB] = C;
 }
 
 static inline size_t gpt2_num_parameters(GPT2Config c) {
@@ -106,13 +117,29 @@ static inline void gpt2_check_config(GPT2Config c, const char* source) {
         fail("%s: channels C=%d is not divisible by the number of heads NH=%d", source, c.channels,
              c.num_heads);
     }
+    if (c.experts < 0 || c.experts > 1024 || (gpt2_is_moe(c) ? c.topk < 1 || c.topk > c.experts : c.topk != 0)) {
+        fail("%s: invalid Mixture-of-Experts config: E=%d experts, top-k=%d (a dense model has 0 and 0; an MoE "
+             "model 2 <= E <= 1024 and 1 <= k <= E)", source, c.experts, c.topk);
+    }
+}
+
+// the trainers other than train_gpt2_ep hold dense MLPs only
+static inline void gpt2_require_dense(GPT2Config c, const char* source, const char* trainer) {
+    if (gpt2_is_moe(c)) {
+        fail("%s is a Mixture-of-Experts model (E=%d experts, top-k %d): %s trains dense GPT-2 models only; "
+             "train it with train_gpt2_ep", source, c.experts, c.topk, trainer);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // model files: 256 x int32 header, then all parameters in the order above (fp32 or bf16)
 
+// (header[10..11], a Mixture-of-Experts model's E and k, are covered where they are set: a dense
+// file's checksum stays what it was before they existed)
 static inline uint32_t model_file_checksum(const int header[256], const void* params, size_t bytes) {
-    return crc32_update(crc32_update(0, header, 9 * sizeof(int)), params, bytes);
+    uint32_t crc = crc32_update(0, header, 9 * sizeof(int));
+    if (header[10] != 0 || header[11] != 0) crc = crc32_update(crc, header + 10, 2 * sizeof(int));
+    return crc32_update(crc, params, bytes);
 }
 
 // a model that starts from nan or inf would train on silently: stop, naming the first bad value
@@ -155,6 +182,8 @@ static inline FILE* gpt2_open_model_file(const char* path, int header[256], GPT2
     c.num_heads = header[5];
     c.channels = header[6];
     c.padded_vocab_size = header[7];
+    c.experts = header[10];  // 0 in dense files (llm.c's, and this project's dense ones)
+    c.topk = header[11];
     gpt2_check_config(c, path);
     size_t n = gpt2_num_parameters(c);
     size_t elem = version == MODEL_VERSION_FP32 ? 4 : 2;
@@ -217,6 +246,8 @@ static inline uint32_t gpt2_write_model_file(const char* path, GPT2Config c, con
     header[6] = c.channels;
     header[7] = c.padded_vocab_size;
     header[8] = MODEL_CHECKSUM_TAG;
+    header[10] = gpt2_is_moe(c) ? c.experts : 0;  // (before the checksum, which covers them)
+    header[11] = gpt2_is_moe(c) ? c.topk : 0;
     size_t n = gpt2_num_parameters(c);
     header[9] = (int)model_file_checksum(header, params, n * sizeof(float));
     char tmp[4200];
@@ -258,6 +289,7 @@ static inline int gpt2_config_from_descriptor(const char* desc, GPT2Config* c) {
     c->num_layers = L;
     c->num_heads = NH;
     c->channels = C;
+    c->experts = c->topk = 0;  // dense (train_gpt2_ep's -experts and -topk make it an MoE model)
     return 1;
 }
 

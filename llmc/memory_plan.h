@@ -20,7 +20,7 @@
 #include "target.h"
 #include "cp_layout.h"
 
-typedef enum { TRAINER_DP, TRAINER_TP, TRAINER_PP, TRAINER_3D, TRAINER_CP, TRAINER_DILOCO, TRAINER_COUNT } TrainerKind;
+typedef enum { TRAINER_DP, TRAINER_TP, TRAINER_PP, TRAINER_3D, TRAINER_CP, TRAINER_DILOCO, TRAINER_EP, TRAINER_COUNT } TrainerKind;
 
 // a run's layout: everything that decides a rank's memory (the trainers' flags of the same names)
 typedef struct {
@@ -40,6 +40,8 @@ typedef struct {
     int cp;              // context-parallel ranks (train_gpt2_cp; 0 or 1: none): activations of
                          // T / cp tokens
     int cp_allgather;    // -cp_comm allgather: the whole sequence's K,V on every rank
+    int ep;              // train_gpt2_ep: the ranks the experts are split over (0 or 1: none)
+    float capacity_factor;  // train_gpt2_ep: -capacity_factor (0: dropless)
 } RunLayout;
 
 // the parts of a rank's device memory, in bytes, as the trainer allocates them
@@ -57,6 +59,7 @@ typedef struct {
     size_t comm;             // ZeRO's reduce and gather buckets, a pipeline's second gradient message
     size_t outer;            // DiLoCo's outer state: the outer parameters, their momentum and the
                              // pseudo-gradient, fp32 each
+    size_t experts;          // Mixture-of-Experts: the experts' activations and the exchange's buffers
     size_t kernels;          // cuBLASLt's workspace and the CUDA kernels' scratch (none on the CPU)
     size_t file_gather;      // while a checkpoint (or -dump_grads) gathers sharded weights
     size_t total;            // the sum: what the run's high-water mark should be
@@ -88,10 +91,35 @@ static inline size_t zero_buffer_bytes(const ParameterLayout* p, int X, int accu
 static inline size_t offload_host_bytes(const ParameterLayout* p, int X) { return 2 * layout_state_held(p) * X; }
 
 static inline int layout_cp(const RunLayout* r) { return r->cp > 1 ? r->cp : 1; }
+static inline int layout_ep(const RunLayout* r) { return r->ep > 1 ? r->ep : 1; }
+
+// Mixture-of-Experts (llmc/moe.h), N tokens a micro-batch: the slots an expert takes of a rank's
+// micro-batch (N k: dropless), and the most rows an expert rank can receive in a layer: every
+// rank's slots (dropless, all routed to this rank's experts), or each of its experts full from
+// every rank
+static inline int moe_capacity(int N, int k, int E, float cf) {
+    if (cf <= 0.0f) return N * k;
+    double cap = ceil((double)cf * N * k / E);
+    return cap < (double)N * k ? (int)cap : N * k;
+}
+static inline int moe_rows_max(int N, int k, int E, int ep, int capacity) {
+    long long dropless = (long long)ep * N * k, capped = (long long)capacity * (E / ep) * ep;
+    return (int)(capped < dropless ? capped : dropless);
+}
+// the device bytes of llmc/moe.h's buffers: per layer the rows its experts took (C), their fc and
+// GELU outputs (4C each) and the outputs back home (N k rows of C); then one layer's scratch: the
+// rows in send order, received, the experts' outputs, a 4C gradient, the router's logits (N, E),
+// the router's input gradient (N, C), and the index maps (ints) of every layer
+static inline size_t moe_device_bytes(int L, int N, int k, int C, int E, int rows_max, int X) {
+    size_t S = (size_t)N * k, R = (size_t)rows_max;
+    return ((size_t)L * (R * C + 2 * R * 4 * C + S * C) + S * C + 2 * R * C + R * 4 * C + (size_t)N * E + (size_t)N * C) * X +
+           2 * (size_t)L * R * sizeof(int);
+}
 
 // the rank's parameter layout, as each trainer builds it
 static inline ParameterLayout memory_plan_layout(GPT2Config c, const RunLayout* r, int stage) {
     if (r->trainer == TRAINER_DP) return parameter_layout_buckets(c, r->zero, r->dp, 0);
+    if (r->trainer == TRAINER_EP) return parameter_layout_experts(c, 1, 0, 1, 0, 1, layout_ep(r), 0);
     if (r->trainer == TRAINER_TP || r->trainer == TRAINER_CP || r->trainer == TRAINER_DILOCO) return parameter_layout(c, r->tp, 0);
     ParameterLayout l = parameter_layout_grid(c, r->tp, 0, r->pp, stage, r->V);
     if (r->trainer == TRAINER_3D) layout_shard_flat(&l, r->zero, r->dp * layout_cp(r), 0);  // (ZeRO-1 over dp x cp)
@@ -107,7 +135,8 @@ static inline void memory_plan_activations(MemoryPlan* plan, const RunLayout* r,
     size_t part[ACTS_ALL + 1], slot[ACTS_ALL + 1];
     int T = r->T / layout_cp(r);  // (context parallelism: each rank's tokens of a sequence)
     size_t tokens = (size_t)r->B * T * 2 * sizeof(int);  // inputs and targets
-    if (r->trainer == TRAINER_DP || r->trainer == TRAINER_TP || r->trainer == TRAINER_CP || r->trainer == TRAINER_DILOCO) {
+    if (r->trainer == TRAINER_DP || r->trainer == TRAINER_TP || r->trainer == TRAINER_CP || r->trainer == TRAINER_DILOCO ||
+        r->trainer == TRAINER_EP) {
         gpt2_lay_out_activations(&unused, d, l->layers, ACTS_ALL, activations_kept(recompute, 0, d), r->B, T, NULL, part);
         plan->layers = part[ACTS_LAYERS];
         plan->head = part[ACTS_HEAD];
@@ -131,6 +160,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     memset(&plan, 0, sizeof(plan));
     if (r->trainer == TRAINER_CP || layout_cp(r) > 1) t.flash = 1;  // (ring attention keeps flash attention's lse)
     plan.dims = layer_dims_for(c, r->tp, r->sp, t);
+    if (r->trainer == TRAINER_EP) plan.dims = layer_dims_moe(plan.dims);  // (the experts' activations: below)
     plan.layout = memory_plan_layout(c, r, stage);
     const ParameterLayout* l = &plan.layout;
     size_t X = t.X, S = layout_state_held(l), P = gpt2_num_parameters(c), N = l->count;
@@ -170,6 +200,11 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     // DiLoCo: theta_outer, the momentum and the pseudo-gradient (P fp32 each), and the one-float
     // flag of a run whose last step took an outer step off its schedule (train_gpt2_diloco.cu)
     if (r->trainer == TRAINER_DILOCO) plan.outer = 3 * N * sizeof(float) + sizeof(float);
+    if (r->trainer == TRAINER_EP) {
+        int tokens = r->B * r->T;
+        int rows = moe_rows_max(tokens, c.topk, c.experts, layout_ep(r), moe_capacity(tokens, c.topk, c.experts, r->capacity_factor));
+        plan.experts = moe_device_bytes(c.num_layers, tokens, c.topk, c.channels, c.experts, rows, t.X);
+    }
     // gathers for files
     if (r->trainer == TRAINER_DP) {
         // sharded fp32 weights (bf16 master weights from -z 1, fp32 parameters from -z 3) and
@@ -183,17 +218,17 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
         // as the largest piece (gpt2_gather_full): fp32 for a checkpoint, floatX for -dump_grads;
         // in train_gpt2_3d a sharded buffer is first all-gathered whole over dp (N fp32, every rank)
         size_t largest = 0;
-        for (int k = 0; root && l->pp * l->tp > 1 && k < l->pp * l->tp; k++) {
+        for (int k = 0; root && layout_model_ranks(l) > 1 && k < layout_model_ranks(l); k++) {
             size_t count = k == 0 ? N : parameter_layout_of_rank(c, l, k).count;
             largest = count > largest ? count : largest;
         }
         int sharded = r->trainer == TRAINER_3D && (fp32_weights_sharded(l, t) || S < N);
         size_t weights = r->checkpoint ? (sharded ? N * sizeof(float) : 0) + largest * sizeof(float) : 0;
-        size_t grads = r->dump_grads ? largest * X : 0;
+        size_t grads = r->dump_grads ? largest * X + (r->trainer == TRAINER_EP ? N * X : 0) : 0;  // (EP: the scaled copy)
         plan.file_gather = weights > grads ? weights : grads;
     }
     plan.total = plan.params + plan.grads + plan.master + plan.state + plan.activations + plan.comm + plan.kernels +
-                 plan.file_gather + plan.outer;
+                 plan.file_gather + plan.outer + plan.experts;
     // host memory at its largest: the whole model in fp32 while building (train_gpt2_dp: also in
     // buckets, 3 P) and this rank's part; on resume the state read from the checkpoint too
     size_t resume_state = t.X < 4 ? 2 * sizeof(float) + X : 2 * sizeof(float);  // m, v (and the bf16 bits)
@@ -304,6 +339,11 @@ static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const
                                : "two K,V blocks of the ring (X) and their gradients (fp32); o, dq, wpe rows";
     }
     memory_print_row("comm buffers", (double)plan->comm, comm);
+    if (r->trainer == TRAINER_EP) {
+        snprintf(note, sizeof(note), "%d experts of %d here (-ep %d): the rows they take, fc and GELU outputs, the way back",
+                 c.experts / layout_ep(r), c.experts, layout_ep(r));
+        memory_print_row("experts", (double)plan->experts, note);
+    }
     if (r->trainer == TRAINER_DILOCO) {
         memory_print_row("outer state", (double)plan->outer, "12 Psi: the outer parameters, their momentum and the "
                                                              "pseudo-gradient (fp32; in bf16 on the link, its halves)");

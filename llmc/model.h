@@ -71,6 +71,13 @@ static inline LayerDims layer_dims_for(GPT2Config c, int tp, int sp, DeviceTarge
 }
 static inline LayerDims layer_dims(GPT2Config c, int tp, int sp) { return layer_dims_for(c, tp, sp, build_target(c)); }
 
+// a Mixture-of-Experts model's layers: no dense MLP (fc = 0), so the activation arena holds none
+// of its tensors; the experts keep their own (llmc/moe.h)
+static inline LayerDims layer_dims_moe(LayerDims d) {
+    d.fc = 0;
+    return d;
+}
+
 // The vocabulary of tensor-parallel rank r is the tokens [r Vp/tp, (r+1) Vp/tp); of those
 // columns the first `real` ones are tokens (below V), the rest padding (none on most ranks).
 static inline int vocab_real_columns(GPT2Config c, LayerDims d, int tp_rank) {
@@ -80,13 +87,16 @@ static inline int vocab_real_columns(GPT2Config c, LayerDims d, int tp_rank) {
 
 // ---------------------------------------------------------------------------------------------
 // the parameters on one rank. With tensor parallelism (Megatron-LM) a rank holds slices of 7 of
-// the 16 tensors and a whole copy of the other 9; `r` is its rank in the tensor-parallel group:
+// the 17 tensors and a whole copy of the others; `r` is its rank in the tensor-parallel group:
 //   wte        rows [r Vp/tp, (r+1) Vp/tp): its part of the vocabulary (embedding and LM head)
 //   qkvw, qkvb the q, k and v rows of heads [r NH/tp, (r+1) NH/tp)      column-parallel
 //   attprojw   input columns [r C/tp, (r+1) C/tp)                        row-parallel
 //   fcw, fcb   rows [r 4C/tp, (r+1) 4C/tp)                               column-parallel
 //   fcprojw    input columns [r 4C/tp, (r+1) 4C/tp)                      row-parallel
 //   wpe, the LayerNorms, attprojb, fcprojb: whole on every rank (replicated)
+// (routerw is empty in a dense model, and the MLP's tensors hold one expert: E = 1. With
+// Mixture-of-Experts and expert parallelism over ep ranks, rank r holds experts
+// [r E/ep, (r+1) E/ep) of the four MLP tensors, whole, and the rest whole: train_gpt2_ep.cu.)
 // With pipeline parallelism over pp stages a rank holds the per-layer tensors of its stage's
 // layers only: L/pp of them, in V chunks of L/(pp V) consecutive layers, chunk c of stage s being
 // layers [(c pp + s) L/(pp V), ...) (one chunk without interleaving). The first stage holds wte
@@ -96,31 +106,42 @@ static inline int vocab_real_columns(GPT2Config c, LayerDims d, int tp_rank) {
 
 typedef enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS } TensorSplit;
 
-// a tensor of the file as layers x groups x rows x cols (qkvw: L x 3 x C x C, q k v stacked)
+// a tensor of the file as layers x groups x rows x cols (qkvw: L x 3 x C x C, q k v stacked; the
+// MLP's: L x E x rows x cols, the experts stacked, GROUPS_EXPERTS: under expert parallelism each
+// rank holds E/ep whole experts)
+typedef enum { GROUPS_WHOLE, GROUPS_EXPERTS } TensorGroups;
 typedef struct {
     size_t layers, groups, rows, cols;
     TensorSplit split;
+    TensorGroups grouping;  // GROUPS_EXPERTS: the groups are the experts (ep splits them)
 } TensorShape;
 
 static inline TensorShape tensor_shape(GPT2Config c, int i) {
     size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, maxT = c.max_seq_len;
+    size_t E = (size_t)gpt2_experts(c), R = gpt2_is_moe(c) ? E : 0;  // the router's rows
+    TensorGroups W = GROUPS_WHOLE, X = GROUPS_EXPERTS;
     TensorShape shapes[NUM_PARAMETER_TENSORS] = {
-        {1, 1, Vp, C, SPLIT_ROWS},    {1, 1, maxT, C, SPLIT_NONE},     // wte wpe
-        {L, 1, 1, C, SPLIT_NONE},     {L, 1, 1, C, SPLIT_NONE},        // ln1w ln1b
-        {L, 3, C, C, SPLIT_ROWS},     {L, 3, C, 1, SPLIT_ROWS},        // qkvw qkvb
-        {L, 1, C, C, SPLIT_COLS},     {L, 1, 1, C, SPLIT_NONE},        // attprojw attprojb
-        {L, 1, 1, C, SPLIT_NONE},     {L, 1, 1, C, SPLIT_NONE},        // ln2w ln2b
-        {L, 1, 4 * C, C, SPLIT_ROWS}, {L, 1, 4 * C, 1, SPLIT_ROWS},    // fcw fcb
-        {L, 1, C, 4 * C, SPLIT_COLS}, {L, 1, 1, C, SPLIT_NONE},        // fcprojw fcprojb
-        {1, 1, 1, C, SPLIT_NONE},     {1, 1, 1, C, SPLIT_NONE}};       // lnfw lnfb
+        {1, 1, Vp, C, SPLIT_ROWS, W},    {1, 1, maxT, C, SPLIT_NONE, W},     // wte wpe
+        {L, 1, 1, C, SPLIT_NONE, W},     {L, 1, 1, C, SPLIT_NONE, W},        // ln1w ln1b
+        {L, 3, C, C, SPLIT_ROWS, W},     {L, 3, C, 1, SPLIT_ROWS, W},        // qkvw qkvb
+        {L, 1, C, C, SPLIT_COLS, W},     {L, 1, 1, C, SPLIT_NONE, W},        // attprojw attprojb
+        {L, 1, 1, C, SPLIT_NONE, W},     {L, 1, 1, C, SPLIT_NONE, W},        // ln2w ln2b
+        {L, 1, R, C, SPLIT_NONE, W},                                         // routerw
+        {L, E, 4 * C, C, SPLIT_ROWS, X}, {L, E, 4 * C, 1, SPLIT_ROWS, X},    // fcw fcb
+        {L, E, C, 4 * C, SPLIT_COLS, X}, {L, E, 1, C, SPLIT_NONE, X},        // fcprojw fcprojb
+        {1, 1, 1, C, SPLIT_NONE, W},     {1, 1, 1, C, SPLIT_NONE, W}};       // lnfw lnfb
     return shapes[i];
 }
 
-// the 12 tensors stacked over the layers (ln1w .. fcprojb), as opposed to wte, wpe, lnfw, lnfb
-static inline int tensor_is_per_layer(int i) { return i >= 2 && i <= 13; }
+// the 13 tensors stacked over the layers (ln1w .. fcprojb), as opposed to wte, wpe, lnfw, lnfb
+#define PARAM_FIRST_PER_LAYER PARAM_LN1W
+#define PARAM_LAST_PER_LAYER PARAM_FCPROJB
+#define PER_LAYER_TENSORS (PARAM_LAST_PER_LAYER - PARAM_FIRST_PER_LAYER + 1)
+static inline int tensor_is_per_layer(int i) { return i >= PARAM_FIRST_PER_LAYER && i <= PARAM_LAST_PER_LAYER; }
 
 typedef struct {
     int tp, tp_rank;
+    int ep, ep_rank;        // expert parallelism: this rank holds experts [ep_rank E/ep, (ep_rank+1) E/ep)
     int pp, stage, chunks;  // pipeline stages, this rank's stage, chunks per stage (V)
     int layers;             // layers this rank holds: L / pp
     int embedding, head;    // 1: holds wte and wpe (first stage) / lnfw, lnfb and wte (last)
@@ -147,10 +168,13 @@ static inline int layout_layer(const ParameterLayout* p, int j) {
 // indices on every rank (its copies must round alike and stay identical: the LayerNorms over tp
 // ranks, the tied wte on the first and last stage), a piece the indices after the pieces of the
 // ranks before it (every element of the model its own bits).
-static inline ParameterLayout parameter_layout_grid(GPT2Config c, int tp, int tp_rank, int pp, int stage, int chunks) {
+static inline ParameterLayout parameter_layout_experts(GPT2Config c, int tp, int tp_rank, int pp, int stage, int chunks,
+                                                       int ep, int ep_rank) {
     ParameterLayout p;
     p.tp = tp;
     p.tp_rank = tp_rank;
+    p.ep = ep;
+    p.ep_rank = ep_rank;
     p.pp = pp;
     p.stage = stage;
     p.chunks = chunks;
@@ -159,9 +183,9 @@ static inline ParameterLayout parameter_layout_grid(GPT2Config c, int tp, int tp
     p.head = stage == pp - 1;
     int held[NUM_PARAMETER_TENSORS];
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) held[i] = 1;
-    held[0] = p.embedding || p.head;
-    held[1] = p.embedding;
-    held[14] = held[15] = p.head;
+    held[PARAM_WTE] = p.embedding || p.head;
+    held[PARAM_WPE] = p.embedding;
+    held[PARAM_LNFW] = held[PARAM_LNFB] = p.head;
     size_t file = 0, local = 0;
     p.shards = 0;
     p.zero = p.shard_rank = 0;
@@ -169,13 +193,16 @@ static inline ParameterLayout parameter_layout_grid(GPT2Config c, int tp, int tp
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         TensorShape s = tensor_shape(c, i);
         size_t whole = s.layers * s.groups * s.rows * s.cols;
+        int experts_split = s.grouping == GROUPS_EXPERTS && ep > 1;
         size_t mine = tensor_is_per_layer(i) ? whole / s.layers * p.layers : whole;
+        if (experts_split) mine /= (size_t)ep;
         p.sharded[i] = s.split != SPLIT_NONE && tp > 1;
         p.sizes[i] = held[i] ? (p.sharded[i] ? mine / tp : mine) : 0;
         p.offsets[i] = local;
         p.layer_stride[i] = tensor_is_per_layer(i) ? p.sizes[i] / p.layers : 0;  // the layers stacked
         p.file_offsets[i] = file;
         size_t piece = (size_t)(tensor_is_per_layer(i) ? stage : 0) * (p.sharded[i] ? tp : 1) + (p.sharded[i] ? tp_rank : 0);
+        if (experts_split) piece = piece * (size_t)ep + (size_t)ep_rank;
         p.rounding[i] = file + piece * p.sizes[i];
         local += p.sizes[i];
         file += whole;
@@ -183,12 +210,15 @@ static inline ParameterLayout parameter_layout_grid(GPT2Config c, int tp, int tp
     p.count = local;
     return p;
 }
+static inline ParameterLayout parameter_layout_grid(GPT2Config c, int tp, int tp_rank, int pp, int stage, int chunks) {
+    return parameter_layout_experts(c, tp, tp_rank, pp, stage, chunks, 1, 0);
+}
 
 // Data parallelism with ZeRO (train_gpt2_dp.cu) shards by buckets, the units in which gradients
 // are reduced and parameters gathered: bucket 0 is the embeddings (wte, wpe), bucket 1 + l layer
-// l's twelve tensors, bucket L + 1 the final LayerNorm. So that a bucket is one contiguous range
+// l's per-layer tensors, bucket L + 1 the final LayerNorm. So that a bucket is one contiguous range
 // (one collective each, no copies), the buffer holds the model bucket after bucket, each layer's
-// slices of the twelve tensors together, instead of the file's order (every layer's qkvw
+// slices of the per-layer tensors together, instead of the file's order (every layer's qkvw
 // together); files are converted on reading and writing (parameter_shard_copy). Each bucket is
 // padded to a multiple of `shards` x ZERO_ALIGN elements (zeros that no tensor covers), so it
 // splits into `shards` equal shards, each a whole number of 16-byte packs and 256-byte aligned
@@ -206,19 +236,19 @@ static inline ParameterLayout parameter_layout_buckets(GPT2Config c, int zero, i
     p.zero = zero;
     p.shard_rank = zero > 0 ? rank : 0;
     size_t embedding = round_up(p.sizes[0] + p.sizes[1], pad), layer = 0;
-    p.offsets[0] = 0;
-    p.offsets[1] = p.sizes[0];
-    for (int i = 2; i <= 13; i++) {  // where each tensor's slice sits in a layer's bucket
+    p.offsets[PARAM_WTE] = 0;
+    p.offsets[PARAM_WPE] = p.sizes[PARAM_WTE];
+    for (int i = PARAM_FIRST_PER_LAYER; i <= PARAM_LAST_PER_LAYER; i++) {  // where each tensor's slice sits in a layer's bucket
         p.offsets[i] = embedding + layer;
         layer += p.sizes[i] / p.layers;
     }
     layer = round_up(layer, pad);
-    for (int i = 2; i <= 13; i++) p.layer_stride[i] = layer;
-    p.offsets[14] = embedding + (size_t)p.layers * layer;
-    p.offsets[15] = p.offsets[14] + p.sizes[14];
+    for (int i = PARAM_FIRST_PER_LAYER; i <= PARAM_LAST_PER_LAYER; i++) p.layer_stride[i] = layer;
+    p.offsets[PARAM_LNFW] = embedding + (size_t)p.layers * layer;
+    p.offsets[PARAM_LNFB] = p.offsets[PARAM_LNFW] + p.sizes[PARAM_LNFW];
     p.bucket_sizes[0] = embedding;
     p.bucket_sizes[1] = layer;
-    p.bucket_sizes[2] = round_up(p.sizes[14] + p.sizes[15], pad);
+    p.bucket_sizes[2] = round_up(p.sizes[PARAM_LNFW] + p.sizes[PARAM_LNFB], pad);
     p.count = embedding + (size_t)p.layers * layer + p.bucket_sizes[2];
     return p;
 }
@@ -291,11 +321,16 @@ static inline ParameterLayout parameter_layout(GPT2Config c, int tp, int tp_rank
     return parameter_layout_grid(c, tp, tp_rank, 1, 0, 1);
 }
 
+// the ranks a model is split over: tp x pp, or under expert parallelism the ep ranks that hold
+// the experts between them (train_gpt2_ep: tp = pp = 1)
+static inline int layout_model_ranks(const ParameterLayout* p) { return p->tp * p->pp * p->ep; }
+
 // the layout of rank r of the model-parallel group this layout belongs to: tp ranks of a stage
-// are consecutive, then the stages
+// are consecutive, then the stages; or the ep ranks of the experts
 // (with the same ZeRO padding as this one: its buffers have as many elements as that rank's)
 static inline ParameterLayout parameter_layout_of_rank(GPT2Config c, const ParameterLayout* p, int r) {
-    ParameterLayout of_r = parameter_layout_grid(c, p->tp, r % p->tp, p->pp, r / p->tp, p->chunks);
+    ParameterLayout of_r = p->ep > 1 ? parameter_layout_experts(c, 1, 0, 1, 0, 1, p->ep, r)
+                                     : parameter_layout_grid(c, p->tp, r % p->tp, p->pp, r / p->tp, p->chunks);
     layout_shard_flat(&of_r, p->zero, p->shards, p->shard_rank);
     return of_r;
 }
@@ -313,10 +348,13 @@ static inline void parameter_shard_copy(float* full, float* shard, const Paramet
         size_t row0 = split == SPLIT_ROWS ? (size_t)p->tp_rank * rows : 0;
         size_t col0 = split == SPLIT_COLS ? (size_t)p->tp_rank * cols : 0;
         size_t layers = tensor_is_per_layer(i) ? (size_t)p->layers : 1;
-        for (size_t lg = 0; lg < layers * s.groups; lg++) {  // each layer's (each q/k/v's) block
-            size_t local = lg / s.groups, group = lg % s.groups;
+        // the groups this rank holds: all, or under expert parallelism its experts
+        size_t groups = s.grouping == GROUPS_EXPERTS ? s.groups / (size_t)p->ep : s.groups;
+        size_t group0 = s.grouping == GROUPS_EXPERTS ? (size_t)p->ep_rank * groups : 0;
+        for (size_t lg = 0; lg < layers * groups; lg++) {  // each layer's (each q/k/v's, each expert's) block
+            size_t local = lg / groups, group = lg % groups;
             size_t layer = tensor_is_per_layer(i) ? (size_t)layout_layer(p, (int)local) : 0;
-            size_t block = layer * s.groups + group;  // ... where it sits in the file
+            size_t block = layer * s.groups + group0 + group;  // ... where it sits in the file
             for (size_t j = 0; j < rows; j++) {
                 float* f = full + p->file_offsets[i] + (block * s.rows + row0 + j) * s.cols + col0;
                 float* h = shard + p->offsets[i] + local * p->layer_stride[i] + (group * rows + j) * cols;
@@ -330,7 +368,7 @@ static inline void parameter_shard_copy(float* full, float* shard, const Paramet
 static inline void parameter_point(ParameterTensors* t, floatX* base, const ParameterLayout* p) {
     floatX** ptrs[NUM_PARAMETER_TENSORS] = {
         &t->wte, &t->wpe, &t->ln1w, &t->ln1b, &t->qkvw, &t->qkvb, &t->attprojw, &t->attprojb,
-        &t->ln2w, &t->ln2b, &t->fcw, &t->fcb, &t->fcprojw, &t->fcprojb, &t->lnfw, &t->lnfb};
+        &t->ln2w, &t->ln2b, &t->routerw, &t->fcw, &t->fcb, &t->fcprojw, &t->fcprojb, &t->lnfw, &t->lnfb};
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) *ptrs[i] = base + p->offsets[i];
 }
 
@@ -688,29 +726,38 @@ static inline float* losses_to_host(GPT2* model, const float* losses, size_t BT)
 
 
 // ---------------------------------------------------------------------------------------------
-// views of layer l: plain pointers to its slices of the twelve per-layer tensors, so that code
-// working on one layer (block.h) needs no offsets
+// views of layer l: plain pointers to its slices of the thirteen per-layer tensors, so that code
+// working on one layer (block.h) needs no offsets. In a Mixture-of-Experts layer fcw .. fcprojb
+// point at the rank's first expert, the others following it (llmc/moe.h); routerw is empty in a
+// dense model.
 
 typedef struct {
-    floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw, *fcprojb;
+    floatX *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *routerw, *fcw, *fcb, *fcprojw, *fcprojb;
 } LayerWeights;
+
+static inline LayerWeights layer_weights_of(floatX* t[PER_LAYER_TENSORS]) {
+    LayerWeights w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11], t[12]};
+    return w;
+}
 
 // layer l (of the rank's layers) in a buffer of the layout: its parameters, gradients or any
 // buffer laid out alike
 static inline LayerWeights layer_weights(const ParameterLayout* p, floatX* base, int l) {
-    floatX* t[12];
-    for (int i = 2; i <= 13; i++) t[i - 2] = base + p->offsets[i] + (size_t)l * p->layer_stride[i];
-    LayerWeights w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11]};
-    return w;
+    floatX* t[PER_LAYER_TENSORS];
+    for (int i = PARAM_FIRST_PER_LAYER; i <= PARAM_LAST_PER_LAYER; i++) {
+        t[i - PARAM_FIRST_PER_LAYER] = base + p->offsets[i] + (size_t)l * p->layer_stride[i];
+    }
+    return layer_weights_of(t);
 }
 
 // a layer's slices in a buffer that holds its bucket alone (layout in buckets): where the DP
 // trainer's backward writes a layer's gradient, or where ZeRO-3 gathers a layer's parameters
 static inline LayerWeights layer_weights_in_bucket(const ParameterLayout* p, floatX* bucket) {
-    floatX* t[12];
-    for (int i = 2; i <= 13; i++) t[i - 2] = bucket + (p->offsets[i] - p->offsets[2]);  // ln1w comes first
-    LayerWeights w = {t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11]};
-    return w;
+    floatX* t[PER_LAYER_TENSORS];
+    for (int i = PARAM_FIRST_PER_LAYER; i <= PARAM_LAST_PER_LAYER; i++) {  // ln1w comes first
+        t[i - PARAM_FIRST_PER_LAYER] = bucket + (p->offsets[i] - p->offsets[PARAM_FIRST_PER_LAYER]);
+    }
+    return layer_weights_of(t);
 }
 
 // the rank's layer l: its parameters, its gradients

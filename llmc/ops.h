@@ -25,6 +25,7 @@
 #include "cpu/classifier.h"
 #include "cpu/adamw.h"
 #include "cpu/outer.h"
+#include "cpu/moe.h"  // (train_gpt2_ep; its CUDA kernels are not written yet)
 #endif
 
 #endif

@@ -67,13 +67,14 @@ static inline void train_print_parameter_layout(GPT2Config c, const ParameterLay
     static const char* how[NUM_PARAMETER_TENSORS] = {
         "rows: this rank's vocabulary (embedding and LM head)", "", "", "",
         "rows: q, k, v of this rank's heads (column-parallel)", "rows: q, k, v of this rank's heads",
-        "input columns: this rank's heads (row-parallel)", "", "", "",
+        "input columns: this rank's heads (row-parallel)", "", "", "", "",
         "rows: this rank's 4C/tp (column-parallel)", "rows: this rank's 4C/tp",
         "input columns: this rank's 4C/tp (row-parallel)", "", "", ""};
     size_t sizes[NUM_PARAMETER_TENSORS];
     gpt2_parameter_sizes(sizes, c);
     printf("parameter layout (one flat buffer per rank; gradients and AdamW moments share it):\n");
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (sizes[i] == 0) continue;  // (the router of a dense model)
         const char* wd = parameter_is_matrix[i] ? "  (weight decay)" : "";
         if (p->tp == 1) printf("  %-9s %12zu%s\n", parameter_names[i], sizes[i], wd);
         else printf("  %-9s %12zu  this rank %12zu  %s%s\n", parameter_names[i], sizes[i], p->sizes[i],
@@ -443,7 +444,13 @@ typedef struct {
 // The flags (the common ones of train.h, then the trainer's own), the communication layer, the
 // watchdog, and the model's config: from a descriptor, or the header of a model file, so that
 // the memory check comes before the first large allocation. Returns 0 after --help.
+static inline int run_start_model(Run* r, int* argc, char*** argv, const ArgSpec* own, int num_own, int moe);
 static inline int run_start(Run* r, int* argc, char*** argv, const ArgSpec* own, int num_own) {
+    return run_start_model(r, argc, argv, own, num_own, 0);
+}
+// moe: 1 for the trainer of Mixture-of-Experts models (train_gpt2_ep), which sets the experts
+// itself; every other refuses an MoE model file here, before anything is allocated
+static inline int run_start_model(Run* r, int* argc, char*** argv, const ArgSpec* own, int num_own, int moe) {
     memset(r, 0, sizeof(*r));
     ArgSpec specs[TRAIN_MAX_SPECS];
     int n = train_args_common(&r->args, specs);
@@ -455,6 +462,10 @@ static inline int run_start(Run* r, int* argc, char*** argv, const ArgSpec* own,
     watchdog_start(r->args.watchdog);
     r->from_descriptor = gpt2_config_from_descriptor(r->args.model, &r->config);
     if (!r->from_descriptor) gpt2_read_model_config(r->args.model, &r->config);
+    if (!moe) {
+        const char* slash = strrchr((*argv)[0], '/');
+        gpt2_require_dense(r->config, r->args.model, slash ? slash + 1 : (*argv)[0]);
+    }
     train_check_flags(&r->args, r->config);
     return 1;
 }
@@ -651,7 +662,7 @@ static inline int run_between_steps(Run* r, int step) {
         RunModel* h = &r->hooks;
         if (h->replicas) {
             write_checkpoint_gathered(h->model, r->args.out_dir, &r->world, h->replicas, h->split, step, &r->identity,
-                                      rng_before_sample);
+                                      rng_before_sample, &h->own);
         } else {
             write_checkpoint(h->model, r->args.out_dir, &r->world, h->split, step, &r->identity, rng_before_sample, &h->own);
         }

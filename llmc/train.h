@@ -241,13 +241,13 @@ static inline size_t low_precision_param_bytes(const GPT2* model) {
 // parameter_layout_of_rank) each rank sends its pieces to rank 0, one rank after another, and
 // rank 0 puts them in place (a tied wte comes from both its stages, identical); without (group
 // may be NULL) the rank copies its own buffer. (A ZeRO rank's shards: zero_gather_full.)
-static inline int layout_is_split(const ParameterLayout* p) { return p->tp * p->pp > 1; }
+static inline int layout_is_split(const ParameterLayout* p) { return layout_model_ranks(p) > 1; }
 
 static inline void gpt2_gather_full(const GPT2* model, CommGroup* group, const void* src, CommDtype dtype,
                                     float* full) {
     const ParameterLayout* p = &model->layout;
     size_t elem = comm_dtype_bytes(dtype);
-    int ranks = p->tp * p->pp, rank = ranks > 1 ? group->rank : 0;
+    int ranks = layout_model_ranks(p), rank = ranks > 1 ? group->rank : 0;
     if (rank != 0) {
         comm_send(group, src, p->count, dtype, 0);  // (this rank's parameters): its pieces to rank 0
         return;
@@ -442,7 +442,9 @@ static inline TrainState read_checkpoint(GPT2* model, const char* dir, CommGroup
 // moments m and v (P each) and, with bf16 parameters, their exact bits (P more: every bf16 value
 // is an fp32 value). Rank 0 gathers it from the ranks' pieces as it gathers the weights; on
 // resume every rank reads the whole files and keeps its own pieces, whatever layout wrote them.
-// The state file's header holds rank 0 and world 0: there is no rank or world size to match.
+// The state file's header holds rank 0 and world 0: there is no rank or world size to match. A
+// trainer's own state here must be the same on every rank (MoE's routing bias): rank 0 writes
+// its copy after the bits, and every rank reads it back.
 
 // One of this rank's device buffers (fp32, or floatX for the parameter bits), whole or with
 // ZeRO-1 its dp shard (sharded), into `full` (host, the file's layout) on world rank 0: a shard is
@@ -459,17 +461,20 @@ static inline void gather_state_full(const GPT2* model, CommGroup* dp, CommGroup
 }
 
 static inline void write_checkpoint_gathered(GPT2* model, const char* dir, CommGroup* world, CommGroup* dp, CommGroup* mp,
-                                             int step, const RunIdentity* id, uint64_t sample_rng_state) {
+                                             int step, const RunIdentity* id, uint64_t sample_rng_state,
+                                             const TrainerState* own) {
     const ParameterLayout* p = &model->layout;
-    size_t P = gpt2_num_parameters(model->config), extra = model->master_memory ? P * sizeof(float) : 0;
+    size_t P = gpt2_num_parameters(model->config), bits = model->master_memory ? P * sizeof(float) : 0;
+    size_t extra = bits + trainer_state_bytes(own);
     int root = world->rank == 0, weights_sharded, state_sharded = layout_state_held(p) < p->count;
     const float* weights = gpt2_fp32_weights(model, &weights_sharded);
-    float* full = root ? (float*)malloc_check(P * sizeof(float) * (extra ? 4 : 3)) : NULL;  // weights, m, v, bits
+    float* full = root ? (float*)malloc_check(P * sizeof(float) * 3 + extra) : NULL;  // weights, m, v, bits, own
     void* whole = weights_sharded || state_sharded ? device_malloc(p->count * sizeof(float)) : NULL;
     gather_state_full(model, dp, mp, weights, weights_sharded, COMM_FLOAT, whole, full);
     gather_state_full(model, dp, mp, model->m_memory, state_sharded, COMM_FLOAT, whole, root ? full + P : NULL);
     gather_state_full(model, dp, mp, model->v_memory, state_sharded, COMM_FLOAT, whole, root ? full + 2 * P : NULL);
-    if (extra) gather_state_full(model, dp, mp, model->params_memory, 0, COMM_FLOATX, whole, root ? full + 3 * P : NULL);
+    if (bits) gather_state_full(model, dp, mp, model->params_memory, 0, COMM_FLOATX, whole, root ? full + 3 * P : NULL);
+    if (root) trainer_state_to_host(own, (char*)(full + 3 * P) + bits);
     if (whole) device_free(whole);
     TrainState s = {step, 0, sample_rng_state, 0};
     if (root) {
@@ -503,11 +508,11 @@ static inline float* layout_pieces_of_full(const GPT2* model, const float* full,
 // file, checks them as read_checkpoint does, and keeps its pieces
 static inline TrainState read_checkpoint_gathered(GPT2* model, const char* dir, CommGroup* world, int step,
                                                   const RunIdentity* id, const TrainerState* own) {
-    if (trainer_state_bytes(own) > 0) fail("a checkpoint of any grid holds no trainer state of its own");
     (void)world;
     const ParameterLayout* p = &model->layout;
-    size_t P = gpt2_num_parameters(model->config), extra = model->master_memory ? P * sizeof(float) : 0;
-    float* full = (float*)malloc_check(P * sizeof(float) * (extra ? 3 : 2));  // m, v, bits
+    size_t P = gpt2_num_parameters(model->config), bits = model->master_memory ? P * sizeof(float) : 0;
+    size_t extra = bits + trainer_state_bytes(own);
+    float* full = (float*)malloc_check(P * sizeof(float) * 2 + extra);  // m, v, bits, own
     char path[4096];
     checkpoint_path(path, sizeof(path), dir, "state", step, -1);
     FILE* f = fopen(path, "rb");  // (missing: perhaps another trainer's kind of checkpoint)
@@ -522,11 +527,12 @@ static inline TrainState read_checkpoint_gathered(GPT2* model, const char* dir, 
         copy_host_to_device(buffers[i], mine, held * sizeof(float));
         free(mine);
     }
-    if (extra) {  // the bf16 bits, exact in fp32, back to bf16 (exact again)
+    if (bits) {  // the bf16 bits, exact in fp32, back to bf16 (exact again)
         float* mine = layout_pieces_of_full(model, full + 2 * P, layout_params_held(p) < p->count);
         copy_floats_to_device(model->params_memory, mine, layout_params_held(p));
         free(mine);
     }
+    trainer_state_to_device(own, (const char*)(full + 2 * P) + bits);
     free(full);
     return s;
 }

@@ -16,6 +16,21 @@ writes to DIR:
 Batches: step s uses the global batch tokens[s*G : s*G + G + 1] of the token file, G = B*T
 (B = sequences in the global batch), read as B rows of T inputs with targets shifted by one:
 the same tokens the trainers' ranks and micro-steps divide among themselves.
+
+Mixture of experts (--experts E > 1, --topk k): each layer's MLP becomes E expert MLPs of its
+shape and a router Wr (E, C) without bias. On the ln2 output h a token's logits are s = h Wr^T;
+it goes to the k experts of largest s + b (b: the layer's balancing bias, state, not a weight;
+ties to the lower expert), gated by the softmax of s over those k, its output the gated sum of
+their MLPs. --capacity-factor cf > 0: in each group of --capacity-tokens N consecutive tokens
+of the flattened batch an expert takes at most ceil(cf N k / E) slots, all 1st choices (in token
+order) before all 2nd choices ...; a slot past that is dropped (contributes nothing, gates are
+not renormalized). --balance aux: the loss is CE + the Switch Transformer loss, alpha E sum_e
+f_e P_e per sequence (f_e: the share of its T k slots routed to e before drops, P_e: its mean
+softmax of s over all E), averaged over the sequences, summed over the layers; --balance bias
+(DeepSeek-V3): after each step b_e += rate sign(mean load - load_e), load_e counted over the
+global batch before drops. The model file holds E and k at header[10], header[11] and the MoE
+tensors routerw (L, E, C), fcw (L, E, 4C, C), fcb (L, E, 4C), fcprojw (L, E, C, 4C), fcprojb
+(L, E, C) in place of the MLP's; reference.json adds the routing's statistics (see run).
 """
 import argparse
 import sys
@@ -31,16 +46,34 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-class Block(nn.Module):
-    def __init__(self, C, NH):
+class Expert(nn.Module):
+    """one expert of an MoE layer: the dense block's MLP"""
+    def __init__(self, C):
         super().__init__()
-        self.NH = NH
+        self.fc = nn.Linear(C, 4 * C)
+        self.fcproj = nn.Linear(4 * C, C)
+
+    def forward(self, h):
+        return self.fcproj(F.gelu(self.fc(h), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, C, NH, E=0, k=0):
+        super().__init__()
+        self.NH, self.E, self.k = NH, E, k
         self.ln1 = nn.LayerNorm(C)
         self.qkv = nn.Linear(C, 3 * C)
         self.attproj = nn.Linear(C, C)
         self.ln2 = nn.LayerNorm(C)
-        self.fc = nn.Linear(C, 4 * C)
-        self.fcproj = nn.Linear(4 * C, C)
+        if E:  # MoE: a router and E experts in place of the MLP
+            self.router = nn.Linear(C, E, bias=False)
+            self.experts = nn.ModuleList([Expert(C) for _ in range(E)])
+            self.register_buffer("balance_bias", torch.zeros(E))  # b: moves by -balance bias, not by gradients
+            self.capacity_factor, self.capacity_tokens = 0.0, 0  # 0: dropless; 0: one group, the whole batch
+            self.routing = None  # the last forward's aux term and statistics
+        else:
+            self.fc = nn.Linear(C, 4 * C)
+            self.fcproj = nn.Linear(4 * C, C)
 
     def attention(self, x):
         B, T, C = x.shape
@@ -53,18 +86,63 @@ class Block(nn.Module):
         y = F.softmax(scores, dim=-1) @ v
         return self.attproj(y.transpose(1, 2).contiguous().view(B, T, C))
 
+    def kept_slots(self, top):
+        """which slots of top (tokens, k) their experts' capacity takes: in each group of
+        capacity_tokens consecutive tokens, ceil(cf N k / E) slots an expert, filled by the
+        group's 1st choices in token order, then its 2nd choices, ..."""
+        if not self.capacity_factor:
+            return torch.ones_like(top, dtype=torch.bool)
+        N = self.capacity_tokens or len(top)
+        capacity = math.ceil(self.capacity_factor * N * self.k / self.E)
+        arrivals = top.view(-1, N, self.k).transpose(1, 2).reshape(-1, self.k * N)  # (groups, slots in order)
+        hot = F.one_hot(arrivals, self.E)
+        place = (hot.cumsum(1) * hot).sum(2) - 1  # the slot's place in its expert's queue
+        return (place < capacity).view(-1, self.k, N).transpose(1, 2).reshape(-1, self.k)
+
+    def moe(self, h):
+        B, T, C = h.shape
+        E, k = self.E, self.k
+        h = h.reshape(B * T, C)
+        s = self.router(h)  # (tokens, E)
+        # a stable sort: equal s + b go to the lower expert, so that the top-k is one set
+        ranked = torch.sort(-(s + self.balance_bias), dim=1, stable=True)
+        top = ranked.indices[:, :k]  # (tokens, k), the 1st choice first
+        gates = F.softmax(s.gather(1, top), dim=1)  # over the chosen, of s without b
+        kept = self.kept_slots(top)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):  # (an expert no slot reaches still runs: its gradient is 0, not None)
+            token, slot = torch.nonzero((top == e) & kept, as_tuple=True)
+            out = out.index_add(0, token, gates[token, slot].unsqueeze(1) * expert(h[token]))
+        # Switch Transformer's balance per sequence: f from the routing (no gradient), P from the softmax
+        routed = F.one_hot(top, E).view(B, T * k, E).sum(1)  # slots to each expert, before drops
+        f = routed.to(s.dtype) / (T * k)
+        P = F.softmax(s, dim=1).view(B, T, E).mean(1)
+        margin = ranked.values[:, k] - ranked.values[:, k - 1] if k < E else torch.tensor([math.inf])
+        self.routing = dict(aux=E * (f * P).sum(1).mean(), load=routed.sum(0).tolist(),
+                            dropped=int((~kept).sum()), margin=float(margin.min()))
+        return out.view(B, T, C)
+
+    def update_balance_bias(self, rate):
+        """DeepSeek-V3's auxiliary-loss-free balancing: b_e += rate sign(mean load - load_e)"""
+        load = torch.tensor(self.routing["load"], dtype=self.balance_bias.dtype)
+        self.balance_bias += rate * torch.sign(load.mean() - load)
+
     def forward(self, x):
         x = x + self.attention(self.ln1(x))
+        if self.E:
+            return x + self.moe(self.ln2(x))
         return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 
 class GPT2(nn.Module):
-    def __init__(self, L, NH, C, maxT, V, Vp):
+    def __init__(self, L, NH, C, maxT, V, Vp, E=0, k=1):
         super().__init__()
         self.L, self.NH, self.C, self.maxT, self.V, self.Vp = L, NH, C, maxT, V, Vp
+        self.E, self.k = (E, k) if E > 1 else (0, 0)  # E <= 1: the dense GPT-2
+        assert not self.E or 1 <= k <= E, "top-%d of %d experts" % (k, E)
         self.wte = nn.Parameter(torch.zeros(Vp, C))  # rows V..Vp are padding, never targets
         self.wpe = nn.Parameter(torch.zeros(maxT, C))
-        self.blocks = nn.ModuleList([Block(C, NH) for _ in range(L)])
+        self.blocks = nn.ModuleList([Block(C, NH, self.E, self.k) for _ in range(L)])
         self.lnf = nn.LayerNorm(C)
 
     def init_weights(self, seed):
@@ -72,11 +150,15 @@ class GPT2(nn.Module):
         with torch.no_grad():
             self.wte[: self.V].normal_(0.0, 0.02, generator=g)
             self.wpe.normal_(0.0, 0.02, generator=g)
-            for b in self.blocks:
-                for lin, std in ((b.qkv, 0.02), (b.attproj, 0.02 / math.sqrt(2 * self.L)),
-                                 (b.fc, 0.02), (b.fcproj, 0.02 / math.sqrt(2 * self.L))):
+            proj = 0.02 / math.sqrt(2 * self.L)
+            for b in self.blocks:  # (a dense model's draws: qkv, attproj, fc, fcproj, as they always were)
+                linears = [(b.qkv, 0.02), (b.attproj, proj)] + ([(b.router, 0.02)] if self.E else [])
+                for m in (b.experts if self.E else [b]):
+                    linears += [(m.fc, 0.02), (m.fcproj, proj)]
+                for lin, std in linears:
                     lin.weight.normal_(0.0, std, generator=g)
-                    lin.bias.zero_()
+                    if lin.bias is not None:
+                        lin.bias.zero_()
 
     def logits(self, idx):
         B, T = idx.shape
@@ -89,23 +171,35 @@ class GPT2(nn.Module):
         return F.cross_entropy(self.logits(idx).view(-1, self.V), targets.reshape(-1))
 
     def file_parameters(self):
-        """the parameters behind each of the model file's 16 tensors, in its order: [p] for a
-        tensor of the model, [p of layer 0, p of layer 1, ...] for one stacked over the layers"""
-        per_layer = [lambda b: b.ln1.weight, lambda b: b.ln1.bias, lambda b: b.qkv.weight, lambda b: b.qkv.bias,
-                     lambda b: b.attproj.weight, lambda b: b.attproj.bias, lambda b: b.ln2.weight, lambda b: b.ln2.bias,
-                     lambda b: b.fc.weight, lambda b: b.fc.bias, lambda b: b.fcproj.weight, lambda b: b.fcproj.bias]
-        return ([[self.wte], [self.wpe]] + [[f(b) for b in self.blocks] for f in per_layer] +
+        """the parameters behind each of the model file's tensors (16, an MoE's 17), in its order:
+        [p] for a tensor of the model, [p of layer 0, p of layer 1, ...] for one stacked over the
+        layers, [layer 0's p of expert 0, of expert 1, ..., layer 1's ...] for an expert tensor"""
+        mlp = [lambda m: m.fc.weight, lambda m: m.fc.bias, lambda m: m.fcproj.weight, lambda m: m.fcproj.bias]
+        per_layer = [lambda b: [b.ln1.weight], lambda b: [b.ln1.bias], lambda b: [b.qkv.weight], lambda b: [b.qkv.bias],
+                     lambda b: [b.attproj.weight], lambda b: [b.attproj.bias], lambda b: [b.ln2.weight],
+                     lambda b: [b.ln2.bias]]
+        if self.E:
+            per_layer += [lambda b: [b.router.weight]] + [lambda b, f=f: [f(m) for m in b.experts] for f in mlp]
+        else:
+            per_layer += [lambda b, f=f: [f(b)] for f in mlp]
+        return ([[self.wte], [self.wpe]] + [[p for b in self.blocks for p in f(b)] for f in per_layer] +
                 [[self.lnf.weight], [self.lnf.bias]])
 
     def tensors(self, grads=False):
-        """the 16 tensors in model-file order, per-layer ones stacked over layers"""
+        """the model file's tensors in its order, per-layer ones stacked over layers (L, ...),
+        expert ones over layers and experts (L, E, ...)"""
         get = (lambda p: p.grad if p.grad is not None else torch.zeros_like(p)) if grads else (lambda p: p.data)
-        return [torch.stack([get(p) for p in ps]) if 2 <= i <= 13 else get(ps[0])
-                for i, ps in enumerate(self.file_parameters())]
+
+        def stacked(ps):
+            t = torch.stack([get(p) for p in ps])
+            return t.view(self.L, self.E, *t.shape[1:]) if len(ps) > self.L else t
+        params = self.file_parameters()
+        return [stacked(ps) if 2 <= i < len(params) - 2 else get(ps[0]) for i, ps in enumerate(params)]
 
     def header(self, version):
         h = [0] * 256
         h[:8] = [20240326, version, self.maxT, self.V, self.L, self.NH, self.C, self.Vp]
+        h[10:12] = [self.E, self.k]  # 0, 0: dense
         return struct.pack("<256i", *h)
 
 
@@ -155,7 +249,10 @@ def load_model_file(path):
     assert header[0] == 20240326 and header[1] in (3, 5), "%s: not an llm.c model file (magic %d version %d)" % (
         path, header[0], header[1])
     maxT, V, L, NH, C, Vp = (int(x) for x in header[2:8])
-    model = GPT2(L, NH, C, maxT, V, Vp)
+    E, k = int(header[10]), int(header[11])  # 0, 0: dense
+    if E > 1 and not 1 <= k <= E:
+        sys.exit("error: %s: top-%d of %d experts in its header" % (path, k, E))
+    model = GPT2(L, NH, C, maxT, V, Vp, E, k)
     offset = 0
     with torch.no_grad():
         for ps in model.file_parameters():
@@ -197,11 +294,26 @@ def padded_vocab(V):
 
 
 def gpt2_of_args(args):
-    """a GPT-2 of the run's shape; its vocabulary GPT-2's 50257 unless args.vocab says another"""
+    """a GPT-2 of the run's shape; its vocabulary GPT-2's 50257 unless args.vocab says another;
+    an MoE if args.experts > 1 (top-args.topk, 1 unless given)"""
     V = getattr(args, "vocab", 50257)
     if V < 1:
         sys.exit("error: --vocab %d: expected a vocabulary of at least 1 token" % V)
-    return GPT2(args.layers, args.heads, args.channels, args.max_seq_len, V, padded_vocab(V))
+    E, k = getattr(args, "experts", None) or 0, getattr(args, "topk", None) or 1
+    if E > 1 and not 1 <= k <= E:
+        sys.exit("error: --topk %d: expected 1 to --experts %d" % (k, E))
+    return GPT2(args.layers, args.heads, args.channels, args.max_seq_len, V, padded_vocab(V), E, k)
+
+
+def check_moe_of_init(args, model):
+    """an --init file's experts and top-k (its header's) must be those of --experts and --topk
+    where they are given"""
+    E, k = getattr(args, "experts", None), getattr(args, "topk", None)
+    if E is not None and (E if E > 1 else 0) != model.E:
+        sys.exit("error: --experts %d, but --init %s holds %s" % (
+            E, args.init, "%d experts" % model.E if model.E else "a dense model"))
+    if k is not None and model.E and k != model.k:
+        sys.exit("error: --topk %d, but --init %s routes a token to its top %d experts" % (k, args.init, model.k))
 
 
 def tokens_for(model, path):
@@ -215,13 +327,42 @@ def tokens_for(model, path):
     return tokens
 
 
+def moe_settings(args, model):
+    """the MoE flags of a run (their defaults where args lacks them), checked; the capacity set
+    on the model's blocks"""
+    get = lambda name, default: default if getattr(args, name, None) is None else getattr(args, name)
+    moe = dict(balance=get("balance", "aux"), aux_alpha=get("aux_alpha", 0.01), bias_rate=get("bias_rate", 1e-3),
+               capacity_factor=get("capacity_factor", 0.0), capacity_tokens=get("capacity_tokens", 0))
+    G = args.batch * args.seq_len
+    if moe["balance"] not in ("aux", "bias", "none"):
+        sys.exit("error: --balance %s: expected aux, bias or none" % moe["balance"])
+    if moe["capacity_factor"] < 0:
+        sys.exit("error: --capacity-factor %g: expected 0 (dropless) or more" % moe["capacity_factor"])
+    if moe["capacity_tokens"] < 0 or (moe["capacity_tokens"] and G % moe["capacity_tokens"]):
+        sys.exit("error: --capacity-tokens %d: expected a divisor of the global batch's %d tokens" % (
+            moe["capacity_tokens"], G))
+    for b in model.blocks:
+        b.capacity_factor, b.capacity_tokens = moe["capacity_factor"], moe["capacity_tokens"]
+    return moe
+
+
 def run(args):
+    """the reference run. reference.json: per step "losses" (the cross-entropy, what the trainers
+    print as the loss), "grad_norms" (of the whole loss's gradient, before clipping), "lrs"; an
+    MoE's also "aux_losses" (the summed aux term, 0 unless --balance aux), "loads" (per layer, the
+    slots routed to each expert over the global batch, before drops), "max_vio" (the largest over
+    the layers of max load / mean load - 1), "dropped" (dropped slots / all slots, all layers);
+    "bias" (each layer's final b) and "min_route_margin" (over all steps, layers and tokens, the
+    least gap between the k-th and (k+1)-th largest s + b; inf if k = E: fp32 trainers route as
+    the reference only where no token is near a tie)"""
     torch.manual_seed(args.seed)
     if getattr(args, "init", None):
         model = load_model_file(args.init)
+        check_moe_of_init(args, model)
     else:
         model = gpt2_of_args(args)
         model.init_weights(args.seed)
+    moe = moe_settings(args, model) if model.E else None
     tokens = tokens_for(model, args.tokens)  # (before anything is written)
     os.makedirs(args.out, exist_ok=True)
     write_model_file(os.path.join(args.out, "model.bin"), model, model.tensors())
@@ -240,11 +381,22 @@ def run(args):
     B, T = args.batch, args.seq_len
     G = B * T
     losses, norms, lrs = [], [], []
+    routing = dict(aux_losses=[], loads=[], max_vio=[], dropped=[], min_route_margin=math.inf)
     for step in range(args.steps):
         chunk = torch.from_numpy(tokens[step * G: step * G + G + 1])
         x, y = chunk[:-1].view(B, T), chunk[1:].view(B, T)
         loss = model(x, y)
-        loss.backward()
+        aux = None
+        if moe and moe["balance"] == "aux":
+            aux = moe["aux_alpha"] * sum(b.routing["aux"] for b in model.blocks)
+        (loss if aux is None else loss + aux).backward()
+        if moe:
+            loads = [b.routing["load"] for b in model.blocks]
+            routing["aux_losses"].append(0.0 if aux is None else aux.item())
+            routing["loads"].append(loads)
+            routing["max_vio"].append(max(max(load) / (sum(load) / model.E) - 1 for load in loads))
+            routing["dropped"].append(sum(b.routing["dropped"] for b in model.blocks) / (model.L * G * model.k))
+            routing["min_route_margin"] = min(routing["min_route_margin"], *(b.routing["margin"] for b in model.blocks))
         if step == 0:
             write_model_file(os.path.join(args.out, "grads.bin"), model, model.tensors(grads=True))
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -253,12 +405,18 @@ def run(args):
             group["lr"] = lr
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if moe and moe["balance"] == "bias":  # on this step's loads, for the next step's routing
+            for b in model.blocks:
+                b.update_balance_bias(moe["bias_rate"])
         losses.append(loss.item())
         norms.append(float(norm))
         lrs.append(lr)
     write_model_file(os.path.join(args.out, "final.bin"), model, model.tensors())
+    result = {"losses": losses, "grad_norms": norms, "lrs": lrs}
+    if moe:
+        result.update(routing, bias=[b.balance_bias.tolist() for b in model.blocks])
     with open(os.path.join(args.out, "reference.json"), "w") as f:
-        json.dump({"losses": losses, "grad_norms": norms, "lrs": lrs}, f, indent=1)
+        json.dump(result, f, indent=1)
     return losses, norms
 
 
@@ -286,6 +444,8 @@ def run_diloco(args):
     if model is None:
         model = gpt2_of_args(args)
         model.init_weights(args.seed)
+    if model.E:
+        sys.exit("error: run_diloco: a dense model only (the MoE's aux loss and balancing are run's)")
     model = model.float() if getattr(args, "dtype", "float64") == "float32" else model.double()
     W, H, ranks, m = args.workers, args.H, args.ranks, args.micro
     R, per = ranks // W, args.batch // (ranks * m)
@@ -380,10 +540,26 @@ def add_run_arguments(ap, layers=2):
     ap.add_argument("--seed", type=int, default=42)
 
 
+def add_moe_arguments(ap):
+    """the flags of a mixture-of-experts run (apart from add_run_arguments: a tool that takes
+    those passes them to a trainer, and a trainer takes these only once it routes)"""
+    ap.add_argument("--experts", type=int, help="E experts a layer (default 0: the dense GPT-2; also 1)")
+    ap.add_argument("--topk", type=int, help="experts a token (default 1)")
+    ap.add_argument("--balance", choices=["aux", "bias", "none"], default="aux",
+                    help="aux: Switch Transformer's loss (default); bias: DeepSeek-V3's bias on the routing")
+    ap.add_argument("--aux-alpha", type=float, default=0.01, help="the aux loss's weight")
+    ap.add_argument("--bias-rate", type=float, default=1e-3, help="the bias's step a training step")
+    ap.add_argument("--capacity-factor", type=float, default=0.0,
+                    help="an expert takes ceil(cf N k / E) of a group's slots (default 0: all, dropless)")
+    ap.add_argument("--capacity-tokens", type=int, default=0,
+                    help="N, the tokens of a capacity group: consecutive in the global batch (default: all of it)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     add_run_arguments(ap)
+    add_moe_arguments(ap)
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
     args = ap.parse_args()
     losses, norms = run(args)

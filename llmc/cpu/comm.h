@@ -267,6 +267,38 @@ static inline void comm_recv(CommGroup* g, void* buf, size_t n, CommDtype dtype,
     comm_done(g);
 }
 
+// All-to-all with counts (MPI_Alltoallv): block p of send (send_counts[p] elements, the blocks
+// one after another in rank order) goes to rank p, and rank p's block for this rank lands in
+// recv at block p (recv_counts[p] elements, in rank order). Each pair's counts must agree, which
+// is why a caller exchanges the counts first (comm_all_to_all_counts). Counted: the elements
+// sent to the other ranks (this rank's own block is a local copy).
+static inline void comm_all_to_all(CommGroup* g, const void* send, const size_t* send_counts, void* recv,
+                                   const size_t* recv_counts, CommDtype dtype) {
+    comm_check_dtype(g, dtype, "all_to_all");
+    int* counts = (int*)malloc_check(4 * (size_t)g->size * sizeof(int));
+    int *sc = counts, *sd = counts + g->size, *rc = counts + 2 * g->size, *rd = counts + 3 * g->size;
+    size_t sent = 0, s_at = 0, r_at = 0;
+    for (int p = 0; p < g->size; p++) {
+        mpi_check_count(g, s_at + send_counts[p], "all_to_all");
+        mpi_check_count(g, r_at + recv_counts[p], "all_to_all");
+        sc[p] = (int)send_counts[p], sd[p] = (int)s_at, rc[p] = (int)recv_counts[p], rd[p] = (int)r_at;
+        s_at += send_counts[p], r_at += recv_counts[p];
+        if (p != g->rank) sent += send_counts[p];
+    }
+    comm_count(g, COMM_ALL_TO_ALL, sent * sizeof(float));
+    comm_check(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, g->mpi), g, "all_to_all");
+    comm_done(g);
+    free(counts);
+}
+
+// n ints for each rank, host memory: send (size * n), block p to rank p; recv (size * n), block
+// p from rank p. What an all-to-all with counts needs first: how much each pair will exchange.
+static inline void comm_all_to_all_counts(CommGroup* g, const int* send, int* recv, int n) {
+    comm_count(g, COMM_ALL_TO_ALL, (size_t)n * (g->size - 1) * sizeof(int));
+    comm_check(MPI_Alltoall(send, n, MPI_INT, recv, n, MPI_INT, g->mpi), g, "all_to_all");
+    comm_done(g);
+}
+
 // sends and receives of host buffers to and from several ranks at once (mpi_exchange): fp32, or
 // bf16 words (uint16_t, DiLoCo's low-precision pseudo-gradients: the only bf16 of this backend)
 static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype) {

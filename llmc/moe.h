@@ -1,0 +1,423 @@
+// Mixture-of-Experts layers for train_gpt2_ep.cu: the router, top-k routing with capacity, the
+// balancing rules, and the expert MLPs behind an all-to-all. The trainer calls moe_forward in
+// place of the MLP half (block.h) and moe_backward in place of its backward; everything between
+// (LayerNorms, residual adds, the gradient reductions) stays in the trainer.
+//
+// One layer, forward, on a rank with N tokens (B x T) in its micro-batch:
+//   1. router logits s = h Wr^T (N, E); each token picks the k experts of largest s + b (b the
+//      balancing bias, zero unless -balance bias; ties to the lower index), and its gates are the
+//      softmax of the k picked s (Shazeer et al. 2017; Mixtral's order: top-k, then softmax).
+//   2. capacity (-capacity_factor cf > 0): each expert takes at most ceil(cf N k / E) of this
+//      rank's slots, first choices before second, in token order; the rest are dropped (their
+//      tokens pass by on the residual stream; GShard, Lepikhin et al. 2020).
+//   3. the kept slots, grouped by expert (so by the rank that holds it), leave in "send order";
+//      all-to-all of the counts, then all-to-all of the rows (C values each): each rank receives
+//      the rows of its E/ep experts from every rank, regroups them expert by expert, and runs
+//      each expert's MLP (fc, GELU, fcproj) as GEMMs over its rows;
+//   4. the outputs go back by the reverse all-to-all, and each token sums gate x output over its
+//      kept slots, in slot order (the same sum on any ep).
+// The backward runs it in reverse: the gradients of the expert outputs travel to the experts and
+// the gradients of their inputs back, the gates' gradients reach the router through the softmax.
+// Routing decisions (which expert, which row) are host work here: the CPU backend's "device" is
+// the host; a GPU would do them with a prefix sum (counts per expert) instead.
+#ifndef LLMC_MOE_H
+#define LLMC_MOE_H
+
+#include <math.h>
+#include "comm.h"
+#include "memory_plan.h"
+#include "model.h"
+
+typedef enum { BALANCE_NONE, BALANCE_AUX, BALANCE_BIAS } MoeBalance;
+static const char* moe_balance_names[3] = {"none", "aux", "bias"};
+
+typedef struct {
+    int E, k, L, C;
+    int ep, ep_rank, E_local;  // experts split over ep ranks: this rank holds [ep_rank E_local, ...)
+    int N;                     // tokens of a micro-batch (B x T), the most a layer routes
+    int T;                     // a sequence's tokens (the aux loss is per sequence)
+    MoeBalance balance;
+    float aux_alpha, bias_rate, capacity_factor;
+    int capacity;              // slots an expert takes of a micro-batch (N k: dropless)
+    int rows_max;              // the most rows an expert rank can receive in a layer
+    CommGroup* ep_group;       // the ranks this rank exchanges tokens with
+    // the routing of every layer of the micro-batch in flight (host), kept for its backward
+    int* expert;               // (L, N, k) each slot's expert, best first
+    float* gate;               // (L, N, k) its gate
+    int* row;                  // (L, N, k) its row in the layer's send order; -1: dropped
+    float* probs;              // (L, N, E) softmax over all E of s (the aux loss's P)
+    int* send_counts;          // (L, E) kept slots this rank sends to each expert
+    int* recv_counts;          // (L, ep, E_local) rows it receives from each rank for each of its experts
+    int* to_experts;           // (L, rows_max) expert order: row i comes from source-order row to_experts[i]
+    int* from_experts;         // (L, rows_max) source order: row i comes from expert-order row from_experts[i]
+    // device buffers: per layer what the backward reads, then scratch
+    floatX* xin;               // (L, rows_max, C)   the rows this rank's experts took, expert order
+    floatX* fch;               // (L, rows_max, 4C)
+    floatX* fch_gelu;          // (L, rows_max, 4C)
+    floatX* returned;          // (L, N k, C)        the expert outputs, back in send order
+    floatX* send;              // (N k, C)           rows in send order
+    floatX* recv;              // (rows_max, C)      rows in source-rank order
+    floatX* yout;              // (rows_max, C)      expert outputs (backward: their gradients), expert order
+    floatX* dfch;              // (rows_max, 4C)
+    floatX* scores;            // (N, E)             router logits; backward: their gradient
+    floatX* dh;                // (N, C)             the router's part of the input gradient
+    float* scores_host;        // (N, E)
+    float* dgate;              // (N, k)
+    float* bias;               // (L, E)             DeepSeek-V3's balancing bias (-balance bias)
+    // this step's figures, summed over its micro-batches (before any reduction over ranks)
+    double* loads;             // (L, E) slots routed to each expert, before drops
+    double aux;                // the aux loss: per micro-batch mean over sequences, summed over layers
+    double kept_slots, dropped_slots;
+    long long sent_rows;       // rows sent to other ranks (forward and backward)
+} Moe;
+
+// (the buffers' sizes, moe_capacity, moe_rows_max and moe_device_bytes: llmc/memory_plan.h,
+// which the memory table counts with)
+
+static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGroup* ep_group, int B, int T,
+                             MoeBalance balance, float aux_alpha, float bias_rate, float capacity_factor) {
+    memset(m, 0, sizeof(*m));
+    m->E = c.experts, m->k = c.topk, m->L = c.num_layers, m->C = c.channels;
+    m->ep = ep, m->ep_rank = ep_rank, m->E_local = c.experts / ep, m->ep_group = ep_group;
+    m->N = B * T, m->T = T;
+    m->balance = balance, m->aux_alpha = aux_alpha, m->bias_rate = bias_rate, m->capacity_factor = capacity_factor;
+    m->capacity = moe_capacity(m->N, m->k, m->E, capacity_factor);
+    m->rows_max = moe_rows_max(m->N, m->k, m->E, ep, m->capacity);
+    size_t L = m->L, N = m->N, k = m->k, E = m->E, C = m->C, R = m->rows_max, S = N * k;
+    m->expert = (int*)malloc_check(L * S * sizeof(int));
+    m->gate = (float*)malloc_check(L * S * sizeof(float));
+    m->row = (int*)malloc_check(L * S * sizeof(int));
+    m->probs = (float*)malloc_check(L * N * E * sizeof(float));
+    m->send_counts = (int*)calloc_check(L * E, sizeof(int));
+    m->recv_counts = (int*)calloc_check(L * E, sizeof(int));  // ep x E_local = E per layer
+    m->to_experts = (int*)device_malloc(L * R * sizeof(int));
+    m->from_experts = (int*)device_malloc(L * R * sizeof(int));
+    m->xin = (floatX*)device_malloc(L * R * C * sizeof(floatX));
+    m->fch = (floatX*)device_malloc(L * R * 4 * C * sizeof(floatX));
+    m->fch_gelu = (floatX*)device_malloc(L * R * 4 * C * sizeof(floatX));
+    m->returned = (floatX*)device_malloc(L * S * C * sizeof(floatX));
+    m->send = (floatX*)device_malloc(S * C * sizeof(floatX));
+    m->recv = (floatX*)device_malloc(R * C * sizeof(floatX));
+    m->yout = (floatX*)device_malloc(R * C * sizeof(floatX));
+    m->dfch = (floatX*)device_malloc(R * 4 * C * sizeof(floatX));
+    m->scores = (floatX*)device_malloc(N * E * sizeof(floatX));
+    m->dh = (floatX*)device_malloc(N * C * sizeof(floatX));
+    m->scores_host = (float*)malloc_check(N * E * sizeof(float));
+    m->dgate = (float*)malloc_check(S * sizeof(float));
+    m->bias = (float*)calloc_check(L * E, sizeof(float));
+    m->loads = (double*)calloc_check(L * E, sizeof(double));
+}
+
+static inline void moe_free(Moe* m) {
+    free(m->expert), free(m->gate), free(m->row), free(m->probs), free(m->send_counts), free(m->recv_counts);
+    device_free(m->to_experts), device_free(m->from_experts);
+    device_free(m->xin), device_free(m->fch), device_free(m->fch_gelu), device_free(m->returned);
+    device_free(m->send), device_free(m->recv), device_free(m->yout), device_free(m->dfch);
+    device_free(m->scores), device_free(m->dh);
+    free(m->scores_host), free(m->dgate), free(m->bias), free(m->loads);
+}
+
+// the step's figures start from zero
+static inline void moe_step_begin(Moe* m) {
+    memset(m->loads, 0, (size_t)m->L * m->E * sizeof(double));
+    m->aux = m->kept_slots = m->dropped_slots = 0.0;
+    m->sent_rows = 0;
+}
+
+// ---- 1, 2: routing (host). s: the router logits (N, E) of layer l. Fills the layer's expert,
+// gate, row and probs, its send counts, and adds its loads.
+static inline void moe_route(Moe* m, int l, const float* s, int N) {
+    int E = m->E, k = m->k;
+    const float* b = m->bias + (size_t)l * E;
+    int* expert = m->expert + (size_t)l * m->N * k;
+    float* gate = m->gate + (size_t)l * m->N * k;
+    int* row = m->row + (size_t)l * m->N * k;
+    float* probs = m->probs + (size_t)l * m->N * E;
+    double* loads = m->loads + (size_t)l * E;
+    for (int t = 0; t < N; t++) {
+        const float* st = s + (size_t)t * E;
+        // top-k of s + b by repeated argmax: a strict > keeps the lower index on a tie
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= expert[(size_t)t * k + i] == e;
+                if (!taken && (best < 0 || st[e] + b[e] > st[best] + b[best])) best = e;
+            }
+            expert[(size_t)t * k + j] = best;
+            loads[best] += 1.0;  // counted before any drop: what the balancing rules look at
+        }
+        // the gates: softmax over the k picked logits (without the bias, which only picks)
+        float top = st[expert[(size_t)t * k]], sum = 0.0f;
+        for (int j = 0; j < k; j++) sum += expf(st[expert[(size_t)t * k + j]] - top);
+        for (int j = 0; j < k; j++) gate[(size_t)t * k + j] = expf(st[expert[(size_t)t * k + j]] - top) / sum;
+        // P for the aux loss: softmax over all E
+        float most = st[0], all = 0.0f;
+        for (int e = 1; e < E; e++) most = st[e] > most ? st[e] : most;
+        for (int e = 0; e < E; e++) all += expf(st[e] - most);
+        for (int e = 0; e < E; e++) probs[(size_t)t * E + e] = expf(st[e] - most) / all;
+    }
+    // capacity, first choices before second, in token order: a slot past its expert's capacity is
+    // dropped (row -1). Then the kept slots' rows: grouped by expert, in the same order.
+    int* count = m->send_counts + (size_t)l * E, capacity = moe_capacity(N, k, E, m->capacity_factor);
+    memset(count, 0, (size_t)E * sizeof(int));
+    for (int j = 0; j < k; j++) {
+        for (int t = 0; t < N; t++) {
+            int e = expert[(size_t)t * k + j];
+            if (count[e] < capacity) {
+                row[(size_t)t * k + j] = count[e]++;  // its place among its expert's rows, for now
+                m->kept_slots += 1.0;
+            } else {
+                row[(size_t)t * k + j] = -1;
+                m->dropped_slots += 1.0;
+            }
+        }
+    }
+    int start = 0, first[1024];  // each expert's first row in send order (E <= 1024: gpt2_check_config)
+    for (int e = 0; e < E; e++) first[e] = start, start += count[e];
+    for (size_t i = 0; i < (size_t)N * k; i++) {
+        if (row[i] >= 0) row[i] += first[expert[i]];
+    }
+}
+
+// ---- 3: the exchange's bookkeeping. After the counts' all-to-all, recv_counts of layer l says
+// how many rows each source rank sends for each of this rank's experts; the rows arrive source by
+// source (each source's rows expert by expert), and the experts want theirs together.
+// to_experts (expert order <- source order) and from_experts (its inverse); returns the rows.
+static inline int moe_regroup(Moe* m, int l) {
+    const int* counts = m->recv_counts + (size_t)l * m->E;  // [source][local expert]
+    int* to = m->to_experts + (size_t)l * m->rows_max;
+    int* from = m->from_experts + (size_t)l * m->rows_max;
+    int at = 0;
+    for (int e = 0; e < m->E_local; e++) {
+        for (int p = 0; p < m->ep; p++) {
+            int src = 0;  // where source p's rows for expert e start in source order
+            for (int q = 0; q < p; q++) {
+                for (int f = 0; f < m->E_local; f++) src += counts[q * m->E_local + f];
+            }
+            for (int f = 0; f < e; f++) src += counts[p * m->E_local + f];
+            for (int i = 0; i < counts[p * m->E_local + e]; i++, at++) {
+                to[at] = src + i;
+                from[src + i] = at;
+            }
+        }
+    }
+    return at;
+}
+
+// rows of expert e (local) in expert order: first row and how many
+static inline int moe_expert_rows(const Moe* m, int l, int e, int* first) {
+    const int* counts = m->recv_counts + (size_t)l * m->E;
+    int start = 0, n = 0;
+    for (int f = 0; f <= e; f++) {
+        int rows = 0;
+        for (int p = 0; p < m->ep; p++) rows += counts[p * m->E_local + f];
+        if (f < e) start += rows;
+        else n = rows;
+    }
+    *first = start;
+    return n;
+}
+
+// The all-to-all of rows (C values each) between send order (this rank's slots, grouped by
+// expert, so by destination rank) and source order (the rows this rank's experts take, from each
+// rank in turn). back = 0: send -> recv (the tokens to their experts); back = 1: recv -> send
+// (the outputs home), the same counts reversed. Over ep ranks a rank sends what is not its own:
+// in a balanced layer (ep - 1)/ep of its N k slots, N k C (ep - 1)/ep values each way.
+static inline void moe_exchange(Moe* m, int l, const floatX* from, floatX* to, int back) {
+    int ep = m->ep, El = m->E_local;
+    const int* sent = m->send_counts + (size_t)l * m->E;    // [destination's expert]
+    const int* received = m->recv_counts + (size_t)l * m->E;  // [source][local expert]
+    size_t to_rank[1024], from_rank[1024];  // rows x C per peer (ep <= E <= 1024)
+    size_t rows_out = 0, total_sent = 0, total_received = 0;
+    for (int p = 0; p < ep; p++) {
+        size_t s = 0, r = 0;
+        for (int e = 0; e < El; e++) s += (size_t)sent[p * El + e], r += (size_t)received[p * El + e];
+        to_rank[p] = (back ? r : s) * m->C;
+        from_rank[p] = (back ? s : r) * m->C;
+        total_sent += to_rank[p] / m->C, total_received += from_rank[p] / m->C;
+        if (p != m->ep_rank) rows_out += to_rank[p] / m->C;
+    }
+    m->sent_rows += (long long)rows_out;
+    if (ep == 1) {  // every expert here: the rows stay
+        copy_device_to_device(to, from, total_sent * m->C * sizeof(floatX));
+        return;
+    }
+    // all-to-all (variable sizes): block p of `from` to rank p, rank p's block for us into block p of `to`
+    comm_all_to_all(m->ep_group, from, to_rank, to, from_rank, COMM_FLOATX);
+    (void)total_received;
+}
+
+// ---- the layer. h: ln2 (N, C) of layer l; out (N, C): the MoE's output, added to the residual
+// stream by the trainer. w: the layer's weights (fcw .. fcprojb at this rank's first expert).
+static inline void moe_forward(Moe* m, int l, floatX* out, const floatX* h, LayerWeights w, int N) {
+    int C = m->C, E = m->E, k = m->k;
+    size_t R = (size_t)m->rows_max;
+    // 1. router logits (N, E) = h Wr^T, to the host, routed (2.)
+    matmul_forward(m->scores, h, w.routerw, NULL, N, C, E);
+    copy_device_to_floats(m->scores_host, m->scores, (size_t)N * E);
+    moe_route(m, l, m->scores_host, N);
+    int* row = m->row + (size_t)l * m->N * k;
+    // 3. the kept slots in send order; counts first: all-to-all of E_local ints per rank pair, so
+    // that each rank knows how many rows it will receive from each rank for each of its experts
+    // before the rows come (MPI_Alltoallv and grouped NCCL send/recv both need the sizes up
+    // front; DeepEP and Megatron's dropless path do the same exchange, fused into one kernel)
+    moe_dispatch(m->send, h, row, NULL, N, k, C, 0);
+    if (m->ep > 1) comm_all_to_all_counts(m->ep_group, m->send_counts + (size_t)l * E, m->recv_counts + (size_t)l * E, m->E_local);
+    else memcpy(m->recv_counts + (size_t)l * E, m->send_counts + (size_t)l * E, (size_t)E * sizeof(int));
+    int rows = moe_regroup(m, l);
+    // all-to-all: (slots this rank keeps, C) out, (rows its experts take, C) in
+    moe_exchange(m, l, m->send, m->recv, 0);
+    floatX* xin = m->xin + (size_t)l * R * C;
+    floatX* fch = m->fch + (size_t)l * R * 4 * C;
+    floatX* fch_gelu = m->fch_gelu + (size_t)l * R * 4 * C;
+    if (rows > 0) moe_gather_rows(xin, m->recv, m->to_experts + (size_t)l * R, rows, C);
+    // each local expert: a GPT-2 MLP over its rows (one GEMM per weight, as many rows as it took)
+    for (int e = 0; e < m->E_local; e++) {
+        int first, n = moe_expert_rows(m, l, e, &first);
+        if (n == 0) continue;
+        size_t f = (size_t)first;
+        matmul_forward(fch + f * 4 * C, xin + f * C, w.fcw + (size_t)e * 4 * C * C, w.fcb + (size_t)e * 4 * C, n, C, 4 * C);
+        gelu_forward(fch_gelu + f * 4 * C, fch + f * 4 * C, (size_t)n * 4 * C);
+        matmul_forward(m->yout + f * C, fch_gelu + f * 4 * C, w.fcprojw + (size_t)e * C * 4 * C, w.fcprojb + (size_t)e * C,
+                       n, 4 * C, C);
+    }
+    // 4. back to source order, all-to-all home (the reverse sizes), and each token's weighted sum
+    if (rows > 0) moe_gather_rows(m->recv, m->yout, m->from_experts + (size_t)l * R, rows, C);
+    floatX* returned = m->returned + (size_t)l * m->N * k * C;
+    moe_exchange(m, l, m->recv, returned, 1);
+    moe_combine(out, returned, row, m->gate + (size_t)l * m->N * k, N, k, C, 1);
+}
+
+// The aux loss of layer l's micro-batch (Switch Transformer, Fedus et al. 2021): per sequence,
+// alpha E sum_e f_e P_e, f_e the share of its T k slots routed to e (before drops; a count, no
+// gradient), P_e the mean over its tokens of softmax(s)_e; the mean over the micro-batch's
+// sequences. With dP non-NULL also the gradient of that mean, scaled by `weight` (the loss's weight
+// of one micro-batch mean), with respect to each token's probabilities: dP (N, E).
+static inline double moe_aux_loss(const Moe* m, int l, int N, float weight, float* dP) {
+    int E = m->E, k = m->k, T = m->T, sequences = N / T;
+    const int* expert = m->expert + (size_t)l * m->N * k;
+    const float* probs = m->probs + (size_t)l * m->N * E;
+    double total = 0.0;
+    for (int q = 0; q < sequences; q++) {
+        double f[1024] = {0}, P[1024] = {0};
+        for (int t = q * T; t < (q + 1) * T; t++) {
+            for (int j = 0; j < k; j++) f[expert[(size_t)t * k + j]] += 1.0 / ((double)T * k);
+            for (int e = 0; e < E; e++) P[e] += probs[(size_t)t * E + e] / T;
+        }
+        for (int e = 0; e < E; e++) total += m->aux_alpha * E * f[e] * P[e];
+        // d(mean over sequences)/dp[t, e] = alpha E f_e / (T sequences)
+        for (int t = q * T; dP && t < (q + 1) * T; t++) {
+            for (int e = 0; e < E; e++) dP[(size_t)t * E + e] = (float)(weight * m->aux_alpha * E * f[e] / ((double)T * sequences));
+        }
+    }
+    return total / sequences;
+}
+
+// dout (N, C): the gradient at the MoE's output. Writes the gradient at h into dh_out (N, C);
+// the expert gradients accumulate into g (this rank's experts), the router's into g.routerw.
+// aux_weight: the loss's weight of one micro-batch's mean (the trainer's 1 / accum), used when
+// -balance aux adds its loss.
+static inline void moe_backward(Moe* m, int l, floatX* dh_out, const floatX* dout, const floatX* h, LayerWeights w,
+                                LayerWeights g, int N, float aux_weight) {
+    int C = m->C, E = m->E, k = m->k;
+    size_t R = (size_t)m->rows_max;
+    int* row = m->row + (size_t)l * m->N * k;
+    const float* gate = m->gate + (size_t)l * m->N * k;
+    const int* expert = m->expert + (size_t)l * m->N * k;
+    floatX* returned = m->returned + (size_t)l * m->N * k * C;
+    // the gates' gradients, then each kept slot's output gradient gate x dout, to the experts
+    // (the same all-to-all as the forward's tokens)
+    moe_gate_grads(m->dgate, dout, returned, row, N, k, C);
+    moe_dispatch(m->send, dout, row, gate, N, k, C, 1);
+    moe_exchange(m, l, m->send, m->recv, 0);
+    int rows = 0;
+    for (int e = 0; e < m->E_local; e++) {
+        int first;
+        rows += moe_expert_rows(m, l, e, &first);
+    }
+    if (rows > 0) moe_gather_rows(m->yout, m->recv, m->to_experts + (size_t)l * R, rows, C);
+    floatX* xin = m->xin + (size_t)l * R * C;
+    floatX* fch = m->fch + (size_t)l * R * 4 * C;
+    floatX* fch_gelu = m->fch_gelu + (size_t)l * R * 4 * C;
+    for (int e = 0; e < m->E_local; e++) {
+        int first, n = moe_expert_rows(m, l, e, &first);
+        if (n == 0) continue;
+        size_t f = (size_t)first, w1 = (size_t)e * 4 * C * C, b1 = (size_t)e * 4 * C, w2 = (size_t)e * C * 4 * C,
+               b2 = (size_t)e * C;
+        floatX *dy = m->yout + f * C, *dfch = m->dfch + f * 4 * C;
+        matmul_backward_input(dfch, dy, w.fcprojw + w2, n, 4 * C, C);
+        matmul_backward_weight(g.fcprojw + w2, g.fcprojb + b2, dy, fch_gelu + f * 4 * C, n, 4 * C, C);
+        gelu_backward(dfch, fch + f * 4 * C, dfch, (size_t)n * 4 * C);
+        matmul_backward_input(dy, dfch, w.fcw + w1, n, C, 4 * C);  // dy is used up: the input gradient in its place
+        matmul_backward_weight(g.fcw + w1, g.fcb + b1, dfch, xin + f * C, n, C, 4 * C);
+    }
+    // the input gradients home (the forward's way back), summed per token over its kept slots
+    if (rows > 0) moe_gather_rows(m->recv, m->yout, m->from_experts + (size_t)l * R, rows, C);
+    moe_exchange(m, l, m->recv, m->send, 1);
+    moe_combine(dh_out, m->send, row, gate, N, k, C, 0);
+    // the router: gates g = softmax of the picked s, so ds_j = g_j (dg_j - sum_i g_i dg_i) at the
+    // picked experts (a dropped slot has dg = 0 but its gate still shares the softmax); with
+    // -balance aux, the aux loss's gradient through P = softmax over all E
+    float* ds = m->scores_host;  // (N, E), host
+    memset(ds, 0, (size_t)N * E * sizeof(float));
+    for (int t = 0; t < N; t++) {
+        float dot = 0.0f;
+        for (int j = 0; j < k; j++) dot += gate[(size_t)t * k + j] * m->dgate[(size_t)t * k + j];
+        for (int j = 0; j < k; j++) {
+            ds[(size_t)t * E + expert[(size_t)t * k + j]] = gate[(size_t)t * k + j] * (m->dgate[(size_t)t * k + j] - dot);
+        }
+    }
+    if (m->balance == BALANCE_AUX) {
+        float* dP = (float*)malloc_check((size_t)N * E * sizeof(float));
+        moe_aux_loss(m, l, N, aux_weight, dP);
+        const float* probs = m->probs + (size_t)l * m->N * E;
+        for (int t = 0; t < N; t++) {
+            float dot = 0.0f;
+            for (int e = 0; e < E; e++) dot += probs[(size_t)t * E + e] * dP[(size_t)t * E + e];
+            for (int e = 0; e < E; e++) ds[(size_t)t * E + e] += probs[(size_t)t * E + e] * (dP[(size_t)t * E + e] - dot);
+        }
+        free(dP);
+    }
+    copy_floats_to_device(m->scores, ds, (size_t)N * E);
+    matmul_backward_weight(g.routerw, NULL, m->scores, h, N, C, E);
+    matmul_backward_input(m->dh, m->scores, w.routerw, N, C, E);
+    residual_forward(dh_out, dh_out, m->dh, N, C);
+}
+
+// -balance bias (DeepSeek-V3, section 2.1.2: auxiliary-loss-free balancing): after the optimizer
+// step, each expert's bias moves by gamma towards balance, b_e += gamma sign(mean load - load_e),
+// the loads being the whole global batch's (this step's, all-reduced: identical on every rank).
+static inline void moe_update_bias(Moe* m, const double* global_loads) {
+    for (int l = 0; l < m->L; l++) {
+        const double* load = global_loads + (size_t)l * m->E;
+        double mean = 0.0;
+        for (int e = 0; e < m->E; e++) mean += load[e] / m->E;
+        for (int e = 0; e < m->E; e++) {
+            double d = mean - load[e];
+            m->bias[(size_t)l * m->E + e] += m->bias_rate * (float)((d > 0) - (d < 0));
+        }
+    }
+}
+
+// the balance figures of a step's global loads (L, E): the fewest and most slots an expert got
+// in any layer, the mean, and MaxVio = the largest over layers of max_e load / mean load - 1
+static inline double moe_max_vio(const double* loads, int L, int E, double* least, double* most, double* mean) {
+    double vio = 0.0;
+    *least = INFINITY, *most = 0.0, *mean = 0.0;
+    for (int l = 0; l < L; l++) {
+        double layer_mean = 0.0, layer_most = 0.0;
+        for (int e = 0; e < E; e++) {
+            double x = loads[(size_t)l * E + e];
+            layer_mean += x / E;
+            layer_most = x > layer_most ? x : layer_most;
+            *least = x < *least ? x : *least;
+        }
+        *most = layer_most > *most ? layer_most : *most;
+        *mean += layer_mean / L;
+        if (layer_mean > 0 && layer_most / layer_mean - 1.0 > vio) vio = layer_most / layer_mean - 1.0;
+    }
+    return vio;
+}
+
+#endif

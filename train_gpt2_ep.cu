@@ -1,0 +1,422 @@
+/*
+GPT-2 with Mixture-of-Experts MLPs (Shazeer et al. 2017, arXiv:1701.06538), trained with expert
+parallelism folded over data parallelism (GShard, Lepikhin et al. 2020, arXiv:2006.16668; Switch
+Transformer, Fedus et al. 2021, arXiv:2101.03961; DeepSeek-V3, arXiv:2412.19437, section 2.1.2
+for the bias balancing).
+
+Every layer's MLP is E experts, each a GPT-2 MLP (fc C->4C, GELU, fcproj 4C->C), and a router
+that sends each token to k of them (-experts E -topk k). A token's output is the gate-weighted sum
+of its experts' outputs, so it pays for k MLPs while the model holds E. The experts are split over
+-ep ranks (E/ep each); everything else (attention, LayerNorms, embeddings, routers) is replicated
+on every rank, which is a data-parallel replica for it.
+
+The ranks: N ranks in N/ep groups of ep consecutive ranks (an "EP group": together they hold all
+E experts, each rank E/ep of them); the ranks holding the same experts (rank r, r + ep, ...) are
+an expert-data-parallel group, whose copies of those experts stay identical.
+
+Each step:
+  1. every rank runs forward + backward on its own micro-batches (its own data, as DDP). In every
+     layer the MLP half is an MoE layer (llmc/moe.h):
+       a. route: router logits s = h Wr^T, each token's top-k experts and their gates;
+       b. all-to-all the counts (how many tokens each rank sends to each expert), then the
+          tokens themselves to the ranks of their experts;
+       c. each rank runs its experts on the tokens they received, one GEMM per weight per expert;
+       d. all-to-all the outputs back, and each token sums gate x output over its experts.
+     The backward mirrors it: two more all-to-alls per layer.
+  2. the gradients: the replicated parameters' all-reduced (average) over all N ranks, as DDP;
+     each expert's over its expert-data-parallel group (N/ep ranks). An expert's gradient on its
+     rank already sums the tokens of the ep ranks of its group, so the average over its N/ep
+     copies is ep times the average over all N ranks: the optimizer reads it scaled by 1/ep.
+  3. AdamW, the same update on every copy of each parameter.
+  4. balancing: -balance aux adds the Switch loss to the loss (its gradient reaches the routers);
+     -balance bias moves each expert's routing bias towards balance after the step, from the loads
+     of the whole global batch (an all-reduce of E counts per layer).
+
+Build: make train_gpt2_ep          Run: mpirun -np 2 ./train_gpt2_ep -e d4 -experts 8 -topk 2 -ep 2 -x 100 -o out
+The CPU backend only for now (its CUDA kernels are not written yet).
+*/
+#include <math.h>
+#include <stdint.h>
+#include "llmc/utils.h"
+#include "llmc/args.h"
+#include "llmc/comm.h"
+#include "llmc/gpt2.h"
+#include "llmc/dataloader.h"
+#include "llmc/tokenizer.h"
+#include "llmc/schedule.h"
+#include "llmc/logger.h"
+#include "llmc/checkpoint.h"
+#include "llmc/rng.h"
+#include "llmc/watchdog.h"
+#include "llmc/ops.h"
+#include "llmc/memory.h"
+#include "llmc/model.h"
+#include "llmc/block.h"
+#include "llmc/optimizer.h"
+#include "llmc/train.h"
+#include "llmc/run.h"
+#include "llmc/memory_plan.h"
+#include "llmc/moe.h"
+
+#ifdef __CUDACC__
+#error "train_gpt2_ep has no CUDA kernels yet: build it for the CPU (make train_gpt2_ep)"
+#endif
+
+typedef struct {
+    GPT2* model;
+    Moe* moe;
+    CommGroup* world;      // every rank: the replicated parameters' data-parallel group
+    CommGroup* ep_group;   // the ep ranks that hold all the experts between them
+    CommGroup* edp_group;  // the ranks that hold the same experts
+} ExpertParallel;
+
+// ----------------------------------------------------------------------------------------------
+// forward and backward of the whole model on one micro-batch: the DDP trainer's, with each
+// layer's MLP half an MoE layer
+
+static void gpt2_forward(ExpertParallel* t, const int* inputs_host, int B, int T) {
+    GPT2* model = t->model;
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int L = c.num_layers, C = c.channels;
+    Activations* a = &model->acts;
+    ParameterTensors p = model->params;
+    tokens_to_device(model->inputs, &model->input_stage, inputs_host, (size_t)B * T);
+    encoder_forward(a->encoded, model->inputs, p.wte, p.wpe, B, T, C);
+    LayerWeights w0 = gpt2_layer_params(model, 0);
+    LayerActs first = layer_acts(a, d, B, T, 0);
+    layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, w0.ln1w, w0.ln1b, B * T, C);
+    for (int l = 0; l < L; l++) {
+        LayerActs x = layer_acts(a, d, B, T, l);
+        LayerWeights w = gpt2_layer_params(model, l);
+        floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
+        attention_half_forward(x, w, B, T, d);
+        fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, residual, x.attproj, w.ln2w,
+                                         w.ln2b, B * T, C);
+        // the MLP half: the experts, behind two all-to-alls over the EP group (llmc/moe.h)
+        moe_forward(t->moe, l, x.fcproj, x.ln2, w, B * T);
+        if (l + 1 < L) {
+            LayerWeights wn = gpt2_layer_params(model, l + 1);
+            LayerActs xn = layer_acts(a, d, B, T, l + 1);
+            fused_residual_layernorm_forward(x.residual3, xn.ln1, xn.ln1_mean, xn.ln1_rstd, x.residual2, x.fcproj,
+                                             wn.ln1w, wn.ln1b, B * T, C);
+        } else {
+            fused_residual_layernorm_forward(x.residual3, a->lnf, a->lnf_mean, a->lnf_rstd, x.residual2, x.fcproj,
+                                             p.lnfw, p.lnfb, B * T, C);
+        }
+    }
+    matmul_forward(a->logits, a->lnf, p.wte, NULL, B * T, C, d.Vp_rank);  // the LM head, tied to wte
+}
+
+// accumulates one micro-batch's gradients into model->grads; aux_weight: the aux loss's weight
+// of one micro-batch (1 / accum, as the cross-entropy's mean)
+static void gpt2_backward(ExpertParallel* t, const int* inputs_host, int B, int T, float aux_weight) {
+    GPT2* model = t->model;
+    GPT2Config c = model->config;
+    LayerDims d = model->dims;
+    int L = c.num_layers, C = c.channels;
+    Activations* a = &model->acts;
+    ParameterTensors p = model->params, g = model->grads;
+    matmul_backward(a->dbuf, g.wte, NULL, a->logits, a->lnf, p.wte, B * T, C, d.Vp_rank);
+    device_memset_zero(a->dresidual, (size_t)B * T * C * sizeof(floatX));
+    layernorm_backward(a->dresidual, g.lnfw, g.lnfb, a->dbuf, layer_acts(a, d, B, T, L - 1).residual3, p.lnfw,
+                       a->lnf_mean, a->lnf_rstd, B * T, C);
+    for (int l = L - 1; l >= 0; l--) {
+        LayerWeights w = gpt2_layer_params(model, l), gw = gpt2_layer_grads(model, l);
+        LayerActs x = layer_acts(a, d, B, T, l);
+        floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
+        // the MoE layer's backward (the same all-to-alls, reversed), then ln2's
+        moe_backward(t->moe, l, a->dbuf, a->dresidual, x.ln2, w, gw, B * T, aux_weight);
+        layernorm_backward(a->dresidual, gw.ln2w, gw.ln2b, a->dbuf, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd, B * T, C);
+        attention_half_backward(a->dbuf, a->dbuf, a->dqkv, a->dresidual, x, w, gw, B, T, d);
+        layernorm_backward(a->dresidual, gw.ln1w, gw.ln1b, a->dbuf, residual, w.ln1w, x.ln1_mean, x.ln1_rstd, B * T, C);
+    }
+    encoder_backward(g.wte, g.wpe, a->dresidual, inputs_host, B, T, C);
+}
+
+// ----------------------------------------------------------------------------------------------
+// the reduction and the update
+
+// the flat buffer (the file's tensor order) in three ranges: the replicated tensors before the
+// experts (wte .. routerw), this rank's experts (fcw .. fcprojb: each tensor's layers, each layer's
+// E/ep experts), the replicated final LayerNorm
+static void expert_range(const GPT2* model, size_t* lo, size_t* hi) {
+    *lo = model->layout.offsets[PARAM_FCW];
+    *hi = model->layout.offsets[PARAM_LNFW];
+}
+
+// 2. the gradients reduced: the replicated ranges all-reduced (average) over all ranks, (lo)
+// and (count - hi) floats, as DDP; this rank's experts (hi - lo) over the ranks holding the same
+// experts. (Each expert's gradient is then ep x the average over all ranks: see the header.)
+static void reduce_gradients(ExpertParallel* t) {
+    GPT2* model = t->model;
+    size_t lo, hi, n = model->num_parameters;
+    expert_range(model, &lo, &hi);
+    comm_all_reduce(t->world, model->grads_memory, lo, COMM_FLOATX, COMM_AVG);
+    comm_all_reduce(t->world, model->grads_memory + hi, n - hi, COMM_FLOATX, COMM_AVG);
+    if (t->edp_group->size > 1) comm_all_reduce(t->edp_group, model->grads_memory + lo, hi - lo, COMM_FLOATX, COMM_AVG);
+}
+
+// the global gradient norm: the replicated part once, plus every expert once (the sum of squares
+// of this rank's experts, scaled by 1/ep^2, all-reduced over the EP group: one float)
+static float grad_norm(ExpertParallel* t) {
+    GPT2* model = t->model;
+    size_t lo, hi, n = model->num_parameters;
+    expert_range(model, &lo, &hi);
+    float ep = (float)t->ep_group->size;
+    float experts = global_norm_squared(model->grads_memory + lo, hi - lo) / (ep * ep);
+    comm_all_reduce_scalar(t->ep_group, &experts, COMM_SUM);
+    float replicated = global_norm_squared(model->grads_memory, lo) + global_norm_squared(model->grads_memory + hi, n - hi);
+    return sqrtf(replicated + experts);
+}
+
+// 3. AdamW over the three ranges; the experts' gradients read scaled by 1/ep
+static float adamw_step(ExpertParallel* t, const TrainArgs* args, int step, int max_steps, float norm, float* clip_scale) {
+    GPT2* model = t->model;
+    size_t lo, hi, n = model->num_parameters;
+    expert_range(model, &lo, &hi);
+    AdamWConfig opt = train_adamw_config(args, step, max_steps, norm, clip_scale);
+    float* master = model->master_memory;
+    size_t ranges[3][2] = {{0, lo}, {lo, hi}, {hi, n}};
+    for (int r = 0; r < 3; r++) {
+        size_t a = ranges[r][0], b = ranges[r][1];
+        float scale = r == 1 ? *clip_scale / (float)t->ep_group->size : *clip_scale;
+        optimizer_adamw_step(model->params_memory + a, master ? master + a : NULL, model->grads_memory + a,
+                             model->m_memory + a, model->v_memory + a, a, b, &model->layout, opt, scale, step + 1);
+    }
+    return opt.lr;
+}
+
+// -dump_grads: the first step's gradients as the reference's grads.bin: the replicated ones as
+// reduced, each expert's read as the optimizer reads it (1/ep), gathered over one EP group (the
+// others hold copies) into the model file's layout
+static void write_gradients(ExpertParallel* t, const char* path) {
+    GPT2* model = t->model;
+    if (t->edp_group->rank != 0) return;
+    size_t lo, hi, n = model->num_parameters;
+    expert_range(model, &lo, &hi);
+    float* host = (float*)malloc_check(n * sizeof(float));
+    copy_device_to_floats(host, model->grads_memory, n);
+    for (size_t i = lo; i < hi; i++) host[i] /= (float)t->ep_group->size;
+    floatX* scaled = (floatX*)device_malloc(n * sizeof(floatX));
+    copy_floats_to_device(scaled, host, n);
+    gpt2_write_gathered(model, t->ep_group, scaled, path);
+    device_free(scaled);
+    free(host);
+}
+
+// ----------------------------------------------------------------------------------------------
+// validation and samples run the same forward pass (every rank: the experts are split over them)
+
+static float val_loss(void* trainer, DataLoader* val) {
+    ExpertParallel* t = (ExpertParallel*)trainer;
+    GPT2* model = t->model;
+    dataloader_load_chunk(val, t->world->rank, model->config.vocab_size);
+    gpt2_forward(t, val->inputs, model->B, model->T);
+    return gpt2_loss(model, val->targets, model->B, model->T, 0.0f);
+}
+
+static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
+    ExpertParallel* t = (ExpertParallel*)trainer;
+    gpt2_forward(t, tokens, 1, T);
+    return t->model->acts.logits;
+}
+
+// ----------------------------------------------------------------------------------------------
+
+static void print_layout(const Run* run, const GPT2* model, const Moe* moe, int accum) {
+    const TrainArgs* args = &run->args;
+    GPT2Config c = model->config;
+    BannerRow rows[20];
+    int n = train_banner_model(rows, "train_gpt2_ep (MoE)", args->model, c);
+    banner_row(&rows[n++], "experts, top-k", "%d experts, each token to %d", c.experts, c.topk);
+    banner_row(&rows[n++], "ranks", "%d: %d EP group%s of %d (%d experts a rank)", run->world.size,
+               run->world.size / moe->ep, run->world.size / moe->ep > 1 ? "s" : "", moe->ep, moe->E_local);
+    banner_row(&rows[n++], "micro-batch B x T", "%d x %d", args->B, args->T);
+    banner_row(&rows[n++], "accumulation steps", "%d", accum);
+    banner_row(&rows[n++], "recomputation", "%s", recompute_names[args->recompute]);
+    banner_row(&rows[n++], "balancing", "%s", moe->balance == BALANCE_AUX ? "aux loss (-balance aux)"
+                                              : moe->balance == BALANCE_BIAS ? "routing bias (-balance bias)" : "none");
+    if (moe->capacity_factor > 0) {
+        banner_row(&rows[n++], "capacity", "%d slots an expert per micro-batch (-capacity_factor %g)", moe->capacity,
+                   moe->capacity_factor);
+    } else {
+        banner_row(&rows[n++], "capacity", "dropless (-capacity_factor 0)");
+    }
+    n = run_banner_rows(run, rows, n);
+    train_print_banner(rows, n);
+    // the all-to-all's bytes: per MoE layer and micro-batch, each way (tokens out, outputs back;
+    // the backward the same again), a rank sends the slots routed off-rank, (ep - 1)/ep of its
+    // N k when the routing is balanced, C values each
+    double N = (double)args->B * args->T, X = sizeof(floatX);
+    printf("all-to-all per MoE layer and micro-batch, each of 4 (forward out and back, backward out and back), "
+           "balanced: N k C X (ep-1)/ep = %.0f bytes (N = %.0f tokens)\n",
+           N * c.topk * c.channels * X * (moe->ep - 1) / moe->ep, N);
+    memory_plan_print(&run->plan, c, &run->layout);
+}
+
+// the step's MoE figures, over the whole global batch: aux loss (its mean over the ranks, as the
+// loss's), the loads (summed over the ranks), their spread, MaxVio, the dropped slots
+static void report_moe(ExpertParallel* t, int step, int accum) {
+    Moe* m = t->moe;
+    double* loads = (double*)malloc_check((size_t)m->L * m->E * sizeof(double));
+    float* sums = (float*)malloc_check((size_t)m->L * m->E * sizeof(float));
+    for (int i = 0; i < m->L * m->E; i++) sums[i] = (float)m->loads[i];  // (counts: exact in a float below 2^24)
+    comm_all_reduce(t->world, sums, (size_t)m->L * m->E, COMM_FLOAT, COMM_SUM);
+    for (int i = 0; i < m->L * m->E; i++) loads[i] = sums[i];
+    float counts[3] = {(float)m->kept_slots, (float)m->dropped_slots, (float)(m->aux / accum)};
+    comm_all_reduce(t->world, counts, 2, COMM_FLOAT, COMM_SUM);
+    comm_all_reduce_scalar(t->world, &counts[2], COMM_AVG);
+    double least, most, mean, vio = moe_max_vio(loads, m->L, m->E, &least, &most, &mean);
+    if (m->balance == BALANCE_BIAS) moe_update_bias(m, loads);
+    if (t->world->rank == 0) {
+        float blo = 0.0f, bhi = 0.0f;
+        for (int i = 0; i < m->L * m->E; i++) {
+            blo = m->bias[i] < blo ? m->bias[i] : blo;
+            bhi = m->bias[i] > bhi ? m->bias[i] : bhi;
+        }
+        printf("step %d moe: aux loss %.6f | tokens per expert min %.0f mean %.1f max %.0f | MaxVio %.3f | dropped %.2f%%",
+               step + 1, counts[2], least, mean, most, vio, 100.0 * counts[1] / (counts[0] + counts[1]));
+        if (m->balance == BALANCE_BIAS) printf(" | bias %.4f..%.4f", blo, bhi);
+        printf("\n");
+    }
+    free(loads);
+    free(sums);
+}
+
+int main(int argc, char** argv) {
+    // ---- the flags: the common ones and this trainer's own; then the communication layer and
+    // the model's config (llmc/run.h)
+    Run run;
+    const char *dump_grads = NULL, *balance_name = "aux";
+    int experts = 0, topk = 0, ep = 1;
+    float aux_alpha = 0.01f, bias_rate = 1e-3f, capacity_factor = 0.0f;
+    const ArgSpec own[] = {
+        {"-experts", ARG_INT, &experts, 0, 1024, "experts per layer, E >= 2 (0: the model file's); a descriptor (-e dL) needs it"},
+        {"-topk", ARG_INT, &topk, 0, 1024, "experts each token goes to, 1 <= k <= E (0: the model file's, or 2 with a descriptor)"},
+        {"-ep", ARG_INT, &ep, 1, 1024, "expert-parallel ranks: each holds E/ep experts; ep divides E and the number of ranks"},
+        {"-balance", ARG_STRING, &balance_name, 0, 0, "load balancing: aux (Switch's auxiliary loss), bias (DeepSeek-V3's routing bias) or none"},
+        {"-aux_alpha", ARG_FLOAT, &aux_alpha, 0, ARG_NO_MAX, "-balance aux: the aux loss's weight alpha"},
+        {"-bias_rate", ARG_FLOAT, &bias_rate, 0, ARG_NO_MAX, "-balance bias: the bias's step gamma"},
+        {"-capacity_factor", ARG_FLOAT, &capacity_factor, 0, ARG_NO_MAX, "each expert takes at most ceil(cf N k / E) slots of a rank's micro-batch of N tokens (0: dropless)"},
+        {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the averaged gradients of the first step here, gathered into the whole model (tests)"},
+    };
+    if (!run_start_model(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]), /*moe*/ 1)) return 0;
+    CommGroup* world = &run.world;
+    int rank = world->rank, ranks = world->size;
+    MoeBalance balance = BALANCE_AUX;
+    if (strcmp(balance_name, "none") == 0) balance = BALANCE_NONE;
+    else if (strcmp(balance_name, "bias") == 0) balance = BALANCE_BIAS;
+    else check_every_rank(strcmp(balance_name, "aux") == 0, "-balance %s: expected aux, bias or none", balance_name);
+    // the model: a descriptor takes -experts and -topk; a model file brings its own, which the
+    // flags (when given) must repeat
+    GPT2Config config = run.config;
+    if (run.from_descriptor) {
+        check_every_rank(experts >= 2, "-e %s with -experts %d: a Mixture-of-Experts model needs -experts E >= 2 (E = 1 is "
+                         "the dense GPT-2: train it with train_gpt2_dp)", run.args.model, experts);
+        config.experts = experts;
+        config.topk = topk > 0 ? topk : 2;
+    } else {
+        check_every_rank(gpt2_is_moe(config), "-e %s is a dense GPT-2 model file (no experts in its header): "
+                         "train_gpt2_ep trains Mixture-of-Experts models (start one from a descriptor: -e d4 -experts 8)",
+                         run.args.model);
+        check_every_rank((experts == 0 || experts == config.experts) && (topk == 0 || topk == config.topk),
+                         "-experts %d -topk %d: the model file %s has E=%d experts and top-k %d", experts, topk,
+                         run.args.model, config.experts, config.topk);
+    }
+    check_every_rank(config.topk >= 1 && config.topk <= config.experts, "-topk %d: expected 1 <= k <= E = %d", config.topk,
+                     config.experts);
+    check_every_rank(config.experts % ep == 0 && ranks % ep == 0, "-ep %d: expert parallelism splits the E = %d experts "
+                     "over ep ranks of the %d, so ep must divide both", ep, config.experts, ranks);
+    run.config = config;
+
+    // ---- the groups: EP groups of ep consecutive ranks; the ranks holding the same experts
+    CommGroup ep_group, edp_group;
+    comm_split(&ep_group, world, rank / ep, rank % ep, "ep");
+    comm_split(&edp_group, world, rank % ep, rank / ep, "expert_dp");
+
+    // ---- the batch: B x T per micro-batch on every rank, accumulated as DDP's
+    int B = run.args.B, T = run.args.T, accum = train_accumulation_steps(&run.args, ranks, "ranks");
+    RunLayout layout = run_layout(&run, TRAINER_EP, accum);
+    layout.dp = ranks;
+    layout.ep = ep;
+    layout.capacity_factor = capacity_factor;
+    layout.dump_grads = dump_grads != NULL;
+    check_every_rank(run.args.recompute == 0, "-r %d: train_gpt2_ep keeps every activation (-r 0); recomputation of "
+                     "MoE layers is not written yet", run.args.recompute);
+    run_check_memory(&run, layout, 0, "%zu parameters (E=%d experts, %d a rank), -b %d -t %d", gpt2_num_parameters(config),
+                     config.experts, config.experts / ep, B, T);
+
+    // ---- the weights (every rank keeps the replicated tensors and its experts), the data (each
+    // rank its own chunks, as DDP), the run's identity: the MoE settings decide the trajectory,
+    // the layout (ep, ranks) does not: a checkpoint resumes on any ep
+    float* weights = run_load(&run, accum * ranks, /*val_chunks*/ ranks, NULL);
+    run_identity_add(&run.identity, "moe", "E=%d k=%d balance=%s alpha=%.9g gamma=%.9g cf=%.9g", config.experts,
+                     config.topk, moe_balance_names[balance], aux_alpha, bias_rate, capacity_factor);
+    run_identity_add(&run.identity, "-b", "%d", B);  // (capacity counts a rank's micro-batch)
+    LayerDims dims = layer_dims_moe(layer_dims(config, 1, 0));
+    ParameterLayout rank_layout = parameter_layout_experts(config, 1, 0, 1, 0, 1, ep, rank % ep);
+    GPT2 model;
+    gpt2_build(&model, config, dims, rank_layout, weights, B, T, ACTS_ALL, KEEP_ALL, 0);
+    free(weights);
+    Moe moe;
+    moe_alloc(&moe, config, ep, rank % ep, &ep_group, B, T, balance, aux_alpha, bias_rate, capacity_factor);
+    ExpertParallel trainer = {&model, &moe, world, &ep_group, &edp_group};
+    if (rank == 0) print_layout(&run, &model, &moe, accum);
+
+    // ---- resume, validation, samples, checkpoints: gathered into the file's layout (the
+    // experts over the EP group, whichever ep wrote them), the routing bias with them
+    RunModel hooks = run_model(&model, &trainer, val_loss, sample_logits);
+    hooks.val_replicas = world;
+    hooks.split = &ep_group;
+    hooks.replicas = &edp_group;
+    hooks.own.buffers[0] = moe.bias;  // (host memory on the CPU backend: its "device")
+    hooks.own.counts[0] = (size_t)config.num_layers * config.experts;
+    hooks.own.num = 1;
+    CommGroup* groups[3] = {world, &ep_group, &edp_group};
+    run_begin(&run, hooks, groups, 3);
+
+    for (int step = run.start_step; step <= run.max_steps; step++) {
+        if (run_between_steps(&run, step)) break;
+        run_step_begin(&run);
+        moe_step_begin(&moe);
+        // 1. forward + backward over this rank's micro-batches (its own chunks of the global
+        // batch, as DDP); each MoE layer exchanges tokens with the EP group (llmc/moe.h)
+        watchdog_phase("forward and backward", step);
+        device_memset_zero(model.grads_memory, model.num_parameters * sizeof(floatX));
+        float loss = 0.0f, dloss = 1.0f / (float)((size_t)B * T * accum);
+        for (int micro = 0; micro < accum; micro++) {
+            watchdog_beat();
+            dataloader_load_chunk(&run.train, micro * ranks + rank, config.vocab_size);
+            gpt2_forward(&trainer, run.train.inputs, B, T);
+            loss += gpt2_loss(&model, run.train.targets, B, T, dloss) / (float)accum;
+            if (balance == BALANCE_AUX) {
+                for (int l = 0; l < config.num_layers; l++) moe.aux += moe_aux_loss(&moe, l, B * T, 0.0f, NULL);
+            }
+            gpt2_backward(&trainer, run.train.inputs, B, T, 1.0f / (float)accum);
+        }
+        dataloader_advance(&run.train);
+        // 2. the gradients: replicated ones over all ranks, experts over their copies; the loss
+        // (one float) averaged
+        watchdog_phase("gradient reduction", step);
+        reduce_gradients(&trainer);
+        comm_all_reduce_scalar(world, &loss, COMM_AVG);
+        // 3. the norm and AdamW
+        watchdog_phase("AdamW update", step);
+        float norm = grad_norm(&trainer);
+        train_stop_if_not_finite(step, loss, norm);
+        float clip_scale, lr = adamw_step(&trainer, &run.args, step, run.max_steps, norm, &clip_scale);
+        run_step_end(&run, step, loss, lr, norm, clip_scale);
+        // 4. the balance: loads over the global batch (an all-reduce of L x E counts), -balance
+        // bias's update from them, and the step's MoE line
+        report_moe(&trainer, step, accum);
+        if (dump_grads != NULL && step == 0) write_gradients(&trainer, dump_grads);
+    }
+    run_end(&run);
+    moe_free(&moe);
+    gpt2_free(&model);
+    comm_group_free(&ep_group);
+    comm_group_free(&edp_group);
+    comm_finalize();
+    return 0;
+}
