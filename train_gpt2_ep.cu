@@ -255,33 +255,48 @@ static void print_layout(const Run* run, const GPT2* model, const Moe* moe, int 
     memory_plan_print(&run->plan, c, &run->layout);
 }
 
-// the step's MoE figures, over the whole global batch: aux loss (its mean over the ranks, as the
-// loss's), the loads (summed over the ranks), their spread, MaxVio, the dropped slots
-static void report_moe(ExpertParallel* t, int step, int accum) {
+// The step's MoE figures over the whole global batch: the loads (L x E counts, summed over the
+// ranks: an all-reduce), the kept and dropped slots (summed), the aux loss (its mean over the
+// ranks, as the loss's); -balance bias then moves the biases from the loads
+typedef struct {
+    double least, mean, most, max_vio, dropped_share, aux;
+} MoeFigures;
+
+static MoeFigures moe_step_end(ExpertParallel* t, int accum) {
     Moe* m = t->moe;
-    double* loads = (double*)malloc_check((size_t)m->L * m->E * sizeof(double));
-    float* sums = (float*)malloc_check((size_t)m->L * m->E * sizeof(float));
-    for (int i = 0; i < m->L * m->E; i++) sums[i] = (float)m->loads[i];  // (counts: exact in a float below 2^24)
-    comm_all_reduce(t->world, sums, (size_t)m->L * m->E, COMM_FLOAT, COMM_SUM);
-    for (int i = 0; i < m->L * m->E; i++) loads[i] = sums[i];
-    float counts[3] = {(float)m->kept_slots, (float)m->dropped_slots, (float)(m->aux / accum)};
-    comm_all_reduce(t->world, counts, 2, COMM_FLOAT, COMM_SUM);
-    comm_all_reduce_scalar(t->world, &counts[2], COMM_AVG);
-    double least, most, mean, vio = moe_max_vio(loads, m->L, m->E, &least, &most, &mean);
+    size_t n = (size_t)m->L * m->E;
+    float* sums = (float*)malloc_check((n + 3) * sizeof(float));
+    for (size_t i = 0; i < n; i++) sums[i] = (float)m->loads[i];  // (counts: exact in a float below 2^24)
+    sums[n] = (float)m->kept_slots, sums[n + 1] = (float)m->dropped_slots;
+    comm_all_reduce(t->world, sums, n + 2, COMM_FLOAT, COMM_SUM);  // (L E + 2) floats
+    float aux = (float)(m->aux / accum);
+    comm_all_reduce_scalar(t->world, &aux, COMM_AVG);
+    double* loads = (double*)malloc_check(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) loads[i] = sums[i];
+    MoeFigures f;
+    f.max_vio = moe_max_vio(loads, m->L, m->E, &f.least, &f.most, &f.mean);
+    f.dropped_share = sums[n + 1] / (sums[n] + sums[n + 1]);
+    f.aux = aux;
     if (m->balance == BALANCE_BIAS) moe_update_bias(m, loads);
-    if (t->world->rank == 0) {
-        float blo = 0.0f, bhi = 0.0f;
-        for (int i = 0; i < m->L * m->E; i++) {
-            blo = m->bias[i] < blo ? m->bias[i] : blo;
-            bhi = m->bias[i] > bhi ? m->bias[i] : bhi;
-        }
-        printf("step %d moe: aux loss %.6f | tokens per expert min %.0f mean %.1f max %.0f | MaxVio %.3f | dropped %.2f%%",
-               step + 1, counts[2], least, mean, most, vio, 100.0 * counts[1] / (counts[0] + counts[1]));
-        if (m->balance == BALANCE_BIAS) printf(" | bias %.4f..%.4f", blo, bhi);
-        printf("\n");
-    }
-    free(loads);
     free(sums);
+    free(loads);
+    return f;
+}
+
+static void print_moe(const ExpertParallel* t, int step, MoeFigures f) {
+    const Moe* m = t->moe;
+    if (t->world->rank != 0) return;
+    printf("step %d moe: aux loss %.6f | tokens per expert min %.0f mean %.1f max %.0f | MaxVio %.6f | dropped %.4f%%",
+           step + 1, f.aux, f.least, f.mean, f.most, f.max_vio, 100.0 * f.dropped_share);
+    if (m->balance == BALANCE_BIAS) {
+        float lo = 0.0f, hi = 0.0f;
+        for (int i = 0; i < m->L * m->E; i++) {
+            lo = m->bias[i] < lo ? m->bias[i] : lo;
+            hi = m->bias[i] > hi ? m->bias[i] : hi;
+        }
+        printf(" | bias %.4f..%.4f", lo, hi);
+    }
+    printf("\n");
 }
 
 int main(int argc, char** argv) {
@@ -353,7 +368,7 @@ int main(int argc, char** argv) {
     float* weights = run_load(&run, accum * ranks, /*val_chunks*/ ranks, NULL);
     run_identity_add(&run.identity, "moe", "E=%d k=%d balance=%s alpha=%.9g gamma=%.9g cf=%.9g", config.experts,
                      config.topk, moe_balance_names[balance], aux_alpha, bias_rate, capacity_factor);
-    run_identity_add(&run.identity, "-b", "%d", B);  // (capacity counts a rank's micro-batch)
+    if (capacity_factor > 0) run_identity_add(&run.identity, "-b", "%d", B);  // (capacity counts a rank's micro-batch)
     LayerDims dims = layer_dims_moe(layer_dims(config, 1, 0));
     ParameterLayout rank_layout = parameter_layout_experts(config, 1, 0, 1, 0, 1, ep, rank % ep);
     GPT2 model;
@@ -406,10 +421,11 @@ int main(int argc, char** argv) {
         float norm = grad_norm(&trainer);
         train_stop_if_not_finite(step, loss, norm);
         float clip_scale, lr = adamw_step(&trainer, &run.args, step, run.max_steps, norm, &clip_scale);
-        run_step_end(&run, step, loss, lr, norm, clip_scale);
         // 4. the balance: loads over the global batch (an all-reduce of L x E counts), -balance
-        // bias's update from them, and the step's MoE line
-        report_moe(&trainer, step, accum);
+        // bias's update from them; then the step line and the step's MoE line
+        MoeFigures figures = moe_step_end(&trainer, accum);
+        run_step_end(&run, step, loss, lr, norm, clip_scale);
+        print_moe(&trainer, step, figures);
         if (dump_grads != NULL && step == 0) write_gradients(&trainer, dump_grads);
     }
     run_end(&run);

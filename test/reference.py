@@ -145,14 +145,14 @@ class GPT2(nn.Module):
         self.blocks = nn.ModuleList([Block(C, NH, self.E, self.k) for _ in range(L)])
         self.lnf = nn.LayerNorm(C)
 
-    def init_weights(self, seed):
+    def init_weights(self, seed, router_std=0.02):
         g = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             self.wte[: self.V].normal_(0.0, 0.02, generator=g)
             self.wpe.normal_(0.0, 0.02, generator=g)
             proj = 0.02 / math.sqrt(2 * self.L)
             for b in self.blocks:  # (a dense model's draws: qkv, attproj, fc, fcproj, as they always were)
-                linears = [(b.qkv, 0.02), (b.attproj, proj)] + ([(b.router, 0.02)] if self.E else [])
+                linears = [(b.qkv, 0.02), (b.attproj, proj)] + ([(b.router, router_std)] if self.E else [])
                 for m in (b.experts if self.E else [b]):
                     linears += [(m.fc, 0.02), (m.fcproj, proj)]
                 for lin, std in linears:
@@ -361,7 +361,7 @@ def run(args):
         check_moe_of_init(args, model)
     else:
         model = gpt2_of_args(args)
-        model.init_weights(args.seed)
+        model.init_weights(args.seed, getattr(args, "router_std", None) or 0.02)
     moe = moe_settings(args, model) if model.E else None
     tokens = tokens_for(model, args.tokens)  # (before anything is written)
     os.makedirs(args.out, exist_ok=True)
@@ -551,6 +551,9 @@ def add_moe_arguments(ap):
     ap.add_argument("--bias-rate", type=float, default=1e-3, help="the bias's step a training step")
     ap.add_argument("--capacity-factor", type=float, default=0.0,
                     help="an expert takes ceil(cf N k / E) of a group's slots (default 0: all, dropless)")
+    ap.add_argument("--router-std", type=float, default=0.02,
+                    help="the router's initial weights' std: a wider one routes with wider margins, so that fp32 "
+                         "trainers pick the experts the float64 reference picks")
     ap.add_argument("--capacity-tokens", type=int, default=0,
                     help="N, the tokens of a capacity group: consecutive in the global batch (default: all of it)")
 

@@ -460,6 +460,182 @@ for _ranks, _accum in [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (4, 2)]:
 
 
 # ---------------------------------------------------------------------------------------------
+# Mixture-of-Experts and expert parallelism (train_gpt2_ep.cu) against the reference's MoE GPT-2
+# (test/reference.py): REF's shape with E experts in every MLP. The router starts wider than
+# GPT-2's 0.02 (std 1): routing is discrete, and an fp32 trainer picks the experts float64 picks
+# only where no token's k-th and (k+1)-th scores are near a tie (an fp32 logit is off by ~1e-6).
+MOE = dict(REF, router_std=1.0)
+MOE_MARGIN = 1e-3  # the least gap between the k-th and (k+1)-th score (s + b) the reference may see
+
+
+def moe_reference(E, k, balance="aux", cf=0.0, capacity_tokens=0):
+    """the reference run of an MoE model: the first seed from 1 whose routing, at every step,
+    layer and token, keeps MOE_MARGIN clear of a tie"""
+    for seed in range(1, 30):
+        out = os.path.join(TMP, "moe_reference_E%d_k%d_%s_cf%g_n%d_seed%d" % (E, k, balance, cf, capacity_tokens, seed))
+        args = dict(MOE, out=out, seed=seed, experts=E, topk=k, balance=balance, aux_alpha=0.01, bias_rate=1e-3,
+                    capacity_factor=cf, capacity_tokens=capacity_tokens)
+        shared_dir(out, lambda out: reference.run(type("Args", (), dict(args, out=out))))
+        ref = comparison.read_reference(out)
+        if ref["min_route_margin"] > MOE_MARGIN:
+            return ref
+    raise AssertionError("no seed in 1..29 routes E=%d k=%d clear of ties" % (E, k))
+
+
+def moe_figures(out):
+    """the trainer's per-step MoE lines: {step: (aux loss, MaxVio, dropped share)}"""
+    return {int(m.group(1)): (float(m.group(2)), float(m.group(3)), float(m.group(4)) / 100) for m in re.finditer(
+        r"^step (\d+) moe: aux loss ([\d.]+) \| .*\| MaxVio ([\d.]+) \| dropped ([\d.]+)%", out, re.M)}
+
+
+def moe_params(cfg, E):
+    """(replicated, per expert) parameters of the MoE model: GPT-2's without its MLP, plus the
+    routers (L E C); each expert fc (4C C + 4C) and fcproj (C 4C + C) in every layer"""
+    C, L, Vp, maxT = cfg["channels"], cfg["layers"], padded_vocab(cfg), cfg["max_seq_len"]
+    replicated = (Vp + maxT) * C + L * (4 * C * C + 8 * C) + 2 * C + L * E * C
+    return replicated, L * (8 * C * C + 5 * C)
+
+
+def compare_ep_with_reference(ranks, ep, accum, E=4, k=2, balance="aux", cf=0.0):
+    cfg, steps = MOE, MOE["steps"]
+    B = cfg["batch"] // (ranks * accum)
+    # capacity counts a rank's micro-batch: the reference's capacity groups are those B T tokens
+    ref = moe_reference(E, k, balance, cf, B * cfg["seq_len"] if cf > 0 else 0)
+    d = fresh_dir("ep_np%d_ep%d_accum%d_E%d_k%d_%s_cf%g" % (ranks, ep, accum, E, k, balance, cf))
+    grads = os.path.join(d, "grads.bin")
+    out = run_ok(ranks, trainer_args(ref, B, d, ["-n", steps, "-dump_grads", grads, "-ep", ep, "-balance", balance,
+                                                 "-capacity_factor", cf], cfg=cfg), program="./train_gpt2_ep")
+    # losses, gradient norms, every parameter's step-0 gradient (routers' and experts' included)
+    # and the final weights, within the CPU's fp32 tolerances
+    comparison.assert_matches(comparison.compare_run(ref, d, grads, "cpu fp32", steps))
+    # the balance figures: the aux loss to fp32 rounding (printed to 1e-6), MaxVio and the dropped
+    # share exactly (counts; printed to 5e-7 each, and their binary fractions round either way)
+    figures = moe_figures(out)
+    for s in range(steps):
+        aux, vio, dropped = figures[s + 1]
+        assert abs(aux - ref["aux_losses"][s]) <= 2e-6, "step %d aux loss %g, reference %g" % (s + 1, aux, ref["aux_losses"][s])
+        assert abs(vio - ref["max_vio"][s]) <= 1e-6, "step %d MaxVio %g, reference %g" % (s + 1, vio, ref["max_vio"][s])
+        assert abs(dropped - ref["dropped"][s]) <= 1e-6, "step %d dropped %g, reference %g" % (s + 1, dropped, ref["dropped"][s])
+    if cf > 0:
+        assert max(ref["dropped"]) > 0, "capacity %g dropped nothing: the test would not see drops" % cf
+    # the replicated parameters' all-reduce over every rank (with the loss, the L E loads, the
+    # slot counts and the aux loss), each rank's experts' over the ranks that hold the same ones
+    replicated, per_expert = moe_params(cfg, E)
+    train, _ = read_log(d)
+    for s in range(steps):
+        comm = train[s + 1]["comm"]
+        expected = 4 * replicated + 4 + 4 * (cfg["layers"] * E + 2) + 4
+        assert comm["world"]["all_reduce"] == expected, (comm, expected)
+        assert comm["expert_dp"].get("all_reduce", 0) == (4 * per_expert * E // ep if ranks > ep else 0), comm
+
+
+def make_ep_test(ranks, ep, accum, E, k, balance, cf):
+    def fn():
+        compare_ep_with_reference(ranks, ep, accum, E, k, balance, cf)
+    fn.__name__ = "ep_vs_pytorch_np%d_ep%d_accum%d_E%d_k%d_%s%s" % (ranks, ep, accum, E, k, balance,
+                                                                    "_cf%g" % cf if cf else "")
+    return fn
+
+
+# (Each case's weights must have gradients fp32 resolves, as with REF4_GPT2 above: with B = 4 a
+# rank and -capacity_factor 1.0, 10-20% of the slots drop, and a weight of an expert left with a
+# few tokens gets a noise-sized gradient that AdamW turns into steps of lr, 2.5e-5 to 5e-5 off
+# float64's after 5 steps, while the losses, norms and step-0 gradients agree to 1e-6; with
+# -capacity_factor 1.25 there, or B = 2, they stay resolved)
+for _case in [(1, 1, 2, 4, 2, "aux", 0.0), (2, 2, 1, 4, 2, "aux", 0.0), (4, 2, 1, 4, 2, "aux", 0.0),
+              (4, 4, 1, 8, 1, "aux", 0.0), (2, 2, 2, 8, 2, "bias", 0.0), (2, 1, 1, 4, 2, "aux", 1.25),
+              (2, 2, 2, 4, 2, "none", 1.0), (4, 2, 1, 4, 2, "aux", 1.25)]:
+    test(make_ep_test(*_case))
+
+
+@test
+def ep_collapsed_router_max_vio_drops_and_bytes():
+    """a router whose weights are all zero: every score ties, so every token picks expert 0 (ties
+    go to the lower index). MaxVio is then E - 1; with a capacity factor expert 0 takes
+    ceil(cf N k / E) slots of each micro-batch and the rest drop; and the all-to-all moves what the
+    formula says: the rank without expert 0 sends all its kept slots there and gets their outputs
+    back, forward and backward (N k C floats each way), the other sends the outputs; both send the
+    counts (E/ep ints) to each other rank, once a layer and micro-batch"""
+    E, k, cfg = 4, 1, MOE
+    ref = moe_reference(E, k)
+    d = fresh_dir("ep_collapsed")
+    header, params = reference.read_model_file(os.path.join(ref["dir"], "model.bin"))
+    C, L, Vp, maxT = cfg["channels"], cfg["layers"], padded_vocab(cfg), cfg["max_seq_len"]
+    router = (Vp + maxT) * C + L * (4 * C * C + 8 * C)  # wte, wpe, ln1, qkv, attproj, ln2 come first
+    params = params.copy()
+    params[router: router + L * E * C] = 0.0
+    collapsed = os.path.join(d, "collapsed.bin")
+    with open(collapsed, "wb") as f:
+        f.write(header.tobytes())
+        f.write(params.astype(np.float32).tobytes())
+    B, ranks, ep = 4, 2, 2
+    N = B * cfg["seq_len"]
+    for cf in (0.0, 1.0):
+        out_dir = os.path.join(d, "cf%g" % cf)
+        out = run_ok(ranks, ["-e", collapsed] + data_args(cfg) + ["-b", B, "-t", cfg["seq_len"], "-x", 1, "-v", 0, "-s", 0,
+                                                                  "-ep", ep, "-balance", "none", "-capacity_factor", cf,
+                                                                  "-o", out_dir], program="./train_gpt2_ep")
+        _, vio, dropped = moe_figures(out)[1]
+        kept = N * k if cf == 0 else math.ceil(cf * N * k / E)
+        assert vio == E - 1, "MaxVio %g, expected E - 1 = %d" % (vio, E - 1)
+        assert abs(dropped - (1 - kept / (N * k))) <= 5e-7, "dropped %g, expected %g" % (dropped, 1 - kept / (N * k))
+        train, _ = read_log(out_dir)
+        expected = L * (2 * kept * C * 4 + (E // ep) * (ep - 1) * 4)
+        assert train[1]["comm"]["ep"]["all_to_all"] == expected, (train[1]["comm"], expected)
+
+
+@test
+def ep_checkpoints_resume_on_any_ep():
+    """a run of 4 steps with a checkpoint at step 2, resumed: the same as the run through, bit for
+    bit (-balance bias: the bias is in the checkpoint); the ep = 2 checkpoint resumed at ep = 1
+    and ep = 4 (the experts regathered from the model file) ends within fp32 rounding"""
+    E, k = 4, 2
+    ref = moe_reference(E, k, "bias")
+    flags = lambda d, extra: ["-e", os.path.join(ref["dir"], "model.bin")] + data_args(MOE) + [  # noqa: E731
+        "-b", 2, "-t", MOE["seq_len"], "-d", 256, "-x", 4, "-v", 0, "-s", 0, "-balance", "bias", "-n", 2, "-o", d] + extra
+    through = fresh_dir("ep_ckpt_through")
+    run_ok(4, flags(through, ["-ep", 2]), program="./train_gpt2_ep")
+    final = reference.read_model_file(os.path.join(through, "model_00000004.bin"))[1]
+    for ranks, ep in ((4, 2), (1, 1), (4, 4)):
+        d = fresh_dir("ep_ckpt_resume_np%d_ep%d" % (ranks, ep))
+        for name in os.listdir(through):  # the checkpoint of step 2
+            if "00000002" in name or name.startswith("DONE_00000002"):
+                shutil.copy(os.path.join(through, name), d)
+        run_ok(ranks, flags(d, ["-ep", ep, "-y", 1, "-b", 8 // ranks]), program="./train_gpt2_ep")
+        resumed = reference.read_model_file(os.path.join(d, "model_00000004.bin"))[1]
+        err = np.abs(resumed - final).max()
+        if (ranks, ep) == (4, 2):
+            assert err == 0, "resumed on the same layout: max difference %g, expected none" % err
+        else:
+            assert err <= 2e-6, "resumed at ep %d: max difference %g (fp32 rounding: 2e-6)" % (ep, err)
+
+
+@test
+def ep_refuses_bad_models_and_flags():
+    """a dense model file, an MoE file in a dense trainer, bad -ep, -topk and -balance: a message,
+    a non-zero exit on every rank, no output dir"""
+    dense = os.path.join(reference_run()["dir"], "model.bin")
+    moe = os.path.join(moe_reference(4, 2)["dir"], "model.bin")
+    d = fresh_dir("ep_refusals")
+    out_dir = os.path.join(d, "out")
+    base = data_args(MOE) + ["-b", 2, "-t", 32, "-x", 1, "-v", 0, "-s", 0, "-o", out_dir]
+    cases = [
+        ("./train_gpt2_ep", ["-e", dense, "-experts", 4], "is a dense GPT-2 model file"),
+        ("./train_gpt2_dp", ["-e", moe], "is a Mixture-of-Experts model (E=4 experts, top-k 2): train_gpt2_dp trains dense"),
+        ("./train_gpt2_tp", ["-e", moe], "train it with train_gpt2_ep"),
+        ("./train_gpt2_ep", ["-e", "d2", "-experts", 4, "-ep", 3], "-ep 3: expert parallelism splits the E = 4 experts"),
+        ("./train_gpt2_ep", ["-e", "d2", "-experts", 4, "-topk", 5], "-topk 5: expected 1 <= k <= E = 4"),
+        ("./train_gpt2_ep", ["-e", "d2", "-experts", 1], "E = 1 is the dense GPT-2"),
+        ("./train_gpt2_ep", ["-e", moe, "-experts", 8], "the model file"),
+        ("./train_gpt2_ep", ["-e", "d2", "-experts", 4, "-balance", "loss"], "-balance loss: expected aux, bias or none"),
+    ]
+    for program, args, message in cases:
+        code, out = mpirun(2, base + args, timeout=60, program=program)
+        assert code != 0 and message in out, "%s %s: exit %d, %r not in:\n%s" % (program, args, code, message, out[-2000:])
+        assert not os.path.exists(out_dir), "%s %s left its output dir behind" % (program, args)
+
+
+# ---------------------------------------------------------------------------------------------
 # ZeRO (train_gpt2_dp.cu -z): the same reference, and the communication against the paper's
 # formulas. Bucket sizes are computed here from the README's rule, independently of the trainer.
 
