@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
     // the model's config (llmc/run.h)
     Run run;
     const char *dump_grads = NULL, *balance_name = "aux";
-    int experts = 0, topk = 0, ep = 1;
+    int experts = 0, topk = 0, ep = 1, check_replicas = 0;
     float aux_alpha = 0.01f, bias_rate = 1e-3f, capacity_factor = 0.0f;
     const ArgSpec own[] = {
         {"-experts", ARG_INT, &experts, 0, 1024, "experts per layer, E >= 2 (0: the model file's); a descriptor (-e dL) needs it"},
@@ -315,6 +315,7 @@ int main(int argc, char** argv) {
         {"-bias_rate", ARG_FLOAT, &bias_rate, 0, ARG_NO_MAX, "-balance bias: the bias's step gamma"},
         {"-capacity_factor", ARG_FLOAT, &capacity_factor, 0, ARG_NO_MAX, "each expert takes at most ceil(cf N k / E) slots of a rank's micro-batch of N tokens (0: dropless)"},
         {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the averaged gradients of the first step here, gathered into the whole model (tests)"},
+        {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that every copy of each parameter is the same: the replicated ones over all ranks, each expert over the ranks holding it (0: never)"},
     };
     if (!run_start_model(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]), /*moe*/ 1)) return 0;
     CommGroup* world = &run.world;
@@ -427,6 +428,12 @@ int main(int argc, char** argv) {
         run_step_end(&run, step, loss, lr, norm, clip_scale);
         print_moe(&trainer, step, figures);
         if (dump_grads != NULL && step == 0) write_gradients(&trainer, dump_grads);
+        if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
+            unsigned experts_mask = (1u << PARAM_FCW) | (1u << PARAM_FCB) | (1u << PARAM_FCPROJW) | (1u << PARAM_FCPROJB);
+            unsigned replicated_mask = ((1u << NUM_PARAMETER_TENSORS) - 1) & ~experts_mask;
+            train_check_replicas(&model, world, step + 1, &replicated_mask, "replicated parameters");
+            train_check_replicas(&model, &edp_group, step + 1, &experts_mask, "experts' copies");
+        }
     }
     run_end(&run);
     moe_free(&moe);

@@ -60,6 +60,9 @@ def read_llmc(path):
         raise FormatError("%s: not an llm.c model file (magic %d, version %d; expected %d and 3 or 5)"
                           % (path, header[0], header[1], MAGIC))
     maxT, V, L, NH, C, Vp = (int(x) for x in header[2:8])
+    if header[10] > 1:  # E experts and top-k (train_gpt2_ep): no GPT2LMHeadModel holds them
+        raise FormatError("%s: a Mixture-of-Experts model (E=%d experts, top-k %d): Hugging Face's GPT-2 has one MLP "
+                          "a layer, so it cannot be converted" % (path, header[10], header[11]))
     dtype = "fp32" if header[1] == VERSION_FP32 else "bf16"
     elem = np.dtype("<f4") if dtype == "fp32" else np.dtype("<u2")
     tensor_shapes = shapes(maxT, V, Vp, L, NH, C)

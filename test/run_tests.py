@@ -504,7 +504,12 @@ def compare_ep_with_reference(ranks, ep, accum, E=4, k=2, balance="aux", cf=0.0)
     d = fresh_dir("ep_np%d_ep%d_accum%d_E%d_k%d_%s_cf%g" % (ranks, ep, accum, E, k, balance, cf))
     grads = os.path.join(d, "grads.bin")
     out = run_ok(ranks, trainer_args(ref, B, d, ["-n", steps, "-dump_grads", grads, "-ep", ep, "-balance", balance,
-                                                 "-capacity_factor", cf], cfg=cfg), program="./train_gpt2_ep")
+                                                 "-capacity_factor", cf, "-check_replicas", 1], cfg=cfg),
+                 program="./train_gpt2_ep")
+    # every copy of each parameter stayed the same: the replicated ones on every rank, each
+    # expert on the ranks that hold it
+    assert "step %d: replicated parameters identical" % steps in out, out[-2000:]
+    assert ranks == ep or "step %d: experts' copies identical" % steps in out, out[-2000:]
     # losses, gradient norms, every parameter's step-0 gradient (routers' and experts' included)
     # and the final weights, within the CPU's fp32 tolerances
     comparison.assert_matches(comparison.compare_run(ref, d, grads, "cpu fp32", steps))
@@ -633,6 +638,11 @@ def ep_refuses_bad_models_and_flags():
         code, out = mpirun(2, base + args, timeout=60, program=program)
         assert code != 0 and message in out, "%s %s: exit %d, %r not in:\n%s" % (program, args, code, message, out[-2000:])
         assert not os.path.exists(out_dir), "%s %s left its output dir behind" % (program, args)
+    # Hugging Face's GPT-2 has one MLP a layer: dev/hf_export.py refuses the MoE file, writing nothing
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "dev", "hf_export.py"), moe, out_dir], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode != 0 and "a Mixture-of-Experts model (E=4 experts, top-k 2)" in p.stderr, p.stderr
+    assert not os.path.exists(out_dir), "hf_export left its output dir behind"
 
 
 # ---------------------------------------------------------------------------------------------
