@@ -425,6 +425,9 @@ int main(int argc, char** argv) {
         // 4. the balance: loads over the global batch (an all-reduce of L x E counts), -balance
         // bias's update from them; then the step line and the step's MoE line
         MoeFigures figures = moe_step_end(&trainer, accum);
+        snprintf(run.step_extra, sizeof(run.step_extra), "\"moe\": {\"aux_loss\": %.9g, \"max_vio\": %.9g, "
+                 "\"dropped\": %.9g, \"tokens_per_expert\": [%.0f, %.9g, %.0f]}", figures.aux, figures.max_vio,
+                 figures.dropped_share, figures.least, figures.mean, figures.most);
         run_step_end(&run, step, loss, lr, norm, clip_scale);
         print_moe(&trainer, step, figures);
         if (dump_grads != NULL && step == 0) write_gradients(&trainer, dump_grads);
