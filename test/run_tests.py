@@ -587,6 +587,10 @@ def ep_collapsed_router_max_vio_drops_and_bytes():
         train, _ = read_log(out_dir)
         expected = L * (2 * kept * C * 4 + (E // ep) * (ep - 1) * 4)
         assert train[1]["comm"]["ep"]["all_to_all"] == expected, (train[1]["comm"], expected)
+        # the memory table, the experts' buffers sized for the worst case of this capacity, is
+        # dev/memory_planner's, and the high-water mark its total
+        check_planner_matches_trainer("./train_gpt2_ep", ranks, ["-e", collapsed, "-b", B, "-t", cfg["seq_len"], "-ep", ep,
+                                                               "-capacity_factor", cf], out)
 
 
 @test
@@ -2385,7 +2389,7 @@ def cp_bad_inputs():
 
 # dev/memory_planner's flags, the trainers' names for the same things
 PLANNER_FLAGS = {"-e", "-b", "-t", "-d", "-n", "-z", "-sp", "-r", "-offload", "-overlap", "-sched", "-vp", "-dp", "-pp", "-tp",
-                 "-cp", "-cp_comm", "-cp_layout"}
+                 "-cp", "-cp_comm", "-cp_layout", "-experts", "-topk", "-ep", "-capacity_factor"}
 
 
 def check_planner_matches_trainer(program, ranks, args, out, attention=None):
@@ -2399,7 +2403,7 @@ def check_planner_matches_trainer(program, ranks, args, out, attention=None):
     flags += [x for f, v in pairs.items() if f in PLANNER_FLAGS for x in (f, v)]
     if trainer in ("dp", "tp", "pp", "cp"):
         flags += ["-" + trainer, ranks]
-    elif trainer == "diloco":  # (every rank a whole model, as DDP's)
+    elif trainer in ("diloco", "ep"):  # (every rank a replica of what is not split, as DDP's)
         flags += ["-dp", ranks]
     elif "-dp" not in pairs:  # the 3D trainer's default: the ranks that pp x cp x tp leave
         flags += ["-dp", ranks // (int(pairs.get("-pp", 1)) * int(pairs.get("-cp", 1)) * int(pairs.get("-tp", 1)))]
