@@ -29,9 +29,7 @@ else
 endif
 BACKEND ?= $(DEFAULT_BACKEND)
 
-TRAINERS := train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_3d train_gpt2_cp train_gpt2_diloco
-# Mixture-of-Experts has no CUDA kernels yet: built for the CPU whatever BACKEND says
-CPU_ONLY_TRAINERS := train_gpt2_ep
+TRAINERS := train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_3d train_gpt2_cp train_gpt2_diloco train_gpt2_ep
 TEST_PROGRAMS := test/test_comm test/test_dataloader test/test_norm test/test_pipeline test/test_ring_attention test/test_classifier
 HEADERS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cuda/*.cuh dev/cuda/*.h dev/cuda/*.cuh)
 DEV_CUDA := $(wildcard dev/cuda/*.cu)
@@ -69,10 +67,7 @@ CUDA_LIBS := -lcublas -lcublasLt $(NCCL_LIB) -lz
 
 .PHONY: all test train bench compare clean check-deps check-test-deps check-cuda-deps setup cuda-check sanitize mutation-sweep
 
-all: $(TRAINERS) $(CPU_ONLY_TRAINERS)
-
-train_gpt2_ep: train_gpt2_ep.cu $(HEADERS) | check-deps
-	$(MPICC) $(CFLAGS) -x c $< -x none -o $@ $(LDLIBS)
+all: $(TRAINERS)
 
 ifeq ($(BACKEND),cpu)
 train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-deps
@@ -188,7 +183,7 @@ check-cuda-deps:
 	@[ -n "$(NCCL_DIR)" ] || { echo "missing: NCCL (nccl.h). Install libnccl-dev, set NCCL_HOME, or pip install nvidia-nccl-cu12"; exit 1; }
 
 test: check-deps check-test-deps
-	$(MAKE) -s -j$(NPROC) BACKEND=cpu $(TEST_PROGRAMS) dev/memory_planner $(TRAINERS) $(CPU_ONLY_TRAINERS)
+	$(MAKE) -s -j$(NPROC) BACKEND=cpu $(TEST_PROGRAMS) dev/memory_planner $(TRAINERS)
 	$(PYTHON) test/run_tests.py
 
 # one trainer against PyTorch (dev/compare_with_pytorch.py); TRAINER, RANKS, FLAGS and ENV as in the header
@@ -238,5 +233,5 @@ bench:
 	./dev/bench/bench_cp.sh
 
 clean:
-	rm -f $(TRAINERS) $(CPU_ONLY_TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul dev/bench/bench_cpu_ops dev/bench/train_gpt2_dp_openblas dev/memory_planner $(DEV_CUDA:.cu=)
+	rm -f $(TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul dev/bench/bench_cpu_ops dev/bench/train_gpt2_dp_openblas dev/memory_planner $(DEV_CUDA:.cu=)
 	rm -rf test/tmp build

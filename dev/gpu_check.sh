@@ -17,7 +17,7 @@ left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
 # every CUDA program the tests run, built side by side on all cores first (the test runner's own
 # make runs two at a time)
-programs="train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_cp train_gpt2_diloco $(ls dev/cuda/*.cu | sed 's/\.cu$//')"
+programs="train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_cp train_gpt2_diloco train_gpt2_ep $(ls dev/cuda/*.cu | sed 's/\.cu$//')"
 targets="build/cuda_FP32/test/test_comm"
 for precision in FP32 BF16; do
     for p in $programs; do targets="$targets build/cuda_$precision/$p"; done

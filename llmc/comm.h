@@ -177,6 +177,13 @@ static inline CommMessage comm_message(void* buf, size_t n, int peer, int is_sen
     return m;
 }
 
+// an all-to-all counts the elements it sends to the other ranks (its own block stays)
+static inline size_t comm_all_to_all_sent(const CommGroup* g, const size_t* send_counts) {
+    size_t sent = 0;
+    for (int p = 0; p < g->size; p++) sent += p == g->rank ? 0 : send_counts[p];
+    return sent;
+}
+
 // an exchange counts each message as a send or a receive, and is timed as one operation
 static inline void comm_count_exchange(CommGroup* g, const CommMessage* msgs, int count, size_t elem_bytes) {
     for (int i = 1; i < count; i++) {

@@ -109,11 +109,12 @@ static inline int moe_rows_max(int N, int k, int E, int ep, int capacity) {
 // the device bytes of llmc/moe.h's buffers: per layer the rows its experts took (C), their fc and
 // GELU outputs (4C each) and the outputs back home (N k rows of C); then one layer's scratch: the
 // rows in send order, received, the experts' outputs, a 4C gradient, the router's logits (N, E),
-// the router's input gradient (N, C), and the index maps (ints) of every layer
+// the router's input gradient (N, C); and the routing the kernels read, of every layer: each
+// slot's row and gate, the two row orders (4 bytes each), with the gates' gradients (N k floats)
 static inline size_t moe_device_bytes(int L, int N, int k, int C, int E, int rows_max, int X) {
     size_t S = (size_t)N * k, R = (size_t)rows_max;
     return ((size_t)L * (R * C + 2 * R * 4 * C + S * C) + S * C + 2 * R * C + R * 4 * C + (size_t)N * E + (size_t)N * C) * X +
-           2 * (size_t)L * R * sizeof(int);
+           ((size_t)L * (2 * S + 2 * R) + S) * 4;
 }
 
 // the rank's parameter layout, as each trainer builds it

@@ -18,8 +18,10 @@
 //      kept slots, in slot order (the same sum on any ep).
 // The backward runs it in reverse: the gradients of the expert outputs travel to the experts and
 // the gradients of their inputs back, the gates' gradients reach the router through the softmax.
-// Routing decisions (which expert, which row) are host work here: the CPU backend's "device" is
-// the host; a GPU would do them with a prefix sum (counts per expert) instead.
+// Routing decisions (which expert, which row) are host work here, on the (N, E) logits copied
+// from the device: plain loops a reader can follow; the rows move on the device (cpu/moe.h,
+// cuda/moe.cuh). A fast GPU path would route on the device too (a prefix sum of the counts per
+// expert), and so never wait for the host between the router and the exchange.
 #ifndef LLMC_MOE_H
 #define LLMC_MOE_H
 
@@ -50,6 +52,9 @@ typedef struct {
     int* recv_counts;          // (L, ep, E_local) rows it receives from each rank for each of its experts
     int* to_experts;           // (L, rows_max) expert order: row i comes from source-order row to_experts[i]
     int* from_experts;         // (L, rows_max) source order: row i comes from expert-order row from_experts[i]
+    // the same on the device, for the kernels that move the rows: row, gate, to_ and from_experts
+    int *row_dev, *to_experts_dev, *from_experts_dev;
+    float* gate_dev;
     // device buffers: per layer what the backward reads, then scratch
     floatX* xin;               // (L, rows_max, C)   the rows this rank's experts took, expert order
     floatX* fch;               // (L, rows_max, 4C)
@@ -62,7 +67,8 @@ typedef struct {
     floatX* scores;            // (N, E)             router logits; backward: their gradient
     floatX* dh;                // (N, C)             the router's part of the input gradient
     float* scores_host;        // (N, E)
-    float* dgate;              // (N, k)
+    float* dgate;              // (N, k)             the gates' gradients (host), and on the device:
+    float* dgate_dev;          // (N, k)
     float* bias;               // (L, E)             DeepSeek-V3's balancing bias (-balance bias)
     // this step's figures, summed over its micro-batches (before any reduction over ranks)
     double* loads;             // (L, E) slots routed to each expert, before drops
@@ -90,8 +96,13 @@ static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGrou
     m->probs = (float*)malloc_check(L * N * E * sizeof(float));
     m->send_counts = (int*)calloc_check(L * E, sizeof(int));
     m->recv_counts = (int*)calloc_check(L * E, sizeof(int));  // ep x E_local = E per layer
-    m->to_experts = (int*)device_malloc(L * R * sizeof(int));
-    m->from_experts = (int*)device_malloc(L * R * sizeof(int));
+    m->to_experts = (int*)malloc_check(L * R * sizeof(int));
+    m->from_experts = (int*)malloc_check(L * R * sizeof(int));
+    m->row_dev = (int*)device_malloc(L * S * sizeof(int));
+    m->gate_dev = (float*)device_malloc(L * S * sizeof(float));
+    m->to_experts_dev = (int*)device_malloc(L * R * sizeof(int));
+    m->from_experts_dev = (int*)device_malloc(L * R * sizeof(int));
+    m->dgate_dev = (float*)device_malloc(S * sizeof(float));
     m->xin = (floatX*)device_malloc(L * R * C * sizeof(floatX));
     m->fch = (floatX*)device_malloc(L * R * 4 * C * sizeof(floatX));
     m->fch_gelu = (floatX*)device_malloc(L * R * 4 * C * sizeof(floatX));
@@ -110,7 +121,9 @@ static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGrou
 
 static inline void moe_free(Moe* m) {
     free(m->expert), free(m->gate), free(m->row), free(m->probs), free(m->send_counts), free(m->recv_counts);
-    device_free(m->to_experts), device_free(m->from_experts);
+    free(m->to_experts), free(m->from_experts);
+    device_free(m->row_dev), device_free(m->gate_dev), device_free(m->to_experts_dev), device_free(m->from_experts_dev);
+    device_free(m->dgate_dev);
     device_free(m->xin), device_free(m->fch), device_free(m->fch_gelu), device_free(m->returned);
     device_free(m->send), device_free(m->recv), device_free(m->yout), device_free(m->dfch);
     device_free(m->scores), device_free(m->dh);
@@ -178,6 +191,9 @@ static inline void moe_route(Moe* m, int l, const float* s, int N) {
     for (size_t i = 0; i < (size_t)N * k; i++) {
         if (row[i] >= 0) row[i] += first[expert[i]];
     }
+    // for the kernels that move the rows (and the backward's, later)
+    copy_host_to_device(m->row_dev + (size_t)l * m->N * k, row, (size_t)N * k * sizeof(int));
+    copy_host_to_device(m->gate_dev + (size_t)l * m->N * k, gate, (size_t)N * k * sizeof(float));
 }
 
 // ---- 3: the exchange's bookkeeping. After the counts' all-to-all, recv_counts of layer l says
@@ -202,6 +218,8 @@ static inline int moe_regroup(Moe* m, int l) {
             }
         }
     }
+    copy_host_to_device(m->to_experts_dev + (size_t)l * m->rows_max, to, (size_t)at * sizeof(int));
+    copy_host_to_device(m->from_experts_dev + (size_t)l * m->rows_max, from, (size_t)at * sizeof(int));
     return at;
 }
 
@@ -257,7 +275,7 @@ static inline void moe_forward(Moe* m, int l, floatX* out, const floatX* h, Laye
     matmul_forward(m->scores, h, w.routerw, NULL, N, C, E);
     copy_device_to_floats(m->scores_host, m->scores, (size_t)N * E);
     moe_route(m, l, m->scores_host, N);
-    int* row = m->row + (size_t)l * m->N * k;
+    const int* row = m->row_dev + (size_t)l * m->N * k;
     // 3. the kept slots in send order; counts first: all-to-all of E_local ints per rank pair, so
     // that each rank knows how many rows it will receive from each rank for each of its experts
     // before the rows come (MPI_Alltoallv and grouped NCCL send/recv both need the sizes up
@@ -271,7 +289,7 @@ static inline void moe_forward(Moe* m, int l, floatX* out, const floatX* h, Laye
     floatX* xin = m->xin + (size_t)l * R * C;
     floatX* fch = m->fch + (size_t)l * R * 4 * C;
     floatX* fch_gelu = m->fch_gelu + (size_t)l * R * 4 * C;
-    if (rows > 0) moe_gather_rows(xin, m->recv, m->to_experts + (size_t)l * R, rows, C);
+    if (rows > 0) moe_gather_rows(xin, m->recv, m->to_experts_dev + (size_t)l * R, rows, C);
     // each local expert: a GPT-2 MLP over its rows (one GEMM per weight, as many rows as it took)
     for (int e = 0; e < m->E_local; e++) {
         int first, n = moe_expert_rows(m, l, e, &first);
@@ -283,10 +301,10 @@ static inline void moe_forward(Moe* m, int l, floatX* out, const floatX* h, Laye
                        n, 4 * C, C);
     }
     // 4. back to source order, all-to-all home (the reverse sizes), and each token's weighted sum
-    if (rows > 0) moe_gather_rows(m->recv, m->yout, m->from_experts + (size_t)l * R, rows, C);
+    if (rows > 0) moe_gather_rows(m->recv, m->yout, m->from_experts_dev + (size_t)l * R, rows, C);
     floatX* returned = m->returned + (size_t)l * m->N * k * C;
     moe_exchange(m, l, m->recv, returned, 1);
-    moe_combine(out, returned, row, m->gate + (size_t)l * m->N * k, N, k, C, 1);
+    moe_combine(out, returned, row, m->gate_dev + (size_t)l * m->N * k, N, k, C, 1);
 }
 
 // The aux loss of layer l's micro-batch (Switch Transformer, Fedus et al. 2021): per sequence,
@@ -322,21 +340,23 @@ static inline void moe_backward(Moe* m, int l, floatX* dh_out, const floatX* dou
                                 LayerWeights g, int N, float aux_weight) {
     int C = m->C, E = m->E, k = m->k;
     size_t R = (size_t)m->rows_max;
-    int* row = m->row + (size_t)l * m->N * k;
+    const int* row = m->row_dev + (size_t)l * m->N * k;
     const float* gate = m->gate + (size_t)l * m->N * k;
+    const float* gate_dev = m->gate_dev + (size_t)l * m->N * k;
     const int* expert = m->expert + (size_t)l * m->N * k;
     floatX* returned = m->returned + (size_t)l * m->N * k * C;
-    // the gates' gradients, then each kept slot's output gradient gate x dout, to the experts
-    // (the same all-to-all as the forward's tokens)
-    moe_gate_grads(m->dgate, dout, returned, row, N, k, C);
-    moe_dispatch(m->send, dout, row, gate, N, k, C, 1);
+    // the gates' gradients (to the host, for the router), then each kept slot's output gradient
+    // gate x dout, to the experts (the same all-to-all as the forward's tokens)
+    moe_gate_grads(m->dgate_dev, dout, returned, row, N, k, C);
+    copy_device_to_host(m->dgate, m->dgate_dev, (size_t)N * k * sizeof(float));
+    moe_dispatch(m->send, dout, row, gate_dev, N, k, C, 1);
     moe_exchange(m, l, m->send, m->recv, 0);
     int rows = 0;
     for (int e = 0; e < m->E_local; e++) {
         int first;
         rows += moe_expert_rows(m, l, e, &first);
     }
-    if (rows > 0) moe_gather_rows(m->yout, m->recv, m->to_experts + (size_t)l * R, rows, C);
+    if (rows > 0) moe_gather_rows(m->yout, m->recv, m->to_experts_dev + (size_t)l * R, rows, C);
     floatX* xin = m->xin + (size_t)l * R * C;
     floatX* fch = m->fch + (size_t)l * R * 4 * C;
     floatX* fch_gelu = m->fch_gelu + (size_t)l * R * 4 * C;
@@ -353,9 +373,9 @@ static inline void moe_backward(Moe* m, int l, floatX* dh_out, const floatX* dou
         matmul_backward_weight(g.fcw + w1, g.fcb + b1, dfch, xin + f * C, n, C, 4 * C);
     }
     // the input gradients home (the forward's way back), summed per token over its kept slots
-    if (rows > 0) moe_gather_rows(m->recv, m->yout, m->from_experts + (size_t)l * R, rows, C);
+    if (rows > 0) moe_gather_rows(m->recv, m->yout, m->from_experts_dev + (size_t)l * R, rows, C);
     moe_exchange(m, l, m->recv, m->send, 1);
-    moe_combine(dh_out, m->send, row, gate, N, k, C, 0);
+    moe_combine(dh_out, m->send, row, gate_dev, N, k, C, 0);
     // the router: gates g = softmax of the picked s, so ds_j = g_j (dg_j - sum_i g_i dg_i) at the
     // picked experts (a dropped slot has dg = 0 but its gate still shares the softmax); with
     // -balance aux, the aux loss's gradient through P = softmax over all E

@@ -14,6 +14,7 @@
 #include "cuda/classifier.cuh"
 #include "cuda/adamw.cuh"
 #include "cuda/outer.cuh"
+#include "cuda/moe.cuh"
 #else
 #include "cpu/device.h"
 #include "cpu/encoder.h"
@@ -25,7 +26,7 @@
 #include "cpu/classifier.h"
 #include "cpu/adamw.h"
 #include "cpu/outer.h"
-#include "cpu/moe.h"  // (train_gpt2_ep; its CUDA kernels are not written yet)
+#include "cpu/moe.h"
 #endif
 
 #endif

@@ -2944,6 +2944,42 @@ for _precision, _split, _comm in (("BF16", "zigzag", "ring"), ("FP32", "contiguo
     test(make_cuda_cp_test("cuda", _precision, None, _split, _comm))
 
 
+def make_cuda_ep_test(kind, precision, devices, order="forward"):
+    def fn():
+        """Mixture-of-Experts with expert parallelism on the emulator (or a GPU): 2 ranks, ep 2,
+        E = 4, top-2, the aux loss; the CUDA row moves (llmc/cuda/moe.cuh), the experts' GEMMs
+        through cuBLASLt, the all-to-alls through NCCL's grouped send/recv (or the host-staged
+        path), against the MoE reference within the precision's bounds; the routing's figures
+        (MaxVio, drops) equal the reference's in fp32"""
+        run = emu_runner(devices, order) if kind == "emu" else cuda_runner(kind, devices)
+        ref = moe_reference(4, 2)
+        program = build(kind, precision, ["train_gpt2_ep"])[0]
+        d = fresh_dir("%s_%s_ep2_%s" % (kind, precision, order))
+        grads_path = os.path.join(d, "grads.bin")
+        steps, B = MOE["steps"], MOE["batch"] // 2
+        out = run(program, 2, trainer_args(ref, B, d, ["-n", steps, "-dump_grads", grads_path, "-ep", 2,
+                                                       "-check_replicas", 1], cfg=MOE), d)
+        check_cuda_against_reference(ref, d, grads_path, precision, "%s train_gpt2_ep %s ep 2" % (kind, precision))
+        assert "step %d: replicated parameters identical" % steps in out, out[-2000:]
+        if precision == "FP32":  # (bf16 logits may route a near-tie token elsewhere)
+            figures = moe_figures(out)
+            for s in range(steps):
+                assert abs(figures[s + 1][1] - ref["max_vio"][s]) <= 1e-6, (s + 1, figures[s + 1], ref["max_vio"][s])
+        peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
+        assert abs(peak - predicted) <= 0.05 * predicted, "%d bytes allocated at most, %d predicted" % (peak, predicted)
+    prefix, path = cuda_test_name(kind, devices)
+    fn.__name__ = "%s_ep_vs_pytorch_%s_ep2_%s%s" % (prefix, precision.lower(), path, "_reverse" if order == "reverse" else "")
+    return fn
+
+
+# expert parallelism on the emulator: fp32 over NCCL (its kernels' threads and blocks also run last
+# to first), bf16 over the host-staged path; on a GPU both precisions over NCCL
+for _precision, _devices, _order in (("FP32", 2, "forward"), ("FP32", 2, "reverse"), ("BF16", 1, "forward")):
+    test(make_cuda_ep_test("emu", _precision, _devices, _order))
+for _precision in ("BF16", "FP32"):
+    test(make_cuda_ep_test("cuda", _precision, None))
+
+
 def make_cuda_diloco_test(kind, precision, devices, outer_dtype):
     def fn():
         """DiLoCo on the emulator (or a GPU), 2 workers of one rank, H = 2 over 3 steps (outer steps at 2 and

@@ -151,6 +151,26 @@ static inline void mpi_progress(CommGroup* g) {
     }
 }
 
+// All-to-all with counts on host buffers (comm_all_to_all below; the CUDA backend's host-staged
+// path takes it too): MPI_Alltoallv, and MPI_Alltoall of the counts
+static inline void mpi_all_to_all(CommGroup* g, const float* send, const size_t* send_counts, float* recv,
+                                  const size_t* recv_counts) {
+    int* counts = (int*)malloc_check(4 * (size_t)g->size * sizeof(int));
+    int *sc = counts, *sd = counts + g->size, *rc = counts + 2 * g->size, *rd = counts + 3 * g->size;
+    size_t s_at = 0, r_at = 0;
+    for (int p = 0; p < g->size; p++) {
+        mpi_check_count(g, s_at + send_counts[p], "all_to_all");
+        mpi_check_count(g, r_at + recv_counts[p], "all_to_all");
+        sc[p] = (int)send_counts[p], sd[p] = (int)s_at, rc[p] = (int)recv_counts[p], rd[p] = (int)r_at;
+        s_at += send_counts[p], r_at += recv_counts[p];
+    }
+    comm_check(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, g->mpi), g, "all_to_all");
+    free(counts);
+}
+static inline void mpi_all_to_all_counts(CommGroup* g, const int* send, int* recv, int n) {
+    comm_check(MPI_Alltoall(send, n, MPI_INT, recv, n, MPI_INT, g->mpi), g, "all_to_all");
+}
+
 #ifndef __CUDACC__
 // ---------------------------------------------------------------------------------------------
 // the CPU backend's comm layer: every buffer is host fp32, every call the MPI path above
@@ -275,27 +295,16 @@ static inline void comm_recv(CommGroup* g, void* buf, size_t n, CommDtype dtype,
 static inline void comm_all_to_all(CommGroup* g, const void* send, const size_t* send_counts, void* recv,
                                    const size_t* recv_counts, CommDtype dtype) {
     comm_check_dtype(g, dtype, "all_to_all");
-    int* counts = (int*)malloc_check(4 * (size_t)g->size * sizeof(int));
-    int *sc = counts, *sd = counts + g->size, *rc = counts + 2 * g->size, *rd = counts + 3 * g->size;
-    size_t sent = 0, s_at = 0, r_at = 0;
-    for (int p = 0; p < g->size; p++) {
-        mpi_check_count(g, s_at + send_counts[p], "all_to_all");
-        mpi_check_count(g, r_at + recv_counts[p], "all_to_all");
-        sc[p] = (int)send_counts[p], sd[p] = (int)s_at, rc[p] = (int)recv_counts[p], rd[p] = (int)r_at;
-        s_at += send_counts[p], r_at += recv_counts[p];
-        if (p != g->rank) sent += send_counts[p];
-    }
-    comm_count(g, COMM_ALL_TO_ALL, sent * sizeof(float));
-    comm_check(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, g->mpi), g, "all_to_all");
+    comm_count(g, COMM_ALL_TO_ALL, comm_all_to_all_sent(g, send_counts) * sizeof(float));
+    mpi_all_to_all(g, (const float*)send, send_counts, (float*)recv, recv_counts);
     comm_done(g);
-    free(counts);
 }
 
 // n ints for each rank, host memory: send (size * n), block p to rank p; recv (size * n), block
 // p from rank p. What an all-to-all with counts needs first: how much each pair will exchange.
 static inline void comm_all_to_all_counts(CommGroup* g, const int* send, int* recv, int n) {
     comm_count(g, COMM_ALL_TO_ALL, (size_t)n * (g->size - 1) * sizeof(int));
-    comm_check(MPI_Alltoall(send, n, MPI_INT, recv, n, MPI_INT, g->mpi), g, "all_to_all");
+    mpi_all_to_all_counts(g, send, recv, n);
     comm_done(g);
 }
 

@@ -540,6 +540,83 @@ static inline void comm_wait(CommRequest* r) {
     r->active = 0;
 }
 
+// All-to-all with counts (Mixture-of-Experts' tokens, llmc/moe.h): block p of send (send_counts[p]
+// elements, the blocks in rank order) to rank p, rank p's block for this rank into block p of
+// recv. NCCL has no all-to-all call: it is a group of ncclSend and ncclRecv, one pair per rank,
+// which NCCL runs together (its own documentation's example); this rank's own block is a copy on
+// the comm stream. A pair's first use also connects both directions (nccl_post_messages says why).
+static inline void comm_all_to_all(CommGroup* g, const void* send, const size_t* send_counts, void* recv,
+                                   const size_t* recv_counts, CommDtype dtype) {
+    size_t elem = comm_dtype_bytes(dtype), s_at = 0, r_at = 0;
+    comm_count(g, COMM_ALL_TO_ALL, comm_all_to_all_sent(g, send_counts) * elem);
+#ifdef USE_MPI
+    if (g->staged) {
+        size_t s_total = 0, r_total = 0;
+        for (int p = 0; p < g->size; p++) s_total += send_counts[p], r_total += recv_counts[p];
+        float* host_send = staged_to_host(send, s_total, dtype);
+        float* host_recv = (float*)malloc_check((r_total ? r_total : 1) * sizeof(float));
+        mpi_all_to_all(g, host_send, send_counts, host_recv, recv_counts);
+        free(host_send);
+        staged_to_device(recv, host_recv, r_total, dtype);
+        comm_done(g);
+        return;
+    }
+#endif
+    comm_begin(g);
+    nccl_check(ncclGroupStart(), g, "all_to_all");
+    for (int p = 0; p < g->size; p++) {
+        if (p != g->rank && !g->connected[p]) {
+            g->connected[p] = 1;
+            nccl_check(ncclSend(g->scalar + 16, 1, ncclFloat, p, g->nccl, g->stream), g, "connect");
+            nccl_check(ncclRecv(g->scalar + 17, 1, ncclFloat, p, g->nccl, g->stream), g, "connect");
+        }
+    }
+    for (int p = 0; p < g->size; p++) {
+        const char* from = (const char*)send + s_at * elem;
+        char* to = (char*)recv + r_at * elem;
+        if (p == g->rank && send_counts[p] > 0) {
+            cudaCheck(cudaMemcpyAsync(to, from, send_counts[p] * elem, cudaMemcpyDeviceToDevice, g->stream));
+        } else if (p != g->rank) {
+            if (send_counts[p]) nccl_check(ncclSend(from, send_counts[p], comm_nccl_type(dtype), p, g->nccl, g->stream), g, "all_to_all");
+            if (recv_counts[p]) nccl_check(ncclRecv(to, recv_counts[p], comm_nccl_type(dtype), p, g->nccl, g->stream), g, "all_to_all");
+        }
+        s_at += send_counts[p], r_at += recv_counts[p];
+    }
+    nccl_check(ncclGroupEnd(), g, "all_to_all");
+    comm_end(g);
+}
+
+// n host ints for each rank, block p to rank p, block p from rank p: the sizes of the all-to-all
+// that follows, which the host needs before it can post it (so this one waits for the GPU)
+static inline void comm_all_to_all_counts(CommGroup* g, const int* send, int* recv, int n) {
+    comm_count(g, COMM_ALL_TO_ALL, (size_t)n * (g->size - 1) * sizeof(int));
+#ifdef USE_MPI
+    if (g->staged) {
+        mpi_all_to_all_counts(g, send, recv, n);
+        comm_done(g);
+        return;
+    }
+#endif
+    static DeviceScratch counts;  // what is sent, then what is received (2 n size ints)
+    size_t bytes = (size_t)n * g->size * sizeof(int);
+    int* dev = (int*)scratch_get(&counts, 2 * bytes);
+    copy_host_to_device(dev, send, bytes);
+    comm_begin(g);
+    nccl_check(ncclGroupStart(), g, "all_to_all");
+    for (int p = 0; p < g->size; p++) {
+        if (p != g->rank && !g->connected[p]) {
+            g->connected[p] = 1;
+            nccl_check(ncclSend(g->scalar + 16, 1, ncclFloat, p, g->nccl, g->stream), g, "connect");
+            nccl_check(ncclRecv(g->scalar + 17, 1, ncclFloat, p, g->nccl, g->stream), g, "connect");
+        }
+        nccl_check(ncclSend(dev + (size_t)p * n, n, ncclInt32, p, g->nccl, g->stream), g, "all_to_all");
+        nccl_check(ncclRecv(dev + (size_t)(g->size + p) * n, n, ncclInt32, p, g->nccl, g->stream), g, "all_to_all");
+    }
+    nccl_check(ncclGroupEnd(), g, "all_to_all");
+    comm_end(g);
+    copy_device_to_host(recv, dev + (size_t)n * g->size, bytes);  // (waits for the exchange)
+}
+
 static inline void comm_barrier(CommGroup* g) {
     comm_count(g, COMM_BARRIER, 0);
 #ifdef USE_MPI

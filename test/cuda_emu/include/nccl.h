@@ -36,7 +36,7 @@ typedef enum {
     ncclInvalidArgument = 4,
     ncclInvalidUsage = 5,
 } ncclResult_t;
-typedef enum { ncclChar = 0, ncclInt8 = 0, ncclFloat = 7, ncclFloat32 = 7, ncclBfloat16 = 9 } ncclDataType_t;
+typedef enum { ncclChar = 0, ncclInt8 = 0, ncclInt32 = 2, ncclFloat = 7, ncclFloat32 = 7, ncclBfloat16 = 9 } ncclDataType_t;
 typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 } ncclRedOp_t;
 typedef struct { char internal[128]; } ncclUniqueId;
 typedef struct { int unused; } ncclConfig_t;
@@ -71,7 +71,7 @@ static inline std::string nccl_op_text(NcclOp o, int peer) {
     } else if (o.kind == OP_SPLIT) {
         snprintf(text, sizeof(text), "a split");
     } else {
-        const char* type = o.type == ncclFloat ? "fp32" : o.type == ncclBfloat16 ? "bf16" : "bytes";
+        const char* type = o.type == ncclFloat ? "fp32" : o.type == ncclBfloat16 ? "bf16" : o.type == ncclInt32 ? "int32" : "bytes";
         int len = snprintf(text, sizeof(text), "%s of %lld %s", kinds[o.kind], o.count, type);
         if (o.kind == OP_ALL_REDUCE || o.kind == OP_REDUCE_SCATTER) snprintf(text + len, sizeof(text) - len, " (%s)", ops[o.op]);
         if (o.kind == OP_BROADCAST) snprintf(text + len, sizeof(text) - len, " from rank %d", o.root);
@@ -89,7 +89,7 @@ struct PendingP2P { int send; void* buf; size_t bytes; int peer; NcclComm* comm;
 static std::vector<PendingP2P> nccl_group;
 static int nccl_group_depth = 0;
 
-static inline size_t nccl_type_bytes(ncclDataType_t t) { return t == ncclFloat ? 4 : t == ncclBfloat16 ? 2 : 1; }
+static inline size_t nccl_type_bytes(ncclDataType_t t) { return t == ncclFloat || t == ncclInt32 ? 4 : t == ncclBfloat16 ? 2 : 1; }
 
 // fp32 copies of float or bf16 data, for reductions
 static inline float* nccl_to_floats(const void* p, size_t n, ncclDataType_t t) {
