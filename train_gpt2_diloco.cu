@@ -158,6 +158,7 @@ static int fragment_spans(const ParameterLayout* p, int f, int F, Span* runs, si
         } else if ((i == PARAM_WTE || i == PARAM_WPE) ? f != 0 : f != F - 1) {
             continue;  // (the embeddings with the first fragment, the final LayerNorm with the last)
         }
+        if (r.count == 0) continue;  // (a dense model's empty router: no span, no kernel of 0 threads)
         runs[n++] = r;
         *P_f += r.count;
     }

@@ -74,6 +74,7 @@ static float stage_grad_norm(const GPT2* model, CommGroup* pp) {
     double squares = 0.0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (i == PARAM_WTE && layout->head && !layout->embedding) continue;
+        if (layout->sizes[i] == 0) continue;  // (a dense model's empty router)
         squares += global_norm_squared(model->grads_memory + layout->offsets[i], layout->sizes[i]);
     }
     float norm_sum = (float)squares;

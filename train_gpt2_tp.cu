@@ -329,6 +329,7 @@ int main(int argc, char** argv) {
         watchdog_phase("AdamW update", step);
         double sliced = 0.0, replicated = 0.0;
         for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+            if (model.layout.sizes[i] == 0) continue;  // (a dense model's empty router)
             float sq = global_norm_squared(model.grads_memory + model.layout.offsets[i], model.layout.sizes[i]);
             if (model.layout.sharded[i]) sliced += sq;
             else replicated += sq;
