@@ -1,0 +1,81 @@
+/*
+Mixture-of-Experts' row moves (llmc/cuda/moe.cuh), checked against the CPU backend's
+(llmc/cpu/moe.h) on a random routing: N tokens of C values, k slots each, some dropped (-1), the
+kept ones at distinct rows of the send order.
+  make dev/cuda/moe && ./dev/cuda/moe
+v1 (the library's): a block a row, its threads along C; the combine sums a token's slots in fp32
+    in slot order; the gates' gradients a warp a slot (a dot product of C over 32 lanes).
+Memory-bound: each moves its rows once; the timing reports GB/s.
+*/
+#include "common.h"
+namespace cpu {
+#include "llmc/cpu/moe.h"
+}
+#include "llmc/cuda/moe.cuh"
+
+int main(void) {
+    int N = GPU_OR_EMU(8192, 96), k = 2, C = GPU_OR_EMU(768, 64);  // a d12 micro-batch of 8 x 1024, top-2
+    size_t S = (size_t)N * k;
+    float* h = random_floats((size_t)N * C, 1.0f);
+    float* dout = random_floats((size_t)N * C, 1.0f);
+    float* gate = random_floats(S, 1.0f);
+    round_like_floatX(h, (size_t)N * C);
+    round_like_floatX(dout, (size_t)N * C);
+    // a routing: every 7th slot dropped, the others at the rows of a random permutation
+    int* row = (int*)malloc_check(S * sizeof(int));
+    int* order = (int*)malloc_check(S * sizeof(int));
+    int kept = 0;
+    for (size_t i = 0; i < S; i++) row[i] = i % 7 == 3 ? -1 : kept++;
+    for (int i = 0; i < kept; i++) order[i] = i;
+    for (int i = kept - 1; i > 0; i--) {  // Fisher-Yates with the dev rng
+        int j = (int)(rng_uniform(&dev_rng) * (i + 1)) % (i + 1), t = order[i];
+        order[i] = order[j], order[j] = t;
+    }
+    for (size_t i = 0; i < S; i++) row[i] = row[i] >= 0 ? order[row[i]] : -1;
+    float* rows = (float*)calloc_check((size_t)kept * C, sizeof(float));
+    float* weighted = (float*)calloc_check((size_t)kept * C, sizeof(float));
+    float* gathered = (float*)malloc_check((size_t)kept * C * sizeof(float));
+    float* combined = (float*)malloc_check((size_t)N * C * sizeof(float));
+    float* dgate = (float*)malloc_check(S * sizeof(float));
+    cpu::moe_dispatch(rows, h, row, gate, N, k, C, 0);
+    cpu::moe_dispatch(weighted, dout, row, gate, N, k, C, 1);
+    cpu::moe_gather_rows(gathered, rows, order, kept, C);
+    cpu::moe_combine(combined, rows, row, gate, N, k, C, 1);
+    cpu::moe_gate_grads(dgate, dout, rows, row, N, k, C);
+
+    floatX *d_h = to_device(h, (size_t)N * C), *d_dout = to_device(dout, (size_t)N * C);
+    floatX *d_rows = (floatX*)device_malloc((size_t)kept * C * sizeof(floatX)),
+           *d_weighted = (floatX*)device_malloc((size_t)kept * C * sizeof(floatX)),
+           *d_gathered = (floatX*)device_malloc((size_t)kept * C * sizeof(floatX)),
+           *d_combined = (floatX*)device_malloc((size_t)N * C * sizeof(floatX));
+    int *d_row = (int*)device_malloc(S * sizeof(int)), *d_order = (int*)device_malloc((size_t)kept * sizeof(int));
+    float *d_gate = (float*)device_malloc(S * sizeof(float)), *d_dgate = (float*)device_malloc(S * sizeof(float));
+    copy_host_to_device(d_row, row, S * sizeof(int));
+    copy_host_to_device(d_order, order, (size_t)kept * sizeof(int));
+    copy_host_to_device(d_gate, gate, S * sizeof(float));
+    float tol = default_tolerance(), ms;
+    double X = sizeof(floatX), moved = (double)kept * C * X * 2;  // each row read and written once
+    int ok = 1;
+    printf("moe N=%d k=%d C=%d, %d of %zu slots kept (%s)\n", N, k, C, kept, S, PRECISION_NAME);
+
+    moe_dispatch(d_rows, d_h, d_row, d_gate, N, k, C, 0);
+    ok &= validate("v1 dispatch", d_rows, rows, (size_t)kept * C, 0.0f);  // (a copy: exact)
+    TIME_KERNEL(ms, 20, moe_dispatch(d_rows, d_h, d_row, d_gate, N, k, C, 0));
+    report("v1 dispatch", ms, moved, 0);
+    moe_dispatch(d_weighted, d_dout, d_row, d_gate, N, k, C, 1);
+    ok &= validate("v1 dispatch, gate-weighted", d_weighted, weighted, (size_t)kept * C, tol);
+    moe_gather_rows(d_gathered, d_rows, d_order, kept, C);
+    ok &= validate("v1 gather rows", d_gathered, gathered, (size_t)kept * C, 0.0f);
+    TIME_KERNEL(ms, 20, moe_gather_rows(d_gathered, d_rows, d_order, kept, C));
+    report("v1 gather rows", ms, moved, 0);
+    moe_combine(d_combined, d_rows, d_row, d_gate, N, k, C, 1);
+    ok &= validate("v1 combine", d_combined, combined, (size_t)N * C, tol);
+    TIME_KERNEL(ms, 20, moe_combine(d_combined, d_rows, d_row, d_gate, N, k, C, 1));
+    report("v1 combine", ms, moved + (double)N * C * X, 0);
+    moe_gate_grads(d_dgate, d_dout, d_rows, d_row, N, k, C);
+    // (dot products of C terms of floatX inputs, summed in fp32 in another order)
+    ok &= validate_f32("v1 gate gradients", d_dgate, dgate, S, FLOATX_IS_FLOAT ? 1e-4f : 2e-2f);
+    TIME_KERNEL(ms, 20, moe_gate_grads(d_dgate, d_dout, d_rows, d_row, N, k, C));
+    report("v1 gate gradients", ms, moved / 2 + (double)N * C * X * k, 0);
+    return finish(ok);
+}
