@@ -620,6 +620,17 @@ def ep_checkpoints_resume_on_any_ep():
 
 
 @test
+def ep_bad_inputs():
+    """every bad input of the other trainers (bad_input_cases), given to train_gpt2_ep with an MoE
+    model file in place of the dense one and -experts 4 (which the descriptors need): the same
+    message, a non-zero exit on every rank, no hang, no files. The one difference: the model file
+    with a nan is a dense one, which train_gpt2_ep refuses first"""
+    moe = os.path.join(moe_reference(4, 2)["dir"], "model.bin")
+    run_bad_inputs_concurrently("./train_gpt2_ep", model=moe, extra=["-experts", 4],
+                                messages={"nan_in_model_file": "is a dense GPT-2 model file"})
+
+
+@test
 def ep_refuses_bad_models_and_flags():
     """a dense model file, an MoE file in a dense trainer, bad -ep, -topk and -balance: a message,
     a non-zero exit on every rank, no output dir"""
@@ -980,12 +991,16 @@ def bad_input_cases():
     ]
 
 
-def run_bad_inputs_concurrently(program, env=None, messages={}):
+def run_bad_inputs_concurrently(program, env=None, messages={}, model=None, extra=()):
     """every bad-input case through program, three jobs at a time (each is mostly mpirun's
     start-up, not work): the message, a non-zero exit, and, once all are done, no new files.
-    messages: the cases whose message differs for this program. Returns [(name, output)]."""
+    messages: the cases whose message differs for this program; model: a model file in place of
+    the reference's (MoE: train_gpt2_ep's), extra: flags added to every case. Returns [(name, output)]."""
     d, cases = bad_input_cases()
     before = set(os.listdir(d))
+    if model:
+        dense = os.path.join(reference_run()["dir"], "model.bin")
+        cases = [(name, list(extra) + [model if a == dense else a for a in args], message) for name, args, message in cases]
 
     def one(case):
         name, args, message = case
