@@ -74,7 +74,6 @@ typedef struct {
     double* loads;             // (L, E) slots routed to each expert, before drops
     double aux;                // the aux loss: per micro-batch mean over sequences, summed over layers
     double kept_slots, dropped_slots;
-    long long sent_rows;       // rows sent to other ranks (forward and backward)
 } Moe;
 
 // (the buffers' sizes, moe_capacity, moe_rows_max and moe_device_bytes: llmc/memory_plan.h,
@@ -134,7 +133,6 @@ static inline void moe_free(Moe* m) {
 static inline void moe_step_begin(Moe* m) {
     memset(m->loads, 0, (size_t)m->L * m->E * sizeof(double));
     m->aux = m->kept_slots = m->dropped_slots = 0.0;
-    m->sent_rows = 0;
 }
 
 // ---- 1, 2: routing (host). s: the router logits (N, E) of layer l. Fills the layer's expert,
@@ -247,23 +245,20 @@ static inline void moe_exchange(Moe* m, int l, const floatX* from, floatX* to, i
     const int* sent = m->send_counts + (size_t)l * m->E;    // [destination's expert]
     const int* received = m->recv_counts + (size_t)l * m->E;  // [source][local expert]
     size_t to_rank[1024], from_rank[1024];  // rows x C per peer (ep <= E <= 1024)
-    size_t rows_out = 0, total_sent = 0, total_received = 0;
+    size_t total = 0;  // rows this rank sends (forward: its kept slots; back: what its experts took)
     for (int p = 0; p < ep; p++) {
         size_t s = 0, r = 0;
         for (int e = 0; e < El; e++) s += (size_t)sent[p * El + e], r += (size_t)received[p * El + e];
         to_rank[p] = (back ? r : s) * m->C;
         from_rank[p] = (back ? s : r) * m->C;
-        total_sent += to_rank[p] / m->C, total_received += from_rank[p] / m->C;
-        if (p != m->ep_rank) rows_out += to_rank[p] / m->C;
+        total += to_rank[p] / m->C;
     }
-    m->sent_rows += (long long)rows_out;
     if (ep == 1) {  // every expert here: the rows stay
-        copy_device_to_device(to, from, total_sent * m->C * sizeof(floatX));
+        copy_device_to_device(to, from, total * m->C * sizeof(floatX));
         return;
     }
     // all-to-all (variable sizes): block p of `from` to rank p, rank p's block for us into block p of `to`
     comm_all_to_all(m->ep_group, from, to_rank, to, from_rank, COMM_FLOATX);
-    (void)total_received;
 }
 
 // ---- the layer. h: ln2 (N, C) of layer l; out (N, C): the MoE's output, added to the residual
