@@ -187,10 +187,13 @@ static inline void step_report(StepReport* r, Logger* log, int rank, StepFigures
                 ring, flight * 1e3, exposed * 1e3, f.extra[0] ? ", " : "", f.extra);
 }
 
-// model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per parameter,
-// plus the attention scores and their use, 12 L C T (PaLM paper, appendix B)
+// model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per parameter
+// a token uses, plus the attention scores and their use, 12 L C T (PaLM paper, appendix B). A
+// Mixture-of-Experts token uses k of each layer's E experts: the other E - k MLPs do not count
 static inline double train_flops_per_token(GPT2Config c, int T) {
-    return 6.0 * (double)gpt2_num_parameters(c) + 12.0 * c.num_layers * c.channels * (double)T;
+    double C = c.channels, idle_experts = gpt2_is_moe(c) ? (double)(c.experts - c.topk) : 0.0;
+    double active = (double)gpt2_num_parameters(c) - c.num_layers * idle_experts * (8.0 * C * C + 5.0 * C);
+    return 6.0 * active + 12.0 * c.num_layers * C * (double)T;
 }
 
 // this device's dense peak for MFU (none on the CPU), named by rank 0
