@@ -129,11 +129,19 @@ def parse_model(desc):
     return dict(L=L, C=C, NH=NH, V=V, Vp=ceil_div(V, 128) * 128, maxT=1024)  # Vp = 50304, as the trainers pad
 
 
-def num_parameters(m):
-    """gpt2_parameter_sizes summed: wte, wpe, and per layer ln1, qkv, attproj, ln2, fc, fcproj, then lnf"""
+def mlp_parameters(C):
+    """one MLP (an expert): fc (4C x C + 4C), fcproj (C x 4C + C)"""
+    return 8 * C * C + 5 * C
+
+
+def num_parameters(m, experts=0, ep=1):
+    """gpt2_parameter_sizes summed: wte, wpe, and per layer ln1, qkv, attproj, ln2, fc, fcproj, then
+    lnf. With experts E (Mixture-of-Experts) each layer holds a router (E x C) and E MLPs, of which
+    one rank holds E/ep"""
     L, C = m["L"], m["C"]
-    per_layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) + (4 * C * C + C)
-    return m["Vp"] * C + m["maxT"] * C + L * per_layer + 2 * C
+    per_layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C
+    mlps = experts // ep if experts else 1
+    return m["Vp"] * C + m["maxT"] * C + L * (per_layer + experts * C + mlps * mlp_parameters(C)) + 2 * C
 
 
 def flash_tiles(T):
@@ -177,14 +185,20 @@ class Step:
                                   launch=launch))
 
 
-def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
+def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, topk=2, ep=1):
     """cp > 1: one rank of train_gpt2_cp, its T/cp tokens of each sequence (zigzag: an equal share
-    of the causal attention), the ring's K,V blocks and the gradients' all-reduce over cp"""
+    of the causal attention), the ring's K,V blocks and the gradients' all-reduce over cp.
+    experts > 0: one rank of train_gpt2_ep, each MLP E experts of which a token takes topk, split
+    over ep ranks; routing balanced and dropless: a rank's experts take N k rows a layer, and
+    (ep - 1)/ep of its N k slots cross the link each way"""
     L, C, NH, V, Vp = m["L"], m["C"], m["NH"], m["V"], m["Vp"]
     hs = C // NH
     N = B * T // cp                 # rows of every activation matrix
     X = 2 if precision == "bf16" else 4  # bytes of floatX: parameters, activations, gradients
-    P = num_parameters(m)
+    P = num_parameters(m, experts, ep)  # what this rank holds
+    E, k = experts, topk
+    R = N * k if E else N           # rows of the MLPs' matrices: a rank's experts take N k (balanced)
+    a2a = R * C * X * (ep - 1) / ep  # an all-to-all's bytes a rank sends (balanced)
     distinct = min(N, V)            # rows of wte a batch touches: at most one per distinct token
     s = Step()
 
@@ -304,9 +318,22 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
     attention_forward(L)
     matmul("matmul attproj (+bias epilogue)", N, C, C, L, bias=True)
     layernorm_forward("residual + layernorm (ln2)", L, residual=True)
-    matmul("matmul fc (+bias epilogue)", N, C, 4 * C, L, bias=True)
-    s.add("gelu_forward", L, FLOPS_PER["gelu"] * N * 4 * C, 2 * N * 4 * C * X, "vector", "gelu", launch="gelu forward")
-    matmul("matmul fcproj (+bias epilogue)", N, 4 * C, C, L, bias=True)
+    if E:  # the router, the tokens to their experts (llmc/moe.h: row moves read and write C each)
+        matmul("matmul router, s = ln2 Wr^T", N, C, E, L)
+        s.add("moe dispatch (kept slots into send order)", L, 0, (N + R) * C * X + R * 4, "vector", "moe",
+              launch="moe: dispatch")
+        if ep > 1:
+            s.add("all-to-all: the tokens to their experts' ranks", L, 0, a2a, "link", "comm")
+        s.add("moe gather rows (into expert order)", L, 0, 2 * R * C * X + R * 4, "vector", "moe", launch="moe: gather rows")
+    matmul("matmul fc (+bias epilogue)", R, C, 4 * C, L, bias=True)
+    s.add("gelu_forward", L, FLOPS_PER["gelu"] * R * 4 * C, 2 * R * 4 * C * X, "vector", "gelu", launch="gelu forward")
+    matmul("matmul fcproj (+bias epilogue)", R, 4 * C, C, L, bias=True)
+    if E:  # the outputs home, and each token's gate-weighted sum
+        s.add("moe gather rows (back to source order)", L, 0, 2 * R * C * X + R * 4, "vector", "moe", launch="moe: gather rows")
+        if ep > 1:
+            s.add("all-to-all: the outputs back", L, 0, a2a, "link", "comm")
+        s.add("moe combine (gate-weighted sum)", L, FLOPS_PER["add"] * R * C, (R + N) * C * X + R * 8, "vector", "moe",
+              launch="moe: combine")
     layernorm_forward("residual + layernorm (ln1 of the next layer)", L - 1, residual=True)
 
     s.begin("final layernorm")
@@ -333,12 +360,30 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
                dweight=True)
         bias_grad(name + "b", OC, L, "matmul dweight %d->%d" % (K, OC))
 
-    # MLP half (block.h): the input pass, then the weight pass
-    matmul_dinp("matmul fcproj dinp", N, C, 4 * C, L)
-    s.add("gelu_backward", L, FLOPS_PER["gelu_backward"] * N * 4 * C, 3 * N * 4 * C * X, "vector", "gelu", launch="gelu backward")
-    matmul_dinp("matmul fc dinp", N, 4 * C, C, L)
-    weight_gradient("fcproj", 4 * C, C)
-    weight_gradient("fc", C, 4 * C)
+    # MLP half (block.h): the input pass, then the weight pass (MoE: the gates' gradients and the
+    # output gradients to the experts first, the input gradients home after, then the router's)
+    if E:
+        s.add("moe gate gradients, dispatch (gate-weighted)", L, 2 * R * C, (2 * N + 2 * R) * C * X + R * 12, "vector",
+              "moe", launch="moe: dispatch")
+        if ep > 1:
+            s.add("all-to-all: the output gradients to the experts", L, 0, a2a, "link", "comm")
+        s.add("moe gather rows (into expert order)", L, 0, 2 * R * C * X + R * 4, "vector", "moe", launch="moe: gather rows")
+    matmul_dinp("matmul fcproj dinp", R, C, 4 * C, L)
+    s.add("gelu_backward", L, FLOPS_PER["gelu_backward"] * R * 4 * C, 3 * R * 4 * C * X, "vector", "gelu", launch="gelu backward")
+    matmul_dinp("matmul fc dinp", R, 4 * C, C, L)
+    if E:
+        matmul("matmul expert fcproj dweight", R, 4 * C, C, L, bias=epilogue, dweight=True)
+        matmul("matmul expert fc dweight", R, C, 4 * C, L, bias=epilogue, dweight=True)
+        s.add("moe gather rows (back to source order)", L, 0, 2 * R * C * X + R * 4, "vector", "moe", launch="moe: gather rows")
+        if ep > 1:
+            s.add("all-to-all: the input gradients back", L, 0, a2a, "link", "comm")
+        s.add("moe combine (sum of the input gradients)", L, FLOPS_PER["add"] * R * C, (R + N) * C * X + R * 4, "vector",
+              "moe", launch="moe: combine")
+        matmul("matmul router dweight", N, C, E, L, dweight=True)
+        matmul_dinp("matmul router dinp", N, E, C, L)
+    else:
+        weight_gradient("fcproj", 4 * C, C)
+        weight_gradient("fc", C, 4 * C)
     layernorm_backward("ln2", L)
     # attention half
     matmul_dinp("matmul attproj dinp", N, C, C, L)
@@ -363,9 +408,15 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
     if dp * cp > 1:
         s.begin("gradient all-reduce")
         # NCCL's ring all-reduce sends and receives 2 (N-1)/N of the payload on each GPU's link
-        # (train_gpt2_cp: a SUM over the cp ranks)
+        # (train_gpt2_cp: a SUM over the cp ranks; train_gpt2_ep: the experts over their dp/ep copies)
         ranks = dp * cp
-        s.add("all-reduce grads (NCCL ring, %d ranks)" % ranks, 1, 0, 2 * (ranks - 1) / ranks * P * X, "link", "comm")
+        held_experts = L * (E // ep) * mlp_parameters(C) if E else 0
+        s.add("all-reduce grads (NCCL ring, %d ranks)" % ranks, 1, 0, 2 * (ranks - 1) / ranks * (P - held_experts) * X,
+              "link", "comm")
+        if E and dp // ep > 1:
+            copies = dp // ep
+            s.add("all-reduce expert grads (NCCL ring, %d copies)" % copies, 1, 0,
+                  2 * (copies - 1) / copies * held_experts * X, "link", "comm")
 
     s.begin("global norm + AdamW")
     s.add("norm_squared_partial", 1, FLOPS_PER["dot"] * P, P * X + NORM_BLOCKS * F32, "vector", "optimizer", launch="gradient norm")
@@ -373,7 +424,7 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1):
     # parameter: the gradient read (X), the fp32 master weight (bf16) or the parameter itself (fp32)
     # read and written, m and v read and written (fp32), the parameter written (X): 28 bytes either way
     per_param = (2 + 8 + 8 + 8 + 2) if X == 2 else (4 + 8 + 8 + 8)
-    per_layer = (num_parameters(m) - (Vp + m["maxT"] + 2) * C) // L
+    per_layer = (P - (Vp + m["maxT"] + 2) * C) // L
     for name, n, calls, launches in (("wte", Vp * C, 1, 1), ("wpe", m["maxT"] * C, 1, 1),
                                      ("a layer's 12 tensors", per_layer, L, 12 * L), ("lnfw, lnfb", 2 * C, 1, 2)):
         s.add("adamw_kernel (%s)" % name, calls, FLOPS_PER["adamw"] * n, per_param * n, "vector", "optimizer",
@@ -398,7 +449,12 @@ def roofline(args):
         raise ValueError("-t %d: expected 1..%d (the model's maxT)" % (args.t, m["maxT"]))
     if args.cp > 1 and (args.dp > 1 or args.t % (2 * args.cp) != 0):
         raise ValueError("-cp %d: train_gpt2_cp alone (-dp 1), with -t a multiple of 2 cp (zigzag)" % args.cp)
-    rows, P = build_step(m, args.b, args.t, args.precision, attention, args.epilogue, args.dp, args.cp)
+    if args.experts and (args.experts < 2 or not 1 <= args.topk <= args.experts or args.experts % args.ep
+                         or args.dp % args.ep or args.cp > 1):
+        raise ValueError("-experts %d -topk %d -ep %d: expected E >= 2, 1 <= k <= E, ep dividing E and -dp, -cp 1 "
+                         "(train_gpt2_ep)" % (args.experts, args.topk, args.ep))
+    rows, P = build_step(m, args.b, args.t, args.precision, attention, args.epilogue, args.dp, args.cp,
+                         args.experts, args.topk, args.ep)
 
     # the achievable rates. In bf16 the matmuls run on the tensor cores; fp32 builds compute in
     # strict fp32 (no TF32: llmc/cuda/matmul.cuh) on the ordinary fp32 units, as does all the
@@ -428,7 +484,10 @@ def roofline(args):
     backward = sum(r["total_time_s"] for r in rows if r["group"] in ("final layernorm backward", "layer backward"))
     overlapped = step - comm + comm * emb_share + max(0.0, comm * (1 - emb_share) - backward)
     B, T, L, C = args.b, args.t, m["L"], m["C"]
-    per_token = 6.0 * P + 12.0 * L * C * T  # llmc/run.h train_flops_per_token
+    active = num_parameters(m) + (L * args.experts * C if args.experts else 0)  # a token's: k MLPs a layer
+    if args.experts:
+        active += L * (args.topk - 1) * mlp_parameters(C)
+    per_token = 6.0 * active + 12.0 * L * C * T  # llmc/run.h train_flops_per_token
     model_flops = per_token * B * T / args.cp  # (one rank's share: the cp ranks split each sequence)
     summary = dict(step_time_s=step, compute_time_s=step - comm, comm_time_s=comm,
                    step_time_overlapped_s=overlapped, tokens_per_s=args.dp * B * T / step,  # (cp ranks share B T)
@@ -445,7 +504,7 @@ def roofline(args):
                        ridge_vector=dev["fp32"] / dev["hbm"])
     config = dict(model=args.e, L=L, C=C, NH=m["NH"], hs=hs, V=m["V"], Vp=m["Vp"], maxT=m["maxT"], B=B, T=T,
                   precision=args.precision, attention=attention, epilogue=args.epilogue, dp=args.dp, cp=args.cp,
-                  parameters=P)
+                  experts=args.experts, topk=args.topk, ep=args.ep, parameters=P)
     return dict(config=config, assumptions=assumptions, rows=rows, summary=summary)
 
 
@@ -458,8 +517,11 @@ def si(x, unit):
 
 def print_table(res):
     c, a, s = res["config"], res["assumptions"], res["summary"]
-    print("Roofline of one train_gpt2_dp step: %s (L=%d C=%d NH=%d, %.1fM parameters), B=%d T=%d, %s, %s attention, "
-          "bias gradients %s%s" % (c["model"], c["L"], c["C"], c["NH"], c["parameters"] / 1e6, c["B"], c["T"],
+    moe = ", %d experts (top-%d), %d a rank (-ep %d)" % (c["experts"], c["topk"], c["experts"] // c["ep"], c["ep"]) \
+        if c["experts"] else ""
+    print("Roofline of one %s step: %s (L=%d C=%d NH=%d%s, %.1fM parameters a rank), B=%d T=%d, %s, %s attention, "
+          "bias gradients %s%s" % ("train_gpt2_ep" if c["experts"] else "train_gpt2_dp", c["model"], c["L"], c["C"], c["NH"],
+                                   moe, c["parameters"] / 1e6, c["B"], c["T"],
                                    c["precision"], c["attention"],
                                    "in the GEMMs' BGRADB epilogue" if c["epilogue"] else "as separate kernels",
                                    ", %d data-parallel ranks" % c["dp"] if c["dp"] > 1 else ""))
@@ -621,6 +683,9 @@ def main(argv=None):
     p.add_argument("-dp", type=int, default=1, help="data-parallel ranks: adds the gradient all-reduce")
     p.add_argument("-cp", type=int, default=1, help="context-parallel ranks (train_gpt2_cp, zigzag): T/cp tokens a rank, "
                    "its share of attention, the ring's K,V and the gradients' all-reduce")
+    p.add_argument("-experts", type=int, default=0, help="Mixture-of-Experts (train_gpt2_ep): E experts a layer (0: dense)")
+    p.add_argument("-topk", type=int, default=2, help="with -experts: the experts a token takes")
+    p.add_argument("-ep", type=int, default=1, help="with -experts: the ranks the experts are split over (of -dp)")
     p.add_argument("-epilogue", type=int, choices=(0, 1), default=1,
                    help="1: bias gradients from the weight-gradient GEMMs' BGRADB epilogue; 0: separate kernels")
     p.add_argument("-gemm_eff", type=float, default=DEFAULT_GEMM_EFF, help="achievable fraction of the GEMM peak")
