@@ -223,7 +223,7 @@ train: setup
 bench:
 	./dev/setup.sh --bench
 	$(MAKE) -s -B BACKEND=cpu dev/bench/bench_matmul  # (again: now with OpenBLAS)
-	$(MAKE) -s BACKEND=cpu train_gpt2_dp train_gpt2_tp train_gpt2_cp dev/bench/bench_cpu_ops
+	$(MAKE) -s BACKEND=cpu train_gpt2_dp train_gpt2_tp train_gpt2_cp train_gpt2_ep dev/bench/bench_cpu_ops
 	./dev/bench/bench_matmul
 	./dev/bench/bench_cpu_ops
 	./dev/bench/bench_cpu_step.sh
@@ -231,6 +231,7 @@ bench:
 	./dev/bench/bench_tp.sh
 	./dev/bench/bench_pp.sh
 	./dev/bench/bench_cp.sh
+	./dev/bench/bench_ep.sh
 
 clean:
 	rm -f $(TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul dev/bench/bench_cpu_ops dev/bench/train_gpt2_dp_openblas dev/memory_planner $(DEV_CUDA:.cu=)
