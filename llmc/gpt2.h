@@ -309,6 +309,7 @@ static inline float* gpt2_init_random(GPT2Config c, uint64_t seed) {
     float std[NUM_PARAMETER_TENSORS] = {0};
     std[PARAM_WTE] = std[PARAM_WPE] = std[PARAM_QKVW] = std[PARAM_FCW] = 0.02f;
     std[PARAM_ATTPROJW] = std[PARAM_FCPROJW] = residual_std;
+    std[PARAM_ROUTERW] = 0.02f;  // (Mixture-of-Experts; a router of zeros would tie every score: test/reference.py's too)
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         // wte: only the V real rows; the padding rows stay zero
         size_t n = i == PARAM_WTE ? (size_t)c.vocab_size * c.channels : sizes[i];
