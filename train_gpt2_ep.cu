@@ -264,7 +264,7 @@ static MoeFigures moe_step_end(ExpertParallel* t, int accum) {
     float* sums = (float*)malloc_check((n + 3) * sizeof(float));
     for (size_t i = 0; i < n; i++) sums[i] = (float)m->loads[i];  // (counts: exact in a float below 2^24)
     sums[n] = (float)m->kept_slots, sums[n + 1] = (float)m->dropped_slots;
-    comm_all_reduce(t->world, sums, n + 2, COMM_FLOAT, COMM_SUM);  // (L E + 2) floats
+    comm_all_reduce_host(t->world, sums, n + 2, COMM_SUM);  // (L E + 2) floats
     float aux = (float)(m->aux / accum);
     comm_all_reduce_scalar(t->world, &aux, COMM_AVG);
     double* loads = (double*)malloc_check(n * sizeof(double));

@@ -262,6 +262,11 @@ static inline void comm_all_reduce_scalar(CommGroup* g, float* value, CommOp op)
     comm_all_reduce(g, value, 1, COMM_FLOAT, op);
 }
 
+// n host floats (counts, a step's figures): on this backend every buffer is the host's
+static inline void comm_all_reduce_host(CommGroup* g, float* values, size_t n, CommOp op) {
+    comm_all_reduce(g, values, n, COMM_FLOAT, op);
+}
+
 static inline void comm_broadcast(CommGroup* g, void* buf, size_t bytes, int root) {
     comm_count(g, COMM_BROADCAST, bytes);
     mpi_broadcast(g, buf, bytes, root);

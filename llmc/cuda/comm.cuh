@@ -364,6 +364,16 @@ static inline void comm_all_reduce_scalar(CommGroup* g, float* value, CommOp op)
     copy_device_to_host(value, g->scalar, sizeof(float));
 }
 
+// n host floats reduced over the group in place (counts, a step's figures), through a device
+// buffer: NCCL moves device memory only
+static inline void comm_all_reduce_host(CommGroup* g, float* values, size_t n, CommOp op) {
+    static DeviceScratch staging;
+    float* dev = (float*)scratch_get(&staging, n * sizeof(float));
+    copy_host_to_device(dev, values, n * sizeof(float));
+    comm_all_reduce(g, dev, n, COMM_FLOAT, op);
+    copy_device_to_host(values, dev, n * sizeof(float));
+}
+
 // host bytes (at most 64: a step number) from root to every rank
 static inline void comm_broadcast_host(CommGroup* g, void* buf, size_t bytes, int root) {
     if (bytes > 64) fail("comm_broadcast_host: %zu bytes, at most 64", bytes);

@@ -252,10 +252,26 @@ static inline MPI_Op cuda_emu_mpi_op(ncclRedOp_t op) {
 #endif
 
 // all-reduce (scatter 0) or reduce-scatter (scatter 1, each rank keeps its block of count)
+// NCCL moves device memory. The emulator's host and "device" share one address space, so a host
+// buffer handed to a collective would work here and fail on a GPU: each call checks that its
+// buffers lie inside device allocations (cudaMalloc's) and refuses them otherwise
+static inline int cuda_emu_on_device(const void* p, size_t bytes) {
+    if (bytes == 0) return 1;
+    for (auto& a : cuda_emu::state.allocations) {
+        const char* base = (const char*)a.first;
+        if ((const char*)p >= base && (const char*)p + bytes <= base + a.second) return 1;
+    }
+    fprintf(stderr, "cuda_emu: an NCCL call was given %zu bytes at %p, outside every device allocation (host memory?)\n",
+            bytes, p);
+    return 0;
+}
+
 static inline ncclResult_t cuda_emu_reduce(const void* send, void* recv, size_t count, ncclDataType_t type,
                                            ncclRedOp_t op, ncclComm_t comm, int scatter) {
     size_t in_count = scatter ? count * comm->size : count;
     if (in_count > (size_t)1 << 30) return ncclInvalidArgument;
+    size_t elem = cuda_emu::nccl_type_bytes(type);
+    if (!cuda_emu_on_device(send, in_count * elem) || !cuda_emu_on_device(recv, count * elem)) return ncclInvalidArgument;
 #ifdef USE_MPI
     if (CUDA_EMU_MPI(comm)) {
         cuda_emu::NcclOp mine = {scatter ? cuda_emu::OP_REDUCE_SCATTER : cuda_emu::OP_ALL_REDUCE, type, op, 0, (long long)count};
@@ -293,6 +309,7 @@ static inline ncclResult_t ncclAllGather(const void* send, void* recv, size_t co
     (void)stream;
     size_t bytes = count * cuda_emu::nccl_type_bytes(type);
     if (bytes * comm->size > (size_t)1 << 30) return ncclInvalidArgument;
+    if (!cuda_emu_on_device(send, bytes) || !cuda_emu_on_device(recv, bytes * comm->size)) return ncclInvalidArgument;
 #ifdef USE_MPI
     if (CUDA_EMU_MPI(comm)) {
         ncclResult_t agreed = cuda_emu::nccl_agree(comm, {cuda_emu::OP_ALL_GATHER, type, 0, 0, (long long)count}, -1);
@@ -312,6 +329,7 @@ static inline ncclResult_t ncclBroadcast(const void* send, void* recv, size_t co
     (void)stream;
     size_t bytes = count * cuda_emu::nccl_type_bytes(type);
     if (bytes > (size_t)1 << 30 || root < 0 || root >= comm->size) return ncclInvalidArgument;
+    if ((comm->rank == root && !cuda_emu_on_device(send, bytes)) || !cuda_emu_on_device(recv, bytes)) return ncclInvalidArgument;
     if (comm->rank == root && send != recv) memmove(recv, send, bytes);
 #ifdef USE_MPI
     if (CUDA_EMU_MPI(comm)) {
@@ -332,6 +350,7 @@ static inline ncclResult_t ncclGroupEnd(void);
 static inline ncclResult_t cuda_emu_p2p(int send, void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm) {
     size_t bytes = count * cuda_emu::nccl_type_bytes(type);
     if (bytes > (size_t)1 << 30 || peer < 0 || peer >= comm->size) return ncclInvalidArgument;
+    if (!cuda_emu_on_device(buf, bytes)) return ncclInvalidArgument;
     cuda_emu::nccl_group.push_back({send, buf, bytes, peer, comm});
     if (cuda_emu::nccl_group_depth > 0) return ncclSuccess;
     if (!CUDA_EMU_MPI(comm)) {  // (a single rank's send or recv outside a group has no partner)
