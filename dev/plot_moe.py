@@ -75,7 +75,7 @@ def main():
     vio_ax.set_xlabel("step")
     vio_ax.set_ylabel("MaxVio = max load / mean load - 1")
     vio_ax.set_yscale("symlog", linthresh=0.1)
-    vio_ax.set_title("balance (E - 1 = %d: every slot to one expert)" % (args.experts - 1))
+    vio_ax.set_title("balance (E/k - 1 = %g: every token to the same k experts)" % (args.experts / args.topk - 1))
     vio_ax.legend()
     if args.title:
         fig.suptitle(args.title)

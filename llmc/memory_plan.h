@@ -99,7 +99,9 @@ static inline int layout_ep(const RunLayout* r) { return r->ep > 1 ? r->ep : 1; 
 // every rank
 static inline int moe_capacity(int N, int k, int E, float cf) {
     if (cf <= 0.0f) return N * k;
-    double cap = ceil((double)cf * N * k / E);
+    // the flag's decimal value: 0.1 is 0.100000001 as a float, which must not take ceil(10.0000001)
+    // = 11 slots where the formula's 0.1 N k / E is 10
+    double cap = ceil((double)cf * N * k / E * (1.0 - 1e-7));
     return cap < (double)N * k ? (int)cap : N * k;
 }
 static inline int moe_rows_max(int N, int k, int E, int ep, int capacity) {

@@ -170,7 +170,8 @@ static inline void moe_route(Moe* m, int l, const float* s, int N) {
     }
     // capacity, first choices before second, in token order: a slot past its expert's capacity is
     // dropped (row -1). Then the kept slots' rows: grouped by expert, in the same order.
-    int* count = m->send_counts + (size_t)l * E, capacity = moe_capacity(N, k, E, m->capacity_factor);
+    // (a shorter pass than a micro-batch, a sample's, runs dropless: it would drop its newest tokens first)
+    int* count = m->send_counts + (size_t)l * E, capacity = N == m->N ? moe_capacity(N, k, E, m->capacity_factor) : N * k;
     memset(count, 0, (size_t)E * sizeof(int));
     for (int j = 0; j < k; j++) {
         for (int t = 0; t < N; t++) {
@@ -274,7 +275,11 @@ static inline void moe_forward(Moe* m, int l, floatX* out, const floatX* h, Laye
     // 3. the kept slots in send order; counts first: all-to-all of E_local ints per rank pair, so
     // that each rank knows how many rows it will receive from each rank for each of its experts
     // before the rows come (MPI_Alltoallv and grouped NCCL send/recv both need the sizes up
-    // front; DeepEP and Megatron's dropless path do the same exchange, fused into one kernel)
+    // front). Megatron-LM's all-to-all dispatcher does the same: the counts in their own
+    // all-to-all, then the host waits for them. DeepEP's normal kernels exchange the counts in a
+    // small kernel of their own, the CPU still waiting for them; its low-latency kernels skip the
+    // round trip: receive buffers sized for the worst case, the counts travelling with the
+    // tokens, so the host never waits. A fixed capacity with padding needs no counts at all.
     moe_dispatch(m->send, h, row, NULL, N, k, C, 0);
     if (m->ep > 1) comm_all_to_all_counts(m->ep_group, m->send_counts + (size_t)l * E, m->recv_counts + (size_t)l * E, m->E_local);
     else memcpy(m->recv_counts + (size_t)l * E, m->send_counts + (size_t)l * E, (size_t)E * sizeof(int));
@@ -406,10 +411,10 @@ static inline void moe_backward(Moe* m, int l, floatX* dh_out, const floatX* dou
 static inline void moe_update_bias(Moe* m, const double* global_loads) {
     for (int l = 0; l < m->L; l++) {
         const double* load = global_loads + (size_t)l * m->E;
-        double mean = 0.0;
-        for (int e = 0; e < m->E; e++) mean += load[e] / m->E;
+        double total = 0.0;  // (sign(mean - load_e) = sign(total - E load_e): exact in integers, where
+        for (int e = 0; e < m->E; e++) total += load[e];  // a mean of E not a power of two rounds)
         for (int e = 0; e < m->E; e++) {
-            double d = mean - load[e];
+            double d = total - m->E * load[e];
             m->bias[(size_t)l * m->E + e] += m->bias_rate * (float)((d > 0) - (d < 0));
         }
     }

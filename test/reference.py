@@ -117,7 +117,13 @@ class Block(nn.Module):
         routed = F.one_hot(top, E).view(B, T * k, E).sum(1)  # slots to each expert, before drops
         f = routed.to(s.dtype) / (T * k)
         P = F.softmax(s, dim=1).view(B, T, E).mean(1)
-        margin = ranked.values[:, k] - ranked.values[:, k - 1] if k < E else torch.tensor([math.inf])
+        # how near a tie the routing came: the k-th against the (k+1)-th score decides which experts;
+        # with a capacity the order among the top k decides whose slot queues first, so then every
+        # adjacent pair of the top k+1 counts
+        first = 0 if self.capacity_factor > 0 else k - 1
+        last = min(k, E - 1)
+        gaps = ranked.values[:, first + 1:last + 1] - ranked.values[:, first:last]
+        margin = gaps.min() if gaps.numel() else torch.tensor(math.inf)
         self.routing = dict(aux=E * (f * P).sum(1).mean(), load=routed.sum(0).tolist(),
                             dropped=int((~kept).sum()), margin=float(margin.min()))
         return out.view(B, T, C)

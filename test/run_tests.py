@@ -528,6 +528,11 @@ def compare_ep_with_reference(ranks, ep, accum, E=4, k=2, balance="aux", cf=0.0)
     replicated, per_expert = moe_params(cfg, E)
     train, _ = read_log(d)
     for s in range(steps):
+        # main.log's tokens per expert (the fewest, the mean, the most over experts and layers,
+        # before drops) are the reference's loads, exactly (counts)
+        loads = np.array(ref["loads"][s], dtype=float)
+        assert train[s + 1]["moe"]["tokens_per_expert"] == [loads.min(), loads.mean(), loads.max()], (
+            s + 1, train[s + 1]["moe"], loads.tolist())
         comm = train[s + 1]["comm"]
         expected = 4 * replicated + 4 + 4 * (cfg["layers"] * E + 2) + 4
         assert comm["world"]["all_reduce"] == expected, (comm, expected)

@@ -3,11 +3,11 @@
 # 256 a rank), over 4 ranks at ep = 1 (every rank all 8 experts: DDP with MoE layers), ep = 2
 # and ep = 4 (2 experts a rank), oversubscribed on the machine's cores (one thread a rank): for
 # the communication's shape, not the speed. Then ep = 4 again with the router collapsed (its
-# weights zero: every score ties, and every token goes to expert 0, which rank 0 holds): rank 0
-# runs every token's expert MLP while the others wait in the all-to-all. Prints for each run the
-# averages line (ms a step; busy, waiting and moving), the last step's exposed ms (the time a rank
-# waited in collectives) and its MoE line (MaxVio: 0 balanced, E - 1 = 7 collapsed), and the
-# all-to-all bytes of a step, beside the balanced formula 4 L m N k C X (ep-1)/ep.
+# weights zero: every score ties, and every token goes to experts 0 and 1, which rank 0 holds):
+# rank 0 runs every token's expert MLPs while the others wait in the all-to-all. Prints for each
+# run the averages line (ms a step; busy, waiting and moving), the last step's exposed ms (the
+# time a rank waited in collectives) and its MoE line (MaxVio: near 0 balanced, E/k - 1 = 3
+# collapsed), and the all-to-all bytes of a step, beside the balanced formula 4 L m N k C X (ep-1)/ep.
 #   ./dev/bench/bench_ep.sh [steps]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -52,7 +52,7 @@ with open(sys.argv[2], "wb") as f:
     f.write(header.tobytes())
     f.write(params.tobytes())
 PY
-echo "== ep=4, the router collapsed: every token to expert 0 (rank 0)"
+echo "== ep=4, the router collapsed: every token to experts 0 and 1 (rank 0)"
 rm -rf "$out/run"
 OMP_NUM_THREADS=1 $MPI ./train_gpt2_ep -e "$out/collapsed.bin" -b 4 -t 256 -x "$steps" -v 0 -s 0 -balance none -ep 4 \
     -o "$out/run" > "$out/log"

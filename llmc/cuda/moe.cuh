@@ -61,21 +61,22 @@ static inline void moe_combine(floatX* out, const floatX* rows, const int* row, 
     kernel_time_end(kernel_span);
 }
 
-// block t, warp j: dgate[t, j] = dout[t] . rows[row[t, j]] (0 for a dropped slot)
+// block t, warp w: dgate[t, j] = dout[t] . rows[row[t, j]] for slots j = w, w + warps, ... (0 for a
+// dropped slot)
 __global__ void moe_gate_grads_kernel(float* dgate, const floatX* dout, const floatX* rows, const int* row, int k, int C) {
-    int t = blockIdx.x, j = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (j >= k) return;
-    int r = row[(size_t)t * k + j];
-    float dot = 0.0f;
-    for (int c = lane; r >= 0 && c < C; c += 32) dot += (float)dout[(size_t)t * C + c] * (float)rows[(size_t)r * C + c];
-    dot = warp_sum(dot);
-    if (lane == 0) dgate[(size_t)t * k + j] = dot;
+    int t = blockIdx.x, lane = threadIdx.x % 32;
+    for (int j = threadIdx.x / 32; j < k; j += blockDim.x / 32) {
+        int r = row[(size_t)t * k + j];
+        float dot = 0.0f;
+        for (int c = lane; r >= 0 && c < C; c += 32) dot += (float)dout[(size_t)t * C + c] * (float)rows[(size_t)r * C + c];
+        dot = warp_sum(dot);
+        if (lane == 0) dgate[(size_t)t * k + j] = dot;
+    }
 }
 static inline void moe_gate_grads(float* dgate, const floatX* dout, const floatX* rows, const int* row, int N, int k,
                                   int C) {
     int kernel_span = kernel_time_begin("moe: gate gradients", 0, 0);
-    if (k > 32) fail("moe_gate_grads: top-k %d, at most 32 (a warp a slot)", k);
-    moe_gate_grads_kernel<<<N, 32 * k>>>(dgate, dout, rows, row, k, C);
+    moe_gate_grads_kernel<<<N, 32 * (k < 8 ? k : 8)>>>(dgate, dout, rows, row, k, C);
     cudaCheckLaunch();
     kernel_time_end(kernel_span);
 }
