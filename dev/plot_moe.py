@@ -56,25 +56,32 @@ def main():
     ap.add_argument("runs", nargs="+", help="LABEL=RUN_DIR")
     args = ap.parse_args()
     fig, (loss_ax, vio_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
-    rows = []
-    for spec in args.runs:
-        label, run_dir = spec.split("=", 1)
+    rows, lows, highs = [], [], []
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, spec in enumerate(args.runs):
+        label, run_dir = spec.rsplit("=", 1)  # (a label may hold "=": E=8)
         val, vio = read_run(run_dir)
         steps = sorted(val)
-        loss_ax.plot(steps, [val[s] for s in steps], label=label)
+        color = colors[i % len(colors)]  # (a run's color the same in both panels)
+        loss_ax.plot(steps, [val[s] for s in steps], label=label, color=color)
+        later = [val[s] for s in steps if s >= steps[-1] // 5]  # (the first fifth falls from 10.9: off the scale)
+        lows.append(min(later))
+        highs.append(max(later))
         E = args.experts if vio else 0
         held, active = parameters(args.layers, args.channels, 50257, 1024, E, args.topk)
         if vio:
             vsteps = sorted(vio)
-            vio_ax.plot(vsteps, [vio[s] for s in vsteps], label=label)
+            vio_ax.plot(vsteps, [vio[s] for s in vsteps], label=label, color=color, linewidth=0.8)
         rows.append((label, val[steps[-1]], steps[-1], held, active, vio[max(vio)] if vio else None))
+    margin = 0.05 * (max(highs) - min(lows))
+    loss_ax.set_ylim(min(lows) - margin, max(highs) + margin)
     loss_ax.set_xlabel("step (512 tokens each)")
     loss_ax.set_ylabel("validation loss")
     loss_ax.set_title("validation loss")
     loss_ax.legend()
     vio_ax.set_xlabel("step")
     vio_ax.set_ylabel("MaxVio = max load / mean load - 1")
-    vio_ax.set_yscale("symlog", linthresh=0.1)
+    vio_ax.set_ylim(0, args.experts / args.topk - 1 + 0.2)
     vio_ax.set_title("balance (E/k - 1 = %g: every token to the same k experts)" % (args.experts / args.topk - 1))
     vio_ax.legend()
     if args.title:
