@@ -6,8 +6,9 @@
 # weights zero: every score ties, and every token goes to experts 0 and 1, which rank 0 holds):
 # rank 0 runs every token's expert MLPs while the others wait in the all-to-all. Prints for each
 # run the averages line (ms a step; busy, waiting and moving), the last step's exposed ms (the
-# time a rank waited in collectives) and its MoE line (MaxVio: near 0 balanced, E/k - 1 = 3
-# collapsed), and the all-to-all bytes of a step, beside the balanced formula 4 L m N k C X (ep-1)/ep.
+# time a rank waited in collectives) and its MoE line (MaxVio: 0 balanced, E/k - 1 = 3 collapsed;
+# a random init routes unevenly for its first steps, before the aux loss levels it), and the
+# all-to-all bytes of a step, beside the balanced formula 4 L m N k C X (ep-1)/ep.
 #   ./dev/bench/bench_ep.sh [steps]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
