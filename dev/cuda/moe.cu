@@ -6,12 +6,18 @@ kept ones at distinct rows of the send order.
 v1 (the library's): a block a row, its threads along C; the combine sums a token's slots in fp32
     in slot order; the gates' gradients a warp a slot (a dot product of C over 32 lanes).
 Memory-bound: each moves its rows once; the timing reports GB/s.
+Then the experts' fc forward as llmc/moe.h runs it, one cuBLASLt GEMM an expert over the rows it
+took (uneven counts, as routing leaves them), against the CPU's matmul, timed beside one GEMM over
+all the rows (what the experts would cost as one dense MLP of the same rows: the gap is the price
+of many small GEMMs of changing shapes).
 */
 #include "common.h"
 namespace cpu {
 #include "llmc/cpu/moe.h"
+#include "llmc/cpu/matmul.h"
 }
 #include "llmc/cuda/moe.cuh"
+#include "llmc/cuda/matmul.cuh"
 
 int main(void) {
     int N = GPU_OR_EMU(8192, 96), k = 2, C = GPU_OR_EMU(768, 64);  // a d12 micro-batch of 8 x 1024, top-2
@@ -77,5 +83,41 @@ int main(void) {
     ok &= validate_f32("v1 gate gradients", d_dgate, dgate, S, FLOATX_IS_FLOAT ? 1e-4f : 2e-2f);
     TIME_KERNEL(ms, 20, moe_gate_grads(d_dgate, d_dout, d_rows, d_row, N, k, C));
     report("v1 gate gradients", ms, moved / 2 + (double)N * C * X * k, 0);
+
+    // the experts' fc: E experts, expert e taking counts[e] of the kept rows (uneven: 1 to 3 parts)
+    int E = 8, F = 4 * C, counts[8], first[8], at = 0;
+    for (int e = 0; e < E; e++) counts[e] = kept / 16 * (1 + e % 3);
+    counts[E - 1] = 0;
+    for (int e = 0; e < E - 1; e++) at += counts[e];
+    counts[E - 1] = kept - at;  // (the rest: every row to some expert)
+    for (int e = 0, f = 0; e < E; f += counts[e], e++) first[e] = f;
+    float* w = random_floats((size_t)E * F * C, 0.02f);
+    float* b = random_floats((size_t)E * F, 0.1f);
+    round_like_floatX(w, (size_t)E * F * C);
+    round_like_floatX(b, (size_t)E * F);
+    float* fch = (float*)malloc_check((size_t)kept * F * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        cpu::matmul_forward(fch + (size_t)first[e] * F, rows + (size_t)first[e] * C, w + (size_t)e * F * C, b + (size_t)e * F,
+                            counts[e], C, F);
+    }
+    floatX *d_w = to_device(w, (size_t)E * F * C), *d_b = to_device(b, (size_t)E * F);
+    floatX* d_fch = (floatX*)device_malloc((size_t)kept * F * sizeof(floatX));
+    round_like_floatX(rows, (size_t)kept * C);  // (the device's rows are floatX)
+    floatX* d_xin = to_device(rows, (size_t)kept * C);
+    printf("experts' fc: %d experts, %d rows in all (%d to %d an expert), C=%d -> 4C=%d\n", E, kept, counts[0], counts[2], C, F);
+#define EXPERTS_FC() do {                                                                                          \
+        for (int e = 0; e < E; e++) {                                                                           \
+            if (counts[e] == 0) continue;                                                                       \
+            matmul_forward(d_fch + (size_t)first[e] * F, d_xin + (size_t)first[e] * C, d_w + (size_t)e * F * C, \
+                           d_b + (size_t)e * F, counts[e], C, F);                                               \
+        }                                                                                                       \
+    } while (0)
+    EXPERTS_FC();
+    ok &= validate("v1 experts' fc, a GEMM an expert", d_fch, fch, (size_t)kept * F, tol);
+    double flops = 2.0 * kept * C * F;
+    TIME_KERNEL(ms, 10, EXPERTS_FC());
+    report("v1 experts' fc, a GEMM an expert", ms, 0, flops);
+    TIME_KERNEL(ms, 10, matmul_forward(d_fch, d_xin, d_w, d_b, kept, C, F));
+    report("one GEMM over all the rows (one expert's weights)", ms, 0, flops);
     return finish(ok);
 }
