@@ -295,6 +295,46 @@ static void print_moe(const ExpertParallel* t, int step, MoeFigures f) {
     printf("\n");
 }
 
+// The model: a descriptor (-e dL) takes -experts and -topk (2 unless given); a model file brings
+// its own, which the flags, when given, must repeat. Every rank checks, and all stop together.
+static GPT2Config moe_config(const Run* run, int experts, int topk, int ep) {
+    GPT2Config config = run->config;
+    if (run->from_descriptor) {
+        check_every_rank(experts >= 2, "-e %s with -experts %d: a Mixture-of-Experts model needs -experts E >= 2 (E = 1 is "
+                         "the dense GPT-2: train it with train_gpt2_dp)", run->args.model, experts);
+        config.experts = experts;
+        config.topk = topk > 0 ? topk : 2;
+    } else {
+        check_every_rank(gpt2_is_moe(config), "-e %s is a dense GPT-2 model file (no experts in its header): "
+                         "train_gpt2_ep trains Mixture-of-Experts models (start one from a descriptor: -e d4 -experts 8)",
+                         run->args.model);
+        check_every_rank((experts == 0 || experts == config.experts) && (topk == 0 || topk == config.topk),
+                         "-experts %d -topk %d: the model file %s has E=%d experts and top-k %d", experts, topk,
+                         run->args.model, config.experts, config.topk);
+    }
+    check_every_rank(config.topk >= 1 && config.topk <= config.experts, "-topk %d: expected 1 <= k <= E = %d", config.topk,
+                     config.experts);
+    check_every_rank(config.experts % ep == 0 && run->world.size % ep == 0, "-ep %d: expert parallelism splits the E = %d "
+                     "experts over ep ranks of the %d, so ep must divide both", ep, config.experts, run->world.size);
+    return config;
+}
+
+static MoeBalance balance_of(const char* name) {
+    if (strcmp(name, "none") == 0) return BALANCE_NONE;
+    if (strcmp(name, "bias") == 0) return BALANCE_BIAS;
+    check_every_rank(strcmp(name, "aux") == 0, "-balance %s: expected aux, bias or none", name);
+    return BALANCE_AUX;
+}
+
+// -check_replicas: every copy of each parameter the same, the replicated ones over all ranks
+// (their CRC-32s all-reduced), each rank's experts over the ranks that hold the same ones
+static void check_copies(ExpertParallel* t, int step) {
+    unsigned experts = (1u << PARAM_FCW) | (1u << PARAM_FCB) | (1u << PARAM_FCPROJW) | (1u << PARAM_FCPROJB);
+    unsigned replicated = ((1u << NUM_PARAMETER_TENSORS) - 1) & ~experts;
+    train_check_replicas(t->model, t->world, step, &replicated, "replicated parameters");
+    train_check_replicas(t->model, t->edp_group, step, &experts, "experts' copies");
+}
+
 int main(int argc, char** argv) {
     // ---- the flags: the common ones and this trainer's own; then the communication layer and
     // the model's config (llmc/run.h)
@@ -316,31 +356,8 @@ int main(int argc, char** argv) {
     if (!run_start_model(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]), /*moe*/ 1)) return 0;
     CommGroup* world = &run.world;
     int rank = world->rank, ranks = world->size;
-    MoeBalance balance = BALANCE_AUX;
-    if (strcmp(balance_name, "none") == 0) balance = BALANCE_NONE;
-    else if (strcmp(balance_name, "bias") == 0) balance = BALANCE_BIAS;
-    else check_every_rank(strcmp(balance_name, "aux") == 0, "-balance %s: expected aux, bias or none", balance_name);
-    // the model: a descriptor takes -experts and -topk; a model file brings its own, which the
-    // flags (when given) must repeat
-    GPT2Config config = run.config;
-    if (run.from_descriptor) {
-        check_every_rank(experts >= 2, "-e %s with -experts %d: a Mixture-of-Experts model needs -experts E >= 2 (E = 1 is "
-                         "the dense GPT-2: train it with train_gpt2_dp)", run.args.model, experts);
-        config.experts = experts;
-        config.topk = topk > 0 ? topk : 2;
-    } else {
-        check_every_rank(gpt2_is_moe(config), "-e %s is a dense GPT-2 model file (no experts in its header): "
-                         "train_gpt2_ep trains Mixture-of-Experts models (start one from a descriptor: -e d4 -experts 8)",
-                         run.args.model);
-        check_every_rank((experts == 0 || experts == config.experts) && (topk == 0 || topk == config.topk),
-                         "-experts %d -topk %d: the model file %s has E=%d experts and top-k %d", experts, topk,
-                         run.args.model, config.experts, config.topk);
-    }
-    check_every_rank(config.topk >= 1 && config.topk <= config.experts, "-topk %d: expected 1 <= k <= E = %d", config.topk,
-                     config.experts);
-    check_every_rank(config.experts % ep == 0 && ranks % ep == 0, "-ep %d: expert parallelism splits the E = %d experts "
-                     "over ep ranks of the %d, so ep must divide both", ep, config.experts, ranks);
-    run.config = config;
+    MoeBalance balance = balance_of(balance_name);
+    GPT2Config config = run.config = moe_config(&run, experts, topk, ep);
 
     // ---- the groups: EP groups of ep consecutive ranks; the ranks holding the same experts
     CommGroup ep_group, edp_group;
@@ -427,12 +444,7 @@ int main(int argc, char** argv) {
         run_step_end(&run, step, loss, lr, norm, clip_scale);
         print_moe(&trainer, step, figures);
         if (dump_grads != NULL && step == 0) write_gradients(&trainer, dump_grads);
-        if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
-            unsigned experts_mask = (1u << PARAM_FCW) | (1u << PARAM_FCB) | (1u << PARAM_FCPROJW) | (1u << PARAM_FCPROJB);
-            unsigned replicated_mask = ((1u << NUM_PARAMETER_TENSORS) - 1) & ~experts_mask;
-            train_check_replicas(&model, world, step + 1, &replicated_mask, "replicated parameters");
-            train_check_replicas(&model, &edp_group, step + 1, &experts_mask, "experts' copies");
-        }
+        if (check_replicas > 0 && (step + 1) % check_replicas == 0) check_copies(&trainer, step + 1);
     }
     run_end(&run);
     moe_free(&moe);
