@@ -80,7 +80,7 @@ endif
 # any out-of-bounds access, use after free or undefined behaviour (an int overflow, a bad shift)
 # stops the program with a report; -O1 -g keeps the reports readable
 SANITIZE_FLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-sanitize: build/sanitize/train_gpt2_dp build/sanitize/train_gpt2_tp build/sanitize/train_gpt2_pp build/sanitize/train_gpt2_3d build/sanitize/train_gpt2_cp build/sanitize/train_gpt2_diloco
+sanitize: build/sanitize/train_gpt2_dp build/sanitize/train_gpt2_tp build/sanitize/train_gpt2_pp build/sanitize/train_gpt2_3d build/sanitize/train_gpt2_cp build/sanitize/train_gpt2_diloco build/sanitize/train_gpt2_ep
 build/sanitize/train_gpt2_%: train_gpt2_%.cu $(HEADERS) | check-deps
 	@mkdir -p $(dir $@)
 	$(MPICC) $(filter-out -O3,$(CFLAGS)) $(SANITIZE_FLAGS) -x c $< -x none -o $@ $(LDLIBS)

@@ -625,6 +625,25 @@ def ep_checkpoints_resume_on_any_ep():
 
 
 @test
+def sanitized_ep_capacity_bias_checkpoint_sampling_and_resume():
+    """the MoE trainer's routing, capacity, row moves and all-to-alls under AddressSanitizer +
+    UndefinedBehaviorSanitizer: 4 ranks at ep 2 (two copies of each expert), E = 4, top-2, a
+    capacity that drops, the bias rule, a checkpoint, validation, a sample (a dropless pass of
+    its own length) and a resume from the checkpoint"""
+    p = make(["sanitize"], timeout=600)
+    assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
+    env = dict(ASAN_OPTIONS="detect_leaks=0")
+    d = fresh_dir("sanitized_ep")
+    moe = os.path.join(moe_reference(4, 2)["dir"], "model.bin")
+    args = small_run_args(d, ["-e", moe, "-b", 1, "-d", 4 * 32, "-x", 2, "-s", 2, "-g", 8, "-ep", 2, "-balance", "bias",
+                              "-capacity_factor", 1.0], cfg=MOE)
+    for extra in ([], ["-x", 3, "-y", 1]):
+        out = run_ok(4, args + extra, program="./build/sanitize/train_gpt2_ep", env=env)
+        assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+    assert "resumed from step 2" in out and "---- sample at step 3 ----" in out and "val loss" in out, out[-3000:]
+
+
+@test
 def ep_bad_inputs():
     """every bad input of the other trainers (bad_input_cases), given to train_gpt2_ep with an MoE
     model file in place of the dense one and -experts 4 (which the descriptors need): the same
