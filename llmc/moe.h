@@ -20,8 +20,8 @@
 // the gradients of their inputs back, the gates' gradients reach the router through the softmax.
 // Routing decisions (which expert, which row) are host work here, on the (N, E) logits copied
 // from the device: plain loops a reader can follow; the rows move on the device (cpu/moe.h,
-// cuda/moe.cuh). A fast GPU path would route on the device too (a prefix sum of the counts per
-// expert), and so never wait for the host between the router and the exchange.
+// cuda/moe.cuh). A fast GPU path routes on the device too (a prefix sum of the counts per
+// expert), so that only the counts reach the host, or none at all (moe_forward, step 3, says how).
 #ifndef LLMC_MOE_H
 #define LLMC_MOE_H
 
