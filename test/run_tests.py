@@ -554,7 +554,10 @@ def make_ep_test(ranks, ep, accum, E, k, balance, cf):
 # -capacity_factor 1.25 there, or B = 2, they stay resolved)
 for _case in [(1, 1, 2, 4, 2, "aux", 0.0), (2, 2, 1, 4, 2, "aux", 0.0), (4, 2, 1, 4, 2, "aux", 0.0),
               (4, 4, 1, 8, 1, "aux", 0.0), (2, 2, 2, 8, 2, "bias", 0.0), (2, 1, 1, 4, 2, "aux", 1.25),
-              (2, 2, 2, 4, 2, "none", 1.0), (4, 2, 1, 4, 2, "aux", 1.25)]:
+              (2, 2, 2, 4, 2, "none", 1.0), (4, 2, 1, 4, 2, "aux", 1.25),
+              # k = 1 and every balance rule at ep 4 and ep 2; capacity at ep 4, with accumulation
+              (4, 4, 1, 4, 1, "bias", 0.0), (2, 2, 1, 4, 1, "none", 0.0), (4, 4, 1, 8, 2, "none", 1.25),
+              (4, 4, 2, 8, 2, "aux", 1.25)]:
     test(make_ep_test(*_case))
 
 
