@@ -125,7 +125,8 @@ class Block(nn.Module):
         gaps = ranked.values[:, first + 1:last + 1] - ranked.values[:, first:last]
         margin = gaps.min() if gaps.numel() else torch.tensor(math.inf)
         self.routing = dict(aux=E * (f * P).sum(1).mean(), load=routed.sum(0).tolist(),
-                            dropped=int((~kept).sum()), margin=float(margin.min()))
+                            dropped=int((~kept).sum()), margin=float(margin.min()),
+                            route=torch.where(kept, top, torch.full_like(top, -1)).reshape(-1).tolist())
         return out.view(B, T, C)
 
     def update_balance_bias(self, rate):
@@ -358,6 +359,7 @@ def run(args):
     MoE's also "aux_losses" (the summed aux term, 0 unless --balance aux), "loads" (per layer, the
     slots routed to each expert over the global batch, before drops), "max_vio" (the largest over
     the layers of max load / mean load - 1), "dropped" (dropped slots / all slots, all layers);
+    "routes" (per step and layer, each slot's expert, tokens in order, k a token; -1 where dropped),
     "bias" (each layer's final b) and "min_route_margin" (over all steps, layers and tokens, the
     least gap between the k-th and (k+1)-th largest s + b; inf if k = E: fp32 trainers route as
     the reference only where no token is near a tie)"""
@@ -387,7 +389,7 @@ def run(args):
     B, T = args.batch, args.seq_len
     G = B * T
     losses, norms, lrs = [], [], []
-    routing = dict(aux_losses=[], loads=[], max_vio=[], dropped=[], min_route_margin=math.inf)
+    routing = dict(aux_losses=[], loads=[], max_vio=[], dropped=[], min_route_margin=math.inf, routes=[])
     for step in range(args.steps):
         chunk = torch.from_numpy(tokens[step * G: step * G + G + 1])
         x, y = chunk[:-1].view(B, T), chunk[1:].view(B, T)
@@ -403,6 +405,7 @@ def run(args):
             routing["max_vio"].append(max(max(load) / (sum(load) / model.E) - 1 for load in loads))
             routing["dropped"].append(sum(b.routing["dropped"] for b in model.blocks) / (model.L * G * model.k))
             routing["min_route_margin"] = min(routing["min_route_margin"], *(b.routing["margin"] for b in model.blocks))
+            routing["routes"].append([b.routing["route"] for b in model.blocks])
         if step == 0:
             write_model_file(os.path.join(args.out, "grads.bin"), model, model.tensors(grads=True))
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)

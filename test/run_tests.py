@@ -528,6 +528,25 @@ def compare_ep_with_reference(ranks, ep, accum, E=4, k=2, balance="aux", cf=0.0)
     replicated, per_expert = moe_params(cfg, E)
     train, _ = read_log(d)
     for s in range(steps):
+        # rank 0's all-to-all bytes, from the reference's routing: per layer and micro-batch it sends
+        # its kept slots routed to experts of the other ranks of its EP group (the tokens out, and
+        # their gradients in the backward), and sends back the outputs of the slots those ranks
+        # routed to its own experts (and their input gradients), C floats a row each way; and the
+        # counts, E/ep ints to each other rank
+        if ep > 1:
+            El, N = E // ep, B * cfg["seq_len"]
+            out = back = 0
+            for micro in range(accum):
+                for layer in ref["routes"][s]:
+                    for r in range(ep):  # the ranks of rank 0's EP group, their chunks of the micro-step
+                        chunk = micro * ranks + r
+                        slots = layer[chunk * N * k:(chunk + 1) * N * k]
+                        if r == 0:
+                            out += sum(1 for e in slots if e >= 0 and e // El != 0)
+                        else:
+                            back += sum(1 for e in slots if e >= 0 and e // El == 0)
+            expected = 2 * (out + back) * cfg["channels"] * 4 + accum * cfg["layers"] * El * (ep - 1) * 4
+            assert train[s + 1]["comm"]["ep"]["all_to_all"] == expected, (s + 1, train[s + 1]["comm"]["ep"], expected)
         # main.log's tokens per expert (the fewest, the mean, the most over experts and layers,
         # before drops) are the reference's loads, exactly (counts)
         loads = np.array(ref["loads"][s], dtype=float)
