@@ -566,17 +566,18 @@ def make_ep_test(ranks, ep, accum, E, k, balance, cf):
     return fn
 
 
-# (Each case's weights must have gradients fp32 resolves, as with REF4_GPT2 above: with B = 4 a
-# rank and -capacity_factor 1.0, 10-20% of the slots drop, and a weight of an expert left with a
-# few tokens gets a noise-sized gradient that AdamW turns into steps of lr, 2.5e-5 to 5e-5 off
-# float64's after 5 steps, while the losses, norms and step-0 gradients agree to 1e-6; with
-# -capacity_factor 1.25 there, or B = 2, they stay resolved)
+# (Each case's weights must have gradients fp32 resolves, as with REF4_GPT2 above: where slots
+# drop (-capacity_factor 1.0 at B = 4 a rank: 10-20% of them) or 8 experts share top-2 routing,
+# a weight of an expert left with few tokens gets a noise-sized gradient that AdamW turns into
+# steps of lr: 1.4e-5 to 5e-5 off float64's after 5 steps, at the 2e-5 limit, while the losses,
+# norms and step-0 gradients still agree to 1e-6. Another CPU's GEMM rounds that noise otherwise,
+# so the cases here keep their final weights within 1e-5, half the limit, as measured)
 for _case in [(1, 1, 2, 4, 2, "aux", 0.0), (2, 2, 1, 4, 2, "aux", 0.0), (4, 2, 1, 4, 2, "aux", 0.0),
-              (4, 4, 1, 8, 1, "aux", 0.0), (2, 2, 2, 8, 2, "bias", 0.0), (2, 1, 1, 4, 2, "aux", 1.25),
+              (4, 4, 1, 8, 1, "aux", 0.0), (2, 2, 2, 4, 1, "bias", 0.0), (2, 1, 1, 4, 2, "aux", 1.25),
               (2, 2, 2, 4, 2, "none", 1.0), (4, 2, 1, 4, 2, "aux", 1.25),
               # k = 1 and every balance rule at ep 4 and ep 2; capacity at ep 4, with accumulation
-              (4, 4, 1, 4, 1, "bias", 0.0), (2, 2, 1, 4, 1, "none", 0.0), (4, 4, 1, 8, 2, "none", 1.25),
-              (4, 4, 2, 8, 2, "aux", 1.25)]:
+              (4, 4, 1, 4, 1, "bias", 0.0), (2, 2, 1, 4, 1, "none", 0.0), (4, 4, 1, 8, 1, "none", 1.25),
+              (4, 4, 2, 8, 1, "aux", 1.25)]:
     test(make_ep_test(*_case))
 
 
