@@ -68,7 +68,9 @@ typedef struct {
 
 // ----------------------------------------------------------------------------------------------
 // forward and backward of the whole model on one micro-batch: the DDP trainer's, with each
-// layer's MLP half an MoE layer
+// layer's MLP half an MoE layer. Every rank runs every layer on its own B x T tokens (data
+// parallel); only inside the MoE layers do tokens leave their rank: to the ranks of the experts
+// their router chose, and back. Between the MoE layers the ranks are independent, as in DDP.
 
 static void gpt2_forward(ExpertParallel* t, const int* inputs_host, int B, int T) {
     GPT2* model = t->model;
@@ -86,10 +88,14 @@ static void gpt2_forward(ExpertParallel* t, const int* inputs_host, int B, int T
         LayerActs x = layer_acts(a, d, B, T, l);
         LayerWeights w = gpt2_layer_params(model, l);
         floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
+        // the attention half, replicated weights on this rank's tokens: no communication (block.h)
         attention_half_forward(x, w, B, T, d);
         fused_residual_layernorm_forward(x.residual2, x.ln2, x.ln2_mean, x.ln2_rstd, residual, x.attproj, w.ln2w,
                                          w.ln2b, B * T, C);
-        // the MLP half: the experts, behind two all-to-alls over the EP group (llmc/moe.h)
+        // the MLP half: the router, then the experts behind the all-to-alls over the EP group,
+        // counts first (E/ep ints a rank pair), then (slots, C) rows out and (slots, C) outputs
+        // back, each a rank's kept slots for the other ranks' experts (llmc/moe.h). x.fcproj
+        // receives the gate-weighted sum, where a dense layer's fcproj would be, for the residual
         moe_forward(t->moe, l, x.fcproj, x.ln2, w, B * T);
         if (l + 1 < L) {
             LayerWeights wn = gpt2_layer_params(model, l + 1);
@@ -113,6 +119,7 @@ static void gpt2_backward(ExpertParallel* t, const int* inputs_host, int B, int 
     int L = c.num_layers, C = c.channels;
     Activations* a = &model->acts;
     ParameterTensors p = model->params, g = model->grads;
+    // LM head (a->logits holds dlogits, from the loss) and the final LayerNorm
     matmul_backward(a->dbuf, g.wte, NULL, a->logits, a->lnf, p.wte, B * T, C, d.Vp_rank);
     device_memset_zero(a->dresidual, (size_t)B * T * C * sizeof(floatX));
     layernorm_backward(a->dresidual, g.lnfw, g.lnfb, a->dbuf, layer_acts(a, d, B, T, L - 1).residual3, p.lnfw,
@@ -121,12 +128,17 @@ static void gpt2_backward(ExpertParallel* t, const int* inputs_host, int B, int 
         LayerWeights w = gpt2_layer_params(model, l), gw = gpt2_layer_grads(model, l);
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
-        // the MoE layer's backward (the same all-to-alls, reversed), then ln2's
+        // the MoE layer's backward: the gates' gradients here; the outputs' gradients (slots, C)
+        // to the experts by the forward's all-to-all, the experts' input gradients (slots, C)
+        // home by its reverse; the router's gradient, with the aux loss's. Then ln2's. The
+        // experts' weight gradients accumulate on the ranks that hold them, from every rank's tokens
         moe_backward(t->moe, l, a->dbuf, a->dresidual, x.ln2, w, gw, B * T, aux_weight);
         layernorm_backward(a->dresidual, gw.ln2w, gw.ln2b, a->dbuf, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd, B * T, C);
+        // a residual add passes dresidual on unchanged; the attention half as in DDP
         attention_half_backward(a->dbuf, a->dbuf, a->dqkv, a->dresidual, x, w, gw, B, T, d);
         layernorm_backward(a->dresidual, gw.ln1w, gw.ln1b, a->dbuf, residual, w.ln1w, x.ln1_mean, x.ln1_rstd, B * T, C);
     }
+    // the embeddings (the tied wte takes the LM head's gradient and the lookups')
     encoder_backward(g.wte, g.wpe, a->dresidual, inputs_host, B, T, C);
 }
 

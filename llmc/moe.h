@@ -50,6 +50,7 @@ typedef struct {
     float* probs;              // (L, N, E) softmax over all E of s (the aux loss's P)
     int* send_counts;          // (L, E) kept slots this rank sends to each expert
     int* recv_counts;          // (L, ep, E_local) rows it receives from each rank for each of its experts
+    int* rows_taken;           // (L) the rows this rank's experts took in the layer's forward (moe_regroup)
     int* to_experts;           // (L, rows_max) expert order: row i comes from source-order row to_experts[i]
     int* from_experts;         // (L, rows_max) source order: row i comes from expert-order row from_experts[i]
     // the same on the device, for the kernels that move the rows: row, gate, to_ and from_experts
@@ -95,6 +96,7 @@ static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGrou
     m->probs = (float*)malloc_check(L * N * E * sizeof(float));
     m->send_counts = (int*)calloc_check(L * E, sizeof(int));
     m->recv_counts = (int*)calloc_check(L * E, sizeof(int));  // ep x E_local = E per layer
+    m->rows_taken = (int*)calloc_check(L, sizeof(int));
     m->to_experts = (int*)malloc_check(L * R * sizeof(int));
     m->from_experts = (int*)malloc_check(L * R * sizeof(int));
     m->row_dev = (int*)device_malloc(L * S * sizeof(int));
@@ -120,7 +122,7 @@ static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGrou
 
 static inline void moe_free(Moe* m) {
     free(m->expert), free(m->gate), free(m->row), free(m->probs), free(m->send_counts), free(m->recv_counts);
-    free(m->to_experts), free(m->from_experts);
+    free(m->rows_taken), free(m->to_experts), free(m->from_experts);
     device_free(m->row_dev), device_free(m->gate_dev), device_free(m->to_experts_dev), device_free(m->from_experts_dev);
     device_free(m->dgate_dev);
     device_free(m->xin), device_free(m->fch), device_free(m->fch_gelu), device_free(m->returned);
@@ -219,6 +221,7 @@ static inline int moe_regroup(Moe* m, int l) {
     }
     copy_host_to_device(m->to_experts_dev + (size_t)l * m->rows_max, to, (size_t)at * sizeof(int));
     copy_host_to_device(m->from_experts_dev + (size_t)l * m->rows_max, from, (size_t)at * sizeof(int));
+    m->rows_taken[l] = at;  // (the backward's exchange brings as many)
     return at;
 }
 
@@ -351,11 +354,7 @@ static inline void moe_backward(Moe* m, int l, floatX* dh_out, const floatX* dou
     copy_device_to_host(m->dgate, m->dgate_dev, (size_t)N * k * sizeof(float));
     moe_dispatch(m->send, dout, row, gate_dev, N, k, C, 1);
     moe_exchange(m, l, m->send, m->recv, 0);
-    int rows = 0;
-    for (int e = 0; e < m->E_local; e++) {
-        int first;
-        rows += moe_expert_rows(m, l, e, &first);
-    }
+    int rows = m->rows_taken[l];
     if (rows > 0) moe_gather_rows(m->yout, m->recv, m->to_experts_dev + (size_t)l * R, rows, C);
     floatX* xin = m->xin + (size_t)l * R * C;
     floatX* fch = m->fch + (size_t)l * R * 4 * C;
