@@ -299,8 +299,8 @@ static void print_moe(const ExpertParallel* t, int step, MoeFigures f) {
     if (m->balance == BALANCE_BIAS) {
         float lo = 0.0f, hi = 0.0f;
         for (int i = 0; i < m->L * m->E; i++) {
-            lo = m->bias[i] < lo ? m->bias[i] : lo;
-            hi = m->bias[i] > hi ? m->bias[i] : hi;
+            lo = m->bias_host[i] < lo ? m->bias_host[i] : lo;
+            hi = m->bias_host[i] > hi ? m->bias_host[i] : hi;
         }
         printf(" | bias %.4f..%.4f", lo, hi);
     }
@@ -411,7 +411,7 @@ int main(int argc, char** argv) {
     hooks.val_replicas = world;
     hooks.split = &ep_group;
     hooks.replicas = &edp_group;
-    hooks.own.buffers[0] = moe.bias;  // (host memory on the CPU backend: its "device")
+    hooks.own.buffers[0] = moe.bias;  // (L, E) floats on the device
     hooks.own.counts[0] = (size_t)config.num_layers * config.experts;
     hooks.own.num = 1;
     CommGroup* groups[3] = {world, &ep_group, &edp_group};
@@ -432,7 +432,7 @@ int main(int argc, char** argv) {
             gpt2_forward(&trainer, run.train.inputs, B, T);
             loss += gpt2_loss(&model, run.train.targets, B, T, dloss) / (float)accum;
             if (balance == BALANCE_AUX) {
-                for (int l = 0; l < config.num_layers; l++) moe.aux += moe_aux_loss(&moe, l, B * T, 0.0f, NULL);
+                for (int l = 0; l < config.num_layers; l++) moe.aux += moe_aux_loss(&moe, l);
             }
             gpt2_backward(&trainer, run.train.inputs, B, T, 1.0f / (float)accum);
         }

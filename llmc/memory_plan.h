@@ -108,15 +108,17 @@ static inline int moe_rows_max(int N, int k, int E, int ep, int capacity) {
     long long dropless = (long long)ep * N * k, capped = (long long)capacity * (E / ep) * ep;
     return (int)(capped < dropless ? capped : dropless);
 }
-// the device bytes of llmc/moe.h's buffers: per layer the rows its experts took (C), their fc and
-// GELU outputs (4C each) and the outputs back home (N k rows of C); then one layer's scratch: the
-// rows in send order, received, the experts' outputs, a 4C gradient, the router's logits (N, E),
-// the router's input gradient (N, C); and the routing the kernels read, of every layer: each
-// slot's row and gate, the two row orders (4 bytes each), with the gates' gradients (N k floats)
-static inline size_t moe_device_bytes(int L, int N, int k, int C, int E, int rows_max, int X) {
+// the device bytes of llmc/moe.h's buffers, B sequences of T = N / B tokens: per layer the rows
+// its experts took (C), their fc and GELU outputs (4C each) and the outputs back home (N k rows of
+// C); then one layer's scratch: the rows in send order, received, the experts' outputs, a 4C
+// gradient, the router's logits (N, E), the router's input gradient (N, C); and the routing, of
+// every layer (4 bytes each): each slot's expert, row and gate, the two row orders, each token's
+// P (E), each sequence's f and P (2E), the bias (E); with one layer's 2E counts and the gates'
+// gradients (N k)
+static inline size_t moe_device_bytes(int L, int B, int N, int k, int C, int E, int rows_max, int X) {
     size_t S = (size_t)N * k, R = (size_t)rows_max;
     return ((size_t)L * (R * C + 2 * R * 4 * C + S * C) + S * C + 2 * R * C + R * 4 * C + (size_t)N * E + (size_t)N * C) * X +
-           ((size_t)L * (2 * S + 2 * R) + S) * 4;
+           ((size_t)L * (3 * S + 2 * R + (size_t)N * E + (size_t)B * 2 * E + E) + 2 * (size_t)E + S) * 4;
 }
 
 // the rank's parameter layout, as each trainer builds it
@@ -206,7 +208,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     if (r->trainer == TRAINER_EP) {
         int tokens = r->B * r->T;
         int rows = moe_rows_max(tokens, c.topk, c.experts, layout_ep(r), moe_capacity(tokens, c.topk, c.experts, r->capacity_factor));
-        plan.experts = moe_device_bytes(c.num_layers, tokens, c.topk, c.channels, c.experts, rows, t.X);
+        plan.experts = moe_device_bytes(c.num_layers, r->B, tokens, c.topk, c.channels, c.experts, rows, t.X);
     }
     // gathers for files
     if (r->trainer == TRAINER_DP) {

@@ -18,10 +18,10 @@
 //      kept slots, in slot order (the same sum on any ep).
 // The backward runs it in reverse: the gradients of the expert outputs travel to the experts and
 // the gradients of their inputs back, the gates' gradients reach the router through the softmax.
-// Routing decisions (which expert, which row) are host work here, on the (N, E) logits copied
-// from the device: plain loops a reader can follow; the rows move on the device (cpu/moe.h,
-// cuda/moe.cuh). A fast GPU path routes on the device too (a prefix sum of the counts per
-// expert), so that only the counts reach the host, or none at all (moe_forward, step 3, says how).
+// Routing runs where the rows are, on the device (cpu/moe.h, cuda/moe.cuh: the top-k, a prefix
+// sum per expert for the capacity and the send order, the router's gradient); the host gets only
+// what the all-to-all needs, each expert's count of kept slots, and decides from the counts where
+// each rank's rows go (moe_regroup): plain loops a reader can follow.
 #ifndef LLMC_MOE_H
 #define LLMC_MOE_H
 
@@ -37,25 +37,31 @@ typedef struct {
     int E, k, L, C;
     int ep, ep_rank, E_local;  // experts split over ep ranks: this rank holds [ep_rank E_local, ...)
     int N;                     // tokens of a micro-batch (B x T), the most a layer routes
-    int T;                     // a sequence's tokens (the aux loss is per sequence)
+    int B, T;                  // its sequences and their tokens (the aux loss is per sequence)
     MoeBalance balance;
     float aux_alpha, bias_rate, capacity_factor;
     int capacity;              // slots an expert takes of a micro-batch (N k: dropless)
     int rows_max;              // the most rows an expert rank can receive in a layer
     CommGroup* ep_group;       // the ranks this rank exchanges tokens with
-    // the routing of every layer of the micro-batch in flight (host), kept for its backward
+    // device: the routing of every layer of the micro-batch in flight, kept for its backward
     int* expert;               // (L, N, k) each slot's expert, best first
     float* gate;               // (L, N, k) its gate
     int* row;                  // (L, N, k) its row in the layer's send order; -1: dropped
     float* probs;              // (L, N, E) softmax over all E of s (the aux loss's P)
+    float* shares;             // (L, B, 2E) each sequence's f and P (-balance aux)
+    float* bias;               // (L, E) DeepSeek-V3's balancing bias (-balance bias), a checkpoint's trainer state
+    int* counts_dev;           // (2E) the layer's kept slots per expert, then its routed slots (before drops)
+    int *to_experts_dev, *from_experts_dev;  // the two row orders below, for the kernels that move rows
+    float* dgate;              // (N, k) the gates' gradients
+    // host: what the all-to-all and the printed figures need
+    int* counts;               // (2E) counts_dev, copied
     int* send_counts;          // (L, E) kept slots this rank sends to each expert
     int* recv_counts;          // (L, ep, E_local) rows it receives from each rank for each of its experts
     int* rows_taken;           // (L) the rows this rank's experts took in the layer's forward (moe_regroup)
     int* to_experts;           // (L, rows_max) expert order: row i comes from source-order row to_experts[i]
     int* from_experts;         // (L, rows_max) source order: row i comes from expert-order row from_experts[i]
-    // the same on the device, for the kernels that move the rows: row, gate, to_ and from_experts
-    int *row_dev, *to_experts_dev, *from_experts_dev;
-    float* gate_dev;
+    float* shares_host;        // (B, 2E) a layer's shares, for the aux loss's value
+    float* bias_host;          // (L, E) the bias, for its update and the printed range
     // device buffers: per layer what the backward reads, then scratch
     floatX* xin;               // (L, rows_max, C)   the rows this rank's experts took, expert order
     floatX* fch;               // (L, rows_max, 4C)
@@ -67,10 +73,6 @@ typedef struct {
     floatX* dfch;              // (rows_max, 4C)
     floatX* scores;            // (N, E)             router logits; backward: their gradient
     floatX* dh;                // (N, C)             the router's part of the input gradient
-    float* scores_host;        // (N, E)
-    float* dgate;              // (N, k)             the gates' gradients (host), and on the device:
-    float* dgate_dev;          // (N, k)
-    float* bias;               // (L, E)             DeepSeek-V3's balancing bias (-balance bias)
     // this step's figures, summed over its micro-batches (before any reduction over ranks)
     double* loads;             // (L, E) slots routed to each expert, before drops
     double aux;                // the aux loss: per micro-batch mean over sequences, summed over layers
@@ -85,25 +87,30 @@ static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGrou
     memset(m, 0, sizeof(*m));
     m->E = c.experts, m->k = c.topk, m->L = c.num_layers, m->C = c.channels;
     m->ep = ep, m->ep_rank = ep_rank, m->E_local = c.experts / ep, m->ep_group = ep_group;
-    m->N = B * T, m->T = T;
+    m->N = B * T, m->B = B, m->T = T;
     m->balance = balance, m->aux_alpha = aux_alpha, m->bias_rate = bias_rate, m->capacity_factor = capacity_factor;
     m->capacity = moe_capacity(m->N, m->k, m->E, capacity_factor);
     m->rows_max = moe_rows_max(m->N, m->k, m->E, ep, m->capacity);
     size_t L = m->L, N = m->N, k = m->k, E = m->E, C = m->C, R = m->rows_max, S = N * k;
-    m->expert = (int*)malloc_check(L * S * sizeof(int));
-    m->gate = (float*)malloc_check(L * S * sizeof(float));
-    m->row = (int*)malloc_check(L * S * sizeof(int));
-    m->probs = (float*)malloc_check(L * N * E * sizeof(float));
+    m->expert = (int*)device_malloc(L * S * sizeof(int));
+    m->gate = (float*)device_malloc(L * S * sizeof(float));
+    m->row = (int*)device_malloc(L * S * sizeof(int));
+    m->probs = (float*)device_malloc(L * N * E * sizeof(float));
+    m->shares = (float*)device_malloc(L * B * 2 * E * sizeof(float));
+    m->bias = (float*)device_malloc(L * E * sizeof(float));
+    device_memset_zero(m->bias, L * E * sizeof(float));
+    m->counts_dev = (int*)device_malloc(2 * E * sizeof(int));
+    m->to_experts_dev = (int*)device_malloc(L * R * sizeof(int));
+    m->from_experts_dev = (int*)device_malloc(L * R * sizeof(int));
+    m->dgate = (float*)device_malloc(S * sizeof(float));
+    m->counts = (int*)calloc_check(2 * E, sizeof(int));
     m->send_counts = (int*)calloc_check(L * E, sizeof(int));
     m->recv_counts = (int*)calloc_check(L * E, sizeof(int));  // ep x E_local = E per layer
     m->rows_taken = (int*)calloc_check(L, sizeof(int));
     m->to_experts = (int*)malloc_check(L * R * sizeof(int));
     m->from_experts = (int*)malloc_check(L * R * sizeof(int));
-    m->row_dev = (int*)device_malloc(L * S * sizeof(int));
-    m->gate_dev = (float*)device_malloc(L * S * sizeof(float));
-    m->to_experts_dev = (int*)device_malloc(L * R * sizeof(int));
-    m->from_experts_dev = (int*)device_malloc(L * R * sizeof(int));
-    m->dgate_dev = (float*)device_malloc(S * sizeof(float));
+    m->shares_host = (float*)malloc_check((size_t)B * 2 * E * sizeof(float));
+    m->bias_host = (float*)calloc_check(L * E, sizeof(float));
     m->xin = (floatX*)device_malloc(L * R * C * sizeof(floatX));
     m->fch = (floatX*)device_malloc(L * R * 4 * C * sizeof(floatX));
     m->fch_gelu = (floatX*)device_malloc(L * R * 4 * C * sizeof(floatX));
@@ -114,21 +121,19 @@ static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGrou
     m->dfch = (floatX*)device_malloc(R * 4 * C * sizeof(floatX));
     m->scores = (floatX*)device_malloc(N * E * sizeof(floatX));
     m->dh = (floatX*)device_malloc(N * C * sizeof(floatX));
-    m->scores_host = (float*)malloc_check(N * E * sizeof(float));
-    m->dgate = (float*)malloc_check(S * sizeof(float));
-    m->bias = (float*)calloc_check(L * E, sizeof(float));
     m->loads = (double*)calloc_check(L * E, sizeof(double));
 }
 
 static inline void moe_free(Moe* m) {
-    free(m->expert), free(m->gate), free(m->row), free(m->probs), free(m->send_counts), free(m->recv_counts);
-    free(m->rows_taken), free(m->to_experts), free(m->from_experts);
-    device_free(m->row_dev), device_free(m->gate_dev), device_free(m->to_experts_dev), device_free(m->from_experts_dev);
-    device_free(m->dgate_dev);
+    device_free(m->expert), device_free(m->gate), device_free(m->row), device_free(m->probs), device_free(m->shares);
+    device_free(m->bias), device_free(m->counts_dev), device_free(m->to_experts_dev), device_free(m->from_experts_dev);
+    device_free(m->dgate);
+    free(m->counts), free(m->send_counts), free(m->recv_counts), free(m->rows_taken), free(m->to_experts);
+    free(m->from_experts), free(m->shares_host), free(m->bias_host);
     device_free(m->xin), device_free(m->fch), device_free(m->fch_gelu), device_free(m->returned);
     device_free(m->send), device_free(m->recv), device_free(m->yout), device_free(m->dfch);
     device_free(m->scores), device_free(m->dh);
-    free(m->scores_host), free(m->dgate), free(m->bias), free(m->loads);
+    free(m->loads);
 }
 
 // the step's figures start from zero
@@ -137,64 +142,28 @@ static inline void moe_step_begin(Moe* m) {
     m->aux = m->kept_slots = m->dropped_slots = 0.0;
 }
 
-// ---- 1, 2: routing (host). s: the router logits (N, E) of layer l. Fills the layer's expert,
-// gate, row and probs, its send counts, and adds its loads.
-static inline void moe_route(Moe* m, int l, const float* s, int N) {
+// ---- 1, 2: routing. s: the router logits (N, E) of layer l (device). The device picks each
+// token's experts and gates, applies the capacity and orders the kept slots (send order); the
+// host copies back the counts, the one wait of the layer before its all-to-all, and adds the
+// step's figures. A pass shorter than a micro-batch (a sample's) runs dropless: a capacity would
+// drop its newest tokens first.
+static inline void moe_route(Moe* m, int l, const floatX* s, int N) {
     int E = m->E, k = m->k;
-    const float* b = m->bias + (size_t)l * E;
-    int* expert = m->expert + (size_t)l * m->N * k;
-    float* gate = m->gate + (size_t)l * m->N * k;
-    int* row = m->row + (size_t)l * m->N * k;
+    size_t slots = (size_t)l * m->N * k;
+    int* expert = m->expert + slots;
     float* probs = m->probs + (size_t)l * m->N * E;
-    double* loads = m->loads + (size_t)l * E;
-    for (int t = 0; t < N; t++) {
-        const float* st = s + (size_t)t * E;
-        // top-k of s + b by repeated argmax: a strict > keeps the lower index on a tie
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int i = 0; i < j; i++) taken |= expert[(size_t)t * k + i] == e;
-                if (!taken && (best < 0 || st[e] + b[e] > st[best] + b[best])) best = e;
-            }
-            expert[(size_t)t * k + j] = best;
-            loads[best] += 1.0;  // counted before any drop: what the balancing rules look at
-        }
-        // the gates: softmax over the k picked logits (without the bias, which only picks)
-        float top = st[expert[(size_t)t * k]], sum = 0.0f;
-        for (int j = 0; j < k; j++) sum += expf(st[expert[(size_t)t * k + j]] - top);
-        for (int j = 0; j < k; j++) gate[(size_t)t * k + j] = expf(st[expert[(size_t)t * k + j]] - top) / sum;
-        // P for the aux loss: softmax over all E
-        float most = st[0], all = 0.0f;
-        for (int e = 1; e < E; e++) most = st[e] > most ? st[e] : most;
-        for (int e = 0; e < E; e++) all += expf(st[e] - most);
-        for (int e = 0; e < E; e++) probs[(size_t)t * E + e] = expf(st[e] - most) / all;
+    moe_topk(expert, m->gate + slots, probs, s, m->bias + (size_t)l * E, N, E, k);
+    moe_assign_rows(m->row + slots, m->counts_dev, expert, N, k, E, N == m->N ? m->capacity : N * k);
+    if (m->balance == BALANCE_AUX && N == m->N) {
+        moe_sequence_shares(m->shares + (size_t)l * m->B * 2 * E, expert, probs, m->B, m->T, k, E);
     }
-    // capacity, first choices before second, in token order: a slot past its expert's capacity is
-    // dropped (row -1). Then the kept slots' rows: grouped by expert, in the same order.
-    // (a shorter pass than a micro-batch, a sample's, runs dropless: it would drop its newest tokens first)
-    int* count = m->send_counts + (size_t)l * E, capacity = N == m->N ? moe_capacity(N, k, E, m->capacity_factor) : N * k;
-    memset(count, 0, (size_t)E * sizeof(int));
-    for (int j = 0; j < k; j++) {
-        for (int t = 0; t < N; t++) {
-            int e = expert[(size_t)t * k + j];
-            if (count[e] < capacity) {
-                row[(size_t)t * k + j] = count[e]++;  // its place among its expert's rows, for now
-                m->kept_slots += 1.0;
-            } else {
-                row[(size_t)t * k + j] = -1;
-                m->dropped_slots += 1.0;
-            }
-        }
+    copy_device_to_host(m->counts, m->counts_dev, (size_t)2 * E * sizeof(int));
+    for (int e = 0; e < E; e++) {
+        int kept = m->counts[e], routed = m->counts[E + e];
+        m->send_counts[(size_t)l * E + e] = kept;
+        m->loads[(size_t)l * E + e] += routed;  // counted before any drop: what the balancing rules look at
+        m->kept_slots += kept, m->dropped_slots += routed - kept;
     }
-    int start = 0, first[1024];  // each expert's first row in send order (E <= 1024: gpt2_check_config)
-    for (int e = 0; e < E; e++) first[e] = start, start += count[e];
-    for (size_t i = 0; i < (size_t)N * k; i++) {
-        if (row[i] >= 0) row[i] += first[expert[i]];
-    }
-    // for the kernels that move the rows (and the backward's, later)
-    copy_host_to_device(m->row_dev + (size_t)l * m->N * k, row, (size_t)N * k * sizeof(int));
-    copy_host_to_device(m->gate_dev + (size_t)l * m->N * k, gate, (size_t)N * k * sizeof(float));
 }
 
 // ---- 3: the exchange's bookkeeping. After the counts' all-to-all, recv_counts of layer l says
@@ -270,11 +239,10 @@ static inline void moe_exchange(Moe* m, int l, const floatX* from, floatX* to, i
 static inline void moe_forward(Moe* m, int l, floatX* out, const floatX* h, LayerWeights w, int N) {
     int C = m->C, E = m->E, k = m->k;
     size_t R = (size_t)m->rows_max;
-    // 1. router logits (N, E) = h Wr^T, to the host, routed (2.)
+    // 1. router logits (N, E) = h Wr^T, routed (2.)
     matmul_forward(m->scores, h, w.routerw, NULL, N, C, E);
-    copy_device_to_floats(m->scores_host, m->scores, (size_t)N * E);
-    moe_route(m, l, m->scores_host, N);
-    const int* row = m->row_dev + (size_t)l * m->N * k;
+    moe_route(m, l, m->scores, N);
+    const int* row = m->row + (size_t)l * m->N * k;
     // 3. the kept slots in send order; counts first: all-to-all of E_local ints per rank pair, so
     // that each rank knows how many rows it will receive from each rank for each of its experts
     // before the rows come (MPI_Alltoallv and grouped NCCL send/recv both need the sizes up
@@ -307,32 +275,23 @@ static inline void moe_forward(Moe* m, int l, floatX* out, const floatX* h, Laye
     if (rows > 0) moe_gather_rows(m->recv, m->yout, m->from_experts_dev + (size_t)l * R, rows, C);
     floatX* returned = m->returned + (size_t)l * m->N * k * C;
     moe_exchange(m, l, m->recv, returned, 1);
-    moe_combine(out, returned, row, m->gate_dev + (size_t)l * m->N * k, N, k, C, 1);
+    moe_combine(out, returned, row, m->gate + (size_t)l * m->N * k, N, k, C, 1);
 }
 
 // The aux loss of layer l's micro-batch (Switch Transformer, Fedus et al. 2021): per sequence,
 // alpha E sum_e f_e P_e, f_e the share of its T k slots routed to e (before drops; a count, no
 // gradient), P_e the mean over its tokens of softmax(s)_e; the mean over the micro-batch's
-// sequences. With dP non-NULL also the gradient of that mean, scaled by `weight` (the loss's weight
-// of one micro-batch mean), with respect to each token's probabilities: dP (N, E).
-static inline double moe_aux_loss(const Moe* m, int l, int N, float weight, float* dP) {
-    int E = m->E, k = m->k, T = m->T, sequences = N / T;
-    const int* expert = m->expert + (size_t)l * m->N * k;
-    const float* probs = m->probs + (size_t)l * m->N * E;
+// sequences. (f and P per sequence come from the device, moe_route's moe_sequence_shares; the
+// gradient, from the same shares: moe_backward.)
+static inline double moe_aux_loss(const Moe* m, int l) {
+    int E = m->E;
+    copy_device_to_host(m->shares_host, m->shares + (size_t)l * m->B * 2 * E, (size_t)m->B * 2 * E * sizeof(float));
     double total = 0.0;
-    for (int q = 0; q < sequences; q++) {
-        double f[1024] = {0}, P[1024] = {0};
-        for (int t = q * T; t < (q + 1) * T; t++) {
-            for (int j = 0; j < k; j++) f[expert[(size_t)t * k + j]] += 1.0 / ((double)T * k);
-            for (int e = 0; e < E; e++) P[e] += probs[(size_t)t * E + e] / T;
-        }
-        for (int e = 0; e < E; e++) total += m->aux_alpha * E * f[e] * P[e];
-        // d(mean over sequences)/dp[t, e] = alpha E f_e / (T sequences)
-        for (int t = q * T; dP && t < (q + 1) * T; t++) {
-            for (int e = 0; e < E; e++) dP[(size_t)t * E + e] = (float)(weight * m->aux_alpha * E * f[e] / ((double)T * sequences));
-        }
+    for (int q = 0; q < m->B; q++) {
+        const float *f = m->shares_host + (size_t)q * 2 * E, *P = f + E;
+        for (int e = 0; e < E; e++) total += (double)m->aux_alpha * E * f[e] * P[e];
     }
-    return total / sequences;
+    return total / m->B;
 }
 
 // dout (N, C): the gradient at the MoE's output. Writes the gradient at h into dh_out (N, C);
@@ -343,16 +302,14 @@ static inline void moe_backward(Moe* m, int l, floatX* dh_out, const floatX* dou
                                 LayerWeights g, int N, float aux_weight) {
     int C = m->C, E = m->E, k = m->k;
     size_t R = (size_t)m->rows_max;
-    const int* row = m->row_dev + (size_t)l * m->N * k;
-    const float* gate = m->gate + (size_t)l * m->N * k;
-    const float* gate_dev = m->gate_dev + (size_t)l * m->N * k;
-    const int* expert = m->expert + (size_t)l * m->N * k;
-    floatX* returned = m->returned + (size_t)l * m->N * k * C;
-    // the gates' gradients (to the host, for the router), then each kept slot's output gradient
+    size_t slots = (size_t)l * m->N * k;
+    const int* row = m->row + slots;
+    const float* gate = m->gate + slots;
+    floatX* returned = m->returned + slots * C;
+    // the gates' gradients (for the router, below), then each kept slot's output gradient
     // gate x dout, to the experts (the same all-to-all as the forward's tokens)
-    moe_gate_grads(m->dgate_dev, dout, returned, row, N, k, C);
-    copy_device_to_host(m->dgate, m->dgate_dev, (size_t)N * k * sizeof(float));
-    moe_dispatch(m->send, dout, row, gate_dev, N, k, C, 1);
+    moe_gate_grads(m->dgate, dout, returned, row, N, k, C);
+    moe_dispatch(m->send, dout, row, gate, N, k, C, 1);
     moe_exchange(m, l, m->send, m->recv, 0);
     int rows = m->rows_taken[l];
     if (rows > 0) moe_gather_rows(m->yout, m->recv, m->to_experts_dev + (size_t)l * R, rows, C);
@@ -374,31 +331,13 @@ static inline void moe_backward(Moe* m, int l, floatX* dh_out, const floatX* dou
     // the input gradients home (the forward's way back), summed per token over its kept slots
     if (rows > 0) moe_gather_rows(m->recv, m->yout, m->from_experts_dev + (size_t)l * R, rows, C);
     moe_exchange(m, l, m->recv, m->send, 1);
-    moe_combine(dh_out, m->send, row, gate_dev, N, k, C, 0);
-    // the router: gates g = softmax of the picked s, so ds_j = g_j (dg_j - sum_i g_i dg_i) at the
-    // picked experts (a dropped slot has dg = 0 but its gate still shares the softmax); with
-    // -balance aux, the aux loss's gradient through P = softmax over all E
-    float* ds = m->scores_host;  // (N, E), host
-    memset(ds, 0, (size_t)N * E * sizeof(float));
-    for (int t = 0; t < N; t++) {
-        float dot = 0.0f;
-        for (int j = 0; j < k; j++) dot += gate[(size_t)t * k + j] * m->dgate[(size_t)t * k + j];
-        for (int j = 0; j < k; j++) {
-            ds[(size_t)t * E + expert[(size_t)t * k + j]] = gate[(size_t)t * k + j] * (m->dgate[(size_t)t * k + j] - dot);
-        }
-    }
-    if (m->balance == BALANCE_AUX) {
-        float* dP = (float*)malloc_check((size_t)N * E * sizeof(float));
-        moe_aux_loss(m, l, N, aux_weight, dP);
-        const float* probs = m->probs + (size_t)l * m->N * E;
-        for (int t = 0; t < N; t++) {
-            float dot = 0.0f;
-            for (int e = 0; e < E; e++) dot += probs[(size_t)t * E + e] * dP[(size_t)t * E + e];
-            for (int e = 0; e < E; e++) ds[(size_t)t * E + e] += probs[(size_t)t * E + e] * (dP[(size_t)t * E + e] - dot);
-        }
-        free(dP);
-    }
-    copy_floats_to_device(m->scores, ds, (size_t)N * E);
+    moe_combine(dh_out, m->send, row, gate, N, k, C, 0);
+    // the router: the logits' gradient ds (N, E) through the gates' softmax and, with -balance aux,
+    // through the aux loss's P; the aux loss of the micro-batch is alpha E sum_e f_e P_e averaged
+    // over its B sequences, P_e a mean over T tokens, so dP_e = aux_weight alpha E f_e / (B T)
+    float aux_scale = m->balance == BALANCE_AUX ? aux_weight * m->aux_alpha * E / (float)((size_t)m->B * m->T) : 0.0f;
+    moe_router_grad(m->scores, m->expert + slots, gate, m->dgate, m->probs + (size_t)l * m->N * E,
+                    m->shares + (size_t)l * m->B * 2 * E, aux_scale, N, m->T, k, E);
     matmul_backward_weight(g.routerw, NULL, m->scores, h, N, C, E);
     matmul_backward_input(m->dh, m->scores, w.routerw, N, C, E);
     residual_forward(dh_out, dh_out, m->dh, N, C);
@@ -408,15 +347,18 @@ static inline void moe_backward(Moe* m, int l, floatX* dh_out, const floatX* dou
 // step, each expert's bias moves by gamma towards balance, b_e += gamma sign(mean load - load_e),
 // the loads being the whole global batch's (this step's, all-reduced: identical on every rank).
 static inline void moe_update_bias(Moe* m, const double* global_loads) {
+    size_t n = (size_t)m->L * m->E;
+    copy_device_to_host(m->bias_host, m->bias, n * sizeof(float));  // (a resumed run's, the first time)
     for (int l = 0; l < m->L; l++) {
         const double* load = global_loads + (size_t)l * m->E;
         double total = 0.0;  // (sign(mean - load_e) = sign(total - E load_e): exact in integers, where
         for (int e = 0; e < m->E; e++) total += load[e];  // a mean of E not a power of two rounds)
         for (int e = 0; e < m->E; e++) {
             double d = total - m->E * load[e];
-            m->bias[(size_t)l * m->E + e] += m->bias_rate * (float)((d > 0) - (d < 0));
+            m->bias_host[(size_t)l * m->E + e] += m->bias_rate * (float)((d > 0) - (d < 0));
         }
     }
+    copy_host_to_device(m->bias, m->bias_host, n * sizeof(float));
 }
 
 // the balance figures of a step's global loads (L, E): the fewest and most slots an expert got

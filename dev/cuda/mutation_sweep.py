@@ -37,6 +37,7 @@ PROGRAMS = {
     "encoder.cuh": ["encoder_backward"],
     "gelu.cuh": ["gelu"],
     "matmul.cuh": ["matmul_forward", "matmul_backward"],
+    "moe.cuh": ["moe"],
     "ring_attention.cuh": ["ring_attention"],
 }
 SCHEDULES = ["warp-serial", "lockstep"]

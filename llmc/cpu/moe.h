@@ -1,10 +1,118 @@
-// Mixture-of-Experts on the CPU: the row moves of a layer's dispatch and combine (llmc/moe.h
-// decides which row goes where; these move them). Rows are C floats; an index of -1 is a slot
-// that capacity dropped.
+// Mixture-of-Experts on the CPU: a layer's routing (each token's top-k experts, the capacity and
+// the rows of the send order, the balance figures, the router's gradient) and the row moves of its
+// dispatch and combine, the same functions as llmc/cuda/moe.cuh; llmc/moe.h calls them in order.
+// Rows are C floats; a row index of -1 is a slot that capacity dropped.
 #ifndef LLMC_CPU_MOE_H
 #define LLMC_CPU_MOE_H
 
+#include <math.h>
+#include <string.h>
 #include "../kernel_times.h"
+
+// ---- routing
+
+// each token's k experts of largest s + b (s: its router logits (N, E), b: the balancing bias
+// (E)), best first, ties to the lower index; their gates, the softmax of the k picked s (without
+// the bias, which only picks: Mixtral's order, top-k then softmax); and P = softmax of all E s
+// (the aux loss's probabilities). expert, gate: (N, k); probs: (N, E)
+static inline void moe_topk(int* expert, float* gate, float* probs, const float* s, const float* bias, int N, int E,
+                            int k) {
+    int kernel_span = kernel_time_begin("moe: top-k", 0, 0);
+    #pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        const float* st = s + (size_t)t * E;
+        int* picked = expert + (size_t)t * k;
+        // top-k by repeated argmax: a strict > keeps the lower index on a tie
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= picked[i] == e;
+                if (!taken && (best < 0 || st[e] + bias[e] > st[best] + bias[best])) best = e;
+            }
+            picked[j] = best;
+        }
+        float top = st[picked[0]], sum = 0.0f;
+        for (int j = 0; j < k; j++) sum += expf(st[picked[j]] - top);
+        for (int j = 0; j < k; j++) gate[(size_t)t * k + j] = expf(st[picked[j]] - top) / sum;
+        float most = st[0], all = 0.0f;
+        for (int e = 1; e < E; e++) most = st[e] > most ? st[e] : most;
+        for (int e = 0; e < E; e++) all += expf(st[e] - most);
+        for (int e = 0; e < E; e++) probs[(size_t)t * E + e] = expf(st[e] - most) / all;
+    }
+    kernel_time_end(kernel_span);
+}
+
+// capacity and the send order. The slots in the order first choices before second, each in token
+// order: an expert keeps its first `capacity` slots and drops the rest (row -1); a kept slot's
+// row is its place among its expert's kept rows, after all lower experts' rows (the send order:
+// expert by expert, so destination rank by rank). counts: (2E) each expert's kept slots, then its
+// routed slots before drops (the balancing rules' loads)
+static inline void moe_assign_rows(int* row, int* counts, const int* expert, int N, int k, int E, int capacity) {
+    int kernel_span = kernel_time_begin("moe: rows", 0, 0);
+    int *kept = counts, *routed = counts + E;
+    memset(counts, 0, (size_t)2 * E * sizeof(int));
+    for (int j = 0; j < k; j++) {
+        for (int t = 0; t < N; t++) {
+            int e = expert[(size_t)t * k + j];
+            row[(size_t)t * k + j] = routed[e]++ < capacity ? kept[e]++ : -1;
+        }
+    }
+    int first[1024];  // each expert's first row in send order (E <= 1024: gpt2_check_config)
+    for (int e = 0, start = 0; e < E; e++) first[e] = start, start += kept[e];
+    for (size_t i = 0; i < (size_t)N * k; i++) {
+        if (row[i] >= 0) row[i] += first[expert[i]];
+    }
+    kernel_time_end(kernel_span);
+}
+
+// the aux loss's figures of each of the B sequences of T tokens: f_e, the share of its T k slots
+// routed to e (before drops), and P_e, the mean over its tokens of softmax(s)_e. shares: (B, 2E),
+// a sequence's E f's then its E P's
+static inline void moe_sequence_shares(float* shares, const int* expert, const float* probs, int B, int T, int k, int E) {
+    #pragma omp parallel for
+    for (int q = 0; q < B; q++) {
+        float *f = shares + (size_t)q * 2 * E, *P = f + E;
+        for (int e = 0; e < E; e++) {
+            int routed = 0;
+            float p = 0.0f;
+            for (int t = q * T; t < (q + 1) * T; t++) {
+                for (int j = 0; j < k; j++) routed += expert[(size_t)t * k + j] == e;
+                p += probs[(size_t)t * E + e];
+            }
+            f[e] = (float)routed / (float)(T * k);
+            P[e] = p / (float)T;
+        }
+    }
+}
+
+// the router logits' gradient ds (N, E). The gates are the softmax of the picked s, so at a
+// token's picked experts ds_j = g_j (dg_j - sum_i g_i dg_i) (dgate (N, k); a dropped slot has
+// dg = 0, but its gate still shares the softmax); zero elsewhere. With aux_scale > 0 (-balance
+// aux) also the aux loss's, through P = softmax of all E: dP_e = aux_scale f_e (its sequence's
+// share, shares as moe_sequence_shares writes them), ds_e += P_e (dP_e - sum_i P_i dP_i).
+static inline void moe_router_grad(float* ds, const int* expert, const float* gate, const float* dgate,
+                                   const float* probs, const float* shares, float aux_scale, int N, int T, int k, int E) {
+    int kernel_span = kernel_time_begin("moe: router gradient", 0, 0);
+    #pragma omp parallel for
+    for (int t = 0; t < N; t++) {
+        float* d = ds + (size_t)t * E;
+        const float *g = gate + (size_t)t * k, *dg = dgate + (size_t)t * k;
+        for (int e = 0; e < E; e++) d[e] = 0.0f;
+        float dot = 0.0f;
+        for (int j = 0; j < k; j++) dot += g[j] * dg[j];
+        for (int j = 0; j < k; j++) d[expert[(size_t)t * k + j]] = g[j] * (dg[j] - dot);
+        if (aux_scale > 0.0f) {
+            const float *p = probs + (size_t)t * E, *f = shares + (size_t)(t / T) * 2 * E;
+            float pdot = 0.0f;
+            for (int e = 0; e < E; e++) pdot += p[e] * aux_scale * f[e];
+            for (int e = 0; e < E; e++) d[e] += p[e] * (aux_scale * f[e] - pdot);
+        }
+    }
+    kernel_time_end(kernel_span);
+}
+
+// ---- the row moves
 
 // dst row i = src row index[i], for n rows of C (a dispatch: tokens into send order; a regroup:
 // rows from source-rank order into expert order, or back)
