@@ -41,7 +41,7 @@ static TrainerKind trainer_for(int dp, int tp, int pp, int cp) {
 
 // 0 when the trainer of r can run it with model c on machine t, else 1 with the reason (the
 // checks the trainers make at their start, with the same messages where they share them)
-static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, CpSplit split, size_t total_batch, char* why,
+static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, CpSplit split, uint64_t total_batch, char* why,
                           size_t n) {
     if (layer_dims_problem(c, r->tp, t, why, n)) return 1;
     if (r->trainer == TRAINER_DP && (r->tp > 1 || r->pp > 1)) return snprintf(why, n, "train_gpt2_dp holds whole layers: -tp 1 -pp 1"), 1;
@@ -88,12 +88,12 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, CpSplit sp
                         r->pp, r->V), 1;
     }
     int readers = r->trainer == TRAINER_DP || r->trainer == TRAINER_3D || r->trainer == TRAINER_DILOCO || r->trainer == TRAINER_EP;
-    size_t per_step = mul_check(mul_check(r->B, r->T, "-b x -t"), readers ? r->dp : 1,
+    uint64_t per_step = mul_check(mul_check(r->B, r->T, "-b x -t"), readers ? r->dp : 1,
                                 "-b x -t x dp");
     if (total_batch == 0) total_batch = per_step;  // -d -1, as the trainers: one micro-batch per replica
     if (total_batch % per_step != 0) {
-        return snprintf(why, n, "-d %zu must be a positive multiple of B*T%s = %zu", total_batch,
-                        r->dp > 1 ? "*dp" : "", per_step), 1;
+        return snprintf(why, n, "-d %llu must be a positive multiple of B*T%s = %llu", (unsigned long long)total_batch,
+                        r->dp > 1 ? "*dp" : "", (unsigned long long)per_step), 1;
     }
     r->m = (int)(total_batch / per_step);
     if (r->trainer == TRAINER_PP || r->trainer == TRAINER_3D) {
@@ -133,13 +133,13 @@ typedef struct {
 } Candidate;
 
 static int by_total(const void* a, const void* b) {
-    size_t x = ((const Candidate*)a)->plan.total, y = ((const Candidate*)b)->plan.total;
+    uint64_t x = ((const Candidate*)a)->plan.total, y = ((const Candidate*)b)->plan.total;
     return x < y ? -1 : x > y;
 }
 
 // -search: one layout; counted when its trainer can run it, kept in fits when it fits in memory
 static void try_layout(Candidate** fits, int* count, int* capacity, int* tried, GPT2Config c, DeviceTarget target,
-                       RunLayout run, CpSplit split, size_t batch, double memory) {
+                       RunLayout run, CpSplit split, uint64_t batch, double memory) {
     char why[256];
     if (layout_problem(c, target, &run, split, batch, why, sizeof(why))) return;
     (*tried)++;
@@ -229,8 +229,8 @@ int main(int argc, char** argv) {
     CpSplit split = cp_split_of(cp_layout);
     double memory = memory_gb * 1e9;
     if (search > 0 && gpt2_is_moe(c)) fail("-search lists the dense trainers' layouts; plan a Mixture-of-Experts layout with -dp and -ep");
-    printf("model L=%d C=%d NH=%d, %zu parameters; micro-batch %d x %d; %s %s, %s attention; %.0f GB per device\n",
-           c.num_layers, c.channels, c.num_heads, gpt2_num_parameters(c), B, T, target.cuda ? "CUDA" : "CPU",
+    printf("model L=%d C=%d NH=%d, %llu parameters; micro-batch %d x %d; %s %s, %s attention; %.0f GB per device\n",
+           c.num_layers, c.channels, c.num_heads, (unsigned long long)gpt2_num_parameters(c), B, T, target.cuda ? "CUDA" : "CPU",
            target.X == 2 ? "bf16" : "fp32", target.flash ? "flash" : target.cuda ? "cuBLAS" : "CPU", memory_gb);
 
     if (search == 0) {
@@ -248,7 +248,7 @@ int main(int argc, char** argv) {
         r.capacity_factor = capacity_factor;
         char why[256], flags[160];
         if (total_batch == 0) fail("-d 0: expected a positive number of tokens, or -1");
-        if (layout_problem(c, target, &r, split, total_batch == -1 ? 0 : (size_t)total_batch, why, sizeof(why))) fail("%s", why);
+        if (layout_problem(c, target, &r, split, total_batch == -1 ? 0 : (uint64_t)total_batch, why, sizeof(why))) fail("%s", why);
         if (stage >= r.pp) fail("-stage %d: the pipeline has stages 0..%d", stage, r.pp - 1);
         MemoryPlan plan = stage >= 0 ? memory_plan(c, target, &r, stage, stage == 0) : memory_plan_largest(c, target, &r, &stage);
         layout_flags(&r, flags, sizeof(flags));
@@ -271,7 +271,7 @@ int main(int argc, char** argv) {
     // -offload and -cp_comm are not read); the pipeline schedule and -vp as given (-vp applies to
     // layouts with pp > 1)
     int N = search, capacity = 4096, count = 0, tried = 0;
-    size_t batch = total_batch == -1 ? mul_check(mul_check(B, T, "-b x -t"), N, "-b x -t x devices") : (size_t)total_batch;
+    uint64_t batch = total_batch == -1 ? mul_check(mul_check(B, T, "-b x -t"), N, "-b x -t x devices") : (uint64_t)total_batch;
     if (batch == 0) fail("-d 0: expected a positive number of tokens, or -1");
     Candidate* fits = (Candidate*)malloc_check((size_t)capacity * sizeof(Candidate));
     for (int t = 1; t <= N; t++) {
@@ -295,8 +295,8 @@ int main(int argc, char** argv) {
         }
     }
     qsort(fits, (size_t)count, sizeof(Candidate), by_total);
-    printf("layouts of %d devices, total batch %zu tokens: %d possible, %d fit in %.1f GB (per device, the largest stage's):\n",
-           N, batch, tried, count, memory_gb);
+    printf("layouts of %d devices, total batch %llu tokens: %d possible, %d fit in %.1f GB (per device, the largest stage's):\n",
+           N, (unsigned long long)batch, tried, count, memory_gb);
     printf("  %9s %9s %9s %9s %9s  %s\n", "total GB", "states", "acts", "other", "host", "layout (micro-batches per step)");
     for (int i = 0; i < count; i++) {
         const MemoryPlan* m = &fits[i].plan;

@@ -124,10 +124,10 @@ static inline double cp_attention_work(CpChunks q, CpChunks k) {
 //   o, dq  (B, Tl, A) fp32 each: the output merged so far; the queries' gradient
 //   D    (B, NH, Tl) fp32: the softmax backward's row sums
 //   wpe  two (Tl, C): the position embeddings of this rank's positions, and their gradient
-static inline size_t cp_scratch_bytes(int B, int T, int cp, int C, int A, int NH, int X, int allgather) {
-    size_t BTl = (size_t)B * (T / cp), blocks = allgather ? BTl + (size_t)B * T : 2 * BTl;
+static inline uint64_t cp_scratch_bytes(int B, int T, int cp, int C, int A, int NH, int X, int allgather) {
+    uint64_t BTl = (uint64_t)B * (T / cp), blocks = allgather ? BTl + (uint64_t)B * T : 2 * BTl;
     return blocks * 2 * A * (X + sizeof(float)) + 2 * BTl * A * sizeof(float) + BTl * NH * sizeof(float) +
-           2 * (size_t)(T / cp) * C * X;
+           2 * (uint64_t)(T / cp) * C * X;
 }
 
 #endif

@@ -72,9 +72,9 @@ static const char* parameter_names[NUM_PARAMETER_TENSORS] = {
 static const int parameter_is_matrix[NUM_PARAMETER_TENSORS] = {1, 1, 0, 0, 1, 0, 1, 0,
                                                                 0, 0, 1, 1, 0, 1, 0, 0, 0};
 
-static inline void gpt2_parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], GPT2Config c) {
-    size_t Vp = c.padded_vocab_size, C = c.channels, maxT = c.max_seq_len, L = c.num_layers;
-    size_t E = (size_t)gpt2_experts(c), router = gpt2_is_moe(c) ? E : 0;
+static inline void gpt2_parameter_sizes(uint64_t sizes[NUM_PARAMETER_TENSORS], GPT2Config c) {
+    uint64_t Vp = c.padded_vocab_size, C = c.channels, maxT = c.max_seq_len, L = c.num_layers;
+    uint64_t E = (uint64_t)gpt2_experts(c), router = gpt2_is_moe(c) ? E : 0;
     sizes[PARAM_WTE] = Vp * C;
     sizes[PARAM_WPE] = maxT * C;
     sizes[PARAM_LN1W] = L * C;
@@ -94,8 +94,8 @@ static inline void gpt2_parameter_sizes(size_t sizes[NUM_PARAMETER_TENSORS], GPT
     sizes[PARAM_LNFB] = C;
 }
 
-static inline size_t gpt2_num_parameters(GPT2Config c) {
-    size_t sizes[NUM_PARAMETER_TENSORS], total = 0;
+static inline uint64_t gpt2_num_parameters(GPT2Config c) {
+    uint64_t sizes[NUM_PARAMETER_TENSORS], total = 0;
     gpt2_parameter_sizes(sizes, c);
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) total += sizes[i];
     return total;
@@ -136,7 +136,7 @@ static inline void gpt2_require_dense(GPT2Config c, const char* source, const ch
 
 // (header[10..11], a Mixture-of-Experts model's E and k, are covered where they are set: a dense
 // file's checksum stays what it was before they existed)
-static inline uint32_t model_file_checksum(const int header[256], const void* params, size_t bytes) {
+static inline uint32_t model_file_checksum(const int header[256], const void* params, uint64_t bytes) {
     uint32_t crc = crc32_update(0, header, 9 * sizeof(int));
     if (header[10] != 0 || header[11] != 0) crc = crc32_update(crc, header + 10, 2 * sizeof(int));
     return crc32_update(crc, params, bytes);
@@ -144,10 +144,10 @@ static inline uint32_t model_file_checksum(const int header[256], const void* pa
 
 // a model that starts from nan or inf would train on silently: stop, naming the first bad value
 static inline void gpt2_check_finite(const float* params, GPT2Config c, const char* source) {
-    size_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
+    uint64_t sizes[NUM_PARAMETER_TENSORS], offset = 0;
     gpt2_parameter_sizes(sizes, c);
     for (int t = 0; t < NUM_PARAMETER_TENSORS; t++) {
-        for (size_t i = 0; i < sizes[t]; i++) {
+        for (uint64_t i = 0; i < sizes[t]; i++) {
             if (!isfinite(params[offset + i])) {
                 fail("%s: parameter %s[%zu] is %g; the weights must be finite numbers", source,
                      parameter_names[t], i, params[offset + i]);
@@ -185,8 +185,8 @@ static inline FILE* gpt2_open_model_file(const char* path, int header[256], GPT2
     c.experts = header[10];  // 0 in dense files (llm.c's, and this project's dense ones)
     c.topk = header[11];
     gpt2_check_config(c, path);
-    size_t n = gpt2_num_parameters(c);
-    size_t elem = version == MODEL_VERSION_FP32 ? 4 : 2;
+    uint64_t n = gpt2_num_parameters(c);
+    uint64_t elem = version == MODEL_VERSION_FP32 ? 4 : 2;
     long expected = (long)(256 * sizeof(int) + n * elem);
     if (file_bytes != expected) {
         fail("model file '%s' is %ld bytes, expected %ld for its header's config (%zu parameters, "
@@ -209,8 +209,8 @@ static inline float* gpt2_read_model_file(const char* path, GPT2Config* config, 
     GPT2Config c;
     FILE* f = gpt2_open_model_file(path, header, &c);
     int version = header[1];
-    size_t n = gpt2_num_parameters(c);
-    size_t elem = version == MODEL_VERSION_FP32 ? 4 : 2;
+    uint64_t n = gpt2_num_parameters(c);
+    uint64_t elem = version == MODEL_VERSION_FP32 ? 4 : 2;
     float* params = (float*)malloc_check(n * sizeof(float));
     void* raw = version == MODEL_VERSION_FP32 ? (void*)params : malloc_check(n * elem);
     fread_check(raw, elem, n, f, path);
@@ -225,7 +225,7 @@ static inline float* gpt2_read_model_file(const char* path, GPT2Config* config, 
     }
     if (crc) *crc = file_crc;
     if (version == MODEL_VERSION_BF16) {  // bf16 files are widened exactly
-        for (size_t i = 0; i < n; i++) params[i] = bf16_to_float(((uint16_t*)raw)[i]);
+        for (uint64_t i = 0; i < n; i++) params[i] = bf16_to_float(((uint16_t*)raw)[i]);
         free(raw);
     }
     gpt2_check_finite(params, c, path);
@@ -248,7 +248,7 @@ static inline uint32_t gpt2_write_model_file(const char* path, GPT2Config c, con
     header[8] = MODEL_CHECKSUM_TAG;
     header[10] = gpt2_is_moe(c) ? c.experts : 0;  // (before the checksum, which covers them)
     header[11] = gpt2_is_moe(c) ? c.topk : 0;
-    size_t n = gpt2_num_parameters(c);
+    uint64_t n = gpt2_num_parameters(c);
     header[9] = (int)model_file_checksum(header, params, n * sizeof(float));
     char tmp[4200];
     FILE* f = fopen_temp(path, tmp, sizeof(tmp));
@@ -296,7 +296,7 @@ static inline int gpt2_config_from_descriptor(const char* desc, GPT2Config* c) {
 // N(0, 0.02) for matrices, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, section 2.3),
 // biases zero, LayerNorm gains one; the padding rows of wte stay zero as they are never used
 static inline float* gpt2_init_random(GPT2Config c, uint64_t seed) {
-    size_t sizes[NUM_PARAMETER_TENSORS], offset[NUM_PARAMETER_TENSORS];
+    uint64_t sizes[NUM_PARAMETER_TENSORS], offset[NUM_PARAMETER_TENSORS];
     gpt2_parameter_sizes(sizes, c);
     offset[0] = 0;
     for (int i = 1; i < NUM_PARAMETER_TENSORS; i++) offset[i] = offset[i - 1] + sizes[i - 1];
@@ -312,12 +312,12 @@ static inline float* gpt2_init_random(GPT2Config c, uint64_t seed) {
     std[PARAM_ROUTERW] = 0.02f;  // (Mixture-of-Experts; a router of zeros would tie every score: test/reference.py's too)
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         // wte: only the V real rows; the padding rows stay zero
-        size_t n = i == PARAM_WTE ? (size_t)c.vocab_size * c.channels : sizes[i];
+        uint64_t n = i == PARAM_WTE ? (uint64_t)c.vocab_size * c.channels : sizes[i];
         if (std[i] > 0.0f) rng_normal_fill(&rng, p + offset[i], n, 0.0f, std[i]);
     }
     const int layernorm_gains[] = {PARAM_LN1W, PARAM_LN2W, PARAM_LNFW};  // one; their biases zero
     for (int j = 0; j < 3; j++) {
-        for (size_t k = 0; k < sizes[layernorm_gains[j]]; k++) p[offset[layernorm_gains[j]] + k] = 1.0f;
+        for (uint64_t k = 0; k < sizes[layernorm_gains[j]]; k++) p[offset[layernorm_gains[j]] + k] = 1.0f;
     }
     return p;
 }

@@ -10,7 +10,8 @@
 // functions its allocations use (model.h, stage.h), so the plan and the allocations cannot drift
 // apart without the high-water test noticing. The model states follow the ZeRO paper's
 // accounting (Rajbhandari et al. 2020): per parameter X bytes of weights, X of gradients, and
-// with bf16 4 of fp32 master weights, plus 8 of AdamW moments (16 bytes with X = 2).
+// with bf16 4 of fp32 master weights, plus 8 of AdamW moments (16 bytes with X = 2). Sizes are
+// uint64_t (model.h says why).
 #ifndef LLMC_MEMORY_PLAN_H
 #define LLMC_MEMORY_PLAN_H
 
@@ -49,36 +50,36 @@ typedef struct {
     ParameterLayout layout;  // the rank's parameters (tp rank 0 of its stage, dp rank 0)
     LayerDims dims;
     int slots;               // micro-batches (or chunks) a pipeline stage holds in flight; 1 without one
-    size_t params, grads, master, state;  // the model states
-    size_t layers;           // activations the forward keeps for the backward, slots x layers
-    size_t recomputed;       // one layer's buffers for what -r does not keep
-    size_t head;             // the last layers' LayerNorm, the logits (B T Vp/tp X) and losses
-    size_t backward;         // the gradients flowing down a layer, and the tokens
-    size_t activations;      // layers + recomputed + head + backward
-    size_t activations_for[RECOMPUTE_MAX + 1];  // the same for each -r
-    size_t comm;             // ZeRO's reduce and gather buckets, a pipeline's second gradient message
-    size_t outer;            // DiLoCo's outer state: the outer parameters, their momentum and the
+    uint64_t params, grads, master, state;  // the model states
+    uint64_t layers;           // activations the forward keeps for the backward, slots x layers
+    uint64_t recomputed;       // one layer's buffers for what -r does not keep
+    uint64_t head;             // the last layers' LayerNorm, the logits (B T Vp/tp X) and losses
+    uint64_t backward;         // the gradients flowing down a layer, and the tokens
+    uint64_t activations;      // layers + recomputed + head + backward
+    uint64_t activations_for[RECOMPUTE_MAX + 1];  // the same for each -r
+    uint64_t comm;             // ZeRO's reduce and gather buckets, a pipeline's second gradient message
+    uint64_t outer;            // DiLoCo's outer state: the outer parameters, their momentum and the
                              // pseudo-gradient, fp32 each
-    size_t experts;          // Mixture-of-Experts: the experts' activations and the exchange's buffers
-    size_t kernels;          // cuBLASLt's workspace and the CUDA kernels' scratch (none on the CPU)
-    size_t file_gather;      // while a checkpoint (or -dump_grads) gathers sharded weights
-    size_t total;            // the sum: what the run's high-water mark should be
-    size_t host;             // host memory at most, besides the optimizer's under -offload
-    size_t host_optimizer;   // -offload: master weights, m, v, and the copies in transit
+    uint64_t experts;          // Mixture-of-Experts: the experts' activations and the exchange's buffers
+    uint64_t kernels;          // cuBLASLt's workspace and the CUDA kernels' scratch (none on the CPU)
+    uint64_t file_gather;      // while a checkpoint (or -dump_grads) gathers sharded weights
+    uint64_t total;            // the sum: what the run's high-water mark should be
+    uint64_t host;             // host memory at most, besides the optimizer's under -offload
+    uint64_t host_optimizer;   // -offload: master weights, m, v, and the copies in transit
 } MemoryPlan;
 
 // ZeRO's buckets in train_gpt2_dp: the gather buffer of -z 3 holds the embeddings, or two layers
 // (the one computing and the next arriving) and the final LayerNorm
-static inline size_t zero_gather_buffer_size(const ParameterLayout* p) {
-    size_t layers = 2 * p->bucket_sizes[1] + p->bucket_sizes[2];
+static inline uint64_t zero_gather_buffer_size(const ParameterLayout* p) {
+    uint64_t layers = 2 * p->bucket_sizes[1] + p->bucket_sizes[2];
     return p->bucket_sizes[0] > layers ? p->bucket_sizes[0] : layers;
 }
 
 // ZeRO's buffers besides the model's own (which gpt2_build shards as the layout says): -z 1 a
 // reduce-scatter's output, the 1/N shard of the gradients; -z 2 and 3 whole buckets to reduce
 // (two layers' with -overlap) and with accumulation a received shard to add; -z 3 the gather
-static inline size_t zero_buffer_bytes(const ParameterLayout* p, int X, int accum, int overlap) {
-    size_t bytes = 0;
+static inline uint64_t zero_buffer_bytes(const ParameterLayout* p, int X, int accum, int overlap) {
+    uint64_t bytes = 0;
     if (p->zero == 1) bytes = p->count / p->shards * X;
     if (p->zero >= 2) bytes = (p->bucket_sizes[0] + (overlap ? 2 : 1) * p->bucket_sizes[1] + p->bucket_sizes[2]) * X +
                               (accum > 1 ? parameter_largest_bucket(p) / p->shards * X : 0);
@@ -88,7 +89,7 @@ static inline size_t zero_buffer_bytes(const ParameterLayout* p, int X, int accu
 
 // -offload's host memory besides the optimizer state: the gradients and the parameters in
 // transit, X each per parameter of this rank's share
-static inline size_t offload_host_bytes(const ParameterLayout* p, int X) { return 2 * layout_state_held(p) * X; }
+static inline uint64_t offload_host_bytes(const ParameterLayout* p, int X) { return 2 * layout_state_held(p) * X; }
 
 static inline int layout_cp(const RunLayout* r) { return r->cp > 1 ? r->cp : 1; }
 static inline int layout_ep(const RunLayout* r) { return r->ep > 1 ? r->ep : 1; }
@@ -115,10 +116,10 @@ static inline int moe_rows_max(int N, int k, int E, int ep, int capacity) {
 // every layer (4 bytes each): each slot's expert, row and gate, the two row orders, each token's
 // P (E), each sequence's f and P (2E), the bias (E); with one layer's 2E counts and the gates'
 // gradients (N k)
-static inline size_t moe_device_bytes(int L, int B, int N, int k, int C, int E, int rows_max, int X) {
-    size_t S = (size_t)N * k, R = (size_t)rows_max;
-    return ((size_t)L * (R * C + 2 * R * 4 * C + S * C) + S * C + 2 * R * C + R * 4 * C + (size_t)N * E + (size_t)N * C) * X +
-           ((size_t)L * (3 * S + 2 * R + (size_t)N * E + (size_t)B * 2 * E + E) + 2 * (size_t)E + S) * 4;
+static inline uint64_t moe_device_bytes(int L, int B, int N, int k, int C, int E, int rows_max, int X) {
+    uint64_t S = (uint64_t)N * k, R = (uint64_t)rows_max;
+    return ((uint64_t)L * (R * C + 2 * R * 4 * C + S * C) + S * C + 2 * R * C + R * 4 * C + (uint64_t)N * E + (uint64_t)N * C) * X +
+           ((uint64_t)L * (3 * S + 2 * R + (uint64_t)N * E + (uint64_t)B * 2 * E + E) + 2 * (uint64_t)E + S) * 4;
 }
 
 // the rank's parameter layout, as each trainer builds it
@@ -137,9 +138,9 @@ static inline void memory_plan_activations(MemoryPlan* plan, const RunLayout* r,
     LayerDims d = plan->dims;
     const ParameterLayout* l = &plan->layout;
     Activations unused;
-    size_t part[ACTS_ALL + 1], slot[ACTS_ALL + 1];
+    uint64_t part[ACTS_ALL + 1], slot[ACTS_ALL + 1];
     int T = r->T / layout_cp(r);  // (context parallelism: each rank's tokens of a sequence)
-    size_t tokens = (size_t)r->B * T * 2 * sizeof(int);  // inputs and targets
+    uint64_t tokens = (uint64_t)r->B * T * 2 * sizeof(int);  // inputs and targets
     if (r->trainer == TRAINER_DP || r->trainer == TRAINER_TP || r->trainer == TRAINER_CP || r->trainer == TRAINER_DILOCO ||
         r->trainer == TRAINER_EP) {
         gpt2_lay_out_activations(&unused, d, l->layers, ACTS_ALL, activations_kept(recompute, 0, d), r->B, T, NULL, part);
@@ -168,7 +169,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     if (r->trainer == TRAINER_EP) plan.dims = layer_dims_moe(plan.dims);  // (the experts' activations: below)
     plan.layout = memory_plan_layout(c, r, stage);
     const ParameterLayout* l = &plan.layout;
-    size_t X = t.X, S = layout_state_held(l), P = gpt2_num_parameters(c), N = l->count;
+    uint64_t X = t.X, S = layout_state_held(l), P = gpt2_num_parameters(c), N = l->count;
     int pipelined = r->trainer == TRAINER_PP || r->trainer == TRAINER_3D;
     // the model states: parameters and gradients (floatX), fp32 master weights (bf16 only) and
     // AdamW m and v (fp32), each whole or this rank's shard (layout_held), the optimizer's
@@ -182,7 +183,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     if (pipelined) {
         PipeSpec spec = {r->sched, r->pp, r->m, r->V};
         int n = pipeline_actions_per_stage(spec);
-        PipeAction* actions = (PipeAction*)malloc_check((size_t)n * sizeof(PipeAction));
+        PipeAction* actions = (PipeAction*)malloc_check((uint64_t)n * sizeof(PipeAction));
         pipeline_stage_actions(spec, stage, actions);
         plan.slots = stage_num_slots(spec, actions, n);
         free(actions);
@@ -197,7 +198,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     // (train_gpt2_3d); context parallelism's K,V blocks and their gradients, on the rank's heads
     int cp = layout_cp(r), Tl = r->T / cp;
     if (r->trainer == TRAINER_DP) plan.comm = zero_buffer_bytes(l, t.X, r->m, r->overlap);
-    if (pipelined) plan.comm = (size_t)r->B * Tl / plan.dims.seq_shards * c.channels * X + (r->zero ? S * X : 0);
+    if (pipelined) plan.comm = (uint64_t)r->B * Tl / plan.dims.seq_shards * c.channels * X + (r->zero ? S * X : 0);
     if (r->trainer == TRAINER_CP || cp > 1) {
         plan.comm += cp_scratch_bytes(r->B, r->T, cp, c.channels, plan.dims.att, plan.dims.NH, t.X, r->cp_allgather);
     }
@@ -214,50 +215,50 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     if (r->trainer == TRAINER_DP) {
         // sharded fp32 weights (bf16 master weights from -z 1, fp32 parameters from -z 3) and
         // -dump_grads' floatX gradients go through a device buffer of one bucket, never both at once
-        size_t bucket = l->zero > 0 ? parameter_largest_bucket(l) : 0;
-        size_t weights = r->checkpoint && fp32_weights_sharded(l, t) ? bucket * sizeof(float) : 0;
-        size_t grads = r->dump_grads ? bucket * X : 0;
+        uint64_t bucket = l->zero > 0 ? parameter_largest_bucket(l) : 0;
+        uint64_t weights = r->checkpoint && fp32_weights_sharded(l, t) ? bucket * sizeof(float) : 0;
+        uint64_t grads = r->dump_grads ? bucket * X : 0;
         plan.file_gather = weights > grads ? weights : grads;
     } else {
         // rank 0 receives each other model-parallel rank's piece into one device buffer, as large
         // as the largest piece (gpt2_gather_full): fp32 for a checkpoint, floatX for -dump_grads;
         // in train_gpt2_3d a sharded buffer is first all-gathered whole over dp (N fp32, every rank)
-        size_t largest = 0;
+        uint64_t largest = 0;
         for (int k = 0; root && layout_model_ranks(l) > 1 && k < layout_model_ranks(l); k++) {
-            size_t count = k == 0 ? N : parameter_layout_of_rank(c, l, k).count;
+            uint64_t count = k == 0 ? N : parameter_layout_of_rank(c, l, k).count;
             largest = count > largest ? count : largest;
         }
         int sharded = r->trainer == TRAINER_3D && (fp32_weights_sharded(l, t) || S < N);
-        size_t weights = r->checkpoint ? (sharded ? N * sizeof(float) : 0) + largest * sizeof(float) : 0;
-        size_t grads = r->dump_grads ? largest * X + (r->trainer == TRAINER_EP ? N * X : 0) : 0;  // (EP: the scaled copy)
+        uint64_t weights = r->checkpoint ? (sharded ? N * sizeof(float) : 0) + largest * sizeof(float) : 0;
+        uint64_t grads = r->dump_grads ? largest * X + (r->trainer == TRAINER_EP ? N * X : 0) : 0;  // (EP: the scaled copy)
         plan.file_gather = weights > grads ? weights : grads;
     }
     plan.total = plan.params + plan.grads + plan.master + plan.state + plan.activations + plan.comm + plan.kernels +
                  plan.file_gather + plan.outer + plan.experts;
     // host memory at its largest: the whole model in fp32 while building (train_gpt2_dp: also in
     // buckets, 3 P) and this rank's part; on resume the state read from the checkpoint too
-    size_t resume_state = t.X < 4 ? 2 * sizeof(float) + X : 2 * sizeof(float);  // m, v (and the bf16 bits)
+    uint64_t resume_state = t.X < 4 ? 2 * sizeof(float) + X : 2 * sizeof(float);  // m, v (and the bf16 bits)
     if (r->trainer == TRAINER_DP) {
         plan.host = P * sizeof(float) * (r->resume ? 5 : 3) + (r->resume || r->checkpoint ? (t.X < 4 ? P * X : 0) : 0);
         if (r->offload) plan.host_optimizer = gpt2_optimizer_state_bytes(l, t) + offload_host_bytes(l, t.X);
     } else if (r->trainer == TRAINER_3D) {
         plan.host = (P + N) * sizeof(float) + (r->resume ? (P + N) * (t.X < 4 ? 3 : 2) * sizeof(float) : 0);
         // rank 0 writing a gathered checkpoint: weights, m, v (and bf16 bits) whole, and a piece
-        size_t writing = root && r->checkpoint ? P * sizeof(float) * (t.X < 4 ? 4 : 3) + N * sizeof(float) : 0;
+        uint64_t writing = root && r->checkpoint ? P * sizeof(float) * (t.X < 4 ? 4 : 3) + N * sizeof(float) : 0;
         plan.host = writing > plan.host ? writing : plan.host;
     } else {
         plan.host = P * sizeof(float) + N * sizeof(float) + (r->resume ? N * resume_state : 0);
         if (r->trainer == TRAINER_CP && root && r->checkpoint) {  // rank 0 writing the gathered state
-            size_t writing = P * sizeof(float) * (t.X < 4 ? 4 : 3);  // (weights, m, v and the bf16 bits)
+            uint64_t writing = P * sizeof(float) * (t.X < 4 ? 4 : 3);  // (weights, m, v and the bf16 bits)
             plan.host = writing > plan.host ? writing : plan.host;
         }
         if (r->trainer == TRAINER_DILOCO) {
             // every state file carries the trainer's own state too: theta_outer, the momentum and
             // the worker's weights (3 N fp32), read on resume and, writing, beside m, v (and the
             // bits) and on rank 0 the whole model
-            size_t own = 3 * N * sizeof(float);
+            uint64_t own = 3 * N * sizeof(float);
             if (r->resume) plan.host += own;
-            size_t writing = r->checkpoint ? (root ? P * sizeof(float) : 0) + N * resume_state + own : 0;
+            uint64_t writing = r->checkpoint ? (root ? P * sizeof(float) : 0) + N * resume_state + own : 0;
             plan.host = writing > plan.host ? writing : plan.host;
         }
     }
@@ -277,28 +278,45 @@ static inline MemoryPlan memory_plan_largest(GPT2Config c, DeviceTarget t, const
     return best;
 }
 
-// "  activations    14.5 MB  note"
-static inline void memory_print_row(const char* label, double bytes, const char* note) {
-    printf("  %-16s %10.1f MB%s%s\n", label, bytes / 1e6, note[0] ? "  " : "", note);
+// The table's rows: a label, bytes, a note saying what they are and which formula; a part of the
+// device's total (the picture of dev/memory.html stacks these), a sum of parts above it, or host
+// memory. The trainers print them (memory_plan_print), dev/memory_planner prints them or writes
+// them as JSON for the page.
+typedef enum { MEMORY_PART, MEMORY_SUM, MEMORY_HOST } MemoryRowKind;
+typedef struct {
+    const char* label;
+    uint64_t bytes;
+    char note[256];
+    MemoryRowKind kind;
+    int indent;  // 1: a part of the activations
+} MemoryRow;
+#define MEMORY_ROWS_MAX 24
+
+static inline void memory_row(MemoryRow* rows, int* n, const char* label, uint64_t bytes, MemoryRowKind kind,
+                              const char* note) {
+    MemoryRow* row = &rows[(*n)++];
+    row->label = label, row->bytes = bytes, row->kind = kind, row->indent = 0;
+    snprintf(row->note, sizeof(row->note), "%s", note);
 }
 
-// the table every trainer prints at its start, and dev/memory_planner for any layout
-static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const RunLayout* r) {
+// the rows of a rank's plan, in the table's order; returns how many
+static inline int memory_plan_rows(const MemoryPlan* plan, GPT2Config c, const RunLayout* r, MemoryRow* rows) {
+    int n = 0;
     const ParameterLayout* l = &plan->layout;
     DeviceTarget t = plan->dims.target;
     int X = t.X, dp_sharded = r->zero > 0 && r->dp > 1;
-    size_t P = gpt2_num_parameters(c);
+    uint64_t P = gpt2_num_parameters(c);
     char note[256];
     const char* shard = dp_sharded ? " / dp: this rank's shard" : "";
-    snprintf(note, sizeof(note), "X Psi: %zu of %zu parameters (%.1f%%)%s, X = %d bytes (%s)", layout_params_held(l),
-             P, 100.0 * layout_params_held(l) / P, r->zero >= 3 ? " / dp: this rank's shard" : "", X, X == 2 ? "bf16" : "fp32");
-    memory_print_row("parameters", (double)plan->params, note);
-    memory_print_row("gradients", (double)plan->grads, r->zero >= 2 ? "X Psi / dp: this rank's shards" : "X Psi");
+    snprintf(note, sizeof(note), "X Psi: %llu of %llu parameters (%.1f%%)%s, X = %d bytes (%s)",
+             (unsigned long long)layout_params_held(l), (unsigned long long)P, 100.0 * layout_params_held(l) / P, r->zero >= 3 ? " / dp: this rank's shard" : "", X, X == 2 ? "bf16" : "fp32");
+    memory_row(rows, &n, "parameters", plan->params, MEMORY_PART, note);
+    memory_row(rows, &n, "gradients", plan->grads, MEMORY_PART, r->zero >= 2 ? "X Psi / dp: this rank's shards" : "X Psi");
     const char* on_host = "0 on the device: in host memory (-offload)";
     snprintf(note, sizeof(note), "4 Psi%s", shard);
-    memory_print_row("master weights", (double)plan->master, r->offload ? on_host : X == 4 ? "none in fp32" : note);
+    memory_row(rows, &n, "master weights", plan->master, MEMORY_PART, r->offload ? on_host : X == 4 ? "none in fp32" : note);
     snprintf(note, sizeof(note), "8 Psi%s", shard);
-    memory_print_row("AdamW m, v", (double)plan->state, r->offload ? on_host : note);
+    memory_row(rows, &n, "AdamW m, v", plan->state, MEMORY_PART, r->offload ? on_host : note);
     // the ZeRO paper's formulas with Psi the rank's parameters (of its tp slice and stage)
     const char* formula[4] = {X == 2 && r->trainer == TRAINER_DP ? "16 Psi (the ZeRO paper's DDP)" : "16 Psi",
                               X == 2 ? "(2 + 2) Psi + 12 Psi / dp (the ZeRO paper's P_os)" : "(4 + 4) Psi + 8 Psi / dp",
@@ -306,23 +324,28 @@ static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const
                               "16 Psi / dp (P_os+g+p)"};
     snprintf(note, sizeof(note), "= %s%s", formula[dp_sharded ? r->zero : 0],
              r->offload ? (X == 2 ? ", less the optimizer's 12 Psi on the host" : ", less the optimizer's 8 Psi on the host") : "");
-    memory_print_row("model states", (double)(plan->params + plan->grads + plan->master + plan->state), note);
+    memory_row(rows, &n, "model states", plan->params + plan->grads + plan->master + plan->state, MEMORY_SUM, note);
     snprintf(note, sizeof(note), "-r %d; -r 0 / 1 / 2: %.1f / %.1f / %.1f MB", r->recompute, plan->activations_for[0] / 1e6,
              plan->activations_for[1] / 1e6, plan->activations_for[2] / 1e6);
-    memory_print_row("activations", (double)plan->activations, note);
+    memory_row(rows, &n, "activations", plan->activations, MEMORY_SUM, note);
     if (plan->slots > 1 || r->pp > 1) {
         snprintf(note, sizeof(note), "kept for the backward: %d slot%s (the schedule's micro-batch%s in flight) x %d layers",
                  plan->slots, plan->slots > 1 ? "s" : "", r->V > 1 ? " chunks" : "es", l->layers / r->V);
     } else {
         snprintf(note, sizeof(note), "kept for the backward: %d layers of one micro-batch", l->layers);
     }
-    memory_print_row("  layers", (double)plan->layers, note);
-    memory_print_row("  recomputed", (double)plan->recomputed, plan->recomputed ? "one layer's buffers for what -r does not keep" : "");
+    memory_row(rows, &n, "layers", plan->layers, MEMORY_PART, note);
+    rows[n - 1].indent = 1;
+    memory_row(rows, &n, "recomputed", plan->recomputed, MEMORY_PART,
+               plan->recomputed ? "one layer's buffers for what -r does not keep" : "");
+    rows[n - 1].indent = 1;
     snprintf(note, sizeof(note), "%s", !plan->head ? "none: the head is on the last stage"
                                        : r->trainer == TRAINER_CP ? "final LayerNorm, logits (B T/cp Vp X), losses"
                                                                   : "final LayerNorm, logits (B T Vp/tp X), losses");
-    memory_print_row("  head", (double)plan->head, note);
-    memory_print_row("  backward", (double)plan->backward, "gradients flowing down a layer, the tokens");
+    memory_row(rows, &n, "head", plan->head, MEMORY_PART, note);
+    rows[n - 1].indent = 1;
+    memory_row(rows, &n, "backward", plan->backward, MEMORY_PART, "gradients flowing down a layer, the tokens");
+    rows[n - 1].indent = 1;
     const char* comm = "none: the collectives work in place or on activations";
     if (r->trainer == TRAINER_DP && r->zero == 1) comm = "the reduce-scatter's output, X Psi / dp (the all-gather works in place)";
     if (r->trainer == TRAINER_DP && r->zero >= 2) {
@@ -343,27 +366,39 @@ static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const
         comm = r->cp_allgather ? "K,V of the whole sequence (X) and their gradient (fp32); o, dq, wpe rows"
                                : "two K,V blocks of the ring (X) and their gradients (fp32); o, dq, wpe rows";
     }
-    memory_print_row("comm buffers", (double)plan->comm, comm);
+    memory_row(rows, &n, "comm buffers", plan->comm, MEMORY_PART, comm);
     if (r->trainer == TRAINER_EP) {
         snprintf(note, sizeof(note), "%d experts of %d here (-ep %d): the rows they take, fc and GELU outputs, the way back",
                  c.experts / layout_ep(r), c.experts, layout_ep(r));
-        memory_print_row("experts", (double)plan->experts, note);
+        memory_row(rows, &n, "experts", plan->experts, MEMORY_PART, note);
     }
     if (r->trainer == TRAINER_DILOCO) {
-        memory_print_row("outer state", (double)plan->outer, "12 Psi: the outer parameters, their momentum and the "
+        memory_row(rows, &n, "outer state", plan->outer, MEMORY_PART, "12 Psi: the outer parameters, their momentum and the "
                                                              "pseudo-gradient (fp32; in bf16 on the link, its halves)");
     }
-    memory_print_row("kernel scratch", (double)plan->kernels, t.cuda ? "cuBLASLt's workspace and the kernels' scratch buffers"
+    memory_row(rows, &n, "kernel scratch", plan->kernels, MEMORY_PART, t.cuda ? "cuBLASLt's workspace and the kernels' scratch buffers"
                                                                       : "none on the CPU backend");
-    memory_print_row("file gather", (double)plan->file_gather,
-                     plan->file_gather ? "while a checkpoint gathers the shards or slices" : "none: no sharded files to gather");
-    memory_print_row("total", (double)plan->total, "the high-water mark to expect");
+    memory_row(rows, &n, "file gather", plan->file_gather, MEMORY_PART,
+               plan->file_gather ? "while a checkpoint gathers the shards or slices" : "none: no sharded files to gather");
+    memory_row(rows, &n, "total", plan->total, MEMORY_SUM, "the high-water mark to expect");
     if (r->offload) {
         snprintf(note, sizeof(note), "%s m, v (%d bytes per parameter of this rank's share) + gradients and parameters in "
                  "transit (2 X)", X == 2 ? "master weights," : "", X == 2 ? 12 : 8);
-        memory_print_row("host: optimizer", (double)plan->host_optimizer, note);
+        memory_row(rows, &n, "host: optimizer", plan->host_optimizer, MEMORY_HOST, note);
     }
-    memory_print_row("host buffers", (double)plan->host, "at most (the whole model while loading; on resume its state)");
+    memory_row(rows, &n, "host buffers", plan->host, MEMORY_HOST, "at most (the whole model while loading; on resume its state)");
+    return n;
+}
+
+// the table every trainer prints at its start, and dev/memory_planner for any layout:
+// "  activations    14.5 MB  note", a part of the activations indented
+static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const RunLayout* r) {
+    MemoryRow rows[MEMORY_ROWS_MAX];
+    int n = memory_plan_rows(plan, c, r, rows);
+    for (int i = 0; i < n; i++) {
+        printf("  %s%-*s %10.1f MB%s%s\n", rows[i].indent ? "  " : "", rows[i].indent ? 14 : 16, rows[i].label,
+               rows[i].bytes / 1e6, rows[i].note[0] ? "  " : "", rows[i].note);
+    }
 }
 
 #endif

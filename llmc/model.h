@@ -3,6 +3,10 @@
 // tensor order), the activations of the forward pass in one arena, views of one layer's slice of
 // both, and the loss. What a trainer does with them (which layers, which shard, which
 // collectives) stays in the trainer.
+// Counts and sizes are uint64_t rather than size_t here (and in gpt2.h, stage.h, memory_plan.h):
+// the same type on every machine the trainers run on, and still 64 bits where size_t is 32, in
+// the WebAssembly build of dev/memory_planner that dev/memory.html runs (a 1.5B model's AdamW
+// moments alone pass 4 GB).
 #ifndef LLMC_MODEL_H
 #define LLMC_MODEL_H
 
@@ -40,7 +44,7 @@ static inline DeviceTarget build_target(GPT2Config c) {
 }
 
 // 0 when tp ranks can split the layers of model c on target t, else 1 with the reason in why
-static inline int layer_dims_problem(GPT2Config c, int tp, DeviceTarget t, char* why, size_t why_size) {
+static inline int layer_dims_problem(GPT2Config c, int tp, DeviceTarget t, char* why, uint64_t why_size) {
     const char* what[3] = {"the heads NH", "the MLP width 4C", "the padded vocabulary Vp"};
     int n[3] = {c.num_heads, 4 * c.channels, c.padded_vocab_size};
     for (int i = 0; i < 3; i++) {
@@ -111,14 +115,14 @@ typedef enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS } TensorSplit;
 // rank holds E/ep whole experts)
 typedef enum { GROUPS_WHOLE, GROUPS_EXPERTS } TensorGroups;
 typedef struct {
-    size_t layers, groups, rows, cols;
+    uint64_t layers, groups, rows, cols;
     TensorSplit split;
     TensorGroups grouping;  // GROUPS_EXPERTS: the groups are the experts (ep splits them)
 } TensorShape;
 
 static inline TensorShape tensor_shape(GPT2Config c, int i) {
-    size_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, maxT = c.max_seq_len;
-    size_t E = (size_t)gpt2_experts(c), R = gpt2_is_moe(c) ? E : 0;  // the router's rows
+    uint64_t L = c.num_layers, C = c.channels, Vp = c.padded_vocab_size, maxT = c.max_seq_len;
+    uint64_t E = (uint64_t)gpt2_experts(c), R = gpt2_is_moe(c) ? E : 0;  // the router's rows
     TensorGroups W = GROUPS_WHOLE, X = GROUPS_EXPERTS;
     TensorShape shapes[NUM_PARAMETER_TENSORS] = {
         {1, 1, Vp, C, SPLIT_ROWS, W},    {1, 1, maxT, C, SPLIT_NONE, W},     // wte wpe
@@ -145,16 +149,16 @@ typedef struct {
     int pp, stage, chunks;  // pipeline stages, this rank's stage, chunks per stage (V)
     int layers;             // layers this rank holds: L / pp
     int embedding, head;    // 1: holds wte and wpe (first stage) / lnfw, lnfb and wte (last)
-    size_t sizes[NUM_PARAMETER_TENSORS];    // elements of each tensor on this rank
-    size_t offsets[NUM_PARAMETER_TENSORS];  // where each starts in this rank's flat buffer
-    size_t file_offsets[NUM_PARAMETER_TENSORS];  // where the whole tensor starts in the file
-    size_t rounding[NUM_PARAMETER_TENSORS];  // stochastic rounding index of its first element
+    uint64_t sizes[NUM_PARAMETER_TENSORS];    // elements of each tensor on this rank
+    uint64_t offsets[NUM_PARAMETER_TENSORS];  // where each starts in this rank's flat buffer
+    uint64_t file_offsets[NUM_PARAMETER_TENSORS];  // where the whole tensor starts in the file
+    uint64_t rounding[NUM_PARAMETER_TENSORS];  // stochastic rounding index of its first element
     int sharded[NUM_PARAMETER_TENSORS];      // 1: sliced over the tp ranks; 0: replicated
-    size_t layer_stride[NUM_PARAMETER_TENSORS];  // from one layer's slice of a tensor to the next's
-    size_t count;                            // elements on this rank (with buckets, padding included)
+    uint64_t layer_stride[NUM_PARAMETER_TENSORS];  // from one layer's slice of a tensor to the next's
+    uint64_t count;                            // elements on this rank (with buckets, padding included)
     // In buckets (parameter_layout_buckets) instead of the file's order; else all 0
     int shards;                  // each bucket splits into this many equal shards (ZeRO's ranks)
-    size_t bucket_sizes[3];      // padded: the embeddings' bucket, one layer's, the final LayerNorm's
+    uint64_t bucket_sizes[3];      // padded: the embeddings' bucket, one layer's, the final LayerNorm's
     int zero, shard_rank;        // ZeRO's stage (0: nothing sharded) and this rank's shard
 } ParameterLayout;
 
@@ -186,23 +190,23 @@ static inline ParameterLayout parameter_layout_experts(GPT2Config c, int tp, int
     held[PARAM_WTE] = p.embedding || p.head;
     held[PARAM_WPE] = p.embedding;
     held[PARAM_LNFW] = held[PARAM_LNFB] = p.head;
-    size_t file = 0, local = 0;
+    uint64_t file = 0, local = 0;
     p.shards = 0;
     p.zero = p.shard_rank = 0;
     for (int k = 0; k < 3; k++) p.bucket_sizes[k] = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         TensorShape s = tensor_shape(c, i);
-        size_t whole = s.layers * s.groups * s.rows * s.cols;
+        uint64_t whole = s.layers * s.groups * s.rows * s.cols;
         int experts_split = s.grouping == GROUPS_EXPERTS && ep > 1;
-        size_t mine = tensor_is_per_layer(i) ? whole / s.layers * p.layers : whole;
-        if (experts_split) mine /= (size_t)ep;
+        uint64_t mine = tensor_is_per_layer(i) ? whole / s.layers * p.layers : whole;
+        if (experts_split) mine /= (uint64_t)ep;
         p.sharded[i] = s.split != SPLIT_NONE && tp > 1;
         p.sizes[i] = held[i] ? (p.sharded[i] ? mine / tp : mine) : 0;
         p.offsets[i] = local;
         p.layer_stride[i] = tensor_is_per_layer(i) ? p.sizes[i] / p.layers : 0;  // the layers stacked
         p.file_offsets[i] = file;
-        size_t piece = (size_t)(tensor_is_per_layer(i) ? stage : 0) * (p.sharded[i] ? tp : 1) + (p.sharded[i] ? tp_rank : 0);
-        if (experts_split) piece = piece * (size_t)ep + (size_t)ep_rank;
+        uint64_t piece = (uint64_t)(tensor_is_per_layer(i) ? stage : 0) * (p.sharded[i] ? tp : 1) + (p.sharded[i] ? tp_rank : 0);
+        if (experts_split) piece = piece * (uint64_t)ep + (uint64_t)ep_rank;
         p.rounding[i] = file + piece * p.sizes[i];
         local += p.sizes[i];
         file += whole;
@@ -225,17 +229,17 @@ static inline ParameterLayout parameter_layout_grid(GPT2Config c, int tp, int tp
 // for the GPU's loads. shards = 1: no padding at all (DDP).
 #define ZERO_ALIGN 128
 
-static inline size_t round_up(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+static inline uint64_t round_up(uint64_t n, uint64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
 // ZeRO stage `zero` on rank `rank` of `ranks`: stage 0 (DDP) keeps whole unpadded buckets
 static inline ParameterLayout parameter_layout_buckets(GPT2Config c, int zero, int ranks, int rank) {
     ParameterLayout p = parameter_layout_grid(c, 1, 0, 1, 0, 1);
     int shards = zero > 0 ? ranks : 1;
-    size_t pad = zero > 0 ? (size_t)shards * ZERO_ALIGN : 1;
+    uint64_t pad = zero > 0 ? (uint64_t)shards * ZERO_ALIGN : 1;
     p.shards = shards;
     p.zero = zero;
     p.shard_rank = zero > 0 ? rank : 0;
-    size_t embedding = round_up(p.sizes[0] + p.sizes[1], pad), layer = 0;
+    uint64_t embedding = round_up(p.sizes[0] + p.sizes[1], pad), layer = 0;
     p.offsets[PARAM_WTE] = 0;
     p.offsets[PARAM_WPE] = p.sizes[PARAM_WTE];
     for (int i = PARAM_FIRST_PER_LAYER; i <= PARAM_LAST_PER_LAYER; i++) {  // where each tensor's slice sits in a layer's bucket
@@ -244,12 +248,12 @@ static inline ParameterLayout parameter_layout_buckets(GPT2Config c, int zero, i
     }
     layer = round_up(layer, pad);
     for (int i = PARAM_FIRST_PER_LAYER; i <= PARAM_LAST_PER_LAYER; i++) p.layer_stride[i] = layer;
-    p.offsets[PARAM_LNFW] = embedding + (size_t)p.layers * layer;
+    p.offsets[PARAM_LNFW] = embedding + (uint64_t)p.layers * layer;
     p.offsets[PARAM_LNFB] = p.offsets[PARAM_LNFW] + p.sizes[PARAM_LNFW];
     p.bucket_sizes[0] = embedding;
     p.bucket_sizes[1] = layer;
     p.bucket_sizes[2] = round_up(p.sizes[PARAM_LNFW] + p.sizes[PARAM_LNFB], pad);
-    p.count = embedding + (size_t)p.layers * layer + p.bucket_sizes[2];
+    p.count = embedding + (uint64_t)p.layers * layer + p.bucket_sizes[2];
     return p;
 }
 
@@ -260,42 +264,42 @@ static inline int parameter_num_buckets(const ParameterLayout* p) { return p->bu
 static inline int parameter_bucket_kind(const ParameterLayout* p, int k) { return k == 0 ? 0 : k <= p->layers ? 1 : 2; }
 
 // bucket k's range in a layout in buckets: its first element and its (padded) size
-static inline size_t parameter_bucket_size(const ParameterLayout* p, int k) {
+static inline uint64_t parameter_bucket_size(const ParameterLayout* p, int k) {
     return p->bucket_sizes[parameter_bucket_kind(p, k)];
 }
 
 // the largest bucket: the embeddings' in any GPT-2 (Vp + maxT rows of C against 12 C^2 + 13 C)
-static inline size_t parameter_largest_bucket(const ParameterLayout* p) {
-    size_t most = 0;
+static inline uint64_t parameter_largest_bucket(const ParameterLayout* p) {
+    uint64_t most = 0;
     for (int kind = 0; kind < 3; kind++) most = p->bucket_sizes[kind] > most ? p->bucket_sizes[kind] : most;
     return most;
 }
-static inline size_t parameter_bucket_offset(const ParameterLayout* p, int k) {
-    return k == 0 ? 0 : p->bucket_sizes[0] + (size_t)(k - 1) * p->bucket_sizes[1];
+static inline uint64_t parameter_bucket_offset(const ParameterLayout* p, int k) {
+    return k == 0 ? 0 : p->bucket_sizes[0] + (uint64_t)(k - 1) * p->bucket_sizes[1];
 }
 
 // What a rank holds of each per-parameter buffer: everything, or from a ZeRO stage on (the
 // optimizer state from 1, the gradients from 2, the parameters from 3) its shard of every bucket,
 // the shards one after another (bucket k's at parameter_bucket_offset / shards)
-static inline size_t layout_held(const ParameterLayout* p, int sharded_from_stage) {
+static inline uint64_t layout_held(const ParameterLayout* p, int sharded_from_stage) {
     return p->zero >= sharded_from_stage && p->zero > 0 ? p->count / p->shards : p->count;
 }
-static inline size_t layout_state_held(const ParameterLayout* p) { return layout_held(p, 1); }
-static inline size_t layout_grads_held(const ParameterLayout* p) { return layout_held(p, 2); }
-static inline size_t layout_params_held(const ParameterLayout* p) { return layout_held(p, 3); }
+static inline uint64_t layout_state_held(const ParameterLayout* p) { return layout_held(p, 1); }
+static inline uint64_t layout_grads_held(const ParameterLayout* p) { return layout_held(p, 2); }
+static inline uint64_t layout_params_held(const ParameterLayout* p) { return layout_held(p, 3); }
 
 // this rank's shard of bucket k: n elements from `global` in the whole buffer, at `local` in a
 // buffer of shards
-static inline void layout_bucket_shard(const ParameterLayout* p, int k, size_t* global, size_t* local, size_t* n) {
+static inline void layout_bucket_shard(const ParameterLayout* p, int k, uint64_t* global, uint64_t* local, uint64_t* n) {
     *n = parameter_bucket_size(p, k) / p->shards;
-    *global = parameter_bucket_offset(p, k) + (size_t)p->shard_rank * *n;
+    *global = parameter_bucket_offset(p, k) + (uint64_t)p->shard_rank * *n;
     *local = parameter_bucket_offset(p, k) / p->shards;
 }
 
 // the rank's shards of a whole buffer (host, fp32), into `shards`
 static inline void layout_take_shards(const ParameterLayout* p, const float* whole, float* shards) {
     for (int k = 0; k < parameter_num_buckets(p); k++) {
-        size_t global, local, n;
+        uint64_t global, local, n;
         layout_bucket_shard(p, k, &global, &local, &n);
         memcpy(shards + local, whole + global, n * sizeof(float));
     }
@@ -311,7 +315,7 @@ static inline void layout_shard_flat(ParameterLayout* p, int zero, int shards, i
     p->zero = zero;
     p->shards = shards;
     p->shard_rank = shard_rank;
-    p->count = round_up(p->count, (size_t)shards * ZERO_ALIGN);
+    p->count = round_up(p->count, (uint64_t)shards * ZERO_ALIGN);
     p->bucket_sizes[0] = p->count;
     p->bucket_sizes[1] = p->bucket_sizes[2] = 0;
 }
@@ -343,19 +347,19 @@ static inline void parameter_shard_copy(float* full, float* shard, const Paramet
         if (p->sizes[i] == 0) continue;
         TensorShape s = tensor_shape(c, i);
         int split = p->sharded[i] ? s.split : SPLIT_NONE;
-        size_t rows = split == SPLIT_ROWS ? s.rows / p->tp : s.rows;
-        size_t cols = split == SPLIT_COLS ? s.cols / p->tp : s.cols;
-        size_t row0 = split == SPLIT_ROWS ? (size_t)p->tp_rank * rows : 0;
-        size_t col0 = split == SPLIT_COLS ? (size_t)p->tp_rank * cols : 0;
-        size_t layers = tensor_is_per_layer(i) ? (size_t)p->layers : 1;
+        uint64_t rows = split == SPLIT_ROWS ? s.rows / p->tp : s.rows;
+        uint64_t cols = split == SPLIT_COLS ? s.cols / p->tp : s.cols;
+        uint64_t row0 = split == SPLIT_ROWS ? (uint64_t)p->tp_rank * rows : 0;
+        uint64_t col0 = split == SPLIT_COLS ? (uint64_t)p->tp_rank * cols : 0;
+        uint64_t layers = tensor_is_per_layer(i) ? (uint64_t)p->layers : 1;
         // the groups this rank holds: all, or under expert parallelism its experts
-        size_t groups = s.grouping == GROUPS_EXPERTS ? s.groups / (size_t)p->ep : s.groups;
-        size_t group0 = s.grouping == GROUPS_EXPERTS ? (size_t)p->ep_rank * groups : 0;
-        for (size_t lg = 0; lg < layers * groups; lg++) {  // each layer's (each q/k/v's, each expert's) block
-            size_t local = lg / groups, group = lg % groups;
-            size_t layer = tensor_is_per_layer(i) ? (size_t)layout_layer(p, (int)local) : 0;
-            size_t block = layer * s.groups + group0 + group;  // ... where it sits in the file
-            for (size_t j = 0; j < rows; j++) {
+        uint64_t groups = s.grouping == GROUPS_EXPERTS ? s.groups / (uint64_t)p->ep : s.groups;
+        uint64_t group0 = s.grouping == GROUPS_EXPERTS ? (uint64_t)p->ep_rank * groups : 0;
+        for (uint64_t lg = 0; lg < layers * groups; lg++) {  // each layer's (each q/k/v's, each expert's) block
+            uint64_t local = lg / groups, group = lg % groups;
+            uint64_t layer = tensor_is_per_layer(i) ? (uint64_t)layout_layer(p, (int)local) : 0;
+            uint64_t block = layer * s.groups + group0 + group;  // ... where it sits in the file
+            for (uint64_t j = 0; j < rows; j++) {
                 float* f = full + p->file_offsets[i] + (block * s.rows + row0 + j) * s.cols + col0;
                 float* h = shard + p->offsets[i] + local * p->layer_stride[i] + (group * rows + j) * cols;
                 memcpy(to_shard ? h : f, to_shard ? f : h, cols * sizeof(float));
@@ -424,7 +428,7 @@ typedef struct {
     unsigned kept;      // the per-layer tensors kept for every layer (KEEP_ bits, below); each
                         // of the others is one layer's buffer, recomputed in the backward pass
     char* arena;        // the memory all of them point into
-    size_t arena_bytes;
+    uint64_t arena_bytes;
 } Activations;
 
 // ACTS_RECOMPUTE: one layer's buffers for the activations recomputation does not keep (below)
@@ -476,7 +480,7 @@ static inline unsigned activations_kept(int recompute, int weights_later, LayerD
 typedef struct {
     GPT2Config config;
     ParameterLayout layout;  // this rank's tensors (the whole model without tensor parallelism)
-    size_t num_parameters;   // on this rank: layout.count (padding included); what it holds of each
+    uint64_t num_parameters;   // on this rank: layout.count (padding included); what it holds of each
                              // buffer: layout_held
     ParameterTensors params;
     ParameterTensors grads;
@@ -502,7 +506,7 @@ typedef struct {
 // One entry per tensor of an arena: where its pointer lives, its bytes, and its part.
 typedef struct {
     void** ptr;
-    size_t bytes;
+    uint64_t bytes;
     int part;  // the ACTS_ part it belongs to
 } ActivationTensor;
 
@@ -512,10 +516,10 @@ typedef struct {
 #define ACTIVATION_TENSORS 32
 static inline int activation_tensors(ActivationTensor* t, Activations* a, LayerDims d, int layers, unsigned kept, int B,
                                      int T) {
-    size_t L = (size_t)layers, C = d.C, QKV = d.qkv, ATT = d.att, FC = d.fc, Vp = d.Vp_rank;
-    size_t BT = (size_t)B * T, BTs = BT / d.seq_shards, X = d.target.X, F = sizeof(float);
-    size_t sp = d.seq_shards > 1;  // 0 or 1: sequence parallelism's buffers or none
-    struct { void** ptr; size_t bytes; unsigned keep; } layer[] = {  // one layer's tensors
+    uint64_t L = (uint64_t)layers, C = d.C, QKV = d.qkv, ATT = d.att, FC = d.fc, Vp = d.Vp_rank;
+    uint64_t BT = (uint64_t)B * T, BTs = BT / d.seq_shards, X = d.target.X, F = sizeof(float);
+    uint64_t sp = d.seq_shards > 1;  // 0 or 1: sequence parallelism's buffers or none
+    struct { void** ptr; uint64_t bytes; unsigned keep; } layer[] = {  // one layer's tensors
         {(void**)&a->ln1, BT * C * X, KEEP_LN1},           {(void**)&a->ln1_mean, BTs * F, KEEP_LN1_STATS},
         {(void**)&a->ln1_rstd, BTs * F, KEEP_LN1_STATS},   {(void**)&a->qkv, BT * QKV * X, KEEP_QKV},
         {(void**)&a->atty, BT * ATT * X, KEEP_ATTY},
@@ -528,7 +532,7 @@ static inline int activation_tensors(ActivationTensor* t, Activations* a, LayerD
     };
     int n = 0;
     t[n++] = (ActivationTensor){(void**)&a->encoded, BTs * C * X, ACTS_LAYERS};
-    for (size_t i = 0; i < sizeof(layer) / sizeof(layer[0]); i++) {
+    for (uint64_t i = 0; i < sizeof(layer) / sizeof(layer[0]); i++) {
         int keep = (kept & layer[i].keep) != 0;
         t[n++] = (ActivationTensor){layer[i].ptr, layer[i].bytes * (keep ? L : 1), keep ? ACTS_LAYERS : ACTS_RECOMPUTE};
     }
@@ -542,7 +546,7 @@ static inline int activation_tensors(ActivationTensor* t, Activations* a, LayerD
         {(void**)&a->reduced, sp * BTs * C * X, ACTS_SCRATCH}, {(void**)&a->ln_shard, sp * BTs * C * X, ACTS_SCRATCH},
         {(void**)&a->dgathered, sp * BT * C * X, ACTS_SCRATCH},
     };
-    for (size_t i = 0; i < sizeof(rest) / sizeof(rest[0]); i++) t[n++] = rest[i];
+    for (uint64_t i = 0; i < sizeof(rest) / sizeof(rest[0]); i++) t[n++] = rest[i];
     return n;
 }
 
@@ -550,14 +554,14 @@ static inline int activation_tensors(ActivationTensor* t, Activations* a, LayerD
 // aligned to 256 bytes. Returns its size; with base != NULL also points every tensor of `a` into
 // it, the tensors of other parts at NULL (base NULL: only the size, for planning). bytes_of_part
 // (may be NULL) receives each part's bytes, indexed by the part's bit (1, 2, 4, 8).
-static inline size_t gpt2_lay_out_activations(Activations* a, LayerDims d, int layers, int parts, unsigned kept, int B,
-                                               int T, char* base, size_t bytes_of_part[ACTS_ALL + 1]) {
+static inline uint64_t gpt2_lay_out_activations(Activations* a, LayerDims d, int layers, int parts, unsigned kept, int B,
+                                               int T, char* base, uint64_t bytes_of_part[ACTS_ALL + 1]) {
     ActivationTensor t[ACTIVATION_TENSORS];
     int n = activation_tensors(t, a, d, layers, kept, B, T);
-    size_t total = 0;
-    if (bytes_of_part) memset(bytes_of_part, 0, (ACTS_ALL + 1) * sizeof(size_t));
+    uint64_t total = 0;
+    if (bytes_of_part) memset(bytes_of_part, 0, (ACTS_ALL + 1) * sizeof(uint64_t));
     for (int i = 0; i < n; i++) {
-        size_t bytes = (t[i].part & parts) ? (t[i].bytes + 255) / 256 * 256 : 0;
+        uint64_t bytes = (t[i].part & parts) ? (t[i].bytes + 255) / 256 * 256 : 0;
         if (base) *t[i].ptr = bytes > 0 ? base + total : NULL;
         if (bytes_of_part) bytes_of_part[t[i].part] += bytes;
         total += bytes;
@@ -589,11 +593,11 @@ static inline void activations_free(Activations* a) { device_free(a->arena); }
 // The kernels' own device memory at widths d and B x T: on CUDA cuBLASLt's workspace and each
 // launcher's scratch buffer at its largest (they grow on demand to the largest call, and each
 // launcher asks llmc/target.h's size function used here); none on the CPU
-static inline size_t kernel_workspace_bytes(LayerDims d, int B, int T) {
+static inline uint64_t kernel_workspace_bytes(LayerDims d, int B, int T) {
     if (!d.target.cuda) return 0;
-    size_t BT = (size_t)B * T, widest_bias = d.fc > d.qkv ? d.fc : d.qkv;
-    widest_bias = widest_bias > (size_t)d.C ? widest_bias : (size_t)d.C;
-    size_t attention = d.target.flash ? flash_scratch_bytes(B, T, d.NH) : attention_cublas_scratch_bytes(B, T, d.att, d.NH, d.target.X);
+    uint64_t BT = (uint64_t)B * T, widest_bias = d.fc > d.qkv ? d.fc : d.qkv;
+    widest_bias = widest_bias > (uint64_t)d.C ? widest_bias : (uint64_t)d.C;
+    uint64_t attention = d.target.flash ? flash_scratch_bytes(B, T, d.NH) : attention_cublas_scratch_bytes(B, T, d.att, d.NH, d.target.X);
     return CUBLASLT_WORKSPACE_BYTES + bias_scratch_bytes(BT, (int)widest_bias) + layernorm_scratch_bytes(BT / d.seq_shards, d.C) +
            attention + encoder_scratch_bytes(BT) + norm_scratch_bytes();
 }
@@ -602,16 +606,16 @@ static inline size_t kernel_workspace_bytes(LayerDims d, int B, int T) {
 // weights (bf16 only) and AdamW m and v (fp32) unless offloaded to the host, each whole or its
 // shards (layout_held), the activation parts `parts` for the layout's layers (keeping `kept`)
 // and the token buffers
-static inline size_t gpt2_optimizer_state_bytes(const ParameterLayout* layout, DeviceTarget t) {
-    size_t S = layout_state_held(layout);
+static inline uint64_t gpt2_optimizer_state_bytes(const ParameterLayout* layout, DeviceTarget t) {
+    uint64_t S = layout_state_held(layout);
     return (t.X < 4 ? S * sizeof(float) : 0) + S * 2 * sizeof(float);
 }
-static inline size_t gpt2_memory_bytes(LayerDims d, const ParameterLayout* layout, int parts, unsigned kept, int B, int T,
+static inline uint64_t gpt2_memory_bytes(LayerDims d, const ParameterLayout* layout, int parts, unsigned kept, int B, int T,
                                        int offload) {
     Activations unused;
     return (layout_params_held(layout) + layout_grads_held(layout)) * d.target.X +
            (offload ? 0 : gpt2_optimizer_state_bytes(layout, d.target)) +
-           gpt2_lay_out_activations(&unused, d, layout->layers, parts, kept, B, T, NULL, NULL) + (size_t)B * T * 2 * sizeof(int);
+           gpt2_lay_out_activations(&unused, d, layout->layers, parts, kept, B, T, NULL, NULL) + (uint64_t)B * T * 2 * sizeof(int);
 }
 
 // this rank's slices of the whole model `full` (fp32, host, the file's layout) into the
@@ -640,7 +644,7 @@ static inline const float* gpt2_fp32_weights(const GPT2* model, int* sharded) {
 }
 
 // the optimizer state's home: the device, or with offload pinned host memory
-static inline float* optimizer_state_alloc(size_t n, int offload) {
+static inline float* optimizer_state_alloc(uint64_t n, int offload) {
     return (float*)(offload ? host_malloc_pinned(n * sizeof(float)) : device_malloc(n * sizeof(float)));
 }
 static inline void optimizer_state_free(float* p, int offload) {
@@ -659,7 +663,7 @@ static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, Pa
     model->T = T;
     model->layout = layout;
     model->num_parameters = layout.count;
-    size_t S = layout_state_held(&layout);
+    uint64_t S = layout_state_held(&layout);
     model->params_memory = (floatX*)device_malloc(layout_params_held(&layout) * sizeof(floatX));
     model->grads_memory = (floatX*)device_malloc(layout_grads_held(&layout) * sizeof(floatX));
     model->offload = offload;
@@ -683,9 +687,9 @@ static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, Pa
     if (layout.zero < 3) parameter_point(&model->params, model->params_memory, &model->layout);
     if (layout.zero < 2) parameter_point(&model->grads, model->grads_memory, &model->layout);
     activations_alloc(&model->acts, dims, layout.layers, acts_parts, kept, B, T);
-    model->inputs = (int*)device_malloc((size_t)B * T * sizeof(int));
-    model->targets = (int*)device_malloc((size_t)B * T * sizeof(int));
-    model->losses_host = (float*)host_malloc_pinned((size_t)B * T * sizeof(float));
+    model->inputs = (int*)device_malloc((uint64_t)B * T * sizeof(int));
+    model->targets = (int*)device_malloc((uint64_t)B * T * sizeof(int));
+    model->losses_host = (float*)host_malloc_pinned((uint64_t)B * T * sizeof(float));
     memset(&model->input_stage, 0, sizeof(HostStage));
     memset(&model->target_stage, 0, sizeof(HostStage));
     memset(&model->token_table, 0, sizeof(HostStage));
@@ -710,7 +714,7 @@ static inline void gpt2_free(GPT2* model) {
 
 // n tokens of the micro-batch (inputs or targets) to the device, through the pinned `stage`:
 // queued on the compute stream before the kernels that read them, with no wait for the device
-static inline void tokens_to_device(int* device, HostStage* stage, const int* tokens_host, size_t n) {
+static inline void tokens_to_device(int* device, HostStage* stage, const int* tokens_host, uint64_t n) {
     int* staged = (int*)host_stage_take(stage, n * sizeof(int));
     memcpy(staged, tokens_host, n * sizeof(int));
     host_stage_to_device(stage, device, n * sizeof(int));
@@ -718,7 +722,7 @@ static inline void tokens_to_device(int* device, HostStage* stage, const int* to
 
 // the (B, T) losses to the host (pinned): waits for the kernels that computed them. The mean of
 // the micro-batch's loss is the one value each micro-batch hands back to the host.
-static inline float* losses_to_host(GPT2* model, const float* losses, size_t BT) {
+static inline float* losses_to_host(GPT2* model, const float* losses, uint64_t BT) {
     copy_device_to_host_async(model->losses_host, losses, BT * sizeof(float), &model->losses_copy);
     device_copy_wait(&model->losses_copy);
     return model->losses_host;
@@ -745,7 +749,7 @@ static inline LayerWeights layer_weights_of(floatX* t[PER_LAYER_TENSORS]) {
 static inline LayerWeights layer_weights(const ParameterLayout* p, floatX* base, int l) {
     floatX* t[PER_LAYER_TENSORS];
     for (int i = PARAM_FIRST_PER_LAYER; i <= PARAM_LAST_PER_LAYER; i++) {
-        t[i - PARAM_FIRST_PER_LAYER] = base + p->offsets[i] + (size_t)l * p->layer_stride[i];
+        t[i - PARAM_FIRST_PER_LAYER] = base + p->offsets[i] + (uint64_t)l * p->layer_stride[i];
     }
     return layer_weights_of(t);
 }
@@ -787,9 +791,9 @@ typedef struct {
 // layer l's slices for a micro-batch of B x T (which may be smaller than the arena's shape): of
 // a kept tensor layer l's own, of a recomputed one the one layer's buffer
 static inline LayerActs layer_acts(const Activations* a, LayerDims d, int B, int T, int l) {
-    size_t BT = (size_t)B * T, BTs = BT / d.seq_shards;
-    size_t att_state = attention_state_size(d.target, B, T, d.NH);
-#define AT(bit) ((a->kept & (bit)) ? (size_t)l : 0)  // the layer's index in its tensor
+    uint64_t BT = (uint64_t)B * T, BTs = BT / d.seq_shards;
+    uint64_t att_state = attention_state_size(d.target, B, T, d.NH);
+#define AT(bit) ((a->kept & (bit)) ? (uint64_t)l : 0)  // the layer's index in its tensor
     LayerActs x = {a->ln1 + AT(KEEP_LN1) * BT * d.C,       a->ln1_mean + AT(KEEP_LN1_STATS) * BTs,
                    a->ln1_rstd + AT(KEEP_LN1_STATS) * BTs, a->qkv + AT(KEEP_QKV) * BT * d.qkv,
                    a->atty + AT(KEEP_ATTY) * BT * d.att,   a->att_state + AT(KEEP_ATT_STATE) * att_state,
@@ -807,13 +811,13 @@ static inline LayerActs layer_acts(const Activations* a, LayerDims d, int B, int
 // step's loss is).
 static inline float gpt2_loss(GPT2* model, const int* targets_host, int B, int T, float dloss) {
     GPT2Config c = model->config;
-    size_t BT = (size_t)B * T;
+    uint64_t BT = (uint64_t)B * T;
     tokens_to_device(model->targets, &model->target_stage, targets_host, BT);
     fused_classifier(model->acts.logits, model->acts.losses, model->targets, dloss, B * T,
                      c.vocab_size, c.padded_vocab_size);
     const float* losses = losses_to_host(model, model->acts.losses, BT);
     double sum = 0.0;
-    for (size_t i = 0; i < BT; i++) sum += losses[i];
+    for (uint64_t i = 0; i < BT; i++) sum += losses[i];
     return (float)(sum / (double)BT);
 }
 

@@ -27,7 +27,7 @@ typedef struct {
     int num_free, peak_in_use;  // the most slots a training step held at once
     floatX* grad[2];           // (BTs, C) gradients at a chunk's output, then at its input:
                                // two, so that one can be sent while the next is received
-    size_t message;            // elements of every message: B T C, or B T C / tp with -sp
+    uint64_t message;            // elements of every message: B T C, or B T C / tp with -sp
     double* times;             // a measured timeline (-timeline): each action's start and end
 } Stage;
 
@@ -41,7 +41,7 @@ static inline int stage_num_slots(PipeSpec spec, const PipeAction* actions, int 
 // a slot's arena: chunk_layers layers of what the forward keeps (-r: `kept`, model.h), and on
 // the last stage the head
 static inline int stage_slot_parts(const ParameterLayout* layout) { return ACTS_LAYERS | (layout->head ? ACTS_HEAD : 0); }
-static inline size_t stage_slot_bytes(LayerDims d, const ParameterLayout* layout, int chunk_layers, unsigned kept, int B,
+static inline uint64_t stage_slot_bytes(LayerDims d, const ParameterLayout* layout, int chunk_layers, unsigned kept, int B,
                                       int T) {
     Activations unused;
     return gpt2_lay_out_activations(&unused, d, chunk_layers, stage_slot_parts(layout), kept, B, T, NULL, NULL);
@@ -54,7 +54,7 @@ static inline unsigned stage_kept(int recompute, PipeSpec spec, LayerDims d) {
 
 // what a stage keeps of its micro-batches in flight: num_slots slots, and the one-layer buffers
 // of what they do not keep (which live in the model's scratch arena)
-static inline size_t stage_activation_bytes(LayerDims d, const ParameterLayout* layout, int chunk_layers, int num_slots,
+static inline uint64_t stage_activation_bytes(LayerDims d, const ParameterLayout* layout, int chunk_layers, int num_slots,
                                             unsigned kept, int B, int T) {
     Activations unused;
     return num_slots * stage_slot_bytes(d, layout, chunk_layers, kept, B, T) +
@@ -69,8 +69,8 @@ static inline void stage_alloc(Stage* st, PipeSpec spec, int stage, int num_slot
     st->stage = stage;
     st->chunk_layers = model->layout.layers / spec.V;
     st->num_slots = num_slots;
-    st->slots = (Activations*)malloc_check((size_t)num_slots * sizeof(Activations));
-    st->free_slots = (int*)malloc_check((size_t)num_slots * sizeof(int));
+    st->slots = (Activations*)malloc_check((uint64_t)num_slots * sizeof(Activations));
+    st->free_slots = (int*)malloc_check((uint64_t)num_slots * sizeof(int));
     for (int i = 0; i < num_slots; i++) {
         activations_alloc(&st->slots[i], model->dims, st->chunk_layers, stage_slot_parts(&model->layout), model->acts.kept,
                           B, T);
@@ -79,12 +79,12 @@ static inline void stage_alloc(Stage* st, PipeSpec spec, int stage, int num_slot
     }
     st->num_free = num_slots;
     st->peak_in_use = 0;
-    st->slot_of = (int*)malloc_check((size_t)spec.m * spec.V * sizeof(int));
+    st->slot_of = (int*)malloc_check((uint64_t)spec.m * spec.V * sizeof(int));
     for (int i = 0; i < spec.m * spec.V; i++) st->slot_of[i] = -1;
-    st->message = (size_t)B * T / model->dims.seq_shards * model->config.channels;
+    st->message = (uint64_t)B * T / model->dims.seq_shards * model->config.channels;
     st->grad[0] = model->acts.dresidual;
     st->grad[1] = (floatX*)device_malloc(st->message * sizeof(floatX));
-    st->times = (double*)malloc_check((size_t)2 * pipeline_actions_per_stage(spec) * sizeof(double));
+    st->times = (double*)malloc_check((uint64_t)2 * pipeline_actions_per_stage(spec) * sizeof(double));
 }
 
 static inline void stage_free(Stage* st) {
@@ -185,8 +185,8 @@ static inline void stage_print_layers(int stage, const ParameterLayout* l, int V
 }
 
 // the elements of every message of a walk: (B, T, C), or this rank's (B T / tp, C) with -sp
-static inline size_t walk_message(const Walk* w) {
-    return (size_t)w->B * w->T / w->model->dims.seq_shards * w->model->config.channels;
+static inline uint64_t walk_message(const Walk* w) {
+    return (uint64_t)w->B * w->T / w->model->dims.seq_shards * w->model->config.channels;
 }
 
 // a training walk's slots in use, for the peak the trainer reports beside the schedule's
@@ -225,20 +225,20 @@ static inline void stage_report_timeline(const Stage* st, CommGroup* pp, int ste
     PipeSpec s = st->spec;
     int n = pipeline_actions_per_stage(s);
     const double* times = st->times;
-    float* mine = (float*)malloc_check((size_t)2 * n * sizeof(float));
+    float* mine = (float*)malloc_check((uint64_t)2 * n * sizeof(float));
     for (int i = 0; i < 2 * n; i++) mine[i] = (float)(times[i] * 1e3);
-    float* dev = (float*)device_malloc((size_t)2 * n * sizeof(float));
+    float* dev = (float*)device_malloc((uint64_t)2 * n * sizeof(float));
     if (pp->rank != 0) {
-        copy_host_to_device(dev, mine, (size_t)2 * n * sizeof(float));
-        comm_send(pp, dev, (size_t)2 * n, COMM_FLOAT, 0);  // (2n) fp32 times to rank 0
+        copy_host_to_device(dev, mine, (uint64_t)2 * n * sizeof(float));
+        comm_send(pp, dev, (uint64_t)2 * n, COMM_FLOAT, 0);  // (2n) fp32 times to rank 0
         device_free(dev);
         free(mine);
         return;
     }
-    PipeAction* all = (PipeAction*)malloc_check((size_t)s.p * n * sizeof(PipeAction));
-    double* start = (double*)malloc_check((size_t)s.p * n * sizeof(double));
-    double* end = (double*)malloc_check((size_t)s.p * n * sizeof(double));
-    float* got = (float*)malloc_check((size_t)2 * n * sizeof(float));
+    PipeAction* all = (PipeAction*)malloc_check((uint64_t)s.p * n * sizeof(PipeAction));
+    double* start = (double*)malloc_check((uint64_t)s.p * n * sizeof(double));
+    double* end = (double*)malloc_check((uint64_t)s.p * n * sizeof(double));
+    float* got = (float*)malloc_check((uint64_t)2 * n * sizeof(float));
     double forward_sum = 0.0;
     int forwards = 0;
     FILE* json = NULL;
@@ -248,14 +248,14 @@ static inline void stage_report_timeline(const Stage* st, CommGroup* pp, int ste
         json = fopen(path, "a");
     }
     for (int r = 0; r < s.p; r++) {
-        pipeline_stage_actions(s, r, all + (size_t)r * n);
-        if (r == 0) memcpy(got, mine, (size_t)2 * n * sizeof(float));
+        pipeline_stage_actions(s, r, all + (uint64_t)r * n);
+        if (r == 0) memcpy(got, mine, (uint64_t)2 * n * sizeof(float));
         else {
-            comm_recv(pp, dev, (size_t)2 * n, COMM_FLOAT, r);
-            copy_device_to_host(got, dev, (size_t)2 * n * sizeof(float));
+            comm_recv(pp, dev, (uint64_t)2 * n, COMM_FLOAT, r);
+            copy_device_to_host(got, dev, (uint64_t)2 * n * sizeof(float));
         }
         for (int k = 0; k < n; k++) {
-            PipeAction a = all[(size_t)r * n + k];
+            PipeAction a = all[(uint64_t)r * n + k];
             start[r * n + k] = got[2 * k];
             end[r * n + k] = got[2 * k + 1];
             if (a.op == PIPE_FORWARD) {
@@ -287,7 +287,7 @@ static inline void stage_report_peak(const Stage* st, CommGroup* pp, const PipeA
     for (int s = 0; s < st->spec.p; s++) {
         float measured = s == pp->rank ? (float)st->peak_in_use : 0.0f;
         comm_all_reduce_scalar(pp, &measured, COMM_SUM);
-        int predicted = pipeline_peak_in_flight(st->spec, all_actions + (size_t)s * n, n);
+        int predicted = pipeline_peak_in_flight(st->spec, all_actions + (uint64_t)s * n, n);
         if (pp->rank == 0) printf(" stage %d: %d (%d)", s, (int)measured, predicted);
     }
     if (pp->rank == 0) printf("\n");

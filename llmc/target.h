@@ -28,28 +28,28 @@ typedef struct {
 static inline int flash_attention_supports(int X, int hs) { return X == 2 && (hs == 16 || hs == 32 || hs == 64); }
 
 // what attention_forward keeps for attention_backward, per layer, on a rank with NH heads
-static inline size_t attention_state_size(DeviceTarget t, int B, int T, int NH) {
-    return t.flash ? (size_t)B * NH * T * sizeof(float) : (size_t)B * NH * T * T * t.X;
+static inline uint64_t attention_state_size(DeviceTarget t, int B, int T, int NH) {
+    return t.flash ? (uint64_t)B * NH * T * sizeof(float) : (uint64_t)B * NH * T * T * t.X;
 }
 
 // the bias gradient's scratch: a partial column sum (OC) per block of BIAS_ROWS_PER_BLOCK rows
-static inline size_t bias_scratch_bytes(size_t N, int OC) {
+static inline uint64_t bias_scratch_bytes(uint64_t N, int OC) {
     return (N + BIAS_ROWS_PER_BLOCK - 1) / BIAS_ROWS_PER_BLOCK * OC * sizeof(float);
 }
 // a LayerNorm's weight and bias gradients: partial sums (2 C) per block of LN_ROWS_PER_BLOCK rows
-static inline size_t layernorm_scratch_bytes(size_t N, int C) {
+static inline uint64_t layernorm_scratch_bytes(uint64_t N, int C) {
     return (N + LN_ROWS_PER_BLOCK - 1) / LN_ROWS_PER_BLOCK * 2 * C * sizeof(float);
 }
 // the encoder backward's buckets handed to the GPU: tokens, starts and positions (3 BT + 1 ints)
-static inline size_t encoder_scratch_bytes(size_t BT) { return (3 * BT + 1) * sizeof(int); }
+static inline uint64_t encoder_scratch_bytes(uint64_t BT) { return (3 * BT + 1) * sizeof(int); }
 // the gradient norm's partial sums, one per block
-static inline size_t norm_scratch_bytes(void) { return NORM_BLOCKS * sizeof(float); }
+static inline uint64_t norm_scratch_bytes(void) { return NORM_BLOCKS * sizeof(float); }
 // the flash backward's D = rowsum(dO * O): one float per (batch, head, query)
-static inline size_t flash_scratch_bytes(int B, int T, int NH) { return (size_t)B * NH * T * sizeof(float); }
+static inline uint64_t flash_scratch_bytes(int B, int T, int NH) { return (uint64_t)B * NH * T * sizeof(float); }
 // the cuBLAS attention path: q, k, v and one more (B, NH, T, hs) tensor, and a (B, NH, T, T) score
 // matrix, in floatX of X bytes
-static inline size_t attention_cublas_scratch_bytes(int B, int T, int C, int NH, int X) {
-    return (4 * (size_t)B * T * C + (size_t)B * NH * T * T) * X;
+static inline uint64_t attention_cublas_scratch_bytes(int B, int T, int C, int NH, int X) {
+    return (4 * (uint64_t)B * T * C + (uint64_t)B * NH * T * T) * X;
 }
 
 #endif

@@ -236,9 +236,9 @@ static inline long file_size_check(FILE* f, const char* path) {
 }
 
 // a * b for sizes and counts: stops naming `what` instead of wrapping around
-static inline size_t mul_check(size_t a, size_t b, const char* what) {
-    size_t product;
-    if (__builtin_mul_overflow(a, b, &product)) fail("%s: %zu x %zu does not fit in 64 bits", what, a, b);
+static inline uint64_t mul_check(uint64_t a, uint64_t b, const char* what) {
+    uint64_t product;
+    if (__builtin_mul_overflow(a, b, &product)) fail("%s: %llu x %llu does not fit in 64 bits", what, (unsigned long long)a, (unsigned long long)b);
     return product;
 }
 
