@@ -126,6 +126,47 @@ static void layout_flags(const RunLayout* r, char* out, size_t n) {
     if (r->offload) snprintf(out + k, n - k, " -offload 1");
 }
 
+// "mpirun -np 8 ./train_gpt2_3d -e d48 -b 4 -t 1024 -dp 2 -pp 4 -tp 1 -z 1 -r 2": the command that
+// runs the layout, whose trainer prints this table at its start (the flags the planner took that
+// the trainer reads; the build decides the backend and precision, the environment the attention)
+static void layout_command(const RunLayout* r, GPT2Config c, const char* model, long long total_batch,
+                           const char* attention, const char* cp_layout, int checkpoint, char* out, size_t n) {
+    TrainerKind kind = r->trainer;
+    int ranks = r->dp * r->tp * r->pp * layout_cp(r);
+    int k = snprintf(out, n, "%smpirun -np %d ./%s -e %s -b %d -t %d", strcmp(attention, "cublas") == 0 ? "LLMC_ATTENTION=cublas " : "",
+                     ranks, trainer_names[kind], model, r->B, r->T);
+    if (total_batch > 0) k += snprintf(out + k, n - k, " -d %lld", total_batch);
+    if (kind == TRAINER_3D) k += snprintf(out + k, n - k, " -dp %d -pp %d -tp %d", r->dp, r->pp, r->tp);
+    if (kind == TRAINER_TP) k += snprintf(out + k, n - k, " -tp %d", r->tp);
+    if (kind == TRAINER_PP) k += snprintf(out + k, n - k, " -pp %d", r->pp);
+    if ((kind == TRAINER_CP || kind == TRAINER_3D) && layout_cp(r) > 1) {
+        k += snprintf(out + k, n - k, " -cp %d -cp_comm %s -cp_layout %s", r->cp, r->cp_allgather ? "allgather" : "ring",
+                      cp_layout);
+    }
+    if (kind == TRAINER_EP) {
+        k += snprintf(out + k, n - k, " -experts %d -topk %d -ep %d", c.experts, c.topk, layout_ep(r));
+        if (r->capacity_factor > 0) k += snprintf(out + k, n - k, " -capacity_factor %g", r->capacity_factor);
+    }
+    if (r->pp > 1) k += snprintf(out + k, n - k, " -sched %s", pipe_schedule_names[r->sched]);
+    if (r->V > 1) k += snprintf(out + k, n - k, " -vp %d", r->V);
+    if (r->sp) k += snprintf(out + k, n - k, " -sp 1");
+    if (r->zero) k += snprintf(out + k, n - k, " -z %d", r->zero);
+    if (r->offload) k += snprintf(out + k, n - k, " -offload 1");
+    if (kind == TRAINER_DP && !r->overlap) k += snprintf(out + k, n - k, " -overlap 0");
+    if (r->recompute) k += snprintf(out + k, n - k, " -r %d", r->recompute);
+    if (checkpoint > 0) snprintf(out + k, n - k, " -n %d", checkpoint);
+}
+
+// a JSON string: the text between quotes, with quotes and backslashes escaped
+static void json_string(const char* text) {
+    putchar('"');
+    for (const char* c = text; *c; c++) {
+        if (*c == '"' || *c == '\\') putchar('\\');
+        putchar(*c);
+    }
+    putchar('"');
+}
+
 typedef struct {
     RunLayout run;
     MemoryPlan plan;
@@ -152,10 +193,43 @@ static void try_layout(Candidate** fits, int* count, int* capacity, int* tried, 
     (*fits)[(*count)++] = cand;
 }
 
+// -format json: the plan as one JSON object, the numbers in bytes (what dev/memory.html draws)
+static void plan_json(const MemoryPlan* plan, GPT2Config c, DeviceTarget t, const RunLayout* r, int stage, double memory,
+                      const char* flags, const char* command) {
+    static const char* kinds[3] = {"part", "sum", "host"};
+    printf("{\"model\": {\"layers\": %d, \"channels\": %d, \"heads\": %d, \"parameters\": %llu, \"experts\": %d, \"topk\": %d},\n",
+           c.num_layers, c.channels, c.num_heads, (unsigned long long)gpt2_num_parameters(c), c.experts, c.experts ? c.topk : 0);
+    printf(" \"device\": \"%s\", \"precision\": \"%s\", \"attention\": \"%s\", \"memory\": %.0f,\n", t.cuda ? "cuda" : "cpu",
+           t.X == 2 ? "bf16" : "fp32", t.flash ? "flash" : t.cuda ? "cublas" : "cpu", memory);
+    printf(" \"trainer\": \"%s\", \"ranks\": %d, \"micro_batches\": %d, \"layout\": ", trainer_names[r->trainer],
+           r->dp * r->tp * r->pp * layout_cp(r), r->m);
+    json_string(flags);
+    printf(",\n \"build\": \"make%s%s %s\", \"command\": ", t.cuda ? " BACKEND=cuda" : "", t.cuda && t.X == 4 ? " PRECISION=FP32" : "",
+           trainer_names[r->trainer]);
+    json_string(command);
+    printf(",\n \"stage\": %d, \"stages\": [", stage);
+    for (int s = 0; s < r->pp; s++) {
+        MemoryPlan of_stage = memory_plan(c, t, r, s, s == 0);
+        printf("%s{\"total\": %llu, \"activations\": %llu, \"slots\": %d}", s ? ", " : "", (unsigned long long)of_stage.total,
+               (unsigned long long)of_stage.activations, of_stage.slots);
+    }
+    printf("],\n \"rows\": [\n");
+    MemoryRow rows[MEMORY_ROWS_MAX];
+    int n = memory_plan_rows(plan, c, r, rows);
+    for (int i = 0; i < n; i++) {
+        printf("  {\"label\": \"%s\", \"bytes\": %llu, \"kind\": \"%s\", \"indent\": %d, \"note\": ", rows[i].label,
+               (unsigned long long)rows[i].bytes, kinds[rows[i].kind], rows[i].indent);
+        json_string(rows[i].note);
+        printf("}%s\n", i + 1 < n ? "," : "");
+    }
+    printf(" ],\n \"total\": %llu, \"fits\": %s}\n", (unsigned long long)plan->total, plan->total <= memory ? "true" : "false");
+}
+
 int main(int argc, char** argv) {
     llmc_rank = -1;  // no ranks here: messages are "error: ...", without "[rank 0]"
     const char *model = "d12", *device = "cuda", *precision = NULL, *attention = "flash", *sched_name = "1f1b";
     const char* trainer_name = NULL;
+    const char* format = "text";
     int B = 4, T = 1024, total_batch = -1, dp = 1, tp = 1, pp = 1, vp = 1, zero = 0, sp = 0, recompute = 0, offload = 0, cp = 1;
     const char* cp_comm = "ring";
     const char* cp_layout = "zigzag";
@@ -190,6 +264,7 @@ int main(int argc, char** argv) {
         {"-topk", ARG_INT, &topk, 1, 1024, "with -experts: the experts each token goes to"},
         {"-ep", ARG_INT, &ep, 1, 1024, "train_gpt2_ep: the ranks the experts are split over (ep divides E and -dp)"},
         {"-capacity_factor", ARG_FLOAT, &capacity_factor, 0, ARG_NO_MAX, "train_gpt2_ep: at most ceil(cf N k / E) slots an expert per micro-batch (0: dropless)"},
+        {"-format", ARG_STRING, &format, 0, 0, "text (the trainers' table) or json (the same numbers in bytes, for dev/memory.html)"},
         {"-search", ARG_INT, &search, 0, ARG_NO_MAX, "N: list every layout of N devices that fits in -mem, smallest first, over every grid, -z, -sp, -r and -offload (0: plan the one layout)"},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
@@ -229,7 +304,9 @@ int main(int argc, char** argv) {
     CpSplit split = cp_split_of(cp_layout);
     double memory = memory_gb * 1e9;
     if (search > 0 && gpt2_is_moe(c)) fail("-search lists the dense trainers' layouts; plan a Mixture-of-Experts layout with -dp and -ep");
-    printf("model L=%d C=%d NH=%d, %llu parameters; micro-batch %d x %d; %s %s, %s attention; %.0f GB per device\n",
+    int json = strcmp(format, "json") == 0;
+    if (!json && strcmp(format, "text") != 0) fail("-format %s: expected text or json", format);
+    if (!json) printf("model L=%d C=%d NH=%d, %llu parameters; micro-batch %d x %d; %s %s, %s attention; %.0f GB per device\n",
            c.num_layers, c.channels, c.num_heads, (unsigned long long)gpt2_num_parameters(c), B, T, target.cuda ? "CUDA" : "CPU",
            target.X == 2 ? "bf16" : "fp32", target.flash ? "flash" : target.cuda ? "cuBLAS" : "CPU", memory_gb);
 
@@ -252,6 +329,12 @@ int main(int argc, char** argv) {
         if (stage >= r.pp) fail("-stage %d: the pipeline has stages 0..%d", stage, r.pp - 1);
         MemoryPlan plan = stage >= 0 ? memory_plan(c, target, &r, stage, stage == 0) : memory_plan_largest(c, target, &r, &stage);
         layout_flags(&r, flags, sizeof(flags));
+        if (json) {
+            char command[512];
+            layout_command(&r, c, model, total_batch, attention, cp_layout, checkpoint, command, sizeof(command));
+            plan_json(&plan, c, target, &r, stage, memory, flags, command);
+            return plan.total <= memory ? 0 : 2;
+        }
         printf("%s, %d micro-batch%s per step:\n", flags, r.m, r.m > 1 ? "es" : "");
         if (r.pp > 1) {
             for (int s = 0; s < r.pp; s++) {
@@ -295,6 +378,27 @@ int main(int argc, char** argv) {
         }
     }
     qsort(fits, (size_t)count, sizeof(Candidate), by_total);
+    if (json) {  // each layout's flags (what the page links to) and its figures in bytes
+        printf("{\"search\": %d, \"batch\": %llu, \"possible\": %d, \"memory\": %.0f, \"layouts\": [\n", N,
+               (unsigned long long)batch, tried, memory);
+        for (int i = 0; i < count; i++) {
+            const RunLayout* r = &fits[i].run;
+            const MemoryPlan* m = &fits[i].plan;
+            char flags[160];
+            layout_flags(r, flags, sizeof(flags));
+            printf("  {\"dp\": %d, \"tp\": %d, \"pp\": %d, \"cp\": %d, \"z\": %d, \"sp\": %d, \"r\": %d, \"offload\": %d, "
+                   "\"cp_comm\": \"%s\", \"m\": %d, \"total\": %llu, \"states\": %llu, \"activations\": %llu, \"host\": %llu, "
+                   "\"layout\": ", r->dp, r->tp, r->pp, r->cp, r->zero, r->sp, r->recompute, r->offload,
+                   r->cp_allgather ? "allgather" : "ring", r->m, (unsigned long long)m->total,
+                   (unsigned long long)(m->params + m->grads + m->master + m->state), (unsigned long long)m->activations,
+                   (unsigned long long)(m->host + m->host_optimizer));
+            json_string(flags);
+            printf("}%s\n", i + 1 < count ? "," : "");
+        }
+        printf("]}\n");
+        free(fits);
+        return 0;
+    }
     printf("layouts of %d devices, total batch %llu tokens: %d possible, %d fit in %.1f GB (per device, the largest stage's):\n",
            N, (unsigned long long)batch, tried, count, memory_gb);
     printf("  %9s %9s %9s %9s %9s  %s\n", "total GB", "states", "acts", "other", "host", "layout (micro-batches per step)");

@@ -95,6 +95,8 @@ typedef struct {
     double seconds, recompute_seconds;  // the step, and its part recomputing activations (-r)
     double tokens_per_s, mfu_percent;   // over all ranks; MFU 0 where the peak is unknown (CPU)
     const char* extra;                  // the trainer's own figures, JSON fields for main.log ("" if none)
+    uint64_t memory_peak, memory_predicted;  // this rank's device allocations at their most so far, and
+                                             // the memory table's total (main.log: what dev/memory.html reads)
 } StepFigures;
 
 #define STEP_MAX_GROUPS 8
@@ -181,10 +183,12 @@ static inline void step_report(StepReport* r, Logger* log, int rank, StepFigures
     }
     logger_line(log, "{\"step\": %d, \"train_loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"clip_scale\": %.9g, "
                 "\"ms\": %.3f, \"recompute_ms\": %.3f, \"tokens_per_s\": %.1f, \"mfu_percent\": %.2f, "
-                "\"comm_bytes\": %lld, \"comm\": {%s}, \"ring_bytes\": %.0f, \"comm_ms\": %.3f, \"exposed_ms\": %.3f%s%s}\n",
+                "\"comm_bytes\": %lld, \"comm\": {%s}, \"ring_bytes\": %.0f, \"comm_ms\": %.3f, \"exposed_ms\": %.3f, "
+                "\"memory_peak\": %llu, \"memory_predicted\": %llu%s%s}\n",
                 f.step, json_float(loss, 32, f.loss), json_float(lr, 32, f.lr), json_float(norm, 32, f.grad_norm),
                 f.clip_scale, f.seconds * 1e3, f.recompute_seconds * 1e3, f.tokens_per_s, f.mfu_percent, bytes, kinds,
-                ring, flight * 1e3, exposed * 1e3, f.extra[0] ? ", " : "", f.extra);
+                ring, flight * 1e3, exposed * 1e3, (unsigned long long)f.memory_peak, (unsigned long long)f.memory_predicted,
+                f.extra[0] ? ", " : "", f.extra);
 }
 
 // model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per parameter
@@ -700,7 +704,8 @@ static inline void run_step_end(Run* r, int step, float loss, float lr, float gr
     kernel_times_step_end(step != r->start_step, dt);
     double tokens_per_s = r->args.total_batch / dt;
     StepFigures f = {step + 1, r->max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s, tokens_per_s,
-                     train_mfu(r->flops_per_token, tokens_per_s, r->world.size, r->peak), r->step_extra};
+                     train_mfu(r->flops_per_token, tokens_per_s, r->world.size, r->peak), r->step_extra,
+                     device_allocated_peak(), r->plan.total};
     step_report(&r->report, &r->logger, r->rank, f);
     r->step_extra[0] = '\0';
 }
