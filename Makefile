@@ -65,7 +65,7 @@ HAS_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1)
 MPI_FLAGS := $(if $(HAS_MPI),-DUSE_MPI $(shell $(MPICC) --showme:incdirs 2>/dev/null | sed 's/\([^ ]*\)/-I\1/g') $(shell $(MPICC) --showme:libdirs 2>/dev/null | sed 's/\([^ ]*\)/-L\1/g') -lmpi,)
 CUDA_LIBS := -lcublas -lcublasLt $(NCCL_LIB) -lz
 
-.PHONY: all test train bench compare clean check-deps check-test-deps check-cuda-deps setup cuda-check sanitize mutation-sweep
+.PHONY: all test train bench compare clean check-deps check-test-deps check-cuda-deps setup cuda-check sanitize mutation-sweep memory-page
 
 all: $(TRAINERS)
 
@@ -106,6 +106,12 @@ dev/bench/bench_cpu_ops: dev/bench/bench_cpu_ops.c dev/bench/best_seconds.h $(HE
 # (the trainers' headers hold static tables the planner does not use: no warning for those)
 dev/memory_planner: dev/memory_planner.c $(HEADERS) | check-deps
 	$(MPICC) $(CFLAGS) -Wno-unused-variable $< -o $@ $(LDLIBS)
+
+# the planner as a page: dev/memory_planner compiled to WebAssembly and embedded in dev/memory.html
+# (committed, so that a reader opens it without the toolchain; a test says when it is older than
+# its sources)
+memory-page:
+	$(PYTHON) dev/memory_page/build.py
 
 # one dev/cuda program: make dev/cuda/layernorm_forward
 dev/cuda/%: dev/cuda/%.cu $(HEADERS) | check-cuda-deps

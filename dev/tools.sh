@@ -33,6 +33,8 @@ zlib|required|checkpoint CRC-32 (zlib.h, -lz)|apt:zlib1g-dev
 torch|required|test/reference.py, dev/compare_with_pytorch.py, dev/bench/bench_pytorch.py|apt:python3-torch
 numpy|required|the tests, dev/hf_export.py, dev/hf_import.py|apt:python3-numpy
 matplotlib|required|dev/plot_runs.py, dev/plot_timeline.py (a test draws a plot)|apt:python3-matplotlib
+chromium|required|the memory_page tests: headless Chromium opens dev/memory.html from the file system|apt:chromium
+wasm|optional|make memory-page: dev/memory_planner compiled to WebAssembly for dev/memory.html (clang for wasm32-wasi, wasi-libc)|apt:clang lld wasi-libc
 regex|optional|dev/data/tinyshakespeare.py: GPT-2 pre-tokenizer on non-ASCII text (re suffices on ASCII)|apt:python3-regex
 tiktoken|optional|dev/data/tinyshakespeare.py checks its own BPE against it|you: pip install tiktoken (a cross-check only)
 transformers|optional|the hf_transformers test: GPT2LMHeadModel loads dev/hf_export.py output (the last release for torch 1.13)|pip:transformers==4.46.3 tokenizers==0.20.3 safetensors==0.8.0 huggingface_hub==0.26.5 tqdm==4.70.1 filelock==4.2.12 fsspec==2026.9.0
@@ -97,6 +99,17 @@ find_tool() {
             done
             python_has nvidia.nccl ;;
         nvdisasm|compute-sanitizer|ncu) find_cuda_tool "$1" ;;
+        chromium) command -v chromium || command -v chromium-browser ;;
+        wasm)  # clang, its WebAssembly linker and wasi-libc: a C file that includes stdio compiles and links
+            command -v clang >/dev/null 2>&1 || return 1
+            scratch=$(mktemp -d)
+            echo '#include <stdio.h>
+int main(void) { puts("ok"); return 0; }' > "$scratch/main.c"
+            clang --target=wasm32-wasi --sysroot=/usr -nostdlibinc -isystem /usr/include/wasm32-wasi "$scratch/main.c" \
+                -o "$scratch/main.wasm" >/dev/null 2>&1 && echo "clang --target=wasm32-wasi"
+            local built=$?
+            rm -rf "$scratch"
+            return $built ;;
         gpu) command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | head -n 1 | grep . ;;
         *) echo "dev/tools.sh: no lookup for '$1'" >&2; return 2 ;;
     esac

@@ -270,7 +270,7 @@ BASE_COMMANDS = {"awk", "basename", "bash", "cat", "cd", "chmod", "cp", "cut", "
                  "grep", "head", "id", "kill", "ls", "mkdir", "mktemp", "mv", "nice", "nproc", "printf",
                  "rm", "sed", "sleep", "sort", "tail", "tee", "timeout", "touch", "tr", "uniq", "wc", "xargs"}
 # commands that are rows of their own under another name
-COMMAND_ROWS = {"nvidia-smi": "gpu", "python": "python3", "g++": "g++", "cc": "gcc"}
+COMMAND_ROWS = {"nvidia-smi": "gpu", "python": "python3", "g++": "g++", "cc": "gcc", "clang": "wasm"}
 
 
 def scripts_dependencies():
