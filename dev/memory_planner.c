@@ -278,6 +278,12 @@ int main(int argc, char** argv) {
         gpt2_config_from_descriptor("d12", &c);
         c.num_layers = L, c.channels = C, c.num_heads = NH;
     } else if (!gpt2_config_from_descriptor(model, &c)) {
+        FILE* file = fopen(model, "rb");  // (dev/memory.html's planner sees no files: descriptors only)
+        if (file == NULL) {
+            fail("-e %s: expected a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25) or a model file, and "
+                 "no file has that name", model);
+        }
+        fclose(file);
         gpt2_read_model_config(model, &c);
     }
     if (T > c.max_seq_len) fail("-t %d is longer than the model's maximum sequence length %d", T, c.max_seq_len);

@@ -13,9 +13,11 @@ lines when it ends. What tests share is made once per suite run and locked while
 (shared_dir: the references; build: make), and each test's directories are its own (fresh_dir
 puts them under the test's name).
 """
+import collections
 import concurrent.futures
 import fcntl
 import glob
+import html.parser
 import io
 import json
 import multiprocessing
@@ -27,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import zlib
 
 import numpy as np
@@ -2699,6 +2702,260 @@ def roofline_json(*flags):
     p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
     assert p.returncode == 0, "%s: exit %d\n%s" % (" ".join(cmd), p.returncode, p.stderr.decode()[-2000:])
     return json.loads(p.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# dev/memory.html: dev/memory_planner compiled to WebAssembly, run by the page in a real browser
+MEMORY_PAGE = os.path.join(ROOT, "dev", "memory.html")
+
+
+def memory_page_build():
+    """what dev/memory_page/build.py recorded in the page: {file: sha256} of its sources, ..."""
+    with open(MEMORY_PAGE) as f:
+        m = re.search(r"^const PLANNER_BUILD = (\{.*\});$", f.read(), re.M)
+    assert m, "dev/memory.html holds no PLANNER_BUILD record: rebuild it with make memory-page"
+    return json.loads(m.group(1))
+
+
+@test
+def memory_page_is_built_from_the_sources_in_the_tree():
+    """the committed dev/memory.html records the SHA-256 of every project file its WebAssembly was
+    built from (the planner, llmc's headers, the page's template): each must be the file's now, or
+    the page is older than its C. Where the WebAssembly toolchain is here, the list itself is
+    checked too (a header included since would be missing from it). And the page reaches for
+    nothing outside itself: no URL to load, no fetch"""
+    import hashlib
+    build = memory_page_build()
+    assert {"dev/memory_planner.c", "llmc/memory_plan.h", "llmc/model.h", "dev/memory_page/page.html"} <= set(build["sources"]), \
+        sorted(build["sources"])
+    stale = []
+    for name, digest in sorted(build["sources"].items()):
+        path = os.path.join(ROOT, name)
+        if not os.path.exists(path) or hashlib.sha256(open(path, "rb").read()).hexdigest() != digest:
+            stale.append(name)
+    assert not stale, "dev/memory.html is older than %s: rebuild it with make memory-page" % ", ".join(stale)
+    if tool("wasm") is not None:
+        sys.path.insert(0, os.path.join(ROOT, "dev", "memory_page"))
+        import build as page_build
+        now = page_build.project_sources(page_build.compile_flags())
+        assert set(now) == set(build["sources"]), "dev/memory.html was built from %s, the planner reads %s now: make " \
+            "memory-page" % (sorted(build["sources"]), sorted(now))
+    text = open(MEMORY_PAGE).read()
+    outside = re.findall(r"""(?:src|href)=["']?(?:https?:)?//|\bfetch\(|XMLHttpRequest|\bimport\(|@import""", text)
+    assert not outside, "dev/memory.html reaches outside itself: %s" % outside
+
+
+class MemoryPageDom(html.parser.HTMLParser):
+    """what a test reads of the page's DOM: the table's rows (label, bytes, kind), the total, the
+    stages, the search's layouts, the status and each field's error"""
+    def __init__(self):
+        super().__init__()
+        self.rows, self.stages, self.layouts, self.texts, self.state = [], [], [], {}, None
+        self.open = []  # (tag, id) of the elements whose text is collected
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "data-label" in a:
+            self.rows.append((a["data-label"], int(a["data-bytes"]), a["data-kind"]))
+        if "data-stage" in a:
+            self.stages.append(int(a["data-bytes"]))
+        if "layout" in a.get("class", "").split():
+            self.layouts.append(int(a["data-bytes"]))
+        if a.get("id") == "status":
+            self.state = a.get("data-state")
+        if a.get("id") in ("status", "command", "build") or a.get("id", "").startswith("error-"):
+            self.open.append((tag, a["id"]))
+            self.texts[a["id"]] = ""
+        elif self.open:
+            self.open.append((tag, None))
+
+    def handle_endtag(self, tag):
+        if self.open:
+            self.open.pop()
+
+    def handle_data(self, data):
+        for _, name in self.open:
+            if name:
+                self.texts[name] += data
+
+
+def memory_page_layouts():
+    """planner command lines (a flag name and value each) spread over every trainer and option:
+    DP with each ZeRO stage, -offload, -overlap, -r and checkpoints; TP with and without -sp;
+    pipelines under each schedule; 3D grids with ZeRO-1, -sp and cp; CP with each comm and split;
+    DiLoCo; MoE with ep and capacity; both backends and precisions, cuBLAS attention, memory sizes,
+    L/C/NH models; a chosen pipeline stage; refusals of each kind; searches"""
+    layouts = []
+    add = lambda **kw: layouts.append([(k, str(v)) for k, v in kw.items()])  # noqa: E731
+    for e in ("d12", "d48"):
+        for z in range(4):
+            for r in range(3):
+                add(e=e, b=4, t=1024, dp=8, z=z, r=r)
+            add(e=e, b=2, t=1024, dp=4, z=z, offload=1)
+            add(e=e, b=4, t=512, dp=2, z=z, overlap=0, n=100)
+    for dp in (1, 2, 16):
+        add(e="d24", b=8, t=1024, dp=dp, d=8 * 1024 * dp * 4)
+    for e in ("24/1024/16", "36/1280/20", "48/1600/25", "6/384/6"):
+        add(e=e, b=8, t=1024, dp=4, z=1, r=1)
+    for e in ("24/1024/16", "36/1280/20", "48/1600/16", "6/384/6"):  # (a head of 100: cuBLAS attention)
+        add(e=e, b=4, t=512, tp=2, sp=1)
+    for e in ("d12", "d36"):
+        for tp in (2, 4):
+            for sp in (0, 1):
+                for r in range(3):
+                    add(e=e, b=4, t=1024, tp=tp, sp=sp, r=r)
+    for pp, e in ((2, "d12"), (4, "d24"), (4, "d48")):
+        for sched in ("afab", "1f1b", "zb"):
+            add(e=e, b=4, t=1024, pp=pp, sched=sched, d=4 * 1024 * 8)
+            add(e=e, b=2, t=1024, pp=pp, sched=sched, d=2 * 1024 * 16, r=2)
+        add(e=e, b=4, t=1024, pp=pp, sched="interleaved", vp=2, d=4 * 1024 * 8)
+        add(e=e, b=4, t=1024, pp=pp, sched="1f1b", d=4 * 1024 * 8, stage=pp - 1)
+    for dp, tp, pp in ((2, 2, 2), (2, 1, 2), (1, 2, 2), (4, 2, 1), (2, 4, 2)):
+        for z in (0, 1):
+            for sp in (0, 1):
+                add(e="d36", b=4, t=1024, dp=dp, tp=tp, pp=pp, z=z, sp=sp, trainer="3d", d=4 * 1024 * dp * 4)
+        if pp > 1:
+            add(e="d24", b=2, t=1024, dp=dp, tp=tp, pp=pp, sched="interleaved", vp=2, trainer="3d", d=2 * 1024 * dp * 8, r=1)
+    for cp in (2, 4):
+        for comm in ("ring", "allgather"):
+            for split in ("zigzag", "contiguous"):
+                add(e="d12", b=4, t=1024, cp=cp, cp_comm=comm, cp_layout=split)
+                add(e="d24", b=1, t=1024, cp=cp, cp_comm=comm, cp_layout=split, r=1)
+        add(e="d36", b=2, t=1024, dp=2, tp=2, cp=cp, sp=1, z=1, trainer="3d", d=2 * 1024 * 2 * 2)
+        add(e="d24", b=2, t=1024, pp=2, cp=cp, trainer="3d", d=2 * 1024 * 4)
+    for dp in (2, 4, 8):
+        add(e="d12", b=4, t=1024, dp=dp, trainer="diloco")
+        add(e="d36", b=2, t=1024, dp=dp, trainer="diloco", n=50)
+    for experts, topk, ep, cf in ((8, 2, 1, 0), (8, 2, 2, 0), (8, 2, 4, 1.25), (16, 1, 4, 1), (16, 4, 8, 0), (4, 2, 2, 2)):
+        add(e="d12", b=4, t=1024, dp=8, experts=experts, topk=topk, ep=ep, capacity_factor=cf)
+        add(e="d4", b=4, t=64, dp=ep, experts=experts, topk=topk, ep=ep, capacity_factor=cf, device="cpu")
+    for device, precision in (("cpu", "fp32"), ("cuda", "fp32"), ("cuda", "bf16")):
+        for e in ("d4", "d12", "12/1024/16"):
+            add(e=e, b=4, t=256, dp=2, device=device, precision=precision)
+    for attention in ("flash", "cublas"):
+        for mem in (24, 80, 141):
+            add(e="d24", b=16, t=1024, attention=attention, mem=mem)
+            add(e="d12", b=8, t=1024, tp=2, attention=attention, mem=mem, r=1)
+    add()  # the defaults: the page opens on them
+    for bad in (dict(e="d12", tp=5), dict(b=-1), dict(z=7), dict(e="d12", cp=3, t=1000), dict(e="d12", pp=5),
+                dict(e="d12", t=2048), dict(e="bogus"), dict(device="tpu"), dict(e="d12", dp=2, trainer="tp"),
+                dict(e="d12", d=1000), dict(e="d12", experts=8, ep=3, dp=4), dict(e="d12", sp=1, tp=2, t=1023),
+                dict(e="d12", z=2, trainer="3d", dp=2, pp=2), dict(device="cpu", precision="bf16"),
+                dict(e="d12", pp=2, sched="interleaved", vp=4), dict(e="d12", offload=1, tp=2),
+                dict(e="d12", attention="sdpa"), dict(e="d12", cp_comm="tree", cp=2)):
+        add(**bad)
+    add(e="d12", b=4, t=1024, search=4)
+    add(e="d48", b=4, t=1024, search=8, mem=141)
+    add(e="d36", b=8, t=1024, search=16, sched="zb")
+    return layouts
+
+
+def memory_page_url(pairs, page=None):
+    """dev/memory.html (or another copy of it) from the file system, the inputs in its URL"""
+    query = "&".join("%s=%s" % (k, urllib.parse.quote(v)) for k, v in pairs)
+    return "file://" + urllib.parse.quote(page or MEMORY_PAGE) + ("?" + query if query else "")
+
+
+@test
+def memory_page_in_chromium_shows_the_planners_bytes_for_every_layout():
+    """for each of the 200+ layouts above, the page (headless Chromium, from the file system, the
+    inputs in its URL) shows what dev/memory_planner -format json prints, byte for byte: every row
+    of the table in order (label, bytes, kind), each pipeline stage's total, the command that runs
+    the layout; a refused layout the planner's own message and no numbers; a search the same
+    layouts in the same order. The page's numbers come from its WebAssembly build of the planner,
+    so this checks that build (64-bit sizes where size_t is 32) and the page's reading of it"""
+    if tool("chromium") is None:
+        raise Skip("no chromium (dev/setup.sh installs it)")
+    from browser import Browser
+    layouts = memory_page_layouts()
+    assert len(layouts) >= 200, len(layouts)
+
+    def planner(pairs):
+        args = [a for k, v in pairs for a in ("-" + k, v)]
+        return subprocess.run(["./dev/memory_planner"] + args + ["-format", "json"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        natives = list(pool.map(planner, layouts))
+    browser = Browser(tool("chromium").split()[0], fresh_dir("memory_page_profile"))
+    seen = collections.Counter()
+    try:
+        for pairs, native in zip(layouts, natives):
+            url = memory_page_url(pairs)
+            dom = MemoryPageDom()
+            dom.feed(browser.dom(url))
+            what = "%s\n    dev/memory_planner %s" % (url, " ".join(a for k, v in pairs for a in ("-" + k, v)))
+            if native.returncode == 1:  # refused: the same message, and no numbers on the page
+                message = native.stderr.strip().splitlines()[-1].replace("error: ", "", 1)
+                assert dom.state == "error" and dom.texts.get("status", "").strip() == message, \
+                    "%s\n    page: %s %r\n    planner: %r" % (what, dom.state, dom.texts.get("status"), message)
+                assert not dom.rows and not dom.layouts and not dom.stages, "%s: a refused layout shows numbers" % what
+                seen["refused"] += 1
+                continue
+            assert native.returncode in (0, 2), "%s: exit %d %s" % (what, native.returncode, native.stderr[-500:])
+            plan = json.loads(native.stdout)
+            if "search" in plan:
+                want = [layout["total"] for layout in plan["layouts"]]
+                assert dom.layouts == want, "%s\n    page %s\n    planner %s" % (what, dom.layouts[:8], want[:8])
+                seen["search"] += 1
+                continue
+            want = [(r["label"], r["bytes"], r["kind"]) for r in plan["rows"]]
+            assert dom.rows == want, "%s\n    page    %s\n    planner %s" % (what, dom.rows, want)
+            assert dom.state == ("fits" if plan["fits"] else "nofit"), "%s: state %s" % (what, dom.state)
+            stages = [s["total"] for s in plan["stages"]] if len(plan["stages"]) > 1 else []
+            assert dom.stages == stages, "%s: stages %s, planner %s" % (what, dom.stages, stages)
+            assert dom.texts.get("command", "").strip() == plan["command"], "%s: %r" % (what, dom.texts.get("command"))
+            seen[plan["trainer"]] += 1
+    finally:
+        browser.close()
+    print("    %d layouts: %s" % (len(layouts), ", ".join("%s %d" % kv for kv in sorted(seen.items()))))
+    trainers = {"train_gpt2_" + t for t in ("dp", "tp", "pp", "3d", "cp", "diloco", "ep")}
+    assert trainers <= set(seen) and seen["refused"] >= 15 and seen["search"] == 3, seen
+
+
+@test
+def memory_page_reads_a_runs_table_and_high_water_mark():
+    """a run's printed output pasted into the page: its table's parts beside the page's, its
+    measured high-water mark beside the prediction; then its main.log, whose step records carry
+    the same two numbers (memory_peak, memory_predicted). The run is a real one (train_gpt2_dp,
+    2 ranks, d2 on the CPU), its flags given to the page too, so the page's plan is the run's"""
+    if tool("chromium") is None:
+        raise Skip("no chromium (dev/setup.sh installs it)")
+    d = fresh_dir("memory_page_run")
+    flags = ["-e", "d2", "-b", "2", "-t", "32", "-dp", "2", "-device", "cpu"]
+    out = run_ok(2, ["-e", "d2", "-b", 2, "-t", 32, "-x", 2, "-v", 0, "-s", 0, "-o", d])
+    peak = int(re.search(r"high-water mark (\d+) bytes allocated", out).group(1))
+    # the page, its URL the layout, and the run pasted in by a script of the page's own elements
+    # (a browser's paste is an input event: the test sends the same)
+    page = os.path.join(d, "page.html")
+    with open(MEMORY_PAGE) as f:
+        text = f.read()
+    from browser import Browser
+    browser = Browser(tool("chromium").split()[0], fresh_dir("memory_page_run_profile"))
+    try:
+        check_run_on_page(browser, out, d, page, text, flags, peak)
+    finally:
+        browser.close()
+
+
+def check_run_on_page(browser, out, d, page, text, flags, peak):
+    for name, run_text in (("stdout", out), ("main.log", open(os.path.join(d, "main.log")).read())):
+        inject = ("<script>document.getElementById('run-text').value = %s; document.getElementById('run-text')"
+                  ".dispatchEvent(new Event('input'));</script></body>" % json.dumps(run_text))
+        with open(page, "w") as f:
+            f.write(text.replace("</body>", inject))
+        dom = browser.dom(memory_page_url([(flags[i][1:], flags[i + 1]) for i in range(0, len(flags), 2)], page))
+        m = re.search(r'id="measured-peak" data-bytes="(\d+)">([^<]*)<', dom)
+        assert m and int(m.group(1)) == peak, "%s: no measured high-water mark %d on the page:\n%s" % (
+            name, peak, dom[-3000:])
+        assert "the same layout" in m.group(2), "%s: the page's plan is not the run's: %s" % (name, m.group(2))
+        if name == "stdout":  # each part of the run's table beside the page's row, in MB as printed
+            cells = re.findall(r'data-label="([^"]+)" data-bytes="(\d+)"[^>]*>.*?<td class="num run"[^>]*>([^<]*)</td>',
+                               dom)
+            printed = {label: float(mb) for label, mb in re.findall(r"^ {2,4}(\S[^\n]*?)\s+(\d+\.\d) MB", out, re.M)}
+            assert len(cells) >= 12, cells
+            for label, nbytes, cell in cells:
+                assert cell == "%.1f MB" % printed[label] and abs(printed[label] * 1e6 - int(nbytes)) <= 0.05e6, \
+                    (label, cell, printed.get(label), nbytes)
 
 
 def roofline_close(got, want, rel, what):
