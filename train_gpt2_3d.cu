@@ -584,7 +584,7 @@ int main(int argc, char** argv) {
     const char* sched_name = "1f1b";
     const char* split_name = "zigzag";
     const char* cp_comm = "ring";
-    int dp = 0, pp = 1, cp_size = 1, tp = 1, sp = 0, vp = 1, zero = 0, timeline = 0, check_replicas = 0;
+    int dp = 0, pp = 1, cp_size = 1, tp = 1, sp = 0, tp_overlap = 0, vp = 1, zero = 0, timeline = 0, check_replicas = 0;
     const ArgSpec own[] = {
         {"-dp", ARG_INT, &dp, 0, ARG_NO_MAX, "data-parallel replicas (0: the number of ranks / (pp x cp x tp))"},
         {"-pp", ARG_INT, &pp, 1, ARG_NO_MAX, "pipeline stages; L must divide by pp x vp"},
@@ -593,6 +593,7 @@ int main(int argc, char** argv) {
         {"-cp_comm", ARG_STRING, &cp_comm, 0, 0, "with -cp, how attention gets the other ranks' keys and values: ring or allgather"},
         {"-tp", ARG_INT, &tp, 1, ARG_NO_MAX, "tensor-parallel ranks per stage; NH, 4C and Vp must divide by it"},
         {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism inside the tp group (T/cp must divide by tp)"},
+        {"-tp_overlap", ARG_INT, &tp_overlap, 0, 1, "1: tp's collectives in ring steps under their GEMMs (train_gpt2_tp's -tp_overlap)"},
         {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1)"},
         {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved"},
         {"-z", ARG_INT, &zero, 0, 1, "1: ZeRO-1, the AdamW state sharded over the dp replicas (and their cp ranks)"},
@@ -614,6 +615,7 @@ int main(int argc, char** argv) {
     int B = run.args.B, T = run.args.T, Tl = T / cp_size, tokens_multiple;
     LayerDims dims = grid_dims(config, cp_size, tp, sp, split, T, &tokens_multiple);
     sp = dims.seq_shards > 1;  // with one tp rank there is nothing to split
+    dims.tp_overlap = tp_overlap;
     // the batch: a step is m micro-batches of B x T on each of the dp replicas
     int m = train_accumulation_steps(&run.args, dp, "dp");
     PipeSpec spec = pipeline_spec_of(sched_name, pp, m, vp, config.num_layers, "-pp");

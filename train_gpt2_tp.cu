@@ -244,10 +244,11 @@ int main(int argc, char** argv) {
     // communication layer and the model's config (llmc/run.h)
     Run run;
     const char* dump_grads = NULL;
-    int tp_flag = 0, sp = 0, check_replicas = 0;
+    int tp_flag = 0, sp = 0, tp_overlap = 0, check_replicas = 0;
     const ArgSpec own[] = {
         {"-tp", ARG_INT, &tp_flag, 0, ARG_NO_MAX, "tensor-parallel ranks; all ranks form one group, so it must equal the number of ranks (0: the number of ranks)"},
         {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism, the LayerNorm and residual regions split along the tokens (T must divide by tp)"},
+        {"-tp_overlap", ARG_INT, &tp_overlap, 0, 1, "1: each collective in tp - 1 ring steps under its GEMM's blocks (-sp), or the all-reduce in chunks under the GEMM (no -sp)"},
         {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all ranks hold the same replicated tensors (LayerNorms, row-parallel biases, wpe) (0: never)"},
     };
@@ -261,6 +262,7 @@ int main(int argc, char** argv) {
     run_check_one_group(&run, "-tp", tp_flag, "one tensor-parallel group");
     LayerDims dims = tp_layer_dims(config, ranks, sp, run.args.T, "ranks");
     sp = dims.seq_shards > 1;  // -sp 1 on one rank: nothing to split, so the run goes on without
+    dims.tp_overlap = tp_overlap;
     // the batch: all ranks work on the same B x T tokens, `accum` micro-batches per step
     int B = run.args.B, T = run.args.T, accum = train_accumulation_steps(&run.args, /*readers*/ 1, NULL);
 

@@ -27,6 +27,7 @@ typedef struct {
     int Vp_rank;     // this rank's logits per token: Vp, or Vp / tp with a vocabulary-parallel LM head
     int tp;          // tensor-parallel ranks
     int seq_shards;  // tp with sequence parallelism, else 1
+    int tp_overlap;  // -tp_overlap 1: tp's collectives in ring steps under their GEMMs (tensor_parallel.h)
     DeviceTarget target;  // how the tensors are stored: this build's (or the planner's machine's)
 } LayerDims;
 
@@ -70,7 +71,7 @@ static inline LayerDims layer_dims_for(GPT2Config c, int tp, int sp, DeviceTarge
     char why[256];
     if (layer_dims_problem(c, tp, target, why, sizeof(why))) fail("%s", why);
     LayerDims d = {c.channels, 3 * c.channels / tp, c.channels / tp, 4 * c.channels / tp,
-                   c.num_heads / tp, c.padded_vocab_size / tp, tp, sp && tp > 1 ? tp : 1, target};
+                   c.num_heads / tp, c.padded_vocab_size / tp, tp, sp && tp > 1 ? tp : 1, 0, target};
     return d;
 }
 static inline LayerDims layer_dims(GPT2Config c, int tp, int sp) { return layer_dims_for(c, tp, sp, build_target(c)); }

@@ -37,6 +37,144 @@ static inline floatX* gather_tokens(CommGroup* tp, floatX* shard, floatX* whole,
 }
 
 // ----------------------------------------------------------------------------------------------
+// -tp_overlap 1: the collectives of a half decomposed into ring steps under the GEMMs next to
+// them (Wang et al. 2023, "Overlap Communication with Dependent Computation via Decomposition in
+// Large Deep Learning Models"; Megatron-LM's tp-comm-overlap and PyTorch's async TP do the same).
+// A GEMM's rows are tokens, and tokens are independent: the GEMM of a block of B*T/tp tokens
+// needs only that block's input. So instead of waiting for a whole collective, a rank multiplies
+// the block it has while the next one travels. The bytes are the collective's: tp - 1 blocks of
+// B T/tp rows leave each rank, what a ring all-gather or reduce-scatter sends; they are counted
+// as the sends and receives they are (ring_bytes, what leaves a rank, is unchanged).
+
+// One GEMM of a half, on a block of rows: forward, out (rows, OC) = in (rows, IC) W^T + b; or the
+// backward's input gradient, out (rows, IC) = in (rows, OC) W
+typedef struct {
+    int backward;
+    const floatX* w;
+    const floatX* b;  // forward only (NULL: none)
+    int IC, OC;
+} TpGemm;
+
+static inline TpGemm tp_gemm(const floatX* w, const floatX* b, int IC, int OC) { TpGemm g = {0, w, b, IC, OC}; return g; }
+static inline TpGemm tp_gemm_backward(const floatX* w, int IC, int OC) { TpGemm g = {1, w, NULL, IC, OC}; return g; }
+static inline int tp_gemm_in(TpGemm g) { return g.backward ? g.OC : g.IC; }
+static inline int tp_gemm_out(TpGemm g) { return g.backward ? g.IC : g.OC; }
+static inline void tp_gemm_rows(TpGemm g, floatX* out, const floatX* in, size_t rows) {
+    if (g.backward) matmul_backward_input(out, in, g.w, (int)rows, g.IC, g.OC);
+    else matmul_forward(out, in, g.w, g.b, (int)rows, g.IC, g.OC);
+}
+
+// All-gather + GEMM (with -sp, before a column-parallel GEMM: f's forward, g's backward). shard
+// (BT/tp, in) is this rank's tokens; whole (BT, in) receives every rank's, in rank order (the
+// backward's weight gradient reads it); out (BT, out) = GEMM(whole). tp steps: at step s this rank
+// multiplies the block of rank r - s (its own first) while it passes that block on to rank r + 1
+// and receives rank r - s - 1's from rank r - 1. For tp = 2:
+//     step 0: GEMM(own block)         | send own block to r+1, receive r-1's
+//     step 1: GEMM(r-1's block)       |
+// The products are the collective-then-GEMM's, bit for bit: each row is the same dot products.
+static inline void tp_gather_gemm(CommGroup* tp, TpGemm g, floatX* out, floatX* whole, const floatX* shard, size_t BT) {
+    int n = tp->size, r = tp->rank;
+    size_t rows = BT / n, in = (size_t)tp_gemm_in(g), out_w = (size_t)tp_gemm_out(g);
+    if (shard != whole + r * rows * in) copy_device_to_device(whole + r * rows * in, shard, rows * in * sizeof(floatX));
+    for (int s = 0; s < n; s++) {
+        int block = (r - s + n) % n;  // rank r - s's tokens, which arrived at the last step
+        CommRequest next;
+        memset(&next, 0, sizeof(next));  // (none posted at the last step: comm_wait returns)
+        if (s < n - 1) {
+            // send: the block (B T/tp, in) on to rank r + 1; receive: rank r - s - 1's from rank r - 1
+            CommMessage msgs[2] = {comm_message(whole + block * rows * in, rows * in, (r + 1) % n, 1),
+                                   comm_message(whole + ((block + n - 1) % n) * rows * in, rows * in, (r + n - 1) % n, 0)};
+            comm_exchange_start(tp, msgs, 2, COMM_FLOATX, &next);
+        }
+        tp_gemm_rows(g, out + block * rows * out_w, whole + block * rows * in, rows);  // under the exchange
+        comm_wait(&next);
+    }
+}
+
+// GEMM + reduce-scatter (with -sp, after a row-parallel GEMM: g's forward, f's backward). in (BT,
+// in) is this rank's partial-width input; out (BT/tp, out) receives this rank's tokens of the sum
+// over ranks of GEMM(in). tp steps: at step s this rank computes its partial product of the block
+// of rank r - s - 1 (its own last), adds the running sum of that block that rank r - 1 sent, and
+// passes it on to rank r + 1, which adds its own, and so on around the ring; at the last step the
+// sum of its own block arrives, and it adds its own part. For tp = 2:
+//     step 0: GEMM(block of r-1) -> P | send P to r+1, receive r-1's partial of my block
+//     step 1: GEMM(own block) -> out  | (wait) out += received
+// The GEMMs run while the previous step's sum travels. The sum of a block is taken in ring order,
+// rank r+1's part first and its owner's last: another order than the collective's (MPI's or
+// NCCL's algorithm), so the bits differ from -tp_overlap 0 by fp32 rounding (at tp = 2 both add
+// the two parts, and a + b = b + a: the same bits). scratch: 3 blocks of (BT/tp, out) (2 at tp = 2)
+static inline void tp_gemm_scatter(CommGroup* tp, TpGemm g, floatX* out, const floatX* in, floatX* scratch, size_t BT) {
+    int n = tp->size, r = tp->rank;
+    size_t rows = BT / n, in_w = (size_t)tp_gemm_in(g), out_w = (size_t)tp_gemm_out(g), block_size = rows * out_w;
+    floatX *sums[2] = {scratch, scratch + 2 * block_size}, *received = scratch + block_size;
+    CommRequest prev;
+    memset(&prev, 0, sizeof(prev));
+    for (int s = 0; s < n; s++) {
+        int block = (r - s - 1 + n) % n;
+        floatX* sum = s == n - 1 ? out : sums[s % 2];  // (the buffer sent two steps ago: its send is done)
+        tp_gemm_rows(g, sum, in + block * rows * in_w, rows);  // this rank's partial, under the last exchange
+        comm_wait(&prev);  // the sum of this block so far, from rank r - 1 (nothing at step 0)
+        if (s > 0) residual_forward(sum, sum, received, rows, (int)out_w);
+        if (s < n - 1) {
+            // send: the block's running sum (B T/tp, out) on to rank r + 1; receive: the next block's from rank r - 1
+            CommMessage msgs[2] = {comm_message(sum, block_size, (r + 1) % n, 1),
+                                   comm_message(received, block_size, (r + n - 1) % n, 0)};
+            comm_exchange_start(tp, msgs, 2, COMM_FLOATX, &prev);
+        }
+    }
+}
+
+// GEMM + all-reduce (without -sp, after a row-parallel GEMM: g's forward, f's backward): the rows
+// in TP_OVERLAP_CHUNKS chunks of tokens, each chunk's all-reduce posted as soon as its GEMM is
+// done, so that it travels under the next chunk's GEMM. out (BT, out) = the sum over ranks of
+// GEMM(in). Every element is summed by the same collective as without overlap: the same bits when
+// the collective's order does not depend on the message size.
+#define TP_OVERLAP_CHUNKS 4
+static inline void tp_gemm_all_reduce(CommGroup* tp, TpGemm g, floatX* out, const floatX* in, size_t BT) {
+    size_t in_w = (size_t)tp_gemm_in(g), out_w = (size_t)tp_gemm_out(g);
+    CommRequest chunk[TP_OVERLAP_CHUNKS];
+    for (int i = 0; i < TP_OVERLAP_CHUNKS; i++) {
+        size_t first = BT * i / TP_OVERLAP_CHUNKS, rows = BT * (i + 1) / TP_OVERLAP_CHUNKS - first;
+        tp_gemm_rows(g, out + first * out_w, in + first * in_w, rows);
+        // all-reduce SUM of this chunk (rows, out), posted: it travels under the next chunk's GEMM
+        comm_all_reduce_start(tp, out + first * out_w, rows * out_w, COMM_FLOATX, COMM_SUM, &chunk[i]);
+        comm_progress(tp);
+    }
+    for (int i = 0; i < TP_OVERLAP_CHUNKS; i++) comm_wait(&chunk[i]);
+}
+
+// A row-parallel GEMM and the sum after it, as the layer calls it: with -tp_overlap, decomposed
+// (reduce-scatter with -sp into `reduced`, all-reduce without in place); else the GEMM, then the
+// collective (sum_over_ranks). Returns where the sum is.
+static inline floatX* tp_row_parallel(CommGroup* tp, LayerDims d, TpGemm g, floatX* out, const floatX* in,
+                                      floatX* reduced, floatX* scratch, size_t BT) {
+    int sp = d.seq_shards > 1;
+    if (tp == NULL || !d.tp_overlap) {
+        tp_gemm_rows(g, out, in, BT);
+        return sum_over_ranks(tp, out, reduced, BT, tp_gemm_out(g), sp);
+    }
+    if (sp) {
+        tp_gemm_scatter(tp, g, reduced, in, scratch, BT);
+        return reduced;
+    }
+    tp_gemm_all_reduce(tp, g, out, in, BT);
+    return out;
+}
+
+// A column-parallel GEMM and the gather before it: with -sp and -tp_overlap, decomposed; else the
+// all-gather (or with no -sp nothing: every rank holds all tokens), then the GEMM
+static inline void tp_column_parallel(CommGroup* tp, LayerDims d, TpGemm g, floatX* out, floatX* whole,
+                                      const floatX* shard, size_t BT) {
+    int sp = d.seq_shards > 1;
+    if (tp != NULL && sp && d.tp_overlap) {
+        tp_gather_gemm(tp, g, out, whole, shard, BT);
+        return;
+    }
+    const floatX* in = gather_tokens(tp, (floatX*)shard, whole, BT, tp_gemm_in(g), sp);
+    tp_gemm_rows(g, out, in, BT);
+}
+
+// ----------------------------------------------------------------------------------------------
 // The vocabulary-parallel embedding: this rank holds rows [lo, lo + Vp/tp) of wte. Its lookup
 // table of the B*T tokens, written to the host stage (for encoder_backward, which reads the tokens
 // on the host) and returned; with a `device` buffer also copied there (for encoder_forward). A token
@@ -122,33 +260,35 @@ static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, ContextParall
     int BTs = (int)(BT / d.seq_shards);
     // f before the column-parallel qkv: the identity (the LayerNorm wrote all of x.ln1), or
     // with -sp the all-gather of ln1 from (B*T/tp, C) on each rank (in ln_shard) into x.ln1
-    // (B, T, C)
-    gather_tokens(tp, scratch->ln_shard, x.ln1, BT, C, sp);
-    // the attention half on this rank's NH/tp heads; its row-parallel projection leaves a
-    // partial sum in attproj (B, T, C). Its bias is added once, after the sum, not per rank
-    // (the backward pass needs no such care: a bias gradient sums dout over all tokens,
-    // which every rank holds whole, so it comes out whole and equal on every rank). With cp
-    // the queries attend to the whole sequence: the ring (or all-gather) of K,V over cp.
+    // (B, T, C); then qkv (B, T, 3C/tp) = ln1 Wqkv^T on this rank's NH/tp heads. With
+    // -tp_overlap the all-gather runs in ring steps under the GEMM's blocks (tp_column_parallel)
+    floatX* ln_mine = sp ? scratch->ln_shard : x.ln1;  // what this rank's LayerNorm wrote
     LayerWeights slices = w;
-    if (tp) slices.attprojb = slices.fcprojb = NULL;
-    if (cp) cp_attention_half_forward(cp, x, slices, B, T, d);
-    else attention_half_forward(x, slices, B, T, d);
-    // g after the row-parallel attproj: all-reduce of (B, T, C); with -sp reduce-scatter
-    floatX* attproj = sum_over_ranks(tp, x.attproj, scratch->reduced, BT, C, sp);
+    if (tp) slices.attprojb = slices.fcprojb = NULL;  // (row-parallel biases: added once, after the sum)
+    tp_column_parallel(tp, d, tp_gemm(w.qkvw, w.qkvb, C, d.qkv), x.qkv, x.ln1, ln_mine, BT);
+    // attention on this rank's heads (with cp the queries attend to the whole sequence: the ring,
+    // or the all-gather, of K,V over cp)
+    if (cp) cp_attention_forward(cp, x.atty, (float*)x.att_state, x.qkv, B, T, d.att, d.NH);
+    else attention_forward(x.atty, x.att_state, x.qkv, B, T, d.att, d.NH);
+    // the row-parallel projection leaves a partial sum (B, T, C); g after it: all-reduce, with
+    // -sp reduce-scatter (tp_row_parallel; with -tp_overlap in pieces under the GEMM). Its bias is
+    // added once, after the sum, not per rank (the backward pass needs no such care: a bias
+    // gradient sums dout over all tokens, which every rank holds whole, so it comes out whole and
+    // equal on every rank)
+    floatX* attproj = tp_row_parallel(tp, d, tp_gemm(slices.attprojw, slices.attprojb, d.att, C), x.attproj, x.atty,
+                                      scratch->reduced, scratch->dbuf, BT);
     if (tp) bias_add(attproj, w.attprojb, BTs, C);
     // replicated (or with -sp, this rank's tokens): residual2 = residual + attproj, then ln2
-    fused_residual_layernorm_forward(x.residual2, sp ? scratch->ln_shard : x.ln2, x.ln2_mean, x.ln2_rstd, residual,
-                                     attproj, w.ln2w, w.ln2b, BTs, C);
-    // f before the column-parallel fc: identity, or with -sp all-gather of ln2 to (B, T, C)
-    gather_tokens(tp, scratch->ln_shard, x.ln2, BT, C, sp);
-    if (rerun) {  // the sum of fcproj is not repeated: only residual3 needed it, and it was kept
-        mlp_half_forward_to_gelu(x, slices, B, T, d);
-        return NULL;
-    }
-    // the MLP half on this rank's 4C/tp columns; fcproj (B, T, C) is a partial sum again
-    mlp_half_forward(x, slices, B, T, d);
-    // g after the row-parallel fcproj: all-reduce of (B, T, C); with -sp reduce-scatter
-    floatX* fcproj = sum_over_ranks(tp, x.fcproj, scratch->reduced, BT, C, sp);
+    fused_residual_layernorm_forward(x.residual2, ln_mine, x.ln2_mean, x.ln2_rstd, residual, attproj, w.ln2w, w.ln2b,
+                                     BTs, C);
+    // f before the column-parallel fc (identity, or with -sp the all-gather of ln2 to (B, T, C)),
+    // fch (B, T, 4C/tp) on this rank's columns, GELU
+    tp_column_parallel(tp, d, tp_gemm(w.fcw, w.fcb, C, d.fc), x.fch, x.ln2, ln_mine, BT);
+    gelu_forward(x.fch_gelu, x.fch, BT * d.fc);
+    if (rerun) return NULL;  // the sum of fcproj is not repeated: only residual3 needed it, and it was kept
+    // the row-parallel fcproj: a partial sum (B, T, C) again, and g after it
+    floatX* fcproj = tp_row_parallel(tp, d, tp_gemm(slices.fcprojw, slices.fcprojb, d.fc, C), x.fcproj, x.fch_gelu,
+                                     scratch->reduced, scratch->dbuf, BT);
     if (tp) bias_add(fcproj, w.fcprojb, BTs, C);
     return fcproj;
 }
@@ -191,31 +331,38 @@ static inline void tp_layer_backward(GPT2* model, CommGroup* tp, ContextParallel
     int BTs = (int)(BT / d.seq_shards);
     tp_layer_recompute(model, tp, cp, x, w, kept, residual, B, T);
     // g's backward at fcproj: the identity (dresidual is whole on every rank), or with -sp the
-    // all-gather of dresidual (B*T/tp, C) to (B, T, C)
-    floatX* dout = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
-    // the MLP half: this rank's columns' gradients, and a partial dln2 (B, T, C) in dbuf
-    mlp_half_backward_input(scratch->dbuf, scratch->dfch, dout, x, w, B, T, d);
+    // all-gather of dresidual (B*T/tp, C) into dgathered (B, T, C); then the gradient at the GELU
+    // output, dfch (B, T, 4C/tp) = dout Wfcproj, this rank's columns (with -tp_overlap the two
+    // decomposed, as in the forward)
+    floatX* dout = sp ? scratch->dgathered : dresidual;
+    tp_column_parallel(tp, d, tp_gemm_backward(w.fcprojw, d.fc, C), scratch->dfch, dout, dresidual, BT);
+    gelu_backward(scratch->dfch, x.fch, scratch->dfch, BT * d.fc);
     if (split) {  // kept for W: the gradients at fcproj and fch
         copy_device_to_device(x.fcproj, dout, BT * C * X);
         copy_device_to_device(x.fch, scratch->dfch, BT * d.fc * X);
     } else {
         mlp_half_backward_weight(gw, scratch->dfch, dout, x, B, T, d);
     }
-    // f's backward at ln2: all-reduce of the partial dln2 (B, T, C); with -sp reduce-scatter
-    floatX* dln2 = sum_over_ranks(tp, scratch->dbuf, scratch->reduced, BT, C, sp);
+    // this rank's partial dln2 (B, T, C) = dfch Wfc, and f's backward after it: all-reduce; with
+    // -sp reduce-scatter (with -tp_overlap in pieces under the GEMM)
+    floatX* dln2 = tp_row_parallel(tp, d, tp_gemm_backward(w.fcw, C, d.fc), scratch->dbuf, scratch->dfch, scratch->reduced,
+                                   scratch->dbuf, BT);
     layernorm_backward(dresidual, gw.ln2w, gw.ln2b, dln2, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd, BTs, C);
-    // g's backward at attproj: identity, or with -sp all-gather of dresidual to (B, T, C)
-    dout = gather_tokens(tp, dresidual, scratch->dgathered, BT, C, sp);
-    if (cp) cp_attention_half_backward_input(cp, scratch->dbuf, scratch->dbuf, scratch->dqkv, dout, x, w, B, T, d);
-    else attention_half_backward_input(scratch->dbuf, scratch->dbuf, scratch->dqkv, dout, x, w, B, T, d);
+    // g's backward at attproj (identity, or with -sp all-gather of dresidual to (B, T, C)) and
+    // the gradient at the attention output, datty (B, T, C/tp) = dout Wattproj, in dbuf
+    tp_column_parallel(tp, d, tp_gemm_backward(w.attprojw, d.att, C), scratch->dbuf, dout, dresidual, BT);
+    if (cp) cp_attention_backward(cp, scratch->dqkv, scratch->dbuf, x.atty, (const float*)x.att_state, x.qkv, B, T, d.att, d.NH);
+    else attention_backward(scratch->dqkv, scratch->dbuf, x.qkv, x.atty, x.att_state, B, T, d.att, d.NH);
     if (split) {  // kept for W: the gradients at attproj and qkv
         copy_device_to_device(x.attproj, dout, BT * C * X);
         copy_device_to_device(x.qkv, scratch->dqkv, BT * d.qkv * X);
     } else {
         attention_half_backward_weight(gw, scratch->dqkv, dout, x, B, T, d);
     }
-    // f's backward at ln1: all-reduce of the partial dln1 (B, T, C); with -sp reduce-scatter
-    floatX* dln1 = sum_over_ranks(tp, scratch->dbuf, scratch->reduced, BT, C, sp);
+    // this rank's partial dln1 (B, T, C) = dqkv Wqkv (datty in dbuf is used up), and f's
+    // backward at ln1: all-reduce; with -sp reduce-scatter
+    floatX* dln1 = tp_row_parallel(tp, d, tp_gemm_backward(w.qkvw, C, d.qkv), scratch->dbuf, scratch->dqkv, scratch->reduced,
+                                   scratch->dbuf, BT);
     layernorm_backward(dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, x.ln1_mean, x.ln1_rstd, BTs, C);
 }
 
