@@ -262,10 +262,10 @@ static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, ContextParall
     // with -sp the all-gather of ln1 from (B*T/tp, C) on each rank (in ln_shard) into x.ln1
     // (B, T, C); then qkv (B, T, 3C/tp) = ln1 Wqkv^T on this rank's NH/tp heads. With
     // -tp_overlap the all-gather runs in ring steps under the GEMM's blocks (tp_column_parallel)
-    floatX* ln_mine = sp ? scratch->ln_shard : x.ln1;  // what this rank's LayerNorm wrote
+    floatX* ln1_mine = sp ? scratch->ln_shard : x.ln1;  // what this rank's LayerNorm wrote
     LayerWeights slices = w;
     if (tp) slices.attprojb = slices.fcprojb = NULL;  // (row-parallel biases: added once, after the sum)
-    tp_column_parallel(tp, d, tp_gemm(w.qkvw, w.qkvb, C, d.qkv), x.qkv, x.ln1, ln_mine, BT);
+    tp_column_parallel(tp, d, tp_gemm(w.qkvw, w.qkvb, C, d.qkv), x.qkv, x.ln1, ln1_mine, BT);
     // attention on this rank's heads (with cp the queries attend to the whole sequence: the ring,
     // or the all-gather, of K,V over cp)
     if (cp) cp_attention_forward(cp, x.atty, (float*)x.att_state, x.qkv, B, T, d.att, d.NH);
@@ -279,11 +279,12 @@ static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, ContextParall
                                       scratch->reduced, scratch->dbuf, BT);
     if (tp) bias_add(attproj, w.attprojb, BTs, C);
     // replicated (or with -sp, this rank's tokens): residual2 = residual + attproj, then ln2
-    fused_residual_layernorm_forward(x.residual2, ln_mine, x.ln2_mean, x.ln2_rstd, residual, attproj, w.ln2w, w.ln2b,
+    floatX* ln2_mine = sp ? scratch->ln_shard : x.ln2;
+    fused_residual_layernorm_forward(x.residual2, ln2_mine, x.ln2_mean, x.ln2_rstd, residual, attproj, w.ln2w, w.ln2b,
                                      BTs, C);
     // f before the column-parallel fc (identity, or with -sp the all-gather of ln2 to (B, T, C)),
     // fch (B, T, 4C/tp) on this rank's columns, GELU
-    tp_column_parallel(tp, d, tp_gemm(w.fcw, w.fcb, C, d.fc), x.fch, x.ln2, ln_mine, BT);
+    tp_column_parallel(tp, d, tp_gemm(w.fcw, w.fcb, C, d.fc), x.fch, x.ln2, ln2_mine, BT);
     gelu_forward(x.fch_gelu, x.fch, BT * d.fc);
     if (rerun) return NULL;  // the sum of fcproj is not repeated: only residual3 needed it, and it was kept
     // the row-parallel fcproj: a partial sum (B, T, C) again, and g after it

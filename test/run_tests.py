@@ -1727,17 +1727,26 @@ def data_script_reproduces_committed_files():
 TP = "./train_gpt2_tp"
 
 
-def tp_step_bytes(cfg, B, accum, sp, X=4):
+def tp_step_bytes(cfg, B, accum, sp, X=4, overlap=0, tp=1, rerun=0):
     """communication per step (README, tensor parallelism), per kind: per micro-batch 4L + 2
     collectives of B*T*C activations of X bytes (all-reduces; with -sp all-gathers and as many
     reduce-scatters) and the loss's all-reduces of 3 B*T fp32; per step the norm's 4 bytes and
-    with -sp the LayerNorm gradients' all-reduce of (4L + 2) C"""
+    with -sp the LayerNorm gradients' all-reduce of (4L + 2) C. -r 2 reruns each layer's forward:
+    L more reduce-scatters and 2L more all-gathers with -sp (L all-reduces without). With -sp and
+    -tp_overlap the layers' collectives (4L of each kind, 3L more with -r 2) are ring steps: each
+    sends and receives (tp - 1)/tp of its B*T*C*X, what the ring collective sends (the ring bytes
+    are unchanged); the head's two stay collectives"""
     L, C, T = cfg["layers"], cfg["channels"], cfg["seq_len"]
-    activations = accum * (4 * L + 2) * B * T * C * X
+    act = accum * B * T * C * X
     small = accum * 3 * B * T * 4 + 4
     if sp:
-        return {"all-reduce": small + (4 * L + 2) * C * X, "reduce-scatter": activations, "all-gather": activations}
-    return {"all-reduce": activations + small, "reduce-scatter": 0, "all-gather": 0}
+        gathers, scatters = (4 * L + 2 + 2 * L * rerun) * act, (4 * L + 2 + L * rerun) * act
+        if not overlap:
+            return {"all-reduce": small + (4 * L + 2) * C * X, "reduce-scatter": scatters, "all-gather": gathers}
+        ring = (8 * L + 3 * L * rerun) * act * (tp - 1) // tp
+        return {"all-reduce": small + (4 * L + 2) * C * X, "reduce-scatter": 2 * act, "all-gather": 2 * act,
+                "send": ring, "recv": ring}
+    return {"all-reduce": (4 * L + 2 + L * rerun) * act + small, "reduce-scatter": 0, "all-gather": 0}
 
 
 def check_tp_step_bytes(out, d, expected, steps):
@@ -1747,32 +1756,60 @@ def check_tp_step_bytes(out, d, expected, steps):
         assert got == expected, "step %s moved %s, the formula says %s" % (step, got, expected)
 
 
-def compare_tp_with_reference(tp, sp, accum, cfg=REF):
+def compare_tp_with_reference(tp, sp, accum, cfg=REF, overlap=0, recompute=0):
     ref = reference_run(cfg)
     B = cfg["batch"] // accum
-    d = fresh_dir("tp%d_sp%d_accum%d_nh%d" % (tp, sp, accum, cfg["heads"]))
+    d = fresh_dir("tp%d_sp%d_accum%d_nh%d_overlap%d_r%d" % (tp, sp, accum, cfg["heads"], overlap, recompute))
     grads_path = os.path.join(d, "grads.bin")
     # the step-0 gradients are gathered from the ranks' slices into the whole model's layout;
     # every step checks that the copies of the replicated tensors stay identical
     out = run_ok(tp, trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-sp", sp,
-                                              "-check_replicas", 1], cfg=cfg), program=TP)
-    expected = tp_step_bytes(cfg, B, accum, sp and tp > 1)  # one rank has nothing to split
+                                              "-check_replicas", 1, "-tp_overlap", overlap, "-r", recompute], cfg=cfg),
+                 program=TP)
+    expected = tp_step_bytes(cfg, B, accum, sp and tp > 1, overlap=overlap and tp > 1, tp=tp, rerun=recompute == 2)
     check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected)
     check_tp_step_bytes(out, d, expected, cfg["steps"])
     if tp > 1:
         assert "step %d: replicated tensors identical" % cfg["steps"] in out, out[-2000:]
+    return d
 
 
-def make_tp_test(tp, sp, accum, cfg=REF):
+def make_tp_test(tp, sp, accum, cfg=REF, overlap=0, recompute=0):
     def fn():
-        compare_tp_with_reference(tp, sp, accum, cfg)
-    fn.__name__ = "tp_vs_pytorch_tp%d%s_accum_%d%s" % (tp, "_sp" if sp else "", accum, "_3_heads" if cfg is REF3 else "")
+        compare_tp_with_reference(tp, sp, accum, cfg, overlap, recompute)
+    fn.__name__ = "tp_vs_pytorch_tp%d%s_accum_%d%s%s%s" % (tp, "_sp" if sp else "", accum, "_3_heads" if cfg is REF3 else "",
+                                                         "_overlap" if overlap else "", "_r%d" % recompute if recompute else "")
     return fn
 
 
 for _tp, _sp, _accum, _cfg in [(1, 0, 1, REF), (1, 1, 1, REF), (2, 0, 1, REF), (2, 1, 2, REF), (4, 0, 2, REF), (4, 1, 1, REF),
                                (3, 0, 1, REF3), (3, 1, 2, REF3)]:
     test(make_tp_test(_tp, _sp, _accum, _cfg))
+# -tp_overlap 1: tp 2, 3, 4, with and without -sp, accumulation, -r 1 and 2
+for _tp, _sp, _accum, _cfg, _r in [(2, 1, 2, REF, 0), (2, 0, 1, REF, 1), (3, 1, 1, REF3, 2), (3, 0, 2, REF3, 0),
+                                   (4, 1, 2, REF, 1), (4, 0, 1, REF, 2), (4, 1, 1, REF, 2)]:
+    test(make_tp_test(_tp, _sp, _accum, _cfg, overlap=1, recompute=_r))
+
+
+@test
+def tp_overlap_is_bit_identical_at_tp2_and_close_at_tp4():
+    """-tp_overlap 1 against 0 on the same run: at tp = 2 the same bits, with -sp and without (a
+    sum of two parts is the same in either order, and each GEMM row is the same dot products); at
+    tp = 4 with -sp the ring sums a block's four parts in another order than the collective, so
+    the final weights differ by fp32 rounding only (within the reference's tolerance of each)"""
+    ref = reference_run()
+    for tp, sp in ((2, 1), (2, 0), (4, 1)):
+        finals = []
+        for overlap in (0, 1):
+            d = fresh_dir("tp_overlap_tp%d_sp%d_%d" % (tp, sp, overlap))
+            run_ok(tp, trainer_args(ref, 8, d, ["-n", 5, "-sp", sp, "-tp_overlap", overlap]), program=TP)
+            finals.append(open(os.path.join(d, "model_00000005.bin"), "rb").read())
+        if tp == 2:
+            assert finals[0] == finals[1], "tp %d sp %d: -tp_overlap 1 changed the bits" % (tp, sp)
+        else:
+            a, b = (np.frombuffer(f[1024:], dtype=np.float32) for f in finals)
+            diff = float(np.abs(a - b).max())
+            assert 0 < diff <= 1e-5, "tp 4 -sp 1: final weights differ by %g with -tp_overlap (expected rounding, 0 < d <= 1e-5)" % diff
 
 
 @test
@@ -2027,7 +2064,7 @@ def grid3d_rank0_parameters(cfg, dp, pp, tp, zero):
     return -(-n // (dp * 128)) * dp * 128 if zero else n
 
 
-def grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, X=4, cp=1, allgather=False):
+def grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, X=4, cp=1, allgather=False, overlap=0):
     """rank 0's payload per group and step (README, 3D): tp collectives of a = B T C X (T = T/cp,
     the rank's tokens), 4 per layer of stage 0 and micro-batch, one for the embedding and one for
     the head when stage 0 is also the last (with -sp each one reduce-scatter plus one all-gather),
@@ -2036,11 +2073,14 @@ def grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, X=4, cp=1, allgather=F
     layers and tp's heads); (2V - 1) m messages each way over pp (a / tp with -sp) and the loss
     broadcast; the dp x cp reduction of rank 0's N parameters (twice N with -z 1: reduce-scatter
     and all-gather) and the loss average; the tied wte's Vp/tp C over the embedding group; the
-    norm's float over the world"""
+    norm's float over the world. With -sp and -tp_overlap the layers' tp collectives (4 all-gathers
+    and 4 reduce-scatters a layer) are ring steps, each sending and receiving (tp - 1)/tp a"""
     T, C, L = cfg["seq_len"] // cp, cfg["channels"], cfg["layers"]
     a, Ls, last, sp = B * T * C * X, L // pp, 1 if pp == 1 else 0, sp and tp > 1
     loss = last * m * 3 * B * T * 4
-    if sp:
+    if sp and overlap:
+        tp_bytes = 2 * m * (1 + last) * a + m * 8 * Ls * 2 * (tp - 1) * a // tp + loss + (4 * Ls + 2 * last) * C * X
+    elif sp:
         tp_bytes = 2 * m * (4 * Ls + 1 + last) * a + loss + (4 * Ls + 2 * last) * C * X
     else:
         tp_bytes = m * (4 * Ls + 1 + last) * a + loss
@@ -2063,20 +2103,23 @@ def grid3d_flags(dp, pp, tp, sp=0, sched="1f1b", V=1, zero=0, cp=1, cp_layout="z
         ["-cp", cp, "-cp_layout", cp_layout, "-cp_comm", cp_comm] if cp > 1 else [])
 
 
-def compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero, cp=1, cp_layout="zigzag", cp_comm="ring"):
+def compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero, cp=1, cp_layout="zigzag", cp_comm="ring", overlap=0):
     cfg = REF4_GPT2
     ref = reference_run(cfg)
     B = cfg["batch"] // (dp * m)
-    d = fresh_dir("grid3d_%dx%dx%dx%d_sp%d_%s_v%d_m%d_z%d_%s_%s" % (dp, pp, cp, tp, sp, sched, V, m, zero, cp_layout, cp_comm))
+    d = fresh_dir("grid3d_%dx%dx%dx%d_sp%d_%s_v%d_m%d_z%d_%s_%s_o%d" % (dp, pp, cp, tp, sp, sched, V, m, zero, cp_layout,
+                                                                     cp_comm, overlap))
     grads_path = os.path.join(d, "grads.bin")
     # step-0 gradients gathered from every rank's pieces into the whole model; after every step
     # every copy of every tensor (tp's replicated ones, the two wte, the dp x cp replicas) compared
     args = trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-check_replicas", 1]
-                        + grid3d_flags(dp, pp, tp, sp, sched, V, zero, cp, cp_layout, cp_comm), cfg=cfg)
+                        + grid3d_flags(dp, pp, tp, sp, sched, V, zero, cp, cp_layout, cp_comm) + ["-tp_overlap", overlap],
+                        cfg=cfg)
     out = run_ok(dp * pp * cp * tp, args, program=D3)
     if cp > 1:
         check_planner_matches_trainer(D3, dp * pp * cp * tp, args, out)  # (the planner's table is the trainer's)
-    expected = grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, cp=cp, allgather=cp_comm == "allgather")
+    expected = grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, cp=cp, allgather=cp_comm == "allgather",
+                                 overlap=overlap)
     check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected)
     check_grid3d_step_bytes(out, d, expected, cfg["steps"])
     for what, size in (("tp copies of the replicated tensors", tp), ("wte copies of the first and last stage", pp),
@@ -2091,12 +2134,12 @@ def compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero, cp=1, cp_la
     assert len(pairs) == pp and all(a == b for _, a, b in pairs), held.group(0)
 
 
-def make_grid3d_test(dp, pp, tp, sp, sched, V, m, zero, cp=1, cp_layout="zigzag", cp_comm="ring"):
+def make_grid3d_test(dp, pp, tp, sp, sched, V, m, zero, cp=1, cp_layout="zigzag", cp_comm="ring", overlap=0):
     def fn():
-        compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero, cp, cp_layout, cp_comm)
+        compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero, cp, cp_layout, cp_comm, overlap)
     grid = "%dx%dx%d" % (dp, pp, tp) if cp == 1 else "%dx%dx%dx%d_cp_%s_%s" % (dp, pp, cp, tp, cp_layout, cp_comm)
-    fn.__name__ = "grid3d_vs_pytorch_%s%s_%s%s_m%d%s" % (grid, "_sp" if sp else "", sched, "_v%d" % V if V > 1 else "", m,
-                                                        "_z1" if zero else "")
+    fn.__name__ = "grid3d_vs_pytorch_%s%s_%s%s_m%d%s%s" % (grid, "_sp" if sp else "", sched, "_v%d" % V if V > 1 else "", m,
+                                                          "_z1" if zero else "", "_tp_overlap" if overlap else "")
     return fn
 
 
@@ -2111,6 +2154,9 @@ for _grid in [(1, 1, 1, 0, "1f1b", 1, 1, 0), (2, 1, 1, 0, "1f1b", 1, 2, 1), (1, 
 for _grid in [(1, 1, 2, 1, "1f1b", 1, 2, 0, 2, "zigzag", "ring"), (2, 2, 1, 0, "1f1b", 1, 2, 1, 2, "contiguous", "ring"),
               (2, 1, 2, 0, "afab", 1, 1, 0, 2, "zigzag", "allgather")]:
     test(make_grid3d_test(*_grid))
+# -tp_overlap 1 inside the grid: 2x2x2 with -sp (ring steps), and with cp and no -sp (chunks)
+test(make_grid3d_test(2, 2, 2, 1, "1f1b", 1, 2, 1, overlap=1))
+test(make_grid3d_test(1, 1, 2, 0, "1f1b", 1, 2, 0, 2, "zigzag", "ring", overlap=1))
 
 
 def check_resumed_against_reference(ref, d, name, steps, last_step):
@@ -3166,18 +3212,20 @@ def cuda_test_name(kind, devices):
     return "emu", "nccl" if devices >= 2 else "host_staged"
 
 
-def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None, zero=0):
-    """the DP trainer on `ranks` ranks (-z zero); with tp_sp = 0 or 1 the TP trainer, -sp tp_sp"""
+def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None, zero=0, overlap=0):
+    """the DP trainer on `ranks` ranks (-z zero); with tp_sp = 0 or 1 the TP trainer, -sp tp_sp
+    (and -tp_overlap overlap)"""
     ref = reference_run(REF_CUDA)
     trainer = "train_gpt2_dp" if tp_sp is None else "train_gpt2_tp"
     # both trainers in one make -j2 (the second of each precision is then already built)
     programs = build(kind, precision, ["train_gpt2_dp", "train_gpt2_tp"])
     program = programs[0] if tp_sp is None else programs[1]
-    d = fresh_dir("%s_%s_%s_np%d_z%d" % (kind, precision, trainer, ranks, zero))
+    d = fresh_dir("%s_%s_%s_np%d_z%d_o%d" % (kind, precision, trainer, ranks, zero, overlap))
     grads_path = os.path.join(d, "grads.bin")
     B = REF_CUDA["batch"] // ranks if tp_sp is None else REF_CUDA["batch"]
     # (-z 3 holds no replicas to check)
-    extra = ["-z", zero] + (["-check_replicas", 1] if zero < 3 else []) if tp_sp is None else ["-sp", tp_sp, "-check_replicas", 1]
+    extra = ["-z", zero] + (["-check_replicas", 1] if zero < 3 else []) if tp_sp is None else ["-sp", tp_sp, "-check_replicas", 1,
+                                                                                            "-tp_overlap", overlap]
     out = run(program, ranks, trainer_args(ref, B, d, ["-n", REF_CUDA["steps"], "-dump_grads", grads_path] + extra, cfg=REF_CUDA), d)
     train = check_cuda_against_reference(ref, d, grads_path, precision, "%s %s %s %d ranks" % (kind, trainer, precision, ranks))
     X = 4 if precision == "FP32" else 2
@@ -3188,9 +3236,10 @@ def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None, zero=0)
         peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
         assert abs(peak - predicted) <= 0.05 * predicted, "%d bytes allocated at most, %d predicted" % (peak, predicted)
     else:  # the replicated tensors round alike on both ranks (bf16: stochastically, same bits)
-        check_tp_step_bytes(out, d, tp_step_bytes(REF_CUDA, B, 1, tp_sp, X), REF_CUDA["steps"])
+        formula = tp_step_bytes(REF_CUDA, B, 1, tp_sp, X, overlap=overlap, tp=ranks)
+        check_tp_step_bytes(out, d, formula, REF_CUDA["steps"])
         assert "step %d: replicated tensors identical" % REF_CUDA["steps"] in out, out[-2000:]
-        expected = sum(tp_step_bytes(REF_CUDA, B, 1, tp_sp, X).values())
+        expected = sum(formula.values())
     assert train[1]["comm_bytes"] == expected, "moved %d bytes, expected %d" % (train[1]["comm_bytes"], expected)
 
 
@@ -3412,11 +3461,12 @@ for _zero, _precision in ((1, "BF16"), (2, "FP32"), (3, "BF16")):
     test(make_cuda_zero_test("cuda", _precision, None, _zero))
 
 
-def make_cuda_tp_test(kind, precision, devices, sp):
+def make_cuda_tp_test(kind, precision, devices, sp, overlap=0):
     def fn():
-        compare_cuda_with_reference(kind, precision, 2, cuda_runner(kind, devices), tp_sp=sp)
+        compare_cuda_with_reference(kind, precision, 2, cuda_runner(kind, devices), tp_sp=sp, overlap=overlap)
     prefix, path = cuda_test_name(kind, devices)
-    fn.__name__ = "%s_tp_vs_pytorch_%s_tp2%s_%s" % (prefix, precision.lower(), "_sp" if sp else "", path)
+    fn.__name__ = "%s_tp_vs_pytorch_%s_tp2%s%s_%s" % (prefix, precision.lower(), "_sp" if sp else "",
+                                                      "_overlap" if overlap else "", path)
     return fn
 
 
@@ -3426,6 +3476,11 @@ for _precision, _devices in (("FP32", 2), ("BF16", 1)):
         test(make_cuda_tp_test("emu", _precision, _devices, _sp))
 for _precision, _sp in (("FP32", 0), ("BF16", 1)):
     test(make_cuda_tp_test("cuda", _precision, None, _sp))
+# -tp_overlap 1: the ring steps through NCCL's grouped send/recv on the comm stream (fp32, tight)
+# and through the host-staged path (bf16); the chunked all-reduce without -sp
+for _kind, _precision, _devices, _sp in (("emu", "FP32", 2, 1), ("emu", "BF16", 1, 1), ("emu", "FP32", 2, 0),
+                                         ("cuda", "BF16", None, 1)):
+    test(make_cuda_tp_test(_kind, _precision, _devices, _sp, overlap=1))
 
 
 def make_cuda_grid3d_test(kind, precision, devices, dp, pp, cp, tp, sp, m, zero):
