@@ -69,6 +69,9 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 // of this chapter; the 3D trainer runs the same). BTs is the number of tokens of the residual
 // stream on this rank: B*T, or B*T/tp with -sp.
 
+// -tp_timeline: armed for the micro-batch whose layer 0 is recorded (tensor_parallel.h)
+static int timeline_armed = 0;
+
 static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int B, int T) {
     GPT2Config c = model->config;
     LayerDims d = model->dims;
@@ -100,7 +103,9 @@ static void gpt2_forward(GPT2* model, CommGroup* tp, const int* inputs_host, int
         // rank's tokens of its ln1 written just below, into x.ln1 (B, T, C). It returns the MLP's
         // output after g: x.fcproj (all-reduced in place), or with -sp scratch `reduced`, this
         // rank's (BTs, C) tokens of it
+        tp_timeline_record(timeline_armed && l == 0, 1);
         floatX* fcproj = tp_layer_forward(model, tp, /*cp*/ NULL, x, gpt2_layer_params(model, l), residual, B, T, 0);
+        tp_timeline_record(0, 1);
         // residual3 = residual2 + fcproj, fused with the next LayerNorm (ln1 of l+1, or lnf);
         // with -sp the LayerNorm's output goes to ln_shard, for the next layer to gather
         if (l + 1 < L) {
@@ -143,7 +148,9 @@ static void gpt2_backward(GPT2* model, CommGroup* tp, const int* inputs_host, in
         LayerActs x = layer_acts(a, d, B, T, l);
         floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
         // f and g's backwards around each half (llmc/tensor_parallel.h); -r recomputes first
+        tp_timeline_record(timeline_armed && l == 0, 0);
         tp_layer_backward(model, tp, /*cp*/ NULL, x, w, gw, a->kept, residual, a->dresidual, B, T, 0);
+        tp_timeline_record(0, 0);
     }
     // g's backward at the embedding: the identity, or with -sp (its forward a reduce-scatter)
     // the all-gather of dresidual to (B, T, C). Tokens of this rank's vocabulary scatter into its
@@ -237,6 +244,17 @@ static void print_layout(const Run* run, const GPT2* model, int accum) {
         printf("  (-r 2: + L B T C X per micro-batch %s, for the forward rerun before each layer's backward)\n",
                sp ? "reduce-scattered and 2 L B T C X all-gathered" : "all-reduced");
     }
+    if (d.tp_overlap && sp) {
+        // the layers' collectives as ring steps: each sends and receives tp - 1 blocks of B T/tp C X
+        double ring = accum * (8 * L + 3 * L * rerun) * BT * c.channels * X * (ranks - 1) / ranks;
+        printf("  -tp_overlap 1: the layers' %.0f all-gathers and reduce-scatters per micro-batch are tp - 1 ring steps\n"
+               "  each under their GEMMs; of the above, all but the head's 2 B T C X of each kind go as\n"
+               "  send %12.0f bytes  and as many received: (8L%s) B T C X (tp-1)/tp, what the ring collectives send\n",
+               8 * L + 3 * L * rerun, ring, rerun ? " + 3L" : "");
+    } else if (d.tp_overlap) {
+        printf("  -tp_overlap 1: each row-parallel GEMM's all-reduce in %d chunks of tokens, each posted when its rows\n"
+               "  are done: the same bytes\n", TP_OVERLAP_CHUNKS);
+    }
 }
 
 int main(int argc, char** argv) {
@@ -244,11 +262,12 @@ int main(int argc, char** argv) {
     // communication layer and the model's config (llmc/run.h)
     Run run;
     const char* dump_grads = NULL;
-    int tp_flag = 0, sp = 0, tp_overlap = 0, check_replicas = 0;
+    int tp_flag = 0, sp = 0, tp_overlap = 0, timeline_step = 0, check_replicas = 0;
     const ArgSpec own[] = {
         {"-tp", ARG_INT, &tp_flag, 0, ARG_NO_MAX, "tensor-parallel ranks; all ranks form one group, so it must equal the number of ranks (0: the number of ranks)"},
         {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism, the LayerNorm and residual regions split along the tokens (T must divide by tp)"},
         {"-tp_overlap", ARG_INT, &tp_overlap, 0, 1, "1: each collective in tp - 1 ring steps under its GEMM's blocks (-sp), or the all-reduce in chunks under the GEMM (no -sp)"},
+        {"-tp_timeline", ARG_INT, &timeline_step, 0, ARG_NO_MAX, "at step S record layer 0's forward and backward (each GEMM block, each exchange) into tp_timeline_RANK.jsonl in -o (CPU backend; 0: never)"},
         {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all ranks hold the same replicated tensors (LayerNorms, row-parallel biases, wpe) (0: never)"},
     };
@@ -263,6 +282,9 @@ int main(int argc, char** argv) {
     LayerDims dims = tp_layer_dims(config, ranks, sp, run.args.T, "ranks");
     sp = dims.seq_shards > 1;  // -sp 1 on one rank: nothing to split, so the run goes on without
     dims.tp_overlap = tp_overlap;
+    check_every_rank(timeline_step == 0 || (strcmp(BACKEND_NAME, "cpu") == 0 && run.args.out_dir != NULL),
+                     "-tp_timeline %d: the timeline is host-timed, so it is the CPU backend's, and it is written into -o "
+                     "(give an output directory)", timeline_step);
     // the batch: all ranks work on the same B x T tokens, `accum` micro-batches per step
     int B = run.args.B, T = run.args.T, accum = train_accumulation_steps(&run.args, /*readers*/ 1, NULL);
 
@@ -309,6 +331,7 @@ int main(int argc, char** argv) {
         for (int micro = 0; micro < accum; micro++) {
             watchdog_beat();
             dataloader_load_chunk(&run.train, micro, config.vocab_size);
+            timeline_armed = step + 1 == timeline_step && micro == 0;
             gpt2_forward(&model, tp, run.train.inputs, B, T);
             // the vocabulary-parallel loss (llmc/tensor_parallel.h) on this rank's (B, T, Vp/tp)
             // logits: all-reduces of each row's max, (B, T), and of its sum of exponentials with
@@ -347,6 +370,11 @@ int main(int argc, char** argv) {
         // the step line and main.log (llmc/run.h); the bytes of each collective equal the formula
         // printed at the start
         run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
+        if (step + 1 == timeline_step) {
+            char path[4096];
+            snprintf(path, sizeof(path), "%s/tp_timeline_%d.jsonl", run.args.out_dir, rank);
+            tp_timeline_write(path);
+        }
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
             train_check_replicas(&model, tp, step + 1, NULL, ranks > 1 ? "replicated tensors" : "replicas");
         }

@@ -49,19 +49,71 @@ static inline floatX* gather_tokens(CommGroup* tp, floatX* shard, floatX* whole,
 // One GEMM of a half, on a block of rows: forward, out (rows, OC) = in (rows, IC) W^T + b; or the
 // backward's input gradient, out (rows, IC) = in (rows, OC) W
 typedef struct {
+    const char* name;  // what it computes, for -tp_timeline
     int backward;
     const floatX* w;
     const floatX* b;  // forward only (NULL: none)
     int IC, OC;
 } TpGemm;
 
-static inline TpGemm tp_gemm(const floatX* w, const floatX* b, int IC, int OC) { TpGemm g = {0, w, b, IC, OC}; return g; }
-static inline TpGemm tp_gemm_backward(const floatX* w, int IC, int OC) { TpGemm g = {1, w, NULL, IC, OC}; return g; }
+static inline TpGemm tp_gemm(const char* name, const floatX* w, const floatX* b, int IC, int OC) {
+    TpGemm g = {name, 0, w, b, IC, OC};
+    return g;
+}
+static inline TpGemm tp_gemm_backward(const char* name, const floatX* w, int IC, int OC) {
+    TpGemm g = {name, 1, w, NULL, IC, OC};
+    return g;
+}
+
+// -tp_timeline (train_gpt2_tp, CPU backend): one layer's forward and backward on this rank as
+// host-timed spans, each GEMM block and each exchange or collective from its post to its
+// completion, which dev/plot_tp_timeline.py draws. (On the CPU the host's times are the work's.)
+typedef struct {
+    const char* what;
+    int comm;            // 1: communication, 0: a GEMM
+    int backward;        // 0: in the layer's forward, 1: in its backward
+    double start, end;   // seconds since the layer's forward (backward) began
+} TpSpan;
+#define TP_TIMELINE_SPANS 512
+typedef struct {
+    int recording, backward;
+    double origin;
+    int n;
+    TpSpan spans[TP_TIMELINE_SPANS];
+} TpTimeline;
+static TpTimeline tp_timeline;
+static inline double tp_span_start(void) { return tp_timeline.recording ? wall_time_s() : 0.0; }
+// the trainer records a layer: armed for this micro-batch, its forward (the spans start anew)
+// and later its backward, each timed from its own start
+static inline void tp_timeline_record(int armed, int forward) {
+    if (armed && forward) tp_timeline.n = 0;
+    if (armed) tp_timeline.origin = wall_time_s(), tp_timeline.backward = !forward;
+    tp_timeline.recording = armed;
+}
+// the spans as JSON lines: {"what", "comm", "backward", "start_ms", "end_ms"}
+static inline void tp_timeline_write(const char* path) {
+    char tmp[4200];
+    FILE* f = fopen_temp(path, tmp, sizeof(tmp));
+    for (int i = 0; i < tp_timeline.n; i++) {
+        const TpSpan* s = &tp_timeline.spans[i];
+        fprintf(f, "{\"what\": \"%s\", \"comm\": %d, \"backward\": %d, \"start_ms\": %.4f, \"end_ms\": %.4f}\n",
+                s->what, s->comm, s->backward, s->start * 1e3, s->end * 1e3);
+    }
+    file_commit(f, tmp, path);
+}
+static inline void tp_span(const char* what, int comm, double start) {
+    if (!tp_timeline.recording || tp_timeline.n == TP_TIMELINE_SPANS) return;
+    TpSpan* s = &tp_timeline.spans[tp_timeline.n++];
+    s->what = what, s->comm = comm, s->backward = tp_timeline.backward;
+    s->start = start - tp_timeline.origin, s->end = wall_time_s() - tp_timeline.origin;
+}
 static inline int tp_gemm_in(TpGemm g) { return g.backward ? g.OC : g.IC; }
 static inline int tp_gemm_out(TpGemm g) { return g.backward ? g.IC : g.OC; }
 static inline void tp_gemm_rows(TpGemm g, floatX* out, const floatX* in, size_t rows) {
+    double start = tp_span_start();
     if (g.backward) matmul_backward_input(out, in, g.w, (int)rows, g.IC, g.OC);
     else matmul_forward(out, in, g.w, g.b, (int)rows, g.IC, g.OC);
+    tp_span(g.name, 0, start);
 }
 
 // All-gather + GEMM (with -sp, before a column-parallel GEMM: f's forward, g's backward). shard
@@ -80,6 +132,7 @@ static inline void tp_gather_gemm(CommGroup* tp, TpGemm g, floatX* out, floatX* 
         int block = (r - s + n) % n;  // rank r - s's tokens, which arrived at the last step
         CommRequest next;
         memset(&next, 0, sizeof(next));  // (none posted at the last step: comm_wait returns)
+        double posted = tp_span_start();
         if (s < n - 1) {
             // send: the block (B T/tp, in) on to rank r + 1; receive: rank r - s - 1's from rank r - 1
             CommMessage msgs[2] = {comm_message(whole + block * rows * in, rows * in, (r + 1) % n, 1),
@@ -88,6 +141,7 @@ static inline void tp_gather_gemm(CommGroup* tp, TpGemm g, floatX* out, floatX* 
         }
         tp_gemm_rows(g, out + block * rows * out_w, whole + block * rows * in, rows);  // under the exchange
         comm_wait(&next);
+        if (s < n - 1) tp_span("ring step (gather)", 1, posted);
     }
 }
 
@@ -109,16 +163,21 @@ static inline void tp_gemm_scatter(CommGroup* tp, TpGemm g, floatX* out, const f
     floatX *sums[2] = {scratch, scratch + 2 * block_size}, *received = scratch + block_size;
     CommRequest prev;
     memset(&prev, 0, sizeof(prev));
+    double posted = 0.0;
     for (int s = 0; s < n; s++) {
         int block = (r - s - 1 + n) % n;
         floatX* sum = s == n - 1 ? out : sums[s % 2];  // (the buffer sent two steps ago: its send is done)
         tp_gemm_rows(g, sum, in + block * rows * in_w, rows);  // this rank's partial, under the last exchange
         comm_wait(&prev);  // the sum of this block so far, from rank r - 1 (nothing at step 0)
-        if (s > 0) residual_forward(sum, sum, received, rows, (int)out_w);
+        if (s > 0) {
+            tp_span("ring step (scatter)", 1, posted);
+            residual_forward(sum, sum, received, rows, (int)out_w);
+        }
         if (s < n - 1) {
             // send: the block's running sum (B T/tp, out) on to rank r + 1; receive: the next block's from rank r - 1
             CommMessage msgs[2] = {comm_message(sum, block_size, (r + 1) % n, 1),
                                    comm_message(received, block_size, (r + n - 1) % n, 0)};
+            posted = tp_span_start();
             comm_exchange_start(tp, msgs, 2, COMM_FLOATX, &prev);
         }
     }
@@ -133,14 +192,19 @@ static inline void tp_gemm_scatter(CommGroup* tp, TpGemm g, floatX* out, const f
 static inline void tp_gemm_all_reduce(CommGroup* tp, TpGemm g, floatX* out, const floatX* in, size_t BT) {
     size_t in_w = (size_t)tp_gemm_in(g), out_w = (size_t)tp_gemm_out(g);
     CommRequest chunk[TP_OVERLAP_CHUNKS];
+    double posted[TP_OVERLAP_CHUNKS];
     for (int i = 0; i < TP_OVERLAP_CHUNKS; i++) {
         size_t first = BT * i / TP_OVERLAP_CHUNKS, rows = BT * (i + 1) / TP_OVERLAP_CHUNKS - first;
         tp_gemm_rows(g, out + first * out_w, in + first * in_w, rows);
         // all-reduce SUM of this chunk (rows, out), posted: it travels under the next chunk's GEMM
+        posted[i] = tp_span_start();
         comm_all_reduce_start(tp, out + first * out_w, rows * out_w, COMM_FLOATX, COMM_SUM, &chunk[i]);
         comm_progress(tp);
     }
-    for (int i = 0; i < TP_OVERLAP_CHUNKS; i++) comm_wait(&chunk[i]);
+    for (int i = 0; i < TP_OVERLAP_CHUNKS; i++) {
+        comm_wait(&chunk[i]);
+        tp_span("all-reduce (a chunk)", 1, posted[i]);
+    }
 }
 
 // A row-parallel GEMM and the sum after it, as the layer calls it: with -tp_overlap, decomposed
@@ -151,7 +215,10 @@ static inline floatX* tp_row_parallel(CommGroup* tp, LayerDims d, TpGemm g, floa
     int sp = d.seq_shards > 1;
     if (tp == NULL || !d.tp_overlap) {
         tp_gemm_rows(g, out, in, BT);
-        return sum_over_ranks(tp, out, reduced, BT, tp_gemm_out(g), sp);
+        double start = tp_span_start();
+        floatX* sum = sum_over_ranks(tp, out, reduced, BT, tp_gemm_out(g), sp);
+        if (tp) tp_span(sp ? "reduce-scatter" : "all-reduce", 1, start);
+        return sum;
     }
     if (sp) {
         tp_gemm_scatter(tp, g, reduced, in, scratch, BT);
@@ -170,7 +237,9 @@ static inline void tp_column_parallel(CommGroup* tp, LayerDims d, TpGemm g, floa
         tp_gather_gemm(tp, g, out, whole, shard, BT);
         return;
     }
+    double start = tp_span_start();
     const floatX* in = gather_tokens(tp, (floatX*)shard, whole, BT, tp_gemm_in(g), sp);
+    if (tp && sp) tp_span("all-gather", 1, start);
     tp_gemm_rows(g, out, in, BT);
 }
 
@@ -265,7 +334,7 @@ static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, ContextParall
     floatX* ln1_mine = sp ? scratch->ln_shard : x.ln1;  // what this rank's LayerNorm wrote
     LayerWeights slices = w;
     if (tp) slices.attprojb = slices.fcprojb = NULL;  // (row-parallel biases: added once, after the sum)
-    tp_column_parallel(tp, d, tp_gemm(w.qkvw, w.qkvb, C, d.qkv), x.qkv, x.ln1, ln1_mine, BT);
+    tp_column_parallel(tp, d, tp_gemm("qkv", w.qkvw, w.qkvb, C, d.qkv), x.qkv, x.ln1, ln1_mine, BT);
     // attention on this rank's heads (with cp the queries attend to the whole sequence: the ring,
     // or the all-gather, of K,V over cp)
     if (cp) cp_attention_forward(cp, x.atty, (float*)x.att_state, x.qkv, B, T, d.att, d.NH);
@@ -275,7 +344,7 @@ static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, ContextParall
     // added once, after the sum, not per rank (the backward pass needs no such care: a bias
     // gradient sums dout over all tokens, which every rank holds whole, so it comes out whole and
     // equal on every rank)
-    floatX* attproj = tp_row_parallel(tp, d, tp_gemm(slices.attprojw, slices.attprojb, d.att, C), x.attproj, x.atty,
+    floatX* attproj = tp_row_parallel(tp, d, tp_gemm("attproj", slices.attprojw, slices.attprojb, d.att, C), x.attproj, x.atty,
                                       scratch->reduced, scratch->dbuf, BT);
     if (tp) bias_add(attproj, w.attprojb, BTs, C);
     // replicated (or with -sp, this rank's tokens): residual2 = residual + attproj, then ln2
@@ -284,11 +353,11 @@ static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, ContextParall
                                      BTs, C);
     // f before the column-parallel fc (identity, or with -sp the all-gather of ln2 to (B, T, C)),
     // fch (B, T, 4C/tp) on this rank's columns, GELU
-    tp_column_parallel(tp, d, tp_gemm(w.fcw, w.fcb, C, d.fc), x.fch, x.ln2, ln2_mine, BT);
+    tp_column_parallel(tp, d, tp_gemm("fc", w.fcw, w.fcb, C, d.fc), x.fch, x.ln2, ln2_mine, BT);
     gelu_forward(x.fch_gelu, x.fch, BT * d.fc);
     if (rerun) return NULL;  // the sum of fcproj is not repeated: only residual3 needed it, and it was kept
     // the row-parallel fcproj: a partial sum (B, T, C) again, and g after it
-    floatX* fcproj = tp_row_parallel(tp, d, tp_gemm(slices.fcprojw, slices.fcprojb, d.fc, C), x.fcproj, x.fch_gelu,
+    floatX* fcproj = tp_row_parallel(tp, d, tp_gemm("fcproj", slices.fcprojw, slices.fcprojb, d.fc, C), x.fcproj, x.fch_gelu,
                                      scratch->reduced, scratch->dbuf, BT);
     if (tp) bias_add(fcproj, w.fcprojb, BTs, C);
     return fcproj;
@@ -336,7 +405,7 @@ static inline void tp_layer_backward(GPT2* model, CommGroup* tp, ContextParallel
     // output, dfch (B, T, 4C/tp) = dout Wfcproj, this rank's columns (with -tp_overlap the two
     // decomposed, as in the forward)
     floatX* dout = sp ? scratch->dgathered : dresidual;
-    tp_column_parallel(tp, d, tp_gemm_backward(w.fcprojw, d.fc, C), scratch->dfch, dout, dresidual, BT);
+    tp_column_parallel(tp, d, tp_gemm_backward("d fch", w.fcprojw, d.fc, C), scratch->dfch, dout, dresidual, BT);
     gelu_backward(scratch->dfch, x.fch, scratch->dfch, BT * d.fc);
     if (split) {  // kept for W: the gradients at fcproj and fch
         copy_device_to_device(x.fcproj, dout, BT * C * X);
@@ -346,12 +415,12 @@ static inline void tp_layer_backward(GPT2* model, CommGroup* tp, ContextParallel
     }
     // this rank's partial dln2 (B, T, C) = dfch Wfc, and f's backward after it: all-reduce; with
     // -sp reduce-scatter (with -tp_overlap in pieces under the GEMM)
-    floatX* dln2 = tp_row_parallel(tp, d, tp_gemm_backward(w.fcw, C, d.fc), scratch->dbuf, scratch->dfch, scratch->reduced,
+    floatX* dln2 = tp_row_parallel(tp, d, tp_gemm_backward("d ln2", w.fcw, C, d.fc), scratch->dbuf, scratch->dfch, scratch->reduced,
                                    scratch->dbuf, BT);
     layernorm_backward(dresidual, gw.ln2w, gw.ln2b, dln2, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd, BTs, C);
     // g's backward at attproj (identity, or with -sp all-gather of dresidual to (B, T, C)) and
     // the gradient at the attention output, datty (B, T, C/tp) = dout Wattproj, in dbuf
-    tp_column_parallel(tp, d, tp_gemm_backward(w.attprojw, d.att, C), scratch->dbuf, dout, dresidual, BT);
+    tp_column_parallel(tp, d, tp_gemm_backward("d atty", w.attprojw, d.att, C), scratch->dbuf, dout, dresidual, BT);
     if (cp) cp_attention_backward(cp, scratch->dqkv, scratch->dbuf, x.atty, (const float*)x.att_state, x.qkv, B, T, d.att, d.NH);
     else attention_backward(scratch->dqkv, scratch->dbuf, x.qkv, x.atty, x.att_state, B, T, d.att, d.NH);
     if (split) {  // kept for W: the gradients at attproj and qkv
@@ -362,7 +431,7 @@ static inline void tp_layer_backward(GPT2* model, CommGroup* tp, ContextParallel
     }
     // this rank's partial dln1 (B, T, C) = dqkv Wqkv (datty in dbuf is used up), and f's
     // backward at ln1: all-reduce; with -sp reduce-scatter
-    floatX* dln1 = tp_row_parallel(tp, d, tp_gemm_backward(w.qkvw, C, d.qkv), scratch->dbuf, scratch->dqkv, scratch->reduced,
+    floatX* dln1 = tp_row_parallel(tp, d, tp_gemm_backward("d ln1", w.qkvw, C, d.qkv), scratch->dbuf, scratch->dqkv, scratch->reduced,
                                    scratch->dbuf, BT);
     layernorm_backward(dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, x.ln1_mean, x.ln1_rstd, BTs, C);
 }

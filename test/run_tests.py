@@ -1408,11 +1408,14 @@ def samples_by_step(out):
     return dict((int(k), v) for k, v in re.findall(r"---- sample at step (\d+) ----\n(.*?)\n----------------", out, re.S))
 
 
-TIMING = ("ms", "recompute_ms", "tokens_per_s", "mfu_percent", "comm_ms", "exposed_ms")
+# (memory_peak too: a resumed run's allocations so far include reading its checkpoint, not the
+# steps before it, so the two high-water marks may differ by a buffer)
+TIMING = ("ms", "recompute_ms", "tokens_per_s", "mfu_percent", "comm_ms", "exposed_ms", "memory_peak")
 
 
 def log_without_timing(d):
-    """main.log's records without the timings, the only fields a resume may change"""
+    """main.log's records without the timings (and the memory high-water mark so far), the only
+    fields a resume may change"""
     with open(os.path.join(d, "main.log")) as f:
         return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in f]
 
@@ -2717,7 +2720,8 @@ def memory_planner_refuses_bad_layouts_and_says_whether_it_fits():
              (["-e", "d12", "-pp", 2, "-stage", 2], "-stage 2: the pipeline has stages 0..1"),
              (["-e", "d12", "-tp", 2, "-offload", 1], "-offload 1 is train_gpt2_dp's"),
              (["-e", "d12", "-t", 2048], "-t 2048 is longer than the model's maximum sequence length 1024"),
-             (["-e", "12/768"], "cannot open file '12/768'"),
+             (["-e", "12/768"], "-e 12/768: expected a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25) or a "
+                                "model file, and no file has that name"),
              (["-e", "d0"], "-e 'd0' is neither a model file nor a descriptor")]
     for flags, message in cases:
         code, out = planner(*flags)
