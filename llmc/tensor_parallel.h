@@ -157,75 +157,102 @@ static inline void tp_gather_gemm(CommGroup* tp, TpGemm g, floatX* out, floatX* 
 // rank r+1's part first and its owner's last: another order than the collective's (MPI's or
 // NCCL's algorithm), so the bits differ from -tp_overlap 0 by fp32 rounding (at tp = 2 both add
 // the two parts, and a + b = b + a: the same bits). scratch: 3 blocks of (BT/tp, out) (2 at tp = 2)
-static inline void tp_gemm_scatter(CommGroup* tp, TpGemm g, floatX* out, const floatX* in, floatX* scratch, size_t BT) {
+#define TP_OVERLAP_CHUNKS 4  // (without -sp: the all-reduce's pieces, tp_gemm_all_reduce)
+
+// What a decomposed row-parallel collective leaves in flight once its GEMMs are done: the ring's
+// last step (the sum of this rank's block still arriving, to add to its own part) or the chunks'
+// all-reduces. tp_pending_finish waits for them; between the two the caller runs work that does
+// not read the sum (the backward's weight gradients), under the last exchange.
+typedef struct {
+    int n;                                     // requests in flight
+    CommRequest requests[TP_OVERLAP_CHUNKS];   // (posted in place: the comm layer tracks them by address)
+    double posted[TP_OVERLAP_CHUNKS];
+    const char* what;
+    floatX* sum;                               // ring: sum += received, once it has arrived
+    const floatX* received;
+    size_t rows;
+    int out_w;
+} TpPending;
+
+static inline void tp_pending_finish(TpPending* p) {
+    for (int i = 0; i < p->n; i++) {
+        comm_wait(&p->requests[i]);
+        tp_span(p->what, 1, p->posted[i]);
+    }
+    if (p->sum) residual_forward(p->sum, p->sum, p->received, (int)p->rows, p->out_w);
+    p->n = 0, p->sum = NULL;
+}
+
+static inline void tp_gemm_scatter(CommGroup* tp, TpGemm g, floatX* out, const floatX* in, floatX* scratch, size_t BT,
+                                   TpPending* p) {
     int n = tp->size, r = tp->rank;
     size_t rows = BT / n, in_w = (size_t)tp_gemm_in(g), out_w = (size_t)tp_gemm_out(g), block_size = rows * out_w;
     floatX *sums[2] = {scratch, scratch + 2 * block_size}, *received = scratch + block_size;
-    CommRequest prev;
-    memset(&prev, 0, sizeof(prev));
-    double posted = 0.0;
+    CommRequest* prev = &p->requests[0];  // the exchange in flight
+    memset(p, 0, sizeof(*p));
+    p->what = "ring step (scatter)";
     for (int s = 0; s < n; s++) {
         int block = (r - s - 1 + n) % n;
         floatX* sum = s == n - 1 ? out : sums[s % 2];  // (the buffer sent two steps ago: its send is done)
         tp_gemm_rows(g, sum, in + block * rows * in_w, rows);  // this rank's partial, under the last exchange
-        comm_wait(&prev);  // the sum of this block so far, from rank r - 1 (nothing at step 0)
-        if (s > 0) {
-            tp_span("ring step (scatter)", 1, posted);
-            residual_forward(sum, sum, received, rows, (int)out_w);
-        }
-        if (s < n - 1) {
-            // send: the block's running sum (B T/tp, out) on to rank r + 1; receive: the next block's from rank r - 1
-            CommMessage msgs[2] = {comm_message(sum, block_size, (r + 1) % n, 1),
-                                   comm_message(received, block_size, (r + n - 1) % n, 0)};
-            posted = tp_span_start();
-            comm_exchange_start(tp, msgs, 2, COMM_FLOATX, &prev);
-        }
+        if (s == n - 1) break;  // the sum of its own block is still arriving: tp_pending_finish adds it
+        tp_pending_finish(p);  // the sum of this block so far, from rank r - 1 (nothing at step 0)
+        if (s > 0) residual_forward(sum, sum, received, (int)rows, (int)out_w);
+        // send: the block's running sum (B T/tp, out) on to rank r + 1; receive: the next block's from rank r - 1
+        CommMessage msgs[2] = {comm_message(sum, block_size, (r + 1) % n, 1),
+                               comm_message(received, block_size, (r + n - 1) % n, 0)};
+        p->posted[0] = tp_span_start();
+        comm_exchange_start(tp, msgs, 2, COMM_FLOATX, prev);
+        p->n = 1;
     }
+    if (p->n) p->sum = out, p->received = received, p->rows = rows, p->out_w = (int)out_w;
 }
 
 // GEMM + all-reduce (without -sp, after a row-parallel GEMM: g's forward, f's backward): the rows
 // in TP_OVERLAP_CHUNKS chunks of tokens, each chunk's all-reduce posted as soon as its GEMM is
-// done, so that it travels under the next chunk's GEMM. out (BT, out) = the sum over ranks of
-// GEMM(in). Every element is summed by the same collective as without overlap: the same bits when
-// the collective's order does not depend on the message size.
-#define TP_OVERLAP_CHUNKS 4
-static inline void tp_gemm_all_reduce(CommGroup* tp, TpGemm g, floatX* out, const floatX* in, size_t BT) {
+// done, so that it travels under the next chunk's GEMM (and the last under what the caller does
+// before tp_pending_finish). out (BT, out) = the sum over ranks of GEMM(in). Every element is
+// summed by the same collective as without overlap: the same bits when the collective's order
+// does not depend on the message size.
+static inline void tp_gemm_all_reduce(CommGroup* tp, TpGemm g, floatX* out, const floatX* in, size_t BT, TpPending* p) {
     size_t in_w = (size_t)tp_gemm_in(g), out_w = (size_t)tp_gemm_out(g);
-    CommRequest chunk[TP_OVERLAP_CHUNKS];
-    double posted[TP_OVERLAP_CHUNKS];
+    memset(p, 0, sizeof(*p));
+    p->what = "all-reduce (a chunk)";
     for (int i = 0; i < TP_OVERLAP_CHUNKS; i++) {
         size_t first = BT * i / TP_OVERLAP_CHUNKS, rows = BT * (i + 1) / TP_OVERLAP_CHUNKS - first;
         tp_gemm_rows(g, out + first * out_w, in + first * in_w, rows);
         // all-reduce SUM of this chunk (rows, out), posted: it travels under the next chunk's GEMM
-        posted[i] = tp_span_start();
-        comm_all_reduce_start(tp, out + first * out_w, rows * out_w, COMM_FLOATX, COMM_SUM, &chunk[i]);
+        p->posted[i] = tp_span_start();
+        comm_all_reduce_start(tp, out + first * out_w, rows * out_w, COMM_FLOATX, COMM_SUM, &p->requests[i]);
+        p->n = i + 1;
         comm_progress(tp);
-    }
-    for (int i = 0; i < TP_OVERLAP_CHUNKS; i++) {
-        comm_wait(&chunk[i]);
-        tp_span("all-reduce (a chunk)", 1, posted[i]);
     }
 }
 
 // A row-parallel GEMM and the sum after it, as the layer calls it: with -tp_overlap, decomposed
 // (reduce-scatter with -sp into `reduced`, all-reduce without in place); else the GEMM, then the
-// collective (sum_over_ranks). Returns where the sum is.
+// collective (sum_over_ranks). Returns where the sum will be; with pending non-NULL the last of a
+// decomposed collective may still be in flight (tp_pending_finish), else it is complete.
 static inline floatX* tp_row_parallel(CommGroup* tp, LayerDims d, TpGemm g, floatX* out, const floatX* in,
-                                      floatX* reduced, floatX* scratch, size_t BT) {
+                                      floatX* reduced, floatX* scratch, size_t BT, TpPending* pending) {
     int sp = d.seq_shards > 1;
+    TpPending mine;
+    TpPending* p = pending ? pending : &mine;
+    memset(p, 0, sizeof(*p));
+    floatX* sum = out;
     if (tp == NULL || !d.tp_overlap) {
         tp_gemm_rows(g, out, in, BT);
         double start = tp_span_start();
-        floatX* sum = sum_over_ranks(tp, out, reduced, BT, tp_gemm_out(g), sp);
+        sum = sum_over_ranks(tp, out, reduced, BT, tp_gemm_out(g), sp);
         if (tp) tp_span(sp ? "reduce-scatter" : "all-reduce", 1, start);
-        return sum;
+    } else if (sp) {
+        tp_gemm_scatter(tp, g, reduced, in, scratch, BT, p);
+        sum = reduced;
+    } else {
+        tp_gemm_all_reduce(tp, g, out, in, BT, p);
     }
-    if (sp) {
-        tp_gemm_scatter(tp, g, reduced, in, scratch, BT);
-        return reduced;
-    }
-    tp_gemm_all_reduce(tp, g, out, in, BT);
-    return out;
+    if (!pending) tp_pending_finish(p);
+    return sum;
 }
 
 // A column-parallel GEMM and the gather before it: with -sp and -tp_overlap, decomposed; else the
@@ -345,7 +372,7 @@ static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, ContextParall
     // gradient sums dout over all tokens, which every rank holds whole, so it comes out whole and
     // equal on every rank)
     floatX* attproj = tp_row_parallel(tp, d, tp_gemm("attproj", slices.attprojw, slices.attprojb, d.att, C), x.attproj, x.atty,
-                                      scratch->reduced, scratch->dbuf, BT);
+                                      scratch->reduced, scratch->dbuf, BT, NULL);
     if (tp) bias_add(attproj, w.attprojb, BTs, C);
     // replicated (or with -sp, this rank's tokens): residual2 = residual + attproj, then ln2
     floatX* ln2_mine = sp ? scratch->ln_shard : x.ln2;
@@ -358,7 +385,7 @@ static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, ContextParall
     if (rerun) return NULL;  // the sum of fcproj is not repeated: only residual3 needed it, and it was kept
     // the row-parallel fcproj: a partial sum (B, T, C) again, and g after it
     floatX* fcproj = tp_row_parallel(tp, d, tp_gemm("fcproj", slices.fcprojw, slices.fcprojb, d.fc, C), x.fcproj, x.fch_gelu,
-                                     scratch->reduced, scratch->dbuf, BT);
+                                     scratch->reduced, scratch->dbuf, BT, NULL);
     if (tp) bias_add(fcproj, w.fcprojb, BTs, C);
     return fcproj;
 }
@@ -407,32 +434,37 @@ static inline void tp_layer_backward(GPT2* model, CommGroup* tp, ContextParallel
     floatX* dout = sp ? scratch->dgathered : dresidual;
     tp_column_parallel(tp, d, tp_gemm_backward("d fch", w.fcprojw, d.fc, C), scratch->dfch, dout, dresidual, BT);
     gelu_backward(scratch->dfch, x.fch, scratch->dfch, BT * d.fc);
+    // this rank's partial dln2 (B, T, C) = dfch Wfc, and f's backward after it: all-reduce; with
+    // -sp reduce-scatter (with -tp_overlap in pieces under the GEMM, the last of them in flight
+    // while the MLP's weight gradients, which read neither, are computed)
+    TpPending in_flight;
+    floatX* dln2 = tp_row_parallel(tp, d, tp_gemm_backward("d ln2", w.fcw, C, d.fc), scratch->dbuf, scratch->dfch,
+                                   scratch->reduced, scratch->dbuf, BT, &in_flight);
     if (split) {  // kept for W: the gradients at fcproj and fch
         copy_device_to_device(x.fcproj, dout, BT * C * X);
         copy_device_to_device(x.fch, scratch->dfch, BT * d.fc * X);
     } else {
         mlp_half_backward_weight(gw, scratch->dfch, dout, x, B, T, d);
     }
-    // this rank's partial dln2 (B, T, C) = dfch Wfc, and f's backward after it: all-reduce; with
-    // -sp reduce-scatter (with -tp_overlap in pieces under the GEMM)
-    floatX* dln2 = tp_row_parallel(tp, d, tp_gemm_backward("d ln2", w.fcw, C, d.fc), scratch->dbuf, scratch->dfch, scratch->reduced,
-                                   scratch->dbuf, BT);
+    tp_pending_finish(&in_flight);
     layernorm_backward(dresidual, gw.ln2w, gw.ln2b, dln2, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd, BTs, C);
     // g's backward at attproj (identity, or with -sp all-gather of dresidual to (B, T, C)) and
     // the gradient at the attention output, datty (B, T, C/tp) = dout Wattproj, in dbuf
     tp_column_parallel(tp, d, tp_gemm_backward("d atty", w.attprojw, d.att, C), scratch->dbuf, dout, dresidual, BT);
     if (cp) cp_attention_backward(cp, scratch->dqkv, scratch->dbuf, x.atty, (const float*)x.att_state, x.qkv, B, T, d.att, d.NH);
     else attention_backward(scratch->dqkv, scratch->dbuf, x.qkv, x.atty, x.att_state, B, T, d.att, d.NH);
+    // this rank's partial dln1 (B, T, C) = dqkv Wqkv (datty in dbuf is used up), and f's
+    // backward at ln1: all-reduce; with -sp reduce-scatter; the attention's weight gradients
+    // under the last of it, as in the MLP
+    floatX* dln1 = tp_row_parallel(tp, d, tp_gemm_backward("d ln1", w.qkvw, C, d.qkv), scratch->dbuf, scratch->dqkv,
+                                   scratch->reduced, scratch->dbuf, BT, &in_flight);
     if (split) {  // kept for W: the gradients at attproj and qkv
         copy_device_to_device(x.attproj, dout, BT * C * X);
         copy_device_to_device(x.qkv, scratch->dqkv, BT * d.qkv * X);
     } else {
         attention_half_backward_weight(gw, scratch->dqkv, dout, x, B, T, d);
     }
-    // this rank's partial dln1 (B, T, C) = dqkv Wqkv (datty in dbuf is used up), and f's
-    // backward at ln1: all-reduce; with -sp reduce-scatter
-    floatX* dln1 = tp_row_parallel(tp, d, tp_gemm_backward("d ln1", w.qkvw, C, d.qkv), scratch->dbuf, scratch->dqkv, scratch->reduced,
-                                   scratch->dbuf, BT);
+    tp_pending_finish(&in_flight);
     layernorm_backward(dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, x.ln1_mean, x.ln1_rstd, BTs, C);
 }
 
