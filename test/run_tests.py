@@ -1559,6 +1559,21 @@ def sanitized_tp_run_with_sequence_parallelism_sampling_and_resume():
 
 
 @test
+def sanitized_tp_overlap_ring_steps_and_chunks():
+    """-tp_overlap 1 under AddressSanitizer + UndefinedBehaviorSanitizer: at tp = 4 with -sp the
+    ring steps use three blocks of scratch in dbuf (and -r 2 reruns the forward's); without -sp
+    the chunked all-reduces; 2 steps each"""
+    p = make(["sanitize"], timeout=600)
+    assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
+    env = dict(ASAN_OPTIONS="detect_leaks=0")
+    for ranks, extra in ((4, ["-sp", 1, "-r", 2]), (2, ["-sp", 0, "-r", 1])):
+        d = fresh_dir("sanitized_tp_overlap_%d" % ranks)
+        args = small_run_args(d, ["-b", 4, "-d", 4 * 32, "-x", 2, "-tp_overlap", 1, "-s", 0] + extra)
+        out = run_ok(ranks, args, program="./build/sanitize/train_gpt2_tp", env=env)
+        assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
+
+
+@test
 def sanitized_cp_runs_ring_and_allgather_with_sampling_and_resume():
     """the CP trainer's token split, K,V blocks, exchanges and sampling under AddressSanitizer +
     UndefinedBehaviorSanitizer: 3 ranks, the ring (zigzag, -r 2) with a checkpoint, a sample and a
