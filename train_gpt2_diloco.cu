@@ -39,9 +39,12 @@ fragment still synchronises every H steps, but they take turns: a step between t
 last sends one fragment, where plain DiLoCo sends all P values at once every H steps (fragment
 f > 0's first round is shorter, f H/F steps: its first outer step follows step f H/F). The peak
 drops by less than F: the first fragment carries the embeddings (for GPT-2 124M at F = 2 about
-1.5 times less). The fragments here are consecutive layers (the paper's default strides them),
-and the exchange does not overlap the inner steps (the paper's does); the paper also sends the
-pseudo-gradients in low precision, down to 4 bits, where -outer_dtype goes to bf16.
+1.5 times less). -fragment_layout strided gives fragment f the layers l with l % F == f, the
+paper's pattern, so that every fragment spans the depth (contiguous, the default, keeps blocks of
+consecutive layers). -alpha a merges instead of replacing: after its outer step a fragment's
+worker weights become a theta_local + (1 - a) theta_outer, theta_local being the worker's own at
+that moment (the paper's alpha; 0, the default, is plain DiLoCo). Not yet here: the exchange
+overlapping tau inner steps, and pseudo-gradients below bf16 (the paper goes down to 4 bits).
 
 -H 1 -outer_lr 1 -outer_momentum 0 averages the workers' parameters after every step: theta_outer
 becomes the mean of the workers' theta. That is not DDP: DDP averages the gradients before one
@@ -87,8 +90,10 @@ typedef struct {
     int workers, ranks_per_worker;  // W, R
     int H;                          // inner steps between outer steps
     int fragments;                  // F (streaming DiLoCo; 1: the whole model at once)
+    int strided;                    // -fragment_layout strided: fragment f holds the layers l % F == f
     int outer_bf16;                 // the pseudo-gradient crosses the link in bf16 (-outer_dtype)
     float outer_lr, outer_momentum;
+    float alpha;                    // -alpha: a worker resumes from alpha theta_local + (1 - alpha) theta_outer
     CommGroup worker;   // this worker's R ranks: DDP inside it, every inner step
     CommGroup across;   // the W ranks at this place in every worker: the outer all-reduce
     float* outer;       // (P) fp32 theta_outer: the same on every rank
@@ -102,13 +107,15 @@ typedef struct {
 // Worker w holds ranks w R .. w R + R - 1: consecutive ranks share a machine, and the worker's
 // every-step all-reduce should be the fast one. comm_split (MPI_Comm_split, ncclCommSplit): the
 // ranks passing the same colour form a group, ordered by the key.
-static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, int H, int fragments, float outer_lr,
-                        float outer_momentum, int outer_bf16) {
+static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, int H, int fragments, int strided,
+                        float outer_lr, float outer_momentum, float alpha, int outer_bf16) {
     int R = world->size / workers, r = world->rank;
     size_t P = model->num_parameters;
     d->model = model;
     d->H = H;
     d->fragments = fragments;
+    d->strided = strided;
+    d->alpha = alpha;
     d->outer_lr = outer_lr;
     d->outer_momentum = outer_momentum;
     d->outer_bf16 = outer_bf16;
@@ -140,27 +147,41 @@ static void diloco_free(Diloco* d) {
     comm_group_free(&d->across);
 }
 
+// Which layers fragment f holds: contiguous (the default), the L/F consecutive layers
+// [f L/F, (f+1) L/F); strided (the paper's pattern, -fragment_layout strided), the layers l with
+// l % F == f, so that every fragment spans the whole depth. The embeddings go with fragment 0 and
+// the final LayerNorm with fragment F - 1 either way.
+static int fragment_holds(const Diloco* d, int f, int l, int L) {
+    return d->strided ? l % d->fragments == f : l / (L / d->fragments) == f;
+}
+
 // A fragment's parameters in the flat buffer: the layout stores each tensor for all layers one
-// after another (ln1w of layer 0, 1, ..., then qkvw of layer 0, 1, ...), so fragment f's layers
-// [f L/F, (f+1) L/F) are one run of each per-layer tensor, and the embeddings (f = 0) and the
-// final LayerNorm (f = F-1) spans of their own. Returns the number of spans; their elements in *P_f.
+// after another (ln1w of layer 0, 1, ..., then qkvw of layer 0, 1, ...), so a contiguous
+// fragment's layers are one run of each per-layer tensor, and a strided fragment's L/F runs of one
+// layer each; the embeddings (f = 0) and the final LayerNorm (f = F-1) are spans of their own.
+// Fills runs (at most fragment_spans_max) and returns how many; their elements in *P_f.
 typedef struct {
     size_t offset, count;
 } Span;
-static int fragment_spans(const ParameterLayout* p, int f, int F, Span* runs, size_t* P_f) {
-    int n = 0, first = f * p->layers / F, last = (f + 1) * p->layers / F;
+static int fragment_spans_max(const ParameterLayout* p) { return NUM_PARAMETER_TENSORS * (p->layers > 0 ? p->layers : 1); }
+static int fragment_spans(const Diloco* d, const ParameterLayout* p, int f, Span* runs, size_t* P_f) {
+    int n = 0, F = d->fragments;
     *P_f = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        Span r = {p->offsets[i], p->sizes[i]};
-        if (tensor_is_per_layer(i)) {
-            r.offset += (size_t)first * p->layer_stride[i];
-            r.count = (size_t)(last - first) * p->layer_stride[i];
-        } else if ((i == PARAM_WTE || i == PARAM_WPE) ? f != 0 : f != F - 1) {
-            continue;  // (the embeddings with the first fragment, the final LayerNorm with the last)
+        if (p->sizes[i] == 0) continue;  // (a dense model's empty router: no span, no kernel of 0 threads)
+        if (!tensor_is_per_layer(i)) {
+            if ((i == PARAM_WTE || i == PARAM_WPE) ? f != 0 : f != F - 1) continue;
+            runs[n++] = (Span){p->offsets[i], p->sizes[i]};
+            *P_f += p->sizes[i];
+            continue;
         }
-        if (r.count == 0) continue;  // (a dense model's empty router: no span, no kernel of 0 threads)
-        runs[n++] = r;
-        *P_f += r.count;
+        for (int l = 0; l < p->layers; l++) {
+            if (!fragment_holds(d, f, l, p->layers)) continue;
+            size_t offset = p->offsets[i] + (size_t)l * p->layer_stride[i], count = p->layer_stride[i];
+            if (n > 0 && runs[n - 1].offset + runs[n - 1].count == offset) runs[n - 1].count += count;  // (the next layer)
+            else runs[n++] = (Span){offset, count};
+            *P_f += count;
+        }
     }
     return n;
 }
@@ -236,9 +257,9 @@ static void average_bf16(Diloco* d, bfloat16* q, size_t P_f) {
 // Steps 2-5 of the header for fragment f (the whole model when F = 1), after an inner step has
 // left this worker at theta
 static void outer_step(Diloco* d, GPT2* model, int f) {
-    Span runs[NUM_PARAMETER_TENSORS];
+    Span* runs = (Span*)malloc_check((size_t)fragment_spans_max(&model->layout) * sizeof(Span));
     size_t P_f, packed = 0;
-    int n = fragment_spans(&model->layout, f, d->fragments, runs, &P_f);
+    int n = fragment_spans(d, &model->layout, f, runs, &P_f);
     float* master = model->master_memory;  // (the fp32 master weights in bf16 builds, else NULL)
     bfloat16* q = d->outer_bf16 ? (bfloat16*)d->delta : NULL;
     // 2. delta = theta_outer - theta, the fragment's spans packed one after another (in bf16: q)
@@ -255,15 +276,16 @@ static void outer_step(Diloco* d, GPT2* model, int f) {
     if (q) average_bf16(d, q, P_f);
     else comm_all_reduce(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG);
     // 4. Nesterov momentum on it, the same on every rank (theta_outer stays agreed); 5. every
-    // worker starts again from theta_outer
+    // worker starts again from theta_outer (with -alpha, merged with its own weights)
     packed = 0;
     for (int k = 0; k < n; k++) {
         size_t o = runs[k].offset, count = runs[k].count;
         outer_nesterov_step(d->outer + o, d->momentum + o, q ? NULL : d->delta + packed, q ? q + packed : NULL, count,
                             d->outer_lr, d->outer_momentum);
-        outer_to_params(model->params_memory + o, master ? master + o : NULL, d->outer + o, count);
+        outer_to_params(model->params_memory + o, master ? master + o : NULL, d->outer + o, count, d->alpha);
         packed += count;
     }
+    free(runs);
 }
 
 // The bytes of fragment f's outer step on this rank, as the step line counts them (fp32: the
@@ -380,6 +402,13 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
         banner_row(&rows[k++], "outer step", "every %d steps, %s on the link", d->H, dtype);
     }
     banner_row(&rows[k++], "outer optimizer", "Nesterov SGD, lr %g, momentum %g", d->outer_lr, d->outer_momentum);
+    if (d->fragments > 1) {
+        banner_row(&rows[k++], "fragments", "%s: %s", d->strided ? "strided" : "contiguous",
+                   d->strided ? "fragment f holds the layers l with l % F = f" : "fragment f holds L/F consecutive layers");
+    }
+    if (d->alpha > 0) {
+        banner_row(&rows[k++], "merge", "after an outer step: %g theta_local + %g theta_outer (-alpha)", d->alpha, 1.0 - d->alpha);
+    }
     banner_row(&rows[k++], "micro-batch B x T", "%d x %d, %d per rank and step", args->B, args->T, accum);
     banner_row(&rows[k++], "recomputation", "%s", recompute_names[args->recompute]);
     k = run_banner_rows(run, rows, k);
@@ -397,21 +426,25 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
     printf("  across, the outer step (%s), every %d steps%s:\n", how, d->H,
            d->fragments > 1 ? ", fragment f after the steps f H/F + k H" : "");
     double mean_sent = 0, peak_sent = 0;  // on the link per step: on average, and at most before the last
+    Span* spans = (Span*)malloc_check((size_t)fragment_spans_max(layout) * sizeof(Span));
     for (int f = 0; f < d->fragments; f++) {
-        Span spans[NUM_PARAMETER_TENSORS];
         size_t P_f;
-        fragment_spans(layout, f, d->fragments, spans, &P_f);
+        fragment_spans(d, layout, f, spans, &P_f);
         double counted, sent;
         outer_step_bytes(d, P_f, &counted, &sent);
-        char name[64] = "the model";
-        if (d->fragments > 1) {
+        char name[96] = "the model";
+        const char* extra = f == 0 ? " + wte, wpe" : f == d->fragments - 1 ? " + lnf" : "";
+        if (d->fragments > 1 && d->strided) {
+            snprintf(name, sizeof(name), "fragment %d: layers %d, %d, ...%s", f, f, f + d->fragments, extra);
+        } else if (d->fragments > 1) {
             snprintf(name, sizeof(name), "fragment %d: layers %d-%d%s", f, f * c.num_layers / d->fragments,
-                     (f + 1) * c.num_layers / d->fragments - 1, f == 0 ? " + wte, wpe" : f == d->fragments - 1 ? " + lnf" : "");
+                     (f + 1) * c.num_layers / d->fragments - 1, extra);
         }
         printf("    %-32s %12.0f bytes counted, %12.0f sent by the rank\n", name, counted, sent);
         mean_sent += sent / d->H;
         peak_sent = sent > peak_sent ? sent : peak_sent;
     }
+    free(spans);
     double line = 2.0 * (W - 1) / W * 8;  // the step line's loss and norm, 8 bytes all-reduced every step
     mean_sent += line;
     peak_sent += line;
@@ -468,15 +501,18 @@ int main(int argc, char** argv) {
     // communication layer and the model's config (llmc/run.h)
     Run run;
     int workers = 0, H = 10, fragments = 1;
-    float outer_lr = 0.7f, outer_momentum = 0.9f;
+    float outer_lr = 0.7f, outer_momentum = 0.9f, alpha = 0.0f;
     const char* dump_outer = NULL;
     const char* outer_dtype = "fp32";
+    const char* fragment_layout = "contiguous";
     const ArgSpec own[] = {
         {"-workers", ARG_INT, &workers, 0, ARG_NO_MAX, "DiLoCo workers W, each ranks / W ranks training as DDP (0: one per rank)"},
         {"-H", ARG_INT, &H, 1, ARG_NO_MAX, "inner steps between two outer steps"},
         {"-outer_lr", ARG_FLOAT, &outer_lr, 0, ARG_NO_MAX, "the outer optimizer's learning rate (Nesterov SGD)"},
         {"-outer_momentum", ARG_FLOAT, &outer_momentum, 0, 1, "the outer optimizer's momentum"},
         {"-fragments", ARG_INT, &fragments, 1, ARG_NO_MAX, "streaming DiLoCo: F fragments of layers taking turns (F divides L and H)"},
+        {"-fragment_layout", ARG_STRING, &fragment_layout, 0, 0, "contiguous (fragment f: layers f L/F .. (f+1) L/F - 1) or strided (the layers l % F == f, the paper's)"},
+        {"-alpha", ARG_FLOAT, &alpha, 0, 1, "after an outer step a worker resumes from alpha theta_local + (1 - alpha) theta_outer (0: theta_outer)"},
         {"-outer_dtype", ARG_STRING, &outer_dtype, 0, 0, "the pseudo-gradient on the link between workers: fp32 or bf16 (half the bytes)"},
         {"-dump_outer", ARG_STRING, &dump_outer, 0, 0, "at the end, write the outer momentum here as a model file (tests)"},
     };
@@ -487,6 +523,8 @@ int main(int argc, char** argv) {
 
     // ---- the workers: W of R ranks, every rank the whole model
     workers = diloco_check_flags(workers, ranks, H, fragments, config, outer_dtype, dump_outer);
+    check_every_rank(strcmp(fragment_layout, "contiguous") == 0 || strcmp(fragment_layout, "strided") == 0,
+                     "-fragment_layout %s: expected contiguous or strided", fragment_layout);
     int B = run.args.B, T = run.args.T;
     LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);
     // a step is accum micro-batches of B x T on each of the ranks, as DDP over all of them
@@ -502,14 +540,15 @@ int main(int argc, char** argv) {
     // ---- the weights, the data (a step is accum x ranks chunks of B x T: micro-batch i of rank r
     // is chunk i ranks + r, DDP's split, so that W workers see the tokens DDP over the ranks
     // would), the run's identity, the output dir
-    float* weights = run_load(&run, accum * ranks, /*val_chunks*/ ranks, "-workers %d -H %d -fragments %d -outer_lr %g "
-                              "-outer_momentum %g -outer_dtype %s", workers, H, fragments, outer_lr, outer_momentum,
-                              outer_dtype);
+    float* weights = run_load(&run, accum * ranks, /*val_chunks*/ ranks, "-workers %d -H %d -fragments %d -fragment_layout "
+                              "%s -outer_lr %g -outer_momentum %g -alpha %g -outer_dtype %s", workers, H, fragments,
+                              fragment_layout, outer_lr, outer_momentum, alpha, outer_dtype);
     GPT2 model;
     gpt2_build(&model, config, dims, layout, weights, B, T, ACTS_ALL, activations_kept(run.args.recompute, 0, dims), 0);
     free(weights);
     Diloco d;
-    diloco_init(&d, &model, world, workers, H, fragments, outer_lr, outer_momentum, strcmp(outer_dtype, "bf16") == 0);
+    diloco_init(&d, &model, world, workers, H, fragments, strcmp(fragment_layout, "strided") == 0, outer_lr, outer_momentum,
+                alpha, strcmp(outer_dtype, "bf16") == 0);
     outer_from_params(d.outer, model.params_memory, model.master_memory, model.num_parameters);  // theta_outer = theta_0
     if (rank == 0) print_layout(&run, &d, &layout, accum);
 

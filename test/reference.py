@@ -441,6 +441,9 @@ def run_diloco(args):
     holds ranks w R .. w R + R - 1 (args.ranks, args.micro). Writes final.bin (theta_outer),
     momentum.bin (the outer momentum, a model file), reference.json (per step: the workers' mean
     loss and mean gradient norm). args.dtype: float64 (the default, as run's) or float32.
+    args.alpha: after an outer step a worker continues from alpha theta_w + (1 - alpha) theta_outer
+    (Streaming DiLoCo's merge; 0: theta_outer). args.fragment_layout "strided": fragment f holds the
+    blocks l with l % F == f (the paper's pattern) rather than the consecutive ones.
     Streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512), args.fragments F: the layers in F
     groups of L/F consecutive blocks (wte and wpe with the first, the final LayerNorm with the
     last), each with its own outer optimizer, group f stepping after the steps s with
@@ -469,9 +472,13 @@ def run_diloco(args):
     F = getattr(args, "fragments", 1)
     outer = copy.deepcopy(model)  # theta_outer, and an outer optimizer on each fragment of it
 
+    strided = getattr(args, "fragment_layout", "contiguous") == "strided"
+    alpha = getattr(args, "alpha", 0.0)
+
     def fragment(name):
-        if name.startswith("blocks."):  # block l: fragment l // (L / F)
-            return int(name.split(".")[1]) * F // model.L
+        if name.startswith("blocks."):  # block l: fragment l // (L / F), or strided l % F
+            layer = int(name.split(".")[1])
+            return layer % F if strided else layer * F // model.L
         return 0 if name in ("wte", "wpe") else F - 1
     groups = [[i for i, (n, _) in enumerate(outer.named_parameters()) if fragment(n) == f] for f in range(F)]
 
@@ -510,10 +517,10 @@ def run_diloco(args):
                 for i in groups[f]:
                     params[i].grad = link(sum(link(params[i] - wp[i]) for wp in workers_params) / W)
             outer_opts[f].step()
-            with torch.no_grad():
+            with torch.no_grad():  # each worker from theta_outer, merged with its own by alpha
                 for i in groups[f]:
                     for wp in workers_params:
-                        wp[i].copy_(params[i])
+                        wp[i].copy_(alpha * wp[i] + (1 - alpha) * params[i])
     os.makedirs(args.out, exist_ok=True)
     write_model_file(os.path.join(args.out, "final.bin"), outer, outer.tensors())
     states = {}

@@ -3769,22 +3769,25 @@ _diloco_cache = {}
 
 
 def diloco_reference(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF, dtype="float64", fragments=1,
-                     outer_dtype="fp32"):
+                     outer_dtype="fp32", alpha=0.0, fragment_layout="contiguous"):
     """run_diloco from the reference's initial weights: its losses, norms and directory"""
-    key = (workers, H, ranks, micro, outer_lr, outer_momentum, dtype, fragments, outer_dtype, cfg["layers"], cfg["steps"])
+    key = (workers, H, ranks, micro, outer_lr, outer_momentum, dtype, fragments, outer_dtype, cfg["layers"], cfg["steps"],
+           alpha, fragment_layout)
     if key not in _diloco_cache:
-        out = os.path.join(TMP, "reference_diloco_%d_%d_%d_%d_%g_%g_%s_f%d_%s_l%d_s%d" % key)
+        out = os.path.join(TMP, "reference_diloco_%d_%d_%d_%d_%g_%g_%s_f%d_%s_l%d_s%d_a%g_%s" % key)
         init = os.path.join(reference_run(cfg)["dir"], "model.bin")
         args = type("Args", (), dict(cfg, out=out, init=init, workers=workers, H=H, ranks=ranks, micro=micro,
                                      outer_lr=outer_lr, outer_momentum=outer_momentum, dtype=dtype,
-                                     fragments=fragments, outer_dtype=outer_dtype))
+                                     fragments=fragments, outer_dtype=outer_dtype, alpha=alpha,
+                                     fragment_layout=fragment_layout))
         shared_dir(out, lambda out: reference.run_diloco(args))
         with open(os.path.join(out, "reference.json")) as f:
             _diloco_cache[key] = dict(json.load(f), dir=out)
     return _diloco_cache[key]
 
 
-def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF, fragments=1, outer_dtype="fp32"):
+def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF, fragments=1, outer_dtype="fp32",
+               alpha=0.0, fragment_layout="contiguous"):
     """a DiLoCo run against the reference: every step's loss (the workers' mean) and gradient norm
     (their mean) within the CPU's fp32 tolerances; the final weights (theta_outer) and the outer
     momentum within 2e-5 (the other trainers' bound) times the outer optimizer's largest gain on
@@ -3803,13 +3806,15 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
     noise tips a value to the next bf16 step there, it does so here; the bytes are the exchanges'
     (average_bf16): rank 0 sends and receives P_f - P_f/W + (W - 1) P_f/W values of 2 bytes"""
     ref = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, fragments=fragments,
-                           outer_dtype=outer_dtype)
+                           outer_dtype=outer_dtype, alpha=alpha, fragment_layout=fragment_layout)
     B = cfg["batch"] // (ranks * micro)
-    d = fresh_dir("diloco_w%d_h%d_r%d_m%d_f%d_%s" % (workers, H, ranks, micro, fragments, outer_dtype))
+    d = fresh_dir("diloco_w%d_h%d_r%d_m%d_f%d_%s_a%g_%s" % (workers, H, ranks, micro, fragments, outer_dtype, alpha,
+                                                           fragment_layout))
     outer_path = os.path.join(d, "momentum.bin")
     args = trainer_args(reference_run(cfg), B, d, ["-workers", workers, "-H", H, "-outer_lr", outer_lr,
                                                    "-outer_momentum", outer_momentum, "-dump_outer", outer_path,
-                                                   "-fragments", fragments, "-outer_dtype", outer_dtype], cfg=cfg)
+                                                   "-fragments", fragments, "-outer_dtype", outer_dtype, "-alpha", alpha,
+                                                   "-fragment_layout", fragment_layout], cfg=cfg)
     out = run_ok(ranks, args, program=DILOCO)
     check_planner_matches_trainer(DILOCO, ranks, args, out)  # (the outer state its own row)
     train, _ = read_log(d)
@@ -3819,7 +3824,8 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
         assert abs(a - b) <= 1e-5, "step %d loss %.7f, reference %.7f" % (s, a, b)
         n, nr = train[s]["grad_norm"], ref["grad_norms"][s - 1]
         assert abs(n - nr) <= 1e-5 * nr, "step %d norm %.7f, reference %.7f" % (s, n, nr)
-    ref32 = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, "float32", fragments, outer_dtype)
+    ref32 = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, "float32", fragments, outer_dtype,
+                             alpha, fragment_layout)
     # (with no momentum torch's SGD keeps no buffer: the reference writes zeros, nothing to compare)
     files = [("final.bin", "model_%08d.bin" % steps)] + ([("momentum.bin", "momentum.bin")] if outer_momentum > 0 else [])
     # the outer optimizer's largest gain on an error in the pseudo-gradient: at its k-th outer step
@@ -3887,10 +3893,30 @@ def diloco_bad_inputs():
                                  (2, ["-fragments", 3], "-fragments 3: the fragments are L/F layers each"),
                                  (2, ["-fragments", 2, "-H", 3], "must divide the model's L = 2 layers and -H 3"),
                                  (2, ["-outer_dtype", "fp8"], "-outer_dtype fp8: expected fp32 or bf16"),
+                                 (2, ["-fragment_layout", "zigzag"], "-fragment_layout zigzag: expected contiguous or strided"),
+                                 (2, ["-alpha", 1.5], "-alpha"),
                                  (2, ["-dump_outer", "/no/such/dir/m.bin"], "-dump_outer /no/such/dir/m.bin: its directory")):
         code, out = mpirun(ranks, base + args, timeout=60, program=DILOCO)
         assert code != 0 and message in out, "%s: exit %d, %r not in:\n%s" % (args, code, message, out[-2000:])
         assert not os.path.exists(os.path.join(d, "out")), "%s left its output dir behind" % args
+
+
+def make_diloco_stream_test(workers, ranks, fragments, layout, alpha):
+    def fn():
+        """streaming DiLoCo on the 4-layer model, H = 4 over 5 steps, against the reference
+        fragmented and merged alike: strided fragments hold the layers l % F == f (wte and wpe
+        still with fragment 0, lnf with the last); alpha merges each worker's own weights into
+        theta_outer after each outer step. Losses, norms, theta_outer, the momentum and every
+        step's bytes as diloco_run checks them"""
+        diloco_run(workers, 4, ranks, 1, cfg=REF4, fragments=fragments, alpha=alpha, fragment_layout=layout)
+    fn.__name__ = "diloco_streaming_w%d_%d_ranks_f%d_%s_alpha%g" % (workers, ranks, fragments, layout, alpha)
+    return fn
+
+
+# strided fragments at F = 2 and 4, the merge at alpha 0.5, 2 workers of 1 and of 2 ranks
+for _w, _r, _f, _layout, _alpha in [(2, 2, 2, "strided", 0.5), (2, 4, 4, "strided", 0.0), (2, 4, 2, "contiguous", 0.5),
+                                    (2, 2, 4, "strided", 0.5)]:
+    test(make_diloco_stream_test(_w, _r, _f, _layout, _alpha))
 
 
 @test

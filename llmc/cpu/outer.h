@@ -61,12 +61,15 @@ static inline void outer_nesterov_step(float* outer, float* momentum, const floa
     kernel_time_end(kernel_span);
 }
 
-// every worker starts again from the outer parameters: params (and master) = outer
-static inline void outer_to_params(float* params, float* master, const float* outer, size_t n) {
+// every worker starts again from the outer parameters, merged with its own (-alpha, Streaming
+// DiLoCo's merge): params (and master) = alpha theta_local + (1 - alpha) outer, theta_local the
+// worker's weights now (its fp32 master weights where it has them); alpha = 0: outer exactly
+static inline void outer_to_params(float* params, float* master, const float* outer, size_t n, float alpha) {
     int kernel_span = kernel_time_begin("diloco: parameters from the outer weights", 0, 0);
     for (size_t i = 0; i < n; i++) {
-        params[i] = outer[i];
-        if (master) master[i] = outer[i];
+        float local = master ? master[i] : params[i], merged = alpha * local + (1.0f - alpha) * outer[i];
+        params[i] = merged;
+        if (master) master[i] = merged;
     }
     kernel_time_end(kernel_span);
 }

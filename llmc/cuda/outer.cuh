@@ -71,15 +71,17 @@ static inline void outer_nesterov_step(float* outer, float* momentum, const floa
     kernel_time_end(kernel_span);
 }
 
-__global__ void outer_to_params_kernel(floatX* params, float* master, const float* outer, size_t n) {
+// (llmc/cpu/outer.h says what: outer merged with the worker's own weights by -alpha)
+__global__ void outer_to_params_kernel(floatX* params, float* master, const float* outer, size_t n, float alpha) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    params[i] = (floatX)outer[i];
-    if (master) master[i] = outer[i];
+    float local = master ? master[i] : (float)params[i], merged = alpha * local + (1.0f - alpha) * outer[i];
+    params[i] = (floatX)merged;
+    if (master) master[i] = merged;
 }
-static inline void outer_to_params(floatX* params, float* master, const float* outer, size_t n) {
+static inline void outer_to_params(floatX* params, float* master, const float* outer, size_t n, float alpha) {
     int kernel_span = kernel_time_begin("diloco: parameters from the outer weights", 0, 0);
-    outer_to_params_kernel<<<ceil_div(n, 256), 256>>>(params, master, outer, n);
+    outer_to_params_kernel<<<ceil_div(n, 256), 256>>>(params, master, outer, n, alpha);
     cudaCheckLaunch();
     kernel_time_end(kernel_span);
 }
