@@ -3881,6 +3881,36 @@ for _w, _h, _r, _m, _cfg in [(2, 1, 2, 1, REF), (2, 3, 2, 2, REF), (3, 1, 3, 1, 
 
 
 @test
+def bandwidth_calculator_matches_its_formulas():
+    """dev/bandwidth.py at P = 1e9, a 1 s step, 2 workers and no latency, against the formulas
+    worked by hand: DDP's bf16 all-reduce at 10 Gbit/s takes 2 (1/2) 1e9 16 / 1e10 = 1.6 s, so
+    1 / 2.6 = 38.5%; DiLoCo (H = 100, 4 bits) at 1 Gbit/s, 4 s every 100: 100/104 = 96.2%;
+    streaming (F = 4, tau = 2) at 1 Gbit/s, 1 s a fragment all hidden by 2 steps: 100%; 90% needs
+    t = 1/9 s for DDP (144 Gbit/s), t = 100/9 s for DiLoCo (0.36 Gbit/s), and for streaming an
+    exposed 25/9 s over tau's 2 s, t = 43/9 s for 1e9 bits (0.209 Gbit/s). A tau that is not
+    below H/F is refused"""
+    png = os.path.join(fresh_dir("bandwidth"), "bandwidth.png")
+    p = subprocess.run([sys.executable, "dev/bandwidth.py", "-params", "1e9", "-step", "1", "-workers", "2", "-latency", "0",
+                        "-H", "100", "-fragments", "4", "-tau", "2", "-outer_dtype", "e3m0", "-o", png], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and os.path.exists(png), p.stdout + p.stderr
+    table = {line.split("  ")[1].strip(): line for line in p.stdout.splitlines() if line.startswith("  ") and "%" in line}
+    ddp, diloco, streaming = (table[k].split() for k in sorted(table, key=lambda k: ("DDP" not in k, "streaming" in k)))
+    columns = [1, 2, 5, 10, 25, 50, 100, 200, 400]
+    assert ddp[-9:][columns.index(10)] == "38.5%", ddp
+    assert diloco[-9:][columns.index(1)] == "96.2%", diloco
+    assert streaming[-9:][columns.index(1)] == "100.0%", streaming
+    needs = re.findall(r"^  (.*?)\s+([\d.]+) Gbit/s$", p.stdout, re.M)
+    got = {name.split()[0] + (" streaming" if "streaming" in name else ""): float(v) for name, v in needs}
+    assert abs(got["DDP"] - 144) < 0.5 and abs(got["DiLoCo"] - 0.36) < 0.005, got
+    assert abs(got["streaming streaming"] - 1e9 / (43 / 9) / 1e9) < 0.002, got
+    p = subprocess.run([sys.executable, "dev/bandwidth.py", "-tau", "25", "-o", png], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode != 0 and "-tau 25: an exchange must land before the fragment's next one, tau < H/F = 25" in p.stderr, \
+        p.stderr
+
+
+@test
 def diloco_bad_inputs():
     """the common bad inputs as every trainer, and DiLoCo's own: each rank stops with the message
     and nothing is written"""
