@@ -43,8 +43,16 @@ drops by less than F: the first fragment carries the embeddings (for GPT-2 124M 
 paper's pattern, so that every fragment spans the depth (contiguous, the default, keeps blocks of
 consecutive layers). -alpha a merges instead of replacing: after its outer step a fragment's
 worker weights become a theta_local + (1 - a) theta_outer, theta_local being the worker's own at
-that moment (the paper's alpha; 0, the default, is plain DiLoCo). Not yet here: the exchange
-overlapping tau inner steps, and pseudo-gradients below bf16 (the paper goes down to 4 bits).
+that moment (the paper's alpha; 0, the default, is plain DiLoCo). -tau t overlaps the exchange
+with t inner steps: a fragment's pseudo-gradient is taken and its all-reduce posted at its outer
+step (non-blocking: on the GPU NCCL's comm stream, on the CPU an MPI request), the inner steps go
+on, and t steps later the average is applied: the outer Nesterov step with that (t steps old)
+pseudo-gradient, then the merge with the worker's weights of now, which with -alpha 0 would throw
+those t steps away (the paper pairs tau with alpha 0.5). One exchange is in flight at a time
+(tau < H/F: it lands before the next fragment's is posted); the last step applies what is in
+flight and then takes every fragment's outer step at once; a checkpoint waits for the average in
+flight and records it. (In bf16 the average's rounds of exchanges complete at the post; only its
+application waits.) Not yet here: pseudo-gradients below bf16 (the paper goes down to 4 bits).
 
 -H 1 -outer_lr 1 -outer_momentum 0 averages the workers' parameters after every step: theta_outer
 becomes the mean of the workers' theta. That is not DDP: DDP averages the gradients before one
@@ -102,13 +110,19 @@ typedef struct {
                         // (average_bf16) in the same bytes
     float* ended;       // (1) fp32 1 once the run's last step has taken an outer step off its
                         // schedule (fragment_due), 0 before: a checkpoint carries it (check_resume)
+    // -tau: a fragment's exchange posted at its outer step and applied tau steps later
+    int tau;
+    int in_flight;      // the fragment whose averaged pseudo-gradient is on its way (in delta), -1: none
+    int apply_after;    // ... applied after this many completed steps
+    CommRequest exchange;  // its all-reduce (fp32; the bf16 average completes at the post)
+    float* pending;     // (2) fp32 in_flight + 1 and apply_after, for checkpoints
 } Diloco;
 
 // Worker w holds ranks w R .. w R + R - 1: consecutive ranks share a machine, and the worker's
 // every-step all-reduce should be the fast one. comm_split (MPI_Comm_split, ncclCommSplit): the
 // ranks passing the same colour form a group, ordered by the key.
 static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, int H, int fragments, int strided,
-                        float outer_lr, float outer_momentum, float alpha, int outer_bf16) {
+                        float outer_lr, float outer_momentum, float alpha, int tau, int outer_bf16) {
     int R = world->size / workers, r = world->rank;
     size_t P = model->num_parameters;
     d->model = model;
@@ -116,6 +130,10 @@ static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, i
     d->fragments = fragments;
     d->strided = strided;
     d->alpha = alpha;
+    d->tau = tau;
+    d->in_flight = -1;
+    d->apply_after = 0;
+    memset(&d->exchange, 0, sizeof(d->exchange));
     d->outer_lr = outer_lr;
     d->outer_momentum = outer_momentum;
     d->outer_bf16 = outer_bf16;
@@ -134,8 +152,10 @@ static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, i
     d->momentum = (float*)device_malloc(P * sizeof(float));
     d->delta = (float*)device_malloc(P * sizeof(float));
     d->ended = (float*)device_malloc(sizeof(float));
+    d->pending = (float*)device_malloc(2 * sizeof(float));
     device_memset_zero(d->momentum, P * sizeof(float));
     device_memset_zero(d->ended, sizeof(float));
+    device_memset_zero(d->pending, 2 * sizeof(float));
 }
 
 static void diloco_free(Diloco* d) {
@@ -143,6 +163,7 @@ static void diloco_free(Diloco* d) {
     device_free(d->momentum);
     device_free(d->delta);
     device_free(d->ended);
+    device_free(d->pending);
     comm_group_free(&d->worker);
     comm_group_free(&d->across);
 }
@@ -255,8 +276,10 @@ static void average_bf16(Diloco* d, bfloat16* q, size_t P_f) {
 }
 
 // Steps 2-5 of the header for fragment f (the whole model when F = 1), after an inner step has
-// left this worker at theta
-static void outer_step(Diloco* d, GPT2* model, int f) {
+// left this worker at theta: outer_post (2, 3: the pseudo-gradient and its average over the
+// workers, which with -tau is left in flight) and outer_apply (4, 5: the outer optimizer and the
+// workers' restart), right after or tau steps later.
+static void outer_post(Diloco* d, GPT2* model, int f) {
     Span* runs = (Span*)malloc_check((size_t)fragment_spans_max(&model->layout) * sizeof(Span));
     size_t P_f, packed = 0;
     int n = fragment_spans(d, &model->layout, f, runs, &P_f);
@@ -272,12 +295,25 @@ static void outer_step(Diloco* d, GPT2* model, int f) {
     }
     // 3. the mean pseudo-gradient over the workers: all-reduce (AVG) of (P_f) fp32 across workers
     // (in bf16: average_bf16). The worker's R ranks hold the same delta and each averages it with
-    // its peers in the other workers: R all-reduces of W ranks, side by side
+    // its peers in the other workers: R all-reduces of W ranks, side by side. With -tau posted,
+    // not waited for: it travels while the next tau inner steps compute (they do not touch delta;
+    // the bf16 average's rounds of exchanges finish here, and only its use waits)
     if (q) average_bf16(d, q, P_f);
+    else if (d->tau > 0) comm_all_reduce_start(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG, &d->exchange);
     else comm_all_reduce(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG);
+    free(runs);
+}
+
+static void outer_apply(Diloco* d, GPT2* model, int f) {
+    Span* runs = (Span*)malloc_check((size_t)fragment_spans_max(&model->layout) * sizeof(Span));
+    size_t P_f, packed = 0;
+    int n = fragment_spans(d, &model->layout, f, runs, &P_f);
+    float* master = model->master_memory;
+    bfloat16* q = d->outer_bf16 ? (bfloat16*)d->delta : NULL;
+    comm_wait(&d->exchange);  // (-tau: the average has arrived; nothing in flight otherwise)
     // 4. Nesterov momentum on it, the same on every rank (theta_outer stays agreed); 5. every
-    // worker starts again from theta_outer (with -alpha, merged with its own weights)
-    packed = 0;
+    // worker starts again from theta_outer (with -alpha, merged with its own weights: with -tau
+    // its weights of now, tau steps newer than the pseudo-gradient)
     for (int k = 0; k < n; k++) {
         size_t o = runs[k].offset, count = runs[k].count;
         outer_nesterov_step(d->outer + o, d->momentum + o, q ? NULL : d->delta + packed, q ? q + packed : NULL, count,
@@ -286,6 +322,12 @@ static void outer_step(Diloco* d, GPT2* model, int f) {
         packed += count;
     }
     free(runs);
+}
+
+// the fragment in flight, as a checkpoint records it (in_flight + 1, 0: none; apply_after)
+static void record_pending(Diloco* d) {
+    float pending[2] = {(float)(d->in_flight + 1), (float)d->apply_after};
+    copy_host_to_device(d->pending, pending, sizeof(pending));
 }
 
 // The bytes of fragment f's outer step on this rank, as the step line counts them (fp32: the
@@ -406,6 +448,9 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
         banner_row(&rows[k++], "fragments", "%s: %s", d->strided ? "strided" : "contiguous",
                    d->strided ? "fragment f holds the layers l with l % F = f" : "fragment f holds L/F consecutive layers");
     }
+    if (d->tau > 0) {
+        banner_row(&rows[k++], "overlap", "each exchange applied %d step%s after its post (-tau)", d->tau, d->tau > 1 ? "s" : "");
+    }
     if (d->alpha > 0) {
         banner_row(&rows[k++], "merge", "after an outer step: %g theta_local + %g theta_outer (-alpha)", d->alpha, 1.0 - d->alpha);
     }
@@ -502,6 +547,7 @@ int main(int argc, char** argv) {
     Run run;
     int workers = 0, H = 10, fragments = 1;
     float outer_lr = 0.7f, outer_momentum = 0.9f, alpha = 0.0f;
+    int tau = 0;
     const char* dump_outer = NULL;
     const char* outer_dtype = "fp32";
     const char* fragment_layout = "contiguous";
@@ -512,6 +558,7 @@ int main(int argc, char** argv) {
         {"-outer_momentum", ARG_FLOAT, &outer_momentum, 0, 1, "the outer optimizer's momentum"},
         {"-fragments", ARG_INT, &fragments, 1, ARG_NO_MAX, "streaming DiLoCo: F fragments of layers taking turns (F divides L and H)"},
         {"-fragment_layout", ARG_STRING, &fragment_layout, 0, 0, "contiguous (fragment f: layers f L/F .. (f+1) L/F - 1) or strided (the layers l % F == f, the paper's)"},
+        {"-tau", ARG_INT, &tau, 0, ARG_NO_MAX, "streaming DiLoCo: a fragment's exchange overlaps tau inner steps and is applied after them (tau < H/F; 0: at once)"},
         {"-alpha", ARG_FLOAT, &alpha, 0, 1, "after an outer step a worker resumes from alpha theta_local + (1 - alpha) theta_outer (0: theta_outer)"},
         {"-outer_dtype", ARG_STRING, &outer_dtype, 0, 0, "the pseudo-gradient on the link between workers: fp32 or bf16 (half the bytes)"},
         {"-dump_outer", ARG_STRING, &dump_outer, 0, 0, "at the end, write the outer momentum here as a model file (tests)"},
@@ -525,6 +572,8 @@ int main(int argc, char** argv) {
     workers = diloco_check_flags(workers, ranks, H, fragments, config, outer_dtype, dump_outer);
     check_every_rank(strcmp(fragment_layout, "contiguous") == 0 || strcmp(fragment_layout, "strided") == 0,
                      "-fragment_layout %s: expected contiguous or strided", fragment_layout);
+    check_every_rank(tau < H / fragments, "-tau %d: a fragment's exchange must be applied before the next fragment's "
+                     "is posted, H/F = %d steps later, so tau < H/F (-H %d -fragments %d)", tau, H / fragments, H, fragments);
     int B = run.args.B, T = run.args.T;
     LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);
     // a step is accum micro-batches of B x T on each of the ranks, as DDP over all of them
@@ -541,14 +590,14 @@ int main(int argc, char** argv) {
     // is chunk i ranks + r, DDP's split, so that W workers see the tokens DDP over the ranks
     // would), the run's identity, the output dir
     float* weights = run_load(&run, accum * ranks, /*val_chunks*/ ranks, "-workers %d -H %d -fragments %d -fragment_layout "
-                              "%s -outer_lr %g -outer_momentum %g -alpha %g -outer_dtype %s", workers, H, fragments,
-                              fragment_layout, outer_lr, outer_momentum, alpha, outer_dtype);
+                              "%s -outer_lr %g -outer_momentum %g -alpha %g -tau %d -outer_dtype %s", workers, H, fragments,
+                              fragment_layout, outer_lr, outer_momentum, alpha, tau, outer_dtype);
     GPT2 model;
     gpt2_build(&model, config, dims, layout, weights, B, T, ACTS_ALL, activations_kept(run.args.recompute, 0, dims), 0);
     free(weights);
     Diloco d;
     diloco_init(&d, &model, world, workers, H, fragments, strcmp(fragment_layout, "strided") == 0, outer_lr, outer_momentum,
-                alpha, strcmp(outer_dtype, "bf16") == 0);
+                alpha, tau, strcmp(outer_dtype, "bf16") == 0);
     outer_from_params(d.outer, model.params_memory, model.master_memory, model.num_parameters);  // theta_outer = theta_0
     if (rank == 0) print_layout(&run, &d, &layout, accum);
 
@@ -561,11 +610,19 @@ int main(int argc, char** argv) {
     RunModel hooks = run_model(&model, &d, val_loss, sample_logits);
     hooks.val_replicas = world;
     float* own_weights = model.master_memory ? model.master_memory : (float*)model.params_memory;
-    hooks.own = (TrainerState){{d.outer, d.momentum, own_weights, d.ended}, {model.num_parameters, model.num_parameters,
-                                                                             model.num_parameters, 1}, 4};
+    // (with -tau also the averaged pseudo-gradient in flight and which fragment it is: a checkpoint
+    // waits for it first, below)
+    hooks.own = (TrainerState){{d.outer, d.momentum, own_weights, d.ended, d.delta, d.pending},
+                               {model.num_parameters, model.num_parameters, model.num_parameters, 1, model.num_parameters, 2},
+                               tau > 0 ? 6 : 4};
     hooks.check_resume = check_resume;
     CommGroup* groups[3] = {&d.worker, &d.across, world};
     run_begin(&run, hooks, groups, 3);
+    if (tau > 0) {  // (a resumed run: the fragment its checkpoint had in flight, if any)
+        float pending[2];
+        copy_device_to_host(pending, d.pending, sizeof(pending));
+        d.in_flight = (int)pending[0] - 1, d.apply_after = (int)pending[1];
+    }
 
     // ---- training loop; `step` counts completed optimizer steps
     for (int step = run.start_step; step <= run.max_steps; step++) {
@@ -604,13 +661,27 @@ int main(int argc, char** argv) {
         watchdog_phase("inner AdamW", step);
         float clip_scale, lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
         // 2-5. the outer step across workers of each fragment that is due (F = 1: every H steps);
-        // at the last step of every fragment
+        // at the last step of every fragment. With -tau the average posted tau steps ago lands
+        // first (at the last step whatever is in flight), and a fragment due now is posted and
+        // left in flight; the last step's outer steps complete at once (the file is theta_outer)
         watchdog_phase("outer step", step);
+        int completed = step + 1;
+        if (d.in_flight >= 0 && (completed == d.apply_after || completed == run.max_steps)) {
+            outer_apply(&d, &model, d.in_flight);
+            d.in_flight = -1;
+        }
         for (int f = 0; f < d.fragments; f++) {
-            if (!fragment_due(&d, f, step + 1, run.max_steps)) continue;
-            outer_step(&d, &model, f);
+            if (!fragment_due(&d, f, completed, run.max_steps)) continue;
+            outer_post(&d, &model, f);
+            if (d.tau > 0 && completed < run.max_steps) d.in_flight = f, d.apply_after = completed + d.tau;
+            else outer_apply(&d, &model, f);
             float one = 1.0f;  // (check_resume)
-            if (!fragment_scheduled(&d, f, step + 1)) copy_host_to_device(d.ended, &one, sizeof(float));
+            if (!fragment_scheduled(&d, f, completed)) copy_host_to_device(d.ended, &one, sizeof(float));
+        }
+        if (d.tau > 0) {
+            record_pending(&d);
+            // a checkpoint before the next step records the average itself: it arrives now
+            if (train_checkpoint_due(&run.args, completed, run.start_step, completed == run.max_steps)) comm_wait(&d.exchange);
         }
         run_step_end(&run, step, printed[0], lr, printed[1], clip_scale);
     }

@@ -203,9 +203,10 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
         plan.comm += cp_scratch_bytes(r->B, r->T, cp, c.channels, plan.dims.att, plan.dims.NH, t.X, r->cp_allgather);
     }
     plan.kernels = kernel_workspace_bytes(plan.dims, r->B, Tl);
-    // DiLoCo: theta_outer, the momentum and the pseudo-gradient (P fp32 each), and the one-float
-    // flag of a run whose last step took an outer step off its schedule (train_gpt2_diloco.cu)
-    if (r->trainer == TRAINER_DILOCO) plan.outer = 3 * N * sizeof(float) + sizeof(float);
+    // DiLoCo: theta_outer, the momentum and the pseudo-gradient (P fp32 each), and three floats:
+    // the flag of a run whose last step took an outer step off its schedule, and -tau's fragment in
+    // flight with its step to apply (train_gpt2_diloco.cu)
+    if (r->trainer == TRAINER_DILOCO) plan.outer = 3 * N * sizeof(float) + 3 * sizeof(float);
     if (r->trainer == TRAINER_EP) {
         int tokens = r->B * r->T;
         int rows = moe_rows_max(tokens, c.topk, c.experts, layout_ep(r), moe_capacity(tokens, c.topk, c.experts, r->capacity_factor));

@@ -320,7 +320,7 @@ static inline void zero_gather_full(const GPT2* model, CommGroup* group, const v
 // momentum and this worker's weights): fp32 device buffers that every rank's state file carries
 // after its moments and parameter bits, and that a resume restores last, over what the model
 // file and the moments set
-#define TRAINER_STATE_MAX 4
+#define TRAINER_STATE_MAX 6
 typedef struct {
     float* buffers[TRAINER_STATE_MAX];
     size_t counts[TRAINER_STATE_MAX];

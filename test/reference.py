@@ -442,7 +442,10 @@ def run_diloco(args):
     momentum.bin (the outer momentum, a model file), reference.json (per step: the workers' mean
     loss and mean gradient norm). args.dtype: float64 (the default, as run's) or float32.
     args.alpha: after an outer step a worker continues from alpha theta_w + (1 - alpha) theta_outer
-    (Streaming DiLoCo's merge; 0: theta_outer). args.fragment_layout "strided": fragment f holds the
+    (Streaming DiLoCo's merge; 0: theta_outer). args.tau: a fragment's mean pseudo-gradient, taken at
+    its outer step, is applied tau steps later (the exchange overlapping them), theta_w then being
+    the worker's weights of that later step; at the last step whatever is pending first, then
+    every fragment at once. args.fragment_layout "strided": fragment f holds the
     blocks l with l % F == f (the paper's pattern) rather than the consecutive ones.
     Streaming DiLoCo (Douillard et al. 2025, arXiv:2501.18512), args.fragments F: the layers in F
     groups of L/F consecutive blocks (wte and wpe with the first, the final LayerNorm with the
@@ -487,6 +490,18 @@ def run_diloco(args):
     params = list(outer.parameters())
     outer_opts = [torch.optim.SGD([params[i] for i in g], lr=args.outer_lr, momentum=args.outer_momentum,
                                   nesterov=args.outer_momentum > 0) for g in groups]
+    tau = getattr(args, "tau", 0)
+    pending = None  # (fragment, its mean pseudo-gradient, the step after which it is applied)
+
+    def apply(f, grads):  # the outer step of fragment f, and each worker from theta_outer merged by alpha
+        with torch.no_grad():
+            for i, g in zip(groups[f], grads):
+                params[i].grad = g
+        outer_opts[f].step()
+        with torch.no_grad():
+            for wp in [list(c.parameters()) for c in copies]:
+                for i in groups[f]:
+                    wp[i].copy_(alpha * wp[i] + (1 - alpha) * params[i])
     tokens = tokens_for(model, args.tokens)
     B, T = args.batch, args.seq_len
     G = B * T
@@ -509,18 +524,19 @@ def run_diloco(args):
         losses.append(sum(step_losses) / W)
         norms.append(sum(step_norms) / W)
         s = step + 1
+        if pending is not None and (s == pending[2] or s == args.steps):  # tau steps after its post
+            apply(pending[0], pending[1])
+            pending = None
         for f in range(F):
             if not (s == args.steps or (s >= f * H // F and (s - f * H // F) % H == 0)):
                 continue
             workers_params = [list(c.parameters()) for c in copies]
-            with torch.no_grad():
-                for i in groups[f]:
-                    params[i].grad = link(sum(link(params[i] - wp[i]) for wp in workers_params) / W)
-            outer_opts[f].step()
-            with torch.no_grad():  # each worker from theta_outer, merged with its own by alpha
-                for i in groups[f]:
-                    for wp in workers_params:
-                        wp[i].copy_(alpha * wp[i] + (1 - alpha) * params[i])
+            with torch.no_grad():  # the mean pseudo-gradient, as the link carries it
+                grads = [link(sum(link(params[i] - wp[i]) for wp in workers_params) / W) for i in groups[f]]
+            if tau > 0 and s < args.steps:
+                pending = (f, grads, s + tau)
+            else:
+                apply(f, grads)
     os.makedirs(args.out, exist_ok=True)
     write_model_file(os.path.join(args.out, "final.bin"), outer, outer.tensors())
     states = {}

@@ -3370,7 +3370,7 @@ for _precision in ("BF16", "FP32"):
     test(make_cuda_ep_test("cuda", _precision, None))
 
 
-def make_cuda_diloco_test(kind, precision, devices, outer_dtype):
+def make_cuda_diloco_test(kind, precision, devices, outer_dtype, tau=0):
     def fn():
         """DiLoCo on the emulator (or a GPU), 2 workers of one rank, H = 2 over 3 steps (outer steps at 2 and
         3): the CUDA outer-step kernels, the pseudo-gradient averaged in fp32 through NCCL's
@@ -3380,12 +3380,13 @@ def make_cuda_diloco_test(kind, precision, devices, outer_dtype):
         them plus twice the reference's own fp32-against-fp64 spread (diloco_run says why)"""
         run = cuda_runner(kind, devices)
         tol = comparison.TOLERANCES["cuda " + precision.lower()]
-        ref = diloco_reference(2, 2, 2, 1, cfg=REF_CUDA, outer_dtype=outer_dtype)
-        ref32 = diloco_reference(2, 2, 2, 1, cfg=REF_CUDA, dtype="float32", outer_dtype=outer_dtype)
+        alpha = 0.5 if tau else 0.0  # (-tau: the outer step after step 2 posted, landing after 3, merged)
+        ref = diloco_reference(2, 2, 2, 1, cfg=REF_CUDA, outer_dtype=outer_dtype, alpha=alpha, tau=tau)
+        ref32 = diloco_reference(2, 2, 2, 1, cfg=REF_CUDA, dtype="float32", outer_dtype=outer_dtype, alpha=alpha, tau=tau)
         program = build(kind, precision, ["train_gpt2_diloco"])[0]
-        d = fresh_dir("%s_%s_diloco_%s" % (kind, precision, outer_dtype))
+        d = fresh_dir("%s_%s_diloco_%s_t%d" % (kind, precision, outer_dtype, tau))
         args = trainer_args(reference_run(REF_CUDA), REF_CUDA["batch"] // 2, d,
-                            ["-workers", 2, "-H", 2, "-outer_dtype", outer_dtype,
+                            ["-workers", 2, "-H", 2, "-outer_dtype", outer_dtype, "-tau", tau, "-alpha", alpha,
                              "-dump_outer", os.path.join(d, "momentum.bin")], cfg=REF_CUDA)
         out = run(program, 2, args, d)
         if kind == "emu":  # (a CUDA run's buffers, planned on the CPU; the planner is built with MPI)
@@ -3409,13 +3410,16 @@ def make_cuda_diloco_test(kind, precision, devices, outer_dtype):
             got = sum(groups["across"].values())
             assert got == 8 + (P * 4 if s % 2 == 0 or s == steps else 0), "step %d moved %d across workers" % (s, got)
     prefix, path = cuda_test_name(kind, devices)
-    fn.__name__ = "%s_diloco_vs_reference_%s_2_workers_%s%s" % (prefix, precision.lower(), path,
-                                                               "_bf16_link" if outer_dtype == "bf16" else "")
+    fn.__name__ = "%s_diloco_vs_reference_%s_2_workers_%s%s%s" % (prefix, precision.lower(), path,
+                                                                 "_bf16_link" if outer_dtype == "bf16" else "",
+                                                                 "_tau%d" % tau if tau else "")
     return fn
 
 
 for _precision, _devices, _outer in (("FP32", 2, "fp32"), ("BF16", 1, "fp32"), ("BF16", 2, "bf16")):
     test(make_cuda_diloco_test("emu", _precision, _devices, _outer))
+# -tau 1: the all-reduce posted on NCCL's comm stream and waited for a step later
+test(make_cuda_diloco_test("emu", "FP32", 2, "fp32", tau=1))
 for _precision, _outer in (("FP32", "fp32"), ("BF16", "bf16")):
     test(make_cuda_diloco_test("cuda", _precision, None, _outer))
 
@@ -3769,17 +3773,17 @@ _diloco_cache = {}
 
 
 def diloco_reference(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF, dtype="float64", fragments=1,
-                     outer_dtype="fp32", alpha=0.0, fragment_layout="contiguous"):
+                     outer_dtype="fp32", alpha=0.0, fragment_layout="contiguous", tau=0):
     """run_diloco from the reference's initial weights: its losses, norms and directory"""
     key = (workers, H, ranks, micro, outer_lr, outer_momentum, dtype, fragments, outer_dtype, cfg["layers"], cfg["steps"],
-           alpha, fragment_layout)
+           alpha, fragment_layout, tau)
     if key not in _diloco_cache:
-        out = os.path.join(TMP, "reference_diloco_%d_%d_%d_%d_%g_%g_%s_f%d_%s_l%d_s%d_a%g_%s" % key)
+        out = os.path.join(TMP, "reference_diloco_%d_%d_%d_%d_%g_%g_%s_f%d_%s_l%d_s%d_a%g_%s_t%d" % key)
         init = os.path.join(reference_run(cfg)["dir"], "model.bin")
         args = type("Args", (), dict(cfg, out=out, init=init, workers=workers, H=H, ranks=ranks, micro=micro,
                                      outer_lr=outer_lr, outer_momentum=outer_momentum, dtype=dtype,
                                      fragments=fragments, outer_dtype=outer_dtype, alpha=alpha,
-                                     fragment_layout=fragment_layout))
+                                     fragment_layout=fragment_layout, tau=tau))
         shared_dir(out, lambda out: reference.run_diloco(args))
         with open(os.path.join(out, "reference.json")) as f:
             _diloco_cache[key] = dict(json.load(f), dir=out)
@@ -3787,7 +3791,7 @@ def diloco_reference(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9,
 
 
 def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=REF, fragments=1, outer_dtype="fp32",
-               alpha=0.0, fragment_layout="contiguous"):
+               alpha=0.0, fragment_layout="contiguous", tau=0):
     """a DiLoCo run against the reference: every step's loss (the workers' mean) and gradient norm
     (their mean) within the CPU's fp32 tolerances; the final weights (theta_outer) and the outer
     momentum within 2e-5 (the other trainers' bound) times the outer optimizer's largest gain on
@@ -3806,15 +3810,15 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
     noise tips a value to the next bf16 step there, it does so here; the bytes are the exchanges'
     (average_bf16): rank 0 sends and receives P_f - P_f/W + (W - 1) P_f/W values of 2 bytes"""
     ref = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, fragments=fragments,
-                           outer_dtype=outer_dtype, alpha=alpha, fragment_layout=fragment_layout)
+                           outer_dtype=outer_dtype, alpha=alpha, fragment_layout=fragment_layout, tau=tau)
     B = cfg["batch"] // (ranks * micro)
-    d = fresh_dir("diloco_w%d_h%d_r%d_m%d_f%d_%s_a%g_%s" % (workers, H, ranks, micro, fragments, outer_dtype, alpha,
-                                                           fragment_layout))
+    d = fresh_dir("diloco_w%d_h%d_r%d_m%d_f%d_%s_a%g_%s_t%d" % (workers, H, ranks, micro, fragments, outer_dtype, alpha,
+                                                               fragment_layout, tau))
     outer_path = os.path.join(d, "momentum.bin")
     args = trainer_args(reference_run(cfg), B, d, ["-workers", workers, "-H", H, "-outer_lr", outer_lr,
                                                    "-outer_momentum", outer_momentum, "-dump_outer", outer_path,
                                                    "-fragments", fragments, "-outer_dtype", outer_dtype, "-alpha", alpha,
-                                                   "-fragment_layout", fragment_layout], cfg=cfg)
+                                                   "-fragment_layout", fragment_layout, "-tau", tau], cfg=cfg)
     out = run_ok(ranks, args, program=DILOCO)
     check_planner_matches_trainer(DILOCO, ranks, args, out)  # (the outer state its own row)
     train, _ = read_log(d)
@@ -3825,7 +3829,7 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
         n, nr = train[s]["grad_norm"], ref["grad_norms"][s - 1]
         assert abs(n - nr) <= 1e-5 * nr, "step %d norm %.7f, reference %.7f" % (s, n, nr)
     ref32 = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, "float32", fragments, outer_dtype,
-                             alpha, fragment_layout)
+                             alpha, fragment_layout, tau)
     # (with no momentum torch's SGD keeps no buffer: the reference writes zeros, nothing to compare)
     files = [("final.bin", "model_%08d.bin" % steps)] + ([("momentum.bin", "momentum.bin")] if outer_momentum > 0 else [])
     # the outer optimizer's largest gain on an error in the pseudo-gradient: at its k-th outer step
@@ -3931,22 +3935,51 @@ def diloco_bad_inputs():
         assert not os.path.exists(os.path.join(d, "out")), "%s left its output dir behind" % args
 
 
-def make_diloco_stream_test(workers, ranks, fragments, layout, alpha):
+def make_diloco_stream_test(workers, ranks, fragments, layout, alpha, H=4, tau=0, cfg=REF4):
     def fn():
-        """streaming DiLoCo on the 4-layer model, H = 4 over 5 steps, against the reference
-        fragmented and merged alike: strided fragments hold the layers l % F == f (wte and wpe
-        still with fragment 0, lnf with the last); alpha merges each worker's own weights into
-        theta_outer after each outer step. Losses, norms, theta_outer, the momentum and every
-        step's bytes as diloco_run checks them"""
-        diloco_run(workers, 4, ranks, 1, cfg=REF4, fragments=fragments, alpha=alpha, fragment_layout=layout)
-    fn.__name__ = "diloco_streaming_w%d_%d_ranks_f%d_%s_alpha%g" % (workers, ranks, fragments, layout, alpha)
+        """streaming DiLoCo on the 4-layer model against the reference fragmented, merged and
+        delayed alike: strided fragments hold the layers l % F == f (wte and wpe still with
+        fragment 0, lnf with the last); alpha merges each worker's own weights into theta_outer
+        after each outer step; tau > 0 applies a fragment's average tau steps after its post (its
+        exchange overlapping them), the merge then using the worker's weights of that later step.
+        Losses, norms, theta_outer, the momentum and every step's bytes as diloco_run checks them
+        (every worker posts the fragments in the same order: one that did not would hang here,
+        under the runner's timeout)"""
+        diloco_run(workers, H, ranks, 1, cfg=cfg, fragments=fragments, alpha=alpha, fragment_layout=layout, tau=tau)
+    fn.__name__ = "diloco_streaming_w%d_%d_ranks_h%d_f%d_%s_alpha%g%s" % (workers, ranks, H, fragments, layout, alpha,
+                                                                         "_tau%d" % tau if tau else "")
     return fn
 
 
-# strided fragments at F = 2 and 4, the merge at alpha 0.5, 2 workers of 1 and of 2 ranks
-for _w, _r, _f, _layout, _alpha in [(2, 2, 2, "strided", 0.5), (2, 4, 4, "strided", 0.0), (2, 4, 2, "contiguous", 0.5),
-                                    (2, 2, 4, "strided", 0.5)]:
-    test(make_diloco_stream_test(_w, _r, _f, _layout, _alpha))
+# strided fragments at F = 2 and 4, the merge at alpha 0.5, 2 workers of 1 and of 2 ranks; tau 1
+# and 2 over 9 steps with F = 2 and 4 (tau < H/F)
+REF4_9 = dict(REF4, steps=9)
+for _w, _r, _f, _layout, _alpha, _H, _tau, _cfg in [
+        (2, 2, 2, "strided", 0.5, 4, 0, REF4), (2, 4, 4, "strided", 0.0, 4, 0, REF4), (2, 4, 2, "contiguous", 0.5, 4, 0, REF4),
+        (2, 2, 4, "strided", 0.5, 4, 0, REF4), (2, 2, 2, "strided", 0.5, 4, 1, REF4_9),
+        (2, 4, 2, "contiguous", 0.5, 8, 2, REF4_9), (2, 2, 4, "strided", 0.5, 8, 1, REF4_9),
+        (2, 4, 1, "contiguous", 0.0, 3, 2, REF4_9)]:
+    test(make_diloco_stream_test(_w, _r, _f, _layout, _alpha, _H, _tau, _cfg))
+
+
+@test
+def diloco_resume_with_an_exchange_in_flight_is_bit_identical():
+    """-tau 2 -H 3: the outer step after step 3 is posted and lands after step 5; the checkpoint
+    of step 3 records the average in flight (the trainer waits for it before writing) and which
+    fragment it is, and the run resumed from it repeats steps 4-5, theta_outer and the momentum
+    bit for bit. A -tau that is not below H/F is refused with the rule"""
+    def run(args, d):
+        return run_ok(2, args + ["-workers", 2, "-H", 3, "-tau", 2, "-alpha", 0.5, "-dump_outer",
+                                 os.path.join(d, "momentum.bin")], program=DILOCO)
+    check_resume(run, "diloco_resume_tau", 4)
+    with open(os.path.join(test_dir("diloco_resume_tau_full"), "momentum.bin"), "rb") as a, \
+            open(os.path.join(test_dir("diloco_resume_tau_part"), "momentum.bin"), "rb") as b:
+        assert a.read() == b.read(), "the outer momentum differs after resume"
+    d = fresh_dir("diloco_tau_refused")
+    code, out = mpirun(2, trainer_args(reference_run(), 4, d, ["-H", 4, "-fragments", 2, "-tau", 2]), timeout=60,
+                       program=DILOCO)
+    assert code != 0 and "-tau 2: a fragment's exchange must be applied before the next fragment's is posted, H/F = 2 " \
+        "steps later, so tau < H/F" in out, out[-2000:]
 
 
 @test
