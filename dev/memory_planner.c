@@ -309,6 +309,7 @@ int main(int argc, char** argv) {
     int allgather = cp_allgather_of(cp_comm);
     CpSplit split = cp_split_of(cp_layout);
     double memory = memory_gb * 1e9;
+    if (search > 65536) fail("-search %d: at most 65536 devices (every grid of N is tried)", search);
     if (search > 0 && gpt2_is_moe(c)) fail("-search lists the dense trainers' layouts; plan a Mixture-of-Experts layout with -dp and -ep");
     int json = strcmp(format, "json") == 0;
     if (!json && strcmp(format, "text") != 0) fail("-format %s: expected text or json", format);

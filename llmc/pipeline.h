@@ -59,8 +59,17 @@ static inline int pipeline_schedule_from_name(const char* name) {
     return -1;
 }
 
-// NULL when the schedule can run p stages, m micro-batches and V chunks; else why not (in why)
+// NULL when the schedule can run p stages, m micro-batches and V chunks; else why not (in why).
+// A schedule is a list of 2 or 3 actions per micro-batch chunk and stage, so m V stays below 2^20
+// (a step of more micro-batches than that is a -d typo, and its list would not fit an int)
+#define PIPELINE_MAX_CHUNKS (1 << 20)
 static inline const char* pipeline_spec_problem(PipeSpec s, char* why, size_t cap) {
+    if ((long long)s.m * s.V > PIPELINE_MAX_CHUNKS || (long long)s.p * s.m * s.V > 8LL * PIPELINE_MAX_CHUNKS) {
+        snprintf(why, cap, "%d micro-batches a step (-d / (B*T)) of %d chunks on %d stages: a pipeline schedules at most "
+                 "%d micro-batch chunks a stage and %d in all; a smaller -d or a larger -b", s.m, s.V, s.p,
+                 PIPELINE_MAX_CHUNKS, 8 * PIPELINE_MAX_CHUNKS);
+        return why;
+    }
     if (s.sched == SCHEDULE_INTERLEAVED) {
         if (s.V < 2) snprintf(why, cap, "-sched interleaved needs -vp 2 or more chunks per stage (-vp %d)", s.V);
         else if (s.p < 2) snprintf(why, cap, "-sched interleaved needs 2 or more stages (there is %d)", s.p);

@@ -17,6 +17,7 @@ import collections
 import concurrent.futures
 import fcntl
 import glob
+import html
 import html.parser
 import io
 import json
@@ -2907,7 +2908,8 @@ def memory_page_layouts():
                 dict(e="d12", d=1000), dict(e="d12", experts=8, ep=3, dp=4), dict(e="d12", sp=1, tp=2, t=1023),
                 dict(e="d12", z=2, trainer="3d", dp=2, pp=2), dict(device="cpu", precision="bf16"),
                 dict(e="d12", pp=2, sched="interleaved", vp=4), dict(e="d12", offload=1, tp=2),
-                dict(e="d12", attention="sdpa"), dict(e="d12", cp_comm="tree", cp=2)):
+                dict(e="d12", attention="sdpa"), dict(e="d12", cp_comm="tree", cp=2),
+                dict(e="d12", b=1, t=1, d=134217729, pp=2), dict(e="d12", search=2147483647)):
         add(**bad)
     add(e="d12", b=4, t=1024, search=4)
     add(e="d48", b=4, t=1024, search=8, mem=141)
@@ -2947,7 +2949,8 @@ def memory_page_in_chromium_shows_the_planners_bytes_for_every_layout():
         for pairs, native in zip(layouts, natives):
             url = memory_page_url(pairs)
             dom = MemoryPageDom()
-            dom.feed(browser.dom(url))
+            html_text = browser.dom(url)
+            dom.feed(html_text)
             what = "%s\n    dev/memory_planner %s" % (url, " ".join(a for k, v in pairs for a in ("-" + k, v)))
             if native.returncode == 1:  # refused: the same message, and no numbers on the page
                 message = native.stderr.strip().splitlines()[-1].replace("error: ", "", 1)
@@ -2961,6 +2964,14 @@ def memory_page_in_chromium_shows_the_planners_bytes_for_every_layout():
             if "search" in plan:
                 want = [layout["total"] for layout in plan["layouts"]]
                 assert dom.layouts == want, "%s\n    page %s\n    planner %s" % (what, dom.layouts[:8], want[:8])
+                # a row's link opens that very layout: the same total (the search's batch kept)
+                links = re.findall(r'<tr class="layout" data-bytes="(\d+)">.*?<a href="([^"]+)"', html_text)
+                for total, link in links[:3] + links[-2:]:
+                    opened = MemoryPageDom()
+                    opened.feed(browser.dom("file://" + os.path.join(os.path.dirname(MEMORY_PAGE), html.unescape(link))))
+                    assert opened.state != "error" and [r[1] for r in opened.rows if r[0] == "total"] == [int(total)], \
+                        "%s: the link %s opens %s %s, the row said %s" % (what, link, opened.state,
+                                                                          opened.texts.get("status"), total)
                 seen["search"] += 1
                 continue
             want = [(r["label"], r["bytes"], r["kind"]) for r in plan["rows"]]
