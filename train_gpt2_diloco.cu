@@ -43,7 +43,8 @@ drops by less than F: the first fragment carries the embeddings (for GPT-2 124M 
 paper's pattern, so that every fragment spans the depth (contiguous, the default, keeps blocks of
 consecutive layers). -alpha a merges instead of replacing: after its outer step a fragment's
 worker weights become a theta_local + (1 - a) theta_outer, theta_local being the worker's own at
-that moment (the paper's alpha; 0, the default, is plain DiLoCo). -tau t overlaps the exchange
+that moment (the paper's alpha; 0, the default, is plain DiLoCo); the last step's outer steps take
+theta_outer unmerged, so that every worker ends on it and the model file is theta_outer. -tau t overlaps the exchange
 with t inner steps: a fragment's pseudo-gradient is taken and its all-reduce posted at its outer
 step (non-blocking: on the GPU NCCL's comm stream, on the CPU an MPI request), the inner steps go
 on, and t steps later the average is applied: the outer Nesterov step with that (t steps old)
@@ -304,7 +305,7 @@ static void outer_post(Diloco* d, GPT2* model, int f) {
     free(runs);
 }
 
-static void outer_apply(Diloco* d, GPT2* model, int f) {
+static void outer_apply(Diloco* d, GPT2* model, int f, float alpha) {
     Span* runs = (Span*)malloc_check((size_t)fragment_spans_max(&model->layout) * sizeof(Span));
     size_t P_f, packed = 0;
     int n = fragment_spans(d, &model->layout, f, runs, &P_f);
@@ -318,7 +319,7 @@ static void outer_apply(Diloco* d, GPT2* model, int f) {
         size_t o = runs[k].offset, count = runs[k].count;
         outer_nesterov_step(d->outer + o, d->momentum + o, q ? NULL : d->delta + packed, q ? q + packed : NULL, count,
                             d->outer_lr, d->outer_momentum);
-        outer_to_params(model->params_memory + o, master ? master + o : NULL, d->outer + o, count, d->alpha);
+        outer_to_params(model->params_memory + o, master ? master + o : NULL, d->outer + o, count, alpha);
         packed += count;
     }
     free(runs);
@@ -479,8 +480,12 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
         outer_step_bytes(d, P_f, &counted, &sent);
         char name[96] = "the model";
         const char* extra = f == 0 ? " + wte, wpe" : f == d->fragments - 1 ? " + lnf" : "";
-        if (d->fragments > 1 && d->strided) {
-            snprintf(name, sizeof(name), "fragment %d: layers %d, %d, ...%s", f, f, f + d->fragments, extra);
+        if (d->fragments > 1 && d->strided) {  // (its layers f, f + F, ...: the first three, then "...")
+            int at = snprintf(name, sizeof(name), "fragment %d: layers", f), listed = 0;
+            for (int l = f; l < c.num_layers && listed < 3; l += d->fragments, listed++) {
+                at += snprintf(name + at, sizeof(name) - at, "%s %d", listed ? "," : "", l);
+            }
+            snprintf(name + at, sizeof(name) - at, "%s%s", f + 3 * d->fragments < c.num_layers ? ", ..." : "", extra);
         } else if (d->fragments > 1) {
             snprintf(name, sizeof(name), "fragment %d: layers %d-%d%s", f, f * c.num_layers / d->fragments,
                      (f + 1) * c.num_layers / d->fragments - 1, extra);
@@ -667,14 +672,14 @@ int main(int argc, char** argv) {
         watchdog_phase("outer step", step);
         int completed = step + 1;
         if (d.in_flight >= 0 && (completed == d.apply_after || completed == run.max_steps)) {
-            outer_apply(&d, &model, d.in_flight);
+            outer_apply(&d, &model, d.in_flight, d.alpha);
             d.in_flight = -1;
         }
         for (int f = 0; f < d.fragments; f++) {
             if (!fragment_due(&d, f, completed, run.max_steps)) continue;
             outer_post(&d, &model, f);
             if (d.tau > 0 && completed < run.max_steps) d.in_flight = f, d.apply_after = completed + d.tau;
-            else outer_apply(&d, &model, f);
+            else outer_apply(&d, &model, f, completed == run.max_steps ? 0.0f : d.alpha);  // (the end: theta_outer, unmerged)
             float one = 1.0f;  // (check_resume)
             if (!fragment_scheduled(&d, f, completed)) copy_host_to_device(d.ended, &one, sizeof(float));
         }

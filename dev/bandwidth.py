@@ -17,7 +17,9 @@ method"):
       utilization = (H/F) T / ((H/F) T + max(0, t(P/F, bits) - tau T))
 
 T is the compute time of a step on a worker; a worker's own DDP inside a datacenter is taken as
-free. The peak bandwidth each needs to stay above a utilization u follows from the same lines.
+free; each fragment is taken as P/F values (in GPT-2 the first also carries the embeddings, so its
+exchange is larger and the streaming row a little optimistic). The bandwidth each needs to stay
+above a utilization u follows from the same lines.
 
     /usr/bin/python3 dev/bandwidth.py [-e d48 | -params N] [-step 1.0] [-workers 2] [-latency 0.01]
         [-H 100] [-fragments 4] [-tau 2] [-bits 4] [-o out/bandwidth.png]
@@ -40,6 +42,8 @@ def gpt2_parameters(descriptor):
     if not descriptor.startswith("d") or not descriptor[1:].isdigit():
         sys.exit("error: -e %s: expected a descriptor dL (d12 = 124M, d48 = 1.5B)" % descriptor)
     L = int(descriptor[1:])
+    if L < 1:
+        sys.exit("error: -e %s: expected a depth L >= 1" % descriptor)
     C = {24: 1024, 36: 1280, 48: 1600}.get(L, 64 * L)
     Vp, T = 50304, 1024
     return Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
@@ -68,8 +72,11 @@ def utilizations(P, step, workers, latency, H, fragments, tau, bits, gbits):
 
 def bandwidth_for(target, P, step, workers, latency, H, fragments, tau, bits, method):
     """the least bandwidth (Gbit/s) at which `method` reaches `target` utilization, by bisection
-    on a log scale (None where even 10 Tbit/s does not: the latency alone is too much)"""
+    on a log scale from 1 Mbit/s to 10 Tbit/s: 0.0 where even 1 Mbit/s does, None where 10 Tbit/s
+    does not"""
     lo, hi = 1e-3, 1e4
+    if list(utilizations(P, step, workers, latency, H, fragments, tau, bits, lo).values())[method] >= target:
+        return 0.0
     if list(utilizations(P, step, workers, latency, H, fragments, tau, bits, hi).values())[method] < target:
         return None
     for _ in range(100):
@@ -94,9 +101,12 @@ def main():
     ap.add_argument("-outer_dtype", default="e3m0", choices=sorted(BITS), help="the pseudo-gradient on the link")
     ap.add_argument("-o", default=None, help="the plot (default out/bandwidth.png)")
     args = ap.parse_args()
-    for name in ("step", "latency"):
-        if getattr(args, name) < 0:
-            sys.exit("error: -%s %g: expected a value >= 0" % (name, getattr(args, name)))
+    if args.step <= 0:
+        sys.exit("error: -step %g: expected a step's compute time in seconds, > 0" % args.step)
+    if args.latency < 0:
+        sys.exit("error: -latency %g: expected a value >= 0" % args.latency)
+    if args.params is not None and args.params <= 0:
+        sys.exit("error: -params %g: expected a positive parameter count" % args.params)
     for name in ("workers", "H", "fragments"):
         if getattr(args, name) < 1:
             sys.exit("error: -%s %d: expected a value >= 1" % (name, getattr(args, name)))
@@ -106,7 +116,7 @@ def main():
     if args.tau < 0 or args.tau >= args.H // args.fragments:
         sys.exit("error: -tau %d: an exchange must land before the fragment's next one, tau < H/F = %d"
                  % (args.tau, args.H // args.fragments))
-    P = args.params if args.params else gpt2_parameters(args.e)
+    P = args.params if args.params is not None else gpt2_parameters(args.e)
     bits = BITS[args.outer_dtype]
     print("P = %.3g parameters, a step's compute %.3g s, %d workers, latency %.3g s" % (P, args.step, args.workers,
                                                                                         args.latency))
@@ -123,7 +133,9 @@ def main():
     print("the least bandwidth for 90% utilization:")
     for i, name in enumerate(rows):
         need = bandwidth_for(0.9, P, args.step, args.workers, args.latency, args.H, args.fragments, args.tau, bits, i)
-        print("  %-*s %s" % (width, name, "%.3g Gbit/s" % need if need else "none (the latency alone costs more)"))
+        text = ("none below 10 Tbit/s" if need is None else "any (1 Mbit/s suffices)" if need == 0.0 else
+                "%.3g Gbit/s" % need)
+        print("  %-*s %s" % (width, name, text))
     import matplotlib
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt

@@ -442,7 +442,7 @@ def run_diloco(args):
     momentum.bin (the outer momentum, a model file), reference.json (per step: the workers' mean
     loss and mean gradient norm). args.dtype: float64 (the default, as run's) or float32.
     args.alpha: after an outer step a worker continues from alpha theta_w + (1 - alpha) theta_outer
-    (Streaming DiLoCo's merge; 0: theta_outer). args.tau: a fragment's mean pseudo-gradient, taken at
+    (Streaming DiLoCo's merge; 0: theta_outer; the last step's outer steps unmerged). args.tau: a fragment's mean pseudo-gradient, taken at
     its outer step, is applied tau steps later (the exchange overlapping them), theta_w then being
     the worker's weights of that later step; at the last step whatever is pending first, then
     every fragment at once. args.fragment_layout "strided": fragment f holds the
@@ -493,7 +493,7 @@ def run_diloco(args):
     tau = getattr(args, "tau", 0)
     pending = None  # (fragment, its mean pseudo-gradient, the step after which it is applied)
 
-    def apply(f, grads):  # the outer step of fragment f, and each worker from theta_outer merged by alpha
+    def apply(f, grads, alpha=alpha):  # the outer step of fragment f, each worker from theta_outer merged by alpha
         with torch.no_grad():
             for i, g in zip(groups[f], grads):
                 params[i].grad = g
@@ -535,8 +535,8 @@ def run_diloco(args):
                 grads = [link(sum(link(params[i] - wp[i]) for wp in workers_params) / W) for i in groups[f]]
             if tau > 0 and s < args.steps:
                 pending = (f, grads, s + tau)
-            else:
-                apply(f, grads)
+            else:  # (the last step's outer steps unmerged: every worker ends on theta_outer)
+                apply(f, grads, alpha if s < args.steps else 0.0)
     os.makedirs(args.out, exist_ok=True)
     write_model_file(os.path.join(args.out, "final.bin"), outer, outer.tensors())
     states = {}

@@ -2175,6 +2175,7 @@ for _grid in [(1, 1, 2, 1, "1f1b", 1, 2, 0, 2, "zigzag", "ring"), (2, 2, 1, 0, "
     test(make_grid3d_test(*_grid))
 # -tp_overlap 1 inside the grid: 2x2x2 with -sp (ring steps), and with cp and no -sp (chunks)
 test(make_grid3d_test(2, 2, 2, 1, "1f1b", 1, 2, 1, overlap=1))
+test(make_grid3d_test(1, 2, 2, 1, "zb", 1, 2, 0, overlap=1))  # (zero bubble's split backward under the ring)
 test(make_grid3d_test(1, 1, 2, 0, "1f1b", 1, 2, 0, 2, "zigzag", "ring", overlap=1))
 
 
@@ -3971,6 +3972,19 @@ for _w, _r, _f, _layout, _alpha, _H, _tau, _cfg in [
         (2, 4, 2, "contiguous", 0.5, 8, 2, REF4_9), (2, 2, 4, "strided", 0.5, 8, 1, REF4_9),
         (2, 4, 1, "contiguous", 0.0, 3, 2, REF4_9)]:
     test(make_diloco_stream_test(_w, _r, _f, _layout, _alpha, _H, _tau, _cfg))
+
+
+@test
+def diloco_alpha_ends_on_theta_outer_with_or_without_a_checkpoint():
+    """-alpha 0.5: the last step's outer step is unmerged, so every worker ends on theta_outer and
+    the run's model file is the same whether a checkpoint (-n) wrote it from worker 0 or the run's
+    end wrote theta_outer"""
+    files = []
+    for extra in ([], ["-n", 4]):
+        d = fresh_dir("diloco_alpha_end_%d" % len(extra))
+        run_ok(2, trainer_args(reference_run(), 4, d, ["-x", 4, "-H", 2, "-alpha", 0.5] + extra), program=DILOCO)
+        files.append(open(os.path.join(d, "model_00000004.bin"), "rb").read())
+    assert files[0] == files[1], "-alpha 0.5: the model file differs with and without a checkpoint at the last step"
 
 
 @test
