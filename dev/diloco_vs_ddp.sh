@@ -6,18 +6,28 @@
 # step and the same inner AdamW settings, the outer ones the paper's (lr 0.7, momentum 0.9); then
 # H = 1 again as plain parameter averaging (outer lr 1, momentum 0). dev/plot_diloco.py draws the validation loss against
 # the step and against the bytes sent on the link, and prints the README's table.
+# With --streaming, streaming DiLoCo's own choices at F = 2, H = 48 (so tau < H/F = 24): the
+# fragments contiguous or strided, the exchange applied at once or tau = 2 steps later, the merge
+# alpha 0 or 0.5, and the link in fp32 or bf16 (dev/images/diloco_streaming.png). The curves are
+# the validation loss of the workers' own models, averaged over the workers (what the trainer
+# measures between outer steps), not of theta_outer: with fragments taking turns the workers never
+# all sit on theta_outer until the last step, whose loss is theta_outer's.
 #   bash dev/diloco_vs_ddp.sh [out.png]      (default out/diloco_vs_ddp/diloco_vs_ddp.png)
 #   bash dev/diloco_vs_ddp.sh --readme       redraws the README's figure, dev/images/diloco_vs_ddp.png
-#   STEPS=400 by default; on 2 cores about 30 minutes for the six runs
+#   bash dev/diloco_vs_ddp.sh --streaming    the streaming runs (add --readme after it for the README's)
+#   STEPS=400 by default; on 2 cores about 30 minutes for the six runs, 13 for the five streaming ones
 set -e
 cd "$(dirname "$0")/.."
+streaming=0
+if [ "${1:-}" = --streaming ]; then streaming=1; shift; fi
 case "${1:-}" in
-    --readme) out=dev/images/diloco_vs_ddp.png ;;
-    -*) echo "dev/diloco_vs_ddp.sh: unknown option '$1' (expected --readme or an output .png)" >&2; exit 2 ;;
-    *) out=${1:-out/diloco_vs_ddp/diloco_vs_ddp.png} ;;
+    --readme) out=dev/images/diloco_vs_ddp.png; [ $streaming = 1 ] && out=dev/images/diloco_streaming.png ;;
+    -*) echo "dev/diloco_vs_ddp.sh: unknown option '$1' (expected --streaming, --readme or an output .png)" >&2; exit 2 ;;
+    *) out=${1:-out/diloco_vs_ddp/diloco_vs_ddp.png}; [ $streaming = 1 ] && out=${1:-out/diloco_vs_ddp/diloco_streaming.png} ;;
 esac
 steps=${STEPS:-400}
-echo "6 runs of 4 ranks, $steps steps each (about 30 minutes on 2 cores at 400); the figure: $out"
+[ $streaming = 1 ] && echo "5 runs of 4 ranks, $steps steps each (about 13 minutes on 2 cores at 400); the figure: $out"
+[ $streaming = 0 ] && echo "6 runs of 4 ranks, $steps steps each (about 30 minutes on 2 cores at 400); the figure: $out"
 mkdir -p "$(dirname "$out")"
 make -s train_gpt2_dp train_gpt2_diloco
 # 4 ranks x B 2 x T 64 = 512 tokens a step; validation every 10 steps on 4 batches of each rank
@@ -36,6 +46,20 @@ run() {  # name program flags...
     echo "$name: $program $*"
     "${mpi[@]}" "$program" "${common[@]}" -o "out/diloco_vs_ddp/$name" "$@" | grep -E "^average step time"
 }
+if [ $streaming = 1 ]; then
+    stream=(-H 48 -fragments 2)  # (with 4 layers and F = 4 both layouts would be one layer a fragment)
+    run f2 ./train_gpt2_diloco "${stream[@]}"
+    run f2_strided ./train_gpt2_diloco "${stream[@]}" -fragment_layout strided
+    run f2_strided_tau2 ./train_gpt2_diloco "${stream[@]}" -fragment_layout strided -tau 2
+    run f2_strided_tau2_a05 ./train_gpt2_diloco "${stream[@]}" -fragment_layout strided -tau 2 -alpha 0.5
+    run f2_strided_tau2_a05_bf16 ./train_gpt2_diloco "${stream[@]}" -fragment_layout strided -tau 2 -alpha 0.5 -outer_dtype bf16
+    /usr/bin/python3 dev/plot_diloco.py -o "$out" --link-ranks 4 \
+        --title "GPT-2 d4, 4 datacenters, streaming DiLoCo (F = 2, H = 48): layout, tau, alpha, link dtype" \
+        "contiguous=out/diloco_vs_ddp/f2" "strided=out/diloco_vs_ddp/f2_strided" \
+        "strided, tau 2=out/diloco_vs_ddp/f2_strided_tau2" "strided, tau 2, alpha 0.5=out/diloco_vs_ddp/f2_strided_tau2_a05" \
+        "strided, tau 2, alpha 0.5, bf16=out/diloco_vs_ddp/f2_strided_tau2_a05_bf16"
+    exit 0
+fi
 run ddp ./train_gpt2_dp
 run h1 ./train_gpt2_diloco -H 1
 run h10 ./train_gpt2_diloco -H 10
