@@ -93,6 +93,42 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 // ----------------------------------------------------------------------------------------------
 // The workers and the outer state
 
+// Which layers fragment f holds: contiguous (the default), the L/F consecutive layers
+// [f L/F, (f+1) L/F); strided (the paper's pattern, -fragment_layout strided), the layers l with
+// l % F == f, so that every fragment spans the whole depth. The embeddings go with fragment 0 and
+// the final LayerNorm with fragment F - 1 either way.
+static int fragment_holds(int F, int strided, int f, int l, int L) { return strided ? l % F == f : l / (L / F) == f; }
+
+// A fragment's parameters in the flat buffer: the layout stores each tensor for all layers one
+// after another (ln1w of layer 0, 1, ..., then qkvw of layer 0, 1, ...), so a contiguous
+// fragment's layers are one run of each per-layer tensor, and a strided fragment's L/F runs of one
+// layer each; the embeddings (f = 0) and the final LayerNorm (f = F-1) are spans of their own.
+// Fills runs (at most NUM_PARAMETER_TENSORS x L) and returns how many; their elements in *P_f.
+typedef struct {
+    size_t offset, count;
+} Span;
+static int fragment_spans(int F, int strided, const ParameterLayout* p, int f, Span* runs, size_t* P_f) {
+    int n = 0;
+    *P_f = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (p->sizes[i] == 0) continue;  // (a dense model's empty router: no span, no kernel of 0 threads)
+        if (!tensor_is_per_layer(i)) {
+            if ((i == PARAM_WTE || i == PARAM_WPE) ? f != 0 : f != F - 1) continue;
+            runs[n++] = (Span){p->offsets[i], p->sizes[i]};
+            *P_f += p->sizes[i];
+            continue;
+        }
+        for (int l = 0; l < p->layers; l++) {
+            if (!fragment_holds(F, strided, f, l, p->layers)) continue;
+            size_t offset = p->offsets[i] + (size_t)l * p->layer_stride[i], count = p->layer_stride[i];
+            if (n > 0 && runs[n - 1].offset + runs[n - 1].count == offset) runs[n - 1].count += count;  // (the next layer)
+            else runs[n++] = (Span){offset, count};
+            *P_f += count;
+        }
+    }
+    return n;
+}
+
 typedef struct {
     GPT2* model;                    // this rank's copy: its worker's
     int rank;                       // in the world: worker w's r-th rank is w R + r
@@ -103,6 +139,9 @@ typedef struct {
     int outer_bf16;                 // the pseudo-gradient crosses the link in bf16 (-outer_dtype)
     float outer_lr, outer_momentum;
     float alpha;                    // -alpha: a worker resumes from alpha theta_local + (1 - alpha) theta_outer
+    Span** spans;                   // (F) each fragment's runs of the flat buffer (fragment_spans), once
+    int* num_spans;                 // (F) how many
+    size_t* fragment_size;          // (F) P_f, its parameters
     CommGroup worker;   // this worker's R ranks: DDP inside it, every inner step
     CommGroup across;   // the W ranks at this place in every worker: the outer all-reduce
     float* outer;       // (P) fp32 theta_outer: the same on every rank
@@ -149,6 +188,13 @@ static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, i
     if ((W - 1) * largest_shard > P) {
         fail("-workers %d: the bf16 average needs P / W >= W - 1, and the model has P = %zu parameters", workers, P);
     }
+    d->spans = (Span**)malloc_check((size_t)fragments * sizeof(Span*));
+    d->num_spans = (int*)malloc_check((size_t)fragments * sizeof(int));
+    d->fragment_size = (size_t*)malloc_check((size_t)fragments * sizeof(size_t));
+    for (int f = 0; f < fragments; f++) {
+        d->spans[f] = (Span*)malloc_check((size_t)NUM_PARAMETER_TENSORS * (model->layout.layers + 1) * sizeof(Span));
+        d->num_spans[f] = fragment_spans(fragments, strided, &model->layout, f, d->spans[f], &d->fragment_size[f]);
+    }
     d->outer = (float*)device_malloc(P * sizeof(float));
     d->momentum = (float*)device_malloc(P * sizeof(float));
     d->delta = (float*)device_malloc(P * sizeof(float));
@@ -165,47 +211,10 @@ static void diloco_free(Diloco* d) {
     device_free(d->delta);
     device_free(d->ended);
     device_free(d->pending);
+    for (int f = 0; f < d->fragments; f++) free(d->spans[f]);
+    free(d->spans), free(d->num_spans), free(d->fragment_size);
     comm_group_free(&d->worker);
     comm_group_free(&d->across);
-}
-
-// Which layers fragment f holds: contiguous (the default), the L/F consecutive layers
-// [f L/F, (f+1) L/F); strided (the paper's pattern, -fragment_layout strided), the layers l with
-// l % F == f, so that every fragment spans the whole depth. The embeddings go with fragment 0 and
-// the final LayerNorm with fragment F - 1 either way.
-static int fragment_holds(const Diloco* d, int f, int l, int L) {
-    return d->strided ? l % d->fragments == f : l / (L / d->fragments) == f;
-}
-
-// A fragment's parameters in the flat buffer: the layout stores each tensor for all layers one
-// after another (ln1w of layer 0, 1, ..., then qkvw of layer 0, 1, ...), so a contiguous
-// fragment's layers are one run of each per-layer tensor, and a strided fragment's L/F runs of one
-// layer each; the embeddings (f = 0) and the final LayerNorm (f = F-1) are spans of their own.
-// Fills runs (at most fragment_spans_max) and returns how many; their elements in *P_f.
-typedef struct {
-    size_t offset, count;
-} Span;
-static int fragment_spans_max(const ParameterLayout* p) { return NUM_PARAMETER_TENSORS * (p->layers > 0 ? p->layers : 1); }
-static int fragment_spans(const Diloco* d, const ParameterLayout* p, int f, Span* runs, size_t* P_f) {
-    int n = 0, F = d->fragments;
-    *P_f = 0;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        if (p->sizes[i] == 0) continue;  // (a dense model's empty router: no span, no kernel of 0 threads)
-        if (!tensor_is_per_layer(i)) {
-            if ((i == PARAM_WTE || i == PARAM_WPE) ? f != 0 : f != F - 1) continue;
-            runs[n++] = (Span){p->offsets[i], p->sizes[i]};
-            *P_f += p->sizes[i];
-            continue;
-        }
-        for (int l = 0; l < p->layers; l++) {
-            if (!fragment_holds(d, f, l, p->layers)) continue;
-            size_t offset = p->offsets[i] + (size_t)l * p->layer_stride[i], count = p->layer_stride[i];
-            if (n > 0 && runs[n - 1].offset + runs[n - 1].count == offset) runs[n - 1].count += count;  // (the next layer)
-            else runs[n++] = (Span){offset, count};
-            *P_f += count;
-        }
-    }
-    return n;
 }
 
 // does fragment f take its outer step after `completed` steps by its schedule: every H steps from
@@ -281,9 +290,9 @@ static void average_bf16(Diloco* d, bfloat16* q, size_t P_f) {
 // workers, which with -tau is left in flight) and outer_apply (4, 5: the outer optimizer and the
 // workers' restart), right after or tau steps later.
 static void outer_post(Diloco* d, GPT2* model, int f) {
-    Span* runs = (Span*)malloc_check((size_t)fragment_spans_max(&model->layout) * sizeof(Span));
-    size_t P_f, packed = 0;
-    int n = fragment_spans(d, &model->layout, f, runs, &P_f);
+    const Span* runs = d->spans[f];
+    size_t P_f = d->fragment_size[f], packed = 0;
+    int n = d->num_spans[f];
     float* master = model->master_memory;  // (the fp32 master weights in bf16 builds, else NULL)
     bfloat16* q = d->outer_bf16 ? (bfloat16*)d->delta : NULL;
     // 2. delta = theta_outer - theta, the fragment's spans packed one after another (in bf16: q)
@@ -302,13 +311,12 @@ static void outer_post(Diloco* d, GPT2* model, int f) {
     if (q) average_bf16(d, q, P_f);
     else if (d->tau > 0) comm_all_reduce_start(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG, &d->exchange);
     else comm_all_reduce(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG);
-    free(runs);
 }
 
 static void outer_apply(Diloco* d, GPT2* model, int f, float alpha) {
-    Span* runs = (Span*)malloc_check((size_t)fragment_spans_max(&model->layout) * sizeof(Span));
-    size_t P_f, packed = 0;
-    int n = fragment_spans(d, &model->layout, f, runs, &P_f);
+    const Span* runs = d->spans[f];
+    size_t packed = 0;
+    int n = d->num_spans[f];
     float* master = model->master_memory;
     bfloat16* q = d->outer_bf16 ? (bfloat16*)d->delta : NULL;
     comm_wait(&d->exchange);  // (-tau: the average has arrived; nothing in flight otherwise)
@@ -322,13 +330,51 @@ static void outer_apply(Diloco* d, GPT2* model, int f, float alpha) {
         outer_to_params(model->params_memory + o, master ? master + o : NULL, d->outer + o, count, alpha);
         packed += count;
     }
-    free(runs);
 }
 
-// the fragment in flight, as a checkpoint records it (in_flight + 1, 0: none; apply_after)
-static void record_pending(Diloco* d) {
-    float pending[2] = {(float)(d->in_flight + 1), (float)d->apply_after};
-    copy_host_to_device(d->pending, pending, sizeof(pending));
+// After `completed` inner steps: the outer steps that are due. With -tau the average posted tau
+// steps ago lands first (at the last step whatever is in flight), and a fragment due now is posted
+// and left in flight; the last step's outer steps complete at once, unmerged, so that every worker
+// ends on theta_outer and the model file is theta_outer
+static void outer_steps(Diloco* d, GPT2* model, const Run* run, int completed) {
+    int last = completed == run->max_steps;
+    if (d->in_flight >= 0 && (completed == d->apply_after || last)) {
+        outer_apply(d, model, d->in_flight, d->alpha);
+        d->in_flight = -1;
+    }
+    for (int f = 0; f < d->fragments; f++) {
+        if (!fragment_due(d, f, completed, run->max_steps)) continue;
+        outer_post(d, model, f);
+        if (d->tau > 0 && !last) d->in_flight = f, d->apply_after = completed + d->tau;
+        else outer_apply(d, model, f, last ? 0.0f : d->alpha);
+        float one = 1.0f;  // (check_resume)
+        if (!fragment_scheduled(d, f, completed)) copy_host_to_device(d->ended, &one, sizeof(float));
+    }
+    if (d->tau > 0) {
+        // the fragment in flight, as a checkpoint records it (in_flight + 1, 0: none; apply_after);
+        // a checkpoint before the next step records the average itself, so it arrives now
+        float pending[2] = {(float)(d->in_flight + 1), (float)d->apply_after};
+        copy_host_to_device(d->pending, pending, sizeof(pending));
+        if (train_checkpoint_due(&run->args, completed, run->start_step, last)) comm_wait(&d->exchange);
+    }
+}
+
+// What every rank's state file carries besides the model's (llmc/train.h's TrainerState):
+// theta_outer, the outer momentum, its worker's fp32 weights, the flag check_resume reads, and
+// with -tau the averaged pseudo-gradient in flight and which fragment it is. A resumed run reads
+// back the fragment in flight (diloco_resumed)
+static TrainerState diloco_state(Diloco* d, GPT2* model) {
+    size_t P = model->num_parameters;
+    float* own_weights = model->master_memory ? model->master_memory : (float*)model->params_memory;
+    TrainerState own = {{d->outer, d->momentum, own_weights, d->ended, d->delta, d->pending}, {P, P, P, 1, P, 2},
+                        d->tau > 0 ? 6 : 4};
+    return own;
+}
+static void diloco_resumed(Diloco* d) {
+    if (d->tau == 0) return;
+    float pending[2];
+    copy_device_to_host(pending, d->pending, sizeof(pending));
+    d->in_flight = (int)pending[0] - 1, d->apply_after = (int)pending[1];
 }
 
 // The bytes of fragment f's outer step on this rank, as the step line counts them (fp32: the
@@ -431,7 +477,7 @@ static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
 // What rank 0 prints at the start: the workers, the memory of a rank (the outer state its own
 // row), and the bytes: every inner step the worker's DDP all-reduce, every H steps the outer one
 
-static void print_layout(const Run* run, const Diloco* d, const ParameterLayout* layout, int accum) {
+static void print_layout(const Run* run, const Diloco* d, int accum) {
     const TrainArgs* args = &run->args;
     GPT2Config c = run->config;
     BannerRow rows[16];
@@ -472,12 +518,9 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
     printf("  across, the outer step (%s), every %d steps%s:\n", how, d->H,
            d->fragments > 1 ? ", fragment f after the steps f H/F + k H" : "");
     double mean_sent = 0, peak_sent = 0;  // on the link per step: on average, and at most before the last
-    Span* spans = (Span*)malloc_check((size_t)fragment_spans_max(layout) * sizeof(Span));
     for (int f = 0; f < d->fragments; f++) {
-        size_t P_f;
-        fragment_spans(d, layout, f, spans, &P_f);
         double counted, sent;
-        outer_step_bytes(d, P_f, &counted, &sent);
+        outer_step_bytes(d, d->fragment_size[f], &counted, &sent);
         char name[96] = "the model";
         const char* extra = f == 0 ? " + wte, wpe" : f == d->fragments - 1 ? " + lnf" : "";
         if (d->fragments > 1 && d->strided) {  // (its layers f, f + F, ...: the first three, then "...")
@@ -494,7 +537,6 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
         mean_sent += sent / d->H;
         peak_sent = sent > peak_sent ? sent : peak_sent;
     }
-    free(spans);
     double line = 2.0 * (W - 1) / W * 8;  // the step line's loss and norm, 8 bytes all-reduced every step
     mean_sent += line;
     peak_sent += line;
@@ -505,10 +547,10 @@ static void print_layout(const Run* run, const Diloco* d, const ParameterLayout*
 }
 
 // DiLoCo's own flags against the job: W dividing the ranks (0: one worker per rank), F dividing
-// L and H, the link's dtype, -dump_outer's directory (checked now: it is written after the run).
-// Returns W.
-static int diloco_check_flags(int workers, int ranks, int H, int fragments, GPT2Config c, const char* outer_dtype,
-                              const char* dump_outer) {
+// L and H, the fragments' layout, tau below H/F, the link's dtype, -dump_outer's directory
+// (checked now: it is written after the run). Returns W.
+static int diloco_check_flags(int workers, int ranks, int H, int fragments, const char* fragment_layout, int tau,
+                              GPT2Config c, const char* outer_dtype, const char* dump_outer) {
     if (workers == 0) workers = ranks;
     // (every rank checks the same flags: a bad one is printed once, utils.h's check_every_rank)
     check_every_rank(ranks % workers == 0, "-workers %d does not divide the %d ranks: each worker is ranks / W ranks "
@@ -516,6 +558,10 @@ static int diloco_check_flags(int workers, int ranks, int H, int fragments, GPT2
     check_every_rank(c.num_layers % fragments == 0 && H % fragments == 0, "-fragments %d: the fragments are L/F layers "
                      "each and take turns every H/F steps, so F must divide the model's L = %d layers and -H %d",
                      fragments, c.num_layers, H);
+    check_every_rank(strcmp(fragment_layout, "contiguous") == 0 || strcmp(fragment_layout, "strided") == 0,
+                     "-fragment_layout %s: expected contiguous or strided", fragment_layout);
+    check_every_rank(tau < H / fragments, "-tau %d: a fragment's exchange must be applied before the next fragment's "
+                     "is posted, H/F = %d steps later, so tau < H/F (-H %d -fragments %d)", tau, H / fragments, H, fragments);
     check_every_rank(strcmp(outer_dtype, "fp32") == 0 || strcmp(outer_dtype, "bf16") == 0,
                      "-outer_dtype %s: expected fp32 or bf16", outer_dtype);
     if (dump_outer != NULL) {
@@ -574,11 +620,7 @@ int main(int argc, char** argv) {
     GPT2Config config = run.config;
 
     // ---- the workers: W of R ranks, every rank the whole model
-    workers = diloco_check_flags(workers, ranks, H, fragments, config, outer_dtype, dump_outer);
-    check_every_rank(strcmp(fragment_layout, "contiguous") == 0 || strcmp(fragment_layout, "strided") == 0,
-                     "-fragment_layout %s: expected contiguous or strided", fragment_layout);
-    check_every_rank(tau < H / fragments, "-tau %d: a fragment's exchange must be applied before the next fragment's "
-                     "is posted, H/F = %d steps later, so tau < H/F (-H %d -fragments %d)", tau, H / fragments, H, fragments);
+    workers = diloco_check_flags(workers, ranks, H, fragments, fragment_layout, tau, config, outer_dtype, dump_outer);
     int B = run.args.B, T = run.args.T;
     LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);
     // a step is accum micro-batches of B x T on each of the ranks, as DDP over all of them
@@ -604,7 +646,7 @@ int main(int argc, char** argv) {
     diloco_init(&d, &model, world, workers, H, fragments, strcmp(fragment_layout, "strided") == 0, outer_lr, outer_momentum,
                 alpha, tau, strcmp(outer_dtype, "bf16") == 0);
     outer_from_params(d.outer, model.params_memory, model.master_memory, model.num_parameters);  // theta_outer = theta_0
-    if (rank == 0) print_layout(&run, &d, &layout, accum);
+    if (rank == 0) print_layout(&run, &d, accum);
 
     // ---- validation and samples on each worker's model (val_replicas: the mean over the ranks);
     // checkpoints: rank 0's model file holds worker 0's weights (theta_outer right after an outer
@@ -614,20 +656,11 @@ int main(int argc, char** argv) {
     // run's identity holds it, and the rank count is checked
     RunModel hooks = run_model(&model, &d, val_loss, sample_logits);
     hooks.val_replicas = world;
-    float* own_weights = model.master_memory ? model.master_memory : (float*)model.params_memory;
-    // (with -tau also the averaged pseudo-gradient in flight and which fragment it is: a checkpoint
-    // waits for it first, below)
-    hooks.own = (TrainerState){{d.outer, d.momentum, own_weights, d.ended, d.delta, d.pending},
-                               {model.num_parameters, model.num_parameters, model.num_parameters, 1, model.num_parameters, 2},
-                               tau > 0 ? 6 : 4};
+    hooks.own = diloco_state(&d, &model);
     hooks.check_resume = check_resume;
     CommGroup* groups[3] = {&d.worker, &d.across, world};
     run_begin(&run, hooks, groups, 3);
-    if (tau > 0) {  // (a resumed run: the fragment its checkpoint had in flight, if any)
-        float pending[2];
-        copy_device_to_host(pending, d.pending, sizeof(pending));
-        d.in_flight = (int)pending[0] - 1, d.apply_after = (int)pending[1];
-    }
+    diloco_resumed(&d);  // (-tau: the fragment a checkpoint had in flight, if any)
 
     // ---- training loop; `step` counts completed optimizer steps
     for (int step = run.start_step; step <= run.max_steps; step++) {
@@ -666,28 +699,9 @@ int main(int argc, char** argv) {
         watchdog_phase("inner AdamW", step);
         float clip_scale, lr = train_adamw_step(&model, &run.args, step, run.max_steps, grad_norm, &clip_scale);
         // 2-5. the outer step across workers of each fragment that is due (F = 1: every H steps);
-        // at the last step of every fragment. With -tau the average posted tau steps ago lands
-        // first (at the last step whatever is in flight), and a fragment due now is posted and
-        // left in flight; the last step's outer steps complete at once (the file is theta_outer)
+        // at the last step of every fragment
         watchdog_phase("outer step", step);
-        int completed = step + 1;
-        if (d.in_flight >= 0 && (completed == d.apply_after || completed == run.max_steps)) {
-            outer_apply(&d, &model, d.in_flight, d.alpha);
-            d.in_flight = -1;
-        }
-        for (int f = 0; f < d.fragments; f++) {
-            if (!fragment_due(&d, f, completed, run.max_steps)) continue;
-            outer_post(&d, &model, f);
-            if (d.tau > 0 && completed < run.max_steps) d.in_flight = f, d.apply_after = completed + d.tau;
-            else outer_apply(&d, &model, f, completed == run.max_steps ? 0.0f : d.alpha);  // (the end: theta_outer, unmerged)
-            float one = 1.0f;  // (check_resume)
-            if (!fragment_scheduled(&d, f, completed)) copy_host_to_device(d.ended, &one, sizeof(float));
-        }
-        if (d.tau > 0) {
-            record_pending(&d);
-            // a checkpoint before the next step records the average itself: it arrives now
-            if (train_checkpoint_due(&run.args, completed, run.start_step, completed == run.max_steps)) comm_wait(&d.exchange);
-        }
+        outer_steps(&d, &model, &run, step + 1);
         run_step_end(&run, step, printed[0], lr, printed[1], clip_scale);
     }
     run_end(&run);

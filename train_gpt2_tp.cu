@@ -257,6 +257,22 @@ static void print_layout(const Run* run, const GPT2* model, int accum) {
     }
 }
 
+// The global gradient norm counts every parameter once: the slices' squares summed over the
+// ranks (all-reduce of one float), the replicated tensors' squares, equal on every rank (with -sp
+// only after layernorm_grads_all_reduce), added once
+static float tp_grad_norm(GPT2* model, CommGroup* tp) {
+    double sliced = 0.0, replicated = 0.0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (model->layout.sizes[i] == 0) continue;  // (a dense model's empty router)
+        float sq = global_norm_squared(model->grads_memory + model->layout.offsets[i], model->layout.sizes[i]);
+        if (model->layout.sharded[i]) sliced += sq;
+        else replicated += sq;
+    }
+    float sliced_sum = (float)sliced;
+    comm_all_reduce_scalar(tp, &sliced_sum, COMM_SUM);
+    return sqrtf(sliced_sum + (float)replicated);
+}
+
 int main(int argc, char** argv) {
     // ---- the flags: the common ones (llmc/train.h) and this trainer's own; then the
     // communication layer and the model's config (llmc/run.h)
@@ -282,9 +298,7 @@ int main(int argc, char** argv) {
     LayerDims dims = tp_layer_dims(config, ranks, sp, run.args.T, "ranks");
     sp = dims.seq_shards > 1;  // -sp 1 on one rank: nothing to split, so the run goes on without
     dims.tp_overlap = tp_overlap;
-    check_every_rank(timeline_step == 0 || (strcmp(BACKEND_NAME, "cpu") == 0 && run.args.out_dir != NULL),
-                     "-tp_timeline %d: the timeline is host-timed, so it is the CPU backend's, and it is written into -o "
-                     "(give an output directory)", timeline_step);
+    tp_timeline_check(timeline_step, run.args.out_dir);
     // the batch: all ranks work on the same B x T tokens, `accum` micro-batches per step
     int B = run.args.B, T = run.args.T, accum = train_accumulation_steps(&run.args, /*readers*/ 1, NULL);
 
@@ -348,20 +362,10 @@ int main(int argc, char** argv) {
             watchdog_phase("LayerNorm gradient all-reduce", step);
             layernorm_grads_all_reduce(&model, tp);
         }
-        // 2. the global gradient norm counts every parameter once: the slices' squares summed
-        // over the ranks (all-reduce of one float), the replicated tensors' squares, equal on
-        // every rank (with -sp only since the LayerNorm all-reduce above), added once
+        // 2. the global gradient norm, each parameter counted once (tp_grad_norm: the slices'
+        // squares all-reduced over the ranks, the replicated ones' added once)
         watchdog_phase("AdamW update", step);
-        double sliced = 0.0, replicated = 0.0;
-        for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-            if (model.layout.sizes[i] == 0) continue;  // (a dense model's empty router)
-            float sq = global_norm_squared(model.grads_memory + model.layout.offsets[i], model.layout.sizes[i]);
-            if (model.layout.sharded[i]) sliced += sq;
-            else replicated += sq;
-        }
-        float sliced_sum = (float)sliced;
-        comm_all_reduce_scalar(tp, &sliced_sum, COMM_SUM);
-        float grad_norm = sqrtf(sliced_sum + (float)replicated);
+        float grad_norm = tp_grad_norm(&model, tp);
         // the loss and the norm are the same on every rank, so every rank stops here together
         train_stop_if_not_finite(step, loss, grad_norm);
         // 3. AdamW on this rank's slices. Replicated tensors get identical gradients on every
@@ -370,11 +374,7 @@ int main(int argc, char** argv) {
         // the step line and main.log (llmc/run.h); the bytes of each collective equal the formula
         // printed at the start
         run_step_end(&run, step, loss, lr, grad_norm, clip_scale);
-        if (step + 1 == timeline_step) {
-            char path[4096];
-            snprintf(path, sizeof(path), "%s/tp_timeline_%d.jsonl", run.args.out_dir, rank);
-            tp_timeline_write(path);
-        }
+        if (step + 1 == timeline_step) tp_timeline_write(run.args.out_dir, rank);
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) {
             train_check_replicas(&model, tp, step + 1, NULL, ranks > 1 ? "replicated tensors" : "replicas");
         }

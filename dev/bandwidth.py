@@ -30,23 +30,12 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench"))
 from plot_runs import output_path  # noqa: E402  (the -o rule of the other plot scripts)
+from roofline import num_parameters, parse_model  # noqa: E402  (GPT-2's shapes, as the trainers build them)
 
 BANDWIDTHS = [1, 2, 5, 10, 25, 50, 100, 200, 400]  # Gbit/s, the table's columns
 BITS = {"fp32": 32, "bf16": 16, "int8": 8, "e3m0": 4}
-
-
-def gpt2_parameters(descriptor):
-    """GPT-2's parameter count for a descriptor dL (the trainers' -e: C = 64 L, L heads, and the
-    published widths for d24, d36, d48), with the padded vocabulary and 1024 positions"""
-    if not descriptor.startswith("d") or not descriptor[1:].isdigit():
-        sys.exit("error: -e %s: expected a descriptor dL (d12 = 124M, d48 = 1.5B)" % descriptor)
-    L = int(descriptor[1:])
-    if L < 1:
-        sys.exit("error: -e %s: expected a depth L >= 1" % descriptor)
-    C = {24: 1024, 36: 1280, 48: 1600}.get(L, 64 * L)
-    Vp, T = 50304, 1024
-    return Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
 
 
 def all_reduce_seconds(n, bits, workers, bandwidth_bits, latency):
@@ -90,7 +79,7 @@ def bandwidth_for(target, P, step, workers, latency, H, fragments, tau, bits, me
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-e", default="d48", help="GPT-2 descriptor dL for the parameter count (d48: 1.56B)")
+    ap.add_argument("-e", default="d48", help="GPT-2 descriptor dL or L/C/NH for the parameter count (d48: 1.56B)")
     ap.add_argument("-params", type=float, default=None, help="the parameter count instead of -e (e.g. 1e9)")
     ap.add_argument("-step", type=float, default=1.0, help="compute seconds of one step on a worker")
     ap.add_argument("-workers", type=int, default=2, help="workers (datacenters)")
@@ -116,7 +105,13 @@ def main():
     if args.tau < 0 or args.tau >= args.H // args.fragments:
         sys.exit("error: -tau %d: an exchange must land before the fragment's next one, tau < H/F = %d"
                  % (args.tau, args.H // args.fragments))
-    P = args.params if args.params is not None else gpt2_parameters(args.e)
+    if args.params is None:
+        try:
+            P = num_parameters(parse_model(args.e))
+        except ValueError as e:
+            sys.exit("error: %s" % e)
+    else:
+        P = args.params
     bits = BITS[args.outer_dtype]
     print("P = %.3g parameters, a step's compute %.3g s, %d workers, latency %.3g s" % (P, args.step, args.workers,
                                                                                         args.latency))

@@ -90,9 +90,11 @@ static inline void tp_timeline_record(int armed, int forward) {
     if (armed) tp_timeline.origin = wall_time_s(), tp_timeline.backward = !forward;
     tp_timeline.recording = armed;
 }
-// the spans as JSON lines: {"what", "comm", "backward", "start_ms", "end_ms"}
-static inline void tp_timeline_write(const char* path) {
-    char tmp[4200];
+// the spans as JSON lines, {"what", "comm", "backward", "start_ms", "end_ms"}, into
+// DIR/tp_timeline_RANK.jsonl
+static inline void tp_timeline_write(const char* dir, int rank) {
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof(path), "%s/tp_timeline_%d.jsonl", dir, rank);
     FILE* f = fopen_temp(path, tmp, sizeof(tmp));
     for (int i = 0; i < tp_timeline.n; i++) {
         const TpSpan* s = &tp_timeline.spans[i];
@@ -100,6 +102,12 @@ static inline void tp_timeline_write(const char* path) {
                 s->what, s->comm, s->backward, s->start * 1e3, s->end * 1e3);
     }
     file_commit(f, tmp, path);
+}
+// -tp_timeline S: the host's times are the work's on the CPU backend only, and the file goes into -o
+static inline void tp_timeline_check(int step, const char* out_dir) {
+    check_every_rank(step == 0 || (strcmp(BACKEND_NAME, "cpu") == 0 && out_dir != NULL),
+                     "-tp_timeline %d: the timeline is host-timed, so it is the CPU backend's, and it is written into -o "
+                     "(give an output directory)", step);
 }
 static inline void tp_span(const char* what, int comm, double start) {
     if (!tp_timeline.recording || tp_timeline.n == TP_TIMELINE_SPANS) return;
