@@ -104,30 +104,57 @@ static int fragment_holds(int F, int strided, int f, int l, int L) { return stri
 // fragment's layers are one run of each per-layer tensor, and a strided fragment's L/F runs of one
 // layer each; the embeddings (f = 0) and the final LayerNorm (f = F-1) are spans of their own.
 // Fills runs (at most NUM_PARAMETER_TENSORS x L) and returns how many; their elements in *P_f.
+// With merge 0, one run a tensor of a layer (the link's pieces are cut from them): tensor and
+// layer (-1: not a per-layer tensor) name it.
 typedef struct {
     size_t offset, count;
+    int tensor, layer;
 } Span;
-static int fragment_spans(int F, int strided, const ParameterLayout* p, int f, Span* runs, size_t* P_f) {
+static int fragment_spans(int F, int strided, const ParameterLayout* p, int f, Span* runs, size_t* P_f, int merge) {
     int n = 0;
     *P_f = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         if (p->sizes[i] == 0) continue;  // (a dense model's empty router: no span, no kernel of 0 threads)
         if (!tensor_is_per_layer(i)) {
             if ((i == PARAM_WTE || i == PARAM_WPE) ? f != 0 : f != F - 1) continue;
-            runs[n++] = (Span){p->offsets[i], p->sizes[i]};
+            runs[n++] = (Span){p->offsets[i], p->sizes[i], i, -1};
             *P_f += p->sizes[i];
             continue;
         }
         for (int l = 0; l < p->layers; l++) {
             if (!fragment_holds(F, strided, f, l, p->layers)) continue;
             size_t offset = p->offsets[i] + (size_t)l * p->layer_stride[i], count = p->layer_stride[i];
-            if (n > 0 && runs[n - 1].offset + runs[n - 1].count == offset) runs[n - 1].count += count;  // (the next layer)
-            else runs[n++] = (Span){offset, count};
+            if (merge && n > 0 && runs[n - 1].offset + runs[n - 1].count == offset) runs[n - 1].count += count;  // (the next layer)
+            else runs[n++] = (Span){offset, count, i, l};
             *P_f += count;
         }
     }
     return n;
 }
+
+// What crosses the link at a fragment's outer step when it is not one fp32 all-reduce
+// (-outer_dtype bf16, int8, e3m0): the fragment's P_f packed values in W shards, worker w owning
+// shard w; shard s's message is what any worker sends its owner and the owner sends back (its
+// mean). In bf16 a message is the shard's values, a word each. In int8 and e3m0 the shard is cut
+// further into pieces, each a tensor of one layer as the model file stores it (wte, ln1w of layer
+// 3, ...) or the part of one inside the shard, with a scale each (llmc/precision.h's codes): the
+// message holds its pieces' scales (an fp32 each, two words), then each piece's codes from a word
+// of its own, 16 / bits to a word, padded to an even number of words so that the next message's
+// scales stay 4-byte aligned. A scale per tensor and layer, not one per shard: LayerNorm gains
+// and matrices move by different amounts, and e3m0's 64x range could not hold both.
+typedef struct {
+    size_t flat, count;         // the piece's parameters in the flat buffer
+    int shard;                  // the exchange's shard it lies in
+    size_t scale_at, codes_at;  // its scale's and first code's word within its shard's message
+    int tensor, layer;          // what it is part of (the message a non-finite value stops with)
+} Piece;
+typedef struct {
+    Piece* pieces;          // in packed order (so by shard); none in bf16
+    int num_pieces;
+    size_t* message_at;     // (W) shard s's message: where it starts in the link buffer, in words
+    size_t* message_words;  // (W) and how long it is
+    size_t words;           // every shard's message one after another: what a worker sends out
+} LinkLayout;
 
 typedef struct {
     GPT2* model;                    // this rank's copy: its worker's
@@ -136,7 +163,9 @@ typedef struct {
     int H;                          // inner steps between outer steps
     int fragments;                  // F (streaming DiLoCo; 1: the whole model at once)
     int strided;                    // -fragment_layout strided: fragment f holds the layers l % F == f
-    int outer_bf16;                 // the pseudo-gradient crosses the link in bf16 (-outer_dtype)
+    int link_bits;                  // bits a pseudo-gradient value crosses the link in (-outer_dtype):
+                                    // 32 (fp32, one all-reduce), 16 (bf16), 8 (int8), 4 (e3m0)
+    LinkLayout* link;               // (F) each fragment's messages, when link_bits < 32
     float outer_lr, outer_momentum;
     float alpha;                    // -alpha: a worker resumes from alpha theta_local + (1 - alpha) theta_outer
     Span** spans;                   // (F) each fragment's runs of the flat buffer (fragment_spans), once
@@ -146,23 +175,78 @@ typedef struct {
     CommGroup across;   // the W ranks at this place in every worker: the outer all-reduce
     float* outer;       // (P) fp32 theta_outer: the same on every rank
     float* momentum;    // (P) fp32 the outer optimizer's momentum: the same on every rank
-    float* delta;       // (P) fp32 the pseudo-gradient; in bf16, the two halves of its average
-                        // (average_bf16) in the same bytes
+    float* delta;       // (P) fp32 the pseudo-gradient; below fp32 its bytes are the link buffer
+                        // (average_on_link): the messages sent, those received, the mean's scales
     float* ended;       // (1) fp32 1 once the run's last step has taken an outer step off its
                         // schedule (fragment_due), 0 before: a checkpoint carries it (check_resume)
     // -tau: a fragment's exchange posted at its outer step and applied tau steps later
     int tau;
     int in_flight;      // the fragment whose averaged pseudo-gradient is on its way (in delta), -1: none
     int apply_after;    // ... applied after this many completed steps
-    CommRequest exchange;  // its all-reduce (fp32; the bf16 average completes at the post)
+    CommRequest exchange;  // its all-reduce (fp32; below, the exchanges complete at the post)
     float* pending;     // (2) fp32 in_flight + 1 and apply_after, for checkpoints
 } Diloco;
+
+// worker w's shard of a fragment's P_f values, for the exchanges below fp32: [w P_f / W, (w + 1) P_f / W)
+static size_t shard_start(size_t P_f, int w, int W) { return (size_t)w * P_f / (size_t)W; }
+static size_t shard_size(size_t P_f, int w, int W) { return shard_start(P_f, w + 1, W) - shard_start(P_f, w, W); }
+
+// Fragment f's messages (LinkLayout) for W workers: in bf16 each shard's values; in int8 and
+// e3m0 the pieces (the fragment's tensors of a layer, in packed order, cut at the shards'
+// boundaries) and each shard's scales and codes. Returns the words of the link buffer the
+// exchange needs on rank `me`: the messages sent, the W - 1 received (its own shard's), the mean's
+// scales.
+static size_t link_layout(LinkLayout* k, const ParameterLayout* p, int F, int strided, int f, int bits, int W, int me) {
+    Span* units = (Span*)malloc_check((size_t)NUM_PARAMETER_TENSORS * (p->layers + 1) * sizeof(Span));
+    size_t P_f;
+    int num_units = fragment_spans(F, strided, p, f, units, &P_f, /*merge*/ 0);
+    k->message_at = (size_t*)malloc_check((size_t)W * sizeof(size_t));
+    k->message_words = (size_t*)malloc_check((size_t)W * sizeof(size_t));
+    k->pieces = (Piece*)malloc_check(((size_t)num_units + W) * sizeof(Piece));
+    k->num_pieces = 0;
+    size_t packed = 0;  // (the first value of the unit in the fragment's packed order)
+    for (int u = 0; u < num_units && bits < 16; u++) {
+        for (size_t done = 0; done < units[u].count;) {  // the unit's parts in each shard it crosses
+            int s = 0;
+            while (shard_start(P_f, s + 1, W) <= packed + done) s++;
+            size_t take = shard_start(P_f, s + 1, W) - (packed + done);
+            if (take > units[u].count - done) take = units[u].count - done;
+            k->pieces[k->num_pieces++] = (Piece){units[u].offset + done, take, s, 0, 0, units[u].tensor, units[u].layer};
+            done += take;
+        }
+        packed += units[u].count;
+    }
+    free(units);
+    size_t at = 0, mean_scales = 0;
+    for (int s = 0, i = 0; s < W; s++) {
+        size_t words = shard_size(P_f, s, W);  // (bf16: a word a value)
+        if (bits < 16) {
+            int first = i;
+            while (i < k->num_pieces && k->pieces[i].shard == s) i++;
+            words = 2 * (size_t)(i - first);  // the scales, then each piece's codes from a word of its own
+            for (int j = first; j < i; j++) {
+                k->pieces[j].scale_at = 2 * (size_t)(j - first);
+                k->pieces[j].codes_at = words;
+                words += (k->pieces[j].count + 16 / bits - 1) / (16 / bits);
+            }
+            words += words % 2;
+            if (s == me) mean_scales = 2 * (size_t)(i - first);
+        }
+        k->message_at[s] = at;
+        k->message_words[s] = words;
+        at += words;
+    }
+    k->words = at;
+    return k->words + (size_t)(W - 1) * k->message_words[me] + mean_scales;
+}
+
+static const char* link_name(int bits) { return bits == 32 ? "fp32" : bits == 16 ? "bf16" : bits == 8 ? "int8" : "e3m0"; }
 
 // Worker w holds ranks w R .. w R + R - 1: consecutive ranks share a machine, and the worker's
 // every-step all-reduce should be the fast one. comm_split (MPI_Comm_split, ncclCommSplit): the
 // ranks passing the same colour form a group, ordered by the key.
 static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, int H, int fragments, int strided,
-                        float outer_lr, float outer_momentum, float alpha, int tau, int outer_bf16) {
+                        float outer_lr, float outer_momentum, float alpha, int tau, int link_bits) {
     int R = world->size / workers, r = world->rank;
     size_t P = model->num_parameters;
     d->model = model;
@@ -176,24 +260,28 @@ static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, i
     memset(&d->exchange, 0, sizeof(d->exchange));
     d->outer_lr = outer_lr;
     d->outer_momentum = outer_momentum;
-    d->outer_bf16 = outer_bf16;
+    d->link_bits = link_bits;
     d->rank = r;
     d->workers = workers;
     d->ranks_per_worker = R;
     comm_split(&d->worker, world, r / R, r % R, "worker");
     comm_split(&d->across, world, r % R, r / R, "across");
-    // the bf16 average's buffers fit in delta's 2P bf16 slots: q (P_f <= P) and the other workers'
-    // values of this rank's shard ((W - 1) ceil(P_f / W)), while W is below about sqrt(P)
-    size_t W = (size_t)workers, largest_shard = (P + W - 1) / W;
-    if ((W - 1) * largest_shard > P) {
-        fail("-workers %d: the bf16 average needs P / W >= W - 1, and the model has P = %zu parameters", workers, P);
-    }
     d->spans = (Span**)malloc_check((size_t)fragments * sizeof(Span*));
     d->num_spans = (int*)malloc_check((size_t)fragments * sizeof(int));
     d->fragment_size = (size_t*)malloc_check((size_t)fragments * sizeof(size_t));
+    d->link = link_bits < 32 ? (LinkLayout*)malloc_check((size_t)fragments * sizeof(LinkLayout)) : NULL;
     for (int f = 0; f < fragments; f++) {
         d->spans[f] = (Span*)malloc_check((size_t)NUM_PARAMETER_TENSORS * (model->layout.layers + 1) * sizeof(Span));
-        d->num_spans[f] = fragment_spans(fragments, strided, &model->layout, f, d->spans[f], &d->fragment_size[f]);
+        d->num_spans[f] = fragment_spans(fragments, strided, &model->layout, f, d->spans[f], &d->fragment_size[f], 1);
+        // the link buffer lives in delta's bytes, 2P words: in bf16 the fragment's values and the
+        // others' of this rank's shard, which fit while W is below about sqrt(P); int8 and e3m0 need less
+        if (link_bits == 32) continue;
+        size_t needed = link_layout(&d->link[f], &model->layout, fragments, strided, f, link_bits, workers, r / R);
+        if (needed > 2 * P) {
+            fail("-workers %d: the exchanges of -outer_dtype below fp32 need %zu words of 16 bits for fragment %d, its "
+                 "messages and the W - 1 others' of a shard, and the pseudo-gradient's buffer holds 2P = %zu (fewer "
+                 "workers, or a larger model)", workers, needed, f, 2 * P);
+        }
     }
     d->outer = (float*)device_malloc(P * sizeof(float));
     d->momentum = (float*)device_malloc(P * sizeof(float));
@@ -211,7 +299,11 @@ static void diloco_free(Diloco* d) {
     device_free(d->delta);
     device_free(d->ended);
     device_free(d->pending);
-    for (int f = 0; f < d->fragments; f++) free(d->spans[f]);
+    for (int f = 0; f < d->fragments; f++) {
+        free(d->spans[f]);
+        if (d->link) free(d->link[f].pieces), free(d->link[f].message_at), free(d->link[f].message_words);
+    }
+    free(d->link);
     free(d->spans), free(d->num_spans), free(d->fragment_size);
     comm_group_free(&d->worker);
     comm_group_free(&d->across);
@@ -248,39 +340,68 @@ static void check_resume(void* trainer, const char* dir, int step, int max_steps
          "step %d, or from the start", max_steps, step, dir, step, d->H, f, step, max_steps, max_steps, step);
 }
 
-// worker w's shard of a fragment's P_f values, for the bf16 average: [w P_f / W, (w + 1) P_f / W)
-static size_t shard_start(size_t P_f, int w, int W) { return (size_t)w * P_f / (size_t)W; }
-static size_t shard_size(size_t P_f, int w, int W) { return shard_start(P_f, w + 1, W) - shard_start(P_f, w, W); }
-
-// Step 3 in bf16 (-outer_dtype bf16): the mean over the workers of q (P_f bf16 pseudo-gradient
-// values), into q. An all-reduce is a reduce-scatter and an all-gather; written out as W - 1
-// rounds of exchanges each, the values cross the link in bf16 while the sum is taken in fp32:
-//  a. reduce-scatter: worker w owns shard w of q; in round k every worker sends its values of
-//     shard (me + k) % W to that shard's owner and receives its own shard's from worker
-//     (me - k) % W: (P_f/W) bf16 each way;
-//  b. the owner sums the W values of each element in fp32, in worker order, divides by W and
-//     rounds to bf16 (outer_mean_bf16);
-//  c. all-gather: in round k every worker sends its mean shard to worker (me + k) % W and receives
-//     worker (me - k) % W's into q.
-// Each rank sends 2 (W - 1)/W P_f values of 2 bytes, as a ring all-reduce in bf16 would: half of
-// the fp32 all-reduce's bytes. Two roundings: each worker's delta, and the mean on its way back.
-// The others' values of this rank's shard wait in the delta buffer after q: (W - 1) x (P_f/W).
-static void average_bf16(Diloco* d, bfloat16* q, size_t P_f) {
-    CommGroup* g = &d->across;
-    int W = g->size, me = g->rank;
-    size_t lo = shard_start(P_f, me, W), n = shard_size(P_f, me, W);
-    bfloat16* others = q + P_f;
-    for (int k = 1; k < W; k++) {  // a.
-        int to = (me + k) % W, from = (me - k + W) % W;
-        CommMessage msgs[2] = {comm_message(q + shard_start(P_f, to, W), shard_size(P_f, to, W), to, 1),
-                               comm_message(others + (size_t)(from < me ? from : from - 1) * n, n, from, 0)};
-        comm_exchange(g, msgs, 2, COMM_BF16);
+// A non-finite pseudo-gradient has no scale to code it in: stop the job (fail aborts every rank),
+// naming the tensor. The scales come to the host, an fp32 a piece: a copy at each outer step
+static void check_link_scales(const Diloco* d, int f, const uint16_t* link) {
+    const LinkLayout* k = &d->link[f];
+    for (int i = 0; i < k->num_pieces; i++) {
+        const Piece* piece = &k->pieces[i];
+        float scale;
+        copy_device_to_host(&scale, link + k->message_at[piece->shard] + piece->scale_at, sizeof(float));
+        if (isfinite(scale)) continue;
+        char layer[32] = "";
+        if (piece->layer >= 0) snprintf(layer, sizeof(layer), " of layer %d", piece->layer);
+        fail("-outer_dtype %s: the pseudo-gradient of fragment %d holds a non-finite value in %s%s (its largest |value| "
+             "is %g): a worker's weights are no longer finite, and int8 and e3m0 codes have no scale for it",
+             link_name(d->link_bits), f, parameter_names[piece->tensor], layer, scale);
     }
-    outer_mean_bf16(q + lo, others, W, me, n);  // b.
-    for (int k = 1; k < W; k++) {  // c.
-        int to = (me + k) % W, from = (me - k + W) % W;
-        CommMessage msgs[2] = {comm_message(q + lo, n, to, 1),
-                               comm_message(q + shard_start(P_f, from, W), shard_size(P_f, from, W), from, 0)};
+}
+
+// Step 3 below fp32 (-outer_dtype bf16, int8, e3m0): the mean over the workers of this worker's
+// pseudo-gradient of fragment f, coded for the link in the link buffer (LinkLayout: in bf16 the
+// P_f values; in int8 and e3m0 each shard's message of scales and codes). An all-reduce is a
+// reduce-scatter and an all-gather; written out as W - 1 rounds of exchanges each, the values
+// cross the link in 16-bit words while the sum is taken in fp32:
+//  a. reduce-scatter: worker w owns shard w; in round k every worker sends its message of shard
+//     (me + k) % W to that shard's owner and receives its own shard's from worker (me - k) % W;
+//  b. the owner sums the W values of each element in fp32, in worker order, divides by W and codes
+//     the mean for the way back (outer_mean_bf16; link_mean_scale and link_mean_quantize, whose
+//     scales then replace the owner's own in its message);
+//  c. all-gather: in round k every worker sends its mean's message to worker (me + k) % W and
+//     receives worker (me - k) % W's in its place.
+// Each rank sends 2 (W - 1)/W of the fragment's messages, as a ring all-reduce would: a half of
+// the fp32 all-reduce's bytes in bf16, a quarter in int8, an eighth in e3m0 (and the scales, 4
+// bytes a piece). Two roundings: each worker's pseudo-gradient, and the mean on its way back. The
+// others' messages of this rank's shard wait after the messages sent: (W - 1) x its length.
+static void average_on_link(Diloco* d, uint16_t* link, int f) {
+    const LinkLayout* k = &d->link[f];
+    CommGroup* g = &d->across;
+    int W = g->size, me = g->rank, bits = d->link_bits;
+    size_t stride = k->message_words[me];
+    uint16_t *mine = link + k->message_at[me], *others = link + k->words;
+    for (int round = 1; round < W; round++) {  // a.
+        int to = (me + round) % W, from = (me - round + W) % W;
+        CommMessage msgs[2] = {comm_message(link + k->message_at[to], k->message_words[to], to, 1),
+                               comm_message(others + (size_t)(from < me ? from : from - 1) * stride, stride, from, 0)};
+        comm_exchange(g, msgs, 2, COMM_BF16);  // (16-bit words: bf16 values or codes and scales)
+    }
+    if (bits == 16) {  // b.
+        outer_mean_bf16((bfloat16*)mine, (const bfloat16*)others, W, me, stride);
+    } else {
+        float* mean_scales = (float*)(others + (size_t)(W - 1) * stride);  // (this shard's pieces, in order)
+        int first = 0, count = 0;
+        while (first < k->num_pieces && k->pieces[first].shard < me) first++;
+        for (int i = first; i < k->num_pieces && k->pieces[i].shard == me; i++, count++) {
+            const Piece* p = &k->pieces[i];
+            link_mean_scale(mean_scales + count, mine, others, stride, p->scale_at, p->codes_at, W, me, p->count, bits);
+            link_mean_quantize(mine, others, stride, p->scale_at, p->codes_at, mean_scales + count, W, me, p->count, bits);
+        }
+        copy_device_to_device(mine, mean_scales, (size_t)count * sizeof(float));  // (the message opens with them)
+    }
+    for (int round = 1; round < W; round++) {  // c.
+        int to = (me + round) % W, from = (me - round + W) % W;
+        CommMessage msgs[2] = {comm_message(mine, stride, to, 1),
+                               comm_message(link + k->message_at[from], k->message_words[from], from, 0)};
         comm_exchange(g, msgs, 2, COMM_BF16);
     }
 }
@@ -294,21 +415,38 @@ static void outer_post(Diloco* d, GPT2* model, int f) {
     size_t P_f = d->fragment_size[f], packed = 0;
     int n = d->num_spans[f];
     float* master = model->master_memory;  // (the fp32 master weights in bf16 builds, else NULL)
-    bfloat16* q = d->outer_bf16 ? (bfloat16*)d->delta : NULL;
-    // 2. delta = theta_outer - theta, the fragment's spans packed one after another (in bf16: q)
-    for (int k = 0; k < n; k++) {
-        size_t o = runs[k].offset;
-        const float* m = master ? master + o : NULL;
-        if (q) pseudo_gradient_bf16(q + packed, d->outer + o, model->params_memory + o, m, runs[k].count);
-        else pseudo_gradient(d->delta + packed, d->outer + o, model->params_memory + o, m, runs[k].count);
-        packed += runs[k].count;
+    uint16_t* link = (uint16_t*)d->delta;     // (below fp32: the link buffer)
+    // 2. delta = theta_outer - theta, the fragment's spans packed one after another (in bf16,
+    // rounded to bf16 in the link buffer); in int8 and e3m0 coded piece by piece: each piece's
+    // scale, the largest |delta| (a non-finite one stops the job), then its codes in its message
+    if (d->link_bits >= 16) {
+        for (int k = 0; k < n; k++) {
+            size_t o = runs[k].offset;
+            const float* m = master ? master + o : NULL;
+            if (d->link_bits == 16) pseudo_gradient_bf16((bfloat16*)link + packed, d->outer + o, model->params_memory + o, m, runs[k].count);
+            else pseudo_gradient(d->delta + packed, d->outer + o, model->params_memory + o, m, runs[k].count);
+            packed += runs[k].count;
+        }
+    } else {
+        const LinkLayout* k = &d->link[f];
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < k->num_pieces; i++) {
+                const Piece* p = &k->pieces[i];
+                uint16_t* message = link + k->message_at[p->shard];
+                const float* m = master ? master + p->flat : NULL;
+                if (pass == 0) link_scale((float*)(message + p->scale_at), d->outer + p->flat, model->params_memory + p->flat, m, p->count);
+                else link_quantize(message + p->codes_at, (float*)(message + p->scale_at), d->outer + p->flat,
+                                   model->params_memory + p->flat, m, p->count, d->link_bits);
+            }
+            if (pass == 0) check_link_scales(d, f, link);
+        }
     }
     // 3. the mean pseudo-gradient over the workers: all-reduce (AVG) of (P_f) fp32 across workers
-    // (in bf16: average_bf16). The worker's R ranks hold the same delta and each averages it with
-    // its peers in the other workers: R all-reduces of W ranks, side by side. With -tau posted,
+    // (below fp32: average_on_link). The worker's R ranks hold the same delta and each averages it
+    // with its peers in the other workers: R all-reduces of W ranks, side by side. With -tau posted,
     // not waited for: it travels while the next tau inner steps compute (they do not touch delta;
-    // the bf16 average's rounds of exchanges finish here, and only its use waits)
-    if (q) average_bf16(d, q, P_f);
+    // below fp32 the rounds of exchanges finish here, and only the average's use waits)
+    if (d->link_bits < 32) average_on_link(d, link, f);
     else if (d->tau > 0) comm_all_reduce_start(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG, &d->exchange);
     else comm_all_reduce(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG);
 }
@@ -318,17 +456,31 @@ static void outer_apply(Diloco* d, GPT2* model, int f, float alpha) {
     size_t packed = 0;
     int n = d->num_spans[f];
     float* master = model->master_memory;
-    bfloat16* q = d->outer_bf16 ? (bfloat16*)d->delta : NULL;
+    const uint16_t* link = (const uint16_t*)d->delta;
     comm_wait(&d->exchange);  // (-tau: the average has arrived; nothing in flight otherwise)
-    // 4. Nesterov momentum on it, the same on every rank (theta_outer stays agreed); 5. every
-    // worker starts again from theta_outer (with -alpha, merged with its own weights: with -tau
-    // its weights of now, tau steps newer than the pseudo-gradient)
+    // 4. Nesterov momentum on it, the same on every rank (theta_outer stays agreed): span by span
+    // (fp32, bf16), or piece by piece with its scale (int8, e3m0)
+    if (d->link_bits >= 16) {
+        for (int k = 0; k < n; k++) {
+            size_t o = runs[k].offset, count = runs[k].count;
+            outer_nesterov_step(d->outer + o, d->momentum + o, d->link_bits == 32 ? d->delta + packed : NULL,
+                                d->link_bits == 16 ? (const bfloat16*)link + packed : NULL, count, d->outer_lr,
+                                d->outer_momentum);
+            packed += count;
+        }
+    } else {
+        const LinkLayout* k = &d->link[f];
+        for (int i = 0; i < k->num_pieces; i++) {
+            const Piece* p = &k->pieces[i];
+            outer_nesterov_step_link(d->outer + p->flat, d->momentum + p->flat, link + k->message_at[p->shard], p->scale_at,
+                                     p->codes_at, p->count, d->link_bits, d->outer_lr, d->outer_momentum);
+        }
+    }
+    // 5. every worker starts again from theta_outer (with -alpha, merged with its own weights: with
+    // -tau its weights of now, tau steps newer than the pseudo-gradient)
     for (int k = 0; k < n; k++) {
-        size_t o = runs[k].offset, count = runs[k].count;
-        outer_nesterov_step(d->outer + o, d->momentum + o, q ? NULL : d->delta + packed, q ? q + packed : NULL, count,
-                            d->outer_lr, d->outer_momentum);
-        outer_to_params(model->params_memory + o, master ? master + o : NULL, d->outer + o, count, alpha);
-        packed += count;
+        size_t o = runs[k].offset;
+        outer_to_params(model->params_memory + o, master ? master + o : NULL, d->outer + o, runs[k].count, alpha);
     }
 }
 
@@ -378,18 +530,20 @@ static void diloco_resumed(Diloco* d) {
 }
 
 // The bytes of fragment f's outer step on this rank, as the step line counts them (fp32: the
-// all-reduce's payload; bf16: every value sent and received in the exchanges), and those that
-// leave the rank on the link (fp32: a ring all-reduce's 2 (W-1)/W P_f 4)
-static void outer_step_bytes(const Diloco* d, size_t P_f, double* counted, double* sent) {
+// all-reduce's payload; below: every word sent and received in the exchanges), and those that
+// leave the rank on the link (fp32: a ring all-reduce's 2 (W-1)/W P_f 4; below: the messages of
+// the other shards, then its own W - 1 times)
+static void outer_step_bytes(const Diloco* d, int f, double* counted, double* sent) {
     int W = d->workers;
-    if (!d->outer_bf16) {
-        *counted = 4.0 * P_f;
-        *sent = 2.0 * (W - 1) / W * 4.0 * P_f;
+    if (d->link_bits == 32) {
+        *counted = 4.0 * d->fragment_size[f];
+        *sent = 2.0 * (W - 1) / W * 4.0 * d->fragment_size[f];
         return;
     }
-    size_t n = shard_size(P_f, d->across.rank, W);
-    *sent = 2.0 * ((P_f - n) + (double)(W - 1) * n);  // a.: the other shards; c.: its mean W - 1 times
-    *counted = 2 * *sent;                             // (each value sent is received by another)
+    const LinkLayout* k = &d->link[f];
+    size_t own = k->message_words[d->across.rank];
+    *sent = 2.0 * ((k->words - own) + (double)(W - 1) * own);  // a.: the other shards; c.: its mean W - 1 times
+    *counted = 2 * *sent;                                     // (each word sent is received by another)
 }
 
 // an fp32 device buffer of the model's shape (theta_outer, its momentum) as a model file
@@ -484,7 +638,7 @@ static void print_layout(const Run* run, const Diloco* d, int accum) {
     int k = train_banner_model(rows, "train_gpt2_diloco", args->model, c);
     banner_row(&rows[k++], "workers", "%d of %d rank%s each (DDP inside a worker)", d->workers, d->ranks_per_worker,
                d->ranks_per_worker > 1 ? "s" : "");
-    const char* dtype = d->outer_bf16 ? "bf16" : "fp32";
+    const char* dtype = link_name(d->link_bits);
     if (d->fragments > 1) {
         banner_row(&rows[k++], "outer step", "every %d steps, %d fragments in turn, %s on the link", d->H, d->fragments, dtype);
     } else {
@@ -512,15 +666,19 @@ static void print_layout(const Run* run, const Diloco* d, int accum) {
     printf("communication per rank, P = %.0f parameters (bytes as the step line counts them):\n", P);
     printf("  worker all-reduce  %12.0f bytes every step  P X (the gradients, AVG) + 4 (the loss)%s\n",
            R > 1 ? P * X + 4 : 0.0, R > 1 ? "" : " (one rank: none)");
-    const char* how = d->outer_bf16 ? "the pseudo-gradient in bf16: reduce-scatter and all-gather as W - 1 exchanges each, "
-                                      "every value sent and received counted"
-                                    : "the pseudo-gradient, AVG, fp32: P_f 4";
-    printf("  across, the outer step (%s), every %d steps%s:\n", how, d->H,
-           d->fragments > 1 ? ", fragment f after the steps f H/F + k H" : "");
+    if (d->link_bits == 32) {
+        printf("  across, the outer step (the pseudo-gradient, AVG, fp32: P_f 4), every %d steps%s:\n", d->H,
+               d->fragments > 1 ? ", fragment f after the steps f H/F + k H" : "");
+    } else {
+        printf("  across, the outer step (the pseudo-gradient in %s%s: reduce-scatter and all-gather as W - 1 exchanges "
+               "each, every word sent and received counted), every %d steps%s:\n", dtype,
+               d->link_bits < 16 ? " codes with an fp32 scale a piece (a tensor of a layer in a shard)" : "", d->H,
+               d->fragments > 1 ? ", fragment f after the steps f H/F + k H" : "");
+    }
     double mean_sent = 0, peak_sent = 0;  // on the link per step: on average, and at most before the last
     for (int f = 0; f < d->fragments; f++) {
         double counted, sent;
-        outer_step_bytes(d, d->fragment_size[f], &counted, &sent);
+        outer_step_bytes(d, f, &counted, &sent);
         char name[96] = "the model";
         const char* extra = f == 0 ? " + wte, wpe" : f == d->fragments - 1 ? " + lnf" : "";
         if (d->fragments > 1 && d->strided) {  // (its layers f, f + F, ...: the first three, then "...")
@@ -533,7 +691,11 @@ static void print_layout(const Run* run, const Diloco* d, int accum) {
             snprintf(name, sizeof(name), "fragment %d: layers %d-%d%s", f, f * c.num_layers / d->fragments,
                      (f + 1) * c.num_layers / d->fragments - 1, extra);
         }
-        printf("    %-32s %12.0f bytes counted, %12.0f sent by the rank\n", name, counted, sent);
+        // beside the formula: a ring all-reduce's 2 (W-1)/W P_f values of b bits (below 16 bits
+        // plus the scales, 4 bytes a piece, and each piece's codes from a word of its own)
+        double formula = 2.0 * (W - 1) / W * (double)d->fragment_size[f] * d->link_bits / 8;
+        printf("    %-32s %12.0f bytes counted, %12.0f sent by the rank (2 (W-1)/W P_f %d/8 = %.0f%s)\n", name, counted,
+               sent, d->link_bits, formula, d->link_bits < 16 ? " + the scales" : "");
         mean_sent += sent / d->H;
         peak_sent = sent > peak_sent ? sent : peak_sent;
     }
@@ -544,6 +706,16 @@ static void print_layout(const Run* run, const Diloco* d, int accum) {
     printf("  the link between workers, sent per rank: %.0f bytes a step on average, at most %.0f in a step before "
            "the last (which sends every fragment); DDP over %d ranks: 2 (p-1)/p P X = %.0f every step\n",
            mean_sent, peak_sent, p, 2.0 * (p - 1) / p * P * X);
+}
+
+// -outer_dtype's bits a value (0: not a dtype the link carries)
+static int link_bits(const char* outer_dtype) {
+    const char* names[4] = {"fp32", "bf16", "int8", "e3m0"};
+    const int bits[4] = {32, 16, LINK_INT8_BITS, LINK_E3M0_BITS};
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(outer_dtype, names[i]) == 0) return bits[i];
+    }
+    return 0;
 }
 
 // DiLoCo's own flags against the job: W dividing the ranks (0: one worker per rank), F dividing
@@ -562,8 +734,7 @@ static int diloco_check_flags(int workers, int ranks, int H, int fragments, cons
                      "-fragment_layout %s: expected contiguous or strided", fragment_layout);
     check_every_rank(tau < H / fragments, "-tau %d: a fragment's exchange must be applied before the next fragment's "
                      "is posted, H/F = %d steps later, so tau < H/F (-H %d -fragments %d)", tau, H / fragments, H, fragments);
-    check_every_rank(strcmp(outer_dtype, "fp32") == 0 || strcmp(outer_dtype, "bf16") == 0,
-                     "-outer_dtype %s: expected fp32 or bf16", outer_dtype);
+    check_every_rank(link_bits(outer_dtype) != 0, "-outer_dtype %s: expected fp32, bf16, int8 or e3m0", outer_dtype);
     if (dump_outer != NULL) {
         char dir[4096];
         snprintf(dir, sizeof(dir), "%s", dump_outer);
@@ -611,7 +782,7 @@ int main(int argc, char** argv) {
         {"-fragment_layout", ARG_STRING, &fragment_layout, 0, 0, "contiguous (fragment f: layers f L/F .. (f+1) L/F - 1) or strided (the layers l % F == f, the paper's)"},
         {"-tau", ARG_INT, &tau, 0, ARG_NO_MAX, "streaming DiLoCo: a fragment's exchange overlaps tau inner steps and is applied after them (tau < H/F; 0: at once)"},
         {"-alpha", ARG_FLOAT, &alpha, 0, 1, "after an outer step a worker resumes from alpha theta_local + (1 - alpha) theta_outer (0: theta_outer)"},
-        {"-outer_dtype", ARG_STRING, &outer_dtype, 0, 0, "the pseudo-gradient on the link between workers: fp32 or bf16 (half the bytes)"},
+        {"-outer_dtype", ARG_STRING, &outer_dtype, 0, 0, "the pseudo-gradient on the link between workers: fp32, bf16 (half the bytes), int8 (a quarter) or e3m0 (4 bits: an eighth), the last two with a scale a tensor"},
         {"-dump_outer", ARG_STRING, &dump_outer, 0, 0, "at the end, write the outer momentum here as a model file (tests)"},
     };
     if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
@@ -644,7 +815,7 @@ int main(int argc, char** argv) {
     free(weights);
     Diloco d;
     diloco_init(&d, &model, world, workers, H, fragments, strcmp(fragment_layout, "strided") == 0, outer_lr, outer_momentum,
-                alpha, tau, strcmp(outer_dtype, "bf16") == 0);
+                alpha, tau, link_bits(outer_dtype));
     outer_from_params(d.outer, model.params_memory, model.master_memory, model.num_parameters);  // theta_outer = theta_0
     if (rank == 0) print_layout(&run, &d, accum);
 

@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
+#include <stddef.h>
 
 #if defined(__CUDACC__) && !defined(ENABLE_FP32)
 #include <cuda_bf16.h>
@@ -43,6 +45,75 @@ static inline float bf16_to_float(uint16_t b) {
     float x;
     memcpy(&x, &u, 4);
     return x;
+}
+
+
+// ---- the link's low-bit codes (DiLoCo's -outer_dtype int8 and e3m0), shared by both backends
+// and the host: a value crosses the link as a code of `bits` bits beside a scale, the largest |x|
+// of the piece it belongs to (an fp32), and both ends compute in fp32, so that every rank, and the
+// reference (test/reference.py's link_codes), gets the same bits:
+//   int8 (8 bits): x in steps of scale / 127, rounded to nearest, ties to even (rintf), as a two's
+//     complement byte in [-127, 127]; the error at most half a step, scale / 254.
+//   e3m0 (4 bits: a sign, a 3-bit exponent e, no mantissa): 0 when e = 0, else
+//     +-scale 2^(e - 7), the powers of two from scale / 64 to scale. |x| rounds to the nearest level
+//     in log space: e >= k (k = 2..7) once |x| >= scale 2^(k - 7.5), the geometric mean of the two
+//     levels (each threshold one fp32 product of scale and the fp32 constant); between 0 and the
+//     smallest level, where log space has no middle, to the nearer in value: e >= 1 once
+//     |x| >= scale 2^-7. The error is at most a factor sqrt(2) (-29% .. +41%) above scale / 128.
+// Rounding to nearest, not stochastic: a run repeats bit for bit (a resume included) and the
+// reference can round exactly as the trainer does. Stochastic rounding would be unbiased on
+// average, but needs random bits that every rank and the reference agree on; the bias of nearest
+// is small where the values spread over many levels, and the experiment measures what it costs.
+#if defined(__CUDACC__)
+#define LINK_HOST_DEVICE __host__ __device__
+#else
+#define LINK_HOST_DEVICE
+#endif
+#define LINK_E3M0_BITS 4
+#define LINK_INT8_BITS 8
+
+LINK_HOST_DEVICE static inline unsigned link_code(float x, float scale, int bits) {
+    if (!(scale > 0.0f)) return 0;  // (a piece of zeros: scale 0, every code 0)
+    if (bits == LINK_INT8_BITS) {
+        float q = rintf(x / (scale / 127.0f));
+        q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
+        return (unsigned)(int)q & 0xffu;
+    }
+    float a = fabsf(x);
+    unsigned e = a >= scale * 0.0078125f;  // 2^-7, halfway between 0 and the smallest level
+    for (unsigned k = 2; k <= 7; k++) e += a >= scale * (1.41421356f * (float)(1u << k) / 256.0f);  // 2^(k - 7.5)
+    return e == 0 ? 0u : (x < 0.0f ? 8u : 0u) | e;
+}
+LINK_HOST_DEVICE static inline float link_value(unsigned code, float scale, int bits) {
+    if (bits == LINK_INT8_BITS) return (float)(int)(signed char)(code & 0xffu) * (scale / 127.0f);
+    unsigned e = code & 7u;
+    if (e == 0) return 0.0f;
+    float v = scale * ((float)(1u << e) * 0.0078125f);  // scale 2^(e - 7): a power of two, exact
+    return code & 8u ? -v : v;
+}
+
+// A message on the link: 16-bit words, a piece's scale (fp32, two words) at scale_at and its n
+// codes from codes_at on, k = 16 / bits to a word, code j in bits [(j % k) bits, (j % k + 1) bits)
+// of word j / k. Value j of the piece as it crossed:
+LINK_HOST_DEVICE static inline float link_read(const uint16_t* message, size_t scale_at, size_t codes_at, size_t j,
+                                               int bits) {
+    float scale;
+    memcpy(&scale, message + scale_at, 4);
+    unsigned k = 16u / (unsigned)bits, code = (message[codes_at + j / k] >> ((j % k) * (unsigned)bits)) & ((1u << bits) - 1u);
+    return link_value(code, scale, bits);
+}
+
+// The mean over W workers of value j of a piece, as the owner of its shard takes it: its own
+// message `mine`, the other workers' in `others` (worker w's at slot w, or w - 1 past me, stride
+// words apart), each value as it crossed, summed in fp32 in worker order and divided by W
+LINK_HOST_DEVICE static inline float link_mean(const uint16_t* mine, const uint16_t* others, size_t stride, size_t scale_at,
+                                               size_t codes_at, int W, int me, size_t j, int bits) {
+    float sum = 0.0f;
+    for (int w = 0; w < W; w++) {
+        const uint16_t* message = w == me ? mine : others + (size_t)(w < me ? w : w - 1) * stride;
+        sum += link_read(message, scale_at, codes_at, j, bits);
+    }
+    return sum / (float)W;
 }
 
 #endif

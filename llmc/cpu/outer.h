@@ -1,13 +1,16 @@
 // DiLoCo's outer step (train_gpt2_diloco.cu) on the CPU: the pseudo-gradient of a worker, the
 // outer optimizer's Nesterov momentum step on the averaged one, and the workers starting again
 // from the outer parameters. Element by element, fp32, except what crosses the link in bf16
-// (-outer_dtype bf16): the pseudo-gradient rounded to bf16, and the workers' mean of it.
+// (-outer_dtype bf16: the pseudo-gradient rounded to bf16, and the workers' mean of it) or as
+// int8 / e3m0 codes with a scale a piece (-outer_dtype int8, e3m0; the codes: llmc/precision.h).
 #ifndef LLMC_CPU_OUTER_H
 #define LLMC_CPU_OUTER_H
 
 #include "device.h"  // (kernel_times.h: the launchers time themselves with LLMC_KERNEL_TIMES=1)
 
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 #include "../precision.h"
 
 // outer (n) = this worker's parameters, fp32 (master: the fp32 master weights when the
@@ -70,6 +73,88 @@ static inline void outer_to_params(float* params, float* master, const float* ou
         float local = master ? master[i] : params[i], merged = alpha * local + (1.0f - alpha) * outer[i];
         params[i] = merged;
         if (master) master[i] = merged;
+    }
+    kernel_time_end(kernel_span);
+}
+
+// ---- -outer_dtype int8 / e3m0: a piece of the pseudo-gradient (n values, one tensor of one
+// layer within one shard of the exchange, llmc/precision.h's codes) as the link carries it
+
+// the bits of |x|, which order as |x| does (a NaN above infinity): the largest of a piece's is
+// its scale, and a NaN or an infinity anywhere shows in it
+static inline uint32_t abs_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u & 0x7fffffffu;
+}
+
+// a worker's first pass: scale = the largest |outer - theta| of the piece
+static inline void link_scale(float* scale, const float* outer, const float* params, const float* master, size_t n) {
+    int kernel_span = kernel_time_begin("diloco: link scale (largest |pseudo-gradient|)", 0, 0);
+    uint32_t largest = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = abs_bits(outer[i] - (master ? master[i] : params[i]));
+        largest = b > largest ? b : largest;
+    }
+    memcpy(scale, &largest, 4);
+    kernel_time_end(kernel_span);
+}
+
+// its second: the codes of outer - theta in steps of the scale, 16 / bits to a word
+static inline void link_quantize(uint16_t* codes, const float* scale, const float* outer, const float* params,
+                                 const float* master, size_t n, int bits) {
+    int kernel_span = kernel_time_begin("diloco: link codes of the pseudo-gradient", 0, 0);
+    size_t k = 16 / (size_t)bits;
+    for (size_t word = 0; word < (n + k - 1) / k; word++) {
+        unsigned packed = 0;
+        for (size_t j = 0, i = word * k; j < k && i < n; j++, i++) {
+            packed |= link_code(outer[i] - (master ? master[i] : params[i]), *scale, bits) << (j * (size_t)bits);
+        }
+        codes[word] = (uint16_t)packed;
+    }
+    kernel_time_end(kernel_span);
+}
+
+// The owner of a shard, for each of its pieces: the workers' mean (llmc/precision.h's link_mean:
+// its own message, the others' stride words apart, the piece's scale and codes at the same places
+// in each), coded again for the way back. Two passes, as a worker's: the mean's scale into
+// mean_scale, then the codes written over the owner's own (each word read before it is written;
+// its old scale, still read, is replaced by mean_scale afterwards)
+static inline void link_mean_scale(float* mean_scale, const uint16_t* mine, const uint16_t* others, size_t stride,
+                                   size_t scale_at, size_t codes_at, int W, int me, size_t n, int bits) {
+    int kernel_span = kernel_time_begin("diloco: link scale of the workers' mean", 0, 0);
+    uint32_t largest = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = abs_bits(link_mean(mine, others, stride, scale_at, codes_at, W, me, i, bits));
+        largest = b > largest ? b : largest;
+    }
+    memcpy(mean_scale, &largest, 4);
+    kernel_time_end(kernel_span);
+}
+static inline void link_mean_quantize(uint16_t* mine, const uint16_t* others, size_t stride, size_t scale_at,
+                                      size_t codes_at, const float* mean_scale, int W, int me, size_t n, int bits) {
+    int kernel_span = kernel_time_begin("diloco: link codes of the workers' mean", 0, 0);
+    size_t k = 16 / (size_t)bits;
+    for (size_t word = 0; word < (n + k - 1) / k; word++) {
+        unsigned packed = 0;
+        for (size_t j = 0, i = word * k; j < k && i < n; j++, i++) {
+            packed |= link_code(link_mean(mine, others, stride, scale_at, codes_at, W, me, i, bits), *mean_scale, bits)
+                      << (j * (size_t)bits);
+        }
+        mine[codes_at + word] = (uint16_t)packed;
+    }
+    kernel_time_end(kernel_span);
+}
+
+// Nesterov momentum SGD, as outer_nesterov_step, on the mean as it came back: the piece's values
+// in message (llmc/precision.h's link_read)
+static inline void outer_nesterov_step_link(float* outer, float* momentum, const uint16_t* message, size_t scale_at,
+                                            size_t codes_at, size_t n, int bits, float lr, float mu) {
+    int kernel_span = kernel_time_begin("diloco: outer Nesterov step", 0, 0);
+    for (size_t i = 0; i < n; i++) {
+        float g = link_read(message, scale_at, codes_at, i, bits);
+        momentum[i] = mu * momentum[i] + g;
+        outer[i] -= lr * (g + mu * momentum[i]);
     }
     kernel_time_end(kernel_span);
 }

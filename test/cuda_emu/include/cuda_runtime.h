@@ -50,6 +50,7 @@ static inline unsigned int __float_as_uint(float x) { unsigned int u; memcpy(&u,
 static inline float __uint_as_float(unsigned int u) { float x; memcpy(&x, &u, 4); return x; }
 // one OS thread runs every CUDA thread, and switches only at barriers: atomics are plain
 template <class T> static inline T atomicAdd(T* address, T value) { T old = *address; *address = old + value; return old; }
+template <class T> static inline T atomicMax(T* address, T value) { T old = *address; *address = old > value ? old : value; return old; }
 
 // ---- the runtime API, synchronous
 typedef enum {
