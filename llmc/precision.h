@@ -53,7 +53,8 @@ static inline float bf16_to_float(uint16_t b) {
 // of the piece it belongs to (an fp32), and both ends compute in fp32, so that every rank, and the
 // reference (test/reference.py's link_codes), gets the same bits:
 //   int8 (8 bits): x in steps of scale / 127, rounded to nearest, ties to even (rintf), as a two's
-//     complement byte in [-127, 127]; the error at most half a step, scale / 254.
+//     complement byte c in [-127, 127], read back as (c / 127) scale (so that +-127 is the scale
+//     itself, and a scale near the largest float cannot overflow); the error at most half a step.
 //   e3m0 (4 bits: a sign, a 3-bit exponent e, no mantissa): 0 when e = 0, else
 //     +-scale 2^(e - 7), the powers of two from scale / 64 to scale. |x| rounds to the nearest level
 //     in log space: e >= k (k = 2..7) once |x| >= scale 2^(k - 7.5), the geometric mean of the two
@@ -85,7 +86,7 @@ LINK_HOST_DEVICE static inline unsigned link_code(float x, float scale, int bits
     return e == 0 ? 0u : (x < 0.0f ? 8u : 0u) | e;
 }
 LINK_HOST_DEVICE static inline float link_value(unsigned code, float scale, int bits) {
-    if (bits == LINK_INT8_BITS) return (float)(int)(signed char)(code & 0xffu) * (scale / 127.0f);
+    if (bits == LINK_INT8_BITS) return ((float)(int)(signed char)(code & 0xffu) / 127.0f) * scale;
     unsigned e = code & 7u;
     if (e == 0) return 0.0f;
     float v = scale * ((float)(1u << e) * 0.0078125f);  // scale 2^(e - 7): a power of two, exact

@@ -429,6 +429,53 @@ def run(args):
     return losses, norms
 
 
+E3M0_LEVELS = 7  # e3m0's exponents 1..7: +-scale 2^(e - 7); 0 is zero
+
+
+def link_round(x, bits):
+    """one piece of values as DiLoCo's link carries them in int8 (bits 8) or e3m0 (bits 4), written
+    from the definition in llmc/precision.h's comment (not from its code): in float32, the scale
+    the largest |x|; int8 x in steps of scale / 127 rounded to nearest even, within +-127, read back
+    as (code / 127) scale; e3m0
+    +-scale 2^(e - 7) for e = 1..7 or 0, |x| reaching level e >= 2 at scale 2^(e - 7.5) (the
+    geometric mean of two levels, an fp32 constant times the scale) and level 1 at scale 2^-7 (half
+    the smallest level). Returns the values as they arrive (float32); a non-finite x is refused"""
+    x = x.reshape(-1).float()
+    scale = x.abs().max() if x.numel() else torch.zeros((), dtype=torch.float32)
+    if not torch.isfinite(scale):
+        raise ValueError("link_round: a non-finite value has no scale")
+    if scale == 0:
+        return torch.zeros_like(x)
+    if bits == 8:
+        step = scale / torch.tensor(127.0, dtype=torch.float32)
+        code = torch.round(x / step).clamp(-127, 127).int()  # (an integer: no -0)
+        return code.float() / torch.tensor(127.0, dtype=torch.float32) * scale
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # (an fp32 constant, as the C literal is)
+    a = x.abs()
+    e = (a >= scale * f32(2.0 ** -7)).int()
+    for k in range(2, E3M0_LEVELS + 1):
+        e += (a >= scale * (f32(math.sqrt(2)) * f32(2.0 ** k) / f32(256.0))).int()
+    v = torch.where(e > 0, scale * torch.pow(f32(2.0), (e - 7).float()), torch.zeros_like(x))
+    return torch.where((x < 0) & (e > 0), -v, v)  # (code 0 is +0)
+
+
+def link_mean_coded(deltas, units, W, bits):
+    """the mean of W workers' pseudo-gradients of a fragment as the link carries them in int8 or
+    e3m0: deltas[w] the fragment's values in the model file's order (each tensor of each layer a
+    unit of units[i] values), cut into W shards at w P_f // W (the exchange's owners) and into pieces
+    where a unit or a shard ends, each piece rounded with its own scale (link_round); the owner sums
+    the W workers' values of its shard in float32, in worker order, divides by W, and rounds each
+    piece again for the way back"""
+    P_f = sum(units)
+    cuts = sorted(set([s * P_f // W for s in range(W + 1)] + list(np.cumsum([0] + units))))
+    pieces = [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+    mean = torch.zeros(P_f, dtype=torch.float32)
+    for d in deltas:
+        mean += torch.cat([link_round(d[a:b], bits) for a, b in pieces])
+    mean = mean / torch.tensor(float(W), dtype=torch.float32)
+    return torch.cat([link_round(mean[a:b], bits) for a, b in pieces])
+
+
 def run_diloco(args):
     """DiLoCo (Douillard et al. 2023, arXiv:2311.08105, Algorithm 1), written from the paper, not
     from the trainer: args.workers copies of the model from the same initial weights, each with its
@@ -453,7 +500,8 @@ def run_diloco(args):
     (s - f H/F) % H == 0 (s >= 1), and every group after the last step. args.outer_dtype "bf16":
     the outer gradient crosses the link in bf16 as Streaming DiLoCo sends it in low precision:
     each worker's theta_outer - theta_w rounded to bf16 (nearest, ties to even), their mean taken
-    in the reference's dtype and rounded to bf16 again (the average's way back to the workers)."""
+    in the reference's dtype and rounded to bf16 again (the average's way back to the workers).
+    args.outer_dtype "int8" or "e3m0": link_mean_coded, with a scale a piece."""
     torch.manual_seed(args.seed)
     model = load_model_file(args.init) if getattr(args, "init", None) else None
     if model is None:
@@ -488,6 +536,22 @@ def run_diloco(args):
     def link(x):  # what crosses the link between workers
         return x.to(torch.bfloat16).to(x.dtype) if getattr(args, "outer_dtype", "fp32") == "bf16" else x
     params = list(outer.parameters())
+    coded = {"int8": 8, "e3m0": 4}.get(getattr(args, "outer_dtype", "fp32"))
+    # int8 and e3m0: each fragment's parameters in the model file's order, each layer's tensor a unit
+    index = {id(p): i for i, p in enumerate(params)}
+    names = {id(p): n for n, p in outer.named_parameters()}
+    packed = [[index[id(p)] for ps in outer.file_parameters() for p in ps if fragment(names[id(p)]) == f] for f in range(F)]
+
+    def mean_pseudo_gradient(f, workers_params):  # (theta_outer - theta_w) over the workers, as the link carries it
+        if coded is None:
+            return [link(sum(link(params[i] - wp[i]) for wp in workers_params) / W) for i in groups[f]]
+        deltas = [torch.cat([(params[i] - wp[i]).reshape(-1).float() for i in packed[f]]) for wp in workers_params]
+        mean = link_mean_coded(deltas, [params[i].numel() for i in packed[f]], W, coded)
+        at, by_index = 0, {}
+        for i in packed[f]:
+            by_index[i] = mean[at: at + params[i].numel()].view(params[i].shape).to(params[i].dtype)
+            at += params[i].numel()
+        return [by_index[i] for i in groups[f]]
     outer_opts = [torch.optim.SGD([params[i] for i in g], lr=args.outer_lr, momentum=args.outer_momentum,
                                   nesterov=args.outer_momentum > 0) for g in groups]
     tau = getattr(args, "tau", 0)
@@ -532,7 +596,7 @@ def run_diloco(args):
                 continue
             workers_params = [list(c.parameters()) for c in copies]
             with torch.no_grad():  # the mean pseudo-gradient, as the link carries it
-                grads = [link(sum(link(params[i] - wp[i]) for wp in workers_params) / W) for i in groups[f]]
+                grads = mean_pseudo_gradient(f, workers_params)
             if tau > 0 and s < args.steps:
                 pending = (f, grads, s + tau)
             else:  # (the last step's outer steps unmerged: every worker ends on theta_outer)

@@ -1696,6 +1696,39 @@ test(make_program_test("ring_attention_blocks_equal_whole_attention", "test/test
 # the vocabulary-parallel cross-entropy at one rank is fused_classifier bit for bit (llmc/cpu/classifier.h)
 test(make_program_test("classifier_vocabulary_parallel_at_one_rank_is_the_fused_one_bit_for_bit", "test/test_classifier", 1, [],
                        "classifier ok"))
+# DiLoCo's int8 and e3m0 codes (llmc/precision.h): zero, denormals, the largest, negatives, ties and
+# thresholds, each code written out from the format's definition; a NaN or infinity shows in the scale
+test(make_program_test("link_codes_edge_values", "test/test_link_codes", 1, [], "link codes ok"))
+
+
+@test
+def link_codes_equal_the_references_on_random_pieces():
+    """pieces of values spread over 12 decades (with zeros, denormals and a negative largest)
+    coded by the CPU passes (test/test_link_codes) read back bit for bit as reference.link_round
+    reads them, written from the format's definition alone; a piece with a NaN or an infinity is
+    refused"""
+    d = fresh_dir("link_codes")
+    rng = np.random.default_rng(7)
+    pieces = [rng.standard_normal(n).astype(np.float32) * np.float32(10.0) ** rng.uniform(-10, 2, n).astype(np.float32)
+              for n in (1, 5, 4097)]
+    pieces.append(np.array([0.0, -3e-39, 1e-45, -2.0, 1.0, 0.5], dtype=np.float32))  # (the largest negative)
+    pieces.append(np.zeros(9, dtype=np.float32))
+    pieces.append((rng.standard_normal(1000) * 1e-39).astype(np.float32))  # (denormals only)
+    for bits in (8, 4):
+        for i, x in enumerate(pieces):
+            src, dst = os.path.join(d, "in_%d.f32" % i), os.path.join(d, "out_%d_%d.f32" % (bits, i))
+            x.tofile(src)
+            subprocess.run(["./test/test_link_codes", str(bits), src, dst], cwd=ROOT, check=True, timeout=60)
+            got, want = np.fromfile(dst, dtype=np.float32), reference.link_round(reference.torch.from_numpy(x), bits).numpy()
+            assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist(), \
+                "bits %d piece %d: %d of %d values differ" % (bits, i, (got != want).sum(), len(x))
+    for bad in (np.nan, np.inf):
+        src = os.path.join(d, "bad.f32")
+        np.array([1.0, bad, 2.0], dtype=np.float32).tofile(src)
+        p = subprocess.run(["./test/test_link_codes", "4", src, os.path.join(d, "bad_out.f32")], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode != 0 and "a non-finite value, no scale codes it" in p.stdout + p.stderr, p.stdout + p.stderr
+        assert not os.path.exists(os.path.join(d, "bad_out.f32"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -3413,26 +3446,39 @@ def make_cuda_diloco_test(kind, precision, devices, outer_dtype, tau=0):
             _, p = reference.read_model_file(os.path.join(d, mine))
             err, bound = np.abs(p - p_ref).max(), tol["params_max"] + 2 * np.abs(p_ref32 - p_ref).max()
             assert err <= bound, "%s: max abs error %.3g, bound %.3g" % (name, err, bound)
-            print("    %s train_gpt2_diloco %s: loss %.2e, %s max abs error %.2e (bound %.2e)" % (kind, precision, worst,
-                                                                                                  name, err, bound))
+            # (as diloco_run: values off by more than the precision's bound are codes tipped
+            # across a threshold by rounding noise, about as many as the float32 reference tips)
+            base = tol["params_max"]
+            tipped, tipped32 = int((np.abs(p - p_ref) > base).sum()), int((np.abs(p_ref32 - p_ref) > base).sum())
+            assert tipped <= 2 * tipped32 + 4, "%s: %d values beyond %.2g, the float32 reference's %d" % (
+                name, tipped, base, tipped32)
+            print("    %s train_gpt2_diloco %s: loss %.2e, %s max abs error %.2e (bound %.2e), %d values beyond %.2g "
+                  "(the float32 reference: %d)" % (kind, precision, worst, name, err, bound, tipped, base, tipped32))
         P = len(p_ref)
         # (the link's dtype whatever the build's; in bf16 with W = 2 rank 0 sends and receives P/2
         # values of 2 bytes in each half of the average: 4 P bytes counted, as fp32's all-reduce)
+        # (int8, e3m0: every word of the messages, coded_message_words, sent and received)
+        outer = P * 4
+        if outer_dtype in ("int8", "e3m0"):
+            words = coded_message_words(REF_CUDA, 1, "contiguous", 0, 2, 8 if outer_dtype == "int8" else 4)
+            outer = 2 * 2 * (sum(words) - words[0] + words[0])
         for s, groups in step_comm_bytes(d, steps, changing=True).items():
             got = sum(groups["across"].values())
-            assert got == 8 + (P * 4 if s % 2 == 0 or s == steps else 0), "step %d moved %d across workers" % (s, got)
+            assert got == 8 + (outer if s % 2 == 0 or s == steps else 0), "step %d moved %d across workers" % (s, got)
     prefix, path = cuda_test_name(kind, devices)
     fn.__name__ = "%s_diloco_vs_reference_%s_2_workers_%s%s%s" % (prefix, precision.lower(), path,
-                                                                 "_bf16_link" if outer_dtype == "bf16" else "",
+                                                                 "" if outer_dtype == "fp32" else "_%s_link" % outer_dtype,
                                                                  "_tau%d" % tau if tau else "")
     return fn
 
 
-for _precision, _devices, _outer in (("FP32", 2, "fp32"), ("BF16", 1, "fp32"), ("BF16", 2, "bf16")):
+# int8 and e3m0: the link's codes by the CUDA passes (llmc/cuda/outer.cuh), through NCCL's sends
+for _precision, _devices, _outer in (("FP32", 2, "fp32"), ("BF16", 1, "fp32"), ("BF16", 2, "bf16"), ("FP32", 2, "e3m0"),
+                                     ("BF16", 2, "int8")):
     test(make_cuda_diloco_test("emu", _precision, _devices, _outer))
 # -tau 1: the all-reduce posted on NCCL's comm stream and waited for a step later
 test(make_cuda_diloco_test("emu", "FP32", 2, "fp32", tau=1))
-for _precision, _outer in (("FP32", "fp32"), ("BF16", "bf16")):
+for _precision, _outer in (("FP32", "fp32"), ("BF16", "bf16"), ("BF16", "e3m0")):
     test(make_cuda_diloco_test("cuda", _precision, None, _outer))
 
 
@@ -3855,7 +3901,17 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
         _, p = reference.read_model_file(os.path.join(d, mine))
         err, tol = np.abs(p - p_ref).max(), max(gain, 1.0) * 2e-5 + 2 * np.abs(p_ref32 - p_ref).max()
         assert err <= tol, "%s: max abs error %.3g against the reference, bound %.3g" % (name, err, tol)
-        print("    %s: max abs error %.2e, bound %.2e" % (name, err, tol))
+        # and how many values are off by more than fp32's own bound: where fp32's noise tipped a
+        # code of the link across a threshold (int8, e3m0; a value then moves by a step of its
+        # piece's scale, which the max alone cannot tell from a wrong threshold). The reference's
+        # float32 run shows how many such tips its trajectory has; the trainer may tip others, but
+        # about as many (a threshold off by a quarter of a level moves thousands)
+        base = max(gain, 1.0) * 2e-5
+        tipped, tipped32 = int((np.abs(p - p_ref) > base).sum()), int((np.abs(p_ref32 - p_ref) > base).sum())
+        assert tipped <= 2 * tipped32 + 4, "%s: %d of %d values beyond %.2g of the reference, its float32 run %d" % (
+            name, tipped, len(p), base, tipped32)
+        print("    %s: max abs error %.2e, bound %.2e; %d values beyond %.2g (the float32 reference: %d)" % (
+            name, err, tol, tipped, base, tipped32))
     P = len(p_ref)
     R = ranks // workers
     # each fragment's parameters from the model's shape: its L/F layers' share of every per-layer
@@ -3870,17 +3926,47 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
         due = [f for f in range(fragments) if s == steps or (s >= f * H // fragments and (s - f * H // fragments) % H == 0)]
         if outer_dtype == "bf16":  # (rank 0 owns shard 0 of each fragment: P_f // W values)
             outer = sum(2 * 2 * (P_f[f] - P_f[f] // workers + (workers - 1) * (P_f[f] // workers)) for f in due)
+        elif outer_dtype in ("int8", "e3m0"):  # the messages' words, rank 0 owning shard 0
+            outer = 0
+            for f in due:
+                words = coded_message_words(cfg, fragments, fragment_layout, f, workers, 8 if outer_dtype == "int8" else 4)
+                outer += 2 * 2 * (sum(words) - words[0] + (workers - 1) * words[0])
         else:
             outer = 4 * sum(P_f[f] for f in due)
         want = {"worker": P * 4 + 4 if R > 1 else 0, "across": 8 + outer}
         assert got == want, "step %d moved %s, the rule gives %s" % (s, got, want)
         # on the link: the all-reduces as rings (2 (n-1)/n of the payload over n ranks), the bf16
         # exchanges' sends whole (half of the values counted: each is sent once, received once)
-        sent = outer / 2 if outer_dtype == "bf16" else 2 * (workers - 1) / workers * outer
+        sent = 2 * (workers - 1) / workers * outer if outer_dtype == "fp32" else outer / 2
         link = 2 * (R - 1) / R * want["worker"] + 2 * (workers - 1) / workers * 8 + sent
         assert abs(train[s]["ring_bytes"] - link) <= 1, "step %d: %.0f bytes on the link, the formula gives %.1f" % (
             s, train[s]["ring_bytes"], link)
     return out
+
+
+def coded_message_words(cfg, fragments, layout, f, W, bits):
+    """the 16-bit words of each shard's message of fragment f in int8 or e3m0, from the model's
+    shapes and the format (train_gpt2_diloco.cu's LinkLayout comment): the fragment's tensors of a
+    layer in the model file's order, cut into pieces at the W shards' bounds s P_f // W; a message
+    holds its pieces' scales (2 words each) and each piece's codes from a word of its own (16 / bits
+    to a word), padded to an even number of words"""
+    words = [0] * W
+    for a, b, shard in coded_pieces(cfg, fragments, layout, f, W):
+        words[shard] += 2 + -(-(b - a) // (16 // bits))
+    return [w + w % 2 for w in words]
+
+
+def coded_pieces(cfg, fragments, layout, f, W):
+    """fragment f's pieces in int8 and e3m0, (start, end, shard) in its packed order: each tensor of
+    each layer in the model file's order, cut where a shard (s P_f // W) ends"""
+    C, L, V, T = cfg["channels"], cfg["layers"], padded_vocab(cfg), cfg["max_seq_len"]
+    per_layer = [C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C]  # ln1w .. fcprojb
+    holds = (lambda l: l % fragments == f) if layout == "strided" else (lambda l: l // (L // fragments) == f)
+    units = ([V * C, T * C] if f == 0 else []) + [n for n in per_layer for l in range(L) if holds(l)] + \
+        ([C, C] if f == fragments - 1 else [])
+    P_f = sum(units)
+    cuts = sorted(set([s * P_f // W for s in range(W + 1)] + list(np.cumsum([0] + units))))
+    return [(a, b, max(s for s in range(W) if s * P_f // W <= a)) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
 def make_diloco_test(workers, H, ranks, micro, cfg=REF):
@@ -3938,7 +4024,7 @@ def diloco_bad_inputs():
                                  (2, ["-outer_momentum", 1.5], "-outer_momentum"),
                                  (2, ["-fragments", 3], "-fragments 3: the fragments are L/F layers each"),
                                  (2, ["-fragments", 2, "-H", 3], "must divide the model's L = 2 layers and -H 3"),
-                                 (2, ["-outer_dtype", "fp8"], "-outer_dtype fp8: expected fp32 or bf16"),
+                                 (2, ["-outer_dtype", "fp8"], "-outer_dtype fp8: expected fp32, bf16, int8 or e3m0"),
                                  (2, ["-fragment_layout", "zigzag"], "-fragment_layout zigzag: expected contiguous or strided"),
                                  (2, ["-alpha", 1.5], "-alpha"),
                                  (2, ["-dump_outer", "/no/such/dir/m.bin"], "-dump_outer /no/such/dir/m.bin: its directory")):
@@ -4030,6 +4116,59 @@ def diloco_bf16_pseudo_gradients_against_the_reference():
     _, m = reference.read_model_file(path)
     low = m.astype(np.float32).view(np.uint32) & 0xffff
     assert np.abs(m).max() > 0 and (low == 0).all(), "%d momentum values are not bf16" % (low != 0).sum()
+
+
+def make_diloco_coded_test(outer_dtype, workers, ranks, H, fragments, layout, alpha, tau, cfg):
+    def fn():
+        """-outer_dtype int8 / e3m0 against the reference that codes the same values alike
+        (reference.link_mean_coded: a scale a tensor of a layer within a shard, each worker's
+        pseudo-gradient and the owner's mean rounded), with diloco_run's checks and bounds; the bytes
+        are the messages' words (coded_message_words)"""
+        diloco_run(workers, H, ranks, 1, cfg=cfg, fragments=fragments, outer_dtype=outer_dtype, alpha=alpha,
+                   fragment_layout=layout, tau=tau)
+    fn.__name__ = "diloco_%s_w%d_%d_ranks_h%d_f%d_%s_alpha%g_tau%d_against_the_reference" % (
+        outer_dtype, workers, ranks, H, fragments, layout, alpha, tau)
+    return fn
+
+
+# W = 3 (uneven shards) with 2 fragments; 2 workers of 2 ranks, strided, merged and delayed
+for _dtype in ("int8", "e3m0"):
+    test(make_diloco_coded_test(_dtype, 3, 3, 2, 2, "contiguous", 0.0, 0, REF6))
+    test(make_diloco_coded_test(_dtype, 2, 4, 8, 2, "strided", 0.5, 1, REF4_9))
+
+
+@test
+def diloco_coded_link_carries_the_grid_and_refuses_a_non_finite_pseudo_gradient():
+    """After one step, the run's only outer step (F = 1, so the packed order is the file's), the
+    outer momentum is the workers' mean as it came back over the link: in each piece
+    (coded_pieces) e3m0's nonzero values are the piece's largest times 2^-j (j = 0..6) and int8's
+    are whole steps of the largest / 127. Weights that overflow (lr 3.4e38 with decay: finite loss
+    and norm, infinite weights) give a pseudo-gradient no scale codes: every rank stops with the
+    tensor named, and nothing is checkpointed"""
+    for dtype, workers in (("e3m0", 2), ("int8", 3)):
+        d = fresh_dir("diloco_grid_" + dtype)
+        path = os.path.join(d, "momentum.bin")
+        run_ok(workers, trainer_args(reference_run(REF6), REF6["batch"] // workers, d, ["-x", 1, "-H", 2, "-outer_dtype",
+                                                                                        dtype, "-dump_outer", path],
+                                     cfg=REF6), program=DILOCO)
+        _, m = reference.read_model_file(path)
+        for a, b, _ in coded_pieces(REF6, 1, "contiguous", 0, workers):
+            piece = m[a:b].astype(np.float64)
+            top = np.abs(piece).max()
+            if top == 0:
+                continue
+            if dtype == "e3m0":
+                j = -np.log2(np.abs(piece[piece != 0]) / top)
+                assert np.all(np.abs(j - np.round(j)) < 1e-6) and j.max() < 6.5, (a, b, sorted(set(np.round(j, 3))))
+            else:
+                steps = piece / (top / 127)
+                assert np.all(np.abs(steps - np.round(steps)) < 1e-4), (a, b, steps[:8])
+        d = fresh_dir("diloco_nonfinite_" + dtype)
+        code, out = mpirun(2, small_run_args(d, ["-H", 1, "-outer_dtype", dtype, "-l", 3.4e38, "-c", 1, "-gc", 0, "-n", 1,
+                                                 "-v", 0]), timeout=60, program=DILOCO)
+        message = "-outer_dtype %s: the pseudo-gradient of fragment 0 holds a non-finite value in " % dtype
+        assert code != 0 and message in out, "exit %d:\n%s" % (code, out[-3000:])
+        assert not [f for f in os.listdir(d) if f.startswith(("DONE_", "model_", "state_"))], os.listdir(d)
 
 
 @test
