@@ -607,18 +607,25 @@ static void gpt2_backward(GPT2* model, const int* inputs_host, int B, int T) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Validation and samples (the run layer, llmc/run.h, calls these): each rank on its worker's
-// current model and its own validation batch, as DDP's ranks split them (so that both measure
-// the same tokens); the run layer averages the loss over every rank. Right after an outer step
-// of every fragment all workers hold theta_outer: with F = 1 at multiples of H the loss is
-// theta_outer's, between outer steps the workers' mean
+// Validation and samples (the run layer, llmc/run.h, calls these). The validation loss is
+// theta_outer's, the model DiLoCo trains and writes (not the workers' own, which drift from it
+// between outer steps): each rank runs theta_outer on its own validation batch, as DDP's ranks
+// split them (so that both measure the same tokens), and the run layer averages over every rank.
+// The worker's weights step aside meanwhile, into the gradients' buffer (free between steps:
+// each step zeroes it first), and come back bit for bit. A sample is drawn from rank 0's worker's
+// own model as it stands.
 
 static float val_loss(void* trainer, DataLoader* val) {
     Diloco* d = (Diloco*)trainer;
     GPT2* model = d->model;
+    size_t P = model->num_parameters;
+    copy_device_to_device(model->grads_memory, model->params_memory, P * sizeof(floatX));
+    outer_to_params(model->params_memory, NULL, d->outer, P, 0.0f);  // (alpha 0: the parameters = theta_outer)
     dataloader_load_chunk(val, d->rank, model->config.vocab_size);
     gpt2_forward(model, val->inputs, model->B, model->T);
-    return gpt2_loss(model, val->targets, model->B, model->T, 0.0f);
+    float loss = gpt2_loss(model, val->targets, model->B, model->T, 0.0f);
+    copy_device_to_device(model->params_memory, model->grads_memory, P * sizeof(floatX));
+    return loss;
 }
 
 static const floatX* sample_logits(void* trainer, const int* tokens, int T) {

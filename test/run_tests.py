@@ -4254,6 +4254,25 @@ def diloco_validation_reads_the_batches_ddp_reads():
 
 
 @test
+def diloco_validation_measures_theta_outer_and_leaves_training_alone():
+    """the validation loss is theta_outer's: with -H 4 theta_outer does not move before the first
+    outer step (after step 4), so the losses measured at steps 1-3, while the workers drift, equal
+    step 0's to the bit, and step 4's (after the outer step) differs; the workers' weights step
+    aside and come back, so the run with validation every step ends on the same model file, bit for
+    bit, as one without"""
+    files = []
+    for v in (1, 0):
+        d = fresh_dir("diloco_val_outer_%d" % v)
+        run_ok(2, trainer_args(reference_run(), 4, d, ["-x", 5, "-H", 4, "-v", v, "-m", 2]), program=DILOCO)
+        files.append(open(os.path.join(d, "model_00000005.bin"), "rb").read())
+        if v:
+            val = read_log(d)[1]
+            assert val[1]["val_loss"] == val[2]["val_loss"] == val[3]["val_loss"] == val[0]["val_loss"], val
+            assert val[4]["val_loss"] != val[0]["val_loss"], val
+    assert files[0] == files[1], "validation every step changed the run's model file"
+
+
+@test
 def diloco_h1_plain_averaging_equals_the_mean_of_the_workers():
     """-H 1 -outer_lr 1 -outer_momentum 0: theta_outer is the workers' mean after every step (the
     reference computes it as the SGD step of lr 1 on the mean pseudo-gradient)"""
