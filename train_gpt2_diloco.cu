@@ -2,7 +2,7 @@
 GPT-2 training across datacenters with DiLoCo (Douillard et al. 2023, "DiLoCo: Distributed
 Low-Communication Training of Language Models", arXiv:2311.08105): W workers, each a
 data-parallel group of ranks, train on their own for H steps and only then exchange what they
-learned, in one all-reduce across workers (or its two halves in bf16, -outer_dtype).
+learned, in one all-reduce across workers (or its two halves in bf16, int8 or 4 bits, -outer_dtype).
 
 Why: data parallelism (train_gpt2_dp.cu) all-reduces every gradient every step, 2 (p-1)/p P X
 bytes, which a link between datacenters cannot carry. DiLoCo all-reduces P fp32 values once every
@@ -25,7 +25,11 @@ optimizer's momentum (12 bytes a parameter with the pseudo-gradient's buffer: th
 3. Its mean over the workers: one all-reduce (AVG) of P fp32 values across workers, each rank
    with the ranks at its place in the other workers (R all-reduces side by side). With
    -outer_dtype bf16 the values cross the link in bf16, half the bytes: the all-reduce written
-   out as a reduce-scatter and an all-gather of bf16 shards, summed in fp32 (average_bf16).
+   out as a reduce-scatter and an all-gather of bf16 shards, summed in fp32 (average_on_link).
+   With int8 or e3m0 (a sign and a 3-bit exponent: 4 bits, an eighth of fp32's bytes) each value
+   is a code beside an fp32 scale, the largest |value| of its piece (a tensor of a layer within a
+   shard), rounded to nearest (e3m0 in log space; llmc/precision.h defines both); the same
+   exchanges carry the codes, and the mean is summed in fp32 and coded again for the way back.
 4. The outer optimizer, Nesterov momentum SGD (-outer_lr 0.7, -outer_momentum 0.9, the paper's):
    momentum = mu momentum + delta; theta_outer -= lr (delta + mu momentum).
 5. Every worker starts again from theta_outer (its inner AdamW moments kept, as the paper does).
@@ -52,8 +56,8 @@ pseudo-gradient, then the merge with the worker's weights of now, which with -al
 those t steps away (the paper pairs tau with alpha 0.5). One exchange is in flight at a time
 (tau < H/F: it lands before the next fragment's is posted); the last step applies what is in
 flight and then takes every fragment's outer step at once; a checkpoint waits for the average in
-flight and records it. (In bf16 the average's rounds of exchanges complete at the post; only its
-application waits.) Not yet here: pseudo-gradients below bf16 (the paper goes down to 4 bits).
+flight and records it. (Below fp32 the average's rounds of exchanges complete at the post; only
+its application waits.) The paper sends its outer gradients in 4 bits (E3M0): -outer_dtype e3m0.
 
 -H 1 -outer_lr 1 -outer_momentum 0 averages the workers' parameters after every step: theta_outer
 becomes the mean of the workers' theta. That is not DDP: DDP averages the gradients before one

@@ -7,15 +7,14 @@
 # H = 1 again as plain parameter averaging (outer lr 1, momentum 0). dev/plot_diloco.py draws the validation loss against
 # the step and against the bytes sent on the link, and prints the README's table.
 # With --streaming, streaming DiLoCo's own choices at F = 2, H = 48 (so tau < H/F = 24): the
-# fragments contiguous or strided, the exchange applied at once or tau = 2 steps later, the merge
-# alpha 0 or 0.5, and the link in fp32 or bf16 (dev/images/diloco_streaming.png). The curves are
-# the validation loss of the workers' own models, averaged over the workers (what the trainer
-# measures between outer steps), not of theta_outer: with fragments taking turns the workers never
-# all sit on theta_outer until the last step, whose loss is theta_outer's.
+# fragments contiguous or strided, the exchange applied at once or tau = 1 or 2 steps later, the
+# merge alpha 0 or 0.5, and the link in fp32, bf16, int8 or e3m0 (dev/images/diloco_streaming.png).
+# Every curve is the validation loss of theta_outer, the model DiLoCo trains and writes (the
+# trainer validates it, not the workers' own weights, which drift from it between outer steps).
 #   bash dev/diloco_vs_ddp.sh [out.png]      (default out/diloco_vs_ddp/diloco_vs_ddp.png)
 #   bash dev/diloco_vs_ddp.sh --readme       redraws the README's figure, dev/images/diloco_vs_ddp.png
 #   bash dev/diloco_vs_ddp.sh --streaming    the streaming runs (add --readme after it for the README's)
-#   STEPS=400 by default; on 2 cores about 30 minutes for the six runs, 13 for the five streaming ones
+#   STEPS=400 by default; on 2 cores about 30 minutes for the six runs, 21 for the eight streaming ones
 set -e
 cd "$(dirname "$0")/.."
 streaming=0
@@ -26,7 +25,7 @@ case "${1:-}" in
     *) out=${1:-out/diloco_vs_ddp/diloco_vs_ddp.png}; [ $streaming = 1 ] && out=${1:-out/diloco_vs_ddp/diloco_streaming.png} ;;
 esac
 steps=${STEPS:-400}
-[ $streaming = 1 ] && echo "5 runs of 4 ranks, $steps steps each (about 13 minutes on 2 cores at 400); the figure: $out"
+[ $streaming = 1 ] && echo "8 runs of 4 ranks, $steps steps each (about 21 minutes on 2 cores at 400); the figure: $out"
 [ $streaming = 0 ] && echo "6 runs of 4 ranks, $steps steps each (about 30 minutes on 2 cores at 400); the figure: $out"
 mkdir -p "$(dirname "$out")"
 make -s train_gpt2_dp train_gpt2_diloco
@@ -50,14 +49,21 @@ if [ $streaming = 1 ]; then
     stream=(-H 48 -fragments 2)  # (with 4 layers and F = 4 both layouts would be one layer a fragment)
     run f2 ./train_gpt2_diloco "${stream[@]}"
     run f2_strided ./train_gpt2_diloco "${stream[@]}" -fragment_layout strided
+    run f2_strided_tau1 ./train_gpt2_diloco "${stream[@]}" -fragment_layout strided -tau 1
     run f2_strided_tau2 ./train_gpt2_diloco "${stream[@]}" -fragment_layout strided -tau 2
-    run f2_strided_tau2_a05 ./train_gpt2_diloco "${stream[@]}" -fragment_layout strided -tau 2 -alpha 0.5
-    run f2_strided_tau2_a05_bf16 ./train_gpt2_diloco "${stream[@]}" -fragment_layout strided -tau 2 -alpha 0.5 -outer_dtype bf16
+    merged=("${stream[@]}" -fragment_layout strided -tau 2 -alpha 0.5)
+    run f2_strided_tau2_a05 ./train_gpt2_diloco "${merged[@]}"
+    for dtype in bf16 int8 e3m0; do
+        run "f2_strided_tau2_a05_$dtype" ./train_gpt2_diloco "${merged[@]}" -outer_dtype $dtype
+    done
     /usr/bin/python3 dev/plot_diloco.py -o "$out" --link-ranks 4 \
         --title "GPT-2 d4, 4 datacenters, streaming DiLoCo (F = 2, H = 48): layout, tau, alpha, link dtype" \
         "contiguous=out/diloco_vs_ddp/f2" "strided=out/diloco_vs_ddp/f2_strided" \
-        "strided, tau 2=out/diloco_vs_ddp/f2_strided_tau2" "strided, tau 2, alpha 0.5=out/diloco_vs_ddp/f2_strided_tau2_a05" \
-        "strided, tau 2, alpha 0.5, bf16=out/diloco_vs_ddp/f2_strided_tau2_a05_bf16"
+        "strided, tau 1=out/diloco_vs_ddp/f2_strided_tau1" "strided, tau 2=out/diloco_vs_ddp/f2_strided_tau2" \
+        "strided, tau 2, alpha 0.5=out/diloco_vs_ddp/f2_strided_tau2_a05" \
+        "strided, tau 2, alpha 0.5, bf16=out/diloco_vs_ddp/f2_strided_tau2_a05_bf16" \
+        "strided, tau 2, alpha 0.5, int8=out/diloco_vs_ddp/f2_strided_tau2_a05_int8" \
+        "strided, tau 2, alpha 0.5, e3m0=out/diloco_vs_ddp/f2_strided_tau2_a05_e3m0"
     exit 0
 fi
 run ddp ./train_gpt2_dp

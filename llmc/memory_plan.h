@@ -375,7 +375,7 @@ static inline int memory_plan_rows(const MemoryPlan* plan, GPT2Config c, const R
     }
     if (r->trainer == TRAINER_DILOCO) {
         memory_row(rows, &n, "outer state", plan->outer, MEMORY_PART, "12 Psi: the outer parameters, their momentum and the "
-                                                             "pseudo-gradient (fp32; in bf16 on the link, its halves)");
+                                                             "pseudo-gradient (fp32; below fp32 on the link, its messages)");
     }
     memory_row(rows, &n, "kernel scratch", plan->kernels, MEMORY_PART, t.cuda ? "cuBLASLt's workspace and the kernels' scratch buffers"
                                                                       : "none on the CPU backend");

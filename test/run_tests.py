@@ -3866,7 +3866,10 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
     outer_dtype bf16: the reference rounds as the trainer does (each worker's pseudo-gradient, and
     the mean), so the same bound holds: its float32 run meets the same roundings, and where fp32's
     noise tips a value to the next bf16 step there, it does so here; the bytes are the exchanges'
-    (average_bf16): rank 0 sends and receives P_f - P_f/W + (W - 1) P_f/W values of 2 bytes"""
+    (average_on_link): rank 0 sends and receives P_f - P_f/W + (W - 1) P_f/W values of 2 bytes.
+    int8, e3m0: the reference codes alike (reference.link_mean_coded); a code tipped across a
+    threshold moves a value by a level, so the values beyond fp32's bound are counted as well
+    (below); the bytes are the messages' words (coded_message_words)"""
     ref = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, fragments=fragments,
                            outer_dtype=outer_dtype, alpha=alpha, fragment_layout=fragment_layout, tau=tau)
     B = cfg["batch"] // (ranks * micro)
