@@ -106,13 +106,19 @@ LINK_HOST_DEVICE static inline float link_read(const uint16_t* message, size_t s
 
 // The mean over W workers of value j of a piece, as the owner of its shard takes it: its own
 // message `mine`, the other workers' in `others` (worker w's at slot w, or w - 1 past me, stride
-// words apart), each value as it crossed, summed in fp32 in worker order and divided by W
+// words apart), each value as it crossed, summed in fp32 in worker order and divided by W. (On
+// the GPU the sum is __fadd_rn, which nvcc never fuses with int8's product into an FMA: every
+// value rounded once, as on the CPU, whose portable build has no FMA, and in the reference.)
 LINK_HOST_DEVICE static inline float link_mean(const uint16_t* mine, const uint16_t* others, size_t stride, size_t scale_at,
                                                size_t codes_at, int W, int me, size_t j, int bits) {
     float sum = 0.0f;
     for (int w = 0; w < W; w++) {
         const uint16_t* message = w == me ? mine : others + (size_t)(w < me ? w : w - 1) * stride;
+#ifdef __CUDA_ARCH__
+        sum = __fadd_rn(sum, link_read(message, scale_at, codes_at, j, bits));
+#else
         sum += link_read(message, scale_at, codes_at, j, bits);
+#endif
     }
     return sum / (float)W;
 }
