@@ -77,6 +77,7 @@ step's outer step is one the longer run would not take, and the resume is refuse
 Build: make train_gpt2_diloco        Run: mpirun -np 4 ./train_gpt2_diloco -e d6 -workers 4 -H 10 -x 100 -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
 */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -281,11 +282,9 @@ static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, i
         // others' of this rank's shard, which fit while W is below about sqrt(P); int8 and e3m0 need less
         if (link_bits == 32) continue;
         size_t needed = link_layout(&d->link[f], &model->layout, fragments, strided, f, link_bits, workers, r / R);
-        if (needed > 2 * P) {
-            fail("-workers %d: the exchanges of -outer_dtype below fp32 need %zu words of 16 bits for fragment %d, its "
-                 "messages and the W - 1 others' of a shard, and the pseudo-gradient's buffer holds 2P = %zu (fewer "
-                 "workers, or a larger model)", workers, needed, f, 2 * P);
-        }
+        check_every_rank(needed <= 2 * P, "-workers %d: the exchanges of -outer_dtype below fp32 need %zu words of 16 "
+                         "bits for fragment %d, its messages and the W - 1 others' of a shard, and the pseudo-gradient's "
+                         "buffer holds 2P = %zu (fewer workers, or a larger model)", workers, needed, f, 2 * P);
     }
     d->outer = (float*)device_malloc(P * sizeof(float));
     d->momentum = (float*)device_malloc(P * sizeof(float));
@@ -344,21 +343,30 @@ static void check_resume(void* trainer, const char* dir, int step, int max_steps
          "step %d, or from the start", max_steps, step, dir, step, d->H, f, step, max_steps, max_steps, step);
 }
 
-// A non-finite pseudo-gradient has no scale to code it in: stop the job (fail aborts every rank),
-// naming the tensor. The scales come to the host, an fp32 a piece: a copy at each outer step
+// A pseudo-gradient holding a value that is not finite has no scale to code it in, and one beyond
+// FLT_MAX / W would overflow the owner's sum of W workers: stop, naming the tensor. Every rank
+// posts the same fragment at the same step, so they check together (check_every_rank: one rank's
+// bad value stops them all in order). The scales come to the host, each shard's in one copy
 static void check_link_scales(const Diloco* d, int f, const uint16_t* link) {
     const LinkLayout* k = &d->link[f];
-    for (int i = 0; i < k->num_pieces; i++) {
-        const Piece* piece = &k->pieces[i];
-        float scale;
-        copy_device_to_host(&scale, link + k->message_at[piece->shard] + piece->scale_at, sizeof(float));
-        if (isfinite(scale)) continue;
-        char layer[32] = "";
-        if (piece->layer >= 0) snprintf(layer, sizeof(layer), " of layer %d", piece->layer);
-        fail("-outer_dtype %s: the pseudo-gradient of fragment %d holds a non-finite value in %s%s (its largest |value| "
-             "is %g): a worker's weights are no longer finite, and int8 and e3m0 codes have no scale for it",
-             link_name(d->link_bits), f, parameter_names[piece->tensor], layer, scale);
+    float* scales = (float*)malloc_check(((size_t)k->num_pieces + 1) * sizeof(float));
+    for (int i = 0, s = 0; s < d->workers; s++) {  // (a shard's message opens with its pieces' scales, in order)
+        int first = i;
+        while (i < k->num_pieces && k->pieces[i].shard == s) i++;
+        copy_device_to_host(scales + first, link + k->message_at[s], (size_t)(i - first) * sizeof(float));
     }
+    float largest = FLT_MAX / (float)d->workers;
+    int bad = -1;
+    for (int i = 0; i < k->num_pieces && bad < 0; i++) bad = scales[i] <= largest ? -1 : i;  // (a NaN fails too)
+    const Piece* piece = &k->pieces[bad < 0 ? 0 : bad];
+    float scale = scales[bad < 0 ? 0 : bad];
+    char layer[32] = "";
+    if (piece->layer >= 0) snprintf(layer, sizeof(layer), " of layer %d", piece->layer);
+    free(scales);
+    check_every_rank(bad < 0, "-outer_dtype %s: the pseudo-gradient of fragment %d holds %s in %s%s (its largest |value| "
+                     "is %g): a worker's weights have left the range the link can code and the workers' sum can hold "
+                     "(FLT_MAX / W = %g)", link_name(d->link_bits), f, isfinite(scale) ? "a value too large" : "a non-finite value",
+                     parameter_names[piece->tensor], layer, scale, largest);
 }
 
 // Step 3 below fp32 (-outer_dtype bf16, int8, e3m0): the mean over the workers of this worker's

@@ -51,16 +51,20 @@ static inline float bf16_to_float(uint16_t b) {
 // ---- the link's low-bit codes (DiLoCo's -outer_dtype int8 and e3m0), shared by both backends
 // and the host: a value crosses the link as a code of `bits` bits beside a scale, the largest |x|
 // of the piece it belongs to (an fp32), and both ends compute in fp32, so that every rank, and the
-// reference (test/reference.py's link_codes), gets the same bits:
-//   int8 (8 bits): x in steps of scale / 127, rounded to nearest, ties to even (rintf), as a two's
-//     complement byte c in [-127, 127], read back as (c / 127) scale (so that +-127 is the scale
-//     itself, and a scale near the largest float cannot overflow); the error at most half a step.
+// reference (test/reference.py's link_round), gets the same bits:
+//   int8 (8 bits): x in steps of scale / 127: (x / scale) 127, rounded to nearest, ties to even
+//     (rintf), as a two's complement byte c in [-127, 127], read back as (c / 127) scale. x / scale
+//     lies in [-1, 1] whatever the scale (a denormal one included, where scale / 127 would round
+//     to 0), and +-127 reads back as the scale itself, so nothing overflows; the error is at most
+//     half a step (in the normal range).
 //   e3m0 (4 bits: a sign, a 3-bit exponent e, no mantissa): 0 when e = 0, else
 //     +-scale 2^(e - 7), the powers of two from scale / 64 to scale. |x| rounds to the nearest level
 //     in log space: e >= k (k = 2..7) once |x| >= scale 2^(k - 7.5), the geometric mean of the two
 //     levels (each threshold one fp32 product of scale and the fp32 constant); between 0 and the
 //     smallest level, where log space has no middle, to the nearer in value: e >= 1 once
-//     |x| >= scale 2^-7. The error is at most a factor sqrt(2) (-29% .. +41%) above scale / 128.
+//     |x| >= scale 2^-7. Above scale 2^-6.5 the error is at most a factor sqrt(2) (-29% .. +41%);
+//     from scale / 128 up to there a value rounds to the smallest level, scale / 64 (up to twice
+//     itself), and below scale / 128 to zero.
 // Rounding to nearest, not stochastic: a run repeats bit for bit (a resume included) and the
 // reference can round exactly as the trainer does. Stochastic rounding would be unbiased on
 // average, but needs random bits that every rank and the reference agree on; the bias of nearest
@@ -76,7 +80,7 @@ static inline float bf16_to_float(uint16_t b) {
 LINK_HOST_DEVICE static inline unsigned link_code(float x, float scale, int bits) {
     if (!(scale > 0.0f)) return 0;  // (a piece of zeros: scale 0, every code 0)
     if (bits == LINK_INT8_BITS) {
-        float q = rintf(x / (scale / 127.0f));
+        float q = rintf((x / scale) * 127.0f);
         q = q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q;
         return (unsigned)(int)q & 0xffu;
     }

@@ -435,8 +435,8 @@ E3M0_LEVELS = 7  # e3m0's exponents 1..7: +-scale 2^(e - 7); 0 is zero
 def link_round(x, bits):
     """one piece of values as DiLoCo's link carries them in int8 (bits 8) or e3m0 (bits 4), written
     from the definition in llmc/precision.h's comment (not from its code): in float32, the scale
-    the largest |x|; int8 x in steps of scale / 127 rounded to nearest even, within +-127, read back
-    as (code / 127) scale; e3m0
+    the largest |x|; int8 (x / scale) 127 rounded to nearest even, within +-127, read back as
+    (code / 127) scale; e3m0
     +-scale 2^(e - 7) for e = 1..7 or 0, |x| reaching level e >= 2 at scale 2^(e - 7.5) (the
     geometric mean of two levels, an fp32 constant times the scale) and level 1 at scale 2^-7 (half
     the smallest level). Returns the values as they arrive (float32); a non-finite x is refused"""
@@ -447,8 +447,7 @@ def link_round(x, bits):
     if scale == 0:
         return torch.zeros_like(x)
     if bits == 8:
-        step = scale / torch.tensor(127.0, dtype=torch.float32)
-        code = torch.round(x / step).clamp(-127, 127).int()  # (an integer: no -0)
+        code = torch.round(x / scale * torch.tensor(127.0, dtype=torch.float32)).clamp(-127, 127).int()  # (no -0)
         return code.float() / torch.tensor(127.0, dtype=torch.float32) * scale
     f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # (an fp32 constant, as the C literal is)
     a = x.abs()

@@ -4081,14 +4081,16 @@ def diloco_resume_with_an_exchange_in_flight_is_bit_identical():
     """-tau 2 -H 3: the outer step after step 3 is posted and lands after step 5; the checkpoint
     of step 3 records the average in flight (the trainer waits for it before writing) and which
     fragment it is, and the run resumed from it repeats steps 4-5, theta_outer and the momentum
-    bit for bit. A -tau that is not below H/F is refused with the rule"""
-    def run(args, d):
-        return run_ok(2, args + ["-workers", 2, "-H", 3, "-tau", 2, "-alpha", 0.5, "-dump_outer",
-                                 os.path.join(d, "momentum.bin")], program=DILOCO)
-    check_resume(run, "diloco_resume_tau", 4)
-    with open(os.path.join(test_dir("diloco_resume_tau_full"), "momentum.bin"), "rb") as a, \
-            open(os.path.join(test_dir("diloco_resume_tau_part"), "momentum.bin"), "rb") as b:
-        assert a.read() == b.read(), "the outer momentum differs after resume"
+    bit for bit; so with the e3m0 link, whose codes and scales the checkpoint holds. A -tau that
+    is not below H/F is refused with the rule"""
+    for link in ("fp32", "e3m0"):
+        def run(args, d):
+            return run_ok(2, args + ["-workers", 2, "-H", 3, "-tau", 2, "-alpha", 0.5, "-outer_dtype", link, "-dump_outer",
+                                     os.path.join(d, "momentum.bin")], program=DILOCO)
+        check_resume(run, "diloco_resume_tau_" + link, 4)
+        with open(os.path.join(test_dir("diloco_resume_tau_%s_full" % link), "momentum.bin"), "rb") as a, \
+                open(os.path.join(test_dir("diloco_resume_tau_%s_part" % link), "momentum.bin"), "rb") as b:
+            assert a.read() == b.read(), "%s link: the outer momentum differs after resume" % link
     d = fresh_dir("diloco_tau_refused")
     code, out = mpirun(2, trainer_args(reference_run(), 4, d, ["-H", 4, "-fragments", 2, "-tau", 2]), timeout=60,
                        program=DILOCO)

@@ -60,17 +60,22 @@ static void edge_values(void) {
     // a piece of zeros: scale 0, every code 0
     expect(E, 0.0f, 0.0f, 0, 0.0f, "scale 0");
     expect(I, 0.0f, 0.0f, 0, 0.0f, "scale 0");
-    // int8 at scale 127: steps of 1, ties to even, two's complement
+    // int8 at scale 127: steps of 1 ((x / 127) 127, rounded), two's complement
     expect(I, 127.0f, 127.0f, 0x7f, 127.0f, "the largest");
     expect(I, -127.0f, 127.0f, 0x81, -127.0f, "the largest, negative");
-    expect(I, 2.5f, 127.0f, 2, 2.0f, "a tie rounds to even (down)");
-    expect(I, 3.5f, 127.0f, 4, 4.0f, "a tie rounds to even (up)");
-    expect(I, -2.5f, 127.0f, 0xfe, -2.0f, "a tie, negative");
+    expect(I, 5.0f, 127.0f, 5, NAN, "5 steps");
+    expect(I, -6.0f, 127.0f, 0xfa, NAN, "6 steps, negative");
     expect(I, 0.49f, 127.0f, 0, 0.0f, "below half a step");
     expect(I, 1e-40f, 127.0f, 0, 0.0f, "a denormal value");
-    float steps = 127.0f * ldexpf(1.0f, -149);  // a denormal scale whose step is the smallest float
-    expect(I, 5.0f * ldexpf(1.0f, -149), steps, 5, 5.0f * ldexpf(1.0f, -149), "a denormal scale: 5 steps");
-    expect(I, -steps, steps, 0x81, -steps, "a denormal scale: its largest, negative");
+    // x = scale / 2: (1/2) 127 = 63.5 exactly, a tie, to the even 64; negative alike
+    expect(I, 0.5f, 1.0f, 64, 64.0f / 127.0f, "a tie rounds to even");
+    expect(I, -0.5f, 1.0f, 0xc0, -64.0f / 127.0f, "a tie, negative");
+    // a denormal scale: 3 2^-149 (its step, scale / 127, would round to 0); 2^-149 is a third of it,
+    // 42.3 steps, which read back as the nearest float to (42/127) 3 2^-149: 2^-149 again
+    float smallest = ldexpf(1.0f, -149), scale3 = 3.0f * smallest;
+    expect(I, smallest, scale3, 42, smallest, "a denormal scale below 127 times the smallest float");
+    expect(I, 0.0f, scale3, 0, 0.0f, "zero at a denormal scale");
+    expect(I, -scale3, scale3, 0x81, -scale3, "a denormal scale: its largest, negative");
     expect(I, FLT_MAX, FLT_MAX, 0x7f, NAN, "the largest float");
     float back = link_value(0x7f, FLT_MAX, I);
     if (!isfinite(back) || fabsf(back - FLT_MAX) > FLT_MAX * 1e-6f) {
