@@ -56,8 +56,10 @@ pseudo-gradient, then the merge with the worker's weights of now, which with -al
 those t steps away (the paper pairs tau with alpha 0.5). One exchange is in flight at a time
 (tau < H/F: it lands before the next fragment's is posted); the last step applies what is in
 flight and then takes every fragment's outer step at once; a checkpoint waits for the average in
-flight and records it. (Below fp32 the average's rounds of exchanges complete at the post; only
-its application waits.) The paper sends its outer gradients in 4 bits (E3M0): -outer_dtype e3m0.
+flight and records it. (Below fp32 the average is two halves of exchanges with the owner's mean
+between them: the first half is posted at the outer step, the mean taken and the second half
+posted at the next step's end.) The paper sends its outer gradients in 4 bits (E3M0): -outer_dtype
+e3m0.
 
 -H 1 -outer_lr 1 -outer_momentum 0 averages the workers' parameters after every step: theta_outer
 becomes the mean of the workers' theta. That is not DDP: DDP averages the gradients before one
@@ -188,7 +190,9 @@ typedef struct {
     int tau;
     int in_flight;      // the fragment whose averaged pseudo-gradient is on its way (in delta), -1: none
     int apply_after;    // ... applied after this many completed steps
-    CommRequest exchange;  // its all-reduce (fp32; below, the exchanges complete at the post)
+    CommRequest exchange;  // its all-reduce (fp32)
+    CommRequest* rounds;   // (W - 1) below fp32: the exchanges of the half of its average in flight
+    int link_phase;        // ... which half: 1 the reduce-scatter's (a.), 2 the all-gather's (c.), 0 none
     float* pending;     // (2) fp32 in_flight + 1 and apply_after, for checkpoints
 } Diloco;
 
@@ -263,6 +267,8 @@ static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, i
     d->in_flight = -1;
     d->apply_after = 0;
     memset(&d->exchange, 0, sizeof(d->exchange));
+    d->rounds = (CommRequest*)calloc((size_t)workers, sizeof(CommRequest));
+    d->link_phase = 0;
     d->outer_lr = outer_lr;
     d->outer_momentum = outer_momentum;
     d->link_bits = link_bits;
@@ -307,6 +313,7 @@ static void diloco_free(Diloco* d) {
         if (d->link) free(d->link[f].pieces), free(d->link[f].message_at), free(d->link[f].message_words);
     }
     free(d->link);
+    free(d->rounds);
     free(d->spans), free(d->num_spans), free(d->fragment_size);
     comm_group_free(&d->worker);
     comm_group_free(&d->across);
@@ -385,44 +392,80 @@ static void check_link_scales(const Diloco* d, int f, const uint16_t* link) {
 // the fp32 all-reduce's bytes in bf16, a quarter in int8, an eighth in e3m0 (and the scales, 4
 // bytes a piece). Two roundings: each worker's pseudo-gradient, and the mean on its way back. The
 // others' messages of this rank's shard wait after the messages sent: (W - 1) x its length.
-static void average_on_link(Diloco* d, uint16_t* link, int f) {
+// With -tau the halves travel under the inner steps: a.'s rounds are posted at the outer step, and
+// at the next step's end (link_advance) the owner waits for them, takes b. and posts c., which the
+// application waits for. Every rank posts the rounds in the same order, so each pair's messages
+// match.
+
+// a. (gather 0) or c. (gather 1): the W - 1 rounds, each a send and a receive; posted into
+// d->rounds and left in flight, or waited for
+static void link_exchanges(Diloco* d, uint16_t* link, int f, int gather, int posted) {
     const LinkLayout* k = &d->link[f];
     CommGroup* g = &d->across;
-    int W = g->size, me = g->rank, bits = d->link_bits;
+    int W = g->size, me = g->rank;
     size_t stride = k->message_words[me];
     uint16_t *mine = link + k->message_at[me], *others = link + k->words;
-    for (int round = 1; round < W; round++) {  // a.
+    for (int round = 1; round < W; round++) {
         int to = (me + round) % W, from = (me - round + W) % W;
-        CommMessage msgs[2] = {comm_message(link + k->message_at[to], k->message_words[to], to, 1),
-                               comm_message(others + (size_t)(from < me ? from : from - 1) * stride, stride, from, 0)};
-        comm_exchange(g, msgs, 2, COMM_BF16);  // (16-bit words: bf16 values or codes and scales)
+        uint16_t* from_slot = gather ? link + k->message_at[from] : others + (size_t)(from < me ? from : from - 1) * stride;
+        CommMessage msgs[2] = {comm_message(gather ? mine : link + k->message_at[to], k->message_words[gather ? me : to], to, 1),
+                               comm_message(from_slot, k->message_words[gather ? from : me], from, 0)};
+        // (16-bit words: bf16 values, or codes and scales)
+        if (posted) comm_exchange_start(g, msgs, 2, COMM_BF16, &d->rounds[round - 1]);
+        else comm_exchange(g, msgs, 2, COMM_BF16);
     }
-    if (bits == 16) {  // b.
+}
+
+// b.: the owner's mean of its shard, coded for the way back
+static void link_mean_of_shard(Diloco* d, uint16_t* link, int f) {
+    const LinkLayout* k = &d->link[f];
+    int W = d->across.size, me = d->across.rank, bits = d->link_bits;
+    size_t stride = k->message_words[me];
+    uint16_t *mine = link + k->message_at[me], *others = link + k->words;
+    if (bits == 16) {
         outer_mean_bf16((bfloat16*)mine, (const bfloat16*)others, W, me, stride);
-    } else {
-        float* mean_scales = (float*)(others + (size_t)(W - 1) * stride);  // (this shard's pieces, in order)
-        int first = 0, count = 0;
-        while (first < k->num_pieces && k->pieces[first].shard < me) first++;
-        for (int i = first; i < k->num_pieces && k->pieces[i].shard == me; i++, count++) {
-            const Piece* p = &k->pieces[i];
-            link_mean_scale(mean_scales + count, mine, others, stride, p->scale_at, p->codes_at, W, me, p->count, bits);
-            link_mean_quantize(mine, others, stride, p->scale_at, p->codes_at, mean_scales + count, W, me, p->count, bits);
-        }
-        copy_device_to_device(mine, mean_scales, (size_t)count * sizeof(float));  // (the message opens with them)
+        return;
     }
-    for (int round = 1; round < W; round++) {  // c.
-        int to = (me + round) % W, from = (me - round + W) % W;
-        CommMessage msgs[2] = {comm_message(mine, stride, to, 1),
-                               comm_message(link + k->message_at[from], k->message_words[from], from, 0)};
-        comm_exchange(g, msgs, 2, COMM_BF16);
+    float* mean_scales = (float*)(others + (size_t)(W - 1) * stride);  // (this shard's pieces, in order)
+    int first = 0, count = 0;
+    while (first < k->num_pieces && k->pieces[first].shard < me) first++;
+    for (int i = first; i < k->num_pieces && k->pieces[i].shard == me; i++, count++) {
+        const Piece* p = &k->pieces[i];
+        link_mean_scale(mean_scales + count, mine, others, stride, p->scale_at, p->codes_at, W, me, p->count, bits);
+        link_mean_quantize(mine, others, stride, p->scale_at, p->codes_at, mean_scales + count, W, me, p->count, bits);
     }
+    copy_device_to_device(mine, mean_scales, (size_t)count * sizeof(float));  // (the message opens with them)
+}
+
+// a., b., c. at once; or (in_flight) a. posted, link_advance taking it further
+static void average_on_link(Diloco* d, uint16_t* link, int f, int in_flight) {
+    link_exchanges(d, link, f, /*gather*/ 0, in_flight);
+    if (in_flight) {
+        d->link_phase = 1;
+        return;
+    }
+    link_mean_of_shard(d, link, f);
+    link_exchanges(d, link, f, /*gather*/ 1, 0);
+}
+
+// the average of fragment f in flight one half further: a.'s rounds arrived, b., c. posted
+// (link_phase 1 -> 2); c.'s rounds arrived (2 -> 0)
+static void link_advance(Diloco* d, int f) {
+    for (int round = 1; round < d->workers; round++) comm_wait(&d->rounds[round - 1]);
+    if (d->link_phase == 2) {
+        d->link_phase = 0;
+        return;
+    }
+    link_mean_of_shard(d, (uint16_t*)d->delta, f);
+    link_exchanges(d, (uint16_t*)d->delta, f, /*gather*/ 1, /*posted*/ 1);
+    d->link_phase = 2;
 }
 
 // Steps 2-5 of the header for fragment f (the whole model when F = 1), after an inner step has
 // left this worker at theta: outer_post (2, 3: the pseudo-gradient and its average over the
 // workers, which with -tau is left in flight) and outer_apply (4, 5: the outer optimizer and the
 // workers' restart), right after or tau steps later.
-static void outer_post(Diloco* d, GPT2* model, int f) {
+static void outer_post(Diloco* d, GPT2* model, int f, int in_flight) {
     const Span* runs = d->spans[f];
     size_t P_f = d->fragment_size[f], packed = 0;
     int n = d->num_spans[f];
@@ -458,8 +501,8 @@ static void outer_post(Diloco* d, GPT2* model, int f) {
     // with its peers in the other workers: R all-reduces of W ranks, side by side. With -tau posted,
     // not waited for: it travels while the next tau inner steps compute (they do not touch delta;
     // below fp32 the rounds of exchanges finish here, and only the average's use waits)
-    if (d->link_bits < 32) average_on_link(d, link, f);
-    else if (d->tau > 0) comm_all_reduce_start(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG, &d->exchange);
+    if (d->link_bits < 32) average_on_link(d, link, f, in_flight);
+    else if (in_flight) comm_all_reduce_start(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG, &d->exchange);
     else comm_all_reduce(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG);
 }
 
@@ -470,6 +513,7 @@ static void outer_apply(Diloco* d, GPT2* model, int f, float alpha) {
     float* master = model->master_memory;
     const uint16_t* link = (const uint16_t*)d->delta;
     comm_wait(&d->exchange);  // (-tau: the average has arrived; nothing in flight otherwise)
+    while (d->link_phase != 0) link_advance(d, f);
     // 4. Nesterov momentum on it, the same on every rank (theta_outer stays agreed): span by span
     // (fp32, bf16), or piece by piece with its scale (int8, e3m0)
     if (d->link_bits >= 16) {
@@ -502,14 +546,16 @@ static void outer_apply(Diloco* d, GPT2* model, int f, float alpha) {
 // ends on theta_outer and the model file is theta_outer
 static void outer_steps(Diloco* d, GPT2* model, const Run* run, int completed) {
     int last = completed == run->max_steps;
+    if (d->in_flight >= 0 && d->link_phase == 1) link_advance(d, d->in_flight);  // (below fp32: b., c. posted)
     if (d->in_flight >= 0 && (completed == d->apply_after || last)) {
         outer_apply(d, model, d->in_flight, d->alpha);
         d->in_flight = -1;
     }
     for (int f = 0; f < d->fragments; f++) {
         if (!fragment_due(d, f, completed, run->max_steps)) continue;
-        outer_post(d, model, f);
-        if (d->tau > 0 && !last) d->in_flight = f, d->apply_after = completed + d->tau;
+        int in_flight = d->tau > 0 && !last;
+        outer_post(d, model, f, in_flight);
+        if (in_flight) d->in_flight = f, d->apply_after = completed + d->tau;
         else outer_apply(d, model, f, last ? 0.0f : d->alpha);
         float one = 1.0f;  // (check_resume)
         if (!fragment_scheduled(d, f, completed)) copy_host_to_device(d->ended, &one, sizeof(float));
@@ -519,7 +565,10 @@ static void outer_steps(Diloco* d, GPT2* model, const Run* run, int completed) {
         // a checkpoint before the next step records the average itself, so it arrives now
         float pending[2] = {(float)(d->in_flight + 1), (float)d->apply_after};
         copy_host_to_device(d->pending, pending, sizeof(pending));
-        if (train_checkpoint_due(&run->args, completed, run->start_step, last)) comm_wait(&d->exchange);
+        if (train_checkpoint_due(&run->args, completed, run->start_step, last)) {
+            comm_wait(&d->exchange);
+            while (d->link_phase != 0) link_advance(d, d->in_flight);
+        }
     }
 }
 

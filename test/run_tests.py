@@ -3457,14 +3457,19 @@ def make_cuda_diloco_test(kind, precision, devices, outer_dtype, tau=0):
         P = len(p_ref)
         # (the link's dtype whatever the build's; in bf16 with W = 2 rank 0 sends and receives P/2
         # values of 2 bytes in each half of the average: 4 P bytes counted, as fp32's all-reduce)
-        # (int8, e3m0: every word of the messages, coded_message_words, sent and received)
-        outer = P * 4
+        # (int8, e3m0: every word of the messages, coded_message_words, sent and received; below
+        # fp32 with -tau, half of them a step later, at the all-gather's half)
+        outer, late = P * 4, 0
         if outer_dtype in ("int8", "e3m0"):
             words = coded_message_words(REF_CUDA, 1, "contiguous", 0, 2, 8 if outer_dtype == "int8" else 4)
             outer = 2 * 2 * (sum(words) - words[0] + words[0])
+        if outer_dtype != "fp32" and tau:
+            late = outer // 2
+        want = {s: 8 + (outer - late if s % 2 == 0 else 0) + (late if s % 2 == 1 and s > 1 else 0) for s in range(1, steps)}
+        want[steps] = 8 + outer + (late if steps % 2 == 1 else 0)
         for s, groups in step_comm_bytes(d, steps, changing=True).items():
             got = sum(groups["across"].values())
-            assert got == 8 + (outer if s % 2 == 0 or s == steps else 0), "step %d moved %d across workers" % (s, got)
+            assert got == want[s], "step %d moved %d across workers, the rule gives %d" % (s, got, want[s])
     prefix, path = cuda_test_name(kind, devices)
     fn.__name__ = "%s_diloco_vs_reference_%s_2_workers_%s%s%s" % (prefix, precision.lower(), path,
                                                                  "" if outer_dtype == "fp32" else "_%s_link" % outer_dtype,
@@ -3476,8 +3481,10 @@ def make_cuda_diloco_test(kind, precision, devices, outer_dtype, tau=0):
 for _precision, _devices, _outer in (("FP32", 2, "fp32"), ("BF16", 1, "fp32"), ("BF16", 2, "bf16"), ("FP32", 2, "e3m0"),
                                      ("BF16", 2, "int8")):
     test(make_cuda_diloco_test("emu", _precision, _devices, _outer))
-# -tau 1: the all-reduce posted on NCCL's comm stream and waited for a step later
+# -tau 1: the all-reduce posted on NCCL's comm stream and waited for a step later; with the e3m0
+# link, the reduce-scatter's sends and receives posted, the all-gather's a step later
 test(make_cuda_diloco_test("emu", "FP32", 2, "fp32", tau=1))
+test(make_cuda_diloco_test("emu", "FP32", 2, "e3m0", tau=1))
 for _precision, _outer in (("FP32", "fp32"), ("BF16", "bf16"), ("BF16", "e3m0")):
     test(make_cuda_diloco_test("cuda", _precision, None, _outer))
 
@@ -3924,24 +3931,37 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
     P_f = [L // fragments * layer + (V * C + T * C if f == 0 else 0) + (2 * C if f == fragments - 1 else 0)
            for f in range(fragments)]
     assert sum(P_f) == P, (P_f, P)
+    # the outer steps' bytes by step: (counted, sent on the link). fp32: the all-reduce's payload,
+    # 2 (W-1)/W of it sent, at the step it is due. Below fp32 the two halves of exchanges (rank 0
+    # owns shard 0 of each fragment; a message is a shard's values in bf16, its words in int8 and
+    # e3m0): a. sends the other shards' messages and receives W - 1 of its own, c. the reverse, each
+    # word counted sent and received; with -tau, c. a step after a. (but at the last step, at once)
+    outer = {s: [0, 0] for s in range(1, steps + 2)}
+    for s in range(1, steps + 1):
+        for f in range(fragments):
+            if not (s == steps or (s >= f * H // fragments and (s - f * H // fragments) % H == 0)):
+                continue
+            if outer_dtype == "fp32":
+                outer[s][0] += 4 * P_f[f]
+                outer[s][1] += 2 * (workers - 1) / workers * 4 * P_f[f]
+                continue
+            if outer_dtype == "bf16":
+                words = [(w + 1) * P_f[f] // workers - w * P_f[f] // workers for w in range(workers)]
+            else:
+                words = coded_message_words(cfg, fragments, fragment_layout, f, workers, 8 if outer_dtype == "int8" else 4)
+            others, own = sum(words) - words[0], (workers - 1) * words[0]
+            later = s + 1 if tau > 0 and s < steps else s
+            outer[s][0] += 2 * (others + own)
+            outer[s][1] += 2 * others
+            outer[later][0] += 2 * (others + own)
+            outer[later][1] += 2 * own
     for s, groups in step_comm_bytes(d, steps, out, changing=True).items():
         got = {g: sum(groups[g].values()) for g in ("worker", "across")}
-        due = [f for f in range(fragments) if s == steps or (s >= f * H // fragments and (s - f * H // fragments) % H == 0)]
-        if outer_dtype == "bf16":  # (rank 0 owns shard 0 of each fragment: P_f // W values)
-            outer = sum(2 * 2 * (P_f[f] - P_f[f] // workers + (workers - 1) * (P_f[f] // workers)) for f in due)
-        elif outer_dtype in ("int8", "e3m0"):  # the messages' words, rank 0 owning shard 0
-            outer = 0
-            for f in due:
-                words = coded_message_words(cfg, fragments, fragment_layout, f, workers, 8 if outer_dtype == "int8" else 4)
-                outer += 2 * 2 * (sum(words) - words[0] + (workers - 1) * words[0])
-        else:
-            outer = 4 * sum(P_f[f] for f in due)
-        want = {"worker": P * 4 + 4 if R > 1 else 0, "across": 8 + outer}
+        want = {"worker": P * 4 + 4 if R > 1 else 0, "across": 8 + outer[s][0]}
         assert got == want, "step %d moved %s, the rule gives %s" % (s, got, want)
-        # on the link: the all-reduces as rings (2 (n-1)/n of the payload over n ranks), the bf16
-        # exchanges' sends whole (half of the values counted: each is sent once, received once)
-        sent = 2 * (workers - 1) / workers * outer if outer_dtype == "fp32" else outer / 2
-        link = 2 * (R - 1) / R * want["worker"] + 2 * (workers - 1) / workers * 8 + sent
+        # on the link: the all-reduces as rings (2 (n-1)/n of the payload over n ranks), the
+        # exchanges' sends whole
+        link = 2 * (R - 1) / R * want["worker"] + 2 * (workers - 1) / workers * 8 + outer[s][1]
         assert abs(train[s]["ring_bytes"] - link) <= 1, "step %d: %.0f bytes on the link, the formula gives %.1f" % (
             s, train[s]["ring_bytes"], link)
     return out
@@ -4136,10 +4156,12 @@ def make_diloco_coded_test(outer_dtype, workers, ranks, H, fragments, layout, al
     return fn
 
 
-# W = 3 (uneven shards) with 2 fragments; 2 workers of 2 ranks, strided, merged and delayed
+# W = 3 (uneven shards) with 2 fragments, at once and (int8) with tau 1, its two rounds of each
+# half in flight; 2 workers of 2 ranks, strided, merged and delayed
 for _dtype in ("int8", "e3m0"):
     test(make_diloco_coded_test(_dtype, 3, 3, 2, 2, "contiguous", 0.0, 0, REF6))
     test(make_diloco_coded_test(_dtype, 2, 4, 8, 2, "strided", 0.5, 1, REF4_9))
+test(make_diloco_coded_test("int8", 3, 3, 4, 2, "strided", 0.5, 1, REF6))
 
 
 @test
