@@ -762,8 +762,10 @@ static void print_layout(const Run* run, const Diloco* d, int accum) {
         // beside the formula: a ring all-reduce's 2 (W-1)/W P_f values of b bits (below 16 bits
         // plus the scales, 4 bytes a piece, and each piece's codes from a word of its own)
         double formula = 2.0 * (W - 1) / W * (double)d->fragment_size[f] * d->link_bits / 8;
+        char extra_bytes[64] = "";
+        if (d->link_bits < 16) snprintf(extra_bytes, sizeof(extra_bytes), ", + %.0f of scales and padding", sent - formula);
         printf("    %-32s %12.0f bytes counted, %12.0f sent by the rank (2 (W-1)/W P_f %d/8 = %.0f%s)\n", name, counted,
-               sent, d->link_bits, formula, d->link_bits < 16 ? " + the scales" : "");
+               sent, d->link_bits, formula, extra_bytes);
         mean_sent += sent / d->H;
         peak_sent = sent > peak_sent ? sent : peak_sent;
     }

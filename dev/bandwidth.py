@@ -22,7 +22,7 @@ exchange is larger and the streaming row a little optimistic). The bandwidth eac
 above a utilization u follows from the same lines.
 
     /usr/bin/python3 dev/bandwidth.py [-e d48 | -params N] [-step 1.0] [-workers 2] [-latency 0.01]
-        [-H 100] [-fragments 4] [-tau 2] [-bits 4] [-o out/bandwidth.png]
+        [-H 100] [-fragments 4] [-tau 2] [-outer_dtype e3m0] [-o out/bandwidth.png]
 """
 import argparse
 import math
@@ -103,8 +103,8 @@ def main():
         sys.exit("error: -fragments %d: the fragments take turns every H/F steps, so F must divide -H %d"
                  % (args.fragments, args.H))
     if args.tau < 0 or args.tau >= args.H // args.fragments:
-        sys.exit("error: -tau %d: an exchange must land before the fragment's next one, tau < H/F = %d"
-                 % (args.tau, args.H // args.fragments))
+        sys.exit("error: -tau %d: an exchange must land before the next fragment's is posted, H/F = %d steps later, "
+                 "so tau < H/F" % (args.tau, args.H // args.fragments))
     if args.params is None:
         try:
             P = num_parameters(parse_model(args.e))

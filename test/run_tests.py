@@ -4031,8 +4031,8 @@ def bandwidth_calculator_matches_its_formulas():
     assert abs(got["streaming streaming"] - 1e9 / (43 / 9) / 1e9) < 0.002, got
     p = subprocess.run([sys.executable, "dev/bandwidth.py", "-tau", "25", "-o", png], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)
-    assert p.returncode != 0 and "-tau 25: an exchange must land before the fragment's next one, tau < H/F = 25" in p.stderr, \
-        p.stderr
+    assert p.returncode != 0 and "-tau 25: an exchange must land before the next fragment's is posted, H/F = 25 steps " \
+        "later, so tau < H/F" in p.stderr, p.stderr
 
 
 @test
