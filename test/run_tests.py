@@ -1599,8 +1599,11 @@ def sanitized_diloco_bf16_link_fragments_checkpoint_sampling_and_resume():
     """DiLoCo's outer step under AddressSanitizer + UndefinedBehaviorSanitizer: 3 workers (uneven
     shards of the bf16 exchanges, in the pseudo-gradient's buffer), 2 fragments, H = 2, a
     checkpoint between outer steps (every worker's state), a sample and a resume from it (in a
-    dir of its own: the run's last checkpoint follows its final outer steps). And the fragments'
-    offsets f H/F at -H 2147483644 -fragments 4, where f H passes 2^31"""
+    dir of its own: the run's last checkpoint follows its final outer steps). The e3m0 and int8
+    links at 3 workers (pieces cut at uneven shards, scales and codes in the same buffer) with
+    tau 1 (each half of the average in flight in turn), strided fragments, alpha and validation
+    every step (theta_outer's, the weights set aside and back). And the fragments' offsets f H/F
+    at -H 2147483644 -fragments 4, where f H passes 2^31"""
     p = make(["sanitize"], timeout=600)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     env = dict(ASAN_OPTIONS="detect_leaks=0")
@@ -1613,6 +1616,12 @@ def sanitized_diloco_bf16_link_fragments_checkpoint_sampling_and_resume():
         out = run_ok(3, small_run_args(out_dir, args + extra), program="./build/sanitize/train_gpt2_diloco", env=env)
         assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
     assert "resumed from step 3" in out and "---- sample at step 4 ----" in out, out[-3000:]
+    for link in ("e3m0", "int8"):
+        d = fresh_dir("sanitized_diloco_" + link)
+        out = run_ok(3, small_run_args(d, ["-x", 5, "-n", 0, "-v", 1, "-m", 1, "-H", 4, "-fragments", 2, "-fragment_layout",
+                                           "strided", "-tau", 1, "-alpha", 0.5, "-outer_dtype", link], cfg=REF4),
+                     program="./build/sanitize/train_gpt2_diloco", env=env)
+        assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
     d = fresh_dir("sanitized_diloco_long_h")
     out = run_ok(2, small_run_args(d, ["-x", 2, "-n", 0, "-H", 2147483644, "-fragments", 4], cfg=REF4),
                  program="./build/sanitize/train_gpt2_diloco", env=env)
