@@ -62,6 +62,39 @@ static inline void run_identity_value(const char* text, const char* key, char* o
     snprintf(out, cap, "(absent)");
 }
 
+// A value made of "-flag value" pairs (a trainer's layout line): splits it into at most `max`
+// pairs of flag and value; returns how many, or -1 when it is not such a list
+static inline int run_identity_flags(const char* value, char (*flags)[64], char (*values)[64], int max) {
+    int n = 0;
+    for (const char* p = value; *p;) {
+        char flag[64], val[64];
+        int used = 0;
+        if (sscanf(p, " %63s %63s%n", flag, val, &used) != 2 || flag[0] != '-' || n == max) return -1;
+        snprintf(flags[n], 64, "%s", flag);
+        snprintf(values[n], 64, "%s", val);
+        n++;
+        p += used;
+        while (*p == ' ') p++;
+    }
+    return n;
+}
+
+// a key's two values, "key: a in the checkpoint, b now"; where both are lists of flags, only the
+// flags that differ, each by name ("layout -tau: 2 in the checkpoint, 1 now")
+static inline size_t run_identity_describe(const char* key, const char* a, const char* b, char* out, size_t cap) {
+    char fa[32][64], va[32][64], fb[32][64], vb[32][64];
+    int na = run_identity_flags(a, fa, va, 32), nb = run_identity_flags(b, fb, vb, 32), same_flags = na == nb && na > 0;
+    for (int i = 0; same_flags && i < na; i++) same_flags = strcmp(fa[i], fb[i]) == 0;
+    if (!same_flags) return (size_t)snprintf(out, cap, "%s: %s in the checkpoint, %s now", key, a, b);
+    size_t used = 0;
+    for (int i = 0; i < na && used < cap; i++) {
+        if (strcmp(va[i], vb[i]) == 0) continue;
+        used += (size_t)snprintf(out + used, cap - used, "%s%s %s: %s in the checkpoint, %s now", used ? "; " : "", key,
+                                 fa[i], va[i], vb[i]);
+    }
+    return used;
+}
+
 // every key whose value differs between the two identities: "-l: 0.001 there, 0.0003 now; ..."
 static inline void run_identity_diff(const char* saved, const char* now, char* out, size_t cap) {
     size_t used = 0;
@@ -79,8 +112,8 @@ static inline void run_identity_diff(const char* saved, const char* now, char* o
             run_identity_value(now, key, b, sizeof(b));
             int reported = side == 1 && strcmp(b, "(absent)") != 0;  // already seen from `now`
             if (strcmp(a, b) != 0 && !reported && used < cap) {
-                used += (size_t)snprintf(out + used, cap - used, "%s%s: %s in the checkpoint, %s now",
-                                         used ? "; " : "", key, a, b);
+                if (used) used += (size_t)snprintf(out + used, cap - used, "; ");
+                if (used < cap) used += run_identity_describe(key, a, b, out + used, cap - used);
             }
             line += len + (end ? 1 : 0);
         }
