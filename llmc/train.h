@@ -150,7 +150,7 @@ static inline void train_report_val(Logger* logger, int rank, int step, float va
 static inline void train_stop_if_not_finite_hint(int step, float loss, float grad_norm, const char* lr_flags) {
     if (!isfinite(loss) || !isfinite(grad_norm)) {
         fail("step %d: the %s is %g; stopping before the update, so nothing of this step is "
-             "written (the newest checkpoint is intact; try a lower %s)", step + 1,
+             "written (any checkpoint written before stays intact; try a lower %s)", step + 1,
              isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss, lr_flags);
     }
 }
