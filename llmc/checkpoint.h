@@ -385,8 +385,14 @@ static inline int output_dir_lock(const char* dir) {
 }
 
 // rank 0, before anything is written to dir: create it, lock it for this job, and unless
-// resuming make sure it holds no checkpoints of an earlier run
+// resuming make sure it holds no checkpoints of an earlier run (resuming, a dir that is not there
+// is refused before anything is created)
 static inline void output_dir_claim(const char* dir, int resuming) {
+    struct stat st;
+    if (resuming && stat(dir, &st) != 0) {
+        fail("-y 1: the output dir '%s' does not exist, so there is no checkpoint to resume from (without -y 1 a "
+             "run starts there)", dir);
+    }
     make_dir(dir);
     output_dir_lock(dir);  // held until the process ends
     if (!resuming) checkpoint_refuse_existing(dir);

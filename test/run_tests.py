@@ -1003,6 +1003,7 @@ def bad_input_cases():
     write_file(os.path.join(d, "truncated_tokens.bin"), [20240520, 1, 100000], np.zeros(1000, np.uint16).tobytes())
     write_file(os.path.join(d, "bad_magic_tokens.bin"), [42, 1, 1000], np.zeros(1000, np.uint16).tobytes())
     write_file(os.path.join(d, "big_token.bin"), [20240520, 1, 1000], np.full(1000, 60000, np.uint16).tobytes())
+    os.makedirs(os.path.join(d, "empty_out"))  # (an output dir with no checkpoint in it)
     base = ["-e", model] + data_args() + ["-b", 2, "-t", 32, "-x", 2, "-v", 0, "-s", 0]
     j = lambda n: os.path.join(d, n)  # noqa: E731
     return d, [
@@ -1021,6 +1022,8 @@ def bad_input_cases():
         ("flag_without_value", base + ["-x"], "flag '-x' needs a value"),
         ("not_a_number", base + ["-l", "fast"], "expects a number"),
         ("resume_without_checkpoint", base + ["-y", 1, "-o", j("empty_out")], "no complete checkpoint"),
+        ("resume_from_a_missing_dir", base + ["-y", 1, "-o", j("missing_out")], "-y 1: the output dir '%s' does not "
+         "exist, so there is no checkpoint to resume from" % j("missing_out")),
         # non-finite numbers would train on silently: every float flag must be finite
         ("lr_nan", base + ["-l", "nan"], "flag '-l' is nan: expected a finite number"),
         ("lr_inf", base + ["-l", "inf"], "flag '-l' is inf: expected a finite number"),
@@ -1064,7 +1067,7 @@ def run_bad_inputs_concurrently(program, env=None, messages={}, model=None, extr
         return name, out
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         results = list(pool.map(one, cases))
-    left = [f for f in set(os.listdir(d)) - before if f != "empty_out"]
+    left = set(os.listdir(d)) - before
     assert not left, "bad inputs left files behind: %s" % left
     return results
 
