@@ -756,8 +756,9 @@ static void print_layout(const Run* run, const Diloco* d, int accum) {
             }
             snprintf(name + at, sizeof(name) - at, "%s%s", f + 3 * d->fragments < c.num_layers ? ", ..." : "", extra);
         } else if (d->fragments > 1) {
-            snprintf(name, sizeof(name), "fragment %d: layers %d-%d%s", f, f * c.num_layers / d->fragments,
-                     (f + 1) * c.num_layers / d->fragments - 1, extra);
+            int first = f * c.num_layers / d->fragments, last = (f + 1) * c.num_layers / d->fragments - 1;
+            if (first == last) snprintf(name, sizeof(name), "fragment %d: layer %d%s", f, first, extra);
+            else snprintf(name, sizeof(name), "fragment %d: layers %d-%d%s", f, first, last, extra);
         }
         // beside the formula: a ring all-reduce's 2 (W-1)/W P_f values of b bits (below 16 bits
         // plus the scales, 4 bytes a piece, and each piece's codes from a word of its own)

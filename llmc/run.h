@@ -33,7 +33,7 @@
 
 typedef struct {
     const char* label;
-    char value[64];
+    char value[96];
 } BannerRow;
 
 static inline void banner_row(BannerRow* row, const char* label, const char* fmt, ...) {
@@ -44,10 +44,15 @@ static inline void banner_row(BannerRow* row, const char* label, const char* fmt
     va_end(ap);
 }
 
+// (the value column 50 characters wide, or as wide as its longest value)
 static inline void train_print_banner(const BannerRow* rows, int n) {
-    const char* rule = "+-----------------------+----------------------------------------------------+";
+    int width = 50;
+    for (int i = 0; i < n; i++) width = (int)strlen(rows[i].value) > width ? (int)strlen(rows[i].value) : width;
+    char rule[160] = "+-----------------------+";
+    for (int i = 0; i < width + 2; i++) strcat(rule, "-");
+    strcat(rule, "+");
     printf("%s\n", rule);
-    for (int i = 0; i < n; i++) printf("| %-21s | %-50s |\n", rows[i].label, rows[i].value);
+    for (int i = 0; i < n; i++) printf("| %-21s | %-*s |\n", rows[i].label, width, rows[i].value);
     printf("%s\n", rule);
 }
 
