@@ -544,7 +544,13 @@ static inline float* run_load(Run* r, int train_chunks, int val_chunks, const ch
     dataloader_init(&r->train, a->train_path, a->B, a->T, train_chunks, a->shuffle, (uint64_t)a->seed);
     if (a->val_every > 0) {
         dataloader_init(&r->val, a->val_path, a->B, a->T, val_chunks, 0, 0);
-        if ((size_t)a->val_batches > r->val.batches_per_epoch) a->val_batches = (int)r->val.batches_per_epoch;
+        if ((size_t)a->val_batches > r->val.batches_per_epoch) {  // (said, so that -m's figure is not taken for what ran)
+            if (r->rank == 0) {
+                printf("-m %d: the validation file holds %zu batches of this shape (-b, -t, the ranks); each evaluation "
+                       "reads those\n", a->val_batches, r->val.batches_per_epoch);
+            }
+            a->val_batches = (int)r->val.batches_per_epoch;
+        }
     }
     r->max_steps = a->max_steps >= 0 ? a->max_steps : (int)r->train.batches_per_epoch;
     r->can_sample = train_open_shared_sampling(a, r->config, &r->world, &r->tok, &r->eot);
