@@ -500,7 +500,7 @@ static void outer_post(Diloco* d, GPT2* model, int f, int in_flight) {
     // (below fp32: average_on_link). The worker's R ranks hold the same delta and each averages it
     // with its peers in the other workers: R all-reduces of W ranks, side by side. With -tau posted,
     // not waited for: it travels while the next tau inner steps compute (they do not touch delta;
-    // below fp32 the rounds of exchanges finish here, and only the average's use waits)
+    // below fp32 the first half's rounds are posted here, the second at the next step's end)
     if (d->link_bits < 32) average_on_link(d, link, f, in_flight);
     else if (in_flight) comm_all_reduce_start(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG, &d->exchange);
     else comm_all_reduce(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG);
