@@ -790,10 +790,10 @@ static int link_bits(const char* outer_dtype) {
 }
 
 // DiLoCo's own flags against the job: W dividing the ranks (0: one worker per rank), F dividing
-// L and H, the fragments' layout, tau below H/F, the link's dtype, -dump_outer's directory
+// L and H, the fragments' layout, alpha below 1, tau below H/F, the link's dtype, -dump_outer's directory
 // (checked now: it is written after the run). Returns W.
 static int diloco_check_flags(int workers, int ranks, int H, int fragments, const char* fragment_layout, int tau,
-                              GPT2Config c, const char* outer_dtype, const char* dump_outer) {
+                              float alpha, GPT2Config c, const char* outer_dtype, const char* dump_outer) {
     if (workers == 0) workers = ranks;
     // (every rank checks the same flags: a bad one is printed once, utils.h's check_every_rank)
     check_every_rank(ranks % workers == 0, "-workers %d does not divide the %d ranks: each worker is ranks / W ranks "
@@ -803,6 +803,8 @@ static int diloco_check_flags(int workers, int ranks, int H, int fragments, cons
                      fragments, c.num_layers, H);
     check_every_rank(strcmp(fragment_layout, "contiguous") == 0 || strcmp(fragment_layout, "strided") == 0,
                      "-fragment_layout %s: expected contiguous or strided", fragment_layout);
+    check_every_rank(alpha < 1.0f, "-alpha %g: a worker would keep its own weights and never take theta_outer; "
+                     "expected 0 <= alpha < 1 (the paper's 0.5 with -tau)", alpha);
     check_every_rank(tau < H / fragments, "-tau %d: a fragment's exchange must be applied before the next fragment's "
                      "is posted, H/F = %d steps later, so tau < H/F (-H %d -fragments %d)", tau, H / fragments, H, fragments);
     check_every_rank(link_bits(outer_dtype) != 0, "-outer_dtype %s: expected fp32, bf16, int8 or e3m0", outer_dtype);
@@ -852,7 +854,7 @@ int main(int argc, char** argv) {
         {"-fragments", ARG_INT, &fragments, 1, ARG_NO_MAX, "streaming DiLoCo: F fragments of layers taking turns (F divides L and H)"},
         {"-fragment_layout", ARG_STRING, &fragment_layout, 0, 0, "contiguous (fragment f: layers f L/F .. (f+1) L/F - 1) or strided (the layers l % F == f, the paper's)"},
         {"-tau", ARG_INT, &tau, 0, ARG_NO_MAX, "streaming DiLoCo: a fragment's exchange overlaps tau inner steps and is applied after them (tau < H/F; 0: at once)"},
-        {"-alpha", ARG_FLOAT, &alpha, 0, 1, "after an outer step a worker resumes from alpha theta_local + (1 - alpha) theta_outer (0: theta_outer)"},
+        {"-alpha", ARG_FLOAT, &alpha, 0, 1, "after an outer step a worker resumes from alpha theta_local + (1 - alpha) theta_outer (0: theta_outer; below 1)"},
         {"-outer_dtype", ARG_STRING, &outer_dtype, 0, 0, "the pseudo-gradient on the link between workers: fp32, bf16 (half the bytes), int8 (a quarter) or e3m0 (4 bits: an eighth), the last two with a scale a tensor"},
         {"-dump_outer", ARG_STRING, &dump_outer, 0, 0, "at the end, write the outer momentum here as a model file (tests)"},
     };
@@ -862,7 +864,7 @@ int main(int argc, char** argv) {
     GPT2Config config = run.config;
 
     // ---- the workers: W of R ranks, every rank the whole model
-    workers = diloco_check_flags(workers, ranks, H, fragments, fragment_layout, tau, config, outer_dtype, dump_outer);
+    workers = diloco_check_flags(workers, ranks, H, fragments, fragment_layout, tau, alpha, config, outer_dtype, dump_outer);
     int B = run.args.B, T = run.args.T;
     LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);
     // a step is accum micro-batches of B x T on each of the ranks, as DDP over all of them

@@ -4062,6 +4062,7 @@ def diloco_bad_inputs():
                                  (2, ["-outer_dtype", "fp8"], "-outer_dtype fp8: expected fp32, bf16, int8 or e3m0"),
                                  (2, ["-fragment_layout", "zigzag"], "-fragment_layout zigzag: expected contiguous or strided"),
                                  (2, ["-alpha", 1.5], "-alpha"),
+                                 (2, ["-alpha", 1], "-alpha 1: a worker would keep its own weights and never take theta_outer"),
                                  (2, ["-dump_outer", "/no/such/dir/m.bin"], "-dump_outer /no/such/dir/m.bin: its directory")):
         code, out = mpirun(ranks, base + args, timeout=60, program=DILOCO)
         assert code != 0 and message in out, "%s: exit %d, %r not in:\n%s" % (args, code, message, out[-2000:])
