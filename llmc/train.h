@@ -586,6 +586,9 @@ static inline int train_start_from(GPT2* model, const TrainArgs* args, CommGroup
     TrainState s = read(model, dir, world, latest, id, own);
     comm_barrier(world);
     if (world->rank == 0) printf("resumed from step %d in %s\n", s.step, dir);
+    if (world->rank == 0 && s.step == max_steps) {  // (validation and sampling as at any end, no step)
+        printf("the checkpoint is at -x %d already: the run is complete, nothing to train (a larger -x goes on)\n", max_steps);
+    }
     sample_rng->state = s.rng;
     dataloader_seek(train, (size_t)s.step);
     return s.step;

@@ -1,8 +1,10 @@
 // DiLoCo's outer step (train_gpt2_diloco.cu) on the CPU: the pseudo-gradient of a worker, the
 // outer optimizer's Nesterov momentum step on the averaged one, and the workers starting again
-// from the outer parameters. Element by element, fp32, except what crosses the link in bf16
-// (-outer_dtype bf16: the pseudo-gradient rounded to bf16, and the workers' mean of it) or as
-// int8 / e3m0 codes with a scale a piece (-outer_dtype int8, e3m0; the codes: llmc/precision.h).
+// from the outer parameters. Element by element (OpenMP threads over the elements; a scale, the
+// largest of its values, is the same in any order, so every thread count gives the same bits),
+// fp32, except what crosses the link in bf16 (-outer_dtype bf16: the pseudo-gradient rounded to
+// bf16, and the workers' mean of it) or as int8 / e3m0 codes with a scale a piece (-outer_dtype
+// int8, e3m0; the codes: llmc/precision.h).
 #ifndef LLMC_CPU_OUTER_H
 #define LLMC_CPU_OUTER_H
 
@@ -17,6 +19,7 @@
 // parameters are kept in a lower precision, else NULL)
 static inline void outer_from_params(float* outer, const float* params, const float* master, size_t n) {
     int kernel_span = kernel_time_begin("diloco: outer weights from the parameters", 0, 0);
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) outer[i] = master ? master[i] : params[i];
     kernel_time_end(kernel_span);
 }
@@ -25,6 +28,7 @@ static inline void outer_from_params(float* outer, const float* params, const fl
 // the sign of a gradient (the direction the outer optimizer steps against)
 static inline void pseudo_gradient(float* delta, const float* outer, const float* params, const float* master, size_t n) {
     int kernel_span = kernel_time_begin("diloco: pseudo-gradient", 0, 0);
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) delta[i] = outer[i] - (master ? master[i] : params[i]);
     kernel_time_end(kernel_span);
 }
@@ -32,6 +36,7 @@ static inline void pseudo_gradient(float* delta, const float* outer, const float
 // the same rounded to bf16 for the link (-outer_dtype bf16): q (n) = bf16(outer - theta)
 static inline void pseudo_gradient_bf16(bfloat16* q, const float* outer, const float* params, const float* master, size_t n) {
     int kernel_span = kernel_time_begin("diloco: pseudo-gradient (bf16)", 0, 0);
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) q[i] = bf16_from_float(outer[i] - (master ? master[i] : params[i]));
     kernel_time_end(kernel_span);
 }
@@ -42,6 +47,7 @@ static inline void pseudo_gradient_bf16(bfloat16* q, const float* outer, const f
 // the way back; written over mine (each element read before it is written)
 static inline void outer_mean_bf16(bfloat16* mine, const bfloat16* others, int W, int me, size_t n) {
     int kernel_span = kernel_time_begin("diloco: mean of bf16 pseudo-gradients", 0, 0);
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         float sum = 0.0f;
         for (int w = 0; w < W; w++) sum += bf16_to_float(w == me ? mine[i] : others[(size_t)(w < me ? w : w - 1) * n + i]);
@@ -56,6 +62,7 @@ static inline void outer_mean_bf16(bfloat16* mine, const bfloat16* others, int W
 static inline void outer_nesterov_step(float* outer, float* momentum, const float* delta, const bfloat16* delta_bf16,
                                        size_t n, float lr, float mu) {
     int kernel_span = kernel_time_begin("diloco: outer Nesterov step", 0, 0);
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         float g = delta ? delta[i] : bf16_to_float(delta_bf16[i]);
         momentum[i] = mu * momentum[i] + g;
@@ -69,6 +76,7 @@ static inline void outer_nesterov_step(float* outer, float* momentum, const floa
 // worker's weights now (its fp32 master weights where it has them); alpha = 0: outer exactly
 static inline void outer_to_params(float* params, float* master, const float* outer, size_t n, float alpha) {
     int kernel_span = kernel_time_begin("diloco: parameters from the outer weights", 0, 0);
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         float local = master ? master[i] : params[i], merged = alpha * local + (1.0f - alpha) * outer[i];
         params[i] = merged;
@@ -92,6 +100,7 @@ static inline uint32_t abs_bits(float x) {
 static inline void link_scale(float* scale, const float* outer, const float* params, const float* master, size_t n) {
     int kernel_span = kernel_time_begin("diloco: link scale (largest |pseudo-gradient|)", 0, 0);
     uint32_t largest = 0;
+    #pragma omp parallel for reduction(max : largest)
     for (size_t i = 0; i < n; i++) {
         uint32_t b = abs_bits(outer[i] - (master ? master[i] : params[i]));
         largest = b > largest ? b : largest;
@@ -105,6 +114,7 @@ static inline void link_quantize(uint16_t* codes, const float* scale, const floa
                                  const float* master, size_t n, int bits) {
     int kernel_span = kernel_time_begin("diloco: link codes of the pseudo-gradient", 0, 0);
     size_t k = 16 / (size_t)bits;
+    #pragma omp parallel for
     for (size_t word = 0; word < (n + k - 1) / k; word++) {
         unsigned packed = 0;
         for (size_t j = 0, i = word * k; j < k && i < n; j++, i++) {
@@ -124,6 +134,7 @@ static inline void link_mean_scale(float* mean_scale, const uint16_t* mine, cons
                                    size_t scale_at, size_t codes_at, int W, int me, size_t n, int bits) {
     int kernel_span = kernel_time_begin("diloco: link scale of the workers' mean", 0, 0);
     uint32_t largest = 0;
+    #pragma omp parallel for reduction(max : largest)
     for (size_t i = 0; i < n; i++) {
         uint32_t b = abs_bits(link_mean(mine, others, stride, scale_at, codes_at, W, me, i, bits));
         largest = b > largest ? b : largest;
@@ -135,6 +146,7 @@ static inline void link_mean_quantize(uint16_t* mine, const uint16_t* others, si
                                       size_t codes_at, const float* mean_scale, int W, int me, size_t n, int bits) {
     int kernel_span = kernel_time_begin("diloco: link codes of the workers' mean", 0, 0);
     size_t k = 16 / (size_t)bits;
+    #pragma omp parallel for
     for (size_t word = 0; word < (n + k - 1) / k; word++) {
         unsigned packed = 0;
         for (size_t j = 0, i = word * k; j < k && i < n; j++, i++) {
@@ -151,6 +163,7 @@ static inline void link_mean_quantize(uint16_t* mine, const uint16_t* others, si
 static inline void outer_nesterov_step_link(float* outer, float* momentum, const uint16_t* message, size_t scale_at,
                                             size_t codes_at, size_t n, int bits, float lr, float mu) {
     int kernel_span = kernel_time_begin("diloco: outer Nesterov step", 0, 0);
+    #pragma omp parallel for
     for (size_t i = 0; i < n; i++) {
         float g = link_read(message, scale_at, codes_at, i, bits);
         momentum[i] = mu * momentum[i] + g;
