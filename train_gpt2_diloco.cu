@@ -354,7 +354,8 @@ static void check_resume(void* trainer, const char* dir, int step, int max_steps
 // FLT_MAX / W would overflow the owner's sum of W workers: stop, naming the tensor. Every rank
 // posts the same fragment at the same step, so they check together (check_every_rank: one rank's
 // bad value stops them all in order). The scales come to the host, each shard's in one copy
-static void check_link_scales(const Diloco* d, int f, const uint16_t* link) {
+static void check_link_scales(const Diloco* d, int f) {
+    const uint16_t* link = (const uint16_t*)d->delta;
     const LinkLayout* k = &d->link[f];
     float* scales = (float*)malloc_check(((size_t)k->num_pieces + 1) * sizeof(float));
     for (int i = 0, s = 0; s < d->workers; s++) {  // (a shard's message opens with its pieces' scales, in order)
@@ -399,7 +400,8 @@ static void check_link_scales(const Diloco* d, int f, const uint16_t* link) {
 
 // a. (gather 0) or c. (gather 1): the W - 1 rounds, each a send and a receive; posted into
 // d->rounds and left in flight, or waited for
-static void link_exchanges(Diloco* d, uint16_t* link, int f, int gather, int posted) {
+static void link_exchanges(Diloco* d, int f, int gather, int posted) {
+    uint16_t* link = (uint16_t*)d->delta;
     const LinkLayout* k = &d->link[f];
     CommGroup* g = &d->across;
     int W = g->size, me = g->rank;
@@ -417,7 +419,8 @@ static void link_exchanges(Diloco* d, uint16_t* link, int f, int gather, int pos
 }
 
 // b.: the owner's mean of its shard, coded for the way back
-static void link_mean_of_shard(Diloco* d, uint16_t* link, int f) {
+static void link_mean_of_shard(Diloco* d, int f) {
+    uint16_t* link = (uint16_t*)d->delta;
     const LinkLayout* k = &d->link[f];
     int W = d->across.size, me = d->across.rank, bits = d->link_bits;
     size_t stride = k->message_words[me];
@@ -438,14 +441,14 @@ static void link_mean_of_shard(Diloco* d, uint16_t* link, int f) {
 }
 
 // a., b., c. at once; or (in_flight) a. posted, link_advance taking it further
-static void average_on_link(Diloco* d, uint16_t* link, int f, int in_flight) {
-    link_exchanges(d, link, f, /*gather*/ 0, in_flight);
+static void average_on_link(Diloco* d, int f, int in_flight) {
+    link_exchanges(d, f, /*gather*/ 0, in_flight);
     if (in_flight) {
         d->link_phase = 1;
         return;
     }
-    link_mean_of_shard(d, link, f);
-    link_exchanges(d, link, f, /*gather*/ 1, 0);
+    link_mean_of_shard(d, f);
+    link_exchanges(d, f, /*gather*/ 1, 0);
 }
 
 // the average of fragment f in flight one half further: a.'s rounds arrived, b., c. posted
@@ -456,8 +459,8 @@ static void link_advance(Diloco* d, int f) {
         d->link_phase = 0;
         return;
     }
-    link_mean_of_shard(d, (uint16_t*)d->delta, f);
-    link_exchanges(d, (uint16_t*)d->delta, f, /*gather*/ 1, /*posted*/ 1);
+    link_mean_of_shard(d, f);
+    link_exchanges(d, f, /*gather*/ 1, /*posted*/ 1);
     d->link_phase = 2;
 }
 
@@ -484,16 +487,17 @@ static void outer_post(Diloco* d, GPT2* model, int f, int in_flight) {
         }
     } else {
         const LinkLayout* k = &d->link[f];
-        for (int pass = 0; pass < 2; pass++) {
-            for (int i = 0; i < k->num_pieces; i++) {
-                const Piece* p = &k->pieces[i];
-                uint16_t* message = link + k->message_at[p->shard];
-                const float* m = master ? master + p->flat : NULL;
-                if (pass == 0) link_scale((float*)(message + p->scale_at), d->outer + p->flat, model->params_memory + p->flat, m, p->count);
-                else link_quantize(message + p->codes_at, (float*)(message + p->scale_at), d->outer + p->flat,
-                                   model->params_memory + p->flat, m, p->count, d->link_bits);
-            }
-            if (pass == 0) check_link_scales(d, f, link);
+        for (int i = 0; i < k->num_pieces; i++) {
+            const Piece* p = &k->pieces[i];
+            float* scale = (float*)(link + k->message_at[p->shard] + p->scale_at);
+            link_scale(scale, d->outer + p->flat, model->params_memory + p->flat, master ? master + p->flat : NULL, p->count);
+        }
+        check_link_scales(d, f);
+        for (int i = 0; i < k->num_pieces; i++) {
+            const Piece* p = &k->pieces[i];
+            uint16_t* message = link + k->message_at[p->shard];
+            link_quantize(message + p->codes_at, (float*)(message + p->scale_at), d->outer + p->flat,
+                          model->params_memory + p->flat, master ? master + p->flat : NULL, p->count, d->link_bits);
         }
     }
     // 3. the mean pseudo-gradient over the workers: all-reduce (AVG) of (P_f) fp32 across workers
@@ -501,7 +505,7 @@ static void outer_post(Diloco* d, GPT2* model, int f, int in_flight) {
     // with its peers in the other workers: R all-reduces of W ranks, side by side. With -tau posted,
     // not waited for: it travels while the next tau inner steps compute (they do not touch delta;
     // below fp32 the first half's rounds are posted here, the second at the next step's end)
-    if (d->link_bits < 32) average_on_link(d, link, f, in_flight);
+    if (d->link_bits < 32) average_on_link(d, f, in_flight);
     else if (in_flight) comm_all_reduce_start(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG, &d->exchange);
     else comm_all_reduce(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG);
 }
