@@ -28,6 +28,17 @@ time timeout "$(left)" make -s -j"$(nproc)" $targets 2>&1 | tail -20
 LLMC_KERNEL_TIMES=1 timeout "$(left)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 6 -v 0 -s 0 > "$logs/gpu_kernel_times.log" 2>&1
 grep -A60 "^kernel times" "$logs/gpu_kernel_times.log"
 python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device auto -measured "$logs/gpu_kernel_times.log"
+# the code paths not yet the default, each step timed beside the default's, in turns (the default
+# first and last: the spread between those two is the noise): a path that is faster, and whose GPU
+# tests pass, becomes the default. LLMC_GELU=epilogue: GELU in the fc GEMMs' epilogues (dev/cuda/gelu
+# tells which GELU they compute); LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs.
+echo "paths side by side (d12, B=64, T=1024, 8 steps; ms a step, the mean after the first):"
+for variant in default LLMC_GELU=epilogue LLMC_BIAS_GRAD=kernels default; do
+    log="$logs/gpu_path_${variant//[^A-Za-z0-9]/_}.log"
+    env ${variant#default} timeout "$(left)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 8 -v 0 -s 0 \
+        > "$log" 2>&1
+    printf "  %-26s %s\n" "$variant" "$(grep -E "^average step time" "$log" || echo "failed: $(tail -n 1 "$log")")"
+done
 # why the flash kernels run below their roofline (the largest gap above): Nsight Compute on one
 # call of each (the second step's last forward, then its first backward: D, dK dV, dQ; a step
 # launches 48 of them), their throughput against the

@@ -53,8 +53,7 @@ static inline void attention_half_backward(floatX* dln1, floatX* datty, floatX* 
 
 // the MLP half as far as its backward reads: fch and the GELU output (a rerun stops here, below)
 static inline void mlp_half_forward_to_gelu(LayerActs a, LayerWeights w, int B, int T, LayerDims d) {
-    matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, B * T, d.C, d.fc);
-    gelu_forward(a.fch_gelu, a.fch, (size_t)B * T * d.fc);
+    matmul_forward_gelu(a.fch_gelu, a.fch, a.ln2, w.fcw, w.fcb, B * T, d.C, d.fc);
 }
 
 static inline void mlp_half_forward(LayerActs a, LayerWeights w, int B, int T, LayerDims d) {
@@ -66,8 +65,7 @@ static inline void mlp_half_forward(LayerActs a, LayerWeights w, int B, int T, L
 // gradient at fch (after GELU's backward) in dfch (B,T,fc), for the weight pass.
 static inline void mlp_half_backward_input(floatX* dln2, floatX* dfch, const floatX* dout, LayerActs a,
                                            LayerWeights w, int B, int T, LayerDims d) {
-    matmul_backward_input(dfch, dout, w.fcprojw, B * T, d.fc, d.C);
-    gelu_backward(dfch, a.fch, dfch, (size_t)B * T * d.fc);
+    matmul_backward_input_gelu(dfch, dout, w.fcprojw, a.fch, B * T, d.fc, d.C);
     matmul_backward_input(dln2, dfch, w.fcw, B * T, d.C, d.fc);
 }
 

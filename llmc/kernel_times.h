@@ -85,6 +85,14 @@ static inline void kernel_time_end(int span) {
     if (span >= 0) device_mark_record(&kernel_times.marks[2 * span + 1]);
 }
 
+// a span opened for work that then did not happen there (a fused path that fell back to the
+// separate launchers, which time themselves): it is forgotten, so that no call counts twice
+static inline void kernel_time_drop(int span) {
+    if (!kernel_times.on) return;
+    kernel_times.depth--;
+    if (span >= 0) kernel_times.spans--;  // the most recent span: nothing was opened after it
+}
+
 // a step begins: what was timed since the last step (validation, samples) is not a step's
 static inline void kernel_times_step_begin(void) { kernel_times.spans = 0; }
 

@@ -266,8 +266,8 @@ static inline void moe_forward(Moe* m, int l, floatX* out, const floatX* h, Laye
         int first, n = moe_expert_rows(m, l, e, &first);
         if (n == 0) continue;
         size_t f = (size_t)first;
-        matmul_forward(fch + f * 4 * C, xin + f * C, w.fcw + (size_t)e * 4 * C * C, w.fcb + (size_t)e * 4 * C, n, C, 4 * C);
-        gelu_forward(fch_gelu + f * 4 * C, fch + f * 4 * C, (size_t)n * 4 * C);
+        matmul_forward_gelu(fch_gelu + f * 4 * C, fch + f * 4 * C, xin + f * C, w.fcw + (size_t)e * 4 * C * C,
+                            w.fcb + (size_t)e * 4 * C, n, C, 4 * C);
         matmul_forward(m->yout + f * C, fch_gelu + f * 4 * C, w.fcprojw + (size_t)e * C * 4 * C, w.fcprojb + (size_t)e * C,
                        n, 4 * C, C);
     }
@@ -322,9 +322,8 @@ static inline void moe_backward(Moe* m, int l, floatX* dh_out, const floatX* dou
         size_t f = (size_t)first, w1 = (size_t)e * 4 * C * C, b1 = (size_t)e * 4 * C, w2 = (size_t)e * C * 4 * C,
                b2 = (size_t)e * C;
         floatX *dy = m->yout + f * C, *dfch = m->dfch + f * 4 * C;
-        matmul_backward_input(dfch, dy, w.fcprojw + w2, n, 4 * C, C);
+        matmul_backward_input_gelu(dfch, dy, w.fcprojw + w2, fch + f * 4 * C, n, 4 * C, C);
         matmul_backward_weight(g.fcprojw + w2, g.fcprojb + b2, dy, fch_gelu + f * 4 * C, n, 4 * C, C);
-        gelu_backward(dfch, fch + f * 4 * C, dfch, (size_t)n * 4 * C);
         matmul_backward_input(dy, dfch, w.fcw + w1, n, C, 4 * C);  // dy is used up: the input gradient in its place
         matmul_backward_weight(g.fcw + w1, g.fcb + b1, dfch, xin + f * C, n, C, 4 * C);
     }

@@ -79,6 +79,17 @@ static inline void fail(const char* fmt, ...) {
     exit(1);
 }
 
+// A choice between two code paths that a GPU run times side by side (LLMC_BIAS_GRAD, LLMC_GELU,
+// LLMC_CLASSIFIER): 0 when the variable is unset, empty or `first`, 1 when it is `second`, any
+// other value an error. Callers read it once and keep the answer.
+static inline int env_choice(const char* name, const char* first, const char* second) {
+    const char* v = getenv(name);
+    if (v == NULL || *v == 0 || strcmp(v, first) == 0) return 0;
+    if (strcmp(v, second) == 0) return 1;
+    fail("%s=%s: expected %s or %s", name, v, first, second);
+    return 0;
+}
+
 // A check that every rank of the world makes at the same point (a layout, the flags, a file every
 // rank reads), ok being this rank's verdict; costs one all-reduce of an int. When every rank
 // fails it, the message is printed once, by rank 0, without a rank, and every rank ends the

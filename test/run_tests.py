@@ -3177,6 +3177,24 @@ def roofline_context_parallel_rank_does_its_share():
 
 
 @test
+def roofline_gelu_in_the_gemm_epilogues():
+    """-gelu epilogue (the trainer's LLMC_GELU=epilogue): no GELU kernels; the fc GEMM writes GELU's
+    input as its aux matrix, the fcproj input-gradient GEMM reads it. The kernels moved 2 (forward:
+    fch read, output written) + 3 (backward: fch, dout read, dinp written) N 4C elements a layer,
+    the epilogues 1 + 1: 3 L N 4C X bytes fewer, the same FLOPs on the tensor cores"""
+    g = ROOFLINE_GPT2
+    L, C, B, T, X = g["L"], g["C"], 4, 64, 2
+    N = B * T
+    base = ("-e", "d12", "-b", B, "-t", T)
+    kernels, fused = roofline_json(*base), roofline_json(*base, "-gelu", "epilogue")
+    saved = sum(r["total_bytes"] for r in kernels["rows"]) - sum(r["total_bytes"] for r in fused["rows"])
+    assert saved == 3 * L * N * 4 * C * X, "-gelu epilogue moves %d bytes fewer, expected %d" % (saved, 3 * L * N * 4 * C * X)
+    assert not [r for r in fused["rows"] if r["op"] == "gelu"], "-gelu epilogue still has GELU kernels"
+    roofline_close(roofline_total(fused, op="matmul")[0], roofline_total(kernels, op="matmul")[0], 1e-12, "GEMM FLOPs")
+    assert fused["summary"]["step_time_s"] < kernels["summary"]["step_time_s"], "the epilogues save time"
+
+
+@test
 def roofline_bias_epilogue_cublas_attention_and_all_reduce():
     g = ROOFLINE_GPT2
     L, C, B, T = g["L"], g["C"], 4, 64
@@ -3236,14 +3254,15 @@ def build(kind, precision, targets):
     return [os.path.join(ROOT, x) for x in paths]
 
 
-def run_gpu_ranks(program, ranks, args, out_dir, timeout=600):
-    """ranks processes on the one GPU, brought together by the env bootstrap (no MPI needed)"""
+def run_gpu_ranks(program, ranks, args, out_dir, timeout=600, env=None):
+    """ranks processes on the one GPU, brought together by the env bootstrap (no MPI needed);
+    env: more variables for every rank"""
     id_file = os.path.join(out_dir, "nccl_id")
     procs = []
     for r in range(ranks):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(ranks), LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE=str(ranks), LLMC_NCCL_ID_FILE=id_file)
-        procs.append(subprocess.Popen([program] + [str(a) for a in args], cwd=ROOT, env=env,
+        rank_env = dict(os.environ, **(env or {}), RANK=str(r), WORLD_SIZE=str(ranks), LOCAL_RANK=str(r),
+                        LOCAL_WORLD_SIZE=str(ranks), LLMC_NCCL_ID_FILE=id_file)
+        procs.append(subprocess.Popen([program] + [str(a) for a in args], cwd=ROOT, env=rank_env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outs = []
     for p in procs:
@@ -3257,16 +3276,17 @@ def run_gpu_ranks(program, ranks, args, out_dir, timeout=600):
     return outs[0]
 
 
-def emu_runner(devices, order="forward", attention=None, bias_grad=None):
+def emu_runner(devices, order="forward", attention=None, bias_grad=None, gelu=None):
     """ranks under mpirun on `devices` emulated GPUs: one per rank goes through the NCCL calls
     (emulated over MPI); fewer than the ranks takes the comm layer's host-staged MPI path.
     order "reverse" runs each kernel's threads and blocks last to first; attention "cublas"
     makes bf16 builds take the cuBLAS attention path instead of flash attention; bias_grad
-    "kernels" sums the bias gradients in their own kernels instead of cuBLASLt's epilogue."""
+    "kernels" sums the bias gradients in their own kernels instead of cuBLASLt's epilogue; gelu
+    "epilogue" computes GELU in the fc GEMMs' epilogues (the emulated cuBLASLt's: tanh GELU)."""
     def run(program, ranks, args, out_dir):
         threads = 2 if ranks == 1 else 1
         env = dict(CUDA_EMU_DEVICES=str(devices), CUDA_EMU_ORDER=order, LLMC_ATTENTION=attention or "",
-                   LLMC_BIAS_GRAD=bias_grad or "")
+                   LLMC_BIAS_GRAD=bias_grad or "", LLMC_GELU=gelu or "")
         return run_ok(ranks, args, program=program, threads=threads, env=env)
     run.attention = attention  # (for dev/memory_planner: the path whose buffers to count)
     return run
@@ -3510,24 +3530,28 @@ for _precision, _sched in (("BF16", "1f1b"), ("FP32", "zb")):
     test(make_cuda_pp_test("cuda", _precision, None, _sched))
 
 
-def make_gpu_test(precision, ranks):
+def make_gpu_test(precision, ranks, gelu=None):
+    """gelu "epilogue": GELU in cuBLASLt's epilogues (dev/cuda/gelu checks which GELU they compute)"""
     def fn():
         if not have_gpu():
             raise Skip("no GPU")
-        compare_cuda_with_reference("cuda", precision, ranks, run_gpu_ranks)
-    fn.__name__ = "gpu_dp_vs_pytorch_%s_%d_ranks" % (precision.lower(), ranks)
+        compare_cuda_with_reference("cuda", precision, ranks,
+                                    lambda *a: run_gpu_ranks(*a, env=dict(LLMC_GELU=gelu or "")))
+    fn.__name__ = "gpu_dp_vs_pytorch_%s_%d_ranks%s" % (precision.lower(), ranks, "_gelu_" + gelu if gelu else "")
     return fn
 
 
-def make_emu_test(precision, ranks, devices, attention=None, bias_grad=None):
+def make_emu_test(precision, ranks, devices, attention=None, bias_grad=None, gelu=None):
     def fn():
         compare_cuda_with_reference("emu", precision, ranks, emu_runner(devices, attention=attention,
-                                                                         bias_grad=bias_grad))
+                                                                         bias_grad=bias_grad, gelu=gelu))
     path = "" if ranks == 1 else "_nccl" if devices >= ranks else "_host_staged"
     if precision == "BF16":  # the attention path: flash, unless asked for cuBLAS
         path += "_" + (attention or "flash") + "_attention"
     if bias_grad:  # the bias gradients' path: cuBLASLt's epilogue, unless asked for the kernels
         path += "_bias_grad_" + bias_grad
+    if gelu:  # GELU's path: its own kernels, unless asked for cuBLASLt's epilogues
+        path += "_gelu_" + gelu
     fn.__name__ = "emu_dp_vs_pytorch_%s_%d_ranks%s" % (precision.lower(), ranks, path)
     return fn
 
@@ -3535,6 +3559,7 @@ def make_emu_test(precision, ranks, devices, attention=None, bias_grad=None):
 for _precision in ("FP32", "BF16"):
     for _ranks in (1, 2):
         test(make_gpu_test(_precision, _ranks))
+    test(make_gpu_test(_precision, 1, gelu="epilogue"))
 # on the emulator: NCCL (one emulated GPU per rank) in fp32, the host-staged path in bf16
 # (fp32 at 2 ranks runs every kernel that fp32 at 1 rank would, so 1 rank is left to bf16)
 for _precision, _ranks, _devices in (("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2, 1)):
@@ -3542,6 +3567,9 @@ for _precision, _ranks, _devices in (("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2,
 # (the cuBLAS attention run also takes the bias-gradient kernels, the path where cuBLASLt has no
 # BGRADB algorithm)
 test(make_emu_test("BF16", 1, 1, "cublas", "kernels"))
+# GELU in the fc GEMMs' epilogues (LLMC_GELU=epilogue), in both precisions
+test(make_emu_test("FP32", 2, 2, gelu="epilogue"))
+test(make_emu_test("BF16", 1, 1, gelu="epilogue"))
 
 
 def make_cuda_zero_test(kind, precision, devices, zero):
@@ -3750,6 +3778,7 @@ def make_emu_env_choice_test(precision, variable, value, message):
 # LLMC_BIAS_GRAD: an unknown value likewise
 test(make_emu_env_choice_test("BF16", "LLMC_ATTENTION", "fast", "LLMC_ATTENTION=fast: expected flash or cublas"))
 test(make_emu_env_choice_test("BF16", "LLMC_BIAS_GRAD", "fused", "LLMC_BIAS_GRAD=fused: expected epilogue or kernels"))
+test(make_emu_env_choice_test("BF16", "LLMC_GELU", "fused", "LLMC_GELU=fused: expected kernels or epilogue"))
 test(make_emu_env_choice_test("FP32", "LLMC_ATTENTION", "flash", "LLMC_ATTENTION=flash needs a bf16 build"))
 
 

@@ -185,7 +185,7 @@ class Step:
                                   launch=launch))
 
 
-def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, topk=2, ep=1):
+def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, topk=2, ep=1, gelu="kernels"):
     """cp > 1: one rank of train_gpt2_cp, its T/cp tokens of each sequence (zigzag: an equal share
     of the causal attention), the ring's K,V blocks and the gradients' all-reduce over cp.
     experts > 0: one rank of train_gpt2_ep, each MLP E experts of which a token takes topk, split
@@ -202,10 +202,11 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, top
     distinct = min(N, V)            # rows of wte a batch touches: at most one per distinct token
     s = Step()
 
-    def matmul(kernel, rows, k, out, calls, bias=False, dweight=False, note="", launch=None):
+    def matmul(kernel, rows, k, out, calls, bias=False, dweight=False, note="", launch=None, aux=False):
         """one cuBLASLt GEMM: (rows, k) x (k, out). Forward and input-gradient GEMMs read their two
         operands and write the result; a weight-gradient GEMM (dweight) reads the activation (rows, k)
         and the gradient (rows, out) and adds into the weight gradient (out, k): read and written (beta = 1).
+        aux: a GELU epilogue's matrix of the result's shape, written (forward) or read (DGELU) as well.
         launch: the trainer's name, by the weight's shape C -> OC; a forward's is (k, out), and dweight's"""
         flops = 2 * rows * k * out
         if dweight:
@@ -213,13 +214,13 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, top
             if bias:
                 nbytes += out * X  # BGRADB writes this pass's bias gradient (out) to scratch
         else:
-            nbytes = (rows * k + k * out + rows * out + (out if bias else 0)) * X
+            nbytes = (rows * k + k * out + rows * out + (out if bias else 0) + (rows * out if aux else 0)) * X
         s.add(kernel, calls, flops, nbytes, "gemm", "matmul", note=note,
               launch=launch or "matmul %s %d->%d" % ("dweight" if dweight else "forward", k, out))
 
-    def matmul_dinp(kernel, rows, k, out, calls):
+    def matmul_dinp(kernel, rows, k, out, calls, aux=False):
         """dinp (rows, out) = dout (rows, k) x weight: the weight is out -> k"""
-        matmul(kernel, rows, k, out, calls, launch="matmul dinp %d->%d" % (out, k))
+        matmul(kernel, rows, k, out, calls, launch="matmul dinp %d->%d" % (out, k), aux=aux)
 
     def bias_grad(name, OC, calls, launch):
         """the bias gradient of a weight-gradient GEMM, dbias (OC) += column sums of dout (N, OC)"""
@@ -325,8 +326,11 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, top
         if ep > 1:
             s.add("all-to-all: the tokens to their experts' ranks", L, 0, a2a, "link", "comm")
         s.add("moe gather rows (into expert order)", L, 0, 2 * R * C * X + R * 4, "vector", "moe", launch="moe: gather rows")
-    matmul("matmul fc (+bias epilogue)", R, C, 4 * C, L, bias=True)
-    s.add("gelu_forward", L, FLOPS_PER["gelu"] * R * 4 * C, 2 * R * 4 * C * X, "vector", "gelu", launch="gelu forward")
+    if gelu == "epilogue":  # LLMC_GELU=epilogue: GELU_AUX_BIAS writes GELU's input (aux) and its output
+        matmul("matmul fc (+bias, GELU epilogue)", R, C, 4 * C, L, bias=True, aux=True)
+    else:
+        matmul("matmul fc (+bias epilogue)", R, C, 4 * C, L, bias=True)
+        s.add("gelu_forward", L, FLOPS_PER["gelu"] * R * 4 * C, 2 * R * 4 * C * X, "vector", "gelu", launch="gelu forward")
     matmul("matmul fcproj (+bias epilogue)", R, 4 * C, C, L, bias=True)
     if E:  # the outputs home, and each token's gate-weighted sum
         s.add("moe gather rows (back to source order)", L, 0, 2 * R * C * X + R * 4, "vector", "moe", launch="moe: gather rows")
@@ -368,8 +372,12 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, top
         if ep > 1:
             s.add("all-to-all: the output gradients to the experts", L, 0, a2a, "link", "comm")
         s.add("moe gather rows (into expert order)", L, 0, 2 * R * C * X + R * 4, "vector", "moe", launch="moe: gather rows")
-    matmul_dinp("matmul fcproj dinp", R, C, 4 * C, L)
-    s.add("gelu_backward", L, FLOPS_PER["gelu_backward"] * R * 4 * C, 3 * R * 4 * C * X, "vector", "gelu", launch="gelu backward")
+    if gelu == "epilogue":  # DGELU reads GELU's input (aux) and multiplies the product by GELU'
+        matmul_dinp("matmul fcproj dinp (DGELU epilogue)", R, C, 4 * C, L, aux=True)
+    else:
+        matmul_dinp("matmul fcproj dinp", R, C, 4 * C, L)
+        s.add("gelu_backward", L, FLOPS_PER["gelu_backward"] * R * 4 * C, 3 * R * 4 * C * X, "vector", "gelu",
+              launch="gelu backward")
     matmul_dinp("matmul fc dinp", R, 4 * C, C, L)
     if E:
         matmul("matmul expert fcproj dweight", R, 4 * C, C, L, bias=epilogue, dweight=True)
@@ -454,7 +462,7 @@ def roofline(args):
         raise ValueError("-experts %d -topk %d -ep %d: expected E >= 2, 1 <= k <= E, ep dividing E and -dp, -cp 1 "
                          "(train_gpt2_ep)" % (args.experts, args.topk, args.ep))
     rows, P = build_step(m, args.b, args.t, args.precision, attention, args.epilogue, args.dp, args.cp,
-                         args.experts, args.topk, args.ep)
+                         args.experts, args.topk, args.ep, args.gelu)
 
     # the achievable rates. In bf16 the matmuls run on the tensor cores; fp32 builds compute in
     # strict fp32 (no TF32: llmc/cuda/matmul.cuh) on the ordinary fp32 units, as does all the
@@ -503,7 +511,7 @@ def roofline(args):
                        ridge_peak=peak / dev["hbm"], ridge_achievable=rates["gemm"] / bandwidth,
                        ridge_vector=dev["fp32"] / dev["hbm"])
     config = dict(model=args.e, L=L, C=C, NH=m["NH"], hs=hs, V=m["V"], Vp=m["Vp"], maxT=m["maxT"], B=B, T=T,
-                  precision=args.precision, attention=attention, epilogue=args.epilogue, dp=args.dp, cp=args.cp,
+                  precision=args.precision, attention=attention, epilogue=args.epilogue, gelu=args.gelu, dp=args.dp, cp=args.cp,
                   experts=args.experts, topk=args.topk, ep=args.ep, parameters=P)
     return dict(config=config, assumptions=assumptions, rows=rows, summary=summary)
 
@@ -520,10 +528,11 @@ def print_table(res):
     moe = ", %d experts (top-%d), %d a rank (-ep %d)" % (c["experts"], c["topk"], c["experts"] // c["ep"], c["ep"]) \
         if c["experts"] else ""
     print("Roofline of one %s step: %s (L=%d C=%d NH=%d%s, %.1fM parameters a rank), B=%d T=%d, %s, %s attention, "
-          "bias gradients %s%s" % ("train_gpt2_ep" if c["experts"] else "train_gpt2_dp", c["model"], c["L"], c["C"], c["NH"],
+          "bias gradients %s%s%s" % ("train_gpt2_ep" if c["experts"] else "train_gpt2_dp", c["model"], c["L"], c["C"], c["NH"],
                                    moe, c["parameters"] / 1e6, c["B"], c["T"],
                                    c["precision"], c["attention"],
                                    "in the GEMMs' BGRADB epilogue" if c["epilogue"] else "as separate kernels",
+                                   ", GELU in the fc GEMMs' epilogues" if c["gelu"] == "epilogue" else "",
                                    ", %d data-parallel ranks" % c["dp"] if c["dp"] > 1 else ""))
     print("device %s: %s dense %s peak, fp32 (non-tensor) %s, HBM %s (datasheets; llmc/cuda/device.cuh)"
           % (a["device_name"], si(a["peak_flops"], "FLOP/s"), c["precision"], si(a["peak_vector_flops"], "FLOP/s"),
@@ -688,6 +697,8 @@ def main(argv=None):
     p.add_argument("-ep", type=int, default=1, help="with -experts: the ranks the experts are split over (of -dp)")
     p.add_argument("-epilogue", type=int, choices=(0, 1), default=1,
                    help="1: bias gradients from the weight-gradient GEMMs' BGRADB epilogue; 0: separate kernels")
+    p.add_argument("-gelu", choices=("kernels", "epilogue"), default="kernels",
+                   help="GELU in its own kernels, or in the fc GEMMs' epilogues (as the trainer with LLMC_GELU)")
     p.add_argument("-gemm_eff", type=float, default=DEFAULT_GEMM_EFF, help="achievable fraction of the GEMM peak")
     p.add_argument("-attn_eff", type=float, default=DEFAULT_ATTN_EFF, help="... of the peak for flash attention")
     p.add_argument("-bw_eff", type=float, default=DEFAULT_BW_EFF, help="... of the HBM bandwidth")

@@ -7,6 +7,7 @@
 #include <math.h>
 #include "clones.h"
 #include "vector_math.h"
+#include "matmul.h"
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
 
@@ -42,6 +43,22 @@ CPU_CLONES static inline void gelu_backward(float* dinp, const float* inp, const
         dinp[i] = dout[i] * (s + 2.0f * x * s * (e * s) * du);
     }
     kernel_time_end(kernel_span);
+}
+
+// The fc layer and its GELU (the CUDA backend can fuse the two into cuBLASLt's epilogues; here
+// they are the matmul, then the elementwise pass):
+// fch (N, OC) = inp (N, C) @ weight (OC, C)^T + bias, fch_gelu (N, OC) = GELU(fch)
+static inline void matmul_forward_gelu(float* fch_gelu, float* fch, const float* inp, const float* weight,
+                                       const float* bias, int N, int C, int OC) {
+    matmul_forward(fch, inp, weight, bias, N, C, OC);
+    gelu_forward(fch_gelu, fch, (size_t)N * OC);
+}
+
+// dfch (N, C) = (dout (N, OC) @ weight (OC, C)) * GELU'(fch (N, C))
+static inline void matmul_backward_input_gelu(float* dfch, const float* dout, const float* weight, const float* fch,
+                                              int N, int C, int OC) {
+    matmul_backward_input(dfch, dout, weight, N, C, OC);
+    gelu_backward(dfch, fch, dfch, (size_t)N * C);
 }
 
 #endif

@@ -3,16 +3,18 @@
 #define LLMC_CUDA_GELU_CUH
 
 #include "device.cuh"
+#include "matmul.cuh"
 
 #define GELU_SCALE 0.7978845608028654f  // sqrt(2 / pi)
 
 // GELU's speed is set by memory bandwidth alone, so each thread moves 16 bytes (PACK16 elements)
 // per load and store; N is a multiple of PACK16 (it is B T 4C).
-// Why not cuBLASLt's GELU epilogues (GELU_AUX_BIAS on the fc GEMM, DGELU on the fcproj input
-// gradient), which would save a read and a write of (B, T, 4C) each way? NVIDIA documents them as
-// "apply GELU point-wise transform" (cublasLt.h, the cuBLAS guide) without saying which GELU, and
-// GPT-2 trains with the tanh approximation: an exact-erf epilogue would differ from PyTorch's
-// reference in every activation. Until the formula is documented, the kernel stays.
+// These kernels are the default. cuBLASLt's GELU epilogues (matmul_forward_gelu and
+// matmul_backward_input_gelu below, LLMC_GELU=epilogue) would save a read of (B, T, 4C) forward
+// and a read and a write of it backward, but NVIDIA documents them as "apply GELU point-wise
+// transform" (cublasLt.h, the cuBLAS guide) without saying which GELU, and GPT-2 trains with the
+// tanh approximation: an exact-erf epilogue would differ from PyTorch's reference in every
+// activation. dev/cuda/gelu on a GPU measures which formula the epilogue computes.
 __global__ void gelu_forward_kernel(floatX* out, const floatX* inp, size_t N) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * PACK16;
     if (i >= N) return;
@@ -55,6 +57,58 @@ static inline void gelu_backward(floatX* dinp, const floatX* inp, const floatX* 
     gelu_backward_kernel<<<ceil_div(N / PACK16, 256), 256>>>(dinp, inp, dout, N);
     cudaCheckLaunch();
     kernel_time_end(kernel_span);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fc layer and its GELU as one GEMM each way, with LLMC_GELU=epilogue (read once): the
+// forward's GEMM writes the GELU output and, as its aux matrix, GELU's input (GELU_AUX_BIAS); the
+// backward's input-gradient GEMM of fcproj multiplies its product by GELU' of that input (DGELU)
+// before it rounds. Both compute GELU from the fp32 product, where the kernels read it rounded to
+// floatX. Where cuBLASLt has no algorithm for the epilogue, or by default, the GEMM and the kernel.
+static inline int gelu_in_epilogue(void) {
+    static int asked = -1;
+    if (asked < 0) asked = env_choice("LLMC_GELU", "kernels", "epilogue");
+    return asked;
+}
+
+// fch (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC; may be NULL), fch_gelu (N, OC) = GELU(fch).
+// Returns 1 when the epilogue computed it (dev/cuda/gelu asks), 0 when the kernels did.
+static inline int matmul_forward_gelu(floatX* fch_gelu, floatX* fch, const floatX* inp, const floatX* weight,
+                                       const floatX* bias, int N, int C, int OC) {
+    if (gelu_in_epilogue()) {
+        // column-major as matmul_forward: D = fch_gelu^T (OC, N), aux = fch^T, the same layout
+        int kernel_span = kernel_time_begin("matmul forward", C, OC);
+        int epilogue = bias != NULL ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        int done = cublaslt_gemm(fch_gelu, weight, inp, epilogue, bias, fch, OC, N, C, 1, 0, C, C, OC, 0.0f);
+        if (done) {
+            kernel_time_end(kernel_span);
+            return 1;
+        }
+        kernel_time_drop(kernel_span);
+    }
+    matmul_forward(fch, inp, weight, bias, N, C, OC);
+    gelu_forward(fch_gelu, fch, (size_t)N * OC);
+    return 0;
+}
+
+// dfch (N, C) = (dout (N, OC) @ weight (OC, C)) * GELU'(fch (N, C)): the gradient at the GELU's
+// input, from the gradient at fcproj's output (C is fcproj's input width, 4 x the model's); returns
+// 1 when the epilogue computed it
+static inline int matmul_backward_input_gelu(floatX* dfch, const floatX* dout, const floatX* weight, const floatX* fch,
+                                              int N, int C, int OC) {
+    if (gelu_in_epilogue()) {
+        // column-major as matmul_backward_input: D = dfch^T (C, N), aux = fch^T, the same layout
+        int kernel_span = kernel_time_begin("matmul dinp", C, OC);
+        int done = cublaslt_gemm(dfch, weight, dout, CUBLASLT_EPILOGUE_DGELU, NULL, fch, C, N, OC, 0, 0, C, OC, C, 0.0f);
+        if (done) {
+            kernel_time_end(kernel_span);
+            return 1;
+        }
+        kernel_time_drop(kernel_span);
+    }
+    matmul_backward_input(dfch, dout, weight, N, C, OC);
+    gelu_backward(dfch, fch, dfch, (size_t)N * C);
+    return 0;
 }
 
 #endif

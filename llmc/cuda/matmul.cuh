@@ -1,5 +1,5 @@
 // Matmul on CUDA through cuBLASLt, with the bias added in the forward GEMM's epilogue and the
-// bias gradient summed in the weight-gradient GEMM's epilogue.
+// bias gradient summed in the weight-gradient GEMM's epilogue (GELU's epilogues: gelu.cuh).
 // cuBLAS is column-major: a row-major (R, K) matrix is a column-major (K, R) one, so
 // each launcher below states its column-major view.
 #ifndef LLMC_CUDA_MATMUL_CUH
@@ -31,9 +31,19 @@ static inline uint32_t pointer_alignment(const void* p) {
 // workspace are fixed for a build). Two calls that agree on all of it can share one algorithm.
 typedef struct {
     int m, n, k, transa, transb, lda, ldb, ldd;
-    int epilogue;       // CUBLASLT_EPILOGUE_DEFAULT, _BIAS (add a bias) or _BGRADB (sum op(B) over k)
-    uint32_t align[4];  // of A, B, D (also C: the same matrix) and the bias vector
+    int epilogue;       // CUBLASLT_EPILOGUE_DEFAULT, _BIAS (add a bias), _BGRADB (sum op(B) over k), or
+                        // GELU's: _GELU_AUX(_BIAS) (D = GELU(the product), aux = its input), _DGELU
+    uint32_t align[5];  // of A, B, D (also C: the same matrix), the bias vector and the aux matrix
 } GemmKey;
+
+// the epilogues that read or write the bias vector, and those that write (GELU_AUX, GELU_AUX_BIAS)
+// or read (DGELU) the aux matrix: GELU's input, of D's shape, type and leading dimension
+static inline int epilogue_uses_bias(int e) {
+    return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_BGRADB || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+}
+static inline int epilogue_uses_aux(int e) {
+    return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU;
+}
 
 // A GEMM's descriptors and the algorithm the heuristic chose, kept for the next call with the
 // same key. Creating descriptors and asking the heuristic costs microseconds of host time per call,
@@ -44,7 +54,7 @@ typedef struct {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
-    int found;          // 0: cuBLASLt has no algorithm for this key (only allowed for BGRADB, see below)
+    int found;          // 0: cuBLASLt has no algorithm for this key (allowed for BGRADB and GELU's, see below)
     long long used;     // when it was last used (the GEMM count then): the least recent goes first
 } GemmPlan;
 
@@ -61,8 +71,9 @@ static void gemm_plan_destroy(GemmPlan* p) {
 }
 
 // the plan for this key: found in the cache, or made (descriptors, layouts, heuristic) and kept.
-// bias: the bias (BIAS) or bias-gradient (BGRADB) vector; the heuristic reads its alignment.
-static GemmPlan* gemm_plan(const GemmKey* key, const void* bias) {
+// bias: the bias (BIAS) or bias-gradient (BGRADB) vector; aux: GELU's input matrix; the heuristic
+// reads their alignments.
+static GemmPlan* gemm_plan(const GemmKey* key, const void* bias, const void* aux) {
     gemm_calls++;
     int cached = gemm_plans_made < GEMM_PLANS ? gemm_plans_made : GEMM_PLANS, oldest = 0;
     for (int i = 0; i < cached; i++) {
@@ -86,13 +97,21 @@ static GemmPlan* gemm_plan(const GemmKey* key, const void* bias) {
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
     cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
     if (key->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+        cublasLtEpilogue_t epilogue = (cublasLtEpilogue_t)key->epilogue;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    }
+    if (epilogue_uses_bias(key->epilogue)) {
         // the vector has D's type: for a bias as NVIDIA documents the default, and for a bias
         // gradient the only type cuBLASLt writes (CUBLASLT_MATMUL_DESC_BIAS_POINTER in cublasLt.h)
-        cublasLtEpilogue_t epilogue = (cublasLtEpilogue_t)key->epilogue;
         cudaDataType_t bias_type = CUBLAS_FLOATX;
-        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    if (epilogue_uses_aux(key->epilogue)) {
+        // the aux matrix is laid out as D (its type by default D's, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE)
+        int64_t aux_ld = key->ldd;
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     }
     int m = key->m, n = key->n, k = key->k;
     cublasCheck(cublasLtMatrixLayoutCreate(&p->la, CUBLAS_FLOATX, key->transa ? k : m, key->transa ? m : k, key->lda));
@@ -122,26 +141,32 @@ static GemmPlan* gemm_plan(const GemmKey* key, const void* bias) {
 
 // D (m, n) = alpha op(A) op(B) + beta D, column-major, with an epilogue on `bias` (m values):
 // none (DEFAULT), D += bias broadcast over the columns (BIAS), or bias = the sums of op(B) over k,
-// one per column of D (BGRADB, n values; written, not added). Returns 0, having done nothing,
-// when cuBLASLt has no algorithm for a BGRADB call (the caller then sums the bias itself); for
+// one per column of D (BGRADB, n values; written, not added); or GELU's on `aux`, a matrix laid
+// out as D: GELU_AUX_BIAS (aux = the product + bias, D = GELU(aux); GELU_AUX without the bias)
+// and DGELU (D = the product times GELU'(aux)). Returns 0, having done nothing, when cuBLASLt has
+// no algorithm for a BGRADB or GELU call (the caller then does the work in its own kernels); for
 // any other call that is an error.
 // FP32 builds compute in strict fp32 (no TF32), so they can be compared with the CPU tightly.
-static int cublaslt_gemm(floatX* d, const floatX* a, const floatX* b, int epilogue, const floatX* bias, int m, int n,
-                         int k, int transa, int transb, int lda, int ldb, int ldd, float beta) {
+static int cublaslt_gemm(floatX* d, const floatX* a, const floatX* b, int epilogue, const floatX* bias, const floatX* aux,
+                         int m, int n, int k, int transa, int transb, int lda, int ldb, int ldd, float beta) {
     GemmKey key;
     memset(&key, 0, sizeof(key));  // compared with memcmp: no stray bytes
     key.m = m, key.n = n, key.k = k, key.transa = transa, key.transb = transb;
     key.lda = lda, key.ldb = ldb, key.ldd = ldd, key.epilogue = epilogue;
     key.align[0] = pointer_alignment(a), key.align[1] = pointer_alignment(b), key.align[2] = pointer_alignment(d);
-    key.align[3] = epilogue != CUBLASLT_EPILOGUE_DEFAULT ? pointer_alignment(bias) : 0;
-    GemmPlan* p = gemm_plan(&key, bias);
+    key.align[3] = epilogue_uses_bias(epilogue) ? pointer_alignment(bias) : 0;
+    key.align[4] = epilogue_uses_aux(epilogue) ? pointer_alignment(aux) : 0;
+    GemmPlan* p = gemm_plan(&key, bias, aux);
     if (!p->found) {
-        if (epilogue == CUBLASLT_EPILOGUE_BGRADB) return 0;
+        if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && epilogue != CUBLASLT_EPILOGUE_BIAS) return 0;
         fail("cuBLASLt has no algorithm for a %d x %d x %d matmul (transa %d, transb %d, epilogue %d)", m, n, k, transa,
              transb, epilogue);
     }
-    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT)  // this call's vector (the plan's has the same alignment)
+    // this call's vector and aux matrix (the plan's have the same alignments)
+    if (epilogue_uses_bias(epilogue))
         cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (epilogue_uses_aux(epilogue))
+        cublasCheck(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux)));
     float alpha = 1.0f;
     cublasCheck(cublasLtMatmul(cublaslt_handle, p->desc, &alpha, a, p->la, b, p->lb, &beta, d, p->ld, d, p->ld, &p->algo,
                                cublaslt_workspace, CUBLASLT_WORKSPACE_BYTES, 0));
@@ -153,8 +178,8 @@ static int cublaslt_gemm(floatX* d, const floatX* a, const floatX* b, int epilog
 static inline void matmul_forward(floatX* out, const floatX* inp, const floatX* weight,
                                   const floatX* bias, int N, int C, int OC) {
     int kernel_span = kernel_time_begin("matmul forward", C, OC);
-    cublaslt_gemm(out, weight, inp, bias != NULL ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias, OC, N, C,
-                  1, 0, C, C, OC, 0.0f);
+    cublaslt_gemm(out, weight, inp, bias != NULL ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias, NULL, OC, N,
+                  C, 1, 0, C, C, OC, 0.0f);
     kernel_time_end(kernel_span);
 }
 
@@ -194,12 +219,7 @@ static inline void bias_backward_kernels(floatX* dbias, const floatX* dout, int 
 // can then be timed on a GPU (dev/bench/bench_gpu.sh), and tested under the emulator
 static inline int bias_grad_in_epilogue(void) {
     static int asked = -1;
-    if (asked < 0) {
-        const char* v = getenv("LLMC_BIAS_GRAD");
-        if (v == NULL || *v == 0 || strcmp(v, "epilogue") == 0) asked = 1;
-        else if (strcmp(v, "kernels") == 0) asked = 0;
-        else fail("LLMC_BIAS_GRAD=%s: expected epilogue or kernels", v);
-    }
+    if (asked < 0) asked = !env_choice("LLMC_BIAS_GRAD", "epilogue", "kernels");
     return asked;
 }
 
@@ -218,7 +238,7 @@ __global__ void bias_accumulate_kernel(floatX* dbias, const floatX* step, int OC
 static inline void matmul_backward_input(floatX* dinp, const floatX* dout, const floatX* weight, int N, int C, int OC) {
     int kernel_span = kernel_time_begin("matmul dinp", C, OC);
     // dinp^T (C, N) = weight as (C, OC) @ dout^T (OC, N)
-    cublaslt_gemm(dinp, weight, dout, CUBLASLT_EPILOGUE_DEFAULT, NULL, C, N, OC, 0, 0, C, OC, C, 0.0f);
+    cublaslt_gemm(dinp, weight, dout, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, C, N, OC, 0, 0, C, OC, C, 0.0f);
     kernel_time_end(kernel_span);
 }
 
@@ -234,14 +254,15 @@ static inline void matmul_backward_weight(floatX* dweight, floatX* dbias, const 
     if (dbias != NULL && bias_grad_in_epilogue()) {
         // the scratch is bias_scratch_bytes, which the fallback needs (>= OC floatX): one size
         floatX* step = (floatX*)scratch_get(&matmul_scratch, bias_scratch_bytes(N, OC));
-        epilogue_done = cublaslt_gemm(dweight, inp, dout, CUBLASLT_EPILOGUE_BGRADB, step, C, OC, N, 0, 1, C, OC, C, 1.0f);
+        epilogue_done = cublaslt_gemm(dweight, inp, dout, CUBLASLT_EPILOGUE_BGRADB, step, NULL, C, OC, N, 0, 1, C, OC, C,
+                                      1.0f);
         if (epilogue_done) {
             bias_accumulate_kernel<<<ceil_div(OC, 256), 256>>>(dbias, step, OC);
             cudaCheckLaunch();
         }
     }
     if (!epilogue_done) {  // no bias, or no epilogue algorithm: the plain GEMM, then the bias's kernels
-        cublaslt_gemm(dweight, inp, dout, CUBLASLT_EPILOGUE_DEFAULT, NULL, C, OC, N, 0, 1, C, OC, C, 1.0f);
+        cublaslt_gemm(dweight, inp, dout, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, C, OC, N, 0, 1, C, OC, C, 1.0f);
         if (dbias != NULL) bias_backward_kernels(dbias, dout, N, OC);
     }
     kernel_time_end(kernel_span);
