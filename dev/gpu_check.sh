@@ -31,9 +31,10 @@ python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device auto 
 # the code paths not yet the default, each step timed beside the default's, in turns (the default
 # first and last: the spread between those two is the noise): a path that is faster, and whose GPU
 # tests pass, becomes the default. LLMC_GELU=epilogue: GELU in the fc GEMMs' epilogues (dev/cuda/gelu
-# tells which GELU they compute); LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs.
+# tells which GELU they compute); LLMC_CLASSIFIER=split: two classifier rows an SM (dev/cuda/classifier
+# v5); LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs.
 echo "paths side by side (d12, B=64, T=1024, 8 steps; ms a step, the mean after the first):"
-for variant in default LLMC_GELU=epilogue LLMC_BIAS_GRAD=kernels default; do
+for variant in default LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_BIAS_GRAD=kernels default; do
     log="$logs/gpu_path_${variant//[^A-Za-z0-9]/_}.log"
     env ${variant#default} timeout "$(left)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 8 -v 0 -s 0 \
         > "$log" 2>&1

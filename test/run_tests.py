@@ -379,6 +379,9 @@ REF6 = dict(REF, batch=6)
 # not milliseconds, and 3 steps still cover warmup, decay and a step after clipping
 REF_CUDA = dict(REF, steps=3)
 REF4_CUDA = dict(REF4, steps=3)  # (the CUDA tolerances leave room for the gradient above)
+# GPT-2's vocabulary for the classifier's paths: its bf16 row of 50304 logits fills the split
+# kernel's registers and shared memory (LLMC_CLASSIFIER=split), where 1024 would not reach the latter
+REF_GPT2_CUDA = dict(REF_GPT2, steps=3)
 _ref_cache = {}
 
 
@@ -3276,17 +3279,18 @@ def run_gpu_ranks(program, ranks, args, out_dir, timeout=600, env=None):
     return outs[0]
 
 
-def emu_runner(devices, order="forward", attention=None, bias_grad=None, gelu=None):
+def emu_runner(devices, order="forward", attention=None, bias_grad=None, gelu=None, classifier=None):
     """ranks under mpirun on `devices` emulated GPUs: one per rank goes through the NCCL calls
     (emulated over MPI); fewer than the ranks takes the comm layer's host-staged MPI path.
     order "reverse" runs each kernel's threads and blocks last to first; attention "cublas"
     makes bf16 builds take the cuBLAS attention path instead of flash attention; bias_grad
     "kernels" sums the bias gradients in their own kernels instead of cuBLASLt's epilogue; gelu
-    "epilogue" computes GELU in the fc GEMMs' epilogues (the emulated cuBLASLt's: tanh GELU)."""
+    "epilogue" computes GELU in the fc GEMMs' epilogues (the emulated cuBLASLt's: tanh GELU);
+    classifier "split" holds the classifier's rows partly in shared memory (bf16)."""
     def run(program, ranks, args, out_dir):
         threads = 2 if ranks == 1 else 1
         env = dict(CUDA_EMU_DEVICES=str(devices), CUDA_EMU_ORDER=order, LLMC_ATTENTION=attention or "",
-                   LLMC_BIAS_GRAD=bias_grad or "", LLMC_GELU=gelu or "")
+                   LLMC_BIAS_GRAD=bias_grad or "", LLMC_GELU=gelu or "", LLMC_CLASSIFIER=classifier or "")
         return run_ok(ranks, args, program=program, threads=threads, env=env)
     run.attention = attention  # (for dev/memory_planner: the path whose buffers to count)
     return run
@@ -3308,33 +3312,33 @@ def cuda_test_name(kind, devices):
     return "emu", "nccl" if devices >= 2 else "host_staged"
 
 
-def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None, zero=0, overlap=0):
+def compare_cuda_with_reference(kind, precision, ranks, run, tp_sp=None, zero=0, overlap=0, cfg=REF_CUDA):
     """the DP trainer on `ranks` ranks (-z zero); with tp_sp = 0 or 1 the TP trainer, -sp tp_sp
-    (and -tp_overlap overlap)"""
-    ref = reference_run(REF_CUDA)
+    (and -tp_overlap overlap); cfg: the model and run (REF_CUDA's vocabulary of 1000, or GPT-2's)"""
+    ref = reference_run(cfg)
     trainer = "train_gpt2_dp" if tp_sp is None else "train_gpt2_tp"
     # both trainers in one make -j2 (the second of each precision is then already built)
     programs = build(kind, precision, ["train_gpt2_dp", "train_gpt2_tp"])
     program = programs[0] if tp_sp is None else programs[1]
     d = fresh_dir("%s_%s_%s_np%d_z%d_o%d" % (kind, precision, trainer, ranks, zero, overlap))
     grads_path = os.path.join(d, "grads.bin")
-    B = REF_CUDA["batch"] // ranks if tp_sp is None else REF_CUDA["batch"]
+    B = cfg["batch"] // ranks if tp_sp is None else cfg["batch"]
     # (-z 3 holds no replicas to check)
     extra = ["-z", zero] + (["-check_replicas", 1] if zero < 3 else []) if tp_sp is None else ["-sp", tp_sp, "-check_replicas", 1,
                                                                                             "-tp_overlap", overlap]
-    out = run(program, ranks, trainer_args(ref, B, d, ["-n", REF_CUDA["steps"], "-dump_grads", grads_path] + extra, cfg=REF_CUDA), d)
+    out = run(program, ranks, trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path] + extra, cfg=cfg), d)
     train = check_cuda_against_reference(ref, d, grads_path, precision, "%s %s %s %d ranks" % (kind, trainer, precision, ranks))
     X = 4 if precision == "FP32" else 2
     if tp_sp is None:  # DDP's all-reduce of X P and the fp32 loss, or ZeRO's (README)
-        expected = zero_step_bytes(REF_CUDA, ranks, zero, 1, X)
+        expected = zero_step_bytes(cfg, ranks, zero, 1, X)
         # the memory table's total, kernel scratch and cuBLASLt's workspace included, against
         # what the CUDA backend allocated (the comm layer's 64-byte scratch per group on top)
         peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
         assert abs(peak - predicted) <= 0.05 * predicted, "%d bytes allocated at most, %d predicted" % (peak, predicted)
     else:  # the replicated tensors round alike on both ranks (bf16: stochastically, same bits)
-        formula = tp_step_bytes(REF_CUDA, B, 1, tp_sp, X, overlap=overlap, tp=ranks)
-        check_tp_step_bytes(out, d, formula, REF_CUDA["steps"])
-        assert "step %d: replicated tensors identical" % REF_CUDA["steps"] in out, out[-2000:]
+        formula = tp_step_bytes(cfg, B, 1, tp_sp, X, overlap=overlap, tp=ranks)
+        check_tp_step_bytes(out, d, formula, cfg["steps"])
+        assert "step %d: replicated tensors identical" % cfg["steps"] in out, out[-2000:]
         expected = sum(formula.values())
     assert train[1]["comm_bytes"] == expected, "moved %d bytes, expected %d" % (train[1]["comm_bytes"], expected)
 
@@ -3530,21 +3534,25 @@ for _precision, _sched in (("BF16", "1f1b"), ("FP32", "zb")):
     test(make_cuda_pp_test("cuda", _precision, None, _sched))
 
 
-def make_gpu_test(precision, ranks, gelu=None):
-    """gelu "epilogue": GELU in cuBLASLt's epilogues (dev/cuda/gelu checks which GELU they compute)"""
+def make_gpu_test(precision, ranks, gelu=None, classifier=None):
+    """gelu "epilogue": GELU in cuBLASLt's epilogues (dev/cuda/gelu checks which GELU they compute);
+    classifier "split": the classifier's rows partly in shared memory"""
     def fn():
         if not have_gpu():
             raise Skip("no GPU")
-        compare_cuda_with_reference("cuda", precision, ranks,
-                                    lambda *a: run_gpu_ranks(*a, env=dict(LLMC_GELU=gelu or "")))
-    fn.__name__ = "gpu_dp_vs_pytorch_%s_%d_ranks%s" % (precision.lower(), ranks, "_gelu_" + gelu if gelu else "")
+        env = dict(LLMC_GELU=gelu or "", LLMC_CLASSIFIER=classifier or "")
+        compare_cuda_with_reference("cuda", precision, ranks, lambda *a: run_gpu_ranks(*a, env=env),
+                                    cfg=REF_GPT2_CUDA if classifier else REF_CUDA)
+    fn.__name__ = "gpu_dp_vs_pytorch_%s_%d_ranks%s%s" % (precision.lower(), ranks, "_gelu_" + gelu if gelu else "",
+                                                         "_classifier_" + classifier if classifier else "")
     return fn
 
 
-def make_emu_test(precision, ranks, devices, attention=None, bias_grad=None, gelu=None):
+def make_emu_test(precision, ranks, devices, attention=None, bias_grad=None, gelu=None, classifier=None):
     def fn():
-        compare_cuda_with_reference("emu", precision, ranks, emu_runner(devices, attention=attention,
-                                                                         bias_grad=bias_grad, gelu=gelu))
+        compare_cuda_with_reference("emu", precision, ranks, emu_runner(devices, attention=attention, bias_grad=bias_grad,
+                                                                         gelu=gelu, classifier=classifier),
+                                    cfg=REF_GPT2_CUDA if classifier else REF_CUDA)
     path = "" if ranks == 1 else "_nccl" if devices >= ranks else "_host_staged"
     if precision == "BF16":  # the attention path: flash, unless asked for cuBLAS
         path += "_" + (attention or "flash") + "_attention"
@@ -3552,6 +3560,8 @@ def make_emu_test(precision, ranks, devices, attention=None, bias_grad=None, gel
         path += "_bias_grad_" + bias_grad
     if gelu:  # GELU's path: its own kernels, unless asked for cuBLASLt's epilogues
         path += "_gelu_" + gelu
+    if classifier:  # the classifier's rows: in registers, unless asked to split them with shared memory
+        path += "_classifier_" + classifier
     fn.__name__ = "emu_dp_vs_pytorch_%s_%d_ranks%s" % (precision.lower(), ranks, path)
     return fn
 
@@ -3560,6 +3570,7 @@ for _precision in ("FP32", "BF16"):
     for _ranks in (1, 2):
         test(make_gpu_test(_precision, _ranks))
     test(make_gpu_test(_precision, 1, gelu="epilogue"))
+test(make_gpu_test("BF16", 1, classifier="split"))
 # on the emulator: NCCL (one emulated GPU per rank) in fp32, the host-staged path in bf16
 # (fp32 at 2 ranks runs every kernel that fp32 at 1 rank would, so 1 rank is left to bf16)
 for _precision, _ranks, _devices in (("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2, 1)):
@@ -3570,6 +3581,8 @@ test(make_emu_test("BF16", 1, 1, "cublas", "kernels"))
 # GELU in the fc GEMMs' epilogues (LLMC_GELU=epilogue), in both precisions
 test(make_emu_test("FP32", 2, 2, gelu="epilogue"))
 test(make_emu_test("BF16", 1, 1, gelu="epilogue"))
+# the classifier's rows split between registers and shared memory (LLMC_CLASSIFIER=split, bf16)
+test(make_emu_test("BF16", 2, 2, classifier="split"))
 
 
 def make_cuda_zero_test(kind, precision, devices, zero):
@@ -3779,6 +3792,7 @@ def make_emu_env_choice_test(precision, variable, value, message):
 test(make_emu_env_choice_test("BF16", "LLMC_ATTENTION", "fast", "LLMC_ATTENTION=fast: expected flash or cublas"))
 test(make_emu_env_choice_test("BF16", "LLMC_BIAS_GRAD", "fused", "LLMC_BIAS_GRAD=fused: expected epilogue or kernels"))
 test(make_emu_env_choice_test("BF16", "LLMC_GELU", "fused", "LLMC_GELU=fused: expected kernels or epilogue"))
+test(make_emu_env_choice_test("BF16", "LLMC_CLASSIFIER", "shared", "LLMC_CLASSIFIER=shared: expected registers or split"))
 test(make_emu_env_choice_test("FP32", "LLMC_ATTENTION", "flash", "LLMC_ATTENTION=flash needs a bf16 build"))
 
 

@@ -10,6 +10,11 @@ v3: v2 with 16-byte loads and stores, one online-softmax merge per pack of 8 log
 v4: the row in registers, 8 packs a thread, every load issued before the first is used: read
     once, the max, the sum of exponentials (base 2), then the gradient from the registers; the row
     crosses the bus twice instead of three times (llmc/cuda/classifier.cuh's fused_classifier).
+v5: v4's one block an SM (800 threads at 64 registers hold the row) made two: 768 threads hold 5
+    packs each in registers, the row's other 2448 packs sit in 39 KB of static shared memory,
+    filled by cp.async; 40 registers a thread, so two rows share an SM and one's loads overlap the
+    other's arithmetic (fused_classifier_split_kernel, LLMC_CLASSIFIER=split; bf16 only: an fp32
+    row is twice as wide). Not yet timed on a GPU.
 shards: the vocabulary-parallel loss of tensor parallelism (classifier_shard_max, _sums, _loss in
     llmc/cuda/classifier.cuh): the Vp columns split over tp ranks, each rank's three kernels on its
     (N, Vp / tp) slice, and the two all-reduces between them (max, then sum) done on the host.
@@ -302,6 +307,29 @@ int main(void) {
     // with the gradient: the row read once, written once
     TIME_KERNEL(ms, 10, fused_classifier(d_logits, d_losses, d_targets, dloss, N, V, Vp));
     report("v4 with gradient", ms, bytes, 0);
+
+    // v5: the row split between registers and shared memory (GPT-2's bf16 row fits exactly)
+    if (classifier_split_fits(Vp)) {
+        float* got5 = (float*)malloc_check((size_t)N * Vp * sizeof(float));
+        copy_floats_to_device(d_logits, logits, (size_t)N * Vp);
+        fused_classifier_split_kernel<<<N, CLASSIFIER_SPLIT_THREADS>>>(d_logits, d_losses, d_targets, dloss, V, Vp);
+        cudaCheckLaunch();
+        ok &= validate_f32("v5 losses", d_losses, losses, N, 1e-4f);
+        copy_device_to_floats(got5, d_logits, (size_t)N * Vp);
+        for (size_t i = 0; i < (size_t)N * Vp; i++) got5[i] *= (float)N;
+        ok &= compare_arrays("v5 gradient x N", got5, grads, (size_t)N * Vp, tol);
+        copy_floats_to_device(d_logits, logits, (size_t)N * Vp);
+        TIME_KERNEL(ms, 10, (fused_classifier_split_kernel<<<N, CLASSIFIER_SPLIT_THREADS>>>(d_logits, d_losses, d_targets,
+                                                                                           0.0f, V, Vp)));
+        report("v5 losses only", ms, bytes / 2, 0);
+        TIME_KERNEL(ms, 10, (fused_classifier_split_kernel<<<N, CLASSIFIER_SPLIT_THREADS>>>(d_logits, d_losses, d_targets,
+                                                                                           dloss, V, Vp)));
+        report("v5 with gradient", ms, bytes, 0);
+        free(got5);
+    } else {
+        printf("  v5 skipped: a row of %d %s is %d packs, wider than the split kernel's %d\n", Vp, PRECISION_NAME,
+               Vp / PACK16, CLASSIFIER_SPLIT_REGISTER_PACKS * CLASSIFIER_SPLIT_THREADS + CLASSIFIER_SPLIT_SHARED_PACKS);
+    }
 
     printf("vocab-parallel loss (classifier_shard_*), the all-reduces on the host\n");
     ok &= check_shards("tp=1", 1, logits, targets, dloss, N, V, Vp, v4_losses, got);

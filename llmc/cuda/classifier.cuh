@@ -3,10 +3,13 @@
 // the gradient written over the logits from the registers. The probabilities are never stored.
 // A vocabulary too wide for the registers of one block takes an online softmax (running max and
 // sum in one pass, Milakov & Gimelshein 2018) and reads the row a second time for the gradient.
+// LLMC_CLASSIFIER=split holds the row partly in shared memory instead, so that two rows share an
+// SM (fused_classifier_split_kernel below).
 #ifndef LLMC_CUDA_CLASSIFIER_CUH
 #define LLMC_CUDA_CLASSIFIER_CUH
 
 #include "device.cuh"
+#include "mma.cuh"  // cp_async16
 
 #define CLASSIFIER_LOG2E 1.4426950408889634f
 
@@ -75,6 +78,32 @@ __device__ inline float pack_element(uint4 w, int k) {
     return __uint_as_float(k % 2 == 0 ? word << 16 : word & 0xffff0000u);
 }
 
+// a pack of logits, its first column v0, into the thread's running (max, sum): the pack's max and
+// its sum of exponentials (base 2), then one merge; columns from V on are padding
+__device__ inline void classifier_fold_pack(float* m, float* s, uint4 x, int v0, int V) {
+    float pack_max = -INFINITY, pack_sum = 0.0f;
+    for (int k = 0; k < PACK16; k++) {
+        if (v0 + k < V) pack_max = fmaxf(pack_max, pack_element(x, k));
+    }
+    for (int k = 0; k < PACK16; k++) {
+        if (v0 + k < V) pack_sum += exp2f((pack_element(x, k) - pack_max) * CLASSIFIER_LOG2E);
+    }
+    online_softmax_merge(m, s, pack_max, pack_sum);
+}
+
+// the gradient of a pack of logits from the row's max (m2 = max log2 e) and scale = dloss / sum:
+// dloss softmax - dloss at the target, 0 over the padding
+__device__ inline Pack16 classifier_gradient_pack(uint4 x, int v0, int V, int target, float m2, float scale,
+                                                  float dloss) {
+    Pack16 grad;
+    for (int k = 0; k < PACK16; k++) {
+        int v = v0 + k;
+        float prob_scaled = exp2f(pack_element(x, k) * CLASSIFIER_LOG2E - m2) * scale;
+        grad.v[k] = (floatX)(v < V ? prob_scaled - (v == target ? dloss : 0.0f) : 0.0f);
+    }
+    return grad;
+}
+
 __global__ void __launch_bounds__(1024) fused_classifier_kernel(floatX* logits, float* losses, const int* targets,
                                                                 float dloss, int V, int Vp) {
     int n = blockIdx.x, packs = Vp / PACK16;
@@ -88,19 +117,10 @@ __global__ void __launch_bounds__(1024) fused_classifier_kernel(floatX* logits, 
         if (p < packs) x[i] = *(const uint4*)(row + (size_t)p * PACK16);
     }
     // each pack's max and sum of exponentials folded into the thread's (max, sum), then the block's
+    // (a pack past the row's end has v0 >= Vp > V: nothing of it is folded)
     float m = -INFINITY, s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < CLASSIFIER_PACKS; i++) {
-        int v0 = (threadIdx.x + i * blockDim.x) * PACK16;
-        float pack_max = -INFINITY, pack_sum = 0.0f;
-        for (int k = 0; k < PACK16; k++) {
-            if (v0 + k < V) pack_max = fmaxf(pack_max, pack_element(x[i], k));
-        }
-        for (int k = 0; k < PACK16; k++) {
-            if (v0 + k < V) pack_sum += exp2f((pack_element(x[i], k) - pack_max) * CLASSIFIER_LOG2E);
-        }
-        online_softmax_merge(&m, &s, pack_max, pack_sum);
-    }
+    for (int i = 0; i < CLASSIFIER_PACKS; i++) classifier_fold_pack(&m, &s, x[i], (threadIdx.x + i * blockDim.x) * PACK16, V);
     block_online_softmax_merge(&m, &s);
     float m2 = m * CLASSIFIER_LOG2E;
     if (threadIdx.x == 0) losses[n] = logf(s) - (target_logit - m);
@@ -108,15 +128,8 @@ __global__ void __launch_bounds__(1024) fused_classifier_kernel(floatX* logits, 
     float scale = dloss / s;
 #pragma unroll
     for (int i = 0; i < CLASSIFIER_PACKS; i++) {
-        int p = threadIdx.x + i * blockDim.x, v0 = p * PACK16;
-        if (p >= packs) continue;
-        Pack16 grad;
-        for (int k = 0; k < PACK16; k++) {
-            int v = v0 + k;
-            float prob_scaled = exp2f(pack_element(x[i], k) * CLASSIFIER_LOG2E - m2) * scale;
-            grad.v[k] = (floatX)(v < V ? prob_scaled - (v == target ? dloss : 0.0f) : 0.0f);
-        }
-        store16(row + v0, grad);
+        int p = threadIdx.x + i * blockDim.x;
+        if (p < packs) store16(row + p * PACK16, classifier_gradient_pack(x[i], p * PACK16, V, target, m2, scale, dloss));
     }
 }
 
@@ -125,6 +138,70 @@ __global__ void __launch_bounds__(1024) fused_classifier_kernel(floatX* logits, 
 static inline int classifier_threads(int Vp) {
     int threads = ceil_div((size_t)Vp / PACK16, CLASSIFIER_PACKS);
     return ceil_div((size_t)threads, 32) * 32;
+}
+
+// Block n: row n again, split so that two blocks fit an SM (LLMC_CLASSIFIER=split; dev/cuda/classifier
+// v5). fused_classifier_kernel holds GPT-2's 100 KB bf16 row in the registers of 800 threads, 64
+// registers each: one block an SM, whose loads, exponentials, block-wide reduction and stores run one
+// after another with nothing to overlap them (about 16 us a row on an H200, where the row's 200 KB
+// of traffic take 5.5 us at an SM's share of the bandwidth). Here 768 threads hold 5 packs each in
+// registers (the row's first 3840 packs) and the other 2448 sit in a 39 KB static shared array,
+// filled by cp.async without passing through registers. __launch_bounds__(768, 2) holds a thread
+// to 40 registers (no spills, sm_90), so two blocks fit an SM's 64 K registers and 228 KB of shared
+// memory, and one row's loads overlap the other's arithmetic. A thread copies, reads and overwrites
+// only its own shared packs (pack 3840 + t + 768 j for thread t), so its own cp.async wait orders
+// them; no barrier is needed but the reduction's.
+#define CLASSIFIER_SPLIT_THREADS 768
+#define CLASSIFIER_SPLIT_REGISTER_PACKS 5
+#define CLASSIFIER_SPLIT_SHARED_PACKS 2448
+__global__ void __launch_bounds__(CLASSIFIER_SPLIT_THREADS, 2) fused_classifier_split_kernel(floatX* logits,
+        float* losses, const int* targets, float dloss, int V, int Vp) {
+    __shared__ uint4 rest[CLASSIFIER_SPLIT_SHARED_PACKS];
+    const int threads = CLASSIFIER_SPLIT_THREADS, held = CLASSIFIER_SPLIT_REGISTER_PACKS * CLASSIFIER_SPLIT_THREADS;
+    int n = blockIdx.x, packs = Vp / PACK16;
+    floatX* row = logits + (size_t)n * Vp;
+    int target = targets[n];
+    float target_logit = threadIdx.x == 0 ? (float)row[target] : 0.0f;  // (read before any thread writes)
+    // the shared part on its way first, then every load of the registers' part
+    for (int p = held + threadIdx.x; p < packs; p += threads) cp_async16(&rest[p - held], row + (size_t)p * PACK16, 1);
+    cp_async_commit();
+    uint4 x[CLASSIFIER_SPLIT_REGISTER_PACKS];
+#pragma unroll
+    for (int i = 0; i < CLASSIFIER_SPLIT_REGISTER_PACKS; i++) {
+        int p = threadIdx.x + i * threads;
+        if (p < packs) x[i] = *(const uint4*)(row + (size_t)p * PACK16);
+    }
+    float m = -INFINITY, s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CLASSIFIER_SPLIT_REGISTER_PACKS; i++) {
+        int p = threadIdx.x + i * threads;
+        if (p < packs) classifier_fold_pack(&m, &s, x[i], p * PACK16, V);
+    }
+    cp_async_wait<0>();  // this thread's copies have landed (no other thread reads them)
+    for (int p = held + threadIdx.x; p < packs; p += threads) classifier_fold_pack(&m, &s, rest[p - held], p * PACK16, V);
+    block_online_softmax_merge(&m, &s);
+    if (threadIdx.x == 0) losses[n] = logf(s) - (target_logit - m);
+    if (dloss == 0.0f) return;
+    float m2 = m * CLASSIFIER_LOG2E, scale = dloss / s;
+#pragma unroll
+    for (int i = 0; i < CLASSIFIER_SPLIT_REGISTER_PACKS; i++) {
+        int p = threadIdx.x + i * threads;
+        if (p < packs)
+            store16(row + (size_t)p * PACK16, classifier_gradient_pack(x[i], p * PACK16, V, target, m2, scale, dloss));
+    }
+    for (int p = held + threadIdx.x; p < packs; p += threads)
+        store16(row + (size_t)p * PACK16, classifier_gradient_pack(rest[p - held], p * PACK16, V, target, m2, scale, dloss));
+}
+
+// the split kernel where LLMC_CLASSIFIER=split asks for it (read once) and the row fits its
+// registers and shared memory (GPT-2's bf16 row exactly: 6288 packs; fp32 rows are twice that)
+static inline int classifier_split_asked(void) {
+    static int asked = -1;
+    if (asked < 0) asked = env_choice("LLMC_CLASSIFIER", "registers", "split");
+    return asked;
+}
+static inline int classifier_split_fits(int Vp) {
+    return Vp / PACK16 <= CLASSIFIER_SPLIT_REGISTER_PACKS * CLASSIFIER_SPLIT_THREADS + CLASSIFIER_SPLIT_SHARED_PACKS;
 }
 
 // block n: row n, for a vocabulary wider than the registers of a block. Memory-bound (the row is
@@ -169,7 +246,9 @@ static inline void fused_classifier(floatX* logits, float* losses, const int* ta
     int kernel_span = kernel_time_begin("classifier (softmax, loss, dlogits)", 0, 0);
     check_whole_packs("fused_classifier", "Vp", (size_t)Vp);
     int threads = classifier_threads(Vp);
-    if (threads <= 1024) fused_classifier_kernel<<<N, threads>>>(logits, losses, targets, dloss, V, Vp);
+    if (classifier_split_asked() && classifier_split_fits(Vp))
+        fused_classifier_split_kernel<<<N, CLASSIFIER_SPLIT_THREADS>>>(logits, losses, targets, dloss, V, Vp);
+    else if (threads <= 1024) fused_classifier_kernel<<<N, threads>>>(logits, losses, targets, dloss, V, Vp);
     else fused_classifier_wide_kernel<<<N, 1024>>>(logits, losses, targets, dloss, V, Vp);
     cudaCheckLaunch();
     kernel_time_end(kernel_span);
