@@ -40,6 +40,12 @@ for variant in default LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_BIAS_GRAD=k
         > "$log" 2>&1
     printf "  %-26s %s\n" "$variant" "$(grep -E "^average step time" "$log" || echo "failed: $(tail -n 1 "$log")")"
 done
+# the same paths' kernels alone (dev/cuda): which GELU cuBLASLt's epilogues compute (tanh or erf),
+# and the classifier's split kernel (v5) beside the register kernel (v4)
+for program in build/cuda_FP32/dev/cuda/gelu build/cuda_BF16/dev/cuda/gelu build/cuda_BF16/dev/cuda/classifier; do
+    echo "$program:"
+    timeout "$(left)" "./$program" 2>&1 | grep -E "^gelu in|v2 .*GEMM|v3|v4 with|v5|valid|FAIL"
+done
 # why the flash kernels run below their roofline (the largest gap above): Nsight Compute on one
 # call of each (the second step's last forward, then its first backward: D, dK dV, dQ; a step
 # launches 48 of them), their throughput against the
