@@ -32,19 +32,22 @@ python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device auto 
 # first and last: the spread between those two is the noise): a path that is faster, and whose GPU
 # tests pass, becomes the default. LLMC_GELU=epilogue: GELU in the fc GEMMs' epilogues (dev/cuda/gelu
 # tells which GELU they compute); LLMC_CLASSIFIER=split: two classifier rows an SM (dev/cuda/classifier
-# v5); LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs.
+# v5); LLMC_LAYERNORM_BACKWARD=fused: dout and x read once (dev/cuda/layernorm_backward v4);
+# LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs.
 echo "paths side by side (d12, B=64, T=1024, 8 steps; ms a step, the mean after the first):"
-for variant in default LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_BIAS_GRAD=kernels default; do
+for variant in default LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused LLMC_BIAS_GRAD=kernels \
+    "LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused" default; do
     log="$logs/gpu_path_${variant//[^A-Za-z0-9]/_}.log"
     env ${variant#default} timeout "$(left)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 8 -v 0 -s 0 \
         > "$log" 2>&1
     printf "  %-26s %s\n" "$variant" "$(grep -E "^average step time" "$log" || echo "failed: $(tail -n 1 "$log")")"
 done
 # the same paths' kernels alone (dev/cuda): which GELU cuBLASLt's epilogues compute (tanh or erf),
-# and the classifier's split kernel (v5) beside the register kernel (v4)
-for program in build/cuda_FP32/dev/cuda/gelu build/cuda_BF16/dev/cuda/gelu build/cuda_BF16/dev/cuda/classifier; do
+# the classifier's split kernel (v5) beside the register kernel (v4), the fused LayerNorm backward
+for program in build/cuda_FP32/dev/cuda/gelu build/cuda_BF16/dev/cuda/gelu build/cuda_BF16/dev/cuda/classifier \
+    build/cuda_BF16/dev/cuda/layernorm_backward; do
     echo "$program:"
-    timeout "$(left)" "./$program" 2>&1 | grep -E "^gelu in|v2 .*GEMM|v3|v4 with|v5|valid|FAIL"
+    timeout "$(left)" "./$program" 2>&1 | grep -E "^gelu in|v2 .*GEMM|v3 [a-z]|v4|v5|valid|FAIL"
 done
 # why the flash kernels run below their roofline (the largest gap above): Nsight Compute on one
 # call of each (the second step's last forward, then its first backward: D, dK dV, dQ; a step

@@ -3198,6 +3198,23 @@ def roofline_gelu_in_the_gemm_epilogues():
 
 
 @test
+def roofline_layernorm_backward_fused():
+    """-ln_backward fused (the trainer's LLMC_LAYERNORM_BACKWARD=fused): one kernel reads dout and x
+    (N, C) once for the input gradient and the parameters' partial sums, where the separate partial
+    kernel read them again with mean and rstd: 2 N C X + 2 N 4 bytes fewer a LayerNorm, 2 L + 1 of
+    them a step (ln1, ln2, lnf); in fp32 a lane holds 6 packs of C = 768, too many: nothing changes"""
+    g = ROOFLINE_GPT2
+    L, C, B, T = g["L"], g["C"], 4, 64
+    N = B * T
+    for precision, X, fused_applies in (("bf16", 2, True), ("fp32", 4, False)):
+        base = ("-e", "d12", "-b", B, "-t", T, "-precision", precision)
+        separate, fused = roofline_json(*base), roofline_json(*base, "-ln_backward", "fused")
+        saved = sum(r["total_bytes"] for r in separate["rows"]) - sum(r["total_bytes"] for r in fused["rows"])
+        want = (2 * L + 1) * (2 * N * C * X + 2 * N * 4) if fused_applies else 0
+        assert saved == want, "%s: -ln_backward fused moves %d bytes fewer, expected %d" % (precision, saved, want)
+
+
+@test
 def roofline_bias_epilogue_cublas_attention_and_all_reduce():
     g = ROOFLINE_GPT2
     L, C, B, T = g["L"], g["C"], 4, 64
@@ -3279,18 +3296,35 @@ def run_gpu_ranks(program, ranks, args, out_dir, timeout=600, env=None):
     return outs[0]
 
 
-def emu_runner(devices, order="forward", attention=None, bias_grad=None, gelu=None, classifier=None):
+# The code paths a GPU run times beside the defaults (dev/gpu_check.sh), each an environment
+# variable of the CUDA backend: GELU in the fc GEMMs' epilogues (the emulated cuBLASLt's: tanh GELU),
+# the classifier's rows split between registers and shared memory (bf16), the LayerNorm backward
+# in one kernel. A test passes {variable: value}; the others stay at their defaults.
+PATHS = {"LLMC_GELU": "epilogue", "LLMC_CLASSIFIER": "split", "LLMC_LAYERNORM_BACKWARD": "fused"}
+
+
+def paths_env(paths):
+    """every variable of PATHS, set as `paths` asks or left empty (the default)"""
+    assert set(paths or {}) <= set(PATHS), paths
+    return {k: (paths or {}).get(k, "") for k in PATHS}
+
+
+def paths_suffix(paths):
+    """LLMC_GELU=epilogue -> _gelu_epilogue"""
+    return "".join("_%s_%s" % (k[len("LLMC_"):].lower(), v) for k, v in sorted((paths or {}).items()))
+
+
+def emu_runner(devices, order="forward", attention=None, bias_grad=None, paths=None):
     """ranks under mpirun on `devices` emulated GPUs: one per rank goes through the NCCL calls
     (emulated over MPI); fewer than the ranks takes the comm layer's host-staged MPI path.
     order "reverse" runs each kernel's threads and blocks last to first; attention "cublas"
     makes bf16 builds take the cuBLAS attention path instead of flash attention; bias_grad
-    "kernels" sums the bias gradients in their own kernels instead of cuBLASLt's epilogue; gelu
-    "epilogue" computes GELU in the fc GEMMs' epilogues (the emulated cuBLASLt's: tanh GELU);
-    classifier "split" holds the classifier's rows partly in shared memory (bf16)."""
+    "kernels" sums the bias gradients in their own kernels instead of cuBLASLt's epilogue;
+    paths: {variable: value} of PATHS."""
     def run(program, ranks, args, out_dir):
         threads = 2 if ranks == 1 else 1
         env = dict(CUDA_EMU_DEVICES=str(devices), CUDA_EMU_ORDER=order, LLMC_ATTENTION=attention or "",
-                   LLMC_BIAS_GRAD=bias_grad or "", LLMC_GELU=gelu or "", LLMC_CLASSIFIER=classifier or "")
+                   LLMC_BIAS_GRAD=bias_grad or "", **paths_env(paths))
         return run_ok(ranks, args, program=program, threads=threads, env=env)
     run.attention = attention  # (for dev/memory_planner: the path whose buffers to count)
     return run
@@ -3534,34 +3568,34 @@ for _precision, _sched in (("BF16", "1f1b"), ("FP32", "zb")):
     test(make_cuda_pp_test("cuda", _precision, None, _sched))
 
 
-def make_gpu_test(precision, ranks, gelu=None, classifier=None):
-    """gelu "epilogue": GELU in cuBLASLt's epilogues (dev/cuda/gelu checks which GELU they compute);
-    classifier "split": the classifier's rows partly in shared memory"""
+def paths_cfg(paths):
+    """the model a path is tested on: GPT-2's vocabulary for the classifier's split rows, whose
+    bf16 row of 50304 logits fills the kernel's registers and shared memory (1024 would not reach
+    the latter), else REF_CUDA"""
+    return REF_GPT2_CUDA if "LLMC_CLASSIFIER" in (paths or {}) else REF_CUDA
+
+
+def make_gpu_test(precision, ranks, paths=None):
+    """paths: {variable: value} of PATHS (dev/cuda/gelu checks which GELU cuBLASLt's epilogues compute)"""
     def fn():
         if not have_gpu():
             raise Skip("no GPU")
-        env = dict(LLMC_GELU=gelu or "", LLMC_CLASSIFIER=classifier or "")
-        compare_cuda_with_reference("cuda", precision, ranks, lambda *a: run_gpu_ranks(*a, env=env),
-                                    cfg=REF_GPT2_CUDA if classifier else REF_CUDA)
-    fn.__name__ = "gpu_dp_vs_pytorch_%s_%d_ranks%s%s" % (precision.lower(), ranks, "_gelu_" + gelu if gelu else "",
-                                                         "_classifier_" + classifier if classifier else "")
+        env = paths_env(paths)
+        compare_cuda_with_reference("cuda", precision, ranks, lambda *a: run_gpu_ranks(*a, env=env), cfg=paths_cfg(paths))
+    fn.__name__ = "gpu_dp_vs_pytorch_%s_%d_ranks%s" % (precision.lower(), ranks, paths_suffix(paths))
     return fn
 
 
-def make_emu_test(precision, ranks, devices, attention=None, bias_grad=None, gelu=None, classifier=None):
+def make_emu_test(precision, ranks, devices, attention=None, bias_grad=None, paths=None):
     def fn():
         compare_cuda_with_reference("emu", precision, ranks, emu_runner(devices, attention=attention, bias_grad=bias_grad,
-                                                                         gelu=gelu, classifier=classifier),
-                                    cfg=REF_GPT2_CUDA if classifier else REF_CUDA)
+                                                                         paths=paths), cfg=paths_cfg(paths))
     path = "" if ranks == 1 else "_nccl" if devices >= ranks else "_host_staged"
     if precision == "BF16":  # the attention path: flash, unless asked for cuBLAS
         path += "_" + (attention or "flash") + "_attention"
     if bias_grad:  # the bias gradients' path: cuBLASLt's epilogue, unless asked for the kernels
         path += "_bias_grad_" + bias_grad
-    if gelu:  # GELU's path: its own kernels, unless asked for cuBLASLt's epilogues
-        path += "_gelu_" + gelu
-    if classifier:  # the classifier's rows: in registers, unless asked to split them with shared memory
-        path += "_classifier_" + classifier
+    path += paths_suffix(paths)
     fn.__name__ = "emu_dp_vs_pytorch_%s_%d_ranks%s" % (precision.lower(), ranks, path)
     return fn
 
@@ -3569,8 +3603,9 @@ def make_emu_test(precision, ranks, devices, attention=None, bias_grad=None, gel
 for _precision in ("FP32", "BF16"):
     for _ranks in (1, 2):
         test(make_gpu_test(_precision, _ranks))
-    test(make_gpu_test(_precision, 1, gelu="epilogue"))
-test(make_gpu_test("BF16", 1, classifier="split"))
+    test(make_gpu_test(_precision, 1, dict(LLMC_GELU="epilogue")))
+test(make_gpu_test("BF16", 1, dict(LLMC_CLASSIFIER="split")))
+test(make_gpu_test("BF16", 1, dict(LLMC_LAYERNORM_BACKWARD="fused")))
 # on the emulator: NCCL (one emulated GPU per rank) in fp32, the host-staged path in bf16
 # (fp32 at 2 ranks runs every kernel that fp32 at 1 rank would, so 1 rank is left to bf16)
 for _precision, _ranks, _devices in (("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2, 1)):
@@ -3578,11 +3613,13 @@ for _precision, _ranks, _devices in (("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2,
 # (the cuBLAS attention run also takes the bias-gradient kernels, the path where cuBLASLt has no
 # BGRADB algorithm)
 test(make_emu_test("BF16", 1, 1, "cublas", "kernels"))
-# GELU in the fc GEMMs' epilogues (LLMC_GELU=epilogue), in both precisions
-test(make_emu_test("FP32", 2, 2, gelu="epilogue"))
-test(make_emu_test("BF16", 1, 1, gelu="epilogue"))
-# the classifier's rows split between registers and shared memory (LLMC_CLASSIFIER=split, bf16)
-test(make_emu_test("BF16", 2, 2, classifier="split"))
+# GELU in the fc GEMMs' epilogues, in both precisions; the classifier's split rows (bf16: an fp32
+# row takes the default kernel); the LayerNorm backward in one kernel, in both precisions
+test(make_emu_test("FP32", 2, 2, paths=dict(LLMC_GELU="epilogue")))
+test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_GELU="epilogue")))
+test(make_emu_test("BF16", 2, 2, paths=dict(LLMC_CLASSIFIER="split")))
+test(make_emu_test("FP32", 2, 2, paths=dict(LLMC_LAYERNORM_BACKWARD="fused")))
+test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_LAYERNORM_BACKWARD="fused")))
 
 
 def make_cuda_zero_test(kind, precision, devices, zero):
@@ -3793,6 +3830,7 @@ test(make_emu_env_choice_test("BF16", "LLMC_ATTENTION", "fast", "LLMC_ATTENTION=
 test(make_emu_env_choice_test("BF16", "LLMC_BIAS_GRAD", "fused", "LLMC_BIAS_GRAD=fused: expected epilogue or kernels"))
 test(make_emu_env_choice_test("BF16", "LLMC_GELU", "fused", "LLMC_GELU=fused: expected kernels or epilogue"))
 test(make_emu_env_choice_test("BF16", "LLMC_CLASSIFIER", "shared", "LLMC_CLASSIFIER=shared: expected registers or split"))
+test(make_emu_env_choice_test("BF16", "LLMC_LAYERNORM_BACKWARD", "one", "LLMC_LAYERNORM_BACKWARD=one: expected separate or fused"))
 test(make_emu_env_choice_test("FP32", "LLMC_ATTENTION", "flash", "LLMC_ATTENTION=flash needs a bf16 build"))
 
 

@@ -185,7 +185,8 @@ class Step:
                                   launch=launch))
 
 
-def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, topk=2, ep=1, gelu="kernels"):
+def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, topk=2, ep=1, gelu="kernels",
+               ln_backward="separate"):
     """cp > 1: one rank of train_gpt2_cp, its T/cp tokens of each sequence (zigzag: an equal share
     of the causal attention), the ring's K,V blocks and the gradients' all-reduce over cp.
     experts > 0: one rank of train_gpt2_ep, each MLP E experts of which a token takes topk, split
@@ -247,8 +248,18 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, top
 
     def layernorm_backward(name, calls):
         """layernorm.cuh's three kernels: the input gradient (added into dresidual: read and written),
-        then the weight and bias gradients in two deterministic passes"""
+        then the weight and bias gradients in two deterministic passes; or (-ln_backward fused, where
+        a lane holds at most 3 packs of a row) the input gradient and the partial sums in one kernel
+        that reads dout and x once"""
         parts = ceil_div(N, LN_ROWS_PER_BLOCK)
+        if ln_backward == "fused" and ceil_div(C * X // 16, 32) <= 3:
+            s.add("layernorm_backward_fused (%s)" % name, calls,
+                  (FLOPS_PER["layernorm_backward"] + FLOPS_PER["layernorm_params"]) * N * C,
+                  4 * N * C * X + C * X + 2 * N * F32 + parts * 2 * C * F32, "vector", "layernorm",
+                  launch="layernorm backward")
+            s.add("layernorm_backward_params_final (%s)" % name, calls, 2 * parts * C,
+                  parts * 2 * C * F32 + 4 * C * X, "vector", "layernorm", launch="layernorm backward")
+            return
         s.add("layernorm_backward_input (%s)" % name, calls, FLOPS_PER["layernorm_backward"] * N * C,
               4 * N * C * X + C * X + 2 * N * F32, "vector", "layernorm", launch="layernorm backward")
         s.add("layernorm_backward_params_partial (%s)" % name, calls, FLOPS_PER["layernorm_params"] * N * C,
@@ -462,7 +473,7 @@ def roofline(args):
         raise ValueError("-experts %d -topk %d -ep %d: expected E >= 2, 1 <= k <= E, ep dividing E and -dp, -cp 1 "
                          "(train_gpt2_ep)" % (args.experts, args.topk, args.ep))
     rows, P = build_step(m, args.b, args.t, args.precision, attention, args.epilogue, args.dp, args.cp,
-                         args.experts, args.topk, args.ep, args.gelu)
+                         args.experts, args.topk, args.ep, args.gelu, args.ln_backward)
 
     # the achievable rates. In bf16 the matmuls run on the tensor cores; fp32 builds compute in
     # strict fp32 (no TF32: llmc/cuda/matmul.cuh) on the ordinary fp32 units, as does all the
@@ -511,7 +522,8 @@ def roofline(args):
                        ridge_peak=peak / dev["hbm"], ridge_achievable=rates["gemm"] / bandwidth,
                        ridge_vector=dev["fp32"] / dev["hbm"])
     config = dict(model=args.e, L=L, C=C, NH=m["NH"], hs=hs, V=m["V"], Vp=m["Vp"], maxT=m["maxT"], B=B, T=T,
-                  precision=args.precision, attention=attention, epilogue=args.epilogue, gelu=args.gelu, dp=args.dp, cp=args.cp,
+                  precision=args.precision, attention=attention, epilogue=args.epilogue, gelu=args.gelu,
+                  ln_backward=args.ln_backward, dp=args.dp, cp=args.cp,
                   experts=args.experts, topk=args.topk, ep=args.ep, parameters=P)
     return dict(config=config, assumptions=assumptions, rows=rows, summary=summary)
 
@@ -528,11 +540,12 @@ def print_table(res):
     moe = ", %d experts (top-%d), %d a rank (-ep %d)" % (c["experts"], c["topk"], c["experts"] // c["ep"], c["ep"]) \
         if c["experts"] else ""
     print("Roofline of one %s step: %s (L=%d C=%d NH=%d%s, %.1fM parameters a rank), B=%d T=%d, %s, %s attention, "
-          "bias gradients %s%s%s" % ("train_gpt2_ep" if c["experts"] else "train_gpt2_dp", c["model"], c["L"], c["C"], c["NH"],
+          "bias gradients %s%s%s%s" % ("train_gpt2_ep" if c["experts"] else "train_gpt2_dp", c["model"], c["L"], c["C"], c["NH"],
                                    moe, c["parameters"] / 1e6, c["B"], c["T"],
                                    c["precision"], c["attention"],
                                    "in the GEMMs' BGRADB epilogue" if c["epilogue"] else "as separate kernels",
                                    ", GELU in the fc GEMMs' epilogues" if c["gelu"] == "epilogue" else "",
+                                   ", the LayerNorm backward fused" if c["ln_backward"] == "fused" else "",
                                    ", %d data-parallel ranks" % c["dp"] if c["dp"] > 1 else ""))
     print("device %s: %s dense %s peak, fp32 (non-tensor) %s, HBM %s (datasheets; llmc/cuda/device.cuh)"
           % (a["device_name"], si(a["peak_flops"], "FLOP/s"), c["precision"], si(a["peak_vector_flops"], "FLOP/s"),
@@ -699,6 +712,9 @@ def main(argv=None):
                    help="1: bias gradients from the weight-gradient GEMMs' BGRADB epilogue; 0: separate kernels")
     p.add_argument("-gelu", choices=("kernels", "epilogue"), default="kernels",
                    help="GELU in its own kernels, or in the fc GEMMs' epilogues (as the trainer with LLMC_GELU)")
+    p.add_argument("-ln_backward", choices=("separate", "fused"), default="separate",
+                   help="the LayerNorm backward's input and parameter gradients in separate kernels, or in one "
+                   "(as the trainer with LLMC_LAYERNORM_BACKWARD)")
     p.add_argument("-gemm_eff", type=float, default=DEFAULT_GEMM_EFF, help="achievable fraction of the GEMM peak")
     p.add_argument("-attn_eff", type=float, default=DEFAULT_ATTN_EFF, help="... of the peak for flash attention")
     p.add_argument("-bw_eff", type=float, default=DEFAULT_BW_EFF, help="... of the HBM bandwidth")

@@ -16,6 +16,14 @@ v2: blocks of 256 rows x 32 channels write partial sums, a second pass adds them
     N/256 times more parallel, still deterministic.
 v3: v2 with 16-byte loads, a lane summing 8 channels (llmc/cuda/layernorm.cuh); the same order
     of additions, so the same bits as v2.
+Both at once:
+v4: the input gradient and the parameter gradients' partial sums in one kernel, so dout and inp
+    are read once instead of twice (a third of the traffic): each lane keeps its channels' dw and
+    db in registers over its warp's rows, the warps meet in shared memory in order
+    (layernorm_backward_fused, LLMC_LAYERNORM_BACKWARD=fused; rows of up to 3 packs a lane). The
+    same additions in the same order as v3, so the same bits unless the compiler contracts the
+    products into FMAs differently in the two kernels (reported, not required). Not yet timed on
+    a GPU.
 */
 #include "common.h"
 namespace cpu {
@@ -129,6 +137,40 @@ static int check_llmc(Problem* p, float tol, float tol_params) {
            validate(name[1], p->d_dw, p->dw, p->C, tol_params) & validate(name[2], p->d_db, p->db, p->C, tol_params);
 }
 
+// v4: the fused kernel and the final pass, where the row fits it (else 0); compared with the CPU,
+// and with v3's bits (run first by check_llmc)
+static int check_fused(Problem* p, float tol, float tol_params) {
+    int N = p->N, C = p->C, parts = ceil_div(N, LN_ROWS_PER_BLOCK);
+    size_t NC = (size_t)N * C;
+    float *v3_dinp = (float*)malloc_check(NC * sizeof(float)), *v3_dw = (float*)malloc_check(C * sizeof(float));
+    copy_device_to_floats(v3_dinp, p->d_dinp, NC), copy_device_to_floats(v3_dw, p->d_dw, C);
+    float* partial = (float*)device_malloc(layernorm_scratch_bytes(N, C));
+    device_memset_zero(p->d_dinp, NC * sizeof(floatX));
+    device_memset_zero(p->d_dw, C * sizeof(floatX)), device_memset_zero(p->d_db, C * sizeof(floatX));
+    int ok = 1;
+    if (!layernorm_backward_fused(p->d_dinp, partial, p->d_dout, p->d_x, p->d_w, p->d_mean, p->d_rstd, N, C)) {
+        printf("  v4 fused, C=%d: %d packs a lane, wider than the fused kernel takes (v3 runs there)\n", C,
+               ceil_div(C / PACK16, 32));
+    } else {
+        layernorm_backward_params_final<<<ceil_div(C, 256), 256>>>(p->d_dw, p->d_db, partial, parts, C);
+        cudaCheckLaunch();
+        char name[3][48];
+        snprintf(name[0], 48, "v4 fused dinp, C=%d", C);
+        snprintf(name[1], 48, "v4 fused dweight, C=%d", C);
+        snprintf(name[2], 48, "v4 fused dbias, C=%d", C);
+        ok = validate(name[0], p->d_dinp, p->dinp, NC, tol) & validate(name[1], p->d_dw, p->dw, C, tol_params) &
+             validate(name[2], p->d_db, p->db, C, tol_params);
+        float *dinp = (float*)malloc_check(NC * sizeof(float)), *dw = (float*)malloc_check(C * sizeof(float));
+        copy_device_to_floats(dinp, p->d_dinp, NC), copy_device_to_floats(dw, p->d_dw, C);
+        printf("  v4 fused, C=%d: dinp %s v3's bits, dweight %s\n", C, memcmp(dinp, v3_dinp, NC * sizeof(float)) ? "differs from" : "has",
+               memcmp(dw, v3_dw, C * sizeof(float)) ? "differs" : "the same");
+        free(dinp), free(dw);
+    }
+    device_free(partial);
+    free(v3_dinp), free(v3_dw);
+    return ok;
+}
+
 // v2's first stage: 32 channels a block, 2-byte loads (its second stage is llmc's)
 __global__ void layernorm_params_v2_partial(float* partial, const floatX* dout,
                                                   const floatX* inp, const float* mean,
@@ -180,6 +222,14 @@ int main(void) {
     // the kernel instances d12 (C = 768: 4 packs a lane in bf16, 8 in fp32) and d48 (1600) run
     Problem gpt2_small = problem_make(GPU_OR_EMU(8 * 1024, 64), 768), gpt2_xl = problem_make(GPU_OR_EMU(8 * 1024, 64), 1600);
     ok &= check_llmc(&gpt2_small, tol, tol_params) & check_llmc(&gpt2_xl, tol, tol_params);
+    ok &= check_fused(&gpt2_small, tol, tol_params) & check_fused(&gpt2_xl, tol, tol_params);
+    Problem again = problem_make(N, C);  // (check_llmc adds into dinp and the parameter gradients: fresh zeros)
+    ok &= check_llmc(&again, tol, tol_params) & check_fused(&again, tol, tol_params);
+    float* partial_fused = (float*)device_malloc(layernorm_scratch_bytes(N, C));
+    TIME_KERNEL(ms, 20, (layernorm_backward_fused(d_dinp, partial_fused, d_dout, d_x, d_w, d_mean, d_rstd, N, C),
+                         layernorm_backward_params_final<<<ceil_div(C, 256), 256>>>(d_dw, d_db, partial_fused,
+                                                                                   ceil_div(N, LN_ROWS_PER_BLOCK), C)));
+    report("v4 fused", ms, 4.0 * N * C * sizeof(floatX), 0);
 
     // dinp reads dout, inp and dinp and writes dinp: 4 N C elements
     device_memset_zero(d_dinp, (size_t)N * C * sizeof(floatX));

@@ -226,6 +226,101 @@ __global__ void layernorm_backward_params_final(floatX* dweight, floatX* dbias, 
     dbias[c] = (floatX)((float)dbias[c] + db);
 }
 
+// The input gradient and the parameter gradients' partial sums in one pass (LLMC_LAYERNORM_BACKWARD=fused;
+// dev/cuda/layernorm_backward v4). The two kernels above each read dout and inp: 2 N C elements read
+// twice, a third of the backward's traffic (d12, B=64: 0.2 GB a call, 25 calls a step). Here block y
+// takes rows y LN_ROWS_PER_BLOCK.., warp w its rows w, w + 8, ... of them (the partial kernel's row
+// groups), and each lane adds its channels' dw = dout xhat and db = dout into registers as it goes
+// (2 LN_PACKS PACK16 of them); the warps' sums then meet in shared memory in warp order and the block
+// writes the same partial (parts, 2, C) as layernorm_backward_params_partial, in the same order of
+// additions, for layernorm_backward_params_final. The accumulators take registers, so rows of up to 3
+// packs a lane (768 channels in bf16, GPT-2 124M's) take this path, templated on the packs a row
+// needs (3 at C = 768, not the power of two above it): 128 registers, two blocks an SM, no spills
+// on sm_90 (at 4 packs it spills); wider rows keep the two kernels.
+template <int LN_PACKS>
+__global__ void __launch_bounds__(256, 2) layernorm_backward_fused_kernel(floatX* __restrict__ dinp, float* __restrict__ partial,
+        const floatX* __restrict__ dout, const floatX* __restrict__ inp, const floatX* __restrict__ weight,
+        const float* mean, const float* rstd, int N, int C) {
+    __shared__ float block_sums[2][32 * LN_PACKS * PACK16];  // the warps' dw and db, added in warp order
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    int row_end = min((int)(blockIdx.x + 1) * LN_ROWS_PER_BLOCK, N);
+    float dw[LN_PACKS][PACK16], db[LN_PACKS][PACK16];
+#pragma unroll
+    for (int p = 0; p < LN_PACKS; p++)
+        for (int k = 0; k < PACK16; k++) dw[p][k] = db[p][k] = 0.0f;
+    for (int n = blockIdx.x * LN_ROWS_PER_BLOCK + warp; n < row_end; n += warps) {
+        size_t row = (size_t)n * C;
+        float m = mean[n], s = rstd[n];
+        Pack16 d[LN_PACKS], x[LN_PACKS];
+        float g_sum = 0.0f, gx_sum = 0.0f;
+#pragma unroll
+        for (int p = 0; p < LN_PACKS; p++) {
+            int c = (lane + 32 * p) * PACK16;
+            if (c >= C) break;
+            d[p] = load16(dout + row + c), x[p] = load16(inp + row + c);
+            Pack16 w = load16(weight + c);
+            for (int k = 0; k < PACK16; k++) {
+                float g = (float)d[p].v[k] * (float)w.v[k];
+                g_sum += g;
+                gx_sum += g * ((float)x[p].v[k] - m) * s;
+                dw[p][k] += (float)d[p].v[k] * ((float)x[p].v[k] - m) * s;  // (as layernorm_backward_params_partial)
+                db[p][k] += (float)d[p].v[k];
+            }
+        }
+        float g_mean = warp_sum(g_sum) / (float)C, gx_mean = warp_sum(gx_sum) / (float)C;
+#pragma unroll
+        for (int p = 0; p < LN_PACKS; p++) {
+            int c = (lane + 32 * p) * PACK16;
+            if (c >= C) break;
+            Pack16 w = load16(weight + c), di = load16(dinp + row + c);
+            for (int k = 0; k < PACK16; k++) {
+                float xhat = ((float)x[p].v[k] - m) * s, g = (float)d[p].v[k] * (float)w.v[k];
+                di.v[k] = (floatX)((float)di.v[k] + s * (g - g_mean - xhat * gx_mean));
+            }
+            store16(dinp + row + c, di);
+        }
+    }
+    // warp 0 writes its sums, then each warp in turn adds its own: the partial kernel's order
+    for (int w = 0; w < warps; w++) {
+        if (warp == w) {
+#pragma unroll
+            for (int p = 0; p < LN_PACKS; p++) {
+                int c = (lane + 32 * p) * PACK16;
+                if (c >= C) break;
+                for (int k = 0; k < PACK16; k++) {
+                    block_sums[0][c + k] = w == 0 ? dw[p][k] : block_sums[0][c + k] + dw[p][k];
+                    block_sums[1][c + k] = w == 0 ? db[p][k] : block_sums[1][c + k] + db[p][k];
+                }
+            }
+        }
+        __syncthreads();  // this warp's sums are in before the next warp adds to them
+    }
+    for (int i = threadIdx.x; i < 2 * C; i += blockDim.x)
+        partial[(size_t)blockIdx.x * 2 * C + i] = block_sums[i / C][i % C];
+}
+
+// the fused kernel's launch, with the instance a row of C needs; 0 (nothing launched) when the row
+// is too wide for it
+static inline int layernorm_backward_fused(floatX* dinp, float* partial, const floatX* dout, const floatX* inp,
+                                           const floatX* weight, const float* mean, const float* rstd, int N, int C) {
+    int parts = ceil_div(N, LN_ROWS_PER_BLOCK);
+    switch (ceil_div(C / PACK16, 32)) {  // 16-byte packs a lane
+        case 1: layernorm_backward_fused_kernel<1><<<parts, 256>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C); break;
+        case 2: layernorm_backward_fused_kernel<2><<<parts, 256>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C); break;
+        case 3: layernorm_backward_fused_kernel<3><<<parts, 256>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C); break;
+        default: return 0;
+    }
+    cudaCheckLaunch();
+    return 1;
+}
+
+// the fused kernel where LLMC_LAYERNORM_BACKWARD=fused asks for it (read once) and the row fits it
+static inline int layernorm_backward_fused_asked(void) {
+    static int asked = -1;
+    if (asked < 0) asked = env_choice("LLMC_LAYERNORM_BACKWARD", "separate", "fused");
+    return asked;
+}
+
 static DeviceScratch layernorm_scratch;
 
 static inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbias,
@@ -233,13 +328,15 @@ static inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbi
                                       const float* mean, const float* rstd, int N, int C) {
     int kernel_span = kernel_time_begin("layernorm backward", 0, 0);
     int packs = layernorm_packs("layernorm_backward", C);
-    LN_LAUNCH(layernorm_backward_input_kernel, packs, ceil_div(N, 8), 256, dinp, dout, inp, weight, mean, rstd, N, C);
-    cudaCheckLaunch();
     int parts = ceil_div(N, LN_ROWS_PER_BLOCK);
     float* partial = (float*)scratch_get(&layernorm_scratch, layernorm_scratch_bytes(N, C));
-    dim3 grid(ceil_div(C, 32 * PACK16), parts);
-    layernorm_backward_params_partial<<<grid, 256>>>(partial, dout, inp, mean, rstd, N, C);
-    cudaCheckLaunch();
+    if (!layernorm_backward_fused_asked() || !layernorm_backward_fused(dinp, partial, dout, inp, weight, mean, rstd, N, C)) {
+        LN_LAUNCH(layernorm_backward_input_kernel, packs, ceil_div(N, 8), 256, dinp, dout, inp, weight, mean, rstd, N, C);
+        cudaCheckLaunch();
+        dim3 grid(ceil_div(C, 32 * PACK16), parts);
+        layernorm_backward_params_partial<<<grid, 256>>>(partial, dout, inp, mean, rstd, N, C);
+        cudaCheckLaunch();
+    }
     layernorm_backward_params_final<<<ceil_div(C, 256), 256>>>(dweight, dbias, partial, parts, C);
     cudaCheckLaunch();
     kernel_time_end(kernel_span);
