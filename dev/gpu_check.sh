@@ -35,12 +35,17 @@ python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device auto 
 # v5); LLMC_LAYERNORM_BACKWARD=fused: dout and x read once (dev/cuda/layernorm_backward v4);
 # LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs.
 echo "paths side by side (d12, B=64, T=1024, 8 steps; ms a step, the mean after the first):"
-for variant in default LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused LLMC_BIAS_GRAD=kernels \
-    "LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused" default; do
-    log="$logs/gpu_path_${variant//[^A-Za-z0-9]/_}.log"
-    env ${variant#default} timeout "$(left)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 8 -v 0 -s 0 \
-        > "$log" 2>&1
-    printf "  %-26s %s\n" "$variant" "$(grep -E "^average step time" "$log" || echo "failed: $(tail -n 1 "$log")")"
+# (an empty variant is the default; each run's last lines say how often each path asked for was
+# taken, llmc/ops.h's paths_print)
+turn=0
+for variant in "" LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused LLMC_BIAS_GRAD=kernels \
+    "LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused" ""; do
+    turn=$((turn + 1))
+    log="$logs/gpu_path_$turn.log"
+    # shellcheck disable=SC2086  # the variant splits into its assignments
+    env $variant timeout "$(left)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 8 -v 0 -s 0 > "$log" 2>&1
+    printf "  %-26s %s\n" "${variant:-the defaults}" "$(grep -E "^average step time" "$log" || echo "failed: $(tail -n 1 "$log")")"
+    grep -E "fell back" "$log" | sed 's/^/    /'
 done
 # the same paths' kernels alone (dev/cuda): which GELU cuBLASLt's epilogues compute (tanh or erf),
 # the classifier's split kernel (v5) beside the register kernel (v4), the fused LayerNorm backward
@@ -66,9 +71,12 @@ PYTHONUNBUFFERED=1 TEST_JOBS=${TEST_JOBS:-4} timeout "$(left)" python3 test/run_
 # small model. API errors are not reported: NCCL probes for kernel images it was not built with
 # (cudaFuncGetAttributes fails, harmlessly), and the trainer checks every CUDA call it makes itself.
 # racecheck names cuBLAS's own split-K kernels too (nvjet_*); only this project's kernels count.
+# The paths not yet the default are on (their kernels are the new ones; the default kernels were
+# clean on 2026-11-26); d2 has GPT-2's vocabulary, so the split classifier runs.
 if command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck; do
-        timeout "$(( $(left) / 4 + 1 ))" compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 \
+        LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused \
+            timeout "$(( $(left) / 4 + 1 ))" compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 \
             ./build/cuda_BF16/train_gpt2_dp -e d2 -b 2 -t 64 -x 2 -v 1 -m 1 -s 2 -g 8 > "$logs/gpu_$tool.log" 2>&1
         echo "compute-sanitizer $tool: exit $?"
         grep "=====" "$logs/gpu_$tool.log" | head -40

@@ -51,9 +51,16 @@ static inline void attention_half_backward(floatX* dln1, floatX* datty, floatX* 
     attention_half_backward_weight(g, dqkv, dout, a, B, T, d);
 }
 
-// the MLP half as far as its backward reads: fch and the GELU output (a rerun stops here, below)
+// the MLP half as far as its backward reads: fch and the GELU output (a rerun stops here, below).
+// The GELU output may come from the fc GEMM's epilogue (LLMC_GELU=epilogue) only where it is kept:
+// -r 1 recomputes it with gelu_forward from fch, which must give what the forward gave.
 static inline void mlp_half_forward_to_gelu(LayerActs a, LayerWeights w, int B, int T, LayerDims d) {
-    matmul_forward_gelu(a.fch_gelu, a.fch, a.ln2, w.fcw, w.fcb, B * T, d.C, d.fc);
+    if (a.kept & KEEP_FCH_GELU) {
+        matmul_forward_gelu(a.fch_gelu, a.fch, a.ln2, w.fcw, w.fcb, B * T, d.C, d.fc);
+    } else {
+        matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, B * T, d.C, d.fc);
+        gelu_forward(a.fch_gelu, a.fch, (size_t)B * T * d.fc);
+    }
 }
 
 static inline void mlp_half_forward(LayerActs a, LayerWeights w, int B, int T, LayerDims d) {

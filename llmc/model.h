@@ -792,6 +792,7 @@ typedef struct {
     floatX* fch_gelu;         // (B, T, fc)
     floatX* fcproj;           // (B, T, C)
     floatX* residual3;        // (BTs, C)     the layer's output
+    unsigned kept;            // what of it stays until the backward (KEEP_ bits); the rest is recomputed
 } LayerActs;
 
 // layer l's slices for a micro-batch of B x T (which may be smaller than the arena's shape): of
@@ -807,7 +808,7 @@ static inline LayerActs layer_acts(const Activations* a, LayerDims d, int B, int
                    a->ln2 + AT(KEEP_LN2) * BT * d.C,       a->ln2_mean + AT(KEEP_LN2_STATS) * BTs,
                    a->ln2_rstd + AT(KEEP_LN2_STATS) * BTs, a->fch + AT(KEEP_FCH) * BT * d.fc,
                    a->fch_gelu + AT(KEEP_FCH_GELU) * BT * d.fc, a->fcproj + AT(KEEP_FCPROJ) * BT * d.C,
-                   a->residual3 + AT(KEEP_RESIDUAL3) * BTs * d.C};
+                   a->residual3 + AT(KEEP_RESIDUAL3) * BTs * d.C, a->kept};
 #undef AT
     return x;
 }

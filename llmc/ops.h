@@ -15,6 +15,21 @@
 #include "cuda/adamw.cuh"
 #include "cuda/outer.cuh"
 #include "cuda/moe.cuh"
+
+// The paths a GPU run can switch to (LLMC_GELU, LLMC_CLASSIFIER, LLMC_LAYERNORM_BACKWARD; README):
+// where a path's kernel cannot take a shape it falls back to the default's without a word, so the
+// run ends by saying how often each path that was asked for was taken.
+static inline void paths_print(void) {
+    if (gelu_in_epilogue())
+        printf("LLMC_GELU=epilogue: %ld GEMMs computed GELU in their epilogue, %ld fell back to the kernels\n",
+               gelu_epilogue_gemms[0], gelu_epilogue_gemms[1]);
+    if (classifier_split_asked())
+        printf("LLMC_CLASSIFIER=split: %ld classifier calls took the split kernel, %ld fell back (rows too wide)\n",
+               classifier_split_calls[0], classifier_split_calls[1]);
+    if (layernorm_backward_fused_asked())
+        printf("LLMC_LAYERNORM_BACKWARD=fused: %ld calls took the fused kernel, %ld fell back (rows too wide)\n",
+               layernorm_fused_calls[0], layernorm_fused_calls[1]);
+}
 #else
 #include "cpu/device.h"
 #include "cpu/encoder.h"
@@ -27,6 +42,7 @@
 #include "cpu/adamw.h"
 #include "cpu/outer.h"
 #include "cpu/moe.h"
+static inline void paths_print(void) {}  // (the CPU backend has one path)
 #endif
 
 #endif

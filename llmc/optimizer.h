@@ -9,6 +9,7 @@
 #define LLMC_OPTIMIZER_H
 
 #include "model.h"
+#include "adamw_run.h"
 
 typedef struct {
     float lr;            // this step's learning rate (schedule.h)
@@ -36,35 +37,59 @@ static inline float optimizer_clip_scale(float grad_norm, float grad_clip) {
 #define adamw_update_host adamw_update
 #endif
 
-// update: the backend's adamw_update (on the device), or adamw_update_host (-offload: the buffers
-// are in host memory); optimizer_adamw_step below is the first.
+// A step over [lo, hi) as runs (llmc/adamw_run.h): each tensor's pieces that overlap the range, one
+// per layer for the layers' tensors (apart in a layout in buckets, adjacent otherwise), offsets
+// counted from lo. Returns the runs, count in *count; the caller frees them.
+static inline AdamWRun* optimizer_adamw_runs(size_t lo, size_t hi, const ParameterLayout* layout, float weight_decay,
+                                             int* count) {
+    if (hi > layout->count || lo > hi) fail("optimizer: range [%zu, %zu) outside the model", lo, hi);
+    AdamWRun* runs = (AdamWRun*)malloc_check((size_t)NUM_PARAMETER_TENSORS * (layout->layers + 1) * sizeof(AdamWRun));
+    *count = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (layout->sizes[i] == 0) continue;
+        size_t pieces = tensor_is_per_layer(i) ? (size_t)layout->layers : 1, piece = layout->sizes[i] / pieces;
+        float wd = parameter_is_matrix[i] ? weight_decay : 0.0f;
+        for (size_t j = 0; j < pieces; j++) {
+            size_t start = layout->offsets[i] + j * layout->layer_stride[i], end = start + piece;
+            size_t a = start > lo ? start : lo, b = end < hi ? end : hi;  // this piece within [lo, hi)
+            if (a >= b) continue;
+            runs[(*count)++] = (AdamWRun){a - lo, b - a, layout->rounding[i] + j * piece + (a - start), wd};
+        }
+    }
+    return runs;
+}
+
+// update: a per-run step, here adamw_update_host (-offload: the buffers are in host memory)
 typedef void (*AdamWUpdate)(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n, float lr,
                             float beta1, float beta2, float eps, float weight_decay, int t, float grad_scale,
                             unsigned int seed, size_t first_index);
 static inline void optimizer_adamw_step_with(AdamWUpdate update, floatX* params, float* master, const floatX* grads,
                                              float* m, float* v, size_t lo, size_t hi, const ParameterLayout* layout,
                                              AdamWConfig opt, float grad_scale, int step) {
-    if (hi > layout->count || lo > hi) fail("optimizer: range [%zu, %zu) outside the model", lo, hi);
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        if (layout->sizes[i] == 0) continue;
-        // the tensor's pieces: one per layer (apart in a layout in buckets, adjacent otherwise)
-        size_t pieces = tensor_is_per_layer(i) ? (size_t)layout->layers : 1, piece = layout->sizes[i] / pieces;
-        float wd = parameter_is_matrix[i] ? opt.weight_decay : 0.0f;
-        for (size_t j = 0; j < pieces; j++) {
-            size_t start = layout->offsets[i] + j * layout->layer_stride[i], end = start + piece;
-            size_t a = start > lo ? start : lo, b = end < hi ? end : hi;  // this piece within [lo, hi)
-            if (a >= b) continue;
-            size_t k = a - lo;
-            update(params + k, master ? master + k : NULL, grads + k, m + k, v + k, b - a, opt.lr, opt.beta1, opt.beta2,
-                   opt.eps, wd, step, grad_scale, opt.seed, layout->rounding[i] + j * piece + (a - start));
-        }
+    int count;
+    AdamWRun* runs = optimizer_adamw_runs(lo, hi, layout, opt.weight_decay, &count);
+    for (int r = 0; r < count; r++) {
+        size_t k = runs[r].offset;
+        update(params + k, master ? master + k : NULL, grads + k, m + k, v + k, runs[r].n, opt.lr, opt.beta1, opt.beta2,
+               opt.eps, runs[r].weight_decay, step, grad_scale, opt.seed, runs[r].first_index);
     }
+    free(runs);
 }
 
+// the step on the backend's device: on CUDA every run in one launch (per ADAMW_RUNS_PER_LAUNCH),
+// on the CPU one run after another
 static inline void optimizer_adamw_step(floatX* params, float* master, const floatX* grads, float* m, float* v,
                                         size_t lo, size_t hi, const ParameterLayout* layout, AdamWConfig opt,
                                         float grad_scale, int step) {
+#ifdef __CUDACC__
+    int count;
+    AdamWRun* runs = optimizer_adamw_runs(lo, hi, layout, opt.weight_decay, &count);
+    adamw_update_runs(params, master, grads, m, v, runs, count, opt.lr, opt.beta1, opt.beta2, opt.eps, step, grad_scale,
+                      opt.seed);
+    free(runs);
+#else
     optimizer_adamw_step_with(adamw_update, params, master, grads, m, v, lo, hi, layout, opt, grad_scale, step);
+#endif
 }
 
 #endif

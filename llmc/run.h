@@ -729,6 +729,7 @@ static inline void run_end(Run* r) {
         step_stats_print(&r->stats, r->args.total_batch, r->flops_per_token, r->peak, r->world.size);
         train_print_high_water(r->plan.total);
         kernel_times_print(r->rank);
+        paths_print();
     }
     watchdog_phase("shutdown", r->max_steps);
     logger_close(&r->logger);

@@ -102,6 +102,7 @@ FLASH_TILE = 64  # flash_attention.cuh: 64 queries x 64 keys per tile (FLASH_TIL
 FLASH_Q_TILES = 2  # flash_attention.cuh: the forward's warps take 2 row tiles of 16, 32 queries each
 BIAS_ROWS_PER_BLOCK = 512  # llmc/target.h: rows of one block of the bias gradient's first pass
 LN_ROWS_PER_BLOCK = 256    # llmc/target.h: rows of one block of a LayerNorm's parameter gradient
+ADAMW_RUNS_PER_LAUNCH = 96  # llmc/cuda/adamw.cuh: tensor pieces one AdamW launch takes
 NORM_BLOCKS = 1024         # llmc/target.h: blocks of the gradient norm's first pass
 F32 = 4                    # bytes of a float
 
@@ -439,15 +440,14 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, top
 
     s.begin("global norm + AdamW")
     s.add("norm_squared_partial", 1, FLOPS_PER["dot"] * P, P * X + NORM_BLOCKS * F32, "vector", "optimizer", launch="gradient norm")
-    # adamw_kernel, one launch per tensor (per layer for the layers' tensors: optimizer.h). Per
-    # parameter: the gradient read (X), the fp32 master weight (bf16) or the parameter itself (fp32)
-    # read and written, m and v read and written (fp32), the parameter written (X): 28 bytes either way
+    # adamw_runs_kernel over every tensor's pieces (one per layer for the layers' tensors:
+    # optimizer.h), up to ADAMW_RUNS_PER_LAUNCH of them a launch. Per parameter: the gradient read
+    # (X), the fp32 master weight (bf16) or the parameter itself (fp32) read and written, m and v
+    # read and written (fp32), the parameter written (X): 28 bytes either way
     per_param = (2 + 8 + 8 + 8 + 2) if X == 2 else (4 + 8 + 8 + 8)
-    per_layer = (P - (Vp + m["maxT"] + 2) * C) // L
-    for name, n, calls, launches in (("wte", Vp * C, 1, 1), ("wpe", m["maxT"] * C, 1, 1),
-                                     ("a layer's 12 tensors", per_layer, L, 12 * L), ("lnfw, lnfb", 2 * C, 1, 2)):
-        s.add("adamw_kernel (%s)" % name, calls, FLOPS_PER["adamw"] * n, per_param * n, "vector", "optimizer",
-              launches=launches, launch="adamw")
+    pieces = 2 + 12 * L + 2
+    s.add("adamw_runs_kernel (%d tensors' pieces)" % pieces, 1, FLOPS_PER["adamw"] * P, per_param * P, "vector",
+          "optimizer", launches=ceil_div(pieces, ADAMW_RUNS_PER_LAUNCH), launch="adamw")
     return s.rows, P
 
 

@@ -4,6 +4,10 @@ AdamW update and the global gradient norm, checked against the CPU backend.
 AdamW is one elementwise kernel (llmc/cuda/adamw.cuh); with bf16 parameters it updates the fp32
 master weights and rounds them stochastically to bf16, so the check compares the master weights
 (exact fp32 arithmetic) and the bf16 parameters within one bf16 step of them.
+A step's runs (llmc/adamw_run.h, a tensor's piece each) take one launch per 48 runs
+(adamw_update_runs) instead of one each (adamw_update): checked bit for bit against adamw_update
+run by run, over 100 runs of 1 to thousands of elements with gaps between them, and timed both
+ways over GPT-2 124M's 148 pieces.
 Global norm variants:
 v1: atomicAdd of every block's sum into one float: run-to-run differences in the last bits.
 v2: a fixed grid writes partial sums that the host adds in order (llmc): the same bits every run.
@@ -76,8 +80,65 @@ static int check_stochastic_rounding(void) {
 }
 #endif
 
+// every element of a float buffer and a floatX buffer, bit for bit
+static int same_bits(const char* name, const void* a, const void* b, size_t bytes) {
+    int same = memcmp(a, b, bytes) == 0;
+    printf("  %-22s %s: %s\n", name, same ? "ok" : "FAIL", same ? "the same bits" : "the bits differ");
+    return same;
+}
+
+// adamw_update_runs against adamw_update on each run: 100 runs (three launches), sizes from 1 to a
+// few thousand, a gap after each, weight decay on every other run, rounding indices out of order
+static int check_runs(void) {
+    int count = 100;
+    AdamWRun runs[100];
+    size_t end = 0;
+    for (int r = 0; r < count; r++) {
+        size_t n = r % 7 == 0 ? 1 + r : (size_t)(rng_u64(&dev_rng) % GPU_OR_EMU(200000, 3000)) + 1;
+        runs[r] = (AdamWRun){end + 5, n, (size_t)(count - r) * 1000003, r % 2 ? 0.1f : 0.0f};
+        end += n + 5 + r % 3;
+    }
+    float* params = random_floats(end, 0.02f);
+    float* grads = random_floats(end, 1e-3f);
+    float* m = random_floats(end, 1e-4f);
+    float* v = (float*)malloc_check(end * sizeof(float));
+    for (size_t i = 0; i < end; i++) v[i] = m[i] * m[i] * 2.0f;
+    float *got[4], *want[4];  // params (as floats), master, m, v after each way
+    for (int way = 0; way < 2; way++) {
+        floatX *d_params = to_device(params, end), *d_grads = to_device(grads, end);
+        float *d_master = (float*)device_malloc(end * sizeof(float)), *d_m = (float*)device_malloc(end * sizeof(float));
+        float* d_v = (float*)device_malloc(end * sizeof(float));
+        copy_host_to_device(d_master, params, end * sizeof(float));
+        copy_host_to_device(d_m, m, end * sizeof(float));
+        copy_host_to_device(d_v, v, end * sizeof(float));
+        float* master = FLOATX_IS_FLOAT ? NULL : d_master;
+        if (way == 0) {
+            adamw_update_runs(d_params, master, d_grads, d_m, d_v, runs, count, 3e-4f, 0.9f, 0.95f, 1e-8f, 7, 0.5f, 42);
+        } else {
+            for (int r = 0; r < count; r++) {
+                size_t o = runs[r].offset;
+                adamw_update(d_params + o, master ? master + o : NULL, d_grads + o, d_m + o, d_v + o, runs[r].n, 3e-4f, 0.9f,
+                             0.95f, 1e-8f, runs[r].weight_decay, 7, 0.5f, 42, runs[r].first_index);
+            }
+        }
+        float** out = way == 0 ? got : want;
+        for (int k = 0; k < 4; k++) out[k] = (float*)malloc_check(end * sizeof(float));
+        copy_device_to_floats(out[0], d_params, end);
+        copy_device_to_host(out[1], d_master, end * sizeof(float));
+        copy_device_to_host(out[2], d_m, end * sizeof(float));
+        copy_device_to_host(out[3], d_v, end * sizeof(float));
+        device_free(d_params), device_free(d_grads), device_free(d_master), device_free(d_m), device_free(d_v);
+    }
+    int ok = same_bits("runs: parameters", got[0], want[0], end * sizeof(float)) &
+             same_bits("runs: master weights", got[1], want[1], end * sizeof(float)) &
+             same_bits("runs: m", got[2], want[2], end * sizeof(float)) & same_bits("runs: v", got[3], want[3], end * sizeof(float));
+    for (int k = 0; k < 4; k++) free(got[k]), free(want[k]);
+    free(params), free(grads), free(m), free(v);
+    return ok;
+}
+
 int main(void) {
-    size_t n = GPU_OR_EMU((size_t)124 * 1000 * 1000, (size_t)1 << 20);  // GPT-2 124M
+    size_t n = GPU_OR_EMU((size_t)124475904, (size_t)1 << 20);  // GPT-2 124M's parameters (Vp = 50304)
     float* params = random_floats(n, 0.02f);
     float* grads = random_floats(n, 1e-3f);
     round_like_floatX(params, n);
@@ -111,6 +172,33 @@ int main(void) {
     double bytes = (double)n * (3 * sizeof(float) + 2 * sizeof(floatX) + 3 * sizeof(float) + (FLOATX_IS_FLOAT ? 0 : 2 * sizeof(float)));
     TIME_KERNEL(ms, 10, adamw_update(d_params, FLOATX_IS_FLOAT ? NULL : d_master, d_grads, d_m, d_v, n, lr, 0.9f, 0.95f, 1e-8f, wd, t, scale, 42, 0));
     report("adamw", ms, bytes, 0);
+    ok &= check_runs();
+    // GPT-2 124M's pieces (wte, wpe, 12 layers x 12 tensors, lnf's 2) over the same n: a launch
+    // each, then adamw_update_runs' launches (at GPT-2's 124M elements on a GPU)
+    if (n == 124475904) {
+        int C = 768, L = 12, count = 0;
+        size_t layer[12] = {(size_t)C, (size_t)C, (size_t)3 * C * C, (size_t)3 * C, (size_t)C * C, (size_t)C, (size_t)C,
+                            (size_t)C, (size_t)4 * C * C, (size_t)4 * C, (size_t)4 * C * C, (size_t)C};
+        AdamWRun pieces[148];
+        size_t at = 0;
+        pieces[count++] = (AdamWRun){at, (size_t)50304 * C, at, wd}, at += (size_t)50304 * C;
+        pieces[count++] = (AdamWRun){at, (size_t)1024 * C, at, wd}, at += (size_t)1024 * C;
+        for (int l = 0; l < L; l++)
+            for (int i = 0; i < 12; i++) pieces[count++] = (AdamWRun){at, layer[i], at, wd}, at += layer[i];
+        pieces[count++] = (AdamWRun){at, (size_t)C, at, 0.0f}, at += C;
+        pieces[count++] = (AdamWRun){at, (size_t)C, at, 0.0f}, at += C;
+        if (at != n || count != 148) fail("GPT-2 124M's pieces: %zu elements in %d, expected %zu in 148", at, count, n);
+        float* master = FLOATX_IS_FLOAT ? NULL : d_master;
+        TIME_KERNEL(ms, 10, for (int r = 0; r < count; r++) {
+            size_t o = pieces[r].offset;
+            adamw_update(d_params + o, master ? master + o : NULL, d_grads + o, d_m + o, d_v + o, pieces[r].n, lr, 0.9f,
+                         0.95f, 1e-8f, pieces[r].weight_decay, t, scale, 42, o);
+        });
+        report("adamw, 148 launches", ms, bytes * at / n, 0);
+        TIME_KERNEL(ms, 10, adamw_update_runs(d_params, master, d_grads, d_m, d_v, pieces, count, lr, 0.9f, 0.95f, 1e-8f, t,
+                                              scale, 42));
+        report("adamw_update_runs", ms, bytes * at / n, 0);
+    }
 
     float cpu_norm = cpu::global_norm_squared(grads, n);
     float gpu_norm = global_norm_squared(d_grads, n);

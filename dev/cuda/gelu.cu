@@ -104,9 +104,13 @@ static int check_epilogues(void) {
     device_memset_zero(d_dfch, NF * sizeof(floatX));
     int fused = matmul_forward_gelu(d_gelu, d_fch, d_inp, d_w, d_b, N, C, F);
     fused &= matmul_backward_input_gelu(d_dfch, d_dout, d_w2, d_fch, N, F, C);
-    if (!fused) {
-        printf("  v3 epilogues           FAIL: cuBLASLt has no algorithm for GELU_AUX_BIAS or DGELU here\n");
-        return 0;
+    if (!fused) {  // (not a failure: the trainer then takes the kernels, and says so at its end)
+        printf("  v3 epilogues           skipped: cuBLASLt has no algorithm for GELU_AUX_BIAS or DGELU in %s\n",
+               PRECISION_NAME);
+        free(inp), free(w), free(b), free(dout), free(w2);
+        device_free(d_inp), device_free(d_w), device_free(d_b), device_free(d_dout), device_free(d_w2);
+        device_free(d_fch), device_free(d_gelu), device_free(d_dfch);
+        return 1;
     }
     TIME_KERNEL(ms, 20, matmul_forward_gelu(d_gelu, d_fch, d_inp, d_w, d_b, N, C, F));
     report("v3 fc GELU_AUX_BIAS", ms, 0, flops);
@@ -150,6 +154,10 @@ static int check_epilogues(void) {
     ok &= compare_arrays("v3 dfch (tanh)", got_d, want, n, tol);
     ok &= gelu_is_tanh("v3 forward formula", got, by_tanh, by_erf, n);
     ok &= gelu_is_tanh("v3 backward formula", got_d, dby_tanh, dby_erf, n);
+    free(inp), free(w), free(b), free(dout), free(w2), free(fch), free(gelu), free(dfch), free(pre), free(got);
+    free(got_d), free(fch_rows), free(want), free(by_tanh), free(by_erf), free(dby_tanh), free(dby_erf);
+    device_free(d_inp), device_free(d_w), device_free(d_b), device_free(d_dout), device_free(d_w2);
+    device_free(d_fch), device_free(d_gelu), device_free(d_dfch);
     return ok;
 }
 

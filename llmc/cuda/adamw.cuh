@@ -3,6 +3,7 @@
 #define LLMC_CUDA_ADAMW_CUH
 
 #include "device.cuh"
+#include "../adamw_run.h"
 
 // a counter-based hash (a few rounds of multiply-xorshift): random bits from (seed, index)
 // with no state, so every element gets its own stream and a rerun gets the same bits (host code
@@ -77,6 +78,62 @@ static inline void adamw_update(floatX* params, float* master, const floatX* gra
                                            weight_decay, correction1, correction2, grad_scale, seed,
                                            first_index);
     cudaCheckLaunch();
+    kernel_time_end(kernel_span);
+}
+
+// All of a step's runs (llmc/adamw_run.h) in one launch for each ADAMW_RUNS_PER_LAUNCH of them,
+// the same elements, arithmetic and rounding bits as adamw_update on each run. One launch per run
+// (d12: 148, most of them LayerNorm and bias vectors of 768 to 3072 elements) left the GPU waiting
+// on launch latency and a wave's tail per tensor: 1.8 ms of AdamW against the 0.8 ms its bytes take
+// on an H200. Block b of a launch belongs to the last run whose first block is <= b; the table is a
+// __grid_constant__ parameter (read from the constant bank, not copied per thread), 3 KB of the
+// 4 KB a launch's parameters may take: d12's 148 runs in 2 launches.
+#define ADAMW_RUNS_PER_LAUNCH 96
+typedef struct {
+    unsigned long long offset[ADAMW_RUNS_PER_LAUNCH], n[ADAMW_RUNS_PER_LAUNCH], first_index[ADAMW_RUNS_PER_LAUNCH];
+    float weight_decay[ADAMW_RUNS_PER_LAUNCH];
+    unsigned int first_block[ADAMW_RUNS_PER_LAUNCH];
+    int runs;
+} AdamWRunTable;
+
+__global__ void adamw_runs_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v,
+                                  const __grid_constant__ AdamWRunTable table, float lr, float beta1, float beta2,
+                                  float eps, float correction1, float correction2, float grad_scale, unsigned int seed) {
+    int lo = 0, hi = table.runs - 1;  // binary search: the last run that starts at or before this block
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (table.first_block[mid] <= blockIdx.x) lo = mid;
+        else hi = mid - 1;
+    }
+    size_t i = (size_t)(blockIdx.x - table.first_block[lo]) * blockDim.x + threadIdx.x;
+    if (i >= table.n[lo]) return;
+    size_t o = table.offset[lo];
+    adamw_element(params + o, master ? master + o : NULL, grads + o, m + o, v + o, i, lr, beta1, beta2, eps,
+                  table.weight_decay[lo], correction1, correction2, grad_scale, seed, table.first_index[lo]);
+}
+
+static inline void adamw_update_runs(floatX* params, float* master, const floatX* grads, float* m, float* v,
+                                     const AdamWRun* runs, int count, float lr, float beta1, float beta2, float eps,
+                                     int t, float grad_scale, unsigned int seed) {
+    int kernel_span = kernel_time_begin("adamw", 0, 0);
+    float correction1 = 1.0f - powf(beta1, (float)t);
+    float correction2 = 1.0f - powf(beta2, (float)t);
+    for (int first = 0; first < count; first += ADAMW_RUNS_PER_LAUNCH) {
+        AdamWRunTable table;
+        memset(&table, 0, sizeof(table));
+        size_t blocks = 0;
+        for (int r = first; r < count && r < first + ADAMW_RUNS_PER_LAUNCH; r++) {
+            int j = table.runs++;
+            table.offset[j] = runs[r].offset, table.n[j] = runs[r].n, table.first_index[j] = runs[r].first_index;
+            table.weight_decay[j] = runs[r].weight_decay;
+            table.first_block[j] = (unsigned int)blocks;
+            blocks += ceil_div(runs[r].n, (size_t)256);
+        }
+        if (blocks > 0x7fffffff) fail("adamw_update_runs: %zu blocks in one launch", blocks);
+        adamw_runs_kernel<<<(unsigned int)blocks, 256>>>(params, master, grads, m, v, table, lr, beta1, beta2, eps,
+                                                       correction1, correction2, grad_scale, seed);
+        cudaCheckLaunch();
+    }
     kernel_time_end(kernel_span);
 }
 

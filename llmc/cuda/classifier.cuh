@@ -148,9 +148,9 @@ static inline int classifier_threads(int Vp) {
 // registers (the row's first 3840 packs) and the other 2448 sit in a 39 KB static shared array,
 // filled by cp.async without passing through registers. __launch_bounds__(768, 2) holds a thread
 // to 40 registers (no spills, sm_90), so two blocks fit an SM's 64 K registers and 228 KB of shared
-// memory, and one row's loads overlap the other's arithmetic. A thread copies, reads and overwrites
-// only its own shared packs (pack 3840 + t + 768 j for thread t), so its own cp.async wait orders
-// them; no barrier is needed but the reduction's.
+// memory, and one row's loads overlap the other's arithmetic. A thread copies and reads only its own
+// shared packs (pack 3840 + t + 768 j for thread t), so its own cp.async wait orders them; no
+// barrier is needed but the reduction's.
 #define CLASSIFIER_SPLIT_THREADS 768
 #define CLASSIFIER_SPLIT_REGISTER_PACKS 5
 #define CLASSIFIER_SPLIT_SHARED_PACKS 2448
@@ -203,6 +203,8 @@ static inline int classifier_split_asked(void) {
 static inline int classifier_split_fits(int Vp) {
     return Vp / PACK16 <= CLASSIFIER_SPLIT_REGISTER_PACKS * CLASSIFIER_SPLIT_THREADS + CLASSIFIER_SPLIT_SHARED_PACKS;
 }
+// with LLMC_CLASSIFIER=split: the calls the split kernel took, and those whose rows did not fit it
+static long classifier_split_calls[2];
 
 // block n: row n, for a vocabulary wider than the registers of a block. Memory-bound (the row is
 // read twice and written once), 16 bytes per access. Each pack is folded into the running
@@ -246,6 +248,7 @@ static inline void fused_classifier(floatX* logits, float* losses, const int* ta
     int kernel_span = kernel_time_begin("classifier (softmax, loss, dlogits)", 0, 0);
     check_whole_packs("fused_classifier", "Vp", (size_t)Vp);
     int threads = classifier_threads(Vp);
+    if (classifier_split_asked()) classifier_split_calls[!classifier_split_fits(Vp)]++;
     if (classifier_split_asked() && classifier_split_fits(Vp))
         fused_classifier_split_kernel<<<N, CLASSIFIER_SPLIT_THREADS>>>(logits, losses, targets, dloss, V, Vp);
     else if (threads <= 1024) fused_classifier_kernel<<<N, threads>>>(logits, losses, targets, dloss, V, Vp);

@@ -63,13 +63,16 @@ static inline void gelu_backward(floatX* dinp, const floatX* inp, const floatX* 
 // The fc layer and its GELU as one GEMM each way, with LLMC_GELU=epilogue (read once): the
 // forward's GEMM writes the GELU output and, as its aux matrix, GELU's input (GELU_AUX_BIAS); the
 // backward's input-gradient GEMM of fcproj multiplies its product by GELU' of that input (DGELU)
-// before it rounds. Both compute GELU from the fp32 product, where the kernels read it rounded to
-// floatX. Where cuBLASLt has no algorithm for the epilogue, or by default, the GEMM and the kernel.
+// before it rounds. The forward computes GELU of the fp32 product, where the kernel reads it rounded
+// to floatX; the backward multiplies the fp32 product (the kernel: rounded) by GELU' of fch as stored. Where cuBLASLt has no algorithm for the epilogue, or by default, the GEMM and the kernel.
 static inline int gelu_in_epilogue(void) {
     static int asked = -1;
     if (asked < 0) asked = env_choice("LLMC_GELU", "kernels", "epilogue");
     return asked;
 }
+// with LLMC_GELU=epilogue: the GEMMs whose epilogue computed GELU, and those that fell back to the
+// kernels (cuBLASLt had no algorithm), for the run's last lines (ops.h's paths_print)
+static long gelu_epilogue_gemms[2];
 
 // fch (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC; may be NULL), fch_gelu (N, OC) = GELU(fch).
 // Returns 1 when the epilogue computed it (dev/cuda/gelu asks), 0 when the kernels did.
@@ -80,6 +83,7 @@ static inline int matmul_forward_gelu(floatX* fch_gelu, floatX* fch, const float
         int kernel_span = kernel_time_begin("matmul forward", C, OC);
         int epilogue = bias != NULL ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
         int done = cublaslt_gemm(fch_gelu, weight, inp, epilogue, bias, fch, OC, N, C, 1, 0, C, C, OC, 0.0f);
+        gelu_epilogue_gemms[!done]++;
         if (done) {
             kernel_time_end(kernel_span);
             return 1;
@@ -100,6 +104,7 @@ static inline int matmul_backward_input_gelu(floatX* dfch, const floatX* dout, c
         // column-major as matmul_backward_input: D = dfch^T (C, N), aux = fch^T, the same layout
         int kernel_span = kernel_time_begin("matmul dinp", C, OC);
         int done = cublaslt_gemm(dfch, weight, dout, CUBLASLT_EPILOGUE_DGELU, NULL, fch, C, N, OC, 0, 0, C, OC, C, 0.0f);
+        gelu_epilogue_gemms[!done]++;
         if (done) {
             kernel_time_end(kernel_span);
             return 1;

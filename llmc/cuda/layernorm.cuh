@@ -320,6 +320,8 @@ static inline int layernorm_backward_fused_asked(void) {
     if (asked < 0) asked = env_choice("LLMC_LAYERNORM_BACKWARD", "separate", "fused");
     return asked;
 }
+// with LLMC_LAYERNORM_BACKWARD=fused: the calls the fused kernel took, and those whose rows were too wide
+static long layernorm_fused_calls[2];
 
 static DeviceScratch layernorm_scratch;
 
@@ -330,7 +332,9 @@ static inline void layernorm_backward(floatX* dinp, floatX* dweight, floatX* dbi
     int packs = layernorm_packs("layernorm_backward", C);
     int parts = ceil_div(N, LN_ROWS_PER_BLOCK);
     float* partial = (float*)scratch_get(&layernorm_scratch, layernorm_scratch_bytes(N, C));
-    if (!layernorm_backward_fused_asked() || !layernorm_backward_fused(dinp, partial, dout, inp, weight, mean, rstd, N, C)) {
+    int fused = layernorm_backward_fused_asked() && layernorm_backward_fused(dinp, partial, dout, inp, weight, mean, rstd, N, C);
+    if (layernorm_backward_fused_asked()) layernorm_fused_calls[!fused]++;
+    if (!fused) {
         LN_LAUNCH(layernorm_backward_input_kernel, packs, ceil_div(N, 8), 256, dinp, dout, inp, weight, mean, rstd, N, C);
         cudaCheckLaunch();
         dim3 grid(ceil_div(C, 32 * PACK16), parts);

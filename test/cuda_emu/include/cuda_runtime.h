@@ -36,6 +36,7 @@
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static  // one block runs at a time: a static is the block's shared memory
 #define __launch_bounds__(...)
+#define __grid_constant__  // (a by-value kernel parameter read in place: a copy here, as every argument)
 
 struct uint3 { unsigned int x, y, z; };
 struct alignas(16) uint4 { unsigned int x, y, z, w; };  // (16-byte loads and stores as one value)
