@@ -88,7 +88,9 @@ static inline void optimizer_adamw_step(floatX* params, float* master, const flo
                       opt.seed);
     free(runs);
 #else
+    int kernel_span = kernel_time_begin("adamw", 0, 0);  // (one kind of launch a step, as on CUDA)
     optimizer_adamw_step_with(adamw_update, params, master, grads, m, v, lo, hi, layout, opt, grad_scale, step);
+    kernel_time_end(kernel_span);
 #endif
 }
 

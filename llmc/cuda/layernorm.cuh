@@ -134,16 +134,16 @@ static inline void fused_residual_layernorm_forward(floatX* residual, floatX* ou
 // in one pass over memory: the row's dout and x packs stay in registers (as in the forward pass)
 // between the two sums and the output. 16-byte loads, and __restrict__ tells the compiler that
 // the stores to dinp cannot change dout or inp, so it may issue the loads ahead of them.
+// One warp's row n: dinp += its input gradient, the row's dout and x packs left in d and x (the lane's
+// packs) for a caller that needs them again (the fused kernel below).
 template <int LN_PACKS>
-__global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp, const floatX* __restrict__ dout,
-                                                const floatX* __restrict__ inp, const floatX* __restrict__ weight,
-                                                const float* mean, const float* rstd, int N, int C) {
-    int warps_per_block = blockDim.x / 32, lane = threadIdx.x % 32;
-    int n = blockIdx.x * warps_per_block + threadIdx.x / 32;
-    if (n >= N) return;
+__device__ inline void layernorm_backward_row(floatX* __restrict__ dinp, const floatX* __restrict__ dout,
+                                              const floatX* __restrict__ inp, const floatX* __restrict__ weight,
+                                              const float* mean, const float* rstd, int n, int C,
+                                              Pack16 (&d)[LN_PACKS], Pack16 (&x)[LN_PACKS]) {
+    int lane = threadIdx.x % 32;
     size_t row = (size_t)n * C;
     float m = mean[n], s = rstd[n];
-    Pack16 d[LN_PACKS], x[LN_PACKS];
     float g_sum = 0.0f, gx_sum = 0.0f;
 #pragma unroll
     for (int p = 0; p < LN_PACKS; p++) {
@@ -169,6 +169,16 @@ __global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp, const
         }
         store16(dinp + row + c, di);
     }
+}
+
+template <int LN_PACKS>
+__global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp, const floatX* __restrict__ dout,
+                                                const floatX* __restrict__ inp, const floatX* __restrict__ weight,
+                                                const float* mean, const float* rstd, int N, int C) {
+    int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (n >= N) return;
+    Pack16 d[LN_PACKS], x[LN_PACKS];
+    layernorm_backward_row<LN_PACKS>(dinp, dout, inp, weight, mean, rstd, n, C, d, x);
 }
 
 // weight and bias gradients in two deterministic stages: block (x, y) sums rows
@@ -249,35 +259,16 @@ __global__ void __launch_bounds__(256, 2) layernorm_backward_fused_kernel(floatX
     for (int p = 0; p < LN_PACKS; p++)
         for (int k = 0; k < PACK16; k++) dw[p][k] = db[p][k] = 0.0f;
     for (int n = blockIdx.x * LN_ROWS_PER_BLOCK + warp; n < row_end; n += warps) {
-        size_t row = (size_t)n * C;
-        float m = mean[n], s = rstd[n];
         Pack16 d[LN_PACKS], x[LN_PACKS];
-        float g_sum = 0.0f, gx_sum = 0.0f;
+        layernorm_backward_row<LN_PACKS>(dinp, dout, inp, weight, mean, rstd, n, C, d, x);
+        float m = mean[n], s = rstd[n];
 #pragma unroll
         for (int p = 0; p < LN_PACKS; p++) {
-            int c = (lane + 32 * p) * PACK16;
-            if (c >= C) break;
-            d[p] = load16(dout + row + c), x[p] = load16(inp + row + c);
-            Pack16 w = load16(weight + c);
+            if ((lane + 32 * p) * PACK16 >= C) break;
             for (int k = 0; k < PACK16; k++) {
-                float g = (float)d[p].v[k] * (float)w.v[k];
-                g_sum += g;
-                gx_sum += g * ((float)x[p].v[k] - m) * s;
                 dw[p][k] += (float)d[p].v[k] * ((float)x[p].v[k] - m) * s;  // (as layernorm_backward_params_partial)
                 db[p][k] += (float)d[p].v[k];
             }
-        }
-        float g_mean = warp_sum(g_sum) / (float)C, gx_mean = warp_sum(gx_sum) / (float)C;
-#pragma unroll
-        for (int p = 0; p < LN_PACKS; p++) {
-            int c = (lane + 32 * p) * PACK16;
-            if (c >= C) break;
-            Pack16 w = load16(weight + c), di = load16(dinp + row + c);
-            for (int k = 0; k < PACK16; k++) {
-                float xhat = ((float)x[p].v[k] - m) * s, g = (float)d[p].v[k] * (float)w.v[k];
-                di.v[k] = (floatX)((float)di.v[k] + s * (g - g_mean - xhat * gx_mean));
-            }
-            store16(dinp + row + c, di);
         }
     }
     // warp 0 writes its sums, then each warp in turn adds its own: the partial kernel's order
