@@ -3300,7 +3300,7 @@ def run_gpu_ranks(program, ranks, args, out_dir, timeout=600, env=None):
 # variable of the CUDA backend: GELU in the fc GEMMs' epilogues (the emulated cuBLASLt's: tanh GELU),
 # the classifier's rows split between registers and shared memory (bf16), the LayerNorm backward
 # in one kernel. A test passes {variable: value}; the others stay at their defaults.
-PATHS = {"LLMC_GELU": "epilogue", "LLMC_CLASSIFIER": "split", "LLMC_LAYERNORM_BACKWARD": "fused"}
+PATHS = ("LLMC_GELU", "LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD")
 
 
 def paths_env(paths):

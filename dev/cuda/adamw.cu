@@ -87,6 +87,32 @@ static int same_bits(const char* name, const void* a, const void* b, size_t byte
     return same;
 }
 
+// an AdamW problem on the device: the parameters and grads in floatX, the master weights (a copy
+// of the parameters), m and v in fp32
+typedef struct {
+    floatX *params, *grads;
+    float *master, *m, *v;
+} AdamWBuffers;
+
+static AdamWBuffers adamw_buffers(const float* params, const float* grads, const float* m, const float* v, size_t n) {
+    AdamWBuffers b = {to_device(params, n), to_device(grads, n), (float*)device_malloc(n * sizeof(float)),
+                      (float*)device_malloc(n * sizeof(float)), (float*)device_malloc(n * sizeof(float))};
+    copy_host_to_device(b.master, params, n * sizeof(float));
+    copy_host_to_device(b.m, m, n * sizeof(float));
+    copy_host_to_device(b.v, v, n * sizeof(float));
+    return b;
+}
+
+// the step as it was before adamw_update_runs, a launch a run: what that is checked and timed against
+static void adamw_run_by_run(AdamWBuffers b, const AdamWRun* runs, int count, float lr, int t, float scale) {
+    float* master = FLOATX_IS_FLOAT ? NULL : b.master;
+    for (int r = 0; r < count; r++) {
+        size_t o = runs[r].offset;
+        adamw_update(b.params + o, master ? master + o : NULL, b.grads + o, b.m + o, b.v + o, runs[r].n, lr, 0.9f, 0.95f,
+                     1e-8f, runs[r].weight_decay, t, scale, 42, runs[r].first_index);
+    }
+}
+
 // adamw_update_runs against adamw_update on each run: 100 runs (three launches), sizes from 1 to a
 // few thousand, a gap after each, weight decay on every other run, rounding indices out of order
 static int check_runs(void) {
@@ -105,29 +131,20 @@ static int check_runs(void) {
     for (size_t i = 0; i < end; i++) v[i] = m[i] * m[i] * 2.0f;
     float *got[4], *want[4];  // params (as floats), master, m, v after each way
     for (int way = 0; way < 2; way++) {
-        floatX *d_params = to_device(params, end), *d_grads = to_device(grads, end);
-        float *d_master = (float*)device_malloc(end * sizeof(float)), *d_m = (float*)device_malloc(end * sizeof(float));
-        float* d_v = (float*)device_malloc(end * sizeof(float));
-        copy_host_to_device(d_master, params, end * sizeof(float));
-        copy_host_to_device(d_m, m, end * sizeof(float));
-        copy_host_to_device(d_v, v, end * sizeof(float));
-        float* master = FLOATX_IS_FLOAT ? NULL : d_master;
+        AdamWBuffers b = adamw_buffers(params, grads, m, v, end);
         if (way == 0) {
-            adamw_update_runs(d_params, master, d_grads, d_m, d_v, runs, count, 3e-4f, 0.9f, 0.95f, 1e-8f, 7, 0.5f, 42);
+            adamw_update_runs(b.params, FLOATX_IS_FLOAT ? NULL : b.master, b.grads, b.m, b.v, runs, count, 3e-4f, 0.9f,
+                              0.95f, 1e-8f, 7, 0.5f, 42);
         } else {
-            for (int r = 0; r < count; r++) {
-                size_t o = runs[r].offset;
-                adamw_update(d_params + o, master ? master + o : NULL, d_grads + o, d_m + o, d_v + o, runs[r].n, 3e-4f, 0.9f,
-                             0.95f, 1e-8f, runs[r].weight_decay, 7, 0.5f, 42, runs[r].first_index);
-            }
+            adamw_run_by_run(b, runs, count, 3e-4f, 7, 0.5f);
         }
         float** out = way == 0 ? got : want;
         for (int k = 0; k < 4; k++) out[k] = (float*)malloc_check(end * sizeof(float));
-        copy_device_to_floats(out[0], d_params, end);
-        copy_device_to_host(out[1], d_master, end * sizeof(float));
-        copy_device_to_host(out[2], d_m, end * sizeof(float));
-        copy_device_to_host(out[3], d_v, end * sizeof(float));
-        device_free(d_params), device_free(d_grads), device_free(d_master), device_free(d_m), device_free(d_v);
+        copy_device_to_floats(out[0], b.params, end);
+        copy_device_to_host(out[1], b.master, end * sizeof(float));
+        copy_device_to_host(out[2], b.m, end * sizeof(float));
+        copy_device_to_host(out[3], b.v, end * sizeof(float));
+        device_free(b.params), device_free(b.grads), device_free(b.master), device_free(b.m), device_free(b.v);
     }
     int ok = same_bits("runs: parameters", got[0], want[0], end * sizeof(float)) &
              same_bits("runs: master weights", got[1], want[1], end * sizeof(float)) &
@@ -149,12 +166,9 @@ int main(void) {
     float lr = 3e-4f, wd = 0.1f, scale = 0.5f;
     int t = 10;
 
-    floatX *d_params = to_device(params, n), *d_grads = to_device(grads, n);
-    float *d_master = (float*)device_malloc(n * sizeof(float)), *d_m = (float*)device_malloc(n * sizeof(float));
-    float* d_v = (float*)device_malloc(n * sizeof(float));
-    copy_host_to_device(d_master, params, n * sizeof(float));
-    copy_host_to_device(d_m, m, n * sizeof(float));
-    copy_host_to_device(d_v, v, n * sizeof(float));
+    AdamWBuffers b = adamw_buffers(params, grads, m, v, n);
+    floatX *d_params = b.params, *d_grads = b.grads;
+    float *d_master = b.master, *d_m = b.m, *d_v = b.v;
     float* cpu_master = (float*)malloc_check(n * sizeof(float));
     memcpy(cpu_master, params, n * sizeof(float));
     cpu::adamw_update(params, cpu_master, grads, m, v, n, lr, 0.9f, 0.95f, 1e-8f, wd, t, scale, 0, 0);
@@ -188,15 +202,10 @@ int main(void) {
         pieces[count++] = (AdamWRun){at, (size_t)C, at, 0.0f}, at += C;
         pieces[count++] = (AdamWRun){at, (size_t)C, at, 0.0f}, at += C;
         if (at != n || count != 148) fail("GPT-2 124M's pieces: %zu elements in %d, expected %zu in 148", at, count, n);
-        float* master = FLOATX_IS_FLOAT ? NULL : d_master;
-        TIME_KERNEL(ms, 10, for (int r = 0; r < count; r++) {
-            size_t o = pieces[r].offset;
-            adamw_update(d_params + o, master ? master + o : NULL, d_grads + o, d_m + o, d_v + o, pieces[r].n, lr, 0.9f,
-                         0.95f, 1e-8f, pieces[r].weight_decay, t, scale, 42, o);
-        });
+        TIME_KERNEL(ms, 10, adamw_run_by_run(b, pieces, count, lr, t, scale));
         report("adamw, 148 launches", ms, bytes * at / n, 0);
-        TIME_KERNEL(ms, 10, adamw_update_runs(d_params, master, d_grads, d_m, d_v, pieces, count, lr, 0.9f, 0.95f, 1e-8f, t,
-                                              scale, 42));
+        TIME_KERNEL(ms, 10, adamw_update_runs(d_params, FLOATX_IS_FLOAT ? NULL : d_master, d_grads, d_m, d_v, pieces, count,
+                                              lr, 0.9f, 0.95f, 1e-8f, t, scale, 42));
         report("adamw_update_runs", ms, bytes * at / n, 0);
     }
 

@@ -63,8 +63,9 @@ static inline void gelu_backward(floatX* dinp, const floatX* inp, const floatX* 
 // The fc layer and its GELU as one GEMM each way, with LLMC_GELU=epilogue (read once): the
 // forward's GEMM writes the GELU output and, as its aux matrix, GELU's input (GELU_AUX_BIAS); the
 // backward's input-gradient GEMM of fcproj multiplies its product by GELU' of that input (DGELU)
-// before it rounds. The forward computes GELU of the fp32 product, where the kernel reads it rounded
-// to floatX; the backward multiplies the fp32 product (the kernel: rounded) by GELU' of fch as stored. Where cuBLASLt has no algorithm for the epilogue, or by default, the GEMM and the kernel.
+// before it rounds. The forward computes GELU of the fp32 product, where the kernel reads it
+// rounded to floatX; the backward multiplies the fp32 product (the kernel: rounded) by GELU' of fch
+// as stored. Where cuBLASLt has no algorithm for the epilogue, or by default, the GEMM and the kernel.
 static inline int gelu_in_epilogue(void) {
     static int asked = -1;
     if (asked < 0) asked = env_choice("LLMC_GELU", "kernels", "epilogue");
@@ -74,22 +75,29 @@ static inline int gelu_in_epilogue(void) {
 // kernels (cuBLASLt had no algorithm), for the run's last lines (ops.h's paths_print)
 static long gelu_epilogue_gemms[2];
 
+// one GEMM with a GELU epilogue (cublaslt_gemm's arguments, op(B) untransposed, beta 0), timed as
+// the launch `op` C -> OC and counted; 0 when cuBLASLt has no algorithm for it: nothing ran, and no
+// time is counted (the kernels that run instead time themselves)
+static inline int gelu_epilogue_gemm(const char* op, int C, int OC, floatX* d, const floatX* a, const floatX* b,
+                                     int epilogue, const floatX* bias, const floatX* aux, int m, int n, int k,
+                                     int transa, int lda, int ldb, int ldd) {
+    int kernel_span = kernel_time_begin(op, C, OC);
+    int done = cublaslt_gemm(d, a, b, epilogue, bias, aux, m, n, k, transa, 0, lda, ldb, ldd, 0.0f);
+    gelu_epilogue_gemms[!done]++;
+    if (done) kernel_time_end(kernel_span);
+    else kernel_time_drop(kernel_span);
+    return done;
+}
+
 // fch (N, OC) = inp (N, C) @ weight (OC, C)^T + bias (OC; may be NULL), fch_gelu (N, OC) = GELU(fch).
 // Returns 1 when the epilogue computed it (dev/cuda/gelu asks), 0 when the kernels did.
 static inline int matmul_forward_gelu(floatX* fch_gelu, floatX* fch, const floatX* inp, const floatX* weight,
-                                       const floatX* bias, int N, int C, int OC) {
-    if (gelu_in_epilogue()) {
-        // column-major as matmul_forward: D = fch_gelu^T (OC, N), aux = fch^T, the same layout
-        int kernel_span = kernel_time_begin("matmul forward", C, OC);
-        int epilogue = bias != NULL ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
-        int done = cublaslt_gemm(fch_gelu, weight, inp, epilogue, bias, fch, OC, N, C, 1, 0, C, C, OC, 0.0f);
-        gelu_epilogue_gemms[!done]++;
-        if (done) {
-            kernel_time_end(kernel_span);
-            return 1;
-        }
-        kernel_time_drop(kernel_span);
-    }
+                                      const floatX* bias, int N, int C, int OC) {
+    // column-major as matmul_forward: D = fch_gelu^T (OC, N), aux = fch^T, the same layout
+    int epilogue = bias != NULL ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+    if (gelu_in_epilogue() &&
+        gelu_epilogue_gemm("matmul forward", C, OC, fch_gelu, weight, inp, epilogue, bias, fch, OC, N, C, 1, C, C, OC))
+        return 1;
     matmul_forward(fch, inp, weight, bias, N, C, OC);
     gelu_forward(fch_gelu, fch, (size_t)N * OC);
     return 0;
@@ -99,18 +107,11 @@ static inline int matmul_forward_gelu(floatX* fch_gelu, floatX* fch, const float
 // input, from the gradient at fcproj's output (C is fcproj's input width, 4 x the model's); returns
 // 1 when the epilogue computed it
 static inline int matmul_backward_input_gelu(floatX* dfch, const floatX* dout, const floatX* weight, const floatX* fch,
-                                              int N, int C, int OC) {
-    if (gelu_in_epilogue()) {
-        // column-major as matmul_backward_input: D = dfch^T (C, N), aux = fch^T, the same layout
-        int kernel_span = kernel_time_begin("matmul dinp", C, OC);
-        int done = cublaslt_gemm(dfch, weight, dout, CUBLASLT_EPILOGUE_DGELU, NULL, fch, C, N, OC, 0, 0, C, OC, C, 0.0f);
-        gelu_epilogue_gemms[!done]++;
-        if (done) {
-            kernel_time_end(kernel_span);
-            return 1;
-        }
-        kernel_time_drop(kernel_span);
-    }
+                                             int N, int C, int OC) {
+    // column-major as matmul_backward_input: D = dfch^T (C, N), aux = fch^T, the same layout
+    if (gelu_in_epilogue() &&
+        gelu_epilogue_gemm("matmul dinp", C, OC, dfch, weight, dout, CUBLASLT_EPILOGUE_DGELU, NULL, fch, C, N, OC, 0, C, OC, C))
+        return 1;
     matmul_backward_input(dfch, dout, weight, N, C, OC);
     gelu_backward(dfch, fch, dfch, (size_t)N * C);
     return 0;

@@ -134,16 +134,15 @@ static inline void fused_residual_layernorm_forward(floatX* residual, floatX* ou
 // in one pass over memory: the row's dout and x packs stay in registers (as in the forward pass)
 // between the two sums and the output. 16-byte loads, and __restrict__ tells the compiler that
 // the stores to dinp cannot change dout or inp, so it may issue the loads ahead of them.
-// One warp's row n: dinp += its input gradient, the row's dout and x packs left in d and x (the lane's
-// packs) for a caller that needs them again (the fused kernel below).
+// One warp's row n, its mean m and rstd s: dinp += its input gradient, the row's dout and x packs
+// left in d and x (the lane's packs) for a caller that needs them again (the fused kernel below).
 template <int LN_PACKS>
 __device__ inline void layernorm_backward_row(floatX* __restrict__ dinp, const floatX* __restrict__ dout,
                                               const floatX* __restrict__ inp, const floatX* __restrict__ weight,
-                                              const float* mean, const float* rstd, int n, int C,
-                                              Pack16 (&d)[LN_PACKS], Pack16 (&x)[LN_PACKS]) {
+                                              float m, float s, int n, int C, Pack16 (&d)[LN_PACKS],
+                                              Pack16 (&x)[LN_PACKS]) {
     int lane = threadIdx.x % 32;
     size_t row = (size_t)n * C;
-    float m = mean[n], s = rstd[n];
     float g_sum = 0.0f, gx_sum = 0.0f;
 #pragma unroll
     for (int p = 0; p < LN_PACKS; p++) {
@@ -178,7 +177,7 @@ __global__ void layernorm_backward_input_kernel(floatX* __restrict__ dinp, const
     int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (n >= N) return;
     Pack16 d[LN_PACKS], x[LN_PACKS];
-    layernorm_backward_row<LN_PACKS>(dinp, dout, inp, weight, mean, rstd, n, C, d, x);
+    layernorm_backward_row<LN_PACKS>(dinp, dout, inp, weight, mean[n], rstd[n], n, C, d, x);
 }
 
 // weight and bias gradients in two deterministic stages: block (x, y) sums rows
@@ -259,9 +258,9 @@ __global__ void __launch_bounds__(256, 2) layernorm_backward_fused_kernel(floatX
     for (int p = 0; p < LN_PACKS; p++)
         for (int k = 0; k < PACK16; k++) dw[p][k] = db[p][k] = 0.0f;
     for (int n = blockIdx.x * LN_ROWS_PER_BLOCK + warp; n < row_end; n += warps) {
-        Pack16 d[LN_PACKS], x[LN_PACKS];
-        layernorm_backward_row<LN_PACKS>(dinp, dout, inp, weight, mean, rstd, n, C, d, x);
         float m = mean[n], s = rstd[n];
+        Pack16 d[LN_PACKS], x[LN_PACKS];
+        layernorm_backward_row<LN_PACKS>(dinp, dout, inp, weight, m, s, n, C, d, x);
 #pragma unroll
         for (int p = 0; p < LN_PACKS; p++) {
             if ((lane + 32 * p) * PACK16 >= C) break;
