@@ -46,11 +46,14 @@ LDLIBS := -lm -lz  # zlib: CRC-32 of checkpoint files
 NPROC := $(shell nproc 2>/dev/null || echo 1)
 
 # ---- CUDA backend
+, := ,
 PRECISION ?= BF16
 # without a GPU to ask: sm_80 code plus compute_80 PTX, which newer GPUs compile when loading it
 DETECTED_CC := $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '.')
 GPU_COMPUTE_CAPABILITY ?= $(if $(DETECTED_CC),$(DETECTED_CC),80)
-NVCC_ARCH := -gencode arch=compute_$(GPU_COMPUTE_CAPABILITY),code=[sm_$(GPU_COMPUTE_CAPABILITY),compute_$(GPU_COMPUTE_CAPABILITY)]
+# Hopper (90) builds for sm_90a, its own instructions (wgmma: LLMC_FLASH=wgmma) included; such a
+# binary runs on Hopper GPUs only, which is what the detected or named capability says it is for
+NVCC_ARCH := $(if $(filter 90,$(GPU_COMPUTE_CAPABILITY)),-gencode arch=compute_90a$(,)code=[sm_90a$(,)compute_90a] -DLLMC_WGMMA,-gencode arch=compute_$(GPU_COMPUTE_CAPABILITY)$(,)code=[sm_$(GPU_COMPUTE_CAPABILITY)$(,)compute_$(GPU_COMPUTE_CAPABILITY)])
 NVCC_FLAGS := -O3 -std=c++17 -I. --compiler-options -Wall,-Wextra,-fopenmp,-march=native
 PRECISION_FLAG := $(if $(filter FP32,$(PRECISION)),-DENABLE_FP32,)
 # NCCL: NCCL_HOME, the CUDA toolkit, system paths, then the nvidia-nccl Python package
@@ -166,8 +169,9 @@ CUDA_CHECK_SOURCES := $(TRAINERS:=.cu) $(DEV_CUDA) test/test_comm.c
 define CUDA_CHECK_RULE
 build/cuda-check/$(1)/$(basename $(2)): $(2) $(HEADERS) | check-cuda-deps
 	@mkdir -p $$(dir $$@)
-	@echo "nvcc sm_80 + sm_90 $(1) $(2)"
-	@$(NVCC) -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 --threads 2 -O1 -Xcicc -O0 -Xptxas -O0 -std=c++17 -I. \
+	@echo "nvcc sm_80 + sm_90 $(if $(filter BF16,$(1)),+ sm_90a )$(1) $(2)"
+	@$(NVCC) -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	  $(if $(filter BF16,$(1)),-gencode arch=compute_90a$(,)code=sm_90a -DLLMC_WGMMA,) --threads 2 -O1 -Xcicc -O0 -Xptxas -O0 -std=c++17 -I. \
 	  --compiler-options -Wall,-Wextra,-fopenmp $(if $(filter FP32,$(1)),-DENABLE_FP32,) -x cu $(2) -o $$@ \
 	  $(NCCL_FLAGS) $(MPI_FLAGS) $(CUDA_LIBS) -lgomp
 endef

@@ -33,13 +33,14 @@ python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device auto 
 # tests pass, becomes the default. LLMC_GELU=epilogue: GELU in the fc GEMMs' epilogues (dev/cuda/gelu
 # tells which GELU they compute); LLMC_CLASSIFIER=split: two classifier rows an SM (dev/cuda/classifier
 # v5); LLMC_LAYERNORM_BACKWARD=fused: dout and x read once (dev/cuda/layernorm_backward v4);
+# LLMC_FLASH=wgmma: the flash forward on Hopper's warpgroup MMA (dev/cuda/attention_forward v7);
 # LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs.
 echo "paths side by side (d12, B=64, T=1024, 8 steps; ms a step, the mean after the first):"
 # (an empty variant is the default; each run's last lines say how often each path asked for was
 # taken, llmc/ops.h's paths_print)
 turn=0
-for variant in "" LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused LLMC_BIAS_GRAD=kernels \
-    "LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused" ""; do
+for variant in "" LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused LLMC_FLASH=wgmma \
+    LLMC_BIAS_GRAD=kernels "LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused LLMC_FLASH=wgmma" ""; do
     turn=$((turn + 1))
     log="$logs/gpu_path_$turn.log"
     # shellcheck disable=SC2086  # the variant splits into its assignments
@@ -47,12 +48,14 @@ for variant in "" LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWA
     printf "  %-26s %s\n" "${variant:-the defaults}" "$(grep -E "^average step time" "$log" || echo "failed: $(tail -n 1 "$log")")"
     grep -E "fell back" "$log" | sed 's/^/    /'
 done
-# the same paths' kernels alone (dev/cuda): which GELU cuBLASLt's epilogues compute (tanh or erf),
-# the classifier's split kernel (v5) beside the register kernel (v4), the fused LayerNorm backward
-for program in build/cuda_FP32/dev/cuda/gelu build/cuda_BF16/dev/cuda/gelu build/cuda_BF16/dev/cuda/classifier \
-    build/cuda_BF16/dev/cuda/layernorm_backward; do
+# the same paths' kernels alone (dev/cuda): whether wgmma's layouts are the emulator's (v1-v3: each
+# layout against the CPU) and its rate beside mma.sync's, the wgmma forward (v7) beside the
+# mma.sync one (v6), which GELU cuBLASLt's epilogues compute (tanh or erf), the classifier's split
+# kernel (v5) beside the register kernel (v4), the fused LayerNorm backward
+for program in build/cuda_BF16/dev/cuda/wgmma build/cuda_BF16/dev/cuda/attention_forward build/cuda_FP32/dev/cuda/gelu \
+    build/cuda_BF16/dev/cuda/gelu build/cuda_BF16/dev/cuda/classifier build/cuda_BF16/dev/cuda/layernorm_backward; do
     echo "$program:"
-    timeout "$(left)" "./$program" 2>&1 | grep -E "^gelu in|v2 .*GEMM|v3 [a-z]|v4|v5|valid|FAIL"
+    timeout "$(left)" "./$program" 2>&1 | grep -E "^gelu in|v2 .*GEMM|v3 [a-z]|v4|v5|v6|v7|wgmma|mma.sync|valid|FAIL"
 done
 # why the flash kernels run below their roofline (the largest gap above): Nsight Compute on one
 # call of each (the second step's last forward, then its first backward: D, dK dV, dQ; a step
@@ -72,10 +75,11 @@ PYTHONUNBUFFERED=1 TEST_JOBS=${TEST_JOBS:-4} timeout "$(left)" python3 test/run_
 # (cudaFuncGetAttributes fails, harmlessly), and the trainer checks every CUDA call it makes itself.
 # racecheck names cuBLAS's own split-K kernels too (nvjet_*); only this project's kernels count.
 # The paths not yet the default are on (their kernels are the new ones; the default kernels were
-# clean on 2026-11-26); d2 has GPT-2's vocabulary, so the split classifier runs.
+# clean on 2026-11-26); d2 has GPT-2's vocabulary, so the split classifier runs, and heads of 64,
+# so the wgmma forward does.
 if command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck; do
-        LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused \
+        LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused LLMC_FLASH=wgmma \
             timeout "$(( $(left) / 4 + 1 ))" compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 \
             ./build/cuda_BF16/train_gpt2_dp -e d2 -b 2 -t 64 -x 2 -v 1 -m 1 -s 2 -g 8 > "$logs/gpu_$tool.log" 2>&1
         echo "compute-sanitizer $tool: exit $?"

@@ -36,12 +36,15 @@ typedef struct {
 static inline DeviceTarget build_target(GPT2Config c) {
 #ifdef __CUDACC__
     DeviceTarget t = {1, (int)sizeof(floatX), attention_uses_flash(c.channels, c.num_heads)};
-    // (LLMC_BIAS_GRAD, LLMC_GELU, LLMC_CLASSIFIER and LLMC_LAYERNORM_BACKWARD read now, so a bad
-    // value stops before any file is written)
+    // (LLMC_BIAS_GRAD, LLMC_GELU, LLMC_CLASSIFIER, LLMC_LAYERNORM_BACKWARD and LLMC_FLASH read now,
+    // so a bad value stops before any file is written)
     bias_grad_in_epilogue();
     gelu_in_epilogue();
     classifier_split_asked();
     layernorm_backward_fused_asked();
+#if !FLOATX_IS_FLOAT
+    flash_wgmma_asked();
+#endif
 #else
     (void)c;
     DeviceTarget t = {0, (int)sizeof(float), 0};

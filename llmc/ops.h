@@ -16,7 +16,8 @@
 #include "cuda/outer.cuh"
 #include "cuda/moe.cuh"
 
-// The paths a GPU run can switch to (LLMC_GELU, LLMC_CLASSIFIER, LLMC_LAYERNORM_BACKWARD; README):
+// The paths a GPU run can switch to (LLMC_GELU, LLMC_CLASSIFIER, LLMC_LAYERNORM_BACKWARD,
+// LLMC_FLASH; README):
 // where a path's kernel cannot take a shape it falls back to the default's without a word, so the
 // run ends by saying how often each path that was asked for was taken.
 static inline void paths_print(void) {
@@ -29,6 +30,11 @@ static inline void paths_print(void) {
     if (layernorm_backward_fused_asked())
         printf("LLMC_LAYERNORM_BACKWARD=fused: %ld calls took the fused kernel, %ld fell back (rows too wide)\n",
                layernorm_fused_calls[0], layernorm_fused_calls[1]);
+#if !FLOATX_IS_FLOAT
+    if (flash_wgmma_asked())
+        printf("LLMC_FLASH=wgmma: %ld attention forwards ran on wgmma, %ld fell back to mma.sync (not an sm_90a "
+               "build, or a head size other than 64)\n", flash_wgmma_calls[0], flash_wgmma_calls[1]);
+#endif
 }
 #else
 #include "cpu/device.h"

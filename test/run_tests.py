@@ -382,6 +382,8 @@ REF4_CUDA = dict(REF4, steps=3)  # (the CUDA tolerances leave room for the gradi
 # GPT-2's vocabulary for the classifier's paths: its bf16 row of 50304 logits fills the split
 # kernel's registers and shared memory (LLMC_CLASSIFIER=split), where 1024 would not reach the latter
 REF_GPT2_CUDA = dict(REF_GPT2, steps=3)
+# one head of 64 channels, for the flash forward on wgmma (LLMC_FLASH=wgmma), built for head size 64
+REF_HS64_CUDA = dict(REF, heads=1, steps=3)
 _ref_cache = {}
 
 
@@ -3299,8 +3301,9 @@ def run_gpu_ranks(program, ranks, args, out_dir, timeout=600, env=None):
 # The code paths a GPU run times beside the defaults (dev/gpu_check.sh), each an environment
 # variable of the CUDA backend: GELU in the fc GEMMs' epilogues (the emulated cuBLASLt's: tanh GELU),
 # the classifier's rows split between registers and shared memory (bf16), the LayerNorm backward
-# in one kernel. A test passes {variable: value}; the others stay at their defaults.
-PATHS = ("LLMC_GELU", "LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD")
+# in one kernel, the flash forward on Hopper's wgmma (the emulator's wgmma; head size 64). A test
+# passes {variable: value}; the others stay at their defaults.
+PATHS = ("LLMC_GELU", "LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD", "LLMC_FLASH")
 
 
 def paths_env(paths):
@@ -3586,8 +3589,10 @@ def taking_paths(run, paths):
 def paths_cfg(paths):
     """the model a path is tested on: GPT-2's vocabulary for the classifier's split rows, whose
     bf16 row of 50304 logits fills the kernel's registers and shared memory (1024 would not reach
-    the latter), else REF_CUDA"""
-    return REF_GPT2_CUDA if "LLMC_CLASSIFIER" in (paths or {}) else REF_CUDA
+    the latter), heads of 64 for the wgmma forward, else REF_CUDA"""
+    if "LLMC_CLASSIFIER" in (paths or {}):
+        return REF_GPT2_CUDA
+    return REF_HS64_CUDA if "LLMC_FLASH" in (paths or {}) else REF_CUDA
 
 
 def make_gpu_test(precision, ranks, paths=None):
@@ -3622,6 +3627,7 @@ for _precision in ("FP32", "BF16"):
     test(make_gpu_test(_precision, 1, dict(LLMC_GELU="epilogue")))
 test(make_gpu_test("BF16", 1, dict(LLMC_CLASSIFIER="split")))
 test(make_gpu_test("BF16", 1, dict(LLMC_LAYERNORM_BACKWARD="fused")))
+test(make_gpu_test("BF16", 1, dict(LLMC_FLASH="wgmma")))
 # on the emulator: NCCL (one emulated GPU per rank) in fp32, the host-staged path in bf16
 # (fp32 at 2 ranks runs every kernel that fp32 at 1 rank would, so 1 rank is left to bf16)
 for _precision, _ranks, _devices in (("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2, 1)):
@@ -3636,6 +3642,8 @@ test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_GELU="epilogue")))
 test(make_emu_test("BF16", 2, 2, paths=dict(LLMC_CLASSIFIER="split")))
 test(make_emu_test("FP32", 2, 2, paths=dict(LLMC_LAYERNORM_BACKWARD="fused")))
 test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_LAYERNORM_BACKWARD="fused")))
+# the flash forward on wgmma, through the NCCL path at 2 ranks
+test(make_emu_test("BF16", 2, 2, paths=dict(LLMC_FLASH="wgmma")))
 
 
 def make_cuda_zero_test(kind, precision, devices, zero):
@@ -3847,6 +3855,7 @@ test(make_emu_env_choice_test("BF16", "LLMC_BIAS_GRAD", "fused", "LLMC_BIAS_GRAD
 test(make_emu_env_choice_test("BF16", "LLMC_GELU", "fused", "LLMC_GELU=fused: expected kernels or epilogue"))
 test(make_emu_env_choice_test("BF16", "LLMC_CLASSIFIER", "shared", "LLMC_CLASSIFIER=shared: expected registers or split"))
 test(make_emu_env_choice_test("BF16", "LLMC_LAYERNORM_BACKWARD", "one", "LLMC_LAYERNORM_BACKWARD=one: expected separate or fused"))
+test(make_emu_env_choice_test("BF16", "LLMC_FLASH", "tma", "LLMC_FLASH=tma: expected mma or wgmma"))
 test(make_emu_env_choice_test("FP32", "LLMC_ATTENTION", "flash", "LLMC_ATTENTION=flash needs a bf16 build"))
 
 

@@ -24,6 +24,11 @@ v6: the same kernel at MT = 2, llmc's path in bf16: a warp takes two row tiles o
     cores waiting on shared memory. The cost: twice the score and output registers (forward<64>
     on sm_90: 158 -> 246 per thread, so 2 blocks of 4 warps fit an SM instead of 3), and half
     as many blocks per head, fewer to spread over the SMs at small B * NH * T.
+v7: the same algorithm on Hopper's warpgroup MMA (LLMC_FLASH=wgmma; sm_90a builds, head size 64;
+    FlashAttention-3's first step): a warpgroup of 4 warps computes s = q k^T and o += p v for 64
+    queries with wgmma, k and v read by the tensor cores straight from shared memory (wgmma's
+    interleaved layout) instead of ldmatrix into registers; the softmax is v6's, per warp. 128
+    queries a block in 2 warpgroups, about 100 registers a thread against v6's 246.
 */
 #include "common.h"
 namespace cpu {
@@ -159,6 +164,14 @@ static void cpu_lse(float* lse, const float* qkv, int B, int T, int C, int NH) {
 #if !FLOATX_IS_FLOAT
 typedef void (*FlashForward)(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH);
 
+#if defined(LLMC_WGMMA)
+static void attention_forward_flash_wgmma(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+    dim3 grid(ceil_div(T, FLASH_WG_QUERIES), B * NH);
+    flash_attention_forward_wgmma_kernel<<<grid, FLASH_WG_WARPS * 32>>>(out, lse, qkv, B, T, C, NH);
+    cudaCheckLaunch();
+}
+#endif
+
 // one flash variant into cleared buffers (no row may pass on a value an earlier variant left):
 // out against the CPU's, lse against the CPU's in double, then timed
 static int check_flash(const char* name, FlashForward launch, floatX* d_out, float* d_lse, const floatX* d_qkv,
@@ -225,6 +238,15 @@ static int check(int B, int T, int C, int NH) {
                       C, NH, flops);
     ok &= check_flash("v6 flash, 128 queries", attention_forward_flash, d_out, d_lse, d_qkv, out, lse, B, T, C, NH,
                       flops);
+#if defined(LLMC_WGMMA)
+    if (C / NH == 64)
+        ok &= check_flash("v7 flash, wgmma", attention_forward_flash_wgmma, d_out, d_lse, d_qkv, out, lse, B, T, C, NH,
+                          flops);
+    else
+        printf("  v7 flash, wgmma        head size 64 only\n");
+#else
+    printf("  v7 flash, wgmma        sm_90a builds only (make GPU_COMPUTE_CAPABILITY=90)\n");
+#endif
     free(lse);
 #endif
     return ok;
@@ -234,7 +256,8 @@ int main(void) {
     int ok = check(GPU_OR_EMU(4, 2), GPU_OR_EMU(1024, 100), GPU_OR_EMU(768, 128), GPU_OR_EMU(12, 2));
 #ifdef CUDA_EMU  // head sizes 32 and 16 too (the others flash attention supports), T over three
     // tiles (the double-buffered loop's steady state) and T under one tile
-    ok &= check(2, 100, 128, 4) & check(1, 200, 128, 8) & check(1, 37, 128, 2);
+    // (and head size 64 over five tiles and three blocks of 128 queries, for v7)
+    ok &= check(2, 100, 128, 4) & check(1, 200, 128, 8) & check(1, 37, 128, 2) & check(1, 300, 128, 2);
 #endif
     return finish(ok);
 }

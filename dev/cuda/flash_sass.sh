@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the compiler made of the flash attention kernels (llmc/cuda/flash_attention.cuh), without
-# a GPU: compile them for sm_80 and sm_90 with the Makefile's nvcc flags (bf16, the default
-# PRECISION), then check
+# a GPU: compile them for sm_80, sm_90 and sm_90a (Hopper's own instructions: the wgmma forward,
+# LLMC_FLASH=wgmma) with the Makefile's nvcc flags (bf16, the default PRECISION), then check
 #   (a) ptxas -v: no kernel spills registers to local memory (0 bytes spill stores and loads)
 #       or has a stack frame (a register array indexed by a value known only at run time, such
 #       as the counter of a loop left rolled, lives in local memory too); registers per thread
@@ -11,7 +11,8 @@
 #       spills (23.8 against 24.9 ms a d12 step's attention backward on an H200). It may spill
 #       at most SPILL_BUDGET bytes; more, or a spill anywhere else, fails;
 #   (b) the SASS (nvdisasm): every tile kernel contains LDSM (ldmatrix),
-#       HMMA (mma.sync on the tensor cores) and LDGSTS (cp.async global -> shared), and how many
+#       HMMA (mma.sync on the tensor cores; HGMMA, wgmma, in the wgmma kernel, where ptxas must
+#       not have serialized the products) and LDGSTS (cp.async global -> shared), and how many
 #       plain shared loads/stores (LDS/STS), local loads/stores (LDL/STL: spills) and MUFU.EX2
 #       (the exp2 of the softmax) it has; a tile kernel with any LDL/STL fails.
 # An instruction is counted once per place in the code, not per execution.
@@ -61,11 +62,11 @@ template __global__ void flash_attention_forward_kernel<32, 1>(floatX*, float*, 
 template __global__ void flash_attention_forward_kernel<64, 1>(floatX*, float*, const floatX*, int, int, int, int);
 EOF
 
-ARCHS="80 90"
-for sm in $ARCHS; do  # the two architectures side by side (one per core)
+ARCHS="80 90 90a"
+for sm in $ARCHS; do  # the architectures side by side; sm_90a as the Makefile builds it (LLMC_WGMMA)
     # shellcheck disable=SC2086
-    "$NVCC" -cubin -gencode arch=compute_$sm,code=sm_$sm $NVCC_FLAGS -I"$ROOT" -Xptxas -v \
-        "$WORK/flash_kernels.cu" -o "$WORK/sm_$sm.cubin" > "$WORK/ptxas_$sm.txt" 2>&1 &
+    "$NVCC" -cubin -gencode arch=compute_$sm,code=sm_$sm $NVCC_FLAGS $([ $sm = 90a ] && echo -DLLMC_WGMMA) \
+        -I"$ROOT" -Xptxas -v "$WORK/flash_kernels.cu" -o "$WORK/sm_$sm.cubin" > "$WORK/ptxas_$sm.txt" 2>&1 &
 done
 failed=0
 for job in $(jobs -p); do wait "$job" || failed=1; done
@@ -111,7 +112,7 @@ def ptxas(sm):
             info[kernel]["smem"] = int(s.group(1)) if s else 0
     return info
 
-OPS = ["LDSM", "HMMA", "LDGSTS", "LDS", "STS", "LDL", "STL", "MUFU.EX2"]
+OPS = ["LDSM", "HMMA", "HGMMA", "LDGSTS", "LDS", "STS", "LDL", "STL", "MUFU.EX2"]
 # the spills chosen for speed (the head comment): kernel -> bytes of spill stores allowed
 SPILL_BUDGET = {("flash_attention_backward_dkdv_kernel", (64,)): 128}
 
@@ -125,7 +126,7 @@ def sass(sm):
             kernel = demangle(m.group(1))
             counts[kernel] = dict.fromkeys(OPS + ["LDS(@!PT)"], 0)
             continue
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)(\.[A-Z0-9_.]+)?\s", line)
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)(\.[A-Za-z0-9_.]+)?\s", line)
         if not (m and kernel):
             continue
         op = m.group(2)
@@ -139,6 +140,9 @@ def sass(sm):
 
 failures, rows = [], []
 for sm in archs:
+    for line in open(os.path.join(work, "ptxas_%s.txt" % sm)):
+        if "serialized" in line:  # ptxas waits for each wgmma before the next: correct, but slow
+            failures.append("sm_%s: %s" % (sm, line.strip()))
     info = ptxas(sm)
     counts = sass(sm) if disasm else {}
     for (name, hs), k in sorted(info.items()):
@@ -156,8 +160,8 @@ for sm in archs:
         c = counts.get((name, hs))
         if disasm and c is None:
             failures.append("sm_%s %s: not found in the SASS" % (sm, label))
-        if c and hs:  # the tile kernels: ldmatrix, tensor cores, cp.async
-            for op in ("LDSM", "HMMA", "LDGSTS"):
+        if c and (hs or "wgmma" in name):  # the tile kernels: ldmatrix, tensor cores, cp.async
+            for op in ("LDSM", "HGMMA" if "wgmma" in name else "HMMA", "LDGSTS"):
                 if c[op] == 0:
                     failures.append("sm_%s %s: no %s in its SASS" % (sm, label, op))
             if (c["LDL"] or c["STL"]) and not budget:
@@ -181,7 +185,7 @@ if failures:
 if not disasm:
     print("no nvdisasm: SASS not checked (dev/setup.sh installs it: pip nvidia-cuda-nvdisasm)")
     sys.exit(77)
-print("flash_sass: no spills or local memory but the budgeted ones (%s); LDSM, HMMA and LDGSTS in every tile kernel"
+print("flash_sass: no spills or local memory but the budgeted ones (%s); LDSM, HMMA (HGMMA) and LDGSTS in every tile kernel"
       " (disassembler: %s)" % (", ".join("%s<%s> %d B" % (n.replace("flash_attention_", "").replace("_kernel", ""),
                                                            ",".join(map(str, h)), b) for (n, h), b in SPILL_BUDGET.items()),
                                disasm))

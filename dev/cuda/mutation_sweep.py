@@ -1,9 +1,9 @@
 """
 Mutation sweep of the barriers in llmc/cuda: does test/cuda_emu notice when one is missing?
 
-For every __syncthreads(), __syncwarp() and cp_async_wait<N>() in llmc/cuda, one at a time: copy
-the sources to build/mutation/, delete that one statement, build the dev/cuda programs that test
-its file under the emulator (bf16), and run them with threads in both orders (CUDA_EMU_ORDER),
+For every __syncthreads(), __syncwarp(), cp_async_wait<N>() and wgmma_wait<N>() in llmc/cuda, one
+at a time: copy the sources to build/mutation/, delete that one statement, build the dev/cuda
+programs that test its file under the emulator (bf16), and run them with threads in both orders (CUDA_EMU_ORDER),
 under the warp-serial schedule (the default) and under the old lock-step one. A mutation is caught
 when a program fails its validation (or the emulator stops it) in at least one order.
 
@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORK = os.path.join(ROOT, "build", "mutation")
-BARRIER = re.compile(r"^(\s*)(__syncthreads\(\);|__syncwarp\(\);|cp_async_wait<\d+>\(\);)")
+BARRIER = re.compile(r"^(\s*)(__syncthreads\(\);|__syncwarp\(\);|cp_async_wait<\d+>\(\);|wgmma_wait<\d+>\(\);)")
 # the dev/cuda programs that validate each file's kernels
 PROGRAMS = {
     "adamw.cuh": ["adamw"],

@@ -323,6 +323,162 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B
     }
 }
 
+#if defined(LLMC_WGMMA)
+// ---- The forward on Hopper's warpgroup MMA (LLMC_FLASH=wgmma, sm_90a builds, head size 64)
+// FlashAttention-3 (Shah et al. 2024) runs attention on wgmma: a warpgroup of 4 warps multiplies
+// 64 rows at once, and B comes to the tensor cores straight from shared memory. This kernel is
+// its first step, the same algorithm as flash_attention_forward_kernel with the products moved:
+// - block: 2 warpgroups, 128 queries; each warpgroup 64 queries, each warp 16 of them;
+// - s (64, 64) = q k^T: 4 wgmma (k16 steps over HS), A = the warp's q fragments in registers,
+//   B = the k tile in shared memory, K-major (a key's 64 values adjacent);
+// - the online softmax per warp exactly as before: the accumulators have mma.sync's D layout;
+// - o (64, 64) += p v: 4 wgmma (k16 steps over the keys), A = p rounded to bf16 in registers (the
+//   D tiles of s are A fragments, flash_scores_to_a), B = the v tile, MN-major;
+// - k, v tiles in the interleaved layout (flash_core_offset), double-buffered by cp.async.
+// Not yet here (FlashAttention-3's other steps): loads by the tensor memory accelerator, one
+// warpgroup loading while the others compute, and softmax overlapped with the next product.
+// Per thread: 16 registers of q, 32 of s, 32 of o, 16 of p, against 246 for the mma.sync kernel.
+#define FLASH_WG_WARPS 8  // 2 warpgroups
+// wgmma's interleaved layout of a (ROWS, HS) tile (mma.cuh): 8 x 8 core matrices of 128
+// contiguous bytes, a row of 8 elements every 16 bytes; the core matrices of one 8 columns
+// follow each other down the rows, then the next 8 columns. So the core matrices 8 rows apart are
+// 128 bytes apart, those 8 columns apart ROWS * 16 bytes. Returns an element index.
+template <int ROWS>
+__device__ constexpr int flash_core_offset(int r, int c) {
+    return ((c / 8) * (ROWS / 8) + r / 8) * 64 + (r % 8) * 8 + c % 8;
+}
+// flash_load_async into the interleaved layout (rows t0.. of the whole sequence): the same
+// threads copy the same 16 bytes, and the 8 rows that threads 8j..8j+7 copy are now one core
+// matrix, 128 contiguous bytes: conflict-free (dev/cuda/bank_conflicts.py reads the mma.sync
+// kernels only)
+template <int HS, int ROWS>
+__device__ inline void flash_load_async_core(floatX* tile, const floatX* x, int width, int offset, int b, int h, int t0,
+                                             int T) {
+    for (int idx = threadIdx.x; idx < ROWS * HS / 8; idx += blockDim.x) {
+        int r = idx % 8 + idx / HS * 8, c = idx / 8 % (HS / 8) * 8, t = t0 + r;
+        const floatX* src = x + ((size_t)b * T + min(t, T - 1)) * width + offset + h * HS + c;
+        cp_async16(tile + flash_core_offset<ROWS>(r, c), src, t < T);
+    }
+}
+#define FLASH_WG_QUERIES (FLASH_WG_WARPS * FLASH_ROWS)  // 128 queries a block
+// the wgmma descriptor of the k16 step kk of a (64, 64) interleaved tile, as B of q k^T
+// (K-major: the 16 values of a key at step kk are columns 16 kk..; lbo: 8 columns on, 1024
+// bytes; sbo: 8 keys on, 128) or of p v (MN-major: keys 16 kk..; lbo: 8 keys on; sbo: 8 columns)
+__device__ inline WgmmaDesc flash_desc_keys(const floatX* tile, int kk) {
+    return wgmma_desc(tile + flash_core_offset<FLASH_TILE>(0, 16 * kk), FLASH_TILE * 16, 128);
+}
+__device__ inline WgmmaDesc flash_desc_values(const floatX* tile, int kk) {
+    return wgmma_desc(tile + flash_core_offset<FLASH_TILE>(16 * kk, 0), 128, FLASH_TILE * 16);
+}
+
+__global__ void __launch_bounds__(FLASH_WG_WARPS * 32, 2)
+flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
+    const int HS = 64;
+    // k and v, double-buffered (kv_s[buf][0] k, kv_s[buf][1] v); q (128, 64) passes through
+    // kv_s[1] (both tiles, 16 KB) into registers first, in the interleaved layout too
+    __shared__ __align__(128) floatX kv_s[2][2][FLASH_TILE * HS];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_WG_QUERIES;  // the longest blocks first
+    int group0 = q0 + warp / 4 * 64, row0 = q0 + warp * FLASH_ROWS;  // the warpgroup's and warp's first query
+    int tiles = (min(q0 + FLASH_WG_QUERIES, T) + FLASH_TILE - 1) / FLASH_TILE;
+    float scale_log2 = rsqrtf((float)HS) * FLASH_LOG2E;
+    flash_load_async_core<HS, FLASH_WG_QUERIES>(kv_s[1][0], qkv, 3 * C, 0, b, h, q0, T);
+    cp_async_commit();
+    flash_load_async_core<HS, FLASH_TILE>(kv_s[0][0], qkv, 3 * C, C, b, h, 0, T);
+    flash_load_async_core<HS, FLASH_TILE>(kv_s[0][1], qkv, 3 * C, 2 * C, b, h, 0, T);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    // the warp's 16 queries as A fragments: ldmatrix's matrix i is rows 8 (i % 2).., columns
+    // 16 kk + 8 (i / 2).., one core matrix, whose row l % 8 lane l points at
+    uint32_t q[HS / 16][4];
+    for (int kk = 0; kk < HS / 16; kk++) {
+        int i = lane / 8;
+        ldmatrix_x4(q[kk], kv_s[1][0] + flash_core_offset<FLASH_WG_QUERIES>(warp * FLASH_ROWS + i % 2 * 8 + lane % 8,
+                                                                             16 * kk + i / 2 * 8));
+    }
+    __syncthreads();  // every warp holds its q: kv_s[1] is free
+    float o[HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int d = 0; d < HS / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    for (int tile = 0; tile < tiles; tile++) {
+        int k0 = tile * FLASH_TILE, buf = tile % 2;
+        if (tile + 1 < tiles) {
+            flash_load_async_core<HS, FLASH_TILE>(kv_s[buf ^ 1][0], qkv, 3 * C, C, b, h, k0 + FLASH_TILE, T);
+            flash_load_async_core<HS, FLASH_TILE>(kv_s[buf ^ 1][1], qkv, 3 * C, 2 * C, b, h, k0 + FLASH_TILE, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async();  // this thread's copies are visible to the tensor cores' reads...
+        __syncthreads();      // ... every thread's
+        // causal, per warpgroup (wgmma needs all 4 warps): its 64 queries against this tile
+        if (k0 <= group0 + 63 && group0 < T) {
+            float s[FLASH_TILE / 8][4];
+            wgmma_fence();
+            for (int kk = 0; kk < HS / 16; kk++) wgmma_m64n64k16<0>(&s[0][0], q[kk], flash_desc_keys(kv_s[buf][0], kk), kk > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_pin(&s[0][0], FLASH_TILE / 2);
+            for (int j = 0; j < FLASH_TILE / 8; j++)
+                for (int e = 0; e < 4; e++) s[j][e] *= scale_log2;
+            if (k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T) {  // the diagonal, or past T
+                for (int j = 0; j < FLASH_TILE / 8; j++) {
+                    for (int e = 0; e < 4; e++) {
+                        int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
+                        if (key > query || key >= T) s[j][e] = -INFINITY;
+                    }
+                }
+            }
+            float tile_max[2] = {-INFINITY, -INFINITY}, rescale[2];
+            for (int j = 0; j < FLASH_TILE / 8; j++)
+                for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[j][e]);
+            for (int r = 0; r < 2; r++) {
+                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
+                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
+                float m_new = fmaxf(m[r], tile_max[r]);
+                rescale[r] = exp2_approx(m[r] - m_new);
+                m[r] = m_new;
+                l[r] *= rescale[r];
+            }
+            for (int d = 0; d < HS / 8; d++) {
+                o[d][0] *= rescale[0], o[d][1] *= rescale[0];
+                o[d][2] *= rescale[1], o[d][3] *= rescale[1];
+            }
+            for (int j = 0; j < FLASH_TILE / 8; j++) {
+                for (int e = 0; e < 4; e++) {
+                    s[j][e] = exp2_approx(s[j][e] - m[e / 2]);
+                    l[e / 2] += s[j][e];
+                }
+            }
+            uint32_t p[FLASH_TILE / 16][4];
+            flash_scores_to_a(p, s);
+            wgmma_fence();  // o was rescaled by ordinary instructions
+            for (int kk = 0; kk < FLASH_TILE / 16; kk++) wgmma_m64n64k16<1>(&o[0][0], p[kk], flash_desc_values(kv_s[buf][1], kk), 1);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_pin(&o[0][0], HS / 2);
+        }
+        __syncthreads();  // every warpgroup's products have read kv_s[buf] before it is refilled
+    }
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+    }
+    float inv_l[2] = {1.0f / l[0], 1.0f / l[1]};
+    for (int d = 0; d < HS / 8; d++) {
+        o[d][0] *= inv_l[0], o[d][1] *= inv_l[0];
+        o[d][2] *= inv_l[1], o[d][3] *= inv_l[1];
+    }
+    flash_store<HS>(out, C, 0, o, 1.0f, b, h, row0, T);
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + g + 8 * r;
+        if (t == 0 && row < T) lse[((size_t)b * NH + h) * T + row] = (m[r] + log2f(l[r])) / FLASH_LOG2E;
+    }
+}
+#endif  // LLMC_WGMMA
+
 // 64 floats of a (B, NH, T) row-vector for positions t0.. (0 past T), by threads 0-63 or 64-127
 __device__ inline void flash_load_row_values(float* dst, const float* src, int t0, int T, int first_thread) {
     int j = (int)threadIdx.x - first_thread;
@@ -477,11 +633,33 @@ flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const float
 
 static DeviceScratch flash_scratch;
 
+// LLMC_FLASH=wgmma (read once) asks for the forward on wgmma; it runs where the build has it (an
+// sm_90a build, which runs only on Hopper) and the head size is 64, and the calls that fell back
+// to mma.sync are counted (paths_print)
+static inline int flash_wgmma_asked(void) {
+    static int asked = -1;
+    if (asked < 0) asked = env_choice("LLMC_FLASH", "mma", "wgmma");
+    return asked;
+}
+static long flash_wgmma_calls[2];  // taken, fell back
+
 // out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C); 128-query blocks
 static inline void attention_forward_flash(floatX* out, float* lse, const floatX* qkv, int B, int T,
                                            int C, int NH) {
-    dim3 grid(ceil_div(T, FLASH_TILE * FLASH_Q_TILES), B * NH);
     int hs = C / NH, threads = FLASH_WARPS * 32;
+    if (flash_wgmma_asked()) {
+#if defined(LLMC_WGMMA)
+        if (hs == 64) {
+            flash_wgmma_calls[0]++;
+            dim3 wg_grid(ceil_div(T, FLASH_WG_QUERIES), B * NH);
+            flash_attention_forward_wgmma_kernel<<<wg_grid, FLASH_WG_WARPS * 32>>>(out, lse, qkv, B, T, C, NH);
+            cudaCheckLaunch();
+            return;
+        }
+#endif
+        flash_wgmma_calls[1]++;
+    }
+    dim3 grid(ceil_div(T, FLASH_TILE * FLASH_Q_TILES), B * NH);
     if (hs == 16) flash_attention_forward_kernel<16, FLASH_Q_TILES><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);
     else if (hs == 32) flash_attention_forward_kernel<32, FLASH_Q_TILES><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);
     else flash_attention_forward_kernel<64, FLASH_Q_TILES><<<grid, threads>>>(out, lse, qkv, B, T, C, NH);

@@ -78,5 +78,73 @@ __device__ inline float exp2_approx(float x) {
     return y;
 }
 
+// ---- Hopper's warpgroup MMA (wgmma, sm_90a), for the flash kernels' LLMC_FLASH=wgmma path
+// A warpgroup (4 consecutive warps, the first a multiple of 4) multiplies together:
+//   wgmma_m64n64k16  d (64 x 64, fp32) += a (64 x 16, bf16, registers) b (16 x 64, bf16, shared)
+// Warp w of the group holds rows 16 w .. 16 w + 15 of d and a, in mma_bf16_16816's layouts: its
+// a[0..3] are an A fragment of its 16 rows, and d[4 j .. 4 j + 3] the D fragment of columns
+// 8 j .. 8 j + 7. B never passes through registers: the tensor cores read it from shared memory
+// through a descriptor (its address, and two strides). The product is asynchronous: it runs
+// after the instruction returns, until a wgmma_wait covers its group, and until then neither d
+// nor the shared tile may be touched. The sequence is
+//   wgmma_fence(); several wgmma_m64n64k16; wgmma_commit(); ... wgmma_wait<0>(); read d.
+// Shared tiles use the "interleaved" layout (no swizzle): 8 x 8 bf16 core matrices of 8 rows of
+// 16 bytes, each 128 contiguous bytes (flash_core_offset in flash_attention.cuh). For a B tile
+// (16 x 64) the descriptor gives, in bytes (PTX ISA, "Matrix Descriptor Format"):
+//   K-major (trans_b = 0: b[k][n] with the k of one n adjacent, as the keys of k^T): sbo
+//     between core matrices 8 apart in n, lbo between the two 8-wide halves of k;
+//   MN-major (trans_b = 1: the n of one k adjacent, as v): sbo between core matrices 8 apart
+//     in n, lbo between those 8 apart in k.
+#if defined(LLMC_WGMMA)
+typedef uint64_t WgmmaDesc;
+// bits 0-13 the shared address / 16, 16-29 lbo / 16, 32-45 sbo / 16, 62-63 the swizzle (0: none)
+__device__ __forceinline__ WgmmaDesc wgmma_desc(const void* tile, uint32_t lbo, uint32_t sbo) {
+    uint32_t address = (uint32_t)__cvta_generic_to_shared(tile);
+    return (uint64_t)((address >> 4) & 0x3fff) | (uint64_t)((lbo >> 4) & 0x3fff) << 16 |
+           (uint64_t)((sbo >> 4) & 0x3fff) << 32;
+}
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LLMC_WGMMA_ASM(x) asm volatile(x ::: "memory")
+template <int trans_b>
+__device__ __forceinline__ void wgmma_m64n64k16(float* d, const uint32_t* a, WgmmaDesc b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(trans_b), "r"(accumulate));
+}
+#else  // a device pass for a GPU without wgmma: the host never launches these kernels there
+#define LLMC_WGMMA_ASM(x) __trap()
+template <int trans_b>
+__device__ __forceinline__ void wgmma_m64n64k16(float* d, const uint32_t* a, WgmmaDesc b, int accumulate) { __trap(); }
+#endif
+// (forced inline: a wrapper left a call, as at -O0, makes ptxas serialize the products)
+// the registers about to be read or written by wgmma are ready (before a group's first product)
+__device__ __forceinline__ void wgmma_fence(void) { LLMC_WGMMA_ASM("wgmma.fence.sync.aligned;\n"); }
+// the products issued since the last commit form one group
+__device__ __forceinline__ void wgmma_commit(void) { LLMC_WGMMA_ASM("wgmma.commit_group.sync.aligned;\n"); }
+// wait until at most `newest` groups are still running: the others' d are written
+template <int newest> __device__ __forceinline__ void wgmma_wait(void) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(newest) : "memory");
+#else
+    __trap();
+#endif
+}
+// after a wait: the compiler sees wgmma write d at the issue, so without this it could read d
+// (or reuse its registers) before the wait; an empty asm that "rewrites" each one pins them here
+__device__ __forceinline__ void wgmma_pin(float* d, int n) {
+    for (int i = 0; i < n; i++) asm volatile("" : "+f"(d[i]) :: "memory");
+}
+// shared memory written by this thread's ordinary stores or cp.async copies is visible to the
+// tensor cores' reads (the "async proxy") after this fence and a barrier
+__device__ __forceinline__ void fence_proxy_async(void) { LLMC_WGMMA_ASM("fence.proxy.async.shared::cta;\n"); }
+#endif  // LLMC_WGMMA
+
 #endif  // CUDA_EMU
 #endif

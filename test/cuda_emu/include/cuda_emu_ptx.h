@@ -114,4 +114,87 @@ template <int newest> static inline void cp_async_wait(void) {
     state.async_count[me] = kept;
 }
 
+// wgmma (Hopper's warpgroup MMA; mma.cuh says what the kernels see). The emulator takes the
+// latest moment the GPU may run a product: at the wgmma_wait that covers its group. So a kernel
+// that reads d before that wait reads the old accumulators, and one that refills the B tile in
+// shared memory before it has the product read the new data: either gives a wrong result. A at
+// issue: each lane gives its registers and takes its rows from its warp's, as mma_bf16_16816.
+#define LLMC_WGMMA 1
+struct WgmmaDesc {
+    const unsigned char* tile;
+    uint32_t lbo, sbo;
+};
+static inline WgmmaDesc wgmma_desc(const void* tile, uint32_t lbo, uint32_t sbo) {
+    // the descriptor holds address, lbo and sbo in units of 16 bytes, 14 bits each
+    if ((uintptr_t)tile % 16 != 0 || lbo % 16 != 0 || sbo % 16 != 0 || lbo >= (1u << 18) || sbo >= (1u << 18))
+        cuda_emu::die("wgmma: a descriptor's address or stride is not a multiple of 16 bytes below 256 KB");
+    return {(const unsigned char*)tile, lbo, sbo};
+}
+
+namespace cuda_emu {
+// element (k, n) of a 16 x 64 B tile in the interleaved layout (8 x 8 core matrices of 128
+// contiguous bytes, 16 bytes a row): K-major rows are n, MN-major rows are k
+static inline float wgmma_b(const WgmmaOp& op, int k, int n) {
+    size_t at = op.trans_b ? (size_t)(k % 8) * 16 + (k / 8) * op.lbo + (n / 8) * op.sbo + (n % 8) * 2
+                           : (size_t)(n % 8) * 16 + (n / 8) * op.sbo + (k / 8) * op.lbo + (k % 8) * 2;
+    __nv_bfloat16 h;
+    memcpy(&h.bits, op.tile + at, 2);
+    return (float)h;
+}
+static inline void wgmma_run(const WgmmaOp& op, int lane) {
+    int g = lane / 4, t = lane % 4;
+    for (int e = 0; e < 32; e++) {  // d[4 j + e]: row g + 8 (e / 2 % 2), column 8 j + 2 t + e % 2
+        int half = e / 2 % 2, col = 8 * (e / 4) + 2 * t + e % 2;
+        float acc = op.accumulate ? op.d[e] : 0.0f;
+        for (int k = 0; k < 16; k++) acc += op.a[half][k] * wgmma_b(op, k, col);
+        op.d[e] = acc;
+    }
+}
+}  // namespace cuda_emu
+
+template <int trans_b>
+static inline void wgmma_m64n64k16(float* d, const uint32_t* a, WgmmaDesc b, int accumulate) {
+    using namespace cuda_emu;
+    int me = thread_index(), warp = me - me % 32, g = me % 32 / 4;
+    if (state.threads % 128 != 0) die("wgmma: the block is not whole warpgroups of 128 threads");
+    if (state.wgmma_count[me] == max_wgmma_ops) die("wgmma: too many products in flight");
+    memcpy(state.words[me], a, 4 * sizeof(uint32_t));
+    barrier(AT_WARP_BARRIER);  // every lane has given its A registers
+    WgmmaOp& op = state.wgmma_ops[me][state.wgmma_count[me]++];
+    for (int lane = 0; lane < 32; lane++) {  // A (g, 2t..) (g+8, 2t..) (g, 2t+8..) (g+8, 2t+8..)
+        const uint32_t* w = state.words[warp + lane];
+        if (lane / 4 != g) continue;
+        int t = lane % 4;
+        for (int h = 0; h < 2; h++) {
+            op.a[0][2 * t + h] = bf16_half(w[0], h);
+            op.a[1][2 * t + h] = bf16_half(w[1], h);
+            op.a[0][2 * t + 8 + h] = bf16_half(w[2], h);
+            op.a[1][2 * t + 8 + h] = bf16_half(w[3], h);
+        }
+    }
+    barrier(AT_WARP_BARRIER);  // every lane has read before the next exchange
+    op.d = d;
+    op.tile = b.tile;
+    op.lbo = b.lbo;
+    op.sbo = b.sbo;
+    op.trans_b = trans_b;
+    op.accumulate = accumulate;
+    op.group = state.wgmma_group[me];
+}
+static inline void wgmma_fence(void) {}
+static inline void wgmma_commit(void) { cuda_emu::state.wgmma_group[cuda_emu::thread_index()]++; }
+// the products of every committed group but the newest `newest` run now, in issue order
+template <int newest> static inline void wgmma_wait(void) {
+    using namespace cuda_emu;
+    int me = thread_index(), kept = 0;
+    for (int i = 0; i < state.wgmma_count[me]; i++) {
+        WgmmaOp op = state.wgmma_ops[me][i];
+        if (op.group < state.wgmma_group[me] - newest) wgmma_run(op, me % 32);
+        else state.wgmma_ops[me][kept++] = op;
+    }
+    state.wgmma_count[me] = kept;
+}
+static inline void wgmma_pin(float*, int) {}
+static inline void fence_proxy_async(void) {}
+
 #endif

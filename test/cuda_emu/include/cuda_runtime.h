@@ -97,6 +97,17 @@ struct AsyncCopy {
 };
 static const int max_async_copies = 64;  // per thread
 
+// wgmma (cuda_emu_ptx.h): a product issued but not yet waited for; it runs at wgmma_wait, reading
+// its B tile from shared memory then
+struct WgmmaOp {
+    float* d;                    // the issuing thread's 32 accumulators
+    float a[2][16];              // rows g and g + 8 of its warp's A, gathered at issue
+    const unsigned char* tile;   // B: the descriptor's tile and strides
+    uint32_t lbo, sbo;
+    int trans_b, accumulate, group;
+};
+static const int max_wgmma_ops = 16;  // per thread
+
 struct State {
     uint3 block_idx;
     dim3 block_dim, grid_dim;
@@ -118,6 +129,8 @@ struct State {
     uint32_t words[max_threads][8];  // mma and ldmatrix: each lane's registers or row address
     AsyncCopy async_copies[max_threads][max_async_copies];
     int async_count[max_threads], async_group[max_threads];
+    WgmmaOp wgmma_ops[max_threads][max_wgmma_ops];
+    int wgmma_count[max_threads], wgmma_group[max_threads];
     cudaError_t last_error;
     int device;
     size_t allocated;
@@ -300,6 +313,7 @@ static void run_block_fibers(void) {
         state.fibers[i].sp = fiber_stack(state.stacks + (size_t)i * stack_bytes);
         state.fibers[i].state = RUNNABLE;
         state.async_count[i] = state.async_group[i] = 0;
+        state.wgmma_count[i] = state.wgmma_group[i] = 0;
     }
     int live = n, warps = (n + 31) / 32;
     while (live > 0) {
@@ -331,6 +345,7 @@ static void run_block_fibers(void) {
     }
     for (int i = 0; i < n; i++) {
         if (state.async_count[i] > 0) die("a thread ended with cp.async copies it never waited for");
+        if (state.wgmma_count[i] > 0) die("a thread ended with wgmma products it never waited for");
     }
 }
 
