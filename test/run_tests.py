@@ -4686,11 +4686,17 @@ def flash_attention_compiles_to_ldmatrix_and_mma_without_spills():
                 # (the forward's label carries its row tiles per warp too: forward<64,2>). dK/dV at
                 # head size 64 spills by choice, at most 128 bytes (flash_sass.sh's SPILL_BUDGET)
                 spills = r"(\d+)/(\d+)" if (kernel, hs) == ("backward_dkdv", 64) else "0/0"
-                m = re.search(r"^%s\s+%s<%d(?:,\d+)?>\s+(\d+)\s+(\d+)\s+%s\s+([1-9]\d*)\s+([1-9]\d*)\s+([1-9]\d*)\s"
+                # (columns LDSM, HMMA, HGMMA, LDGSTS)
+                m = re.search(r"^%s\s+%s<%d(?:,\d+)?>\s+(\d+)\s+(\d+)\s+%s\s+([1-9]\d*)\s+([1-9]\d*)\s+0\s+([1-9]\d*)\s"
                               % (sm, kernel, hs, spills), r.stdout, re.M)
                 assert m, "%s %s<%d>: no row without spills and with LDSM, HMMA, LDGSTS\n%s" % (sm, kernel, hs, out[-4000:])
                 if spills != "0/0":
                     assert int(m.group(3)) <= 128 and int(m.group(4)) <= 128, m.group(0)
+    # the wgmma kernels (LLMC_FLASH=wgmma) on sm_90a: wgmma (HGMMA) and no mma.sync, no spills
+    for kernel in ("forward_wgmma",):
+        m = re.search(r"^sm_90a\s+%s\s+(\d+)\s+(\d+)\s+0/0\s+(\d+)\s+0\s+([1-9]\d*)\s+([1-9]\d*)\s" % kernel,
+                      r.stdout, re.M)
+        assert m, "sm_90a %s: no row without spills and with HGMMA, LDGSTS\n%s" % (kernel, out[-4000:])
 
 
 @test
