@@ -4693,7 +4693,7 @@ def flash_attention_compiles_to_ldmatrix_and_mma_without_spills():
                 if spills != "0/0":
                     assert int(m.group(3)) <= 128 and int(m.group(4)) <= 128, m.group(0)
     # the wgmma kernels (LLMC_FLASH=wgmma) on sm_90a: wgmma (HGMMA) and no mma.sync, no spills
-    for kernel in ("forward_wgmma",):
+    for kernel in ("forward_wgmma", "backward_dkdv_wgmma", "backward_dq_wgmma"):
         m = re.search(r"^sm_90a\s+%s\s+(\d+)\s+(\d+)\s+0/0\s+(\d+)\s+0\s+([1-9]\d*)\s+([1-9]\d*)\s" % kernel,
                       r.stdout, re.M)
         assert m, "sm_90a %s: no row without spills and with HGMMA, LDGSTS\n%s" % (kernel, out[-4000:])

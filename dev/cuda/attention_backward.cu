@@ -17,6 +17,11 @@ v4: flash attention backward on tensor cores through WMMA (dev/cuda/flash_wmma.c
 v5: v4 with mma.sync fragments kept in registers (llmc/cuda/flash_attention.cuh, llmc's path in
     bf16): p^T, dp^T and ds^T never leave registers, dk and dv (or dq) accumulate in registers,
     q/dout (or k/v) tiles of 64 come in by cp.async, double-buffered. v2 is llmc's path in fp32.
+v6: v5's products on Hopper's warpgroup MMA (LLMC_FLASH=wgmma; sm_90a builds, head size 64): a
+    warpgroup owns 64 keys (or queries) as A fragments; the q and dout (or k and v) tiles are read
+    by the tensor cores from shared memory, each by two products (K-major and MN-major views of
+    one interleaved tile); s^T and dp^T in one commit group, dv and dk in another. 128 keys (or
+    queries) a block in 2 warpgroups.
 */
 #include "common.h"
 namespace cpu {
@@ -218,6 +223,18 @@ static void attention_backward_v3(floatX* dqkv, float* lse, float* D, const floa
     cudaCheckLaunch();
 }
 
+#if defined(LLMC_WGMMA) && !FLOATX_IS_FLOAT
+static void attention_backward_flash_wgmma(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
+                                           const float* lse, int B, int T, int C, int NH) {
+    float* D = (float*)scratch_get(&flash_scratch, flash_scratch_bytes(B, T, NH));
+    attention_row_dot(D, dout, out, B, T, C, NH);
+    dim3 grid(ceil_div(T, FLASH_WG_QUERIES), B * NH);
+    flash_attention_backward_dkdv_wgmma_kernel<<<grid, FLASH_WG_WARPS * 32>>>(dqkv, dout, qkv, lse, D, B, T, C, NH);
+    flash_attention_backward_dq_wgmma_kernel<<<grid, FLASH_WG_WARPS * 32>>>(dqkv, dout, qkv, lse, D, B, T, C, NH);
+    cudaCheckLaunch();
+}
+#endif
+
 // every variant at one shape; returns 1 when all validate
 static int check(int B, int T, int C, int NH) {
     float* qkv = random_floats((size_t)B * T * 3 * C, 1.0f);
@@ -279,6 +296,19 @@ static int check(int B, int T, int C, int NH) {
     ok &= validate("v5 dqkv (flash mma)", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
     TIME_KERNEL(ms, 10, attention_backward_flash(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
     report("v5 flash (mma.sync)", ms, 0, flops);
+#if defined(LLMC_WGMMA)
+    if (C / NH == 64) {
+        device_memset_zero(d_dqkv, (size_t)B * T * 3 * C * sizeof(floatX));
+        attention_backward_flash_wgmma(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+        ok &= validate("v6 dqkv (flash wgmma)", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
+        TIME_KERNEL(ms, 10, attention_backward_flash_wgmma(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
+        report("v6 flash (wgmma)", ms, 0, flops);
+    } else {
+        printf("  v6 flash (wgmma)       head size 64 only\n");
+    }
+#else
+    printf("  v6 flash (wgmma)       sm_90a builds only (make GPU_COMPUTE_CAPABILITY=90)\n");
+#endif
 #endif
     return ok;
 }
@@ -287,7 +317,8 @@ int main(void) {
     int ok = check(GPU_OR_EMU(4, 2), GPU_OR_EMU(1024, 100), GPU_OR_EMU(768, 128), GPU_OR_EMU(12, 2));
 #ifdef CUDA_EMU  // head sizes 32 and 16 too (the others flash attention supports), T over three
     // tiles (the double-buffered loop's steady state) and T under one tile
-    ok &= check(2, 100, 128, 4) & check(1, 200, 128, 8) & check(1, 37, 128, 2);
+    // (and head size 64 over five tiles and three blocks of 128, for v6)
+    ok &= check(2, 100, 128, 4) & check(1, 200, 128, 8) & check(1, 37, 128, 2) & check(1, 300, 128, 2);
 #endif
     return finish(ok);
 }

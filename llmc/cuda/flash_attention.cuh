@@ -323,6 +323,12 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B
     }
 }
 
+// 64 floats of a (B, NH, T) row-vector for positions t0.. (0 past T), by threads 0-63 or 64-127
+__device__ inline void flash_load_row_values(float* dst, const float* src, int t0, int T, int first_thread) {
+    int j = (int)threadIdx.x - first_thread;
+    if (j >= 0 && j < FLASH_TILE) dst[j] = t0 + j < T ? src[t0 + j] : 0.0f;
+}
+
 #if defined(LLMC_WGMMA)
 // ---- The forward on Hopper's warpgroup MMA (LLMC_FLASH=wgmma, sm_90a builds, head size 64)
 // FlashAttention-3 (Shah et al. 2024) runs attention on wgmma: a warpgroup of 4 warps multiplies
@@ -371,6 +377,25 @@ __device__ inline WgmmaDesc flash_desc_values(const floatX* tile, int kk) {
     return wgmma_desc(tile + flash_core_offset<FLASH_TILE>(16 * kk, 0), 128, FLASH_TILE * 16);
 }
 
+// s (the warpgroup's 64 rows, 64) = a x^T over HS = 64: a the warp's A fragments, x a (64, 64)
+// interleaved tile whose rows are the columns of s
+__device__ inline void flash_wg_a_xt(float (*s)[4], const uint32_t (*a)[4], const floatX* x) {
+    for (int kk = 0; kk < 4; kk++) wgmma_m64n64k16<0>(&s[0][0], a[kk], flash_desc_keys(x, kk), kk > 0);
+}
+// acc (the warpgroup's 64 rows, 64) += p x: p the warp's A fragments over x's 64 rows
+__device__ inline void flash_wg_p_x(float (*acc)[4], const uint32_t (*p)[4], const floatX* x) {
+    for (int kk = 0; kk < 4; kk++) wgmma_m64n64k16<1>(&acc[0][0], p[kk], flash_desc_values(x, kk), 1);
+}
+// the warp's 16 rows row0.. of an interleaved (ROWS, 64) tile as A fragments: ldmatrix's matrix i
+// is rows 8 (i % 2).., columns 16 kk + 8 (i / 2).., one core matrix, whose row l % 8 lane l gives
+template <int ROWS>
+__device__ inline void flash_core_rows_to_a(uint32_t (*a)[4], const floatX* tile, int row0) {
+    int lane = threadIdx.x % 32, i = lane / 8;
+    for (int kk = 0; kk < 4; kk++)
+        ldmatrix_x4(a[kk], tile + flash_core_offset<ROWS>(row0 + i % 2 * 8 + lane % 8, 16 * kk + i / 2 * 8));
+}
+
+
 __global__ void __launch_bounds__(FLASH_WG_WARPS * 32, 2)
 flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
     const int HS = 64;
@@ -390,14 +415,8 @@ flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv,
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    // the warp's 16 queries as A fragments: ldmatrix's matrix i is rows 8 (i % 2).., columns
-    // 16 kk + 8 (i / 2).., one core matrix, whose row l % 8 lane l points at
-    uint32_t q[HS / 16][4];
-    for (int kk = 0; kk < HS / 16; kk++) {
-        int i = lane / 8;
-        ldmatrix_x4(q[kk], kv_s[1][0] + flash_core_offset<FLASH_WG_QUERIES>(warp * FLASH_ROWS + i % 2 * 8 + lane % 8,
-                                                                             16 * kk + i / 2 * 8));
-    }
+    uint32_t q[HS / 16][4];  // the warp's 16 queries as A fragments
+    flash_core_rows_to_a<FLASH_WG_QUERIES>(q, kv_s[1][0], warp * FLASH_ROWS);
     __syncthreads();  // every warp holds its q: kv_s[1] is free
     float o[HS / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     for (int d = 0; d < HS / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
@@ -417,7 +436,7 @@ flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv,
         if (k0 <= group0 + 63 && group0 < T) {
             float s[FLASH_TILE / 8][4];
             wgmma_fence();
-            for (int kk = 0; kk < HS / 16; kk++) wgmma_m64n64k16<0>(&s[0][0], q[kk], flash_desc_keys(kv_s[buf][0], kk), kk > 0);
+            flash_wg_a_xt(s, q, kv_s[buf][0]);  // s = q k^T
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_pin(&s[0][0], FLASH_TILE / 2);
@@ -455,7 +474,7 @@ flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv,
             uint32_t p[FLASH_TILE / 16][4];
             flash_scores_to_a(p, s);
             wgmma_fence();  // o was rescaled by ordinary instructions
-            for (int kk = 0; kk < FLASH_TILE / 16; kk++) wgmma_m64n64k16<1>(&o[0][0], p[kk], flash_desc_values(kv_s[buf][1], kk), 1);
+            flash_wg_p_x(o, p, kv_s[buf][1]);  // o += p v
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_pin(&o[0][0], HS / 2);
@@ -477,13 +496,187 @@ flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv,
         if (t == 0 && row < T) lse[((size_t)b * NH + h) * T + row] = (m[r] + log2f(l[r])) / FLASH_LOG2E;
     }
 }
+// The backward on wgmma (LLMC_FLASH=wgmma): flash_attention_backward_dkdv_kernel and _dq_kernel
+// with their products moved to wgmma as in the forward above. Each warpgroup owns 64 rows (keys
+// for dK dV, queries for dQ) as A fragments in registers; the tiles it walks (q and dout, or k
+// and v) are B operands in shared memory, each read by two products: once K-major (a product over
+// the head's 64 values) and once MN-major (a product over the tile's 64 rows), from the same
+// interleaved tile. A block is 2 warpgroups: 128 keys (or queries) share each loaded tile.
+// dK, dV: block (128 keys, b * NH + h); warpgroup w owns keys group0 = block_key0 + 64 w .. + 63,
+// warp its 16, and walks the query tiles from its first key on:
+//   s^T = k q^T, p^T = exp(s^T scale - lse), dv += p^T dout, dp^T = v dout^T,
+//   ds^T = p^T (dp^T - D), dk += ds^T q scale
+__global__ void __launch_bounds__(FLASH_WG_WARPS * 32, 1)
+flash_attention_backward_dkdv_wgmma_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
+                                           const float* D, int B, int T, int C, int NH) {
+    const int HS = 64;
+    // q and dout tiles, double-buffered; the block's k (128 rows) passes through q_s, its v through dy_s
+    __shared__ __align__(128) floatX q_s[2][FLASH_TILE * HS];
+    __shared__ __align__(128) floatX dy_s[2][FLASH_TILE * HS];
+    __shared__ float lse_s[2][FLASH_TILE], D_s[2][FLASH_TILE];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int block_key0 = blockIdx.x * FLASH_WG_QUERIES;  // the first keys see the most queries: first
+    int group0 = block_key0 + warp / 4 * 64, key0 = block_key0 + warp * FLASH_ROWS;
+    int tiles = (T - block_key0 + FLASH_TILE - 1) / FLASH_TILE;  // causal: queries from the first key on
+    float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
+    const float* lse_bh = lse + ((size_t)b * NH + h) * T;
+    const float* D_bh = D + ((size_t)b * NH + h) * T;
+    flash_load_async_core<HS, FLASH_WG_QUERIES>(q_s[0], qkv, 3 * C, C, b, h, block_key0, T);
+    flash_load_async_core<HS, FLASH_WG_QUERIES>(dy_s[0], qkv, 3 * C, 2 * C, b, h, block_key0, T);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t k[HS / 16][4], v[HS / 16][4];
+    flash_core_rows_to_a<FLASH_WG_QUERIES>(k, q_s[0], warp * FLASH_ROWS);
+    flash_core_rows_to_a<FLASH_WG_QUERIES>(v, dy_s[0], warp * FLASH_ROWS);
+    __syncthreads();  // every warp has its k, v: the buffers are free
+    flash_load_async_core<HS, FLASH_TILE>(q_s[0], qkv, 3 * C, 0, b, h, block_key0, T);
+    flash_load_async_core<HS, FLASH_TILE>(dy_s[0], dout, C, 0, b, h, block_key0, T);
+    cp_async_commit();
+    flash_load_row_values(lse_s[0], lse_bh, block_key0, T, 0);
+    flash_load_row_values(D_s[0], D_bh, block_key0, T, FLASH_TILE);
+    float dk[HS / 8][4], dv[HS / 8][4];
+    for (int d = 0; d < HS / 8; d++)
+        for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
+    for (int tile = 0; tile < tiles; tile++) {
+        int u0 = block_key0 + tile * FLASH_TILE, buf = tile % 2;
+        if (tile + 1 < tiles) {
+            flash_load_async_core<HS, FLASH_TILE>(q_s[buf ^ 1], qkv, 3 * C, 0, b, h, u0 + FLASH_TILE, T);
+            flash_load_async_core<HS, FLASH_TILE>(dy_s[buf ^ 1], dout, C, 0, b, h, u0 + FLASH_TILE, T);
+            cp_async_commit();
+            flash_load_row_values(lse_s[buf ^ 1], lse_bh, u0 + FLASH_TILE, T, 0);
+            flash_load_row_values(D_s[buf ^ 1], D_bh, u0 + FLASH_TILE, T, FLASH_TILE);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async();
+        __syncthreads();
+        if (u0 + FLASH_TILE - 1 >= group0 && group0 < T) {  // the warpgroup's keys see some of these queries
+            float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];  // s^T then p^T then ds^T; dp^T
+            wgmma_fence();
+            flash_wg_a_xt(s, k, q_s[buf]);   // s^T = k q^T
+            flash_wg_a_xt(dp, v, dy_s[buf]);  // dp^T = v dout^T, in the same group
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_pin(&s[0][0], FLASH_TILE / 2);
+            wgmma_pin(&dp[0][0], FLASH_TILE / 2);
+            for (int j = 0; j < FLASH_TILE / 8; j++) {
+                for (int e = 0; e < 4; e++)
+                    s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_s[buf][8 * j + 2 * t + e % 2] * FLASH_LOG2E);
+            }
+            if (u0 < key0 + FLASH_ROWS - 1 || u0 + FLASH_TILE > T) {  // the diagonal tile, or past T
+                for (int j = 0; j < FLASH_TILE / 8; j++) {
+                    for (int e = 0; e < 4; e++) {
+                        int query = u0 + 8 * j + 2 * t + e % 2, key = key0 + g + e / 2 * 8;
+                        if (query < key || query >= T) s[j][e] = 0.0f;
+                    }
+                }
+            }
+            uint32_t a[FLASH_TILE / 16][4];
+            flash_scores_to_a(a, s);
+            for (int j = 0; j < FLASH_TILE / 8; j++)
+                for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_s[buf][8 * j + 2 * t + e % 2];
+            uint32_t ds[FLASH_TILE / 16][4];
+            flash_scores_to_a(ds, s);
+            wgmma_fence();
+            flash_wg_p_x(dv, a, dy_s[buf]);  // dv += p^T dout
+            flash_wg_p_x(dk, ds, q_s[buf]);  // dk += ds^T q
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_pin(&dv[0][0], HS / 2);
+            wgmma_pin(&dk[0][0], HS / 2);
+        }
+        __syncthreads();  // every warpgroup's products have read the tiles before they are refilled
+    }
+    flash_store<HS>(dqkv, 3 * C, C, dk, scale, b, h, key0, T);
+    flash_store<HS>(dqkv, 3 * C, 2 * C, dv, 1.0f, b, h, key0, T);
+}
+
+// dQ: block (128 queries, b * NH + h); warpgroup w owns queries group0 .. + 63, warp its 16, and
+// walks the key tiles up to its causal limit:
+//   p = exp(q k^T scale - lse), dp = dout v^T, ds = p (dp - D), dq += ds k scale
+__global__ void __launch_bounds__(FLASH_WG_WARPS * 32, 1)
+flash_attention_backward_dq_wgmma_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
+                                         const float* D, int B, int T, int C, int NH) {
+    const int HS = 64;
+    __shared__ __align__(128) floatX k_s[2][FLASH_TILE * HS];
+    __shared__ __align__(128) floatX v_s[2][FLASH_TILE * HS];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_WG_QUERIES;  // the longest blocks first
+    int group0 = q0 + warp / 4 * 64, row0 = q0 + warp * FLASH_ROWS;
+    int tiles = (min(q0 + FLASH_WG_QUERIES, T) + FLASH_TILE - 1) / FLASH_TILE;
+    float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
+    // the block's q (128 rows) through k_s, its dout through v_s
+    flash_load_async_core<HS, FLASH_WG_QUERIES>(k_s[0], qkv, 3 * C, 0, b, h, q0, T);
+    flash_load_async_core<HS, FLASH_WG_QUERIES>(v_s[0], dout, C, 0, b, h, q0, T);
+    cp_async_commit();
+    float lse_log2[2], D_row[2];  // rows g, g + 8
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + g + 8 * r;
+        lse_log2[r] = row < T ? lse[((size_t)b * NH + h) * T + row] * FLASH_LOG2E : 0.0f;
+        D_row[r] = row < T ? D[((size_t)b * NH + h) * T + row] : 0.0f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t q[HS / 16][4], dy[HS / 16][4];
+    flash_core_rows_to_a<FLASH_WG_QUERIES>(q, k_s[0], warp * FLASH_ROWS);
+    flash_core_rows_to_a<FLASH_WG_QUERIES>(dy, v_s[0], warp * FLASH_ROWS);
+    __syncthreads();
+    flash_load_async_core<HS, FLASH_TILE>(k_s[0], qkv, 3 * C, C, b, h, 0, T);
+    flash_load_async_core<HS, FLASH_TILE>(v_s[0], qkv, 3 * C, 2 * C, b, h, 0, T);
+    cp_async_commit();
+    float dq[HS / 8][4];
+    for (int d = 0; d < HS / 8; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+    for (int tile = 0; tile < tiles; tile++) {
+        int k0 = tile * FLASH_TILE, buf = tile % 2;
+        if (tile + 1 < tiles) {
+            flash_load_async_core<HS, FLASH_TILE>(k_s[buf ^ 1], qkv, 3 * C, C, b, h, k0 + FLASH_TILE, T);
+            flash_load_async_core<HS, FLASH_TILE>(v_s[buf ^ 1], qkv, 3 * C, 2 * C, b, h, k0 + FLASH_TILE, T);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        fence_proxy_async();
+        __syncthreads();
+        if (k0 <= group0 + 63 && group0 < T) {
+            float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];  // s then p then ds; dp
+            wgmma_fence();
+            flash_wg_a_xt(s, q, k_s[buf]);    // s = q k^T
+            flash_wg_a_xt(dp, dy, v_s[buf]);  // dp = dout v^T
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_pin(&s[0][0], FLASH_TILE / 2);
+            wgmma_pin(&dp[0][0], FLASH_TILE / 2);
+            for (int j = 0; j < FLASH_TILE / 8; j++)
+                for (int e = 0; e < 4; e++) s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_log2[e / 2]);
+            if (k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T) {  // the diagonal tile, or past T
+                for (int j = 0; j < FLASH_TILE / 8; j++) {
+                    for (int e = 0; e < 4; e++) {
+                        int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
+                        if (key > query || key >= T) s[j][e] = 0.0f;
+                    }
+                }
+            }
+            for (int j = 0; j < FLASH_TILE / 8; j++)
+                for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_row[e / 2];
+            uint32_t a[FLASH_TILE / 16][4];
+            flash_scores_to_a(a, s);
+            wgmma_fence();
+            flash_wg_p_x(dq, a, k_s[buf]);  // dq += ds k
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_pin(&dq[0][0], HS / 2);
+        }
+        __syncthreads();
+    }
+    flash_store<HS>(dqkv, 3 * C, 0, dq, scale, b, h, row0, T);
+}
 #endif  // LLMC_WGMMA
 
-// 64 floats of a (B, NH, T) row-vector for positions t0.. (0 past T), by threads 0-63 or 64-127
-__device__ inline void flash_load_row_values(float* dst, const float* src, int t0, int T, int first_thread) {
-    int j = (int)threadIdx.x - first_thread;
-    if (j >= 0 && j < FLASH_TILE) dst[j] = t0 + j < T ? src[t0 + j] : 0.0f;
-}
 
 // dK, dV: block (64 keys, b * NH + h), warp w owns keys key0 = block_key0 + 16 w ... + 15 and
 // walks the queries from the block's first key on, 64 at a time, holding in registers
@@ -672,8 +865,21 @@ static inline void attention_backward_flash(floatX* dqkv, const floatX* dout, co
                                             int C, int NH) {
     float* D = (float*)scratch_get(&flash_scratch, flash_scratch_bytes(B, T, NH));
     attention_row_dot(D, dout, out, B, T, C, NH);
-    dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
     int hs = C / NH, threads = FLASH_WARPS * 32;
+    if (flash_wgmma_asked()) {
+#if defined(LLMC_WGMMA)
+        if (hs == 64) {
+            flash_wgmma_calls[0]++;
+            dim3 wg_grid(ceil_div(T, FLASH_WG_QUERIES), B * NH);
+            flash_attention_backward_dkdv_wgmma_kernel<<<wg_grid, FLASH_WG_WARPS * 32>>>(dqkv, dout, qkv, lse, D, B, T, C, NH);
+            flash_attention_backward_dq_wgmma_kernel<<<wg_grid, FLASH_WG_WARPS * 32>>>(dqkv, dout, qkv, lse, D, B, T, C, NH);
+            cudaCheckLaunch();
+            return;
+        }
+#endif
+        flash_wgmma_calls[1]++;
+    }
+    dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
     if (hs == 16) {
         flash_attention_backward_dkdv_kernel<16><<<grid, threads>>>(dqkv, dout, qkv, lse, D, B, T, C, NH);
         flash_attention_backward_dq_kernel<16><<<grid, threads>>>(dqkv, dout, qkv, lse, D, B, T, C, NH);
