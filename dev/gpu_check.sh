@@ -33,7 +33,8 @@ python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device auto 
 # tests pass, becomes the default. LLMC_GELU=epilogue: GELU in the fc GEMMs' epilogues (dev/cuda/gelu
 # tells which GELU they compute); LLMC_CLASSIFIER=split: two classifier rows an SM (dev/cuda/classifier
 # v5); LLMC_LAYERNORM_BACKWARD=fused: dout and x read once (dev/cuda/layernorm_backward v4);
-# LLMC_FLASH=wgmma: the flash forward on Hopper's warpgroup MMA (dev/cuda/attention_forward v7);
+# LLMC_FLASH=wgmma: flash attention on Hopper's warpgroup MMA (dev/cuda/attention_forward v7,
+# attention_backward v6);
 # LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs.
 echo "paths side by side (d12, B=64, T=1024, 8 steps; ms a step, the mean after the first):"
 # (an empty variant is the default; each run's last lines say how often each path asked for was
@@ -50,10 +51,12 @@ for variant in "" LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWA
 done
 # the same paths' kernels alone (dev/cuda): whether wgmma's layouts are the emulator's (v1-v3: each
 # layout against the CPU) and its rate beside mma.sync's, the wgmma forward (v7) beside the
-# mma.sync one (v6), which GELU cuBLASLt's epilogues compute (tanh or erf), the classifier's split
-# kernel (v5) beside the register kernel (v4), the fused LayerNorm backward
-for program in build/cuda_BF16/dev/cuda/wgmma build/cuda_BF16/dev/cuda/attention_forward build/cuda_FP32/dev/cuda/gelu \
-    build/cuda_BF16/dev/cuda/gelu build/cuda_BF16/dev/cuda/classifier build/cuda_BF16/dev/cuda/layernorm_backward; do
+# mma.sync one (v6) and the wgmma backward (v6) beside the mma.sync one (v5), which GELU
+# cuBLASLt's epilogues compute (tanh or erf), the classifier's split kernel (v5) beside the
+# register kernel (v4), the fused LayerNorm backward
+for program in build/cuda_BF16/dev/cuda/wgmma build/cuda_BF16/dev/cuda/attention_forward \
+    build/cuda_BF16/dev/cuda/attention_backward build/cuda_FP32/dev/cuda/gelu build/cuda_BF16/dev/cuda/gelu \
+    build/cuda_BF16/dev/cuda/classifier build/cuda_BF16/dev/cuda/layernorm_backward; do
     echo "$program:"
     timeout "$(left)" "./$program" 2>&1 | grep -E "^gelu in|v2 .*GEMM|v3 [a-z]|v4|v5|v6|v7|wgmma|mma.sync|valid|FAIL"
 done
@@ -76,7 +79,7 @@ PYTHONUNBUFFERED=1 TEST_JOBS=${TEST_JOBS:-4} timeout "$(left)" python3 test/run_
 # racecheck names cuBLAS's own split-K kernels too (nvjet_*); only this project's kernels count.
 # The paths not yet the default are on (their kernels are the new ones; the default kernels were
 # clean on 2026-11-26); d2 has GPT-2's vocabulary, so the split classifier runs, and heads of 64,
-# so the wgmma forward does.
+# so the wgmma kernels do.
 if command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck; do
         LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused LLMC_FLASH=wgmma \

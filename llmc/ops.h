@@ -32,8 +32,8 @@ static inline void paths_print(void) {
                layernorm_fused_calls[0], layernorm_fused_calls[1]);
 #if !FLOATX_IS_FLOAT
     if (flash_wgmma_asked())
-        printf("LLMC_FLASH=wgmma: %ld attention forwards ran on wgmma, %ld fell back to mma.sync (not an sm_90a "
-               "build, or a head size other than 64)\n", flash_wgmma_calls[0], flash_wgmma_calls[1]);
+        printf("LLMC_FLASH=wgmma: %ld flash calls (forward or backward) ran on wgmma, %ld fell back to mma.sync "
+               "(not an sm_90a build, or a head size other than 64)\n", flash_wgmma_calls[0], flash_wgmma_calls[1]);
 #endif
 }
 #else

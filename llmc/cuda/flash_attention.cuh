@@ -20,6 +20,8 @@
 // Every output element has one writer: dk and dv come from one kernel (a block owns 64 keys and
 // walks the queries), dq from another (64 queries, walking the keys), no atomics, the same bits
 // on every run.
+// On Hopper (sm_90a builds, LLMC_FLASH=wgmma; after the forward below): the same kernels with their
+// products on wgmma, a warpgroup of 4 warps multiplying 64 rows, B read from shared memory.
 #ifndef LLMC_CUDA_FLASH_ATTENTION_CUH
 #define LLMC_CUDA_FLASH_ATTENTION_CUH
 
@@ -330,10 +332,11 @@ __device__ inline void flash_load_row_values(float* dst, const float* src, int t
 }
 
 #if defined(LLMC_WGMMA)
-// ---- The forward on Hopper's warpgroup MMA (LLMC_FLASH=wgmma, sm_90a builds, head size 64)
+// ---- Flash attention on Hopper's warpgroup MMA (LLMC_FLASH=wgmma, sm_90a builds, head size 64)
 // FlashAttention-3 (Shah et al. 2024) runs attention on wgmma: a warpgroup of 4 warps multiplies
-// 64 rows at once, and B comes to the tensor cores straight from shared memory. This kernel is
-// its first step, the same algorithm as flash_attention_forward_kernel with the products moved:
+// 64 rows at once, and B comes to the tensor cores straight from shared memory. The kernels
+// below are its first step: the same algorithms as the mma.sync kernels with the products moved.
+// The forward (flash_attention_forward_wgmma_kernel; the backward's two follow it):
 // - block: 2 warpgroups, 128 queries; each warpgroup 64 queries, each warp 16 of them;
 // - s (64, 64) = q k^T: 4 wgmma (k16 steps over HS), A = the warp's q fragments in registers,
 //   B = the k tile in shared memory, K-major (a key's 64 values adjacent);
@@ -826,7 +829,7 @@ flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const float
 
 static DeviceScratch flash_scratch;
 
-// LLMC_FLASH=wgmma (read once) asks for the forward on wgmma; it runs where the build has it (an
+// LLMC_FLASH=wgmma (read once) asks for the wgmma kernels; they run where the build has them (an
 // sm_90a build, which runs only on Hopper) and the head size is 64, and the calls that fell back
 // to mma.sync are counted (paths_print)
 static inline int flash_wgmma_asked(void) {
