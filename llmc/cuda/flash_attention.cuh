@@ -88,13 +88,13 @@ static inline void attention_row_dot(float* D, const floatX* dout, const floatX*
 // 68 bytes spilled) took the backward from 24.9 to 23.8 ms a step; dQ at 4 (128 registers, 104
 // bytes spilled) cost 0.6 ms, the forward at 3 (312 bytes spilled) 0.8 ms.
 #ifndef FLASH_FORWARD_BLOCKS
-#define FLASH_FORWARD_BLOCKS 1  // 246 registers on sm_90, 2 blocks
+#define FLASH_FORWARD_BLOCKS 1  // 244 registers on sm_90, 2 blocks
 #endif
 #ifndef FLASH_DKDV_BLOCKS
 #define FLASH_DKDV_BLOCKS 3  // 1: 227 registers, 2 blocks, no spills
 #endif
 #ifndef FLASH_DQ_BLOCKS
-#define FLASH_DQ_BLOCKS 0  // 0: no minimum, ptxas chooses (163 registers on sm_90, 3 blocks; 1 gives 191, 2 blocks)
+#define FLASH_DQ_BLOCKS 0  // 0: no minimum, ptxas chooses (166 registers on sm_90, 3 blocks; 1 gives about 190, 2 blocks)
 #endif
 
 // row stride of a shared tile, in elements: HS + 8 (see the bank note above)
@@ -196,6 +196,121 @@ __device__ inline void flash_store(floatX* x, int width, int offset, const float
     }
 }
 
+// One key tile of the forward's online softmax, for a warp's 16 queries first.. against the
+// keys k0.. (the same in the mma.sync and the wgmma kernels, whose accumulators share mma's D
+// layout): s (16, 64) scores become probabilities p = 2^(s scale log2 e - m), the running max m
+// and sum l of rows g, g + 8 move on, and the output rows o are rescaled to the new max
+template <int HS>
+__device__ inline void flash_online_softmax(float (*s)[4], float* m, float* l, float (*o)[4], int first, int k0, int T,
+                                            float scale_log2) {
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    // base-2 scores; the masked ones (a key after the query, or past T) become -inf (only the
+    // diagonal tile and the last, past T, need the mask: the others skip its compares, since the
+    // whole warp takes the same branch)
+    for (int j = 0; j < FLASH_TILE / 8; j++)
+        for (int e = 0; e < 4; e++) s[j][e] *= scale_log2;
+    if (k0 + FLASH_TILE - 1 > first || k0 + FLASH_TILE > T) {
+        for (int j = 0; j < FLASH_TILE / 8; j++) {
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + 8 * j + 2 * t + e % 2, query = first + g + e / 2 * 8;
+                if (key > query || key >= T) s[j][e] = -INFINITY;
+            }
+        }
+    }
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    for (int j = 0; j < FLASH_TILE / 8; j++)
+        for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[j][e]);
+    float rescale[2];
+    for (int r = 0; r < 2; r++) {  // the 4 lanes of the group hold the row between them
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
+        // finite from the first tile on: key 0 is in it, and every query sees key 0
+        float m_new = fmaxf(m[r], tile_max[r]);
+        rescale[r] = exp2_approx(m[r] - m_new);  // what the sums so far are worth at the new max
+        m[r] = m_new;
+        l[r] *= rescale[r];
+    }
+    for (int d = 0; d < HS / 8; d++) {
+        o[d][0] *= rescale[0], o[d][1] *= rescale[0];
+        o[d][2] *= rescale[1], o[d][3] *= rescale[1];
+    }
+    for (int j = 0; j < FLASH_TILE / 8; j++) {  // p = exp(score - max), l += this lane's part
+        for (int e = 0; e < 4; e++) {
+            s[j][e] = exp2_approx(s[j][e] - m[e / 2]);
+            l[e / 2] += s[j][e];
+        }
+    }
+}
+
+// the forward's end for a warp's 16 queries first..: o divided by the row sums l (gathered from
+// the group's 4 lanes) into out (B, T, C), and each row's log-sum-exp into lse (B, NH, T)
+template <int HS>
+__device__ inline void flash_forward_finish(floatX* out, float* lse, float (*o)[4], const float* m, float* l, int b,
+                                            int h, int first, int T, int C, int NH) {
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+    }
+    float inv_l[2] = {1.0f / l[0], 1.0f / l[1]};  // two divisions, then multiplies
+    for (int d = 0; d < HS / 8; d++) {
+        o[d][0] *= inv_l[0], o[d][1] *= inv_l[0];
+        o[d][2] *= inv_l[1], o[d][3] *= inv_l[1];
+    }
+    flash_store<HS>(out, C, 0, o, 1.0f, b, h, first, T);
+    for (int r = 0; r < 2; r++) {  // natural-log lse = ln 2 (m + log2 l), m in base-2 units
+        int row = first + g + 8 * r;
+        if (t == 0 && row < T) lse[((size_t)b * NH + h) * T + row] = (m[r] + log2f(l[r])) / FLASH_LOG2E;
+    }
+}
+
+// the dQ kernels' per-row values for the warp's queries row0..: lse in base 2 and D, rows g, g + 8
+__device__ inline void flash_row_statistics(float* lse_log2, float* D_row, const float* lse, const float* D, int b,
+                                            int h, int NH, int row0, int T) {
+    int g = threadIdx.x % 32 / 4;
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + g + 8 * r;
+        lse_log2[r] = row < T ? lse[((size_t)b * NH + h) * T + row] * FLASH_LOG2E : 0.0f;
+        D_row[r] = row < T ? D[((size_t)b * NH + h) * T + row] : 0.0f;
+    }
+}
+
+// The backward's probabilities, recomputed from the forward's lse: p = 2^(s scale log2 e - lse
+// log2 e), 0 where masked. flash_query_probabilities: a (16, 64) tile of the dQ kernels, rows the
+// warp's queries row0.. (lse_log2: rows g, g + 8, in base 2), columns the keys k0..
+__device__ inline void flash_query_probabilities(float (*s)[4], const float* lse_log2, int row0, int k0, int T,
+                                                 float scale_log2) {
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (int j = 0; j < FLASH_TILE / 8; j++)
+        for (int e = 0; e < 4; e++) s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_log2[e / 2]);
+    if (k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T) {  // the diagonal tile, or past T
+        for (int j = 0; j < FLASH_TILE / 8; j++) {
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
+                if (key > query || key >= T) s[j][e] = 0.0f;
+            }
+        }
+    }
+}
+// flash_key_probabilities: the transposed tile of the dK dV kernels, rows the warp's keys
+// key0.., columns the queries u0.. (lse_tile: their 64 lse, natural log, in shared memory)
+__device__ inline void flash_key_probabilities(float (*s)[4], const float* lse_tile, int key0, int u0, int T,
+                                               float scale_log2) {
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (int j = 0; j < FLASH_TILE / 8; j++) {
+        for (int e = 0; e < 4; e++)
+            s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_tile[8 * j + 2 * t + e % 2] * FLASH_LOG2E);
+    }
+    if (u0 < key0 + FLASH_ROWS - 1 || u0 + FLASH_TILE > T) {  // the diagonal tile, or past T
+        for (int j = 0; j < FLASH_TILE / 8; j++) {
+            for (int e = 0; e < 4; e++) {
+                int query = u0 + 8 * j + 2 * t + e % 2, key = key0 + g + e / 2 * 8;
+                if (query < key || query >= T) s[j][e] = 0.0f;
+            }
+        }
+    }
+}
+
 // block (64 MT queries, b * NH + h), 4 warps of 16 MT queries: MT row tiles of 16 per warp.
 // The library runs MT = 2 (FLASH_Q_TILES), 128-query blocks as in FlashAttention-2: each k, v
 // tile a block loads from memory serves twice the queries, and each fragment a warp reads from
@@ -205,7 +320,7 @@ __device__ inline void flash_store(floatX* x, int width, int offset, const float
 // together hold the whole rows.
 // (__launch_bounds__ with 1 block per SM lets ptxas use the registers the output accumulator and
 // the score tile need: held to 4 blocks per SM, the 64-query forward<64, 1> spilled on sm_90;
-// at MT = 2, forward<64, 2> takes 246 registers, no spills; dev/cuda/flash_sass.sh)
+// at MT = 2, forward<64, 2> takes 244 registers, no spills; dev/cuda/flash_sass.sh)
 template <int HS, int MT>
 __global__ void __launch_bounds__(FLASH_WARPS * 32, FLASH_FORWARD_BLOCKS)
 flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
@@ -215,7 +330,7 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B
     // way 36 KiB). Its rows 64-127 run on from kv_s[1][0] into kv_s[1][1], next in memory.
     static_assert(MT == 1 || MT == 2, "q borrows the second k, v buffers: room for 2 tiles of rows");
     __shared__ __align__(16) floatX kv_s[2][2][FLASH_TILE * FLASH_LD(HS)];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int warp = threadIdx.x / 32;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     // the last queries see the most keys: their blocks start first, short ones fill the tail
     int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE * MT, row0 = q0 + warp * FLASH_ROWS * MT;
@@ -262,43 +377,7 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B
             // (flash_sass.sh fails on any LDL/STL)
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                int first = row0 + mt * FLASH_ROWS;  // the row tile's first query
-                // base-2 scores; the masked ones (a key after the query, or past T) become -inf
-                // (only the diagonal tile and the last, past T, need the mask: the others skip
-                // its compares, since the whole warp takes the same branch)
-                for (int j = 0; j < FLASH_TILE / 8; j++)
-                    for (int e = 0; e < 4; e++) s[mt][j][e] *= scale_log2;
-                if (k0 + FLASH_TILE - 1 > first || k0 + FLASH_TILE > T) {
-                    for (int j = 0; j < FLASH_TILE / 8; j++) {
-                        for (int e = 0; e < 4; e++) {
-                            int key = k0 + 8 * j + 2 * t + e % 2, query = first + g + e / 2 * 8;
-                            if (key > query || key >= T) s[mt][j][e] = -INFINITY;
-                        }
-                    }
-                }
-                float tile_max[2] = {-INFINITY, -INFINITY};
-                for (int j = 0; j < FLASH_TILE / 8; j++)
-                    for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[mt][j][e]);
-                float rescale[2];
-                for (int r = 0; r < 2; r++) {  // the 4 lanes of the group hold the row between them
-                    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
-                    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
-                    // finite from the first tile on: key 0 is in it, and every query sees key 0
-                    float m_new = fmaxf(m[mt][r], tile_max[r]);
-                    rescale[r] = exp2_approx(m[mt][r] - m_new);  // what the sums so far are worth at the new max
-                    m[mt][r] = m_new;
-                    l[mt][r] *= rescale[r];
-                }
-                for (int d = 0; d < HS / 8; d++) {
-                    o[mt][d][0] *= rescale[0], o[mt][d][1] *= rescale[0];
-                    o[mt][d][2] *= rescale[1], o[mt][d][3] *= rescale[1];
-                }
-                for (int j = 0; j < FLASH_TILE / 8; j++) {  // p = exp(score - max), l += this lane's part
-                    for (int e = 0; e < 4; e++) {
-                        s[mt][j][e] = exp2_approx(s[mt][j][e] - m[mt][e / 2]);
-                        l[mt][e / 2] += s[mt][j][e];
-                    }
-                }
+                flash_online_softmax<HS>(s[mt], m[mt], l[mt], o[mt], row0 + mt * FLASH_ROWS, k0, T, scale_log2);
                 flash_scores_to_a(p[mt], s[mt]);
             }
             flash_p_x<HS, MT>(o, p, kv_s[buf][1]);  // o += p v
@@ -306,23 +385,7 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B
         __syncthreads();  // every warp is done with kv_s[buf] before it is refilled
     }
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        int first = row0 + mt * FLASH_ROWS;
-        for (int r = 0; r < 2; r++) {  // the row sums, gathered from the group's 4 lanes
-            l[mt][r] += __shfl_xor_sync(0xffffffff, l[mt][r], 1);
-            l[mt][r] += __shfl_xor_sync(0xffffffff, l[mt][r], 2);
-        }
-        float inv_l[2] = {1.0f / l[mt][0], 1.0f / l[mt][1]};  // two divisions, then multiplies
-        for (int d = 0; d < HS / 8; d++) {
-            o[mt][d][0] *= inv_l[0], o[mt][d][1] *= inv_l[0];
-            o[mt][d][2] *= inv_l[1], o[mt][d][3] *= inv_l[1];
-        }
-        flash_store<HS>(out, C, 0, o[mt], 1.0f, b, h, first, T);
-        for (int r = 0; r < 2; r++) {  // natural-log lse = ln 2 (m + log2 l), m in base-2 units
-            int row = first + g + 8 * r;
-            if (t == 0 && row < T) lse[((size_t)b * NH + h) * T + row] = (m[mt][r] + log2f(l[mt][r])) / FLASH_LOG2E;
-        }
-    }
+    for (int mt = 0; mt < MT; mt++) flash_forward_finish<HS>(out, lse, o[mt], m[mt], l[mt], b, h, row0 + mt * FLASH_ROWS, T, C, NH);
 }
 
 // 64 floats of a (B, NH, T) row-vector for positions t0.. (0 past T), by threads 0-63 or 64-127
@@ -346,7 +409,7 @@ __device__ inline void flash_load_row_values(float* dst, const float* src, int t
 // - k, v tiles in the interleaved layout (flash_core_offset), double-buffered by cp.async.
 // Not yet here (FlashAttention-3's other steps): loads by the tensor memory accelerator, one
 // warpgroup loading while the others compute, and softmax overlapped with the next product.
-// Per thread: 16 registers of q, 32 of s, 32 of o, 16 of p, against 246 for the mma.sync kernel.
+// Per thread: 16 registers of q, 32 of s, 32 of o, 16 of p, against 244 for the mma.sync kernel.
 #define FLASH_WG_WARPS 8  // 2 warpgroups
 // wgmma's interleaved layout of a (ROWS, HS) tile (mma.cuh): 8 x 8 core matrices of 128
 // contiguous bytes, a row of 8 elements every 16 bytes; the core matrices of one 8 columns
@@ -405,7 +468,7 @@ flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv,
     // k and v, double-buffered (kv_s[buf][0] k, kv_s[buf][1] v); q (128, 64) passes through
     // kv_s[1] (both tiles, 16 KB) into registers first, in the interleaved layout too
     __shared__ __align__(128) floatX kv_s[2][2][FLASH_TILE * HS];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int warp = threadIdx.x / 32;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_WG_QUERIES;  // the longest blocks first
     int group0 = q0 + warp / 4 * 64, row0 = q0 + warp * FLASH_ROWS;  // the warpgroup's and warp's first query
@@ -443,37 +506,7 @@ flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv,
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_pin(&s[0][0], FLASH_TILE / 2);
-            for (int j = 0; j < FLASH_TILE / 8; j++)
-                for (int e = 0; e < 4; e++) s[j][e] *= scale_log2;
-            if (k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T) {  // the diagonal, or past T
-                for (int j = 0; j < FLASH_TILE / 8; j++) {
-                    for (int e = 0; e < 4; e++) {
-                        int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
-                        if (key > query || key >= T) s[j][e] = -INFINITY;
-                    }
-                }
-            }
-            float tile_max[2] = {-INFINITY, -INFINITY}, rescale[2];
-            for (int j = 0; j < FLASH_TILE / 8; j++)
-                for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[j][e]);
-            for (int r = 0; r < 2; r++) {
-                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
-                tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
-                float m_new = fmaxf(m[r], tile_max[r]);
-                rescale[r] = exp2_approx(m[r] - m_new);
-                m[r] = m_new;
-                l[r] *= rescale[r];
-            }
-            for (int d = 0; d < HS / 8; d++) {
-                o[d][0] *= rescale[0], o[d][1] *= rescale[0];
-                o[d][2] *= rescale[1], o[d][3] *= rescale[1];
-            }
-            for (int j = 0; j < FLASH_TILE / 8; j++) {
-                for (int e = 0; e < 4; e++) {
-                    s[j][e] = exp2_approx(s[j][e] - m[e / 2]);
-                    l[e / 2] += s[j][e];
-                }
-            }
+            flash_online_softmax<HS>(s, m, l, o, row0, k0, T, scale_log2);
             uint32_t p[FLASH_TILE / 16][4];
             flash_scores_to_a(p, s);
             wgmma_fence();  // o was rescaled by ordinary instructions
@@ -484,20 +517,7 @@ flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv,
         }
         __syncthreads();  // every warpgroup's products have read kv_s[buf] before it is refilled
     }
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
-    }
-    float inv_l[2] = {1.0f / l[0], 1.0f / l[1]};
-    for (int d = 0; d < HS / 8; d++) {
-        o[d][0] *= inv_l[0], o[d][1] *= inv_l[0];
-        o[d][2] *= inv_l[1], o[d][3] *= inv_l[1];
-    }
-    flash_store<HS>(out, C, 0, o, 1.0f, b, h, row0, T);
-    for (int r = 0; r < 2; r++) {
-        int row = row0 + g + 8 * r;
-        if (t == 0 && row < T) lse[((size_t)b * NH + h) * T + row] = (m[r] + log2f(l[r])) / FLASH_LOG2E;
-    }
+    flash_forward_finish<HS>(out, lse, o, m, l, b, h, row0, T, C, NH);
 }
 // The backward on wgmma (LLMC_FLASH=wgmma): flash_attention_backward_dkdv_kernel and _dq_kernel
 // with their products moved to wgmma as in the forward above. Each warpgroup owns 64 rows (keys
@@ -517,7 +537,7 @@ flash_attention_backward_dkdv_wgmma_kernel(floatX* dqkv, const floatX* dout, con
     __shared__ __align__(128) floatX q_s[2][FLASH_TILE * HS];
     __shared__ __align__(128) floatX dy_s[2][FLASH_TILE * HS];
     __shared__ float lse_s[2][FLASH_TILE], D_s[2][FLASH_TILE];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int warp = threadIdx.x / 32, t = threadIdx.x % 4;  // t: the lane's place in its group (mma.cuh)
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int block_key0 = blockIdx.x * FLASH_WG_QUERIES;  // the first keys see the most queries: first
     int group0 = block_key0 + warp / 4 * 64, key0 = block_key0 + warp * FLASH_ROWS;
@@ -565,18 +585,7 @@ flash_attention_backward_dkdv_wgmma_kernel(floatX* dqkv, const floatX* dout, con
             wgmma_wait<0>();
             wgmma_pin(&s[0][0], FLASH_TILE / 2);
             wgmma_pin(&dp[0][0], FLASH_TILE / 2);
-            for (int j = 0; j < FLASH_TILE / 8; j++) {
-                for (int e = 0; e < 4; e++)
-                    s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_s[buf][8 * j + 2 * t + e % 2] * FLASH_LOG2E);
-            }
-            if (u0 < key0 + FLASH_ROWS - 1 || u0 + FLASH_TILE > T) {  // the diagonal tile, or past T
-                for (int j = 0; j < FLASH_TILE / 8; j++) {
-                    for (int e = 0; e < 4; e++) {
-                        int query = u0 + 8 * j + 2 * t + e % 2, key = key0 + g + e / 2 * 8;
-                        if (query < key || query >= T) s[j][e] = 0.0f;
-                    }
-                }
-            }
+            flash_key_probabilities(s, lse_s[buf], key0, u0, T, scale_log2);  // p^T
             uint32_t a[FLASH_TILE / 16][4];
             flash_scores_to_a(a, s);
             for (int j = 0; j < FLASH_TILE / 8; j++)
@@ -606,7 +615,7 @@ flash_attention_backward_dq_wgmma_kernel(floatX* dqkv, const floatX* dout, const
     const int HS = 64;
     __shared__ __align__(128) floatX k_s[2][FLASH_TILE * HS];
     __shared__ __align__(128) floatX v_s[2][FLASH_TILE * HS];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int warp = threadIdx.x / 32;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_WG_QUERIES;  // the longest blocks first
     int group0 = q0 + warp / 4 * 64, row0 = q0 + warp * FLASH_ROWS;
@@ -617,11 +626,7 @@ flash_attention_backward_dq_wgmma_kernel(floatX* dqkv, const floatX* dout, const
     flash_load_async_core<HS, FLASH_WG_QUERIES>(v_s[0], dout, C, 0, b, h, q0, T);
     cp_async_commit();
     float lse_log2[2], D_row[2];  // rows g, g + 8
-    for (int r = 0; r < 2; r++) {
-        int row = row0 + g + 8 * r;
-        lse_log2[r] = row < T ? lse[((size_t)b * NH + h) * T + row] * FLASH_LOG2E : 0.0f;
-        D_row[r] = row < T ? D[((size_t)b * NH + h) * T + row] : 0.0f;
-    }
+    flash_row_statistics(lse_log2, D_row, lse, D, b, h, NH, row0, T);
     cp_async_wait<0>();
     __syncthreads();
     uint32_t q[HS / 16][4], dy[HS / 16][4];
@@ -654,16 +659,7 @@ flash_attention_backward_dq_wgmma_kernel(floatX* dqkv, const floatX* dout, const
             wgmma_wait<0>();
             wgmma_pin(&s[0][0], FLASH_TILE / 2);
             wgmma_pin(&dp[0][0], FLASH_TILE / 2);
-            for (int j = 0; j < FLASH_TILE / 8; j++)
-                for (int e = 0; e < 4; e++) s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_log2[e / 2]);
-            if (k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T) {  // the diagonal tile, or past T
-                for (int j = 0; j < FLASH_TILE / 8; j++) {
-                    for (int e = 0; e < 4; e++) {
-                        int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
-                        if (key > query || key >= T) s[j][e] = 0.0f;
-                    }
-                }
-            }
+            flash_query_probabilities(s, lse_log2, row0, k0, T, scale_log2);  // p
             for (int j = 0; j < FLASH_TILE / 8; j++)
                 for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_row[e / 2];
             uint32_t a[FLASH_TILE / 16][4];
@@ -692,7 +688,7 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
     __shared__ __align__(16) floatX q_s[2][FLASH_TILE * FLASH_LD(HS)];
     __shared__ __align__(16) floatX dy_s[2][FLASH_TILE * FLASH_LD(HS)];
     __shared__ float lse_s[2][FLASH_TILE], D_s[2][FLASH_TILE];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int warp = threadIdx.x / 32, t = threadIdx.x % 4;  // t: the lane's place in its group (mma.cuh)
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int block_key0 = blockIdx.x * FLASH_TILE, key0 = block_key0 + warp * FLASH_ROWS;  // first keys: most queries
     int tiles = (T - block_key0 + FLASH_TILE - 1) / FLASH_TILE;  // causal: queries from the first key on
@@ -731,18 +727,7 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
         __syncthreads();
         float s[FLASH_TILE / 8][4];  // s^T, then p^T
         flash_a_xt<HS, 1>(&s, &k, q_s[buf]);
-        for (int j = 0; j < FLASH_TILE / 8; j++) {
-            for (int e = 0; e < 4; e++)
-                s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_s[buf][8 * j + 2 * t + e % 2] * FLASH_LOG2E);
-        }
-        if (u0 < key0 + FLASH_ROWS - 1 || u0 + FLASH_TILE > T) {  // the diagonal tile, or past T
-            for (int j = 0; j < FLASH_TILE / 8; j++) {
-                for (int e = 0; e < 4; e++) {
-                    int query = u0 + 8 * j + 2 * t + e % 2, key = key0 + g + e / 2 * 8;
-                    if (query < key || query >= T) s[j][e] = 0.0f;
-                }
-            }
-        }
+        flash_key_probabilities(s, lse_s[buf], key0, u0, T, scale_log2);  // p^T
         uint32_t a[FLASH_TILE / 16][4];
         flash_scores_to_a(a, s);
         flash_p_x<HS, 1>(&dv, &a, dy_s[buf]);  // dv += p^T dout
@@ -767,7 +752,7 @@ flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const float
                                    const float* lse, const float* D, int B, int T, int C, int NH) {
     __shared__ __align__(16) floatX k_s[2][FLASH_TILE * FLASH_LD(HS)];
     __shared__ __align__(16) floatX v_s[2][FLASH_TILE * FLASH_LD(HS)];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int warp = threadIdx.x / 32;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE, row0 = q0 + warp * FLASH_ROWS;
     int tiles = (min(q0 + FLASH_TILE, T) + FLASH_TILE - 1) / FLASH_TILE;
@@ -779,11 +764,7 @@ flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const float
     flash_load_async<HS>(v_s[0], qkv, 3 * C, 2 * C, b, h, 0, T, 0, T);
     cp_async_commit();
     float lse_log2[2], D_row[2];  // rows g, g + 8
-    for (int r = 0; r < 2; r++) {
-        int row = row0 + g + 8 * r;
-        lse_log2[r] = row < T ? lse[((size_t)b * NH + h) * T + row] * FLASH_LOG2E : 0.0f;
-        D_row[r] = row < T ? D[((size_t)b * NH + h) * T + row] : 0.0f;
-    }
+    flash_row_statistics(lse_log2, D_row, lse, D, b, h, NH, row0, T);
     cp_async_wait<0>();
     __syncthreads();
     uint32_t q[HS / 16][4], dy[HS / 16][4];
@@ -805,16 +786,7 @@ flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const float
         __syncthreads();
         float s[FLASH_TILE / 8][4];  // s, then p, then ds
         flash_a_xt<HS, 1>(&s, &q, k_s[buf]);
-        for (int j = 0; j < FLASH_TILE / 8; j++)
-            for (int e = 0; e < 4; e++) s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_log2[e / 2]);
-        if (k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T) {  // the diagonal tile, or past T
-            for (int j = 0; j < FLASH_TILE / 8; j++) {
-                for (int e = 0; e < 4; e++) {
-                    int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
-                    if (key > query || key >= T) s[j][e] = 0.0f;
-                }
-            }
-        }
+        flash_query_probabilities(s, lse_log2, row0, k0, T, scale_log2);  // p
         float dp[FLASH_TILE / 8][4];
         flash_a_xt<HS, 1>(&dp, &dy, v_s[buf]);  // dp = dout v^T
         for (int j = 0; j < FLASH_TILE / 8; j++)
