@@ -1,8 +1,8 @@
 /*
 wgmma, Hopper's warpgroup MMA (llmc/cuda/mma.cuh), alone against the CPU: the instruction under
-the flash forward's LLMC_FLASH=wgmma path. The emulator (test/cuda_emu) implements wgmma after
+the flash kernels' LLMC_FLASH=wgmma path. The emulator (test/cuda_emu) implements wgmma after
 the PTX ISA's tables (descriptor fields, the interleaved layout's strides, the fragments of A
-and D); the flash kernel was developed against it. This program asks a GPU whether those tables
+and D); the flash kernels were developed against it. This program asks a GPU whether those tables
 are the hardware's, one layout at a time, so that a wrong one is named rather than hidden in
 attention's numbers.
   make dev/cuda/wgmma GPU_COMPUTE_CAPABILITY=90 && ./dev/cuda/wgmma
@@ -12,6 +12,12 @@ v2: the same with B MN-major (trans_b = 1: the n of one k adjacent, as v in o = 
     (8 k on), sbo = 256 (8 n on): other strides than the flash kernel's, so that swapped fields
     cannot pass by symmetry
 v3: d = a b, then d += a b (scale-d 0, then 1) in one commit group
+For the interleaved layout the emulator reads lbo as the stride between core matrices along k and
+sbo as the one along n, for both majors, as CUTLASS's make_gmma_desc encodes them; one reading of
+the PTX ISA (Triton's comments) has them the other way round for K-major. Each of v1 and v2 also
+runs the same placement with the two fields swapped and says whether that matches instead, so a
+GPU names the reading it follows. B's tile is 16 KB, its cells outside B hold 1000: a wrong
+reading shows as a large error, not as a read past the array.
 Timing (GPU only): 64 products m64n64k16 a warpgroup from one B tile, 132 x 8 blocks of 2
 warpgroups, beside the same multiply-adds as mma.sync m16n8k16 (warps of 16 rows): the bf16
 rate each reaches with the flash kernels' shapes.
@@ -24,23 +30,30 @@ rate each reaches with the flash kernels' shapes.
 #define WG_K 16
 
 #if defined(LLMC_WGMMA) && !FLOATX_IS_FLOAT
-// byte offset of element (k, n) of the (16, 64) B tile, from the layout's definition (8 x 8 core
-// matrices of 128 contiguous bytes, rows of 16 bytes): K-major rows are n, MN-major rows are k
-__host__ __device__ inline int b_offset(int k, int n, int trans_b, int lbo, int sbo) {
-    return trans_b ? (k % 8) * 16 + (k / 8) * lbo + (n / 8) * sbo + (n % 8) * 2
-                   : (n % 8) * 16 + (n / 8) * sbo + (k / 8) * lbo + (k % 8) * 2;
+#define B_TILE_BYTES 16384  // past what any reading of the strides below can reach (8.2 KB)
+#define SENTINEL 1000.0f    // the tile's cells outside B: a read of one shows as an error of ~1000
+
+// byte offset of element (k, n) of the (16, 64) B tile placed with core matrices k_stride bytes
+// apart along k and n_stride apart along n (8 x 8 core matrices of 128 contiguous bytes, rows of
+// 16 bytes): K-major rows are n, MN-major rows are k
+__host__ __device__ inline int b_offset(int k, int n, int trans_b, int k_stride, int n_stride) {
+    return trans_b ? (k % 8) * 16 + (k / 8) * k_stride + (n / 8) * n_stride + (n % 8) * 2
+                   : (n % 8) * 16 + (n / 8) * n_stride + (k / 8) * k_stride + (k % 8) * 2;
 }
 
 // one warpgroup: d = a b (twice = 1: then d += a b). a (64, 16) and b (16, 64) row-major in
-// global memory; b goes to shared memory in the layout, a to each warp's A fragment (16 rows)
+// global memory; b goes to shared memory placed with (k_stride, n_stride), the descriptor says
+// (lbo, sbo); a goes to each warp's A fragment (16 rows)
 template <int trans_b>
-__global__ void __launch_bounds__(128) wgmma_check_kernel(float* d_out, const floatX* a, const floatX* b, int lbo,
-                                                         int sbo, int twice) {
-    __shared__ __align__(128) unsigned char b_s[WG_K * WG_N * 2];  // 2 KB: both layouts end at byte 2046
+__global__ void __launch_bounds__(128) wgmma_check_kernel(float* d_out, const floatX* a, const floatX* b, int k_stride,
+                                                         int n_stride, int lbo, int sbo, int twice) {
+    __shared__ __align__(128) floatX b_s[B_TILE_BYTES / 2];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (int i = threadIdx.x; i < B_TILE_BYTES / 2; i += blockDim.x) b_s[i] = (floatX)SENTINEL;
+    __syncthreads();
     for (int i = threadIdx.x; i < WG_K * WG_N; i += blockDim.x) {
         int k = i / WG_N, n = i % WG_N;
-        *(floatX*)(b_s + b_offset(k, n, trans_b, lbo, sbo)) = b[i];
+        b_s[b_offset(k, n, trans_b, k_stride, n_stride) / 2] = b[i];
     }
     fence_proxy_async();  // the ordinary stores above, seen by the tensor cores
     __syncthreads();
@@ -65,9 +78,11 @@ __global__ void __launch_bounds__(128) wgmma_check_kernel(float* d_out, const fl
     }
 }
 
-static int check_layout(const char* name, int trans_b, int lbo, int sbo, int twice, const float* a, const float* b,
-                        const floatX* d_a, const floatX* d_b, float* d_out) {
-    float ref[WG_M * WG_N];
+// the largest |gpu - cpu| / (1 + |cpu|) of d = a b (2 a b when twice) with B placed and described
+// as given
+static double layout_error(int trans_b, int k_stride, int n_stride, int lbo, int sbo, int twice, const float* a,
+                           const float* b, const floatX* d_a, const floatX* d_b, float* d_out) {
+    static float ref[WG_M * WG_N], got[WG_M * WG_N];
     for (int m = 0; m < WG_M; m++) {
         for (int n = 0; n < WG_N; n++) {
             double s = 0.0;
@@ -76,11 +91,38 @@ static int check_layout(const char* name, int trans_b, int lbo, int sbo, int twi
         }
     }
     device_memset_zero(d_out, sizeof(ref));
-    if (trans_b) wgmma_check_kernel<1><<<1, 128>>>(d_out, d_a, d_b, lbo, sbo, twice);
-    else wgmma_check_kernel<0><<<1, 128>>>(d_out, d_a, d_b, lbo, sbo, twice);
+    if (trans_b) wgmma_check_kernel<1><<<1, 128>>>(d_out, d_a, d_b, k_stride, n_stride, lbo, sbo, twice);
+    else wgmma_check_kernel<0><<<1, 128>>>(d_out, d_a, d_b, k_stride, n_stride, lbo, sbo, twice);
     cudaCheckLaunch();
-    // the products of bf16 values are exact in fp32 and 16 terms add with fp32 rounding: 1e-5
-    return validate_f32(name, d_out, ref, WG_M * WG_N, 1e-5f);
+    copy_device_to_host(got, d_out, sizeof(got));
+    double worst = 0.0;
+    for (int i = 0; i < WG_M * WG_N; i++) {
+        double r = fabs((double)got[i] - ref[i]) / (1.0 + fabs((double)ref[i]));
+        if (!(r <= worst)) worst = r;  // NaN is the worst
+    }
+    return worst;
+}
+
+// one layout, B placed with core matrices k_stride bytes apart along k and n_stride along n, and
+// described as the emulator reads the descriptor (lbo: the k stride, sbo: the n stride, after
+// CUTLASS's make_gmma_desc for the interleaved layout). Then the same placement described the
+// other way round (lbo: the n stride), as one reading of the PTX ISA has it (Triton's comments):
+// on a GPU exactly one of the two matches, and the second line says which.
+static int check_layout(const char* name, int trans_b, int k_stride, int n_stride, int twice, const float* a,
+                        const float* b, const floatX* d_a, const floatX* d_b, float* d_out) {
+    // the products of bf16 values are exact in fp32 and 16 terms add with fp32 rounding: 1e-5;
+    // a layout read wrongly gives errors of order 1 (or ~1000: a sentinel cell)
+    double tol = 1e-5, worst = layout_error(trans_b, k_stride, n_stride, k_stride, n_stride, twice, a, b, d_a, d_b, d_out);
+    int ok = worst <= tol;
+    printf("  %-22s %s: worst |gpu-cpu|/(1+|cpu|) = %.2e, tolerance %.0e (lbo %d = the k stride, sbo %d)\n", name,
+           ok ? "ok" : "FAIL", worst, tol, k_stride, n_stride);
+    if (!twice) {
+        double other = layout_error(trans_b, k_stride, n_stride, n_stride, k_stride, twice, a, b, d_a, d_b, d_out);
+        printf("  %-22s the other reading (lbo %d = the n stride, sbo %d): %s\n", "", n_stride, k_stride,
+               other <= tol ? "MATCHES: swap lbo and sbo in llmc/cuda's descriptors and the emulator's wgmma_b"
+                            : "does not match");
+    }
+    return ok;
 }
 
 #ifndef CUDA_EMU

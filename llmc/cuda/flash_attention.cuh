@@ -509,7 +509,10 @@ flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv,
             flash_online_softmax<HS>(s, m, l, o, row0, k0, T, scale_log2);
             uint32_t p[FLASH_TILE / 16][4];
             flash_scores_to_a(p, s);
-            wgmma_fence();  // o was rescaled by ordinary instructions
+            // o was rescaled by ordinary instructions: pinned there (as CUTLASS fences its
+            // accumulators), then the fence orders those writes before the products read them
+            wgmma_pin(&o[0][0], HS / 2);
+            wgmma_fence();
             flash_wg_p_x(o, p, kv_s[buf][1]);  // o += p v
             wgmma_commit();
             wgmma_wait<0>();
@@ -592,6 +595,8 @@ flash_attention_backward_dkdv_wgmma_kernel(floatX* dqkv, const floatX* dout, con
                 for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_s[buf][8 * j + 2 * t + e % 2];
             uint32_t ds[FLASH_TILE / 16][4];
             flash_scores_to_a(ds, s);
+            wgmma_pin(&dv[0][0], HS / 2);
+            wgmma_pin(&dk[0][0], HS / 2);
             wgmma_fence();
             flash_wg_p_x(dv, a, dy_s[buf]);  // dv += p^T dout
             flash_wg_p_x(dk, ds, q_s[buf]);  // dk += ds^T q
@@ -664,6 +669,7 @@ flash_attention_backward_dq_wgmma_kernel(floatX* dqkv, const floatX* dout, const
                 for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_row[e / 2];
             uint32_t a[FLASH_TILE / 16][4];
             flash_scores_to_a(a, s);
+            wgmma_pin(&dq[0][0], HS / 2);
             wgmma_fence();
             flash_wg_p_x(dq, a, k_s[buf]);  // dq += ds k
             wgmma_commit();

@@ -137,7 +137,9 @@ template <int newest> __device__ __forceinline__ void wgmma_wait(void) {
 #endif
 }
 // after a wait: the compiler sees wgmma write d at the issue, so without this it could read d
-// (or reuse its registers) before the wait; an empty asm that "rewrites" each one pins them here
+// (or reuse its registers) before the wait; an empty asm that "rewrites" each one pins them here.
+// Before the fence of products that accumulate into d, the same pins keep the compiler's own
+// writes of d (a rescale) ahead of the fence.
 __device__ __forceinline__ void wgmma_pin(float* d, int n) {
     for (int i = 0; i < n; i++) asm volatile("" : "+f"(d[i]) :: "memory");
 }
