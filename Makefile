@@ -12,12 +12,13 @@
 #                        build/sanitize/train_gpt2_dp, ..._tp, ..._pp, ..._3d, ..._cp, ..._diloco (the tests run bad inputs, TP, PP, 3D, CP and DiLoCo runs)
 #   make mutation-sweep  delete each barrier of llmc/cuda in turn and check the emulator notices
 #                        (dev/cuda/mutation_sweep.py; about 20 minutes on 2 cores)
-#   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90 (no GPU needed; -j2 runs two at a time)
+#   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90, bf16 for sm_90a too
+#                        (no GPU needed; -j2 runs two at a time)
 #   make build/emu_FP32/train_gpt2_dp   the CUDA backend built for the CPU emulator (test/cuda_emu);
 #                        also build/emu_BF16/..., build/emu_FP32/dev/cuda/<kernel>, build/cuda_BF16/... (nvcc)
 #   make clean
 # CUDA options: PRECISION=BF16|FP32 (default BF16), GPU_COMPUTE_CAPABILITY=90 (default: read off the
-# GPU), NCCL_HOME=/path (else /usr/local/cuda, system paths, then NCCL from Python packages).
+# GPU; 90 builds for sm_90a, with wgmma), NCCL_HOME=/path (else /usr/local/cuda, system paths, then NCCL from Python packages).
 
 PYTHON ?= /usr/bin/python3
 NVCC := $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)

@@ -382,7 +382,7 @@ REF4_CUDA = dict(REF4, steps=3)  # (the CUDA tolerances leave room for the gradi
 # GPT-2's vocabulary for the classifier's paths: its bf16 row of 50304 logits fills the split
 # kernel's registers and shared memory (LLMC_CLASSIFIER=split), where 1024 would not reach the latter
 REF_GPT2_CUDA = dict(REF_GPT2, steps=3)
-# one head of 64 channels, for the flash forward on wgmma (LLMC_FLASH=wgmma), built for head size 64
+# one head of 64 channels, for the flash kernels on wgmma (LLMC_FLASH=wgmma), built for head size 64
 REF_HS64_CUDA = dict(REF, heads=1, steps=3)
 _ref_cache = {}
 
@@ -3268,6 +3268,16 @@ def have_gpu():
     return tool("gpu") is not None
 
 
+def gpu_compute_capability():
+    """'9.0' on an H100 or H200, as nvidia-smi says it (the first GPU); None without one"""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
+                           text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.split("\n")[0].strip() if r.returncode == 0 else None
+
+
 def build(kind, precision, targets):
     """kind 'cuda' (nvcc, for a GPU) or 'emu' (g++ and test/cuda_emu, for the CPU)"""
     paths = ["build/%s_%s/%s" % (kind, precision, t) for t in targets]
@@ -3301,7 +3311,7 @@ def run_gpu_ranks(program, ranks, args, out_dir, timeout=600, env=None):
 # The code paths a GPU run times beside the defaults (dev/gpu_check.sh), each an environment
 # variable of the CUDA backend: GELU in the fc GEMMs' epilogues (the emulated cuBLASLt's: tanh GELU),
 # the classifier's rows split between registers and shared memory (bf16), the LayerNorm backward
-# in one kernel, the flash forward on Hopper's wgmma (the emulator's wgmma; head size 64). A test
+# in one kernel, the flash kernels on Hopper's wgmma (the emulator's wgmma; head size 64). A test
 # passes {variable: value}; the others stay at their defaults.
 PATHS = ("LLMC_GELU", "LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD", "LLMC_FLASH")
 
@@ -3589,7 +3599,7 @@ def taking_paths(run, paths):
 def paths_cfg(paths):
     """the model a path is tested on: GPT-2's vocabulary for the classifier's split rows, whose
     bf16 row of 50304 logits fills the kernel's registers and shared memory (1024 would not reach
-    the latter), heads of 64 for the wgmma forward, else REF_CUDA"""
+    the latter), heads of 64 for the wgmma kernels, else REF_CUDA"""
     if "LLMC_CLASSIFIER" in (paths or {}):
         return REF_GPT2_CUDA
     return REF_HS64_CUDA if "LLMC_FLASH" in (paths or {}) else REF_CUDA
@@ -3600,6 +3610,8 @@ def make_gpu_test(precision, ranks, paths=None):
     def fn():
         if not have_gpu():
             raise Skip("no GPU")
+        if "LLMC_FLASH" in (paths or {}) and gpu_compute_capability() != "9.0":
+            raise Skip("LLMC_FLASH=wgmma runs on Hopper (sm_90a) only; this GPU: %s" % gpu_compute_capability())
         env = paths_env(paths)
         compare_cuda_with_reference("cuda", precision, ranks, taking_paths(lambda *a: run_gpu_ranks(*a, env=env), paths),
                                     cfg=paths_cfg(paths))
@@ -3642,7 +3654,7 @@ test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_GELU="epilogue")))
 test(make_emu_test("BF16", 2, 2, paths=dict(LLMC_CLASSIFIER="split")))
 test(make_emu_test("FP32", 2, 2, paths=dict(LLMC_LAYERNORM_BACKWARD="fused")))
 test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_LAYERNORM_BACKWARD="fused")))
-# the flash forward on wgmma, through the NCCL path at 2 ranks
+# the flash kernels on wgmma (forward and backward), through the NCCL path at 2 ranks
 test(make_emu_test("BF16", 2, 2, paths=dict(LLMC_FLASH="wgmma")))
 
 
@@ -4614,7 +4626,7 @@ def hf_bad_inputs_are_refused_and_write_nothing():
         assert not os.path.exists(out) and not os.path.exists(out + ".tmp"), "%s left %s behind" % (program[1], out)
 
 
-# nvcc for sm_80 and sm_90 (make cuda-check) runs in the background from the start of the run
+# nvcc for sm_80, sm_90 and (bf16) sm_90a (make cuda-check) runs in the background from the start of the run
 # (main): the suite leaves about a third of the two cores idle (process start-up, waits), which the
 # compiler fills. This test, registered last, waits for it.
 _cuda_check = {}

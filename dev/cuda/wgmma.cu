@@ -1,8 +1,9 @@
 /*
 wgmma, Hopper's warpgroup MMA (llmc/cuda/mma.cuh), alone against the CPU: the instruction under
 the flash kernels' LLMC_FLASH=wgmma path. The emulator (test/cuda_emu) implements wgmma after
-the PTX ISA's tables (descriptor fields, the interleaved layout's strides, the fragments of A
-and D); the flash kernels were developed against it. This program asks a GPU whether those tables
+the PTX ISA's tables (the interleaved layout's strides, the fragments of A and D; its descriptor
+holds a pointer and the strides, so the descriptor's bit encoding is checked here, on a GPU,
+only); the flash kernels were developed against it. This program asks a GPU whether those tables
 are the hardware's, one layout at a time, so that a wrong one is named rather than hidden in
 attention's numbers.
   make dev/cuda/wgmma GPU_COMPUTE_CAPABILITY=90 && ./dev/cuda/wgmma
