@@ -411,6 +411,7 @@ __device__ inline void flash_load_row_values(float* dst, const float* src, int t
 // warpgroup loading while the others compute, and softmax overlapped with the next product.
 // Per thread: 16 registers of q, 32 of s, 32 of o, 16 of p, against 244 for the mma.sync kernel.
 #define FLASH_WG_WARPS 8  // 2 warpgroups
+#define FLASH_WG_QUERIES (FLASH_WG_WARPS * FLASH_ROWS)  // 128 queries a block
 // wgmma's interleaved layout of a (ROWS, HS) tile (mma.cuh): 8 x 8 core matrices of 128
 // contiguous bytes, a row of 8 elements every 16 bytes; the core matrices of one 8 columns
 // follow each other down the rows, then the next 8 columns. So the core matrices 8 rows apart are
@@ -432,7 +433,6 @@ __device__ inline void flash_load_async_core(floatX* tile, const floatX* x, int 
         cp_async16(tile + flash_core_offset<ROWS>(r, c), src, t < T);
     }
 }
-#define FLASH_WG_QUERIES (FLASH_WG_WARPS * FLASH_ROWS)  // 128 queries a block
 // the wgmma descriptor of the k16 step kk of a (64, 64) interleaved tile, as B of q k^T
 // (K-major: the 16 values of a key at step kk are columns 16 kk..; lbo: 8 columns on, 1024
 // bytes; sbo: 8 keys on, 128) or of p v (MN-major: keys 16 kk..; lbo: 8 keys on; sbo: 8 columns)
@@ -461,7 +461,7 @@ __device__ inline void flash_core_rows_to_a(uint32_t (*a)[4], const floatX* tile
         ldmatrix_x4(a[kk], tile + flash_core_offset<ROWS>(row0 + i % 2 * 8 + lane % 8, 16 * kk + i / 2 * 8));
 }
 
-
+// the forward: block (128 queries, b * NH + h), the longest blocks first as in the mma.sync kernel
 __global__ void __launch_bounds__(FLASH_WG_WARPS * 32, 2)
 flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
     const int HS = 64;
