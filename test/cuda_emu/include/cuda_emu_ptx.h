@@ -37,6 +37,21 @@ static inline void ldmatrix(uint32_t* r, const void* row, int transposed) {
     barrier(AT_WARP_BARRIER);  // every lane has read before the next exchange
 }
 
+// the warp's A (16 x 16) from every lane's words 0-3, after mma.cuh's A table:
+// (g, 2t..2t+1) (g+8, 2t..2t+1) (g, 2t+8..2t+9) (g+8, 2t+8..2t+9); mma.sync and wgmma share it
+static inline void gather_a(float (*A)[16], int warp) {
+    for (int lane = 0; lane < 32; lane++) {
+        const uint32_t* w = state.words[warp + lane];
+        int g = lane / 4, t = lane % 4;
+        for (int half = 0; half < 2; half++) {
+            A[g][2 * t + half] = bf16_half(w[0], half);
+            A[g + 8][2 * t + half] = bf16_half(w[1], half);
+            A[g][2 * t + 8 + half] = bf16_half(w[2], half);
+            A[g + 8][2 * t + 8 + half] = bf16_half(w[3], half);
+        }
+    }
+}
+
 }  // namespace cuda_emu
 
 static inline uint32_t pack_bf16x2(float lo, float hi) {
@@ -52,14 +67,11 @@ static inline void mma_bf16_16816(float* d, const uint32_t* a, const uint32_t* b
     memcpy(state.words[me] + 4, b, 2 * sizeof(uint32_t));
     barrier(AT_WARP_BARRIER);  // every lane has given its fragments
     float A[16][16], B[16][8];
-    for (int lane = 0; lane < 32; lane++) {
+    gather_a(A, warp);
+    for (int lane = 0; lane < 32; lane++) {  // B (2t..2t+1, g) (2t+8..2t+9, g)
         const uint32_t* w = state.words[warp + lane];
         int g = lane / 4, t = lane % 4;
         for (int half = 0; half < 2; half++) {
-            A[g][2 * t + half] = bf16_half(w[0], half);
-            A[g + 8][2 * t + half] = bf16_half(w[1], half);
-            A[g][2 * t + 8 + half] = bf16_half(w[2], half);
-            A[g + 8][2 * t + 8 + half] = bf16_half(w[3], half);
             B[2 * t + half][g] = bf16_half(w[4], half);
             B[2 * t + 8 + half][g] = bf16_half(w[5], half);
         }
@@ -161,18 +173,11 @@ static inline void wgmma_m64n64k16(float* d, const uint32_t* a, WgmmaDesc b, int
     memcpy(state.words[me], a, 4 * sizeof(uint32_t));
     barrier(AT_WARP_BARRIER);  // every lane has given its A registers
     WgmmaOp& op = state.wgmma_ops[me][state.wgmma_count[me]++];
-    for (int lane = 0; lane < 32; lane++) {  // A (g, 2t..) (g+8, 2t..) (g, 2t+8..) (g+8, 2t+8..)
-        const uint32_t* w = state.words[warp + lane];
-        if (lane / 4 != g) continue;
-        int t = lane % 4;
-        for (int h = 0; h < 2; h++) {
-            op.a[0][2 * t + h] = bf16_half(w[0], h);
-            op.a[1][2 * t + h] = bf16_half(w[1], h);
-            op.a[0][2 * t + 8 + h] = bf16_half(w[2], h);
-            op.a[1][2 * t + 8 + h] = bf16_half(w[3], h);
-        }
-    }
+    float A[16][16];
+    gather_a(A, warp);
     barrier(AT_WARP_BARRIER);  // every lane has read before the next exchange
+    memcpy(op.a[0], A[g], sizeof(op.a[0]));  // this lane's rows g and g + 8
+    memcpy(op.a[1], A[g + 8], sizeof(op.a[1]));
     op.d = d;
     op.tile = b.tile;
     op.lbo = b.lbo;
