@@ -14,6 +14,9 @@ cd "$(dirname "$0")/.."
 logs=${OUT:-/tmp}
 deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-86400}))
 left() { echo $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)); }
+# at most $1 seconds, and never past the deadline: one run that hangs (a new kernel on a GPU it was
+# never run on) must not take the time of all the parts after it
+upto() { local n; n=$(left); echo $((n < $1 ? n : $1)); }
 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
 # every CUDA program the tests run, built side by side on all cores first (the test runner's own
 # make runs two at a time)
@@ -45,7 +48,7 @@ for variant in "" LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWA
     turn=$((turn + 1))
     log="$logs/gpu_path_$turn.log"
     # shellcheck disable=SC2086  # the variant splits into its assignments
-    env $variant timeout "$(left)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 8 -v 0 -s 0 > "$log" 2>&1
+    env $variant timeout "$(upto 90)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 8 -v 0 -s 0 > "$log" 2>&1
     printf "  %-26s %s\n" "${variant:-the defaults}" "$(grep -E "^average step time" "$log" || echo "failed: $(tail -n 1 "$log")")"
     grep -E "fell back" "$log" | sed 's/^/    /'
 done
@@ -58,7 +61,7 @@ for program in build/cuda_BF16/dev/cuda/wgmma build/cuda_BF16/dev/cuda/attention
     build/cuda_BF16/dev/cuda/attention_backward build/cuda_FP32/dev/cuda/gelu build/cuda_BF16/dev/cuda/gelu \
     build/cuda_BF16/dev/cuda/classifier build/cuda_BF16/dev/cuda/layernorm_backward; do
     echo "$program:"
-    timeout "$(left)" "./$program" 2>&1 |
+    timeout "$(upto 90)" "./$program" 2>&1 |
         grep -E "^gelu in|v1 K|v2 .*GEMM|v2 MN|v3 [a-z]|v4|v5|v6|v7|other reading|wgmma|mma.sync|valid|FAIL"
 done
 # why the flash kernels run below their roofline (the largest gap above): Nsight Compute on one
