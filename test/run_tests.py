@@ -382,8 +382,11 @@ REF4_CUDA = dict(REF4, steps=3)  # (the CUDA tolerances leave room for the gradi
 # GPT-2's vocabulary for the classifier's paths: its bf16 row of 50304 logits fills the split
 # kernel's registers and shared memory (LLMC_CLASSIFIER=split), where 1024 would not reach the latter
 REF_GPT2_CUDA = dict(REF_GPT2, steps=3)
-# one head of 64 channels, for the flash kernels on wgmma (LLMC_FLASH=wgmma), built for head size 64
-REF_HS64_CUDA = dict(REF, heads=1, steps=3)
+# one head of 64 channels, for the flash kernels on wgmma (LLMC_FLASH=wgmma), built for head size 64;
+# T = 200: four key tiles of 64 and two blocks of 128 queries, so that both warpgroups of a block
+# work and each holds its fragments across several tiles (at T = 32, one tile and one warpgroup
+# passed on an H200 while a kernel that lost its q fragments after the first tile failed)
+REF_HS64_CUDA = dict(REF, heads=1, steps=3, batch=2, seq_len=200, max_seq_len=256)
 _ref_cache = {}
 
 

@@ -138,6 +138,70 @@ def sass(sm):
             counts[kernel][op] += 1
     return counts
 
+# wgmma reads its A fragment from registers asynchronously, and ptxas before CUDA 13.3 may give
+# those registers to other values too early: on an H200, a q fragment held across the loop over
+# tiles was overwritten by p after the first tile (flash_attention.cuh: flash_wg_a_xt). In the
+# SASS of each wgmma kernel, for every HGMMA and its A registers (4 from the one named):
+#   (1) in flight: nothing writes them before the WARPGROUP.DEPBAR that waits for the product;
+#   (2) around a loop (a backward BRA): if the loop writes them after the HGMMA, it writes them
+#       again before it, so that the next iteration's product reads this iteration's values.
+# (Straight-line reading within a loop: a write on one branch counts as made; enough for these
+# kernels, whose writes of A fragments are unconditional.)
+INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)((?:\.[A-Za-z0-9_]+)*)\s*(.*?)\s*;")
+
+def written(op, mods, args):
+    """the registers an instruction writes: its first register operand after any predicates
+    it writes first (SHFL), as wide as the instruction (LDSM .4: 4; .128: 4; .64, .WIDE: 2)"""
+    if op in ("HGMMA", "BRA", "BAR", "EXIT", "WARPGROUP") or op.startswith("ST") or op in ("RED", "ATOM"):
+        return set()
+    for a in (a.strip() for a in args.split(",")):
+        if re.fullmatch(r"!?U?P(T|\d+)", a):
+            continue
+        m = re.fullmatch(r"R(\d+)", a)
+        if not m:
+            return set()
+        n = 4 if ".128" in mods or (op == "LDSM" and mods.endswith(".4")) else \
+            2 if ".64" in mods or ".WIDE" in mods or (op == "LDSM" and mods.endswith(".2")) else 1
+        return {int(m.group(1)) + j for j in range(n)}
+    return set()
+
+def wgmma_register_hazards(path):
+    kernels, cur = {}, None
+    for line in open(path):
+        m = re.match(r"^\.text\.(\S+):", line)
+        if m:
+            cur = kernels.setdefault(demangle(m.group(1))[0], ([], {}))
+        elif cur is not None and re.match(r"^\.L_x_\d+:", line):
+            cur[1][line.split(":")[0]] = len(cur[0])
+        elif cur is not None and INSN.search(line):
+            m = INSN.search(line)
+            cur[0].append((m.group(1), m.group(2), m.group(3), m.group(4)))
+    problems = []
+    for name, (insns, labels) in kernels.items():
+        if "wgmma" not in name:
+            continue
+        writes = [written(op, mods, args) for _, op, mods, args in insns]
+        loops = [(labels[m.group(1)], e) for e, (_, op, _, args) in enumerate(insns)
+                 for m in [re.search(r"`\((\.L_x_\d+)\)", args)] if op == "BRA" and m and labels.get(m.group(1), e + 1) <= e]
+        for x, (addr, op, _, args) in enumerate(insns):
+            m = re.match(r"R\d+, R(\d+),", args)
+            if op != "HGMMA" or not m:
+                continue
+            a = {int(m.group(1)) + j for j in range(4)}
+            wait = next((j for j in range(x + 1, len(insns)) if insns[j][1] == "WARPGROUP" and insns[j][2].startswith(".DEPBAR")), len(insns))
+            for j in range(x + 1, wait):
+                if writes[j] & a:
+                    problems.append("sm_90a %s: the HGMMA at %s reads A from R%d.., which %s at %s overwrites before the wait"
+                                    % (name, addr, min(a), insns[j][1], insns[j][0]))
+            for first, last in loops:
+                if first <= x <= last:
+                    later = set().union(*writes[x + 1:last + 1]) & a
+                    if later - set().union(*writes[first:x]):
+                        problems.append("sm_90a %s: the HGMMA at %s reads A from R%d.., which its loop overwrites later (up to %s) "
+                                        "and does not write again before it: the next iteration reads other values"
+                                        % (name, addr, min(a), insns[last][0]))
+    return problems
+
 failures, rows = [], []
 for sm in archs:
     for line in open(os.path.join(work, "ptxas_%s.txt" % sm)):
@@ -145,6 +209,8 @@ for sm in archs:
             failures.append("sm_%s: %s" % (sm, line.strip()))
     info = ptxas(sm)
     counts = sass(sm) if disasm else {}
+    if disasm and sm == "90a":
+        failures += wgmma_register_hazards(os.path.join(work, "sass_%s.txt" % sm))
     for (name, hs), k in sorted(info.items()):
         if not name.startswith("flash_attention") and not name.startswith("ring_flash"):
             continue
@@ -185,7 +251,8 @@ if failures:
 if not disasm:
     print("no nvdisasm: SASS not checked (dev/setup.sh installs it: pip nvidia-cuda-nvdisasm)")
     sys.exit(77)
-print("flash_sass: no spills or local memory but the budgeted ones (%s); LDSM, HMMA (HGMMA) and LDGSTS in every tile kernel"
+print("flash_sass: no spills or local memory but the budgeted ones (%s); LDSM, HMMA (HGMMA) and LDGSTS in every tile kernel;"
+      " no HGMMA's A registers overwritten in flight or around its loop"
       " (disassembler: %s)" % (", ".join("%s<%s> %d B" % (n.replace("flash_attention_", "").replace("_kernel", ""),
                                                            ",".join(map(str, h)), b) for (n, h), b in SPILL_BUDGET.items()),
                                disasm))

@@ -444,9 +444,22 @@ __device__ inline WgmmaDesc flash_desc_values(const floatX* tile, int kk) {
 }
 
 // s (the warpgroup's 64 rows, 64) = a x^T over HS = 64: a the warp's A fragments, x a (64, 64)
-// interleaved tile whose rows are the columns of s
-__device__ inline void flash_wg_a_xt(float (*s)[4], const uint32_t (*a)[4], const floatX* x) {
-    for (int kk = 0; kk < 4; kk++) wgmma_m64n64k16<0>(&s[0][0], a[kk], flash_desc_keys(x, kk), kk > 0);
+// interleaved tile whose rows are the columns of s.
+// a is held in registers across the loop over tiles (q, or k and v), and ptxas before CUDA 13.3
+// gives a register that wgmma reads as A to other values once the product is issued, even though
+// the next tile's product reads it again (on an H200 the q fragments were overwritten by p from
+// the second tile on; dev/cuda/flash_sass.sh now checks the SASS for it). So each product reads a
+// copy made in this iteration: a ^ zero, with zero a value that is 0 at run time but that ptxas can
+// neither prove to be 0 nor lift out of the loop (wgmma_loop_zero); a itself stays an ordinary,
+// live register.
+// 0 for any sequence length T > 0, but not to ptxas, which does not know T's sign, and a
+// different expression in each iteration of the loop over tiles
+__device__ inline uint32_t wgmma_loop_zero(int tile, int T) { return (uint32_t)tile * ((uint32_t)T >> 31); }
+__device__ inline void flash_wg_a_xt(float (*s)[4], const uint32_t (*a)[4], const floatX* x, uint32_t zero) {
+    for (int kk = 0; kk < 4; kk++) {
+        uint32_t copy[4] = {a[kk][0] ^ zero, a[kk][1] ^ zero, a[kk][2] ^ zero, a[kk][3] ^ zero};
+        wgmma_m64n64k16<0>(&s[0][0], copy, flash_desc_keys(x, kk), kk > 0);
+    }
 }
 // acc (the warpgroup's 64 rows, 64) += p x: p the warp's A fragments over x's 64 rows
 __device__ inline void flash_wg_p_x(float (*acc)[4], const uint32_t (*p)[4], const floatX* x) {
@@ -502,7 +515,7 @@ flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv,
         if (k0 <= group0 + 63 && group0 < T) {
             float s[FLASH_TILE / 8][4];
             wgmma_fence();
-            flash_wg_a_xt(s, q, kv_s[buf][0]);  // s = q k^T
+            flash_wg_a_xt(s, q, kv_s[buf][0], wgmma_loop_zero(tile, T));  // s = q k^T
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_pin(&s[0][0], FLASH_TILE / 2);
@@ -582,8 +595,8 @@ flash_attention_backward_dkdv_wgmma_kernel(floatX* dqkv, const floatX* dout, con
         if (u0 + FLASH_TILE - 1 >= group0 && group0 < T) {  // the warpgroup's keys see some of these queries
             float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];  // s^T then p^T then ds^T; dp^T
             wgmma_fence();
-            flash_wg_a_xt(s, k, q_s[buf]);   // s^T = k q^T
-            flash_wg_a_xt(dp, v, dy_s[buf]);  // dp^T = v dout^T, in the same group
+            flash_wg_a_xt(s, k, q_s[buf], wgmma_loop_zero(tile, T));   // s^T = k q^T
+            flash_wg_a_xt(dp, v, dy_s[buf], wgmma_loop_zero(tile, T));  // dp^T = v dout^T, in the same group
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_pin(&s[0][0], FLASH_TILE / 2);
@@ -658,8 +671,8 @@ flash_attention_backward_dq_wgmma_kernel(floatX* dqkv, const floatX* dout, const
         if (k0 <= group0 + 63 && group0 < T) {
             float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];  // s then p then ds; dp
             wgmma_fence();
-            flash_wg_a_xt(s, q, k_s[buf]);    // s = q k^T
-            flash_wg_a_xt(dp, dy, v_s[buf]);  // dp = dout v^T
+            flash_wg_a_xt(s, q, k_s[buf], wgmma_loop_zero(tile, T));    // s = q k^T
+            flash_wg_a_xt(dp, dy, v_s[buf], wgmma_loop_zero(tile, T));  // dp = dout v^T
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_pin(&s[0][0], FLASH_TILE / 2);
