@@ -52,7 +52,7 @@ static inline void attention_half_backward(floatX* dln1, floatX* datty, floatX* 
 }
 
 // the MLP half as far as its backward reads: fch and the GELU output (a rerun stops here, below).
-// The GELU output may come from the fc GEMM's epilogue (LLMC_GELU=epilogue) only where it is kept:
+// The GELU output may come from the fc GEMM's epilogue (the default on CUDA) only where it is kept:
 // -r 1 recomputes it with gelu_forward from fch, which must give what the forward gave.
 static inline void mlp_half_forward_to_gelu(LayerActs a, LayerWeights w, int B, int T, LayerDims d) {
     if (a.kept & KEEP_FCH_GELU) {

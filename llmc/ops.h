@@ -16,10 +16,10 @@
 #include "cuda/outer.cuh"
 #include "cuda/moe.cuh"
 
-// The paths a GPU run can switch to (LLMC_GELU, LLMC_CLASSIFIER, LLMC_LAYERNORM_BACKWARD,
-// LLMC_FLASH; README):
-// where a path's kernel cannot take a shape it falls back to the default's without a word, so the
-// run ends by saying how often each path that was asked for was taken.
+// The paths a GPU run takes where they can (GELU in the GEMMs' epilogues, the split classifier,
+// the fused LayerNorm backward: the defaults; LLMC_FLASH=wgmma when asked for; README): where a
+// path's kernel cannot take a shape it falls back to the other without a word, so the run ends by
+// saying how often each path that is on was taken.
 static inline void paths_print(void) {
     if (gelu_in_epilogue())
         printf("LLMC_GELU=epilogue: %ld GEMMs computed GELU in their epilogue, %ld fell back to the kernels\n",

@@ -80,8 +80,9 @@ static inline void fail(const char* fmt, ...) {
 }
 
 // A choice between two code paths that a GPU run times side by side (LLMC_BIAS_GRAD, LLMC_GELU,
-// LLMC_CLASSIFIER, LLMC_LAYERNORM_BACKWARD, LLMC_FLASH): 0 when the variable is unset, empty or `first`, 1 when it is `second`, any
-// other value an error. Callers read it once and keep the answer.
+// LLMC_CLASSIFIER, LLMC_LAYERNORM_BACKWARD, LLMC_FLASH): 0 when the variable is unset, empty or
+// `first` (the default path), 1 when it is `second`, any other value an error. Callers read it
+// once and keep the answer.
 static inline int env_choice(const char* name, const char* first, const char* second) {
     const char* v = getenv(name);
     if (v == NULL || *v == 0 || strcmp(v, first) == 0) return 0;

@@ -3186,7 +3186,8 @@ def roofline_context_parallel_rank_does_its_share():
 
 @test
 def roofline_gelu_in_the_gemm_epilogues():
-    """-gelu epilogue (the trainer's LLMC_GELU=epilogue): no GELU kernels; the fc GEMM writes GELU's
+    """-gelu epilogue (the roofline's and the trainer's default; -gelu kernels, LLMC_GELU=kernels,
+    the other path): no GELU kernels; the fc GEMM writes GELU's
     input as its aux matrix, the fcproj input-gradient GEMM reads it. The kernels moved 2 (forward:
     fch read, output written) + 3 (backward: fch, dout read, dinp written) N 4C elements a layer,
     the epilogues 1 + 1: 3 L N 4C X bytes fewer, the same FLOPs on the tensor cores"""
@@ -3194,7 +3195,7 @@ def roofline_gelu_in_the_gemm_epilogues():
     L, C, B, T, X = g["L"], g["C"], 4, 64, 2
     N = B * T
     base = ("-e", "d12", "-b", B, "-t", T)
-    kernels, fused = roofline_json(*base), roofline_json(*base, "-gelu", "epilogue")
+    kernels, fused = roofline_json(*base, "-gelu", "kernels"), roofline_json(*base)
     saved = sum(r["total_bytes"] for r in kernels["rows"]) - sum(r["total_bytes"] for r in fused["rows"])
     assert saved == 3 * L * N * 4 * C * X, "-gelu epilogue moves %d bytes fewer, expected %d" % (saved, 3 * L * N * 4 * C * X)
     assert not [r for r in fused["rows"] if r["op"] == "gelu"], "-gelu epilogue still has GELU kernels"
@@ -3204,7 +3205,8 @@ def roofline_gelu_in_the_gemm_epilogues():
 
 @test
 def roofline_layernorm_backward_fused():
-    """-ln_backward fused (the trainer's LLMC_LAYERNORM_BACKWARD=fused): one kernel reads dout and x
+    """-ln_backward fused (the roofline's and the trainer's default; -ln_backward separate,
+    LLMC_LAYERNORM_BACKWARD=separate, the other path): one kernel reads dout and x
     (N, C) once for the input gradient and the parameters' partial sums, where the separate partial
     kernel read them again with mean and rstd: 2 N C X + 2 N 4 bytes fewer a LayerNorm, 2 L + 1 of
     them a step (ln1, ln2, lnf); in fp32 a lane holds 6 packs of C = 768, too many: nothing changes"""
@@ -3213,7 +3215,7 @@ def roofline_layernorm_backward_fused():
     N = B * T
     for precision, X, fused_applies in (("bf16", 2, True), ("fp32", 4, False)):
         base = ("-e", "d12", "-b", B, "-t", T, "-precision", precision)
-        separate, fused = roofline_json(*base), roofline_json(*base, "-ln_backward", "fused")
+        separate, fused = roofline_json(*base, "-ln_backward", "separate"), roofline_json(*base)
         saved = sum(r["total_bytes"] for r in separate["rows"]) - sum(r["total_bytes"] for r in fused["rows"])
         want = (2 * L + 1) * (2 * N * C * X + 2 * N * 4) if fused_applies else 0
         assert saved == want, "%s: -ln_backward fused moves %d bytes fewer, expected %d" % (precision, saved, want)
@@ -3311,11 +3313,12 @@ def run_gpu_ranks(program, ranks, args, out_dir, timeout=600, env=None):
     return outs[0]
 
 
-# The code paths a GPU run times beside the defaults (dev/gpu_check.sh), each an environment
-# variable of the CUDA backend: GELU in the fc GEMMs' epilogues (the emulated cuBLASLt's: tanh GELU),
-# the classifier's rows split between registers and shared memory (bf16), the LayerNorm backward
-# in one kernel, the flash kernels on Hopper's wgmma (the emulator's wgmma; head size 64). A test
-# passes {variable: value}; the others stay at their defaults.
+# The code paths a GPU run times against each other (dev/gpu_check.sh), each an environment
+# variable of the CUDA backend: GELU in the fc GEMMs' epilogues (the emulated cuBLASLt's: tanh GELU;
+# the default) or in kernels, the classifier's rows split between registers and shared memory
+# (bf16; the default) or in registers, the LayerNorm backward in one kernel (the default) or two,
+# the flash kernels on mma.sync (the default) or Hopper's wgmma (the emulator's wgmma; head size
+# 64). A test passes {variable: value}; the others stay at their defaults.
 PATHS = ("LLMC_GELU", "LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD", "LLMC_FLASH")
 
 
@@ -3584,13 +3587,20 @@ for _precision, _sched in (("BF16", "1f1b"), ("FP32", "zb")):
     test(make_cuda_pp_test("cuda", _precision, None, _sched))
 
 
+# the paths ops.h's paths_print counts (taken, fell back), printed when they are on
+COUNTED_PATHS = dict(LLMC_GELU="epilogue", LLMC_CLASSIFIER="split", LLMC_LAYERNORM_BACKWARD="fused", LLMC_FLASH="wgmma")
+
+
 def taking_paths(run, paths):
-    """run, then check in its output (ops.h's paths_print) that every path asked for was taken at
-    least once and never fell back to the default's kernel: else the comparison would pass on the
-    default path"""
+    """run, then check in its output (ops.h's paths_print) that every counted path asked for was
+    taken at least once and never fell back, and that every other path asked for turned its
+    variable's counted path off: else the comparison would pass on the other path"""
     def checked(*a):
         out = run(*a)
         for k, v in (paths or {}).items():
+            if v != COUNTED_PATHS[k]:
+                assert not re.search(r"^%s=" % k, out, re.M), "%s=%s left %s on:\n%s" % (k, v, COUNTED_PATHS[k], out[-1500:])
+                continue
             m = re.search(r"%s=%s: (\d+) [^\n]*?, (\d+) fell back" % (k, v), out)
             assert m and int(m.group(1)) > 0 and int(m.group(2)) == 0, "%s=%s was not taken every time:\n%s" % (
                 k, v, out[-1500:])
@@ -3600,9 +3610,10 @@ def taking_paths(run, paths):
 
 
 def paths_cfg(paths):
-    """the model a path is tested on: GPT-2's vocabulary for the classifier's split rows, whose
-    bf16 row of 50304 logits fills the kernel's registers and shared memory (1024 would not reach
-    the latter), heads of 64 for the wgmma kernels, else REF_CUDA"""
+    """the model a path is tested on: GPT-2's vocabulary for the classifier's kernels, whose bf16
+    row of 50304 logits fills the split kernel's registers and shared memory (1024 would not reach
+    the latter) and the register kernel's 800 threads, heads of 64 for the wgmma kernels, else
+    REF_CUDA"""
     if "LLMC_CLASSIFIER" in (paths or {}):
         return REF_GPT2_CUDA
     return REF_HS64_CUDA if "LLMC_FLASH" in (paths or {}) else REF_CUDA
@@ -3639,9 +3650,10 @@ def make_emu_test(precision, ranks, devices, attention=None, bias_grad=None, pat
 for _precision in ("FP32", "BF16"):
     for _ranks in (1, 2):
         test(make_gpu_test(_precision, _ranks))
-    test(make_gpu_test(_precision, 1, dict(LLMC_GELU="epilogue")))
-test(make_gpu_test("BF16", 1, dict(LLMC_CLASSIFIER="split")))
-test(make_gpu_test("BF16", 1, dict(LLMC_LAYERNORM_BACKWARD="fused")))
+    test(make_gpu_test(_precision, 1, dict(LLMC_GELU="kernels")))
+test(make_gpu_test("BF16", 1, dict(LLMC_CLASSIFIER="split")))  # (the default, at GPT-2's vocabulary)
+test(make_gpu_test("BF16", 1, dict(LLMC_CLASSIFIER="registers")))
+test(make_gpu_test("BF16", 1, dict(LLMC_LAYERNORM_BACKWARD="separate")))
 test(make_gpu_test("BF16", 1, dict(LLMC_FLASH="wgmma")))
 # on the emulator: NCCL (one emulated GPU per rank) in fp32, the host-staged path in bf16
 # (fp32 at 2 ranks runs every kernel that fp32 at 1 rank would, so 1 rank is left to bf16)
@@ -3650,13 +3662,15 @@ for _precision, _ranks, _devices in (("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2,
 # (the cuBLAS attention run also takes the bias-gradient kernels, the path where cuBLASLt has no
 # BGRADB algorithm)
 test(make_emu_test("BF16", 1, 1, "cublas", "kernels"))
-# GELU in the fc GEMMs' epilogues, in both precisions; the classifier's split rows (bf16: an fp32
-# row takes the default kernel); the LayerNorm backward in one kernel, in both precisions
-test(make_emu_test("FP32", 2, 2, paths=dict(LLMC_GELU="epilogue")))
-test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_GELU="epilogue")))
+# the default runs above take GELU in the fc GEMMs' epilogues, the split classifier and the fused
+# LayerNorm backward; here the other paths: the GELU kernels in both precisions, the register
+# classifier, the two LayerNorm backward kernels; and the split classifier asked for by name, at
+# GPT-2's vocabulary, whose bf16 row fills the shared memory the default tests' 1024 leave empty
+test(make_emu_test("FP32", 2, 2, paths=dict(LLMC_GELU="kernels")))
+test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_GELU="kernels")))
 test(make_emu_test("BF16", 2, 2, paths=dict(LLMC_CLASSIFIER="split")))
-test(make_emu_test("FP32", 2, 2, paths=dict(LLMC_LAYERNORM_BACKWARD="fused")))
-test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_LAYERNORM_BACKWARD="fused")))
+test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_CLASSIFIER="registers")))
+test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_LAYERNORM_BACKWARD="separate")))
 # the flash kernels on wgmma (forward and backward), through the NCCL path at 2 ranks
 test(make_emu_test("BF16", 2, 2, paths=dict(LLMC_FLASH="wgmma")))
 
@@ -3867,9 +3881,9 @@ def make_emu_env_choice_test(precision, variable, value, message):
 # LLMC_BIAS_GRAD: an unknown value likewise
 test(make_emu_env_choice_test("BF16", "LLMC_ATTENTION", "fast", "LLMC_ATTENTION=fast: expected flash or cublas"))
 test(make_emu_env_choice_test("BF16", "LLMC_BIAS_GRAD", "fused", "LLMC_BIAS_GRAD=fused: expected epilogue or kernels"))
-test(make_emu_env_choice_test("BF16", "LLMC_GELU", "fused", "LLMC_GELU=fused: expected kernels or epilogue"))
-test(make_emu_env_choice_test("BF16", "LLMC_CLASSIFIER", "shared", "LLMC_CLASSIFIER=shared: expected registers or split"))
-test(make_emu_env_choice_test("BF16", "LLMC_LAYERNORM_BACKWARD", "one", "LLMC_LAYERNORM_BACKWARD=one: expected separate or fused"))
+test(make_emu_env_choice_test("BF16", "LLMC_GELU", "fused", "LLMC_GELU=fused: expected epilogue or kernels"))
+test(make_emu_env_choice_test("BF16", "LLMC_CLASSIFIER", "shared", "LLMC_CLASSIFIER=shared: expected split or registers"))
+test(make_emu_env_choice_test("BF16", "LLMC_LAYERNORM_BACKWARD", "one", "LLMC_LAYERNORM_BACKWARD=one: expected fused or separate"))
 test(make_emu_env_choice_test("BF16", "LLMC_FLASH", "tma", "LLMC_FLASH=tma: expected mma or wgmma"))
 test(make_emu_env_choice_test("FP32", "LLMC_ATTENTION", "flash", "LLMC_ATTENTION=flash needs a bf16 build"))
 

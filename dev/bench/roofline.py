@@ -186,8 +186,8 @@ class Step:
                                   launch=launch))
 
 
-def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, topk=2, ep=1, gelu="kernels",
-               ln_backward="separate"):
+def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, topk=2, ep=1, gelu="epilogue",
+               ln_backward="fused"):
     """cp > 1: one rank of train_gpt2_cp, its T/cp tokens of each sequence (zigzag: an equal share
     of the causal attention), the ring's K,V blocks and the gradients' all-reduce over cp.
     experts > 0: one rank of train_gpt2_ep, each MLP E experts of which a token takes topk, split
@@ -248,10 +248,11 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, top
               launch="residual + layernorm forward" if residual else "layernorm forward")
 
     def layernorm_backward(name, calls):
-        """layernorm.cuh's three kernels: the input gradient (added into dresidual: read and written),
-        then the weight and bias gradients in two deterministic passes; or (-ln_backward fused, where
-        a lane holds at most 3 packs of a row) the input gradient and the partial sums in one kernel
-        that reads dout and x once"""
+        """layernorm.cuh's kernels: where a lane holds at most 3 packs of a row (the default,
+        -ln_backward fused), the input gradient and the partial sums in one kernel that reads dout
+        and x once, then the final sums; else (or -ln_backward separate) the input gradient (added
+        into dresidual: read and written), then the weight and bias gradients in two deterministic
+        passes"""
         parts = ceil_div(N, LN_ROWS_PER_BLOCK)
         if ln_backward == "fused" and ceil_div(C * X // 16, 32) <= 3:
             s.add("layernorm_backward_fused (%s)" % name, calls,
@@ -338,7 +339,7 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, top
         if ep > 1:
             s.add("all-to-all: the tokens to their experts' ranks", L, 0, a2a, "link", "comm")
         s.add("moe gather rows (into expert order)", L, 0, 2 * R * C * X + R * 4, "vector", "moe", launch="moe: gather rows")
-    if gelu == "epilogue":  # LLMC_GELU=epilogue: GELU_AUX_BIAS writes GELU's input (aux) and its output
+    if gelu == "epilogue":  # the default (LLMC_GELU=kernels: below): GELU_AUX_BIAS writes GELU's input (aux) and its output
         matmul("matmul fc (+bias, GELU epilogue)", R, C, 4 * C, L, bias=True, aux=True)
     else:
         matmul("matmul fc (+bias epilogue)", R, C, 4 * C, L, bias=True)
@@ -544,8 +545,9 @@ def print_table(res):
                                    moe, c["parameters"] / 1e6, c["B"], c["T"],
                                    c["precision"], c["attention"],
                                    "in the GEMMs' BGRADB epilogue" if c["epilogue"] else "as separate kernels",
-                                   ", GELU in the fc GEMMs' epilogues" if c["gelu"] == "epilogue" else "",
-                                   ", the LayerNorm backward fused" if c["ln_backward"] == "fused" else "",
+                                   ", GELU in the fc GEMMs' epilogues" if c["gelu"] == "epilogue" else ", GELU in kernels",
+                                   ", the LayerNorm backward fused" if c["ln_backward"] == "fused" else
+                                   ", the LayerNorm backward in separate kernels",
                                    ", %d data-parallel ranks" % c["dp"] if c["dp"] > 1 else ""))
     print("device %s: %s dense %s peak, fp32 (non-tensor) %s, HBM %s (datasheets; llmc/cuda/device.cuh)"
           % (a["device_name"], si(a["peak_flops"], "FLOP/s"), c["precision"], si(a["peak_vector_flops"], "FLOP/s"),
@@ -710,11 +712,12 @@ def main(argv=None):
     p.add_argument("-ep", type=int, default=1, help="with -experts: the ranks the experts are split over (of -dp)")
     p.add_argument("-epilogue", type=int, choices=(0, 1), default=1,
                    help="1: bias gradients from the weight-gradient GEMMs' BGRADB epilogue; 0: separate kernels")
-    p.add_argument("-gelu", choices=("kernels", "epilogue"), default="kernels",
-                   help="GELU in its own kernels, or in the fc GEMMs' epilogues (as the trainer with LLMC_GELU)")
-    p.add_argument("-ln_backward", choices=("separate", "fused"), default="separate",
-                   help="the LayerNorm backward's input and parameter gradients in separate kernels, or in one "
-                   "(as the trainer with LLMC_LAYERNORM_BACKWARD)")
+    p.add_argument("-gelu", choices=("epilogue", "kernels"), default="epilogue",
+                   help="GELU in the fc GEMMs' epilogues (the trainer's default), or in its own kernels (as the "
+                   "trainer with LLMC_GELU=kernels)")
+    p.add_argument("-ln_backward", choices=("fused", "separate"), default="fused",
+                   help="the LayerNorm backward's input and parameter gradients in one kernel (the trainer's "
+                   "default), or in separate kernels (as the trainer with LLMC_LAYERNORM_BACKWARD=separate)")
     p.add_argument("-gemm_eff", type=float, default=DEFAULT_GEMM_EFF, help="achievable fraction of the GEMM peak")
     p.add_argument("-attn_eff", type=float, default=DEFAULT_ATTN_EFF, help="... of the peak for flash attention")
     p.add_argument("-bw_eff", type=float, default=DEFAULT_BW_EFF, help="... of the HBM bandwidth")

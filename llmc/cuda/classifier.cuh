@@ -3,8 +3,8 @@
 // the gradient written over the logits from the registers. The probabilities are never stored.
 // A vocabulary too wide for the registers of one block takes an online softmax (running max and
 // sum in one pass, Milakov & Gimelshein 2018) and reads the row a second time for the gradient.
-// LLMC_CLASSIFIER=split holds the row partly in shared memory instead, so that two rows share an
-// SM (fused_classifier_split_kernel below).
+// By default a row that fits is held partly in shared memory instead, so that two rows share an
+// SM (fused_classifier_split_kernel below; LLMC_CLASSIFIER=registers keeps the register kernel).
 #ifndef LLMC_CUDA_CLASSIFIER_CUH
 #define LLMC_CUDA_CLASSIFIER_CUH
 
@@ -140,7 +140,7 @@ static inline int classifier_threads(int Vp) {
     return ceil_div((size_t)threads, 32) * 32;
 }
 
-// Block n: row n again, split so that two blocks fit an SM (LLMC_CLASSIFIER=split; dev/cuda/classifier
+// Block n: row n again, split so that two blocks fit an SM (the default; dev/cuda/classifier
 // v5). fused_classifier_kernel holds GPT-2's 100 KB bf16 row in the registers of 800 threads, 64
 // registers each: one block an SM, whose loads, exponentials, block-wide reduction and stores run one
 // after another with nothing to overlap them (about 16 us a row on an H200, where the row's 200 KB
@@ -193,17 +193,18 @@ __global__ void __launch_bounds__(CLASSIFIER_SPLIT_THREADS, 2) fused_classifier_
         store16(row + (size_t)p * PACK16, classifier_gradient_pack(rest[p - held], p * PACK16, V, target, m2, scale, dloss));
 }
 
-// the split kernel where LLMC_CLASSIFIER=split asks for it (read once) and the row fits its
-// registers and shared memory (GPT-2's bf16 row exactly: 6288 packs; fp32 rows are twice that)
+// the split kernel (the default; LLMC_CLASSIFIER=registers, read once, asks for the register
+// kernel) where the row fits its registers and shared memory (GPT-2's bf16 row exactly: 6288
+// packs; fp32 rows are twice that). A d12 step on an H200 (2026-11-27): 6.1 against 7.9-8.3 ms.
 static inline int classifier_split_asked(void) {
     static int asked = -1;
-    if (asked < 0) asked = env_choice("LLMC_CLASSIFIER", "registers", "split");
+    if (asked < 0) asked = !env_choice("LLMC_CLASSIFIER", "split", "registers");
     return asked;
 }
 static inline int classifier_split_fits(int Vp) {
     return Vp / PACK16 <= CLASSIFIER_SPLIT_REGISTER_PACKS * CLASSIFIER_SPLIT_THREADS + CLASSIFIER_SPLIT_SHARED_PACKS;
 }
-// with LLMC_CLASSIFIER=split: the calls the split kernel took, and those whose rows did not fit it
+// the calls the split kernel took, and those whose rows did not fit it
 static long classifier_split_calls[2];
 
 // block n: row n, for a vocabulary wider than the registers of a block. Memory-bound (the row is
