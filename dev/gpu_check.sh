@@ -31,25 +31,41 @@ time timeout "$(left)" make -s -j"$(nproc)" $targets 2>&1 | tail -20
 LLMC_KERNEL_TIMES=1 timeout "$(left)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 6 -v 0 -s 0 > "$logs/gpu_kernel_times.log" 2>&1
 grep -A60 "^kernel times" "$logs/gpu_kernel_times.log"
 python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device auto -measured "$logs/gpu_kernel_times.log"
-# the code paths not yet the default, each step timed beside the default's, in turns (the default
-# first and last: the spread between those two is the noise): a path that is faster, and whose GPU
-# tests pass, becomes the default. LLMC_GELU=epilogue: GELU in the fc GEMMs' epilogues (dev/cuda/gelu
-# tells which GELU they compute); LLMC_CLASSIFIER=split: two classifier rows an SM (dev/cuda/classifier
-# v5); LLMC_LAYERNORM_BACKWARD=fused: dout and x read once (dev/cuda/layernorm_backward v4);
-# LLMC_FLASH=wgmma: flash attention on Hopper's warpgroup MMA (dev/cuda/attention_forward v7,
-# attention_backward v6);
-# LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs.
-echo "paths side by side (d12, B=64, T=1024, 8 steps; ms a step, the mean after the first):"
-# (an empty variant is the default; each run's last lines say how often each path asked for was
+# the code paths beside the defaults, each step timed in turns (the defaults first and last: the
+# spread between those two is the noise), with the launches each path changes (LLMC_KERNEL_TIMES=1:
+# a whole step moves by about 1 ms from run to run, more than one path saves). A path that is
+# faster, and whose GPU tests pass, becomes the default; on an H200 on 2026-11-27 the first three
+# below were the defaults' losers, and wgmma too. LLMC_GELU=kernels: GELU in kernels of its own,
+# not in the fc GEMMs' epilogues (dev/cuda/gelu tells which GELU those compute);
+# LLMC_CLASSIFIER=registers: one classifier row an SM, in registers (dev/cuda/classifier v4 against
+# v5); LLMC_LAYERNORM_BACKWARD=separate: dout and x read twice (dev/cuda/layernorm_backward v3
+# against v4); LLMC_FLASH=wgmma: flash attention on Hopper's warpgroup MMA (dev/cuda/attention_forward
+# v7, attention_backward v6); LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs.
+echo "paths side by side (d12, B=64, T=1024, 8 steps; ms a step, the mean after the first; then the launches"
+echo "the paths change, ms a step: fc GEMM + GELU, fcproj input gradient + GELU', classifier, LayerNorm"
+echo "backward, attention forward and backward):"
+# (an empty variant is the defaults; each run's last lines say how often each counted path was
 # taken, llmc/ops.h's paths_print)
 turn=0
-for variant in "" LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused LLMC_FLASH=wgmma \
-    LLMC_BIAS_GRAD=kernels "LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused LLMC_FLASH=wgmma" ""; do
+for variant in "" LLMC_GELU=kernels LLMC_CLASSIFIER=registers LLMC_LAYERNORM_BACKWARD=separate LLMC_FLASH=wgmma \
+    LLMC_BIAS_GRAD=kernels ""; do
     turn=$((turn + 1))
     log="$logs/gpu_path_$turn.log"
     # shellcheck disable=SC2086  # the variant splits into its assignments
-    env $variant timeout "$(upto 90)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 8 -v 0 -s 0 > "$log" 2>&1
-    printf "  %-26s %s\n" "${variant:-the defaults}" "$(grep -E "^average step time" "$log" || echo "failed: $(tail -n 1 "$log")")"
+    env $variant LLMC_KERNEL_TIMES=1 timeout "$(upto 90)" ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 8 -v 0 \
+        -s 0 > "$log" 2>&1
+    step=$(grep -E "^average step time" "$log" || echo "failed: $(tail -n 1 "$log")")
+    printf "  %-34s %s\n" "${variant:-the defaults}" "${step%%,*}"
+    # the kernel-times table (llmc/kernel_times.h): "  <launch>  calls  ms  share"; the fc GEMM is
+    # "matmul forward C->4C", fcproj's input gradient "matmul dinp 4C->C"
+    awk '/^  / && NF >= 4 { ms = $(NF - 1); name = $0; sub(/ +[0-9.]+ +[0-9.]+ +[0-9.]+%$/, "", name); sub(/^ +/, "", name)
+             if (match(name, /^matmul forward [0-9]+->[0-9]+$/)) { split(substr(name, 16), d, "->"); if (d[2] == 4 * d[1]) fc += ms }
+             else if (match(name, /^matmul dinp [0-9]+->[0-9]+$/)) { split(substr(name, 13), d, "->"); if (d[1] == 4 * d[2]) proj += ms }
+             else if (name == "gelu forward") fc += ms; else if (name == "gelu backward") proj += ms
+             else if (name ~ /^classifier/) cls += ms; else if (name == "layernorm backward") ln += ms
+             else if (name == "attention forward") af += ms; else if (name == "attention backward") ab += ms }
+         END { if (fc + proj) printf "    fc+GELU %.2f  fcproj dinp+GELU%s %.2f  classifier %.2f  LN backward %.2f  attention %.2f + %.2f\n",
+                                  fc, "\047", proj, cls, ln, af, ab }' "$log"
     grep -E "fell back" "$log" | sed 's/^/    /'
 done
 # the same paths' kernels alone (dev/cuda): whether wgmma's layouts are the emulator's (v1-v3: each
@@ -81,13 +97,12 @@ PYTHONUNBUFFERED=1 TEST_JOBS=${TEST_JOBS:-4} timeout "$(left)" python3 test/run_
 # small model. API errors are not reported: NCCL probes for kernel images it was not built with
 # (cudaFuncGetAttributes fails, harmlessly), and the trainer checks every CUDA call it makes itself.
 # racecheck names cuBLAS's own split-K kernels too (nvjet_*); only this project's kernels count.
-# The paths not yet the default are on (their kernels are the new ones; the default kernels were
-# clean on 2026-11-26); d2 has GPT-2's vocabulary, so the split classifier runs, and heads of 64,
-# so the wgmma kernels do.
+# The defaults with the wgmma flash kernels on (the mma.sync ones were clean on 2026-11-26); d2 has
+# GPT-2's vocabulary, so the split classifier's shared memory is used, and heads of 64, so the
+# wgmma kernels run.
 if command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck; do
-        LLMC_GELU=epilogue LLMC_CLASSIFIER=split LLMC_LAYERNORM_BACKWARD=fused LLMC_FLASH=wgmma \
-            timeout "$(( $(left) / 4 + 1 ))" compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 \
+        LLMC_FLASH=wgmma timeout "$(( $(left) / 4 + 1 ))" compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 \
             ./build/cuda_BF16/train_gpt2_dp -e d2 -b 2 -t 64 -x 2 -v 1 -m 1 -s 2 -g 8 > "$logs/gpu_$tool.log" 2>&1
         echo "compute-sanitizer $tool: exit $?"
         grep "=====" "$logs/gpu_$tool.log" | head -40
