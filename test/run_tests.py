@@ -380,7 +380,7 @@ REF6 = dict(REF, batch=6)
 REF_CUDA = dict(REF, steps=3)
 REF4_CUDA = dict(REF4, steps=3)  # (the CUDA tolerances leave room for the gradient above)
 # GPT-2's vocabulary for the classifier's paths: its bf16 row of 50304 logits fills the split
-# kernel's registers and shared memory (LLMC_CLASSIFIER=split), where 1024 would not reach the latter
+# kernel's registers and shared memory (the default split kernel), where 1024 would not reach the latter
 REF_GPT2_CUDA = dict(REF_GPT2, steps=3)
 # one head of 64 channels, for the flash kernels on wgmma (LLMC_FLASH=wgmma), built for head size 64;
 # T = 200: four key tiles of 64 and two blocks of 128 queries, so that both warpgroups of a block
@@ -3329,7 +3329,7 @@ def paths_env(paths):
 
 
 def paths_suffix(paths):
-    """LLMC_GELU=epilogue -> _gelu_epilogue"""
+    """LLMC_GELU=kernels -> _gelu_kernels"""
     return "".join("_%s_%s" % (k[len("LLMC_"):].lower(), v) for k, v in sorted((paths or {}).items()))
 
 

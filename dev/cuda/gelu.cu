@@ -5,7 +5,7 @@ v1: one element per thread: 2-byte loads and stores in bf16.
 v2: 16-byte loads and stores (8 bf16 or 4 fp32 per access; llmc/cuda/gelu.cuh): fewer, wider
     memory transactions for a kernel whose speed is set by memory bandwidth alone.
 v3: no GELU kernel: cuBLASLt's epilogues in the fc layer's GEMMs (matmul_forward_gelu and
-    matmul_backward_input_gelu, LLMC_GELU=epilogue): forward, GELU_AUX_BIAS writes the GELU
+    matmul_backward_input_gelu, llmc's default): forward, GELU_AUX_BIAS writes the GELU
     output and its input (aux); backward, DGELU multiplies fcproj's input gradient by GELU' of
     aux before rounding. Timed beside v2's GEMM + kernel at the fc layer's shapes. NVIDIA does not
     document which GELU the epilogues compute, and GPT-2 needs the tanh approximation, so v3 also

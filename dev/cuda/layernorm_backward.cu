@@ -20,7 +20,7 @@ Both at once:
 v4: the input gradient and the parameter gradients' partial sums in one kernel, so dout and inp
     are read once instead of twice (a third of the traffic): each lane keeps its channels' dw and
     db in registers over its warp's rows, the warps meet in shared memory in order
-    (layernorm_backward_fused, LLMC_LAYERNORM_BACKWARD=fused; rows of up to 3 packs a lane). The
+    (layernorm_backward_fused, llmc's default; rows of up to 3 packs a lane). The
     same additions in the same order as v3, so the same bits unless the compiler contracts the
     products into FMAs differently in the two kernels (required under the emulator, reported on a
     GPU). Timed beside v3 at d12's B=64 shape (65536 rows); not yet run on a GPU.
