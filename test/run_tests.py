@@ -3587,16 +3587,24 @@ for _precision, _sched in (("BF16", "1f1b"), ("FP32", "zb")):
     test(make_cuda_pp_test("cuda", _precision, None, _sched))
 
 
-# the paths ops.h's paths_print counts (taken, fell back), printed when they are on
+# the paths ops.h's paths_print counts (taken, fell back), printed when they are on; all but the
+# last are the defaults
 COUNTED_PATHS = dict(LLMC_GELU="epilogue", LLMC_CLASSIFIER="split", LLMC_LAYERNORM_BACKWARD="fused", LLMC_FLASH="wgmma")
+DEFAULT_COUNTED = ("LLMC_GELU", "LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD")
 
 
 def taking_paths(run, paths):
     """run, then check in its output (ops.h's paths_print) that every counted path asked for was
-    taken at least once and never fell back, and that every other path asked for turned its
-    variable's counted path off: else the comparison would pass on the other path"""
+    taken at least once and never fell back, that every other path asked for turned its
+    variable's counted path off (else the comparison would pass on the other path), and that each
+    default left alone was taken at least once (so that the tests of the defaults test their
+    kernels; a default may fall back where its kernel cannot take a shape)"""
     def checked(*a):
         out = run(*a)
+        for k in DEFAULT_COUNTED:
+            if k not in (paths or {}):
+                m = re.search(r"%s=%s: (\d+) " % (k, COUNTED_PATHS[k]), out)
+                assert m and int(m.group(1)) > 0, "the default %s=%s was not taken:\n%s" % (k, COUNTED_PATHS[k], out[-1500:])
         for k, v in (paths or {}).items():
             if v != COUNTED_PATHS[k]:
                 assert not re.search(r"^%s=" % k, out, re.M), "%s=%s left %s on:\n%s" % (k, v, COUNTED_PATHS[k], out[-1500:])
