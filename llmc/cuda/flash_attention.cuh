@@ -409,7 +409,9 @@ __device__ inline void flash_load_row_values(float* dst, const float* src, int t
 // - k, v tiles in the interleaved layout (flash_core_offset), double-buffered by cp.async.
 // Not yet here (FlashAttention-3's other steps): loads by the tensor memory accelerator, one
 // warpgroup loading while the others compute, and softmax overlapped with the next product.
-// Per thread: 16 registers of q, 32 of s, 32 of o, 16 of p, against 244 for the mma.sync kernel.
+// Per thread: 16 registers of q (and 16 of the copy each product reads, flash_wg_a_xt), 32 of s, 32
+// of o, 16 of p: 128 registers on sm_90a, against 244 for the mma.sync kernel. On an H200 (2026-11-27)
+// it is correct and, with the backward below, slower than mma.sync (README: "Flash attention on wgmma").
 #define FLASH_WG_WARPS 8  // 2 warpgroups
 #define FLASH_WG_QUERIES (FLASH_WG_WARPS * FLASH_ROWS)  // 128 queries a block
 // wgmma's interleaved layout of a (ROWS, HS) tile (mma.cuh): 8 x 8 core matrices of 128
