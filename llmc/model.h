@@ -448,7 +448,10 @@ enum { ACTS_LAYERS = 1, ACTS_HEAD = 2, ACTS_SCRATCH = 4, ACTS_RECOMPUTE = 8, ACT
 // Korthikanti et al. 2022, arXiv:2205.05198). The forward pass need not keep every tensor it
 // writes: a tensor it drops lives in one layer's buffer, which the next layer overwrites, and the
 // backward pass computes it again, with the same kernels on the same inputs, just before it
-// needs it. So the gradients are bit for bit those of -r 0; the price is compute.
+// needs it. So the gradients are bit for bit those of -r 0; the price is compute. (One exception:
+// on CUDA -r 0 takes GELU from the fc GEMM's epilogue, computed from the fp32 product, and a
+// recomputed GELU comes from the kernel, which reads fch rounded: LLMC_GELU=kernels makes -r 0 use
+// the kernel too, and the runs bit for bit the same; block.h.)
 //   -r 0  keep everything.
 //   -r 1  selective: drop what is large and cheap to redo. The GELU output (B, T, 4C) comes back
 //         from fch in one elementwise pass; attention's (B, NH, T, T) probabilities (the CPU and

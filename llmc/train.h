@@ -89,7 +89,7 @@ static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
         {"-shuffle", ARG_INT, &a->shuffle, 0, 1, "1: shuffle the order of global batches every epoch"},
         {"-tok", ARG_STRING, &a->tokenizer_path, 0, 0, "tokenizer decode table, for samples"},
         {"-watchdog", ARG_INT, &a->watchdog, 0, MAX, "end the job when a rank makes no progress for this many seconds (0: off)"},
-        {"-r", ARG_INT, &a->recompute, 0, RECOMPUTE_MAX, "activation recomputation: 0 keep every activation, 1 selective (drop the GELU output and attention's probabilities, recompute them in the backward pass), 2 full (keep each layer's output only, rerun the layer forward before its backward); same results bit for bit"},
+        {"-r", ARG_INT, &a->recompute, 0, RECOMPUTE_MAX, "activation recomputation: 0 keep every activation, 1 selective (drop the GELU output and attention's probabilities, recompute them in the backward pass), 2 full (keep each layer's output only, rerun the layer forward before its backward); same results bit for bit (on CUDA with LLMC_GELU=kernels)"},
     };
     int n = (int)(sizeof(common) / sizeof(common[0]));
     for (int i = 0; i < n; i++) specs[i] = common[i];

@@ -3111,7 +3111,9 @@ def roofline_counts_the_model_flops_and_the_minimum_bytes():
     # and at 1% of the fp32 peak (-vec_eff 0.01) so are the elementwise kernels
     for B, T, precision, vec_eff in ((4, 64, "bf16", 0.5), (2, 256, "bf16", 0.5), (4, 64, "fp32", 0.5),
                                      (1, 1024, "bf16", 0.01)):
-        res = roofline_json("-e", "d12", "-b", B, "-t", T, "-precision", precision, "-vec_eff", vec_eff)
+        # (GELU in kernels of its own, whose bytes are counted below: roofline_gelu_in_the_gemm_epilogues
+        # checks what the default epilogues save)
+        res = roofline_json("-e", "d12", "-b", B, "-t", T, "-precision", precision, "-vec_eff", vec_eff, "-gelu", "kernels")
         X = 2 if precision == "bf16" else 4  # bytes of an activation, parameter or gradient
         N = B * T
         what = "d12 B=%d T=%d %s" % (B, T, precision)
@@ -3843,11 +3845,15 @@ def gpu_resume_is_bit_identical_bf16():
 def make_emu_recompute_test(trainer, ranks, flags, cfg, B, levels=(0, 1, 2), attention=None, extra_bytes=None):
     """bf16 under the emulator, each rank its own emulated GPU (NCCL): -r against -r 0 bit for bit.
     The flash path keeps only attention's row statistics, so -r 1 drops the GELU output alone;
-    attention "cublas" takes the path whose probabilities -r 1 drops and recomputes"""
+    attention "cublas" takes the path whose probabilities -r 1 drops and recomputes. GELU in its
+    kernels (LLMC_GELU=kernels): a recomputed GELU output comes from the kernel, which rounds fch
+    to bf16 first, where the default fc GEMM's epilogue computes GELU of the fp32 product, so by
+    default -r 1 and 2 differ from -r 0 in those roundings (README)"""
     def fn():
         (program,) = build("emu", "BF16", [trainer])
         check_recompute_bit_identical("emu_recompute_" + fn.__name__, program, ranks, flags, cfg, B, levels,
-                                      run=emu_runner(ranks, attention=attention), extra_bytes=extra_bytes)
+                                      run=emu_runner(ranks, attention=attention, paths=dict(LLMC_GELU="kernels")),
+                                      extra_bytes=extra_bytes)
     fn.__name__ = "emu_recompute_%s_bf16%s" % (trainer[len("train_gpt2_"):], "_cublas_attention" if attention else "")
     return fn
 
@@ -4811,15 +4817,18 @@ def kernel_times_table(out):
     return rows, outside, step
 
 
-def check_kernel_times(program, out, L, C, Vp):
+def check_kernel_times(program, out, L, C, Vp, gelu_kernels=True):
     rows, outside, step = kernel_times_table(out)
     # the launches of one train_gpt2_dp step of an L-layer GPT-2, counted from the model
     # (block.h's halves, the trainer's LayerNorms, one AdamW launcher call for its 12 L + 4 tensor
-    # pieces: adamw_update_runs)
+    # pieces: adamw_update_runs); GELU's own launches where it is not in the fc GEMMs' epilogues
+    # (gelu_kernels: the CPU backend; the CUDA one computes it in the GEMMs, timed as theirs)
     expected = {"encoder forward": 1, "layernorm forward": 1, "residual + layernorm forward": 2 * L,
-                "attention forward": L, "gelu forward": L, "classifier (softmax, loss, dlogits)": 1,
-                "layernorm backward": 2 * L + 1, "attention backward": L, "gelu backward": L, "encoder backward": 1,
+                "attention forward": L, "classifier (softmax, loss, dlogits)": 1,
+                "layernorm backward": 2 * L + 1, "attention backward": L, "encoder backward": 1,
                 "gradient norm": 1, "adamw": 1}
+    if gelu_kernels:
+        expected.update({"gelu forward": L, "gelu backward": L})
     for K, OC, n in ((C, 3 * C, L), (C, C, L), (C, 4 * C, L), (4 * C, C, L), (C, Vp, 1)):
         for kind in ("forward", "dinp", "dweight"):
             expected["matmul %s %d->%d" % (kind, K, OC)] = n
@@ -4844,23 +4853,26 @@ def kernel_times_count_every_launch_of_the_step_and_name_the_rooflines_rows():
     name and the roofline's drift apart)"""
     L, C, B, T = 2, 128, 2, 64
     (emu,) = build("emu", "BF16", ["train_gpt2_dp"])
-    roof = subprocess.run([sys.executable, "dev/bench/roofline.py", "-e", "d%d" % L, "-b", str(B), "-t", str(T), "-json"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert roof.returncode == 0, roof.stderr
-    predicted = {r["launch"] for r in json.loads(roof.stdout)["rows"]}
     for program in ("./train_gpt2_dp", emu):
+        # the CPU backend computes GELU in kernels of its own: the roofline's -gelu kernels
+        cpu = program == "./train_gpt2_dp"
+        gelu = ["-gelu", "kernels"] if cpu else []
+        roof = subprocess.run([sys.executable, "dev/bench/roofline.py", "-e", "d%d" % L, "-b", str(B), "-t", str(T),
+                               "-json"] + gelu, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert roof.returncode == 0, roof.stderr
+        predicted = {r["launch"] for r in json.loads(roof.stdout)["rows"]}
         p = subprocess.run([program, "-e", "d%d" % L, "-b", str(B), "-t", str(T), "-x", "3", "-v", "0", "-s", "0"],
                            cwd=ROOT, env=dict(os.environ, LLMC_KERNEL_TIMES="1", OMP_NUM_THREADS="2"),
                            capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-        rows = check_kernel_times(program, p.stdout, L, C, 50304)
+        rows = check_kernel_times(program, p.stdout, L, C, 50304, gelu_kernels=cpu)
         unknown = {n for n in rows if not n.startswith("copy ")} - predicted
         assert not unknown, "%s: kinds the roofline has no row for: %s" % (program, unknown)
         log = os.path.join(fresh_dir("kernel_times"), "out.log")
         with open(log, "w") as f:
             f.write(p.stdout)
         joined = subprocess.run([sys.executable, "dev/bench/roofline.py", "-e", "d%d" % L, "-b", str(B), "-t", str(T),
-                                 "-precision", "fp32" if program == "./train_gpt2_dp" else "bf16", "-measured", log],
+                                 "-precision", "fp32" if cpu else "bf16", "-measured", log] + gelu,
                                 cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert joined.returncode == 0 and "matmul forward 128->384" in joined.stdout, joined.stdout + joined.stderr
     # without the variable: no table, and the launchers' timing costs nothing
