@@ -445,18 +445,17 @@ __device__ inline WgmmaDesc flash_desc_values(const floatX* tile, int kk) {
     return wgmma_desc(tile + flash_core_offset<FLASH_TILE>(16 * kk, 0), 128, FLASH_TILE * 16);
 }
 
+// 0 for any sequence length T > 0, but not to ptxas, which does not know T's sign, and a
+// different expression in each iteration of the loop over tiles (flash_wg_a_xt says what for)
+__device__ inline uint32_t wgmma_loop_zero(int tile, int T) { return (uint32_t)tile * ((uint32_t)T >> 31); }
 // s (the warpgroup's 64 rows, 64) = a x^T over HS = 64: a the warp's A fragments, x a (64, 64)
 // interleaved tile whose rows are the columns of s.
 // a is held in registers across the loop over tiles (q, or k and v), and ptxas before CUDA 13.3
 // gives a register that wgmma reads as A to other values once the product is issued, even though
 // the next tile's product reads it again (on an H200 the q fragments were overwritten by p from
 // the second tile on; dev/cuda/flash_sass.sh now checks the SASS for it). So each product reads a
-// copy made in this iteration: a ^ zero, with zero a value that is 0 at run time but that ptxas can
-// neither prove to be 0 nor lift out of the loop (wgmma_loop_zero); a itself stays an ordinary,
-// live register.
-// 0 for any sequence length T > 0, but not to ptxas, which does not know T's sign, and a
-// different expression in each iteration of the loop over tiles
-__device__ inline uint32_t wgmma_loop_zero(int tile, int T) { return (uint32_t)tile * ((uint32_t)T >> 31); }
+// copy made in this iteration, a ^ zero with zero = wgmma_loop_zero(tile, T), which ptxas can
+// neither fold nor lift out of the loop; a itself stays an ordinary, live register.
 __device__ inline void flash_wg_a_xt(float (*s)[4], const uint32_t (*a)[4], const floatX* x, uint32_t zero) {
     for (int kk = 0; kk < 4; kk++) {
         uint32_t copy[4] = {a[kk][0] ^ zero, a[kk][1] ^ zero, a[kk][2] ^ zero, a[kk][3] ^ zero};
