@@ -99,11 +99,12 @@ PYTHONUNBUFFERED=1 TEST_JOBS=${TEST_JOBS:-4} timeout "$(left)" python3 test/run_
 # racecheck names cuBLAS's own split-K kernels too (nvjet_*); only this project's kernels count.
 # The defaults with the wgmma flash kernels on (the mma.sync ones were clean on 2026-11-26); d2 has
 # GPT-2's vocabulary, so the split classifier's shared memory is used, and heads of 64, so the
-# wgmma kernels run.
+# wgmma kernels run; T = 256 gives them four key tiles and both warpgroups of a block (at T = 64
+# one tile and one warpgroup, the shape that hid their register bug).
 if command -v compute-sanitizer >/dev/null; then
     for tool in memcheck racecheck; do
         LLMC_FLASH=wgmma timeout "$(( $(left) / 4 + 1 ))" compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 \
-            ./build/cuda_BF16/train_gpt2_dp -e d2 -b 2 -t 64 -x 2 -v 1 -m 1 -s 2 -g 8 > "$logs/gpu_$tool.log" 2>&1
+            ./build/cuda_BF16/train_gpt2_dp -e d2 -b 2 -t 256 -x 2 -v 1 -m 1 -s 2 -g 8 > "$logs/gpu_$tool.log" 2>&1
         echo "compute-sanitizer $tool: exit $?"
         grep "=====" "$logs/gpu_$tool.log" | head -40
     done

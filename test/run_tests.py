@@ -3589,13 +3589,14 @@ for _precision, _sched in (("BF16", "1f1b"), ("FP32", "zb")):
     test(make_cuda_pp_test("cuda", _precision, None, _sched))
 
 
-# the paths ops.h's paths_print counts (taken, fell back), printed when they are on; all but the
-# last are the defaults
+# the paths ops.h's paths_print counts (taken, fell back), printed when they are on; the defaults
+# among them in each precision (GELU's epilogues are the default in bf16 builds only)
 COUNTED_PATHS = dict(LLMC_GELU="epilogue", LLMC_CLASSIFIER="split", LLMC_LAYERNORM_BACKWARD="fused", LLMC_FLASH="wgmma")
-DEFAULT_COUNTED = ("LLMC_GELU", "LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD")
+DEFAULT_COUNTED = dict(FP32=("LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD"),
+                       BF16=("LLMC_GELU", "LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD"))
 
 
-def taking_paths(run, paths):
+def taking_paths(run, paths, precision):
     """run, then check in its output (ops.h's paths_print) that every counted path asked for was
     taken at least once and never fell back, that every other path asked for turned its
     variable's counted path off (else the comparison would pass on the other path), and that each
@@ -3603,7 +3604,7 @@ def taking_paths(run, paths):
     kernels; a default may fall back where its kernel cannot take a shape)"""
     def checked(*a):
         out = run(*a)
-        for k in DEFAULT_COUNTED:
+        for k in DEFAULT_COUNTED[precision]:
             if k not in (paths or {}):
                 m = re.search(r"%s=%s: (\d+) " % (k, COUNTED_PATHS[k]), out)
                 assert m and int(m.group(1)) > 0, "the default %s=%s was not taken:\n%s" % (k, COUNTED_PATHS[k], out[-1500:])
@@ -3637,7 +3638,8 @@ def make_gpu_test(precision, ranks, paths=None):
         if "LLMC_FLASH" in (paths or {}) and gpu_compute_capability() != "9.0":
             raise Skip("LLMC_FLASH=wgmma runs on Hopper (sm_90a) only; this GPU: %s" % gpu_compute_capability())
         env = paths_env(paths)
-        compare_cuda_with_reference("cuda", precision, ranks, taking_paths(lambda *a: run_gpu_ranks(*a, env=env), paths),
+        compare_cuda_with_reference("cuda", precision, ranks,
+                                    taking_paths(lambda *a: run_gpu_ranks(*a, env=env), paths, precision),
                                     cfg=paths_cfg(paths))
     fn.__name__ = "gpu_dp_vs_pytorch_%s_%d_ranks%s" % (precision.lower(), ranks, paths_suffix(paths))
     return fn
@@ -3646,7 +3648,7 @@ def make_gpu_test(precision, ranks, paths=None):
 def make_emu_test(precision, ranks, devices, attention=None, bias_grad=None, paths=None):
     def fn():
         run = emu_runner(devices, attention=attention, bias_grad=bias_grad, paths=paths)
-        compare_cuda_with_reference("emu", precision, ranks, taking_paths(run, paths), cfg=paths_cfg(paths))
+        compare_cuda_with_reference("emu", precision, ranks, taking_paths(run, paths, precision), cfg=paths_cfg(paths))
     path = "" if ranks == 1 else "_nccl" if devices >= ranks else "_host_staged"
     if precision == "BF16":  # the attention path: flash, unless asked for cuBLAS
         path += "_" + (attention or "flash") + "_attention"
@@ -3660,7 +3662,8 @@ def make_emu_test(precision, ranks, devices, attention=None, bias_grad=None, pat
 for _precision in ("FP32", "BF16"):
     for _ranks in (1, 2):
         test(make_gpu_test(_precision, _ranks))
-    test(make_gpu_test(_precision, 1, dict(LLMC_GELU="kernels")))
+    # (GELU's other path: the epilogues in fp32, the kernels in bf16)
+    test(make_gpu_test(_precision, 1, dict(LLMC_GELU="epilogue" if _precision == "FP32" else "kernels")))
 test(make_gpu_test("BF16", 1, dict(LLMC_CLASSIFIER="split")))  # (the default, at GPT-2's vocabulary)
 test(make_gpu_test("BF16", 1, dict(LLMC_CLASSIFIER="registers")))
 test(make_gpu_test("BF16", 1, dict(LLMC_LAYERNORM_BACKWARD="separate")))
@@ -3672,12 +3675,14 @@ for _precision, _ranks, _devices in (("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2,
 # (the cuBLAS attention run also takes the bias-gradient kernels, the path where cuBLASLt has no
 # BGRADB algorithm)
 test(make_emu_test("BF16", 1, 1, "cublas", "kernels"))
-# the default runs above take GELU in the fc GEMMs' epilogues, the split classifier and the fused
-# LayerNorm backward; here the other paths: the GELU kernels in both precisions, the register
-# classifier, the two LayerNorm backward kernels; and the split classifier asked for by name, at
-# GPT-2's vocabulary, whose bf16 row fills the shared memory the default tests' 1024 leave empty
-test(make_emu_test("FP32", 2, 2, paths=dict(LLMC_GELU="kernels")))
+# the default runs above take the split classifier and the fused LayerNorm backward, and in bf16
+# GELU in the fc GEMMs' epilogues (fp32: in its kernels); here the other paths: GELU's epilogues in
+# fp32 and its kernels in bf16, the register classifier, the two LayerNorm backward kernels (in
+# both precisions: an fp32 row of C = 768 takes them); and the split classifier asked for by name,
+# at GPT-2's vocabulary, whose bf16 row fills the shared memory the default tests' 1024 leave empty
+test(make_emu_test("FP32", 2, 2, paths=dict(LLMC_GELU="epilogue")))
 test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_GELU="kernels")))
+test(make_emu_test("FP32", 2, 2, paths=dict(LLMC_LAYERNORM_BACKWARD="separate")))
 test(make_emu_test("BF16", 2, 2, paths=dict(LLMC_CLASSIFIER="split")))
 test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_CLASSIFIER="registers")))
 test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_LAYERNORM_BACKWARD="separate")))
@@ -3842,19 +3847,23 @@ def gpu_resume_is_bit_identical_bf16():
     check_resume(lambda args, d: run_gpu_ranks(program, 1, args, d), "gpu_resume", 4, REF)
 
 
-def make_emu_recompute_test(trainer, ranks, flags, cfg, B, levels=(0, 1, 2), attention=None, extra_bytes=None):
-    """bf16 under the emulator, each rank its own emulated GPU (NCCL): -r against -r 0 bit for bit.
-    The flash path keeps only attention's row statistics, so -r 1 drops the GELU output alone;
-    attention "cublas" takes the path whose probabilities -r 1 drops and recomputes. GELU in its
-    kernels (LLMC_GELU=kernels): a recomputed GELU output comes from the kernel, which rounds fch
-    to bf16 first, where the default fc GEMM's epilogue computes GELU of the fp32 product, so by
-    default -r 1 and 2 differ from -r 0 in those roundings (README)"""
+def make_emu_recompute_test(trainer, ranks, flags, cfg, B, levels=(0, 1, 2), attention=None, extra_bytes=None,
+                            gelu="kernels"):
+    """bf16 under the emulator, each rank its own emulated GPU (NCCL): each -r level against the
+    first bit for bit. The flash path keeps only attention's row statistics, so -r 1 drops the GELU
+    output alone; attention "cublas" takes the path whose probabilities -r 1 drops and recomputes.
+    GELU in its kernels (LLMC_GELU=kernels) where -r 0 is among the levels: a recomputed GELU
+    output comes from the kernel, which rounds fch to bf16 first, where the default fc GEMM's
+    epilogue computes GELU of the fp32 product, so by default -r 1 and 2 differ from -r 0 in
+    those roundings (README); gelu "epilogue" (the default) for -r 1 against 2, which both take
+    the kernel forward and the DGELU epilogue backward"""
     def fn():
         (program,) = build("emu", "BF16", [trainer])
         check_recompute_bit_identical("emu_recompute_" + fn.__name__, program, ranks, flags, cfg, B, levels,
-                                      run=emu_runner(ranks, attention=attention, paths=dict(LLMC_GELU="kernels")),
+                                      run=emu_runner(ranks, attention=attention, paths=dict(LLMC_GELU=gelu)),
                                       extra_bytes=extra_bytes)
-    fn.__name__ = "emu_recompute_%s_bf16%s" % (trainer[len("train_gpt2_"):], "_cublas_attention" if attention else "")
+    fn.__name__ = "emu_recompute_%s_bf16%s%s" % (trainer[len("train_gpt2_"):], "_cublas_attention" if attention else "",
+                                                 "_gelu_epilogue" if gelu == "epilogue" else "")
     return fn
 
 
@@ -3867,6 +3876,8 @@ for _args in [("train_gpt2_dp", 2, ["-z", 3, "-x", 1], REF_CUDA, 2, (0, 2)),
               ("train_gpt2_3d", 4, grid3d_flags(1, 2, 2, sp=1, sched="interleaved", V=2) + ["-x", 1], REF4_CUDA, 4, (0, 2),
                None, rerun_tp_bytes(dict(REF4_CUDA, layers=2), 4, 2, 1, X=2))]:
     test(make_emu_recompute_test(*_args))
+# the default GELU (the epilogues): -r 1 and 2 agree with each other
+test(make_emu_recompute_test("train_gpt2_dp", 2, ["-z", 1, "-x", 1], REF_CUDA, 2, (1, 2), gelu="epilogue"))
 
 
 @test
@@ -4740,6 +4751,25 @@ def flash_attention_compiles_to_ldmatrix_and_mma_without_spills():
         m = re.search(r"^sm_90a\s+%s\s+(\d+)\s+(\d+)\s+0/0\s+(\d+)\s+0\s+([1-9]\d*)\s+([1-9]\d*)\s" % kernel,
                       r.stdout, re.M)
         assert m, "sm_90a %s: no row without spills and with HGMMA, LDGSTS\n%s" % (kernel, out[-4000:])
+
+
+@test
+def flash_sass_catches_wgmma_a_registers_reused_across_the_loop():
+    """the wgmma kernels built without the copy of their A fragments (-DFLASH_WGMMA_COPY_A=0):
+    ptxas (before CUDA 13.3) gives the registers of the q, k, v and dout fragments held across
+    the tile loop to other values, as it did in the build that failed on an H200, and
+    flash_sass.sh's register check must say so for each of the three kernels"""
+    if not have_nvcc():
+        raise Skip("no nvcc")
+    if tool("nvdisasm") is None:
+        raise Skip("no nvdisasm to read the SASS (dev/setup.sh installs it: pip nvidia-cuda-nvdisasm)")
+    r = subprocess.run([os.path.join(ROOT, "dev", "cuda", "flash_sass.sh")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=900, env=dict(os.environ, FLASH_SASS_DEFINES="-DFLASH_WGMMA_COPY_A=0"))
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, "flash_sass.sh without the copy: exit %d, expected 1\n%s" % (r.returncode, out[-4000:])
+    for kernel in ("forward", "backward_dkdv", "backward_dq"):
+        assert re.search(r"FAILED: sm_90a flash_attention_%s_wgmma_kernel: the HGMMA at \w+ reads A from R\d+\.\., which "
+                         r"its loop overwrites later" % kernel, out), "%s: no register reuse reported\n%s" % (kernel, out[-4000:])
 
 
 @test

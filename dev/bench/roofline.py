@@ -339,7 +339,7 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, top
         if ep > 1:
             s.add("all-to-all: the tokens to their experts' ranks", L, 0, a2a, "link", "comm")
         s.add("moe gather rows (into expert order)", L, 0, 2 * R * C * X + R * 4, "vector", "moe", launch="moe: gather rows")
-    if gelu == "epilogue":  # the default (LLMC_GELU=kernels: below): GELU_AUX_BIAS writes GELU's input (aux) and its output
+    if gelu == "epilogue":  # the default in bf16 (-gelu kernels: below): GELU_AUX_BIAS writes GELU's input (aux) and its output
         matmul("matmul fc (+bias, GELU epilogue)", R, C, 4 * C, L, bias=True, aux=True)
     else:
         matmul("matmul fc (+bias epilogue)", R, C, 4 * C, L, bias=True)
@@ -712,9 +712,9 @@ def main(argv=None):
     p.add_argument("-ep", type=int, default=1, help="with -experts: the ranks the experts are split over (of -dp)")
     p.add_argument("-epilogue", type=int, choices=(0, 1), default=1,
                    help="1: bias gradients from the weight-gradient GEMMs' BGRADB epilogue; 0: separate kernels")
-    p.add_argument("-gelu", choices=("epilogue", "kernels"), default="epilogue",
-                   help="GELU in the fc GEMMs' epilogues (the trainer's default), or in its own kernels (as the "
-                   "trainer with LLMC_GELU=kernels)")
+    p.add_argument("-gelu", choices=("epilogue", "kernels"), default=None,
+                   help="GELU in the fc GEMMs' epilogues (the trainer's default in bf16; LLMC_GELU=epilogue in fp32), "
+                   "or in its own kernels (the default in fp32; LLMC_GELU=kernels in bf16) [as the trainer]")
     p.add_argument("-ln_backward", choices=("fused", "separate"), default="fused",
                    help="the LayerNorm backward's input and parameter gradients in one kernel (the trainer's "
                    "default), or in separate kernels (as the trainer with LLMC_LAYERNORM_BACKWARD=separate)")
@@ -728,6 +728,8 @@ def main(argv=None):
     p.add_argument("-measured", metavar="LOG", help="a trainer's output with its LLMC_KERNEL_TIMES=1 table (run at the "
                    "same -e, -b, -t and precision): print each kind of launch, measured, beside its roofline")
     args = p.parse_args(argv)
+    if args.gelu is None:  # the trainer's default for the precision (llmc/cuda/gelu.cuh)
+        args.gelu = "epilogue" if args.precision == "bf16" else "kernels"
     for name in ("gemm_eff", "attn_eff", "bw_eff", "vec_eff"):
         v = getattr(args, name)
         if not (math.isfinite(v) and 0 < v <= 1):

@@ -28,7 +28,9 @@ v7: the same algorithm on Hopper's warpgroup MMA (LLMC_FLASH=wgmma; sm_90a build
     FlashAttention-3's first step): a warpgroup of 4 warps computes s = q k^T and o += p v for 64
     queries with wgmma, k and v read by the tensor cores straight from shared memory (wgmma's
     interleaved layout) instead of ldmatrix into registers; the softmax is v6's, per warp. 128
-    queries a block in 2 warpgroups, about 107 registers a thread against v6's 244.
+    queries a block in 2 warpgroups, 128 registers a thread against v6's 244 (with the copy of q
+    each product reads: ptxas before CUDA 13.3 reused q's registers; llmc/cuda/flash_attention.cuh).
+    On an H200 (2026-11-27, B=4, T=1024): 0.057 ms against v6's 0.054.
 */
 #include "common.h"
 namespace cpu {

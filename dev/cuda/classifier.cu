@@ -13,8 +13,9 @@ v4: the row in registers, 8 packs a thread, every load issued before the first i
 v5: v4's one block an SM (800 threads at 64 registers hold the row) made two: 768 threads hold 5
     packs each in registers, the row's other 2448 packs sit in 39 KB of static shared memory,
     filled by cp.async; 40 registers a thread, so two rows share an SM and one's loads overlap the
-    other's arithmetic (fused_classifier_split_kernel, llmc's default; bf16 only: an fp32
-    row is twice as wide). Not yet timed on a GPU.
+    other's arithmetic (fused_classifier_split_kernel, llmc's default where a row fits: GPT-2's
+    vocabulary in bf16, not in fp32, whose row is twice as wide; this program runs it in bf16).
+    On an H200 (2026-11-27): 0.38 ms against v4's 0.49 with the gradient.
 shards: the vocabulary-parallel loss of tensor parallelism (classifier_shard_max, _sums, _loss in
     llmc/cuda/classifier.cuh): the Vp columns split over tp ranks, each rank's three kernels on its
     (N, Vp / tp) slice, and the two all-reduces between them (max, then sum) done on the host.

@@ -14,11 +14,15 @@
 #       HMMA (mma.sync on the tensor cores; HGMMA, wgmma, in the wgmma kernel, where ptxas must
 #       not have serialized the products) and LDGSTS (cp.async global -> shared), and how many
 #       plain shared loads/stores (LDS/STS), local loads/stores (LDL/STL: spills) and MUFU.EX2
-#       (the exp2 of the softmax) it has; a tile kernel with any LDL/STL fails.
+#       (the exp2 of the softmax) it has; a tile kernel with any LDL/STL fails;
+#   (c) in the wgmma kernels' SASS, no HGMMA's A registers are written while the product is in
+#       flight, or later in its loop without being written again before it (ptxas before CUDA 13.3
+#       reused the registers of A fragments held across the loop; FLASH_SASS_DEFINES=
+#       -DFLASH_WGMMA_COPY_A=0 builds the kernels without their workaround, and this check fails).
 # An instruction is counted once per place in the code, not per execution.
 #
 #   dev/cuda/flash_sass.sh        exit 0: all checks passed; 1: a check failed; 77: compiled and
-#                                 checked (a), but no disassembler was found for (b)
+#                                 checked (a), but no disassembler was found for (b) and (c)
 # nvcc and nvdisasm: where dev/tools.sh looks (PATH, the toolkit, NVIDIA's pip package, which
 # dev/setup.sh installs where nvcc lacks a disassembler, as a minimal CUDA 13 toolkit does).
 set -euo pipefail
@@ -37,6 +41,9 @@ DISASM=$(find_cuda_tool nvdisasm || true)
 # the Makefile's device-code flags (NVCC_FLAGS: -O3 -std=c++17 -I. ...); bf16 is PRECISION's default
 NVCC_FLAGS=$(sed -n 's/^NVCC_FLAGS := //p' Makefile)
 [ -n "$NVCC_FLAGS" ] || { echo "flash_sass: no NVCC_FLAGS in the Makefile"; exit 1; }
+# FLASH_SASS_DEFINES: more -D flags, e.g. -DFLASH_WGMMA_COPY_A=0, which leaves out the copy that
+# keeps ptxas from reusing the wgmma kernels' A registers: the check of (c) below must then fail
+NVCC_FLAGS="$NVCC_FLAGS ${FLASH_SASS_DEFINES:-}"
 
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -140,7 +147,7 @@ def sass(sm):
 
 # wgmma reads its A fragment from registers asynchronously, and ptxas before CUDA 13.3 may give
 # those registers to other values too early: on an H200, a q fragment held across the loop over
-# tiles was overwritten by p after the first tile (flash_attention.cuh: flash_wg_a_xt). In the
+# tiles was overwritten by p after the first tile (flash_attention.cuh: flash_wg_copy_a). In the
 # SASS of each wgmma kernel, for every HGMMA and its A registers (4 from the one named):
 #   (1) in flight: nothing writes them before the WARPGROUP.DEPBAR that waits for the product;
 #   (2) around a loop (a backward BRA): if the loop writes them after the HGMMA, it writes them
@@ -150,34 +157,37 @@ def sass(sm):
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)((?:\.[A-Za-z0-9_]+)*)\s*(.*?)\s*;")
 
 def written(op, mods, args):
-    """the registers an instruction writes: its first register operand after any predicates
-    it writes first (SHFL), as wide as the instruction (LDSM .4: 4; .128: 4; .64, .WIDE: 2)"""
-    if op in ("HGMMA", "BRA", "BAR", "EXIT", "WARPGROUP") or op.startswith("ST") or op in ("RED", "ATOM"):
+    """the registers an instruction writes: its first operand when that is a register (SHFL's
+    second, after the predicate it writes first; ISETP and the like write predicates only), as
+    wide as the instruction (LDSM .4, .128: 4; LDSM .2, .64, .WIDE, CS2R, F64 arithmetic: 2)"""
+    if op in ("HGMMA", "BRA", "BAR", "EXIT", "RET", "CALL", "WARPGROUP") or op.startswith("ST") or op == "RED":
         return set()
-    for a in (a.strip() for a in args.split(",")):
-        if re.fullmatch(r"!?U?P(T|\d+)", a):
-            continue
-        m = re.fullmatch(r"R(\d+)", a)
-        if not m:
+    operands = [a.strip() for a in args.split(",")]
+    if operands and re.fullmatch(r"!?U?P(T|\d+)", operands[0]):
+        if op != "SHFL":
             return set()
-        n = 4 if ".128" in mods or (op == "LDSM" and mods.endswith(".4")) else \
-            2 if ".64" in mods or ".WIDE" in mods or (op == "LDSM" and mods.endswith(".2")) else 1
-        return {int(m.group(1)) + j for j in range(n)}
-    return set()
+        operands = operands[1:]
+    m = re.fullmatch(r"R(\d+)", operands[0]) if operands else None
+    if not m:
+        return set()
+    n = 4 if ".128" in mods or (op == "LDSM" and mods.endswith(".4")) else \
+        2 if (".64" in mods or ".WIDE" in mods or ".F64" in mods or (op == "LDSM" and mods.endswith(".2"))
+              or (op == "CS2R" and ".32" not in mods) or op in ("DADD", "DMUL", "DFMA")) else 1
+    return {int(m.group(1)) + j for j in range(n)}
 
 def wgmma_register_hazards(path):
     kernels, cur = {}, None
     for line in open(path):
         m = re.match(r"^\.text\.(\S+):", line)
         if m:
-            cur = kernels.setdefault(demangle(m.group(1))[0], ([], {}))
+            cur = kernels.setdefault(demangle(m.group(1)), ([], {}))
         elif cur is not None and re.match(r"^\.L_x_\d+:", line):
             cur[1][line.split(":")[0]] = len(cur[0])
         elif cur is not None and INSN.search(line):
             m = INSN.search(line)
             cur[0].append((m.group(1), m.group(2), m.group(3), m.group(4)))
     problems = []
-    for name, (insns, labels) in kernels.items():
+    for (name, _), (insns, labels) in kernels.items():
         if "wgmma" not in name:
             continue
         writes = [written(op, mods, args) for _, op, mods, args in insns]

@@ -23,7 +23,8 @@ v4: the input gradient and the parameter gradients' partial sums in one kernel, 
     (layernorm_backward_fused, llmc's default; rows of up to 3 packs a lane). The
     same additions in the same order as v3, so the same bits unless the compiler contracts the
     products into FMAs differently in the two kernels (required under the emulator, reported on a
-    GPU). Timed beside v3 at d12's B=64 shape (65536 rows); not yet run on a GPU.
+    GPU: the same bits on an H200). Timed beside v3 at d12's B=64 shape (65536 rows); in the d12
+    step on the H200 (2026-11-27) 25 calls took 4.4 ms against 5.5.
 */
 #include "common.h"
 namespace cpu {

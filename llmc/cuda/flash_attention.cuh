@@ -409,7 +409,7 @@ __device__ inline void flash_load_row_values(float* dst, const float* src, int t
 // - k, v tiles in the interleaved layout (flash_core_offset), double-buffered by cp.async.
 // Not yet here (FlashAttention-3's other steps): loads by the tensor memory accelerator, one
 // warpgroup loading while the others compute, and softmax overlapped with the next product.
-// Per thread: 16 registers of q (and 16 of the copy each product reads, flash_wg_a_xt), 32 of s, 32
+// Per thread: 16 registers of q (and 16 of the copy each product reads, flash_wg_copy_a), 32 of s, 32
 // of o, 16 of p: 128 registers on sm_90a, against 244 for the mma.sync kernel. On an H200 (2026-11-27)
 // it is correct and, with the backward below, slower than mma.sync (README: "Flash attention on wgmma").
 #define FLASH_WG_WARPS 8  // 2 warpgroups
@@ -445,22 +445,28 @@ __device__ inline WgmmaDesc flash_desc_values(const floatX* tile, int kk) {
     return wgmma_desc(tile + flash_core_offset<FLASH_TILE>(16 * kk, 0), 128, FLASH_TILE * 16);
 }
 
-// 0 for any sequence length T > 0, but not to ptxas, which does not know T's sign, and a
-// different expression in each iteration of the loop over tiles (flash_wg_a_xt says what for)
-__device__ inline uint32_t wgmma_loop_zero(int tile, int T) { return (uint32_t)tile * ((uint32_t)T >> 31); }
+// The fragments a warp holds across the loop over tiles (q, or k and v) are A of a product on
+// every tile, and ptxas before CUDA 13.3 gives a register that wgmma reads as A to other values
+// once the product is issued, although the next tile's product reads it again (on an H200 the q
+// fragments were overwritten by p from the second tile on; dev/cuda/flash_sass.sh checks the SASS
+// for it). So the products read a copy made in each iteration, before its wgmma_fence (a register
+// a product reads is written before the fence): copy = a ^ zero with zero = flash_wg_loop_zero(tile,
+// T), 0 for any sequence length T >= 0, but not to ptxas, which does not know T's sign, and a new
+// value on each tile, so that ptxas can neither fold the copy away nor lift it out of the loop; a
+// itself stays an ordinary, live register. FLASH_WGMMA_COPY_A=0 (a build-time switch) leaves the
+// copy out, to show that the SASS check catches the reuse.
+#ifndef FLASH_WGMMA_COPY_A
+#define FLASH_WGMMA_COPY_A 1
+#endif
+__device__ inline uint32_t flash_wg_loop_zero(int tile, int T) { return (uint32_t)tile * ((uint32_t)T >> 31); }
+__device__ inline void flash_wg_copy_a(uint32_t (*copy)[4], const uint32_t (*a)[4], uint32_t zero) {
+    for (int kk = 0; kk < 4; kk++)
+        for (int i = 0; i < 4; i++) copy[kk][i] = FLASH_WGMMA_COPY_A ? a[kk][i] ^ zero : a[kk][i];
+}
 // s (the warpgroup's 64 rows, 64) = a x^T over HS = 64: a the warp's A fragments, x a (64, 64)
-// interleaved tile whose rows are the columns of s.
-// a is held in registers across the loop over tiles (q, or k and v), and ptxas before CUDA 13.3
-// gives a register that wgmma reads as A to other values once the product is issued, even though
-// the next tile's product reads it again (on an H200 the q fragments were overwritten by p from
-// the second tile on; dev/cuda/flash_sass.sh now checks the SASS for it). So each product reads a
-// copy made in this iteration, a ^ zero with zero = wgmma_loop_zero(tile, T), which ptxas can
-// neither fold nor lift out of the loop; a itself stays an ordinary, live register.
-__device__ inline void flash_wg_a_xt(float (*s)[4], const uint32_t (*a)[4], const floatX* x, uint32_t zero) {
-    for (int kk = 0; kk < 4; kk++) {
-        uint32_t copy[4] = {a[kk][0] ^ zero, a[kk][1] ^ zero, a[kk][2] ^ zero, a[kk][3] ^ zero};
-        wgmma_m64n64k16<0>(&s[0][0], copy, flash_desc_keys(x, kk), kk > 0);
-    }
+// interleaved tile whose rows are the columns of s
+__device__ inline void flash_wg_a_xt(float (*s)[4], const uint32_t (*a)[4], const floatX* x) {
+    for (int kk = 0; kk < 4; kk++) wgmma_m64n64k16<0>(&s[0][0], a[kk], flash_desc_keys(x, kk), kk > 0);
 }
 // acc (the warpgroup's 64 rows, 64) += p x: p the warp's A fragments over x's 64 rows
 __device__ inline void flash_wg_p_x(float (*acc)[4], const uint32_t (*p)[4], const floatX* x) {
@@ -515,8 +521,10 @@ flash_attention_forward_wgmma_kernel(floatX* out, float* lse, const floatX* qkv,
         // causal, per warpgroup (wgmma needs all 4 warps): its 64 queries against this tile
         if (k0 <= group0 + 63 && group0 < T) {
             float s[FLASH_TILE / 8][4];
+            uint32_t q_copy[HS / 16][4];
+            flash_wg_copy_a(q_copy, q, flash_wg_loop_zero(tile, T));
             wgmma_fence();
-            flash_wg_a_xt(s, q, kv_s[buf][0], wgmma_loop_zero(tile, T));  // s = q k^T
+            flash_wg_a_xt(s, q_copy, kv_s[buf][0]);  // s = q k^T
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_pin(&s[0][0], FLASH_TILE / 2);
@@ -595,9 +603,12 @@ flash_attention_backward_dkdv_wgmma_kernel(floatX* dqkv, const floatX* dout, con
         __syncthreads();
         if (u0 + FLASH_TILE - 1 >= group0 && group0 < T) {  // the warpgroup's keys see some of these queries
             float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];  // s^T then p^T then ds^T; dp^T
+            uint32_t k_copy[HS / 16][4], v_copy[HS / 16][4];
+            flash_wg_copy_a(k_copy, k, flash_wg_loop_zero(tile, T));
+            flash_wg_copy_a(v_copy, v, flash_wg_loop_zero(tile, T));
             wgmma_fence();
-            flash_wg_a_xt(s, k, q_s[buf], wgmma_loop_zero(tile, T));   // s^T = k q^T
-            flash_wg_a_xt(dp, v, dy_s[buf], wgmma_loop_zero(tile, T));  // dp^T = v dout^T, in the same group
+            flash_wg_a_xt(s, k_copy, q_s[buf]);   // s^T = k q^T
+            flash_wg_a_xt(dp, v_copy, dy_s[buf]);  // dp^T = v dout^T, in the same group
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_pin(&s[0][0], FLASH_TILE / 2);
@@ -671,9 +682,12 @@ flash_attention_backward_dq_wgmma_kernel(floatX* dqkv, const floatX* dout, const
         __syncthreads();
         if (k0 <= group0 + 63 && group0 < T) {
             float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];  // s then p then ds; dp
+            uint32_t q_copy[HS / 16][4], dy_copy[HS / 16][4];
+            flash_wg_copy_a(q_copy, q, flash_wg_loop_zero(tile, T));
+            flash_wg_copy_a(dy_copy, dy, flash_wg_loop_zero(tile, T));
             wgmma_fence();
-            flash_wg_a_xt(s, q, k_s[buf], wgmma_loop_zero(tile, T));    // s = q k^T
-            flash_wg_a_xt(dp, dy, v_s[buf], wgmma_loop_zero(tile, T));  // dp = dout v^T
+            flash_wg_a_xt(s, q_copy, k_s[buf]);    // s = q k^T
+            flash_wg_a_xt(dp, dy_copy, v_s[buf]);  // dp = dout v^T
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_pin(&s[0][0], FLASH_TILE / 2);

@@ -9,10 +9,10 @@
 
 // GELU's speed is set by memory bandwidth alone, so each thread moves 16 bytes (PACK16 elements)
 // per load and store; N is a multiple of PACK16 (it is B T 4C).
-// By default cuBLASLt's GELU epilogues (matmul_forward_gelu and matmul_backward_input_gelu below)
-// take their place, saving a read of (B, T, 4C) forward and a read and a write of it backward;
-// these kernels remain for LLMC_GELU=kernels, for a GEMM cuBLASLt has no epilogue algorithm for,
-// and for the forward that -r 1 recomputes. NVIDIA documents the epilogues as "apply GELU
+// In bf16 builds cuBLASLt's GELU epilogues (matmul_forward_gelu and matmul_backward_input_gelu
+// below) take their place by default, saving a read of (B, T, 4C) forward and a read and a write
+// of it backward; these kernels remain for fp32 builds, LLMC_GELU=kernels, a GEMM cuBLASLt has no
+// epilogue algorithm for, the forward that -r 1 and 2 recompute, and the tensor-parallel trainers. NVIDIA documents the epilogues as "apply GELU
 // point-wise transform" (cublasLt.h, the cuBLAS guide) without saying which GELU, and GPT-2 trains
 // with the tanh approximation: dev/cuda/gelu measures which formula they compute (tanh, forward and
 // backward, fp32 and bf16, on an H200 on 2026-11-27: mean distance to tanh GELU 1e-7, to erf 2e-4).
@@ -61,18 +61,22 @@ static inline void gelu_backward(floatX* dinp, const floatX* inp, const floatX* 
 }
 
 // ---------------------------------------------------------------------------------------------
-// The fc layer and its GELU as one GEMM each way (the default; LLMC_GELU=kernels, read once, asks
-// for the GEMMs and the kernels above): the forward's GEMM writes the GELU output and, as its aux
-// matrix, GELU's input (GELU_AUX_BIAS); the backward's input-gradient GEMM of fcproj multiplies its
-// product by GELU' of that input (DGELU) before it rounds. The forward computes GELU of the fp32
-// product, where the kernel reads it rounded to floatX; the backward multiplies the fp32 product
-// (the kernel: rounded) by GELU' of fch as stored. Where cuBLASLt has no algorithm for the
-// epilogue, the GEMM and the kernel. A d12 step on an H200 (2026-11-27): 2 x 12 GELU kernels less,
-// 123.9 against 127.1-128.3 ms (fc forward and GELU 7.2 against 8.4 ms, fcproj dinp and GELU'
-// 7.6 against 9.6 ms; LLMC_KERNEL_TIMES=1).
+// The fc layer and its GELU as one GEMM each way: the forward's GEMM writes the GELU output and,
+// as its aux matrix, GELU's input (GELU_AUX_BIAS); the backward's input-gradient GEMM of fcproj
+// multiplies its product by GELU' of that input (DGELU) before it rounds. The forward computes
+// GELU of the fp32 product, where the kernel reads it rounded to floatX; the backward multiplies
+// the fp32 product (the kernel: rounded) by GELU' of fch as stored. Where cuBLASLt has no algorithm
+// for the epilogue, the GEMM and the kernel. The choice is read once:
+// - bf16 builds take the epilogues (LLMC_GELU=kernels: the kernels). A d12 step on an H200
+//   (2026-11-27, LLMC_KERNEL_TIMES=1): fc GEMM and GELU 7.2 against 8.4 ms, fcproj's input
+//   gradient and GELU' 7.6 against 9.6;
+// - fp32 builds take the kernels (LLMC_GELU=epilogue: the epilogues), where cuBLASLt's fp32 GEMMs
+//   with the epilogue measured slower (dev/cuda/gelu on the H200: fc 0.86 against 0.82 ms with
+//   the kernel, fcproj's input gradient 1.01 against 0.88).
 static inline int gelu_in_epilogue(void) {
     static int asked = -1;
-    if (asked < 0) asked = !env_choice("LLMC_GELU", "epilogue", "kernels");
+    if (asked < 0)
+        asked = FLOATX_IS_FLOAT ? env_choice("LLMC_GELU", "kernels", "epilogue") : !env_choice("LLMC_GELU", "epilogue", "kernels");
     return asked;
 }
 // the GEMMs whose epilogue computed GELU, and those that fell back to the kernels (cuBLASLt had no
