@@ -546,7 +546,8 @@ def print_table(res):
                                    c["precision"], c["attention"],
                                    "in the GEMMs' BGRADB epilogue" if c["epilogue"] else "as separate kernels",
                                    ", GELU in the fc GEMMs' epilogues" if c["gelu"] == "epilogue" else ", GELU in kernels",
-                                   ", the LayerNorm backward fused" if c["ln_backward"] == "fused" else
+                                   ", the LayerNorm backward fused" if c["ln_backward"] == "fused" and
+                                   ceil_div(c["C"] * (2 if c["precision"] == "bf16" else 4) // 16, 32) <= 3 else
                                    ", the LayerNorm backward in separate kernels",
                                    ", %d data-parallel ranks" % c["dp"] if c["dp"] > 1 else ""))
     print("device %s: %s dense %s peak, fp32 (non-tensor) %s, HBM %s (datasheets; llmc/cuda/device.cuh)"
