@@ -123,26 +123,36 @@ OPS = ["LDSM", "HMMA", "HGMMA", "LDGSTS", "LDS", "STS", "LDL", "STL", "MUFU.EX2"
 # the spills chosen for speed (the head comment): kernel -> bytes of spill stores allowed
 SPILL_BUDGET = {("flash_attention_backward_dkdv_kernel", (64,)): 128}
 
-def sass(sm):
+# one instruction of nvdisasm's listing: address, guard predicate, opcode, modifiers, operands
+INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)((?:\.[A-Za-z0-9_]+)*)\s*(.*?)\s*;")
+
+def sass_listing(sm):
+    """(kernel name, head-size args) -> (instructions, labels): each instruction (address, guard,
+    op, modifiers, operands), and each branch label's index in that list"""
+    kernels, cur = {}, None
+    for line in open(os.path.join(work, "sass_%s.txt" % sm)):
+        m = re.match(r"^\.text\.(_Z\w+):", line)
+        if m:
+            cur = kernels.setdefault(demangle(m.group(1)), ([], {}))
+        elif cur is not None and re.match(r"^\.L_x_\d+:", line):
+            cur[1][line.split(":")[0]] = len(cur[0])
+        elif cur is not None and (m := INSN.search(line)):
+            cur[0].append((m.group(1), (m.group(2) or "").strip(), m.group(3), m.group(4), m.group(5)))
+    return kernels
+
+def sass(listing):
     """kernel -> {op: count}; LDS/STS count only instructions that can execute: ptxas puts
     never-executed '@!PT LDS RZ, [RZ]' beside LDGSTS, counted apart as LDS(@!PT)"""
-    counts, kernel = {}, None
-    for line in open(os.path.join(work, "sass_%s.txt" % sm)):
-        m = re.search(r"^\.text\.(_Z\w+)", line)
-        if m:
-            kernel = demangle(m.group(1))
-            counts[kernel] = dict.fromkeys(OPS + ["LDS(@!PT)"], 0)
-            continue
-        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)(\.[A-Za-z0-9_.]+)?\s", line)
-        if not (m and kernel):
-            continue
-        op = m.group(2)
-        if op == "MUFU" and (m.group(3) or "").startswith(".EX2"):
-            op = "MUFU.EX2"
-        if op in ("LDS", "STS") and (m.group(1) or "").strip() == "@!PT":
-            op += "(@!PT)"
-        if op in counts[kernel]:
-            counts[kernel][op] += 1
+    counts = {}
+    for kernel, (insns, _) in listing.items():
+        counts[kernel] = dict.fromkeys(OPS + ["LDS(@!PT)"], 0)
+        for _, guard, op, mods, _ in insns:
+            if op == "MUFU" and mods.startswith(".EX2"):
+                op = "MUFU.EX2"
+            if op in ("LDS", "STS") and guard == "@!PT":
+                op += "(@!PT)"
+            if op in counts[kernel]:
+                counts[kernel][op] += 1
     return counts
 
 # wgmma reads its A fragment from registers asynchronously, and ptxas before CUDA 13.3 may give
@@ -154,8 +164,6 @@ def sass(sm):
 #       again before it, so that the next iteration's product reads this iteration's values.
 # (Straight-line reading within a loop: a write on one branch counts as made; enough for these
 # kernels, whose writes of A fragments are unconditional.)
-INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)((?:\.[A-Za-z0-9_]+)*)\s*(.*?)\s*;")
-
 def written(op, mods, args):
     """the registers an instruction writes: its first operand when that is a register (SHFL's
     second, after the predicate it writes first; ISETP and the like write predicates only), as
@@ -175,34 +183,24 @@ def written(op, mods, args):
               or (op == "CS2R" and ".32" not in mods) or op in ("DADD", "DMUL", "DFMA")) else 1
     return {int(m.group(1)) + j for j in range(n)}
 
-def wgmma_register_hazards(path):
-    kernels, cur = {}, None
-    for line in open(path):
-        m = re.match(r"^\.text\.(\S+):", line)
-        if m:
-            cur = kernels.setdefault(demangle(m.group(1)), ([], {}))
-        elif cur is not None and re.match(r"^\.L_x_\d+:", line):
-            cur[1][line.split(":")[0]] = len(cur[0])
-        elif cur is not None and INSN.search(line):
-            m = INSN.search(line)
-            cur[0].append((m.group(1), m.group(2), m.group(3), m.group(4)))
+def wgmma_register_hazards(listing):
     problems = []
-    for (name, _), (insns, labels) in kernels.items():
+    for (name, _), (insns, labels) in listing.items():
         if "wgmma" not in name:
             continue
-        writes = [written(op, mods, args) for _, op, mods, args in insns]
-        loops = [(labels[m.group(1)], e) for e, (_, op, _, args) in enumerate(insns)
+        writes = [written(op, mods, args) for _, _, op, mods, args in insns]
+        loops = [(labels[m.group(1)], e) for e, (_, _, op, _, args) in enumerate(insns)
                  for m in [re.search(r"`\((\.L_x_\d+)\)", args)] if op == "BRA" and m and labels.get(m.group(1), e + 1) <= e]
-        for x, (addr, op, _, args) in enumerate(insns):
+        for x, (addr, _, op, _, args) in enumerate(insns):
             m = re.match(r"R\d+, R(\d+),", args)
             if op != "HGMMA" or not m:
                 continue
             a = {int(m.group(1)) + j for j in range(4)}
-            wait = next((j for j in range(x + 1, len(insns)) if insns[j][1] == "WARPGROUP" and insns[j][2].startswith(".DEPBAR")), len(insns))
+            wait = next((j for j in range(x + 1, len(insns)) if insns[j][2] == "WARPGROUP" and insns[j][3].startswith(".DEPBAR")), len(insns))
             for j in range(x + 1, wait):
                 if writes[j] & a:
                     problems.append("sm_90a %s: the HGMMA at %s reads A from R%d.., which %s at %s overwrites before the wait"
-                                    % (name, addr, min(a), insns[j][1], insns[j][0]))
+                                    % (name, addr, min(a), insns[j][2], insns[j][0]))
             for first, last in loops:
                 if first <= x <= last:
                     later = set().union(*writes[x + 1:last + 1]) & a
@@ -218,9 +216,10 @@ for sm in archs:
         if "serialized" in line:  # ptxas waits for each wgmma before the next: correct, but slow
             failures.append("sm_%s: %s" % (sm, line.strip()))
     info = ptxas(sm)
-    counts = sass(sm) if disasm else {}
-    if disasm and sm == "90a":
-        failures += wgmma_register_hazards(os.path.join(work, "sass_%s.txt" % sm))
+    listing = sass_listing(sm) if disasm else {}
+    counts = sass(listing)
+    if sm == "90a":
+        failures += wgmma_register_hazards(listing)
     for (name, hs), k in sorted(info.items()):
         if not name.startswith("flash_attention") and not name.startswith("ring_flash"):
             continue
