@@ -229,6 +229,7 @@ def parse_params(plist):
     for p in split_top(plist):
         if p == "void":
             continue
+        p = p.partition("=")[0].strip()  # a default argument's value is not the name
         m = re.search(r"(\w+)\s*\)?\s*(\[[^\]]*\])*$", p)  # the name: last identifier ((*a)[4] too)
         base = re.sub(r"\bconst\b", "", p).split()[0].rstrip("*")
         params.append((base, m.group(1), "*" in p))
@@ -278,7 +279,8 @@ def statement_extent(text, pos):
 
 
 def scope_items(fn, pos):
-    """The loops and int declarations in effect at position pos of fn, in source order:
+    """The loops and int declarations (const and constexpr ones too) in effect at position pos of
+    fn, in source order:
     ('for', var, init, relation, bound, step) and ('int', name, expr)."""
     text, items = fn.text, []
     for m in re.finditer(r"\bfor\s*\(", text[fn.start:fn.end]):
@@ -292,7 +294,7 @@ def scope_items(fn, pos):
         if not h:
             raise SyntaxError("line %d: a loop this model cannot read: for (%s)" % (line_of(text, start), header))
         items.append((start, ("for", h.group(1), h.group(2), h.group(3), h.group(4), h.group(5) or "1")))
-    for m in re.finditer(r"(?:^|(?<=[;{}]))\s*int\s+(?=\w+\s*=)", text[fn.start:pos], re.M):
+    for m in re.finditer(r"(?:^|(?<=[;{}]))\s*(?:constexpr\s+|const\s+)?int\s+(?=\w+\s*=)", text[fn.start:pos], re.M):
         decl_start = fn.start + m.end()
         # visible at pos when the innermost block around the declaration also holds pos
         depth, j = 0, decl_start
@@ -539,7 +541,7 @@ def helper_accesses(kernel, call, arrays, funcs, prims, macros, base_envs, all_a
                                           % (line_of(text, cstart), arg))
                     henv["__ptr_" + pname] = element_address(a, subs, arrays, env, macros)
                     pointer = (pname, ELEMENT_BYTES[ptype])
-                elif not is_ptr:
+                elif not is_ptr and ptype != "float":  # (a float is never part of an address)
                     try:
                         henv[pname] = evaluate(arg, env, macros)
                     except (NameError, TypeError):

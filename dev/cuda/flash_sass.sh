@@ -7,14 +7,17 @@
 #       as the counter of a loop left rolled, lives in local memory too); registers per thread
 #       and static shared memory per block are printed. One exception, chosen and bounded:
 #       dK/dV at head size 64 is compiled for 3 blocks an SM (FLASH_DKDV_BLOCKS), 168 registers,
-#       and spills a few words (68 bytes on sm_90): measured faster than 227 registers and no
-#       spills (23.8 against 24.9 ms a d12 step's attention backward on an H200). It may spill
+#       and spills a few words (104 bytes on sm_90; 68 when it was measured faster than 227
+#       registers and no spills: 23.8 against 24.9 ms a d12 step's attention backward on an
+#       H200, before the tile loads were unrolled, which takes 9 registers more). It may spill
 #       at most SPILL_BUDGET bytes; more, or a spill anywhere else, fails;
 #   (b) the SASS (nvdisasm): every tile kernel contains LDSM (ldmatrix),
 #       HMMA (mma.sync on the tensor cores; HGMMA, wgmma, in the wgmma kernel, where ptxas must
 #       not have serialized the products) and LDGSTS (cp.async global -> shared), and how many
 #       plain shared loads/stores (LDS/STS), local loads/stores (LDL/STL: spills) and MUFU.EX2
-#       (the exp2 of the softmax) it has; a tile kernel with any LDL/STL fails;
+#       (the exp2 of the softmax) it has; a tile kernel with any LDL/STL fails; and the
+#       instructions of its loop over tiles, which must have no loop inside it (a tile's loads
+#       unrolled: looped, they were a third of the instructions a tile issued);
 #   (c) in the wgmma kernels' SASS, no HGMMA's A registers are written while the product is in
 #       flight, or later in its loop without being written again before it (ptxas before CUDA 13.3
 #       reused the registers of A fragments held across the loop; FLASH_SASS_DEFINES=
@@ -183,14 +186,25 @@ def written(op, mods, args):
               or (op == "CS2R" and ".32" not in mods) or op in ("DADD", "DMUL", "DFMA")) else 1
     return {int(m.group(1)) + j for j in range(n)}
 
+def loops(insns, labels):
+    """the loops of a kernel's listing: (first, last) instruction index of each backward BRA's span"""
+    return [(labels[m.group(1)], e) for e, (_, _, op, _, args) in enumerate(insns)
+            for m in [re.search(r"`\((\.L_x_\d+)\)", args)] if op == "BRA" and m and labels.get(m.group(1), e + 1) <= e]
+
+def tile_loop(insns, labels):
+    """(instructions in the kernel's loop over tiles, its largest; how many loops lie inside it)"""
+    spans = loops(insns, labels)
+    if not spans:
+        return 0, 0
+    first, last = max(spans, key=lambda s: s[1] - s[0])
+    return last - first + 1, sum(1 for a, e in spans if first <= a and e <= last and (a, e) != (first, last))
+
 def wgmma_register_hazards(listing):
     problems = []
     for (name, _), (insns, labels) in listing.items():
         if "wgmma" not in name:
             continue
         writes = [written(op, mods, args) for _, _, op, mods, args in insns]
-        loops = [(labels[m.group(1)], e) for e, (_, _, op, _, args) in enumerate(insns)
-                 for m in [re.search(r"`\((\.L_x_\d+)\)", args)] if op == "BRA" and m and labels.get(m.group(1), e + 1) <= e]
         for x, (addr, _, op, _, args) in enumerate(insns):
             m = re.match(r"R\d+, R(\d+),", args)
             if op != "HGMMA" or not m:
@@ -201,7 +215,7 @@ def wgmma_register_hazards(listing):
                 if writes[j] & a:
                     problems.append("sm_90a %s: the HGMMA at %s reads A from R%d.., which %s at %s overwrites before the wait"
                                     % (name, addr, min(a), insns[j][2], insns[j][0]))
-            for first, last in loops:
+            for first, last in loops(insns, labels):
                 if first <= x <= last:
                     later = set().union(*writes[x + 1:last + 1]) & a
                     if later - set().union(*writes[first:x]):
@@ -242,17 +256,22 @@ for sm in archs:
             if (c["LDL"] or c["STL"]) and not budget:
                 failures.append("sm_%s %s: %d LDL and %d STL: local memory in the tile loop"
                                 % (sm, label, c["LDL"], c["STL"]))
+        size, inner = tile_loop(*listing[(name, hs)]) if c else ("-", 0)
+        if inner and (hs or "wgmma" in name):  # the tile loads' rounds are unrolled (flash_load_async)
+            failures.append("sm_%s %s: %d loop(s) inside the loop over tiles" % (sm, label, inner))
         rows.append(["sm_%s" % sm, label, k["regs"], k["smem"], "%d/%d" % (k["spill_st"], k["spill_ld"])]
-                    + ([c[op] for op in OPS + ["LDS(@!PT)"]] if c else ["-"] * (len(OPS) + 1)))
+                    + ([c[op] for op in OPS + ["LDS(@!PT)"]] if c else ["-"] * (len(OPS) + 1)) + [size])
 
-head = ["arch", "kernel", "regs", "smem B", "spill st/ld B"] + OPS + ["LDS(@!PT)"]
+head = ["arch", "kernel", "regs", "smem B", "spill st/ld B"] + OPS + ["LDS(@!PT)", "tile loop"]
 widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
 print("  ".join(str(h).rjust(w) if i > 1 else str(h).ljust(w) for i, (h, w) in enumerate(zip(head, widths))))
 for r in rows:
     print("  ".join(str(x).rjust(w) if i > 1 else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, widths))))
 print("LDS/STS that execute: only the dK/dV kernel's lse_s/D_s rows (flash_load_row_values stores them,\n"
       "the score loop reads them); LDS(@!PT): placeholders ptxas sets beside LDGSTS, predicated never-true.\n"
-      "LDGSTS: once per flash_load_async call site (its loop over the tile is not unrolled).")
+      "LDGSTS: once per round of each flash_load_async call (unrolled: 4 rounds load a (64, 64) tile).\n"
+      "tile loop: the instructions of the loop over key (or query) tiles, the masked branch included,\n"
+      "with no loop inside it (the first tile loads looped over blockDim.x: 35 instructions a copy).")
 if failures:
     for f in failures:
         print("FAILED: " + f)

@@ -8,11 +8,13 @@
 //   in registers through the softmax, is rounded to bf16 in place, and is the A operand of p v;
 //   the output accumulator stays in registers across the whole key loop. Only k, v (or q, dout)
 //   tiles pass through shared memory, and ldmatrix hands them to the tensor cores.
-// - k and v tiles come in by cp.async, double-buffered: tile i+1 loads while tile i computes.
+// - k and v tiles come in by cp.async, double-buffered: tile i+1 loads while tile i computes,
+//   in unrolled rounds whose addresses are a row offset each (flash_load_async).
 // - tiles are rows of HS + 8 elements: the 8 rows an ldmatrix reads fall in 8 different groups
 //   of 4 banks, so no bank conflicts (HS + 0 would put all 8 rows in the same banks).
 // - the softmax works in base 2 with the 1/sqrt(hs) scale folded in: exp(x) = exp2(x log2 e),
-//   one FFMA and one MUFU.EX2 per score.
+//   one FFMA and one MUFU.EX2 per score; the forward rescales its output only when a row's max
+//   has grown by more than 2^8 (flash_online_softmax).
 // - the forward's blocks take 128 queries, 32 per warp (FLASH_Q_TILES): each k, v tile and each
 //   fragment read from shared memory serves twice the queries it would with 16 per warp.
 // - causal: a block never loads a tile that lies wholly after its last query, a warp skips the
@@ -79,6 +81,7 @@ static inline void attention_row_dot(float* D, const floatX* dout, const floatX*
 #define FLASH_TILE (FLASH_WARPS * FLASH_ROWS)      // 64 rows per block, 64 columns per step
 #define FLASH_Q_TILES 2                            // forward: row tiles per warp, 128 queries per block
 #define FLASH_LOG2E 1.4426950408889634f
+#define FLASH_RESCALE_SLACK 8.0f  // the forward's running max moves when a row's passes it by this (base 2)
 
 // blocks per SM each kernel is compiled for (the second number of its __launch_bounds__): more
 // blocks hide more latency (the kernels issue an instruction every 4-6 cycles a warp at 2 warps a
@@ -88,13 +91,13 @@ static inline void attention_row_dot(float* D, const floatX* dout, const floatX*
 // 68 bytes spilled) took the backward from 24.9 to 23.8 ms a step; dQ at 4 (128 registers, 104
 // bytes spilled) cost 0.6 ms, the forward at 3 (312 bytes spilled) 0.8 ms.
 #ifndef FLASH_FORWARD_BLOCKS
-#define FLASH_FORWARD_BLOCKS 1  // 244 registers on sm_90, 2 blocks
+#define FLASH_FORWARD_BLOCKS 1  // 249 registers on sm_90, 2 blocks
 #endif
 #ifndef FLASH_DKDV_BLOCKS
-#define FLASH_DKDV_BLOCKS 3  // 1: 227 registers, 2 blocks, no spills
+#define FLASH_DKDV_BLOCKS 3  // 168 registers, 104 bytes spilled on sm_90 (flash_sass.sh); 1: 2 blocks, no spills
 #endif
 #ifndef FLASH_DQ_BLOCKS
-#define FLASH_DQ_BLOCKS 0  // 0: no minimum, ptxas chooses (166 registers on sm_90, 3 blocks; 1 gives about 190, 2 blocks)
+#define FLASH_DQ_BLOCKS 0  // 0: no minimum, ptxas chooses (168 registers on sm_90, 3 blocks; 1 gives about 190, 2 blocks)
 #endif
 
 // row stride of a shared tile, in elements: HS + 8 (see the bank note above)
@@ -110,13 +113,24 @@ static inline void attention_row_dot(float* D, const floatX* dout, const floatX*
 // whole 32-byte sectors. Rows run from row `base` of each sequence of T for `rows` rows (the
 // whole sequence: 0 and T; context parallelism's chunks, llmc/cuda/ring_attention.cuh: a chunk's
 // first row and length), t0 counted from base; rows past the run become zeros.
+// The block has FLASH_WARPS warps (every kernel that loads this way), so the rounds are known at
+// compile time (ROWS HS / 8 copies, 128 a round: 4 for a (64, 64) tile) and unrolled, and in each
+// a thread copies the same column c, 128 * 8 / HS rows further down: its column's address is
+// worked out once and a round adds a row offset. (The first version looped over blockDim.x: 35
+// instructions of 64-bit index arithmetic a copy, a third of what a tile of the mma.sync kernels
+// issued; flash_sass.sh prints the tile loops' instructions.)
 template <int HS, int ROWS = FLASH_TILE>
 __device__ inline void flash_load_async(floatX* tile, const floatX* x, int width, int offset, int b, int h, int t0, int T,
                                         int base, int rows) {
-    for (int idx = threadIdx.x; idx < ROWS * HS / 8; idx += blockDim.x) {
-        int r = idx % 8 + idx / HS * 8, c = idx / 8 % (HS / 8) * 8, t = t0 + r;
-        const floatX* src = x + ((size_t)b * T + base + min(t, rows - 1)) * width + offset + h * HS + c;
-        cp_async16(tile + r * FLASH_LD(HS) + c, src, t < rows);
+    constexpr int THREADS = FLASH_WARPS * 32, ROUNDS = ROWS * HS / 8 / THREADS, ROW_STEP = THREADS * 8 / HS;
+    static_assert(ROWS * HS / 8 % THREADS == 0 && THREADS % HS == 0, "whole rounds, the same column in each");
+    int r0 = threadIdx.x % 8 + threadIdx.x / HS * 8, c = threadIdx.x / 8 % (HS / 8) * 8;
+    int column = offset + h * HS + c;  // this thread's column in a token's row
+#pragma unroll
+    for (int round = 0; round < ROUNDS; round++) {
+        int r = r0 + round * ROW_STEP, t = t0 + r;
+        int token = b * T + base + min(t, rows - 1);  // (B T fits an int: the tensors' row counts do)
+        cp_async16(tile + r * FLASH_LD(HS) + c, x + ((size_t)token * width + column), t < rows);
     }
 }
 
@@ -198,45 +212,60 @@ __device__ inline void flash_store(floatX* x, int width, int offset, const float
 
 // One key tile of the forward's online softmax, for a warp's 16 queries first.. against the
 // keys k0.. (the same in the mma.sync and the wgmma kernels, whose accumulators share mma's D
-// layout): s (16, 64) scores become probabilities p = 2^(s scale log2 e - m), the running max m
-// and sum l of rows g, g + 8 move on, and the output rows o are rescaled to the new max
+// layout, and in context parallelism's chunk pairs, llmc/cuda/ring_attention.cuh): s (16, 64)
+// scores become probabilities p = 2^(s scale log2 e - m), the running max m (base-2 units; see
+// below) and sum l of rows g, g + 8 move on, and the output rows o are rescaled to m. Masked: a key
+// past the T keys there are, and with `causal` a key after its query.
 template <int HS>
 __device__ inline void flash_online_softmax(float (*s)[4], float* m, float* l, float (*o)[4], int first, int k0, int T,
-                                            float scale_log2) {
+                                            float scale_log2, bool causal = true) {
     int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    // base-2 scores; the masked ones (a key after the query, or past T) become -inf (only the
-    // diagonal tile and the last, past T, need the mask: the others skip its compares, since the
-    // whole warp takes the same branch)
-    for (int j = 0; j < FLASH_TILE / 8; j++)
-        for (int e = 0; e < 4; e++) s[j][e] *= scale_log2;
-    if (k0 + FLASH_TILE - 1 > first || k0 + FLASH_TILE > T) {
+    // the masked scores become -inf (only the diagonal tile and the last, past T, need the mask:
+    // the others skip its compares, since the whole warp takes the same branch)
+    if ((causal && k0 + FLASH_TILE - 1 > first) || k0 + FLASH_TILE > T) {
         for (int j = 0; j < FLASH_TILE / 8; j++) {
             for (int e = 0; e < 4; e++) {
                 int key = k0 + 8 * j + 2 * t + e % 2, query = first + g + e / 2 * 8;
-                if (key > query || key >= T) s[j][e] = -INFINITY;
+                if ((causal && key > query) || key >= T) s[j][e] = -INFINITY;
             }
         }
     }
+    // the max of the raw scores: scale > 0, so it is the max of the scaled ones too, and the
+    // scale goes into the exponent's FFMA below (one instruction a score, not a multiply and a
+    // subtract; FlashAttention-2 does the same)
     float tile_max[2] = {-INFINITY, -INFINITY};
     for (int j = 0; j < FLASH_TILE / 8; j++)
         for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[j][e]);
-    float rescale[2];
+    float m_new[2];
+    bool grown = false;
     for (int r = 0; r < 2; r++) {  // the 4 lanes of the group hold the row between them
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
         tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
         // finite from the first tile on: key 0 is in it, and every query sees key 0
-        float m_new = fmaxf(m[r], tile_max[r]);
-        rescale[r] = exp2_approx(m[r] - m_new);  // what the sums so far are worth at the new max
-        m[r] = m_new;
-        l[r] *= rescale[r];
+        m_new[r] = fmaxf(m[r], tile_max[r] * scale_log2);
+        grown |= m_new[r] > m[r] + FLASH_RESCALE_SLACK;  // (the first tile: m = -inf, always)
     }
-    for (int d = 0; d < HS / 8; d++) {
-        o[d][0] *= rescale[0], o[d][1] *= rescale[0];
-        o[d][2] *= rescale[1], o[d][3] *= rescale[1];
+    // m need not be the row's max, only a value that keeps p = 2^(s - m) from overflowing: the
+    // output is o / l and lse = m + log2 l whichever m the tiles shared. So m moves, and o and l
+    // are rescaled to it, only when a row's max passes it by more than FLASH_RESCALE_SLACK (p then
+    // stays under 2^8); the whole warp takes the same branch (FlashAttention-4's conditional
+    // rescaling, Dao et al. 2025: after the first tiles the max rarely grows that much, and the
+    // rescale was a multiply per output value and two exponentials a row each tile)
+    if (__any_sync(0xffffffff, grown)) {
+        float rescale[2];
+        for (int r = 0; r < 2; r++) {
+            rescale[r] = exp2_approx(m[r] - m_new[r]);  // what the sums so far are worth at the new m
+            m[r] = m_new[r];
+            l[r] *= rescale[r];
+        }
+        for (int d = 0; d < HS / 8; d++) {
+            o[d][0] *= rescale[0], o[d][1] *= rescale[0];
+            o[d][2] *= rescale[1], o[d][3] *= rescale[1];
+        }
     }
-    for (int j = 0; j < FLASH_TILE / 8; j++) {  // p = exp(score - max), l += this lane's part
+    for (int j = 0; j < FLASH_TILE / 8; j++) {  // p = 2^(s scale log2 e - max), l += this lane's part
         for (int e = 0; e < 4; e++) {
-            s[j][e] = exp2_approx(s[j][e] - m[e / 2]);
+            s[j][e] = exp2_approx(fmaf(s[j][e], scale_log2, -m[e / 2]));
             l[e / 2] += s[j][e];
         }
     }
@@ -276,36 +305,39 @@ __device__ inline void flash_row_statistics(float* lse_log2, float* D_row, const
 }
 
 // The backward's probabilities, recomputed from the forward's lse: p = 2^(s scale log2 e - lse
-// log2 e), 0 where masked. flash_query_probabilities: a (16, 64) tile of the dQ kernels, rows the
-// warp's queries row0.. (lse_log2: rows g, g + 8, in base 2), columns the keys k0..
+// log2 e), 0 where masked (a key past the T there are; with `causal`, a key after its query: context
+// parallelism's chunk pairs, llmc/cuda/ring_attention.cuh, pass the chunk's length and whether the
+// pair is diagonal). flash_query_probabilities: a (16, 64) tile of the dQ kernels, rows the warp's
+// queries row0.. (lse_log2: rows g, g + 8, in base 2), columns the keys k0..
 __device__ inline void flash_query_probabilities(float (*s)[4], const float* lse_log2, int row0, int k0, int T,
-                                                 float scale_log2) {
+                                                 float scale_log2, bool causal = true) {
     int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     for (int j = 0; j < FLASH_TILE / 8; j++)
         for (int e = 0; e < 4; e++) s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_log2[e / 2]);
-    if (k0 + FLASH_TILE - 1 > row0 || k0 + FLASH_TILE > T) {  // the diagonal tile, or past T
+    if ((causal && k0 + FLASH_TILE - 1 > row0) || k0 + FLASH_TILE > T) {  // the diagonal tile, or past T
         for (int j = 0; j < FLASH_TILE / 8; j++) {
             for (int e = 0; e < 4; e++) {
                 int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
-                if (key > query || key >= T) s[j][e] = 0.0f;
+                if ((causal && key > query) || key >= T) s[j][e] = 0.0f;
             }
         }
     }
 }
 // flash_key_probabilities: the transposed tile of the dK dV kernels, rows the warp's keys
-// key0.., columns the queries u0.. (lse_tile: their 64 lse, natural log, in shared memory)
-__device__ inline void flash_key_probabilities(float (*s)[4], const float* lse_tile, int key0, int u0, int T,
-                                               float scale_log2) {
+// key0.., columns the queries u0.. (lse_log2_tile: their 64 lse in base 2, in shared memory, where
+// flash_load_row_values put them times log2 e: one multiply a query, not one a score)
+__device__ inline void flash_key_probabilities(float (*s)[4], const float* lse_log2_tile, int key0, int u0, int T,
+                                               float scale_log2, bool causal = true) {
     int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     for (int j = 0; j < FLASH_TILE / 8; j++) {
         for (int e = 0; e < 4; e++)
-            s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_tile[8 * j + 2 * t + e % 2] * FLASH_LOG2E);
+            s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_log2_tile[8 * j + 2 * t + e % 2]);
     }
-    if (u0 < key0 + FLASH_ROWS - 1 || u0 + FLASH_TILE > T) {  // the diagonal tile, or past T
+    if ((causal && u0 < key0 + FLASH_ROWS - 1) || u0 + FLASH_TILE > T) {  // the diagonal tile, or past T
         for (int j = 0; j < FLASH_TILE / 8; j++) {
             for (int e = 0; e < 4; e++) {
                 int query = u0 + 8 * j + 2 * t + e % 2, key = key0 + g + e / 2 * 8;
-                if (query < key || query >= T) s[j][e] = 0.0f;
+                if ((causal && query < key) || query >= T) s[j][e] = 0.0f;
             }
         }
     }
@@ -320,7 +352,7 @@ __device__ inline void flash_key_probabilities(float (*s)[4], const float* lse_t
 // together hold the whole rows.
 // (__launch_bounds__ with 1 block per SM lets ptxas use the registers the output accumulator and
 // the score tile need: held to 4 blocks per SM, the 64-query forward<64, 1> spilled on sm_90;
-// at MT = 2, forward<64, 2> takes 244 registers, no spills; dev/cuda/flash_sass.sh)
+// at MT = 2, forward<64, 2> takes 249 registers, no spills; dev/cuda/flash_sass.sh)
 template <int HS, int MT>
 __global__ void __launch_bounds__(FLASH_WARPS * 32, FLASH_FORWARD_BLOCKS)
 flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
@@ -388,10 +420,12 @@ flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B
     for (int mt = 0; mt < MT; mt++) flash_forward_finish<HS>(out, lse, o[mt], m[mt], l[mt], b, h, row0 + mt * FLASH_ROWS, T, C, NH);
 }
 
-// 64 floats of a (B, NH, T) row-vector for positions t0.. (0 past T), by threads 0-63 or 64-127
-__device__ inline void flash_load_row_values(float* dst, const float* src, int t0, int T, int first_thread) {
+// 64 floats of a (B, NH, T) row-vector for positions t0.. times `scale` (0 past T), by threads
+// 0-63 or 64-127 (lse times log2 e: base 2, as the probabilities take it; D as it is)
+__device__ inline void flash_load_row_values(float* dst, const float* src, int t0, int T, int first_thread,
+                                             float scale = 1.0f) {
     int j = (int)threadIdx.x - first_thread;
-    if (j >= 0 && j < FLASH_TILE) dst[j] = t0 + j < T ? src[t0 + j] : 0.0f;
+    if (j >= 0 && j < FLASH_TILE) dst[j] = t0 + j < T ? src[t0 + j] * scale : 0.0f;
 }
 
 #if defined(LLMC_WGMMA)
@@ -410,7 +444,7 @@ __device__ inline void flash_load_row_values(float* dst, const float* src, int t
 // Not yet here (FlashAttention-3's other steps): loads by the tensor memory accelerator, one
 // warpgroup loading while the others compute, and softmax overlapped with the next product.
 // Per thread: 16 registers of q (and 16 of the copy each product reads, flash_wg_copy_a), 32 of s, 32
-// of o, 16 of p: 128 registers on sm_90a, against 244 for the mma.sync kernel. On an H200 (2026-11-27)
+// of o, 16 of p: 126 registers on sm_90a, against 249 for the mma.sync kernel. On an H200 (2026-11-27)
 // it is correct and, with the backward below, slower than mma.sync (README: "Flash attention on wgmma").
 #define FLASH_WG_WARPS 8  // 2 warpgroups
 #define FLASH_WG_QUERIES (FLASH_WG_WARPS * FLASH_ROWS)  // 128 queries a block
@@ -423,16 +457,19 @@ __device__ constexpr int flash_core_offset(int r, int c) {
     return ((c / 8) * (ROWS / 8) + r / 8) * 64 + (r % 8) * 8 + c % 8;
 }
 // flash_load_async into the interleaved layout (rows t0.. of the whole sequence): the same
-// threads copy the same 16 bytes, and the 8 rows that threads 8j..8j+7 copy are now one core
-// matrix, 128 contiguous bytes: conflict-free (dev/cuda/bank_conflicts.py reads the mma.sync
-// kernels only)
+// threads copy the same 16 bytes in the same unrolled rounds (a block of FLASH_WG_WARPS warps:
+// 256 copies a round), and the 8 rows that threads 8j..8j+7 copy are now one core matrix, 128
+// contiguous bytes: conflict-free (dev/cuda/bank_conflicts.py reads the mma.sync kernels only)
 template <int HS, int ROWS>
 __device__ inline void flash_load_async_core(floatX* tile, const floatX* x, int width, int offset, int b, int h, int t0,
                                              int T) {
-    for (int idx = threadIdx.x; idx < ROWS * HS / 8; idx += blockDim.x) {
-        int r = idx % 8 + idx / HS * 8, c = idx / 8 % (HS / 8) * 8, t = t0 + r;
-        const floatX* src = x + ((size_t)b * T + min(t, T - 1)) * width + offset + h * HS + c;
-        cp_async16(tile + flash_core_offset<ROWS>(r, c), src, t < T);
+    constexpr int THREADS = FLASH_WG_WARPS * 32, ROUNDS = ROWS * HS / 8 / THREADS, ROW_STEP = THREADS * 8 / HS;
+    static_assert(ROWS * HS / 8 % THREADS == 0 && THREADS % HS == 0, "whole rounds, the same column in each");
+    int r0 = threadIdx.x % 8 + threadIdx.x / HS * 8, c = threadIdx.x / 8 % (HS / 8) * 8, column = offset + h * HS + c;
+#pragma unroll
+    for (int round = 0; round < ROUNDS; round++) {
+        int r = r0 + round * ROW_STEP, t = t0 + r;
+        cp_async16(tile + flash_core_offset<ROWS>(r, c), x + ((size_t)(b * T + min(t, T - 1)) * width + column), t < T);
     }
 }
 // the wgmma descriptor of the k16 step kk of a (64, 64) interleaved tile, as B of q k^T
@@ -561,7 +598,7 @@ flash_attention_backward_dkdv_wgmma_kernel(floatX* dqkv, const floatX* dout, con
     // q and dout tiles, double-buffered; the block's k (128 rows) passes through q_s, its v through dy_s
     __shared__ __align__(128) floatX q_s[2][FLASH_TILE * HS];
     __shared__ __align__(128) floatX dy_s[2][FLASH_TILE * HS];
-    __shared__ float lse_s[2][FLASH_TILE], D_s[2][FLASH_TILE];
+    __shared__ float lse_s[2][FLASH_TILE], D_s[2][FLASH_TILE];  // lse in base 2
     int warp = threadIdx.x / 32, t = threadIdx.x % 4;  // t: the lane's place in its group (mma.cuh)
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int block_key0 = blockIdx.x * FLASH_WG_QUERIES;  // the first keys see the most queries: first
@@ -582,7 +619,7 @@ flash_attention_backward_dkdv_wgmma_kernel(floatX* dqkv, const floatX* dout, con
     flash_load_async_core<HS, FLASH_TILE>(q_s[0], qkv, 3 * C, 0, b, h, block_key0, T);
     flash_load_async_core<HS, FLASH_TILE>(dy_s[0], dout, C, 0, b, h, block_key0, T);
     cp_async_commit();
-    flash_load_row_values(lse_s[0], lse_bh, block_key0, T, 0);
+    flash_load_row_values(lse_s[0], lse_bh, block_key0, T, 0, FLASH_LOG2E);
     flash_load_row_values(D_s[0], D_bh, block_key0, T, FLASH_TILE);
     float dk[HS / 8][4], dv[HS / 8][4];
     for (int d = 0; d < HS / 8; d++)
@@ -593,7 +630,7 @@ flash_attention_backward_dkdv_wgmma_kernel(floatX* dqkv, const floatX* dout, con
             flash_load_async_core<HS, FLASH_TILE>(q_s[buf ^ 1], qkv, 3 * C, 0, b, h, u0 + FLASH_TILE, T);
             flash_load_async_core<HS, FLASH_TILE>(dy_s[buf ^ 1], dout, C, 0, b, h, u0 + FLASH_TILE, T);
             cp_async_commit();
-            flash_load_row_values(lse_s[buf ^ 1], lse_bh, u0 + FLASH_TILE, T, 0);
+            flash_load_row_values(lse_s[buf ^ 1], lse_bh, u0 + FLASH_TILE, T, 0, FLASH_LOG2E);
             flash_load_row_values(D_s[buf ^ 1], D_bh, u0 + FLASH_TILE, T, FLASH_TILE);
             cp_async_wait<1>();
         } else {
@@ -721,7 +758,7 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
                                      const float* lse, const float* D, int B, int T, int C, int NH) {
     __shared__ __align__(16) floatX q_s[2][FLASH_TILE * FLASH_LD(HS)];
     __shared__ __align__(16) floatX dy_s[2][FLASH_TILE * FLASH_LD(HS)];
-    __shared__ float lse_s[2][FLASH_TILE], D_s[2][FLASH_TILE];
+    __shared__ float lse_s[2][FLASH_TILE], D_s[2][FLASH_TILE];  // lse in base 2
     int warp = threadIdx.x / 32, t = threadIdx.x % 4;  // t: the lane's place in its group (mma.cuh)
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int block_key0 = blockIdx.x * FLASH_TILE, key0 = block_key0 + warp * FLASH_ROWS;  // first keys: most queries
@@ -735,7 +772,7 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
     flash_load_async<HS>(q_s[0], qkv, 3 * C, 0, b, h, block_key0, T, 0, T);
     flash_load_async<HS>(dy_s[0], dout, C, 0, b, h, block_key0, T, 0, T);
     cp_async_commit();
-    flash_load_row_values(lse_s[0], lse_bh, block_key0, T, 0);
+    flash_load_row_values(lse_s[0], lse_bh, block_key0, T, 0, FLASH_LOG2E);
     flash_load_row_values(D_s[0], D_bh, block_key0, T, FLASH_TILE);
     cp_async_wait<0>();
     __syncthreads();
@@ -752,7 +789,7 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
             flash_load_async<HS>(q_s[buf ^ 1], qkv, 3 * C, 0, b, h, u0 + FLASH_TILE, T, 0, T);
             flash_load_async<HS>(dy_s[buf ^ 1], dout, C, 0, b, h, u0 + FLASH_TILE, T, 0, T);
             cp_async_commit();
-            flash_load_row_values(lse_s[buf ^ 1], lse_bh, u0 + FLASH_TILE, T, 0);
+            flash_load_row_values(lse_s[buf ^ 1], lse_bh, u0 + FLASH_TILE, T, 0, FLASH_LOG2E);
             flash_load_row_values(D_s[buf ^ 1], D_bh, u0 + FLASH_TILE, T, FLASH_TILE);
             cp_async_wait<1>();
         } else {

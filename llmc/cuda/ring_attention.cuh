@@ -213,42 +213,10 @@ ring_flash_forward_kernel(float* o, float* lse_new, const float* lse, const floa
             uint32_t p[MT][FLASH_TILE / 16][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                int first = row0 + mt * FLASH_ROWS;
-                for (int j = 0; j < FLASH_TILE / 8; j++)
-                    for (int e = 0; e < 4; e++) s[mt][j][e] *= scale_log2;
-                // masked: past the chunk's keys, and on the diagonal a key after the query
-                if ((causal && k0 + FLASH_TILE - 1 > first) || k0 + FLASH_TILE > len) {
-                    for (int j = 0; j < FLASH_TILE / 8; j++) {
-                        for (int e = 0; e < 4; e++) {
-                            int key = k0 + 8 * j + 2 * t + e % 2, query = first + g + e / 2 * 8;
-                            if ((causal && key > query) || key >= len) s[mt][j][e] = -INFINITY;
-                        }
-                    }
-                }
-                float tile_max[2] = {-INFINITY, -INFINITY};
-                for (int j = 0; j < FLASH_TILE / 8; j++)
-                    for (int e = 0; e < 4; e++) tile_max[e / 2] = fmaxf(tile_max[e / 2], s[mt][j][e]);
-                float rescale[2];
-                for (int r = 0; r < 2; r++) {
-                    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 1));
-                    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffff, tile_max[r], 2));
-                    // finite from the first tile on: the chunk's first key is in it, and every
-                    // query sees it (whole: every key; diagonal: keys up to its own)
-                    float m_new = fmaxf(m[mt][r], tile_max[r]);
-                    rescale[r] = exp2_approx(m[mt][r] - m_new);
-                    m[mt][r] = m_new;
-                    l[mt][r] *= rescale[r];
-                }
-                for (int d = 0; d < HS / 8; d++) {
-                    acc[mt][d][0] *= rescale[0], acc[mt][d][1] *= rescale[0];
-                    acc[mt][d][2] *= rescale[1], acc[mt][d][3] *= rescale[1];
-                }
-                for (int j = 0; j < FLASH_TILE / 8; j++) {
-                    for (int e = 0; e < 4; e++) {
-                        s[mt][j][e] = exp2_approx(s[mt][j][e] - m[mt][e / 2]);
-                        l[mt][e / 2] += s[mt][j][e];
-                    }
-                }
+                // the library's online softmax, masked at the chunk's len keys, and on the
+                // diagonal at each query's own; m finite from the first tile on: the chunk's
+                // first key is in it, and every query sees it
+                flash_online_softmax<HS>(s[mt], m[mt], l[mt], acc[mt], row0 + mt * FLASH_ROWS, k0, len, scale_log2, causal);
                 flash_scores_to_a(p[mt], s[mt]);
             }
             flash_p_x<HS, MT>(acc, p, kv_s[buf][1]);
@@ -313,8 +281,8 @@ ring_flash_dkdv_kernel(float* dkv, const floatX* datty, const float* lse, const 
                        const floatX* kv, int q0row, int k0row, int len, int Tq, int Tk, int C, int NH, int causal) {
     __shared__ __align__(16) floatX q_s[2][FLASH_TILE * FLASH_LD(HS)];
     __shared__ __align__(16) floatX dy_s[2][FLASH_TILE * FLASH_LD(HS)];
-    __shared__ float lse_s[2][FLASH_TILE], D_s[2][FLASH_TILE];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    __shared__ float lse_s[2][FLASH_TILE], D_s[2][FLASH_TILE];  // lse in base 2
+    int warp = threadIdx.x / 32, t = threadIdx.x % 4;  // t: the lane's place in its group (mma.cuh)
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int block_key0 = blockIdx.x * FLASH_TILE, key0 = block_key0 + warp * FLASH_ROWS;
     int query0 = causal ? block_key0 : 0, tiles = (len - query0 + FLASH_TILE - 1) / FLASH_TILE;
@@ -326,7 +294,7 @@ ring_flash_dkdv_kernel(float* dkv, const floatX* datty, const float* lse, const 
     flash_load_async<HS>(q_s[0], qkv, 3 * C, 0, b, h, query0, Tq, q0row, len);
     flash_load_async<HS>(dy_s[0], datty, C, 0, b, h, query0, Tq, q0row, len);
     cp_async_commit();
-    flash_load_row_values(lse_s[0], lse_bh, query0, len, 0);
+    flash_load_row_values(lse_s[0], lse_bh, query0, len, 0, FLASH_LOG2E);
     flash_load_row_values(D_s[0], D_bh, query0, len, FLASH_TILE);
     cp_async_wait<0>();
     __syncthreads();
@@ -343,7 +311,7 @@ ring_flash_dkdv_kernel(float* dkv, const floatX* datty, const float* lse, const 
             flash_load_async<HS>(q_s[buf ^ 1], qkv, 3 * C, 0, b, h, u0 + FLASH_TILE, Tq, q0row, len);
             flash_load_async<HS>(dy_s[buf ^ 1], datty, C, 0, b, h, u0 + FLASH_TILE, Tq, q0row, len);
             cp_async_commit();
-            flash_load_row_values(lse_s[buf ^ 1], lse_bh, u0 + FLASH_TILE, len, 0);
+            flash_load_row_values(lse_s[buf ^ 1], lse_bh, u0 + FLASH_TILE, len, 0, FLASH_LOG2E);
             flash_load_row_values(D_s[buf ^ 1], D_bh, u0 + FLASH_TILE, len, FLASH_TILE);
             cp_async_wait<1>();
         } else {
@@ -352,18 +320,7 @@ ring_flash_dkdv_kernel(float* dkv, const floatX* datty, const float* lse, const 
         __syncthreads();
         float s[FLASH_TILE / 8][4];
         flash_a_xt<HS, 1>(&s, &k, q_s[buf]);
-        for (int j = 0; j < FLASH_TILE / 8; j++) {
-            for (int e = 0; e < 4; e++)
-                s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_s[buf][8 * j + 2 * t + e % 2] * FLASH_LOG2E);
-        }
-        if ((causal && u0 < key0 + FLASH_ROWS - 1) || u0 + FLASH_TILE > len) {  // the diagonal, or past the chunk
-            for (int j = 0; j < FLASH_TILE / 8; j++) {
-                for (int e = 0; e < 4; e++) {
-                    int query = u0 + 8 * j + 2 * t + e % 2, key = key0 + g + e / 2 * 8;
-                    if ((causal && query < key) || query >= len) s[j][e] = 0.0f;
-                }
-            }
-        }
+        flash_key_probabilities(s, lse_s[buf], key0, u0, len, scale_log2, causal);  // p^T
         uint32_t a[FLASH_TILE / 16][4];
         flash_scores_to_a(a, s);
         flash_p_x<HS, 1>(&dv, &a, dy_s[buf]);
@@ -387,7 +344,7 @@ ring_flash_dq_kernel(float* dq, const floatX* datty, const float* lse, const flo
                      const floatX* kv, int q0row, int k0row, int len, int Tq, int Tk, int C, int NH, int causal) {
     __shared__ __align__(16) floatX k_s[2][FLASH_TILE * FLASH_LD(HS)];
     __shared__ __align__(16) floatX v_s[2][FLASH_TILE * FLASH_LD(HS)];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;  // g: the lane's group (mma.cuh)
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE, row0 = q0 + warp * FLASH_ROWS;
     int keys = causal ? min(q0 + FLASH_TILE, len) : len, tiles = (keys + FLASH_TILE - 1) / FLASH_TILE;
@@ -425,16 +382,7 @@ ring_flash_dq_kernel(float* dq, const floatX* datty, const float* lse, const flo
         __syncthreads();
         float s[FLASH_TILE / 8][4];
         flash_a_xt<HS, 1>(&s, &q, k_s[buf]);
-        for (int j = 0; j < FLASH_TILE / 8; j++)
-            for (int e = 0; e < 4; e++) s[j][e] = exp2_approx(s[j][e] * scale_log2 - lse_log2[e / 2]);
-        if ((causal && k0 + FLASH_TILE - 1 > row0) || k0 + FLASH_TILE > len) {
-            for (int j = 0; j < FLASH_TILE / 8; j++) {
-                for (int e = 0; e < 4; e++) {
-                    int key = k0 + 8 * j + 2 * t + e % 2, query = row0 + g + e / 2 * 8;
-                    if ((causal && key > query) || key >= len) s[j][e] = 0.0f;
-                }
-            }
-        }
+        flash_query_probabilities(s, lse_log2, row0, k0, len, scale_log2, causal);  // p
         float dp[FLASH_TILE / 8][4];
         flash_a_xt<HS, 1>(&dp, &dy, v_s[buf]);
         for (int j = 0; j < FLASH_TILE / 8; j++)

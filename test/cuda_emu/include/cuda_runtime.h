@@ -4,7 +4,7 @@
 //
 // Each CUDA thread of a block is a fiber (a small stack and a saved stack pointer) on one OS
 // thread. A block runs its fibers one after another; a fiber gives the CPU back only at
-// __syncthreads (all live threads of the block), at __syncwarp and the shuffles (all live lanes of
+// __syncthreads (all live threads of the block), at __syncwarp, the shuffles and votes (all live lanes of
 // its warp), and when it returns. Blocks run one after another, so __shared__ variables are plain
 // statics. Kernels that reach no barrier in their first block run the rest as plain calls.
 // CUDA_EMU_ORDER=reverse runs threads and blocks last to first: a kernel whose result depends on
@@ -125,7 +125,7 @@ struct State {
     unsigned char* stacks;
     void (*body)(void*);        // runs the kernel for the current thread
     void* body_arg;
-    uint64_t exchange[max_threads];  // shuffles: each lane's value, by thread index
+    uint64_t exchange[max_threads];  // shuffles and votes: each lane's value, by thread index
     uint32_t words[max_threads][8];  // mma and ldmatrix: each lane's registers or row address
     AsyncCopy async_copies[max_threads][max_async_copies];
     int async_count[max_threads], async_group[max_threads];
@@ -256,6 +256,19 @@ template <class T> static inline T __shfl_sync(unsigned int mask, T v, int src_l
     if (mask != 0xffffffffu) cuda_emu::die("shuffle with a partial mask is not emulated");
     return cuda_emu::shuffle(v, src_lane % 32, 1);
 }
+// the warp's votes: bit i of the ballot is lane i's predicate (lanes past the block's threads: 0)
+static inline unsigned int __ballot_sync(unsigned int mask, int predicate) {
+    if (mask != 0xffffffffu) cuda_emu::die("a vote with a partial mask is not emulated");
+    int me = cuda_emu::linear_thread(cuda_emu::state.current->thread_idx), warp_base = me - me % 32;
+    cuda_emu::state.exchange[me] = predicate != 0;
+    cuda_emu::barrier(cuda_emu::AT_WARP_BARRIER);  // every lane has voted
+    unsigned int ballot = 0;
+    for (int i = 0; i < 32 && warp_base + i < cuda_emu::state.threads; i++)
+        ballot |= (unsigned int)cuda_emu::state.exchange[warp_base + i] << i;
+    cuda_emu::barrier(cuda_emu::AT_WARP_BARRIER);  // every lane has counted before the next vote writes
+    return ballot;
+}
+static inline int __any_sync(unsigned int mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
 #define threadIdx (cuda_emu::state.current->thread_idx)
 #define blockIdx (cuda_emu::state.block_idx)
 #define blockDim (cuda_emu::state.block_dim)
