@@ -22,13 +22,13 @@ v6: the same kernel at MT = 2, llmc's path in bf16: a warp takes two row tiles o
     queries, and each B fragment read from shared memory feeds 4 mma instead of 2, which at
     2 mma per ldmatrix.x4 (512 bytes, 4 shared-memory wavefronts) would have left the tensor
     cores waiting on shared memory. The cost: twice the score and output registers (forward<64>
-    on sm_90: 141 -> 249 per thread, so 2 blocks of 4 warps fit an SM instead of 3), and half
+    on sm_90: 141 -> 239 per thread, so 2 blocks of 4 warps fit an SM instead of 3), and half
     as many blocks per head, fewer to spread over the SMs at small B * NH * T.
 v7: the same algorithm on Hopper's warpgroup MMA (LLMC_FLASH=wgmma; sm_90a builds, head size 64;
     FlashAttention-3's first step): a warpgroup of 4 warps computes s = q k^T and o += p v for 64
     queries with wgmma, k and v read by the tensor cores straight from shared memory (wgmma's
     interleaved layout) instead of ldmatrix into registers; the softmax is v6's, per warp. 128
-    queries a block in 2 warpgroups, 126 registers a thread against v6's 249 (with the copy of q
+    queries a block in 2 warpgroups, 123 registers a thread against v6's 239 (with the copy of q
     each product reads: ptxas before CUDA 13.3 reused q's registers; llmc/cuda/flash_attention.cuh).
     On an H200 (2026-11-27, B=4, T=1024): 0.057 ms against v6's 0.054.
 */

@@ -14,7 +14,7 @@
 //   of 4 banks, so no bank conflicts (HS + 0 would put all 8 rows in the same banks).
 // - the softmax works in base 2 with the 1/sqrt(hs) scale folded in: exp(x) = exp2(x log2 e),
 //   one FFMA and one MUFU.EX2 per score; the forward rescales its output only when a row's max
-//   has grown by more than 2^8 (flash_online_softmax).
+//   has grown by more than 8 in base 2, so that p stays under 2^8 (flash_online_softmax).
 // - the forward's blocks take 128 queries, 32 per warp (FLASH_Q_TILES): each k, v tile and each
 //   fragment read from shared memory serves twice the queries it would with 16 per warp.
 // - causal: a block never loads a tile that lies wholly after its last query, a warp skips the
@@ -81,7 +81,7 @@ static inline void attention_row_dot(float* D, const floatX* dout, const floatX*
 #define FLASH_TILE (FLASH_WARPS * FLASH_ROWS)      // 64 rows per block, 64 columns per step
 #define FLASH_Q_TILES 2                            // forward: row tiles per warp, 128 queries per block
 #define FLASH_LOG2E 1.4426950408889634f
-#define FLASH_RESCALE_SLACK 8.0f  // the forward's running max moves when a row's passes it by this (base 2)
+#define FLASH_RESCALE_SLACK 8.0f  // the forward's m moves when a row's max passes it by more than this (base 2)
 
 // blocks per SM each kernel is compiled for (the second number of its __launch_bounds__): more
 // blocks hide more latency (the kernels issue an instruction every 4-6 cycles a warp at 2 warps a
@@ -91,7 +91,7 @@ static inline void attention_row_dot(float* D, const floatX* dout, const floatX*
 // 68 bytes spilled) took the backward from 24.9 to 23.8 ms a step; dQ at 4 (128 registers, 104
 // bytes spilled) cost 0.6 ms, the forward at 3 (312 bytes spilled) 0.8 ms.
 #ifndef FLASH_FORWARD_BLOCKS
-#define FLASH_FORWARD_BLOCKS 1  // 249 registers on sm_90, 2 blocks
+#define FLASH_FORWARD_BLOCKS 1  // 239 registers on sm_90, 2 blocks
 #endif
 #ifndef FLASH_DKDV_BLOCKS
 #define FLASH_DKDV_BLOCKS 3  // 168 registers, 104 bytes spilled on sm_90 (flash_sass.sh); 1: 2 blocks, no spills
@@ -119,11 +119,19 @@ static inline void attention_row_dot(float* D, const floatX* dout, const floatX*
 // worked out once and a round adds a row offset. (The first version looped over blockDim.x: 35
 // instructions of 64-bit index arithmetic a copy, a third of what a tile of the mma.sync kernels
 // issued; flash_sass.sh prints the tile loops' instructions.)
+// (A block of other than FLASH_WARPS warps would leave rows unloaded or write past the tile: the
+// emulator, which runs every launch the tests make, checks it; a GPU build spends no instruction.)
+__device__ inline void flash_check_block_size(int threads) {
+#ifdef CUDA_EMU
+    if ((int)blockDim.x != threads) cuda_emu::die("a flash tile load in a block of other than the threads it is unrolled for");
+#endif
+}
 template <int HS, int ROWS = FLASH_TILE>
 __device__ inline void flash_load_async(floatX* tile, const floatX* x, int width, int offset, int b, int h, int t0, int T,
                                         int base, int rows) {
     constexpr int THREADS = FLASH_WARPS * 32, ROUNDS = ROWS * HS / 8 / THREADS, ROW_STEP = THREADS * 8 / HS;
     static_assert(ROWS * HS / 8 % THREADS == 0 && THREADS % HS == 0, "whole rounds, the same column in each");
+    flash_check_block_size(THREADS);
     int r0 = threadIdx.x % 8 + threadIdx.x / HS * 8, c = threadIdx.x / 8 % (HS / 8) * 8;
     int column = offset + h * HS + c;  // this thread's column in a token's row
 #pragma unroll
@@ -352,7 +360,7 @@ __device__ inline void flash_key_probabilities(float (*s)[4], const float* lse_l
 // together hold the whole rows.
 // (__launch_bounds__ with 1 block per SM lets ptxas use the registers the output accumulator and
 // the score tile need: held to 4 blocks per SM, the 64-query forward<64, 1> spilled on sm_90;
-// at MT = 2, forward<64, 2> takes 249 registers, no spills; dev/cuda/flash_sass.sh)
+// at MT = 2, forward<64, 2> takes 239 registers, no spills; dev/cuda/flash_sass.sh)
 template <int HS, int MT>
 __global__ void __launch_bounds__(FLASH_WARPS * 32, FLASH_FORWARD_BLOCKS)
 flash_attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH) {
@@ -444,7 +452,7 @@ __device__ inline void flash_load_row_values(float* dst, const float* src, int t
 // Not yet here (FlashAttention-3's other steps): loads by the tensor memory accelerator, one
 // warpgroup loading while the others compute, and softmax overlapped with the next product.
 // Per thread: 16 registers of q (and 16 of the copy each product reads, flash_wg_copy_a), 32 of s, 32
-// of o, 16 of p: 126 registers on sm_90a, against 249 for the mma.sync kernel. On an H200 (2026-11-27)
+// of o, 16 of p: 123 registers on sm_90a, against 239 for the mma.sync kernel. On an H200 (2026-11-27)
 // it is correct and, with the backward below, slower than mma.sync (README: "Flash attention on wgmma").
 #define FLASH_WG_WARPS 8  // 2 warpgroups
 #define FLASH_WG_QUERIES (FLASH_WG_WARPS * FLASH_ROWS)  // 128 queries a block
@@ -465,6 +473,7 @@ __device__ inline void flash_load_async_core(floatX* tile, const floatX* x, int 
                                              int T) {
     constexpr int THREADS = FLASH_WG_WARPS * 32, ROUNDS = ROWS * HS / 8 / THREADS, ROW_STEP = THREADS * 8 / HS;
     static_assert(ROWS * HS / 8 % THREADS == 0 && THREADS % HS == 0, "whole rounds, the same column in each");
+    flash_check_block_size(THREADS);
     int r0 = threadIdx.x % 8 + threadIdx.x / HS * 8, c = threadIdx.x / 8 % (HS / 8) * 8, column = offset + h * HS + c;
 #pragma unroll
     for (int round = 0; round < ROUNDS; round++) {

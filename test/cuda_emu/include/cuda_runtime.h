@@ -256,15 +256,17 @@ template <class T> static inline T __shfl_sync(unsigned int mask, T v, int src_l
     if (mask != 0xffffffffu) cuda_emu::die("shuffle with a partial mask is not emulated");
     return cuda_emu::shuffle(v, src_lane % 32, 1);
 }
-// the warp's votes: bit i of the ballot is lane i's predicate (lanes past the block's threads: 0)
+// the warp's votes: bit i of the ballot is lane i's predicate (0 for lanes past the block's
+// threads and lanes that have returned)
 static inline unsigned int __ballot_sync(unsigned int mask, int predicate) {
     if (mask != 0xffffffffu) cuda_emu::die("a vote with a partial mask is not emulated");
     int me = cuda_emu::linear_thread(cuda_emu::state.current->thread_idx), warp_base = me - me % 32;
     cuda_emu::state.exchange[me] = predicate != 0;
-    cuda_emu::barrier(cuda_emu::AT_WARP_BARRIER);  // every lane has voted
+    cuda_emu::barrier(cuda_emu::AT_WARP_BARRIER);  // every live lane has voted
     unsigned int ballot = 0;
     for (int i = 0; i < 32 && warp_base + i < cuda_emu::state.threads; i++)
-        ballot |= (unsigned int)cuda_emu::state.exchange[warp_base + i] << i;
+        if (cuda_emu::state.fibers[warp_base + i].state != cuda_emu::DONE)
+            ballot |= (unsigned int)(cuda_emu::state.exchange[warp_base + i] & 1) << i;
     cuda_emu::barrier(cuda_emu::AT_WARP_BARRIER);  // every lane has counted before the next vote writes
     return ballot;
 }
@@ -305,7 +307,8 @@ static int release_warp_barrier(int w, int n) {
         waiting += state.fibers[i].state == AT_WARP_BARRIER;
     }
     if (waiting == 0 || waiting != alive) return 0;
-    for (int i = w; i < w + 32 && i < n; i++) state.fibers[i].state = RUNNABLE;
+    for (int i = w; i < w + 32 && i < n; i++)
+        if (state.fibers[i].state == AT_WARP_BARRIER) state.fibers[i].state = RUNNABLE;  // (not the lanes that returned)
     return 1;
 }
 
