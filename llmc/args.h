@@ -172,6 +172,20 @@ static inline void args_unknown_note(const char* flag, const char* program, cons
 // returns 0 when the usage was asked for (-h, -help or --help anywhere: printed, with the
 // defaults, by the launcher's rank 0), 1 otherwise. Registers the string flags' variables for
 // path_origin (utils.h), so that a file error names the flag of its path.
+// A flag that names a file the run writes (the trainers' -dump_grads, -dump_logits): checked with
+// the other flags, before any work, as far as can be known then: its directory exists, and the
+// path names no directory, device or symbolic link (fopen_temp would refuse it after the step)
+static inline void args_check_output_file(const char* program, const char* flag, const char* path) {
+    if (path == NULL) return;
+    struct stat st;
+    const char* dir = dirname_of(path);
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        args_fail(program, 0, "flag '%s' is '%s': its directory '%s' does not exist", flag, path, dir);
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        args_fail(program, 0, "flag '%s' is '%s', which is %s: give the path of a file", flag, path,
+                  S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "a device, pipe or socket");
+}
+
 static inline int args_parse(int argc, char** argv, const ArgSpec* specs, int n) {
     const char* program = args_program_name(argv[0]);
     llmc_launched_alone();  // (read before MPI_Init changes what it reads)

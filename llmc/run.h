@@ -472,6 +472,8 @@ static inline int run_start_model(Run* r, int* argc, char*** argv, const ArgSpec
     if (n + num_own > TRAIN_MAX_SPECS) fail("%d flags, at most %d (TRAIN_MAX_SPECS)", n + num_own, TRAIN_MAX_SPECS);
     for (int i = 0; i < num_own; i++) specs[n++] = own[i];
     if (!args_parse(*argc, *argv, specs, n)) return 0;
+    for (int i = 0; i < n; i++)  // the files a test asks for (-dump_grads, -dump_logits), before any work
+        if (strncmp(specs[i].flag, "-dump_", 6) == 0) args_check_output_file((*argv)[0], specs[i].flag, *(const char**)specs[i].value);
     comm_init(&r->world, argc, argv);
     r->rank = r->world.rank;
     watchdog_start(r->args.watchdog);

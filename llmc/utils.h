@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -61,6 +62,18 @@ static inline int llmc_launched_alone(void) {
     return alone;
 }
 
+// The temporary files this process is writing (fopen_temp until file_commit renames them): an
+// error removes them before the process ends, so that a full disk is not left holding a
+// half-written checkpoint (their final names never held one: see fopen_temp)
+#define LLMC_TEMP_FILES 4
+static char llmc_temp_files[LLMC_TEMP_FILES][4096];
+static inline void remove_temp_files(void) {
+    for (int i = 0; i < LLMC_TEMP_FILES; i++) {
+        if (llmc_temp_files[i][0] != '\0') unlink(llmc_temp_files[i]);
+        llmc_temp_files[i][0] = '\0';
+    }
+}
+
 static inline void llmc_print_error(const char* fmt, va_list ap) {
     if (llmc_rank < 0) fprintf(stderr, "error: ");
     else fprintf(stderr, "[rank %d] error: ", llmc_rank);
@@ -75,6 +88,7 @@ static inline void fail(const char* fmt, ...) {
     va_start(ap, fmt);
     llmc_print_error(fmt, ap);
     va_end(ap);
+    remove_temp_files();
     if (llmc_abort_hook && !llmc_launched_alone()) llmc_abort_hook(1);
     exit(1);
 }
@@ -102,6 +116,7 @@ static inline void check_every_rank(int ok, const char* fmt, ...) {
     int ranks = 1, failing = ok ? 0 : 1;
     if (llmc_count_hook != NULL) failing = llmc_count_hook(!ok, &ranks);
     if (failing == 0) return;
+    remove_temp_files();
     if (llmc_count_hook != NULL && failing == ranks) {
         if (llmc_rank <= 0) {
             fprintf(stderr, "error: ");
@@ -286,9 +301,22 @@ static inline uint32_t crc32_file(uint32_t crc, FILE* f, const char* path, size_
 // renamed to its final name: after a crash or a power cut the final name holds either nothing or
 // the whole file, never a prefix. The rename itself is an entry in the directory, made durable
 // by fsync_dir.
+// A path that names something other than a regular file (a directory, a device such as /dev/full,
+// a symbolic link) is refused before anything is written: the rename would replace it.
 static inline FILE* fopen_temp(const char* path, char* tmp, size_t cap) {
-    if ((size_t)snprintf(tmp, cap, "%s.tmp", path) >= cap) fail("path too long: '%s'", path);
-    return fopen_check(tmp, "wb");
+    struct stat st;
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        fail("'%s'%s is %s, not a regular file: a file is written under a temporary name and renamed to its own, "
+             "which would replace it; give the path of a file", path, path_origin(path),
+             S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "a device, pipe or socket");
+    if ((size_t)snprintf(tmp, cap, "%s.tmp", path) >= cap || strlen(tmp) >= sizeof(llmc_temp_files[0]))
+        fail("path too long: '%s'", path);
+    int slot = 0;
+    while (slot < LLMC_TEMP_FILES && llmc_temp_files[slot][0] != '\0') slot++;
+    if (slot == LLMC_TEMP_FILES) fail("more than %d files written at once ('%s')", LLMC_TEMP_FILES, path);
+    FILE* f = fopen_check(tmp, "wb");
+    snprintf(llmc_temp_files[slot], sizeof(llmc_temp_files[slot]), "%s", tmp);  // (after the open: never another's file)
+    return f;
 }
 
 static inline void fsync_file(FILE* f, const char* path) {
@@ -303,6 +331,8 @@ static inline void file_commit(FILE* f, const char* tmp, const char* path) {
     fsync_file(f, tmp);
     fclose_check(f, tmp);
     rename_check(tmp, path);
+    for (int i = 0; i < LLMC_TEMP_FILES; i++)  // renamed: no longer this process's to remove
+        if (strcmp(llmc_temp_files[i], tmp) == 0) llmc_temp_files[i][0] = '\0';
 }
 
 // the directory part of a path ("." when there is none), in a static buffer

@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -1088,12 +1089,48 @@ def bad_inputs():
     # the DP trainer's own flags
     d, _ = bad_input_cases()
     base = ["-e", "d2", "-i", REF["tokens"], "-b", 2, "-t", 32, "-x", 2, "-v", 0, "-s", 0, "-o", os.path.join(d, "dp_flags")]
+    # the files a test asks for (-dump_grads, -dump_logits), refused before any work when the path
+    # is no file to write: the rename that ends a write would replace a directory, a pipe (or a
+    # device: as root, /dev/full once became a regular file) or a symbolic link
+    os.makedirs(os.path.join(d, "a_directory"), exist_ok=True)
+    pipe, link = os.path.join(d, "a_pipe"), os.path.join(d, "a_link.bin")
+    if not os.path.exists(pipe):
+        os.mkfifo(pipe)
+    if not os.path.lexists(link):
+        os.symlink(os.path.join(d, "target.bin"), link)
     for args, message in ((["-z", 3, "-check_replicas", 1], "there are no replicas to compare"),
                           (["-z", 4], "flag '-z' is 4, outside its allowed range 0|1|2|3"),
-                          (["-overlap", 2], "flag '-overlap' is 2, outside its allowed range 0|1")):
+                          (["-overlap", 2], "flag '-overlap' is 2, outside its allowed range 0|1"),
+                          (["-dump_grads", os.path.join(d, "a_directory")], "which is a directory: give the path of a file"),
+                          (["-dump_grads", pipe], "which is a device, pipe or socket"),
+                          (["-dump_logits", link], "which is a symbolic link"),
+                          (["-dump_grads", os.path.join(d, "missing_dir", "g.bin")], "its directory '%s' does not exist"
+                           % os.path.join(d, "missing_dir"))):
         code, out = mpirun(2, base + args, timeout=60)
         assert code != 0 and message in out, "%s: exit %d, %r not in:\n%s" % (args, code, message, out[-2000:])
         assert not os.path.exists(os.path.join(d, "dp_flags")), "%s left its output dir behind" % args
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and os.path.islink(link) and not os.path.exists(link + ".tmp")
+
+
+@test
+def a_failed_write_removes_its_temporary_file():
+    """a checkpoint written to a full disk (a 20 MB tmpfs, where a d4 model file does not fit): the
+    error names the file and the reason, every rank ends, and the half-written model_*.bin.tmp is
+    gone, so that the disk is not left full (the final name never held it)"""
+    d = fresh_dir("full_disk")
+    disk = os.path.join(d, "disk")
+    os.makedirs(disk)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20M", "tmpfs", disk], capture_output=True).returncode != 0:
+        raise Skip("cannot mount a small tmpfs here (needs root, outside a restricted container)")
+    try:
+        out_dir = os.path.join(disk, "run")
+        code, out = mpirun(2, ["-e", "d4", "-i", REF["tokens"], "-b", 2, "-t", 32, "-x", 2, "-n", 1, "-v", 0, "-s", 0,
+                               "-o", out_dir], timeout=120)
+        assert code != 0 and "model_00000001.bin.tmp' failed: No space left on device" in out, out[-2000:]
+        left = [f for f in os.listdir(out_dir) if f.endswith(".tmp")]
+        assert not left, "temporary files left on the full disk: %s" % left
+    finally:
+        subprocess.run(["umount", disk], capture_output=True)
 
 
 def check_one_rank_failing(name, program, env=None):
