@@ -9,7 +9,7 @@
 #                        (TRAINER may be an emulator build, e.g. build/emu_FP32/train_gpt2_tp with ENV=CUDA_EMU_DEVICES=2)
 #   make bench           benchmarks (CPU: matmul GFLOP/s, a training step, tensor and pipeline parallelism; GPU: dev/bench/bench_gpu.sh)
 #   make sanitize        the CPU trainers built with AddressSanitizer + UndefinedBehaviorSanitizer:
-#                        build/sanitize/train_gpt2_dp, ..._tp, ..._pp, ..._3d, ..._cp, ..._diloco (the tests run bad inputs, TP, PP, 3D, CP and DiLoCo runs)
+#                        build/sanitize/train_gpt2_dp, ..._tp, ..._pp, ..._3d, ..._cp, ..._diloco, ..._ep (the tests run bad inputs, TP, PP, 3D, CP and DiLoCo runs)
 #   make mutation-sweep  delete each barrier of llmc/cuda in turn and check the emulator notices
 #                        (dev/cuda/mutation_sweep.py; about 20 minutes on 2 cores)
 #   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90, bf16 for sm_90a too
@@ -220,10 +220,14 @@ train: setup
 	$(MAKE) -s BACKEND=cpu train_gpt2_dp
 	@if [ "$(RESUME)" != 1 ] && ls $(QUICKSTART)/DONE_* >/dev/null 2>&1; then \
 	    steps="$(if $(filter-out 150,$(STEPS)), STEPS=$(STEPS))"; dir="$(if $(filter-out out/quickstart,$(QUICKSTART)), QUICKSTART=$(QUICKSTART))"; \
+	    newest=$$(ls $(QUICKSTART)/DONE_* | sed 's/.*DONE_0*//' | sort -n | tail -n 1); newest=$${newest:-0}; \
 	    if [ -e $(QUICKSTART)/DONE_$$(printf %08d $(STEPS)) ]; then \
 	        echo "make train: $(QUICKSTART) holds a finished run of $(STEPS) steps (its model file:" \
 	             "$(QUICKSTART)/model_$$(printf %08d $(STEPS)).bin). For another, start over with" \
 	             "'rm -rf $(QUICKSTART)' or give it another dir: 'make train$$steps QUICKSTART=out/another'"; \
+	    elif [ $$newest -ge $(STEPS) ]; then \
+	        echo "make train: $(QUICKSTART) holds a run already at step $$newest, past STEPS=$(STEPS). Start" \
+	             "over with 'rm -rf $(QUICKSTART)', or give it another dir: 'make train$$steps QUICKSTART=out/another'"; \
 	    else \
 	        echo "make train: $(QUICKSTART) holds checkpoints of an earlier run. Continue it from the" \
 	             "newest with 'make train$$steps$$dir RESUME=1' (with the STEPS it had), or start over:" \

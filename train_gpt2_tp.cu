@@ -329,7 +329,11 @@ int main(int argc, char** argv) {
     hooks.vocab = tp;                     // samples drawn from the vocabulary's slices
     hooks.sample_pad = dims.seq_shards;   // (-sp: a sample padded to a multiple of tp tokens)
     hooks.split = tp;                     // checkpoints gathered from the slices
+    check_every_rank(timeline_step <= run.max_steps, "-tp_timeline %d: past the run's last step, %d (-x)", timeline_step,
+                     run.max_steps);  // (before -o is written; a resumed run's first step is known after)
     run_begin(&run, hooks, &tp, 1);  // (tp: the group whose bytes each step reports)
+    check_every_rank(timeline_step == 0 || timeline_step > run.start_step, "-tp_timeline %d: the run resumes after it, at "
+                     "step %d", timeline_step, run.start_step);
 
     // ---- training loop; `step` counts completed optimizer steps
     for (int step = run.start_step; step <= run.max_steps; step++) {

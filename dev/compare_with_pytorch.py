@@ -47,6 +47,9 @@ def parse_args(argv):
     ap.add_argument("--tolerance", choices=sorted(comparison.TOLERANCES), help="default: from the trainer's banner")
     ap.add_argument("--out", default=os.path.join(ROOT, "out", "compare"), help="where both runs write (emptied first)")
     args = ap.parse_args(argv)
+    if args.steps < 1 or args.ranks < 1:
+        ap.error("--steps %d --ranks %d: both at least 1 (the comparison is of each step's loss and the last step's "
+                 "weights)" % (args.steps, args.ranks))
     clash = [f for f in trainer_flags if f in OWN_FLAGS]
     if clash:
         ap.error("%s: set by this tool (its options --steps, --lr, ... choose them for both runs)" % " ".join(clash))

@@ -40,13 +40,14 @@ static inline CpChunks cp_chunks_of(CpSplit split, int T, int cp, int rank) {
     return c;
 }
 
-// -cp_layout and -cp_comm, read alike by every program that takes them
+// -cp_layout and -cp_comm, read alike by every program that takes them (every rank at the same
+// point: an error is printed once, check_every_rank)
 static inline CpSplit cp_split_of(const char* name) {
-    if (strcmp(name, "zigzag") != 0 && strcmp(name, "contiguous") != 0) fail("-cp_layout %s: expected zigzag or contiguous", name);
+    check_every_rank(strcmp(name, "zigzag") == 0 || strcmp(name, "contiguous") == 0, "-cp_layout %s: expected zigzag or contiguous", name);
     return strcmp(name, "zigzag") == 0 ? CP_ZIGZAG : CP_CONTIGUOUS;
 }
 static inline int cp_allgather_of(const char* name) {
-    if (strcmp(name, "ring") != 0 && strcmp(name, "allgather") != 0) fail("-cp_comm %s: expected ring or allgather", name);
+    check_every_rank(strcmp(name, "ring") == 0 || strcmp(name, "allgather") == 0, "-cp_comm %s: expected ring or allgather", name);
     return strcmp(name, "allgather") == 0;
 }
 
@@ -71,10 +72,8 @@ static inline int cp_tokens_multiple(CpSplit split, int cp, int seq_shards) {
 // checking that T divides by them: a clear error naming the rule otherwise
 static inline int cp_check_split(CpSplit split, int cp, int T, const char* ranks_name) {
     int chunks = (split == CP_ZIGZAG ? 2 : 1) * cp;
-    if (T % chunks != 0) {
-        fail("-t %d: the %s split cuts each sequence into %d chunks (%s, over the %d %s), so T must divide by %d", T,
-             cp_split_name(split), chunks, split == CP_ZIGZAG ? "2 cp" : "cp", cp, ranks_name, chunks);
-    }
+    check_every_rank(T % chunks == 0, "-t %d: the %s split cuts each sequence into %d chunks (%s, over the %d %s), so T "
+                     "must divide by %d", T, cp_split_name(split), chunks, split == CP_ZIGZAG ? "2 cp" : "cp", cp, ranks_name, chunks);
     return chunks;
 }
 

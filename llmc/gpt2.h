@@ -276,8 +276,8 @@ static inline int gpt2_config_from_descriptor(const char* desc, GPT2Config* c) {
             fclose(f);
             return 0;  // a model file that happens to start with d
         }
-        fail("-e '%s' is neither a model file nor a descriptor: dL builds a GPT-2 of depth L, 1 <= L <= 1000 "
-             "(d12: 124M)", desc);
+        check_every_rank(0, "-e '%s' is neither a model file nor a descriptor: dL builds a GPT-2 of depth L, 1 <= L "
+                         "<= 1000 (d12: 124M)", desc);  // (every rank reads -e at the same point)
     }
     int C = 64 * L, NH = L;
     if (L == 24) { C = 1024; NH = 16; }

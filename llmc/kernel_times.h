@@ -43,8 +43,7 @@ static struct {
 
 static inline int kernel_times_on(void) {
     if (!kernel_times.asked) {
-        const char* v = getenv("LLMC_KERNEL_TIMES");
-        kernel_times.on = v != NULL && atoi(v) != 0;
+        kernel_times.on = env_choice("LLMC_KERNEL_TIMES", "0", "1");  // (any other value: an error, not silently off)
         kernel_times.asked = 1;
     }
     return kernel_times.on;
@@ -114,7 +113,12 @@ static inline void kernel_times_step_end(int counted, double step_seconds) {
 
 // the table, per step (kinds never launched inside a counted step are left out)
 static inline void kernel_times_print(int rank) {
-    if (!kernel_times.on || kernel_times.steps == 0) return;
+    if (!kernel_times.on) return;
+    if (kernel_times.steps == 0) {  // (-x 1: the one step warmed up)
+        printf("kernel times on rank %d (LLMC_KERNEL_TIMES=1): none, the run's one step warmed up and is not "
+               "counted: run 2 steps or more (-x)\n", rank);
+        return;
+    }
     int n = kernel_times.steps;
     double step = kernel_times.step_seconds / n, timed = 0.0;
     printf("kernel times on rank %d (LLMC_KERNEL_TIMES=1), per step, the mean of %d steps after the first:\n", rank, n);

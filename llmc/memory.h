@@ -78,11 +78,10 @@ static inline size_t host_memory_available(void) {
 static inline void memory_check(const char* name, size_t need, size_t available, int ranks_sharing,
                                 const char* layout, const char* unit) {
     size_t total = mul_check(need, (size_t)ranks_sharing, "memory per rank x ranks");
-    if (available > 0 && total > available) {
-        fail("not enough memory: %.2f GB per rank (%s) x %d ranks sharing it = %.2f GB, but %s "
-             "is %.2f GB. Lower the batch, or use fewer ranks per %s", need / 1e9, layout,
-             ranks_sharing, total / 1e9, name, available / 1e9, unit);
-    }
+    // every rank checks at the same point: printed once where all fail alike (check_every_rank)
+    check_every_rank(available == 0 || total <= available, "not enough memory: %.2f GB per rank (%s) x %d ranks sharing "
+                     "it = %.2f GB, but %s is %.2f GB. Lower the batch, or use fewer ranks per %s", need / 1e9, layout,
+                     ranks_sharing, total / 1e9, name, available / 1e9, unit);
 }
 
 static inline void memory_check_fits(size_t device_bytes, size_t host_bytes, int ranks_sharing,

@@ -499,12 +499,11 @@ static inline void pipeline_print_chart(PipeSpec s) {
 // layers each, m micro-batches; a bad name, or L not splitting, stops the run with what to change
 // (stages_flag: the flag or the launch that sets p)
 static inline PipeSpec pipeline_spec_of(const char* sched_name, int p, int m, int V, int L, const char* stages_flag) {
+    // (every rank reads the same flags here: check_every_rank prints the error once)
     int sched = pipeline_schedule_from_name(sched_name);
-    if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
-    if (L % (p * V) != 0) {
-        fail("the model's L = %d layers cannot be split into pp x vp = %d x %d = %d equal chunks; choose %s "
-             "(and -vp) whose product divides %d", L, p, V, p * V, stages_flag, L);
-    }
+    check_every_rank(sched >= 0, "-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
+    check_every_rank(L % (p * V) == 0, "the model's L = %d layers cannot be split into pp x vp = %d x %d = %d equal "
+                     "chunks; choose %s (and -vp) whose product divides %d", L, p, V, p * V, stages_flag, L);
     PipeSpec spec = {(PipeSchedule)sched, p, m, V};
     return spec;
 }

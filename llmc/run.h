@@ -478,7 +478,10 @@ static inline int run_start_model(Run* r, int* argc, char*** argv, const ArgSpec
     r->rank = r->world.rank;
     watchdog_start(r->args.watchdog);
     r->from_descriptor = gpt2_config_from_descriptor(r->args.model, &r->config);
-    if (!r->from_descriptor) gpt2_read_model_config(r->args.model, &r->config);
+    if (!r->from_descriptor) {  // (opened by every rank first: a missing file is one message, not one a rank)
+        fclose(fopen_every_rank(r->args.model, "rb"));
+        gpt2_read_model_config(r->args.model, &r->config);
+    }
     if (!moe) {
         const char* slash = strrchr((*argv)[0], '/');
         gpt2_require_dense(r->config, r->args.model, slash ? slash + 1 : (*argv)[0]);

@@ -578,11 +578,10 @@ static inline int train_start_from(GPT2* model, const TrainArgs* args, CommGroup
     const char* dir = args->out_dir;
     int latest = world->rank == 0 ? checkpoint_latest(dir) : 0;
     comm_broadcast_host(world, &latest, sizeof(int), 0);
-    if (latest < 0) fail("-y 1: no complete checkpoint (DONE_ file) in '%s'", dir);
-    if (latest > max_steps) {
-        fail("-x %d: the newest checkpoint in '%s' is already at step %d, so there is nothing to "
-             "train; raise -x", max_steps, dir, latest);
-    }
+    // (every rank knows latest now: an error is printed once)
+    check_every_rank(latest >= 0, "-y 1: no complete checkpoint (DONE_ file) in '%s'", dir);
+    check_every_rank(latest <= max_steps, "-x %d: the newest checkpoint in '%s' is already at step %d, so there is "
+                     "nothing to train; raise -x", max_steps, dir, latest);
     TrainState s = read(model, dir, world, latest, id, own);
     comm_barrier(world);
     if (world->rank == 0) printf("resumed from step %d in %s\n", s.step, dir);

@@ -5111,6 +5111,14 @@ def newcomer_layout_errors_print_once_and_end_without_abort_noise():
         (TP, 3, ["-e", "d4", "-x", 1], "-tp 3: tensor parallelism splits the heads NH = 4 over the ranks"),
         ("./train_gpt2_dp", 2, ["-e", "d2", "-d", 1000], "-d 1000 must be a positive multiple of B*T*ranks = 4*64*2 = 512"),
         ("./train_gpt2_dp", 2, ["-e", "d2", "-i", data + ".nope"], "cannot open file '%s.nope' (-i: train token file)" % data),
+        # (found by a newcomer's walk through the trainers: each printed once a rank, with MPI_Abort's report)
+        ("./train_gpt2_dp", 2, ["-e", "nope_model.bin"], "cannot open file 'nope_model.bin' (-e: model file"),
+        ("./train_gpt2_dp", 2, ["-e", "d0"], "-e 'd0' is neither a model file nor a descriptor"),
+        ("./train_gpt2_dp", 2, ["-e", "d2", "-b", 100000, "-t", 1024], "not enough memory: "),
+        ("./train_gpt2_pp", 3, ["-e", "d4", "-x", 1], "the model's L = 4 layers cannot be split into pp x vp = 3 x 1"),
+        ("./train_gpt2_pp", 2, ["-e", "d2", "-sched", "foo"], "-sched foo: unknown schedule"),
+        ("./train_gpt2_cp", 3, ["-e", "d4", "-x", 1], "-t 64: the zigzag split cuts each sequence into 6 chunks"),
+        ("./train_gpt2_cp", 2, ["-e", "d2", "-cp_layout", "foo"], "-cp_layout foo: expected zigzag or contiguous"),
     ]
     for program, ranks, args, message in cases:
         code, out = mpirun(ranks, args, timeout=60, program=program)
