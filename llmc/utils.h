@@ -229,9 +229,10 @@ static inline void fread_check(void* ptr, size_t size, size_t count, FILE* f, co
         size_t want = count - got < piece ? count - got : piece;
         size_t n = fread((char*)ptr + got * size, size, want, f);
         got += n;
-        if (n != want) {
-            fail("file '%s' is truncated or unreadable: wanted %zu items of %zu bytes, got %zu", path,
-                 count, size, got);
+        if (n != want) {  // (the flag that gave the path, and the system's reason when it was a read error: a directory)
+            int err = ferror(f) ? errno : 0;
+            fail("file '%s'%s is truncated or unreadable: wanted %zu items of %zu bytes, got %zu%s%s", path, path_origin(path),
+                 count, size, got, err ? ": " : "", err ? strerror(err) : "");
         }
         if (llmc_progress_hook) llmc_progress_hook();
     }
