@@ -273,7 +273,8 @@ def setup_lists_what_the_readme_lists_and_sees_a_fresh_machine():
 # findutils, util-linux, debianutils), which no script needs installed
 BASE_COMMANDS = {"awk", "basename", "bash", "cat", "cd", "chmod", "cp", "cut", "date", "dirname", "env", "find",
                  "grep", "head", "id", "kill", "ls", "mkdir", "mktemp", "mv", "nice", "nproc", "printf",
-                 "rm", "sed", "sleep", "sort", "tail", "tee", "timeout", "touch", "tr", "uniq", "wc", "xargs"}
+                 "rm", "sed", "sleep", "sort", "tail", "tee", "timeout", "touch", "tr", "uniq", "wc", "xargs",
+                 "mount", "umount"}  # (util-linux's mount: Debian priority required; where it cannot mount, the test skips)
 # commands that are rows of their own under another name
 COMMAND_ROWS = {"nvidia-smi": "gpu", "python": "python3", "g++": "g++", "cc": "gcc", "clang": "wasm"}
 
