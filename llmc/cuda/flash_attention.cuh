@@ -94,7 +94,7 @@ static inline void attention_row_dot(float* D, const floatX* dout, const floatX*
 #define FLASH_FORWARD_BLOCKS 1  // 239 registers on sm_90, 2 blocks
 #endif
 #ifndef FLASH_DKDV_BLOCKS
-#define FLASH_DKDV_BLOCKS 3  // 168 registers, 104 bytes spilled on sm_90 (flash_sass.sh); 1: 2 blocks, no spills
+#define FLASH_DKDV_BLOCKS 3  // 168 registers, 8 bytes spilled on sm_90 (flash_sass.sh); 1: 2 blocks, no spills
 #endif
 #ifndef FLASH_DQ_BLOCKS
 #define FLASH_DQ_BLOCKS 0  // 0: no minimum, ptxas chooses (168 registers on sm_90, 3 blocks; 1 gives about 190, 2 blocks)
@@ -768,6 +768,10 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
     __shared__ __align__(16) floatX q_s[2][FLASH_TILE * FLASH_LD(HS)];
     __shared__ __align__(16) floatX dy_s[2][FLASH_TILE * FLASH_LD(HS)];
     __shared__ float lse_s[2][FLASH_TILE], D_s[2][FLASH_TILE];  // lse in base 2
+    // the block's v, read by each warp as A fragments when the tile's dp^T needs them: held in
+    // registers across the loop (16 a thread) it made ptxas spill 104 bytes at 168 registers,
+    // here 8 (4 more ldmatrix a tile; static shared memory 46 KB of the 48)
+    __shared__ __align__(16) floatX v_s[FLASH_TILE * FLASH_LD(HS)];
     int warp = threadIdx.x / 32, t = threadIdx.x % 4;  // t: the lane's place in its group (mma.cuh)
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int block_key0 = blockIdx.x * FLASH_TILE, key0 = block_key0 + warp * FLASH_ROWS;  // first keys: most queries
@@ -775,9 +779,9 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
     float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
     const float* lse_bh = lse + ((size_t)b * NH + h) * T;
     const float* D_bh = D + ((size_t)b * NH + h) * T;
-    // the block's k and v pass through the second buffers into registers, before the loop uses them
+    // the block's k passes through the second q buffer into registers, before the loop uses it
     flash_load_async<HS>(q_s[1], qkv, 3 * C, C, b, h, block_key0, T, 0, T);
-    flash_load_async<HS>(dy_s[1], qkv, 3 * C, 2 * C, b, h, block_key0, T, 0, T);
+    flash_load_async<HS>(v_s, qkv, 3 * C, 2 * C, b, h, block_key0, T, 0, T);
     flash_load_async<HS>(q_s[0], qkv, 3 * C, 0, b, h, block_key0, T, 0, T);
     flash_load_async<HS>(dy_s[0], dout, C, 0, b, h, block_key0, T, 0, T);
     cp_async_commit();
@@ -785,10 +789,9 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
     flash_load_row_values(D_s[0], D_bh, block_key0, T, FLASH_TILE);
     cp_async_wait<0>();
     __syncthreads();
-    uint32_t k[HS / 16][4], v[HS / 16][4];
+    uint32_t k[HS / 16][4];
     flash_rows_to_a<HS>(k, q_s[1], warp * FLASH_ROWS);
-    flash_rows_to_a<HS>(v, dy_s[1], warp * FLASH_ROWS);
-    __syncthreads();  // every warp has its k, v: the second buffers are free
+    __syncthreads();  // every warp has its k: the second q buffer is free
     float dk[HS / 8][4], dv[HS / 8][4];
     for (int d = 0; d < HS / 8; d++)
         for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
@@ -812,6 +815,8 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
         flash_scores_to_a(a, s);
         flash_p_x<HS, 1>(&dv, &a, dy_s[buf]);  // dv += p^T dout
         float dp[FLASH_TILE / 8][4];
+        uint32_t v[HS / 16][4];
+        flash_rows_to_a<HS>(v, v_s, warp * FLASH_ROWS);
         flash_a_xt<HS, 1>(&dp, &v, dy_s[buf]);  // dp^T = v dout^T
         for (int j = 0; j < FLASH_TILE / 8; j++)
             for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_s[buf][8 * j + 2 * t + e % 2];
