@@ -7,9 +7,9 @@
 #       as the counter of a loop left rolled, lives in local memory too); registers per thread
 #       and static shared memory per block are printed. One exception, chosen and bounded:
 #       dK/dV at head size 64 is compiled for 3 blocks an SM (FLASH_DKDV_BLOCKS), 168 registers,
-#       and spills a few words (104 bytes on sm_90; 68 when it was measured faster than 227
-#       registers and no spills: 23.8 against 24.9 ms a d12 step's attention backward on an
-#       H200; the unrolled tile loads spill 9 words more, not yet timed). It may spill
+#       and spills a few words (8 bytes on sm_90, since v is read from shared memory each tile;
+#       68 when it was measured faster than 227 registers and no spills: 23.8 against 24.9 ms a
+#       d12 step's attention backward on an H200). It may spill
 #       at most SPILL_BUDGET bytes; more, or a spill anywhere else, fails;
 #   (b) the SASS (nvdisasm): every tile kernel contains LDSM (ldmatrix),
 #       HMMA (mma.sync on the tensor cores; HGMMA, wgmma, in the wgmma kernel, where ptxas must
