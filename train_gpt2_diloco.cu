@@ -83,7 +83,6 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include <sys/stat.h>
 #include "llmc/utils.h"
 #include "llmc/args.h"
 #include "llmc/comm.h"
@@ -794,10 +793,10 @@ static int link_bits(const char* outer_dtype) {
 }
 
 // DiLoCo's own flags against the job: W dividing the ranks (0: one worker per rank), F dividing
-// L and H, the fragments' layout, alpha below 1, tau below H/F, the link's dtype, -dump_outer's directory
-// (checked now: it is written after the run). Returns W.
+// L and H, the fragments' layout, alpha below 1, tau below H/F, the link's dtype (-dump_outer's
+// directory is checked with every -dump_ flag's, run_start). Returns W.
 static int diloco_check_flags(int workers, int ranks, int H, int fragments, const char* fragment_layout, int tau,
-                              float alpha, GPT2Config c, const char* outer_dtype, const char* dump_outer) {
+                              float alpha, GPT2Config c, const char* outer_dtype) {
     if (workers == 0) workers = ranks;
     // (every rank checks the same flags: a bad one is printed once, utils.h's check_every_rank)
     check_every_rank(ranks % workers == 0, "-workers %d does not divide the %d ranks: each worker is ranks / W ranks "
@@ -812,18 +811,6 @@ static int diloco_check_flags(int workers, int ranks, int H, int fragments, cons
     check_every_rank(tau < H / fragments, "-tau %d: a fragment's exchange must be applied before the next fragment's "
                      "is posted, H/F = %d steps later, so tau < H/F (-H %d -fragments %d)", tau, H / fragments, H, fragments);
     check_every_rank(link_bits(outer_dtype) != 0, "-outer_dtype %s: expected fp32, bf16, int8 or e3m0", outer_dtype);
-    if (dump_outer != NULL) {
-        char dir[4096];
-        snprintf(dir, sizeof(dir), "%s", dump_outer);
-        char* slash = strrchr(dir, '/');
-        if (slash == NULL) snprintf(dir, sizeof(dir), ".");
-        else if (slash == dir) slash[1] = '\0';
-        else *slash = '\0';
-        struct stat st;
-        if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-            fail("-dump_outer %s: its directory '%s' does not exist", dump_outer, dir);
-        }
-    }
     return workers;
 }
 
@@ -868,7 +855,7 @@ int main(int argc, char** argv) {
     GPT2Config config = run.config;
 
     // ---- the workers: W of R ranks, every rank the whole model
-    workers = diloco_check_flags(workers, ranks, H, fragments, fragment_layout, tau, alpha, config, outer_dtype, dump_outer);
+    workers = diloco_check_flags(workers, ranks, H, fragments, fragment_layout, tau, alpha, config, outer_dtype);
     int B = run.args.B, T = run.args.T;
     LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);
     // a step is accum micro-batches of B x T on each of the ranks, as DDP over all of them

@@ -341,7 +341,7 @@ static inline const char* dirname_of(const char* path) {
     static char dir[4096];
     const char* slash = strrchr(path, '/');
     if (slash == NULL) return ".";
-    snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+    snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);  // ("/x": "/")
     return dir;
 }
 

@@ -4261,7 +4261,7 @@ def diloco_bad_inputs():
                                  (2, ["-fragment_layout", "zigzag"], "-fragment_layout zigzag: expected contiguous or strided"),
                                  (2, ["-alpha", 1.5], "-alpha"),
                                  (2, ["-alpha", 1], "-alpha 1: a worker would keep its own weights and never take theta_outer"),
-                                 (2, ["-dump_outer", "/no/such/dir/m.bin"], "-dump_outer /no/such/dir/m.bin: its directory")):
+                                 (2, ["-dump_outer", "/no/such/dir/m.bin"], "flag '-dump_outer' is '/no/such/dir/m.bin': its directory")):
         code, out = mpirun(ranks, base + args, timeout=60, program=DILOCO)
         assert code != 0 and message in out, "%s: exit %d, %r not in:\n%s" % (args, code, message, out[-2000:])
         assert not os.path.exists(os.path.join(d, "out")), "%s left its output dir behind" % args
