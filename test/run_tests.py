@@ -5120,9 +5120,11 @@ def newcomer_layout_errors_print_once_and_end_without_abort_noise():
         ("./train_gpt2_pp", 2, ["-e", "d2", "-sched", "foo"], "-sched foo: unknown schedule"),
         ("./train_gpt2_cp", 3, ["-e", "d4", "-x", 1], "-t 64: the zigzag split cuts each sequence into 6 chunks"),
         ("./train_gpt2_cp", 2, ["-e", "d2", "-cp_layout", "foo"], "-cp_layout foo: expected zigzag or contiguous"),
+        # an LLMC_* variable's value, checked at the start (not at the first launch that reads it)
+        ("./train_gpt2_dp", 2, ["-e", "d2", "-x", 1], "LLMC_KERNEL_TIMES=yes: expected 0 or 1", {"LLMC_KERNEL_TIMES": "yes"}),
     ]
-    for program, ranks, args, message in cases:
-        code, out = mpirun(ranks, args, timeout=60, program=program)
+    for program, ranks, args, message, *env in cases:
+        code, out = mpirun(ranks, args, timeout=60, program=program, env=env[0] if env else None)
         assert code == 1, "%s %s: exit %d\n%s" % (program, args, code, out[-2000:])
         assert len(newcomer_lines(out, message)) == 1, "%r not printed exactly once:\n%s" % (message, out[-2000:])
         assert "error: " + message in out, out[-2000:]
