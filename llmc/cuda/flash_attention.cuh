@@ -271,7 +271,7 @@ __device__ inline void flash_online_softmax(float (*s)[4], float* m, float* l, f
             o[d][2] *= rescale[1], o[d][3] *= rescale[1];
         }
     }
-    for (int j = 0; j < FLASH_TILE / 8; j++) {  // p = 2^(s scale log2 e - max), l += this lane's part
+    for (int j = 0; j < FLASH_TILE / 8; j++) {  // p = 2^(s scale log2 e - m), l += this lane's part
         for (int e = 0; e < 4; e++) {
             s[j][e] = exp2_approx(fmaf(s[j][e], scale_log2, -m[e / 2]));
             l[e / 2] += s[j][e];
