@@ -301,7 +301,7 @@ int main(int argc, char** argv) {
         {"-cp", ARG_INT, &cp_flag, 0, ARG_NO_MAX, "context-parallel ranks; all ranks form one group, so it must equal the number of ranks (0: the number of ranks)"},
         {"-cp_layout", ARG_STRING, &split_name, 0, 0, "how a sequence is split: zigzag (chunks r and 2cp-1-r of 2cp: equal attention work) or contiguous"},
         {"-cp_comm", ARG_STRING, &comm_name, 0, 0, "how attention gets the other ranks' keys and values: ring (send/recv, cp-1 steps) or allgather"},
-        {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, as a model file (tests)"},
+        {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the gradients of the first step here, as a model file (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all ranks hold the same model (0: never)"},
     };
     if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;

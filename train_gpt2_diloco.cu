@@ -847,7 +847,7 @@ int main(int argc, char** argv) {
         {"-tau", ARG_INT, &tau, 0, ARG_NO_MAX, "streaming DiLoCo: a fragment's exchange overlaps tau inner steps and is applied after them (tau < H/F; 0: at once)"},
         {"-alpha", ARG_FLOAT, &alpha, 0, 1, "after an outer step a worker resumes from alpha theta_local + (1 - alpha) theta_outer (0: theta_outer; below 1)"},
         {"-outer_dtype", ARG_STRING, &outer_dtype, 0, 0, "the pseudo-gradient on the link between workers: fp32, bf16 (half the bytes), int8 (a quarter) or e3m0 (4 bits: an eighth), the last two with a scale a tensor"},
-        {"-dump_outer", ARG_STRING, &dump_outer, 0, 0, "at the end, write the outer momentum here as a model file (tests)"},
+        {"-dump_outer", ARG_OUTPUT_FILE, &dump_outer, 0, 0, "at the end, write the outer momentum here as a model file (tests)"},
     };
     if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
     CommGroup* world = &run.world;

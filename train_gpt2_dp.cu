@@ -631,8 +631,8 @@ int main(int argc, char** argv) {
         {"-z", ARG_INT, &zero, 0, 3, "ZeRO stage: 0 DDP (everything replicated), 1 the optimizer state sharded over the ranks, 2 the gradients too, 3 the parameters too (FSDP)"},
         {"-overlap", ARG_INT, &overlap, 0, 1, "1: gradient reductions and parameter gathers run while the rank computes; 0: each waited for at once"},
         {"-offload", ARG_INT, &offload, 0, 1, "1: master weights and AdamW moments in host memory and AdamW on the CPU (ZeRO-Offload), any -z; same results"},
-        {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"},
-        {"-dump_logits", ARG_STRING, &dump_logits, 0, 0, "write rank 0's logits of the first micro-batch here, raw fp32 (B, T, V) (tests)"},
+        {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"},
+        {"-dump_logits", ARG_OUTPUT_FILE, &dump_logits, 0, 0, "write rank 0's logits of the first micro-batch here, raw fp32 (B, T, V) (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all replicas hold the same parameters (their stored bits; not the master weights or moments) (0: never)"},
     };
     if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;

@@ -362,7 +362,7 @@ int main(int argc, char** argv) {
         {"-aux_alpha", ARG_FLOAT, &aux_alpha, 0, ARG_NO_MAX, "-balance aux: the aux loss's weight alpha"},
         {"-bias_rate", ARG_FLOAT, &bias_rate, 0, ARG_NO_MAX, "-balance bias: the bias's step gamma"},
         {"-capacity_factor", ARG_FLOAT, &capacity_factor, 0, ARG_NO_MAX, "each expert takes at most ceil(cf N k / E) slots of a rank's micro-batch of N tokens (0: dropless)"},
-        {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the averaged gradients of the first step here, gathered into the whole model (tests)"},
+        {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the averaged gradients of the first step here, gathered into the whole model (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that every copy of each parameter is the same: the replicated ones over all ranks, each expert over the ranks holding it (0: never)"},
     };
     if (!run_start_model(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]), /*moe*/ 1)) return 0;

@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
         {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism, the LayerNorm and residual regions split along the tokens (T must divide by tp)"},
         {"-tp_overlap", ARG_INT, &tp_overlap, 0, 1, "1: each collective in tp - 1 ring steps under its GEMM's blocks (-sp), or the all-reduce in chunks under the GEMM (no -sp)"},
         {"-tp_timeline", ARG_INT, &timeline_step, 0, ARG_NO_MAX, "at step S record layer 0's forward and backward (each GEMM block, each exchange) into tp_timeline_RANK.jsonl in -o (CPU backend; 0: never)"},
-        {"-dump_grads", ARG_STRING, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
+        {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all ranks hold the same replicated tensors (LayerNorms, row-parallel biases, wpe) (0: never)"},
     };
     if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;

@@ -14,7 +14,9 @@
 #include <stdlib.h>
 #include "utils.h"
 
-typedef enum { ARG_INT, ARG_FLOAT, ARG_STRING } ArgType;
+// ARG_OUTPUT_FILE: a string that names a file the run writes (-dump_grads), checked with the flags
+typedef enum { ARG_INT, ARG_FLOAT, ARG_STRING, ARG_OUTPUT_FILE } ArgType;
+static inline int args_is_string(ArgType t) { return t == ARG_STRING || t == ARG_OUTPUT_FILE; }
 
 typedef struct {
     const char* flag;  // "-x"
@@ -27,7 +29,7 @@ typedef struct {
 #define ARG_NO_MAX 1e300  // "no upper bound" beyond what the type holds
 
 static inline void args_format_range(const ArgSpec* s, char* out, size_t cap) {
-    if (s->type == ARG_STRING) { out[0] = '\0'; return; }
+    if (args_is_string(s->type)) { out[0] = '\0'; return; }
     const char* fmt = s->type == ARG_INT ? "%.0f" : "%g";
     char lo[24], hi[24];
     snprintf(lo, sizeof(lo), fmt, s->min);
@@ -113,7 +115,7 @@ static inline void args_fail(const char* program, int hint, const char* fmt, ...
 static inline void args_format_value(const ArgSpec* s, char* out, size_t cap) {
     if (s->type == ARG_INT) snprintf(out, cap, "%d", *(int*)s->value);
     if (s->type == ARG_FLOAT) snprintf(out, cap, "%g", *(float*)s->value);
-    if (s->type == ARG_STRING) {
+    if (args_is_string(s->type)) {
         const char* v = *(const char**)s->value;
         snprintf(out, cap, "%s", v ? v : "(none)");
     }
@@ -172,8 +174,8 @@ static inline void args_unknown_note(const char* flag, const char* program, cons
 // returns 0 when the usage was asked for (-h, -help or --help anywhere: printed, with the
 // defaults, by the launcher's rank 0), 1 otherwise. Registers the string flags' variables for
 // path_origin (utils.h), so that a file error names the flag of its path.
-// A flag that names a file the run writes (the trainers' -dump_grads, -dump_logits): checked with
-// the other flags, before any work, as far as can be known then: its directory exists, and the
+// A flag that names a file the run writes (ARG_OUTPUT_FILE: the trainers' -dump_grads, ...): checked
+// with the other flags, before any work, as far as can be known then: its directory exists, and the
 // path names no directory, device or symbolic link (fopen_temp would refuse it after the step)
 static inline void args_check_output_file(const char* program, const char* flag, const char* path) {
     if (path == NULL) return;
@@ -181,9 +183,8 @@ static inline void args_check_output_file(const char* program, const char* flag,
     const char* dir = dirname_of(path);
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         args_fail(program, 0, "flag '%s' is '%s': its directory '%s' does not exist", flag, path, dir);
-    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
-        args_fail(program, 0, "flag '%s' is '%s', which is %s: give the path of a file", flag, path,
-                  S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "a device, pipe or socket");
+    const char* what = path_not_a_file(path);
+    if (what != NULL) args_fail(program, 0, "flag '%s' is '%s', which is %s: give the path of a file", flag, path, what);
 }
 
 static inline int args_parse(int argc, char** argv, const ArgSpec* specs, int n) {
@@ -241,9 +242,11 @@ static inline int args_parse(int argc, char** argv, const ArgSpec* specs, int n)
             *(const char**)spec->value = text;
         }
     }
+    for (int j = 0; j < n; j++)
+        if (specs[j].type == ARG_OUTPUT_FILE) args_check_output_file(argv[0], specs[j].flag, *(const char**)specs[j].value);
     llmc_num_path_flags = 0;
     for (int j = 0; j < n && llmc_num_path_flags < LLMC_PATH_FLAGS; j++) {
-        if (specs[j].type != ARG_STRING) continue;
+        if (!args_is_string(specs[j].type)) continue;
         PathFlag* p = &llmc_path_flags[llmc_num_path_flags++];
         p->flag = specs[j].flag;
         p->value = (const char* const*)specs[j].value;

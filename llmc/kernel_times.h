@@ -43,7 +43,7 @@ static struct {
 
 static inline int kernel_times_on(void) {
     if (!kernel_times.asked) {
-        kernel_times.on = env_choice("LLMC_KERNEL_TIMES", "0", "1");  // (any other value: an error, not silently off)
+        kernel_times.on = env_choice("LLMC_KERNEL_TIMES", 0) == 1;  // (any other value: an error, not silently off)
         kernel_times.asked = 1;
     }
     return kernel_times.on;

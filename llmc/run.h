@@ -456,37 +456,6 @@ typedef struct {
                               // record (train_gpt2_ep: the MoE balance); "" for none
 } Run;
 
-// The LLMC_* variables that choose a code path (the README's table of them), checked by every
-// rank at the start: a misspelt value is one message before any work, not an error at the first
-// launch that reads it, after the run's tables (each is read again where its path is taken).
-// The values: n of them, the default first; the CUDA backend's own are checked in its builds only.
-static inline void run_check_environment_variable(const char* name, int n, const char* const* values) {
-    const char* v = getenv(name);
-    int ok = v == NULL || *v == '\0';
-    for (int i = 0; i < n && !ok; i++) ok = strcmp(v, values[i]) == 0;
-    char expected[256] = "";  // "a, b or c"
-    for (int i = 0; i < n; i++)
-        snprintf(expected + strlen(expected), sizeof(expected) - strlen(expected), "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ",
-                 values[i]);
-    check_every_rank(ok, "%s=%s: expected %s", name, ok ? "" : v, expected);
-}
-#define RUN_CHECK_ENVIRONMENT_VARIABLE(name, ...)                                  \
-    do {                                                                           \
-        static const char* const values[] = {__VA_ARGS__};                         \
-        run_check_environment_variable(name, sizeof(values) / sizeof(values[0]), values); \
-    } while (0)
-static inline void run_check_environment(void) {
-    RUN_CHECK_ENVIRONMENT_VARIABLE("LLMC_KERNEL_TIMES", "0", "1");
-    if (strcmp(BACKEND_NAME, "cpu") == 0) RUN_CHECK_ENVIRONMENT_VARIABLE("LLMC_GEMM_ISA", "generic", "avx2", "avx512");
-    if (strcmp(BACKEND_NAME, "cuda") != 0) return;
-    RUN_CHECK_ENVIRONMENT_VARIABLE("LLMC_ATTENTION", "flash", "cublas");
-    RUN_CHECK_ENVIRONMENT_VARIABLE("LLMC_FLASH", "mma", "wgmma");
-    RUN_CHECK_ENVIRONMENT_VARIABLE("LLMC_GELU", "epilogue", "kernels");  // (fp32 builds default to kernels)
-    RUN_CHECK_ENVIRONMENT_VARIABLE("LLMC_CLASSIFIER", "split", "registers");
-    RUN_CHECK_ENVIRONMENT_VARIABLE("LLMC_LAYERNORM_BACKWARD", "fused", "separate");
-    RUN_CHECK_ENVIRONMENT_VARIABLE("LLMC_BIAS_GRAD", "epilogue", "kernels");
-}
-
 // The flags (the common ones of train.h, then the trainer's own), the communication layer, the
 // watchdog, and the model's config: from a descriptor, or the header of a model file, so that
 // the memory check comes before the first large allocation. Returns 0 after --help.
@@ -503,10 +472,8 @@ static inline int run_start_model(Run* r, int* argc, char*** argv, const ArgSpec
     if (n + num_own > TRAIN_MAX_SPECS) fail("%d flags, at most %d (TRAIN_MAX_SPECS)", n + num_own, TRAIN_MAX_SPECS);
     for (int i = 0; i < num_own; i++) specs[n++] = own[i];
     if (!args_parse(*argc, *argv, specs, n)) return 0;
-    for (int i = 0; i < n; i++)  // the files a test asks for (-dump_grads, -dump_logits), before any work
-        if (strncmp(specs[i].flag, "-dump_", 6) == 0) args_check_output_file((*argv)[0], specs[i].flag, *(const char**)specs[i].value);
     comm_init(&r->world, argc, argv);
-    run_check_environment();
+    env_check_all(BACKEND_NAME);  // (the LLMC_* choices: utils.h)
     r->rank = r->world.rank;
     watchdog_start(r->args.watchdog);
     r->from_descriptor = gpt2_config_from_descriptor(r->args.model, &r->config);

@@ -93,18 +93,6 @@ static inline void fail(const char* fmt, ...) {
     exit(1);
 }
 
-// A choice between two code paths that a GPU run times side by side (LLMC_BIAS_GRAD, LLMC_GELU,
-// LLMC_CLASSIFIER, LLMC_LAYERNORM_BACKWARD, LLMC_FLASH): 0 when the variable is unset, empty or
-// `first` (the default path), 1 when it is `second`, any other value an error. Callers read it
-// once and keep the answer.
-static inline int env_choice(const char* name, const char* first, const char* second) {
-    const char* v = getenv(name);
-    if (v == NULL || *v == 0 || strcmp(v, first) == 0) return 0;
-    if (strcmp(v, second) == 0) return 1;
-    fail("%s=%s: expected %s or %s", name, v, first, second);
-    return 0;
-}
-
 // A check that every rank of the world makes at the same point (a layout, the flags, a file every
 // rank reads), ok being this rank's verdict; costs one all-reduce of an int. When every rank
 // fails it, the message is printed once, by rank 0, without a rank, and every rank ends the
@@ -141,6 +129,67 @@ static inline void check_every_rank(int ok, const char* fmt, ...) {
     if (llmc_count_hook != NULL) fprintf(stderr, "[rank %d] (%d of the %d ranks failed this check)\n", llmc_rank, failing, ranks);
     if (llmc_abort_hook && !llmc_launched_alone()) llmc_abort_hook(1);
     exit(1);
+}
+
+// The LLMC_* variables that choose a code path (the README's table of them) and their values: one
+// table, read where a path is taken (env_choice, once, by the caller) and checked by every rank at
+// a trainer's start (env_check_all), so that a misspelt value is one message before any work. The
+// CUDA backend's own are checked in its builds only.
+typedef struct {
+    const char* name;
+    const char* backend;     // "cpu", "cuda", or NULL: both
+    const char* values[3];   // (NULL after the last)
+} EnvChoice;
+static const EnvChoice llmc_env_choices[] = {
+    {"LLMC_KERNEL_TIMES", NULL, {"0", "1"}},
+    {"LLMC_GEMM_ISA", "cpu", {"generic", "avx2", "avx512"}},
+    {"LLMC_ATTENTION", "cuda", {"flash", "cublas"}},
+    {"LLMC_FLASH", "cuda", {"mma", "wgmma"}},
+    {"LLMC_GELU", "cuda", {"epilogue", "kernels"}},
+    {"LLMC_CLASSIFIER", "cuda", {"split", "registers"}},
+    {"LLMC_LAYERNORM_BACKWARD", "cuda", {"fused", "separate"}},
+    {"LLMC_BIAS_GRAD", "cuda", {"epilogue", "kernels"}},
+};
+#define LLMC_ENV_CHOICES ((int)(sizeof(llmc_env_choices) / sizeof(llmc_env_choices[0])))
+
+// e's value: its index among e's values, -1 when unset or empty, -2 when it is none of them (and
+// then "a, b or c" in expected)
+static inline int env_value_index(const EnvChoice* e, char* expected, size_t cap) {
+    const char* v = getenv(e->name);
+    int n = 0;
+    while (n < 3 && e->values[n] != NULL) n++;
+    for (int i = 0; i < n; i++)
+        if (v != NULL && strcmp(v, e->values[i]) == 0) return i;
+    if (v == NULL || *v == '\0') return -1;
+    expected[0] = '\0';
+    for (int i = 0; i < n; i++)
+        snprintf(expected + strlen(expected), cap - strlen(expected), "%s%s", i == 0 ? "" : i == n - 1 ? " or " : ", ", e->values[i]);
+    return -2;
+}
+
+// the index of variable name's value among its values in the table, `unset` when it is not set;
+// any other value stops the run. Callers read it once and keep the answer.
+static inline int env_choice(const char* name, int unset) {
+    for (int i = 0; i < LLMC_ENV_CHOICES; i++) {
+        if (strcmp(llmc_env_choices[i].name, name) != 0) continue;
+        char expected[128];
+        int index = env_value_index(&llmc_env_choices[i], expected, sizeof(expected));
+        if (index == -2) fail("%s=%s: expected %s", name, getenv(name), expected);
+        return index == -1 ? unset : index;
+    }
+    fail("env_choice: %s is not in llmc_env_choices", name);
+    return unset;
+}
+
+// every variable of the table that this backend reads, by every rank at the same point
+static inline void env_check_all(const char* backend) {
+    for (int i = 0; i < LLMC_ENV_CHOICES; i++) {
+        const EnvChoice* e = &llmc_env_choices[i];
+        if (e->backend != NULL && strcmp(e->backend, backend) != 0) continue;
+        char expected[128] = "";
+        int index = env_value_index(e, expected, sizeof(expected));
+        check_every_rank(index != -2, "%s=%s: expected %s", e->name, index == -2 ? getenv(e->name) : "", expected);
+    }
 }
 
 // The flags whose values name files or directories (args_parse registers every string flag), so
@@ -302,14 +351,21 @@ static inline uint32_t crc32_file(uint32_t crc, FILE* f, const char* path, size_
 // renamed to its final name: after a crash or a power cut the final name holds either nothing or
 // the whole file, never a prefix. The rename itself is an entry in the directory, made durable
 // by fsync_dir.
+// what path names when it exists and is no regular file ("a directory", ...; a link is not
+// followed), NULL otherwise: a path a file is written to must not be one (fopen_temp)
+static inline const char* path_not_a_file(const char* path) {
+    struct stat st;
+    if (lstat(path, &st) != 0 || S_ISREG(st.st_mode)) return NULL;
+    return S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "a device, pipe or socket";
+}
+
 // A path that names something other than a regular file (a directory, a device such as /dev/full,
 // a symbolic link) is refused before anything is written: the rename would replace it.
 static inline FILE* fopen_temp(const char* path, char* tmp, size_t cap) {
-    struct stat st;
-    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
+    const char* what = path_not_a_file(path);
+    if (what != NULL)
         fail("'%s'%s is %s, not a regular file: a file is written under a temporary name and renamed to its own, "
-             "which would replace it; give the path of a file", path, path_origin(path),
-             S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "a device, pipe or socket");
+             "which would replace it; give the path of a file", path, path_origin(path), what);
     if ((size_t)snprintf(tmp, cap, "%s.tmp", path) >= cap || strlen(tmp) >= sizeof(llmc_temp_files[0]))
         fail("path too long: '%s'", path);
     int slot = 0;

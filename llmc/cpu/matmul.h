@@ -130,13 +130,8 @@ static GemmIsa gemm_isa(void) {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) cpu = 1;
     if (cpu == 1 && __builtin_cpu_supports("avx512f")) cpu = 2;
 #endif
-    int level = cpu;
-    const char* asked = getenv("LLMC_GEMM_ISA");
-    if (asked != NULL && asked[0] != '\0') {
-        for (level = 0; level < 3 && strcmp(asked, names[level]) != 0; level++) {}
-        if (level == 3) fail("LLMC_GEMM_ISA=%s: expected generic, avx2 or avx512", asked);
-        if (level > cpu) fail("LLMC_GEMM_ISA=%s: this CPU does not run it (its widest: %s)", asked, names[cpu]);
-    }
+    int level = env_choice("LLMC_GEMM_ISA", cpu);  // (its values: names)
+    if (level > cpu) fail("LLMC_GEMM_ISA=%s: this CPU does not run it (its widest: %s)", names[level], names[cpu]);
     isa = (GemmIsa){gemm_kernel_generic, 8, "generic"};
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     if (level == 1) isa = (GemmIsa){gemm_kernel_avx2, 16, "avx2"};

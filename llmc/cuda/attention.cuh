@@ -154,13 +154,7 @@ static inline void attention_backward_cublas(floatX* dqkv, const floatX* dout, c
 // read once, and a value other than flash or cublas, or flash where it cannot run, is an error
 static inline int attention_uses_flash(int C, int NH) {
     static int asked = -1;  // 0: nothing asked, 1: flash, 2: cublas
-    if (asked < 0) {
-        const char* v = getenv("LLMC_ATTENTION");
-        if (v == NULL || *v == 0) asked = 0;
-        else if (strcmp(v, "flash") == 0) asked = 1;
-        else if (strcmp(v, "cublas") == 0) asked = 2;
-        else fail("LLMC_ATTENTION=%s: expected flash or cublas", v);
-    }
+    if (asked < 0) asked = env_choice("LLMC_ATTENTION", -1) + 1;
     int supported = flash_attention_supports(sizeof(floatX), C / NH);
     if (asked == 1 && !supported) {
         fail("LLMC_ATTENTION=flash needs a bf16 build and a head size of 16, 32 or 64 (this one: %s, %d)",

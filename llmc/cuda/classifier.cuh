@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(CLASSIFIER_SPLIT_THREADS, 2) fused_classifier_
 // packs; fp32 rows are twice that). A d12 step on an H200 (2026-11-27): 6.1 against 7.9-8.3 ms.
 static inline int classifier_split_asked(void) {
     static int asked = -1;
-    if (asked < 0) asked = !env_choice("LLMC_CLASSIFIER", "split", "registers");
+    if (asked < 0) asked = env_choice("LLMC_CLASSIFIER", 0) == 0;
     return asked;
 }
 static inline int classifier_split_fits(int Vp) {

@@ -891,7 +891,7 @@ static DeviceScratch flash_scratch;
 // to mma.sync are counted (paths_print)
 static inline int flash_wgmma_asked(void) {
     static int asked = -1;
-    if (asked < 0) asked = env_choice("LLMC_FLASH", "mma", "wgmma");
+    if (asked < 0) asked = env_choice("LLMC_FLASH", 0) == 1;
     return asked;
 }
 static long flash_wgmma_calls[2];  // taken, fell back

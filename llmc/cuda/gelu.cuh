@@ -76,7 +76,7 @@ static inline void gelu_backward(floatX* dinp, const floatX* inp, const floatX* 
 static inline int gelu_in_epilogue(void) {
     static int asked = -1;
     if (asked < 0)
-        asked = FLOATX_IS_FLOAT ? env_choice("LLMC_GELU", "kernels", "epilogue") : !env_choice("LLMC_GELU", "epilogue", "kernels");
+        asked = env_choice("LLMC_GELU", FLOATX_IS_FLOAT ? 1 : 0) == 0;  // (1: kernels, fp32's default)
     return asked;
 }
 // the GEMMs whose epilogue computed GELU, and those that fell back to the kernels (cuBLASLt had no

@@ -309,7 +309,7 @@ static inline int layernorm_backward_fused(floatX* dinp, float* partial, const f
 // 4.4 against 5.5 ms.
 static inline int layernorm_backward_fused_asked(void) {
     static int asked = -1;
-    if (asked < 0) asked = !env_choice("LLMC_LAYERNORM_BACKWARD", "fused", "separate");
+    if (asked < 0) asked = env_choice("LLMC_LAYERNORM_BACKWARD", 0) == 0;
     return asked;
 }
 // the calls the fused kernel took, and those whose rows were too wide

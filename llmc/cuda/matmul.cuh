@@ -219,7 +219,7 @@ static inline void bias_backward_kernels(floatX* dbias, const floatX* dout, int 
 // can then be timed on a GPU (dev/bench/bench_gpu.sh), and tested under the emulator
 static inline int bias_grad_in_epilogue(void) {
     static int asked = -1;
-    if (asked < 0) asked = !env_choice("LLMC_BIAS_GRAD", "epilogue", "kernels");
+    if (asked < 0) asked = env_choice("LLMC_BIAS_GRAD", 0) == 0;
     return asked;
 }
 
