@@ -340,20 +340,25 @@ static inline void checkpoint_refuse_existing(const char* dir) {
     closedir(d);
 }
 
-// mkdir -p
-static inline void make_dir(const char* dir) {
+// mkdir -p; returns the length of the shortest prefix of dir that it created (0: none, the
+// dir was there)
+static inline size_t make_dir(const char* dir) {
     char path[4096];
+    size_t created = 0;
     snprintf(path, sizeof(path), "%s", dir);
     for (char* p = path + 1;; p++) {
         if (*p != '/' && *p != '\0') continue;
         char saved = *p;
         *p = '\0';
-        if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+        if (mkdir(path, 0755) == 0) {
+            if (created == 0) created = strlen(path);
+        } else if (errno != EEXIST) {
             fail("cannot create output dir '%s': %s", path, strerror(errno));
         }
         *p = saved;
         if (saved == '\0') break;
     }
+    return created;
 }
 
 // One job per output dir: an exclusive flock on <dir>/LOCK, held until the process ends (the
@@ -362,9 +367,23 @@ static inline void make_dir(const char* dir) {
 static inline int output_dir_lock(const char* dir) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/LOCK", dir);
-    int fd = open(path, O_RDWR | O_CREAT, 0644);
-    if (fd < 0) fail("cannot open lock file '%s': %s", path, strerror(errno));
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int fd, locked;
+    for (int tries = 0;; tries++) {
+        fd = open(path, O_RDWR | O_CREAT, 0644);
+        if (fd < 0) fail("cannot open lock file '%s': %s", path, strerror(errno));
+        locked = flock(fd, LOCK_EX | LOCK_NB) == 0;
+        // Locked, but is it still the file named LOCK? A job that stops before writing anything
+        // removes its LOCK while holding it (output_dir_unclaim): a job that had opened it just
+        // before then locks a file no later job opens, so it opens the new one instead.
+        struct stat held, named;
+        if (!locked || (fstat(fd, &held) == 0 && stat(path, &named) == 0 && held.st_dev == named.st_dev &&
+                        held.st_ino == named.st_ino)) {
+            break;
+        }
+        close(fd);
+        if (tries == 100) fail("cannot lock '%s': other jobs keep removing it", path);
+    }
+    if (!locked) {
         char holder[512] = "";
         ssize_t got = pread(fd, holder, sizeof(holder) - 1, 0);
         holder[got > 0 ? got : 0] = '\0';
@@ -384,6 +403,35 @@ static inline int output_dir_lock(const char* dir) {
     return fd;
 }
 
+// What a fresh run's claim made in its output dir: the dirs (the length of the first one made),
+// and LOCK if it was not there. A run that stops on an error before its first line in main.log
+// removes them, and the empty main.log (remove_unfinished_files calls output_dir_unclaim), so
+// that a mistyped flag found after the claim leaves no output dir behind.
+static struct {
+    char dir[4096];
+    size_t made;
+    int made_lock;
+} output_claim;
+static inline void output_dir_unclaim(void) {
+    char path[4200];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/main.log", output_claim.dir);
+    if (stat(path, &st) == 0 && st.st_size > 0) return;  // a step was logged: the run's output stays
+    unlink(path);
+    if (output_claim.made_lock) {
+        snprintf(path, sizeof(path), "%s/LOCK", output_claim.dir);
+        unlink(path);  // (still locked: see output_dir_lock for a job that opened it meanwhile)
+    }
+    // the dirs made, from the deepest up (rmdir leaves one that holds anything)
+    size_t n = strlen(output_claim.dir);
+    while (output_claim.made > 0 && n >= output_claim.made && rmdir(output_claim.dir) == 0) {
+        char* slash = strrchr(output_claim.dir, '/');
+        if (slash == NULL) break;
+        *slash = '\0';
+        n = strlen(output_claim.dir);
+    }
+}
+
 // rank 0, before anything is written to dir: create it, lock it for this job, and unless
 // resuming make sure it holds no checkpoints of an earlier run (resuming, a dir that is not there
 // is refused before anything is created)
@@ -393,9 +441,14 @@ static inline void output_dir_claim(const char* dir, int resuming) {
         fail("-y 1: the output dir '%s' does not exist, so there is no checkpoint to resume from (without -y 1 a "
              "run starts there)", dir);
     }
-    make_dir(dir);
+    snprintf(output_claim.dir, sizeof(output_claim.dir), "%s/LOCK", dir);
+    output_claim.made_lock = stat(output_claim.dir, &st) != 0;
+    output_claim.made = make_dir(dir);
     output_dir_lock(dir);  // held until the process ends
-    if (!resuming) checkpoint_refuse_existing(dir);
+    if (resuming) return;
+    checkpoint_refuse_existing(dir);
+    snprintf(output_claim.dir, sizeof(output_claim.dir), "%s", dir);
+    llmc_unclaim_hook = output_dir_unclaim;
 }
 
 #endif

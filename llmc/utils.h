@@ -64,14 +64,19 @@ static inline int llmc_launched_alone(void) {
 
 // The temporary files this process is writing (fopen_temp until file_commit renames them): an
 // error removes them before the process ends, so that a full disk is not left holding a
-// half-written checkpoint (their final names never held one: see fopen_temp)
+// half-written checkpoint (their final names never held one: see fopen_temp). Then the hook that
+// checkpoint.h sets while a fresh run's output dir holds nothing of it yet (output_dir_claim):
+// the error removes that dir's LOCK and empty main.log too, and the dir if the run made it.
 #define LLMC_TEMP_FILES 4
 static char llmc_temp_files[LLMC_TEMP_FILES][4096];
-static inline void remove_temp_files(void) {
+static void (*llmc_unclaim_hook)(void) = NULL;
+static inline void remove_unfinished_files(void) {
     for (int i = 0; i < LLMC_TEMP_FILES; i++) {
         if (llmc_temp_files[i][0] != '\0') unlink(llmc_temp_files[i]);
         llmc_temp_files[i][0] = '\0';
     }
+    if (llmc_unclaim_hook) llmc_unclaim_hook();
+    llmc_unclaim_hook = NULL;
 }
 
 static inline void llmc_print_error(const char* fmt, va_list ap) {
@@ -88,7 +93,7 @@ static inline void fail(const char* fmt, ...) {
     va_start(ap, fmt);
     llmc_print_error(fmt, ap);
     va_end(ap);
-    remove_temp_files();
+    remove_unfinished_files();
     if (llmc_abort_hook && !llmc_launched_alone()) llmc_abort_hook(1);
     exit(1);
 }
@@ -104,7 +109,7 @@ static inline void check_every_rank(int ok, const char* fmt, ...) {
     int ranks = 1, failing = ok ? 0 : 1;
     if (llmc_count_hook != NULL) failing = llmc_count_hook(!ok, &ranks);
     if (failing == 0) return;
-    remove_temp_files();
+    remove_unfinished_files();
     if (llmc_count_hook != NULL && failing == ranks) {
         if (llmc_rank <= 0) {
             fprintf(stderr, "error: ");

@@ -1307,6 +1307,25 @@ test(make_corruption_test("model", "append", "truncated or corrupt"))
 
 
 @test
+def reliability_a_run_stopped_before_its_first_step_leaves_no_output_dir():
+    """an error found after rank 0 claimed -o (here the memory check, which comes after the model
+    and data are read) removes what the claim made: the dirs, LOCK and the empty main.log; a dir
+    that was there stays, and so does an earlier run's log in it"""
+    d = fresh_dir("unclaim")
+    too_big = ["-e", "d2", "-b", 100000, "-t", 1024]
+    for ranks in (1, 2):  # one process (fail) and every rank alike (check_every_rank)
+        code, out = mpirun(ranks, too_big + ["-o", os.path.join(d, "made", "deeper")])
+        assert code == 1 and "not enough memory" in out, out[-2000:]
+        assert os.listdir(d) == [], (ranks, os.listdir(d))
+    code, out = mpirun(2, too_big + ["-o", d])
+    assert code == 1 and os.path.isdir(d) and os.listdir(d) == [], (out[-2000:], os.listdir(d))
+    run_ok(1, ["-e", "d2", "-b", 2, "-t", 32, "-x", 1, "-v", 0, "-s", 0, "-o", d])
+    log = open(os.path.join(d, "main.log")).read()
+    code, out = mpirun(1, too_big + ["-o", d])
+    assert code == 1 and open(os.path.join(d, "main.log")).read() == log, out[-2000:]
+
+
+@test
 def reliability_second_job_on_one_output_dir_stops():
     d = fresh_dir("two_jobs")
     args = small_run_args(d, ["-x", 300, "-n", 100, "-v", 100])
