@@ -3263,21 +3263,37 @@ def roofline_gelu_in_the_gemm_epilogues():
 
 
 @test
+def roofline_constants_are_the_librarys():
+    """the roofline's copies of the library's launch constants (the lines of roofline.py that name
+    the header they come from) equal the header's #define: a kernel changed without its model
+    fails here, not in a benchmark read much later"""
+    text = open(os.path.join(ROOT, "dev/bench/roofline.py")).read()
+    copies = re.findall(r"^([A-Z_]+) = (\d+)\s+# (llmc/\S+?):", text, re.M)
+    assert len(copies) >= 5, copies
+    for name, value, header in copies:
+        m = re.search(r"^#define %s (\d+)\b" % name, open(os.path.join(ROOT, header)).read(), re.M)
+        assert m, "%s: no #define %s" % (header, name)
+        assert m.group(1) == value, "roofline.py's %s = %s, %s says %s" % (name, value, header, m.group(1))
+
+
+@test
 def roofline_layernorm_backward_fused():
     """-ln_backward fused (the roofline's and the trainer's default; -ln_backward separate,
     LLMC_LAYERNORM_BACKWARD=separate, the other path): one kernel reads dout and x
     (N, C) once for the input gradient and the parameters' partial sums, where the separate partial
     kernel read them again with mean and rstd: 2 N C X + 2 N 4 bytes fewer a LayerNorm, 2 L + 1 of
-    them a step (ln1, ln2, lnf); in fp32 a lane holds 6 packs of C = 768, too many: nothing changes"""
-    g = ROOFLINE_GPT2
-    L, C, B, T = g["L"], g["C"], 4, 64
+    them a step (ln1, ln2, lnf); a lane holds at most 5 packs of 16 bytes (layernorm.cuh): in fp32
+    C = 768 is 6 packs, and in bf16 GPT-2 1.5B's C = 1600 is 7, too many: nothing changes there"""
+    B, T = 4, 64
     N = B * T
-    for precision, X, fused_applies in (("bf16", 2, True), ("fp32", 4, False)):
-        base = ("-e", "d12", "-b", B, "-t", T, "-precision", precision)
+    # (GPT-2's depths and widths: d12 768, d36 1280, d48 1600; in bf16 d36's row is 5 packs)
+    for model, L, C, precision, X, fused_applies in (("d12", 12, 768, "bf16", 2, True), ("d12", 12, 768, "fp32", 4, False),
+                                                     ("d36", 36, 1280, "bf16", 2, True), ("d48", 48, 1600, "bf16", 2, False)):
+        base = ("-e", model, "-b", B, "-t", T, "-precision", precision)
         separate, fused = roofline_json(*base, "-ln_backward", "separate"), roofline_json(*base)
         saved = sum(r["total_bytes"] for r in separate["rows"]) - sum(r["total_bytes"] for r in fused["rows"])
         want = (2 * L + 1) * (2 * N * C * X + 2 * N * 4) if fused_applies else 0
-        assert saved == want, "%s: -ln_backward fused moves %d bytes fewer, expected %d" % (precision, saved, want)
+        assert saved == want, "%s %s: -ln_backward fused moves %d bytes fewer, expected %d" % (model, precision, saved, want)
 
 
 @test

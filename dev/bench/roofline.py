@@ -99,9 +99,10 @@ FLOPS_PER = dict(
 )
 
 FLASH_TILE = 64  # flash_attention.cuh: 64 queries x 64 keys per tile (FLASH_TILE)
-FLASH_Q_TILES = 2  # flash_attention.cuh: the forward's warps take 2 row tiles of 16, 32 queries each
+FLASH_Q_TILES = 2  # llmc/cuda/flash_attention.cuh: the forward's warps take 2 row tiles of 16, 32 queries each
 BIAS_ROWS_PER_BLOCK = 512  # llmc/target.h: rows of one block of the bias gradient's first pass
 LN_ROWS_PER_BLOCK = 256    # llmc/target.h: rows of one block of a LayerNorm's parameter gradient
+LN_FUSED_MAX_PACKS = 5     # llmc/cuda/layernorm.cuh: the widest row (16-byte packs a lane) of the fused backward
 ADAMW_RUNS_PER_LAUNCH = 96  # llmc/cuda/adamw.cuh: tensor pieces one AdamW launch takes
 NORM_BLOCKS = 1024         # llmc/target.h: blocks of the gradient norm's first pass
 F32 = 4                    # bytes of a float
@@ -248,13 +249,13 @@ def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, top
               launch="residual + layernorm forward" if residual else "layernorm forward")
 
     def layernorm_backward(name, calls):
-        """layernorm.cuh's kernels: where a lane holds at most 3 packs of a row (the default,
+        """layernorm.cuh's kernels: where a lane holds at most LN_FUSED_MAX_PACKS packs of a row (the default,
         -ln_backward fused), the input gradient and the partial sums in one kernel that reads dout
         and x once, then the final sums; else (or -ln_backward separate) the input gradient (added
         into dresidual: read and written), then the weight and bias gradients in two deterministic
         passes"""
         parts = ceil_div(N, LN_ROWS_PER_BLOCK)
-        if ln_backward == "fused" and ceil_div(C * X // 16, 32) <= 3:
+        if ln_backward == "fused" and ceil_div(C * X // 16, 32) <= LN_FUSED_MAX_PACKS:
             s.add("layernorm_backward_fused (%s)" % name, calls,
                   (FLOPS_PER["layernorm_backward"] + FLOPS_PER["layernorm_params"]) * N * C,
                   4 * N * C * X + C * X + 2 * N * F32 + parts * 2 * C * F32, "vector", "layernorm",
@@ -547,7 +548,7 @@ def print_table(res):
                                    "in the GEMMs' BGRADB epilogue" if c["epilogue"] else "as separate kernels",
                                    ", GELU in the fc GEMMs' epilogues" if c["gelu"] == "epilogue" else ", GELU in kernels",
                                    ", the LayerNorm backward fused" if c["ln_backward"] == "fused" and
-                                   ceil_div(c["C"] * (2 if c["precision"] == "bf16" else 4) // 16, 32) <= 3 else
+                                   ceil_div(c["C"] * (2 if c["precision"] == "bf16" else 4) // 16, 32) <= LN_FUSED_MAX_PACKS else
                                    ", the LayerNorm backward in separate kernels",
                                    ", %d data-parallel ranks" % c["dp"] if c["dp"] > 1 else ""))
     print("device %s: %s dense %s peak, fp32 (non-tensor) %s, HBM %s (datasheets; llmc/cuda/device.cuh)"

@@ -20,11 +20,13 @@ Both at once:
 v4: the input gradient and the parameter gradients' partial sums in one kernel, so dout and inp
     are read once instead of twice (a third of the traffic): each lane keeps its channels' dw and
     db in registers over its warp's rows, the warps meet in shared memory in order
-    (layernorm_backward_fused, llmc's default; rows of up to 3 packs a lane). The
+    (layernorm_backward_fused, llmc's default; rows of up to 5 packs a lane, d12's to d36's,
+    checked at C = 768, 1024 and 1280; 4 and 5 packs run one block an SM). The
     same additions in the same order as v3, so the same bits unless the compiler contracts the
     products into FMAs differently in the two kernels (required under the emulator, reported on a
     GPU: the same bits on an H200). Timed beside v3 at d12's B=64 shape (65536 rows); in the d12
-    step on the H200 (2026-11-27) 25 calls took 4.4 ms against 5.5.
+    step on the H200 (2026-11-27) 25 calls took 4.4 ms against 5.5; and at d24's and d36's
+    widths (C = 1024, 1280), 32768 rows (B = 32), not yet timed on a GPU.
 */
 #include "common.h"
 namespace cpu {
@@ -210,6 +212,24 @@ __global__ void layernorm_params_v2_partial(float* partial, const floatX* dout,
 }
 
 
+// v3 (the two kernels) and v4 (the fused kernel and the final pass) timed on rows x C
+static void time_v3_v4(int rows, int C) {
+    Problem p = problem_make(rows, C);
+    char label[64];
+    float ms, *partial = (float*)device_malloc(layernorm_scratch_bytes(rows, C));
+    TIME_KERNEL(ms, 20, layernorm_backward(p.d_dinp, p.d_dw, p.d_db, p.d_dout, p.d_x, p.d_w, p.d_mean, p.d_rstd, rows, C));
+    snprintf(label, sizeof(label), "v3, %d x %d", rows, C);
+    report(label, ms, 6.0 * rows * C * sizeof(floatX), 0);
+    if (layernorm_backward_fused(p.d_dinp, partial, p.d_dout, p.d_x, p.d_w, p.d_mean, p.d_rstd, rows, C)) {
+        TIME_KERNEL(ms, 20, (layernorm_backward_fused(p.d_dinp, partial, p.d_dout, p.d_x, p.d_w, p.d_mean, p.d_rstd, rows, C),
+                             layernorm_backward_params_final<<<ceil_div(C, 256), 256>>>(
+                                 p.d_dw, p.d_db, partial, ceil_div(rows, LN_ROWS_PER_BLOCK), C)));
+        snprintf(label, sizeof(label), "v4 fused, %d x %d", rows, C);
+        report(label, ms, 4.0 * rows * C * sizeof(floatX), 0);
+    }
+    device_free(partial);
+}
+
 int main(void) {
     int N = GPU_OR_EMU(8 * 1024, 600), C = GPU_OR_EMU(768, 200);
     Problem p = problem_make(N, C);
@@ -227,30 +247,23 @@ int main(void) {
     ok &= check_llmc(&p, tol, tol_params);
     TIME_KERNEL(ms, 20, layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_x, d_w, d_mean, d_rstd, N, C));
     report("v3 dinp + v3 params", ms, 6.0 * N * C * sizeof(floatX), 0);
-    // the kernel instances d12 (C = 768: 4 packs a lane in bf16, 8 in fp32) and d48 (1600) run
-    Problem gpt2_small = problem_make(GPU_OR_EMU(8 * 1024, 64), 768), gpt2_xl = problem_make(GPU_OR_EMU(8 * 1024, 64), 1600);
-    ok &= check_llmc(&gpt2_small, tol, tol_params) & check_llmc(&gpt2_xl, tol, tol_params);
-    ok &= check_fused(&gpt2_small, tol, tol_params) & check_fused(&gpt2_xl, tol, tol_params);
+    // the kernel instances GPT-2's widths run: d12 768 (4 packs a lane in bf16 for v3, 3 for v4;
+    // 8 and 6 in fp32), d24 1024 (4 and 4), d36 1280 (8 and 5: v4's widest), d48 1600 (8 and 7:
+    // v4 falls back)
+    const int widths[] = {768, 1024, 1280, 1600};
+    for (int i = 0; i < 4; i++) {
+        Problem gpt2 = problem_make(GPU_OR_EMU(8 * 1024, 64), widths[i]);
+        ok &= check_llmc(&gpt2, tol, tol_params);
+        ok &= check_fused(&gpt2, tol, tol_params);
+    }
     Problem again = problem_make(N, C);  // (check_llmc adds into dinp and the parameter gradients: fresh zeros)
     ok &= check_llmc(&again, tol, tol_params) & check_fused(&again, tol, tol_params);
     // v3 and v4 timed at d12's B=64 shape: 65536 rows are 256 of v4's blocks, two an SM (at 8192
-    // rows its 32 blocks would leave most SMs idle)
-    Problem d12 = problem_make(GPU_OR_EMU(65536, 512), 768);
-    int rows = d12.N;
-    char label[64];
-    float* partial_fused = (float*)device_malloc(layernorm_scratch_bytes(rows, 768));
-    TIME_KERNEL(ms, 20, layernorm_backward(d12.d_dinp, d12.d_dw, d12.d_db, d12.d_dout, d12.d_x, d12.d_w, d12.d_mean,
-                                           d12.d_rstd, rows, 768));
-    snprintf(label, sizeof(label), "v3, %d x 768", rows);
-    report(label, ms, 6.0 * rows * 768 * sizeof(floatX), 0);
-    if (layernorm_backward_fused(d12.d_dinp, partial_fused, d12.d_dout, d12.d_x, d12.d_w, d12.d_mean, d12.d_rstd, rows, 768)) {
-        TIME_KERNEL(ms, 20, (layernorm_backward_fused(d12.d_dinp, partial_fused, d12.d_dout, d12.d_x, d12.d_w, d12.d_mean,
-                                                      d12.d_rstd, rows, 768),
-                             layernorm_backward_params_final<<<ceil_div(768, 256), 256>>>(
-                                 d12.d_dw, d12.d_db, partial_fused, ceil_div(rows, LN_ROWS_PER_BLOCK), 768)));
-        snprintf(label, sizeof(label), "v4 fused, %d x 768", rows);
-        report(label, ms, 4.0 * rows * 768 * sizeof(floatX), 0);
-    }
+    // rows its 32 blocks would leave most SMs idle); at d24's and d36's widths 32768 rows (B = 32,
+    // the benchmark's batch there), 128 blocks, one an SM
+    time_v3_v4(GPU_OR_EMU(65536, 512), 768);
+    time_v3_v4(GPU_OR_EMU(32768, 256), 1024);
+    time_v3_v4(GPU_OR_EMU(32768, 256), 1280);
 
     // dinp reads dout, inp and dinp and writes dinp: 4 N C elements
     device_memset_zero(d_dinp, (size_t)N * C * sizeof(floatX));

@@ -242,12 +242,16 @@ __global__ void layernorm_backward_params_final(floatX* dweight, floatX* dbias, 
 // groups), and each lane adds its channels' dw = dout xhat and db = dout into registers as it goes
 // (2 LN_PACKS PACK16 of them); the warps' sums then meet in shared memory in warp order and the block
 // writes the same partial (parts, 2, C) as layernorm_backward_params_partial, in the same order of
-// additions, for layernorm_backward_params_final. The accumulators take registers, so rows of up to 3
-// packs a lane (768 channels in bf16, GPT-2 124M's) take this path, templated on the packs a row
-// needs (3 at C = 768, not the power of two above it): 128 registers, two blocks an SM, no spills
-// on sm_90 (at 4 packs it spills); wider rows keep the two kernels.
+// additions, for layernorm_backward_params_final. The accumulators take registers, so the kernel is
+// templated on the packs a row needs (3 at C = 768, not the power of two above it), and rows of up
+// to 5 packs a lane take it (1280 channels in bf16: GPT-2 124M's 768, 350M's 1024 and 774M's 1280;
+// wider rows keep the two kernels). ptxas on sm_90: up to 3 packs in 128 registers, two blocks
+// an SM, no spills; 4 and 5 packs spill there (52 and 260 bytes), so they run one block an SM, in
+// 168 and 213 registers: 8 warps an SM whose 16-byte loads of a row (10 a lane at 5 packs, 40 KB
+// an SM) are still about what the memory's latency times its bandwidth needs in flight.
+#define LN_FUSED_MAX_PACKS 5
 template <int LN_PACKS>
-__global__ void __launch_bounds__(256, 2) layernorm_backward_fused_kernel(floatX* __restrict__ dinp, float* __restrict__ partial,
+__global__ void __launch_bounds__(256, LN_PACKS <= 3 ? 2 : 1) layernorm_backward_fused_kernel(floatX* __restrict__ dinp, float* __restrict__ partial,
         const floatX* __restrict__ dout, const floatX* __restrict__ inp, const floatX* __restrict__ weight,
         const float* mean, const float* rstd, int N, int C) {
     __shared__ float block_sums[2][32 * LN_PACKS * PACK16];  // the warps' dw and db, added in warp order
@@ -298,6 +302,10 @@ static inline int layernorm_backward_fused(floatX* dinp, float* partial, const f
         case 1: layernorm_backward_fused_kernel<1><<<parts, 256>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C); break;
         case 2: layernorm_backward_fused_kernel<2><<<parts, 256>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C); break;
         case 3: layernorm_backward_fused_kernel<3><<<parts, 256>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C); break;
+        case 4: layernorm_backward_fused_kernel<4><<<parts, 256>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C); break;
+        case LN_FUSED_MAX_PACKS:
+            layernorm_backward_fused_kernel<LN_FUSED_MAX_PACKS><<<parts, 256>>>(dinp, partial, dout, inp, weight, mean, rstd, N, C);
+            break;
         default: return 0;
     }
     cudaCheckLaunch();
