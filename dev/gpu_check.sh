@@ -72,13 +72,13 @@ done
 # layout against the CPU) and its rate beside mma.sync's, the wgmma forward (v7) beside the
 # mma.sync one (v6) and the wgmma backward (v6) beside the mma.sync one (v5), which GELU
 # cuBLASLt's epilogues compute (tanh or erf), the classifier's split kernel (v5) beside the
-# register kernel (v4), the fused LayerNorm backward
+# register kernel (v4), the fused LayerNorm backward (v4) beside the two kernels (v3) at d12's, d24's and d36's widths
 for program in build/cuda_BF16/dev/cuda/wgmma build/cuda_BF16/dev/cuda/attention_forward \
     build/cuda_BF16/dev/cuda/attention_backward build/cuda_FP32/dev/cuda/gelu build/cuda_BF16/dev/cuda/gelu \
     build/cuda_BF16/dev/cuda/classifier build/cuda_BF16/dev/cuda/layernorm_backward; do
     echo "$program:"
     timeout "$(upto 90)" "./$program" 2>&1 |
-        grep -E "^gelu in|v1 K|v2 .*GEMM|v2 MN|v3 [a-z]|v4|v5|v6|v7|other reading|wgmma|mma.sync|valid|FAIL"
+        grep -E "^gelu in|v1 K|v2 .*GEMM|v2 MN|v3 [a-z]|v3, |v4|v5|v6|v7|other reading|wgmma|mma.sync|valid|FAIL"
 done
 # why the flash kernels run below their roofline (the largest gap above): Nsight Compute on one
 # call of each (the second step's last forward, then its first backward: D, dK dV, dQ; a step
