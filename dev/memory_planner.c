@@ -291,7 +291,7 @@ int main(int argc, char** argv) {
         if (experts < 2 || topk > experts) fail("-experts %d -topk %d: expected E >= 2 and 1 <= k <= E", experts, topk);
         c.experts = experts, c.topk = topk;
     }
-    DeviceTarget target;
+    DeviceTarget target = {0, 0, 0, 0};  // (the default paths: the one-kernel flash backward off)
     if (strcmp(device, "cuda") == 0) target.cuda = 1;
     else if (strcmp(device, "cpu") == 0) target.cuda = 0;
     else fail("-device %s: expected cuda or cpu", device);

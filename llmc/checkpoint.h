@@ -340,25 +340,35 @@ static inline void checkpoint_refuse_existing(const char* dir) {
     closedir(d);
 }
 
-// mkdir -p; returns the length of the shortest prefix of dir that it created (0: none, the
-// dir was there)
-static inline size_t make_dir(const char* dir) {
+// What a fresh run's claim (output_dir_claim, below) made: the dirs mkdir created (the lengths of
+// those prefixes of dir, shallowest first) and whether it created LOCK. If the run stops on an
+// error before its first line in main.log, rank 0 removes them and the empty main.log
+// (remove_unfinished_files calls output_dir_unclaim), so that an error found after the claim (an
+// allocation that fails, a flag checked once the model is read) leaves no output dir behind.
+// (An error on another rank alone ends rank 0 by MPI_Abort, before it can.)
+#define OUTPUT_DIRS_MADE 64
+static struct {
+    char dir[4096];
+    size_t made[OUTPUT_DIRS_MADE];
+    int made_count, made_lock;
+} output_claim;
+
+// mkdir -p, each dir it creates recorded in output_claim
+static inline void make_dir(const char* dir) {
     char path[4096];
-    size_t created = 0;
     snprintf(path, sizeof(path), "%s", dir);
     for (char* p = path + 1;; p++) {
         if (*p != '/' && *p != '\0') continue;
         char saved = *p;
         *p = '\0';
         if (mkdir(path, 0755) == 0) {
-            if (created == 0) created = strlen(path);
+            if (output_claim.made_count < OUTPUT_DIRS_MADE) output_claim.made[output_claim.made_count++] = strlen(path);
         } else if (errno != EEXIST) {
             fail("cannot create output dir '%s': %s", path, strerror(errno));
         }
         *p = saved;
         if (saved == '\0') break;
     }
-    return created;
 }
 
 // One job per output dir: an exclusive flock on <dir>/LOCK, held until the process ends (the
@@ -369,7 +379,13 @@ static inline int output_dir_lock(const char* dir) {
     snprintf(path, sizeof(path), "%s/LOCK", dir);
     int fd, locked;
     for (int tries = 0;; tries++) {
-        fd = open(path, O_RDWR | O_CREAT, 0644);
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644);
+        output_claim.made_lock = fd >= 0;
+        if (fd < 0 && errno == EEXIST) fd = open(path, O_RDWR);
+        if (fd < 0 && errno == ENOENT && tries < 100) {  // a job that stopped removed the dir meanwhile
+            make_dir(dir);
+            continue;
+        }
         if (fd < 0) fail("cannot open lock file '%s': %s", path, strerror(errno));
         locked = flock(fd, LOCK_EX | LOCK_NB) == 0;
         // Locked, but is it still the file named LOCK? A job that stops before writing anything
@@ -403,15 +419,6 @@ static inline int output_dir_lock(const char* dir) {
     return fd;
 }
 
-// What a fresh run's claim made in its output dir: the dirs (the length of the first one made),
-// and LOCK if it was not there. A run that stops on an error before its first line in main.log
-// removes them, and the empty main.log (remove_unfinished_files calls output_dir_unclaim), so
-// that a mistyped flag found after the claim leaves no output dir behind.
-static struct {
-    char dir[4096];
-    size_t made;
-    int made_lock;
-} output_claim;
 static inline void output_dir_unclaim(void) {
     char path[4200];
     struct stat st;
@@ -422,13 +429,9 @@ static inline void output_dir_unclaim(void) {
         snprintf(path, sizeof(path), "%s/LOCK", output_claim.dir);
         unlink(path);  // (still locked: see output_dir_lock for a job that opened it meanwhile)
     }
-    // the dirs made, from the deepest up (rmdir leaves one that holds anything)
-    size_t n = strlen(output_claim.dir);
-    while (output_claim.made > 0 && n >= output_claim.made && rmdir(output_claim.dir) == 0) {
-        char* slash = strrchr(output_claim.dir, '/');
-        if (slash == NULL) break;
-        *slash = '\0';
-        n = strlen(output_claim.dir);
+    for (int i = output_claim.made_count - 1; i >= 0; i--) {  // the deepest first (rmdir leaves one that holds anything)
+        snprintf(path, sizeof(path), "%.*s", (int)output_claim.made[i], output_claim.dir);
+        rmdir(path);
     }
 }
 
@@ -441,13 +444,11 @@ static inline void output_dir_claim(const char* dir, int resuming) {
         fail("-y 1: the output dir '%s' does not exist, so there is no checkpoint to resume from (without -y 1 a "
              "run starts there)", dir);
     }
-    snprintf(output_claim.dir, sizeof(output_claim.dir), "%s/LOCK", dir);
-    output_claim.made_lock = stat(output_claim.dir, &st) != 0;
-    output_claim.made = make_dir(dir);
+    snprintf(output_claim.dir, sizeof(output_claim.dir), "%s", dir);
+    make_dir(dir);
     output_dir_lock(dir);  // held until the process ends
     if (resuming) return;
     checkpoint_refuse_existing(dir);
-    snprintf(output_claim.dir, sizeof(output_claim.dir), "%s", dir);
     llmc_unclaim_hook = output_dir_unclaim;
 }
 

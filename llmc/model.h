@@ -35,19 +35,20 @@ typedef struct {
 // with flash attention where the head size allows it and LLMC_ATTENTION does not ask for cuBLAS
 static inline DeviceTarget build_target(GPT2Config c) {
 #ifdef __CUDACC__
-    DeviceTarget t = {1, (int)sizeof(floatX), attention_uses_flash(c.channels, c.num_heads)};
-    // (LLMC_BIAS_GRAD, LLMC_GELU, LLMC_CLASSIFIER, LLMC_LAYERNORM_BACKWARD and LLMC_FLASH read now,
-    // so a bad value stops before any file is written)
+    DeviceTarget t = {1, (int)sizeof(floatX), attention_uses_flash(c.channels, c.num_heads), 0};
+    // (LLMC_BIAS_GRAD, LLMC_GELU, LLMC_CLASSIFIER, LLMC_LAYERNORM_BACKWARD, LLMC_FLASH and
+    // LLMC_FLASH_BACKWARD read now, so a bad value stops before any file is written)
     bias_grad_in_epilogue();
     gelu_in_epilogue();
     classifier_split_asked();
     layernorm_backward_fused_asked();
 #if !FLOATX_IS_FLOAT
     flash_wgmma_asked();
+    t.flash_one_kernel = t.flash && flash_one_kernel_asked();
 #endif
 #else
     (void)c;
-    DeviceTarget t = {0, (int)sizeof(float), 0};
+    DeviceTarget t = {0, (int)sizeof(float), 0, 0};
 #endif
     return t;
 }
@@ -610,6 +611,7 @@ static inline uint64_t kernel_workspace_bytes(LayerDims d, int B, int T) {
     uint64_t BT = (uint64_t)B * T, widest_bias = d.fc > d.qkv ? d.fc : d.qkv;
     widest_bias = widest_bias > (uint64_t)d.C ? widest_bias : (uint64_t)d.C;
     uint64_t attention = d.target.flash ? flash_scratch_bytes(B, T, d.NH) : attention_cublas_scratch_bytes(B, T, d.att, d.NH, d.target.X);
+    if (d.target.flash_one_kernel) attention += flash_one_kernel_scratch_bytes(B, T, d.NH, d.att / d.NH);
     return CUBLASLT_WORKSPACE_BYTES + bias_scratch_bytes(BT, (int)widest_bias) + layernorm_scratch_bytes(BT / d.seq_shards, d.C) +
            attention + encoder_scratch_bytes(BT) + norm_scratch_bytes();
 }

@@ -17,9 +17,9 @@
 #include "cuda/moe.cuh"
 
 // The paths a GPU run takes where they can (GELU in the GEMMs' epilogues, the split classifier,
-// the fused LayerNorm backward: the defaults; LLMC_FLASH=wgmma when asked for; README): where a
-// path's kernel cannot take a shape it falls back to the other without a word, so the run ends by
-// saying how often each path that is on was taken.
+// the fused LayerNorm backward: the defaults; LLMC_FLASH=wgmma and LLMC_FLASH_BACKWARD=one_kernel
+// when asked for; README): where a path's kernel cannot take a shape it falls back to the other
+// without a word, so the run ends by saying how often each path that is on was taken.
 static inline void paths_print(void) {
     if (gelu_in_epilogue())
         printf("LLMC_GELU=epilogue: %ld GEMMs computed GELU in their epilogue, %ld fell back to the kernels\n",
@@ -34,6 +34,9 @@ static inline void paths_print(void) {
     if (flash_wgmma_asked())
         printf("LLMC_FLASH=wgmma: %ld flash calls (forward or backward) ran on wgmma, %ld fell back to mma.sync "
                "(not an sm_90a build, or a head size other than 64)\n", flash_wgmma_calls[0], flash_wgmma_calls[1]);
+    if (flash_one_kernel_asked())
+        printf("LLMC_FLASH_BACKWARD=one_kernel: %ld flash backward calls took the one kernel, %ld fell back "
+               "(LLMC_FLASH=wgmma took them)\n", flash_one_kernel_calls[0], flash_one_kernel_calls[1]);
 #endif
 }
 #else

@@ -17,6 +17,7 @@ typedef struct {
     int X;      // bytes of floatX: 4 (fp32) or 2 (bf16, trained from fp32 master weights)
     int flash;  // attention keeps flash attention's (B, NH, T) fp32 row statistics for its
                 // backward pass, rather than the (B, NH, T, T) probabilities in floatX
+    int flash_one_kernel;  // LLMC_FLASH_BACKWARD=one_kernel: its dq sums' scratch (below)
 } DeviceTarget;
 
 #define CUBLASLT_WORKSPACE_BYTES (32u << 20)  // cuBLASLt's workspace: 32 MiB, as llm.c gives it
@@ -46,6 +47,11 @@ static inline uint64_t encoder_scratch_bytes(uint64_t BT) { return (3 * BT + 1) 
 static inline uint64_t norm_scratch_bytes(void) { return NORM_BLOCKS * sizeof(float); }
 // the flash backward's D = rowsum(dO * O): one float per (batch, head, query)
 static inline uint64_t flash_scratch_bytes(int B, int T, int NH) { return (uint64_t)B * NH * T * sizeof(float); }
+// the one-kernel flash backward's (LLMC_FLASH_BACKWARD=one_kernel): dq's sums (B, NH, T, hs) in
+// fp32, and its counters, one a head and query tile of 64 (FLASH_TILE) and the tickets' one
+static inline uint64_t flash_one_kernel_scratch_bytes(int B, int T, int NH, int hs) {
+    return (uint64_t)B * NH * T * hs * sizeof(float) + ((uint64_t)B * NH * ((T + 63) / 64) + 1) * sizeof(int);
+}
 // the cuBLAS attention path: q, k, v and one more (B, NH, T, hs) tensor, and a (B, NH, T, T) score
 // matrix, in floatX of X bytes
 static inline uint64_t attention_cublas_scratch_bytes(int B, int T, int C, int NH, int X) {

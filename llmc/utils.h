@@ -150,6 +150,7 @@ static const EnvChoice llmc_env_choices[] = {
     {"LLMC_GEMM_ISA", "cpu", {"generic", "avx2", "avx512"}},
     {"LLMC_ATTENTION", "cuda", {"flash", "cublas"}},
     {"LLMC_FLASH", "cuda", {"mma", "wgmma"}},
+    {"LLMC_FLASH_BACKWARD", "cuda", {"two_kernels", "one_kernel"}},
     {"LLMC_GELU", "cuda", {"epilogue", "kernels"}},
     {"LLMC_CLASSIFIER", "cuda", {"split", "registers"}},
     {"LLMC_LAYERNORM_BACKWARD", "cuda", {"fused", "separate"}},

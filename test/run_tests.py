@@ -1308,21 +1308,40 @@ test(make_corruption_test("model", "append", "truncated or corrupt"))
 
 @test
 def reliability_a_run_stopped_before_its_first_step_leaves_no_output_dir():
-    """an error found after rank 0 claimed -o (here the memory check, which comes after the model
-    and data are read) removes what the claim made: the dirs, LOCK and the empty main.log; a dir
-    that was there stays, and so does an earlier run's log in it"""
+    """an error found after rank 0 claimed -o removes what the claim made: the dirs mkdir created
+    (and only those: not one a '..' in the path passes through), LOCK and the empty main.log; a
+    dir that was there stays, and so does an earlier run's log in it. The errors: an allocation
+    that fails (one process, fail(); the memory check before it passes, the address space is cut
+    to 1.5 GB), and -tp_timeline past the last step, which every rank finds once the run's steps
+    are known (check_every_rank)"""
+    import resource
     d = fresh_dir("unclaim")
-    too_big = ["-e", "d2", "-b", 100000, "-t", 1024]
-    for ranks in (1, 2):  # one process (fail) and every rank alike (check_every_rank)
-        code, out = mpirun(ranks, too_big + ["-o", os.path.join(d, "made", "deeper")])
-        assert code == 1 and "not enough memory" in out, out[-2000:]
-        assert os.listdir(d) == [], (ranks, os.listdir(d))
-    code, out = mpirun(2, too_big + ["-o", d])
-    assert code == 1 and os.path.isdir(d) and os.listdir(d) == [], (out[-2000:], os.listdir(d))
+    os.makedirs(os.path.join(d, "there"))
+
+    def cut_address_space():
+        resource.setrlimit(resource.RLIMIT_AS, (1500 << 20, 1500 << 20))
+
+    def alloc_fails(out_dir):
+        p = subprocess.run(["./train_gpt2_dp", "-e", "d2", "-b", "64", "-t", "1024", "-x", "1", "-v", "0", "-s", "0", "-o", out_dir],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120, preexec_fn=cut_address_space,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert p.returncode == 1 and "failed" in p.stderr, p.stdout[-1000:] + p.stderr[-1000:]
+
+    def timeline_past_the_end(out_dir):
+        code, out = mpirun(2, ["-e", "d2", "-b", 2, "-t", 32, "-x", 2, "-tp_timeline", 5, "-o", out_dir], program=TP)
+        assert code == 1 and "-tp_timeline 5: past the run's last step" in out, out[-2000:]
+
+    for fails in (alloc_fails, timeline_past_the_end):
+        for out_dir in ("made/deeper", "made/deeper/", "made/../there/new"):
+            fails(os.path.join(d, out_dir))
+            assert sorted(os.listdir(d)) == ["there"] and os.listdir(os.path.join(d, "there")) == [], (
+                fails.__name__, out_dir, os.listdir(d), os.listdir(os.path.join(d, "there")))
+        fails(d)  # (a dir that was there: it stays, emptied of what the claim put in it)
+        assert sorted(os.listdir(d)) == ["there"], (fails.__name__, os.listdir(d))
     run_ok(1, ["-e", "d2", "-b", 2, "-t", 32, "-x", 1, "-v", 0, "-s", 0, "-o", d])
     log = open(os.path.join(d, "main.log")).read()
-    code, out = mpirun(1, too_big + ["-o", d])
-    assert code == 1 and open(os.path.join(d, "main.log")).read() == log, out[-2000:]
+    timeline_past_the_end(d)
+    assert open(os.path.join(d, "main.log")).read() == log
 
 
 @test
@@ -3394,7 +3413,7 @@ def run_gpu_ranks(program, ranks, args, out_dir, timeout=600, env=None):
 # (bf16; the default) or in registers, the LayerNorm backward in one kernel (the default) or two,
 # the flash kernels on mma.sync (the default) or Hopper's wgmma (the emulator's wgmma; head size
 # 64). A test passes {variable: value}; the others stay at their defaults.
-PATHS = ("LLMC_GELU", "LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD", "LLMC_FLASH")
+PATHS = ("LLMC_GELU", "LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD", "LLMC_FLASH", "LLMC_FLASH_BACKWARD")
 
 
 def paths_env(paths):
@@ -3664,7 +3683,8 @@ for _precision, _sched in (("BF16", "1f1b"), ("FP32", "zb")):
 
 # the paths ops.h's paths_print counts (taken, fell back), printed when they are on; the defaults
 # among them in each precision (GELU's epilogues are the default in bf16 builds only)
-COUNTED_PATHS = dict(LLMC_GELU="epilogue", LLMC_CLASSIFIER="split", LLMC_LAYERNORM_BACKWARD="fused", LLMC_FLASH="wgmma")
+COUNTED_PATHS = dict(LLMC_GELU="epilogue", LLMC_CLASSIFIER="split", LLMC_LAYERNORM_BACKWARD="fused", LLMC_FLASH="wgmma",
+                     LLMC_FLASH_BACKWARD="one_kernel")
 DEFAULT_COUNTED = dict(FP32=("LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD"),
                        BF16=("LLMC_GELU", "LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD"))
 
@@ -3696,11 +3716,12 @@ def taking_paths(run, paths, precision):
 def paths_cfg(paths):
     """the model a path is tested on: GPT-2's vocabulary for the classifier's kernels, whose bf16
     row of 50304 logits fills the split kernel's registers and shared memory (1024 would not reach
-    the latter) and the register kernel's 800 threads, heads of 64 for the wgmma kernels, else
-    REF_CUDA"""
+    the latter) and the register kernel's 800 threads, heads of 64 for the wgmma kernels and the
+    one-kernel backward (GPT-2's head size; T over four query tiles, so that tiles take the shares
+    of up to four key blocks), else REF_CUDA"""
     if "LLMC_CLASSIFIER" in (paths or {}):
         return REF_GPT2_CUDA
-    return REF_HS64_CUDA if "LLMC_FLASH" in (paths or {}) else REF_CUDA
+    return REF_HS64_CUDA if {"LLMC_FLASH", "LLMC_FLASH_BACKWARD"} & set(paths or {}) else REF_CUDA
 
 
 def make_gpu_test(precision, ranks, paths=None):
@@ -3741,6 +3762,7 @@ test(make_gpu_test("BF16", 1, dict(LLMC_CLASSIFIER="split")))  # (the default, a
 test(make_gpu_test("BF16", 1, dict(LLMC_CLASSIFIER="registers")))
 test(make_gpu_test("BF16", 1, dict(LLMC_LAYERNORM_BACKWARD="separate")))
 test(make_gpu_test("BF16", 1, dict(LLMC_FLASH="wgmma")))
+test(make_gpu_test("BF16", 2, dict(LLMC_FLASH_BACKWARD="one_kernel")))
 # on the emulator: NCCL (one emulated GPU per rank) in fp32, the host-staged path in bf16
 # (fp32 at 2 ranks runs every kernel that fp32 at 1 rank would, so 1 rank is left to bf16)
 for _precision, _ranks, _devices in (("FP32", 2, 2), ("BF16", 1, 1), ("BF16", 2, 1)):
@@ -3761,6 +3783,8 @@ test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_CLASSIFIER="registers")))
 test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_LAYERNORM_BACKWARD="separate")))
 # the flash kernels on wgmma (forward and backward), through the NCCL path at 2 ranks
 test(make_emu_test("BF16", 2, 2, paths=dict(LLMC_FLASH="wgmma")))
+# the flash backward in one kernel, dq's shares added in a fixed order
+test(make_emu_test("BF16", 2, 2, paths=dict(LLMC_FLASH_BACKWARD="one_kernel")))
 
 
 def make_cuda_zero_test(kind, precision, devices, zero):
@@ -3895,6 +3919,64 @@ def emu_odd_depth_matmuls_on_less_aligned_slices_bf16():
     train, _ = read_log(d)
     # at init the logits are near zero (weights ~ N(0, 0.02)), so the loss is near ln(50257) = 10.83
     assert abs(train[1]["train_loss"] - math.log(50257)) < 0.5, out[-2000:]
+
+
+EMU_DYNAMIC_SHARED_PROGRAM = r"""
+#include <cuda_runtime.h>
+#include <stdio.h>
+// each block: reads its 64 KB of dynamic shared memory as the block starts (the emulator's
+// poison: 0xff bytes), then each thread writes its word and, after a barrier, reads its neighbour's
+__global__ void neighbours(int* out, int* fresh) {
+    extern __shared__ __align__(16) int words[];
+    int n = blockDim.x;
+    fresh[blockIdx.x * n + threadIdx.x] = words[threadIdx.x + 8192];
+    words[threadIdx.x] = (int)(blockIdx.x * n + threadIdx.x);
+    __syncthreads();
+    out[blockIdx.x * n + threadIdx.x] = words[(threadIdx.x + 1) % n];
+}
+int main(void) {
+    int *out, *fresh;
+    cudaMalloc((void**)&out, 2 * 32 * sizeof(int));
+    cudaMalloc((void**)&fresh, 2 * 32 * sizeof(int));
+    neighbours<<<2, 32, 64 << 10>>>(out, fresh);
+    printf("without the attribute: %s\n", cudaGetErrorString(cudaGetLastError()));
+    printf("attribute past 227 KB: %s\n", cudaGetErrorString(cudaFuncSetAttribute(neighbours,
+           cudaFuncAttributeMaxDynamicSharedMemorySize, 228 << 10)));
+    cudaFuncSetAttribute(neighbours, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10);
+    neighbours<<<2, 32, 64 << 10>>>(out, fresh);
+    printf("with it: %s\n", cudaGetErrorString(cudaGetLastError()));
+    int h_out[64], h_fresh[64];
+    cudaMemcpy(h_out, out, sizeof(h_out), cudaMemcpyDeviceToHost);
+    cudaMemcpy(h_fresh, fresh, sizeof(h_fresh), cudaMemcpyDeviceToHost);
+    int neighbours_ok = 1, poisoned = 1;
+    for (int i = 0; i < 64; i++) {
+        neighbours_ok &= h_out[i] == i / 32 * 32 + (i + 1) % 32;
+        poisoned &= h_fresh[i] == -1;
+    }
+    printf("neighbours %s, fresh words %s\n", neighbours_ok ? "right" : "WRONG", poisoned ? "poisoned" : "NOT poisoned");
+    return 0;
+}
+"""
+
+
+@test
+def emu_dynamic_shared_memory_as_on_a_gpu():
+    """the emulator's dynamic shared memory (the one-kernel flash backward's 64 KB): an extern
+    __shared__ array is the launch's bytes, poisoned for every block; a launch past 48 KB fails
+    as on a GPU until cudaFuncSetAttribute allows it, and no allowance passes an SM's 227 KB"""
+    d = fresh_dir("emu_dynamic_shared")
+    with open(os.path.join(d, "dynamic.cu"), "w") as f:
+        f.write(EMU_DYNAMIC_SHARED_PROGRAM)
+    subprocess.run([sys.executable, os.path.join(ROOT, "test/cuda_emu/translate.py"), os.path.join(d, "out"), "dynamic.cu"],
+                   cwd=d, check=True)
+    exe = os.path.join(d, "dynamic")
+    p = subprocess.run(["g++", "-O1", "-std=c++17", "-D__CUDACC__", "-DCUDA_EMU", "-I" + os.path.join(ROOT, "test/cuda_emu/include"),
+                        "-x", "c++", os.path.join(d, "out", "dynamic.cu"), "-o", exe], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = subprocess.run([exe], capture_output=True, text=True, timeout=60).stdout
+    for want in ("without the attribute: invalid argument", "attribute past 227 KB: invalid argument",
+                 "with it: no error", "neighbours right, fresh words poisoned"):
+        assert want in out, out
 
 
 @test

@@ -22,6 +22,10 @@ v6: v5's products on Hopper's warpgroup MMA (LLMC_FLASH=wgmma; sm_90a builds, he
     by the tensor cores from shared memory, each by two products (K-major and MN-major views of
     one interleaved tile); s^T and dp^T in one commit group, dv and dk in another. 128 keys (or
     queries) a block in 2 warpgroups.
+v7: v5 in one kernel (LLMC_FLASH_BACKWARD=one_kernel; after FlashAttention-2's algorithm 2):
+    the dK dV kernel also multiplies its ds by its k, and each query tile's dq takes the key
+    blocks' shares in a fixed order (the diagonal block first, key block 0 last, a counter per
+    tile in memory), so no atomics and the same bits on every run: 5 products a tile, not 7.
 */
 #include "common.h"
 namespace cpu {
@@ -235,6 +239,19 @@ static void attention_backward_flash_wgmma(floatX* dqkv, const floatX* dout, con
 }
 #endif
 
+#if !FLOATX_IS_FLOAT
+// v7: D, then the one kernel
+static void attention_backward_flash_one_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
+                                                const float* lse, int B, int T, int C, int NH) {
+    float* D = (float*)scratch_get(&flash_scratch, flash_scratch_bytes(B, T, NH));
+    attention_row_dot(D, dout, out, B, T, C, NH);
+    int hs = C / NH;
+    if (hs == 16) flash_backward_one_kernel<16>(dqkv, dout, qkv, lse, D, B, T, C, NH);
+    else if (hs == 32) flash_backward_one_kernel<32>(dqkv, dout, qkv, lse, D, B, T, C, NH);
+    else flash_backward_one_kernel<64>(dqkv, dout, qkv, lse, D, B, T, C, NH);
+}
+#endif
+
 // every variant at one shape; returns 1 when all validate
 static int check(int B, int T, int C, int NH) {
     float* qkv = random_floats((size_t)B * T * 3 * C, 1.0f);
@@ -296,6 +313,21 @@ static int check(int B, int T, int C, int NH) {
     ok &= validate("v5 dqkv (flash mma)", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
     TIME_KERNEL(ms, 10, attention_backward_flash(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
     report("v5 flash (mma.sync)", ms, 0, flops);
+    // v7: dq summed over the key blocks in another order than v5's (64 keys a share in fp32), so
+    // close to v5 but not its bits; a second run gives the first run's bits (a fixed order)
+    size_t n = (size_t)B * T * 3 * C;
+    floatX *first = (floatX*)malloc_check(n * sizeof(floatX)), *second = (floatX*)malloc_check(n * sizeof(floatX));
+    device_memset_zero(d_dqkv, n * sizeof(floatX));
+    attention_backward_flash_one_kernel(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+    ok &= validate("v7 dqkv (one kernel)", d_dqkv, dqkv, n, tol);
+    cudaCheck(cudaMemcpy(first, d_dqkv, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    TIME_KERNEL(ms, 10, attention_backward_flash_one_kernel(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
+    report("v7 flash (one kernel)", ms, 0, flops);
+    cudaCheck(cudaMemcpy(second, d_dqkv, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    int same = memcmp(first, second, n * sizeof(floatX)) == 0;
+    printf("  v7: the timing loop's last run gives %s as the first\n", same ? "the same bits" : "OTHER bits (FAIL)");
+    ok &= same;
+    free(first), free(second);
 #if defined(LLMC_WGMMA)
     if (C / NH == 64) {
         device_memset_zero(d_dqkv, (size_t)B * T * 3 * C * sizeof(floatX));

@@ -17,7 +17,8 @@
 #       plain shared loads/stores (LDS/STS), local loads/stores (LDL/STL: spills) and MUFU.EX2
 #       (the exp2 of the softmax) it has; a tile kernel with any LDL/STL fails; and the
 #       instructions of its loop over tiles, which must have no loop inside it (a tile's loads
-#       unrolled: looped, they were a third of the instructions a tile issued);
+#       unrolled: looped, they were a third of the instructions a tile issued; a wait that
+#       sleeps, the one-kernel backward's for its turn, aside);
 #   (c) in the wgmma kernels' SASS, no HGMMA's A registers are written while the product is in
 #       flight, or later in its loop without being written again before it (ptxas before CUDA 13.3
 #       reused the registers of A fragments held across the loop; FLASH_SASS_DEFINES=
@@ -192,12 +193,14 @@ def loops(insns, labels):
             for m in [re.search(r"`\((\.L_x_\d+)\)", args)] if op == "BRA" and m and labels.get(m.group(1), e + 1) <= e]
 
 def tile_loop(insns, labels):
-    """(instructions in the kernel's loop over tiles, its largest; how many loops lie inside it)"""
+    """(instructions in the kernel's loop over tiles, its largest; how many loops lie inside it,
+    a wait aside: a loop that sleeps (NANOSLEEP), the one-kernel backward's wait for its turn)"""
     spans = loops(insns, labels)
     if not spans:
         return 0, 0
     first, last = max(spans, key=lambda s: s[1] - s[0])
-    return last - first + 1, sum(1 for a, e in spans if first <= a and e <= last and (a, e) != (first, last))
+    waits = lambda a, e: any(insns[j][2] == "NANOSLEEP" for j in range(a, e + 1))
+    return last - first + 1, sum(1 for a, e in spans if first <= a and e <= last and (a, e) != (first, last) and not waits(a, e))
 
 def wgmma_register_hazards(listing):
     problems = []
@@ -267,8 +270,10 @@ widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
 print("  ".join(str(h).rjust(w) if i > 1 else str(h).ljust(w) for i, (h, w) in enumerate(zip(head, widths))))
 for r in rows:
     print("  ".join(str(x).rjust(w) if i > 1 else str(x).ljust(w) for i, (x, w) in enumerate(zip(r, widths))))
-print("LDS/STS that execute: only the dK/dV kernel's lse_s/D_s rows (flash_load_row_values stores them,\n"
-      "the score loop reads them); LDS(@!PT): placeholders ptxas sets beside LDGSTS, predicated never-true.\n"
+print("LDS/STS that execute: only the dK/dV kernels' lse_s/D_s rows (flash_load_row_values stores them,\n"
+      "the score loop reads them), and the one-kernel backward's ds^T (16 STS a tile); LDS(@!PT):\n"
+      "placeholders ptxas sets beside LDGSTS, predicated never-true. smem B: static shared memory only\n"
+      "(the one-kernel backward's 64 KB at HS 64 are dynamic).\n"
       "LDGSTS: once per round of each flash_load_async call (unrolled: 4 rounds load a (64, 64) tile).\n"
       "tile loop: the instructions of the loop over key (or query) tiles, the masked branch included,\n"
       "with no loop inside it (the first tile loads looped over blockDim.x: 35 instructions a copy).")

@@ -153,9 +153,11 @@ static int check_fused(Problem* p, float tol, float tol_params) {
     device_memset_zero(p->d_dinp, NC * sizeof(floatX));
     device_memset_zero(p->d_dw, C * sizeof(floatX)), device_memset_zero(p->d_db, C * sizeof(floatX));
     int ok = 1;
+    int packs = ceil_div(C / PACK16, 32);
     if (!layernorm_backward_fused(p->d_dinp, partial, p->d_dout, p->d_x, p->d_w, p->d_mean, p->d_rstd, N, C)) {
-        printf("  v4 fused, C=%d: %d packs a lane, wider than the fused kernel takes (v3 runs there)\n", C,
-               ceil_div(C / PACK16, 32));
+        printf("  v4 fused, C=%d: %d packs a lane, %s\n", C, packs, packs > LN_FUSED_MAX_PACKS ?
+               "wider than the fused kernel takes (v3 runs there)" : "FAILED: the launcher declined a row it should take");
+        ok = packs > LN_FUSED_MAX_PACKS;
     } else {
         layernorm_backward_params_final<<<ceil_div(C, 256), 256>>>(p->d_dw, p->d_db, partial, parts, C);
         cudaCheckLaunch();

@@ -21,7 +21,8 @@
 //   tiles after its own last query, and only the diagonal tile is masked.
 // Every output element has one writer: dk and dv come from one kernel (a block owns 64 keys and
 // walks the queries), dq from another (64 queries, walking the keys), no atomics, the same bits
-// on every run.
+// on every run. (LLMC_FLASH_BACKWARD=one_kernel: dq from the dK dV kernel too, its shares added
+// in a fixed order; after the dQ kernel below.)
 // On Hopper (sm_90a builds, LLMC_FLASH=wgmma; after the forward below): the same kernels with their
 // products on wgmma, a warpgroup of 4 warps multiplying 64 rows, B read from shared memory.
 #ifndef LLMC_CUDA_FLASH_ATTENTION_CUH
@@ -884,6 +885,167 @@ flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const float
     flash_store<HS>(dqkv, 3 * C, 0, dq, scale, b, h, row0, T);
 }
 
+// ---- The backward in one kernel (LLMC_FLASH_BACKWARD=one_kernel): dQ summed in a fixed order
+// The two kernels above compute 7 products a tile between them: the dQ kernel recomputes s and dp,
+// which the dK dV kernel had (and its exponentials). FlashAttention-2's backward (Dao 2023,
+// algorithm 2) computes 5: the dK dV kernel also multiplies its ds by its k, each key block adding
+// its share of a query tile's dq into memory with atomic adds, in whatever order the blocks come:
+// the sums, and so the bits, change from run to run. Here the shares are added in a fixed order
+// instead, so every run gives the same bits:
+//   1. The block of key block kb walks the query tiles qt = kb, kb + 1, ... (causal: the earlier
+//      ones see none of its keys), as the dK dV kernel does: s^T, p^T, dv, dp^T, ds^T, dk.
+//   2. Its 4 warps put their ds^T (16 keys x 64 queries each) in shared memory, and each warp
+//      multiplies ds (its 16 queries x the block's 64 keys) by k (64 keys x HS) from shared
+//      memory: the tile's dq share.
+//   3. Query tile qt takes the shares of key blocks qt, qt - 1, ..., 0 in that order: a counter per
+//      (b, h, qt) in memory says how many have been added, and block kb waits until it reads
+//      qt - kb. The first (the diagonal block) writes its share into an fp32 buffer, the next add
+//      theirs, and the last, key block 0, adds its own and writes dq (times the scale) into dqkv.
+//   4. A block waits only for blocks that started before it: each takes a ticket when it starts
+//      (an atomic counter) and works on key block kb = nkb - 1 - ticket / (B NH), all heads' last
+//      key blocks first, so that the block whose share comes before its own is always running or
+//      done (blocks scheduled in grid order would do it too, but CUDA does not promise that order;
+//      tickets are how a decoupled look-back scan keeps the same promise, Merrill & Garland 2016).
+//      Key block kb + 1 reaches tile qt a tile before kb does and starts B NH tickets earlier, so
+//      the wait is short; and the longest blocks, key block 0, start last.
+// Per (key block, query tile): 5 products, not 7, and half the exponentials; in exchange ds
+// passes through shared memory, dq's shares through L2 (16 KB read and written a tile), 3
+// barriers a tile, not 2, and 64 KB of shared memory a block at HS = 64 (dynamic: over the 48 KB
+// a static array may take; 3 blocks an SM still fit). The fp32 buffer is (B, NH, T, HS), the counters B NH nkb + 1 ints (the last the
+// ticket counter), zeroed before each launch.
+#define FLASH_ONE_KERNEL_TILES 6  // q and dout double-buffered, v, k: tiles of FLASH_TILE x FLASH_LD(HS)
+template <int HS>
+static inline size_t flash_one_kernel_shared_bytes(void) {  // the tiles, ds^T (64 x 64), lse and D
+    return (FLASH_ONE_KERNEL_TILES * FLASH_TILE * FLASH_LD(HS) + FLASH_TILE * FLASH_LD(FLASH_TILE)) * sizeof(floatX) +
+           4 * FLASH_TILE * sizeof(float);
+}
+// thread 0 waits until a query tile's counter says the key blocks before this one have added
+// their shares (the emulator runs one block at a time, in ticket order: a wait there would never end)
+__device__ inline void flash_wait_turn(const int* counter, int turn) {
+#ifdef CUDA_EMU
+    if (ld_acquire_gpu(counter) != turn) cuda_emu::die("a flash backward block waits for a key block that has not run");
+#endif
+    while (ld_acquire_gpu(counter) != turn) __nanosleep(64);
+}
+// the warp's (16, HS) share of dq, rows row0.. (D layout), into the query tile's sums: written
+// (first), added (the others), or added and stored in bf16 times scale into dqkv (last). The
+// sums are read and written with .cg, past the L1 cache, which may hold an older copy.
+template <int HS>
+__device__ inline void flash_dq_add_share(floatX* dqkv, float* dq_sums, const float (*dq)[4], float scale, int first,
+                                          int last, int b, int h, int NH, int row0, int T, int C) {
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (int half = 0; half < 2; half++) {
+        int row = row0 + g + 8 * half;
+        if (row >= T) continue;
+        float* sums = dq_sums + (((size_t)b * NH + h) * T + row) * HS + 2 * t;
+        floatX* dst = dqkv + ((size_t)b * T + row) * 3 * C + h * HS + 2 * t;
+        for (int d = 0; d < HS / 8; d++) {
+            float2 x = make_float2(dq[d][2 * half], dq[d][2 * half + 1]);
+            if (!first) {
+                float2 before = __ldcg((const float2*)(sums + 8 * d));
+                x.x = before.x + x.x, x.y = before.y + x.y;
+            }
+            if (last) *(uint32_t*)(dst + 8 * d) = pack_bf16x2(x.x * scale, x.y * scale);
+            else __stcg((float2*)(sums + 8 * d), x);
+        }
+    }
+}
+template <int HS>
+__global__ void __launch_bounds__(FLASH_WARPS * 32, FLASH_DKDV_BLOCKS)
+flash_attention_backward_one_kernel(floatX* dqkv, float* dq_sums, int* counters, const floatX* dout, const floatX* qkv,
+                                    const float* lse, const float* D, int B, int T, int C, int NH) {
+    extern __shared__ __align__(16) unsigned char flash_shared[];
+    __shared__ int ticket_s[1];  // (an array: the emulator poisons arrays)
+    const int TILE = FLASH_TILE * FLASH_LD(HS);
+    floatX* q_s = (floatX*)flash_shared;  // [2][TILE]
+    floatX* dy_s = q_s + 2 * TILE;        // [2][TILE]
+    floatX* v_s = dy_s + 2 * TILE;        // the block's v, read as A fragments each tile
+    floatX* k_s = v_s + TILE;             // the block's k: A fragments once, B of ds k each tile
+    floatX* ds_s = k_s + TILE;            // the tile's ds^T, keys x queries (64 x 64)
+    float* lse_s = (float*)(ds_s + FLASH_TILE * FLASH_LD(FLASH_TILE));  // [2][FLASH_TILE], lse in base 2
+    float* D_s = lse_s + 2 * FLASH_TILE;  // [2][FLASH_TILE]
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int nkb = (T + FLASH_TILE - 1) / FLASH_TILE, BH = B * NH;
+    if (threadIdx.x == 0) ticket_s[0] = atomicAdd(&counters[BH * nkb], 1);  // (step 4)
+    __syncthreads();
+    int kb = nkb - 1 - ticket_s[0] / BH, b = ticket_s[0] % BH / NH, h = ticket_s[0] % NH;
+    int block_key0 = kb * FLASH_TILE, key0 = block_key0 + warp * FLASH_ROWS;
+    int tiles = nkb - kb;  // query tiles from the block's first key on
+    float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
+    const float* lse_bh = lse + ((size_t)b * NH + h) * T;
+    const float* D_bh = D + ((size_t)b * NH + h) * T;
+    int* turns = counters + ((size_t)b * NH + h) * nkb;
+    flash_load_async<HS>(k_s, qkv, 3 * C, C, b, h, block_key0, T, 0, T);
+    flash_load_async<HS>(v_s, qkv, 3 * C, 2 * C, b, h, block_key0, T, 0, T);
+    flash_load_async<HS>(q_s, qkv, 3 * C, 0, b, h, block_key0, T, 0, T);
+    flash_load_async<HS>(dy_s, dout, C, 0, b, h, block_key0, T, 0, T);
+    cp_async_commit();
+    flash_load_row_values(lse_s, lse_bh, block_key0, T, 0, FLASH_LOG2E);
+    flash_load_row_values(D_s, D_bh, block_key0, T, FLASH_TILE);
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t k[HS / 16][4];
+    flash_rows_to_a<HS>(k, k_s, warp * FLASH_ROWS);
+    float dk[HS / 8][4], dv[HS / 8][4];
+    for (int d = 0; d < HS / 8; d++)
+        for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
+    for (int tile = 0; tile < tiles; tile++) {
+        int u0 = block_key0 + tile * FLASH_TILE, qt = kb + tile, buf = tile % 2;
+        floatX *q_buf = q_s + buf * TILE, *dy_buf = dy_s + buf * TILE;
+        float *lse_buf = lse_s + buf * FLASH_TILE, *D_buf = D_s + buf * FLASH_TILE;
+        if (tile + 1 < tiles) {
+            flash_load_async<HS>(q_s + (buf ^ 1) * TILE, qkv, 3 * C, 0, b, h, u0 + FLASH_TILE, T, 0, T);
+            flash_load_async<HS>(dy_s + (buf ^ 1) * TILE, dout, C, 0, b, h, u0 + FLASH_TILE, T, 0, T);
+            cp_async_commit();
+            flash_load_row_values(lse_s + (buf ^ 1) * FLASH_TILE, lse_bh, u0 + FLASH_TILE, T, 0, FLASH_LOG2E);
+            flash_load_row_values(D_s + (buf ^ 1) * FLASH_TILE, D_bh, u0 + FLASH_TILE, T, FLASH_TILE);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        // (step 1: the dK dV kernel's tile)
+        float s[FLASH_TILE / 8][4];  // s^T, then p^T, then ds^T
+        flash_a_xt<HS, 1>(&s, &k, q_buf);
+        flash_key_probabilities(s, lse_buf, key0, u0, T, scale_log2);  // p^T
+        uint32_t a[FLASH_TILE / 16][4];
+        flash_scores_to_a(a, s);
+        flash_p_x<HS, 1>(&dv, &a, dy_buf);  // dv += p^T dout
+        float dp[FLASH_TILE / 8][4];
+        uint32_t v[HS / 16][4];
+        flash_rows_to_a<HS>(v, v_s, warp * FLASH_ROWS);
+        flash_a_xt<HS, 1>(&dp, &v, dy_buf);  // dp^T = v dout^T
+        for (int j = 0; j < FLASH_TILE / 8; j++)
+            for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_buf[8 * j + 2 * t + e % 2];
+        flash_scores_to_a(a, s);
+        flash_p_x<HS, 1>(&dk, &a, q_buf);  // dk += ds^T q
+        // (step 2) the warp's ds^T rows: A fragment kk holds columns 16 kk.. of rows g, g + 8
+        // (the other warps read ds_s only after the barrier below, and were done with the last
+        // tile's at the barrier that ended it)
+        for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
+            uint32_t* row = (uint32_t*)(ds_s + (warp * FLASH_ROWS + g) * FLASH_LD(FLASH_TILE) + 16 * kk + 2 * t);
+            row[0] = a[kk][0], row[4] = a[kk][2];  // (4 words: 8 columns on)
+            row[4 * FLASH_LD(FLASH_TILE)] = a[kk][1], row[4 * FLASH_LD(FLASH_TILE) + 4] = a[kk][3];  // (8 rows on)
+        }
+        if (threadIdx.x == 0) flash_wait_turn(&turns[qt], qt - kb);  // (step 3)
+        __syncthreads();  // ds is in, and the key blocks before this one have added their shares
+        // ds (the warp's 16 queries, the block's 64 keys) as A fragments: ds^T read transposed,
+        // matrix i = queries 8 (i % 2).., keys 16 kk + 8 (i / 2)..
+        uint32_t ds[FLASH_TILE / 16][4];
+        for (int kk = 0; kk < FLASH_TILE / 16; kk++)
+            ldmatrix_x4_trans(ds[kk], ds_s + (16 * kk + lane / 16 * 8 + lane % 8) * FLASH_LD(FLASH_TILE) +
+                                          warp * FLASH_ROWS + lane / 8 % 2 * 8);
+        float dq[HS / 8][4];
+        for (int d = 0; d < HS / 8; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
+        flash_p_x<HS, 1>(&dq, &ds, k_s);  // the share: ds k
+        flash_dq_add_share<HS>(dqkv, dq_sums, dq, scale, kb == qt, kb == 0, b, h, NH, u0 + warp * FLASH_ROWS, T, C);
+        __syncthreads();  // every warp's rows are in; every warp is done with ds_s and the buffers
+        if (threadIdx.x == 0) st_release_gpu(&turns[qt], qt - kb + 1);  // the next key block's turn
+    }
+    flash_store<HS>(dqkv, 3 * C, C, dk, scale, b, h, key0, T);
+    flash_store<HS>(dqkv, 3 * C, 2 * C, dv, 1.0f, b, h, key0, T);
+}
+
 static DeviceScratch flash_scratch;
 
 // LLMC_FLASH=wgmma (read once) asks for the wgmma kernels; they run where the build has them (an
@@ -895,6 +1057,36 @@ static inline int flash_wgmma_asked(void) {
     return asked;
 }
 static long flash_wgmma_calls[2];  // taken, fell back
+// LLMC_FLASH_BACKWARD=one_kernel (read once) asks for the one-kernel backward (above); a call that
+// LLMC_FLASH=wgmma takes is counted as fallen back
+static inline int flash_one_kernel_asked(void) {
+    static int asked = -1;
+    if (asked < 0) asked = env_choice("LLMC_FLASH_BACKWARD", 0) == 1;
+    return asked;
+}
+static long flash_one_kernel_calls[2];  // taken, fell back
+static DeviceScratch flash_one_kernel_scratch;
+
+// one launch of the one-kernel backward: its counters zeroed, then a block a (key block, head)
+template <int HS>
+static inline void flash_backward_one_kernel(floatX* dqkv, const floatX* dout, const floatX* qkv, const float* lse,
+                                             const float* D, int B, int T, int C, int NH) {
+    static int allowed = 0;  // (the kernel's dynamic shared memory, over 48 KB, allowed once)
+    size_t shared = flash_one_kernel_shared_bytes<HS>();
+    if (!allowed) {
+        cudaCheck(cudaFuncSetAttribute(flash_attention_backward_one_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)shared));
+        allowed = 1;
+    }
+    int nkb = ceil_div(T, FLASH_TILE);
+    char* scratch = (char*)scratch_get(&flash_one_kernel_scratch, flash_one_kernel_scratch_bytes(B, T, NH, HS));
+    float* dq_sums = (float*)scratch;
+    int* counters = (int*)(scratch + (size_t)B * NH * T * HS * sizeof(float));
+    cudaCheck(cudaMemset(counters, 0, ((size_t)B * NH * nkb + 1) * sizeof(int)));
+    flash_attention_backward_one_kernel<HS><<<nkb * B * NH, FLASH_WARPS * 32, shared>>>(dqkv, dq_sums, counters, dout, qkv,
+                                                                                         lse, D, B, T, C, NH);
+    cudaCheckLaunch();
+}
 
 // out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C); 128-query blocks
 static inline void attention_forward_flash(floatX* out, float* lse, const floatX* qkv, int B, int T,
@@ -934,10 +1126,18 @@ static inline void attention_backward_flash(floatX* dqkv, const floatX* dout, co
             flash_attention_backward_dkdv_wgmma_kernel<<<wg_grid, FLASH_WG_WARPS * 32>>>(dqkv, dout, qkv, lse, D, B, T, C, NH);
             flash_attention_backward_dq_wgmma_kernel<<<wg_grid, FLASH_WG_WARPS * 32>>>(dqkv, dout, qkv, lse, D, B, T, C, NH);
             cudaCheckLaunch();
+            if (flash_one_kernel_asked()) flash_one_kernel_calls[1]++;
             return;
         }
 #endif
         flash_wgmma_calls[1]++;
+    }
+    if (flash_one_kernel_asked()) {
+        flash_one_kernel_calls[0]++;
+        if (hs == 16) flash_backward_one_kernel<16>(dqkv, dout, qkv, lse, D, B, T, C, NH);
+        else if (hs == 32) flash_backward_one_kernel<32>(dqkv, dout, qkv, lse, D, B, T, C, NH);
+        else flash_backward_one_kernel<64>(dqkv, dout, qkv, lse, D, B, T, C, NH);
+        return;
     }
     dim3 grid(ceil_div(T, FLASH_TILE), B * NH);
     if (hs == 16) {

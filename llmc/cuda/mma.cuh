@@ -6,6 +6,7 @@
 //   cp_async16         a 16-byte copy global -> shared that does not wait for the data
 //                      (cp.async, with commit/wait groups), so a tile loads while another computes
 //   exp2_approx        2^x in one MUFU.EX2 (ex2.approx.ftz), for the softmax
+//   ld_acquire_gpu, st_release_gpu   a flag one block sets after its writes and another waits on
 // Unlike WMMA, whose fragments are opaque, these fragments have a layout the PTX ISA documents
 // ("Matrix fragments for mma.m16n8k16"), so a score tile can stay in registers from the product
 // q k^T through the softmax into the product p v. Lane l of a warp is in group g = l / 4 (a row)
@@ -76,6 +77,18 @@ __device__ inline float exp2_approx(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
+}
+
+// A flag between blocks (the one-kernel flash backward's turns, flash_attention.cuh): one block
+// sets it with release semantics after its writes, another reads it with acquire semantics
+// before reading them (PTX ISA, "Memory Consistency Model"; .gpu: every SM of the device)
+__device__ inline int ld_acquire_gpu(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ inline void st_release_gpu(int* p, int v) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" :: "l"(p), "r"(v) : "memory");
 }
 
 // ---- Hopper's warpgroup MMA (wgmma, sm_90a), for the flash kernels' LLMC_FLASH=wgmma path

@@ -3,7 +3,9 @@ cuda_emu's source changes: copies the project's sources into an output folder, w
 kernel launch `kernel<<<grid, block[, shared, stream]>>>(args)` rewritten into C++ that g++ accepts:
 `cuda_emu::launch("kernel", cuda_emu::Config(grid, block), kernel)(args)`, and after every
 one-line `__shared__` declaration a call that poisons each declared array once per block
-(`cuda_emu::shared_poison(name, sizeof(name));`, on the same line). Everything else is copied as
+(`cuda_emu::shared_poison(name, sizeof(name));`, on the same line), and each one-line
+`extern __shared__ T name[];` (the launch's dynamic shared memory) into a pointer to the
+emulator's, which it poisons for each block. Everything else is copied as
 it is, so line numbers in compiler errors still match the originals.
 
     python3 test/cuda_emu/translate.py OUT_DIR FILE...
@@ -53,6 +55,7 @@ def translate(src):
 
 
 SHARED = re.compile(r"^(\s*)__shared__\s(.*?);(.*)$")
+DYNAMIC = re.compile(r"^(\s*)extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?(\w[\w\s]*?)\s+(\w+)\[\];(.*)$")
 
 
 def declared_names(declaration):
@@ -80,8 +83,14 @@ def poison_shared(src):
         code = line.split("//", 1)[0]
         if "__shared__" not in code or code.lstrip().startswith(("#", "*", "/*")):
             continue
-        if "extern" in code:
-            raise SystemExit("translate.py: dynamic shared memory is not emulated: %r" % line)
+        if "extern" in code:  # the launch's dynamic shared memory: a pointer to the emulator's
+            m = DYNAMIC.match(line)
+            if m is None:
+                raise SystemExit("translate.py: write dynamic shared memory as one line "
+                                 "`extern __shared__ [__align__(N)] T name[];`: %r" % line)
+            lines[k] = "%s%s* %s = (%s*)cuda_emu::dynamic_shared();%s" % (m.group(1), m.group(2), m.group(3), m.group(2),
+                                                                           m.group(4))
+            continue
         m = SHARED.match(line)
         if m is None:  # a declaration over several lines would go unpoisoned: refuse it
             raise SystemExit("translate.py: write each __shared__ declaration on one line, "

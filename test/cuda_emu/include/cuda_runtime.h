@@ -40,6 +40,12 @@
 
 struct uint3 { unsigned int x, y, z; };
 struct alignas(16) uint4 { unsigned int x, y, z, w; };  // (16-byte loads and stores as one value)
+struct alignas(8) float2 { float x, y; };
+static inline float2 make_float2(float x, float y) { return {x, y}; }
+// loads and stores past the L1 cache (.cg), and a pause in a wait: plain here
+template <class T> static inline T __ldcg(const T* p) { return *p; }
+template <class T> static inline void __stcg(T* p, T v) { *p = v; }
+static inline void __nanosleep(unsigned int) {}
 struct dim3 {
     unsigned int x, y, z;
     dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
@@ -63,6 +69,7 @@ typedef enum {
     cudaErrorNoDevice = 100,
 } cudaError_t;
 typedef cudaError_t cudaError;
+typedef enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 } cudaFuncAttribute;
 typedef enum { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault } cudaMemcpyKind;
 typedef struct CUstream_st* cudaStream_t;
 typedef struct cuda_emu_event { double ms; }* cudaEvent_t;
@@ -120,6 +127,11 @@ struct State {
     int order_read;             // CUDA_EMU_ORDER and CUDA_EMU_SCHEDULE are read at the first launch
     long block_serial;          // counts blocks run: shared memory is poisoned once per block
     std::unordered_map<void*, long> shared_poisoned;  // each __shared__ array: the block it was poisoned for
+    // dynamic shared memory (extern __shared__, which translate.py makes a dynamic_shared() call):
+    // the launch's bytes, poisoned for each block; and each kernel's limit (cudaFuncSetAttribute)
+    unsigned char* dynamic_shared;
+    size_t dynamic_shared_bytes;
+    std::unordered_map<const void*, size_t> dynamic_shared_limit;
     long barriers;              // barriers reached in the block being run
     void* scheduler_sp;
     unsigned char* stacks;
@@ -153,6 +165,11 @@ static inline void shared_poison(void* array, size_t bytes) {
     memset(array, 0xff, bytes);
     block = state.block_serial;
 }
+// the block's dynamic shared memory (poisoned as above when the block starts)
+static inline unsigned char* dynamic_shared(void) { return state.dynamic_shared; }
+// a GPU refuses a launch that asks for more than 48 KB of dynamic shared memory unless the kernel
+// was allowed more (cudaFuncSetAttribute), and an allowance past what an SM has (227 KB on Hopper)
+static const size_t default_dynamic_shared = 48 << 10, max_dynamic_shared = 227 << 10;
 
 // every allocation sits between two guard zones; a kernel, GEMM or collective that writes past
 // either end of a buffer is named as soon as it returns
@@ -405,6 +422,7 @@ static void run_grid(void) {
     for (size_t blk = 0; blk < blocks; blk++) {
         state.block_idx = index_3d(blk, g, blocks);
         state.block_serial++;
+        if (state.dynamic_shared_bytes > 0) memset(state.dynamic_shared, 0xff, state.dynamic_shared_bytes);
         if (first || state.fibered) {
             state.fibered = 1;
             state.barriers = 0;
@@ -439,10 +457,21 @@ template <class... P> struct Launch {
         dim3 g = config.grid, b = config.block;
         size_t threads = (size_t)b.x * b.y * b.z;
         if (threads == 0 || threads > (size_t)max_threads || g.x == 0 || g.y == 0 || g.z == 0 ||
-            g.y > 65535 || g.z > 65535 || config.shared_bytes > 0) {
+            g.y > 65535 || g.z > 65535) {
             state.last_error = cudaErrorInvalidConfiguration;
             return;
         }
+        auto limit = state.dynamic_shared_limit.find((const void*)kernel);
+        if (config.shared_bytes > (limit == state.dynamic_shared_limit.end() ? default_dynamic_shared : limit->second)) {
+            state.last_error = cudaErrorInvalidValue;  // (as a GPU answers)
+            return;
+        }
+        if (config.shared_bytes > state.dynamic_shared_bytes) {
+            free(state.dynamic_shared);
+            state.dynamic_shared = (unsigned char*)aligned_alloc(128, (config.shared_bytes + 127) / 128 * 128);
+            if (state.dynamic_shared == NULL) die("no memory for dynamic shared memory");
+        }
+        state.dynamic_shared_bytes = config.shared_bytes;
         state.kernel = name;
         state.grid_dim = g;
         state.block_dim = b;
@@ -459,6 +488,14 @@ template <class... P> static inline Launch<P...> launch(const char* name, Config
 }
 
 }  // namespace cuda_emu
+
+// the one attribute this project sets: how much dynamic shared memory a kernel may ask for
+template <class F> static inline cudaError_t cudaFuncSetAttribute(F* kernel, cudaFuncAttribute attribute, int value) {
+    if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > cuda_emu::max_dynamic_shared)
+        return cudaErrorInvalidValue;
+    cuda_emu::state.dynamic_shared_limit[(const void*)kernel] = (size_t)value;
+    return cudaSuccess;
+}
 
 static inline cudaError_t cudaGetLastError(void) {
     cudaError_t e = cuda_emu::state.last_error;
