@@ -920,12 +920,21 @@ static inline size_t flash_one_kernel_shared_bytes(void) {  // the tiles, ds^T (
            4 * FLASH_TILE * sizeof(float);
 }
 // thread 0 waits until a query tile's counter says the key blocks before this one have added
-// their shares (the emulator runs one block at a time, in ticket order: a wait there would never end)
+// their shares (the emulator runs one block at a time, in ticket order: a wait there would never
+// end); then a barrier lets the block read them. The fences, on top of the acquire and release
+// (after a barrier, which orders the block's writes before thread 0's release), are the ones
+// cooperative groups' grid barrier puts around its flag: cheap, once a tile.
 __device__ inline void flash_wait_turn(const int* counter, int turn) {
 #ifdef CUDA_EMU
     if (ld_acquire_gpu(counter) != turn) cuda_emu::die("a flash backward block waits for a key block that has not run");
 #endif
     while (ld_acquire_gpu(counter) != turn) __nanosleep(64);
+    __threadfence();
+}
+// thread 0, after a barrier behind the block's writes of its shares: the next key block's turn
+__device__ inline void flash_pass_turn(int* counter, int turn) {
+    __threadfence();
+    st_release_gpu(counter, turn);
 }
 // the warp's (16, HS) share of dq, rows row0.. (D layout), into the query tile's sums: written
 // (first), added (the others), or added and stored in bf16 times scale into dqkv (last). The
@@ -1040,7 +1049,7 @@ flash_attention_backward_one_kernel(floatX* dqkv, float* dq_sums, int* counters,
         flash_p_x<HS, 1>(&dq, &ds, k_s);  // the share: ds k
         flash_dq_add_share<HS>(dqkv, dq_sums, dq, scale, kb == qt, kb == 0, b, h, NH, u0 + warp * FLASH_ROWS, T, C);
         __syncthreads();  // every warp's rows are in; every warp is done with ds_s and the buffers
-        if (threadIdx.x == 0) st_release_gpu(&turns[qt], qt - kb + 1);  // the next key block's turn
+        if (threadIdx.x == 0) flash_pass_turn(&turns[qt], qt - kb + 1);  // the next key block's
     }
     flash_store<HS>(dqkv, 3 * C, C, dk, scale, b, h, key0, T);
     flash_store<HS>(dqkv, 3 * C, 2 * C, dv, 1.0f, b, h, key0, T);

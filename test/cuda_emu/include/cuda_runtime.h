@@ -46,6 +46,7 @@ static inline float2 make_float2(float x, float y) { return {x, y}; }
 template <class T> static inline T __ldcg(const T* p) { return *p; }
 template <class T> static inline void __stcg(T* p, T v) { *p = v; }
 static inline void __nanosleep(unsigned int) {}
+static inline void __threadfence(void) {}  // (one thread at a time: memory is always in order)
 struct dim3 {
     unsigned int x, y, z;
     dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
