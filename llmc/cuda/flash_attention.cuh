@@ -892,49 +892,60 @@ flash_attention_backward_dq_kernel(floatX* dqkv, const floatX* dout, const float
 // its share of a query tile's dq into memory with atomic adds, in whatever order the blocks come:
 // the sums, and so the bits, change from run to run. Here the shares are added in a fixed order
 // instead, so every run gives the same bits:
-//   1. The block of key block kb walks the query tiles qt = kb, kb + 1, ... (causal: the earlier
-//      ones see none of its keys), as the dK dV kernel does: s^T, p^T, dv, dp^T, ds^T, dk.
+//   1. The block of key block kb walks the query tiles that see its keys (causal: qt >= kb), the
+//      last first: qt = nkb - 1, ..., kb. Each tile as the dK dV kernel's: s^T, p^T, dv, dp^T,
+//      ds^T, dk.
 //   2. Its 4 warps put their ds^T (16 keys x 64 queries each) in shared memory, and each warp
 //      multiplies ds (its 16 queries x the block's 64 keys) by k (64 keys x HS) from shared
 //      memory: the tile's dq share.
-//   3. Query tile qt takes the shares of key blocks qt, qt - 1, ..., 0 in that order: a counter per
-//      (b, h, qt) in memory says how many have been added, and block kb waits until it reads
-//      qt - kb. The first (the diagonal block) writes its share into an fp32 buffer, the next add
-//      theirs, and the last, key block 0, adds its own and writes dq (times the scale) into dqkv.
+//   3. Query tile qt takes the shares of key blocks 0, 1, ..., qt in that order: a counter per
+//      (b, h, qt) in memory says how many have been added, and a warp of block kb waits until it
+//      reads kb. Key block 0 writes its share into an fp32 buffer, the next add theirs, and the
+//      last, the diagonal block kb = qt, adds its own and writes dq (times the scale) into dqkv.
+//      Only the adds and the handover wait in turn: the products are done before.
 //   4. A block waits only for blocks that started before it: each takes a ticket when it starts
-//      (an atomic counter) and works on key block kb = nkb - 1 - ticket / (B NH), all heads' last
-//      key blocks first, so that the block whose share comes before its own is always running or
-//      done (blocks scheduled in grid order would do it too, but CUDA does not promise that order;
+//      (an atomic counter) and works on key block kb = ticket / (B NH), every head's key block 0
+//      first, so that the block whose share comes before its own is always running or done
+//      (blocks scheduled in grid order would do it too, but CUDA does not promise that order;
 //      tickets are how a decoupled look-back scan keeps the same promise, Merrill & Garland 2016).
-//      Key block kb + 1 reaches tile qt a tile before kb does and starts B NH tickets earlier, so
-//      the wait is short; and the longest blocks, key block 0, start last.
+//      Every key block of a head meets tile qt at the same step of its walk, and key block kb - 1
+//      started B NH tickets earlier, so the wait is short; and the longest blocks start first.
 // Per (key block, query tile): 5 products, not 7, and half the exponentials; in exchange ds
 // passes through shared memory, dq's shares through L2 (16 KB read and written a tile), 3
 // barriers a tile, not 2, and 64 KB of shared memory a block at HS = 64 (dynamic: over the 48 KB
-// a static array may take; 3 blocks an SM still fit). The fp32 buffer is (B, NH, T, HS), the counters B NH nkb + 1 ints (the last the
-// ticket counter), zeroed before each launch.
+// a static array may take; 3 blocks an SM on Hopper, 2 on an A100). The fp32 buffer is
+// (B, NH, T, HS), the counters B NH nkb + 1 ints (the last the tickets'), zeroed before each
+// launch. The pattern of the handover (acquire, barrier, ..., barrier, release) is CUTLASS's
+// GenericBarrier's; the emulator runs one block at a time, so it checks the order of the turns
+// but not the memory ordering between blocks: a GPU's repeated runs (dev/cuda v7) do.
 #define FLASH_ONE_KERNEL_TILES 6  // q and dout double-buffered, v, k: tiles of FLASH_TILE x FLASH_LD(HS)
+// blocks an SM, for the registers: 3 (168 registers) where 3 blocks' shared memory fits, Hopper's
+// 228 KB; an A100's 164 KB hold 2, and at 3 its 168 registers spilled 24 bytes (flash_sass.sh)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define FLASH_ONE_KERNEL_BLOCKS 2
+#else
+#define FLASH_ONE_KERNEL_BLOCKS 3
+#endif
 template <int HS>
 static inline size_t flash_one_kernel_shared_bytes(void) {  // the tiles, ds^T (64 x 64), lse and D
     return (FLASH_ONE_KERNEL_TILES * FLASH_TILE * FLASH_LD(HS) + FLASH_TILE * FLASH_LD(FLASH_TILE)) * sizeof(floatX) +
            4 * FLASH_TILE * sizeof(float);
 }
-// thread 0 waits until a query tile's counter says the key blocks before this one have added
-// their shares (the emulator runs one block at a time, in ticket order: a wait there would never
-// end); then a barrier lets the block read them. The fences, on top of the acquire and release
-// (after a barrier, which orders the block's writes before thread 0's release), are the ones
-// cooperative groups' grid barrier puts around its flag: cheap, once a tile.
+// a warp waits until a query tile's counter says the key blocks before this one have added their
+// shares: lane 0 reads it (acquire), then the warp's barrier lets every lane read the sums. The
+// emulator runs one block at a time, in ticket order, so a wait there would never end; on a GPU,
+// a wait of many seconds is a bug, and a trap fails the launch instead of hanging the device.
 __device__ inline void flash_wait_turn(const int* counter, int turn) {
+    if (threadIdx.x % 32 == 0) {
 #ifdef CUDA_EMU
-    if (ld_acquire_gpu(counter) != turn) cuda_emu::die("a flash backward block waits for a key block that has not run");
+        if (ld_acquire_gpu(counter) != turn) cuda_emu::die("a flash backward block waits for a key block that has not run");
 #endif
-    while (ld_acquire_gpu(counter) != turn) __nanosleep(64);
-    __threadfence();
-}
-// thread 0, after a barrier behind the block's writes of its shares: the next key block's turn
-__device__ inline void flash_pass_turn(int* counter, int turn) {
-    __threadfence();
-    st_release_gpu(counter, turn);
+        for (int spins = 0; ld_acquire_gpu(counter) != turn; spins++) {
+            if (spins == 1 << 30) __trap();
+            __nanosleep(64);
+        }
+    }
+    __syncwarp();
 }
 // the warp's (16, HS) share of dq, rows row0.. (D layout), into the query tile's sums: written
 // (first), added (the others), or added and stored in bf16 times scale into dqkv (last). The
@@ -960,7 +971,7 @@ __device__ inline void flash_dq_add_share(floatX* dqkv, float* dq_sums, const fl
     }
 }
 template <int HS>
-__global__ void __launch_bounds__(FLASH_WARPS * 32, FLASH_DKDV_BLOCKS)
+__global__ void __launch_bounds__(FLASH_WARPS * 32, FLASH_ONE_KERNEL_BLOCKS)
 flash_attention_backward_one_kernel(floatX* dqkv, float* dq_sums, int* counters, const floatX* dout, const floatX* qkv,
                                     const float* lse, const float* D, int B, int T, int C, int NH) {
     extern __shared__ __align__(16) unsigned char flash_shared[];
@@ -977,20 +988,21 @@ flash_attention_backward_one_kernel(floatX* dqkv, float* dq_sums, int* counters,
     int nkb = (T + FLASH_TILE - 1) / FLASH_TILE, BH = B * NH;
     if (threadIdx.x == 0) ticket_s[0] = atomicAdd(&counters[BH * nkb], 1);  // (step 4)
     __syncthreads();
-    int kb = nkb - 1 - ticket_s[0] / BH, b = ticket_s[0] % BH / NH, h = ticket_s[0] % NH;
+    int kb = ticket_s[0] / BH, b = ticket_s[0] % BH / NH, h = ticket_s[0] % NH;
     int block_key0 = kb * FLASH_TILE, key0 = block_key0 + warp * FLASH_ROWS;
-    int tiles = nkb - kb;  // query tiles from the block's first key on
+    int tiles = nkb - kb;  // query tiles from the last down to the block's first key's
     float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
     const float* lse_bh = lse + ((size_t)b * NH + h) * T;
     const float* D_bh = D + ((size_t)b * NH + h) * T;
     int* turns = counters + ((size_t)b * NH + h) * nkb;
+    int last_u0 = (nkb - 1) * FLASH_TILE;  // the first tile walked
     flash_load_async<HS>(k_s, qkv, 3 * C, C, b, h, block_key0, T, 0, T);
     flash_load_async<HS>(v_s, qkv, 3 * C, 2 * C, b, h, block_key0, T, 0, T);
-    flash_load_async<HS>(q_s, qkv, 3 * C, 0, b, h, block_key0, T, 0, T);
-    flash_load_async<HS>(dy_s, dout, C, 0, b, h, block_key0, T, 0, T);
+    flash_load_async<HS>(q_s, qkv, 3 * C, 0, b, h, last_u0, T, 0, T);
+    flash_load_async<HS>(dy_s, dout, C, 0, b, h, last_u0, T, 0, T);
     cp_async_commit();
-    flash_load_row_values(lse_s, lse_bh, block_key0, T, 0, FLASH_LOG2E);
-    flash_load_row_values(D_s, D_bh, block_key0, T, FLASH_TILE);
+    flash_load_row_values(lse_s, lse_bh, last_u0, T, 0, FLASH_LOG2E);
+    flash_load_row_values(D_s, D_bh, last_u0, T, FLASH_TILE);
     cp_async_wait<0>();
     __syncthreads();
     uint32_t k[HS / 16][4];
@@ -999,15 +1011,15 @@ flash_attention_backward_one_kernel(floatX* dqkv, float* dq_sums, int* counters,
     for (int d = 0; d < HS / 8; d++)
         for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
     for (int tile = 0; tile < tiles; tile++) {
-        int u0 = block_key0 + tile * FLASH_TILE, qt = kb + tile, buf = tile % 2;
+        int qt = nkb - 1 - tile, u0 = qt * FLASH_TILE, buf = tile % 2;
         floatX *q_buf = q_s + buf * TILE, *dy_buf = dy_s + buf * TILE;
         float *lse_buf = lse_s + buf * FLASH_TILE, *D_buf = D_s + buf * FLASH_TILE;
-        if (tile + 1 < tiles) {
-            flash_load_async<HS>(q_s + (buf ^ 1) * TILE, qkv, 3 * C, 0, b, h, u0 + FLASH_TILE, T, 0, T);
-            flash_load_async<HS>(dy_s + (buf ^ 1) * TILE, dout, C, 0, b, h, u0 + FLASH_TILE, T, 0, T);
+        if (tile + 1 < tiles) {  // the tile before this one streams in
+            flash_load_async<HS>(q_s + (buf ^ 1) * TILE, qkv, 3 * C, 0, b, h, u0 - FLASH_TILE, T, 0, T);
+            flash_load_async<HS>(dy_s + (buf ^ 1) * TILE, dout, C, 0, b, h, u0 - FLASH_TILE, T, 0, T);
             cp_async_commit();
-            flash_load_row_values(lse_s + (buf ^ 1) * FLASH_TILE, lse_bh, u0 + FLASH_TILE, T, 0, FLASH_LOG2E);
-            flash_load_row_values(D_s + (buf ^ 1) * FLASH_TILE, D_bh, u0 + FLASH_TILE, T, FLASH_TILE);
+            flash_load_row_values(lse_s + (buf ^ 1) * FLASH_TILE, lse_bh, u0 - FLASH_TILE, T, 0, FLASH_LOG2E);
+            flash_load_row_values(D_s + (buf ^ 1) * FLASH_TILE, D_bh, u0 - FLASH_TILE, T, FLASH_TILE);
             cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
@@ -1036,8 +1048,7 @@ flash_attention_backward_one_kernel(floatX* dqkv, float* dq_sums, int* counters,
             row[0] = a[kk][0], row[4] = a[kk][2];  // (4 words: 8 columns on)
             row[4 * FLASH_LD(FLASH_TILE)] = a[kk][1], row[4 * FLASH_LD(FLASH_TILE) + 4] = a[kk][3];  // (8 rows on)
         }
-        if (threadIdx.x == 0) flash_wait_turn(&turns[qt], qt - kb);  // (step 3)
-        __syncthreads();  // ds is in, and the key blocks before this one have added their shares
+        __syncthreads();  // every warp's ds^T is in
         // ds (the warp's 16 queries, the block's 64 keys) as A fragments: ds^T read transposed,
         // matrix i = queries 8 (i % 2).., keys 16 kk + 8 (i / 2)..
         uint32_t ds[FLASH_TILE / 16][4];
@@ -1047,9 +1058,10 @@ flash_attention_backward_one_kernel(floatX* dqkv, float* dq_sums, int* counters,
         float dq[HS / 8][4];
         for (int d = 0; d < HS / 8; d++) dq[d][0] = dq[d][1] = dq[d][2] = dq[d][3] = 0.0f;
         flash_p_x<HS, 1>(&dq, &ds, k_s);  // the share: ds k
-        flash_dq_add_share<HS>(dqkv, dq_sums, dq, scale, kb == qt, kb == 0, b, h, NH, u0 + warp * FLASH_ROWS, T, C);
+        flash_wait_turn(&turns[qt], kb);  // (step 3) key blocks 0 .. kb - 1 have added theirs
+        flash_dq_add_share<HS>(dqkv, dq_sums, dq, scale, kb == 0, kb == qt, b, h, NH, u0 + warp * FLASH_ROWS, T, C);
         __syncthreads();  // every warp's rows are in; every warp is done with ds_s and the buffers
-        if (threadIdx.x == 0) flash_pass_turn(&turns[qt], qt - kb + 1);  // the next key block's
+        if (threadIdx.x == 0) st_release_gpu(&turns[qt], kb + 1);  // the next key block's turn
     }
     flash_store<HS>(dqkv, 3 * C, C, dk, scale, b, h, key0, T);
     flash_store<HS>(dqkv, 3 * C, 2 * C, dv, 1.0f, b, h, key0, T);

@@ -46,7 +46,7 @@ static inline float2 make_float2(float x, float y) { return {x, y}; }
 template <class T> static inline T __ldcg(const T* p) { return *p; }
 template <class T> static inline void __stcg(T* p, T v) { *p = v; }
 static inline void __nanosleep(unsigned int) {}
-static inline void __threadfence(void) {}  // (one thread at a time: memory is always in order)
+[[noreturn]] static inline void __trap(void) { fprintf(stderr, "cuda_emu: __trap\n"); exit(3); }
 struct dim3 {
     unsigned int x, y, z;
     dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
@@ -167,7 +167,10 @@ static inline void shared_poison(void* array, size_t bytes) {
     block = state.block_serial;
 }
 // the block's dynamic shared memory (poisoned as above when the block starts)
-static inline unsigned char* dynamic_shared(void) { return state.dynamic_shared; }
+static inline unsigned char* dynamic_shared(void) {
+    if (state.dynamic_shared_bytes == 0) die("extern __shared__ memory used by a launch that asked for none");
+    return state.dynamic_shared;
+}
 // a GPU refuses a launch that asks for more than 48 KB of dynamic shared memory unless the kernel
 // was allowed more (cudaFuncSetAttribute), and an allowance past what an SM has (227 KB on Hopper)
 static const size_t default_dynamic_shared = 48 << 10, max_dynamic_shared = 227 << 10;
