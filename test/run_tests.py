@@ -4065,6 +4065,7 @@ test(make_emu_env_choice_test("BF16", "LLMC_GELU", "fused", "LLMC_GELU=fused: ex
 test(make_emu_env_choice_test("BF16", "LLMC_CLASSIFIER", "shared", "LLMC_CLASSIFIER=shared: expected split or registers"))
 test(make_emu_env_choice_test("BF16", "LLMC_LAYERNORM_BACKWARD", "one", "LLMC_LAYERNORM_BACKWARD=one: expected fused or separate"))
 test(make_emu_env_choice_test("BF16", "LLMC_FLASH", "tma", "LLMC_FLASH=tma: expected mma or wgmma"))
+test(make_emu_env_choice_test("BF16", "LLMC_FLASH_BACKWARD", "fused", "LLMC_FLASH_BACKWARD=fused: expected two_kernels or one_kernel"))
 test(make_emu_env_choice_test("FP32", "LLMC_ATTENTION", "flash", "LLMC_ATTENTION=flash needs a bf16 build"))
 
 
