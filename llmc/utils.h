@@ -65,8 +65,8 @@ static inline int llmc_launched_alone(void) {
 // The temporary files this process is writing (fopen_temp until file_commit renames them): an
 // error removes them before the process ends, so that a full disk is not left holding a
 // half-written checkpoint (their final names never held one: see fopen_temp). Then the hook that
-// checkpoint.h sets while a fresh run's output dir holds nothing of it yet (output_dir_claim):
-// the error removes that dir's LOCK and empty main.log too, and the dir if the run made it.
+// checkpoint.h sets when a fresh run claims its output dir (output_dir_claim): while main.log is
+// still empty, the error removes what the claim made there (LOCK, main.log, the dirs it created).
 #define LLMC_TEMP_FILES 4
 static char llmc_temp_files[LLMC_TEMP_FILES][4096];
 static void (*llmc_unclaim_hook)(void) = NULL;
