@@ -34,23 +34,24 @@ python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device auto 
 # the code paths beside the defaults, each step timed in turns (the defaults first and last: the
 # spread between those two is the noise), with the launches each path changes (LLMC_KERNEL_TIMES=1:
 # a whole step moves by about 1 ms from run to run, more than one path saves). A path that is
-# faster, and whose GPU tests pass, becomes the default; on an H200 on 2026-11-27 the GELU, classifier
-# and LayerNorm paths below were the defaults' losers, and wgmma too. LLMC_GELU=kernels: GELU in kernels of its own,
-# not in the fc GEMMs' epilogues (dev/cuda/gelu tells which GELU those compute);
-# LLMC_CLASSIFIER=registers: one classifier row an SM, in registers (dev/cuda/classifier v4 against
-# v5); LLMC_LAYERNORM_BACKWARD=separate: dout and x read twice (dev/cuda/layernorm_backward v3
-# against v4); LLMC_FLASH=wgmma: flash attention on Hopper's warpgroup MMA (dev/cuda/attention_forward
-# v7, attention_backward v6); LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs;
+# faster, and whose GPU tests pass, becomes the default; on an H200 on 2026-11-27 the GELU,
+# classifier and LayerNorm paths below were the defaults' losers, and wgmma and the one-kernel
+# backward too. LLMC_GELU=kernels: GELU in kernels of its own, not in the fc GEMMs' epilogues
+# (dev/cuda/gelu tells which GELU those compute); LLMC_CLASSIFIER=registers: one classifier row an
+# SM, in registers (dev/cuda/classifier v4 against v5); LLMC_LAYERNORM_BACKWARD=separate: dout and
+# x read twice (dev/cuda/layernorm_backward v3 against v4); LLMC_FLASH=wgmma: flash attention on
+# Hopper's warpgroup MMA (dev/cuda/attention_forward v7, attention_backward v6);
 # LLMC_FLASH_BACKWARD=one_kernel: the flash backward in one kernel, dq summed in a fixed order
-# (written 2026-11-27 without a GPU; dev/cuda/attention_backward v7 beside v5).
+# (dev/cuda/attention_backward v7 beside v5; on an H200 on 2026-11-27 40.9 ms a step against
+# 22.7); LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs.
 echo "paths side by side (d12, B=64, T=1024, 8 steps; ms a step, the mean after the first; then the launches"
 echo "the paths change, ms a step: fc GEMM + GELU, fcproj input gradient + GELU', classifier, LayerNorm"
 echo "backward, attention forward and backward):"
 # (an empty variant is the defaults; each run's last lines say how often each counted path was
 # taken, llmc/ops.h's paths_print)
 turn=0
-for variant in "" LLMC_FLASH_BACKWARD=one_kernel LLMC_GELU=kernels LLMC_CLASSIFIER=registers \
-    LLMC_LAYERNORM_BACKWARD=separate LLMC_FLASH=wgmma LLMC_BIAS_GRAD=kernels ""; do
+for variant in "" LLMC_GELU=kernels LLMC_CLASSIFIER=registers LLMC_LAYERNORM_BACKWARD=separate \
+    LLMC_FLASH=wgmma LLMC_FLASH_BACKWARD=one_kernel LLMC_BIAS_GRAD=kernels ""; do
     turn=$((turn + 1))
     log="$logs/gpu_path_$turn.log"
     # shellcheck disable=SC2086  # the variant splits into its assignments

@@ -24,9 +24,10 @@ v4: the input gradient and the parameter gradients' partial sums in one kernel, 
     checked at C = 768, 1024 and 1280; 4 and 5 packs run one block an SM). The
     same additions in the same order as v3, so the same bits unless the compiler contracts the
     products into FMAs differently in the two kernels (required under the emulator, reported on a
-    GPU: the same bits on an H200). Timed beside v3 at d12's B=64 shape (65536 rows); in the d12
-    step on the H200 (2026-11-27) 25 calls took 4.4 ms against 5.5; and at d24's and d36's
-    widths (C = 1024, 1280), 32768 rows (B = 32), not yet timed on a GPU.
+    GPU). Timed beside v3 at d12's B=64 shape (65536 rows); in the d12 step on the H200
+    (2026-11-27) 25 calls took 4.4 ms against 5.5; and at d24's and d36's widths (C = 1024,
+    1280), 32768 rows (B = 32). (This program's v3 was the fused kernel too until 2026-11-27, so
+    its GPU timings and same-bits check of that day compared v4 with itself.)
 */
 #include "common.h"
 namespace cpu {
@@ -233,6 +234,10 @@ static void time_v3_v4(int rows, int C) {
 }
 
 int main(void) {
+    // v3 is llmc's launcher on its two-kernel path, v4 the fused kernel called by name: the
+    // launcher's default is the fused kernel, so without this "v3" would time and check v4 again
+    // (it did until 2026-11-27: v3 and v4 timed the same on the H200 at every width)
+    setenv("LLMC_LAYERNORM_BACKWARD", "separate", 1);  // (before the launcher first reads it)
     int N = GPU_OR_EMU(8 * 1024, 600), C = GPU_OR_EMU(768, 200);
     Problem p = problem_make(N, C);
     floatX *d_x = p.d_x, *d_w = p.d_w, *d_dout = p.d_dout, *d_dinp = p.d_dinp, *d_dw = p.d_dw, *d_db = p.d_db;
