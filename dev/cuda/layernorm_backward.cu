@@ -24,10 +24,14 @@ v4: the input gradient and the parameter gradients' partial sums in one kernel, 
     checked at C = 768, 1024 and 1280; 4 and 5 packs run one block an SM). The
     same additions in the same order as v3, so the same bits unless the compiler contracts the
     products into FMAs differently in the two kernels (required under the emulator, reported on a
-    GPU). Timed beside v3 at d12's B=64 shape (65536 rows); in the d12 step on the H200
-    (2026-11-27) 25 calls took 4.4 ms against 5.5; and at d24's and d36's widths (C = 1024,
-    1280), 32768 rows (B = 32). (This program's v3 was the fused kernel too until 2026-11-27, so
-    its GPU timings and same-bits check of that day compared v4 with itself.)
+    GPU: the same bits on an H200 at C = 768, 1024 and 1280). Timed beside v3 at the benchmark's
+    shapes. On the H200 (2026-11-27): 65536 x 768, 0.173 ms against 0.212 (in the d12 step 25
+    calls took 4.4 ms against 5.5); 32768 x 1280, 0.225 against 0.257; but 32768 x 1024, 0.181
+    against 0.141: there v3's 4 packs a lane fill the row exactly (at 768 and 1280 it rounds 3 and
+    5 packs up to 4 and 8, leaving lanes idle) and v4 runs one block, 8 warps, an SM (at 4 packs
+    it takes 168 registers). 65536 x 1024, d24's B=64, not yet timed. (This program's v3 had been
+    the fused kernel too, through the launcher's default, until a run of that day timed the two
+    alike: it now asks for the two kernels.)
 */
 #include "common.h"
 namespace cpu {
@@ -265,10 +269,11 @@ int main(void) {
     }
     Problem again = problem_make(N, C);  // (check_llmc adds into dinp and the parameter gradients: fresh zeros)
     ok &= check_llmc(&again, tol, tol_params) & check_fused(&again, tol, tol_params);
-    // v3 and v4 timed at d12's B=64 shape: 65536 rows are 256 of v4's blocks, two an SM (at 8192
-    // rows its 32 blocks would leave most SMs idle); at d24's and d36's widths 32768 rows (B = 32,
-    // the benchmark's batch there), 128 blocks, one an SM
+    // v3 and v4 timed at the benchmark's shapes: d12 at B=64, 65536 rows, 256 of v4's blocks, two
+    // an SM (at 8192 rows its 32 blocks would leave most SMs idle); d24 at B=64 and B=32 (65536
+    // and 32768 rows, one block an SM); d36 at B=32
     time_v3_v4(GPU_OR_EMU(65536, 512), 768);
+    time_v3_v4(GPU_OR_EMU(65536, 512), 1024);
     time_v3_v4(GPU_OR_EMU(32768, 256), 1024);
     time_v3_v4(GPU_OR_EMU(32768, 256), 1280);
 
