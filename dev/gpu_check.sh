@@ -36,14 +36,15 @@ python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device auto 
 # a whole step moves by about 1 ms from run to run, more than one path saves). A path that is
 # faster, and whose GPU tests pass, becomes the default; on an H200 on 2026-11-27 the GELU,
 # classifier and LayerNorm paths below were the defaults' losers, and wgmma and the one-kernel
-# backward too. LLMC_GELU=kernels: GELU in kernels of its own, not in the fc GEMMs' epilogues
+# backward's first version too. LLMC_GELU=kernels: GELU in kernels of its own, not in the fc GEMMs' epilogues
 # (dev/cuda/gelu tells which GELU those compute); LLMC_CLASSIFIER=registers: one classifier row an
 # SM, in registers (dev/cuda/classifier v4 against v5); LLMC_LAYERNORM_BACKWARD=separate: dout and
 # x read twice (dev/cuda/layernorm_backward v3 against v4); LLMC_FLASH=wgmma: flash attention on
 # Hopper's warpgroup MMA (dev/cuda/attention_forward v7, attention_backward v6);
 # LLMC_FLASH_BACKWARD=one_kernel: the flash backward in one kernel, dq summed in a fixed order
-# (dev/cuda/attention_backward v7 beside v5; on an H200 on 2026-11-27 40.9 ms a step against
-# 22.7); LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs.
+# (dev/cuda/attention_backward v7 beside v5; its first version on an H200 on 2026-11-27: 40.9 ms
+# a step against 22.7, its blocks in an order that L2 could not hold, since changed);
+# LLMC_BIAS_GRAD=kernels: the bias gradients outside the GEMMs.
 echo "paths side by side (d12, B=64, T=1024, 8 steps; ms a step, the mean after the first; then the launches"
 echo "the paths change, ms a step: fc GEMM + GELU, fcproj input gradient + GELU', classifier, LayerNorm"
 echo "backward, attention forward and backward):"

@@ -24,7 +24,7 @@ v6: v5's products on Hopper's warpgroup MMA (LLMC_FLASH=wgmma; sm_90a builds, he
     queries) a block in 2 warpgroups.
 v7: v5 in one kernel (LLMC_FLASH_BACKWARD=one_kernel; after FlashAttention-2's algorithm 2):
     the dK dV kernel also multiplies its ds by its k, and each query tile's dq takes the key
-    blocks' shares in a fixed order (key block 0 first, the diagonal block last, a counter per
+    blocks' shares in a fixed order (the diagonal block first, key block 0 last, a counter per
     tile in memory), so no atomic adds and the same bits on every run: 5 products a tile, not 7.
 */
 #include "common.h"
