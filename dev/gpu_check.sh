@@ -96,6 +96,16 @@ if command -v ncu >/dev/null; then
     echo "ncu of the flash kernels: exit $? ($logs/gpu_flash_ncu.log)"
     grep -E "flash_attention|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Shared Memory|Stall" \
         "$logs/gpu_flash_ncu.log" | head -60
+    # the one-kernel backward (LLMC_FLASH_BACKWARD=one_kernel) on one call of the second step:
+    # whether its blocks' order keeps a head's q, dout and dq sums in L2 (its first version read
+    # them from memory every tile: 5.3 GB a call) and how long its warps wait on loads
+    LLMC_FLASH_BACKWARD=one_kernel timeout "$(( $(left) / 8 + 1 ))" ncu --kernel-name regex:backward_one_kernel \
+        --launch-skip 12 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --metrics dram__bytes.sum,lts__t_sector_hit_rate.pct \
+        ./build/cuda_BF16/train_gpt2_dp -e d12 -b 64 -t 1024 -x 2 -v 0 -s 0 > "$logs/gpu_one_kernel_ncu.log" 2>&1
+    echo "ncu of the one-kernel backward: exit $? ($logs/gpu_one_kernel_ncu.log)"
+    grep -E "Duration|DRAM Throughput|dram__bytes|hit_rate|L2 Hit Rate|Warp Cycles Per Issued|Compute \(SM\) Throughput" \
+        "$logs/gpu_one_kernel_ncu.log" | head -12
 fi
 PYTHONUNBUFFERED=1 TEST_JOBS=${TEST_JOBS:-4} timeout "$(left)" python3 test/run_tests.py gpu 2>&1 | tee "$logs/gpu_tests.log"
 # out-of-bounds accesses and shared-memory races that a numerical test can miss: two steps of a
