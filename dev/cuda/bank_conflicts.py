@@ -42,7 +42,8 @@ FLASH_WARPS, ...), the template arguments the launchers instantiate (head size, 
 row tiles per warp), the shared arrays of each kernel, the
 calls of the helpers, their loops and int declarations, and the address expression of every
 shared-memory access: each ldmatrix_x4 / ldmatrix_x4_trans / cp_async16 (16-byte rows, from
-mma.cuh's PTX) and each element access of a shared array or of a helper's pointer to one. It
+mma.cuh's PTX) and each element access of a shared array or of a helper's pointer to one (a
+helper that hands the pointer on to another is followed into it, at any depth). It
 evaluates those C expressions for the 128 threads of a block, loop iteration by loop iteration,
 groups the lanes of each warp into requests and counts wavefronts. A loop whose bound is not a
 compile-time value (the kernels' loop over tiles) is taken at its first iteration: a shift that
@@ -500,19 +501,46 @@ def kernel_accesses(kernel, funcs, prims, macros, targs):
                     call = (c.group(1), cstart, kernel.start + c.end() - 1)
             if call is None:
                 raise SyntaxError("line %d: %s is used in a way this model does not read" % (line_of(text, pos), name))
-            accesses += helper_accesses(kernel, call, arrays, funcs, prims, macros, base_envs, all_active, pinned, name)
+
+            def array_argument(arg, env, a_name=name):
+                """the address of the argument array[i].. (an element or a row), None if the
+                argument is not this array"""
+                if re.match(r"\w*", arg).group(0) != a_name:
+                    return None
+                subs, end = subscripts(arg, len(a_name))
+                if arg[end:].strip():
+                    raise SyntaxError("line %d: %s: only array[i].. is read as a pointer argument"
+                                      % (line_of(text, call[1]), arg))
+                return element_address(a_name, subs, arrays, env, macros)
+            accesses += helper_accesses(kernel, kernel, call, funcs, prims, macros, base_envs, all_active, pinned,
+                                        name, array_argument)
     return accesses, pinned
 
 
-def helper_accesses(kernel, call, arrays, funcs, prims, macros, base_envs, all_active, pinned, array):
-    """the accesses of a helper made through its pointer argument that points into `array`"""
+def pointer_calls(fn, pname, funcs):
+    """the calls in fn's body of the helpers this model reads that take the pointer pname as an
+    argument (pname or pname + offset): [(helper name, call start, its open parenthesis)]"""
+    calls, body = [], fn.text
+    for c in re.finditer(r"\b(\w+)(?:<[\w\s,*+/]+>)?\s*\(", body[fn.start:fn.end]):
+        paren = fn.start + c.end() - 1
+        if c.group(1) in funcs and any(re.match(r"\s*%s\b\s*(\+.*)?$" % pname, a, re.S)
+                                       for a in split_top(body[paren + 1:matching(body, paren) - 1])):
+            calls.append((c.group(1), fn.start + c.start(), paren))
+    return calls
+
+
+def helper_accesses(kernel, caller, call, funcs, prims, macros, base_envs, all_active, pinned, array, argument):
+    """the accesses of a helper called from caller (the kernel, or a helper it calls) made through
+    its pointer argument that points into the kernel's shared `array`; argument(arg, env): the
+    address an argument expression gives in the caller, None if it is not that pointer. A helper
+    that hands the pointer on to another helper is followed into that one (any depth)."""
     name, cstart, paren = call
-    helper, text = funcs[name], kernel.text
+    helper, text = funcs[name], caller.text
     args = split_top(text[paren + 1:matching(text, paren) - 1])
     out = []
-    # the helper's parameters, thread by thread, from the kernel's variables at the call
-    for envs, act in enumerate_scope(scope_items(kernel, cstart), base_envs, all_active, macros, pinned):
-        guard = statement_guard(kernel, cstart)
+    # the helper's parameters, thread by thread, from the caller's variables at the call
+    for envs, act in enumerate_scope(scope_items(caller, cstart), base_envs, all_active, macros, pinned):
+        guard = statement_guard(caller, cstart)
         if guard is not None:
             try:
                 if not evaluate(guard, envs[0], macros):
@@ -533,13 +561,9 @@ def helper_accesses(kernel, call, arrays, funcs, prims, macros, base_envs, all_a
                 else:
                     raise SyntaxError("line %d: %s needs template argument %s" % (line_of(text, cstart), name, tname))
             for (ptype, pname, is_ptr), arg in zip(helper.params, args):
-                a = re.match(r"\w*", arg).group(0)
-                if a == array and is_ptr:
-                    subs, end = subscripts(arg, len(a))
-                    if arg[end:].strip():
-                        raise SyntaxError("line %d: %s: only array[i].. is read as a pointer argument"
-                                          % (line_of(text, cstart), arg))
-                    henv["__ptr_" + pname] = element_address(a, subs, arrays, env, macros)
+                address = argument(arg, env) if is_ptr else None
+                if address is not None:
+                    henv["__ptr_" + pname] = address
                     pointer = (pname, ELEMENT_BYTES[ptype])
                 elif not is_ptr and ptype != "float":  # (a float is never part of an address)
                     try:
@@ -577,10 +601,19 @@ def helper_accesses(kernel, call, arrays, funcs, prims, macros, base_envs, all_a
                                lambda env, s=subs[0]: env["__ptr_" + pname] + evaluate(s, env, macros) * elem, pinned)
             out.append(Access(kernel.name, "%s %s (%s)" % ("st.shared" if store else "ld.shared", array, name),
                               line_of(body, ppos), elem, phase_lanes_for(elem), reqs))
+        # helpers this one hands the pointer on to (pname or pname + offset)
+        nested = pointer_calls(helper, pname, funcs)
+        for ncall in nested:
+            def pointer_argument(arg, env, p=pname, e=elem):
+                m = re.match(r"\s*%s\b\s*(?:\+(.*))?$" % p, arg, re.S)
+                return None if not m else env["__ptr_" + p] + evaluate(m.group(1) or "0", env, macros) * e
+            out += helper_accesses(kernel, helper, ncall, funcs, prims, macros, henvs, act, pinned, array,
+                                   pointer_argument)
+            found = True
         # nothing else may touch the pointer
         uses = len(re.findall(IDENT % pname, helper.body))
         modeled = len(re.findall(r"\b%s\s*\[" % pname, helper.body)) + sum(
-            len(re.findall(r"\b%s\s*\(\s*(?:[^,()]*,\s*)*%s\b" % (p, pname), helper.body)) for p in prims)
+            len(re.findall(r"\b%s\s*\(\s*(?:[^,()]*,\s*)*%s\b" % (p, pname), helper.body)) for p in prims) + len(nested)
         if not found or uses != modeled:
             raise SyntaxError("%s: pointer %s is used in a way this model does not read" % (name, pname))
         # on to the next iteration of the kernel's loops around the call (a loop over row tiles);

@@ -7,9 +7,10 @@
 #       as the counter of a loop left rolled, lives in local memory too); registers per thread
 #       and static shared memory per block are printed. One exception, chosen and bounded:
 #       dK/dV at head size 64 is compiled for 3 blocks an SM (FLASH_DKDV_BLOCKS), 168 registers,
-#       and spills a few words (8 bytes on sm_90, since v is read from shared memory each tile;
-#       68 when it was measured faster than 227 registers and no spills: 23.8 against 24.9 ms a
-#       d12 step's attention backward on an H200). It may spill
+#       and may spill a few words (none on sm_90 since its tile became flash_dkdv_tile, shared
+#       with the one-kernel backward; 8 bytes before, once v was read from shared memory each
+#       tile; 68 when it was measured faster than 227 registers and no spills: 23.8 against 24.9
+#       ms a d12 step's attention backward on an H200). It may spill
 #       at most SPILL_BUDGET bytes; more, or a spill anywhere else, fails;
 #   (b) the SASS (nvdisasm): every tile kernel contains LDSM (ldmatrix),
 #       HMMA (mma.sync on the tensor cores; HGMMA, wgmma, in the wgmma kernel, where ptxas must

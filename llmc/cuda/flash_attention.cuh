@@ -95,7 +95,7 @@ static inline void attention_row_dot(float* D, const floatX* dout, const floatX*
 #define FLASH_FORWARD_BLOCKS 1  // 239 registers on sm_90, 2 blocks
 #endif
 #ifndef FLASH_DKDV_BLOCKS
-#define FLASH_DKDV_BLOCKS 3  // 168 registers, 8 bytes spilled on sm_90 (flash_sass.sh); 1: 2 blocks, no spills
+#define FLASH_DKDV_BLOCKS 3  // 168 registers, no spills on sm_90 (flash_sass.sh); 1: 2 blocks
 #endif
 #ifndef FLASH_DQ_BLOCKS
 #define FLASH_DQ_BLOCKS 0  // 0: no minimum, ptxas chooses (168 registers on sm_90, 3 blocks; 1 gives about 190, 2 blocks)
@@ -758,6 +758,31 @@ flash_attention_backward_dq_wgmma_kernel(floatX* dqkv, const floatX* dout, const
 #endif  // LLMC_WGMMA
 
 
+// One query tile of a dK dV walk, for the warp's 16 keys key0.. (k: their A fragments; v: the
+// block's v tile) against the queries u0.. (the q and dout tiles, their lse in base 2 and D):
+// dv += p^T dout and dk += ds^T q (dk unscaled); ds^T is left in ds as bf16 A fragments, for the
+// one-kernel backward's dq
+template <int HS>
+__device__ inline void flash_dkdv_tile(float (&dk)[HS / 8][4], float (&dv)[HS / 8][4], uint32_t (&ds)[FLASH_TILE / 16][4],
+                                       const uint32_t (&k)[HS / 16][4], const floatX* v_s, const floatX* q_tile,
+                                       const floatX* dy_tile, const float* lse_tile, const float* D_tile, int key0, int u0,
+                                       int T, float scale_log2) {
+    int warp = threadIdx.x / 32, t = threadIdx.x % 4;  // t: the lane's place in its group (mma.cuh)
+    float s[FLASH_TILE / 8][4];  // s^T, then p^T, then ds^T
+    flash_a_xt<HS, 1>(&s, &k, q_tile);
+    flash_key_probabilities(s, lse_tile, key0, u0, T, scale_log2);  // p^T
+    flash_scores_to_a(ds, s);  // (p^T here)
+    flash_p_x<HS, 1>(&dv, &ds, dy_tile);  // dv += p^T dout
+    float dp[FLASH_TILE / 8][4];
+    uint32_t v[HS / 16][4];
+    flash_rows_to_a<HS>(v, v_s, warp * FLASH_ROWS);
+    flash_a_xt<HS, 1>(&dp, &v, dy_tile);  // dp^T = v dout^T
+    for (int j = 0; j < FLASH_TILE / 8; j++)
+        for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_tile[8 * j + 2 * t + e % 2];
+    flash_scores_to_a(ds, s);
+    flash_p_x<HS, 1>(&dk, &ds, q_tile);  // dk += ds^T q
+}
+
 // dK, dV: block (64 keys, b * NH + h), warp w owns keys key0 = block_key0 + 16 w ... + 15 and
 // walks the queries from the block's first key on, 64 at a time, holding in registers
 //   s^T = k q^T (16, 64), p^T = exp(s^T scale - lse),  dv += p^T dout,
@@ -771,9 +796,9 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
     __shared__ float lse_s[2][FLASH_TILE], D_s[2][FLASH_TILE];  // lse in base 2
     // the block's v, read by each warp as A fragments when the tile's dp^T needs them: held in
     // registers across the loop (16 a thread) it made ptxas spill 104 bytes at 168 registers,
-    // here 8 (4 more ldmatrix a tile; static shared memory 46 KB of the 48)
+    // here none (4 more ldmatrix a tile; static shared memory 46 KB of the 48)
     __shared__ __align__(16) floatX v_s[FLASH_TILE * FLASH_LD(HS)];
-    int warp = threadIdx.x / 32, t = threadIdx.x % 4;  // t: the lane's place in its group (mma.cuh)
+    int warp = threadIdx.x / 32;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int block_key0 = blockIdx.x * FLASH_TILE, key0 = block_key0 + warp * FLASH_ROWS;  // first keys: most queries
     int tiles = (T - block_key0 + FLASH_TILE - 1) / FLASH_TILE;  // causal: queries from the first key on
@@ -809,21 +834,9 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
             cp_async_wait<0>();
         }
         __syncthreads();
-        float s[FLASH_TILE / 8][4];  // s^T, then p^T
-        flash_a_xt<HS, 1>(&s, &k, q_s[buf]);
-        flash_key_probabilities(s, lse_s[buf], key0, u0, T, scale_log2);  // p^T
-        uint32_t a[FLASH_TILE / 16][4];
-        flash_scores_to_a(a, s);
-        flash_p_x<HS, 1>(&dv, &a, dy_s[buf]);  // dv += p^T dout
-        float dp[FLASH_TILE / 8][4];
-        uint32_t v[HS / 16][4];
-        flash_rows_to_a<HS>(v, v_s, warp * FLASH_ROWS);
-        flash_a_xt<HS, 1>(&dp, &v, dy_s[buf]);  // dp^T = v dout^T
-        for (int j = 0; j < FLASH_TILE / 8; j++)
-            for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_s[buf][8 * j + 2 * t + e % 2];
-        flash_scores_to_a(a, s);
-        flash_p_x<HS, 1>(&dk, &a, q_s[buf]);  // dk += ds^T q
-        __syncthreads();
+        uint32_t ds[FLASH_TILE / 16][4];  // (the one-kernel backward's; unused here)
+        flash_dkdv_tile<HS>(dk, dv, ds, k, v_s, q_s[buf], dy_s[buf], lse_s[buf], D_s[buf], key0, u0, T, scale_log2);
+        __syncthreads();  // every warp is done with the tiles of buf before they are refilled
     }
     flash_store<HS>(dqkv, 3 * C, C, dk, scale, b, h, key0, T);
     flash_store<HS>(dqkv, 3 * C, 2 * C, dv, 1.0f, b, h, key0, T);
@@ -1030,21 +1043,8 @@ flash_attention_backward_one_kernel(floatX* dqkv, float* dq_sums, int* counters,
             cp_async_wait<0>();
         }
         __syncthreads();
-        // (step 1: the dK dV kernel's tile)
-        float s[FLASH_TILE / 8][4];  // s^T, then p^T, then ds^T
-        flash_a_xt<HS, 1>(&s, &k, q_buf);
-        flash_key_probabilities(s, lse_buf, key0, u0, T, scale_log2);  // p^T
-        uint32_t a[FLASH_TILE / 16][4];
-        flash_scores_to_a(a, s);
-        flash_p_x<HS, 1>(&dv, &a, dy_buf);  // dv += p^T dout
-        float dp[FLASH_TILE / 8][4];
-        uint32_t v[HS / 16][4];
-        flash_rows_to_a<HS>(v, v_s, warp * FLASH_ROWS);
-        flash_a_xt<HS, 1>(&dp, &v, dy_buf);  // dp^T = v dout^T
-        for (int j = 0; j < FLASH_TILE / 8; j++)
-            for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_buf[8 * j + 2 * t + e % 2];
-        flash_scores_to_a(a, s);
-        flash_p_x<HS, 1>(&dk, &a, q_buf);  // dk += ds^T q
+        uint32_t a[FLASH_TILE / 16][4];  // (step 1: the dK dV kernel's tile) ds^T
+        flash_dkdv_tile<HS>(dk, dv, a, k, v_s, q_buf, dy_buf, lse_buf, D_buf, key0, u0, T, scale_log2);
         // (step 2) the warp's ds^T rows: A fragment kk holds columns 16 kk.. of rows g, g + 8
         // (the other warps read ds_s only after the barrier below, and were done with the last
         // tile's at the barrier that ended it)
