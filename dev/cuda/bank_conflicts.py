@@ -485,6 +485,9 @@ def kernel_accesses(kernel, funcs, prims, macros, targs):
                 continue  # the declaration itself
             subs, end = subscripts(text, pos + len(name))
             _, dims, _ = arrays[name]
+            if re.search(r"&\s*$", text[:pos]):
+                raise SyntaxError("line %d: &%s[..]: a pointer to an element, which this model does not read "
+                                  "(pass %s[..] or %s)" % (line_of(text, pos), name, name, name))
             if len(subs) == len(dims):  # an element: a plain ld.shared / st.shared
                 store = re.match(r"\s*(=(?!=)|[-+*/]=)", text[end:]) is not None
                 elem = arrays[name][0]
@@ -495,7 +498,7 @@ def kernel_accesses(kernel, funcs, prims, macros, targs):
                 continue
             # a pointer into the array: it must be an argument of a helper the model reads
             call = None
-            for c in re.finditer(r"\b(\w+)(?:<[\w\s,*+]+>)?\s*\(", text[kernel.start:pos]):
+            for c in re.finditer(r"\b(\w+)(?:<[\w\s,*+/]+>)?\s*\(", text[kernel.start:pos]):
                 cstart = kernel.start + c.start()
                 if matching(text, kernel.start + c.end() - 1) > pos and c.group(1) in funcs:
                     call = (c.group(1), cstart, kernel.start + c.end() - 1)
@@ -541,12 +544,15 @@ def helper_accesses(kernel, caller, call, funcs, prims, macros, base_envs, all_a
     # the helper's parameters, thread by thread, from the caller's variables at the call
     for envs, act in enumerate_scope(scope_items(caller, cstart), base_envs, all_active, macros, pinned):
         guard = statement_guard(caller, cstart)
-        if guard is not None:
-            try:
-                if not evaluate(guard, envs[0], macros):
-                    continue  # e.g. 'if (tile == 0)': not at this iteration
-            except (NameError, SyntaxError):
-                pass  # a condition on runtime values: assumed true
+        if guard is not None:  # thread by thread: 'if (tile == 0)', 'if (warp == 1)'
+            def holds(env):
+                try:
+                    return bool(evaluate(guard, env, macros))
+                except (NameError, SyntaxError):
+                    return True  # a condition on runtime values: assumed true
+            act = [a and holds(env) for env, a in zip(envs, act)]
+            if not any(act):
+                continue  # no thread calls it at this iteration
         pointer = None
         henvs = []
         for env in envs:
@@ -594,6 +600,9 @@ def helper_accesses(kernel, caller, call, funcs, prims, macros, base_envs, all_a
         # element accesses pointer[i]
         for c in re.finditer(r"\b%s\s*\[" % pname, body[helper.start:helper.end]):
             ppos = helper.start + c.start()
+            if re.search(r"&\s*$", body[:ppos]):
+                raise SyntaxError("line %d: &%s[..]: a pointer to an element, which this model does not read "
+                                  "(pass %s or %s + i)" % (line_of(body, ppos), pname, pname, pname))
             subs, end = subscripts(body, ppos + len(pname))
             store = re.match(r"\s*(=(?!=)|[-+*/]=)", body[end:]) is not None
             found = True

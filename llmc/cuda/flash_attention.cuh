@@ -760,10 +760,10 @@ flash_attention_backward_dq_wgmma_kernel(floatX* dqkv, const floatX* dout, const
 
 // One query tile of a dK dV walk, for the warp's 16 keys key0.. (k: their A fragments; v: the
 // block's v tile) against the queries u0.. (the q and dout tiles, their lse in base 2 and D):
-// dv += p^T dout and dk += ds^T q (dk unscaled); ds^T is left in ds as bf16 A fragments, for the
+// dv += p^T dout and dk += ds^T q (dk unscaled); ds^T is left in ds_t as bf16 A fragments, for the
 // one-kernel backward's dq
 template <int HS>
-__device__ inline void flash_dkdv_tile(float (&dk)[HS / 8][4], float (&dv)[HS / 8][4], uint32_t (&ds)[FLASH_TILE / 16][4],
+__device__ inline void flash_dkdv_tile(float (&dk)[HS / 8][4], float (&dv)[HS / 8][4], uint32_t (&ds_t)[FLASH_TILE / 16][4],
                                        const uint32_t (&k)[HS / 16][4], const floatX* v_s, const floatX* q_tile,
                                        const floatX* dy_tile, const float* lse_tile, const float* D_tile, int key0, int u0,
                                        int T, float scale_log2) {
@@ -771,16 +771,16 @@ __device__ inline void flash_dkdv_tile(float (&dk)[HS / 8][4], float (&dv)[HS / 
     float s[FLASH_TILE / 8][4];  // s^T, then p^T, then ds^T
     flash_a_xt<HS, 1>(&s, &k, q_tile);
     flash_key_probabilities(s, lse_tile, key0, u0, T, scale_log2);  // p^T
-    flash_scores_to_a(ds, s);  // (p^T here)
-    flash_p_x<HS, 1>(&dv, &ds, dy_tile);  // dv += p^T dout
+    flash_scores_to_a(ds_t, s);  // (p^T here)
+    flash_p_x<HS, 1>(&dv, &ds_t, dy_tile);  // dv += p^T dout
     float dp[FLASH_TILE / 8][4];
     uint32_t v[HS / 16][4];
     flash_rows_to_a<HS>(v, v_s, warp * FLASH_ROWS);
     flash_a_xt<HS, 1>(&dp, &v, dy_tile);  // dp^T = v dout^T
     for (int j = 0; j < FLASH_TILE / 8; j++)
         for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_tile[8 * j + 2 * t + e % 2];
-    flash_scores_to_a(ds, s);
-    flash_p_x<HS, 1>(&dk, &ds, q_tile);  // dk += ds^T q
+    flash_scores_to_a(ds_t, s);
+    flash_p_x<HS, 1>(&dk, &ds_t, q_tile);  // dk += ds^T q
 }
 
 // dK, dV: block (64 keys, b * NH + h), warp w owns keys key0 = block_key0 + 16 w ... + 15 and
@@ -834,8 +834,8 @@ flash_attention_backward_dkdv_kernel(floatX* dqkv, const floatX* dout, const flo
             cp_async_wait<0>();
         }
         __syncthreads();
-        uint32_t ds[FLASH_TILE / 16][4];  // (the one-kernel backward's; unused here)
-        flash_dkdv_tile<HS>(dk, dv, ds, k, v_s, q_s[buf], dy_s[buf], lse_s[buf], D_s[buf], key0, u0, T, scale_log2);
+        uint32_t ds_t[FLASH_TILE / 16][4];  // (the one-kernel backward's; unused here)
+        flash_dkdv_tile<HS>(dk, dv, ds_t, k, v_s, q_s[buf], dy_s[buf], lse_s[buf], D_s[buf], key0, u0, T, scale_log2);
         __syncthreads();  // every warp is done with the tiles of buf before they are refilled
     }
     flash_store<HS>(dqkv, 3 * C, C, dk, scale, b, h, key0, T);
@@ -1043,15 +1043,15 @@ flash_attention_backward_one_kernel(floatX* dqkv, float* dq_sums, int* counters,
             cp_async_wait<0>();
         }
         __syncthreads();
-        uint32_t a[FLASH_TILE / 16][4];  // (step 1: the dK dV kernel's tile) ds^T
-        flash_dkdv_tile<HS>(dk, dv, a, k, v_s, q_buf, dy_buf, lse_buf, D_buf, key0, u0, T, scale_log2);
+        uint32_t ds_t[FLASH_TILE / 16][4];  // (step 1: the dK dV kernel's tile) ds^T
+        flash_dkdv_tile<HS>(dk, dv, ds_t, k, v_s, q_buf, dy_buf, lse_buf, D_buf, key0, u0, T, scale_log2);
         // (step 2) the warp's ds^T rows: A fragment kk holds columns 16 kk.. of rows g, g + 8
         // (the other warps read ds_s only after the barrier below, and were done with the last
         // tile's at the barrier that ended it)
         for (int kk = 0; kk < FLASH_TILE / 16; kk++) {
             uint32_t* row = (uint32_t*)(ds_s + (warp * FLASH_ROWS + g) * FLASH_LD(FLASH_TILE) + 16 * kk + 2 * t);
-            row[0] = a[kk][0], row[4] = a[kk][2];  // (4 words: 8 columns on)
-            row[4 * FLASH_LD(FLASH_TILE)] = a[kk][1], row[4 * FLASH_LD(FLASH_TILE) + 4] = a[kk][3];  // (8 rows on)
+            row[0] = ds_t[kk][0], row[4] = ds_t[kk][2];  // (4 words: 8 columns on)
+            row[4 * FLASH_LD(FLASH_TILE)] = ds_t[kk][1], row[4 * FLASH_LD(FLASH_TILE) + 4] = ds_t[kk][3];  // (8 rows on)
         }
         __syncthreads();  // every warp's ds^T is in
         // ds (the warp's 16 queries, the block's 64 keys) as A fragments: ds^T read transposed,
