@@ -182,6 +182,21 @@ def evaluate(expr, env, macros):
 
 
 IDENT = r"(?<![.\w])%s\b"  # an identifier, not a member (threadIdx.x is not x)
+CALL = r"\b(\w+)(?:<[\w\s,*+/]+>)?\s*\("  # a call: its name, template arguments, open parenthesis
+
+
+def pointer_offset(arg, pname):
+    """the offset expression of an argument that is the pointer pname or pname + offset ("0" for
+    pname alone), None for any other argument"""
+    m = re.match(r"\s*%s\b\s*(?:\+(.*))?$" % pname, arg, re.S)
+    return None if not m else m.group(1) or "0"
+
+
+def refuse_address_of(text, pos, name, instead):
+    """stop at &name[..] (a pointer to an element): the model follows whole pointers only"""
+    if re.search(r"&\s*$", text[:pos]):
+        raise SyntaxError("line %d: &%s[..]: a pointer to an element, which this model does not read (pass %s)"
+                          % (line_of(text, pos), name, instead))
 
 
 def template_params(text, fn):
@@ -485,9 +500,7 @@ def kernel_accesses(kernel, funcs, prims, macros, targs):
                 continue  # the declaration itself
             subs, end = subscripts(text, pos + len(name))
             _, dims, _ = arrays[name]
-            if re.search(r"&\s*$", text[:pos]):
-                raise SyntaxError("line %d: &%s[..]: a pointer to an element, which this model does not read "
-                                  "(pass %s[..] or %s)" % (line_of(text, pos), name, name, name))
+            refuse_address_of(text, pos, name, "%s[..] or %s" % (name, name))
             if len(subs) == len(dims):  # an element: a plain ld.shared / st.shared
                 store = re.match(r"\s*(=(?!=)|[-+*/]=)", text[end:]) is not None
                 elem = arrays[name][0]
@@ -498,7 +511,7 @@ def kernel_accesses(kernel, funcs, prims, macros, targs):
                 continue
             # a pointer into the array: it must be an argument of a helper the model reads
             call = None
-            for c in re.finditer(r"\b(\w+)(?:<[\w\s,*+/]+>)?\s*\(", text[kernel.start:pos]):
+            for c in re.finditer(CALL, text[kernel.start:pos]):
                 cstart = kernel.start + c.start()
                 if matching(text, kernel.start + c.end() - 1) > pos and c.group(1) in funcs:
                     call = (c.group(1), cstart, kernel.start + c.end() - 1)
@@ -524,9 +537,9 @@ def pointer_calls(fn, pname, funcs):
     """the calls in fn's body of the helpers this model reads that take the pointer pname as an
     argument (pname or pname + offset): [(helper name, call start, its open parenthesis)]"""
     calls, body = [], fn.text
-    for c in re.finditer(r"\b(\w+)(?:<[\w\s,*+/]+>)?\s*\(", body[fn.start:fn.end]):
+    for c in re.finditer(CALL, body[fn.start:fn.end]):
         paren = fn.start + c.end() - 1
-        if c.group(1) in funcs and any(re.match(r"\s*%s\b\s*(\+.*)?$" % pname, a, re.S)
+        if c.group(1) in funcs and any(pointer_offset(a, pname) is not None
                                        for a in split_top(body[paren + 1:matching(body, paren) - 1])):
             calls.append((c.group(1), fn.start + c.start(), paren))
     return calls
@@ -587,11 +600,10 @@ def helper_accesses(kernel, caller, call, funcs, prims, macros, base_envs, all_a
             for c in re.finditer(r"\b%s\s*\(" % prim, body[helper.start:helper.end]):
                 ppos = helper.start + c.start()
                 pargs = split_top(body[helper.start + c.end():matching(body, helper.start + c.end() - 1) - 1])
-                m = re.match(r"\s*%s\b\s*(?:\+(.*))?$" % pname, pargs[argi], re.S)
-                if not m:
+                offset = pointer_offset(pargs[argi], pname)
+                if offset is None:
                     continue
                 found = True
-                offset = m.group(1) or "0"
                 reqs = requests_at(helper, ppos, henvs, act, macros,
                                    lambda env, o=offset: env["__ptr_" + pname] + evaluate(o, env, macros) * elem,
                                    pinned, lanes_used)
@@ -600,9 +612,7 @@ def helper_accesses(kernel, caller, call, funcs, prims, macros, base_envs, all_a
         # element accesses pointer[i]
         for c in re.finditer(r"\b%s\s*\[" % pname, body[helper.start:helper.end]):
             ppos = helper.start + c.start()
-            if re.search(r"&\s*$", body[:ppos]):
-                raise SyntaxError("line %d: &%s[..]: a pointer to an element, which this model does not read "
-                                  "(pass %s or %s + i)" % (line_of(body, ppos), pname, pname, pname))
+            refuse_address_of(body, ppos, pname, "%s or %s + i" % (pname, pname))
             subs, end = subscripts(body, ppos + len(pname))
             store = re.match(r"\s*(=(?!=)|[-+*/]=)", body[end:]) is not None
             found = True
@@ -614,8 +624,8 @@ def helper_accesses(kernel, caller, call, funcs, prims, macros, base_envs, all_a
         nested = pointer_calls(helper, pname, funcs)
         for ncall in nested:
             def pointer_argument(arg, env, p=pname, e=elem):
-                m = re.match(r"\s*%s\b\s*(?:\+(.*))?$" % p, arg, re.S)
-                return None if not m else env["__ptr_" + p] + evaluate(m.group(1) or "0", env, macros) * e
+                offset = pointer_offset(arg, p)
+                return None if offset is None else env["__ptr_" + p] + evaluate(offset, env, macros) * e
             out += helper_accesses(kernel, helper, ncall, funcs, prims, macros, henvs, act, pinned, array,
                                    pointer_argument)
             found = True
