@@ -5425,6 +5425,13 @@ def make_train_takes_steps_and_resume_and_says_how_to_go_on():
     assert rc == 0 and "resumed from step 2 in " + qs in out, out[-3000:]
 
 
+# More tests, a file per subject (test/tests_<subject>.py): each is read into this module, so it
+# uses the helpers above (test, mpirun, run_ok, fresh_dir, reference_run, ...) as if written here,
+# and its tests run in the order of the files' names after the ones above.
+for _path in sorted(glob.glob(os.path.join(ROOT, "test", "tests_*.py"))):
+    exec(compile(open(_path).read(), _path, "exec"))
+
+
 def main():
     os.makedirs(TMP, exist_ok=True)
     free = shutil.disk_usage(TMP).free
