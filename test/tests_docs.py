@@ -1,0 +1,145 @@
+# The documentation's own checks (issue 58): read into test/run_tests.py's namespace, so ROOT,
+# test, fresh_dir, mpirun, ... are its helpers.
+#
+# The book is split over several markdown files (README.md, dev/cuda/README.md,
+# dev/bench/README.md, test/README.md, ...) that link into one another, down to a section's
+# anchor. A section renamed or moved leaves a link that GitHub shows and that goes nowhere: these
+# tests find every such link.
+
+
+def markdown_outside_code(text):
+    """the lines of a markdown text that are prose: fenced code blocks (``` or ~~~) left out, and
+    in the others inline code spans blanked, so that a link or heading shown as code is not one"""
+    lines, fence = [], None
+    for line in text.splitlines():
+        m = re.match(r"^ {0,3}(`{3,}|~{3,})", line)
+        if fence is None and m:
+            fence = m.group(1)
+            lines.append("")
+            continue
+        if fence is not None:
+            if line.strip().startswith(fence[0] * len(fence)) and line.strip().strip(fence[0]) == "":
+                fence = None
+            lines.append("")
+            continue
+        lines.append(re.sub(r"(`+)(.+?)\1", lambda c: " " * len(c.group(0)), line))
+    return lines
+
+
+def github_anchor(heading):
+    """GitHub's anchor of a heading's text: markup reduced to its words (code spans keep their
+    text, a link its label), lower case, every character but letters, digits, spaces, - and _
+    dropped, each space a -"""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link or image: its label
+    text = text.replace("`", "").strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def markdown_anchors(path):
+    """the anchors of a markdown file's headings (ATX: 1 to 6 #), a repeated one as GitHub numbers
+    it: the second -1, the third -2"""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    anchors, seen = set(), {}
+    # headings are read from the raw lines (code spans kept: their text is part of the anchor),
+    # at the places markdown_outside_code says are prose
+    raw = text.splitlines()
+    for i, line in enumerate(markdown_outside_code(text)):
+        if re.match(r"^ {0,3}#{1,6}\s", line):
+            title = re.sub(r"^ {0,3}#{1,6}\s+", "", raw[i])
+            title = re.sub(r"\s+#+\s*$", "", title)  # a closing sequence of #
+            base = github_anchor(title)
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            anchors.add(base if n == 0 else "%s-%d" % (base, n))
+    return anchors
+
+
+def markdown_links(path):
+    """(line number, target) of every relative link and image of a markdown file: [text](target)
+    and ![alt](target) in prose, targets with a scheme (https:, mailto:) left out"""
+    with open(path, encoding="utf-8") as f:
+        lines = markdown_outside_code(f.read())
+    links = []
+    for number, line in enumerate(lines, 1):
+        for m in re.finditer(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", line):
+            target = m.group(1)
+            if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", target):
+                links.append((number, target))
+    return links
+
+
+def broken_markdown_links(root, files):
+    """every link of the given markdown files (paths relative to root) that does not resolve: its
+    file missing, or its #anchor no heading of the target markdown file. Returns (broken, checked):
+    broken as 'file:line: target (why)' strings, checked the number of links read"""
+    broken, checked, anchors = [], 0, {}
+    for name in files:
+        for number, target in markdown_links(os.path.join(root, name)):
+            checked += 1
+            path, _, anchor = target.partition("#")
+            where = os.path.normpath(os.path.join(root, os.path.dirname(name), path)) if path else os.path.join(root, name)
+            if not os.path.exists(where):
+                broken.append("%s:%d: %s (no such file)" % (name, number, target))
+                continue
+            if anchor:
+                if not where.endswith(".md"):
+                    broken.append("%s:%d: %s (an anchor into a file that is not markdown)" % (name, number, target))
+                    continue
+                if where not in anchors:
+                    anchors[where] = markdown_anchors(where)
+                if anchor not in anchors[where]:
+                    broken.append("%s:%d: %s (no heading with that anchor in %s)"
+                                  % (name, number, target, os.path.relpath(where, root)))
+    return broken, checked
+
+
+@test
+def docs_anchor_rule_is_githubs():
+    """the anchor rule on headings whose anchors GitHub shows (read off github.com's rendering of
+    such headings, not from this code): code spans, punctuation, dots in file names, repeats"""
+    assert github_anchor("DDP in five minutes (`train_gpt2_dp.cu`)") == "ddp-in-five-minutes-train_gpt2_dpcu"
+    assert github_anchor("ZeRO-1, ZeRO-2 and ZeRO-3 (`-z`)") == "zero-1-zero-2-and-zero-3--z"
+    assert github_anchor("Hiding tp's communication (`-tp_overlap 1`)") == "hiding-tps-communication--tp_overlap-1"
+    assert github_anchor("Where a GPU step's time goes, measured: `LLMC_KERNEL_TIMES=1`") == \
+        "where-a-gpu-steps-time-goes-measured-llmc_kernel_times1"
+    d = fresh_dir("docs_anchor_repeats")
+    with open(os.path.join(d, "a.md"), "w") as f:
+        f.write("# Title\n\n## Notes\n\n```\n## not a heading\n```\n\n## Notes\n\n### Notes\n")
+    assert markdown_anchors(os.path.join(d, "a.md")) == {"title", "notes", "notes-1", "notes-2"}
+
+
+@test
+def docs_every_markdown_link_and_anchor_resolves():
+    """every relative link and #anchor of every tracked markdown file (git ls-files '*.md')
+    names a file that exists and, with an anchor, a heading of that markdown file; first the
+    check itself on an edited copy of README.md, where it must find the links broken there"""
+    files = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                           check=True).stdout.split()
+    files += [f for f in ("dev/bench/README.md", "test/README.md")  # (new files, before their commit)
+              if f not in files and os.path.exists(os.path.join(ROOT, f))]
+    assert "README.md" in files, files
+    # the check can fail: a copy of README.md in a test dir, its relative links rewritten to reach
+    # what they named from there, with one link's file and one anchor broken, is reported at
+    # those two links and no others
+    d = fresh_dir("docs_links_edited")
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    good, _ = broken_markdown_links(ROOT, ["README.md"])
+    assert "](#quick-start)" in readme and "](dev/memory.html)" in readme, "the edits below need these links"
+    edited = readme.replace("](#quick-start)", "](#quick-start-nowhere)", 1).replace(
+        "](dev/memory.html)", "](dev/no_such_page.html)", 1)
+    copy = os.path.join(d, "README_edited.md")
+    up = os.path.relpath(ROOT, d)  # (the copy's relative links made to reach from its dir what they named)
+    with open(copy, "w", encoding="utf-8") as f:
+        f.write(re.sub(r"\]\((?!#|[a-zA-Z][a-zA-Z0-9+.-]*:)([^)\s]+)\)", lambda m: "](%s/%s)" % (up, m.group(1)), edited))
+    bad, checked_copy = broken_markdown_links(ROOT, [os.path.relpath(copy, ROOT)])
+    assert len(bad) == len(good) + 2, "the edited copy: %d broken, expected %d\n%s" % (len(bad), len(good) + 2, "\n".join(bad))
+    assert any("#quick-start-nowhere (no heading" in b for b in bad) and \
+        any("dev/no_such_page.html (no such file)" in b for b in bad), "\n".join(bad)
+    # the real files
+    broken, checked = broken_markdown_links(ROOT, files)
+    print("checked %d links in %d markdown files (%s)" % (checked, len(files), ", ".join(files)))
+    assert checked >= 40 and checked_copy >= 20, (checked, checked_copy)  # (the README alone had 48 before issue 58)
+    assert not broken, "%d of %d links do not resolve:\n%s" % (len(broken), checked, "\n".join(broken))
