@@ -485,6 +485,7 @@ MOE_MARGIN = 1e-3  # the least gap between the k-th and (k+1)-th score (s + b) t
 def moe_reference(E, k, balance="aux", cf=0.0, capacity_tokens=0):
     """the reference run of an MoE model: the first seed from 1 whose routing, at every step,
     layer and token, keeps MOE_MARGIN clear of a tie"""
+    shared_dir(SMALL_VOCAB, small_vocabulary)  # MOE's tokens (reference.run reads them)
     for seed in range(1, 30):
         out = os.path.join(TMP, "moe_reference_E%d_k%d_%s_cf%g_n%d_seed%d" % (E, k, balance, cf, capacity_tokens, seed))
         args = dict(MOE, out=out, seed=seed, experts=E, topk=k, balance=balance, aux_alpha=0.01, bias_rate=1e-3,
@@ -539,6 +540,15 @@ def compare_ep_with_reference(ranks, ep, accum, E=4, k=2, balance="aux", cf=0.0)
         assert abs(dropped - ref["dropped"][s]) <= 1e-6, "step %d dropped %g, reference %g" % (s + 1, dropped, ref["dropped"][s])
     if cf > 0:
         assert max(ref["dropped"]) > 0, "capacity %g dropped nothing: the test would not see drops" % cf
+    if balance == "bias":
+        # the final bias (the checkpoint's trainer state) is the reference's: each step moves each
+        # b_e by +-gamma or 0, so a step whose sign differs moves it by 2 gamma = 2e-3, while
+        # fp32's sum of 5 such steps is off by under 1e-9 (gamma's own rounding, 5e-11 a step,
+        # and the sum's, half a unit at 5e-3)
+        bias, expected = checkpoint_bias(d, steps, cfg["layers"], E), np.array(ref["bias"]).reshape(-1)
+        err = np.abs(bias - expected).max()
+        assert err <= 1e-8, "final bias %s, reference %s (max difference %g)" % (bias.tolist(), expected.tolist(), err)
+        assert np.abs(expected).max() > 0, "the reference's bias never moved: the check would not see a wrong sign"
     # the replicated parameters' all-reduce over every rank (with the loss, the L E loads, the
     # slot counts and the aux loss), each rank's experts' over the ranks that hold the same ones
     replicated, per_expert = moe_params(cfg, E)
@@ -572,6 +582,17 @@ def compare_ep_with_reference(ranks, ep, accum, E=4, k=2, balance="aux", cf=0.0)
         expected = 4 * replicated + 4 + 4 * (cfg["layers"] * E + 2) + 4
         assert comm["world"]["all_reduce"] == expected, (comm, expected)
         assert comm["expert_dp"].get("all_reduce", 0) == (4 * per_expert * E // ep if ranks > ep else 0), comm
+
+
+def checkpoint_bias(d, step, L, E):
+    """the routing bias (L E floats) of the EP trainer's checkpoint of `step` in d: the last bytes
+    of its gathered state file, the trainer's own state after the moments (llmc/checkpoint.h)"""
+    with open(os.path.join(d, "state_%08d.bin" % step), "rb") as f:
+        data = f.read()
+    header = np.frombuffer(data[:1024], dtype=np.int32)
+    extra = int(header[9]) | int(header[10]) << 32  # the extra bytes: fp32 weights where kept apart, then the own state
+    assert extra >= 4 * L * E and len(data) >= 1024 + extra, "state file of %d bytes, extra %d" % (len(data), extra)
+    return np.frombuffer(data[len(data) - 4 * L * E:], dtype=np.float32).astype(np.float64)
 
 
 def make_ep_test(ranks, ep, accum, E, k, balance, cf):
@@ -5441,6 +5462,9 @@ def main():
         print("0 passed, 1 failed, 0 skipped")
         sys.exit(1)
     pattern = sys.argv[1] if len(sys.argv) > 1 else ""
+    # REF's tokens, made before any test: a test that names REF["tokens"] (or MOE's) without
+    # calling reference_run first would otherwise pass only after one that did
+    shared_dir(SMALL_VOCAB, small_vocabulary)
     jobs = int(os.environ.get("TEST_JOBS", os.cpu_count() or 1))
     if pattern in "cuda_compiles_for_sm80_and_sm90":
         start_cuda_check()

@@ -1,0 +1,54 @@
+# Tests for what a reviewer's planted one-line bugs once slipped past (dev/mutation_sweep.py plants
+# them again, and lists the test that catches each). Read into test/run_tests.py's namespace: its
+# helpers (test, run_ok, fresh_dir, moe_reference, ...) are used as if written there.
+
+
+def collapsed_moe_model(d, E, k, cfg=MOE):
+    """moe_reference(E, k)'s initial model with every router weight zero, written into d: every
+    token's scores tie at 0 (the path of the file)"""
+    ref = moe_reference(E, k)
+    header, params = reference.read_model_file(os.path.join(ref["dir"], "model.bin"))
+    C, L, Vp, maxT = cfg["channels"], cfg["layers"], padded_vocab(cfg), cfg["max_seq_len"]
+    router = (Vp + maxT) * C + L * (4 * C * C + 8 * C)  # wte, wpe, ln1, qkv, attproj, ln2 come first
+    params = params.copy()
+    params[router: router + L * E * C] = 0.0
+    path = os.path.join(d, "collapsed.bin")
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(params.astype(np.float32).tobytes())
+    return path
+
+
+def expert_gradient_norms(grads_path, E, cfg=MOE):
+    """{tensor: (L, E) array}: the norm of each layer's and expert's gradient in a -dump_grads file,
+    for the four expert tensors (fc w, fc b, fcproj w, fcproj b), which follow the router (L E C)"""
+    C, L, Vp, maxT = cfg["channels"], cfg["layers"], padded_vocab(cfg), cfg["max_seq_len"]
+    _, g = reference.read_model_file(grads_path)
+    at = (Vp + maxT) * C + L * (4 * C * C + 8 * C) + L * E * C
+    norms = {}
+    for name, size in (("fc w", 4 * C * C), ("fc b", 4 * C), ("fcproj w", 4 * C * C), ("fcproj b", C)):
+        block = g[at: at + L * E * size].reshape(L, E, size)
+        norms[name] = np.sqrt((block.astype(np.float64) ** 2).sum(2))
+        at += L * E * size
+    return norms
+
+
+@test
+def ep_ties_go_to_the_lower_experts():
+    """a zero router ties every score, and ties go to the lower index: with top-2 of 4 experts every
+    token's slots are experts 0 and 1, so in the first step's gradients (-dump_grads) experts 0 and
+    1 of every layer have non-zero gradients in all four tensors, and experts 2 and 3 exactly zero
+    ones (no token reached them). A top-k that broke ties towards the higher index would route to 2
+    and 3 instead, which MaxVio, the dropped share and the bytes (the collapsed-router test) cannot
+    tell apart"""
+    E, k = 4, 2
+    d = fresh_dir("ep_ties")
+    model = collapsed_moe_model(d, E, k)
+    grads = os.path.join(d, "grads.bin")
+    run_ok(2, ["-e", model] + data_args(MOE) + ["-b", 4, "-t", MOE["seq_len"], "-x", 1, "-v", 0, "-s", 0, "-ep", 2,
+                                                "-balance", "none", "-dump_grads", grads, "-o", os.path.join(d, "out")],
+           program="./train_gpt2_ep")
+    for name, norms in expert_gradient_norms(grads, E).items():
+        assert (norms[:, :k] > 0).all() and (norms[:, k:] == 0).all(), (
+            "%s gradient norms by layer (rows) and expert (columns), expected non-zero for experts 0..%d "
+            "only:\n%s" % (name, k - 1, norms))
