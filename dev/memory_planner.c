@@ -60,10 +60,18 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, CpSplit sp
             return snprintf(why, n, "-ep %d: expert parallelism splits the E = %d experts over ep of the %d ranks, so ep must "
                             "divide both", layout_ep(r), c.experts, r->dp), 1;
         }
+        // (the trainer's own refusal, word for word: its MoE layers have no recomputation path)
+        if (r->recompute != 0) {
+            return snprintf(why, n, "-r %d: train_gpt2_ep keeps every activation (-r 0); recomputation of MoE layers is "
+                            "not written yet", r->recompute), 1;
+        }
     } else if (gpt2_is_moe(c)) {
         return snprintf(why, n, "-experts %d: a Mixture-of-Experts model is train_gpt2_ep's (-trainer ep)", c.experts), 1;
     } else if (r->ep > 1) {
         return snprintf(why, n, "-ep %d is train_gpt2_ep's (-trainer ep)", r->ep), 1;
+    } else if (r->capacity_factor > 0) {  // (a dense model has no experts to cap)
+        return snprintf(why, n, "-capacity_factor %g caps the experts of a Mixture-of-Experts model: give -experts E "
+                        "(train_gpt2_ep)", r->capacity_factor), 1;
     }
     if (r->trainer != TRAINER_CP && r->trainer != TRAINER_3D && r->cp > 1) {
         return snprintf(why, n, "-cp %d is train_gpt2_cp's or train_gpt2_3d's", r->cp), 1;

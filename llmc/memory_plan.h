@@ -328,6 +328,7 @@ static inline int memory_plan_rows(const MemoryPlan* plan, GPT2Config c, const R
     memory_row(rows, &n, "model states", plan->params + plan->grads + plan->master + plan->state, MEMORY_SUM, note);
     snprintf(note, sizeof(note), "-r %d; -r 0 / 1 / 2: %.1f / %.1f / %.1f MB", r->recompute, plan->activations_for[0] / 1e6,
              plan->activations_for[1] / 1e6, plan->activations_for[2] / 1e6);
+    if (r->trainer == TRAINER_EP) snprintf(note, sizeof(note), "-r 0: train_gpt2_ep keeps every activation (no -r 1 or 2)");
     memory_row(rows, &n, "activations", plan->activations, MEMORY_SUM, note);
     if (plan->slots > 1 || r->pp > 1) {
         snprintf(note, sizeof(note), "kept for the backward: %d slot%s (the schedule's micro-batch%s in flight) x %d layers",
