@@ -4422,12 +4422,13 @@ def make_diloco_stream_test(workers, ranks, fragments, layout, alpha, H=4, tau=0
     return fn
 
 
-# strided fragments at F = 2 and 4, the merge at alpha 0.5, 2 workers of 1 and of 2 ranks; tau 1
-# and 2 over 9 steps with F = 2 and 4 (tau < H/F)
+# strided fragments at F = 2 and 4, the merge at alpha 0.5 and 0.3, 2 workers of 1 and of 2 ranks;
+# tau 1 and 2 over 9 steps with F = 2 and 4 (tau < H/F). (0.3, not only 0.5: at 0.5 a merge that
+# swapped alpha and 1 - alpha would be the same merge)
 REF4_9 = dict(REF4, steps=9)
 for _w, _r, _f, _layout, _alpha, _H, _tau, _cfg in [
-        (2, 2, 2, "strided", 0.5, 4, 0, REF4), (2, 4, 4, "strided", 0.0, 4, 0, REF4), (2, 4, 2, "contiguous", 0.5, 4, 0, REF4),
-        (2, 2, 4, "strided", 0.5, 4, 0, REF4), (2, 2, 2, "strided", 0.5, 4, 1, REF4_9),
+        (2, 2, 2, "strided", 0.3, 4, 0, REF4), (2, 4, 4, "strided", 0.0, 4, 0, REF4), (2, 4, 2, "contiguous", 0.5, 4, 0, REF4),
+        (2, 2, 4, "strided", 0.5, 4, 0, REF4), (2, 2, 2, "strided", 0.3, 4, 1, REF4_9),
         (2, 4, 2, "contiguous", 0.5, 8, 2, REF4_9), (2, 2, 4, "strided", 0.5, 8, 1, REF4_9),
         (2, 4, 1, "contiguous", 0.0, 3, 2, REF4_9)]:
     test(make_diloco_stream_test(_w, _r, _f, _layout, _alpha, _H, _tau, _cfg))
