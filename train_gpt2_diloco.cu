@@ -25,7 +25,7 @@ optimizer's momentum (12 bytes a parameter with the pseudo-gradient's buffer: th
 3. Its mean over the workers: one all-reduce (AVG) of P fp32 values across workers, each rank
    with the ranks at its place in the other workers (R all-reduces side by side). With
    -outer_dtype bf16 the values cross the link in bf16, half the bytes: the all-reduce written
-   out as a reduce-scatter and an all-gather of bf16 shards, summed in fp32 (average_on_link).
+   out as a reduce-scatter and an all-gather of bf16 shards, summed in fp32 (llmc/outer_link.h).
    With int8 or e3m0 (a sign and a 3-bit exponent: 4 bits, an eighth of fp32's bytes) each value
    is a code beside an fp32 scale, the largest |value| of its piece (a tensor of a layer within a
    shard), rounded to nearest (e3m0 in log space; llmc/precision.h defines both); the same
@@ -48,18 +48,30 @@ paper's pattern, so that every fragment spans the depth (contiguous, the default
 consecutive layers). -alpha a merges instead of replacing: after its outer step a fragment's
 worker weights become a theta_local + (1 - a) theta_outer, theta_local being the worker's own at
 that moment (the paper's alpha; 0, the default, is plain DiLoCo); the last step's outer steps take
-theta_outer unmerged, so that every worker ends on it and the model file is theta_outer. -tau t overlaps the exchange
-with t inner steps: a fragment's pseudo-gradient is taken and its all-reduce posted at its outer
-step (non-blocking: on the GPU NCCL's comm stream, on the CPU an MPI request), the inner steps go
-on, and t steps later the average is applied: the outer Nesterov step with that (t steps old)
+theta_outer unmerged, so that every worker ends on it and the model file is theta_outer.
+-tau t overlaps the exchange with t inner steps: a fragment's pseudo-gradient is taken and its
+all-reduce posted at its outer step (non-blocking: on the GPU NCCL's comm stream, on the CPU an
+MPI request), the inner steps go on, and t steps later the average is applied: the outer Nesterov step with that (t steps old)
 pseudo-gradient, then the merge with the worker's weights of now, which with -alpha 0 would throw
 those t steps away (the paper pairs tau with alpha 0.5). One exchange is in flight at a time
 (tau < H/F: it lands before the next fragment's is posted); the last step applies what is in
 flight and then takes every fragment's outer step at once; a checkpoint waits for the average in
-flight and records it. (Below fp32 the average is two halves of exchanges with the owner's mean
-between them: the first half is posted at the outer step, the mean taken and the second half
-posted at the next step's end.) The paper sends its outer gradients in 4 bits (E3M0): -outer_dtype
-e3m0.
+flight and records it. Below fp32 the average is two halves of exchanges with the owner's mean
+between them: the timeline, step by step, is the comment of llmc/outer_link.h's OuterLink, the
+struct that holds tau and the exchange in flight. The paper sends its outer gradients in 4 bits
+(E3M0): -outer_dtype e3m0.
+
+The bytes a rank sends on the link at an outer step, which the start's table prints for the run:
+2 (W-1)/W P_f b/8 for a fragment of P_f values of b bits (a ring all-reduce's share), below 16
+bits plus 4 bytes of scale a piece and each piece's codes padded to whole 16-bit words. For
+GPT-2 124M (-e d12, P = 124,475,904) and W = 4 workers, on rank 0:
+                          P_f          fp32 (4 B)  bf16 (2 B)  int8 (1 B)      e3m0 (0.5 B)
+  F = 1: the model        124,475,904  746.9 MB    373.4 MB    186.7 MB + 612  93.4 MB + 612
+  F = 2: fragment 0        81,947,136  491.7 MB    245.8 MB    122.9 MB + 316  61.5 MB + 316
+         fragment 1        42,528,768  255.2 MB    127.6 MB     63.8 MB + 476  31.9 MB + 476
+(+ n: the bytes of scales and padding; F = 2 contiguous: fragment 0 is layers 0-5 with wte and
+wpe, fragment 1 layers 6-11 with lnf.) Each every H steps; DDP over the same 4 ranks sends
+2 (p-1)/p P X = 373.4 MB every step in bf16.
 
 -H 1 -outer_lr 1 -outer_momentum 0 averages the workers' parameters after every step: theta_outer
 becomes the mean of the workers' theta. That is not DDP: DDP averages the gradients before one
@@ -72,16 +84,22 @@ beside it is rank 0's worker's own.
 
 Checkpoints (-n, -y) hold what differs between workers: every rank's state file carries its
 worker's AdamW moments and weights, theta_outer and the outer momentum, so a run resumes bit for
-bit between two outer steps; the same W and rank count are required. A finished run extends (-y 1
-with a larger -x) only where its last step was due for every fragment anyway: otherwise that
-step's outer step is one the longer run would not take, and the resume is refused (check_resume).
+bit between two outer steps; the same W and rank count are required. A checkpoint's model file
+(model_<step>.bin) holds worker 0's weights after that step's outer steps, as every trainer's
+holds what its rank 0 trains (the run layer writes it, llmc/train.h): theta_outer where each
+fragment's outer step was just applied with -alpha 0 (F = 1 and -tau 0: every H steps) and
+always at the last step; after one with -alpha a > 0, a theta_local + (1 - a) theta_outer;
+between outer steps (with -tau, until the average in flight is applied) the worker's own. The
+model to evaluate is theta_outer: validation measures it, the run's last model file is it, and
+every state file holds it (the first of the trainer's own buffers, diloco_state). A finished
+run extends (-y 1 with a larger -x) only where its last step was due for every fragment anyway:
+otherwise that step's outer step is one the longer run would not take, and the resume is refused
+(check_resume).
 
 Build: make train_gpt2_diloco        Run: mpirun -np 4 ./train_gpt2_diloco -e d6 -workers 4 -H 10 -x 100 -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
 */
-#include <float.h>
 #include <math.h>
-#include <stdint.h>
 #include <string.h>
 #include "llmc/utils.h"
 #include "llmc/args.h"
@@ -92,6 +110,8 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/model.h"
 #include "llmc/block.h"
 #include "llmc/tensor_parallel.h"
+#include "llmc/chunk.h"
+#include "llmc/outer_link.h"
 #include "llmc/train.h"
 #include "llmc/run.h"
 #include "llmc/memory_plan.h"
@@ -109,13 +129,9 @@ static int fragment_holds(int F, int strided, int f, int l, int L) { return stri
 // after another (ln1w of layer 0, 1, ..., then qkvw of layer 0, 1, ...), so a contiguous
 // fragment's layers are one run of each per-layer tensor, and a strided fragment's L/F runs of one
 // layer each; the embeddings (f = 0) and the final LayerNorm (f = F-1) are spans of their own.
-// Fills runs (at most NUM_PARAMETER_TENSORS x L) and returns how many; their elements in *P_f.
-// With merge 0, one run a tensor of a layer (the link's pieces are cut from them): tensor and
-// layer (-1: not a per-layer tensor) name it.
-typedef struct {
-    size_t offset, count;
-    int tensor, layer;
-} Span;
+// Fills runs (at most NUM_PARAMETER_TENSORS x L; llmc/outer_link.h's Span) and returns how many;
+// their elements in *P_f. With merge 0, one run a tensor of a layer (the link's pieces are cut
+// from them): tensor and layer (-1: not a per-layer tensor) name it.
 static int fragment_spans(int F, int strided, const ParameterLayout* p, int f, Span* runs, size_t* P_f, int merge) {
     int n = 0;
     *P_f = 0;
@@ -138,30 +154,8 @@ static int fragment_spans(int F, int strided, const ParameterLayout* p, int f, S
     return n;
 }
 
-// What crosses the link at a fragment's outer step when it is not one fp32 all-reduce
-// (-outer_dtype bf16, int8, e3m0): the fragment's P_f packed values in W shards, worker w owning
-// shard w; shard s's message is what any worker sends its owner and the owner sends back (its
-// mean). In bf16 a message is the shard's values, a word each. In int8 and e3m0 the shard is cut
-// further into pieces, each a tensor of one layer as the model file stores it (wte, ln1w of layer
-// 3, ...) or the part of one inside the shard, with a scale each (llmc/precision.h's codes): the
-// message holds its pieces' scales (an fp32 each, two words), then each piece's codes from a word
-// of its own, 16 / bits to a word, padded to an even number of words so that the next message's
-// scales stay 4-byte aligned. A scale per tensor and layer, not one per shard: LayerNorm gains
-// and matrices move by different amounts, and e3m0's 64x range could not hold both.
-typedef struct {
-    size_t flat, count;         // the piece's parameters in the flat buffer
-    int shard;                  // the exchange's shard it lies in
-    size_t scale_at, codes_at;  // its scale's and first code's word within its shard's message
-    int tensor, layer;          // what it is part of (the message a non-finite value stops with)
-} Piece;
-typedef struct {
-    Piece* pieces;          // in packed order (so by shard); none in bf16
-    int num_pieces;
-    size_t* message_at;     // (W) shard s's message: where it starts in the link buffer, in words
-    size_t* message_words;  // (W) and how long it is
-    size_t words;           // every shard's message one after another: what a worker sends out
-} LinkLayout;
-
+// A rank's DiLoCo: its worker and the ranks across, the schedule of the outer steps and their
+// state (theta_outer, the momentum, the pseudo-gradient), and the link between workers
 typedef struct {
     GPT2* model;                    // this rank's copy: its worker's
     int rank;                       // in the world: worker w's r-th rank is w R + r
@@ -169,9 +163,6 @@ typedef struct {
     int H;                          // inner steps between outer steps
     int fragments;                  // F (streaming DiLoCo; 1: the whole model at once)
     int strided;                    // -fragment_layout strided: fragment f holds the layers l % F == f
-    int link_bits;                  // bits a pseudo-gradient value crosses the link in (-outer_dtype):
-                                    // 32 (fp32, one all-reduce), 16 (bf16), 8 (int8), 4 (e3m0)
-    LinkLayout* link;               // (F) each fragment's messages, when link_bits < 32
     float outer_lr, outer_momentum;
     float alpha;                    // -alpha: a worker resumes from alpha theta_local + (1 - alpha) theta_outer
     Span** spans;                   // (F) each fragment's runs of the flat buffer (fragment_spans), once
@@ -182,73 +173,11 @@ typedef struct {
     float* outer;       // (P) fp32 theta_outer: the same on every rank
     float* momentum;    // (P) fp32 the outer optimizer's momentum: the same on every rank
     float* delta;       // (P) fp32 the pseudo-gradient; below fp32 its bytes are the link buffer
-                        // (average_on_link): the messages sent, those received, the mean's scales
     float* ended;       // (1) fp32 1 once the run's last step has taken an outer step off its
                         // schedule (fragment_due), 0 before: a checkpoint carries it (check_resume)
-    // -tau: a fragment's exchange posted at its outer step and applied tau steps later
-    int tau;
-    int in_flight;      // the fragment whose averaged pseudo-gradient is on its way (in delta), -1: none
-    int apply_after;    // ... applied after this many completed steps
-    CommRequest exchange;  // its all-reduce (fp32)
-    CommRequest* rounds;   // (W - 1) below fp32: the exchanges of the half of its average in flight
-    int link_phase;        // ... which half: 1 the reduce-scatter's (a.), 2 the all-gather's (c.), 0 none
-    float* pending;     // (2) fp32 in_flight + 1 and apply_after, for checkpoints
+    OuterLink link;     // what crosses the link (-outer_dtype) and, with -tau, the exchange in
+                        // flight: its timeline is llmc/outer_link.h's OuterLink comment
 } Diloco;
-
-// worker w's shard of a fragment's P_f values, for the exchanges below fp32: [w P_f / W, (w + 1) P_f / W)
-static size_t shard_start(size_t P_f, int w, int W) { return (size_t)w * P_f / (size_t)W; }
-static size_t shard_size(size_t P_f, int w, int W) { return shard_start(P_f, w + 1, W) - shard_start(P_f, w, W); }
-
-// Fragment f's messages (LinkLayout) for W workers: in bf16 each shard's values; in int8 and
-// e3m0 the pieces (the fragment's tensors of a layer, in packed order, cut at the shards'
-// boundaries) and each shard's scales and codes. Returns the words of the link buffer the
-// exchange needs on rank `me`: the messages sent, the W - 1 received (its own shard's), the mean's
-// scales.
-static size_t link_layout(LinkLayout* k, const ParameterLayout* p, int F, int strided, int f, int bits, int W, int me) {
-    Span* units = (Span*)malloc_check((size_t)NUM_PARAMETER_TENSORS * (p->layers + 1) * sizeof(Span));
-    size_t P_f;
-    int num_units = fragment_spans(F, strided, p, f, units, &P_f, /*merge*/ 0);
-    k->message_at = (size_t*)malloc_check((size_t)W * sizeof(size_t));
-    k->message_words = (size_t*)malloc_check((size_t)W * sizeof(size_t));
-    k->pieces = (Piece*)malloc_check(((size_t)num_units + W) * sizeof(Piece));
-    k->num_pieces = 0;
-    size_t packed = 0;  // (the first value of the unit in the fragment's packed order)
-    for (int u = 0; u < num_units && bits < 16; u++) {
-        for (size_t done = 0; done < units[u].count;) {  // the unit's parts in each shard it crosses
-            int s = 0;
-            while (shard_start(P_f, s + 1, W) <= packed + done) s++;
-            size_t take = shard_start(P_f, s + 1, W) - (packed + done);
-            if (take > units[u].count - done) take = units[u].count - done;
-            k->pieces[k->num_pieces++] = (Piece){units[u].offset + done, take, s, 0, 0, units[u].tensor, units[u].layer};
-            done += take;
-        }
-        packed += units[u].count;
-    }
-    free(units);
-    size_t at = 0, mean_scales = 0;
-    for (int s = 0, i = 0; s < W; s++) {
-        size_t words = shard_size(P_f, s, W);  // (bf16: a word a value)
-        if (bits < 16) {
-            int first = i;
-            while (i < k->num_pieces && k->pieces[i].shard == s) i++;
-            words = 2 * (size_t)(i - first);  // the scales, then each piece's codes from a word of its own
-            for (int j = first; j < i; j++) {
-                k->pieces[j].scale_at = 2 * (size_t)(j - first);
-                k->pieces[j].codes_at = words;
-                words += (k->pieces[j].count + 16 / bits - 1) / (16 / bits);
-            }
-            words += words % 2;
-            if (s == me) mean_scales = 2 * (size_t)(i - first);
-        }
-        k->message_at[s] = at;
-        k->message_words[s] = words;
-        at += words;
-    }
-    k->words = at;
-    return k->words + (size_t)(W - 1) * k->message_words[me] + mean_scales;
-}
-
-static const char* link_name(int bits) { return bits == 32 ? "fp32" : bits == 16 ? "bf16" : bits == 8 ? "int8" : "e3m0"; }
 
 // Worker w holds ranks w R .. w R + R - 1: consecutive ranks share a machine, and the worker's
 // every-step all-reduce should be the fast one. comm_split (MPI_Comm_split, ncclCommSplit): the
@@ -262,62 +191,62 @@ static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, i
     d->fragments = fragments;
     d->strided = strided;
     d->alpha = alpha;
-    d->tau = tau;
-    d->in_flight = -1;
-    d->apply_after = 0;
-    memset(&d->exchange, 0, sizeof(d->exchange));
-    d->rounds = (CommRequest*)calloc((size_t)workers, sizeof(CommRequest));
-    d->link_phase = 0;
     d->outer_lr = outer_lr;
     d->outer_momentum = outer_momentum;
-    d->link_bits = link_bits;
     d->rank = r;
     d->workers = workers;
     d->ranks_per_worker = R;
     comm_split(&d->worker, world, r / R, r % R, "worker");
     comm_split(&d->across, world, r % R, r / R, "across");
+    d->outer = (float*)device_malloc(P * sizeof(float));
+    d->momentum = (float*)device_malloc(P * sizeof(float));
+    d->delta = (float*)device_malloc(P * sizeof(float));
+    d->ended = (float*)device_malloc(sizeof(float));
+    device_memset_zero(d->momentum, P * sizeof(float));
+    device_memset_zero(d->ended, sizeof(float));
+    OuterLink* link = &d->link;
+    memset(link, 0, sizeof(*link));
+    link->bits = link_bits;
+    link->fragments = fragments;
+    link->across = &d->across;
+    link->buffer = d->delta;
+    link->tau = tau;
+    link->fragment = -1;
+    link->rounds = (CommRequest*)calloc((size_t)workers, sizeof(CommRequest));
+    link->pending = (float*)device_malloc(2 * sizeof(float));
+    device_memset_zero(link->pending, 2 * sizeof(float));
+    link->layouts = link_bits < 32 ? (LinkLayout*)malloc_check((size_t)fragments * sizeof(LinkLayout)) : NULL;
     d->spans = (Span**)malloc_check((size_t)fragments * sizeof(Span*));
     d->num_spans = (int*)malloc_check((size_t)fragments * sizeof(int));
     d->fragment_size = (size_t*)malloc_check((size_t)fragments * sizeof(size_t));
-    d->link = link_bits < 32 ? (LinkLayout*)malloc_check((size_t)fragments * sizeof(LinkLayout)) : NULL;
+    Span* units = (Span*)malloc_check((size_t)NUM_PARAMETER_TENSORS * (model->layout.layers + 1) * sizeof(Span));
     for (int f = 0; f < fragments; f++) {
         d->spans[f] = (Span*)malloc_check((size_t)NUM_PARAMETER_TENSORS * (model->layout.layers + 1) * sizeof(Span));
         d->num_spans[f] = fragment_spans(fragments, strided, &model->layout, f, d->spans[f], &d->fragment_size[f], 1);
         // the link buffer lives in delta's bytes, 2P words: in bf16 the fragment's values and the
         // others' of this rank's shard, which fit while W is below about sqrt(P); int8 and e3m0 need less
         if (link_bits == 32) continue;
-        size_t needed = link_layout(&d->link[f], &model->layout, fragments, strided, f, link_bits, workers, r / R);
+        size_t P_f;
+        int num_units = fragment_spans(fragments, strided, &model->layout, f, units, &P_f, /*merge*/ 0);
+        size_t needed = link_layout(&link->layouts[f], units, num_units, P_f, link_bits, workers, r / R);
         check_every_rank(needed <= 2 * P, "-workers %d: the exchanges of -outer_dtype below fp32 need %zu words of 16 "
                          "bits for fragment %d, its messages and the W - 1 others' of a shard, and the pseudo-gradient's "
                          "buffer holds 2P = %zu (fewer workers, or a larger model)", workers, needed, f, 2 * P);
     }
-    d->outer = (float*)device_malloc(P * sizeof(float));
-    d->momentum = (float*)device_malloc(P * sizeof(float));
-    d->delta = (float*)device_malloc(P * sizeof(float));
-    d->ended = (float*)device_malloc(sizeof(float));
-    d->pending = (float*)device_malloc(2 * sizeof(float));
-    device_memset_zero(d->momentum, P * sizeof(float));
-    device_memset_zero(d->ended, sizeof(float));
-    device_memset_zero(d->pending, 2 * sizeof(float));
+    free(units);
 }
 
 static void diloco_free(Diloco* d) {
+    link_free(&d->link);
     device_free(d->outer);
     device_free(d->momentum);
     device_free(d->delta);
     device_free(d->ended);
-    device_free(d->pending);
-    for (int f = 0; f < d->fragments; f++) {
-        free(d->spans[f]);
-        if (d->link) free(d->link[f].pieces), free(d->link[f].message_at), free(d->link[f].message_words);
-    }
-    free(d->link);
-    free(d->rounds);
+    for (int f = 0; f < d->fragments; f++) free(d->spans[f]);
     free(d->spans), free(d->num_spans), free(d->fragment_size);
     comm_group_free(&d->worker);
     comm_group_free(&d->across);
 }
-
 // does fragment f take its outer step after `completed` steps by its schedule: every H steps from
 // its offset f H/F (in 64 bits: f H overflows an int for -H near 2^31)
 static int fragment_scheduled(const Diloco* d, int f, int completed) {
@@ -349,164 +278,35 @@ static void check_resume(void* trainer, const char* dir, int step, int max_steps
          "step %d, or from the start", max_steps, step, dir, step, d->H, f, step, max_steps, max_steps, step);
 }
 
-// A pseudo-gradient holding a value that is not finite has no scale to code it in, and one beyond
-// FLT_MAX / W would overflow the owner's sum of W workers: stop, naming the tensor. Every rank
-// posts the same fragment at the same step, so they check together (check_every_rank: one rank's
-// bad value stops them all in order). The scales come to the host, each shard's in one copy
-static void check_link_scales(const Diloco* d, int f) {
-    const uint16_t* link = (const uint16_t*)d->delta;
-    const LinkLayout* k = &d->link[f];
-    float* scales = (float*)malloc_check(((size_t)k->num_pieces + 1) * sizeof(float));
-    for (int i = 0, s = 0; s < d->workers; s++) {  // (a shard's message opens with its pieces' scales, in order)
-        int first = i;
-        while (i < k->num_pieces && k->pieces[i].shard == s) i++;
-        copy_device_to_host(scales + first, link + k->message_at[s], (size_t)(i - first) * sizeof(float));
-    }
-    float largest = FLT_MAX / (float)d->workers;
-    int bad = -1;
-    for (int i = 0; i < k->num_pieces && bad < 0; i++) bad = scales[i] <= largest ? -1 : i;  // (a NaN fails too)
-    const Piece* piece = &k->pieces[bad < 0 ? 0 : bad];
-    float scale = scales[bad < 0 ? 0 : bad];
-    char layer[32] = "";
-    if (piece->layer >= 0) snprintf(layer, sizeof(layer), " of layer %d", piece->layer);
-    free(scales);
-    check_every_rank(bad < 0, "-outer_dtype %s: the pseudo-gradient of fragment %d holds %s in %s%s (its largest |value| "
-                     "is %g): a worker's weights have left the range the link can code and the workers' sum can hold "
-                     "(FLT_MAX / W = %g)", link_name(d->link_bits), f, isfinite(scale) ? "a value too large" : "a non-finite value",
-                     parameter_names[piece->tensor], layer, scale, largest);
-}
-
-// Step 3 below fp32 (-outer_dtype bf16, int8, e3m0): the mean over the workers of this worker's
-// pseudo-gradient of fragment f, coded for the link in the link buffer (LinkLayout: in bf16 the
-// P_f values; in int8 and e3m0 each shard's message of scales and codes). An all-reduce is a
-// reduce-scatter and an all-gather; written out as W - 1 rounds of exchanges each, the values
-// cross the link in 16-bit words while the sum is taken in fp32:
-//  a. reduce-scatter: worker w owns shard w; in round k every worker sends its message of shard
-//     (me + k) % W to that shard's owner and receives its own shard's from worker (me - k) % W;
-//  b. the owner sums the W values of each element in fp32, in worker order, divides by W and codes
-//     the mean for the way back (outer_mean_bf16; link_mean_scale and link_mean_quantize, whose
-//     scales then replace the owner's own in its message);
-//  c. all-gather: in round k every worker sends its mean's message to worker (me + k) % W and
-//     receives worker (me - k) % W's in its place.
-// Each rank sends 2 (W - 1)/W of the fragment's messages, as a ring all-reduce would: a half of
-// the fp32 all-reduce's bytes in bf16, a quarter in int8, an eighth in e3m0 (and the scales, 4
-// bytes a piece). Two roundings: each worker's pseudo-gradient, and the mean on its way back. The
-// others' messages of this rank's shard wait after the messages sent: (W - 1) x its length.
-// With -tau the halves travel under the inner steps: a.'s rounds are posted at the outer step, and
-// at the next step's end (link_advance) the owner waits for them, takes b. and posts c., which the
-// application waits for. Every rank posts the rounds in the same order, so each pair's messages
-// match.
-
-// a. (gather 0) or c. (gather 1): the W - 1 rounds, each a send and a receive; posted into
-// d->rounds and left in flight, or waited for
-static void link_exchanges(Diloco* d, int f, int gather, int posted) {
-    uint16_t* link = (uint16_t*)d->delta;
-    const LinkLayout* k = &d->link[f];
-    CommGroup* g = &d->across;
-    int W = g->size, me = g->rank;
-    size_t stride = k->message_words[me];
-    uint16_t *mine = link + k->message_at[me], *others = link + k->words;
-    for (int round = 1; round < W; round++) {
-        int to = (me + round) % W, from = (me - round + W) % W;
-        uint16_t* from_slot = gather ? link + k->message_at[from] : others + (size_t)(from < me ? from : from - 1) * stride;
-        CommMessage msgs[2] = {comm_message(gather ? mine : link + k->message_at[to], k->message_words[gather ? me : to], to, 1),
-                               comm_message(from_slot, k->message_words[gather ? from : me], from, 0)};
-        // (16-bit words: bf16 values, or codes and scales)
-        if (posted) comm_exchange_start(g, msgs, 2, COMM_BF16, &d->rounds[round - 1]);
-        else comm_exchange(g, msgs, 2, COMM_BF16);
-    }
-}
-
-// b.: the owner's mean of its shard, coded for the way back
-static void link_mean_of_shard(Diloco* d, int f) {
-    uint16_t* link = (uint16_t*)d->delta;
-    const LinkLayout* k = &d->link[f];
-    int W = d->across.size, me = d->across.rank, bits = d->link_bits;
-    size_t stride = k->message_words[me];
-    uint16_t *mine = link + k->message_at[me], *others = link + k->words;
-    if (bits == 16) {
-        outer_mean_bf16((bfloat16*)mine, (const bfloat16*)others, W, me, stride);
-        return;
-    }
-    float* mean_scales = (float*)(others + (size_t)(W - 1) * stride);  // (this shard's pieces, in order)
-    int first = 0, count = 0;
-    while (first < k->num_pieces && k->pieces[first].shard < me) first++;
-    for (int i = first; i < k->num_pieces && k->pieces[i].shard == me; i++, count++) {
-        const Piece* p = &k->pieces[i];
-        link_mean_scale(mean_scales + count, mine, others, stride, p->scale_at, p->codes_at, W, me, p->count, bits);
-        link_mean_quantize(mine, others, stride, p->scale_at, p->codes_at, mean_scales + count, W, me, p->count, bits);
-    }
-    copy_device_to_device(mine, mean_scales, (size_t)count * sizeof(float));  // (the message opens with them)
-}
-
-// a., b., c. at once; or (in_flight) a. posted, link_advance taking it further
-static void average_on_link(Diloco* d, int f, int in_flight) {
-    link_exchanges(d, f, /*gather*/ 0, in_flight);
-    if (in_flight) {
-        d->link_phase = 1;
-        return;
-    }
-    link_mean_of_shard(d, f);
-    link_exchanges(d, f, /*gather*/ 1, 0);
-}
-
-// the average of fragment f in flight one half further: a.'s rounds arrived, b., c. posted
-// (link_phase 1 -> 2); c.'s rounds arrived (2 -> 0)
-static void link_advance(Diloco* d, int f) {
-    for (int round = 1; round < d->workers; round++) comm_wait(&d->rounds[round - 1]);
-    if (d->link_phase == 2) {
-        d->link_phase = 0;
-        return;
-    }
-    link_mean_of_shard(d, f);
-    link_exchanges(d, f, /*gather*/ 1, /*posted*/ 1);
-    d->link_phase = 2;
-}
-
 // Steps 2-5 of the header for fragment f (the whole model when F = 1), after an inner step has
 // left this worker at theta: outer_post (2, 3: the pseudo-gradient and its average over the
 // workers, which with -tau is left in flight) and outer_apply (4, 5: the outer optimizer and the
 // workers' restart), right after or tau steps later.
 static void outer_post(Diloco* d, GPT2* model, int f, int in_flight) {
     const Span* runs = d->spans[f];
-    size_t P_f = d->fragment_size[f], packed = 0;
-    int n = d->num_spans[f];
+    size_t packed = 0;
     float* master = model->master_memory;  // (the fp32 master weights in bf16 builds, else NULL)
-    uint16_t* link = (uint16_t*)d->delta;     // (below fp32: the link buffer)
-    // 2. delta = theta_outer - theta, the fragment's spans packed one after another (in bf16,
-    // rounded to bf16 in the link buffer); in int8 and e3m0 coded piece by piece: each piece's
-    // scale, the largest |delta| (a non-finite one stops the job), then its codes in its message
-    if (d->link_bits >= 16) {
-        for (int k = 0; k < n; k++) {
+    // 2. delta = theta_outer - theta, the fragment's spans packed one after another. HERE, below
+    // fp32, the pseudo-gradient's buffer becomes the link's messages: written not as fp32 values
+    // but as what crosses the link (llmc/outer_link.h's LinkLayout): in bf16 rounded, a word a
+    // value; in int8 and e3m0 coded piece by piece, each piece's scale and codes in its message
+    if (d->link.bits == 8 || d->link.bits == 4) {
+        link_code_pseudo_gradient(&d->link, f, d->outer, model->params_memory, master);
+    } else {
+        for (int k = 0; k < d->num_spans[f]; k++) {
             size_t o = runs[k].offset;
             const float* m = master ? master + o : NULL;
-            if (d->link_bits == 16) pseudo_gradient_bf16((bfloat16*)link + packed, d->outer + o, model->params_memory + o, m, runs[k].count);
+            if (d->link.bits == 16) pseudo_gradient_bf16((bfloat16*)d->delta + packed, d->outer + o, model->params_memory + o, m, runs[k].count);
             else pseudo_gradient(d->delta + packed, d->outer + o, model->params_memory + o, m, runs[k].count);
             packed += runs[k].count;
         }
-    } else {
-        const LinkLayout* k = &d->link[f];
-        for (int i = 0; i < k->num_pieces; i++) {
-            const Piece* p = &k->pieces[i];
-            float* scale = (float*)(link + k->message_at[p->shard] + p->scale_at);
-            link_scale(scale, d->outer + p->flat, model->params_memory + p->flat, master ? master + p->flat : NULL, p->count);
-        }
-        check_link_scales(d, f);
-        for (int i = 0; i < k->num_pieces; i++) {
-            const Piece* p = &k->pieces[i];
-            uint16_t* message = link + k->message_at[p->shard];
-            link_quantize(message + p->codes_at, (float*)(message + p->scale_at), d->outer + p->flat,
-                          model->params_memory + p->flat, master ? master + p->flat : NULL, p->count, d->link_bits);
-        }
     }
     // 3. the mean pseudo-gradient over the workers: all-reduce (AVG) of (P_f) fp32 across workers
-    // (below fp32: average_on_link). The worker's R ranks hold the same delta and each averages it
-    // with its peers in the other workers: R all-reduces of W ranks, side by side. With -tau posted,
-    // not waited for: it travels while the next tau inner steps compute (they do not touch delta;
-    // below fp32 the first half's rounds are posted here, the second at the next step's end)
-    if (d->link_bits < 32) average_on_link(d, f, in_flight);
-    else if (in_flight) comm_all_reduce_start(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG, &d->exchange);
-    else comm_all_reduce(&d->across, d->delta, P_f, COMM_FLOAT, COMM_AVG);
+    // (below fp32: its exchanges of 16-bit words, llmc/outer_link.h). The worker's R ranks hold
+    // the same delta and each averages it with its peers in the other workers: R all-reduces of W
+    // ranks, side by side. With -tau posted, not waited for: it travels while the next tau inner
+    // steps compute (they do not touch delta), as OuterLink's timeline says
+    link_post(&d->link, f, d->fragment_size[f], in_flight);
 }
 
 static void outer_apply(Diloco* d, GPT2* model, int f, float alpha) {
@@ -514,25 +314,18 @@ static void outer_apply(Diloco* d, GPT2* model, int f, float alpha) {
     size_t packed = 0;
     int n = d->num_spans[f];
     float* master = model->master_memory;
-    const uint16_t* link = (const uint16_t*)d->delta;
-    comm_wait(&d->exchange);  // (-tau: the average has arrived; nothing in flight otherwise)
-    while (d->link_phase != 0) link_advance(d, f);
+    link_wait(&d->link);  // (-tau: the average has arrived; nothing in flight otherwise)
     // 4. Nesterov momentum on it, the same on every rank (theta_outer stays agreed): span by span
     // (fp32, bf16), or piece by piece with its scale (int8, e3m0)
-    if (d->link_bits >= 16) {
+    if (d->link.bits == 8 || d->link.bits == 4) {
+        link_nesterov_step(&d->link, f, d->outer, d->momentum, d->outer_lr, d->outer_momentum);
+    } else {
         for (int k = 0; k < n; k++) {
             size_t o = runs[k].offset, count = runs[k].count;
-            outer_nesterov_step(d->outer + o, d->momentum + o, d->link_bits == 32 ? d->delta + packed : NULL,
-                                d->link_bits == 16 ? (const bfloat16*)link + packed : NULL, count, d->outer_lr,
+            outer_nesterov_step(d->outer + o, d->momentum + o, d->link.bits == 32 ? d->delta + packed : NULL,
+                                d->link.bits == 16 ? (const bfloat16*)d->delta + packed : NULL, count, d->outer_lr,
                                 d->outer_momentum);
             packed += count;
-        }
-    } else {
-        const LinkLayout* k = &d->link[f];
-        for (int i = 0; i < k->num_pieces; i++) {
-            const Piece* p = &k->pieces[i];
-            outer_nesterov_step_link(d->outer + p->flat, d->momentum + p->flat, link + k->message_at[p->shard], p->scale_at,
-                                     p->codes_at, p->count, d->link_bits, d->outer_lr, d->outer_momentum);
         }
     }
     // 5. every worker starts again from theta_outer (with -alpha, merged with its own weights: with
@@ -543,35 +336,34 @@ static void outer_apply(Diloco* d, GPT2* model, int f, float alpha) {
     }
 }
 
-// After `completed` inner steps: the outer steps that are due. With -tau the average posted tau
-// steps ago lands first (at the last step whatever is in flight), and a fragment due now is posted
-// and left in flight; the last step's outer steps complete at once, unmerged, so that every worker
-// ends on theta_outer and the model file is theta_outer
+// After `completed` inner steps: the outer steps that are due, on OuterLink's timeline
+// (llmc/outer_link.h). With -tau the average posted tau steps ago lands first (at the last step
+// whatever is in flight), and a fragment due now is posted and left in flight; the last step's
+// outer steps complete at once, unmerged, so that every worker ends on theta_outer and the model
+// file is theta_outer
 static void outer_steps(Diloco* d, GPT2* model, const Run* run, int completed) {
+    OuterLink* link = &d->link;
     int last = completed == run->max_steps;
-    if (d->in_flight >= 0 && d->link_phase == 1) link_advance(d, d->in_flight);  // (below fp32: b., c. posted)
-    if (d->in_flight >= 0 && (completed == d->apply_after || last)) {
-        outer_apply(d, model, d->in_flight, d->alpha);
-        d->in_flight = -1;
+    if (link->fragment >= 0 && link->phase == 1) link_advance(link);  // (below fp32: b., c. posted)
+    if (link->fragment >= 0 && (completed == link->apply_after || last)) {
+        outer_apply(d, model, link->fragment, d->alpha);
+        link->fragment = -1;
     }
     for (int f = 0; f < d->fragments; f++) {
         if (!fragment_due(d, f, completed, run->max_steps)) continue;
-        int in_flight = d->tau > 0 && !last;
+        int in_flight = link->tau > 0 && !last;
         outer_post(d, model, f, in_flight);
-        if (in_flight) d->in_flight = f, d->apply_after = completed + d->tau;
+        if (in_flight) link->fragment = f, link->apply_after = completed + link->tau;
         else outer_apply(d, model, f, last ? 0.0f : d->alpha);
         float one = 1.0f;  // (check_resume)
         if (!fragment_scheduled(d, f, completed)) copy_host_to_device(d->ended, &one, sizeof(float));
     }
-    if (d->tau > 0) {
-        // the fragment in flight, as a checkpoint records it (in_flight + 1, 0: none; apply_after);
-        // a checkpoint before the next step records the average itself, so it arrives now
-        float pending[2] = {(float)(d->in_flight + 1), (float)d->apply_after};
-        copy_host_to_device(d->pending, pending, sizeof(pending));
-        if (train_checkpoint_due(&run->args, completed, run->start_step, last)) {
-            comm_wait(&d->exchange);
-            while (d->link_phase != 0) link_advance(d, d->in_flight);
-        }
+    if (link->tau > 0) {
+        // the fragment in flight, as a checkpoint records it (fragment + 1, 0: none; apply_after);
+        // a checkpoint before the next step records the average itself, so it lands now
+        float pending[2] = {(float)(link->fragment + 1), (float)link->apply_after};
+        copy_host_to_device(link->pending, pending, sizeof(pending));
+        if (train_checkpoint_due(&run->args, completed, run->start_step, last)) link_wait(link);
     }
 }
 
@@ -582,32 +374,15 @@ static void outer_steps(Diloco* d, GPT2* model, const Run* run, int completed) {
 static TrainerState diloco_state(Diloco* d, GPT2* model) {
     size_t P = model->num_parameters;
     float* own_weights = model->master_memory ? model->master_memory : (float*)model->params_memory;
-    TrainerState own = {{d->outer, d->momentum, own_weights, d->ended, d->delta, d->pending}, {P, P, P, 1, P, 2},
-                        d->tau > 0 ? 6 : 4};
+    TrainerState own = {{d->outer, d->momentum, own_weights, d->ended, d->delta, d->link.pending}, {P, P, P, 1, P, 2},
+                        d->link.tau > 0 ? 6 : 4};
     return own;
 }
 static void diloco_resumed(Diloco* d) {
-    if (d->tau == 0) return;
+    if (d->link.tau == 0) return;
     float pending[2];
-    copy_device_to_host(pending, d->pending, sizeof(pending));
-    d->in_flight = (int)pending[0] - 1, d->apply_after = (int)pending[1];
-}
-
-// The bytes of fragment f's outer step on this rank, as the step line counts them (fp32: the
-// all-reduce's payload; below: every word sent and received in the exchanges), and those that
-// leave the rank on the link (fp32: a ring all-reduce's 2 (W-1)/W P_f 4; below: the messages of
-// the other shards, then its own W - 1 times)
-static void outer_step_bytes(const Diloco* d, int f, double* counted, double* sent) {
-    int W = d->workers;
-    if (d->link_bits == 32) {
-        *counted = 4.0 * d->fragment_size[f];
-        *sent = 2.0 * (W - 1) / W * 4.0 * d->fragment_size[f];
-        return;
-    }
-    const LinkLayout* k = &d->link[f];
-    size_t own = k->message_words[d->across.rank];
-    *sent = 2.0 * ((k->words - own) + (double)(W - 1) * own);  // a.: the other shards; c.: its mean W - 1 times
-    *counted = 2 * *sent;                                     // (each word sent is received by another)
+    copy_device_to_host(pending, d->link.pending, sizeof(pending));
+    d->link.fragment = (int)pending[0] - 1, d->link.apply_after = (int)pending[1];
 }
 
 // an fp32 device buffer of the model's shape (theta_outer, its momentum) as a model file
@@ -619,55 +394,18 @@ static void write_outer_file(const GPT2* model, const float* values, const char*
 }
 
 // ----------------------------------------------------------------------------------------------
-// The model on one micro-batch: the plain layer the pipeline stages run (llmc/tensor_parallel.h
-// with no tp group), the embedding before it and the LM head after
+// The model on one micro-batch: every rank holds the whole model, so its pass is llmc/chunk.h's,
+// the pipeline stages', as one stage of one chunk with every layer and no tp or cp group
+// (whole_model_walk): the embedding, the plain layers (llmc/tensor_parallel.h with no tp group),
+// the LM head and the loss, each token weighted dloss in the gradient. Returns the micro-batch's
+// mean loss; with backward its gradients are accumulated.
 
-static void gpt2_forward(GPT2* model, const int* inputs_host, int B, int T) {
-    GPT2Config c = model->config;
-    LayerDims d = model->dims;
-    int L = c.num_layers, C = c.channels;
-    ParameterTensors p = model->params;
-    Activations* a = &model->acts;
-    tokens_to_device(model->inputs, &model->input_stage, inputs_host, (size_t)B * T);
-    encoder_forward(a->encoded, model->inputs, p.wte, p.wpe, B, T, C);
-    LayerActs first = layer_acts(a, d, B, T, 0);
-    layernorm_forward(first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, p.ln1w, p.ln1b, B * T, C);
-    for (int l = 0; l < L; l++) {
-        LayerActs x = layer_acts(a, d, B, T, l);
-        floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
-        floatX* fcproj = tp_layer_forward(model, /*tp*/ NULL, /*cp*/ NULL, x, gpt2_layer_params(model, l), residual, B, T, 0);
-        // residual3 = residual2 + fcproj, fused with the next LayerNorm (ln1 of l+1, or lnf)
-        if (l + 1 < L) {
-            LayerWeights wn = gpt2_layer_params(model, l + 1);
-            LayerActs xn = layer_acts(a, d, B, T, l + 1);
-            fused_residual_layernorm_forward(x.residual3, xn.ln1, xn.ln1_mean, xn.ln1_rstd, x.residual2, fcproj, wn.ln1w,
-                                             wn.ln1b, B * T, C);
-        } else {
-            fused_residual_layernorm_forward(x.residual3, a->lnf, a->lnf_mean, a->lnf_rstd, x.residual2, fcproj, p.lnfw,
-                                             p.lnfb, B * T, C);
-        }
-    }
-    matmul_forward(a->logits, a->lnf, p.wte, NULL, B * T, C, c.padded_vocab_size);  // (B, T, Vp)
-}
-
-// accumulates the micro-batch's gradients; gpt2_loss left dlogits
-static void gpt2_backward(GPT2* model, const int* inputs_host, int B, int T) {
-    GPT2Config c = model->config;
-    LayerDims d = model->dims;
-    int L = c.num_layers, C = c.channels;
-    ParameterTensors p = model->params, g = model->grads;
-    Activations* a = &model->acts;
-    matmul_backward(a->dbuf, g.wte, NULL, a->logits, a->lnf, p.wte, B * T, C, c.padded_vocab_size);
-    device_memset_zero(a->dresidual, (size_t)B * T * C * sizeof(floatX));
-    layernorm_backward(a->dresidual, g.lnfw, g.lnfb, a->dbuf, layer_acts(a, d, B, T, L - 1).residual3, p.lnfw,
-                       a->lnf_mean, a->lnf_rstd, B * T, C);
-    for (int l = L - 1; l >= 0; l--) {
-        LayerActs x = layer_acts(a, d, B, T, l);
-        floatX* residual = l == 0 ? a->encoded : layer_acts(a, d, B, T, l - 1).residual3;
-        tp_layer_backward(model, NULL, NULL, x, gpt2_layer_params(model, l), gpt2_layer_grads(model, l), a->kept, residual,
-                          a->dresidual, B, T, 0);
-    }
-    encoder_backward(g.wte, g.wpe, a->dresidual, inputs_host, B, T, C);
+static float model_pass(GPT2* model, const int* inputs, const int* targets, int B, int T, float dloss, int backward) {
+    Stage whole;
+    Walk walk = whole_model_walk(model, &whole, B, T, dloss);
+    float loss = chunk_forward(&walk, &model->acts, /*chunk*/ 0, inputs, targets);
+    if (backward) chunk_backward(&walk, &model->acts, model->acts.dresidual, /*chunk*/ 0, inputs, /*split*/ 0);
+    return loss;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -686,15 +424,14 @@ static float val_loss(void* trainer, DataLoader* val) {
     copy_device_to_device(model->grads_memory, model->params_memory, P * sizeof(floatX));
     outer_to_params(model->params_memory, NULL, d->outer, P, 0.0f);  // (alpha 0: the parameters = theta_outer)
     dataloader_load_chunk(val, d->rank, model->config.vocab_size);
-    gpt2_forward(model, val->inputs, model->B, model->T);
-    float loss = gpt2_loss(model, val->targets, model->B, model->T, 0.0f);
+    float loss = model_pass(model, val->inputs, val->targets, model->B, model->T, 0.0f, /*backward*/ 0);
     copy_device_to_device(model->params_memory, model->grads_memory, P * sizeof(floatX));
     return loss;
 }
 
 static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
     GPT2* model = ((Diloco*)trainer)->model;
-    gpt2_forward(model, tokens, 1, T);
+    model_pass(model, tokens, tokens, 1, T, 0.0f, /*backward*/ 0);  // (the loss of no use: the logits are)
     return model->acts.logits;
 }
 
@@ -709,7 +446,7 @@ static void print_layout(const Run* run, const Diloco* d, int accum) {
     int k = train_banner_model(rows, "train_gpt2_diloco", args->model, c);
     banner_row(&rows[k++], "workers", "%d of %d rank%s each (DDP inside a worker)", d->workers, d->ranks_per_worker,
                d->ranks_per_worker > 1 ? "s" : "");
-    const char* dtype = link_name(d->link_bits);
+    const char* dtype = link_name(d->link.bits);
     if (d->fragments > 1) {
         banner_row(&rows[k++], "outer step", "every %d steps, %d fragments in turn, %s on the link", d->H, d->fragments, dtype);
     } else {
@@ -720,8 +457,9 @@ static void print_layout(const Run* run, const Diloco* d, int accum) {
         banner_row(&rows[k++], "fragments", "%s: %s", d->strided ? "strided" : "contiguous",
                    d->strided ? "fragment f holds the layers l with l % F = f" : "fragment f holds L/F consecutive layers");
     }
-    if (d->tau > 0) {
-        banner_row(&rows[k++], "overlap", "each exchange applied %d step%s after its post (-tau)", d->tau, d->tau > 1 ? "s" : "");
+    if (d->link.tau > 0) {
+        banner_row(&rows[k++], "overlap", "each exchange applied %d step%s after its post (-tau)", d->link.tau,
+                   d->link.tau > 1 ? "s" : "");
     }
     if (d->alpha > 0) {
         banner_row(&rows[k++], "merge", "after an outer step: %g theta_local + %g theta_outer (-alpha)", d->alpha, 1.0 - d->alpha);
@@ -737,19 +475,19 @@ static void print_layout(const Run* run, const Diloco* d, int accum) {
     printf("communication per rank, P = %.0f parameters (bytes as the step line counts them):\n", P);
     printf("  worker all-reduce  %12.0f bytes every step  P X (the gradients, AVG) + 4 (the loss)%s\n",
            R > 1 ? P * X + 4 : 0.0, R > 1 ? "" : " (one rank: none)");
-    if (d->link_bits == 32) {
+    if (d->link.bits == 32) {
         printf("  across, the outer step (the pseudo-gradient, AVG, fp32: P_f 4), every %d steps%s:\n", d->H,
                d->fragments > 1 ? ", fragment f after the steps f H/F + k H" : "");
     } else {
         printf("  across, the outer step (the pseudo-gradient in %s%s: reduce-scatter and all-gather as W - 1 exchanges "
                "each, every word sent and received counted), every %d steps%s:\n", dtype,
-               d->link_bits < 16 ? " codes with an fp32 scale a piece (a tensor of a layer in a shard)" : "", d->H,
+               d->link.bits < 16 ? " codes with an fp32 scale a piece (a tensor of a layer in a shard)" : "", d->H,
                d->fragments > 1 ? ", fragment f after the steps f H/F + k H" : "");
     }
     double mean_sent = 0, peak_sent = 0;  // on the link per step: on average, and at most before the last
     for (int f = 0; f < d->fragments; f++) {
         double counted, sent;
-        outer_step_bytes(d, f, &counted, &sent);
+        link_bytes(&d->link, f, d->fragment_size[f], &counted, &sent);
         char name[96] = "the model";
         const char* extra = f == 0 ? " + wte, wpe" : f == d->fragments - 1 ? " + lnf" : "";
         if (d->fragments > 1 && d->strided) {  // (its layers f, f + F, ...: the first three, then "...")
@@ -765,11 +503,11 @@ static void print_layout(const Run* run, const Diloco* d, int accum) {
         }
         // beside the formula: a ring all-reduce's 2 (W-1)/W P_f values of b bits (below 16 bits
         // plus the scales, 4 bytes a piece, and each piece's codes from a word of its own)
-        double formula = 2.0 * (W - 1) / W * (double)d->fragment_size[f] * d->link_bits / 8;
+        double formula = 2.0 * (W - 1) / W * (double)d->fragment_size[f] * d->link.bits / 8;
         char extra_bytes[64] = "";
-        if (d->link_bits < 16) snprintf(extra_bytes, sizeof(extra_bytes), ", + %.0f of scales and padding", sent - formula);
+        if (d->link.bits < 16) snprintf(extra_bytes, sizeof(extra_bytes), ", + %.0f of scales and padding", sent - formula);
         printf("    %-32s %12.0f bytes counted, %12.0f sent by the rank (2 (W-1)/W P_f %d/8 = %.0f%s)\n", name, counted,
-               sent, d->link_bits, formula, extra_bytes);
+               sent, d->link.bits, formula, extra_bytes);
         mean_sent += sent / d->H;
         peak_sent = sent > peak_sent ? sent : peak_sent;
     }
@@ -780,16 +518,6 @@ static void print_layout(const Run* run, const Diloco* d, int accum) {
     printf("  the link between workers, sent per rank: %.0f bytes a step on average, at most %.0f in a step before "
            "the last (which sends every fragment); DDP over %d ranks: 2 (p-1)/p P X = %.0f every step\n",
            mean_sent, peak_sent, p, 2.0 * (p - 1) / p * P * X);
-}
-
-// -outer_dtype's bits a value (0: not a dtype the link carries)
-static int link_bits(const char* outer_dtype) {
-    const char* names[4] = {"fp32", "bf16", "int8", "e3m0"};
-    const int bits[4] = {32, 16, LINK_INT8_BITS, LINK_E3M0_BITS};
-    for (int i = 0; i < 4; i++) {
-        if (strcmp(outer_dtype, names[i]) == 0) return bits[i];
-    }
-    return 0;
 }
 
 // DiLoCo's own flags against the job: W dividing the ranks (0: one worker per rank), F dividing
@@ -810,7 +538,7 @@ static int diloco_check_flags(int workers, int ranks, int H, int fragments, cons
                      "expected 0 <= alpha < 1 (the paper's 0.5 with -tau)", alpha);
     check_every_rank(tau < H / fragments, "-tau %d: a fragment's exchange must be applied before the next fragment's "
                      "is posted, H/F = %d steps later, so tau < H/F (-H %d -fragments %d)", tau, H / fragments, H, fragments);
-    check_every_rank(link_bits(outer_dtype) != 0, "-outer_dtype %s: expected fp32, bf16, int8 or e3m0", outer_dtype);
+    check_every_rank(link_bits_of(outer_dtype) != 0, "-outer_dtype %s: expected fp32, bf16, int8 or e3m0", outer_dtype);
     return workers;
 }
 
@@ -879,16 +607,16 @@ int main(int argc, char** argv) {
     free(weights);
     Diloco d;
     diloco_init(&d, &model, world, workers, H, fragments, strcmp(fragment_layout, "strided") == 0, outer_lr, outer_momentum,
-                alpha, tau, link_bits(outer_dtype));
+                alpha, tau, link_bits_of(outer_dtype));
     outer_from_params(d.outer, model.params_memory, model.master_memory, model.num_parameters);  // theta_outer = theta_0
     if (rank == 0) print_layout(&run, &d, accum);
 
     // ---- validation and samples on each worker's model (val_replicas: the mean over the ranks);
-    // checkpoints: rank 0's model file holds worker 0's weights (theta_outer right after an outer
-    // step of every fragment), and every rank's state file its worker's AdamW moments and, as
-    // this trainer's own state, theta_outer, the outer momentum and its worker's fp32 weights,
-    // which differ from worker to worker between outer steps. A resume needs the same W: the
-    // run's identity holds it, and the rank count is checked
+    // checkpoints: rank 0's model file holds worker 0's weights (the header's Checkpoints say
+    // when they are theta_outer: with -alpha > 0 they are merged), and every rank's state file
+    // its worker's AdamW moments and, as this trainer's own state, theta_outer, the outer
+    // momentum and its worker's fp32 weights, which differ from worker to worker between outer
+    // steps. A resume needs the same W: the run's identity holds it, and the rank count is checked
     RunModel hooks = run_model(&model, &d, val_loss, sample_logits);
     hooks.val_replicas = world;
     hooks.own = diloco_state(&d, &model);
@@ -910,9 +638,7 @@ int main(int argc, char** argv) {
         for (int micro = 0; micro < accum; micro++) {
             watchdog_beat();
             dataloader_load_chunk(&run.train, micro * ranks + rank, config.vocab_size);
-            gpt2_forward(&model, run.train.inputs, B, T);
-            loss += gpt2_loss(&model, run.train.targets, B, T, dloss) / (float)accum;
-            gpt2_backward(&model, run.train.inputs, B, T);
+            loss += model_pass(&model, run.train.inputs, run.train.targets, B, T, dloss, /*backward*/ 1) / (float)accum;
         }
         dataloader_advance(&run.train);
         // DDP inside the worker: all-reduce (AVG) of the gradients, P floatX, over its R ranks

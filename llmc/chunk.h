@@ -2,7 +2,9 @@
 // backward (B) of one chunk of its layers on one micro-batch, and zero bubble's weight gradients
 // (W). Shared by train_gpt2_pp.cu (each stage whole: tp NULL) and train_gpt2_3d.cu (each stage
 // split over its tp ranks, Megatron's collectives inside: llmc/tensor_parallel.h). The walk that
-// calls them, with the exchanges between stages, is llmc/pipeline_walk.h.
+// calls them, with the exchanges between stages, is llmc/pipeline_walk.h. A trainer whose ranks
+// each hold the whole model (train_gpt2_diloco.cu) runs the same pass as one stage of one chunk
+// (whole_model_walk, at the end).
 //
 // BTs is the number of tokens of the residual stream on this rank: B*T, or B*T/tp with -sp; it is
 // also what travels between stages.
@@ -152,6 +154,20 @@ static inline void chunk_weights(Walk* walk, Activations* a, int chunk) {
     if (is_last_virtual(walk->st, chunk)) {  // the LM head's wte (this rank's Vp rows): dlogits^T @ lnf
         matmul_backward_weight(model->grads.wte, NULL, a->logits, a->lnf, B * T, d.C, d.Vp_rank);
     }
+}
+
+// The whole model as one pipeline stage holding one chunk of every layer, with no tp or cp
+// group: the walk with which chunk_forward and chunk_backward (chunk 0, the first and the last
+// virtual stage at once) are a whole model's forward (embedding, layers, LM head, loss) and
+// backward. The stage needs no slots: the caller hands the model's own activations as the slot.
+// st is the caller's, filled here; dloss weights each token in the gradient (0: forward only).
+static inline Walk whole_model_walk(GPT2* model, Stage* st, int B, int T, float dloss) {
+    memset(st, 0, sizeof(*st));
+    st->spec.p = st->spec.m = st->spec.V = 1;
+    st->chunk_layers = model->layout.layers;
+    Walk w = walk_init(model, st, /*pp*/ NULL, /*tp*/ NULL, /*cp*/ NULL, B, T);
+    w.dloss = dloss;
+    return w;
 }
 
 #endif
