@@ -76,7 +76,12 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 // ----------------------------------------------------------------------------------------------
 // forward and backward of the model on one micro-batch of this rank's tokens, (B, Tl) of the
 // sequences' T: the layers of the DP trainer, with attention over the whole sequence in the
-// attention half (llmc/context_parallel.h: the ring, or the all-gather, of steps 2 and 4)
+// attention half (llmc/context_parallel.h: the ring, or the all-gather, of steps 2 and 4).
+// What differs from the other trainers' passes (DP's, TP's, llmc/chunk.h's of PP, 3D and
+// DiLoCo): only the attention half, ring attention (or an all-gather) over the sequence's
+// other ranks, and the positions: a rank holds Tl = T/cp tokens of each sequence, so the
+// embedding adds wpe's rows of its own positions and its backward adds their gradients back
+// there (cp_positions, cp_position_grads).
 
 static void layer_forward(GPT2* model, ContextParallel* cp, LayerActs x, LayerWeights w, const floatX* residual,
                           int B, int T, int rerun) {

@@ -342,6 +342,11 @@ static void write_logits(GPT2* model, int B, int T, const char* path) {
 // forward and backward of the whole model on one micro-batch. B and T may be smaller than the
 // allocated shape (sampling uses B = 1): per-layer slices are laid out with the actual B, T.
 // Parameters come from bucket_params; under -z 3 each bucket is gathered first (above).
+// What differs from the other trainers' passes (llmc/chunk.h's, which PP, 3D and DiLoCo run;
+// TP's, CP's): not the layer, the plain one of block.h's two halves, but where its tensors
+// live: every parameter is read from its bucket (-z 3: gathered first, the next one prefetched)
+// and every bucket's gradient is reduced as soon as the backward has completed it
+// (bucket_grad_done), under the layers still to come.
 
 // One layer's forward from its ln1 (the LayerNorm before it wrote it) to fcproj, which the caller
 // adds to the residual stream. rerun (-r 2): the same again before the layer's backward, as far

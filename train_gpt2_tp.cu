@@ -68,6 +68,11 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 // collectives in llmc/tensor_parallel.h (tp_layer_forward, tp_layer_backward: read them as part
 // of this chapter; the 3D trainer runs the same). BTs is the number of tokens of the residual
 // stream on this rank: B*T, or B*T/tp with -sp.
+// What differs from the other trainers' passes (DP's, CP's, llmc/chunk.h's of PP and DiLoCo):
+// only the layer and the two ends, each split over the tp ranks: the vocabulary-parallel
+// embedding and LM head, and between them tp_layer_forward with f and g. The 3D trainer's
+// stages run this same pass through llmc/chunk.h with their tp group; this copy adds
+// -tp_timeline's records of layer 0.
 
 // -tp_timeline: armed for the micro-batch whose layer 0 is recorded (tensor_parallel.h)
 static int timeline_armed = 0;
