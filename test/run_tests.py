@@ -518,9 +518,12 @@ def compare_ep_with_reference(ranks, ep, accum, E=4, k=2, balance="aux", cf=0.0)
     ref = moe_reference(E, k, balance, cf, B * cfg["seq_len"] if cf > 0 else 0)
     d = fresh_dir("ep_np%d_ep%d_accum%d_E%d_k%d_%s_cf%g" % (ranks, ep, accum, E, k, balance, cf))
     grads = os.path.join(d, "grads.bin")
-    out = run_ok(ranks, trainer_args(ref, B, d, ["-n", steps, "-dump_grads", grads, "-ep", ep, "-balance", balance,
-                                                 "-capacity_factor", cf, "-check_replicas", 1], cfg=cfg),
-                 program="./train_gpt2_ep")
+    args = trainer_args(ref, B, d, ["-n", steps, "-dump_grads", grads, "-ep", ep, "-balance", balance,
+                                    "-capacity_factor", cf, "-check_replicas", 1], cfg=cfg)
+    out = run_ok(ranks, args, program="./train_gpt2_ep")
+    # the memory table's total: the high-water mark to the byte (dev/memory_planner's table is
+    # compared in ep_collapsed_router_max_vio_drops_and_bytes: it has no -dump_grads)
+    check_memory_table_total("./train_gpt2_ep", out)
     # every copy of each parameter stayed the same: the replicated ones on every rank, each
     # expert on the ranks that hold it
     assert "step %d: replicated parameters identical" % steps in out, out[-2000:]
@@ -838,8 +841,7 @@ def dp_zero_ring_bytes_are_2_2_2_3_times_the_parameters_and_memory_as_predicted(
         states[zero] = 4 * sum(held)
         printed = float(re.search(r"model states\s+([\d.]+) MB", out).group(1)) * 1e6
         assert abs(printed - states[zero]) <= 0.05e6, "-z %d: model states %g B printed, %g by the formula" % (zero, printed, states[zero])
-        peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
-        assert abs(peak - predicted) <= 0.05 * predicted, "-z %d: %d bytes allocated at most, %d predicted" % (zero, peak, predicted)
+        check_memory_table_total("./train_gpt2_dp", out)
     assert states[0] >= 3.5 * states[3], states
 
 
@@ -2295,9 +2297,8 @@ def compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero, cp=1, cp_la
                        ("dp replicas", dp * cp)):
         if size > 1:
             assert "step %d: %s identical" % (cfg["steps"], what) in out, what + "\n" + out[-2000:]
-    # the memory table's total against what was allocated (the CPU backend counts every buffer)
-    peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
-    assert abs(peak - predicted) <= 0.05 * predicted, "%d bytes allocated at most, %d predicted" % (peak, predicted)
+    # the memory table's total against what was allocated, to the byte (the CPU backend counts every buffer)
+    check_memory_table_total(D3, out)
     held = re.search(r"activations held at most, measured \(schedule\):(.*)", out)
     pairs = re.findall(r"stage (\d+): (\d+) \((\d+)\)", held.group(1))
     assert len(pairs) == pp and all(a == b for _, a, b in pairs), held.group(0)
@@ -2711,6 +2712,20 @@ def check_planner_matches_trainer(program, ranks, args, out, attention=None):
     peak = int(re.search(r"high-water mark (\d+) bytes allocated", out).group(1))
     # (the table prints MB to one decimal: 0.05 MB of rounding, far inside 5%)
     assert abs(peak - total) <= 0.05 * total, "memory_planner %s: %.0f bytes, the run's high-water mark %d" % (flags, total, peak)
+    check_memory_table_total(program, out)
+
+
+def check_memory_table_total(program, out):
+    """the run's memory table total (predicted) against the high-water mark its allocator measured
+    (llmc/allocations.h): within 5% for a CUDA build (its workspace and scratch beside the
+    table's buffers), and on the CPU backend to the byte: there every buffer the table
+    counts is live at once at the mark, so a wrong term of any size fails, not only one over 5%"""
+    peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
+    if "emu_" in program or "cuda_" in program:
+        assert abs(peak - predicted) <= 0.05 * predicted, "%d bytes allocated at most, %d predicted" % (peak, predicted)
+    else:
+        assert peak == predicted, "%s: high-water mark %d bytes allocated, the memory table's total %d (%+d)" % (
+            program, peak, predicted, peak - predicted)
 
 
 def variant_run(name, program, ranks, flags, cfg, B, variant, run=None):
@@ -2727,9 +2742,7 @@ def variant_run(name, program, ranks, flags, cfg, B, variant, run=None):
         with open(path, "rb") as f:
             files[os.path.basename(path)] = f.read()
     assert files, "no model or state files in " + d
-    peak, predicted = map(int, re.search(r"high-water mark (\d+) bytes allocated, predicted (\d+)", out).groups())
-    # the memory table's total against what was allocated (every buffer of the trainer's is counted)
-    assert abs(peak - predicted) <= 0.05 * predicted, "%s: %d bytes allocated at most, %d predicted" % (variant, peak, predicted)
+    peak = int(re.search(r"high-water mark (\d+) bytes allocated", out).group(1))
     check_planner_matches_trainer(program, ranks, args, out, getattr(run, "attention", None))
     if variant[:1] == ["-r"] and variant[1] > 0:
         assert train[1]["recompute_ms"] > 0, "%s: no recompute time in main.log: %s" % (variant, train[1])
