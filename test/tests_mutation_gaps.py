@@ -75,3 +75,33 @@ def ep_bias_rule_spreads_a_collapsed_router():
     print("    MaxVio by step: %s" % vio)
     assert vio[1] == E / k - 1, "step 1 MaxVio %g, expected E/k - 1 = %g (every score tied)" % (vio[1], E / k - 1)
     assert vio[3] < 0.75, "step 3 MaxVio %g: the bias rule did not spread the collapsed router (expected under 0.75)" % vio[3]
+
+
+# the tests this check runs alone in a fresh copy, each for a shared file it must make itself:
+# the MoE reference and REF's small-vocabulary tokens (ep_vs_pytorch_np... once failed here: only
+# tests that called reference_run made the tokens), the dense reference (reference_run), and a
+# test that names REF's tokens without any reference run (cp_bad_inputs)
+ALONE = ["ep_vs_pytorch_np2_ep2_accum1_E4_k2_aux", "dp_vs_pytorch_2_ranks_accum_1", "cp_bad_inputs"]
+
+
+@test
+def tests_pass_alone_in_a_fresh_checkout():
+    """a sample of tests, each run alone (run_tests.py NAME) in a fresh copy of this checkout (its
+    tracked and new files, no test/tmp: dev/mutation_sweep.py's copy_checkout) with the programs
+    built here: each passes, so it makes what it needs rather than finding what an earlier test
+    left in test/tmp (ALONE says why each)"""
+    sys.path.insert(0, os.path.join(ROOT, "dev"))
+    import mutation_sweep
+    d = fresh_dir("fresh_checkout")
+    mutation_sweep.copy_checkout(d)
+    assert not os.path.exists(os.path.join(d, "test", "tmp")), "the copy has a test/tmp"
+    for program in ("train_gpt2_ep", "train_gpt2_dp", "train_gpt2_cp", "dev/memory_planner"):
+        shutil.copy2(os.path.join(ROOT, program), os.path.join(d, program))
+    env = {k: v for k, v in os.environ.items() if k != "LLMC_TEST_SUITE"}  # (its own suite: nothing shared with this one)
+    env["TEST_JOBS"] = "1"
+    for name in ALONE:
+        p = subprocess.run([sys.executable, "test/run_tests.py", name], cwd=d, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=600)
+        out = p.stdout.decode("utf-8", "replace")
+        assert p.returncode == 0 and re.search(r"^1 passed, 0 failed", out, re.M), "%s alone in a fresh checkout:\n%s" % (
+            name, out[-3000:])
