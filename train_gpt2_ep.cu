@@ -16,17 +16,23 @@ an expert-data-parallel group, whose copies of those experts stay identical.
 
 Each step:
   1. every rank runs forward + backward on its own micro-batches (its own data, as DDP). In every
-     layer the MLP half is an MoE layer (llmc/moe.h):
-       a. route: router logits s = h Wr^T, each token's top-k experts and their gates;
-       b. all-to-all the counts (how many tokens each rank sends to each expert), then the
-          tokens themselves to the ranks of their experts;
-       c. each rank runs its experts on the tokens they received, one GEMM per weight per expert;
-       d. all-to-all the outputs back, and each token sums gate x output over its experts.
-     The backward mirrors it: two more all-to-alls per layer.
+     layer the MLP half is an MoE layer; llmc/moe.h's moe_forward and moe_backward run it, and
+     read in this order they are the chapter's code:
+       a. route (moe_route): router logits s = h Wr^T; on the device each token's top-k experts
+          and their gates (moe_topk: llmc/cpu/moe.h, llmc/cuda/moe.cuh), then the capacity
+          assignment (moe_assign_rows): which slots each expert keeps, each kept slot's row in
+          send order, and each expert's count;
+       b. the counts all-to-all (comm_all_to_all_counts: how many rows each rank sends to each
+          expert), then the tokens all-to-all (moe_exchange) to the ranks of their experts;
+       c. the expert GEMMs: each rank runs its experts on the rows they received, one GEMM per
+          weight per expert;
+       d. back: the outputs by the reverse all-to-all (moe_exchange again), and the combine
+          (moe_combine): each token sums gate x output over its kept slots.
+     The backward (moe_backward) runs it in reverse, two more all-to-alls per layer, and ends with
+     the router gradient (moe_router_grad): through the gates' softmax, and the aux loss's.
   2. the gradients: the replicated parameters' all-reduced (average) over all N ranks, as DDP;
-     each expert's over its expert-data-parallel group (N/ep ranks). An expert's gradient on its
-     rank already sums the tokens of the ep ranks of its group, so the average over its N/ep
-     copies is ep times the average over all N ranks: the optimizer reads it scaled by 1/ep.
+     each expert's over its expert-data-parallel group (N/ep ranks); the optimizer reads the
+     experts' scaled by 1/ep (expert_grad_scale says why).
   3. AdamW, the same update on every copy of each parameter.
   4. balancing: -balance aux adds the Switch loss to the loss (its gradient reaches the routers);
      -balance bias moves each expert's routing bias towards balance after the step, from the loads
@@ -35,6 +41,7 @@ Each step:
 Build: make train_gpt2_ep          Run: mpirun -np 2 ./train_gpt2_ep -e d4 -experts 8 -topk 2 -ep 2 -x 100 -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
 */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include "llmc/utils.h"
@@ -67,10 +74,13 @@ typedef struct {
 } ExpertParallel;
 
 // ----------------------------------------------------------------------------------------------
-// forward and backward of the whole model on one micro-batch: the DDP trainer's, with each
-// layer's MLP half an MoE layer. Every rank runs every layer on its own B x T tokens (data
-// parallel); only inside the MoE layers do tokens leave their rank: to the ranks of the experts
-// their router chose, and back. Between the MoE layers the ranks are independent, as in DDP.
+// forward and backward of the whole model on one micro-batch: train_gpt2_dp.cu's passes (without
+// its ZeRO buckets and recomputation), except in the MLP half of each layer. Where DP calls
+// mlp_half_forward (block.h: fc, GELU, fcproj on this rank's tokens), this pass calls
+// moe_forward; where DP calls mlp_half_backward, moe_backward; every other line is DP's. Every
+// rank runs every layer on its own B x T tokens (data parallel); only inside the MoE layers do
+// tokens leave their rank: to the ranks of the experts their router chose, and back. Between the
+// MoE layers the ranks are independent, as in DDP.
 
 static void gpt2_forward(ExpertParallel* t, const int* inputs_host, int B, int T) {
     GPT2* model = t->model;
@@ -155,7 +165,7 @@ static void expert_range(const GPT2* model, size_t* lo, size_t* hi) {
 
 // 2. the gradients reduced: the replicated ranges all-reduced (average) over all ranks, (lo)
 // and (count - hi) floats, as DDP; this rank's experts (hi - lo) over the ranks holding the same
-// experts. (Each expert's gradient is then ep x the average over all ranks: see the header.)
+// experts. (Each expert's gradient is then ep x the average over all ranks: expert_grad_scale.)
 static void reduce_gradients(ExpertParallel* t) {
     GPT2* model = t->model;
     size_t lo, hi, n = model->num_parameters;
@@ -165,20 +175,29 @@ static void reduce_gradients(ExpertParallel* t) {
     if (t->edp_group->size > 1) comm_all_reduce(t->edp_group, model->grads_memory + lo, hi - lo, COMM_FLOATX, COMM_AVG);
 }
 
+// The factor the optimizer (and the norm, and -dump_grads) reads the experts' gradients with:
+// 1/ep. The loss is the mean over the global batch of N ranks' tokens, which the replicated
+// parameters get by averaging their N gradients. An expert's gradient on its rank already sums
+// the tokens of all ep ranks of its EP group (they came to it through the all-to-all), each
+// weighted 1/(B T accum) as its own rank's mean; averaged over its N/ep copies it is then
+// sum over N ranks / (N/ep) = ep x the average over all N ranks. Scaled by 1/ep, it is the
+// gradient of the same global mean, the one a single GPU would compute.
+static float expert_grad_scale(const ExpertParallel* t) { return 1.0f / (float)t->ep_group->size; }
+
 // the global gradient norm: the replicated part once, plus every expert once (the sum of squares
-// of this rank's experts, scaled by 1/ep^2, all-reduced over the EP group: one float)
+// of this rank's experts, scaled by expert_grad_scale squared, all-reduced over the EP group: one float)
 static float grad_norm(ExpertParallel* t) {
     GPT2* model = t->model;
     size_t lo, hi, n = model->num_parameters;
     expert_range(model, &lo, &hi);
-    float ep = (float)t->ep_group->size;
-    float experts = global_norm_squared(model->grads_memory + lo, hi - lo) / (ep * ep);
+    float scale = expert_grad_scale(t);
+    float experts = global_norm_squared(model->grads_memory + lo, hi - lo) * scale * scale;
     comm_all_reduce_scalar(t->ep_group, &experts, COMM_SUM);
     float replicated = global_norm_squared(model->grads_memory, lo) + global_norm_squared(model->grads_memory + hi, n - hi);
     return sqrtf(replicated + experts);
 }
 
-// 3. AdamW over the three ranges; the experts' gradients read scaled by 1/ep
+// 3. AdamW over the three ranges; the experts' gradients read scaled by expert_grad_scale
 static float adamw_step(ExpertParallel* t, const TrainArgs* args, int step, int max_steps, float norm, float* clip_scale) {
     GPT2* model = t->model;
     size_t lo, hi, n = model->num_parameters;
@@ -188,7 +207,7 @@ static float adamw_step(ExpertParallel* t, const TrainArgs* args, int step, int 
     size_t ranges[3][2] = {{0, lo}, {lo, hi}, {hi, n}};
     for (int r = 0; r < 3; r++) {
         size_t a = ranges[r][0], b = ranges[r][1];
-        float scale = r == 1 ? *clip_scale / (float)t->ep_group->size : *clip_scale;
+        float scale = r == 1 ? *clip_scale * expert_grad_scale(t) : *clip_scale;
         optimizer_adamw_step(model->params_memory + a, master ? master + a : NULL, model->grads_memory + a,
                              model->m_memory + a, model->v_memory + a, a, b, &model->layout, opt, scale, step + 1);
     }
@@ -196,7 +215,7 @@ static float adamw_step(ExpertParallel* t, const TrainArgs* args, int step, int 
 }
 
 // -dump_grads: the first step's gradients as the reference's grads.bin: the replicated ones as
-// reduced, each expert's read as the optimizer reads it (1/ep), gathered over one EP group (the
+// reduced, each expert's read as the optimizer reads it (expert_grad_scale), gathered over one EP group (the
 // others hold copies) into the model file's layout
 static void write_gradients(ExpertParallel* t, const char* path) {
     GPT2* model = t->model;
@@ -205,12 +224,129 @@ static void write_gradients(ExpertParallel* t, const char* path) {
     expert_range(model, &lo, &hi);
     float* host = (float*)malloc_check(n * sizeof(float));
     copy_device_to_floats(host, model->grads_memory, n);
-    for (size_t i = lo; i < hi; i++) host[i] /= (float)t->ep_group->size;
+    for (size_t i = lo; i < hi; i++) host[i] *= expert_grad_scale(t);
     floatX* scaled = (floatX*)device_malloc(n * sizeof(floatX));
     copy_floats_to_device(scaled, host, n);
     gpt2_write_gathered(model, t->ep_group, scaled, path);
     device_free(scaled);
     free(host);
+}
+
+// ----------------------------------------------------------------------------------------------
+// A nan or inf loss or gradient norm: where it first appears. A step computes the forward's
+// activations, then the loss, then the gradients in the backward's order (the final LayerNorm,
+// layers L-1 down to 0, the embeddings); a nan or inf spreads to everything computed from it,
+// so the first place holding one is where to look. A loss: the last micro-batch's residual
+// stream and each half's output, layer by layer (each rank its own tokens). A gradient norm:
+// each tensor's gradient of each layer as the norm reads it (its experts' scaled), where a value
+// is not finite or the tensor's own sum of squares overflows fp32, as a norm of inf needs. Each
+// rank finds its first place; the earliest over all ranks is named (by rank 0), then the run
+// stops as every trainer's does (train.h). (llmc/ has no such search; DiLoCo's link names the
+// tensor and layer of a bad value in its own pieces, outer_link.h.)
+#define PLACE_NONE 1000000  // (more places than any model has)
+static const int forward_places = 8;  // a layer's, in the order it computes them (below)
+static const int backward_order[PER_LAYER_TENSORS] = {PARAM_FCPROJW, PARAM_FCPROJB, PARAM_FCW, PARAM_FCB, PARAM_ROUTERW,
+                                                      PARAM_LN2W, PARAM_LN2B, PARAM_ATTPROJW, PARAM_ATTPROJB, PARAM_QKVW,
+                                                      PARAM_QKVB, PARAM_LN1W, PARAM_LN1B};
+
+// place i of the forward: its values (B T `width` of them) and its name
+static const floatX* forward_place(const GPT2* model, int i, char* name, size_t size, int* width) {
+    const Activations* a = &model->acts;
+    LayerDims d = model->dims;
+    int L = model->config.num_layers;
+    static const char* names[8] = {"ln1 (its input, normalised)", "qkv", "atty (attention's output)",
+                                   "attproj (the attention half's output)", "residual2 (the stream after attention)",
+                                   "ln2 (the MoE layer's input)", "fcproj (the MoE layer's output)",
+                                   "residual3 (the layer's output)"};
+    *width = d.C;
+    if (i == 0) {
+        snprintf(name, size, "encoded (the embeddings' output)");
+        return a->encoded;
+    }
+    if (i == 1 + forward_places * L) {
+        snprintf(name, size, "lnf (the final LayerNorm's output)");
+        return a->lnf;
+    }
+    int l = (i - 1) / forward_places, j = (i - 1) % forward_places;
+    LayerActs x = layer_acts(a, d, model->B, model->T, l);
+    const floatX* values[8] = {x.ln1, x.qkv, x.atty, x.attproj, x.residual2, x.ln2, x.fcproj, x.residual3};
+    *width = j == 1 ? d.qkv : j == 2 ? d.att : d.C;
+    snprintf(name, size, "layer %d's %s", l, names[j]);
+    return values[j];
+}
+
+// place i of the backward: tensor, layer (-1: not per layer), and this rank's values of it
+static int backward_place(const GPT2* model, int i, int* layer, size_t* first, size_t* count) {
+    const ParameterLayout* p = &model->layout;
+    int L = model->config.num_layers, tensor;
+    if (i < 2) tensor = i == 0 ? PARAM_LNFW : PARAM_LNFB, *layer = -1;
+    else if (i < 2 + PER_LAYER_TENSORS * L) tensor = backward_order[(i - 2) % PER_LAYER_TENSORS], *layer = L - 1 - (i - 2) / PER_LAYER_TENSORS;
+    else tensor = i == 2 + PER_LAYER_TENSORS * L ? PARAM_WPE : PARAM_WTE, *layer = -1;
+    *first = p->offsets[tensor] + (*layer >= 0 ? (size_t)*layer * p->layer_stride[tensor] : 0);
+    *count = *layer >= 0 ? p->layer_stride[tensor] : p->sizes[tensor];
+    return tensor;
+}
+
+// rank 0's line: what it found (found: a place number, or PLACE_NONE)
+static void print_first_non_finite(const GPT2* model, int step, float loss, int found) {
+    char name[128];
+    if (!isfinite(loss)) {
+        int width;
+        if (found == PLACE_NONE) snprintf(name, sizeof(name), "none of the last micro-batch's (an earlier one's?)");
+        else forward_place(model, found, name, sizeof(name), &width);
+        fprintf(stderr, "step %d: the loss is %g; the forward pass's first non-finite values: %s\n", step + 1, loss, name);
+        return;
+    }
+    int layer = -1, tensor = -1;
+    size_t first, count;
+    if (found != PLACE_NONE) tensor = backward_place(model, found, &layer, &first, &count);
+    char of_layer[32] = "";
+    if (layer >= 0) snprintf(of_layer, sizeof(of_layer), " of layer %d", layer);
+    fprintf(stderr, "step %d: the gradient norm is not finite; the backward's first gradient that is not, or whose "
+            "squares overflow fp32: %s%s\n", step + 1, tensor >= 0 ? parameter_names[tensor] : "none alone (their sum overflows)",
+            of_layer);
+}
+
+// every rank: its first place, the earliest over the ranks, rank 0's line
+static void name_first_non_finite(ExpertParallel* t, int step, float loss) {
+    GPT2* model = t->model;
+    int L = model->config.num_layers, in_forward = !isfinite(loss);
+    int places = in_forward ? 2 + forward_places * L : 4 + PER_LAYER_TENSORS * L, found = PLACE_NONE;
+    size_t lo, hi, tokens = (size_t)model->B * model->T, most = tokens * model->dims.qkv;
+    expert_range(model, &lo, &hi);
+    for (int i = 0; i < places && !in_forward; i++) {  // (the largest tensor, for the host buffer)
+        int layer;
+        size_t first, count;
+        backward_place(model, i, &layer, &first, &count);
+        most = count > most ? count : most;
+    }
+    float* host = (float*)malloc_check(most * sizeof(float));
+    for (int i = 0; i < places && found == PLACE_NONE; i++) {
+        double squares = 0.0, scale = 1.0;
+        int layer, bad = 0;
+        size_t first = 0, count;
+        if (in_forward) {
+            char name[128];
+            int width;
+            const floatX* values = forward_place(model, i, name, sizeof(name), &width);
+            count = tokens * width;
+            copy_device_to_floats(host, values, count);
+        } else {
+            backward_place(model, i, &layer, &first, &count);
+            if (first >= lo && first < hi) scale = expert_grad_scale(t);
+            copy_device_to_floats(host, model->grads_memory + first, count);
+        }
+        for (size_t j = 0; j < count; j++) {
+            bad |= !isfinite(host[j]);
+            squares += (double)host[j] * host[j] * scale * scale;
+        }
+        if (bad || (!in_forward && squares > FLT_MAX)) found = i;
+    }
+    free(host);
+    float earliest = -(float)found;  // (place numbers are small integers: exact in a float)
+    comm_all_reduce_scalar(t->world, &earliest, COMM_MAX);
+    if (t->world->rank == 0) print_first_non_finite(model, step, loss, (int)-earliest);
+    comm_barrier(t->world);  // (the line is out before any rank's error ends the job)
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -260,6 +396,8 @@ static void print_layout(const Run* run, const GPT2* model, const Moe* moe, int 
     printf("all-to-all per MoE layer and micro-batch, each of 4 (forward out and back, backward out and back), "
            "balanced: N k C X (ep-1)/ep = %.0f bytes (N = %.0f tokens)\n",
            N * c.topk * c.channels * X * (moe->ep - 1) / moe->ep, N);
+    printf("memory per rank, Psi = this rank's parameters (the replicated ones and its %d experts of each layer: %zu "
+           "of the model's %zu):\n", moe->E_local, (size_t)model->num_parameters, (size_t)gpt2_num_parameters(c));
     memory_plan_print(&run->plan, c, &run->layout);
 }
 
@@ -291,14 +429,19 @@ static MoeFigures moe_step_end(ExpertParallel* t, int accum) {
     return f;
 }
 
+// The step's MoE line, on rank 0: the balance figures, the step's all-to-all bytes (this rank's
+// sends, tokens and counts: they follow the routing, so they change from step to step and are
+// printed here, every step, rather than in the bytes block that prints only on a change) and,
+// with -balance bias, the range of the biases after the step's update
 static void print_moe(const ExpertParallel* t, int step, MoeFigures f) {
     const Moe* m = t->moe;
     if (t->world->rank != 0) return;
-    printf("step %d moe: aux loss %.6f | tokens per expert min %.0f mean %.1f max %.0f | MaxVio %.6f | dropped %.4f%%",
-           step + 1, f.aux, f.least, f.mean, f.most, f.max_vio, 100.0 * f.dropped_share);
+    printf("step %d moe: aux loss %.6f | tokens per expert min %.0f mean %.1f max %.0f | MaxVio %.6f | dropped %.4f%% | "
+           "all-to-all %lld B", step + 1, f.aux, f.least, f.mean, f.most, f.max_vio, 100.0 * f.dropped_share,
+           t->ep_group->bytes[COMM_ALL_TO_ALL]);
     if (m->balance == BALANCE_BIAS) {
-        float lo = 0.0f, hi = 0.0f;
-        for (int i = 0; i < m->L * m->E; i++) {
+        float lo = m->bias_host[0], hi = m->bias_host[0];  // (from the first bias: 0 is not one of them)
+        for (int i = 1; i < m->L * m->E; i++) {
             lo = m->bias_host[i] < lo ? m->bias_host[i] : lo;
             hi = m->bias_host[i] > hi ? m->bias_host[i] : hi;
         }
@@ -445,7 +588,13 @@ int main(int argc, char** argv) {
         // 3. the norm and AdamW
         watchdog_phase("AdamW update", step);
         float norm = grad_norm(&trainer);
-        train_stop_if_not_finite(step, loss, norm);
+        if (!isfinite(loss) || !isfinite(norm)) {
+            // where it first appears, then the flags whose steps could have caused it: -l, and
+            // with -balance aux its alpha, which scales the aux loss's gradient at the routers
+            name_first_non_finite(&trainer, step, loss);
+            train_stop_if_not_finite_hint(step, loss, norm, balance == BALANCE_AUX ? "-l, or -aux_alpha (the aux loss's "
+                                          "weight: it scales the aux loss's gradient at every router)" : "-l");
+        }
         float clip_scale, lr = adamw_step(&trainer, &run.args, step, run.max_steps, norm, &clip_scale);
         // 4. the balance: loads over the global batch (an all-reduce of L x E counts), -balance
         // bias's update from them; then the step line and the step's MoE line

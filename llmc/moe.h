@@ -145,15 +145,20 @@ static inline void moe_step_begin(Moe* m) {
 // ---- 1, 2: routing. s: the router logits (N, E) of layer l (device). The device picks each
 // token's experts and gates, applies the capacity and orders the kept slots (send order); the
 // host copies back the counts, the one wait of the layer before its all-to-all, and adds the
-// step's figures. A pass shorter than a micro-batch (a sample's) runs dropless: a capacity would
-// drop its newest tokens first.
+// step's figures. Every pass routes with the training capacity, a sample's (1 x t tokens, t <= T)
+// as well: the receiving buffers hold capacity x E/ep rows from each of the ep ranks
+// (moe_rows_max), the size the memory table counts, and a pass of fewer tokens can only fill
+// them less. A dropless sample would need room for every rank's t k slots on one rank, in every
+// layer: the memory the capacity is there to save. And the sample then shows the model as it was
+// trained, under the same budget; it drops less than a training micro-batch, since its t tokens
+// share the slots a micro-batch's B T share.
 static inline void moe_route(Moe* m, int l, const floatX* s, int N) {
     int E = m->E, k = m->k;
     size_t slots = (size_t)l * m->N * k;
     int* expert = m->expert + slots;
     float* probs = m->probs + (size_t)l * m->N * E;
     moe_topk(expert, m->gate + slots, probs, s, m->bias + (size_t)l * E, N, E, k);
-    moe_assign_rows(m->row + slots, m->counts_dev, expert, N, k, E, N == m->N ? m->capacity : N * k);
+    moe_assign_rows(m->row + slots, m->counts_dev, expert, N, k, E, m->capacity);
     if (m->balance == BALANCE_AUX && N == m->N) {
         moe_sequence_shares(m->shares + (size_t)l * m->B * 2 * E, expert, probs, m->B, m->T, k, E);
     }
