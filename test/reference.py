@@ -11,6 +11,7 @@ writes to DIR:
     model_bf16.bin   the same weights rounded to bf16 (version 5)
     grads.bin        the gradients of step 0, before clipping, in the model file layout
     final.bin        the weights after all steps
+    final_m.bin      AdamW's first moments after all steps (the gradients' running mean)
     reference.json   per-step losses, gradient norms and learning rates
 
 Batches: step s uses the global batch tokens[s*G : s*G + G + 1] of the token file, G = B*T
@@ -421,6 +422,9 @@ def run(args):
         norms.append(float(norm))
         lrs.append(lr)
     write_model_file(os.path.join(args.out, "final.bin"), model, model.tensors())
+    for p in model.parameters():  # AdamW's first moments, in the model file's layout
+        p.grad = opt.state[p]["exp_avg"] if p in opt.state else torch.zeros_like(p)
+    write_model_file(os.path.join(args.out, "final_m.bin"), model, model.tensors(grads=True))
     result = {"losses": losses, "grad_norms": norms, "lrs": lrs}
     if moe:
         result.update(routing, bias=[b.balance_bias.tolist() for b in model.blocks])

@@ -532,6 +532,17 @@ def compare_ep_with_reference(ranks, ep, accum, E=4, k=2, balance="aux", cf=0.0)
     # and the final weights, within the CPU's fp32 tolerances
     report = comparison.compare_run(ref, d, grads, "cpu fp32", steps)
     print("    cpu train_gpt2_ep: %s" % ", ".join("%s %.2e" % (c[0], c[1]) for c in report["checks"]))
+    # AdamW's first moments after the last step against the reference's: the gradients as the
+    # optimizer read them. The final weights alone hardly see a gradient read at a wrong scale
+    # (AdamW's m / sqrt(v) cancels it, up to eps: experts' gradients read without their 1/ep
+    # moved them by 7.7e-5, against 2e-5), m sees it whole. Measured: 1.0e-5 of the
+    # largest at most over these cases (m sums 5 steps' gradients, each at weights that differ by
+    # fp32's rounding), so 1e-4; experts' gradients read without 1/ep: 0.35 of the largest
+    m, m_ref = checkpoint_moments(d, steps), reference.read_model_file(os.path.join(ref["dir"], "final_m.bin"))[1]
+    err = np.abs(m - m_ref).max() / np.abs(m_ref).max()
+    print("    AdamW m after step %d: max error %.2e of the largest" % (steps, err))
+    assert err <= 1e-4, "AdamW m after step %d: max abs error %.3g, %.2e of the largest (limit 1e-4)" % (
+        steps, np.abs(m - m_ref).max(), err)
     comparison.assert_matches(report)
     # the balance figures: the aux loss to fp32 rounding (printed to 1e-6), MaxVio and the dropped
     # share exactly (counts; printed to 5e-7 each, and their binary fractions round either way)
@@ -585,6 +596,16 @@ def compare_ep_with_reference(ranks, ep, accum, E=4, k=2, balance="aux", cf=0.0)
         expected = 4 * replicated + 4 + 4 * (cfg["layers"] * E + 2) + 4
         assert comm["world"]["all_reduce"] == expected, (comm, expected)
         assert comm["expert_dp"].get("all_reduce", 0) == (4 * per_expert * E // ep if ranks > ep else 0), comm
+
+
+def checkpoint_moments(d, step):
+    """AdamW's first moments m (the whole model's, in the model file's layout) in the checkpoint of
+    `step` in d, a gathered state file: its header, the identity, then m, v and the extra bytes"""
+    with open(os.path.join(d, "state_%08d.bin" % step), "rb") as f:
+        data = f.read()
+    header = np.frombuffer(data[:1024], dtype=np.int32)
+    n, at = int(header[7]) | int(header[8]) << 32, 1024 + int(header[11])
+    return np.frombuffer(data[at: at + 4 * n], dtype=np.float32).astype(np.float64)
 
 
 def checkpoint_bias(d, step, L, E):
