@@ -9,7 +9,8 @@
 //      softmax of the k picked s (Shazeer et al. 2017; Mixtral's order: top-k, then softmax).
 //   2. capacity (-capacity_factor cf > 0): each expert takes at most ceil(cf N k / E) of this
 //      rank's slots, first choices before second, in token order; the rest are dropped (their
-//      tokens pass by on the residual stream; GShard, Lepikhin et al. 2020).
+//      tokens pass by on the residual stream; GShard, Lepikhin et al. 2020). Every pass, a
+//      sample's of fewer tokens too, routes with this capacity (moe_route says why).
 //   3. the kept slots, grouped by expert (so by the rank that holds it), leave in "send order";
 //      all-to-all of the counts, then all-to-all of the rows (C values each): each rank receives
 //      the rows of its E/ep experts from every rank, regroups them expert by expert, and runs
@@ -18,10 +19,11 @@
 //      kept slots, in slot order (the same sum on any ep).
 // The backward runs it in reverse: the gradients of the expert outputs travel to the experts and
 // the gradients of their inputs back, the gates' gradients reach the router through the softmax.
-// Routing runs where the rows are, on the device (cpu/moe.h, cuda/moe.cuh: the top-k, a prefix
-// sum per expert for the capacity and the send order, the router's gradient); the host gets only
-// what the all-to-all needs, each expert's count of kept slots, and decides from the counts where
-// each rank's rows go (moe_regroup): plain loops a reader can follow.
+// Routing runs where the rows are, on the device (cpu/moe.h, cuda/moe.cuh: the top-k, the capacity
+// and the send order, which the CPU assigns in one serial loop over the slots and CUDA by a prefix
+// sum per expert, the router's gradient); the host gets only what the all-to-all needs, each
+// expert's count of kept slots, and decides from the counts where each rank's rows go
+// (moe_regroup): plain loops a reader can follow.
 #ifndef LLMC_MOE_H
 #define LLMC_MOE_H
 
@@ -256,7 +258,7 @@ static inline void moe_forward(Moe* m, int l, floatX* out, const floatX* h, Laye
     // small kernel of their own, the CPU still waiting for them; its low-latency kernels skip the
     // round trip: receive buffers sized for the worst case, the counts travelling with the
     // tokens, so the host never waits. A fixed capacity with padding needs no counts at all.
-    moe_dispatch(m->send, h, row, NULL, N, k, C, 0);
+    moe_dispatch(m->send, h, row, NULL, N, k, C, /*weighted*/ 0);
     if (m->ep > 1) comm_all_to_all_counts(m->ep_group, m->send_counts + (size_t)l * E, m->recv_counts + (size_t)l * E, m->E_local);
     else memcpy(m->recv_counts + (size_t)l * E, m->send_counts + (size_t)l * E, (size_t)E * sizeof(int));
     int rows = moe_regroup(m, l);
@@ -280,7 +282,7 @@ static inline void moe_forward(Moe* m, int l, floatX* out, const floatX* h, Laye
     if (rows > 0) moe_gather_rows(m->recv, m->yout, m->from_experts_dev + (size_t)l * R, rows, C);
     floatX* returned = m->returned + (size_t)l * m->N * k * C;
     moe_exchange(m, l, m->recv, returned, 1);
-    moe_combine(out, returned, row, m->gate + (size_t)l * m->N * k, N, k, C, 1);
+    moe_combine(out, returned, row, m->gate + (size_t)l * m->N * k, N, k, C, /*weighted*/ 1);
 }
 
 // The aux loss of layer l's micro-batch (Switch Transformer, Fedus et al. 2021): per sequence,
@@ -314,7 +316,7 @@ static inline void moe_backward(Moe* m, int l, floatX* dh_out, const floatX* dou
     // the gates' gradients (for the router, below), then each kept slot's output gradient
     // gate x dout, to the experts (the same all-to-all as the forward's tokens)
     moe_gate_grads(m->dgate, dout, returned, row, N, k, C);
-    moe_dispatch(m->send, dout, row, gate, N, k, C, 1);
+    moe_dispatch(m->send, dout, row, gate, N, k, C, /*weighted*/ 1);
     moe_exchange(m, l, m->send, m->recv, 0);
     int rows = m->rows_taken[l];
     if (rows > 0) moe_gather_rows(m->yout, m->recv, m->to_experts_dev + (size_t)l * R, rows, C);
@@ -335,7 +337,7 @@ static inline void moe_backward(Moe* m, int l, floatX* dh_out, const floatX* dou
     // the input gradients home (the forward's way back), summed per token over its kept slots
     if (rows > 0) moe_gather_rows(m->recv, m->yout, m->from_experts_dev + (size_t)l * R, rows, C);
     moe_exchange(m, l, m->recv, m->send, 1);
-    moe_combine(dh_out, m->send, row, gate, N, k, C, 0);
+    moe_combine(dh_out, m->send, row, gate, N, k, C, /*weighted*/ 0);
     // the router: the logits' gradient ds (N, E) through the gates' softmax and, with -balance aux,
     // through the aux loss's P; the aux loss of the micro-batch is alpha E sum_e f_e P_e averaged
     // over its B sequences, P_e a mean over T tokens, so dP_e = aux_weight alpha E f_e / (B T)

@@ -130,7 +130,8 @@ def ep_zero_router_worked_example():
           input gradients (backward): 2 k c C X each, a layer, plus the counts, E/ep ints to the
           other rank: L (2 k c C X + 4 E/ep (ep - 1)) = 2 (2 x 2 c x 64 x 4 + 8) = 2048 c + 16:
           dropless 262160, cf 1.0 131088, cf 1.25 163856 bytes.
-    The moe line prints these figures, and main.log's all-to-all bytes agree."""
+    The moe line prints these figures, and main.log's all-to-all bytes agree. (And the banner's
+    memory table has its header line.)"""
     E, k, ranks, ep, B = 4, 2, 2, 2, 4
     T, C, L, X = MOE["seq_len"], MOE["channels"], MOE["layers"], 4
     N = B * T
@@ -153,3 +154,9 @@ def ep_zero_router_worked_example():
         assert line["all_to_all"] == sent, (line, sent)
         train, _ = read_log(run)
         assert train[1]["comm"]["ep"]["all_to_all"] == sent, train[1]["comm"]
+    # the banner's memory table opens, as the other trainers' do, with the line saying what Psi is:
+    # this rank's parameters, the replicated ones and its E/ep experts (moe_params: by formula)
+    replicated, per_expert = moe_params(MOE, E)
+    m = re.search(r"^memory per rank, Psi = this rank's parameters .*: (\d+) of the model's (\d+)\):\n  parameters ", out, re.M)
+    assert m, "no memory table header line:\n" + out[:3000]
+    assert (int(m.group(1)), int(m.group(2))) == (replicated + per_expert * E // ep, replicated + per_expert * E), m.group(0)

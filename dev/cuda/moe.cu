@@ -3,7 +3,8 @@ Mixture-of-Experts on CUDA (llmc/cuda/moe.cuh), checked against the CPU backend 
   make dev/cuda/moe && ./dev/cuda/moe
 First the routing, on random router logits (N, E) and a random bias: each token's top-k, gates
 and P (a thread a token), the capacity and the send order (a block an expert, scanning the slots
-with a prefix sum; the experts and rows must be identical to the CPU's, counts included), each
+with a prefix sum, where the CPU runs one serial loop over them; the experts and rows must be
+identical to the CPU's, counts included), each
 sequence's f and P, and the router's gradient.
 Then the row moves on a random routing: N tokens of C values, k slots each, some dropped (-1), the
 kept ones at distinct rows of the send order.
@@ -126,10 +127,10 @@ int main(void) {
     float* gathered = (float*)malloc_check((size_t)kept * C * sizeof(float));
     float* combined = (float*)malloc_check((size_t)N * C * sizeof(float));
     float* dgate = (float*)malloc_check(S * sizeof(float));
-    cpu::moe_dispatch(rows, h, row, gate, N, k, C, 0);
-    cpu::moe_dispatch(weighted, dout, row, gate, N, k, C, 1);
+    cpu::moe_dispatch(rows, h, row, gate, N, k, C, /*weighted*/ 0);
+    cpu::moe_dispatch(weighted, dout, row, gate, N, k, C, /*weighted*/ 1);
     cpu::moe_gather_rows(gathered, rows, order, kept, C);
-    cpu::moe_combine(combined, rows, row, gate, N, k, C, 1);
+    cpu::moe_combine(combined, rows, row, gate, N, k, C, /*weighted*/ 1);
     cpu::moe_gate_grads(dgate, dout, rows, row, N, k, C);
 
     floatX *d_h = to_device(h, (size_t)N * C), *d_dout = to_device(dout, (size_t)N * C);
@@ -146,19 +147,19 @@ int main(void) {
     double X = sizeof(floatX), moved = (double)kept * C * X * 2;  // each row read and written once
     printf("moe N=%d k=%d C=%d, %d of %zu slots kept (%s)\n", N, k, C, kept, S, PRECISION_NAME);
 
-    moe_dispatch(d_rows, d_h, d_row, d_gate, N, k, C, 0);
+    moe_dispatch(d_rows, d_h, d_row, d_gate, N, k, C, /*weighted*/ 0);
     ok &= validate("v1 dispatch", d_rows, rows, (size_t)kept * C, 0.0f);  // (a copy: exact)
-    TIME_KERNEL(ms, 20, moe_dispatch(d_rows, d_h, d_row, d_gate, N, k, C, 0));
+    TIME_KERNEL(ms, 20, moe_dispatch(d_rows, d_h, d_row, d_gate, N, k, C, /*weighted*/ 0));
     report("v1 dispatch", ms, moved, 0);
-    moe_dispatch(d_weighted, d_dout, d_row, d_gate, N, k, C, 1);
+    moe_dispatch(d_weighted, d_dout, d_row, d_gate, N, k, C, /*weighted*/ 1);
     ok &= validate("v1 dispatch, gate-weighted", d_weighted, weighted, (size_t)kept * C, tol);
     moe_gather_rows(d_gathered, d_rows, d_order, kept, C);
     ok &= validate("v1 gather rows", d_gathered, gathered, (size_t)kept * C, 0.0f);
     TIME_KERNEL(ms, 20, moe_gather_rows(d_gathered, d_rows, d_order, kept, C));
     report("v1 gather rows", ms, moved, 0);
-    moe_combine(d_combined, d_rows, d_row, d_gate, N, k, C, 1);
+    moe_combine(d_combined, d_rows, d_row, d_gate, N, k, C, /*weighted*/ 1);
     ok &= validate("v1 combine", d_combined, combined, (size_t)N * C, tol);
-    TIME_KERNEL(ms, 20, moe_combine(d_combined, d_rows, d_row, d_gate, N, k, C, 1));
+    TIME_KERNEL(ms, 20, moe_combine(d_combined, d_rows, d_row, d_gate, N, k, C, /*weighted*/ 1));
     report("v1 combine", ms, moved + (double)N * C * X, 0);
     moe_gate_grads(d_dgate, d_dout, d_rows, d_row, N, k, C);
     // (dot products of C terms of floatX inputs, summed in fp32 in another order)

@@ -47,7 +47,10 @@ static inline void moe_topk(int* expert, float* gate, float* probs, const float*
 // order: an expert keeps its first `capacity` slots and drops the rest (row -1); a kept slot's
 // row is its place among its expert's kept rows, after all lower experts' rows (the send order:
 // expert by expert, so destination rank by rank). counts: (2E) each expert's kept slots, then its
-// routed slots before drops (the balancing rules' loads)
+// routed slots before drops (the balancing rules' loads). On the CPU this is one serial loop over
+// the N k slots, a running count per expert: "first come, first kept" is an order, and the loop
+// is that order. (llmc/cuda/moe.cuh computes the same places with a block per expert and a prefix
+// sum, a scan, over its slots.)
 static inline void moe_assign_rows(int* row, int* counts, const int* expert, int N, int k, int E, int capacity) {
     int kernel_span = kernel_time_begin("moe: rows", 0, 0);
     int *kept = counts, *routed = counts + E;
@@ -123,8 +126,8 @@ static inline void moe_gather_rows(float* dst, const float* src, const int* inde
     kernel_time_end(kernel_span);
 }
 
-// each token's slots into the send order, weighted or not: rows[row[t, j]] = h[t] (scale 0) or
-// gate[t, j] * h[t] (scale 1: the backward's gradient of an expert's output)
+// each token's slots into the send order, weighted or not: rows[row[t, j]] = h[t] (weighted 0: the
+// forward's tokens) or gate[t, j] * h[t] (weighted 1: the backward's gradient of an expert's output)
 static inline void moe_dispatch(float* rows, const float* h, const int* row, const float* gate, int N, int k, int C,
                                 int weighted) {
     int kernel_span = kernel_time_begin("moe: dispatch", 0, 0);
