@@ -90,10 +90,12 @@ def tests_pass_alone_in_a_fresh_checkout():
     tracked and new files, no test/tmp: dev/mutation_sweep.py's copy_checkout) with the programs
     built here: each passes, so it makes what it needs rather than finding what an earlier test
     left in test/tmp (ALONE says why each)"""
-    sys.path.insert(0, os.path.join(ROOT, "dev"))
-    import mutation_sweep
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("trainer_mutation_sweep", os.path.join(ROOT, "dev", "mutation_sweep.py"))
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
     d = fresh_dir("fresh_checkout")
-    mutation_sweep.copy_checkout(d)
+    sweep.copy_checkout(d)
     assert not os.path.exists(os.path.join(d, "test", "tmp")), "the copy has a test/tmp"
     for program in ("train_gpt2_ep", "train_gpt2_dp", "train_gpt2_cp", "dev/memory_planner"):
         shutil.copy2(os.path.join(ROOT, program), os.path.join(d, program))

@@ -17,7 +17,7 @@ A control run beside the mutations: the unmutated programs must validate in ever
 else nothing is reported. --no-control leaves it out, for a caller that has validated the
 unmutated programs already (the test suite's emu_dev_cuda tests do).
 """
-import glob
+import importlib.util
 import os
 import re
 import shutil
@@ -26,6 +26,11 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the sweep of the trainers' mechanisms, whose copy of a checkout this one uses (loaded by its
+# path: both files are named mutation_sweep.py)
+_spec = importlib.util.spec_from_file_location("trainer_mutation_sweep", os.path.join(ROOT, "dev", "mutation_sweep.py"))
+trainer_sweep = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(trainer_sweep)
 WORK = os.path.join(ROOT, "build", "mutation")
 BARRIER = re.compile(r"^(\s*)(__syncthreads\(\);|__syncwarp\(\);|cp_async_wait<\d+>\(\);|wgmma_wait<\d+>\(\);)")
 # the dev/cuda programs that validate each file's kernels
@@ -56,17 +61,10 @@ def barriers():
 
 
 def copy_tree(dest):
-    """what the Makefile's emulator build reads: every trainer, llmc, dev/cuda, the emulator"""
-    shutil.rmtree(dest, ignore_errors=True)
-    os.makedirs(dest)
-    trainers = [os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "train_gpt2_*.cu"))]
-    for item in ["llmc", "dev/cuda", "test/cuda_emu", "test/test_comm.c", "Makefile"] + trainers:
-        src, dst = os.path.join(ROOT, item), os.path.join(dest, item)
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        if os.path.isdir(src):
-            shutil.copytree(src, dst)
-        else:
-            shutil.copy(src, dst)
+    """what the Makefile's emulator build reads: every trainer, llmc, dev/cuda, the emulator (the
+    checkout's files there, copied as dev/mutation_sweep.py copies a checkout: never a build output)"""
+    read = ("llmc/", "dev/cuda/", "test/cuda_emu/", "test/test_comm.c", "Makefile")
+    trainer_sweep.copy_checkout(dest, [f for f in trainer_sweep.checkout_files(ROOT) if f.startswith(read) or re.fullmatch(r"train_gpt2_\w+\.cu", f)])
 
 
 def run(program, env):
