@@ -13,7 +13,8 @@ filter: a part of a mutation's name (e.g. "moe", "diloco"). A control run comes 
 unmutated copy must pass every test the selected mutations name, else "caught" would mean
 nothing; its references (test/tmp) are then shared by the mutations' runs. --no-control leaves
 it out (the tests are known to pass); --keep keeps each mutated copy's directory.
-Not part of `make test`: about 1-3 minutes a mutation on 2 cores (a build and one or two tests).
+Not part of `make test`: about a minute a mutation on 2 cores (a build and a test or two), and
+3 minutes for the control.
 dev/cuda/mutation_sweep.py is its sibling for the CUDA kernels' barriers under the emulator;
 both copy the tree into a scratch directory of their own (copy_checkout) and plant there.
 """
@@ -56,8 +57,10 @@ MUTATIONS = [
     mutation("moe: the experts' gradients read without 1/ep", "train_gpt2_ep.cu",
              "float scale = r == 1 ? *clip_scale * expert_grad_scale(t) : *clip_scale;", "float scale = *clip_scale;",
              ["ep_vs_pytorch_np4_ep2_accum1_E4_k2_aux"], [EP]),
-    mutation("moe: shard copy expert-major, not layer-major", "llmc/model.h",
-             "uint64_t local = lg / groups, group = lg % groups;", "uint64_t local = lg % layers, group = lg / layers;",
+    mutation("moe: the experts read from the file expert-major, not layer-major", "llmc/model.h",
+             "uint64_t block = layer * s.groups + group0 + group;",
+             "uint64_t block = s.grouping == GROUPS_EXPERTS ? (group0 + group) * (uint64_t)p->layers + layer "
+             ": layer * s.groups + group0 + group;",
              ["ep_vs_pytorch_np2_ep2_accum1_E4_k2_aux"], [EP]),
     mutation("moe: the planner's output rows doubled", "llmc/memory_plan.h",
              "(uint64_t)L * (R * C + 2 * R * 4 * C + S * C)", "(uint64_t)L * (R * C + 2 * R * 4 * C + 2 * S * C)",
@@ -153,23 +156,27 @@ def plant(tree, m):
 
 
 def build(tree, targets):
-    """make's targets in tree, CPU backend (every test reads dev/memory_planner's table: it is always one)"""
+    """make's targets in tree, CPU backend; None, or why it failed"""
     p = subprocess.run(["make", "-s", "-j2", "BACKEND=cpu"] + sorted(set(targets)), cwd=tree, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT)
     return None if p.returncode == 0 else "build failed: " + p.stdout.decode("utf-8", "replace")[-400:]
 
 
 def run_tests(tree, pattern, env):
-    """(passed, [(failed test, its first line of why)]) of test/run_tests.py pattern in tree"""
-    p = subprocess.run([sys.executable, "test/run_tests.py", pattern], cwd=tree, env=env, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, timeout=3600)
+    """test/run_tests.py pattern in tree: ("passed" or "failed", [(failed test, the start of why)]),
+    or ("none", [why]) when no test ran (a filter that matches nothing is no catch)"""
+    try:
+        p = subprocess.run([sys.executable, "test/run_tests.py", pattern], cwd=tree, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=3600)
+    except subprocess.TimeoutExpired:  # (each run in a test has its own timeout: this is the runner's own hang)
+        return "failed", [(pattern, "the test runner did not end within an hour")]
     out = p.stdout.decode("utf-8", "replace")
     failed = [(m.group(1), re.sub(r"^ \(its files kept: [^)]*\)", "", m.group(2)).strip(" :")[:160])
               for m in re.finditer(r"^FAIL (\S+) \([\d.]+s\)(.*)$", out, re.M)]
     ran = re.search(r"^(\d+) passed, (\d+) failed", out, re.M)
     if ran is None or int(ran.group(1)) + int(ran.group(2)) == 0:
-        failed.append(("(no test ran)", "no test matches %r, or the runner stopped: %s" % (pattern, out[-300:])))
-    return p.returncode == 0 and not failed, failed
+        return "none", ["no test matches %r, or the runner stopped: %s" % (pattern, out[-300:])]
+    return ("passed" if p.returncode == 0 and not failed else "failed"), failed
 
 
 def main():
@@ -178,6 +185,7 @@ def main():
     keep = "--keep" in args
     args = [a for a in args if not a.startswith("--")]
     todo = [m for m in MUTATIONS if not args or args[0] in m["name"]]
+    started = time.time()
     scratch = tempfile.mkdtemp(prefix="llmc_mutation_sweep_")
     base = os.path.join(scratch, "base")
     # one suite id for every run: the references the control made (test/tmp) are reused as-is
@@ -192,8 +200,8 @@ def main():
     if control:
         t0 = time.time()
         for pattern in dict.fromkeys(p for m in todo for p in m["tests"]):
-            ok, failed = run_tests(base, pattern, env)
-            if not ok:
+            status, failed = run_tests(base, pattern, env)
+            if status != "passed":
                 sys.exit("the unmutated copy fails %s: %s (no sweep)" % (pattern, failed))
         print("control: every named test passes unmutated (%.0f s)" % (time.time() - t0), flush=True)
     rows, missed = [], 0
@@ -207,9 +215,11 @@ def main():
         stale = plant(tree, m) or build(tree, m["build"] + [PLANNER])
         if stale is None:
             for pattern in m["tests"]:
-                ok, failed = run_tests(tree, pattern, env)
-                if not ok:
-                    caught = failed
+                status, failed = run_tests(tree, pattern, env)
+                if status == "none":
+                    stale = failed[0]
+                if status != "passed":
+                    caught = failed if status == "failed" else None
                     break
         seconds = time.time() - t0
         if stale:
@@ -228,7 +238,8 @@ def main():
     print("| mechanism | file | mutation | result | time |")
     print("| --- | --- | --- | --- | --- |")
     print("\n".join(rows))
-    print("%d mutations, %d caught, %d missed or not run" % (len(todo), len(todo) - missed, missed))
+    print("%d mutations, %d caught, %d missed or not run (%.0f s in all)" % (len(todo), len(todo) - missed, missed,
+                                                                       time.time() - started))
     if not keep:
         shutil.rmtree(scratch, ignore_errors=True)
     sys.exit(1 if missed else 0)
