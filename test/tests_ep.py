@@ -160,3 +160,18 @@ def ep_zero_router_worked_example():
     m = re.search(r"^memory per rank, Psi = this rank's parameters .*: (\d+) of the model's (\d+)\):\n  parameters ", out, re.M)
     assert m, "no memory table header line:\n" + out[:3000]
     assert (int(m.group(1)), int(m.group(2))) == (replicated + per_expert * E // ep, replicated + per_expert * E), m.group(0)
+
+
+@test
+def ep_moe_line_prints_the_steps_all_to_all_bytes():
+    """the all-to-all's bytes follow the routing, so they change from step to step: each step's moe
+    line prints rank 0's, equal to main.log's (the comm layer's count) at every step of a run
+    whose routing moves (4 steps of E = 4, top-2, at ep 2 on 2 ranks)"""
+    d = fresh_dir("ep_moe_line_bytes")
+    moe = os.path.join(moe_reference(4, 2)["dir"], "model.bin")
+    out = run_ok(2, ["-e", moe] + data_args(MOE) + ["-b", 2, "-t", MOE["seq_len"], "-x", 4, "-v", 0, "-s", 0, "-ep", 2,
+                                                     "-o", d], program="./train_gpt2_ep")
+    lines, (train, _) = moe_lines(out), read_log(d)
+    printed = [lines[s]["all_to_all"] for s in range(1, 5)]
+    assert printed == [train[s]["comm"]["ep"]["all_to_all"] for s in range(1, 5)], (printed, train)
+    assert len(set(printed)) > 1, "the bytes never changed (%s): the run does not test a changing count" % printed
