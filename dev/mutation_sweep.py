@@ -79,7 +79,10 @@ MUTATIONS = [
              "unsigned e = a >= scale * 0.0078125f;", "unsigned e = a >= scale * 0.015625f;",
              ["diloco_e3m0_w3_3_ranks_h2_f2_contiguous"], [DILOCO]),
     mutation("diloco: plain momentum, not Nesterov's step", "llmc/cpu/outer.h",
-             "outer[i] -= lr * (g + mu * momentum[i]);", "outer[i] -= lr * momentum[i];",
+             "bf16_to_float(delta_bf16[i]);\n        momentum[i] = mu * momentum[i] + g;\n"
+             "        outer[i] -= lr * (g + mu * momentum[i]);",
+             "bf16_to_float(delta_bf16[i]);\n        momentum[i] = mu * momentum[i] + g;\n"
+             "        outer[i] -= lr * momentum[i];",
              ["diloco_vs_reference_w2_h3_2_ranks_accum_2"], [DILOCO]),
     # ---- tensor parallelism and its overlap (llmc/tensor_parallel.h)
     mutation("tp: g after attproj left out (no all-reduce of the partial sums)", "llmc/tensor_parallel.h",

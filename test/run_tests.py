@@ -4274,11 +4274,16 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
     check_planner_matches_trainer(DILOCO, ranks, args, out)  # (the outer state its own row)
     train, _ = read_log(d)
     steps = cfg["steps"]
+    # every check's failure, named together at the end of the comparison (a wrong threshold of the
+    # link can move a loss by 1.4e-5, just past its 1e-5, and thousands of weights by a level)
+    wrong = []
     for s in range(1, steps + 1):
         a, b = train[s]["train_loss"], ref["losses"][s - 1]
-        assert abs(a - b) <= 1e-5, "step %d loss %.7f, reference %.7f" % (s, a, b)
+        if abs(a - b) > 1e-5:
+            wrong.append("step %d loss %.7f, reference %.7f" % (s, a, b))
         n, nr = train[s]["grad_norm"], ref["grad_norms"][s - 1]
-        assert abs(n - nr) <= 1e-5 * nr, "step %d norm %.7f, reference %.7f" % (s, n, nr)
+        if abs(n - nr) > 1e-5 * nr:
+            wrong.append("step %d norm %.7f, reference %.7f" % (s, n, nr))
     ref32 = diloco_reference(workers, H, ranks, micro, outer_lr, outer_momentum, cfg, "float32", fragments, outer_dtype,
                              alpha, fragment_layout, tau)
     # (with no momentum torch's SGD keeps no buffer: the reference writes zeros, nothing to compare)
@@ -4293,7 +4298,8 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
         _, p_ref32 = reference.read_model_file(os.path.join(ref32["dir"], name))
         _, p = reference.read_model_file(os.path.join(d, mine))
         err, tol = np.abs(p - p_ref).max(), max(gain, 1.0) * 2e-5 + 2 * np.abs(p_ref32 - p_ref).max()
-        assert err <= tol, "%s: max abs error %.3g against the reference, bound %.3g" % (name, err, tol)
+        if err > tol:
+            wrong.append("%s: max abs error %.3g against the reference, bound %.3g" % (name, err, tol))
         # and how many values are off by more than fp32's own bound: where fp32's noise tipped a
         # code of the link across a threshold (int8, e3m0; a value then moves by a step of its
         # piece's scale, which the max alone cannot tell from a wrong threshold). The reference's
@@ -4301,10 +4307,12 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
         # about as many (a threshold off by a quarter of a level moves thousands)
         base = max(gain, 1.0) * 2e-5
         tipped, tipped32 = int((np.abs(p - p_ref) > base).sum()), int((np.abs(p_ref32 - p_ref) > base).sum())
-        assert tipped <= 2 * tipped32 + 4, "%s: %d of %d values beyond %.2g of the reference, its float32 run %d" % (
-            name, tipped, len(p), base, tipped32)
+        if tipped > 2 * tipped32 + 4:
+            wrong.append("%s: %d of %d values beyond %.2g of the reference, its float32 run %d" % (
+                name, tipped, len(p), base, tipped32))
         print("    %s: max abs error %.2e, bound %.2e; %d values beyond %.2g (the float32 reference: %d)" % (
             name, err, tol, tipped, base, tipped32))
+    assert not wrong, "; ".join(wrong)
     P = len(p_ref)
     R = ranks // workers
     # each fragment's parameters from the model's shape: its L/F layers' share of every per-layer
