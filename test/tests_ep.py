@@ -1,6 +1,9 @@
 # Tests of the Mixture-of-Experts trainer (train_gpt2_ep.cu, llmc/moe.h): read into
 # test/run_tests.py's namespace, so its helpers (test, run_ok, mpirun, fresh_dir, make, MOE,
-# moe_reference, moe_figures, small_run_args, data_args, read_log, ...) are used as if written there.
+# moe_reference, moe_figures, small_run_args, data_args, read_log, ...) are used as if written
+# there, and so is test/tests_mutation_gaps.py's collapsed_moe_model (a model whose router weights
+# are all zero: every token's scores tie at 0, so its top-k are experts 0..k-1, ties going to the
+# lower index).
 
 
 @test
@@ -23,23 +26,6 @@ def sanitized_ep_sampling_with_a_small_capacity():
         out = run_ok(ranks, args, program="./build/sanitize/train_gpt2_ep", env=env, timeout=240)
         assert "AddressSanitizer" not in out and "runtime error:" not in out, out[-3000:]
         assert "---- sample at step 2 ----" in out, out[-3000:]
-
-
-def zero_router_model(d, E, k):
-    """the reference's MoE model (E experts, top-k) with every router weight 0, written into d:
-    every token's scores are then equal (all 0), so its top-k are experts 0..k-1 (ties go to the
-    lower index). Top-1 keeps the router at 0 (a gate of 1 has no gradient); top-k > 1 and the
-    aux loss move it, so runs of it take one step or -balance none / bias"""
-    header, params = reference.read_model_file(os.path.join(moe_reference(E, k)["dir"], "model.bin"))
-    C, L, Vp, maxT = MOE["channels"], MOE["layers"], padded_vocab(MOE), MOE["max_seq_len"]
-    router = (Vp + maxT) * C + L * (4 * C * C + 8 * C)  # wte, wpe, then ln1, qkv, attproj, ln2 of every layer
-    params = params.copy()
-    params[router: router + L * E * C] = 0.0
-    path = os.path.join(d, "zero_router_E%d_k%d.bin" % (E, k))
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(params.astype(np.float32).tobytes())
-    return path
 
 
 def moe_lines(out):
@@ -73,12 +59,13 @@ def ep_bias_range_is_the_biases():
     """-balance bias's printed range is the smallest and largest bias. A zero router at top-1: each
     step every token takes the expert of largest bias (the lowest index on a tie), which then
     loses gamma while the others gain it: b = (-1, 1, 1, 1) gamma after step 1, (0, 0, 2, 2) after
-    step 2, (1, 1, 1, 3) after step 3 in every layer, all positive. The checkpoint's state holds
-    those values; the line prints their min and max (0.0010..0.0030; the old code started both
-    from 0 and printed 0.0000..0.0030)"""
+    step 2, (1, 1, 1, 3) after step 3 in every layer, all positive. (The router stays 0: at top-1
+    a token's one gate is 1 whatever its score, so the router has no gradient, and -balance bias
+    adds no loss.) The checkpoint's state holds those values; the line prints their min and max
+    (0.0010..0.0030; the old code started both from 0 and printed 0.0000..0.0030)"""
     E, L, gamma = 4, MOE["layers"], 1e-3
     d = fresh_dir("ep_bias_range")
-    model = zero_router_model(d, E, 1)
+    model = collapsed_moe_model(d, E, 1)
     out = run_ok(2, ["-e", model] + data_args(MOE) + ["-b", 2, "-t", MOE["seq_len"], "-x", 3, "-n", 3, "-v", 0, "-s", 0,
                                                        "-ep", 2, "-balance", "bias", "-bias_rate", gamma,
                                                        "-o", os.path.join(d, "run")], program="./train_gpt2_ep")
@@ -137,7 +124,7 @@ def ep_zero_router_worked_example():
     N = B * T
     G = ranks * N
     d = fresh_dir("ep_worked_example")
-    model = zero_router_model(d, E, k)
+    model = collapsed_moe_model(d, E, k)
     assert (T, C, L) == (32, 64, 2), "the docstring's figures are for T 32, C 64, L 2"
     for cf, c, dropped, sent in ((0.0, N, 0.0, 262160), (1.0, 64, 0.5, 131088), (1.25, 80, 0.375, 163856)):
         # the hand figures above, and the formulas they came from
