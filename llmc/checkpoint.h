@@ -79,9 +79,28 @@ static inline int run_identity_flags(const char* value, char (*flags)[64], char 
     return n;
 }
 
+// A value may end in a note in parentheses, "64 (-d -1: B*T*ranks, ranks = 2)": it says where
+// the value came from and is not compared (a -d given as 64 is the same run). Returns the length
+// of the value without its note.
+static inline size_t run_identity_bare(const char* value) {
+    const char* note = strstr(value, " (");
+    size_t n = strlen(value);
+    return note != NULL && value[n - 1] == ')' ? (size_t)(note - value) : n;
+}
+static inline int run_identity_same(const char* a, const char* b) {
+    size_t n = run_identity_bare(a);
+    return n == run_identity_bare(b) && strncmp(a, b, n) == 0;
+}
+
 // a key's two values, "key: a in the checkpoint, b now"; where both are lists of flags, only the
-// flags that differ, each by name ("layout -tau: 2 in the checkpoint, 1 now")
+// flags that differ, each by name ("layout -tau: 2 in the checkpoint, 1 now"); a value's note
+// after it: "-d: 64 in the checkpoint (-d -1: B*T*ranks, ranks = 2), 32 now (...)"
 static inline size_t run_identity_describe(const char* key, const char* a, const char* b, char* out, size_t cap) {
+    size_t bare_a = run_identity_bare(a), bare_b = run_identity_bare(b);
+    if (bare_a < strlen(a) || bare_b < strlen(b)) {
+        return (size_t)snprintf(out, cap, "%s: %.*s in the checkpoint%s, %.*s now%s", key, (int)bare_a, a, a + bare_a,
+                                (int)bare_b, b, b + bare_b);
+    }
     char fa[32][64], va[32][64], fb[32][64], vb[32][64];
     int na = run_identity_flags(a, fa, va, 32), nb = run_identity_flags(b, fb, vb, 32), same_flags = na == nb && na > 0;
     for (int i = 0; same_flags && i < na; i++) same_flags = strcmp(fa[i], fb[i]) == 0;
@@ -111,7 +130,7 @@ static inline void run_identity_diff(const char* saved, const char* now, char* o
             run_identity_value(saved, key, a, sizeof(a));
             run_identity_value(now, key, b, sizeof(b));
             int reported = side == 1 && strcmp(b, "(absent)") != 0;  // already seen from `now`
-            if (strcmp(a, b) != 0 && !reported && used < cap) {
+            if (!run_identity_same(a, b) && !reported && used < cap) {
                 if (used) used += (size_t)snprintf(out + used, cap - used, "; ");
                 if (used < cap) used += run_identity_describe(key, a, b, out + used, cap - used);
             }
@@ -161,17 +180,34 @@ static inline void state_header(int header[STATE_HEADER_INTS], const TrainState*
 // A checkpoint is one of two kinds: a state file per rank (DP, TP, PP, DiLoCo) or one state file
 // gathered into the model file's layout (CP, 3D: any layout resumes it). Where this trainer's
 // kind is missing and the other's is there, the checkpoint is another trainer's: say so.
+// Gathered files are written by train_gpt2_cp, _3d and _ep; of those, an MoE run's identity alone
+// holds the key "moe" (its experts), which names the writer: train_gpt2_ep.
+static inline const char* state_file_writers(const char* path, int gathered) {
+    if (!gathered) return "train_gpt2_dp, _tp, _pp or _diloco";
+    int header[STATE_HEADER_INTS];
+    char id[4096], moe[16];
+    FILE* f = fopen(path, "rb");
+    int read = f != NULL && fread(header, sizeof(int), STATE_HEADER_INTS, f) == STATE_HEADER_INTS &&
+               header[0] == STATE_MAGIC && header[11] >= 0 && (size_t)header[11] < sizeof(id) &&
+               fread(id, 1, (size_t)header[11], f) == (size_t)header[11];
+    if (f != NULL) fclose(f);
+    if (!read) return "train_gpt2_cp, _3d or _ep";
+    id[header[11]] = '\0';
+    run_identity_value(id, "moe", moe, sizeof(moe));
+    return strcmp(moe, "(absent)") != 0 ? "train_gpt2_ep (its Mixture-of-Experts model)" : "train_gpt2_cp or train_gpt2_3d";
+}
+
 static inline void state_check_kind(const char* dir, int step, int gathered) {
     char other[4096];
     checkpoint_path(other, sizeof(other), dir, "state", step, gathered ? 0 : -1);
     FILE* f = fopen(other, "rb");
     if (f == NULL) return;
     fclose(f);
+    // (gathered: what this trainer reads; the file found is of the other kind)
     fail("the checkpoint of step %d in '%s' is another trainer's: it holds %s ('%s'), which %s writes; this "
          "trainer reads %s. Resume it with the trainer that wrote it, or start over in an empty output dir", step, dir,
-         gathered ? "a state file per rank" : "one gathered state file", other,
-         gathered ? "train_gpt2_dp, _tp, _pp or _diloco" : "train_gpt2_cp or train_gpt2_3d",
-         gathered ? "one gathered state file (train_gpt2_cp, train_gpt2_3d)" : "a state file per rank");
+         gathered ? "a state file per rank" : "one gathered state file", other, state_file_writers(other, !gathered),
+         gathered ? "one gathered state file (train_gpt2_cp, _3d, _ep)" : "a state file per rank");
 }
 
 static inline void state_check_exists(const char* dir, int step, int rank, int world) {

@@ -463,6 +463,34 @@ static inline int run_start_model(Run* r, int* argc, char*** argv, const ArgSpec
 static inline int run_start(Run* r, int* argc, char*** argv, const ArgSpec* own, int num_own) {
     return run_start_model(r, argc, argv, own, num_own, 0);
 }
+// (every_rank_alike's work: every rank reads the same files, and a refusal is printed once)
+static inline void run_read_model_config(void* run) {
+    Run* r = (Run*)run;
+    gpt2_read_model_config(r->args.model, &r->config);
+}
+typedef struct {
+    Run* run;
+    float* weights;
+    int train_chunks, val_chunks;
+} RunFiles;
+static inline void run_read_files(void* arg) {
+    RunFiles* f = (RunFiles*)arg;
+    Run* r = f->run;
+    TrainArgs* a = &r->args;
+    f->weights = r->from_descriptor ? gpt2_init_random(r->config, (uint64_t)a->seed) : gpt2_read_model_file(a->model, &r->config, NULL);
+    dataloader_init(&r->train, a->train_path, a->B, a->T, f->train_chunks, a->shuffle, (uint64_t)a->seed);
+    if (a->val_every > 0) dataloader_init(&r->val, a->val_path, a->B, a->T, f->val_chunks, 0, 0);
+}
+typedef struct {
+    Run* run;
+    int step;
+} ResumeCheck;
+static inline void run_check_resume(void* arg) {
+    ResumeCheck* c = (ResumeCheck*)arg;
+    RunModel* h = &c->run->hooks;
+    h->check_resume(h->trainer, c->run->args.out_dir, c->step, c->run->max_steps);
+}
+
 // moe: 1 for the trainer of Mixture-of-Experts models (train_gpt2_ep), which sets the experts
 // itself; every other refuses an MoE model file here, before anything is allocated
 static inline int run_start_model(Run* r, int* argc, char*** argv, const ArgSpec* own, int num_own, int moe) {
@@ -479,7 +507,7 @@ static inline int run_start_model(Run* r, int* argc, char*** argv, const ArgSpec
     r->from_descriptor = gpt2_config_from_descriptor(r->args.model, &r->config);
     if (!r->from_descriptor) {  // (opened by every rank first: a missing file is one message, not one a rank)
         fclose(fopen_every_rank(r->args.model, "rb"));
-        gpt2_read_model_config(r->args.model, &r->config);
+        every_rank_alike(run_read_model_config, r);  // (a bad header: one message)
     }
     if (!moe) {
         const char* slash = strrchr((*argv)[0], '/');
@@ -543,11 +571,11 @@ static inline void run_check_memory(Run* r, RunLayout layout, int stage, const c
 // output dir's lock for the whole run; a fresh run refuses a dir that holds checkpoints already.
 static inline float* run_load(Run* r, int train_chunks, int val_chunks, const char* layout, ...) {
     TrainArgs* a = &r->args;
-    float* weights = r->from_descriptor ? gpt2_init_random(r->config, (uint64_t)a->seed)
-                                        : gpt2_read_model_file(a->model, &r->config, NULL);
-    dataloader_init(&r->train, a->train_path, a->B, a->T, train_chunks, a->shuffle, (uint64_t)a->seed);
+    // (every rank reads the same files: a refusal, a corrupt model file say, is printed once)
+    RunFiles files = {r, NULL, train_chunks, val_chunks};
+    every_rank_alike(run_read_files, &files);
+    float* weights = files.weights;
     if (a->val_every > 0) {
-        dataloader_init(&r->val, a->val_path, a->B, a->T, val_chunks, 0, 0);
         if ((size_t)a->val_batches > r->val.batches_per_epoch) {  // (said, so that -m's figure is not taken for what ran)
             if (r->rank == 0) {
                 printf("-m %d: the validation file holds %zu batches of this shape (-b, -t, the ranks); each evaluation "
@@ -591,7 +619,11 @@ static inline void run_begin(Run* r, RunModel hooks, CommGroup** groups, int num
     r->hooks = hooks;
     r->start_step = train_start_from(hooks.model, &r->args, &r->world, r->max_steps, &r->identity, &r->sample_rng,
                                      &r->train, hooks.replicas ? read_checkpoint_gathered : read_checkpoint, &hooks.own);
-    if (r->args.resume && hooks.check_resume) hooks.check_resume(hooks.trainer, r->args.out_dir, r->start_step, r->max_steps);
+    if (r->args.resume && hooks.check_resume) {  // (the trainer's own checks, before "resumed from step")
+        ResumeCheck check = {r, r->start_step};
+        every_rank_alike(run_check_resume, &check);
+    }
+    if (r->args.resume) train_report_resume(&r->world, r->args.out_dir, r->start_step, r->max_steps);
     logger_init(&r->logger, r->args.out_dir, r->rank, r->args.resume ? r->start_step : -1);
     r->flops_per_token = train_flops_per_token(r->config, r->args.T);  // each rank does its share
     r->peak = train_device_peak(r->rank);

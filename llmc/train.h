@@ -26,6 +26,7 @@ typedef struct {  // the common flags; see train_args_common for each one
     const char* out_dir;
     const char* tokenizer_path;
     int B, T, total_batch;
+    char total_batch_note[160];  // when -d was left at -1 on several readers: "-d -1: B*T*ranks, ranks = 2"
     float lr, final_lr_frac, weight_decay, grad_clip;
     int warmup, max_steps;
     int val_every, val_batches, sample_every, gen_tokens;
@@ -116,6 +117,9 @@ static inline int train_accumulation_steps(TrainArgs* args, int readers, const c
     if (args->total_batch == -1) {
         if (tokens_per_pass > INT_MAX) fail("%s = %zu tokens does not fit -d's int range", what, tokens_per_pass);
         args->total_batch = (int)tokens_per_pass;
+        // (the identity names the readers: a resume on another world then says so, not just -d)
+        if (readers_name) snprintf(args->total_batch_note, sizeof(args->total_batch_note), "-d -1: %s, %s = %d", what,
+                                   readers_name, readers);
     }
     {
         char factors[64];
@@ -137,19 +141,21 @@ static inline int train_checkpoint_due(const TrainArgs* args, int step, int star
 }
 
 // a validation loss, printed by rank 0 and logged; a non-finite one stops the run
+// (every rank reports the same loss: an error every rank meets alike, printed once by rank 0)
 static inline void train_report_val(Logger* logger, int rank, int step, float val_loss) {
-    if (!isfinite(val_loss)) fail("step %d: the validation loss is %g; stopping", step, val_loss);
+    if (!isfinite(val_loss)) check_every_rank(0, "step %d: the validation loss is %g; stopping", step, val_loss);
     if (rank == 0) printf("val loss after %d steps: %.6f\n", step, val_loss);
     logger_val(logger, step, val_loss);
 }
 
 // A nan or inf loss or gradient norm stops the run before the update, so that nothing of this
 // step is logged or checkpointed. Every trainer reduces both over its ranks first, so all ranks
-// see the same values and stop together.
+// see the same values and stop together: an error every rank meets alike, printed once, by
+// rank 0 (check_every_rank; its all-reduce is paid only on the way out).
 // (lr_flags: the flags whose step sizes could have caused it, "-l" or DiLoCo's "-l or -outer_lr")
 static inline void train_stop_if_not_finite_hint(int step, float loss, float grad_norm, const char* lr_flags) {
     if (!isfinite(loss) || !isfinite(grad_norm)) {
-        fail("step %d: the %s is %g; stopping before the update, so nothing of this step is "
+        check_every_rank(0, "step %d: the %s is %g; stopping before the update, so nothing of this step is "
              "written (any checkpoint written before stays intact; try a lower %s)", step + 1,
              isfinite(loss) ? "gradient norm" : "loss", isfinite(loss) ? grad_norm : loss, lr_flags);
     }
@@ -182,7 +188,8 @@ static inline void train_run_identity(RunIdentity* id, const TrainArgs* args, GP
         run_identity_add(id, "-b", "%d", args->B);
     }
     run_identity_add(id, "-t", "%d", args->T);
-    run_identity_add(id, "-d", "%d", args->total_batch);
+    if (args->total_batch_note[0]) run_identity_add(id, "-d", "%d (%s)", args->total_batch, args->total_batch_note);
+    else run_identity_add(id, "-d", "%d", args->total_batch);
     run_identity_add(id, "-l", "%.9g", args->lr);
     run_identity_add(id, "-u", "%d", args->warmup);
     run_identity_add(id, "-q", "%.9g", args->final_lr_frac);
@@ -559,6 +566,15 @@ static inline float train_adamw_step(GPT2* model, const TrainArgs* args, int ste
     return opt.lr;
 }
 
+// "resumed from step S": said once the trainer's own checks of the checkpoint passed too (run.h)
+static inline void train_report_resume(const CommGroup* world, const char* dir, int step, int max_steps) {
+    if (world->rank != 0) return;
+    printf("resumed from step %d in %s\n", step, dir);
+    if (step == max_steps) {  // (validation and sampling as at any end, no step)
+        printf("the checkpoint is at -x %d already: the run is complete, nothing to train (a larger -x goes on)\n", max_steps);
+    }
+}
+
 // Where a run starts: step 0 with the sampling rng seeded from -seed, or with -y 1 the newest
 // complete checkpoint in -o. Rank 0 picks its step (the newest DONE_) and broadcasts it; every
 // rank checks that its files are of that step, of its rank, of this layout and of this run
@@ -569,6 +585,22 @@ static inline float train_adamw_step(GPT2* model, const TrainArgs* args, int ste
 // (own: the trainer's state of its own, or NULL)
 typedef TrainState (*CheckpointReader)(GPT2* model, const char* dir, CommGroup* world, int step, const RunIdentity* id,
                                        const TrainerState* own);
+// (the reader's arguments, for every_rank_alike)
+typedef struct {
+    CheckpointReader read;
+    GPT2* model;
+    const char* dir;
+    CommGroup* world;
+    int step;
+    const RunIdentity* id;
+    const TrainerState* own;
+    TrainState state;
+} CheckpointRead;
+static inline void train_read_checkpoint(void* arg) {
+    CheckpointRead* c = (CheckpointRead*)arg;
+    c->state = c->read(c->model, c->dir, c->world, c->step, c->id, c->own);
+}
+
 static inline int train_start_from(GPT2* model, const TrainArgs* args, CommGroup* world, int max_steps,
                                    const RunIdentity* id, Rng* sample_rng, DataLoader* train, CheckpointReader read,
                                    const TrainerState* own) {
@@ -582,12 +614,12 @@ static inline int train_start_from(GPT2* model, const TrainArgs* args, CommGroup
     check_every_rank(latest >= 0, "-y 1: no complete checkpoint (DONE_ file) in '%s'", dir);
     check_every_rank(latest <= max_steps, "-x %d: the newest checkpoint in '%s' is already at step %d, so there is "
                      "nothing to train; raise -x", max_steps, dir, latest);
-    TrainState s = read(model, dir, world, latest, id, own);
+    // every rank reads its files; a refusal that every rank meets (another run's checkpoint, one
+    // of another world) is printed once, by rank 0, one that some meet (a corrupt file) by those
+    CheckpointRead c = {read, model, dir, world, latest, id, own, {0, 0, 0, 0}};
+    every_rank_alike(train_read_checkpoint, &c);
+    TrainState s = c.state;
     comm_barrier(world);
-    if (world->rank == 0) printf("resumed from step %d in %s\n", s.step, dir);
-    if (world->rank == 0 && s.step == max_steps) {  // (validation and sampling as at any end, no step)
-        printf("the checkpoint is at -x %d already: the run is complete, nothing to train (a larger -x goes on)\n", max_steps);
-    }
     sample_rng->state = s.rng;
     dataloader_seek(train, (size_t)s.step);
     return s.step;

@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -79,18 +80,36 @@ static inline void remove_unfinished_files(void) {
     llmc_unclaim_hook = NULL;
 }
 
-static inline void llmc_print_error(const char* fmt, va_list ap) {
-    if (llmc_rank < 0) fprintf(stderr, "error: ");
-    else fprintf(stderr, "[rank %d] error: ", llmc_rank);
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+// The message as one line in one write: what the program printed before it first (stdout is
+// a pipe under mpirun, flushed only now), then "error: ..." whole, so that the launcher, which
+// forwards each stream as it reads it, never splits it around another line. rank < 0: no rank.
+static inline void llmc_print_error_as(int rank, const char* fmt, va_list ap) {
+    char line[8192];
+    int n = rank < 0 ? snprintf(line, sizeof(line), "error: ") : snprintf(line, sizeof(line), "[rank %d] error: ", rank);
+    vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+    fflush(stdout);
+    fprintf(stderr, "%s\n", line);
     fflush(stderr);
 }
+static inline void llmc_print_error(const char* fmt, va_list ap) {
+    llmc_print_error_as(llmc_rank, fmt, ap);
+}
+
+// set by every_rank_alike (below) while its work runs: fail() keeps the message and returns there
+static jmp_buf* llmc_catch = NULL;
+static char llmc_caught[4096];
 
 // This rank's error: printed with the rank, then every rank ends (the abort hook, where there are others)
 static inline void fail(const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
+    if (llmc_catch != NULL) {  // (inside every_rank_alike: the ranks compare their verdicts there)
+        jmp_buf* back = llmc_catch;
+        llmc_catch = NULL;
+        vsnprintf(llmc_caught, sizeof(llmc_caught), fmt, ap);
+        va_end(ap);
+        longjmp(*back, 1);
+    }
     llmc_print_error(fmt, ap);
     va_end(ap);
     remove_unfinished_files();
@@ -112,12 +131,9 @@ static inline void check_every_rank(int ok, const char* fmt, ...) {
     remove_unfinished_files();
     if (llmc_count_hook != NULL && failing == ranks) {
         if (llmc_rank <= 0) {
-            fprintf(stderr, "error: ");
             va_start(ap, fmt);
-            vfprintf(stderr, fmt, ap);
+            llmc_print_error_as(-1, fmt, ap);
             va_end(ap);
-            fprintf(stderr, "\n");
-            fflush(stderr);
         }
         llmc_abort_hook = NULL;
         if (llmc_finalize_hook) llmc_finalize_hook();
@@ -134,6 +150,25 @@ static inline void check_every_rank(int ok, const char* fmt, ...) {
     if (llmc_count_hook != NULL) fprintf(stderr, "[rank %d] (%d of the %d ranks failed this check)\n", llmc_rank, failing, ranks);
     if (llmc_abort_hook && !llmc_launched_alone()) llmc_abort_hook(1);
     exit(1);
+}
+
+// Work that every rank of the world does at the same point and that fails alike on every rank
+// when it fails (reading the -e model file, a checkpoint's files against this run): a fail()
+// inside it does not end the rank but comes back here with its message, and the ranks then
+// compare verdicts (check_every_rank): where all failed, rank 0 alone prints its message, once,
+// and the job ends without the launcher's abort report; where some failed (one rank's file is
+// corrupt), those print theirs with their rank. The work must not communicate: a rank that
+// failed halfway would leave the others waiting in a collective it never reaches.
+static inline void every_rank_alike(void (*work)(void* arg), void* arg) {
+    jmp_buf here;
+    volatile int failed = 1;  // (volatile: set after setjmp, read after a longjmp)
+    if (setjmp(here) == 0) {
+        llmc_catch = &here;
+        work(arg);
+        failed = 0;
+    }
+    llmc_catch = NULL;
+    check_every_rank(!failed, "%s", llmc_caught);
 }
 
 // The LLMC_* variables that choose a code path (the README's table of them) and their values: one

@@ -59,3 +59,102 @@ def planner_refuses_capacity_factor_without_experts():
     assert code == 1 and "-capacity_factor 1.25" in out and "-experts" in out, "exit %d\n%s" % (code, out)
     code, out = planner("-e", "d12", "-dp", 2, "-experts", 4, "-ep", 2, "-capacity_factor", 1.25)
     assert code == 0 and "-capacity_factor 1.25" in out, "exit %d\n%s" % (code, out)
+
+
+def error_lines(out):
+    """the lines of a job's output that report an error (ours, or MPI's abort)"""
+    return [l for l in out.splitlines() if re.search(r"\berror\b|MPI_ABORT", l)]
+
+
+def check_error_once(out, message):
+    """message printed once, by rank 0 without a rank, and the job ended without an abort"""
+    lines = error_lines(out)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], \
+        "%r: expected one 'error: ...' line\n%s" % (message, "\n".join(lines) or out[-2000:])
+    assert "[rank" not in out and "MPI_ABORT" not in out, out[-2000:]
+
+
+@test
+def errors_every_rank_meets_print_once_by_rank_0():
+    """2 ranks that meet the same error at run time: a non-finite loss (-l 1e30), a resume with
+    another run's flags, a model file whose checksum fails, a checkpoint's model file of another
+    checkpoint: one message, from rank 0, not one a rank interleaved, and no MPI abort report.
+    A file only one rank finds bad (rank 1's state file) is still reported by that rank"""
+    d = fresh_dir("nonfinite_once")
+    code, out = mpirun(2, small_run_args(d, ["-l", 1e30, "-v", 0]), timeout=120)
+    assert code != 0, out[-2000:]
+    check_error_once(out, "step 2: the loss is")
+    d = finished_run("another_run_once")
+    code, out = mpirun(2, small_run_args(d, ["-x", 6, "-l", 2e-3, "-y", 1]), timeout=60)
+    assert code != 0, out[-2000:]
+    check_error_once(out, "belongs to another run: -l:")
+    model = os.path.join(d, "model_00000004.bin")
+    bad = os.path.join(fresh_dir("bad_model_once"), "model.bin")
+    shutil.copy(model, bad)
+    corrupt(bad, "flip")
+    code, out = mpirun(2, small_run_args(fresh_dir("bad_model_out"), ["-e", bad]), timeout=60)
+    assert code != 0, out[-2000:]
+    check_error_once(out, "model.bin")
+    shutil.copy(os.path.join(d, "model_00000002.bin"), model)  # (the state files record another CRC)
+    code, out = mpirun(2, small_run_args(d, ["-x", 6, "-y", 1]), timeout=60)
+    assert code != 0, out[-2000:]
+    check_error_once(out, "the files of this checkpoint do not belong together")
+    d = finished_run("one_rank_bad_state")
+    corrupt(os.path.join(d, "state_00000004_00001.bin"), "flip")
+    code, out = mpirun(2, small_run_args(d, ["-x", 6, "-y", 1]), timeout=60)
+    assert code != 0 and "[rank 1] error: state file" in out and "[rank 0] error" not in out, out[-3000:]
+
+
+EP_SMALL = ["-e", "d2", "-b", 1, "-t", 32, "-experts", 4, "-v", 0, "-s", 0, "-n", 1]
+
+
+@test
+def resume_on_another_world_names_the_rank_count():
+    """train_gpt2_ep's checkpoints resume on any ep, but with -d left at -1 the batch is B*T per
+    rank: a 2-rank checkpoint resumed by 1 rank is another run, and the refusal names the rank
+    counts (it used to say only "-d: 64 in the checkpoint, 32 now", a flag never given). With
+    -d given as the checkpoint's 64, the same run resumes on 1 rank"""
+    make(["BACKEND=cpu", "train_gpt2_ep"])
+    d = fresh_dir("ep_world")
+    run_ok(2, EP_SMALL + ["-x", 1, "-o", d], program="./train_gpt2_ep")
+    code, out = mpirun(1, EP_SMALL + ["-x", 2, "-y", 1, "-o", d], program="./train_gpt2_ep", timeout=60)
+    want = "-d: 64 in the checkpoint (-d -1: B*T*ranks, ranks = 2), 32 now (-d -1: B*T*ranks, ranks = 1)"
+    assert code != 0 and want in out, "exit %d, %r not in\n%s" % (code, want, out[-2000:])
+    out = run_ok(1, EP_SMALL + ["-x", 2, "-y", 1, "-d", 64, "-o", d], program="./train_gpt2_ep")
+    assert "resumed from step 1" in out, out[-2000:]
+
+
+@test
+def ep_checkpoint_given_to_another_trainer_names_train_gpt2_ep():
+    """an EP checkpoint (one gathered state file) resumed by train_gpt2_dp, tp or diloco (a state
+    file per rank): the refusal names train_gpt2_ep as its writer, not train_gpt2_cp or _3d; a CP
+    checkpoint still names those two"""
+    make(["BACKEND=cpu", "train_gpt2_ep", "train_gpt2_dp", "train_gpt2_tp", "train_gpt2_diloco", "train_gpt2_cp"])
+    d = fresh_dir("ep_checkpoint")
+    run_ok(2, EP_SMALL + ["-x", 1, "-o", d], program="./train_gpt2_ep")
+    for reader in ("./train_gpt2_dp", "./train_gpt2_tp", "./train_gpt2_diloco"):
+        code, out = mpirun(2, ["-e", "d2", "-b", 1, "-t", 32, "-v", 0, "-s", 0, "-x", 2, "-y", 1, "-o", d],
+                           program=reader, timeout=60)
+        assert code != 0 and "which train_gpt2_ep (its Mixture-of-Experts model) writes" in out, \
+            "%s: exit %d\n%s" % (reader, code, out[-2000:])
+        check_error_once(out, "is another trainer's")
+    d = fresh_dir("cp_checkpoint")
+    run_ok(2, small_run_args(d, ["-x", 2]), program=CP)
+    code, out = mpirun(2, small_run_args(d, ["-x", 4, "-y", 1]), timeout=60)
+    assert code != 0 and "which train_gpt2_cp or train_gpt2_3d writes" in out, out[-2000:]
+
+
+@test
+def diloco_extension_refused_before_resumed_from_step():
+    """a finished DiLoCo run of -x 4 (-H 3: its last step took an outer step off the schedule)
+    extended to -x 9 is refused (train_gpt2_diloco's check_resume), and the refusal comes before
+    any "resumed from step" line, which would say the resume went ahead; printed once"""
+    make(["BACKEND=cpu", "train_gpt2_diloco"])
+    ref = reference_run()
+    d = fresh_dir("diloco_extend_order")
+    run_ok(2, trainer_args(ref, 4, d, ["-q", 1, "-H", 3, "-x", 4, "-n", 4]), program=DILOCO)
+    code, out = mpirun(2, trainer_args(ref, 4, d, ["-q", 1, "-H", 3, "-x", 9, "-n", 9, "-y", 1]), timeout=60,
+                       program=DILOCO)
+    assert code != 0 and "took an outer step off the schedule" in out, out[-2000:]
+    assert "resumed from step" not in out, out[-2000:]
+    check_error_once(out, "took an outer step off the schedule")
