@@ -278,10 +278,16 @@ static const floatX* forward_place(const GPT2* model, int i, char* name, size_t 
 // place i of the backward: tensor, layer (-1: not per layer), and this rank's values of it
 static int backward_place(const GPT2* model, int i, int* layer, size_t* first, size_t* count) {
     const ParameterLayout* p = &model->layout;
-    int L = model->config.num_layers, tensor;
-    if (i < 2) tensor = i == 0 ? PARAM_LNFW : PARAM_LNFB, *layer = -1;
-    else if (i < 2 + PER_LAYER_TENSORS * L) tensor = backward_order[(i - 2) % PER_LAYER_TENSORS], *layer = L - 1 - (i - 2) / PER_LAYER_TENSORS;
-    else tensor = i == 2 + PER_LAYER_TENSORS * L ? PARAM_WPE : PARAM_WTE, *layer = -1;
+    int L = model->config.num_layers, per_layer = PER_LAYER_TENSORS * L, tensor;
+    *layer = -1;
+    if (i < 2) {  // the final LayerNorm
+        tensor = i == 0 ? PARAM_LNFW : PARAM_LNFB;
+    } else if (i < 2 + per_layer) {  // layers L-1 .. 0, each in backward_order
+        tensor = backward_order[(i - 2) % PER_LAYER_TENSORS];
+        *layer = L - 1 - (i - 2) / PER_LAYER_TENSORS;
+    } else {  // the embeddings: wpe, then wte (the lookups' gradient comes last)
+        tensor = i == 2 + per_layer ? PARAM_WPE : PARAM_WTE;
+    }
     *first = p->offsets[tensor] + (*layer >= 0 ? (size_t)*layer * p->layer_stride[tensor] : 0);
     *count = *layer >= 0 ? p->layer_stride[tensor] : p->sizes[tensor];
     return tensor;
