@@ -8,11 +8,13 @@ the code has it now, the text that replaces it, the trainers and programs to bui
 sweep plants the mutation, builds, runs the tests, and calls it caught when a test fails. Its
 table names the test that failed and says why (the first line of the failure), and the time.
 
-    /usr/bin/python3 dev/mutation_sweep.py [--no-control] [--keep] [filter]
-filter: a part of a mutation's name (e.g. "moe", "diloco"). A control run comes first: the
-unmutated copy must pass every test the selected mutations name, else "caught" would mean
-nothing; its references (test/tmp) are then shared by the mutations' runs. --no-control leaves
-it out (the tests are known to pass); --keep keeps each mutated copy's directory.
+    /usr/bin/python3 dev/mutation_sweep.py [--no-control] [--keep] [filter ...]
+filter: a part of a mutation's name (e.g. "moe", "diloco"; several: any of them). A control run
+comes first: the unmutated copy must pass every test the selected mutations name, else "caught"
+would mean nothing; its references (test/tmp) are then shared by the mutations' runs.
+--no-control leaves it out (the tests are known to pass); --keep keeps each mutated copy's
+directory. A mutation whose text is no longer in its file, or that does not compile, is "not
+run": the list needs updating.
 Not part of `make test`: about a minute a mutation on 2 cores (a build and a test or two), and
 3 minutes for the control.
 dev/cuda/mutation_sweep.py is its sibling for the CUDA kernels' barriers under the emulator;
@@ -187,7 +189,7 @@ def main():
     control = "--no-control" not in args
     keep = "--keep" in args
     args = [a for a in args if not a.startswith("--")]
-    todo = [m for m in MUTATIONS if not args or args[0] in m["name"]]
+    todo = [m for m in MUTATIONS if not args or any(a in m["name"] for a in args)]
     started = time.time()
     scratch = tempfile.mkdtemp(prefix="llmc_mutation_sweep_")
     base = os.path.join(scratch, "base")
@@ -232,8 +234,9 @@ def main():
         else:
             cell = "**missed** (%s)" % ", ".join(m["tests"])
         missed += not caught
-        rows.append("| %s | %s | `%s` | %s | %.0f s |" % (m["name"], m["path"], m["new"].strip().replace("\n", " ")[:90],
-                                                         cell, seconds))
+        # the mutated line (of a snippet, the line that differs)
+        line = next((l for l in m["new"].split("\n") if l not in m["old"].split("\n")), m["new"]).strip()
+        rows.append("| %s | %s | `%s` | %s | %.0f s |" % (m["name"], m["path"], line[:90], cell, seconds))
         print(rows[-1], flush=True)
         if not keep:
             shutil.rmtree(tree, ignore_errors=True)

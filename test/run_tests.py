@@ -643,6 +643,22 @@ for _case in [(1, 1, 2, 4, 2, "aux", 0.0), (2, 2, 1, 4, 2, "aux", 0.0), (4, 2, 1
     test(make_ep_test(*_case))
 
 
+def collapsed_moe_model(d, E, k, cfg=MOE):
+    """moe_reference(E, k)'s initial model with every router weight zero, written into d: every
+    token's scores tie at 0 (the path of the file)"""
+    ref = moe_reference(E, k)
+    header, params = reference.read_model_file(os.path.join(ref["dir"], "model.bin"))
+    C, L, Vp, maxT = cfg["channels"], cfg["layers"], padded_vocab(cfg), cfg["max_seq_len"]
+    router = (Vp + maxT) * C + L * (4 * C * C + 8 * C)  # wte, wpe, ln1, qkv, attproj, ln2 come first
+    params = params.copy()
+    params[router: router + L * E * C] = 0.0
+    path = os.path.join(d, "collapsed.bin")
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(params.astype(np.float32).tobytes())
+    return path
+
+
 @test
 def ep_collapsed_router_max_vio_drops_and_bytes():
     """a router whose weights are all zero: every score ties, so every token picks expert 0 (ties
@@ -652,17 +668,9 @@ def ep_collapsed_router_max_vio_drops_and_bytes():
     back, forward and backward (N k C floats each way), the other sends the outputs; both send the
     counts (E/ep ints) to each other rank, once a layer and micro-batch"""
     E, k, cfg = 4, 1, MOE
-    ref = moe_reference(E, k)
     d = fresh_dir("ep_collapsed")
-    header, params = reference.read_model_file(os.path.join(ref["dir"], "model.bin"))
-    C, L, Vp, maxT = cfg["channels"], cfg["layers"], padded_vocab(cfg), cfg["max_seq_len"]
-    router = (Vp + maxT) * C + L * (4 * C * C + 8 * C)  # wte, wpe, ln1, qkv, attproj, ln2 come first
-    params = params.copy()
-    params[router: router + L * E * C] = 0.0
-    collapsed = os.path.join(d, "collapsed.bin")
-    with open(collapsed, "wb") as f:
-        f.write(header.tobytes())
-        f.write(params.astype(np.float32).tobytes())
+    collapsed = collapsed_moe_model(d, E, k)
+    C, L = cfg["channels"], cfg["layers"]
     B, ranks, ep = 4, 2, 2
     N = B * cfg["seq_len"]
     for cf in (0.0, 1.0):

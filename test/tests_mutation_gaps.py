@@ -1,22 +1,7 @@
 # Tests for what a reviewer's planted one-line bugs once slipped past (dev/mutation_sweep.py plants
 # them again, and lists the test that catches each). Read into test/run_tests.py's namespace: its
-# helpers (test, run_ok, fresh_dir, moe_reference, ...) are used as if written there.
-
-
-def collapsed_moe_model(d, E, k, cfg=MOE):
-    """moe_reference(E, k)'s initial model with every router weight zero, written into d: every
-    token's scores tie at 0 (the path of the file)"""
-    ref = moe_reference(E, k)
-    header, params = reference.read_model_file(os.path.join(ref["dir"], "model.bin"))
-    C, L, Vp, maxT = cfg["channels"], cfg["layers"], padded_vocab(cfg), cfg["max_seq_len"]
-    router = (Vp + maxT) * C + L * (4 * C * C + 8 * C)  # wte, wpe, ln1, qkv, attproj, ln2 come first
-    params = params.copy()
-    params[router: router + L * E * C] = 0.0
-    path = os.path.join(d, "collapsed.bin")
-    with open(path, "wb") as f:
-        f.write(header.tobytes())
-        f.write(params.astype(np.float32).tobytes())
-    return path
+# helpers (test, run_ok, fresh_dir, moe_reference, collapsed_moe_model, ...) are used as if
+# written there.
 
 
 def expert_gradient_norms(grads_path, E, cfg=MOE):
