@@ -11,11 +11,14 @@
 #   CUDA_HOME       the CUDA toolkit (default /usr/local/cuda)
 #   LLMC_TOOLS_DIR  where dev/setup.sh puts pip packages (default .tools in the repository): with
 #                   pip --target, so that no Python installation is changed
+#   LLMC_SETUP_FAILED  where dev/setup.sh remembers the optional tools whose install failed
+#                   (default LLMC_TOOLS_DIR/setup_failed), so that it does not try them on every run
 
 LLMC_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-/usr/bin/python3}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 LLMC_TOOLS_DIR=${LLMC_TOOLS_DIR:-$LLMC_ROOT/.tools}
+LLMC_SETUP_FAILED=${LLMC_SETUP_FAILED:-$LLMC_TOOLS_DIR/setup_failed}
 
 # name | required or optional | what uses it | who installs it: apt:<packages> and pip:<packages>
 # (into LLMC_TOOLS_DIR, each named with its version and none of its dependencies installed for it,
@@ -34,7 +37,7 @@ torch|required|test/reference.py, dev/compare_with_pytorch.py, dev/bench/bench_p
 numpy|required|the tests, dev/hf_export.py, dev/hf_import.py|apt:python3-numpy
 matplotlib|required|dev/plot_runs.py, dev/plot_timeline.py (a test draws a plot)|apt:python3-matplotlib
 chromium|required|the memory_page tests: headless Chromium opens dev/memory.html from the file system|apt:chromium
-wasm|optional|make memory-page: dev/memory_planner compiled to WebAssembly for dev/memory.html (clang for wasm32-wasi, wasi-libc)|apt:clang lld wasi-libc
+wasm|optional|make memory-page: dev/memory_planner compiled to WebAssembly for dev/memory.html (clang for wasm32-wasi, wasi-libc, compiler-rt builtins for wasm32)|apt:clang lld wasi-libc libclang-rt-dev-wasm32
 regex|optional|dev/data/tinyshakespeare.py: GPT-2 pre-tokenizer on non-ASCII text (re suffices on ASCII)|apt:python3-regex
 tiktoken|optional|dev/data/tinyshakespeare.py checks its own BPE against it|you: pip install tiktoken (a cross-check only)
 transformers|optional|the hf_transformers test: GPT2LMHeadModel loads dev/hf_export.py output (the last release for torch 1.13)|pip:transformers==4.46.3 tokenizers==0.20.3 safetensors==0.8.0 huggingface_hub==0.26.5 tqdm==4.70.1 filelock==4.2.12 fsspec==2026.9.0

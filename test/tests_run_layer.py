@@ -158,3 +158,45 @@ def diloco_extension_refused_before_resumed_from_step():
     assert code != 0 and "took an outer step off the schedule" in out, out[-2000:]
     assert "resumed from step" not in out, out[-2000:]
     check_error_once(out, "took an outer step off the schedule")
+
+
+@test
+def setup_remembers_an_optional_install_that_failed():
+    """dev/setup.sh with the WebAssembly toolchain hidden (a clang on PATH that fails) and an
+    apt-get that cannot install: the first run tries the wasm row's packages (compiler-rt's wasm32
+    builtins among them: wasm-ld needs them), fails softly (the tool is optional: exit 0) and
+    remembers it; the next run, as every `make train` runs it, calls no apt-get and prints the
+    table once, saying how to retry; --retry tries again, and so does a run RETRY_DAYS later"""
+    bin_dir = fresh_dir("setup_fake_bin")
+    log = os.path.join(bin_dir, "apt-get.log")
+    with open(os.path.join(bin_dir, "apt-get"), "w") as f:  # (update works, install fails as on a release without the package)
+        f.write('#!/bin/sh\necho "$@" >> %s\n[ "$1" = update ] && exit 0\nexit 100\n' % log)
+    with open(os.path.join(bin_dir, "clang"), "w") as f:
+        f.write("#!/bin/sh\nexit 1\n")
+    for name in ("apt-get", "clang"):
+        os.chmod(os.path.join(bin_dir, name), 0o755)
+    failed = os.path.join(bin_dir, "setup_failed")
+    env = dict(os.environ, PATH=bin_dir + ":" + os.environ["PATH"], LLMC_SETUP_FAILED=failed)
+
+    def setup(*flags):
+        if os.path.exists(log):
+            os.remove(log)
+        p = subprocess.run([SETUP] + list(flags), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=300)
+        calls = open(log).read().splitlines() if os.path.exists(log) else []
+        return p.returncode, p.stdout, calls
+    code, out, calls = setup()
+    wasm_packages = next(r[3] for r in setup_tool_rows() if r[0] == "wasm")[len("apt:"):].split()
+    assert "libclang-rt-dev-wasm32" in wasm_packages, wasm_packages
+    assert code == 0 and any(c.split()[-len(wasm_packages):] == wasm_packages for c in calls if "install" in c), (calls, out)
+    assert re.match(r"^wasm\|\d+$", open(failed).read().strip()), open(failed).read()
+    code, out, calls = setup()
+    assert code == 0 and calls == [], "a second run called apt-get %s\n%s" % (calls, out)
+    assert out.count("found    required  gcc") == 1, out
+    assert re.search(r"^missing\s+optional\s+wasm\s.*its install failed on \d{4}-\d\d-\d\d: dev/setup.sh --retry", out, re.M), out
+    code, out, calls = setup("--retry")
+    assert code == 0 and any("install" in c for c in calls), (calls, out)
+    with open(failed, "w") as f:  # failed 8 days ago: tried again
+        f.write("wasm|%d\n" % (time.time() - 8 * 86400))
+    code, out, calls = setup()
+    assert code == 0 and any("install" in c for c in calls), (calls, out)

@@ -7,7 +7,8 @@ with page.html, into one file that opens from the file system with no server and
 The planner is the native one, the same C (llmc/memory_plan.h, the trainers' own accounting): the
 page runs it with the inputs as its flags and -format json, through a few lines of JavaScript
 that stand in for WASI (arguments in, stdout and stderr out). clang's wasm32-wasi target and
-wasi-libc are Debian packages (clang, lld, wasi-libc; dev/setup.sh installs them); the trainers'
+wasi-libc are Debian packages (clang, lld, wasi-libc, and libclang-rt-dev-wasm32: compiler-rt's
+wasm32 builtins, which wasm-ld links; dev/setup.sh installs them); the trainers'
 headers name pthreads and zlib, which wasi-libc lacks, so wasi/ declares what they name (the
 planner calls neither), and MPI's declarations come from the installed OpenMPI.
 
@@ -64,8 +65,8 @@ def main():
         wasm = os.path.join(tmp, "memory_planner.wasm")
         p = subprocess.run(["clang"] + flags + [SOURCE, "-o", wasm], cwd=ROOT)
         if p.returncode != 0:
-            sys.exit("error: clang could not build %s for wasm32-wasi (dev/setup.sh installs clang, lld and wasi-libc)"
-                     % SOURCE)
+            sys.exit("error: clang could not build %s for wasm32-wasi (dev/setup.sh installs clang, lld, wasi-libc and "
+                     "libclang-rt-dev-wasm32; dev/setup.sh --retry if an earlier install of them failed)" % SOURCE)
         with open(wasm, "rb") as f:
             binary = f.read()
     with open(os.path.join(HERE, "page.html")) as f:
