@@ -73,8 +73,9 @@ def mpirun(np_, args, threads=1, timeout=TIMEOUT, program="./train_gpt2_dp", env
 
 def why_it_failed(out):
     """the lines of a failed run that say why (a rank's "error:", MPI's abort, the emulator's
-    complaint), first, so that a report cut after a few lines still shows them; then the tail"""
-    why = [l for l in out.splitlines() if re.search(r"error|abort|fatal|emu:|signal", l, re.I)]
+    complaint, a test program's "FAIL:"), first, so that a report cut after a few lines still
+    shows them; then the tail"""
+    why = [l for l in out.splitlines() if re.search(r"error|abort|fatal|emu:|signal|^FAIL:", l, re.I)]
     return "\n".join(why[:12] + ["-- the run's last lines:", out[-3000:]])
 
 
