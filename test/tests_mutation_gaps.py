@@ -44,9 +44,8 @@ def ep_bias_rule_spreads_a_collapsed_router():
     """-balance bias on a zero router, top-2 of 4 experts, -bias_rate 0.01: step 1 routes every
     token to experts 0 and 1 (ties), MaxVio E/k - 1 = 1. The rule then lowers their bias and
     raises the others' (b_e += gamma sign(mean load - load_e)), so that by step 3, once the
-    router's rows have moved apart, the loads spread: MaxVio under 0.75 (measured 0.51; 1.0 at
-    step 2, where the bias's step, larger than the scores' spread, takes every token to experts 2
-    and 3). A rule with its sign flipped moves the bias towards the overloaded experts and keeps
+    router's rows have moved apart, the loads spread: MaxVio under 0.75 (measured 0.51, and still
+    1.0 at step 2). A rule with its sign flipped moves the bias towards the overloaded experts and keeps
     every token on 0 and 1: MaxVio 1.0 at every step (measured over 6 steps). (The reference runs
     keep gamma at 1e-3, where 5 steps never move a route: the final bias is compared there, in
     the ep_vs_pytorch _bias tests)"""
