@@ -200,3 +200,45 @@ def setup_remembers_an_optional_install_that_failed():
         f.write("wasm|%d\n" % (time.time() - 8 * 86400))
     code, out, calls = setup()
     assert code == 0 and any("install" in c for c in calls), (calls, out)
+
+
+@test
+def memory_page_backend_defaults_and_run_it_only_with_a_plan():
+    """dev/memory.html in headless Chromium: under device=cpu the backend's fields show the CPU's
+    defaults (fp32, the CPU's own attention), not the CUDA ones; under cuda bf16 and flash. The
+    "Run it" box (build and command lines) shows with a plan, and is hidden after a refusal and in
+    a search, which have no command, instead of two empty boxes"""
+    if tool("chromium") is None:
+        raise Skip("no chromium (dev/setup.sh installs it)")
+    from browser import Browser
+    browser = Browser(tool("chromium").split()[0], fresh_dir("page_profile"))
+
+    def first_option(html_text, key):  # the select's default entry, as the page shows it
+        m = re.search(r'<select name="%s" id="input-%s">\s*<option value="">([^<]*)</option>' % (key, key), html_text)
+        assert m, "no select %s" % key
+        return m.group(1)
+
+    def run_it_hidden(html_text):
+        m = re.search(r'<div id="run-it"( hidden(="")?)?>', html_text)
+        assert m, "no run-it box"
+        return m.group(1) is not None
+    try:
+        cpu = browser.dom(memory_page_url([("e", "d4"), ("b", "4"), ("t", "64"), ("dp", "2"), ("device", "cpu")]))
+        cuda = browser.dom(memory_page_url([("e", "d4"), ("b", "4"), ("t", "64"), ("dp", "2")]))
+        for page, precision, attention in ((cpu, "fp32", "CPU"), (cuda, "bf16", "flash")):
+            assert precision in first_option(page, "precision") and attention in first_option(page, "attention"), \
+                (first_option(page, "precision"), first_option(page, "attention"))
+        assert "bf16" not in first_option(cpu, "precision") and "flash" not in first_option(cpu, "attention")
+        for page in (cpu, cuda):
+            dom = MemoryPageDom()
+            dom.feed(page)
+            assert dom.state == "fits" and not run_it_hidden(page) and dom.texts["command"].startswith("mpirun -np 2"), \
+                (dom.state, dom.texts.get("command"))
+        refused = browser.dom(memory_page_url([("e", "d12"), ("tp", "5")]))
+        search = browser.dom(memory_page_url([("e", "d12"), ("search", "4")]))
+        for name, page in (("a refusal", refused), ("a search", search)):
+            dom = MemoryPageDom()
+            dom.feed(page)
+            assert dom.state in ("error", "fits") and run_it_hidden(page), "%s: state %s, run-it shown" % (name, dom.state)
+    finally:
+        browser.close()
