@@ -352,7 +352,6 @@ static void name_first_non_finite(ExpertParallel* t, int step, float loss) {
     float earliest = -(float)found;  // (place numbers are small integers: exact in a float)
     comm_all_reduce_scalar(t->world, &earliest, COMM_MAX);
     if (t->world->rank == 0) print_first_non_finite(model, step, loss, (int)-earliest);
-    comm_barrier(t->world);  // (the line is out before any rank's error ends the job)
 }
 
 // ----------------------------------------------------------------------------------------------
