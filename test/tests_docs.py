@@ -143,3 +143,59 @@ def docs_every_markdown_link_and_anchor_resolves():
     print("checked %d links in %d markdown files (%s)" % (checked, len(files), ", ".join(files)))
     assert checked >= 40 and checked_copy >= 20, (checked, checked_copy)  # (the README alone had 48 before issue 58)
     assert not broken, "%d of %d links do not resolve:\n%s" % (len(broken), checked, "\n".join(broken))
+
+
+# The README's example output lines come from the commands beside them. The MoE chapter's moe
+# line is checked by running the chapter's command. What the check relies on: the CPU backend in
+# fp32 computes the same bits on every run of one command with one thread count (one thread a
+# rank here, as the quick start's exports set for the reader), so the router's logits, and with
+# them each token's experts, the loads, MaxVio, the dropped share and the all-to-all bytes, are the
+# same numbers every time, and the aux loss the same float.
+MOE_LINE = re.compile(r"^step (\d+) moe: aux loss ([\d.]+) \| tokens per expert min (\d+) mean ([\d.]+) max (\d+) \| "
+                      r"MaxVio ([\d.]+) \| dropped ([\d.]+)%(.*)$", re.M)
+
+
+def readme_section(title_start):
+    """the README's text from the heading that starts with title_start to the next heading of its
+    level or above"""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    m = re.search(r"^(#+) %s.*$" % re.escape(title_start), readme, re.M)
+    assert m, "no README heading starts with %r" % title_start
+    end = re.compile(r"^#{1,%d} " % len(m.group(1)), re.M).search(readme, m.end())
+    return readme[m.start():end.start() if end else len(readme)]
+
+
+@test
+def docs_moe_chapter_example_line_is_what_its_command_prints():
+    """the MoE chapter's command, parsed from the README and run for as many steps as its example
+    line shows (the learning rate is constant, -q 1, so the first steps do not depend on -x): the
+    run's moe line of that step has the example's fields in the example's order, and its figures
+    equal the example's: aux loss, tokens per expert, MaxVio, dropped share, all-to-all bytes.
+    The mean load is also checked against the flags: ranks B T k / E slots over E experts"""
+    chapter = readme_section("Mixture-of-Experts and expert parallelism in five minutes")
+    command = re.search(r"^mpirun -np (\d+) \./train_gpt2_ep (.*)$", chapter, re.M)
+    example = MOE_LINE.search(chapter)
+    assert command and example, "the chapter's command or its example moe line is missing"
+    ranks, args = int(command.group(1)), command.group(2).split("#")[0].split()
+    step = int(example.group(1))
+    flags = dict(zip(args[::2], args[1::2]))
+    assert len(args) % 2 == 0 and all(a.startswith("-") for a in args[::2]), args
+    # the same command, run to the example's step into a test dir (-n: no checkpoints needed)
+    flags["-x"], flags["-o"] = str(step), fresh_dir("docs_moe_example")
+    flags.pop("-n", None)
+    assert flags.get("-q", "1") in ("1", "1.0"), "the chapter's command decays the learning rate: -x would change step %d" % step
+    out = run_ok(ranks, [a for kv in flags.items() for a in kv], program="./train_gpt2_ep")
+    lines = {int(m.group(1)): m for m in MOE_LINE.finditer(out)}
+    assert step in lines, "no moe line of step %d in the run:\n%s" % (step, out[-3000:])
+    run = lines[step]
+    # the same fields in the same order: the labels between the figures
+    def labels(line):
+        return re.sub(r"-?\d+(\.\d+)?", "#", line)
+    assert labels(run.group(0)) == labels(example.group(0)), \
+        "the README's example line\n  %s\nhas other fields than the run's\n  %s" % (example.group(0), run.group(0))
+    assert run.group(0) == example.group(0), \
+        "the README's example line\n  %s\nis not what the command prints at step %d:\n  %s" % (example.group(0), step, run.group(0))
+    B, T, E = int(flags["-b"]), int(flags["-t"]), int(flags["-experts"])
+    k = int(flags.get("-topk", 2))
+    assert float(example.group(4)) == ranks * B * T * k / E, "mean tokens per expert %s, expected %g" % (
+        example.group(4), ranks * B * T * k / E)
