@@ -14,7 +14,8 @@
 //                        file; resume refuses a checkpoint whose identity differs and names what
 //   mixed-up files       each state file's header must hold the agreed step, this rank, the world
 //                        size and the model file's CRC, with no byte missing or left over
-//   two jobs, one dir    rank 0 holds an exclusive lock (flock) on <dir>/LOCK for the whole run
+//   two jobs, one dir    rank 0 holds an exclusive lock (flock) on <dir>/LOCK for the whole run,
+//                        and removes LOCK as it ends (a killed job's stays, unlocked: harmless)
 #ifndef LLMC_CHECKPOINT_H
 #define LLMC_CHECKPOINT_H
 
@@ -377,8 +378,8 @@ static inline void checkpoint_refuse_existing(const char* dir) {
 }
 
 // What a fresh run's claim (output_dir_claim, below) made: the dirs mkdir created (the lengths of
-// those prefixes of dir, shallowest first) and whether it created LOCK. If the run stops on an
-// error before its first line in main.log, rank 0 removes them and the empty main.log
+// those prefixes of dir, shallowest first) and the lock it holds. If the run stops on an error
+// before its first line in main.log, rank 0 removes them, LOCK and the empty main.log
 // (remove_unfinished_files calls output_dir_unclaim), so that an error found after the claim (an
 // allocation that fails, a flag checked once the model is read) leaves no output dir behind.
 // (An error on another rank alone ends rank 0 by MPI_Abort, before it can.)
@@ -386,7 +387,8 @@ static inline void checkpoint_refuse_existing(const char* dir) {
 static struct {
     char dir[4096];
     size_t made[OUTPUT_DIRS_MADE];
-    int made_count, made_lock;
+    int made_count;
+    int lock_fd;  // + 1: 0 while this process holds no LOCK
 } output_claim;
 
 // mkdir -p, each dir it creates recorded in output_claim
@@ -416,7 +418,6 @@ static inline int output_dir_lock(const char* dir) {
     int fd, locked;
     for (int tries = 0;; tries++) {
         fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0644);
-        output_claim.made_lock = fd >= 0;
         if (fd < 0 && errno == EEXIST) fd = open(path, O_RDWR);
         if (fd < 0 && errno == ENOENT && tries < 100) {  // a job that stopped removed the dir meanwhile
             make_dir(dir);
@@ -455,16 +456,28 @@ static inline int output_dir_lock(const char* dir) {
     return fd;
 }
 
+// LOCK is there for the run's length only: the process that holds it removes it as it ends
+// (exit, the end of a run or an error; a kill leaves it, unlocked, and the next job takes it
+// over). It is removed while still locked, and only while the name is still this lock's file: a
+// job that had opened it meanwhile finds its file unnamed and opens a fresh one (output_dir_lock).
+static inline void output_dir_release(void) {
+    char path[4200];
+    struct stat held, named;
+    if (output_claim.lock_fd == 0) return;
+    snprintf(path, sizeof(path), "%s/LOCK", output_claim.dir);
+    if (fstat(output_claim.lock_fd - 1, &held) == 0 && stat(path, &named) == 0 && held.st_dev == named.st_dev &&
+        held.st_ino == named.st_ino) {
+        unlink(path);
+    }
+}
+
 static inline void output_dir_unclaim(void) {
     char path[4200];
     struct stat st;
     snprintf(path, sizeof(path), "%s/main.log", output_claim.dir);
     if (stat(path, &st) == 0 && st.st_size > 0) return;  // a step was logged: the run's output stays
     unlink(path);
-    if (output_claim.made_lock) {
-        snprintf(path, sizeof(path), "%s/LOCK", output_claim.dir);
-        unlink(path);  // (still locked: see output_dir_lock for a job that opened it meanwhile)
-    }
+    output_dir_release();  // (LOCK, so that the dirs it made are empty again)
     for (int i = output_claim.made_count - 1; i >= 0; i--) {  // the deepest first (rmdir leaves one that holds anything)
         snprintf(path, sizeof(path), "%.*s", (int)output_claim.made[i], output_claim.dir);
         rmdir(path);
@@ -482,7 +495,8 @@ static inline void output_dir_claim(const char* dir, int resuming) {
     }
     snprintf(output_claim.dir, sizeof(output_claim.dir), "%s", dir);
     make_dir(dir);
-    output_dir_lock(dir);  // held until the process ends
+    output_claim.lock_fd = output_dir_lock(dir) + 1;  // held until the process ends
+    atexit(output_dir_release);
     if (resuming) return;
     checkpoint_refuse_existing(dir);
     llmc_unclaim_hook = output_dir_unclaim;

@@ -136,16 +136,21 @@ static inline void step_comm_totals(const StepReport* r, long long* bytes, doubl
 }
 
 // the per-collective bytes of every group with traffic, when they differ from those printed last
+// (a group of one rank moves nothing over a link, whatever its calls count: its line is left out,
+// and a run of one process says so instead of "(ring 0 B)")
 static inline void step_print_bytes_if_changed(StepReport* r, int step) {
-    int changed = 0;
-    for (int i = 0; i < r->num_groups; i++)
+    int changed = 0, linked = 0;
+    for (int i = 0; i < r->num_groups; i++) {
         changed |= memcmp(r->printed[i], r->groups[i]->bytes, sizeof(r->printed[i])) != 0;
+        linked |= r->groups[i]->size > 1 && comm_total_bytes(r->groups[i]) > 0;
+    }
     if (!changed) return;
-    printf("bytes this rank moved per step, from step %d (ring: what it sends, every collective a ring):\n", step);
+    printf("bytes this rank moved per step, from step %d %s:\n", step,
+           linked ? "(ring: what it sends, every collective a ring)" : "(none crosses a link: every group here is of one rank)");
     for (int i = 0; i < r->num_groups; i++) {
         CommGroup* g = r->groups[i];
         memcpy(r->printed[i], g->bytes, sizeof(r->printed[i]));
-        if (comm_total_bytes(g) == 0) continue;
+        if (comm_total_bytes(g) == 0 || g->size == 1) continue;
         printf("  %-9s", g->name);
         const char* separator = "";  // (a comma before every kind but the group's first)
         for (int k = 0; k < COMM_NUM_KINDS; k++) {
@@ -361,9 +366,22 @@ static inline void sample_token_drawn(const Tokenizer* tok, int token) {
 }
 
 // the decode table for samples; 0 (samples off, with a warning) when there is none, or when its
-// end-of-text id, where every sample starts, is not a row of the model's embedding
+// end-of-text id, where every sample starts, is not a row of the model's embedding. -tok left at
+// its default is looked for at the repository's root too, beside the program (/proc/self/exe),
+// so that a run from another directory with its own -i and -j still samples, without a warning
 static inline int train_open_tokenizer(Tokenizer* tok, const char* path, GPT2Config c) {
+    char beside[4096];
     FILE* f = fopen(path, "rb");
+    ssize_t n = f == NULL && strcmp(path, TRAIN_DEFAULT_TOKENIZER) == 0 ? readlink("/proc/self/exe", beside, sizeof(beside) - 1) : -1;
+    if (n > 0) {
+        beside[n] = '\0';
+        char* slash = strrchr(beside, '/');
+        if (slash != NULL && (size_t)(slash + 1 - beside) + strlen(path) < sizeof(beside)) {
+            strcpy(slash + 1, path);
+            f = fopen(beside, "rb");
+            if (f != NULL) path = beside;
+        }
+    }
     if (f == NULL) {
         printf("warning: no tokenizer at '%s' (-tok): samples are off\n", path);
         return 0;

@@ -37,6 +37,9 @@ typedef struct {  // the common flags; see train_args_common for each one
 } TrainArgs;
 
 #define TRAIN_MAX_SPECS 40
+// -tok's default, relative to the repository's root (where the trainers are built): a run from
+// another directory finds it beside the program (run.h, train_open_tokenizer)
+#define TRAIN_DEFAULT_TOKENIZER "dev/data/gpt2_tokenizer.bin"
 
 // the defaults (--help prints them beside each flag with the range it accepts), and the common
 // flags' table into specs; returns how many it wrote, after which a trainer appends its own
@@ -45,7 +48,7 @@ static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
     a->val_path = "dev/data/tinyshakespeare/tiny_shakespeare_val.bin";
     a->model = "d12";
     a->out_dir = NULL;
-    a->tokenizer_path = "dev/data/gpt2_tokenizer.bin";
+    a->tokenizer_path = TRAIN_DEFAULT_TOKENIZER;
     a->B = 4;
     a->T = 64;
     a->total_batch = -1;

@@ -242,3 +242,31 @@ def memory_page_backend_defaults_and_run_it_only_with_a_plan():
             assert dom.state in ("error", "fits") and run_it_hidden(page), "%s: state %s, run-it shown" % (name, dom.state)
     finally:
         browser.close()
+
+
+@test
+def newcomer_one_process_lock_and_tokenizer():
+    """three small things a newcomer meets. A run of one process prints no "world all_reduce ...
+    (ring 0 B)": nothing crosses a link, and it says so. LOCK, there so that a second job on the
+    same -o stops while the first runs (reliability_second_job_on_one_output_dir_stops), is gone
+    once the run has ended, finished or refused. A run from another directory that gives -i and
+    -j (the paths of its data) and leaves -tok at its default still samples, without a warning
+    about -tok: the default tokenizer is found beside the program; a -tok given that is not there
+    is still warned about"""
+    make(["BACKEND=cpu", "train_gpt2_dp"])
+    d = fresh_dir("one_process")
+    out = run_ok(1, small_run_args(d))
+    assert "(ring 0 B)" not in out and "none crosses a link" in out, out[-2000:]
+    assert "LOCK" not in os.listdir(d), os.listdir(d)
+    code, out = mpirun(2, small_run_args(d, ["-x", 6, "-l", 1e-3, "-y", 1]), timeout=60)
+    assert code != 0 and "LOCK" not in os.listdir(d), (code, os.listdir(d))
+    elsewhere = fresh_dir("elsewhere")
+    data = os.path.join(ROOT, "dev", "data", "tinyshakespeare", "tiny_shakespeare_%s.bin")
+    args = ["-e", "d2", "-b", 1, "-t", 32, "-x", 1, "-v", 0, "-s", 1, "-g", 4, "-i", data % "train", "-j", data % "val"]
+    for extra, warned in (([], False), (["-tok", "no_tokenizer.bin"], True)):
+        p = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "1", os.path.join(ROOT, "train_gpt2_dp")]
+                           + [str(a) for a in args + extra], cwd=elsewhere, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert p.returncode == 0, p.stdout[-2000:]
+        assert ("warning: no tokenizer" in p.stdout) == warned and ("---- sample at step 1 ----" in p.stdout) != warned, \
+            "%s: %s" % (extra, p.stdout[-2000:])
