@@ -564,6 +564,7 @@ int main(int argc, char** argv) {
     hooks.own.num = 1;
     CommGroup* groups[3] = {world, &ep_group, &edp_group};
     run_begin(&run, hooks, groups, 3);
+    run_bytes_on_own_line(&run, &ep_group, COMM_ALL_TO_ALL);  // (print_moe prints them every step)
 
     for (int step = run.start_step; step <= run.max_steps; step++) {
         if (run_between_steps(&run, step)) break;

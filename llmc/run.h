@@ -109,6 +109,8 @@ typedef struct {
     CommGroup* groups[STEP_MAX_GROUPS];  // the groups this rank communicates in during a step
     int num_groups;
     long long printed[STEP_MAX_GROUPS][COMM_NUM_KINDS];  // the bytes printed last, -1 before
+    unsigned own_line[STEP_MAX_GROUPS];  // bit k: kind k's bytes, which the trainer prints on a line
+                                         // of its own every step, left out (run_bytes_on_own_line)
 } StepReport;
 
 static inline StepReport step_report_init(CommGroup** groups, int num_groups) {
@@ -139,26 +141,39 @@ static inline void step_comm_totals(const StepReport* r, long long* bytes, doubl
 // (a group of one rank moves nothing over a link, whatever its calls count: its line is left out,
 // and a run of one process says so instead of "(ring 0 B)")
 static inline void step_print_bytes_if_changed(StepReport* r, int step) {
+    // the bytes as shown: a kind the trainer prints on a line of its own counts as 0 here
+    long long shown[STEP_MAX_GROUPS][COMM_NUM_KINDS];
     int changed = 0, linked = 0;
     for (int i = 0; i < r->num_groups; i++) {
-        changed |= memcmp(r->printed[i], r->groups[i]->bytes, sizeof(r->printed[i])) != 0;
-        linked |= r->groups[i]->size > 1 && comm_total_bytes(r->groups[i]) > 0;
+        const CommGroup* g = r->groups[i];
+        long long total = 0;
+        for (int k = 0; k < COMM_NUM_KINDS; k++) {
+            shown[i][k] = (r->own_line[i] >> k & 1) ? 0 : g->bytes[k];
+            total += shown[i][k];
+        }
+        changed |= memcmp(r->printed[i], shown[i], sizeof(r->printed[i])) != 0;
+        linked |= g->size > 1 && total > 0;
     }
     if (!changed) return;
     printf("bytes this rank moved per step, from step %d %s:\n", step,
            linked ? "(ring: what it sends, every collective a ring)" : "(none crosses a link: every group here is of one rank)");
     for (int i = 0; i < r->num_groups; i++) {
-        CommGroup* g = r->groups[i];
-        memcpy(r->printed[i], g->bytes, sizeof(r->printed[i]));
-        if (comm_total_bytes(g) == 0 || g->size == 1) continue;
+        const CommGroup* g = r->groups[i];
+        memcpy(r->printed[i], shown[i], sizeof(r->printed[i]));
+        long long total = 0;
+        for (int k = 0; k < COMM_NUM_KINDS; k++) total += shown[i][k];
+        if (total == 0 || g->size == 1) continue;
         printf("  %-9s", g->name);
         const char* separator = "";  // (a comma before every kind but the group's first)
         for (int k = 0; k < COMM_NUM_KINDS; k++) {
-            if (g->bytes[k] == 0) continue;
-            printf("%s %s %lld B", separator, comm_kind_names[k], g->bytes[k]);
+            if (shown[i][k] == 0) continue;
+            printf("%s %s %lld B", separator, comm_kind_names[k], shown[i][k]);
             separator = ",";
         }
-        printf(" (ring %.0f B)\n", comm_ring_bytes(g));
+        // (sends and all-to-alls pass whole in the ring figure: one printed elsewhere leaves it)
+        double ring = comm_ring_bytes(g) - (double)(g->bytes[COMM_SEND] - shown[i][COMM_SEND]) -
+                      (double)(g->bytes[COMM_ALL_TO_ALL] - shown[i][COMM_ALL_TO_ALL]);
+        printf(" (ring %.0f B)\n", ring);
     }
 }
 
@@ -648,6 +663,16 @@ static inline void run_begin(Run* r, RunModel hooks, CommGroup** groups, int num
     memset(&r->stats, 0, sizeof(r->stats));
     r->stats.rate = measure_exchange_rate(&r->world, hooks.model->grads_memory, layout_grads_held(&hooks.model->layout));
     r->report = step_report_init(groups, num_groups);
+}
+
+// Bytes of one kind in one group that change from step to step with the data (MoE's all-to-all
+// follows the routing): the trainer prints them on a line of its own every step, and the bytes
+// block, printed only when the bytes change, leaves them out. main.log keeps every kind.
+// (after run_begin, which names the groups)
+static inline void run_bytes_on_own_line(Run* r, const CommGroup* g, CommKind kind) {
+    for (int i = 0; i < r->report.num_groups; i++) {
+        if (r->report.groups[i] == g) r->report.own_line[i] |= 1u << kind;
+    }
 }
 
 // Validation: the mean loss over -m batches, every rank on the same batches (each on its

@@ -153,7 +153,8 @@ def ep_zero_router_worked_example():
 def ep_moe_line_prints_the_steps_all_to_all_bytes():
     """the all-to-all's bytes follow the routing, so they change from step to step: each step's moe
     line prints rank 0's, equal to main.log's (the comm layer's count) at every step of a run
-    whose routing moves (4 steps of E = 4, top-2, at ep 2 on 2 ranks)"""
+    whose routing moves (4 steps of E = 4, top-2, at ep 2 on 2 ranks); the bytes block, printed
+    when the bytes change, leaves them out and so prints once"""
     d = fresh_dir("ep_moe_line_bytes")
     moe = os.path.join(moe_reference(4, 2)["dir"], "model.bin")
     out = run_ok(2, ["-e", moe] + data_args(MOE) + ["-b", 2, "-t", MOE["seq_len"], "-x", 4, "-v", 0, "-s", 0, "-ep", 2,
@@ -162,3 +163,8 @@ def ep_moe_line_prints_the_steps_all_to_all_bytes():
     printed = [lines[s]["all_to_all"] for s in range(1, 5)]
     assert printed == [train[s]["comm"]["ep"]["all_to_all"] for s in range(1, 5)], (printed, train)
     assert len(set(printed)) > 1, "the bytes never changed (%s): the run does not test a changing count" % printed
+    # the bytes block prints once, after step 1 (every other collective's bytes are the same each
+    # step), without the all-to-all, which the moe line has
+    blocks = re.findall(r"^bytes this rank moved per step, from step (\d+) .*\n((?:  .*\n)*)", out, re.M)
+    assert [b[0] for b in blocks] == ["1"], "the bytes block printed from steps %s, expected 1 only" % [b[0] for b in blocks]
+    assert "all_to_all" not in blocks[0][1] and "ep        all_reduce 4 B" in blocks[0][1], blocks[0][1]
