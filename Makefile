@@ -12,6 +12,9 @@
 #                        build/sanitize/train_gpt2_dp, ..._tp, ..._pp, ..._3d, ..._cp, ..._diloco, ..._ep (the tests run bad inputs, TP, PP, 3D, CP and DiLoCo runs)
 #   make mutation-sweep  delete each barrier of llmc/cuda in turn and check the emulator notices
 #                        (dev/cuda/mutation_sweep.py; about 20 minutes on 2 cores)
+#   make mutation-sweep-trainers  plant one-line bugs in the mechanisms (MoE, DiLoCo, TP, DDP, ZeRO,
+#                        PP, CP) one at a time in a copy and check the tests catch each
+#                        (dev/mutation_sweep.py; about 20 minutes on 2 cores)
 #   make cuda-check      compile every trainer and dev/cuda file with nvcc for sm_80 and sm_90, bf16 for sm_90a too
 #                        (no GPU needed; -j2 runs two at a time)
 #   make build/emu_FP32/train_gpt2_dp   the CUDA backend built for the CPU emulator (test/cuda_emu);
@@ -69,7 +72,7 @@ HAS_MPI := $(shell command -v $(MPICC) >/dev/null 2>&1 && echo 1)
 MPI_FLAGS := $(if $(HAS_MPI),-DUSE_MPI $(shell $(MPICC) --showme:incdirs 2>/dev/null | sed 's/\([^ ]*\)/-I\1/g') $(shell $(MPICC) --showme:libdirs 2>/dev/null | sed 's/\([^ ]*\)/-L\1/g') -lmpi,)
 CUDA_LIBS := -lcublas -lcublasLt $(NCCL_LIB) -lz
 
-.PHONY: all test train bench compare clean check-deps check-test-deps check-cuda-deps setup cuda-check sanitize mutation-sweep memory-page
+.PHONY: all test train bench compare clean check-deps check-test-deps check-cuda-deps setup cuda-check sanitize mutation-sweep mutation-sweep-trainers memory-page
 
 all: $(TRAINERS)
 
@@ -158,6 +161,9 @@ build/emu_BF16/%: build/emu_src/.stamp $(EMU_HEADERS)
 
 mutation-sweep:
 	$(PYTHON) dev/cuda/mutation_sweep.py
+
+mutation-sweep-trainers:
+	$(PYTHON) dev/mutation_sweep.py
 
 # CI without a GPU: every trainer, every dev/cuda file and the comm test must compile for Ampere
 # and Hopper, in both precisions. One nvcc call builds both architectures (the host code once,

@@ -67,6 +67,13 @@ MUTATIONS = [
     mutation("moe: the planner's output rows doubled", "llmc/memory_plan.h",
              "(uint64_t)L * (R * C + 2 * R * 4 * C + S * C)", "(uint64_t)L * (R * C + 2 * R * 4 * C + 2 * S * C)",
              ["ep_collapsed_router_max_vio_drops_and_bytes"], [EP, PLANNER]),
+    mutation("moe: a sample routed dropless into buffers sized for the capacity", "llmc/moe.h",
+             "moe_assign_rows(m->row + slots, m->counts_dev, expert, N, k, E, m->capacity);",
+             "moe_assign_rows(m->row + slots, m->counts_dev, expert, N, k, E, N == m->N ? m->capacity : N * k);",
+             ["sanitized_ep_sampling_with_a_small_capacity"], [EP]),
+    mutation("moe: the printed bias range starts from 0", "train_gpt2_ep.cu",
+             "float lo = m->bias_host[0], hi = m->bias_host[0];", "float lo = 0.0f, hi = 0.0f;",
+             ["ep_bias_range_is_the_biases"], [EP]),
     # ---- DiLoCo (train_gpt2_diloco.cu, llmc/outer_link.h, llmc/cpu/outer.h, llmc/precision.h)
     mutation("diloco: -tau applied a step late", "train_gpt2_diloco.cu",
              "apply_after = completed + link->tau;", "apply_after = completed + link->tau + 1;",

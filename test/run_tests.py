@@ -722,8 +722,8 @@ def ep_checkpoints_resume_on_any_ep():
 def sanitized_ep_capacity_bias_checkpoint_sampling_and_resume():
     """the MoE trainer's routing, capacity, row moves and all-to-alls under AddressSanitizer +
     UndefinedBehaviorSanitizer: 4 ranks at ep 2 (two copies of each expert), E = 4, top-2, a
-    capacity that drops, the bias rule, a checkpoint, validation, a sample (a dropless pass of
-    its own length) and a resume from the checkpoint"""
+    capacity that drops, the bias rule, a checkpoint, validation, a sample (a pass of its own
+    length, routed with the training capacity) and a resume from the checkpoint"""
     p = make(["sanitize"], timeout=600)
     assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
     env = dict(ASAN_OPTIONS="detect_leaks=0")
@@ -4265,7 +4265,7 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
     outer_dtype bf16: the reference rounds as the trainer does (each worker's pseudo-gradient, and
     the mean), so the same bound holds: its float32 run meets the same roundings, and where fp32's
     noise tips a value to the next bf16 step there, it does so here; the bytes are the exchanges'
-    (average_on_link): rank 0 sends and receives P_f - P_f/W + (W - 1) P_f/W values of 2 bytes.
+    (llmc/outer_link.h's link_post): rank 0 sends and receives P_f - P_f/W + (W - 1) P_f/W values of 2 bytes.
     int8, e3m0: the reference codes alike (reference.link_mean_coded); a code tipped across a
     threshold moves a value by a level, so the values beyond fp32's bound are counted as well
     (below); the bytes are the messages' words (coded_message_words)"""
@@ -4369,7 +4369,7 @@ def diloco_run(workers, H, ranks, micro, outer_lr=0.7, outer_momentum=0.9, cfg=R
 
 def coded_message_words(cfg, fragments, layout, f, W, bits):
     """the 16-bit words of each shard's message of fragment f in int8 or e3m0, from the model's
-    shapes and the format (train_gpt2_diloco.cu's LinkLayout comment): the fragment's tensors of a
+    shapes and the format (llmc/outer_link.h's LinkLayout comment): the fragment's tensors of a
     layer in the model file's order, cut into pieces at the W shards' bounds s P_f // W; a message
     holds its pieces' scales (2 words each) and each piece's codes from a word of its own (16 / bits
     to a word), padded to an even number of words"""

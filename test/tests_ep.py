@@ -1,7 +1,7 @@
 # Tests of the Mixture-of-Experts trainer (train_gpt2_ep.cu, llmc/moe.h): read into
 # test/run_tests.py's namespace, so its helpers (test, run_ok, mpirun, fresh_dir, make, MOE,
 # moe_reference, moe_figures, small_run_args, data_args, read_log, ...) are used as if written
-# there, and so is test/tests_mutation_gaps.py's collapsed_moe_model (a model whose router weights
+# there, collapsed_moe_model among them (a model whose router weights
 # are all zero: every token's scores tie at 0, so its top-k are experts 0..k-1, ties going to the
 # lower index).
 
