@@ -15,7 +15,7 @@ would mean nothing; its references (test/tmp) are then shared by the mutations' 
 --no-control leaves it out (the tests are known to pass); --keep keeps each mutated copy's
 directory. A mutation whose text is no longer in its file, or that does not compile, is "not
 run": the list needs updating.
-Not part of `make test`: the 22 below took 18 minutes on 2 cores shared with other work (about
+Not part of `make test`: the first 22 below took 18 minutes on 2 cores shared with other work (about
 40 s a mutation: a build and a test or two; 2.5 minutes for the control).
 dev/cuda/mutation_sweep.py is its sibling for the CUDA kernels' barriers under the emulator;
 both copy the tree into a scratch directory of their own (copy_checkout) and plant there.
