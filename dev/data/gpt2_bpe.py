@@ -50,7 +50,7 @@ def byte_to_unicode():
 
 
 class GPT2BPE:
-    CACHE_LIMIT = 1 << 20  # pieces remembered; a large corpus has more distinct words than memory
+    CACHE_LIMIT = 1 << 18  # pieces remembered (tens of MB): a large corpus has more distinct words than memory
 
     def __init__(self, encoder_path, merges_path):
         with open(encoder_path, "r", encoding="utf-8") as f:
@@ -61,12 +61,13 @@ class GPT2BPE:
         self.rank = {pair: i for i, pair in enumerate(merges)}
         self.b2u = byte_to_unicode()
         self.u2b = {u: b for b, u in self.b2u.items()}
-        self.cache = {}
+        # bytes to GPT-2's characters at C speed: the bytes read as Latin-1 (one character a
+        # byte, code point = byte), then each character replaced by its GPT-2 character
+        self.latin1_to_gpt2 = {b: u for b, u in self.b2u.items()}
+        self.cache = {}  # text piece -> its tokens
 
     def bpe(self, word):
         """merges the lowest-ranked adjacent pair until no pair of the word is in the merge list"""
-        if word in self.cache:
-            return self.cache[word]
         parts = list(word)
         while len(parts) > 1:
             best = None
@@ -86,18 +87,20 @@ class GPT2BPE:
                     merged.append(parts[i])
                     i += 1
             parts = merged
-        ids = [self.encoder[p] for p in parts]
-        if len(self.cache) >= self.CACHE_LIMIT:
-            self.cache.clear()  # (forgetting changes the speed, never the tokens)
-        self.cache[word] = ids
-        return ids
+        return [self.encoder[p] for p in parts]
 
     def encode(self, text):
         """the text's tokens; '<|endoftext|>' inside the text is ordinary text here"""
-        ids = []
+        ids, cache = [], self.cache
         for piece in SPLIT.findall(text):
-            word = "".join(self.b2u[b] for b in piece.encode("utf-8"))
-            ids.extend(self.bpe(word))
+            piece_ids = cache.get(piece)
+            if piece_ids is None:
+                word = piece.encode("utf-8").decode("latin-1").translate(self.latin1_to_gpt2)
+                piece_ids = self.bpe(word)
+                if len(cache) >= self.CACHE_LIMIT:
+                    cache.clear()  # (forgetting changes the speed, never the tokens)
+                cache[piece] = piece_ids
+            ids.extend(piece_ids)
         return ids
 
     def decode_table(self):

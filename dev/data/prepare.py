@@ -56,7 +56,7 @@ try:
 except ImportError:
     tqdm = None
 
-CHUNK_BYTES = 1 << 20     # input handed to a worker at a time (it tokenizes a whole chunk)
+CHUNK_BYTES = 1 << 18     # input handed to a worker at a time (256 KiB: it tokenizes a whole chunk)
 ERRORS_SHOWN = 50         # a file of bad lines would otherwise print one line per line
 
 
