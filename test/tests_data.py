@@ -179,8 +179,8 @@ def data_prepare_reproduces_the_tiny_shakespeare_files():
 
 @test
 def data_prepare_names_every_bad_input_in_one_message():
-    """a missing file, a JSONL line without the field, one that is not JSON, a text file that is
-    not UTF-8, in one run: one message naming each (file:line for the lines), exit 1, no file in
+    """a missing file, a JSONL line without the field, one that is not JSON, one whose text is a
+    lone UTF-16 surrogate, a text file that is not UTF-8, in one run: one message naming each (file:line for the lines), exit 1, no file in
     --out (no shard, no temporary); bad flag values likewise, with a missing file; shards already
     in --out refused, and --overwrite replaces them all (the stale last shard of a larger run too)"""
     d = fresh_dir("data_bad")
@@ -189,22 +189,23 @@ def data_prepare_names_every_bad_input_in_one_message():
         f.write(" ".join(["word"] * 399))  # 400 tokens with its <|endoftext|>
     lines = os.path.join(d, "lines.jsonl")
     with open(lines, "w") as f:
-        f.write('{"text": "fine"}\n{"body": "no text field"}\n{"text": "cut\n\n{"text": 7}\n')
+        f.write('{"text": "fine"}\n{"body": "no text field"}\n{"text": "cut\n\n{"text": 7}\n{"text": "\\ud800"}\n')
     latin1 = os.path.join(d, "latin1.txt")
     with open(latin1, "wb") as f:
         f.write("caf\u00e9".encode("latin-1"))
     missing = os.path.join(d, "missing.txt")
     out = os.path.join(d, "out")
     r = run_prepare(["--out", out, "--shard_tokens", 100, "--workers", 2, good, missing, lines, latin1])
-    want = ["5 bad inputs, nothing written", missing + ": no such file",
+    want = ["6 bad inputs, nothing written", missing + ": no such file",
             lines + ":2: no field 'text' (its fields: body)", lines + ":3: not JSON",
-            lines + ":5: field 'text' is 7, expected a string", latin1 + ": not UTF-8 text (byte 3)"]
+            lines + ":5: field 'text' is 7, expected a string", lines + ":6: holds a lone surrogate",
+            latin1 + ": not UTF-8 text (byte 3)"]
     assert r.returncode == 1 and all(w in r.stderr for w in want) and r.stderr.count("prepare.py:") == 1, \
         "exit %d, missing %s:\n%s" % (r.returncode, [w for w in want if w not in r.stderr], r.stderr)
     assert not os.path.exists(out) or not os.listdir(out), os.listdir(out)
     # the bad lines met after 4 shards' worth of good text: the shards written so far are removed
     r = run_prepare(["--out", out, "--shard_tokens", 100, "--val_tokens", 0, good, lines])
-    assert r.returncode == 1 and "3 bad inputs" in r.stderr, r.stderr
+    assert r.returncode == 1 and "4 bad inputs" in r.stderr, r.stderr
     assert not os.path.exists(out) or not os.listdir(out), os.listdir(out)
     r = run_prepare(["--out", out, "--shard_tokens", 0, "--val_tokens", -1, "--workers", 0, good, missing])
     want = ["--shard_tokens 0: expected a positive", "--val_tokens -1: expected a non-negative",

@@ -111,14 +111,20 @@ def document(where, payload, field):
 
 
 def tokenize_chunk(chunk):
-    """(tokens as uint16 bytes, documents, non-ASCII documents, problems, input size)"""
-    items, size = chunk
+    """(tokens as uint16 bytes, documents, non-ASCII documents, problems, input size); once a
+    problem is known nothing will be written, and the chunk is only checked (tokenize False):
+    reading for the problems is fast, the BPE is not"""
+    items, size, tokenize = chunk
     tokens, problems, docs, non_ascii = [], [], 0, 0
     for where, payload, field in items:
         text, problem = document(where, payload, field)
         if problem is None:
             try:
-                ids = _encode(text)
+                if tokenize:
+                    ids = _encode(text)
+                else:
+                    text.encode("utf-8")  # (the one check the encoder would make)
+                    ids = []
             except UnicodeEncodeError:  # a JSON "\ud800": a lone surrogate is no text
                 problem = "%s: holds a lone surrogate (a \\uD800-\\uDFFF escape alone), not text" % where
         if problem is not None:
@@ -309,12 +315,14 @@ def write_shards(chunks, out, prefix, shard_tokens, val_tokens, workers, encoder
     progress = Progress(total, unit, desc)
     started = time.time()
     tokens = docs = non_ascii = 0
+    # (bad is read as each chunk is handed out: after the first problem, chunks are only checked)
+    chunks = ((items, size, bad == 0) for items, size in chunks)
     try:
         for data, n_docs, n_non_ascii, chunk_problems, size in tokenized(chunks, workers, encoder):
             bad += len(chunk_problems)
             problems.extend(chunk_problems[:max(0, ERRORS_SHOWN - len(problems))])
             ids = np.frombuffer(data, dtype=np.uint16)
-            if bad == 0:  # (after the first problem, the rest is only read for its problems)
+            if bad == 0:
                 writer.add(ids)
             tokens += len(ids)
             docs += n_docs
