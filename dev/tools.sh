@@ -33,13 +33,17 @@ mpicc|required|every CPU build|apt:libopenmpi-dev
 mpirun|required|every multi-rank test and benchmark|apt:openmpi-bin
 python3|required|the tests and dev scripts: /usr/bin/python3, Debian packages see it (PYTHON= another)|apt:python3
 zlib|required|checkpoint CRC-32 (zlib.h, -lz)|apt:zlib1g-dev
+git|required|dev/mutation_sweep.py and dev/cuda/mutation_sweep.py copy the files of the checkout (git ls-files), as the fresh-checkout test does|apt:git
 torch|required|test/reference.py, dev/compare_with_pytorch.py, dev/bench/bench_pytorch.py|apt:python3-torch
 numpy|required|the tests, dev/hf_export.py, dev/hf_import.py|apt:python3-numpy
 matplotlib|required|dev/plot_runs.py, dev/plot_timeline.py (a test draws a plot)|apt:python3-matplotlib
 chromium|required|the memory_page tests: headless Chromium opens dev/memory.html from the file system|apt:chromium
 wasm|optional|make memory-page: dev/memory_planner compiled to WebAssembly for dev/memory.html (clang for wasm32-wasi, wasi-libc, compiler-rt builtins for wasm32)|apt:clang lld wasi-libc libclang-rt-dev-wasm32
-regex|optional|dev/data/tinyshakespeare.py: GPT-2 pre-tokenizer on non-ASCII text (re suffices on ASCII)|apt:python3-regex
-tiktoken|optional|dev/data/tinyshakespeare.py checks its own BPE against it|you: pip install tiktoken (a cross-check only)
+regex|optional|dev/data/gpt2_bpe.py (tinyshakespeare.py, prepare.py, fineweb.py): GPT-2 pre-tokenizer on non-ASCII text (re suffices on ASCII)|apt:python3-regex
+tiktoken|optional|dev/data/tinyshakespeare.py checks its own BPE against it; prepare.py and fineweb.py use it (faster, the same tokens); tests_data.py compares with it|you: pip install tiktoken
+tqdm|optional|dev/data/prepare.py and fineweb.py: the progress bar (without it, a plain progress line)|you: installed with the transformers row (tqdm==4.70.1)
+datasets|optional|dev/data/fineweb.py: FineWeb streamed from the Hugging Face hub (offline: --local files)|you: pip install datasets (the download needs the hub)
+pyarrow|optional|dev/data/fineweb.py --local FILE.parquet, and the parquet case of data_fineweb_local_sample_gives_prepare_shards (JSONL needs nothing)|you: pip install pyarrow (datasets brings it)
 transformers|optional|the hf_transformers test: GPT2LMHeadModel loads dev/hf_export.py output (the last release for torch 1.13)|pip:transformers==4.46.3 tokenizers==0.20.3 safetensors==0.8.0 huggingface_hub==0.26.5 tqdm==4.70.1 filelock==4.2.12 fsspec==2026.9.0
 nvcc|optional|CUDA builds, make cuda-check, the SASS test (skipped without)|you: the CUDA toolkit
 nccl|optional|CUDA builds with nvcc (skipped without; the emulator has its own nccl.h)|you: libnccl-dev or pip nvidia-nccl-cu13 (a 300 MB wheel)
@@ -80,7 +84,7 @@ python_has() {
 find_tool() {
     local scratch
     case "$1" in
-        gcc|g++|make|mpicc|mpirun) command -v "$1" ;;
+        gcc|g++|make|mpicc|mpirun|git) command -v "$1" ;;
         python3) command -v "$PYTHON" ;;
         sanitizers)
             command -v gcc >/dev/null 2>&1 || return 1
@@ -93,7 +97,7 @@ find_tool() {
             return $found ;;
         zlib)
             command -v gcc >/dev/null 2>&1 && echo '#include <zlib.h>' | gcc -E -x c - >/dev/null 2>&1 && echo "zlib.h" ;;
-        torch|numpy|matplotlib|regex|tiktoken|transformers) python_has "$1" ;;
+        torch|numpy|matplotlib|regex|tiktoken|transformers|tqdm|datasets|pyarrow) python_has "$1" ;;
         nvcc) find_cuda_tool nvcc ;;
         nccl)  # where the Makefile looks: NCCL_HOME, the toolkit, system paths, then NVIDIA's pip package
             local dir
