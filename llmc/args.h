@@ -244,13 +244,20 @@ static inline int args_parse(int argc, char** argv, const ArgSpec* specs, int n)
     }
     for (int j = 0; j < n; j++)
         if (specs[j].type == ARG_OUTPUT_FILE) args_check_output_file(argv[0], specs[j].flag, *(const char**)specs[j].value);
+    // a file error's note says what the flag names: its help up to ", or ", where the help goes
+    // on with the alternatives (-e's descriptor, -i's shards), which a file error does not need
+    static char path_notes[LLMC_PATH_FLAGS][200];
     llmc_num_path_flags = 0;
     for (int j = 0; j < n && llmc_num_path_flags < LLMC_PATH_FLAGS; j++) {
         if (!args_is_string(specs[j].type)) continue;
+        char* note = path_notes[llmc_num_path_flags];
         PathFlag* p = &llmc_path_flags[llmc_num_path_flags++];
         p->flag = specs[j].flag;
         p->value = (const char* const*)specs[j].value;
-        p->help = specs[j].help;
+        const char* alternatives = strstr(specs[j].help, ", or ");
+        int length = alternatives ? (int)(alternatives - specs[j].help) : (int)strlen(specs[j].help);
+        snprintf(note, sizeof(path_notes[0]), "%.*s", length, specs[j].help);
+        p->help = note;
         p->given = j < 256 && given[j];
     }
     return 1;

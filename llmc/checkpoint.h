@@ -1,7 +1,8 @@
 // Checkpoints for a bit-identical resume, and the output dir they live in. A checkpoint of step S:
 //   model_S.bin          the parameters (llm.c model file, fp32, with a CRC-32), written by rank 0
 //   state_S_RANK.bin     per rank: step, layout, the run's identity, the sampling rng (before
-//                        step S's sample, which a resume redoes), that rank's AdamW moments and,
+//                        step S's sample, which a resume redoes), where in the token files the
+//                        next global batch starts (shard, offset), that rank's AdamW moments and,
 //                        when parameters are bf16, their exact bf16 values (stochastic rounding
 //                        cannot be redone from the fp32 master weights)
 //   DONE_S               written last, after a barrier: the checkpoint is complete
@@ -26,7 +27,7 @@
 #include "utils.h"
 
 #define STATE_MAGIC 20240327
-#define STATE_VERSION 2
+#define STATE_VERSION 3  // 3: the data position; 2 (without it) is still read
 #define STATE_HEADER_INTS 256
 
 // ---------------------------------------------------------------------------------------------
@@ -144,13 +145,18 @@ static inline void run_identity_diff(const char* saved, const char* now, char* o
 // state files: 256 x int32 header, the identity text, m (n floats), v (n floats), extra bytes
 //   header: [0] magic [1] version [2] step [3] rank [4] world [5..6] sampling rng
 //           [7..8] n [9..10] extra bytes [11] identity bytes [12] CRC-32 of the whole file with
-//           this slot 0 [13] CRC-32 of the model file of the same checkpoint
+//           this slot 0 [13] CRC-32 of the model file of the same checkpoint [14] the shard
+//           of the next global batch's first token [15..16] that token's offset in its shard
 
 typedef struct {
     int step;             // optimizer steps completed
     int world;            // ranks that wrote the checkpoint
     uint64_t rng;         // sampling rng state before this step's sample
     uint32_t model_crc;   // ties the state files to the model file written with them
+    // where the next global batch starts in the token files: shard (sorted index), token offset;
+    // -1 in a version 2 file, which did not record it
+    int data_shard;
+    uint64_t data_offset;
 } TrainState;
 
 static inline void checkpoint_path(char* out, size_t cap, const char* dir, const char* kind, int step,
@@ -173,6 +179,8 @@ static inline void state_header(int header[STATE_HEADER_INTS], const TrainState*
     memcpy(&header[9], &extra64, sizeof(uint64_t));
     header[11] = (int)id->len;
     header[13] = (int)s->model_crc;
+    header[14] = s->data_shard;
+    memcpy(&header[15], &s->data_offset, sizeof(uint64_t));
 }
 
 // Stops the job when this rank's state file of checkpoint `step` cannot be opened. The usual
@@ -279,8 +287,8 @@ static inline TrainState state_read(const char* path, int step, int rank, int wo
     int header[STATE_HEADER_INTS];
     if (file_bytes < (long)sizeof(header)) fail("state file '%s' is %ld bytes, shorter than its header", path, file_bytes);
     fread_check(header, sizeof(int), STATE_HEADER_INTS, f, path);
-    if (header[0] != STATE_MAGIC || header[1] != STATE_VERSION) {
-        fail("state file '%s' has magic %d version %d, expected %d version %d", path, header[0],
+    if (header[0] != STATE_MAGIC || (header[1] != STATE_VERSION && header[1] != 2)) {
+        fail("state file '%s' has magic %d version %d, expected %d version 2 or %d", path, header[0],
              header[1], STATE_MAGIC, STATE_VERSION);
     }
     uint32_t crc = state_file_checksum(f, path, file_bytes);
@@ -329,6 +337,8 @@ static inline TrainState state_read(const char* path, int step, int rank, int wo
     s.world = header[4];
     memcpy(&s.rng, &header[5], sizeof(uint64_t));
     s.model_crc = (uint32_t)header[13];
+    s.data_shard = header[1] >= 3 ? header[14] : -1;
+    memcpy(&s.data_offset, &header[15], sizeof(uint64_t));
     return s;
 }
 

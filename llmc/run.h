@@ -762,9 +762,9 @@ static inline int run_between_steps(Run* r, int step) {
         RunModel* h = &r->hooks;
         if (h->replicas) {
             write_checkpoint_gathered(h->model, r->args.out_dir, &r->world, h->replicas, h->split, step, &r->identity,
-                                      rng_before_sample, &h->own);
+                                      rng_before_sample, &h->own, &r->train);
         } else {
-            write_checkpoint(h->model, r->args.out_dir, &r->world, h->split, step, &r->identity, rng_before_sample, &h->own);
+            write_checkpoint(h->model, r->args.out_dir, &r->world, h->split, step, &r->identity, rng_before_sample, &h->own, &r->train);
         }
     }
     return last;

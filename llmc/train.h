@@ -70,8 +70,8 @@ static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
     a->recompute = 0;
     const double MAX = ARG_NO_MAX;
     const ArgSpec common[] = {
-        {"-i", ARG_STRING, &a->train_path, 0, 0, "train token file"},
-        {"-j", ARG_STRING, &a->val_path, 0, 0, "validation token file"},
+        {"-i", ARG_STRING, &a->train_path, 0, 0, "train token file, or shards: a glob ('dir/train_*.bin', quoted) or a comma list of files, read in sorted path order as one stream of tokens (a batch may span two shards)"},
+        {"-j", ARG_STRING, &a->val_path, 0, 0, "validation token file, or shards as for -i"},
         {"-e", ARG_STRING, &a->model, 0, 0, "model file, or descriptor dL for a random init (d12 = 124M)"},
         {"-o", ARG_STRING, &a->out_dir, 0, 0, "output dir for main.log and checkpoints; a fresh run needs one without checkpoints (-y 1 continues them; to start over, remove them or pick another dir)"},
         {"-b", ARG_INT, &a->B, 1, MAX, "micro-batch size in sequences, per data-parallel rank (tensor-parallel ranks share theirs)"},
@@ -184,7 +184,8 @@ static inline void train_run_identity(RunIdentity* id, const TrainArgs* args, GP
                      config.num_layers, config.num_heads, config.channels, config.vocab_size,
                      config.padded_vocab_size, config.max_seq_len,
                      crc32_update(0, initial_weights, gpt2_num_parameters(config) * sizeof(float)));
-    run_identity_add(id, "-i", "%zu tokens, CRC-32 %08x", train->num_tokens, train_crc);
+    if (train->num_shards == 1) run_identity_add(id, "-i", "%zu tokens, CRC-32 %08x", train->num_tokens, train_crc);
+    else run_identity_add(id, "-i", "%d shards, %zu tokens, CRC-32 %08x", train->num_shards, train->num_tokens, train_crc);
     if (layout) {
         run_identity_add(id, "ranks", "%d", world->size);
         run_identity_add(id, "layout", "%s", layout);
@@ -364,11 +365,13 @@ static inline void trainer_state_to_device(const TrainerState* own, const char* 
 // anyway, because in the sharded trainers (ZeRO, TP, PP) and DiLoCo's workers they differ, one
 // format serves all, and a resume then checks every rank's state against the others'.
 static inline void write_checkpoint(GPT2* model, const char* dir, CommGroup* world, CommGroup* group,
-                                    int step, const RunIdentity* id, uint64_t sample_rng_state, const TrainerState* own) {
+                                    int step, const RunIdentity* id, uint64_t sample_rng_state, const TrainerState* own,
+                                    const DataLoader* train) {
     char path[4096];
     size_t n = layout_state_held(&model->layout), bits = low_precision_param_bytes(model);
     size_t extra = bits + trainer_state_bytes(own);
-    TrainState s = {step, world->size, sample_rng_state, 0};
+    TrainState s = {step, world->size, sample_rng_state, 0, 0, 0};
+    dataloader_position(train, &s.data_shard, &s.data_offset);
     int sharded;
     const float* weights = gpt2_fp32_weights(model, &sharded);
     // unsplit and unsharded, the replicas are identical and rank 0 writes its own
@@ -472,7 +475,7 @@ static inline void gather_state_full(const GPT2* model, CommGroup* dp, CommGroup
 
 static inline void write_checkpoint_gathered(GPT2* model, const char* dir, CommGroup* world, CommGroup* dp, CommGroup* mp,
                                              int step, const RunIdentity* id, uint64_t sample_rng_state,
-                                             const TrainerState* own) {
+                                             const TrainerState* own, const DataLoader* train) {
     const ParameterLayout* p = &model->layout;
     size_t P = gpt2_num_parameters(model->config), bits = model->master_memory ? P * sizeof(float) : 0;
     size_t extra = bits + trainer_state_bytes(own);
@@ -486,7 +489,8 @@ static inline void write_checkpoint_gathered(GPT2* model, const char* dir, CommG
     if (bits) gather_state_full(model, dp, mp, model->params_memory, 0, COMM_FLOATX, whole, root ? full + 3 * P : NULL);
     if (root) trainer_state_to_host(own, (char*)(full + 3 * P) + bits);
     if (whole) device_free(whole);
-    TrainState s = {step, 0, sample_rng_state, 0};
+    TrainState s = {step, 0, sample_rng_state, 0, 0, 0};
+    dataloader_position(train, &s.data_shard, &s.data_offset);
     if (root) {
         char path[4096], what[64];
         snprintf(what, sizeof(what), "the weights after step %d (not checkpointed)", step);
@@ -619,12 +623,22 @@ static inline int train_start_from(GPT2* model, const TrainArgs* args, CommGroup
                      "nothing to train; raise -x", max_steps, dir, latest);
     // every rank reads its files; a refusal that every rank meets (another run's checkpoint, one
     // of another world) is printed once, by rank 0, one that some meet (a corrupt file) by those
-    CheckpointRead c = {read, model, dir, world, latest, id, own, {0, 0, 0, 0}};
+    CheckpointRead c = {read, model, dir, world, latest, id, own, {0, 0, 0, 0, 0, 0}};
     every_rank_alike(train_read_checkpoint, &c);
     TrainState s = c.state;
     comm_barrier(world);
     sample_rng->state = s.rng;
     dataloader_seek(train, (size_t)s.step);
+    // the step fixes the data position (the run identity holds the token files' CRC, so these
+    // are the files the checkpoint was written with); the position it recorded must agree
+    int shard;
+    size_t offset;
+    dataloader_position(train, &shard, &offset);
+    check_every_rank(s.data_shard < 0 || (s.data_shard == shard && s.data_offset == (uint64_t)offset),
+                     "the checkpoint of step %d in '%s' continues the data at shard %d, token %llu, but its step "
+                     "gives shard %d ('%s'), token %zu of '%s'%s", s.step, dir, s.data_shard,
+                     (unsigned long long)s.data_offset, shard, train->shards[shard], offset, train->spec,
+                     path_origin(train->spec));
     return s.step;
 }
 
