@@ -1,19 +1,19 @@
 #!/bin/bash
-# The DiLoCo chapter's experiment (README, "Across datacenters in five minutes"): a 4-layer GPT-2
+# The DiLoCo chapter's experiment (dev/bench/README.md, "DiLoCo against DDP"): a 4-layer GPT-2
 # (d4) trained from the same random init on tiny Shakespeare by DDP over 4 ranks and by DiLoCo
 # with 4 workers of one rank (each rank standing for a datacenter) with H = 1, 10, 50, and
 # streaming DiLoCo with F = 4 fragments (H = 48: F must divide H), all with the same tokens per
 # step and the same inner AdamW settings, the outer ones the paper's (lr 0.7, momentum 0.9); then
 # H = 1 again as plain parameter averaging (outer lr 1, momentum 0). dev/plot_diloco.py draws the validation loss against
-# the step and against the bytes sent on the link, and prints the README's table.
+# the step and against the bytes sent on the link, and prints dev/bench/README.md's table.
 # With --streaming, streaming DiLoCo's own choices at F = 2, H = 48 (so tau < H/F = 24): the
 # fragments contiguous or strided, the exchange applied at once or tau = 1 or 2 steps later, the
 # merge alpha 0 or 0.5, and the link in fp32, bf16, int8 or e3m0 (dev/images/diloco_streaming.png).
 # Every curve is the validation loss of theta_outer, the model DiLoCo trains and writes (the
 # trainer validates it, not the workers' own weights, which drift from it between outer steps).
 #   bash dev/diloco_vs_ddp.sh [out.png]      (default out/diloco_vs_ddp/diloco_vs_ddp.png)
-#   bash dev/diloco_vs_ddp.sh --readme       redraws the README's figure, dev/images/diloco_vs_ddp.png
-#   bash dev/diloco_vs_ddp.sh --streaming    the streaming runs (add --readme after it for the README's)
+#   bash dev/diloco_vs_ddp.sh --readme       redraws dev/bench/README.md's figure, dev/images/diloco_vs_ddp.png
+#   bash dev/diloco_vs_ddp.sh --streaming    the streaming runs (add --readme after it for dev/bench/README.md's)
 #   STEPS=400 by default; on 2 cores about 30 minutes for the six runs, 21 for the eight streaming ones
 set -e
 cd "$(dirname "$0")/.."

@@ -1,13 +1,13 @@
 #!/bin/bash
-# The Mixture-of-Experts chapter's experiment (README, "Mixture-of-Experts and expert parallelism
-# in five minutes"): on tiny Shakespeare, from the same seed and on the same tokens, the dense
+# The Mixture-of-Experts chapter's experiment (dev/bench/README.md, "Mixture-of-Experts
+# against dense"): on tiny Shakespeare, from the same seed and on the same tokens, the dense
 # 4-layer GPT-2 (d4, train_gpt2_dp) against d4 with E = 8 experts in every MLP, each token to 2
 # (train_gpt2_ep, the experts split over 2 ranks: -ep 2), once for each balance rule: none, aux
 # (Switch's loss), bias (DeepSeek-V3's routing bias). dev/plot_moe.py draws the validation loss
 # against the step and MaxVio (the busiest expert's load over the mean, less 1) against the step,
-# and prints the README's table.
+# and prints dev/bench/README.md's table.
 #   bash dev/moe_experiment.sh [out.png]     (default out/moe/moe.png)
-#   bash dev/moe_experiment.sh --readme      redraws the README's figure, dev/images/moe.png
+#   bash dev/moe_experiment.sh --readme      redraws dev/bench/README.md's figure, dev/images/moe.png
 #   STEPS=300 by default; on 2 cores about 12 minutes for the four runs
 set -e
 cd "$(dirname "$0")/.."

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """
 DiLoCo against DDP (dev/diloco_vs_ddp.sh): each run's validation loss against the step and
-against the bytes it sent over the link between datacenters, on one PNG, and the table of the
-README: the validation loss at equal tokens (the last step), the bytes, and DDP's validation
+against the bytes it sent over the link between datacenters, on one PNG, and the table of
+dev/bench/README.md: the validation loss at equal tokens (the last step), the bytes, and DDP's validation
 loss once it had sent as many bytes as each DiLoCo run did in all.
 
 The link's bytes come from each run's main.log (its counters, per group and kind of call) as
@@ -14,7 +14,7 @@ datacenter) does not cross the link, every other group does. n is the group's ra
     /usr/bin/python3 dev/plot_diloco.py [-o out/diloco_vs_ddp/diloco_vs_ddp.png] --link-ranks 4 LABEL=RUN_DIR ...
 
 The PNG goes under the repository's out/ by default, and never into the repository's root (as
-dev/plot_runs.py's -o); dev/diloco_vs_ddp.sh names the README's figure when it redraws it.
+dev/plot_runs.py's -o); dev/diloco_vs_ddp.sh names dev/bench/README.md's figure when it redraws it.
 """
 import argparse
 import os

@@ -2,7 +2,7 @@
 """
 Mixture-of-Experts against the dense model (dev/moe_experiment.sh): each run's validation loss
 against the step, and each MoE run's MaxVio (the most loaded expert's slots over the mean, less
-1; the largest over the layers) against the step, on one PNG; then the README's table: the last
+1; the largest over the layers) against the step, on one PNG; then dev/bench/README.md's table: the last
 validation loss, the parameters held and those a token uses (active), and MaxVio at the end.
 
 Runs are LABEL=RUN_DIR; an MoE run's main.log step records carry its balance figures ("moe"),

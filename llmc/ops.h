@@ -18,7 +18,7 @@
 
 // The paths a GPU run takes where they can (GELU in the GEMMs' epilogues, the split classifier,
 // the fused LayerNorm backward: the defaults; LLMC_FLASH=wgmma and LLMC_FLASH_BACKWARD=one_kernel
-// when asked for; README): where a path's kernel cannot take a shape it falls back to the other
+// when asked for; dev/cuda/README.md): where a path's kernel cannot take a shape it falls back to the other
 // without a word, so the run ends by saying how often each path that is on was taken.
 static inline void paths_print(void) {
     if (gelu_in_epilogue())

@@ -171,7 +171,7 @@ static inline void every_rank_alike(void (*work)(void* arg), void* arg) {
     check_every_rank(!failed, "%s", llmc_caught);
 }
 
-// The LLMC_* variables that choose a code path (the README's table of them) and their values: one
+// The LLMC_* variables that choose a code path (their table: dev/cuda/README.md, "The code paths") and their values: one
 // table, read where a path is taken (env_choice, once, by the caller) and checked by every rank at
 // a trainer's start (env_check_all), so that a misspelt value is one message before any work. The
 // CUDA backend's own are checked in its builds only.

@@ -78,7 +78,7 @@ DEVICES = {
 DEFAULT_GEMM_EFF = 0.70  # cuBLASLt bf16 GEMMs of these shapes (K = 768..3072, N = B T) reach ~65-75% of dense peak
 DEFAULT_ATTN_EFF = 0.50  # between FlashAttention-2 on an H100 (~35%, Dao 2023) and FlashAttention-3 (~60-75%,
                          # Shah et al. 2024); this repo's kernels measured 98 / 78 TFLOP/s forward / backward at
-                         # B=4 in dev/cuda (README), ~10% of peak
+                         # B=4 in dev/cuda (dev/cuda/README.md), ~10% of peak
 DEFAULT_BW_EFF = 0.90    # a streaming copy reaches ~90% of the datasheet HBM bandwidth on H100 / A100
 DEFAULT_VEC_EFF = 0.50   # fp32 arithmetic of elementwise kernels (tanhf, expf on the SFUs); it never binds here
 

@@ -454,7 +454,7 @@ __device__ inline void flash_load_row_values(float* dst, const float* src, int t
 // warpgroup loading while the others compute, and softmax overlapped with the next product.
 // Per thread: 16 registers of q (and 16 of the copy each product reads, flash_wg_copy_a), 32 of s, 32
 // of o, 16 of p: 123 registers on sm_90a, against 239 for the mma.sync kernel. On an H200 (2026-11-27)
-// it is correct and, with the backward below, slower than mma.sync (README: "Flash attention on wgmma").
+// it is correct and, with the backward below, slower than mma.sync (dev/cuda/README.md: "Flash attention on wgmma").
 #define FLASH_WG_WARPS 8  // 2 warpgroups
 #define FLASH_WG_QUERIES (FLASH_WG_WARPS * FLASH_ROWS)  // 128 queries a block
 // wgmma's interleaved layout of a (ROWS, HS) tile (mma.cuh): 8 x 8 core matrices of 128
