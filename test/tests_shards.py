@@ -1,6 +1,7 @@
 # Token shards (issue 59): -i and -j take a glob or a comma list of llm.c token files, read in
 # sorted order as one stream of tokens, so that a run on shards is the run on their concatenation.
 # Read by run_tests.py into its namespace (its helpers: @test, run_ok, mpirun, fresh_dir, ...).
+import zlib
 
 SHARD_SIZES = (300, 400, 837)  # 1537 tokens = 6 global batches of 256 (+1 target); unequal, and
 # the boundaries at 300 and 700 fall inside global batches 1 [256, 513) and 2 [512, 769)
@@ -73,6 +74,21 @@ def shards_resume_across_a_shard_boundary_on_another_grid():
     out = run_ok(2, trainer_args(ref, 4, part, ["-i", spec, "-n", 3, "-y", 1] + grid3d_flags(2, 1, 1)), program=D3)
     assert "resumed from step 2" in out, out[-2000:]
     check_resumed_against_reference(ref, part, "shards 1x1x1 -> 2x1x1", (3, 4, 5), REF["steps"])
+    # a checkpoint of state version 2 (before the position was recorded: slots 14..16 zero, CRC-32
+    # of the whole file with slot 12 taken as 0) still resumes, at the position its step gives
+    old = os.path.join(d, "resumed_v2")
+    os.makedirs(old)
+    for f in glob.glob(os.path.join(saved, "*_00000002*")):
+        shutil.copy(f, old)
+    for f in glob.glob(os.path.join(old, "state_00000002*.bin")):
+        data = np.fromfile(f, dtype=np.uint8)
+        header = data[:1024].view(np.int32)
+        header[1], header[12], header[14:17] = 2, 0, 0
+        header[12] = np.uint32(zlib.crc32(data.tobytes())).view(np.int32)
+        data.tofile(f)
+    out = run_ok(2, trainer_args(ref, 4, old, ["-i", spec, "-n", 3, "-y", 1] + grid3d_flags(2, 1, 1)), program=D3)
+    assert "resumed from step 2" in out, out[-2000:]
+    check_resumed_against_reference(ref, old, "version 2 checkpoint", (3, 4, 5), REF["steps"])
     # another shard list (a shard added) is another run's data: refused, naming -i
     extra = os.path.join(d, "shard_3.bin")
     write_tokens(extra, reference.read_tokens(REF["tokens"])[:300])
