@@ -653,6 +653,7 @@ int main(int argc, char** argv) {
     stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), &model, B, Tl);
     // with -z 1 the reduce-scatter's output: this rank's 1/(dp cp) shard of the reduced gradients
     size_t X = sizeof(floatX), S = layout_state_held(&layout);
+    allocation_kind(ALLOC_COMM);
     floatX* grad_shard = zero ? (floatX*)device_malloc(S * X) : NULL;
     // with -cp: this rank's chunks of each sequence, and the buffers of attention over the cp
     // group, on the rank's NH/tp heads (llmc/context_parallel.h)
@@ -662,6 +663,8 @@ int main(int argc, char** argv) {
         cp_alloc(cp, &grid.cp_group, split, allgather, B, T, config.channels, dims.att, dims.NH);
     }
     if (rank == 0) print_layout(&run, &model, &stage, &grid, cp, zero);
+
+    allocation_kind(ALLOC_FILE_GATHER);  // (what the run allocates from here on: a checkpoint's gathers, -dump_grads')
 
     // ---- resume with -y 1 from any grid's checkpoint; validation and samples through the pipe
     Grid3D trainer = {&model, &stage, &grid, cp};

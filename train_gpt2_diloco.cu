@@ -198,6 +198,7 @@ static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, i
     d->ranks_per_worker = R;
     comm_split(&d->worker, world, r / R, r % R, "worker");
     comm_split(&d->across, world, r % R, r / R, "across");
+    allocation_kind(ALLOC_OUTER);  // (these four and the link's pending step: the table's "outer state")
     d->outer = (float*)device_malloc(P * sizeof(float));
     d->momentum = (float*)device_malloc(P * sizeof(float));
     d->delta = (float*)device_malloc(P * sizeof(float));
@@ -610,6 +611,8 @@ int main(int argc, char** argv) {
                 alpha, tau, link_bits_of(outer_dtype));
     outer_from_params(d.outer, model.params_memory, model.master_memory, model.num_parameters);  // theta_outer = theta_0
     if (rank == 0) print_layout(&run, &d, accum);
+
+    allocation_kind(ALLOC_FILE_GATHER);  // (what the run allocates from here on: a checkpoint's gathers, -dump_grads')
 
     // ---- validation and samples on each worker's model (val_replicas: the mean over the ranks);
     // checkpoints: rank 0's model file holds worker 0's weights (the header's Checkpoints say

@@ -50,6 +50,7 @@ static inline void cp_alloc(ContextParallel* cp, CommGroup* group, CpSplit split
     cp->allgather = allgather;
     int Tl = T / group->size;
     size_t BTl = (size_t)B * Tl, X = sizeof(floatX), kv = BTl * 2 * A, all = (size_t)B * T * 2 * A;
+    allocation_kind(ALLOC_COMM);
     char* p = (char*)device_malloc(cp_scratch_bytes(B, T, group->size, C, A, NH, (int)X, allgather));
     cp->kv[0] = (floatX*)p, p += kv * X;
     cp->kv[1] = cp->kv_all = (floatX*)p, p += (allgather ? all : kv) * X;

@@ -392,14 +392,55 @@ static inline int memory_plan_rows(const MemoryPlan* plan, GPT2Config c, const R
     return n;
 }
 
+// LLMC_MEMORY_MEASURED=1: at the run's end, each row of the table beside the bytes the allocator
+// counted under it (allocations.h's kinds, named as the rows): held at a moment of the high-water
+// mark, and the most held at once. The plan is kept here from the table's printing to then.
+static struct {
+    MemoryPlan plan;
+    GPT2Config config;
+    RunLayout layout;
+} memory_measured_run;
+
+static inline void memory_measured_print(void) {
+    MemoryRow rows[MEMORY_ROWS_MAX];
+    int n = memory_plan_rows(&memory_measured_run.plan, memory_measured_run.config, &memory_measured_run.layout, rows);
+    const DeviceAllocations* a = &device_allocations;
+    int shown[ALLOC_KINDS] = {0};
+    printf("device memory per row (LLMC_MEMORY_MEASURED=1): predicted, measured at the high-water mark, measured at most\n");
+    for (int i = 0; i < n; i++) {
+        if (rows[i].kind != MEMORY_PART) continue;
+        int k = 0;
+        while (k < ALLOC_KINDS && strcmp(allocation_kind_names[k], rows[i].label) != 0) k++;
+        if (k == ALLOC_KINDS) fail("memory table row \"%s\" has no allocation kind (allocations.h)", rows[i].label);
+        shown[k] = 1;
+        printf("  %-16s predicted %llu, at the high-water mark %zu, at most %zu\n", rows[i].label,
+               (unsigned long long)rows[i].bytes, a->at_peak_of[k], a->peak_of[k]);
+    }
+    // what was allocated under a kind that has no row in this trainer's table (untagged)
+    for (int k = 0; k < ALLOC_KINDS; k++) {
+        if (shown[k] || a->peak_of[k] == 0) continue;
+        printf("  %-16s predicted 0, at the high-water mark %zu, at most %zu (no row)\n", allocation_kind_names[k],
+               a->at_peak_of[k], a->peak_of[k]);
+    }
+    printf("  %-16s predicted %llu, at the high-water mark %zu, at most %zu\n", "total",
+           (unsigned long long)memory_measured_run.plan.total, a->peak, a->peak);
+    fflush(stdout);
+}
+
 // the table every trainer prints at its start, and dev/memory_planner for any layout:
-// "  activations    14.5 MB  note", a part of the activations indented
+// "  activations    14.5 MB  note", a part of the activations indented. With
+// LLMC_MEMORY_MEASURED=1, the rows with what was measured for each, as the process exits
 static inline void memory_plan_print(const MemoryPlan* plan, GPT2Config c, const RunLayout* r) {
     MemoryRow rows[MEMORY_ROWS_MAX];
     int n = memory_plan_rows(plan, c, r, rows);
     for (int i = 0; i < n; i++) {
         printf("  %s%-*s %10.1f MB%s%s\n", rows[i].indent ? "  " : "", rows[i].indent ? 14 : 16, rows[i].label,
                rows[i].bytes / 1e6, rows[i].note[0] ? "  " : "", rows[i].note);
+    }
+    const char* measured = getenv("LLMC_MEMORY_MEASURED");
+    if (measured != NULL && strcmp(measured, "1") == 0) {
+        memory_measured_run.plan = *plan, memory_measured_run.config = c, memory_measured_run.layout = *r;
+        atexit(memory_measured_print);
     }
 }
 

@@ -583,8 +583,14 @@ static inline uint64_t gpt2_lay_out_activations(Activations* a, LayerDims d, int
     return total;
 }
 
+// (one block, its parts counted under the memory table's rows of the activations)
 static inline void activations_alloc(Activations* a, LayerDims d, int layers, int parts, unsigned kept, int B, int T) {
-    a->arena_bytes = gpt2_lay_out_activations(a, d, layers, parts, kept, B, T, NULL, NULL);
+    uint64_t part[ACTS_ALL + 1];
+    a->arena_bytes = gpt2_lay_out_activations(a, d, layers, parts, kept, B, T, NULL, part);
+    size_t bytes_of[ALLOC_KINDS] = {0};
+    bytes_of[ALLOC_LAYERS] = part[ACTS_LAYERS], bytes_of[ALLOC_HEAD] = part[ACTS_HEAD];
+    bytes_of[ALLOC_BACKWARD] = part[ACTS_SCRATCH], bytes_of[ALLOC_RECOMPUTED] = part[ACTS_RECOMPUTE];
+    allocation_parts_of_next(bytes_of);
     a->arena = (char*)device_malloc(a->arena_bytes);
     gpt2_lay_out_activations(a, d, layers, parts, kept, B, T, a->arena, NULL);
 }
@@ -678,13 +684,17 @@ static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, Pa
     model->layout = layout;
     model->num_parameters = layout.count;
     uint64_t S = layout_state_held(&layout);
+    allocation_kind(ALLOC_PARAMETERS);  // (each buffer counted under its row of the memory table)
     model->params_memory = (floatX*)device_malloc(layout_params_held(&layout) * sizeof(floatX));
+    allocation_kind(ALLOC_GRADIENTS);
     model->grads_memory = (floatX*)device_malloc(layout_grads_held(&layout) * sizeof(floatX));
     model->offload = offload;
+    allocation_kind(ALLOC_ADAMW);
     model->m_memory = optimizer_state_alloc(S, offload);
     model->v_memory = optimizer_state_alloc(S, offload);
     model->master_memory = NULL;
     if (!FLOATX_IS_FLOAT) {  // AdamW updates fp32 master weights, then rounds them to bf16
+        allocation_kind(ALLOC_MASTER);
         model->master_memory = optimizer_state_alloc(S, offload);
     }
     gpt2_weights_from_full(model, full_weights);
@@ -701,6 +711,7 @@ static inline void gpt2_build(GPT2* model, GPT2Config config, LayerDims dims, Pa
     if (layout.zero < 3) parameter_point(&model->params, model->params_memory, &model->layout);
     if (layout.zero < 2) parameter_point(&model->grads, model->grads_memory, &model->layout);
     activations_alloc(&model->acts, dims, layout.layers, acts_parts, kept, B, T);
+    allocation_kind(ALLOC_BACKWARD);  // (the tokens: the table's row "backward")
     model->inputs = (int*)device_malloc((uint64_t)B * T * sizeof(int));
     model->targets = (int*)device_malloc((uint64_t)B * T * sizeof(int));
     model->losses_host = (float*)host_malloc_pinned((uint64_t)B * T * sizeof(float));

@@ -94,6 +94,7 @@ static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGrou
     m->capacity = moe_capacity(m->N, m->k, m->E, capacity_factor);
     m->rows_max = moe_rows_max(m->N, m->k, m->E, ep, m->capacity);
     size_t L = m->L, N = m->N, k = m->k, E = m->E, C = m->C, R = m->rows_max, S = N * k;
+    allocation_kind(ALLOC_EXPERTS);  // (every device buffer below: the memory table's row "experts")
     m->expert = (int*)device_malloc(L * S * sizeof(int));
     m->gate = (float*)device_malloc(L * S * sizeof(float));
     m->row = (int*)device_malloc(L * S * sizeof(int));

@@ -83,6 +83,7 @@ static inline void stage_alloc(Stage* st, PipeSpec spec, int stage, int num_slot
     for (int i = 0; i < spec.m * spec.V; i++) st->slot_of[i] = -1;
     st->message = (uint64_t)B * T / model->dims.seq_shards * model->config.channels;
     st->grad[0] = model->acts.dresidual;
+    allocation_kind(ALLOC_COMM);
     st->grad[1] = (floatX*)device_malloc(st->message * sizeof(floatX));
     st->times = (double*)malloc_check((uint64_t)2 * pipeline_actions_per_stage(spec) * sizeof(double));
 }
@@ -227,7 +228,10 @@ static inline void stage_report_timeline(const Stage* st, CommGroup* pp, int ste
     const double* times = st->times;
     float* mine = (float*)malloc_check((uint64_t)2 * n * sizeof(float));
     for (int i = 0; i < 2 * n; i++) mine[i] = (float)(times[i] * 1e3);
+    // (a message buffer for the moment, not in the memory table: -timeline's steps hold 2n more floats)
+    AllocationKind was = allocation_kind(ALLOC_COMM);
     float* dev = (float*)device_malloc((uint64_t)2 * n * sizeof(float));
+    allocation_kind(was);
     if (pp->rank != 0) {
         copy_host_to_device(dev, mine, (uint64_t)2 * n * sizeof(float));
         comm_send(pp, dev, (uint64_t)2 * n, COMM_FLOAT, 0);  // (2n) fp32 times to rank 0

@@ -259,7 +259,9 @@ typedef struct {
 static inline void* scratch_get(DeviceScratch* s, size_t bytes) {
     if (s->bytes < bytes) {
         if (s->ptr) device_free(s->ptr);
+        AllocationKind was = allocation_kind(ALLOC_KERNELS);  // (mid-step, between others' allocations)
         s->ptr = device_malloc(bytes);
+        allocation_kind(was);
         s->bytes = bytes;
     }
     return s->ptr;
