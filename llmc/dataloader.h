@@ -184,9 +184,9 @@ static inline void dataloader_init(DataLoader* dl, const char* spec, int B, int 
     dl->shard_start[dl->num_shards] = dl->num_tokens;
     dl->global_batch_tokens = (size_t)B * T * chunks;
     if (why[0] == '\0' && dl->num_tokens < dl->global_batch_tokens + 1) {
-        dataloader_problem(why, sizeof(why), "%s '%s'%s holds %zu tokens, fewer than one global batch of %zu (+1 target)",
-                           dl->num_shards > 1 ? "the token files of" : "token file", spec, flag, dl->num_tokens,
-                           dl->global_batch_tokens);
+        dataloader_problem(why, sizeof(why), "%s '%s'%s %s %zu tokens, fewer than one global batch of %zu (+1 target)",
+                           dl->num_shards > 1 ? "the shards" : "token file", spec, flag,
+                           dl->num_shards > 1 ? "hold" : "holds", dl->num_tokens, dl->global_batch_tokens);
     }
     check_every_rank(why[0] == '\0', "%s", why);
     dl->batches_per_epoch = (dl->num_tokens - 1) / dl->global_batch_tokens;

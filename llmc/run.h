@@ -639,8 +639,12 @@ static inline float* run_load(Run* r, int train_chunks, int val_chunks, const ch
 static inline int run_banner_rows(const Run* r, BannerRow* rows, int n) {
     banner_row(&rows[n++], "total batch (tokens)", "%d", r->args.total_batch);
     banner_row(&rows[n++], "steps", "%d", r->max_steps);
-    banner_row(&rows[n++], "train / val tokens", "%zu / %zu", r->train.num_tokens,
-               r->args.val_every > 0 ? r->val.num_tokens : 0);
+    // (with shards, -i or -j a glob or a list: how many)
+    char train_shards[32] = "", val_shards[32] = "";
+    if (r->train.num_shards > 1) snprintf(train_shards, sizeof(train_shards), " in %d shards", r->train.num_shards);
+    if (r->args.val_every > 0 && r->val.num_shards > 1) snprintf(val_shards, sizeof(val_shards), " in %d shards", r->val.num_shards);
+    banner_row(&rows[n++], "train / val tokens", "%zu%s / %zu%s", r->train.num_tokens, train_shards,
+               r->args.val_every > 0 ? r->val.num_tokens : 0, val_shards);
     return n;
 }
 

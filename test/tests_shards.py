@@ -45,6 +45,8 @@ def shards_give_the_losses_of_their_concatenation_bit_for_bit():
             out = run_ok(2, shard_run_args(out_dir, train, ["-shuffle", shuffle]))
             runs[name] = log_without_timing(out_dir)
             assert len([r for r in runs[name] if "train_loss" in r]) == 8, out[-2000:]
+            shards_said = "1537" if name == "whole" else "1537 in 3 shards"  # (the banner)
+            assert re.search(r"train / val tokens *\| %s / " % shards_said, out), out[:3000]
         assert runs["glob"] == runs["whole"], "-shuffle %d: the glob's log differs from the one file's" % shuffle
         assert runs["list"] == runs["whole"], "-shuffle %d: the comma list's log differs from the one file's" % shuffle
 
