@@ -18,12 +18,49 @@
 
 static int comm_use_mpi = 0;  // set by comm_init: launched under an MPI launcher
 
+// The NCCL communicators this rank holds (the world's, then comm_split's), in the order they were
+// made, so that a job every rank of which stops on the same error can end them before MPI (past
+// COMM_MAX_NCCL a communicator is left to the process's exit)
+#define COMM_MAX_NCCL 64
+static ncclComm_t comm_live_nccl[COMM_MAX_NCCL];
+static int comm_num_live_nccl = 0;
+static inline void comm_remember_nccl(ncclComm_t c) {
+    if (c != NULL && comm_num_live_nccl < COMM_MAX_NCCL) comm_live_nccl[comm_num_live_nccl++] = c;
+}
+static inline void comm_forget_nccl(ncclComm_t c) {
+    for (int i = 0; i < comm_num_live_nccl; i++) {
+        if (comm_live_nccl[i] != c) continue;
+        for (int j = i + 1; j < comm_num_live_nccl; j++) comm_live_nccl[j - 1] = comm_live_nccl[j];
+        comm_num_live_nccl--;
+        return;
+    }
+}
+
 static inline void comm_exit(int code) {
 #ifdef USE_MPI
     if (comm_use_mpi) comm_abort(code);
 #endif
     exit(code);
 }
+
+#ifdef USE_MPI
+// utils.h's check_every_rank, under mpirun: how many ranks of the world have flag 1, and their
+// number. An MPI all-reduce of host ints on the world: no device buffer, no stream, and it works
+// whether or not NCCL is up (a check may come before the world's communicator exists)
+static inline int comm_count_on_world(int flag, int* ranks) {
+    int total = -1;
+    MPI_Comm_size(MPI_COMM_WORLD, ranks);
+    if (MPI_Allreduce(&flag, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD) != MPI_SUCCESS) return -1;
+    return total;
+}
+// ... and when every rank failed it: every rank ends its NCCL communicators, newest first (every
+// rank is at the same check, so none is left waiting in a collective), then MPI, so that the
+// launcher reports an exit code, not an abort
+static inline void comm_finalize_on_error(void) {
+    while (comm_num_live_nccl > 0) ncclCommDestroy(comm_live_nccl[--comm_num_live_nccl]);
+    MPI_Finalize();
+}
+#endif
 
 // the error, and NCCL's own account of it (its last warning: which rank, what message)
 static inline void nccl_check(ncclResult_t r, const CommGroup* g, const char* op) {
@@ -103,6 +140,18 @@ static inline void comm_init(CommGroup* world, int* argc, char*** argv) {
     }
     llmc_rank = world->rank;
     llmc_abort_hook = comm_exit;
+    // An error every rank meets alike is printed once (check_every_rank) where the ranks can count
+    // their verdicts over MPI. The env bootstrap (RANK, WORLD_SIZE, LLMC_NCCL_ID_FILE) has no host
+    // channel: the ranks' only link is NCCL, and counting a flag there would take a device buffer,
+    // a stream and a wait at every check, called from utils.h, which knows nothing of devices. So
+    // there every failing rank prints its own message and exits 1 (comm_exit); without MPI there
+    // is no abort report to spare, the launcher (torchrun) reports an exit code either way.
+#ifdef USE_MPI
+    if (comm_use_mpi) {
+        llmc_count_hook = comm_count_on_world;
+        llmc_finalize_hook = comm_finalize_on_error;
+    }
+#endif
     int devices = 0;
     cudaCheck(cudaGetDeviceCount(&devices));
     if (devices == 0) fail("no CUDA device");
@@ -135,6 +184,7 @@ static inline void comm_init(CommGroup* world, int* argc, char*** argv) {
         }
     }
     nccl_check(ncclCommInitRank(&world->nccl, world->size, id, world->rank), world, "comm_init_rank");
+    comm_remember_nccl(world->nccl);
 }
 
 // ranks with the same color form a group, ordered by key
@@ -151,6 +201,7 @@ static inline void comm_split(CommGroup* out, CommGroup* parent, int color, int 
 #endif
     if (!parent->staged) {
         nccl_check(ncclCommSplit(parent->nccl, color, key, &out->nccl, NULL), parent, "split");
+        comm_remember_nccl(out->nccl);
         nccl_check(ncclCommUserRank(out->nccl, &out->rank), out, "user_rank");
         nccl_check(ncclCommCount(out->nccl, &out->size), out, "count");
     }
@@ -164,7 +215,10 @@ static inline void comm_split(CommGroup* out, CommGroup* parent, int color, int 
 }
 
 static inline void comm_group_free(CommGroup* g) {
-    if (g->nccl) ncclCommDestroy(g->nccl);
+    if (g->nccl) {
+        comm_forget_nccl(g->nccl);
+        ncclCommDestroy(g->nccl);
+    }
 #ifdef USE_MPI
     if (g->mpi != MPI_COMM_NULL && g->mpi != MPI_COMM_WORLD) MPI_Comm_free(&g->mpi);
 #endif
@@ -179,6 +233,8 @@ static inline void comm_group_free(CommGroup* g) {
 
 static inline void comm_finalize(void) {
     llmc_abort_hook = NULL;
+    llmc_count_hook = NULL;  // (a check after this point is this rank's alone: fail())
+    llmc_finalize_hook = NULL;
 #ifdef USE_MPI
     if (comm_use_mpi) MPI_Finalize();
 #endif
