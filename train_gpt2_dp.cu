@@ -137,6 +137,7 @@ static Zero zero_alloc(GPT2* model, CommGroup* dp, int accum, int overlap) {
     z.reducing_bucket = -1;
     z.buckets = parameter_num_buckets(p);
     z.requests = (CommRequest*)calloc_check((size_t)parameter_num_buckets(p), sizeof(CommRequest));
+    allocation_kind(ALLOC_COMM);  // (ZeRO's buffers below: the table's comm buffers)
     if (z.stage == 1) z.grad_shards = (floatX*)device_malloc(p->count / p->shards * sizeof(floatX));
     if (z.stage >= 2) {
         z.grad_shards = model->grads_memory;
@@ -678,6 +679,8 @@ int main(int argc, char** argv) {
     free(weights);
     Zero z = zero_alloc(&model, world, accum, overlap);
     if (rank == 0) print_layout(&run, &model, zero, overlap, accum);
+
+    allocation_kind(ALLOC_FILE_GATHER);  // (what the run allocates from here on: a checkpoint's gathers, -dump_grads')
 
     // ---- resume with -y 1; validation (each rank its own chunk, averaged), samples (every rank
     // draws, -z 3 gathers from all), checkpoints (ZeRO shards gathered over the ranks)

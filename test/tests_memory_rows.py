@@ -91,3 +91,22 @@ def memory_rows_diloco_fragments():
     out = run_ok(4, args, program=DILOCO, env=MEASURED)
     check_memory_rows("train_gpt2_diloco", out, ["parameters", "gradients", "AdamW m, v", "layers", "head", "backward",
                                                  "outer state"])
+
+
+@test
+def memory_rows_dp_tp_pp_cp():
+    """the other four trainers, a run each with a checkpoint and -dump_grads: train_gpt2_dp at -z 3
+    with -overlap and accumulation (every ZeRO buffer), train_gpt2_tp with -sp and -r 1,
+    train_gpt2_pp interleaved, train_gpt2_cp with the all-gather exchange (its weights whole on
+    every rank: no file gather)"""
+    cfg = REF4_GPT2
+    ref = reference_run(cfg)
+    runs = [("train_gpt2_dp -z 3", "./train_gpt2_dp", 2, cfg["batch"] // 4, ["-z", 3, "-overlap", 1], ["comm buffers", "file gather"]),
+            ("train_gpt2_tp -sp 1 -r 1", TP, 2, cfg["batch"] // 2, ["-sp", 1, "-r", 1], ["recomputed", "file gather"]),
+            ("train_gpt2_pp interleaved", PP, 2, cfg["batch"] // 2, ["-sched", "interleaved", "-vp", 2], ["comm buffers", "file gather"]),
+            ("train_gpt2_cp allgather", CP, 2, cfg["batch"] // 2, ["-cp_comm", "allgather"], ["comm buffers"])]
+    for i, (name, program, ranks, B, flags, nonzero) in enumerate(runs):
+        d = fresh_dir("memory_rows_%d" % i)
+        args = trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", os.path.join(d, "grads.bin")] + flags, cfg=cfg)
+        out = run_ok(ranks, args, program=program, env=MEASURED)
+        check_memory_rows(name, out, ["parameters", "gradients", "AdamW m, v", "layers", "backward"] + nonzero)
