@@ -182,6 +182,7 @@ typedef struct {
 } EnvChoice;
 static const EnvChoice llmc_env_choices[] = {
     {"LLMC_KERNEL_TIMES", NULL, {"0", "1"}},
+    {"LLMC_MEMORY_MEASURED", NULL, {"0", "1"}},
     {"LLMC_GEMM_ISA", "cpu", {"generic", "avx2", "avx512"}},
     {"LLMC_ATTENTION", "cuda", {"flash", "cublas"}},
     {"LLMC_FLASH", "cuda", {"mma", "wgmma"}},
@@ -413,7 +414,7 @@ static inline FILE* fopen_temp(const char* path, char* tmp, size_t cap) {
     while (slot < LLMC_TEMP_FILES && llmc_temp_files[slot][0] != '\0') slot++;
     if (slot == LLMC_TEMP_FILES) fail("more than %d files written at once ('%s')", LLMC_TEMP_FILES, path);
     FILE* f = fopen_check(tmp, "wb");
-    snprintf(llmc_temp_files[slot], sizeof(llmc_temp_files[slot]), "%s", tmp);  // (after the open: never another's file)
+    memcpy(llmc_temp_files[slot], tmp, strlen(tmp) + 1);  // (fits: checked above; after the open: never another's file)
     return f;
 }
 

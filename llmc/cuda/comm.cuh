@@ -103,7 +103,9 @@ static inline void comm_group_streams(CommGroup* g) {
     cudaCheck(cudaEventCreateWithFlags(&g->ready, cudaEventDisableTiming));
     cudaCheck(cudaEventCreateWithFlags(&g->done, cudaEventDisableTiming));
     for (int i = 0; i < COMM_EVENTS; i++) cudaCheck(cudaEventCreateWithFlags(&g->events[i], cudaEventDisableTiming));
+    AllocationKind was = allocation_kind(ALLOC_COMM);  // (72 bytes a group: too small for the table's row)
     g->scalar = (float*)device_malloc(64 + 2 * sizeof(float));
+    allocation_kind(was);
     g->connected = (unsigned char*)calloc((size_t)g->size, 1);
     if (g->connected == NULL) fail("out of host memory for group '%s'", g->name);
 }

@@ -85,7 +85,9 @@ static GemmPlan* gemm_plan(const GemmKey* key, const void* bias, const void* aux
     }
     if (cublaslt_handle == NULL) {
         cublasCheck(cublasLtCreate(&cublaslt_handle));
+        AllocationKind was = allocation_kind(ALLOC_KERNELS);  // (made on first use: the memory table's kernel scratch)
         cublaslt_workspace = device_malloc(CUBLASLT_WORKSPACE_BYTES);
+        allocation_kind(was);
     }
     GemmPlan* p = &gemm_plans[gemm_plans_made < GEMM_PLANS ? gemm_plans_made : oldest];
     if (gemm_plans_made >= GEMM_PLANS) gemm_plan_destroy(p);
