@@ -16,7 +16,8 @@ whole model, the workers' inner AdamW state (each rank its worker's, as DDP keep
 fp32 copies more: the outer parameters theta_outer, on which every worker agrees, and the outer
 optimizer's momentum (12 bytes a parameter with the pseudo-gradient's buffer: the memory table's
 "outer state"). One outer round, on every rank:
-1. Inner steps, H of them: the worker trains as DDP (its ranks read disjoint micro-batches of the
+1. Inner steps, H of them (the forward and backward: llmc/chunk.h's pass over the whole model,
+   whole_model_walk): the worker trains as DDP (its ranks read disjoint micro-batches of the
    global batch, exactly as the DP trainer's ranks do, and all-reduce their gradients over the
    worker), clips by the worker's gradient norm and takes an AdamW step: the inner optimizer.
    Only two floats cross workers (the step line's mean loss and norm, which also stop every
@@ -51,9 +52,9 @@ that moment (the paper's alpha; 0, the default, is plain DiLoCo); the last step'
 theta_outer unmerged, so that every worker ends on it and the model file is theta_outer.
 -tau t overlaps the exchange with t inner steps: a fragment's pseudo-gradient is taken and its
 all-reduce posted at its outer step (non-blocking: on the GPU NCCL's comm stream, on the CPU an
-MPI request), the inner steps go on, and t steps later the average is applied: the outer Nesterov step with that (t steps old)
-pseudo-gradient, then the merge with the worker's weights of now, which with -alpha 0 would throw
-those t steps away (the paper pairs tau with alpha 0.5). One exchange is in flight at a time
+MPI request), the inner steps go on, and t steps later the average is applied: the outer
+Nesterov step with that (t steps old) pseudo-gradient, then the merge with the worker's weights
+of now, which with -alpha 0 would throw those t steps away (the paper pairs tau with alpha 0.5). One exchange is in flight at a time
 (tau < H/F: it lands before the next fragment's is posted); the last step applies what is in
 flight and then takes every fragment's outer step at once; a checkpoint waits for the average in
 flight and records it. Below fp32 the average is two halves of exchanges with the owner's mean
@@ -70,8 +71,8 @@ GPT-2 124M (-e d12, P = 124,475,904) and W = 4 workers, on rank 0:
   F = 2: fragment 0        81,947,136  491.7 MB    245.8 MB    122.9 MB + 316  61.5 MB + 316
          fragment 1        42,528,768  255.2 MB    127.6 MB     63.8 MB + 476  31.9 MB + 476
 (+ n: the bytes of scales and padding; F = 2 contiguous: fragment 0 is layers 0-5 with wte and
-wpe, fragment 1 layers 6-11 with lnf.) Each every H steps; DDP over the same 4 ranks sends
-2 (p-1)/p P X = 373.4 MB every step in bf16.
+wpe, fragment 1 layers 6-11 with lnf.) Each fragment is sent every H steps; DDP over the same 4
+ranks sends 2 (p-1)/p P X = 373.4 MB every step in bf16.
 
 -H 1 -outer_lr 1 -outer_momentum 0 averages the workers' parameters after every step: theta_outer
 becomes the mean of the workers' theta. That is not DDP: DDP averages the gradients before one
@@ -86,10 +87,11 @@ Checkpoints (-n, -y) hold what differs between workers: every rank's state file 
 worker's AdamW moments and weights, theta_outer and the outer momentum, so a run resumes bit for
 bit between two outer steps; the same W and rank count are required. A checkpoint's model file
 (model_<step>.bin) holds worker 0's weights after that step's outer steps, as every trainer's
-holds what its rank 0 trains (the run layer writes it, llmc/train.h): theta_outer where each
-fragment's outer step was just applied with -alpha 0 (F = 1 and -tau 0: every H steps) and
-always at the last step; after one with -alpha a > 0, a theta_local + (1 - a) theta_outer;
-between outer steps (with -tau, until the average in flight is applied) the worker's own. The
+holds what its rank 0 trains (the run layer writes it, llmc/train.h). Fragment by fragment: in
+each fragment whose outer step was just applied with -alpha 0, theta_outer (the whole file when
+F = 1 and -tau 0, every H steps), and every fragment at the last step; after one with -alpha
+a > 0, a theta_local + (1 - a) theta_outer; between outer steps (with -tau, until the average in
+flight is applied) the worker's own. The
 model to evaluate is theta_outer: validation measures it, the run's last model file is it, and
 every state file holds it (the first of the trainer's own buffers, diloco_state). A finished
 run extends (-y 1 with a larger -x) only where its last step was due for every fragment anyway:

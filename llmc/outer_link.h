@@ -55,7 +55,8 @@ typedef struct {
 // own shard, then the scales of their mean.
 //
 // -tau t: the timeline of fragment f's exchange, due after step s (outer_steps, in the trainer;
-// a step's outer steps run at its end, after its AdamW step):
+// a step's outer steps run at its end, after its AdamW step; a., b., c.: the exchange's three
+// parts, described at link_exchanges below):
 //   end of step s      the pseudo-gradient coded into the link buffer, and the first half
 //                      posted: fp32 the whole all-reduce; below, a.'s rounds (the reduce-scatter)
 //                      -> phase 1; fragment = f, apply_after = s + t
