@@ -286,24 +286,12 @@ static void check_resume(void* trainer, const char* dir, int step, int max_steps
 // workers, which with -tau is left in flight) and outer_apply (4, 5: the outer optimizer and the
 // workers' restart), right after or tau steps later.
 static void outer_post(Diloco* d, GPT2* model, int f, int in_flight) {
-    const Span* runs = d->spans[f];
-    size_t packed = 0;
-    float* master = model->master_memory;  // (the fp32 master weights in bf16 builds, else NULL)
     // 2. delta = theta_outer - theta, the fragment's spans packed one after another. HERE, below
     // fp32, the pseudo-gradient's buffer becomes the link's messages: written not as fp32 values
     // but as what crosses the link (llmc/outer_link.h's LinkLayout): in bf16 rounded, a word a
     // value; in int8 and e3m0 coded piece by piece, each piece's scale and codes in its message
-    if (d->link.bits == 8 || d->link.bits == 4) {
-        link_code_pseudo_gradient(&d->link, f, d->outer, model->params_memory, master);
-    } else {
-        for (int k = 0; k < d->num_spans[f]; k++) {
-            size_t o = runs[k].offset;
-            const float* m = master ? master + o : NULL;
-            if (d->link.bits == 16) pseudo_gradient_bf16((bfloat16*)d->delta + packed, d->outer + o, model->params_memory + o, m, runs[k].count);
-            else pseudo_gradient(d->delta + packed, d->outer + o, model->params_memory + o, m, runs[k].count);
-            packed += runs[k].count;
-        }
-    }
+    link_code_pseudo_gradient(&d->link, f, d->spans[f], d->num_spans[f], d->outer, model->params_memory,
+                              model->master_memory /* (bf16 builds' fp32 master weights, else NULL) */);
     // 3. the mean pseudo-gradient over the workers: all-reduce (AVG) of (P_f) fp32 across workers
     // (below fp32: its exchanges of 16-bit words, llmc/outer_link.h). The worker's R ranks hold
     // the same delta and each averages it with its peers in the other workers: R all-reduces of W
@@ -314,23 +302,12 @@ static void outer_post(Diloco* d, GPT2* model, int f, int in_flight) {
 
 static void outer_apply(Diloco* d, GPT2* model, int f, float alpha) {
     const Span* runs = d->spans[f];
-    size_t packed = 0;
     int n = d->num_spans[f];
     float* master = model->master_memory;
     link_wait(&d->link);  // (-tau: the average has arrived; nothing in flight otherwise)
     // 4. Nesterov momentum on it, the same on every rank (theta_outer stays agreed): span by span
     // (fp32, bf16), or piece by piece with its scale (int8, e3m0)
-    if (d->link.bits == 8 || d->link.bits == 4) {
-        link_nesterov_step(&d->link, f, d->outer, d->momentum, d->outer_lr, d->outer_momentum);
-    } else {
-        for (int k = 0; k < n; k++) {
-            size_t o = runs[k].offset, count = runs[k].count;
-            outer_nesterov_step(d->outer + o, d->momentum + o, d->link.bits == 32 ? d->delta + packed : NULL,
-                                d->link.bits == 16 ? (const bfloat16*)d->delta + packed : NULL, count, d->outer_lr,
-                                d->outer_momentum);
-            packed += count;
-        }
-    }
+    link_nesterov_step(&d->link, f, runs, n, d->outer, d->momentum, d->outer_lr, d->outer_momentum);
     // 5. every worker starts again from theta_outer (with -alpha, merged with its own weights: with
     // -tau its weights of now, tau steps newer than the pseudo-gradient)
     for (int k = 0; k < n; k++) {

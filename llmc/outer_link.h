@@ -182,11 +182,24 @@ static inline void link_check_scales(const OuterLink* link, int f) {
                      parameter_names[piece->tensor], layer, scale, largest);
 }
 
-// int8, e3m0: fragment f's pseudo-gradient outer - theta coded piece by piece into the messages of
-// the link buffer (the pseudo-gradient's own bytes): each piece's scale, the largest |delta| (a
-// non-finite one stops the job), then its codes
-static inline void link_code_pseudo_gradient(const OuterLink* link, int f, const float* outer, const floatX* params,
-                                             const float* master) {
+// Fragment f's pseudo-gradient outer - theta (its spans, packed one after another) written as
+// what crosses the link, into the pseudo-gradient's buffer: fp32 values (the all-reduce averages
+// them in place); in bf16 each value rounded to a word; in int8 and e3m0 coded piece by piece
+// into the messages, each piece's scale (the largest |delta|: a non-finite one stops the job),
+// then its codes. master: the fp32 master weights of a bf16 build (else NULL), theta's true values
+static inline void link_code_pseudo_gradient(const OuterLink* link, int f, const Span* spans, int num_spans,
+                                             const float* outer, const floatX* params, const float* master) {
+    if (link->bits == 32 || link->bits == 16) {
+        size_t packed = 0;
+        for (int s = 0; s < num_spans; s++) {
+            size_t o = spans[s].offset;
+            const float* m = master ? master + o : NULL;
+            if (link->bits == 16) pseudo_gradient_bf16((bfloat16*)link->buffer + packed, outer + o, params + o, m, spans[s].count);
+            else pseudo_gradient(link->buffer + packed, outer + o, params + o, m, spans[s].count);
+            packed += spans[s].count;
+        }
+        return;
+    }
     uint16_t* buffer = (uint16_t*)link->buffer;
     const LinkLayout* k = &link->layouts[f];
     for (int i = 0; i < k->num_pieces; i++) {
@@ -203,9 +216,20 @@ static inline void link_code_pseudo_gradient(const OuterLink* link, int f, const
     }
 }
 
-// int8, e3m0: the outer Nesterov step of fragment f on the workers' mean as it came back, piece by
-// piece with its scale
-static inline void link_nesterov_step(const OuterLink* link, int f, float* outer, float* momentum, float lr, float mu) {
+// The outer Nesterov step of fragment f on the workers' mean as it came back: span by span on its
+// fp32 or bf16 values, or in int8 and e3m0 piece by piece with its scale
+static inline void link_nesterov_step(const OuterLink* link, int f, const Span* spans, int num_spans, float* outer,
+                                      float* momentum, float lr, float mu) {
+    if (link->bits == 32 || link->bits == 16) {
+        size_t packed = 0;
+        for (int s = 0; s < num_spans; s++) {
+            size_t o = spans[s].offset, count = spans[s].count;
+            outer_nesterov_step(outer + o, momentum + o, link->bits == 32 ? link->buffer + packed : NULL,
+                                link->bits == 16 ? (const bfloat16*)link->buffer + packed : NULL, count, lr, mu);
+            packed += count;
+        }
+        return;
+    }
     const uint16_t* buffer = (const uint16_t*)link->buffer;
     const LinkLayout* k = &link->layouts[f];
     for (int i = 0; i < k->num_pieces; i++) {
