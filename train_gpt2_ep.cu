@@ -354,6 +354,16 @@ static void name_first_non_finite(ExpertParallel* t, int step, float loss) {
     if (t->world->rank == 0) print_first_non_finite(model, step, loss, (int)-earliest);
 }
 
+// A non-finite loss or gradient norm stops every rank: where it first appears, then the flags
+// whose steps could have caused it: -l, and with -balance aux its alpha, which scales the aux
+// loss's gradient at the routers
+static void stop_if_not_finite(ExpertParallel* t, int step, float loss, float norm) {
+    if (isfinite(loss) && isfinite(norm)) return;
+    name_first_non_finite(t, step, loss);
+    train_stop_if_not_finite_hint(step, loss, norm, t->moe->balance == BALANCE_AUX ? "-l, or -aux_alpha (the aux "
+                                  "loss's weight: it scales the aux loss's gradient at every router)" : "-l");
+}
+
 // ----------------------------------------------------------------------------------------------
 // validation and samples run the same forward pass (every rank: the experts are split over them)
 
@@ -432,6 +442,13 @@ static MoeFigures moe_step_end(ExpertParallel* t, int accum) {
     free(sums);
     free(loads);
     return f;
+}
+
+// The step's MoE figures in its main.log record (the run layer writes them with the step's own)
+static void log_moe(Run* run, MoeFigures f) {
+    snprintf(run->step_extra, sizeof(run->step_extra), "\"moe\": {\"aux_loss\": %.9g, \"max_vio\": %.9g, "
+             "\"dropped\": %.9g, \"tokens_per_expert\": [%.0f, %.9g, %.0f]}", f.aux, f.max_vio, f.dropped_share,
+             f.least, f.mean, f.most);
 }
 
 // The step's MoE line, on rank 0: the balance figures, the step's all-to-all bytes (this rank's
@@ -596,20 +613,12 @@ int main(int argc, char** argv) {
         // 3. the norm and AdamW
         watchdog_phase("AdamW update", step);
         float norm = grad_norm(&trainer);
-        if (!isfinite(loss) || !isfinite(norm)) {
-            // where it first appears, then the flags whose steps could have caused it: -l, and
-            // with -balance aux its alpha, which scales the aux loss's gradient at the routers
-            name_first_non_finite(&trainer, step, loss);
-            train_stop_if_not_finite_hint(step, loss, norm, balance == BALANCE_AUX ? "-l, or -aux_alpha (the aux loss's "
-                                          "weight: it scales the aux loss's gradient at every router)" : "-l");
-        }
+        stop_if_not_finite(&trainer, step, loss, norm);
         float clip_scale, lr = adamw_step(&trainer, &run.args, step, run.max_steps, norm, &clip_scale);
         // 4. the balance: loads over the global batch (an all-reduce of L x E counts), -balance
         // bias's update from them; then the step line and the step's MoE line
         MoeFigures figures = moe_step_end(&trainer, accum);
-        snprintf(run.step_extra, sizeof(run.step_extra), "\"moe\": {\"aux_loss\": %.9g, \"max_vio\": %.9g, "
-                 "\"dropped\": %.9g, \"tokens_per_expert\": [%.0f, %.9g, %.0f]}", figures.aux, figures.max_vio,
-                 figures.dropped_share, figures.least, figures.mean, figures.most);
+        log_moe(&run, figures);
         run_step_end(&run, step, loss, lr, norm, clip_scale);
         print_moe(&trainer, step, figures);
         if (dump_grads != NULL && step == 0) write_gradients(&trainer, dump_grads);
