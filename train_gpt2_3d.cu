@@ -664,8 +664,6 @@ int main(int argc, char** argv) {
     }
     if (rank == 0) print_layout(&run, &model, &stage, &grid, cp, zero);
 
-    allocation_kind(ALLOC_FILE_GATHER);  // (what the run allocates from here on: a checkpoint's gathers, -dump_grads')
-
     // ---- resume with -y 1 from any grid's checkpoint; validation and samples through the pipe
     Grid3D trainer = {&model, &stage, &grid, cp};
     grid_run_begin(&run, &trainer, tokens_multiple);

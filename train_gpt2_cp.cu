@@ -348,8 +348,6 @@ int main(int argc, char** argv) {
     cp_alloc(&cp, world, split, allgather, B, T, config.channels, config.channels, config.num_heads);
     if (rank == 0) print_layout(&run, &cp, accum);
 
-    allocation_kind(ALLOC_FILE_GATHER);  // (what the run allocates from here on: a checkpoint's gathers, -dump_grads')
-
     // ---- resume with -y 1 (a checkpoint of any cp); validation and samples with the sequence split
     // as in training
     Context trainer = {&model, &cp};

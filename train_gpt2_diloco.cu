@@ -591,8 +591,6 @@ int main(int argc, char** argv) {
     outer_from_params(d.outer, model.params_memory, model.master_memory, model.num_parameters);  // theta_outer = theta_0
     if (rank == 0) print_layout(&run, &d, accum);
 
-    allocation_kind(ALLOC_FILE_GATHER);  // (what the run allocates from here on: a checkpoint's gathers, -dump_grads')
-
     // ---- validation and samples on each worker's model (val_replicas: the mean over the ranks);
     // checkpoints: rank 0's model file holds worker 0's weights (the header's Checkpoints say
     // when they are theta_outer: with -alpha > 0 they are merged), and every rank's state file

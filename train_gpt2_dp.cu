@@ -680,8 +680,6 @@ int main(int argc, char** argv) {
     Zero z = zero_alloc(&model, world, accum, overlap);
     if (rank == 0) print_layout(&run, &model, zero, overlap, accum);
 
-    allocation_kind(ALLOC_FILE_GATHER);  // (what the run allocates from here on: a checkpoint's gathers, -dump_grads')
-
     // ---- resume with -y 1; validation (each rank its own chunk, averaged), samples (every rank
     // draws, -z 3 gathers from all), checkpoints (ZeRO shards gathered over the ranks)
     DataParallel trainer = {&model, &z};

@@ -570,8 +570,6 @@ int main(int argc, char** argv) {
     ExpertParallel trainer = {&model, &moe, world, &ep_group, &edp_group};
     if (rank == 0) print_layout(&run, &model, &moe, accum);
 
-    allocation_kind(ALLOC_FILE_GATHER);  // (what the run allocates from here on: a checkpoint's gathers, -dump_grads')
-
     // ---- resume, validation, samples, checkpoints: gathered into the file's layout (the
     // experts over the EP group, whichever ep wrote them), the routing bias with them
     RunModel hooks = run_model(&model, &trainer, val_loss, sample_logits);

@@ -276,8 +276,6 @@ int main(int argc, char** argv) {
     stage_alloc(&stage, spec, rank, stage_num_slots(spec, actions, n), &model, B, T);
     if (rank == 0) print_layout(&run, &model, &stage);
 
-    allocation_kind(ALLOC_FILE_GATHER);  // (what the run allocates from here on: a checkpoint's gathers, -dump_grads')
-
     // ---- resume with -y 1; validation and samples as forward-only walks through the pipe
     Pipeline trainer = {&model, &stage, pp};
     RunModel hooks = run_model(&model, &trainer, val_loss, sample_logits);

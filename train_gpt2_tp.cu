@@ -328,8 +328,6 @@ int main(int argc, char** argv) {
     free(weights);
     if (rank == 0) print_layout(&run, &model, accum);
 
-    allocation_kind(ALLOC_FILE_GATHER);  // (what the run allocates from here on: a checkpoint's gathers, -dump_grads')
-
     // ---- resume with -y 1; validation, samples and checkpoints through the tp group
     TensorParallel trainer = {&model, tp};
     RunModel hooks = run_model(&model, &trainer, val_loss, sample_logits);

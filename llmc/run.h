@@ -653,6 +653,9 @@ static inline int run_banner_rows(const Run* r, BannerRow* rows, int n) {
 // step's figures. groups: every group this rank communicates in during a step (the step line
 // and main.log report their bytes and times).
 static inline void run_begin(Run* r, RunModel hooks, CommGroup** groups, int num_groups) {
+    // (what the run allocates from here on, the trainer's buffers all made: a checkpoint's gathers,
+    // -dump_grads': the memory table's "file gather")
+    allocation_kind(ALLOC_FILE_GATHER);
     r->hooks = hooks;
     r->start_step = train_start_from(hooks.model, &r->args, &r->world, r->max_steps, &r->identity, &r->sample_rng,
                                      &r->train, hooks.replicas ? read_checkpoint_gathered : read_checkpoint, &hooks.own);
