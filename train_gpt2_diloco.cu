@@ -395,18 +395,29 @@ static float model_pass(GPT2* model, const int* inputs, const int* targets, int 
 // split them (so that both measure the same tokens), and the run layer averages over every rank.
 // The worker's weights step aside meanwhile, into the gradients' buffer (free between steps:
 // each step zeroes it first), and come back bit for bit. A sample is drawn from rank 0's worker's
-// own model as it stands.
+// own model as it stands. HellaSwag (-h 1) is theta_outer's too, its examples split over every
+// rank as the validation batches are.
 
-static float val_loss(void* trainer, DataLoader* val) {
-    Diloco* d = (Diloco*)trainer;
+// theta_outer's forward pass of a (B, T) batch: its mean loss; the (B, T) losses on the host
+static float outer_pass(Diloco* d, const int* inputs, const int* targets) {
     GPT2* model = d->model;
     size_t P = model->num_parameters;
     copy_device_to_device(model->grads_memory, model->params_memory, P * sizeof(floatX));
     outer_to_params(model->params_memory, NULL, d->outer, P, 0.0f);  // (alpha 0: the parameters = theta_outer)
-    dataloader_load_chunk(val, d->rank, model->config.vocab_size);
-    float loss = model_pass(model, val->inputs, val->targets, model->B, model->T, 0.0f, /*backward*/ 0);
+    float loss = model_pass(model, inputs, targets, model->B, model->T, 0.0f, /*backward*/ 0);
     copy_device_to_device(model->params_memory, model->grads_memory, P * sizeof(floatX));
     return loss;
+}
+
+static float val_loss(void* trainer, DataLoader* val) {
+    Diloco* d = (Diloco*)trainer;
+    dataloader_load_chunk(val, d->rank, d->model->config.vocab_size);
+    return outer_pass(d, val->inputs, val->targets);
+}
+
+static const float* token_losses(void* trainer, const int* inputs, const int* targets) {
+    outer_pass((Diloco*)trainer, inputs, targets);
+    return ((Diloco*)trainer)->model->losses_host;
 }
 
 static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
@@ -556,6 +567,7 @@ int main(int argc, char** argv) {
         {"-alpha", ARG_FLOAT, &alpha, 0, 1, "after an outer step a worker resumes from alpha theta_local + (1 - alpha) theta_outer (0: theta_outer; below 1)"},
         {"-outer_dtype", ARG_STRING, &outer_dtype, 0, 0, "the pseudo-gradient on the link between workers: fp32, bf16 (half the bytes), int8 (a quarter) or e3m0 (4 bits: an eighth), the last two with a scale a tensor"},
         {"-dump_outer", ARG_OUTPUT_FILE, &dump_outer, 0, 0, "at the end, write the outer momentum here as a model file (tests)"},
+        HELLASWAG_FLAGS(&run.hellaswag),
     };
     if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
     CommGroup* world = &run.world;
@@ -599,6 +611,7 @@ int main(int argc, char** argv) {
     // steps. A resume needs the same W: the run's identity holds it, and the rank count is checked
     RunModel hooks = run_model(&model, &d, val_loss, sample_logits);
     hooks.val_replicas = world;
+    hooks.token_losses = token_losses;  // -h 1: theta_outer's, the examples split as validation's batches
     hooks.own = diloco_state(&d, &model);
     hooks.check_resume = check_resume;
     CommGroup* groups[3] = {&d.worker, &d.across, world};

@@ -568,6 +568,15 @@ static float val_loss(void* trainer, DataLoader* val) {
     return gpt2_loss(model, val->targets, model->B, model->T, 0.0f);
 }
 
+// HellaSwag's batch (-h 1, llmc/hellaswag.h): its (B, T) per-token losses on the host. Every rank
+// runs as many as the others (run.h), since under -z 3 the forward pass gathers from all of them
+static const float* token_losses(void* trainer, const int* inputs, const int* targets) {
+    DataParallel* t = (DataParallel*)trainer;
+    gpt2_forward(t->model, t->z, inputs, t->model->B, t->model->T);
+    gpt2_loss(t->model, targets, t->model->B, t->model->T, 0.0f);
+    return t->model->losses_host;
+}
+
 // a sample's forward pass, the logits (1, T, Vp). Every rank runs it, because under -z 3 the
 // forward pass gathers each bucket from all of them
 static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
@@ -627,6 +636,14 @@ static void print_layout(const Run* run, const GPT2* model, int zero, int overla
     memory_plan_print(&run->plan, c, &run->layout);
 }
 
+// -check_replicas compares replicas, which ZeRO-3 has none of
+static void check_own_flags(int zero, int check_replicas) {
+    if (zero == 3 && check_replicas > 0) {
+        fail("-check_replicas %d with -z 3: under ZeRO-3 every rank holds a different shard of the "
+             "parameters, so there are no replicas to compare; use -z 0, 1 or 2", check_replicas);
+    }
+}
+
 int main(int argc, char** argv) {
     // ---- the flags: the common ones (llmc/train.h) and this trainer's own; then the
     // communication layer and the model's config (llmc/run.h)
@@ -640,12 +657,10 @@ int main(int argc, char** argv) {
         {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the averaged gradients of the first step here (tests)"},
         {"-dump_logits", ARG_OUTPUT_FILE, &dump_logits, 0, 0, "write rank 0's logits of the first micro-batch here, raw fp32 (B, T, V) (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all replicas hold the same parameters (their stored bits; not the master weights or moments) (0: never)"},
+        HELLASWAG_FLAGS(&run.hellaswag),
     };
     if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
-    if (zero == 3 && check_replicas > 0) {
-        fail("-check_replicas %d with -z 3: under ZeRO-3 every rank holds a different shard of the "
-             "parameters, so there are no replicas to compare; use -z 0, 1 or 2", check_replicas);
-    }
+    check_own_flags(zero, check_replicas);
     CommGroup* world = &run.world;  // every rank a data-parallel replica
     int rank = world->rank, ranks = world->size;
     GPT2Config config = run.config;
@@ -686,6 +701,7 @@ int main(int argc, char** argv) {
     RunModel hooks = run_model(&model, &trainer, val_loss, sample_logits);
     hooks.val_replicas = world;  // each rank its own validation chunk: the mean over the ranks
     hooks.split = world;         // checkpoints gathered from the ZeRO shards
+    hooks.token_losses = token_losses;  // -h 1: HellaSwag's examples split over the ranks as validation's chunks
     run_begin(&run, hooks, &world, 1);
     if (offload && FLOATX_IS_FLOAT) offload_take_weights(&z, &model);  // (as started, or resumed)
 

@@ -184,6 +184,16 @@ static float val_loss(void* trainer, DataLoader* val) {
     return vocab_parallel_loss(t->model, t->tp, &t->model->acts, val->targets, t->model->B, t->model->T, 0.0f);
 }
 
+// HellaSwag's batch (-h 1, llmc/hellaswag.h): the (B, T) per-token losses on the host, whole on
+// every rank (the vocabulary-parallel loss all-reduces each row's sums), so every rank scores
+// every example and no sum over ranks follows
+static const float* token_losses(void* trainer, const int* inputs, const int* targets) {
+    TensorParallel* t = (TensorParallel*)trainer;
+    gpt2_forward(t->model, t->tp, inputs, t->model->B, t->model->T);
+    vocab_parallel_loss(t->model, t->tp, &t->model->acts, targets, t->model->B, t->model->T, 0.0f);
+    return t->model->losses_host;
+}
+
 // a sample's forward pass: this rank's slice of the logits, (1, T, Vp/tp)
 static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
     TensorParallel* t = (TensorParallel*)trainer;
@@ -291,6 +301,7 @@ int main(int argc, char** argv) {
         {"-tp_timeline", ARG_INT, &timeline_step, 0, ARG_NO_MAX, "at step S record layer 0's forward and backward (each GEMM block, each exchange) into tp_timeline_RANK.jsonl in -o (CPU backend; 0: never)"},
         {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that all ranks hold the same replicated tensors (LayerNorms, row-parallel biases, wpe) (0: never)"},
+        HELLASWAG_FLAGS(&run.hellaswag),
     };
     if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
     CommGroup* tp = &run.world;  // one tensor-parallel group of every rank (the 3D trainer splits it)
@@ -334,6 +345,7 @@ int main(int argc, char** argv) {
     hooks.vocab = tp;                     // samples drawn from the vocabulary's slices
     hooks.sample_pad = dims.seq_shards;   // (-sp: a sample padded to a multiple of tp tokens)
     hooks.split = tp;                     // checkpoints gathered from the slices
+    hooks.token_losses = token_losses;    // -h 1: every rank scores every example (the batch is shared)
     check_every_rank(timeline_step <= run.max_steps, "-tp_timeline %d: past the run's last step, %d (-x)", timeline_step,
                      run.max_steps);  // (before -o is written; a resumed run's first step is known after)
     run_begin(&run, hooks, &tp, 1);  // (tp: the group whose bytes each step reports)

@@ -56,6 +56,8 @@ static const ArgOwner args_flag_owners[] = {
     {"-dump_logits", "train_gpt2_dp", NULL},
     {"-dump_grads", "train_gpt2_dp, train_gpt2_tp, train_gpt2_pp, train_gpt2_3d, train_gpt2_cp and train_gpt2_ep", NULL},
     {"-check_replicas", "train_gpt2_dp, train_gpt2_tp, train_gpt2_pp, train_gpt2_3d, train_gpt2_cp and train_gpt2_ep", NULL},
+    {"-h", "train_gpt2_dp, train_gpt2_tp and train_gpt2_diloco", "(-h alone prints the usage)"},
+    {"-hellaswag", "train_gpt2_dp, train_gpt2_tp and train_gpt2_diloco", NULL},
     {"-dp", "train_gpt2_3d", "(in train_gpt2_dp and train_gpt2_diloco the replicas are the ranks: mpirun -np N)"},
     {"-tp", "train_gpt2_tp and train_gpt2_3d", NULL},
     {"-sp", "train_gpt2_tp and train_gpt2_3d", NULL},
@@ -134,8 +136,11 @@ static inline void args_print_usage(FILE* out, const char* program, const ArgSpe
     }
 }
 
-static inline int args_is_help(const char* a) {
-    return strcmp(a, "--help") == 0 || strcmp(a, "-help") == 0 || strcmp(a, "-h") == 0;
+// argv[i] asks for the usage: --help, -help, or -h with no value after it (the last argument);
+// -h with a value is llm.c's HellaSwag flag (-h 1, llmc/hellaswag.h), which some trainers take
+static inline int args_is_help(int argc, char** argv, int i) {
+    const char* a = argv[i];
+    return strcmp(a, "--help") == 0 || strcmp(a, "-help") == 0 || (strcmp(a, "-h") == 0 && i + 1 == argc);
 }
 
 // why flag is not one of specs: another trainer's, llm.c's, or a double dash; "" when none of these
@@ -191,7 +196,7 @@ static inline int args_parse(int argc, char** argv, const ArgSpec* specs, int n)
     const char* program = args_program_name(argv[0]);
     llmc_launched_alone();  // (read before MPI_Init changes what it reads)
     for (int i = 1; i < argc; i++) {
-        if (args_is_help(argv[i])) {
+        if (args_is_help(argc, argv, i)) {
             if (llmc_launcher_rank() == 0) args_print_usage(stdout, argv[0], specs, n);
             return 0;
         }

@@ -23,6 +23,7 @@
 
 #include <stdarg.h>
 #include "block.h"
+#include "hellaswag.h"
 #include "memory.h"
 #include "memory_plan.h"
 #include "train.h"
@@ -384,19 +385,29 @@ static inline void sample_token_drawn(const Tokenizer* tok, int token) {
 // end-of-text id, where every sample starts, is not a row of the model's embedding. -tok left at
 // its default is looked for at the repository's root too, beside the program (/proc/self/exe),
 // so that a run from another directory with its own -i and -j still samples, without a warning
+// A file flag left at its default (a path from the repository's root) that is not there from the
+// working directory: the same path beside the program (/proc/self/exe), the repository's root
+// where the trainers are built, when it is there. Returns the path to open: beside, or path.
+static inline const char* default_path_beside_program(const char* path, const char* default_path, char* beside,
+                                                      size_t cap) {
+    FILE* f = fopen(path, "rb");
+    if (f != NULL) fclose(f);
+    ssize_t n = f == NULL && strcmp(path, default_path) == 0 ? readlink("/proc/self/exe", beside, cap - 1) : -1;
+    if (n <= 0) return path;
+    beside[n] = '\0';
+    char* slash = strrchr(beside, '/');
+    if (slash == NULL || (size_t)(slash + 1 - beside) + strlen(path) >= cap) return path;
+    strcpy(slash + 1, path);
+    f = fopen(beside, "rb");
+    if (f == NULL) return path;
+    fclose(f);
+    return beside;
+}
+
 static inline int train_open_tokenizer(Tokenizer* tok, const char* path, GPT2Config c) {
     char beside[4096];
+    path = default_path_beside_program(path, TRAIN_DEFAULT_TOKENIZER, beside, sizeof(beside));
     FILE* f = fopen(path, "rb");
-    ssize_t n = f == NULL && strcmp(path, TRAIN_DEFAULT_TOKENIZER) == 0 ? readlink("/proc/self/exe", beside, sizeof(beside) - 1) : -1;
-    if (n > 0) {
-        beside[n] = '\0';
-        char* slash = strrchr(beside, '/');
-        if (slash != NULL && (size_t)(slash + 1 - beside) + strlen(path) < sizeof(beside)) {
-            strcpy(slash + 1, path);
-            f = fopen(beside, "rb");
-            if (f != NULL) path = beside;
-        }
-    }
     if (f == NULL) {
         printf("warning: no tokenizer at '%s' (-tok): samples are off\n", path);
         return 0;
@@ -440,6 +451,10 @@ typedef struct {
     CommGroup* seq;           // context parallelism: a sequence's positions are split over these ranks;
                               // the one holding the position sampled from draws and broadcasts
     int (*seq_row)(void* trainer, int T, int position, int* owner);  // (its rank, and row there or -1)
+    // HellaSwag (-h 1, hellaswag.h): one forward pass of a (B, T) batch of host tokens, its (B, T)
+    // per-token losses on the host (gpt2_loss leaves them in model->losses_host), the whole rows on
+    // every rank that scores them; the examples are split over val_replicas. NULL: no -h here
+    const float* (*token_losses)(void* trainer, const int* inputs, const int* targets);
     int sample_pad;           // a sample's length is padded to a multiple of this (-sp: tp tokens)
     CommGroup* split;         // checkpoints: the ranks the model's tensors are split over (DP: its ZeRO
                               // group), gathered into the model file by rank 0 of it
@@ -480,6 +495,7 @@ typedef struct {
     Rng sample_rng;
     Logger logger;            // main.log, on rank 0
     RunModel hooks;
+    HellaSwag hellaswag;      // -h 1: the examples, read and checked by run_load
     double flops_per_token;   // the step's figures: MFU, averages, the step line
     DevicePeak peak;
     StepStats stats;
@@ -513,6 +529,11 @@ static inline void run_read_files(void* arg) {
     f->weights = r->from_descriptor ? gpt2_init_random(r->config, (uint64_t)a->seed) : gpt2_read_model_file(a->model, &r->config, NULL);
     dataloader_init(&r->train, a->train_path, a->B, a->T, f->train_chunks, a->shuffle, (uint64_t)a->seed);
     if (a->val_every > 0) dataloader_init(&r->val, a->val_path, a->B, a->T, f->val_chunks, 0, 0);
+    if (r->hellaswag.on) {
+        HellaSwag* hs = &r->hellaswag;
+        hs->path = default_path_beside_program(hs->path, HELLASWAG_DEFAULT_PATH, hs->found, sizeof(hs->found));
+        hellaswag_open(hs, a->B, a->T, r->config.vocab_size);
+    }
 }
 typedef struct {
     Run* run;
@@ -528,6 +549,7 @@ static inline void run_check_resume(void* arg) {
 // itself; every other refuses an MoE model file here, before anything is allocated
 static inline int run_start_model(Run* r, int* argc, char*** argv, const ArgSpec* own, int num_own, int moe) {
     memset(r, 0, sizeof(*r));
+    r->hellaswag.path = HELLASWAG_DEFAULT_PATH;  // (-hellaswag's default, in the trainers that take it)
     ArgSpec specs[TRAIN_MAX_SPECS];
     int n = train_args_common(&r->args, specs);
     if (n + num_own > TRAIN_MAX_SPECS) fail("%d flags, at most %d (TRAIN_MAX_SPECS)", n + num_own, TRAIN_MAX_SPECS);
@@ -670,6 +692,7 @@ static inline void run_begin(Run* r, RunModel hooks, CommGroup** groups, int num
     memset(&r->stats, 0, sizeof(r->stats));
     r->stats.rate = measure_exchange_rate(&r->world, hooks.model->grads_memory, layout_grads_held(&hooks.model->layout));
     r->report = step_report_init(groups, num_groups);
+    if (r->hellaswag.on) hellaswag_split(&r->hellaswag, hooks.val_replicas);
 }
 
 // Bytes of one kind in one group that change from step to step with the data (MoE's all-to-all
@@ -760,6 +783,10 @@ static inline int run_between_steps(Run* r, int step) {
         watchdog_phase("validation", step);
         train_report_val(&r->logger, r->rank, step, run_validate(r));
     }
+    if (r->hellaswag.on && (last || train_due(r->args.val_every, step, last))) {  // (with -v 0: at the end)
+        RunModel* h = &r->hooks;
+        hellaswag_evaluate(&r->hellaswag, h->val_replicas, r->rank, step, &r->logger, h->token_losses, h->trainer);
+    }
     if (r->can_sample && step > 0 && train_due(r->args.sample_every, step, last)) {
         watchdog_phase("sampling", step);
         run_sample(r, step);
@@ -822,6 +849,7 @@ static inline void run_end(Run* r) {
     if (r->rank == 0 && r->can_sample) tokenizer_free(&r->tok);
     dataloader_free(&r->train);
     if (r->args.val_every > 0) dataloader_free(&r->val);
+    if (r->hellaswag.on) hellaswag_free(&r->hellaswag);
 }
 
 #endif
