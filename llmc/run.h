@@ -381,10 +381,6 @@ static inline void sample_token_drawn(const Tokenizer* tok, int token) {
     }
 }
 
-// the decode table for samples; 0 (samples off, with a warning) when there is none, or when its
-// end-of-text id, where every sample starts, is not a row of the model's embedding. -tok left at
-// its default is looked for at the repository's root too, beside the program (/proc/self/exe),
-// so that a run from another directory with its own -i and -j still samples, without a warning
 // A file flag left at its default (a path from the repository's root) that is not there from the
 // working directory: the same path beside the program (/proc/self/exe), the repository's root
 // where the trainers are built, when it is there. Returns the path to open: beside, or path.
@@ -404,6 +400,10 @@ static inline const char* default_path_beside_program(const char* path, const ch
     return beside;
 }
 
+// the decode table for samples; 0 (samples off, with a warning) when there is none, or when its
+// end-of-text id, where every sample starts, is not a row of the model's embedding. -tok left at
+// its default is looked for at the repository's root too, beside the program (/proc/self/exe),
+// so that a run from another directory with its own -i and -j still samples, without a warning
 static inline int train_open_tokenizer(Tokenizer* tok, const char* path, GPT2Config c) {
     char beside[4096];
     path = default_path_beside_program(path, TRAIN_DEFAULT_TOKENIZER, beside, sizeof(beside));

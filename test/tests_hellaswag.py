@@ -106,12 +106,12 @@ def hellaswag_check(d, out, examples, expected, right, step=0):
     assert [r["step"] for r in records][-1] == step and abs(records[-1]["hellaswag"] - right / len(examples)) < 1e-9, records
 
 
-def hellaswag_run(d, ranks, model, path, extra=(), program="./train_gpt2_dp", B=8):
+def hellaswag_run(d, ranks, model, path, extra=(), program="./train_gpt2_dp", B=8, env=None):
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     args = ["-e", model] + data_args() + ["-b", B, "-t", HS_T, "-x", 0, "-v", 0, "-s", 0, "-h", 1, "-hellaswag", path,
                                           "-o", d] + WATCHDOG + list(extra)
-    return run_ok(ranks, args, program=program, env={"LLMC_HELLASWAG_DUMP": os.path.join(d, "dump.txt")})
+    return run_ok(ranks, args, program=program, env=dict(env or {}, LLMC_HELLASWAG_DUMP=os.path.join(d, "dump.txt")))
 
 
 @test
@@ -259,3 +259,16 @@ def hellaswag_py_local_jsonl_writes_llmc_eval_file():
                         ("bad.jsonl:3", "\"endings\" must be a list of 4 non-empty strings")):
         assert re.search(re.escape(where) + ": " + re.escape(what), p.stderr), (where, p.stderr)
     assert not os.path.exists(os.path.join(bad_out, "hellaswag_val.bin")), "a file was written from bad input"
+
+
+@test
+def emu_hellaswag_answers_and_mean_losses_match_pytorch_fp32_zero3():
+    """the CUDA backend (fp32, in the emulator) at 2 ranks on 2 GPUs, ZeRO-3 over NCCL, -b 4: the
+    per-token losses come from its classifier kernel and a pinned copy, the passes gather from
+    both GPUs; the same answers and mean losses as the PyTorch reference"""
+    (program,) = build("emu", "FP32", ["train_gpt2_dp"])
+    d = fresh_dir("hellaswag_emu")
+    model, path, examples, expected, right = hellaswag_setup(d)
+    run_dir = os.path.join(d, "run")
+    out = hellaswag_run(run_dir, 2, model, path, ["-z", 3], program, 4, env={"CUDA_EMU_DEVICES": "2"})
+    hellaswag_check(run_dir, out, examples, expected, right)
