@@ -272,3 +272,19 @@ def emu_hellaswag_answers_and_mean_losses_match_pytorch_fp32_zero3():
     run_dir = os.path.join(d, "run")
     out = hellaswag_run(run_dir, 2, model, path, ["-z", 3], program, 4, env={"CUDA_EMU_DEVICES": "2"})
     hellaswag_check(run_dir, out, examples, expected, right)
+
+
+@test
+def hellaswag_resume_logs_each_score_once():
+    """a run of 2 steps resumed to 4 (-v 2, -n 2) logs main.log as the run of 4 does: the score at
+    step 2, written before the checkpoint's resume, is cut back and taken again, once"""
+    d = fresh_dir("hellaswag_resume")
+    model, path, examples, expected, right = hellaswag_setup(d)
+    base = ["-e", model] + data_args() + ["-b", 8, "-t", HS_T, "-v", 2, "-m", 1, "-s", 0, "-n", 2, "-h", 1,
+                                          "-hellaswag", path] + WATCHDOG
+    full, part = os.path.join(d, "full"), os.path.join(d, "part")
+    run_ok(1, base + ["-x", 4, "-o", full])
+    run_ok(1, base + ["-x", 2, "-o", part])
+    run_ok(1, base + ["-x", 4, "-o", part, "-y", 1])
+    assert [r["step"] for r in log_without_timing(full) if "hellaswag" in r] == [0, 2, 4]
+    assert log_without_timing(part) == log_without_timing(full), "main.log after the resume differs from the full run's"
