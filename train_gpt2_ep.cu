@@ -106,7 +106,7 @@ static void gpt2_forward(ExpertParallel* t, const int* inputs_host, int B, int T
         // counts first (E/ep ints a rank pair), then (slots, C) rows out and (slots, C) outputs
         // back, each a rank's kept slots for the other ranks' experts (llmc/moe.h). x.fcproj
         // receives the gate-weighted sum, where a dense layer's fcproj would be, for the residual
-        moe_forward(t->moe, l, x.fcproj, x.ln2, w, B * T);
+        moe_forward(t->moe, moe_layer(t->moe, t->moe->records, l, l), x.fcproj, x.ln2, w, B * T);
         if (l + 1 < L) {
             LayerWeights wn = gpt2_layer_params(model, l + 1);
             LayerActs xn = layer_acts(a, d, B, T, l + 1);
@@ -142,7 +142,7 @@ static void gpt2_backward(ExpertParallel* t, const int* inputs_host, int B, int 
         // to the experts by the forward's all-to-all, the experts' input gradients (slots, C)
         // home by its reverse; the router's gradient, with the aux loss's. Then ln2's. The
         // experts' weight gradients accumulate on the ranks that hold them, from every rank's tokens
-        moe_backward(t->moe, l, a->dbuf, a->dresidual, x.ln2, w, gw, B * T, aux_weight);
+        moe_backward(t->moe, moe_layer(t->moe, t->moe->records, l, l), a->dbuf, a->dresidual, x.ln2, w, gw, B * T, aux_weight);
         layernorm_backward(a->dresidual, gw.ln2w, gw.ln2b, a->dbuf, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd, B * T, C);
         // a residual add passes dresidual on unchanged; the attention half as in DDP
         attention_half_backward(a->dbuf, a->dbuf, a->dqkv, a->dresidual, x, w, gw, B, T, d);
@@ -566,7 +566,9 @@ int main(int argc, char** argv) {
     gpt2_build(&model, config, dims, rank_layout, weights, B, T, ACTS_ALL, KEEP_ALL, 0);
     free(weights);
     Moe moe;
-    moe_alloc(&moe, config, ep, rank % ep, &ep_group, B, T, balance, aux_alpha, bias_rate, capacity_factor);
+    MoeTokens tokens = {B, T, B * T, /*first*/ 0, /*T_seq*/ T, /*seq_group*/ NULL};  // (every rank routes all its tokens)
+    moe_alloc(&moe, config, ep, rank % ep, &ep_group, tokens, /*records*/ 1, config.num_layers, balance, aux_alpha,
+              bias_rate, capacity_factor);
     ExpertParallel trainer = {&model, &moe, world, &ep_group, &edp_group};
     if (rank == 0) print_layout(&run, &model, &moe, accum);
 
@@ -597,9 +599,6 @@ int main(int argc, char** argv) {
             dataloader_load_chunk(&run.train, micro * ranks + rank, config.vocab_size);
             gpt2_forward(&trainer, run.train.inputs, B, T);
             loss += gpt2_loss(&model, run.train.targets, B, T, dloss) / (float)accum;
-            if (balance == BALANCE_AUX) {
-                for (int l = 0; l < config.num_layers; l++) moe.aux += moe_aux_loss(&moe, l);
-            }
             gpt2_backward(&trainer, run.train.inputs, B, T, 1.0f / (float)accum);
         }
         dataloader_advance(&run.train);

@@ -109,17 +109,19 @@ static inline int moe_rows_max(int N, int k, int E, int ep, int capacity) {
     long long dropless = (long long)ep * N * k, capped = (long long)capacity * (E / ep) * ep;
     return (int)(capped < dropless ? capped : dropless);
 }
-// the device bytes of llmc/moe.h's buffers, B sequences of T = N / B tokens: per layer the rows
-// its experts took (C), their fc and GELU outputs (4C each) and the outputs back home (N k rows of
-// C); then one layer's scratch: the rows in send order, received, the experts' outputs, a 4C
-// gradient, the router's logits (N, E), the router's input gradient (N, C); and the routing, of
-// every layer (4 bytes each): each slot's expert, row and gate, the two row orders, each token's
-// P (E), each sequence's f and P (2E), the bias (E); with one layer's 2E counts and the gates'
-// gradients (N k)
-static inline uint64_t moe_device_bytes(int L, int B, int N, int k, int C, int E, int rows_max, int X) {
-    uint64_t S = (uint64_t)N * k, R = (uint64_t)rows_max;
-    return ((uint64_t)L * (R * C + 2 * R * 4 * C + S * C) + S * C + 2 * R * C + R * 4 * C + (uint64_t)N * E + (uint64_t)N * C) * X +
-           ((uint64_t)L * (3 * S + 2 * R + (uint64_t)N * E + (uint64_t)B * 2 * E + E) + 2 * (uint64_t)E + S) * 4;
+// the device bytes of llmc/moe.h's buffers, B sequences a micro-batch of which the rank routes N
+// tokens: `records` micro-batches in flight (one in train_gpt2_ep, a stage's slots in the grid
+// trainer), each with record_layers MoE layers of: the rows its experts took (C), their fc and
+// GELU outputs (4C each) and the outputs back home (N k rows of C); the routing (4 bytes each):
+// each slot's expert, row and gate, the two row orders, each token's P (E), each sequence's f and
+// P (2E). Then one layer's scratch: the rows in send order, received, the experts' outputs, a 4C
+// gradient, the router's logits (N, E), the router's input gradient (N, C); the bias of every one
+// of the model's L layers (E), one layer's 2E counts and the gates' gradients (N k)
+static inline uint64_t moe_device_bytes(int records, int record_layers, int L, int B, int N, int k, int C, int E,
+                                        int rows_max, int X) {
+    uint64_t S = (uint64_t)N * k, R = (uint64_t)rows_max, layers = (uint64_t)records * record_layers;
+    return (layers * (R * C + 2 * R * 4 * C + S * C) + S * C + 2 * R * C + R * 4 * C + (uint64_t)N * E + (uint64_t)N * C) * X +
+           (layers * (3 * S + 2 * R + (uint64_t)N * E + (uint64_t)B * 2 * E) + (uint64_t)L * E + 2 * (uint64_t)E + S) * 4;
 }
 
 // the rank's parameter layout, as each trainer builds it
@@ -210,7 +212,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     if (r->trainer == TRAINER_EP) {
         int tokens = r->B * r->T;
         int rows = moe_rows_max(tokens, c.topk, c.experts, layout_ep(r), moe_capacity(tokens, c.topk, c.experts, r->capacity_factor));
-        plan.experts = moe_device_bytes(c.num_layers, r->B, tokens, c.topk, c.channels, c.experts, rows, t.X);
+        plan.experts = moe_device_bytes(1, c.num_layers, c.num_layers, r->B, tokens, c.topk, c.channels, c.experts, rows, t.X);
     }
     // gathers for files
     if (r->trainer == TRAINER_DP) {

@@ -163,14 +163,23 @@ typedef struct {
     uint64_t offsets[NUM_PARAMETER_TENSORS];  // where each starts in this rank's flat buffer
     uint64_t file_offsets[NUM_PARAMETER_TENSORS];  // where the whole tensor starts in the file
     uint64_t rounding[NUM_PARAMETER_TENSORS];  // stochastic rounding index of its first element
-    int sharded[NUM_PARAMETER_TENSORS];      // 1: sliced over the tp ranks; 0: replicated
+    int sharded[NUM_PARAMETER_TENSORS];      // 1: sliced over the tp ranks; 0: replicated (or experts)
     uint64_t layer_stride[NUM_PARAMETER_TENSORS];  // from one layer's slice of a tensor to the next's
     uint64_t count;                            // elements on this rank (with buckets, padding included)
     // In buckets (parameter_layout_buckets) instead of the file's order; else all 0
     int shards;                  // each bucket splits into this many equal shards (ZeRO's ranks)
     uint64_t bucket_sizes[3];      // padded: the embeddings' bucket, one layer's, the final LayerNorm's
     int zero, shard_rank;        // ZeRO's stage (0: nothing sharded) and this rank's shard
+    unsigned gathered;           // the tensors a gather of the whole model takes from this rank (a
+                                 // bit each: parameter_layout_of_rank)
 } ParameterLayout;
+
+// Mixture-of-Experts: the four MLP tensors hold E experts, each whole on the rank that holds it
+// (expert parallelism splits the experts, never an expert: expert tp = 1, as in Megatron-LM's
+// parallel folding); in a dense model they are the one MLP, which tensor parallelism slices
+static inline int tensor_is_expert(GPT2Config c, int i) {
+    return gpt2_is_moe(c) && tensor_shape(c, i).grouping == GROUPS_EXPERTS;
+}
 
 // the model's layer that is local layer j of this rank (layers are stored chunk after chunk)
 static inline int layout_layer(const ParameterLayout* p, int j) {
@@ -210,7 +219,7 @@ static inline ParameterLayout parameter_layout_experts(GPT2Config c, int tp, int
         int experts_split = s.grouping == GROUPS_EXPERTS && ep > 1;
         uint64_t mine = tensor_is_per_layer(i) ? whole / s.layers * p.layers : whole;
         if (experts_split) mine /= (uint64_t)ep;
-        p.sharded[i] = s.split != SPLIT_NONE && tp > 1;
+        p.sharded[i] = s.split != SPLIT_NONE && tp > 1 && !tensor_is_expert(c, i);
         p.sizes[i] = held[i] ? (p.sharded[i] ? mine / tp : mine) : 0;
         p.offsets[i] = local;
         p.layer_stride[i] = tensor_is_per_layer(i) ? p.sizes[i] / p.layers : 0;  // the layers stacked
@@ -222,6 +231,7 @@ static inline ParameterLayout parameter_layout_experts(GPT2Config c, int tp, int
         file += whole;
     }
     p.count = local;
+    p.gathered = (1u << NUM_PARAMETER_TENSORS) - 1;
     return p;
 }
 static inline ParameterLayout parameter_layout_grid(GPT2Config c, int tp, int tp_rank, int pp, int stage, int chunks) {
@@ -335,16 +345,27 @@ static inline ParameterLayout parameter_layout(GPT2Config c, int tp, int tp_rank
     return parameter_layout_grid(c, tp, tp_rank, 1, 0, 1);
 }
 
-// the ranks a model is split over: tp x pp, or under expert parallelism the ep ranks that hold
-// the experts between them (train_gpt2_ep: tp = pp = 1)
-static inline int layout_model_ranks(const ParameterLayout* p) { return p->tp * p->pp * p->ep; }
+// the ranks a model is split over: tp x pp; with experts split over ep ranks, each stage's pieces
+// lie on max(tp, ep) ranks: its first tp hold the tp slices of its dense tensors (one replica's),
+// its first ep the experts (the grid trainer's parallel folding puts a stage's ep ranks first,
+// then its tp ranks, on its consecutive ranks; train_gpt2_ep: tp = pp = 1, its ep ranks)
+static inline int layout_model_ranks(const ParameterLayout* p) {
+    return p->pp * (p->tp > p->ep ? p->tp : p->ep);
+}
 
-// the layout of rank r of the model-parallel group this layout belongs to: tp ranks of a stage
-// are consecutive, then the stages; or the ep ranks of the experts
-// (with the same ZeRO padding as this one: its buffers have as many elements as that rank's)
+// the layout of rank r of the model-parallel group this layout belongs to (numbered stage by
+// stage, max(tp, ep) ranks each): r's tp slices of its stage's dense tensors and its experts; a
+// gather takes the dense tensors from the stage's first tp ranks and the experts from its first
+// ep (`gathered`), each piece once. (With the same ZeRO padding as this one: its buffers have as
+// many elements as that rank's.)
 static inline ParameterLayout parameter_layout_of_rank(GPT2Config c, const ParameterLayout* p, int r) {
-    ParameterLayout of_r = p->ep > 1 ? parameter_layout_experts(c, 1, 0, 1, 0, 1, p->ep, r)
-                                     : parameter_layout_grid(c, p->tp, r % p->tp, p->pp, r / p->tp, p->chunks);
+    int per_stage = p->tp > p->ep ? p->tp : p->ep, stage = r / per_stage, local = r % per_stage;
+    ParameterLayout of_r = parameter_layout_experts(c, p->tp, local % p->tp, p->pp, stage, p->chunks, p->ep, local % p->ep);
+    of_r.gathered = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        int holds_it = tensor_is_expert(c, i) ? local < p->ep : local < p->tp;
+        if (holds_it) of_r.gathered |= 1u << i;
+    }
     layout_shard_flat(&of_r, p->zero, p->shards, p->shard_rank);
     return of_r;
 }
@@ -354,7 +375,7 @@ static inline ParameterLayout parameter_layout_of_rank(GPT2Config c, const Param
 static inline void parameter_shard_copy(float* full, float* shard, const ParameterLayout* p, GPT2Config c,
                                         int to_shard) {
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
-        if (p->sizes[i] == 0) continue;
+        if (p->sizes[i] == 0 || (!to_shard && !(p->gathered & (1u << i)))) continue;  // (another rank's copy is gathered)
         TensorShape s = tensor_shape(c, i);
         int split = p->sharded[i] ? s.split : SPLIT_NONE;
         uint64_t rows = split == SPLIT_ROWS ? s.rows / p->tp : s.rows;

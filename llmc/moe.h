@@ -35,47 +35,71 @@
 typedef enum { BALANCE_NONE, BALANCE_AUX, BALANCE_BIAS } MoeBalance;
 static const char* moe_balance_names[3] = {"none", "aux", "bias"};
 
+// What one micro-batch's forward leaves in its MoE layers for their backward: its routing and the
+// rows its experts took, `layers` layers of them. The EP trainer holds one (a micro-batch at a
+// time); a pipeline stage of the grid trainer one per slot (llmc/stage.h), beside the slot's
+// other activations, since each micro-batch in flight keeps its own until its backward.
+typedef struct {
+    int layers;
+    // device
+    int* expert;               // (layers, N, k) each slot's expert, best first
+    float* gate;               // (layers, N, k) its gate
+    int* row;                  // (layers, N, k) its row in the layer's send order; -1: dropped
+    float* probs;              // (layers, N, E) softmax over all E of s (the aux loss's P)
+    float* shares;             // (layers, B, 2E) each sequence's f and P (-balance aux)
+    int *to_experts_dev, *from_experts_dev;  // (layers, rows_max) the two row orders below
+    floatX* xin;               // (layers, rows_max, C)   the rows this rank's experts took, expert order
+    floatX* fch;               // (layers, rows_max, 4C)
+    floatX* fch_gelu;          // (layers, rows_max, 4C)
+    floatX* returned;          // (layers, N k, C)        the expert outputs, back in send order
+    // host: what the all-to-all needs
+    int* send_counts;          // (layers, E) kept slots this rank sends to each expert
+    int* recv_counts;          // (layers, ep, E_local) rows it receives from each rank for each of its experts
+    int* rows_taken;           // (layers) the rows this rank's experts took in the layer's forward (moe_regroup)
+    int* to_experts;           // (layers, rows_max) expert order: row i comes from source-order row to_experts[i]
+    int* from_experts;         // (layers, rows_max) source order: row i comes from expert-order row from_experts[i]
+} MoeRecord;
+
+// The tokens a rank routes in one micro-batch of B sequences of T tokens: N of its flattened
+// (B, T) tokens, from token `first` on. The EP trainer's ranks route all of theirs (N = B T,
+// first 0). In the grid trainer a rank holds T = T/cp tokens of each sequence, and with -sp only
+// its B T / tp of those (first = tp rank x N), so that no token is routed twice; a sequence is
+// then T_seq tokens in all, spread over seq_group (the cp x tp ranks of its replica at the stage,
+// which add up their parts of the aux loss's figures; NULL when one rank holds whole sequences).
+typedef struct {
+    int B, T, N, first, T_seq;
+    CommGroup* seq_group;
+} MoeTokens;
+
 typedef struct {
     int E, k, L, C;
     int ep, ep_rank, E_local;  // experts split over ep ranks: this rank holds [ep_rank E_local, ...)
-    int N;                     // tokens of a micro-batch (B x T), the most a layer routes
-    int B, T;                  // its sequences and their tokens (the aux loss is per sequence)
+    int N;                     // tokens of a micro-batch this rank routes, the most a layer routes
+    MoeTokens tokens;          // which of the micro-batch's tokens they are (the aux loss is per sequence)
     MoeBalance balance;
     float aux_alpha, bias_rate, capacity_factor;
     int capacity;              // slots an expert takes of a micro-batch (N k: dropless)
     int rows_max;              // the most rows an expert rank can receive in a layer
     CommGroup* ep_group;       // the ranks this rank exchanges tokens with
-    // device: the routing of every layer of the micro-batch in flight, kept for its backward
-    int* expert;               // (L, N, k) each slot's expert, best first
-    float* gate;               // (L, N, k) its gate
-    int* row;                  // (L, N, k) its row in the layer's send order; -1: dropped
-    float* probs;              // (L, N, E) softmax over all E of s (the aux loss's P)
-    float* shares;             // (L, B, 2E) each sequence's f and P (-balance aux)
+    MoeRecord* records;        // one per micro-batch in flight
+    int num_records;
+    // device
     float* bias;               // (L, E) DeepSeek-V3's balancing bias (-balance bias), a checkpoint's trainer state
     int* counts_dev;           // (2E) the layer's kept slots per expert, then its routed slots (before drops)
-    int *to_experts_dev, *from_experts_dev;  // the two row orders below, for the kernels that move rows
     float* dgate;              // (N, k) the gates' gradients
-    // host: what the all-to-all and the printed figures need
+    // host: what the printed figures need
     int* counts;               // (2E) counts_dev, copied
-    int* send_counts;          // (L, E) kept slots this rank sends to each expert
-    int* recv_counts;          // (L, ep, E_local) rows it receives from each rank for each of its experts
-    int* rows_taken;           // (L) the rows this rank's experts took in the layer's forward (moe_regroup)
-    int* to_experts;           // (L, rows_max) expert order: row i comes from source-order row to_experts[i]
-    int* from_experts;         // (L, rows_max) source order: row i comes from expert-order row from_experts[i]
     float* shares_host;        // (B, 2E) a layer's shares, for the aux loss's value
     float* bias_host;          // (L, E) the bias, for its update and the printed range
-    // device buffers: per layer what the backward reads, then scratch
-    floatX* xin;               // (L, rows_max, C)   the rows this rank's experts took, expert order
-    floatX* fch;               // (L, rows_max, 4C)
-    floatX* fch_gelu;          // (L, rows_max, 4C)
-    floatX* returned;          // (L, N k, C)        the expert outputs, back in send order
+    // device scratch, one layer's
     floatX* send;              // (N k, C)           rows in send order
     floatX* recv;              // (rows_max, C)      rows in source-rank order
     floatX* yout;              // (rows_max, C)      expert outputs (backward: their gradients), expert order
     floatX* dfch;              // (rows_max, 4C)
     floatX* scores;            // (N, E)             router logits; backward: their gradient
     floatX* dh;                // (N, C)             the router's part of the input gradient
-    // this step's figures, summed over its micro-batches (before any reduction over ranks)
+    // this step's figures, summed over its micro-batches (before any reduction over ranks); the
+    // layers are the model's (L): a rank adds to those it holds
     double* loads;             // (L, E) slots routed to each expert, before drops
     double aux;                // the aux loss: per micro-batch mean over sequences, summed over layers
     double kept_slots, dropped_slots;
@@ -84,40 +108,58 @@ typedef struct {
 // (the buffers' sizes, moe_capacity, moe_rows_max and moe_device_bytes: llmc/memory_plan.h,
 // which the memory table counts with)
 
-static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGroup* ep_group, int B, int T,
-                             MoeBalance balance, float aux_alpha, float bias_rate, float capacity_factor) {
+static inline void moe_record_alloc(MoeRecord* r, const Moe* m, int layers) {
+    memset(r, 0, sizeof(*r));
+    r->layers = layers;
+    size_t L = layers, N = m->N, k = m->k, E = m->E, C = m->C, R = m->rows_max, S = N * k;
+    r->expert = (int*)device_malloc(L * S * sizeof(int));
+    r->gate = (float*)device_malloc(L * S * sizeof(float));
+    r->row = (int*)device_malloc(L * S * sizeof(int));
+    r->probs = (float*)device_malloc(L * N * E * sizeof(float));
+    r->shares = (float*)device_malloc(L * m->tokens.B * 2 * E * sizeof(float));
+    r->to_experts_dev = (int*)device_malloc(L * R * sizeof(int));
+    r->from_experts_dev = (int*)device_malloc(L * R * sizeof(int));
+    r->xin = (floatX*)device_malloc(L * R * C * sizeof(floatX));
+    r->fch = (floatX*)device_malloc(L * R * 4 * C * sizeof(floatX));
+    r->fch_gelu = (floatX*)device_malloc(L * R * 4 * C * sizeof(floatX));
+    r->returned = (floatX*)device_malloc(L * S * C * sizeof(floatX));
+    r->send_counts = (int*)calloc_check(L * E, sizeof(int));
+    r->recv_counts = (int*)calloc_check(L * E, sizeof(int));  // ep x E_local = E per layer
+    r->rows_taken = (int*)calloc_check(L, sizeof(int));
+    r->to_experts = (int*)malloc_check(L * R * sizeof(int));
+    r->from_experts = (int*)malloc_check(L * R * sizeof(int));
+}
+
+static inline void moe_record_free(MoeRecord* r) {
+    device_free(r->expert), device_free(r->gate), device_free(r->row), device_free(r->probs), device_free(r->shares);
+    device_free(r->to_experts_dev), device_free(r->from_experts_dev);
+    device_free(r->xin), device_free(r->fch), device_free(r->fch_gelu), device_free(r->returned);
+    free(r->send_counts), free(r->recv_counts), free(r->rows_taken), free(r->to_experts), free(r->from_experts);
+}
+
+// records: how many micro-batches can be in flight, each with record_layers MoE layers
+static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGroup* ep_group, MoeTokens tokens,
+                             int records, int record_layers, MoeBalance balance, float aux_alpha, float bias_rate,
+                             float capacity_factor) {
     memset(m, 0, sizeof(*m));
     m->E = c.experts, m->k = c.topk, m->L = c.num_layers, m->C = c.channels;
     m->ep = ep, m->ep_rank = ep_rank, m->E_local = c.experts / ep, m->ep_group = ep_group;
-    m->N = B * T, m->B = B, m->T = T;
+    m->N = tokens.N, m->tokens = tokens;
     m->balance = balance, m->aux_alpha = aux_alpha, m->bias_rate = bias_rate, m->capacity_factor = capacity_factor;
     m->capacity = moe_capacity(m->N, m->k, m->E, capacity_factor);
     m->rows_max = moe_rows_max(m->N, m->k, m->E, ep, m->capacity);
     size_t L = m->L, N = m->N, k = m->k, E = m->E, C = m->C, R = m->rows_max, S = N * k;
     allocation_kind(ALLOC_EXPERTS);  // (every device buffer below: the memory table's row "experts")
-    m->expert = (int*)device_malloc(L * S * sizeof(int));
-    m->gate = (float*)device_malloc(L * S * sizeof(float));
-    m->row = (int*)device_malloc(L * S * sizeof(int));
-    m->probs = (float*)device_malloc(L * N * E * sizeof(float));
-    m->shares = (float*)device_malloc(L * B * 2 * E * sizeof(float));
+    m->num_records = records;
+    m->records = (MoeRecord*)malloc_check((size_t)records * sizeof(MoeRecord));
+    for (int i = 0; i < records; i++) moe_record_alloc(&m->records[i], m, record_layers);
     m->bias = (float*)device_malloc(L * E * sizeof(float));
     device_memset_zero(m->bias, L * E * sizeof(float));
     m->counts_dev = (int*)device_malloc(2 * E * sizeof(int));
-    m->to_experts_dev = (int*)device_malloc(L * R * sizeof(int));
-    m->from_experts_dev = (int*)device_malloc(L * R * sizeof(int));
     m->dgate = (float*)device_malloc(S * sizeof(float));
     m->counts = (int*)calloc_check(2 * E, sizeof(int));
-    m->send_counts = (int*)calloc_check(L * E, sizeof(int));
-    m->recv_counts = (int*)calloc_check(L * E, sizeof(int));  // ep x E_local = E per layer
-    m->rows_taken = (int*)calloc_check(L, sizeof(int));
-    m->to_experts = (int*)malloc_check(L * R * sizeof(int));
-    m->from_experts = (int*)malloc_check(L * R * sizeof(int));
-    m->shares_host = (float*)malloc_check((size_t)B * 2 * E * sizeof(float));
+    m->shares_host = (float*)malloc_check((size_t)tokens.B * 2 * E * sizeof(float));
     m->bias_host = (float*)calloc_check(L * E, sizeof(float));
-    m->xin = (floatX*)device_malloc(L * R * C * sizeof(floatX));
-    m->fch = (floatX*)device_malloc(L * R * 4 * C * sizeof(floatX));
-    m->fch_gelu = (floatX*)device_malloc(L * R * 4 * C * sizeof(floatX));
-    m->returned = (floatX*)device_malloc(L * S * C * sizeof(floatX));
     m->send = (floatX*)device_malloc(S * C * sizeof(floatX));
     m->recv = (floatX*)device_malloc(R * C * sizeof(floatX));
     m->yout = (floatX*)device_malloc(R * C * sizeof(floatX));
@@ -128,12 +170,10 @@ static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGrou
 }
 
 static inline void moe_free(Moe* m) {
-    device_free(m->expert), device_free(m->gate), device_free(m->row), device_free(m->probs), device_free(m->shares);
-    device_free(m->bias), device_free(m->counts_dev), device_free(m->to_experts_dev), device_free(m->from_experts_dev);
-    device_free(m->dgate);
-    free(m->counts), free(m->send_counts), free(m->recv_counts), free(m->rows_taken), free(m->to_experts);
-    free(m->from_experts), free(m->shares_host), free(m->bias_host);
-    device_free(m->xin), device_free(m->fch), device_free(m->fch_gelu), device_free(m->returned);
+    for (int i = 0; i < m->num_records; i++) moe_record_free(&m->records[i]);
+    free(m->records);
+    device_free(m->bias), device_free(m->counts_dev), device_free(m->dgate);
+    free(m->counts), free(m->shares_host), free(m->bias_host);
     device_free(m->send), device_free(m->recv), device_free(m->yout), device_free(m->dfch);
     device_free(m->scores), device_free(m->dh);
     free(m->loads);
@@ -145,7 +185,32 @@ static inline void moe_step_begin(Moe* m) {
     m->aux = m->kept_slots = m->dropped_slots = 0.0;
 }
 
-// ---- 1, 2: routing. s: the router logits (N, E) of layer l (device). The device picks each
+// One MoE layer of one micro-batch in flight: layer j of its record, the model's layer l (whose
+// bias it routes with and whose loads it counts); where its routing and rows live
+typedef struct {
+    int l;
+    int *expert, *row, *to_experts_dev, *from_experts_dev;  // device
+    float *gate, *probs, *shares;
+    floatX *xin, *fch, *fch_gelu, *returned;
+    int *send_counts, *recv_counts, *rows_taken, *to_experts, *from_experts;  // host
+} MoeLayer;
+
+static inline MoeLayer moe_layer(const Moe* m, MoeRecord* r, int j, int l) {
+    size_t S = (size_t)m->N * m->k, R = (size_t)m->rows_max, E = (size_t)m->E, C = (size_t)m->C;
+    MoeLayer x;
+    x.l = l;
+    x.expert = r->expert + j * S, x.gate = r->gate + j * S, x.row = r->row + j * S;
+    x.probs = r->probs + j * m->N * E;
+    x.shares = r->shares + j * m->tokens.B * 2 * E;
+    x.to_experts_dev = r->to_experts_dev + j * R, x.from_experts_dev = r->from_experts_dev + j * R;
+    x.xin = r->xin + j * R * C, x.fch = r->fch + j * R * 4 * C, x.fch_gelu = r->fch_gelu + j * R * 4 * C;
+    x.returned = r->returned + j * S * C;
+    x.send_counts = r->send_counts + j * E, x.recv_counts = r->recv_counts + j * E, x.rows_taken = r->rows_taken + j;
+    x.to_experts = r->to_experts + j * R, x.from_experts = r->from_experts + j * R;
+    return x;
+}
+
+// ---- 1, 2: routing. s: the router logits (N, E) of the layer (device). The device picks each
 // token's experts and gates, applies the capacity and orders the kept slots (send order); the
 // host copies back the counts, the one wait of the layer before its all-to-all, and adds the
 // step's figures. Every pass routes with the training capacity, a sample's (1 x t tokens, t <= T)
@@ -155,33 +220,33 @@ static inline void moe_step_begin(Moe* m) {
 // layer: the memory the capacity is there to save. And the sample then shows the model as it was
 // trained, under the same budget; it drops less than a training micro-batch, since its t tokens
 // share the slots a micro-batch's B T share.
-static inline void moe_route(Moe* m, int l, const floatX* s, int N) {
+static inline void moe_route(Moe* m, MoeLayer x, const floatX* s, int N) {
     int E = m->E, k = m->k;
-    size_t slots = (size_t)l * m->N * k;
-    int* expert = m->expert + slots;
-    float* probs = m->probs + (size_t)l * m->N * E;
-    moe_topk(expert, m->gate + slots, probs, s, m->bias + (size_t)l * E, N, E, k);
-    moe_assign_rows(m->row + slots, m->counts_dev, expert, N, k, E, m->capacity);
+    moe_topk(x.expert, x.gate, x.probs, s, m->bias + (size_t)x.l * E, N, E, k);
+    moe_assign_rows(x.row, m->counts_dev, x.expert, N, k, E, m->capacity);
     if (m->balance == BALANCE_AUX && N == m->N) {
-        moe_sequence_shares(m->shares + (size_t)l * m->B * 2 * E, expert, probs, m->B, m->T, k, E);
+        // each sequence's f and P from this rank's tokens; where other ranks hold the rest of its
+        // tokens (the grid trainer's cp and -sp), the sum of their parts: all-reduce (B, 2E) fp32
+        // over them, so that the loss, and its gradient at every router, is the whole sequence's
+        MoeTokens t = m->tokens;
+        moe_sequence_shares(x.shares, x.expert, x.probs, t.B, t.T, t.first, N, t.T_seq, k, E);
+        if (t.seq_group) comm_all_reduce(t.seq_group, x.shares, (size_t)t.B * 2 * E, COMM_FLOAT, COMM_SUM);
     }
     copy_device_to_host(m->counts, m->counts_dev, (size_t)2 * E * sizeof(int));
     for (int e = 0; e < E; e++) {
         int kept = m->counts[e], routed = m->counts[E + e];
-        m->send_counts[(size_t)l * E + e] = kept;
-        m->loads[(size_t)l * E + e] += routed;  // counted before any drop: what the balancing rules look at
+        x.send_counts[e] = kept;
+        m->loads[(size_t)x.l * E + e] += routed;  // counted before any drop: what the balancing rules look at
         m->kept_slots += kept, m->dropped_slots += routed - kept;
     }
 }
 
-// ---- 3: the exchange's bookkeeping. After the counts' all-to-all, recv_counts of layer l says
+// ---- 3: the exchange's bookkeeping. After the counts' all-to-all, recv_counts of the layer says
 // how many rows each source rank sends for each of this rank's experts; the rows arrive source by
 // source (each source's rows expert by expert), and the experts want theirs together.
 // to_experts (expert order <- source order) and from_experts (its inverse); returns the rows.
-static inline int moe_regroup(Moe* m, int l) {
-    const int* counts = m->recv_counts + (size_t)l * m->E;  // [source][local expert]
-    int* to = m->to_experts + (size_t)l * m->rows_max;
-    int* from = m->from_experts + (size_t)l * m->rows_max;
+static inline int moe_regroup(Moe* m, MoeLayer x) {
+    const int* counts = x.recv_counts;  // [source][local expert]
     int at = 0;
     for (int e = 0; e < m->E_local; e++) {
         for (int p = 0; p < m->ep; p++) {
@@ -191,24 +256,23 @@ static inline int moe_regroup(Moe* m, int l) {
             }
             for (int f = 0; f < e; f++) src += counts[p * m->E_local + f];
             for (int i = 0; i < counts[p * m->E_local + e]; i++, at++) {
-                to[at] = src + i;
-                from[src + i] = at;
+                x.to_experts[at] = src + i;
+                x.from_experts[src + i] = at;
             }
         }
     }
-    copy_host_to_device(m->to_experts_dev + (size_t)l * m->rows_max, to, (size_t)at * sizeof(int));
-    copy_host_to_device(m->from_experts_dev + (size_t)l * m->rows_max, from, (size_t)at * sizeof(int));
-    m->rows_taken[l] = at;  // (the backward's exchange brings as many)
+    copy_host_to_device(x.to_experts_dev, x.to_experts, (size_t)at * sizeof(int));
+    copy_host_to_device(x.from_experts_dev, x.from_experts, (size_t)at * sizeof(int));
+    *x.rows_taken = at;  // (the backward's exchange brings as many)
     return at;
 }
 
 // rows of expert e (local) in expert order: first row and how many
-static inline int moe_expert_rows(const Moe* m, int l, int e, int* first) {
-    const int* counts = m->recv_counts + (size_t)l * m->E;
+static inline int moe_expert_rows(const Moe* m, MoeLayer x, int e, int* first) {
     int start = 0, n = 0;
     for (int f = 0; f <= e; f++) {
         int rows = 0;
-        for (int p = 0; p < m->ep; p++) rows += counts[p * m->E_local + f];
+        for (int p = 0; p < m->ep; p++) rows += x.recv_counts[p * m->E_local + f];
         if (f < e) start += rows;
         else n = rows;
     }
@@ -221,10 +285,10 @@ static inline int moe_expert_rows(const Moe* m, int l, int e, int* first) {
 // rank in turn). back = 0: send -> recv (the tokens to their experts); back = 1: recv -> send
 // (the outputs home), the same counts reversed. Over ep ranks a rank sends what is not its own:
 // in a balanced layer (ep - 1)/ep of its N k slots, N k C (ep - 1)/ep values each way.
-static inline void moe_exchange(Moe* m, int l, const floatX* from, floatX* to, int back) {
+static inline void moe_exchange(Moe* m, MoeLayer x, const floatX* from, floatX* to, int back) {
     int ep = m->ep, El = m->E_local;
-    const int* sent = m->send_counts + (size_t)l * m->E;    // [destination's expert]
-    const int* received = m->recv_counts + (size_t)l * m->E;  // [source][local expert]
+    const int* sent = x.send_counts;      // [destination's expert]
+    const int* received = x.recv_counts;  // [source][local expert]
     size_t to_rank[1024], from_rank[1024];  // rows x C per peer (ep <= E <= 1024)
     size_t total = 0;  // rows this rank sends (forward: its kept slots; back: what its experts took)
     for (int p = 0; p < ep; p++) {
@@ -242,15 +306,31 @@ static inline void moe_exchange(Moe* m, int l, const floatX* from, floatX* to, i
     comm_all_to_all(m->ep_group, from, to_rank, to, from_rank, COMM_FLOATX);
 }
 
-// ---- the layer. h: ln2 (N, C) of layer l; out (N, C): the MoE's output, added to the residual
-// stream by the trainer. w: the layer's weights (fcw .. fcprojb at this rank's first expert).
-static inline void moe_forward(Moe* m, int l, floatX* out, const floatX* h, LayerWeights w, int N) {
+// The aux loss of the layer's micro-batch (Switch Transformer, Fedus et al. 2021): per sequence,
+// alpha E sum_e f_e P_e, f_e the share of its T k slots routed to e (before drops; a count, no
+// gradient), P_e the mean over its tokens of softmax(s)_e; the mean over the micro-batch's
+// sequences. (f and P per sequence come from the device, moe_route's moe_sequence_shares; the
+// gradient, from the same shares: moe_backward.)
+static inline double moe_aux_loss(const Moe* m, MoeLayer x) {
+    int E = m->E, B = m->tokens.B;
+    copy_device_to_host(m->shares_host, x.shares, (size_t)B * 2 * E * sizeof(float));
+    double total = 0.0;
+    for (int q = 0; q < B; q++) {
+        const float *f = m->shares_host + (size_t)q * 2 * E, *P = f + E;
+        for (int e = 0; e < E; e++) total += (double)m->aux_alpha * E * f[e] * P[e];
+    }
+    return total / B;
+}
+
+// ---- the layer. h: ln2 (N, C) of the layer, this rank's tokens; out (N, C): the MoE's output,
+// added to the residual stream by the trainer. w: the layer's weights (fcw .. fcprojb at this
+// rank's first expert). With -balance aux the micro-batch's aux loss is added to the step's.
+static inline void moe_forward(Moe* m, MoeLayer x, floatX* out, const floatX* h, LayerWeights w, int N) {
     int C = m->C, E = m->E, k = m->k;
-    size_t R = (size_t)m->rows_max;
     // 1. router logits (N, E) = h Wr^T, routed (2.)
     matmul_forward(m->scores, h, w.routerw, NULL, N, C, E);
-    moe_route(m, l, m->scores, N);
-    const int* row = m->row + (size_t)l * m->N * k;
+    moe_route(m, x, m->scores, N);
+    if (m->balance == BALANCE_AUX && N == m->N) m->aux += moe_aux_loss(m, x);
     // 3. the kept slots in send order; counts first: all-to-all of E_local ints per rank pair, so
     // that each rank knows how many rows it will receive from each rank for each of its experts
     // before the rows come (MPI_Alltoallv and grouped NCCL send/recv both need the sizes up
@@ -259,92 +339,66 @@ static inline void moe_forward(Moe* m, int l, floatX* out, const floatX* h, Laye
     // small kernel of their own, the CPU still waiting for them; its low-latency kernels skip the
     // round trip: receive buffers sized for the worst case, the counts travelling with the
     // tokens, so the host never waits. A fixed capacity with padding needs no counts at all.
-    moe_dispatch(m->send, h, row, NULL, N, k, C, /*weighted*/ 0);
-    if (m->ep > 1) comm_all_to_all_counts(m->ep_group, m->send_counts + (size_t)l * E, m->recv_counts + (size_t)l * E, m->E_local);
-    else memcpy(m->recv_counts + (size_t)l * E, m->send_counts + (size_t)l * E, (size_t)E * sizeof(int));
-    int rows = moe_regroup(m, l);
+    moe_dispatch(m->send, h, x.row, NULL, N, k, C, /*weighted*/ 0);
+    if (m->ep > 1) comm_all_to_all_counts(m->ep_group, x.send_counts, x.recv_counts, m->E_local);
+    else memcpy(x.recv_counts, x.send_counts, (size_t)E * sizeof(int));
+    int rows = moe_regroup(m, x);
     // all-to-all: (slots this rank keeps, C) out, (rows its experts take, C) in
-    moe_exchange(m, l, m->send, m->recv, 0);
-    floatX* xin = m->xin + (size_t)l * R * C;
-    floatX* fch = m->fch + (size_t)l * R * 4 * C;
-    floatX* fch_gelu = m->fch_gelu + (size_t)l * R * 4 * C;
-    if (rows > 0) moe_gather_rows(xin, m->recv, m->to_experts_dev + (size_t)l * R, rows, C);
+    moe_exchange(m, x, m->send, m->recv, 0);
+    if (rows > 0) moe_gather_rows(x.xin, m->recv, x.to_experts_dev, rows, C);
     // each local expert: a GPT-2 MLP over its rows (one GEMM per weight, as many rows as it took)
     for (int e = 0; e < m->E_local; e++) {
-        int first, n = moe_expert_rows(m, l, e, &first);
+        int first, n = moe_expert_rows(m, x, e, &first);
         if (n == 0) continue;
         size_t f = (size_t)first;
-        matmul_forward_gelu(fch_gelu + f * 4 * C, fch + f * 4 * C, xin + f * C, w.fcw + (size_t)e * 4 * C * C,
+        matmul_forward_gelu(x.fch_gelu + f * 4 * C, x.fch + f * 4 * C, x.xin + f * C, w.fcw + (size_t)e * 4 * C * C,
                             w.fcb + (size_t)e * 4 * C, n, C, 4 * C);
-        matmul_forward(m->yout + f * C, fch_gelu + f * 4 * C, w.fcprojw + (size_t)e * C * 4 * C, w.fcprojb + (size_t)e * C,
-                       n, 4 * C, C);
+        matmul_forward(m->yout + f * C, x.fch_gelu + f * 4 * C, w.fcprojw + (size_t)e * C * 4 * C,
+                       w.fcprojb + (size_t)e * C, n, 4 * C, C);
     }
     // 4. back to source order, all-to-all home (the reverse sizes), and each token's weighted sum
-    if (rows > 0) moe_gather_rows(m->recv, m->yout, m->from_experts_dev + (size_t)l * R, rows, C);
-    floatX* returned = m->returned + (size_t)l * m->N * k * C;
-    moe_exchange(m, l, m->recv, returned, 1);
-    moe_combine(out, returned, row, m->gate + (size_t)l * m->N * k, N, k, C, /*weighted*/ 1);
-}
-
-// The aux loss of layer l's micro-batch (Switch Transformer, Fedus et al. 2021): per sequence,
-// alpha E sum_e f_e P_e, f_e the share of its T k slots routed to e (before drops; a count, no
-// gradient), P_e the mean over its tokens of softmax(s)_e; the mean over the micro-batch's
-// sequences. (f and P per sequence come from the device, moe_route's moe_sequence_shares; the
-// gradient, from the same shares: moe_backward.)
-static inline double moe_aux_loss(const Moe* m, int l) {
-    int E = m->E;
-    copy_device_to_host(m->shares_host, m->shares + (size_t)l * m->B * 2 * E, (size_t)m->B * 2 * E * sizeof(float));
-    double total = 0.0;
-    for (int q = 0; q < m->B; q++) {
-        const float *f = m->shares_host + (size_t)q * 2 * E, *P = f + E;
-        for (int e = 0; e < E; e++) total += (double)m->aux_alpha * E * f[e] * P[e];
-    }
-    return total / m->B;
+    if (rows > 0) moe_gather_rows(m->recv, m->yout, x.from_experts_dev, rows, C);
+    moe_exchange(m, x, m->recv, x.returned, 1);
+    moe_combine(out, x.returned, x.row, x.gate, N, k, C, /*weighted*/ 1);
 }
 
 // dout (N, C): the gradient at the MoE's output. Writes the gradient at h into dh_out (N, C);
 // the expert gradients accumulate into g (this rank's experts), the router's into g.routerw.
 // aux_weight: the loss's weight of one micro-batch's mean (the trainer's 1 / accum), used when
 // -balance aux adds its loss.
-static inline void moe_backward(Moe* m, int l, floatX* dh_out, const floatX* dout, const floatX* h, LayerWeights w,
+static inline void moe_backward(Moe* m, MoeLayer x, floatX* dh_out, const floatX* dout, const floatX* h, LayerWeights w,
                                 LayerWeights g, int N, float aux_weight) {
     int C = m->C, E = m->E, k = m->k;
-    size_t R = (size_t)m->rows_max;
-    size_t slots = (size_t)l * m->N * k;
-    const int* row = m->row + slots;
-    const float* gate = m->gate + slots;
-    floatX* returned = m->returned + slots * C;
     // the gates' gradients (for the router, below), then each kept slot's output gradient
     // gate x dout, to the experts (the same all-to-all as the forward's tokens)
-    moe_gate_grads(m->dgate, dout, returned, row, N, k, C);
-    moe_dispatch(m->send, dout, row, gate, N, k, C, /*weighted*/ 1);
-    moe_exchange(m, l, m->send, m->recv, 0);
-    int rows = m->rows_taken[l];
-    if (rows > 0) moe_gather_rows(m->yout, m->recv, m->to_experts_dev + (size_t)l * R, rows, C);
-    floatX* xin = m->xin + (size_t)l * R * C;
-    floatX* fch = m->fch + (size_t)l * R * 4 * C;
-    floatX* fch_gelu = m->fch_gelu + (size_t)l * R * 4 * C;
+    moe_gate_grads(m->dgate, dout, x.returned, x.row, N, k, C);
+    moe_dispatch(m->send, dout, x.row, x.gate, N, k, C, /*weighted*/ 1);
+    moe_exchange(m, x, m->send, m->recv, 0);
+    int rows = *x.rows_taken;
+    if (rows > 0) moe_gather_rows(m->yout, m->recv, x.to_experts_dev, rows, C);
     for (int e = 0; e < m->E_local; e++) {
-        int first, n = moe_expert_rows(m, l, e, &first);
+        int first, n = moe_expert_rows(m, x, e, &first);
         if (n == 0) continue;
         size_t f = (size_t)first, w1 = (size_t)e * 4 * C * C, b1 = (size_t)e * 4 * C, w2 = (size_t)e * C * 4 * C,
                b2 = (size_t)e * C;
         floatX *dy = m->yout + f * C, *dfch = m->dfch + f * 4 * C;
-        matmul_backward_input_gelu(dfch, dy, w.fcprojw + w2, fch + f * 4 * C, n, 4 * C, C);
-        matmul_backward_weight(g.fcprojw + w2, g.fcprojb + b2, dy, fch_gelu + f * 4 * C, n, 4 * C, C);
+        matmul_backward_input_gelu(dfch, dy, w.fcprojw + w2, x.fch + f * 4 * C, n, 4 * C, C);
+        matmul_backward_weight(g.fcprojw + w2, g.fcprojb + b2, dy, x.fch_gelu + f * 4 * C, n, 4 * C, C);
         matmul_backward_input(dy, dfch, w.fcw + w1, n, C, 4 * C);  // dy is used up: the input gradient in its place
-        matmul_backward_weight(g.fcw + w1, g.fcb + b1, dfch, xin + f * C, n, C, 4 * C);
+        matmul_backward_weight(g.fcw + w1, g.fcb + b1, dfch, x.xin + f * C, n, C, 4 * C);
     }
     // the input gradients home (the forward's way back), summed per token over its kept slots
-    if (rows > 0) moe_gather_rows(m->recv, m->yout, m->from_experts_dev + (size_t)l * R, rows, C);
-    moe_exchange(m, l, m->recv, m->send, 1);
-    moe_combine(dh_out, m->send, row, gate, N, k, C, /*weighted*/ 0);
+    if (rows > 0) moe_gather_rows(m->recv, m->yout, x.from_experts_dev, rows, C);
+    moe_exchange(m, x, m->recv, m->send, 1);
+    moe_combine(dh_out, m->send, x.row, x.gate, N, k, C, /*weighted*/ 0);
     // the router: the logits' gradient ds (N, E) through the gates' softmax and, with -balance aux,
     // through the aux loss's P; the aux loss of the micro-batch is alpha E sum_e f_e P_e averaged
-    // over its B sequences, P_e a mean over T tokens, so dP_e = aux_weight alpha E f_e / (B T)
-    float aux_scale = m->balance == BALANCE_AUX ? aux_weight * m->aux_alpha * E / (float)((size_t)m->B * m->T) : 0.0f;
-    moe_router_grad(m->scores, m->expert + slots, gate, m->dgate, m->probs + (size_t)l * m->N * E,
-                    m->shares + (size_t)l * m->B * 2 * E, aux_scale, N, m->T, k, E);
+    // over its B sequences, P_e a mean over its tokens, so dP_e = aux_weight alpha E f_e / (B T):
+    // T this rank's tokens of a sequence (T_seq / cp in the grid trainer, whose reduction then
+    // averages over the cp ranks as it does the loss's gradient)
+    MoeTokens t = m->tokens;
+    float aux_scale = m->balance == BALANCE_AUX ? aux_weight * m->aux_alpha * E / (float)((size_t)t.B * t.T) : 0.0f;
+    moe_router_grad(m->scores, x.expert, x.gate, m->dgate, x.probs, x.shares, aux_scale, N, t.T, t.first, k, E);
     matmul_backward_weight(g.routerw, NULL, m->scores, h, N, C, E);
     matmul_backward_input(m->dh, m->scores, w.routerw, N, C, E);
     residual_forward(dh_out, dh_out, m->dh, N, C);

@@ -41,8 +41,8 @@ static int check_routing(int N, int B, int E, int k, float cf) {
     float aux_scale = 0.01f * E / N;  // (aux_alpha 0.01, one micro-batch)
     cpu::moe_topk(expert, gate, probs, s, bias, N, E, k);
     cpu::moe_assign_rows(row, counts, expert, N, k, E, capacity);
-    cpu::moe_sequence_shares(shares, expert, probs, B, T, k, E);
-    cpu::moe_router_grad(ds, expert, gate, dgate, probs, shares, aux_scale, N, T, k, E);
+    cpu::moe_sequence_shares(shares, expert, probs, B, T, 0, N, T, k, E);
+    cpu::moe_router_grad(ds, expert, gate, dgate, probs, shares, aux_scale, N, T, 0, k, E);
 
     floatX* d_s = to_device(s, (size_t)N * E);
     float *d_bias = (float*)device_malloc(E * sizeof(float)), *d_dgate = (float*)device_malloc(S * sizeof(float));
@@ -60,8 +60,8 @@ static int check_routing(int N, int B, int E, int k, float cf) {
     float ms;
     moe_topk(d_expert, d_gate, d_probs, d_s, d_bias, N, E, k);
     moe_assign_rows(d_row, d_counts, d_expert, N, k, E, capacity);
-    moe_sequence_shares(d_shares, d_expert, d_probs, B, T, k, E);
-    moe_router_grad(d_ds, d_expert, d_gate, d_dgate, d_probs, d_shares, aux_scale, N, T, k, E);
+    moe_sequence_shares(d_shares, d_expert, d_probs, B, T, 0, N, T, k, E);
+    moe_router_grad(d_ds, d_expert, d_gate, d_dgate, d_probs, d_shares, aux_scale, N, T, 0, k, E);
     // the decisions are discrete and the same float comparisons on both sides: identical
     int* got = (int*)malloc_check(S * sizeof(int));
     const char* names[3] = {"v1 top-k experts", "v1 rows (capacity, send order)", "v1 counts (kept, routed)"};
@@ -88,7 +88,7 @@ static int check_routing(int N, int B, int E, int k, float cf) {
     report("v1 top-k, gates and P", ms, (double)N * E * (sizeof(floatX) + 4) + S * 8, 0);
     TIME_KERNEL(ms, 20, moe_assign_rows(d_row, d_counts, d_expert, N, k, E, capacity));
     report("v1 rows (E blocks scan N k slots each)", ms, (double)S * 4 * (E + 2), 0);
-    TIME_KERNEL(ms, 20, moe_router_grad(d_ds, d_expert, d_gate, d_dgate, d_probs, d_shares, aux_scale, N, T, k, E));
+    TIME_KERNEL(ms, 20, moe_router_grad(d_ds, d_expert, d_gate, d_dgate, d_probs, d_shares, aux_scale, N, T, 0, k, E));
     report("v1 router gradient", ms, (double)N * E * (sizeof(floatX) + 4) + S * 12, 0);
     free(s), free(bias), free(expert), free(row), free(counts), free(gate), free(probs), free(shares), free(ds), free(dgate), free(got);
     device_free(d_s), device_free(d_bias), device_free(d_dgate), device_free(d_expert), device_free(d_row);

@@ -69,22 +69,29 @@ static inline void moe_assign_rows(int* row, int* counts, const int* expert, int
     kernel_time_end(kernel_span);
 }
 
-// the aux loss's figures of each of the B sequences of T tokens: f_e, the share of its T k slots
-// routed to e (before drops), and P_e, the mean over its tokens of softmax(s)_e. shares: (B, 2E),
-// a sequence's E f's then its E P's
-static inline void moe_sequence_shares(float* shares, const int* expert, const float* probs, int B, int T, int k, int E) {
+// the aux loss's figures of each of the B sequences, from the N tokens this rank holds: f_e, the
+// share of the sequence's slots routed to e (before drops), and P_e, the mean over its tokens of
+// softmax(s)_e. The rank's tokens are flattened (B, T) tokens first .. first + N - 1: all of them
+// in the EP trainer (first = 0, N = B T), a tensor-parallel rank's share with -sp in the grid
+// trainer. A sequence is T_seq tokens in all (T_seq = T unless context parallelism holds the rest
+// on other ranks), so a rank writes its part of each sum, and the parts of the ranks that hold the
+// sequence add up to f and P. shares: (B, 2E), a sequence's E f's then its E P's
+static inline void moe_sequence_shares(float* shares, const int* expert, const float* probs, int B, int T, int first,
+                                       int N, int T_seq, int k, int E) {
     #pragma omp parallel for
     for (int q = 0; q < B; q++) {
         float *f = shares + (size_t)q * 2 * E, *P = f + E;
+        int lo = q * T - first, hi = (q + 1) * T - first;  // sequence q's tokens on this rank
+        lo = lo < 0 ? 0 : lo, hi = hi > N ? N : hi;
         for (int e = 0; e < E; e++) {
             int routed = 0;
             float p = 0.0f;
-            for (int t = q * T; t < (q + 1) * T; t++) {
+            for (int t = lo; t < hi; t++) {
                 for (int j = 0; j < k; j++) routed += expert[(size_t)t * k + j] == e;
                 p += probs[(size_t)t * E + e];
             }
-            f[e] = (float)routed / (float)(T * k);
-            P[e] = p / (float)T;
+            f[e] = (float)routed / (float)(T_seq * k);
+            P[e] = p / (float)T_seq;
         }
     }
 }
@@ -93,9 +100,11 @@ static inline void moe_sequence_shares(float* shares, const int* expert, const f
 // token's picked experts ds_j = g_j (dg_j - sum_i g_i dg_i) (dgate (N, k); a dropped slot has
 // dg = 0, but its gate still shares the softmax); zero elsewhere. With aux_scale > 0 (-balance
 // aux) also the aux loss's, through P = softmax of all E: dP_e = aux_scale f_e (its sequence's
-// share, shares as moe_sequence_shares writes them), ds_e += P_e (dP_e - sum_i P_i dP_i).
+// share, shares as moe_sequence_shares writes them: token t is flattened token first + t of the
+// (B, T) micro-batch), ds_e += P_e (dP_e - sum_i P_i dP_i).
 static inline void moe_router_grad(float* ds, const int* expert, const float* gate, const float* dgate,
-                                   const float* probs, const float* shares, float aux_scale, int N, int T, int k, int E) {
+                                   const float* probs, const float* shares, float aux_scale, int N, int T, int first,
+                                   int k, int E) {
     int kernel_span = kernel_time_begin("moe: router gradient", 0, 0);
     #pragma omp parallel for
     for (int t = 0; t < N; t++) {
@@ -106,7 +115,7 @@ static inline void moe_router_grad(float* ds, const int* expert, const float* ga
         for (int j = 0; j < k; j++) dot += g[j] * dg[j];
         for (int j = 0; j < k; j++) d[expert[(size_t)t * k + j]] = g[j] * (dg[j] - dot);
         if (aux_scale > 0.0f) {
-            const float *p = probs + (size_t)t * E, *f = shares + (size_t)(t / T) * 2 * E;
+            const float *p = probs + (size_t)t * E, *f = shares + (size_t)((first + t) / T) * 2 * E;
             float pdot = 0.0f;
             for (int e = 0; e < E; e++) pdot += p[e] * aux_scale * f[e];
             for (int e = 0; e < E; e++) d[e] += p[e] * (aux_scale * f[e] - pdot);

@@ -97,38 +97,44 @@ static inline void moe_assign_rows(int* row, int* counts, const int* expert, int
     kernel_time_end(kernel_span);
 }
 
-// block q (sequence q), thread e: f_e (the share of its T k slots routed to e) and P_e (the mean
-// of its tokens' softmax(s)_e); shares (B, 2E)
-__global__ void moe_sequence_shares_kernel(float* shares, const int* expert, const float* probs, int T, int k, int E) {
+// block q (sequence q), thread e: this rank's part of f_e (the share of the sequence's T_seq k
+// slots routed to e) and of P_e (the mean of its tokens' softmax(s)_e), from its tokens among the
+// rank's flattened (B, T) tokens first .. first + N - 1 (llmc/cpu/moe.h says when that is not all
+// of them); shares (B, 2E)
+__global__ void moe_sequence_shares_kernel(float* shares, const int* expert, const float* probs, int T, int first, int N,
+                                           int T_seq, int k, int E) {
     int q = blockIdx.x;
+    int lo = q * T - first, hi = (q + 1) * T - first;  // sequence q's tokens on this rank
+    lo = lo < 0 ? 0 : lo, hi = hi > N ? N : hi;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         int routed = 0;
         float p = 0.0f;
-        for (int t = q * T; t < (q + 1) * T; t++) {
+        for (int t = lo; t < hi; t++) {
             for (int j = 0; j < k; j++) routed += expert[(size_t)t * k + j] == e;
             p += probs[(size_t)t * E + e];
         }
-        shares[(size_t)q * 2 * E + e] = (float)routed / (float)(T * k);
-        shares[(size_t)q * 2 * E + E + e] = p / (float)T;
+        shares[(size_t)q * 2 * E + e] = (float)routed / (float)(T_seq * k);
+        shares[(size_t)q * 2 * E + E + e] = p / (float)T_seq;
     }
 }
-static inline void moe_sequence_shares(float* shares, const int* expert, const float* probs, int B, int T, int k, int E) {
-    moe_sequence_shares_kernel<<<B, 128>>>(shares, expert, probs, T, k, E);
+static inline void moe_sequence_shares(float* shares, const int* expert, const float* probs, int B, int T, int first,
+                                       int N, int T_seq, int k, int E) {
+    moe_sequence_shares_kernel<<<B, 128>>>(shares, expert, probs, T, first, N, T_seq, k, E);
     cudaCheckLaunch();
 }
 
 // thread t: token t's row of ds (N, E), the gates' softmax backward at its picked experts and,
 // with aux_scale > 0, the aux loss's through P (llmc/cpu/moe.h writes the formulas)
 __global__ void moe_router_grad_kernel(floatX* ds, const int* expert, const float* gate, const float* dgate,
-                                       const float* probs, const float* shares, float aux_scale, int N, int T, int k,
-                                       int E) {
+                                       const float* probs, const float* shares, float aux_scale, int N, int T, int first,
+                                       int k, int E) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= N) return;
     const float *g = gate + (size_t)t * k, *dg = dgate + (size_t)t * k;
     const int* picked = expert + (size_t)t * k;
     float dot = 0.0f, pdot = 0.0f;
     for (int j = 0; j < k; j++) dot += g[j] * dg[j];
-    const float *p = probs + (size_t)t * E, *f = aux_scale > 0.0f ? shares + (size_t)(t / T) * 2 * E : NULL;
+    const float *p = probs + (size_t)t * E, *f = aux_scale > 0.0f ? shares + (size_t)((first + t) / T) * 2 * E : NULL;
     for (int e = 0; f && e < E; e++) pdot += p[e] * aux_scale * f[e];
     for (int e = 0; e < E; e++) {
         float d = 0.0f;
@@ -138,9 +144,10 @@ __global__ void moe_router_grad_kernel(floatX* ds, const int* expert, const floa
     }
 }
 static inline void moe_router_grad(floatX* ds, const int* expert, const float* gate, const float* dgate,
-                                   const float* probs, const float* shares, float aux_scale, int N, int T, int k, int E) {
+                                   const float* probs, const float* shares, float aux_scale, int N, int T, int first, int k,
+                                   int E) {
     int kernel_span = kernel_time_begin("moe: router gradient", 0, 0);
-    moe_router_grad_kernel<<<ceil_div(N, 128), 128>>>(ds, expert, gate, dgate, probs, shares, aux_scale, N, T, k, E);
+    moe_router_grad_kernel<<<ceil_div(N, 128), 128>>>(ds, expert, gate, dgate, probs, shares, aux_scale, N, T, first, k, E);
     cudaCheckLaunch();
     kernel_time_end(kernel_span);
 }
