@@ -39,8 +39,8 @@ numpy|required|the tests, dev/hf_export.py, dev/hf_import.py|apt:python3-numpy
 matplotlib|required|dev/plot_runs.py, dev/plot_timeline.py (a test draws a plot)|apt:python3-matplotlib
 chromium|required|the memory_page tests: headless Chromium opens dev/memory.html from the file system|apt:chromium
 wasm|optional|make memory-page: dev/memory_planner compiled to WebAssembly for dev/memory.html (clang for wasm32-wasi, wasi-libc, compiler-rt builtins for wasm32)|apt:clang lld wasi-libc libclang-rt-dev-wasm32
-regex|optional|dev/data/gpt2_bpe.py (tinyshakespeare.py, prepare.py, fineweb.py): GPT-2 pre-tokenizer on non-ASCII text (re suffices on ASCII)|apt:python3-regex
-tiktoken|optional|dev/data/tinyshakespeare.py checks its own BPE against it; prepare.py and fineweb.py use it (faster, the same tokens); tests_data.py compares with it|you: pip install tiktoken
+regex|optional|dev/data/gpt2_bpe.py (tinyshakespeare.py, prepare.py, fineweb.py, hellaswag.py): GPT-2 pre-tokenizer on non-ASCII text (re suffices on ASCII)|apt:python3-regex
+tiktoken|optional|dev/data/tinyshakespeare.py checks its own BPE against it; prepare.py, fineweb.py and hellaswag.py use it (faster, the same tokens); tests_data.py compares with it|you: pip install tiktoken
 tqdm|optional|dev/data/prepare.py and fineweb.py: the progress bar (without it, a plain progress line)|you: installed with the transformers row (tqdm==4.70.1)
 datasets|optional|dev/data/fineweb.py: FineWeb streamed from the Hugging Face hub (offline: --local files)|you: pip install datasets (the download needs the hub)
 pyarrow|optional|dev/data/fineweb.py --local FILE.parquet, and the parquet case of data_fineweb_local_sample_gives_prepare_shards (JSONL needs nothing)|you: pip install pyarrow (datasets brings it)
