@@ -180,9 +180,12 @@ def data_prepare_reproduces_the_tiny_shakespeare_files():
 @test
 def data_prepare_names_every_bad_input_in_one_message():
     """a missing file, a JSONL line without the field, one that is not JSON, one whose text is a
-    lone UTF-16 surrogate, a text file that is not UTF-8, in one run: one message naming each (file:line for the lines), exit 1, no file in
-    --out (no shard, no temporary); bad flag values likewise, with a missing file; shards already
-    in --out refused, and --overwrite replaces them all (the stale last shard of a larger run too)"""
+    lone UTF-16 surrogate, one whose bytes are not UTF-8 (from its first byte, 0xff 0xfe: UTF-16's
+    byte-order mark, which json.loads would take for UTF-16 and call "not JSON"), a text file that
+    is not UTF-8, in one run: one message naming each (file:line, the bad byte's line in a text file),
+    exit 1, and no --out (no shard, no temporary, not the directory it would have made); bad flag
+    values likewise, with a missing file; shards already in --out refused, and --overwrite
+    replaces them all (the stale last shard of a larger run too)"""
     d = fresh_dir("data_bad")
     good = os.path.join(d, "good.txt")
     with open(good, "w") as f:
@@ -190,28 +193,31 @@ def data_prepare_names_every_bad_input_in_one_message():
     lines = os.path.join(d, "lines.jsonl")
     with open(lines, "w") as f:
         f.write('{"text": "fine"}\n{"body": "no text field"}\n{"text": "cut\n\n{"text": 7}\n{"text": "\\ud800"}\n')
+    utf16 = os.path.join(d, "utf16.jsonl")
+    with open(utf16, "wb") as f:
+        f.write(b'{"text": "fine"}\n\xff\xfe{"text": "x"}\n')
     latin1 = os.path.join(d, "latin1.txt")
     with open(latin1, "wb") as f:
-        f.write("caf\u00e9".encode("latin-1"))
+        f.write("a first line\ncaf\u00e9".encode("latin-1"))  # (0xe9: byte 16, on line 2)
     missing = os.path.join(d, "missing.txt")
     out = os.path.join(d, "out")
-    r = run_prepare(["--out", out, "--shard_tokens", 100, "--workers", 2, good, missing, lines, latin1])
-    want = ["6 bad inputs, nothing written", missing + ": no such file",
+    r = run_prepare(["--out", out, "--shard_tokens", 100, "--workers", 2, good, missing, lines, utf16, latin1])
+    want = ["7 bad inputs, nothing written", missing + ": no such file",
             lines + ":2: no field 'text' (its fields: body)", lines + ":3: not JSON",
             lines + ":5: field 'text' is 7, expected a string", lines + ":6: holds a lone surrogate",
-            latin1 + ": not UTF-8 text (byte 3)"]
+            utf16 + ":2: not UTF-8 (byte 0 of the line: 0xff)", latin1 + ":2: not UTF-8 text (byte 16 of the file: 0xe9)"]
     assert r.returncode == 1 and all(w in r.stderr for w in want) and r.stderr.count("prepare.py:") == 1, \
         "exit %d, missing %s:\n%s" % (r.returncode, [w for w in want if w not in r.stderr], r.stderr)
-    assert not os.path.exists(out) or not os.listdir(out), os.listdir(out)
+    assert not os.path.exists(out), os.listdir(out)
     # the bad lines met after 4 shards' worth of good text: the shards written so far are removed
     r = run_prepare(["--out", out, "--shard_tokens", 100, "--val_tokens", 0, good, lines])
     assert r.returncode == 1 and "4 bad inputs" in r.stderr, r.stderr
-    assert not os.path.exists(out) or not os.listdir(out), os.listdir(out)
+    assert not os.path.exists(out), os.listdir(out)
     r = run_prepare(["--out", out, "--shard_tokens", 0, "--val_tokens", -1, "--workers", 0, good, missing])
     want = ["--shard_tokens 0: expected a positive", "--val_tokens -1: expected a non-negative",
             "--workers 0: expected at least 1", missing + ": no such file"]
     assert r.returncode == 1 and all(w in r.stderr for w in want), r.stderr
-    assert not os.path.exists(out) or not os.listdir(out), os.listdir(out)
+    assert not os.path.exists(out), os.listdir(out)
     # a first run makes 4 training shards; a second with larger shards is refused, then with
     # --overwrite it leaves exactly its own 2
     assert run_prepare(["--out", out, "--shard_tokens", 100, "--val_tokens", 0, good]).returncode == 0
@@ -222,6 +228,59 @@ def data_prepare_names_every_bad_input_in_one_message():
     r = run_prepare(["--out", out, "--shard_tokens", 200, "--val_tokens", 0, "--overwrite", good])
     assert r.returncode == 0 and sorted(os.listdir(out)) == ["data_train_000001.bin", "data_train_000002.bin"], \
         (r.stderr, os.listdir(out))
+
+
+@test
+def data_prepare_small_text_with_the_default_split_says_what_to_give():
+    """the README's command (no --val_tokens, no --shard_tokens) on a text of 400 tokens: the
+    default validation split (one shard, 10^8 tokens) takes them all, and the message names the
+    default and gives a --val_tokens that works (a tenth, 40); with it, one validation file of 40
+    tokens and one training shard of the other 360"""
+    d = fresh_dir("data_small")
+    text = os.path.join(d, "notes.txt")
+    with open(text, "w") as f:
+        f.write(" ".join(["word"] * 399))  # 400 tokens with its <|endoftext|>
+    out = os.path.join(d, "out")
+    r = run_prepare(["--out", out, text])
+    want = "all 400 tokens fit in the validation split (--val_tokens 100000000, by default --shard_tokens)"
+    assert r.returncode == 1 and want in r.stderr and "e.g. --val_tokens 40 " in r.stderr, r.stderr
+    assert not os.path.exists(out), os.listdir(out)
+    r = run_prepare(["--out", out, "--val_tokens", 40, text])
+    assert r.returncode == 0, r.stderr
+    assert [(n, len(t)) for n, t in read_shards(out, "data")] == [("data_val_000000.bin", 40), ("data_train_000001.bin", 360)]
+
+
+@test
+def data_prepare_stopped_by_sigterm_or_ctrl_c_leaves_nothing():
+    """prepare.py on 12 MB of JSONL (seconds of work), stopped once its first temporary shard is
+    in --out: by SIGTERM (what kill, timeout and job schedulers send), exit 143; by SIGINT (Ctrl-C),
+    exit 130; each with one line saying nothing was written, and no --out left (no temporary,
+    no directory); the worker processes end with it"""
+    d = fresh_dir("data_stopped")
+    big = os.path.join(d, "big.jsonl")
+    docs = sample_docs(400)
+    with open(big, "w") as f:
+        while f.tell() < 12 << 20:
+            for i, doc in enumerate(docs):
+                f.write(json.dumps({"text": "%d %s" % (f.tell(), doc)}) + "\n")
+    for sig, code, said in ((signal.SIGTERM, 143, "stopped (SIGTERM), nothing written"),
+                            (signal.SIGINT, 130, "interrupted, nothing written")):
+        out = os.path.join(d, "out")
+        # (SIGINT's default restored: a runner started in the background may have it ignored)
+        p = subprocess.Popen(PREPARE + ["--out", out, "--shard_tokens", "1000", "--val_tokens", "1000", "--workers", "2", big],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.time() + 120
+        while p.poll() is None and time.time() < deadline and not (
+                os.path.isdir(out) and any(n.endswith(".tmp") for n in os.listdir(out))):
+            time.sleep(0.01)
+        assert p.poll() is None, "prepare.py ended before it could be stopped: %s" % p.communicate()[1][-2000:]
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == code and err.count(said) == 1 and "Traceback" not in err, \
+            "%s: exit %d\n%s" % (sig.name, p.returncode, err[-3000:])
+        assert not os.path.exists(out), "%s left %s" % (sig.name, os.listdir(out))
+        assert subprocess.run(["pgrep", "-s", str(p.pid)], capture_output=True).stdout == b"", "workers left running"
 
 
 FINEWEB_FIELDS = ("text", "id", "dump", "url", "date", "file_path", "language", "language_score", "token_count")

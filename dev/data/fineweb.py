@@ -124,10 +124,15 @@ def main():
                 raise prepare.BadInput(problems + hub_problems())
             chunks, total, unit = hub_chunks(DATASETS[args.edu], "sample-%sT" % args.version), None, "chars"
         print(prepare.write_shards(chunks, out, args.prefix, args.shard_tokens, val_tokens, args.workers,
-                                   args.encoder, args.overwrite, problems=problems, total=total, unit=unit))
+                                   args.encoder, args.overwrite, problems=problems, total=total, unit=unit,
+                                   default_val=args.val_tokens is None))
     except prepare.BadInput as e:
         print("fineweb.py: %s" % e, file=sys.stderr)
         sys.exit(1)
+    except (KeyboardInterrupt, prepare.Stopped) as e:
+        print("\nfineweb.py: %s, nothing written" % ("interrupted" if isinstance(e, KeyboardInterrupt) else "stopped (SIGTERM)"),
+              file=sys.stderr)
+        sys.exit(130 if isinstance(e, KeyboardInterrupt) else 143)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import glob
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 
@@ -80,7 +81,10 @@ _encode = None
 
 
 def start_worker(encoder):
-    """each process loads the encoder once"""
+    """each process loads the encoder once; Ctrl-C and SIGTERM are the main process's to handle
+    (it ends the pool): a worker ignores the first and dies of the second, quietly"""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     global _encode
     bpe = gpt2_bpe.load_bpe()
     _encode = gpt2_bpe.tiktoken_encoder(bpe).encode_ordinary if encoder == "tiktoken" else bpe.encode
@@ -90,9 +94,11 @@ def document(where, payload, field):
     """(text, None) or (None, what is wrong with it)"""
     if field is not None:
         try:
-            row = json.loads(payload)
+            # (decoded here: json.loads on bytes would guess UTF-16 from a line that starts with
+            # \xff\xfe and call it "not JSON"; -sig drops a UTF-8 byte-order mark, as json.loads does)
+            row = json.loads(payload.decode("utf-8-sig"))
         except UnicodeDecodeError as e:
-            return None, "%s: not UTF-8 (byte %d of the line)" % (where, e.start)
+            return None, "%s: not UTF-8 (byte %d of the line: 0x%02x)" % (where, e.start, payload[e.start])
         except ValueError as e:
             return None, "%s: not JSON (%s)" % (where, e)
         if not isinstance(row, dict):
@@ -104,7 +110,8 @@ def document(where, payload, field):
         try:
             return payload.decode("utf-8"), None
         except UnicodeDecodeError as e:
-            return None, "%s: not UTF-8 text (byte %d)" % (where, e.start)
+            line = payload.count(b"\n", 0, e.start) + 1
+            return None, "%s:%d: not UTF-8 text (byte %d of the file: 0x%02x)" % (where, line, e.start, payload[e.start])
     if not isinstance(payload, str):
         return None, "%s: field '%s' is %s, expected a string" % (where, field or "text", json.dumps(payload)[:40])
     return payload, None
@@ -213,7 +220,7 @@ class ShardWriter:
 
     def __init__(self, out, prefix, shard_tokens, val_tokens):
         self.out, self.prefix, self.shard_tokens, self.val_tokens = out, prefix, shard_tokens, val_tokens
-        self.index = 0 if val_tokens > 0 else 1  # shard 0 is the validation split, as in llm.c
+        self.index = self.first = 0 if val_tokens > 0 else 1  # shard 0 is the validation split, as in llm.c
         self.file, self.count = None, 0
         self.written = []  # (final name, tokens) of each closed shard
 
@@ -246,13 +253,15 @@ class ShardWriter:
             self.close_shard()
 
     def discard(self):
+        """removes every temporary of this run: the closed shards' and the one being filled (by
+        index: Ctrl-C may land between a shard's open and its bookkeeping)"""
         if self.file is not None:
             self.file.close()
-            self.written.append((self.file.name[:-len(".tmp")], self.count))
             self.file = None
-        for name, _ in self.written:
-            if os.path.exists(name + ".tmp"):
-                os.remove(name + ".tmp")
+        for index in range(self.first, self.index + 1):
+            name = shard_name(self.out, self.prefix, index, index == 0) + ".tmp"
+            if os.path.exists(name):
+                os.remove(name)
 
     def commit(self, old):
         for name in old:
@@ -297,17 +306,27 @@ def choose_encoder(name):
     return name
 
 
+class Stopped(Exception):
+    """SIGTERM (kill, timeout, a job scheduler) while shards are being written"""
+
+
+def stop(signum, frame):
+    raise Stopped()
+
+
 def write_shards(chunks, out, prefix, shard_tokens, val_tokens, workers, encoder, overwrite,
-                 problems=(), total=None, unit="B", desc="tokenizing"):
+                 problems=(), total=None, unit="B", desc="tokenizing", default_val=False):
     """the chunks' documents into shards; problems already found (unreadable files) are reported
     with those the documents have, after every chunk was read, and then nothing is written.
-    Returns a summary line; raises BadInput."""
+    Interrupted (Ctrl-C, SIGTERM) or failed, it leaves nothing: no temporary, and no --out it made.
+    Returns a summary line; raises BadInput, KeyboardInterrupt or Stopped."""
     problems, bad = list(problems), len(problems)
     old = existing_shards(out, prefix)
     if old and not overwrite:
         problems.append("%s already holds %d %s_* shards (%s, ...): another --out or --prefix, or --overwrite to replace them"
                         % (out, len(old), prefix, os.path.basename(old[0])))
         bad += 1
+    made_out = bad == 0 and not os.path.isdir(out)  # (an --out made here is removed again on failure)
     if bad == 0:
         os.makedirs(out, exist_ok=True)
     writer = ShardWriter(out, prefix, shard_tokens, val_tokens)
@@ -317,6 +336,10 @@ def write_shards(chunks, out, prefix, shard_tokens, val_tokens, workers, encoder
     tokens = docs = non_ascii = 0
     # (bad is read as each chunk is handed out: after the first problem, chunks are only checked)
     chunks = ((items, size, bad == 0) for items, size in chunks)
+    done = False
+    # SIGTERM's default would end the process at once, leaving the temporaries: raised instead,
+    # it runs the finally below as Ctrl-C's KeyboardInterrupt does
+    previous = {signal.SIGINT: signal.getsignal(signal.SIGINT), signal.SIGTERM: signal.signal(signal.SIGTERM, stop)}
     try:
         for data, n_docs, n_non_ascii, chunk_problems, size in tokenized(chunks, workers, encoder):
             bad += len(chunk_problems)
@@ -328,20 +351,28 @@ def write_shards(chunks, out, prefix, shard_tokens, val_tokens, workers, encoder
             docs += n_docs
             non_ascii += n_non_ascii
             progress.update(size, len(ids))
-        progress.close()
         if bad == 0 and docs == 0:
             problems.append("no documents in the input")
             bad += 1
         elif bad == 0 and tokens <= val_tokens:
-            problems.append("all %d tokens fit in the validation split (--val_tokens %d): no training shard; give a smaller --val_tokens"
-                            % (tokens, val_tokens))
+            problems.append("all %d tokens fit in the validation split (--val_tokens %d%s): no training shard; give a smaller "
+                            "--val_tokens, e.g. --val_tokens %d (a tenth of them)"
+                            % (tokens, val_tokens, ", by default --shard_tokens" if default_val else "", tokens // 10))
             bad += 1
         if bad:
             raise BadInput(problems, bad)
         writer.finish()
+        for sig in previous:  # (the renames are not stopped half-way: a signal now is ignored, the run completes)
+            signal.signal(sig, signal.SIG_IGN)
         writer.commit([name for name in old if name not in {n for n, _ in writer.written}] if overwrite else [])
+        done = True
     finally:
+        progress.close()
         writer.discard()  # (removes what commit did not rename: nothing after a success)
+        if made_out and not done and not os.listdir(out):
+            os.rmdir(out)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     seconds = time.time() - started
     val = [n for n, count in writer.written if "_val_" in os.path.basename(n)]
     train_tokens = sum(count for n, count in writer.written if n not in val)
@@ -405,10 +436,15 @@ def main():
         readable = [f for f in args.files if f not in missing]
         total = sum(os.path.getsize(f) for f in readable)
         print(write_shards(file_chunks(readable, args.jsonl_field), args.out, args.prefix, args.shard_tokens, val_tokens,
-                           args.workers, args.encoder, args.overwrite, problems=list(missing.values()), total=total))
+                           args.workers, args.encoder, args.overwrite, problems=list(missing.values()), total=total,
+                           default_val=args.val_tokens is None))
     except BadInput as e:
         print("prepare.py: %s" % e, file=sys.stderr)
         sys.exit(1)
+    except (KeyboardInterrupt, Stopped) as e:
+        print("\nprepare.py: %s, nothing written" % ("interrupted" if isinstance(e, KeyboardInterrupt) else "stopped (SIGTERM)"),
+              file=sys.stderr)
+        sys.exit(130 if isinstance(e, KeyboardInterrupt) else 143)
 
 
 if __name__ == "__main__":
