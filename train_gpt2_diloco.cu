@@ -207,18 +207,7 @@ static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, i
     d->ended = (float*)device_malloc(sizeof(float));
     device_memset_zero(d->momentum, P * sizeof(float));
     device_memset_zero(d->ended, sizeof(float));
-    OuterLink* link = &d->link;
-    memset(link, 0, sizeof(*link));
-    link->bits = link_bits;
-    link->fragments = fragments;
-    link->across = &d->across;
-    link->buffer = d->delta;
-    link->tau = tau;
-    link->fragment = -1;
-    link->rounds = (CommRequest*)calloc((size_t)workers, sizeof(CommRequest));
-    link->pending = (float*)device_malloc(2 * sizeof(float));
-    device_memset_zero(link->pending, 2 * sizeof(float));
-    link->layouts = link_bits < 32 ? (LinkLayout*)malloc_check((size_t)fragments * sizeof(LinkLayout)) : NULL;
+    link_init(&d->link, link_bits, fragments, &d->across, d->delta, tau);
     d->spans = (Span**)malloc_check((size_t)fragments * sizeof(Span*));
     d->num_spans = (int*)malloc_check((size_t)fragments * sizeof(int));
     d->fragment_size = (size_t*)malloc_check((size_t)fragments * sizeof(size_t));
@@ -231,7 +220,7 @@ static void diloco_init(Diloco* d, GPT2* model, CommGroup* world, int workers, i
         if (link_bits == 32) continue;
         size_t P_f;
         int num_units = fragment_spans(fragments, strided, &model->layout, f, units, &P_f, /*merge*/ 0);
-        size_t needed = link_layout(&link->layouts[f], units, num_units, P_f, link_bits, workers, r / R);
+        size_t needed = link_layout(&d->link.layouts[f], units, num_units, P_f, link_bits, workers, r / R);
         check_every_rank(needed <= 2 * P, "-workers %d: the exchanges of -outer_dtype below fp32 need %zu words of 16 "
                          "bits for fragment %d, its messages and the W - 1 others' of a shard, and the pseudo-gradient's "
                          "buffer holds 2P = %zu (fewer workers, or a larger model)", workers, needed, f, 2 * P);

@@ -145,6 +145,23 @@ static inline size_t link_layout(LinkLayout* k, const Span* units, int num_units
     return k->words + (size_t)(W - 1) * k->message_words[me] + mean_scales;
 }
 
+// The link of a rank's DiLoCo, nothing in flight: `across` the group it averages over, buffer the
+// pseudo-gradient's (P) fp32 buffer it lives in. Below fp32 each fragment's layouts[f] is then
+// filled by link_layout (the trainer knows the fragments' tensors); link_free frees what both allocate
+static inline void link_init(OuterLink* link, int bits, int fragments, CommGroup* across, float* buffer, int tau) {
+    memset(link, 0, sizeof(*link));
+    link->bits = bits;
+    link->fragments = fragments;
+    link->across = across;
+    link->buffer = buffer;
+    link->tau = tau;
+    link->fragment = -1;
+    link->rounds = (CommRequest*)calloc_check((size_t)across->size, sizeof(CommRequest));  // (W - 1 used)
+    link->pending = (float*)device_malloc(2 * sizeof(float));
+    device_memset_zero(link->pending, 2 * sizeof(float));
+    link->layouts = bits < 32 ? (LinkLayout*)malloc_check((size_t)fragments * sizeof(LinkLayout)) : NULL;
+}
+
 static inline void link_free(OuterLink* link) {
     for (int f = 0; link->layouts && f < link->fragments; f++) {
         free(link->layouts[f].pieces), free(link->layouts[f].message_at), free(link->layouts[f].message_words);
