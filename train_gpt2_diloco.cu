@@ -98,7 +98,9 @@ run extends (-y 1 with a larger -x) only where its last step was due for every f
 otherwise that step's outer step is one the longer run would not take, and the resume is refused
 (check_resume).
 
-Build: make train_gpt2_diloco        Run: mpirun -np 4 ./train_gpt2_diloco -e d6 -workers 4 -H 10 -x 100 -o out
+Build: make train_gpt2_diloco
+Run:   mpirun -np 4 ./train_gpt2_diloco -e d6 -b 4 -t 64 -workers 2 -H 10 -x 100 -o out
+       (2 workers of 2 ranks: DDP inside each worker every step, an outer step across them every 10)
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
 */
 #include <math.h>
@@ -645,6 +647,7 @@ int main(int argc, char** argv) {
         // at the last step of every fragment
         watchdog_phase("outer step", step);
         outer_steps(&d, &model, &run, step + 1);
+        // (the workers' mean loss and norm; the clip beside them rank 0's worker's: -gc / its own norm)
         run_step_end(&run, step, printed[0], lr, printed[1], clip_scale);
     }
     run_end(&run);
