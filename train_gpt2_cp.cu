@@ -53,6 +53,12 @@ start's table prints each rank's).
 The result matches one process training the whole model to fp32 rounding (checked against
 PyTorch in test/).
 
+The 3D trainer's -cp (train_gpt2_3d.cu) runs the same attention code: llmc/chunk.h's pass over a
+pipeline stage's layers, given the cp group, calls llmc/context_parallel.h's ring or all-gather
+inside each llmc/tensor_parallel.h layer (on the rank's tp heads) and takes wpe's rows at the
+rank's positions as here (cp_positions, cp_position_grads). Of its own this file has the DP
+trainer's layers around that attention and the step of 1-6 above.
+
 Build: make train_gpt2_cp        Run: mpirun -np 2 ./train_gpt2_cp -e d6 -t 256 -x 20 -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
 */
