@@ -251,6 +251,25 @@ def data_prepare_small_text_with_the_default_split_says_what_to_give():
 
 
 @test
+def data_prepare_takes_a_quoted_pattern_as_the_shell_would():
+    """'DIR/doc*.txt' quoted (as the trainers' -i takes a pattern) gives the bytes of the files
+    listed one by one in sorted order; a pattern matching nothing is named as such, nothing written"""
+    d = fresh_dir("data_pattern")
+    files = write_inputs(d, sample_docs(12))
+    texts = sorted(f for f in files if f.endswith(".txt"))
+    flags = ["--shard_tokens", 50, "--val_tokens", 20, "--workers", 2]
+    r = run_prepare(["--out", os.path.join(d, "listed")] + flags + texts)
+    assert r.returncode == 0, r.stderr
+    r = run_prepare(["--out", os.path.join(d, "pattern")] + flags + [os.path.join(d, "doc*.txt")])
+    assert r.returncode == 0, r.stderr
+    assert folder_bytes(os.path.join(d, "pattern")) == folder_bytes(os.path.join(d, "listed"))
+    nothing = os.path.join(d, "none", "*.txt")
+    r = run_prepare(["--out", os.path.join(d, "none_out")] + flags + [nothing])
+    assert r.returncode == 1 and nothing + ": a pattern matching no file" in r.stderr, r.stderr
+    assert not os.path.exists(os.path.join(d, "none_out"))
+
+
+@test
 def data_prepare_stopped_by_sigterm_or_ctrl_c_leaves_nothing():
     """prepare.py on 12 MB of JSONL (seconds of work), stopped once its first temporary shard is
     in --out: by SIGTERM (what kill, timeout and job schedulers send), exit 143; by SIGINT (Ctrl-C),

@@ -113,6 +113,7 @@ def main():
     problems = prepare.flag_problems(args)
     try:
         if args.local:
+            args.local = prepare.expand_patterns(args.local)
             missing = local_problems(args.local)
             if problems:
                 raise prepare.BadInput(problems + list(missing.values()))

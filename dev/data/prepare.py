@@ -6,7 +6,8 @@ Text files or JSONL into llm.c token shards with the GPT-2 BPE, in parallel proc
 
 Inputs: a file ending in .jsonl holds one JSON object a line, the document in its field
 --jsonl_field ("text" by default; blank lines are skipped); any other file is one document of
-UTF-8 text. Documents are taken in the order of FILES, then of the lines.
+UTF-8 text. Documents are taken in the order of FILES, then of the lines. A quoted pattern
+('notes/*.txt', as the trainers' -i takes one) stands for its matches, sorted.
 
 Output: every document is preceded by <|endoftext|> (50256), as in llm.c's FineWeb preparation,
 so the model learns that it begins a document and sampling from it starts a new one. The token
@@ -190,12 +191,23 @@ def file_chunks(paths, field):
             yield items, size
 
 
+def expand_patterns(paths):
+    """each path that does not exist but holds * ? or [ replaced by its matches, sorted: a quoted
+    pattern ('notes/*.txt', as the trainers' -i takes one) works as the shell's expansion would;
+    one matching nothing stays, to be reported"""
+    files = []
+    for path in paths:
+        matches = sorted(glob.glob(path)) if not os.path.exists(path) and glob.has_magic(path) else []
+        files.extend(matches or [path])
+    return files
+
+
 def unreadable(paths):
     """{file: why it cannot be read} for the files that cannot"""
     problems = {}
     for path in paths:
         if not os.path.exists(path):
-            problems[path] = "%s: no such file" % path
+            problems[path] = "%s: %s" % (path, "a pattern matching no file" if glob.has_magic(path) else "no such file")
         elif os.path.isdir(path):
             problems[path] = "%s: a directory, expected a text or .jsonl file" % path
         elif not os.access(path, os.R_OK):
@@ -427,6 +439,7 @@ def main():
     add_shard_flags(ap, "data", "data")
     ap.add_argument("files", nargs="+", metavar="FILES", help="text files (a document each) and .jsonl files")
     args = ap.parse_args()
+    args.files = expand_patterns(args.files)
     val_tokens = args.shard_tokens if args.val_tokens is None else args.val_tokens
     problems = flag_problems(args)
     missing = unreadable(args.files)
