@@ -142,8 +142,10 @@ static inline size_t dataloader_check_shard(const char* path, const char* flag, 
     } else if (fread(header, sizeof(int), 256, f) != 256) {
         dataloader_problem(why, cap, "token file '%s'%s is unreadable: %s", path, flag, strerror(errno));
     } else if (header[0] != TOKENS_MAGIC) {
-        dataloader_problem(why, cap, "token file '%s'%s has magic number %d, expected %d (an llm.c token file)", path,
-                           flag, header[0], TOKENS_MAGIC);
+        // (20240522: llm.c's eval file, hellaswag.h's HELLASWAG_MAGIC, an easy file to give -i or -j by mistake)
+        dataloader_problem(why, cap, "token file '%s'%s has magic number %d, expected %d (an llm.c token file)%s", path,
+                           flag, header[0], TOKENS_MAGIC,
+                           header[0] == 20240522 ? "; 20240522 is a HellaSwag eval file, for -h 1 -hellaswag FILE" : "");
     } else if (header[1] != TOKENS_VERSION) {
         dataloader_problem(why, cap, "token file '%s'%s has version %d, expected %d", path, flag, header[1], TOKENS_VERSION);
     } else {

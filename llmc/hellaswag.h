@@ -67,6 +67,20 @@ typedef struct {
 static inline const uint16_t* hellaswag_example(const HellaSwag* hs, int i) { return hs->stream + hs->starts[i]; }
 static inline int hellaswag_label(const HellaSwag* hs, int i) { return hellaswag_example(hs, i)[3]; }
 
+// " (-hellaswag: ...)" after the file's name in a message. (path_origin would name the first flag
+// holding the same path: -j's, when the validation token file is given to -hellaswag by mistake.)
+static inline const char* hellaswag_origin(const HellaSwag* hs) {
+    static char note[400];
+    note[0] = '\0';
+    for (int i = 0; i < llmc_num_path_flags; i++) {
+        const PathFlag* p = &llmc_path_flags[i];
+        if (strcmp(p->flag, "-hellaswag") != 0) continue;
+        snprintf(note, sizeof(note), " (-hellaswag: %.200s%s)", p->help,
+                 p->given ? "" : hs->path == hs->found ? "; the default, found beside the program" : "; the default");
+    }
+    return note;
+}
+
 // The whole file, read and checked before any training: the header, then every example's
 // delimiter, index, label, number of completions and lengths against its byte count, its tokens
 // inside the model's vocabulary V, and every row (context + completion) within -t T. An example
@@ -89,16 +103,16 @@ static inline void hellaswag_open(HellaSwag* hs, int B, int T, int V) {
     long size = ftell(f);
     fseek_check(f, 0, SEEK_SET, path);
     if (size < 256 * (long)sizeof(int32_t))
-        fail("HellaSwag file '%s'%s: %ld bytes, shorter than its header of 256 int32 (1024 bytes)", path, path_origin(path), size);
+        fail("HellaSwag file '%s'%s: %ld bytes, shorter than its header of 256 int32 (1024 bytes)", path, hellaswag_origin(hs), size);
     int32_t header[256];
     fread_check(header, sizeof(int32_t), 256, f, path);
     if (header[0] != HELLASWAG_MAGIC || header[1] != HELLASWAG_VERSION)
         fail("HellaSwag file '%s'%s: magic %d version %d, expected llm.c's eval file, magic %d version %d (a token "
-             "file has magic 20240520: dev/data/hellaswag.py writes the eval file)", path, path_origin(path), header[0],
+             "file has magic 20240520: dev/data/hellaswag.py writes the eval file)", path, hellaswag_origin(hs), header[0],
              header[1], HELLASWAG_MAGIC, HELLASWAG_VERSION);
     if (header[2] <= 0 || (size - 1024) % 2 != 0)
         fail("HellaSwag file '%s'%s: %d examples and %ld bytes after the header, expected at least one example and "
-             "whole uint16s", path, path_origin(path), header[2], size - 1024);
+             "whole uint16s", path, hellaswag_origin(hs), header[2], size - 1024);
     size_t n = (size_t)(size - 1024) / 2;
     hs->num_examples = header[2];
     hs->stream = (uint16_t*)malloc_check(n * sizeof(uint16_t));
@@ -112,42 +126,42 @@ static inline void hellaswag_open(HellaSwag* hs, int B, int T, int V) {
         // (the six fields before the context's tokens, then the example's own count)
         if (at + 6 > n || at + e[1] / 2 > n)
             fail("HellaSwag file '%s'%s is truncated: its header says %d examples, the file ends in example %d", path,
-                 path_origin(path), hs->num_examples, i);
+                 hellaswag_origin(hs), hs->num_examples, i);
         if (e[0] != HELLASWAG_DELIMITER || e[2] != i || e[1] % 2 != 0)
             fail("HellaSwag file '%s'%s: example %d (uint16 %zu after the header) starts with %u, %u, %u; expected the "
-                 "delimiter 65535, an even byte count and the index %d", path, path_origin(path), i, at, e[0], e[1], e[2], i);
+                 "delimiter 65535, an even byte count and the index %d", path, hellaswag_origin(hs), i, at, e[0], e[1], e[2], i);
         if (e[3] >= HELLASWAG_CHOICES || e[4] != HELLASWAG_CHOICES || e[5] == 0)
             fail("HellaSwag file '%s'%s: example %d has label %u, %u completions and a context of %u tokens; expected "
-                 "a label 0..3, 4 completions and a context", path, path_origin(path), i, e[3], e[4], e[5]);
+                 "a label 0..3, 4 completions and a context", path, hellaswag_origin(hs), i, e[3], e[4], e[5]);
         size_t words = e[1] / 2, used = 6 + e[5];  // (uint16s in the example, and read so far)
         int context = e[5], tokens_ok = 1;
         for (size_t k = 6; k < used && k < words; k++) tokens_ok &= e[k] < V;
         for (int c = 0; c < HELLASWAG_CHOICES && used < words; c++) {
             int length = e[used];
-            if (length == 0) fail("HellaSwag file '%s'%s: example %d's completion %d is empty", path, path_origin(path), i, c);
+            if (length == 0) fail("HellaSwag file '%s'%s: example %d's completion %d is empty", path, hellaswag_origin(hs), i, c);
             if (context + length > longest_row) longest_row = context + length;
             for (size_t k = used + 1; k < used + 1 + length && k < words; k++) tokens_ok &= e[k] < V;
             used += 1 + length;
         }
         if (used != words)
             fail("HellaSwag file '%s'%s: example %d says it is %u bytes, its lengths add up to %zu", path,
-                 path_origin(path), i, e[1], used * 2);
+                 hellaswag_origin(hs), i, e[1], used * 2);
         if (!tokens_ok)
             fail("HellaSwag file '%s'%s: example %d holds a token outside the model's vocabulary of %d (tokenized "
-                 "for another model?)", path, path_origin(path), i, V);
+                 "for another model?)", path, hellaswag_origin(hs), i, V);
         hs->starts[i] = at;
         longest_bytes = e[1] > longest_bytes ? e[1] : longest_bytes;
         at += words;
     }
     if (at != n)
         fail("HellaSwag file '%s'%s: %zu bytes after its %d examples; expected the file to end there", path,
-             path_origin(path), (n - at) * 2, hs->num_examples);
+             hellaswag_origin(hs), (n - at) * 2, hs->num_examples);
     if (header[3] != longest_bytes)
         fail("HellaSwag file '%s'%s: the header says the longest example is %d bytes, it is %d (llm.c sizes its buffer "
-             "from it)", path, path_origin(path), header[3], longest_bytes);
+             "from it)", path, hellaswag_origin(hs), header[3], longest_bytes);
     if (longest_row > T)
         fail("HellaSwag file '%s'%s: an example's context and completion are %d tokens, longer than -t %d; llm.c "
-             "refuses such a file too (a row must hold the whole example): use -t %d or more", path, path_origin(path),
+             "refuses such a file too (a row must hold the whole example): use -t %d or more", path, hellaswag_origin(hs),
              longest_row, T, longest_row);
     hs->B = B, hs->T = T;
     hs->per_batch = B / HELLASWAG_CHOICES;

@@ -158,9 +158,10 @@ def hellaswag_runs_when_validation_does_and_at_the_end():
 
 @test
 def hellaswag_refuses_bad_files_and_flags_before_training():
-    """a missing file, another magic (a token file's), a truncated file, a token outside the
-    vocabulary, an example longer than -t, a wrong longest-example field, -b below 4: each an
-    error naming the file or flag and what was expected, exit 1, at 2 ranks (no hang), before step 0"""
+    """a missing file, another magic (a token file's; -j's own file too, named as -hellaswag's, not
+    -j's), a truncated file, a token outside the vocabulary, an example longer than -t, a wrong
+    longest-example field, -b below 4: each an error naming the file or flag and what was expected,
+    exit 1, at 2 ranks (no hang), before step 0"""
     d = fresh_dir("hellaswag_bad")
     ref = reference_run()
     examples = hellaswag_examples()
@@ -184,6 +185,8 @@ def hellaswag_refuses_bad_files_and_flags_before_training():
     cases = [
         (os.path.join(d, "missing.bin"), [], r"cannot open file '[^']*missing.bin' \(-hellaswag.*dev/data/hellaswag.py writes them"),
         (magic, [], r"magic.bin.*magic 20240520 version 1, expected llm.c's eval file, magic 20240522 version 1"),
+        (REF["val_tokens"], [],  # (-j's value too: data_args)
+         r"(?m)^error: HellaSwag file '[^']*' \(-hellaswag: HellaSwag examples.*\): magic 20240520 version 1, expected"),
         (variant("truncated.bin", data[:-10]), [], r"truncated.bin.* is truncated: its header says 11 examples, the file ends in example 10"),
         (vocab, [], r"vocab.bin.*: example 0 holds a token outside the model's vocabulary of 1000"),
         (longest, [], r"longest.bin.*: the header says the longest example is 1000 bytes"),
@@ -204,8 +207,10 @@ def hellaswag_py_local_jsonl_writes_llmc_eval_file():
     """dev/data/hellaswag.py --local on a 2-line jsonl in HellaSwag's format writes the bytes
     written out here by hand: each word's GPT-2 id read from the vocabulary file (every word here
     is one token; tiktoken's encoding too where installed), the endings with their leading space;
-    the trainer reads the file (GPT-2's vocabulary, -e d2) and scores both examples. Bad lines are
-    reported with file:line, and nothing is written"""
+    the trainer reads the file (GPT-2's vocabulary, -e d2) and scores both examples. The labels as
+    strings ("2", as Hugging Face's copy of the dataset has them) give the same bytes. Bad lines
+    (a label 4, not JSON, two endings, bytes that are not UTF-8) are reported with file:line, and
+    nothing is written; a failed download leaves no --out behind"""
     d = fresh_dir("hellaswag_py")
     lines = [{"ind": 4, "activity_label": "Cats", "ctx_a": "The cat sat on the mat.", "ctx_b": "", "split": "val",
               "ctx": "The cat sat on the mat.", "label": 2, "split_type": "indomain", "source_id": "x",
@@ -235,6 +240,14 @@ def hellaswag_py_local_jsonl_writes_llmc_eval_file():
     hellaswag_write(want, expected)
     got = os.path.join(out_dir, "hellaswag_val.bin")
     assert open(got, "rb").read() == open(want, "rb").read(), "hellaswag.py's bytes differ from the hand-written file"
+    strings = os.path.join(d, "strings.jsonl")
+    with open(strings, "w") as f:
+        f.write("".join(json.dumps(dict(l, label=str(l["label"]))) + "\n" for l in lines))
+    p = subprocess.run([sys.executable, "dev/data/hellaswag.py", "--local", strings, "--out", os.path.join(d, "strings")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert open(os.path.join(d, "strings", "hellaswag_val.bin"), "rb").read() == open(want, "rb").read(), \
+        "string labels give other bytes"
     try:
         import tiktoken
         enc = tiktoken.get_encoding("gpt2")
@@ -251,14 +264,24 @@ def hellaswag_py_local_jsonl_writes_llmc_eval_file():
     bad = os.path.join(d, "bad.jsonl")
     with open(bad, "w") as f:
         f.write(json.dumps(dict(lines[1], label=4)) + "\n{not json\n" + json.dumps(dict(lines[1], endings=["a", "b"])) + "\n")
+    with open(bad, "ab") as f:
+        f.write(b'{"ctx": "caf\xe9", "endings": ["a", "b", "c", "d"], "label": 0}\n')  # (0xe9: latin-1's e-acute)
     bad_out = os.path.join(d, "bad_out")
     p = subprocess.run([sys.executable, "dev/data/hellaswag.py", "--local", bad, "--out", bad_out], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
-    assert p.returncode == 1 and "3 bad line(s)" in p.stderr, p.stderr
+    assert p.returncode == 1 and "4 bad line(s)" in p.stderr, p.stderr
     for where, what in (("bad.jsonl:1", "\"label\" must be an integer 0..3, got 4"), ("bad.jsonl:2", "not JSON"),
-                        ("bad.jsonl:3", "\"endings\" must be a list of 4 non-empty strings")):
+                        ("bad.jsonl:3", "\"endings\" must be a list of 4 non-empty strings"),
+                        ("bad.jsonl:4", "not UTF-8 (byte 12 of the line: 0xe9)")):
         assert re.search(re.escape(where) + ": " + re.escape(what), p.stderr), (where, p.stderr)
     assert not os.path.exists(os.path.join(bad_out, "hellaswag_val.bin")), "a file was written from bad input"
+    # the download, from a port where nothing listens (the discard port, 9, of this machine)
+    fetch_out = os.path.join(d, "fetch_out")
+    script = ("import sys; sys.path.insert(0, 'dev/data'); import hellaswag; hellaswag.URL = 'http://127.0.0.1:9/none'; "
+              "sys.argv = ['hellaswag.py', '--out', sys.argv[1]]; hellaswag.main()")
+    p = subprocess.run([sys.executable, "-c", script, fetch_out], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "downloading http://127.0.0.1:9/none failed" in p.stderr, p.stderr
+    assert not os.path.exists(fetch_out), "a failed download left %s" % os.listdir(fetch_out)
 
 
 @test

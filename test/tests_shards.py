@@ -100,7 +100,8 @@ def shards_resume_across_a_shard_boundary_on_another_grid():
 
 @test
 def shards_bad_inputs_are_named_once_before_anything_is_written():
-    """a missing shard of a comma list, a shard with a bad magic number, a truncated shard (its
+    """a missing shard of a comma list, a shard with a bad magic number, a HellaSwag eval file
+    (magic 20240522) given as -i, named as such, a truncated shard (its
     header promises more tokens than it holds), a glob matching nothing (-i and -j): exit 1 on 2
     ranks, one message naming the file or pattern and the flag, printed once, the -o dir left
     empty; a missing and a bad shard together are named in one message"""
@@ -108,6 +109,8 @@ def shards_bad_inputs_are_named_once_before_anything_is_written():
     _, shards = shard_files(d)
     bad_magic = os.path.join(d, "bad_magic.bin")
     write_file(bad_magic, [12345, 1, 10], np.zeros(10, np.uint16).tobytes())
+    eval_file = os.path.join(d, "hellaswag_val.bin")
+    write_file(eval_file, [20240522, 1, 1], np.zeros(10, np.uint16).tobytes())
     truncated = os.path.join(d, "truncated.bin")
     write_file(truncated, [20240520, 1, 1000], np.zeros(10, np.uint16).tobytes())
     missing = os.path.join(d, "missing.bin")
@@ -118,6 +121,9 @@ def shards_bad_inputs_are_named_once_before_anything_is_written():
          ["cannot open token file '%s' %s for reading: No such file or directory" % (missing, I)]),
         (["-i", shards[0] + "," + bad_magic],
          ["token file '%s' %s has magic number 12345, expected 20240520" % (bad_magic, I)]),
+        (["-i", eval_file],
+         ["token file '%s' %s has magic number 20240522, expected 20240520 (an llm.c token file); 20240522 is a "
+          "HellaSwag eval file, for -h 1 -hellaswag FILE" % (eval_file, I)]),
         (["-i", truncated + "," + shards[1]],
          ["token file '%s' %s is 1044 bytes, but its header promises 1000 tokens (3024 bytes)" % (truncated, I)]),
         (["-i", nothing], ["the pattern '%s' %s matches no file" % (nothing, I)]),

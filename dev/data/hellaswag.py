@@ -7,8 +7,9 @@ file, for the trainers' -h 1 (llmc/hellaswag.h reads it; llm.c's train_gpt2 read
 Input: the dataset's own hellaswag_val.jsonl, downloaded from its repository (the URL llm.c
 uses) into DIR unless DIR holds it already; or --local FILE, a copy in the same format (no
 network). Of each line's JSON object three fields are used: "ctx" (the context, a string),
-"endings" (four strings) and "label" (the right ending, 0..3); the others ("ind",
-"activity_label", "ctx_a", "ctx_b", "split", ...) are ignored.
+"endings" (four strings) and "label" (the right ending, 0..3; "0".."3" as strings too, as
+Hugging Face's copy of the dataset has them); the others ("ind", "activity_label", "ctx_a",
+"ctx_b", "split", ...) are ignored.
 
 Output: DIR/hellaswag_val.bin (DIR: dev/data/hellaswag by default), llm.c's eval format:
     a header of 256 int32: 20240522 (magic), 1 (version), the number of examples, the bytes of the
@@ -20,10 +21,10 @@ Tokens: GPT-2's BPE (gpt2_bpe.py: tiktoken where installed, else the Python BPE;
 tokens). Each ending is tokenized with a space before it (" " + ending), as llm.c does: it
 continues the context's sentence, and GPT-2's tokens carry the space before a word.
 
-Bad input (a missing file, a line that is not JSON, a missing or ill-typed field, a label
-outside 0..3, not four endings, an example too long for the format's 16-bit counts) is reported
-with file:line, exit 1, and nothing written: the file is written under a temporary name and
-renamed once whole.
+Bad input (a missing file, a line that is not UTF-8 or not JSON, a missing or ill-typed field, a
+label outside 0..3, not four endings, an example too long for the format's 16-bit counts) is
+reported with file:line, exit 1, and nothing written: the file is written under a temporary name
+and renamed once whole (and a failed download leaves no --out it made).
 """
 import argparse
 import json
@@ -65,18 +66,33 @@ def download(path):
     os.replace(tmp, path)
 
 
+def label_of(value):
+    """the label as an int 0..3, or None: the dataset's file has integers, Hugging Face's copy
+    (Rowan/hellaswag, exported to JSONL) the same numbers as strings ("0".."3")"""
+    if isinstance(value, str) and value in ("0", "1", "2", "3"):
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < CHOICES:
+        return None
+    return value
+
+
 def read_examples(path):
     """[(ctx, endings, label)] from a HellaSwag jsonl; every problem is reported, with its line"""
     try:
-        with open(path, "r", encoding="utf-8") as f:
-            lines = f.readlines()
-    except (OSError, UnicodeDecodeError) as e:
+        with open(path, "rb") as f:
+            lines = f.read().split(b"\n")
+    except OSError as e:
         fail("cannot read '%s': %s" % (path, e))
     examples, problems = [], []
-    for number, line in enumerate(lines, 1):
+    for number, raw in enumerate(lines, 1):
+        where = "%s:%d" % (path, number)
+        try:
+            line = raw.decode("utf-8-sig")  # (-sig: a UTF-8 byte-order mark is dropped)
+        except UnicodeDecodeError as e:
+            problems.append("%s: not UTF-8 (byte %d of the line: 0x%02x)" % (where, e.start, raw[e.start]))
+            continue
         if not line.strip():
             continue
-        where = "%s:%d" % (path, number)
         try:
             item = json.loads(line)
         except json.JSONDecodeError as e:
@@ -85,13 +101,13 @@ def read_examples(path):
         if not isinstance(item, dict):
             problems.append("%s: expected a JSON object with ctx, endings and label" % where)
             continue
-        ctx, endings, label = item.get("ctx"), item.get("endings"), item.get("label")
+        ctx, endings, label = item.get("ctx"), item.get("endings"), label_of(item.get("label"))
         if not isinstance(ctx, str) or not ctx:
             problems.append("%s: \"ctx\" must be a non-empty string, got %r" % (where, ctx))
         elif not (isinstance(endings, list) and len(endings) == CHOICES and all(isinstance(e, str) and e for e in endings)):
             problems.append("%s: \"endings\" must be a list of %d non-empty strings, got %r" % (where, CHOICES, endings))
-        elif isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < CHOICES:
-            problems.append("%s: \"label\" must be an integer 0..%d, got %r" % (where, CHOICES - 1, label))
+        elif label is None:
+            problems.append("%s: \"label\" must be an integer 0..%d, got %r" % (where, CHOICES - 1, item.get("label")))
         else:
             examples.append((where, ctx, endings, label))
     if problems:
@@ -139,10 +155,15 @@ def main():
         fail("--out '%s' is not a directory" % args.out)
     source = args.local
     if source is None:
+        made = not os.path.isdir(args.out)
         os.makedirs(args.out, exist_ok=True)
         source = os.path.join(args.out, "hellaswag_val.jsonl")
         if not os.path.exists(source):
-            download(source)
+            try:
+                download(source)
+            finally:  # (a failed download leaves no empty --out behind it)
+                if made and not os.listdir(args.out):
+                    os.rmdir(args.out)
     elif not os.path.isfile(source):
         fail("--local '%s': no such file (a HellaSwag jsonl: one JSON object a line with ctx, endings, label)" % source)
     examples = read_examples(source)
