@@ -270,6 +270,34 @@ def data_prepare_takes_a_quoted_pattern_as_the_shell_would():
 
 
 @test
+def data_prepare_out_and_write_failures_are_messages():
+    """--out naming a file, --out under a file, and a shard write that fails (a file-size limit
+    of 4 KiB, RLIMIT_FSIZE, on shards of 5 KiB: EFBIG, as a full disk gives ENOSPC): each one
+    'prepare.py:' line naming --out and the cause, exit 1, no traceback, nothing left (no
+    temporary, no directory it made)"""
+    import resource
+    d = fresh_dir("data_out")
+    text = os.path.join(d, "notes.txt")
+    with open(text, "w") as f:
+        f.write(" ".join(["word"] * 5999))  # 6000 tokens with its <|endoftext|>
+    a_file = os.path.join(d, "a_file")
+    open(a_file, "w").close()
+    flags = ["--shard_tokens", 2500, "--val_tokens", 100, text]
+    for out, want in ((a_file, "--out %s: a file, expected a directory" % a_file),
+                      (os.path.join(a_file, "sub"), "--out %s: cannot make the directory (Not a directory)" % os.path.join(a_file, "sub"))):
+        r = run_prepare(["--out", out] + flags)
+        assert r.returncode == 1 and want in r.stderr and "Traceback" not in r.stderr, r.stderr
+    out = os.path.join(d, "limited")
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+    r = subprocess.run(PREPARE + ["--out", out] + [str(f) for f in flags], capture_output=True, text=True, preexec_fn=limit)
+    want = "prepare.py: writing the shards in %s failed ([Errno 27] File too large), nothing written" % out
+    assert r.returncode == 1 and want in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not os.path.exists(out), os.listdir(out)
+
+
+@test
 def data_prepare_stopped_by_sigterm_or_ctrl_c_leaves_nothing():
     """prepare.py on 12 MB of JSONL (seconds of work), stopped once its first temporary shard is
     in --out: by SIGTERM (what kill, timeout and job schedulers send), exit 143; by SIGINT (Ctrl-C),

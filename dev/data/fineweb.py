@@ -130,6 +130,9 @@ def main():
     except prepare.BadInput as e:
         print("fineweb.py: %s" % e, file=sys.stderr)
         sys.exit(1)
+    except OSError as e:  # (writing a shard: the disk full, a file-size limit, ...)
+        print("fineweb.py: writing the shards in %s failed (%s), nothing written" % (out, e), file=sys.stderr)
+        sys.exit(1)
     except (KeyboardInterrupt, prepare.Stopped) as e:
         print("\nfineweb.py: %s, nothing written" % ("interrupted" if isinstance(e, KeyboardInterrupt) else "stopped (SIGTERM)"),
               file=sys.stderr)

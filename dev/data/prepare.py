@@ -268,7 +268,10 @@ class ShardWriter:
         """removes every temporary of this run: the closed shards' and the one being filled (by
         index: Ctrl-C may land between a shard's open and its bookkeeping)"""
         if self.file is not None:
-            self.file.close()
+            try:
+                self.file.close()
+            except OSError:  # (its flush fails as the write did, the disk full: the file is closed all the same)
+                pass
             self.file = None
         for index in range(self.first, self.index + 1):
             name = shard_name(self.out, self.prefix, index, index == 0) + ".tmp"
@@ -338,9 +341,18 @@ def write_shards(chunks, out, prefix, shard_tokens, val_tokens, workers, encoder
         problems.append("%s already holds %d %s_* shards (%s, ...): another --out or --prefix, or --overwrite to replace them"
                         % (out, len(old), prefix, os.path.basename(old[0])))
         bad += 1
-    made_out = bad == 0 and not os.path.isdir(out)  # (an --out made here is removed again on failure)
-    if bad == 0:
-        os.makedirs(out, exist_ok=True)
+    made_out = False  # (an --out made here is removed again on failure)
+    if os.path.exists(out) and not os.path.isdir(out):
+        problems.append("--out %s: a file, expected a directory (made if missing)" % out)
+        bad += 1
+    elif bad == 0:
+        try:
+            made_out = not os.path.isdir(out)
+            os.makedirs(out, exist_ok=True)
+        except OSError as e:
+            made_out = False
+            problems.append("--out %s: cannot make the directory (%s)" % (out, e.strerror or e))
+            bad += 1
     writer = ShardWriter(out, prefix, shard_tokens, val_tokens)
     encoder = choose_encoder(encoder)
     progress = Progress(total, unit, desc)
@@ -453,6 +465,9 @@ def main():
                            default_val=args.val_tokens is None))
     except BadInput as e:
         print("prepare.py: %s" % e, file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:  # (writing a shard: the disk full, a file-size limit, ...)
+        print("prepare.py: writing the shards in %s failed (%s), nothing written" % (args.out, e), file=sys.stderr)
         sys.exit(1)
     except (KeyboardInterrupt, Stopped) as e:
         print("\nprepare.py: %s, nothing written" % ("interrupted" if isinstance(e, KeyboardInterrupt) else "stopped (SIGTERM)"),
