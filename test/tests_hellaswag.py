@@ -210,7 +210,8 @@ def hellaswag_py_local_jsonl_writes_llmc_eval_file():
     the trainer reads the file (GPT-2's vocabulary, -e d2) and scores both examples. The labels as
     strings ("2", as Hugging Face's copy of the dataset has them) give the same bytes. Bad lines
     (a label 4, not JSON, two endings, bytes that are not UTF-8) are reported with file:line, and
-    nothing is written; a failed download leaves no --out behind"""
+    nothing is written; a failed download or write leaves no --out behind, and --out under a file
+    is a message"""
     d = fresh_dir("hellaswag_py")
     lines = [{"ind": 4, "activity_label": "Cats", "ctx_a": "The cat sat on the mat.", "ctx_b": "", "split": "val",
               "ctx": "The cat sat on the mat.", "label": 2, "split_type": "indomain", "source_id": "x",
@@ -282,6 +283,22 @@ def hellaswag_py_local_jsonl_writes_llmc_eval_file():
     p = subprocess.run([sys.executable, "-c", script, fetch_out], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 1 and "downloading http://127.0.0.1:9/none failed" in p.stderr, p.stderr
     assert not os.path.exists(fetch_out), "a failed download left %s" % os.listdir(fetch_out)
+    # a write that fails (a file-size limit of 1 KiB, RLIMIT_FSIZE: EFBIG, as a full disk gives
+    # ENOSPC), and an --out under a file: a message, no traceback, no temporary, no --out made
+    import resource
+    limited = os.path.join(d, "limited")
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+    p = subprocess.run([sys.executable, "dev/data/hellaswag.py", "--local", src, "--out", limited], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, preexec_fn=limit)
+    assert p.returncode == 1 and "writing '%s' failed ([Errno 27] File too large), nothing written" % os.path.join(
+        limited, "hellaswag_val.bin") in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert not os.path.exists(limited), os.listdir(limited)
+    under = os.path.join(src, "out")
+    p = subprocess.run([sys.executable, "dev/data/hellaswag.py", "--local", src, "--out", under], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "--out '%s': cannot make the directory (Not a directory)" % under in p.stderr, p.stderr
 
 
 @test

@@ -139,11 +139,26 @@ def write_eval_file(path, streams):
     header = [0] * 256
     header[0], header[1], header[2], header[3] = MAGIC, VERSION, len(streams), longest
     tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<256i", *header))
-        for s in streams:
-            f.write(struct.pack("<%dH" % len(s), *s))
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<256i", *header))
+            for s in streams:
+                f.write(struct.pack("<%dH" % len(s), *s))
+        os.replace(tmp, path)
+    except OSError:  # (the disk full, a file-size limit: no half-written file stays)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def make_out(path):
+    """--out made where missing; whether it was made here (then removed again on failure)"""
+    made = not os.path.isdir(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        fail("--out '%s': cannot make the directory (%s)" % (path, e.strerror or e))
+    return made
 
 
 def main():
@@ -155,8 +170,7 @@ def main():
         fail("--out '%s' is not a directory" % args.out)
     source = args.local
     if source is None:
-        made = not os.path.isdir(args.out)
-        os.makedirs(args.out, exist_ok=True)
+        made = make_out(args.out)
         source = os.path.join(args.out, "hellaswag_val.jsonl")
         if not os.path.exists(source):
             try:
@@ -177,9 +191,14 @@ def main():
         if stream[1] >= 1 << 16:
             fail("%s: the example is %d bytes; the format's 16-bit byte count holds at most 65535" % (where, stream[1]))
         streams.append(stream)
-    os.makedirs(args.out, exist_ok=True)
+    made = make_out(args.out)
     out = os.path.join(args.out, "hellaswag_val.bin")
-    write_eval_file(out, streams)
+    try:
+        write_eval_file(out, streams)
+    except OSError as e:
+        if made and not os.listdir(args.out):
+            os.rmdir(args.out)
+        fail("writing '%s' failed (%s), nothing written" % (out, e))
     print("wrote %d examples to %s; the longest context + ending is %d tokens (the trainers' -t must hold it)"
           % (len(streams), out, longest_row))
 
