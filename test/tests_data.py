@@ -298,6 +298,28 @@ def data_prepare_out_and_write_failures_are_messages():
 
 
 @test
+def data_prepare_names_a_compressed_input_and_warns_on_json():
+    """a gzip'd JSONL file (not .jsonl, so text; its second byte 0x8b is not UTF-8) is named as
+    gzip, to be decompressed; a .json file of JSON lines is tokenized as text, with a warning that
+    names the file and .jsonl"""
+    import gzip
+    d = fresh_dir("data_packed")
+    rows = "".join(json.dumps({"text": doc}) + "\n" for doc in sample_docs(6))
+    packed = os.path.join(d, "corpus.jsonl.gz")
+    with gzip.open(packed, "wt") as f:
+        f.write(rows)
+    r = run_prepare(["--out", os.path.join(d, "out"), "--val_tokens", 10, packed])
+    want = packed + ":1: not UTF-8 text (byte 1 of the file: 0x8b); a gzip file: decompress it first"
+    assert r.returncode == 1 and want in r.stderr, r.stderr
+    as_json = os.path.join(d, "corpus.json")
+    with open(as_json, "w") as f:
+        f.write(rows)
+    r = run_prepare(["--out", os.path.join(d, "out"), "--val_tokens", 10, as_json])
+    want = "warning: %s is read as one document of text, its JSON syntax included" % as_json
+    assert r.returncode == 0 and want in r.stderr and ".jsonl" in r.stderr, r.stderr
+
+
+@test
 def data_prepare_stopped_by_sigterm_or_ctrl_c_leaves_nothing():
     """prepare.py on 12 MB of JSONL (seconds of work), stopped once its first temporary shard is
     in --out: by SIGTERM (what kill, timeout and job schedulers send), exit 143; by SIGINT (Ctrl-C),

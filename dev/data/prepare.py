@@ -60,6 +60,8 @@ except ImportError:
 
 CHUNK_BYTES = 1 << 18     # input handed to a worker at a time (256 KiB: it tokenizes a whole chunk)
 ERRORS_SHOWN = 50         # a file of bad lines would otherwise print one line per line
+# the first bytes of compressed files, named when such a file is given as text
+COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"))
 
 
 class BadInput(Exception):
@@ -112,7 +114,9 @@ def document(where, payload, field):
             return payload.decode("utf-8"), None
         except UnicodeDecodeError as e:
             line = payload.count(b"\n", 0, e.start) + 1
-            return None, "%s:%d: not UTF-8 text (byte %d of the file: 0x%02x)" % (where, line, e.start, payload[e.start])
+            packed = [name for magic, name in COMPRESSED if payload.startswith(magic)]
+            return None, "%s:%d: not UTF-8 text (byte %d of the file: 0x%02x)%s" % (
+                where, line, e.start, payload[e.start], "; a %s file: decompress it first" % packed[0] if packed else "")
     if not isinstance(payload, str):
         return None, "%s: field '%s' is %s, expected a string" % (where, field or "text", json.dumps(payload)[:40])
     return payload, None
@@ -452,6 +456,10 @@ def main():
     ap.add_argument("files", nargs="+", metavar="FILES", help="text files (a document each) and .jsonl files")
     args = ap.parse_args()
     args.files = expand_patterns(args.files)
+    for name in args.files:
+        if name.endswith(".json"):
+            print("prepare.py: warning: %s is read as one document of text, its JSON syntax included; a file of one "
+                  "JSON object a line must be named .jsonl (Hugging Face's to_json writes those)" % name, file=sys.stderr)
     val_tokens = args.shard_tokens if args.val_tokens is None else args.val_tokens
     problems = flag_problems(args)
     missing = unreadable(args.files)
