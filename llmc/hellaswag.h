@@ -28,6 +28,7 @@
 #ifndef LLMC_HELLASWAG_H
 #define LLMC_HELLASWAG_H
 
+#include <sys/stat.h>
 #include "comm.h"
 #include "logger.h"
 #include "utils.h"
@@ -92,6 +93,10 @@ static inline void hellaswag_open(HellaSwag* hs, int B, int T, int V) {
     if (B < HELLASWAG_CHOICES)
         fail("-h 1 with -b %d: a HellaSwag example is %d rows of one batch (its context with each of its %d "
              "completions), so -b must be at least %d", B, HELLASWAG_CHOICES, HELLASWAG_CHOICES, HELLASWAG_CHOICES);
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))  // (hellaswag.py's --out is a dir; -hellaswag, the file in it)
+        fail("HellaSwag file '%s'%s is a directory; -hellaswag takes the file, e.g. %s%shellaswag_val.bin", path,
+             hellaswag_origin(hs), path, path[strlen(path) - 1] == '/' ? "" : "/");
     FILE* f = fopen(path, "rb");
     if (f == NULL) {
         char why[8192];

@@ -158,10 +158,11 @@ def hellaswag_runs_when_validation_does_and_at_the_end():
 
 @test
 def hellaswag_refuses_bad_files_and_flags_before_training():
-    """a missing file, another magic (a token file's; -j's own file too, named as -hellaswag's, not
-    -j's), a truncated file, a token outside the vocabulary, an example longer than -t, a wrong
-    longest-example field, -b below 4: each an error naming the file or flag and what was expected,
-    exit 1, at 2 ranks (no hang), before step 0"""
+    """a missing file, a directory (hellaswag.py's --out, not the file in it), another magic (a
+    token file's; -j's own file too, named as -hellaswag's, not -j's), a truncated file, a token
+    outside the vocabulary, an example longer than -t, a wrong longest-example field, -b below 4:
+    each an error naming the file or flag and what was expected, exit 1, at 2 ranks (no hang),
+    before step 0"""
     d = fresh_dir("hellaswag_bad")
     ref = reference_run()
     examples = hellaswag_examples()
@@ -184,6 +185,8 @@ def hellaswag_refuses_bad_files_and_flags_before_training():
     hellaswag_write(vocab, [(e[0][:-1] + [1500], e[1], e[2]) for e in examples])
     cases = [
         (os.path.join(d, "missing.bin"), [], r"cannot open file '[^']*missing.bin' \(-hellaswag.*dev/data/hellaswag.py writes them"),
+        (d + "/", [], r"(?m)HellaSwag file '%s/' \(-hellaswag: .*\) is a directory; -hellaswag takes the file, e\.g\. %s/hellaswag_val\.bin$"
+         % (re.escape(d), re.escape(d))),
         (magic, [], r"magic.bin.*magic 20240520 version 1, expected llm.c's eval file, magic 20240522 version 1"),
         (REF["val_tokens"], [],  # (-j's value too: data_args)
          r"(?m)^error: HellaSwag file '[^']*' \(-hellaswag: HellaSwag examples.*\): magic 20240520 version 1, expected"),
