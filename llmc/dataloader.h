@@ -19,6 +19,7 @@
 
 #include <glob.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include "rng.h"
 #include "utils.h"
 
@@ -120,6 +121,13 @@ static inline void dataloader_find_shards(DataLoader* dl, const char* flag, char
 
 // checks one shard's header against its size (problems appended to why); returns its tokens
 static inline size_t dataloader_check_shard(const char* path, const char* flag, char* why, size_t cap) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {  // (prepare.py's --out: the shards are in it)
+        dataloader_problem(why, cap, "token file '%s'%s is a directory; give the token files in it, e.g. as a quoted "
+                           "pattern '%s%sdata_train_*.bin' (prepare.py's names)", path, flag, path,
+                           path[strlen(path) - 1] == '/' ? "" : "/");
+        return 0;
+    }
     FILE* f = fopen(path, "rb");
     int err = errno;
     if (f == NULL && path_origin(path)[0] != '\0') {  // the flag's whole value: the usual message

@@ -100,9 +100,9 @@ def shards_resume_across_a_shard_boundary_on_another_grid():
 
 @test
 def shards_bad_inputs_are_named_once_before_anything_is_written():
-    """a missing shard of a comma list, a shard with a bad magic number, a HellaSwag eval file
-    (magic 20240522) given as -i, named as such, a truncated shard (its
-    header promises more tokens than it holds), a glob matching nothing (-i and -j): exit 1 on 2
+    """a missing shard of a comma list, a shard with a bad magic number, a directory (prepare.py's
+    --out) and a HellaSwag eval file (magic 20240522) given as -i, named as such, a truncated
+    shard (its header promises more tokens than it holds), a glob matching nothing (-i and -j): exit 1 on 2
     ranks, one message naming the file or pattern and the flag, printed once, the -o dir left
     empty; a missing and a bad shard together are named in one message"""
     d = fresh_dir("shards_bad")
@@ -121,6 +121,9 @@ def shards_bad_inputs_are_named_once_before_anything_is_written():
          ["cannot open token file '%s' %s for reading: No such file or directory" % (missing, I)]),
         (["-i", shards[0] + "," + bad_magic],
          ["token file '%s' %s has magic number 12345, expected 20240520" % (bad_magic, I)]),
+        (["-i", d],
+         ["token file '%s' %s is a directory; give the token files in it, e.g. as a quoted pattern '%s/data_train_*.bin'"
+          % (d, I, d)]),
         (["-i", eval_file],
          ["token file '%s' %s has magic number 20240522, expected 20240520 (an llm.c token file); 20240522 is a "
           "HellaSwag eval file, for -h 1 -hellaswag FILE" % (eval_file, I)]),
