@@ -1,8 +1,9 @@
 /*
 GPT-2 training with 3D parallelism: data, pipeline and tensor parallelism at once, on a grid of
 dp x pp x tp ranks, as Megatron-LM composes them (Narayanan et al. 2021, "Efficient Large-Scale
-Language Model Training on GPU Clusters Using Megatron-LM", arXiv:2104.04473), and context
-parallelism as a fourth axis (-cp: dp x pp x cp x tp, Megatron-LM's context parallelism).
+Language Model Training on GPU Clusters Using Megatron-LM", arXiv:2104.04473), context
+parallelism as a fourth axis (-cp: dp x pp x cp x tp, Megatron-LM's context parallelism), and
+with experts expert parallelism as a fifth (-ep, folded over each stage's ranks: 5D, below).
 
 This trainer is the sum of the other four chapters; read them first. It runs their code: each
 pipeline stage's chunk of layers is llmc/chunk.h's (the PP trainer's), here with a tp group inside
@@ -35,6 +36,23 @@ The step's gradient is the mean over all tokens of the dp*m micro-batches: each 
 tokens weighs 1/(B T m) in the walk (T its tokens of a sequence), then the reduction averages
 over dp x cp.
 
+5D: with a Mixture-of-Experts model (-experts E -topk k, or an MoE model file; the EP chapter,
+train_gpt2_ep.cu, first) expert parallelism is a fifth axis, as Megatron-LM composes it ("parallel
+folding", arXiv:2504.14960). Attention keeps its dp x cp x tp layout in each stage; the stage's
+MoE layers regroup the same ranks as ep x edp, so experts take no ranks of their own:
+  6. The fold (grid_fold_experts): ep consecutive ranks of a stage hold its E experts between
+     them (E/ep each, whole: expert tp = 1); the ranks holding the same experts are an edp group.
+  7. Each MoE layer (llmc/chunk.h, moe_layer_forward: the EP chapter's moe_forward, called from
+     the stage's layer) routes the tokens its rank holds, T/cp of each sequence and with -sp its
+     tp share (so no token is routed twice; -tp without -sp is refused), by the EP chapter's two
+     all-to-alls over the ep group; each micro-batch in flight keeps its routing in its slot's
+     record. The aux loss is a whole sequence's: its figures summed over the cp x tp ranks that
+     hold its tokens (the seq group), so the loss does not depend on the grid.
+  8. The reductions (reduce_dense_and_experts): the dense tensors over dp x cp as before, the
+     experts over edp, read scaled by tp/ep (expert_grad_scale says why); the routers' gradients
+     over tp with -sp, as the LayerNorms'; the norm counts each expert once; the loads of the
+     global batch (all-reduced over the world) print, and move -balance bias's biases.
+
 How the four axes compose, and which to reach for: tp splits each layer's width (heads, 4C, the
 vocabulary) and talks most, 4 activation-sized collectives per layer: inside a machine. cp
 splits the sequence and only attention talks, K,V blocks that hide behind attention's compute
@@ -55,6 +73,7 @@ PyTorch in test/).
 
 Build: make train_gpt2_3d        Run: mpirun -np 8 ./train_gpt2_3d -e d8 -dp 2 -pp 2 -tp 2 -b 2 -d 1024 -x 20 -o out
            long sequences:        mpirun -np 8 ./train_gpt2_3d -e d8 -pp 2 -cp 2 -tp 2 -sp 1 -t 1024 -x 20 -o out
+           5D, 8 experts:         mpirun -np 8 ./train_gpt2_3d -e d8 -experts 8 -pp 2 -cp 2 -tp 2 -sp 1 -ep 4 -x 20 -o out
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
 */
 #include <math.h>
@@ -85,6 +104,7 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 #include "llmc/train.h"
 #include "llmc/run.h"
 #include "llmc/memory_plan.h"
+#include "llmc/moe.h"
 
 // ----------------------------------------------------------------------------------------------
 // The grid. World rank r sits at tp rank r % tp, cp rank (r / tp) % cp, dp rank
@@ -110,8 +130,17 @@ typedef struct {
                                     // their cp ranks (dp x cp ranks) at this stage and tp rank
     CommGroup embedding;            // the first and last stage at this dp, cp and tp rank (tied wte)
     CommGroup model_group;          // the tp x pp ranks of this replica and cp rank, in the order
-                                    // parameter_layout_of_rank numbers them (to gather the model)
+                                    // parameter_layout_of_rank numbers them (to gather the model);
+                                    // with experts each stage's first max(tp, ep) ranks
     int in_embedding;
+    // 5D, with experts (parallel folding, below); a dense model has ep = 1 and none of these groups
+    int moe, ep, ep_rank;               // the ep ranks of a stage that hold its E experts between them,
+                                    // this rank's place among them: experts [ep_rank E/ep, ...)
+    CommGroup ep_group;             // those ep ranks: the MoE layers' all-to-alls
+    CommGroup edp_group;            // the stage's ranks holding the same experts (their gradients' mean)
+    CommGroup seq_group;            // the cp x tp ranks of this replica at this stage: one micro-batch's
+                                    // tokens (the aux loss's figures are its sequences')
+    CommGroup gather_copies;        // rank 0 of it takes part in gathering the model (model_group)
 } Grid;
 
 static void grid_coordinates(int rank, int dp, int cp, int tp, int* dp_rank, int* stage, int* cp_rank, int* tp_rank) {
@@ -155,6 +184,7 @@ static void grid_init(Grid* g, CommGroup* world, int dp, int pp, int cp, int tp)
     comm_split(&g->dp_group, world, g->stage * tp + g->tp_rank, replica, "dp");
     comm_split(&g->model_group, world, replica, g->stage * tp + g->tp_rank, "model");
     g->in_embedding = g->stage == 0 || g->stage == pp - 1;
+    g->moe = 0, g->ep = 1, g->ep_rank = 0;  // (grid_fold_experts, for a model with experts)
     comm_split(&g->embedding, world, g->in_embedding ? replica * tp + g->tp_rank : dp * cp * tp + r, g->stage, "embedding");
 }
 
@@ -176,6 +206,30 @@ static int grid_replicas(int dp, int pp, int cp, int tp, int world) {
     return dp;
 }
 
+// 5D: Megatron-LM's parallel folding (arXiv:2504.14960). The S = dp cp tp ranks of a stage hold
+// its attention as dp x cp x tp; its MoE layers regroup the same S ranks as ep x edp, ep varying
+// fastest over the stage's ranks in grid order: stage-local rank q = r mod S is at ep rank q mod ep
+// of ep group q / ep. An ep group of tp ranks (or of cp x tp, or more) exchanges its tokens
+// inside the machine where the tp group already talks, and experts take no ranks of their own:
+// Megatron's example is CP 8 with EP 8 on 8 GPUs, where giving each its own axis would take 64.
+//   ep     colour stage (S/ep) + q / ep, key q mod ep
+//   edp    colour stage ep + q mod ep, key q / ep: the S/ep ranks whose experts are the same
+//   seq    colour stage dp + dp_rank, key cp_rank tp + tp_rank: where one replica's sequences are
+//   model  (replacing the one above) the stage's first M = max(tp, ep) ranks, key stage M + q:
+//          their first tp hold one replica's dense slices, their first ep every expert once
+//   gather_copies  colour stage M + q mod M, key q / M: rank 0 exactly for those M ranks
+static void grid_fold_experts(Grid* g, CommGroup* world, int ep) {
+    int r = world->rank, S = g->dp * g->cp * g->tp, q = r % S, M = g->tp > ep ? g->tp : ep;
+    g->moe = 1, g->ep = ep;
+    g->ep_rank = q % ep;
+    comm_split(&g->ep_group, world, g->stage * (S / ep) + q / ep, q % ep, "ep");
+    comm_split(&g->edp_group, world, g->stage * ep + q % ep, q / ep, "expert_dp");
+    comm_split(&g->seq_group, world, g->stage * g->dp + g->dp_rank, g->cp_rank * g->tp + g->tp_rank, "seq");
+    comm_group_free(&g->model_group);
+    comm_split(&g->model_group, world, q < M ? 0 : 1 + r, g->stage * M + q, "model");
+    comm_split(&g->gather_copies, world, g->stage * M + q % M, q / M, "gather");
+}
+
 static void grid_free(Grid* g) {
     comm_group_free(&g->tp_group);
     comm_group_free(&g->cp_group);
@@ -183,6 +237,12 @@ static void grid_free(Grid* g) {
     comm_group_free(&g->dp_group);
     comm_group_free(&g->model_group);
     comm_group_free(&g->embedding);
+    if (g->moe) {
+        comm_group_free(&g->ep_group);
+        comm_group_free(&g->edp_group);
+        comm_group_free(&g->seq_group);
+        comm_group_free(&g->gather_copies);
+    }
 }
 
 // the members of rank r's groups, from the numbering alone: "{0,1}"
@@ -203,8 +263,10 @@ static void grid_group_members(char* out, size_t cap, const Grid* g, int r, char
 
 // what decides a rank's memory on this grid (llmc/memory_plan.h)
 static RunLayout grid_run_layout(const Run* run, const Grid* g, PipeSpec spec, int zero, int sp, int allgather,
-                                 int dump_grads) {
+                                 int dump_grads, float capacity_factor) {
     RunLayout l = run_layout(run, TRAINER_3D, spec.m);
+    l.ep = g->ep;
+    l.capacity_factor = capacity_factor;
     l.dp = g->dp;
     l.cp = g->cp;
     l.cp_allgather = allgather;
@@ -229,6 +291,7 @@ typedef struct {
     Stage* st;
     Grid* g;
     ContextParallel* cp;  // NULL without -cp
+    Moe* moe;             // NULL for a dense model
 } Grid3D;
 
 // one validation batch, one micro-batch forward through the pipe: its loss on the last stage
@@ -272,8 +335,16 @@ static void grid_run_begin(Run* run, Grid3D* trainer, int sample_pad) {
     hooks.sample_pad = sample_pad;     // (-sp: a multiple of tp tokens on each rank; -cp: whole chunks)
     hooks.split = &g->model_group;     // checkpoints gathered over the model group ...
     hooks.replicas = &g->dp_group;     // ... and the optimizer state over dp x cp: any grid resumes
-    CommGroup* groups[6] = {&g->tp_group, &g->cp_group, &g->pp_group, &g->dp_group, &g->embedding, &run->world};
-    run_begin(run, hooks, groups, 6);
+    if (g->moe) {  // (with experts: by each stage's first max(tp, ep) ranks; the bias with them)
+        hooks.replicas = &g->gather_copies;
+        hooks.own.buffers[0] = trainer->moe->bias;  // (L, E) floats on the device, the same on every rank
+        hooks.own.counts[0] = (size_t)trainer->moe->L * trainer->moe->E;
+        hooks.own.num = 1;
+    }
+    CommGroup* groups[8] = {&g->tp_group, &g->cp_group, &g->pp_group, &g->dp_group, &g->embedding, &run->world,
+                            &g->ep_group, &g->edp_group};
+    run_begin(run, hooks, groups, g->moe ? 8 : 6);
+    if (g->moe) run_bytes_on_own_line(run, &g->ep_group, COMM_ALL_TO_ALL);  // (moe_print_line prints them every step)
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -287,6 +358,7 @@ static float owned_norm_squared(const GPT2* model, const floatX* grads, size_t l
     const ParameterLayout* p = &model->layout;
     double sum = 0.0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (tensor_is_expert(model->config, i)) continue;  // (experts: expert_norm_squared)
         if (!p->sharded[i] && tp_rank != 0) continue;
         if (i == PARAM_WTE && !p->embedding) continue;  // the last stage's wte copy
         size_t a = p->offsets[i] > lo ? p->offsets[i] : lo, b = p->offsets[i] + p->sizes[i];
@@ -294,6 +366,35 @@ static float owned_norm_squared(const GPT2* model, const floatX* grads, size_t l
         if (a < b) sum += global_norm_squared(grads + (a - lo), b - a);
     }
     return (float)sum;
+}
+
+// 5D: the experts' gradients. A token's gradient weighs 1/(B T m), T a rank's T/cp tokens: dp cp
+// times its weight in the global batch's mean, which the dense tensors' mean over dp x cp undoes.
+// An expert gathers, through the all-to-all, the tokens of the ep ranks of its group, each token
+// of the stage routed by exactly one rank (with -sp by one tp rank), so that its copies over edp
+// (S/ep of them, S = dp cp tp) hold between them every token of the step once: their mean is
+// dp cp ep / S = ep/tp times the global gradient. Read scaled by tp/ep (the norm, AdamW,
+// -dump_grads), it is the gradient one process would compute.
+static float expert_grad_scale(const Grid* g) { return (float)g->tp / (float)g->ep; }
+
+// the gradients' means: the dense tensors as a dense model's, all-reduced (AVG) over dp x cp, in
+// the two ranges around the experts; each rank's experts over the ranks that hold the same ones
+// (edp, AVG)
+static void reduce_dense_and_experts(GPT2* model, Grid* g) {
+    size_t lo, hi, n = model->layout.count;
+    moe_expert_range(&model->layout, &lo, &hi);
+    comm_all_reduce(&g->dp_group, model->grads_memory, lo, COMM_FLOATX, COMM_AVG);
+    comm_all_reduce(&g->dp_group, model->grads_memory + hi, n - hi, COMM_FLOATX, COMM_AVG);
+    if (g->edp_group.size > 1) comm_all_reduce(&g->edp_group, model->grads_memory + lo, hi - lo, COMM_FLOATX, COMM_AVG);
+}
+
+// the experts' share of the gradient norm: each expert counted by one of its copies (edp rank 0),
+// read as the optimizer reads it
+static float expert_norm_squared(const GPT2* model, const Grid* g) {
+    size_t lo, hi;
+    moe_expert_range(&model->layout, &lo, &hi);
+    float scale = expert_grad_scale(g);
+    return g->edp_group.rank == 0 ? global_norm_squared(model->grads_memory + lo, hi - lo) * scale * scale : 0.0f;
 }
 
 // This replica's walk over its pipe (llmc/stage.h): the tp collectives inside each chunk (and
@@ -329,6 +430,13 @@ static float zero1_adamw_step(GPT2* model, const Run* run, Grid* g, const floatX
     return opt.lr;
 }
 
+// with -z 1 the reduce-scatter's output: the replica's shard of the rank's reduced gradients, S
+// elements (layout_state_held), one of the memory table's communication buffers
+static floatX* zero1_grad_shard_alloc(const ParameterLayout* layout) {
+    allocation_kind(ALLOC_COMM);
+    return (floatX*)device_malloc(layout_state_held(layout) * sizeof(floatX));
+}
+
 // The replica's shard [lo, hi) of this rank's flat buffer over the dp group (dp x cp ranks):
 // with -z 1 the elements it updates (the reduce-scatter's output, S each); without, the elements
 // whose squares it counts for the gradient norm (every replica has all of them reduced, so each
@@ -348,16 +456,38 @@ static void dump_gradients(GPT2* model, Grid* g, const floatX* grad_shard, const
     if (grad_shard) {
         comm_all_gather(&g->dp_group, grad_shard, model->grads_memory, layout_state_held(&model->layout), COMM_FLOATX);
     }
-    if (g->dp_group.rank == 0) gpt2_write_gathered(model, &g->model_group, model->grads_memory, path);
+    if (!g->moe) {
+        if (g->dp_group.rank == 0) gpt2_write_gathered(model, &g->model_group, model->grads_memory, path);
+        return;
+    }
+    // with experts: theirs read as the optimizer reads them (expert_grad_scale), in a copy, then
+    // gathered by each stage's first max(tp, ep) ranks (grid_fold_experts)
+    if (g->gather_copies.rank != 0) return;
+    size_t lo, hi, n = model->layout.count;
+    moe_expert_range(&model->layout, &lo, &hi);
+    float* host = (float*)malloc_check(n * sizeof(float));
+    copy_device_to_floats(host, model->grads_memory, n);
+    for (size_t i = lo; i < hi; i++) host[i] *= expert_grad_scale(g);
+    floatX* scaled = (floatX*)device_malloc(n * sizeof(floatX));
+    copy_floats_to_device(scaled, host, n);
+    gpt2_write_gathered(model, &g->model_group, scaled, path);
+    device_free(scaled);
+    free(host);
 }
 
 // -check_replicas: every copy of a tensor identical, over tp (the tensors tp replicates), the
 // embedding group (the tied wte) and dp (everything, over the dp x cp ranks)
 static void check_copies(const GPT2* model, Grid* g, int step) {
-    unsigned wte_only = 1u, everything = (1u << NUM_PARAMETER_TENSORS) - 1;
-    train_check_replicas(model, &g->tp_group, step, NULL, "tp copies of the replicated tensors");
+    unsigned wte_only = 1u, everything = (1u << NUM_PARAMETER_TENSORS) - 1, experts = 0, replicated = 0;
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+        if (tensor_is_expert(model->config, i)) experts |= 1u << i;
+        else if (!model->layout.sharded[i]) replicated |= 1u << i;
+    }
+    train_check_replicas(model, &g->tp_group, step, &replicated, "tp copies of the replicated tensors");
     if (g->in_embedding) train_check_replicas(model, &g->embedding, step, &wte_only, "wte copies of the first and last stage");
-    train_check_replicas(model, &g->dp_group, step, &everything, "dp replicas");
+    unsigned dense = everything & ~experts;
+    train_check_replicas(model, &g->dp_group, step, &dense, "dp replicas");
+    if (g->moe) train_check_replicas(model, &g->edp_group, step, &experts, "experts' copies");
 }
 
 // The communication of one step of world rank 0 (dp 0, stage 0, cp 0, tp 0), payload per group
@@ -376,20 +506,27 @@ static void check_copies(const GPT2* model, Grid* g, int step) {
 //        and an all-gather of N X (N padded to dp cp x 128); the loss's average, 4 bytes
 //   embedding  the tied wte's gradient on this rank, Vp/tp C X (pp > 1)
 //   world      the gradient norm's float
+// With experts (5D) an MoE layer has no tp collective (2 Ls + first + last a micro-batch, not
+// 4 Ls + ...); with -sp the routers' gradients (Ls E C X) join the LayerNorms' over tp; dp
+// reduces the dense tensors only (N_dense X), edp the experts (N_experts X, edp > 1); the MoE
+// layers' all-to-alls over ep follow the routing and print on the step's MoE line
 typedef struct {
     double tp_all_reduce, tp_reduce_scatter, tp_all_gather, pp_send, pp_recv, pp_broadcast;
-    double dp_all_reduce, dp_reduce_scatter, dp_all_gather, embedding, world;
+    double dp_all_reduce, dp_reduce_scatter, dp_all_gather, edp_all_reduce, embedding, world;
     CpBytes cp;
 } StepBytes;
 
 static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const ParameterLayout* p, int B, int T, int cp,
                             int allgather, int zero, int rerun) {
     double X = sizeof(floatX), a = (double)B * T * c.channels * X, m = s.m, Ls = (double)c.num_layers / s.p;
-    int sp = d.seq_shards > 1, last = s.p == 1;
-    double collectives = 4 * Ls + 1 + last;
+    int sp = d.seq_shards > 1, last = s.p == 1, moe = gpt2_is_moe(c);
+    double collectives = (moe ? 2 : 4) * Ls + 1 + last, routers = moe ? Ls * c.experts * c.channels * X : 0;
+    size_t experts_lo, experts_hi;
+    moe_expert_range(p, &experts_lo, &experts_hi);
+    double experts = moe ? (double)(experts_hi - experts_lo) : 0;
     StepBytes b;
     memset(&b, 0, sizeof(b));
-    b.tp_all_reduce = last * m * 3.0 * B * T * 4 + (sp ? (4 * Ls + 2 * last) * c.channels * X : m * collectives * a);
+    b.tp_all_reduce = last * m * 3.0 * B * T * 4 + (sp ? (4 * Ls + 2 * last) * c.channels * X + routers : m * collectives * a);
     b.tp_reduce_scatter = b.tp_all_gather = sp ? m * collectives * a : 0;
     if (rerun) {  // -r 2 reruns each layer's forward: attproj's sum again, with -sp both gathers
         if (sp) b.tp_reduce_scatter += m * Ls * a, b.tp_all_gather += 2 * m * Ls * a;
@@ -397,7 +534,8 @@ static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const Paramet
     }
     b.pp_send = b.pp_recv = s.p > 1 ? (2.0 * s.V - 1) * m * a / d.seq_shards : 0;
     b.pp_broadcast = 4;
-    b.dp_all_reduce = (zero ? 0 : (double)p->count * X) + 4;
+    b.dp_all_reduce = (zero ? 0 : ((double)p->count - experts) * X) + 4;
+    b.edp_all_reduce = experts * X;  // (counted where edp > 1)
     b.dp_reduce_scatter = b.dp_all_gather = zero ? (double)p->count * X : 0;
     b.embedding = s.p > 1 ? (double)d.Vp_rank * c.channels * X : 0;
     b.world = 4;
@@ -417,7 +555,7 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
     PipeSpec s = st->spec;
     int sp = d.seq_shards > 1, world = g->dp * g->pp * g->cp * g->tp, Tl = args->T / g->cp;
     BannerRow rows[20];
-    int n = train_banner_model(rows, "train_gpt2_3d (3D)", args->model, c);
+    int n = train_banner_model(rows, g->moe ? "train_gpt2_3d (5D)" : "train_gpt2_3d (3D)", args->model, c);
     banner_row(&rows[n++], "dp x pp x cp x tp", "%d x %d x %d x %d = %d ranks", g->dp, g->pp, g->cp, g->tp, world);
     banner_row(&rows[n++], "tensor parallel", "%d of the %d heads a rank%s", d.NH, c.num_heads, sp ? ", sequence parallel" : "");
     if (g->cp > 1) {
@@ -427,6 +565,12 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
     banner_row(&rows[n++], "pipeline", "%s, %d stage%s%s", pipe_schedule_names[s.sched], s.p, s.p > 1 ? "s" : "",
                s.V > 1 ? ", interleaved" : "");
     banner_row(&rows[n++], "data parallel", "%d replica%s%s", g->dp, g->dp > 1 ? "s" : "", zero ? ", ZeRO-1" : "");
+    if (g->moe) {
+        int S = g->dp * g->cp * g->tp;
+        banner_row(&rows[n++], "experts, top-k", "%d experts, each token to %d", c.experts, c.topk);
+        banner_row(&rows[n++], "expert parallel", "ep %d x edp %d, folded over a stage's %d dp x cp x tp ranks; %d experts a rank",
+                   g->ep, S / g->ep, S, c.experts / g->ep);
+    }
     banner_row(&rows[n++], "micro-batches", "%d per replica of B x T = %d x %d", s.m, args->B, args->T);
     banner_row(&rows[n++], "recomputation", "%s", recompute_names[args->recompute]);
     n = run_banner_rows(run, rows, n);
@@ -439,9 +583,15 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
         const char which[5] = {'t', 'c', 'p', 'd', 'e'};
         for (int k = 0; k < 5; k++) grid_group_members(groups[k], sizeof(groups[k]), g, r, which[k]);
         int embeds = sr == 0 || sr == g->pp - 1;
-        printf("  rank %2d  dp %d pp %d cp %d tp %d   tp %-10s cp %-10s pp %-10s dp %-10s%s%s\n", r, dr, sr, cr, tr,
+        printf("  rank %2d  dp %d pp %d cp %d tp %d   tp %-10s cp %-10s pp %-10s dp %-10s%s%s", r, dr, sr, cr, tr,
                groups[0], groups[1], groups[2], groups[3], embeds && g->pp > 1 ? "embedding " : "",
                embeds && g->pp > 1 ? groups[4] : "");
+        if (g->moe) {  // the fold: ep consecutive ranks of the stage, edp every ep-th
+            int S = g->dp * g->cp * g->tp, q = r % S, first = r - q;
+            printf("  ep {%d..%d} edp {%d, %d.. every %d}", first + q / g->ep * g->ep, first + q / g->ep * g->ep + g->ep - 1,
+                   first + q % g->ep, first + q % g->ep + g->ep, g->ep);
+        }
+        printf("\n");
     }
     if (world > 64) printf("  ... (%d ranks)\n", world);
     printf("stages (each split over its %d tp ranks; device memory predicted for each of their ranks):\n", g->tp);
@@ -462,13 +612,15 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
     printf("communication per step of rank 0 (payload per group; a = B T C X = %.0f bytes%s, Ls = L/pp = %d layers):\n", a,
            g->cp > 1 ? " with T = T/cp" : "", c.num_layers / s.p);
     const char* last = s.p == 1 ? " + 1 (head)" : "";
+    int per_layer = g->moe ? 2 : 4;  // (an MoE layer's MLP half has no tp collective)
     if (sp) {
-        printf("  tp all-gather      %12.0f bytes  m (4 Ls + 1%s) a\n", b.tp_all_gather, last);
-        printf("  tp reduce-scatter  %12.0f bytes  m (4 Ls + 1%s) a\n", b.tp_reduce_scatter, last);
-        printf("  tp all-reduce      %12.0f bytes  %s(4 Ls%s) C X (LayerNorm gradients)\n", b.tp_all_reduce,
-               s.p == 1 ? "m 3 B T 4 (loss) + " : "", s.p == 1 ? " + 2" : "");
+        printf("  tp all-gather      %12.0f bytes  m (%d Ls + 1%s) a\n", b.tp_all_gather, per_layer, last);
+        printf("  tp reduce-scatter  %12.0f bytes  m (%d Ls + 1%s) a\n", b.tp_reduce_scatter, per_layer, last);
+        printf("  tp all-reduce      %12.0f bytes  %s(4 Ls%s) C X (LayerNorm gradients)%s\n", b.tp_all_reduce,
+               s.p == 1 ? "m 3 B T 4 (loss) + " : "", s.p == 1 ? " + 2" : "", g->moe ? " + Ls E C X (routers)" : "");
     } else {
-        printf("  tp all-reduce      %12.0f bytes  m (4 Ls + 1%s) a%s\n", b.tp_all_reduce, last, s.p == 1 ? " + m 3 B T 4 (loss)" : "");
+        printf("  tp all-reduce      %12.0f bytes  m (%d Ls + 1%s) a%s\n", b.tp_all_reduce, per_layer, last,
+               s.p == 1 ? " + m 3 B T 4 (loss)" : "");
     }
     if (layer_rerun_needed(stage_kept(args->recompute, s, d))) {
         printf("  (tp, -r 2: + m Ls a %s for the forward rerun before each layer's backward)\n",
@@ -485,7 +637,11 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
     printf("  pp send, recv      %12.0f bytes  each: (2V-1) m a%s; + 4 (loss broadcast)\n", b.pp_send, sp ? " / tp" : "");
     const char* over = g->cp > 1 ? " (over dp x cp)" : "";
     if (zero) printf("  dp reduce-scatter  %12.0f bytes  N X, and as much all-gathered; + 4 (loss)%s\n", b.dp_reduce_scatter, over);
-    else printf("  dp all-reduce      %12.0f bytes  N X + 4 (loss)%s\n", b.dp_all_reduce, over);
+    else printf("  dp all-reduce      %12.0f bytes  N%s X + 4 (loss)%s\n", b.dp_all_reduce, g->moe ? "_dense" : "", over);
+    if (g->moe && g->edp_group.size > 1) {
+        printf("  edp all-reduce     %12.0f bytes  N_experts X (this rank's %d experts, over the %d ranks holding them)\n",
+               b.edp_all_reduce, c.experts / g->ep, g->edp_group.size);
+    }
     printf("  embedding          %12.0f bytes  Vp/tp C X (the tied wte's gradient)\n", b.embedding);
     printf("  world all-reduce   %12.0f bytes  4 (the gradient norm)\n", b.world);
 }
@@ -506,7 +662,42 @@ static LayerDims grid_dims(GPT2Config config, int cp_size, int tp, int sp, CpSpl
         cp_check_head_size(dims.att / dims.NH);
         dims.target.flash = 1;  // attention keeps lse, (B, NH/tp, Tl) fp32, as flash attention does
     }
-    return dims;
+    return gpt2_is_moe(config) ? layer_dims_moe(dims) : dims;  // (experts: no dense MLP in the arenas)
+}
+
+// 5D: the checks of a model with experts on this grid (every rank checks; all stop together),
+// then the fold (grid_fold_experts)
+static void grid_add_experts(Grid* g, CommGroup* world, const Run* run, MoeFlags f, int sp, int zero) {
+    GPT2Config c = run->config;
+    int S = g->dp * g->cp * g->tp;
+    check_every_rank(c.experts % f.ep == 0 && S % f.ep == 0, "-ep %d: the E = %d experts are split over ep of a stage's "
+                     "dp x cp x tp = %d ranks, so ep must divide both", f.ep, c.experts, S);
+    check_every_rank(g->tp == 1 || sp, "-tp %d with experts needs -sp 1: each rank routes the tokens it holds, and "
+                     "without sequence parallelism every tp rank holds all of them, so each token would be routed %d "
+                     "times", g->tp, g->tp);
+    check_every_rank(zero == 0, "-z 1 with experts: ZeRO-1 over both the dense tensors' dp x cp ranks and the experts' "
+                     "edp ranks is not written yet; train without -z");
+    check_every_rank(run->args.recompute == 0, "-r %d with experts: MoE layers keep every activation (-r 0); their "
+                     "recomputation is not written yet", run->args.recompute);
+    grid_fold_experts(g, world, f.ep);
+}
+
+// ... and its MoE state: one record a slot of the stage (each micro-batch in flight keeps its
+// routing), the tokens a rank routes (its T/cp of each sequence, with -sp its tp share), the
+// sequence group that adds up the aux loss's figures; the run's identity gains the MoE settings
+// (they decide the trajectory; the grid does not, except through the capacity, which counts a
+// rank's tokens)
+static void grid_moe_alloc(Moe* moe, Stage* st, Grid* g, Run* run, MoeFlags f, int Tl, int BTs) {
+    GPT2Config c = run->config;
+    MoeBalance balance = moe_balance_of(f.balance);
+    int sp = BTs < run->args.B * Tl;
+    MoeTokens tokens = {run->args.B, Tl, BTs, sp ? g->tp_rank * BTs : 0, run->args.T, g->cp * g->tp > 1 ? &g->seq_group : NULL};
+    moe_alloc(moe, c, g->ep, g->ep_rank, &g->ep_group, tokens, st->num_slots, st->chunk_layers, balance, f.aux_alpha,
+              f.bias_rate, f.capacity_factor);
+    st->moe = moe;
+    run_identity_add(&run->identity, "moe", "E=%d k=%d balance=%s alpha=%.9g gamma=%.9g cf=%.9g", c.experts, c.topk,
+                     moe_balance_name(balance), f.aux_alpha, f.bias_rate, f.capacity_factor);
+    if (f.capacity_factor > 0) run_identity_add(&run->identity, "capacity", "%d tokens a rank", BTs);
 }
 
 // One training step of this rank (the header's steps 1-7), after run_step_begin: the schedule
@@ -525,6 +716,7 @@ static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions
     // rank's tokens' gradient is weighted 1/(B T m), T its T/cp tokens of a sequence: the
     // mean of its share; the mean over the shares follows in 4.
     watchdog_phase("pipeline schedule", step);
+    if (t->moe) moe_step_begin(t->moe);
     device_memset_zero(model->grads_memory, layout->count * sizeof(floatX));
     walk->loss = 0.0f;
     walk->times = timed ? t->st->times : NULL;
@@ -549,8 +741,9 @@ static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions
     // its 1/(dp cp) shard, the part of the buffer it updates. With -cp the group holds the
     // replicas' cp ranks too (dp x cp): each holds the gradient of its tokens' mean loss, the
     // ring having carried every token's part to the keys' owners, so the mean over the dp x cp
-    // equal shares is the mean over every token of the step, as one process would compute
+    // equal shares is the mean over every token of the step, as one process would compute. With experts, theirs over edp instead (reduce_dense_and_experts)
     if (zero) comm_reduce_scatter(&g->dp_group, model->grads_memory, grad_shard, layout_state_held(layout), COMM_FLOATX, COMM_AVG);
+    else if (t->moe) reduce_dense_and_experts(model, g);
     else comm_all_reduce(&g->dp_group, model->grads_memory, layout->count, COMM_FLOATX, COMM_AVG);
     // 5. the loss lives on the last stage (walk.loss is 0 on the others): broadcast over the
     // pipe, then averaged over the replicas and their cp ranks (one float each, each a mean of
@@ -562,28 +755,43 @@ static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions
     // over the world (all-reduce of one float)
     watchdog_phase("AdamW update", step);
     float squares = owned_norm_squared(model, zero ? grad_shard : model->grads_memory + lo, lo, hi, g->tp_rank);
+    if (t->moe) squares += expert_norm_squared(model, g);
     comm_all_reduce_scalar(&run->world, &squares, COMM_SUM);
     float grad_norm = sqrtf(squares);
     // the loss and the norm are the same on every rank, so every rank stops here together
     train_stop_if_not_finite(step, loss, grad_norm);
     // 7. AdamW. Without ZeRO on the whole buffer (every replica the same update; replicated
     // tensors and both wte copies round alike: the layout's rounding index); with -z 1 on
-    // this replica's shard [lo, hi), then all-gathered over dp (zero1_adamw_step)
-    float clip_scale, lr = zero ? zero1_adamw_step(model, run, g, grad_shard, lo, hi, step, grad_norm, &clip_scale)
-                                : train_adamw_step(model, &run->args, step, run->max_steps, grad_norm, &clip_scale);
+    // this replica's shard [lo, hi), then all-gathered over dp (zero1_adamw_step). With experts,
+    // theirs read scaled by expert_grad_scale (moe_adamw_step)
+    float clip_scale, lr;
+    if (zero) lr = zero1_adamw_step(model, run, g, grad_shard, lo, hi, step, grad_norm, &clip_scale);
+    else if (!t->moe) lr = train_adamw_step(model, &run->args, step, run->max_steps, grad_norm, &clip_scale);
+    else {
+        AdamWConfig opt = train_adamw_config(&run->args, step, run->max_steps, grad_norm, &clip_scale);
+        moe_adamw_step(model, opt, clip_scale, expert_grad_scale(g), step);
+        lr = opt.lr;
+    }
+    // 8. with experts, the step's balance over the global batch (llmc/moe.h: the loads, L x E
+    // counts, and the aux loss all-reduced over the world; -balance bias's update from them)
+    MoeFigures figures;
+    if (t->moe) {
+        double aux_copies = (double)g->dp * t->st->spec.m * g->cp * g->tp;  // (each micro-batch's, on its cp x tp ranks)
+        figures = moe_step_figures(t->moe, &run->world, aux_copies);
+        moe_log_fields(run->step_extra, sizeof(run->step_extra), figures);
+    }
     // the step line and main.log (llmc/run.h): rank 0's bytes per group equal the formulas
     // printed at the start
     run_step_end(run, step, loss, lr, grad_norm, clip_scale);
+    if (t->moe && run->rank == 0) moe_print_line(t->moe, step, figures);
 }
 
 int main(int argc, char** argv) {
     // ---- the flags: the common ones (llmc/train.h) and this trainer's own; then the
     // communication layer and the model's config (llmc/run.h)
     Run run;
-    const char* dump_grads = NULL;
-    const char* sched_name = "1f1b";
-    const char* split_name = "zigzag";
-    const char* cp_comm = "ring";
+    const char *dump_grads = NULL, *sched_name = "1f1b", *split_name = "zigzag", *cp_comm = "ring";
+    MoeFlags moe_flags = MOE_FLAGS_DEFAULT;  // (-experts and the rest: a model with experts, 5D)
     int dp = 0, pp = 1, cp_size = 1, tp = 1, sp = 0, tp_overlap = 0, vp = 1, zero = 0, timeline = 0, check_replicas = 0;
     const ArgSpec own[] = {
         {"-dp", ARG_INT, &dp, 0, ARG_NO_MAX, "data-parallel replicas (0: the number of ranks / (pp x cp x tp))"},
@@ -599,12 +807,14 @@ int main(int argc, char** argv) {
         {"-z", ARG_INT, &zero, 0, 1, "1: ZeRO-1, the AdamW state sharded over the dp replicas (and their cp ranks)"},
         {"-timeline", ARG_INT, &timeline, 0, ARG_NO_MAX, "every N steps print the measured timeline of replica 0's pipeline at tp rank 0 (0: never)"},
         {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
-        {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that every copy of a tensor is identical: over tp (replicated tensors), the embedding group (wte) and dp x cp (everything) (0: never)"},
+        {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that every copy of a tensor is identical: over tp (replicated tensors), the embedding group (wte), dp x cp (everything but experts) and edp (experts) (0: never)"},
+        MOE_ARG_SPECS(moe_flags),
     };
-    if (!run_start(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]))) return 0;
+    if (!run_start_model(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]), /*moe*/ 1)) return 0;
     CommGroup* world = &run.world;
     int rank = world->rank;
-    GPT2Config config = run.config;
+    GPT2Config config = run.config = moe_model_config(run.config, run.from_descriptor, run.args.model, moe_flags.experts,
+                                                      moe_flags.topk, /*dense_too*/ 1);
 
     // ---- the grid: dp x pp x cp x tp ranks (grid_replicas: -dp 0 fills the world), tp slices of
     // each stage's layers, whose heads, 4C and Vp divide by tp; cp ranks holding Tl = T/cp
@@ -623,18 +833,20 @@ int main(int argc, char** argv) {
     PipeAction* all_actions = pipeline_plan(spec, sched_name, &n);  // every stage's actions (pipeline.h)
     Grid grid;
     grid_init(&grid, world, dp, pp, cp_size, tp);
+    if (gpt2_is_moe(config)) grid_add_experts(&grid, world, &run, moe_flags, sp, zero);  // 5D: ep x edp folded in
     PipeAction* actions = all_actions + (size_t)grid.stage * n;  // (every stage's list has n actions)
 
-    // ---- this rank's parameters: its tp slices of its stage's tensors, with -z 1 padded so that
-    // the dp x cp ranks holding them can split its state into equal shards
-    ParameterLayout layout = parameter_layout_grid(config, tp, grid.tp_rank, pp, grid.stage, vp);
+    // ---- this rank's parameters: its tp slices of its stage's tensors (and its E/ep experts),
+    // with -z 1 padded so that the dp x cp ranks holding them can split its state into equal shards
+    ParameterLayout layout = parameter_layout_experts(config, tp, grid.tp_rank, pp, grid.stage, vp, grid.ep, grid.ep_rank);
     layout_shard_flat(&layout, zero, grid.dp_group.size, grid.dp_group.rank);
 
     // ---- memory, checked before allocating: the rank's pieces of the model states, its stage's
     // slots of micro-batches in flight at its tp widths and T/cp tokens, the pipeline's, ZeRO-1's
     // and context parallelism's buffers (llmc/memory_plan.h)
     size_t N = layout.count, P = gpt2_num_parameters(config);
-    RunLayout grid_layout = grid_run_layout(&run, &grid, spec, zero, sp, allgather, dump_grads != NULL);
+    RunLayout grid_layout = grid_run_layout(&run, &grid, spec, zero, sp, allgather, dump_grads != NULL,
+                                              moe_flags.capacity_factor);
     run_check_memory(&run, grid_layout, grid.stage,
                      "%zu of %zu parameters on rank %d (dp %d, stage %d, cp %d, tp %d), -b %d -t %d", N, P, rank,
                      grid.dp_rank, grid.stage, grid.cp_rank, grid.tp_rank, B, T);
@@ -651,21 +863,18 @@ int main(int argc, char** argv) {
     free(weights);
     Stage stage;
     stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), &model, B, Tl);
+    Moe moe;  // 5D: the MoE layers' state, a record per slot (grid_moe_alloc)
+    if (grid.moe) grid_moe_alloc(&moe, &stage, &grid, &run, moe_flags, Tl, B * Tl / dims.seq_shards);
     // with -z 1 the reduce-scatter's output: this rank's 1/(dp cp) shard of the reduced gradients
-    size_t X = sizeof(floatX), S = layout_state_held(&layout);
-    allocation_kind(ALLOC_COMM);
-    floatX* grad_shard = zero ? (floatX*)device_malloc(S * X) : NULL;
+    floatX* grad_shard = zero ? zero1_grad_shard_alloc(&layout) : NULL;
     // with -cp: this rank's chunks of each sequence, and the buffers of attention over the cp
     // group, on the rank's NH/tp heads (llmc/context_parallel.h)
-    ContextParallel context, *cp = NULL;
-    if (cp_size > 1) {
-        cp = &context;
-        cp_alloc(cp, &grid.cp_group, split, allgather, B, T, config.channels, dims.att, dims.NH);
-    }
+    ContextParallel context, *cp = cp_size > 1 ? &context : NULL;
+    if (cp) cp_alloc(cp, &grid.cp_group, split, allgather, B, T, config.channels, dims.att, dims.NH);
     if (rank == 0) print_layout(&run, &model, &stage, &grid, cp, zero);
 
     // ---- resume with -y 1 from any grid's checkpoint; validation and samples through the pipe
-    Grid3D trainer = {&model, &stage, &grid, cp};
+    Grid3D trainer = {&model, &stage, &grid, cp, grid.moe ? &moe : NULL};
     grid_run_begin(&run, &trainer, tokens_multiple);
 
     // ---- training loop; `step` counts completed optimizer steps
@@ -689,6 +898,7 @@ int main(int argc, char** argv) {
     stage_free(&stage);
     if (cp) cp_free(cp);
     if (grad_shard) device_free(grad_shard);
+    if (grid.moe) moe_free(&moe);
     free(all_actions);
     gpt2_free(&model);
     grid_free(&grid);

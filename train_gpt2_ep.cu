@@ -155,21 +155,13 @@ static void gpt2_backward(ExpertParallel* t, const int* inputs_host, int B, int 
 // ----------------------------------------------------------------------------------------------
 // the reduction and the update
 
-// the flat buffer (the file's tensor order) in three ranges: the replicated tensors before the
-// experts (wte .. routerw), this rank's experts (fcw .. fcprojb: each tensor's layers, each layer's
-// E/ep experts), the replicated final LayerNorm
-static void expert_range(const GPT2* model, size_t* lo, size_t* hi) {
-    *lo = model->layout.offsets[PARAM_FCW];
-    *hi = model->layout.offsets[PARAM_LNFW];
-}
-
 // 2. the gradients reduced: the replicated ranges all-reduced (average) over all ranks, (lo)
 // and (count - hi) floats, as DDP; this rank's experts (hi - lo) over the ranks holding the same
 // experts. (Each expert's gradient is then ep x the average over all ranks: expert_grad_scale.)
 static void reduce_gradients(ExpertParallel* t) {
     GPT2* model = t->model;
     size_t lo, hi, n = model->num_parameters;
-    expert_range(model, &lo, &hi);
+    moe_expert_range(&model->layout, &lo, &hi);
     comm_all_reduce(t->world, model->grads_memory, lo, COMM_FLOATX, COMM_AVG);
     comm_all_reduce(t->world, model->grads_memory + hi, n - hi, COMM_FLOATX, COMM_AVG);
     if (t->edp_group->size > 1) comm_all_reduce(t->edp_group, model->grads_memory + lo, hi - lo, COMM_FLOATX, COMM_AVG);
@@ -189,29 +181,12 @@ static float expert_grad_scale(const ExpertParallel* t) { return 1.0f / (float)t
 static float grad_norm(ExpertParallel* t) {
     GPT2* model = t->model;
     size_t lo, hi, n = model->num_parameters;
-    expert_range(model, &lo, &hi);
+    moe_expert_range(&model->layout, &lo, &hi);
     float scale = expert_grad_scale(t);
     float experts = global_norm_squared(model->grads_memory + lo, hi - lo) * scale * scale;
     comm_all_reduce_scalar(t->ep_group, &experts, COMM_SUM);
     float replicated = global_norm_squared(model->grads_memory, lo) + global_norm_squared(model->grads_memory + hi, n - hi);
     return sqrtf(replicated + experts);
-}
-
-// 3. AdamW over the three ranges; the experts' gradients read scaled by expert_grad_scale
-static float adamw_step(ExpertParallel* t, const TrainArgs* args, int step, int max_steps, float norm, float* clip_scale) {
-    GPT2* model = t->model;
-    size_t lo, hi, n = model->num_parameters;
-    expert_range(model, &lo, &hi);
-    AdamWConfig opt = train_adamw_config(args, step, max_steps, norm, clip_scale);
-    float* master = model->master_memory;
-    size_t ranges[3][2] = {{0, lo}, {lo, hi}, {hi, n}};
-    for (int r = 0; r < 3; r++) {
-        size_t a = ranges[r][0], b = ranges[r][1];
-        float scale = r == 1 ? *clip_scale * expert_grad_scale(t) : *clip_scale;
-        optimizer_adamw_step(model->params_memory + a, master ? master + a : NULL, model->grads_memory + a,
-                             model->m_memory + a, model->v_memory + a, a, b, &model->layout, opt, scale, step + 1);
-    }
-    return opt.lr;
 }
 
 // -dump_grads: the first step's gradients as the reference's grads.bin: the replicated ones as
@@ -221,7 +196,7 @@ static void write_gradients(ExpertParallel* t, const char* path) {
     GPT2* model = t->model;
     if (t->edp_group->rank != 0) return;
     size_t lo, hi, n = model->num_parameters;
-    expert_range(model, &lo, &hi);
+    moe_expert_range(&model->layout, &lo, &hi);
     float* host = (float*)malloc_check(n * sizeof(float));
     copy_device_to_floats(host, model->grads_memory, n);
     for (size_t i = lo; i < hi; i++) host[i] *= expert_grad_scale(t);
@@ -319,7 +294,7 @@ static void name_first_non_finite(ExpertParallel* t, int step, float loss) {
     int L = model->config.num_layers, in_forward = !isfinite(loss);
     int places = in_forward ? 2 + forward_places * L : 4 + PER_LAYER_TENSORS * L, found = PLACE_NONE;
     size_t lo, hi, tokens = (size_t)model->B * model->T, most = tokens * model->dims.qkv;
-    expert_range(model, &lo, &hi);
+    moe_expert_range(&model->layout, &lo, &hi);
     for (int i = 0; i < places && !in_forward; i++) {  // (the largest tensor, for the host buffer)
         int layer;
         size_t first, count;
@@ -416,91 +391,13 @@ static void print_layout(const Run* run, const GPT2* model, const Moe* moe, int 
     memory_plan_print(&run->plan, c, &run->layout);
 }
 
-// The step's MoE figures over the whole global batch: the loads (L x E counts, summed over the
-// ranks: an all-reduce), the kept and dropped slots (summed), the aux loss (its mean over the
-// ranks, as the loss's); -balance bias then moves the biases from the loads
-typedef struct {
-    double least, mean, most, max_vio, dropped_share, aux;
-} MoeFigures;
-
-static MoeFigures moe_step_end(ExpertParallel* t, int accum) {
-    Moe* m = t->moe;
-    size_t n = (size_t)m->L * m->E;
-    float* sums = (float*)malloc_check((n + 3) * sizeof(float));
-    for (size_t i = 0; i < n; i++) sums[i] = (float)m->loads[i];  // (counts: exact in a float below 2^24)
-    sums[n] = (float)m->kept_slots, sums[n + 1] = (float)m->dropped_slots;
-    comm_all_reduce_host(t->world, sums, n + 2, COMM_SUM);  // (L E + 2) floats
-    float aux = (float)(m->aux / accum);
-    comm_all_reduce_scalar(t->world, &aux, COMM_AVG);
-    double* loads = (double*)malloc_check(n * sizeof(double));
-    for (size_t i = 0; i < n; i++) loads[i] = sums[i];
-    MoeFigures f;
-    f.max_vio = moe_max_vio(loads, m->L, m->E, &f.least, &f.most, &f.mean);
-    f.dropped_share = sums[n + 1] / (sums[n] + sums[n + 1]);
-    f.aux = aux;
-    if (m->balance == BALANCE_BIAS) moe_update_bias(m, loads);
-    free(sums);
-    free(loads);
-    return f;
-}
-
-// The step's MoE figures in its main.log record (the run layer writes them with the step's own)
-static void log_moe(Run* run, MoeFigures f) {
-    snprintf(run->step_extra, sizeof(run->step_extra), "\"moe\": {\"aux_loss\": %.9g, \"max_vio\": %.9g, "
-             "\"dropped\": %.9g, \"tokens_per_expert\": [%.0f, %.9g, %.0f]}", f.aux, f.max_vio, f.dropped_share,
-             f.least, f.mean, f.most);
-}
-
-// The step's MoE line, on rank 0: the balance figures, the step's all-to-all bytes (this rank's
-// sends, tokens and counts: they follow the routing, so they change from step to step and are
-// printed here, every step, rather than in the bytes block that prints only on a change) and,
-// with -balance bias, the range of the biases after the step's update
-static void print_moe(const ExpertParallel* t, int step, MoeFigures f) {
-    const Moe* m = t->moe;
-    if (t->world->rank != 0) return;
-    printf("step %d moe: aux loss %.6f | tokens per expert min %.0f mean %.1f max %.0f | MaxVio %.6f | dropped %.4f%% | "
-           "all-to-all %lld B", step + 1, f.aux, f.least, f.mean, f.most, f.max_vio, 100.0 * f.dropped_share,
-           t->ep_group->bytes[COMM_ALL_TO_ALL]);
-    if (m->balance == BALANCE_BIAS) {
-        float lo = m->bias_host[0], hi = m->bias_host[0];  // (from the first bias: 0 is not one of them)
-        for (int i = 1; i < m->L * m->E; i++) {
-            lo = m->bias_host[i] < lo ? m->bias_host[i] : lo;
-            hi = m->bias_host[i] > hi ? m->bias_host[i] : hi;
-        }
-        printf(" | bias %.4f..%.4f", lo, hi);
-    }
-    printf("\n");
-}
-
-// The model: a descriptor (-e dL) takes -experts and -topk (2 unless given); a model file brings
-// its own, which the flags, when given, must repeat. Every rank checks, and all stop together.
+// The model (llmc/moe.h: a descriptor and -experts, or an MoE model file), and ep dividing E and
+// the ranks. Every rank checks, and all stop together.
 static GPT2Config moe_config(const Run* run, int experts, int topk, int ep) {
-    GPT2Config config = run->config;
-    if (run->from_descriptor) {
-        check_every_rank(experts >= 2, "-e %s with -experts %d: a Mixture-of-Experts model needs -experts E >= 2 (E = 1 is "
-                         "the dense GPT-2: train it with train_gpt2_dp)", run->args.model, experts);
-        config.experts = experts;
-        config.topk = topk > 0 ? topk : 2;
-    } else {
-        check_every_rank(gpt2_is_moe(config), "-e %s is a dense GPT-2 model file (no experts in its header): "
-                         "train_gpt2_ep trains Mixture-of-Experts models (start one from a descriptor: -e d4 -experts 8)",
-                         run->args.model);
-        check_every_rank((experts == 0 || experts == config.experts) && (topk == 0 || topk == config.topk),
-                         "-experts %d -topk %d: the model file %s has E=%d experts and top-k %d", experts, topk,
-                         run->args.model, config.experts, config.topk);
-    }
-    check_every_rank(config.topk >= 1 && config.topk <= config.experts, "-topk %d: expected 1 <= k <= E = %d", config.topk,
-                     config.experts);
+    GPT2Config config = moe_model_config(run->config, run->from_descriptor, run->args.model, experts, topk, /*dense_too*/ 0);
     check_every_rank(config.experts % ep == 0 && run->world.size % ep == 0, "-ep %d: expert parallelism splits the E = %d "
                      "experts over ep ranks of the %d, so ep must divide both", ep, config.experts, run->world.size);
     return config;
-}
-
-static MoeBalance balance_of(const char* name) {
-    if (strcmp(name, "none") == 0) return BALANCE_NONE;
-    if (strcmp(name, "bias") == 0) return BALANCE_BIAS;
-    check_every_rank(strcmp(name, "aux") == 0, "-balance %s: expected aux, bias or none", name);
-    return BALANCE_AUX;
 }
 
 // -check_replicas: every copy of each parameter the same, the replicated ones over all ranks
@@ -516,27 +413,22 @@ int main(int argc, char** argv) {
     // ---- the flags: the common ones and this trainer's own; then the communication layer and
     // the model's config (llmc/run.h)
     Run run;
-    const char *dump_grads = NULL, *balance_name = "aux";
-    int experts = 0, topk = 0, ep = 1, check_replicas = 0;
-    float aux_alpha = 0.01f, bias_rate = 1e-3f, capacity_factor = 0.0f;
+    const char* dump_grads = NULL;
+    MoeFlags flags = MOE_FLAGS_DEFAULT;
+    int check_replicas = 0;
     const ArgSpec own[] = {
-        {"-experts", ARG_INT, &experts, 0, 1024, "experts per layer, E >= 2 (0: the model file's); a descriptor (-e dL) needs it"},
-        {"-topk", ARG_INT, &topk, 0, 1024, "experts each token goes to, 1 <= k <= E (0: the model file's, or 2 with a descriptor)"},
-        {"-ep", ARG_INT, &ep, 1, 1024, "expert-parallel ranks: each holds E/ep experts; ep divides E and the number of ranks"},
-        {"-balance", ARG_STRING, &balance_name, 0, 0, "load balancing: aux (Switch's auxiliary loss), bias (DeepSeek-V3's routing bias) or none"},
-        {"-aux_alpha", ARG_FLOAT, &aux_alpha, 0, ARG_NO_MAX, "-balance aux: the aux loss's weight alpha"},
-        {"-bias_rate", ARG_FLOAT, &bias_rate, 0, ARG_NO_MAX, "-balance bias: the bias's step gamma"},
-        {"-capacity_factor", ARG_FLOAT, &capacity_factor, 0, ARG_NO_MAX, "each expert takes at most ceil(cf N k / E) slots of a rank's micro-batch of N tokens (0: dropless)"},
+        MOE_ARG_SPECS(flags),
         {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the averaged gradients of the first step here, gathered into the whole model (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that every copy of each parameter is the same: the replicated ones over all ranks, each expert over the ranks holding it (0: never)"},
     };
     if (!run_start_model(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]), /*moe*/ 1)) return 0;
     CommGroup* world = &run.world;
     int rank = world->rank, ranks = world->size;
-    MoeBalance balance = balance_of(balance_name);
-    GPT2Config config = run.config = moe_config(&run, experts, topk, ep);
+    MoeBalance balance = moe_balance_of(flags.balance);
+    GPT2Config config = run.config = moe_config(&run, flags.experts, flags.topk, flags.ep);
 
     // ---- the groups: EP groups of ep consecutive ranks; the ranks holding the same experts
+    int ep = flags.ep;
     CommGroup ep_group, edp_group;
     comm_split(&ep_group, world, rank / ep, rank % ep, "ep");
     comm_split(&edp_group, world, rank % ep, rank / ep, "expert_dp");
@@ -546,7 +438,7 @@ int main(int argc, char** argv) {
     RunLayout layout = run_layout(&run, TRAINER_EP, accum);
     layout.dp = ranks;
     layout.ep = ep;
-    layout.capacity_factor = capacity_factor;
+    layout.capacity_factor = flags.capacity_factor;
     layout.dump_grads = dump_grads != NULL;
     check_every_rank(run.args.recompute == 0, "-r %d: train_gpt2_ep keeps every activation (-r 0); recomputation of "
                      "MoE layers is not written yet", run.args.recompute);
@@ -558,8 +450,8 @@ int main(int argc, char** argv) {
     // the layout (ep, ranks) does not: a checkpoint resumes on any ep
     float* weights = run_load(&run, accum * ranks, /*val_chunks*/ ranks, NULL);
     run_identity_add(&run.identity, "moe", "E=%d k=%d balance=%s alpha=%.9g gamma=%.9g cf=%.9g", config.experts,
-                     config.topk, moe_balance_names[balance], aux_alpha, bias_rate, capacity_factor);
-    if (capacity_factor > 0) run_identity_add(&run.identity, "-b", "%d", B);  // (capacity counts a rank's micro-batch)
+                     config.topk, moe_balance_name(balance), flags.aux_alpha, flags.bias_rate, flags.capacity_factor);
+    if (flags.capacity_factor > 0) run_identity_add(&run.identity, "-b", "%d", B);  // (capacity counts a rank's micro-batch)
     LayerDims dims = layer_dims_moe(layer_dims(config, 1, 0));
     ParameterLayout rank_layout = parameter_layout_experts(config, 1, 0, 1, 0, 1, ep, rank % ep);
     GPT2 model;
@@ -567,8 +459,8 @@ int main(int argc, char** argv) {
     free(weights);
     Moe moe;
     MoeTokens tokens = {B, T, B * T, /*first*/ 0, /*T_seq*/ T, /*seq_group*/ NULL};  // (every rank routes all its tokens)
-    moe_alloc(&moe, config, ep, rank % ep, &ep_group, tokens, /*records*/ 1, config.num_layers, balance, aux_alpha,
-              bias_rate, capacity_factor);
+    moe_alloc(&moe, config, ep, rank % ep, &ep_group, tokens, /*records*/ 1, config.num_layers, balance, flags.aux_alpha,
+              flags.bias_rate, flags.capacity_factor);
     ExpertParallel trainer = {&model, &moe, world, &ep_group, &edp_group};
     if (rank == 0) print_layout(&run, &model, &moe, accum);
 
@@ -583,7 +475,7 @@ int main(int argc, char** argv) {
     hooks.own.num = 1;
     CommGroup* groups[3] = {world, &ep_group, &edp_group};
     run_begin(&run, hooks, groups, 3);
-    run_bytes_on_own_line(&run, &ep_group, COMM_ALL_TO_ALL);  // (print_moe prints them every step)
+    run_bytes_on_own_line(&run, &ep_group, COMM_ALL_TO_ALL);  // (moe_print_line prints them every step)
 
     for (int step = run.start_step; step <= run.max_steps; step++) {
         if (run_between_steps(&run, step)) break;
@@ -611,13 +503,15 @@ int main(int argc, char** argv) {
         watchdog_phase("AdamW update", step);
         float norm = grad_norm(&trainer);
         stop_if_not_finite(&trainer, step, loss, norm);
-        float clip_scale, lr = adamw_step(&trainer, &run.args, step, run.max_steps, norm, &clip_scale);
+        float clip_scale;
+        AdamWConfig opt = train_adamw_config(&run.args, step, run.max_steps, norm, &clip_scale);
+        moe_adamw_step(&model, opt, clip_scale, expert_grad_scale(&trainer), step);  // (experts read x 1/ep)
         // 4. the balance: loads over the global batch (an all-reduce of L x E counts), -balance
         // bias's update from them; then the step line and the step's MoE line
-        MoeFigures figures = moe_step_end(&trainer, accum);
-        log_moe(&run, figures);
-        run_step_end(&run, step, loss, lr, norm, clip_scale);
-        print_moe(&trainer, step, figures);
+        MoeFigures figures = moe_step_figures(&moe, world, (double)ranks * accum);  // (each rank's micro-batches' aux)
+        moe_log_fields(run.step_extra, sizeof(run.step_extra), figures);
+        run_step_end(&run, step, loss, opt.lr, norm, clip_scale);
+        if (rank == 0) moe_print_line(&moe, step, figures);
         if (dump_grads != NULL && step == 0) write_gradients(&trainer, dump_grads);
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) check_copies(&trainer, step + 1);
     }

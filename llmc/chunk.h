@@ -13,8 +13,50 @@
 
 #include "block.h"
 #include "model.h"
+#include "moe.h"
 #include "stage.h"
 #include "tensor_parallel.h"
+
+// A Mixture-of-Experts model's layer k of the chunk in slot `a` (the grid trainer with experts):
+// the slot's record holds what the forward of its micro-batch leaves for the backward, as the
+// slot holds its other activations; the model's layer says which bias it routes with
+static inline MoeLayer chunk_moe_layer(const Walk* walk, const Activations* a, int chunk, int k) {
+    const Stage* st = walk->st;
+    int j = chunk * st->chunk_layers + k;  // the rank's layer (layers are stored chunk after chunk)
+    return moe_layer(st->moe, &st->moe->records[a - st->slots], k, layout_layer(&walk->model->layout, j));
+}
+
+// An MoE layer's forward: the attention half as a dense layer's (tensor_parallel.h), then the MoE
+// layer in place of the MLP half on this rank's B T/seq_shards tokens (llmc/moe.h: route, the
+// all-to-alls over the ep group, the experts, back). Nothing of it is split over tp: the experts
+// are whole (expert tp = 1), and with -sp each tp rank routes its own share of the tokens, so no
+// token is routed twice and no tp collective is needed around it; its output (BTs, C) goes
+// straight to the residual add. Returns it (x.fcproj).
+static inline floatX* moe_layer_forward(Walk* walk, Activations* a, LayerActs x, LayerWeights w, const floatX* residual,
+                                        int chunk, int k) {
+    GPT2* model = walk->model;
+    int BTs = (int)((size_t)walk->B * walk->T / model->dims.seq_shards);
+    tp_attention_forward(model, walk->tp, walk->cp, x, w, residual, walk->B, walk->T);
+    moe_forward(walk->st->moe, chunk_moe_layer(walk, a, chunk, k), x.fcproj, x.ln2, w, BTs);
+    return x.fcproj;
+}
+
+// Its backward: the MoE layer's (dresidual, the gradient at the layer's output, is the gradient
+// at the MoE's output: the residual add passes it on), ln2's, then the attention half's. The
+// experts' weight gradients come with it even under zero bubble's split: they wait for the
+// all-to-all's rows, which the B action has in hand. aux_weight: 1/m, the aux loss of each of
+// the step's m micro-batches weighs as its cross-entropy does
+static inline void moe_layer_backward(Walk* walk, Activations* a, LayerActs x, LayerWeights w, LayerWeights gw,
+                                      const floatX* residual, floatX* dresidual, int chunk, int k, int split) {
+    GPT2* model = walk->model;
+    LayerDims d = model->dims;
+    Activations* scratch = &model->acts;
+    int BTs = (int)((size_t)walk->B * walk->T / d.seq_shards);
+    moe_backward(walk->st->moe, chunk_moe_layer(walk, a, chunk, k), scratch->dbuf, dresidual, x.ln2, w, gw, BTs,
+                 1.0f / (float)walk->st->spec.m);
+    layernorm_backward(dresidual, gw.ln2w, gw.ln2b, scratch->dbuf, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd, BTs, d.C);
+    tp_attention_backward(model, walk->tp, walk->cp, x, w, gw, residual, dresidual, walk->B, walk->T, split);
+}
 
 // The chunk's input is in a->encoded (BTs, C): the embedding (first virtual stage) or what the
 // stage before sent. Its output stays in the last layer's residual3 (BTs, C), to be sent on; on
@@ -55,8 +97,9 @@ static inline float chunk_forward(Walk* walk, Activations* a, int chunk, const i
     for (int k = 0; k < Lc; k++) {
         LayerActs x = layer_acts(a, d, B, T, k);  // the slot's layer
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
-        floatX* fcproj = tp_layer_forward(model, tp, walk->cp, x, gpt2_layer_params(model, chunk * Lc + k), residual, B,
-                                          T, 0);
+        LayerWeights w = gpt2_layer_params(model, chunk * Lc + k);
+        floatX* fcproj = st->moe ? moe_layer_forward(walk, a, x, w, residual, chunk, k)
+                                 : tp_layer_forward(model, tp, walk->cp, x, w, residual, B, T, 0);
         if (k + 1 < Lc) {  // the next layer's LayerNorm fused with this residual add
             LayerWeights wn = gpt2_layer_params(model, chunk * Lc + k + 1);
             LayerActs xn = layer_acts(a, d, B, T, k + 1);
@@ -121,7 +164,8 @@ static inline void chunk_backward(Walk* walk, Activations* a, floatX* dresidual,
         LayerWeights w = gpt2_layer_params(model, chunk * Lc + k), gw = gpt2_layer_grads(model, chunk * Lc + k);
         LayerActs x = layer_acts(a, d, B, T, k);
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
-        tp_layer_backward(model, tp, walk->cp, x, w, gw, a->kept, residual, dresidual, B, T, split);
+        if (st->moe) moe_layer_backward(walk, a, x, w, gw, residual, dresidual, chunk, k, split);
+        else tp_layer_backward(model, tp, walk->cp, x, w, gw, a->kept, residual, dresidual, B, T, split);
     }
     if (is_first_virtual(st, chunk)) {
         // g's backward at the embedding: identity, or with -sp all-gather of dresidual to
@@ -148,7 +192,7 @@ static inline void chunk_weights(Walk* walk, Activations* a, int chunk) {
     for (int k = Lc - 1; k >= 0; k--) {
         LayerWeights gw = gpt2_layer_grads(model, chunk * Lc + k);
         LayerActs x = layer_acts(a, d, B, T, k);
-        mlp_half_backward_weight(gw, x.fch, x.fcproj, x, B, T, d);
+        if (!walk->st->moe) mlp_half_backward_weight(gw, x.fch, x.fcproj, x, B, T, d);  // (MoE: done in B)
         attention_half_backward_weight(gw, x.qkv, x.attproj, x, B, T, d);
     }
     if (is_last_virtual(walk->st, chunk)) {  // the LM head's wte (this rank's Vp rows): dlogits^T @ lnf

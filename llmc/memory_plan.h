@@ -41,7 +41,7 @@ typedef struct {
     int cp;              // context-parallel ranks (train_gpt2_cp; 0 or 1: none): activations of
                          // T / cp tokens
     int cp_allgather;    // -cp_comm allgather: the whole sequence's K,V on every rank
-    int ep;              // train_gpt2_ep: the ranks the experts are split over (0 or 1: none)
+    int ep;              // Mixture-of-Experts: the ranks the experts are split over (0 or 1: none)
     float capacity_factor;  // train_gpt2_ep: -capacity_factor (0: dropless)
 } RunLayout;
 
@@ -129,7 +129,8 @@ static inline ParameterLayout memory_plan_layout(GPT2Config c, const RunLayout* 
     if (r->trainer == TRAINER_DP) return parameter_layout_buckets(c, r->zero, r->dp, 0);
     if (r->trainer == TRAINER_EP) return parameter_layout_experts(c, 1, 0, 1, 0, 1, layout_ep(r), 0);
     if (r->trainer == TRAINER_TP || r->trainer == TRAINER_CP || r->trainer == TRAINER_DILOCO) return parameter_layout(c, r->tp, 0);
-    ParameterLayout l = parameter_layout_grid(c, r->tp, 0, r->pp, stage, r->V);
+    // (the grid trainer's experts: ep of a stage's ranks hold them, its rank 0 experts 0 .. E/ep - 1)
+    ParameterLayout l = parameter_layout_experts(c, r->tp, 0, r->pp, stage, r->V, layout_ep(r), 0);
     if (r->trainer == TRAINER_3D) layout_shard_flat(&l, r->zero, r->dp * layout_cp(r), 0);  // (ZeRO-1 over dp x cp)
     return l;
 }
@@ -168,7 +169,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     memset(&plan, 0, sizeof(plan));
     if (r->trainer == TRAINER_CP || layout_cp(r) > 1) t.flash = 1;  // (ring attention keeps flash attention's lse)
     plan.dims = layer_dims_for(c, r->tp, r->sp, t);
-    if (r->trainer == TRAINER_EP) plan.dims = layer_dims_moe(plan.dims);  // (the experts' activations: below)
+    if (gpt2_is_moe(c)) plan.dims = layer_dims_moe(plan.dims);  // (the experts' activations: below)
     plan.layout = memory_plan_layout(c, r, stage);
     const ParameterLayout* l = &plan.layout;
     uint64_t X = t.X, S = layout_state_held(l), P = gpt2_num_parameters(c), N = l->count;
@@ -209,10 +210,13 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     // the flag of a run whose last step took an outer step off its schedule, and -tau's fragment in
     // flight with its step to apply (train_gpt2_diloco.cu)
     if (r->trainer == TRAINER_DILOCO) plan.outer = 3 * N * sizeof(float) + 3 * sizeof(float);
-    if (r->trainer == TRAINER_EP) {
-        int tokens = r->B * r->T;
+    if (gpt2_is_moe(c)) {
+        // the tokens a rank routes: a micro-batch's (B T; in the grid trainer its T/cp of each
+        // sequence, with -sp a tp rank's share), in one record (train_gpt2_ep) or one a slot
+        int tokens = r->B * (r->T / layout_cp(r)) / plan.dims.seq_shards;
         int rows = moe_rows_max(tokens, c.topk, c.experts, layout_ep(r), moe_capacity(tokens, c.topk, c.experts, r->capacity_factor));
-        plan.experts = moe_device_bytes(1, c.num_layers, c.num_layers, r->B, tokens, c.topk, c.channels, c.experts, rows, t.X);
+        plan.experts = moe_device_bytes(plan.slots, l->layers / (pipelined ? r->V : 1), c.num_layers, r->B, tokens, c.topk,
+                                        c.channels, c.experts, rows, t.X);
     }
     // gathers for files
     if (r->trainer == TRAINER_DP) {
@@ -233,7 +237,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
         }
         int sharded = r->trainer == TRAINER_3D && (fp32_weights_sharded(l, t) || S < N);
         uint64_t weights = r->checkpoint ? (sharded ? N * sizeof(float) : 0) + largest * sizeof(float) : 0;
-        uint64_t grads = r->dump_grads ? largest * X + (r->trainer == TRAINER_EP ? N * X : 0) : 0;  // (EP: the scaled copy)
+        uint64_t grads = r->dump_grads ? largest * X + (gpt2_is_moe(c) ? N * X : 0) : 0;  // (experts: the scaled copy)
         plan.file_gather = weights > grads ? weights : grads;
     }
     plan.total = plan.params + plan.grads + plan.master + plan.state + plan.activations + plan.comm + plan.kernels +
@@ -371,7 +375,7 @@ static inline int memory_plan_rows(const MemoryPlan* plan, GPT2Config c, const R
                                : "two K,V blocks of the ring (X) and their gradients (fp32); o, dq, wpe rows";
     }
     memory_row(rows, &n, "comm buffers", plan->comm, MEMORY_PART, comm);
-    if (r->trainer == TRAINER_EP) {
+    if (gpt2_is_moe(c)) {
         snprintf(note, sizeof(note), "%d experts of %d here (-ep %d): the rows they take, fc and GELU outputs, the way back",
                  c.experts / layout_ep(r), c.experts, layout_ep(r));
         memory_row(rows, &n, "experts", plan->experts, MEMORY_PART, note);

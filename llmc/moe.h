@@ -31,9 +31,10 @@
 #include "comm.h"
 #include "memory_plan.h"
 #include "model.h"
+#include "optimizer.h"
 
 typedef enum { BALANCE_NONE, BALANCE_AUX, BALANCE_BIAS } MoeBalance;
-static const char* moe_balance_names[3] = {"none", "aux", "bias"};
+static inline const char* moe_balance_name(MoeBalance b) { return b == BALANCE_AUX ? "aux" : b == BALANCE_BIAS ? "bias" : "none"; }
 
 // What one micro-batch's forward leaves in its MoE layers for their backward: its routing and the
 // rows its experts took, `layers` layers of them. The EP trainer holds one (a micro-batch at a
@@ -71,7 +72,7 @@ typedef struct {
     CommGroup* seq_group;
 } MoeTokens;
 
-typedef struct {
+typedef struct Moe {
     int E, k, L, C;
     int ep, ep_rank, E_local;  // experts split over ep ranks: this rank holds [ep_rank E_local, ...)
     int N;                     // tokens of a micro-batch this rank routes, the most a layer routes
@@ -440,6 +441,141 @@ static inline double moe_max_vio(const double* loads, int L, int E, double* leas
         if (layer_mean > 0 && layer_most / layer_mean - 1.0 > vio) vio = layer_most / layer_mean - 1.0;
     }
     return vio;
+}
+
+// ----------------------------------------------------------------------------------------------
+// What the trainers with experts share (train_gpt2_ep.cu, and train_gpt2_3d.cu with -experts)
+
+// The flags of a model with experts, the same in both trainers: MOE_ARG_SPECS(flags) is their
+// rows of a trainer's flag table (llmc/args.h)
+typedef struct {
+    int experts, topk, ep;
+    const char* balance;
+    float aux_alpha, bias_rate, capacity_factor;
+} MoeFlags;
+#define MOE_FLAGS_DEFAULT {0, 0, 1, "aux", 0.01f, 1e-3f, 0.0f}
+#define MOE_ARG_SPECS(f)                                                                                                  \
+    {"-experts", ARG_INT, &(f).experts, 0, 1024, "experts per layer, E >= 2 (0: the model file's); a descriptor (-e dL) needs it"}, \
+    {"-topk", ARG_INT, &(f).topk, 0, 1024, "experts each token goes to, 1 <= k <= E (0: the model file's, or 2 with a descriptor)"}, \
+    {"-ep", ARG_INT, &(f).ep, 1, 1024, "expert-parallel ranks: each holds E/ep experts; ep divides E and the ranks (train_gpt2_3d: a stage's dp x cp x tp)"}, \
+    {"-balance", ARG_STRING, &(f).balance, 0, 0, "load balancing: aux (Switch's auxiliary loss), bias (DeepSeek-V3's routing bias) or none"}, \
+    {"-aux_alpha", ARG_FLOAT, &(f).aux_alpha, 0, ARG_NO_MAX, "-balance aux: the aux loss's weight alpha"},                \
+    {"-bias_rate", ARG_FLOAT, &(f).bias_rate, 0, ARG_NO_MAX, "-balance bias: the bias's step gamma"},                    \
+    {"-capacity_factor", ARG_FLOAT, &(f).capacity_factor, 0, ARG_NO_MAX, "each expert takes at most ceil(cf N k / E) slots of a rank's micro-batch of N tokens (0: dropless)"}
+
+static inline MoeBalance moe_balance_of(const char* name) {
+    if (strcmp(name, "none") == 0) return BALANCE_NONE;
+    if (strcmp(name, "bias") == 0) return BALANCE_BIAS;
+    check_every_rank(strcmp(name, "aux") == 0, "-balance %s: expected aux, bias or none", name);
+    return BALANCE_AUX;
+}
+
+// The model: a descriptor (-e dL) takes -experts and -topk (2 unless given); a model file brings
+// its own, which the flags, when given, must repeat. dense_too: a dense model (a dense file, or a
+// descriptor without -experts) is trained as one (the grid trainer); else it is refused. Every
+// rank checks, and all stop together.
+static inline GPT2Config moe_model_config(GPT2Config config, int from_descriptor, const char* model, int experts, int topk,
+                                          int dense_too) {
+    if (dense_too && experts == 0 && !gpt2_is_moe(config)) {
+        check_every_rank(topk == 0, "-topk %d without -experts: -e %s is a dense model; give -experts E for a Mixture-of-"
+                         "Experts one", topk, model);
+        return config;
+    }
+    if (from_descriptor) {
+        check_every_rank(experts >= 2, "-e %s with -experts %d: a Mixture-of-Experts model needs -experts E >= 2 (E = 1 is "
+                         "the dense GPT-2: train it with train_gpt2_dp)", model, experts);
+        config.experts = experts;
+        config.topk = topk > 0 ? topk : 2;
+    } else {
+        check_every_rank(gpt2_is_moe(config), "-e %s is a dense GPT-2 model file (no experts in its header): "
+                         "train_gpt2_ep trains Mixture-of-Experts models (start one from a descriptor: -e d4 -experts 8)",
+                         model);
+        check_every_rank((experts == 0 || experts == config.experts) && (topk == 0 || topk == config.topk),
+                         "-experts %d -topk %d: the model file %s has E=%d experts and top-k %d", experts, topk, model,
+                         config.experts, config.topk);
+    }
+    check_every_rank(config.topk >= 1 && config.topk <= config.experts, "-topk %d: expected 1 <= k <= E = %d", config.topk,
+                     config.experts);
+    return config;
+}
+
+// the experts in a rank's flat buffer (the file's tensor order): fcw .. fcprojb, each tensor's
+// layers, each layer's E/ep experts; before them the replicated tensors wte .. routerw (or in a
+// pipeline stage those it holds), after them the final LayerNorm
+static inline void moe_expert_range(const ParameterLayout* p, size_t* lo, size_t* hi) {
+    *lo = p->offsets[PARAM_FCW];
+    *hi = p->offsets[PARAM_LNFW];
+}
+
+// AdamW over the rank's buffer in its three ranges, the experts' gradients read scaled by
+// expert_scale (each trainer says why its experts' gradients need one)
+static inline void moe_adamw_step(GPT2* model, AdamWConfig opt, float clip_scale, float expert_scale, int step) {
+    size_t lo, hi, n = model->layout.count;
+    moe_expert_range(&model->layout, &lo, &hi);
+    float* master = model->master_memory;
+    size_t ranges[3][2] = {{0, lo}, {lo, hi}, {hi, n}};
+    for (int r = 0; r < 3; r++) {
+        size_t a = ranges[r][0], b = ranges[r][1];
+        float scale = r == 1 ? clip_scale * expert_scale : clip_scale;
+        optimizer_adamw_step(model->params_memory + a, master ? master + a : NULL, model->grads_memory + a,
+                             model->m_memory + a, model->v_memory + a, a, b, &model->layout, opt, scale, step + 1);
+    }
+}
+
+// The step's MoE figures over the whole global batch: the loads (L x E counts: each rank counted
+// the tokens it routed in the layers it holds), the kept and dropped slots, summed over the world
+// (an all-reduce of L E + 2 floats); the aux loss, every rank's sum over its layers and
+// micro-batches summed over the world (one float) and divided by aux_copies, how many times the
+// world counts each micro-batch's (the replicas' micro-batches, and every rank of a sequence's
+// group holds its whole figures); -balance bias then moves the biases from the loads
+typedef struct {
+    double least, mean, most, max_vio, dropped_share, aux;
+} MoeFigures;
+
+static inline MoeFigures moe_step_figures(Moe* m, CommGroup* world, double aux_copies) {
+    size_t n = (size_t)m->L * m->E;
+    float* sums = (float*)malloc_check((n + 3) * sizeof(float));
+    for (size_t i = 0; i < n; i++) sums[i] = (float)m->loads[i];  // (counts: exact in a float below 2^24)
+    sums[n] = (float)m->kept_slots, sums[n + 1] = (float)m->dropped_slots;
+    comm_all_reduce_host(world, sums, n + 2, COMM_SUM);  // (L E + 2) floats
+    float aux = (float)m->aux;
+    comm_all_reduce_scalar(world, &aux, COMM_SUM);
+    double* loads = (double*)malloc_check(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) loads[i] = sums[i];
+    MoeFigures f;
+    f.max_vio = moe_max_vio(loads, m->L, m->E, &f.least, &f.most, &f.mean);
+    f.dropped_share = sums[n + 1] / (sums[n] + sums[n + 1]);
+    f.aux = aux / aux_copies;
+    if (m->balance == BALANCE_BIAS) moe_update_bias(m, loads);
+    free(sums);
+    free(loads);
+    return f;
+}
+
+// The step's MoE figures as JSON fields of its main.log record (the run layer writes them with
+// the step's own)
+static inline void moe_log_fields(char* out, size_t cap, MoeFigures f) {
+    snprintf(out, cap, "\"moe\": {\"aux_loss\": %.9g, \"max_vio\": %.9g, \"dropped\": %.9g, \"tokens_per_expert\": "
+             "[%.0f, %.9g, %.0f]}", f.aux, f.max_vio, f.dropped_share, f.least, f.mean, f.most);
+}
+
+// The step's MoE line, printed by rank 0: the balance figures, the step's all-to-all bytes (this
+// rank's sends, tokens and counts: they follow the routing, so they change from step to step and
+// are printed here, every step, rather than in the bytes block that prints only on a change)
+// and, with -balance bias, the range of the biases after the step's update
+static inline void moe_print_line(const Moe* m, int step, MoeFigures f) {
+    printf("step %d moe: aux loss %.6f | tokens per expert min %.0f mean %.1f max %.0f | MaxVio %.6f | dropped %.4f%% | "
+           "all-to-all %lld B", step + 1, f.aux, f.least, f.mean, f.most, f.max_vio, 100.0 * f.dropped_share,
+           m->ep_group->bytes[COMM_ALL_TO_ALL]);
+    if (m->balance == BALANCE_BIAS) {
+        float lo = m->bias_host[0], hi = m->bias_host[0];  // (from the first bias: 0 is not one of them)
+        for (int i = 1; i < m->L * m->E; i++) {
+            lo = m->bias_host[i] < lo ? m->bias_host[i] : lo;
+            hi = m->bias_host[i] > hi ? m->bias_host[i] : hi;
+        }
+        printf(" | bias %.4f..%.4f", lo, hi);
+    }
+    printf("\n");
 }
 
 #endif

@@ -29,6 +29,8 @@ typedef struct {
                                // two, so that one can be sent while the next is received
     uint64_t message;            // elements of every message: B T C, or B T C / tp with -sp
     double* times;             // a measured timeline (-timeline): each action's start and end
+    struct Moe* moe;           // a Mixture-of-Experts model's routing state, one record a slot (the
+                               // grid trainer with experts, llmc/moe.h); NULL for a dense model
 } Stage;
 
 // the slots a stage of this schedule needs: the most micro-batches its own actions hold at once,
@@ -69,6 +71,7 @@ static inline void stage_alloc(Stage* st, PipeSpec spec, int stage, int num_slot
     st->stage = stage;
     st->chunk_layers = model->layout.layers / spec.V;
     st->num_slots = num_slots;
+    st->moe = NULL;
     st->slots = (Activations*)malloc_check((uint64_t)num_slots * sizeof(Activations));
     st->free_slots = (int*)malloc_check((uint64_t)num_slots * sizeof(int));
     for (int i = 0; i < num_slots; i++) {

@@ -347,12 +347,13 @@ static inline LayerDims tp_layer_dims(GPT2Config c, int tp, int sp, int T, const
     return d;
 }
 
-// One layer's forward from its ln1 (with -sp this rank's tokens of it, in the scratch's ln_shard)
-// to the summed fcproj (B T/seq_shards tokens, bias added), which the caller adds to the residual
-// stream, fused with the next LayerNorm. rerun (-r 2): the same again before the layer's
-// backward, as far as the backward reads (block.h), with the collectives on the way.
-static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, ContextParallel* cp, LayerActs x, LayerWeights w,
-                                       const floatX* residual, int B, int T, int rerun) {
+// The attention half of a layer's forward, then the residual add and ln2 after it: from ln1 (with
+// -sp this rank's tokens of it, in the scratch's ln_shard) to residual2 and ln2 on this rank's
+// B T/seq_shards tokens. Returns where ln2 is: with -sp a dense layer's goes to ln_shard, whence
+// its MLP all-gathers it into x.ln2; a Mixture-of-Experts layer (d.fc == 0: no dense MLP) routes
+// its rank's tokens from x.ln2 itself, where the router's backward finds them (llmc/chunk.h).
+static inline floatX* tp_attention_forward(GPT2* model, CommGroup* tp, ContextParallel* cp, LayerActs x, LayerWeights w,
+                                           const floatX* residual, int B, int T) {
     LayerDims d = model->dims;
     // the -sp staging buffers (model.h), one set for every layer: ln_shard (BTs, C) a LayerNorm's
     // output on this rank's tokens, before the all-gather; reduced (BTs, C) a reduce-scatter's
@@ -368,7 +369,7 @@ static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, ContextParall
     // -tp_overlap the all-gather runs in ring steps under the GEMM's blocks (tp_column_parallel)
     floatX* ln1_mine = sp ? scratch->ln_shard : x.ln1;  // what this rank's LayerNorm wrote
     LayerWeights slices = w;
-    if (tp) slices.attprojb = slices.fcprojb = NULL;  // (row-parallel biases: added once, after the sum)
+    if (tp) slices.attprojb = NULL;  // (a row-parallel bias: added once, after the sum)
     tp_column_parallel(tp, d, tp_gemm("qkv", w.qkvw, w.qkvb, C, d.qkv), x.qkv, x.ln1, ln1_mine, BT);
     // attention on this rank's heads (with cp the queries attend to the whole sequence: the ring,
     // or the all-gather, of K,V over cp)
@@ -383,17 +384,33 @@ static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, ContextParall
                                       scratch->reduced, scratch->dbuf, BT, NULL);
     if (tp) bias_add(attproj, w.attprojb, BTs, C);
     // replicated (or with -sp, this rank's tokens): residual2 = residual + attproj, then ln2
-    floatX* ln2_mine = sp ? scratch->ln_shard : x.ln2;
+    floatX* ln2_mine = sp && d.fc > 0 ? scratch->ln_shard : x.ln2;
     fused_residual_layernorm_forward(x.residual2, ln2_mine, x.ln2_mean, x.ln2_rstd, residual, attproj, w.ln2w, w.ln2b,
                                      BTs, C);
+    return ln2_mine;
+}
+
+// One dense layer's forward from its ln1 to the summed fcproj (B T/seq_shards tokens, bias added),
+// which the caller adds to the residual stream, fused with the next LayerNorm. rerun (-r 2): the
+// same again before the layer's backward, as far as the backward reads (block.h), with the
+// collectives on the way.
+static inline floatX* tp_layer_forward(GPT2* model, CommGroup* tp, ContextParallel* cp, LayerActs x, LayerWeights w,
+                                       const floatX* residual, int B, int T, int rerun) {
+    LayerDims d = model->dims;
+    Activations* scratch = &model->acts;
+    int C = d.C;
+    size_t BT = (size_t)B * T;
+    int BTs = (int)(BT / d.seq_shards);
+    floatX* ln2_mine = tp_attention_forward(model, tp, cp, x, w, residual, B, T);
     // f before the column-parallel fc (identity, or with -sp the all-gather of ln2 to (B, T, C)),
     // fch (B, T, 4C/tp) on this rank's columns, GELU
     tp_column_parallel(tp, d, tp_gemm("fc", w.fcw, w.fcb, C, d.fc), x.fch, x.ln2, ln2_mine, BT);
     gelu_forward(x.fch_gelu, x.fch, BT * d.fc);
     if (rerun) return NULL;  // the sum of fcproj is not repeated: only residual3 needed it, and it was kept
-    // the row-parallel fcproj: a partial sum (B, T, C) again, and g after it
-    floatX* fcproj = tp_row_parallel(tp, d, tp_gemm("fcproj", slices.fcprojw, slices.fcprojb, d.fc, C), x.fcproj, x.fch_gelu,
-                                     scratch->reduced, scratch->dbuf, BT, NULL);
+    // the row-parallel fcproj: a partial sum (B, T, C) again, and g after it (its bias, as
+    // attproj's, added once after the sum)
+    floatX* fcproj = tp_row_parallel(tp, d, tp_gemm("fcproj", w.fcprojw, tp ? NULL : w.fcprojb, d.fc, C), x.fcproj,
+                                     x.fch_gelu, scratch->reduced, scratch->dbuf, BT, NULL);
     if (tp) bias_add(fcproj, w.fcprojb, BTs, C);
     return fcproj;
 }
@@ -416,12 +433,47 @@ static inline void tp_layer_recompute(GPT2* model, CommGroup* tp, ContextParalle
     device_span_end(&recompute_spans);
 }
 
-// One layer's backward: dresidual (B T/seq_shards, C) holds the gradient at the layer's output
-// and on return at its input; the weight gradients accumulate into gw. First what -r dropped is
-// recomputed. With split (zero bubble's B action) the matmuls' weight gradients wait for the W
-// action, which finds in the slot what it needs, each in the place of an activation B has used
-// up and that has its shape: the gradient at attproj (B,T,C) in attproj, at qkv (B,T,3C/tp) in
-// qkv, at fcproj (B,T,C) in fcproj, at fch (B,T,4C/tp) in fch (with -sp the gathered ones).
+// The attention half's backward, from the gradient at residual2 (in dresidual, B T/seq_shards
+// tokens) to the gradient at the layer's input (in dresidual again); the weight gradients
+// accumulate into gw (with split, zero bubble's B action, the matmuls' wait for W:
+// tp_layer_backward says where they are left).
+static inline void tp_attention_backward(GPT2* model, CommGroup* tp, ContextParallel* cp, LayerActs x, LayerWeights w,
+                                         LayerWeights gw, const floatX* residual, floatX* dresidual, int B, int T,
+                                         int split) {
+    LayerDims d = model->dims;
+    Activations* scratch = &model->acts;
+    int C = d.C, sp = d.seq_shards > 1;
+    size_t BT = (size_t)B * T, X = sizeof(floatX);
+    int BTs = (int)(BT / d.seq_shards);
+    floatX* dout = sp ? scratch->dgathered : dresidual;
+    // g's backward at attproj (identity, or with -sp all-gather of dresidual to (B, T, C)) and
+    // the gradient at the attention output, datty (B, T, C/tp) = dout Wattproj, in dbuf
+    tp_column_parallel(tp, d, tp_gemm_backward("d atty", w.attprojw, d.att, C), scratch->dbuf, dout, dresidual, BT);
+    if (cp) cp_attention_backward(cp, scratch->dqkv, scratch->dbuf, x.atty, (const float*)x.att_state, x.qkv, B, T, d.att, d.NH);
+    else attention_backward(scratch->dqkv, scratch->dbuf, x.qkv, x.atty, x.att_state, B, T, d.att, d.NH);
+    // this rank's partial dln1 (B, T, C) = dqkv Wqkv (datty in dbuf is used up), and f's
+    // backward at ln1: all-reduce; with -sp reduce-scatter; the attention's weight gradients
+    // under the last of it, as in the MLP
+    TpPending in_flight;
+    floatX* dln1 = tp_row_parallel(tp, d, tp_gemm_backward("d ln1", w.qkvw, C, d.qkv), scratch->dbuf, scratch->dqkv,
+                                   scratch->reduced, scratch->dbuf, BT, &in_flight);
+    if (split) {  // kept for W: the gradients at attproj and qkv
+        copy_device_to_device(x.attproj, dout, BT * C * X);
+        copy_device_to_device(x.qkv, scratch->dqkv, BT * d.qkv * X);
+    } else {
+        attention_half_backward_weight(gw, scratch->dqkv, dout, x, B, T, d);
+    }
+    tp_pending_finish(&in_flight);
+    layernorm_backward(dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, x.ln1_mean, x.ln1_rstd, BTs, C);
+}
+
+// One dense layer's backward: dresidual (B T/seq_shards, C) holds the gradient at the layer's
+// output and on return at its input; the weight gradients accumulate into gw. First what -r
+// dropped is recomputed. With split (zero bubble's B action) the matmuls' weight gradients wait
+// for the W action, which finds in the slot what it needs, each in the place of an activation B
+// has used up and that has its shape: the gradient at attproj (B,T,C) in attproj, at qkv
+// (B,T,3C/tp) in qkv, at fcproj (B,T,C) in fcproj, at fch (B,T,4C/tp) in fch (with -sp the
+// gathered ones).
 static inline void tp_layer_backward(GPT2* model, CommGroup* tp, ContextParallel* cp, LayerActs x, LayerWeights w,
                                      LayerWeights gw, unsigned kept, const floatX* residual, floatX* dresidual, int B,
                                      int T, int split) {
@@ -456,34 +508,19 @@ static inline void tp_layer_backward(GPT2* model, CommGroup* tp, ContextParallel
     }
     tp_pending_finish(&in_flight);
     layernorm_backward(dresidual, gw.ln2w, gw.ln2b, dln2, x.residual2, w.ln2w, x.ln2_mean, x.ln2_rstd, BTs, C);
-    // g's backward at attproj (identity, or with -sp all-gather of dresidual to (B, T, C)) and
-    // the gradient at the attention output, datty (B, T, C/tp) = dout Wattproj, in dbuf
-    tp_column_parallel(tp, d, tp_gemm_backward("d atty", w.attprojw, d.att, C), scratch->dbuf, dout, dresidual, BT);
-    if (cp) cp_attention_backward(cp, scratch->dqkv, scratch->dbuf, x.atty, (const float*)x.att_state, x.qkv, B, T, d.att, d.NH);
-    else attention_backward(scratch->dqkv, scratch->dbuf, x.qkv, x.atty, x.att_state, B, T, d.att, d.NH);
-    // this rank's partial dln1 (B, T, C) = dqkv Wqkv (datty in dbuf is used up), and f's
-    // backward at ln1: all-reduce; with -sp reduce-scatter; the attention's weight gradients
-    // under the last of it, as in the MLP
-    floatX* dln1 = tp_row_parallel(tp, d, tp_gemm_backward("d ln1", w.qkvw, C, d.qkv), scratch->dbuf, scratch->dqkv,
-                                   scratch->reduced, scratch->dbuf, BT, &in_flight);
-    if (split) {  // kept for W: the gradients at attproj and qkv
-        copy_device_to_device(x.attproj, dout, BT * C * X);
-        copy_device_to_device(x.qkv, scratch->dqkv, BT * d.qkv * X);
-    } else {
-        attention_half_backward_weight(gw, scratch->dqkv, dout, x, B, T, d);
-    }
-    tp_pending_finish(&in_flight);
-    layernorm_backward(dresidual, gw.ln1w, gw.ln1b, dln1, residual, w.ln1w, x.ln1_mean, x.ln1_rstd, BTs, C);
+    tp_attention_backward(model, tp, cp, x, w, gw, residual, dresidual, B, T, split);
 }
 
 // With -sp each rank's LayerNorm weights saw only its own tokens, so their gradients are partial
 // sums: all-reduce each of ln1w, ln1b, ln2w, ln2b ((layers, C) each) and, where the rank holds
 // them, lnfw, lnfb ((C) each). Forgetting this is the classic sequence-parallel bug: every rank
-// would update its LayerNorm copy with its own part of the gradient.
+// would update its LayerNorm copy with its own part of the gradient. A Mixture-of-Experts model's
+// routers (layers, E, C) are the same case: replicated over tp, each copy routing only its
+// rank's tokens (in a dense model routerw is empty).
 static inline void layernorm_grads_all_reduce(GPT2* model, CommGroup* tp) {
     const ParameterLayout* p = &model->layout;
-    const int layernorms[6] = {PARAM_LN1W, PARAM_LN1B, PARAM_LN2W, PARAM_LN2B, PARAM_LNFW, PARAM_LNFB};
-    for (int i = 0; i < 6; i++) {
+    const int layernorms[7] = {PARAM_LN1W, PARAM_LN1B, PARAM_LN2W, PARAM_LN2B, PARAM_LNFW, PARAM_LNFB, PARAM_ROUTERW};
+    for (int i = 0; i < 7; i++) {
         int t = layernorms[i];
         if (p->sizes[t] > 0) comm_all_reduce(tp, model->grads_memory + p->offsets[t], p->sizes[t], COMM_FLOATX, COMM_SUM);
     }

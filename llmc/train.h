@@ -36,7 +36,7 @@ typedef struct {  // the common flags; see train_args_common for each one
     int recompute;
 } TrainArgs;
 
-#define TRAIN_MAX_SPECS 40
+#define TRAIN_MAX_SPECS 64
 // -tok's default, relative to the repository's root (where the trainers are built): a run from
 // another directory finds it beside the program (run.h, train_open_tokenizer)
 #define TRAIN_DEFAULT_TOKENIZER "dev/data/gpt2_tokenizer.bin"
