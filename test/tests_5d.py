@@ -67,7 +67,7 @@ GRID5D = [
     ("pp2_tp2_sp_ep2", 4, ["-pp", 2, "-tp", 2, "-sp", 1, "-ep", 2], 8, 4, 1),
     ("cp2_tp2_sp_ep4", 4, ["-cp", 2, "-tp", 2, "-sp", 1, "-ep", 4], 8, 4, 2),
     ("dp2_pp2_tp2_sp_ep4_zb", 8, ["-dp", 2, "-pp", 2, "-tp", 2, "-sp", 1, "-ep", 4, "-sched", "zb"], 2, 4, 1),
-    ("pp2_cp2_tp2_sp_ep4_afab", 8, ["-pp", 2, "-cp", 2, "-tp", 2, "-sp", 1, "-ep", 4, "-sched", "afab"], 4, 4, 2),
+    ("pp2_cp2_tp2_sp_ep4_afab", 8, ["-pp", 2, "-cp", 2, "-tp", 2, "-sp", 1, "-ep", 4, "-sched", "afab"], 4, 4, 1),
 ]
 
 
