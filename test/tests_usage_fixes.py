@@ -1,0 +1,53 @@
+# What a new user's first tries met (a trial run through the README): the README's prepare.py
+# command on a corpus of their own, an unquoted -i pattern that the shell expanded, and scoring a
+# model from outside the repository's root. Read by run_tests.py into its namespace (its helpers:
+# @test, mpirun, fresh_dir, hellaswag_setup, hellaswag_check, ...).
+import shlex
+
+
+def readme_prepare_command():
+    """the README's prepare.py line in the first code block under "Training on real data": (its
+    command, its comment). (Not readme_section: the block's "# ..." comment lines read as headings)"""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    m = re.search(r"^## Training on real data\n.*?^```bash\n(.*?)^```", readme, re.M | re.S)
+    assert m, "no bash block under the README's heading 'Training on real data'"
+    lines = [l for l in m.group(1).splitlines() if l.startswith("/usr/bin/python3 dev/data/prepare.py ")]
+    assert len(lines) == 1, "expected one prepare.py command in the block, found %d" % len(lines)
+    command, _, comment = lines[0].partition("#")
+    return command, comment
+
+
+@test
+def docs_readme_prepare_command_runs_on_a_corpus_under_one_shard():
+    """the README's prepare.py command, pasted into bash as it stands from a directory holding
+    notes/*.txt and corpus.jsonl of ~200k tokens (far under the default validation split of one
+    10^8-token shard, which left no training shard: exit 1 before the README gave --val_tokens),
+    writes the files that its comment gives to -i and -j, the validation split holding the
+    --val_tokens that the command asks for and the training shards the rest"""
+    command, comment = readme_prepare_command()
+    d = fresh_dir("usage_prepare")
+    # the corpus: tiny Shakespeare's text cut into two text files and a JSONL of its paragraphs
+    text = open(os.path.join(ROOT, "dev/data/tinyshakespeare/tinyshakespeare.txt"), encoding="utf-8").read()
+    os.makedirs(os.path.join(d, "notes"))
+    for name, part in (("a.txt", text[:300000]), ("b.txt", text[300000:550000])):
+        with open(os.path.join(d, "notes", name), "w", encoding="utf-8") as f:
+            f.write(part)
+    with open(os.path.join(d, "corpus.jsonl"), "w", encoding="utf-8") as f:
+        for paragraph in text[550000:650000].split("\n\n"):
+            f.write(json.dumps({"text": paragraph}) + "\n")
+    # run from d, as the reader runs it from their own directory; the script by its full path
+    script = shlex.quote(os.path.join(ROOT, "dev/data/prepare.py"))
+    p = subprocess.run(["bash", "-c", command.replace("dev/data/prepare.py", script, 1)], cwd=d, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, "the README's command %r exited %d:\n%s" % (command, p.returncode, p.stderr[-2000:])
+    # the comment's -i and -j: each names files that are there (the pattern as the trainer globs it)
+    words = shlex.split(comment)
+    assert "-i" in words and "-j" in words, "the comment gives no -i and -j: %r" % comment
+    train = sorted(glob.glob(os.path.join(d, words[words.index("-i") + 1])))
+    val = os.path.join(d, words[words.index("-j") + 1])
+    assert train and os.path.isfile(val), (train, val, os.listdir(os.path.join(d, "out", "mydata")))
+    # the split: the command's --val_tokens tokens in -j, the stream's others in -i (all of them:
+    # the tokens' count from reading the files, not from prepare.py's report)
+    val_tokens = int(shlex.split(command)[shlex.split(command).index("--val_tokens") + 1])
+    assert len(reference.read_tokens(val)) == val_tokens, (len(reference.read_tokens(val)), val_tokens)
+    assert sum(len(reference.read_tokens(f)) for f in train) > 0, train
