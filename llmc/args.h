@@ -9,6 +9,7 @@
 #ifndef LLMC_ARGS_H
 #define LLMC_ARGS_H
 
+#include <ctype.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -176,6 +177,27 @@ static inline void args_unknown_note(const char* flag, const char* program, cons
     }
 }
 
+// An argument where a flag should be that is no flag (no leading '-'), right after the value of a
+// string flag: most likely the shell expanded an unquoted pattern, so that -i dir/*.bin reached
+// the trainer as -i dir/a.bin dir/b.bin ..., and the second file is read as a flag. The note
+// names the flag and a quoted pattern built from the two names, their common start (less its
+// trailing digits) and common end (less its leading digits) around a '*': data_train_000001.bin
+// and data_train_000002.bin give data_train_*.bin
+static inline void args_expanded_note(const char* flag, const char* value, const char* next, char* out, size_t cap) {
+    size_t n1 = strlen(value), n2 = strlen(next), start = 0, end = 0;
+    while (value[start] != '\0' && value[start] == next[start]) start++;
+    while (start > 0 && isdigit((unsigned char)value[start - 1])) start--;
+    size_t room = (n1 < n2 ? n1 : n2) - start;  // (the end may not overlap the start)
+    while (end < room && value[n1 - 1 - end] == next[n2 - 1 - end]) end++;
+    while (end > 0 && isdigit((unsigned char)value[n1 - end])) end--;
+    if (start == 0 && end == 0) {  // nothing in common: the pattern's shape only
+        snprintf(out, cap, " (after %s: a pattern the shell expanded? quote it: %s 'dir/*.bin')", flag, flag);
+    } else {
+        snprintf(out, cap, " (after %s: a pattern the shell expanded? quote it: %s '%.*s*%s')", flag, flag, (int)start,
+                 value, value + n1 - end);
+    }
+}
+
 // returns 0 when the usage was asked for (-h, -help or --help anywhere: printed, with the
 // defaults, by the launcher's rank 0), 1 otherwise. Registers the string flags' variables for
 // path_origin (utils.h), so that a file error names the flag of its path.
@@ -208,8 +230,13 @@ static inline int args_parse(int argc, char** argv, const ArgSpec* specs, int n)
             if (strcmp(argv[i], specs[j].flag) == 0) index = j;
         }
         if (index < 0) {
-            char note[256];
+            char note[8192];
             args_unknown_note(argv[i], program, specs, n, note, sizeof(note));
+            // argv[i - 2] is the flag before (matched, or this loop would have stopped there)
+            for (int j = 0; note[0] == '\0' && argv[i][0] != '-' && i >= 3 && j < n; j++) {
+                if (strcmp(argv[i - 2], specs[j].flag) == 0 && args_is_string(specs[j].type))
+                    args_expanded_note(specs[j].flag, argv[i - 1], argv[i], note, sizeof(note));
+            }
             args_fail(argv[0], 1, "unknown flag '%s'%s", argv[i], note);
         }
         const ArgSpec* spec = &specs[index];

@@ -51,3 +51,25 @@ def docs_readme_prepare_command_runs_on_a_corpus_under_one_shard():
     val_tokens = int(shlex.split(command)[shlex.split(command).index("--val_tokens") + 1])
     assert len(reference.read_tokens(val)) == val_tokens, (len(reference.read_tokens(val)), val_tokens)
     assert sum(len(reference.read_tokens(f)) for f in train) > 0, train
+
+
+@test
+def shards_unquoted_pattern_the_shell_expanded_is_named_once():
+    """-i dir/*.bin left unquoted reaches the trainer as -i dir/a dir/b ...: the second file was an
+    'unknown flag' alone. Under mpirun with 2 ranks the error now names the flag before it and the
+    quoted pattern (the two names' common start and end around a '*'), printed once (by rank 0),
+    and every rank exits 1; the same after -e (a string flag too), while an unknown word after an
+    integer flag's value gets no such note (it is no file that a string flag was given)"""
+    d = fresh_dir("usage_expanded")
+    names = [os.path.join(d, "data_train_%06d.bin" % k) for k in (1, 2, 3)]
+    hint = ("(after -i: a pattern the shell expanded? quote it: -i '%s')"
+            % os.path.join(d, "data_train_*.bin"))
+    code, out = mpirun(2, ["-i"] + names + ["-x", 1])
+    assert code == 1, "exit %d, expected 1:\n%s" % (code, out[-2000:])
+    assert out.count("unknown flag '%s' %s" % (names[1], hint)) == 1, out[-2000:]
+    assert out.count("error:") == 1, "the error not printed once:\n" + out[-2000:]
+    code, out = mpirun(2, ["-e", "out/model_00000010.bin", "out/model_00000020.bin", "-x", 1])
+    assert code == 1 and out.count("(after -e: a pattern the shell expanded? quote it: -e "
+                                   "'out/model_*.bin')") == 1, out[-2000:]
+    code, out = mpirun(2, ["-x", 1, "extra"])
+    assert code == 1 and "unknown flag 'extra'" in out and "shell expanded" not in out, out[-2000:]
