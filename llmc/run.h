@@ -400,6 +400,17 @@ static inline const char* default_path_beside_program(const char* path, const ch
     return beside;
 }
 
+// A file flag left at its default (value: the flag's variable, as args_parse registered it in
+// llmc_path_flags): that path, or the same beside the program (above), written into beside. A
+// path the user gave is taken as given, even one that spells the default
+static inline const char* default_flag_beside_program(const char* const* value, char* beside, size_t cap) {
+    for (int i = 0; i < llmc_num_path_flags; i++) {
+        const PathFlag* p = &llmc_path_flags[i];
+        if (p->value == value && !p->given) return default_path_beside_program(*value, *value, beside, cap);
+    }
+    return *value;
+}
+
 // the decode table for samples; 0 (samples off, with a warning) when there is none, or when its
 // end-of-text id, where every sample starts, is not a row of the model's embedding. -tok left at
 // its default is looked for at the repository's root too, beside the program (/proc/self/exe),
@@ -496,6 +507,8 @@ typedef struct {
     Logger logger;            // main.log, on rank 0
     RunModel hooks;
     HellaSwag hellaswag;      // -h 1: the examples, read and checked by run_load
+    char train_found[4096];   // -i and -j left at their defaults and found beside the program:
+    char val_found[4096];     // the paths (args.train_path and val_path then point here)
     double flops_per_token;   // the step's figures: MFU, averages, the step line
     DevicePeak peak;
     StepStats stats;
@@ -527,6 +540,12 @@ static inline void run_read_files(void* arg) {
     Run* r = f->run;
     TrainArgs* a = &r->args;
     f->weights = r->from_descriptor ? gpt2_init_random(r->config, (uint64_t)a->seed) : gpt2_read_model_file(a->model, &r->config, NULL);
+    // -i and -j left at their defaults (tiny Shakespeare, from the repository's root) are looked
+    // for beside the program too, as -tok and -hellaswag are: a run from another directory finds
+    // them (-x 0 -v 0 -h 1, scoring a model, still opens -i). The dataloader keeps the pointer
+    // and a file error names the flag by it (path_origin), hence the Run's buffers
+    a->train_path = default_flag_beside_program(&a->train_path, r->train_found, sizeof(r->train_found));
+    a->val_path = default_flag_beside_program(&a->val_path, r->val_found, sizeof(r->val_found));
     dataloader_init(&r->train, a->train_path, a->B, a->T, f->train_chunks, a->shuffle, (uint64_t)a->seed);
     if (a->val_every > 0) dataloader_init(&r->val, a->val_path, a->B, a->T, f->val_chunks, 0, 0);
     if (r->hellaswag.on) {

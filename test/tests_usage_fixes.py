@@ -73,3 +73,42 @@ def shards_unquoted_pattern_the_shell_expanded_is_named_once():
                                    "'out/model_*.bin')") == 1, out[-2000:]
     code, out = mpirun(2, ["-x", 1, "extra"])
     assert code == 1 and "unknown flag 'extra'" in out and "shell expanded" not in out, out[-2000:]
+
+
+@test
+def hellaswag_and_default_data_found_from_another_directory():
+    """-i and -j left at their defaults are paths from the repository's root: a trainer run from
+    another directory now finds them beside the program, as it does -tok and -hellaswag. From a
+    directory that is not the root: validation only (-x 0 -v 1) on a d1 model with no -i nor -j
+    reads both files (the banner's token counts, read here from the files, and a validation
+    loss); scoring a model on HellaSwag (-x 0 -v 0 -h 1, dev/data/README.md's command, which
+    still opens -i) gives the PyTorch reference's answers and mean losses. Both stopped at
+    'cannot open file dev/data/tinyshakespeare/...' before"""
+    d = fresh_dir("usage_elsewhere")
+    program = os.path.join(ROOT, "train_gpt2_dp")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def run_here(args, extra_env=None, code=0):
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "1", program] + [str(a) for a in args]
+        p = subprocess.run(cmd, cwd=d, env=dict(env, **(extra_env or {})), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=TIMEOUT)
+        out = p.stdout.decode("utf-8", "replace")
+        assert p.returncode == code, "exit %d from %s, expected %d; %s" % (p.returncode, d, code, why_it_failed(out))
+        return out
+
+    assert not os.path.exists(os.path.join(d, "dev"))  # (the defaults do not resolve from d)
+    out = run_here(["-e", "d1", "-b", 4, "-t", 32, "-x", 0, "-v", 1, "-m", 2, "-s", 0] + WATCHDOG)
+    counts = [len(reference.read_tokens(os.path.join(ROOT, "dev/data/tinyshakespeare/tiny_shakespeare_%s.bin" % s)))
+              for s in ("train", "val")]
+    assert re.search(r"train / val tokens *\| %d / %d " % tuple(counts), out), out[:3000]
+    assert "val loss after 0 steps" in out, out[-2000:]
+    # a path the user gives is taken as given, even one that spells the default: not found from d
+    default_train = "dev/data/tinyshakespeare/tiny_shakespeare_train.bin"
+    out = run_here(["-e", "d1", "-i", default_train, "-x", 0, "-v", 0, "-s", 0] + WATCHDOG, code=1)
+    assert "cannot open file '%s' (-i: train token file)" % default_train in out, out[-2000:]
+    model, path, examples, expected, right = hellaswag_setup(d)
+    run_dir = os.path.join(d, "scored")
+    os.makedirs(run_dir)
+    out = run_here(["-e", model, "-b", 8, "-t", HS_T, "-x", 0, "-v", 0, "-s", 0, "-h", 1, "-hellaswag", path,
+                    "-o", run_dir] + WATCHDOG, {"LLMC_HELLASWAG_DUMP": os.path.join(run_dir, "dump.txt")})
+    hellaswag_check(run_dir, out, examples, expected, right)
