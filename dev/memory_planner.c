@@ -8,6 +8,7 @@
 //   dev/memory_planner -e d48 -b 4 -t 1024 -device cuda -dp 8 -z 3 -r 2    one layout's table
 //   dev/memory_planner -e d48 -b 4 -t 1024 -device cuda -search 8          every layout of 8 GPUs
 //   dev/memory_planner -e d4 -b 4 -t 64 -dp 2 -device cpu                  the quick start's run
+//   dev/memory_planner -e d12 -experts 8 -pp 2 -cp 2 -tp 2 -sp 1 -ep 4       5D: 8 GPUs, experts folded
 //
 // Its defaults are a GPU's, not the trainers': -t 1024 (the trainers' -t is 64), -device cuda in
 // bf16 (-device cpu plans the CPU backend, fp32), -mem 80 (GB, an H100). Ranks are -dp (-tp,
@@ -17,8 +18,11 @@
 // A layout is run by the trainer that holds it: data parallelism alone (with ZeRO and -offload)
 // by train_gpt2_dp, tensor parallelism alone by train_gpt2_tp, a pipeline alone by train_gpt2_pp,
 // and any mix by train_gpt2_3d; each allocates a little differently, and the plan is that
-// trainer's. The plan is of the rank that needs the most (the pipeline stage with the largest
-// total; every dp and tp rank of a stage needs the same, apart from rank 0's checkpoint gathers).
+// trainer's. A Mixture-of-Experts model (-experts E -topk k) is train_gpt2_ep's with data
+// parallelism alone (-ep of the -dp ranks hold the experts), and train_gpt2_3d's on any other grid
+// (5D: -ep of each stage's dp x cp x tp ranks hold them, folded over the ranks, none added). The
+// plan is of the rank that needs the most (the pipeline stage with the largest total; every dp
+// and tp rank of a stage needs the same, apart from rank 0's checkpoint gathers).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,8 +34,10 @@ static const char* trainer_names[TRAINER_COUNT] = {"train_gpt2_dp", "train_gpt2_
                                                    "train_gpt2_cp", "train_gpt2_diloco", "train_gpt2_ep"};
 
 // the trainer that runs a grid: the simplest that holds it (cp alone: train_gpt2_cp; cp with
-// another axis: train_gpt2_3d)
-static TrainerKind trainer_for(int dp, int tp, int pp, int cp) {
+// another axis: train_gpt2_3d). A model with experts: train_gpt2_ep with dp alone, else
+// train_gpt2_3d (5D)
+static TrainerKind trainer_for(int dp, int tp, int pp, int cp, int moe) {
+    if (moe) return tp == 1 && pp == 1 && cp == 1 ? TRAINER_EP : TRAINER_3D;
     if (cp > 1) return dp == 1 && tp == 1 && pp == 1 ? TRAINER_CP : TRAINER_3D;
     if (tp == 1 && pp == 1) return TRAINER_DP;
     if (dp == 1 && pp == 1) return TRAINER_TP;
@@ -65,13 +71,36 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, CpSplit sp
             return snprintf(why, n, "-r %d: train_gpt2_ep keeps every activation (-r 0); recomputation of MoE layers is "
                             "not written yet", r->recompute), 1;
         }
+    } else if (r->trainer == TRAINER_3D && gpt2_is_moe(c)) {
+        // 5D: train_gpt2_3d's refusals (grid_add_experts), in its words. The experts are folded
+        // over a stage's dp x cp x tp ranks: ep of them hold the E experts, E/ep each
+        int stage_ranks = r->dp * layout_cp(r) * r->tp;
+        if (c.experts % layout_ep(r) != 0 || stage_ranks % layout_ep(r) != 0) {
+            return snprintf(why, n, "-ep %d: the E = %d experts are split over ep of a stage's dp x cp x tp = %d ranks, so ep "
+                            "must divide both", layout_ep(r), c.experts, stage_ranks), 1;
+        }
+        if (r->tp > 1 && !r->sp) {
+            return snprintf(why, n, "-tp %d with experts needs -sp 1: each rank routes the tokens it holds, and without "
+                            "sequence parallelism every tp rank holds all of them, so each token would be routed %d times",
+                            r->tp, r->tp), 1;
+        }
+        if (r->zero == 1) {  // (-z 2 and 3: the trainer's -z takes 0..1, below)
+            return snprintf(why, n, "-z 1 with experts: ZeRO-1 over both the dense tensors' dp x cp ranks and the experts' "
+                            "edp ranks is not written yet; train without -z"), 1;
+        }
+        if (r->recompute != 0) {
+            return snprintf(why, n, "-r %d with experts: MoE layers keep every activation (-r 0); their recomputation is "
+                            "not written yet", r->recompute), 1;
+        }
     } else if (gpt2_is_moe(c)) {
-        return snprintf(why, n, "-experts %d: a Mixture-of-Experts model is train_gpt2_ep's (-trainer ep)", c.experts), 1;
-    } else if (r->ep > 1) {
-        return snprintf(why, n, "-ep %d is train_gpt2_ep's (-trainer ep)", r->ep), 1;
-    } else if (r->capacity_factor > 0) {  // (a dense model has no experts to cap)
+        return snprintf(why, n, "-experts %d: a Mixture-of-Experts model is train_gpt2_ep's or train_gpt2_3d's (-trainer ep "
+                        "or 3d)", c.experts), 1;
+    } else if (r->ep > 1) {  // (a dense model has no experts to split)
+        return snprintf(why, n, "-ep %d splits the experts of a Mixture-of-Experts model: give -experts E (train_gpt2_ep, "
+                        "train_gpt2_3d)", r->ep), 1;
+    } else if (r->capacity_factor > 0) {  // (nor any to cap)
         return snprintf(why, n, "-capacity_factor %g caps the experts of a Mixture-of-Experts model: give -experts E "
-                        "(train_gpt2_ep)", r->capacity_factor), 1;
+                        "(train_gpt2_ep, train_gpt2_3d)", r->capacity_factor), 1;
     }
     if (r->trainer != TRAINER_CP && r->trainer != TRAINER_3D && r->cp > 1) {
         return snprintf(why, n, "-cp %d is train_gpt2_cp's or train_gpt2_3d's", r->cp), 1;
@@ -111,12 +140,17 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, CpSplit sp
     return 0;
 }
 
-// "train_gpt2_3d -dp 2 -pp 4 -tp 1 -z 1 -r 2"
-static void layout_flags(const RunLayout* r, char* out, size_t n) {
+// "train_gpt2_3d -dp 2 -pp 4 -tp 1 -z 1 -r 2"; with experts "train_gpt2_3d -dp 2 -pp 2 -tp 2 -ep 4
+// -sp 1 -r 0" (5D)
+static void layout_flags(const RunLayout* r, GPT2Config c, char* out, size_t n) {
     int k = snprintf(out, n, "%s", trainer_names[r->trainer]);
     if (r->trainer == TRAINER_3D) k += snprintf(out + k, n - k, " -dp %d -pp %d -tp %d", r->dp, r->pp, r->tp);
     if (r->trainer == TRAINER_3D && r->cp > 1) {
         k += snprintf(out + k, n - k, " -cp %d%s", r->cp, r->cp_allgather ? " -cp_comm allgather" : "");
+    }
+    if (r->trainer == TRAINER_3D && gpt2_is_moe(c)) {
+        k += snprintf(out + k, n - k, " -ep %d", layout_ep(r));
+        if (r->capacity_factor > 0) k += snprintf(out + k, n - k, " -capacity_factor %g", r->capacity_factor);
     }
     if (r->trainer == TRAINER_DP || r->trainer == TRAINER_DILOCO) k += snprintf(out + k, n - k, " (%d ranks)", r->dp);
     if (r->trainer == TRAINER_EP) {
@@ -151,7 +185,7 @@ static void layout_command(const RunLayout* r, GPT2Config c, const char* model, 
         k += snprintf(out + k, n - k, " -cp %d -cp_comm %s -cp_layout %s", r->cp, r->cp_allgather ? "allgather" : "ring",
                       cp_layout);
     }
-    if (kind == TRAINER_EP) {
+    if (gpt2_is_moe(c)) {  // (train_gpt2_ep, or train_gpt2_3d's fifth axis)
         k += snprintf(out + k, n - k, " -experts %d -topk %d -ep %d", c.experts, c.topk, layout_ep(r));
         if (r->capacity_factor > 0) k += snprintf(out + k, n - k, " -capacity_factor %g", r->capacity_factor);
     }
@@ -268,12 +302,12 @@ int main(int argc, char** argv) {
         {"-n", ARG_INT, &checkpoint, 0, ARG_NO_MAX, "checkpoint every N steps (their gathers take memory; 0: never)"},
         {"-stage", ARG_INT, &stage, -1, ARG_NO_MAX, "the pipeline stage whose table to print (-1: the largest; stage 0 is rank 0's)"},
         {"-trainer", ARG_STRING, &trainer_name, 0, 0, "dp, tp, pp, 3d, cp, diloco or ep (default: the simplest trainer that runs the grid; diloco and ep: -dp ranks)"},
-        {"-experts", ARG_INT, &experts, 0, 1024, "a Mixture-of-Experts model of E experts a layer (train_gpt2_ep; 0: the model file's, dense for a descriptor)"},
+        {"-experts", ARG_INT, &experts, 0, 1024, "a Mixture-of-Experts model of E experts a layer (train_gpt2_ep, or train_gpt2_3d on a grid; 0: the model file's, dense for a descriptor)"},
         {"-topk", ARG_INT, &topk, 1, 1024, "with -experts: the experts each token goes to"},
-        {"-ep", ARG_INT, &ep, 1, 1024, "train_gpt2_ep: the ranks the experts are split over (ep divides E and -dp)"},
-        {"-capacity_factor", ARG_FLOAT, &capacity_factor, 0, ARG_NO_MAX, "train_gpt2_ep: at most ceil(cf N k / E) slots an expert per micro-batch (0: dropless)"},
+        {"-ep", ARG_INT, &ep, 1, 1024, "the ranks the experts are split over: ep divides E and, in train_gpt2_ep, -dp; in train_gpt2_3d a stage's dp x cp x tp (folded: no ranks added)"},
+        {"-capacity_factor", ARG_FLOAT, &capacity_factor, 0, ARG_NO_MAX, "with -experts: at most ceil(cf N k / E) slots an expert of a rank's micro-batch of N tokens (0: dropless)"},
         {"-format", ARG_STRING, &format, 0, 0, "text (the trainers' table) or json (the same numbers in bytes, for dev/memory.html)"},
-        {"-search", ARG_INT, &search, 0, ARG_NO_MAX, "N: list every layout of N devices that fits in -mem, smallest first, over every grid, -z, -sp, -r and -offload (0: plan the one layout)"},
+        {"-search", ARG_INT, &search, 0, ARG_NO_MAX, "N: list every layout of N devices that fits in -mem, smallest first, over every grid, -z, -sp, -r and -offload (with -experts: every -ep) (0: plan the one layout)"},
     };
     int num_specs = (int)(sizeof(specs) / sizeof(specs[0]));
     if (!args_parse(argc, argv, specs, num_specs)) return 0;
@@ -318,7 +352,9 @@ int main(int argc, char** argv) {
     CpSplit split = cp_split_of(cp_layout);
     double memory = memory_gb * 1e9;
     if (search > 65536) fail("-search %d: at most 65536 devices (every grid of N is tried)", search);
-    if (search > 0 && gpt2_is_moe(c)) fail("-search lists the dense trainers' layouts; plan a Mixture-of-Experts layout with -dp and -ep");
+    if (search > 0 && !gpt2_is_moe(c) && capacity_factor > 0) {  // (a dense model has no experts to cap)
+        fail("-capacity_factor %g caps the experts of a Mixture-of-Experts model: give -experts E", capacity_factor);
+    }
     int json = strcmp(format, "json") == 0;
     if (!json && strcmp(format, "text") != 0) fail("-format %s: expected text or json", format);
     if (!json) printf("model L=%d C=%d NH=%d, %llu parameters; micro-batch %d x %d; %s %s, %s attention; %.0f GB per device\n",
@@ -326,15 +362,13 @@ int main(int argc, char** argv) {
            target.X == 2 ? "bf16" : "fp32", target.flash ? "flash" : target.cuda ? "cuBLAS" : "CPU", memory_gb);
 
     if (search == 0) {
-        RunLayout r = {trainer_for(dp, tp, pp, cp), dp, tp, pp, vp, (PipeSchedule)sched, 1, B, T, zero, sp, recompute, offload,
-                       overlap, checkpoint > 0, 0, 0, cp, allgather, 1, 0.0f};
+        RunLayout r = {trainer_for(dp, tp, pp, cp, gpt2_is_moe(c)), dp, tp, pp, vp, (PipeSchedule)sched, 1, B, T, zero, sp,
+                       recompute, offload, overlap, checkpoint > 0, 0, 0, cp, allgather, 1, 0.0f};
         if (trainer_name != NULL) {  // another trainer than the simplest, as train_gpt2_3d for any grid
             int k = 0;
             while (k < TRAINER_COUNT && strcmp(trainer_names[k] + strlen("train_gpt2_"), trainer_name) != 0) k++;
             if (k == TRAINER_COUNT) fail("-trainer %s: expected dp, tp, pp, 3d, cp, diloco or ep", trainer_name);
             r.trainer = (TrainerKind)k;
-        } else if (gpt2_is_moe(c)) {
-            r.trainer = TRAINER_EP;  // (the one trainer of MoE models)
         }
         r.ep = ep;
         r.capacity_factor = capacity_factor;
@@ -343,7 +377,7 @@ int main(int argc, char** argv) {
         if (layout_problem(c, target, &r, split, total_batch == -1 ? 0 : (uint64_t)total_batch, why, sizeof(why))) fail("%s", why);
         if (stage >= r.pp) fail("-stage %d: the pipeline has stages 0..%d", stage, r.pp - 1);
         MemoryPlan plan = stage >= 0 ? memory_plan(c, target, &r, stage, stage == 0) : memory_plan_largest(c, target, &r, &stage);
-        layout_flags(&r, flags, sizeof(flags));
+        layout_flags(&r, c, flags, sizeof(flags));
         if (json) {
             char command[512];
             layout_command(&r, c, model, total_batch, attention, cp_layout, checkpoint, command, sizeof(command));
@@ -367,7 +401,9 @@ int main(int argc, char** argv) {
     // -search N: every grid dp x tp x pp x cp = N, and on it every -z the trainer runs, -sp, -r,
     // -offload and with cp > 1 the ring or the all-gather (so -dp, -tp, -pp, -cp, -z, -sp, -r,
     // -offload and -cp_comm are not read); the pipeline schedule and -vp as given (-vp applies to
-    // layouts with pp > 1)
+    // layouts with pp > 1). With experts also every ep dividing E and a stage's dp x cp x tp (-ep
+    // is not read either): folded over those ranks, ep adds none, so the grids are the same N; the
+    // layouts the trainers refuse (-z 1, -r, tp without -sp) drop out in layout_problem
     int N = search, capacity = 4096, count = 0, tried = 0;
     uint64_t batch = total_batch == -1 ? mul_check(mul_check(B, T, "-b x -t"), N, "-b x -t x devices") : (uint64_t)total_batch;
     if (batch == 0) fail("-d 0: expected a positive number of tokens, or -1");
@@ -377,18 +413,22 @@ int main(int argc, char** argv) {
             for (int q = 1; t * p * q <= N; q++) {  // (q: cp)
                 if (N % (t * p * q) != 0) continue;
                 int d = N / (t * p * q);
-                TrainerKind kind = trainer_for(d, t, p, q);
+                TrainerKind kind = trainer_for(d, t, p, q, gpt2_is_moe(c));
                 int max_zero = kind == TRAINER_DP ? 3 : kind == TRAINER_3D && d * q > 1 ? 1 : 0;
+                int max_ep = gpt2_is_moe(c) ? c.experts : 1;
                 for (int z = 0; z <= max_zero; z++)
                     for (int s = 0; s <= (t > 1); s++)
                         for (int r = 0; r <= RECOMPUTE_MAX; r++)
                             for (int o = 0; o <= (kind == TRAINER_DP); o++)
-                                for (int a = 0; a <= (q > 1); a++) {
-                                    int V = p > 1 ? vp : 1;
-                                    PipeSchedule sc = p > 1 ? (PipeSchedule)sched : SCHEDULE_1F1B;
-                                    RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, overlap, checkpoint > 0, 0, 0, q, a, 1, 0.0f};
-                                    try_layout(&fits, &count, &capacity, &tried, c, target, run, split, batch, memory);
-                                }
+                                for (int a = 0; a <= (q > 1); a++)
+                                    for (int e = 1; e <= max_ep; e++) {
+                                        if (c.experts % e != 0 || (d * q * t) % e != 0) continue;  // (ep | E, dp cp tp)
+                                        int V = p > 1 ? vp : 1;
+                                        PipeSchedule sc = p > 1 ? (PipeSchedule)sched : SCHEDULE_1F1B;
+                                        RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, overlap, checkpoint > 0, 0, 0,
+                                                         q, a, e, capacity_factor};
+                                        try_layout(&fits, &count, &capacity, &tried, c, target, run, split, batch, memory);
+                                    }
             }
         }
     }
@@ -400,10 +440,10 @@ int main(int argc, char** argv) {
             const RunLayout* r = &fits[i].run;
             const MemoryPlan* m = &fits[i].plan;
             char flags[160];
-            layout_flags(r, flags, sizeof(flags));
-            printf("  {\"dp\": %d, \"tp\": %d, \"pp\": %d, \"cp\": %d, \"z\": %d, \"sp\": %d, \"r\": %d, \"offload\": %d, "
-                   "\"cp_comm\": \"%s\", \"m\": %d, \"total\": %llu, \"states\": %llu, \"activations\": %llu, \"host\": %llu, "
-                   "\"layout\": ", r->dp, r->tp, r->pp, r->cp, r->zero, r->sp, r->recompute, r->offload,
+            layout_flags(r, c, flags, sizeof(flags));
+            printf("  {\"dp\": %d, \"tp\": %d, \"pp\": %d, \"cp\": %d, \"ep\": %d, \"z\": %d, \"sp\": %d, \"r\": %d, "
+                   "\"offload\": %d, \"cp_comm\": \"%s\", \"m\": %d, \"total\": %llu, \"states\": %llu, \"activations\": %llu, "
+                   "\"host\": %llu, \"layout\": ", r->dp, r->tp, r->pp, r->cp, layout_ep(r), r->zero, r->sp, r->recompute, r->offload,
                    r->cp_allgather ? "allgather" : "ring", r->m, (unsigned long long)m->total,
                    (unsigned long long)(m->params + m->grads + m->master + m->state), (unsigned long long)m->activations,
                    (unsigned long long)(m->host + m->host_optimizer));
@@ -420,7 +460,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < count; i++) {
         const MemoryPlan* m = &fits[i].plan;
         char flags[160];
-        layout_flags(&fits[i].run, flags, sizeof(flags));
+        layout_flags(&fits[i].run, c, flags, sizeof(flags));
         double states = (double)(m->params + m->grads + m->master + m->state);
         printf("  %9.2f %9.2f %9.2f %9.2f %9.2f  %s (m=%d)\n", m->total / 1e9, states / 1e9, m->activations / 1e9,
                (m->total - states - m->activations) / 1e9, (m->host + m->host_optimizer) / 1e9, flags, fits[i].run.m);
