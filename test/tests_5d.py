@@ -161,3 +161,30 @@ def grid5d_refuses_what_it_cannot_do():
         assert out.count(message) == 1, "%s: expected '%s' once:\n%s" % (flags, message, out[-2000:])
     code, out = mpirun(1, ["-e", "d2", "-topk", 2] + data_args(MOE) + ["-x", 1, "-o", d], program=D3)
     assert code != 0 and "-topk 2 without -experts" in out, out[-2000:]
+
+
+def make_cuda_grid5d_test(kind, precision, devices):
+    def fn():
+        """5D's CUDA backend on the emulator (or every rank on one GPU): pp 2 x tp 2 with -sp at
+        ep 2, E = 4, top-1: the MoE layers' row moves and all-to-alls (NCCL's grouped send/recv,
+        emulated over MPI) inside pipeline stages whose attention is tensor-parallel, against the
+        MoE reference within the precision's bounds; every copy identical; the memory table
+        within 5% of the allocations (CUDA's workspaces beside the table's buffers)"""
+        run = emu_runner(devices) if kind == "emu" else cuda_runner(kind, devices)
+        ref = moe_reference(4, 1)
+        program = build(kind, precision, ["train_gpt2_3d"])[0]
+        d = fresh_dir("%s_%s_grid5d" % (kind, precision))
+        grads_path = os.path.join(d, "grads.bin")
+        steps = MOE["steps"]
+        out = run(program, 4, trainer_args(ref, MOE["batch"], d, ["-n", steps, "-dump_grads", grads_path, "-pp", 2, "-tp", 2,
+                                                                   "-sp", 1, "-ep", 2, "-check_replicas", steps], cfg=MOE), d)
+        check_cuda_against_reference(ref, d, grads_path, precision, "%s train_gpt2_3d %s 5D" % (kind, precision))
+        assert "step %d: experts' copies identical" % steps in out or "experts' copies" not in out, out[-2000:]
+        check_memory_table_total(program, out)
+    prefix, path = cuda_test_name(kind, devices)
+    fn.__name__ = "%s_grid5d_vs_pytorch_%s_pp2_tp2_sp_ep2_%s" % (prefix, precision.lower(), path)
+    return fn
+
+
+test(make_cuda_grid5d_test("emu", "FP32", 4))
+test(make_cuda_grid5d_test("cuda", "BF16", None))
