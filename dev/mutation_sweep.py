@@ -15,8 +15,9 @@ would mean nothing; its references (test/tmp) are then shared by the mutations' 
 --no-control leaves it out (the tests are known to pass); --keep keeps each mutated copy's
 directory. A mutation whose text is no longer in its file, or that does not compile, is "not
 run": the list needs updating.
-Not part of `make test`: the first 22 below took 18 minutes on 2 cores shared with other work (about
-40 s a mutation: a build and a test or two; 2.5 minutes for the control).
+Not part of `make test`: 22 of them took 18 minutes on 2 cores shared with other work (about 40 s a
+mutation: a build and a test or two; 2.5 minutes for the control); the 17 moe and 5d ones 11 minutes
+(about 30 s a mutation, a 66-s control). Two 5D ones are missed (test/README.md says why).
 dev/cuda/mutation_sweep.py is its sibling for the CUDA kernels' barriers under the emulator;
 both copy the tree into a scratch directory of their own (copy_checkout) and plant there.
 """
@@ -56,8 +57,8 @@ MUTATIONS = [
     mutation("moe: the aux loss's gradient without its factor E", "llmc/moe.h",
              "aux_weight * m->aux_alpha * E / (float)", "aux_weight * m->aux_alpha / (float)",
              ["ep_vs_pytorch_np2_ep2_accum1_E4_k2_aux"], [EP]),
-    mutation("moe: the experts' gradients read without 1/ep", "train_gpt2_ep.cu",
-             "float scale = r == 1 ? *clip_scale * expert_grad_scale(t) : *clip_scale;", "float scale = *clip_scale;",
+    mutation("moe: the experts' gradients read without 1/ep", "llmc/moe.h",
+             "float scale = r == 1 ? clip_scale * expert_scale : clip_scale;", "float scale = clip_scale;",
              ["ep_vs_pytorch_np4_ep2_accum1_E4_k2_aux"], [EP]),
     mutation("moe: the experts read from the file expert-major, not layer-major", "llmc/model.h",
              "uint64_t block = layer * s.groups + group0 + group;",
@@ -65,15 +66,45 @@ MUTATIONS = [
              ": layer * s.groups + group0 + group;",
              ["ep_vs_pytorch_np2_ep2_accum1_E4_k2_aux"], [EP]),
     mutation("moe: the planner's output rows doubled", "llmc/memory_plan.h",
-             "(uint64_t)L * (R * C + 2 * R * 4 * C + S * C)", "(uint64_t)L * (R * C + 2 * R * 4 * C + 2 * S * C)",
+             "(layers * (R * C + 2 * R * 4 * C + S * C)", "(layers * (R * C + 2 * R * 4 * C + 2 * S * C)",
              ["ep_collapsed_router_max_vio_drops_and_bytes"], [EP, PLANNER]),
     mutation("moe: a sample routed dropless into buffers sized for the capacity", "llmc/moe.h",
-             "moe_assign_rows(m->row + slots, m->counts_dev, expert, N, k, E, m->capacity);",
-             "moe_assign_rows(m->row + slots, m->counts_dev, expert, N, k, E, N == m->N ? m->capacity : N * k);",
+             "moe_assign_rows(x.row, m->counts_dev, x.expert, N, k, E, m->capacity);",
+             "moe_assign_rows(x.row, m->counts_dev, x.expert, N, k, E, N == m->N ? m->capacity : N * k);",
              ["sanitized_ep_sampling_with_a_small_capacity"], [EP]),
-    mutation("moe: the printed bias range starts from 0", "train_gpt2_ep.cu",
+    mutation("moe: the printed bias range starts from 0", "llmc/moe.h",
              "float lo = m->bias_host[0], hi = m->bias_host[0];", "float lo = 0.0f, hi = 0.0f;",
              ["ep_bias_range_is_the_biases"], [EP]),
+    # ---- 5D: experts folded over a grid stage's ranks (train_gpt2_3d.cu, llmc/chunk.h, llmc/moe.h,
+    # llmc/tensor_parallel.h). Every grid5d_ case has edp = 1 (a stage's dp x cp x tp ranks = ep):
+    # the two edp mutations that only a grid with edp > 1 can see are listed as the gap they are
+    mutation("5d: the experts' gradients read x 1/ep, not tp/ep", "train_gpt2_3d.cu",
+             "return (float)g->tp / (float)g->ep;", "return 1.0f / (float)g->ep;",
+             ["grid5d_vs_pytorch_cp2_tp2_sp_ep4"], [D3]),
+    mutation("5d: the routers left out of the tp all-reduce", "llmc/tensor_parallel.h",
+             "PARAM_ROUTERW};\n    for (int i = 0; i < 7; i++) {", "PARAM_ROUTERW};\n    for (int i = 0; i < 6; i++) {",
+             ["grid5d_vs_pytorch_pp2_tp2_sp_ep2"], [D3]),
+    mutation("5d: the aux loss's sequence shares not summed over the seq group", "llmc/moe.h",
+             "t.T_seq, k, E);\n        if (t.seq_group) comm_all_reduce(t.seq_group, x.shares, (size_t)t.B * 2 * E, "
+             "COMM_FLOAT, COMM_SUM);",
+             "t.T_seq, k, E);",
+             ["grid5d_vs_pytorch_cp2_tp2_sp_ep4"], [D3]),
+    mutation("5d: the experts reduced over dp x cp, not edp", "train_gpt2_3d.cu",
+             "if (g->edp_group.size > 1) comm_all_reduce(&g->edp_group, model->grads_memory + lo,",
+             "if (g->dp_group.size > 1) comm_all_reduce(&g->dp_group, model->grads_memory + lo,",
+             ["grid5d_vs_pytorch_dp2_ep2"], [D3]),
+    mutation("5d: the experts' edp all-reduce left out", "train_gpt2_3d.cu",
+             "n - hi, COMM_FLOATX, COMM_AVG);\n    if (g->edp_group.size > 1) comm_all_reduce(&g->edp_group, "
+             "model->grads_memory + lo, hi - lo, COMM_FLOATX, COMM_AVG);",
+             "n - hi, COMM_FLOATX, COMM_AVG);",
+             ["grid5d_vs_pytorch_dp2_ep2"], [D3]),
+    mutation("5d: the experts counted in the norm by every copy", "train_gpt2_3d.cu",
+             "return g->edp_group.rank == 0 ? global_norm_squared(model->grads_memory + lo, hi - lo) * scale * scale : 0.0f;",
+             "return global_norm_squared(model->grads_memory + lo, hi - lo) * scale * scale;",
+             ["grid5d_vs_pytorch_dp2_ep2"], [D3]),
+    mutation("5d: every micro-batch in flight in the MoE record 0", "llmc/chunk.h",
+             "&st->moe->records[a - st->slots]", "&st->moe->records[0]",
+             ["grid5d_vs_pytorch_dp2_pp2_tp2_sp_ep4_zb"], [D3]),
     # ---- DiLoCo (train_gpt2_diloco.cu, llmc/outer_link.h, llmc/cpu/outer.h, llmc/precision.h)
     mutation("diloco: -tau applied a step late", "train_gpt2_diloco.cu",
              "apply_after = completed + link->tau;", "apply_after = completed + link->tau + 1;",
