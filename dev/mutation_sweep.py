@@ -77,7 +77,7 @@ MUTATIONS = [
              ["ep_bias_range_is_the_biases"], [EP]),
     # ---- 5D: experts folded over a grid stage's ranks (train_gpt2_3d.cu, llmc/chunk.h, llmc/moe.h,
     # llmc/tensor_parallel.h). Every grid5d_ case has edp = 1 (a stage's dp x cp x tp ranks = ep):
-    # the two edp mutations that only a grid with edp > 1 can see are listed as the gap they are
+    # (the edp mutations need a grid with two copies of each expert: dp2_tp2_sp_ep2, dp2_cp2_ep2)
     mutation("5d: the experts' gradients read x 1/ep, not tp/ep", "train_gpt2_3d.cu",
              "return (float)g->tp / (float)g->ep;", "return 1.0f / (float)g->ep;",
              ["grid5d_vs_pytorch_cp2_tp2_sp_ep4"], [D3]),
@@ -97,11 +97,11 @@ MUTATIONS = [
              "n - hi, COMM_FLOATX, COMM_AVG);\n    if (g->edp_group.size > 1) comm_all_reduce(&g->edp_group, "
              "model->grads_memory + lo, hi - lo, COMM_FLOATX, COMM_AVG);",
              "n - hi, COMM_FLOATX, COMM_AVG);",
-             ["grid5d_vs_pytorch_dp2_ep2"], [D3]),
+             ["grid5d_vs_pytorch_dp2_cp2_ep2"], [D3]),
     mutation("5d: the experts counted in the norm by every copy", "train_gpt2_3d.cu",
              "return g->edp_group.rank == 0 ? global_norm_squared(model->grads_memory + lo, hi - lo) * scale * scale : 0.0f;",
              "return global_norm_squared(model->grads_memory + lo, hi - lo) * scale * scale;",
-             ["grid5d_vs_pytorch_dp2_ep2"], [D3]),
+             ["grid5d_vs_pytorch_dp2_tp2_sp_ep2"], [D3]),
     mutation("5d: every micro-batch in flight in the MoE record 0", "llmc/chunk.h",
              "&st->moe->records[a - st->slots]", "&st->moe->records[0]",
              ["grid5d_vs_pytorch_dp2_pp2_tp2_sp_ep4_zb"], [D3]),

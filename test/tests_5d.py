@@ -64,6 +64,9 @@ def grid5d_run(name, ranks, flags, B, E, k, balance="aux", cf=0.0, extra=()):
 # at top-1 within the limits)
 GRID5D = [
     ("dp2_ep2", 2, ["-ep", 2], 4, 4, 2),
+    # two copies of each expert (edp 2): over the dp group itself, and over a part of dp x cp
+    ("dp2_tp2_sp_ep2", 4, ["-dp", 2, "-tp", 2, "-sp", 1, "-ep", 2], 4, 4, 1),
+    ("dp2_cp2_ep2", 4, ["-dp", 2, "-cp", 2, "-ep", 2], 4, 4, 1),
     ("pp2_tp2_sp_ep2", 4, ["-pp", 2, "-tp", 2, "-sp", 1, "-ep", 2], 8, 4, 1),
     ("cp2_tp2_sp_ep4", 4, ["-cp", 2, "-tp", 2, "-sp", 1, "-ep", 4], 8, 4, 2),
     ("dp2_pp2_tp2_sp_ep4_zb", 8, ["-dp", 2, "-pp", 2, "-tp", 2, "-sp", 1, "-ep", 4, "-sched", "zb"], 2, 4, 1),
