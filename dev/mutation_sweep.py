@@ -17,7 +17,7 @@ directory. A mutation whose text is no longer in its file, or that does not comp
 run": the list needs updating.
 Not part of `make test`: 22 of them took 18 minutes on 2 cores shared with other work (about 40 s a
 mutation: a build and a test or two; 2.5 minutes for the control); the 17 moe and 5d ones 11 minutes
-(about 30 s a mutation, a 66-s control). Two 5D ones are missed (test/README.md says why).
+(about 30 s a mutation, a 66-s control). All are caught.
 dev/cuda/mutation_sweep.py is its sibling for the CUDA kernels' barriers under the emulator;
 both copy the tree into a scratch directory of their own (copy_checkout) and plant there.
 """
