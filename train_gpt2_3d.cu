@@ -40,15 +40,15 @@ over dp x cp.
 train_gpt2_ep.cu, first) expert parallelism is a fifth axis, as Megatron-LM composes it ("parallel
 folding", arXiv:2504.14960). Attention keeps its dp x cp x tp layout in each stage; the stage's
 MoE layers regroup the same ranks as ep x edp, so experts take no ranks of their own:
-  6. The fold (grid_fold_experts): ep consecutive ranks of a stage hold its E experts between
+  a. The fold (grid_fold_experts): ep consecutive ranks of a stage hold its E experts between
      them (E/ep each, whole: expert tp = 1); the ranks holding the same experts are an edp group.
-  7. Each MoE layer (llmc/chunk.h, moe_layer_forward: the EP chapter's moe_forward, called from
+  b. Each MoE layer (llmc/chunk.h, moe_layer_forward: the EP chapter's moe_forward, called from
      the stage's layer) routes the tokens its rank holds, T/cp of each sequence and with -sp its
      tp share (so no token is routed twice; -tp without -sp is refused), by the EP chapter's two
      all-to-alls over the ep group; each micro-batch in flight keeps its routing in its slot's
      record. The aux loss is a whole sequence's: its figures summed over the cp x tp ranks that
      hold its tokens (the seq group), so the loss does not depend on the grid.
-  8. The reductions (reduce_dense_and_experts): the dense tensors over dp x cp as before, the
+  c. The reductions (reduce_dense_and_experts): the dense tensors over dp x cp as before, the
      experts over edp, read scaled by tp/ep (expert_grad_scale says why); the routers' gradients
      over tp with -sp, as the LayerNorms'; the norm counts each expert once; the loads of the
      global batch (all-reduced over the world) print, and move -balance bias's biases.
@@ -140,7 +140,8 @@ typedef struct {
     CommGroup edp_group;            // the stage's ranks holding the same experts (their gradients' mean)
     CommGroup seq_group;            // the cp x tp ranks of this replica at this stage: one micro-batch's
                                     // tokens (the aux loss's figures are its sequences')
-    CommGroup gather_copies;        // rank 0 of it takes part in gathering the model (model_group)
+    CommGroup gathering;            // a flag as a group: its rank 0 is one of the ranks that gather
+                                    // the model (the model group); its ranks are not copies
 } Grid;
 
 static void grid_coordinates(int rank, int dp, int cp, int tp, int* dp_rank, int* stage, int* cp_rank, int* tp_rank) {
@@ -217,7 +218,8 @@ static int grid_replicas(int dp, int pp, int cp, int tp, int world) {
 //   seq    colour stage dp + dp_rank, key cp_rank tp + tp_rank: where one replica's sequences are
 //   model  (replacing the one above) the stage's first M = max(tp, ep) ranks, key stage M + q:
 //          their first tp hold one replica's dense slices, their first ep every expert once
-//   gather_copies  colour stage M + q mod M, key q / M: rank 0 exactly for those M ranks
+//   gathering  colour stage M + q mod M, key q / M: rank 0 exactly for those M ranks (the run
+//          layer asks only that; its members hold different pieces, so nothing reduces over it)
 static void grid_fold_experts(Grid* g, CommGroup* world, int ep) {
     int r = world->rank, S = g->dp * g->cp * g->tp, q = r % S, M = g->tp > ep ? g->tp : ep;
     g->moe = 1, g->ep = ep;
@@ -227,7 +229,7 @@ static void grid_fold_experts(Grid* g, CommGroup* world, int ep) {
     comm_split(&g->seq_group, world, g->stage * g->dp + g->dp_rank, g->cp_rank * g->tp + g->tp_rank, "seq");
     comm_group_free(&g->model_group);
     comm_split(&g->model_group, world, q < M ? 0 : 1 + r, g->stage * M + q, "model");
-    comm_split(&g->gather_copies, world, g->stage * M + q % M, q / M, "gather");
+    comm_split(&g->gathering, world, g->stage * M + q % M, q / M, "gather");
 }
 
 static void grid_free(Grid* g) {
@@ -241,7 +243,7 @@ static void grid_free(Grid* g) {
         comm_group_free(&g->ep_group);
         comm_group_free(&g->edp_group);
         comm_group_free(&g->seq_group);
-        comm_group_free(&g->gather_copies);
+        comm_group_free(&g->gathering);
     }
 }
 
@@ -321,7 +323,7 @@ static int sample_row(void* trainer, int T, int position, int* owner) {
 // resume, whatever grid wrote the checkpoint (its state is gathered into the model file's layout
 // over dp and the model group); validation and samples as forward-only walks through the pipe,
 // the vocabulary split over tp, the positions over cp; each step's bytes reported for the six
-// groups.
+// groups (with experts nine: ep, edp and seq too).
 static void grid_run_begin(Run* run, Grid3D* trainer, int sample_pad) {
     Grid* g = trainer->g;
     RunModel hooks = run_model(trainer->model, trainer, val_loss, sample_logits);
@@ -336,14 +338,14 @@ static void grid_run_begin(Run* run, Grid3D* trainer, int sample_pad) {
     hooks.split = &g->model_group;     // checkpoints gathered over the model group ...
     hooks.replicas = &g->dp_group;     // ... and the optimizer state over dp x cp: any grid resumes
     if (g->moe) {  // (with experts: by each stage's first max(tp, ep) ranks; the bias with them)
-        hooks.replicas = &g->gather_copies;
+        hooks.replicas = &g->gathering;
         hooks.own.buffers[0] = trainer->moe->bias;  // (L, E) floats on the device, the same on every rank
         hooks.own.counts[0] = (size_t)trainer->moe->L * trainer->moe->E;
         hooks.own.num = 1;
     }
-    CommGroup* groups[8] = {&g->tp_group, &g->cp_group, &g->pp_group, &g->dp_group, &g->embedding, &run->world,
-                            &g->ep_group, &g->edp_group};
-    run_begin(run, hooks, groups, g->moe ? 8 : 6);
+    CommGroup* groups[9] = {&g->tp_group, &g->cp_group, &g->pp_group, &g->dp_group, &g->embedding, &run->world,
+                            &g->ep_group, &g->edp_group, &g->seq_group};
+    run_begin(run, hooks, groups, g->moe ? 9 : 6);
     if (g->moe) run_bytes_on_own_line(run, &g->ep_group, COMM_ALL_TO_ALL);  // (moe_print_line prints them every step)
 }
 
@@ -462,7 +464,7 @@ static void dump_gradients(GPT2* model, Grid* g, const floatX* grad_shard, const
     }
     // with experts: theirs read as the optimizer reads them (expert_grad_scale), in a copy, then
     // gathered by each stage's first max(tp, ep) ranks (grid_fold_experts)
-    if (g->gather_copies.rank != 0) return;
+    if (g->gathering.rank != 0) return;
     size_t lo, hi, n = model->layout.count;
     moe_expert_range(&model->layout, &lo, &hi);
     float* host = (float*)malloc_check(n * sizeof(float));
@@ -538,7 +540,7 @@ static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const Paramet
     b.edp_all_reduce = experts * X;  // (counted where edp > 1)
     b.dp_reduce_scatter = b.dp_all_gather = zero ? (double)p->count * X : 0;
     b.embedding = s.p > 1 ? (double)d.Vp_rank * c.channels * X : 0;
-    b.world = 4;
+    b.world = 4 + (moe ? 4.0 * (c.num_layers * c.experts + 3) : 0);  // (experts: the step's MoE figures)
     b.cp = cp_attention_bytes(B, T, d.att, cp, Ls, m, allgather, rerun);
     return b;
 }
@@ -588,8 +590,9 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
                embeds && g->pp > 1 ? groups[4] : "");
         if (g->moe) {  // the fold: ep consecutive ranks of the stage, edp every ep-th
             int S = g->dp * g->cp * g->tp, q = r % S, first = r - q;
-            printf("  ep {%d..%d} edp {%d, %d.. every %d}", first + q / g->ep * g->ep, first + q / g->ep * g->ep + g->ep - 1,
-                   first + q % g->ep, first + q % g->ep + g->ep, g->ep);
+            printf("  ep {%d..%d} edp {", first + q / g->ep * g->ep, first + q / g->ep * g->ep + g->ep - 1);
+            for (int e = q % g->ep; e < S; e += g->ep) printf("%s%d", e < g->ep ? "" : ",", first + e);
+            printf("}");
         }
         printf("\n");
     }
@@ -643,7 +646,12 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
                b.edp_all_reduce, c.experts / g->ep, g->edp_group.size);
     }
     printf("  embedding          %12.0f bytes  Vp/tp C X (the tied wte's gradient)\n", b.embedding);
-    printf("  world all-reduce   %12.0f bytes  4 (the gradient norm)\n", b.world);
+    printf("  world all-reduce   %12.0f bytes  4 (the gradient norm)%s\n", b.world,
+           g->moe ? " + 4 (L E + 2) (the loads, kept and dropped slots) + 4 (the aux loss)" : "");
+    if (g->moe && st->moe->tokens.seq_group && st->moe->balance == BALANCE_AUX) {  // (moe_route: each layer's f and P)
+        printf("  seq all-reduce     %12.0f bytes  m Ls B 2E 4 (the aux loss's f and P of each sequence, over cp x tp)\n",
+               (double)s.m * c.num_layers / s.p * args->B * 2 * c.experts * 4);
+    }
 }
 
 // A layer's widths on this rank (tp slices; with -sp its T/cp tokens split over tp), checked
@@ -700,7 +708,7 @@ static void grid_moe_alloc(Moe* moe, Stage* st, Grid* g, Run* run, MoeFlags f, i
     if (f.capacity_factor > 0) run_identity_add(&run->identity, "capacity", "%d tokens a rank", BTs);
 }
 
-// One training step of this rank (the header's steps 1-7), after run_step_begin: the schedule
+// One training step of this rank (the header's steps 1-7, and with experts c.), after run_step_begin: the schedule
 // over the replica's micro-batches, then the reductions across groups, the norm, AdamW, the step
 // line. timed: the walk records each action's times (-timeline, on replica 0's pipeline)
 static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions, int n, floatX* grad_shard, int zero,
@@ -741,7 +749,8 @@ static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions
     // its 1/(dp cp) shard, the part of the buffer it updates. With -cp the group holds the
     // replicas' cp ranks too (dp x cp): each holds the gradient of its tokens' mean loss, the
     // ring having carried every token's part to the keys' owners, so the mean over the dp x cp
-    // equal shares is the mean over every token of the step, as one process would compute. With experts, theirs over edp instead (reduce_dense_and_experts)
+    // equal shares is the mean over every token of the step, as one process would compute.
+    // With experts, theirs over edp instead (reduce_dense_and_experts)
     if (zero) comm_reduce_scatter(&g->dp_group, model->grads_memory, grad_shard, layout_state_held(layout), COMM_FLOATX, COMM_AVG);
     else if (t->moe) reduce_dense_and_experts(model, g);
     else comm_all_reduce(&g->dp_group, model->grads_memory, layout->count, COMM_FLOATX, COMM_AVG);
@@ -772,7 +781,7 @@ static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions
         moe_adamw_step(model, opt, clip_scale, expert_grad_scale(g), step);
         lr = opt.lr;
     }
-    // 8. with experts, the step's balance over the global batch (llmc/moe.h: the loads, L x E
+    // 8. (c.) with experts, the step's balance over the global batch (llmc/moe.h: the loads, L x E
     // counts, and the aux loss all-reduced over the world; -balance bias's update from them)
     MoeFigures figures;
     if (t->moe) {
@@ -813,8 +822,8 @@ int main(int argc, char** argv) {
     if (!run_start_model(&run, &argc, &argv, own, sizeof(own) / sizeof(own[0]), /*moe*/ 1)) return 0;
     CommGroup* world = &run.world;
     int rank = world->rank;
-    GPT2Config config = run.config = moe_model_config(run.config, run.from_descriptor, run.args.model, moe_flags.experts,
-                                                      moe_flags.topk, /*dense_too*/ 1);
+    GPT2Config config = run.config = moe_model_config(run.config, run.from_descriptor, run.args.model, moe_flags,
+                                                      /*dense_too*/ 1);
 
     // ---- the grid: dp x pp x cp x tp ranks (grid_replicas: -dp 0 fills the world), tp slices of
     // each stage's layers, whose heads, 4C and Vp divide by tp; cp ranks holding Tl = T/cp
@@ -886,7 +895,7 @@ int main(int argc, char** argv) {
         int timed = timeline > 0 && (step + 1) % timeline == 0;
         if (timed) comm_barrier(world);  // a common start, so that the stages' clocks line up
         run_step_begin(&run);
-        grid_step(&run, &trainer, &walk, actions, n, grad_shard, zero, step, timed && in_timeline);  // steps 1-7 (above)
+        grid_step(&run, &trainer, &walk, actions, n, grad_shard, zero, step, timed && in_timeline);  // (above)
         if (cp) device_spans_collect(&cp->attention_time);  // (the CP chapter reports them; here read, not kept)
         if (check_replicas > 0 && (step + 1) % check_replicas == 0) check_copies(&model, &grid, step + 1);
         // (after the step's count; AdamW left the gradients as they were)

@@ -393,8 +393,8 @@ static void print_layout(const Run* run, const GPT2* model, const Moe* moe, int 
 
 // The model (llmc/moe.h: a descriptor and -experts, or an MoE model file), and ep dividing E and
 // the ranks. Every rank checks, and all stop together.
-static GPT2Config moe_config(const Run* run, int experts, int topk, int ep) {
-    GPT2Config config = moe_model_config(run->config, run->from_descriptor, run->args.model, experts, topk, /*dense_too*/ 0);
+static GPT2Config moe_config(const Run* run, MoeFlags flags, int ep) {
+    GPT2Config config = moe_model_config(run->config, run->from_descriptor, run->args.model, flags, /*dense_too*/ 0);
     check_every_rank(config.experts % ep == 0 && run->world.size % ep == 0, "-ep %d: expert parallelism splits the E = %d "
                      "experts over ep ranks of the %d, so ep must divide both", ep, config.experts, run->world.size);
     return config;
@@ -425,7 +425,7 @@ int main(int argc, char** argv) {
     CommGroup* world = &run.world;
     int rank = world->rank, ranks = world->size;
     MoeBalance balance = moe_balance_of(flags.balance);
-    GPT2Config config = run.config = moe_config(&run, flags.experts, flags.topk, flags.ep);
+    GPT2Config config = run.config = moe_config(&run, flags, flags.ep);
 
     // ---- the groups: EP groups of ep consecutive ranks; the ranks holding the same experts
     int ep = flags.ep;
@@ -451,7 +451,7 @@ int main(int argc, char** argv) {
     float* weights = run_load(&run, accum * ranks, /*val_chunks*/ ranks, NULL);
     run_identity_add(&run.identity, "moe", "E=%d k=%d balance=%s alpha=%.9g gamma=%.9g cf=%.9g", config.experts,
                      config.topk, moe_balance_name(balance), flags.aux_alpha, flags.bias_rate, flags.capacity_factor);
-    if (flags.capacity_factor > 0) run_identity_add(&run.identity, "-b", "%d", B);  // (capacity counts a rank's micro-batch)
+    if (flags.capacity_factor > 0) run_identity_add(&run.identity, "capacity", "%d tokens a rank", B * T);  // (as 5D's)
     LayerDims dims = layer_dims_moe(layer_dims(config, 1, 0));
     ParameterLayout rank_layout = parameter_layout_experts(config, 1, 0, 1, 0, 1, ep, rank % ep);
     GPT2 model;

@@ -356,7 +356,7 @@ static inline int layout_model_ranks(const ParameterLayout* p) {
 // the layout of rank r of the model-parallel group this layout belongs to (numbered stage by
 // stage, max(tp, ep) ranks each): r's tp slices of its stage's dense tensors and its experts; a
 // gather takes the dense tensors from the stage's first tp ranks and the experts from its first
-// ep (`gathered`), each piece once. (With the same ZeRO padding as this one: its buffers have as
+// ep (`gathered`), each piece once (the tied wte from both its stages: identical copies). (With the same ZeRO padding as this one: its buffers have as
 // many elements as that rank's.)
 static inline ParameterLayout parameter_layout_of_rank(GPT2Config c, const ParameterLayout* p, int r) {
     int per_stage = p->tp > p->ep ? p->tp : p->ep, stage = r / per_stage, local = r % per_stage;

@@ -1,7 +1,8 @@
-// Mixture-of-Experts layers for train_gpt2_ep.cu: the router, top-k routing with capacity, the
-// balancing rules, and the expert MLPs behind an all-to-all. The trainer calls moe_forward in
-// place of the MLP half (block.h) and moe_backward in place of its backward; everything between
-// (LayerNorms, residual adds, the gradient reductions) stays in the trainer.
+// Mixture-of-Experts layers for train_gpt2_ep.cu and, inside its pipeline stages, train_gpt2_3d.cu
+// (5D, through llmc/chunk.h): the router, top-k routing with capacity, the balancing rules, and
+// the expert MLPs behind an all-to-all. A trainer calls moe_forward in place of the MLP half
+// (block.h) and moe_backward in place of its backward; everything between (LayerNorms, residual
+// adds, the gradient reductions) stays in the trainer.
 //
 // One layer, forward, on a rank with N tokens (B x T) in its micro-batch:
 //   1. router logits s = h Wr^T (N, E); each token picks the k experts of largest s + b (b the
@@ -395,8 +396,9 @@ static inline void moe_backward(Moe* m, MoeLayer x, floatX* dh_out, const floatX
     // the router: the logits' gradient ds (N, E) through the gates' softmax and, with -balance aux,
     // through the aux loss's P; the aux loss of the micro-batch is alpha E sum_e f_e P_e averaged
     // over its B sequences, P_e a mean over its tokens, so dP_e = aux_weight alpha E f_e / (B T):
-    // T this rank's tokens of a sequence (T_seq / cp in the grid trainer, whose reduction then
-    // averages over the cp ranks as it does the loss's gradient)
+    // T a cp rank's tokens of a sequence (T_seq / cp in the grid trainer, whose reduction then
+    // averages over the cp ranks as it does the loss's gradient; with -sp a tp rank holds fewer,
+    // and the routers' sum over tp adds up the rest)
     MoeTokens t = m->tokens;
     float aux_scale = m->balance == BALANCE_AUX ? aux_weight * m->aux_alpha * E / (float)((size_t)t.B * t.T) : 0.0f;
     moe_router_grad(m->scores, x.expert, x.gate, m->dgate, x.probs, x.shares, aux_scale, N, t.T, t.first, k, E);
@@ -474,11 +476,17 @@ static inline MoeBalance moe_balance_of(const char* name) {
 // its own, which the flags, when given, must repeat. dense_too: a dense model (a dense file, or a
 // descriptor without -experts) is trained as one (the grid trainer); else it is refused. Every
 // rank checks, and all stop together.
-static inline GPT2Config moe_model_config(GPT2Config config, int from_descriptor, const char* model, int experts, int topk,
+static inline GPT2Config moe_model_config(GPT2Config config, int from_descriptor, const char* model, MoeFlags f,
                                           int dense_too) {
+    int experts = f.experts, topk = f.topk;
     if (dense_too && experts == 0 && !gpt2_is_moe(config)) {
-        check_every_rank(topk == 0, "-topk %d without -experts: -e %s is a dense model; give -experts E for a Mixture-of-"
-                         "Experts one", topk, model);
+        // a dense model takes none of the flags of experts: one given is named, not ignored
+        MoeFlags d = MOE_FLAGS_DEFAULT;
+        const char* given = topk != d.topk ? "-topk" : f.ep != d.ep ? "-ep" : strcmp(f.balance, d.balance) ? "-balance"
+                          : f.aux_alpha != d.aux_alpha ? "-aux_alpha" : f.bias_rate != d.bias_rate ? "-bias_rate"
+                          : f.capacity_factor != d.capacity_factor ? "-capacity_factor" : NULL;
+        check_every_rank(given == NULL, "%s without -experts: -e %s is a dense model; give -experts E for a Mixture-of-"
+                         "Experts one", given, model);
         return config;
     }
     if (from_descriptor) {

@@ -105,7 +105,7 @@ typedef struct {
                                              // the memory table's total (main.log: what dev/memory.html reads)
 } StepFigures;
 
-#define STEP_MAX_GROUPS 8
+#define STEP_MAX_GROUPS 12
 typedef struct {
     CommGroup* groups[STEP_MAX_GROUPS];  // the groups this rank communicates in during a step
     int num_groups;
