@@ -226,7 +226,7 @@ def readme_contents_list_links_every_chapter_in_reading_order():
     listed = [a for a in links if a in chapters]
     assert listed == chapters, "chapters in the file %s, in the contents %s" % (chapters, listed)
     assert chapters.index("context-parallelism-in-five-minutes-train_gpt2_cpcu") < \
-        chapters.index("3d-parallelism-in-five-minutes-train_gpt2_3dcu"), chapters
+        chapters.index("3d-to-5d-in-five-minutes-train_gpt2_3dcu"), chapters
 
 
 @test

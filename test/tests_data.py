@@ -349,7 +349,22 @@ def data_prepare_stopped_by_sigterm_or_ctrl_c_leaves_nothing():
         assert p.returncode == code and err.count(said) == 1 and "Traceback" not in err, \
             "%s: exit %d\n%s" % (sig.name, p.returncode, err[-3000:])
         assert not os.path.exists(out), "%s left %s" % (sig.name, os.listdir(out))
-        assert subprocess.run(["pgrep", "-s", str(p.pid)], capture_output=True).stdout == b"", "workers left running"
+        assert not session_processes(p.pid), "workers left running: %s" % session_processes(p.pid)
+
+
+def session_processes(sid):
+    """the processes of session sid, from /proc (pgrep -s's answer, without procps): a process's
+    session is the 4th field after the command's closing parenthesis in /proc/PID/stat"""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/stat" % name) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # (not a process, or gone meanwhile)
+            continue
+        if int(fields[3]) == sid:
+            found.append(int(name))
+    return found
 
 
 FINEWEB_FIELDS = ("text", "id", "dump", "url", "date", "file_path", "language", "language_score", "token_count")
