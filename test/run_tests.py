@@ -5345,11 +5345,15 @@ def newcomer_layout_errors_print_once_and_end_without_abort_noise():
 
 @test
 def newcomer_file_error_names_its_flag_and_the_working_directory():
-    """run from another directory, the default data path (relative to the repository's root) is
-    not found: the message names -i, says it is the default, and where relative paths start"""
+    """run from another directory, a copy of the trainer with no data beside it (the default data
+    path is relative to the repository's root, and also looked for beside the program) finds no
+    default: the message names -i, says it is the default, and where relative paths start"""
     d = fresh_dir("other_cwd")
+    os.makedirs(os.path.join(d, "bin"))
+    alone = os.path.join(d, "bin", "train_gpt2_dp")
+    shutil.copy(os.path.join(ROOT, "train_gpt2_dp"), alone)
     program = os.path.join(ROOT, "train_gpt2_dp")
-    p = subprocess.run([program, "-e", "d2"], cwd=d, capture_output=True, text=True, timeout=60)
+    p = subprocess.run([alone, "-e", "d2"], cwd=d, capture_output=True, text=True, timeout=60)
     assert p.returncode == 1, p.stdout + p.stderr
     want = ("cannot open file 'dev/data/tinyshakespeare/tiny_shakespeare_train.bin' (-i: train token file; the default) "
             "for reading: No such file or directory; a relative path starts at the working directory, " + os.path.realpath(d))
