@@ -465,16 +465,9 @@ static void dump_gradients(GPT2* model, Grid* g, const floatX* grad_shard, const
     // with experts: theirs read as the optimizer reads them (expert_grad_scale), in a copy, then
     // gathered by each stage's first max(tp, ep) ranks (grid_fold_experts)
     if (g->gathering.rank != 0) return;
-    size_t lo, hi, n = model->layout.count;
-    moe_expert_range(&model->layout, &lo, &hi);
-    float* host = (float*)malloc_check(n * sizeof(float));
-    copy_device_to_floats(host, model->grads_memory, n);
-    for (size_t i = lo; i < hi; i++) host[i] *= expert_grad_scale(g);
-    floatX* scaled = (floatX*)device_malloc(n * sizeof(floatX));
-    copy_floats_to_device(scaled, host, n);
+    floatX* scaled = moe_scaled_grads_copy(model, expert_grad_scale(g));
     gpt2_write_gathered(model, &g->model_group, scaled, path);
     device_free(scaled);
-    free(host);
 }
 
 // -check_replicas: every copy of a tensor identical, over tp (the tensors tp replicates), the

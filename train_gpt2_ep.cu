@@ -193,18 +193,10 @@ static float grad_norm(ExpertParallel* t) {
 // reduced, each expert's read as the optimizer reads it (expert_grad_scale), gathered over one EP group (the
 // others hold copies) into the model file's layout
 static void write_gradients(ExpertParallel* t, const char* path) {
-    GPT2* model = t->model;
     if (t->edp_group->rank != 0) return;
-    size_t lo, hi, n = model->num_parameters;
-    moe_expert_range(&model->layout, &lo, &hi);
-    float* host = (float*)malloc_check(n * sizeof(float));
-    copy_device_to_floats(host, model->grads_memory, n);
-    for (size_t i = lo; i < hi; i++) host[i] *= expert_grad_scale(t);
-    floatX* scaled = (floatX*)device_malloc(n * sizeof(floatX));
-    copy_floats_to_device(scaled, host, n);
-    gpt2_write_gathered(model, t->ep_group, scaled, path);
+    floatX* scaled = moe_scaled_grads_copy(t->model, expert_grad_scale(t));
+    gpt2_write_gathered(t->model, t->ep_group, scaled, path);
     device_free(scaled);
-    free(host);
 }
 
 // ----------------------------------------------------------------------------------------------

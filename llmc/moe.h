@@ -530,6 +530,20 @@ static inline void moe_adamw_step(GPT2* model, AdamWConfig opt, float clip_scale
     }
 }
 
+// -dump_grads: a copy of the rank's gradients with its experts' read as the optimizer reads them
+// (scaled by expert_scale), on the device, for the trainer to gather into a model file and free
+static inline floatX* moe_scaled_grads_copy(const GPT2* model, float expert_scale) {
+    size_t lo, hi, n = model->layout.count;
+    moe_expert_range(&model->layout, &lo, &hi);
+    float* host = (float*)malloc_check(n * sizeof(float));
+    copy_device_to_floats(host, model->grads_memory, n);
+    for (size_t i = lo; i < hi; i++) host[i] *= expert_scale;
+    floatX* scaled = (floatX*)device_malloc(n * sizeof(floatX));
+    copy_floats_to_device(scaled, host, n);
+    free(host);
+    return scaled;
+}
+
 // The step's MoE figures over the whole global batch: the loads (L x E counts: each rank counted
 // the tokens it routed in the layers it holds), the kept and dropped slots, summed over the world
 // (an all-reduce of L E + 2 floats); the aux loss, every rank's sum over its layers and
