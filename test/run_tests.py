@@ -504,6 +504,21 @@ def moe_figures(out):
         r"^step (\d+) moe: aux loss ([\d.]+) \| .*\| MaxVio ([\d.]+) \| dropped ([\d.]+)%", out, re.M)}
 
 
+def check_moe_figures(out, ref, steps, cf):
+    """the run's MoE lines against the reference, each step: the aux loss to fp32 rounding (printed
+    to 1e-6), MaxVio and the dropped share exactly (counts; printed to 5e-7 each, and their binary
+    fractions round either way); with a capacity, the reference must have dropped some slots, or
+    the check would not see drops"""
+    figures = moe_figures(out)
+    for s in range(steps):
+        aux, vio, dropped = figures[s + 1]
+        assert abs(aux - ref["aux_losses"][s]) <= 2e-6, "step %d aux loss %g, reference %g" % (s + 1, aux, ref["aux_losses"][s])
+        assert abs(vio - ref["max_vio"][s]) <= 1e-6, "step %d MaxVio %g, reference %g" % (s + 1, vio, ref["max_vio"][s])
+        assert abs(dropped - ref["dropped"][s]) <= 1e-6, "step %d dropped %g, reference %g" % (s + 1, dropped, ref["dropped"][s])
+    if cf > 0:
+        assert max(ref["dropped"]) > 0, "capacity %g dropped nothing: the test would not see drops" % cf
+
+
 def moe_params(cfg, E):
     """(replicated, per expert) parameters of the MoE model: GPT-2's without its MLP, plus the
     routers (L E C); each expert fc (4C C + 4C) and fcproj (C 4C + C) in every layer"""
@@ -545,16 +560,7 @@ def compare_ep_with_reference(ranks, ep, accum, E=4, k=2, balance="aux", cf=0.0)
     assert err <= 1e-4, "AdamW m after step %d: max abs error %.3g, %.2e of the largest (limit 1e-4)" % (
         steps, np.abs(m - m_ref).max(), err)
     comparison.assert_matches(report)
-    # the balance figures: the aux loss to fp32 rounding (printed to 1e-6), MaxVio and the dropped
-    # share exactly (counts; printed to 5e-7 each, and their binary fractions round either way)
-    figures = moe_figures(out)
-    for s in range(steps):
-        aux, vio, dropped = figures[s + 1]
-        assert abs(aux - ref["aux_losses"][s]) <= 2e-6, "step %d aux loss %g, reference %g" % (s + 1, aux, ref["aux_losses"][s])
-        assert abs(vio - ref["max_vio"][s]) <= 1e-6, "step %d MaxVio %g, reference %g" % (s + 1, vio, ref["max_vio"][s])
-        assert abs(dropped - ref["dropped"][s]) <= 1e-6, "step %d dropped %g, reference %g" % (s + 1, dropped, ref["dropped"][s])
-    if cf > 0:
-        assert max(ref["dropped"]) > 0, "capacity %g dropped nothing: the test would not see drops" % cf
+    check_moe_figures(out, ref, steps, cf)  # the aux loss, MaxVio, the dropped share
     if balance == "bias":
         # the final bias (the checkpoint's trainer state) is the reference's: each step moves each
         # b_e by +-gamma or 0, so a step whose sign differs moves it by 2 gamma = 2e-3, while
