@@ -507,6 +507,7 @@ static inline void output_dir_claim(const char* dir, int resuming) {
     make_dir(dir);
     output_claim.lock_fd = output_dir_lock(dir) + 1;  // held until the process ends
     atexit(output_dir_release);
+    llmc_release_hook = output_dir_release;  // (an error lets it go before the launcher can end this rank)
     if (resuming) return;
     checkpoint_refuse_existing(dir);
     llmc_unclaim_hook = output_dir_unclaim;

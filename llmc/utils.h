@@ -71,6 +71,7 @@ static inline int llmc_launched_alone(void) {
 #define LLMC_TEMP_FILES 4
 static char llmc_temp_files[LLMC_TEMP_FILES][4096];
 static void (*llmc_unclaim_hook)(void) = NULL;
+static void (*llmc_release_hook)(void) = NULL;  // the output dir's LOCK, let go before the launcher ends us
 static inline void remove_unfinished_files(void) {
     for (int i = 0; i < LLMC_TEMP_FILES; i++) {
         if (llmc_temp_files[i][0] != '\0') unlink(llmc_temp_files[i]);
@@ -78,6 +79,7 @@ static inline void remove_unfinished_files(void) {
     }
     if (llmc_unclaim_hook) llmc_unclaim_hook();
     llmc_unclaim_hook = NULL;
+    if (llmc_release_hook) llmc_release_hook();
 }
 
 // The message as one line in one write: what the program printed before it first (stdout is
@@ -135,6 +137,9 @@ static inline void check_every_rank(int ok, const char* fmt, ...) {
             llmc_print_error_as(-1, fmt, ap);
             va_end(ap);
         }
+        // the first rank to exit 1 makes the launcher end the others: wait until every rank has
+        // removed what it leaves (rank 0 holds LOCK) before any exits (one more count: a barrier)
+        llmc_count_hook(0, &ranks);
         llmc_abort_hook = NULL;
         if (llmc_finalize_hook) llmc_finalize_hook();
         exit(1);
