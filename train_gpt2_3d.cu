@@ -30,7 +30,8 @@ explained where it is written:
      exactly one rank of the world (its dp shard's rank, tp rank 0 for what tp replicates, the
      first stage for the tied wte), so one all-reduce over the world sums the squares.
   4. ZeRO-1 over the dp group (-z 1, Rajbhandari et al. 2020, arXiv:1910.02054;
-     zero1_adamw_step): each of its ranks updates a 1/(dp cp) shard of its buffer and all-gathers.
+     zero1_adamw_step): each of its ranks updates a 1/(dp cp) shard of its buffer and all-gathers
+     (with experts theirs a 1/edp shard over edp: two sets of shards, llmc/model.h).
   5. Checkpoints that any grid resumes (below), and a memory table and byte formulas per group.
 The step's gradient is the mean over all tokens of the dp*m micro-batches: each of a rank's
 tokens weighs 1/(B T m) in the walk (T its tokens of a sequence), then the reduction averages
@@ -49,7 +50,8 @@ MoE layers regroup the same ranks as ep x edp, so experts take no ranks of their
      record. The aux loss is a whole sequence's: its figures summed over the cp x tp ranks that
      hold its tokens (the seq group), so the loss does not depend on the grid.
   c. The reductions (reduce_dense_and_experts): the dense tensors over dp x cp as before, the
-     experts over edp, read scaled by tp/ep (expert_grad_scale says why); the routers' gradients
+     experts over edp (-z 1: each reduce-scattered, updated in shards and all-gathered over its
+     own group), read scaled by tp/ep (expert_grad_scale says why); the routers' gradients
      over tp with -sp, as the LayerNorms'; the norm counts each expert once; the loads of the
      global batch (all-reduced over the world) print, and move -balance bias's biases.
 
@@ -337,8 +339,10 @@ static void grid_run_begin(Run* run, Grid3D* trainer, int sample_pad) {
     hooks.sample_pad = sample_pad;     // (-sp: a multiple of tp tokens on each rank; -cp: whole chunks)
     hooks.split = &g->model_group;     // checkpoints gathered over the model group ...
     hooks.replicas = &g->dp_group;     // ... and the optimizer state over dp x cp: any grid resumes
-    if (g->moe) {  // (with experts: by each stage's first max(tp, ep) ranks; the bias with them)
+    if (g->moe) {  // (with experts: by each stage's first max(tp, ep) ranks; the bias with them;
+                   // -z 1's shards first over dp x cp, the experts' over edp)
         hooks.replicas = &g->gathering;
+        hooks.state_shards = (StateShards){&g->dp_group, &g->edp_group};
         hooks.own.buffers[0] = trainer->moe->bias;  // (L, E) floats on the device, the same on every rank
         hooks.own.counts[0] = (size_t)trainer->moe->L * trainer->moe->E;
         hooks.own.num = 1;
@@ -379,23 +383,37 @@ static float owned_norm_squared(const GPT2* model, const floatX* grads, size_t l
 // -dump_grads), it is the gradient one process would compute.
 static float expert_grad_scale(const Grid* g) { return (float)g->tp / (float)g->ep; }
 
-// the gradients' means: the dense tensors as a dense model's, all-reduced (AVG) over dp x cp, in
-// the two ranges around the experts; each rank's experts over the ranks that hold the same ones
-// (edp, AVG)
-static void reduce_dense_and_experts(GPT2* model, Grid* g) {
-    size_t lo, hi, n = model->layout.count;
-    moe_expert_range(&model->layout, &lo, &hi);
+// the gradients' means: the dense tensors as a dense model's, all-reduced (AVG) over dp x cp,
+// the buffer's first range; each rank's experts, its last, over the ranks that hold the same ones
+// (edp, AVG). With -z 1 each a reduce-scatter over the same group instead, which leaves the rank
+// the shard of each that it updates (llmc/model.h, layout_flat_shards): the dense shard of N_dense
+// / (dp cp) elements, then the experts' of N_experts / edp, one after the other in grad_shard
+static void reduce_dense_and_experts(GPT2* model, Grid* g, floatX* grad_shard) {
+    const ParameterLayout* p = &model->layout;
+    size_t lo, hi;
+    moe_expert_range(p, &lo, &hi);
+    if (grad_shard) {
+        uint64_t dense_lo, n_dense, experts_lo, n_experts;
+        layout_flat_shards(p, &dense_lo, &n_dense, &experts_lo, &n_experts);
+        comm_reduce_scatter(&g->dp_group, model->grads_memory, grad_shard, n_dense, COMM_FLOATX, COMM_AVG);
+        comm_reduce_scatter(&g->edp_group, model->grads_memory + lo, grad_shard + n_dense, n_experts, COMM_FLOATX, COMM_AVG);
+        return;
+    }
     comm_all_reduce(&g->dp_group, model->grads_memory, lo, COMM_FLOATX, COMM_AVG);
-    comm_all_reduce(&g->dp_group, model->grads_memory + hi, n - hi, COMM_FLOATX, COMM_AVG);
     if (g->edp_group.size > 1) comm_all_reduce(&g->edp_group, model->grads_memory + lo, hi - lo, COMM_FLOATX, COMM_AVG);
 }
 
-// the experts' share of the gradient norm: each expert counted by one of its copies (edp rank 0),
-// read as the optimizer reads it
-static float expert_norm_squared(const GPT2* model, const Grid* g) {
+// the experts' share of the gradient norm, read as the optimizer reads them: each expert counted
+// by one of its copies (edp rank 0), or with -z 1 each shard by the rank that holds it (grad_shard)
+static float expert_norm_squared(const GPT2* model, const Grid* g, const floatX* grad_shard) {
+    float scale = expert_grad_scale(g);
+    if (grad_shard) {
+        uint64_t dense_lo, n_dense, experts_lo, n_experts;
+        layout_flat_shards(&model->layout, &dense_lo, &n_dense, &experts_lo, &n_experts);
+        return global_norm_squared(grad_shard + n_dense, n_experts) * scale * scale;
+    }
     size_t lo, hi;
     moe_expert_range(&model->layout, &lo, &hi);
-    float scale = expert_grad_scale(g);
     return g->edp_group.rank == 0 ? global_norm_squared(model->grads_memory + lo, hi - lo) * scale * scale : 0.0f;
 }
 
@@ -414,21 +432,33 @@ static Walk replica_walk(GPT2* model, Stage* st, Grid* g, ContextParallel* cp, D
     return w;
 }
 
-// With -z 1 (ZeRO-1 over the dp group): AdamW on this replica's shard [lo, hi) of the rank's
-// buffer, whose reduced gradient the reduce-scatter left in grad_shard, then the updated
-// parameters all-gathered in place over dp (N floatX), so that every replica holds them all.
-// Returns the learning rate.
-static float zero1_adamw_step(GPT2* model, const Run* run, Grid* g, const floatX* grad_shard, size_t lo, size_t hi,
-                              int step, float grad_norm, float* clip_scale) {
+// With -z 1 (ZeRO-1 over the dp group): AdamW on this replica's shard of the rank's buffer,
+// whose reduced gradient the reduce-scatter left in grad_shard, then the updated parameters
+// all-gathered in place over dp (N floatX), so that every replica holds them all. With experts
+// twice: the dense shard so, then the experts' shard, its gradient read scaled by
+// expert_grad_scale and its parameters all-gathered over edp. Returns the learning rate.
+static float zero1_adamw_step(GPT2* model, const Run* run, Grid* g, const floatX* grad_shard, int step, float grad_norm,
+                              float* clip_scale) {
     AdamWConfig opt = train_adamw_config(&run->args, step, run->max_steps, grad_norm, clip_scale);
-    // the range [lo, hi) of the rank's flat buffer (llmc/optimizer.h): its parameters are at lo in
-    // the whole buffer (every replica holds them all); the gradients, and the master weights and
-    // moments (layout_shard_flat allocated only the shard of those), start at 0 of theirs; lo
-    // and hi themselves say which tensor each element is of (weight decay) and its place in the
-    // model file (the rounding index, so that the replicas round alike)
-    optimizer_adamw_step(model->params_memory + lo, model->master_memory, grad_shard, model->m_memory, model->v_memory,
-                         lo, hi, &model->layout, opt, *clip_scale, step + 1);
-    comm_all_gather_in_place(&g->dp_group, model->params_memory, layout_state_held(&model->layout), COMM_FLOATX);
+    uint64_t lo[2], n[2];  // the dense shard's first element and size; the experts' (n 0 without)
+    layout_flat_shards(&model->layout, &lo[0], &n[0], &lo[1], &n[1]);
+    for (int r = 0; r < 2 && n[r] > 0; r++) {
+        // the range [lo, lo + n) of the rank's flat buffer (llmc/optimizer.h): its parameters are
+        // at lo in the whole buffer (every replica holds them all); the gradients, and the master
+        // weights and moments (layout_shard_flat allocated only the shards of those), at `at` in
+        // theirs; lo itself says which tensor each element is of (weight decay) and its place in
+        // the model file (the rounding index, so that the replicas round alike)
+        size_t at = r == 0 ? 0 : n[0];
+        float scale = r == 0 ? *clip_scale : *clip_scale * expert_grad_scale(g);
+        float* master = model->master_memory ? model->master_memory + at : NULL;
+        optimizer_adamw_step(model->params_memory + lo[r], master, grad_shard + at, model->m_memory + at,
+                             model->v_memory + at, lo[r], lo[r] + n[r], &model->layout, opt, scale, step + 1);
+    }
+    comm_all_gather_in_place(&g->dp_group, model->params_memory, n[0], COMM_FLOATX);
+    if (n[1] > 0) {
+        comm_all_gather_in_place(&g->edp_group, model->params_memory + model->layout.count - model->layout.expert_region,
+                                 n[1], COMM_FLOATX);
+    }
     return opt.lr;
 }
 
@@ -445,18 +475,24 @@ static floatX* zero1_grad_shard_alloc(const ParameterLayout* layout) {
 // counts a 1/(dp cp) share and the world's sum counts every element once)
 static void replica_shard(const ParameterLayout* layout, int zero, const Grid* g, size_t* lo, size_t* hi) {
     int n = g->dp_group.size;
-    size_t N = layout->count, shard = zero ? layout_state_held(layout) : (N + n - 1) / n;
+    size_t N = layout->count, shard = zero ? (N - layout->expert_region) / n : (N + n - 1) / n;
     *lo = (size_t)g->dp_group.rank * shard;
     *hi = *lo + shard < N ? *lo + shard : N;
     *lo = *lo < *hi ? *lo : *hi;
 }
 
 // -dump_grads: the first step's gradients as a model file. With -z 1 each replica has only its
-// shard reduced: all-gather the shards (N floatX) over dp (x cp) first; then replica 0's model
-// group gathers its pieces to world rank 0, which writes the file
+// shard reduced: all-gather the shards (N floatX) over dp (x cp) first, with experts theirs over
+// edp; then replica 0's model group gathers its pieces to world rank 0, which writes the file
 static void dump_gradients(GPT2* model, Grid* g, const floatX* grad_shard, const char* path) {
     if (grad_shard) {
-        comm_all_gather(&g->dp_group, grad_shard, model->grads_memory, layout_state_held(&model->layout), COMM_FLOATX);
+        uint64_t dense_lo, n_dense, experts_lo, n_experts;
+        layout_flat_shards(&model->layout, &dense_lo, &n_dense, &experts_lo, &n_experts);
+        comm_all_gather(&g->dp_group, grad_shard, model->grads_memory, n_dense, COMM_FLOATX);
+        if (n_experts > 0) {
+            comm_all_gather(&g->edp_group, grad_shard + n_dense,
+                            model->grads_memory + model->layout.count - model->layout.expert_region, n_experts, COMM_FLOATX);
+        }
     }
     if (!g->moe) {
         if (g->dp_group.rank == 0) gpt2_write_gathered(model, &g->model_group, model->grads_memory, path);
@@ -503,11 +539,12 @@ static void check_copies(const GPT2* model, Grid* g, int step) {
 //   world      the gradient norm's float
 // With experts (5D) an MoE layer has no tp collective (2 Ls + first + last a micro-batch, not
 // 4 Ls + ...); with -sp the routers' gradients (Ls E C X) join the LayerNorms' over tp; dp
-// reduces the dense tensors only (N_dense X), edp the experts (N_experts X, edp > 1); the MoE
-// layers' all-to-alls over ep follow the routing and print on the step's MoE line
+// reduces the dense tensors only (N_dense X), edp the experts (N_experts X, edp > 1; with -z 1
+// reduce-scattered and all-gathered, N_experts padded to edp x 128); the MoE layers' all-to-alls
+// over ep follow the routing and print on the step's MoE line
 typedef struct {
     double tp_all_reduce, tp_reduce_scatter, tp_all_gather, pp_send, pp_recv, pp_broadcast;
-    double dp_all_reduce, dp_reduce_scatter, dp_all_gather, edp_all_reduce, embedding, world;
+    double dp_all_reduce, dp_reduce_scatter, dp_all_gather, edp_all_reduce, edp_reduce_scatter, embedding, world;
     CpBytes cp;
 } StepBytes;
 
@@ -516,9 +553,7 @@ static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const Paramet
     double X = sizeof(floatX), a = (double)B * T * c.channels * X, m = s.m, Ls = (double)c.num_layers / s.p;
     int sp = d.seq_shards > 1, last = s.p == 1, moe = gpt2_is_moe(c);
     double collectives = (moe ? 2 : 4) * Ls + 1 + last, routers = moe ? Ls * c.experts * c.channels * X : 0;
-    size_t experts_lo, experts_hi;
-    moe_expert_range(p, &experts_lo, &experts_hi);
-    double experts = moe ? (double)(experts_hi - experts_lo) : 0;
+    double experts = (double)p->expert_region;  // (0 in a dense model)
     StepBytes b;
     memset(&b, 0, sizeof(b));
     b.tp_all_reduce = last * m * 3.0 * B * T * 4 + (sp ? (4 * Ls + 2 * last) * c.channels * X + routers : m * collectives * a);
@@ -530,8 +565,9 @@ static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const Paramet
     b.pp_send = b.pp_recv = s.p > 1 ? (2.0 * s.V - 1) * m * a / d.seq_shards : 0;
     b.pp_broadcast = 4;
     b.dp_all_reduce = (zero ? 0 : ((double)p->count - experts) * X) + 4;
-    b.edp_all_reduce = experts * X;  // (counted where edp > 1)
-    b.dp_reduce_scatter = b.dp_all_gather = zero ? (double)p->count * X : 0;
+    b.edp_all_reduce = zero ? 0 : experts * X;  // (counted where edp > 1)
+    b.edp_reduce_scatter = zero ? experts * X : 0;  // (and as much all-gathered)
+    b.dp_reduce_scatter = b.dp_all_gather = zero ? ((double)p->count - experts) * X : 0;
     b.embedding = s.p > 1 ? (double)d.Vp_rank * c.channels * X : 0;
     b.world = 4 + (moe ? 4.0 * (c.num_layers * c.experts + 3) : 0);  // (experts: the step's MoE figures)
     b.cp = cp_attention_bytes(B, T, d.att, cp, Ls, m, allgather, rerun);
@@ -632,9 +668,13 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
     }
     printf("  pp send, recv      %12.0f bytes  each: (2V-1) m a%s; + 4 (loss broadcast)\n", b.pp_send, sp ? " / tp" : "");
     const char* over = g->cp > 1 ? " (over dp x cp)" : "";
-    if (zero) printf("  dp reduce-scatter  %12.0f bytes  N X, and as much all-gathered; + 4 (loss)%s\n", b.dp_reduce_scatter, over);
-    else printf("  dp all-reduce      %12.0f bytes  N%s X + 4 (loss)%s\n", b.dp_all_reduce, g->moe ? "_dense" : "", over);
-    if (g->moe && g->edp_group.size > 1) {
+    const char* dense = g->moe ? "_dense" : "";
+    if (zero) printf("  dp reduce-scatter  %12.0f bytes  N%s X, and as much all-gathered; + 4 (loss)%s\n", b.dp_reduce_scatter, dense, over);
+    else printf("  dp all-reduce      %12.0f bytes  N%s X + 4 (loss)%s\n", b.dp_all_reduce, dense, over);
+    if (g->moe && zero) {
+        printf("  edp reduce-scatter %12.0f bytes  N_experts X, and as much all-gathered (this rank's %d experts, over the %d ranks "
+               "holding them)\n", b.edp_reduce_scatter, c.experts / g->ep, g->edp_group.size);
+    } else if (g->moe && g->edp_group.size > 1) {
         printf("  edp all-reduce     %12.0f bytes  N_experts X (this rank's %d experts, over the %d ranks holding them)\n",
                b.edp_all_reduce, c.experts / g->ep, g->edp_group.size);
     }
@@ -668,7 +708,7 @@ static LayerDims grid_dims(GPT2Config config, int cp_size, int tp, int sp, CpSpl
 
 // 5D: the checks of a model with experts on this grid (every rank checks; all stop together),
 // then the fold (grid_fold_experts)
-static void grid_add_experts(Grid* g, CommGroup* world, const Run* run, MoeFlags f, int sp, int zero) {
+static void grid_add_experts(Grid* g, CommGroup* world, const Run* run, MoeFlags f, int sp) {
     GPT2Config c = run->config;
     int S = g->dp * g->cp * g->tp;
     check_every_rank(c.experts % f.ep == 0 && S % f.ep == 0, "-ep %d: the E = %d experts are split over ep of a stage's "
@@ -676,8 +716,6 @@ static void grid_add_experts(Grid* g, CommGroup* world, const Run* run, MoeFlags
     check_every_rank(g->tp == 1 || sp, "-tp %d with experts needs -sp 1: each rank routes the tokens it holds, and "
                      "without sequence parallelism every tp rank holds all of them, so each token would be routed %d "
                      "times", g->tp, g->tp);
-    check_every_rank(zero == 0, "-z 1 with experts: ZeRO-1 over both the dense tensors' dp x cp ranks and the experts' "
-                     "edp ranks is not written yet; train without -z");
     check_every_rank(run->args.recompute == 0, "-r %d with experts: MoE layers keep every activation (-r 0); their "
                      "recomputation is not written yet", run->args.recompute);
     grid_fold_experts(g, world, f.ep);
@@ -744,8 +782,8 @@ static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions
     // ring having carried every token's part to the keys' owners, so the mean over the dp x cp
     // equal shares is the mean over every token of the step, as one process would compute.
     // With experts, theirs over edp instead (reduce_dense_and_experts)
-    if (zero) comm_reduce_scatter(&g->dp_group, model->grads_memory, grad_shard, layout_state_held(layout), COMM_FLOATX, COMM_AVG);
-    else if (t->moe) reduce_dense_and_experts(model, g);
+    if (t->moe) reduce_dense_and_experts(model, g, grad_shard);
+    else if (zero) comm_reduce_scatter(&g->dp_group, model->grads_memory, grad_shard, layout_state_held(layout), COMM_FLOATX, COMM_AVG);
     else comm_all_reduce(&g->dp_group, model->grads_memory, layout->count, COMM_FLOATX, COMM_AVG);
     // 5. the loss lives on the last stage (walk.loss is 0 on the others): broadcast over the
     // pipe, then averaged over the replicas and their cp ranks (one float each, each a mean of
@@ -757,7 +795,7 @@ static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions
     // over the world (all-reduce of one float)
     watchdog_phase("AdamW update", step);
     float squares = owned_norm_squared(model, zero ? grad_shard : model->grads_memory + lo, lo, hi, g->tp_rank);
-    if (t->moe) squares += expert_norm_squared(model, g);
+    if (t->moe) squares += expert_norm_squared(model, g, grad_shard);
     comm_all_reduce_scalar(&run->world, &squares, COMM_SUM);
     float grad_norm = sqrtf(squares);
     // the loss and the norm are the same on every rank, so every rank stops here together
@@ -767,7 +805,7 @@ static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions
     // this replica's shard [lo, hi), then all-gathered over dp (zero1_adamw_step). With experts,
     // theirs read scaled by expert_grad_scale (moe_adamw_step)
     float clip_scale, lr;
-    if (zero) lr = zero1_adamw_step(model, run, g, grad_shard, lo, hi, step, grad_norm, &clip_scale);
+    if (zero) lr = zero1_adamw_step(model, run, g, grad_shard, step, grad_norm, &clip_scale);
     else if (!t->moe) lr = train_adamw_step(model, &run->args, step, run->max_steps, grad_norm, &clip_scale);
     else {
         AdamWConfig opt = train_adamw_config(&run->args, step, run->max_steps, grad_norm, &clip_scale);
@@ -835,13 +873,14 @@ int main(int argc, char** argv) {
     PipeAction* all_actions = pipeline_plan(spec, sched_name, &n);  // every stage's actions (pipeline.h)
     Grid grid;
     grid_init(&grid, world, dp, pp, cp_size, tp);
-    if (gpt2_is_moe(config)) grid_add_experts(&grid, world, &run, moe_flags, sp, zero);  // 5D: ep x edp folded in
+    if (gpt2_is_moe(config)) grid_add_experts(&grid, world, &run, moe_flags, sp);  // 5D: ep x edp folded in
     PipeAction* actions = all_actions + (size_t)grid.stage * n;  // (every stage's list has n actions)
 
     // ---- this rank's parameters: its tp slices of its stage's tensors (and its E/ep experts),
     // with -z 1 padded so that the dp x cp ranks holding them can split its state into equal shards
     ParameterLayout layout = parameter_layout_experts(config, tp, grid.tp_rank, pp, grid.stage, vp, grid.ep, grid.ep_rank);
-    layout_shard_flat(&layout, zero, grid.dp_group.size, grid.dp_group.rank);
+    layout_shard_flat(&layout, zero, grid.dp_group.size, grid.dp_group.rank, grid.moe ? grid.edp_group.size : 1,
+                      grid.moe ? grid.edp_group.rank : 0);
 
     // ---- memory, checked before allocating: the rank's pieces of the model states, its stage's
     // slots of micro-batches in flight at its tp widths and T/cp tokens, the pipeline's, ZeRO-1's

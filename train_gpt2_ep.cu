@@ -155,15 +155,15 @@ static void gpt2_backward(ExpertParallel* t, const int* inputs_host, int B, int 
 // ----------------------------------------------------------------------------------------------
 // the reduction and the update
 
-// 2. the gradients reduced: the replicated ranges all-reduced (average) over all ranks, (lo)
-// and (count - hi) floats, as DDP; this rank's experts (hi - lo) over the ranks holding the same
-// experts. (Each expert's gradient is then ep x the average over all ranks: expert_grad_scale.)
+// 2. the gradients reduced: the replicated tensors, the buffer's first lo floats, all-reduced
+// (average) over all ranks, as DDP; this rank's experts after them (hi - lo) over the ranks
+// holding the same experts. (Each expert's gradient is then ep x the average over all ranks:
+// expert_grad_scale.)
 static void reduce_gradients(ExpertParallel* t) {
     GPT2* model = t->model;
-    size_t lo, hi, n = model->num_parameters;
+    size_t lo, hi;
     moe_expert_range(&model->layout, &lo, &hi);
     comm_all_reduce(t->world, model->grads_memory, lo, COMM_FLOATX, COMM_AVG);
-    comm_all_reduce(t->world, model->grads_memory + hi, n - hi, COMM_FLOATX, COMM_AVG);
     if (t->edp_group->size > 1) comm_all_reduce(t->edp_group, model->grads_memory + lo, hi - lo, COMM_FLOATX, COMM_AVG);
 }
 
@@ -180,12 +180,12 @@ static float expert_grad_scale(const ExpertParallel* t) { return 1.0f / (float)t
 // of this rank's experts, scaled by expert_grad_scale squared, all-reduced over the EP group: one float)
 static float grad_norm(ExpertParallel* t) {
     GPT2* model = t->model;
-    size_t lo, hi, n = model->num_parameters;
+    size_t lo, hi;
     moe_expert_range(&model->layout, &lo, &hi);
     float scale = expert_grad_scale(t);
     float experts = global_norm_squared(model->grads_memory + lo, hi - lo) * scale * scale;
     comm_all_reduce_scalar(t->ep_group, &experts, COMM_SUM);
-    float replicated = global_norm_squared(model->grads_memory, lo) + global_norm_squared(model->grads_memory + hi, n - hi);
+    float replicated = global_norm_squared(model->grads_memory, lo);
     return sqrtf(replicated + experts);
 }
 

@@ -84,10 +84,6 @@ static int layout_problem(GPT2Config c, DeviceTarget t, RunLayout* r, CpSplit sp
                             "sequence parallelism every tp rank holds all of them, so each token would be routed %d times",
                             r->tp, r->tp), 1;
         }
-        if (r->zero == 1) {  // (-z 2 and 3: the trainer's -z takes 0..1, below)
-            return snprintf(why, n, "-z 1 with experts: ZeRO-1 over both the dense tensors' dp x cp ranks and the experts' "
-                            "edp ranks is not written yet; train without -z"), 1;
-        }
         if (r->recompute != 0) {
             return snprintf(why, n, "-r %d with experts: MoE layers keep every activation (-r 0); their recomputation is "
                             "not written yet", r->recompute), 1;
@@ -403,7 +399,7 @@ int main(int argc, char** argv) {
     // -offload and -cp_comm are not read); the pipeline schedule and -vp as given (-vp applies to
     // layouts with pp > 1). With experts also every ep dividing E and a stage's dp x cp x tp (-ep
     // is not read either): folded over those ranks, ep adds none, so the grids are the same N; the
-    // layouts the trainers refuse (-z 1, -r, tp without -sp) drop out in layout_problem
+    // layouts the trainers refuse (-r, tp without -sp) drop out in layout_problem
     int N = search, capacity = 4096, count = 0, tried = 0;
     uint64_t batch = total_batch == -1 ? mul_check(mul_check(B, T, "-b x -t"), N, "-b x -t x devices") : (uint64_t)total_batch;
     if (batch == 0) fail("-d 0: expected a positive number of tokens, or -1");

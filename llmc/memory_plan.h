@@ -80,7 +80,7 @@ static inline uint64_t zero_gather_buffer_size(const ParameterLayout* p) {
 // (two layers' with -overlap) and with accumulation a received shard to add; -z 3 the gather
 static inline uint64_t zero_buffer_bytes(const ParameterLayout* p, int X, int accum, int overlap) {
     uint64_t bytes = 0;
-    if (p->zero == 1) bytes = p->count / p->shards * X;
+    if (p->zero == 1) bytes = layout_state_held(p) * X;
     if (p->zero >= 2) bytes = (p->bucket_sizes[0] + (overlap ? 2 : 1) * p->bucket_sizes[1] + p->bucket_sizes[2]) * X +
                               (accum > 1 ? parameter_largest_bucket(p) / p->shards * X : 0);
     if (p->zero == 3) bytes += zero_gather_buffer_size(p) * X;
@@ -131,7 +131,10 @@ static inline ParameterLayout memory_plan_layout(GPT2Config c, const RunLayout* 
     if (r->trainer == TRAINER_TP || r->trainer == TRAINER_CP || r->trainer == TRAINER_DILOCO) return parameter_layout(c, r->tp, 0);
     // (the grid trainer's experts: ep of a stage's ranks hold them, its rank 0 experts 0 .. E/ep - 1)
     ParameterLayout l = parameter_layout_experts(c, r->tp, 0, r->pp, stage, r->V, layout_ep(r), 0);
-    if (r->trainer == TRAINER_3D) layout_shard_flat(&l, r->zero, r->dp * layout_cp(r), 0);  // (ZeRO-1 over dp x cp)
+    // (ZeRO-1: the dense tensors over dp x cp, the experts over the S / ep ranks holding them, S =
+    // dp cp tp the stage's ranks)
+    int stage_ranks = r->dp * layout_cp(r) * r->tp;
+    if (r->trainer == TRAINER_3D) layout_shard_flat(&l, r->zero, r->dp * layout_cp(r), 0, stage_ranks / layout_ep(r), 0);
     return l;
 }
 

@@ -170,6 +170,11 @@ typedef struct {
     int shards;                  // each bucket splits into this many equal shards (ZeRO's ranks)
     uint64_t bucket_sizes[3];      // padded: the embeddings' bucket, one layer's, the final LayerNorm's
     int zero, shard_rank;        // ZeRO's stage (0: nothing sharded) and this rank's shard
+    // With experts their tensors close the buffer, in a region of their own: expert_region
+    // elements (padded like the rest under ZeRO), which ZeRO-1 shards over the expert_shards
+    // ranks holding the same experts (edp) instead of the dense part's `shards` (dp x cp)
+    uint64_t expert_region;
+    int expert_shards, expert_shard_rank;
     unsigned gathered;           // the tensors a gather of the whole model takes from this rank (a
                                  // bit each: parameter_layout_of_rank)
 } ParameterLayout;
@@ -212,8 +217,10 @@ static inline ParameterLayout parameter_layout_experts(GPT2Config c, int tp, int
     uint64_t file = 0, local = 0;
     p.shards = 0;
     p.zero = p.shard_rank = 0;
+    p.expert_region = 0;
+    p.expert_shards = 1, p.expert_shard_rank = 0;
     for (int k = 0; k < 3; k++) p.bucket_sizes[k] = 0;
-    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {  // (the dense tensors' places; the experts' below)
         TensorShape s = tensor_shape(c, i);
         uint64_t whole = s.layers * s.groups * s.rows * s.cols;
         int experts_split = s.grouping == GROUPS_EXPERTS && ep > 1;
@@ -227,8 +234,14 @@ static inline ParameterLayout parameter_layout_experts(GPT2Config c, int tp, int
         uint64_t piece = (uint64_t)(tensor_is_per_layer(i) ? stage : 0) * (p.sharded[i] ? tp : 1) + (p.sharded[i] ? tp_rank : 0);
         if (experts_split) piece = piece * (uint64_t)ep + (uint64_t)ep_rank;
         p.rounding[i] = file + piece * p.sizes[i];
-        local += p.sizes[i];
+        if (!tensor_is_expert(c, i)) local += p.sizes[i];
         file += whole;
+    }
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {  // the experts after every dense tensor, in the file's order
+        if (!tensor_is_expert(c, i)) continue;
+        p.offsets[i] = local;
+        local += p.sizes[i];
+        p.expert_region += p.sizes[i];
     }
     p.count = local;
     p.gathered = (1u << NUM_PARAMETER_TENSORS) - 1;
@@ -302,7 +315,8 @@ static inline uint64_t parameter_bucket_offset(const ParameterLayout* p, int k) 
 // optimizer state from 1, the gradients from 2, the parameters from 3) its shard of every bucket,
 // the shards one after another (bucket k's at parameter_bucket_offset / shards)
 static inline uint64_t layout_held(const ParameterLayout* p, int sharded_from_stage) {
-    return p->zero >= sharded_from_stage && p->zero > 0 ? p->count / p->shards : p->count;
+    if (!(p->zero >= sharded_from_stage && p->zero > 0)) return p->count;
+    return (p->count - p->expert_region) / p->shards + p->expert_region / p->expert_shards;
 }
 static inline uint64_t layout_state_held(const ParameterLayout* p) { return layout_held(p, 1); }
 static inline uint64_t layout_grads_held(const ParameterLayout* p) { return layout_held(p, 2); }
@@ -316,6 +330,17 @@ static inline void layout_bucket_shard(const ParameterLayout* p, int k, uint64_t
     *local = parameter_bucket_offset(p, k) / p->shards;
 }
 
+// A flat layout's (layout_shard_flat) two shards: the dense region's n_dense elements from
+// dense_lo, then the experts' n_experts from experts_lo (none in a dense model); in a buffer
+// of shards the experts' follows the dense one, at n_dense
+static inline void layout_flat_shards(const ParameterLayout* p, uint64_t* dense_lo, uint64_t* n_dense,
+                                      uint64_t* experts_lo, uint64_t* n_experts) {
+    *n_dense = (p->count - p->expert_region) / p->shards;
+    *dense_lo = (uint64_t)p->shard_rank * *n_dense;
+    *n_experts = p->expert_region / p->expert_shards;
+    *experts_lo = p->count - p->expert_region + (uint64_t)p->expert_shard_rank * *n_experts;
+}
+
 // the rank's shards of a whole buffer (host, fp32), into `shards`
 static inline void layout_take_shards(const ParameterLayout* p, const float* whole, float* shards) {
     for (int k = 0; k < parameter_num_buckets(p); k++) {
@@ -323,20 +348,36 @@ static inline void layout_take_shards(const ParameterLayout* p, const float* who
         layout_bucket_shard(p, k, &global, &local, &n);
         memcpy(shards + local, whole + global, n * sizeof(float));
     }
+    if (p->expert_region > 0) {  // (a flat layout with experts: their shard after the dense one)
+        uint64_t dense_lo, n_dense, experts_lo, n_experts;
+        layout_flat_shards(p, &dense_lo, &n_dense, &experts_lo, &n_experts);
+        memcpy(shards + n_dense, whole + experts_lo, n_experts * sizeof(float));
+    }
 }
 
 // ZeRO-1 across the data-parallel replicas of a model-parallel rank (train_gpt2_3d.cu): its whole
 // flat buffer (its tp slices of its stage's tensors) is one bucket, split into `shards` equal
 // contiguous shards, rank shard_rank updating one; Megatron-LM's distributed optimizer does the
 // same. The buffer is padded with zeros to a multiple of shards x ZERO_ALIGN elements, so the
-// shards are equal and aligned. zero = 0 leaves the layout as it is.
-static inline void layout_shard_flat(ParameterLayout* p, int zero, int shards, int shard_rank) {
+// shards are equal and aligned. With experts two regions, each padded and split so: the dense
+// tensors over `shards` ranks (dp x cp), the experts, which other ranks hold copies of, over
+// their expert_shards (edp) at expert_shard_rank. zero = 0 leaves the layout as it is.
+static inline void layout_shard_flat(ParameterLayout* p, int zero, int shards, int shard_rank, int expert_shards,
+                                     int expert_shard_rank) {
     if (zero == 0) return;
     p->zero = zero;
     p->shards = shards;
     p->shard_rank = shard_rank;
-    p->count = round_up(p->count, (uint64_t)shards * ZERO_ALIGN);
-    p->bucket_sizes[0] = p->count;
+    p->expert_shards = expert_shards;
+    p->expert_shard_rank = expert_shard_rank;
+    uint64_t dense = p->count - p->expert_region, dense_padded = round_up(dense, (uint64_t)shards * ZERO_ALIGN);
+    uint64_t experts = round_up(p->expert_region, (uint64_t)expert_shards * ZERO_ALIGN);
+    for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {  // (the experts move past the dense region's padding)
+        if (p->offsets[i] >= dense && p->sizes[i] > 0) p->offsets[i] += dense_padded - dense;
+    }
+    p->count = dense_padded + experts;
+    p->expert_region = experts;
+    p->bucket_sizes[0] = dense_padded;
     p->bucket_sizes[1] = p->bucket_sizes[2] = 0;
 }
 
@@ -366,7 +407,7 @@ static inline ParameterLayout parameter_layout_of_rank(GPT2Config c, const Param
         int holds_it = tensor_is_expert(c, i) ? local < p->ep : local < p->tp;
         if (holds_it) of_r.gathered |= 1u << i;
     }
-    layout_shard_flat(&of_r, p->zero, p->shards, p->shard_rank);
+    layout_shard_flat(&of_r, p->zero, p->shards, p->shard_rank, p->expert_shards, p->expert_shard_rank);
     return of_r;
 }
 

@@ -507,22 +507,23 @@ static inline GPT2Config moe_model_config(GPT2Config config, int from_descriptor
     return config;
 }
 
-// the experts in a rank's flat buffer (the file's tensor order): fcw .. fcprojb, each tensor's
-// layers, each layer's E/ep experts; before them the replicated tensors wte .. routerw (or in a
-// pipeline stage those it holds), after them the final LayerNorm
+// the experts in a rank's flat buffer, its last region (model.h, expert_region): fcw .. fcprojb,
+// each tensor's layers, each layer's E/ep experts; before them [0, lo) every dense tensor it
+// holds, the replicated wte .. routerw and the final LayerNorm (or in a pipeline stage those of
+// its stage, in tp slices)
 static inline void moe_expert_range(const ParameterLayout* p, size_t* lo, size_t* hi) {
-    *lo = p->offsets[PARAM_FCW];
-    *hi = p->offsets[PARAM_LNFW];
+    *lo = p->count - p->expert_region;
+    *hi = p->count;
 }
 
-// AdamW over the rank's buffer in its three ranges, the experts' gradients read scaled by
+// AdamW over the rank's buffer in its two ranges, the experts' gradients read scaled by
 // expert_scale (each trainer says why its experts' gradients need one)
 static inline void moe_adamw_step(GPT2* model, AdamWConfig opt, float clip_scale, float expert_scale, int step) {
-    size_t lo, hi, n = model->layout.count;
+    size_t lo, hi;
     moe_expert_range(&model->layout, &lo, &hi);
     float* master = model->master_memory;
-    size_t ranges[3][2] = {{0, lo}, {lo, hi}, {hi, n}};
-    for (int r = 0; r < 3; r++) {
+    size_t ranges[2][2] = {{0, lo}, {lo, hi}};
+    for (int r = 0; r < 2; r++) {
         size_t a = ranges[r][0], b = ranges[r][1];
         float scale = r == 1 ? clip_scale * expert_scale : clip_scale;
         optimizer_adamw_step(model->params_memory + a, master ? master + a : NULL, model->grads_memory + a,

@@ -471,6 +471,7 @@ typedef struct {
                               // group), gathered into the model file by rank 0 of it
     CommGroup* replicas;      // checkpoints of any grid (3D): the dp group; the training state is
                               // gathered into the model file's layout, so that any grid resumes it
+    StateShards state_shards; // ... with -z 1 first all-gathered over these (train.h; NULL: replicas)
     TrainerState own;         // checkpoints: the trainer's own state, in every rank's state file
     // resume: the trainer's check of the checkpoint it resumed from, before anything is written
     // (DiLoCo: a run's last step took outer steps that an extended run would not); NULL: none
@@ -814,7 +815,9 @@ static inline int run_between_steps(Run* r, int step) {
         watchdog_phase("checkpoint write", step);
         RunModel* h = &r->hooks;
         if (h->replicas) {
-            write_checkpoint_gathered(h->model, r->args.out_dir, &r->world, h->replicas, h->split, step, &r->identity,
+            StateShards shards = h->state_shards;
+            if (shards.dense == NULL) shards.dense = h->replicas;
+            write_checkpoint_gathered(h->model, r->args.out_dir, &r->world, shards, h->replicas, h->split, step, &r->identity,
                                       rng_before_sample, &h->own, &r->train);
         } else {
             write_checkpoint(h->model, r->args.out_dir, &r->world, h->split, step, &r->identity, rng_before_sample, &h->own, &r->train);

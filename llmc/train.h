@@ -459,21 +459,36 @@ static inline TrainState read_checkpoint(GPT2* model, const char* dir, CommGroup
 // trainer's own state here must be the same on every rank (MoE's routing bias): rank 0 writes
 // its copy after the bits, and every rank reads it back.
 
+// The groups a ZeRO-1 state is sharded over (layout_shard_flat): the dense tensors' (the
+// data-parallel group) and, with experts, theirs (the ranks holding the same experts; else NULL)
+typedef struct {
+    CommGroup* dense;
+    CommGroup* experts;
+} StateShards;
+
 // One of this rank's device buffers (fp32, or floatX for the parameter bits), whole or with
-// ZeRO-1 its dp shard (sharded), into `full` (host, the file's layout) on world rank 0: a shard is
-// first all-gathered over the data-parallel group dp into `whole` (device, the layout's count),
-// then data-parallel replica 0 gathers its pieces over its model-parallel group mp (tp x pp ranks)
-static inline void gather_state_full(const GPT2* model, CommGroup* dp, CommGroup* mp, const void* src, int sharded,
-                                     CommDtype dtype, void* whole, float* full) {
+// ZeRO-1 its shards (sharded), into `full` (host, the file's layout) on world rank 0: the shards
+// are first all-gathered into `whole` (device, the layout's count: the rank's whole buffer), the
+// dense one over shards.dense, the experts' over shards.experts; then rank 0 of `replicas` (of
+// each set of copies, one) gathers its pieces over its model-parallel group mp (tp x pp ranks)
+static inline void gather_state_full(const GPT2* model, StateShards shards, CommGroup* replicas, CommGroup* mp,
+                                     const void* src, int sharded, CommDtype dtype, void* whole, float* full) {
     const ParameterLayout* p = &model->layout;
     if (sharded) {
-        comm_all_gather(dp, src, whole, p->count / p->shards, dtype);  // (count): the rank's whole buffer
+        uint64_t dense_lo, n_dense, experts_lo, n_experts;
+        size_t elem = comm_dtype_bytes(dtype), experts_at = (p->count - p->expert_region) * elem;
+        layout_flat_shards(p, &dense_lo, &n_dense, &experts_lo, &n_experts);
+        comm_all_gather(shards.dense, src, whole, n_dense, dtype);
+        if (n_experts > 0) {
+            comm_all_gather(shards.experts, (const char*)src + n_dense * elem, (char*)whole + experts_at, n_experts, dtype);
+        }
         src = whole;
     }
-    if (dp->rank == 0) gpt2_gather_full(model, mp, src, dtype, full);
+    if (replicas->rank == 0) gpt2_gather_full(model, mp, src, dtype, full);
 }
 
-static inline void write_checkpoint_gathered(GPT2* model, const char* dir, CommGroup* world, CommGroup* dp, CommGroup* mp,
+static inline void write_checkpoint_gathered(GPT2* model, const char* dir, CommGroup* world, StateShards shards,
+                                             CommGroup* replicas, CommGroup* mp,
                                              int step, const RunIdentity* id, uint64_t sample_rng_state,
                                              const TrainerState* own, const DataLoader* train) {
     const ParameterLayout* p = &model->layout;
@@ -483,10 +498,10 @@ static inline void write_checkpoint_gathered(GPT2* model, const char* dir, CommG
     const float* weights = gpt2_fp32_weights(model, &weights_sharded);
     float* full = root ? (float*)malloc_check(P * sizeof(float) * 3 + extra) : NULL;  // weights, m, v, bits, own
     void* whole = weights_sharded || state_sharded ? device_malloc(p->count * sizeof(float)) : NULL;
-    gather_state_full(model, dp, mp, weights, weights_sharded, COMM_FLOAT, whole, full);
-    gather_state_full(model, dp, mp, model->m_memory, state_sharded, COMM_FLOAT, whole, root ? full + P : NULL);
-    gather_state_full(model, dp, mp, model->v_memory, state_sharded, COMM_FLOAT, whole, root ? full + 2 * P : NULL);
-    if (bits) gather_state_full(model, dp, mp, model->params_memory, 0, COMM_FLOATX, whole, root ? full + 3 * P : NULL);
+    gather_state_full(model, shards, replicas, mp, weights, weights_sharded, COMM_FLOAT, whole, full);
+    gather_state_full(model, shards, replicas, mp, model->m_memory, state_sharded, COMM_FLOAT, whole, root ? full + P : NULL);
+    gather_state_full(model, shards, replicas, mp, model->v_memory, state_sharded, COMM_FLOAT, whole, root ? full + 2 * P : NULL);
+    if (bits) gather_state_full(model, shards, replicas, mp, model->params_memory, 0, COMM_FLOATX, whole, root ? full + 3 * P : NULL);
     if (root) trainer_state_to_host(own, (char*)(full + 3 * P) + bits);
     if (whole) device_free(whole);
     TrainState s = {step, 0, sample_rng_state, 0, 0, 0};
@@ -512,7 +527,7 @@ static inline float* layout_pieces_of_full(const GPT2* model, const float* full,
     float* mine = (float*)calloc_check(p->count, sizeof(float));  // padding stays 0
     parameter_shard_copy((float*)full, mine, p, model->config, 1);
     if (!sharded) return mine;
-    float* shard = (float*)malloc_check(p->count / p->shards * sizeof(float));
+    float* shard = (float*)malloc_check(layout_state_held(p) * sizeof(float));
     layout_take_shards(p, mine, shard);
     free(mine);
     return shard;

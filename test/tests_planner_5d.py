@@ -8,14 +8,16 @@
 # (name, ranks, grid flags, B): each a way the experts fold. dp alone in the grid trainer (not
 # train_gpt2_ep: -trainer 3d); over a stage's tp (with -sp) and over cp x tp with two stages, where
 # each stage holds its own experts and several micro-batches are in flight (a record a slot); a
-# capacity factor over dp x cp (the experts' buffers sized for a rank's capped rows); and a
-# checkpoint (-n), whose gathers have their row
+# capacity factor over dp x cp (the experts' buffers sized for a rank's capped rows); a
+# checkpoint (-n), whose gathers have their row; and ZeRO-1's two shards (the dense tensors' over
+# dp, the experts' over edp) with a checkpoint that gathers both
 PLANNER_5D = [
     ("dp2_ep2", 2, ["-dp", 2, "-ep", 2], 4),
     ("pp2_tp2_sp_ep2", 4, ["-pp", 2, "-tp", 2, "-sp", 1, "-ep", 2], 8),
     ("pp2_cp2_tp2_sp_ep4", 8, ["-pp", 2, "-cp", 2, "-tp", 2, "-sp", 1, "-ep", 4, "-sched", "afab"], 4),
     ("dp2_cp2_ep4_cf", 4, ["-dp", 2, "-cp", 2, "-ep", 4, "-capacity_factor", 1.25], 4),
     ("dp2_pp2_ep2_ckpt", 4, ["-dp", 2, "-pp", 2, "-ep", 2, "-sched", "zb", "-n", 1], 2),
+    ("dp2_tp2_sp_ep2_z1", 4, ["-dp", 2, "-tp", 2, "-sp", 1, "-ep", 2, "-z", 1, "-n", 1], 4),
 ]
 
 
@@ -57,7 +59,6 @@ PLANNER_5D_REFUSED = [
     (4, ["-dp", 2, "-tp", 2, "-sp", 1, "-ep", 8], "-ep 8: the E = 4 experts"),            # ep does not divide E
     (4, ["-dp", 2, "-pp", 2, "-ep", 4], "a stage's dp x cp x tp = 2 ranks"),             # nor a stage's ranks
     (2, ["-tp", 2, "-ep", 2], "-tp 2 with experts needs -sp 1"),                         # each token routed twice
-    (2, ["-dp", 2, "-z", 1, "-ep", 2], "-z 1 with experts"),                              # ZeRO-1 over two groups
     (2, ["-dp", 2, "-r", 1, "-ep", 2], "-r 1 with experts"),                              # no recomputation of MoE
 ]
 
@@ -65,7 +66,7 @@ PLANNER_5D_REFUSED = [
 @test
 def planner_5d_refuses_what_the_grid_trainer_refuses():
     """each layout train_gpt2_3d refuses for a model with experts (ep not dividing E, or not a
-    stage's dp x cp x tp ranks; -tp without -sp; -z 1; -r): the trainer stops with an error and
+    stage's dp x cp x tp ranks; -tp without -sp; -r): the trainer stops with an error and
     the planner exits 1 with that very message, not a plan"""
     ref = moe_reference(4, 2)
     model = os.path.join(ref["dir"], "model.bin")
@@ -103,10 +104,11 @@ def planner_5d_search_rows(*flags):
 def planner_5d_search_folds_ep_over_each_stages_ranks():
     """-search 8 for a model of 8 experts: every layout uses the 8 devices for its dp x tp x pp x cp
     grid alone (the experts fold over them, no ranks of their own); each grid the dense model's
-    search allows appears, at -z 0, -r 0 and with -sp 1 where tp > 1 (what the trainer runs with
+    search allows appears, at -r 0 and with -sp 1 where tp > 1 (what the trainer runs with
     experts), once for every ep dividing both E and a stage's dp x cp x tp ranks, and never at
-    another ep; dp alone is train_gpt2_ep's, every other grid train_gpt2_3d's; each row's total is
-    the planner's plan of its flags alone"""
+    another ep, at -z 0 and, in train_gpt2_3d with dp x cp > 1 ranks to shard over, -z 1; dp alone
+    is train_gpt2_ep's (no -z), every other grid train_gpt2_3d's; each row's total is the
+    planner's plan of its flags alone"""
     E, N = 8, 8
     common = ["-e", "d4", "-b", 2, "-t", 256, "-device", "cpu", "-mem", 1000, "-search", N]
     moe = planner_5d_search_rows(*(common + ["-experts", E, "-topk", 2]))
@@ -114,23 +116,26 @@ def planner_5d_search_folds_ep_over_each_stages_ranks():
     runnable = {(l["dp"], l["tp"], l["pp"], l["cp"], l["cp_comm"]) for l in dense
                 if l["z"] == 0 and l["r"] == 0 and l["offload"] == 0 and l["sp"] == (l["tp"] > 1)}
     assert len(runnable) >= 10, runnable  # (a search wide enough to mean something)
-    expected = {g + (ep,) for g in runnable for ep in range(1, N + 1)
-                if E % ep == 0 and (g[0] * g[1] * g[3]) % ep == 0}
-    found = [(l["dp"], l["tp"], l["pp"], l["cp"], l["cp_comm"], l["ep"]) for l in moe]
+    def alone(g):  # (dp alone: train_gpt2_ep)
+        return g[1] == 1 and g[2] == 1 and g[3] == 1
+    expected = {g + (ep, z) for g in runnable for ep in range(1, N + 1) for z in (0, 1)
+                if E % ep == 0 and (g[0] * g[1] * g[3]) % ep == 0 and (z == 0 or (not alone(g) and g[0] * g[3] > 1))}
+    found = [(l["dp"], l["tp"], l["pp"], l["cp"], l["cp_comm"], l["ep"], l["z"]) for l in moe]
     assert len(found) == len(set(found)) and set(found) == expected, "missing %s, unexpected %s" % (
         sorted(expected - set(found)), sorted(set(found) - expected))
     assert any(f[5] > 1 and f[2] > 1 and f[1] * f[3] > 1 for f in found), found  # (folded over a stage's tp or cp)
     for l in moe:
-        assert l["dp"] * l["tp"] * l["pp"] * l["cp"] == N and l["z"] == 0 and l["r"] == 0, l
+        assert l["dp"] * l["tp"] * l["pp"] * l["cp"] == N and l["r"] == 0, l
         alone = l["tp"] == 1 and l["pp"] == 1 and l["cp"] == 1
         assert l["layout"].startswith("train_gpt2_ep" if alone else "train_gpt2_3d"), l
         if not alone:
             assert " -ep %d " % l["ep"] in l["layout"] + " ", l
     # each row's total is the one layout's plan (a few of them: first, last and one of several stages)
-    picks = [moe[0], moe[-1]] + [l for l in moe if l["pp"] > 1 and l["ep"] > 1][:2]
+    picks = [moe[0], moe[-1]] + [l for l in moe if l["pp"] > 1 and l["ep"] > 1][:2] + [l for l in moe if l["z"]][:2]
     for l in picks:
         flags = common[:-2] + ["-experts", E, "-topk", 2, "-d", 2 * 256 * N, "-dp", l["dp"], "-tp", l["tp"], "-pp", l["pp"],
-                               "-cp", l["cp"], "-cp_comm", l["cp_comm"], "-ep", l["ep"], "-sp", l["sp"], "-format", "json"]
+                               "-cp", l["cp"], "-cp_comm", l["cp_comm"], "-ep", l["ep"], "-sp", l["sp"], "-z", l["z"],
+                               "-format", "json"]
         code, text = planner(*flags)
         assert code == 0 and json.loads(text)["total"] == l["total"], "%s: exit %d, the search's %d\n%s" % (
             flags, code, l["total"], text[-500:])
