@@ -189,39 +189,49 @@ static inline int pipeline_output_to(PipeSpec s, int stage, PipeAction a) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The schedule played out in units of time: a chunk's forward takes 1 unit, its backward 2 (the
-// gradients of the inputs and of the weights), or with zb B and W 1 each. Each stage runs its
-// list in order; an action starts once its stage is free and its input is there. start and end
-// are (p, n): stage s's action k at [s n + k] (n = pipeline_actions_per_stage), as is `actions`.
-// Returns the step's length in units; stops the program if the schedule deadlocks (a wrong
-// schedule, never a valid one).
-
-static inline int pipe_units(PipeSpec s, PipeOp op) { return op == PIPE_BACKWARD && s.sched != SCHEDULE_ZB ? 2 : 1; }
-
-static inline int pipeline_simulate(PipeSpec s, PipeAction* actions, int* start, int* end) {
+// The schedule played out in time: each stage runs its list in order; an action starts once its
+// stage is free and its input is there, a message from another stage arriving send_seconds after
+// the action that made it ended. seconds (p, 3): how long stage s's forward, backward and weight
+// gradient of one chunk take, at [s 3 + op] (without zb the backward holds both gradients). start
+// and end are (p, n): stage s's action k at [s n + k] (n = pipeline_actions_per_stage), as is
+// `actions`, which this fills. Returns the step's length: with measured or predicted times (the
+// step-time model) the bubble is what the stages' busy time leaves of it. Stops the program if
+// the schedule deadlocks (a wrong schedule, never a valid one).
+static inline double pipeline_play(PipeSpec s, PipeAction* actions, const double* seconds, double send_seconds,
+                                   double* start, double* end) {
     int n = pipeline_actions_per_stage(s), per_op = s.m * s.V;  // per op: each (micro, chunk)
     // when each (stage, op, micro, chunk) ended; -1: not yet
-    int* done = (int*)malloc_check((size_t)s.p * 3 * per_op * sizeof(int));
+    double* done = (double*)malloc_check((size_t)s.p * 3 * per_op * sizeof(double));
     int* next = (int*)calloc_check((size_t)s.p, sizeof(int));
-    int* free_at = (int*)calloc_check((size_t)s.p, sizeof(int));
-    for (int i = 0; i < s.p * 3 * per_op; i++) done[i] = -1;
+    double* free_at = (double*)calloc_check((size_t)s.p, sizeof(double));
+    for (int i = 0; i < s.p * 3 * per_op; i++) done[i] = -1.0;
 #define PIPE_DONE(stage, op, micro, chunk) done[(((stage) * 3 + (op)) * s.m + (micro)) * s.V + (chunk)]
     for (int st = 0; st < s.p; st++) pipeline_stage_actions(s, st, actions + (size_t)st * n);
-    int remaining = s.p * n, length = 0, last = s.p * s.V - 1;
+    int remaining = s.p * n, last = s.p * s.V - 1;
+    double length = 0.0;
     while (remaining > 0) {
         int progress = 0;
         for (int st = 0; st < s.p; st++) {
             if (next[st] == n) continue;
             PipeAction a = actions[st * n + next[st]];
-            int v = pipeline_virtual_stage(s, st, a.chunk), ready;
-            if (a.op == PIPE_FORWARD) ready = v == 0 ? 0 : PIPE_DONE((v - 1) % s.p, PIPE_FORWARD, a.micro, (v - 1) / s.p);
-            else if (a.op == PIPE_WEIGHT) ready = PIPE_DONE(st, PIPE_BACKWARD, a.micro, a.chunk);
-            else if (v == last) ready = PIPE_DONE(st, PIPE_FORWARD, a.micro, a.chunk);
-            else ready = PIPE_DONE((v + 1) % s.p, PIPE_BACKWARD, a.micro, (v + 1) / s.p);
-            if (ready < 0) continue;
+            int v = pipeline_virtual_stage(s, st, a.chunk), from = st;  // (from: the stage its input comes from)
+            double ready;
+            if (a.op == PIPE_FORWARD) {
+                from = v == 0 ? st : (v - 1) % s.p;
+                ready = v == 0 ? 0.0 : PIPE_DONE(from, PIPE_FORWARD, a.micro, (v - 1) / s.p);
+            } else if (a.op == PIPE_WEIGHT) {
+                ready = PIPE_DONE(st, PIPE_BACKWARD, a.micro, a.chunk);
+            } else if (v == last) {
+                ready = PIPE_DONE(st, PIPE_FORWARD, a.micro, a.chunk);
+            } else {
+                from = (v + 1) % s.p;
+                ready = PIPE_DONE(from, PIPE_BACKWARD, a.micro, (v + 1) / s.p);
+            }
+            if (ready < 0.0) continue;
+            if (from != st) ready += send_seconds;
             int k = st * n + next[st];
             start[k] = ready > free_at[st] ? ready : free_at[st];
-            end[k] = start[k] + pipe_units(s, a.op);
+            end[k] = start[k] + seconds[st * 3 + a.op];
             PIPE_DONE(st, a.op, a.micro, a.chunk) = end[k];
             free_at[st] = end[k];
             length = end[k] > length ? end[k] : length;
@@ -236,6 +246,30 @@ static inline int pipeline_simulate(PipeSpec s, PipeAction* actions, int* start,
     free(next);
     free(free_at);
     return length;
+}
+
+// The play in units: a chunk's forward takes 1 unit, its backward 2 (the gradients of the inputs
+// and of the weights), or with zb B and W 1 each; messages take no time. start and end in units
+// (whole numbers); returns the step's length in units.
+static inline int pipe_units(PipeSpec s, PipeOp op) { return op == PIPE_BACKWARD && s.sched != SCHEDULE_ZB ? 2 : 1; }
+
+static inline int pipeline_simulate(PipeSpec s, PipeAction* actions, int* start, int* end) {
+    int n = pipeline_actions_per_stage(s);
+    double* seconds = (double*)malloc_check((size_t)s.p * 3 * sizeof(double));
+    double* t0 = (double*)malloc_check((size_t)s.p * n * sizeof(double));
+    double* t1 = (double*)malloc_check((size_t)s.p * n * sizeof(double));
+    for (int st = 0; st < s.p; st++) {
+        for (int op = 0; op < 3; op++) seconds[st * 3 + op] = pipe_units(s, (PipeOp)op);
+    }
+    double length = pipeline_play(s, actions, seconds, 0.0, t0, t1);
+    for (int i = 0; i < s.p * n; i++) {  // (sums of whole numbers: exact in a double)
+        start[i] = (int)t0[i];
+        end[i] = (int)t1[i];
+    }
+    free(seconds);
+    free(t0);
+    free(t1);
+    return (int)length;
 }
 
 // The step's length in units by formula. Every stage is busy 3 m V units; the rest is the bubble:

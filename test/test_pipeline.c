@@ -12,8 +12,11 @@
 //     min(p, m), interleaved its warm-up plus one;
 //   - the sends and receives between the actions pair up in order and never deadlock, and so do
 //     those of the forward passes alone (validation and sampling);
-//   - a chart of a measured timeline keeps every action, two in one column included.
+//   - a chart of a measured timeline keeps every action, two in one column included;
+//   - played with times instead of units (pipeline_play, the step-time model's bubble), AFAB and
+//     1F1B last (m + p - 1)(a + b), and a message's latency counts where it waits (by hand).
 // Prints a chart of each schedule at p = 4. Checked values come from formulas, not from a run.
+#include <math.h>
 #include <stdio.h>
 #include "llmc/pipeline.h"
 
@@ -104,9 +107,43 @@ static void check_draw_keeps_every_action(void) {
     CHECK(row1 && strchr(row0, '\n') - row0 == (long)strlen(row1) - 1, "the chart's rows differ in length:\n%s", chart);
 }
 
+// The play with times instead of units (the step-time model's bubble): stages that each take a
+// for a chunk's forward and b for its backward finish AFAB and 1F1B in (m + p - 1)(a + b), the
+// m micro-batches' busy time of one stage plus the p - 1 forwards and backwards it waits for (the
+// unit formula 3 (m + p - 1) is a = 1, b = 2). And by hand, p = 2 stages, one micro-batch,
+// messages taking c: F0 on stage 0 [0, a], on stage 1 [a + c, 2a + c], B0 there until 2a + b + c,
+// on stage 0 from 2a + b + 2c until 2a + 2b + 2c.
+static void check_play_with_times(void) {
+    const double a = 0.7, b = 1.9, c = 0.25;
+    for (int sched = SCHEDULE_AFAB; sched <= SCHEDULE_1F1B; sched++) {
+        for (int p = 1; p <= 6; p++) {
+            for (int m = 1; m <= 9; m++) {
+                PipeSpec s = {(PipeSchedule)sched, p, m, 1};
+                int n = pipeline_actions_per_stage(s);
+                PipeAction* actions = (PipeAction*)malloc(sizeof(PipeAction) * p * n);
+                double *start = (double*)malloc(sizeof(double) * p * n), *end = (double*)malloc(sizeof(double) * p * n);
+                double seconds[3 * 6];
+                for (int st = 0; st < p; st++) seconds[st * 3] = a, seconds[st * 3 + 1] = b, seconds[st * 3 + 2] = 0.0;
+                double length = pipeline_play(s, actions, seconds, 0.0, start, end), formula = (m + p - 1) * (a + b);
+                CHECK(fabs(length - formula) < 1e-9, "%s p=%d m=%d with times %g, %g: %g, expected (m + p - 1)(a + b) = %g",
+                      pipe_schedule_names[sched], p, m, a, b, length, formula);
+                if (p == 2 && m == 1) {
+                    length = pipeline_play(s, actions, seconds, c, start, end);
+                    CHECK(fabs(length - (2 * a + 2 * b + 2 * c)) < 1e-9, "%s p=2 m=1 with messages of %g: %g, expected %g",
+                          pipe_schedule_names[sched], c, length, 2 * a + 2 * b + 2 * c);
+                }
+                free(actions);
+                free(start);
+                free(end);
+            }
+        }
+    }
+}
+
 int main(void) {
     int cases = 0;
     check_draw_keeps_every_action();
+    check_play_with_times();
     for (int sched = 0; sched < SCHEDULE_COUNT; sched++) {
         for (int p = 1; p <= 8; p++) {
             for (int m = 1; m <= 16; m++) {

@@ -227,28 +227,37 @@ def grid5d_refuses_what_it_cannot_do():
         assert code != 0 and "%s without -experts: -e d2 is a dense model" % flags[0] in out, out[-2000:]
 
 
-def make_cuda_grid5d_test(kind, precision, devices):
+# the CUDA backend's grids: MoE layers in a pipe (ep 1: no all-to-all, the experts' rows moved on
+# one device), the EP chapter's fold over dp (NCCL's grouped send/recv, emulated over MPI), and
+# both inside stages whose attention is tensor-parallel
+CUDA_GRID5D = {"pp2_ep1": (2, ["-pp", 2, "-ep", 1]), "dp2_ep2": (2, ["-ep", 2]),
+               "pp2_tp2_sp_ep2": (4, ["-pp", 2, "-tp", 2, "-sp", 1, "-ep", 2])}
+
+
+def make_cuda_grid5d_test(kind, precision, grid, order="forward"):
+    ranks, flags = CUDA_GRID5D[grid]
+
     def fn():
-        """5D's CUDA backend on the emulator (or every rank on one GPU): pp 2 x tp 2 with -sp at
-        ep 2, E = 4, top-1: the MoE layers' row moves and all-to-alls (NCCL's grouped send/recv,
-        emulated over MPI) inside pipeline stages whose attention is tensor-parallel, against the
-        MoE reference within the precision's bounds; every copy identical; the memory table
-        within 5% of the allocations (CUDA's workspaces beside the table's buffers)"""
-        run = emu_runner(devices) if kind == "emu" else cuda_runner(kind, devices)
+        run = emu_runner(ranks, order) if kind == "emu" else cuda_runner(kind, None)
         ref = moe_reference(4, 1)
         program = build(kind, precision, ["train_gpt2_3d"])[0]
-        d = fresh_dir("%s_%s_grid5d" % (kind, precision))
+        d = fresh_dir("%s_%s_grid5d_%s" % (kind, precision, grid))
         grads_path = os.path.join(d, "grads.bin")
         steps = MOE["steps"]
-        out = run(program, 4, trainer_args(ref, MOE["batch"], d, ["-n", steps, "-dump_grads", grads_path, "-pp", 2, "-tp", 2,
-                                                                   "-sp", 1, "-ep", 2, "-check_replicas", steps], cfg=MOE), d)
-        check_cuda_against_reference(ref, d, grads_path, precision, "%s train_gpt2_3d %s 5D" % (kind, precision))
+        out = run(program, ranks, trainer_args(ref, MOE["batch"], d, ["-n", steps, "-dump_grads", grads_path,
+                                                                      "-check_replicas", steps] + flags, cfg=MOE), d)
+        check_cuda_against_reference(ref, d, grads_path, precision, "%s train_gpt2_3d %s 5D %s" % (kind, precision, grid))
         assert "step %d: experts' copies identical" % steps in out or "experts' copies" not in out, out[-2000:]
         check_memory_table_total(program, out)
-    prefix, path = cuda_test_name(kind, devices)
-    fn.__name__ = "%s_grid5d_vs_pytorch_%s_pp2_tp2_sp_ep2_%s" % (prefix, precision.lower(), path)
+    fn.__doc__ = ("5D's CUDA backend on the emulator (threads and blocks in %s order; or every rank on one GPU): %s, E = 4, "
+                  "top-1, against the MoE reference within the precision's bounds; every copy identical; the memory "
+                  "table within 5%% of the allocations (CUDA's workspaces beside the table's buffers)" % (order, " ".join(map(str, flags))))
+    prefix, path = cuda_test_name(kind, ranks if kind == "emu" else None)
+    fn.__name__ = "%s_grid5d_vs_pytorch_%s_%s_%s%s" % (prefix, precision.lower(), grid, path, "_reverse" if order == "reverse" else "")
     return fn
 
 
-test(make_cuda_grid5d_test("emu", "FP32", 4))
-test(make_cuda_grid5d_test("cuda", "BF16", None))
+test(make_cuda_grid5d_test("emu", "FP32", "pp2_ep1"))
+test(make_cuda_grid5d_test("emu", "FP32", "dp2_ep2", "reverse"))
+test(make_cuda_grid5d_test("emu", "FP32", "pp2_tp2_sp_ep2"))
+test(make_cuda_grid5d_test("cuda", "BF16", "pp2_tp2_sp_ep2"))
