@@ -108,11 +108,17 @@ dev/bench/train_gpt2_dp_openblas: train_gpt2_dp.cu $(HEADERS)
 	$(MPICC) $(CFLAGS) -DLLMC_GEMM_OPENBLAS -x c $< -x none -o $@ $(LDLIBS) $(OPENBLAS_LINK)
 dev/bench/bench_cpu_ops: dev/bench/bench_cpu_ops.c dev/bench/best_seconds.h $(HEADERS)
 	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
+# this machine's CPU measured into a device profile: mpirun -np 2 dev/bench/calibrate -o FILE
+dev/bench/calibrate: dev/bench/calibrate.c dev/bench/best_seconds.h $(HEADERS)
+	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 # will it fit? a rank's device memory for any model, machine and layout (no GPU, no ranks)
 # (the trainers' headers hold static tables the planner does not use: no warning for those)
 dev/memory_planner: dev/memory_planner.c $(HEADERS) | check-deps
 	$(MPICC) $(CFLAGS) -Wno-unused-variable $< -o $@ $(LDLIBS)
+# the kernels of one GPU training step (llmc/step_kernels.h) as JSON, the rows dev/bench/roofline.py prints
+dev/bench/step_kernels: dev/bench/step_kernels.c $(HEADERS) | check-deps
+	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
 
 # the planner as a page: dev/memory_planner compiled to WebAssembly and embedded in dev/memory.html
 # (committed, so that a reader opens it without the toolchain; a test says when it is older than
@@ -200,7 +206,7 @@ check-cuda-deps:
 	@[ -n "$(NCCL_DIR)" ] || { echo "missing: NCCL (nccl.h). Install libnccl-dev, set NCCL_HOME, or pip install nvidia-nccl-cu12"; exit 1; }
 
 test: check-deps check-test-deps
-	$(MAKE) -s -j$(NPROC) BACKEND=cpu $(TEST_PROGRAMS) dev/memory_planner $(TRAINERS)
+	$(MAKE) -s -j$(NPROC) BACKEND=cpu $(TEST_PROGRAMS) dev/memory_planner dev/bench/step_kernels $(TRAINERS)
 	$(PYTHON) test/run_tests.py
 
 # one trainer against PyTorch (dev/compare_with_pytorch.py); TRAINER, RANKS, FLAGS and ENV as in the header
@@ -255,5 +261,5 @@ bench:
 	./dev/bench/bench_ep.sh
 
 clean:
-	rm -f $(TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul dev/bench/bench_cpu_ops dev/bench/train_gpt2_dp_openblas dev/memory_planner $(DEV_CUDA:.cu=)
+	rm -f $(TRAINERS) $(TEST_PROGRAMS) dev/bench/bench_matmul dev/bench/bench_cpu_ops dev/bench/train_gpt2_dp_openblas dev/memory_planner dev/bench/step_kernels $(DEV_CUDA:.cu=)
 	rm -rf test/tmp build

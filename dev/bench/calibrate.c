@@ -1,0 +1,470 @@
+// Measures this machine's CPU and writes its device profile (llmc/device_profile.h), the numbers
+// the step-time model runs the CPU backend's kernels and messages on:
+//   - the GEMM rate of the project's own matmul (llmc/cpu/matmul.h: matmul_forward,
+//     matmul_backward_input and matmul_backward_weight, as the trainers call them) on d12's
+//     linear layers, a large class (512 tokens) and a small one (64 tokens);
+//   - the memory bandwidth, by STREAM's triad over arrays 4x the last-level cache, and the share
+//     of it that the step's memory-bound passes (GELU, LayerNorm) reach;
+//   - the rate of the CPU's causal attention (llmc/cpu/attention.h);
+//   - MPI between 2 ranks of this host, as the CPU backend's comm layer calls it: a message
+//     (MPI_Send / MPI_Recv, a ping-pong) and an all-reduce (MPI_Allreduce of floats), each timed
+//     over sizes of 8 bytes to 8 MB and fitted to t = alpha + bytes / beta from 2 KB up.
+// A CPU has no datasheet peak that its kernels approach the way a GPU's GEMMs approach theirs,
+// so the peak here is what was measured: the large GEMMs' rate is peak_flops_fp32 (and bf16: the
+// CPU backend computes in fp32), efficiency_matmul_large is 1 by that definition, and the small
+// class's efficiency is its measured rate over it. Likewise the triad's bandwidth is
+// memory_bandwidth_bytes_per_s, and efficiency_memory is what the kernels reach of it.
+//
+//   make dev/bench/calibrate
+//   mpirun -np 2 ./dev/bench/calibrate -o dev/profiles/cpu-this-machine.txt [-threads 1]
+//   ./dev/bench/calibrate -check FILE|NAME   read a profile (or a built-in: h100-sxm, h200,
+//                                            a100-80gb), print it; exit 1 with the reason if refused
+//   ./dev/bench/calibrate -fit FILE          fit t = alpha + bytes / beta to FILE's "bytes seconds" lines
+// -threads: the OpenMP threads the measured rank computes with (default 1, as the tests and
+// sweeps run each rank); the profile records it and the host's cores (cpu_threads, cpu_cores), so
+// that a model of R ranks of t threads on this host can tell when they share cores.
+// It takes about 20 seconds on an idle 2-core machine (longer when other work shares the cores).
+#include <math.h>
+#include <mpi.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <time.h>
+#include <unistd.h>
+#include "llmc/utils.h"
+#include "llmc/rng.h"
+#include "llmc/cpu/matmul.h"
+#include "llmc/cpu/attention.h"
+#include "llmc/cpu/gelu.h"
+#include "llmc/cpu/layernorm.h"
+#include "llmc/device_profile.h"
+#include "dev/bench/best_seconds.h"
+
+static int mpi_started = 0;
+
+// an error ends every rank: printed, then MPI_Abort when there are others
+static void die(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    int size = 1;
+    if (mpi_started) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);
+}
+
+// ----------------------------------------------------------------------------------------------
+// The alpha-beta fit. Least squares for t = alpha + n / beta over the points (n_i, t_i), each
+// weighted by 1 / t_i^2, so that every point's relative error counts alike: the small messages,
+// whose time is nearly all alpha, decide alpha as much as the large ones, nearly all n / beta,
+// decide beta (unweighted, a microsecond off an 8 MB message would count as much as the whole
+// of an 8-byte one). With a = alpha and b = 1 / beta the normal equations are two by two:
+//   a S  + b Sn  = St        S = sum w, Sn = sum w n, Snn = sum w n^2,
+//   a Sn + b Snn = Snt       St = sum w t, Snt = sum w n t.
+// Returns 0 (and why) when the points do not fix a positive alpha and beta.
+static int fit_alpha_beta(const double* n, const double* t, int count, double* alpha, double* beta,
+                          const char** why) {
+    double S = 0, Sn = 0, Snn = 0, St = 0, Snt = 0;
+    for (int i = 0; i < count; i++) {
+        if (!(t[i] > 0)) {
+            *why = "a time that is not positive";
+            return 0;
+        }
+        double w = 1.0 / (t[i] * t[i]);
+        S += w, Sn += w * n[i], Snn += w * n[i] * n[i], St += w * t[i], Snt += w * n[i] * t[i];
+    }
+    double det = S * Snn - Sn * Sn;
+    if (count < 2 || !(det > 0)) {
+        *why = "fewer than two different sizes";
+        return 0;
+    }
+    double a = (Snn * St - Sn * Snt) / det, b = (S * Snt - Sn * St) / det;
+    if (!(a > 0) || !(b > 0)) {
+        *why = a > 0 ? "time that does not grow with the size" : "a latency that is not positive (too noisy?)";
+        return 0;
+    }
+    *alpha = a, *beta = 1.0 / b;
+    return 1;
+}
+
+// ----------------------------------------------------------------------------------------------
+// MPI between 2 ranks. Both ranks run these in step; rank 0's clock is the one reported.
+
+#define MESSAGE_SIZES 11  // 8 bytes, x4 each, to 8 MB
+static size_t message_bytes(int i) { return (size_t)8 << (2 * i); }
+// The fit takes the sizes from 2 KB up (the 5th on): the sizes a trainer sends, a row of
+// activations (C floats: 3 KB at d12) and up, gradients in megabytes. Below that MPI copies a
+// message through its eager buffers and takes less time than the line through the larger ones
+// says; those are printed beside the line, not fitted: a model that predicts a step is only as
+// good as its line where the step's bytes are.
+#define FIT_FROM 4
+
+// calls per timed round: many small messages, enough large ones to move ~32 MB
+static int message_reps(size_t bytes) {
+    size_t reps = ((size_t)32 << 20) / bytes;
+    return reps < 4 ? 4 : reps > 2000 ? 2000 : (int)reps;
+}
+
+// seconds for one message of `bytes` one way: a ping-pong (rank 0 sends, rank 1 sends it back),
+// half a round trip, the best of 4 rounds (a shared machine only ever adds time)
+static double time_message(char* buf, size_t bytes, int rank) {
+    int reps = message_reps(bytes);
+    double best = 1e30;
+    for (int round = 0; round < 5; round++) {  // (round 0 warms up)
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = wall_time_s();
+        for (int r = 0; r < reps; r++) {
+            if (rank == 0) {
+                MPI_Send(buf, (int)bytes, MPI_BYTE, 1, 0, MPI_COMM_WORLD);
+                MPI_Recv(buf, (int)bytes, MPI_BYTE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            } else {
+                MPI_Recv(buf, (int)bytes, MPI_BYTE, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                MPI_Send(buf, (int)bytes, MPI_BYTE, 0, 0, MPI_COMM_WORLD);
+            }
+        }
+        double t = (wall_time_s() - t0) / (2.0 * reps);
+        if (round > 0) best = fmin(best, t);
+    }
+    return best;
+}
+
+// seconds for an all-reduce (sum) of `bytes` of floats over the 2 ranks, in place, as
+// llmc/cpu/comm.h's all-reduce calls it; the buffer is zeros, so the sums stay zeros
+static double time_all_reduce(float* buf, size_t bytes) {
+    int reps = message_reps(bytes);
+    double best = 1e30;
+    for (int round = 0; round < 5; round++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = wall_time_s();
+        for (int r = 0; r < reps; r++) MPI_Allreduce(MPI_IN_PLACE, buf, (int)(bytes / 4), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        double t = (wall_time_s() - t0) / reps;
+        if (round > 0) best = fmin(best, t);
+    }
+    return best;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Compute and memory, on rank 0 alone
+
+typedef struct {
+    const char* name;
+    int N, C, OC;  // tokens, in, out: the layer's three products as the trainers call them
+} GemmShape;
+
+// GFLOP/s of a class of shapes: every product of every shape, their FLOPs over their time
+static double gemm_rate(const GemmShape* shapes, int count, Rng* rng, double* largest_flops, double* smallest_flops) {
+    double flops = 0, seconds = 0;
+    *largest_flops = 0, *smallest_flops = 1e300;
+    for (int s = 0; s < count; s++) {
+        int N = shapes[s].N, C = shapes[s].C, OC = shapes[s].OC;
+        float* inp = (float*)malloc_check((size_t)N * C * sizeof(float));
+        float* w = (float*)malloc_check((size_t)OC * C * sizeof(float));
+        float* out = (float*)malloc_check((size_t)N * OC * sizeof(float));
+        float* dinp = (float*)malloc_check((size_t)N * C * sizeof(float));
+        float* dw = (float*)calloc_check((size_t)OC * C, sizeof(float));
+        rng_normal_fill(rng, inp, (size_t)N * C, 0.0f, 1.0f);
+        rng_normal_fill(rng, w, (size_t)OC * C, 0.0f, 0.02f);
+        rng_normal_fill(rng, out, (size_t)N * OC, 0.0f, 1.0f);  // (read as dout by the backward)
+        double f = 2.0 * N * C * OC;                                // each of the three products
+        // calls a round: ~0.05 s of work at 50 GFLOP/s, at least 1
+        int reps = (int)fmax(1.0, 2.5e9 / f);
+        double t_fwd, t_dinp, t_dw;
+        BEST_SECONDS(t_fwd, reps, matmul_forward(out, inp, w, NULL, N, C, OC));
+        BEST_SECONDS(t_dinp, reps, matmul_backward_input(dinp, out, w, N, C, OC));
+        BEST_SECONDS(t_dw, reps, matmul_backward_weight(dw, NULL, out, inp, N, C, OC));
+        printf("  gemm %-8s N %5d, %4d -> %4d: %.2e FLOPs a product; forward %6.1f, dinp %6.1f, dweight %6.1f GFLOP/s\n",
+               shapes[s].name, N, C, OC, f, f / t_fwd / 1e9, f / t_dinp / 1e9, f / t_dw / 1e9);
+        flops += 3 * f, seconds += t_fwd + t_dinp + t_dw;
+        *largest_flops = fmax(*largest_flops, f), *smallest_flops = fmin(*smallest_flops, f);
+        free(inp), free(w), free(out), free(dinp), free(dw);
+    }
+    return flops / seconds;
+}
+
+// STREAM's triad a = b + s c over three arrays of 32M floats (128 MB each, 4x this machine's
+// 32 MB L3 and far beyond most), bytes/s counting 12 an element (the write-allocate read of a is
+// not counted, as STREAM does not), the best of 5 rounds, with `threads` threads
+static double triad_bandwidth(float* a, const float* b, const float* c, size_t n, int threads) {
+    double best = 1e30;
+    for (int round = 0; round < 6; round++) {
+        double t0 = wall_time_s();
+        #pragma omp parallel for num_threads(threads)
+        for (size_t i = 0; i < n; i++) a[i] = b[i] + 3.0f * c[i];
+        if (round > 0) best = fmin(best, wall_time_s() - t0);
+    }
+    return 12.0 * n / best;
+}
+
+// The kernels below run at the CPU step's own shape, d12 at B x T = 4 x 64 tokens (as
+// dev/bench/bench_cpu_ops times them): their tensors sit in the caches there, as in the
+// trainers' runs on this machine, and their rates differ from those over arrays beyond the
+// caches (LayerNorm's parameter gradients walk a column at a time, a cache miss a row once
+// the rows outgrow the caches).
+enum { CAL_B = 4, CAL_T = 64, CAL_C = 768, CAL_NH = 12 };
+
+// causal attention (llmc/cpu/attention.h): FLOP/s of useful work, the causal pairs' q k^T and
+// p v, 2 T (T + 1) C B forward and twice that backward (the FLOPs every profile's
+// efficiency_attention counts: llmc/device_profile.h)
+static double attention_rate_measured(Rng* rng) {
+    int B = CAL_B, T = CAL_T, C = CAL_C, NH = CAL_NH;
+    size_t nt = (size_t)B * T;
+    float* qkv = (float*)malloc_check(nt * 3 * C * sizeof(float));
+    float* dqkv = (float*)malloc_check(nt * 3 * C * sizeof(float));
+    float* att = (float*)malloc_check((size_t)B * NH * T * T * sizeof(float));
+    float* y = (float*)malloc_check(nt * C * sizeof(float));
+    float* dy = (float*)malloc_check(nt * C * sizeof(float));
+    rng_normal_fill(rng, qkv, nt * 3 * C, 0.0f, 1.0f);
+    rng_normal_fill(rng, dy, nt * C, 0.0f, 1.0f);
+    double t_fwd, t_bwd;
+    BEST_SECONDS(t_fwd, 20, attention_forward(y, att, qkv, B, T, C, NH));
+    BEST_SECONDS(t_bwd, 20, attention_backward(dqkv, dy, qkv, y, att, B, T, C, NH));
+    double useful = 2.0 * T * (T + 1) * C * B;
+    printf("  attention B %d, T %d, C %d, %d heads: forward %.1f, backward %.1f GFLOP/s\n", B, T, C, NH,
+           useful / t_fwd / 1e9, 2 * useful / t_bwd / 1e9);
+    free(qkv), free(dqkv), free(att), free(y), free(dy);
+    return 3 * useful / (t_fwd + t_bwd);
+}
+
+// the step's memory-bound passes: GELU forward (reads its input, writes its output) and
+// backward (reads two, writes one) over (B T, 4C), LayerNorm forward (reads x, writes out) and
+// backward (reads dout and x, reads and adds into dinp) over (B T, C); bytes/s of the least
+// bytes each must move, the four together
+static double kernels_bandwidth_measured(Rng* rng) {
+    int rows = CAL_B * CAL_T, C = CAL_C;
+    size_t nc = (size_t)rows * C, n4 = 4 * nc;
+    float *h = (float*)malloc_check(n4 * sizeof(float)), *gh = (float*)malloc_check(n4 * sizeof(float));
+    float* dh = (float*)malloc_check(n4 * sizeof(float));
+    float *x = (float*)malloc_check(nc * sizeof(float)), *y = (float*)malloc_check(nc * sizeof(float));
+    float* dx = (float*)calloc_check(nc, sizeof(float));
+    float *w = (float*)malloc_check(C * sizeof(float)), *bias = (float*)calloc_check(C, sizeof(float));
+    float *dw = (float*)calloc_check(C, sizeof(float)), *db = (float*)calloc_check(C, sizeof(float));
+    float *mean = (float*)malloc_check(rows * sizeof(float)), *rstd = (float*)malloc_check(rows * sizeof(float));
+    rng_normal_fill(rng, h, n4, 0.0f, 1.0f);
+    rng_normal_fill(rng, gh, n4, 0.0f, 1.0f);
+    rng_normal_fill(rng, x, nc, 0.0f, 1.0f);
+    for (int i = 0; i < C; i++) w[i] = 1.0f;
+    double t_gelu_f, t_gelu_b, t_ln_f, t_ln_b;
+    BEST_SECONDS(t_gelu_f, 20, gelu_forward(gh, h, n4));
+    BEST_SECONDS(t_gelu_b, 20, gelu_backward(dh, h, gh, n4));
+    BEST_SECONDS(t_ln_f, 20, layernorm_forward(y, mean, rstd, x, w, bias, rows, C));
+    BEST_SECONDS(t_ln_b, 20, layernorm_backward(dx, dw, db, y, x, w, mean, rstd, rows, C));
+    double b_gelu_f = 8.0 * n4, b_gelu_b = 12.0 * n4, b_ln_f = 8.0 * nc, b_ln_b = 16.0 * nc;
+    printf("  GELU forward %.1f, backward %.1f GB/s; LayerNorm forward %.1f, backward %.1f GB/s (B %d, T %d, C %d)\n",
+           b_gelu_f / t_gelu_f / 1e9, b_gelu_b / t_gelu_b / 1e9, b_ln_f / t_ln_f / 1e9, b_ln_b / t_ln_b / 1e9, CAL_B,
+           CAL_T, C);
+    free(h), free(gh), free(dh), free(x), free(y), free(dx), free(w), free(bias), free(dw), free(db), free(mean), free(rstd);
+    return (b_gelu_f + b_gelu_b + b_ln_f + b_ln_b) / (t_gelu_f + t_gelu_b + t_ln_f + t_ln_b);
+}
+
+// rank 1 waits for rank 0's compute without taking a core from it (MPI's blocking calls poll)
+static void wait_quietly(int from) {
+    int done = 0, flag = 0;
+    MPI_Request request;
+    MPI_Irecv(&done, 1, MPI_INT, from, 1, MPI_COMM_WORLD, &request);
+    while (!flag) {
+        MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+        if (!flag) usleep(2000);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// -check and -fit: no MPI
+
+static int check(const char* name_or_path) {
+    DeviceProfile p;
+    char why[2048];
+    if (!device_profile_load(name_or_path, &p, why, sizeof(why))) {
+        fprintf(stderr, "error: %s\n", why);
+        return 1;
+    }
+    device_profile_print(stdout, &p);
+    return 0;
+}
+
+static int fit_file(const char* path) {
+    FILE* f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "error: -fit %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    double n[256], t[256];
+    int count = 0;
+    while (count < 256 && fscanf(f, "%lf %lf", &n[count], &t[count]) == 2) count++;
+    int trailing = fscanf(f, " %*s") != EOF;  // anything left that is not a pair of numbers
+    fclose(f);
+    double alpha, beta;
+    const char* why = NULL;
+    if (trailing) why = "a line that is not \"bytes seconds\" (or over 256 lines)";
+    if (why != NULL || !fit_alpha_beta(n, t, count, &alpha, &beta, &why)) {
+        fprintf(stderr, "error: -fit %s: %s\n", path, why);
+        return 1;
+    }
+    printf("alpha %.17g s, beta %.17g bytes/s\n", alpha, beta);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    const char* out_path = NULL;
+    int threads = 1;
+    for (int i = 1; i < argc; i++) {
+        int has_value = i + 1 < argc;
+        if (strcmp(argv[i], "-check") == 0 && has_value) return check(argv[i + 1]);
+        if (strcmp(argv[i], "-fit") == 0 && has_value) return fit_file(argv[i + 1]);
+        if (strcmp(argv[i], "-o") == 0 && has_value) {
+            out_path = argv[++i];
+        } else if (strcmp(argv[i], "-threads") == 0 && has_value) {
+            char* end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end != '\0' || v < 1 || v > 1024) die("-threads %s: expected a whole number from 1 to 1024", argv[i]);
+            threads = (int)v;
+        } else {
+            die("%s: unknown flag or a flag without its value. Usage:\n"
+                "  mpirun -np 2 %s -o FILE [-threads N]   measure this machine, write its profile to FILE\n"
+                "  %s -check FILE|NAME                    read a profile and print it\n"
+                "  %s -fit FILE                           fit t = alpha + bytes / beta to \"bytes seconds\" lines",
+                argv[i], argv[0], argv[0], argv[0]);
+        }
+    }
+    if (out_path == NULL) die("-o FILE: where to write the profile (e.g. dev/profiles/cpu-this-machine.txt)");
+    MPI_Init(&argc, &argv);
+    mpi_started = 1;
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != 2) die("calibrate measures the link between 2 ranks of this host: run it as mpirun -np 2 %s -o %s (not %d ranks)", argv[0], out_path, size);
+    double t_start = wall_time_s();
+
+    // 1. MPI, both ranks
+    double n[MESSAGE_SIZES], t_msg[MESSAGE_SIZES], t_ar[MESSAGE_SIZES];
+    size_t most = message_bytes(MESSAGE_SIZES - 1);
+    char* buf = (char*)calloc_check(most, 1);
+    for (int i = 0; i < MESSAGE_SIZES; i++) {
+        n[i] = (double)message_bytes(i);
+        t_msg[i] = time_message(buf, message_bytes(i), rank);
+        t_ar[i] = time_all_reduce((float*)buf, message_bytes(i));
+    }
+    free(buf);
+    if (rank == 1) {
+        wait_quietly(0);
+        MPI_Finalize();
+        return 0;
+    }
+    double msg_alpha, msg_beta, ar_alpha, ar_beta;
+    const char* why = NULL;
+    int fitted = MESSAGE_SIZES - FIT_FROM;
+    if (!fit_alpha_beta(n + FIT_FROM, t_msg + FIT_FROM, fitted, &msg_alpha, &msg_beta, &why)) die("the messages' fit: %s", why);
+    if (!fit_alpha_beta(n + FIT_FROM, t_ar + FIT_FROM, fitted, &ar_alpha, &ar_beta, &why)) die("the all-reduces' fit: %s", why);
+    printf("MPI between 2 ranks of this host (best of 4 rounds; fit t = alpha + bytes / beta from %.0f bytes up,\n"
+           "each point weighted by 1/t^2):\n", n[FIT_FROM]);
+    printf("  %10s %14s %14s %14s %14s\n", "bytes", "send us", "fit", "all-reduce us", "fit");
+    for (int i = 0; i < MESSAGE_SIZES; i++) {
+        printf("  %10.0f %14.2f %14.2f %14.2f %14.2f\n", n[i], t_msg[i] * 1e6, (msg_alpha + n[i] / msg_beta) * 1e6,
+               t_ar[i] * 1e6, (ar_alpha + n[i] / ar_beta) * 1e6);
+    }
+    printf("  send/recv: alpha %.2f us, beta %.2f GB/s; all-reduce: alpha %.2f us, beta %.2f GB/s\n", msg_alpha * 1e6,
+           msg_beta / 1e9, ar_alpha * 1e6, ar_beta / 1e9);
+
+    // 2. compute and memory, rank 0 alone (rank 1 sleeps), with `threads` threads
+    omp_set_num_threads(threads);
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);  // (the host's: mpirun binds a rank to fewer)
+    if (threads > omp_get_num_procs()) {
+        printf("warning: -threads %d, but this rank may run on %d core%s (mpirun binds ranks to cores: add --bind-to none)\n",
+               threads, omp_get_num_procs(), omp_get_num_procs() == 1 ? "" : "s");
+    }
+    Rng rng;
+    rng_init(&rng, 1);
+    printf("compute on %d thread%s (of %d cores), the %s GEMM micro-kernel:\n", threads, threads == 1 ? "" : "s", cores,
+           gemm_isa().name);
+    GemmShape large[] = {{"fc", 512, 768, 3072}, {"fcproj", 512, 3072, 768}};
+    GemmShape small[] = {{"qkv", 64, 768, 2304}, {"attproj", 64, 768, 768}};
+    double large_max, large_min, small_max, small_min;
+    double large_rate = gemm_rate(large, 2, &rng, &large_max, &large_min);
+    double small_rate = gemm_rate(small, 2, &rng, &small_max, &small_min);
+    double small_eff = small_rate / large_rate;
+    // the class boundary: halfway (geometrically) between the largest small GEMM and the smallest large one
+    double small_flops = sqrt(small_max * large_min);
+    printf("  large class %.1f GFLOP/s (the peak, by definition), small class %.1f GFLOP/s: %.2f of it%s\n",
+           large_rate / 1e9, small_rate / 1e9, small_eff, small_eff > 1 ? " (written as 1: an efficiency is at most 1)" : "");
+
+    double attention_rate = attention_rate_measured(&rng);
+    printf("  attention: %.1f GFLOP/s forward and backward (useful causal FLOPs): %.2f of the peak\n",
+           attention_rate / 1e9, attention_rate / large_rate);
+
+    size_t elements = (size_t)32 << 20;
+    float* a = (float*)calloc_check(elements, sizeof(float));
+    float* b = (float*)malloc_check(elements * sizeof(float));
+    float* c = (float*)malloc_check(elements * sizeof(float));
+    #pragma omp parallel for num_threads(cores)
+    for (size_t i = 0; i < elements; i++) b[i] = 1.0f, c[i] = 2.0f;
+    double bandwidth = triad_bandwidth(a, b, c, elements, threads);
+    free(a), free(b), free(c);
+    double kernels_bandwidth = kernels_bandwidth_measured(&rng);
+    double memory_eff = kernels_bandwidth / bandwidth;
+    printf("memory: triad %.1f GB/s on %d thread%s; GELU and LayerNorm %.1f GB/s: %.2f of it%s\n", bandwidth / 1e9,
+           threads, threads == 1 ? "" : "s", kernels_bandwidth / 1e9, memory_eff, memory_eff > 1 ? " (written as 1)" : "");
+
+    // 3. the profile
+    DeviceProfile p;
+    memset(&p, 0, sizeof(p));
+    char host[40] = "this machine";
+    gethostname(host, sizeof(host) - 1);
+    snprintf(p.name, sizeof(p.name), "CPU of %s, %d thread%s a rank", host, threads, threads == 1 ? "" : "s");
+    p.kind = DEVICE_CPU;
+    p.peak_flops_fp32 = p.peak_flops_bf16 = large_rate;
+    p.memory_bandwidth_bytes_per_s = bandwidth;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    p.memory_bytes = pages > 0 && page > 0 ? (double)pages * page : 1e9;
+    p.efficiency_matmul_large = 1.0;
+    p.efficiency_matmul_small = fmin(1.0, small_eff);
+    p.matmul_small_flops = small_flops;
+    p.efficiency_attention = fmin(1.0, attention_rate / large_rate);
+    p.efficiency_memory = fmin(1.0, memory_eff);
+    // one host: every rank of a run here is "inside the node", so the link across is the same
+    p.intra_node_latency_s = p.inter_node_latency_s = msg_alpha;
+    p.intra_node_bandwidth_bytes_per_s = p.inter_node_bandwidth_bytes_per_s = msg_beta;
+    p.gpus_per_node = 1024;
+    p.efficiency_link = 1.0;
+    p.intra_node_allreduce_latency_s = ar_alpha;
+    p.intra_node_allreduce_bandwidth_bytes_per_s = ar_beta;
+    p.cpu_threads = threads;
+    p.cpu_cores = cores;
+
+    // written to a temporary name and renamed, so a failed run leaves no half-written profile
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", out_path);
+    FILE* f = fopen(tmp, "w");
+    if (f == NULL) die("-o %s: cannot write %s: %s", out_path, tmp, strerror(errno));
+    time_t now = time(NULL);
+    char when[32];
+    strftime(when, sizeof(when), "%Y-%m-%d %H:%M UTC", gmtime(&now));
+    fprintf(f,
+            "# This machine's CPU, measured by dev/bench/calibrate on %s (mpirun -np 2 ./dev/bench/calibrate -o FILE\n"
+            "# -threads %d; the format: llmc/device_profile.h). Measured, not from a datasheet:\n"
+            "#   peak_flops: the project's GEMM (llmc/cpu/matmul.h) on d12's fc and fcproj at 512 tokens, forward,\n"
+            "#     dinp and dweight: %.1f GFLOP/s on %d thread%s, so efficiency_matmul_large is 1 by definition;\n"
+            "#     qkv and attproj at 64 tokens ran at %.1f GFLOP/s (efficiency_matmul_small); below %.3g FLOPs a GEMM is small.\n"
+            "#   attention: llmc/cpu/attention.h at d12's B 4, T 64, 12 heads, %.1f GFLOP/s of useful causal FLOPs.\n"
+            "#   memory: STREAM's triad over 3 x 128 MB, %.1f GB/s; GELU and LayerNorm,\n"
+            "#     forward and backward at d12's B 4, T 64, %.1f GB/s of their least bytes (efficiency_memory).\n"
+            "#   links: MPI between 2 ranks of this host, 2 KB to 8 MB, fit t = alpha + bytes / beta (weights 1/t^2):\n"
+            "#     send/recv %.2f us + bytes / %.2f GB/s; all-reduce %.2f us + bytes / %.2f GB/s. One host, so the\n"
+            "#     inter-node figures repeat the intra-node ones, and gpus_per_node is large: every rank shares it.\n",
+            when, threads, large_rate / 1e9, threads, threads == 1 ? "" : "s", small_rate / 1e9, small_flops,
+            attention_rate / 1e9, bandwidth / 1e9, kernels_bandwidth / 1e9,
+            msg_alpha * 1e6, msg_beta / 1e9, ar_alpha * 1e6, ar_beta / 1e9);
+    device_profile_print(f, &p);
+    if (fclose(f) != 0 || rename(tmp, out_path) != 0) die("-o %s: could not write it: %s", out_path, strerror(errno));
+    // read back, as a user's run of the model will read it
+    DeviceProfile back;
+    char reason[2048];
+    if (!device_profile_load(out_path, &back, reason, sizeof(reason))) die("the profile written does not read back: %s", reason);
+    printf("wrote %s in %.1f s:\n", out_path, wall_time_s() - t_start);
+    device_profile_print(stdout, &back);
+
+    int done = 1;
+    MPI_Send(&done, 1, MPI_INT, 1, 1, MPI_COMM_WORLD);  // rank 1 may finish
+    MPI_Finalize();
+    return 0;
+}
