@@ -75,8 +75,10 @@ static int fit_alpha_beta(const double* n, const double* t, int count, double* a
         double w = 1.0 / (t[i] * t[i]);
         S += w, Sn += w * n[i], Snn += w * n[i] * n[i], St += w * t[i], Snt += w * n[i] * t[i];
     }
+    int sizes = 0;  // (two or more different sizes: else the line could have any slope)
+    for (int i = 0; i < count; i++) sizes += n[i] != n[0];
     double det = S * Snn - Sn * Sn;
-    if (count < 2 || !(det > 0)) {
+    if (sizes == 0 || !(det > 0)) {
         *why = "fewer than two different sizes";
         return 0;
     }

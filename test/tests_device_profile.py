@@ -1,0 +1,255 @@
+# Device profiles (llmc/device_profile.h) and the CPU's calibration (dev/bench/calibrate): the
+# numbers the step-time model (issue 61) turns a step's kernels and messages into seconds with.
+# The built-in GPU profiles are held to the datasheets' figures, written here from NVIDIA's pages
+# (not from the header); a profile with any one thing wrong is refused with its file, line and
+# field named; calibrate's two-rank run writes a profile that reads back with plausible numbers
+# (its times are this machine's and are never asserted); its alpha-beta fit is held to a float64
+# least-squares reference. Read by run_tests.py into its namespace (its helpers: @test, make,
+# mpirun, fresh_dir).
+
+CALIBRATE = "./dev/bench/calibrate"
+
+
+def calibrate_built():
+    p = make(["dev/bench/calibrate"])
+    assert p.returncode == 0, p.stdout.decode("utf-8", "replace")[-3000:]
+
+
+def calibrate_cli(*args):
+    """(exit code, stdout + stderr) of calibrate without MPI (-check, -fit)"""
+    p = subprocess.run([CALIBRATE] + list(args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       timeout=60)
+    return p.returncode, p.stdout.decode("utf-8", "replace")
+
+
+def profile_values(text):
+    """{key: value} of a profile as calibrate -check prints it (numbers as floats)"""
+    values = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        try:
+            values[key] = float(value)
+        except ValueError:
+            values[key] = value
+    return values
+
+
+# The datasheets (NVIDIA's H100, H200 and A100 pages; llmc/device_profile.h cites them):
+# dense bf16 is half the "with sparsity" figure; NVLink's total over both directions is halved
+# to one direction; InfiniBand per GPU: NDR 400 Gb/s = 50 GB/s, HDR 200 Gb/s = 25 GB/s.
+DATASHEETS = {
+    "h100-sxm": dict(peak_flops_bf16=1979e12 / 2, peak_flops_fp32=67e12, memory_bandwidth_bytes_per_s=3.35e12,
+                     memory_bytes=80e9, intra_node_bandwidth_bytes_per_s=900e9 / 2,
+                     inter_node_bandwidth_bytes_per_s=400e9 / 8),
+    "h200": dict(peak_flops_bf16=1979e12 / 2, peak_flops_fp32=67e12, memory_bandwidth_bytes_per_s=4.8e12,
+                 memory_bytes=141e9, intra_node_bandwidth_bytes_per_s=900e9 / 2,
+                 inter_node_bandwidth_bytes_per_s=400e9 / 8),
+    "a100-80gb": dict(peak_flops_bf16=624e12 / 2, peak_flops_fp32=19.5e12, memory_bandwidth_bytes_per_s=2.039e12,
+                      memory_bytes=80e9, intra_node_bandwidth_bytes_per_s=600e9 / 2,
+                      inter_node_bandwidth_bytes_per_s=200e9 / 8),
+}
+EFFICIENCIES = ["efficiency_matmul_large", "efficiency_matmul_small", "efficiency_attention", "efficiency_memory",
+                "efficiency_link"]
+
+
+@test
+def device_profile_builtins_are_the_datasheets():
+    """h100-sxm, h200 and a100-80gb read, each peak, bandwidth and memory equal to the datasheet's
+    figure (1979 / 2 = 989.5 TFLOP/s against the header's 989.4, NVIDIA's own rounding of the dense
+    rate: relative 1e-3), every efficiency in (0, 1], 8 GPUs a node; and a profile printed by
+    -check reads back to the same print (the format's printer and parser agree)"""
+    calibrate_built()
+    d = fresh_dir("profile_builtins")
+    for name, sheet in DATASHEETS.items():
+        code, out = calibrate_cli("-check", name)
+        assert code == 0, out
+        v = profile_values(out)
+        assert v["kind"] == "cuda" and v["gpus_per_node"] == 8, out
+        for key, want in sheet.items():
+            assert abs(v[key] - want) <= 1e-3 * want, "%s: %s %g, the datasheet %g" % (name, key, v[key], want)
+        for key in EFFICIENCIES:
+            assert 0 < v[key] <= 1, "%s: %s %g" % (name, key, v[key])
+        assert 0 < v["intra_node_latency_s"] < v["inter_node_latency_s"] < 1e-4, out
+        assert v["matmul_small_flops"] > 0, out
+        path = os.path.join(d, name + ".txt")
+        with open(path, "w") as f:
+            f.write(out)
+        code, again = calibrate_cli("-check", path)
+        assert code == 0 and again == out, "%s printed and read back:\n%s\nagainst\n%s" % (name, again, out)
+    # the three differ where their chips differ
+    h100, h200, a100 = (profile_values(calibrate_cli("-check", n)[1]) for n in DATASHEETS)
+    assert h100["peak_flops_bf16"] == h200["peak_flops_bf16"] > a100["peak_flops_bf16"]
+    print("    h100-sxm, h200, a100-80gb: datasheet peaks, bandwidths, memory and links; efficiencies in (0, 1]")
+
+
+@test
+def device_profile_refused_with_file_line_and_field():
+    """a profile with one thing wrong (a missing field, an unknown key, a negative bandwidth, an
+    efficiency over 1 or of 0, a key twice, a value that is not a plain number: units, nan, inf,
+    hex, a comma; a kind other than cpu or cuda; half a GPU a node; an all-reduce latency without
+    its bandwidth) is refused: exit 1, the message names the file, the line the defect is on and
+    the field; a name that is neither a built-in nor a file is named too"""
+    calibrate_built()
+    d = fresh_dir("profile_refused")
+    code, good = calibrate_cli("-check", "h100-sxm")
+    assert code == 0, good
+    lines = good.splitlines()
+
+    def line_of(key):
+        return next(i for i, l in enumerate(lines) if l.split()[0] == key)
+
+    def replaced(key, value):
+        """the profile with key's value replaced: (text, its 1-based line)"""
+        i = line_of(key)
+        return "\n".join(lines[:i] + ["%s %s" % (key, value)] + lines[i + 1:]) + "\n", i + 1
+
+    cases = []  # (label, text, line or None, words the message must hold)
+    i = line_of("memory_bytes")
+    cases.append(("missing field", "\n".join(lines[:i] + lines[i + 1:]) + "\n", None, ["missing field memory_bytes"]))
+    cases.append(("unknown key", good + "peak_flops_fp16 1e15\n", len(lines) + 1, ["unknown key 'peak_flops_fp16'"]))
+    text, n = replaced("memory_bandwidth_bytes_per_s", "-3.35e12")
+    cases.append(("negative", text, n, ["memory_bandwidth_bytes_per_s", "out of range"]))
+    text, n = replaced("efficiency_matmul_large", "1.2")
+    cases.append(("efficiency over 1", text, n, ["efficiency_matmul_large", "out of range (0, 1]"]))
+    text, n = replaced("efficiency_attention", "0")
+    cases.append(("efficiency 0", text, n, ["efficiency_attention", "out of range (0, 1]"]))
+    cases.append(("duplicate", good + "# again\nkind cuda\n", len(lines) + 2,
+                  ["kind given twice (first on line %d)" % (line_of("kind") + 1)]))
+    for bad in ("989.4TFLOPs", "nan", "inf", "0x1p50", "989,4e12", "1e12 2e12"):
+        text, n = replaced("peak_flops_bf16", bad)
+        cases.append(("not a number: %s" % bad, text, n, ["peak_flops_bf16 '%s' is not a number" % bad]))
+    text, n = replaced("kind", "tpu")
+    cases.append(("kind", text, n, ["kind 'tpu': expected cpu or cuda"]))
+    text, n = replaced("gpus_per_node", "2.5")
+    cases.append(("half a GPU", text, n, ["gpus_per_node 2.5 is not a whole number"]))
+    text, n = replaced("intra_node_latency_s", "2")  # (microseconds written as seconds)
+    cases.append(("latency of seconds", text, n, ["intra_node_latency_s 2 is out of range"]))
+    cases.append(("all-reduce half given", good + "intra_node_allreduce_latency_s 1e-6\n", len(lines) + 1,
+                  ["intra_node_allreduce_latency_s without intra_node_allreduce_bandwidth_bytes_per_s"]))
+    for k, (label, text, n, words) in enumerate(cases):
+        path = os.path.join(d, "bad_%d.txt" % k)
+        with open(path, "w") as f:
+            f.write(text)
+        code, out = calibrate_cli("-check", path)
+        assert code == 1, "%s: exit %d, expected 1:\n%s" % (label, code, out)
+        where = "%s:%d: " % (path, n) if n else "%s: " % path
+        assert ("error: " + where) in out, "%s: the message does not start with %r:\n%s" % (label, where, out)
+        for w in words:
+            assert w in out, "%s: %r not in the message:\n%s" % (label, w, out)
+    code, out = calibrate_cli("-check", "h300")
+    assert code == 1 and "h300: not a built-in profile (h100-sxm, h200, a100-80gb) and not a file" in out, out
+    print("    %d bad profiles refused, each with its file, line and field" % len(cases))
+
+
+@test
+def calibrate_fit_is_the_relative_least_squares_line():
+    """calibrate -fit: exact points of t = alpha + bytes / beta (alpha 3 us, beta 5 GB/s, 2 KB to
+    8 MB) give back alpha and beta (relative 1e-9: float64 normal equations over sizes three
+    decades apart lose a few digits, not nine); points off the line give the line numpy's float64
+    least squares finds with each residual divided by its t (relative errors: the weights the fit
+    documents), to 1e-9; one size alone, or a line that is not two numbers, is refused"""
+    calibrate_built()
+    d = fresh_dir("calibrate_fit")
+    sizes = [2048 * 4 ** i for i in range(7)]
+    alpha, beta = 3e-6, 5e9
+
+    def fit(points):
+        path = os.path.join(d, "points.txt")
+        with open(path, "w") as f:
+            f.writelines("%.17g %.17g\n" % p for p in points)
+        code, out = calibrate_cli("-fit", path)
+        assert code == 0, out
+        m = re.match(r"alpha (\S+) s, beta (\S+) bytes/s", out)
+        assert m, out
+        return float(m.group(1)), float(m.group(2))
+
+    a, b = fit([(n, alpha + n / beta) for n in sizes])
+    assert abs(a - alpha) <= 1e-9 * alpha and abs(b - beta) <= 1e-9 * beta, (a, b)
+    # off the line: a protocol's step, noise; the reference minimises sum ((a + n / beta - t) / t)^2
+    rng = np.random.default_rng(7)
+    points = [(n, (alpha + n / beta) * f) for n, f in zip(sizes, rng.uniform(0.6, 1.6, len(sizes)))]
+    n_ = np.array([p[0] for p in points]), np.array([p[1] for p in points])
+    rows = np.stack([np.ones(len(sizes)), n_[0]], axis=1) / n_[1][:, None]
+    (ref_a, ref_slope), *_ = np.linalg.lstsq(rows, np.ones(len(sizes)), rcond=None)
+    a, b = fit(points)
+    assert abs(a - ref_a) <= 1e-9 * ref_a and abs(b - 1 / ref_slope) <= 1e-9 / ref_slope, (a, b, ref_a, 1 / ref_slope)
+    path = os.path.join(d, "one.txt")
+    with open(path, "w") as f:
+        f.write("4096 1e-5\n4096 1e-5\n")
+    code, out = calibrate_cli("-fit", path)
+    assert code == 1 and "fewer than two different sizes" in out, out
+    with open(path, "w") as f:
+        f.write("4096 1e-5\n8192 2us\n")
+    code, out = calibrate_cli("-fit", path)
+    assert code == 1 and "not \"bytes seconds\"" in out, out
+    print("    exact points: alpha and beta back to 1e-9; noisy points: numpy's weighted line to 1e-9")
+
+
+@test
+def calibrate_two_ranks_writes_a_profile_that_reads_back():
+    """mpirun -np 2 dev/bench/calibrate -o FILE: exits 0 and writes a kind cpu profile that
+    -check reads; its numbers are positive and plausible for a CPU core (GEMM 1e8-1e13 FLOP/s,
+    bandwidths 1e8-1e13 bytes/s, latencies 10 ns to 1 ms: ranges, never a time), efficiency of
+    the large GEMMs 1 by definition and every other in (0, 1], the host's memory as /proc/meminfo
+    says, its cores as os.cpu_count(), the fitted figures it printed the ones it wrote; on 1 rank
+    it stops with the reason and writes nothing"""
+    calibrate_built()
+    d = fresh_dir("calibrate_run")
+    path = os.path.join(d, "cpu.txt")
+    out = run_ok(2, ["-o", path], program=CALIBRATE, timeout=240)
+    code, text = calibrate_cli("-check", path)
+    assert code == 0, text
+    v = profile_values(text)
+    assert v["kind"] == "cpu" and v["cpu_threads"] == 1 and v["cpu_cores"] == os.cpu_count(), text
+    for key in ("peak_flops_fp32", "peak_flops_bf16"):
+        assert 1e8 <= v[key] <= 1e13, "%s %g" % (key, v[key])
+    for key in ("memory_bandwidth_bytes_per_s", "intra_node_bandwidth_bytes_per_s", "inter_node_bandwidth_bytes_per_s",
+                "intra_node_allreduce_bandwidth_bytes_per_s"):
+        assert 1e8 <= v[key] <= 1e13, "%s %g" % (key, v[key])
+    for key in ("intra_node_latency_s", "inter_node_latency_s", "intra_node_allreduce_latency_s"):
+        assert 1e-8 <= v[key] <= 1e-3, "%s %g" % (key, v[key])
+    assert v["efficiency_matmul_large"] == 1, text
+    for key in EFFICIENCIES:
+        assert 0 < v[key] <= 1, "%s %g" % (key, v[key])
+    mem_kb = int(re.search(r"MemTotal:\s+(\d+) kB", open("/proc/meminfo").read()).group(1))
+    assert abs(v["memory_bytes"] - mem_kb * 1024) <= 0.01 * mem_kb * 1024, (v["memory_bytes"], mem_kb)
+    m = re.search(r"send/recv: alpha (\S+) us, beta (\S+) GB/s; all-reduce: alpha (\S+) us, beta (\S+) GB/s", out)
+    assert m, out[-3000:]
+    printed = [float(x) for x in m.groups()]
+    written = [v["intra_node_latency_s"] * 1e6, v["intra_node_bandwidth_bytes_per_s"] / 1e9,
+               v["intra_node_allreduce_latency_s"] * 1e6, v["intra_node_allreduce_bandwidth_bytes_per_s"] / 1e9]
+    for p_, w in zip(printed, written):
+        assert abs(p_ - w) <= 0.006 * w + 0.006, (printed, written)  # (printed to 2 decimals)
+    # one rank: no link to measure
+    lone = os.path.join(d, "lone.txt")
+    code, out1 = mpirun(1, ["-o", lone], program=CALIBRATE, timeout=60)
+    assert code != 0 and "between 2 ranks" in out1 and not os.path.exists(lone), out1
+    print("    %s: GEMM %.1f GFLOP/s, small %.2f, attention %.2f, triad %.1f GB/s, memory %.2f, "
+          "send %.2f us + %.2f GB/s, all-reduce %.2f us + %.2f GB/s" % (
+              os.path.basename(path), v["peak_flops_fp32"] / 1e9, v["efficiency_matmul_small"],
+              v["efficiency_attention"], v["memory_bandwidth_bytes_per_s"] / 1e9, v["efficiency_memory"], *printed))
+
+
+@test
+def device_profile_header_compiles_as_c99_and_cxx():
+    """llmc/device_profile.h alone, in a driver that loads and prints a profile: gcc -std=c99
+    -pedantic and g++ -std=c++17 (nvcc's host language), warnings as errors; both print h200 as
+    calibrate -check does"""
+    calibrate_built()
+    d = fresh_dir("profile_header")
+    src = os.path.join(d, "driver.c")
+    with open(src, "w") as f:
+        f.write('#include "llmc/device_profile.h"\n'
+                "int main(int argc, char** argv) {\n"
+                "    DeviceProfile p;\n    char why[1024];\n"
+                "    if (argc < 2 || !device_profile_load(argv[1], &p, why, sizeof(why))) return 1;\n"
+                "    device_profile_print(stdout, &p);\n    return 0;\n}\n")
+    _, want = calibrate_cli("-check", "h200")
+    for compiler, flags in (("gcc", ["-std=c99", "-pedantic"]), ("g++", ["-x", "c++", "-std=c++17"])):
+        exe = os.path.join(d, "driver_" + compiler)
+        p = subprocess.run([compiler] + flags + ["-Wall", "-Wextra", "-Werror", "-I", ROOT, src, "-o", exe, "-lm"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert p.returncode == 0, "%s: %s" % (compiler, p.stdout)
+        p = subprocess.run([exe, "h200"], stdout=subprocess.PIPE, text=True)
+        assert p.returncode == 0 and p.stdout == want, "%s:\n%s" % (compiler, p.stdout)
+    print("    gcc -std=c99 -pedantic and g++ -std=c++17, -Werror: built, and print h200 as calibrate does")
