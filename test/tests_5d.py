@@ -230,12 +230,13 @@ def grid5d_refuses_what_it_cannot_do():
 # the CUDA backend's grids: MoE layers in a pipe (ep 1: no all-to-all, the experts' rows moved on
 # one device), the EP chapter's fold over dp (NCCL's grouped send/recv, emulated over MPI), and
 # both inside stages whose attention is tensor-parallel
-CUDA_GRID5D = {"pp2_ep1": (2, ["-pp", 2, "-ep", 1]), "dp2_ep2": (2, ["-ep", 2]),
-               "pp2_tp2_sp_ep2": (4, ["-pp", 2, "-tp", 2, "-sp", 1, "-ep", 2])}
+# (ranks, grid flags, B: the global batch of MOE["batch"] sequences split over dp)
+CUDA_GRID5D = {"pp2_ep1": (2, ["-pp", 2, "-ep", 1], 8), "dp2_ep2": (2, ["-ep", 2], 4),
+               "pp2_tp2_sp_ep2": (4, ["-pp", 2, "-tp", 2, "-sp", 1, "-ep", 2], 8)}
 
 
 def make_cuda_grid5d_test(kind, precision, grid, order="forward"):
-    ranks, flags = CUDA_GRID5D[grid]
+    ranks, flags, B = CUDA_GRID5D[grid]
 
     def fn():
         run = emu_runner(ranks, order) if kind == "emu" else cuda_runner(kind, None)
@@ -244,7 +245,7 @@ def make_cuda_grid5d_test(kind, precision, grid, order="forward"):
         d = fresh_dir("%s_%s_grid5d_%s" % (kind, precision, grid))
         grads_path = os.path.join(d, "grads.bin")
         steps = MOE["steps"]
-        out = run(program, ranks, trainer_args(ref, MOE["batch"], d, ["-n", steps, "-dump_grads", grads_path,
+        out = run(program, ranks, trainer_args(ref, B, d, ["-n", steps, "-dump_grads", grads_path,
                                                                       "-check_replicas", steps] + flags, cfg=MOE), d)
         check_cuda_against_reference(ref, d, grads_path, precision, "%s train_gpt2_3d %s 5D %s" % (kind, precision, grid))
         assert "step %d: experts' copies identical" % steps in out or "experts' copies" not in out, out[-2000:]
