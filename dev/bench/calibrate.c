@@ -63,9 +63,13 @@ static void die(const char* fmt, ...) {
 // of an 8-byte one). With a = alpha and b = 1 / beta the normal equations are two by two:
 //   a S  + b Sn  = St        S = sum w, Sn = sum w n, Snn = sum w n^2,
 //   a Sn + b Snn = Snt       St = sum w t, Snt = sum w n t.
+// alpha_floor: the least alpha can be. A message pays at least what the smallest one does, so
+// calibrate passes the 8-byte message's time: where the line through the larger sizes crosses
+// below it (noise; a protocol that is faster a byte for large messages), alpha is that floor and
+// b the best slope with it, b = (Snt - alpha Sn) / Snn. (-fit passes 0: plain least squares.)
 // Returns 0 (and why) when the points do not fix a positive alpha and beta.
-static int fit_alpha_beta(const double* n, const double* t, int count, double* alpha, double* beta,
-                          const char** why) {
+static int fit_alpha_beta(const double* n, const double* t, int count, double alpha_floor, double* alpha,
+                          double* beta, const char** why) {
     double S = 0, Sn = 0, Snn = 0, St = 0, Snt = 0;
     for (int i = 0; i < count; i++) {
         if (!(t[i] > 0)) {
@@ -83,6 +87,7 @@ static int fit_alpha_beta(const double* n, const double* t, int count, double* a
         return 0;
     }
     double a = (Snn * St - Sn * Snt) / det, b = (S * Snt - Sn * St) / det;
+    if (alpha_floor > 0 && a < alpha_floor) a = alpha_floor, b = (Snt - a * Sn) / Snn;
     if (!(a > 0) || !(b > 0)) {
         *why = a > 0 ? "time that does not grow with the size" : "a latency that is not positive (too noisy?)";
         return 0;
@@ -299,7 +304,7 @@ static int fit_file(const char* path) {
     double alpha, beta;
     const char* why = NULL;
     if (trailing) why = "a line that is not \"bytes seconds\" (or over 256 lines)";
-    if (why != NULL || !fit_alpha_beta(n, t, count, &alpha, &beta, &why)) {
+    if (why != NULL || !fit_alpha_beta(n, t, count, 0.0, &alpha, &beta, &why)) {
         fprintf(stderr, "error: -fit %s: %s\n", path, why);
         return 1;
     }
@@ -356,10 +361,14 @@ int main(int argc, char** argv) {
     double msg_alpha, msg_beta, ar_alpha, ar_beta;
     const char* why = NULL;
     int fitted = MESSAGE_SIZES - FIT_FROM;
-    if (!fit_alpha_beta(n + FIT_FROM, t_msg + FIT_FROM, fitted, &msg_alpha, &msg_beta, &why)) die("the messages' fit: %s", why);
-    if (!fit_alpha_beta(n + FIT_FROM, t_ar + FIT_FROM, fitted, &ar_alpha, &ar_beta, &why)) die("the all-reduces' fit: %s", why);
+    if (!fit_alpha_beta(n + FIT_FROM, t_msg + FIT_FROM, fitted, t_msg[0], &msg_alpha, &msg_beta, &why)) {
+        die("the messages' fit: %s", why);
+    }
+    if (!fit_alpha_beta(n + FIT_FROM, t_ar + FIT_FROM, fitted, t_ar[0], &ar_alpha, &ar_beta, &why)) {
+        die("the all-reduces' fit: %s", why);
+    }
     printf("MPI between 2 ranks of this host (best of 4 rounds; fit t = alpha + bytes / beta from %.0f bytes up,\n"
-           "each point weighted by 1/t^2):\n", n[FIT_FROM]);
+           "each point weighted by 1/t^2, alpha at least the %.0f-byte time):\n", n[FIT_FROM], n[0]);
     printf("  %10s %14s %14s %14s %14s\n", "bytes", "send us", "fit", "all-reduce us", "fit");
     for (int i = 0; i < MESSAGE_SIZES; i++) {
         printf("  %10.0f %14.2f %14.2f %14.2f %14.2f\n", n[i], t_msg[i] * 1e6, (msg_alpha + n[i] / msg_beta) * 1e6,
