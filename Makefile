@@ -117,8 +117,9 @@ dev/bench/calibrate: dev/bench/calibrate.c dev/bench/best_seconds.h $(HEADERS)
 dev/memory_planner: dev/memory_planner.c $(HEADERS) | check-deps
 	$(MPICC) $(CFLAGS) -Wno-unused-variable $< -o $@ $(LDLIBS)
 # the kernels of one GPU training step (llmc/step_kernels.h) as JSON, the rows dev/bench/roofline.py prints
-dev/bench/step_kernels: dev/bench/step_kernels.c $(HEADERS) | check-deps
-	$(MPICC) $(CFLAGS) $< -o $@ $(LDLIBS)
+# (a C compiler is all it needs: no MPI, so that a GPU machine without it builds it too)
+dev/bench/step_kernels: dev/bench/step_kernels.c $(HEADERS)
+	$(CC) $(CFLAGS) $< -o $@ -lm
 
 # the planner as a page: dev/memory_planner compiled to WebAssembly and embedded in dev/memory.html
 # (committed, so that a reader opens it without the toolchain; a test says when it is older than

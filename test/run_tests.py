@@ -3352,20 +3352,6 @@ def roofline_gelu_in_the_gemm_epilogues():
 
 
 @test
-def roofline_constants_are_the_librarys():
-    """the roofline's copies of the library's launch constants (the lines of roofline.py that name
-    the header they come from) equal the header's #define: a kernel changed without its model
-    fails here, not in a benchmark read much later"""
-    text = open(os.path.join(ROOT, "dev/bench/roofline.py")).read()
-    copies = re.findall(r"^([A-Z_]+) = (\d+)\s+# (llmc/\S+?):", text, re.M)
-    assert len(copies) >= 5, copies
-    for name, value, header in copies:
-        m = re.search(r"^#define %s (\d+)\b" % name, open(os.path.join(ROOT, header)).read(), re.M)
-        assert m, "%s: no #define %s" % (header, name)
-        assert m.group(1) == value, "roofline.py's %s = %s, %s says %s" % (name, value, header, m.group(1))
-
-
-@test
 def roofline_layernorm_backward_fused():
     """-ln_backward fused (the roofline's and the trainer's default; -ln_backward separate,
     LLMC_LAYERNORM_BACKWARD=separate, the other path): one kernel reads dout and x

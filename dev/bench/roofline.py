@@ -6,6 +6,10 @@ launches, what it computes, what it must move, and how long that takes at best.
     /usr/bin/python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -attention cublas -epilogue 0
     /usr/bin/python3 dev/bench/roofline.py -e 12/768/12 -b 4 -t 64 -json
 
+The step's kernels are llmc/step_kernels.h's rows (one inventory, in C, that a model of the
+step's time reads too), printed by dev/bench/step_kernels (make dev/bench/step_kernels); this
+script prices each row on a device.
+
 What a roofline is (Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009). A kernel does
 some arithmetic (F floating-point operations) on data it must bring from the GPU's memory (HBM)
 and write back (M bytes). The chip has two speeds, a peak arithmetic rate P (FLOP/s, from the
@@ -28,10 +32,10 @@ machine's ridge point P / W. On an H100 SXM in bf16: P / W = 989e12 / 3.35e12 = 
 Nobody reaches a datasheet peak, so the model uses achievable rates: a fraction of each peak
 (-gemm_eff, -attn_eff, -vec_eff, -bw_eff), printed with the results.
 
-What this model counts, per kernel:
+What the rows count, per kernel (llmc/step_kernels.h says how, kernel by kernel):
 - FLOPs: matmuls exactly (2 m n k); attention as the kernels execute it (the causal flash kernels
   visit whole 64 x 64 tiles up to the diagonal; the cuBLAS path multiplies full T x T squares);
-  elementwise kernels by an approximate count of fp32 operations per element (stated below).
+  elementwise kernels by an approximate count of fp32 operations per element (stated there).
 - bytes: the minimum a kernel must move: each input read once and each output written once, at
   its element width (bf16 = 2 bytes for parameters, activations and gradients; fp32 for master
   weights, AdamW's m and v, LayerNorm's mean and rstd, attention's lse). Re-reads served by the
@@ -46,6 +50,7 @@ the step time, over the device's dense peak for the precision (llmc/cuda/device.
 import argparse
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -82,31 +87,6 @@ DEFAULT_ATTN_EFF = 0.50  # between FlashAttention-2 on an H100 (~35%, Dao 2023) 
 DEFAULT_BW_EFF = 0.90    # a streaming copy reaches ~90% of the datasheet HBM bandwidth on H100 / A100
 DEFAULT_VEC_EFF = 0.50   # fp32 arithmetic of elementwise kernels (tanhf, expf on the SFUs); it never binds here
 
-# approximate fp32 operations per element of the elementwise kernels (only their order matters:
-# all of them sit far left of the ridge point, so their time is their bytes)
-FLOPS_PER = dict(
-    add=1,                  # encoder_forward, the residual add, a bias sum
-    layernorm=8,            # mean (1), variance (2), normalise and scale (4), shift (1)
-    gelu=10,                # cube, polynomial, tanh, product
-    gelu_backward=20,       # tanh again, its derivative, the chain rule
-    layernorm_backward=14,  # g = dout w, two row sums, then the input gradient
-    layernorm_params=5,     # dw += d xhat, db += d
-    classifier=9,           # max, exp and sum in the first pass; exp, scale, subtract, scale in the second
-    softmax=7,              # max, exp, sum, exp again and a scale (cuBLAS attention)
-    softmax_backward=5,     # the dot p . d, then p (d - dot) scale
-    dot=2,                  # flash backward's D = rowsum(dO * O), the gradient norm's squares
-    adamw=20,               # two moments, the bias corrections, sqrt, divide, decay, the rounding
-)
-
-FLASH_TILE = 64  # flash_attention.cuh: 64 queries x 64 keys per tile (FLASH_TILE)
-FLASH_Q_TILES = 2  # llmc/cuda/flash_attention.cuh: the forward's warps take 2 row tiles of 16, 32 queries each
-BIAS_ROWS_PER_BLOCK = 512  # llmc/target.h: rows of one block of the bias gradient's first pass
-LN_ROWS_PER_BLOCK = 256    # llmc/target.h: rows of one block of a LayerNorm's parameter gradient
-LN_FUSED_MAX_PACKS = 5     # llmc/cuda/layernorm.cuh: the widest row (16-byte packs a lane) of the fused backward
-ADAMW_RUNS_PER_LAUNCH = 96  # llmc/cuda/adamw.cuh: tensor pieces one AdamW launch takes
-NORM_BLOCKS = 1024         # llmc/target.h: blocks of the gradient norm's first pass
-F32 = 4                    # bytes of a float
-
 
 def ceil_div(a, b):
     return (a + b - 1) // b
@@ -136,321 +116,45 @@ def mlp_parameters(C):
     return 8 * C * C + 5 * C
 
 
-def num_parameters(m, experts=0, ep=1):
-    """gpt2_parameter_sizes summed: wte, wpe, and per layer ln1, qkv, attproj, ln2, fc, fcproj, then
-    lnf. With experts E (Mixture-of-Experts) each layer holds a router (E x C) and E MLPs, of which
-    one rank holds E/ep"""
+def num_parameters(m):
+    """gpt2_parameter_sizes summed for a dense GPT-2: wte, wpe, and per layer ln1, qkv, attproj,
+    ln2, fc, fcproj, then lnf"""
     L, C = m["L"], m["C"]
     per_layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C
-    mlps = experts // ep if experts else 1
-    return m["Vp"] * C + m["maxT"] * C + L * (per_layer + experts * C + mlps * mlp_parameters(C)) + 2 * C
-
-
-def flash_tiles(T):
-    """(query tile, key tile) pairs a causal flash backward kernel visits per (batch, head): the
-    tiles on and below the diagonal, each a whole 64 x 64 tile (flash_attention.cuh skips the ones
-    above)"""
-    n = ceil_div(T, FLASH_TILE)
-    return n * (n + 1) // 2
-
-
-def flash_forward_tiles(T):
-    """the same count for the forward, in 64 x 64 tiles: there a warp owns 16 * FLASH_Q_TILES
-    queries and computes each 64-key tile up to its last query (none if it starts past T).
-    Equal to flash_tiles(T) when T is a multiple of 64"""
-    rows = 16 * FLASH_Q_TILES
-    strip_tiles = sum((row0 + rows - 1) // FLASH_TILE + 1 for row0 in range(0, T, rows))
-    return strip_tiles * rows / FLASH_TILE
+    return m["Vp"] * C + m["maxT"] * C + L * (per_layer + mlp_parameters(C)) + 2 * C
 
 
 # ---------------------------------------------------------------------------------------------
-# the step, kernel by kernel
+# the step, kernel by kernel: llmc/step_kernels.h's rows, as dev/bench/step_kernels prints them
 
-class Step:
-    """the kernels of one step in launch order: rows of (group, kernel, calls, FLOPs and bytes of
-    one call, which rate bounds it). engine: 'gemm' (cuBLAS on tensor cores, or strict fp32 in
-    fp32 builds), 'attn' (the flash kernels), 'vector' (fp32 CUDA cores), 'memset', 'link'."""
-
-    def __init__(self):
-        self.rows = []
-        self.group = None
-
-    def begin(self, group):
-        self.group = group
-
-    def add(self, kernel, calls, flops, nbytes, engine, op, launches=None, note="", launch=None):
-        """launch: the trainer's kind of launch this kernel runs in, as its LLMC_KERNEL_TIMES table
-        names it (llmc/kernel_times.h); None for what no launcher runs (the collectives)"""
-        if calls > 0:
-            self.rows.append(dict(group=self.group, kernel=kernel, calls=calls, launches=launches or calls,
-                                  flops=float(flops), bytes=float(nbytes), engine=engine, op=op, note=note,
-                                  launch=launch))
+STEP_KERNELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "step_kernels")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def build_step(m, B, T, precision, attention, epilogue, dp, cp=1, experts=0, topk=2, ep=1, gelu="epilogue",
-               ln_backward="fused"):
-    """cp > 1: one rank of train_gpt2_cp, its T/cp tokens of each sequence (zigzag: an equal share
-    of the causal attention), the ring's K,V blocks and the gradients' all-reduce over cp.
-    experts > 0: one rank of train_gpt2_ep, each MLP E experts of which a token takes topk, split
-    over ep ranks; routing balanced and dropless: a rank's experts take N k rows a layer, and
-    (ep - 1)/ep of its N k slots cross the link each way"""
-    L, C, NH, V, Vp = m["L"], m["C"], m["NH"], m["V"], m["Vp"]
-    hs = C // NH
-    N = B * T // cp                 # rows of every activation matrix
-    X = 2 if precision == "bf16" else 4  # bytes of floatX: parameters, activations, gradients
-    P = num_parameters(m, experts, ep)  # what this rank holds
-    E, k = experts, topk
-    R = N * k if E else N           # rows of the MLPs' matrices: a rank's experts take N k (balanced)
-    a2a = R * C * X * (ep - 1) / ep  # an all-to-all's bytes a rank sends (balanced)
-    distinct = min(N, V)            # rows of wte a batch touches: at most one per distinct token
-    s = Step()
-
-    def matmul(kernel, rows, k, out, calls, bias=False, dweight=False, note="", launch=None, aux=False):
-        """one cuBLASLt GEMM: (rows, k) x (k, out). Forward and input-gradient GEMMs read their two
-        operands and write the result; a weight-gradient GEMM (dweight) reads the activation (rows, k)
-        and the gradient (rows, out) and adds into the weight gradient (out, k): read and written (beta = 1).
-        aux: a GELU epilogue's matrix of the result's shape, written (forward) or read (DGELU) as well.
-        launch: the trainer's name, by the weight's shape C -> OC; a forward's is (k, out), and dweight's"""
-        flops = 2 * rows * k * out
-        if dweight:
-            nbytes = (rows * k + rows * out + 2 * out * k) * X
-            if bias:
-                nbytes += out * X  # BGRADB writes this pass's bias gradient (out) to scratch
-        else:
-            nbytes = (rows * k + k * out + rows * out + (out if bias else 0) + (rows * out if aux else 0)) * X
-        s.add(kernel, calls, flops, nbytes, "gemm", "matmul", note=note,
-              launch=launch or "matmul %s %d->%d" % ("dweight" if dweight else "forward", k, out))
-
-    def matmul_dinp(kernel, rows, k, out, calls, aux=False):
-        """dinp (rows, out) = dout (rows, k) x weight: the weight is out -> k"""
-        matmul(kernel, rows, k, out, calls, launch="matmul dinp %d->%d" % (out, k), aux=aux)
-
-    def bias_grad(name, OC, calls, launch):
-        """the bias gradient of a weight-gradient GEMM, dbias (OC) += column sums of dout (N, OC)"""
-        if epilogue:
-            # the sums came from the GEMM's BGRADB epilogue; one tiny kernel adds them to dbias
-            s.add("bias_accumulate (%s)" % name, calls, OC, 3 * OC * X, "vector", "bias", launch=launch)
-        else:
-            # matmul.cuh's two kernels: partial column sums of 512-row blocks, then one ordered pass;
-            # the first reads all of dout again (what the epilogue saves)
-            parts = ceil_div(N, BIAS_ROWS_PER_BLOCK)
-            s.add("bias_backward_partial (%s)" % name, calls, N * OC, N * OC * X + parts * OC * F32, "vector", "bias",
-                  launch=launch)
-            s.add("bias_backward_final (%s)" % name, calls, parts * OC, parts * OC * F32 + 2 * OC * X, "vector", "bias",
-                  launch=launch)
-
-    def layernorm_forward(kernel, calls, residual):
-        """one warp per row; with residual (fused_residual_layernorm_forward) it first adds a + b and
-        writes the sum (the residual stream); writes out (N, C) and fp32 mean, rstd (N)"""
-        reads = (2 if residual else 1) * N * C * X + 2 * C * X
-        writes = (2 if residual else 1) * N * C * X + 2 * N * F32
-        flops = (FLOPS_PER["layernorm"] + (FLOPS_PER["add"] if residual else 0)) * N * C
-        s.add(kernel, calls, flops, reads + writes, "vector", "layernorm",
-              launch="residual + layernorm forward" if residual else "layernorm forward")
-
-    def layernorm_backward(name, calls):
-        """layernorm.cuh's kernels: where a lane holds at most LN_FUSED_MAX_PACKS packs of a row (the default,
-        -ln_backward fused), the input gradient and the partial sums in one kernel that reads dout
-        and x once, then the final sums; else (or -ln_backward separate) the input gradient (added
-        into dresidual: read and written), then the weight and bias gradients in two deterministic
-        passes"""
-        parts = ceil_div(N, LN_ROWS_PER_BLOCK)
-        if ln_backward == "fused" and ceil_div(C * X // 16, 32) <= LN_FUSED_MAX_PACKS:
-            s.add("layernorm_backward_fused (%s)" % name, calls,
-                  (FLOPS_PER["layernorm_backward"] + FLOPS_PER["layernorm_params"]) * N * C,
-                  4 * N * C * X + C * X + 2 * N * F32 + parts * 2 * C * F32, "vector", "layernorm",
-                  launch="layernorm backward")
-            s.add("layernorm_backward_params_final (%s)" % name, calls, 2 * parts * C,
-                  parts * 2 * C * F32 + 4 * C * X, "vector", "layernorm", launch="layernorm backward")
-            return
-        s.add("layernorm_backward_input (%s)" % name, calls, FLOPS_PER["layernorm_backward"] * N * C,
-              4 * N * C * X + C * X + 2 * N * F32, "vector", "layernorm", launch="layernorm backward")
-        s.add("layernorm_backward_params_partial (%s)" % name, calls, FLOPS_PER["layernorm_params"] * N * C,
-              2 * N * C * X + 2 * N * F32 + parts * 2 * C * F32, "vector", "layernorm", launch="layernorm backward")
-        s.add("layernorm_backward_params_final (%s)" % name, calls, 2 * parts * C,
-              parts * 2 * C * F32 + 4 * C * X, "vector", "layernorm", launch="layernorm backward")
-
-    # the attention FLOPs: one (64 x hs) x (hs x 64) tile product is 2 * 64 * 64 * hs FLOPs; under
-    # context parallelism this rank's share of the causal triangle, 1/cp of it (zigzag)
-    tile_matmul = B * NH * flash_tiles(T) * 2 * FLASH_TILE * FLASH_TILE * hs / cp  # a causal T x T x hs product, tiled
-    forward_matmul = B * NH * flash_forward_tiles(T) * 2 * FLASH_TILE * FLASH_TILE * hs / cp  # the same, as the forward tiles it
-    square_matmul = B * NH * 2 * T * T * hs                                     # a full T x T x hs product
-    lse = B * NH * (T // cp) * F32   # flash's log-sum-exp per query row, and D = rowsum(dO * O): (B, NH, T/cp) fp32
-    scores = B * NH * T * T  # elements of a (B, NH, T, T) score or probability matrix
-    causal = B * NH * T * (T + 1) // 2  # of which on or below the diagonal
-
-    def attention_forward(calls):
-        if attention == "flash":
-            # flash_attention_forward_kernel: s = q k^T and o += p v per tile, 2 tile products; reads
-            # qkv once, writes out and lse; the T x T scores never leave the chip
-            s.add("flash_attention_forward", calls, 2 * forward_matmul, 4 * N * C * X + lse, "attn", "attention", launch="attention forward")
-        else:
-            s.add("attention_to_heads (q, k, v)", 3 * calls, 0, 2 * N * C * X, "vector", "attention", launch="attention forward")
-            s.add("gemm_batched scores = q k^T", calls, square_matmul, 2 * N * C * X + scores * X, "gemm", "attention", launch="attention forward")
-            s.add("attention_softmax", calls, FLOPS_PER["softmax"] * causal, causal * X + scores * X, "vector",
-                  "attention", launch="attention forward")
-            s.add("gemm_batched y = att v", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention", launch="attention forward")
-            s.add("attention_from_heads (y)", calls, 0, 2 * N * C * X, "vector", "attention", launch="attention forward")
-
-    def attention_backward(calls):
-        if attention == "flash":
-            # D = rowsum(dO * O); then dK, dV (a block owns 64 keys and walks the queries: s^T = k q^T,
-            # dv += p^T dO, dp^T = v dO^T, dk += ds^T q: 4 tile products) and dQ (a block owns 64 queries:
-            # s = q k^T, dp = dO v^T, dq += ds k: 3). Both recompute p from q, k and lse, and both compute
-            # dp: 7 tile products against FlashAttention-2's 5, the price of one writer per output
-            s.add("attention_row_dot (D)", calls, FLOPS_PER["dot"] * N * C, 2 * N * C * X + lse, "vector",
-                  "attention", launch="attention backward")
-            s.add("flash_attention_backward_dkdv", calls, 4 * tile_matmul, 6 * N * C * X + 2 * lse, "attn", "attention", launch="attention backward")
-            s.add("flash_attention_backward_dq", calls, 3 * tile_matmul, 5 * N * C * X + 2 * lse, "attn", "attention", launch="attention backward")
-        else:
-            s.add("attention_to_heads (q, k, v, dy)", 4 * calls, 0, 2 * N * C * X, "vector", "attention", launch="attention backward")
-            s.add("gemm_batched datt = dy v^T", calls, square_matmul, 2 * N * C * X + scores * X, "gemm", "attention", launch="attention backward")
-            s.add("gemm_batched dv = att^T dy", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention", launch="attention backward")
-            s.add("attention_softmax_backward", calls, FLOPS_PER["softmax_backward"] * causal,
-                  2 * causal * X + scores * X, "vector", "attention", launch="attention backward")
-            s.add("gemm_batched dq = ds k", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention", launch="attention backward")
-            s.add("gemm_batched dk = ds^T q", calls, square_matmul, scores * X + 2 * N * C * X, "gemm", "attention", launch="attention backward")
-            s.add("attention_from_heads (dq, dk, dv)", 3 * calls, 0, 2 * N * C * X, "vector", "attention", launch="attention backward")
-
-    # ---- the step, in the order train_gpt2_dp.cu launches it
-    s.begin("step start")
-    s.add("memset grads", 1, 0, P * X, "memset", "memset", launch="memset")  # device_memset_zero(grads_memory)
-
-    s.begin("embedding")
-    # one thread per output element: the token's row of wte (distinct rows read once) plus wpe
-    s.add("encoder_forward", 1, FLOPS_PER["add"] * N * C, N * 4 + distinct * C * X + (T // cp) * C * X + N * C * X,
-          "vector", "embedding", launch="encoder forward")
-    layernorm_forward("layernorm_forward (ln1 of layer 0)", 1, residual=False)
-
-    # context parallelism's ring (train_gpt2_cp.cu): per layer, cp - 1 blocks of K,V (B, T/cp, 2C)
-    # sent forward, as many again backward with cp blocks of dK, dV in fp32
-    kv_block = N * 2 * C
-
-    s.begin("layer forward")
-    matmul("matmul qkv (+bias epilogue)", N, C, 3 * C, L, bias=True)
-    if cp > 1:
-        s.add("ring: K,V blocks to the next rank (%d steps)" % (cp - 1), L, 0, (cp - 1) * kv_block * X, "link", "comm")
-    attention_forward(L)
-    matmul("matmul attproj (+bias epilogue)", N, C, C, L, bias=True)
-    layernorm_forward("residual + layernorm (ln2)", L, residual=True)
-    if E:  # the router, the tokens to their experts (llmc/moe.h: row moves read and write C each)
-        matmul("matmul router, s = ln2 Wr^T", N, C, E, L)
-        s.add("moe dispatch (kept slots into send order)", L, 0, (N + R) * C * X + R * 4, "vector", "moe",
-              launch="moe: dispatch")
-        if ep > 1:
-            s.add("all-to-all: the tokens to their experts' ranks", L, 0, a2a, "link", "comm")
-        s.add("moe gather rows (into expert order)", L, 0, 2 * R * C * X + R * 4, "vector", "moe", launch="moe: gather rows")
-    if gelu == "epilogue":  # the default in bf16 (-gelu kernels: below): GELU_AUX_BIAS writes GELU's input (aux) and its output
-        matmul("matmul fc (+bias, GELU epilogue)", R, C, 4 * C, L, bias=True, aux=True)
-    else:
-        matmul("matmul fc (+bias epilogue)", R, C, 4 * C, L, bias=True)
-        s.add("gelu_forward", L, FLOPS_PER["gelu"] * R * 4 * C, 2 * R * 4 * C * X, "vector", "gelu", launch="gelu forward")
-    matmul("matmul fcproj (+bias epilogue)", R, 4 * C, C, L, bias=True)
-    if E:  # the outputs home, and each token's gate-weighted sum
-        s.add("moe gather rows (back to source order)", L, 0, 2 * R * C * X + R * 4, "vector", "moe", launch="moe: gather rows")
-        if ep > 1:
-            s.add("all-to-all: the outputs back", L, 0, a2a, "link", "comm")
-        s.add("moe combine (gate-weighted sum)", L, FLOPS_PER["add"] * R * C, (R + N) * C * X + R * 8, "vector", "moe",
-              launch="moe: combine")
-    layernorm_forward("residual + layernorm (ln1 of the next layer)", L - 1, residual=True)
-
-    s.begin("final layernorm")
-    layernorm_forward("residual + layernorm (lnf)", 1, residual=True)
-
-    s.begin("classifier")
-    matmul("matmul LM head, logits = lnf wte^T", N, C, Vp, 1)
-    # one block per row: an online softmax over the row, then dlogits written over the logits
-    s.add("fused_classifier (softmax, loss, dlogits)", 1, FLOPS_PER["classifier"] * N * V,
-          2 * N * Vp * X + 2 * N * 4, "vector", "classifier",
-          launch="classifier (softmax, loss, dlogits)")
-    matmul_dinp("matmul LM head dinp = dlogits wte", N, Vp, C, 1)
-    matmul("matmul LM head dwte += dlogits^T lnf", N, C, Vp, 1, dweight=True)
-
-    s.begin("final layernorm backward")
-    s.add("memset dresidual", 1, 0, N * C * X, "memset", "memset", launch="memset")
-    layernorm_backward("lnf", 1)
-
-    s.begin("layer backward")
-
-    def weight_gradient(name, K, OC):
-        # dweight (OC, K) += dout^T inp, with the bias gradient (OC) in the epilogue or a kernel
-        matmul("matmul %s dweight" % name + (" (+dbias BGRADB)" if epilogue else ""), N, K, OC, L, bias=epilogue,
-               dweight=True)
-        bias_grad(name + "b", OC, L, "matmul dweight %d->%d" % (K, OC))
-
-    # MLP half (block.h): the input pass, then the weight pass (MoE: the gates' gradients and the
-    # output gradients to the experts first, the input gradients home after, then the router's)
-    if E:
-        s.add("moe gate gradients, dispatch (gate-weighted)", L, 2 * R * C, (2 * N + 2 * R) * C * X + R * 12, "vector",
-              "moe", launch="moe: dispatch")
-        if ep > 1:
-            s.add("all-to-all: the output gradients to the experts", L, 0, a2a, "link", "comm")
-        s.add("moe gather rows (into expert order)", L, 0, 2 * R * C * X + R * 4, "vector", "moe", launch="moe: gather rows")
-    if gelu == "epilogue":  # DGELU reads GELU's input (aux) and multiplies the product by GELU'
-        matmul_dinp("matmul fcproj dinp (DGELU epilogue)", R, C, 4 * C, L, aux=True)
-    else:
-        matmul_dinp("matmul fcproj dinp", R, C, 4 * C, L)
-        s.add("gelu_backward", L, FLOPS_PER["gelu_backward"] * R * 4 * C, 3 * R * 4 * C * X, "vector", "gelu",
-              launch="gelu backward")
-    matmul_dinp("matmul fc dinp", R, 4 * C, C, L)
-    if E:
-        matmul("matmul expert fcproj dweight", R, 4 * C, C, L, bias=epilogue, dweight=True)
-        matmul("matmul expert fc dweight", R, C, 4 * C, L, bias=epilogue, dweight=True)
-        s.add("moe gather rows (back to source order)", L, 0, 2 * R * C * X + R * 4, "vector", "moe", launch="moe: gather rows")
-        if ep > 1:
-            s.add("all-to-all: the input gradients back", L, 0, a2a, "link", "comm")
-        s.add("moe combine (sum of the input gradients)", L, FLOPS_PER["add"] * R * C, (R + N) * C * X + R * 4, "vector",
-              "moe", launch="moe: combine")
-        matmul("matmul router dweight", N, C, E, L, dweight=True)
-        matmul_dinp("matmul router dinp", N, E, C, L)
-    else:
-        weight_gradient("fcproj", 4 * C, C)
-        weight_gradient("fc", C, 4 * C)
-    layernorm_backward("ln2", L)
-    # attention half
-    matmul_dinp("matmul attproj dinp", N, C, C, L)
-    if cp > 1:
-        s.add("ring: K,V again and dK,dV (fp32) to the next rank", L, 0, (cp - 1) * kv_block * X + cp * kv_block * F32,
-              "link", "comm")
-    attention_backward(L)
-    matmul_dinp("matmul qkv dinp", N, 3 * C, C, L)
-    weight_gradient("attproj", C, C)
-    weight_gradient("qkv", C, 3 * C)
-    layernorm_backward("ln1", L)
-
-    s.begin("encoder backward")
-    # dwte: one block per distinct token sums its rows of dout (positions sorted on the host first),
-    # then adds into that token's row of dwte (read and written)
-    s.add("encoder_backward_wte", 1, FLOPS_PER["add"] * N * C,
-          N * C * X + (N + 2 * distinct + 1) * 4 + 2 * distinct * C * X, "vector", "embedding",
-          launch="encoder backward")
-    s.add("encoder_backward_wpe", 1, FLOPS_PER["add"] * N * C, N * C * X + 2 * (T // cp) * C * X, "vector", "embedding",
-          launch="encoder backward")
-
-    if dp * cp > 1:
-        s.begin("gradient all-reduce")
-        # NCCL's ring all-reduce sends and receives 2 (N-1)/N of the payload on each GPU's link
-        # (train_gpt2_cp: a SUM over the cp ranks; train_gpt2_ep: the experts over their dp/ep copies)
-        ranks = dp * cp
-        held_experts = L * (E // ep) * mlp_parameters(C) if E else 0
-        s.add("all-reduce grads (NCCL ring, %d ranks)" % ranks, 1, 0, 2 * (ranks - 1) / ranks * (P - held_experts) * X,
-              "link", "comm")
-        if E and dp // ep > 1:
-            copies = dp // ep
-            s.add("all-reduce expert grads (NCCL ring, %d copies)" % copies, 1, 0,
-                  2 * (copies - 1) / copies * held_experts * X, "link", "comm")
-
-    s.begin("global norm + AdamW")
-    s.add("norm_squared_partial", 1, FLOPS_PER["dot"] * P, P * X + NORM_BLOCKS * F32, "vector", "optimizer", launch="gradient norm")
-    # adamw_runs_kernel over every tensor's pieces (one per layer for the layers' tensors:
-    # optimizer.h), up to ADAMW_RUNS_PER_LAUNCH of them a launch. Per parameter: the gradient read
-    # (X), the fp32 master weight (bf16) or the parameter itself (fp32) read and written, m and v
-    # read and written (fp32), the parameter written (X): 28 bytes either way
-    per_param = (2 + 8 + 8 + 8 + 2) if X == 2 else (4 + 8 + 8 + 8)
-    pieces = 2 + 12 * L + 2
-    s.add("adamw_runs_kernel (%d tensors' pieces)" % pieces, 1, FLOPS_PER["adamw"] * P, per_param * P, "vector",
-          "optimizer", launches=ceil_div(pieces, ADAMW_RUNS_PER_LAUNCH), launch="adamw")
-    return s.rows, P
+def step_rows(args, attention):
+    """the rows of one rank's step from the C (llmc/step_kernels.h): each kernel's group, name,
+    calls, launches, FLOPs and bytes of one call, engine ('gemm' for cuBLAS on tensor cores, or
+    strict fp32 in fp32 builds, 'attn' for the flash kernels, 'vector' for the fp32 CUDA cores,
+    'memset', 'link'), op and launch (its name in the LLMC_KERNEL_TIMES=1 table, None for the
+    collectives), and the parameters the rank holds"""
+    sources = [os.path.join(ROOT, f) for f in ("dev/bench/step_kernels.c", "llmc/step_kernels.h", "llmc/gpt2.h",
+                                                "llmc/target.h")]
+    if not os.path.exists(STEP_KERNELS):
+        raise ValueError("dev/bench/step_kernels is not built (the step's kernels, from llmc/step_kernels.h): run "
+                         "make dev/bench/step_kernels")
+    newer = [os.path.relpath(f, ROOT) for f in sources if os.path.getmtime(f) > os.path.getmtime(STEP_KERNELS)]
+    if newer:
+        raise ValueError("dev/bench/step_kernels is older than %s: run make dev/bench/step_kernels" % ", ".join(newer))
+    flags = ["-e", args.e, "-b", args.b, "-t", args.t, "-precision", args.precision, "-attention", attention,
+             "-epilogue", args.epilogue, "-dp", args.dp, "-cp", args.cp, "-experts", args.experts, "-topk", args.topk,
+             "-ep", args.ep, "-gelu", args.gelu, "-ln_backward", args.ln_backward]
+    p = subprocess.run([STEP_KERNELS] + [str(f) for f in flags], capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        raise ValueError("dev/bench/step_kernels: " + (p.stderr.strip() or "exit %d" % p.returncode))
+    out = json.loads(p.stdout)
+    rows = [dict(group=r["group"], kernel=r["kernel"], calls=r["calls"], launches=r["launches"], flops=float(r["flops"]),
+                 bytes=float(r["bytes"]), engine=r["engine"], op=r["op"], launch=r["launch"]) for r in out["rows"]]
+    return rows, out["parameters"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,8 +178,7 @@ def roofline(args):
                          or args.dp % args.ep or args.cp > 1):
         raise ValueError("-experts %d -topk %d -ep %d: expected E >= 2, 1 <= k <= E, ep dividing E and -dp, -cp 1 "
                          "(train_gpt2_ep)" % (args.experts, args.topk, args.ep))
-    rows, P = build_step(m, args.b, args.t, args.precision, attention, args.epilogue, args.dp, args.cp,
-                         args.experts, args.topk, args.ep, args.gelu, args.ln_backward)
+    rows, P = step_rows(args, attention)
 
     # the achievable rates. In bf16 the matmuls run on the tensor cores; fp32 builds compute in
     # strict fp32 (no TF32: llmc/cuda/matmul.cuh) on the ordinary fp32 units, as does all the
@@ -547,8 +250,8 @@ def print_table(res):
                                    c["precision"], c["attention"],
                                    "in the GEMMs' BGRADB epilogue" if c["epilogue"] else "as separate kernels",
                                    ", GELU in the fc GEMMs' epilogues" if c["gelu"] == "epilogue" else ", GELU in kernels",
-                                   ", the LayerNorm backward fused" if c["ln_backward"] == "fused" and
-                                   ceil_div(c["C"] * (2 if c["precision"] == "bf16" else 4) // 16, 32) <= LN_FUSED_MAX_PACKS else
+                                   ", the LayerNorm backward fused" if any(
+                                       r["kernel"].startswith("layernorm_backward_fused") for r in res["rows"]) else
                                    ", the LayerNorm backward in separate kernels",
                                    ", %d data-parallel ranks" % c["dp"] if c["dp"] > 1 else ""))
     print("device %s: %s dense %s peak, fp32 (non-tensor) %s, HBM %s (datasheets; llmc/cuda/device.cuh)"
