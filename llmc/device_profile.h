@@ -140,12 +140,12 @@ static const ProfileField PROFILE_FIELDS[] = {
 //     paper ran: Narayanan et al. 2021, arXiv:2104.04473, eight HDR adapters a node).
 //
 // Efficiencies of the H100 and H200, from this project's own measurements on an H200 (d12, B = 64,
-// T = 1024, bf16; dev/cuda/README.md "Where a GPU step's time goes"); the H100 has the same SMs and
-// clocks, so the same fractions (its step, 139.3-140.1 ms against the H200's 121.4, differs by the
-// bandwidth the memory-bound kernels see, which memory_bandwidth carries):
+// T = 1024, bf16; dev/cuda/README.md "Where a GPU step's time goes"); the H100 has the same chip,
+// SMs and clocks, so it takes the same fractions. (The H100's d12 step, 139.3-140.1 ms against the
+// H200's 121.4 in dev/bench/README.md, is then a check of the model: the two differ in bandwidth.)
 //   matmul, large: every GEMM of the step (2026-11-26 table) took 56.9 + 14.4 = 71.3 ms where
 //     roofline.py, at 70% of the bf16 peak, predicts 59.5 + 10.7 = 70.2 ms: 0.70 x 70.2 / 71.3 = 0.69.
-//     The smallest of them, attproj at 2 x 65536 x 768 x 768 = 7.7e10 FLOPs, runs at this rate.
+//     The smallest of them is attproj's, 2 x 65536 x 768 x 768 = 7.7e10 FLOPs.
 //   matmul, small: dev/cuda/gelu's fc GEMM at N = 8192 tokens (2 x 8192 x 768 x 3072 = 3.9e10 FLOPs,
 //     with GELU in its epilogue) took 0.077 ms on the H200: 502 TFLOP/s, 0.51 of the peak. Below
 //     5e10 FLOPs (between that GEMM and attproj's) a GEMM counts as small.
@@ -164,11 +164,13 @@ static const ProfileField PROFILE_FIELDS[] = {
 //     an A100 are commonly quoted at about 80% of the peak.
 //   matmul, small: 0.59, the large rate times the H200's small-to-large ratio above (0.51 / 0.69);
 //     small below 1.6e10 FLOPs, a GEMM of 50 microseconds at the peak, as 5e10 is on the H100.
-//   attention: 0.10. Megatron-LM (2021) ran attention unfused: two batched cuBLAS GEMMs over the
-//     whole T x T square (the masked half computed and thrown away: half the useful rate at
-//     best) around one fused scale-mask-softmax kernel that reads and writes the scores; the
-//     FlashAttention papers (Dao et al. 2022, Dao 2023) put unfused attention on an A100 at a
-//     fifth to a ninth of FlashAttention-2's 50-73% of the peak. An assumption, stated.
+//   attention: 0.10, an assumption within published bounds. Megatron-LM (2021) ran attention
+//     unfused: two batched cuBLAS GEMMs over the whole T x T square (the masked half computed and
+//     thrown away: half the useful rate at best) around one fused scale-mask-softmax kernel that
+//     writes and reads the scores. FlashAttention-2 (Dao 2023, arXiv:2307.08691) reaches 50-73% of
+//     the A100's peak and, by its benchmarks as commonly summarized, 5-9x PyTorch's unfused
+//     attention: 0.06-0.15 for the unfused path. Megatron's fused softmax saves passes PyTorch's
+//     makes and its dropout on the scores adds one: the middle of the range.
 //   memory: 0.70, an assumption: fused elementwise kernels (apex's LayerNorm, Megatron's fused
 //     bias-GeLU and bias-dropout-add) at about three quarters of a streaming copy's ~90%.
 // Links, for every GPU profile:
