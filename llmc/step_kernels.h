@@ -24,9 +24,17 @@
 // ranks) each MLP is E experts of which a token takes k, the routing balanced and dropless: a
 // rank's experts take N k rows a layer, and (ep - 1)/ep of its N k slots cross the link each way.
 //
-// Not generalized yet: tensor parallelism (tp, -sp), pipeline stages (a stage's layers, its
-// micro-batches), ZeRO's collectives, recomputation, DiLoCo and a capacity factor. Each row
-// names its shapes, so each is a change of the shapes below (noted where it would go).
+// A step may accumulate several micro-batches (StepLayout.micro_batches, train_gpt2_dp's -d with
+// -z 0): each runs the forward and backward, the rest runs once a step.
+//
+// Not generalized yet (a model of the step's time needs them; each is a change of the shapes
+// below, and the comments mark where): tensor parallelism (a rank's qkv 3C/tp and fc 4C/tp
+// outputs, attproj's C/tp and fcproj's 4C/tp inputs, NH/tp heads, the vocabulary-parallel LM head
+// Vp/tp and its loss, and -sp's N/tp rows for the LayerNorms and residuals, with their
+// all-reduces or all-gathers and reduce-scatters); a pipeline stage (its Ls layers, the
+// embedding on the first stage only and the head on the last, the sends between stages); ZeRO's
+// reduce-scatters and all-gathers; recomputation's second forward; DiLoCo's outer step; a
+// capacity factor's dropped slots.
 #ifndef LLMC_STEP_KERNELS_H
 #define LLMC_STEP_KERNELS_H
 
@@ -103,6 +111,9 @@ typedef struct {
     int gelu_epilogue;      // 1: GELU in the fc GEMM's epilogue (and DGELU in fcproj's dinp); 0: kernels
     int ln_backward_fused;  // 1: the LayerNorm backward in one kernel where a row fits (else separate kernels)
     int dp, cp, ep;         // data-parallel ranks, context-parallel ranks, ranks the experts are split over
+    int micro_batches;      // micro-batches a step accumulates (train_gpt2_dp's -d / (B T dp), -z 0): each
+                            // runs the forward and backward; the gradients' memset, their all-reduce, the
+                            // norm and AdamW stay once a step (0 or 1: one)
 } StepLayout;
 
 // where the rows go while step_kernels fills them
@@ -110,15 +121,19 @@ typedef struct {
     StepKernel* rows;
     int capacity, count;  // count may pass capacity: the rows past it are counted, not written
     const char* group;
+    int repeat;           // a step's calls for each call a micro-batch makes: 1, or the micro-batches
 } StepRows;
 
 static inline int64_t step_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // a row, unless the step never calls it (calls = 0: the "next layer" LayerNorm of a 1-layer model).
-// launch NULL: no launcher runs it
+// calls (and launches, 0 for one a call) are a micro-batch's, or the step's in a once-a-step
+// group; launch NULL: no launcher runs it
 static inline void step_row(StepRows* s, int64_t calls, int64_t launches, double flops, double bytes, StepEngine engine,
                             const char* op, const char* launch, const char* kernel_fmt, ...) {
     if (calls <= 0) return;
+    calls *= s->repeat;
+    launches = launches ? launches * s->repeat : calls;
     if (s->count < s->capacity) {
         StepKernel* r = &s->rows[s->count];
         va_list ap;
@@ -127,7 +142,7 @@ static inline void step_row(StepRows* s, int64_t calls, int64_t launches, double
         va_end(ap);
         r->group = s->group;
         r->calls = calls;
-        r->launches = launches ? launches : calls;
+        r->launches = launches;
         r->flops = flops;
         r->bytes = bytes;
         r->engine = engine;
@@ -265,7 +280,8 @@ static inline void step_layernorm_backward(StepRows* s, StepLayout o, int64_t N,
 // and returns the number of rows the step has (more than capacity: the rest were not written).
 // The model c: its experts and topk make it train_gpt2_ep's (o.ep of o.dp ranks hold the experts)
 static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, StepLayout o) {
-    StepRows s = {rows, capacity, 0, NULL};
+    StepRows s = {.rows = rows, .capacity = capacity, .count = 0, .group = NULL, .repeat = 1};
+    int micro_batches = o.micro_batches > 1 ? o.micro_batches : 1;
     int64_t L = c.num_layers, C = c.channels, NH = c.num_heads, V = c.vocab_size, Vp = c.padded_vocab_size;
     int64_t B = o.B, T = o.T, cp = o.cp, ep = o.ep, X = o.X;
     int64_t hs = C / NH;
@@ -292,7 +308,7 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
     s.group = "step start";
     step_row(&s, 1, 0, 0, (double)(P * X), STEP_MEMSET, "memset", "memset", "memset grads");  // device_memset_zero(grads)
 
-    s.group = "embedding";
+    s.group = "embedding", s.repeat = micro_batches;  // (from here to the backward's end, once a micro-batch)
     // one thread per output element: the token's row of wte (distinct rows read once) plus wpe
     step_row(&s, 1, 0, (double)(STEP_FLOPS_ADD * N * C), (double)(N * 4 + distinct * C * X + (T / cp) * C * X + act),
              STEP_VECTOR, "embedding", "encoder forward", "encoder_forward");
@@ -448,7 +464,7 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
 
     int64_t ranks = (int64_t)o.dp * cp;
     if (ranks > 1) {
-        s.group = "gradient all-reduce";
+        s.group = "gradient all-reduce", s.repeat = 1;  // (-z 0: once a step, after the last micro-batch)
         // NCCL's ring all-reduce sends and receives 2 (n - 1)/n of the payload on each GPU's link
         // (train_gpt2_cp: a SUM over the cp ranks; train_gpt2_ep: the experts over their dp/ep copies)
         int64_t held_experts = E ? L * (E / ep) * step_mlp_parameters(C) : 0;
@@ -461,7 +477,7 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
         }
     }
 
-    s.group = "global norm + AdamW";
+    s.group = "global norm + AdamW", s.repeat = 1;
     step_row(&s, 1, 0, (double)(STEP_FLOPS_DOT * P), (double)(P * X + NORM_BLOCKS * 4), STEP_VECTOR, "optimizer",
              "gradient norm", "norm_squared_partial");
     // adamw_runs_kernel over every tensor's pieces (one per layer for the layers' tensors:

@@ -191,3 +191,19 @@ def step_kernels_constants_are_the_librarys():
             expr = re.sub(r"[A-Z_][A-Z0-9_]*", lambda m: "(%s)" % defines[m.group(0)], expr)
         assert re.fullmatch(r"[\d\s()*+/-]+", expr), "%s: %s = %s" % (header, name, expr)
         assert eval(expr) == int(value), "llmc/step_kernels.h copies %s = %s, %s says %s" % (name, value, header, expr)
+
+
+@test
+def step_kernels_micro_batches_repeat_the_forward_and_backward():
+    """-micro_batches 3 (train_gpt2_dp accumulating 3 micro-batches a step, -z 0): the forward and
+    backward kernels run 3 times a step, each call the same; the gradients' memset, their
+    all-reduce (on the last micro-batch: the earlier ones only accumulate), the norm and AdamW once"""
+    base = ("-e", "d2", "-b", 2, "-t", 64, "-dp", 2)
+    one, three = step_kernels_json(*base), step_kernels_json(*base, "-micro_batches", 3)
+    assert [r["kernel"] for r in one["rows"]] == [r["kernel"] for r in three["rows"]], "different kernels"
+    once = ("step start", "gradient all-reduce", "global norm + AdamW")
+    for a, b in zip(one["rows"], three["rows"]):
+        times = 1 if a["group"] in once else 3
+        assert b["calls"] == times * a["calls"] and b["launches"] == times * a["launches"], (a, b)
+        assert (b["flops"], b["bytes"]) == (a["flops"], a["bytes"]), (a, b)
+    assert {r["group"] for r in one["rows"]} >= set(once), "a once-a-step group is missing"

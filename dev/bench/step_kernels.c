@@ -29,7 +29,7 @@ static void json_string(const char* text) {
 int main(int argc, char** argv) {
     llmc_rank = -1;  // no ranks here: messages are "error: ...", without "[rank 0]"
     const char *model = "d12", *precision = "bf16", *attention = "auto", *gelu = NULL, *ln_backward = "fused";
-    int B = 64, T = 1024, epilogue = 1, dp = 1, cp = 1, experts = 0, topk = 2, ep = 1;
+    int B = 64, T = 1024, epilogue = 1, dp = 1, cp = 1, experts = 0, topk = 2, ep = 1, micro_batches = 1;
     const ArgSpec specs[] = {
         {"-e", ARG_STRING, &model, 0, 0, "model: a descriptor dL (d12, d24, d36, d48, ...) or L/C/NH such as 12/768/12"},
         {"-b", ARG_INT, &B, 1, ARG_NO_MAX, "micro-batch size B per rank"},
@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
         {"-ep", ARG_INT, &ep, 1, 1024, "with -experts: the ranks the experts are split over (of -dp)"},
         {"-gelu", ARG_STRING, &gelu, 0, 0, "epilogue (GELU in the fc GEMMs' epilogues) or kernels (default: the trainer's, epilogue in bf16, kernels in fp32)"},
         {"-ln_backward", ARG_STRING, &ln_backward, 0, 0, "fused (the trainer's default) or separate (LLMC_LAYERNORM_BACKWARD=separate)"},
+        {"-micro_batches", ARG_INT, &micro_batches, 1, ARG_NO_MAX, "micro-batches a step accumulates (train_gpt2_dp's -d / (B T dp), -z 0); not a roofline.py flag"},
     };
     if (!args_parse(argc, argv, specs, (int)(sizeof(specs) / sizeof(specs[0])))) return 0;
 
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
     } else if (!gpt2_config_from_descriptor(model, &c)) {
         fail("-e %s: expected dL (d12, d24, d36, d48, ...) or L/C/NH such as 12/768/12", model);
     }
-    StepLayout o = {.B = B, .T = T, .bias_epilogue = epilogue, .dp = dp, .cp = cp, .ep = ep};  // (X, flash, GELU, LayerNorm: below)
+    StepLayout o = {.B = B, .T = T, .bias_epilogue = epilogue, .dp = dp, .cp = cp, .ep = ep, .micro_batches = micro_batches};  // (X, flash, GELU, LayerNorm: below)
     if (strcmp(precision, "bf16") == 0) o.X = 2;
     else if (strcmp(precision, "fp32") == 0) o.X = 4;
     else fail("-precision %s: expected bf16 or fp32", precision);
