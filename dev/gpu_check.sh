@@ -20,8 +20,8 @@ upto() { local n; n=$(left); echo $((n < $1 ? n : $1)); }
 nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv
 # every CUDA program the tests run, built side by side on all cores first (the test runner's own
 # make runs two at a time)
-programs="train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_cp train_gpt2_diloco train_gpt2_ep $(ls dev/cuda/*.cu | sed 's/\.cu$//')"
-targets="build/cuda_FP32/test/test_comm"
+programs="train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_cp train_gpt2_diloco train_gpt2_ep train_gpt2_3d $(ls dev/cuda/*.cu | sed 's/\.cu$//')"
+targets="build/cuda_FP32/test/test_comm dev/bench/step_kernels"  # (step_kernels: roofline.py's rows, llmc/step_kernels.h)
 for precision in FP32 BF16; do
     for p in $programs; do targets="$targets build/cuda_$precision/$p"; done
 done

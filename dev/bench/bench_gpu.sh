@@ -78,6 +78,7 @@ if [ -n "${OURS:-}" ] || { [ "${BENCH_NO_BUILD:-0}" = 1 ] && [ -x "$ours" ]; }; 
 else
     make -s build/cuda_BF16/train_gpt2_dp
 fi
+make -s dev/bench/step_kernels  # roofline.py's rows (llmc/step_kernels.h), for the predicted step
 logs=$(mktemp -d "${OUT:-/tmp}/bench_gpu.XXXXXX")
 results=$logs/results.txt  # one line a run: model|B|system|ms|tokens/s|GB|note
 : > "$results"
