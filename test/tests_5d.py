@@ -43,7 +43,8 @@ def grid5d_run(name, ranks, flags, B, E, k, balance="aux", cf=0.0, extra=()):
     # with cp x tp > 1 and -balance aux, each layer's f and P of every sequence over the seq group,
     # m Ls B 2E 4 (Ls the first stage's layers)
     grid = {flags[i]: int(flags[i + 1]) for i in range(0, len(flags) - 1) if flags[i] in ("-dp", "-pp", "-cp", "-tp")}
-    dp, pp, cp, tp = (grid.get(f, 1) for f in ("-dp", "-pp", "-cp", "-tp"))
+    pp, cp, tp = (grid.get(f, 1) for f in ("-pp", "-cp", "-tp"))
+    dp = grid.get("-dp", ranks // (pp * cp * tp))  # (without -dp the replicas fill the world)
     m, L = cfg["batch"] // (dp * B), cfg["layers"]
     train, _ = read_log(d)
     for s in range(steps):
@@ -51,6 +52,26 @@ def grid5d_run(name, ranks, flags, B, E, k, balance="aux", cf=0.0, extra=()):
         assert comm["world"]["all_reduce"] == 4 + 4 * (L * E + 3), (s + 1, comm["world"])
         seq = m * (L // pp) * B * 2 * E * 4 if cp * tp > 1 and balance == "aux" else 0
         assert comm.get("seq", {}).get("all_reduce", 0) == seq, (s + 1, comm.get("seq"), seq)
+    # rank 0's all-to-all bytes over its ep group, from the reference's routing (as the EP
+    # trainer's check, run_tests.py): per layer of stage 0 and micro-batch, the kept slots it
+    # routes to the experts of the other ranks of its group (the tokens out, their gradients back
+    # in the backward) and the slots those ranks route to its own experts (the outputs back, and
+    # their input gradients), C floats a row each way; and the counts, E/ep ints to each other rank
+    ep = int(flags[flags.index("-ep") + 1])
+    if ep > 1:
+        El, T, Ls = E // ep, cfg["seq_len"], L // pp
+        for s in range(steps):
+            sent = back = 0
+            for layer in ref["routes"][s][:Ls]:
+                for q in range(ep):  # rank 0's group: the stage's first ep ranks
+                    for j in grid5d_rank_tokens(q, dp, cp, tp, m, B, T):
+                        for e in layer[j * k:(j + 1) * k]:
+                            if e >= 0 and q == 0 and e // El != 0:
+                                sent += 1
+                            elif e >= 0 and q != 0 and e // El == 0:
+                                back += 1
+            expected = 2 * (sent + back) * cfg["channels"] * 4 + m * Ls * El * (ep - 1) * 4
+            assert train[s + 1]["comm"]["ep"]["all_to_all"] == expected, (s + 1, train[s + 1]["comm"]["ep"], expected)
     # -z 1: the experts' gradients reduce-scattered and their parameters all-gathered over edp,
     # each of a rank's E/ep experts of its Ls layers (fcw 4C C, fcb 4C, fcprojw C 4C, fcprojb C),
     # the region padded to edp x 128 elements of 4 bytes (model.h's ZERO_ALIGN); none all-reduced.
@@ -68,6 +89,26 @@ def grid5d_run(name, ranks, flags, B, E, k, balance="aux", cf=0.0, extra=()):
     # the ranks holding it (when there is more than one copy)
     assert "step %d: dp replicas identical" % steps in out or "dp replicas" not in out, out[-2000:]
     return out, d
+
+
+def grid5d_rank_tokens(q, dp, cp, tp, m, B, T):
+    """the tokens stage rank q routes in a step, as indices into the global batch (sequence
+    after sequence, T each): micro-batch i of its replica is chunk i dp + dp_rank of B sequences;
+    its cp rank holds the zigzag chunks r and 2cp-1-r of each sequence (T/(2cp) tokens each); with
+    tp > 1 (-sp) its tp share of those, BTs = B Tl / tp consecutive of the (b, t) rows"""
+    tp_rank, cp_rank, dp_rank = q % tp, q // tp % cp, q // (tp * cp)
+    if cp > 1:
+        w = T // (2 * cp)
+        local = list(range(cp_rank * w, (cp_rank + 1) * w)) + list(range((2 * cp - 1 - cp_rank) * w, (2 * cp - cp_rank) * w))
+    else:
+        local = list(range(T))
+    tokens = []
+    for i in range(m):
+        chunk = i * dp + dp_rank
+        rows = [(chunk * B + b) * T + t for b in range(B) for t in local]
+        share = len(rows) // tp
+        tokens += rows[tp_rank * share:(tp_rank + 1) * share]
+    return tokens
 
 
 # (name, ranks, grid flags, B, E, k): each a way the fifth axis folds. dp only: the EP chapter's
