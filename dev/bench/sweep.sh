@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# Which layout is fastest? The Ultra-Scale Playbook's experiment at laptop scale: for a model and N
+# ranks, the layouts the memory planner's search lists (dev/memory_planner -search N: every grid
+# of dp x tp x pp x cp, ZeRO stage, -sp, -r, -offload and CP's exchange its trainers run), all of
+# them or a seeded random sample, each run for a few steps on the CPU backend, its step time the
+# median of the steps after the warm-up (main.log's "ms"; the first steps fill caches and
+# allocate). Then a table of the layouts, fastest first.
+#
+# With a model of step time it is also that model's test: each layout's predicted seconds beside
+# the measured, and the summary line
+#   sweep: N layouts, spearman R, median error E%, worst error W%, predicted best ranks K of N measured
+# (dev/bench/sweep_stats.py says how each figure is computed), and a figure of predicted against
+# measured. The predictions come from a command: PREDICT_CMD (or -predict) is run once a layout
+# with the planner's flags for that layout appended (-e -b -t -d -device cpu -trainer -dp -tp -pp
+# -cp -ep -z -sp -r -offload -cp_comm, -sched and -vp with a pipeline, -profile FILE when one is
+# given) and prints the step's seconds: as a JSON object's "step_seconds" or as a number alone
+# on its last line. By default it is the planner itself (./dev/memory_planner -format json),
+# whose JSON has "step_seconds" once it models step time; until then the sweep says that no
+# predictions were available and prints the measured times alone.
+#
+#   ./dev/bench/sweep.sh                          d4, B=2, T=64, 4 ranks, a sample of 24 (seed 1)
+#   ./dev/bench/sweep.sh -np 8 -all               every layout of 8 ranks
+#   ./dev/bench/sweep.sh -calibrate               measure this machine first (dev/bench/calibrate),
+#                                                 and predict with that fresh profile
+#   PREDICT_CMD=./my_model ./dev/bench/sweep.sh   predictions from another program
+#
+# Flags (defaults in brackets):
+#   -e MODEL      the model, as the trainers' -e [d4: 4 layers, C = 256, 4 heads, so tp and pp up to 4]
+#   -b B, -t T    micro-batch and sequence length [2, 64]
+#   -d TOKENS     total batch a step [B x T x N: one micro-batch a rank when all N are replicas;
+#                 a layout with fewer replicas accumulates micro-batches to the same batch]
+#   -np N         ranks [4]
+#   -sample K     run K layouts drawn at random from the search's list, when it lists more [24]
+#   -seed S       the sample's seed [1]
+#   -all          run every layout the search lists
+#   -filter RE    only the layouts whose label (the planner's, e.g. "train_gpt2_tp -tp 4 -sp 1
+#                 -r 0") matches the extended regular expression RE, before the sample
+#   -warmup W     steps left out of the median [2]
+#   -steps S      steps measured after the warm-up [4]
+#   -sched NAME   the pipeline schedule of the layouts with pp > 1 (afab, 1f1b, interleaved, zb) [1f1b]
+#   -vp V         chunks of layers a stage, with -sched interleaved [1]
+#   -predict CMD  the predictor [PREDICT_CMD, else ./dev/memory_planner -format json]
+#   -profile FILE a device profile (llmc/device_profile.h) the predictor is given as -profile FILE
+#   -calibrate    first run dev/bench/calibrate (2 ranks, 1 thread) and predict with its profile
+#                 (written to -profile FILE when given, else a temporary file)
+#   -figure PNG   where the figure goes [dev/images/sweep_MODEL_N.png; none: no figure]
+#   -save FILE    keep the results as tab-separated values (sweep_stats.py's RESULTS.tsv)
+#   -timeout S    a layout still running after S seconds is stopped and reported as failed [300]
+# Files named by flags are relative to the directory the sweep starts in; the predictor runs in the
+# repository's root.
+#
+# Each rank runs 1 OpenMP thread (OMP_NUM_THREADS=1) and the ranks share the cores: at 4 ranks on
+# a 2-core machine two ranks take turns on a core, which the measured times include (as would a
+# model of this machine's step that knows its cores, llmc/device_profile.h's cpu_cores). A run
+# writes into a temporary -o dir of its own, removed after it; a layout that fails or times out
+# is reported and skipped; Ctrl-C stops the running layout and removes the sweep's files.
+# The default sweep (24 layouts of d4 at 4 ranks, 6 steps each) took about N minutes on this
+# project's 2-core machine.
+set -uo pipefail  # (not -e: a layout that fails is reported, and the sweep goes on)
+
+usage() {
+    sed -n '/^#   \.\/dev\/bench\/sweep.sh /,/^#   -timeout/p' "$0" | sed 's/^# \{0,1\}//'
+    exit "${1:-0}"
+}
+fail() {
+    echo "error: $*" >&2
+    exit 1
+}
+
+model=d4 B=2 T=64 batch="" N=4 sample=24 seed=1 all=0 filter="" warmup=2 steps=4 sched=1f1b vp=1
+predict=${PREDICT_CMD:-} profile="" calibrate=0 figure="" save="" limit=300
+while [ $# -gt 0 ]; do
+    case "$1" in
+        -h|--help) usage 0 ;;
+        -all) all=1; shift; continue ;;
+        -calibrate) calibrate=1; shift; continue ;;
+    esac
+    [ $# -ge 2 ] || { echo "error: $1: unknown flag or a flag without its value" >&2; usage 1; }
+    case "$1" in
+        -e) model=$2 ;;
+        -b) B=$2 ;;
+        -t) T=$2 ;;
+        -d) batch=$2 ;;
+        -np) N=$2 ;;
+        -sample) sample=$2 ;;
+        -seed) seed=$2 ;;
+        -filter) filter=$2 ;;
+        -warmup) warmup=$2 ;;
+        -steps) steps=$2 ;;
+        -sched) sched=$2 ;;
+        -vp) vp=$2 ;;
+        -predict) predict=$2 ;;
+        -profile) profile=$2 ;;
+        -figure) figure=$2 ;;
+        -save) save=$2 ;;
+        -timeout) limit=$2 ;;
+        *) echo "error: $1: unknown flag" >&2; usage 1 ;;
+    esac
+    shift 2
+done
+# the files named by flags are relative to where the sweep was started; it runs in the repository's root
+absolute() { case "$1" in /*|"") echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+profile=$(absolute "$profile") save=$(absolute "$save")
+[ -n "$figure" ] && [ "$figure" != none ] && figure=$(absolute "$figure")
+cd "$(dirname "$0")/../.." || exit 1
+for pair in "-b:$B" "-t:$T" "-np:$N" "-sample:$sample" "-steps:$steps" "-vp:$vp" "-timeout:$limit"; do
+    [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]] || fail "${pair%%:*} ${pair#*:}: expected a positive whole number"
+done
+[[ $seed =~ ^[0-9]+$ ]] || fail "-seed $seed: expected a whole number >= 0"
+[[ $warmup =~ ^[0-9]+$ ]] || fail "-warmup $warmup: expected a whole number of steps >= 0"
+[ -z "$batch" ] && batch=$((B * T * N))
+[[ $batch =~ ^[1-9][0-9]*$ ]] || fail "-d $batch: expected a positive number of tokens"
+[ -z "$predict" ] && predict="./dev/memory_planner -format json"
+if [ -n "$profile" ] && [ "$calibrate" = 0 ] && [ ! -f "$profile" ]; then
+    fail "-profile $profile: no such file (-calibrate writes one)"
+fi
+if [ -z "$figure" ]; then
+    figure="dev/images/sweep_${model//[^A-Za-z0-9_-]/-}_${N}.png"  # (a model path or L/C/NH made a name)
+fi
+[ "$figure" = none ] && figure=""
+PY=/usr/bin/python3
+STATS=dev/bench/sweep_stats.py
+MPI=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+
+# the sweep's files, and the run in progress (stopped and removed on Ctrl-C, on an error and at the end)
+work=$(mktemp -d "${TMPDIR:-/tmp}/sweep.XXXXXX") || fail "cannot make a temporary directory"
+running=""
+finish() {
+    if [ -n "$running" ]; then
+        kill -TERM "$running" 2>/dev/null  # timeout passes it to mpirun, mpirun to the ranks
+        wait "$running" 2>/dev/null
+        # mpirun can be gone before its ranks (each in a session of its own): wait up to 10 s for
+        # the last process whose command line names this sweep's directory, so none writes in it
+        # after it is removed
+        for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+            grep -qsF -- "$work" /proc/[0-9]*/cmdline || break
+            sleep 0.5
+        done
+    fi
+    rm -rf "$work"
+}
+trap finish EXIT
+trap 'echo; echo "sweep: interrupted; stopping the run and removing $work" >&2; exit 130' INT TERM
+
+# run_bg SECONDS OUTFILE COMMAND...: the command in the background (so that Ctrl-C reaches this
+# script at once, and the trap stops the run), its output in OUTFILE; its exit status in rc
+# (124: stopped after SECONDS)
+run_bg() {
+    local seconds=$1 out=$2
+    shift 2
+    OMP_NUM_THREADS=1 timeout -k 10 "$seconds" "$@" </dev/null >"$out" 2>&1 &
+    running=$!
+    wait "$running"
+    rc=$?
+    running=""
+}
+
+[ -x ./dev/memory_planner ] || make -s dev/memory_planner || fail "could not build dev/memory_planner"
+plan_flags=(-e "$model" -b "$B" -t "$T" -d "$batch" -device cpu)
+if ! ./dev/memory_planner "${plan_flags[@]}" -search "$N" -sched "$sched" -vp "$vp" -format json >"$work/search.json" 2>"$work/search.err"; then
+    fail "the planner's search refused: $(cat "$work/search.err")"
+fi
+$PY $STATS layouts "$work/search.json" >"$work/all.tsv" || fail "could not read the planner's search"
+listed=$(wc -l <"$work/all.tsv")
+# each listed layout numbered by its place in the planner's list (smallest memory first), 1 up
+awk -F'\t' '{ printf "%d\t%s\n", NR, $0 }' "$work/all.tsv" >"$work/numbered.tsv"
+if [ -n "$filter" ]; then
+    re="$filter" awk -F'\t' '$3 ~ ENVIRON["re"]' "$work/numbered.tsv" >"$work/candidates.tsv"
+else
+    cp "$work/numbered.tsv" "$work/candidates.tsv"
+fi
+candidates=$(wc -l <"$work/candidates.tsv")
+[ "$candidates" -gt 0 ] || fail "none of the search's $listed layouts matches -filter '$filter'"
+
+echo "sweep: -e $model -b $B -t $T -d $batch at $N ranks on the CPU (1 thread a rank, $(nproc) cores), $warmup warm-up + $steps measured steps a layout"
+what="the search lists $listed layouts of $N ranks${filter:+, $candidates of them match -filter '$filter'}"
+if [ "$all" = 1 ] || [ "$candidates" -le "$sample" ]; then
+    cp "$work/candidates.tsv" "$work/selected.tsv"
+    echo "$what: running all $candidates"
+else
+    picks=$($PY $STATS sample "$candidates" "$sample" "$seed") || fail "could not draw the sample"
+    awk -F'\t' -v picks="$picks" 'BEGIN { n = split(picks, p, " "); for (i = 1; i <= n; i++) keep[p[i] + 1] = 1 } keep[NR]' \
+        "$work/candidates.tsv" >"$work/selected.tsv"
+    note=""
+    [ "$sample" -lt 24 ] && note=" (fewer than 24: a quick look, not the sweep whose figures the step-time model is held to)"
+    echo "$what: a random sample of $sample, seed $seed (-all runs every one)$note:"
+    echo "  $(awk -F'\t' '{ printf "%s#%d", NR > 1 ? " " : "", $1 }' "$work/selected.tsv")"
+fi
+count=$(wc -l <"$work/selected.tsv")
+for trainer in $(awk -F'\t' '{ split($3, w, " "); print w[1] }' "$work/selected.tsv" | sort -u); do
+    [ -x "./$trainer" ] || make -s "$trainer" || fail "could not build $trainer"
+done
+
+if [ "$calibrate" = 1 ]; then
+    [ -n "$profile" ] || profile="$work/cpu-profile.txt"
+    [ -x ./dev/bench/calibrate ] || make -s dev/bench/calibrate || fail "could not build dev/bench/calibrate"
+    echo "calibrating: mpirun -np 2 ./dev/bench/calibrate -o $profile -threads 1"
+    run_bg "$limit" "$work/calibrate.out" "${MPI[@]}" -np 2 ./dev/bench/calibrate -o "$profile" -threads 1
+    [ "$rc" = 0 ] || fail "dev/bench/calibrate failed (exit $rc): $(tail -5 "$work/calibrate.out")"
+fi
+echo "predictions: $predict FLAGS${profile:+ (with -profile $profile)}"
+
+printf "index\tlayout\tmeasured_s\tpredicted_s\twarmup\tsteps_ms\tcommand\n" >"$work/results.tsv"
+k=0 predicted_count=0 why_none=""
+while IFS=$'\t' read -r index flags label <&3; do
+    k=$((k + 1))
+    d=$(mktemp -d "$work/run.XXXXXX")
+    read -ra layout_flags <<<"$flags"
+    [[ " $flags " == *" -pp 1 "* ]] || layout_flags+=(-sched "$sched" -vp "$vp")
+    # the command that runs the layout: the planner's own (layout_command), with this sweep's -d
+    if ! ./dev/memory_planner "${plan_flags[@]}" "${layout_flags[@]}" -format json >"$d/plan.json" 2>"$d/plan.err" &&
+        [ ! -s "$d/plan.json" ]; then
+        fail "the planner refused a layout its search listed ($label): $(cat "$d/plan.err")"
+    fi
+    command=$($PY $STATS field "$d/plan.json" command) || fail "the planner's JSON for $label has no \"command\""
+    # the prediction, if the predictor gives one
+    read -ra predictor <<<"$predict"
+    predicted="-"
+    if "${predictor[@]}" "${plan_flags[@]}" "${layout_flags[@]}" ${profile:+-profile "$profile"} >"$d/predict.out" 2>"$d/predict.err" &&
+        seconds=$($PY $STATS prediction "$d/predict.out" 2>"$d/predict.why"); then
+        predicted=$seconds
+        predicted_count=$((predicted_count + 1))
+    elif [ -z "$why_none" ]; then
+        why_none=$(cat "$d/predict.why" "$d/predict.err" 2>/dev/null | head -3)
+    fi
+    # the run: the planner's command with this machine's mpirun, a few steps, no validation or samples
+    read -ra words <<<"$command"
+    [ "${words[0]} ${words[1]} ${words[2]}" = "mpirun -np $N" ] || fail "unexpected command from the planner: $command"
+    start=$SECONDS
+    run_bg "$limit" "$d/out.txt" "${MPI[@]}" -np "$N" "${words[@]:3}" -x $((warmup + steps)) -v 0 -s 0 -o "$d"
+    if [ "$rc" = 0 ] && times=$($PY $STATS step-times "$d/main.log" "$warmup" 2>"$d/times.err"); then
+        measured=${times%%$'\t'*} all_ms=${times#*$'\t'}
+        shown=$(awk -v s="$measured" 'BEGIN { printf "%.1f ms", s * 1e3 }')
+    else
+        if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+            measured="failed: still running after $limit s (-timeout)"
+        elif [ "$rc" != 0 ]; then
+            measured="failed: exit $rc: $(grep -m1 -i 'error' "$d/out.txt" || tail -1 "$d/out.txt")"
+        else
+            measured="failed: $(cat "$d/times.err")"
+        fi
+        all_ms="" shown=${measured}
+    fi
+    [ "$predicted" != "-" ] && shown="$shown, predicted $(awk -v s="$predicted" 'BEGIN { printf "%.1f ms", s * 1e3 }')"
+    echo "[$k/$count] #$index $label: $shown ($((SECONDS - start)) s)"
+    printf "%d\t%s\t%s\t%s\t%d\t%s\t%s\n" "$index" "$label" "${measured//$'\t'/ }" "$predicted" "$warmup" "$all_ms" \
+        "$command" >>"$work/results.tsv"
+    rm -rf "$d"
+done 3<"$work/selected.tsv"
+
+echo
+report=("$work/results.tsv" --title "$model, B $B, T $T, $N ranks on the CPU: $count layouts")
+[ -n "$figure" ] && report+=(--figure "$figure")
+[ "$predicted_count" = 0 ] && [ -n "$why_none" ] && echo "no predictions from '$predict': $why_none"
+$PY $STATS report "${report[@]}" || fail "could not write the report"
+if [ -n "$save" ]; then
+    cp "$work/results.tsv" "$save" || fail "-save $save: cannot write it"
+fi
+echo "sweep took $SECONDS s"
