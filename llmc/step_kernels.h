@@ -41,6 +41,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include "gpt2.h"
 #include "target.h"
 
@@ -71,7 +72,9 @@ typedef enum {
     STEP_ATTN,    // the flash attention kernels (tensor cores, at a rate of their own)
     STEP_VECTOR,  // elementwise work on the fp32 CUDA cores
     STEP_MEMSET,  // cudaMemset: bytes alone
-    STEP_LINK,    // a collective or a send: the bytes one rank puts on its link
+    STEP_LINK,    // a collective or a send: the bytes one rank puts on its link (comm names which: a
+                  // group of ranks, or "pcie", the host's copies under -offload)
+    STEP_HOST,    // work on the host's CPU (-offload's AdamW): its FLOPs and host-memory bytes
 } StepEngine;
 
 static inline const char* step_engine_name(StepEngine e) {
@@ -81,12 +84,30 @@ static inline const char* step_engine_name(StepEngine e) {
         case STEP_VECTOR: return "vector";
         case STEP_MEMSET: return "memset";
         case STEP_LINK: return "link";
+        case STEP_HOST: return "host";
+    }
+    return "?";
+}
+
+// which action of a pipeline's schedule runs a row (llmc/pipeline.h): a micro-batch's forward of a
+// chunk (F), the input-gradient half of its backward (B: what the stage before waits for), the
+// weight-gradient half (W: zero bubble runs it apart, every other schedule right after B), or the
+// step's once-only work after the last micro-batch (the gradients' reduction, the optimizer)
+typedef enum { STEP_PHASE_STEP, STEP_PHASE_FORWARD, STEP_PHASE_BACKWARD_INPUT, STEP_PHASE_BACKWARD_WEIGHT } StepPhase;
+
+static inline const char* step_phase_name(StepPhase p) {
+    switch (p) {
+        case STEP_PHASE_STEP: return "step";
+        case STEP_PHASE_FORWARD: return "forward";
+        case STEP_PHASE_BACKWARD_INPUT: return "backward_input";
+        case STEP_PHASE_BACKWARD_WEIGHT: return "backward_weight";
     }
     return "?";
 }
 
 #define STEP_NAME_CHARS 64
-#define STEP_KERNELS_MAX 96  // rows of the largest step: 71 (experts over ep ranks, cuBLAS attention, every kernel separate)
+#define STEP_KERNELS_MAX 128  // rows of the largest step: 71 (experts over ep ranks, cuBLAS attention, every kernel
+                              // separate); a stage of tp -sp with -r 2 and ZeRO: about 80
 
 // one kind of kernel of the step
 typedef struct {
@@ -100,9 +121,32 @@ typedef struct {
     const char* op;                // what it belongs to: "matmul", "attention", "layernorm", "comm", ...
     char launch[STEP_NAME_CHARS];  // its kind of launch as LLMC_KERNEL_TIMES=1 names it (llmc/kernel_times.h);
                                    // "" for what no launcher runs (the collectives)
+    // where in the schedule: the action that runs it, and which of the stage's V chunks (bit k:
+    // chunk k; 0 for the step's once-only rows). Each chunk with its bit runs calls / (m n) of
+    // the calls for each micro-batch's action, m the micro-batches and n the bits set: a layer's
+    // rows spread over every chunk, the embedding's on chunk 0 of the first stage, the head's on
+    // chunk V-1 of the last
+    StepPhase phase;
+    uint32_t chunks;
+    // a link row's collective: comm the group ("tp", "cp", "pp", "dp", "edp", "ep", "embedding",
+    // "pcie"), collective its kind ("all-reduce", "reduce-scatter", "all-gather", "send",
+    // "all-to-all", "copy"), payload the bytes one call hands to it as the trainers count them
+    // (their printed formulas and main.log's "comm": the whole tensor reduced or gathered; bytes
+    // above is what of it crosses this rank's link: 2 (n-1)/n of an all-reduce's payload, (n-1)/n
+    // of a reduce-scatter's or an all-gather's, all of a send's), ranks the group's size; NULL, 0
+    // on every other row. hidden_by: the compute this link row may run under when its overlap flag
+    // is on (-tp_overlap: a GEMM's kernel; -overlap: a group's rows, "layer backward"); "" when it
+    // waits in the open. Whether it is hidden is the time model's to decide
+    const char* comm;
+    const char* collective;
+    double payload;
+    int ranks;
+    char hidden_by[STEP_NAME_CHARS];
 } StepKernel;
 
-// how the step is run: what roofline.py's flags choose
+// how the step is run: what roofline.py's flags choose, and the layout (the trainers' flags of
+// the same names; llmc/memory_plan.h's RunLayout, which step_kernels_run below reads). Every new
+// field's 0 is the layout of train_gpt2_dp (tp = pp = 1, no ZeRO, -r 0)
 typedef struct {
     int B, T;               // sequences of a micro-batch on this rank, and their length (the whole T, also under cp)
     int X;                  // bytes of floatX: 2 (bf16) or 4 (fp32)
@@ -111,9 +155,21 @@ typedef struct {
     int gelu_epilogue;      // 1: GELU in the fc GEMM's epilogue (and DGELU in fcproj's dinp); 0: kernels
     int ln_backward_fused;  // 1: the LayerNorm backward in one kernel where a row fits (else separate kernels)
     int dp, cp, ep;         // data-parallel ranks, context-parallel ranks, ranks the experts are split over
-    int micro_batches;      // micro-batches a step accumulates (train_gpt2_dp's -d / (B T dp), -z 0): each
-                            // runs the forward and backward; the gradients' memset, their all-reduce, the
-                            // norm and AdamW stay once a step (0 or 1: one)
+    int micro_batches;      // micro-batches a step runs, m (train_gpt2_dp's -d / (B T dp), a pipeline's -m):
+                            // each runs the forward and backward; the gradients' memset, their reduction,
+                            // the norm and AdamW stay once a step (0 or 1: one)
+    // the layer of llmc/tensor_parallel.h (train_gpt2_tp, _pp, _3d and _diloco run it, through
+    // llmc/chunk.h): GELU in kernels of its own, never in an epilogue, and with tp > 1 the
+    // row-parallel biases added after the sum. 0: block.h's plain layer (train_gpt2_dp, _cp, _ep).
+    // Implied by tp > 1 or pp > 1
+    int tp_layer;
+    int tp, sp, tp_overlap;  // tensor-parallel ranks (0 or 1: none), -sp, -tp_overlap
+    int pp, V, stage;       // pipeline stages, chunks a stage (-vp), and which stage this rank is
+    int zero, overlap, offload;  // train_gpt2_dp's -z (0-3), -overlap and -offload; train_gpt2_3d's -z 1
+    int recompute;          // -r: 0, 1 (GELU, and cuBLAS attention's probabilities), 2 (the layer's forward)
+    int weights_later;      // zero bubble (-s zb): W runs apart from B, so the forward keeps what W reads
+    int diloco_workers, diloco_H;  // train_gpt2_diloco's -workers (dp: a worker's ranks) and -H: the outer
+                                   // step's share, 1/H of it a step (0: none)
 } StepLayout;
 
 // where the rows go while step_kernels fills them
@@ -122,6 +178,8 @@ typedef struct {
     int capacity, count;  // count may pass capacity: the rows past it are counted, not written
     const char* group;
     int repeat;           // a step's calls for each call a micro-batch makes: 1, or the micro-batches
+    StepPhase phase;      // the rows' action and chunks (StepKernel), set with the group
+    uint32_t chunks;
 } StepRows;
 
 static inline int64_t step_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -129,13 +187,15 @@ static inline int64_t step_ceil_div(int64_t a, int64_t b) { return (a + b - 1) /
 // a row, unless the step never calls it (calls = 0: the "next layer" LayerNorm of a 1-layer model).
 // calls (and launches, 0 for one a call) are a micro-batch's, or the step's in a once-a-step
 // group; launch NULL: no launcher runs it
-static inline void step_row(StepRows* s, int64_t calls, int64_t launches, double flops, double bytes, StepEngine engine,
-                            const char* op, const char* launch, const char* kernel_fmt, ...) {
-    if (calls <= 0) return;
+static inline StepKernel* step_row(StepRows* s, int64_t calls, int64_t launches, double flops, double bytes,
+                                   StepEngine engine, const char* op, const char* launch, const char* kernel_fmt, ...) {
+    if (calls <= 0) return NULL;
     calls *= s->repeat;
     launches = launches ? launches * s->repeat : calls;
+    StepKernel* r = NULL;
     if (s->count < s->capacity) {
-        StepKernel* r = &s->rows[s->count];
+        r = &s->rows[s->count];
+        memset(r, 0, sizeof(*r));
         va_list ap;
         va_start(ap, kernel_fmt);
         vsnprintf(r->kernel, sizeof(r->kernel), kernel_fmt, ap);
@@ -148,8 +208,32 @@ static inline void step_row(StepRows* s, int64_t calls, int64_t launches, double
         r->engine = engine;
         r->op = op;
         snprintf(r->launch, sizeof(r->launch), "%s", launch ? launch : "");
+        r->phase = s->phase;
+        r->chunks = s->chunks;
     }
     s->count++;
+    return r;
+}
+
+// a collective (or send) of the group comm of `ranks` ranks: one call hands it count elements of
+// `width` bytes (the payload); the row's bytes are what crosses this rank's link, NCCL's ring:
+// all-reduce 2 (n-1)/n of the payload, reduce-scatter and all-gather (n-1)/n, a send or an
+// all-to-all's cross traffic all of it. hidden_by: see StepKernel (NULL or "": none)
+static inline void step_link(StepRows* s, int64_t calls, const char* comm, const char* collective, int64_t ranks,
+                             double count, double width, const char* hidden_by, const char* kernel_fmt, ...) {
+    double share = 1.0;
+    if (strcmp(collective, "all-reduce") == 0) share = (double)(2 * (ranks - 1)) / ranks;
+    if (strcmp(collective, "reduce-scatter") == 0 || strcmp(collective, "all-gather") == 0) share = (double)(ranks - 1) / ranks;
+    char kernel[STEP_NAME_CHARS];
+    va_list ap;
+    va_start(ap, kernel_fmt);
+    vsnprintf(kernel, sizeof(kernel), kernel_fmt, ap);
+    va_end(ap);
+    StepKernel* r = step_row(s, calls, 0, 0, share == 1.0 ? count * width : share * count * width, STEP_LINK, "comm",
+                             NULL, "%s", kernel);
+    if (r == NULL) return;
+    r->comm = comm, r->collective = collective, r->payload = count * width, r->ranks = (int)ranks;
+    snprintf(r->hidden_by, sizeof(r->hidden_by), "%s", hidden_by ? hidden_by : "");
 }
 
 // one MLP (an expert): fc (4C x C + 4C), fcproj (C x 4C + C)
@@ -276,219 +360,531 @@ static inline void step_layernorm_backward(StepRows* s, StepLayout o, int64_t N,
 }
 
 // ---------------------------------------------------------------------------------------------
-// the step, kernel by kernel, in the order train_gpt2_dp.cu launches it. Fills rows[0..capacity)
-// and returns the number of rows the step has (more than capacity: the rest were not written).
-// The model c: its experts and topk make it train_gpt2_ep's (o.ep of o.dp ranks hold the experts)
-static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, StepLayout o) {
-    StepRows s = {.rows = rows, .capacity = capacity, .count = 0, .group = NULL, .repeat = 1};
-    int micro_batches = o.micro_batches > 1 ? o.micro_batches : 1;
-    int64_t L = c.num_layers, C = c.channels, NH = c.num_heads, V = c.vocab_size, Vp = c.padded_vocab_size;
-    int64_t B = o.B, T = o.T, cp = o.cp, ep = o.ep, X = o.X;
-    int64_t hs = C / NH;
-    int64_t N = B * T / cp;                       // rows of every activation matrix (tp: -sp divides the LayerNorms' by tp)
-    int64_t P = step_rank_parameters(c, o.ep);    // what this rank holds
-    int64_t E = gpt2_is_moe(c) ? c.experts : 0, k = c.topk;
-    int64_t R = E ? N * k : N;                    // rows of the MLPs' matrices: a rank's experts take N k (balanced)
-    double a2a = (double)(R * C * X * (ep - 1)) / ep;  // the bytes an all-to-all sends from a rank (balanced)
-    int64_t distinct = N < V ? N : V;             // rows of wte a batch touches: at most one per distinct token
+// the shapes of one rank's layer, which the parts below share
+typedef struct {
+    StepLayout o;
+    int tpl;                 // the layer of tensor_parallel.h (StepLayout.tp_layer)
+    int64_t tp, sp;          // tensor-parallel ranks, and 1 with -sp (tp > 1)
+    int64_t B, T, X, cp, ep, C, NH, E, k;
+    int64_t N;               // rows of the matmuls and attention: B T/cp tokens
+    int64_t Ns;              // rows of the residual stream, its LayerNorms and residual adds: N, or N/tp with -sp
+    int64_t R;               // rows of the MLPs' matrices: N, or with experts a rank's N k (balanced)
+    int64_t NHr, att, qkv, fc;  // this rank's heads (NH/tp), widths C/tp, 3C/tp and 4C/tp
+    double tile_matmul, forward_matmul;
+    int64_t square_matmul, lse, scores, causal;
+    int64_t act;             // an activation (N, C) in floatX
+    int64_t act_att;         // one of the attention's width, (N, C/tp)
+    int64_t kv_block;        // a K,V block of context parallelism's ring, (B, T/cp, 2C/tp)
+    double a2a;              // the bytes an all-to-all sends from a rank (balanced)
+} StepShapes;
 
+static inline StepShapes step_shapes(GPT2Config c, StepLayout o) {
+    StepShapes h;
+    memset(&h, 0, sizeof(h));
+    h.o = o;
+    h.tp = o.tp > 1 ? o.tp : 1;
+    h.sp = o.sp && h.tp > 1;
+    h.tpl = o.tp_layer || h.tp > 1 || o.pp > 1;
+    h.B = o.B, h.T = o.T, h.X = o.X, h.cp = o.cp, h.ep = o.ep, h.C = c.channels, h.NH = c.num_heads;
+    h.E = gpt2_is_moe(c) ? c.experts : 0, h.k = c.topk;
+    int64_t hs = h.C / h.NH;
+    h.N = h.B * h.T / h.cp;
+    h.Ns = h.N / (h.sp ? h.tp : 1);
+    h.R = h.E ? h.N * h.k : h.N;
+    h.NHr = h.NH / h.tp, h.att = h.C / h.tp, h.qkv = 3 * h.C / h.tp, h.fc = 4 * h.C / h.tp;
+    h.a2a = (double)(h.R * h.C * h.X * (h.ep - 1)) / h.ep;
     // the attention's FLOPs: one (64 x hs) x (hs x 64) tile product is 2 64 64 hs FLOPs; under
-    // context parallelism this rank's share of the causal triangle, 1/cp of it (zigzag)
-    double tile_matmul = (double)(B * NH * step_flash_tiles(T) * 2 * STEP_FLASH_TILE * STEP_FLASH_TILE * hs) / cp;
-    double forward_matmul = (double)(B * NH) * step_flash_forward_tiles(T) * 2 * STEP_FLASH_TILE * STEP_FLASH_TILE * hs / cp;
-    int64_t square_matmul = B * NH * 2 * T * T * hs;  // a full T x T x hs product (cuBLAS)
-    int64_t lse = B * NH * (T / cp) * 4;              // flash's log-sum-exp per query, and D: (B, NH, T/cp) fp32
-    int64_t scores = B * NH * T * T;                  // elements of a (B, NH, T, T) score or probability matrix
-    int64_t causal = B * NH * T * (T + 1) / 2;        // of which on or below the diagonal
-    int64_t act = N * C * X;                          // an activation (N, C) in floatX
+    // context parallelism this rank's share of the causal triangle, 1/cp of it (zigzag); on NH/tp heads
+    h.tile_matmul = (double)(h.B * h.NHr * step_flash_tiles(h.T) * 2 * STEP_FLASH_TILE * STEP_FLASH_TILE * hs) / h.cp;
+    h.forward_matmul = (double)(h.B * h.NHr) * step_flash_forward_tiles(h.T) * 2 * STEP_FLASH_TILE * STEP_FLASH_TILE * hs / h.cp;
+    h.square_matmul = h.B * h.NHr * 2 * h.T * h.T * hs;  // a full T x T x hs product (cuBLAS)
+    h.lse = h.B * h.NHr * (h.T / h.cp) * 4;              // flash's log-sum-exp per query, and D: (B, NH, T/cp) fp32
+    h.scores = h.B * h.NHr * h.T * h.T;                  // elements of a (B, NH, T, T) score or probability matrix
+    h.causal = h.B * h.NHr * h.T * (h.T + 1) / 2;        // of which on or below the diagonal
+    h.act = h.N * h.C * h.X;
+    h.act_att = h.N * h.att * h.X;
     // context parallelism's ring (train_gpt2_cp.cu): per layer, cp - 1 blocks of K,V (B, T/cp, 2C)
     // sent forward, as many again backward with cp blocks of dK, dV in fp32
-    int64_t kv_block = N * 2 * C;
+    h.kv_block = h.N * 2 * h.att;
+    return h;
+}
 
-    s.group = "step start";
-    step_row(&s, 1, 0, 0, (double)(P * X), STEP_MEMSET, "memset", "memset", "memset grads");  // device_memset_zero(grads)
+// tensor parallelism's two collectives (tensor_parallel.h), on (N, C) activations in floatX:
+// the sum after a row-parallel GEMM (an all-reduce, with -sp a reduce-scatter) and with -sp the
+// all-gather before a column-parallel one. gemm: the GEMM that -tp_overlap runs them under (NULL:
+// never decomposed, as the embedding's and the head's)
+static inline void step_tp_sum(StepRows* s, const StepShapes* h, int64_t calls, const char* gemm, const char* what) {
+    if (h->tp == 1) return;
+    const char* kind = h->sp ? "reduce-scatter" : "all-reduce";
+    step_link(s, calls, "tp", kind, h->tp, (double)(h->N * h->C), (double)h->X, h->o.tp_overlap ? gemm : NULL,
+              "tp %s: %s", kind, what);
+}
+static inline void step_tp_gather(StepRows* s, const StepShapes* h, int64_t calls, const char* gemm, const char* what) {
+    if (!h->sp) return;
+    step_link(s, calls, "tp", "all-gather", h->tp, (double)(h->N * h->C), (double)h->X, h->o.tp_overlap ? gemm : NULL,
+              "tp all-gather: %s", what);
+}
+// with tp the row-parallel bias, added once after the sum, to this rank's Ns rows
+static inline void step_bias_add(StepRows* s, const StepShapes* h, int64_t calls, const char* name) {
+    if (h->tp == 1) return;
+    step_row(s, calls, 0, (double)(STEP_FLOPS_ADD * h->Ns * h->C), (double)((2 * h->Ns * h->C + h->C) * h->X), STEP_VECTOR,
+             "bias", "bias add", "bias_add (%s)", name);
+}
 
-    s.group = "embedding", s.repeat = micro_batches;  // (from here to the backward's end, once a micro-batch)
-    // one thread per output element: the token's row of wte (distinct rows read once) plus wpe
-    step_row(&s, 1, 0, (double)(STEP_FLOPS_ADD * N * C), (double)(N * 4 + distinct * C * X + (T / cp) * C * X + act),
-             STEP_VECTOR, "embedding", "encoder forward", "encoder_forward");
-    step_layernorm_forward(&s, X, N, C, "layernorm_forward (ln1 of layer 0)", 1, 0);
-
-    s.group = "layer forward";
-    step_matmul(&s, X, "matmul qkv (+bias epilogue)", N, C, 3 * C, L, 1, 0, 0, NULL);  // (tp: out 3C/tp)
+// a layer's attention forward on this rank's heads (with cp the ring's K,V blocks first)
+static inline void step_attention_forward(StepRows* s, const StepShapes* h, int64_t calls) {
+    int64_t X = h->X, act = h->act_att, cp = h->cp;
     if (cp > 1) {
-        step_row(&s, L, 0, 0, (double)((cp - 1) * kv_block * X), STEP_LINK, "comm", NULL,
-                 "ring: K,V blocks to the next rank (%lld steps)", (long long)(cp - 1));
+        step_link(s, calls, "cp", "send", cp, (double)((cp - 1) * h->kv_block * X), 1, NULL,
+                  "ring: K,V blocks to the next rank (%lld steps)", (long long)(cp - 1));
     }
-    if (o.flash) {
+    if (h->o.flash) {
         // flash_attention_forward_kernel: s = q k^T and o += p v per tile, 2 tile products; reads
         // qkv once, writes out and lse; the T x T scores never leave the chip
-        step_row(&s, L, 0, 2 * forward_matmul, (double)(4 * act + lse), STEP_ATTN, "attention", "attention forward",
-                 "flash_attention_forward");
+        step_row(s, calls, 0, 2 * h->forward_matmul, (double)(4 * act + h->lse), STEP_ATTN, "attention",
+                 "attention forward", "flash_attention_forward");
     } else {
         // q, k, v rearranged into heads, two batched GEMMs around a softmax over the (T, T)
         // scores in memory, the result rearranged back
         const char* fwd = "attention forward";
-        step_row(&s, 3 * L, 0, 0, (double)(2 * act), STEP_VECTOR, "attention", fwd, "attention_to_heads (q, k, v)");
-        step_row(&s, L, 0, (double)square_matmul, (double)(2 * act + scores * X), STEP_GEMM, "attention", fwd,
+        step_row(s, 3 * calls, 0, 0, (double)(2 * act), STEP_VECTOR, "attention", fwd, "attention_to_heads (q, k, v)");
+        step_row(s, calls, 0, (double)h->square_matmul, (double)(2 * act + h->scores * X), STEP_GEMM, "attention", fwd,
                  "gemm_batched scores = q k^T");
-        step_row(&s, L, 0, (double)(STEP_FLOPS_SOFTMAX * causal), (double)(causal * X + scores * X), STEP_VECTOR,
-                 "attention", fwd, "attention_softmax");
-        step_row(&s, L, 0, (double)square_matmul, (double)(scores * X + 2 * act), STEP_GEMM, "attention", fwd,
+        step_row(s, calls, 0, (double)(STEP_FLOPS_SOFTMAX * h->causal), (double)(h->causal * X + h->scores * X),
+                 STEP_VECTOR, "attention", fwd, "attention_softmax");
+        step_row(s, calls, 0, (double)h->square_matmul, (double)(h->scores * X + 2 * act), STEP_GEMM, "attention", fwd,
                  "gemm_batched y = att v");
-        step_row(&s, L, 0, 0, (double)(2 * act), STEP_VECTOR, "attention", fwd, "attention_from_heads (y)");
+        step_row(s, calls, 0, 0, (double)(2 * act), STEP_VECTOR, "attention", fwd, "attention_from_heads (y)");
     }
-    step_matmul(&s, X, "matmul attproj (+bias epilogue)", N, C, C, L, 1, 0, 0, NULL);  // (tp: input C/tp)
-    step_layernorm_forward(&s, X, N, C, "residual + layernorm (ln2)", L, 1);
+}
+
+// GELU as a kernel of its own: fch (rows, 4C/tp) in, its GELU out
+static inline void step_gelu_forward(StepRows* s, const StepShapes* h, int64_t rows, int64_t calls) {
+    step_row(s, calls, 0, (double)(STEP_FLOPS_GELU * rows * h->fc), (double)(2 * rows * h->fc * h->X), STEP_VECTOR, "gelu",
+             "gelu forward", "gelu_forward");
+}
+
+// A dense layer's forward from its ln1 to fcproj's sum (the caller adds it to the residual
+// stream with the next LayerNorm). rerun (-r 2): again before the layer's backward, as far as the
+// backward reads (block.h): fcproj and its sum are not repeated. gelu_epilogue: GELU in the fc
+// GEMM's epilogue (block.h's layer, when its output is kept). With experts (block.h's layer
+// alone) the router, the exchanges and the experts' MLPs
+static inline void step_layer_forward(StepRows* s, const StepShapes* h, int64_t calls, int rerun, int gelu_epilogue) {
+    int64_t X = h->X, N = h->N, Ns = h->Ns, C = h->C, R = h->R, E = h->E, ep = h->ep;
+    const char* qkv = "matmul qkv (+bias epilogue)";
+    const char* attproj = h->tp > 1 ? "matmul attproj (bias after the sum)" : "matmul attproj (+bias epilogue)";
+    const char* fcproj = h->tp > 1 ? "matmul fcproj (bias after the sum)" : "matmul fcproj (+bias epilogue)";
+    step_tp_gather(s, h, calls, qkv, "ln1 before qkv");
+    step_matmul(s, X, qkv, N, C, h->qkv, calls, 1, 0, 0, NULL);
+    step_attention_forward(s, h, calls);
+    step_matmul(s, X, attproj, N, h->att, C, calls, h->tp == 1, 0, 0, NULL);
+    step_tp_sum(s, h, calls, attproj, "attproj");
+    step_bias_add(s, h, calls, "attprojb");
+    step_layernorm_forward(s, X, Ns, C, "residual + layernorm (ln2)", calls, 1);
     if (E) {  // the router, the tokens to their experts (llmc/moe.h: row moves read and write C each)
-        step_matmul(&s, X, "matmul router, s = ln2 Wr^T", N, C, E, L, 0, 0, 0, NULL);
-        step_row(&s, L, 0, 0, (double)((N + R) * C * X + R * 4), STEP_VECTOR, "moe", "moe: dispatch",
+        step_matmul(s, X, "matmul router, s = ln2 Wr^T", N, C, E, calls, 0, 0, 0, NULL);
+        step_row(s, calls, 0, 0, (double)((N + R) * C * X + R * 4), STEP_VECTOR, "moe", "moe: dispatch",
                  "moe dispatch (kept slots into send order)");
-        if (ep > 1) step_row(&s, L, 0, 0, a2a, STEP_LINK, "comm", NULL, "all-to-all: the tokens to their experts' ranks");
-        step_row(&s, L, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
+        if (ep > 1) step_link(s, calls, "ep", "all-to-all", ep, h->a2a, 1, NULL, "all-to-all: the tokens to their experts' ranks");
+        step_row(s, calls, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
                  "moe gather rows (into expert order)");
     }
-    if (o.gelu_epilogue) {  // GELU_AUX_BIAS writes GELU's input (aux) and its output
-        step_matmul(&s, X, "matmul fc (+bias, GELU epilogue)", R, C, 4 * C, L, 1, 0, 1, NULL);  // (tp: out 4C/tp)
+    step_tp_gather(s, h, calls, "matmul fc (+bias epilogue)", "ln2 before fc");
+    if (gelu_epilogue) {  // GELU_AUX_BIAS writes GELU's input (aux) and its output
+        step_matmul(s, X, "matmul fc (+bias, GELU epilogue)", R, C, h->fc, calls, 1, 0, 1, NULL);
     } else {
-        step_matmul(&s, X, "matmul fc (+bias epilogue)", R, C, 4 * C, L, 1, 0, 0, NULL);
-        step_row(&s, L, 0, (double)(STEP_FLOPS_GELU * R * 4 * C), (double)(2 * R * 4 * C * X), STEP_VECTOR, "gelu",
-                 "gelu forward", "gelu_forward");
+        step_matmul(s, X, "matmul fc (+bias epilogue)", R, C, h->fc, calls, 1, 0, 0, NULL);
+        step_gelu_forward(s, h, R, calls);
     }
-    step_matmul(&s, X, "matmul fcproj (+bias epilogue)", R, 4 * C, C, L, 1, 0, 0, NULL);  // (tp: input 4C/tp)
+    if (rerun) return;
+    step_matmul(s, X, fcproj, R, h->fc, C, calls, h->tp == 1, 0, 0, NULL);
+    step_tp_sum(s, h, calls, fcproj, "fcproj");
+    step_bias_add(s, h, calls, "fcprojb");
     if (E) {  // the outputs home, and each token's gate-weighted sum
-        step_row(&s, L, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
+        step_row(s, calls, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
                  "moe gather rows (back to source order)");
-        if (ep > 1) step_row(&s, L, 0, 0, a2a, STEP_LINK, "comm", NULL, "all-to-all: the outputs back");
-        step_row(&s, L, 0, (double)(STEP_FLOPS_ADD * R * C), (double)((R + N) * C * X + R * 8), STEP_VECTOR, "moe",
+        if (ep > 1) step_link(s, calls, "ep", "all-to-all", ep, h->a2a, 1, NULL, "all-to-all: the outputs back");
+        step_row(s, calls, 0, (double)(STEP_FLOPS_ADD * R * C), (double)((R + N) * C * X + R * 8), STEP_VECTOR, "moe",
                  "moe: combine", "moe combine (gate-weighted sum)");
     }
-    step_layernorm_forward(&s, X, N, C, "residual + layernorm (ln1 of the next layer)", L - 1, 1);
+}
 
-    s.group = "final layernorm";
-    step_layernorm_forward(&s, X, N, C, "residual + layernorm (lnf)", 1, 1);
-
-    s.group = "classifier";
-    step_matmul(&s, X, "matmul LM head, logits = lnf wte^T", N, C, Vp, 1, 0, 0, 0, NULL);
-    // one block per row: an online softmax over the row, then dlogits written over the logits
-    step_row(&s, 1, 0, (double)(STEP_FLOPS_CLASSIFIER * N * V), (double)(2 * N * Vp * X + 2 * N * 4), STEP_VECTOR,
-             "classifier", "classifier (softmax, loss, dlogits)", "fused_classifier (softmax, loss, dlogits)");
-    step_matmul_dinp(&s, X, "matmul LM head dinp = dlogits wte", N, Vp, C, 1, 0);
-    step_matmul(&s, X, "matmul LM head dwte += dlogits^T lnf", N, C, Vp, 1, 0, 1, 0, NULL);
-
-    s.group = "final layernorm backward";
-    step_row(&s, 1, 0, 0, (double)act, STEP_MEMSET, "memset", "memset", "memset dresidual");
-    step_layernorm_backward(&s, o, N, C, "lnf", 1);
-
-    s.group = "layer backward";
-    // the MLP half (block.h): the input pass, then the weight pass (MoE: the gates' gradients and
-    // the output gradients to the experts first, the input gradients home after, then the router's)
-    if (E) {
-        step_row(&s, L, 0, (double)(2 * R * C), (double)((2 * N + 2 * R) * C * X + R * 12), STEP_VECTOR, "moe",
-                 "moe: dispatch", "moe gate gradients, dispatch (gate-weighted)");
-        if (ep > 1) step_row(&s, L, 0, 0, a2a, STEP_LINK, "comm", NULL, "all-to-all: the output gradients to the experts");
-        step_row(&s, L, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
-                 "moe gather rows (into expert order)");
+// -r 1 and 2 (block.h, model.h's activations_kept): before each layer's backward, what its
+// forward did not keep. -r 2 keeps only the layer's output (residual3): the layer's forward again
+// from its input, ln1 on, with its collectives, up to GELU. -r 1 drops GELU's output (unless zero
+// bubble's W needs it later) and with cuBLAS attention the (B, NH, T, T) probabilities (flash's
+// lse is kept, and context parallelism always runs flash): GELU again, and that attention again
+static inline void step_recompute(StepRows* s, const StepShapes* h, int64_t calls) {
+    const StepLayout* o = &h->o;
+    if (o->recompute == 2) {
+        step_layernorm_forward(s, h->X, h->Ns, h->C, "layernorm_forward (ln1, rerun)", calls, 0);
+        step_layer_forward(s, h, calls, 1, 0);
+    } else if (o->recompute == 1) {
+        if (!o->weights_later) step_gelu_forward(s, h, h->R, calls);
+        if (!o->flash && h->cp == 1) step_attention_forward(s, h, calls);
     }
-    if (o.gelu_epilogue) {  // DGELU reads GELU's input (aux) and multiplies the product by GELU'
-        step_matmul_dinp(&s, X, "matmul fcproj dinp (DGELU epilogue)", R, C, 4 * C, L, 1);
-    } else {
-        step_matmul_dinp(&s, X, "matmul fcproj dinp", R, C, 4 * C, L, 0);
-        step_row(&s, L, 0, (double)(STEP_FLOPS_GELU_BACKWARD * R * 4 * C), (double)(3 * R * 4 * C * X), STEP_VECTOR,
-                 "gelu", "gelu backward", "gelu_backward");
-    }
-    step_matmul_dinp(&s, X, "matmul fc dinp", R, 4 * C, C, L, 0);
-    if (E) {
-        step_matmul(&s, X, "matmul expert fcproj dweight", R, 4 * C, C, L, o.bias_epilogue, 1, 0, NULL);
-        step_matmul(&s, X, "matmul expert fc dweight", R, C, 4 * C, L, o.bias_epilogue, 1, 0, NULL);
-        step_row(&s, L, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
-                 "moe gather rows (back to source order)");
-        if (ep > 1) step_row(&s, L, 0, 0, a2a, STEP_LINK, "comm", NULL, "all-to-all: the input gradients back");
-        step_row(&s, L, 0, (double)(STEP_FLOPS_ADD * R * C), (double)((R + N) * C * X + R * 4), STEP_VECTOR, "moe",
-                 "moe: combine", "moe combine (sum of the input gradients)");
-        step_matmul(&s, X, "matmul router dweight", N, C, E, L, 0, 1, 0, NULL);
-        step_matmul_dinp(&s, X, "matmul router dinp", N, E, C, L, 0);
-    } else {
-        step_weight_gradient(&s, o, N, "fcproj", 4 * C, C, L);
-        step_weight_gradient(&s, o, N, "fc", C, 4 * C, L);
-    }
-    step_layernorm_backward(&s, o, N, C, "ln2", L);
-    // the attention half
-    step_matmul_dinp(&s, X, "matmul attproj dinp", N, C, C, L, 0);
+}
+
+// a layer's attention backward on this rank's heads, from datty to dqkv (with cp the ring's K,V
+// again and dK, dV home)
+static inline void step_attention_backward(StepRows* s, const StepShapes* h, int64_t calls) {
+    int64_t X = h->X, act = h->act_att, cp = h->cp, lse = h->lse;
     if (cp > 1) {
-        step_row(&s, L, 0, 0, (double)((cp - 1) * kv_block * X + cp * kv_block * 4), STEP_LINK, "comm", NULL,
-                 "ring: K,V again and dK,dV (fp32) to the next rank");
+        step_link(s, calls, "cp", "send", cp, (double)((cp - 1) * h->kv_block * X + cp * h->kv_block * 4), 1, NULL,
+                  "ring: K,V again and dK,dV (fp32) to the next rank");
     }
-    if (o.flash) {
+    const char* bwd = "attention backward";
+    if (h->o.flash) {
         // D = rowsum(dO * O); then dK, dV (a block owns 64 keys and walks the queries: s^T = k q^T,
         // dv += p^T dO, dp^T = v dO^T, dk += ds^T q: 4 tile products) and dQ (a block owns 64
         // queries: s = q k^T, dp = dO v^T, dq += ds k: 3). Both recompute p from q, k and lse, and
         // both compute dp: 7 tile products against FlashAttention-2's 5, the price of one writer
         // per output
-        const char* bwd = "attention backward";
-        step_row(&s, L, 0, (double)(STEP_FLOPS_DOT * N * C), (double)(2 * act + lse), STEP_VECTOR, "attention", bwd,
-                 "attention_row_dot (D)");
-        step_row(&s, L, 0, 4 * tile_matmul, (double)(6 * act + 2 * lse), STEP_ATTN, "attention", bwd,
+        step_row(s, calls, 0, (double)(STEP_FLOPS_DOT * h->N * h->att), (double)(2 * act + lse), STEP_VECTOR, "attention",
+                 bwd, "attention_row_dot (D)");
+        step_row(s, calls, 0, 4 * h->tile_matmul, (double)(6 * act + 2 * lse), STEP_ATTN, "attention", bwd,
                  "flash_attention_backward_dkdv");
-        step_row(&s, L, 0, 3 * tile_matmul, (double)(5 * act + 2 * lse), STEP_ATTN, "attention", bwd,
+        step_row(s, calls, 0, 3 * h->tile_matmul, (double)(5 * act + 2 * lse), STEP_ATTN, "attention", bwd,
                  "flash_attention_backward_dq");
     } else {
         // q, k, v and dy into heads, four batched GEMMs (each a full square) around the softmax's
         // backward, dq, dk, dv back
-        const char* bwd = "attention backward";
-        step_row(&s, 4 * L, 0, 0, (double)(2 * act), STEP_VECTOR, "attention", bwd, "attention_to_heads (q, k, v, dy)");
-        step_row(&s, L, 0, (double)square_matmul, (double)(2 * act + scores * X), STEP_GEMM, "attention", bwd,
+        int64_t scores = h->scores, causal = h->causal, square = h->square_matmul;
+        step_row(s, 4 * calls, 0, 0, (double)(2 * act), STEP_VECTOR, "attention", bwd, "attention_to_heads (q, k, v, dy)");
+        step_row(s, calls, 0, (double)square, (double)(2 * act + scores * X), STEP_GEMM, "attention", bwd,
                  "gemm_batched datt = dy v^T");
-        step_row(&s, L, 0, (double)square_matmul, (double)(scores * X + 2 * act), STEP_GEMM, "attention", bwd,
+        step_row(s, calls, 0, (double)square, (double)(scores * X + 2 * act), STEP_GEMM, "attention", bwd,
                  "gemm_batched dv = att^T dy");
-        step_row(&s, L, 0, (double)(STEP_FLOPS_SOFTMAX_BACKWARD * causal), (double)(2 * causal * X + scores * X),
+        step_row(s, calls, 0, (double)(STEP_FLOPS_SOFTMAX_BACKWARD * causal), (double)(2 * causal * X + scores * X),
                  STEP_VECTOR, "attention", bwd, "attention_softmax_backward");
-        step_row(&s, L, 0, (double)square_matmul, (double)(scores * X + 2 * act), STEP_GEMM, "attention", bwd,
+        step_row(s, calls, 0, (double)square, (double)(scores * X + 2 * act), STEP_GEMM, "attention", bwd,
                  "gemm_batched dq = ds k");
-        step_row(&s, L, 0, (double)square_matmul, (double)(scores * X + 2 * act), STEP_GEMM, "attention", bwd,
+        step_row(s, calls, 0, (double)square, (double)(scores * X + 2 * act), STEP_GEMM, "attention", bwd,
                  "gemm_batched dk = ds^T q");
-        step_row(&s, 3 * L, 0, 0, (double)(2 * act), STEP_VECTOR, "attention", bwd, "attention_from_heads (dq, dk, dv)");
+        step_row(s, 3 * calls, 0, 0, (double)(2 * act), STEP_VECTOR, "attention", bwd, "attention_from_heads (dq, dk, dv)");
     }
-    step_matmul_dinp(&s, X, "matmul qkv dinp", N, 3 * C, C, L, 0);
-    step_weight_gradient(&s, o, N, "attproj", C, C, L);
-    step_weight_gradient(&s, o, N, "qkv", C, 3 * C, L);
-    step_layernorm_backward(&s, o, N, C, "ln1", L);
+}
 
-    s.group = "encoder backward";
-    // dwte: one block per distinct token sums its rows of dout (positions sorted on the host
-    // first), then adds into that token's row of dwte (read and written)
-    step_row(&s, 1, 0, (double)(STEP_FLOPS_ADD * N * C), (double)(act + (N + 2 * distinct + 1) * 4 + 2 * distinct * C * X),
-             STEP_VECTOR, "embedding", "encoder backward", "encoder_backward_wte");
-    step_row(&s, 1, 0, (double)(STEP_FLOPS_ADD * N * C), (double)(act + 2 * (T / cp) * C * X), STEP_VECTOR, "embedding",
-             "encoder backward", "encoder_backward_wpe");
+// the weight-gradient rows (zero bubble's W) of one half, between rows of B
+#define STEP_WEIGHT_PASS(s, body) do { (s)->phase = STEP_PHASE_BACKWARD_WEIGHT; body; (s)->phase = STEP_PHASE_BACKWARD_INPUT; } while (0)
 
-    int64_t ranks = (int64_t)o.dp * cp;
-    if (ranks > 1) {
-        s.group = "gradient all-reduce", s.repeat = 1;  // (-z 0: once a step, after the last micro-batch)
-        // NCCL's ring all-reduce sends and receives 2 (n - 1)/n of the payload on each GPU's link
-        // (train_gpt2_cp: a SUM over the cp ranks; train_gpt2_ep: the experts over their dp/ep copies)
-        int64_t held_experts = E ? L * (E / ep) * step_mlp_parameters(C) : 0;
-        step_row(&s, 1, 0, 0, (double)(2 * (ranks - 1)) / ranks * (double)(P - held_experts) * X, STEP_LINK, "comm",
-                 NULL, "all-reduce grads (NCCL ring, %lld ranks)", (long long)ranks);
-        int64_t copies = o.dp / ep;
-        if (E && copies > 1) {
-            step_row(&s, 1, 0, 0, (double)(2 * (copies - 1)) / copies * (double)held_experts * X, STEP_LINK, "comm",
-                     NULL, "all-reduce expert grads (NCCL ring, %lld copies)", (long long)copies);
+// A layer's backward, from the gradient at its output to the gradient at its input (block.h's
+// halves, or tensor_parallel.h's with f and g): the MLP half, then the attention half, each its
+// input pass (B) and its weight pass (W)
+static inline void step_layer_backward(StepRows* s, const StepShapes* h, int64_t calls) {
+    const StepLayout o = h->o;
+    int64_t X = h->X, N = h->N, Ns = h->Ns, C = h->C, R = h->R, E = h->E, ep = h->ep;
+    // the MLP half (block.h): the input pass, then the weight pass (MoE: the gates' gradients and
+    // the output gradients to the experts first, the input gradients home after, then the router's)
+    if (E) {
+        step_row(s, calls, 0, (double)(2 * R * C), (double)((2 * N + 2 * R) * C * X + R * 12), STEP_VECTOR, "moe",
+                 "moe: dispatch", "moe gate gradients, dispatch (gate-weighted)");
+        if (ep > 1) step_link(s, calls, "ep", "all-to-all", ep, h->a2a, 1, NULL, "all-to-all: the output gradients to the experts");
+        step_row(s, calls, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
+                 "moe gather rows (into expert order)");
+    }
+    step_tp_gather(s, h, calls, "matmul fcproj dinp", "dresidual before fcproj's dinp");
+    if (o.gelu_epilogue && !h->tpl) {  // DGELU reads GELU's input (aux) and multiplies the product by GELU'
+        step_matmul_dinp(s, X, "matmul fcproj dinp (DGELU epilogue)", R, C, h->fc, calls, 1);
+    } else {
+        step_matmul_dinp(s, X, "matmul fcproj dinp", R, C, h->fc, calls, 0);
+        step_row(s, calls, 0, (double)(STEP_FLOPS_GELU_BACKWARD * R * h->fc), (double)(3 * R * h->fc * X), STEP_VECTOR,
+                 "gelu", "gelu backward", "gelu_backward");
+    }
+    step_matmul_dinp(s, X, "matmul fc dinp", R, h->fc, C, calls, 0);
+    step_tp_sum(s, h, calls, "matmul fc dinp", "dln2");
+    if (E) {
+        STEP_WEIGHT_PASS(s, {
+            step_matmul(s, X, "matmul expert fcproj dweight", R, 4 * C, C, calls, o.bias_epilogue, 1, 0, NULL);
+            step_matmul(s, X, "matmul expert fc dweight", R, C, 4 * C, calls, o.bias_epilogue, 1, 0, NULL);
+        });
+        step_row(s, calls, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
+                 "moe gather rows (back to source order)");
+        if (ep > 1) step_link(s, calls, "ep", "all-to-all", ep, h->a2a, 1, NULL, "all-to-all: the input gradients back");
+        step_row(s, calls, 0, (double)(STEP_FLOPS_ADD * R * C), (double)((R + N) * C * X + R * 4), STEP_VECTOR, "moe",
+                 "moe: combine", "moe combine (sum of the input gradients)");
+        STEP_WEIGHT_PASS(s, step_matmul(s, X, "matmul router dweight", N, C, E, calls, 0, 1, 0, NULL));
+        step_matmul_dinp(s, X, "matmul router dinp", N, E, C, calls, 0);
+    } else {
+        STEP_WEIGHT_PASS(s, {
+            step_weight_gradient(s, o, N, "fcproj", h->fc, C, calls);
+            step_weight_gradient(s, o, N, "fc", C, h->fc, calls);
+        });
+    }
+    step_layernorm_backward(s, o, Ns, C, "ln2", calls);
+    // the attention half
+    step_tp_gather(s, h, calls, "matmul attproj dinp", "dresidual before attproj's dinp");
+    step_matmul_dinp(s, X, "matmul attproj dinp", N, h->att, C, calls, 0);
+    step_attention_backward(s, h, calls);
+    step_matmul_dinp(s, X, "matmul qkv dinp", N, h->qkv, C, calls, 0);
+    step_tp_sum(s, h, calls, "matmul qkv dinp", "dln1");
+    STEP_WEIGHT_PASS(s, {
+        step_weight_gradient(s, o, N, "attproj", h->att, C, calls);
+        step_weight_gradient(s, o, N, "qkv", C, h->qkv, calls);
+    });
+    step_layernorm_backward(s, o, Ns, C, "ln1", calls);
+}
+
+// the parameters of a dense model's tp rank of a pipeline stage (model.h's parameter_layout_grid):
+// its Ls layers of the per-layer tensors, the split ones (qkv, attproj's and fc's weights and
+// qkv's and fc's biases) 1/tp each; the first stage's wte (Vp/tp rows) and wpe, the last's lnf and
+// its own copy of the tied wte
+static inline int64_t step_stage_parameters(GPT2Config c, int tp, int pp, int stage) {
+    int64_t C = c.channels, Ls = c.num_layers / pp, wte = (int64_t)c.padded_vocab_size / tp * C;
+    int64_t layer = 2 * C + (3 * C * C + 3 * C) / tp + C * C / tp + C + 2 * C + (4 * C * C + 4 * C) / tp + 4 * C * C / tp + C;
+    int64_t P = Ls * layer;
+    if (stage == 0) P += wte + (int64_t)c.max_seq_len * C;
+    if (stage == pp - 1) P += 2 * C + (pp > 1 ? wte : 0);
+    return P;
+}
+
+// ZeRO's padding (model.h): train_gpt2_dp pads each bucket (the embeddings, each layer, the final
+// LayerNorm) to a multiple of the dp ranks x 128 elements; train_gpt2_3d pads its whole buffer to
+// a multiple of dp cp x 128
+static inline int64_t step_round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+static inline int64_t step_zero_buckets(GPT2Config c, int64_t ranks, int64_t* embedding, int64_t* layer, int64_t* lnf) {
+    int64_t C = c.channels, pad = ranks * 128;
+    *embedding = step_round_up(((int64_t)c.padded_vocab_size + c.max_seq_len) * C, pad);
+    *layer = step_round_up(12 * C * C + 13 * C, pad);
+    *lnf = step_round_up(2 * C, pad);
+    return *embedding + c.num_layers * *layer + *lnf;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the step, kernel by kernel, in the order the trainer launches it. Fills rows[0..capacity)
+// and returns the number of rows the step has (more than capacity: the rest were not written).
+// The model c: its experts and topk make it train_gpt2_ep's (o.ep of o.dp ranks hold the experts).
+// With tp > 1, pp > 1 or tp_layer, the rank of train_gpt2_tp, _pp or _3d (stage o.stage of o.pp,
+// o.V chunks of L/(pp V) layers each, o.micro_batches of them a step); with zero, train_gpt2_dp's
+// ZeRO (train_gpt2_3d's -z 1 where tp_layer)
+static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, StepLayout o) {
+    StepRows s = {.rows = rows, .capacity = capacity, .count = 0, .group = NULL, .repeat = 1};
+    int micro_batches = o.micro_batches > 1 ? o.micro_batches : 1;
+    StepShapes h = step_shapes(c, o);
+    int64_t L = c.num_layers, C = c.channels, V = c.vocab_size, Vp = c.padded_vocab_size;
+    int64_t T = o.T, cp = o.cp, ep = o.ep, X = o.X, N = h.N, Ns = h.Ns, tp = h.tp, E = h.E;
+    int64_t pp = o.pp > 1 ? o.pp : 1, chunks = o.V > 1 ? o.V : 1, stage = pp > 1 ? o.stage : 0;
+    int first = stage == 0, last = stage == pp - 1;
+    int64_t Ls = L / pp;                          // the stage's layers, Ls / V a chunk
+    int64_t Vr = Vp / tp;                         // the vocabulary-parallel LM head's rows of wte on this rank
+    uint32_t every_chunk = (uint32_t)((1ull << chunks) - 1), first_chunk = 1u, last_chunk = 1u << (chunks - 1);
+    // the parameters this rank holds: the model's (llmc/gpt2.h), of whose E experts a layer it
+    // holds E/ep; a stage's tp slice of it (step_stage_parameters)
+    int64_t P = h.tpl ? step_stage_parameters(c, (int)tp, (int)pp, (int)stage) : step_rank_parameters(c, o.ep);
+    int64_t dp_ranks = (int64_t)o.dp * cp;        // the ranks the gradients are reduced over (DiLoCo: a worker's)
+    int zero = dp_ranks > 1 ? o.zero : 0;
+    int64_t zero_emb = 0, zero_layer = 0, zero_lnf = 0;
+    if (zero && !h.tpl) P = step_zero_buckets(c, dp_ranks, &zero_emb, &zero_layer, &zero_lnf);
+    if (zero && h.tpl) P = step_round_up(P, dp_ranks * 128);
+    int64_t S = zero ? P / dp_ranks : P;          // what the optimizer updates: ZeRO's shard
+    int64_t distinct = N < V ? N : V;             // rows of wte a batch touches: at most one per distinct token
+    if (tp > 1) distinct = N < Vr ? N : Vr;       // (tp: of this rank's vocabulary)
+    int gelu_kept = o.recompute == 0 || o.weights_later;  // GELU's output kept for the backward (model.h)
+    const char* overlap = o.overlap ? "layer backward" : NULL;  // -overlap: the buckets' collectives under the backward
+
+    s.group = "step start", s.phase = STEP_PHASE_STEP, s.chunks = 0;
+    // device_memset_zero(grads): -z 2 and 3 keep a shard of each bucket's gradient
+    step_row(&s, 1, 0, 0, (double)((zero >= 2 ? S : P) * X), STEP_MEMSET, "memset", "memset", "memset grads");
+
+    // (from here to the backward's end, once a micro-batch)
+    s.group = "embedding", s.repeat = micro_batches, s.phase = STEP_PHASE_FORWARD, s.chunks = first_chunk;
+    if (zero == 3) {  // -z 3: the embeddings' bucket gathered, then layer 0's
+        step_link(&s, 1, "dp", "all-gather", dp_ranks, (double)zero_emb, (double)X, o.overlap ? "layer forward" : NULL,
+                  "-z 3: all-gather the embeddings' parameters");
+    }
+    if (first) {
+        // one thread per output element: the token's row of wte (distinct rows read once) plus wpe
+        // (with tp each rank looks up its vocabulary's rows; the sum over tp makes the embedding)
+        step_row(&s, 1, 0, (double)(STEP_FLOPS_ADD * N * C), (double)(N * 4 + distinct * C * X + (T / cp) * C * X + h.act),
+                 STEP_VECTOR, "embedding", "encoder forward", "encoder_forward");
+        step_tp_sum(&s, &h, 1, NULL, "the embedding's partial rows");
+    }
+    if (!h.tpl || (pp == 1 && chunks == 1)) {
+        step_layernorm_forward(&s, X, Ns, C, "layernorm_forward (ln1 of layer 0)", 1, 0);
+    } else {  // (chunk.h: every chunk starts with its own LayerNorm)
+        s.group = "layer forward", s.chunks = every_chunk;
+        step_layernorm_forward(&s, X, Ns, C, "layernorm_forward (ln1 of a chunk's first layer)", chunks, 0);
+    }
+
+    s.group = "layer forward", s.chunks = every_chunk;
+    if (zero == 3) {
+        step_link(&s, Ls, "dp", "all-gather", dp_ranks, (double)zero_layer, (double)X, o.overlap ? "layer forward" : NULL,
+                  "-z 3: all-gather a layer's parameters");
+    }
+    step_layer_forward(&s, &h, Ls, 0, o.gelu_epilogue && !h.tpl && gelu_kept);
+    step_layernorm_forward(&s, X, Ns, C, "residual + layernorm (ln1 of the next layer)", Ls - chunks, 1);
+    if (h.tpl) {  // a chunk that ends at a stage boundary: the plain residual add, whose output is sent on
+        int64_t ends = chunks - (last ? 1 : 0);
+        s.chunks = last ? every_chunk & ~last_chunk : every_chunk;
+        step_row(&s, ends, 0, (double)(STEP_FLOPS_ADD * Ns * C), (double)(3 * Ns * C * X), STEP_VECTOR, "residual",
+                 "residual forward", "residual_forward (the chunk's output)");
+        if (pp > 1) {  // the pipeline's sends: each chunk's output on to the next stage, but the model's last
+            s.group = "pipeline";
+            step_link(&s, ends, "pp", "send", 2, (double)(Ns * C), (double)X, NULL, "pp send: activations to the next stage");
         }
     }
 
-    s.group = "global norm + AdamW", s.repeat = 1;
-    step_row(&s, 1, 0, (double)(STEP_FLOPS_DOT * P), (double)(P * X + NORM_BLOCKS * 4), STEP_VECTOR, "optimizer",
+    if (last) {
+        s.group = "final layernorm", s.chunks = last_chunk;
+        if (zero == 3) {
+            step_link(&s, 1, "dp", "all-gather", dp_ranks, (double)zero_lnf, (double)X, o.overlap ? "layer forward" : NULL,
+                      "-z 3: all-gather the final LayerNorm's parameters");
+        }
+        step_layernorm_forward(&s, X, Ns, C, "residual + layernorm (lnf)", 1, 1);
+
+        s.group = "classifier";
+        if (zero == 3) {  // the embeddings again, for the LM head (kept for its backward)
+            step_link(&s, 1, "dp", "all-gather", dp_ranks, (double)zero_emb, (double)X, NULL,
+                      "-z 3: all-gather the embeddings' parameters (LM head)");
+        }
+        step_tp_gather(&s, &h, 1, NULL, "lnf before the LM head");
+        step_matmul(&s, X, "matmul LM head, logits = lnf wte^T", N, C, Vr, 1, 0, 0, 0, NULL);
+        if (tp == 1) {
+            // one block per row: an online softmax over the row, then dlogits written over the logits
+            step_row(&s, 1, 0, (double)(STEP_FLOPS_CLASSIFIER * N * V), (double)(2 * N * Vp * X + 2 * N * 4), STEP_VECTOR,
+                     "classifier", "classifier (softmax, loss, dlogits)", "fused_classifier (softmax, loss, dlogits)");
+        } else {
+            // the vocabulary-parallel loss (tensor_parallel.h): each row's maximum over this rank's
+            // Vp/tp logits, all-reduced (MAX, fp32); its sum of exponentials and its target's logit,
+            // all-reduced (SUM, 2 fp32); then the loss and dlogits over the logits, locally
+            const char* vp = "vocab-parallel classifier: ";
+            step_row(&s, 1, 0, (double)(N * Vr), (double)(N * Vr * X + N * 4), STEP_VECTOR, "classifier",
+                     "vocab-parallel classifier: row maxima", "%srow maxima", vp);
+            step_link(&s, 1, "tp", "all-reduce", tp, (double)N, 4, NULL, "tp all-reduce: the rows' maxima (fp32)");
+            step_row(&s, 1, 0, (double)(3 * N * Vr), (double)(N * Vr * X + 3 * N * 4 + N * 4), STEP_VECTOR, "classifier",
+                     "vocab-parallel classifier: row sums", "%srow sums", vp);
+            step_link(&s, 1, "tp", "all-reduce", tp, (double)(2 * N), 4, NULL, "tp all-reduce: the rows' sums (fp32)");
+            step_row(&s, 1, 0, (double)(STEP_FLOPS_CLASSIFIER * N * Vr), (double)(2 * N * Vr * X + 5 * N * 4), STEP_VECTOR,
+                     "classifier", "vocab-parallel classifier: loss, dlogits", "%sloss, dlogits", vp);
+        }
+        s.phase = STEP_PHASE_BACKWARD_INPUT;
+        step_matmul_dinp(&s, X, "matmul LM head dinp = dlogits wte", N, Vr, C, 1, 0);
+        STEP_WEIGHT_PASS(&s, step_matmul(&s, X, "matmul LM head dwte += dlogits^T lnf", N, C, Vr, 1, 0, 1, 0, NULL));
+        step_tp_sum(&s, &h, 1, NULL, "dlnf");
+
+        s.group = "final layernorm backward";
+        step_row(&s, 1, 0, 0, (double)(Ns * C * X), STEP_MEMSET, "memset", "memset", "memset dresidual");
+        step_layernorm_backward(&s, o, Ns, C, "lnf", 1);
+        if (zero >= 2) {
+            if (zero == 3) {
+                step_link(&s, 1, "dp", "all-gather", dp_ranks, (double)zero_lnf, (double)X, overlap,
+                          "-z 3: all-gather the final LayerNorm's parameters");
+            }
+            step_link(&s, 1, "dp", "reduce-scatter", dp_ranks, (double)zero_lnf, (double)X, overlap,
+                      "-z %d: reduce-scatter the final LayerNorm's gradients", zero);
+        }
+    }
+
+    s.group = "layer backward", s.phase = STEP_PHASE_BACKWARD_INPUT, s.chunks = every_chunk;
+    if (pp > 1) {  // the gradient at each chunk's input back to the stage before, but the model's first
+        s.group = "pipeline", s.chunks = first ? every_chunk & ~first_chunk : every_chunk;
+        step_link(&s, chunks - (first ? 1 : 0), "pp", "send", 2, (double)(Ns * C), (double)X, NULL,
+                  "pp send: gradients to the stage before");
+        s.group = "layer backward", s.chunks = every_chunk;
+    }
+    if (o.recompute) {
+        s.group = "layer recompute";
+        step_recompute(&s, &h, Ls);
+        s.group = "layer backward";
+    }
+    if (zero == 3) {
+        step_link(&s, Ls, "dp", "all-gather", dp_ranks, (double)zero_layer, (double)X, overlap,
+                  "-z 3: all-gather a layer's parameters");
+    }
+    step_layer_backward(&s, &h, Ls);
+    if (zero >= 2) {  // each layer's bucket reduce-scattered as soon as its gradient is complete
+        step_link(&s, Ls, "dp", "reduce-scatter", dp_ranks, (double)zero_layer, (double)X, overlap,
+                  "-z %d: reduce-scatter a layer's gradients", zero);
+    }
+
+    if (first) {
+        s.group = "encoder backward", s.chunks = first_chunk;
+        step_tp_gather(&s, &h, 1, NULL, "dresidual before the embedding's backward");
+        // dwte: one block per distinct token sums its rows of dout (positions sorted on the host
+        // first), then adds into that token's row of dwte (read and written)
+        step_row(&s, 1, 0, (double)(STEP_FLOPS_ADD * N * C),
+                 (double)(h.act + (N + 2 * distinct + 1) * 4 + 2 * distinct * C * X), STEP_VECTOR, "embedding",
+                 "encoder backward", "encoder_backward_wte");
+        step_row(&s, 1, 0, (double)(STEP_FLOPS_ADD * N * C), (double)(h.act + 2 * (T / cp) * C * X), STEP_VECTOR,
+                 "embedding", "encoder backward", "encoder_backward_wpe");
+        if (zero >= 2) {
+            step_link(&s, 1, "dp", "reduce-scatter", dp_ranks, (double)zero_emb, (double)X, overlap,
+                      "-z %d: reduce-scatter the embeddings' gradients", zero);
+        }
+    }
+
+    // (once a step, after the last micro-batch)
+    s.repeat = 1, s.phase = STEP_PHASE_STEP, s.chunks = 0;
+    if (h.sp) {  // each rank's LayerNorm weights saw its tokens only: their gradients summed over tp
+        s.group = "tp LayerNorm gradients";
+        step_link(&s, 1, "tp", "all-reduce", tp, (double)((4 * Ls + 2 * last) * C), (double)X, NULL,
+                  "tp all-reduce: the LayerNorms' gradients (-sp)");
+    }
+    if (pp > 1 && (first || last)) {  // the tied wte: the first stage's copy and the last's, one gradient
+        s.group = "embedding all-reduce";
+        step_link(&s, 1, "embedding", "all-reduce", 2, (double)(Vr * C), (double)X, NULL,
+                  "all-reduce wte's gradient (first and last stage)");
+    }
+    if (dp_ranks > 1 && zero == 0) {
+        s.group = "gradient all-reduce";
+        // NCCL's ring all-reduce sends and receives 2 (n - 1)/n of the payload on each GPU's link
+        // (train_gpt2_cp: a SUM over the cp ranks; train_gpt2_ep: the experts over their dp/ep copies)
+        int64_t held_experts = E ? L * (E / ep) * step_mlp_parameters(C) : 0;
+        step_link(&s, 1, "dp", "all-reduce", dp_ranks, (double)(P - held_experts), (double)X, overlap,
+                  "all-reduce grads (NCCL ring, %lld ranks)", (long long)dp_ranks);
+        int64_t copies = o.dp / ep;
+        if (E && copies > 1) {
+            step_link(&s, 1, "edp", "all-reduce", copies, (double)held_experts, (double)X, overlap,
+                      "all-reduce expert grads (NCCL ring, %lld copies)", (long long)copies);
+        }
+    }
+    if (zero == 1) {  // ZeRO-1: the whole gradient reduce-scattered once, each rank its shard's sum
+        s.group = "gradient reduce-scatter";
+        step_link(&s, 1, "dp", "reduce-scatter", dp_ranks, (double)P, (double)X, h.tpl ? NULL : overlap,
+                  "-z 1: reduce-scatter grads (%lld ranks)", (long long)dp_ranks);
+    }
+
+    s.group = "global norm + AdamW";
+    step_row(&s, 1, 0, (double)(STEP_FLOPS_DOT * S), (double)(S * X + NORM_BLOCKS * 4), STEP_VECTOR, "optimizer",
              "gradient norm", "norm_squared_partial");
     // adamw_runs_kernel over every tensor's pieces (one per layer for the layers' tensors:
     // optimizer.h), up to ADAMW_RUNS_PER_LAUNCH of them a launch. Per parameter: the gradient read
     // (X), the fp32 master weight (bf16) or the parameter itself (fp32) read and written, m and v
     // read and written (fp32), the parameter written (X): 28 bytes either way
     int64_t per_param = X == 2 ? 2 + 8 + 8 + 8 + 2 : 4 + 8 + 8 + 8;
-    int64_t pieces = 2 + 12 * L + 2;
-    step_row(&s, 1, step_ceil_div(pieces, STEP_ADAMW_RUNS_PER_LAUNCH), (double)(STEP_FLOPS_ADAMW * P),
-             (double)(per_param * P), STEP_VECTOR, "optimizer", "adamw", "adamw_runs_kernel (%lld tensors' pieces)",
-             (long long)pieces);
+    int64_t pieces = (first ? 2 : 0) + 12 * Ls + (last ? 2 + (pp > 1 ? 1 : 0) : 0);
+    if (o.offload) {
+        // -offload (ZeRO-Offload): the shard's gradients to the host and its parameters back, X
+        // each over PCIe; AdamW on the host's cores, its master weights, m and v in host memory
+        step_link(&s, 1, "pcie", "copy", 1, (double)(2 * S), (double)X, overlap, "PCIe: gradients to the host, parameters back");
+        step_row(&s, 1, 1, (double)(STEP_FLOPS_ADAMW * S), (double)(per_param * S), STEP_HOST, "optimizer",
+                 "adamw on the host (-offload)", "adamw on the host (%lld tensors' pieces)", (long long)pieces);
+    } else {
+        step_row(&s, 1, step_ceil_div(pieces, STEP_ADAMW_RUNS_PER_LAUNCH), (double)(STEP_FLOPS_ADAMW * S),
+                 (double)(per_param * S), STEP_VECTOR, "optimizer", "adamw", "adamw_runs_kernel (%lld tensors' pieces)",
+                 (long long)pieces);
+    }
+    if (zero == 1 || zero == 2) {  // the updated shards all-gathered (-overlap: each bucket under the next one's update)
+        s.group = "parameter all-gather";
+        step_link(&s, 1, "dp", "all-gather", dp_ranks, (double)P, (double)X, o.overlap && !h.tpl ? "adamw" : NULL,
+                  "-z %d: all-gather the updated parameters", zero);
+    }
+    if (o.diloco_H > 0 && o.diloco_workers > 1) {
+        // DiLoCo's outer step (train_gpt2_diloco), every H inner steps: the pseudo-gradient (the
+        // outer weights minus the parameters, fp32), its all-reduce over the workers (fp32 on the
+        // link), the outer Nesterov step (the weights, momentum and pseudo-gradient read, the two
+        // first written) and the parameters from the outer weights. Each row is a step's share, 1/H
+        s.group = "diloco outer step (1/H a step)";
+        double H = o.diloco_H;
+        step_row(&s, 1, 0, P / H, P * (4 + X + 4) / H, STEP_VECTOR, "diloco", "diloco: pseudo-gradient",
+                 "diloco pseudo-gradient (1/%d)", o.diloco_H);
+        step_link(&s, 1, "workers", "all-reduce", o.diloco_workers, (double)P / H, 4, NULL,
+                  "all-reduce the pseudo-gradient (fp32, 1/%d)", o.diloco_H);
+        step_row(&s, 1, 0, 6 * P / H, P * 4.0 * 5 / H, STEP_VECTOR, "diloco", "diloco: outer Nesterov step",
+                 "diloco outer Nesterov step (1/%d)", o.diloco_H);
+        step_row(&s, 1, 0, 0, P * (4.0 + X) / H, STEP_VECTOR, "diloco", "diloco: parameters from the outer weights",
+                 "diloco parameters from the outer weights (1/%d)", o.diloco_H);
+    }
     return s.count;
 }
 

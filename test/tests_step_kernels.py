@@ -3,7 +3,8 @@
 # shapes and the kernels' tiles, never read back from the program's output.
 # (Read into run_tests.py: test, make, ROOT, subprocess, json, re, os come from there.)
 
-STEP_KERNEL_FIELDS = {"group", "kernel", "calls", "launches", "flops", "bytes", "engine", "op", "launch"}
+STEP_KERNEL_FIELDS = {"group", "kernel", "calls", "launches", "flops", "bytes", "engine", "op", "launch", "phase", "chunks",
+                      "comm", "collective", "payload", "ranks", "hidden_by"}
 
 
 def step_kernels_json(*flags):
@@ -16,10 +17,17 @@ def step_kernels_json(*flags):
     res = json.loads(p.stdout)
     for r in res["rows"]:
         assert set(r) == STEP_KERNEL_FIELDS, "%s: fields %s" % (r.get("kernel"), sorted(r))
-        assert r["engine"] in ("gemm", "attn", "vector", "memset", "link"), r
+        assert r["engine"] in ("gemm", "attn", "vector", "memset", "link", "host"), r
         assert r["calls"] >= 1 and r["launches"] >= 1 and r["flops"] >= 0 and r["bytes"] > 0, r
         # a collective is no launcher's: LLMC_KERNEL_TIMES=1 names every other kind of launch
         assert (r["launch"] is None) == (r["engine"] == "link"), r
+        assert (r["comm"] is not None) == (r["engine"] == "link"), r
+        assert r["phase"] in ("step", "forward", "backward_input", "backward_weight"), r
+        assert (r["chunks"] == 0) == (r["phase"] == "step"), r
+        if r["engine"] == "link":  # what crosses the link of what was handed to the collective, n ranks
+            n = r["ranks"]
+            share = {"all-reduce": 2 * (n - 1) / n, "reduce-scatter": (n - 1) / n, "all-gather": (n - 1) / n}
+            roofline_close(r["bytes"], share.get(r["collective"], 1.0) * r["payload"], 1e-12, r["kernel"])
     return res
 
 

@@ -7,6 +7,9 @@
 //   dev/bench/step_kernels -e 12/768/12 -b 4 -t 64 -precision fp32   a strict-fp32 build's (cuBLAS attention)
 //   dev/bench/step_kernels -e d12 -b 8 -t 1024 -cp 4                 one rank of train_gpt2_cp
 //   dev/bench/step_kernels -e d12 -experts 8 -topk 2 -dp 4 -ep 2     one rank of train_gpt2_ep
+//   dev/bench/step_kernels -e d12 -trainer tp -tp 4 -sp 1              a rank of train_gpt2_tp -sp 1
+//   dev/bench/step_kernels -e d12 -trainer 3d -dp 2 -tp 2 -pp 2 -vp 2 -m 8 -stage 1   a rank of stage 1
+//   dev/bench/step_kernels -e d12 -dp 8 -z 3 -overlap 1 -r 2         train_gpt2_dp with ZeRO-3, recomputing
 //
 // The flags are roofline.py's that choose the step (its device and efficiency flags choose rates,
 // which are no part of the rows).
@@ -29,7 +32,10 @@ static void json_string(const char* text) {
 int main(int argc, char** argv) {
     llmc_rank = -1;  // no ranks here: messages are "error: ...", without "[rank 0]"
     const char *model = "d12", *precision = "bf16", *attention = "auto", *gelu = NULL, *ln_backward = "fused";
+    const char* trainer = "dp";
     int B = 64, T = 1024, epilogue = 1, dp = 1, cp = 1, experts = 0, topk = 2, ep = 1, micro_batches = 1;
+    int tp = 1, sp = 0, tp_overlap = 0, pp = 1, vp = 1, stage = 0, zero = 0, overlap = 0, offload = 0, recompute = 0;
+    int zb = 0, workers = 1, H = 0;
     const ArgSpec specs[] = {
         {"-e", ARG_STRING, &model, 0, 0, "model: a descriptor dL (d12, d24, d36, d48, ...) or L/C/NH such as 12/768/12"},
         {"-b", ARG_INT, &B, 1, ARG_NO_MAX, "micro-batch size B per rank"},
@@ -44,7 +50,22 @@ int main(int argc, char** argv) {
         {"-ep", ARG_INT, &ep, 1, 1024, "with -experts: the ranks the experts are split over (of -dp)"},
         {"-gelu", ARG_STRING, &gelu, 0, 0, "epilogue (GELU in the fc GEMMs' epilogues) or kernels (default: the trainer's, epilogue in bf16, kernels in fp32)"},
         {"-ln_backward", ARG_STRING, &ln_backward, 0, 0, "fused (the trainer's default) or separate (LLMC_LAYERNORM_BACKWARD=separate)"},
-        {"-micro_batches", ARG_INT, &micro_batches, 1, ARG_NO_MAX, "micro-batches a step accumulates (train_gpt2_dp's -d / (B T dp), -z 0); not a roofline.py flag"},
+        {"-micro_batches", ARG_INT, &micro_batches, 1, ARG_NO_MAX, "micro-batches a step runs (train_gpt2_dp's -d / (B T dp), a pipeline's -m); not a roofline.py flag"},
+        // the layout (not roofline.py's flags): the trainers' flags of these names
+        {"-trainer", ARG_STRING, &trainer, 0, 0, "whose layer: dp, cp, ep (block.h's) or tp, pp, 3d, diloco (tensor_parallel.h's: GELU in kernels); -tp > 1 or -pp > 1 imply tp"},
+        {"-tp", ARG_INT, &tp, 1, 1024, "tensor-parallel ranks"},
+        {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism (with -tp > 1)"},
+        {"-tp_overlap", ARG_INT, &tp_overlap, 0, 1, "1: tp's collectives under their GEMMs (the rows' hidden_by)"},
+        {"-pp", ARG_INT, &pp, 1, 1024, "pipeline stages"},
+        {"-vp", ARG_INT, &vp, 1, 32, "chunks a stage (interleaved schedules)"},
+        {"-stage", ARG_INT, &stage, 0, 1023, "which stage this rank is (0 .. pp-1)"},
+        {"-zb", ARG_INT, &zb, 0, 1, "1: the zero-bubble schedule (W apart from B: the forward keeps what W reads)"},
+        {"-z", ARG_INT, &zero, 0, 3, "ZeRO: 0-3 in train_gpt2_dp, 0 or 1 in train_gpt2_3d"},
+        {"-overlap", ARG_INT, &overlap, 0, 1, "train_gpt2_dp's -overlap: the buckets' collectives under the backward (hidden_by)"},
+        {"-offload", ARG_INT, &offload, 0, 1, "train_gpt2_dp's -offload: AdamW on the host, the shard over PCIe"},
+        {"-r", ARG_INT, &recompute, 0, 2, "recomputation: 0, 1 (selective), 2 (the layer's forward)"},
+        {"-workers", ARG_INT, &workers, 1, ARG_NO_MAX, "train_gpt2_diloco's workers (-dp: a worker's ranks)"},
+        {"-H", ARG_INT, &H, 0, ARG_NO_MAX, "train_gpt2_diloco's -H: the outer step's share, 1/H a step (0: none)"},
     };
     if (!args_parse(argc, argv, specs, (int)(sizeof(specs) / sizeof(specs[0])))) return 0;
 
@@ -58,7 +79,16 @@ int main(int argc, char** argv) {
     } else if (!gpt2_config_from_descriptor(model, &c)) {
         fail("-e %s: expected dL (d12, d24, d36, d48, ...) or L/C/NH such as 12/768/12", model);
     }
-    StepLayout o = {.B = B, .T = T, .bias_epilogue = epilogue, .dp = dp, .cp = cp, .ep = ep, .micro_batches = micro_batches};  // (X, flash, GELU, LayerNorm: below)
+    StepLayout o = {.B = B, .T = T, .bias_epilogue = epilogue, .dp = dp, .cp = cp, .ep = ep, .micro_batches = micro_batches,
+                    .tp = tp, .sp = sp, .tp_overlap = tp_overlap, .pp = pp, .V = vp, .stage = stage, .zero = zero,
+                    .overlap = overlap, .offload = offload, .recompute = recompute, .weights_later = zb,
+                    .diloco_workers = workers, .diloco_H = H};  // (X, flash, GELU, LayerNorm: below)
+    if (strcmp(trainer, "tp") == 0 || strcmp(trainer, "pp") == 0 || strcmp(trainer, "3d") == 0 || strcmp(trainer, "diloco") == 0) {
+        o.tp_layer = 1;
+    } else if (strcmp(trainer, "dp") != 0 && strcmp(trainer, "cp") != 0 && strcmp(trainer, "ep") != 0) {
+        fail("-trainer %s: expected dp, cp, ep, tp, pp, 3d or diloco", trainer);
+    }
+    int tpl = o.tp_layer || tp > 1 || pp > 1;
     if (strcmp(precision, "bf16") == 0) o.X = 2;
     else if (strcmp(precision, "fp32") == 0) o.X = 4;
     else fail("-precision %s: expected bf16 or fp32", precision);
@@ -77,12 +107,24 @@ int main(int argc, char** argv) {
     if (strcmp(ln_backward, "fused") == 0) o.ln_backward_fused = 1;
     else if (strcmp(ln_backward, "separate") != 0) fail("-ln_backward %s: expected fused or separate", ln_backward);
     if (T > c.max_seq_len) fail("-t %d: expected 1..%d (the model's maxT)", T, c.max_seq_len);
-    if (cp > 1 && (dp > 1 || T % (2 * cp) != 0)) {
-        fail("-cp %d: train_gpt2_cp alone (-dp 1), with -t a multiple of 2 cp (zigzag)", cp);
+    if (cp > 1 && ((!tpl && dp > 1) || T % (2 * cp) != 0)) {
+        fail("-cp %d: train_gpt2_cp alone (-dp 1; with -dp, train_gpt2_3d: -trainer 3d), with -t a multiple of 2 cp (zigzag)", cp);
     }
+    // the widths a tp rank holds must divide (model.h's layer_dims_problem), and the layers the stages
+    if (c.num_heads % tp || c.padded_vocab_size % tp) {
+        fail("-tp %d: must divide the heads (%d) and the padded vocabulary (%d)", tp, c.num_heads, c.padded_vocab_size);
+    }
+    if (sp && (tp == 1 || (B * T / cp) % tp)) fail("-sp 1: needs -tp > 1 dividing the rank's B T/cp tokens (%d)", B * T / cp);
+    if (c.num_layers % (pp * vp) || stage >= pp) {
+        fail("-pp %d -vp %d -stage %d: pp vp must divide the %d layers, and the stage be below pp", pp, vp, stage, c.num_layers);
+    }
+    if (vp > 1 && pp == 1) fail("-vp %d: chunks of a pipeline's stage (-pp > 1)", vp);
+    if ((zero >= 2 || offload) && tpl) fail("-z %d -offload %d: ZeRO-2, 3 and -offload are train_gpt2_dp's (-trainer dp)", zero, offload);
+    if (H && (!tpl || pp > 1 || cp > 1)) fail("-H %d: train_gpt2_diloco's (-trainer diloco, -pp 1, -cp 1)", H);
     if (experts) {
-        if (experts < 2 || topk > experts || experts % ep || dp % ep || cp > 1) {
-            fail("-experts %d -topk %d -ep %d: expected E >= 2, 1 <= k <= E, ep dividing E and -dp, -cp 1 (train_gpt2_ep)",
+        if (experts < 2 || topk > experts || experts % ep || dp % ep || cp > 1 || tpl || recompute || zero) {
+            fail("-experts %d -topk %d -ep %d: expected E >= 2, 1 <= k <= E, ep dividing E and -dp, -cp 1 (train_gpt2_ep: "
+                 "the grid trainer's experts, -r and ZeRO with experts are not in the rows yet)",
                  experts, topk, ep);
         }
         c.experts = experts, c.topk = topk;
@@ -91,7 +133,8 @@ int main(int argc, char** argv) {
     StepKernel rows[STEP_KERNELS_MAX];
     int n = step_kernels(rows, STEP_KERNELS_MAX, c, o);
     if (n > STEP_KERNELS_MAX) fail("the step has %d rows, more than STEP_KERNELS_MAX = %d", n, STEP_KERNELS_MAX);
-    printf("{\"parameters\": %lld, \"rows\": [\n", (long long)step_rank_parameters(c, ep));
+    long long parameters = tpl ? step_stage_parameters(c, tp, pp, stage) : step_rank_parameters(c, ep);
+    printf("{\"parameters\": %lld, \"rows\": [\n", parameters);
     for (int i = 0; i < n; i++) {
         StepKernel* r = &rows[i];
         printf(" {\"group\": ");
@@ -105,6 +148,15 @@ int main(int argc, char** argv) {
         printf(", \"launch\": ");
         if (r->launch[0]) json_string(r->launch);
         else printf("null");
+        printf(", \"phase\": \"%s\", \"chunks\": %u", step_phase_name(r->phase), r->chunks);
+        if (r->comm) {
+            printf(", \"comm\": \"%s\", \"collective\": \"%s\", \"payload\": %.17g, \"ranks\": %d, \"hidden_by\": ",
+                   r->comm, r->collective, r->payload, r->ranks);
+            if (r->hidden_by[0]) json_string(r->hidden_by);
+            else printf("null");
+        } else {
+            printf(", \"comm\": null, \"collective\": null, \"payload\": 0, \"ranks\": 0, \"hidden_by\": null");
+        }
         printf("}%s\n", i + 1 < n ? "," : "");
     }
     printf("]}\n");
