@@ -34,7 +34,7 @@ endif
 BACKEND ?= $(DEFAULT_BACKEND)
 
 TRAINERS := train_gpt2_dp train_gpt2_tp train_gpt2_pp train_gpt2_3d train_gpt2_cp train_gpt2_diloco train_gpt2_ep
-TEST_PROGRAMS := test/test_comm test/test_dataloader test/test_norm test/test_pipeline test/test_ring_attention test/test_classifier test/test_link_codes
+TEST_PROGRAMS := test/test_comm test/test_dataloader test/test_norm test/test_pipeline test/test_ring_attention test/test_classifier test/test_link_codes test/test_comm_time
 HEADERS := $(wildcard llmc/*.h llmc/cpu/*.h llmc/cuda/*.cuh dev/cuda/*.h dev/cuda/*.cuh)
 DEV_CUDA := $(wildcard dev/cuda/*.cu)
 
