@@ -45,6 +45,10 @@
 // with t, c, d, s rank r's tp, cp, dp rank and stage and q = r % S its place in the stage. The ep,
 // edp and seq groups exist when the model has experts (the 5D fold); grid_group returns them for
 // any ep dividing S (ep = 1: each rank its own ep group, the whole stage one edp group).
+// The other trainers are this grid with the other sizes 1: train_gpt2_dp's world is dp's group,
+// _tp's tp's, _cp's cp's, _pp's pp's (and its embedding group the first and last stage);
+// train_gpt2_ep (dp = world, ep) has ep consecutive ranks and edp every ep-th; train_gpt2_diloco's
+// workers, R consecutive ranks, are placed as tp's groups at tp = R, its across groups as dp's.
 
 typedef struct {
     int dp, pp, cp, tp, ep;  // the grid's sizes (train_gpt2_3d's -dp -pp -cp -tp -ep), each >= 1
