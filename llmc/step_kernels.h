@@ -1,9 +1,9 @@
 // The kernels of one training step on a GPU, one row per kind of kernel: what it computes (its
 // FLOPs), what it must move through the GPU's memory (its bytes), how often a step runs it and
-// which part of the chip bounds it. This is the step's inventory for train_gpt2_dp.cu (and a
-// rank of train_gpt2_cp.cu and train_gpt2_ep.cu), kept once, here: dev/bench/roofline.py prints
-// each row at its roofline, max(FLOPs / FLOP/s, bytes / bandwidth), and a model of the step's
-// time reads the same rows.
+// which part of the chip bounds it. This is the step's inventory for one rank of any trainer's
+// layout, kept once, here: dev/bench/roofline.py prints each row of train_gpt2_dp's step at its
+// roofline, max(FLOPs / FLOP/s, bytes / bandwidth), and a model of the step's time reads the
+// same rows for any layout (step_kernels, or step_kernels_run with memory_plan.h's RunLayout).
 //
 // What the rows count, per call:
 // - FLOPs: matmuls exactly (2 m n k); attention as the kernels execute it (the causal flash
@@ -14,27 +14,44 @@
 //   at its element width (floatX, X = 2 bytes in bf16 and 4 in fp32, for parameters, activations
 //   and gradients; fp32 for master weights, AdamW's m and v, LayerNorm's mean and rstd,
 //   attention's log-sum-exp). Re-reads the caches serve are free here.
-// - for a collective ("link" rows): the bytes one rank sends on its link, and no FLOPs.
-// Launch latency, the host's work inside the step and a grid's tail are not rows: a sum of the
-// rows' times is a lower bound on the step.
+// - for a collective ("link" rows): the bytes one rank sends on its link, and no FLOPs; beside
+//   them the payload the trainers count and print (StepKernel says how the two relate).
+// Launch latency, the host's work inside the step, a grid's tail and the 4-byte scalars of the
+// step line (the loss's average and broadcast, the norm's sum) are not rows: a sum of the rows'
+// times is a lower bound on the step.
 //
-// The rows are those of one rank: under context parallelism (cp > 1) its T/cp tokens of each
-// sequence (zigzag: an equal share of the causal attention), the ring's K,V blocks and the
-// gradients' all-reduce over cp; with experts (GPT2Config's experts E and topk k, split over ep
-// ranks) each MLP is E experts of which a token takes k, the routing balanced and dropless: a
-// rank's experts take N k rows a layer, and (ep - 1)/ep of its N k slots cross the link each way.
+// The rows are those of one rank:
+// - context parallelism (cp > 1): its T/cp tokens of each sequence (zigzag: an equal share of the
+//   causal attention), the ring's K,V blocks and the gradients' all-reduce over cp;
+// - experts (GPT2Config's experts E and topk k, split over ep ranks, train_gpt2_ep): each MLP is
+//   E experts of which a token takes k, the routing balanced and dropless: a rank's experts take
+//   N k rows a layer, and (ep - 1)/ep of its N k slots cross the link each way;
+// - tensor parallelism (tp > 1, train_gpt2_tp and a stage of train_gpt2_3d): the matmuls on the
+//   rank's widths (qkv 3C/tp and fc 4C/tp out, attproj C/tp and fcproj 4C/tp in, NH/tp heads,
+//   the LM head's Vp/tp rows of wte and the vocabulary-parallel loss) over all N tokens; the
+//   residual stream, its LayerNorms and the row-parallel biases on N tokens, or N/tp with -sp;
+//   the f and g collectives of (N, C): 4 a layer, the embedding's and the head's, all-reduces or
+//   with -sp as many all-gathers and reduce-scatters, and -sp's LayerNorm gradients once a step;
+// - a pipeline stage (pp > 1, train_gpt2_pp and _3d): its Ls = L/pp layers in V chunks, the
+//   embedding on the first stage and the final LayerNorm, head and loss on the last, a send per
+//   chunk boundary and micro-batch each way (N C X, / tp with -sp), the tied wte's all-reduce
+//   between the first and the last stage;
+// - ZeRO (train_gpt2_dp's -z 1-3 on its padded buckets, train_gpt2_3d's -z 1 on its padded
+//   buffer): reduce-scatters and all-gathers in place of the all-reduce, the norm and AdamW on the
+//   rank's 1/dp shard; -offload's AdamW on the host, the shard's gradients and parameters over PCIe;
+// - recomputation (-r 1, -r 2): what each layer's forward did not keep, again before its
+//   backward (step_recompute);
+// - DiLoCo's outer step, its 1/H share a step (train_gpt2_diloco's -workers and -H).
 //
-// A step may accumulate several micro-batches (StepLayout.micro_batches, train_gpt2_dp's -d with
-// -z 0): each runs the forward and backward, the rest runs once a step.
+// A step runs m micro-batches (StepLayout.micro_batches: train_gpt2_dp's accumulation, a
+// pipeline's -m): each runs the forward and backward, the rest runs once a step. Each row says
+// which action of a pipeline's schedule runs it and on which chunks (StepKernel's phase and
+// chunks), so that a time model prices one chunk's F, B and W for pipeline.h's pipeline_play.
 //
-// Not generalized yet (a model of the step's time needs them; each is a change of the shapes
-// below, and the comments mark where): tensor parallelism (a rank's qkv 3C/tp and fc 4C/tp
-// outputs, attproj's C/tp and fcproj's 4C/tp inputs, NH/tp heads, the vocabulary-parallel LM head
-// Vp/tp and its loss, and -sp's N/tp rows for the LayerNorms and residuals, with their
-// all-reduces or all-gathers and reduce-scatters); a pipeline stage (its Ls layers, the
-// embedding on the first stage only and the head on the last, the sends between stages); ZeRO's
-// reduce-scatters and all-gathers; recomputation's second forward; DiLoCo's outer step; a
-// capacity factor's dropped slots.
+// Not in the rows yet: the grid trainer's experts (the fold, its all-to-alls over ep, the edp
+// reduction of experts; the CLI refuses experts with tp, pp, -r or ZeRO), a capacity factor's
+// dropped slots (the rows are dropless), DiLoCo's -outer_dtype below fp32 and its fragments,
+// and train_gpt2_cp's all-gather of K,V (-cp_comm allgather: the rows are the ring's).
 #ifndef LLMC_STEP_KERNELS_H
 #define LLMC_STEP_KERNELS_H
 
@@ -887,5 +904,41 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
     }
     return s.count;
 }
+
+// ---------------------------------------------------------------------------------------------
+// The same rows for the layout the memory planner plans: llmc/memory_plan.h's RunLayout (which
+// the trainers fill for their own run and dev/memory_planner for any), at pipeline stage `stage`.
+// What a RunLayout does not say comes in StepOptions: the build's and the kernels' choices, the
+// flags that change no buffer (-tp_overlap) and DiLoCo's outer loop. Defined where memory_plan.h
+// was included first: that header needs MPI's, and dev/bench/step_kernels builds without it.
+typedef struct {
+    int X, flash, bias_epilogue, gelu_epilogue, ln_backward_fused;  // as StepLayout's
+    int tp_overlap;              // -tp_overlap
+    int diloco_workers, diloco_H;  // train_gpt2_diloco: -workers (RunLayout's dp is every worker's ranks) and -H
+} StepOptions;
+
+#ifdef LLMC_MEMORY_PLAN_H
+static inline StepLayout step_layout_of_run(const RunLayout* r, int stage, StepOptions opt) {
+    StepLayout o;
+    memset(&o, 0, sizeof(o));
+    o.B = r->B, o.T = r->T, o.X = opt.X, o.flash = opt.flash || layout_cp(r) > 1;  // (ring attention runs flash)
+    o.bias_epilogue = opt.bias_epilogue, o.gelu_epilogue = opt.gelu_epilogue, o.ln_backward_fused = opt.ln_backward_fused;
+    o.dp = r->dp, o.cp = layout_cp(r), o.ep = layout_ep(r), o.micro_batches = r->m;
+    o.tp_layer = r->trainer == TRAINER_TP || r->trainer == TRAINER_PP || r->trainer == TRAINER_3D ||
+                 r->trainer == TRAINER_DILOCO;
+    o.tp = r->tp, o.sp = r->sp, o.tp_overlap = opt.tp_overlap;
+    o.pp = r->pp, o.V = r->V, o.stage = stage, o.weights_later = r->pp > 1 && r->sched == SCHEDULE_ZB;
+    o.zero = r->zero, o.overlap = r->overlap, o.offload = r->offload, o.recompute = r->recompute;
+    if (r->trainer == TRAINER_DILOCO && opt.diloco_workers > 1) {
+        o.diloco_workers = opt.diloco_workers, o.diloco_H = opt.diloco_H, o.dp = r->dp / opt.diloco_workers;
+    }
+    return o;
+}
+
+static inline int step_kernels_run(StepKernel* rows, int capacity, GPT2Config c, const RunLayout* r, int stage,
+                                   StepOptions opt) {
+    return step_kernels(rows, capacity, c, step_layout_of_run(r, stage, opt));
+}
+#endif
 
 #endif  // LLMC_STEP_KERNELS_H

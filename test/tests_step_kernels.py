@@ -215,3 +215,223 @@ def step_kernels_micro_batches_repeat_the_forward_and_backward():
         assert b["calls"] == times * a["calls"] and b["launches"] == times * a["launches"], (a, b)
         assert (b["flops"], b["bytes"]) == (a["flops"], a["bytes"]), (a, b)
     assert {r["group"] for r in one["rows"]} >= set(once), "a once-a-step group is missing"
+
+
+def step_kernels_link_sums(res):
+    """{(group, collective): payload bytes a step} over the link rows"""
+    sums = {}
+    for r in res["rows"]:
+        if r["engine"] == "link":
+            key = (r["comm"], r["collective"])
+            sums[key] = sums.get(key, 0) + r["payload"] * r["calls"]
+    return sums
+
+
+@test
+def step_kernels_tensor_parallel_splits_the_model():
+    """-tp 2 and 4 (train_gpt2_tp's layer: GELU in a kernel, the row-parallel biases after the
+    sum), with and without -sp: each rank multiplies a layer's weights 1/tp of each (qkv 3C/tp and
+    fc 4C/tp out, attproj C/tp and fcproj 4C/tp in) over all N tokens, and the LM head its Vp/tp
+    rows: tp ranks together do the tp = 1 rank's matmul FLOPs, 6 (12 L C^2 + Vp C) N, and its
+    attention's on NH/tp heads each. The LayerNorms run on all N rows of every rank, or with -sp
+    on N/tp. The collectives: per micro-batch 4 L + 2 of (N, C) X (all-reduces, or with -sp as many
+    all-gathers and reduce-scatters) and the loss's 3 N fp32; -sp's LayerNorm gradients (4 L + 2) C
+    X once a step (train_gpt2_tp's printed formula, derived in its chapter). -tp_overlap marks the
+    layers' collectives as hidden by the GEMM beside them, and no others"""
+    exact = 1e-12  # integer counts far below 2^53
+    L, C, NH, B, T, X, Vp = 2, 128, 4, 2, 64, 2, 50304
+    N = B * T
+    base = ("-e", "%d/%d/%d" % (L, C, NH), "-b", B, "-t", T, "-trainer", "tp")
+    for attention in ("flash", "cublas"):
+        one = step_kernels_json(*base, "-attention", attention)
+        roofline_close(step_kernels_total(one, "flops", op="matmul"), 6.0 * (12 * L * C * C + Vp * C) * N, exact,
+                       "tp 1 matmul FLOPs")
+        for tp in (2, 4):
+            for sp in (0, 1):
+                what = "-tp %d -sp %d %s" % (tp, sp, attention)
+                res = step_kernels_json(*base, "-attention", attention, "-tp", tp, "-sp", sp)
+                for group in ("layer forward", "layer backward", "classifier"):
+                    roofline_close(tp * step_kernels_total(res, "flops", op="matmul", group=group),
+                                   step_kernels_total(one, "flops", op="matmul", group=group), exact,
+                                   "%s: %s matmul FLOPs x tp" % (what, group))
+                roofline_close(tp * step_kernels_total(res, "flops", op="attention"),
+                               step_kernels_total(one, "flops", op="attention"), exact, what + ": attention FLOPs x tp")
+                roofline_close(step_kernels_total(res, "flops", op="layernorm", phase="forward"),
+                               step_kernels_total(one, "flops", op="layernorm", phase="forward") / (tp if sp else 1), exact,
+                               what + ": LayerNorm forward FLOPs")
+                act = N * C * X
+                want = {("tp", "all-reduce"): 3 * N * 4 + ((4 * L + 2) * C * X if sp else (4 * L + 2) * act)}
+                if sp:
+                    want[("tp", "reduce-scatter")] = want[("tp", "all-gather")] = (4 * L + 2) * act
+                assert step_kernels_link_sums(res) == want, "%s: %s, by hand %s" % (what, step_kernels_link_sums(res), want)
+                # -tp_overlap: the 4 L layer collectives (with -sp 8 L) each under a GEMM of the step
+                over = step_kernels_json(*base, "-attention", attention, "-tp", tp, "-sp", sp, "-tp_overlap", 1)
+                kernels = {r["kernel"] for r in over["rows"]}
+                hidden = [r for r in over["rows"] if r["hidden_by"]]
+                assert sum(r["calls"] for r in hidden) == (8 if sp else 4) * L, (what, hidden)
+                assert all(r["comm"] == "tp" and r["hidden_by"] in kernels and r["hidden_by"].startswith("matmul")
+                           for r in hidden), hidden
+                assert not [r for r in res["rows"] if r["hidden_by"]], what + ": hidden_by without -tp_overlap"
+
+
+@test
+def step_kernels_pipeline_stages_sum_to_the_model():
+    """-pp 2, 4 (with -vp 2) of a 4-layer model, m = 3 micro-batches: the stages' rows together do
+    the FLOPs of the whole model on one stage (the same trainer's layer, -pp 1), apart from the
+    sends and from the last stage's copy of the tied wte, whose norm (2) and AdamW (20 FLOPs an
+    element) the optimizer runs once more: 22 Vp C. Stage s sends each chunk's output on but the
+    model's last and each chunk's input gradient back but the model's first: over the stages
+    (pp V - 1) m messages each way of N C X (/ tp with -sp). The embedding's rows run on chunk 0 of
+    the first stage only, the loss's on chunk V - 1 of the last; wte's gradient is all-reduced
+    between those two stages (Vp/tp C X)"""
+    exact = 1e-12
+    L, C, NH, B, T, X, Vp, m = 4, 128, 2, 2, 64, 2, 50304, 3
+    N = B * T
+    base = ("-e", "%d/%d/%d" % (L, C, NH), "-b", B, "-t", T, "-trainer", "pp", "-micro_batches", m)
+
+    def compute_flops(res):
+        return sum(r["flops"] * r["calls"] for r in res["rows"] if r["engine"] != "link")
+    whole = compute_flops(step_kernels_json(*base))
+    for pp, V, tp, sp in ((2, 1, 1, 0), (2, 2, 1, 0), (4, 1, 1, 0), (2, 2, 2, 1)):
+        what = "-pp %d -vp %d -tp %d -sp %d" % (pp, V, tp, sp)
+        extra = ("-tp", tp, "-sp", sp)
+        one = compute_flops(step_kernels_json(*base, *extra, "-pp", 1)) if tp > 1 else whole
+        stages = [step_kernels_json(*base, *extra, "-pp", pp, "-vp", V, "-stage", s) for s in range(pp)]
+        roofline_close(sum(compute_flops(res) for res in stages), one + 22.0 * Vp // tp * C, exact,
+                       what + ": the stages' FLOPs")
+        sends = sum(r["calls"] for res in stages for r in res["rows"] if r["collective"] == "send")
+        assert sends == 2 * (pp * V - 1) * m, "%s: %d sends, by hand %d" % (what, sends, 2 * (pp * V - 1) * m)
+        for s, res in enumerate(stages):
+            for r in res["rows"]:
+                if r["collective"] == "send":
+                    assert r["payload"] == N * C * X // (tp if sp else 1), r
+                if r["kernel"].startswith("encoder"):
+                    assert s == 0 and r["chunks"] == 1, (what, s, r)
+                if "classifier" in r["kernel"] or "LM head" in r["kernel"]:
+                    assert s == pp - 1 and r["chunks"] == 1 << (V - 1), (what, s, r)
+                if r["group"] in ("layer forward", "layer backward") and r["engine"] != "link":
+                    # every chunk's, but the residual add at a stage's end: the model's last chunk has lnf there
+                    chunks = (1 << V) - 1
+                    if s == pp - 1 and r["kernel"] == "residual_forward (the chunk's output)":
+                        chunks -= 1 << (V - 1)
+                    assert r["chunks"] == chunks and r["calls"] % (m * bin(chunks).count("1")) == 0, (what, r)
+            ends = s in (0, pp - 1)
+            wte = step_kernels_link_sums(res).get(("embedding", "all-reduce"), 0)
+            assert wte == (Vp // tp * C * X if ends else 0), (what, s, wte)
+
+
+@test
+def step_kernels_link_bytes_are_the_trainers_counters():
+    """the link rows' payloads summed by group and collective equal the bytes the trainers' own
+    communication layer counted in one step (main.log's "comm", CPU builds: fp32), rank 0's:
+    train_gpt2_tp -sp 1 -r 2 on 2 ranks, train_gpt2_pp's interleaved schedule (2 stages of 2
+    chunks, 4 micro-batches), train_gpt2_3d -pp 2 -tp 2 -sp 1 -r 2 (stage 0) and train_gpt2_dp -z 3
+    with 2 micro-batches (its padded buckets gathered twice and reduce-scattered once a micro-batch).
+    The rows leave out the 4-byte scalars (the loss's, the norm's) the trainers also count: those
+    are subtracted here, each named"""
+    p = make(["train_gpt2_tp", "train_gpt2_pp", "train_gpt2_3d", "train_gpt2_dp"])
+    assert p.returncode == 0, p.stdout.decode()[-3000:]
+    B, T = 1, 32  # (small: the vocabulary's 50304 columns are most of these models' work)
+    runs = [  # trainer, ranks, model, its flags, the inventory's flags, {trainer group: inventory group}, scalars
+        ("train_gpt2_tp", 2, "d2", ["-d", B * T, "-sp", 1, "-r", 2], ["-trainer", "tp", "-tp", 2, "-sp", 1, "-r", 2],
+         {"world": "tp"}, {("world", "all_reduce"): 4}),
+        ("train_gpt2_pp", 2, "d4", ["-d", 2 * B * T, "-vp", 2, "-sched", "interleaved"],
+         ["-trainer", "pp", "-pp", 2, "-vp", 2, "-micro_batches", 2], {"world": "pp", "embedding": "embedding"},
+         {("world", "all_reduce"): 4, ("world", "broadcast"): 4}),
+        ("train_gpt2_3d", 4, "d2", ["-d", 2 * B * T, "-pp", 2, "-tp", 2, "-sp", 1, "-r", 2],
+         ["-trainer", "3d", "-pp", 2, "-tp", 2, "-sp", 1, "-r", 2, "-micro_batches", 2],
+         {"tp": "tp", "pp": "pp", "embedding": "embedding"}, {("pp", "broadcast"): 4}),
+        ("train_gpt2_dp", 2, "d2", ["-d", 2 * 2 * B * T, "-z", 3], ["-dp", 2, "-z", 3, "-micro_batches", 2],
+         {"world": "dp"}, {("world", "all_reduce"): 8}),
+    ]
+    for trainer, ranks, model, flags, inventory, groups, scalars in runs:
+        d = fresh_dir(trainer)
+        run_ok(ranks, ["-e", model, "-b", B, "-t", T, "-x", 1, "-v", 0, "-s", 0, "-o", d] + flags, program="./" + trainer)
+        train, _ = read_log(d)
+        counted = {}
+        for group, kinds in train[1]["comm"].items():
+            if group not in groups:
+                continue
+            for kind, n in kinds.items():
+                n -= scalars.get((group, kind), 0)
+                if n and kind != "recv":
+                    counted[(groups[group], kind.replace("_", "-"))] = n
+        res = step_kernels_json("-e", model, "-b", B, "-t", T, "-precision", "fp32", *inventory)
+        rows = step_kernels_link_sums(res)
+        assert rows == counted, "%s %s: the rows %s, the trainer counted %s" % (trainer, flags, rows, counted)
+        if trainer == "train_gpt2_pp":  # stage 0 receives as many as it sends
+            assert train[1]["comm"]["world"]["recv"] == rows[("pp", "send")], train[1]["comm"]
+
+
+@test
+def step_kernels_recompute_adds_one_forward():
+    """-r 2 keeps each layer's output only (model.h): before each layer's backward its forward runs
+    again from ln1 to GELU, the same kernels with the same FLOPs and bytes (and with tp its
+    collectives: L a more all-reduced, or with -sp L reduce-scattered and 2 L all-gathered), but
+    not fcproj, its sum and bias, whose only reader, the residual, was kept; and GELU leaves the
+    fc GEMM's epilogue for a kernel of its own in the forward too (its output is not kept). -r 1
+    recomputes GELU, and with cuBLAS attention the attention forward; with flash attention GELU
+    alone; under zero bubble (W reads GELU's output later, so it is kept) cuBLAS's attention alone"""
+    L, C, B, T, X = 2, 128, 2, 64, 2
+    N = B * T
+    for trainer, extra in (("dp", ()), ("tp", ("-tp", 2)), ("tp", ("-tp", 2, "-sp", 1))):
+        base = ("-e", "d2", "-b", B, "-t", T, "-trainer", trainer) + extra
+        none, full = step_kernels_json(*base), step_kernels_json(*base, "-r", 2)
+        what = "-trainer %s %s -r 2" % (trainer, " ".join(map(str, extra)))
+        rerun = [r for r in full["rows"] if r["group"] == "layer recompute"]
+        forward = {r["kernel"]: r for r in full["rows"] if r["group"] == "layer forward"}
+        assert rerun[0]["kernel"] == "layernorm_forward (ln1, rerun)", rerun[0]
+        ln1 = [r for r in full["rows"] if r["kernel"] == "layernorm_forward (ln1 of layer 0)"][0]
+        assert (rerun[0]["flops"], rerun[0]["bytes"], rerun[0]["calls"]) == (ln1["flops"], ln1["bytes"], L), rerun[0]
+        for r in rerun[1:]:
+            f = forward[r["kernel"]]
+            assert (r["flops"], r["bytes"], r["calls"], r["phase"]) == (f["flops"], f["bytes"], f["calls"], "backward_input"), (r, f)
+        skipped = set(forward) - {r["kernel"] for r in rerun} - {"residual + layernorm (ln1 of the next layer)"}
+        assert all("fcproj" in k for k in skipped) and skipped, (what, skipped)
+        assert "gelu_forward" in forward, what + ": GELU still in the fc GEMM's epilogue"
+        added = {k: v - step_kernels_link_sums(none).get(k, 0) for k, v in step_kernels_link_sums(full).items()}
+        a = N * C * X
+        want = {} if trainer == "dp" else {("tp", "all-reduce"): L * a} if "-sp" not in extra else \
+            {("tp", "reduce-scatter"): L * a, ("tp", "all-gather"): 2 * L * a, ("tp", "all-reduce"): 0}
+        assert {k: v for k, v in added.items() if v or k in want} == want, (what, added, want)
+    for attention, zb, want in (("cublas", 0, {"gelu_forward", "attention_to_heads (q, k, v)", "gemm_batched scores = q k^T",
+                                               "attention_softmax", "gemm_batched y = att v", "attention_from_heads (y)"}),
+                                ("flash", 0, {"gelu_forward"}),
+                                ("cublas", 1, {"attention_to_heads (q, k, v)", "gemm_batched scores = q k^T",
+                                               "attention_softmax", "gemm_batched y = att v", "attention_from_heads (y)"})):
+        res = step_kernels_json("-e", "d2", "-b", B, "-t", T, "-attention", attention, "-r", 1, "-trainer", "pp", "-zb", zb)
+        got = {r["kernel"] for r in res["rows"] if r["group"] == "layer recompute"}
+        assert got == want, "-r 1 %s -zb %d: recomputes %s, expected %s" % (attention, zb, got, want)
+
+
+@test
+def step_kernels_zero_moves_the_all_reduces_bytes():
+    """train_gpt2_dp's ZeRO on 4 ranks, 2 micro-batches, d2 in bf16: each bucket padded to a
+    multiple of 4 x 128 elements (the embeddings (Vp + maxT) C, each layer 12 C^2 + 13 C, the final
+    LayerNorm 2 C): Psi. -z 1 reduce-scatters the gradients and all-gathers the parameters once a
+    step, 2 (n-1)/n X Psi on the link: the all-reduce's bytes but for the padding. -z 2 reduce-scatters
+    every micro-batch's buckets, -z 3 also gathers the parameters twice a micro-batch (forward and
+    backward) and never after the update. The norm and AdamW run on Psi/4; -offload puts AdamW on
+    the host and the shard's gradients and parameters (2 X Psi/4) over PCIe"""
+    L, C, X, n, m, Vp, maxT = 2, 128, 2, 4, 2, 50304, 1024
+    pad = lambda k: -(-k // (n * 128)) * n * 128  # noqa: E731
+    psi = pad((Vp + maxT) * C) + L * pad(12 * C * C + 13 * C) + pad(2 * C)
+    P = step_kernels_parameters(L, C)
+    base = ("-e", "d2", "-b", 2, "-t", 64, "-dp", n, "-micro_batches", m)
+    link = lambda res: step_kernels_total(res, "bytes", engine="link")  # noqa: E731
+    z0 = step_kernels_json(*base)
+    roofline_close(link(z0), 2 * (n - 1) / n * P * X, 1e-12, "-z 0 all-reduce")
+    z1 = step_kernels_json(*base, "-z", 1)
+    roofline_close(link(z1), 2 * (n - 1) / n * psi * X, 1e-12, "-z 1: reduce-scatter + all-gather")
+    assert step_kernels_link_sums(z1) == {("dp", "reduce-scatter"): psi * X, ("dp", "all-gather"): psi * X}
+    assert 0 < link(z1) - link(z0) < 2 * (n - 1) / n * (L + 2) * n * 128 * X, "-z 1 pads each bucket by less than n 128"
+    for z, want in ((2, {("dp", "reduce-scatter"): m * psi * X, ("dp", "all-gather"): psi * X}),
+                    (3, {("dp", "reduce-scatter"): m * psi * X, ("dp", "all-gather"): 2 * m * psi * X})):
+        assert step_kernels_link_sums(step_kernels_json(*base, "-z", z)) == want, z
+    for z in (1, 2, 3):
+        res = step_kernels_json(*base, "-z", z)
+        assert step_kernels_total(res, "flops", kernel="norm_squared_partial") == 2 * psi // n, z
+    off = step_kernels_json(*base, "-z", 1, "-offload", 1)
+    host = [r for r in off["rows"] if r["engine"] == "host"]
+    assert len(host) == 1 and host[0]["flops"] == 20 * psi // n and "adamw" in host[0]["kernel"], host
+    assert step_kernels_link_sums(off)[("pcie", "copy")] == 2 * psi // n * X
