@@ -325,8 +325,9 @@ def step_kernels_link_bytes_are_the_trainers_counters():
     """the link rows' payloads summed by group and collective equal the bytes the trainers' own
     communication layer counted in one step (main.log's "comm", CPU builds: fp32), rank 0's:
     train_gpt2_tp -sp 1 -r 2 on 2 ranks, train_gpt2_pp's interleaved schedule (2 stages of 2
-    chunks, 4 micro-batches), train_gpt2_3d -pp 2 -tp 2 -sp 1 -r 2 (stage 0) and train_gpt2_dp -z 3
-    with 2 micro-batches (its padded buckets gathered twice and reduce-scattered once a micro-batch).
+    chunks, 2 micro-batches), train_gpt2_3d -pp 2 -tp 2 -sp 1 -r 2 (stage 0), train_gpt2_dp -z 3
+    with 2 micro-batches (its padded buckets gathered twice and reduce-scattered once a micro-batch),
+    train_gpt2_3d -dp 2 -pp 2 -z 1 and -cp 2 -tp 2 -sp 1 -r 2 (the ring's K,V again in the rerun).
     The rows leave out the 4-byte scalars (the loss's, the norm's) the trainers also count: those
     are subtracted here, each named"""
     p = make(["train_gpt2_tp", "train_gpt2_pp", "train_gpt2_3d", "train_gpt2_dp"])
@@ -343,6 +344,13 @@ def step_kernels_link_bytes_are_the_trainers_counters():
          {"tp": "tp", "pp": "pp", "embedding": "embedding"}, {("pp", "broadcast"): 4}),
         ("train_gpt2_dp", 2, "d2", ["-d", 2 * 2 * B * T, "-z", 3], ["-dp", 2, "-z", 3, "-micro_batches", 2],
          {"world": "dp"}, {("world", "all_reduce"): 8}),
+        # ZeRO-1 on the grid (its buffer padded to dp x 128), and cp's ring with tp -sp and -r 2's rerun
+        ("train_gpt2_3d", 4, "d2", ["-d", 2 * 2 * B * T, "-dp", 2, "-pp", 2, "-z", 1],
+         ["-trainer", "3d", "-dp", 2, "-pp", 2, "-z", 1, "-micro_batches", 2],
+         {"pp": "pp", "dp": "dp", "embedding": "embedding"}, {("pp", "broadcast"): 4, ("dp", "all_reduce"): 4}),
+        ("train_gpt2_3d", 4, "d2", ["-d", B * T, "-cp", 2, "-tp", 2, "-sp", 1, "-r", 2],
+         ["-trainer", "3d", "-cp", 2, "-tp", 2, "-sp", 1, "-r", 2], {"tp": "tp", "cp": "cp", "dp": "dp"},
+         {("dp", "all_reduce"): 4}),
     ]
     for trainer, ranks, model, flags, inventory, groups, scalars in runs:
         d = fresh_dir(trainer)
@@ -435,3 +443,61 @@ def step_kernels_zero_moves_the_all_reduces_bytes():
     host = [r for r in off["rows"] if r["engine"] == "host"]
     assert len(host) == 1 and host[0]["flops"] == 20 * psi // n and "adamw" in host[0]["kernel"], host
     assert step_kernels_link_sums(off)[("pcie", "copy")] == 2 * psi // n * X
+
+
+STEP_KERNELS_RUN_C = r"""
+// step_kernels_run with a RunLayout, as the planner and a time model call it: each row on a line
+#include <stdlib.h>
+#include "llmc/memory_plan.h"
+#include "llmc/step_kernels.h"
+int main(int argc, char** argv) {
+    GPT2Config c;
+    gpt2_config_from_descriptor(argv[1], &c);
+    int* v = (int*)calloc(32, sizeof(int));
+    for (int i = 2; i < argc; i++) v[i - 2] = atoi(argv[i]);
+    RunLayout r;
+    memset(&r, 0, sizeof(r));
+    r.trainer = (TrainerKind)v[0], r.dp = v[1], r.tp = v[2], r.pp = v[3], r.V = v[4], r.sched = (PipeSchedule)v[5];
+    r.m = v[6], r.B = v[7], r.T = v[8], r.zero = v[9], r.sp = v[10], r.recompute = v[11], r.offload = v[12];
+    r.overlap = v[13], r.cp = v[14];
+    StepOptions o = {.X = v[16], .flash = v[17], .bias_epilogue = 1, .gelu_epilogue = v[16] == 2, .ln_backward_fused = 1};
+    StepKernel rows[STEP_KERNELS_MAX];
+    int n = step_kernels_run(rows, STEP_KERNELS_MAX, c, &r, v[15], o);
+    for (int i = 0; i < n; i++) {
+        printf("%s|%lld|%.17g|%.17g|%s|%u|%.17g\n", rows[i].kernel, (long long)rows[i].calls, rows[i].flops, rows[i].bytes,
+               step_phase_name(rows[i].phase), rows[i].chunks, rows[i].payload);
+    }
+    return 0;
+}
+"""
+
+
+@test
+def step_kernels_run_reads_the_memory_planners_layout():
+    """step_kernels_run (llmc/step_kernels.h with llmc/memory_plan.h included first, built with MPI's
+    compiler as the planner is) gives for a RunLayout the rows dev/bench/step_kernels gives for the
+    same layout in its flags: train_gpt2_dp -z 2 -overlap, train_gpt2_tp -sp, a zero-bubble stage of
+    train_gpt2_pp with -r 1, train_gpt2_3d's stage 1 with interleaving, ZeRO-1 and cp"""
+    d = fresh_dir("step_kernels_run")
+    src, exe = os.path.join(d, "run.c"), os.path.join(d, "run")
+    with open(src, "w") as f:
+        f.write(STEP_KERNELS_RUN_C)
+    p = subprocess.run(["mpicc", "-O1", "-std=c11", "-D_POSIX_C_SOURCE=200809L", "-D_DEFAULT_SOURCE", "-fopenmp", "-I", ROOT,
+                        src, "-o", exe, "-lm", "-lz"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    trainers = {"dp": 0, "tp": 1, "pp": 2, "3d": 3}  # (llmc/memory_plan.h's TrainerKind)
+    scheds = {"afab": 0, "1f1b": 1, "interleaved": 2, "zb": 3}  # (llmc/pipeline.h's PipeSchedule)
+    for trainer, dp, tp, pp, V, sched, m, zero, sp, r, overlap, cp, stage in (
+            ("dp", 4, 1, 1, 1, "1f1b", 2, 2, 0, 0, 1, 1, 0), ("tp", 1, 2, 1, 1, "1f1b", 1, 0, 1, 0, 0, 1, 0),
+            ("pp", 1, 1, 2, 1, "zb", 4, 0, 0, 1, 0, 1, 1), ("3d", 2, 2, 2, 2, "interleaved", 4, 1, 1, 2, 0, 2, 1)):
+        args = [trainers[trainer], dp, tp, pp, V, scheds[sched], m, 2, 64, zero, sp, r, 0, overlap, cp, stage, 2, 1]
+        p = subprocess.run([exe, "d4"] + [str(a) for a in args], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr[-2000:]
+        got = [line.split("|") for line in p.stdout.splitlines()]
+        res = step_kernels_json("-e", "d4", "-b", 2, "-t", 64, "-trainer", trainer, "-dp", dp, "-tp", tp, "-pp", pp, "-vp", V,
+                                "-micro_batches", m, "-z", zero, "-sp", sp, "-r", r, "-overlap", overlap, "-cp", cp,
+                                "-stage", stage, "-zb", int(sched == "zb"), "-attention", "flash")
+        want = [[w["kernel"], str(w["calls"]), "%.17g" % w["flops"], "%.17g" % w["bytes"], w["phase"], str(w["chunks"]),
+                 "%.17g" % w["payload"]] for w in res["rows"]]
+        assert got == want, "%s: step_kernels_run's rows differ from the CLI's:\n%s\n%s" % (
+            trainer, "\n".join(map(str, got)), "\n".join(map(str, want)))
