@@ -54,8 +54,10 @@
 # model of this machine's step that knows its cores, llmc/device_profile.h's cpu_cores). A run
 # writes into a temporary -o dir of its own, removed after it; a layout that fails or times out
 # is reported and skipped; Ctrl-C stops the running layout and removes the sweep's files.
-# The default sweep (24 layouts of d4 at 4 ranks, 6 steps each) took about N minutes on this
-# project's 2-core machine.
+# The default sweep (24 layouts of d4 at 4 ranks, 6 steps each, 11 to 23 s a layout with the
+# start) took 413 s, 7 minutes, on this project's 2-core machine while other work kept its load at
+# 6 to 8; its steps spread by up to 100% around their median then (the table's "spread" column):
+# on a shared machine the noise, not the model, can decide the ranking.
 set -uo pipefail  # (not -e: a layout that fails is reported, and the sweep goes on)
 
 usage() {
@@ -184,7 +186,7 @@ else
     note=""
     [ "$sample" -lt 24 ] && note=" (fewer than 24: a quick look, not the sweep whose figures the step-time model is held to)"
     echo "$what: a random sample of $sample, seed $seed (-all runs every one)$note:"
-    echo "  $(awk -F'\t' '{ printf "%s#%d", NR > 1 ? " " : "", $1 }' "$work/selected.tsv")"
+    echo "  $(awk -F'\t' '{ printf "%s#%d", (NR > 1 ? " " : ""), $1 }' "$work/selected.tsv")"
 fi
 count=$(wc -l <"$work/selected.tsv")
 for trainer in $(awk -F'\t' '{ split($3, w, " "); print w[1] }' "$work/selected.tsv" | sort -u); do
