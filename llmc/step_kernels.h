@@ -146,7 +146,7 @@ typedef struct {
     StepPhase phase;
     uint32_t chunks;
     // a link row's collective: comm the group ("tp", "cp", "pp", "dp", "edp", "ep", "embedding",
-    // "pcie"), collective its kind ("all-reduce", "reduce-scatter", "all-gather", "send",
+    // DiLoCo's "across" the workers, "pcie"), collective its kind ("all-reduce", "reduce-scatter", "all-gather", "send",
     // "all-to-all", "copy"), payload the bytes one call hands to it as the trainers count them
     // (their printed formulas and main.log's "comm": the whole tensor reduced or gathered; bytes
     // above is what of it crosses this rank's link: 2 (n-1)/n of an all-reduce's payload, (n-1)/n
@@ -895,7 +895,7 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
         double H = o.diloco_H;
         step_row(&s, 1, 0, P / H, P * (4 + X + 4) / H, STEP_VECTOR, "diloco", "diloco: pseudo-gradient",
                  "diloco pseudo-gradient (1/%d)", o.diloco_H);
-        step_link(&s, 1, "workers", "all-reduce", o.diloco_workers, (double)P / H, 4, NULL,
+        step_link(&s, 1, "across", "all-reduce", o.diloco_workers, (double)P / H, 4, NULL,
                   "all-reduce the pseudo-gradient (fp32, 1/%d)", o.diloco_H);
         step_row(&s, 1, 0, 6 * P / H, P * 4.0 * 5 / H, STEP_VECTOR, "diloco", "diloco: outer Nesterov step",
                  "diloco outer Nesterov step (1/%d)", o.diloco_H);

@@ -324,18 +324,18 @@ def step_kernels_pipeline_stages_sum_to_the_model():
 def step_kernels_link_bytes_are_the_trainers_counters():
     """the link rows' payloads summed by group and collective equal the bytes the trainers' own
     communication layer counted in one step (main.log's "comm", CPU builds: fp32), rank 0's:
-    train_gpt2_tp -sp 1 -r 2 on 2 ranks, train_gpt2_pp's interleaved schedule (2 stages of 2
+    train_gpt2_pp's interleaved schedule (2 stages of 2
     chunks, 2 micro-batches), train_gpt2_3d -pp 2 -tp 2 -sp 1 -r 2 (stage 0), train_gpt2_dp -z 3
     with 2 micro-batches (its padded buckets gathered twice and reduce-scattered once a micro-batch),
-    train_gpt2_3d -dp 2 -pp 2 -z 1 and -cp 2 -tp 2 -sp 1 -r 2 (the ring's K,V again in the rerun).
+    train_gpt2_3d -dp 2 -pp 2 -z 1 and -cp 2 -tp 2 -sp 1 -r 2 (one stage: the embedding's and the
+    head's tp collectives, as train_gpt2_tp's; the ring's K,V again in the rerun);
+    and train_gpt2_diloco's outer all-reduce over 4 steps of -H 2, its half a step.
     The rows leave out the 4-byte scalars (the loss's, the norm's) the trainers also count: those
     are subtracted here, each named"""
-    p = make(["train_gpt2_tp", "train_gpt2_pp", "train_gpt2_3d", "train_gpt2_dp"])
+    p = make(["train_gpt2_pp", "train_gpt2_3d", "train_gpt2_dp", "train_gpt2_diloco"])
     assert p.returncode == 0, p.stdout.decode()[-3000:]
     B, T = 1, 32  # (small: the vocabulary's 50304 columns are most of these models' work)
     runs = [  # trainer, ranks, model, its flags, the inventory's flags, {trainer group: inventory group}, scalars
-        ("train_gpt2_tp", 2, "d2", ["-d", B * T, "-sp", 1, "-r", 2], ["-trainer", "tp", "-tp", 2, "-sp", 1, "-r", 2],
-         {"world": "tp"}, {("world", "all_reduce"): 4}),
         ("train_gpt2_pp", 2, "d4", ["-d", 2 * B * T, "-vp", 2, "-sched", "interleaved"],
          ["-trainer", "pp", "-pp", 2, "-vp", 2, "-micro_batches", 2], {"world": "pp", "embedding": "embedding"},
          {("world", "all_reduce"): 4, ("world", "broadcast"): 4}),
@@ -369,6 +369,16 @@ def step_kernels_link_bytes_are_the_trainers_counters():
         assert rows == counted, "%s %s: the rows %s, the trainer counted %s" % (trainer, flags, rows, counted)
         if trainer == "train_gpt2_pp":  # stage 0 receives as many as it sends
             assert train[1]["comm"]["world"]["recv"] == rows[("pp", "send")], train[1]["comm"]
+    # DiLoCo, 2 workers of one rank, -H 2: the outer step's all-reduce of P fp32 on steps 2 and 4,
+    # the step line's 8 bytes on every step; the rows carry half of the outer step's a step
+    d = fresh_dir("train_gpt2_diloco")
+    run_ok(2, ["-e", "d2", "-b", B, "-t", T, "-x", 4, "-v", 0, "-s", 0, "-workers", 2, "-H", 2, "-o", d],
+           program="./train_gpt2_diloco")
+    train, _ = read_log(d)
+    across = [train[s]["comm"]["across"]["all_reduce"] - 8 for s in (1, 2, 3, 4)]
+    res = step_kernels_json("-e", "d2", "-b", B, "-t", T, "-precision", "fp32", "-trainer", "diloco", "-workers", 2, "-H", 2)
+    assert across[0] == across[2] == 0 and across[1] == across[3], across
+    assert step_kernels_link_sums(res) == {("across", "all-reduce"): across[1] / 2}, (step_kernels_link_sums(res), across)
 
 
 @test
