@@ -157,6 +157,9 @@ run_bg() {
     running=""
 }
 
+# seconds as milliseconds, to a tenth
+milliseconds() { awk -v s="$1" 'BEGIN { printf "%.1f ms", s * 1e3 }'; }
+
 [ -x ./dev/memory_planner ] || make -s dev/memory_planner || fail "could not build dev/memory_planner"
 plan_flags=(-e "$model" -b "$B" -t "$T" -d "$batch" -device cpu)
 if ! ./dev/memory_planner "${plan_flags[@]}" -search "$N" -sched "$sched" -vp "$vp" -format json >"$work/search.json" 2>"$work/search.err"; then
@@ -232,7 +235,7 @@ while IFS=$'\t' read -r index flags label <&3; do
     run_bg "$limit" "$d/out.txt" "${MPI[@]}" -np "$N" "${words[@]:3}" -x $((warmup + steps)) -v 0 -s 0 -o "$d"
     if [ "$rc" = 0 ] && times=$($PY $STATS step-times "$d/main.log" "$warmup" 2>"$d/times.err"); then
         measured=${times%%$'\t'*} all_ms=${times#*$'\t'}
-        shown=$(awk -v s="$measured" 'BEGIN { printf "%.1f ms", s * 1e3 }')
+        shown=$(milliseconds "$measured")
     else
         if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
             measured="failed: still running after $limit s (-timeout)"
@@ -241,9 +244,12 @@ while IFS=$'\t' read -r index flags label <&3; do
         else
             measured="failed: $(cat "$d/times.err")"
         fi
-        all_ms="" shown=${measured}
+        all_ms="" shown=$measured
     fi
-    [ "$predicted" != "-" ] && shown="$shown, predicted $(awk -v s="$predicted" 'BEGIN { printf "%.1f ms", s * 1e3 }')"
+    if [ "$predicted" != "-" ]; then
+        predicted_ms=$(milliseconds "$predicted")
+        shown="$shown, predicted $predicted_ms"
+    fi
     echo "[$k/$count] #$index $label: $shown ($((SECONDS - start)) s)"
     printf "%d\t%s\t%s\t%s\t%d\t%s\t%s\n" "$index" "$label" "${measured//$'\t'/ }" "$predicted" "$warmup" "$all_ms" \
         "$command" >>"$work/results.tsv"
