@@ -130,10 +130,12 @@ GRID5D = [
     ("cp2_tp2_sp_ep4", 4, ["-cp", 2, "-tp", 2, "-sp", 1, "-ep", 4], 8, 4, 2),
     ("dp2_pp2_tp2_sp_ep4_zb", 8, ["-dp", 2, "-pp", 2, "-tp", 2, "-sp", 1, "-ep", 4, "-sched", "zb"], 2, 4, 1),
     ("pp2_cp2_tp2_sp_ep4_afab", 8, ["-pp", 2, "-cp", 2, "-tp", 2, "-sp", 1, "-ep", 4, "-sched", "afab"], 4, 4, 1),
-    # ZeRO-1 in two regions: the dense tensors' state sharded over dp, the experts' over edp (one
-    # copy a stage under 1F1B; two over dp x tp)
+    # ZeRO-1 in two regions: the dense tensors' state sharded over dp (x cp), the experts' over
+    # edp (one copy a stage under 1F1B; two over dp x tp, where the edp groups are the dp groups;
+    # two over dp x cp, where the dense state splits 4 ways and the experts' 2)
     ("dp2_pp2_ep2_z1", 4, ["-dp", 2, "-pp", 2, "-ep", 2, "-z", 1], 4, 4, 1),
     ("dp2_tp2_sp_ep2_z1", 4, ["-dp", 2, "-tp", 2, "-sp", 1, "-ep", 2, "-z", 1], 4, 4, 1),
+    ("dp2_cp2_ep2_z1", 4, ["-dp", 2, "-cp", 2, "-ep", 2, "-z", 1], 4, 4, 1),
 ]
 
 
@@ -226,7 +228,7 @@ def grid5d_zero1_checkpoints_resume_on_any_grid():
             shutil.copy(f, d)
         return d
 
-    zero1, plain = ["-dp", 2, "-tp", 2, "-sp", 1, "-ep", 2, "-z", 1], ["-pp", 2, "-ep", 1]
+    zero1, plain = ["-dp", 2, "-cp", 2, "-ep", 2, "-z", 1], ["-pp", 2, "-ep", 1]  # (dense 4 ways, experts 2)
     whole = fresh_dir("grid5d_z1_whole")
     run(4, zero1, whole)
     for what, ranks, flags in [("same_grid", 4, zero1), ("without_zero", 2, plain)]:
