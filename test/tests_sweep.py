@@ -20,13 +20,15 @@ def sweep_stats_module():
 
 
 def sweep_run(out, *flags, env=None, timeout=120):
-    """dev/bench/sweep.sh with these flags, its temporary files under out (TMPDIR); (exit, output)"""
+    """dev/bench/sweep.sh with these flags, its temporary files under out (TMPDIR); (exit, output,
+    the seconds it ran, the build before it not counted)"""
     p = make(["train_gpt2_dp", "train_gpt2_tp", "dev/memory_planner"])
     assert p.returncode == 0, p.stdout.decode()[-3000:]
     env = dict(os.environ, TMPDIR=out, **(env or {}))
+    start = time.time()
     r = subprocess.run([SWEEP] + [str(f) for f in flags], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=timeout)
-    return r.returncode, r.stdout + r.stderr
+    return r.returncode, r.stdout + r.stderr, time.time() - start
 
 
 def sweep_left_behind(out):
@@ -85,10 +87,8 @@ def sweep_two_layouts_with_stub_predictions_summary_recomputes():
         f.write('#!/bin/sh\ncase " $* " in *" -trainer dp "*) echo 0.25 ;; *) echo 0.5 ;; esac\n')
     os.chmod(stub, 0o755)
     results, png = os.path.join(out, "results.tsv"), os.path.join(out, "sweep.png")
-    start = time.time()
-    code, text = sweep_run(out, "-np", 2, "-filter", SWEEP_TWO, "-warmup", 1, "-steps", 2, "-save", results,
-                           "-figure", png, env={"PREDICT_CMD": stub})
-    took = time.time() - start
+    code, text, took = sweep_run(out, "-np", 2, "-filter", SWEEP_TWO, "-warmup", 1, "-steps", 2, "-save", results,
+                                 "-figure", png, env={"PREDICT_CMD": stub})
     assert code == 0, text
     assert sorted(sweep_left_behind(out)) == ["predict.sh", "results.tsv", "sweep.png"], sweep_left_behind(out)
     with open(results) as f:
@@ -133,18 +133,18 @@ def sweep_without_predictions_failures_and_bad_flags():
     out = fresh_dir("sweep_none")
     png = os.path.join(out, "sweep.png")
     one = r"^train_gpt2_dp \(2 ranks\) -r 0$"
-    code, text = sweep_run(out, "-np", 2, "-filter", one, "-warmup", 0, "-steps", 1, "-figure", png,
+    code, text, _ = sweep_run(out, "-np", 2, "-filter", one, "-warmup", 0, "-steps", 1, "-figure", png,
                            env={"PREDICT_CMD": "false"})
     assert code == 0, text
     assert "no predictions were available: measured times alone (1 of 1 layouts ran)" in text, text
     assert not SWEEP_SUMMARY.search(text) and not os.path.exists(png), text
     assert re.search(r"^ +\d+ +1 +\d+\.\d +\d+%  train_gpt2_dp \(2 ranks\) -r 0$", text, re.M), text
-    code, text = sweep_run(out, "-np", 2, "-filter", one, "-warmup", 0, "-steps", 50, "-timeout", 2)
+    code, text, _ = sweep_run(out, "-np", 2, "-filter", one, "-warmup", 0, "-steps", 50, "-timeout", 2)
     assert code == 0, text
     assert "failed: still running after 2 s (-timeout)" in text and "(0 of 1 layouts ran)" in text, text
-    code, text = sweep_run(out, "-np", 2, "-b", "two")
+    code, text, _ = sweep_run(out, "-np", 2, "-b", "two")
     assert code == 1 and "error: -b two: expected a positive whole number" in text, text
-    code, text = sweep_run(out, "-np", 2, "-filter", "no such layout")
+    code, text, _ = sweep_run(out, "-np", 2, "-filter", "no such layout")
     assert code == 1 and re.search(r"none of the search's \d+ layouts matches -filter 'no such layout'", text), text
     assert not sweep_left_behind(out), sweep_left_behind(out)
 

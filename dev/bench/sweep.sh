@@ -218,10 +218,10 @@ while IFS=$'\t' read -r index flags label <&3; do
         fail "the planner refused a layout its search listed ($label): $(cat "$d/plan.err")"
     fi
     command=$($PY $STATS field "$d/plan.json" command) || fail "the planner's JSON for $label has no \"command\""
-    # the prediction, if the predictor gives one
+    # the prediction, if the predictor gives one (within a minute: a model, not a run)
     read -ra predictor <<<"$predict"
     predicted="-"
-    if "${predictor[@]}" "${plan_flags[@]}" "${layout_flags[@]}" ${profile:+-profile "$profile"} >"$d/predict.out" 2>"$d/predict.err" &&
+    if timeout 60 "${predictor[@]}" "${plan_flags[@]}" "${layout_flags[@]}" ${profile:+-profile "$profile"} >"$d/predict.out" 2>"$d/predict.err" &&
         seconds=$($PY $STATS prediction "$d/predict.out" 2>"$d/predict.why"); then
         predicted=$seconds
         predicted_count=$((predicted_count + 1))
