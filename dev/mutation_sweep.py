@@ -16,7 +16,7 @@ would mean nothing; its references (test/tmp) are then shared by the mutations' 
 directory. A mutation whose text is no longer in its file, or that does not compile, is "not
 run": the list needs updating.
 Not part of `make test`: 22 of them took 18 minutes on 2 cores shared with other work (about 40 s a
-mutation: a build and a test or two; 2.5 minutes for the control); the 17 moe and 5d ones 11 minutes
+mutation: a build and a test or two; 2.5 minutes for the control); the 20 moe and 5d ones 13 minutes
 (about 30 s a mutation, a 66-s control). All are caught.
 dev/cuda/mutation_sweep.py is its sibling for the CUDA kernels' barriers under the emulator;
 both copy the tree into a scratch directory of their own (copy_checkout) and plant there.
@@ -94,10 +94,19 @@ MUTATIONS = [
              "if (g->dp_group.size > 1) comm_all_reduce(&g->dp_group, model->grads_memory + lo,",
              ["grid5d_vs_pytorch_dp2_ep2"], [D3]),
     mutation("5d: the experts' edp all-reduce left out", "train_gpt2_3d.cu",
-             "n - hi, COMM_FLOATX, COMM_AVG);\n    if (g->edp_group.size > 1) comm_all_reduce(&g->edp_group, "
-             "model->grads_memory + lo, hi - lo, COMM_FLOATX, COMM_AVG);",
-             "n - hi, COMM_FLOATX, COMM_AVG);",
+             "    if (g->edp_group.size > 1) comm_all_reduce(&g->edp_group, model->grads_memory + lo, hi - lo, COMM_FLOATX, "
+             "COMM_AVG);\n", "",
              ["grid5d_vs_pytorch_dp2_cp2_ep2"], [D3]),
+    mutation("5d -z 1: the experts' shards reduce-scattered over dp x cp, not edp", "train_gpt2_3d.cu",
+             "comm_reduce_scatter(&g->edp_group, model->grads_memory + lo,",
+             "comm_reduce_scatter(&g->dp_group, model->grads_memory + lo,",
+             ["grid5d_vs_pytorch_dp2_cp2_ep2_z1"], [D3]),
+    mutation("5d -z 1: the experts' shard updated without tp/ep", "train_gpt2_3d.cu",
+             "float scale = r == 0 ? *clip_scale : *clip_scale * expert_grad_scale(g);", "float scale = *clip_scale;",
+             ["grid5d_vs_pytorch_dp2_pp2_ep2_z1"], [D3]),
+    mutation("5d -z 1: a checkpoint gathers the experts' shards over the dense tensors' group", "llmc/train.h",
+             "comm_all_gather(shards.experts,", "comm_all_gather(shards.dense,",
+             ["grid5d_zero1_checkpoints_resume_on_any_grid"], [D3]),
     mutation("5d: the experts counted in the norm by every copy", "train_gpt2_3d.cu",
              "return g->edp_group.rank == 0 ? global_norm_squared(model->grads_memory + lo, hi - lo) * scale * scale : 0.0f;",
              "return global_norm_squared(model->grads_memory + lo, hi - lo) * scale * scale;",
