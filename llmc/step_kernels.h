@@ -48,10 +48,15 @@
 // which action of a pipeline's schedule runs it and on which chunks (StepKernel's phase and
 // chunks), so that a time model prices one chunk's F, B and W for pipeline.h's pipeline_play.
 //
-// Not in the rows yet: the grid trainer's experts (the fold, its all-to-alls over ep, the edp
-// reduction of experts; the CLI refuses experts with tp, pp, -r or ZeRO), a capacity factor's
-// dropped slots (the rows are dropless), DiLoCo's -outer_dtype below fp32 and its fragments,
-// and train_gpt2_cp's all-gather of K,V (-cp_comm allgather: the rows are the ring's).
+// - experts in the grid trainer (5D): the fold (ep of a stage's dp cp tp ranks hold the experts,
+//   whole), each rank routing its Ns tokens (with -sp its share), the all-to-alls over ep, the
+//   dense tensors reduced over dp cp and the experts over their dp cp tp / ep copies (edp); a
+//   capacity factor's cap on the slots an expert takes, under balanced routing.
+//
+// Not in the rows yet: experts with -r or with train_gpt2_dp's ZeRO (neither trainer runs them),
+// the routing's imbalance (the rows are balanced), the aux loss's small all-reduces (MoE's
+// figures, each sequence's f and P over cp x tp), DiLoCo's -outer_dtype below fp32 and its
+// fragments, and the all-gather of K,V (-cp_comm allgather: the rows are the ring's).
 #ifndef LLMC_STEP_KERNELS_H
 #define LLMC_STEP_KERNELS_H
 
@@ -187,6 +192,7 @@ typedef struct {
     int weights_later;      // zero bubble (-s zb): W runs apart from B, so the forward keeps what W reads
     int diloco_workers, diloco_H;  // train_gpt2_diloco's -workers (dp: a worker's ranks) and -H: the outer
                                    // step's share, 1/H of it a step (0: none)
+    float capacity_factor;  // experts: -capacity_factor (0: dropless)
 } StepLayout;
 
 // where the rows go while step_kernels fills them
@@ -385,7 +391,10 @@ typedef struct {
     int64_t B, T, X, cp, ep, C, NH, E, k;
     int64_t N;               // rows of the matmuls and attention: B T/cp tokens
     int64_t Ns;              // rows of the residual stream, its LayerNorms and residual adds: N, or N/tp with -sp
-    int64_t R;               // rows of the MLPs' matrices: N, or with experts a rank's N k (balanced)
+    int64_t Nm;              // tokens a rank routes to its experts: Ns (with -sp each tp rank routes its own share)
+    int64_t R;               // rows of the MLPs' matrices: N, or with experts the slots a rank's experts take,
+                             // min(Nm k, cap E) (balanced; cap: a capacity factor's slots an expert takes of
+                             // a rank's micro-batch)
     int64_t NHr, att, qkv, fc;  // this rank's heads (NH/tp), widths C/tp, 3C/tp and 4C/tp
     double tile_matmul, forward_matmul;
     int64_t square_matmul, lse, scores, causal;
@@ -407,8 +416,18 @@ static inline StepShapes step_shapes(GPT2Config c, StepLayout o) {
     int64_t hs = h.C / h.NH;
     h.N = h.B * h.T / h.cp;
     h.Ns = h.N / (h.sp ? h.tp : 1);
-    h.R = h.E ? h.N * h.k : h.N;
-    h.NHr = h.NH / h.tp, h.att = h.C / h.tp, h.qkv = 3 * h.C / h.tp, h.fc = 4 * h.C / h.tp;
+    h.Nm = h.Ns;
+    h.R = h.N;
+    if (h.E) {
+        // balanced routing: each of the E experts gets Nm k / E of a rank's slots; with a capacity
+        // factor an expert takes at most cap = ceil(cf Nm k / E) of them (llmc/memory_plan.h's
+        // moe_capacity), so a rank's E/ep experts take min(Nm k, cap E) slots from its ep ranks
+        int64_t cap = o.capacity_factor > 0.0f ? (int64_t)ceil((double)o.capacity_factor * h.Nm * h.k / h.E * (1.0 - 1e-7))
+                                               : h.Nm * h.k;
+        h.R = cap * h.E < h.Nm * h.k ? cap * h.E : h.Nm * h.k;
+    }
+    // (experts are whole on their rank: expert tp = 1, their MLP 4C wide)
+    h.NHr = h.NH / h.tp, h.att = h.C / h.tp, h.qkv = 3 * h.C / h.tp, h.fc = h.E ? 4 * h.C : 4 * h.C / h.tp;
     h.a2a = (double)(h.R * h.C * h.X * (h.ep - 1)) / h.ep;
     // the attention's FLOPs: one (64 x hs) x (hs x 64) tile product is 2 64 64 hs FLOPs; under
     // context parallelism this rank's share of the causal triangle, 1/cp of it (zigzag); on NH/tp heads
@@ -487,7 +506,7 @@ static inline void step_gelu_forward(StepRows* s, const StepShapes* h, int64_t r
 // GEMM's epilogue (block.h's layer, when its output is kept). With experts (block.h's layer
 // alone) the router, the exchanges and the experts' MLPs
 static inline void step_layer_forward(StepRows* s, const StepShapes* h, int64_t calls, int rerun, int gelu_epilogue) {
-    int64_t X = h->X, N = h->N, Ns = h->Ns, C = h->C, R = h->R, E = h->E, ep = h->ep;
+    int64_t X = h->X, N = h->N, Ns = h->Ns, Nm = h->Nm, C = h->C, R = h->R, E = h->E, ep = h->ep;
     const char* qkv = "matmul qkv (+bias epilogue)";
     const char* attproj = h->tp > 1 ? "matmul attproj (bias after the sum)" : "matmul attproj (+bias epilogue)";
     const char* fcproj = h->tp > 1 ? "matmul fcproj (bias after the sum)" : "matmul fcproj (+bias epilogue)";
@@ -499,14 +518,14 @@ static inline void step_layer_forward(StepRows* s, const StepShapes* h, int64_t 
     step_bias_add(s, h, calls, "attprojb");
     step_layernorm_forward(s, X, Ns, C, "residual + layernorm (ln2)", calls, 1);
     if (E) {  // the router, the tokens to their experts (llmc/moe.h: row moves read and write C each)
-        step_matmul(s, X, "matmul router, s = ln2 Wr^T", N, C, E, calls, 0, 0, 0, NULL);
-        step_row(s, calls, 0, 0, (double)((N + R) * C * X + R * 4), STEP_VECTOR, "moe", "moe: dispatch",
+        step_matmul(s, X, "matmul router, s = ln2 Wr^T", Nm, C, E, calls, 0, 0, 0, NULL);
+        step_row(s, calls, 0, 0, (double)((Nm + R) * C * X + R * 4), STEP_VECTOR, "moe", "moe: dispatch",
                  "moe dispatch (kept slots into send order)");
         if (ep > 1) step_link(s, calls, "ep", "all-to-all", ep, h->a2a, 1, NULL, "all-to-all: the tokens to their experts' ranks");
         step_row(s, calls, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
                  "moe gather rows (into expert order)");
     }
-    step_tp_gather(s, h, calls, "matmul fc (+bias epilogue)", "ln2 before fc");
+    if (!E) step_tp_gather(s, h, calls, "matmul fc (+bias epilogue)", "ln2 before fc");  // (the experts route the rank's own tokens)
     if (gelu_epilogue) {  // GELU_AUX_BIAS writes GELU's input (aux) and its output
         step_matmul(s, X, "matmul fc (+bias, GELU epilogue)", R, C, h->fc, calls, 1, 0, 1, NULL);
     } else {
@@ -514,14 +533,15 @@ static inline void step_layer_forward(StepRows* s, const StepShapes* h, int64_t 
         step_gelu_forward(s, h, R, calls);
     }
     if (rerun) return;
-    step_matmul(s, X, fcproj, R, h->fc, C, calls, h->tp == 1, 0, 0, NULL);
-    step_tp_sum(s, h, calls, fcproj, "fcproj");
-    step_bias_add(s, h, calls, "fcprojb");
-    if (E) {  // the outputs home, and each token's gate-weighted sum
+    step_matmul(s, X, E ? "matmul fcproj (+bias epilogue)" : fcproj, R, h->fc, C, calls, h->tp == 1 || E, 0, 0, NULL);
+    if (!E) {
+        step_tp_sum(s, h, calls, fcproj, "fcproj");
+        step_bias_add(s, h, calls, "fcprojb");
+    } else {  // the outputs home, and each token's gate-weighted sum
         step_row(s, calls, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
                  "moe gather rows (back to source order)");
         if (ep > 1) step_link(s, calls, "ep", "all-to-all", ep, h->a2a, 1, NULL, "all-to-all: the outputs back");
-        step_row(s, calls, 0, (double)(STEP_FLOPS_ADD * R * C), (double)((R + N) * C * X + R * 8), STEP_VECTOR, "moe",
+        step_row(s, calls, 0, (double)(STEP_FLOPS_ADD * R * C), (double)((R + Nm) * C * X + R * 8), STEP_VECTOR, "moe",
                  "moe: combine", "moe combine (gate-weighted sum)");
     }
 }
@@ -590,18 +610,18 @@ static inline void step_attention_backward(StepRows* s, const StepShapes* h, int
 // input pass (B) and its weight pass (W)
 static inline void step_layer_backward(StepRows* s, const StepShapes* h, int64_t calls) {
     const StepLayout o = h->o;
-    int64_t X = h->X, N = h->N, Ns = h->Ns, C = h->C, R = h->R, E = h->E, ep = h->ep;
+    int64_t X = h->X, N = h->N, Ns = h->Ns, Nm = h->Nm, C = h->C, R = h->R, E = h->E, ep = h->ep;
     // the MLP half (block.h): the input pass, then the weight pass (MoE: the gates' gradients and
     // the output gradients to the experts first, the input gradients home after, then the router's)
     if (E) {
-        step_row(s, calls, 0, (double)(2 * R * C), (double)((2 * N + 2 * R) * C * X + R * 12), STEP_VECTOR, "moe",
+        step_row(s, calls, 0, (double)(2 * R * C), (double)((2 * Nm + 2 * R) * C * X + R * 12), STEP_VECTOR, "moe",
                  "moe: dispatch", "moe gate gradients, dispatch (gate-weighted)");
         if (ep > 1) step_link(s, calls, "ep", "all-to-all", ep, h->a2a, 1, NULL, "all-to-all: the output gradients to the experts");
         step_row(s, calls, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
                  "moe gather rows (into expert order)");
     }
-    step_tp_gather(s, h, calls, "matmul fcproj dinp", "dresidual before fcproj's dinp");
-    if (o.gelu_epilogue && !h->tpl) {  // DGELU reads GELU's input (aux) and multiplies the product by GELU'
+    if (!E) step_tp_gather(s, h, calls, "matmul fcproj dinp", "dresidual before fcproj's dinp");
+    if (o.gelu_epilogue && (!h->tpl || E)) {  // (moe.h's experts: block.h's GEMMs)  // DGELU reads GELU's input (aux) and multiplies the product by GELU'
         step_matmul_dinp(s, X, "matmul fcproj dinp (DGELU epilogue)", R, C, h->fc, calls, 1);
     } else {
         step_matmul_dinp(s, X, "matmul fcproj dinp", R, C, h->fc, calls, 0);
@@ -609,7 +629,7 @@ static inline void step_layer_backward(StepRows* s, const StepShapes* h, int64_t
                  "gelu", "gelu backward", "gelu_backward");
     }
     step_matmul_dinp(s, X, "matmul fc dinp", R, h->fc, C, calls, 0);
-    step_tp_sum(s, h, calls, "matmul fc dinp", "dln2");
+    if (!E) step_tp_sum(s, h, calls, "matmul fc dinp", "dln2");
     if (E) {
         STEP_WEIGHT_PASS(s, {
             step_matmul(s, X, "matmul expert fcproj dweight", R, 4 * C, C, calls, o.bias_epilogue, 1, 0, NULL);
@@ -618,10 +638,10 @@ static inline void step_layer_backward(StepRows* s, const StepShapes* h, int64_t
         step_row(s, calls, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
                  "moe gather rows (back to source order)");
         if (ep > 1) step_link(s, calls, "ep", "all-to-all", ep, h->a2a, 1, NULL, "all-to-all: the input gradients back");
-        step_row(s, calls, 0, (double)(STEP_FLOPS_ADD * R * C), (double)((R + N) * C * X + R * 4), STEP_VECTOR, "moe",
+        step_row(s, calls, 0, (double)(STEP_FLOPS_ADD * R * C), (double)((R + Nm) * C * X + R * 4), STEP_VECTOR, "moe",
                  "moe: combine", "moe combine (sum of the input gradients)");
-        STEP_WEIGHT_PASS(s, step_matmul(s, X, "matmul router dweight", N, C, E, calls, 0, 1, 0, NULL));
-        step_matmul_dinp(s, X, "matmul router dinp", N, E, C, calls, 0);
+        STEP_WEIGHT_PASS(s, step_matmul(s, X, "matmul router dweight", Nm, C, E, calls, 0, 1, 0, NULL));
+        step_matmul_dinp(s, X, "matmul router dinp", Nm, E, C, calls, 0);
     } else {
         STEP_WEIGHT_PASS(s, {
             step_weight_gradient(s, o, N, "fcproj", h->fc, C, calls);
@@ -646,9 +666,13 @@ static inline void step_layer_backward(StepRows* s, const StepShapes* h, int64_t
 // its Ls layers of the per-layer tensors, the split ones (qkv, attproj's and fc's weights and
 // qkv's and fc's biases) 1/tp each; the first stage's wte (Vp/tp rows) and wpe, the last's lnf and
 // its own copy of the tied wte
-static inline int64_t step_stage_parameters(GPT2Config c, int tp, int pp, int stage) {
+// With experts (the grid's 5D) a layer's MLP is its E/ep experts, each whole, and a router (E, C)
+// replicated over tp
+static inline int64_t step_stage_parameters(GPT2Config c, int tp, int pp, int stage, int ep) {
     int64_t C = c.channels, Ls = c.num_layers / pp, wte = (int64_t)c.padded_vocab_size / tp * C;
-    int64_t layer = 2 * C + (3 * C * C + 3 * C) / tp + C * C / tp + C + 2 * C + (4 * C * C + 4 * C) / tp + 4 * C * C / tp + C;
+    int64_t mlp = (4 * C * C + 4 * C) / tp + 4 * C * C / tp + C;
+    if (gpt2_is_moe(c)) mlp = (int64_t)c.experts * C + c.experts / ep * step_mlp_parameters(C);
+    int64_t layer = 2 * C + (3 * C * C + 3 * C) / tp + C * C / tp + C + 2 * C + mlp;
     int64_t P = Ls * layer;
     if (stage == 0) P += wte + (int64_t)c.max_seq_len * C;
     if (stage == pp - 1) P += 2 * C + (pp > 1 ? wte : 0);
@@ -687,13 +711,20 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
     uint32_t every_chunk = (uint32_t)((1ull << chunks) - 1), first_chunk = 1u, last_chunk = 1u << (chunks - 1);
     // the parameters this rank holds: the model's (llmc/gpt2.h), of whose E experts a layer it
     // holds E/ep; a stage's tp slice of it (step_stage_parameters)
-    int64_t P = h.tpl ? step_stage_parameters(c, (int)tp, (int)pp, (int)stage) : step_rank_parameters(c, o.ep);
+    int64_t P = h.tpl ? step_stage_parameters(c, (int)tp, (int)pp, (int)stage, o.ep) : step_rank_parameters(c, o.ep);
     int64_t dp_ranks = (int64_t)o.dp * cp;        // the ranks the gradients are reduced over (DiLoCo: a worker's)
     int zero = dp_ranks > 1 ? o.zero : 0;
+    // with experts: the experts' gradients reduced apart, over the copies of them (edp): train_gpt2_ep's
+    // dp/ep, the grid's dp cp tp / ep (the fold: ep of a stage's ranks hold them all)
+    int64_t held_experts = E ? Ls * (E / ep) * step_mlp_parameters(C) : 0, copies = (int64_t)o.dp * cp * tp / ep;
     int64_t zero_emb = 0, zero_layer = 0, zero_lnf = 0;
     if (zero && !h.tpl) P = step_zero_buckets(c, dp_ranks, &zero_emb, &zero_layer, &zero_lnf);
-    if (zero && h.tpl) P = step_round_up(P, dp_ranks * 128);
-    int64_t S = zero ? P / dp_ranks : P;          // what the optimizer updates: ZeRO's shard
+    if (zero && h.tpl) {  // the dense region padded to dp cp x 128, the experts' to edp x 128
+        int64_t experts = copies > 1 ? step_round_up(held_experts, copies * 128) : held_experts;
+        P = step_round_up(P - held_experts, dp_ranks * 128) + experts, held_experts = experts;
+    }
+    // what the optimizer updates: ZeRO's shard (the grid's experts: their shard over edp)
+    int64_t S = zero ? (P - held_experts) / dp_ranks + (E && copies > 1 ? held_experts / copies : held_experts) : P;
     int64_t distinct = N < V ? N : V;             // rows of wte a batch touches: at most one per distinct token
     if (tp > 1) distinct = N < Vr ? N : Vr;       // (tp: of this rank's vocabulary)
     int gelu_kept = o.recompute == 0 || o.weights_later;  // GELU's output kept for the backward (model.h)
@@ -832,9 +863,9 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
 
     // (once a step, after the last micro-batch)
     s.repeat = 1, s.phase = STEP_PHASE_STEP, s.chunks = 0;
-    if (h.sp) {  // each rank's LayerNorm weights saw its tokens only: their gradients summed over tp
+    if (h.sp) {  // each rank's LayerNorm weights (and routers) saw its tokens only: their gradients summed over tp
         s.group = "tp LayerNorm gradients";
-        step_link(&s, 1, "tp", "all-reduce", tp, (double)((4 * Ls + 2 * last) * C), (double)X, NULL,
+        step_link(&s, 1, "tp", "all-reduce", tp, (double)((4 * Ls + 2 * last) * C + (E ? Ls * E * C : 0)), (double)X, NULL,
                   "tp all-reduce: the LayerNorms' gradients (-sp)");
     }
     if (pp > 1 && (first || last)) {  // the tied wte: the first stage's copy and the last's, one gradient
@@ -845,20 +876,23 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
     if (dp_ranks > 1 && zero == 0) {
         s.group = "gradient all-reduce";
         // NCCL's ring all-reduce sends and receives 2 (n - 1)/n of the payload on each GPU's link
-        // (train_gpt2_cp: a SUM over the cp ranks; train_gpt2_ep: the experts over their dp/ep copies)
-        int64_t held_experts = E ? L * (E / ep) * step_mlp_parameters(C) : 0;
+        // (train_gpt2_cp: a SUM over the cp ranks; with experts the dense tensors, the experts below)
         step_link(&s, 1, "dp", "all-reduce", dp_ranks, (double)(P - held_experts), (double)X, overlap,
                   "all-reduce grads (NCCL ring, %lld ranks)", (long long)dp_ranks);
-        int64_t copies = o.dp / ep;
-        if (E && copies > 1) {
-            step_link(&s, 1, "edp", "all-reduce", copies, (double)held_experts, (double)X, overlap,
-                      "all-reduce expert grads (NCCL ring, %lld copies)", (long long)copies);
-        }
+    }
+    if (zero == 0 && E && copies > 1) {
+        s.group = "gradient all-reduce";
+        step_link(&s, 1, "edp", "all-reduce", copies, (double)held_experts, (double)X, overlap,
+                  "all-reduce expert grads (NCCL ring, %lld copies)", (long long)copies);
     }
     if (zero == 1) {  // ZeRO-1: the whole gradient reduce-scattered once, each rank its shard's sum
         s.group = "gradient reduce-scatter";
-        step_link(&s, 1, "dp", "reduce-scatter", dp_ranks, (double)P, (double)X, h.tpl ? NULL : overlap,
+        step_link(&s, 1, "dp", "reduce-scatter", dp_ranks, (double)(P - held_experts), (double)X, h.tpl ? NULL : overlap,
                   "-z 1: reduce-scatter grads (%lld ranks)", (long long)dp_ranks);
+        if (E && copies > 1) {
+            step_link(&s, 1, "edp", "reduce-scatter", copies, (double)held_experts, (double)X, NULL,
+                      "-z 1: reduce-scatter expert grads (%lld copies)", (long long)copies);
+        }
     }
 
     s.group = "global norm + AdamW";
@@ -883,8 +917,12 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
     }
     if (zero == 1 || zero == 2) {  // the updated shards all-gathered (-overlap: each bucket under the next one's update)
         s.group = "parameter all-gather";
-        step_link(&s, 1, "dp", "all-gather", dp_ranks, (double)P, (double)X, o.overlap && !h.tpl ? "adamw" : NULL,
-                  "-z %d: all-gather the updated parameters", zero);
+        step_link(&s, 1, "dp", "all-gather", dp_ranks, (double)(P - held_experts), (double)X,
+                  o.overlap && !h.tpl ? "adamw" : NULL, "-z %d: all-gather the updated parameters", zero);
+        if (E && copies > 1) {
+            step_link(&s, 1, "edp", "all-gather", copies, (double)held_experts, (double)X, NULL,
+                      "-z 1: all-gather the updated experts");
+        }
     }
     if (o.diloco_H > 0 && o.diloco_workers > 1) {
         // DiLoCo's outer step (train_gpt2_diloco), every H inner steps: the pseudo-gradient (the
@@ -929,6 +967,7 @@ static inline StepLayout step_layout_of_run(const RunLayout* r, int stage, StepO
     o.tp = r->tp, o.sp = r->sp, o.tp_overlap = opt.tp_overlap;
     o.pp = r->pp, o.V = r->V, o.stage = stage, o.weights_later = r->pp > 1 && r->sched == SCHEDULE_ZB;
     o.zero = r->zero, o.overlap = r->overlap, o.offload = r->offload, o.recompute = r->recompute;
+    o.capacity_factor = r->capacity_factor;
     if (r->trainer == TRAINER_DILOCO && opt.diloco_workers > 1) {
         o.diloco_workers = opt.diloco_workers, o.diloco_H = opt.diloco_H, o.dp = r->dp / opt.diloco_workers;
     }

@@ -325,14 +325,14 @@ def step_kernels_link_bytes_are_the_trainers_counters():
     """the link rows' payloads summed by group and collective equal the bytes the trainers' own
     communication layer counted in one step (main.log's "comm", CPU builds: fp32), rank 0's:
     train_gpt2_pp's interleaved schedule (2 stages of 2
-    chunks, 2 micro-batches), train_gpt2_3d -pp 2 -tp 2 -sp 1 -r 2 (stage 0), train_gpt2_dp -z 3
-    with 2 micro-batches (its padded buckets gathered twice and reduce-scattered once a micro-batch),
-    train_gpt2_3d -dp 2 -pp 2 -z 1 and -cp 2 -tp 2 -sp 1 -r 2 (one stage: the embedding's and the
+    chunks, 2 micro-batches), train_gpt2_3d -pp 2 -tp 2 -sp 1 -r 2 (stage 0), train_gpt2_3d -dp 2 -pp 2 -z 1 and -cp 2 -tp 2 -sp 1 -r 2 (one stage: the embedding's and the
     head's tp collectives, as train_gpt2_tp's; the ring's K,V again in the rerun);
-    and train_gpt2_diloco's outer all-reduce over 4 steps of -H 2, its half a step.
+    train_gpt2_3d's 5D fold (4 experts over dp 2 x tp 2 -sp at ep 2: the experts' all-reduce over
+    their copies, the routers' gradients with the LayerNorms' over tp); and train_gpt2_diloco's outer
+    all-reduce over 4 steps of -H 2, its half a step.
     The rows leave out the 4-byte scalars (the loss's, the norm's) the trainers also count: those
     are subtracted here, each named"""
-    p = make(["train_gpt2_pp", "train_gpt2_3d", "train_gpt2_dp", "train_gpt2_diloco"])
+    p = make(["train_gpt2_pp", "train_gpt2_3d", "train_gpt2_diloco"])
     assert p.returncode == 0, p.stdout.decode()[-3000:]
     B, T = 1, 32  # (small: the vocabulary's 50304 columns are most of these models' work)
     runs = [  # trainer, ranks, model, its flags, the inventory's flags, {trainer group: inventory group}, scalars
@@ -342,8 +342,6 @@ def step_kernels_link_bytes_are_the_trainers_counters():
         ("train_gpt2_3d", 4, "d2", ["-d", 2 * B * T, "-pp", 2, "-tp", 2, "-sp", 1, "-r", 2],
          ["-trainer", "3d", "-pp", 2, "-tp", 2, "-sp", 1, "-r", 2, "-micro_batches", 2],
          {"tp": "tp", "pp": "pp", "embedding": "embedding"}, {("pp", "broadcast"): 4}),
-        ("train_gpt2_dp", 2, "d2", ["-d", 2 * 2 * B * T, "-z", 3], ["-dp", 2, "-z", 3, "-micro_batches", 2],
-         {"world": "dp"}, {("world", "all_reduce"): 8}),
         # ZeRO-1 on the grid (its buffer padded to dp x 128), and cp's ring with tp -sp and -r 2's rerun
         ("train_gpt2_3d", 4, "d2", ["-d", 2 * 2 * B * T, "-dp", 2, "-pp", 2, "-z", 1],
          ["-trainer", "3d", "-dp", 2, "-pp", 2, "-z", 1, "-micro_batches", 2],
@@ -351,6 +349,12 @@ def step_kernels_link_bytes_are_the_trainers_counters():
         ("train_gpt2_3d", 4, "d2", ["-d", B * T, "-cp", 2, "-tp", 2, "-sp", 1, "-r", 2],
          ["-trainer", "3d", "-cp", 2, "-tp", 2, "-sp", 1, "-r", 2], {"tp": "tp", "cp": "cp", "dp": "dp"},
          {("dp", "all_reduce"): 4}),
+        # 5D: 4 experts, top-2, folded over dp 2 x tp 2 -sp at ep 2 (the all-to-alls follow the routing,
+        # which the balanced rows do not: left out here)
+        ("train_gpt2_3d", 4, "d2", ["-experts", 4, "-topk", 2, "-d", 2 * B * T, "-dp", 2, "-tp", 2, "-sp", 1, "-ep", 2,
+                                    "-balance", "bias"],
+         ["-experts", 4, "-topk", 2, "-trainer", "3d", "-dp", 2, "-tp", 2, "-sp", 1, "-ep", 2],
+         {"tp": "tp", "dp": "dp", "expert_dp": "edp"}, {("dp", "all_reduce"): 4}),
     ]
     for trainer, ranks, model, flags, inventory, groups, scalars in runs:
         d = fresh_dir(trainer)
@@ -365,7 +369,7 @@ def step_kernels_link_bytes_are_the_trainers_counters():
                 if n and kind != "recv":
                     counted[(groups[group], kind.replace("_", "-"))] = n
         res = step_kernels_json("-e", model, "-b", B, "-t", T, "-precision", "fp32", *inventory)
-        rows = step_kernels_link_sums(res)
+        rows = {k: v for k, v in step_kernels_link_sums(res).items() if k[0] != "ep"}
         assert rows == counted, "%s %s: the rows %s, the trainer counted %s" % (trainer, flags, rows, counted)
         if trainer == "train_gpt2_pp":  # stage 0 receives as many as it sends
             assert train[1]["comm"]["world"]["recv"] == rows[("pp", "send")], train[1]["comm"]
@@ -511,3 +515,38 @@ def step_kernels_run_reads_the_memory_planners_layout():
                  "%.17g" % w["payload"]] for w in res["rows"]]
         assert got == want, "%s: step_kernels_run's rows differ from the CLI's:\n%s\n%s" % (
             trainer, "\n".join(map(str, got)), "\n".join(map(str, want)))
+
+
+@test
+def step_kernels_experts_fold_and_capacity():
+    """5D (-trainer 3d): a tp rank of -sp routes its N/tp tokens (with -sp the tp ranks split the
+    tokens, the experts are whole), so its experts' rows, the router's and the all-to-alls are 1/tp
+    of the tp = 1 rank's, and no tp collective surrounds the MoE: per micro-batch 2 L + 2 of them
+    each kind (train_gpt2_3d's formula). A capacity factor cf caps each expert at
+    cap = ceil(cf N k / E) slots of a rank's N tokens: under balanced routing (N k / E each) the
+    rank's experts take min(N k, E cap) rows, so cf = 0.5 halves the experts' FLOPs and the
+    all-to-alls, and cf = 1 changes nothing"""
+    L, C, B, T, X, E, k = 2, 128, 2, 64, 2, 8, 2
+    N = B * T
+    base = ("-e", "2/128/4", "-b", B, "-t", T, "-experts", E, "-topk", k, "-trainer", "3d", "-dp", 2, "-ep", 2)
+    def moe(res, field, router=True):
+        """the experts' matmul FLOPs (fc and fcproj, forward, dinp, dweight; and the router's), or
+        the all-to-alls' bytes"""
+        if field == "flops":
+            return sum(r["flops"] * r["calls"] for r in res["rows"] if r["op"] == "matmul" and
+                       ("fc" in r["kernel"] or (router and "router" in r["kernel"])))
+        return sum(r["bytes"] * r["calls"] for r in res["rows"] if r["collective"] == "all-to-all")
+    one = step_kernels_json(*base)
+    for tp in (2, 4):
+        sp = step_kernels_json(*base, "-tp", tp, "-sp", 1)
+        for field in ("flops", "bytes"):
+            roofline_close(moe(sp, field), moe(one, field) / tp, 1e-12, "-tp %d -sp 1: the MoE's %s" % (tp, field))
+        sums = step_kernels_link_sums(sp)
+        assert sums[("tp", "reduce-scatter")] == sums[("tp", "all-gather")] == (2 * L + 2) * N * C * X, sums
+    for cf, share in ((1.0, 1.0), (0.5, 0.5)):
+        capped = step_kernels_json(*base, "-capacity_factor", cf)
+        cap = -(-int(cf * N * k) // E)
+        assert min(N * k, E * cap) == share * N * k
+        for field in ("flops", "bytes"):
+            roofline_close(moe(capped, field, router=False), share * moe(one, field, router=False), 1e-12,
+                           "-capacity_factor %g: the experts' %s" % (cf, field))

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
     int B = 64, T = 1024, epilogue = 1, dp = 1, cp = 1, experts = 0, topk = 2, ep = 1, micro_batches = 1;
     int tp = 1, sp = 0, tp_overlap = 0, pp = 1, vp = 1, stage = 0, zero = 0, overlap = 0, offload = 0, recompute = 0;
     int zb = 0, workers = 1, H = 0;
+    float capacity_factor = 0.0f;
     const ArgSpec specs[] = {
         {"-e", ARG_STRING, &model, 0, 0, "model: a descriptor dL (d12, d24, d36, d48, ...) or L/C/NH such as 12/768/12"},
         {"-b", ARG_INT, &B, 1, ARG_NO_MAX, "micro-batch size B per rank"},
@@ -66,6 +67,7 @@ int main(int argc, char** argv) {
         {"-r", ARG_INT, &recompute, 0, 2, "recomputation: 0, 1 (selective), 2 (the layer's forward)"},
         {"-workers", ARG_INT, &workers, 1, ARG_NO_MAX, "train_gpt2_diloco's workers (-dp: a worker's ranks)"},
         {"-H", ARG_INT, &H, 0, ARG_NO_MAX, "train_gpt2_diloco's -H: the outer step's share, 1/H a step (0: none)"},
+        {"-capacity_factor", ARG_FLOAT, &capacity_factor, 0, ARG_NO_MAX, "with -experts: each expert takes at most ceil(cf N k / E) slots of a rank's tokens (0: dropless)"},
     };
     if (!args_parse(argc, argv, specs, (int)(sizeof(specs) / sizeof(specs[0])))) return 0;
 
@@ -82,7 +84,7 @@ int main(int argc, char** argv) {
     StepLayout o = {.B = B, .T = T, .bias_epilogue = epilogue, .dp = dp, .cp = cp, .ep = ep, .micro_batches = micro_batches,
                     .tp = tp, .sp = sp, .tp_overlap = tp_overlap, .pp = pp, .V = vp, .stage = stage, .zero = zero,
                     .overlap = overlap, .offload = offload, .recompute = recompute, .weights_later = zb,
-                    .diloco_workers = workers, .diloco_H = H};  // (X, flash, GELU, LayerNorm: below)
+                    .diloco_workers = workers, .diloco_H = H, .capacity_factor = capacity_factor};  // (X, flash, GELU, LayerNorm: below)
     if (strcmp(trainer, "tp") == 0 || strcmp(trainer, "pp") == 0 || strcmp(trainer, "3d") == 0 || strcmp(trainer, "diloco") == 0) {
         o.tp_layer = 1;
     } else if (strcmp(trainer, "dp") != 0 && strcmp(trainer, "cp") != 0 && strcmp(trainer, "ep") != 0) {
@@ -122,10 +124,13 @@ int main(int argc, char** argv) {
     if ((zero >= 2 || offload) && tpl) fail("-z %d -offload %d: ZeRO-2, 3 and -offload are train_gpt2_dp's (-trainer dp)", zero, offload);
     if (H && (!tpl || pp > 1 || cp > 1)) fail("-H %d: train_gpt2_diloco's (-trainer diloco, -pp 1, -cp 1)", H);
     if (experts) {
-        if (experts < 2 || topk > experts || experts % ep || dp % ep || cp > 1 || tpl || recompute || zero) {
-            fail("-experts %d -topk %d -ep %d: expected E >= 2, 1 <= k <= E, ep dividing E and -dp, -cp 1 (train_gpt2_ep: "
-                 "the grid trainer's experts, -r and ZeRO with experts are not in the rows yet)",
-                 experts, topk, ep);
+        // train_gpt2_ep: ep of the dp ranks; train_gpt2_3d (-trainer 3d): ep of a stage's dp cp tp ranks
+        int stage_ranks = tpl ? dp * cp * tp : dp;
+        if (experts < 2 || topk > experts || experts % ep || stage_ranks % ep || (!tpl && cp > 1) || recompute ||
+            (!tpl && zero) || H || offload) {
+            fail("-experts %d -topk %d -ep %d: expected E >= 2, 1 <= k <= E, ep dividing E and the ranks that hold the "
+                 "experts (train_gpt2_ep: -dp; -trainer 3d: -dp x -cp x -tp), and no -r, -H, -offload or ZeRO beside "
+                 "train_gpt2_3d's -z 1", experts, topk, ep);
         }
         c.experts = experts, c.topk = topk;
     }
@@ -133,7 +138,7 @@ int main(int argc, char** argv) {
     StepKernel rows[STEP_KERNELS_MAX];
     int n = step_kernels(rows, STEP_KERNELS_MAX, c, o);
     if (n > STEP_KERNELS_MAX) fail("the step has %d rows, more than STEP_KERNELS_MAX = %d", n, STEP_KERNELS_MAX);
-    long long parameters = tpl ? step_stage_parameters(c, tp, pp, stage) : step_rank_parameters(c, ep);
+    long long parameters = tpl ? step_stage_parameters(c, tp, pp, stage, ep) : step_rank_parameters(c, ep);
     printf("{\"parameters\": %lld, \"rows\": [\n", parameters);
     for (int i = 0; i < n; i++) {
         StepKernel* r = &rows[i];
