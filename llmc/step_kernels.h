@@ -128,8 +128,8 @@ static inline const char* step_phase_name(StepPhase p) {
 }
 
 #define STEP_NAME_CHARS 64
-#define STEP_KERNELS_MAX 128  // rows of the largest step: 71 (experts over ep ranks, cuBLAS attention, every kernel
-                              // separate); a stage of tp -sp with -r 2 and ZeRO: about 80
+#define STEP_KERNELS_MAX 128  // rows of the largest steps: 71 in train_gpt2_ep (cuBLAS attention, every kernel
+                              // separate), 87 in a stage of train_gpt2_3d (dp x cp x tp -sp, -r 2, ZeRO-1)
 
 // one kind of kernel of the step
 typedef struct {

@@ -327,8 +327,9 @@ def step_kernels_link_bytes_are_the_trainers_counters():
     train_gpt2_pp's interleaved schedule (2 stages of 2
     chunks, 2 micro-batches), train_gpt2_3d -pp 2 -tp 2 -sp 1 -r 2 (stage 0), train_gpt2_3d -dp 2 -pp 2 -z 1 and -cp 2 -tp 2 -sp 1 -r 2 (one stage: the embedding's and the
     head's tp collectives, as train_gpt2_tp's; the ring's K,V again in the rerun);
-    train_gpt2_3d's 5D fold (4 experts over dp 2 x tp 2 -sp at ep 2: the experts' all-reduce over
-    their copies, the routers' gradients with the LayerNorms' over tp); and train_gpt2_diloco's outer
+    train_gpt2_3d's 5D fold with ZeRO-1 (4 experts over dp 2 x tp 2 -sp at ep 2: the dense region
+    and the experts' reduce-scattered and all-gathered apart, each padded over its ranks; the
+    routers' gradients with the LayerNorms' over tp); and train_gpt2_diloco's outer
     all-reduce over 4 steps of -H 2, its half a step.
     The rows leave out the 4-byte scalars (the loss's, the norm's) the trainers also count: those
     are subtracted here, each named"""
@@ -352,8 +353,8 @@ def step_kernels_link_bytes_are_the_trainers_counters():
         # 5D: 4 experts, top-2, folded over dp 2 x tp 2 -sp at ep 2 (the all-to-alls follow the routing,
         # which the balanced rows do not: left out here)
         ("train_gpt2_3d", 4, "d2", ["-experts", 4, "-topk", 2, "-d", 2 * B * T, "-dp", 2, "-tp", 2, "-sp", 1, "-ep", 2,
-                                    "-balance", "bias"],
-         ["-experts", 4, "-topk", 2, "-trainer", "3d", "-dp", 2, "-tp", 2, "-sp", 1, "-ep", 2],
+                                    "-balance", "bias", "-z", 1],
+         ["-experts", 4, "-topk", 2, "-trainer", "3d", "-dp", 2, "-tp", 2, "-sp", 1, "-ep", 2, "-z", 1],
          {"tp": "tp", "dp": "dp", "expert_dp": "edp"}, {("dp", "all_reduce"): 4}),
     ]
     for trainer, ranks, model, flags, inventory, groups, scalars in runs:

@@ -11,8 +11,11 @@
 //   dev/bench/step_kernels -e d12 -trainer 3d -dp 2 -tp 2 -pp 2 -vp 2 -m 8 -stage 1   a rank of stage 1
 //   dev/bench/step_kernels -e d12 -dp 8 -z 3 -overlap 1 -r 2         train_gpt2_dp with ZeRO-3, recomputing
 //
-// The flags are roofline.py's that choose the step (its device and efficiency flags choose rates,
-// which are no part of the rows).
+// The first flags are roofline.py's that choose the step (its device and efficiency flags choose
+// rates, which are no part of the rows); the rest choose the layout, by the trainers' flags of the
+// same names (-trainer says whose layer: train_gpt2_tp, _pp, _3d and _diloco run tensor_parallel.h's).
+// Each row also prints its action and chunks (phase, chunks) and, for a collective, its group,
+// kind, payload, ranks and what it may hide behind (llmc/step_kernels.h's StepKernel).
 #include <stdio.h>
 #include <string.h>
 #include "llmc/args.h"
