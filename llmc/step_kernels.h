@@ -631,16 +631,16 @@ static inline void step_layer_backward(StepRows* s, const StepShapes* h, int64_t
     step_matmul_dinp(s, X, "matmul fc dinp", R, h->fc, C, calls, 0);
     if (!E) step_tp_sum(s, h, calls, "matmul fc dinp", "dln2");
     if (E) {
-        STEP_WEIGHT_PASS(s, {
-            step_matmul(s, X, "matmul expert fcproj dweight", R, 4 * C, C, calls, o.bias_epilogue, 1, 0, NULL);
-            step_matmul(s, X, "matmul expert fc dweight", R, C, 4 * C, calls, o.bias_epilogue, 1, 0, NULL);
-        });
+        // (the experts' weight gradients stay in B even under zero bubble: they need the
+        // all-to-all's rows, which B has in hand; chunk.h's moe_layer_backward)
+        step_matmul(s, X, "matmul expert fcproj dweight", R, 4 * C, C, calls, o.bias_epilogue, 1, 0, NULL);
+        step_matmul(s, X, "matmul expert fc dweight", R, C, 4 * C, calls, o.bias_epilogue, 1, 0, NULL);
         step_row(s, calls, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
                  "moe gather rows (back to source order)");
         if (ep > 1) step_link(s, calls, "ep", "all-to-all", ep, h->a2a, 1, NULL, "all-to-all: the input gradients back");
         step_row(s, calls, 0, (double)(STEP_FLOPS_ADD * R * C), (double)((R + Nm) * C * X + R * 4), STEP_VECTOR, "moe",
                  "moe: combine", "moe combine (sum of the input gradients)");
-        STEP_WEIGHT_PASS(s, step_matmul(s, X, "matmul router dweight", Nm, C, E, calls, 0, 1, 0, NULL));
+        step_matmul(s, X, "matmul router dweight", Nm, C, E, calls, 0, 1, 0, NULL);
         step_matmul_dinp(s, X, "matmul router dinp", Nm, E, C, calls, 0);
     } else {
         STEP_WEIGHT_PASS(s, {

@@ -281,7 +281,8 @@ def step_kernels_pipeline_stages_sum_to_the_model():
     sends and from the last stage's copy of the tied wte, whose norm (2) and AdamW (20 FLOPs an
     element) the optimizer runs once more: 22 Vp C. Stage s sends each chunk's output on but the
     model's last and each chunk's input gradient back but the model's first: over the stages
-    (pp V - 1) m messages each way of N C X (/ tp with -sp). The embedding's rows run on chunk 0 of
+    (pp V - 1) m messages each way of N C X (/ tp with -sp). Each stage's matmuls do equal FLOPs in
+    its F, B and W actions (forward, input gradient, weight gradient). The embedding's rows run on chunk 0 of
     the first stage only, the loss's on chunk V - 1 of the last; wte's gradient is all-reduced
     between those two stages (Vp/tp C X)"""
     exact = 1e-12
@@ -315,6 +316,11 @@ def step_kernels_pipeline_stages_sum_to_the_model():
                     if s == pp - 1 and r["kernel"] == "residual_forward (the chunk's output)":
                         chunks -= 1 << (V - 1)
                     assert r["chunks"] == chunks and r["calls"] % (m * bin(chunks).count("1")) == 0, (what, r)
+            # each matmul runs once forward (F), once for its input gradient (B) and once for its
+            # weight gradient (W, which zero bubble runs apart): the three phases' matmul FLOPs equal
+            by_phase = [step_kernels_total(res, "flops", op="matmul", phase=ph)
+                        for ph in ("forward", "backward_input", "backward_weight")]
+            assert by_phase[0] == by_phase[1] == by_phase[2], (what, s, by_phase)
             ends = s in (0, pp - 1)
             wte = step_kernels_link_sums(res).get(("embedding", "all-reduce"), 0)
             assert wte == (Vp // tp * C * X if ends else 0), (what, s, wte)
