@@ -101,6 +101,16 @@ static inline uint64_t gpt2_num_parameters(GPT2Config c) {
     return total;
 }
 
+// model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per parameter
+// a token uses, plus the attention scores and their use, 12 L C T (PaLM paper, appendix B). A
+// Mixture-of-Experts token uses k of each layer's E experts: the other E - k MLPs do not count.
+// MFU's numerator, in the trainers' step lines and the step-time model's prediction alike
+static inline double gpt2_flops_per_token(GPT2Config c, int T) {
+    double C = c.channels, idle_experts = gpt2_is_moe(c) ? (double)(c.experts - c.topk) : 0.0;
+    double active = (double)gpt2_num_parameters(c) - c.num_layers * idle_experts * (8.0 * C * C + 5.0 * C);
+    return 6.0 * active + 12.0 * c.num_layers * C * (double)T;
+}
+
 static inline void gpt2_check_config(GPT2Config c, const char* source) {
     if (c.max_seq_len <= 0 || c.vocab_size <= 0 || c.num_layers <= 0 || c.num_heads <= 0 ||
         c.channels <= 0 || c.padded_vocab_size < c.vocab_size) {

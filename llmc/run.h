@@ -217,14 +217,6 @@ static inline void step_report(StepReport* r, Logger* log, int rank, StepFigures
                 f.extra[0] ? ", " : "", f.extra);
 }
 
-// model FLOPs per token of a training step (forward + backward = 3 x forward): 6 per parameter
-// a token uses, plus the attention scores and their use, 12 L C T (PaLM paper, appendix B). A
-// Mixture-of-Experts token uses k of each layer's E experts: the other E - k MLPs do not count
-static inline double train_flops_per_token(GPT2Config c, int T) {
-    double C = c.channels, idle_experts = gpt2_is_moe(c) ? (double)(c.experts - c.topk) : 0.0;
-    double active = (double)gpt2_num_parameters(c) - c.num_layers * idle_experts * (8.0 * C * C + 5.0 * C);
-    return 6.0 * active + 12.0 * c.num_layers * C * (double)T;
-}
 
 // this device's dense peak for MFU (none on the CPU), named by rank 0
 static inline DevicePeak train_device_peak(int rank) {
@@ -707,7 +699,7 @@ static inline void run_begin(Run* r, RunModel hooks, CommGroup** groups, int num
     }
     if (r->args.resume) train_report_resume(&r->world, r->args.out_dir, r->start_step, r->max_steps);
     logger_init(&r->logger, r->args.out_dir, r->rank, r->args.resume ? r->start_step : -1);
-    r->flops_per_token = train_flops_per_token(r->config, r->args.T);  // each rank does its share
+    r->flops_per_token = gpt2_flops_per_token(r->config, r->args.T);  // each rank does its share
     r->peak = train_device_peak(r->rank);
     memset(&r->stats, 0, sizeof(r->stats));
     r->stats.rate = measure_exchange_rate(&r->world, hooks.model->grads_memory, layout_grads_held(&hooks.model->layout));

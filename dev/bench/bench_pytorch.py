@@ -68,7 +68,7 @@ def init_weights(model, seed):
 
 
 def flops_per_token(model_name, T):
-    """the C trainer's formula (llmc/run.h train_flops_per_token): 6 N + 12 L C T"""
+    """the C trainer's formula (llmc/gpt2.h gpt2_flops_per_token): 6 N + 12 L C T"""
     L, NH, C = MODELS[model_name]
     n = VP * C + MAX_T * C + L * (12 * C * C + 13 * C) + 2 * C  # tied LM head, padded vocabulary
     return 6.0 * n + 12.0 * L * C * T

@@ -43,7 +43,7 @@ What the rows count, per kernel (llmc/step_kernels.h says how, kernel by kernel)
 - time: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth). Launch latency, the host's
   own work (the encoder backward's sort, the loss's copy to the host) and the tail of a grid
   that does not fill the GPU are not counted: the sum is a lower bound on the step.
-MFU is computed as the trainer does (llmc/run.h, train_flops_per_token): 6 x parameters +
+MFU is computed as the trainer does (llmc/gpt2.h, gpt2_flops_per_token): 6 x parameters +
 12 L C T FLOPs per token (the attention term counted without the causal half), times B T, over
 the step time, over the device's dense peak for the precision (llmc/cuda/device.cuh).
 """
@@ -211,7 +211,7 @@ def roofline(args):
     active = num_parameters(m) + (L * args.experts * C if args.experts else 0)  # a token's: k MLPs a layer
     if args.experts:
         active += L * (args.topk - 1) * mlp_parameters(C)
-    per_token = 6.0 * active + 12.0 * L * C * T  # llmc/run.h train_flops_per_token
+    per_token = 6.0 * active + 12.0 * L * C * T  # llmc/gpt2.h gpt2_flops_per_token
     model_flops = per_token * B * T / args.cp  # (one rank's share: the cp ranks split each sequence)
     summary = dict(step_time_s=step, compute_time_s=step - comm, comm_time_s=comm,
                    step_time_overlapped_s=overlapped, tokens_per_s=args.dp * B * T / step,  # (cp ranks share B T)
