@@ -23,12 +23,19 @@
 // (5D: -ep of each stage's dp x cp x tp ranks hold them, folded over the ranks, none added). The
 // plan is of the rank that needs the most (the pipeline stage with the largest total; every dp
 // and tp rank of a stage needs the same, apart from rank 0's checkpoint gathers).
+//
+// How long will its step take? A layout's plan ends with its step time predicted by the step-time
+// model (llmc/step_time.h) on a device profile (-profile: a built-in name, h100-sxm, h200,
+// a100-80gb, or a profile file; by default h100-sxm for -device cuda, and for -device cpu this
+// machine's as dev/bench/calibrate measured it, dev/profiles/cpu-this-machine.txt beside this
+// program) with -gpus_per_node ranks a node: the step, tokens/s, MFU and its parts.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "../llmc/args.h"
 #include "../llmc/gpt2.h"
 #include "../llmc/memory_plan.h"
+#include "../llmc/step_time.h"
 
 static const char* trainer_names[TRAINER_COUNT] = {"train_gpt2_dp", "train_gpt2_tp", "train_gpt2_pp", "train_gpt2_3d",
                                                    "train_gpt2_cp", "train_gpt2_diloco", "train_gpt2_ep"};
@@ -233,7 +240,7 @@ static void try_layout(Candidate** fits, int* count, int* capacity, int* tried, 
 
 // -format json: the plan as one JSON object, the numbers in bytes (what dev/memory.html draws)
 static void plan_json(const MemoryPlan* plan, GPT2Config c, DeviceTarget t, const RunLayout* r, int stage, double memory,
-                      const char* flags, const char* command) {
+                      const char* flags, const char* command, const StepTime* time, const char* profile) {
     static const char* kinds[3] = {"part", "sum", "host"};
     printf("{\"model\": {\"layers\": %d, \"channels\": %d, \"heads\": %d, \"parameters\": %llu, \"experts\": %d, \"topk\": %d},\n",
            c.num_layers, c.channels, c.num_heads, (unsigned long long)gpt2_num_parameters(c), c.experts, c.experts ? c.topk : 0);
@@ -260,7 +267,57 @@ static void plan_json(const MemoryPlan* plan, GPT2Config c, DeviceTarget t, cons
         json_string(rows[i].note);
         printf("}%s\n", i + 1 < n ? "," : "");
     }
-    printf(" ],\n \"total\": %llu, \"fits\": %s}\n", (unsigned long long)plan->total, plan->total <= memory ? "true" : "false");
+    printf(" ],\n \"total\": %llu, \"fits\": %s", (unsigned long long)plan->total, plan->total <= memory ? "true" : "false");
+    if (time) {  // the predicted step (llmc/step_time.h), its parts in seconds a step
+        printf(",\n \"profile\": ");
+        json_string(profile);
+        printf(", \"step_seconds\": %.9g, \"tokens_per_second\": %.9g, \"mfu\": %.6g,\n \"time_parts\": {", time->seconds,
+               time->tokens_per_second, time->mfu);
+        for (int k = 0; k < TIME_COMPUTE_KINDS; k++) printf("\"%s\": %.9g, ", time_compute_names[k], time->compute[k]);
+        printf("\"comm_exposed\": {");
+        for (int k = 0; k < TIME_GROUPS; k++) printf("%s\"%s\": %.9g", k ? ", " : "", time_group_names[k], time->comm_exposed[k]);
+        printf("}, \"schedule\": %.9g, \"bubble\": %.9g, \"once\": %.9g}", time->schedule, time->bubble, time->once);
+    }
+    printf("}\n");
+}
+
+// the predicted step as text, after the memory table
+static void time_print(const StepTime* t, const char* profile, int gpus_per_node) {
+    printf("step time predicted on %s (%d ranks a node; llmc/step_time.h): %.2f ms, %.0f tokens/s, MFU %.1f%%\n", profile,
+           gpus_per_node, t->seconds * 1e3, t->tokens_per_second, 100.0 * t->mfu);
+    printf("  compute (stage 0):");
+    for (int k = 0; k < TIME_COMPUTE_KINDS; k++) printf(" %s %.2f ms", time_compute_names[k], t->compute[k] * 1e3);
+    printf("\n  collectives exposed (of their total):");
+    int any = 0;
+    for (int k = 0; k < TIME_GROUPS; k++) {
+        if (t->comm_total[k] > 0.0) {
+            printf(" %s %.2f (%.2f) ms", time_group_names[k], t->comm_exposed[k] * 1e3, t->comm_total[k] * 1e3);
+            any = 1;
+        }
+    }
+    printf("%s\n  schedule %.2f ms (stage 0 idle %.2f ms), then once a step %.2f ms\n", any ? "" : " none", t->schedule * 1e3,
+           t->bubble * 1e3, t->once * 1e3);
+}
+
+// -profile: a name or a file; by default h100-sxm on cuda, on the cpu this machine's measured
+// profile beside the program (none there: no prediction, and the plan says how to make one)
+static int load_profile(const char* asked, int cuda, const char* program, DeviceProfile* p, char* name, size_t cap) {
+    char why[8192], path[4096];
+    if (asked != NULL) {
+        if (!device_profile_load(asked, p, why, sizeof(why))) fail("-profile %s: %s", asked, why);
+        snprintf(name, cap, "%s", asked);
+        return 1;
+    }
+    if (cuda) {
+        device_profile_load("h100-sxm", p, why, sizeof(why));
+        snprintf(name, cap, "h100-sxm");
+        return 1;
+    }
+    const char* slash = strrchr(program, '/');
+    snprintf(path, sizeof(path), "%.*sprofiles/cpu-this-machine.txt", slash ? (int)(slash - program + 1) : 0, program);
+    if (!device_profile_load(path, p, why, sizeof(why))) return 0;
+    snprintf(name, cap, "%s", path);
+    return 1;
 }
 
 int main(int argc, char** argv) {
@@ -268,6 +325,8 @@ int main(int argc, char** argv) {
     const char *model = "d12", *device = "cuda", *precision = NULL, *attention = "flash", *sched_name = "1f1b";
     const char* trainer_name = NULL;
     const char* format = "text";
+    const char* profile_name = NULL;
+    int gpus_per_node = 0;
     int B = 4, T = 1024, total_batch = -1, dp = 1, tp = 1, pp = 1, vp = 1, zero = 0, sp = 0, recompute = 0, offload = 0, cp = 1;
     const char* cp_comm = "ring";
     const char* cp_layout = "zigzag";
@@ -302,6 +361,8 @@ int main(int argc, char** argv) {
         {"-topk", ARG_INT, &topk, 1, 1024, "with -experts: the experts each token goes to"},
         {"-ep", ARG_INT, &ep, 1, 1024, "the ranks the experts are split over: ep divides E and, in train_gpt2_ep, -dp; in train_gpt2_3d a stage's dp x cp x tp (folded: no ranks added)"},
         {"-capacity_factor", ARG_FLOAT, &capacity_factor, 0, ARG_NO_MAX, "with -experts: at most ceil(cf N k / E) slots an expert of a rank's micro-batch of N tokens (0: dropless)"},
+        {"-profile", ARG_STRING, &profile_name, 0, 0, "the device the step time is predicted on: h100-sxm, h200, a100-80gb or a profile file (default: h100-sxm on cuda; on cpu dev/profiles/cpu-this-machine.txt, dev/bench/calibrate's)"},
+        {"-gpus_per_node", ARG_INT, &gpus_per_node, 0, ARG_NO_MAX, "ranks that share a node's fast link (0: the profile's, 8 for a GPU)"},
         {"-format", ARG_STRING, &format, 0, 0, "text (the trainers' table) or json (the same numbers in bytes, for dev/memory.html)"},
         {"-search", ARG_INT, &search, 0, ARG_NO_MAX, "N: list every layout of N devices that fits in -mem, smallest first, over every grid, -z, -sp, -r and -offload (with -experts: every -ep) (0: plan the one layout)"},
     };
@@ -374,10 +435,20 @@ int main(int argc, char** argv) {
         if (stage >= r.pp) fail("-stage %d: the pipeline has stages 0..%d", stage, r.pp - 1);
         MemoryPlan plan = stage >= 0 ? memory_plan(c, target, &r, stage, stage == 0) : memory_plan_largest(c, target, &r, &stage);
         layout_flags(&r, c, flags, sizeof(flags));
+        // the step's time on the profile, with the trainers' default kernels (in bf16 the bias and
+        // GELU epilogues; the fused LayerNorm backward)
+        DeviceProfile device_profile;
+        char profile_label[4096];
+        int timed = load_profile(profile_name, target.cuda, argv[0], &device_profile, profile_label, sizeof(profile_label));
+        StepOptions kernels = {target.X, target.flash, target.cuda && target.X == 2, target.cuda && target.X == 2, 1, 0, 0, 0};
+        int per_node = gpus_per_node > 0 ? gpus_per_node : timed ? device_profile.gpus_per_node : 8;
+        StepTime time;
+        memset(&time, 0, sizeof(time));
+        if (timed) time = step_time_predict(&device_profile, c, &r, kernels, per_node);
         if (json) {
             char command[512];
             layout_command(&r, c, model, total_batch, attention, cp_layout, checkpoint, command, sizeof(command));
-            plan_json(&plan, c, target, &r, stage, memory, flags, command);
+            plan_json(&plan, c, target, &r, stage, memory, flags, command, timed ? &time : NULL, profile_label);
             return plan.total <= memory ? 0 : 2;
         }
         printf("%s, %d micro-batch%s per step:\n", flags, r.m, r.m > 1 ? "es" : "");
@@ -391,6 +462,8 @@ int main(int argc, char** argv) {
         }
         memory_plan_print(&plan, c, &r);
         printf("%s: %.1f GB of %.1f GB per device\n", plan.total <= memory ? "fits" : "does not fit", plan.total / 1e9, memory_gb);
+        if (timed) time_print(&time, profile_label, per_node);
+        else printf("step time: no profile of this machine (run mpirun -np 2 dev/bench/calibrate -o dev/profiles/cpu-this-machine.txt, or give -profile)\n");
         return plan.total <= memory ? 0 : 2;  // (1: an error, from fail)
     }
 

@@ -11,3 +11,33 @@ def step_time_parts_against_hand_worked_cases():
     assert p.returncode == 0, p.stdout.decode(errors="replace")[-3000:]
     out = run_ok(1, [], program="test/test_step_time")
     assert "step time ok" in out, out[-2000:]
+
+
+@test
+def planner_predicts_the_step_on_a_profile():
+    """dev/memory_planner ends a layout's plan with the predicted step (llmc/step_time.h): its JSON
+    carries step_seconds, tokens_per_second (the global batch's tokens over the step), mfu and the
+    parts; the same layout on the slower device (an A100's 312 TFLOP/s against an H100's 989) takes
+    longer; a profile that lacks a field is refused with the file, line and field named"""
+    make(["dev/memory_planner"])
+    args = ["-e", "d12", "-b", 8, "-t", 1024, "-dp", 2, "-format", "json"]
+    times = {}
+    for profile in ("h100-sxm", "a100-80gb"):
+        code, text = planner(*(args + ["-profile", profile]))
+        assert code == 0, text[-2000:]
+        d = json.loads(text)
+        assert d["profile"] == profile and d["step_seconds"] > 0, d.get("profile")
+        tokens = 2 * 8 * 1024  # dp x B x T, one micro-batch a replica
+        assert abs(d["tokens_per_second"] * d["step_seconds"] - tokens) <= 1e-6 * tokens, (d["tokens_per_second"], d["step_seconds"])
+        parts = d["time_parts"]
+        assert parts["gemm"] > 0 and parts["attention"] > 0 and parts["comm_exposed"]["dp"] >= 0, parts
+        assert d["step_seconds"] >= parts["schedule"] and abs(parts["schedule"] + parts["once"] - d["step_seconds"]) <= 1e-9, parts
+        times[profile] = d["step_seconds"]
+    assert times["a100-80gb"] > times["h100-sxm"], times
+    bad = os.path.join(fresh_dir("planner_profile"), "bad.txt")
+    with open("dev/profiles/cpu-this-machine.txt") as f:
+        text = "".join(line for line in f if not line.startswith("memory_bytes"))
+    with open(bad, "w") as f:
+        f.write(text)
+    code, out = planner(*(args + ["-profile", bad]))
+    assert code == 1 and "memory_bytes" in out and bad in out, out[-2000:]
