@@ -216,11 +216,42 @@ typedef struct {
     RunLayout run;
     MemoryPlan plan;
     int stage;
+    StepTime time;  // (with a profile: the predicted step)
 } Candidate;
 
 static int by_total(const void* a, const void* b) {
     uint64_t x = ((const Candidate*)a)->plan.total, y = ((const Candidate*)b)->plan.total;
     return x < y ? -1 : x > y;
+}
+
+// -rank time: the fastest predicted step first (the memory as the tie-break)
+static int by_time(const void* a, const void* b) {
+    double x = ((const Candidate*)a)->time.seconds, y = ((const Candidate*)b)->time.seconds;
+    return x < y ? -1 : x > y ? 1 : by_total(a, b);
+}
+
+// why the fastest layout wins: its parts beside the runner-up's, a line each (ms a step)
+static void time_compare(const Candidate* first, const Candidate* second, GPT2Config c) {
+    char a[160], b[160];
+    layout_flags(&first->run, c, a, sizeof(a));
+    layout_flags(&second->run, c, b, sizeof(b));
+    printf("why the first beats the second (ms a step; compute and collectives of stage 0):\n");
+    printf("  %-22s %12s %12s\n", "", "first", "second");
+    const StepTime *x = &first->time, *y = &second->time;
+    printf("  %-22s %12.2f %12.2f\n", "step", x->seconds * 1e3, y->seconds * 1e3);
+    for (int k = 0; k < TIME_COMPUTE_KINDS; k++) {
+        printf("  %-22s %12.2f %12.2f\n", time_compute_names[k], x->compute[k] * 1e3, y->compute[k] * 1e3);
+    }
+    for (int k = 0; k < TIME_GROUPS; k++) {
+        if (x->comm_total[k] > 0.0 || y->comm_total[k] > 0.0) {
+            char label[40];
+            snprintf(label, sizeof(label), "%s exposed", time_group_names[k]);
+            printf("  %-22s %12.2f %12.2f\n", label, x->comm_exposed[k] * 1e3, y->comm_exposed[k] * 1e3);
+        }
+    }
+    printf("  %-22s %12.2f %12.2f\n", "stage 0 idle", x->bubble * 1e3, y->bubble * 1e3);
+    printf("  %-22s %12.2f %12.2f\n", "once a step", x->once * 1e3, y->once * 1e3);
+    printf("  first:  %s\n  second: %s\n", a, b);
 }
 
 // -search: one layout; counted when its trainer can run it, kept in fits when it fits in memory
@@ -327,6 +358,7 @@ int main(int argc, char** argv) {
     const char* format = "text";
     const char* profile_name = NULL;
     int gpus_per_node = 0;
+    const char* rank_by = "memory";
     int B = 4, T = 1024, total_batch = -1, dp = 1, tp = 1, pp = 1, vp = 1, zero = 0, sp = 0, recompute = 0, offload = 0, cp = 1;
     const char* cp_comm = "ring";
     const char* cp_layout = "zigzag";
@@ -363,6 +395,7 @@ int main(int argc, char** argv) {
         {"-capacity_factor", ARG_FLOAT, &capacity_factor, 0, ARG_NO_MAX, "with -experts: at most ceil(cf N k / E) slots an expert of a rank's micro-batch of N tokens (0: dropless)"},
         {"-profile", ARG_STRING, &profile_name, 0, 0, "the device the step time is predicted on: h100-sxm, h200, a100-80gb or a profile file (default: h100-sxm on cuda; on cpu dev/profiles/cpu-this-machine.txt, dev/bench/calibrate's)"},
         {"-gpus_per_node", ARG_INT, &gpus_per_node, 0, ARG_NO_MAX, "ranks that share a node's fast link (0: the profile's, 8 for a GPU)"},
+        {"-rank", ARG_STRING, &rank_by, 0, 0, "with -search: memory (the smallest first) or time (the fastest predicted step first, with why it beats the second)"},
         {"-format", ARG_STRING, &format, 0, 0, "text (the trainers' table) or json (the same numbers in bytes, for dev/memory.html)"},
         {"-search", ARG_INT, &search, 0, ARG_NO_MAX, "N: list every layout of N devices that fits in -mem, smallest first, over every grid, -z, -sp, -r and -offload (with -experts: every -ep) (0: plan the one layout)"},
     };
@@ -418,6 +451,17 @@ int main(int argc, char** argv) {
            c.num_layers, c.channels, c.num_heads, (unsigned long long)gpt2_num_parameters(c), B, T, target.cuda ? "CUDA" : "CPU",
            target.X == 2 ? "bf16" : "fp32", target.flash ? "flash" : target.cuda ? "cuBLAS" : "CPU", memory_gb);
 
+    // the step's time on the profile, with the trainers' default kernels (in bf16 the bias and
+    // GELU epilogues; the fused LayerNorm backward)
+    DeviceProfile device_profile;
+    char profile_label[4096];
+    int timed = load_profile(profile_name, target.cuda, argv[0], &device_profile, profile_label, sizeof(profile_label));
+    StepOptions kernels = {target.X, target.flash, target.cuda && target.X == 2, target.cuda && target.X == 2, 1, 0, 0, 0};
+    int per_node = gpus_per_node > 0 ? gpus_per_node : timed ? device_profile.gpus_per_node : 8;
+    int by_speed = strcmp(rank_by, "time") == 0;
+    if (!by_speed && strcmp(rank_by, "memory") != 0) fail("-rank %s: expected memory or time", rank_by);
+    if (by_speed && !timed) fail("-rank time needs a device profile: give -profile (h100-sxm, h200, a100-80gb or a file)");
+
     if (search == 0) {
         RunLayout r = {trainer_for(dp, tp, pp, cp, gpt2_is_moe(c)), dp, tp, pp, vp, (PipeSchedule)sched, 1, B, T, zero, sp,
                        recompute, offload, overlap, checkpoint > 0, 0, 0, cp, allgather, 1, 0.0f};
@@ -435,13 +479,6 @@ int main(int argc, char** argv) {
         if (stage >= r.pp) fail("-stage %d: the pipeline has stages 0..%d", stage, r.pp - 1);
         MemoryPlan plan = stage >= 0 ? memory_plan(c, target, &r, stage, stage == 0) : memory_plan_largest(c, target, &r, &stage);
         layout_flags(&r, c, flags, sizeof(flags));
-        // the step's time on the profile, with the trainers' default kernels (in bf16 the bias and
-        // GELU epilogues; the fused LayerNorm backward)
-        DeviceProfile device_profile;
-        char profile_label[4096];
-        int timed = load_profile(profile_name, target.cuda, argv[0], &device_profile, profile_label, sizeof(profile_label));
-        StepOptions kernels = {target.X, target.flash, target.cuda && target.X == 2, target.cuda && target.X == 2, 1, 0, 0, 0};
-        int per_node = gpus_per_node > 0 ? gpus_per_node : timed ? device_profile.gpus_per_node : 8;
         StepTime time;
         memset(&time, 0, sizeof(time));
         if (timed) time = step_time_predict(&device_profile, c, &r, kernels, per_node);
@@ -501,7 +538,10 @@ int main(int argc, char** argv) {
             }
         }
     }
-    qsort(fits, (size_t)count, sizeof(Candidate), by_total);
+    for (int i = 0; i < count && timed; i++) {
+        fits[i].time = step_time_predict(&device_profile, c, &fits[i].run, kernels, per_node);
+    }
+    qsort(fits, (size_t)count, sizeof(Candidate), by_speed ? by_time : by_total);
     if (json) {  // each layout's flags (what the page links to) and its figures in bytes
         printf("{\"search\": %d, \"batch\": %llu, \"possible\": %d, \"memory\": %.0f, \"layouts\": [\n", N,
                (unsigned long long)batch, tried, memory);
@@ -517,6 +557,7 @@ int main(int argc, char** argv) {
                    (unsigned long long)(m->params + m->grads + m->master + m->state), (unsigned long long)m->activations,
                    (unsigned long long)(m->host + m->host_optimizer));
             json_string(flags);
+            if (timed) printf(", \"step_seconds\": %.9g, \"tokens_per_second\": %.9g", fits[i].time.seconds, fits[i].time.tokens_per_second);
             printf("}%s\n", i + 1 < count ? "," : "");
         }
         printf("]}\n");
@@ -525,16 +566,27 @@ int main(int argc, char** argv) {
     }
     printf("layouts of %d devices, total batch %llu tokens: %d possible, %d fit in %.1f GB (per device, the largest stage's):\n",
            N, (unsigned long long)batch, tried, count, memory_gb);
-    printf("  %9s %9s %9s %9s %9s  %s\n", "total GB", "states", "acts", "other", "host", "layout (micro-batches per step)");
+    if (timed) printf("  step times predicted on %s, %d ranks a node (llmc/step_time.h)%s\n", profile_label, per_node,
+                      by_speed ? ", the fastest first" : "");
+    printf("  %9s %9s %9s %9s %9s %10s %10s  %s\n", "total GB", "states", "acts", "other", "host", "step ms", "tokens/s",
+           "layout (micro-batches per step)");
     for (int i = 0; i < count; i++) {
         const MemoryPlan* m = &fits[i].plan;
         char flags[160];
         layout_flags(&fits[i].run, c, flags, sizeof(flags));
         double states = (double)(m->params + m->grads + m->master + m->state);
-        printf("  %9.2f %9.2f %9.2f %9.2f %9.2f  %s (m=%d)\n", m->total / 1e9, states / 1e9, m->activations / 1e9,
-               (m->total - states - m->activations) / 1e9, (m->host + m->host_optimizer) / 1e9, flags, fits[i].run.m);
+        printf("  %9.2f %9.2f %9.2f %9.2f %9.2f", m->total / 1e9, states / 1e9, m->activations / 1e9,
+               (m->total - states - m->activations) / 1e9, (m->host + m->host_optimizer) / 1e9);
+        if (timed) printf(" %10.2f %10.0f", fits[i].time.seconds * 1e3, fits[i].time.tokens_per_second);
+        else printf(" %10s %10s", "-", "-");
+        printf("  %s (m=%d)\n", flags, fits[i].run.m);
     }
     if (count == 0) printf("  none: a smaller micro-batch (-b), more devices or a larger -mem\n");
+    if (by_speed && count >= 2) time_compare(&fits[0], &fits[1], c);
+    if (timed && target.cuda) {  // (a known gap of the model, said where it matters)
+        printf("note: -offload's host AdamW and PCIe copies are priced at the device's own rates (profiles do not describe "
+               "the host yet), so the layouts with -offload are predicted faster than they run\n");
+    }
     free(fits);
     return 0;
 }

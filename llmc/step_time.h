@@ -65,7 +65,9 @@ static inline double time_kernel_seconds(const DeviceProfile* p, const StepKerne
     switch (r->engine) {
         case STEP_GEMM: rate = device_profile_peak_flops(p, X) * device_profile_matmul_efficiency(p, flops); break;
         case STEP_ATTN: rate = device_profile_peak_flops(p, X) * p->efficiency_attention; break;
-        case STEP_HOST: rate = p->peak_flops_fp32 * p->efficiency_memory; break;  // (a host's AdamW: bytes bind)
+        // (-offload's host AdamW: at the device's rates, since profiles do not describe the host
+        // yet: too fast for a GPU's host, which the planner says where it ranks layouts)
+        case STEP_HOST: rate = p->peak_flops_fp32 * p->efficiency_memory; break;
         default: rate = 0.0;  // vector and memset rows: their bytes
     }
     double by_flops = rate > 0.0 ? flops / rate : 0.0, by_bytes = r->bytes / bandwidth;

@@ -41,3 +41,28 @@ def planner_predicts_the_step_on_a_profile():
         f.write(text)
     code, out = planner(*(args + ["-profile", bad]))
     assert code == 1 and "memory_bytes" in out and bad in out, out[-2000:]
+
+
+@test
+def planner_search_ranks_layouts_by_predicted_time():
+    """dev/memory_planner -search N -rank time: the layouts that fit, the fastest predicted step
+    first, each row's step equal to the planner's prediction for that layout alone, and the first
+    layout's parts beside the second's; -rank refuses other words, and time without a profile"""
+    make(["dev/memory_planner"])
+    common = ["-e", "d12", "-b", 16, "-t", 1024, "-search", 4, "-profile", "h100-sxm"]
+    code, text = planner(*(common + ["-rank", "time", "-format", "json"]))
+    assert code == 0, text[-2000:]
+    layouts = json.loads(text)["layouts"]
+    steps = [l["step_seconds"] for l in layouts]
+    assert len(steps) >= 10 and steps == sorted(steps), steps[:10]
+    for l in (layouts[0], layouts[len(layouts) // 2], layouts[-1]):  # each row is that layout's own prediction
+        flags = ["-e", "d12", "-b", 16, "-t", 1024, "-d", 16 * 1024 * 4, "-profile", "h100-sxm", "-format", "json", "-dp", l["dp"],
+                 "-tp", l["tp"], "-pp", l["pp"], "-cp", l["cp"], "-z", l["z"], "-sp", l["sp"], "-r", l["r"], "-offload", l["offload"],
+                 "-cp_comm", l["cp_comm"]]
+        code, one = planner(*flags)
+        assert code in (0, 2) and abs(json.loads(one)["step_seconds"] - l["step_seconds"]) <= 1e-9 * l["step_seconds"], (
+            l["layout"], one[-500:])
+    code, text = planner(*(common + ["-rank", "time"]))
+    assert code == 0 and "why the first beats the second" in text and "first:  " + layouts[0]["layout"] in text, text[-3000:]
+    code, text = planner(*(common + ["-rank", "speed"]))
+    assert code == 1 and "-rank speed: expected memory or time" in text, text[-500:]
