@@ -202,15 +202,6 @@ static void layout_command(const RunLayout* r, GPT2Config c, const char* model, 
     if (checkpoint > 0) snprintf(out + k, n - k, " -n %d", checkpoint);
 }
 
-// a JSON string: the text between quotes, with quotes and backslashes escaped
-static void json_string(const char* text) {
-    putchar('"');
-    for (const char* c = text; *c; c++) {
-        if (*c == '"' || *c == '\\') putchar('\\');
-        putchar(*c);
-    }
-    putchar('"');
-}
 
 typedef struct {
     RunLayout run;
@@ -279,10 +270,10 @@ static void plan_json(const MemoryPlan* plan, GPT2Config c, DeviceTarget t, cons
            t.X == 2 ? "bf16" : "fp32", t.flash ? "flash" : t.cuda ? "cublas" : "cpu", memory);
     printf(" \"trainer\": \"%s\", \"ranks\": %d, \"micro_batches\": %d, \"layout\": ", trainer_names[r->trainer],
            r->dp * r->tp * r->pp * layout_cp(r), r->m);
-    json_string(flags);
+    print_json_string(flags);
     printf(",\n \"build\": \"make%s%s %s\", \"command\": ", t.cuda ? " BACKEND=cuda" : "", t.cuda && t.X == 4 ? " PRECISION=FP32" : "",
            trainer_names[r->trainer]);
-    json_string(command);
+    print_json_string(command);
     printf(",\n \"stage\": %d, \"stages\": [", stage);
     for (int s = 0; s < r->pp; s++) {
         MemoryPlan of_stage = memory_plan(c, t, r, s, s == 0);
@@ -295,13 +286,13 @@ static void plan_json(const MemoryPlan* plan, GPT2Config c, DeviceTarget t, cons
     for (int i = 0; i < n; i++) {
         printf("  {\"label\": \"%s\", \"bytes\": %llu, \"kind\": \"%s\", \"indent\": %d, \"note\": ", rows[i].label,
                (unsigned long long)rows[i].bytes, kinds[rows[i].kind], rows[i].indent);
-        json_string(rows[i].note);
+        print_json_string(rows[i].note);
         printf("}%s\n", i + 1 < n ? "," : "");
     }
     printf(" ],\n \"total\": %llu, \"fits\": %s", (unsigned long long)plan->total, plan->total <= memory ? "true" : "false");
     if (time) {  // the predicted step (llmc/step_time.h), its parts in seconds a step
         printf(",\n \"profile\": ");
-        json_string(profile);
+        print_json_string(profile);
         printf(", \"step_seconds\": %.9g, \"tokens_per_second\": %.9g, \"mfu\": %.6g,\n \"time_parts\": {", time->seconds,
                time->tokens_per_second, time->mfu);
         for (int k = 0; k < TIME_COMPUTE_KINDS; k++) printf("\"%s\": %.9g, ", time_compute_names[k], time->compute[k]);
@@ -403,13 +394,7 @@ int main(int argc, char** argv) {
     if (!args_parse(argc, argv, specs, num_specs)) return 0;
 
     GPT2Config c;
-    int L, C, NH;
-    char tail;
-    if (sscanf(model, "%d/%d/%d%c", &L, &C, &NH, &tail) == 3) {
-        if (L <= 0 || C <= 0 || NH <= 0 || C % NH != 0) fail("-e %s: expected L/C/NH, all positive, with NH dividing C", model);
-        gpt2_config_from_descriptor("d12", &c);
-        c.num_layers = L, c.channels = C, c.num_heads = NH;
-    } else if (!gpt2_config_from_descriptor(model, &c)) {
+    if (!gpt2_config_from_shape(model, &c)) {
         FILE* file = fopen(model, "rb");  // (dev/memory.html's planner sees no files: descriptors only)
         if (file == NULL) {
             fail("-e %s: expected a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25) or a model file, and "
@@ -556,7 +541,7 @@ int main(int argc, char** argv) {
                    r->cp_allgather ? "allgather" : "ring", r->m, (unsigned long long)m->total,
                    (unsigned long long)(m->params + m->grads + m->master + m->state), (unsigned long long)m->activations,
                    (unsigned long long)(m->host + m->host_optimizer));
-            json_string(flags);
+            print_json_string(flags);
             if (timed) printf(", \"step_seconds\": %.9g, \"tokens_per_second\": %.9g", fits[i].time.seconds, fits[i].time.tokens_per_second);
             printf("}%s\n", i + 1 < count ? "," : "");
         }

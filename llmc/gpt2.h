@@ -303,6 +303,20 @@ static inline int gpt2_config_from_descriptor(const char* desc, GPT2Config* c) {
     return 1;
 }
 
+// The tools' -e also takes a shape, L/C/NH (48/1600/25: GPT-2's vocabulary and maxT at that depth,
+// width and heads), beside a descriptor. Returns 0 when model is neither (then it names a file)
+static inline int gpt2_config_from_shape(const char* model, GPT2Config* c) {
+    int L, C, NH;
+    char tail;
+    if (sscanf(model, "%d/%d/%d%c", &L, &C, &NH, &tail) == 3) {
+        if (L <= 0 || C <= 0 || NH <= 0 || C % NH != 0) fail("-e %s: expected L/C/NH, all positive, with NH dividing C", model);
+        gpt2_config_from_descriptor("d12", c);
+        c->num_layers = L, c->channels = C, c->num_heads = NH;
+        return 1;
+    }
+    return gpt2_config_from_descriptor(model, c);
+}
+
 // N(0, 0.02) for matrices, residual projections scaled by 1/sqrt(2L) (GPT-2 paper, section 2.3),
 // biases zero, LayerNorm gains one; the padding rows of wte stay zero as they are never used
 static inline float* gpt2_init_random(GPT2Config c, uint64_t seed) {

@@ -63,6 +63,17 @@ static inline int llmc_launched_alone(void) {
     return alone;
 }
 
+// a JSON string on stdout: the text between quotes, with quotes and backslashes escaped (the
+// tools' names and notes hold no control characters)
+static inline void print_json_string(const char* text) {
+    putchar('"');
+    for (const char* c = text; *c; c++) {
+        if (*c == '"' || *c == '\\') putchar('\\');
+        putchar(*c);
+    }
+    putchar('"');
+}
+
 // The temporary files this process is writing (fopen_temp until file_commit renames them): an
 // error removes them before the process ends, so that a full disk is not left holding a
 // half-written checkpoint (their final names never held one: see fopen_temp). Then the hook that

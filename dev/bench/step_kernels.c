@@ -22,15 +22,6 @@
 #include "llmc/gpt2.h"
 #include "llmc/step_kernels.h"
 
-// a JSON string of text (the rows' names hold no control characters)
-static void json_string(const char* text) {
-    putchar('"');
-    for (const char* c = text; *c; c++) {
-        if (*c == '"' || *c == '\\') putchar('\\');
-        putchar(*c);
-    }
-    putchar('"');
-}
 
 int main(int argc, char** argv) {
     llmc_rank = -1;  // no ranks here: messages are "error: ...", without "[rank 0]"
@@ -75,13 +66,7 @@ int main(int argc, char** argv) {
     if (!args_parse(argc, argv, specs, (int)(sizeof(specs) / sizeof(specs[0])))) return 0;
 
     GPT2Config c;
-    int L, C, NH;
-    char tail;
-    if (sscanf(model, "%d/%d/%d%c", &L, &C, &NH, &tail) == 3) {
-        if (L <= 0 || C <= 0 || NH <= 0 || C % NH != 0) fail("-e %s: L, C, NH must be positive and NH must divide C", model);
-        gpt2_config_from_descriptor("d12", &c);  // GPT-2's vocabulary and maxT
-        c.num_layers = L, c.channels = C, c.num_heads = NH;
-    } else if (!gpt2_config_from_descriptor(model, &c)) {
+    if (!gpt2_config_from_shape(model, &c)) {
         fail("-e %s: expected dL (d12, d24, d36, d48, ...) or L/C/NH such as 12/768/12", model);
     }
     StepLayout o = {.B = B, .T = T, .bias_epilogue = epilogue, .dp = dp, .cp = cp, .ep = ep, .micro_batches = micro_batches,
@@ -146,21 +131,21 @@ int main(int argc, char** argv) {
     for (int i = 0; i < n; i++) {
         StepKernel* r = &rows[i];
         printf(" {\"group\": ");
-        json_string(r->group);
+        print_json_string(r->group);
         printf(", \"kernel\": ");
-        json_string(r->kernel);
+        print_json_string(r->kernel);
         // %.17g: every double printed so that reading it back gives the same double
         printf(", \"calls\": %lld, \"launches\": %lld, \"flops\": %.17g, \"bytes\": %.17g, \"engine\": \"%s\", \"op\": ",
                (long long)r->calls, (long long)r->launches, r->flops, r->bytes, step_engine_name(r->engine));
-        json_string(r->op);
+        print_json_string(r->op);
         printf(", \"launch\": ");
-        if (r->launch[0]) json_string(r->launch);
+        if (r->launch[0]) print_json_string(r->launch);
         else printf("null");
         printf(", \"phase\": \"%s\", \"chunks\": %u", step_phase_name(r->phase), r->chunks);
         if (r->comm) {
             printf(", \"comm\": \"%s\", \"collective\": \"%s\", \"payload\": %.17g, \"ranks\": %d, \"hidden_by\": ",
                    r->comm, r->collective, r->payload, r->ranks);
-            if (r->hidden_by[0]) json_string(r->hidden_by);
+            if (r->hidden_by[0]) print_json_string(r->hidden_by);
             else printf("null");
         } else {
             printf(", \"comm\": null, \"collective\": null, \"payload\": 0, \"ranks\": 0, \"hidden_by\": null");
