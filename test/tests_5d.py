@@ -167,6 +167,19 @@ def grid5d_vs_pytorch_capacity():
     grid5d_run("grid5d_capacity", 4, ["-pp", 2, "-dp", 2, "-ep", 2], 2, 4, 2, cf=1.25)
 
 
+def grid5d_final(d):
+    """the weights after step 5 of the run in d (its model file)"""
+    return reference.read_model_file(os.path.join(d, "model_00000005.bin"))[1]
+
+
+def grid5d_step3(source, name):
+    """a fresh dir holding only the checkpoint of step 3 of the run in source, to resume from"""
+    d = fresh_dir(name)
+    for f in glob.glob(os.path.join(source, "*_00000003*")):
+        shutil.copy(f, d)
+    return d
+
+
 @test
 def grid5d_checkpoints_resume_across_grids_and_trainers():
     """a 5D run's checkpoint of step 3 resumed: on the grid that wrote it, steps 4 and 5 the
@@ -178,33 +191,24 @@ def grid5d_checkpoints_resume_across_grids_and_trainers():
     def run(ranks, program, flags, B, d, more=()):
         return run_ok(ranks, trainer_args(ref, B, d, ["-n", 3] + list(more) + list(flags), cfg=MOE), program=program)
 
-    def final(d):
-        return reference.read_model_file(os.path.join(d, "model_00000005.bin"))[1]
-
-    def step3(source, name):
-        d = fresh_dir(name)
-        for f in glob.glob(os.path.join(source, "*_00000003*")):
-            shutil.copy(f, d)
-        return d
-
     grid = ["-pp", 2, "-tp", 2, "-sp", 1, "-ep", 2]
     whole = fresh_dir("grid5d_whole")
     run(4, D3, grid, 8, whole)
     for what, ranks, program, flags, B in [("same_grid", 4, D3, grid, 8), ("one_rank", 1, D3, [], 8),
                                            ("train_gpt2_ep", 2, "./train_gpt2_ep", ["-ep", 2], 4)]:
-        d = step3(whole, "grid5d_resumed_" + what)
+        d = grid5d_step3(whole, "grid5d_resumed_" + what)
         out = run(ranks, program, flags, B, d, ["-y", 1])
         assert "resumed from step 3" in out, out[-2000:]
-        err = np.abs(final(d) - final(whole)).max()
+        err = np.abs(grid5d_final(d) - grid5d_final(whole)).max()
         if what == "same_grid":
             assert err == 0, "resumed on the grid that wrote it: max difference %g, expected none" % err
         else:
             assert err <= 2e-6, "resumed %s: max difference %g (fp32 rounding: 2e-6)" % (what, err)
     ep_whole = fresh_dir("grid5d_ep_whole")
     run(2, "./train_gpt2_ep", ["-ep", 2], 4, ep_whole)
-    d = step3(ep_whole, "grid5d_from_ep")
+    d = grid5d_step3(ep_whole, "grid5d_from_ep")
     run(8, D3, ["-pp", 2, "-cp", 2, "-tp", 2, "-sp", 1, "-ep", 4], 8, d, ["-y", 1])
-    err = np.abs(final(d) - final(ep_whole)).max()
+    err = np.abs(grid5d_final(d) - grid5d_final(ep_whole)).max()
     assert err <= 2e-6, "an EP checkpoint resumed on 5D: max difference %g (fp32 rounding: 2e-6)" % err
 
 
@@ -219,30 +223,21 @@ def grid5d_zero1_checkpoints_resume_on_any_grid():
     def run(ranks, flags, d, more=()):
         return run_ok(ranks, trainer_args(ref, 4, d, ["-n", 3] + list(more) + list(flags), cfg=MOE), program=D3)
 
-    def final(d):
-        return reference.read_model_file(os.path.join(d, "model_00000005.bin"))[1]
-
-    def step3(source, name):
-        d = fresh_dir(name)
-        for f in glob.glob(os.path.join(source, "*_00000003*")):
-            shutil.copy(f, d)
-        return d
-
     zero1, plain = ["-dp", 2, "-cp", 2, "-ep", 2, "-z", 1], ["-pp", 2, "-ep", 1]  # (dense 4 ways, experts 2)
     whole = fresh_dir("grid5d_z1_whole")
     run(4, zero1, whole)
     for what, ranks, flags in [("same_grid", 4, zero1), ("without_zero", 2, plain)]:
-        d = step3(whole, "grid5d_z1_resumed_" + what)
+        d = grid5d_step3(whole, "grid5d_z1_resumed_" + what)
         out = run(ranks, flags, d, ["-y", 1])
         assert "resumed from step 3" in out, out[-2000:]
-        err = np.abs(final(d) - final(whole)).max()
+        err = np.abs(grid5d_final(d) - grid5d_final(whole)).max()
         limit = 0 if what == "same_grid" else 2e-6  # (bit for bit where it was written; else fp32 rounding)
         assert err <= limit, "-z 1 checkpoint resumed %s: max difference %g (limit %g)" % (what, err, limit)
     plain_whole = fresh_dir("grid5d_z1_plain_whole")
     run(2, plain, plain_whole)
-    d = step3(plain_whole, "grid5d_z1_from_plain")
+    d = grid5d_step3(plain_whole, "grid5d_z1_from_plain")
     run(4, zero1, d, ["-y", 1])
-    err = np.abs(final(d) - final(plain_whole)).max()
+    err = np.abs(grid5d_final(d) - grid5d_final(plain_whole)).max()
     assert err <= 2e-6, "a checkpoint without ZeRO resumed with -z 1: max difference %g (fp32 rounding: 2e-6)" % err
 
 

@@ -189,15 +189,6 @@ def grid5d_fold_capacity_checkpoint_between_trainers():
         return mpirun(ranks, trainer_args(ref, B, d, ["-n", 3, "-capacity_factor", cf] + list(more) + list(flags), cfg=MOE),
                       program=program)
 
-    def final(d):
-        return reference.read_model_file(os.path.join(d, "model_00000005.bin"))[1]
-
-    def step3(source, name):
-        d = fresh_dir(name)
-        for f in glob.glob(os.path.join(source, "*_00000003*")):
-            shutil.copy(f, d)
-        return d
-
     assert max(ref["dropped"][3:]) > 0, "the reference dropped nothing in steps 4, 5: the test would not see drops"
     cases = [("3d_to_ep", 4, D3, ["-pp", 2, "-dp", 2, "-ep", 2], 4, "./train_gpt2_ep", ["-ep", 4]),
              ("ep_to_3d", 2, "./train_gpt2_ep", ["-ep", 2], 4, D3, ["-dp", 4, "-ep", 4])]
@@ -205,10 +196,10 @@ def grid5d_fold_capacity_checkpoint_between_trainers():
         whole = fresh_dir("grid5d_fold_capacity_" + name)
         code, out = run(w_ranks, writer, w_flags, whole)
         assert code == 0, why_it_failed(out)
-        d = step3(whole, "grid5d_fold_capacity_resumed_" + name)
+        d = grid5d_step3(whole, "grid5d_fold_capacity_resumed_" + name)
         code, out = run(r_ranks, reader, r_flags, d, ["-y", 1])
         assert code == 0 and "resumed from step 3" in out, why_it_failed(out)
-        err = np.abs(final(d) - final(whole)).max()
+        err = np.abs(grid5d_final(d) - grid5d_final(whole)).max()
         assert err <= 2e-6, "%s: max difference %g from the uninterrupted run (fp32 rounding: 2e-6)" % (name, err)
         # steps 4 and 5 against the reference: the loss and norm within the CPU's fp32 limits,
         # the MoE figures as check_moe_figures holds them (the dropped share exactly: counts)
@@ -223,11 +214,11 @@ def grid5d_fold_capacity_checkpoint_between_trainers():
             assert abs(vio - ref["max_vio"][s - 1]) <= 1e-6, (name, s, vio, ref["max_vio"][s - 1])
             assert abs(dropped - ref["dropped"][s - 1]) <= 1e-6, (name, s, dropped, ref["dropped"][s - 1])
         p_ref = reference.read_model_file(os.path.join(ref["dir"], "final.bin"))[1]
-        err = np.abs(final(d) - p_ref).max()
+        err = np.abs(grid5d_final(d) - p_ref).max()
         assert err <= tol["params_max"], "%s: final weights %g off the reference's (limit %g)" % (name, err, tol["params_max"])
     # the EP checkpoint on a grid whose ranks route other tokens (tp 2 -sp: 2 x 16 positions a
     # rank) is refused, once, naming the capacity's tokens a rank, and nothing is written
-    d = step3(whole, "grid5d_fold_capacity_refused")
+    d = grid5d_step3(whole, "grid5d_fold_capacity_refused")
     before = sorted(os.listdir(d))
     code, out = run(4, D3, ["-dp", 2, "-tp", 2, "-sp", 1, "-ep", 2], d, ["-y", 1])
     message = "capacity: 64 tokens a rank in the checkpoint, 32 tokens a rank now"
