@@ -4,44 +4,16 @@
 # against one another and against the paper's own formulas: the layout must divide the GPUs and
 # the batch, the percentages must be the throughputs over the A100's 312 teraFLOP/s, equation (2)
 # must give each row's parameter count, and equation (3) must give the paper's training-time
-# estimate for the 1T row. Read by run_tests.py into its namespace (@test, ROOT, ...).
+# estimate for the 1T row. Then dev/bench/megatron_compare.py, which predicts every row with the
+# step-time model: its arithmetic and its layouts, never its speeds. Read by run_tests.py into its
+# namespace (@test, ROOT, make, ...).
 
-MEGATRON_TABLE = os.path.join(ROOT, "dev", "bench", "megatron_2021_weak_scaling.txt")
-MEGATRON_COLUMNS = ("params_billions heads hidden layers tp pp gpus batch micro_batch seq vocab "
-                    "interleaved_chunks achieved_tflops_per_gpu percent_of_peak").split()
-A100_PEAK_TFLOPS = 312.0  # 16-bit dense peak of an A100, the paper's section 5
-
-
-def megatron_rows(path=MEGATRON_TABLE):
-    """the table's rows as dicts keyed by MEGATRON_COLUMNS (floats for the first and the last two,
-    ints elsewhere), and the published aggregate petaFLOP/s that its header lists, in row order"""
-    rows, aggregate = [], None
-    for n, line in enumerate(open(path), 1):
-        if line.startswith("# aggregate_petaflops:"):
-            aggregate = [float(x) for x in line.split(":", 1)[1].split()]
-        text = line.split("#", 1)[0].split()
-        if not text:
-            continue
-        assert len(text) == len(MEGATRON_COLUMNS), "%s:%d: %d fields, expected %d (%s)" % (
-            path, n, len(text), len(MEGATRON_COLUMNS), " ".join(MEGATRON_COLUMNS))
-        row = {}
-        for name, field in zip(MEGATRON_COLUMNS, text):
-            floating = name in ("params_billions", "achieved_tflops_per_gpu", "percent_of_peak")
-            row[name] = float(field) if floating else int(field)
-        rows.append(row)
-    return rows, aggregate
-
-
-def megatron_flops(r):
-    """FLOPs of one iteration, the paper's equation (3): GEMMs only, with the recomputed forward"""
-    B, s, l, h, V = r["batch"], r["seq"], r["layers"], r["hidden"], r["vocab"]
-    return 96.0 * B * s * l * h * h * (1 + s / (6.0 * h) + V / (16.0 * l * h))
-
-
-def megatron_params(r):
-    """parameters, the paper's equation (2)"""
-    s, l, h, V = r["seq"], r["layers"], r["hidden"], r["vocab"]
-    return 12.0 * l * h * h * (1 + 13.0 / (12 * h) + (V + s) / (12.0 * l * h))
+# The table's reader and the paper's equations (2) and (3) live in dev/bench/megatron_compare.py,
+# the comparison that uses them; the checks here read the same ones
+import tempfile  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "dev", "bench"))
+from megatron_compare import (MEGATRON_TABLE, MEGATRON_COLUMNS, A100_PEAK_TFLOPS, megatron_rows,  # noqa: E402
+                              megatron_flops, megatron_params)
 
 
 def check_megatron_layouts(path=MEGATRON_TABLE):
@@ -135,3 +107,128 @@ def megatron_table_paper_formulas():
     """equation (2) gives each row's parameter count within 5% (and to the printed tenth), and equation
     (3) gives the paper's 84 days for the 1T row on 450B tokens within 3%"""
     check_megatron_formulas()
+
+
+# ---------------------------------------------------------------------------------------------
+# dev/bench/megatron_compare.py: each row through dev/memory_planner on a100-80gb. What is checked
+# is what can be known without the model: that each row ran with the row's own layout, that the
+# teraFLOP/s column is equation (3) over the planner's step and the GPUs, that the summary counts
+# the printed errors. How close the prediction lands is printed, never asserted.
+
+def megatron_compare_run(fmt, models=None):
+    make(["dev/memory_planner"])
+    cmd = [sys.executable, os.path.join(ROOT, "dev", "bench", "megatron_compare.py"), "--format", fmt]
+    if models:
+        cmd += ["--models", models]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout
+
+
+def paper_flops(r):
+    """equation (3) written out from the paper's Appendix, term by term (not megatron_flops): a
+    layer's forward GEMMs QKV 6Bsh^2, scores 2Bs^2h, over values 2Bs^2h, projection 2Bsh^2, MLP
+    16Bsh^2, run 4 times (forward, recomputed forward, a backward of twice); the logits 6BshV"""
+    B, s, l, h, V = r["batch"], r["seq"], r["layers"], r["hidden"], r["vocab"]
+    layer = 6 * B * s * h * h + 2 * B * s * s * h + 2 * B * s * s * h + 2 * B * s * h * h + 16 * B * s * h * h
+    return 4 * l * layer + 6 * B * s * h * V
+
+
+def flag_value(cmd, flag):
+    return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+
+@test
+def megatron_compare_rows_and_equation_3():
+    """dev/bench/megatron_compare.py --format json: every row of the table accepted by the planner
+    with the row's layout (tp, pp, dp = gpus/(tp pp), micro-batch, batch x 2048 tokens, -r 2,
+    interleaved chunks where the row has them; the planner's ranks, micro-batches and parameter
+    count those of the row, the last equation (2) + lnf's 2h), the planner's own step (the printed
+    command run again), and teraFLOP/s = equation (3) FLOPs / (step x GPUs) with its error"""
+    # (the model files are sparse, up to 2 TB long with nothing in them: kept out of the repository's tree)
+    with tempfile.TemporaryDirectory(prefix="megatron_models_") as models:
+        megatron_compare_check_json(models)
+
+
+def megatron_compare_check_json(models):
+    out = json.loads(megatron_compare_run("json", models))
+    rows, _ = megatron_rows()
+    results = out["results"]
+    assert len(results) == len(rows), "%d results for %d rows" % (len(results), len(rows))
+    for r, res in zip(rows, results):
+        name = "the %gB row" % r["params_billions"]
+        assert res["row"] == r, "%s: the script compared %s" % (name, res["row"])
+        assert res["refused"] is None, "%s: the planner refused its layout: %s" % (name, res["refused"])
+        cmd = res["command"]
+        dp = r["gpus"] // (r["tp"] * r["pp"])
+        expected = {"-tp": r["tp"], "-pp": r["pp"], "-dp": dp, "-b": r["micro_batch"], "-t": r["seq"],
+                    "-d": r["batch"] * r["seq"], "-r": 2, "-profile": "a100-80gb", "-gpus_per_node": 8, "-trainer": "3d",
+                    "-vp": r["interleaved_chunks"] if r["interleaved_chunks"] > 1 else None,
+                    "-sched": "interleaved" if r["interleaved_chunks"] > 1 else None}
+        for flag, want in expected.items():
+            got = flag_value(cmd, flag)
+            assert got == (None if want is None else str(want)), "%s: %s %s, expected %s: %s" % (
+                name, flag, got, want, " ".join(cmd))
+        m = r["batch"] // (dp * r["micro_batch"])
+        assert (res["ranks"], res["micro_batches"]) == (r["gpus"], m), "%s: the planner planned %d ranks and %d " \
+            "micro-batches, the row has %d GPUs and %d" % (name, res["ranks"], res["micro_batches"], r["gpus"], m)
+        model = res["model"]
+        assert (model["layers"], model["channels"], model["heads"]) == (r["layers"], r["hidden"], r["heads"]), (name, model)
+        # the model file carries the paper's vocabulary and sequence: equation (2)'s parameters
+        # (12 l h^2 + 13 l h + (V + s) h, exact in integers) and the final LayerNorm's 2h
+        eq2 = 12 * r["layers"] * r["hidden"] ** 2 + 13 * r["layers"] * r["hidden"] + (r["vocab"] + r["seq"]) * r["hidden"]
+        assert model["parameters"] == eq2 + 2 * r["hidden"], "%s: %d parameters, equation (2) + 2h = %d" % (
+            name, model["parameters"], eq2 + 2 * r["hidden"])
+        # the planner itself, once more: the script reports its step unchanged
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        step = json.loads(p.stdout)["step_seconds"]
+        assert res["step_seconds"] == step, "%s: the script says %r s, the planner %r" % (name, res["step_seconds"], step)
+        # 1e-12: two float roundings of one quotient (equation (3) in integers is exact)
+        want = paper_flops(r) / (step * r["gpus"]) / 1e12
+        assert abs(res["tflops"] / want - 1) <= 1e-12, "%s: %r teraFLOP/s, equation (3) / (%r s x %d GPUs) = %r" % (
+            name, res["tflops"], step, r["gpus"], want)
+        error = (want - r["achieved_tflops_per_gpu"]) / r["achieved_tflops_per_gpu"]
+        assert abs(res["error"] - error) <= 1e-12, "%s: error %r, expected %r" % (name, res["error"], error)
+        print("    %6gB  %8.3f s  predicted %6.1f  published %5g teraFLOP/s  (%+.1f%%)" % (
+            r["params_billions"], step, want, r["achieved_tflops_per_gpu"], 100 * error))
+
+
+@test
+def megatron_compare_prints_the_table():
+    """dev/bench/megatron_compare.py prints a line a row (its size, GPUs, layout, step, predicted and
+    published teraFLOP/s, error and the parts) and a summary whose count within 15%, median and
+    worst error are those of the JSON's errors"""
+    text = megatron_compare_run("text")
+    rows, _ = megatron_rows()
+    results = json.loads(megatron_compare_run("json"))["results"]
+    lines = text.splitlines()
+    for r, res in zip(rows, results):
+        dp = r["gpus"] // (r["tp"] * r["pp"])
+        layout = "t%d p%d d%d b%d m%d v%d" % (r["tp"], r["pp"], dp, r["micro_batch"],
+                                            r["batch"] // (dp * r["micro_batch"]), r["interleaved_chunks"])
+        start = "%6gB %5d %s" % (r["params_billions"], r["gpus"], layout)
+        found = [l for l in lines if l.startswith(start)]
+        assert len(found) == 1, "no line (or several) starting %r:\n%s" % (start, text)
+        fields = found[0][len(start):].split()
+        # step, predicted, published, error, then | gemm attention memory | tp pp dp embedding | bubble once
+        assert float(fields[0]) == round(res["step_seconds"], 3), (found[0], res["step_seconds"])
+        assert float(fields[1]) == round(res["tflops"], 1) and float(fields[2]) == r["achieved_tflops_per_gpu"], found[0]
+        assert fields[3] == "%+.1f%%" % (100 * res["error"]), found[0]
+        parts = res["time_parts"]
+        numbers = [float(x) for x in [x for x in fields[4:] if x != "|"][:9]]
+        shown = [parts["gemm"], parts["attention"], parts["memory"], parts["comm_exposed"]["tp"],
+                 parts["comm_exposed"]["pp"], parts["comm_exposed"]["dp"], parts["comm_exposed"]["embedding"],
+                 parts["bubble"], parts["once"]]
+        assert numbers == [round(x, 3) for x in shown], "%s: parts %s, the JSON's %s" % (found[0], numbers, shown)
+    errors = sorted(abs(res["error"]) for res in results)
+    within = sum(1 for e in errors if e <= 0.15)
+    median = (errors[4] + errors[5]) / 2  # ten rows
+    summary = [l for l in lines if l.startswith("megatron: ")]
+    assert len(summary) == 1, text
+    m = re.match(r"megatron: 10 rows, (\d+) within 15% of the published teraFLOP/s, median error ([\d.]+)%, "
+                 r"worst ([\d.]+)% \(the ([\d.]+)B row\)$", summary[0])
+    assert m, summary[0]
+    assert int(m.group(1)) == within, (summary[0], errors)
+    assert m.group(2) == "%.1f" % (100 * median) and m.group(3) == "%.1f" % (100 * errors[-1]), (summary[0], errors)
+    print("    " + summary[0])

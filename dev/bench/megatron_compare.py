@@ -4,7 +4,7 @@ this project's step-time model: every row of dev/bench/megatron_2021_weak_scalin
 dev/memory_planner (llmc/step_time.h, the one model; nothing of it is redone here) on the built-in
 a100-80gb profile, with the row's own layout, beside the teraFLOP/s per GPU the paper published.
 
-    /usr/bin/python3 dev/bench/megatron_compare.py [--format text|json] [--vocab 51200|50304]
+    /usr/bin/python3 dev/bench/megatron_compare.py [--format text|json] [--vocab 51200|50304] [--models DIR]
 
 The paper counts FLOPs with its equation (3) (megatron_flops below: GEMMs only, the recomputed
 forward included), so a predicted step of t seconds on n GPUs is F / (t n) FLOP/s a GPU: the same
@@ -188,17 +188,22 @@ def main():
                     help="vocabulary (and padded vocabulary) of the model files: 0 = the table's (51200); 50304 "
                          "shows what GPT-2's padded vocabulary would change")
     ap.add_argument("--table", default=MEGATRON_TABLE)
+    ap.add_argument("--models", default="",
+                    help="a directory to keep the (sparse) model files in, so that the printed commands rerun "
+                         "(default: a temporary one, removed at the end)")
     a = ap.parse_args()
     if not os.access(PLANNER, os.X_OK):
         sys.exit("error: %s is not built: make BACKEND=cpu dev/memory_planner" % PLANNER)
+    if a.models and not os.path.isdir(a.models):
+        sys.exit("error: --models %s: not a directory" % a.models)
     rows, _ = megatron_rows(a.table)
-    with tempfile.TemporaryDirectory(prefix="megatron_compare_") as directory:
-        results = [predict(r, directory, a.vocab or r["vocab"]) for r in rows]
+    with tempfile.TemporaryDirectory(prefix="megatron_compare_") as scratch:
+        results = [predict(r, a.models or scratch, a.vocab or r["vocab"]) for r in rows]
     if a.format == "json":
         for res in results:  # (the plan's memory rows are long; the command reproduces them)
             plan = res.pop("plan", None)
             if plan:
-                res.update({k: plan[k] for k in ("fits", "total", "ranks", "micro_batches", "time_parts")})
+                res.update({k: plan[k] for k in ("model", "fits", "total", "ranks", "micro_batches", "time_parts")})
         print(json.dumps({"results": results, "summary": summary_line(results)}, indent=1))
     else:
         vocabs = sorted(set(a.vocab or r["vocab"] for r in rows))
