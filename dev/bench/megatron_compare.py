@@ -143,6 +143,19 @@ def layout_text(r):
     return "t%d p%d d%d b%d m%d v%d" % (r["tp"], r["pp"], dp, r["micro_batch"], m, r["interleaved_chunks"])
 
 
+# What the planner cannot say about these runs, printed under the table (the report,
+# /work/shared/lead/megatron_report.md, prices each)
+NOTES = """notes:
+  vocabulary: the model files carry the paper's 51,200 (and sequence 2048); -e L/C/NH would give GPT-2's padded
+    50,304 and a maximum sequence of 1024, refused at -t 2048 (the planner has no flag for either).
+    --vocab 50304 moves each prediction by under 0.1%.
+  not in the model, so not in the prediction: Megatron's dropout (0.1 on the attention probabilities and on
+    the two residual branches); its full recomputation reruns the whole layer, fcproj and its tp all-reduce
+    included, where -r 2 stops after GELU (what this project's backward needs); its pipeline exchanges wait
+    for each send and receive (the play charges a message only where a receiver waits) and scatter/gather
+    sends 1/tp of the activation (the model sends all of it); fp16 (run as bf16: the same tensor-core peak)."""
+
+
 def print_table(results, vocab):
     print("Megatron-LM 2021 Table 1 (arXiv:2104.04473) predicted by llmc/step_time.h on %s, %d GPUs a node, "
           "vocabulary %d" % (PROFILE, GPUS_PER_NODE, vocab))
@@ -167,6 +180,7 @@ def print_table(results, vocab):
             comm["embedding"], parts["bubble"], parts["once"], plan["total"] / 1e9,
             "" if plan["fits"] else " (does not fit in %d GB; predicted anyway)" % MEMORY_GB))
     print(summary_line(results))
+    print(NOTES)
 
 
 def summary_line(results):
