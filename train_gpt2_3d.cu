@@ -865,7 +865,7 @@ int main(int argc, char** argv) {
     int B = run.args.B, T = run.args.T, Tl = T / cp_size, tokens_multiple;
     LayerDims dims = grid_dims(config, cp_size, tp, sp, split, T, &tokens_multiple);
     sp = dims.seq_shards > 1;  // with one tp rank there is nothing to split
-    dims.tp_overlap = tp_overlap;
+    dims.tp_overlap = run.tp_overlap = tp_overlap;  // (run's too: its predicted step, llmc/run.h)
     // the batch: a step is m micro-batches of B x T on each of the dp replicas
     int m = train_accumulation_steps(&run.args, dp, "dp");
     PipeSpec spec = pipeline_spec_of(sched_name, pp, m, vp, config.num_layers, "-pp");

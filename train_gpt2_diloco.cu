@@ -576,7 +576,7 @@ int main(int argc, char** argv) {
     // outer state (llmc/memory_plan.h)
     ParameterLayout layout = parameter_layout(config, 1, 0);
     RunLayout plan = run_layout(&run, TRAINER_DILOCO, accum);
-    plan.dp = ranks;
+    plan.dp = ranks, run.diloco_workers = workers, run.diloco_H = H;  // (run's: the predicted step's outer share)
     run_check_memory(&run, plan, 0, "the whole model and its outer state, -b %d -t %d", B, T);
 
     // ---- the weights, the data (a step is accum x ranks chunks of B x T: micro-batch i of rank r

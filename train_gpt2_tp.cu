@@ -313,7 +313,7 @@ int main(int argc, char** argv) {
     run_check_one_group(&run, "-tp", tp_flag, "one tensor-parallel group");
     LayerDims dims = tp_layer_dims(config, ranks, sp, run.args.T, "ranks");
     sp = dims.seq_shards > 1;  // -sp 1 on one rank: nothing to split, so the run goes on without
-    dims.tp_overlap = tp_overlap;
+    dims.tp_overlap = run.tp_overlap = tp_overlap;  // (run's too: its predicted step, llmc/run.h)
     tp_timeline_check(timeline_step, run.args.out_dir);
     // the batch: all ranks work on the same B x T tokens, `accum` micro-batches per step
     int B = run.args.B, T = run.args.T, accum = train_accumulation_steps(&run.args, /*readers*/ 1, NULL);

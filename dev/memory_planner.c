@@ -35,6 +35,7 @@
 #include "../llmc/args.h"
 #include "../llmc/gpt2.h"
 #include "../llmc/memory_plan.h"
+#include "../llmc/profile_default.h"
 #include "../llmc/step_time.h"
 
 static const char* trainer_names[TRAINER_COUNT] = {"train_gpt2_dp", "train_gpt2_tp", "train_gpt2_pp", "train_gpt2_3d",
@@ -293,7 +294,7 @@ static void plan_json(const MemoryPlan* plan, GPT2Config c, DeviceTarget t, cons
     if (time) {  // the predicted step (llmc/step_time.h), its parts in seconds a step
         printf(",\n \"profile\": ");
         print_json_string(profile);
-        printf(", \"step_seconds\": %.9g, \"tokens_per_second\": %.9g, \"mfu\": %.6g,\n \"time_parts\": {", time->seconds,
+        printf(", \"maxvio\": %.9g, \"step_seconds\": %.9g, \"tokens_per_second\": %.9g, \"mfu\": %.6g,\n \"time_parts\": {", r->maxvio, time->seconds,
                time->tokens_per_second, time->mfu);
         for (int k = 0; k < TIME_COMPUTE_KINDS; k++) printf("\"%s\": %.9g, ", time_compute_names[k], time->compute[k]);
         printf("\"comm_exposed\": {");
@@ -304,9 +305,13 @@ static void plan_json(const MemoryPlan* plan, GPT2Config c, DeviceTarget t, cons
 }
 
 // the predicted step as text, after the memory table
-static void time_print(const StepTime* t, const char* profile, int gpus_per_node) {
+static void time_print(const StepTime* t, const char* profile, int gpus_per_node, GPT2Config c, const RunLayout* r) {
     printf("step time predicted on %s (%d ranks a node; llmc/step_time.h): %.2f ms, %.0f tokens/s, MFU %.1f%%\n", profile,
            gpus_per_node, t->seconds * 1e3, t->tokens_per_second, 100.0 * t->mfu);
+    if (gpt2_is_moe(c)) {  // (the routing the all-to-alls were priced at)
+        printf("  all-to-alls at MaxVio %g (-maxvio; %s)\n", r->maxvio,
+               r->maxvio > 0 ? "the busiest rank of the ep group receives 1 + maxvio times the balanced share" : "balanced routing");
+    }
     printf("  compute (stage 0):");
     for (int k = 0; k < TIME_COMPUTE_KINDS; k++) printf(" %s %.2f ms", time_compute_names[k], t->compute[k] * 1e3);
     printf("\n  collectives exposed (of their total):");
@@ -321,27 +326,6 @@ static void time_print(const StepTime* t, const char* profile, int gpus_per_node
            t->bubble * 1e3, t->once * 1e3);
 }
 
-// -profile: a name or a file; by default h100-sxm on cuda, on the cpu this machine's measured
-// profile beside the program (none there: no prediction, and the plan says how to make one)
-static int load_profile(const char* asked, int cuda, const char* program, DeviceProfile* p, char* name, size_t cap) {
-    char why[8192], path[4096];
-    if (asked != NULL) {
-        if (!device_profile_load(asked, p, why, sizeof(why))) fail("-profile %s: %s", asked, why);
-        snprintf(name, cap, "%s", asked);
-        return 1;
-    }
-    if (cuda) {
-        device_profile_load("h100-sxm", p, why, sizeof(why));
-        snprintf(name, cap, "h100-sxm");
-        return 1;
-    }
-    const char* slash = strrchr(program, '/');
-    snprintf(path, sizeof(path), "%.*sprofiles/cpu-this-machine.txt", slash ? (int)(slash - program + 1) : 0, program);
-    if (!device_profile_load(path, p, why, sizeof(why))) return 0;
-    snprintf(name, cap, "%s", path);
-    return 1;
-}
-
 int main(int argc, char** argv) {
     llmc_rank = -1;  // no ranks here: messages are "error: ...", without "[rank 0]"
     const char *model = "d12", *device = "cuda", *precision = NULL, *attention = "flash", *sched_name = "1f1b";
@@ -353,8 +337,8 @@ int main(int argc, char** argv) {
     int B = 4, T = 1024, total_batch = -1, dp = 1, tp = 1, pp = 1, vp = 1, zero = 0, sp = 0, recompute = 0, offload = 0, cp = 1;
     const char* cp_comm = "ring";
     const char* cp_layout = "zigzag";
-    int overlap = 1, checkpoint = 0, search = 0, stage = -1, experts = 0, topk = 2, ep = 1;
-    float memory_gb = 80.0f, capacity_factor = 0.0f;
+    int overlap = 1, checkpoint = 0, search = 0, stage = -1, experts = 0, topk = 2, ep = 1, workers = 0, H = 10;
+    float memory_gb = 80.0f, capacity_factor = 0.0f, maxvio = 0.0f;
     const ArgSpec specs[] = {
         {"-e", ARG_STRING, &model, 0, 0, "model: a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25), or a model file"},
         {"-b", ARG_INT, &B, 1, ARG_NO_MAX, "micro-batch size in sequences"},
@@ -384,6 +368,9 @@ int main(int argc, char** argv) {
         {"-topk", ARG_INT, &topk, 1, 1024, "with -experts: the experts each token goes to"},
         {"-ep", ARG_INT, &ep, 1, 1024, "the ranks the experts are split over: ep divides E and, in train_gpt2_ep, -dp; in train_gpt2_3d a stage's dp x cp x tp (folded: no ranks added)"},
         {"-capacity_factor", ARG_FLOAT, &capacity_factor, 0, ARG_NO_MAX, "with -experts: at most ceil(cf N k / E) slots an expert of a rank's micro-batch of N tokens (0: dropless)"},
+        {"-workers", ARG_INT, &workers, 0, ARG_NO_MAX, "-trainer diloco: the workers the -dp ranks form (0: one a rank), for the step's share of the outer step"},
+        {"-H", ARG_INT, &H, 1, ARG_NO_MAX, "-trainer diloco: inner steps between two outer steps (the outer step's 1/H a step)"},
+        {"-maxvio", ARG_FLOAT, &maxvio, 0, ARG_NO_MAX, "with -experts: the routed loads' MaxVio the step is predicted at (the busiest expert over the mean, less 1; moe.h): the busiest rank of the ep group receives 1 + maxvio times the balanced all-to-all (0: balanced)"},
         {"-profile", ARG_STRING, &profile_name, 0, 0, "the device the step time is predicted on: h100-sxm, h200, a100-80gb or a profile file (default: h100-sxm on cuda; on cpu dev/profiles/cpu-this-machine.txt, dev/bench/calibrate's)"},
         {"-gpus_per_node", ARG_INT, &gpus_per_node, 0, ARG_NO_MAX, "ranks that share a node's fast link (0: the profile's, 8 for a GPU)"},
         {"-rank", ARG_STRING, &rank_by, 0, 0, "with -search: memory (the smallest first) or time (the fastest predicted step first, with why it beats the second)"},
@@ -407,6 +394,13 @@ int main(int argc, char** argv) {
     if (experts > 0) {
         if (experts < 2 || topk > experts) fail("-experts %d -topk %d: expected E >= 2 and 1 <= k <= E", experts, topk);
         c.experts = experts, c.topk = topk;
+    }
+    // (MaxVio is at most E/k - 1: a token's k slots go to k different experts, so the busiest
+    // expert takes at most every token, k / E times more than the mean; llmc/moe.h)
+    if (maxvio > 0 && !gpt2_is_moe(c)) fail("-maxvio %g is the routing's imbalance of a Mixture-of-Experts model: give -experts E", maxvio);
+    if (gpt2_is_moe(c) && maxvio > (double)c.experts / c.topk - 1.0 + 1e-6) {
+        fail("-maxvio %g: at most E/k - 1 = %g (every token on the same k of the E = %d experts)", maxvio,
+             (double)c.experts / c.topk - 1.0, c.experts);
     }
     DeviceTarget target = {0, 0, 0, 0};  // (the default paths: the one-kernel flash backward off)
     if (strcmp(device, "cuda") == 0) target.cuda = 1;
@@ -438,10 +432,19 @@ int main(int argc, char** argv) {
 
     // the step's time on the profile, with the trainers' default kernels (in bf16 the bias and
     // GELU epilogues; the fused LayerNorm backward)
+    // (-profile, or by default h100-sxm for cuda and this machine's measured file for cpu, found
+    // beside this program: llmc/profile_default.h, the trainers' rule too)
     DeviceProfile device_profile;
-    char profile_label[4096];
-    int timed = load_profile(profile_name, target.cuda, argv[0], &device_profile, profile_label, sizeof(profile_label));
+    char profile_label[4096], why_profile[8192];
+    int timed = profile_load_default(profile_name, target.cuda, NULL, argv[0], "profiles/cpu-this-machine.txt",
+                                     &device_profile, profile_label, sizeof(profile_label), why_profile, sizeof(why_profile));
+    if (timed < 0) fail("-profile %s: %s", profile_name ? profile_name : profile_label, why_profile);
     StepOptions kernels = {target.X, target.flash, target.cuda && target.X == 2, target.cuda && target.X == 2, 1, 0, 0, 0};
+    if (trainer_name != NULL && strcmp(trainer_name, "diloco") == 0) {  // (its outer step, 1/H of it a step)
+        if (workers == 0) workers = dp;
+        if (dp % workers != 0) fail("-workers %d: DiLoCo's workers split the %d ranks (-dp) into equal groups", workers, dp);
+        kernels.diloco_workers = workers, kernels.diloco_H = H;
+    }
     int per_node = gpus_per_node > 0 ? gpus_per_node : timed ? device_profile.gpus_per_node : 8;
     int by_speed = strcmp(rank_by, "time") == 0;
     if (!by_speed && strcmp(rank_by, "memory") != 0) fail("-rank %s: expected memory or time", rank_by);
@@ -449,15 +452,17 @@ int main(int argc, char** argv) {
 
     if (search == 0) {
         RunLayout r = {trainer_for(dp, tp, pp, cp, gpt2_is_moe(c)), dp, tp, pp, vp, (PipeSchedule)sched, 1, B, T, zero, sp,
-                       recompute, offload, overlap, checkpoint > 0, 0, 0, cp, allgather, 1, 0.0f};
+                       recompute, offload, overlap, checkpoint > 0, 0, 0, cp, allgather, 1, 0.0f, 0.0};
         if (trainer_name != NULL) {  // another trainer than the simplest, as train_gpt2_3d for any grid
             int k = 0;
             while (k < TRAINER_COUNT && strcmp(trainer_names[k] + strlen("train_gpt2_"), trainer_name) != 0) k++;
             if (k == TRAINER_COUNT) fail("-trainer %s: expected dp, tp, pp, 3d, cp, diloco or ep", trainer_name);
             r.trainer = (TrainerKind)k;
         }
+        r.overlap = r.trainer == TRAINER_DP ? overlap : 0;  // (the others reduce after the backward, as their layouts say)
         r.ep = ep;
         r.capacity_factor = capacity_factor;
+        r.maxvio = maxvio;
         char why[256], flags[160];
         if (total_batch == 0) fail("-d 0: expected a positive number of tokens, or -1");
         if (layout_problem(c, target, &r, split, total_batch == -1 ? 0 : (uint64_t)total_batch, why, sizeof(why))) fail("%s", why);
@@ -484,8 +489,8 @@ int main(int argc, char** argv) {
         }
         memory_plan_print(&plan, c, &r);
         printf("%s: %.1f GB of %.1f GB per device\n", plan.total <= memory ? "fits" : "does not fit", plan.total / 1e9, memory_gb);
-        if (timed) time_print(&time, profile_label, per_node);
-        else printf("step time: no profile of this machine (run mpirun -np 2 dev/bench/calibrate -o dev/profiles/cpu-this-machine.txt, or give -profile)\n");
+        if (timed) time_print(&time, profile_label, per_node, c, &r);
+        else printf("step time: %s\n", profile_missing_hint());
         return plan.total <= memory ? 0 : 2;  // (1: an error, from fail)
     }
 
@@ -516,8 +521,9 @@ int main(int argc, char** argv) {
                                         if (c.experts % e != 0 || (d * q * t) % e != 0) continue;  // (ep | E, dp cp tp)
                                         int V = p > 1 ? vp : 1;
                                         PipeSchedule sc = p > 1 ? (PipeSchedule)sched : SCHEDULE_1F1B;
-                                        RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, overlap, checkpoint > 0, 0, 0,
-                                                         q, a, e, capacity_factor};
+                                        RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, kind == TRAINER_DP ? overlap : 0,
+                                                         checkpoint > 0, 0, 0,
+                                                         q, a, e, capacity_factor, maxvio};
                                         try_layout(&fits, &count, &capacity, &tried, c, target, run, split, batch, memory);
                                     }
             }

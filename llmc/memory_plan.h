@@ -43,6 +43,8 @@ typedef struct {
     int cp_allgather;    // -cp_comm allgather: the whole sequence's K,V on every rank
     int ep;              // Mixture-of-Experts: the ranks the experts are split over (0 or 1: none)
     float capacity_factor;  // train_gpt2_ep: -capacity_factor (0: dropless)
+    double maxvio;          // experts: the routed loads' MaxVio (llmc/moe.h) the step's time is predicted at
+                            // (llmc/step_time.h; 0: balanced). No buffer depends on it
 } RunLayout;
 
 // the parts of a rank's device memory, in bytes, as the trainer allocates them

@@ -26,6 +26,8 @@
 #include "hellaswag.h"
 #include "memory.h"
 #include "memory_plan.h"
+#include "profile_default.h"
+#include "step_time.h"
 #include "train.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -103,6 +105,7 @@ typedef struct {
     const char* extra;                  // the trainer's own figures, JSON fields for main.log ("" if none)
     uint64_t memory_peak, memory_predicted;  // this rank's device allocations at their most so far, and
                                              // the memory table's total (main.log: what dev/memory.html reads)
+    double predicted_seconds;  // the step as llmc/step_time.h predicts it (0: no profile; null in main.log)
 } StepFigures;
 
 #define STEP_MAX_GROUPS 12
@@ -194,7 +197,8 @@ static inline void step_report(StepReport* r, Logger* log, int rank, StepFigures
         step_print_bytes_if_changed(r, f.step);
     }
     if (!log->file) return;
-    char loss[32], lr[32], norm[32], kinds[STEP_MAX_GROUPS * 160] = "";
+    char loss[32], lr[32], norm[32], predicted[32] = "null", kinds[STEP_MAX_GROUPS * 160] = "";
+    if (f.predicted_seconds > 0) snprintf(predicted, sizeof(predicted), "%.3f", f.predicted_seconds * 1e3);
     size_t used = 0;
     for (int i = 0; i < r->num_groups; i++) {
         const CommGroup* g = r->groups[i];
@@ -210,11 +214,11 @@ static inline void step_report(StepReport* r, Logger* log, int rank, StepFigures
     logger_line(log, "{\"step\": %d, \"train_loss\": %s, \"lr\": %s, \"grad_norm\": %s, \"clip_scale\": %.9g, "
                 "\"ms\": %.3f, \"recompute_ms\": %.3f, \"tokens_per_s\": %.1f, \"mfu_percent\": %.2f, "
                 "\"comm_bytes\": %lld, \"comm\": {%s}, \"ring_bytes\": %.0f, \"comm_ms\": %.3f, \"exposed_ms\": %.3f, "
-                "\"memory_peak\": %llu, \"memory_predicted\": %llu%s%s}\n",
+                "\"memory_peak\": %llu, \"memory_predicted\": %llu, \"predicted_ms\": %s%s%s}\n",
                 f.step, json_float(loss, 32, f.loss), json_float(lr, 32, f.lr), json_float(norm, 32, f.grad_norm),
                 f.clip_scale, f.seconds * 1e3, f.recompute_seconds * 1e3, f.tokens_per_s, f.mfu_percent, bytes, kinds,
                 ring, flight * 1e3, exposed * 1e3, (unsigned long long)f.memory_peak, (unsigned long long)f.memory_predicted,
-                f.extra[0] ? ", " : "", f.extra);
+                predicted, f.extra[0] ? ", " : "", f.extra);
 }
 
 
@@ -240,6 +244,8 @@ typedef struct {
     int steps;
     size_t peak_memory;
     double rate;  // bytes per second between two ranks, measured before the first step (0: none)
+    double* times;  // each counted step's seconds, for the median (step_stats_median)
+    int times_cap;
 } StepStats;
 
 // collective_seconds: the step's time in collectives (comm_seconds of each group it used, summed);
@@ -250,11 +256,37 @@ static inline void step_stats_add(StepStats* s, int first, double seconds, doubl
     size_t memory = device_memory_used();
     s->peak_memory = memory > s->peak_memory ? memory : s->peak_memory;
     if (first) return;
+    if (s->steps == s->times_cap) {
+        s->times_cap = s->times_cap ? 2 * s->times_cap : 64;
+        s->times = (double*)realloc(s->times, (size_t)s->times_cap * sizeof(double));
+        if (s->times == NULL) fail("out of host memory keeping the step times");
+    }
+    s->times[s->steps] = seconds;
     s->seconds += seconds;
     s->comm_seconds += collective_seconds;
     s->ring_bytes += ring_bytes;
     s->recompute_seconds += recompute_seconds;
     s->steps++;
+}
+
+// The measured step, the one figure a prediction is checked against (the end-of-run line here,
+// dev/bench/sweep.sh's runs): the median of the steps after the run's first, which warms caches,
+// the allocator and the communicator's connections. The median, not the mean: one step slowed by
+// another process on the machine moves it little. 0 when the run had no step after its first.
+static inline double step_stats_median(const StepStats* s) {
+    if (s->steps == 0) return 0.0;
+    double* sorted = (double*)malloc_check((size_t)s->steps * sizeof(double));
+    memcpy(sorted, s->times, (size_t)s->steps * sizeof(double));
+    for (int i = 1; i < s->steps; i++) {  // (insertion sort: a run's steps are few)
+        double x = sorted[i];
+        int j = i;
+        for (; j > 0 && sorted[j - 1] > x; j--) sorted[j] = sorted[j - 1];
+        sorted[j] = x;
+    }
+    int h = s->steps / 2;
+    double median = s->steps % 2 ? sorted[h] : 0.5 * (sorted[h - 1] + sorted[h]);
+    free(sorted);
+    return median;
 }
 
 // The averages after the run. The time in collectives splits in two: moving, the bytes the rank
@@ -509,6 +541,15 @@ typedef struct {
     double step_start;        // wall time at run_step_begin
     char step_extra[512];     // the trainer's own figures of the step, JSON fields for its main.log
                               // record (train_gpt2_ep: the MoE balance); "" for none
+    // the step's time predicted (llmc/step_time.h), beside the measured one at the run's end and in
+    // main.log's step records: what the trainer runs that its RunLayout does not say (set after
+    // run_start; 0: none), the device's profile and the prediction (run_begin, on the layout that
+    // run_check_memory took)
+    int tp_overlap, diloco_workers, diloco_H;
+    DeviceProfile profile;
+    int has_profile;          // 0: the CPU has no measured profile (no prediction; the end says how)
+    char profile_label[4096];
+    StepTime predicted;
 } Run;
 
 // The flags (the common ones of train.h, then the trainer's own), the communication layer, the
@@ -557,6 +598,71 @@ static inline void run_check_resume(void* arg) {
     h->check_resume(h->trainer, c->run->args.out_dir, c->step, c->run->max_steps);
 }
 
+// The device profile the step's time is predicted on (llmc/profile_default.h, the planner's rule):
+// -profile, else on CUDA the built-in of this device's kind (by its name), on the CPU this
+// machine's measured file, dev/profiles/cpu-this-machine.txt beside the program (none: no
+// prediction). Read on every rank, so that a bad -profile is one message before anything runs.
+static inline void run_load_profile(Run* r) {
+    char device_name[256] = "", program[4096] = "", why[8192];
+#ifdef __CUDACC__
+    int device;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDevice(&device));
+    cudaCheck(cudaGetDeviceProperties(&prop, device));
+    snprintf(device_name, sizeof(device_name), "%s", prop.name);
+    int cuda = 1;
+#else
+    int cuda = 0;
+#endif
+    ssize_t n = readlink("/proc/self/exe", program, sizeof(program) - 1);  // (the program's own path)
+    program[n > 0 ? n : 0] = '\0';
+    int found = profile_load_default(r->args.profile, cuda, device_name, program, PROFILE_CPU_FILE, &r->profile,
+                                     r->profile_label, sizeof(r->profile_label), why, sizeof(why));
+    check_every_rank(found >= 0, "%s%s: %s", r->args.profile ? "-profile " : "the profile ", r->profile_label, why);
+    r->has_profile = found > 0;
+}
+
+// What the step runs beyond its RunLayout (step_kernels.h's StepOptions): this build's floats and
+// kernels (on CUDA the LLMC_* choices this run took; the CPU's own, as the planner's -device cpu
+// takes them) and the trainer's flags that change no buffer (-tp_overlap, DiLoCo's -workers and -H)
+static inline StepOptions run_step_options(const Run* r) {
+    DeviceTarget t = build_target(r->config);
+    StepOptions o = {t.X, t.flash, 0, 0, 1, r->tp_overlap, r->diloco_workers, r->diloco_H};
+#ifdef __CUDACC__
+    o.bias_epilogue = bias_grad_in_epilogue(), o.gelu_epilogue = gelu_in_epilogue();
+    o.ln_backward_fused = layernorm_backward_fused_asked();
+#endif
+    return o;
+}
+
+// The predicted step against the measured, once at the end of the run on rank 0: the median of
+// the steps after the first (step_stats_median) beside llmc/step_time.h's step for the layout the
+// run took, on the profile, with its parts (stage 0's compute by kind, its exposed collectives,
+// its idle time in the pipeline, the once-a-step part); ms, a step
+static inline void run_print_step_time(const Run* r) {
+    const StepStats* s = &r->stats;
+    char measured[96] = "measured: no step after the first (the warm-up)";
+    if (s->steps > 0) {  // (the step lines number from 1: the run's first is start_step + 1)
+        snprintf(measured, sizeof(measured), "measured %.2f ms (median of steps %d..%d)", step_stats_median(s) * 1e3,
+                 r->start_step + 2, r->start_step + 1 + s->steps);
+    }
+    if (!r->has_profile) {
+        printf("step time: %s; not predicted: %s\n", measured, profile_missing_hint());
+        return;
+    }
+    const StepTime* t = &r->predicted;
+    char kinds[160] = "";  // (the host's part only where -offload runs AdamW there)
+    for (int k = 0, used = 0; k < TIME_COMPUTE_KINDS; k++) {
+        if (k == TIME_HOST && t->compute[k] <= 0.0) continue;
+        used += snprintf(kinds + used, sizeof(kinds) - used, "%s %.2f, ", time_compute_names[k], t->compute[k] * 1e3);
+    }
+    double exposed = 0.0;
+    for (int k = 0; k < TIME_GROUPS; k++) exposed += t->comm_exposed[k];
+    printf("step time: %s, predicted %.2f ms on %s (%scomm exposed %.2f, bubble %.2f, once %.2f; %d ranks a node; "
+           "llmc/step_time.h)\n", measured, t->seconds * 1e3, r->profile_label, kinds, exposed * 1e3, t->bubble * 1e3,
+           t->once * 1e3, r->world.ranks_sharing_memory);
+}
+
 // moe: 1 for the trainer of Mixture-of-Experts models (train_gpt2_ep), which sets the experts
 // itself; every other refuses an MoE model file here, before anything is allocated
 static inline int run_start_model(Run* r, int* argc, char*** argv, const ArgSpec* own, int num_own, int moe) {
@@ -581,6 +687,7 @@ static inline int run_start_model(Run* r, int* argc, char*** argv, const ArgSpec
         gpt2_require_dense(r->config, r->args.model, slash ? slash + 1 : (*argv)[0]);
     }
     train_check_flags(&r->args, r->config);
+    run_load_profile(r);
     return 1;
 }
 
@@ -702,6 +809,9 @@ static inline void run_begin(Run* r, RunModel hooks, CommGroup** groups, int num
     r->flops_per_token = gpt2_flops_per_token(r->config, r->args.T);  // each rank does its share
     r->peak = train_device_peak(r->rank);
     memset(&r->stats, 0, sizeof(r->stats));
+    if (r->rank == 0 && r->has_profile) {  // (ranks sharing this node: the run's placement of its groups)
+        r->predicted = step_time_predict(&r->profile, r->config, &r->layout, run_step_options(r), r->world.ranks_sharing_memory);
+    }
     r->stats.rate = measure_exchange_rate(&r->world, hooks.model->grads_memory, layout_grads_held(&hooks.model->layout));
     r->report = step_report_init(groups, num_groups);
     if (r->hellaswag.on) hellaswag_split(&r->hellaswag, hooks.val_replicas);
@@ -843,7 +953,7 @@ static inline void run_step_end(Run* r, int step, float loss, float lr, float gr
     double tokens_per_s = r->args.total_batch / dt;
     StepFigures f = {step + 1, r->max_steps, loss, lr, grad_norm, clip_scale, dt, recompute_s, tokens_per_s,
                      train_mfu(r->flops_per_token, tokens_per_s, r->world.size, r->peak), r->step_extra,
-                     device_allocated_peak(), r->plan.total};
+                     device_allocated_peak(), r->plan.total, r->has_profile ? r->predicted.seconds : 0.0};
     step_report(&r->report, &r->logger, r->rank, f);
     r->step_extra[0] = '\0';
 }
@@ -854,11 +964,13 @@ static inline void run_step_end(Run* r, int step, float loss, float lr, float gr
 static inline void run_end(Run* r) {
     if (r->rank == 0) {
         step_stats_print(&r->stats, r->args.total_batch, r->flops_per_token, r->peak, r->world.size);
+        run_print_step_time(r);
         train_print_high_water(r->plan.total);
         kernel_times_print(r->rank);
         paths_print();
     }
     watchdog_phase("shutdown", r->max_steps);
+    free(r->stats.times);
     logger_close(&r->logger);
     if (r->rank == 0 && r->can_sample) tokenizer_free(&r->tok);
     dataloader_free(&r->train);

@@ -193,6 +193,8 @@ typedef struct {
     int diloco_workers, diloco_H;  // train_gpt2_diloco's -workers (dp: a worker's ranks) and -H: the outer
                                    // step's share, 1/H of it a step (0: none)
     float capacity_factor;  // experts: -capacity_factor (0: dropless)
+    double maxvio;          // experts: the routed loads' MaxVio (llmc/moe.h; 0: balanced), which the
+                            // all-to-alls' rows carry the busiest rank's bytes at
 } StepLayout;
 
 // where the rows go while step_kernels fills them
@@ -401,7 +403,7 @@ typedef struct {
     int64_t act;             // an activation (N, C) in floatX
     int64_t act_att;         // one of the attention's width, (N, C/tp)
     int64_t kv_block;        // a K,V block of context parallelism's ring, (B, T/cp, 2C/tp)
-    double a2a;              // the bytes an all-to-all sends from a rank (balanced)
+    double a2a;              // the bytes an all-to-all moves at its busiest rank (balanced: every rank's)
 } StepShapes;
 
 static inline StepShapes step_shapes(GPT2Config c, StepLayout o) {
@@ -418,6 +420,7 @@ static inline StepShapes step_shapes(GPT2Config c, StepLayout o) {
     h.Ns = h.N / (h.sp ? h.tp : 1);
     h.Nm = h.Ns;
     h.R = h.N;
+    int64_t cap_slots = 0;  // (experts: the slots an expert takes of a rank's micro-batch, at most)
     if (h.E) {
         // balanced routing: each of the E experts gets Nm k / E of a rank's slots; with a capacity
         // factor an expert takes at most cap = ceil(cf Nm k / E) of them (llmc/memory_plan.h's
@@ -425,10 +428,18 @@ static inline StepShapes step_shapes(GPT2Config c, StepLayout o) {
         int64_t cap = o.capacity_factor > 0.0f ? (int64_t)ceil((double)o.capacity_factor * h.Nm * h.k / h.E * (1.0 - 1e-7))
                                                : h.Nm * h.k;
         h.R = cap * h.E < h.Nm * h.k ? cap * h.E : h.Nm * h.k;
+        cap_slots = cap;
     }
     // (experts are whole on their rank: expert tp = 1, their MLP 4C wide)
     h.NHr = h.NH / h.tp, h.att = h.C / h.tp, h.qkv = 3 * h.C / h.tp, h.fc = h.E ? 4 * h.C : 4 * h.C / h.tp;
-    h.a2a = (double)(h.R * h.C * h.X * (h.ep - 1)) / h.ep;
+    // The all-to-all at the routed loads. MaxVio v (moe.h: the busiest expert's load over the mean,
+    // less 1) bounds a rank's E/ep experts at (1 + v) times their balanced slots, so the busiest
+    // rank of the ep group receives (1 + v) times the balanced share from each of its ep - 1 peers,
+    // as long as its experts' capacity holds them (cap slots an expert of a peer's micro-batch,
+    // cap E/ep a rank). Every rank's part of the collective waits for that rank's, so the rows
+    // carry its bytes: min((1 + v) Nm k, cap E) C X (ep - 1)/ep; v = 0, the balanced R C X (ep - 1)/ep
+    double routed = (1.0 + o.maxvio) * (double)(h.Nm * h.k), held = (double)(cap_slots * h.E);
+    h.a2a = h.E ? (routed < held ? routed : held) * (double)(h.C * h.X * (h.ep - 1)) / h.ep : 0.0;
     // the attention's FLOPs: one (64 x hs) x (hs x 64) tile product is 2 64 64 hs FLOPs; under
     // context parallelism this rank's share of the causal triangle, 1/cp of it (zigzag); on NH/tp heads
     h.tile_matmul = (double)(h.B * h.NHr * step_flash_tiles(h.T) * 2 * STEP_FLASH_TILE * STEP_FLASH_TILE * hs) / h.cp;
@@ -968,6 +979,7 @@ static inline StepLayout step_layout_of_run(const RunLayout* r, int stage, StepO
     o.pp = r->pp, o.V = r->V, o.stage = stage, o.weights_later = r->pp > 1 && r->sched == SCHEDULE_ZB;
     o.zero = r->zero, o.overlap = r->overlap, o.offload = r->offload, o.recompute = r->recompute;
     o.capacity_factor = r->capacity_factor;
+    o.maxvio = r->maxvio;
     if (r->trainer == TRAINER_DILOCO && opt.diloco_workers > 1) {
         o.diloco_workers = opt.diloco_workers, o.diloco_H = opt.diloco_H, o.dp = r->dp / opt.diloco_workers;
     }

@@ -34,6 +34,7 @@ typedef struct {  // the common flags; see train_args_common for each one
     int seed, shuffle;
     int watchdog;
     int recompute;
+    const char* profile;  // the device profile the step's time is predicted on (NULL: this device's; run.h)
 } TrainArgs;
 
 #define TRAIN_MAX_SPECS 64
@@ -68,6 +69,7 @@ static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
     a->shuffle = 0;
     a->watchdog = 0;
     a->recompute = 0;
+    a->profile = NULL;
     const double MAX = ARG_NO_MAX;
     const ArgSpec common[] = {
         {"-i", ARG_STRING, &a->train_path, 0, 0, "train token file, or shards: a glob ('dir/train_*.bin', quoted) or a comma list of files, read in sorted path order as one stream of tokens (a batch may span two shards)"},
@@ -94,6 +96,7 @@ static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
         {"-tok", ARG_STRING, &a->tokenizer_path, 0, 0, "tokenizer decode table, for samples"},
         {"-watchdog", ARG_INT, &a->watchdog, 0, MAX, "end the job when a rank makes no progress for this many seconds (0: off)"},
         {"-r", ARG_INT, &a->recompute, 0, RECOMPUTE_MAX, "activation recomputation: 0 keep every activation, 1 selective (drop the GELU output and attention's probabilities, recompute them in the backward pass), 2 full (keep each layer's output only, rerun the layer forward before its backward); same results bit for bit (on CUDA with LLMC_GELU=kernels)"},
+        {"-profile", ARG_STRING, &a->profile, 0, 0, "the device profile the end-of-run line predicts the step on: h100-sxm, h200, a100-80gb or a file (default: on CUDA this GPU's kind, on the CPU dev/profiles/cpu-this-machine.txt beside the program, dev/bench/calibrate's)"},
     };
     int n = (int)(sizeof(common) / sizeof(common[0]));
     for (int i = 0; i < n; i++) specs[i] = common[i];
