@@ -66,3 +66,136 @@ def planner_search_ranks_layouts_by_predicted_time():
     assert code == 0 and "why the first beats the second" in text and "first:  " + layouts[0]["layout"] in text, text[-3000:]
     code, text = planner(*(common + ["-rank", "speed"]))
     assert code == 1 and "-rank speed: expected memory or time" in text, text[-500:]
+
+
+# A profile on which a link's seconds are its bytes: every link moves 1 byte a second, a message's
+# latency is 1e-300 s (the format's least is above 0), and compute is all but free (1e18 FLOP/s,
+# 1e15 bytes/s: a d2 step's kernels take under a microsecond, so what they hide of a collective
+# is below a byte). The planner's time_parts then read, in seconds, the bytes the model puts on
+# each group's links: comm_time.h prices a collective of payload n over p ranks of one node at
+# 2 (p - 1)/p n / beta (all-reduce, the ring beating the tree's 2 n), (p - 1)/p n (reduce-scatter,
+# all-gather, all-to-all), n (broadcast, a send). No measured all-reduce is given, so every
+# collective takes the link above.
+STEP_TIME_BYTES_PROFILE = """name links of one byte a second
+kind cpu
+peak_flops_fp32 1e18
+peak_flops_bf16 1e18
+memory_bandwidth_bytes_per_s 1e15
+memory_bytes 1e15
+efficiency_matmul_large 1
+efficiency_matmul_small 1
+matmul_small_flops 0
+efficiency_attention 1
+efficiency_memory 1
+intra_node_latency_s 1e-300
+intra_node_bandwidth_bytes_per_s 1
+inter_node_latency_s 1e-300
+inter_node_bandwidth_bytes_per_s 1
+gpus_per_node 1024
+"""
+
+# what crosses a rank's links of a collective's payload over p ranks, by the textbook ring
+# (Patarasuk and Yuan 2009; nccl-tests' doc/PERFORMANCE.md, its bus bandwidth factors)
+STEP_TIME_LINK_SHARE = {"all-reduce": lambda p: 2.0 * (p - 1) / p, "reduce-scatter": lambda p: (p - 1) / p,
+                        "all-gather": lambda p: (p - 1) / p, "all-to-all": lambda p: (p - 1) / p,
+                        "broadcast": lambda p: 1.0, "send": lambda p: 1.0}
+
+
+def planner_command_run(command, d, steps=1):
+    """runs the command line the planner printed for a layout ("mpirun -np N ./train_gpt2_X
+    flags") for `steps` steps on the tiny model's data, writing into d, with no validation or
+    samples; returns its output (a non-zero exit fails the test)"""
+    words = command.split()
+    assert words[:2] == ["mpirun", "-np"] and words[3].startswith("./train_gpt2_"), command
+    flags = words[4:] + ["-x", steps, "-v", 0, "-s", 0, "-o", d]
+    return run_ok(int(words[2]), flags, program=words[3])
+
+
+def trainer_counted(d, names, scalars):
+    """rank 0's payloads of step 1 (main.log's "comm": the trainer's communication layer counts every
+    collective) as {(model group, collective): bytes}: names maps (trainer group, kind) to the
+    model's group, scalars the bytes of the 4-byte figures the model leaves out (the loss, the norm,
+    the routing's counts), taken off; receives are the sends' other half and left out"""
+    train, _ = read_log(d)
+    counted = {}
+    for group, kinds in train[1]["comm"].items():
+        for kind, n in kinds.items():
+            n -= scalars.get((group, kind), 0)
+            if n and kind != "recv":
+                key = (names[(group, kind)], kind.replace("_", "-"))
+                counted[key] = counted.get(key, 0) + n
+    return counted
+
+
+@test
+def step_time_bytes_are_the_trainers_counters():
+    """the bytes the time model prices, read back through the planner's JSON on a profile whose links
+    move a byte a second (its time_parts' comm_exposed by group is then the bytes on the group's
+    links), equal what the trainers' communication layer counted in a step of the same layout, the
+    planner's own command run for one step, rank 0's, on five layouts: train_gpt2_dp ZeRO-2 (two
+    micro-batches: a reduce-scatter each), train_gpt2_tp -sp 1 -r 2 (the rerun's collectives),
+    train_gpt2_pp's 1F1B over 2 stages (the tied wte's all-reduce; the sends are the schedule's, not
+    a group's part: with free compute the 2-stage play is one message there and one back, so the
+    schedule is 2 messages), train_gpt2_cp's ring, and train_gpt2_ep's experts (dp 4, ep 2) at a
+    capacity every expert fills (dropped 1 - E cap / (N k) = 50%: the routed loads are the balanced
+    ones the model prices). The same counts, collective by collective, equal dev/bench/step_kernels'
+    link rows for the layout (the planner's JSON gives no bytes per collective)"""
+    p = make(["dev/memory_planner", "dev/bench/step_kernels", "train_gpt2_dp", "train_gpt2_tp", "train_gpt2_pp",
+              "train_gpt2_cp", "train_gpt2_ep"])
+    assert p.returncode == 0, p.stdout.decode(errors="replace")[-3000:]
+    d = fresh_dir("bytes_profile")
+    profile = os.path.join(d, "bytes.txt")
+    with open(profile, "w") as f:
+        f.write(STEP_TIME_BYTES_PROFILE)
+    B, T, C, L, E, k = 1, 32, 128, 2, 4, 2  # d2; the MoE layout's E experts, top-k
+    layouts = [  # name, the planner's flags, {(trainer group, kind): model group}, scalars, {model group: ranks}
+        ("dp ZeRO-2", ["-trainer", "dp", "-dp", 2, "-z", 2, "-d", 2 * 2 * B * T],
+         {("world", "all_reduce"): "dp", ("world", "reduce_scatter"): "dp", ("world", "all_gather"): "dp"},
+         {("world", "all_reduce"): 8}, {"dp": 2}),  # (the loss and the norm's sum of squares)
+        ("tp -sp 1 -r 2", ["-trainer", "tp", "-tp", 2, "-sp", 1, "-r", 2],
+         {("world", "all_reduce"): "tp", ("world", "reduce_scatter"): "tp", ("world", "all_gather"): "tp"},
+         {("world", "all_reduce"): 4}, {"tp": 2}),  # (the norm's sum of squares)
+        ("pp 1f1b", ["-trainer", "pp", "-pp", 2, "-sched", "1f1b", "-d", 2 * B * T],
+         {("world", "send"): "pp", ("embedding", "all_reduce"): "embedding"},
+         {("world", "all_reduce"): 4, ("world", "broadcast"): 4}, {"embedding": 2}),  # (the norm; the loss)
+        ("cp ring", ["-trainer", "cp", "-cp", 2, "-cp_comm", "ring"],
+         {("world", "send"): "cp", ("world", "all_reduce"): "dp"}, {("world", "all_reduce"): 4}, {"cp": 2, "dp": 2}),
+        # the world's: the loss, the loads (L E + 2 floats: each expert's tokens, kept and dropped)
+        # and the aux loss; the ep group's: the experts' norm, and before each layer's all-to-all
+        # its counts, E/ep ints to each other rank
+        ("ep", ["-trainer", "ep", "-dp", 4, "-ep", 2, "-experts", E, "-topk", k, "-capacity_factor", 0.5, "-b", B],
+         {("world", "all_reduce"): "dp", ("ep", "all_to_all"): "ep", ("expert_dp", "all_reduce"): "edp"},
+         {("world", "all_reduce"): 4 + 4 * (L * E + 2) + 4, ("ep", "all_reduce"): 4,
+          ("ep", "all_to_all"): L * (E // 2) * (2 - 1) * 4}, {"dp": 4, "ep": 2, "edp": 2}),
+    ]
+    for name, flags, names, scalars, sizes in layouts:
+        base = ["-device", "cpu", "-e", "d2", "-b", B, "-t", T] + flags
+        code, text = planner(*(base + ["-profile", profile, "-format", "json"]))
+        assert code == 0, "%s: %s" % (name, text[-2000:])
+        plan = json.loads(text)
+        run = os.path.join(d, name.split()[0])
+        out = planner_command_run(plan["command"], run)
+        if name == "ep":  # every expert full on every rank: N k slots a rank, E cap kept
+            cap = math.ceil(0.5 * B * T * k / E)
+            line = re.findall(r"^step 1 moe: .*\| dropped ([\d.]+)%", out, re.M)
+            assert line and abs(float(line[0]) / 100 - (1 - E * cap / (B * T * k))) <= 5e-7, (line, out[-2000:])
+        counted = trainer_counted(run, names, scalars)
+        # the planner: each group's link bytes (a group not listed: none)
+        exposed = plan["time_parts"]["comm_exposed"]
+        for group, seconds in exposed.items():
+            want = 0.0 if group == "pp" else sum(  # (a pipeline's messages are in its schedule)
+                STEP_TIME_LINK_SHARE[kind](sizes[g]) * n for (g, kind), n in counted.items() if g == group)
+            # (%.9g of numbers under 1e9 prints every byte; the compute hides less than one)
+            assert abs(seconds - want) <= 0.5, "%s: the planner's %s bytes %r, the trainer's %r (counted %s)" % (
+                name, group, seconds, want, counted)
+        if ("pp", "send") in counted:  # m messages of B T C floats: one there and one back
+            m, message = 2, B * T * C * 4
+            assert counted[("pp", "send")] == m * message, counted
+            assert abs(plan["time_parts"]["schedule"] - 2 * message) <= 0.5, (plan["time_parts"], message)
+        # collective by collective: step_kernels' rows of the same layout
+        inventory = ["-e", "d2", "-b", B, "-t", T, "-precision", "fp32"] + [
+            a for a in flags if a not in ("-sched", "1f1b", "-cp_comm", "ring", "-d", 2 * B * T, 2 * 2 * B * T)]
+        inventory += ["-micro_batches", 2] if "-d" in flags else []
+        rows = step_kernels_link_sums(step_kernels_json(*inventory))
+        assert rows == counted, "%s: step_kernels' rows %s, the trainer counted %s" % (name, rows, counted)
+        print("    %s: %s" % (name, ", ".join("%s %s %d B" % (g, c, n) for (g, c), n in sorted(counted.items()))))
