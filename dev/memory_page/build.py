@@ -12,6 +12,10 @@ wasm32 builtins, which wasm-ld links; dev/setup.sh installs them); the trainers'
 headers name pthreads and zlib, which wasi-libc lacks, so wasi/ declares what they name (the
 planner calls neither), and MPI's declarations come from the installed OpenMPI.
 
+The planner's default profile on -device cpu, dev/profiles/cpu-this-machine.txt (a file beside the
+program), is embedded too: the page's WASI stand-in hands it, and a profile pasted into the page,
+to the planner as files.
+
 The page records the SHA-256 of every project file the build read, so that a test can tell when
 the committed page is older than its sources (test/run_tests.py: memory_page_is_built_from_...).
 """
@@ -27,6 +31,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 HERE = os.path.join(ROOT, "dev", "memory_page")
 OUT = os.path.join(ROOT, "dev", "memory.html")
 SOURCE = "dev/memory_planner.c"
+# the linker's: a stack of 1 MiB. wasm-ld's default, 64 KiB, is less than the step-time model's
+# frames take (its kernel rows, the profiles' message buffers): past its end the program writes
+# over its own data and traps ("memory access out of bounds")
+LINK_FLAGS = ["-Wl,-z,stack-size=1048576"]
+# this project's CPU profile (dev/bench/calibrate's): the planner's default on -device cpu is a file
+# beside the program, which the page hands to its WebAssembly as a file of that name
+CPU_PROFILE = "dev/profiles/cpu-this-machine.txt"
 
 
 def compile_flags():
@@ -47,7 +58,7 @@ def project_sources(flags):
                           check=True).stdout
     files = [f for f in deps.replace("\\\n", " ").split()[1:]]
     files = sorted({os.path.relpath(os.path.normpath(os.path.join(ROOT, f)), ROOT) for f in files})
-    return files + ["dev/memory_page/page.html", "dev/memory_page/build.py"]
+    return files + [CPU_PROFILE, "dev/memory_page/page.html", "dev/memory_page/build.py"]
 
 
 def sources_digest(files):
@@ -63,7 +74,7 @@ def main():
     flags = compile_flags()
     with tempfile.TemporaryDirectory() as tmp:
         wasm = os.path.join(tmp, "memory_planner.wasm")
-        p = subprocess.run(["clang"] + flags + [SOURCE, "-o", wasm], cwd=ROOT)
+        p = subprocess.run(["clang"] + flags + LINK_FLAGS + [SOURCE, "-o", wasm], cwd=ROOT)
         if p.returncode != 0:
             sys.exit("error: clang could not build %s for wasm32-wasi (dev/setup.sh installs clang, lld, wasi-libc and "
                      "libclang-rt-dev-wasm32; dev/setup.sh --retry if an earlier install of them failed)" % SOURCE)
@@ -73,8 +84,11 @@ def main():
         page = f.read()
     build = {"sources": sources_digest(project_sources(flags)), "wasm_bytes": len(binary),
              "compiler": subprocess.run(["clang", "--version"], stdout=subprocess.PIPE, text=True).stdout.splitlines()[0]}
+    with open(os.path.join(ROOT, CPU_PROFILE)) as f:
+        cpu_profile = json.dumps(f.read()).replace("</", "<\\/")  # (a JavaScript string that cannot end the script)
     for marker, value in (("/*PLANNER_WASM_BASE64*/", base64.b64encode(binary).decode()),
-                          ("/*PLANNER_BUILD*/", json.dumps(build, sort_keys=True))):
+                          ("/*PLANNER_BUILD*/", json.dumps(build, sort_keys=True)),
+                          ("/*CPU_PROFILE_TEXT*/", cpu_profile)):
         if page.count(marker) != 1:
             sys.exit("error: dev/memory_page/page.html must hold %s once" % marker)
         page = page.replace(marker, value)
