@@ -635,6 +635,11 @@ static inline StepOptions run_step_options(const Run* r) {
     return o;
 }
 
+// the ranks a node the prediction places the run's groups with: the profile's (the planner's
+// default, 8 where a profile leaves it out), a node's GPUs, or the CPU profile's large figure: one
+// host holds every rank
+static inline int run_gpus_per_node(const Run* r) { return r->profile.gpus_per_node > 0 ? r->profile.gpus_per_node : 8; }
+
 // The predicted step against the measured, once at the end of the run on rank 0: the median of
 // the steps after the first (step_stats_median) beside llmc/step_time.h's step for the layout the
 // run took, on the profile, with its parts (stage 0's compute by kind, its exposed collectives,
@@ -660,7 +665,7 @@ static inline void run_print_step_time(const Run* r) {
     for (int k = 0; k < TIME_GROUPS; k++) exposed += t->comm_exposed[k];
     printf("step time: %s, predicted %.2f ms on %s (%scomm exposed %.2f, bubble %.2f, once %.2f; %d ranks a node; "
            "llmc/step_time.h)\n", measured, t->seconds * 1e3, r->profile_label, kinds, exposed * 1e3, t->bubble * 1e3,
-           t->once * 1e3, r->world.ranks_sharing_memory);
+           t->once * 1e3, run_gpus_per_node(r));
 }
 
 // moe: 1 for the trainer of Mixture-of-Experts models (train_gpt2_ep), which sets the experts
@@ -809,8 +814,8 @@ static inline void run_begin(Run* r, RunModel hooks, CommGroup** groups, int num
     r->flops_per_token = gpt2_flops_per_token(r->config, r->args.T);  // each rank does its share
     r->peak = train_device_peak(r->rank);
     memset(&r->stats, 0, sizeof(r->stats));
-    if (r->rank == 0 && r->has_profile) {  // (ranks sharing this node: the run's placement of its groups)
-        r->predicted = step_time_predict(&r->profile, r->config, &r->layout, run_step_options(r), r->world.ranks_sharing_memory);
+    if (r->rank == 0 && r->has_profile) {
+        r->predicted = step_time_predict(&r->profile, r->config, &r->layout, run_step_options(r), run_gpus_per_node(r));
     }
     r->stats.rate = measure_exchange_rate(&r->world, hooks.model->grads_memory, layout_grads_held(&hooks.model->layout));
     r->report = step_report_init(groups, num_groups);
