@@ -199,3 +199,42 @@ def step_time_bytes_are_the_trainers_counters():
         rows = step_kernels_link_sums(step_kernels_json(*inventory))
         assert rows == counted, "%s: step_kernels' rows %s, the trainer counted %s" % (name, rows, counted)
         print("    %s: %s" % (name, ", ".join("%s %s %d B" % (g, c, n) for (g, c), n in sorted(counted.items()))))
+
+
+def planner_search_rows_run(model_flags, count=3):
+    """the first `count` layouts of dev/memory_planner -search 4 -rank time for these model flags on
+    the CPU: each layout's command from the planner (its plan of that layout alone, whose step is
+    the row's: the same layout), run for one step; returns the layouts run"""
+    base = ["-device", "cpu", "-t", 32] + list(model_flags)
+    code, text = planner(*(base + ["-search", 4, "-rank", "time", "-format", "json"]))
+    assert code == 0, text[-2000:]
+    search = json.loads(text)
+    rows = search["layouts"][:count]
+    assert len(rows) == count, search
+    d = fresh_dir("search_rows")
+    for i, l in enumerate(rows):
+        trainer = re.match(r"train_gpt2_(\w+)", l["layout"]).group(1)
+        flags = ["-trainer", trainer, "-d", search["batch"], "-dp", l["dp"], "-tp", l["tp"], "-pp", l["pp"], "-cp", l["cp"],
+                 "-ep", l["ep"], "-z", l["z"], "-sp", l["sp"], "-r", l["r"], "-offload", l["offload"], "-cp_comm", l["cp_comm"]]
+        sched = re.search(r"-sched (\w+)", l["layout"])  # (a pipeline's schedule: in the layout's words only)
+        flags += ["-sched", sched.group(1)] if sched else []
+        code, one = planner(*(base + flags + ["-format", "json"]))
+        assert code == 0, "%s: %s" % (l["layout"], one[-2000:])
+        plan = json.loads(one)
+        assert abs(plan["step_seconds"] - l["step_seconds"]) <= 1e-9 * l["step_seconds"], (l, plan["step_seconds"])
+        out = planner_command_run(plan["command"], os.path.join(d, "row%d" % i))
+        assert re.search(r"^step +1/1 \|", out, re.M), "%s: no step line:\n%s" % (plan["command"], out[-2000:])
+        print("    %.1f ms predicted, ran one step: %s" % (l["step_seconds"] * 1e3, plan["command"]))
+    return [l["layout"] for l in rows]
+
+
+@test
+def planner_search_lists_layouts_the_trainers_run():
+    """the three fastest layouts dev/memory_planner -search 4 -rank time lists on this machine's
+    profile, for the dense d2 (B 1, T 32) and for d2 with 4 experts a layer in train_gpt2_3d, each
+    run one step by the command the planner gives for it: every trainer accepts its layout (exit
+    0) and prints its step line"""
+    p = make(["dev/memory_planner", "train_gpt2_dp", "train_gpt2_tp", "train_gpt2_pp", "train_gpt2_cp", "train_gpt2_3d"])
+    assert p.returncode == 0, p.stdout.decode(errors="replace")[-3000:]
+    planner_search_rows_run(["-e", "d2", "-b", 1])
+    planner_search_rows_run(["-e", "d2", "-b", 1, "-experts", 4, "-topk", 2, "-trainer", "3d"])
