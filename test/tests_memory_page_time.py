@@ -59,7 +59,8 @@ def page_time_layouts():
     for dp, tp, pp in ((2, 2, 2), (4, 2, 2), (2, 4, 2), (8, 2, 4)):
         for z, sp in ((0, 0), (1, 1)):
             add(e="d36", b=4, t=1024, dp=dp, tp=tp, pp=pp, z=z, sp=sp, trainer="3d", d=4 * 1024 * dp * 4)
-        add(e="d24", b=2, t=1024, dp=dp, tp=tp, pp=pp, sched="interleaved", vp=2, trainer="3d", d=2 * 1024 * dp * 8, r=1)
+        add(e="d24", b=2, t=1024, dp=dp, tp=tp, pp=pp, sched="interleaved", vp=2, trainer="3d", d=2 * 1024 * dp * 8,
+            r=1)
     for cp in (2, 4):
         for comm in ("ring", "allgather"):
             add(e="d12", b=4, t=1024, cp=cp, cp_comm=comm)
@@ -181,7 +182,8 @@ def page_time_url(pairs, page):
     out = []
     for k, v in pairs:
         if k == "profile" and v in ("own", "cpu file"):
-            out += [("profile", "your-profile.txt"), ("profile_text", PAGE_TIME_GPU_PROFILE if v == "own" else cpu_text)]
+            pasted = PAGE_TIME_GPU_PROFILE if v == "own" else cpu_text
+            out += [("profile", "your-profile.txt"), ("profile_text", pasted)]
         else:
             out.append((k, v))
     return memory_page_url(out, page)
