@@ -304,14 +304,21 @@ static inline int gpt2_config_from_descriptor(const char* desc, GPT2Config* c) {
 }
 
 // The tools' -e also takes a shape, L/C/NH (48/1600/25: GPT-2's vocabulary and maxT at that depth,
-// width and heads), beside a descriptor. Returns 0 when model is neither (then it names a file)
+// width and heads), optionally with the longest sequence and the vocabulary, L/C/NH/maxT/V
+// (96/12288/96/2048/51200: GPT-3 175B's shape as Megatron-LM trains it; the vocabulary padded to a
+// multiple of 128, as GPT-2's 50257 is to 50304), beside a descriptor. Returns 0 when model is
+// neither (then it names a file)
 static inline int gpt2_config_from_shape(const char* model, GPT2Config* c) {
-    int L, C, NH;
-    char tail;
-    if (sscanf(model, "%d/%d/%d%c", &L, &C, &NH, &tail) == 3) {
-        if (L <= 0 || C <= 0 || NH <= 0 || C % NH != 0) fail("-e %s: expected L/C/NH, all positive, with NH dividing C", model);
+    int L, C, NH, maxT = 1024, V = GPT2_VOCAB_SIZE, used = 0;
+    int fields = sscanf(model, "%d/%d/%d%n/%d%n/%d%n", &L, &C, &NH, &used, &maxT, &used, &V, &used);
+    if (fields >= 3 && model[used] == '\0') {  // (the whole text read: 48/1600/25x is a file's name)
+        if (L <= 0 || C <= 0 || NH <= 0 || C % NH != 0 || maxT <= 0 || V <= 0 || V > 65536) {
+            fail("-e %s: expected L/C/NH[/maxT[/V]], all positive, with NH dividing C and V <= 65536 (tokens are "
+                 "uint16 in the token files)", model);
+        }
         gpt2_config_from_descriptor("d12", c);
-        c->num_layers = L, c->channels = C, c->num_heads = NH;
+        c->num_layers = L, c->channels = C, c->num_heads = NH, c->max_seq_len = maxT;
+        c->vocab_size = V, c->padded_vocab_size = ((V + 127) / 128) * 128;
         return 1;
     }
     return gpt2_config_from_descriptor(model, c);

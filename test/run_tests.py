@@ -2940,12 +2940,21 @@ def memory_planner_refuses_bad_layouts_and_says_whether_it_fits():
              (["-e", "d12", "-t", 2048], "-t 2048 is longer than the model's maximum sequence length 1024"),
              (["-e", "12/768"], "-e 12/768: expected a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25) or a "
                                 "model file, and no file has that name"),
-             (["-e", "d0"], "-e 'd0' is neither a model file nor a descriptor")]
+             (["-e", "d0"], "-e 'd0' is neither a model file nor a descriptor"),
+             (["-e", "12/768/12/2048/70000"], "-e 12/768/12/2048/70000: expected L/C/NH[/maxT[/V]], all positive, "
+                                              "with NH dividing C and V <= 65536")]
     for flags, message in cases:
         code, out = planner(*flags)
         assert code == 1 and message in out, "%s: exit %d, expected '%s' in\n%s" % (flags, code, message, out)
     code, out = planner("-e", "d48", "-b", 32, "-t", 1024, "-dp", 8, "-mem", 80)
     assert code == 2 and "does not fit" in out, out  # (1 is an error)
+    # a shape with its longest sequence and vocabulary: -t 2048 is no longer refused, and the
+    # parameters are equation (2) of Narayanan et al. 2021 (12 l h^2 (1 + 13/(12 h) + (V + s)/(12 l h)))
+    # plus the final LayerNorm's 2h, at V = 51200 (a multiple of 128: no padding rows)
+    code, out = planner("-e", "2/256/4/2048/51200", "-b", 1, "-t", 2048, "-format", "json")
+    l, h, V, s_ = 2, 256, 51200, 2048
+    expected = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s_) / (12 * l * h)) + 2 * h
+    assert code == 0 and json.loads(out)["model"]["parameters"] == round(expected), (code, out[:400], expected)
     code, out = planner("-e", "d48", "-b", 32, "-t", 1024, "-dp", 8, "-z", 3, "-r", 2, "-mem", 80)
     assert code == 0 and "fits:" in out, out
 
