@@ -10,7 +10,6 @@
 
 # The table's reader and the paper's equations (2) and (3) live in dev/bench/megatron_compare.py,
 # the comparison that uses them; the checks here read the same ones
-import tempfile  # noqa: E402
 sys.path.insert(0, os.path.join(ROOT, "dev", "bench"))
 from megatron_compare import (MEGATRON_TABLE, MEGATRON_COLUMNS, A100_PEAK_TFLOPS, megatron_rows,  # noqa: E402
                               megatron_flops, megatron_params)
@@ -115,11 +114,9 @@ def megatron_table_paper_formulas():
 # teraFLOP/s column is equation (3) over the planner's step and the GPUs, that the summary counts
 # the printed errors. How close the prediction lands is printed, never asserted.
 
-def megatron_compare_run(fmt, models=None):
+def megatron_compare_run(fmt):
     make(["dev/memory_planner"])
     cmd = [sys.executable, os.path.join(ROOT, "dev", "bench", "megatron_compare.py"), "--format", fmt]
-    if models:
-        cmd += ["--models", models]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return p.stdout
@@ -145,13 +142,7 @@ def megatron_compare_rows_and_equation_3():
     interleaved chunks where the row has them; the planner's ranks, micro-batches and parameter
     count those of the row, the last equation (2) + lnf's 2h), the planner's own step (the printed
     command run again), and teraFLOP/s = equation (3) FLOPs / (step x GPUs) with its error"""
-    # (the model files are sparse, up to 2 TB long with nothing in them: kept out of the repository's tree)
-    with tempfile.TemporaryDirectory(prefix="megatron_models_") as models:
-        megatron_compare_check_json(models)
-
-
-def megatron_compare_check_json(models):
-    out = json.loads(megatron_compare_run("json", models))
+    out = json.loads(megatron_compare_run("json"))
     rows, _ = megatron_rows()
     results = out["results"]
     assert len(results) == len(rows), "%d results for %d rows" % (len(results), len(rows))
@@ -174,7 +165,7 @@ def megatron_compare_check_json(models):
             "micro-batches, the row has %d GPUs and %d" % (name, res["ranks"], res["micro_batches"], r["gpus"], m)
         model = res["model"]
         assert (model["layers"], model["channels"], model["heads"]) == (r["layers"], r["hidden"], r["heads"]), (name, model)
-        # the model file carries the paper's vocabulary and sequence: equation (2)'s parameters
+        # the model has the paper's vocabulary and sequence: equation (2)'s parameters
         # (12 l h^2 + 13 l h + (V + s) h, exact in integers) and the final LayerNorm's 2h
         eq2 = 12 * r["layers"] * r["hidden"] ** 2 + 13 * r["layers"] * r["hidden"] + (r["vocab"] + r["seq"]) * r["hidden"]
         assert model["parameters"] == eq2 + 2 * r["hidden"], "%s: %d parameters, equation (2) + 2h = %d" % (

@@ -4,17 +4,15 @@ this project's step-time model: every row of dev/bench/megatron_2021_weak_scalin
 dev/memory_planner (llmc/step_time.h, the one model; nothing of it is redone here) on the built-in
 a100-80gb profile, with the row's own layout, beside the teraFLOP/s per GPU the paper published.
 
-    /usr/bin/python3 dev/bench/megatron_compare.py [--format text|json] [--vocab 51200|50304] [--models DIR]
+    /usr/bin/python3 dev/bench/megatron_compare.py [--format text|json] [--vocab 51200|50304]
 
 The paper counts FLOPs with its equation (3) (megatron_flops below: GEMMs only, the recomputed
 forward included), so a predicted step of t seconds on n GPUs is F / (t n) FLOP/s a GPU: the same
 yardstick as the published column, whatever the model thinks the step spends.
 
 How a row becomes a planner run (the table file's header says where each column comes from):
-  model       a model file of the row's shape whose 1 KB header is all the planner reads (the rest
-              is a hole in a sparse file, no disk used): the paper's vocabulary 51,200 and sequence
-              2048. `-e L/C/NH` would give GPT-2's padded vocabulary 50,304 and its maximum
-              sequence 1024, which the planner refuses at -t 2048 (it has no flag for either).
+  model       -e L/C/NH/maxT/V: the row's layers, hidden size and heads, its sequence 2048 and the
+              paper's vocabulary 51,200 (a multiple of 128: no padding rows).
   layout      -trainer 3d -tp tp -pp pp -dp gpus/(tp pp) -b micro_batch -d batch x 2048 -t 2048
               -r 2 (full recomputation) -precision bf16 (the paper's fp16 runs at the same tensor
               core peak) -attention cublas (the unfused attention of 2021); -sched interleaved -vp
@@ -30,12 +28,9 @@ microbenchmarks before this comparison; nothing here adjusts it.
 import argparse
 import json
 import os
-import re
 import statistics
-import struct
 import subprocess
 import sys
-import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLANNER = os.path.join(ROOT, "dev", "memory_planner")
@@ -47,7 +42,6 @@ PROFILE = "a100-80gb"
 GPUS_PER_NODE = 8  # Selene's DGX A100 nodes
 MEMORY_GB = 80
 TARGET = 0.15  # the issue's target: each row within 15% of the published throughput
-MODEL_MAGIC, MODEL_VERSION_BF16 = 20240326, 5  # llmc/gpt2.h's model file header
 
 
 def megatron_rows(path=MEGATRON_TABLE):
@@ -87,27 +81,13 @@ def tflops_per_gpu(r, step_seconds):
     return megatron_flops(r) / (step_seconds * r["gpus"]) / 1e12
 
 
-def model_file(r, directory, vocab):
-    """a model file of the row's shape that the planner accepts: llmc/gpt2.h's header (maximum
-    sequence, vocabulary, layers, heads, channels, padded vocabulary) and a hole as long as the
-    bf16 parameters. The length is the planner's own count: a header-only file is refused with
-    the size it expects, so no second formula for the parameters lives here."""
-    path = os.path.join(directory, "megatron_%gB_v%d.bin" % (r["params_billions"], vocab))
-    header = [0] * 256
-    header[0:8] = [MODEL_MAGIC, MODEL_VERSION_BF16, r["seq"], vocab, r["layers"], r["heads"], r["hidden"], vocab]
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", *header))
-    p = subprocess.run([PLANNER, "-e", path], capture_output=True, text=True)
-    m = re.search(r"expected (\d+) for its header's config", p.stdout + p.stderr)
-    if not m:
-        sys.exit("error: %s did not say the size of a model file of the %gB row: %s" % (
-            PLANNER, r["params_billions"], (p.stdout + p.stderr)[-500:]))
-    os.truncate(path, int(m.group(1)))  # (sparse: the parameters are never read)
-    return path
+def model_shape(r, vocab):
+    """the planner's -e for the row: L/C/NH/maxT/V (llmc/gpt2.h, gpt2_config_from_shape)"""
+    return "%d/%d/%d/%d/%d" % (r["layers"], r["hidden"], r["heads"], r["seq"], vocab)
 
 
 def layout_args(r):
-    """the planner's flags for the row's layout (the model file comes separately)"""
+    """the planner's flags for the row's layout (the model comes separately)"""
     mp = r["tp"] * r["pp"]
     dp = r["gpus"] // mp
     args = ["-trainer", "3d", "-tp", r["tp"], "-pp", r["pp"], "-dp", dp, "-b", r["micro_batch"], "-t", r["seq"],
@@ -123,9 +103,9 @@ def planner_command(model, r):
                                                       "-gpus_per_node", str(GPUS_PER_NODE), "-format", "json"]
 
 
-def predict(r, directory, vocab):
+def predict(r, vocab):
     """the planner's prediction for a row: a dict with the command, its JSON and the comparison"""
-    cmd = planner_command(model_file(r, directory, vocab), r)
+    cmd = planner_command(model_shape(r, vocab), r)
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:  # a refused layout: said, with the planner's words, and no number
         return {"row": r, "command": cmd, "refused": (p.stdout + p.stderr).strip()[-400:]}
@@ -146,9 +126,8 @@ def layout_text(r):
 # What the planner cannot say about these runs, printed under the table (the report,
 # /work/shared/lead/megatron_report.md, prices each)
 NOTES = """notes:
-  vocabulary: the model files carry the paper's 51,200 (and sequence 2048); -e L/C/NH would give GPT-2's padded
-    50,304 and a maximum sequence of 1024, refused at -t 2048 (the planner has no flag for either).
-    --vocab 50304 moves each prediction by under 0.1%.
+  vocabulary: the paper's 51,200 (-e L/C/NH/2048/51200); --vocab 50304 (GPT-2's, padded) moves each prediction
+    by under 0.1%.
   not in the model, so not in the prediction: Megatron's dropout (0.1 on the attention probabilities and on
     the two residual branches); its full recomputation reruns the whole layer, fcproj and its tp all-reduce
     included, where -r 2 stops after GELU (what this project's backward needs); its pipeline exchanges wait
@@ -199,20 +178,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("--format", choices=("text", "json"), default="text")
     ap.add_argument("--vocab", type=int, default=0,
-                    help="vocabulary (and padded vocabulary) of the model files: 0 = the table's (51200); 50304 "
-                         "shows what GPT-2's padded vocabulary would change")
+                    help="the models' vocabulary: 0 = the table's (51200); 50304 shows what GPT-2's padded "
+                         "vocabulary would change")
     ap.add_argument("--table", default=MEGATRON_TABLE)
-    ap.add_argument("--models", default="",
-                    help="a directory to keep the (sparse) model files in, so that the printed commands rerun "
-                         "(default: a temporary one, removed at the end)")
     a = ap.parse_args()
     if not os.access(PLANNER, os.X_OK):
         sys.exit("error: %s is not built: make BACKEND=cpu dev/memory_planner" % PLANNER)
-    if a.models and not os.path.isdir(a.models):
-        sys.exit("error: --models %s: not a directory" % a.models)
     rows, _ = megatron_rows(a.table)
-    with tempfile.TemporaryDirectory(prefix="megatron_compare_") as scratch:
-        results = [predict(r, a.models or scratch, a.vocab or r["vocab"]) for r in rows]
+    results = [predict(r, a.vocab or r["vocab"]) for r in rows]
     if a.format == "json":
         for res in results:  # (the plan's memory rows are long; the command reproduces them)
             plan = res.pop("plan", None)
