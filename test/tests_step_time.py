@@ -238,3 +238,65 @@ def planner_search_lists_layouts_the_trainers_run():
     assert p.returncode == 0, p.stdout.decode(errors="replace")[-3000:]
     planner_search_rows_run(["-e", "d2", "-b", 1])
     planner_search_rows_run(["-e", "d2", "-b", 1, "-experts", 4, "-topk", 2, "-trainer", "3d"])
+
+
+@test
+def bad_profiles_and_flags_refused_by_the_planner_and_a_trainer():
+    """a profile file with one thing wrong (a field missing, an unknown one, one given twice, a value
+    out of range, a value that is not a number: made from this machine's profile) is refused by
+    dev/memory_planner -profile FILE and by train_gpt2_dp -profile FILE (its end-of-run line's
+    profile, read before the run starts: no output directory made): exit 1, the message naming the
+    file, the line (but for a missing field, which has none) and the field; -profile naming neither
+    a built-in profile nor a file is refused by both, naming it. The planner's -gpus_per_node refuses
+    -1 naming the flag, and 0 is the profile's figure: h100-sxm's 8 (d12 on dp 4 x tp 4: the same
+    step as -gpus_per_node 8, tp's groups inside a node and dp's across two; not as 1, every group
+    across nodes, nor as 16, all in one)"""
+    p = make(["dev/memory_planner", "train_gpt2_dp"])
+    assert p.returncode == 0, p.stdout.decode(errors="replace")[-3000:]
+    d = fresh_dir("bad_profiles")
+    with open("dev/profiles/cpu-this-machine.txt") as f:
+        lines = f.read().splitlines()
+
+    def line_of(key):  # 1-based, comments counted: the line a reader's editor shows
+        return next(i + 1 for i, l in enumerate(lines) if l.split() and l.split()[0] == key)
+
+    def replaced(key, value):
+        n = line_of(key)
+        return lines[:n - 1] + ["%s %s" % (key, value)] + lines[n:], n
+
+    cases = []  # (label, the file's lines, what the message must hold: {path} is the file's)
+    gone = line_of("efficiency_memory")
+    cases.append(("missing", lines[:gone - 1] + lines[gone:], "{path}: missing field efficiency_memory"))
+    cases.append(("unknown", lines + ["peak_flops_fp16 1e12"], "{path}:%d: unknown key 'peak_flops_fp16'" % (len(lines) + 1)))
+    cases.append(("repeated", lines + ["memory_bytes 1e9"],
+                  "{path}:%d: memory_bytes given twice (first on line %d)" % (len(lines) + 1, line_of("memory_bytes"))))
+    text, n = replaced("efficiency_link", "1.5")
+    cases.append(("out of range", text, "{path}:%d: efficiency_link 1.5 is out of range (0, 1]" % n))
+    text, n = replaced("intra_node_bandwidth_bytes_per_s", "6.4GB/s")
+    cases.append(("not a number", text, "{path}:%d: intra_node_bandwidth_bytes_per_s '6.4GB/s' is not a number" % n))
+    cases.append(("no such profile", None, "h300: not a built-in profile (h100-sxm, h200, a100-80gb) and not a file"))
+    for i, (label, text, message) in enumerate(cases):
+        path = "h300"
+        if text is not None:
+            path = os.path.join(d, "bad_%d.txt" % i)
+            with open(path, "w") as f:
+                f.write("\n".join(text) + "\n")
+        want = message.format(path=path)
+        code, out = planner("-device", "cpu", "-e", "d2", "-b", 1, "-t", 32, "-dp", 2, "-profile", path)
+        assert code == 1 and "error: -profile " in out and want in out, "planner, %s: exit %d, expected 1 and %r:\n%s" % (
+            label, code, want, out[-2000:])
+        run = os.path.join(d, "run_%d" % i)
+        code, out = mpirun(1, ["-e", "d2", "-b", 1, "-t", 32, "-x", 1, "-v", 0, "-s", 0, "-profile", path, "-o", run])
+        assert code != 0 and want in out, "train_gpt2_dp, %s: exit %d, expected %r:\n%s" % (label, code, want, out[-2000:])
+        assert not os.path.exists(run), "train_gpt2_dp, %s: refused after making %s" % (label, run)
+    code, out = planner("-e", "d12", "-dp", 2, "-gpus_per_node", -1)
+    assert code == 1 and "flag '-gpus_per_node' is -1, outside its allowed range >= 0" in out, out[-1000:]
+    steps = {}
+    for per_node in (0, 1, 8, 16):
+        code, out = planner("-e", "d12", "-dp", 4, "-tp", 4, "-profile", "h100-sxm", "-gpus_per_node", per_node,
+                            "-format", "json")
+        assert code == 0, out[-2000:]
+        steps[per_node] = json.loads(out)["step_seconds"]
+    assert steps[0] == steps[8] and steps[8] not in (steps[1], steps[16]), steps
+    print("    %d bad profiles refused by the planner and train_gpt2_dp; -gpus_per_node 0, 1, 8, 16: %s ms" % (
+        len(cases), ", ".join("%.2f" % (s * 1e3) for s in steps.values())))
