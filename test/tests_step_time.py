@@ -229,7 +229,7 @@ def planner_search_rows_run(model_flags, count=3):
 
 
 @test
-def planner_search_lists_layouts_the_trainers_run():
+def step_time_search_lists_layouts_the_trainers_run():
     """the three fastest layouts dev/memory_planner -search 4 -rank time lists on this machine's
     profile, for the dense d2 (B 1, T 32) and for d2 with 4 experts a layer in train_gpt2_3d, each
     run one step by the command the planner gives for it: every trainer accepts its layout (exit
@@ -241,7 +241,7 @@ def planner_search_lists_layouts_the_trainers_run():
 
 
 @test
-def bad_profiles_and_flags_refused_by_the_planner_and_a_trainer():
+def step_time_bad_profiles_and_flags_refused_by_the_planner_and_a_trainer():
     """a profile file with one thing wrong (a field missing, an unknown one, one given twice, a value
     out of range, a value that is not a number: made from this machine's profile) is refused by
     dev/memory_planner -profile FILE and by train_gpt2_dp -profile FILE (its end-of-run line's
