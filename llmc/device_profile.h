@@ -38,6 +38,31 @@
 //   intra_node_allreduce_bandwidth_bytes_per_s   bytes over 2 ranks of a node took alpha + n / beta
 //   cpu_threads, cpu_cores            ...        (optional, kind cpu) the OpenMP threads of the rank
 //                                                that was measured, and the host's cores
+//   host_flops_fp32                   ...        (optional) the host CPU's FLOP/s and memory bandwidth a
+//   host_memory_bandwidth_bytes_per_s ...        GPU (-offload's AdamW): the built-ins' from datasheets,
+//                                                a CPU's as its memory-bound passes reach
+//   pcie_latency_s, pcie_bandwidth_bytes_per_s   (optional) the link between the device and the host,
+//                                                per direction (-offload's copies); the four are given
+//                                                together. Absent on a cpu profile: the host is the
+//                                                device (its GEMM rate, its memory-bound passes'
+//                                                bandwidth, a copy in its memory); absent on a cuda
+//                                                one: a DGX A100's host, the least of the built-ins'
+//
+// Ranks that share a CPU (optional, kind cpu; dev/bench/calibrate measures them when run on 4 or 8
+// ranks: mpirun -np 8 --oversubscribe). When N ranks of one thread compute at once on a host of
+// fewer cores, or of cores that share caches and memory, each is slower than a rank alone:
+//   cpu_gemm_fraction_N_ranks         the fraction of a lone rank's GEMM rate each of N ranks
+//                                     reaches while all N run GEMMs at once (N = 2, 4, 8)
+//   cpu_memory_fraction_N_ranks       the same for the triad's bandwidth (memory-bound passes)
+//   cpu_wait_slowdown                 how many times longer cpu_cores ranks took to compute while as
+//                                     many more waited in a blocking MPI receive: MPI polls while
+//                                     it waits, so a waiting rank takes (cpu_wait_slowdown - 1) of a
+//                                     core from those computing (1: none; 2: as much as a computing one)
+//   allreduce_N_ranks_latency_s       an all-reduce of n bytes over N ranks of the host (N = 4, 8)
+//   allreduce_N_ranks_bandwidth_bytes_per_s   took alpha + n / beta (each pair given together)
+//   Absent, N ranks of cpu_threads threads each share cpu_cores evenly (a fraction of
+//   cpu_cores / (N cpu_threads) when below 1), a waiting rank takes a whole core, and every
+//   all-reduce is priced on the 2-rank one.
 //
 // Attention's FLOPs are counted one way for every profile, as useful work: q k^T and p v over
 // the causal pairs (key t2 <= query t), 2 T (T + 1) hs FLOPs a head forward, twice that backward
@@ -80,6 +105,14 @@ typedef struct {
     double efficiency_link;  // optional: 1
     double intra_node_allreduce_latency_s, intra_node_allreduce_bandwidth_bytes_per_s;  // optional: 0, not measured
     int cpu_threads, cpu_cores;                                                         // optional: 0, not given
+    double host_flops_fp32, host_memory_bandwidth_bytes_per_s;  // optional: 0 until filled in after parsing
+    double pcie_latency_s, pcie_bandwidth_bytes_per_s;
+    // ranks sharing a CPU, at N = 2, 4, 8 ranks computing at once (optional: 0, not measured)
+    double cpu_gemm_fraction_2_ranks, cpu_gemm_fraction_4_ranks, cpu_gemm_fraction_8_ranks;
+    double cpu_memory_fraction_2_ranks, cpu_memory_fraction_4_ranks, cpu_memory_fraction_8_ranks;
+    double cpu_wait_slowdown;
+    double allreduce_4_ranks_latency_s, allreduce_4_ranks_bandwidth_bytes_per_s;
+    double allreduce_8_ranks_latency_s, allreduce_8_ranks_bandwidth_bytes_per_s;
 } DeviceProfile;
 
 // ----------------------------------------------------------------------------------------------
@@ -124,6 +157,21 @@ static const ProfileField PROFILE_FIELDS[] = {
     PROFILE_FIELD(intra_node_allreduce_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 0, 1e15, 1, "a 2-rank all-reduce's bytes/s"),
     PROFILE_FIELD(cpu_threads, FIELD_COUNT, 0, 1, 1e6, 0, "the OpenMP threads of the measured rank"),
     PROFILE_FIELD(cpu_cores, FIELD_COUNT, 0, 1, 1e6, 0, "the host's cores"),
+    PROFILE_FIELD(host_flops_fp32, FIELD_NUMBER, 0, 0, 1e18, 1, "the host's FLOP/s a GPU"),
+    PROFILE_FIELD(host_memory_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 0, 1e15, 1, "the host memory's bytes/s a GPU"),
+    PROFILE_FIELD(pcie_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "a copy's latency between device and host, in seconds"),
+    PROFILE_FIELD(pcie_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 0, 1e15, 1, "bytes/s per direction between device and host"),
+    PROFILE_FIELD(cpu_gemm_fraction_2_ranks, FIELD_NUMBER, 0, 0, 1, 1, "a lone rank's GEMM rate each of 2 ranks reaches"),
+    PROFILE_FIELD(cpu_gemm_fraction_4_ranks, FIELD_NUMBER, 0, 0, 1, 1, "a lone rank's GEMM rate each of 4 ranks reaches"),
+    PROFILE_FIELD(cpu_gemm_fraction_8_ranks, FIELD_NUMBER, 0, 0, 1, 1, "a lone rank's GEMM rate each of 8 ranks reaches"),
+    PROFILE_FIELD(cpu_memory_fraction_2_ranks, FIELD_NUMBER, 0, 0, 1, 1, "a lone rank's bandwidth each of 2 ranks reaches"),
+    PROFILE_FIELD(cpu_memory_fraction_4_ranks, FIELD_NUMBER, 0, 0, 1, 1, "a lone rank's bandwidth each of 4 ranks reaches"),
+    PROFILE_FIELD(cpu_memory_fraction_8_ranks, FIELD_NUMBER, 0, 0, 1, 1, "a lone rank's bandwidth each of 8 ranks reaches"),
+    PROFILE_FIELD(cpu_wait_slowdown, FIELD_NUMBER, 0, 1, 2, 0, "computing ranks' slowdown beside as many waiting in MPI"),
+    PROFILE_FIELD(allreduce_4_ranks_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "a 4-rank all-reduce's latency, in seconds"),
+    PROFILE_FIELD(allreduce_4_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 0, 1e15, 1, "a 4-rank all-reduce's bytes/s"),
+    PROFILE_FIELD(allreduce_8_ranks_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "an 8-rank all-reduce's latency, in seconds"),
+    PROFILE_FIELD(allreduce_8_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 0, 1e15, 1, "an 8-rank all-reduce's bytes/s"),
 };
 #define PROFILE_FIELD_COUNT ((int)(sizeof(PROFILE_FIELDS) / sizeof(PROFILE_FIELDS[0])))
 
@@ -180,6 +228,22 @@ static const ProfileField PROFILE_FIELDS[] = {
 //     an 8-GPU ring all-reduce of a few bytes, 14 such steps, takes some tens of microseconds) and
 //     5 us across nodes (an InfiniBand switch hop and NCCL's network proxy).
 
+// The host of each built-in (-offload keeps the master weights and AdamW there), per GPU: a DGX's
+// two CPUs and their memory split over its 8 GPUs, from the CPUs' datasheets; the peaks, so -offload's
+// host part is a lower bound (a STREAM run reaches some 70-90% of a DRAM's peak):
+//   DGX H100 and DGX H200: 2 Intel Xeon Platinum 8480C, each 8 channels of DDR5-4800 (8 x 4800e6 x 8
+//     bytes = 307.2 GB/s) and 56 cores at 2.0 GHz of 64 fp32 FLOPs a cycle (two AVX-512 FMA units):
+//     614.4 GB/s and 14.3 TFLOP/s a node, 76.8 GB/s and 1.79 TFLOP/s a GPU.
+//   DGX A100: 2 AMD EPYC 7742, each 8 channels of DDR4-3200 (204.8 GB/s) and 64 cores at 2.25 GHz of
+//     32 fp32 FLOPs a cycle (two 256-bit FMA units): 51.2 GB/s and 1.15 TFLOP/s a GPU.
+//   PCIe, per direction: Gen5 x16 for H100 and H200 (NVIDIA's datasheets: 128 GB/s both ways), Gen4
+//     x16 for A100 (64 GB/s both ways); efficiency_link applies as on the other links. Latency 5 us,
+//     assumed: a cudaMemcpy's launch and a round trip over PCIe.
+#define DGX_A100_HOST_FLOPS_PER_GPU 1.15e12
+#define DGX_A100_HOST_BANDWIDTH_PER_GPU 51.2e9
+#define PCIE_LATENCY_S 5e-6
+#define PCIE_GEN4_X16_BYTES_PER_S 32e9
+
 static const char DEVICE_PROFILE_H100_SXM[] =
     "# NVIDIA H100 SXM5 80GB (built in: llmc/device_profile.h says where each number comes from)\n"
     "name NVIDIA H100 SXM5 80GB\n"
@@ -198,7 +262,11 @@ static const char DEVICE_PROFILE_H100_SXM[] =
     "inter_node_latency_s 5e-6\n"
     "inter_node_bandwidth_bytes_per_s 50e9    # InfiniBand NDR 400 Gb/s\n"
     "gpus_per_node 8\n"
-    "efficiency_link 0.8\n";
+    "efficiency_link 0.8\n"
+    "host_flops_fp32 1.79e12                  # DGX H100: 2 Xeon 8480C over 8 GPUs\n"
+    "host_memory_bandwidth_bytes_per_s 76.8e9 # 16 channels of DDR5-4800 over 8 GPUs\n"
+    "pcie_latency_s 5e-6\n"
+    "pcie_bandwidth_bytes_per_s 64e9          # PCIe Gen5 x16\n";
 
 static const char DEVICE_PROFILE_H200[] =
     "# NVIDIA H200 SXM 141GB (built in: llmc/device_profile.h says where each number comes from)\n"
@@ -218,7 +286,11 @@ static const char DEVICE_PROFILE_H200[] =
     "inter_node_latency_s 5e-6\n"
     "inter_node_bandwidth_bytes_per_s 50e9    # InfiniBand NDR 400 Gb/s\n"
     "gpus_per_node 8\n"
-    "efficiency_link 0.8\n";
+    "efficiency_link 0.8\n"
+    "host_flops_fp32 1.79e12                  # DGX H200: 2 Xeon 8480C over 8 GPUs\n"
+    "host_memory_bandwidth_bytes_per_s 76.8e9 # 16 channels of DDR5-4800 over 8 GPUs\n"
+    "pcie_latency_s 5e-6\n"
+    "pcie_bandwidth_bytes_per_s 64e9          # PCIe Gen5 x16\n";
 
 static const char DEVICE_PROFILE_A100_80GB[] =
     "# NVIDIA A100 SXM4 80GB (built in: llmc/device_profile.h says where each number comes from)\n"
@@ -238,7 +310,11 @@ static const char DEVICE_PROFILE_A100_80GB[] =
     "inter_node_latency_s 5e-6\n"
     "inter_node_bandwidth_bytes_per_s 25e9    # InfiniBand HDR 200 Gb/s\n"
     "gpus_per_node 8\n"
-    "efficiency_link 0.8\n";
+    "efficiency_link 0.8\n"
+    "host_flops_fp32 1.15e12                  # DGX A100: 2 EPYC 7742 over 8 GPUs\n"
+    "host_memory_bandwidth_bytes_per_s 51.2e9 # 16 channels of DDR4-3200 over 8 GPUs\n"
+    "pcie_latency_s 5e-6\n"
+    "pcie_bandwidth_bytes_per_s 32e9          # PCIe Gen4 x16\n";
 
 typedef struct {
     const char* name;
@@ -287,6 +363,26 @@ static inline void profile_defaults(DeviceProfile* p) {
     memset(p, 0, sizeof(*p));
     p->gpus_per_node = 8;
     p->efficiency_link = 1.0;
+}
+
+// The host where a profile does not describe it. A CPU is its own host: the host's FLOP/s its
+// GEMM rate, its bandwidth what its memory-bound passes reach, its "PCIe" a copy in its memory at
+// that bandwidth (a read and a write a byte) after a message's latency. A GPU without host fields
+// gets a DGX A100's host, the least of the three built-ins' (below): PCIe Gen4 x16 and a share of
+// two EPYC 7742s
+static inline void device_profile_fill_host(DeviceProfile* p) {
+    if (p->host_memory_bandwidth_bytes_per_s > 0.0) return;
+    if (p->kind == DEVICE_CPU) {
+        p->host_flops_fp32 = p->peak_flops_fp32;
+        p->host_memory_bandwidth_bytes_per_s = p->memory_bandwidth_bytes_per_s * p->efficiency_memory;
+        p->pcie_latency_s = p->intra_node_latency_s;
+        p->pcie_bandwidth_bytes_per_s = p->host_memory_bandwidth_bytes_per_s / 2.0 / p->efficiency_link;
+    } else {
+        p->host_flops_fp32 = DGX_A100_HOST_FLOPS_PER_GPU;
+        p->host_memory_bandwidth_bytes_per_s = DGX_A100_HOST_BANDWIDTH_PER_GPU;
+        p->pcie_latency_s = PCIE_LATENCY_S;
+        p->pcie_bandwidth_bytes_per_s = PCIE_GEN4_X16_BYTES_PER_S;
+    }
 }
 
 // Reads a profile from text; source_name names it in messages (a path, or "built-in profile
@@ -387,15 +483,28 @@ static inline int device_profile_parse(const char* text, const char* source_name
             return 0;
         }
     }
-    // a measured all-reduce is its two numbers or neither
-    int lat = profile_field_index("intra_node_allreduce_latency_s");
-    int bw = profile_field_index("intra_node_allreduce_bandwidth_bytes_per_s");
-    if (!seen[lat] != !seen[bw]) {
-        int given = seen[lat] ? lat : bw, other = seen[lat] ? bw : lat;
-        snprintf(why, cap, "%s:%d: %s without %s (a measured all-reduce gives both)", source_name, seen[given],
-                 PROFILE_FIELDS[given].key, PROFILE_FIELDS[other].key);
-        return 0;
+    // fields that are given together or not at all: a measured all-reduce's two numbers, the host's four
+    static const char* const together[][5] = {
+        {"intra_node_allreduce_latency_s", "intra_node_allreduce_bandwidth_bytes_per_s", NULL, NULL, "a measured all-reduce gives both"},
+        {"allreduce_4_ranks_latency_s", "allreduce_4_ranks_bandwidth_bytes_per_s", NULL, NULL, "a measured all-reduce gives both"},
+        {"allreduce_8_ranks_latency_s", "allreduce_8_ranks_bandwidth_bytes_per_s", NULL, NULL, "a measured all-reduce gives both"},
+        {"host_flops_fp32", "host_memory_bandwidth_bytes_per_s", "pcie_latency_s", "pcie_bandwidth_bytes_per_s",
+         "the host and its link are given together"},
+    };
+    for (size_t g = 0; g < sizeof(together) / sizeof(together[0]); g++) {
+        int given = -1, missing = -1;
+        for (int k = 0; k < 4 && together[g][k]; k++) {
+            int i = profile_field_index(together[g][k]);
+            if (seen[i] && given < 0) given = i;
+            if (!seen[i] && missing < 0) missing = i;
+        }
+        if (given >= 0 && missing >= 0) {
+            snprintf(why, cap, "%s:%d: %s without %s (%s)", source_name, seen[given], PROFILE_FIELDS[given].key,
+                     PROFILE_FIELDS[missing].key, together[g][4]);
+            return 0;
+        }
     }
+    device_profile_fill_host(p);
     return 1;
 }
 

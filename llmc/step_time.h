@@ -19,10 +19,19 @@
 //      stage's list with those durations and returns the schedule's length;
 //   4. the step: the schedule, then the once-a-step work of the slowest stage (the gradients'
 //      reduction over dp, the tied embedding's, the norm, AdamW).
+//   5. ranks that share a CPU (a cpu profile; a GPU is a rank's own): while n ranks compute at once
+//      each runs at the fraction of a lone rank's rate that calibrate measured for n (GEMMs and
+//      attention at the GEMMs', memory-bound passes at the triad's); its collectives at the
+//      all-reduce measured over as many ranks as the run has. Without stages every rank computes
+//      at once; with stages a stage idle in the bubble waits in MPI, taking only what
+//      cpu_wait_slowdown says of a core, so the schedule is played once at a lone rank's speed,
+//      each stage's busy share of it gives the ranks computing at once, and then played again at
+//      their speed.
+// -offload's host rows run on the profile's host (AdamW at its FLOP/s and memory bandwidth, the
+// copies over its PCIe link); a CPU is its own host.
 // What it leaves out, as the rows do: launch latency, the host's own work inside a step, the tail
 // of a grid that does not fill the device, and collectives' contention with compute for the
-// memory system. On the CPU every rank's compute is scaled by the cores it gets when the ranks
-// outnumber the host's cores (the profile's cpu_cores and cpu_threads).
+// memory system.
 #ifndef LLMC_STEP_TIME_H
 #define LLMC_STEP_TIME_H
 
@@ -56,22 +65,67 @@ static inline int time_group_index(const char* comm) {
     return -1;
 }
 
+// 5. Ranks sharing a CPU: how many times longer each of n ranks computing at once takes than a
+// rank alone (n need not be whole: ranks busy part of the time). The host's throughput A(n), in
+// lone ranks' worth, is n x the measured fraction at n = 2, 4, 8 (A(1) = 1), straight between
+// them and flat past the last (more ranks than that take turns on what the host has); the
+// slowdown is n / A(n). Without measured fractions, ranks of cpu_threads share cpu_cores evenly:
+// A(n) = min(n, cpu_cores / cpu_threads). A GPU profile: 1 (each rank its own device).
+static inline double time_cpu_share_slowdown(const DeviceProfile* p, double n, int memory_bound) {
+    if (p->kind != DEVICE_CPU || n <= 1.0) return 1.0;
+    double f2 = memory_bound ? p->cpu_memory_fraction_2_ranks : p->cpu_gemm_fraction_2_ranks;
+    double f4 = memory_bound ? p->cpu_memory_fraction_4_ranks : p->cpu_gemm_fraction_4_ranks;
+    double f8 = memory_bound ? p->cpu_memory_fraction_8_ranks : p->cpu_gemm_fraction_8_ranks;
+    if (f2 <= 0.0) {  // (not measured: even shares of the cores)
+        double cores = p->cpu_cores > 0 ? (double)p->cpu_cores / (p->cpu_threads > 0 ? p->cpu_threads : 1) : n;
+        return n > cores ? n / cores : 1.0;
+    }
+    double at[4] = {1.0, 2.0, 4.0, 8.0}, A[4] = {1.0, 2.0 * f2, 4.0 * f4, 8.0 * f8};
+    int last = f4 <= 0.0 ? 1 : f8 <= 0.0 ? 2 : 3;
+    double throughput = A[last];
+    for (int i = 0; i < last; i++) {
+        if (n <= at[i + 1]) {
+            throughput = A[i] + (A[i + 1] - A[i]) * (n - at[i]) / (at[i + 1] - at[i]);
+            break;
+        }
+    }
+    return n / throughput;
+}
+
+// the slowdowns of a step's work while n ranks compute at once: GEMMs and attention, and the
+// memory-bound passes
+typedef struct {
+    double compute, memory;
+} TimeShare;
+
+static inline TimeShare time_share_at(const DeviceProfile* p, double n) {
+    TimeShare s = {time_cpu_share_slowdown(p, n, 0), time_cpu_share_slowdown(p, n, 1)};
+    return s;
+}
+
+// The ranks computing at once, in lone ranks' worth, when `busy` of the `world` ranks compute on
+// average and the rest wait in MPI: a waiting rank takes cpu_wait_slowdown - 1 of a core (not
+// measured: a whole one, as a computing rank does)
+static inline double time_ranks_at_once(const DeviceProfile* p, double busy, int world) {
+    double waiting_share = p->cpu_wait_slowdown >= 1.0 ? p->cpu_wait_slowdown - 1.0 : 1.0;
+    return busy + waiting_share * (world - busy);
+}
+
 // 1. A kernel's seconds for one call. FLOPs: a row's own, except attention's, which the caller
 // has turned into useful FLOPs (time_attention_useful_scale). X: the floats' bytes (the GEMMs'
-// peak). slowdown >= 1: ranks sharing a core
+// peak). share: the slowdowns of ranks sharing a CPU (5; 1 and 1 on a GPU). -offload's host rows
+// on the host's FLOP/s and memory bandwidth, as they are (a CPU: its measured passes' bandwidth)
 static inline double time_kernel_seconds(const DeviceProfile* p, const StepKernel* r, double flops, int X,
-                                         double slowdown) {
+                                         TimeShare share) {
     double bandwidth = p->memory_bandwidth_bytes_per_s * p->efficiency_memory, rate = 0.0;
     switch (r->engine) {
         case STEP_GEMM: rate = device_profile_peak_flops(p, X) * device_profile_matmul_efficiency(p, flops); break;
         case STEP_ATTN: rate = device_profile_peak_flops(p, X) * p->efficiency_attention; break;
-        // (-offload's host AdamW: at the device's rates, since profiles do not describe the host
-        // yet: too fast for a GPU's host, which the planner says where it ranks layouts)
-        case STEP_HOST: rate = p->peak_flops_fp32 * p->efficiency_memory; break;
+        case STEP_HOST: rate = p->host_flops_fp32, bandwidth = p->host_memory_bandwidth_bytes_per_s; break;
         default: rate = 0.0;  // vector and memset rows: their bytes
     }
-    double by_flops = rate > 0.0 ? flops / rate : 0.0, by_bytes = r->bytes / bandwidth;
-    return (by_flops > by_bytes ? by_flops : by_bytes) * slowdown;
+    double by_flops = rate > 0.0 ? flops / rate * share.compute : 0.0, by_bytes = r->bytes / bandwidth * share.memory;
+    return by_flops > by_bytes ? by_flops : by_bytes;
 }
 
 // which part a compute row's time is reported under
@@ -122,15 +176,53 @@ static inline GroupPlacement time_placement(const StepKernel* row, GridShape g, 
     return group_placement(members, gpus_per_node);
 }
 
-// a link row's seconds a call: its payload through the collective it names, over its group
-// (-offload's "pcie" copies: the host link, priced as a node's link until profiles carry one)
+// a link row's seconds a call: its payload through the collective it names, over its group;
+// -offload's "pcie" copies over the host's link (a CPU's: a copy in memory, as slow as its
+// memory-bound passes are with the ranks computing at once: share)
 static inline double time_link_seconds(const DeviceProfile* p, const StepKernel* r, GridShape g, int rank,
-                                       int gpus_per_node) {
+                                       int gpus_per_node, TimeShare share) {
     if (strcmp(r->comm, "pcie") == 0) {
-        LinkCost l = link_cost(p, LINK_INTRA_NODE);
-        return l.alpha + r->payload / l.beta;
+        return p->pcie_latency_s + r->payload / (p->pcie_bandwidth_bytes_per_s * p->efficiency_link) * share.memory;
     }
     return coll_time(p, collective_of_name(r->collective), time_placement(r, g, rank, gpus_per_node), r->payload).seconds;
+}
+
+// The links of a CPU's ranks when `world` of them share the host: every message and every
+// all-reduce step as a step of the all-reduce measured over that many ranks. A ring all-reduce
+// over N ranks is 2 (N - 1) steps of n / N bytes, so the measured alpha_N + n / beta_N is, a step,
+//   alpha_N / (2 (N - 1)) + (n / N) / (beta_N 2 (N - 1) / N);
+// between the measured counts (2, then 4 and 8 where the profile has them) a step's latency and
+// seconds a byte go straight, past the last they stay. The all-reduce link (comm_time.h: its
+// latency is 2 steps') takes those steps; the message link each scaled by as much as the step
+// changed from 2 ranks' to these. Unchanged on a GPU, or without the 2-rank all-reduce measured.
+static inline DeviceProfile time_links_shared(const DeviceProfile* p, int world) {
+    DeviceProfile q = *p;
+    if (p->kind != DEVICE_CPU || p->intra_node_allreduce_bandwidth_bytes_per_s <= 0.0 || world <= 2) return q;
+    double at[3] = {2.0, 4.0, 8.0}, step_alpha[3], step_seconds_a_byte[3];
+    double alpha[3] = {p->intra_node_allreduce_latency_s, p->allreduce_4_ranks_latency_s, p->allreduce_8_ranks_latency_s};
+    double beta[3] = {p->intra_node_allreduce_bandwidth_bytes_per_s, p->allreduce_4_ranks_bandwidth_bytes_per_s,
+                      p->allreduce_8_ranks_bandwidth_bytes_per_s};
+    int last = 0;
+    for (int i = 0; i < 3; i++) {
+        if (beta[i] <= 0.0) break;
+        step_alpha[i] = alpha[i] / (2.0 * (at[i] - 1.0));
+        step_seconds_a_byte[i] = at[i] / (beta[i] * 2.0 * (at[i] - 1.0));
+        last = i;
+    }
+    double a = step_alpha[last], b = step_seconds_a_byte[last];
+    for (int i = 0; i < last; i++) {
+        if (world <= at[i + 1]) {
+            double x = (world - at[i]) / (at[i + 1] - at[i]);
+            a = step_alpha[i] + x * (step_alpha[i + 1] - step_alpha[i]);
+            b = step_seconds_a_byte[i] + x * (step_seconds_a_byte[i + 1] - step_seconds_a_byte[i]);
+            break;
+        }
+    }
+    q.intra_node_allreduce_latency_s = 2.0 * a, q.intra_node_allreduce_bandwidth_bytes_per_s = 1.0 / b;
+    double latency_ratio = a / step_alpha[0], byte_ratio = b / step_seconds_a_byte[0];
+    q.intra_node_latency_s *= latency_ratio, q.inter_node_latency_s *= latency_ratio;
+    q.intra_node_bandwidth_bytes_per_s /= byte_ratio, q.inter_node_bandwidth_bytes_per_s /= byte_ratio;
+    return q;
 }
 
 // the compute a link row may hide behind: the rows named by its hidden_by, a kernel or a group
@@ -145,7 +237,8 @@ static inline double time_hiding_seconds(const StepKernel* rows, const double* s
 
 // 3. One stage: its rows priced, each action's duration (seconds[op]: one chunk's F, B and W of
 // one micro-batch, the stage's V chunks averaged), the message's send time, and its once-a-step
-// part. The parts of the step are filled for stage 0.
+// part. The parts of the step are filled for stage 0. during: the ranks sharing a CPU while the
+// schedule runs (5), once: while every rank does its once-a-step work
 typedef struct {
     double action[3];  // F, B, W of one chunk and micro-batch
     double send;       // one pipeline message
@@ -153,7 +246,7 @@ typedef struct {
 } StageTime;
 
 static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const StepLayout* o, GridShape g, int rank,
-                                   int gpus_per_node, double slowdown, StepTime* parts) {
+                                   int gpus_per_node, TimeShare during, TimeShare once, StepTime* parts) {
     StepKernel rows[STEP_KERNELS_MAX];
     double seconds[STEP_KERNELS_MAX];
     int n = step_kernels(rows, STEP_KERNELS_MAX, c, *o);
@@ -167,13 +260,13 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
         if (r->engine == STEP_LINK) continue;
         double flops = r->flops;
         if (time_kind_of(r) == TIME_ATTENTION) flops *= r->phase == STEP_PHASE_FORWARD ? scale_f : scale_b;
-        seconds[i] = time_kernel_seconds(p, r, flops, o->X, slowdown) * r->calls;
+        seconds[i] = time_kernel_seconds(p, r, flops, o->X, r->phase == STEP_PHASE_STEP ? once : during) * r->calls;
         if (parts) parts->compute[time_kind_of(r)] += seconds[i];
     }
     for (int i = 0; i < n; i++) {
         const StepKernel* r = &rows[i];
         if (r->engine != STEP_LINK) continue;
-        double per_call = time_link_seconds(p, r, g, rank, gpus_per_node);
+        double per_call = time_link_seconds(p, r, g, rank, gpus_per_node, r->phase == STEP_PHASE_STEP ? once : during);
         if (strcmp(r->comm, "pp") == 0) {  // (a message: the play waits for it where the receiver must)
             st.send = per_call > st.send ? per_call : st.send;
             continue;
@@ -198,46 +291,68 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
 // ranks of one stage do the same work), the schedule played with their durations, then the
 // slowest stage's once-a-step part. Without zero bubble a backward holds its weight half (B + W
 // is the action); one stage is a pipeline of p = 1 (its micro-batches one after another).
-static inline StepTime step_time_predict(const DeviceProfile* p, GPT2Config c, const RunLayout* r, StepOptions opt,
-                                         int gpus_per_node) {
-    StepTime t;
-    memset(&t, 0, sizeof(t));
+// time_play does one play: every stage priced, the schedule's length returned, and the busy
+// seconds of all stages together (busy), the slowest once-a-step part and the parts for stage 0
+// filled in t.
+static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLayout* r, StepOptions opt, int gpus_per_node,
+                               TimeShare during, TimeShare once, StepTime* t, double* busy) {
     GridShape g = {r->dp, r->pp, layout_cp(r), r->tp, layout_ep(r)};
-    int S = g.dp * g.cp * g.tp, world = grid_world(g), pp = r->pp > 1 ? r->pp : 1;
-    double slowdown = 1.0;  // (CPU ranks that outnumber the cores share them)
-    if (p->kind == DEVICE_CPU && p->cpu_cores > 0) {
-        double threads = (double)world * (p->cpu_threads > 0 ? p->cpu_threads : 1);
-        if (threads > p->cpu_cores) slowdown = threads / p->cpu_cores;
-    }
+    int S = g.dp * g.cp * g.tp, pp = r->pp > 1 ? r->pp : 1;
     PipeSpec spec = {pp > 1 ? r->sched : SCHEDULE_AFAB, pp, r->m > 1 ? r->m : 1, r->V > 1 ? r->V : 1};
     int zb = spec.sched == SCHEDULE_ZB, n = pipeline_actions_per_stage(spec);
     double* seconds = (double*)malloc_check((size_t)pp * 3 * sizeof(double));
     double send = 0.0;
+    memset(t, 0, sizeof(*t));
     for (int s = 0; s < pp; s++) {
         StepLayout o = step_layout_of_run(r, s, opt);
-        StageTime st = time_stage(p, c, &o, g, s * S, gpus_per_node, slowdown, s == 0 ? &t : NULL);
+        StageTime st = time_stage(p, c, &o, g, s * S, gpus_per_node, during, once, s == 0 ? t : NULL);
         seconds[s * 3 + PIPE_FORWARD] = st.action[PIPE_FORWARD];
         seconds[s * 3 + PIPE_BACKWARD] = st.action[PIPE_BACKWARD] + (zb ? 0.0 : st.action[PIPE_WEIGHT]);
         seconds[s * 3 + PIPE_WEIGHT] = zb ? st.action[PIPE_WEIGHT] : 0.0;
         send = st.send > send ? st.send : send;
-        t.once = st.once > t.once ? st.once : t.once;
+        t->once = st.once > t->once ? st.once : t->once;
     }
     PipeAction* actions = (PipeAction*)malloc_check((size_t)pp * n * sizeof(PipeAction));
     double* start = (double*)malloc_check((size_t)pp * n * sizeof(double));
     double* end = (double*)malloc_check((size_t)pp * n * sizeof(double));
-    t.schedule = pipeline_play(spec, actions, seconds, send, start, end);
-    double busy = 0.0;  // stage 0's
-    for (int k = 0; k < n; k++) busy += end[k] - start[k];
-    t.bubble = t.schedule - busy;
-    t.seconds = t.schedule + t.once;
-    double tokens = (double)r->dp * spec.m * r->B * r->T;  // the global batch (cp and tp ranks share sequences)
-    t.tokens_per_second = tokens / t.seconds;
-    double peak = device_profile_peak_flops(p, opt.X) * world;
-    t.mfu = gpt2_flops_per_token(c, r->T) * tokens / t.seconds / peak;
+    t->schedule = pipeline_play(spec, actions, seconds, send, start, end);
+    double stage0 = 0.0;
+    *busy = 0.0;
+    for (int k = 0; k < pp * n; k++) {
+        *busy += end[k] - start[k];
+        if (k < n) stage0 += end[k] - start[k];
+    }
+    t->bubble = t->schedule - stage0;
     free(seconds);
     free(actions);
     free(start);
     free(end);
+    return t->schedule;
+}
+
+static inline StepTime step_time_predict(const DeviceProfile* p, GPT2Config c, const RunLayout* r, StepOptions opt,
+                                         int gpus_per_node) {
+    StepTime t;
+    GridShape g = {r->dp, r->pp, layout_cp(r), r->tp, layout_ep(r)};
+    int world = grid_world(g), pp = r->pp > 1 ? r->pp : 1, m = r->m > 1 ? r->m : 1;
+    // 5. on a CPU: the links as `world` ranks share it; every rank computing at once outside a
+    // pipeline and in the once-a-step part; inside one, the stages' busy share of a play at a lone
+    // rank's speed says how many compute at once (a GPU: 1 and 1 throughout, the links as given)
+    DeviceProfile links = time_links_shared(p, world);
+    TimeShare all = time_share_at(p, world), during = all;
+    double busy;
+    if (pp > 1 && p->kind == DEVICE_CPU) {
+        TimeShare lone = {1.0, 1.0};
+        double length = time_play(&links, c, r, opt, gpus_per_node, lone, lone, &t, &busy);
+        double busy_ranks = busy / (pp * length) * world;  // (the ranks of a stage are busy together)
+        during = time_share_at(p, time_ranks_at_once(p, busy_ranks, world));
+    }
+    time_play(&links, c, r, opt, gpus_per_node, during, all, &t, &busy);
+    t.seconds = t.schedule + t.once;
+    double tokens = (double)r->dp * m * r->B * r->T;  // the global batch (cp and tp ranks share sequences)
+    t.tokens_per_second = tokens / t.seconds;
+    double peak = device_profile_peak_flops(p, opt.X) * world;
+    t.mfu = gpt2_flops_per_token(c, r->T) * tokens / t.seconds / peak;
     return t;
 }
 

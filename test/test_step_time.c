@@ -7,7 +7,13 @@
 //   - data parallelism: two ranks of one node take exactly one ring all-reduce of the gradients
 //     (2 alpha + P X / beta) longer than one rank, the compute being the same; over two nodes
 //     the inter-node link's; with -overlap shorter by what the backward hides of it;
-//   - ranks sharing the cores of a CPU: 4 ranks on 2 cores compute at half the speed;
+//   - ranks sharing the cores of a CPU: 4 ranks on 2 cores compute at half the speed; with the
+//     fractions calibrate measured, the host's throughput straight between them (3 ranks between 2
+//     and 4, 16 past the last at 8's); the ranks computing at once when some wait in MPI; the
+//     links as a step of the all-reduce measured over as many ranks; a pipeline whose stages take
+//     turns (pp 2, one micro-batch) computing at a lone rank's speed when waiting takes no core,
+//     at the shared speed when it takes a whole one; a GPU profile ignoring all of it;
+//   - -offload's host rows on the profile's host and its PCIe link;
 //   - a pipeline message across nodes costs its latency and bytes where the receiver waits;
 //   - the step's throughput and MFU from their definitions.
 // Expected values come from the formulas written here, not from a run of the model.
@@ -66,14 +72,15 @@ int main(void) {
     // a kernel: 2e9 FLOPs on 1e3 bytes is compute-bound, 2e9 / (1e12 x 0.5) = 4 ms; a vector pass
     // of 1e6 bytes memory-bound, 1e6 / (1e9 x 0.5) = 2 ms
     StepKernel gemm, vec;
+    TimeShare lone = {1.0, 1.0};
     memset(&gemm, 0, sizeof(gemm));
     gemm.engine = STEP_GEMM, gemm.op = "matmul", gemm.flops = 2e9, gemm.bytes = 1e3;
     vec = gemm;
     vec.engine = STEP_VECTOR, vec.op = "layernorm", vec.flops = 1e6, vec.bytes = 1e6;
-    CHECK(close_to(time_kernel_seconds(&p, &gemm, gemm.flops, 4, 1.0), 4e-3, 1e-12), "a compute-bound GEMM: %g s, expected 4 ms",
-          time_kernel_seconds(&p, &gemm, gemm.flops, 4, 1.0));
-    CHECK(close_to(time_kernel_seconds(&p, &vec, vec.flops, 4, 1.0), 2e-3, 1e-12), "a memory-bound pass: %g s, expected 2 ms",
-          time_kernel_seconds(&p, &vec, vec.flops, 4, 1.0));
+    CHECK(close_to(time_kernel_seconds(&p, &gemm, gemm.flops, 4, lone), 4e-3, 1e-12), "a compute-bound GEMM: %g s, expected 4 ms",
+          time_kernel_seconds(&p, &gemm, gemm.flops, 4, lone));
+    CHECK(close_to(time_kernel_seconds(&p, &vec, vec.flops, 4, lone), 2e-3, 1e-12), "a memory-bound pass: %g s, expected 2 ms",
+          time_kernel_seconds(&p, &vec, vec.flops, 4, lone));
 
     // attention's factor on cuBLAS's squares
     RunLayout one = layout(TRAINER_DP, 1, 1, 1);
@@ -141,6 +148,138 @@ int main(void) {
     StepTime shared = step_time_predict(&cpu, c, &four, fp32_kernels(), 1024);
     CHECK(close_to(shared.compute[TIME_GEMM], 2 * alone.compute[TIME_GEMM], 1e-12), "4 ranks on 2 cores: GEMMs %g s, expected twice %g",
           shared.compute[TIME_GEMM], alone.compute[TIME_GEMM]);
+
+    // the host's throughput in lone ranks' worth from measured fractions 0.8, 0.5, 0.3 at 2, 4, 8
+    // ranks: A = 1.6, 2.0, 2.4, straight between. 3 ranks: A = 1.8, slowdown 3 / 1.8; 1.5 ranks:
+    // A = 1 + 0.5 (1.6 - 1) = 1.3; 16 ranks: A stays 2.4. The memory-bound passes by their own
+    // fractions (0.9 at 2 alone: A = 1.8 at 2 ranks and past)
+    DeviceProfile shared_cpu = cpu;
+    shared_cpu.cpu_gemm_fraction_2_ranks = 0.8, shared_cpu.cpu_gemm_fraction_4_ranks = 0.5;
+    shared_cpu.cpu_gemm_fraction_8_ranks = 0.3, shared_cpu.cpu_memory_fraction_2_ranks = 0.9;
+    const double ns[5] = {1.0, 1.5, 3.0, 8.0, 16.0}, slowdowns[5] = {1.0, 1.5 / 1.3, 3.0 / 1.8, 8.0 / 2.4, 16.0 / 2.4};
+    for (int i = 0; i < 5; i++) {
+        double got = time_cpu_share_slowdown(&shared_cpu, ns[i], 0);
+        CHECK(close_to(got, slowdowns[i], 1e-12), "%g ranks at once: GEMMs slowed %g times, expected %g", ns[i], got, slowdowns[i]);
+    }
+    CHECK(close_to(time_cpu_share_slowdown(&shared_cpu, 2.0, 1), 2.0 / 1.8, 1e-12) &&
+              close_to(time_cpu_share_slowdown(&shared_cpu, 4.0, 1), 4.0 / 1.8, 1e-12),
+          "2 and 4 ranks' memory-bound passes: %g, %g, expected 2 / 1.8 and 4 / 1.8 (only 2 measured: A flat past it)",
+          time_cpu_share_slowdown(&shared_cpu, 2.0, 1), time_cpu_share_slowdown(&shared_cpu, 4.0, 1));
+    CHECK(time_cpu_share_slowdown(&p, 16.0, 0) == 1.0 && time_cpu_share_slowdown(&cpu, 4.0, 0) == 2.0,
+          "a GPU slowed %g times by 16 ranks (expected 1); 4 ranks on 2 cores without fractions %g (expected 2)",
+          time_cpu_share_slowdown(&p, 16.0, 0), time_cpu_share_slowdown(&cpu, 4.0, 0));
+    // ranks at once: 1.5 of 4 busy, the other 2.5 waiting, each taking 0.2 of a core: 2.0; without
+    // cpu_wait_slowdown a waiting rank counts whole: 4
+    shared_cpu.cpu_wait_slowdown = 1.2;
+    CHECK(close_to(time_ranks_at_once(&shared_cpu, 1.5, 4), 2.0, 1e-12) && close_to(time_ranks_at_once(&cpu, 1.5, 4), 4.0, 1e-12),
+          "ranks at once: %g (expected 2), %g without a measured wait (expected 4)", time_ranks_at_once(&shared_cpu, 1.5, 4),
+          time_ranks_at_once(&cpu, 1.5, 4));
+
+    // the links of 4 ranks sharing a CPU: a 2-rank all-reduce of 2 us + n / 1e9 is 2 steps of 1 us
+    // and 1e-9 s a byte; a 4-rank one of 30 us + n / 2.5e8 is 6 steps of 5 us and 4 / (2.5e8 x 6)
+    // s a byte. At 4 ranks the ring all-reduce is then the measured one, a message's latency 5
+    // times and its bandwidth 1 / 2.667 of the 2 ranks'; at 3 ranks each step is halfway
+    DeviceProfile links_cpu = shared_cpu;
+    links_cpu.intra_node_allreduce_latency_s = 2e-6, links_cpu.intra_node_allreduce_bandwidth_bytes_per_s = 1e9;
+    links_cpu.allreduce_4_ranks_latency_s = 30e-6, links_cpu.allreduce_4_ranks_bandwidth_bytes_per_s = 2.5e8;
+    DeviceProfile at4 = time_links_shared(&links_cpu, 4), at3 = time_links_shared(&links_cpu, 3);
+    RankPattern four_ranks = {0, 1, 4};
+    double bytes = 1e6, ring = all_reduce_ring_time(&at4, group_placement(four_ranks, 1024), bytes).seconds;
+    CHECK(close_to(ring, 30e-6 + bytes / 2.5e8, 1e-12), "4 ranks' ring all-reduce of 1 MB: %g s, expected the measured %g",
+          ring, 30e-6 + bytes / 2.5e8);
+    double byte_ratio = (4.0 / (2.5e8 * 6.0)) / 1e-9;
+    CHECK(close_to(at4.intra_node_latency_s, 5.0 * links_cpu.intra_node_latency_s, 1e-12) &&
+              close_to(at4.intra_node_bandwidth_bytes_per_s, links_cpu.intra_node_bandwidth_bytes_per_s / byte_ratio, 1e-12),
+          "4 ranks' message link: %g s, %g bytes/s, expected 5 x and 1 / %g of the 2 ranks'", at4.intra_node_latency_s,
+          at4.intra_node_bandwidth_bytes_per_s, byte_ratio);
+    CHECK(close_to(at3.intra_node_allreduce_latency_s, 2.0 * 3e-6, 1e-12) &&
+              close_to(1.0 / at3.intra_node_allreduce_bandwidth_bytes_per_s, (1e-9 + 4.0 / (2.5e8 * 6.0)) / 2.0, 1e-12),
+          "3 ranks' all-reduce step: %g s (expected 2 x 3 us), %g bytes/s", at3.intra_node_allreduce_latency_s,
+          at3.intra_node_allreduce_bandwidth_bytes_per_s);
+    DeviceProfile gpu_links = time_links_shared(&p, 64);
+    CHECK(memcmp(&gpu_links, &p, sizeof(p)) == 0, "a GPU's links changed by 64 ranks");
+
+    // a pipeline of 2 stages and 1 micro-batch on a 1-core CPU: the stages take turns (F0, F1, B1,
+    // B0), one rank busy at a time. When a waiting rank takes no core (cpu_wait_slowdown 1) the
+    // schedule is a lone rank's, the GPU kind's of the same numbers; when it takes a whole core (2)
+    // both ranks count, and the compute takes twice as long. The links are made free (1e-15 s,
+    // 1e18 bytes/s) so the schedule is compute alone; the once-a-step part runs on both ranks at
+    // once either way
+    DeviceProfile one_core = p;
+    one_core.kind = DEVICE_CPU, one_core.cpu_cores = 1, one_core.cpu_threads = 1;
+    one_core.intra_node_latency_s = one_core.inter_node_latency_s = 1e-15;
+    one_core.intra_node_bandwidth_bytes_per_s = one_core.inter_node_bandwidth_bytes_per_s = 1e18;
+    DeviceProfile as_gpu = one_core;
+    as_gpu.kind = DEVICE_CUDA;
+    RunLayout turns = layout(TRAINER_PP, 1, 2, 1);
+    one_core.cpu_wait_slowdown = 1.0;
+    StepTime lone_play = step_time_predict(&as_gpu, c, &turns, fp32_kernels(), 1024);
+    StepTime free_wait = step_time_predict(&one_core, c, &turns, fp32_kernels(), 1024);
+    one_core.cpu_wait_slowdown = 2.0;
+    StepTime busy_wait = step_time_predict(&one_core, c, &turns, fp32_kernels(), 1024);
+    CHECK(close_to(free_wait.schedule, lone_play.schedule, 1e-9), "pp 2, waiting free: schedule %g s, expected a lone rank's %g",
+          free_wait.schedule, lone_play.schedule);
+    CHECK(close_to(busy_wait.schedule, 2.0 * lone_play.schedule, 1e-9), "pp 2, waiting on a core: schedule %g s, expected twice %g",
+          busy_wait.schedule, lone_play.schedule);
+    CHECK(close_to(free_wait.once, 2.0 * lone_play.once, 1e-9), "pp 2: the once-a-step part %g s, expected both ranks' 2 x %g",
+          free_wait.once, lone_play.once);
+
+    // a GPU profile ignores the CPU's fields: the same step with them set
+    DeviceProfile measured_gpu = p;  // (a measured 2-rank all-reduce, which a GPU's links do use)
+    measured_gpu.intra_node_allreduce_latency_s = 2e-6, measured_gpu.intra_node_allreduce_bandwidth_bytes_per_s = 1e9;
+    DeviceProfile gpu_with_cpu_fields = measured_gpu;
+    gpu_with_cpu_fields.cpu_cores = 1, gpu_with_cpu_fields.cpu_threads = 1, gpu_with_cpu_fields.cpu_wait_slowdown = 2.0;
+    gpu_with_cpu_fields.cpu_gemm_fraction_2_ranks = gpu_with_cpu_fields.cpu_memory_fraction_2_ranks = 0.1;
+    gpu_with_cpu_fields.allreduce_4_ranks_latency_s = 1.0, gpu_with_cpu_fields.allreduce_4_ranks_bandwidth_bytes_per_s = 1.0;
+    RunLayout grid = layout(TRAINER_3D, 2, 2, 2);
+    StepTime plain_gpu = step_time_predict(&measured_gpu, c, &grid, fp32_kernels(), 8);
+    StepTime gpu_fields = step_time_predict(&gpu_with_cpu_fields, c, &grid, fp32_kernels(), 8);
+    CHECK(plain_gpu.seconds == gpu_fields.seconds, "a GPU's step changed by CPU fields: %g, %g s", plain_gpu.seconds,
+          gpu_fields.seconds);
+
+    // -offload's host rows: AdamW of F FLOPs and M bytes takes max(F / host_flops, M /
+    // host_memory_bandwidth) (1e6 FLOPs at 1e9 FLOP/s: 1 ms; 4e6 bytes at 1e9 bytes/s: 4 ms); a
+    // PCIe copy of 1e6 bytes 5 us + 1e6 / (1e10 x efficiency_link 0.5) = 205 us
+    DeviceProfile host = p;
+    host.host_flops_fp32 = 1e9, host.host_memory_bandwidth_bytes_per_s = 1e9;
+    host.pcie_latency_s = 5e-6, host.pcie_bandwidth_bytes_per_s = 1e10, host.efficiency_link = 0.5;
+    StepKernel adamw = vec, copy;
+    adamw.engine = STEP_HOST, adamw.op = "optimizer", adamw.flops = 1e6, adamw.bytes = 4e6;
+    CHECK(close_to(time_kernel_seconds(&host, &adamw, adamw.flops, 4, lone), 4e-3, 1e-12), "the host's AdamW: %g s, expected 4 ms",
+          time_kernel_seconds(&host, &adamw, adamw.flops, 4, lone));
+    memset(&copy, 0, sizeof(copy));
+    copy.engine = STEP_LINK, copy.comm = "pcie", copy.collective = "copy", copy.payload = 1e6;
+    GridShape lone_grid = {1, 1, 1, 1, 1};
+    CHECK(close_to(time_link_seconds(&host, &copy, lone_grid, 0, 8, lone), 205e-6, 1e-12), "a PCIe copy: %g s, expected 205 us",
+          time_link_seconds(&host, &copy, lone_grid, 0, 8, lone));
+
+    // the profile's new fields as a file gives them: the host and its link all four or none (one
+    // alone refused, the first missing one named); a fraction of a lone rank's rate over 1 refused
+    // with its field; a cuda profile without its host gets a DGX A100's (PCIe Gen4 x16: 32e9), a
+    // cpu one the device's own (its memory-bound passes' bandwidth, 1e9 x 0.5)
+    const char* base =
+        "name test\npeak_flops_fp32 1e12\npeak_flops_bf16 1e12\nmemory_bandwidth_bytes_per_s 1e9\n"
+        "memory_bytes 1e9\nefficiency_matmul_large 1\nefficiency_matmul_small 1\nmatmul_small_flops 0\n"
+        "efficiency_attention 1\nefficiency_memory 0.5\nintra_node_latency_s 1e-6\n"
+        "intra_node_bandwidth_bytes_per_s 1e9\ninter_node_latency_s 1e-6\ninter_node_bandwidth_bytes_per_s 1e9\n";
+    char text[2048], why[2048];
+    DeviceProfile read;
+    snprintf(text, sizeof(text), "%skind cuda\nhost_flops_fp32 1e12\n", base);
+    CHECK(!device_profile_parse(text, "t", &read, why, sizeof(why)) &&
+              strstr(why, "t:16: host_flops_fp32 without host_memory_bandwidth_bytes_per_s") != NULL,
+          "the host's FLOP/s alone: %s", why);
+    snprintf(text, sizeof(text), "%skind cpu\ncpu_gemm_fraction_2_ranks 1.5\n", base);
+    CHECK(!device_profile_parse(text, "t", &read, why, sizeof(why)) &&
+              strstr(why, "t:16: cpu_gemm_fraction_2_ranks 1.5 is out of range (0, 1]") != NULL,
+          "a fraction over 1: %s", why);
+    snprintf(text, sizeof(text), "%skind cuda\n", base);
+    CHECK(device_profile_parse(text, "t", &read, why, sizeof(why)) && read.pcie_bandwidth_bytes_per_s == 32e9 &&
+              read.host_memory_bandwidth_bytes_per_s == 51.2e9, "a cuda profile's default host: PCIe %g, memory %g",
+          read.pcie_bandwidth_bytes_per_s, read.host_memory_bandwidth_bytes_per_s);
+    snprintf(text, sizeof(text), "%skind cpu\n", base);
+    CHECK(device_profile_parse(text, "t", &read, why, sizeof(why)) && read.host_memory_bandwidth_bytes_per_s == 0.5e9 &&
+              read.host_flops_fp32 == 1e12, "a cpu profile's host: memory %g, FLOP/s %g", read.host_memory_bandwidth_bytes_per_s,
+          read.host_flops_fp32);
 
     // a pipeline of two stages, one micro-batch: F on stage 0, the message, F and B on stage 1, the
     // message back, B on stage 0. On nodes of one GPU each message costs inter-node alpha + bytes

@@ -8,7 +8,13 @@
 //   - the rate of the CPU's causal attention (llmc/cpu/attention.h);
 //   - MPI between 2 ranks of this host, as the CPU backend's comm layer calls it: a message
 //     (MPI_Send / MPI_Recv, a ping-pong) and an all-reduce (MPI_Allreduce of floats), each timed
-//     over sizes of 8 bytes to 8 MB and fitted to t = alpha + bytes / beta from 2 KB up.
+//     over sizes of 8 bytes to 8 MB and fitted to t = alpha + bytes / beta from 2 KB up;
+//   - what ranks sharing the host do to each other, on 4 or 8 ranks (the sweeps run 4 and 8 ranks
+//     of one thread on this machine's cores): the GEMM rate and the triad's bandwidth each of N
+//     ranks reaches while N compute at once (N = 2, 4, 8: the cores, and caches and memory, shared),
+//     an all-reduce over N ranks (4, 8), and what ranks waiting in a blocking MPI receive (which
+//     polls) take from as many computing;
+//   - a copy in memory (memcpy), the CPU's "PCIe" to itself under -offload.
 // A CPU has no datasheet peak that its kernels approach the way a GPU's GEMMs approach theirs,
 // so the peak here is what was measured: the large GEMMs' rate is peak_flops_fp32 (and bf16: the
 // CPU backend computes in fp32), efficiency_matmul_large is 1 by that definition, and the small
@@ -16,14 +22,17 @@
 // memory_bandwidth_bytes_per_s, and efficiency_memory is what the kernels reach of it.
 //
 //   make dev/bench/calibrate
-//   mpirun -np 2 ./dev/bench/calibrate -o dev/profiles/cpu-this-machine.txt [-threads 1]
+//   mpirun --oversubscribe --bind-to none -np 8 ./dev/bench/calibrate -o dev/profiles/cpu-this-machine.txt [-threads 1]
+//     (-np 2: no measurements of ranks sharing the host, -np 4: those of 2 and 4 ranks; the
+//     profile names what it measured: llmc/device_profile.h)
 //   ./dev/bench/calibrate -check FILE|NAME   read a profile (or a built-in: h100-sxm, h200,
 //                                            a100-80gb), print it; exit 1 with the reason if refused
 //   ./dev/bench/calibrate -fit FILE          fit t = alpha + bytes / beta to FILE's "bytes seconds" lines
 // -threads: the OpenMP threads the measured rank computes with (default 1, as the tests and
 // sweeps run each rank); the profile records it and the host's cores (cpu_threads, cpu_cores), so
 // that a model of R ranks of t threads on this host can tell when they share cores.
-// It takes about 20 seconds on an idle 2-core machine (longer when other work shares the cores).
+// It takes about 20 seconds on an idle 2-core machine at 2 ranks and about a minute at 8 (longer when
+// other work shares the cores).
 #include <math.h>
 #include <mpi.h>
 #include <omp.h>
@@ -116,19 +125,19 @@ static int message_reps(size_t bytes) {
 
 // seconds for one message of `bytes` one way: a ping-pong (rank 0 sends, rank 1 sends it back),
 // half a round trip, the best of 4 rounds (a shared machine only ever adds time)
-static double time_message(char* buf, size_t bytes, int rank) {
+static double time_message(char* buf, size_t bytes, int rank, MPI_Comm pair) {
     int reps = message_reps(bytes);
     double best = 1e30;
     for (int round = 0; round < 5; round++) {  // (round 0 warms up)
-        MPI_Barrier(MPI_COMM_WORLD);
+        MPI_Barrier(pair);
         double t0 = wall_time_s();
         for (int r = 0; r < reps; r++) {
             if (rank == 0) {
-                MPI_Send(buf, (int)bytes, MPI_BYTE, 1, 0, MPI_COMM_WORLD);
-                MPI_Recv(buf, (int)bytes, MPI_BYTE, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                MPI_Send(buf, (int)bytes, MPI_BYTE, 1, 0, pair);
+                MPI_Recv(buf, (int)bytes, MPI_BYTE, 1, 0, pair, MPI_STATUS_IGNORE);
             } else {
-                MPI_Recv(buf, (int)bytes, MPI_BYTE, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-                MPI_Send(buf, (int)bytes, MPI_BYTE, 0, 0, MPI_COMM_WORLD);
+                MPI_Recv(buf, (int)bytes, MPI_BYTE, 0, 0, pair, MPI_STATUS_IGNORE);
+                MPI_Send(buf, (int)bytes, MPI_BYTE, 0, 0, pair);
             }
         }
         double t = (wall_time_s() - t0) / (2.0 * reps);
@@ -137,19 +146,35 @@ static double time_message(char* buf, size_t bytes, int rank) {
     return best;
 }
 
-// seconds for an all-reduce (sum) of `bytes` of floats over the 2 ranks, in place, as
-// llmc/cpu/comm.h's all-reduce calls it; the buffer is zeros, so the sums stay zeros
-static double time_all_reduce(float* buf, size_t bytes) {
-    int reps = message_reps(bytes);
-    double best = 1e30;
-    for (int round = 0; round < 5; round++) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        double t0 = wall_time_s();
-        for (int r = 0; r < reps; r++) MPI_Allreduce(MPI_IN_PLACE, buf, (int)(bytes / 4), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-        double t = (wall_time_s() - t0) / reps;
-        if (round > 0) best = fmin(best, t);
+// seconds for an all-reduce (sum) of `bytes` of floats over the ranks of comm, in place, as
+// llmc/cpu/comm.h's all-reduce calls it; the buffer is zeros, so the sums stay zeros. On 2 ranks
+// the best of 4 rounds; on more, which share the cores, their median: taking turns on a core is
+// part of what is measured there, and a best round would be the luckiest turns. Rounds of ~32 MB
+// or, where that is slow (ranks taking turns), ~0.1 s, as the first call says, rank 0's count
+static double time_all_reduce(float* buf, size_t bytes, MPI_Comm comm) {
+    int size;
+    MPI_Comm_size(comm, &size);
+    int count = (int)(bytes / 4), reps = message_reps(bytes);
+    MPI_Barrier(comm);
+    double t0 = wall_time_s();
+    MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, comm);
+    double first = wall_time_s() - t0;
+    if (first * reps > 0.1) reps = (int)fmax(2.0, 0.1 / first);
+    MPI_Bcast(&reps, 1, MPI_INT, 0, comm);
+    double t[4];
+    for (int round = 0; round < 4; round++) {
+        MPI_Barrier(comm);
+        t0 = wall_time_s();
+        for (int r = 0; r < reps; r++) MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, comm);
+        t[round] = (wall_time_s() - t0) / reps;
     }
-    return best;
+    for (int i = 1; i < 4; i++) {  // (sorted: 4 numbers)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            double x = t[j];
+            t[j] = t[j - 1], t[j - 1] = x;
+        }
+    }
+    return size == 2 ? t[0] : (t[1] + t[2]) / 2.0;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -265,15 +290,102 @@ static double kernels_bandwidth_measured(Rng* rng) {
     return (b_gelu_f + b_gelu_b + b_ln_f + b_ln_b) / (t_gelu_f + t_gelu_b + t_ln_f + t_ln_b);
 }
 
-// rank 1 waits for rank 0's compute without taking a core from it (MPI's blocking calls poll)
-static void wait_quietly(int from) {
-    int done = 0, flag = 0;
+// A barrier that waits without taking a core from the ranks still computing (MPI's blocking calls
+// poll): asleep between tests, so that what a rank measures is its own work and not its waiting
+// neighbours'
+static void quiet_barrier(MPI_Comm comm) {
+    int flag = 0;
     MPI_Request request;
-    MPI_Irecv(&done, 1, MPI_INT, from, 1, MPI_COMM_WORLD, &request);
+    MPI_Ibarrier(comm, &request);
     while (!flag) {
         MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
-        if (!flag) usleep(2000);
+        if (!flag) usleep(1000);
     }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Ranks sharing the host. N ranks start together, each does the same work, and the time is the
+// last one's (a step waits for its slowest rank); a rank done early waits quietly, so that the
+// cores go to those still working. fraction = (work / that time) / (work / a lone rank's time).
+
+typedef struct {
+    GemmShape shapes[2];
+    float *inp[2], *w[2], *out[2], *dinp[2], *dw[2];
+    float *a, *b, *c;  // the triad's arrays
+    size_t triad_n;
+} ShareWork;
+
+// every product of the large class (as gemm_rate times them), twice
+static void share_gemms(ShareWork* k) {
+    for (int rep = 0; rep < 2; rep++) {
+        for (int s = 0; s < 2; s++) {
+            int N = k->shapes[s].N, C = k->shapes[s].C, OC = k->shapes[s].OC;
+            matmul_forward(k->out[s], k->inp[s], k->w[s], NULL, N, C, OC);
+            matmul_backward_input(k->dinp[s], k->out[s], k->w[s], N, C, OC);
+            matmul_backward_weight(k->dw[s], NULL, k->out[s], k->inp[s], N, C, OC);
+        }
+    }
+}
+
+// the triad over this rank's own arrays, 4 times
+static void share_triads(ShareWork* k) {
+    for (int rep = 0; rep < 4; rep++) {
+        for (size_t i = 0; i < k->triad_n; i++) k->a[i] = k->b[i] + 3.0f * k->c[i];
+    }
+}
+
+// seconds until the last of comm's ranks has done `work`
+static double together_seconds(MPI_Comm comm, void (*work)(ShareWork*), ShareWork* k) {
+    MPI_Barrier(comm);
+    double t0 = wall_time_s();
+    work(k);
+    double mine = wall_time_s() - t0, last;
+    quiet_barrier(comm);
+    MPI_Allreduce(&mine, &last, 1, MPI_DOUBLE, MPI_MAX, comm);
+    return last;
+}
+
+// The cores a waiting rank takes: `computing` ranks (the cores) run the GEMMs while as many more wait
+// in MPI_Recv for rank 0's word that they are done, as a pipeline's idle stage waits for its
+// input; the computing ranks' time over their time alone (the 2-rank measurement). MPI polls
+// while it waits, yielding the core when others want it (Open MPI does when it knows it is
+// oversubscribed: mpirun --oversubscribe); how much it still takes is what this measures.
+static double beside_waiting_seconds(MPI_Comm comm, int computing, ShareWork* k) {
+    int rank, size;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    MPI_Comm workers;
+    MPI_Comm_split(comm, rank < computing, rank, &workers);
+    MPI_Barrier(comm);
+    double last = 0.0;
+    int word = 1;
+    if (rank < computing) {
+        last = together_seconds(workers, share_gemms, k);
+        if (rank == 0) {
+            for (int r = computing; r < size; r++) MPI_Send(&word, 1, MPI_INT, r, 2, comm);
+        }
+    } else {
+        MPI_Recv(&word, 1, MPI_INT, 0, 2, comm, MPI_STATUS_IGNORE);  // (blocking: it polls)
+    }
+    MPI_Comm_free(&workers);
+    MPI_Bcast(&last, 1, MPI_DOUBLE, 0, comm);
+    return last;
+}
+
+// bytes/s of memcpy over 64 MB (a read and a write each byte: its bytes counted once, as a
+// copy's are), the best of 3 rounds, and the seconds of an 8-byte one (called through a volatile
+// pointer, so that the compiler cannot turn it into a store or drop it)
+static void* (*volatile copy_bytes)(void*, const void*, size_t) = memcpy;
+static double memcpy_bandwidth(double* small_seconds) {
+    size_t n = (size_t)64 << 20;
+    char* src = (char*)malloc_check(n);
+    char* dst = (char*)malloc_check(n);
+    memset(src, 1, n), memset(dst, 0, n);
+    double best;
+    BEST_SECONDS(best, 2, copy_bytes(dst, src, n));
+    BEST_SECONDS(*small_seconds, 100000, copy_bytes(dst, src, 8));
+    free(src), free(dst);
+    return n / best;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -328,7 +440,7 @@ int main(int argc, char** argv) {
             threads = (int)v;
         } else {
             die("%s: unknown flag or a flag without its value. Usage:\n"
-                "  mpirun -np 2 %s -o FILE [-threads N]   measure this machine, write its profile to FILE\n"
+                "  mpirun --oversubscribe -np 8 %s -o FILE [-threads N]   measure this machine, write its profile to FILE\n"
                 "  %s -check FILE|NAME                    read a profile and print it\n"
                 "  %s -fit FILE                           fit t = alpha + bytes / beta to \"bytes seconds\" lines",
                 argv[i], argv[0], argv[0], argv[0]);
@@ -340,83 +452,184 @@ int main(int argc, char** argv) {
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size != 2) die("calibrate measures the link between 2 ranks of this host: run it as mpirun -np 2 %s -o %s (not %d ranks)", argv[0], out_path, size);
+    if (size != 2 && size != 4 && size != 8) {
+        die("calibrate measures the link between 2 ranks of this host, and ranks sharing it on 4 or 8: run it as\n"
+            "  mpirun --oversubscribe --bind-to none -np 8 %s -o %s   (or -np 2, -np 4; not %d ranks)", argv[0], out_path, size);
+    }
     double t_start = wall_time_s();
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);  // (the host's: mpirun binds a rank to fewer)
 
-    // 1. MPI, both ranks
+    // 1. MPI between ranks 0 and 1 (the others asleep)
+    MPI_Comm pair;
+    MPI_Comm_split(MPI_COMM_WORLD, rank < 2 ? 0 : MPI_UNDEFINED, rank, &pair);
     double n[MESSAGE_SIZES], t_msg[MESSAGE_SIZES], t_ar[MESSAGE_SIZES];
     size_t most = message_bytes(MESSAGE_SIZES - 1);
     char* buf = (char*)calloc_check(most, 1);
-    for (int i = 0; i < MESSAGE_SIZES; i++) {
-        n[i] = (double)message_bytes(i);
-        t_msg[i] = time_message(buf, message_bytes(i), rank);
-        t_ar[i] = time_all_reduce((float*)buf, message_bytes(i));
+    for (int i = 0; i < MESSAGE_SIZES; i++) n[i] = (double)message_bytes(i);
+    if (rank < 2) {
+        for (int i = 0; i < MESSAGE_SIZES; i++) {
+            t_msg[i] = time_message(buf, message_bytes(i), rank, pair);
+            t_ar[i] = time_all_reduce((float*)buf, message_bytes(i), pair);
+        }
+        MPI_Comm_free(&pair);
+    }
+    quiet_barrier(MPI_COMM_WORLD);
+    double msg_alpha = 0, msg_beta = 0, ar_alpha = 0, ar_beta = 0;
+    const char* why = NULL;
+    int fitted = MESSAGE_SIZES - FIT_FROM;
+    if (rank == 0) {
+        if (!fit_alpha_beta(n + FIT_FROM, t_msg + FIT_FROM, fitted, t_msg[0], &msg_alpha, &msg_beta, &why)) {
+            die("the messages' fit: %s", why);
+        }
+        if (!fit_alpha_beta(n + FIT_FROM, t_ar + FIT_FROM, fitted, t_ar[0], &ar_alpha, &ar_beta, &why)) {
+            die("the all-reduces' fit: %s", why);
+        }
+        printf("MPI between 2 ranks of this host (best of 4 rounds; fit t = alpha + bytes / beta from %.0f bytes up,\n"
+               "each point weighted by 1/t^2, alpha at least the %.0f-byte time):\n", n[FIT_FROM], n[0]);
+        printf("  %10s %14s %14s %14s %14s\n", "bytes", "send us", "fit", "all-reduce us", "fit");
+        for (int i = 0; i < MESSAGE_SIZES; i++) {
+            printf("  %10.0f %14.2f %14.2f %14.2f %14.2f\n", n[i], t_msg[i] * 1e6, (msg_alpha + n[i] / msg_beta) * 1e6,
+                   t_ar[i] * 1e6, (ar_alpha + n[i] / ar_beta) * 1e6);
+        }
+        printf("  send/recv: alpha %.2f us, beta %.2f GB/s; all-reduce: alpha %.2f us, beta %.2f GB/s\n", msg_alpha * 1e6,
+               msg_beta / 1e9, ar_alpha * 1e6, ar_beta / 1e9);
+    }
+
+    // 2. compute and memory, rank 0 alone (the others asleep), with `threads` threads
+    omp_set_num_threads(threads);
+    Rng rng;
+    rng_init(&rng, 1 + rank);
+    GemmShape large[] = {{"fc", 512, 768, 3072}, {"fcproj", 512, 3072, 768}};
+    GemmShape small[] = {{"qkv", 64, 768, 2304}, {"attproj", 64, 768, 768}};
+    double large_rate = 0, small_rate = 0, small_eff = 0, small_flops = 0, attention_rate = 0;
+    double bandwidth = 0, kernels_bandwidth = 0, memory_eff = 0, copy_bandwidth = 0, copy_small = 0;
+    if (rank == 0) {
+        if (threads > omp_get_num_procs()) {
+            printf("warning: -threads %d, but this rank may run on %d core%s (mpirun binds ranks to cores: add --bind-to none)\n",
+                   threads, omp_get_num_procs(), omp_get_num_procs() == 1 ? "" : "s");
+        }
+        printf("compute on %d thread%s (of %d cores), the %s GEMM micro-kernel:\n", threads, threads == 1 ? "" : "s", cores,
+               gemm_isa().name);
+        double large_max, large_min, small_max, small_min;
+        large_rate = gemm_rate(large, 2, &rng, &large_max, &large_min);
+        small_rate = gemm_rate(small, 2, &rng, &small_max, &small_min);
+        small_eff = small_rate / large_rate;
+        // the class boundary: halfway (geometrically) between the largest small GEMM and the smallest large one
+        small_flops = sqrt(small_max * large_min);
+        printf("  large class %.1f GFLOP/s (the peak, by definition), small class %.1f GFLOP/s: %.2f of it%s\n",
+               large_rate / 1e9, small_rate / 1e9, small_eff, small_eff > 1 ? " (written as 1: an efficiency is at most 1)" : "");
+
+        attention_rate = attention_rate_measured(&rng);
+        printf("  attention: %.1f GFLOP/s forward and backward (useful causal FLOPs): %.2f of the peak\n",
+               attention_rate / 1e9, attention_rate / large_rate);
+
+        size_t elements = (size_t)32 << 20;
+        float* a = (float*)calloc_check(elements, sizeof(float));
+        float* b = (float*)malloc_check(elements * sizeof(float));
+        float* c = (float*)malloc_check(elements * sizeof(float));
+        #pragma omp parallel for num_threads(cores)
+        for (size_t i = 0; i < elements; i++) b[i] = 1.0f, c[i] = 2.0f;
+        bandwidth = triad_bandwidth(a, b, c, elements, threads);
+        free(a), free(b), free(c);
+        kernels_bandwidth = kernels_bandwidth_measured(&rng);
+        memory_eff = kernels_bandwidth / bandwidth;
+        printf("memory: triad %.1f GB/s on %d thread%s; GELU and LayerNorm %.1f GB/s: %.2f of it%s\n", bandwidth / 1e9,
+               threads, threads == 1 ? "" : "s", kernels_bandwidth / 1e9, memory_eff, memory_eff > 1 ? " (written as 1)" : "");
+        copy_bandwidth = memcpy_bandwidth(&copy_small);
+        printf("  a copy (memcpy, 64 MB): %.1f GB/s; of 8 bytes: %.3f us (-offload's copies to the host, here in memory)\n",
+               copy_bandwidth / 1e9, copy_small * 1e6);
+    }
+    quiet_barrier(MPI_COMM_WORLD);
+
+    // 3. ranks sharing the host: each rank its own GEMMs' and triad's arrays (the triad's 3 x 64 MB,
+    // twice the last-level cache and more), then N = 1, 2, 4, 8 of them at once
+    ShareWork k;
+    memcpy(k.shapes, large, sizeof(k.shapes));
+    for (int s = 0; s < 2; s++) {
+        int N = large[s].N, C = large[s].C, OC = large[s].OC;
+        k.inp[s] = (float*)malloc_check((size_t)N * C * sizeof(float));
+        k.w[s] = (float*)malloc_check((size_t)OC * C * sizeof(float));
+        k.out[s] = (float*)malloc_check((size_t)N * OC * sizeof(float));
+        k.dinp[s] = (float*)malloc_check((size_t)N * C * sizeof(float));
+        k.dw[s] = (float*)calloc_check((size_t)OC * C, sizeof(float));
+        rng_normal_fill(&rng, k.inp[s], (size_t)N * C, 0.0f, 1.0f);
+        rng_normal_fill(&rng, k.w[s], (size_t)OC * C, 0.0f, 0.02f);
+        rng_normal_fill(&rng, k.out[s], (size_t)N * OC, 0.0f, 1.0f);
+    }
+    k.triad_n = (size_t)16 << 20;
+    k.a = (float*)calloc_check(k.triad_n, sizeof(float));
+    k.b = (float*)malloc_check(k.triad_n * sizeof(float));
+    k.c = (float*)malloc_check(k.triad_n * sizeof(float));
+    for (size_t i = 0; i < k.triad_n; i++) k.b[i] = 1.0f, k.c[i] = 2.0f;
+    share_gemms(&k), share_triads(&k);  // (warm: pages touched, caches filled)
+    const int counts[4] = {1, 2, 4, 8};
+    double gemm_s[4] = {0}, triad_s[4] = {0}, t_arN[4][MESSAGE_SIZES], arN_alpha[4] = {0}, arN_beta[4] = {0};
+    for (int c = 0; c < 4 && counts[c] <= size; c++) {
+        MPI_Comm some;
+        MPI_Comm_split(MPI_COMM_WORLD, rank < counts[c] ? 0 : MPI_UNDEFINED, rank, &some);
+        if (rank < counts[c]) {
+            gemm_s[c] = together_seconds(some, share_gemms, &k);
+            triad_s[c] = together_seconds(some, share_triads, &k);
+            if (counts[c] >= 4) {
+                for (int i = 0; i < MESSAGE_SIZES; i++) t_arN[c][i] = time_all_reduce((float*)buf, message_bytes(i), some);
+            }
+            MPI_Comm_free(&some);
+        }
+        quiet_barrier(MPI_COMM_WORLD);
+    }
+    // the waiting ranks' share: the cores computing beside as many waiting (when there are enough ranks)
+    double alone_s = 0.0, beside_s = 0.0;
+    int waiting = 2 * cores <= size;
+    if (waiting) {
+        MPI_Comm some, workers;
+        MPI_Comm_split(MPI_COMM_WORLD, rank < 2 * cores ? 0 : MPI_UNDEFINED, rank, &some);
+        if (rank < 2 * cores) {
+            MPI_Comm_split(some, rank < cores ? 0 : MPI_UNDEFINED, rank, &workers);
+            if (rank < cores) {
+                alone_s = together_seconds(workers, share_gemms, &k);
+                MPI_Comm_free(&workers);
+            }
+            quiet_barrier(some);
+            beside_s = beside_waiting_seconds(some, cores, &k);
+            MPI_Comm_free(&some);
+        }
+        quiet_barrier(MPI_COMM_WORLD);
     }
     free(buf);
-    if (rank == 1) {
-        wait_quietly(0);
+    for (int s = 0; s < 2; s++) free(k.inp[s]), free(k.w[s]), free(k.out[s]), free(k.dinp[s]), free(k.dw[s]);
+    free(k.a), free(k.b), free(k.c);
+    if (rank != 0) {
+        quiet_barrier(MPI_COMM_WORLD);  // (until rank 0 has written the profile)
         MPI_Finalize();
         return 0;
     }
-    double msg_alpha, msg_beta, ar_alpha, ar_beta;
-    const char* why = NULL;
-    int fitted = MESSAGE_SIZES - FIT_FROM;
-    if (!fit_alpha_beta(n + FIT_FROM, t_msg + FIT_FROM, fitted, t_msg[0], &msg_alpha, &msg_beta, &why)) {
-        die("the messages' fit: %s", why);
+    double gemm_fraction[4] = {1, 0, 0, 0}, memory_fraction[4] = {1, 0, 0, 0};
+    printf("ranks sharing this host (%d cores; each rank: d12's fc and fcproj GEMMs, %.1f GFLOP, and 4 triads over 3 x 64 MB;\n"
+           "the time until the last rank is done, the fraction of a lone rank's rate each reaches):\n",
+           cores, 2 * 2 * 3 * 2.0 * 512 * 768 * 3072 / 1e9);
+    for (int c = 0; c < 4 && counts[c] <= size; c++) {
+        gemm_fraction[c] = fmin(1.0, gemm_s[0] / gemm_s[c]);
+        memory_fraction[c] = fmin(1.0, triad_s[0] / triad_s[c]);
+        printf("  %d rank%s at once: GEMMs %.3f s, %.2f of a lone rank's rate; triads %.3f s, %.2f of its bandwidth\n",
+               counts[c], counts[c] == 1 ? "" : "s", gemm_s[c], gemm_s[0] / gemm_s[c], triad_s[c], triad_s[0] / triad_s[c]);
+        if (counts[c] >= 4) {
+            if (!fit_alpha_beta(n + FIT_FROM, t_arN[c] + FIT_FROM, fitted, t_arN[c][0], &arN_alpha[c], &arN_beta[c], &why)) {
+                die("the %d-rank all-reduces' fit: %s", counts[c], why);
+            }
+            printf("    all-reduce over the %d (median of 4 rounds), us:", counts[c]);
+            for (int i = 0; i < MESSAGE_SIZES; i++) printf(" %.0f", t_arN[c][i] * 1e6);
+            printf("\n    fit from %.0f bytes: alpha %.2f us, beta %.3f GB/s\n", n[FIT_FROM], arN_alpha[c] * 1e6,
+                   arN_beta[c] / 1e9);
+        }
     }
-    if (!fit_alpha_beta(n + FIT_FROM, t_ar + FIT_FROM, fitted, t_ar[0], &ar_alpha, &ar_beta, &why)) {
-        die("the all-reduces' fit: %s", why);
+    double wait_slowdown = 0.0;
+    if (waiting) {
+        wait_slowdown = fmin(2.0, fmax(1.0, beside_s / alone_s));
+        printf("  %d ranks computing: %.3f s alone, %.3f s beside %d ranks waiting in MPI_Recv: %.2f times%s\n", cores, alone_s,
+               beside_s, cores, beside_s / alone_s, beside_s / alone_s != wait_slowdown ? " (written within [1, 2])" : "");
     }
-    printf("MPI between 2 ranks of this host (best of 4 rounds; fit t = alpha + bytes / beta from %.0f bytes up,\n"
-           "each point weighted by 1/t^2, alpha at least the %.0f-byte time):\n", n[FIT_FROM], n[0]);
-    printf("  %10s %14s %14s %14s %14s\n", "bytes", "send us", "fit", "all-reduce us", "fit");
-    for (int i = 0; i < MESSAGE_SIZES; i++) {
-        printf("  %10.0f %14.2f %14.2f %14.2f %14.2f\n", n[i], t_msg[i] * 1e6, (msg_alpha + n[i] / msg_beta) * 1e6,
-               t_ar[i] * 1e6, (ar_alpha + n[i] / ar_beta) * 1e6);
-    }
-    printf("  send/recv: alpha %.2f us, beta %.2f GB/s; all-reduce: alpha %.2f us, beta %.2f GB/s\n", msg_alpha * 1e6,
-           msg_beta / 1e9, ar_alpha * 1e6, ar_beta / 1e9);
 
-    // 2. compute and memory, rank 0 alone (rank 1 sleeps), with `threads` threads
-    omp_set_num_threads(threads);
-    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);  // (the host's: mpirun binds a rank to fewer)
-    if (threads > omp_get_num_procs()) {
-        printf("warning: -threads %d, but this rank may run on %d core%s (mpirun binds ranks to cores: add --bind-to none)\n",
-               threads, omp_get_num_procs(), omp_get_num_procs() == 1 ? "" : "s");
-    }
-    Rng rng;
-    rng_init(&rng, 1);
-    printf("compute on %d thread%s (of %d cores), the %s GEMM micro-kernel:\n", threads, threads == 1 ? "" : "s", cores,
-           gemm_isa().name);
-    GemmShape large[] = {{"fc", 512, 768, 3072}, {"fcproj", 512, 3072, 768}};
-    GemmShape small[] = {{"qkv", 64, 768, 2304}, {"attproj", 64, 768, 768}};
-    double large_max, large_min, small_max, small_min;
-    double large_rate = gemm_rate(large, 2, &rng, &large_max, &large_min);
-    double small_rate = gemm_rate(small, 2, &rng, &small_max, &small_min);
-    double small_eff = small_rate / large_rate;
-    // the class boundary: halfway (geometrically) between the largest small GEMM and the smallest large one
-    double small_flops = sqrt(small_max * large_min);
-    printf("  large class %.1f GFLOP/s (the peak, by definition), small class %.1f GFLOP/s: %.2f of it%s\n",
-           large_rate / 1e9, small_rate / 1e9, small_eff, small_eff > 1 ? " (written as 1: an efficiency is at most 1)" : "");
-
-    double attention_rate = attention_rate_measured(&rng);
-    printf("  attention: %.1f GFLOP/s forward and backward (useful causal FLOPs): %.2f of the peak\n",
-           attention_rate / 1e9, attention_rate / large_rate);
-
-    size_t elements = (size_t)32 << 20;
-    float* a = (float*)calloc_check(elements, sizeof(float));
-    float* b = (float*)malloc_check(elements * sizeof(float));
-    float* c = (float*)malloc_check(elements * sizeof(float));
-    #pragma omp parallel for num_threads(cores)
-    for (size_t i = 0; i < elements; i++) b[i] = 1.0f, c[i] = 2.0f;
-    double bandwidth = triad_bandwidth(a, b, c, elements, threads);
-    free(a), free(b), free(c);
-    double kernels_bandwidth = kernels_bandwidth_measured(&rng);
-    double memory_eff = kernels_bandwidth / bandwidth;
-    printf("memory: triad %.1f GB/s on %d thread%s; GELU and LayerNorm %.1f GB/s: %.2f of it%s\n", bandwidth / 1e9,
-           threads, threads == 1 ? "" : "s", kernels_bandwidth / 1e9, memory_eff, memory_eff > 1 ? " (written as 1)" : "");
-
-    // 3. the profile
+    // 4. the profile
     DeviceProfile p;
     memset(&p, 0, sizeof(p));
     char host[40] = "this machine";
@@ -441,6 +654,18 @@ int main(int argc, char** argv) {
     p.intra_node_allreduce_bandwidth_bytes_per_s = ar_beta;
     p.cpu_threads = threads;
     p.cpu_cores = cores;
+    // the host is the device: -offload's AdamW at the memory-bound passes' bandwidth, its copies memcpy's
+    p.host_flops_fp32 = large_rate;
+    p.host_memory_bandwidth_bytes_per_s = kernels_bandwidth;
+    p.pcie_latency_s = copy_small;
+    p.pcie_bandwidth_bytes_per_s = copy_bandwidth;
+    double* gemm_fields[4] = {NULL, &p.cpu_gemm_fraction_2_ranks, &p.cpu_gemm_fraction_4_ranks, &p.cpu_gemm_fraction_8_ranks};
+    double* memory_fields[4] = {NULL, &p.cpu_memory_fraction_2_ranks, &p.cpu_memory_fraction_4_ranks,
+                                &p.cpu_memory_fraction_8_ranks};
+    for (int c = 1; c < 4 && counts[c] <= size; c++) *gemm_fields[c] = gemm_fraction[c], *memory_fields[c] = memory_fraction[c];
+    p.cpu_wait_slowdown = wait_slowdown;
+    p.allreduce_4_ranks_latency_s = arN_alpha[2], p.allreduce_4_ranks_bandwidth_bytes_per_s = arN_beta[2];
+    p.allreduce_8_ranks_latency_s = arN_alpha[3], p.allreduce_8_ranks_bandwidth_bytes_per_s = arN_beta[3];
 
     // written to a temporary name and renamed, so a failed run leaves no half-written profile
     char tmp[4096];
@@ -451,7 +676,7 @@ int main(int argc, char** argv) {
     char when[32];
     strftime(when, sizeof(when), "%Y-%m-%d %H:%M UTC", gmtime(&now));
     fprintf(f,
-            "# This machine's CPU, measured by dev/bench/calibrate on %s (mpirun -np 2 ./dev/bench/calibrate -o FILE\n"
+            "# This machine's CPU, measured by dev/bench/calibrate on %s (mpirun -np %d ./dev/bench/calibrate -o FILE\n"
             "# -threads %d; the format: llmc/device_profile.h). Measured, not from a datasheet:\n"
             "#   peak_flops: the project's GEMM (llmc/cpu/matmul.h) on d12's fc and fcproj at 512 tokens, forward,\n"
             "#     dinp and dweight: %.1f GFLOP/s on %d thread%s, so efficiency_matmul_large is 1 by definition;\n"
@@ -461,10 +686,16 @@ int main(int argc, char** argv) {
             "#     forward and backward at d12's B 4, T 64, %.1f GB/s of their least bytes (efficiency_memory).\n"
             "#   links: MPI between 2 ranks of this host, 2 KB to 8 MB, fit t = alpha + bytes / beta (weights 1/t^2):\n"
             "#     send/recv %.2f us + bytes / %.2f GB/s; all-reduce %.2f us + bytes / %.2f GB/s. One host, so the\n"
-            "#     inter-node figures repeat the intra-node ones, and gpus_per_node is large: every rank shares it.\n",
-            when, threads, large_rate / 1e9, threads, threads == 1 ? "" : "s", small_rate / 1e9, small_flops,
+            "#     inter-node figures repeat the intra-node ones, and gpus_per_node is large: every rank shares it.\n"
+            "#   the host (-offload): the GEMM rate, the memory-bound passes' bandwidth, memcpy %.1f GB/s after %.3f us.\n"
+            "#   ranks sharing the host (%d ranks at most here): each of N ranks computing at once reached the\n"
+            "#     fractions cpu_*_fraction_N_ranks of a lone rank's GEMM rate and triad bandwidth; all-reduces\n"
+            "#     over 4 and 8 ranks (the median of 4 rounds, fit as above); cpu_wait_slowdown: %d ranks'\n"
+            "#     GEMMs beside as many ranks waiting in MPI_Recv over the same GEMMs alone.\n",
+            when, size, threads, large_rate / 1e9, threads, threads == 1 ? "" : "s", small_rate / 1e9, small_flops,
             attention_rate / 1e9, bandwidth / 1e9, kernels_bandwidth / 1e9,
-            msg_alpha * 1e6, msg_beta / 1e9, ar_alpha * 1e6, ar_beta / 1e9);
+            msg_alpha * 1e6, msg_beta / 1e9, ar_alpha * 1e6, ar_beta / 1e9, copy_bandwidth / 1e9, copy_small * 1e6,
+            size, cores);
     device_profile_print(f, &p);
     if (fclose(f) != 0 || rename(tmp, out_path) != 0) die("-o %s: could not write it: %s", out_path, strerror(errno));
     // read back, as a user's run of the model will read it
@@ -474,8 +705,7 @@ int main(int argc, char** argv) {
     printf("wrote %s in %.1f s:\n", out_path, wall_time_s() - t_start);
     device_profile_print(stdout, &back);
 
-    int done = 1;
-    MPI_Send(&done, 1, MPI_INT, 1, 1, MPI_COMM_WORLD);  // rank 1 may finish
+    quiet_barrier(MPI_COMM_WORLD);  // the others may finish
     MPI_Finalize();
     return 0;
 }

@@ -41,8 +41,10 @@
 #   -vp V         chunks of layers a stage, with -sched interleaved [1]
 #   -predict CMD  the predictor [PREDICT_CMD, else ./dev/memory_planner -format json]
 #   -profile FILE a device profile (llmc/device_profile.h) the predictor is given as -profile FILE
-#   -calibrate    first run dev/bench/calibrate (2 ranks, 1 thread) and predict with its profile
-#                 (written to -profile FILE when given, else a temporary file)
+#   -calibrate    first run dev/bench/calibrate (1 thread a rank; on 2, 4 or 8 ranks, the least
+#                 that holds -np, so that it measures ranks sharing the host as the sweep runs them)
+#                 and predict with its profile (written to -profile FILE when given, else a
+#                 temporary file)
 #   -figure PNG   where the figure goes [dev/images/sweep_MODEL_N.png; none: no figure]
 #   -save FILE    keep the results as tab-separated values (sweep_stats.py's RESULTS.tsv)
 #   -timeout S    a layout still running after S seconds is stopped and reported as failed [300]
@@ -199,8 +201,11 @@ done
 if [ "$calibrate" = 1 ]; then
     [ -n "$profile" ] || profile="$work/cpu-profile.txt"
     [ -x ./dev/bench/calibrate ] || make -s dev/bench/calibrate || fail "could not build dev/bench/calibrate"
-    echo "calibrating: mpirun -np 2 ./dev/bench/calibrate -o $profile -threads 1"
-    run_bg "$limit" "$work/calibrate.out" "${MPI[@]}" -np 2 ./dev/bench/calibrate -o "$profile" -threads 1
+    cal_ranks=2
+    [ "$N" -gt 2 ] && cal_ranks=4
+    [ "$N" -gt 4 ] && cal_ranks=8
+    echo "calibrating: mpirun -np $cal_ranks ./dev/bench/calibrate -o $profile -threads 1"
+    run_bg "$limit" "$work/calibrate.out" "${MPI[@]}" -np "$cal_ranks" ./dev/bench/calibrate -o "$profile" -threads 1
     [ "$rc" = 0 ] || fail "dev/bench/calibrate failed (exit $rc): $(tail -5 "$work/calibrate.out")"
 fi
 echo "predictions: $predict FLAGS${profile:+ (with -profile $profile)}"
