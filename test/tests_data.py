@@ -60,7 +60,9 @@ def write_inputs(d, docs):
 
 
 def run_prepare(args, program=PREPARE):
-    return subprocess.run(program + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # (a timeout: a prepare.py that hangs fails its test rather than the whole run; each input here is small)
+    return subprocess.run(program + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=300)
 
 
 def folder_bytes(d):
@@ -324,7 +326,7 @@ def data_prepare_stopped_by_sigterm_or_ctrl_c_leaves_nothing():
     """prepare.py on 12 MB of JSONL (seconds of work), stopped once its first temporary shard is
     in --out: by SIGTERM (what kill, timeout and job schedulers send), exit 143; by SIGINT (Ctrl-C),
     exit 130; each with one line saying nothing was written, and no --out left (no temporary,
-    no directory); the worker processes end with it"""
+    no directory); the worker processes end with it; with --workers 1 and 2"""
     d = fresh_dir("data_stopped")
     big = os.path.join(d, "big.jsonl")
     docs = sample_docs(400)
@@ -332,11 +334,14 @@ def data_prepare_stopped_by_sigterm_or_ctrl_c_leaves_nothing():
         while f.tell() < 12 << 20:
             for i, doc in enumerate(docs):
                 f.write(json.dumps({"text": "%d %s" % (f.tell(), doc)}) + "\n")
-    for sig, code, said in ((signal.SIGTERM, 143, "stopped (SIGTERM), nothing written"),
-                            (signal.SIGINT, 130, "interrupted, nothing written")):
+    # (--workers 1 tokenizes in the main process, whose signals stay prepare.py's: it ignored Ctrl-C once)
+    for sig, code, said, workers in ((signal.SIGTERM, 143, "stopped (SIGTERM), nothing written", 2),
+                                     (signal.SIGINT, 130, "interrupted, nothing written", 2),
+                                     (signal.SIGINT, 130, "interrupted, nothing written", 1)):
         out = os.path.join(d, "out")
         # (SIGINT's default restored: a runner started in the background may have it ignored)
-        p = subprocess.Popen(PREPARE + ["--out", out, "--shard_tokens", "1000", "--val_tokens", "1000", "--workers", "2", big],
+        p = subprocess.Popen(PREPARE + ["--out", out, "--shard_tokens", "1000", "--val_tokens", "1000", "--workers",
+                                        str(workers), big],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         deadline = time.time() + 120

@@ -38,6 +38,7 @@ line every few seconds without it.
 import argparse
 import collections
 import glob
+import itertools
 import json
 import multiprocessing
 import os
@@ -85,9 +86,15 @@ _encode = None
 
 def start_worker(encoder):
     """each process loads the encoder once; Ctrl-C and SIGTERM are the main process's to handle
-    (it ends the pool): a worker ignores the first and dies of the second, quietly"""
+    (it ends the pool): a worker ignores the first and dies of the second, quietly. A worker is
+    forked with SIGTERM blocked (tokenized), so one sent before this point waits, and kills it here"""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
+    load_encoder(encoder)
+
+
+def load_encoder(encoder):
     global _encode
     bpe = gpt2_bpe.load_bpe()
     _encode = gpt2_bpe.tiktoken_encoder(bpe).encode_ordinary if encoder == "tiktoken" else bpe.encode
@@ -152,12 +159,26 @@ def tokenize_chunk(chunk):
 def tokenized(chunks, workers, encoder):
     """tokenize_chunk's results in the order of the chunks; at most 2 chunks a worker in flight,
     so that a large input is never read far ahead of the writer"""
-    if workers == 1:
-        start_worker(encoder)
+    if workers == 1:  # (in this process, whose Ctrl-C and SIGTERM stay write_shards')
+        load_encoder(encoder)
         for chunk in chunks:
             yield tokenize_chunk(chunk)
         return
-    with multiprocessing.Pool(workers, initializer=start_worker, initargs=(encoder,)) as pool:
+    first = next(chunks, None)
+    if first is None:  # (nothing to tokenize: no pool to start and end at once)
+        return
+    chunks = itertools.chain([first], chunks)
+    # A worker is forked with the main process's SIGTERM handler (write_shards': raise Stopped) until
+    # start_worker replaces it. The pool ends its workers with SIGTERM; one that arrived in that
+    # window was taken by the inherited handler, or lost as start_worker installed the default, and
+    # the worker lived on, waiting for a lock that the ending pool held: prepare.py hung. Blocked
+    # here, SIGTERM waits in each new worker until start_worker unblocks it, with the default set
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+    try:
+        pool = multiprocessing.Pool(workers, initializer=start_worker, initargs=(encoder,))
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    with pool:
         pending = collections.deque()
         for chunk in chunks:
             pending.append(pool.apply_async(tokenize_chunk, (chunk,)))
