@@ -18,7 +18,7 @@
 //      included; a message between stages takes the send's time; pipeline_play runs every
 //      stage's list with those durations and returns the schedule's length;
 //   4. the step: the schedule, then the once-a-step work of the slowest stage (the gradients'
-//      reduction over dp, the tied embedding's, the norm, AdamW).
+//      reduction over dp, the tied embedding's, the norm, AdamW);
 //   5. ranks that share a CPU (a cpu profile; a GPU is a rank's own): while n ranks compute at once
 //      each runs at the fraction of a lone rank's rate that calibrate measured for n (GEMMs and
 //      attention at the GEMMs', memory-bound passes at the triad's); its collectives at the
@@ -31,7 +31,9 @@
 // copies over its PCIe link); a CPU is its own host.
 // What it leaves out, as the rows do: launch latency, the host's own work inside a step, the tail
 // of a grid that does not fill the device, and collectives' contention with compute for the
-// memory system.
+// memory system; on a CPU, a GEMM's rate beyond its two size classes, and that ranks sharing it
+// slow each other by how much of the caches their tensors take (calibrate measures d12's fc and
+// fcproj at 512 tokens, each rank's own, and applies their fractions to every kernel).
 #ifndef LLMC_STEP_TIME_H
 #define LLMC_STEP_TIME_H
 

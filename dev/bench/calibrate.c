@@ -613,7 +613,11 @@ int main(int argc, char** argv) {
         printf("  %d rank%s at once: GEMMs %.3f s, %.2f of a lone rank's rate; triads %.3f s, %.2f of its bandwidth\n",
                counts[c], counts[c] == 1 ? "" : "s", gemm_s[c], gemm_s[0] / gemm_s[c], triad_s[c], triad_s[0] / triad_s[c]);
         if (counts[c] >= 4) {
-            if (!fit_alpha_beta(n + FIT_FROM, t_arN[c] + FIT_FROM, fitted, t_arN[c][0], &arN_alpha[c], &arN_beta[c], &why)) {
+            // (alpha's floor: the quickest of the sizes below the fit's, rather than the 8-byte one's
+            // alone: ranks taking turns on the cores make any one of them slow now and then)
+            double floor_s = t_arN[c][0];
+            for (int i = 1; i < FIT_FROM; i++) floor_s = fmin(floor_s, t_arN[c][i]);
+            if (!fit_alpha_beta(n + FIT_FROM, t_arN[c] + FIT_FROM, fitted, floor_s, &arN_alpha[c], &arN_beta[c], &why)) {
                 die("the %d-rank all-reduces' fit: %s", counts[c], why);
             }
             printf("    all-reduce over the %d (median of 4 rounds), us:", counts[c]);
