@@ -710,7 +710,9 @@ static inline int64_t step_zero_buckets(GPT2Config c, int64_t ranks, int64_t* em
 // o.V chunks of L/(pp V) layers each, o.micro_batches of them a step); with zero, train_gpt2_dp's
 // ZeRO (train_gpt2_3d's -z 1 where tp_layer)
 static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, StepLayout o) {
-    StepRows s = {.rows = rows, .capacity = capacity, .count = 0, .group = NULL, .repeat = 1};
+    // (every field named: the trainers include this header in C++, which warns of any left out)
+    StepRows s = {.rows = rows, .capacity = capacity, .count = 0, .group = NULL, .repeat = 1,
+                  .phase = STEP_PHASE_STEP, .chunks = 0};
     int micro_batches = o.micro_batches > 1 ? o.micro_batches : 1;
     StepShapes h = step_shapes(c, o);
     int64_t L = c.num_layers, C = c.channels, V = c.vocab_size, Vp = c.padded_vocab_size;
