@@ -28,7 +28,11 @@
 // model (llmc/step_time.h) on a device profile (-profile: a built-in name, h100-sxm, h200,
 // a100-80gb, or a profile file; by default h100-sxm for -device cuda, and for -device cpu this
 // machine's as dev/bench/calibrate measured it, dev/profiles/cpu-this-machine.txt beside this
-// program) with -gpus_per_node ranks a node: the step, tokens/s, MFU and its parts.
+// program) with -gpus_per_node ranks a node: the step, tokens/s, MFU and its parts. The trainers
+// end their runs with the same prediction beside the step they measured (llmc/run.h; the profile by
+// the same rule, llmc/profile_default.h). With experts, -maxvio v prices the all-to-alls at routed
+// loads rather than balanced ones: the busiest rank of the ep group receives 1 + v times its share
+// (v: MaxVio as train_gpt2_ep prints it, llmc/moe.h).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
