@@ -341,10 +341,10 @@ int main(int argc, char** argv) {
     int B = 4, T = 1024, total_batch = -1, dp = 1, tp = 1, pp = 1, vp = 1, zero = 0, sp = 0, recompute = 0, offload = 0, cp = 1;
     const char* cp_comm = "ring";
     const char* cp_layout = "zigzag";
-    int overlap = 1, checkpoint = 0, search = 0, stage = -1, experts = 0, topk = 2, ep = 1, workers = 0, H = 10;
+    int overlap = 1, checkpoint = 0, search = 0, stage = -1, experts = 0, topk = 2, ep = 1, workers = 0, H = 10, megatron = 0;
     float memory_gb = 80.0f, capacity_factor = 0.0f, maxvio = 0.0f;
     const ArgSpec specs[] = {
-        {"-e", ARG_STRING, &model, 0, 0, "model: a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25), or a model file"},
+        {"-e", ARG_STRING, &model, 0, 0, "model: a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25), L/C/NH/maxT/V (96/12288/96/2048/51200), or a model file"},
         {"-b", ARG_INT, &B, 1, ARG_NO_MAX, "micro-batch size in sequences"},
         {"-t", ARG_INT, &T, 1, ARG_NO_MAX, "sequence length"},
         {"-d", ARG_INT, &total_batch, -1, ARG_NO_MAX, "total batch in tokens (-1: one micro-batch per step on each replica, as the trainers; with -search, B*T*N)"},
@@ -376,6 +376,7 @@ int main(int argc, char** argv) {
         {"-H", ARG_INT, &H, 1, ARG_NO_MAX, "-trainer diloco: inner steps between two outer steps (the outer step's 1/H a step)"},
         {"-maxvio", ARG_FLOAT, &maxvio, 0, ARG_NO_MAX, "with -experts: the routed loads' MaxVio the step is predicted at (the busiest expert over the mean, less 1; moe.h): the busiest rank of the ep group receives 1 + maxvio times the balanced all-to-all (0: balanced)"},
         {"-profile", ARG_STRING, &profile_name, 0, 0, "the device the step time is predicted on: h100-sxm, h200, a100-80gb or a profile file (default: h100-sxm on cuda; on cpu dev/profiles/cpu-this-machine.txt, dev/bench/calibrate's)"},
+        {"-megatron", ARG_INT, &megatron, 0, 1, "1: price the step as Megatron-LM (2021) ran it, for comparing with its published table: dropout 0.1 on the attention probabilities and both residual branches, -r 2 rerunning the whole layer (fcproj and its sum too), and -overlap in any grid (its DDP's buckets); no trainer here runs these"},
         {"-gpus_per_node", ARG_INT, &gpus_per_node, 0, ARG_NO_MAX, "ranks that share a node's fast link (0: the profile's, 8 for a GPU)"},
         {"-rank", ARG_STRING, &rank_by, 0, 0, "with -search: memory (the smallest first) or time (the fastest predicted step first, with why it beats the second)"},
         {"-format", ARG_STRING, &format, 0, 0, "text (the trainers' table) or json (the same numbers in bytes, for dev/memory.html)"},
@@ -388,7 +389,7 @@ int main(int argc, char** argv) {
     if (!gpt2_config_from_shape(model, &c)) {
         FILE* file = fopen(model, "rb");  // (dev/memory.html's planner sees no files: descriptors only)
         if (file == NULL) {
-            fail("-e %s: expected a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25) or a model file, and "
+            fail("-e %s: expected a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25), L/C/NH/maxT/V or a model file, and "
                  "no file has that name", model);
         }
         fclose(file);
@@ -443,12 +444,13 @@ int main(int argc, char** argv) {
     int timed = profile_load_default(profile_name, target.cuda, NULL, argv[0], "profiles/cpu-this-machine.txt",
                                      &device_profile, profile_label, sizeof(profile_label), why_profile, sizeof(why_profile));
     if (timed < 0) fail("-profile %s: %s", profile_name ? profile_name : profile_label, why_profile);
-    StepOptions kernels = {target.X, target.flash, target.cuda && target.X == 2, target.cuda && target.X == 2, 1, 0, 0, 0};
+    StepOptions kernels = {target.X, target.flash, target.cuda && target.X == 2, target.cuda && target.X == 2, 1, 0, 0, 0, 0};
     if (trainer_name != NULL && strcmp(trainer_name, "diloco") == 0) {  // (its outer step, 1/H of it a step)
         if (workers == 0) workers = dp;
         if (dp % workers != 0) fail("-workers %d: DiLoCo's workers split the %d ranks (-dp) into equal groups", workers, dp);
         kernels.diloco_workers = workers, kernels.diloco_H = H;
     }
+    kernels.megatron = megatron;
     int per_node = gpus_per_node > 0 ? gpus_per_node : timed ? device_profile.gpus_per_node : 8;
     int by_speed = strcmp(rank_by, "time") == 0;
     if (!by_speed && strcmp(rank_by, "memory") != 0) fail("-rank %s: expected memory or time", rank_by);
@@ -463,7 +465,8 @@ int main(int argc, char** argv) {
             if (k == TRAINER_COUNT) fail("-trainer %s: expected dp, tp, pp, 3d, cp, diloco or ep", trainer_name);
             r.trainer = (TrainerKind)k;
         }
-        r.overlap = r.trainer == TRAINER_DP ? overlap : 0;  // (the others reduce after the backward, as their layouts say)
+        // (the others reduce after the backward, as their layouts say; Megatron-LM's DDP overlaps in any grid)
+        r.overlap = r.trainer == TRAINER_DP || megatron ? overlap : 0;
         r.ep = ep;
         r.capacity_factor = capacity_factor;
         r.maxvio = maxvio;
@@ -578,10 +581,6 @@ int main(int argc, char** argv) {
     }
     if (count == 0) printf("  none: a smaller micro-batch (-b), more devices or a larger -mem\n");
     if (by_speed && count >= 2) time_compare(&fits[0], &fits[1], c);
-    if (timed && target.cuda) {  // (a known gap of the model, said where it matters)
-        printf("note: -offload's host AdamW and PCIe copies are priced at the device's own rates (profiles do not describe "
-               "the host yet), so the layouts with -offload are predicted faster than they run\n");
-    }
     free(fits);
     return 0;
 }

@@ -618,7 +618,9 @@ static inline void run_load_profile(Run* r) {
     program[n > 0 ? n : 0] = '\0';
     int found = profile_load_default(r->args.profile, cuda, device_name, program, PROFILE_CPU_FILE, &r->profile,
                                      r->profile_label, sizeof(r->profile_label), why, sizeof(why));
-    check_every_rank(found >= 0, "%s%s: %s", r->args.profile ? "-profile " : "the profile ", r->profile_label, why);
+    // (the label is filled only for a profile that loads: a refused -profile is named as given)
+    check_every_rank(found >= 0, "%s%s: %s", r->args.profile ? "-profile " : "the profile ",
+                     r->args.profile ? r->args.profile : r->profile_label, why);
     r->has_profile = found > 0;
 }
 
@@ -627,7 +629,7 @@ static inline void run_load_profile(Run* r) {
 // takes them) and the trainer's flags that change no buffer (-tp_overlap, DiLoCo's -workers and -H)
 static inline StepOptions run_step_options(const Run* r) {
     DeviceTarget t = build_target(r->config);
-    StepOptions o = {t.X, t.flash, 0, 0, 1, r->tp_overlap, r->diloco_workers, r->diloco_H};
+    StepOptions o = {t.X, t.flash, 0, 0, 1, r->tp_overlap, r->diloco_workers, r->diloco_H, 0};  // (0: no -megatron)
 #ifdef __CUDACC__
     o.bias_epilogue = bias_grad_in_epilogue(), o.gelu_epilogue = gelu_in_epilogue();
     o.ln_backward_fused = layernorm_backward_fused_asked();

@@ -195,6 +195,9 @@ typedef struct {
     float capacity_factor;  // experts: -capacity_factor (0: dropless)
     double maxvio;          // experts: the routed loads' MaxVio (llmc/moe.h; 0: balanced), which the
                             // all-to-alls' rows carry the busiest rank's bytes at
+    int megatron;           // 1: the step as Megatron-LM (2021) runs it, to compare with its published
+                            // table: dropout on the attention probabilities and on both residual
+                            // branches (its default, 0.1), and -r 2 rerunning the whole layer
 } StepLayout;
 
 // where the rows go while step_kernels fills them
@@ -499,6 +502,10 @@ static inline void step_attention_forward(StepRows* s, const StepShapes* h, int6
                  "gemm_batched scores = q k^T");
         step_row(s, calls, 0, (double)(STEP_FLOPS_SOFTMAX * h->causal), (double)(h->causal * X + h->scores * X),
                  STEP_VECTOR, "attention", fwd, "attention_softmax");
+        if (h->o.megatron) {  // (Megatron's attention dropout: the probabilities read, written, and a 1-byte mask)
+            step_row(s, calls, 0, 0, (double)(h->scores * (2 * X + 1)), STEP_VECTOR, "attention", NULL,
+                     "dropout on the probabilities (Megatron-LM)");
+        }
         step_row(s, calls, 0, (double)h->square_matmul, (double)(h->scores * X + 2 * act), STEP_GEMM, "attention", fwd,
                  "gemm_batched y = att v");
         step_row(s, calls, 0, 0, (double)(2 * act), STEP_VECTOR, "attention", fwd, "attention_from_heads (y)");
@@ -509,6 +516,23 @@ static inline void step_attention_forward(StepRows* s, const StepShapes* h, int6
 static inline void step_gelu_forward(StepRows* s, const StepShapes* h, int64_t rows, int64_t calls) {
     step_row(s, calls, 0, (double)(STEP_FLOPS_GELU * rows * h->fc), (double)(2 * rows * h->fc * h->X), STEP_VECTOR, "gelu",
              "gelu forward", "gelu_forward");
+}
+
+// Megatron-LM's dropout on a residual branch (its fused bias-dropout-add): the branch's Ns x C
+// read and written once more, and a 1-byte mask written; its backward reads the gradient and the
+// mask and writes the gradient (a dense layer's two branches; -megatron 1 only)
+static inline void step_residual_dropout(StepRows* s, const StepShapes* h, int64_t calls, const char* branch) {
+    if (h->o.megatron) {
+        step_row(s, calls, 0, 0, (double)(h->Ns * h->C * (2 * h->X + 1)), STEP_VECTOR, "dropout", NULL,
+                 "dropout on %s's output (Megatron-LM)", branch);
+    }
+}
+
+static inline void step_residual_dropout_backward(StepRows* s, const StepShapes* h, int64_t calls, const char* branch) {
+    if (h->o.megatron) {
+        step_row(s, calls, 0, 0, (double)(h->Ns * h->C * (2 * h->X + 1)), STEP_VECTOR, "dropout", NULL,
+                 "dropout backward on %s's output (Megatron-LM)", branch);
+    }
 }
 
 // A dense layer's forward from its ln1 to fcproj's sum (the caller adds it to the residual
@@ -527,6 +551,7 @@ static inline void step_layer_forward(StepRows* s, const StepShapes* h, int64_t 
     step_matmul(s, X, attproj, N, h->att, C, calls, h->tp == 1, 0, 0, NULL);
     step_tp_sum(s, h, calls, attproj, "attproj");
     step_bias_add(s, h, calls, "attprojb");
+    step_residual_dropout(s, h, calls, "attproj");
     step_layernorm_forward(s, X, Ns, C, "residual + layernorm (ln2)", calls, 1);
     if (E) {  // the router, the tokens to their experts (llmc/moe.h: row moves read and write C each)
         step_matmul(s, X, "matmul router, s = ln2 Wr^T", Nm, C, E, calls, 0, 0, 0, NULL);
@@ -548,6 +573,7 @@ static inline void step_layer_forward(StepRows* s, const StepShapes* h, int64_t 
     if (!E) {
         step_tp_sum(s, h, calls, fcproj, "fcproj");
         step_bias_add(s, h, calls, "fcprojb");
+        step_residual_dropout(s, h, calls, "fcproj");
     } else {  // the outputs home, and each token's gate-weighted sum
         step_row(s, calls, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
                  "moe gather rows (back to source order)");
@@ -564,9 +590,9 @@ static inline void step_layer_forward(StepRows* s, const StepShapes* h, int64_t 
 // lse is kept, and context parallelism always runs flash): GELU again, and that attention again
 static inline void step_recompute(StepRows* s, const StepShapes* h, int64_t calls) {
     const StepLayout* o = &h->o;
-    if (o->recompute == 2) {
+    if (o->recompute == 2) {  // (Megatron-LM's checkpointed layer: its whole forward, fcproj and its sum too)
         step_layernorm_forward(s, h->X, h->Ns, h->C, "layernorm_forward (ln1, rerun)", calls, 0);
-        step_layer_forward(s, h, calls, 1, 0);
+        step_layer_forward(s, h, calls, !o->megatron, 0);
     } else if (o->recompute == 1) {
         if (!o->weights_later) step_gelu_forward(s, h, h->R, calls);
         if (!o->flash && h->cp == 1) step_attention_forward(s, h, calls);
@@ -603,6 +629,10 @@ static inline void step_attention_backward(StepRows* s, const StepShapes* h, int
                  "gemm_batched datt = dy v^T");
         step_row(s, calls, 0, (double)square, (double)(scores * X + 2 * act), STEP_GEMM, "attention", bwd,
                  "gemm_batched dv = att^T dy");
+        if (h->o.megatron) {  // (the gradient through the dropout: read it and the mask, write it)
+            step_row(s, calls, 0, 0, (double)(scores * (2 * X + 1)), STEP_VECTOR, "attention", NULL,
+                     "dropout backward on the probabilities (Megatron-LM)");
+        }
         step_row(s, calls, 0, (double)(STEP_FLOPS_SOFTMAX_BACKWARD * causal), (double)(2 * causal * X + scores * X),
                  STEP_VECTOR, "attention", bwd, "attention_softmax_backward");
         step_row(s, calls, 0, (double)square, (double)(scores * X + 2 * act), STEP_GEMM, "attention", bwd,
@@ -631,6 +661,7 @@ static inline void step_layer_backward(StepRows* s, const StepShapes* h, int64_t
         step_row(s, calls, 0, 0, (double)(2 * R * C * X + R * 4), STEP_VECTOR, "moe", "moe: gather rows",
                  "moe gather rows (into expert order)");
     }
+    if (!E) step_residual_dropout_backward(s, h, calls, "fcproj");
     if (!E) step_tp_gather(s, h, calls, "matmul fcproj dinp", "dresidual before fcproj's dinp");
     if (o.gelu_epilogue && (!h->tpl || E)) {  // (moe.h's experts: block.h's GEMMs)  // DGELU reads GELU's input (aux) and multiplies the product by GELU'
         step_matmul_dinp(s, X, "matmul fcproj dinp (DGELU epilogue)", R, C, h->fc, calls, 1);
@@ -661,6 +692,7 @@ static inline void step_layer_backward(StepRows* s, const StepShapes* h, int64_t
     }
     step_layernorm_backward(s, o, Ns, C, "ln2", calls);
     // the attention half
+    step_residual_dropout_backward(s, h, calls, "attproj");
     step_tp_gather(s, h, calls, "matmul attproj dinp", "dresidual before attproj's dinp");
     step_matmul_dinp(s, X, "matmul attproj dinp", N, h->att, C, calls, 0);
     step_attention_backward(s, h, calls);
@@ -966,6 +998,7 @@ typedef struct {
     int X, flash, bias_epilogue, gelu_epilogue, ln_backward_fused;  // as StepLayout's
     int tp_overlap;              // -tp_overlap
     int diloco_workers, diloco_H;  // train_gpt2_diloco: -workers (RunLayout's dp is every worker's ranks) and -H
+    int megatron;                // StepLayout's: the planner's -megatron 1, no trainer's
 } StepOptions;
 
 #ifdef LLMC_MEMORY_PLAN_H
@@ -982,6 +1015,7 @@ static inline StepLayout step_layout_of_run(const RunLayout* r, int stage, StepO
     o.zero = r->zero, o.overlap = r->overlap, o.offload = r->offload, o.recompute = r->recompute;
     o.capacity_factor = r->capacity_factor;
     o.maxvio = r->maxvio;
+    o.megatron = opt.megatron;
     if (r->trainer == TRAINER_DILOCO && opt.diloco_workers > 1) {
         o.diloco_workers = opt.diloco_workers, o.diloco_H = opt.diloco_H, o.dp = r->dp / opt.diloco_workers;
     }

@@ -2938,7 +2938,7 @@ def memory_planner_refuses_bad_layouts_and_says_whether_it_fits():
              (["-e", "d12", "-pp", 2, "-stage", 2], "-stage 2: the pipeline has stages 0..1"),
              (["-e", "d12", "-tp", 2, "-offload", 1], "-offload 1 is train_gpt2_dp's"),
              (["-e", "d12", "-t", 2048], "-t 2048 is longer than the model's maximum sequence length 1024"),
-             (["-e", "12/768"], "-e 12/768: expected a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25) or a "
+             (["-e", "12/768"], "-e 12/768: expected a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25), L/C/NH/maxT/V or a "
                                 "model file, and no file has that name"),
              (["-e", "d0"], "-e 'd0' is neither a model file nor a descriptor"),
              (["-e", "12/768/12/2048/70000"], "-e 12/768/12/2048/70000: expected L/C/NH[/maxT[/V]], all positive, "

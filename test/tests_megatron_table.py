@@ -223,3 +223,70 @@ def megatron_compare_prints_the_table():
     assert int(m.group(1)) == within, (summary[0], errors)
     assert m.group(2) == "%.1f" % (100 * median) and m.group(3) == "%.1f" % (100 * errors[-1]), (summary[0], errors)
     print("    " + summary[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# -megatron 1: the planner prices the step as Megatron-LM (2021) ran it. What it adds is known by
+# hand: dropout on the attention probabilities (forward and backward, each reading and writing the
+# B x NH x T x T probabilities in floatX and a 1-byte mask) and on the two residual branches (the
+# same on the B T x C outputs), and, with -r 2, the layer's last GEMM (fcproj, 2 N 4C C FLOPs)
+# rerun before its backward. On a profile whose GEMMs run at 1e12 FLOP/s (every efficiency 1,
+# every GEMM large) and whose memory moves MEMORY_RATE bytes a second, the planner's memory and
+# gemm parts must grow by exactly those bytes and FLOPs over those rates. (Two memory rates: at
+# 1e9 the GEMMs of this small model are bound by their bytes, at 1e15 by their FLOPs.)
+MEGATRON_TEST_PROFILE = """name round numbers for -megatron
+kind cuda
+peak_flops_fp32 1e12
+peak_flops_bf16 1e12
+memory_bandwidth_bytes_per_s MEMORY_RATE
+memory_bytes 1e12
+efficiency_matmul_large 1
+efficiency_matmul_small 1
+matmul_small_flops 0
+efficiency_attention 1
+efficiency_memory 1
+intra_node_latency_s 1e-6
+intra_node_bandwidth_bytes_per_s 1e11
+inter_node_latency_s 1e-6
+inter_node_bandwidth_bytes_per_s 1e11
+"""
+
+
+@test
+def megatron_flag_adds_dropout_and_the_whole_layer_rerun():
+    """dev/memory_planner -megatron 1 against -megatron 0, one rank, bf16, cuBLAS attention: the
+    memory part grows by L (2 B NH T^2 + 4 B T C) (2X + 1) bytes over the bandwidth (dropout's read,
+    write and mask, forward and backward; -r 2 reruns the forward's three dropouts once more), the
+    gemm part by fcproj's rerun, L 2 (B T) 4C C FLOPs over the peak, and nothing by -r 0"""
+    make(["dev/memory_planner"])
+    d = os.path.join(TMP, "megatron_flag")
+    os.makedirs(d, exist_ok=True)
+    L, C, NH, B, T, X = 2, 128, 4, 2, 128, 2
+
+    def parts(memory_rate, *flags):
+        profile = os.path.join(d, "round_%g.txt" % memory_rate)
+        with open(profile, "w") as f:
+            f.write(MEGATRON_TEST_PROFILE.replace("MEMORY_RATE", "%g" % memory_rate))
+        cmd = [os.path.join(ROOT, "dev", "memory_planner"), "-e", "%d/%d/%d/%d" % (L, C, NH, T), "-b", B, "-t", T,
+               "-precision", "bf16", "-attention", "cublas", "-profile", profile, "-format", "json"] + list(flags)
+        p = subprocess.run([str(a) for a in cmd], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        return json.loads(p.stdout)["time_parts"]
+
+    scores, rows = B * NH * T * T, B * T
+    forward_bytes = (scores + 2 * rows * C) * (2 * X + 1)   # a layer's three dropouts, forward
+    backward_bytes = forward_bytes                            # and their backward: the same bytes
+    for r, rerun in ((0, 0), (2, 1)):
+        plain, megatron = parts(1e9, "-r", r, "-megatron", 0), parts(1e9, "-r", r, "-megatron", 1)
+        want_memory = L * (forward_bytes * (1 + rerun) + backward_bytes) / 1e9
+        got_memory = megatron["memory"] - plain["memory"]
+        # (1e-6 of the parts: the JSON prints each with 6 significant digits, 5e-7 of it at most)
+        assert abs(got_memory - want_memory) <= 1e-6 * (plain["memory"] + megatron["memory"]), \
+            "-r %d: memory grew %.9g s, expected %.9g" % (r, got_memory, want_memory)
+        plain, megatron = parts(1e15, "-r", r, "-megatron", 0), parts(1e15, "-r", r, "-megatron", 1)
+        want_gemm = L * rerun * 2 * rows * 4 * C * C / 1e12
+        got_gemm = megatron["gemm"] - plain["gemm"]
+        assert abs(got_gemm - want_gemm) <= 1e-6 * (plain["gemm"] + megatron["gemm"]), \
+            "-r %d: gemm grew %.9g s, expected %.9g" % (r, got_gemm, want_gemm)
+        print("    -r %d: -megatron 1 adds memory %.3f us, gemm %.3f us (by hand: %.3f, %.3f)" % (
+            r, got_memory * 1e6, got_gemm * 1e6, want_memory * 1e6, want_gemm * 1e6))

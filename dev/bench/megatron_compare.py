@@ -20,6 +20,12 @@ How a row becomes a planner run (the table file's header says where each column 
   overlap     -overlap 1 on the pp = 1 rows (the scripts' --DDP-impl torch: PyTorch DDP's buckets
               under the backward), -overlap 0 elsewhere (--DDP-impl local: one all-reduce after
               the whole batch).
+  megatron    -megatron 1: what Megatron-LM ran that this project's trainers do not, priced by the
+              planner (llmc/step_kernels.h): dropout 0.1 on the attention probabilities and on both
+              residual branches (its defaults: a memory-bound pass over the T x T probabilities
+              forward, in the recomputed forward and backward), the full recomputation's rerun of
+              the whole layer (fcproj and its tp all-reduce too: -r 2 here stops after GELU, all
+              this project's backward needs), and -overlap honoured in any grid.
   memory      -mem 80; a row that the planner says does not fit is still predicted (the planner
               prints its time either way) and flagged.
 The a100-80gb profile is llmc/device_profile.h's, fixed from datasheets and published
@@ -92,7 +98,7 @@ def layout_args(r):
     dp = r["gpus"] // mp
     args = ["-trainer", "3d", "-tp", r["tp"], "-pp", r["pp"], "-dp", dp, "-b", r["micro_batch"], "-t", r["seq"],
             "-d", r["batch"] * r["seq"], "-r", 2, "-precision", "bf16", "-attention", "cublas",
-            "-overlap", 1 if r["pp"] == 1 else 0]
+            "-overlap", 1 if r["pp"] == 1 else 0, "-megatron", 1]
     if r["interleaved_chunks"] > 1:
         args += ["-sched", "interleaved", "-vp", r["interleaved_chunks"]]
     return [str(a) for a in args]
@@ -128,11 +134,11 @@ def layout_text(r):
 NOTES = """notes:
   vocabulary: the paper's 51,200 (-e L/C/NH/2048/51200); --vocab 50304 (GPT-2's, padded) moves each prediction
     by under 0.1%.
-  not in the model, so not in the prediction: Megatron's dropout (0.1 on the attention probabilities and on
-    the two residual branches); its full recomputation reruns the whole layer, fcproj and its tp all-reduce
-    included, where -r 2 stops after GELU (what this project's backward needs); its pipeline exchanges wait
-    for each send and receive (the play charges a message only where a receiver waits) and scatter/gather
-    sends 1/tp of the activation (the model sends all of it); fp16 (run as bf16: the same tensor-core peak)."""
+  -megatron 1 adds what Megatron ran beyond this project's trainers: dropout (0.1 on the attention
+    probabilities and the two residual branches) and the whole layer rerun by its full recomputation.
+  not in the model, so not in the prediction: its pipeline exchanges wait for each send and receive (the
+    play charges a message only where a receiver waits) and scatter/gather sends 1/tp of the activation
+    (the model sends all of it); fp16 (run as bf16: the same tensor-core peak)."""
 
 
 def print_table(results, vocab):
