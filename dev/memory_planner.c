@@ -555,6 +555,10 @@ int main(int argc, char** argv) {
                    (unsigned long long)(m->params + m->grads + m->master + m->state), (unsigned long long)m->activations,
                    (unsigned long long)(m->host + m->host_optimizer));
             print_json_string(flags);
+            char command[512];  // (the run that tries it: its trainer prints this plan at its start)
+            layout_command(r, c, model, (long long)batch, attention, cp_layout, checkpoint, command, sizeof(command));
+            printf(", \"sched\": \"%s\", \"vp\": %d, \"command\": ", pipe_schedule_names[r->sched], r->V);
+            print_json_string(command);
             if (timed) printf(", \"step_seconds\": %.9g, \"tokens_per_second\": %.9g", fits[i].time.seconds, fits[i].time.tokens_per_second);
             printf("}%s\n", i + 1 < count ? "," : "");
         }

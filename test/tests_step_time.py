@@ -216,13 +216,15 @@ def planner_search_rows_run(model_flags, count=3):
         trainer = re.match(r"train_gpt2_(\w+)", l["layout"]).group(1)
         flags = ["-trainer", trainer, "-d", search["batch"], "-dp", l["dp"], "-tp", l["tp"], "-pp", l["pp"], "-cp", l["cp"],
                  "-ep", l["ep"], "-z", l["z"], "-sp", l["sp"], "-r", l["r"], "-offload", l["offload"], "-cp_comm", l["cp_comm"]]
-        sched = re.search(r"-sched (\w+)", l["layout"])  # (a pipeline's schedule: in the layout's words only)
-        flags += ["-sched", sched.group(1)] if sched else []
+        flags += ["-sched", l["sched"], "-vp", l["vp"]] if l["pp"] > 1 else []
         code, one = planner(*(base + flags + ["-format", "json"]))
         assert code == 0, "%s: %s" % (l["layout"], one[-2000:])
         plan = json.loads(one)
         assert abs(plan["step_seconds"] - l["step_seconds"]) <= 1e-9 * l["step_seconds"], (l, plan["step_seconds"])
-        out = planner_command_run(plan["command"], os.path.join(d, "row%d" % i))
+        # the row's own command is the one the plan of its layout gives, and the one that runs
+        assert l["command"] == plan["command"], "%s: the search row's command %r, the plan's %r" % (
+            l["layout"], l["command"], plan["command"])
+        out = planner_command_run(l["command"], os.path.join(d, "row%d" % i))
         assert re.search(r"^step +1/1 \|", out, re.M), "%s: no step line:\n%s" % (plan["command"], out[-2000:])
         print("    %.1f ms predicted, ran one step: %s" % (l["step_seconds"] * 1e3, plan["command"]))
     return [l["layout"] for l in rows]
