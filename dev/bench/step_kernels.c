@@ -8,7 +8,7 @@
 //   dev/bench/step_kernels -e d12 -b 8 -t 1024 -cp 4                 one rank of train_gpt2_cp
 //   dev/bench/step_kernels -e d12 -experts 8 -topk 2 -dp 4 -ep 2     one rank of train_gpt2_ep
 //   dev/bench/step_kernels -e d12 -trainer tp -tp 4 -sp 1              a rank of train_gpt2_tp -sp 1
-//   dev/bench/step_kernels -e d12 -trainer 3d -dp 2 -tp 2 -pp 2 -vp 2 -m 8 -stage 1   a rank of stage 1
+//   dev/bench/step_kernels -e d12 -trainer 3d -dp 2 -tp 2 -pp 2 -vp 2 -micro_batches 8 -stage 1   a rank of stage 1
 //   dev/bench/step_kernels -e d12 -dp 8 -z 3 -overlap 1 -r 2         train_gpt2_dp with ZeRO-3, recomputing
 //
 // The first flags are roofline.py's that choose the step (its device and efficiency flags choose
