@@ -12,7 +12,8 @@
 //   2. a collective: comm_time.h's alpha-beta time on the group's placement (which ranks share a
 //      node follows from the grid order and gpus_per_node); one that the layout overlaps with
 //      compute (the row's hidden_by: -overlap's buckets, -tp_overlap's GEMMs) costs what outlasts
-//      that compute, every other one is exposed whole;
+//      that compute, every other one is exposed whole (on a CPU every one: MPI's copies and sums
+//      run on the rank's own core, inside its MPI calls);
 //   3. a pipeline stage's actions: a chunk's forward (F), its backward's input half (B) and weight
 //      half (W) are the sums of the rows each runs, tp's and cp's collectives inside them
 //      included; a message between stages takes the send's time; pipeline_play runs every
@@ -273,8 +274,11 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
             st.send = per_call > st.send ? per_call : st.send;
             continue;
         }
+        // (on a CPU nothing hides: MPI moves a rank's bytes and sums them on that rank's own core,
+        // inside its MPI calls, so the trainers' overlap interleaves the two rather than running
+        // them at once; on a GPU the copy engines and NCCL's kernels run beside the compute)
         double total = per_call * r->calls, exposed = total;
-        if (r->hidden_by[0]) exposed = comm_exposed(total, time_hiding_seconds(rows, seconds, n, r->hidden_by));
+        if (r->hidden_by[0] && p->kind != DEVICE_CPU) exposed = comm_exposed(total, time_hiding_seconds(rows, seconds, n, r->hidden_by));
         seconds[i] = exposed;
         int k = time_group_index(r->comm);
         if (parts && k >= 0) parts->comm_total[k] += total, parts->comm_exposed[k] += exposed;

@@ -6,7 +6,8 @@
 //     forward against the useful 2 B NH T (T + 1) hs, so their factor is (T + 1) / (2 T);
 //   - data parallelism: two ranks of one node take exactly one ring all-reduce of the gradients
 //     (2 alpha + P X / beta) longer than one rank, the compute being the same; over two nodes
-//     the inter-node link's; with -overlap shorter by what the backward hides of it;
+//     the inter-node link's; with -overlap shorter by what the backward hides of it (on a GPU;
+//     on a CPU not at all);
 //   - ranks sharing the cores of a CPU: 4 ranks on 2 cores compute at half the speed; with the
 //     fractions calibrate measured, the host's throughput straight between them (3 ranks between 2
 //     and 4, 16 past the last at 8's); the ranks computing at once when some wait in MPI; the
@@ -133,6 +134,17 @@ int main(void) {
         CHECK(close_to(plain.seconds - hidden.seconds, total - exposed, 1e-9), "-overlap shortens the step by %g s, expected "
               "the hidden %g", plain.seconds - hidden.seconds, total - exposed);
     }
+
+    // on a CPU nothing hides (MPI's copies and sums run on the rank's own core): -overlap's step is
+    // the plain one, its all-reduce exposed whole (8 cores: the 2 ranks share none)
+    DeviceProfile cpu_links = p;
+    cpu_links.kind = DEVICE_CPU, cpu_links.cpu_cores = 8, cpu_links.cpu_threads = 1;
+    StepTime cpu_plain = step_time_predict(&cpu_links, c, &two_ranks, fp32_kernels(), 8);
+    StepTime cpu_overlap = step_time_predict(&cpu_links, c, &overlapped, fp32_kernels(), 8);
+    CHECK(cpu_overlap.seconds == cpu_plain.seconds && cpu_overlap.comm_exposed[3] == cpu_overlap.comm_total[3] &&
+              cpu_overlap.comm_total[3] > 0.0,
+          "-overlap on a CPU: %g s against %g without, dp exposed %g of %g", cpu_overlap.seconds, cpu_plain.seconds,
+          cpu_overlap.comm_exposed[3], cpu_overlap.comm_total[3]);
 
     // throughput and MFU: B T tokens a replica and micro-batch; the model's FLOPs a token
     double tokens = 2.0 * one.B * one.T;
