@@ -3,6 +3,9 @@
 // memory_plan.h) turns a step's inventory of kernels and collectives into seconds with them:
 //
 //   a GEMM of F FLOPs          F / (peak x efficiency_matmul_large, or _small when F < matmul_small_flops)
+//                              (a kernel takes the larger of its FLOPs' time and its bytes'; on a
+//                              CPU, whose core packs a GEMM's operands between its FMAs, the sum,
+//                              and calibrate's peak is the rate left once the bytes' time is out)
 //   attention of F FLOPs       F / (peak x efficiency_attention)
 //   a pass moving M bytes      M / (memory_bandwidth x efficiency_memory)
 //   a message of n bytes       alpha + n / (beta x efficiency_link), alpha and beta of the link it

@@ -8,7 +8,8 @@
 //   1. a kernel: max(FLOPs / (peak x efficiency), bytes / (bandwidth x efficiency_memory)), a
 //      roofline with the achievable rates of the profile: a GEMM's efficiency by its size class,
 //      attention's on its useful causal FLOPs (the profile's definition: device_profile.h), the
-//      elementwise kernels and memsets bound by their bytes;
+//      elementwise kernels and memsets bound by their bytes; on a CPU the sum of the two (one
+//      core does both: it packs a GEMM's operands between its FMAs);
 //   2. a collective: comm_time.h's alpha-beta time on the group's placement (which ranks share a
 //      node follows from the grid order and gpus_per_node); one that the layout overlaps with
 //      compute (the row's hidden_by: -overlap's buckets, -tp_overlap's GEMMs) costs what outlasts
@@ -128,6 +129,10 @@ static inline double time_kernel_seconds(const DeviceProfile* p, const StepKerne
         default: rate = 0.0;  // vector and memset rows: their bytes
     }
     double by_flops = rate > 0.0 ? flops / rate * share.compute : 0.0, by_bytes = r->bytes / bandwidth * share.memory;
+    // a CPU core that runs a GEMM's FMAs also packs its operands and streams its result: the two
+    // add (calibrate's peak is the rate left once the bytes' time is taken out); a GPU's memory
+    // system moves bytes beside its cores: the larger of the two
+    if (p->kind == DEVICE_CPU) return by_flops + by_bytes;
     return by_flops > by_bytes ? by_flops : by_bytes;
 }
 

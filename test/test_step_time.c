@@ -1,7 +1,7 @@
 // Unit tests of the step-time model (llmc/step_time.h) on a device of round numbers, each part
 // against a case worked by hand:
 //   - a kernel: compute-bound, max(F / (peak x efficiency), ...), and memory-bound, bytes /
-//     (bandwidth x efficiency_memory);
+//     (bandwidth x efficiency_memory); on a CPU the sum of the two;
 //   - attention's useful FLOPs: cuBLAS's rows multiply full T x T squares, 4 B NH T^2 hs a layer
 //     forward against the useful 2 B NH T (T + 1) hs, so their factor is (T + 1) / (2 T);
 //   - data parallelism: two ranks of one node take exactly one ring all-reduce of the gradients
@@ -82,6 +82,14 @@ int main(void) {
           time_kernel_seconds(&p, &gemm, gemm.flops, 4, lone));
     CHECK(close_to(time_kernel_seconds(&p, &vec, vec.flops, 4, lone), 2e-3, 1e-12), "a memory-bound pass: %g s, expected 2 ms",
           time_kernel_seconds(&p, &vec, vec.flops, 4, lone));
+    // on a CPU the two add (the core packs the operands between its FMAs): 4 ms + 1e3 / (1e9 x 0.5)
+    // = 4.002 ms; the vector pass, of no FLOPs at a GEMM's rate, its 2 ms still
+    DeviceProfile one_cpu = p;
+    one_cpu.kind = DEVICE_CPU;
+    CHECK(close_to(time_kernel_seconds(&one_cpu, &gemm, gemm.flops, 4, lone), 4.002e-3, 1e-12),
+          "a GEMM on a CPU: %g s, expected 4.002 ms", time_kernel_seconds(&one_cpu, &gemm, gemm.flops, 4, lone));
+    CHECK(close_to(time_kernel_seconds(&one_cpu, &vec, vec.flops, 4, lone), 2e-3, 1e-12), "a pass on a CPU: %g s, expected 2 ms",
+          time_kernel_seconds(&one_cpu, &vec, vec.flops, 4, lone));
 
     // attention's factor on cuBLAS's squares
     RunLayout one = layout(TRAINER_DP, 1, 1, 1);
@@ -221,8 +229,8 @@ int main(void) {
     one_core.kind = DEVICE_CPU, one_core.cpu_cores = 1, one_core.cpu_threads = 1;
     one_core.intra_node_latency_s = one_core.inter_node_latency_s = 1e-15;
     one_core.intra_node_bandwidth_bytes_per_s = one_core.inter_node_bandwidth_bytes_per_s = 1e18;
-    DeviceProfile as_gpu = one_core;
-    as_gpu.kind = DEVICE_CUDA;
+    DeviceProfile as_gpu = one_core;  // (a core each: nothing shared)
+    as_gpu.cpu_cores = 2;
     RunLayout turns = layout(TRAINER_PP, 1, 2, 1);
     one_core.cpu_wait_slowdown = 1.0;
     StepTime lone_play = step_time_predict(&as_gpu, c, &turns, fp32_kernels(), 1024);

@@ -185,9 +185,15 @@ typedef struct {
     int N, C, OC;  // tokens, in, out: the layer's three products as the trainers call them
 } GemmShape;
 
-// GFLOP/s of a class of shapes: every product of every shape, their FLOPs over their time
-static double gemm_rate(const GemmShape* shapes, int count, Rng* rng, double* largest_flops, double* smallest_flops) {
-    double flops = 0, seconds = 0;
+// A class of shapes timed: every product of every shape, their FLOPs, their least bytes (as
+// llmc/step_kernels.h counts a GEMM row's: the two operands read and the result written, a weight
+// gradient's also read, as it accumulates) and their seconds, added up
+typedef struct {
+    double flops, bytes, seconds;
+} GemmClass;
+
+static GemmClass gemm_class(const GemmShape* shapes, int count, Rng* rng, double* largest_flops, double* smallest_flops) {
+    double flops = 0, bytes = 0, seconds = 0;
     *largest_flops = 0, *smallest_flops = 1e300;
     for (int s = 0; s < count; s++) {
         int N = shapes[s].N, C = shapes[s].C, OC = shapes[s].OC;
@@ -208,11 +214,23 @@ static double gemm_rate(const GemmShape* shapes, int count, Rng* rng, double* la
         BEST_SECONDS(t_dw, reps, matmul_backward_weight(dw, NULL, out, inp, N, C, OC));
         printf("  gemm %-8s N %5d, %4d -> %4d: %.2e FLOPs a product; forward %6.1f, dinp %6.1f, dweight %6.1f GFLOP/s\n",
                shapes[s].name, N, C, OC, f, f / t_fwd / 1e9, f / t_dinp / 1e9, f / t_dw / 1e9);
-        flops += 3 * f, seconds += t_fwd + t_dinp + t_dw;
+        double operands = 4.0 * ((double)N * C + (double)C * OC + (double)N * OC);
+        flops += 3 * f, bytes += 3 * operands + 4.0 * C * OC, seconds += t_fwd + t_dinp + t_dw;
         *largest_flops = fmax(*largest_flops, f), *smallest_flops = fmin(*smallest_flops, f);
         free(inp), free(w), free(out), free(dinp), free(dw);
     }
-    return flops / seconds;
+    GemmClass k = {flops, bytes, seconds};
+    return k;
+}
+
+// The rate of a class's arithmetic alone. On a CPU the core that runs a GEMM's FMAs also packs its
+// operands and streams its result, so the step-time model adds a GEMM's bytes / bandwidth to its
+// FLOPs / rate (llmc/step_time.h); the rate it needs is then the FLOPs over the time that is left
+// once the bytes' time at the memory-bound passes' bandwidth is taken out (at least half the
+// time left: a bandwidth too low to explain the GEMMs is a measurement gone wrong, not a faster core)
+static double gemm_core_rate(GemmClass k, double bandwidth) {
+    double left = k.seconds - k.bytes / bandwidth;
+    return k.flops / fmax(left, 0.5 * k.seconds);
 }
 
 // STREAM's triad a = b + s c over three arrays of 32M floats (128 MB each, 4x this machine's
@@ -511,17 +529,11 @@ int main(int argc, char** argv) {
         printf("compute on %d thread%s (of %d cores), the %s GEMM micro-kernel:\n", threads, threads == 1 ? "" : "s", cores,
                gemm_isa().name);
         double large_max, large_min, small_max, small_min;
-        large_rate = gemm_rate(large, 2, &rng, &large_max, &large_min);
-        small_rate = gemm_rate(small, 2, &rng, &small_max, &small_min);
-        small_eff = small_rate / large_rate;
+        GemmClass large_class = gemm_class(large, 2, &rng, &large_max, &large_min);
+        GemmClass small_class = gemm_class(small, 2, &rng, &small_max, &small_min);
         // the class boundary: halfway (geometrically) between the largest small GEMM and the smallest large one
         small_flops = sqrt(small_max * large_min);
-        printf("  large class %.1f GFLOP/s (the peak, by definition), small class %.1f GFLOP/s: %.2f of it%s\n",
-               large_rate / 1e9, small_rate / 1e9, small_eff, small_eff > 1 ? " (written as 1: an efficiency is at most 1)" : "");
-
         attention_rate = attention_rate_measured(&rng);
-        printf("  attention: %.1f GFLOP/s forward and backward (useful causal FLOPs): %.2f of the peak\n",
-               attention_rate / 1e9, attention_rate / large_rate);
 
         size_t elements = (size_t)32 << 20;
         float* a = (float*)calloc_check(elements, sizeof(float));
@@ -535,6 +547,17 @@ int main(int argc, char** argv) {
         memory_eff = kernels_bandwidth / bandwidth;
         printf("memory: triad %.1f GB/s on %d thread%s; GELU and LayerNorm %.1f GB/s: %.2f of it%s\n", bandwidth / 1e9,
                threads, threads == 1 ? "" : "s", kernels_bandwidth / 1e9, memory_eff, memory_eff > 1 ? " (written as 1)" : "");
+        // the GEMMs' rates with their bytes' time at the passes' bandwidth taken out (gemm_core_rate)
+        large_rate = gemm_core_rate(large_class, fmin(kernels_bandwidth, bandwidth));
+        small_rate = gemm_core_rate(small_class, fmin(kernels_bandwidth, bandwidth));
+        small_eff = small_rate / large_rate;
+        printf("GEMMs: large class %.1f GFLOP/s as timed, %.1f with their %.0f MB at %.1f GB/s taken out (the peak, by\n"
+               "  definition); small class %.1f as timed, %.1f taken out: %.2f of the peak%s\n",
+               large_class.flops / large_class.seconds / 1e9, large_rate / 1e9, large_class.bytes / 1e6,
+               fmin(kernels_bandwidth, bandwidth) / 1e9, small_class.flops / small_class.seconds / 1e9, small_rate / 1e9,
+               small_eff, small_eff > 1 ? " (written as 1: an efficiency is at most 1)" : "");
+        printf("  attention: %.1f GFLOP/s forward and backward (useful causal FLOPs): %.2f of the peak\n",
+               attention_rate / 1e9, attention_rate / large_rate);
         copy_bandwidth = memcpy_bandwidth(&copy_small);
         printf("  a copy (memcpy, 64 MB): %.1f GB/s; of 8 bytes: %.3f us (-offload's copies to the host, here in memory)\n",
                copy_bandwidth / 1e9, copy_small * 1e6);
@@ -683,8 +706,9 @@ int main(int argc, char** argv) {
             "# This machine's CPU, measured by dev/bench/calibrate on %s (mpirun -np %d ./dev/bench/calibrate -o FILE\n"
             "# -threads %d; the format: llmc/device_profile.h). Measured, not from a datasheet:\n"
             "#   peak_flops: the project's GEMM (llmc/cpu/matmul.h) on d12's fc and fcproj at 512 tokens, forward,\n"
-            "#     dinp and dweight: %.1f GFLOP/s on %d thread%s, so efficiency_matmul_large is 1 by definition;\n"
-            "#     qkv and attproj at 64 tokens ran at %.1f GFLOP/s (efficiency_matmul_small); below %.3g FLOPs a GEMM is small.\n"
+            "#     dinp and dweight: %.1f GFLOP/s on %d thread%s once their bytes' time at the memory-bound passes'\n"
+            "#     bandwidth is taken out (on a CPU the model adds the two), so efficiency_matmul_large is 1 by definition;\n"
+            "#     qkv and attproj at 64 tokens ran at %.1f GFLOP/s so (efficiency_matmul_small); below %.3g FLOPs a GEMM is small.\n"
             "#   attention: llmc/cpu/attention.h at d12's B 4, T 64, 12 heads, %.1f GFLOP/s of useful causal FLOPs.\n"
             "#   memory: STREAM's triad over 3 x 128 MB, %.1f GB/s; GELU and LayerNorm,\n"
             "#     forward and backward at d12's B 4, T 64, %.1f GB/s of their least bytes (efficiency_memory).\n"
