@@ -352,15 +352,20 @@ static void share_triads(ShareWork* k) {
     }
 }
 
-// seconds until the last of comm's ranks has done `work`
+// seconds until the last of comm's ranks has done `work`, the better of 2 rounds (other work on
+// the machine only ever adds time)
 static double together_seconds(MPI_Comm comm, void (*work)(ShareWork*), ShareWork* k) {
-    MPI_Barrier(comm);
-    double t0 = wall_time_s();
-    work(k);
-    double mine = wall_time_s() - t0, last;
-    quiet_barrier(comm);
-    MPI_Allreduce(&mine, &last, 1, MPI_DOUBLE, MPI_MAX, comm);
-    return last;
+    double best = 1e30;
+    for (int round = 0; round < 2; round++) {
+        MPI_Barrier(comm);
+        double t0 = wall_time_s();
+        work(k);
+        double mine = wall_time_s() - t0, last;
+        quiet_barrier(comm);
+        MPI_Allreduce(&mine, &last, 1, MPI_DOUBLE, MPI_MAX, comm);
+        best = fmin(best, last);
+    }
+    return best;
 }
 
 // The cores a waiting rank takes: `computing` ranks (the cores) run the GEMMs while as many more wait
@@ -378,7 +383,7 @@ static double beside_waiting_seconds(MPI_Comm comm, int computing, ShareWork* k)
     double last = 0.0;
     int word = 1;
     if (rank < computing) {
-        last = together_seconds(workers, share_gemms, k);
+        last = together_seconds(workers, share_gemms, k);  // (both rounds beside the waiting ranks)
         if (rank == 0) {
             for (int r = computing; r < size; r++) MPI_Send(&word, 1, MPI_INT, r, 2, comm);
         }
@@ -628,7 +633,7 @@ int main(int argc, char** argv) {
     }
     double gemm_fraction[4] = {1, 0, 0, 0}, memory_fraction[4] = {1, 0, 0, 0};
     printf("ranks sharing this host (%d cores; each rank: d12's fc and fcproj GEMMs, %.1f GFLOP, and 4 triads over 3 x 64 MB;\n"
-           "the time until the last rank is done, the fraction of a lone rank's rate each reaches):\n",
+           "the time until the last rank is done, the better of 2 rounds; the fraction of a lone rank's rate each reaches):\n",
            cores, 2 * 2 * 3 * 2.0 * 512 * 768 * 3072 / 1e9);
     for (int c = 0; c < 4 && counts[c] <= size; c++) {
         gemm_fraction[c] = fmin(1.0, gemm_s[0] / gemm_s[c]);
@@ -640,13 +645,16 @@ int main(int argc, char** argv) {
             // alone: ranks taking turns on the cores make any one of them slow now and then)
             double floor_s = t_arN[c][0];
             for (int i = 1; i < FIT_FROM; i++) floor_s = fmin(floor_s, t_arN[c][i]);
-            if (!fit_alpha_beta(n + FIT_FROM, t_arN[c] + FIT_FROM, fitted, floor_s, &arN_alpha[c], &arN_beta[c], &why)) {
-                die("the %d-rank all-reduces' fit: %s", counts[c], why);
-            }
+            int fits = fit_alpha_beta(n + FIT_FROM, t_arN[c] + FIT_FROM, fitted, floor_s, &arN_alpha[c], &arN_beta[c], &why);
             printf("    all-reduce over the %d (median of 4 rounds), us:", counts[c]);
             for (int i = 0; i < MESSAGE_SIZES; i++) printf(" %.0f", t_arN[c][i] * 1e6);
-            printf("\n    fit from %.0f bytes: alpha %.2f us, beta %.3f GB/s\n", n[FIT_FROM], arN_alpha[c] * 1e6,
-                   arN_beta[c] / 1e9);
+            if (fits) {
+                printf("\n    fit from %.0f bytes: alpha %.2f us, beta %.3f GB/s\n", n[FIT_FROM], arN_alpha[c] * 1e6,
+                       arN_beta[c] / 1e9);
+            } else {  // (left out of the profile: the model then takes the all-reduce of the fewer ranks measured)
+                printf("\n    warning: no fit (%s: other work on the machine?), left out of the profile\n", why);
+                arN_alpha[c] = arN_beta[c] = 0.0;
+            }
         }
     }
     double wait_slowdown = 0.0;
