@@ -13,6 +13,58 @@
 //   zb           ZB-H1 (Qi et al. 2023, arXiv:2401.10241): the backward split into B (the input
 //                gradient, which the stage before waits for) and W (the weight gradient, which
 //                nobody waits for); W's are held back to fill the bubble, a third of 1F1B's
+//   zbv          ZB-V (Qi et al., arXiv:2401.10241 v2, and the V-shape building blocks of
+//                arXiv:2405.15362): two chunks a stage in a V, B and W split; no idle time in a
+//                stage's span at equal F, B, W, holding what 1F1B's first stage holds
+//   dualpipev    DualPipeV (DeepSeek-V3, arXiv:2412.19437 section 3.2.1, and DeepSeek's DualPipe
+//                repository's V variant): the same V, its steady state in F&B pairs, one
+//                micro-batch's forward beside another's backward, so that one's communication can
+//                hide under the other's compute (the overlap is the trainer's; here, their order)
+// The V (zbv, dualpipev). Chunk 0 of stage s is virtual stage s, going down; chunk 1 is virtual
+// stage 2p - 1 - s, coming back up. So stage 0 holds the first and the last virtual stage (it
+// reads the tokens and computes the loss), and stage p - 1 hands chunk 0's output to its own chunk
+// 1 without a message. Units: F, B (input gradient) and W (weight gradient) of a chunk 1 each, so
+// a full backward is B + W = 2 and a stage works 6m units a step.
+//   - zbv's order, stage r: 2(p - r) - 1 forwards of chunk 0 (micro-batch 0 goes down and comes
+//     back to stage r at 2p - 1 - r, the time those take); r pairs F1 F0 while chunk 1's first
+//     micro-batches come back up; p - r rounds F1 B1 W1 (chunk 1's backward starts first: it is
+//     the nearer the loss); then rounds F0 B0 W0 F1 B1 W1, 6 units each, until every forward ran;
+//     a cool-down of r pairs B0 B1, then B0 W0 while B's are left, then the W's. It holds 2p - 1
+//     chunks after the warm-up and each round adds one (F) and frees one (W): at most 2p, p
+//     micro-batches of a whole stage (a chunk is half of one), 1F1B's first stage's. It needs
+//     m >= 2p - 1 (stage 0's warm-up). Stage r's first input arrives at r and it never waits
+//     after: it ends at r + 6m (the test checks its span has no idle time: the ZB-V paper's zero
+//     bubble at T_F = T_B = T_W, the repository's table). The step, all stages starting together,
+//     lasts 6m + p - 1: the lower bound (stage p - 1 cannot start before p - 1), the p - 1 coming
+//     from the staggered start alone, what the paper's parallelogram tiles away across steps.
+//   - dualpipev's order, stage r, DualPipeV's eight steps: (1) 2(p - r - 1) forwards of chunk 0;
+//     (2) r + 1 pairs F0 F1; (3) p - r - 1 rounds B1, its W, F1; (4) m - 2p + r + 1 rounds of two
+//     F&B pairs, F0 & B1 then F1 & B0 (the bottom stage runs its first pair's two apart); (5)
+//     p - r - 1 rounds B1, F1 & B0; (6) r + 1 pairs B1 B0, the W's deferred from the middle pair
+//     on; (7) p - r - 1 rounds: a deferred W, then B0 deferring its own; (8) the W's left. In
+//     steps 4-5 backwards are full (B with its W right after); steps 3, 6-8 split them to fill
+//     the ramps (zero bubble). An F&B pair is a forward and a full backward joined (joins: one
+//     exchange before the three; pipeline_play runs them one after the other, F & B = F + B = 3
+//     units, no compute overlap). It needs m >= 2p (step 4 runs at least once on stage 0). Held:
+//     steps 1-2 leave 2p chunks, each F&B pair's forward adds one before its backward frees one:
+//     at most 2p + 1, DualPipe's PP + 1 with PP = 2p virtual stages. Time: 6m + p - 1, the same
+//     lower bound, with every stage ending at the step's end, so stage r idles p - 1 - r in its
+//     span: stage 0, which starts at once, the whole p - 1, in its cool-down (step 7: each B0
+//     waits for its gradient to come up from stage 1; the W's deferred fill only part of it).
+//     Playing the F&B pairs as one (their forward waiting for the backward's input too) moves
+//     that idle time into step 5 but leaves its total p - 1. DualPipe's README puts
+//     DualPipe's bubble at (PP/2 - 1)(F&B + B - 3W); on p stages of the V with these units
+//     (F&B = 3, full B = 2, W = 1) that is 2(p - 1): the unit play's p - 1 is below it (the
+//     README's figure is not exact for this play; see /work/shared/lead/zbv_report.md).
+//   - timed sends. Both V schedules send activations AND gradients each way between neighbours
+//     (chunk 0's forward and chunk 1's backward go down, the others up), and a stage often sends
+//     an output many groups before its neighbour runs the action that uses it (zbv's stage 0
+//     runs 2p - 1 forwards while stage 1 runs fewer). A send posted right after its action then
+//     waits, inside its exchange, for a receive posted much later, while the receiver waits for
+//     something the sender sends only after that exchange: p = 2 deadlocks in exchange 3. So a V
+//     stage posts each send at its last exchange that comes, on the unit-time timeline, no later
+//     than the exchange where the receiver posts the receive (sends_later), and both sides post
+//     each pair's messages in the same order (one channel, as NCCL matches them).
 // Each schedule is checked (test/test_pipeline.c) by playing it out with unit-time actions and by
 // playing out its sends and receives (pipeline_check_exchanges): it finishes, in the formula's time.
 #ifndef LLMC_PIPELINE_H
@@ -23,9 +75,14 @@
 #include "utils.h"
 
 typedef enum { PIPE_FORWARD, PIPE_BACKWARD, PIPE_WEIGHT } PipeOp;
-typedef enum { SCHEDULE_AFAB, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZB, SCHEDULE_COUNT } PipeSchedule;
+// (zbv and dualpipev come last: SCHEDULE_WALKED counts the schedules before them, the ones the
+// trainers and the planner take; the V schedules are drawn and checked here, not yet walked)
+typedef enum {
+    SCHEDULE_AFAB, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZB, SCHEDULE_ZBV, SCHEDULE_DUALPIPEV, SCHEDULE_COUNT
+} PipeSchedule;
+#define SCHEDULE_WALKED SCHEDULE_ZBV
 
-static const char* pipe_schedule_names[SCHEDULE_COUNT] = {"afab", "1f1b", "interleaved", "zb"};
+static const char* pipe_schedule_names[SCHEDULE_COUNT] = {"afab", "1f1b", "interleaved", "zb", "zbv", "dualpipev"};
 static const char pipe_op_letters[3] = {'F', 'B', 'W'};
 
 typedef struct {
@@ -33,6 +90,7 @@ typedef struct {
     int micro;  // the micro-batch, 0 .. m-1
     int chunk;  // which of the stage's V chunks of layers, 0 .. V-1 (0 without interleaving)
     int joins;  // 1: runs right after the action before, with no exchange of messages between
+    int sends_later;  // its output is sent this many exchanges after the one right after it (the V)
 } PipeAction;
 
 typedef struct {
@@ -48,15 +106,42 @@ static inline PipeAction pipe_action(PipeOp op, int micro, int chunk) {
     a.micro = micro;
     a.chunk = chunk;
     a.joins = 0;
+    a.sends_later = 0;
     return a;
 }
 
-// -sched's value; -1 when it names no schedule
-static inline int pipeline_schedule_from_name(const char* name) {
+// any schedule's number by name; -1 when it names none
+static inline int pipeline_schedule_from_any_name(const char* name) {
     for (int i = 0; i < SCHEDULE_COUNT; i++) {
         if (strcmp(name, pipe_schedule_names[i]) == 0) return i;
     }
     return -1;
+}
+
+// -sched's value in a trainer or the planner: one of the schedules they walk; else -1
+static inline int pipeline_schedule_from_name(const char* name) {
+    int sched = pipeline_schedule_from_any_name(name);
+    return sched < SCHEDULE_WALKED ? sched : -1;
+}
+
+// zbv and dualpipev place a stage's two chunks in a V (the header comment); zb, zbv and
+// dualpipev split the backward into B and W
+static inline int pipeline_is_v(PipeSpec s) { return s.sched == SCHEDULE_ZBV || s.sched == SCHEDULE_DUALPIPEV; }
+static inline int pipeline_splits_backward(PipeSpec s) { return s.sched == SCHEDULE_ZB || pipeline_is_v(s); }
+
+// the V schedules' rules (why each: the header comment)
+static inline const char* pipeline_v_problem(PipeSpec s, char* why, size_t cap) {
+    const char* name = pipe_schedule_names[s.sched];
+    if (s.V != 2) {
+        snprintf(why, cap, "-sched %s places exactly 2 chunks on each stage, in a V (V = %d)", name, s.V);
+    } else if (s.sched == SCHEDULE_ZBV && s.m < 2 * s.p - 1) {
+        snprintf(why, cap, "-sched zbv: stage 0's warm-up runs 2p - 1 = %d forwards of its first chunk, so the number "
+                 "of micro-batches m = %d (-d / (B*T)) must be at least 2p - 1", 2 * s.p - 1, s.m);
+    } else if (s.sched == SCHEDULE_DUALPIPEV && s.m < 2 * s.p) {
+        snprintf(why, cap, "-sched dualpipev: stage 0 runs 2p = %d forwards before its first F&B pair, so the number "
+                 "of micro-batches m = %d (-d / (B*T)) must be at least 2p", 2 * s.p, s.m);
+    } else return NULL;
+    return why;
 }
 
 // NULL when the schedule can run p stages, m micro-batches and V chunks; else why not (in why).
@@ -79,6 +164,7 @@ static inline const char* pipeline_spec_problem(PipeSpec s, char* why, size_t ca
         } else return NULL;
         return why;
     }
+    if (pipeline_is_v(s)) return pipeline_v_problem(s, why, cap);
     if (s.V != 1) {
         snprintf(why, cap, "-vp %d: only -sched interleaved splits a stage into chunks (-sched %s)", s.V,
                  pipe_schedule_names[s.sched]);
@@ -89,7 +175,7 @@ static inline const char* pipeline_spec_problem(PipeSpec s, char* why, size_t ca
 
 // each stage runs every micro-batch through every chunk once forward and once backward, and with
 // zb once more for the weight gradients
-static inline int pipeline_actions_per_stage(PipeSpec s) { return s.m * s.V * (s.sched == SCHEDULE_ZB ? 3 : 2); }
+static inline int pipeline_actions_per_stage(PipeSpec s) { return s.m * s.V * (pipeline_splits_backward(s) ? 3 : 2); }
 
 static inline int pipeline_min(int a, int b) { return a < b ? a : b; }
 
@@ -99,6 +185,190 @@ static inline int pipeline_min(int a, int b) { return a < b ? a : b; }
 static inline PipeAction interleaved_action(PipeSpec s, int k, PipeOp op) {
     int group = k / (s.p * s.V), chunk = (k / s.p) % s.V;
     return pipe_action(op, group * s.p + k % s.p, op == PIPE_FORWARD ? chunk : s.V - 1 - chunk);
+}
+
+// the virtual stage that runs chunk c of stage s; and the stage, and its chunk, that run virtual
+// stage v. Interleaved: chunk c of stage s is c p + s, going down the stages V times. The V: chunk
+// 0 of stage s is s going down, chunk 1 is 2p - 1 - s coming back up.
+static inline int pipeline_virtual_stage(PipeSpec s, int stage, int chunk) {
+    return pipeline_is_v(s) && chunk == 1 ? 2 * s.p - 1 - stage : chunk * s.p + stage;
+}
+static inline int pipeline_stage_of(PipeSpec s, int v) { return pipeline_is_v(s) && v >= s.p ? 2 * s.p - 1 - v : v % s.p; }
+static inline int pipeline_chunk_of(PipeSpec s, int v) { return v / s.p; }
+
+// Who sends stage s's action its input, and who gets its output: a rank, or -1 for none (the
+// first virtual stage's forward reads tokens, the last one's backward starts from its own loss,
+// W's neither receive nor send, and at the V's bottom stage p - 1 hands chunk 0's output to its
+// own chunk 1, and chunk 1's gradient to its chunk 0, without a message).
+static inline int pipeline_other_rank(int stage, int rank) { return rank == stage ? -1 : rank; }
+static inline int pipeline_input_from(PipeSpec s, int stage, PipeAction a) {
+    int v = pipeline_virtual_stage(s, stage, a.chunk), last = s.p * s.V - 1;
+    if (a.op == PIPE_FORWARD) return v == 0 ? -1 : pipeline_other_rank(stage, pipeline_stage_of(s, v - 1));
+    if (a.op == PIPE_BACKWARD) return v == last ? -1 : pipeline_other_rank(stage, pipeline_stage_of(s, v + 1));
+    return -1;
+}
+static inline int pipeline_output_to(PipeSpec s, int stage, PipeAction a) {
+    int v = pipeline_virtual_stage(s, stage, a.chunk), last = s.p * s.V - 1;
+    if (a.op == PIPE_FORWARD) return v == last ? -1 : pipeline_other_rank(stage, pipeline_stage_of(s, v + 1));
+    if (a.op == PIPE_BACKWARD) return v == 0 ? -1 : pipeline_other_rank(stage, pipeline_stage_of(s, v - 1));
+    return -1;
+}
+
+// ZB-V, stage r of p (the header comment derives each count), F/B/W per chunk 0 and 1, each
+// chunk's micro-batches in order
+static inline int zbv_stage_actions(PipeSpec s, int r, PipeAction* out) {
+    int p = s.p, m = s.m, n = 0, forwards[2] = {0, 0}, backwards[2] = {0, 0}, weights[2] = {0, 0};
+#define ZBV_F(c) (out[n++] = pipe_action(PIPE_FORWARD, forwards[c]++, c))
+#define ZBV_B(c) (out[n++] = pipe_action(PIPE_BACKWARD, backwards[c]++, c))
+#define ZBV_W(c) (out[n++] = pipe_action(PIPE_WEIGHT, weights[c]++, c))
+    for (int i = 0; i < 2 * (p - r) - 1; i++) ZBV_F(0);  // fill the way down
+    for (int i = 0; i < r; i++) {  // chunk 1's first forwards come back up, one per chunk-0 forward
+        ZBV_F(1);
+        ZBV_F(0);
+    }
+    for (int i = 0; i < p - r; i++) {  // the first backwards start: chunk 1 as soon as it can
+        ZBV_F(1);
+        ZBV_B(1);
+        ZBV_W(1);
+    }
+    while (forwards[1] < m) {  // steady state: F B W on each chunk, 6 units a round
+        if (forwards[0] < m) ZBV_F(0);
+        ZBV_B(0);
+        ZBV_W(0);
+        ZBV_F(1);
+        ZBV_B(1);
+        ZBV_W(1);
+    }
+    for (int i = 0; i < r; i++) {  // cool-down: the B's first, the W's fill the gaps after
+        ZBV_B(0);
+        ZBV_B(1);
+    }
+    while (backwards[0] < m) {
+        ZBV_B(0);
+        ZBV_W(0);
+    }
+    while (weights[1] < m) ZBV_W(1);
+    while (weights[0] < m) ZBV_W(0);
+#undef ZBV_F
+#undef ZBV_B
+#undef ZBV_W
+    return n;
+}
+
+// DualPipeV, stage r of p: the eight steps of DeepSeek's DualPipeV (the header comment). A full
+// backward is B with its W joined right after; an F&B pair is a forward with another micro-batch's
+// full backward joined to it (one exchange before the three, pipeline_check_exchanges).
+// Deferred W's (the zero-bubble steps) run later, oldest first.
+static inline int dualpipev_stage_actions(PipeSpec s, int r, PipeAction* out) {
+    int p = s.p, m = s.m, n = 0, forwards[2] = {0, 0}, backwards[2] = {0, 0};
+    PipeAction* deferred = (PipeAction*)malloc_check((size_t)2 * m * sizeof(PipeAction));
+    int deferred_head = 0, deferred_tail = 0;
+#define DPV_F(c, join) (out[n] = pipe_action(PIPE_FORWARD, forwards[c]++, c), out[n++].joins = (join))
+    // a backward: with W right after (full), or W deferred
+#define DPV_B(c, join, defer) do {                                                        \
+        PipeAction b_ = pipe_action(PIPE_BACKWARD, backwards[c]++, c);                   \
+        b_.joins = (join);                                                               \
+        out[n++] = b_;                                                                   \
+        PipeAction w_ = pipe_action(PIPE_WEIGHT, b_.micro, c);                           \
+        if (defer) deferred[deferred_tail++] = w_;                                       \
+        else { w_.joins = 1; out[n++] = w_; }                                            \
+    } while (0)
+#define DPV_W() (out[n++] = deferred[deferred_head++])
+    for (int i = 0; i < 2 * (p - r - 1); i++) DPV_F(0, 0);  // step 1: chunk 0 fills the way down
+    for (int i = 0; i < r + 1; i++) {  // step 2: chunk 0 and chunk 1 forwards in turn
+        DPV_F(0, 0);
+        DPV_F(1, 0);
+    }
+    for (int i = 0; i < p - r - 1; i++) {  // step 3: B1, its W, F1 (zero bubble)
+        DPV_B(1, 0, 1);
+        DPV_W();
+        DPV_F(1, 1);
+    }
+    for (int i = 0; i < m - 2 * p + r + 1; i++) {  // step 4: F0 & B1, then F1 & B0
+        DPV_F(0, 0);
+        // (the bottom stage's first pair runs apart, as in DualPipeV, which leaves it unoverlapped
+        // to shorten the bubble; with no overlap, as in the unit play, the two orders time alike)
+        DPV_B(1, !(i == 0 && r == p - 1), 0);
+        DPV_F(1, 0);
+        DPV_B(0, 1, 0);
+    }
+    for (int i = 0; i < p - r - 1; i++) {  // step 5: B1, then F1 & B0
+        DPV_B(1, 0, 0);
+        DPV_F(1, 0);
+        DPV_B(0, 1, 0);
+    }
+    for (int i = 0; i < r + 1; i++) {  // step 6: B1, B0; from the middle on, W's deferred
+        int half = (r + 1) / 2;
+        DPV_B(1, 0, i > half || (i == half && r % 2 == 1));
+        DPV_B(0, 0, i >= half);
+    }
+    for (int i = 0; i < p - r - 1; i++) {  // step 7: a deferred W, then B0 deferring its own
+        DPV_W();
+        DPV_B(0, 0, 1);
+    }
+    while (deferred_head < deferred_tail) DPV_W();  // step 8: the W's left
+#undef DPV_F
+#undef DPV_B
+#undef DPV_W
+    free(deferred);
+    return n;
+}
+
+// (pipeline_play_lists: below)
+static inline double pipeline_play_lists(PipeSpec s, const PipeAction* actions, const double* seconds,
+                                         double send_seconds, double* start, double* end);
+
+// A V schedule's stage: its order (above) with each send timed (sends_later; the header comment
+// says why). Every stage's list is played with unit times; a message is posted on the receiving
+// stage at the exchange before the group that uses it, at time t, and on the sending stage at its
+// last exchange at time t or before (never before the one right after the action that made it).
+static inline int pipeline_v_stage_actions(PipeSpec s, int stage, PipeAction* out) {
+    int p = s.p, n = pipeline_actions_per_stage(s), per_op = s.m * s.V;
+    PipeAction* all = (PipeAction*)malloc_check((size_t)p * n * sizeof(PipeAction));
+    double* start = (double*)malloc_check((size_t)p * n * sizeof(double));
+    double* end = (double*)malloc_check((size_t)p * n * sizeof(double));
+    double* exchange_time = (double*)malloc_check((size_t)(n + 1) * sizeof(double));
+    int* group_first = (int*)malloc_check((size_t)p * n * sizeof(int));  // its group's first action
+    int* where = (int*)malloc_check((size_t)p * 3 * per_op * sizeof(int));  // (stage, op, micro, chunk) -> index
+    double* unit = (double*)malloc_check((size_t)p * 3 * sizeof(double));  // F, B, W: 1 unit each
+    for (int i = 0; i < 3 * p; i++) unit[i] = 1.0;
+    for (int st = 0; st < p; st++) {
+        PipeAction* list = all + (size_t)st * n;
+        if (s.sched == SCHEDULE_ZBV) zbv_stage_actions(s, st, list);
+        else dualpipev_stage_actions(s, st, list);
+        for (int k = 0; k < n; k++) {
+            group_first[st * n + k] = k > 0 && list[k].joins ? group_first[st * n + k - 1] : st * n + k;
+            where[((st * 3 + list[k].op) * s.m + list[k].micro) * s.V + list[k].chunk] = st * n + k;
+        }
+    }
+    pipeline_play_lists(s, all, unit, 0.0, start, end);
+    // this stage's exchange times: before each group, and after the last
+    int groups = 0;
+    for (int k = 0; k < n; k++) {
+        if (k == 0 || !all[stage * n + k].joins) exchange_time[groups++] = start[stage * n + k];
+    }
+    exchange_time[groups] = end[stage * n + n - 1];
+    for (int k = 0, group = -1; k < n; k++) {
+        PipeAction* a = &all[stage * n + k];
+        if (k == 0 || !a->joins) group++;
+        int to = pipeline_output_to(s, stage, *a);
+        if (to < 0) continue;
+        int v = pipeline_virtual_stage(s, stage, a->chunk) + (a->op == PIPE_FORWARD ? 1 : -1);
+        int user = where[((to * 3 + a->op) * s.m + a->micro) * s.V + pipeline_chunk_of(s, v)];
+        double needed_at = start[group_first[user]];
+        int e = group + 1;
+        while (e < groups && exchange_time[e + 1] <= needed_at) e++;
+        a->sends_later = e - (group + 1);
+    }
+    memcpy(out, all + (size_t)stage * n, (size_t)n * sizeof(PipeAction));
+    free(all);
+    free(start);
+    free(end);
+    free(exchange_time);
+    free(group_first);
+    free(where);
+    free(unit);
+    return n;
 }
 
 // Stage `stage`'s actions in the order it runs them (pipeline_actions_per_stage of them). Where
@@ -128,6 +398,7 @@ static inline PipeAction interleaved_action(PipeSpec s, int k, PipeOp op) {
 //     have waited for its next input gradient.
 // test/test_pipeline.c plays every schedule out and checks its time and peak against these.
 static inline int pipeline_stage_actions(PipeSpec s, int stage, PipeAction* out) {
+    if (pipeline_is_v(s)) return pipeline_v_stage_actions(s, stage, out);
     int n = 0, total = s.m * s.V;
     int warmup = s.sched == SCHEDULE_AFAB          ? total
                  : s.sched == SCHEDULE_INTERLEAVED ? pipeline_min(total, 2 * (s.p - stage - 1) + (s.V - 1) * s.p)
@@ -169,36 +440,26 @@ static inline int pipeline_forward_actions(PipeSpec s, PipeAction* out) {
     return n;
 }
 
-// the virtual stage that runs chunk c of stage s, and the rank that runs virtual stage v
-static inline int pipeline_virtual_stage(PipeSpec s, int stage, int chunk) { return chunk * s.p + stage; }
-
-// Who sends stage s's action its input, and who gets its output: a rank, or -1 for none (the
-// first virtual stage's forward reads tokens, the last one's backward starts from its own loss,
-// and W's neither receive nor send).
-static inline int pipeline_input_from(PipeSpec s, int stage, PipeAction a) {
-    int v = pipeline_virtual_stage(s, stage, a.chunk), last = s.p * s.V - 1;
-    if (a.op == PIPE_FORWARD) return v == 0 ? -1 : (v - 1) % s.p;
-    if (a.op == PIPE_BACKWARD) return v == last ? -1 : (v + 1) % s.p;
-    return -1;
-}
-static inline int pipeline_output_to(PipeSpec s, int stage, PipeAction a) {
-    int v = pipeline_virtual_stage(s, stage, a.chunk), last = s.p * s.V - 1;
-    if (a.op == PIPE_FORWARD) return v == last ? -1 : (v + 1) % s.p;
-    if (a.op == PIPE_BACKWARD) return v == 0 ? -1 : (v - 1) % s.p;
-    return -1;
-}
-
 // ---------------------------------------------------------------------------------------------
 // The schedule played out in time: each stage runs its list in order; an action starts once its
 // stage is free and its input is there, a message from another stage arriving send_seconds after
 // the action that made it ended. seconds (p, 3): how long stage s's forward, backward and weight
-// gradient of one chunk take, at [s 3 + op] (without zb the backward holds both gradients). start
-// and end are (p, n): stage s's action k at [s n + k] (n = pipeline_actions_per_stage), as is
-// `actions`, which this fills. Returns the step's length: with measured or predicted times (the
+// gradient of one chunk take, at [s 3 + op] (unless split, as zb, zbv and dualpipev split it, the
+// backward holds both gradients). start and end are (p, n): stage s's action k at [s n + k]
+// (n = pipeline_actions_per_stage), as is `actions`, which this fills. Joined actions (an F&B
+// pair) run one after the other, each once its own input is there. Returns the step's length: with measured or predicted times (the
 // step-time model) the bubble is what the stages' busy time leaves of it. Stops the program if
 // the schedule deadlocks (a wrong schedule, never a valid one).
 static inline double pipeline_play(PipeSpec s, PipeAction* actions, const double* seconds, double send_seconds,
                                    double* start, double* end) {
+    int n = pipeline_actions_per_stage(s);
+    for (int st = 0; st < s.p; st++) pipeline_stage_actions(s, st, actions + (size_t)st * n);
+    return pipeline_play_lists(s, actions, seconds, send_seconds, start, end);
+}
+
+// ... the lists given (p of n actions each in `actions`)
+static inline double pipeline_play_lists(PipeSpec s, const PipeAction* actions, const double* seconds,
+                                         double send_seconds, double* start, double* end) {
     int n = pipeline_actions_per_stage(s), per_op = s.m * s.V;  // per op: each (micro, chunk)
     // when each (stage, op, micro, chunk) ended; -1: not yet
     double* done = (double*)malloc_check((size_t)s.p * 3 * per_op * sizeof(double));
@@ -206,7 +467,6 @@ static inline double pipeline_play(PipeSpec s, PipeAction* actions, const double
     double* free_at = (double*)calloc_check((size_t)s.p, sizeof(double));
     for (int i = 0; i < s.p * 3 * per_op; i++) done[i] = -1.0;
 #define PIPE_DONE(stage, op, micro, chunk) done[(((stage) * 3 + (op)) * s.m + (micro)) * s.V + (chunk)]
-    for (int st = 0; st < s.p; st++) pipeline_stage_actions(s, st, actions + (size_t)st * n);
     int remaining = s.p * n, last = s.p * s.V - 1;
     double length = 0.0;
     while (remaining > 0) {
@@ -217,15 +477,15 @@ static inline double pipeline_play(PipeSpec s, PipeAction* actions, const double
             int v = pipeline_virtual_stage(s, st, a.chunk), from = st;  // (from: the stage its input comes from)
             double ready;
             if (a.op == PIPE_FORWARD) {
-                from = v == 0 ? st : (v - 1) % s.p;
-                ready = v == 0 ? 0.0 : PIPE_DONE(from, PIPE_FORWARD, a.micro, (v - 1) / s.p);
+                from = v == 0 ? st : pipeline_stage_of(s, v - 1);
+                ready = v == 0 ? 0.0 : PIPE_DONE(from, PIPE_FORWARD, a.micro, pipeline_chunk_of(s, v - 1));
             } else if (a.op == PIPE_WEIGHT) {
                 ready = PIPE_DONE(st, PIPE_BACKWARD, a.micro, a.chunk);
             } else if (v == last) {
                 ready = PIPE_DONE(st, PIPE_FORWARD, a.micro, a.chunk);
             } else {
-                from = (v + 1) % s.p;
-                ready = PIPE_DONE(from, PIPE_BACKWARD, a.micro, (v + 1) / s.p);
+                from = pipeline_stage_of(s, v + 1);
+                ready = PIPE_DONE(from, PIPE_BACKWARD, a.micro, pipeline_chunk_of(s, v + 1));
             }
             if (ready < 0.0) continue;
             if (from != st) ready += send_seconds;
@@ -249,9 +509,9 @@ static inline double pipeline_play(PipeSpec s, PipeAction* actions, const double
 }
 
 // The play in units: a chunk's forward takes 1 unit, its backward 2 (the gradients of the inputs
-// and of the weights), or with zb B and W 1 each; messages take no time. start and end in units
-// (whole numbers); returns the step's length in units.
-static inline int pipe_units(PipeSpec s, PipeOp op) { return op == PIPE_BACKWARD && s.sched != SCHEDULE_ZB ? 2 : 1; }
+// and of the weights), or split (zb, zbv, dualpipev) B and W 1 each; messages take no time. start
+// and end in units (whole numbers); returns the step's length in units.
+static inline int pipe_units(PipeSpec s, PipeOp op) { return op == PIPE_BACKWARD && !pipeline_splits_backward(s) ? 2 : 1; }
 
 static inline int pipeline_simulate(PipeSpec s, PipeAction* actions, int* start, int* end) {
     int n = pipeline_actions_per_stage(s);
@@ -279,7 +539,11 @@ static inline int pipeline_simulate(PipeSpec s, PipeAction* actions, int* start,
 //   zb            p - 1 (for m >= p): only F and B travel; the W's fill what 1F1B leaves idle.
 //                 With m < p the first B starts only after all p forwards of micro-batch 0 and
 //                 reaches stage 0 after p more units: 2p + 2m - 1, that is p - m more
+//   zbv, dualpipev 6m + p - 1: a stage works 6m units (2 chunks, F B W of m micro-batches);
+//                 stage p - 1's first input arrives at p - 1 (micro-batch 0 down p - 1 chunks),
+//                 so no step is shorter, and both schedules reach that bound (the header comment)
 static inline int pipeline_length_formula(PipeSpec s) {
+    if (pipeline_is_v(s)) return 6 * s.m + s.p - 1;
     if (s.sched == SCHEDULE_ZB) return 3 * s.m + s.p - 1 + (s.m < s.p ? s.p - s.m : 0);
     return 3 * (s.m * s.V + s.p - 1);
 }
@@ -287,7 +551,7 @@ static inline int pipeline_length_formula(PipeSpec s) {
 // the most (micro-batch, chunk) activations stage s holds at once: forwards done whose backward
 // (with zb: whose W) is not
 static inline int pipeline_peak_in_flight(PipeSpec s, const PipeAction* stage_actions, int count) {
-    PipeOp frees = s.sched == SCHEDULE_ZB ? PIPE_WEIGHT : PIPE_BACKWARD;
+    PipeOp frees = pipeline_splits_backward(s) ? PIPE_WEIGHT : PIPE_BACKWARD;
     int held = 0, peak = 0;
     for (int k = 0; k < count; k++) {
         held += stage_actions[k].op == PIPE_FORWARD ? 1 : stage_actions[k].op == frees ? -1 : 0;
@@ -296,14 +560,24 @@ static inline int pipeline_peak_in_flight(PipeSpec s, const PipeAction* stage_ac
     return peak;
 }
 
+// The V schedules' idle time inside stage s's own span (its first action's start to its last
+// one's end), the bubble as the papers count it (the header comment): zbv none, dualpipev p - 1 - s
+static inline int pipeline_v_span_idle_formula(PipeSpec s, int stage) {
+    return s.sched == SCHEDULE_DUALPIPEV ? s.p - 1 - stage : 0;
+}
+
 // ... and by formula: afab all m V; 1f1b p - s; interleaved its warm-up plus one; zb p on every
-// stage (ZB-H1 lets each stage hold what 1F1B's first stage holds); never more than m V
+// stage (ZB-H1 lets each stage hold what 1F1B's first stage holds); zbv 2p chunks (p micro-batches
+// of a whole stage, again 1F1B's first stage's), dualpipev 2p + 1 (DualPipe's PP + 1 with
+// PP = 2p: an F&B pair's forward runs before its backward frees); never more than m V
 static inline int pipeline_peak_formula(PipeSpec s, int stage) {
     int total = s.m * s.V;
     switch (s.sched) {
         case SCHEDULE_AFAB: return total;
         case SCHEDULE_1F1B: return pipeline_min(total, s.p - stage);
         case SCHEDULE_INTERLEAVED: return pipeline_min(total, 2 * (s.p - stage - 1) + (s.V - 1) * s.p + 1);
+        case SCHEDULE_ZBV: return pipeline_min(total, 2 * s.p);
+        case SCHEDULE_DUALPIPEV: return pipeline_min(total, 2 * s.p + 1);
         default: return pipeline_min(total, s.p);
     }
 }
@@ -314,7 +588,8 @@ static inline int pipeline_peak_formula(PipeSpec s, int stage) {
 // why one action per group would deadlock there). Between two groups the
 // stage makes one exchange: it sends the outputs of the group before and receives the inputs of
 // the group after, all posted together and waited for together (MPI_Isend and MPI_Irecv, then
-// MPI_Waitall; NCCL's ncclSend and ncclRecv in one group). Sends and receives between two ranks
+// MPI_Waitall; NCCL's ncclSend and ncclRecv in one group); a V schedule's send put off
+// (sends_later) goes in that many exchanges later, after the sends made there. Sends and receives between two ranks
 // pair up in the order they were posted. pipeline_check_exchanges plays this out with instant
 // computation: an exchange completes once the partner of each of its messages has posted its own
 // exchange with the matching one. It returns NULL when every exchange completes and every
@@ -362,7 +637,15 @@ static inline const char* pipeline_check_exchanges(PipeSpec s, const PipeAction*
             PipeAction a = actions[st * n + k];
             int from = pipeline_input_from(s, st, a), to = pipeline_output_to(s, st, a);
             if (from >= 0) recvs[st * n + num_recvs[st]++] = pipe_message(from, exchange[k], a);
-            if (to >= 0) sends[st * n + num_sends[st]++] = pipe_message(to, exchange[k] + 1, a);
+            if (to >= 0) sends[st * n + num_sends[st]++] = pipe_message(to, exchange[k] + 1 + a.sends_later, a);
+        }
+        // sends put off (sends_later) are posted in their later exchange, after those made there:
+        // sort by exchange, keeping the action order within one (insertion: nearly sorted)
+        for (int j = 1; j < num_sends[st]; j++) {
+            PipeMessage msg = sends[st * n + j];
+            int i = j;
+            for (; i > 0 && sends[st * n + i - 1].exchange > msg.exchange; i--) sends[st * n + i] = sends[st * n + i - 1];
+            sends[st * n + i] = msg;
         }
     }
     // pair them: the j-th send from a to b with the j-th receive of b from a. partner[i]: the
@@ -511,13 +794,17 @@ static inline void pipeline_print_chart(PipeSpec s) {
     }
     printf("schedule %s, p=%d stages, m=%d micro-batches", pipe_schedule_names[s.sched], s.p, s.m);
     if (s.V > 1) printf(", V=%d chunks per stage (a, b, ...)", s.V);
-    printf(" (F: forward, 1 unit; %s):\n", s.sched == SCHEDULE_ZB ? "B: input gradient, 1 unit; W: weight gradient, 1 unit"
-                                                                   : "B: backward, 2 units");
+    printf(" (F: forward, 1 unit; %s):\n", pipeline_splits_backward(s) ? "B: input gradient, 1 unit; W: weight gradient, 1 unit"
+                                                                        : "B: backward, 2 units");
     pipeline_draw(stdout, s, actions, t0, t1, 1.0, "  ");
     double busy = 3.0 * s.m * s.V;
-    const char* formula = s.sched == SCHEDULE_ZB ? "(p-1)/(3m+p-1) for m >= p" : s.V > 1 ? "(p-1)/(mV+p-1)" : "(p-1)/(m+p-1)";
-    double predicted = s.sched == SCHEDULE_ZB ? (double)(s.p - 1) / (3 * s.m + s.p - 1)
-                                              : (double)(s.p - 1) / (s.m * s.V + s.p - 1);
+    const char* formula = pipeline_is_v(s)          ? "(p-1)/(6m+p-1)"
+                          : s.sched == SCHEDULE_ZB ? "(p-1)/(3m+p-1) for m >= p"
+                          : s.V > 1                ? "(p-1)/(mV+p-1)"
+                                                   : "(p-1)/(m+p-1)";
+    double predicted = pipeline_is_v(s)          ? (double)(s.p - 1) / (6 * s.m + s.p - 1)
+                       : s.sched == SCHEDULE_ZB ? (double)(s.p - 1) / (3 * s.m + s.p - 1)
+                                                : (double)(s.p - 1) / (s.m * s.V + s.p - 1);
     printf("  idle: %.1f%% of the step; formula %s = %.1f%%\n", 100.0 * (1.0 - busy / length), formula, 100.0 * predicted);
     printf("  activations held at most (micro-batch%s):", s.V > 1 ? " chunks" : "es");
     for (int st = 0; st < s.p; st++) printf(" stage %d: %d", st, pipeline_peak_in_flight(s, actions + (size_t)st * n, n));
@@ -534,7 +821,9 @@ static inline void pipeline_print_chart(PipeSpec s) {
 // (stages_flag: the flag or the launch that sets p)
 static inline PipeSpec pipeline_spec_of(const char* sched_name, int p, int m, int V, int L, const char* stages_flag) {
     // (every rank reads the same flags here: check_every_rank prints the error once)
-    int sched = pipeline_schedule_from_name(sched_name);
+    int sched = pipeline_schedule_from_any_name(sched_name);
+    check_every_rank(sched < 0 || sched < SCHEDULE_WALKED, "-sched %s: the schedule is drawn and checked (test/test_pipeline) "
+                     "but the trainers do not run it yet; expected afab, 1f1b, interleaved or zb", sched_name);
     check_every_rank(sched >= 0, "-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
     check_every_rank(L % (p * V) == 0, "the model's L = %d layers cannot be split into pp x vp = %d x %d = %d equal "
                      "chunks; choose %s (and -vp) whose product divides %d", L, p, V, p * V, stages_flag, L);

@@ -1,6 +1,7 @@
 // Unit tests of the pipeline schedules (llmc/pipeline.h) for p = 1..8 stages and m = 1..16
-// micro-batches (interleaved: V = 2, 3 chunks, m a multiple of p, p >= 2), on the timeline that
-// unit-time actions give (a chunk's forward 1, backward 2; zb: F, B, W 1 each):
+// micro-batches (interleaved: V = 2, 3 chunks, m a multiple of p, p >= 2; zbv and dualpipev: the
+// V of 2 chunks, m up to 20 so that every p has m = 2p and an odd m), on the timeline that
+// unit-time actions give (a chunk's forward 1, backward 2; zb, zbv, dualpipev: F, B, W 1 each):
 //   - every stage runs each (micro-batch, chunk)'s forward and backward (and W) exactly once,
 //     forward first, W after B;
 //   - a forward starts after the virtual stage before ended that micro-batch's forward, a
@@ -9,7 +10,10 @@
 //   - the step lasts as long as the formula says (pipeline_length_formula), so the bubble is the
 //     formula's;
 //   - each stage holds at most the formula's activations: afab m, 1f1b min(p - s, m), zb
-//     min(p, m), interleaved its warm-up plus one;
+//     min(p, m), interleaved its warm-up plus one, zbv 2p chunks, dualpipev 2p + 1;
+//   - zbv and dualpipev: each stage's idle time inside its own span (the papers' bubble) is the
+//     formula's, zbv none, dualpipev p - 1 - s; their rules on m (and V = 2) refused, named;
+//     the trainers' -sched lookup does not know them yet;
 //   - the sends and receives between the actions pair up in order and never deadlock, and so do
 //     those of the forward passes alone (validation and sampling);
 //   - a chart of a measured timeline keeps every action, two in one column included;
@@ -40,7 +44,7 @@ static void check_schedule(PipeSpec s) {
             PipeAction a = actions[i];
             CHECK(a.micro >= 0 && a.micro < m && a.chunk >= 0 && a.chunk < V, "%s p=%d m=%d V=%d stage %d: micro-batch %d chunk %d",
                   name, p, m, V, st, a.micro, a.chunk);
-            CHECK(a.op != PIPE_WEIGHT || s.sched == SCHEDULE_ZB, "%s: a W outside zb", name);
+            CHECK(a.op != PIPE_WEIGHT || pipeline_splits_backward(s), "%s: a W in a schedule without split backwards", name);
             CHECK(AT(st, a.op, a.micro, a.chunk) < 0, "%s p=%d m=%d V=%d stage %d: %c%d twice", name, p, m, V, st,
                   pipe_op_letters[a.op], a.micro);
             AT(st, a.op, a.micro, a.chunk) = i;
@@ -53,19 +57,23 @@ static void check_schedule(PipeSpec s) {
             for (int c = 0; c < V; c++) {
                 int f = AT(st, PIPE_FORWARD, mb, c), b = AT(st, PIPE_BACKWARD, mb, c), w = AT(st, PIPE_WEIGHT, mb, c);
                 CHECK(f >= 0 && b >= 0 && f < b, "%s p=%d m=%d stage %d micro %d: forward must precede backward", name, p, m, st, mb);
-                if (s.sched == SCHEDULE_ZB) CHECK(w > b, "%s p=%d m=%d stage %d micro %d: W must follow B", name, p, m, st, mb);
+                if (pipeline_splits_backward(s)) CHECK(w > b, "%s p=%d m=%d stage %d micro %d: W must follow B", name, p, m, st, mb);
                 if (f < 0 || b < 0) continue;
                 int v = pipeline_virtual_stage(s, st, c);
                 if (v > 0) {
-                    int before = AT((v - 1) % p, PIPE_FORWARD, mb, (v - 1) / p);
+                    int before = AT(pipeline_stage_of(s, v - 1), PIPE_FORWARD, mb, pipeline_chunk_of(s, v - 1));
                     CHECK(start[f] >= end[before], "%s p=%d m=%d stage %d micro %d: forward before its input", name, p, m, st, mb);
                 }
-                int after = v < last ? AT((v + 1) % p, PIPE_BACKWARD, mb, (v + 1) / p) : f;
+                int after = v < last ? AT(pipeline_stage_of(s, v + 1), PIPE_BACKWARD, mb, pipeline_chunk_of(s, v + 1)) : f;
                 CHECK(start[b] >= end[after], "%s p=%d m=%d stage %d micro %d: backward before its gradient", name, p, m, st, mb);
             }
         }
         int peak = pipeline_peak_in_flight(s, actions + (size_t)st * n, n), bound = pipeline_peak_formula(s, st);
         CHECK(peak == bound, "%s p=%d m=%d V=%d stage %d: holds %d, the formula says %d", name, p, m, V, st, peak, bound);
+        if (pipeline_is_v(s)) {  // the idle time inside the stage's span: its span less its 6m units of work
+            int idle = end[st * n + n - 1] - start[st * n] - 6 * m, expected = pipeline_v_span_idle_formula(s, st);
+            CHECK(idle == expected, "%s p=%d m=%d stage %d: idles %d units in its span, the formula %d", name, p, m, st, idle, expected);
+        }
     }
 #undef AT
     int formula = pipeline_length_formula(s);
@@ -146,7 +154,7 @@ int main(void) {
     check_play_with_times();
     for (int sched = 0; sched < SCHEDULE_COUNT; sched++) {
         for (int p = 1; p <= 8; p++) {
-            for (int m = 1; m <= 16; m++) {
+            for (int m = 1; m <= (sched >= SCHEDULE_ZBV ? 20 : 16); m++) {
                 for (int V = 1; V <= 3; V++) {
                     PipeSpec s = {(PipeSchedule)sched, p, m, V};
                     char why[256];
@@ -162,8 +170,22 @@ int main(void) {
     CHECK(pipeline_spec_problem(odd, why, sizeof(why)) != NULL && strstr(why, "multiple of 4"), "interleaved m=6 p=4 refused");
     CHECK(pipeline_spec_problem(chunked, why, sizeof(why)) != NULL && strstr(why, "-vp 2"), "1f1b with chunks refused");
     CHECK(pipeline_schedule_from_name("1f1b") == SCHEDULE_1F1B && pipeline_schedule_from_name("gpipe") == -1, "schedule names");
-    PipeSpec shown[4] = {{SCHEDULE_AFAB, 4, 8, 1}, {SCHEDULE_1F1B, 4, 8, 1}, {SCHEDULE_INTERLEAVED, 4, 8, 2}, {SCHEDULE_ZB, 4, 8, 1}};
-    for (int i = 0; i < 4; i++) pipeline_print_chart(shown[i]);
+    // the V schedules' rules, each named; m = p is refused by both (p >= 2)
+    PipeSpec short_zbv = {SCHEDULE_ZBV, 4, 6, 2}, short_dualpipev = {SCHEDULE_DUALPIPEV, 4, 7, 2}, one_chunk = {SCHEDULE_ZBV, 2, 8, 1};
+    CHECK(pipeline_spec_problem(short_zbv, why, sizeof(why)) != NULL && strstr(why, "at least 2p - 1"), "zbv m=6 p=4 refused");
+    CHECK(pipeline_spec_problem(short_dualpipev, why, sizeof(why)) != NULL && strstr(why, "at least 2p"), "dualpipev m=7 p=4 refused");
+    CHECK(pipeline_spec_problem(one_chunk, why, sizeof(why)) != NULL && strstr(why, "exactly 2 chunks"), "zbv V=1 refused");
+    for (int p = 2; p <= 8; p++) {
+        PipeSpec zbv = {SCHEDULE_ZBV, p, p, 2}, dualpipev = {SCHEDULE_DUALPIPEV, p, p, 2};
+        CHECK(pipeline_spec_problem(zbv, why, sizeof(why)) && pipeline_spec_problem(dualpipev, why, sizeof(why)), "m = p = %d refused", p);
+    }
+    // the trainers and the planner look -sched up among the schedules they walk: not the V ones yet
+    CHECK(pipeline_schedule_from_name("zbv") == -1 && pipeline_schedule_from_name("dualpipev") == -1 &&
+          pipeline_schedule_from_any_name("zbv") == SCHEDULE_ZBV && pipeline_schedule_from_any_name("dualpipev") == SCHEDULE_DUALPIPEV,
+          "the V schedules' names");
+    PipeSpec shown[6] = {{SCHEDULE_AFAB, 4, 8, 1}, {SCHEDULE_1F1B, 4, 8, 1}, {SCHEDULE_INTERLEAVED, 4, 8, 2}, {SCHEDULE_ZB, 4, 8, 1},
+                         {SCHEDULE_ZBV, 4, 8, 2}, {SCHEDULE_DUALPIPEV, 4, 8, 2}};
+    for (int i = 0; i < 6; i++) pipeline_print_chart(shown[i]);
     printf("%d schedules checked, %d failures\n", cases, failures);
     if (failures == 0) printf("pipeline ok\n");
     return failures != 0;
