@@ -138,8 +138,8 @@ static inline const char* pipeline_v_problem(PipeSpec s, char* why, size_t cap) 
         snprintf(why, cap, "-sched zbv: stage 0's warm-up runs 2p - 1 = %d forwards of its first chunk, so the number "
                  "of micro-batches m = %d (-d / (B*T)) must be at least 2p - 1", 2 * s.p - 1, s.m);
     } else if (s.sched == SCHEDULE_DUALPIPEV && s.m < 2 * s.p) {
-        snprintf(why, cap, "-sched dualpipev: stage 0 runs 2p = %d forwards before its first F&B pair, so the number "
-                 "of micro-batches m = %d (-d / (B*T)) must be at least 2p", 2 * s.p, s.m);
+        snprintf(why, cap, "-sched dualpipev: stage 0 runs m - 2p + 1 rounds of F&B pairs (the steady state), at least "
+                 "one, so the number of micro-batches m = %d (-d / (B*T)) must be at least 2p = %d", s.m, 2 * s.p);
     } else return NULL;
     return why;
 }
