@@ -54,8 +54,8 @@
 //     Playing the F&B pairs as one (their forward waiting for the backward's input too) moves
 //     that idle time into step 5 but leaves its total p - 1. DualPipe's README puts
 //     DualPipe's bubble at (PP/2 - 1)(F&B + B - 3W); on p stages of the V with these units
-//     (F&B = 3, full B = 2, W = 1) that is 2(p - 1): the unit play's p - 1 is below it (the
-//     README's figure is not exact for this play; see /work/shared/lead/zbv_report.md).
+//     (F&B = 3, full B = 2, W = 1) that is 2(p - 1): the unit play's p - 1 is below it, and is
+//     the lower bound, so the README's figure bounds this play rather than counts it.
 //   - timed sends. Both V schedules send activations AND gradients each way between neighbours
 //     (chunk 0's forward and chunk 1's backward go down, the others up), and a stage often sends
 //     an output many groups before its neighbour runs the action that uses it (zbv's stage 0
