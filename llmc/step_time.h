@@ -115,8 +115,8 @@ static inline double time_ranks_at_once(const DeviceProfile* p, double busy, int
     return busy + waiting_share * (world - busy);
 }
 
-// 1. A kernel's seconds for one call. FLOPs: a row's own, except attention's, which the caller
-// has turned into useful FLOPs (time_attention_useful_scale). X: the floats' bytes (the GEMMs'
+// 1. A kernel's seconds for one call, by its own FLOPs and bytes (attention's rows are then
+// priced together: time_attention_block). X: the floats' bytes (the GEMMs'
 // peak). share: the slowdowns of ranks sharing a CPU (5; 1 and 1 on a GPU). -offload's host rows
 // on the host's FLOP/s and memory bandwidth, as they are (a CPU: its measured passes' bandwidth)
 static inline double time_kernel_seconds(const DeviceProfile* p, const StepKernel* r, double flops, int X,
@@ -136,32 +136,48 @@ static inline double time_kernel_seconds(const DeviceProfile* p, const StepKerne
     return by_flops > by_bytes ? by_flops : by_bytes;
 }
 
-// which part a compute row's time is reported under
+// which part a compute row's time is reported under: every row of attention's (its kernels, and
+// on the unfused path the softmax, the dropout and the layout changes around its GEMMs), as the
+// profile's efficiency_attention covers them all
 static inline TimeComputeKind time_kind_of(const StepKernel* r) {
     if (r->engine == STEP_HOST) return TIME_HOST;
-    if (strcmp(r->op, "attention") == 0 && (r->engine == STEP_ATTN || r->engine == STEP_GEMM)) return TIME_ATTENTION;
+    if (strcmp(r->op, "attention") == 0 && r->engine != STEP_LINK && r->engine != STEP_MEMSET) return TIME_ATTENTION;
     return r->engine == STEP_GEMM ? TIME_GEMM : TIME_MEMORY;
 }
 
-// Attention's rows count the FLOPs the kernels execute (flash's whole diagonal tiles and its
-// second pass for dq; cuBLAS's full T x T squares), the profile's efficiency the useful ones: q k^T
-// and p v over the causal pairs, 2 T (T + 1) hs a head and sequence forward, twice that backward.
-// The factor that turns one into the other, for the rows of one phase (F: forward; B: backward,
-// with a recomputed forward where the layout reruns attention before its backward)
-static inline double time_attention_useful_scale(const StepKernel* rows, int n, GPT2Config c, const StepLayout* o,
-                                                 StepPhase phase) {
-    double executed = 0.0;
-    for (int i = 0; i < n; i++) {
-        if (rows[i].phase == phase && time_kind_of(&rows[i]) == TIME_ATTENTION) executed += rows[i].flops * rows[i].calls;
-    }
-    if (executed <= 0.0) return 1.0;
+// Attention's useful FLOPs in one phase, the profile's measure (device_profile.h): q k^T and p v
+// over the causal pairs, 2 T (T + 1) hs a head and sequence forward, twice that backward (F: the
+// forward; B: the backward, with a recomputed forward where the layout reruns attention first)
+static inline double time_attention_useful_flops(GPT2Config c, const StepLayout* o, StepPhase phase) {
+    if (phase != STEP_PHASE_FORWARD && phase != STEP_PHASE_BACKWARD_INPUT) return 0.0;
     int tp = o->tp > 1 ? o->tp : 1, cp = o->cp > 1 ? o->cp : 1, pp = o->pp > 1 ? o->pp : 1;
     int m = o->micro_batches > 1 ? o->micro_batches : 1;
     double hs = (double)c.channels / c.num_heads, heads = (double)c.num_heads / tp;
     double forward = 2.0 * o->T * (o->T + 1.0) * hs * heads * o->B / cp * (c.num_layers / pp) * m;  // (zigzag: 1/cp each)
     int rerun = o->recompute == 2 || (o->recompute == 1 && !o->flash);  // (-r 1 keeps flash's outputs)
-    double useful = phase == STEP_PHASE_FORWARD ? forward : (2.0 + rerun) * forward;
-    return useful / executed;
+    return phase == STEP_PHASE_FORWARD ? forward : (2.0 + rerun) * forward;
+}
+
+// 1b. Attention, priced as the profile defines its efficiency: a phase's useful FLOPs over peak x
+// efficiency_attention, whatever its kernels execute beyond them (flash's whole diagonal tiles and
+// second pass for dq; the unfused path's full T x T squares and its passes over the scores). The
+// phase's time is shared among its attention rows in proportion to each one's own roofline time,
+// so that each action and part gets its share. compute: the ranks-sharing-a-CPU slowdown
+static inline void time_attention_block(const DeviceProfile* p, GPT2Config c, const StepLayout* o,
+                                        const StepKernel* rows, double* seconds, int n, double compute) {
+    StepPhase phases[2] = {STEP_PHASE_FORWARD, STEP_PHASE_BACKWARD_INPUT};
+    for (int k = 0; k < 2; k++) {
+        double own = 0.0;
+        for (int i = 0; i < n; i++) {
+            if (rows[i].phase == phases[k] && time_kind_of(&rows[i]) == TIME_ATTENTION) own += seconds[i];
+        }
+        if (own <= 0.0) continue;
+        double block = time_attention_useful_flops(c, o, phases[k]) /
+                       (device_profile_peak_flops(p, o->X) * p->efficiency_attention) * compute;
+        for (int i = 0; i < n; i++) {
+            if (rows[i].phase == phases[k] && time_kind_of(&rows[i]) == TIME_ATTENTION) seconds[i] *= block / own;
+        }
+    }
 }
 
 // 2. A collective's group as comm_time.h places it: the members of rank r's group on the grid,
@@ -192,7 +208,12 @@ static inline double time_link_seconds(const DeviceProfile* p, const StepKernel*
     if (strcmp(r->comm, "pcie") == 0) {
         return p->pcie_latency_s + r->payload / (p->pcie_bandwidth_bytes_per_s * p->efficiency_link) * share.memory;
     }
-    return coll_time(p, collective_of_name(r->collective), time_placement(r, g, rank, gpus_per_node), r->payload).seconds;
+    Collective kind = collective_of_name(r->collective);
+    double n = r->payload;
+    // (an all-to-all row's payload is what leaves for the other ranks, as the trainers count it;
+    // comm_time.h's n is the whole send buffer, the rank's own block included)
+    if (kind == COLL_ALL_TO_ALL && r->ranks > 1) n *= (double)r->ranks / (r->ranks - 1);
+    return coll_time(p, kind, time_placement(r, g, rank, gpus_per_node), n).seconds;
 }
 
 // The links of a CPU's ranks when `world` of them share the host: every message and every
@@ -234,13 +255,47 @@ static inline DeviceProfile time_links_shared(const DeviceProfile* p, int world)
 }
 
 // the compute a link row may hide behind: the rows named by its hidden_by, a kernel or a group
-static inline double time_hiding_seconds(const StepKernel* rows, const double* seconds, int n, const char* hidden_by) {
+// (m > 1: for a once-a-step collective, of the micro-batches' compute the last one's share)
+static inline double time_hiding_seconds(const StepKernel* rows, const double* seconds, int n, const char* hidden_by,
+                                         int m) {
     double total = 0.0;
     for (int i = 0; i < n; i++) {
         if (rows[i].engine == STEP_LINK) continue;
-        if (strcmp(rows[i].kernel, hidden_by) == 0 || strcmp(rows[i].group, hidden_by) == 0) total += seconds[i];
+        if (strcmp(rows[i].kernel, hidden_by) == 0 || strcmp(rows[i].group, hidden_by) == 0) {
+            total += rows[i].phase == STEP_PHASE_STEP ? seconds[i] : seconds[i] / m;
+        }
     }
     return total;
+}
+
+// The link rows that hide behind the same compute share it: they run one after another on one
+// communicator (NCCL's stream; the overlap threads' MPI), so what the pool's collectives outlast
+// the compute is exposed, split among them by their times. A once-a-step collective (DDP's
+// buckets after the last micro-batch's backward, ZeRO's reduce-scatters) hides behind one micro-
+// batch's share of per-micro-batch compute: the trainers post it in the last micro-batch only.
+// seconds[i] of each link row holds its total on entry and its exposed part on return
+static inline void time_hide_pooled(const StepKernel* rows, double* seconds, int n, int micro_batches) {
+    for (int i = 0; i < n; i++) {
+        if (rows[i].engine != STEP_LINK || !rows[i].hidden_by[0]) continue;
+        int first = 1;  // (the pool is settled at its first row)
+        for (int j = 0; j < i && first; j++) {
+            first = !(rows[j].engine == STEP_LINK && strcmp(rows[j].hidden_by, rows[i].hidden_by) == 0 &&
+                      (rows[j].phase == STEP_PHASE_STEP) == (rows[i].phase == STEP_PHASE_STEP));
+        }
+        if (!first) continue;
+        double comm = 0.0;
+        for (int j = i; j < n; j++) {
+            if (rows[j].engine == STEP_LINK && strcmp(rows[j].hidden_by, rows[i].hidden_by) == 0 &&
+                (rows[j].phase == STEP_PHASE_STEP) == (rows[i].phase == STEP_PHASE_STEP)) comm += seconds[j];
+        }
+        double hiding = time_hiding_seconds(rows, seconds, n, rows[i].hidden_by,
+                                            rows[i].phase == STEP_PHASE_STEP ? micro_batches : 1);
+        double share = comm > 0.0 ? comm_exposed(comm, hiding) / comm : 1.0;
+        for (int j = i; j < n; j++) {
+            if (rows[j].engine == STEP_LINK && strcmp(rows[j].hidden_by, rows[i].hidden_by) == 0 &&
+                (rows[j].phase == STEP_PHASE_STEP) == (rows[i].phase == STEP_PHASE_STEP)) seconds[j] *= share;
+        }
+    }
 }
 
 // 3. One stage: its rows priced, each action's duration (seconds[op]: one chunk's F, B and W of
@@ -259,18 +314,18 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
     double seconds[STEP_KERNELS_MAX];
     int n = step_kernels(rows, STEP_KERNELS_MAX, c, *o);
     if (n > STEP_KERNELS_MAX) n = STEP_KERNELS_MAX;  // (STEP_KERNELS_MAX holds the largest step's rows)
-    double scale_f = time_attention_useful_scale(rows, n, c, o, STEP_PHASE_FORWARD);
-    double scale_b = time_attention_useful_scale(rows, n, c, o, STEP_PHASE_BACKWARD_INPUT);
     StageTime st = {{0.0, 0.0, 0.0}, 0.0, 0.0};
     for (int i = 0; i < n; i++) {  // the compute rows first: the links may hide behind them
         const StepKernel* r = &rows[i];
         seconds[i] = 0.0;
         if (r->engine == STEP_LINK) continue;
-        double flops = r->flops;
-        if (time_kind_of(r) == TIME_ATTENTION) flops *= r->phase == STEP_PHASE_FORWARD ? scale_f : scale_b;
-        seconds[i] = time_kernel_seconds(p, r, flops, o->X, r->phase == STEP_PHASE_STEP ? once : during) * r->calls;
-        if (parts) parts->compute[time_kind_of(r)] += seconds[i];
+        seconds[i] = time_kernel_seconds(p, r, r->flops, o->X, r->phase == STEP_PHASE_STEP ? once : during) * r->calls;
     }
+    time_attention_block(p, c, o, rows, seconds, n, during.compute);
+    for (int i = 0; i < n; i++) {
+        if (parts && rows[i].engine != STEP_LINK) parts->compute[time_kind_of(&rows[i])] += seconds[i];
+    }
+    int m = o->micro_batches > 1 ? o->micro_batches : 1, V = o->V > 1 ? o->V : 1;
     for (int i = 0; i < n; i++) {
         const StepKernel* r = &rows[i];
         if (r->engine != STEP_LINK) continue;
@@ -282,13 +337,15 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
         // (on a CPU nothing hides: MPI moves a rank's bytes and sums them on that rank's own core,
         // inside its MPI calls, so the trainers' overlap interleaves the two rather than running
         // them at once; on a GPU the copy engines and NCCL's kernels run beside the compute)
-        double total = per_call * r->calls, exposed = total;
-        if (r->hidden_by[0] && p->kind != DEVICE_CPU) exposed = comm_exposed(total, time_hiding_seconds(rows, seconds, n, r->hidden_by));
-        seconds[i] = exposed;
+        seconds[i] = per_call * r->calls;
         int k = time_group_index(r->comm);
-        if (parts && k >= 0) parts->comm_total[k] += total, parts->comm_exposed[k] += exposed;
+        if (parts && k >= 0) parts->comm_total[k] += seconds[i];
     }
-    int m = o->micro_batches > 1 ? o->micro_batches : 1, V = o->V > 1 ? o->V : 1;
+    if (p->kind != DEVICE_CPU) time_hide_pooled(rows, seconds, n, m);
+    for (int i = 0; i < n; i++) {
+        int k = rows[i].engine == STEP_LINK && strcmp(rows[i].comm, "pp") != 0 ? time_group_index(rows[i].comm) : -1;
+        if (parts && k >= 0) parts->comm_exposed[k] += seconds[i];
+    }
     for (int i = 0; i < n; i++) {
         StepPhase ph = rows[i].phase;
         if (ph == STEP_PHASE_STEP) st.once += seconds[i];

@@ -91,16 +91,15 @@ int main(void) {
     CHECK(close_to(time_kernel_seconds(&one_cpu, &vec, vec.flops, 4, lone), 2e-3, 1e-12), "a pass on a CPU: %g s, expected 2 ms",
           time_kernel_seconds(&one_cpu, &vec, vec.flops, 4, lone));
 
-    // attention's factor on cuBLAS's squares
+    // attention's useful FLOPs: 2 T (T + 1) hs a head, sequence and layer forward, twice that backward
     RunLayout one = layout(TRAINER_DP, 1, 1, 1);
     StepLayout o = step_layout_of_run(&one, 0, fp32_kernels());
-    StepKernel rows[STEP_KERNELS_MAX];
-    int n = step_kernels(rows, STEP_KERNELS_MAX, c, o);
-    double scale = time_attention_useful_scale(rows, n, c, &o, STEP_PHASE_FORWARD), T = one.T;
-    CHECK(close_to(scale, (T + 1) / (2 * T), 1e-12), "cuBLAS attention's useful share forward: %g, expected (T+1)/(2T) = %g",
-          scale, (T + 1) / (2 * T));
-    double backward = time_attention_useful_scale(rows, n, c, &o, STEP_PHASE_BACKWARD_INPUT);
-    CHECK(backward > 0.0 && backward < 1.0, "cuBLAS attention's useful share backward: %g, expected in (0, 1)", backward);
+    double T = one.T, useful = 2 * T * (T + 1) * c.channels * one.B * c.num_layers;  // (hs x heads = C)
+    CHECK(close_to(time_attention_useful_flops(c, &o, STEP_PHASE_FORWARD), useful, 1e-12),
+          "attention's useful FLOPs forward: %g, expected 2 T (T+1) C B L = %g", time_attention_useful_flops(c, &o, STEP_PHASE_FORWARD),
+          useful);
+    CHECK(close_to(time_attention_useful_flops(c, &o, STEP_PHASE_BACKWARD_INPUT), 2 * useful, 1e-12),
+          "attention's useful FLOPs backward: %g, expected twice the forward's", time_attention_useful_flops(c, &o, STEP_PHASE_BACKWARD_INPUT));
 
     // two ranks against one: the same compute, and one ring all-reduce of the P X gradient bytes
     // (two ranks in one node: 2 steps of alpha + (n/2) / beta)

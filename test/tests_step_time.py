@@ -97,7 +97,9 @@ gpus_per_node 1024
 # what crosses a rank's links of a collective's payload over p ranks, by the textbook ring
 # (Patarasuk and Yuan 2009; nccl-tests' doc/PERFORMANCE.md, its bus bandwidth factors)
 STEP_TIME_LINK_SHARE = {"all-reduce": lambda p: 2.0 * (p - 1) / p, "reduce-scatter": lambda p: (p - 1) / p,
-                        "all-gather": lambda p: (p - 1) / p, "all-to-all": lambda p: (p - 1) / p,
+                        "all-gather": lambda p: (p - 1) / p,
+                        # (the trainers count an all-to-all's bytes to the other ranks, comm.h: all of them cross)
+                        "all-to-all": lambda p: 1.0,
                         "broadcast": lambda p: 1.0, "send": lambda p: 1.0}
 
 
@@ -302,3 +304,89 @@ def step_time_bad_profiles_and_flags_refused_by_the_planner_and_a_trainer():
     assert steps[0] == steps[8] and steps[8] not in (steps[1], steps[16]), steps
     print("    %d bad profiles refused by the planner and train_gpt2_dp; -gpus_per_node 0, 1, 8, 16: %s ms" % (
         len(cases), ", ".join("%.2f" % (s * 1e3) for s in steps.values())))
+
+
+# A GPU profile of round numbers for the tests below: 1e12 FLOP/s, every efficiency 1 but
+# attention's (ATTENTION, the number each test turns), memory and links fast enough to leave
+# compute-bound work compute-bound.
+STEP_TIME_ROUND_GPU = """name round numbers
+kind KIND
+peak_flops_fp32 1e12
+peak_flops_bf16 1e12
+memory_bandwidth_bytes_per_s 1e15
+memory_bytes 1e15
+efficiency_matmul_large 1
+efficiency_matmul_small 1
+matmul_small_flops 0
+efficiency_attention ATTENTION
+efficiency_memory 1
+intra_node_latency_s 1e-6
+intra_node_bandwidth_bytes_per_s 1e11
+inter_node_latency_s 1e-6
+inter_node_bandwidth_bytes_per_s 1e11
+"""
+
+
+def step_time_round_profile(d, kind, attention):
+    path = os.path.join(d, "round_%s_%g.txt" % (kind, attention))
+    with open(path, "w") as f:
+        f.write(STEP_TIME_ROUND_GPU.replace("KIND", kind).replace("ATTENTION", "%g" % attention))
+    return path
+
+
+@test
+def step_time_attention_is_its_useful_flops_at_the_profiles_efficiency():
+    """attention's part of a step is its useful causal FLOPs over peak x efficiency_attention, as
+    device_profile.h defines the efficiency, whatever the implementation executes: on a GPU's
+    unfused path (-attention cublas: two square GEMMs, the softmax and its passes) and on the CPU
+    (whose attention calibrate measures that way). Useful: 2 T (T + 1) C B L forward (q k^T and
+    p v over the causal pairs), twice that backward, so 3 x forward over the step (no -r); at
+    efficiency_attention 0.5 and 0.25 the part is that over 0.5e12 and 0.25e12 FLOP/s"""
+    make(["dev/memory_planner"])
+    d = fresh_dir("step_time_attention")
+    L, C, NH, B, T = 2, 128, 4, 2, 64
+    useful = 3 * 2 * T * (T + 1) * C * B * L
+    for kind, device in (("cuda", ["-device", "cuda", "-precision", "bf16", "-attention", "cublas"]),
+                         ("cpu", ["-device", "cpu"])):
+        for eff in (0.5, 0.25):
+            code, out = planner("-e", "%d/%d/%d" % (L, C, NH), "-b", B, "-t", T, "-profile",
+                                step_time_round_profile(d, kind, eff), "-format", "json", *device)
+            assert code == 0, out[-2000:]
+            got, want = json.loads(out)["time_parts"]["attention"], useful / (1e12 * eff)
+            # (1e-6: the JSON's 9 significant digits, and the shared-CPU slowdown of a lone rank is 1)
+            assert abs(got / want - 1) <= 1e-6, "%s at efficiency_attention %g: attention %.9g s, expected %.9g" % (
+                kind, eff, got, want)
+
+
+@test
+def step_time_overlap_hides_once_a_step_collectives_behind_the_last_micro_batch():
+    """-overlap's gradient reduction is posted in the last micro-batch's backward (train_gpt2_dp),
+    so with m micro-batches it hides behind one micro-batch's backward, not m: d48 on 8 H100s
+    (dp 8, 4 a node, so the all-reduce crosses nodes) exposes the same dp time at m = 1 and m = 16
+    (one micro-batch each of the same size). And collectives that share the compute they hide
+    behind share it: under -z 3 -overlap the per-layer gathers and reduce-scatters together hide
+    no more than the step computes"""
+    make(["dev/memory_planner"])
+    base = ["-e", "d48", "-b", 1, "-t", 1024, "-dp", 8, "-overlap", 1, "-gpus_per_node", 4, "-profile", "h100-sxm",
+            "-format", "json"]
+    exposed = {}
+    for d_tokens in (8192, 131072):
+        code, out = planner(*(base + ["-d", d_tokens]))
+        assert code == 0, out[-2000:]
+        plan = json.loads(out)
+        exposed[plan["micro_batches"]] = plan["time_parts"]["comm_exposed"]["dp"]
+    assert sorted(exposed) == [1, 16], exposed
+    # (1e-6: the same sums in another order)
+    assert exposed[1] > 0 and abs(exposed[16] / exposed[1] - 1) <= 1e-6, \
+        "dp exposed %.9g s at m = 1 and %.9g s at m = 16: expected equal" % (exposed[1], exposed[16])
+    code, out = planner(*(base + ["-z", 3]))
+    assert code == 0, out[-2000:]
+    parts = json.loads(out)["time_parts"]
+    compute = parts["gemm"] + parts["attention"] + parts["memory"]
+    text = planner(*(base[:-2] + ["-z", 3]))[1]
+    m = re.search(r"dp ([0-9.]+) \(([0-9.]+)\) ms", text)
+    assert m, text[-2000:]
+    hidden = (float(m.group(2)) - float(m.group(1))) / 1e3
+    # (1e-5 s: the text's two decimals of a millisecond)
+    assert hidden <= compute + 1e-5, "-z 3 -overlap hides %.6f s of collectives behind %.6f s of compute" % (
+        hidden, compute)

@@ -111,9 +111,10 @@ def trainers_print_the_predicted_step_beside_the_measured():
 def planner_maxvio_prices_the_all_to_all_at_the_busiest_rank():
     """dev/memory_planner -maxvio v: the EP all-to-alls carry the busiest rank's bytes, (1 + v)
     times the balanced share, so on a profile of known link (alpha, beta) train_gpt2_ep's exposed
-    ep time is, worked by hand, 4 L m (ep - 1) (alpha + (1 + v) a / ep / beta) with a = N k C X
-    (ep - 1) / ep the balanced bytes (4 all-to-alls a layer and micro-batch: the tokens out, the
-    outputs back and the backward's two; comm_time.h's pairwise all-to-all, the group on one node).
+    ep time is, worked by hand, 4 L m (ep - 1) (alpha + (1 + v) a / (ep - 1) / beta) with a = N k C X
+    (ep - 1) / ep the balanced bytes a rank sends to the others, a / (ep - 1) to each (4 all-to-alls
+    a layer and micro-batch: the tokens out, the outputs back and the backward's two; comm_time.h's
+    pairwise all-to-all, a message to each peer in turn, the group on one node).
     With -capacity_factor 1 the experts are full when balanced, so no v moves more bytes. The JSON
     and the text say which v; v above E/k - 1 and v on a dense model are refused"""
     make(["dev/memory_planner"])
@@ -140,7 +141,7 @@ def planner_maxvio_prices_the_all_to_all_at_the_busiest_rank():
         return j["time_parts"]["comm_exposed"]["ep"]
 
     for v in (0, 0.5, 1, 3):  # (3 = E/k - 1: every token on the same k experts)
-        expected = 4 * L * m * (ep - 1) * (alpha + (1 + v) * balanced / ep / beta)
+        expected = 4 * L * m * (ep - 1) * (alpha + (1 + v) * balanced / (ep - 1) / beta)
         got = ep_seconds(v)
         # (1e-9 relative: the same sums in double, in another order)
         assert abs(got - expected) <= 1e-9 * expected, "maxvio %g: ep %.9g s, by hand %.9g s" % (v, got, expected)
