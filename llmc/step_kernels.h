@@ -54,9 +54,8 @@
 //   capacity factor's cap on the slots an expert takes, under balanced routing.
 //
 // Not in the rows yet: experts with -r or with train_gpt2_dp's ZeRO (neither trainer runs them),
-// the routing's imbalance (the rows are balanced), the aux loss's small all-reduces (MoE's
-// figures, each sequence's f and P over cp x tp), DiLoCo's -outer_dtype below fp32 and its
-// fragments, and the all-gather of K,V (-cp_comm allgather: the rows are the ring's).
+// the aux loss's small all-reduces (MoE's figures, each sequence's f and P over cp x tp), and
+// DiLoCo's -outer_dtype below fp32 and its fragments.
 #ifndef LLMC_STEP_KERNELS_H
 #define LLMC_STEP_KERNELS_H
 
@@ -157,8 +156,9 @@ typedef struct {
     // above is what of it crosses this rank's link: 2 (n-1)/n of an all-reduce's payload, (n-1)/n
     // of a reduce-scatter's or an all-gather's, all of a send's), ranks the group's size; NULL, 0
     // on every other row. hidden_by: the compute this link row may run under when its overlap flag
-    // is on (-tp_overlap: a GEMM's kernel; -overlap: a group's rows, "layer backward"); "" when it
-    // waits in the open. Whether it is hidden is the time model's to decide
+    // is on (-tp_overlap: a GEMM's kernel; -overlap: a group's rows, "layer backward"; cp's ring:
+    // a kind of launch, "attention forward"); "" when it waits in the open. Whether it is hidden
+    // is the time model's to decide
     const char* comm;
     const char* collective;
     double payload;
@@ -177,6 +177,7 @@ typedef struct {
     int gelu_epilogue;      // 1: GELU in the fc GEMM's epilogue (and DGELU in fcproj's dinp); 0: kernels
     int ln_backward_fused;  // 1: the LayerNorm backward in one kernel where a row fits (else separate kernels)
     int dp, cp, ep;         // data-parallel ranks, context-parallel ranks, ranks the experts are split over
+    int cp_allgather;       // -cp_comm allgather: the whole sequence's K,V gathered (else the ring)
     int micro_batches;      // micro-batches a step runs, m (train_gpt2_dp's -d / (B T dp), a pipeline's -m):
                             // each runs the forward and backward; the gradients' memset, their reduction,
                             // the norm and AdamW stay once a step (0 or 1: one)
@@ -484,8 +485,11 @@ static inline void step_bias_add(StepRows* s, const StepShapes* h, int64_t calls
 // a layer's attention forward on this rank's heads (with cp the ring's K,V blocks first)
 static inline void step_attention_forward(StepRows* s, const StepShapes* h, int64_t calls) {
     int64_t X = h->X, act = h->act_att, cp = h->cp;
-    if (cp > 1) {
-        step_link(s, calls, "cp", "send", cp, (double)((cp - 1) * h->kv_block * X), 1, NULL,
+    if (cp > 1 && h->o.cp_allgather) {  // (every rank's block at once, before any is computed)
+        step_link(s, calls, "cp", "all-gather", cp, (double)(cp * h->kv_block), (double)X, NULL,
+                  "all-gather: every rank's K,V block");
+    } else if (cp > 1) {  // (each block posted on before the one in hand is computed: under it)
+        step_link(s, calls, "cp", "send", cp, (double)((cp - 1) * h->kv_block * X), 1, "attention forward",
                   "ring: K,V blocks to the next rank (%lld steps)", (long long)(cp - 1));
     }
     if (h->o.flash) {
@@ -603,9 +607,17 @@ static inline void step_recompute(StepRows* s, const StepShapes* h, int64_t call
 // again and dK, dV home)
 static inline void step_attention_backward(StepRows* s, const StepShapes* h, int64_t calls) {
     int64_t X = h->X, act = h->act_att, cp = h->cp, lse = h->lse;
-    if (cp > 1) {
-        step_link(s, calls, "cp", "send", cp, (double)((cp - 1) * h->kv_block * X + cp * h->kv_block * 4), 1, NULL,
-                  "ring: K,V again and dK,dV (fp32) to the next rank");
+    if (cp > 1 && h->o.cp_allgather) {  // (the keys and values again; their gradients summed to their owners)
+        step_link(s, calls, "cp", "all-gather", cp, (double)(cp * h->kv_block), (double)X, NULL,
+                  "all-gather: every rank's K,V block again");
+        step_link(s, calls, "cp", "reduce-scatter", cp, (double)(cp * h->kv_block), 4, NULL,
+                  "reduce-scatter: dK,dV (fp32) to their owners");
+    } else if (cp > 1) {
+        // the blocks travel under the compute as forward; a block's dK,dV leaves only once this
+        // rank's queries have added their part: that exchange waits for the compute
+        step_link(s, calls, "cp", "send", cp, (double)((cp - 1) * h->kv_block * X), 1, "attention backward",
+                  "ring: K,V again to the next rank");
+        step_link(s, calls, "cp", "send", cp, (double)(cp * h->kv_block * 4), 1, NULL, "ring: dK,dV (fp32) to the next rank");
     }
     const char* bwd = "attention backward";
     if (h->o.flash) {
@@ -940,7 +952,7 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
         }
     }
 
-    s.group = "global norm + AdamW";
+    s.group = "global norm";
     step_row(&s, 1, 0, (double)(STEP_FLOPS_DOT * S), (double)(S * X + NORM_BLOCKS * 4), STEP_VECTOR, "optimizer",
              "gradient norm", "norm_squared_partial");
     // adamw_runs_kernel over every tensor's pieces (one per layer for the layers' tensors:
@@ -949,10 +961,14 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
     // read and written (fp32), the parameter written (X): 28 bytes either way
     int64_t per_param = X == 2 ? 2 + 8 + 8 + 8 + 2 : 4 + 8 + 8 + 8;
     int64_t pieces = (first ? 2 : 0) + 12 * Ls + (last ? 2 + (pp > 1 ? 1 : 0) : 0);
+    s.group = "AdamW";
     if (o.offload) {
-        // -offload (ZeRO-Offload): the shard's gradients to the host and its parameters back, X
-        // each over PCIe; AdamW on the host's cores, its master weights, m and v in host memory
-        step_link(&s, 1, "pcie", "copy", 1, (double)(2 * S), (double)X, overlap, "PCIe: gradients to the host, parameters back");
+        // -offload (ZeRO-Offload): the shard's gradients to the host, X each over PCIe, a bucket's
+        // as soon as it is final (under the last micro-batch's backward, with -overlap); AdamW on
+        // the host's cores, its master weights, m and v in host memory; each bucket's parameters
+        // back, copied while the host updates the next bucket
+        step_link(&s, 1, "pcie", "copy", 1, (double)S, (double)X, overlap, "PCIe: gradients to the host");
+        step_link(&s, 1, "pcie", "copy", 1, (double)S, (double)X, "AdamW", "PCIe: parameters back");
         step_row(&s, 1, 1, (double)(STEP_FLOPS_ADAMW * S), (double)(per_param * S), STEP_HOST, "optimizer",
                  "adamw on the host (-offload)", "adamw on the host (%lld tensors' pieces)", (long long)pieces);
     } else {
@@ -963,7 +979,7 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
     if (zero == 1 || zero == 2) {  // the updated shards all-gathered (-overlap: each bucket under the next one's update)
         s.group = "parameter all-gather";
         step_link(&s, 1, "dp", "all-gather", dp_ranks, (double)(P - held_experts), (double)X,
-                  o.overlap && !h.tpl ? "adamw" : NULL, "-z %d: all-gather the updated parameters", zero);
+                  o.overlap && !h.tpl ? "AdamW" : NULL, "-z %d: all-gather the updated parameters", zero);
         if (E && copies > 1) {
             step_link(&s, 1, "edp", "all-gather", copies, (double)held_experts, (double)X, NULL,
                       "-z 1: all-gather the updated experts");
@@ -1007,7 +1023,7 @@ static inline StepLayout step_layout_of_run(const RunLayout* r, int stage, StepO
     memset(&o, 0, sizeof(o));
     o.B = r->B, o.T = r->T, o.X = opt.X, o.flash = opt.flash || layout_cp(r) > 1;  // (ring attention runs flash)
     o.bias_epilogue = opt.bias_epilogue, o.gelu_epilogue = opt.gelu_epilogue, o.ln_backward_fused = opt.ln_backward_fused;
-    o.dp = r->dp, o.cp = layout_cp(r), o.ep = layout_ep(r), o.micro_batches = r->m;
+    o.dp = r->dp, o.cp = layout_cp(r), o.ep = layout_ep(r), o.micro_batches = r->m, o.cp_allgather = r->cp_allgather;
     o.tp_layer = r->trainer == TRAINER_TP || r->trainer == TRAINER_PP || r->trainer == TRAINER_3D ||
                  r->trainer == TRAINER_DILOCO;
     o.tp = r->tp, o.sp = r->sp, o.tp_overlap = opt.tp_overlap;

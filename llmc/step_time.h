@@ -261,7 +261,8 @@ static inline double time_hiding_seconds(const StepKernel* rows, const double* s
     double total = 0.0;
     for (int i = 0; i < n; i++) {
         if (rows[i].engine == STEP_LINK) continue;
-        if (strcmp(rows[i].kernel, hidden_by) == 0 || strcmp(rows[i].group, hidden_by) == 0) {
+        if (strcmp(rows[i].kernel, hidden_by) == 0 || strcmp(rows[i].group, hidden_by) == 0 ||
+            strcmp(rows[i].launch, hidden_by) == 0) {  // (a kernel, a group, or a kind of launch)
             total += rows[i].phase == STEP_PHASE_STEP ? seconds[i] : seconds[i] / m;
         }
     }

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
     llmc_rank = -1;  // no ranks here: messages are "error: ...", without "[rank 0]"
     const char *model = "d12", *precision = "bf16", *attention = "auto", *gelu = NULL, *ln_backward = "fused";
     const char* trainer = "dp";
+    const char* cp_comm = "ring";
     int B = 64, T = 1024, epilogue = 1, dp = 1, cp = 1, experts = 0, topk = 2, ep = 1, micro_batches = 1;
     int tp = 1, sp = 0, tp_overlap = 0, pp = 1, vp = 1, stage = 0, zero = 0, overlap = 0, offload = 0, recompute = 0;
     int zb = 0, workers = 1, H = 0;
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
         {"-epilogue", ARG_INT, &epilogue, 0, 1, "1: bias gradients from the weight-gradient GEMMs' BGRADB epilogue; 0: separate kernels"},
         {"-dp", ARG_INT, &dp, 1, ARG_NO_MAX, "data-parallel ranks: adds the gradient all-reduce"},
         {"-cp", ARG_INT, &cp, 1, ARG_NO_MAX, "context-parallel ranks (train_gpt2_cp, zigzag): T/cp tokens a rank"},
+        {"-cp_comm", ARG_STRING, &cp_comm, 0, 0, "ring (K,V blocks passed around) or allgather (the sequence's K,V gathered)"},
         {"-experts", ARG_INT, &experts, 0, 1024, "Mixture-of-Experts (train_gpt2_ep): E experts a layer (0: dense)"},
         {"-topk", ARG_INT, &topk, 1, 1024, "with -experts: the experts a token takes"},
         {"-ep", ARG_INT, &ep, 1, 1024, "with -experts: the ranks the experts are split over (of -dp)"},
@@ -72,7 +74,9 @@ int main(int argc, char** argv) {
     StepLayout o = {.B = B, .T = T, .bias_epilogue = epilogue, .dp = dp, .cp = cp, .ep = ep, .micro_batches = micro_batches,
                     .tp = tp, .sp = sp, .tp_overlap = tp_overlap, .pp = pp, .V = vp, .stage = stage, .zero = zero,
                     .overlap = overlap, .offload = offload, .recompute = recompute, .weights_later = zb,
-                    .diloco_workers = workers, .diloco_H = H, .capacity_factor = capacity_factor};  // (X, flash, GELU, LayerNorm: below)
+                    .diloco_workers = workers, .diloco_H = H, .capacity_factor = capacity_factor,
+                    .cp_allgather = strcmp(cp_comm, "allgather") == 0};  // (X, flash, GELU, LayerNorm: below)
+    if (strcmp(cp_comm, "ring") != 0 && strcmp(cp_comm, "allgather") != 0) fail("-cp_comm %s: expected ring or allgather", cp_comm);
     if (strcmp(trainer, "tp") == 0 || strcmp(trainer, "pp") == 0 || strcmp(trainer, "3d") == 0 || strcmp(trainer, "diloco") == 0) {
         o.tp_layer = 1;
     } else if (strcmp(trainer, "dp") != 0 && strcmp(trainer, "cp") != 0 && strcmp(trainer, "ep") != 0) {
