@@ -118,10 +118,11 @@ dev/bench/calibrate: dev/bench/calibrate.c dev/bench/best_seconds.h $(HEADERS)
 # (the trainers' headers hold static tables the planner does not use: no warning for those)
 dev/memory_planner: dev/memory_planner.c $(HEADERS) | check-deps
 	$(MPICC) $(CFLAGS) -Wno-unused-variable $< -o $@ $(LDLIBS)
-# the kernels of one GPU training step (llmc/step_kernels.h) as JSON, the rows dev/bench/roofline.py prints
-# (a C compiler is all it needs: no MPI, so that a GPU machine without it builds it too)
-dev/bench/step_kernels: dev/bench/step_kernels.c $(HEADERS)
-	$(CC) $(CFLAGS) $< -o $@ -lm
+# the kernels of one GPU training step (llmc/step_kernels.h) as JSON, the rows dev/bench/roofline.py prints,
+# with -profile each priced by llmc/step_time.h (whose memory_plan.h includes MPI's headers: mpicc, as the
+# planner; dev/gpu_check.sh builds it beside test_comm, which needs MPI too)
+dev/bench/step_kernels: dev/bench/step_kernels.c $(HEADERS) | check-deps
+	$(MPICC) $(CFLAGS) -Wno-unused-variable $< -o $@ $(LDLIBS)
 
 # the planner as a page: dev/memory_planner compiled to WebAssembly and embedded in dev/memory.html
 # (committed, so that a reader opens it without the toolchain; a test says when it is older than

@@ -2961,21 +2961,54 @@ def memory_planner_refuses_bad_layouts_and_says_whether_it_fits():
 
 # ---------------------------------------------------------------------------------------------
 # dev/bench/roofline.py: a model, not a measurement, so its arithmetic is checked exactly here,
-# against counts derived in the test from GPT-2's shapes (not read back from the tool's output)
+# against counts derived in the test from GPT-2's shapes (not read back from the tool's output);
+# its prices are llmc/step_time.h's (dev/bench/step_kernels -profile), here on a profile file whose
+# efficiencies the test chooses
 
 # GPT-2 as llmc/gpt2.h builds a descriptor: d12 = 12 layers, 768 channels, 12 heads; the
 # vocabulary 50257 padded to a multiple of 128; maxT 1024
 ROOFLINE_GPT2 = dict(L=12, C=768, NH=12, V=50257, Vp=50304, maxT=1024)
 # NVIDIA's datasheet numbers for the H100 SXM (dense): 989 TFLOP/s bf16, 67 fp32, 3.35 TB/s HBM3
 ROOFLINE_H100 = dict(bf16=989e12, fp32=67e12, hbm=3.35e12)
-# the efficiencies are passed explicitly, so the test does not depend on the tool's defaults
-ROOFLINE_EFF = dict(gemm=0.7, attn=0.5, bw=0.9, vec=0.5)
+# the efficiencies are the test's, in a profile file (llmc/device_profile.h's format), so that the
+# test does not depend on the built-in profiles' numbers: GEMMs below 5e10 FLOPs at the small
+# class's 0.6, above at 0.7; attention 0.5 of peak on its useful FLOPs; every kernel's bytes at 0.9
+# of the HBM; NVLink's 300 GB/s at 0.8 and 2 us a message
+ROOFLINE_EFF = dict(gemm_large=0.7, gemm_small=0.6, gemm_small_flops=5e10, attn=0.5, bw=0.9, link=300e9 * 0.8,
+                    link_latency=2e-6)
+ROOFLINE_PROFILE = """name test H100
+kind cuda
+peak_flops_fp32 67e12
+peak_flops_bf16 989e12
+memory_bandwidth_bytes_per_s 3.35e12
+memory_bytes 80e9
+efficiency_matmul_large 0.7
+efficiency_matmul_small 0.6
+matmul_small_flops 5e10
+efficiency_attention 0.5
+efficiency_memory 0.9
+intra_node_latency_s 2e-6
+intra_node_bandwidth_bytes_per_s 300e9
+inter_node_latency_s 5e-6
+inter_node_bandwidth_bytes_per_s 50e9
+gpus_per_node 8
+efficiency_link 0.8
+"""
+
+
+def roofline_profile():
+    path = os.path.join(ROOT, "test", "tmp", "roofline_profile.txt")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(ROOFLINE_PROFILE)
+    return path
 
 
 def roofline_json(*flags):
+    p = make(["dev/bench/step_kernels"])
+    assert p.returncode == 0, p.stdout.decode()[-3000:]
     cmd = ["/usr/bin/python3", "dev/bench/roofline.py", "-device", "h100-sxm", "-json",
-           "-gemm_eff", str(ROOFLINE_EFF["gemm"]), "-attn_eff", str(ROOFLINE_EFF["attn"]),
-           "-bw_eff", str(ROOFLINE_EFF["bw"]), "-vec_eff", str(ROOFLINE_EFF["vec"])] + [str(f) for f in flags]
+           "-profile", roofline_profile()] + [str(f) for f in flags]
     p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
     assert p.returncode == 0, "%s: exit %d\n%s" % (" ".join(cmd), p.returncode, p.stderr.decode()[-2000:])
     return json.loads(p.stdout)
@@ -3264,13 +3297,11 @@ def roofline_counts_the_model_flops_and_the_minimum_bytes():
     # attproj (C^2 + C), ln2 (2C), fc (4C^2 + 4C), fcproj (4C^2 + C), then lnf (2C)
     P = Vp * C + g["maxT"] * C + L * (12 * C * C + 13 * C) + 2 * C
     assert P == 124475904, "d12 has %d parameters, llm.c's GPT-2 124M (padded vocabulary) has 124475904" % P
-    # the last config makes the FLOP side bind too: at T = 1024 the flash kernels are compute-bound,
-    # and at 1% of the fp32 peak (-vec_eff 0.01) so are the elementwise kernels
-    for B, T, precision, vec_eff in ((4, 64, "bf16", 0.5), (2, 256, "bf16", 0.5), (4, 64, "fp32", 0.5),
-                                     (1, 1024, "bf16", 0.01)):
+    # the last config has GEMMs of both size classes (the LM head's 2 N C Vp = 79 GFLOP is large)
+    for B, T, precision in ((4, 64, "bf16"), (2, 256, "bf16"), (4, 64, "fp32"), (1, 1024, "bf16")):
         # (GELU in kernels of its own, whose bytes are counted below: roofline_gelu_in_the_gemm_epilogues
         # checks what the default epilogues save)
-        res = roofline_json("-e", "d12", "-b", B, "-t", T, "-precision", precision, "-vec_eff", vec_eff, "-gelu", "kernels")
+        res = roofline_json("-e", "d12", "-b", B, "-t", T, "-precision", precision, "-gelu", "kernels")
         X = 2 if precision == "bf16" else 4  # bytes of an activation, parameter or gradient
         N = B * T
         what = "d12 B=%d T=%d %s" % (B, T, precision)
@@ -3297,23 +3328,34 @@ def roofline_counts_the_model_flops_and_the_minimum_bytes():
         # GELU reads fch (N, 4C) and writes its output (N, 4C) once each
         _, gelu_bytes = roofline_total(res, kernel="gelu_forward")
         roofline_close(gelu_bytes, L * 2 * N * 4 * C * X, exact, what + ": gelu_forward bytes")
-        # every row is the roofline of its engine: max(FLOPs / achievable rate, bytes / bandwidth).
-        # matmuls (and the cuBLAS attention GEMMs) at the precision's dense peak (fp32 builds: strict
-        # fp32, no TF32), flash attention at its own fraction, elementwise work on the fp32 units
+        # the prices, as the profile defines its efficiencies (llmc/device_profile.h): a GEMM row
+        # (the cuBLAS attention path's aside) at max(FLOPs / (peak x its size class's efficiency),
+        # bytes / achievable bandwidth), on the precision's dense peak (fp32 builds: strict fp32,
+        # no TF32); an elementwise or memset row by its bytes alone
         W = ROOFLINE_H100["hbm"] * ROOFLINE_EFF["bw"]
-        F = dict(gemm=ROOFLINE_H100[precision] * ROOFLINE_EFF["gemm"], attn=ROOFLINE_H100[precision] * ROOFLINE_EFF["attn"],
-                 vector=ROOFLINE_H100["fp32"] * vec_eff, memset=None)
-        compute_bound = set()
+        peak = ROOFLINE_H100[precision]
+        attention = {"forward": 0.0, "backward_input": 0.0}
         for r in res["rows"]:
-            assert r["engine"] in F, "%s: row %s has engine %s" % (what, r["kernel"], r["engine"])
-            t_flops = r["flops"] / F[r["engine"]] if F[r["engine"]] else 0.0
-            if t_flops > r["bytes"] / W:
-                compute_bound.add(r["engine"])
+            assert r["engine"] in ("gemm", "attn", "vector", "memset"), "%s: row %s has engine %s" % (what, r["kernel"], r["engine"])
+            # which side of the datasheet ridge (peak FLOP/s against HBM bytes/s) the row is on
+            ridge_flops = r["flops"] / (ROOFLINE_H100["fp32"] if r["engine"] == "vector" else peak)
+            want_bound = "compute" if r["engine"] != "memset" and ridge_flops > r["bytes"] / ROOFLINE_H100["hbm"] else "memory"
+            assert r["bound"] == want_bound, "%s: %s is %s-bound, expected %s" % (what, r["kernel"], r["bound"], want_bound)
+            if r["op"] == "attention" and r["engine"] != "memset":
+                attention[r["phase"]] += r["total_time_s"]  # (priced together below)
+                continue
+            eff = ROOFLINE_EFF["gemm_small"] if r["flops"] < ROOFLINE_EFF["gemm_small_flops"] else ROOFLINE_EFF["gemm_large"]
+            t_flops = r["flops"] / (peak * eff) if r["engine"] == "gemm" else 0.0
             want = max(t_flops, r["bytes"] / W)
             roofline_close(r["time_s"], want, 1e-9, "%s: time of %s" % (what, r["kernel"]))
             roofline_close(r["total_time_s"], want * r["calls"], 1e-9, "%s: total time of %s" % (what, r["kernel"]))
-        if T == 1024:
-            assert compute_bound == {"gemm", "attn", "vector"}, "%s: compute-bound engines %s" % (what, compute_bound)
+        # attention's rows of a phase share its useful FLOPs' time at the attention efficiency: q k^T
+        # and p v over the T (T + 1) / 2 causal pairs, 2 T (T + 1) hs a head and sequence forward,
+        # twice that backward, whatever the kernels execute beyond
+        useful = L * B * NH * 2.0 * T * (T + 1) * hs
+        roofline_close(attention["forward"], useful / (peak * ROOFLINE_EFF["attn"]), 1e-9, what + ": attention forward")
+        roofline_close(attention["backward_input"], 2 * useful / (peak * ROOFLINE_EFF["attn"]), 1e-9,
+                       what + ": attention backward")
         # the step is the sum of its kernels; MFU as llmc/run.h: (6 P + 12 L C T) per token,
         # times B T, over the step, over the dense peak of the precision
         step = sum(r["total_time_s"] for r in res["rows"])
@@ -3408,14 +3450,19 @@ def roofline_bias_epilogue_cublas_attention_and_all_reduce():
     bwd, _ = roofline_total(res, op="attention", engine="gemm", group="layer backward")
     roofline_close(fwd, L * 4.0 * B * T * T * C, 1e-12, "cuBLAS attention forward FLOPs")
     roofline_close(bwd, L * 8.0 * B * T * T * C, 1e-12, "cuBLAS attention backward FLOPs")
-    # -dp 4: one all-reduce of the whole gradient, a ring sends 2 (N-1)/N of it over each link,
-    # here at a bus bandwidth of 300 GB/s given on the command line
-    res = roofline_json(*base, "-dp", 4, "-link_bw", 300)
+    # -dp 4: one all-reduce of the whole gradient, a ring sends 2 (N-1)/N of it over each link:
+    # on one node 2 (N - 1) steps of P X / N bytes, each a message's latency and its bytes at the
+    # profile's NVLink (300 GB/s at 0.8); the predicted step is the kernels', the link apart
+    res = roofline_json(*base, "-dp", 4)
     P = res["config"]["parameters"]
     rows = [r for r in res["rows"] if r["op"] == "comm"]
     assert len(rows) == 1, "expected one all-reduce row, got %s" % [r["kernel"] for r in rows]
     roofline_close(rows[0]["bytes"], 2 * 3 / 4 * P * X, 1e-12, "all-reduce bytes")
-    roofline_close(rows[0]["time_s"], 2 * 3 / 4 * P * X / 300e9, 1e-9, "all-reduce time")
+    roofline_close(rows[0]["time_s"], 2 * 3 * (ROOFLINE_EFF["link_latency"] + P * X / 4 / ROOFLINE_EFF["link"]), 1e-9,
+                   "all-reduce time")
+    roofline_close(res["summary"]["comm_time_s"], rows[0]["total_time_s"], 1e-12, "the collectives' time")
+    roofline_close(res["summary"]["step_time_s"], sum(r["total_time_s"] for r in res["rows"] if r["engine"] != "link"),
+                   1e-9, "the step: the kernels")
     roofline_close(res["summary"]["tokens_per_s"], 4 * N / res["summary"]["step_time_s"], 1e-9,
                    "tokens/s over 4 ranks")
 

@@ -1,14 +1,18 @@
 """
 A roofline model of one training step of train_gpt2_dp.cu on a GPU: every CUDA kernel the step
-launches, what it computes, what it must move, and how long that takes at best.
+launches, what it computes, what it must move, and how long that takes.
 
     /usr/bin/python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -device h100-sxm
     /usr/bin/python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -attention cublas -epilogue 0
     /usr/bin/python3 dev/bench/roofline.py -e 12/768/12 -b 4 -t 64 -json
+    /usr/bin/python3 dev/bench/roofline.py -e d12 -device h100-sxm -profile my_cluster.txt
 
-The step's kernels are llmc/step_kernels.h's rows (one inventory, in C, that a model of the
-step's time reads too), printed by dev/bench/step_kernels (make dev/bench/step_kernels); this
-script prices each row on a device.
+Nothing here is a model of its own: the step's kernels are llmc/step_kernels.h's rows and their
+prices llmc/step_time.h's on a device profile (llmc/device_profile.h: h100-sxm, h200, a100-80gb
+built in, or a profile file you write), the one copy of the step-time model that
+dev/memory_planner, dev/memory.html and the trainers' predicted step read too.
+dev/bench/step_kernels -profile prints both (make dev/bench/step_kernels); this script lays them out
+as a table, with the datasheet peaks of -device for the ridge point and MFU.
 
 What a roofline is (Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009). A kernel does
 some arithmetic (F floating-point operations) on data it must bring from the GPU's memory (HBM)
@@ -29,8 +33,10 @@ machine's ridge point P / W. On an H100 SXM in bf16: P / W = 989e12 / 3.35e12 = 
   hundred times left of the ridge (and left of the fp32 units' ridge, 67e12 / 3.35e12 = 20 too):
   memory-bound. So are GELU, the residual adds, the softmax of the loss and AdamW. Making them
   faster means moving fewer bytes (fusing kernels, keeping data in registers), not fewer FLOPs.
-Nobody reaches a datasheet peak, so the model uses achievable rates: a fraction of each peak
-(-gemm_eff, -attn_eff, -vec_eff, -bw_eff), printed with the results.
+Nobody reaches a datasheet peak, so llmc/step_time.h uses achievable rates: the profile's
+efficiencies, a fraction of each peak (a GEMM's by its size class, attention's on its useful causal
+FLOPs, the memory system's for every kernel's bytes). The roofline's lower bound above is the
+special case of efficiencies 1 (a profile file with every efficiency 1 prints it).
 
 What the rows count, per kernel (llmc/step_kernels.h says how, kernel by kernel):
 - FLOPs: matmuls exactly (2 m n k); attention as the kernels execute it (the causal flash kernels
@@ -40,16 +46,20 @@ What the rows count, per kernel (llmc/step_kernels.h says how, kernel by kernel)
   its element width (bf16 = 2 bytes for parameters, activations and gradients; fp32 for master
   weights, AdamW's m and v, LayerNorm's mean and rstd, attention's lse). Re-reads served by the
   caches are free here, and a kernel that reads an input twice from HBM is slower than its row.
-- time: max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth). Launch latency, the host's
-  own work (the encoder backward's sort, the loss's copy to the host) and the tail of a grid
-  that does not fill the GPU are not counted: the sum is a lower bound on the step.
+- time (llmc/step_time.h): max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth) for a
+  GEMM; bytes / achievable bandwidth for the elementwise kernels; attention's rows of a phase share
+  its useful FLOPs / (peak x efficiency_attention). Launch latency, the host's own work (the
+  encoder backward's sort, the loss's copy to the host) and the tail of a grid that does not fill
+  the GPU are not counted. The predicted step is the kernels' sum; a collective's row is its time
+  on a group inside one node, before any overlap hides it (how much does: dev/memory_planner's
+  time_parts, which play the whole layout).
+- bound: which side of the datasheet ridge the row is on (FLOPs / peak against bytes / HBM).
 MFU is computed as the trainer does (llmc/gpt2.h, gpt2_flops_per_token): 6 x parameters +
 12 L C T FLOPs per token (the attention term counted without the causal half), times B T, over
 the step time, over the device's dense peak for the precision (llmc/cuda/device.cuh).
 """
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -57,35 +67,21 @@ import sys
 
 # ---------------------------------------------------------------------------------------------
 # devices: dense peaks and HBM bandwidth from NVIDIA's datasheets, the same peaks as
-# llmc/cuda/device.cuh's device_peak (the trainers' MFU); link = the per-direction NVLink (or
-# PCIe) bandwidth one GPU has for a ring all-reduce, of which NCCL reaches ~80% (nccl-tests busbw)
+# llmc/cuda/device.cuh's device_peak (the trainers' MFU), for the ridge point and MFU printed
+# here; profile: the built-in device profile (llmc/device_profile.h) that prices the rows by
+# default (none for the PCIe and NVL parts: give -profile FILE)
 DEVICES = {
-    # H100 datasheet (SXM5): bf16 1979 TFLOP/s with sparsity = 989 dense, fp32 67, HBM3 3.35 TB/s,
-    # NVLink 4 900 GB/s both directions = 450 per direction
-    "h100-sxm": dict(name="H100 SXM", bf16=989e12, fp32=67e12, hbm=3.35e12, link=450e9 * 0.8,
-                     link_name="NVLink 4, 80% of 450 GB/s per direction"),
-    # H100 datasheet (PCIe): bf16 756 dense, fp32 51, HBM2e 2.0 TB/s; without an NVLink bridge
-    # the GPUs talk over PCIe Gen5 x16, 64 GB/s per direction
-    "h100-pcie": dict(name="H100 PCIe", bf16=756e12, fp32=51e12, hbm=2.0e12, link=64e9 * 0.8,
-                      link_name="PCIe Gen5 x16, 80% of 64 GB/s per direction"),
-    # H100 datasheet (NVL): bf16 835 dense, fp32 60, HBM3 3.9 TB/s, NVLink bridge 600 GB/s
-    "h100-nvl": dict(name="H100 NVL", bf16=835e12, fp32=60e12, hbm=3.9e12, link=300e9 * 0.8,
-                     link_name="NVLink bridge, 80% of 300 GB/s per direction"),
+    # H100 datasheet (SXM5): bf16 1979 TFLOP/s with sparsity = 989 dense, fp32 67, HBM3 3.35 TB/s
+    "h100-sxm": dict(name="H100 SXM", bf16=989e12, fp32=67e12, hbm=3.35e12, profile="h100-sxm"),
+    # H100 datasheet (PCIe): bf16 756 dense, fp32 51, HBM2e 2.0 TB/s
+    "h100-pcie": dict(name="H100 PCIe", bf16=756e12, fp32=51e12, hbm=2.0e12, profile=None),
+    # H100 datasheet (NVL): bf16 835 dense, fp32 60, HBM3 3.9 TB/s
+    "h100-nvl": dict(name="H100 NVL", bf16=835e12, fp32=60e12, hbm=3.9e12, profile=None),
     # H200 datasheet (SXM): the H100 SXM's compute (989 / 67) with HBM3e at 4.8 TB/s
-    "h200": dict(name="H200 SXM", bf16=989e12, fp32=67e12, hbm=4.8e12, link=450e9 * 0.8,
-                 link_name="NVLink 4, 80% of 450 GB/s per direction"),
-    # A100 datasheet (SXM 80GB): bf16 312 dense, fp32 19.5, HBM2e 2.039 TB/s, NVLink 3 600 GB/s
-    "a100": dict(name="A100 SXM 80GB", bf16=312e12, fp32=19.5e12, hbm=2.039e12, link=300e9 * 0.8,
-                 link_name="NVLink 3, 80% of 300 GB/s per direction"),
+    "h200": dict(name="H200 SXM", bf16=989e12, fp32=67e12, hbm=4.8e12, profile="h200"),
+    # A100 datasheet (SXM 80GB): bf16 312 dense, fp32 19.5, HBM2e 2.039 TB/s
+    "a100": dict(name="A100 SXM 80GB", bf16=312e12, fp32=19.5e12, hbm=2.039e12, profile="a100-80gb"),
 }
-
-# the achievable fractions of peak, each a flag
-DEFAULT_GEMM_EFF = 0.70  # cuBLASLt bf16 GEMMs of these shapes (K = 768..3072, N = B T) reach ~65-75% of dense peak
-DEFAULT_ATTN_EFF = 0.50  # between FlashAttention-2 on an H100 (~35%, Dao 2023) and FlashAttention-3 (~60-75%,
-                         # Shah et al. 2024); this repo's kernels measured 98 / 78 TFLOP/s forward / backward at
-                         # B=4 in dev/cuda (dev/cuda/README.md), ~10% of peak
-DEFAULT_BW_EFF = 0.90    # a streaming copy reaches ~90% of the datasheet HBM bandwidth on H100 / A100
-DEFAULT_VEC_EFF = 0.50   # fp32 arithmetic of elementwise kernels (tanhf, expf on the SFUs); it never binds here
 
 
 def ceil_div(a, b):
@@ -136,9 +132,11 @@ def step_rows(args, attention):
     calls, launches, FLOPs and bytes of one call, engine ('gemm' for cuBLAS on tensor cores, or
     strict fp32 in fp32 builds, 'attn' for the flash kernels, 'vector' for the fp32 CUDA cores,
     'memset', 'link'), op and launch (its name in the LLMC_KERNEL_TIMES=1 table, None for the
-    collectives), and the parameters the rank holds"""
+    collectives), phase and its seconds a step on args.profile (llmc/step_time.h); then the
+    parameters the rank holds and the kernels' seconds (the compute rows' sum)"""
     sources = [os.path.join(ROOT, f) for f in ("dev/bench/step_kernels.c", "llmc/step_kernels.h", "llmc/gpt2.h",
-                                                "llmc/target.h")]
+                                                "llmc/target.h", "llmc/step_time.h", "llmc/device_profile.h",
+                                                "llmc/comm_time.h")]
     if not os.path.exists(STEP_KERNELS):
         raise ValueError("dev/bench/step_kernels is not built (the step's kernels, from llmc/step_kernels.h): run "
                          "make dev/bench/step_kernels")
@@ -147,14 +145,15 @@ def step_rows(args, attention):
         raise ValueError("dev/bench/step_kernels is older than %s: run make dev/bench/step_kernels" % ", ".join(newer))
     flags = ["-e", args.e, "-b", args.b, "-t", args.t, "-precision", args.precision, "-attention", attention,
              "-epilogue", args.epilogue, "-dp", args.dp, "-cp", args.cp, "-experts", args.experts, "-topk", args.topk,
-             "-ep", args.ep, "-gelu", args.gelu, "-ln_backward", args.ln_backward]
+             "-ep", args.ep, "-gelu", args.gelu, "-ln_backward", args.ln_backward, "-profile", args.profile]
     p = subprocess.run([STEP_KERNELS] + [str(f) for f in flags], capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
         raise ValueError("dev/bench/step_kernels: " + (p.stderr.strip() or "exit %d" % p.returncode))
     out = json.loads(p.stdout)
     rows = [dict(group=r["group"], kernel=r["kernel"], calls=r["calls"], launches=r["launches"], flops=float(r["flops"]),
-                 bytes=float(r["bytes"]), engine=r["engine"], op=r["op"], launch=r["launch"]) for r in out["rows"]]
-    return rows, out["parameters"]
+                 bytes=float(r["bytes"]), engine=r["engine"], op=r["op"], launch=r["launch"], phase=r["phase"],
+                 seconds=float(r["seconds"])) for r in out["rows"]]
+    return rows, out["parameters"], float(out["seconds"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,54 +177,38 @@ def roofline(args):
                          or args.dp % args.ep or args.cp > 1):
         raise ValueError("-experts %d -topk %d -ep %d: expected E >= 2, 1 <= k <= E, ep dividing E and -dp, -cp 1 "
                          "(train_gpt2_ep)" % (args.experts, args.topk, args.ep))
-    rows, P = step_rows(args, attention)
+    rows, P, step = step_rows(args, attention)
 
-    # the achievable rates. In bf16 the matmuls run on the tensor cores; fp32 builds compute in
-    # strict fp32 (no TF32: llmc/cuda/matmul.cuh) on the ordinary fp32 units, as does all the
-    # elementwise arithmetic in both builds
+    # each row's time is llmc/step_time.h's price of it (the row's "seconds", all its calls); the
+    # peaks of -device say which side of the ridge it is on. In bf16 the matmuls run on the tensor
+    # cores; fp32 builds compute in strict fp32 (no TF32: llmc/cuda/matmul.cuh) on the ordinary
+    # fp32 units, as does all the elementwise arithmetic in both builds
     peak = dev[args.precision]
-    rates = dict(gemm=peak * args.gemm_eff, attn=peak * args.attn_eff, vector=dev["fp32"] * args.vec_eff)
-    bandwidth = dev["hbm"] * args.bw_eff
-    link = args.link_bw * 1e9 if args.link_bw else dev["link"]
+    peaks = dict(gemm=peak, attn=peak, vector=dev["fp32"])
     for r in rows:
-        flops_rate = rates.get(r["engine"])
-        bytes_rate = link if r["engine"] == "link" else bandwidth
-        t_flops = r["flops"] / flops_rate if flops_rate else 0.0
-        t_bytes = r["bytes"] / bytes_rate
-        r.update(flops_per_s=flops_rate or 0.0, bytes_per_s=bytes_rate, time_s=max(t_flops, t_bytes),
-                 bound=("link" if r["engine"] == "link" else "compute" if t_flops > t_bytes else "memory"),
+        t_flops = r["flops"] / peaks[r["engine"]] if r["engine"] in peaks else 0.0
+        r.update(time_s=r["seconds"] / r["calls"], total_time_s=r["seconds"],
+                 bound=("link" if r["engine"] == "link" else "compute" if t_flops > r["bytes"] / dev["hbm"] else "memory"),
                  intensity=r["flops"] / r["bytes"] if r["bytes"] else 0.0,
                  total_flops=r["flops"] * r["calls"], total_bytes=r["bytes"] * r["calls"])
-        r["total_time_s"] = r["time_s"] * r["calls"]
-    step = sum(r["total_time_s"] for r in rows)
+    # the predicted step is the kernels' (step_kernels' "seconds"); a share is of that
     for r in rows:
         r["share"] = r["total_time_s"] / step
     comm = sum(r["total_time_s"] for r in rows if r["engine"] == "link")
-    # -overlap 1 (the trainer's default) reduces each layer's bucket while the backward pass goes
-    # on; the embeddings' bucket (wte, wpe) is complete only after the encoder backward, so its
-    # reduction cannot hide. With the rest hidden behind the backward pass at best:
-    emb_share = (m["Vp"] + m["maxT"]) * m["C"] / P
-    backward = sum(r["total_time_s"] for r in rows if r["group"] in ("final layernorm backward", "layer backward"))
-    overlapped = step - comm + comm * emb_share + max(0.0, comm * (1 - emb_share) - backward)
     B, T, L, C = args.b, args.t, m["L"], m["C"]
     active = num_parameters(m) + (L * args.experts * C if args.experts else 0)  # a token's: k MLPs a layer
     if args.experts:
         active += L * (args.topk - 1) * mlp_parameters(C)
     per_token = 6.0 * active + 12.0 * L * C * T  # llmc/gpt2.h gpt2_flops_per_token
     model_flops = per_token * B * T / args.cp  # (one rank's share: the cp ranks split each sequence)
-    summary = dict(step_time_s=step, compute_time_s=step - comm, comm_time_s=comm,
-                   step_time_overlapped_s=overlapped, tokens_per_s=args.dp * B * T / step,  # (cp ranks share B T)
+    summary = dict(step_time_s=step, compute_time_s=step, comm_time_s=comm,
+                   tokens_per_s=args.dp * B * T / step,  # (cp ranks share B T)
                    model_flops_per_token=per_token, model_flops=model_flops,
                    executed_flops=sum(r["total_flops"] for r in rows),
                    mfu=model_flops / step / peak, launches=sum(r["launches"] for r in rows))
-    assumptions = dict(device=args.device, device_name=dev["name"], precision=args.precision,
+    assumptions = dict(device=args.device, device_name=dev["name"], precision=args.precision, profile=args.profile,
                        peak_flops=peak, peak_vector_flops=dev["fp32"], hbm_bytes_per_s=dev["hbm"],
-                       gemm_eff=args.gemm_eff, attn_eff=args.attn_eff, bw_eff=args.bw_eff, vec_eff=args.vec_eff,
-                       gemm_flops_per_s=rates["gemm"], attn_flops_per_s=rates["attn"],
-                       vector_flops_per_s=rates["vector"], bytes_per_s=bandwidth, link_bytes_per_s=link,
-                       link=("-link_bw %g GB/s" % args.link_bw) if args.link_bw else dev["link_name"],
-                       ridge_peak=peak / dev["hbm"], ridge_achievable=rates["gemm"] / bandwidth,
-                       ridge_vector=dev["fp32"] / dev["hbm"])
+                       ridge_peak=peak / dev["hbm"], ridge_vector=dev["fp32"] / dev["hbm"])
     config = dict(model=args.e, L=L, C=C, NH=m["NH"], hs=hs, V=m["V"], Vp=m["Vp"], maxT=m["maxT"], B=B, T=T,
                   precision=args.precision, attention=attention, epilogue=args.epilogue, gelu=args.gelu,
                   ln_backward=args.ln_backward, dp=args.dp, cp=args.cp,
@@ -257,18 +240,12 @@ def print_table(res):
     print("device %s: %s dense %s peak, fp32 (non-tensor) %s, HBM %s (datasheets; llmc/cuda/device.cuh)"
           % (a["device_name"], si(a["peak_flops"], "FLOP/s"), c["precision"], si(a["peak_vector_flops"], "FLOP/s"),
              si(a["hbm_bytes_per_s"], "B/s")))
-    flash = "flash attention %.0f%% = %s (-attn_eff), " % (100 * a["attn_eff"], si(a["attn_flops_per_s"], "FLOP/s"))
-    print("assumed achievable: GEMMs %.0f%% of peak = %s (-gemm_eff), %selementwise fp32 %.0f%% = %s (-vec_eff),"
-          % (100 * a["gemm_eff"], si(a["gemm_flops_per_s"], "FLOP/s"), flash if c["attention"] == "flash" else "",
-             100 * a["vec_eff"], si(a["vector_flops_per_s"], "FLOP/s")))
-    print("  HBM %.0f%% = %s (-bw_eff)%s" % (100 * a["bw_eff"], si(a["bytes_per_s"], "B/s"),
-                                           ", all-reduce bus %s (%s)" % (si(a["link_bytes_per_s"], "B/s"), a["link"])
-                                           if c["dp"] > 1 else ""))
-    print("ridge point (FLOP/byte where compute and memory take equally long): %.0f at the datasheet peaks, %.0f at "
-          "the achievable GEMM rate; %.0f for fp32 elementwise work"
-          % (a["ridge_peak"], a["ridge_achievable"], a["ridge_vector"]))
-    print("time = max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth): a kernel left of the ridge is "
-          "memory-bound")
+    print("priced by llmc/step_time.h on profile %s (its achievable rates: the profile's efficiencies of the peaks; "
+          "dev/bench/step_kernels -profile)" % a["profile"])
+    print("ridge point (FLOP/byte where compute and memory take equally long): %.0f at the datasheet peaks; %.0f for "
+          "fp32 elementwise work" % (a["ridge_peak"], a["ridge_vector"]))
+    print("time = max(FLOPs / achievable FLOP/s, bytes / achievable bandwidth), attention's rows sharing its useful "
+          "FLOPs' time; bound: the side of the datasheet ridge a kernel is on")
     print()
     w = 52
     header = "%-*s %6s %9s %9s %7s %9s %9s %-7s %6s" % (w, "kernel", "calls", "GFLOP", "MB", "FLOP/B", "us/call",
@@ -312,15 +289,14 @@ def print_table(res):
           "0.0), the host's work inside the step (the loss copied to the host after fused_classifier, the encoder "
           "backward's token sort and its copies, the gradient norm read back before AdamW), which leave the GPU idle")
     print()
-    print("predicted step time (lower bound): %.2f ms, %.0f tokens/s%s, MFU %.1f%% (of the %s dense %s peak)"
-          % (s["step_time_s"] * 1e3, s["tokens_per_s"], " over %d ranks" % (c["dp"] * c["cp"]) if c["dp"] * c["cp"] > 1 else "",
+    print("predicted step time (the kernels, profile %s): %.2f ms, %.0f tokens/s%s, MFU %.1f%% (of the %s dense %s peak)"
+          % (a["profile"], s["step_time_s"] * 1e3, s["tokens_per_s"],
+             " over %d ranks" % (c["dp"] * c["cp"]) if c["dp"] * c["cp"] > 1 else "",
              100 * s["mfu"], a["device_name"], c["precision"]))
-    if c["cp"] > 1:
-        print("  of which communication %.2f ms: the ring's K,V (hidden behind the attention blocks when T is long) "
-              "and the gradients' all-reduce" % (s["comm_time_s"] * 1e3))
-    if c["dp"] > 1:
-        print("  of which the all-reduce %.2f ms; with -overlap 1 all but the embeddings' bucket can hide behind the "
-              "backward pass: %.2f ms" % (s["comm_time_s"] * 1e3, s["step_time_overlapped_s"] * 1e3))
+    if c["dp"] * c["cp"] > 1:
+        print("  plus the collectives' %.2f ms before any overlap hides them (%s; what stays exposed: dev/memory_planner's "
+              "time_parts)" % (s["comm_time_s"] * 1e3, "the ring's K,V and the gradients' all-reduce" if c["cp"] > 1
+                               else "the gradients' all-reduce"))
 
 
 def this_gpu():
@@ -366,22 +342,22 @@ def read_kernel_times(path):
 
 
 def print_measured(res, path):
-    """the measured table beside the roofline's rows for the same kinds of launch: where the step's
-    time above its lower bound goes, the largest gap first"""
+    """the measured table beside the predicted rows (llmc/step_time.h's prices) for the same kinds of
+    launch: where the step's time above its prediction goes, the largest gap first"""
     kinds, outside, step = read_kernel_times(path)
     predicted = {}
     for r in res["rows"]:
         if r["launch"] is not None:
             predicted[r["launch"]] = predicted.get(r["launch"], 0.0) + r["total_time_s"] * 1e3
     c, s = res["config"], res["summary"]
-    print("measured (%s, LLMC_KERNEL_TIMES=1) beside the roofline of %s B=%d T=%d %s %s attention on %s; per step, "
-          "largest gap first" % (path, c["model"], c["B"], c["T"], c["precision"], c["attention"],
-                                 res["assumptions"]["device_name"]))
+    print("measured (%s, LLMC_KERNEL_TIMES=1) beside the prediction of %s B=%d T=%d %s %s attention on %s "
+          "(profile %s); per step, largest gap first" % (path, c["model"], c["B"], c["T"], c["precision"], c["attention"],
+                                                         res["assumptions"]["device_name"], res["assumptions"]["profile"]))
     w = 44
-    header = "%-*s %7s %11s %11s %9s %9s %7s" % (w, "kind of launch", "calls", "measured ms", "roofline ms",
+    header = "%-*s %7s %11s %11s %9s %9s %7s" % (w, "kind of launch", "calls", "measured ms", "predicted",
                                                   "measured/", "gap ms", "share")
     print(header)
-    print("%-*s %7s %11s %11s %9s %9s %7s" % (w, "", "", "", "", "roofline", "", "of step"))
+    print("%-*s %7s %11s %11s %9s %9s %7s" % (w, "", "", "", "ms", "predicted", "", "of step"))
     print("-" * len(header))
     rows = [(name, calls, ms, predicted.get(name)) for name, (calls, ms) in kinds.items()]
     rows += [(name, None, 0.0, ms) for name, ms in predicted.items() if name not in kinds]
@@ -394,7 +370,7 @@ def print_measured(res, path):
     print("-" * len(header))
     print("%-*s %7s %11.3f %11.3f %9.2f %9.3f" % (w, "step", "", step, s["step_time_s"] * 1e3,
                                                   step / (s["step_time_s"] * 1e3), step - s["step_time_s"] * 1e3))
-    print("(a kind the roofline has no row for shows '-': it is not in train_gpt2_dp's step as modelled; a row "
+    print("(a kind the model has no row for shows '-': it is not in train_gpt2_dp's step as modelled; a row "
           "measured 0 was not launched)")
 
 
@@ -408,7 +384,10 @@ def main(argv=None):
     p.add_argument("-attention", choices=("auto", "flash", "cublas"), default="auto",
                    help="auto: flash in bf16 with head size 16/32/64, else cublas (as the trainer)")
     p.add_argument("-device", choices=sorted(DEVICES) + ["auto"], default="h100-sxm",
-                   help="auto: the GPU nvidia-smi names")
+                   help="the datasheet peaks printed (ridge point, MFU); auto: the GPU nvidia-smi names")
+    p.add_argument("-profile", metavar="NAME|FILE", default=None,
+                   help="the device profile llmc/step_time.h prices the rows on: h100-sxm, h200, a100-80gb or a "
+                   "profile file (default: the built-in of -device)")
     p.add_argument("-dp", type=int, default=1, help="data-parallel ranks: adds the gradient all-reduce")
     p.add_argument("-cp", type=int, default=1, help="context-parallel ranks (train_gpt2_cp, zigzag): T/cp tokens a rank, "
                    "its share of attention, the ring's K,V and the gradients' all-reduce")
@@ -423,11 +402,6 @@ def main(argv=None):
     p.add_argument("-ln_backward", choices=("fused", "separate"), default="fused",
                    help="the LayerNorm backward's input and parameter gradients in one kernel (the trainer's "
                    "default), or in separate kernels (as the trainer with LLMC_LAYERNORM_BACKWARD=separate)")
-    p.add_argument("-gemm_eff", type=float, default=DEFAULT_GEMM_EFF, help="achievable fraction of the GEMM peak")
-    p.add_argument("-attn_eff", type=float, default=DEFAULT_ATTN_EFF, help="... of the peak for flash attention")
-    p.add_argument("-bw_eff", type=float, default=DEFAULT_BW_EFF, help="... of the HBM bandwidth")
-    p.add_argument("-vec_eff", type=float, default=DEFAULT_VEC_EFF, help="... of the fp32 (non-tensor) peak")
-    p.add_argument("-link_bw", type=float, default=0.0, help="all-reduce bus bandwidth in GB/s (default: per device)")
     p.add_argument("-json", action="store_true", help="print everything as JSON")
     p.add_argument("-brief", action="store_true", help="print one line: the predicted step (for bench_gpu.sh)")
     p.add_argument("-measured", metavar="LOG", help="a trainer's output with its LLMC_KERNEL_TIMES=1 table (run at the "
@@ -435,17 +409,16 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.gelu is None:  # the trainer's default for the precision (llmc/cuda/gelu.cuh)
         args.gelu = "epilogue" if args.precision == "bf16" else "kernels"
-    for name in ("gemm_eff", "attn_eff", "bw_eff", "vec_eff"):
-        v = getattr(args, name)
-        if not (math.isfinite(v) and 0 < v <= 1):
-            p.error("-%s %g: expected a fraction in (0, 1]" % (name, v))
     if args.b < 1 or args.dp < 1:
         p.error("-b and -dp must be at least 1")
-    if not (math.isfinite(args.link_bw) and args.link_bw >= 0):
-        p.error("-link_bw %g: expected GB/s > 0" % args.link_bw)
     try:
         if args.device == "auto":
             args.device = this_gpu()
+        if args.profile is None:
+            args.profile = DEVICES[args.device]["profile"]
+        if args.profile is None:
+            raise ValueError("-device %s: no built-in profile prices it; give -profile FILE (llmc/device_profile.h's "
+                             "format)" % args.device)
         res = roofline(args)
     except ValueError as e:
         p.error(str(e))
@@ -459,10 +432,8 @@ def main(argv=None):
             p.error(str(e))
     elif args.brief:
         s, a = res["summary"], res["assumptions"]
-        flash = ", flash attention %.0f%%" % (100 * a["attn_eff"]) if res["config"]["attention"] == "flash" else ""
-        print("roofline: %.1f ms predicted (a lower bound), %.0f tokens/s, MFU %.1f%% on %s (GEMMs %.0f%%%s, HBM %.0f%% "
-              "of peak)" % (s["step_time_s"] * 1e3, s["tokens_per_s"], 100 * s["mfu"], a["device_name"],
-                            100 * a["gemm_eff"], flash, 100 * a["bw_eff"]))
+        print("roofline: %.1f ms predicted (the kernels, llmc/step_time.h on profile %s), %.0f tokens/s, MFU %.1f%% "
+              "on %s" % (s["step_time_s"] * 1e3, a["profile"], s["tokens_per_s"], 100 * s["mfu"], a["device_name"]))
     else:
         print_table(res)
 

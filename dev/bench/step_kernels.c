@@ -1,6 +1,6 @@
 // The kernels of one training step on a GPU (llmc/step_kernels.h), printed as JSON: one row per
 // kind of kernel with its calls, the FLOPs and bytes of one call and the engine that bounds it.
-// dev/bench/roofline.py reads these rows and prints each at its roofline.
+// dev/bench/roofline.py reads these rows and prints each with its price.
 //
 //   make dev/bench/step_kernels
 //   dev/bench/step_kernels -e d12 -b 64 -t 1024                       train_gpt2_dp's step, bf16, flash
@@ -10,17 +10,44 @@
 //   dev/bench/step_kernels -e d12 -trainer tp -tp 4 -sp 1              a rank of train_gpt2_tp -sp 1
 //   dev/bench/step_kernels -e d12 -trainer 3d -dp 2 -tp 2 -pp 2 -vp 2 -micro_batches 8 -stage 1   a rank of stage 1
 //   dev/bench/step_kernels -e d12 -dp 8 -z 3 -overlap 1 -r 2         train_gpt2_dp with ZeRO-3, recomputing
+//   dev/bench/step_kernels -e d12 -b 64 -t 1024 -profile h100-sxm    ... each row priced on a device
 //
-// The first flags are roofline.py's that choose the step (its device and efficiency flags choose
-// rates, which are no part of the rows); the rest choose the layout, by the trainers' flags of the
+// The first flags are roofline.py's that choose the step; the rest choose the layout, by the trainers' flags of the
 // same names (-trainer says whose layer: train_gpt2_tp, _pp, _3d and _diloco run tensor_parallel.h's).
 // Each row also prints its action and chunks (phase, chunks) and, for a collective, its group,
 // kind, payload, ranks and what it may hide behind (llmc/step_kernels.h's StepKernel).
+// -profile NAME|FILE prices each row by the step-time model (llmc/step_time.h, the one copy the
+// planner and roofline.py read too): the row's "seconds" a step, and the compute rows' sum.
 #include <stdio.h>
 #include <string.h>
 #include "llmc/args.h"
 #include "llmc/gpt2.h"
-#include "llmc/step_kernels.h"
+#include "llmc/step_time.h"  // (with llmc/step_kernels.h, llmc/device_profile.h and llmc/comm_time.h)
+
+// Each row's seconds in one step on profile p, as llmc/step_time.h's time_stage prices them on a
+// lone rank (TimeShare 1, 1: no ranks sharing a CPU): a compute row's calls at
+// time_kernel_seconds, then attention's rows as one block a phase (time_attention_block); a link
+// row's calls at time_link_seconds, its group placed inside one node, before any overlap hides it
+// (what a hidden_by would hide depends on the other rows: the planner's time_parts say it).
+static double price_rows(const DeviceProfile* p, GPT2Config c, const StepLayout* o, const StepKernel* rows, int n,
+                         double* seconds) {
+    TimeShare lone = {1.0, 1.0};
+    for (int i = 0; i < n; i++) {
+        seconds[i] = rows[i].engine == STEP_LINK ? 0.0 : time_kernel_seconds(p, &rows[i], rows[i].flops, o->X, lone) * rows[i].calls;
+    }
+    time_attention_block(p, c, o, rows, seconds, n, lone.compute);
+    double compute = 0.0;
+    for (int i = 0; i < n; i++) {
+        if (rows[i].engine != STEP_LINK) compute += seconds[i];
+    }
+    // the links: every group inside one node (a node as large as any rank number here)
+    GridShape g = {o->dp, o->pp > 1 ? o->pp : 1, o->cp > 1 ? o->cp : 1, o->tp > 1 ? o->tp : 1, o->ep > 1 ? o->ep : 1};
+    int one_node = 1 << 30;
+    for (int i = 0; i < n; i++) {
+        if (rows[i].engine == STEP_LINK) seconds[i] = time_link_seconds(p, &rows[i], g, 0, one_node, lone) * rows[i].calls;
+    }
+    return compute;
+}
 
 
 int main(int argc, char** argv) {
@@ -28,6 +55,7 @@ int main(int argc, char** argv) {
     const char *model = "d12", *precision = "bf16", *attention = "auto", *gelu = NULL, *ln_backward = "fused";
     const char* trainer = "dp";
     const char* cp_comm = "ring";
+    const char* profile = NULL;
     int B = 64, T = 1024, epilogue = 1, dp = 1, cp = 1, experts = 0, topk = 2, ep = 1, micro_batches = 1;
     int tp = 1, sp = 0, tp_overlap = 0, pp = 1, vp = 1, stage = 0, zero = 0, overlap = 0, offload = 0, recompute = 0;
     int zb = 0, workers = 1, H = 0;
@@ -64,6 +92,7 @@ int main(int argc, char** argv) {
         {"-workers", ARG_INT, &workers, 1, ARG_NO_MAX, "train_gpt2_diloco's workers (-dp: a worker's ranks)"},
         {"-H", ARG_INT, &H, 0, ARG_NO_MAX, "train_gpt2_diloco's -H: the outer step's share, 1/H a step (0: none)"},
         {"-capacity_factor", ARG_FLOAT, &capacity_factor, 0, ARG_NO_MAX, "with -experts: each expert takes at most ceil(cf N k / E) slots of a rank's tokens (0: dropless)"},
+        {"-profile", ARG_STRING, &profile, 0, 0, "h100-sxm, h200, a100-80gb or a profile file: each row's \"seconds\" a step by llmc/step_time.h (a lone rank; a collective on a group inside one node, before any overlap hides it), and the compute rows' sum"},
     };
     if (!args_parse(argc, argv, specs, (int)(sizeof(specs) / sizeof(specs[0])))) return 0;
 
@@ -131,7 +160,21 @@ int main(int argc, char** argv) {
     int n = step_kernels(rows, STEP_KERNELS_MAX, c, o);
     if (n > STEP_KERNELS_MAX) fail("the step has %d rows, more than STEP_KERNELS_MAX = %d", n, STEP_KERNELS_MAX);
     long long parameters = tpl ? step_stage_parameters(c, tp, pp, stage, ep) : step_rank_parameters(c, ep);
-    printf("{\"parameters\": %lld, \"rows\": [\n", parameters);
+    DeviceProfile device;
+    static double seconds[STEP_KERNELS_MAX];
+    double compute = 0.0;
+    if (profile) {
+        char why[2048];  // (a profile path and a field's text)
+        if (!device_profile_load(profile, &device, why, sizeof(why))) fail("-profile %s", why);
+        compute = price_rows(&device, c, &o, rows, n, seconds);
+    }
+    printf("{\"parameters\": %lld, ", parameters);
+    if (profile) {
+        printf("\"profile\": ");
+        print_json_string(profile);
+        printf(", \"seconds\": %.17g, ", compute);
+    }
+    printf("\"rows\": [\n");
     for (int i = 0; i < n; i++) {
         StepKernel* r = &rows[i];
         printf(" {\"group\": ");
@@ -154,6 +197,7 @@ int main(int argc, char** argv) {
         } else {
             printf(", \"comm\": null, \"collective\": null, \"payload\": 0, \"ranks\": 0, \"hidden_by\": null");
         }
+        if (profile) printf(", \"seconds\": %.17g", seconds[i]);
         printf("}%s\n", i + 1 < n ? "," : "");
     }
     printf("]}\n");
