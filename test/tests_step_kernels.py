@@ -16,7 +16,9 @@ def step_kernels_json(*flags):
     assert p.returncode == 0, "%s: exit %d\n%s" % (" ".join(cmd), p.returncode, p.stderr[-2000:])
     res = json.loads(p.stdout)
     for r in res["rows"]:
-        assert set(r) == STEP_KERNEL_FIELDS, "%s: fields %s" % (r.get("kernel"), sorted(r))
+        # (-profile adds each row's price, "seconds")
+        want_fields = STEP_KERNEL_FIELDS | ({"seconds"} if "-profile" in flags else set())
+        assert set(r) == want_fields, "%s: fields %s" % (r.get("kernel"), sorted(r))
         assert r["engine"] in ("gemm", "attn", "vector", "memset", "link", "host"), r
         assert r["calls"] >= 1 and r["launches"] >= 1 and r["flops"] >= 0 and r["bytes"] > 0, r
         # a collective is no launcher's: LLMC_KERNEL_TIMES=1 names every other kind of launch
@@ -589,3 +591,68 @@ def step_kernels_every_hidden_by_names_compute_that_runs():
                 assert r["hidden_by"] in names, "%s: %s hides behind %r, which no compute row is" % (
                     " ".join(map(str, flags)), r["kernel"], r["hidden_by"])
     assert seen >= 10, "only %d link rows with a hidden_by over the layouts" % seen
+
+
+def step_kernels_time_kind(r):
+    """the part of the planner's time_parts a compute row's time is in, as the test reads
+    llmc/step_time.h's rule: every row of attention's (its kernels; on the unfused path the GEMMs,
+    softmax, dropout and layout changes) is attention's, other GEMMs gemm, the rest memory"""
+    if r["engine"] == "host":
+        return "host"
+    if r["op"] == "attention" and r["engine"] != "memset":
+        return "attention"
+    return "gemm" if r["engine"] == "gemm" else "memory"
+
+
+@test
+def step_kernels_profile_prices_the_rows_as_the_planner():
+    """dev/bench/step_kernels -profile h100-sxm: each row's "seconds" is llmc/step_time.h's price of
+    it, the function the planner plays a layout with; on three layouts (dp, tp -sp, cp) the compute
+    rows summed by part (gemm, attention, memory) equal dev/memory_planner's time_parts for the same
+    layout on the same profile, and the top-level "seconds" is the compute rows' sum; a collective's
+    row is its time before overlap (on a GPU, > 0); an unknown profile is refused by name"""
+    p = make(["dev/memory_planner", "dev/bench/step_kernels"])
+    assert p.returncode == 0, p.stdout.decode()[-3000:]
+    base = ["-e", "d12", "-b", 8, "-t", 1024]
+    layouts = {"dp": ["-dp", 2], "tp -sp": ["-trainer", "tp", "-tp", 2, "-sp", 1], "cp": ["-trainer", "cp", "-cp", 2]}
+    for name, flags in layouts.items():
+        res = step_kernels_json(*(base + flags + ["-profile", "h100-sxm"]))
+        assert res["profile"] == "h100-sxm", res["profile"]
+        parts = {"gemm": 0.0, "attention": 0.0, "memory": 0.0, "host": 0.0}
+        for r in res["rows"]:
+            assert r["seconds"] > 0, "%s: %s priced %r" % (name, r["kernel"], r["seconds"])
+            if r["engine"] != "link":
+                parts[step_kernels_time_kind(r)] += r["seconds"]
+        # the same sums in the same order: only the last bits of the float sums differ
+        roofline_close(res["seconds"], sum(parts.values()), 1e-12, name + ": the kernels' seconds")
+        code, text = planner(*(base + flags + ["-profile", "h100-sxm", "-format", "json"]))
+        assert code == 0, "%s: %s" % (name, text[-2000:])
+        planned = json.loads(text)["time_parts"]
+        for part, seconds in parts.items():
+            # the planner prints each part with %.9g: rounded to 9 significant digits, 5e-9 of itself
+            roofline_close(seconds, planned[part], 5e-9, "%s: the %s part" % (name, part))
+        print("    %s: kernels %.4f ms (gemm %.4f, attention %.4f, memory %.4f), collectives before overlap %.4f ms" % (
+            name, res["seconds"] * 1e3, parts["gemm"] * 1e3, parts["attention"] * 1e3, parts["memory"] * 1e3,
+            sum(r["seconds"] for r in res["rows"] if r["engine"] == "link") * 1e3))
+    p = subprocess.run(["./dev/bench/step_kernels", "-profile", "no-such-gpu"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0 and "-profile no-such-gpu" in p.stderr, (p.returncode, p.stderr)
+
+
+@test
+def step_kernels_roofline_predicts_the_kernels_seconds():
+    """dev/bench/roofline.py's predicted step is step_kernels' "seconds" on the profile it names
+    (default: -device's built-in), and each of its rows the row's price: one model, in C"""
+    p = make(["dev/bench/step_kernels"])
+    assert p.returncode == 0, p.stdout.decode()[-3000:]
+    for device, profile in (("h100-sxm", "h100-sxm"), ("a100", "a100-80gb")):
+        res = step_kernels_json("-e", "d12", "-b", 4, "-t", 256, "-dp", 2, "-profile", profile)
+        cmd = ["/usr/bin/python3", "dev/bench/roofline.py", "-e", "d12", "-b", 4, "-t", 256, "-dp", 2, "-device", device,
+               "-json"]
+        p = subprocess.run([str(a) for a in cmd], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr[-2000:]
+        table = json.loads(p.stdout)
+        assert table["assumptions"]["profile"] == profile, table["assumptions"]
+        # the same doubles, read back from %.17g and summed in the same order
+        roofline_close(table["summary"]["step_time_s"], res["seconds"], 1e-12, device + ": the predicted step")
+        assert [r["total_time_s"] for r in table["rows"]] == [r["seconds"] for r in res["rows"]], device
