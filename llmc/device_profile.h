@@ -69,9 +69,13 @@
 //
 // Attention's FLOPs are counted one way for every profile, as useful work: q k^T and p v over
 // the causal pairs (key t2 <= query t), 2 T (T + 1) hs FLOPs a head forward, twice that backward
-// (dq, dk, dv and dp). What an implementation does beyond that (a flash kernel's recomputation
-// and its whole tiles on the diagonal, an unfused kernel's masked half and its passes over the
-// T x T scores) lowers its efficiency_attention instead, so one formula serves every device.
+// (dq, dk, dv and dp). What a fused implementation does beyond that (a flash kernel's
+// recomputation and its whole tiles on the diagonal; the CPU's attention loops) lowers its
+// efficiency_attention instead, so one formula serves every device. The unfused GPU path
+// (LLMC_ATTENTION=cublas: batched GEMMs over whole T x T squares around a softmax) is not one
+// kernel: llmc/step_time.h prices its GEMMs and its passes over the scores as what they are, and
+// efficiency_attention does not enter (an H200 ran it at twice flash's step, which one efficiency
+// for both could not say).
 //
 // Three profiles are built in, by name (h100-sxm, h200, a100-80gb: their text is below, so the
 // WebAssembly page needs no files); this machine's CPU is measured by dev/bench/calibrate, which
@@ -221,7 +225,9 @@ static const ProfileField PROFILE_FIELDS[] = {
 //     writes and reads the scores. FlashAttention-2 (Dao 2023, arXiv:2307.08691) reaches 50-73% of
 //     the A100's peak and, by its benchmarks as commonly summarized, 5-9x PyTorch's unfused
 //     attention: 0.06-0.15 for the unfused path. Megatron's fused softmax saves passes PyTorch's
-//     makes and its dropout on the scores adds one: the middle of the range.
+//     makes and its dropout on the scores adds one: the middle of the range. (Chosen for that
+//     unfused path, which step_time.h now prices by its GEMMs and passes: the Megatron comparison
+//     does not use it, and a flash run on an A100 would need its own, measured.)
 //   memory: 0.70, an assumption: fused elementwise kernels (apex's LayerNorm, Megatron's fused
 //     bias-GeLU and bias-dropout-add) at about three quarters of a streaming copy's ~90%.
 // Links, for every GPU profile:

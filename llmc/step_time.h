@@ -7,7 +7,8 @@
 // test/test_step_time.c):
 //   1. a kernel: max(FLOPs / (peak x efficiency), bytes / (bandwidth x efficiency_memory)), a
 //      roofline with the achievable rates of the profile: a GEMM's efficiency by its size class,
-//      attention's on its useful causal FLOPs (the profile's definition: device_profile.h), the
+//      fused attention's on its useful causal FLOPs (the profile's definition: device_profile.h;
+//      the unfused path's GEMMs and passes as what they are), the
 //      elementwise kernels and memsets bound by their bytes; on a CPU the sum of the two (one
 //      core does both: it packs a GEMM's operands between its FMAs);
 //   2. a collective: comm_time.h's alpha-beta time on the group's placement (which ranks share a
@@ -137,8 +138,7 @@ static inline double time_kernel_seconds(const DeviceProfile* p, const StepKerne
 }
 
 // which part a compute row's time is reported under: every row of attention's (its kernels, and
-// on the unfused path the softmax, the dropout and the layout changes around its GEMMs), as the
-// profile's efficiency_attention covers them all
+// on the unfused path the softmax, the dropout and the layout changes around its GEMMs)
 static inline TimeComputeKind time_kind_of(const StepKernel* r) {
     if (r->engine == STEP_HOST) return TIME_HOST;
     if (strcmp(r->op, "attention") == 0 && r->engine != STEP_LINK && r->engine != STEP_MEMSET) return TIME_ATTENTION;
@@ -158,13 +158,18 @@ static inline double time_attention_useful_flops(GPT2Config c, const StepLayout*
     return phase == STEP_PHASE_FORWARD ? forward : (2.0 + rerun) * forward;
 }
 
-// 1b. Attention, priced as the profile defines its efficiency: a phase's useful FLOPs over peak x
-// efficiency_attention, whatever its kernels execute beyond them (flash's whole diagonal tiles and
-// second pass for dq; the unfused path's full T x T squares and its passes over the scores). The
-// phase's time is shared among its attention rows in proportion to each one's own roofline time,
-// so that each action and part gets its share. compute: the ranks-sharing-a-CPU slowdown
+// 1b. Fused attention, priced as the profile defines its efficiency: a phase's useful FLOPs over
+// peak x efficiency_attention, whatever its kernels execute beyond them (flash's whole diagonal
+// tiles and second pass for dq; on the CPU, llmc/cpu/attention.h's loops, which calibrate times
+// whole). The phase's time is shared among its attention rows in proportion to each one's own
+// roofline time, so that each action and part gets its share. The unfused GPU path (-attention
+// cublas: batched GEMMs over full T x T squares, a softmax and its passes over the scores) is not
+// one kernel of one efficiency: its rows keep their own prices, GEMMs on the FLOPs they execute,
+// passes on their bytes (an H200 measured it at 2x flash's step time, which one efficiency for
+// both could not say). compute: the ranks-sharing-a-CPU slowdown
 static inline void time_attention_block(const DeviceProfile* p, GPT2Config c, const StepLayout* o,
                                         const StepKernel* rows, double* seconds, int n, double compute) {
+    if (p->kind != DEVICE_CPU && !o->flash) return;  // (the unfused path: its parts)
     StepPhase phases[2] = {STEP_PHASE_FORWARD, STEP_PHASE_BACKWARD_INPUT};
     for (int k = 0; k < 2; k++) {
         double own = 0.0;

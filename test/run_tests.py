@@ -3341,21 +3341,23 @@ def roofline_counts_the_model_flops_and_the_minimum_bytes():
             ridge_flops = r["flops"] / (ROOFLINE_H100["fp32"] if r["engine"] == "vector" else peak)
             want_bound = "compute" if r["engine"] != "memset" and ridge_flops > r["bytes"] / ROOFLINE_H100["hbm"] else "memory"
             assert r["bound"] == want_bound, "%s: %s is %s-bound, expected %s" % (what, r["kernel"], r["bound"], want_bound)
-            if r["op"] == "attention" and r["engine"] != "memset":
-                attention[r["phase"]] += r["total_time_s"]  # (priced together below)
+            if r["op"] == "attention" and r["engine"] != "memset" and precision == "bf16":
+                attention[r["phase"]] += r["total_time_s"]  # (flash's: priced together below)
                 continue
             eff = ROOFLINE_EFF["gemm_small"] if r["flops"] < ROOFLINE_EFF["gemm_small_flops"] else ROOFLINE_EFF["gemm_large"]
             t_flops = r["flops"] / (peak * eff) if r["engine"] == "gemm" else 0.0
             want = max(t_flops, r["bytes"] / W)
             roofline_close(r["time_s"], want, 1e-9, "%s: time of %s" % (what, r["kernel"]))
             roofline_close(r["total_time_s"], want * r["calls"], 1e-9, "%s: total time of %s" % (what, r["kernel"]))
-        # attention's rows of a phase share its useful FLOPs' time at the attention efficiency: q k^T
+        # flash's rows of a phase share its useful FLOPs' time at the attention efficiency: q k^T
         # and p v over the T (T + 1) / 2 causal pairs, 2 T (T + 1) hs a head and sequence forward,
-        # twice that backward, whatever the kernels execute beyond
-        useful = L * B * NH * 2.0 * T * (T + 1) * hs
-        roofline_close(attention["forward"], useful / (peak * ROOFLINE_EFF["attn"]), 1e-9, what + ": attention forward")
-        roofline_close(attention["backward_input"], 2 * useful / (peak * ROOFLINE_EFF["attn"]), 1e-9,
-                       what + ": attention backward")
+        # twice that backward, whatever the kernels execute beyond (fp32 runs the unfused path,
+        # whose GEMMs and passes were priced above as what they are)
+        if precision == "bf16":
+            useful = L * B * NH * 2.0 * T * (T + 1) * hs
+            roofline_close(attention["forward"], useful / (peak * ROOFLINE_EFF["attn"]), 1e-9, what + ": attention forward")
+            roofline_close(attention["backward_input"], 2 * useful / (peak * ROOFLINE_EFF["attn"]), 1e-9,
+                           what + ": attention backward")
         # the step is the sum of its kernels; MFU as llmc/run.h: (6 P + 12 L C T) per token,
         # times B T, over the step, over the dense peak of the precision
         step = sum(r["total_time_s"] for r in res["rows"])

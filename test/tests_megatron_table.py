@@ -227,14 +227,14 @@ def megatron_compare_prints_the_table():
 
 # ---------------------------------------------------------------------------------------------
 # -megatron 1: the planner prices the step as Megatron-LM (2021) ran it. What it adds is known by
-# hand: dropout on the two residual branches (forward and backward, each reading and writing the
-# B T x C outputs in floatX and a 1-byte mask) and, with -r 2, the layer's last GEMM (fcproj,
-# 2 N 4C C FLOPs) rerun before its backward; its dropout on the attention probabilities is attention
-# work, which the profile's efficiency_attention prices by the useful FLOPs alone (device_profile.h),
-# so the attention part does not move. On a profile whose GEMMs run at 1e12 FLOP/s (every
-# efficiency 1, every GEMM large) and whose memory moves MEMORY_RATE bytes a second, the planner's
-# memory and gemm parts must grow by exactly those bytes and FLOPs over those rates. (Two memory
-# rates: at 1e9 the GEMMs of this small model are bound by their bytes, at 1e15 by their FLOPs.)
+# hand: dropout on the attention probabilities (forward and backward, each reading and writing the
+# B x NH x T x T probabilities in floatX and a 1-byte mask: attention's part, on the unfused path
+# that Megatron ran priced by its bytes) and on the two residual branches (the same on the B T x C
+# outputs: the memory part), and, with -r 2, the layer's last GEMM (fcproj, 2 N 4C C FLOPs) rerun
+# before its backward. On a profile whose GEMMs run at 1e12 FLOP/s (every efficiency 1, every GEMM
+# large) and whose memory moves MEMORY_RATE bytes a second, the planner's attention, memory and
+# gemm parts must grow by exactly those bytes and FLOPs over those rates. (Two memory rates: at
+# 1e9 the GEMMs of this small model are bound by their bytes, at 1e15 by their FLOPs.)
 MEGATRON_TEST_PROFILE = """name round numbers for -megatron
 kind cuda
 peak_flops_fp32 1e12
@@ -256,10 +256,10 @@ inter_node_bandwidth_bytes_per_s 1e11
 @test
 def megatron_flag_adds_dropout_and_the_whole_layer_rerun():
     """dev/memory_planner -megatron 1 against -megatron 0, one rank, bf16, cuBLAS attention: the
-    memory part grows by L 4 B T C (2X + 1) bytes over the bandwidth (the residual dropouts' read,
-    write and mask, forward and backward; -r 2 reruns the forward's two once more), the gemm part
-    by fcproj's rerun, L 2 (B T) 4C C FLOPs over the peak (nothing at -r 0), the attention part
-    not at all"""
+    attention part grows by L 2 B NH T^2 (2X + 1) bytes over the bandwidth (the probabilities'
+    dropout, forward and backward) and the memory part by L 4 B T C (2X + 1) (the residual
+    dropouts'), each forward once more under -r 2's rerun; the gemm part by fcproj's rerun,
+    L 2 (B T) 4C C FLOPs over the peak (nothing at -r 0)"""
     make(["dev/memory_planner"])
     d = os.path.join(TMP, "megatron_flag")
     os.makedirs(d, exist_ok=True)
@@ -275,7 +275,8 @@ def megatron_flag_adds_dropout_and_the_whole_layer_rerun():
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
         return json.loads(p.stdout)["time_parts"]
 
-    rows = B * T
+    scores, rows = B * NH * T * T, B * T
+    forward_scores = scores * (2 * X + 1)                   # a layer's dropout on the probabilities, forward
     forward_bytes = 2 * rows * C * (2 * X + 1)              # a layer's two residual dropouts, forward
     backward_bytes = forward_bytes                            # and their backward: the same bytes
     for r, rerun in ((0, 0), (2, 1)):
@@ -285,8 +286,10 @@ def megatron_flag_adds_dropout_and_the_whole_layer_rerun():
         # (1e-6 of the parts: the JSON prints each with 6 significant digits, 5e-7 of it at most)
         assert abs(got_memory - want_memory) <= 1e-6 * (plain["memory"] + megatron["memory"]), \
             "-r %d: memory grew %.9g s, expected %.9g" % (r, got_memory, want_memory)
-        assert abs(megatron["attention"] - plain["attention"]) <= 1e-6 * plain["attention"], \
-            "-r %d: attention %.9g s with -megatron 1, %.9g without" % (r, megatron["attention"], plain["attention"])
+        want_attention = L * forward_scores * (2 + rerun) / 1e9
+        got_attention = megatron["attention"] - plain["attention"]
+        assert abs(got_attention - want_attention) <= 1e-6 * (plain["attention"] + megatron["attention"]), \
+            "-r %d: attention grew %.9g s, expected %.9g" % (r, got_attention, want_attention)
         plain, megatron = parts(1e15, "-r", r, "-megatron", 0), parts(1e15, "-r", r, "-megatron", 1)
         want_gemm = L * rerun * 2 * rows * 4 * C * C / 1e12
         got_gemm = megatron["gemm"] - plain["gemm"]

@@ -336,26 +336,39 @@ def step_time_round_profile(d, kind, attention):
 
 @test
 def step_time_attention_is_its_useful_flops_at_the_profiles_efficiency():
-    """attention's part of a step is its useful causal FLOPs over peak x efficiency_attention, as
-    device_profile.h defines the efficiency, whatever the implementation executes: on a GPU's
-    unfused path (-attention cublas: two square GEMMs, the softmax and its passes) and on the CPU
-    (whose attention calibrate measures that way). Useful: 2 T (T + 1) C B L forward (q k^T and
-    p v over the causal pairs), twice that backward, so 3 x forward over the step (no -r); at
-    efficiency_attention 0.5 and 0.25 the part is that over 0.5e12 and 0.25e12 FLOP/s"""
+    """fused attention's part of a step is its useful causal FLOPs over peak x efficiency_attention,
+    as device_profile.h defines the efficiency, whatever the kernels execute: the flash kernels on
+    a GPU, and the CPU's attention (which calibrate times that way). Useful: 2 T (T + 1) C B L
+    forward (q k^T and p v over the causal pairs), twice that backward, so 3 x forward over the
+    step (no -r); at efficiency_attention 0.5 and 0.25 the part is that over 0.5e12 and 0.25e12
+    FLOP/s. The unfused GPU path (-attention cublas) is priced by its parts instead: the same at
+    both efficiencies, its six square GEMMs a layer (2 forward, 4 backward; 2 T^2 hs FLOPs a head
+    each, the masked half included) at the GEMM rate, its passes over the scores on memory of
+    1e15 bytes/s (some nanoseconds: 1e-4 of the whole)"""
     make(["dev/memory_planner"])
     d = fresh_dir("step_time_attention")
     L, C, NH, B, T = 2, 128, 4, 2, 64
     useful = 3 * 2 * T * (T + 1) * C * B * L
-    for kind, device in (("cuda", ["-device", "cuda", "-precision", "bf16", "-attention", "cublas"]),
+
+    def attention(kind, eff, device):
+        code, out = planner("-e", "%d/%d/%d" % (L, C, NH), "-b", B, "-t", T, "-profile",
+                            step_time_round_profile(d, kind, eff), "-format", "json", *device)
+        assert code == 0, out[-2000:]
+        return json.loads(out)["time_parts"]["attention"]
+
+    for kind, device in (("cuda", ["-device", "cuda", "-precision", "bf16", "-attention", "flash"]),
                          ("cpu", ["-device", "cpu"])):
         for eff in (0.5, 0.25):
-            code, out = planner("-e", "%d/%d/%d" % (L, C, NH), "-b", B, "-t", T, "-profile",
-                                step_time_round_profile(d, kind, eff), "-format", "json", *device)
-            assert code == 0, out[-2000:]
-            got, want = json.loads(out)["time_parts"]["attention"], useful / (1e12 * eff)
+            got, want = attention(kind, eff, device), useful / (1e12 * eff)
             # (1e-6: the JSON's 9 significant digits, and the shared-CPU slowdown of a lone rank is 1)
             assert abs(got / want - 1) <= 1e-6, "%s at efficiency_attention %g: attention %.9g s, expected %.9g" % (
                 kind, eff, got, want)
+    cublas = ["-device", "cuda", "-precision", "bf16", "-attention", "cublas"]
+    squares = 6 * B * NH * 2 * T * T * (C // NH) * L
+    for eff in (0.5, 0.25):
+        got = attention("cuda", eff, cublas)
+        assert abs(got / (squares / 1e12) - 1) <= 1e-4, "cublas at efficiency_attention %g: attention %.9g s, " \
+            "expected its GEMMs' %.9g" % (eff, got, squares / 1e12)
 
 
 @test
