@@ -6,7 +6,8 @@
 # attention), then llm.c's train_gpt2cu, then ours again. Each run prints ms per step, tokens/s,
 # MFU (one formula for all: 6 N + 12 L C T FLOPs per token, against the GPU's dense bf16 peak)
 # and peak device memory (total - free: with the CUDA context, as nvidia-smi shows it); ours also
-# prints the step dev/bench/roofline.py predicts (a lower bound: every kernel at its roofline).
+# prints the step dev/bench/roofline.py predicts (its kernels priced by llmc/step_time.h on the GPU's
+# built-in profile; none for an H100 PCIe or NVL, which have no profile).
 # The run ends with a table of all runs and ours' tokens/s divided by each peer's.
 #
 #   ./dev/bench/bench_gpu.sh [steps]       steps per run (default 10; at least 4)
@@ -159,7 +160,7 @@ run_ours() {  # model B attention
         local predicted
         predicted=$("$PYTHON" dev/bench/roofline.py -e "$model" -b "$B" -t "$T" -precision bf16 -attention "$attention" \
             -device "$roofline_device" -brief 2>/dev/null) || predicted=""
-        # measured / predicted: how far the step is from every kernel at its roofline
+        # measured / predicted: how far the step is from the model's kernels
         [ -z "$predicted" ] || awk -v m="$ms" -v p="$predicted" 'BEGIN { split(p, f, " ")
             printf "    %s", p; if (f[2] + 0 > 0) printf "; measured / predicted %.2f", m / f[2]; printf "\n" }'
     fi
