@@ -128,7 +128,8 @@ static inline const char* step_phase_name(StepPhase p) {
 
 #define STEP_NAME_CHARS 64
 #define STEP_KERNELS_MAX 128  // rows of the largest steps: 71 in train_gpt2_ep (cuBLAS attention, every kernel
-                              // separate), 87 in a stage of train_gpt2_3d (dp x cp x tp -sp, -r 2, ZeRO-1)
+                              // separate), 87 in a stage of train_gpt2_3d (dp x cp x tp -sp, -r 2, ZeRO-1),
+                              // 99 with the planner's -megatron 1 (cuBLAS, -r 2)
 
 // one kind of kernel of the step
 typedef struct {

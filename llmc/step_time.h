@@ -319,7 +319,9 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
     StepKernel rows[STEP_KERNELS_MAX];
     double seconds[STEP_KERNELS_MAX];
     int n = step_kernels(rows, STEP_KERNELS_MAX, c, *o);
-    if (n > STEP_KERNELS_MAX) n = STEP_KERNELS_MAX;  // (STEP_KERNELS_MAX holds the largest step's rows)
+    // (STEP_KERNELS_MAX holds the largest step's rows: one past it is a bug, not a smaller step)
+    if (n > STEP_KERNELS_MAX) fail("llmc/step_time.h: the step has %d kernel rows, more than STEP_KERNELS_MAX = %d", n,
+                                   STEP_KERNELS_MAX);
     StageTime st = {{0.0, 0.0, 0.0}, 0.0, 0.0};
     for (int i = 0; i < n; i++) {  // the compute rows first: the links may hide behind them
         const StepKernel* r = &rows[i];
