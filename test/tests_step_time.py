@@ -403,3 +403,37 @@ def step_time_overlap_hides_once_a_step_collectives_behind_the_last_micro_batch(
     # (1e-5 s: the text's two decimals of a millisecond)
     assert hidden <= compute + 1e-5, "-z 3 -overlap hides %.6f s of collectives behind %.6f s of compute" % (
         hidden, compute)
+
+
+@test
+def step_time_bubble_is_the_unit_plays_on_equal_stages():
+    """the step's bubble is what pipeline_play leaves stage 0 idle; on stages of (nearly) equal
+    work it is test_pipeline's unit-time play scaled: 1F1B and GPipe (afab) idle (p - 1) of the
+    m + p - 1 action slots, interleaving with V chunks (p - 1) of V m + p - 1 (Narayanan et al.
+    2021, section 2.2). The stages: 8 layers of C = 1024 over p = 4, a vocabulary of 128 so that
+    the last stage's head adds under 2% to its work, links of 1e15 bytes/s and 1e-12 s (the
+    messages free), m = 8. (3%: what the first stage's embedding and the last one's head and loss
+    leave unequal, which the closed form does not see)"""
+    make(["dev/memory_planner"])
+    d = fresh_dir("step_time_bubble")
+    profile = step_time_round_profile(d, "cuda", 0.5)
+    with open(profile) as f:
+        text = f.read()
+    for key in ("intra_node", "inter_node"):
+        text = text.replace("%s_latency_s 1e-6" % key, "%s_latency_s 1e-12" % key)
+        text = text.replace("%s_bandwidth_bytes_per_s 1e11" % key, "%s_bandwidth_bytes_per_s 1e15" % key)
+    with open(profile, "w") as f:
+        f.write(text)
+    p, m = 4, 8
+    for sched, V in (("1f1b", 1), ("afab", 1), ("interleaved", 2)):
+        flags = ["-e", "8/1024/16/256/128", "-b", 1, "-t", 256, "-pp", p, "-d", m * 256, "-trainer", "3d", "-sched", sched,
+                 "-profile", profile, "-format", "json"] + (["-vp", V] if V > 1 else [])
+        code, out = planner(*flags)
+        assert code == 0, out[-2000:]
+        plan = json.loads(out)
+        assert plan["micro_batches"] == m, plan["micro_batches"]
+        parts = plan["time_parts"]
+        got, want = parts["bubble"] / parts["schedule"], (p - 1) / (V * m + p - 1)
+        assert abs(got / want - 1) <= 0.03, "%s: stage 0 idle %.4f of the schedule, the unit play's (p-1)/(Vm+p-1) = %.4f" % (
+            sched, got, want)
+        print("    %-11s bubble %.4f of the schedule, unit play %.4f" % (sched, got, want))
