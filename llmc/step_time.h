@@ -280,26 +280,27 @@ static inline double time_hiding_seconds(const StepKernel* rows, const double* s
 // buckets after the last micro-batch's backward, ZeRO's reduce-scatters) hides behind one micro-
 // batch's share of per-micro-batch compute: the trainers post it in the last micro-batch only.
 // seconds[i] of each link row holds its total on entry and its exposed part on return
+// (b in a's pool: a link row hiding behind the same compute, both once a step or both not)
+static inline int time_same_pool(const StepKernel* a, const StepKernel* b) {
+    return b->engine == STEP_LINK && strcmp(a->hidden_by, b->hidden_by) == 0 &&
+           (a->phase == STEP_PHASE_STEP) == (b->phase == STEP_PHASE_STEP);
+}
+
 static inline void time_hide_pooled(const StepKernel* rows, double* seconds, int n, int micro_batches) {
     for (int i = 0; i < n; i++) {
         if (rows[i].engine != STEP_LINK || !rows[i].hidden_by[0]) continue;
         int first = 1;  // (the pool is settled at its first row)
-        for (int j = 0; j < i && first; j++) {
-            first = !(rows[j].engine == STEP_LINK && strcmp(rows[j].hidden_by, rows[i].hidden_by) == 0 &&
-                      (rows[j].phase == STEP_PHASE_STEP) == (rows[i].phase == STEP_PHASE_STEP));
-        }
+        for (int j = 0; j < i && first; j++) first = !time_same_pool(&rows[i], &rows[j]);
         if (!first) continue;
         double comm = 0.0;
         for (int j = i; j < n; j++) {
-            if (rows[j].engine == STEP_LINK && strcmp(rows[j].hidden_by, rows[i].hidden_by) == 0 &&
-                (rows[j].phase == STEP_PHASE_STEP) == (rows[i].phase == STEP_PHASE_STEP)) comm += seconds[j];
+            if (time_same_pool(&rows[i], &rows[j])) comm += seconds[j];
         }
         double hiding = time_hiding_seconds(rows, seconds, n, rows[i].hidden_by,
                                             rows[i].phase == STEP_PHASE_STEP ? micro_batches : 1);
         double share = comm > 0.0 ? comm_exposed(comm, hiding) / comm : 1.0;
         for (int j = i; j < n; j++) {
-            if (rows[j].engine == STEP_LINK && strcmp(rows[j].hidden_by, rows[i].hidden_by) == 0 &&
-                (rows[j].phase == STEP_PHASE_STEP) == (rows[i].phase == STEP_PHASE_STEP)) seconds[j] *= share;
+            if (time_same_pool(&rows[i], &rows[j])) seconds[j] *= share;
         }
     }
 }
