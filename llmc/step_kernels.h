@@ -1028,7 +1028,8 @@ static inline StepLayout step_layout_of_run(const RunLayout* r, int stage, StepO
     o.tp_layer = r->trainer == TRAINER_TP || r->trainer == TRAINER_PP || r->trainer == TRAINER_3D ||
                  r->trainer == TRAINER_DILOCO;
     o.tp = r->tp, o.sp = r->sp, o.tp_overlap = opt.tp_overlap;
-    o.pp = r->pp, o.V = r->V, o.stage = stage, o.weights_later = r->pp > 1 && r->sched == SCHEDULE_ZB;
+    PipeSpec spec = {r->sched, r->pp, r->m, r->V};  // (zb, zbv and dualpipev run W apart from B)
+    o.pp = r->pp, o.V = r->V, o.stage = stage, o.weights_later = r->pp > 1 && pipeline_splits_backward(spec);
     o.zero = r->zero, o.overlap = r->overlap, o.offload = r->offload, o.recompute = r->recompute;
     o.capacity_factor = r->capacity_factor;
     o.maxvio = r->maxvio;

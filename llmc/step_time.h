@@ -366,8 +366,8 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
 
 // 4. The step of a layout: every stage priced at its dp, cp and tp rank 0 (the replicas and the
 // ranks of one stage do the same work), the schedule played with their durations, then the
-// slowest stage's once-a-step part. Without zero bubble a backward holds its weight half (B + W
-// is the action); one stage is a pipeline of p = 1 (its micro-batches one after another).
+// slowest stage's once-a-step part. Without a schedule that splits the backward (zb, zbv,
+// dualpipev: pipeline_splits_backward) a backward holds its weight half (B + W is the action); one stage is a pipeline of p = 1 (its micro-batches one after another).
 // time_play does one play: every stage priced, the schedule's length returned, and the busy
 // seconds of all stages together (busy), the slowest once-a-step part and the parts for stage 0
 // filled in t.
@@ -376,7 +376,7 @@ static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLa
     GridShape g = {r->dp, r->pp, layout_cp(r), r->tp, layout_ep(r)};
     int S = g.dp * g.cp * g.tp, pp = r->pp > 1 ? r->pp : 1;
     PipeSpec spec = {pp > 1 ? r->sched : SCHEDULE_AFAB, pp, r->m > 1 ? r->m : 1, r->V > 1 ? r->V : 1};
-    int zb = spec.sched == SCHEDULE_ZB, n = pipeline_actions_per_stage(spec);
+    int zb = pipeline_splits_backward(spec), n = pipeline_actions_per_stage(spec);
     double* seconds = (double*)malloc_check((size_t)pp * 3 * sizeof(double));
     double send = 0.0;
     memset(t, 0, sizeof(*t));

@@ -311,6 +311,51 @@ int main(void) {
           far.schedule - near.schedule, extra);
     CHECK(near.bubble > 0.0 && near.bubble < near.schedule, "pp 2: stage 0's idle time %g of %g", near.bubble, near.schedule);
 
+    // the schedules that split the backward into B and W (zb, zbv, dualpipev:
+    // pipeline_splits_backward) are played with W apart: the step's schedule is pipeline_play's
+    // length with each stage's F, B and W as time_stage prices them (and the message's time), and
+    // the forward keeps what W reads (weights_later). Playing B + W as one backward instead, as
+    // 1f1b does, gives another length (checked, so that the first check can tell them apart). A
+    // 4-layer model, so that 2 stages of 2 chunks hold a layer each; m = 4 (zbv needs 2p - 1,
+    // dualpipev 2p)
+    GPT2Config c4 = c;
+    c4.num_layers = 4;
+    GridShape two_stages = {1, 2, 1, 1, 1};
+    const PipeSchedule splits[3] = {SCHEDULE_ZB, SCHEDULE_ZBV, SCHEDULE_DUALPIPEV};
+    for (int k = 0; k < 3; k++) {
+        RunLayout v = layout(TRAINER_PP, 1, 2, 4);
+        v.sched = splits[k], v.V = splits[k] == SCHEDULE_ZB ? 1 : 2;
+        PipeSpec spec = {v.sched, v.pp, v.m, v.V};
+        const char* name = pipe_schedule_names[v.sched];
+        double split[6], joined[6], send = 0.0;
+        for (int s = 0; s < 2; s++) {
+            StepLayout so = step_layout_of_run(&v, s, fp32_kernels());
+            CHECK(so.weights_later == 1, "-sched %s: stage %d's forward does not keep what W reads", name, s);
+            StageTime st = time_stage(&p, c4, &so, two_stages, s, 8, lone, lone, NULL);
+            CHECK(st.action[PIPE_WEIGHT] > 0.0, "-sched %s: stage %d has no W to play apart", name, s);
+            split[s * 3 + PIPE_FORWARD] = joined[s * 3 + PIPE_FORWARD] = st.action[PIPE_FORWARD];
+            split[s * 3 + PIPE_BACKWARD] = st.action[PIPE_BACKWARD];
+            split[s * 3 + PIPE_WEIGHT] = st.action[PIPE_WEIGHT];
+            joined[s * 3 + PIPE_BACKWARD] = st.action[PIPE_BACKWARD] + st.action[PIPE_WEIGHT];
+            joined[s * 3 + PIPE_WEIGHT] = 0.0;
+            send = st.send > send ? st.send : send;
+        }
+        int n = pipeline_actions_per_stage(spec);
+        PipeAction* acts = (PipeAction*)malloc_check((size_t)2 * n * sizeof(PipeAction));
+        double* t0 = (double*)malloc_check((size_t)2 * n * sizeof(double));
+        double* t1 = (double*)malloc_check((size_t)2 * n * sizeof(double));
+        double apart = pipeline_play(spec, acts, split, send, t0, t1);
+        double together = pipeline_play(spec, acts, joined, send, t0, t1);
+        StepTime got = step_time_predict(&p, c4, &v, fp32_kernels(), 8);
+        CHECK(close_to(got.schedule, apart, 1e-12) && !close_to(apart, together, 1e-6),
+              "-sched %s: the schedule %g s, expected the play with W apart %g (B + W together: %g)", name, got.schedule,
+              apart, together);
+        free(acts), free(t0), free(t1);
+    }
+    RunLayout plain_pipe = layout(TRAINER_PP, 1, 2, 4);
+    CHECK(step_layout_of_run(&plain_pipe, 0, fp32_kernels()).weights_later == 0,
+          "-sched 1f1b: the forward keeps what only a split backward reads");
+
     printf("%d failures\n", failures);
     if (failures == 0) printf("step time ok\n");
     return failures != 0;
