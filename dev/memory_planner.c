@@ -303,6 +303,18 @@ static void plan_json(const MemoryPlan* plan, GPT2Config c, DeviceTarget t, cons
         for (int k = 0; k < TIME_COMPUTE_KINDS; k++) printf("\"%s\": %.9g, ", time_compute_names[k], time->compute[k]);
         printf("\"comm_exposed\": {");
         for (int k = 0; k < TIME_GROUPS; k++) printf("%s\"%s\": %.9g", k ? ", " : "", time_group_names[k], time->comm_exposed[k]);
+        printf("}, \"comm_exposed_by_link\": {");  // (every group's exposed time on each link)
+        for (int l = 0; l < TIME_LINKS; l++) {
+            double sum = 0.0;
+            for (int k = 0; k < TIME_GROUPS; k++) sum += time->comm_exposed_link[k][l];
+            printf("%s\"%s\": %.9g", l ? ", " : "", time_link_names[l], sum);
+        }
+        printf("}, \"comm_exposed_by_group_and_link\": {");  // (each group's, split by link)
+        for (int k = 0; k < TIME_GROUPS; k++) {
+            printf("%s\"%s\": {", k ? ", " : "", time_group_names[k]);
+            for (int l = 0; l < TIME_LINKS; l++) printf("%s\"%s\": %.9g", l ? ", " : "", time_link_names[l], time->comm_exposed_link[k][l]);
+            printf("}");
+        }
         printf("}, \"schedule\": %.9g, \"bubble\": %.9g, \"once\": %.9g}", time->schedule, time->bubble, time->once);
     }
     printf("}\n");
@@ -324,6 +336,14 @@ static void time_print(const StepTime* t, const char* profile, int gpus_per_node
         if (t->comm_total[k] > 0.0) {
             printf(" %s %.2f (%.2f) ms", time_group_names[k], t->comm_exposed[k] * 1e3, t->comm_total[k] * 1e3);
             any = 1;
+        }
+    }
+    if (any) {  // (the same exposed time by the link it is spent on)
+        printf("\n  exposed by link:");
+        for (int l = 0; l < TIME_LINKS; l++) {
+            double sum = 0.0;
+            for (int k = 0; k < TIME_GROUPS; k++) sum += t->comm_exposed_link[k][l];
+            printf(" %s %.2f ms", time_link_names[l], sum * 1e3);
         }
     }
     printf("%s\n  schedule %.2f ms (stage 0 idle %.2f ms), then once a step %.2f ms\n", any ? "" : " none", t->schedule * 1e3,

@@ -18,8 +18,10 @@
 //      run on the rank's own core, inside its MPI calls);
 //   3. a pipeline stage's actions: a chunk's forward (F), its backward's input half (B) and weight
 //      half (W) are the sums of the rows each runs, tp's and cp's collectives inside them
-//      included; a message between stages takes the send's time; pipeline_play runs every
-//      stage's list with those durations and returns the schedule's length;
+//      included; a message between stages takes the send's time (on a GPU the receiver waits
+//      for it where it must; on a CPU the sender's core copies it: time_stage); pipeline_play
+//      runs every stage's list with those durations and returns the schedule's length, and what
+//      the messages add to it, played again without them, is their exposed part;
 //   4. the step: the schedule, then the once-a-step work of the slowest stage (the gradients'
 //      reduction over dp, the tied embedding's, the norm, AdamW);
 //   5. ranks that share a CPU (a cpu profile; a GPU is a rank's own): while n ranks compute at once
@@ -51,14 +53,22 @@ typedef enum { TIME_GEMM, TIME_ATTENTION, TIME_MEMORY, TIME_HOST, TIME_COMPUTE_K
 static const char* time_compute_names[TIME_COMPUTE_KINDS] = {"gemm", "attention", "memory", "host"};
 #define TIME_GROUPS 9
 static const char* time_group_names[TIME_GROUPS] = {"tp", "cp", "pp", "dp", "edp", "ep", "embedding", "across", "pcie"};
+// the links a collective's time is spent on (comm_time.h's classes: NVLink or one host's MPI
+// inside a node, InfiniBand across nodes; -offload's copies over the host's PCIe link)
+#define TIME_LINKS 3
+static const char* time_link_names[TIME_LINKS] = {"intra-node", "inter-node", "pcie"};
 
 typedef struct {
     double seconds;                         // the step
     double compute[TIME_COMPUTE_KINDS];     // stage 0's compute a step, by kind
     double comm_exposed[TIME_GROUPS];       // stage 0's collectives a step, what waits in the open
     double comm_total[TIME_GROUPS];         // ... and before overlap
+    double comm_exposed_link[TIME_GROUPS][TIME_LINKS];  // comm_exposed split by the link it is spent on
+    // (pp: the pipeline's messages. Exposed: how much longer they make the schedule than messages
+    // that take no time, after what the receivers' other work hides; total: every stage's sends)
     double schedule;                        // the pipeline's length (every micro-batch's F, B, W)
-    double bubble;                          // of it, stage 0's idle time (0 without stages)
+    double bubble;                          // of it, stage 0's idle time with messages that take no
+                                            // time (0 without stages; the messages' part is pp's)
     double once;                            // the slowest stage's once-a-step part after the schedule
     double tokens_per_second, mfu;          // the global batch's tokens over the step; model FLOPs / peak
 } StepTime;
@@ -205,20 +215,37 @@ static inline GroupPlacement time_placement(const StepKernel* row, GridShape g, 
     return group_placement(members, gpus_per_node);
 }
 
-// a link row's seconds a call: its payload through the collective it names, over its group;
-// -offload's "pcie" copies over the host's link (a CPU's: a copy in memory, as slow as its
-// memory-bound passes are with the ranks computing at once: share)
-static inline double time_link_seconds(const DeviceProfile* p, const StepKernel* r, GridShape g, int rank,
-                                       int gpus_per_node, TimeShare share) {
+// a link row's seconds a call, and the fraction of them spent on each link (time_link_names)
+typedef struct {
+    double seconds, on[TIME_LINKS];
+} LinkSeconds;
+
+// a link row's seconds a call: its payload through the collective it names, over its group (its
+// steps inside a node and across, as comm_time.h splits them); -offload's "pcie" copies over the
+// host's link (a CPU's: a copy in memory, as slow as its memory-bound passes are with the ranks
+// computing at once: share)
+static inline LinkSeconds time_link_split(const DeviceProfile* p, const StepKernel* r, GridShape g, int rank,
+                                          int gpus_per_node, TimeShare share) {
+    LinkSeconds l = {0.0, {0.0, 0.0, 0.0}};
     if (strcmp(r->comm, "pcie") == 0) {
-        return p->pcie_latency_s + r->payload / (p->pcie_bandwidth_bytes_per_s * p->efficiency_link) * share.memory;
+        l.seconds = p->pcie_latency_s + r->payload / (p->pcie_bandwidth_bytes_per_s * p->efficiency_link) * share.memory;
+        l.on[2] = 1.0;
+        return l;
     }
     Collective kind = collective_of_name(r->collective);
     double n = r->payload;
     // (an all-to-all row's payload is what leaves for the other ranks, as the trainers count it;
     // comm_time.h's n is the whole send buffer, the rank's own block included)
     if (kind == COLL_ALL_TO_ALL && r->ranks > 1) n *= (double)r->ranks / (r->ranks - 1);
-    return coll_time(p, kind, time_placement(r, g, rank, gpus_per_node), n).seconds;
+    CollTime t = coll_time(p, kind, time_placement(r, g, rank, gpus_per_node), n);
+    l.seconds = t.seconds;
+    if (t.seconds > 0.0) l.on[0] = t.intra_seconds / t.seconds, l.on[1] = t.inter_seconds / t.seconds;
+    return l;
+}
+
+static inline double time_link_seconds(const DeviceProfile* p, const StepKernel* r, GridShape g, int rank,
+                                       int gpus_per_node, TimeShare share) {
+    return time_link_split(p, r, g, rank, gpus_per_node, share).seconds;
 }
 
 // The links of a CPU's ranks when `world` of them share the host: every message and every
@@ -308,10 +335,18 @@ static inline void time_hide_pooled(const StepKernel* rows, double* seconds, int
 // 3. One stage: its rows priced, each action's duration (seconds[op]: one chunk's F, B and W of
 // one micro-batch, the stage's V chunks averaged), the message's send time, and its once-a-step
 // part. The parts of the step are filled for stage 0. during: the ranks sharing a CPU while the
-// schedule runs (5), once: while every rank does its once-a-step work
+// schedule runs (5), once: while every rank does its once-a-step work.
+// A pipeline message on a GPU is the copy engines' or NCCL's, beside the compute: the play counts
+// it where the receiver waits for it (send). On a CPU nothing hides it: MPI copies it on the
+// sending rank's core while the exchange after the action that made it waits (llmc/pipeline_walk.h
+// posts the sends and receives together and waits for all), so its time is part of that action
+// (sent, within action) and the receiver has it when that action ends (send 0)
 typedef struct {
     double action[3];  // F, B, W of one chunk and micro-batch
-    double send;       // one pipeline message
+    double sent[3];    // of action[], the pipeline messages it sends (a CPU's; 0 on a GPU)
+    double send;       // one pipeline message, as long as the receiver may wait for it (0 on a CPU)
+    double sends;      // the stage's pipeline messages a step, each whole ...
+    double sends_on[TIME_LINKS];  // ... and their seconds on each link
     double once;       // after the schedule: the reductions, the norm, AdamW
 } StageTime;
 
@@ -323,7 +358,9 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
     // (STEP_KERNELS_MAX holds the largest step's rows: one past it is a bug, not a smaller step)
     if (n > STEP_KERNELS_MAX) fail("llmc/step_time.h: the step has %d kernel rows, more than STEP_KERNELS_MAX = %d", n,
                                    STEP_KERNELS_MAX);
-    StageTime st = {{0.0, 0.0, 0.0}, 0.0, 0.0};
+    StageTime st;
+    memset(&st, 0, sizeof(st));
+    double on[STEP_KERNELS_MAX][TIME_LINKS];  // (a link row's seconds on each link, as fractions)
     for (int i = 0; i < n; i++) {  // the compute rows first: the links may hide behind them
         const StepKernel* r = &rows[i];
         seconds[i] = 0.0;
@@ -335,31 +372,44 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
         if (parts && rows[i].engine != STEP_LINK) parts->compute[time_kind_of(&rows[i])] += seconds[i];
     }
     int m = o->micro_batches > 1 ? o->micro_batches : 1, V = o->V > 1 ? o->V : 1;
+    int cpu = p->kind == DEVICE_CPU;
     for (int i = 0; i < n; i++) {
         const StepKernel* r = &rows[i];
         if (r->engine != STEP_LINK) continue;
-        double per_call = time_link_seconds(p, r, g, rank, gpus_per_node, r->phase == STEP_PHASE_STEP ? once : during);
-        if (strcmp(r->comm, "pp") == 0) {  // (a message: the play waits for it where the receiver must)
-            st.send = per_call > st.send ? per_call : st.send;
-            continue;
+        LinkSeconds l = time_link_split(p, r, g, rank, gpus_per_node, r->phase == STEP_PHASE_STEP ? once : during);
+        for (int c = 0; c < TIME_LINKS; c++) on[i][c] = l.on[c];
+        if (strcmp(r->comm, "pp") == 0) {  // (a message: the pipeline's, time_play counts what it exposes)
+            st.sends += l.seconds * r->calls;
+            for (int c = 0; c < TIME_LINKS; c++) st.sends_on[c] += l.seconds * r->calls * l.on[c];
+            if (!cpu) {
+                st.send = l.seconds > st.send ? l.seconds : st.send;
+                continue;
+            }
         }
         // (on a CPU nothing hides: MPI moves a rank's bytes and sums them on that rank's own core,
         // inside its MPI calls, so the trainers' overlap interleaves the two rather than running
         // them at once; on a GPU the copy engines and NCCL's kernels run beside the compute)
-        seconds[i] = per_call * r->calls;
+        seconds[i] = l.seconds * r->calls;
         int k = time_group_index(r->comm);
-        if (parts && k >= 0) parts->comm_total[k] += seconds[i];
+        if (parts && k >= 0 && strcmp(r->comm, "pp") != 0) parts->comm_total[k] += seconds[i];
     }
-    if (p->kind != DEVICE_CPU) time_hide_pooled(rows, seconds, n, m);
+    if (!cpu) time_hide_pooled(rows, seconds, n, m);
     for (int i = 0; i < n; i++) {
         int k = rows[i].engine == STEP_LINK && strcmp(rows[i].comm, "pp") != 0 ? time_group_index(rows[i].comm) : -1;
-        if (parts && k >= 0) parts->comm_exposed[k] += seconds[i];
+        if (parts && k >= 0) {
+            parts->comm_exposed[k] += seconds[i];
+            for (int c = 0; c < TIME_LINKS; c++) parts->comm_exposed_link[k][c] += seconds[i] * on[i][c];
+        }
     }
     for (int i = 0; i < n; i++) {
         StepPhase ph = rows[i].phase;
-        if (ph == STEP_PHASE_STEP) st.once += seconds[i];
-        else st.action[ph == STEP_PHASE_FORWARD ? PIPE_FORWARD : ph == STEP_PHASE_BACKWARD_INPUT ? PIPE_BACKWARD : PIPE_WEIGHT] +=
-                 seconds[i] / ((double)m * V);
+        if (ph == STEP_PHASE_STEP) {
+            st.once += seconds[i];
+            continue;
+        }
+        int op = ph == STEP_PHASE_FORWARD ? PIPE_FORWARD : ph == STEP_PHASE_BACKWARD_INPUT ? PIPE_BACKWARD : PIPE_WEIGHT;
+        st.action[op] += seconds[i] / ((double)m * V);
+        if (rows[i].engine == STEP_LINK && strcmp(rows[i].comm, "pp") == 0) st.sent[op] += seconds[i] / ((double)m * V);
     }
     return st;
 }
@@ -367,8 +417,12 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
 // 4. The step of a layout: every stage priced at its dp, cp and tp rank 0 (the replicas and the
 // ranks of one stage do the same work), the schedule played with their durations, then the
 // slowest stage's once-a-step part. Without a schedule that splits the backward (zb, zbv,
-// dualpipev: pipeline_splits_backward) a backward holds its weight half (B + W is the action); one stage is a pipeline of p = 1 (its micro-batches one after another).
-// time_play does one play: every stage priced, the schedule's length returned, and the busy
+// dualpipev: pipeline_splits_backward) a backward holds its weight half (B + W is the action);
+// one stage is a pipeline of p = 1 (its micro-batches one after another). The pipeline's messages
+// are priced by playing the schedule twice: with them (the step's schedule) and with messages
+// that take no time; what the first is longer is their exposed part (pp's), and stage 0's idle
+// time in the second is the bubble, so that stage 0's parts add up to the schedule either way.
+// time_play does one such pair: every stage priced, the schedule's length returned, and the busy
 // seconds of all stages together (busy), the slowest once-a-step part and the parts for stage 0
 // filled in t.
 static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLayout* r, StepOptions opt, int gpus_per_node,
@@ -376,30 +430,41 @@ static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLa
     GridShape g = {r->dp, r->pp, layout_cp(r), r->tp, layout_ep(r)};
     int S = g.dp * g.cp * g.tp, pp = r->pp > 1 ? r->pp : 1;
     PipeSpec spec = {pp > 1 ? r->sched : SCHEDULE_AFAB, pp, r->m > 1 ? r->m : 1, r->V > 1 ? r->V : 1};
-    int zb = pipeline_splits_backward(spec), n = pipeline_actions_per_stage(spec);
-    double* seconds = (double*)malloc_check((size_t)pp * 3 * sizeof(double));
-    double send = 0.0;
+    int split = pipeline_splits_backward(spec), n = pipeline_actions_per_stage(spec);
+    double* seconds = (double*)malloc_check((size_t)pp * 6 * sizeof(double));
+    double* silent = seconds + pp * 3;  // (the same actions without the messages they send: a CPU's)
+    double send = 0.0, sends = 0.0, sends_on[TIME_LINKS] = {0.0, 0.0, 0.0};
     memset(t, 0, sizeof(*t));
     for (int s = 0; s < pp; s++) {
         StepLayout o = step_layout_of_run(r, s, opt);
         StageTime st = time_stage(p, c, &o, g, s * S, gpus_per_node, during, once, s == 0 ? t : NULL);
         seconds[s * 3 + PIPE_FORWARD] = st.action[PIPE_FORWARD];
-        seconds[s * 3 + PIPE_BACKWARD] = st.action[PIPE_BACKWARD] + (zb ? 0.0 : st.action[PIPE_WEIGHT]);
-        seconds[s * 3 + PIPE_WEIGHT] = zb ? st.action[PIPE_WEIGHT] : 0.0;
+        seconds[s * 3 + PIPE_BACKWARD] = st.action[PIPE_BACKWARD] + (split ? 0.0 : st.action[PIPE_WEIGHT]);
+        seconds[s * 3 + PIPE_WEIGHT] = split ? st.action[PIPE_WEIGHT] : 0.0;
+        silent[s * 3 + PIPE_FORWARD] = seconds[s * 3 + PIPE_FORWARD] - st.sent[PIPE_FORWARD];
+        silent[s * 3 + PIPE_BACKWARD] = seconds[s * 3 + PIPE_BACKWARD] - st.sent[PIPE_BACKWARD];
+        silent[s * 3 + PIPE_WEIGHT] = seconds[s * 3 + PIPE_WEIGHT];
         send = st.send > send ? st.send : send;
+        sends += st.sends;
+        for (int k = 0; k < TIME_LINKS; k++) sends_on[k] += st.sends_on[k];
         t->once = st.once > t->once ? st.once : t->once;
     }
     PipeAction* actions = (PipeAction*)malloc_check((size_t)pp * n * sizeof(PipeAction));
     double* start = (double*)malloc_check((size_t)pp * n * sizeof(double));
     double* end = (double*)malloc_check((size_t)pp * n * sizeof(double));
     t->schedule = pipeline_play(spec, actions, seconds, send, start, end);
-    double stage0 = 0.0;
     *busy = 0.0;
-    for (int k = 0; k < pp * n; k++) {
-        *busy += end[k] - start[k];
-        if (k < n) stage0 += end[k] - start[k];
+    for (int k = 0; k < pp * n; k++) *busy += end[k] - start[k];
+    double free_schedule = t->schedule, stage0 = 0.0;
+    if (sends > 0.0) free_schedule = pipeline_play(spec, actions, silent, 0.0, start, end);
+    for (int k = 0; k < n; k++) stage0 += end[k] - start[k];
+    t->bubble = free_schedule - stage0;
+    int pp_group = time_group_index("pp");
+    t->comm_total[pp_group] = sends;
+    t->comm_exposed[pp_group] = t->schedule - free_schedule;
+    for (int k = 0; k < TIME_LINKS && sends > 0.0; k++) {
+        t->comm_exposed_link[pp_group][k] = t->comm_exposed[pp_group] * sends_on[k] / sends;
     }
-    t->bubble = t->schedule - stage0;
     free(seconds);
     free(actions);
     free(start);

@@ -311,6 +311,70 @@ int main(void) {
           far.schedule - near.schedule, extra);
     CHECK(near.bubble > 0.0 && near.bubble < near.schedule, "pp 2: stage 0's idle time %g of %g", near.bubble, near.schedule);
 
+    // the pipeline's messages, exposed: what they add to the schedule over messages that take no
+    // time (pp 2, one micro-batch: F0, the activations, F1 B1, the gradient, B0: nothing hides
+    // either message, so both are exposed, 2 (alpha + B T C X / beta)), on the link between the
+    // stages (inside a node at 8 a node, across at 1); their total, every stage's sends, the same
+    // two; and the bubble, stage 0's idle time with free messages, the schedule less stage 0's F0
+    // and B0 and the two messages. On a CPU (cores enough for both ranks) each message is copied
+    // by the sender's core after its action, which puts it on the same path: exposed 2 messages
+    // again, the bubble stage 1's F1 and B1 without the gradient it sends
+    int pp_k = time_group_index("pp");
+    GridShape pipe_grid = {1, 2, 1, 1, 1};
+    StepLayout stage_of[2] = {step_layout_of_run(&pipe, 0, fp32_kernels()), step_layout_of_run(&pipe, 1, fp32_kernels())};
+    StageTime s0 = time_stage(&p, c, &stage_of[0], pipe_grid, 0, 8, lone, lone, NULL);
+    double near_message = p.intra_node_latency_s + message / 1e9, far_message = p.inter_node_latency_s + message / 1e8;
+    CHECK(close_to(near.comm_exposed[pp_k], 2 * near_message, 1e-9) && close_to(near.comm_total[pp_k], 2 * near_message, 1e-9),
+          "pp 2 in a node: messages exposed %g s of %g, expected both, 2 x %g", near.comm_exposed[pp_k], near.comm_total[pp_k],
+          near_message);
+    CHECK(close_to(far.comm_exposed[pp_k], 2 * far_message, 1e-9) &&
+              close_to(far.comm_exposed_link[pp_k][1], far.comm_exposed[pp_k], 1e-12) && far.comm_exposed_link[pp_k][0] == 0.0 &&
+              close_to(near.comm_exposed_link[pp_k][0], near.comm_exposed[pp_k], 1e-12),
+          "pp 2: messages exposed across nodes %g s (expected 2 x %g), on the inter-node link %g; in a node on intra-node %g",
+          far.comm_exposed[pp_k], far_message, far.comm_exposed_link[pp_k][1], near.comm_exposed_link[pp_k][0]);
+    double stage0_busy = s0.action[PIPE_FORWARD] + s0.action[PIPE_BACKWARD] + s0.action[PIPE_WEIGHT];
+    CHECK(close_to(near.bubble, near.schedule - stage0_busy - 2 * near_message, 1e-9), "pp 2: bubble %g s, expected "
+          "the schedule %g less stage 0's %g and the two messages", near.bubble, near.schedule, stage0_busy);
+    DeviceProfile pipe_cpu = p;
+    pipe_cpu.kind = DEVICE_CPU, pipe_cpu.cpu_cores = 8, pipe_cpu.cpu_threads = 1;
+    StepTime cpu_pipe = step_time_predict(&pipe_cpu, c, &pipe, fp32_kernels(), 8);
+    StageTime cpu_s1 = time_stage(&pipe_cpu, c, &stage_of[1], pipe_grid, 1, 8, lone, lone, NULL);
+    double s1_silent = cpu_s1.action[PIPE_FORWARD] + cpu_s1.action[PIPE_BACKWARD] + cpu_s1.action[PIPE_WEIGHT] -
+                       cpu_s1.sent[PIPE_BACKWARD];
+    CHECK(close_to(cpu_s1.sent[PIPE_BACKWARD], near_message, 1e-9) && cpu_s1.sent[PIPE_FORWARD] == 0.0 && cpu_s1.send == 0.0,
+          "pp 2 on a CPU: stage 1's backward sends %g s (expected one message, %g), its forward %g (expected none)",
+          cpu_s1.sent[PIPE_BACKWARD], near_message, cpu_s1.sent[PIPE_FORWARD]);
+    CHECK(close_to(cpu_pipe.comm_exposed[pp_k], 2 * near_message, 1e-9) && close_to(cpu_pipe.bubble, s1_silent, 1e-9),
+          "pp 2 on a CPU: messages exposed %g s (expected 2 x %g), bubble %g (expected stage 1's work %g)",
+          cpu_pipe.comm_exposed[pp_k], near_message, cpu_pipe.bubble, s1_silent);
+
+    // exposed time by link: each group's splits add up to its exposed time; dp 2 inside a node is
+    // all intra-node, across nodes of one GPU all inter-node; -offload's copies all on pcie
+    RunLayout offloaded = layout(TRAINER_DP, 2, 1, 1);
+    offloaded.offload = 1;
+    DeviceProfile with_host = host;
+    with_host.intra_node_allreduce_latency_s = 0.0;
+    StepTime split_near = step_time_predict(&p, c, &two_ranks, fp32_kernels(), 8);
+    StepTime split_far = step_time_predict(&p, c, &two_ranks, fp32_kernels(), 1);
+    StepTime split_host = step_time_predict(&with_host, c, &offloaded, fp32_kernels(), 8);
+    const StepTime* splits_of[6] = {&split_near, &split_far, &split_host, &near, &far, &cpu_pipe};
+    for (int i = 0; i < 6; i++) {
+        for (int k = 0; k < TIME_GROUPS; k++) {
+            double sum = 0.0;
+            for (int l = 0; l < TIME_LINKS; l++) sum += splits_of[i]->comm_exposed_link[k][l];
+            CHECK(close_to(sum, splits_of[i]->comm_exposed[k], 1e-12), "case %d: %s exposed %g s, by link %g", i,
+                  time_group_names[k], splits_of[i]->comm_exposed[k], sum);
+        }
+    }
+    int dp_k = time_group_index("dp"), pcie_k = time_group_index("pcie");
+    CHECK(split_near.comm_exposed_link[dp_k][0] > 0.0 && split_near.comm_exposed_link[dp_k][1] == 0.0 &&
+              split_far.comm_exposed_link[dp_k][1] > 0.0 && split_far.comm_exposed_link[dp_k][0] == 0.0,
+          "dp 2: inside a node %g intra, %g inter; across nodes %g intra, %g inter", split_near.comm_exposed_link[dp_k][0],
+          split_near.comm_exposed_link[dp_k][1], split_far.comm_exposed_link[dp_k][0], split_far.comm_exposed_link[dp_k][1]);
+    CHECK(split_host.comm_total[pcie_k] > 0.0 &&
+              close_to(split_host.comm_exposed_link[pcie_k][2], split_host.comm_exposed[pcie_k], 1e-12),
+          "-offload: the copies' exposed %g s, on pcie %g", split_host.comm_exposed[pcie_k], split_host.comm_exposed_link[pcie_k][2]);
+
     // the schedules that split the backward into B and W (zb, zbv, dualpipev:
     // pipeline_splits_backward) are played with W apart: the step's schedule is pipeline_play's
     // length with each stage's F, B and W as time_stage prices them (and the message's time), and

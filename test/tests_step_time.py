@@ -44,6 +44,37 @@ def planner_predicts_the_step_on_a_profile():
 
 
 @test
+def planner_time_parts_give_exposed_time_by_group_and_link():
+    """the planner's time_parts split the exposed collectives by group (comm_exposed, as before) and
+    by link: comm_exposed_by_group_and_link (each group's on intra-node, inter-node and pcie, adding
+    up to its comm_exposed) and comm_exposed_by_link (each link's over the groups). dp 2 x pp 2 on
+    nodes of 2 GPUs: dp's all-reduce inside a node, the pipeline's messages across (pp exposed > 0:
+    one micro-batch, nothing hides them), the embedding's all-reduce across; stage 0's parts
+    (compute, exposed collectives, bubble) add up to the schedule and its own once-a-step part, at
+    most the step; the text prints the links' line"""
+    make(["dev/memory_planner"])
+    args = ["-e", "d12", "-b", 4, "-t", 1024, "-dp", 2, "-pp", 2, "-gpus_per_node", 2, "-profile", "h100-sxm"]
+    code, text = planner(*(args + ["-format", "json"]))
+    assert code == 0, text[-2000:]
+    d = json.loads(text)
+    parts = d["time_parts"]
+    exposed, split, links = parts["comm_exposed"], parts["comm_exposed_by_group_and_link"], parts["comm_exposed_by_link"]
+    assert sorted(links) == ["inter-node", "intra-node", "pcie"], links
+    close = lambda a, b: abs(a - b) <= 1e-8 * max(abs(a), abs(b)) + 1e-15  # (each printed with %.9g)
+    for g, seconds in exposed.items():
+        assert close(sum(split[g].values()), seconds), (g, split[g], seconds)
+    for l, seconds in links.items():
+        assert close(sum(split[g][l] for g in split), seconds), (l, seconds)
+    assert split["dp"]["intra-node"] > 0 and split["dp"]["inter-node"] == 0, split["dp"]
+    assert split["pp"]["inter-node"] > 0 and split["pp"]["intra-node"] == 0, split["pp"]
+    assert split["embedding"]["inter-node"] > 0, split["embedding"]
+    stage0 = sum(parts[k] for k in ("gemm", "attention", "memory", "host")) + sum(exposed.values()) + parts["bubble"]
+    assert parts["schedule"] * (1 - 1e-8) <= stage0 <= d["step_seconds"] * (1 + 1e-8), (stage0, parts)
+    code, text = planner(*args)
+    assert code == 0 and "exposed by link: intra-node" in text, text[-1500:]
+
+
+@test
 def planner_search_ranks_layouts_by_predicted_time():
     """dev/memory_planner -search N -rank time: the layouts that fit, the fastest predicted step
     first, each row's step equal to the planner's prediction for that layout alone, and the first
@@ -136,9 +167,11 @@ def step_time_bytes_are_the_trainers_counters():
     links), equal what the trainers' communication layer counted in a step of the same layout, the
     planner's own command run for one step, rank 0's, on five layouts: train_gpt2_dp ZeRO-2 (two
     micro-batches: a reduce-scatter each), train_gpt2_tp -sp 1 -r 2 (the rerun's collectives),
-    train_gpt2_pp's 1F1B over 2 stages (the tied wte's all-reduce; the sends are the schedule's, not
-    a group's part: with free compute the 2-stage play is one message there and one back, so the
-    schedule is 2 messages), train_gpt2_cp's ring, and train_gpt2_ep's experts (dp 4, ep 2) at a
+    train_gpt2_pp's 1F1B over 2 stages (the tied wte's all-reduce; the sends: on a CPU each is
+    copied by the sender's core after its action, so with free compute the 2-stage play of 2
+    micro-batches is F0's activations, then stage 0's second activations and stage 1's first
+    gradient at once, then the last gradient: 3 messages, the whole schedule, all of it pp's
+    exposed time), train_gpt2_cp's ring, and train_gpt2_ep's experts (dp 4, ep 2) at a
     capacity every expert fills (dropped 1 - E cap / (N k) = 50%: the routed loads are the balanced
     ones the model prices). The same counts, collective by collective, equal dev/bench/step_kernels'
     link rows for the layout (the planner's JSON gives no bytes per collective)"""
@@ -185,15 +218,15 @@ def step_time_bytes_are_the_trainers_counters():
         # the planner: each group's link bytes (a group not listed: none)
         exposed = plan["time_parts"]["comm_exposed"]
         for group, seconds in exposed.items():
-            want = 0.0 if group == "pp" else sum(  # (a pipeline's messages are in its schedule)
+            want = 3 * B * T * C * 4 if group == "pp" and ("pp", "send") in counted else sum(  # (the messages on the path)
                 STEP_TIME_LINK_SHARE[kind](sizes[g]) * n for (g, kind), n in counted.items() if g == group)
             # (%.9g of numbers under 1e9 prints every byte; the compute hides less than one)
             assert abs(seconds - want) <= 0.5, "%s: the planner's %s bytes %r, the trainer's %r (counted %s)" % (
                 name, group, seconds, want, counted)
-        if ("pp", "send") in counted:  # m messages of B T C floats: one there and one back
+        if ("pp", "send") in counted:  # m messages of B T C floats a stage; 3 of them one after another
             m, message = 2, B * T * C * 4
             assert counted[("pp", "send")] == m * message, counted
-            assert abs(plan["time_parts"]["schedule"] - 2 * message) <= 0.5, (plan["time_parts"], message)
+            assert abs(plan["time_parts"]["schedule"] - 3 * message) <= 0.5, (plan["time_parts"], message)
         # collective by collective: step_kernels' rows of the same layout
         inventory = ["-e", "d2", "-b", B, "-t", T, "-precision", "fp32"] + [
             a for a in flags if a not in ("-sched", "1f1b", "-cp_comm", "ring", "-d", 2 * B * T, 2 * 2 * B * T)]
