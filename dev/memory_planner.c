@@ -464,6 +464,9 @@ int main(int argc, char** argv) {
     int timed = profile_load_default(profile_name, target.cuda, NULL, argv[0], "profiles/cpu-this-machine.txt",
                                      &device_profile, profile_label, sizeof(profile_label), why_profile, sizeof(why_profile));
     if (timed < 0) fail("-profile %s: %s", profile_name ? profile_name : profile_label, why_profile);
+    if (timed > 0 && !device_profile_kind_matches(&device_profile, target.cuda, profile_label, why_profile, sizeof(why_profile))) {
+        fail("%s", why_profile);
+    }
     StepOptions kernels = {target.X, target.flash, target.cuda && target.X == 2, target.cuda && target.X == 2, 1, 0, 0, 0, 0};
     if (trainer_name != NULL && strcmp(trainer_name, "diloco") == 0) {  // (its outer step, 1/H of it a step)
         if (workers == 0) workers = dp;

@@ -124,8 +124,12 @@ typedef struct {
 
 // ----------------------------------------------------------------------------------------------
 // The fields, in the order a profile lists them: the parser, the printer and the messages all
-// read this one table. A value must lie in [lo, hi], or (lo, hi] where lo_open (a peak or a
-// bandwidth of 0 would divide by zero; an efficiency of 0 would make every kernel take forever).
+// read this one table. A value must lie in [lo, hi], or (lo, hi] where lo_open. The bounds keep
+// every time the model computes finite and every rate a device could have: a peak of a megaFLOP/s
+// to an exaFLOP/s, a memory of a megabyte/s to a petabyte/s, a link of a byte a second (a test's
+// profile counts bytes as seconds) to a petabyte, efficiencies and fractions of 0.001 to 1, a
+// latency up to a second. A rate of 1e-300, or an efficiency of 0, would divide a kernel's work
+// into an infinite time, and one of 1e300 is a typo, not a device.
 
 typedef enum { FIELD_TEXT, FIELD_KIND, FIELD_NUMBER, FIELD_COUNT } ProfileFieldType;
 
@@ -145,40 +149,40 @@ typedef struct {
 static const ProfileField PROFILE_FIELDS[] = {
     PROFILE_FIELD(name, FIELD_TEXT, 1, 0, 0, 0, "the device's name, free text"),
     PROFILE_FIELD(kind, FIELD_KIND, 1, 0, 0, 0, "cpu or cuda"),
-    PROFILE_FIELD(peak_flops_fp32, FIELD_NUMBER, 1, 0, 1e18, 1, "FLOP/s of fp32 arithmetic"),
-    PROFILE_FIELD(peak_flops_bf16, FIELD_NUMBER, 1, 0, 1e18, 1, "FLOP/s of dense bf16 matmuls"),
-    PROFILE_FIELD(memory_bandwidth_bytes_per_s, FIELD_NUMBER, 1, 0, 1e15, 1, "the device memory's bytes/s"),
-    PROFILE_FIELD(memory_bytes, FIELD_NUMBER, 1, 0, 1e15, 1, "the device memory in bytes"),
-    PROFILE_FIELD(efficiency_matmul_large, FIELD_NUMBER, 1, 0, 1, 1, "the fraction of the peak a large GEMM reaches"),
-    PROFILE_FIELD(efficiency_matmul_small, FIELD_NUMBER, 1, 0, 1, 1, "the fraction of the peak a small GEMM reaches"),
+    PROFILE_FIELD(peak_flops_fp32, FIELD_NUMBER, 1, 1e6, 1e18, 0, "FLOP/s of fp32 arithmetic"),
+    PROFILE_FIELD(peak_flops_bf16, FIELD_NUMBER, 1, 1e6, 1e18, 0, "FLOP/s of dense bf16 matmuls"),
+    PROFILE_FIELD(memory_bandwidth_bytes_per_s, FIELD_NUMBER, 1, 1e6, 1e15, 0, "the device memory's bytes/s"),
+    PROFILE_FIELD(memory_bytes, FIELD_NUMBER, 1, 1e6, 1e15, 0, "the device memory in bytes"),
+    PROFILE_FIELD(efficiency_matmul_large, FIELD_NUMBER, 1, 1e-3, 1, 0, "the fraction of the peak a large GEMM reaches"),
+    PROFILE_FIELD(efficiency_matmul_small, FIELD_NUMBER, 1, 1e-3, 1, 0, "the fraction of the peak a small GEMM reaches"),
     PROFILE_FIELD(matmul_small_flops, FIELD_NUMBER, 1, 0, 1e18, 0, "the FLOPs below which a GEMM counts as small"),
-    PROFILE_FIELD(efficiency_attention, FIELD_NUMBER, 1, 0, 1, 1, "the fraction of the peak attention reaches"),
-    PROFILE_FIELD(efficiency_memory, FIELD_NUMBER, 1, 0, 1, 1, "the fraction of the bandwidth memory-bound kernels reach"),
+    PROFILE_FIELD(efficiency_attention, FIELD_NUMBER, 1, 1e-3, 1, 0, "the fraction of the peak attention reaches"),
+    PROFILE_FIELD(efficiency_memory, FIELD_NUMBER, 1, 1e-3, 1, 0, "the fraction of the bandwidth memory-bound kernels reach"),
     PROFILE_FIELD(intra_node_latency_s, FIELD_NUMBER, 1, 0, 1, 1, "a message's latency inside a node, in seconds"),
-    PROFILE_FIELD(intra_node_bandwidth_bytes_per_s, FIELD_NUMBER, 1, 0, 1e15, 1, "bytes/s per direction inside a node"),
+    PROFILE_FIELD(intra_node_bandwidth_bytes_per_s, FIELD_NUMBER, 1, 1, 1e15, 0, "bytes/s per direction inside a node"),
     PROFILE_FIELD(inter_node_latency_s, FIELD_NUMBER, 1, 0, 1, 1, "a message's latency across nodes, in seconds"),
-    PROFILE_FIELD(inter_node_bandwidth_bytes_per_s, FIELD_NUMBER, 1, 0, 1e15, 1, "bytes/s per direction across nodes"),
+    PROFILE_FIELD(inter_node_bandwidth_bytes_per_s, FIELD_NUMBER, 1, 1, 1e15, 0, "bytes/s per direction across nodes"),
     PROFILE_FIELD(gpus_per_node, FIELD_COUNT, 0, 1, 1e6, 0, "the ranks that share a node"),
-    PROFILE_FIELD(efficiency_link, FIELD_NUMBER, 0, 0, 1, 1, "the fraction of a link's bandwidth collectives reach"),
+    PROFILE_FIELD(efficiency_link, FIELD_NUMBER, 0, 1e-3, 1, 0, "the fraction of a link's bandwidth collectives reach"),
     PROFILE_FIELD(intra_node_allreduce_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "a 2-rank all-reduce's latency, in seconds"),
-    PROFILE_FIELD(intra_node_allreduce_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 0, 1e15, 1, "a 2-rank all-reduce's bytes/s"),
+    PROFILE_FIELD(intra_node_allreduce_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 2-rank all-reduce's bytes/s"),
     PROFILE_FIELD(cpu_threads, FIELD_COUNT, 0, 1, 1e6, 0, "the OpenMP threads of the measured rank"),
     PROFILE_FIELD(cpu_cores, FIELD_COUNT, 0, 1, 1e6, 0, "the host's cores"),
-    PROFILE_FIELD(host_flops_fp32, FIELD_NUMBER, 0, 0, 1e18, 1, "the host's FLOP/s a GPU"),
-    PROFILE_FIELD(host_memory_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 0, 1e15, 1, "the host memory's bytes/s a GPU"),
+    PROFILE_FIELD(host_flops_fp32, FIELD_NUMBER, 0, 1e6, 1e18, 0, "the host's FLOP/s a GPU"),
+    PROFILE_FIELD(host_memory_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1e6, 1e15, 0, "the host memory's bytes/s a GPU"),
     PROFILE_FIELD(pcie_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "a copy's latency between device and host, in seconds"),
-    PROFILE_FIELD(pcie_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 0, 1e15, 1, "bytes/s per direction between device and host"),
-    PROFILE_FIELD(cpu_gemm_fraction_2_ranks, FIELD_NUMBER, 0, 0, 1, 1, "a lone rank's GEMM rate each of 2 ranks reaches"),
-    PROFILE_FIELD(cpu_gemm_fraction_4_ranks, FIELD_NUMBER, 0, 0, 1, 1, "a lone rank's GEMM rate each of 4 ranks reaches"),
-    PROFILE_FIELD(cpu_gemm_fraction_8_ranks, FIELD_NUMBER, 0, 0, 1, 1, "a lone rank's GEMM rate each of 8 ranks reaches"),
-    PROFILE_FIELD(cpu_memory_fraction_2_ranks, FIELD_NUMBER, 0, 0, 1, 1, "a lone rank's bandwidth each of 2 ranks reaches"),
-    PROFILE_FIELD(cpu_memory_fraction_4_ranks, FIELD_NUMBER, 0, 0, 1, 1, "a lone rank's bandwidth each of 4 ranks reaches"),
-    PROFILE_FIELD(cpu_memory_fraction_8_ranks, FIELD_NUMBER, 0, 0, 1, 1, "a lone rank's bandwidth each of 8 ranks reaches"),
+    PROFILE_FIELD(pcie_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "bytes/s per direction between device and host"),
+    PROFILE_FIELD(cpu_gemm_fraction_2_ranks, FIELD_NUMBER, 0, 1e-3, 1, 0, "a lone rank's GEMM rate each of 2 ranks reaches"),
+    PROFILE_FIELD(cpu_gemm_fraction_4_ranks, FIELD_NUMBER, 0, 1e-3, 1, 0, "a lone rank's GEMM rate each of 4 ranks reaches"),
+    PROFILE_FIELD(cpu_gemm_fraction_8_ranks, FIELD_NUMBER, 0, 1e-3, 1, 0, "a lone rank's GEMM rate each of 8 ranks reaches"),
+    PROFILE_FIELD(cpu_memory_fraction_2_ranks, FIELD_NUMBER, 0, 1e-3, 1, 0, "a lone rank's bandwidth each of 2 ranks reaches"),
+    PROFILE_FIELD(cpu_memory_fraction_4_ranks, FIELD_NUMBER, 0, 1e-3, 1, 0, "a lone rank's bandwidth each of 4 ranks reaches"),
+    PROFILE_FIELD(cpu_memory_fraction_8_ranks, FIELD_NUMBER, 0, 1e-3, 1, 0, "a lone rank's bandwidth each of 8 ranks reaches"),
     PROFILE_FIELD(cpu_wait_slowdown, FIELD_NUMBER, 0, 1, 2, 0, "computing ranks' slowdown beside as many waiting in MPI"),
     PROFILE_FIELD(allreduce_4_ranks_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "a 4-rank all-reduce's latency, in seconds"),
-    PROFILE_FIELD(allreduce_4_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 0, 1e15, 1, "a 4-rank all-reduce's bytes/s"),
+    PROFILE_FIELD(allreduce_4_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank all-reduce's bytes/s"),
     PROFILE_FIELD(allreduce_8_ranks_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "an 8-rank all-reduce's latency, in seconds"),
-    PROFILE_FIELD(allreduce_8_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 0, 1e15, 1, "an 8-rank all-reduce's bytes/s"),
+    PROFILE_FIELD(allreduce_8_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "an 8-rank all-reduce's bytes/s"),
 };
 #define PROFILE_FIELD_COUNT ((int)(sizeof(PROFILE_FIELDS) / sizeof(PROFILE_FIELDS[0])))
 
@@ -574,6 +578,21 @@ static inline void device_profile_print(FILE* out, const DeviceProfile* p) {
             fprintf(out, "%s %.10g\n", f->key, *(const double*)slot);
         }
     }
+}
+
+// 1 when the profile describes the backend a plan is for (-device cpu: a kind cpu profile, whose
+// ranks share a host's cores and whose kernels are the CPU backend's; -device cuda: a kind cuda
+// one); else 0, with why naming both flags. A GPU's step priced on a CPU's numbers, or the
+// reverse, is a number of no device, so it is refused rather than printed.
+static inline int device_profile_kind_matches(const DeviceProfile* p, int cuda, const char* profile, char* why,
+                                              size_t cap) {
+    if ((p->kind == DEVICE_CUDA) == (cuda != 0)) return 1;
+    snprintf(why, cap, "-profile %s is a kind %s profile, and -device %s plans the %s backend: give -device %s, or a "
+             "%s profile (%s)", profile, p->kind == DEVICE_CUDA ? "cuda" : "cpu", cuda ? "cuda" : "cpu",
+             cuda ? "CUDA" : "CPU", p->kind == DEVICE_CUDA ? "cuda" : "cpu", cuda ? "GPU" : "CPU",
+             cuda ? "h100-sxm, h200, a100-80gb or a file of kind cuda"
+                  : "dev/profiles/cpu-this-machine.txt, dev/bench/calibrate's, or a file of kind cpu");
+    return 0;
 }
 
 // ----------------------------------------------------------------------------------------------

@@ -477,17 +477,20 @@ static inline StepTime step_time_predict(const DeviceProfile* p, GPT2Config c, c
     StepTime t;
     GridShape g = {r->dp, r->pp, layout_cp(r), r->tp, layout_ep(r)};
     int world = grid_world(g), pp = r->pp > 1 ? r->pp : 1, m = r->m > 1 ? r->m : 1;
-    // 5. on a CPU: the links as `world` ranks share it; every rank computing at once outside a
-    // pipeline and in the once-a-step part; inside one, the stages' busy share of a play at a lone
-    // rank's speed says how many compute at once (a GPU: 1 and 1 throughout, the links as given)
-    DeviceProfile links = time_links_shared(p, world);
-    TimeShare all = time_share_at(p, world), during = all;
+    // 5. on a CPU: the links as the ranks of one host share it (gpus_per_node of them, or the
+    // world when it is smaller: the ranks of other hosts take none of this one's cores); every
+    // rank computing at once outside a pipeline and in the once-a-step part; inside one, the
+    // stages' busy share of a play at a lone rank's speed says how many compute at once (a GPU: 1
+    // and 1 throughout, the links as given)
+    int host = world < gpus_per_node ? world : gpus_per_node;
+    DeviceProfile links = time_links_shared(p, host);
+    TimeShare all = time_share_at(p, host), during = all;
     double busy;
     if (pp > 1 && p->kind == DEVICE_CPU) {
         TimeShare lone = {1.0, 1.0};
         double length = time_play(&links, c, r, opt, gpus_per_node, lone, lone, &t, &busy);
-        double busy_ranks = busy / (pp * length) * world;  // (the ranks of a stage are busy together)
-        during = time_share_at(p, time_ranks_at_once(p, busy_ranks, world));
+        double busy_ranks = busy / (pp * length) * host;  // (the ranks of a stage are busy together)
+        during = time_share_at(p, time_ranks_at_once(p, busy_ranks, host));
     }
     time_play(&links, c, r, opt, gpus_per_node, during, all, &t, &busy);
     t.seconds = t.schedule + t.once;

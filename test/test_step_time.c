@@ -167,6 +167,14 @@ int main(void) {
     StepTime shared = step_time_predict(&cpu, c, &four, fp32_kernels(), 1024);
     CHECK(close_to(shared.compute[TIME_GEMM], 2 * alone.compute[TIME_GEMM], 1e-12), "4 ranks on 2 cores: GEMMs %g s, expected twice %g",
           shared.compute[TIME_GEMM], alone.compute[TIME_GEMM]);
+    // the same 4 ranks on hosts of 2 (gpus_per_node 2 on a CPU: ranks a host): two hosts of 2 cores,
+    // each core its own rank's, so the GEMMs take a lone rank's time; 1 rank a host likewise
+    for (int per_host = 1; per_host <= 2; per_host++) {
+        StepTime spread = step_time_predict(&cpu, c, &four, fp32_kernels(), per_host);
+        CHECK(close_to(spread.compute[TIME_GEMM], alone.compute[TIME_GEMM], 1e-12),
+              "4 ranks, %d a host of 2 cores: GEMMs %g s, expected a lone rank's %g", per_host, spread.compute[TIME_GEMM],
+              alone.compute[TIME_GEMM]);
+    }
 
     // the host's throughput in lone ranks' worth from measured fractions 0.8, 0.5, 0.3 at 2, 4, 8
     // ranks: A = 1.6, 2.0, 2.4, straight between. 3 ranks: A = 1.8, slowdown 3 / 1.8; 1.5 ranks:
@@ -289,7 +297,7 @@ int main(void) {
           "the host's FLOP/s alone: %s", why);
     snprintf(text, sizeof(text), "%skind cpu\ncpu_gemm_fraction_2_ranks 1.5\n", base);
     CHECK(!device_profile_parse(text, "t", &read, why, sizeof(why)) &&
-              strstr(why, "t:16: cpu_gemm_fraction_2_ranks 1.5 is out of range (0, 1]") != NULL,
+              strstr(why, "t:16: cpu_gemm_fraction_2_ranks 1.5 is out of range [0.001, 1]") != NULL,
           "a fraction over 1: %s", why);
     snprintf(text, sizeof(text), "%skind cuda\n", base);
     CHECK(device_profile_parse(text, "t", &read, why, sizeof(why)) && read.pcie_bandwidth_bytes_per_s == 32e9 &&

@@ -110,9 +110,9 @@ def device_profile_refused_with_file_line_and_field():
     text, n = replaced("memory_bandwidth_bytes_per_s", "-3.35e12")
     cases.append(("negative", text, n, ["memory_bandwidth_bytes_per_s", "out of range"]))
     text, n = replaced("efficiency_matmul_large", "1.2")
-    cases.append(("efficiency over 1", text, n, ["efficiency_matmul_large", "out of range (0, 1]"]))
+    cases.append(("efficiency over 1", text, n, ["efficiency_matmul_large", "out of range [0.001, 1]"]))
     text, n = replaced("efficiency_attention", "0")
-    cases.append(("efficiency 0", text, n, ["efficiency_attention", "out of range (0, 1]"]))
+    cases.append(("efficiency 0", text, n, ["efficiency_attention", "out of range [0.001, 1]"]))
     cases.append(("duplicate", good + "# again\nkind cuda\n", len(lines) + 2,
                   ["kind given twice (first on line %d)" % (line_of("kind") + 1)]))
     for bad in ("989.4TFLOPs", "nan", "inf", "0x1p50", "989,4e12", "1e12 2e12"):
@@ -139,6 +139,78 @@ def device_profile_refused_with_file_line_and_field():
     code, out = calibrate_cli("-check", "h300")
     assert code == 1 and "h300: not a built-in profile (h100-sxm, h200, a100-80gb) and not a file" in out, out
     print("    %d bad profiles refused, each with its file, line and field" % len(cases))
+
+
+@test
+def device_profile_absurd_values_refused_and_the_bounds_give_finite_times():
+    """values that would turn the step-time model's seconds into inf or nan are refused on reading,
+    with the file, the line, the field and its allowed range: a bandwidth of 1e300 or 1e-300, a peak
+    of 0, -1 or 1e-300, an efficiency over 1 or of 1e-300, a fraction of a lone rank's rate of 0,
+    nan (not a number). A profile with every field at the slow end of its range (the least peak,
+    bandwidth and efficiency, the longest latency) still gives the planner a finite, positive step
+    on a d12 layout of every group (dp x tp x pp, -z 1), and the fastest end a positive one"""
+    calibrate_built()
+    make(["dev/memory_planner"])
+    d = fresh_dir("profile_absurd")
+    code, good = calibrate_cli("-check", "h100-sxm")
+    assert code == 0, good
+    lines = good.splitlines()
+
+    def replaced(key, value):
+        i = next(k for k, l in enumerate(lines) if l.split()[0] == key)
+        return "\n".join(lines[:i] + ["%s %s" % (key, value)] + lines[i + 1:]) + "\n", i + 1
+
+    cases = [("memory_bandwidth_bytes_per_s", "1e300", "[1e+06, 1e+15]"),
+             ("memory_bandwidth_bytes_per_s", "1e-300", "[1e+06, 1e+15]"),
+             ("inter_node_bandwidth_bytes_per_s", "1e300", "[1, 1e+15]"),
+             ("peak_flops_bf16", "0", "[1e+06, 1e+18]"), ("peak_flops_fp32", "-1", "[1e+06, 1e+18]"),
+             ("peak_flops_fp32", "1e-300", "[1e+06, 1e+18]"), ("efficiency_memory", "1.5", "[0.001, 1]"),
+             ("efficiency_matmul_small", "1e-300", "[0.001, 1]"), ("host_flops_fp32", "0", "[1e+06, 1e+18]")]
+    for k, (key, value, allowed) in enumerate(cases):
+        text, n = replaced(key, value)
+        path = os.path.join(d, "absurd_%d.txt" % k)
+        with open(path, "w") as f:
+            f.write(text)
+        code, out = calibrate_cli("-check", path)
+        want = "error: %s:%d: %s %s is out of range %s" % (path, n, key, value, allowed)
+        assert code == 1 and want in out, "%s %s: exit %d, expected %r in:\n%s" % (key, value, code, want, out)
+    text, n = replaced("efficiency_link", "nan")
+    path = os.path.join(d, "nan.txt")
+    with open(path, "w") as f:
+        f.write(text)
+    code, out = calibrate_cli("-check", path)
+    assert code == 1 and "%s:%d: efficiency_link 'nan' is not a number" % (path, n) in out, out
+    cpu = "kind cpu\ncpu_cores 2\ncpu_threads 1\ncpu_gemm_fraction_2_ranks 0\n"
+    path = os.path.join(d, "fraction.txt")
+    with open(path, "w") as f:
+        f.write("".join(l + "\n" for l in lines if l.split()[0] not in ("kind",) and not l.startswith(("host_", "pcie_"))) + cpu)
+    code, out = calibrate_cli("-check", path)
+    assert code == 1 and "cpu_gemm_fraction_2_ranks 0 is out of range [0.001, 1]" in out, out
+    # every field at its slow end, then at its fast end: finite, positive steps
+    ends = {"slow": dict(peak_flops_fp32=1e6, peak_flops_bf16=1e6, memory_bandwidth_bytes_per_s=1e6,
+                         efficiency_matmul_large=1e-3, efficiency_matmul_small=1e-3, efficiency_attention=1e-3,
+                         efficiency_memory=1e-3, intra_node_latency_s=1, intra_node_bandwidth_bytes_per_s=1,
+                         inter_node_latency_s=1, inter_node_bandwidth_bytes_per_s=1, efficiency_link=1e-3,
+                         host_flops_fp32=1e6, host_memory_bandwidth_bytes_per_s=1e6, pcie_latency_s=1,
+                         pcie_bandwidth_bytes_per_s=1),
+            "fast": dict(peak_flops_fp32=1e18, peak_flops_bf16=1e18, memory_bandwidth_bytes_per_s=1e15,
+                         efficiency_matmul_large=1, efficiency_matmul_small=1, efficiency_attention=1,
+                         efficiency_memory=1, intra_node_latency_s=1e-300, intra_node_bandwidth_bytes_per_s=1e15,
+                         inter_node_latency_s=1e-300, inter_node_bandwidth_bytes_per_s=1e15, efficiency_link=1,
+                         host_flops_fp32=1e18, host_memory_bandwidth_bytes_per_s=1e15, pcie_latency_s=1e-300,
+                         pcie_bandwidth_bytes_per_s=1e15)}
+    for end, values in ends.items():
+        path = os.path.join(d, end + ".txt")
+        with open(path, "w") as f:
+            f.write("".join("%s %s\n" % (l.split()[0], values[l.split()[0]]) if l.split()[0] in values else l + "\n"
+                            for l in lines))
+        code, text = planner("-e", "d12", "-b", 4, "-t", 1024, "-dp", 2, "-tp", 2, "-pp", 2, "-z", 1, "-d", 4 * 1024 * 2 * 4,
+                             "-offload", 0, "-profile", path, "-format", "json")
+        assert code in (0, 2), text[-2000:]
+        step = json.loads(text)["step_seconds"]
+        assert math.isfinite(step) and step > 0, (end, step)
+        print("    %s end of every range: a d12 step of %.3g s" % (end, step))
+    print("    %d absurd values refused with their range, nan and a fraction of 0 too" % len(cases))
 
 
 @test

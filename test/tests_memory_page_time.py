@@ -82,11 +82,13 @@ def page_time_layouts():
         add(e="d4", b=4, t=64, tp=2, dp=dp, sp=1, trainer="3d", device="cpu")
     add(e="d4", b=2, t=64, pp=2, d=2 * 64 * 4, device="cpu", sched="zb")
     # the profile and GPUs a node, drawn: "own" is PAGE_TIME_GPU_PROFILE pasted, "cpu file" the
-    # project's measured CPU profile pasted (the planner's default on -device cpu, named instead)
+    # project's measured CPU profile pasted (the planner's default on -device cpu, named instead);
+    # a layout's profile is of its device's kind (the planner refuses a GPU's on -device cpu)
     rng = random.Random(61)
     layouts = []
     for pairs in bases:
-        profile = rng.choice([None, "h100-sxm", "h200", "a100-80gb", "own", "cpu file"])
+        cpu = ("device", "cpu") in pairs
+        profile = rng.choice([None, "cpu file"] if cpu else [None, "h100-sxm", "h200", "a100-80gb", "own"])
         per_node = rng.choice([None, 1, 2, 4, 8, 16])
         layouts.append(pairs + ([("profile", profile)] if profile else []) +
                        ([("gpus_per_node", str(per_node))] if per_node else []))

@@ -284,7 +284,9 @@ def step_time_bad_profiles_and_flags_refused_by_the_planner_and_a_trainer():
     dev/memory_planner -profile FILE and by train_gpt2_dp -profile FILE (its end-of-run line's
     profile, read before the run starts: no output directory made): exit 1, the message naming the
     file, the line (but for a missing field, which has none) and the field; -profile naming neither
-    a built-in profile nor a file is refused by both, naming it. The planner's -gpus_per_node refuses
+    a built-in profile nor a file is refused by both, naming it; the planner refuses a profile of the
+    other backend's kind (a GPU's on -device cpu, the CPU's on -device cuda), naming -profile and
+    -device. The planner's -gpus_per_node refuses
     -1 naming the flag, and 0 is the profile's figure: h100-sxm's 8 (d12 on dp 4 x tp 4: the same
     step as -gpus_per_node 8, tp's groups inside a node and dp's across two; not as 1, every group
     across nodes, nor as 16, all in one)"""
@@ -308,7 +310,7 @@ def step_time_bad_profiles_and_flags_refused_by_the_planner_and_a_trainer():
     cases.append(("repeated", lines + ["memory_bytes 1e9"],
                   "{path}:%d: memory_bytes given twice (first on line %d)" % (len(lines) + 1, line_of("memory_bytes"))))
     text, n = replaced("efficiency_link", "1.5")
-    cases.append(("out of range", text, "{path}:%d: efficiency_link 1.5 is out of range (0, 1]" % n))
+    cases.append(("out of range", text, "{path}:%d: efficiency_link 1.5 is out of range [0.001, 1]" % n))
     text, n = replaced("intra_node_bandwidth_bytes_per_s", "6.4GB/s")
     cases.append(("not a number", text, "{path}:%d: intra_node_bandwidth_bytes_per_s '6.4GB/s' is not a number" % n))
     cases.append(("no such profile", None, "h300: not a built-in profile (h100-sxm, h200, a100-80gb) and not a file"))
@@ -326,6 +328,13 @@ def step_time_bad_profiles_and_flags_refused_by_the_planner_and_a_trainer():
         code, out = mpirun(1, ["-e", "d2", "-b", 1, "-t", 32, "-x", 1, "-v", 0, "-s", 0, "-profile", path, "-o", run])
         assert code != 0 and want in out, "train_gpt2_dp, %s: exit %d, expected %r:\n%s" % (label, code, want, out[-2000:])
         assert not os.path.exists(run), "train_gpt2_dp, %s: refused after making %s" % (label, run)
+    # a profile of the other backend's kind, refused naming both flags
+    for device, profile, kind in (("cpu", "h100-sxm", "cuda"), ("cuda", "dev/profiles/cpu-this-machine.txt", "cpu")):
+        code, out = planner("-device", device, "-e", "d2", "-b", 1, "-t", 32, "-dp", 2, "-profile", profile)
+        want = "error: -profile %s is a kind %s profile, and -device %s plans the %s backend" % (
+            profile, kind, device, device.upper())
+        assert code == 1 and want in out, "-device %s -profile %s: exit %d, expected %r:\n%s" % (
+            device, profile, code, want, out[-1000:])
     code, out = planner("-e", "d12", "-dp", 2, "-gpus_per_node", -1)
     assert code == 1 and "flag '-gpus_per_node' is -1, outside its allowed range >= 0" in out, out[-1000:]
     steps = {}
