@@ -223,15 +223,15 @@ static const ProfileField PROFILE_FIELDS[] = {
 //     an A100 are commonly quoted at about 80% of the peak.
 //   matmul, small: 0.59, the large rate times the H200's small-to-large ratio above (0.51 / 0.69);
 //     small below 1.6e10 FLOPs, a GEMM of 50 microseconds at the peak, as 5e10 is on the H100.
-//   attention: 0.10, an assumption within published bounds. Megatron-LM (2021) ran attention
-//     unfused: two batched cuBLAS GEMMs over the whole T x T square (the masked half computed and
-//     thrown away: half the useful rate at best) around one fused scale-mask-softmax kernel that
-//     writes and reads the scores. FlashAttention-2 (Dao 2023, arXiv:2307.08691) reaches 50-73% of
-//     the A100's peak and, by its benchmarks as commonly summarized, 5-9x PyTorch's unfused
-//     attention: 0.06-0.15 for the unfused path. Megatron's fused softmax saves passes PyTorch's
-//     makes and its dropout on the scores adds one: the middle of the range. (Chosen for that
-//     unfused path, which step_time.h now prices by its GEMMs and passes: the Megatron comparison
-//     does not use it, and a flash run on an A100 would need its own, measured.)
+//   attention: 0.13, the fraction this project's flash kernels reached on the H200 (above), assumed
+//     for the A100 as the H100 takes the H200's: no A100 has run them. It prices attention where a
+//     layout runs flash (the planner's and the page's default in bf16, head sizes 16, 32 and 64).
+//     Megatron-LM (2021) ran attention unfused: two batched cuBLAS GEMMs over the whole T x T
+//     square around a fused scale-mask-softmax kernel; step_time.h prices that path (-attention
+//     cublas, as the Megatron comparison runs) by its GEMMs at the matmul efficiencies and its
+//     passes over the scores at the memory one, so efficiency_attention does not enter there (an
+//     earlier 0.10 was chosen for that unfused path, from FlashAttention-2's 5-9x over PyTorch's
+//     unfused attention, Dao 2023, arXiv:2307.08691, and then priced nothing the A100 runs).
 //   memory: 0.70, an assumption: fused elementwise kernels (apex's LayerNorm, Megatron's fused
 //     bias-GeLU and bias-dropout-add) at about three quarters of a streaming copy's ~90%.
 // Links, for every GPU profile:
@@ -316,7 +316,7 @@ static const char DEVICE_PROFILE_A100_80GB[] =
     "efficiency_matmul_large 0.80\n"
     "efficiency_matmul_small 0.59\n"
     "matmul_small_flops 1.6e10\n"
-    "efficiency_attention 0.10\n"
+    "efficiency_attention 0.13                # this project's flash kernels, as on the H200\n"
     "efficiency_memory 0.70\n"
     "intra_node_latency_s 2e-6\n"
     "intra_node_bandwidth_bytes_per_s 300e9   # NVLink 3\n"

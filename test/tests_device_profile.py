@@ -83,6 +83,40 @@ def device_profile_builtins_are_the_datasheets():
 
 
 @test
+def a100_attention_efficiency_is_the_flash_kernels_measured_fraction():
+    """the a100-80gb profile's efficiency_attention prices only flash attention (the unfused path,
+    Megatron's, is priced by its GEMMs and passes): it is this project's flash kernels' measured
+    fraction, the H200's (and H100's) 0.13, not a figure for the unfused path. On an A100 a d12
+    layout's attention part is then the useful causal FLOPs over 312e12 x 0.13 with -attention
+    flash, and with -attention cublas the same whatever efficiency_attention says"""
+    calibrate_built()
+    make(["dev/memory_planner"])
+    eff = {name: profile_values(calibrate_cli("-check", name)[1])["efficiency_attention"] for name in DATASHEETS}
+    assert eff["a100-80gb"] == eff["h200"] == eff["h100-sxm"] == 0.13, eff
+    L, C, NH, B, T = 12, 768, 12, 4, 1024
+    useful = 3 * 2 * T * (T + 1) * C * B * L  # forward and twice it backward (no -r)
+    base = ["-e", "d12", "-b", B, "-t", T, "-precision", "bf16", "-format", "json"]
+    code, text = planner(*(base + ["-profile", "a100-80gb", "-attention", "flash"]))
+    assert code == 0, text[-1000:]
+    got, want = json.loads(text)["time_parts"]["attention"], useful / (312e12 * 0.13)
+    assert abs(got / want - 1) <= 1e-6, (got, want)
+    code, good = calibrate_cli("-check", "a100-80gb")
+    d = fresh_dir("a100_attention")
+    parts = []
+    for e in ("0.13", "0.5"):
+        path = os.path.join(d, "a100_%s.txt" % e)
+        with open(path, "w") as f:
+            f.write("".join(("efficiency_attention %s\n" % e) if l.startswith("efficiency_attention") else l + "\n"
+                            for l in good.splitlines()))
+        code, text = planner(*(base + ["-profile", path, "-attention", "cublas"]))
+        assert code == 0, text[-1000:]
+        parts.append(json.loads(text)["time_parts"]["attention"])
+    assert parts[0] == parts[1] > 0, parts
+    print("    a100 flash attention %.2f ms a step (useful FLOPs at 0.13 of 312 TFLOP/s); cublas %.2f ms at any efficiency" % (
+        got * 1e3, parts[0] * 1e3))
+
+
+@test
 def device_profile_refused_with_file_line_and_field():
     """a profile with one thing wrong (a missing field, an unknown key, a negative bandwidth, an
     efficiency over 1 or of 0, a key twice, a value that is not a plain number: units, nan, inf,
