@@ -11,7 +11,8 @@ it, so that every layer is llmc/tensor_parallel.h's (the TP trainer's: column- a
 halves with f and g, -sp, the vocabulary-parallel embedding and loss on the first and last
 stage); with -cp each rank holds T/cp tokens of every sequence and its attention, on its tp
 rank's heads, reaches the rest over the cp group (llmc/context_parallel.h, the CP trainer's ring
-or all-gather); the schedules are the PP trainer's, walked by its pipeline_walk
+or all-gather); the schedules are the PP trainer's (the V ones, zbv and dualpipev, included: their first
+stage holds the embedding and the head, one wte), walked by its pipeline_walk
 (llmc/pipeline_walk.h), each message going from a tp rank of one stage to the same tp and cp rank of the
 next (B T C, T the rank's tokens, or with -sp its B T / tp of them). What this chapter adds, each
 explained where it is written:
@@ -135,6 +136,7 @@ typedef struct {
                                     // parameter_layout_of_rank numbers them (to gather the model);
                                     // with experts each stage's first max(tp, ep) ranks
     int in_embedding;
+    int pp_head;                    // the stage with the head: the last, or in a V the first
     // 5D, with experts (parallel folding, below); a dense model has ep = 1 and none of these groups
     int moe, ep, ep_rank;               // the ep ranks of a stage that hold its E experts between them,
                                     // this rank's place among them: experts [ep_rank E/ep, ...)
@@ -169,11 +171,12 @@ static void grid_coordinates(int rank, int dp, int cp, int tp, int* dp_rank, int
 //          parameter_layout_of_rank numbers a replica's pieces in, so that rank 0 of it can
 //          gather the model file (gpt2_gather_full)
 //   embedding  colour replica tp + tp_rank on the first and last stage (the two wte copies of one
-//          replica and tp rank; with pp = 1 the one stage is both, a group of that rank alone),
+//          replica and tp rank; with pp = 1 the one stage is both, a group of that rank alone, as
+//          in a V (v_shape: zbv, dualpipev), whose first stage holds the head and the only wte),
 //          key the stage. Every rank must call
 //          comm_split, so each rank of a middle stage gets a colour no other rank has,
 //          dp cp tp + r (above every real colour): a group of its own, which it never uses
-static void grid_init(Grid* g, CommGroup* world, int dp, int pp, int cp, int tp) {
+static void grid_init(Grid* g, CommGroup* world, int dp, int pp, int cp, int tp, int v_shape) {
     g->dp = dp;
     g->pp = pp;
     g->cp = cp;
@@ -186,7 +189,7 @@ static void grid_init(Grid* g, CommGroup* world, int dp, int pp, int cp, int tp)
     comm_split(&g->pp_group, world, replica * tp + g->tp_rank, g->stage, "pp");
     comm_split(&g->dp_group, world, g->stage * tp + g->tp_rank, replica, "dp");
     comm_split(&g->model_group, world, replica, g->stage * tp + g->tp_rank, "model");
-    g->in_embedding = g->stage == 0 || g->stage == pp - 1;
+    g->in_embedding = g->stage == 0 || (g->stage == pp - 1 && !v_shape);
     g->moe = 0, g->ep = 1, g->ep_rank = 0;  // (grid_fold_experts, for a model with experts)
     comm_split(&g->embedding, world, g->in_embedding ? replica * tp + g->tp_rank : dp * cp * tp + r, g->stage, "embedding");
 }
@@ -259,7 +262,7 @@ static void grid_group_members(char* out, size_t cap, const Grid* g, int r, char
         grid_coordinates(q, g->dp, g->cp, g->tp, &qd, &qs, &qc, &qt);
         int same = which == 't' ? qd == d && qs == s && qc == c : which == 'c' ? qd == d && qs == s && qt == t
                  : which == 'p' ? qd == d && qc == c && qt == t : which == 'd' ? qs == s && qt == t
-                 : qd == d && qc == c && qt == t && (qs == 0 || qs == g->pp - 1);
+                 : qd == d && qc == c && qt == t && (qs == 0 || (qs == g->pp - 1 && g->pp_head == g->pp - 1));
         if (same && used < cap) used += (size_t)snprintf(out + used, cap - used, "%s%d", n++ ? "," : "", q);
     }
     if (used < cap) snprintf(out + used, cap - used, "}");
@@ -313,7 +316,7 @@ static float val_loss(void* trainer, DataLoader* val) {
 static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
     Grid3D* t = (Grid3D*)trainer;
     Walk w = stage_forward_pass(t->model, t->st, &t->g->pp_group, &t->g->tp_group, t->cp, NULL, tokens, 1, T / t->g->cp);
-    return t->g->stage == t->g->pp - 1 ? w.head->logits : NULL;
+    return t->g->stage == t->g->pp_head ? w.head->logits : NULL;
 }
 
 // -cp: the cp rank holding position `position` of a T-token sample, and its row there
@@ -329,7 +332,8 @@ static int sample_row(void* trainer, int T, int position, int* owner) {
 static void grid_run_begin(Run* run, Grid3D* trainer, int sample_pad) {
     Grid* g = trainer->g;
     RunModel hooks = run_model(trainer->model, trainer, val_loss, sample_logits);
-    hooks.pipe = &g->pp_group;         // the loss and the logits on the last stage
+    hooks.pipe = &g->pp_group;         // the loss and the logits on the stage with the head
+    hooks.pipe_head = g->pp_head;
     hooks.vocab = &g->tp_group;        // the vocabulary split over tp
     if (trainer->cp) {
         hooks.val_replicas = &g->cp_group;  // each cp rank its tokens' mean: the mean over cp
@@ -515,7 +519,7 @@ static void check_copies(const GPT2* model, Grid* g, int step) {
         else if (!model->layout.sharded[i]) replicated |= 1u << i;
     }
     train_check_replicas(model, &g->tp_group, step, &replicated, "tp copies of the replicated tensors");
-    if (g->in_embedding) train_check_replicas(model, &g->embedding, step, &wte_only, "wte copies of the first and last stage");
+    if (g->embedding.size > 1) train_check_replicas(model, &g->embedding, step, &wte_only, "wte copies of the first and last stage");
     unsigned dense = everything & ~experts;
     train_check_replicas(model, &g->dp_group, step, &dense, "dp replicas");
     if (g->moe) train_check_replicas(model, &g->edp_group, step, &experts, "experts' copies");
@@ -524,7 +528,8 @@ static void check_copies(const GPT2* model, Grid* g, int step) {
 // The communication of one step of world rank 0 (dp 0, stage 0, cp 0, tp 0), payload per group
 // from the layout alone (the README derives it). m micro-batches of B x T on this replica, T the
 // rank's tokens of a sequence (T/cp of -t); Ls = L/pp layers on this stage; first = 1 (stage 0
-// holds the embedding), last = 1 when pp = 1 (it holds the head too); a = B T C X, one activation.
+// holds the embedding), last = 1 when pp = 1 or in a V (it holds the head too); a = B T C X, one
+// activation.
 //   tp   per micro-batch 4 Ls + first + last collectives of a: all-reduces, or with -sp each of
 //        them a reduce-scatter plus an all-gather; the loss's 3 B T fp32 (last);
 //        with -sp per step the LayerNorm gradients, (4 Ls + 2 last) C X. -r 2 reruns each layer's
@@ -532,10 +537,11 @@ static void check_copies(const GPT2* model, Grid* g, int step) {
 //        reduce-scattered and 2 m Ls a more all-gathered
 //   cp   per layer of the stage and micro-batch, attention's K,V blocks of B T 2C/tp X:
 //        cp_attention_bytes (llmc/context_parallel.h) with Ls layers and m micro-batches
-//   pp   (2V - 1) m messages of a / (tp with -sp) each way (pp > 1); the loss broadcast, 4 bytes
+//   pp   (2V - 1) m messages of a / (tp with -sp) each way (pp > 1; in a V 2 m: chunk 0's
+//        activations and chunk 1's gradients, with stage 1); the loss broadcast, 4 bytes
 //   dp   the gradients: an all-reduce of the rank's N parameters X, or with -z 1 a reduce-scatter
 //        and an all-gather of N X (N padded to dp cp x 128); the loss's average, 4 bytes
-//   embedding  the tied wte's gradient on this rank, Vp/tp C X (pp > 1)
+//   embedding  the tied wte's gradient on this rank, Vp/tp C X (pp > 1, not in a V)
 //   world      the gradient norm's float
 // With experts (5D) an MoE layer has no tp collective (2 Ls + first + last a micro-batch, not
 // 4 Ls + ...); with -sp the routers' gradients (Ls E C X) join the LayerNorms' over tp; dp
@@ -551,7 +557,7 @@ typedef struct {
 static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const ParameterLayout* p, int B, int T, int cp,
                             int allgather, int zero, int rerun) {
     double X = sizeof(floatX), a = (double)B * T * c.channels * X, m = s.m, Ls = (double)c.num_layers / s.p;
-    int sp = d.seq_shards > 1, last = s.p == 1, moe = gpt2_is_moe(c);
+    int sp = d.seq_shards > 1, v_shape = pipeline_is_v(s), last = s.p == 1 || v_shape, moe = gpt2_is_moe(c);
     double collectives = (moe ? 2 : 4) * Ls + 1 + last, routers = moe ? Ls * c.experts * c.channels * X : 0;
     double experts = (double)p->expert_region;  // (0 in a dense model)
     StepBytes b;
@@ -562,13 +568,13 @@ static StepBytes step_bytes(GPT2Config c, LayerDims d, PipeSpec s, const Paramet
         if (sp) b.tp_reduce_scatter += m * Ls * a, b.tp_all_gather += 2 * m * Ls * a;
         else b.tp_all_reduce += m * Ls * a;
     }
-    b.pp_send = b.pp_recv = s.p > 1 ? (2.0 * s.V - 1) * m * a / d.seq_shards : 0;
+    b.pp_send = b.pp_recv = s.p > 1 ? (v_shape ? 2.0 : 2.0 * s.V - 1) * m * a / d.seq_shards : 0;
     b.pp_broadcast = 4;
     b.dp_all_reduce = (zero ? 0 : ((double)p->count - experts) * X) + 4;
     b.edp_all_reduce = zero ? 0 : experts * X;  // (counted where edp > 1)
     b.edp_reduce_scatter = zero ? experts * X : 0;  // (and as much all-gathered)
     b.dp_reduce_scatter = b.dp_all_gather = zero ? ((double)p->count - experts) * X : 0;
-    b.embedding = s.p > 1 ? (double)d.Vp_rank * c.channels * X : 0;
+    b.embedding = s.p > 1 && !v_shape ? (double)d.Vp_rank * c.channels * X : 0;
     b.world = 4 + (moe ? 4.0 * (c.num_layers * c.experts + 3) : 0);  // (experts: the step's MoE figures)
     b.cp = cp_attention_bytes(B, T, d.att, cp, Ls, m, allgather, rerun);
     return b;
@@ -594,7 +600,7 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
                    cp->allgather ? "all-gather of K,V" : "ring of K,V");
     }
     banner_row(&rows[n++], "pipeline", "%s, %d stage%s%s", pipe_schedule_names[s.sched], s.p, s.p > 1 ? "s" : "",
-               s.V > 1 ? ", interleaved" : "");
+               pipeline_is_v(s) ? ", two chunks each in a V" : s.V > 1 ? ", interleaved" : "");
     banner_row(&rows[n++], "data parallel", "%d replica%s%s", g->dp, g->dp > 1 ? "s" : "", zero ? ", ZeRO-1" : "");
     if (g->moe) {
         int S = g->dp * g->cp * g->tp;
@@ -613,10 +619,10 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
         char groups[5][160];
         const char which[5] = {'t', 'c', 'p', 'd', 'e'};
         for (int k = 0; k < 5; k++) grid_group_members(groups[k], sizeof(groups[k]), g, r, which[k]);
-        int embeds = sr == 0 || sr == g->pp - 1;
+        int embeds = sr == 0 || (sr == g->pp - 1 && g->pp_head == g->pp - 1);
         printf("  rank %2d  dp %d pp %d cp %d tp %d   tp %-10s cp %-10s pp %-10s dp %-10s%s%s", r, dr, sr, cr, tr,
-               groups[0], groups[1], groups[2], groups[3], embeds && g->pp > 1 ? "embedding " : "",
-               embeds && g->pp > 1 ? groups[4] : "");
+               groups[0], groups[1], groups[2], groups[3], embeds && g->pp_head > 0 ? "embedding " : "",
+               embeds && g->pp_head > 0 ? groups[4] : "");
         if (g->moe) {  // the fold: ep consecutive ranks of the stage, edp every ep-th
             int S = g->dp * g->cp * g->tp, q = r % S, first = r - q;
             printf("  ep {%d..%d} edp {", first + q / g->ep * g->ep, first + q / g->ep * g->ep + g->ep - 1);
@@ -628,7 +634,7 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
     if (world > 64) printf("  ... (%d ranks)\n", world);
     printf("stages (each split over its %d tp ranks; device memory predicted for each of their ranks):\n", g->tp);
     for (int stage = 0; stage < s.p; stage++) {
-        size_t unpadded = parameter_layout_grid(c, g->tp, 0, s.p, stage, s.V).count;
+        size_t unpadded = parameter_layout_grid(c, g->tp, 0, s.p, stage, s.V, pipeline_is_v(s)).count;
         MemoryPlan plan = memory_plan(c, d.target, &run->layout, stage, 0);
         const ParameterLayout l = plan.layout;
         stage_print_layers(stage, &l, s.V, st->chunk_layers);
@@ -643,16 +649,17 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
     double a = (double)args->B * Tl * c.channels * sizeof(floatX);
     printf("communication per step of rank 0 (payload per group; a = B T C X = %.0f bytes%s, Ls = L/pp = %d layers):\n", a,
            g->cp > 1 ? " with T = T/cp" : "", c.num_layers / s.p);
-    const char* last = s.p == 1 ? " + 1 (head)" : "";
+    int head_here = s.p == 1 || pipeline_is_v(s);  // (stage 0 holds the head too)
+    const char* last = head_here ? " + 1 (head)" : "";
     int per_layer = g->moe ? 2 : 4;  // (an MoE layer's MLP half has no tp collective)
     if (sp) {
         printf("  tp all-gather      %12.0f bytes  m (%d Ls + 1%s) a\n", b.tp_all_gather, per_layer, last);
         printf("  tp reduce-scatter  %12.0f bytes  m (%d Ls + 1%s) a\n", b.tp_reduce_scatter, per_layer, last);
         printf("  tp all-reduce      %12.0f bytes  %s(4 Ls%s) C X (LayerNorm gradients)%s\n", b.tp_all_reduce,
-               s.p == 1 ? "m 3 B T 4 (loss) + " : "", s.p == 1 ? " + 2" : "", g->moe ? " + Ls E C X (routers)" : "");
+               head_here ? "m 3 B T 4 (loss) + " : "", head_here ? " + 2" : "", g->moe ? " + Ls E C X (routers)" : "");
     } else {
         printf("  tp all-reduce      %12.0f bytes  m (%d Ls + 1%s) a%s\n", b.tp_all_reduce, per_layer, last,
-               s.p == 1 ? " + m 3 B T 4 (loss)" : "");
+               head_here ? " + m 3 B T 4 (loss)" : "");
     }
     if (layer_rerun_needed(stage_kept(args->recompute, s, d))) {
         printf("  (tp, -r 2: + m Ls a %s for the forward rerun before each layer's backward)\n",
@@ -666,7 +673,8 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
         printf("  cp send, recv      %12.0f bytes  each: m Ls (%d (cp-1) B T 2C/tp X + cp B T 2C/tp 4) (K,V; dK,dV)\n",
                b.cp.send, 2 + rerun);
     }
-    printf("  pp send, recv      %12.0f bytes  each: (2V-1) m a%s; + 4 (loss broadcast)\n", b.pp_send, sp ? " / tp" : "");
+    printf("  pp send, recv      %12.0f bytes  each: %s m a%s; + 4 (loss broadcast)\n", b.pp_send,
+           pipeline_is_v(s) ? "2" : "(2V-1)", sp ? " / tp" : "");
     const char* over = g->cp > 1 ? " (over dp x cp)" : "";
     const char* dense = g->moe ? "_dense" : "";
     if (zero) printf("  dp reduce-scatter  %12.0f bytes  N%s X, and as much all-gathered; + 4 (loss)%s\n", b.dp_reduce_scatter, dense, over);
@@ -678,7 +686,8 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st, con
         printf("  edp all-reduce     %12.0f bytes  N_experts X (this rank's %d experts, over the %d ranks holding them)\n",
                b.edp_all_reduce, c.experts / g->ep, g->edp_group.size);
     }
-    printf("  embedding          %12.0f bytes  Vp/tp C X (the tied wte's gradient)\n", b.embedding);
+    printf("  embedding          %12.0f bytes  Vp/tp C X (the tied wte's gradient%s)\n", b.embedding,
+           pipeline_is_v(s) ? "; none in a V: one wte, on stage 0" : "");
     printf("  world all-reduce   %12.0f bytes  4 (the gradient norm)%s\n", b.world,
            g->moe ? " + 4 (L E + 2) (the loads, kept and dropped slots) + 4 (the aux loss)" : "");
     if (g->moe && st->moe->tokens.seq_group && st->moe->balance == BALANCE_AUX) {  // (moe_route: each layer's f and P)
@@ -772,7 +781,8 @@ static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions
     // (Vp/tp, C) over the embedding group, so both copies get the sum and the same update.
     // A SUM: the two are parts of one tensor's gradient (as two uses of it in one process
     // add); the replicas' gradients below are whole estimates of the same one, so an AVG.
-    if (g->pp > 1 && g->in_embedding) {
+    // (In a V the first stage holds the head too, and its one wte has both parts already.)
+    if (g->embedding.size > 1) {
         comm_all_reduce(&g->embedding, model->grads.wte, layout->sizes[PARAM_WTE], COMM_FLOATX, COMM_SUM);
     }
     // 4. data parallelism: the mean of the replicas' gradients. An all-reduce (AVG) of this
@@ -785,11 +795,11 @@ static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions
     if (t->moe) reduce_dense_and_experts(model, g, grad_shard);
     else if (zero) comm_reduce_scatter(&g->dp_group, model->grads_memory, grad_shard, layout_state_held(layout), COMM_FLOATX, COMM_AVG);
     else comm_all_reduce(&g->dp_group, model->grads_memory, layout->count, COMM_FLOATX, COMM_AVG);
-    // 5. the loss lives on the last stage (walk.loss is 0 on the others): broadcast over the
-    // pipe, then averaged over the replicas and their cp ranks (one float each, each a mean of
-    // as many tokens), so that every rank prints and checks the same value
+    // 5. the loss lives on the stage with the head (walk.loss is 0 on the others): broadcast
+    // over the pipe, then averaged over the replicas and their cp ranks (one float each, each a
+    // mean of as many tokens), so that every rank prints and checks the same value
     float loss = walk->loss / (float)t->st->spec.m;
-    comm_broadcast_host(&g->pp_group, &loss, sizeof(float), g->pp - 1);
+    comm_broadcast_host(&g->pp_group, &loss, sizeof(float), g->pp_head);
     comm_all_reduce_scalar(&g->dp_group, &loss, COMM_AVG);
     // 6. the global gradient norm: each rank's owned squares (owned_norm_squared), summed
     // over the world (all-reduce of one float)
@@ -842,8 +852,8 @@ int main(int argc, char** argv) {
         {"-tp", ARG_INT, &tp, 1, ARG_NO_MAX, "tensor-parallel ranks per stage; NH, 4C and Vp must divide by it"},
         {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism inside the tp group (T/cp must divide by tp)"},
         {"-tp_overlap", ARG_INT, &tp_overlap, 0, 1, "1: tp's collectives in ring steps under their GEMMs (train_gpt2_tp's -tp_overlap)"},
-        {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1)"},
-        {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved"},
+        {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1), zbv (ZB-V), dualpipev (DualPipeV)"},
+        {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved (zbv and dualpipev: 2, their V)"},
         {"-z", ARG_INT, &zero, 0, 1, "1: ZeRO-1, the AdamW state sharded over the dp replicas (and their cp ranks)"},
         {"-timeline", ARG_INT, &timeline, 0, ARG_NO_MAX, "every N steps print the measured timeline of replica 0's pipeline at tp rank 0 (0: never)"},
         {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
@@ -872,13 +882,15 @@ int main(int argc, char** argv) {
     int n;
     PipeAction* all_actions = pipeline_plan(spec, sched_name, &n);  // every stage's actions (pipeline.h)
     Grid grid;
-    grid_init(&grid, world, dp, pp, cp_size, tp);
+    grid_init(&grid, world, dp, pp, cp_size, tp, pipeline_is_v(spec));
+    grid.pp_head = pipeline_head_stage(spec);
     if (gpt2_is_moe(config)) grid_add_experts(&grid, world, &run, moe_flags, sp);  // 5D: ep x edp folded in
     PipeAction* actions = all_actions + (size_t)grid.stage * n;  // (every stage's list has n actions)
 
     // ---- this rank's parameters: its tp slices of its stage's tensors (and its E/ep experts),
     // with -z 1 padded so that the dp x cp ranks holding them can split its state into equal shards
-    ParameterLayout layout = parameter_layout_experts(config, tp, grid.tp_rank, pp, grid.stage, vp, grid.ep, grid.ep_rank);
+    ParameterLayout layout = parameter_layout_experts(config, tp, grid.tp_rank, pp, grid.stage, spec.V, pipeline_is_v(spec), grid.ep,
+                                                     grid.ep_rank);
     layout_shard_flat(&layout, zero, grid.dp_group.size, grid.dp_group.rank, grid.moe ? grid.edp_group.size : 1,
                       grid.moe ? grid.edp_group.rank : 0);
 
@@ -903,7 +915,8 @@ int main(int argc, char** argv) {
                stage_kept(run.args.recompute, spec, dims), 0);
     free(weights);
     Stage stage;
-    stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), &model, B, Tl);
+    stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), stage_num_grads(spec, grid.stage, actions, n), &model, B,
+                Tl);
     Moe moe;  // 5D: the MoE layers' state, a record per slot (grid_moe_alloc)
     if (grid.moe) grid_moe_alloc(&moe, &stage, &grid, &run, moe_flags, Tl, B * Tl / dims.seq_shards);
     // with -z 1 the reduce-scatter's output: this rank's 1/(dp cp) shard of the reduced gradients

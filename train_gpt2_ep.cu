@@ -445,7 +445,7 @@ int main(int argc, char** argv) {
                      config.topk, moe_balance_name(balance), flags.aux_alpha, flags.bias_rate, flags.capacity_factor);
     if (flags.capacity_factor > 0) run_identity_add(&run.identity, "capacity", "%d tokens a rank", B * T);  // (as 5D's)
     LayerDims dims = layer_dims_moe(layer_dims(config, 1, 0));
-    ParameterLayout rank_layout = parameter_layout_experts(config, 1, 0, 1, 0, 1, ep, rank % ep);
+    ParameterLayout rank_layout = parameter_layout_experts(config, 1, 0, 1, 0, 1, 0, ep, rank % ep);
     GPT2 model;
     gpt2_build(&model, config, dims, rank_layout, weights, B, T, ACTS_ALL, KEEP_ALL, 0);
     free(weights);

@@ -1,8 +1,9 @@
 /*
 GPT-2 training with pipeline parallelism: GPipe (Huang et al. 2019, arXiv:1811.06965), 1F1B
 (PipeDream-Flush, Narayanan et al. 2021, arXiv:2006.09503), interleaved 1F1B (Narayanan et al.
-2021, arXiv:2104.04473) and zero bubble (ZB-H1, Qi et al. 2023, arXiv:2401.10241); the
-schedules themselves are in llmc/pipeline.h.
+2021, arXiv:2104.04473), zero bubble (ZB-H1 and ZB-V, Qi et al. 2023, arXiv:2401.10241) and
+DeepSeek-V3's DualPipeV (arXiv:2412.19437 section 3.2.1); the schedules themselves are in
+llmc/pipeline.h.
 
 All ranks form one pipeline of p stages: the layers are cut into p contiguous ranges, and rank s
 holds and runs only range s. A micro-batch's activations (B, T, C) travel down the pipe, stage to
@@ -21,8 +22,15 @@ is the time the pipe takes to fill and to drain: (p - 1) / (m + p - 1) of the st
   - zb (ZB-H1): the backward split in two, B (the input gradient, which the stage before waits
     for) and W (the weight gradient, which nobody waits for); W's are held back to run in what
     was the bubble, which shrinks to about a third of 1F1B's at 1F1B's peak memory.
-The embedding is on the first stage and the LM head on the last. GPT-2 ties them (the head is
-wte transposed): the last stage holds a copy of wte, and after each step's backward passes the
+  - zbv (ZB-V) and dualpipev (DualPipeV): two chunks a stage placed in a V, chunk 0 of stage s
+    being virtual stage s (going down) and chunk 1 virtual stage 2p - 1 - s (coming back up), B
+    and W split. Stage 0 holds the first and the last virtual stage, so the embedding and the
+    head are on one rank (one wte, no embedding group), and stage p - 1 hands chunk 0's output to
+    its own chunk 1 without a message. Both leave no bubble inside a stage's work at equal F, B
+    and W times; DualPipeV runs one micro-batch's forward joined to another's backward (F&B), so
+    that on a GPU one's communication can hide under the other's compute.
+The embedding is on the first stage and the LM head on the last (in a V, both on the first).
+GPT-2 ties them (the head is wte transposed): the last stage holds a copy of wte, and after each step's backward passes the
 two copies' gradients are summed over an "embedding group" of the first and last rank (as
 Megatron-LM does), so both copies take the same update and stay identical. A stage's last layer
 cannot fuse the next LayerNorm into its residual add (that LayerNorm is on the next stage), so
@@ -38,6 +46,7 @@ The result matches one process training the whole model to fp32 rounding (checke
 PyTorch in test/).
 
 Build: make train_gpt2_pp        Run: mpirun -np 4 ./train_gpt2_pp -e d8 -b 4 -t 64 -d 2048 -sched 1f1b -o out
+                                      mpirun -np 4 ./train_gpt2_pp -e d8 -b 4 -t 64 -d 2048 -sched zbv
 The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/ops.h).
 */
 #include <math.h>
@@ -68,7 +77,8 @@ The same source compiles as C for the CPU backend and as CUDA with nvcc (llmc/op
 
 // The global gradient norm: each stage's sum of squares of its own gradients, summed over the
 // pipeline (all-reduce of one float). The tied wte is counted once: a stage with the head but not
-// the embedding (the last of several) leaves out its copy, whose gradient is the first stage's.
+// the embedding (the last of several) leaves out its copy, whose gradient is the first stage's
+// (in a V the first stage holds both, and its one wte).
 static float stage_grad_norm(const GPT2* model, CommGroup* pp) {
     const ParameterLayout* layout = &model->layout;
     double squares = 0.0;
@@ -97,29 +107,33 @@ static float val_loss(void* trainer, DataLoader* val) {
     return stage_forward_pass(t->model, t->st, t->pp, NULL, NULL, val, NULL, t->model->B, t->model->T).loss;
 }
 
-// a sample's forward pass through the pipe: the logits (1, T, Vp) on the last stage, where its
-// slot is free again but nothing has overwritten it; NULL elsewhere
+// a sample's forward pass through the pipe: the logits (1, T, Vp) on the stage with the head,
+// where its slot is free again but nothing has overwritten it; NULL elsewhere
 static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
     Pipeline* t = (Pipeline*)trainer;
     Walk w = stage_forward_pass(t->model, t->st, t->pp, NULL, NULL, NULL, tokens, 1, T);
-    return t->st->stage == t->pp->size - 1 ? w.head->logits : NULL;
+    return t->model->layout.head ? w.head->logits : NULL;
 }
 
 // The communication of one step, payload on rank 0 (stage 0), from the layout alone (the README
 // derives it). Each micro-batch crosses every boundary between virtual stages twice: its
 // activations forward, their gradient back, B*T*C floatX each way. Stage 0 holds V chunks: all V
 // send activations on (the last virtual stage is on the last rank) and all but the first send a
-// gradient back, and it receives as many: (2V - 1) messages each way per micro-batch. Per step:
-// the all-reduce of wte's gradient over the embedding group (Vp*C floatX), the gradient norm's
-// float, and the loss broadcast from the last stage.
+// gradient back, and it receives as many: (2V - 1) messages each way per micro-batch. In a V
+// stage 0 talks to stage 1 only: chunk 0's activations and chunk 1's gradient go down, 2 messages
+// each way per micro-batch. Per step: the all-reduce of wte's gradient over the embedding group
+// (Vp*C floatX; none in a V, whose one wte is on stage 0), the gradient norm's float, and the
+// loss broadcast from the stage with the head.
 typedef struct {
     double send, recv, all_reduce, broadcast;
 } StepBytes;
 
 static StepBytes pp_step_bytes(GPT2Config c, PipeSpec s, int B, int T) {
     double X = sizeof(floatX), message = (double)B * T * c.channels * X;
-    double messages = s.p > 1 ? (double)s.m * (2 * s.V - 1) : 0;
-    StepBytes b = {messages * message, messages * message, (s.p > 1 ? (double)c.padded_vocab_size * c.channels * X : 0) + 4, 4};
+    double messages = s.p == 1 ? 0 : pipeline_is_v(s) ? 2.0 * s.m : (double)s.m * (2 * s.V - 1);
+    int tied_copies = s.p > 1 && !pipeline_is_v(s);  // wte on two stages
+    StepBytes b = {messages * message, messages * message, (tied_copies ? (double)c.padded_vocab_size * c.channels * X : 0) + 4,
+                   4};
     return b;
 }
 
@@ -133,15 +147,16 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st) {
     size_t P = gpt2_num_parameters(c), X = sizeof(floatX);
     BannerRow rows[16];
     int n = train_banner_model(rows, "train_gpt2_pp (PP)", args->model, c);
-    banner_row(&rows[n++], "pipeline stages", "%d%s", s.p, s.V > 1 ? ", interleaved" : "");
+    banner_row(&rows[n++], "pipeline stages", "%d%s", s.p, pipeline_is_v(s) ? ", two chunks each in a V" : s.V > 1 ? ", interleaved" : "");
     if (s.V > 1) banner_row(&rows[n++], "chunks per stage", "%d of %d layers each", s.V, st->chunk_layers);
     banner_row(&rows[n++], "schedule", "%s", pipe_schedule_names[s.sched]);
     banner_row(&rows[n++], "micro-batches m", "%d of B x T = %d x %d", s.m, args->B, args->T);
     banner_row(&rows[n++], "recomputation", "%s", recompute_names[args->recompute]);
     n = run_banner_rows(run, rows, n);
     train_print_banner(rows, n);
-    printf("stages (the embedding on the first, lnf and the tied LM head, a copy of wte, on the last; each one's device "
-           "memory predicted):\n");
+    printf("stages (%s; each one's device memory predicted):\n",
+           pipeline_is_v(s) ? "the embedding, lnf and the tied LM head on the first, in the V's two ends"
+                            : "the embedding on the first, lnf and the tied LM head, a copy of wte, on the last");
     for (int stage = 0; stage < s.p; stage++) {
         MemoryPlan of_stage = memory_plan(c, plan->dims.target, &run->layout, stage, stage == 0);
         const ParameterLayout l = of_stage.layout;
@@ -155,23 +170,28 @@ static void print_layout(const Run* run, const GPT2* model, const Stage* st) {
     StepBytes b = pp_step_bytes(c, s, args->B, args->T);
     double message = (double)args->B * args->T * c.channels * X;
     printf("communication per step (payload of stage 0), messages of B T C X = %.0f bytes:\n", message);
-    printf("  send           %12.0f bytes  (2V-1) m B T C X: activations of V chunks, gradients of V-1\n", b.send);
+    int v = pipeline_is_v(s);
+    printf("  send           %12.0f bytes  %s\n", b.send,
+           v ? "2 m B T C X: chunk 0's activations and chunk 1's gradients, to stage 1"
+             : "(2V-1) m B T C X: activations of V chunks, gradients of V-1");
     printf("  recv           %12.0f bytes  the same, the other way\n", b.recv);
-    printf("  all-reduce     %12.0f bytes  Vp C X (wte's gradient, embedding group) + 4 (norm)\n", b.all_reduce);
-    printf("  broadcast      %12.0f bytes  4 (the loss, from the last stage)\n", b.broadcast);
+    printf("  all-reduce     %12.0f bytes  %s4 (norm)\n", b.all_reduce, v ? "" : "Vp C X (wte's gradient, embedding group) + ");
+    printf("  broadcast      %12.0f bytes  4 (the loss, from the stage with the head)\n", b.broadcast);
     // on the link (the step line's "ring"): the sends whole, the embedding group's all-reduce of 2
     // ranks as a ring (2 (2-1)/2 of it), the norm's over the pipe 2 (p-1)/p of 4 bytes
     if (s.p > 1)
-        printf("  on the link    %12.0f bytes  send + Vp C X + 2 (p-1)/p 4\n",
-               b.send + (b.all_reduce - 4) + 2.0 * (s.p - 1) / s.p * 4);
-    printf("  the whole pipeline sends (pV-1) boundaries x 2 m B T C X = %.0f bytes per step\n",
-           (double)(s.p * s.V - 1) * 2 * s.m * message);
+        printf("  on the link    %12.0f bytes  send + %s2 (p-1)/p 4\n", b.send + (b.all_reduce - 4) + 2.0 * (s.p - 1) / s.p * 4,
+               v ? "" : "Vp C X + ");
+    // (the V's bottom boundary, between stage p - 1's two chunks, is a copy, not a message)
+    int boundaries = s.p * s.V - 1 - (v && s.p > 1 ? 1 : 0);
+    printf("  the whole pipeline sends %s boundaries x 2 m B T C X = %.0f bytes per step\n", v ? "(2p-2)" : "(pV-1)",
+           (double)boundaries * 2 * s.m * message);
 }
 
 // One training step of this stage (steps 1-5 of the loop), after run_step_begin: the schedule
 // with its exchanges, the tied embedding's all-reduce, the loss, the norm, AdamW, the step line.
-// embed: the embedding group (the first and last stage; a group of one rank elsewhere and when
-// p = 1). timed: the walk records each action's times (-timeline)
+// embed: the embedding group (the first and last stage; a group of one rank elsewhere, when
+// p = 1 and in a V). timed: the walk records each action's times (-timeline)
 static void pipeline_step(Run* run, Pipeline* t, Walk* walk, const PipeAction* actions, int n, CommGroup* embed, int step,
                           int timed) {
     GPT2* model = t->model;
@@ -195,10 +215,10 @@ static void pipeline_step(Run* run, Pipeline* t, Walk* walk, const PipeAction* a
     // the sum and take the same update.
     watchdog_phase("embedding all-reduce", step);
     if (embed->size > 1) comm_all_reduce(embed, model->grads.wte, model->layout.sizes[PARAM_WTE], COMM_FLOATX, COMM_SUM);
-    // 3. the loss lives on the last stage: broadcast it (one float) for the step line and
-    // for every rank's finite check
+    // 3. the loss lives on the stage with the head (the last; in a V the first): broadcast it
+    // (one float) for the step line and for every rank's finite check
     float loss = walk->loss / (float)t->st->spec.m;
-    comm_broadcast_host(t->pp, &loss, sizeof(float), t->pp->size - 1);
+    comm_broadcast_host(t->pp, &loss, sizeof(float), pipeline_head_stage(t->st->spec));
     // 4. the global gradient norm: the stages' squares summed over the pipeline (all-reduce of
     // one float in stage_grad_norm), the last stage's wte copy left out: after step 2 it
     // equals the first stage's
@@ -223,8 +243,8 @@ int main(int argc, char** argv) {
     int pp_flag = 0, vp = 1, timeline = 0, check_replicas = 0;
     const ArgSpec own[] = {
         {"-pp", ARG_INT, &pp_flag, 0, ARG_NO_MAX, "pipeline stages; all ranks form one pipeline, so it must equal the number of ranks (0: the number of ranks)"},
-        {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1)"},
-        {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved; L must divide by pp * vp"},
+        {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1), zbv (ZB-V), dualpipev (DualPipeV)"},
+        {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved (zbv and dualpipev: 2, their V); L must divide by pp * vp"},
         {"-timeline", ARG_INT, &timeline, 0, ARG_NO_MAX, "every N steps print the measured timeline of the step (and append it to -o's timeline.jsonl) (0: never)"},
         {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that the first and last stage hold the same wte (0: never)"},
@@ -234,7 +254,7 @@ int main(int argc, char** argv) {
     int rank = pp->rank, p = pp->size;
     GPT2Config config = run.config;
 
-    // ---- the layout: stage s = rank s; its layers in vp chunks of L / (p vp)
+    // ---- the layout: stage s = rank s; its layers in vp chunks of L / (p vp) (2 in a V)
     run_check_one_group(&run, "-pp", pp_flag, "one pipeline");
     LayerDims dims = layer_dims(config, /*tp*/ 1, /*sp*/ 0);  // every stage holds whole layers
     // the batch: a step is m micro-batches of B x T, each through the whole pipe
@@ -248,10 +268,10 @@ int main(int argc, char** argv) {
     // ---- memory, checked before allocating: the stage's parameters and scratch, a slot of
     // activations per micro-batch the schedule keeps in flight (at least 2: a forward-only pass
     // receives into one while the last is sent), a second gradient buffer (llmc/memory_plan.h)
-    ParameterLayout layout = parameter_layout_grid(config, /*tp*/ 1, /*tp_rank*/ 0, p, rank, vp);
+    ParameterLayout layout = parameter_layout_grid(config, /*tp*/ 1, /*tp_rank*/ 0, p, rank, spec.V, pipeline_is_v(spec));
     RunLayout run_layout_pp = run_layout(&run, TRAINER_PP, m);
     run_layout_pp.pp = p;
-    run_layout_pp.V = vp;
+    run_layout_pp.V = spec.V;
     run_layout_pp.sched = spec.sched;
     run_layout_pp.dump_grads = dump_grads != NULL;
     run_check_memory(&run, run_layout_pp, rank, "%zu of %zu parameters on stage %d, -b %d -t %d", layout.count,
@@ -260,12 +280,13 @@ int main(int argc, char** argv) {
     // ---- the weights, the data (a step is m chunks of B x T tokens, each read by every rank:
     // the first stage uses their inputs, the last their targets), the run's identity with its
     // layout (a resume must match it), the output dir
-    float* weights = run_load(&run, m, /*val_chunks*/ 1, "dp=1 tp=1 pp=%d vp=%d sched=%s, %d micro-batches of %d x %d", p, vp,
+    float* weights = run_load(&run, m, /*val_chunks*/ 1, "dp=1 tp=1 pp=%d vp=%d sched=%s, %d micro-batches of %d x %d", p, spec.V,
                               sched_name, m, B, T);
     // the embedding group: the first and the last stage, which both hold wte (a group of one
-    // rank when p = 1; the stages between form groups of their own and never use them)
+    // rank when p = 1 and in a V, where only the first holds it; the stages between form groups
+    // of their own and never use them)
     CommGroup embed;
-    int in_embed = rank == 0 || rank == p - 1;
+    int in_embed = layout.embedding || layout.head;
     // (comm_split's colour: 0 for the first and last stage, one of its own for each other)
     comm_split(&embed, &run.world, in_embed ? 0 : 1 + rank, rank, "embedding");
     GPT2 model;
@@ -273,13 +294,14 @@ int main(int argc, char** argv) {
                stage_kept(run.args.recompute, spec, dims), 0);  // what a slot keeps (-r, model.h)
     free(weights);
     Stage stage;
-    stage_alloc(&stage, spec, rank, stage_num_slots(spec, actions, n), &model, B, T);
+    stage_alloc(&stage, spec, rank, stage_num_slots(spec, actions, n), stage_num_grads(spec, rank, actions, n), &model, B, T);
     if (rank == 0) print_layout(&run, &model, &stage);
 
     // ---- resume with -y 1; validation and samples as forward-only walks through the pipe
     Pipeline trainer = {&model, &stage, pp};
     RunModel hooks = run_model(&model, &trainer, val_loss, sample_logits);
-    hooks.pipe = pp;   // the loss and the logits on the last stage, broadcast over the pipe
+    hooks.pipe = pp;   // the loss and the logits on the stage with the head, broadcast over the pipe
+    hooks.pipe_head = pipeline_head_stage(spec);
     hooks.split = pp;  // checkpoints gathered from the stages
     CommGroup* step_groups[2] = {pp, &embed};
     run_begin(&run, hooks, step_groups, 2);  // (step_groups: whose bytes each step reports)
@@ -295,7 +317,7 @@ int main(int argc, char** argv) {
         if (timed) comm_barrier(pp);  // a common start, so that the stages' clocks line up
         run_step_begin(&run);
         pipeline_step(&run, &trainer, &walk, actions, n, &embed, step, timed);  // steps 1-5 (above)
-        if (check_replicas > 0 && (step + 1) % check_replicas == 0 && p > 1 && in_embed) {
+        if (check_replicas > 0 && (step + 1) % check_replicas == 0 && embed.size > 1) {
             train_check_replicas(&model, &embed, step + 1, &wte_only, "wte copies of the first and last stage");
         }
         // after the step's count (AdamW left the gradients): the stages gathered into one file

@@ -52,6 +52,8 @@ typedef struct {
     ParameterLayout layout;  // the rank's parameters (tp rank 0 of its stage, dp rank 0)
     LayerDims dims;
     int slots;               // micro-batches (or chunks) a pipeline stage holds in flight; 1 without one
+    int grad_buffers;        // a pipeline stage's (BTs, C) gradient messages (stage_grad_indices): 2,
+                             // more in a V; 0 without a pipeline
     uint64_t params, grads, master, state;  // the model states
     uint64_t layers;           // activations the forward keeps for the backward, slots x layers
     uint64_t recomputed;       // one layer's buffers for what -r does not keep
@@ -129,10 +131,11 @@ static inline uint64_t moe_device_bytes(int records, int record_layers, int L, i
 // the rank's parameter layout, as each trainer builds it
 static inline ParameterLayout memory_plan_layout(GPT2Config c, const RunLayout* r, int stage) {
     if (r->trainer == TRAINER_DP) return parameter_layout_buckets(c, r->zero, r->dp, 0);
-    if (r->trainer == TRAINER_EP) return parameter_layout_experts(c, 1, 0, 1, 0, 1, layout_ep(r), 0);
+    if (r->trainer == TRAINER_EP) return parameter_layout_experts(c, 1, 0, 1, 0, 1, 0, layout_ep(r), 0);
     if (r->trainer == TRAINER_TP || r->trainer == TRAINER_CP || r->trainer == TRAINER_DILOCO) return parameter_layout(c, r->tp, 0);
     // (the grid trainer's experts: ep of a stage's ranks hold them, its rank 0 experts 0 .. E/ep - 1)
-    ParameterLayout l = parameter_layout_experts(c, r->tp, 0, r->pp, stage, r->V, layout_ep(r), 0);
+    PipeSpec spec = {r->sched, r->pp, r->m, r->V};  // (zbv and dualpipev place the chunks in a V)
+    ParameterLayout l = parameter_layout_experts(c, r->tp, 0, r->pp, stage, r->V, pipeline_is_v(spec), layout_ep(r), 0);
     // (ZeRO-1: the dense tensors over dp x cp, the experts over the S / ep ranks holding them, S =
     // dp cp tp the stage's ranks)
     int stage_ranks = r->dp * layout_cp(r) * r->tp;
@@ -186,14 +189,17 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     plan.grads = layout_grads_held(l) * X;
     plan.master = t.X < 4 && !r->offload ? S * sizeof(float) : 0;
     plan.state = r->offload ? 0 : 2 * S * sizeof(float);
-    // a pipeline stage's slots: the most micro-batches its schedule holds at once (pipeline.h)
+    // a pipeline stage's slots: the most micro-batches its schedule holds at once (pipeline.h);
+    // its gradient buffers: two, or in a V as many as its sends put off keep busy (stage.h)
     plan.slots = 1;
+    plan.grad_buffers = 0;
     if (pipelined) {
         PipeSpec spec = {r->sched, r->pp, r->m, r->V};
         int n = pipeline_actions_per_stage(spec);
         PipeAction* actions = (PipeAction*)malloc_check((uint64_t)n * sizeof(PipeAction));
         pipeline_stage_actions(spec, stage, actions);
         plan.slots = stage_num_slots(spec, actions, n);
+        plan.grad_buffers = stage_num_grads(spec, stage, actions, n);
         free(actions);
     }
     for (int k = 0; k <= RECOMPUTE_MAX; k++) {
@@ -206,7 +212,10 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     // (train_gpt2_3d); context parallelism's K,V blocks and their gradients, on the rank's heads
     int cp = layout_cp(r), Tl = r->T / cp;
     if (r->trainer == TRAINER_DP) plan.comm = zero_buffer_bytes(l, t.X, r->m, r->overlap);
-    if (pipelined) plan.comm = (uint64_t)r->B * Tl / plan.dims.seq_shards * c.channels * X + (r->zero ? S * X : 0);
+    if (pipelined) {
+        // (the first gradient buffer is the scratch arena's dresidual, counted in "backward")
+        plan.comm = (uint64_t)(plan.grad_buffers - 1) * r->B * Tl / plan.dims.seq_shards * c.channels * X + (r->zero ? S * X : 0);
+    }
     if (r->trainer == TRAINER_CP || cp > 1) {
         plan.comm += cp_scratch_bytes(r->B, r->T, cp, c.channels, plan.dims.att, plan.dims.NH, t.X, r->cp_allgather);
     }
@@ -365,13 +374,19 @@ static inline int memory_plan_rows(const MemoryPlan* plan, GPT2Config c, const R
         comm = r->zero == 3 ? "buckets before reduction, and the gathered parameters of 2 layers"
                             : "buckets before their reduction (and a shard to add, with accumulation)";
     }
+    // (a pipeline's gradient messages beyond the scratch arena's: one, or in a V as many more as
+    // its sends put off keep busy at once)
+    char grads_note[96];
+    if (plan->grad_buffers > 2) snprintf(grads_note, sizeof(grads_note), "%d more gradient messages (sends put off, the V)", plan->grad_buffers - 1);
+    else snprintf(grads_note, sizeof(grads_note), "a second gradient message");
     if (r->trainer == TRAINER_PP || r->trainer == TRAINER_3D) {
-        comm = r->zero ? "a second gradient message, and the reduce-scatter's 1/dp shard of the gradients"
-                       : "a second gradient message (one is sent while the next arrives)";
+        snprintf(note, sizeof(note), "%s%s", grads_note, r->zero ? ", and the reduce-scatter's 1/dp shard of the gradients"
+                                                                : " (one is sent while the next arrives)");
+        comm = note;
     }
     if (r->trainer == TRAINER_3D && layout_cp(r) > 1) {
         const char* kv = r->cp_allgather ? "the sequence's K,V" : "the ring's K,V blocks";
-        snprintf(note, sizeof(note), "a second gradient message%s; %s (tp's heads) and grads, o, dq, wpe rows",
+        snprintf(note, sizeof(note), "%s%s; %s (tp's heads) and grads, o, dq, wpe rows", grads_note,
                  r->zero ? ", the 1/(dp cp) gradient shard" : "", kv);
         comm = note;
     }

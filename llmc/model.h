@@ -157,8 +157,11 @@ typedef struct {
     int tp, tp_rank;
     int ep, ep_rank;        // expert parallelism: this rank holds experts [ep_rank E/ep, (ep_rank+1) E/ep)
     int pp, stage, chunks;  // pipeline stages, this rank's stage, chunks per stage (V)
+    int v_shape;            // 1: two chunks in a V (zbv, dualpipev; llmc/pipeline.h): chunk 1 of stage
+                            // s is virtual stage 2 pp - 1 - s, and the head is on stage 0
     int layers;             // layers this rank holds: L / pp
-    int embedding, head;    // 1: holds wte and wpe (first stage) / lnfw, lnfb and wte (last)
+    int embedding, head;    // 1: holds wte and wpe (first stage) / lnfw, lnfb and wte (last; in a V
+                            // the first, whose one wte serves both)
     uint64_t sizes[NUM_PARAMETER_TENSORS];    // elements of each tensor on this rank
     uint64_t offsets[NUM_PARAMETER_TENSORS];  // where each starts in this rank's flat buffer
     uint64_t file_offsets[NUM_PARAMETER_TENSORS];  // where the whole tensor starts in the file
@@ -186,10 +189,13 @@ static inline int tensor_is_expert(GPT2Config c, int i) {
     return gpt2_is_moe(c) && tensor_shape(c, i).grouping == GROUPS_EXPERTS;
 }
 
-// the model's layer that is local layer j of this rank (layers are stored chunk after chunk)
+// the model's layer that is local layer j of this rank (layers are stored chunk after chunk):
+// chunk c of stage s is virtual stage c pp + s, or in a V chunk 1 is 2 pp - 1 - s, and virtual
+// stage v holds layers v per_chunk ... (v + 1) per_chunk - 1
 static inline int layout_layer(const ParameterLayout* p, int j) {
-    int per_chunk = p->layers / p->chunks;
-    return (j / per_chunk * p->pp + p->stage) * per_chunk + j % per_chunk;
+    int per_chunk = p->layers / p->chunks, chunk = j / per_chunk;
+    int virtual_stage = p->v_shape && chunk == 1 ? 2 * p->pp - 1 - p->stage : chunk * p->pp + p->stage;
+    return virtual_stage * per_chunk + j % per_chunk;
 }
 
 // Stochastic rounding draws its bits from (seed, index): a replicated tensor uses the same
@@ -197,7 +203,7 @@ static inline int layout_layer(const ParameterLayout* p, int j) {
 // ranks, the tied wte on the first and last stage), a piece the indices after the pieces of the
 // ranks before it (every element of the model its own bits).
 static inline ParameterLayout parameter_layout_experts(GPT2Config c, int tp, int tp_rank, int pp, int stage, int chunks,
-                                                       int ep, int ep_rank) {
+                                                       int v_shape, int ep, int ep_rank) {
     ParameterLayout p;
     p.tp = tp;
     p.tp_rank = tp_rank;
@@ -206,9 +212,10 @@ static inline ParameterLayout parameter_layout_experts(GPT2Config c, int tp, int
     p.pp = pp;
     p.stage = stage;
     p.chunks = chunks;
+    p.v_shape = v_shape;
     p.layers = c.num_layers / pp;
     p.embedding = stage == 0;
-    p.head = stage == pp - 1;
+    p.head = stage == (v_shape ? 0 : pp - 1);
     int held[NUM_PARAMETER_TENSORS];
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) held[i] = 1;
     held[PARAM_WTE] = p.embedding || p.head;
@@ -247,8 +254,9 @@ static inline ParameterLayout parameter_layout_experts(GPT2Config c, int tp, int
     p.gathered = (1u << NUM_PARAMETER_TENSORS) - 1;
     return p;
 }
-static inline ParameterLayout parameter_layout_grid(GPT2Config c, int tp, int tp_rank, int pp, int stage, int chunks) {
-    return parameter_layout_experts(c, tp, tp_rank, pp, stage, chunks, 1, 0);
+static inline ParameterLayout parameter_layout_grid(GPT2Config c, int tp, int tp_rank, int pp, int stage, int chunks,
+                                                    int v_shape) {
+    return parameter_layout_experts(c, tp, tp_rank, pp, stage, chunks, v_shape, 1, 0);
 }
 
 // Data parallelism with ZeRO (train_gpt2_dp.cu) shards by buckets, the units in which gradients
@@ -266,7 +274,7 @@ static inline uint64_t round_up(uint64_t n, uint64_t multiple) { return (n + mul
 
 // ZeRO stage `zero` on rank `rank` of `ranks`: stage 0 (DDP) keeps whole unpadded buckets
 static inline ParameterLayout parameter_layout_buckets(GPT2Config c, int zero, int ranks, int rank) {
-    ParameterLayout p = parameter_layout_grid(c, 1, 0, 1, 0, 1);
+    ParameterLayout p = parameter_layout_grid(c, 1, 0, 1, 0, 1, 0);
     int shards = zero > 0 ? ranks : 1;
     uint64_t pad = zero > 0 ? (uint64_t)shards * ZERO_ALIGN : 1;
     p.shards = shards;
@@ -383,7 +391,7 @@ static inline void layout_shard_flat(ParameterLayout* p, int zero, int shards, i
 
 // a rank of tensor parallelism alone (one pipeline stage)
 static inline ParameterLayout parameter_layout(GPT2Config c, int tp, int tp_rank) {
-    return parameter_layout_grid(c, tp, tp_rank, 1, 0, 1);
+    return parameter_layout_grid(c, tp, tp_rank, 1, 0, 1, 0);
 }
 
 // the ranks a model is split over: tp x pp; with experts split over ep ranks, each stage's pieces
@@ -401,7 +409,8 @@ static inline int layout_model_ranks(const ParameterLayout* p) {
 // many elements as that rank's.)
 static inline ParameterLayout parameter_layout_of_rank(GPT2Config c, const ParameterLayout* p, int r) {
     int per_stage = p->tp > p->ep ? p->tp : p->ep, stage = r / per_stage, local = r % per_stage;
-    ParameterLayout of_r = parameter_layout_experts(c, p->tp, local % p->tp, p->pp, stage, p->chunks, p->ep, local % p->ep);
+    ParameterLayout of_r = parameter_layout_experts(c, p->tp, local % p->tp, p->pp, stage, p->chunks, p->v_shape, p->ep,
+                                                     local % p->ep);
     of_r.gathered = 0;
     for (int i = 0; i < NUM_PARAMETER_TENSORS; i++) {
         int holds_it = tensor_is_expert(c, i) ? local < p->ep : local < p->tp;

@@ -187,6 +187,10 @@ static inline PipeAction interleaved_action(PipeSpec s, int k, PipeOp op) {
     return pipe_action(op, group * s.p + k % s.p, op == PIPE_FORWARD ? chunk : s.V - 1 - chunk);
 }
 
+// the stage holding the last virtual stage (the LM head and the loss): the last stage, or in the V
+// the first, which holds the first and the last virtual stage both (and so the one wte)
+static inline int pipeline_head_stage(PipeSpec s) { return pipeline_is_v(s) ? 0 : s.p - 1; }
+
 // the virtual stage that runs chunk c of stage s; and the stage, and its chunk, that run virtual
 // stage v. Interleaved: chunk c of stage s is c p + s, going down the stages V times. The V: chunk
 // 0 of stage s is s going down, chunk 1 is 2p - 1 - s coming back up.
@@ -212,6 +216,15 @@ static inline int pipeline_output_to(PipeSpec s, int stage, PipeAction a) {
     if (a.op == PIPE_FORWARD) return v == last ? -1 : pipeline_other_rank(stage, pipeline_stage_of(s, v + 1));
     if (a.op == PIPE_BACKWARD) return v == 0 ? -1 : pipeline_other_rank(stage, pipeline_stage_of(s, v - 1));
     return -1;
+}
+// 1 when action a's input is made by this stage itself, by its other chunk: at the V's bottom
+// (stage p - 1) chunk 1's forward takes chunk 0's output, and chunk 0's backward chunk 1's input
+// gradient, from the stage's own memory
+static inline int pipeline_input_is_local(PipeSpec s, int stage, PipeAction a) {
+    int v = pipeline_virtual_stage(s, stage, a.chunk), last = s.p * s.V - 1;
+    if (a.op == PIPE_FORWARD) return v > 0 && pipeline_stage_of(s, v - 1) == stage;
+    if (a.op == PIPE_BACKWARD) return v < last && pipeline_stage_of(s, v + 1) == stage;
+    return 0;
 }
 
 // ZB-V, stage r of p (the header comment derives each count), F/B/W per chunk 0 and 1, each
@@ -822,12 +835,15 @@ static inline void pipeline_print_chart(PipeSpec s) {
 static inline PipeSpec pipeline_spec_of(const char* sched_name, int p, int m, int V, int L, const char* stages_flag) {
     // (every rank reads the same flags here: check_every_rank prints the error once)
     int sched = pipeline_schedule_from_any_name(sched_name);
-    check_every_rank(sched < 0 || sched < SCHEDULE_WALKED, "-sched %s: the schedule is drawn and checked (test/test_pipeline) "
-                     "but the trainers do not run it yet; expected afab, 1f1b, interleaved or zb", sched_name);
-    check_every_rank(sched >= 0, "-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
-    check_every_rank(L % (p * V) == 0, "the model's L = %d layers cannot be split into pp x vp = %d x %d = %d equal "
-                     "chunks; choose %s (and -vp) whose product divides %d", L, p, V, p * V, stages_flag, L);
+    check_every_rank(sched >= 0, "-sched %s: unknown schedule; expected afab, 1f1b, interleaved, zb, zbv or dualpipev",
+                     sched_name);
+    // the V schedules hold 2 chunks a stage: -vp 1 (the default) means theirs
     PipeSpec spec = {(PipeSchedule)sched, p, m, V};
+    check_every_rank(!pipeline_is_v(spec) || V <= 2, "-vp %d: -sched %s places exactly 2 chunks on each stage, in a V "
+                     "(leave -vp out, or give 2)", V, sched_name);
+    if (pipeline_is_v(spec)) spec.V = 2;
+    check_every_rank(L % (p * spec.V) == 0, "the model's L = %d layers cannot be split into pp x vp = %d x %d = %d equal "
+                     "chunks; choose %s (and -vp) whose product divides %d", L, p, spec.V, p * spec.V, stages_flag, L);
     return spec;
 }
 
@@ -836,7 +852,8 @@ static inline PipeSpec pipeline_spec_of(const char* sched_name, int p, int m, in
 // to pair up and finish, so that a wrong schedule stops here with the reason, not in a hang
 static inline PipeAction* pipeline_plan(PipeSpec spec, const char* sched_name, int* n_out) {
     char why[256];
-    if (pipeline_spec_problem(spec, why, sizeof(why))) fail("%s", why);
+    // (every rank plans the same spec: check_every_rank prints the rule once)
+    check_every_rank(pipeline_spec_problem(spec, why, sizeof(why)) == NULL, "%s", why);
     int n = pipeline_actions_per_stage(spec);
     PipeAction* all_actions = (PipeAction*)malloc_check((size_t)spec.p * n * sizeof(PipeAction));
     for (int s = 0; s < spec.p; s++) pipeline_stage_actions(spec, s, all_actions + (size_t)s * n);

@@ -18,49 +18,68 @@
 // Stage s talks only to its neighbours: a forward's input comes from the virtual stage before
 // (stage s - 1; with -vp, chunk c > 0 of stage 0 from the last stage's chunk c - 1) and its output
 // goes to the next; a backward's go the other way. Every message is (B, T, C) floatX (with the 3D
-// trainer's -sp, the rank's (B T/tp, C): walk_message).
+// trainer's -sp, the rank's (B T/tp, C): walk_message). In a V (zbv, dualpipev) the bottom stage
+// p - 1 is its own neighbour once: its chunk 1 takes chunk 0's output by a copy, and its chunk 0's
+// backward starts from the gradient chunk 1's left in their shared buffer (stage_grad_indices).
 //
-// The actions run in groups (pipeline_exchange_index: one action each, or interleaved's forward
-// and backward that "join"). Before each group, ONE exchange posts at once the sends of the
-// group before's outputs and the receives of this group's inputs (comm_exchange: MPI_Isend and
-// MPI_Irecv then a wait for all; NCCL's send and recv in one group). Posting them together is what
-// lets two neighbours that each send to the other both go on: in 1F1B's steady state stage s
+// The actions run in groups (pipeline_exchange_index: one action each, or an interleaved or
+// DualPipeV pair of a forward and a backward that "join"). Before each group, ONE exchange posts
+// at once the sends of outputs and the receives of this group's inputs (comm_exchange: MPI_Isend
+// and MPI_Irecv then a wait for all; NCCL's send and recv in one group). Posting them together is
+// what lets two neighbours that each send to the other both go on: in 1F1B's steady state stage s
 // sends a forward's output down the pipe while stage s + 1 sends a backward's gradient up; two
-// blocking sends would wait for each other forever. pipeline_check_exchanges proved at start that
-// every exchange of this schedule pairs up and completes.
+// blocking sends would wait for each other forever. An output goes in the exchange right after its
+// group, or in a V sends_later exchanges after that one (the receiver posts its receive much
+// later; pipeline.h says why). pipeline_check_exchanges proved at start that every exchange of
+// this schedule pairs up and completes.
 static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
     Stage* st = w->st;
-    int split = st->spec.sched == SCHEDULE_ZB;  // B leaves the weight gradients to a later W
+    PipeSpec spec = st->spec;
+    int split = pipeline_splits_backward(spec);  // B leaves the weight gradients to a later W
     int* group = (int*)malloc_check((size_t)n * sizeof(int));
     int* grad_index = (int*)malloc_check((size_t)n * sizeof(int));
-    pipeline_exchange_index(actions, n, group);
-    // the stage's two gradient buffers alternate: the k-th backward receives into (and leaves its
-    // input gradient in) grad[k % 2], so it never overwrites the one the backward before is
-    // still sending
-    stage_grad_indices(actions, n, grad_index);
-    // this group is actions k .. end-1, the one before prev .. k-1; after the last group one more
-    // exchange sends its outputs
-    for (int k = 0, prev = 0, end; ; prev = k, k = end) {
+    int groups = pipeline_exchange_index(actions, n, group);
+    // which gradient buffer each backward receives into and sends from (stage.h)
+    stage_grad_indices(spec, st->stage, actions, n, grad_index);
+    // the sends in the order the exchanges post them: by exchange (the one after the action's
+    // group, plus sends_later), in action order within one (a counting sort)
+    int* sends = (int*)malloc_check((size_t)(n + 1) * sizeof(int));
+    int* first_send = (int*)calloc_check((size_t)groups + 2, sizeof(int));  // exchange e's: first_send[e] ..
+    for (int j = 0; j < n; j++) {
+        if (pipeline_output_to(spec, st->stage, actions[j]) >= 0) first_send[group[j] + 1 + actions[j].sends_later + 1]++;
+    }
+    for (int e = 0; e <= groups; e++) first_send[e + 1] += first_send[e];
+    int* placed = (int*)calloc_check((size_t)groups + 1, sizeof(int));
+    for (int j = 0; j < n; j++) {
+        int e = group[j] + 1 + actions[j].sends_later;
+        if (pipeline_output_to(spec, st->stage, actions[j]) >= 0) sends[first_send[e] + placed[e]++] = j;
+    }
+    // (an exchange's messages: its sends, and a group's receives, at most one per action)
+    CommMessage* msgs = (CommMessage*)malloc_check((size_t)(n + 2) * sizeof(CommMessage));
+    // exchange e comes before group e (actions k .. end-1); after the last group, one more
+    // exchange sends the last outputs
+    for (int k = 0, e = 0, end; ; k = end, e++) {
         for (end = k; end < n && group[end] == group[k]; end++) {}
-        // (a group is one action, or two joined: at most two sends and two receives)
-        CommMessage msgs[4];
         int count = 0;
-        for (int j = prev; j < k; j++) {  // send: the outputs of the group before
+        for (int i = first_send[e]; i < first_send[e + 1]; i++) {  // send: the outputs due now
             // a forward's from its slot's last layer's residual3 to the next virtual stage; a
-            // backward's, its input gradient in grad[grad_index], to the one before (none: -1)
-            int to = pipeline_output_to(st->spec, st->stage, actions[j]);
-            if (to >= 0) msgs[count++] = comm_message(stage_output_buffer(w, actions[j], grad_index[j]), walk_message(w), to, 1);
+            // backward's, its input gradient in grad[grad_index], to the one before
+            PipeAction a = actions[sends[i]];
+            int to = pipeline_output_to(spec, st->stage, a);
+            msgs[count++] = comm_message(stage_output_buffer(w, a, grad_index[sends[i]]), walk_message(w), to, 1);
         }
         for (int j = k; j < end; j++) {  // receive: the inputs of this group
             // a forward's into its slot's encoded (the slot is taken here, from the free ones);
             // a backward's, the gradient at its chunk's output, into grad[grad_index]
-            int from = pipeline_input_from(st->spec, st->stage, actions[j]);
+            int from = pipeline_input_from(spec, st->stage, actions[j]);
             if (from >= 0) msgs[count++] = comm_message(stage_input_buffer(w, actions[j], grad_index[j]), walk_message(w), from, 0);
         }
         comm_exchange(w->pp, msgs, count, COMM_FLOATX);
         note_slots_in_use(w);  // (the peak count of slots held, for the memory check at the end)
-        // a forward-only walk frees a slot once its output is sent
-        for (int j = prev; j < k && w->forward_only; j++) stage_release(st, actions[j].micro, actions[j].chunk);
+        // a forward-only walk frees a slot once its output is sent (or, at the V's bottom, copied)
+        for (int i = first_send[e]; i < first_send[e + 1] && w->forward_only; i++) {
+            stage_release(st, actions[sends[i]].micro, actions[sends[i]].chunk);
+        }
         if (k == n) break;
         for (int j = k; j < end; j++) {  // compute: the group's actions, each on its slot
             PipeAction a = actions[j];
@@ -70,11 +89,21 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
             walk_tokens(w, a, &inputs, &targets);  // the micro-batch's tokens (first and last stage)
             Activations* slot = stage_slot(st, a.micro, a.chunk);
             note_slots_in_use(w);
+            if (a.op == PIPE_FORWARD && pipeline_input_is_local(spec, st->stage, a)) {
+                // the V's bottom: chunk 0's output (B T, C) is chunk 1's input, on this rank: a copy
+                int v = pipeline_virtual_stage(spec, st->stage, a.chunk);
+                PipeAction made = pipe_action(PIPE_FORWARD, a.micro, pipeline_chunk_of(spec, v - 1));
+                copy_device_to_device(slot->encoded, stage_output_buffer(w, made, 0), walk_message(w) * sizeof(floatX));
+                if (w->forward_only) stage_release(st, made.micro, made.chunk);
+            }
             if (a.op == PIPE_FORWARD) {
                 // the chunk's layers; the last virtual stage also the loss, its logits becoming
                 // their gradient. The slot keeps the activations for the backward.
                 w->loss += chunk_forward(w, slot, a.chunk, inputs, targets);
                 if (is_last_virtual(st, a.chunk)) w->head = slot;  // (its logits: a sample's)
+                // (a forward-only walk is done with the last virtual stage's slot: its logits
+                // stay until the next walk takes it)
+                if (w->forward_only && is_last_virtual(st, a.chunk)) stage_release(st, a.micro, a.chunk);
             } else if (a.op == PIPE_BACKWARD) {
                 // from the gradient at the chunk's output (received into grad, or on the last
                 // virtual stage the dlogits) to the gradient at its input, left in the same
@@ -93,6 +122,10 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
     }
     free(group);
     free(grad_index);
+    free(sends);
+    free(first_send);
+    free(placed);
+    free(msgs);
 }
 
 // One micro-batch of B x T forward through the whole pipe (every chunk in turn), no backward:

@@ -475,13 +475,14 @@ typedef struct {
     GPT2* model;
     void* trainer;  // the trainer's own state, handed to the two functions below
     // one validation batch (the loader is at it): this rank's mean loss (0 where a pipeline
-    // rank has no head: the last stage's is broadcast)
+    // rank has no head: the head stage's is broadcast)
     float (*val_loss)(void* trainer, DataLoader* val);
     // one forward pass of (1, T) tokens for a sample: this rank's logits (1, T, Vp) on the device,
     // Vp its share of the vocabulary; NULL on a pipeline stage without the head
     const floatX* (*sample_logits)(void* trainer, const int* tokens, int T);
     CommGroup* val_replicas;  // data parallelism: the ranks evaluate different batches; their mean
-    CommGroup* pipe;          // pipelines: the last stage has the loss and the logits, and broadcasts
+    CommGroup* pipe;          // pipelines: the stage with the head has the loss and the logits, and
+    int pipe_head;            // broadcasts them: this rank of pipe (the last stage; in a V, the first)
     CommGroup* vocab;         // tensor parallelism: the vocabulary is split over these ranks
     CommGroup* seq;           // context parallelism: a sequence's positions are split over these ranks;
                               // the one holding the position sampled from draws and broadcasts
@@ -836,7 +837,7 @@ static inline void run_bytes_on_own_line(Run* r, const CommGroup* g, CommKind ki
 
 // Validation: the mean loss over -m batches, every rank on the same batches (each on its
 // val_loss's chunk of them); data-parallel replicas that read different chunks average theirs
-// (an all-reduce of one float), a pipeline's last stage broadcasts its loss (4 bytes), so that
+// (an all-reduce of one float), a pipeline's head stage broadcasts its loss (4 bytes), so that
 // every rank reports the same
 static inline float run_validate(Run* r) {
     RunModel* h = &r->hooks;
@@ -847,7 +848,7 @@ static inline float run_validate(Run* r) {
     }
     float loss = (float)(sum / r->args.val_batches);
     if (h->val_replicas) comm_all_reduce_scalar(h->val_replicas, &loss, COMM_AVG);
-    if (h->pipe) comm_broadcast_host(h->pipe, &loss, sizeof(float), h->pipe->size - 1);
+    if (h->pipe) comm_broadcast_host(h->pipe, &loss, sizeof(float), h->pipe_head);
     return loss;
 }
 
@@ -857,8 +858,8 @@ static inline float run_validate(Run* r) {
 // draws the same tokens; rank 0 prints them.
 //   - the vocabulary split over tp ranks: each holds the logits of its columns, and they draw
 //     together without gathering the row (sample_next_token_sharded, above);
-//   - a pipeline: the last stage draws and broadcasts the token (4 bytes) over the pipe, since
-//     the first stage needs it for the next pass;
+//   - a pipeline: the stage with the head (the last; in a V the first) draws and broadcasts the
+//     token (4 bytes) over the pipe, since the first stage needs it for the next pass;
 //   - -sp: the sequence is padded to a multiple of tp; causal attention never lets a position
 //     see the ones after it, so the padding changes no logit we read;
 //   - context parallelism: the sequence is split (and padded to whole chunks) as training's; the
@@ -887,15 +888,15 @@ static inline void run_sample(Run* r, int step) {
         } else if (h->seq) {
             rng_uniform(&r->sample_rng);  // the owner's one draw: every rank's rng stays the same
         }
-        if (h->pipe) comm_broadcast_host(h->pipe, &token, sizeof(float), h->pipe->size - 1);
+        if (h->pipe) comm_broadcast_host(h->pipe, &token, sizeof(float), h->pipe_head);
         if (h->seq) comm_broadcast_host(h->seq, &token, sizeof(float), owner);
         tokens[t] = (int)token;
         sample_token_drawn(tok, tokens[t]);
     }
     if (tok) printf("\n----------------\n");
-    // a gathered checkpoint (3D) is written by rank 0, and only the last stage drew from the rng:
+    // a gathered checkpoint (3D) is written by rank 0, and only the head's stage drew from the rng:
     // hand its state to the other stages (8 bytes), so that rank 0's is where the samples left it
-    if (h->pipe && h->replicas) comm_broadcast_host(h->pipe, &r->sample_rng.state, sizeof(r->sample_rng.state), h->pipe->size - 1);
+    if (h->pipe && h->replicas) comm_broadcast_host(h->pipe, &r->sample_rng.state, sizeof(r->sample_rng.state), h->pipe_head);
     free(tokens);
     free(row);
 }

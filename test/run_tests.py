@@ -376,6 +376,9 @@ REF3 = dict(REF, heads=3, channels=48, seq_len=24, vocab=1100)
 REF4 = dict(REF, layers=4)
 REF4_GPT2 = dict(REF_GPT2, layers=4)
 REF8_GPT2 = dict(REF_GPT2, layers=8)
+# batches of an odd number of micro-batches of one or two sequences, for the V schedules' odd m
+REF4_GPT2_B6, REF4_GPT2_B10 = dict(REF4_GPT2, batch=6), dict(REF4_GPT2, batch=10)
+REF8_GPT2_B7, REF8_GPT2_B9 = dict(REF8_GPT2, batch=7), dict(REF8_GPT2, batch=9)
 # a batch of 6 sequences, for 3 data-parallel ranks
 REF6 = dict(REF, batch=6)
 # 3 steps of REF and REF4 for the CUDA backend's tests: the emulator runs a step in seconds,
@@ -2097,14 +2100,21 @@ def tp_nonfinite_loss_stops_before_writing_the_step():
 PP = "./train_gpt2_pp"
 
 
-def pp_step_bytes(cfg, B, m, p, V, X=4):
+V_SCHEDULES = ("zbv", "dualpipev")
+
+
+def pp_step_bytes(cfg, B, m, p, V, X=4, v_shape=False):
     """communication per step on stage 0 (README, pipeline parallelism): per micro-batch (2V - 1)
     messages of B*T*C floatX each way (activations of its V chunks, gradients of all but the
     first); per step the embedding group's all-reduce of wte's gradient (Vp*C), the norm's float
-    and the loss's broadcast (4 bytes)"""
+    and the loss's broadcast (4 bytes). In a V (v_shape) stage 0 exchanges 2 messages each way
+    per micro-batch with stage 1 (chunk 0's activations and chunk 1's gradient down, the others
+    up) and holds the only wte: no embedding all-reduce"""
     Vp = padded_vocab(cfg)
-    messages = m * (2 * V - 1) * B * cfg["seq_len"] * cfg["channels"] * X if p > 1 else 0
-    return {"send": messages, "recv": messages, "all-reduce": (Vp * cfg["channels"] * X if p > 1 else 0) + 4, "broadcast": 4}
+    per_micro = 2 if v_shape else 2 * V - 1
+    messages = m * per_micro * B * cfg["seq_len"] * cfg["channels"] * X if p > 1 else 0
+    tied = p > 1 and not v_shape
+    return {"send": messages, "recv": messages, "all-reduce": (Vp * cfg["channels"] * X if tied else 0) + 4, "broadcast": 4}
 
 
 def check_pp_step_bytes(out, d, expected, steps):
@@ -2123,14 +2133,15 @@ def compare_pp_with_reference(p, sched, m, V, cfg):
     # the first and last stage's wte copies are compared bit for bit
     out = run_ok(p, trainer_args(ref, B, d, ["-n", cfg["steps"], "-dump_grads", grads_path, "-sched", sched, "-vp", V,
                                              "-check_replicas", 1], cfg=cfg), program=PP)
-    expected = pp_step_bytes(cfg, B, m, p, V)
+    v_shape = sched in V_SCHEDULES
+    expected = pp_step_bytes(cfg, B, m, p, V, v_shape=v_shape)
     check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected)
     check_pp_step_bytes(out, d, expected, cfg["steps"])
     # on the link: the sends whole, the embedding group's all-reduce over 2 ranks as a ring
     # (2 (2-1)/2 of its payload), the norm's float over the pipe's p
     link = expected["send"] + (expected["all-reduce"] - 4) + 2 * (p - 1) / p * 4
     check_link_bytes(out, read_log(d)[0], link)
-    if p > 1:
+    if p > 1 and not v_shape:  # (in a V one stage holds the only wte)
         for step in range(1, cfg["steps"] + 1):
             assert "step %d: wte copies of the first and last stage identical" % step in out, out[-2000:]
     # each stage held as many micro-batches at once as the schedule predicts
@@ -2151,7 +2162,13 @@ for _p, _sched, _m, _V, _cfg in [(1, "1f1b", 1, 1, REF4_GPT2), (2, "afab", 1, 1,
                                  (2, "1f1b", 2, 1, REF4_GPT2), (2, "1f1b", 8, 1, REF4_GPT2), (2, "interleaved", 2, 2, REF4_GPT2),
                                  (2, "interleaved", 4, 2, REF4_GPT2), (4, "afab", 2, 1, REF4_GPT2), (4, "1f1b", 1, 1, REF4_GPT2),
                                  (4, "1f1b", 8, 1, REF4_GPT2), (4, "interleaved", 4, 2, REF8_GPT2), (4, "interleaved", 8, 2, REF8_GPT2),
-                                 (2, "zb", 4, 1, REF4_GPT2), (4, "zb", 2, 1, REF4_GPT2), (4, "zb", 8, 1, REF4_GPT2)]:
+                                 (2, "zb", 4, 1, REF4_GPT2), (4, "zb", 2, 1, REF4_GPT2), (4, "zb", 8, 1, REF4_GPT2),
+                                 # the V: m = 2p, and an odd m, the least each allows at p = 2 (zbv 2p - 1,
+                                 # dualpipev 2p + 1; m = p is refused: pp_v_schedules_refuse_too_few_micro_batches)
+                                 (2, "zbv", 4, 2, REF4_GPT2), (2, "zbv", 3, 2, REF4_GPT2_B6), (4, "zbv", 8, 2, REF8_GPT2),
+                                 (4, "zbv", 7, 2, REF8_GPT2_B7), (2, "dualpipev", 4, 2, REF4_GPT2),
+                                 (2, "dualpipev", 5, 2, REF4_GPT2_B10), (4, "dualpipev", 8, 2, REF8_GPT2),
+                                 (4, "dualpipev", 9, 2, REF8_GPT2_B9)]:
     test(make_pp_test(_p, _sched, _m, _V, _cfg))
 
 
@@ -2222,6 +2239,21 @@ def pp_bad_layouts():
 
 
 @test
+def pp_v_schedules_refuse_too_few_micro_batches():
+    """each V schedule's rule on m (pipeline.h: zbv's stage 0 warms up with 2p - 1 forwards,
+    dualpipev's steady state runs m - 2p + 1 >= 1 rounds) and its 2 chunks a stage, refused
+    before anything is written; m = p (-b 4 of REF4's batch of 8: m = 2 at p = 2) is below both"""
+    check_pp_bad_layout(2, ["-sched", "zbv"], "the number of micro-batches m = 2 (-d / (B*T)) must be at least 2p - 1")
+    check_pp_bad_layout(2, ["-sched", "dualpipev"], "the number of micro-batches m = 2 (-d / (B*T)) must be at least 2p = 4")
+    check_pp_bad_layout(2, ["-sched", "dualpipev", "-vp", 4, "-b", 1], "-vp 4: -sched dualpipev places exactly 2 chunks on each stage")
+    # printed once, by rank 0, though every rank meets the rule
+    ref = reference_run(REF4)
+    d = fresh_dir("pp_v_refused_once")
+    code, out = mpirun(2, trainer_args(ref, 4, os.path.join(d, "out"), ["-sched", "zbv"], cfg=REF4), timeout=60, program=PP)
+    assert code != 0 and out.count("must be at least 2p - 1") == 1, out[-2000:]
+
+
+@test
 def pp_bad_inputs():
     run_bad_inputs_concurrently(PP, messages=TP_MESSAGES)
 
@@ -2245,6 +2277,29 @@ def pp_sampling_validation_and_timeline():
 
 
 @test
+def pp_v_schedule_samples_validates_resumes_and_draws_its_timeline():
+    """zbv and dualpipev put the head on stage 0 (the V's two ends): the validation loss and the
+    samples come from there; the measured timeline holds every F, B and W of both chunks; a
+    resume from a checkpoint repeats the uninterrupted run bit for bit"""
+    for sched in V_SCHEDULES:
+        d = fresh_dir("pp_sample_" + sched)
+        out = run_ok(2, ["-e", "d4", "-b", 1, "-t", 32, "-d", 128, "-x", 2, "-v", 1, "-m", 2, "-s", 2, "-g", 16, "-timeline", 1,
+                         "-sched", sched, "-o", d], program=PP)
+        assert "---- sample at step 2 ----" in out and "val loss" in out, out[-2000:]
+        assert "timeline of step 2, measured" in out, out[-2000:]
+        _, val = read_log(d)
+        assert abs(val[0]["val_loss"] - np.log(50257)) < 0.2, val[0]
+        with open(os.path.join(d, "timeline.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        # 2 steps x 2 stages x 4 micro-batches x 2 chunks x (F, B, W)
+        assert len(records) == 2 * 2 * 4 * 2 * 3, len(records)
+        assert {r["chunk"] for r in records} == {0, 1} and {r["op"] for r in records} == {"F", "B", "W"}, records[:3]
+        for r in records:
+            assert 0 <= r["start_ms"] <= r["end_ms"], r
+    check_resume(lambda args, d: run_ok(2, args + ["-sched", "dualpipev"], program=PP), "pp_resume_dualpipev", 2, REF4)
+
+
+@test
 def pp_one_rank_failing_stops_all_ranks():
     check_one_rank_failing("pp_one_rank_fails", PP)
 
@@ -2260,18 +2315,19 @@ def pp_nonfinite_loss_stops_before_writing_the_step():
 # rule, independently of the trainer; checkpoints that move between grids
 
 D3 = "./train_gpt2_3d"
-def grid3d_rank0_parameters(cfg, dp, pp, tp, zero):
+def grid3d_rank0_parameters(cfg, dp, pp, tp, zero, v_shape=False):
     """rank 0's parameters (stage 0, tp rank 0): its Vp/tp rows of wte, wpe, its tp slices of the
-    L/pp layers of stage 0 (replicated LayerNorms and row-parallel biases whole), lnf when pp = 1;
-    with -z 1 padded to a multiple of dp x 128 (dp: the ranks sharing the state, dp x cp)"""
+    L/pp layers of stage 0 (replicated LayerNorms and row-parallel biases whole), lnf when pp = 1
+    or in a V (stage 0 holds the head); with -z 1 padded to a multiple of dp x 128 (dp: the ranks
+    sharing the state, dp x cp)"""
     C, L, maxT = cfg["channels"], cfg["layers"], cfg["max_seq_len"]
     sliced = 3 * C * C + 3 * C + C * C + 4 * C * C + 4 * C + 4 * C * C  # qkvw qkvb attprojw fcw fcb fcprojw
     layer = sliced // tp + 6 * C  # + ln1w ln1b attprojb ln2w ln2b fcprojb
-    n = padded_vocab(cfg) * C // tp + maxT * C + L // pp * layer + (2 * C if pp == 1 else 0)
+    n = padded_vocab(cfg) * C // tp + maxT * C + L // pp * layer + (2 * C if pp == 1 or v_shape else 0)
     return -(-n // (dp * 128)) * dp * 128 if zero else n
 
 
-def grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, X=4, cp=1, allgather=False, overlap=0):
+def grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, X=4, cp=1, allgather=False, overlap=0, v_shape=False):
     """rank 0's payload per group and step (README, 3D): tp collectives of a = B T C X (T = T/cp,
     the rank's tokens), 4 per layer of stage 0 and micro-batch, one for the embedding and one for
     the head when stage 0 is also the last (with -sp each one reduce-scatter plus one all-gather),
@@ -2281,9 +2337,11 @@ def grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, X=4, cp=1, allgather=F
     broadcast; the dp x cp reduction of rank 0's N parameters (twice N with -z 1: reduce-scatter
     and all-gather) and the loss average; the tied wte's Vp/tp C over the embedding group; the
     norm's float over the world. With -sp and -tp_overlap the layers' tp collectives (4 all-gathers
-    and 4 reduce-scatters a layer) are ring steps, each sending and receiving (tp - 1)/tp a"""
+    and 4 reduce-scatters a layer) are ring steps, each sending and receiving (tp - 1)/tp a. In a V
+    (v_shape) stage 0 holds the head too (the loss, lnf), exchanges 2 m messages each way with
+    stage 1, and its wte is the only one (no embedding group)"""
     T, C, L = cfg["seq_len"] // cp, cfg["channels"], cfg["layers"]
-    a, Ls, last, sp = B * T * C * X, L // pp, 1 if pp == 1 else 0, sp and tp > 1
+    a, Ls, last, sp = B * T * C * X, L // pp, 1 if pp == 1 or v_shape else 0, sp and tp > 1
     loss = last * m * 3 * B * T * 4
     if sp and overlap:
         tp_bytes = 2 * m * (1 + last) * a + m * 8 * Ls * 2 * (tp - 1) * a // tp + loss + (4 * Ls + 2 * last) * C * X
@@ -2291,11 +2349,11 @@ def grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, X=4, cp=1, allgather=F
         tp_bytes = 2 * m * (4 * Ls + 1 + last) * a + loss + (4 * Ls + 2 * last) * C * X
     else:
         tp_bytes = m * (4 * Ls + 1 + last) * a + loss
-    pp_bytes = (2 * (2 * V - 1) * m * a // (tp if sp else 1) if pp > 1 else 0) + 4
-    dp_bytes = (2 if zero else 1) * grid3d_rank0_parameters(cfg, dp * cp, pp, tp, zero) * X + 4
+    pp_bytes = (2 * (2 if v_shape else 2 * V - 1) * m * a // (tp if sp else 1) if pp > 1 else 0) + 4
+    dp_bytes = (2 if zero else 1) * grid3d_rank0_parameters(cfg, dp * cp, pp, tp, zero, v_shape) * X + 4
     cp_bytes = sum(cp_step_bytes(dict(cfg, layers=Ls, channels=C // tp), B, cp, m, allgather, 0, X).values()) - 4
     return {"tp": tp_bytes, "cp": cp_bytes, "pp": pp_bytes, "dp": dp_bytes,
-            "embedding": padded_vocab(cfg) * C // tp * X if pp > 1 else 0, "world": 4}
+            "embedding": padded_vocab(cfg) * C // tp * X if pp > 1 and not v_shape else 0, "world": 4}
 
 
 def check_grid3d_step_bytes(out, d, expected, steps):
@@ -2325,11 +2383,12 @@ def compare_grid3d_with_reference(dp, pp, tp, sp, sched, V, m, zero, cp=1, cp_la
     out = run_ok(dp * pp * cp * tp, args, program=D3)
     if cp > 1:
         check_planner_matches_trainer(D3, dp * pp * cp * tp, args, out)  # (the planner's table is the trainer's)
+    v_shape = sched in V_SCHEDULES
     expected = grid3d_step_bytes(cfg, B, m, dp, pp, tp, sp, V, zero, cp=cp, allgather=cp_comm == "allgather",
-                                 overlap=overlap)
+                                 overlap=overlap, v_shape=v_shape)
     check_against_reference(ref, d, grads_path, sum(expected.values()), "the sum of %s" % expected)
     check_grid3d_step_bytes(out, d, expected, cfg["steps"])
-    for what, size in (("tp copies of the replicated tensors", tp), ("wte copies of the first and last stage", pp),
+    for what, size in (("tp copies of the replicated tensors", tp), ("wte copies of the first and last stage", 1 if v_shape else pp),
                        ("dp replicas", dp * cp)):
         if size > 1:
             assert "step %d: %s identical" % (cfg["steps"], what) in out, what + "\n" + out[-2000:]
@@ -2364,6 +2423,9 @@ for _grid in [(1, 1, 2, 1, "1f1b", 1, 2, 0, 2, "zigzag", "ring"), (2, 2, 1, 0, "
 test(make_grid3d_test(2, 2, 2, 1, "1f1b", 1, 2, 1, overlap=1))
 test(make_grid3d_test(1, 2, 2, 1, "zb", 1, 2, 0, overlap=1))  # (zero bubble's split backward under the ring)
 test(make_grid3d_test(1, 1, 2, 0, "1f1b", 1, 2, 0, 2, "zigzag", "ring", overlap=1))
+# the V schedules in the grid: 2x2x1x1 with ZeRO-1, and 1x2x1x2 with -sp (dp x pp x cp x tp)
+test(make_grid3d_test(2, 2, 1, 0, "zbv", 2, 4, 1))
+test(make_grid3d_test(1, 2, 2, 1, "dualpipev", 2, 4, 0))
 
 
 def check_resumed_against_reference(ref, d, name, steps, last_step):
