@@ -915,7 +915,7 @@ int main(int argc, char** argv) {
                stage_kept(run.args.recompute, spec, dims), 0);
     free(weights);
     Stage stage;
-    stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), stage_num_grads(spec, grid.stage, actions, n), &model, B,
+    stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), pipeline_num_grads(spec, grid.stage, actions, n), &model, B,
                 Tl);
     Moe moe;  // 5D: the MoE layers' state, a record per slot (grid_moe_alloc)
     if (grid.moe) grid_moe_alloc(&moe, &stage, &grid, &run, moe_flags, Tl, B * Tl / dims.seq_shards);

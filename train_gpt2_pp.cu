@@ -294,7 +294,7 @@ int main(int argc, char** argv) {
                stage_kept(run.args.recompute, spec, dims), 0);  // what a slot keeps (-r, model.h)
     free(weights);
     Stage stage;
-    stage_alloc(&stage, spec, rank, stage_num_slots(spec, actions, n), stage_num_grads(spec, rank, actions, n), &model, B, T);
+    stage_alloc(&stage, spec, rank, stage_num_slots(spec, actions, n), pipeline_num_grads(spec, rank, actions, n), &model, B, T);
     if (rank == 0) print_layout(&run, &model, &stage);
 
     // ---- resume with -y 1; validation and samples as forward-only walks through the pipe

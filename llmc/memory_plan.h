@@ -52,7 +52,7 @@ typedef struct {
     ParameterLayout layout;  // the rank's parameters (tp rank 0 of its stage, dp rank 0)
     LayerDims dims;
     int slots;               // micro-batches (or chunks) a pipeline stage holds in flight; 1 without one
-    int grad_buffers;        // a pipeline stage's (BTs, C) gradient messages (stage_grad_indices): 2,
+    int grad_buffers;        // a pipeline stage's (BTs, C) gradient messages (pipeline_grad_indices): 2,
                              // more in a V; 0 without a pipeline
     uint64_t params, grads, master, state;  // the model states
     uint64_t layers;           // activations the forward keeps for the backward, slots x layers
@@ -199,7 +199,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
         PipeAction* actions = (PipeAction*)malloc_check((uint64_t)n * sizeof(PipeAction));
         pipeline_stage_actions(spec, stage, actions);
         plan.slots = stage_num_slots(spec, actions, n);
-        plan.grad_buffers = stage_num_grads(spec, stage, actions, n);
+        plan.grad_buffers = pipeline_num_grads(spec, stage, actions, n);
         free(actions);
     }
     for (int k = 0; k <= RECOMPUTE_MAX; k++) {

@@ -741,6 +741,54 @@ static inline const char* pipeline_check_exchanges(PipeSpec s, const PipeAction*
     return problem;
 }
 
+// Which gradient buffer each backward of a walk uses (grad_index, 0 for the other actions), and
+// how many buffers that takes (returned). A backward receives the gradient at its chunk's output
+// into its buffer in the exchange before its group, computes the gradient at its input in place,
+// and sends it back sends_later exchanges after the one right after its group (the V): the
+// buffer is busy from that receive to that send, and a later backward may receive into it only in
+// an exchange after the send (not in the same one: MPI and NCCL forbid writing a buffer that a
+// posted send still reads). Each backward takes the lowest-numbered buffer free by then. In 1F1B
+// and its kin a buffer is busy for two exchanges and a group holds one backward: two buffers,
+// used in turn. In a V a send may wait several exchanges, so more can be busy at once; and at the
+// V's bottom chunk 0's backward starts from the gradient chunk 1's backward of the same
+// micro-batch left in its buffer (no message): it takes that buffer, kept for it till then.
+static inline int pipeline_grad_indices(PipeSpec spec, int stage, const PipeAction* actions, int n, int* grad_index) {
+    int* group = (int*)malloc_check((size_t)n * sizeof(int));
+    int* busy_until = (int*)malloc_check((size_t)(n + 2) * sizeof(int));  // the last exchange that uses it
+    int* local_buffer = (int*)malloc_check((size_t)spec.m * sizeof(int));  // micro-batch -> its hand-off's buffer
+    pipeline_exchange_index(actions, n, group);
+    int buffers = 2;  // (at least two, as the memory plan counts: one sending, one receiving)
+    for (int b = 0; b < n + 2; b++) busy_until[b] = -1;
+    for (int k = 0; k < n; k++) {
+        PipeAction a = actions[k];
+        grad_index[k] = 0;
+        if (a.op != PIPE_BACKWARD) continue;
+        int b = 0;
+        if (pipeline_input_is_local(spec, stage, a)) b = local_buffer[a.micro];
+        else while (busy_until[b] >= group[k]) b++;
+        grad_index[k] = b;
+        buffers = b + 1 > buffers ? b + 1 : buffers;
+        int sends_at = group[k] + 1 + a.sends_later;
+        if (pipeline_output_to(spec, stage, a) >= 0) busy_until[b] = sends_at;  // until its send
+        else if (pipeline_virtual_stage(spec, stage, a.chunk) > 0) {             // a hand-off: held
+            busy_until[b] = n + 1;                                               // for the other chunk
+            local_buffer[a.micro] = b;
+        } else busy_until[b] = group[k];  // the first virtual stage's: used by its own group only
+    }
+    free(group);
+    free(busy_until);
+    free(local_buffer);
+    return buffers;
+}
+
+// ... the count alone (the memory plan's, and the trainers' before they allocate)
+static inline int pipeline_num_grads(PipeSpec spec, int stage, const PipeAction* actions, int n) {
+    int* grad_index = (int*)malloc_check((size_t)(n > 0 ? n : 1) * sizeof(int));
+    int buffers = pipeline_grad_indices(spec, stage, actions, n, grad_index);
+    free(grad_index);
+    return buffers;
+}
+
 // ---------------------------------------------------------------------------------------------
 // A timeline as a chart, one row per stage, as the Ultra-Scale Playbook draws it: F3 is
 // micro-batch 3's forward, B3 its backward, W3 its weight gradient (zb), with a chunk letter

@@ -20,7 +20,7 @@
 // goes to the next; a backward's go the other way. Every message is (B, T, C) floatX (with the 3D
 // trainer's -sp, the rank's (B T/tp, C): walk_message). In a V (zbv, dualpipev) the bottom stage
 // p - 1 is its own neighbour once: its chunk 1 takes chunk 0's output by a copy, and its chunk 0's
-// backward starts from the gradient chunk 1's left in their shared buffer (stage_grad_indices).
+// backward starts from the gradient chunk 1's left in their shared buffer (pipeline_grad_indices).
 //
 // The actions run in groups (pipeline_exchange_index: one action each, or an interleaved or
 // DualPipeV pair of a forward and a backward that "join"). Before each group, ONE exchange posts
@@ -40,7 +40,7 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
     int* grad_index = (int*)malloc_check((size_t)n * sizeof(int));
     int groups = pipeline_exchange_index(actions, n, group);
     // which gradient buffer each backward receives into and sends from (stage.h)
-    stage_grad_indices(spec, st->stage, actions, n, grad_index);
+    pipeline_grad_indices(spec, st->stage, actions, n, grad_index);
     // the sends in the order the exchanges post them: by exchange (the one after the action's
     // group, plus sends_later), in action order within one (a counting sort)
     int* sends = (int*)malloc_check((size_t)(n + 1) * sizeof(int));

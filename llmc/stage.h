@@ -27,7 +27,7 @@ typedef struct {
     int num_free, peak_in_use;  // the most slots a training step held at once
     floatX** grad;             // (BTs, C) gradients at a chunk's output, then at its input:
     int num_grads;             // at least two, so that one can be sent while the next is received
-                               // (stage_grad_indices says how many a schedule needs)
+                               // (pipeline_grad_indices says how many a schedule needs)
     uint64_t message;            // elements of every message: B T C, or B T C / tp with -sp
     double* times;             // a measured timeline (-timeline): each action's start and end
     struct Moe* moe;           // a Mixture-of-Experts model's routing state, one record a slot (the
@@ -55,46 +55,6 @@ static inline unsigned stage_kept(int recompute, PipeSpec spec, LayerDims d) {
     return activations_kept(recompute, pipeline_splits_backward(spec), d);
 }
 
-// Which gradient buffer each backward of a walk uses (grad_index, 0 for the other actions), and
-// how many buffers that takes (returned). A backward receives the gradient at its chunk's output
-// into its buffer in the exchange before its group, computes the gradient at its input in place,
-// and sends it back sends_later exchanges after the one right after its group (pipeline.h): the
-// buffer is busy from that receive to that send, and a later backward may receive into it only in
-// an exchange after the send (not in the same one: MPI and NCCL forbid writing a buffer that a
-// posted send still reads). Each backward takes the lowest-numbered buffer free by then. In 1F1B
-// and its kin a buffer is busy for two exchanges and a group holds one backward: two buffers,
-// used in turn. In a V a send may wait several exchanges, so more can be busy at once; and at the
-// V's bottom chunk 0's backward starts from the gradient chunk 1's backward of the same
-// micro-batch left in its buffer (no message): it takes that buffer, kept for it till then.
-static inline int stage_grad_indices(PipeSpec spec, int stage, const PipeAction* actions, int n, int* grad_index) {
-    int* group = (int*)malloc_check((size_t)n * sizeof(int));
-    int* busy_until = (int*)malloc_check((size_t)(n + 2) * sizeof(int));  // the last exchange that uses it
-    int* local_buffer = (int*)malloc_check((size_t)spec.m * sizeof(int));  // micro-batch -> its hand-off's buffer
-    pipeline_exchange_index(actions, n, group);
-    int buffers = 2;  // (at least two, as the memory plan counts: one sending, one receiving)
-    for (int b = 0; b < n + 2; b++) busy_until[b] = -1;
-    for (int k = 0; k < n; k++) {
-        PipeAction a = actions[k];
-        grad_index[k] = 0;
-        if (a.op != PIPE_BACKWARD) continue;
-        int b = 0;
-        if (pipeline_input_is_local(spec, stage, a)) b = local_buffer[a.micro];
-        else while (busy_until[b] >= group[k]) b++;
-        grad_index[k] = b;
-        buffers = b + 1 > buffers ? b + 1 : buffers;
-        int sends_at = group[k] + 1 + a.sends_later;
-        if (pipeline_output_to(spec, stage, a) >= 0) busy_until[b] = sends_at;  // until its send
-        else if (pipeline_virtual_stage(spec, stage, a.chunk) > 0) {             // a hand-off: held
-            busy_until[b] = n + 1;                                               // for the other chunk
-            local_buffer[a.micro] = b;
-        } else busy_until[b] = group[k];  // the first virtual stage's: used by its own group only
-    }
-    free(group);
-    free(busy_until);
-    free(local_buffer);
-    return buffers;
-}
-
 // what a stage keeps of its micro-batches in flight: num_slots slots, and the one-layer buffers
 // of what they do not keep (which live in the model's scratch arena)
 static inline uint64_t stage_activation_bytes(LayerDims d, const ParameterLayout* layout, int chunk_layers, int num_slots,
@@ -104,15 +64,7 @@ static inline uint64_t stage_activation_bytes(LayerDims d, const ParameterLayout
            gpt2_lay_out_activations(&unused, d, chunk_layers, ACTS_RECOMPUTE, kept, B, T, NULL, NULL);
 }
 
-// ... the count alone (the memory plan's, and the trainers' before they allocate)
-static inline int stage_num_grads(PipeSpec spec, int stage, const PipeAction* actions, int n) {
-    int* grad_index = (int*)malloc_check((size_t)(n > 0 ? n : 1) * sizeof(int));
-    int buffers = stage_grad_indices(spec, stage, actions, n, grad_index);
-    free(grad_index);
-    return buffers;
-}
-
-// the slots and the gradient buffers on the device (num_grads: stage_grad_indices's count); the
+// the slots and the gradient buffers on the device (num_grads: pipeline_grad_indices's count); the
 // first is the model's scratch dresidual. The slots keep what the model's scratch arena was laid
 // out to keep (its `kept`), and share its one-layer buffers for the rest.
 static inline void stage_alloc(Stage* st, PipeSpec spec, int stage, int num_slots, int num_grads, GPT2* model, int B,
@@ -216,8 +168,8 @@ static inline Walk walk_init(GPT2* model, Stage* st, CommGroup* pp, CommGroup* t
 // The buffers a walk's messages live in. A forward's input is received into its slot's encoded
 // (where the chunk's first LayerNorm reads it) and its output sent from its slot's last layer's
 // residual3; a backward's input and output are one of the stage's gradient buffers
-// (stage_grad_indices), so that a backward can receive into one while the gradient the one before
-// computed is still being sent from another.
+// (pipeline_grad_indices), so that a backward can receive into one while the gradient the one
+// before computed is still being sent from another.
 static inline floatX* stage_input_buffer(Walk* w, PipeAction a, int grad_index) {
     return a.op == PIPE_FORWARD ? stage_slot(w->st, a.micro, a.chunk)->encoded : w->st->grad[grad_index];
 }

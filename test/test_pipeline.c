@@ -13,9 +13,13 @@
 //     min(p, m), interleaved its warm-up plus one, zbv 2p chunks, dualpipev 2p + 1;
 //   - zbv and dualpipev: each stage's idle time inside its own span (the papers' bubble) is the
 //     formula's, zbv none, dualpipev p - 1 - s; their rules on m (and V = 2) refused, named;
-//     the trainers' -sched lookup does not know them yet;
+//     the planner's -sched lookup does not know them yet;
 //   - the sends and receives between the actions pair up in order and never deadlock, and so do
 //     those of the forward passes alone (validation and sampling);
+//   - each backward's gradient buffer (pipeline_grad_indices) is not another's from its receive to
+//     its send (at the V's bottom, to its chunk 0's send: the two share it), checked span by span;
+//     two buffers for every schedule but the V's; at most 8 messages in one exchange (comm.h's
+//     COMM_EXCHANGE_MAX);
 //   - a chart of a measured timeline keeps every action, two in one column included;
 //   - played with times instead of units (pipeline_play, the step-time model's bubble), AFAB and
 //     1F1B last (m + p - 1)(a + b), and a message's latency counts where it waits (by hand).
@@ -26,6 +30,59 @@
 
 static int failures = 0;
 #define CHECK(cond, ...) do { if (!(cond)) { failures++; printf("FAIL: " __VA_ARGS__); printf("\n"); } } while (0)
+
+// The gradient buffers of stage st's backwards, and its exchanges' sizes (the header's rules),
+// from the exchange numbers alone: a backward's buffer is in use from the exchange before its
+// group (its receive) to the exchange that sends its output, or, when its output is the V's
+// hand-off to the stage's other chunk, to that chunk's send
+static void check_buffers(PipeSpec s, int st, const PipeAction* a, int n) {
+    const char* name = pipe_schedule_names[s.sched];
+    int* group = (int*)malloc_check((size_t)n * sizeof(int));
+    int* buffer = (int*)malloc_check((size_t)n * sizeof(int));
+    int* last_use = (int*)malloc_check((size_t)n * sizeof(int));
+    int* consumer = (int*)malloc_check((size_t)n * sizeof(int));
+    int groups = pipeline_exchange_index(a, n, group);
+    int buffers = pipeline_grad_indices(s, st, a, n, buffer);
+    int* messages = (int*)calloc_check((size_t)groups + 1, sizeof(int));
+    for (int j = 0; j < n; j++) {
+        consumer[j] = -1;
+        if (pipeline_input_from(s, st, a[j]) >= 0) messages[group[j]]++;
+        if (pipeline_output_to(s, st, a[j]) >= 0) messages[group[j] + 1 + a[j].sends_later]++;
+    }
+    for (int k = 0; k < n; k++) {  // each hand-off's producer: the other chunk's B of the micro-batch
+        if (a[k].op != PIPE_BACKWARD || !pipeline_input_is_local(s, st, a[k])) continue;
+        int v = pipeline_virtual_stage(s, st, a[k].chunk);
+        for (int j = 0; j < k; j++) {
+            if (a[j].op == PIPE_BACKWARD && a[j].micro == a[k].micro && a[j].chunk == pipeline_chunk_of(s, v + 1)) consumer[j] = k;
+        }
+    }
+    for (int j = n - 1; j >= 0; j--) {
+        last_use[j] = pipeline_output_to(s, st, a[j]) >= 0 ? group[j] + 1 + a[j].sends_later : group[j];
+        if (consumer[j] >= 0) last_use[j] = last_use[consumer[j]];
+    }
+    for (int j = 0; j < n; j++) {
+        if (a[j].op != PIPE_BACKWARD) continue;
+        CHECK(buffer[j] >= 0 && buffer[j] < buffers, "%s p=%d m=%d stage %d: buffer %d of %d", name, s.p, s.m, st, buffer[j], buffers);
+        if (consumer[j] >= 0) {
+            CHECK(buffer[consumer[j]] == buffer[j], "%s p=%d m=%d stage %d: B%d's hand-off in another buffer", name, s.p, s.m, st, a[j].micro);
+        }
+        for (int k = j + 1; k < n; k++) {
+            if (a[k].op != PIPE_BACKWARD || buffer[k] != buffer[j] || k == consumer[j]) continue;
+            CHECK(group[k] > last_use[j], "%s p=%d m=%d stage %d: B%d%c receives into buffer %d in exchange %d, which B%d%c "
+                  "uses till exchange %d", name, s.p, s.m, st, a[k].micro, 'a' + a[k].chunk, buffer[k], group[k], a[j].micro,
+                  'a' + a[j].chunk, last_use[j]);
+        }
+    }
+    CHECK(pipeline_is_v(s) || buffers == 2, "%s p=%d m=%d stage %d: %d gradient buffers, 2 expected", name, s.p, s.m, st, buffers);
+    for (int e = 0; e <= groups; e++) {
+        CHECK(messages[e] <= 8, "%s p=%d m=%d stage %d: %d messages in exchange %d, comm.h takes 8", name, s.p, s.m, st, messages[e], e);
+    }
+    free(group);
+    free(buffer);
+    free(last_use);
+    free(consumer);
+    free(messages);
+}
 
 static void check_schedule(PipeSpec s) {
     const char* name = pipe_schedule_names[s.sched];
@@ -68,6 +125,7 @@ static void check_schedule(PipeSpec s) {
                 CHECK(start[b] >= end[after], "%s p=%d m=%d stage %d micro %d: backward before its gradient", name, p, m, st, mb);
             }
         }
+        check_buffers(s, st, actions + (size_t)st * n, n);
         int peak = pipeline_peak_in_flight(s, actions + (size_t)st * n, n), bound = pipeline_peak_formula(s, st);
         CHECK(peak == bound, "%s p=%d m=%d V=%d stage %d: holds %d, the formula says %d", name, p, m, V, st, peak, bound);
         if (pipeline_is_v(s)) {  // the idle time inside the stage's span: its span less its 6m units of work
@@ -179,7 +237,7 @@ int main(void) {
         PipeSpec zbv = {SCHEDULE_ZBV, p, p, 2}, dualpipev = {SCHEDULE_DUALPIPEV, p, p, 2};
         CHECK(pipeline_spec_problem(zbv, why, sizeof(why)) && pipeline_spec_problem(dualpipev, why, sizeof(why)), "m = p = %d refused", p);
     }
-    // the trainers and the planner look -sched up among the schedules they walk: not the V ones yet
+    // the planner looks -sched up among the schedules it plans: not the V ones yet
     CHECK(pipeline_schedule_from_name("zbv") == -1 && pipeline_schedule_from_name("dualpipev") == -1 &&
           pipeline_schedule_from_any_name("zbv") == SCHEDULE_ZBV && pipeline_schedule_from_any_name("dualpipev") == SCHEDULE_DUALPIPEV,
           "the V schedules' names");
