@@ -66,6 +66,24 @@
 //   Absent, N ranks of cpu_threads threads each share cpu_cores evenly (a fraction of
 //   cpu_cores / (N cpu_threads) when below 1), a waiting rank takes a whole core, and every
 //   all-reduce is priced on the 2-rank one.
+// What sharing the host does beyond that (optional, kind cpu; calibrate measures them on any run):
+//   cpu_collective_wait_N_ranks_s     the seconds a collective costs beyond its own time when N
+//                                     ranks (N = 2, 4, 8) each compute a fixed amount and then
+//                                     meet in it: ranks taking turns on the cores arrive apart,
+//                                     and the first ones wait (polling, which takes a core from
+//                                     the last). [0, 1]; absent: 0, no wait
+//   cpu_cache_bytes                   the host's last-level cache; the three below come with it
+//   cpu_memory_cached_fraction_N_ranks   as cpu_memory_fraction_N_ranks, on arrays that fit in the
+//                                     cache with N ranks' arrays together: a memory-bound pass
+//                                     whose bytes, times the ranks computing at once, fit in
+//                                     cpu_cache_bytes takes this fraction, a larger one the other
+//   efficiency_matmul_beyond_cache    the fraction of the peak a GEMM reaches whose bytes exceed
+//                                     cpu_cache_bytes (measured on a language model head's shape:
+//                                     few tokens against a wide weight, streamed from memory)
+//   cpu_cache_bytes, efficiency_matmul_beyond_cache and cpu_memory_cached_fraction_2_ranks are
+//   given together or not at all (the 4- and 8-rank fractions optional, as the others); absent,
+//   every pass takes the fractions beyond the cache and every GEMM its size class by FLOPs: a
+//   profile written before these fields reads as it did.
 //
 // Attention's FLOPs are counted one way for every profile, as useful work: q k^T and p v over
 // the causal pairs (key t2 <= query t), 2 T (T + 1) hs FLOPs a head forward, twice that backward
@@ -120,6 +138,10 @@ typedef struct {
     double cpu_wait_slowdown;
     double allreduce_4_ranks_latency_s, allreduce_4_ranks_bandwidth_bytes_per_s;
     double allreduce_8_ranks_latency_s, allreduce_8_ranks_bandwidth_bytes_per_s;
+    // what sharing the host does beyond that (optional: 0, not measured)
+    double cpu_collective_wait_2_ranks_s, cpu_collective_wait_4_ranks_s, cpu_collective_wait_8_ranks_s;
+    double cpu_cache_bytes, efficiency_matmul_beyond_cache;
+    double cpu_memory_cached_fraction_2_ranks, cpu_memory_cached_fraction_4_ranks, cpu_memory_cached_fraction_8_ranks;
 } DeviceProfile;
 
 // ----------------------------------------------------------------------------------------------
@@ -183,6 +205,14 @@ static const ProfileField PROFILE_FIELDS[] = {
     PROFILE_FIELD(allreduce_4_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank all-reduce's bytes/s"),
     PROFILE_FIELD(allreduce_8_ranks_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "an 8-rank all-reduce's latency, in seconds"),
     PROFILE_FIELD(allreduce_8_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "an 8-rank all-reduce's bytes/s"),
+    PROFILE_FIELD(cpu_collective_wait_2_ranks_s, FIELD_NUMBER, 0, 0, 1, 0, "a collective's wait, 2 ranks arriving apart, in seconds"),
+    PROFILE_FIELD(cpu_collective_wait_4_ranks_s, FIELD_NUMBER, 0, 0, 1, 0, "a collective's wait, 4 ranks arriving apart, in seconds"),
+    PROFILE_FIELD(cpu_collective_wait_8_ranks_s, FIELD_NUMBER, 0, 0, 1, 0, "a collective's wait, 8 ranks arriving apart, in seconds"),
+    PROFILE_FIELD(cpu_cache_bytes, FIELD_NUMBER, 0, 1e4, 1e12, 0, "the host's last-level cache in bytes"),
+    PROFILE_FIELD(efficiency_matmul_beyond_cache, FIELD_NUMBER, 0, 1e-3, 1, 0, "the fraction of the peak a GEMM beyond the cache reaches"),
+    PROFILE_FIELD(cpu_memory_cached_fraction_2_ranks, FIELD_NUMBER, 0, 1e-3, 1, 0, "a lone rank's in-cache bandwidth each of 2 ranks reaches"),
+    PROFILE_FIELD(cpu_memory_cached_fraction_4_ranks, FIELD_NUMBER, 0, 1e-3, 1, 0, "a lone rank's in-cache bandwidth each of 4 ranks reaches"),
+    PROFILE_FIELD(cpu_memory_cached_fraction_8_ranks, FIELD_NUMBER, 0, 1e-3, 1, 0, "a lone rank's in-cache bandwidth each of 8 ranks reaches"),
 };
 #define PROFILE_FIELD_COUNT ((int)(sizeof(PROFILE_FIELDS) / sizeof(PROFILE_FIELDS[0])))
 
@@ -498,6 +528,8 @@ static inline int device_profile_parse(const char* text, const char* source_name
     }
     // fields that are given together or not at all: a measured all-reduce's two numbers, the host's four
     static const char* const together[][5] = {
+        {"cpu_cache_bytes", "efficiency_matmul_beyond_cache", "cpu_memory_cached_fraction_2_ranks", NULL,
+         "the cache and what was measured against it are given together"},
         {"intra_node_allreduce_latency_s", "intra_node_allreduce_bandwidth_bytes_per_s", NULL, NULL, "a measured all-reduce gives both"},
         {"allreduce_4_ranks_latency_s", "allreduce_4_ranks_bandwidth_bytes_per_s", NULL, NULL, "a measured all-reduce gives both"},
         {"allreduce_8_ranks_latency_s", "allreduce_8_ranks_bandwidth_bytes_per_s", NULL, NULL, "a measured all-reduce gives both"},

@@ -31,14 +31,17 @@
 //      at once; with stages a stage idle in the bubble waits in MPI, taking only what
 //      cpu_wait_slowdown says of a core, so the schedule is played once at a lone rank's speed,
 //      each stage's busy share of it gives the ranks computing at once, and then played again at
-//      their speed.
+//      their speed. Beyond those fractions, where calibrate measured them: each collective waits
+//      cpu_collective_wait_N_ranks_s more for the ranks arriving apart (taking turns on the
+//      cores); a pass whose bytes fit in a rank's share of the cache takes the in-cache fraction;
+//      a GEMM whose bytes exceed the cache (a language model head) its own efficiency.
 // -offload's host rows run on the profile's host (AdamW at its FLOP/s and memory bandwidth, the
 // copies over its PCIe link); a CPU is its own host.
 // What it leaves out, as the rows do: launch latency, the host's own work inside a step, the tail
 // of a grid that does not fill the device, and collectives' contention with compute for the
-// memory system; on a CPU, a GEMM's rate beyond its two size classes, and that ranks sharing it
-// slow each other by how much of the caches their tensors take (calibrate measures d12's fc and
-// fcproj at 512 tokens, each rank's own, and applies their fractions to every kernel).
+// memory system; on a CPU, a GEMM's rate beyond its three classes (small and large by FLOPs, and
+// beyond the cache by bytes), and how the wait for ranks arriving apart changes with the compute
+// between two collectives (calibrate measures it after a few milliseconds of GEMM).
 #ifndef LLMC_STEP_TIME_H
 #define LLMC_STEP_TIME_H
 
@@ -86,11 +89,18 @@ static inline int time_group_index(const char* comm) {
 // them and flat past the last (more ranks than that take turns on what the host has); the
 // slowdown is n / A(n). Without measured fractions, ranks of cpu_threads share cpu_cores evenly:
 // A(n) = min(n, cpu_cores / cpu_threads). A GPU profile: 1 (each rank its own device).
+// memory_bound: 0 GEMMs and attention (the GEMMs' fractions), 1 memory-bound passes beyond the
+// cache (the triad's over large arrays), 2 passes whose bytes fit in the cache (the triad's over
+// small arrays, where the profile has them; else as 1)
 static inline double time_cpu_share_slowdown(const DeviceProfile* p, double n, int memory_bound) {
     if (p->kind != DEVICE_CPU || n <= 1.0) return 1.0;
-    double f2 = memory_bound ? p->cpu_memory_fraction_2_ranks : p->cpu_gemm_fraction_2_ranks;
-    double f4 = memory_bound ? p->cpu_memory_fraction_4_ranks : p->cpu_gemm_fraction_4_ranks;
-    double f8 = memory_bound ? p->cpu_memory_fraction_8_ranks : p->cpu_gemm_fraction_8_ranks;
+    if (memory_bound == 2 && !(p->cpu_memory_cached_fraction_2_ranks > 0.0)) memory_bound = 1;
+    double f2 = memory_bound == 2 ? p->cpu_memory_cached_fraction_2_ranks
+                : memory_bound ? p->cpu_memory_fraction_2_ranks : p->cpu_gemm_fraction_2_ranks;
+    double f4 = memory_bound == 2 ? p->cpu_memory_cached_fraction_4_ranks
+                : memory_bound ? p->cpu_memory_fraction_4_ranks : p->cpu_gemm_fraction_4_ranks;
+    double f8 = memory_bound == 2 ? p->cpu_memory_cached_fraction_8_ranks
+                : memory_bound ? p->cpu_memory_fraction_8_ranks : p->cpu_gemm_fraction_8_ranks;
     if (f2 <= 0.0) {  // (not measured: even shares of the cores)
         double cores = p->cpu_cores > 0 ? (double)p->cpu_cores / (p->cpu_threads > 0 ? p->cpu_threads : 1) : n;
         return n > cores ? n / cores : 1.0;
@@ -107,14 +117,40 @@ static inline double time_cpu_share_slowdown(const DeviceProfile* p, double n, i
     return n / throughput;
 }
 
-// the slowdowns of a step's work while n ranks compute at once: GEMMs and attention, and the
-// memory-bound passes
+// The seconds each collective waits beyond its own time while n ranks sharing a CPU compute and
+// then meet in it: they arrive apart (taking turns on the cores), and calibrate measured it at
+// n = 2, 4, 8 (cpu_collective_wait_N_ranks_s); 0 at one rank, straight between the measured
+// counts, flat past the last. 0 on a GPU, or where the profile has none measured
+static inline double time_collective_wait(const DeviceProfile* p, double n) {
+    if (p->kind != DEVICE_CPU || n <= 1.0) return 0.0;
+    double at[4] = {1.0, 2.0, 4.0, 8.0};
+    double w[4] = {0.0, p->cpu_collective_wait_2_ranks_s, p->cpu_collective_wait_4_ranks_s, p->cpu_collective_wait_8_ranks_s};
+    int last = 0;
+    while (last < 3 && w[last + 1] > 0.0) last++;
+    for (int i = 0; i < last; i++) {
+        if (n <= at[i + 1]) return w[i] + (w[i + 1] - w[i]) * (n - at[i]) / (at[i + 1] - at[i]);
+    }
+    return w[last];
+}
+
+// the slowdowns of a step's work while n ranks compute at once: GEMMs and attention, the
+// memory-bound passes beyond the cache and within it (a pass within it: its bytes at most
+// cache_bytes, the cache's share of each of the n ranks; 0 where the profile has no cache), and
+// each collective's wait for the ranks arriving apart (on a GPU 1, 1, 1, 0 and 0)
 typedef struct {
-    double compute, memory;
+    double compute, memory, memory_cached, cache_bytes, wait;
 } TimeShare;
 
 static inline TimeShare time_share_at(const DeviceProfile* p, double n) {
-    TimeShare s = {time_cpu_share_slowdown(p, n, 0), time_cpu_share_slowdown(p, n, 1)};
+    TimeShare s = {time_cpu_share_slowdown(p, n, 0), time_cpu_share_slowdown(p, n, 1), time_cpu_share_slowdown(p, n, 2),
+                   0.0, time_collective_wait(p, n)};
+    if (p->kind == DEVICE_CPU && p->cpu_cache_bytes > 0.0) s.cache_bytes = p->cpu_cache_bytes / (n > 1.0 ? n : 1.0);
+    return s;
+}
+
+// a lone rank's: nothing shared
+static inline TimeShare time_share_lone(void) {
+    TimeShare s = {1.0, 1.0, 1.0, 0.0, 0.0};
     return s;
 }
 
@@ -130,16 +166,24 @@ static inline double time_ranks_at_once(const DeviceProfile* p, double busy, int
 // priced together: time_attention_block). X: the floats' bytes (the GEMMs'
 // peak). share: the slowdowns of ranks sharing a CPU (5; 1 and 1 on a GPU). -offload's host rows
 // on the host's FLOP/s and memory bandwidth, as they are (a CPU: its measured passes' bandwidth)
+// A CPU's GEMM whose bytes exceed its cache (a language model head: few tokens against a wide
+// weight) takes efficiency_matmul_beyond_cache where the profile has it; a row whose bytes fit in
+// a rank's share of the cache takes the in-cache fraction for its bytes (TimeShare).
 static inline double time_kernel_seconds(const DeviceProfile* p, const StepKernel* r, double flops, int X,
                                          TimeShare share) {
     double bandwidth = p->memory_bandwidth_bytes_per_s * p->efficiency_memory, rate = 0.0;
+    int beyond_cache = p->kind == DEVICE_CPU && p->efficiency_matmul_beyond_cache > 0.0 && r->bytes > p->cpu_cache_bytes;
+    double memory_share = share.cache_bytes > 0.0 && r->bytes <= share.cache_bytes ? share.memory_cached : share.memory;
     switch (r->engine) {
-        case STEP_GEMM: rate = device_profile_peak_flops(p, X) * device_profile_matmul_efficiency(p, flops); break;
+        case STEP_GEMM:
+            rate = device_profile_peak_flops(p, X) *
+                   (beyond_cache ? p->efficiency_matmul_beyond_cache : device_profile_matmul_efficiency(p, flops));
+            break;
         case STEP_ATTN: rate = device_profile_peak_flops(p, X) * p->efficiency_attention; break;
         case STEP_HOST: rate = p->host_flops_fp32, bandwidth = p->host_memory_bandwidth_bytes_per_s; break;
         default: rate = 0.0;  // vector and memset rows: their bytes
     }
-    double by_flops = rate > 0.0 ? flops / rate * share.compute : 0.0, by_bytes = r->bytes / bandwidth * share.memory;
+    double by_flops = rate > 0.0 ? flops / rate * share.compute : 0.0, by_bytes = r->bytes / bandwidth * memory_share;
     // a CPU core that runs a GEMM's FMAs also packs its operands and streams its result: the two
     // add (calibrate's peak is the rate left once the bytes' time is taken out); a GPU's memory
     // system moves bytes beside its cores: the larger of the two
@@ -376,7 +420,15 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
     for (int i = 0; i < n; i++) {
         const StepKernel* r = &rows[i];
         if (r->engine != STEP_LINK) continue;
-        LinkSeconds l = time_link_split(p, r, g, rank, gpus_per_node, r->phase == STEP_PHASE_STEP ? once : during);
+        TimeShare share = r->phase == STEP_PHASE_STEP ? once : during;
+        LinkSeconds l = time_link_split(p, r, g, rank, gpus_per_node, share);
+        // (ranks sharing a CPU reach a collective apart: each call waits share.wait more, spent on
+        // the links it waits on; a pipeline's message is waited for in the play, a copy to the
+        // host waits for no one)
+        if (share.wait > 0.0 && r->ranks > 1 && strcmp(r->comm, "pp") != 0 && strcmp(r->comm, "pcie") != 0) {
+            if (!(l.seconds > 0.0)) l.on[0] = 1.0;  // (a call of no bytes: its wait on the host's own link)
+            l.seconds += share.wait;
+        }
         for (int c = 0; c < TIME_LINKS; c++) on[i][c] = l.on[c];
         if (strcmp(r->comm, "pp") == 0) {  // (a message: the pipeline's, time_play counts what it exposes)
             st.sends += l.seconds * r->calls;
@@ -487,7 +539,7 @@ static inline StepTime step_time_predict(const DeviceProfile* p, GPT2Config c, c
     TimeShare all = time_share_at(p, host), during = all;
     double busy;
     if (pp > 1 && p->kind == DEVICE_CPU) {
-        TimeShare lone = {1.0, 1.0};
+        TimeShare lone = time_share_lone();
         double length = time_play(&links, c, r, opt, gpus_per_node, lone, lone, &t, &busy);
         double busy_ranks = busy / (pp * length) * host;  // (the ranks of a stage are busy together)
         during = time_share_at(p, time_ranks_at_once(p, busy_ranks, host));

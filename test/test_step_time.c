@@ -8,7 +8,10 @@
 //     (2 alpha + P X / beta) longer than one rank, the compute being the same; over two nodes
 //     the inter-node link's; with -overlap shorter by what the backward hides of it (on a GPU;
 //     on a CPU not at all);
-//   - ranks sharing the cores of a CPU: 4 ranks on 2 cores compute at half the speed; with the
+//   - ranks sharing the cores of a CPU: 4 ranks on 2 cores compute at half the speed (at full
+//     speed on hosts of 2: ranks a host are min(world, gpus_per_node)); each collective's wait
+//     for ranks arriving apart, between its measured counts; passes within the cache at the
+//     in-cache fraction, a GEMM beyond it at its own efficiency; with the
 //     fractions calibrate measured, the host's throughput straight between them (3 ranks between 2
 //     and 4, 16 past the last at 8's); the ranks computing at once when some wait in MPI; the
 //     links as a step of the all-reduce measured over as many ranks; a pipeline whose stages take
@@ -73,7 +76,7 @@ int main(void) {
     // a kernel: 2e9 FLOPs on 1e3 bytes is compute-bound, 2e9 / (1e12 x 0.5) = 4 ms; a vector pass
     // of 1e6 bytes memory-bound, 1e6 / (1e9 x 0.5) = 2 ms
     StepKernel gemm, vec;
-    TimeShare lone = {1.0, 1.0};
+    TimeShare lone = time_share_lone();
     memset(&gemm, 0, sizeof(gemm));
     gemm.engine = STEP_GEMM, gemm.op = "matmul", gemm.flops = 2e9, gemm.bytes = 1e3;
     vec = gemm;
@@ -201,6 +204,48 @@ int main(void) {
     CHECK(close_to(time_ranks_at_once(&shared_cpu, 1.5, 4), 2.0, 1e-12) && close_to(time_ranks_at_once(&cpu, 1.5, 4), 4.0, 1e-12),
           "ranks at once: %g (expected 2), %g without a measured wait (expected 4)", time_ranks_at_once(&shared_cpu, 1.5, 4),
           time_ranks_at_once(&cpu, 1.5, 4));
+
+    // what sharing the host does beyond that (calibrate's newer fields). A collective's wait for the
+    // ranks arriving apart: 1 ms at 2 ranks, 3 ms at 4, none at 8 measured: 2 ms at 3 ranks, 3 ms
+    // at 16 (flat past the last measured), none alone or on a GPU; a dp 4 step on 2 cores is longer
+    // by the waits of its collectives' calls, all of them dp's one all-reduce of the gradients
+    DeviceProfile waits = shared_cpu;
+    waits.cpu_collective_wait_2_ranks_s = 1e-3, waits.cpu_collective_wait_4_ranks_s = 3e-3;
+    CHECK(close_to(time_collective_wait(&waits, 3.0), 2e-3, 1e-12) && close_to(time_collective_wait(&waits, 16.0), 3e-3, 1e-12) &&
+              time_collective_wait(&waits, 1.0) == 0.0 && time_collective_wait(&p, 4.0) == 0.0,
+          "the collectives' wait: %g s at 3 ranks (expected 2 ms), %g at 16 (3 ms), %g alone, %g on a GPU",
+          time_collective_wait(&waits, 3.0), time_collective_wait(&waits, 16.0), time_collective_wait(&waits, 1.0),
+          time_collective_wait(&p, 4.0));
+    StepTime no_wait = step_time_predict(&shared_cpu, c, &four, fp32_kernels(), 1024);
+    StepTime with_wait = step_time_predict(&waits, c, &four, fp32_kernels(), 1024);
+    CHECK(close_to(with_wait.seconds - no_wait.seconds, 3e-3, 1e-9) &&
+              close_to(with_wait.comm_exposed[3] - no_wait.comm_exposed[3], 3e-3, 1e-9),
+          "dp 4 on 2 cores: the waits add %g s to the step, %g to dp's exposed time, expected one all-reduce's 3 ms",
+          with_wait.seconds - no_wait.seconds, with_wait.comm_exposed[3] - no_wait.comm_exposed[3]);
+    // passes in the cache: a cache of 1 MB shared by 2 ranks at once is 0.5 MB each; a pass of 0.4 MB
+    // takes the in-cache fraction (0.95 at 2: A = 1.9, slowdown 2 / 1.9), one of 0.6 MB the one
+    // beyond (0.9: 2 / 1.8); without the cache's fields both the one beyond
+    DeviceProfile cached = shared_cpu;
+    cached.cpu_cache_bytes = 1e6, cached.cpu_memory_cached_fraction_2_ranks = 0.95, cached.efficiency_matmul_beyond_cache = 0.25;
+    TimeShare two_at_once = time_share_at(&cached, 2.0), two_plain = time_share_at(&shared_cpu, 2.0);
+    StepKernel fits = vec, spills = vec;
+    fits.flops = spills.flops = 0.0, fits.bytes = 0.4e6, spills.bytes = 0.6e6;
+    double per_byte = 1.0 / (cached.memory_bandwidth_bytes_per_s * cached.efficiency_memory);
+    CHECK(close_to(time_kernel_seconds(&cached, &fits, 0.0, 4, two_at_once), 0.4e6 * per_byte * 2.0 / 1.9, 1e-12) &&
+              close_to(time_kernel_seconds(&cached, &spills, 0.0, 4, two_at_once), 0.6e6 * per_byte * 2.0 / 1.8, 1e-12) &&
+              close_to(time_kernel_seconds(&shared_cpu, &fits, 0.0, 4, two_plain), 0.4e6 * per_byte * 2.0 / 1.8, 1e-12),
+          "2 ranks' passes: 0.4 MB %g s (in the cache), 0.6 MB %g s (beyond), 0.4 MB without the cache's fields %g s",
+          time_kernel_seconds(&cached, &fits, 0.0, 4, two_at_once), time_kernel_seconds(&cached, &spills, 0.0, 4, two_at_once),
+          time_kernel_seconds(&shared_cpu, &fits, 0.0, 4, two_plain));
+    // a GEMM beyond the cache: 2e9 FLOPs moving 2 MB, at 0.25 of the peak, its bytes added (a
+    // CPU): 2e9 / (1e12 x 0.25) + 2e6 / (1e9 x 0.5) = 12 ms; moving 0.1 MB, the large class's 0.5
+    StepKernel wide = gemm, narrow = gemm;
+    wide.bytes = 2e6, narrow.bytes = 1e5;
+    CHECK(close_to(time_kernel_seconds(&cached, &wide, wide.flops, 4, lone), 12e-3, 1e-12) &&
+              close_to(time_kernel_seconds(&cached, &narrow, narrow.flops, 4, lone), 4e-3 + 1e5 * per_byte, 1e-12),
+          "a GEMM beyond the cache %g s (expected 12 ms), within it %g s (expected %g)",
+          time_kernel_seconds(&cached, &wide, wide.flops, 4, lone), time_kernel_seconds(&cached, &narrow, narrow.flops, 4, lone),
+          4e-3 + 1e5 * per_byte);
 
     // the links of 4 ranks sharing a CPU: a 2-rank all-reduce of 2 us + n / 1e9 is 2 steps of 1 us
     // and 1e-9 s a byte; a 4-rank one of 30 us + n / 2.5e8 is 6 steps of 5 us and 4 / (2.5e8 x 6)

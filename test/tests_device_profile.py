@@ -248,6 +248,54 @@ def device_profile_absurd_values_refused_and_the_bounds_give_finite_times():
 
 
 @test
+def device_profile_sharing_fields_refused_missing_or_out_of_range():
+    """calibrate's fields for what sharing the host does beyond the fractions (a collective's wait
+    for ranks arriving apart, the cache and the in-cache fraction of the triad, the GEMM beyond the
+    cache): each out of its range is refused with file, line, field and range; cpu_cache_bytes,
+    efficiency_matmul_beyond_cache and cpu_memory_cached_fraction_2_ranks come together, so one
+    without the others is refused naming the one missing; a profile without any of them (as
+    written before they existed) reads, printing none of them (the model then prices as before)"""
+    calibrate_built()
+    d = fresh_dir("profile_sharing_fields")
+    with open("dev/profiles/cpu-this-machine.txt") as f:
+        base = [l.rstrip("\n") for l in f if not l.startswith("#") and l.split()[0] not in (
+            "cpu_collective_wait_2_ranks_s", "cpu_collective_wait_4_ranks_s", "cpu_collective_wait_8_ranks_s",
+            "cpu_cache_bytes", "efficiency_matmul_beyond_cache", "cpu_memory_cached_fraction_2_ranks",
+            "cpu_memory_cached_fraction_4_ranks", "cpu_memory_cached_fraction_8_ranks")]
+    trio = ["cpu_cache_bytes 33554432", "efficiency_matmul_beyond_cache 0.8", "cpu_memory_cached_fraction_2_ranks 0.9"]
+
+    def check(label, extra):
+        path = os.path.join(d, label.replace(" ", "_") + ".txt")
+        with open(path, "w") as f:
+            f.write("\n".join(base + extra) + "\n")
+        code, out = calibrate_cli("-check", path)
+        return path, code, out
+
+    path, code, out = check("older", [])
+    assert code == 0 and "cpu_cache_bytes" not in out and "cpu_collective_wait" not in out, out
+    path, code, out = check("all", trio + ["cpu_collective_wait_2_ranks_s 1e-3", "cpu_memory_cached_fraction_8_ranks 0.2"])
+    assert code == 0 and "cpu_collective_wait_2_ranks_s 0.001" in out and "cpu_cache_bytes 33554432" in out, out
+    for k, field in enumerate(trio):
+        given = [t for t in trio if t != field]
+        path, code, out = check("without %d" % k, given)
+        first_given = next(t.split()[0] for t in trio if t != field)  # (the message names the first given ...)
+        want = "%s without %s" % (first_given, field.split()[0])  # (... and the one missing)
+        assert code == 1 and ("error: %s:" % path) in out and want in out, "without %s: exit %d, expected %r:\n%s" % (
+            field, code, want, out)
+    for field, value, allowed in (("cpu_collective_wait_4_ranks_s", "2", "[0, 1]"),
+                                  ("cpu_collective_wait_8_ranks_s", "-1e-3", "[0, 1]"),
+                                  ("cpu_cache_bytes", "1e300", "[10000, 1e+12]"),
+                                  ("efficiency_matmul_beyond_cache", "1.5", "[0.001, 1]"),
+                                  ("cpu_memory_cached_fraction_2_ranks", "0", "[0.001, 1]"),
+                                  ("cpu_memory_cached_fraction_4_ranks", "1.01", "[0.001, 1]")):
+        extra = [t for t in trio if t.split()[0] != field] + ["%s %s" % (field, value)]
+        path, code, out = check("range %s" % field, extra)
+        want = "%s:%d: %s %s is out of range %s" % (path, len(base) + len(extra), field, value, allowed)
+        assert code == 1 and want in out, "%s %s: exit %d, expected %r:\n%s" % (field, value, code, want, out)
+    print("    the newer fields: an older profile reads; 3 halves of the cache's trio and 6 values out of range refused")
+
+
+@test
 def calibrate_fit_is_the_relative_least_squares_line():
     """calibrate -fit: exact points of t = alpha + bytes / beta (alpha 3 us, beta 5 GB/s, 2 KB to
     8 MB) give back alpha and beta (relative 1e-9: float64 normal equations over sizes three
@@ -326,6 +374,19 @@ def calibrate_two_ranks_writes_a_profile_that_reads_back():
                v["intra_node_allreduce_latency_s"] * 1e6, v["intra_node_allreduce_bandwidth_bytes_per_s"] / 1e9]
     for p_, w in zip(printed, written):
         assert abs(p_ - w) <= 0.006 * w + 0.006, (printed, written)  # (printed to 2 decimals)
+    # what sharing the host does beyond that: the cache as sysfs gives it (lscpu's figure), the
+    # GEMM beyond it and the in-cache fraction in (0, 1], the 2 ranks' wait a time under a second
+    # (0, not written, where the two arrived together)
+    caches = []
+    for size_file in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        text_size = open(size_file).read().strip()
+        caches.append(float(text_size[:-1]) * {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}[text_size[-1]]
+                      if text_size[-1] in "KMG" else float(text_size))
+    if caches:
+        assert v["cpu_cache_bytes"] == max(caches), (v["cpu_cache_bytes"], caches)
+    assert 0 < v["efficiency_matmul_beyond_cache"] <= 1 and 0 < v["cpu_memory_cached_fraction_2_ranks"] <= 1, text
+    assert 0 <= v.get("cpu_collective_wait_2_ranks_s", 0.0) < 1, text
+    assert "beyond the cache" in out and "each collective waits" in out, out[-3000:]
     # one rank: no link to measure
     lone = os.path.join(d, "lone.txt")
     code, out1 = mpirun(1, ["-o", lone], program=CALIBRATE, timeout=60)

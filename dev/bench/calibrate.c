@@ -14,7 +14,13 @@
 //     ranks reaches while N compute at once (N = 2, 4, 8: the cores, and caches and memory, shared),
 //     an all-reduce over N ranks (4, 8), and what ranks waiting in a blocking MPI receive (which
 //     polls) take from as many computing;
-//   - a copy in memory (memcpy), the CPU's "PCIe" to itself under -offload.
+//   - a copy in memory (memcpy), the CPU's "PCIe" to itself under -offload;
+//   - what sharing the host does beyond that, which the sweeps showed the model missing: the
+//     wait each collective adds when N ranks compute a fixed amount and then meet in it (they
+//     arrive apart, taking turns on the cores), the triad's shared fraction again on arrays that
+//     fit in the last-level cache (the step's passes at d4 do), and the GEMM rate of a language
+//     model head's shape, few tokens against a weight larger than the cache (d4's: 128 x 256
+//     times 256 x 50304), which runs below both size classes.
 // A CPU has no datasheet peak that its kernels approach the way a GPU's GEMMs approach theirs,
 // so the peak here is what was measured: the large GEMMs' rate is peak_flops_fp32 (and bf16: the
 // CPU backend computes in fp32), efficiency_matmul_large is 1 by that definition, and the small
@@ -233,6 +239,27 @@ static double gemm_core_rate(GemmClass k, double bandwidth) {
     return k.flops / fmax(left, 0.5 * k.seconds);
 }
 
+// The host's last-level cache in bytes: the largest cache sysfs lists for cpu 0 (what lscpu reads;
+// a VM's sysconf may report another), else sysconf's level 3, else 32 MB
+static double last_level_cache_bytes(void) {
+    double best = 0.0;
+    for (int index = 0; index < 8; index++) {
+        char path[128], text[64];
+        snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu0/cache/index%d/size", index);
+        FILE* f = fopen(path, "r");
+        if (f == NULL) continue;
+        double v = 0.0;
+        char unit = 0;
+        if (fgets(text, sizeof(text), f) && sscanf(text, "%lf%c", &v, &unit) >= 1) {
+            v *= unit == 'K' ? 1024.0 : unit == 'M' ? 1048576.0 : unit == 'G' ? 1073741824.0 : 1.0;
+            best = fmax(best, v);
+        }
+        fclose(f);
+    }
+    if (best <= 0.0) best = (double)sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return best > 0.0 ? best : 32.0 * 1048576.0;
+}
+
 // STREAM's triad a = b + s c over three arrays of 32M floats (128 MB each, 4x this machine's
 // 32 MB L3 and far beyond most), bytes/s counting 12 an element (the write-allocate read of a is
 // not counted, as STREAM does not), the best of 5 rounds, with `threads` threads
@@ -331,6 +358,9 @@ typedef struct {
     float *inp[2], *w[2], *out[2], *dinp[2], *dw[2];
     float *a, *b, *c;  // the triad's arrays
     size_t triad_n;
+    float *ca, *cb, *cc;  // ... and arrays that fit in the cache, 8 ranks' together in half of it
+    size_t cached_n;
+    float* reduced;       // the spread's all-reduce, SPREAD_BYTES of floats
 } ShareWork;
 
 // every product of the large class (as gemm_rate times them), twice
@@ -349,6 +379,31 @@ static void share_gemms(ShareWork* k) {
 static void share_triads(ShareWork* k) {
     for (int rep = 0; rep < 4; rep++) {
         for (size_t i = 0; i < k->triad_n; i++) k->a[i] = k->b[i] + 3.0f * k->c[i];
+    }
+}
+
+// the triad over this rank's arrays that fit in the cache, as many elements in all as share_triads
+static void share_cached_triads(ShareWork* k) {
+    size_t reps = 4 * k->triad_n / k->cached_n;
+    for (size_t rep = 0; rep < reps; rep++) {
+        for (size_t i = 0; i < k->cached_n; i++) k->ca[i] = k->cb[i] + 3.0f * k->cc[i];
+    }
+}
+
+// The arrival spread: SPREAD_ROUNDS times, a fixed amount of compute (d12's fc forward at 64
+// tokens, 3e8 FLOPs: a few milliseconds, the compute between two of a step's collectives at the
+// CPU sweeps' shapes), then, in share_compute_and_meet, an all-reduce of SPREAD_BYTES
+#define SPREAD_ROUNDS 16
+#define SPREAD_BYTES 4096
+static void share_compute(ShareWork* k) {
+    for (int r = 0; r < SPREAD_ROUNDS; r++) matmul_forward(k->out[0], k->inp[0], k->w[0], NULL, 64, 768, 3072);
+}
+
+static MPI_Comm spread_comm;  // (the ranks meeting in share_compute_and_meet's all-reduces)
+static void share_compute_and_meet(ShareWork* k) {
+    for (int r = 0; r < SPREAD_ROUNDS; r++) {
+        matmul_forward(k->out[0], k->inp[0], k->w[0], NULL, 64, 768, 3072);
+        MPI_Allreduce(MPI_IN_PLACE, k->reduced, SPREAD_BYTES / 4, MPI_FLOAT, MPI_SUM, spread_comm);
     }
 }
 
@@ -524,6 +579,8 @@ int main(int argc, char** argv) {
     rng_init(&rng, 1 + rank);
     GemmShape large[] = {{"fc", 512, 768, 3072}, {"fcproj", 512, 3072, 768}};
     GemmShape small[] = {{"qkv", 64, 768, 2304}, {"attproj", 64, 768, 768}};
+    GemmShape wide[] = {{"lm head", 128, 256, 50304}};  // (d4's, at the sweeps' B 2 x T 64 tokens)
+    double cache_bytes = last_level_cache_bytes(), wide_rate = 0, wide_eff = 0, wide_bytes = 0;
     double large_rate = 0, small_rate = 0, small_eff = 0, small_flops = 0, attention_rate = 0;
     double bandwidth = 0, kernels_bandwidth = 0, memory_eff = 0, copy_bandwidth = 0, copy_small = 0;
     if (rank == 0) {
@@ -536,6 +593,9 @@ int main(int argc, char** argv) {
         double large_max, large_min, small_max, small_min;
         GemmClass large_class = gemm_class(large, 2, &rng, &large_max, &large_min);
         GemmClass small_class = gemm_class(small, 2, &rng, &small_max, &small_min);
+        double wide_max, wide_min;
+        GemmClass wide_class = gemm_class(wide, 1, &rng, &wide_max, &wide_min);
+        wide_bytes = wide_class.bytes / 3.0;  // (a product's, as the model compares with the cache)
         // the class boundary: halfway (geometrically) between the largest small GEMM and the smallest large one
         small_flops = sqrt(small_max * large_min);
         attention_rate = attention_rate_measured(&rng);
@@ -556,11 +616,16 @@ int main(int argc, char** argv) {
         large_rate = gemm_core_rate(large_class, fmin(kernels_bandwidth, bandwidth));
         small_rate = gemm_core_rate(small_class, fmin(kernels_bandwidth, bandwidth));
         small_eff = small_rate / large_rate;
+        wide_rate = gemm_core_rate(wide_class, fmin(kernels_bandwidth, bandwidth));
+        wide_eff = wide_rate / large_rate;
         printf("GEMMs: large class %.1f GFLOP/s as timed, %.1f with their %.0f MB at %.1f GB/s taken out (the peak, by\n"
                "  definition); small class %.1f as timed, %.1f taken out: %.2f of the peak%s\n",
                large_class.flops / large_class.seconds / 1e9, large_rate / 1e9, large_class.bytes / 1e6,
                fmin(kernels_bandwidth, bandwidth) / 1e9, small_class.flops / small_class.seconds / 1e9, small_rate / 1e9,
                small_eff, small_eff > 1 ? " (written as 1: an efficiency is at most 1)" : "");
+        printf("  beyond the cache (%.0f MB): the LM head's GEMMs, %.0f MB a product, %.1f GFLOP/s as timed, %.1f taken out:\n"
+               "  %.2f of the peak%s\n", cache_bytes / 1048576.0, wide_bytes / 1e6, wide_class.flops / wide_class.seconds / 1e9,
+               wide_rate / 1e9, wide_eff, wide_eff > 1 ? " (written as 1)" : "");
         printf("  attention: %.1f GFLOP/s forward and backward (useful causal FLOPs): %.2f of the peak\n",
                attention_rate / 1e9, attention_rate / large_rate);
         copy_bandwidth = memcpy_bandwidth(&copy_small);
@@ -589,15 +654,30 @@ int main(int argc, char** argv) {
     k.b = (float*)malloc_check(k.triad_n * sizeof(float));
     k.c = (float*)malloc_check(k.triad_n * sizeof(float));
     for (size_t i = 0; i < k.triad_n; i++) k.b[i] = 1.0f, k.c[i] = 2.0f;
-    share_gemms(&k), share_triads(&k);  // (warm: pages touched, caches filled)
+    MPI_Bcast(&cache_bytes, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    k.cached_n = (size_t)(cache_bytes / 2.0 / 8.0 / 12.0);  // (8 ranks' three arrays in half the cache)
+    k.ca = (float*)calloc_check(k.cached_n, sizeof(float));
+    k.cb = (float*)malloc_check(k.cached_n * sizeof(float));
+    k.cc = (float*)malloc_check(k.cached_n * sizeof(float));
+    for (size_t i = 0; i < k.cached_n; i++) k.cb[i] = 1.0f, k.cc[i] = 2.0f;
+    k.reduced = (float*)calloc_check(SPREAD_BYTES / 4, sizeof(float));
+    share_gemms(&k), share_triads(&k), share_cached_triads(&k);  // (warm: pages touched, caches filled)
     const int counts[4] = {1, 2, 4, 8};
     double gemm_s[4] = {0}, triad_s[4] = {0}, t_arN[4][MESSAGE_SIZES], arN_alpha[4] = {0}, arN_beta[4] = {0};
+    double cached_s[4] = {0}, compute_s[4] = {0}, meet_s[4] = {0}, spread_ar_s[4] = {0};
     for (int c = 0; c < 4 && counts[c] <= size; c++) {
         MPI_Comm some;
         MPI_Comm_split(MPI_COMM_WORLD, rank < counts[c] ? 0 : MPI_UNDEFINED, rank, &some);
         if (rank < counts[c]) {
             gemm_s[c] = together_seconds(some, share_gemms, &k);
             triad_s[c] = together_seconds(some, share_triads, &k);
+            cached_s[c] = together_seconds(some, share_cached_triads, &k);
+            if (counts[c] >= 2) {  // the arrival spread: compute then meet, against the compute alone
+                spread_comm = some;
+                compute_s[c] = together_seconds(some, share_compute, &k);
+                meet_s[c] = together_seconds(some, share_compute_and_meet, &k);
+                spread_ar_s[c] = time_all_reduce(k.reduced, SPREAD_BYTES, some);
+            }
             if (counts[c] >= 4) {
                 for (int i = 0; i < MESSAGE_SIZES; i++) t_arN[c][i] = time_all_reduce((float*)buf, message_bytes(i), some);
             }
@@ -625,21 +705,32 @@ int main(int argc, char** argv) {
     }
     free(buf);
     for (int s = 0; s < 2; s++) free(k.inp[s]), free(k.w[s]), free(k.out[s]), free(k.dinp[s]), free(k.dw[s]);
-    free(k.a), free(k.b), free(k.c);
+    free(k.a), free(k.b), free(k.c), free(k.ca), free(k.cb), free(k.cc), free(k.reduced);
     if (rank != 0) {
         quiet_barrier(MPI_COMM_WORLD);  // (until rank 0 has written the profile)
         MPI_Finalize();
         return 0;
     }
-    double gemm_fraction[4] = {1, 0, 0, 0}, memory_fraction[4] = {1, 0, 0, 0};
+    double gemm_fraction[4] = {1, 0, 0, 0}, memory_fraction[4] = {1, 0, 0, 0}, cached_fraction[4] = {1, 0, 0, 0};
+    double spread_wait[4] = {0, 0, 0, 0};
     printf("ranks sharing this host (%d cores; each rank: d12's fc and fcproj GEMMs, %.1f GFLOP, and 4 triads over 3 x 64 MB;\n"
            "the time until the last rank is done, the better of 2 rounds; the fraction of a lone rank's rate each reaches):\n",
            cores, 2 * 2 * 3 * 2.0 * 512 * 768 * 3072 / 1e9);
     for (int c = 0; c < 4 && counts[c] <= size; c++) {
         gemm_fraction[c] = fmin(1.0, gemm_s[0] / gemm_s[c]);
         memory_fraction[c] = fmin(1.0, triad_s[0] / triad_s[c]);
-        printf("  %d rank%s at once: GEMMs %.3f s, %.2f of a lone rank's rate; triads %.3f s, %.2f of its bandwidth\n",
-               counts[c], counts[c] == 1 ? "" : "s", gemm_s[c], gemm_s[0] / gemm_s[c], triad_s[c], triad_s[0] / triad_s[c]);
+        cached_fraction[c] = fmin(1.0, cached_s[0] / cached_s[c]);
+        printf("  %d rank%s at once: GEMMs %.3f s, %.2f of a lone rank's rate; triads %.3f s, %.2f of its bandwidth; in the\n"
+               "    cache (3 x %.0f KB a rank) %.3f s, %.2f\n", counts[c], counts[c] == 1 ? "" : "s", gemm_s[c],
+               gemm_s[0] / gemm_s[c], triad_s[c], triad_s[0] / triad_s[c], k.cached_n * 4.0 / 1024.0, cached_s[c],
+               cached_s[0] / cached_s[c]);
+        if (counts[c] >= 2) {  // (what meeting costs beyond the compute and the all-reduce themselves)
+            spread_wait[c] = fmax(0.0, (meet_s[c] - compute_s[c]) / SPREAD_ROUNDS - spread_ar_s[c]);
+            printf("    %d x (fc forward at 64 tokens, then an all-reduce of %d bytes): %.2f ms a round, the compute alone\n"
+                   "    %.2f, the all-reduce alone %.3f: each collective waits %.3f ms for the ranks arriving apart\n",
+                   SPREAD_ROUNDS, SPREAD_BYTES, meet_s[c] / SPREAD_ROUNDS * 1e3, compute_s[c] / SPREAD_ROUNDS * 1e3,
+                   spread_ar_s[c] * 1e3, spread_wait[c] * 1e3);
+        }
         if (counts[c] >= 4) {
             // (alpha's floor: the quickest of the sizes below the fit's, rather than the 8-byte one's
             // alone: ranks taking turns on the cores make any one of them slow now and then)
@@ -701,6 +792,13 @@ int main(int argc, char** argv) {
     p.cpu_wait_slowdown = wait_slowdown;
     p.allreduce_4_ranks_latency_s = arN_alpha[2], p.allreduce_4_ranks_bandwidth_bytes_per_s = arN_beta[2];
     p.allreduce_8_ranks_latency_s = arN_alpha[3], p.allreduce_8_ranks_bandwidth_bytes_per_s = arN_beta[3];
+    double* wait_fields[4] = {NULL, &p.cpu_collective_wait_2_ranks_s, &p.cpu_collective_wait_4_ranks_s,
+                              &p.cpu_collective_wait_8_ranks_s};
+    double* cached_fields[4] = {NULL, &p.cpu_memory_cached_fraction_2_ranks, &p.cpu_memory_cached_fraction_4_ranks,
+                                &p.cpu_memory_cached_fraction_8_ranks};
+    for (int c = 1; c < 4 && counts[c] <= size; c++) *wait_fields[c] = fmin(1.0, spread_wait[c]), *cached_fields[c] = cached_fraction[c];
+    p.cpu_cache_bytes = cache_bytes;
+    p.efficiency_matmul_beyond_cache = fmin(1.0, wide_eff);
 
     // written to a temporary name and renamed, so a failed run leaves no half-written profile
     char tmp[4096];
@@ -727,11 +825,16 @@ int main(int argc, char** argv) {
             "#   ranks sharing the host (%d ranks at most here): each of N ranks computing at once reached the\n"
             "#     fractions cpu_*_fraction_N_ranks of a lone rank's GEMM rate and triad bandwidth; all-reduces\n"
             "#     over 4 and 8 ranks (the median of 4 rounds, fit as above); cpu_wait_slowdown: %d ranks'\n"
-            "#     GEMMs beside as many ranks waiting in MPI_Recv over the same GEMMs alone.\n",
+            "#     GEMMs beside as many ranks waiting in MPI_Recv over the same GEMMs alone.\n"
+            "#   beyond that: cpu_collective_wait_N_ranks_s, N ranks %d times computing d12's fc forward at 64 tokens\n"
+            "#     then an all-reduce of %d bytes, less the compute alone and the all-reduce alone, a collective;\n"
+            "#     cpu_memory_cached_fraction_N_ranks, the triad's fractions on arrays of 8 ranks in half the\n"
+            "#     cache (cpu_cache_bytes, sysfs's); efficiency_matmul_beyond_cache, the LM head of d4 (128 x 256\n"
+            "#     times 256 x 50304, %.0f MB a product) at %.1f GFLOP/s, its bytes' time out, over the peak.\n",
             when, size, threads, large_rate / 1e9, threads, threads == 1 ? "" : "s", small_rate / 1e9, small_flops,
             attention_rate / 1e9, bandwidth / 1e9, kernels_bandwidth / 1e9,
             msg_alpha * 1e6, msg_beta / 1e9, ar_alpha * 1e6, ar_beta / 1e9, copy_bandwidth / 1e9, copy_small * 1e6,
-            size, cores);
+            size, cores, SPREAD_ROUNDS, SPREAD_BYTES, wide_bytes / 1e6, wide_rate / 1e9);
     device_profile_print(f, &p);
     if (fclose(f) != 0 || rename(tmp, out_path) != 0) die("-o %s: could not write it: %s", out_path, strerror(errno));
     // read back, as a user's run of the model will read it

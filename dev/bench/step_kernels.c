@@ -31,7 +31,7 @@
 // (what a hidden_by would hide depends on the other rows: the planner's time_parts say it).
 static double price_rows(const DeviceProfile* p, GPT2Config c, const StepLayout* o, const StepKernel* rows, int n,
                          double* seconds) {
-    TimeShare lone = {1.0, 1.0};
+    TimeShare lone = time_share_lone();
     for (int i = 0; i < n; i++) {
         seconds[i] = rows[i].engine == STEP_LINK ? 0.0 : time_kernel_seconds(p, &rows[i], rows[i].flops, o->X, lone) * rows[i].calls;
     }
