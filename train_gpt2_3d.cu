@@ -842,7 +842,8 @@ int main(int argc, char** argv) {
     Run run;
     const char *dump_grads = NULL, *sched_name = "1f1b", *split_name = "zigzag", *cp_comm = "ring";
     MoeFlags moe_flags = MOE_FLAGS_DEFAULT;  // (-experts and the rest: a model with experts, 5D)
-    int dp = 0, pp = 1, cp_size = 1, tp = 1, sp = 0, tp_overlap = 0, vp = 1, zero = 0, timeline = 0, check_replicas = 0;
+    int dp = 0, pp = 1, cp_size = 1, tp = 1, sp = 0, tp_overlap = 0, vp = 1, zero = 0, timeline = 0, check_replicas = 0,
+        pp_overlap = 0;
     const ArgSpec own[] = {
         {"-dp", ARG_INT, &dp, 0, ARG_NO_MAX, "data-parallel replicas (0: the number of ranks / (pp x cp x tp))"},
         {"-pp", ARG_INT, &pp, 1, ARG_NO_MAX, "pipeline stages; L must divide by pp x vp"},
@@ -855,6 +856,7 @@ int main(int argc, char** argv) {
         {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1), zbv (ZB-V), dualpipev (DualPipeV)"},
         {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved (zbv and dualpipev: 2, their V)"},
         {"-z", ARG_INT, &zero, 0, 1, "1: ZeRO-1, the AdamW state sharded over the dp replicas (and their cp ranks)"},
+        {"-pp_overlap", ARG_INT, &pp_overlap, 0, 1, "1: a group that joins a forward and a backward (dualpipev's F&B pairs, interleaved's steady state) receives the backward's input while the forward computes"},
         {"-timeline", ARG_INT, &timeline, 0, ARG_NO_MAX, "every N steps print the measured timeline of replica 0's pipeline at tp rank 0 (0: never)"},
         {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that every copy of a tensor is identical: over tp (replicated tensors), the embedding group (wte), dp x cp (everything but experts) and edp (experts) (0: never)"},
@@ -933,6 +935,7 @@ int main(int argc, char** argv) {
 
     // ---- training loop; `step` counts completed optimizer steps
     Walk walk = replica_walk(&model, &stage, &grid, cp, &run.train, m);
+    walk.overlap_pairs = pp_overlap;  // (the F&B overlap, llmc/pipeline_walk.h)
     // the replica of world rank 0's pipeline, at cp and tp rank 0: where the timeline is measured
     int in_timeline = grid.dp_rank == 0 && grid.cp_rank == 0 && grid.tp_rank == 0;
     for (int step = run.start_step; step <= run.max_steps; step++) {

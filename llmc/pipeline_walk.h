@@ -32,6 +32,16 @@
 // group, or in a V sends_later exchanges after that one (the receiver posts its receive much
 // later; pipeline.h says why). pipeline_check_exchanges proved at start that every exchange of
 // this schedule pairs up and completes.
+//
+// The F&B overlap (-pp_overlap 1; DualPipe's reason to be, DeepSeek-V3 section 3.2.1). In a group
+// that joins a forward and a backward of another micro-batch (dualpipev's F&B pairs, interleaved's
+// steady state) the backward's input gradient is not needed until the forward has run. So the
+// exchange is posted in two parts: the sends due and the forward's input, waited for before the
+// forward; the later actions' inputs, waited for only before the backward, arriving while the
+// forward computes (MPI requests on the CPU, the comm stream on the GPU). The sends stay in the
+// first part: every rank's sends are then in the part it waits for first, so no two ranks can
+// each wait for the other's second part (on the GPU the parts run one after the other). What is
+// left waiting is the step line's exposed time; the same run with -pp_overlap 0 gives the cost.
 static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
     Stage* st = w->st;
     PipeSpec spec = st->spec;
@@ -68,13 +78,27 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
             int to = pipeline_output_to(spec, st->stage, a);
             msgs[count++] = comm_message(stage_output_buffer(w, a, grad_index[sends[i]]), walk_message(w), to, 1);
         }
+        int sends_due = count;
         for (int j = k; j < end; j++) {  // receive: the inputs of this group
             // a forward's into its slot's encoded (the slot is taken here, from the free ones);
             // a backward's, the gradient at its chunk's output, into grad[grad_index]
             int from = pipeline_input_from(spec, st->stage, actions[j]);
             if (from >= 0) msgs[count++] = comm_message(stage_input_buffer(w, actions[j], grad_index[j]), walk_message(w), from, 0);
         }
-        comm_exchange(w->pp, msgs, count, COMM_FLOATX);
+        // the F&B overlap: receives of the group's later actions (from `later` on) in a second part
+        int later = count;
+        CommRequest parts[2];
+        memset(parts, 0, sizeof(parts));
+        if (w->overlap_pairs && k < n && end - k > 1 && actions[k].op == PIPE_FORWARD) {
+            later = sends_due + (pipeline_input_from(spec, st->stage, actions[k]) >= 0 ? 1 : 0);
+        }
+        if (later < count) {
+            comm_exchange_start(w->pp, msgs, later, COMM_FLOATX, &parts[0]);
+            comm_exchange_start(w->pp, msgs + later, count - later, COMM_FLOATX, &parts[1]);
+            comm_wait(&parts[0]);  // the sends due and the forward's input
+        } else {
+            comm_exchange(w->pp, msgs, count, COMM_FLOATX);
+        }
         note_slots_in_use(w);  // (the peak count of slots held, for the memory check at the end)
         // a forward-only walk frees a slot once its output is sent (or, at the V's bottom, copied)
         for (int i = first_send[e]; i < first_send[e + 1] && w->forward_only; i++) {
@@ -83,6 +107,7 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
         if (k == n) break;
         for (int j = k; j < end; j++) {  // compute: the group's actions, each on its slot
             PipeAction a = actions[j];
+            if (j == k + 1) comm_wait(&parts[1]);  // (the F&B overlap: the later inputs, arrived by now)
             watchdog_beat();
             if (w->times) w->times[2 * j] = wall_time_s() - w->t0;
             const int *inputs, *targets;
