@@ -59,7 +59,7 @@ static const char* time_group_names[TIME_GROUPS] = {"tp", "cp", "pp", "dp", "edp
 // the links a collective's time is spent on (comm_time.h's classes: NVLink or one host's MPI
 // inside a node, InfiniBand across nodes; -offload's copies over the host's PCIe link)
 #define TIME_LINKS 3
-static const char* time_link_names[TIME_LINKS] = {"intra-node", "inter-node", "pcie"};
+static const char* const time_link_names[TIME_LINKS] = {"intra-node", "inter-node", "pcie"};
 
 typedef struct {
     double seconds;                         // the step
