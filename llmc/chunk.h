@@ -100,9 +100,7 @@ static inline float chunk_forward(Walk* walk, Activations* a, int chunk, const i
         LayerWeights w = gpt2_layer_params(model, chunk * Lc + k);
         floatX* fcproj = st->moe ? moe_layer_forward(walk, a, x, w, residual, chunk, k)
                                  : tp_layer_forward(model, tp, walk->cp, x, w, residual, B, T, 0);
-        // (the F&B overlap: a pair's backward input, posted before this forward, moves between its
-        // layers; an MPI request moves only while its rank is inside MPI)
-        if (walk->overlap_pairs) comm_progress(walk->pp);
+
         if (k + 1 < Lc) {  // the next layer's LayerNorm fused with this residual add
             LayerWeights wn = gpt2_layer_params(model, chunk * Lc + k + 1);
             LayerActs xn = layer_acts(a, d, B, T, k + 1);
@@ -169,6 +167,9 @@ static inline void chunk_backward(Walk* walk, Activations* a, floatX* dresidual,
         floatX* residual = k == 0 ? a->encoded : layer_acts(a, d, B, T, k - 1).residual3;
         if (st->moe) moe_layer_backward(walk, a, x, w, gw, residual, dresidual, chunk, k, split);
         else tp_layer_backward(model, tp, walk->cp, x, w, gw, a->kept, residual, dresidual, B, T, split);
+        // (the F&B overlap: the pair's forward output, posted before this backward, moves between
+        // its layers; an MPI request moves only while its rank is inside MPI)
+        if (walk->overlap_pairs) comm_progress(walk->pp);
     }
     if (is_first_virtual(st, chunk)) {
         // g's backward at the embedding: identity, or with -sp all-gather of dresidual to

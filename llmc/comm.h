@@ -49,6 +49,17 @@ static const char* comm_kind_names[COMM_NUM_KINDS] = {
 #ifdef __CUDACC__
 #define COMM_EVENTS COMM_MAX_PENDING  // a group's completion events, used round-robin
 #endif
+// Can a send be posted ahead of the exchange that would post it (the pipeline's F&B overlap)?
+// With MPI requests, yes: each moves on its own. With NCCL, not on one stream: a rank's groups
+// run one after another, so a send posted early holds back the exchange queued behind it until
+// its receiver posts; if the receiver first waits for that exchange (two neighbours sending to
+// each other), neither goes on. It would take a second stream and communicator for the early
+// sends, which this layer does not have.
+#ifdef __CUDACC__
+#define COMM_SENDS_POST_AHEAD 0
+#else
+#define COMM_SENDS_POST_AHEAD 1
+#endif
 
 typedef struct {
     int rank;

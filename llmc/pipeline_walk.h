@@ -35,13 +35,22 @@
 //
 // The F&B overlap (-pp_overlap 1; DualPipe's reason to be, DeepSeek-V3 section 3.2.1). In a group
 // that joins a forward and a backward of another micro-batch (dualpipev's F&B pairs, interleaved's
-// steady state) the backward's input gradient is not needed until the forward has run. So the
-// exchange is posted in two parts: the sends due and the forward's input, waited for before the
-// forward; the later actions' inputs, waited for only before the backward, arriving while the
-// forward computes (MPI requests on the CPU, the comm stream on the GPU). The sends stay in the
-// first part: every rank's sends are then in the part it waits for first, so no two ranks can
-// each wait for the other's second part (on the GPU the parts run one after the other). What is
-// left waiting is the step line's exposed time; the same run with -pp_overlap 0 gives the cost.
+// steady state) the forward's output is ready while the backward still has to run. So it leaves
+// at once: right after the forward, the next exchange's sends up to the forward's (the sends
+// are posted in action order, which the receivers' order of receives follows) are posted
+// non-blocking and move while the backward computes (MPI requests, moved by comm_progress between
+// the backward's layers); the exchange posts the rest and waits for both. With requests that move
+// on their own a send posted sooner only makes its message available sooner: the exchanges still
+// pair up and finish as pipeline_check_exchanges proved. Not so with NCCL on one comm stream
+// (COMM_SENDS_POST_AHEAD, comm.h): the CUDA backend refuses the flag. What is left waiting is the
+// step line's exposed time; the same run with -pp_overlap 0 gives the cost.
+// -pp_overlap's value, checked on every rank: the CUDA backend refuses it (comm.h says why)
+static inline int walk_overlap_flag(int pp_overlap) {
+    check_every_rank(!pp_overlap || COMM_SENDS_POST_AHEAD, "-pp_overlap 1: this backend's comm layer cannot post a send "
+                     "ahead of its exchange (NCCL runs a rank's groups in turn on one stream, llmc/comm.h); leave it 0");
+    return pp_overlap;
+}
+
 static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
     Stage* st = w->st;
     PipeSpec spec = st->spec;
@@ -66,39 +75,31 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
     }
     // (an exchange's messages: its sends, and a group's receives, at most one per action)
     CommMessage* msgs = (CommMessage*)malloc_check((size_t)(n + 2) * sizeof(CommMessage));
+    // the F&B overlap's sends posted early: the first `early_sends` of the next exchange's
+    CommRequest early;
+    memset(&early, 0, sizeof(early));
+    int early_sends = 0;
     // exchange e comes before group e (actions k .. end-1); after the last group, one more
     // exchange sends the last outputs
     for (int k = 0, e = 0, end; ; k = end, e++) {
         for (end = k; end < n && group[end] == group[k]; end++) {}
         int count = 0;
-        for (int i = first_send[e]; i < first_send[e + 1]; i++) {  // send: the outputs due now
+        for (int i = first_send[e] + early_sends; i < first_send[e + 1]; i++) {  // send: the outputs due now
             // a forward's from its slot's last layer's residual3 to the next virtual stage; a
             // backward's, its input gradient in grad[grad_index], to the one before
             PipeAction a = actions[sends[i]];
             int to = pipeline_output_to(spec, st->stage, a);
             msgs[count++] = comm_message(stage_output_buffer(w, a, grad_index[sends[i]]), walk_message(w), to, 1);
         }
-        int sends_due = count;
         for (int j = k; j < end; j++) {  // receive: the inputs of this group
             // a forward's into its slot's encoded (the slot is taken here, from the free ones);
             // a backward's, the gradient at its chunk's output, into grad[grad_index]
             int from = pipeline_input_from(spec, st->stage, actions[j]);
             if (from >= 0) msgs[count++] = comm_message(stage_input_buffer(w, actions[j], grad_index[j]), walk_message(w), from, 0);
         }
-        // the F&B overlap: receives of the group's later actions (from `later` on) in a second part
-        int later = count;
-        CommRequest parts[2];
-        memset(parts, 0, sizeof(parts));
-        if (w->overlap_pairs && k < n && end - k > 1 && actions[k].op == PIPE_FORWARD) {
-            later = sends_due + (pipeline_input_from(spec, st->stage, actions[k]) >= 0 ? 1 : 0);
-        }
-        if (later < count) {
-            comm_exchange_start(w->pp, msgs, later, COMM_FLOATX, &parts[0]);
-            comm_exchange_start(w->pp, msgs + later, count - later, COMM_FLOATX, &parts[1]);
-            comm_wait(&parts[0]);  // the sends due and the forward's input
-        } else {
-            comm_exchange(w->pp, msgs, count, COMM_FLOATX);
-        }
+        comm_exchange(w->pp, msgs, count, COMM_FLOATX);
+        comm_wait(&early);  // (the sends posted early, under the backward)
+        early_sends = 0;
         note_slots_in_use(w);  // (the peak count of slots held, for the memory check at the end)
         // a forward-only walk frees a slot once its output is sent (or, at the V's bottom, copied)
         for (int i = first_send[e]; i < first_send[e + 1] && w->forward_only; i++) {
@@ -107,7 +108,6 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
         if (k == n) break;
         for (int j = k; j < end; j++) {  // compute: the group's actions, each on its slot
             PipeAction a = actions[j];
-            if (j == k + 1) comm_wait(&parts[1]);  // (the F&B overlap: the later inputs, arrived by now)
             watchdog_beat();
             if (w->times) w->times[2 * j] = wall_time_s() - w->t0;
             const int *inputs, *targets;
@@ -142,6 +142,17 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
             if (w->times) {
                 device_synchronize();  // the GPU's work, not its launch
                 w->times[2 * j + 1] = wall_time_s() - w->t0;
+            }
+            if (w->overlap_pairs && j == k && end - k > 1 && a.op == PIPE_FORWARD) {
+                // the F&B overlap: the next exchange's sends up to this forward's, posted now
+                int i = first_send[e + 1], posted = 0;
+                for (; i < first_send[e + 2] && sends[i] <= k; i++, posted++) {
+                    PipeAction out = actions[sends[i]];
+                    int to = pipeline_output_to(spec, st->stage, out);
+                    msgs[posted] = comm_message(stage_output_buffer(w, out, grad_index[sends[i]]), walk_message(w), to, 1);
+                }
+                comm_exchange_start(w->pp, msgs, posted, COMM_FLOATX, &early);
+                early_sends = posted;
             }
         }
     }

@@ -142,7 +142,7 @@ typedef struct {
     const int* tokens;  // ... or, without a loader (sampling), these B x T tokens
     int B, T;
     int forward_only;   // validation and sampling: a slot is free once its output is sent
-    int overlap_pairs;  // -pp_overlap: an F&B group's later inputs arrive under its forward
+    int overlap_pairs;  // -pp_overlap: an F&B group's forward output leaves under its backward
     float dloss;        // each token's weight in the step's gradient: 1 / (B T m)
     float loss;         // out: the sum of the micro-batches' losses (last stage)
     Activations* head;  // out: the last slot the last virtual stage used (its logits stay)

@@ -3688,12 +3688,13 @@ def check_cuda_against_reference(ref, d, grads_path, precision, label):
     return read_log(d)[0]
 
 
-def make_cuda_pp_test(kind, precision, devices, sched):
+def make_cuda_pp_test(kind, precision, devices, sched, extra=()):
     def fn():
         """pipeline parallelism on the emulator (or a GPU): 2 stages, 4 micro-batches; activations
         and their gradients travel in floatX through NCCL's grouped send/recv (or the host-staged path);
         both wte copies stay bit-identical (bf16: the same stochastic rounding). zb runs the
-        backward's two halves (matmul_backward_input, then _weight) apart"""
+        backward's two halves (matmul_backward_input, then _weight) apart; zbv and dualpipev put
+        two chunks a stage in a V (the bottom's hand-off a device copy, sends put off, one wte)"""
         run = cuda_runner(kind, devices)
         ref = reference_run(REF4_CUDA)
         program = build(kind, precision, ["train_gpt2_pp"])[0]
@@ -3702,15 +3703,17 @@ def make_cuda_pp_test(kind, precision, devices, sched):
         m = 4
         B = REF4_CUDA["batch"] // m
         out = run(program, 2, trainer_args(ref, B, d, ["-n", REF4_CUDA["steps"], "-dump_grads", grads_path,
-                                                       "-check_replicas", 1, "-sched", sched], cfg=REF4_CUDA), d)
+                                                       "-check_replicas", 1, "-sched", sched] + list(extra), cfg=REF4_CUDA), d)
         train = check_cuda_against_reference(ref, d, grads_path, precision,
                                              "%s train_gpt2_pp %s 2 stages %s" % (kind, precision, sched))
-        expected = pp_step_bytes(REF4_CUDA, B, m, 2, 1, X=4 if precision == "FP32" else 2)
+        v_shape = sched in V_SCHEDULES
+        expected = pp_step_bytes(REF4_CUDA, B, m, 2, 2 if v_shape else 1, X=4 if precision == "FP32" else 2, v_shape=v_shape)
         check_pp_step_bytes(out, d, expected, REF4_CUDA["steps"])
         assert train[1]["comm_bytes"] == sum(expected.values()), train[1]
-        assert "step %d: wte copies of the first and last stage identical" % REF4_CUDA["steps"] in out, out[-2000:]
+        if not v_shape:  # (a V holds one wte, on stage 0)
+            assert "step %d: wte copies of the first and last stage identical" % REF4_CUDA["steps"] in out, out[-2000:]
     prefix, path = cuda_test_name(kind, devices)
-    fn.__name__ = "%s_pp_vs_pytorch_%s_pp2_%s_%s" % (prefix, precision.lower(), sched, path)
+    fn.__name__ = "%s_pp_vs_pytorch_%s_pp2_%s%s_%s" % (prefix, precision.lower(), sched, "_pp_overlap" if extra else "", path)
     return fn
 
 
@@ -3861,12 +3864,30 @@ for _precision, _outer in (("FP32", "fp32"), ("BF16", "bf16"), ("BF16", "e3m0"))
 
 
 # pipeline parallelism on the emulator: 1f1b over NCCL in fp32 (tight) and over the host-staged
-# path in bf16 (bounded); zero bubble's split backward runs in the 3D trainer's emulator test
-for _precision, _devices, _sched in (("FP32", 2, "1f1b"), ("BF16", 1, "1f1b")):
+# path in bf16 (bounded); zero bubble's split backward runs in the 3D trainer's emulator test; the
+# V: zbv over NCCL in fp32, dualpipev in bf16
+for _precision, _devices, _sched in (("FP32", 2, "1f1b"), ("BF16", 1, "1f1b"), ("FP32", 2, "zbv")):
     test(make_cuda_pp_test("emu", _precision, _devices, _sched))
-# on a GPU: 1f1b in bf16, zero bubble's split backward in fp32
-for _precision, _sched in (("BF16", "1f1b"), ("FP32", "zb")):
+test(make_cuda_pp_test("emu", "BF16", 2, "dualpipev"))
+
+
+@test
+def emu_pp_overlap_is_refused_on_the_cuda_backend():
+    """-pp_overlap posts a send ahead of its exchange; NCCL's groups run in turn on one comm stream
+    (llmc/comm.h, COMM_SENDS_POST_AHEAD), where that can deadlock two neighbours: the CUDA build
+    refuses the flag, once, before anything is written"""
+    ref = reference_run(REF4_CUDA)
+    program = build("emu", "FP32", ["train_gpt2_pp"])[0]
+    d = fresh_dir("emu_pp_overlap_refused")
+    out_dir = os.path.join(d, "out")
+    code, out = mpirun(2, trainer_args(ref, 2, out_dir, ["-sched", "dualpipev", "-pp_overlap", 1], cfg=REF4_CUDA),
+                       program=program, env=dict(CUDA_EMU_DEVICES="2"))
+    assert code != 0 and out.count("-pp_overlap 1: this backend's comm layer cannot post a send") == 1, out[-2000:]
+    assert not os.path.exists(out_dir), out_dir
+# on a GPU: 1f1b in bf16, zero bubble's split backward in fp32, the V schedules
+for _precision, _sched in (("BF16", "1f1b"), ("FP32", "zb"), ("FP32", "zbv")):
     test(make_cuda_pp_test("cuda", _precision, None, _sched))
+test(make_cuda_pp_test("cuda", "BF16", None, "dualpipev"))
 
 
 # the paths ops.h's paths_print counts (taken, fell back), printed when they are on; the defaults
