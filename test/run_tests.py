@@ -2494,6 +2494,31 @@ def grid3d_resumes_cp_checkpoints_on_other_grids():
 
 
 @test
+def grid3d_checkpoints_resume_across_schedules():
+    """a checkpoint is the model file's layout whatever the schedule: one written under 1f1b at
+    2x2x1 resumes under zbv (1x2x1) and dualpipev (2x2x1 with -pp_overlap), whose stages hold
+    other layers (chunk 1 of stage s is virtual stage 2p - 1 - s) and one wte; one written under
+    dualpipev resumes under 1f1b and on one rank. Steps 3-5 match the uninterrupted reference"""
+    cfg = REF4_GPT2
+    ref = reference_run(cfg)
+    saved = {}
+    for sched, dp in (("1f1b", 2), ("dualpipev", 2)):
+        saved[sched] = fresh_dir("grid3d_saved_" + sched)
+        run_ok(4, trainer_args(ref, 1, saved[sched], ["-n", 2] + grid3d_flags(dp, 2, 1, sched=sched), cfg=cfg), program=D3)
+    for name, source, ranks, B, flags in (
+            ("zbv_1x2x1", "1f1b", 2, 2, grid3d_flags(1, 2, 1, sched="zbv")),
+            ("dualpipev_2x2x1", "1f1b", 4, 1, grid3d_flags(2, 2, 1, sched="dualpipev") + ["-pp_overlap", 1]),
+            ("1f1b_1x2x1", "dualpipev", 2, 2, grid3d_flags(1, 2, 1)),
+            ("1x1x1", "dualpipev", 1, 8, grid3d_flags(1, 1, 1))):
+        d = fresh_dir("grid3d_resumed_sched_" + name)
+        for f in glob.glob(os.path.join(saved[source], "*_00000002*")):
+            shutil.copy(f, d)
+        out = run_ok(ranks, trainer_args(ref, B, d, ["-n", 3, "-y", 1] + flags, cfg=cfg), program=D3)
+        assert "resumed from step 2" in out, out[-2000:]
+        check_resumed_against_reference(ref, d, name, (3, 4, 5), cfg["steps"])
+
+
+@test
 def grid3d_resume_on_the_same_grid_is_bit_identical_samples_included():
     """2x2x2 with -sp and ZeRO-1, samples every 2 steps: resumed from the checkpoint of step 3, the
     log, the samples (the last stage draws them: its rng must be the one checkpointed) and the
