@@ -76,7 +76,7 @@
 
 typedef enum { PIPE_FORWARD, PIPE_BACKWARD, PIPE_WEIGHT } PipeOp;
 // (zbv and dualpipev come last: SCHEDULE_WALKED counts the schedules before them, the ones the
-// trainers and the planner take; the V schedules are drawn and checked here, not yet walked)
+// planner takes; the trainers walk all six)
 typedef enum {
     SCHEDULE_AFAB, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZB, SCHEDULE_ZBV, SCHEDULE_DUALPIPEV, SCHEDULE_COUNT
 } PipeSchedule;

@@ -181,14 +181,15 @@ static inline floatX* stage_output_buffer(Walk* w, PipeAction a, int grad_index)
 }
 
 // the start's table: "  stage s  layers a-b ..." (one range per chunk, with -vp V of them) and
-// what else the stage holds (the embeddings on the first, lnf and wte's copy on the last)
+// what else the stage holds (the embeddings on the first, lnf and wte's copy on the last; in a V
+// the first holds lnf too, and its one wte serves the head)
 static inline void stage_print_layers(int stage, const ParameterLayout* l, int V, int chunk_layers) {
     printf("  stage %d  layers", stage);
     for (int chunk = 0; chunk < V; chunk++) {
         int first = layout_layer(l, chunk * chunk_layers);
         printf(" %d-%d", first, first + chunk_layers - 1);
     }
-    printf("%s%s", l->embedding ? " + wte, wpe" : "", l->head ? " + lnf, wte copy" : "");
+    printf("%s%s", l->embedding ? " + wte, wpe" : "", !l->head ? "" : l->embedding ? " + lnf" : " + lnf, wte copy");
 }
 
 // the elements of every message of a walk: (B, T, C), or this rank's (B T / tp, C) with -sp
