@@ -481,7 +481,9 @@ static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLa
                                TimeShare during, TimeShare once, StepTime* t, double* busy) {
     GridShape g = {r->dp, r->pp, layout_cp(r), r->tp, layout_ep(r)};
     int S = g.dp * g.cp * g.tp, pp = r->pp > 1 ? r->pp : 1;
-    PipeSpec spec = {pp > 1 ? r->sched : SCHEDULE_AFAB, pp, r->m > 1 ? r->m : 1, r->V > 1 ? r->V : 1};
+    // (one stage plays as AFAB of one chunk: its micro-batches in turn, whatever -sched names, the
+    // V's two chunks at pp = 1 included)
+    PipeSpec spec = {pp > 1 ? r->sched : SCHEDULE_AFAB, pp, r->m > 1 ? r->m : 1, pp > 1 && r->V > 1 ? r->V : 1};
     int split = pipeline_splits_backward(spec), n = pipeline_actions_per_stage(spec);
     double* seconds = (double*)malloc_check((size_t)pp * 6 * sizeof(double));
     double* silent = seconds + pp * 3;  // (the same actions without the messages they send: a CPU's)
