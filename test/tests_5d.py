@@ -136,6 +136,10 @@ GRID5D = [
     ("dp2_pp2_ep2_z1", 4, ["-dp", 2, "-pp", 2, "-ep", 2, "-z", 1], 4, 4, 1),
     ("dp2_tp2_sp_ep2_z1", 4, ["-dp", 2, "-tp", 2, "-sp", 1, "-ep", 2, "-z", 1], 4, 4, 1),
     ("dp2_cp2_ep2_z1", 4, ["-dp", 2, "-cp", 2, "-ep", 2, "-z", 1], 4, 4, 1),
+    # the V (dualpipev) with experts: the 2-layer model at pp = 1 is one stage of two chunks, its
+    # MoE layers in both, chunk 0's output handed to chunk 1 and back by the stage itself, a
+    # routing record for each (micro-batch, chunk) slot, two F&B pairs' worth of micro-batches
+    ("dp2_tp2_sp_ep2_dualpipev", 4, ["-dp", 2, "-tp", 2, "-sp", 1, "-ep", 2, "-sched", "dualpipev"], 2, 4, 1),
 ]
 
 
