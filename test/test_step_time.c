@@ -18,7 +18,11 @@
 //     turns (pp 2, one micro-batch) computing at a lone rank's speed when waiting takes no core,
 //     at the shared speed when it takes a whole one; a GPU profile ignoring all of it;
 //   - -offload's host rows on the profile's host and its PCIe link;
-//   - a pipeline message across nodes costs its latency and bytes where the receiver waits;
+//   - a pipeline message across nodes costs its latency and bytes where the receiver waits; the
+//     messages' exposed time (pp's) is what they add to the schedule, the bubble stage 0's idle
+//     with free messages, on a GPU and on a CPU (where the sender's core copies each one);
+//   - the schedules that split the backward (zb, zbv, dualpipev) play W apart from B;
+//   - each group's exposed time split by link (intra-node, inter-node, pcie) adds up to it;
 //   - the step's throughput and MFU from their definitions.
 // Expected values come from the formulas written here, not from a run of the model.
 #include <math.h>
