@@ -378,8 +378,8 @@ int main(int argc, char** argv) {
         {"-cp", ARG_INT, &cp, 1, ARG_NO_MAX, "context-parallel ranks (train_gpt2_cp, or train_gpt2_3d's fourth axis): each holds T/cp tokens of every sequence"},
         {"-cp_comm", ARG_STRING, &cp_comm, 0, 0, "ring or allgather (the whole sequence's K,V on every rank)"},
         {"-cp_layout", ARG_STRING, &cp_layout, 0, 0, "zigzag (2 cp chunks: T must divide by 2 cp) or contiguous"},
-        {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (-sched interleaved)"},
-        {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab, 1f1b, interleaved, zb"},
+        {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (-sched interleaved; zbv and dualpipev: 2, their V)"},
+        {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab, 1f1b, interleaved, zb, zbv, dualpipev"},
         {"-z", ARG_INT, &zero, 0, 3, "ZeRO stage (train_gpt2_dp 0..3, train_gpt2_3d 0..1)"},
         {"-sp", ARG_INT, &sp, 0, 1, "1: sequence parallelism in the tp group"},
         {"-r", ARG_INT, &recompute, 0, RECOMPUTE_MAX, "activation recomputation: 0 none, 1 selective, 2 full"},
@@ -441,7 +441,11 @@ int main(int argc, char** argv) {
     else if (strcmp(attention, "cublas") == 0) target.flash = 0;
     else fail("-attention %s: expected flash or cublas", attention);
     int sched = pipeline_schedule_from_name(sched_name);
-    if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b, interleaved or zb", sched_name);
+    if (sched < 0) fail("-sched %s: unknown schedule; expected afab, 1f1b, interleaved, zb, zbv or dualpipev", sched_name);
+    if (sched == SCHEDULE_ZBV || sched == SCHEDULE_DUALPIPEV) {  // (the V: two chunks a stage, as the trainers take it)
+        if (vp > 2) fail("-vp %d: -sched %s places exactly 2 chunks on each stage, in a V (leave -vp out, or give 2)", vp, sched_name);
+        vp = 2;
+    }
     int allgather = cp_allgather_of(cp_comm);
     CpSplit split = cp_split_of(cp_layout);
     double memory = memory_gb * 1e9;

@@ -75,12 +75,9 @@
 #include "utils.h"
 
 typedef enum { PIPE_FORWARD, PIPE_BACKWARD, PIPE_WEIGHT } PipeOp;
-// (zbv and dualpipev come last: SCHEDULE_WALKED counts the schedules before them, the ones the
-// planner takes; the trainers walk all six)
 typedef enum {
     SCHEDULE_AFAB, SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_ZB, SCHEDULE_ZBV, SCHEDULE_DUALPIPEV, SCHEDULE_COUNT
 } PipeSchedule;
-#define SCHEDULE_WALKED SCHEDULE_ZBV
 
 static const char* pipe_schedule_names[SCHEDULE_COUNT] = {"afab", "1f1b", "interleaved", "zb", "zbv", "dualpipev"};
 static const char pipe_op_letters[3] = {'F', 'B', 'W'};
@@ -111,17 +108,11 @@ static inline PipeAction pipe_action(PipeOp op, int micro, int chunk) {
 }
 
 // any schedule's number by name; -1 when it names none
-static inline int pipeline_schedule_from_any_name(const char* name) {
+static inline int pipeline_schedule_from_name(const char* name) {
     for (int i = 0; i < SCHEDULE_COUNT; i++) {
         if (strcmp(name, pipe_schedule_names[i]) == 0) return i;
     }
     return -1;
-}
-
-// -sched's value in a trainer or the planner: one of the schedules they walk; else -1
-static inline int pipeline_schedule_from_name(const char* name) {
-    int sched = pipeline_schedule_from_any_name(name);
-    return sched < SCHEDULE_WALKED ? sched : -1;
 }
 
 // zbv and dualpipev place a stage's two chunks in a V (the header comment); zb, zbv and
@@ -882,7 +873,7 @@ static inline void pipeline_print_chart(PipeSpec s) {
 // (stages_flag: the flag or the launch that sets p)
 static inline PipeSpec pipeline_spec_of(const char* sched_name, int p, int m, int V, int L, const char* stages_flag) {
     // (every rank reads the same flags here: check_every_rank prints the error once)
-    int sched = pipeline_schedule_from_any_name(sched_name);
+    int sched = pipeline_schedule_from_name(sched_name);
     check_every_rank(sched >= 0, "-sched %s: unknown schedule; expected afab, 1f1b, interleaved, zb, zbv or dualpipev",
                      sched_name);
     // the V schedules hold 2 chunks a stage: -vp 1 (the default) means theirs

@@ -189,6 +189,8 @@ typedef struct {
     int tp_layer;
     int tp, sp, tp_overlap;  // tensor-parallel ranks (0 or 1: none), -sp, -tp_overlap
     int pp, V, stage;       // pipeline stages, chunks a stage (-vp), and which stage this rank is
+    int v_shape;            // 1: the two chunks in a V (zbv, dualpipev, pp > 1): the head on stage 0 with
+                            // the embedding, and stage pp - 1's chunk 0 hands its output to its chunk 1
     int zero, overlap, offload;  // train_gpt2_dp's -z (0-3), -overlap and -offload; train_gpt2_3d's -z 1
     int recompute;          // -r: 0, 1 (GELU, and cuBLAS attention's probabilities), 2 (the layer's forward)
     int weights_later;      // zero bubble (-s zb): W runs apart from B, so the forward keeps what W reads
@@ -721,17 +723,17 @@ static inline void step_layer_backward(StepRows* s, const StepShapes* h, int64_t
 // the parameters of a dense model's tp rank of a pipeline stage (model.h's parameter_layout_grid):
 // its Ls layers of the per-layer tensors, the split ones (qkv, attproj's and fc's weights and
 // qkv's and fc's biases) 1/tp each; the first stage's wte (Vp/tp rows) and wpe, the last's lnf and
-// its own copy of the tied wte
+// its own copy of the tied wte (in a V, v_shape, the first stage holds lnf and the head: its one wte)
 // With experts (the grid's 5D) a layer's MLP is its E/ep experts, each whole, and a router (E, C)
 // replicated over tp
-static inline int64_t step_stage_parameters(GPT2Config c, int tp, int pp, int stage, int ep) {
+static inline int64_t step_stage_parameters(GPT2Config c, int tp, int pp, int stage, int ep, int v_shape) {
     int64_t C = c.channels, Ls = c.num_layers / pp, wte = (int64_t)c.padded_vocab_size / tp * C;
     int64_t mlp = (4 * C * C + 4 * C) / tp + 4 * C * C / tp + C;
     if (gpt2_is_moe(c)) mlp = (int64_t)c.experts * C + c.experts / ep * step_mlp_parameters(C);
     int64_t layer = 2 * C + (3 * C * C + 3 * C) / tp + C * C / tp + C + 2 * C + mlp;
     int64_t P = Ls * layer;
     if (stage == 0) P += wte + (int64_t)c.max_seq_len * C;
-    if (stage == pp - 1) P += 2 * C + (pp > 1 ? wte : 0);
+    if (stage == (v_shape ? 0 : pp - 1)) P += 2 * C + (pp > 1 && !v_shape ? wte : 0);
     return P;
 }
 
@@ -763,13 +765,16 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
     int64_t L = c.num_layers, C = c.channels, V = c.vocab_size, Vp = c.padded_vocab_size;
     int64_t T = o.T, cp = o.cp, ep = o.ep, X = o.X, N = h.N, Ns = h.Ns, tp = h.tp, E = h.E;
     int64_t pp = o.pp > 1 ? o.pp : 1, chunks = o.V > 1 ? o.V : 1, stage = pp > 1 ? o.stage : 0;
-    int first = stage == 0, last = stage == pp - 1;
+    // (in a V the head is on stage 0, and stage pp - 1's chunk 0 hands its output to its chunk 1,
+    // and chunk 1 its gradient to chunk 0, without a message)
+    int v_shape = pp > 1 && o.v_shape, first = stage == 0, last = stage == (v_shape ? 0 : pp - 1);
+    int bottom = v_shape && stage == pp - 1;
     int64_t Ls = L / pp;                          // the stage's layers, Ls / V a chunk
     int64_t Vr = Vp / tp;                         // the vocabulary-parallel LM head's rows of wte on this rank
     uint32_t every_chunk = (uint32_t)((1ull << chunks) - 1), first_chunk = 1u, last_chunk = 1u << (chunks - 1);
     // the parameters this rank holds: the model's (llmc/gpt2.h), of whose E experts a layer it
     // holds E/ep; a stage's tp slice of it (step_stage_parameters)
-    int64_t P = h.tpl ? step_stage_parameters(c, (int)tp, (int)pp, (int)stage, o.ep) : step_rank_parameters(c, o.ep);
+    int64_t P = h.tpl ? step_stage_parameters(c, (int)tp, (int)pp, (int)stage, o.ep, v_shape) : step_rank_parameters(c, o.ep);
     int64_t dp_ranks = (int64_t)o.dp * cp;        // the ranks the gradients are reduced over (DiLoCo: a worker's)
     int zero = dp_ranks > 1 ? o.zero : 0;
     // with experts: the experts' gradients reduced apart, over the copies of them (edp): train_gpt2_ep's
@@ -825,8 +830,8 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
         step_row(&s, ends, 0, (double)(STEP_FLOPS_ADD * Ns * C), (double)(3 * Ns * C * X), STEP_VECTOR, "residual",
                  "residual forward", "residual_forward (the chunk's output)");
         if (pp > 1) {  // the pipeline's sends: each chunk's output on to the next stage, but the model's last
-            s.group = "pipeline";
-            step_link(&s, ends, "pp", "send", 2, (double)(Ns * C), (double)X, NULL, "pp send: activations to the next stage");
+            s.group = "pipeline", s.chunks &= bottom ? ~first_chunk : every_chunk;  // (the V's bottom: chunk 0's is a copy)
+            step_link(&s, ends - bottom, "pp", "send", 2, (double)(Ns * C), (double)X, NULL, "pp send: activations to the next stage");
         }
     }
 
@@ -883,8 +888,8 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
 
     s.group = "layer backward", s.phase = STEP_PHASE_BACKWARD_INPUT, s.chunks = every_chunk;
     if (pp > 1) {  // the gradient at each chunk's input back to the stage before, but the model's first
-        s.group = "pipeline", s.chunks = first ? every_chunk & ~first_chunk : every_chunk;
-        step_link(&s, chunks - (first ? 1 : 0), "pp", "send", 2, (double)(Ns * C), (double)X, NULL,
+        s.group = "pipeline", s.chunks = (first ? every_chunk & ~first_chunk : every_chunk) & (bottom ? ~last_chunk : every_chunk);
+        step_link(&s, chunks - (first ? 1 : 0) - bottom, "pp", "send", 2, (double)(Ns * C), (double)X, NULL,
                   "pp send: gradients to the stage before");
         s.group = "layer backward", s.chunks = every_chunk;
     }
@@ -926,7 +931,8 @@ static inline int step_kernels(StepKernel* rows, int capacity, GPT2Config c, Ste
         step_link(&s, 1, "tp", "all-reduce", tp, (double)((4 * Ls + 2 * last) * C + (E ? Ls * E * C : 0)), (double)X, NULL,
                   "tp all-reduce: the LayerNorms' gradients (-sp)");
     }
-    if (pp > 1 && (first || last)) {  // the tied wte: the first stage's copy and the last's, one gradient
+    if (pp > 1 && !v_shape && (first || last)) {  // the tied wte: the first stage's copy and the last's, one gradient
+                                                  // (in a V one stage holds both ends and the only wte)
         s.group = "embedding all-reduce";
         step_link(&s, 1, "embedding", "all-reduce", 2, (double)(Vr * C), (double)X, NULL,
                   "all-reduce wte's gradient (first and last stage)");
@@ -1030,6 +1036,7 @@ static inline StepLayout step_layout_of_run(const RunLayout* r, int stage, StepO
     o.tp = r->tp, o.sp = r->sp, o.tp_overlap = opt.tp_overlap;
     PipeSpec spec = {r->sched, r->pp, r->m, r->V};  // (zb, zbv and dualpipev run W apart from B)
     o.pp = r->pp, o.V = r->V, o.stage = stage, o.weights_later = r->pp > 1 && pipeline_splits_backward(spec);
+    o.v_shape = r->pp > 1 && pipeline_is_v(spec);
     o.zero = r->zero, o.overlap = r->overlap, o.offload = r->offload, o.recompute = r->recompute;
     o.capacity_factor = r->capacity_factor;
     o.maxvio = r->maxvio;

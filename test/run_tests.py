@@ -2173,6 +2173,29 @@ for _p, _sched, _m, _V, _cfg in [(1, "1f1b", 1, 1, REF4_GPT2), (2, "afab", 1, 1,
 
 
 @test
+def planner_plans_the_v_schedules_as_the_trainers_run_them():
+    """dev/memory_planner -sched zbv and dualpipev: rank 0's memory table byte for byte the one the
+    trainer printed (its slots, the head on stage 0, its gradient buffers), for the PP trainer
+    at p = 4 and the grid at 2x2x1x1, and no embedding all-reduce in the predicted step"""
+    ref = reference_run(REF8_GPT2)
+    for sched in V_SCHEDULES:
+        d = fresh_dir("planner_v_" + sched)
+        args = trainer_args(ref, 1, d, ["-n", 1, "-sched", sched], cfg=REF8_GPT2)
+        check_planner_matches_trainer(PP, 4, args, run_ok(4, args, program=PP))
+        d3 = fresh_dir("planner_v3d_" + sched)
+        args = trainer_args(ref, 1, d3, ["-n", 1] + grid3d_flags(2, 2, 1, sched=sched), cfg=REF8_GPT2)
+        check_planner_matches_trainer(D3, 4, args, run_ok(4, args, program=D3))
+    # the predicted step's collectives (on the CPU profile nothing hides, so each one shows): the
+    # tied wte's all-reduce under 1f1b, none in a V
+    for sched in ("1f1b",) + V_SCHEDULES:
+        p = subprocess.run([str(a) for a in ["./dev/memory_planner", "-e", "d8", "-b", 1, "-t", 64, "-d", 512, "-pp", 4,
+                            "-sched", sched, "-device", "cpu", "-profile", "dev/profiles/cpu-this-machine.txt"]],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+        line = [l for l in p.stdout.decode().splitlines() if "collectives exposed" in l]
+        assert line and ("embedding" in line[0]) == (sched == "1f1b"), (sched, line)
+
+
+@test
 def pp_overlap_of_f_and_b_pairs_matches_the_reference():
     """-pp_overlap 1 posts an F&B group's exchange in two parts, the backward's input waited for
     only after the forward ran: the same results (against the reference, bytes and held

@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
     StepKernel rows[STEP_KERNELS_MAX];
     int n = step_kernels(rows, STEP_KERNELS_MAX, c, o);
     if (n > STEP_KERNELS_MAX) fail("the step has %d rows, more than STEP_KERNELS_MAX = %d", n, STEP_KERNELS_MAX);
-    long long parameters = tpl ? step_stage_parameters(c, tp, pp, stage, ep) : step_rank_parameters(c, ep);
+    long long parameters = tpl ? step_stage_parameters(c, tp, pp, stage, ep, o.v_shape) : step_rank_parameters(c, ep);
     DeviceProfile device;
     static double seconds[STEP_KERNELS_MAX];
     double compute = 0.0;
