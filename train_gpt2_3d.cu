@@ -301,8 +301,8 @@ typedef struct {
     Moe* moe;             // NULL for a dense model
 } Grid3D;
 
-// one validation batch, one micro-batch forward through the pipe: its loss on the last stage
-// (0 elsewhere; the run layer broadcasts it over the pipe), with -cp the mean of this rank's
+// one validation batch, one micro-batch forward through the pipe: its loss on the stage with the
+// head (0 elsewhere; the run layer broadcasts it over the pipe), with -cp the mean of this rank's
 // tokens (the run layer averages over cp)
 static float val_loss(void* trainer, DataLoader* val) {
     Grid3D* t = (Grid3D*)trainer;
@@ -311,7 +311,7 @@ static float val_loss(void* trainer, DataLoader* val) {
 }
 
 // a sample's forward pass through the pipe: this tp rank's slice of the logits, (1, T, Vp/tp)
-// (with -cp its T/cp positions' rows), on the last stage, where its slot is free again but
+// (with -cp its T/cp positions' rows), on the stage with the head, where its slot is free again but
 // nothing has overwritten it; NULL elsewhere
 static const floatX* sample_logits(void* trainer, const int* tokens, int T) {
     Grid3D* t = (Grid3D*)trainer;

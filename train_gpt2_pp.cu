@@ -100,8 +100,8 @@ typedef struct {
     CommGroup* pp;
 } Pipeline;
 
-// one validation batch, one micro-batch forward through the pipe: its loss on the last stage
-// (0 elsewhere; the run layer broadcasts it)
+// one validation batch, one micro-batch forward through the pipe: its loss on the stage with the
+// head (0 elsewhere; the run layer broadcasts it)
 static float val_loss(void* trainer, DataLoader* val) {
     Pipeline* t = (Pipeline*)trainer;
     return stage_forward_pass(t->model, t->st, t->pp, NULL, NULL, val, NULL, t->model->B, t->model->T).loss;

@@ -163,7 +163,7 @@ static inline void memory_plan_activations(MemoryPlan* plan, const RunLayout* r,
         gpt2_lay_out_activations(&unused, d, l->layers, ACTS_SCRATCH | ACTS_RECOMPUTE, kept, r->B, T, NULL, part);
         gpt2_lay_out_activations(&unused, d, l->layers / r->V, stage_slot_parts(l), kept, r->B, T, NULL, slot);
         plan->layers = plan->slots * slot[ACTS_LAYERS];
-        plan->head = plan->slots * slot[ACTS_HEAD];  // (the last stage's slots hold the head)
+        plan->head = plan->slots * slot[ACTS_HEAD];  // (every slot of the head's stage holds room for it)
     }
     plan->recomputed = part[ACTS_RECOMPUTE];
     plan->backward = part[ACTS_SCRATCH] + tokens;
@@ -361,7 +361,7 @@ static inline int memory_plan_rows(const MemoryPlan* plan, GPT2Config c, const R
     memory_row(rows, &n, "recomputed", plan->recomputed, MEMORY_PART,
                plan->recomputed ? "one layer's buffers for what -r does not keep" : "");
     rows[n - 1].indent = 1;
-    snprintf(note, sizeof(note), "%s", !plan->head ? "none: the head is on the last stage"
+    snprintf(note, sizeof(note), "%s", !plan->head ? "none: the head is on another stage"
                                        : r->trainer == TRAINER_CP ? "final LayerNorm, logits (B T/cp Vp X), losses"
                                                                   : "final LayerNorm, logits (B T Vp/tp X), losses");
     memory_row(rows, &n, "head", plan->head, MEMORY_PART, note);

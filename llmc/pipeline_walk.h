@@ -36,8 +36,9 @@
 // The F&B overlap (-pp_overlap 1; DualPipe's reason to be, DeepSeek-V3 section 3.2.1). In a group
 // that joins a forward and a backward of another micro-batch (dualpipev's F&B pairs, interleaved's
 // steady state) the forward's output is ready while the backward still has to run. So it leaves
-// at once: right after the forward, the next exchange's sends up to the forward's (the sends
-// are posted in action order, which the receivers' order of receives follows) are posted
+// at once: right after the forward, the next exchange's sends of actions up to the forward (its
+// output, unless the V's bottom keeps it; the sends are posted in action order, which the
+// receivers' order of receives follows) are posted
 // non-blocking and move while the backward computes (MPI requests, moved by comm_progress between
 // the backward's layers); the exchange posts the rest and waits for both. With requests that move
 // on their own a send posted sooner only makes its message available sooner: the exchanges still
@@ -166,7 +167,7 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
 
 // One micro-batch of B x T forward through the whole pipe (every chunk in turn), no backward:
 // chunk 0 of the loader's current batch, or without a loader `tokens`. Returns the walk: its
-// loss on the last stage, and the slot holding the logits there.
+// loss on the stage with the head, and the slot holding the logits there.
 static inline Walk stage_forward_pass(GPT2* model, Stage* st, CommGroup* pp, CommGroup* tp, ContextParallel* cp,
                                       DataLoader* data, const int* tokens, int B, int T) {
     PipeSpec one = st->spec;

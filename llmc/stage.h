@@ -42,7 +42,8 @@ static inline int stage_num_slots(PipeSpec spec, const PipeAction* actions, int 
 }
 
 // a slot's arena: chunk_layers layers of what the forward keeps (-r: `kept`, model.h), and on
-// the last stage the head
+// the stage with the head (the last; in a V the first) room for the head in every slot, though
+// in a V only chunk 1's, one at a time, use it
 static inline int stage_slot_parts(const ParameterLayout* layout) { return ACTS_LAYERS | (layout->head ? ACTS_HEAD : 0); }
 static inline uint64_t stage_slot_bytes(LayerDims d, const ParameterLayout* layout, int chunk_layers, unsigned kept, int B,
                                       int T) {
@@ -144,7 +145,7 @@ typedef struct {
     int forward_only;   // validation and sampling: a slot is free once its output is sent
     int overlap_pairs;  // -pp_overlap: an F&B group's forward output leaves under its backward
     float dloss;        // each token's weight in the step's gradient: 1 / (B T m)
-    float loss;         // out: the sum of the micro-batches' losses (last stage)
+    float loss;         // out: the sum of the micro-batches' losses (on the stage with the head)
     Activations* head;  // out: the last slot the last virtual stage used (its logits stay)
     double* times;      // with a timeline: each action's start and end (seconds from `t0`)
     double t0;

@@ -2197,10 +2197,12 @@ def planner_plans_the_v_schedules_as_the_trainers_run_them():
 
 @test
 def pp_overlap_of_f_and_b_pairs_matches_the_reference():
-    """-pp_overlap 1 posts an F&B group's exchange in two parts, the backward's input waited for
-    only after the forward ran: the same results (against the reference, bytes and held
-    activations as without it) for dualpipev's pairs at p = 4 and interleaved's at p = 2, where
-    stage 0's forward and backward inputs both come from stage 1"""
+    """-pp_overlap 1 posts the sends of an F&B group's forward (and those before it due at the next
+    exchange) right after the forward, the rest at the exchange: the messages must still meet
+    their receives in order, so the results equal the reference (bytes and held activations as
+    without it) for dualpipev's pairs at p = 4 and interleaved's at p = 2, where stage 0 sends
+    both its messages to stage 1. (On the CPU an early send changes no value, only when it moves:
+    a send posted out of order would pair with the wrong receive and fail this)"""
     compare_pp_with_reference(4, "dualpipev", 8, 2, REF8_GPT2, ["-pp_overlap", 1])
     compare_pp_with_reference(2, "interleaved", 4, 2, REF4_GPT2, ["-pp_overlap", 1])
 
@@ -2312,13 +2314,24 @@ def pp_sampling_validation_and_timeline():
 @test
 def pp_v_schedule_samples_validates_resumes_and_draws_its_timeline():
     """zbv and dualpipev put the head on stage 0 (the V's two ends): the validation loss and the
-    samples come from there; the measured timeline holds every F, B and W of both chunks; a
-    resume from a checkpoint repeats the uninterrupted run bit for bit"""
-    for sched in V_SCHEDULES:
+    samples come from there, the same as 1f1b's, whose head is on the last stage (the weights
+    after 2 steps differ in their last bits at most, and the draws are the same rng's); the
+    measured timeline holds every F, B and W of both chunks; a resume from a checkpoint repeats
+    the uninterrupted run bit for bit"""
+    runs = {}
+    for sched in ("1f1b",) + V_SCHEDULES:
         d = fresh_dir("pp_sample_" + sched)
         out = run_ok(2, ["-e", "d4", "-b", 1, "-t", 32, "-d", 128, "-x", 2, "-v", 1, "-m", 2, "-s", 2, "-g", 16, "-timeline", 1,
                          "-sched", sched, "-o", d], program=PP)
         assert "---- sample at step 2 ----" in out and "val loss" in out, out[-2000:]
+        runs[sched] = (samples_by_step(out), read_log(d)[1])
+        if sched == "1f1b":
+            continue
+        assert runs[sched][0] == runs["1f1b"][0], "samples: %s %s, 1f1b %s" % (sched, runs[sched][0], runs["1f1b"][0])
+        val, val_1f1b = runs[sched][1], runs["1f1b"][1]
+        assert sorted(val) == sorted(val_1f1b) and val, (val, val_1f1b)
+        for step in val:  # (fp32 sums in another order: 1e-5)
+            assert abs(val[step]["val_loss"] - val_1f1b[step]["val_loss"]) < 1e-5, (sched, step, val[step], val_1f1b[step])
         assert "timeline of step 2, measured" in out, out[-2000:]
         _, val = read_log(d)
         assert abs(val[0]["val_loss"] - np.log(50257)) < 0.2, val[0]
@@ -3736,7 +3749,7 @@ def check_cuda_against_reference(ref, d, grads_path, precision, label):
     return read_log(d)[0]
 
 
-def make_cuda_pp_test(kind, precision, devices, sched, extra=()):
+def make_cuda_pp_test(kind, precision, devices, sched):
     def fn():
         """pipeline parallelism on the emulator (or a GPU): 2 stages, 4 micro-batches; activations
         and their gradients travel in floatX through NCCL's grouped send/recv (or the host-staged path);
@@ -3751,7 +3764,7 @@ def make_cuda_pp_test(kind, precision, devices, sched, extra=()):
         m = 4
         B = REF4_CUDA["batch"] // m
         out = run(program, 2, trainer_args(ref, B, d, ["-n", REF4_CUDA["steps"], "-dump_grads", grads_path,
-                                                       "-check_replicas", 1, "-sched", sched] + list(extra), cfg=REF4_CUDA), d)
+                                                       "-check_replicas", 1, "-sched", sched], cfg=REF4_CUDA), d)
         train = check_cuda_against_reference(ref, d, grads_path, precision,
                                              "%s train_gpt2_pp %s 2 stages %s" % (kind, precision, sched))
         v_shape = sched in V_SCHEDULES
@@ -3761,7 +3774,7 @@ def make_cuda_pp_test(kind, precision, devices, sched, extra=()):
         if not v_shape:  # (a V holds one wte, on stage 0)
             assert "step %d: wte copies of the first and last stage identical" % REF4_CUDA["steps"] in out, out[-2000:]
     prefix, path = cuda_test_name(kind, devices)
-    fn.__name__ = "%s_pp_vs_pytorch_%s_pp2_%s%s_%s" % (prefix, precision.lower(), sched, "_pp_overlap" if extra else "", path)
+    fn.__name__ = "%s_pp_vs_pytorch_%s_pp2_%s_%s" % (prefix, precision.lower(), sched, path)
     return fn
 
 
