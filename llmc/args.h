@@ -68,6 +68,7 @@ static const ArgOwner args_flag_owners[] = {
     {"-sched", "train_gpt2_pp and train_gpt2_3d", NULL},
     {"-vp", "train_gpt2_pp and train_gpt2_3d", NULL},
     {"-timeline", "train_gpt2_pp and train_gpt2_3d", NULL},
+    {"-pp_overlap", "train_gpt2_pp and train_gpt2_3d", NULL},
     {"-cp", "train_gpt2_cp and train_gpt2_3d", NULL},
     {"-cp_layout", "train_gpt2_cp and train_gpt2_3d", NULL},
     {"-cp_comm", "train_gpt2_cp and train_gpt2_3d", NULL},
