@@ -132,14 +132,16 @@ running=""
 finish() {
     if [ -n "$running" ]; then
         kill -TERM "$running" 2>/dev/null  # timeout passes it to mpirun, mpirun to the ranks
-        wait "$running" 2>/dev/null
-        # mpirun can be gone before its ranks (each in a session of its own): wait up to 10 s for
-        # the last process whose command line names this sweep's directory, so none writes in it
-        # after it is removed
+        # mpirun can be slow to end its ranks (each in a session of its own), or be gone before
+        # them: wait up to 10 s for the last process whose command line names this sweep's
+        # directory, then kill what is left, so that none writes in it after it is removed
         for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
-            grep -qsF -- "$work" /proc/[0-9]*/cmdline || break
+            grep -qsF -- "$work" /proc/[0-9]*/cmdline || kill -0 "$running" 2>/dev/null || break
             sleep 0.5
         done
+        pkill -KILL -f -- "$work" 2>/dev/null
+        kill -KILL "$running" 2>/dev/null
+        wait "$running" 2>/dev/null
     fi
     rm -rf "$work"
 }
