@@ -189,7 +189,8 @@ static void grid_init(Grid* g, CommGroup* world, int dp, int pp, int cp, int tp,
     comm_split(&g->pp_group, world, replica * tp + g->tp_rank, g->stage, "pp");
     comm_split(&g->dp_group, world, g->stage * tp + g->tp_rank, replica, "dp");
     comm_split(&g->model_group, world, replica, g->stage * tp + g->tp_rank, "model");
-    g->in_embedding = g->stage == 0 || (g->stage == pp - 1 && !v_shape);
+    g->pp_head = v_shape ? 0 : pp - 1;  // (pipeline_head_stage)
+    g->in_embedding = g->stage == 0 || g->stage == g->pp_head;
     g->moe = 0, g->ep = 1, g->ep_rank = 0;  // (grid_fold_experts, for a model with experts)
     comm_split(&g->embedding, world, g->in_embedding ? replica * tp + g->tp_rank : dp * cp * tp + r, g->stage, "embedding");
 }
@@ -842,8 +843,7 @@ int main(int argc, char** argv) {
     Run run;
     const char *dump_grads = NULL, *sched_name = "1f1b", *split_name = "zigzag", *cp_comm = "ring";
     MoeFlags moe_flags = MOE_FLAGS_DEFAULT;  // (-experts and the rest: a model with experts, 5D)
-    int dp = 0, pp = 1, cp_size = 1, tp = 1, sp = 0, tp_overlap = 0, vp = 1, zero = 0, timeline = 0, check_replicas = 0,
-        pp_overlap = 0;
+    int dp = 0, pp = 1, cp_size = 1, tp = 1, sp = 0, tp_overlap = 0, vp = 1, zero = 0, timeline = 0, check_replicas = 0, pp_overlap = 0;
     const ArgSpec own[] = {
         {"-dp", ARG_INT, &dp, 0, ARG_NO_MAX, "data-parallel replicas (0: the number of ranks / (pp x cp x tp))"},
         {"-pp", ARG_INT, &pp, 1, ARG_NO_MAX, "pipeline stages; L must divide by pp x vp"},
@@ -885,7 +885,6 @@ int main(int argc, char** argv) {
     PipeAction* all_actions = pipeline_plan(spec, sched_name, &n);  // every stage's actions (pipeline.h)
     Grid grid;
     grid_init(&grid, world, dp, pp, cp_size, tp, pipeline_is_v(spec));
-    grid.pp_head = pipeline_head_stage(spec);
     if (gpt2_is_moe(config)) grid_add_experts(&grid, world, &run, moe_flags, sp);  // 5D: ep x edp folded in
     PipeAction* actions = all_actions + (size_t)grid.stage * n;  // (every stage's list has n actions)
 
