@@ -139,7 +139,12 @@ finish() {
             grep -qsF -- "$work" /proc/[0-9]*/cmdline || kill -0 "$running" 2>/dev/null || break
             sleep 0.5
         done
-        pkill -KILL -f -- "$work" 2>/dev/null
+        local cmdline pid
+        for cmdline in /proc/[0-9]*/cmdline; do  # (procps, with its process-killing tools, may be missing)
+            grep -qsF -- "$work" "$cmdline" || continue
+            pid=${cmdline#/proc/}
+            kill -KILL "${pid%/cmdline}" 2>/dev/null
+        done
         kill -KILL "$running" 2>/dev/null
         wait "$running" 2>/dev/null
     fi
