@@ -203,7 +203,11 @@ static inline GroupPlacement pair_placement(int r, int s, int gpus_per_node) {
 // host took a + n / b) replaces the link inside a node for all-reduces: the ring over 2 ranks is
 // 2 steps of n / 2, 2 alpha + n / beta, so alpha = a / 2 a step and beta = b, the measured bus
 // bandwidth (at p = 2 algbw and busbw are one). It is what MPI reached, so efficiency_link does
-// not apply to it. Other collectives, and all-reduces across nodes, use the profile's links.
+// not apply to it. A measured reduce-scatter or all-gather (reducescatter_2_ranks_*, allgather_2_ranks_*:
+// a + n / b for n bytes in all) replaces it for those: one ring step of n / 2 over 2 ranks, so
+// alpha = a and beta = b / 2 a step. A measured collective of more than 2 MB takes its
+// _beyond_2mb bandwidth for the bytes past them (measured_bandwidth_at). Other collectives, and
+// any across nodes, use the profile's links.
 //
 // Not modelled: groups that share a link at the same time (each GPU has its own adapter, and the
 // trainers' concurrent collectives are on different groups' ranks), NCCL's protocols (LL, LL128,
@@ -239,11 +243,37 @@ static inline LinkCost link_cost(const DeviceProfile* p, LinkClass c) {
     return l;
 }
 
-// the link an all-reduce's steps take: a measured all-reduce inside a node where the profile has
-// one (its a / 2 a step, b), else the profile's link
-static inline LinkCost all_reduce_link(const DeviceProfile* p, LinkClass c) {
+// A measured collective's bandwidth for n bytes in all: its bytes past the first
+// DEVICE_PROFILE_COLLECTIVE_KNEE_BYTES move at `beyond` where the profile has it (0: not), so one
+// bandwidth for the whole is n / (knee / beta + (n - knee) / beyond)
+static inline double measured_bandwidth_at(double beta, double beyond, double n) {
+    double knee = DEVICE_PROFILE_COLLECTIVE_KNEE_BYTES;
+    if (!(beyond > 0.0) || n <= knee) return beta;
+    return n / (knee / beta + (n - knee) / beyond);
+}
+
+// the link an all-reduce of n bytes takes its steps on: a measured all-reduce inside a node where
+// the profile has one (its a / 2 a step, b at n bytes), else the profile's link
+static inline LinkCost all_reduce_link(const DeviceProfile* p, LinkClass c, double n) {
     if (c == LINK_INTRA_NODE && p->intra_node_allreduce_bandwidth_bytes_per_s > 0.0) {
-        LinkCost l = {p->intra_node_allreduce_latency_s / 2.0, p->intra_node_allreduce_bandwidth_bytes_per_s};
+        LinkCost l = {p->intra_node_allreduce_latency_s / 2.0,
+                      measured_bandwidth_at(p->intra_node_allreduce_bandwidth_bytes_per_s,
+                                            p->intra_node_allreduce_bandwidth_beyond_2mb_bytes_per_s, n)};
+        return l;
+    }
+    return link_cost(p, c);
+}
+
+// the link a reduce-scatter's or an all-gather's ring steps take, n bytes in all: the collective
+// measured over 2 ranks inside a node where the profile has it (its a, b / 2 a step, b at n bytes),
+// else the profile's link
+static inline LinkCost ring_collective_link(const DeviceProfile* p, int gather, LinkClass c, double n) {
+    double latency = gather ? p->allgather_2_ranks_latency_s : p->reducescatter_2_ranks_latency_s;
+    double bandwidth = gather ? p->allgather_2_ranks_bandwidth_bytes_per_s : p->reducescatter_2_ranks_bandwidth_bytes_per_s;
+    double beyond = gather ? p->allgather_2_ranks_bandwidth_beyond_2mb_bytes_per_s
+                           : p->reducescatter_2_ranks_bandwidth_beyond_2mb_bytes_per_s;
+    if (c == LINK_INTRA_NODE && bandwidth > 0.0) {
+        LinkCost l = {latency, measured_bandwidth_at(bandwidth, beyond, n) / 2.0};
         return l;
     }
     return link_cost(p, c);
@@ -283,7 +313,7 @@ static inline int comm_ceil_log2(int k) {
 
 static inline CollTime all_reduce_ring_time(const DeviceProfile* prof, GroupPlacement g, double n) {
     if (g.size <= 1 || n <= 0.0) return coll_time_zero();
-    return coll_steps(COLL_ALGO_RING, g.link, 2 * (g.size - 1), all_reduce_link(prof, g.link), n / g.size);
+    return coll_steps(COLL_ALGO_RING, g.link, 2 * (g.size - 1), all_reduce_link(prof, g.link, n), n / g.size);
 }
 
 static inline CollTime all_reduce_tree_time(const DeviceProfile* prof, GroupPlacement g, double n) {
@@ -293,7 +323,7 @@ static inline CollTime all_reduce_tree_time(const DeviceProfile* prof, GroupPlac
     int chain = g.max_per_node - 1, levels = comm_ceil_log2(g.nodes);
     t.steps = 2 * (chain + levels);
     if (g.nodes == 1) {  // the chain alone: its hops and the bytes, all inside the node
-        LinkCost in = all_reduce_link(prof, LINK_INTRA_NODE);
+        LinkCost in = all_reduce_link(prof, LINK_INTRA_NODE, n);
         t.intra_seconds = 2.0 * chain * in.alpha + 2.0 * n / in.beta;
     } else {             // the chains' latency inside the nodes; the tree's, and the bytes' pace, across them
         LinkCost out = link_cost(prof, LINK_INTER_NODE);
@@ -335,7 +365,9 @@ static inline CollTime coll_time(const DeviceProfile* prof, Collective kind, Gro
             return tree.seconds < ring.seconds ? tree : ring;
         }
         case COLL_REDUCE_SCATTER:
-        case COLL_ALL_GATHER: return coll_steps(COLL_ALGO_RING, g.link, g.size - 1, l, n / g.size);
+        case COLL_ALL_GATHER:
+            return coll_steps(COLL_ALGO_RING, g.link, g.size - 1,
+                              ring_collective_link(prof, kind == COLL_ALL_GATHER, g.link, n), n / g.size);
         case COLL_BROADCAST: {
             CollTime t = coll_steps(COLL_ALGO_RING, g.link, g.size - 1, l, 0.0);  // the chain's latencies ...
             if (g.link == LINK_INTRA_NODE) t.intra_seconds += n / l.beta;        // ... and the bytes once

@@ -63,6 +63,19 @@
 //                                     core from those computing (1: none; 2: as much as a computing one)
 //   allreduce_N_ranks_latency_s       an all-reduce of n bytes over N ranks of the host (N = 4, 8)
 //   allreduce_N_ranks_bandwidth_bytes_per_s   took alpha + n / beta (each pair given together)
+//   reducescatter_N_ranks_latency_s   the same for a reduce-scatter whose input is n bytes and an
+//   allgather_N_ranks_latency_s       all-gather whose output is n bytes (N = 2, 4, 8; each with its
+//                                     _bandwidth_bytes_per_s): MPI's algorithms for these differ from
+//                                     its all-reduce's (Open MPI's reduce-scatter took 1.2 to 4 times
+//                                     an all-reduce of the same bytes here), so ZeRO is priced on what
+//                                     they took; absent, on the send/recv link as a ring
+//   ..._bandwidth_beyond_2mb_bytes_per_s   (each of the nine measured collectives, optional) the
+//                                     bandwidth of its bytes past the first 2 MB
+//                                     (DEVICE_PROFILE_COLLECTIVE_KNEE_BYTES): a collective of n > 2 MB
+//                                     takes alpha + 2 MB / beta + (n - 2 MB) / this. MPI's copies and
+//                                     sums of a large buffer run from memory rather than the cache:
+//                                     here an all-reduce of 32 MB over 4 ranks took 1.7 times what
+//                                     the line through 2 KB to 2 MB says. Absent: the line throughout
 //   Absent, N ranks of cpu_threads threads each share cpu_cores evenly (a fraction of
 //   cpu_cores / (N cpu_threads) when below 1), a waiting rank takes a whole core, and every
 //   all-reduce is priced on the 2-rank one.
@@ -115,6 +128,9 @@
 #include <string.h>
 
 enum { DEVICE_CPU = 0, DEVICE_CUDA = 1 };
+// where a measured collective's bytes start moving at its _beyond_2mb bandwidth (the whole
+// buffer's bytes: the all-reduce's, the reduce-scatter's input, the all-gather's output)
+#define DEVICE_PROFILE_COLLECTIVE_KNEE_BYTES 2097152.0
 #define DEVICE_PROFILE_NAME_MAX 64
 
 typedef struct {
@@ -138,6 +154,20 @@ typedef struct {
     double cpu_wait_slowdown;
     double allreduce_4_ranks_latency_s, allreduce_4_ranks_bandwidth_bytes_per_s;
     double allreduce_8_ranks_latency_s, allreduce_8_ranks_bandwidth_bytes_per_s;
+    // ZeRO's and sequence parallelism's other collectives, measured the same way (optional: 0)
+    double reducescatter_2_ranks_latency_s, reducescatter_2_ranks_bandwidth_bytes_per_s;
+    double reducescatter_4_ranks_latency_s, reducescatter_4_ranks_bandwidth_bytes_per_s;
+    double reducescatter_8_ranks_latency_s, reducescatter_8_ranks_bandwidth_bytes_per_s;
+    double allgather_2_ranks_latency_s, allgather_2_ranks_bandwidth_bytes_per_s;
+    double allgather_4_ranks_latency_s, allgather_4_ranks_bandwidth_bytes_per_s;
+    double allgather_8_ranks_latency_s, allgather_8_ranks_bandwidth_bytes_per_s;
+    // each measured collective's bytes past its first 2 MB (optional: 0, at the bandwidth above)
+    double intra_node_allreduce_bandwidth_beyond_2mb_bytes_per_s;
+    double allreduce_4_ranks_bandwidth_beyond_2mb_bytes_per_s, allreduce_8_ranks_bandwidth_beyond_2mb_bytes_per_s;
+    double reducescatter_2_ranks_bandwidth_beyond_2mb_bytes_per_s, reducescatter_4_ranks_bandwidth_beyond_2mb_bytes_per_s;
+    double reducescatter_8_ranks_bandwidth_beyond_2mb_bytes_per_s;
+    double allgather_2_ranks_bandwidth_beyond_2mb_bytes_per_s, allgather_4_ranks_bandwidth_beyond_2mb_bytes_per_s;
+    double allgather_8_ranks_bandwidth_beyond_2mb_bytes_per_s;
     // what sharing the host does beyond that (optional: 0, not measured)
     double cpu_collective_wait_2_ranks_s, cpu_collective_wait_4_ranks_s, cpu_collective_wait_8_ranks_s;
     double cpu_cache_bytes, efficiency_matmul_beyond_cache;
@@ -205,6 +235,27 @@ static const ProfileField PROFILE_FIELDS[] = {
     PROFILE_FIELD(allreduce_4_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank all-reduce's bytes/s"),
     PROFILE_FIELD(allreduce_8_ranks_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "an 8-rank all-reduce's latency, in seconds"),
     PROFILE_FIELD(allreduce_8_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "an 8-rank all-reduce's bytes/s"),
+    PROFILE_FIELD(reducescatter_2_ranks_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "a 2-rank reduce-scatter's latency, in seconds"),
+    PROFILE_FIELD(reducescatter_2_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 2-rank reduce-scatter's bytes/s"),
+    PROFILE_FIELD(reducescatter_4_ranks_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "a 4-rank reduce-scatter's latency, in seconds"),
+    PROFILE_FIELD(reducescatter_4_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank reduce-scatter's bytes/s"),
+    PROFILE_FIELD(reducescatter_8_ranks_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "an 8-rank reduce-scatter's latency, in seconds"),
+    PROFILE_FIELD(reducescatter_8_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "an 8-rank reduce-scatter's bytes/s"),
+    PROFILE_FIELD(allgather_2_ranks_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "a 2-rank all-gather's latency, in seconds"),
+    PROFILE_FIELD(allgather_2_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 2-rank all-gather's bytes/s"),
+    PROFILE_FIELD(allgather_4_ranks_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "a 4-rank all-gather's latency, in seconds"),
+    PROFILE_FIELD(allgather_4_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank all-gather's bytes/s"),
+    PROFILE_FIELD(allgather_8_ranks_latency_s, FIELD_NUMBER, 0, 0, 1, 1, "an 8-rank all-gather's latency, in seconds"),
+    PROFILE_FIELD(allgather_8_ranks_bandwidth_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "an 8-rank all-gather's bytes/s"),
+    PROFILE_FIELD(intra_node_allreduce_bandwidth_beyond_2mb_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 2-rank all-reduce's bytes/s past its first 2 MB"),
+    PROFILE_FIELD(allreduce_4_ranks_bandwidth_beyond_2mb_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank all-reduce's bytes/s past its first 2 MB"),
+    PROFILE_FIELD(allreduce_8_ranks_bandwidth_beyond_2mb_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "an 8-rank all-reduce's bytes/s past its first 2 MB"),
+    PROFILE_FIELD(reducescatter_2_ranks_bandwidth_beyond_2mb_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 2-rank reduce-scatter's bytes/s past its first 2 MB"),
+    PROFILE_FIELD(reducescatter_4_ranks_bandwidth_beyond_2mb_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank reduce-scatter's bytes/s past its first 2 MB"),
+    PROFILE_FIELD(reducescatter_8_ranks_bandwidth_beyond_2mb_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "an 8-rank reduce-scatter's bytes/s past its first 2 MB"),
+    PROFILE_FIELD(allgather_2_ranks_bandwidth_beyond_2mb_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 2-rank all-gather's bytes/s past its first 2 MB"),
+    PROFILE_FIELD(allgather_4_ranks_bandwidth_beyond_2mb_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank all-gather's bytes/s past its first 2 MB"),
+    PROFILE_FIELD(allgather_8_ranks_bandwidth_beyond_2mb_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "an 8-rank all-gather's bytes/s past its first 2 MB"),
     PROFILE_FIELD(cpu_collective_wait_2_ranks_s, FIELD_NUMBER, 0, 0, 1, 0, "a collective's wait, 2 ranks arriving apart, in seconds"),
     PROFILE_FIELD(cpu_collective_wait_4_ranks_s, FIELD_NUMBER, 0, 0, 1, 0, "a collective's wait, 4 ranks arriving apart, in seconds"),
     PROFILE_FIELD(cpu_collective_wait_8_ranks_s, FIELD_NUMBER, 0, 0, 1, 0, "a collective's wait, 8 ranks arriving apart, in seconds"),
@@ -533,6 +584,12 @@ static inline int device_profile_parse(const char* text, const char* source_name
         {"intra_node_allreduce_latency_s", "intra_node_allreduce_bandwidth_bytes_per_s", NULL, NULL, "a measured all-reduce gives both"},
         {"allreduce_4_ranks_latency_s", "allreduce_4_ranks_bandwidth_bytes_per_s", NULL, NULL, "a measured all-reduce gives both"},
         {"allreduce_8_ranks_latency_s", "allreduce_8_ranks_bandwidth_bytes_per_s", NULL, NULL, "a measured all-reduce gives both"},
+        {"reducescatter_2_ranks_latency_s", "reducescatter_2_ranks_bandwidth_bytes_per_s", NULL, NULL, "a measured reduce-scatter gives both"},
+        {"reducescatter_4_ranks_latency_s", "reducescatter_4_ranks_bandwidth_bytes_per_s", NULL, NULL, "a measured reduce-scatter gives both"},
+        {"reducescatter_8_ranks_latency_s", "reducescatter_8_ranks_bandwidth_bytes_per_s", NULL, NULL, "a measured reduce-scatter gives both"},
+        {"allgather_2_ranks_latency_s", "allgather_2_ranks_bandwidth_bytes_per_s", NULL, NULL, "a measured all-gather gives both"},
+        {"allgather_4_ranks_latency_s", "allgather_4_ranks_bandwidth_bytes_per_s", NULL, NULL, "a measured all-gather gives both"},
+        {"allgather_8_ranks_latency_s", "allgather_8_ranks_bandwidth_bytes_per_s", NULL, NULL, "a measured all-gather gives both"},
         {"host_flops_fp32", "host_memory_bandwidth_bytes_per_s", "pcie_latency_s", "pcie_bandwidth_bytes_per_s",
          "the host and its link are given together"},
     };

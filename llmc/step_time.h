@@ -292,41 +292,96 @@ static inline double time_link_seconds(const DeviceProfile* p, const StepKernel*
     return time_link_split(p, r, g, rank, gpus_per_node, share).seconds;
 }
 
-// The links of a CPU's ranks when `world` of them share the host: every message and every
-// all-reduce step as a step of the all-reduce measured over that many ranks. A ring all-reduce
-// over N ranks is 2 (N - 1) steps of n / N bytes, so the measured alpha_N + n / beta_N is, a step,
-//   alpha_N / (2 (N - 1)) + (n / N) / (beta_N 2 (N - 1) / N);
-// between the measured counts (2, then 4 and 8 where the profile has them) a step's latency and
-// seconds a byte go straight, past the last they stay. The all-reduce link (comm_time.h: its
-// latency is 2 steps') takes those steps; the message link each scaled by as much as the step
-// changed from 2 ranks' to these. Unchanged on a GPU, or without the 2-rank all-reduce measured.
-static inline DeviceProfile time_links_shared(const DeviceProfile* p, int world) {
-    DeviceProfile q = *p;
-    if (p->kind != DEVICE_CPU || p->intra_node_allreduce_bandwidth_bytes_per_s <= 0.0 || world <= 2) return q;
-    double at[3] = {2.0, 4.0, 8.0}, step_alpha[3], step_seconds_a_byte[3];
-    double alpha[3] = {p->intra_node_allreduce_latency_s, p->allreduce_4_ranks_latency_s, p->allreduce_8_ranks_latency_s};
-    double beta[3] = {p->intra_node_allreduce_bandwidth_bytes_per_s, p->allreduce_4_ranks_bandwidth_bytes_per_s,
-                      p->allreduce_8_ranks_bandwidth_bytes_per_s};
+// One ring collective's step when `world` ranks share a CPU's host, from what calibrate measured
+// over N = 2, 4, 8 of them (alpha[i] + n / beta[i] for n bytes in all; beta 0: not measured;
+// beyond[i] the bandwidth past the first 2 MB, 0: beta's). A ring over N ranks is passes x (N - 1)
+// steps of n / N bytes (an all-reduce 2 passes, a reduce-scatter or an all-gather 1), so a step
+// takes
+//   alpha_N / (passes (N - 1)) + (n / N) x N / (beta_N passes (N - 1));
+// step->alpha its seconds, step->byte and step->byte_beyond its seconds a byte (before and past
+// the knee), straight between the measured counts, flat past the last. 0 when the 2-rank one was
+// not measured.
+typedef struct {
+    double alpha, byte, byte_beyond;
+} SharedRingStep;
+
+static inline int time_shared_ring_step(const double* alpha, const double* beta, const double* beyond, int passes,
+                                        int world, SharedRingStep* step) {
+    if (beta[0] <= 0.0) return 0;
+    double at[3] = {2.0, 4.0, 8.0};
+    SharedRingStep measured[3];
     int last = 0;
     for (int i = 0; i < 3; i++) {
         if (beta[i] <= 0.0) break;
-        step_alpha[i] = alpha[i] / (2.0 * (at[i] - 1.0));
-        step_seconds_a_byte[i] = at[i] / (beta[i] * 2.0 * (at[i] - 1.0));
+        double steps = passes * (at[i] - 1.0);
+        measured[i].alpha = alpha[i] / steps;
+        measured[i].byte = at[i] / (beta[i] * steps);
+        measured[i].byte_beyond = at[i] / ((beyond[i] > 0.0 ? beyond[i] : beta[i]) * steps);
         last = i;
     }
-    double a = step_alpha[last], b = step_seconds_a_byte[last];
+    *step = measured[last];
     for (int i = 0; i < last; i++) {
         if (world <= at[i + 1]) {
             double x = (world - at[i]) / (at[i + 1] - at[i]);
-            a = step_alpha[i] + x * (step_alpha[i + 1] - step_alpha[i]);
-            b = step_seconds_a_byte[i] + x * (step_seconds_a_byte[i + 1] - step_seconds_a_byte[i]);
+            step->alpha = measured[i].alpha + x * (measured[i + 1].alpha - measured[i].alpha);
+            step->byte = measured[i].byte + x * (measured[i + 1].byte - measured[i].byte);
+            step->byte_beyond = measured[i].byte_beyond + x * (measured[i + 1].byte_beyond - measured[i].byte_beyond);
             break;
         }
     }
-    q.intra_node_allreduce_latency_s = 2.0 * a, q.intra_node_allreduce_bandwidth_bytes_per_s = 1.0 / b;
-    double latency_ratio = a / step_alpha[0], byte_ratio = b / step_seconds_a_byte[0];
-    q.intra_node_latency_s *= latency_ratio, q.inter_node_latency_s *= latency_ratio;
-    q.intra_node_bandwidth_bytes_per_s /= byte_ratio, q.inter_node_bandwidth_bytes_per_s /= byte_ratio;
+    return 1;
+}
+
+// The links of a CPU's ranks when `world` of them share the host: every all-reduce, reduce-scatter
+// and all-gather step as a step of the same collective measured over that many ranks
+// (time_shared_ring_step), written back as the 2-rank figures comm_time.h reads (a ring over 2
+// ranks: passes steps of n / 2, so alpha = passes a, beta = 2 / (passes b), and the same for the
+// bandwidth past the knee where one was measured); every message's link scaled by as much as the
+// all-reduce's step changed from 2 ranks' to these. Unchanged on a GPU, at 2 ranks or fewer, or
+// where the profile has no such collective measured.
+static inline DeviceProfile time_links_shared(const DeviceProfile* p, int world) {
+    DeviceProfile q = *p;
+    if (p->kind != DEVICE_CPU || world <= 2) return q;
+    SharedRingStep at, two;
+    double alpha[3] = {p->intra_node_allreduce_latency_s, p->allreduce_4_ranks_latency_s, p->allreduce_8_ranks_latency_s};
+    double beta[3] = {p->intra_node_allreduce_bandwidth_bytes_per_s, p->allreduce_4_ranks_bandwidth_bytes_per_s,
+                      p->allreduce_8_ranks_bandwidth_bytes_per_s};
+    double beyond[3] = {p->intra_node_allreduce_bandwidth_beyond_2mb_bytes_per_s,
+                        p->allreduce_4_ranks_bandwidth_beyond_2mb_bytes_per_s,
+                        p->allreduce_8_ranks_bandwidth_beyond_2mb_bytes_per_s};
+    int any_beyond = beyond[0] > 0.0 || beyond[1] > 0.0 || beyond[2] > 0.0;
+    if (time_shared_ring_step(alpha, beta, beyond, 2, world, &at) && time_shared_ring_step(alpha, beta, beyond, 2, 2, &two)) {
+        q.intra_node_allreduce_latency_s = 2.0 * at.alpha, q.intra_node_allreduce_bandwidth_bytes_per_s = 1.0 / at.byte;
+        if (any_beyond) q.intra_node_allreduce_bandwidth_beyond_2mb_bytes_per_s = 1.0 / at.byte_beyond;
+        double latency_ratio = at.alpha / two.alpha, byte_ratio = at.byte / two.byte;
+        q.intra_node_latency_s *= latency_ratio, q.inter_node_latency_s *= latency_ratio;
+        q.intra_node_bandwidth_bytes_per_s /= byte_ratio, q.inter_node_bandwidth_bytes_per_s /= byte_ratio;
+    }
+    double rs_alpha[3] = {p->reducescatter_2_ranks_latency_s, p->reducescatter_4_ranks_latency_s,
+                          p->reducescatter_8_ranks_latency_s};
+    double rs_beta[3] = {p->reducescatter_2_ranks_bandwidth_bytes_per_s, p->reducescatter_4_ranks_bandwidth_bytes_per_s,
+                         p->reducescatter_8_ranks_bandwidth_bytes_per_s};
+    double rs_beyond[3] = {p->reducescatter_2_ranks_bandwidth_beyond_2mb_bytes_per_s,
+                           p->reducescatter_4_ranks_bandwidth_beyond_2mb_bytes_per_s,
+                           p->reducescatter_8_ranks_bandwidth_beyond_2mb_bytes_per_s};
+    if (time_shared_ring_step(rs_alpha, rs_beta, rs_beyond, 1, world, &at)) {
+        q.reducescatter_2_ranks_latency_s = at.alpha, q.reducescatter_2_ranks_bandwidth_bytes_per_s = 2.0 / at.byte;
+        if (rs_beyond[0] > 0.0 || rs_beyond[1] > 0.0 || rs_beyond[2] > 0.0) {
+            q.reducescatter_2_ranks_bandwidth_beyond_2mb_bytes_per_s = 2.0 / at.byte_beyond;
+        }
+    }
+    double ag_alpha[3] = {p->allgather_2_ranks_latency_s, p->allgather_4_ranks_latency_s, p->allgather_8_ranks_latency_s};
+    double ag_beta[3] = {p->allgather_2_ranks_bandwidth_bytes_per_s, p->allgather_4_ranks_bandwidth_bytes_per_s,
+                         p->allgather_8_ranks_bandwidth_bytes_per_s};
+    double ag_beyond[3] = {p->allgather_2_ranks_bandwidth_beyond_2mb_bytes_per_s,
+                           p->allgather_4_ranks_bandwidth_beyond_2mb_bytes_per_s,
+                           p->allgather_8_ranks_bandwidth_beyond_2mb_bytes_per_s};
+    if (time_shared_ring_step(ag_alpha, ag_beta, ag_beyond, 1, world, &at)) {
+        q.allgather_2_ranks_latency_s = at.alpha, q.allgather_2_ranks_bandwidth_bytes_per_s = 2.0 / at.byte;
+        if (ag_beyond[0] > 0.0 || ag_beyond[1] > 0.0 || ag_beyond[2] > 0.0) {
+            q.allgather_2_ranks_bandwidth_beyond_2mb_bytes_per_s = 2.0 / at.byte_beyond;
+        }
+    }
     return q;
 }
 

@@ -14,7 +14,8 @@
 //     in-cache fraction, a GEMM beyond it at its own efficiency; with the
 //     fractions calibrate measured, the host's throughput straight between them (3 ranks between 2
 //     and 4, 16 past the last at 8's); the ranks computing at once when some wait in MPI; the
-//     links as a step of the all-reduce measured over as many ranks; a pipeline whose stages take
+//     links as a step of the all-reduce measured over as many ranks, ZeRO's reduce-scatter and
+//     all-gather as those measured (past 2 MB at their own bandwidth); a pipeline whose stages take
 //     turns (pp 2, one micro-batch) computing at a lone rank's speed when waiting takes no core,
 //     at the shared speed when it takes a whole one; a GPU profile ignoring all of it;
 //   - -offload's host rows on the profile's host and its PCIe link;
@@ -272,6 +273,34 @@ int main(void) {
               close_to(1.0 / at3.intra_node_allreduce_bandwidth_bytes_per_s, (1e-9 + 4.0 / (2.5e8 * 6.0)) / 2.0, 1e-12),
           "3 ranks' all-reduce step: %g s (expected 2 x 3 us), %g bytes/s", at3.intra_node_allreduce_latency_s,
           at3.intra_node_allreduce_bandwidth_bytes_per_s);
+    // ZeRO's collectives on a CPU, as calibrate measured them (a reduce-scatter and an all-gather
+    // over 2 and 4 ranks: a + n / b, the bytes past 2 MB at their own bandwidth). Over 4 ranks of
+    // a world of 4 the ring reproduces the 4-rank measurement: a reduce-scatter of 8 MB takes
+    // 20 us + 2 MB / 1e9 + 6 MB / 2.5e8 (the knee is 2 MB = 2097152 bytes); an all-gather of 1 MB,
+    // below the knee, 20 us + 1 MB / 2e9. Over 2 ranks of a world of 2 the 2-rank ones, the
+    // reduce-scatter below the knee 2 us + n / 4e9 (one ring step)
+    DeviceProfile zero_cpu = links_cpu;
+    zero_cpu.reducescatter_2_ranks_latency_s = 2e-6, zero_cpu.reducescatter_2_ranks_bandwidth_bytes_per_s = 4e9;
+    zero_cpu.reducescatter_4_ranks_latency_s = 20e-6, zero_cpu.reducescatter_4_ranks_bandwidth_bytes_per_s = 1e9;
+    zero_cpu.reducescatter_4_ranks_bandwidth_beyond_2mb_bytes_per_s = 2.5e8;
+    zero_cpu.allgather_2_ranks_latency_s = 2e-6, zero_cpu.allgather_2_ranks_bandwidth_bytes_per_s = 8e9;
+    zero_cpu.allgather_4_ranks_latency_s = 20e-6, zero_cpu.allgather_4_ranks_bandwidth_bytes_per_s = 2e9;
+    DeviceProfile zero4 = time_links_shared(&zero_cpu, 4);
+    GroupPlacement four_on_one = group_placement(four_ranks, 1024), two = group_placement((RankPattern){0, 1, 2}, 1024);
+    double knee = 2097152.0, big = 8.0 * knee / 2.0, small = 1048576.0;
+    double rs = coll_time(&zero4, COLL_REDUCE_SCATTER, four_on_one, big).seconds;
+    double ag = coll_time(&zero4, COLL_ALL_GATHER, four_on_one, small).seconds;
+    double rs2 = coll_time(&zero_cpu, COLL_REDUCE_SCATTER, two, small).seconds;
+    CHECK(close_to(rs, 20e-6 + knee / 1e9 + (big - knee) / 2.5e8, 1e-12),
+          "4 ranks' reduce-scatter of 8 MB: %g s, expected the measured %g", rs, 20e-6 + knee / 1e9 + (big - knee) / 2.5e8);
+    CHECK(close_to(ag, 20e-6 + small / 2e9, 1e-12), "4 ranks' all-gather of 1 MB: %g s, expected the measured %g", ag,
+          20e-6 + small / 2e9);
+    CHECK(close_to(rs2, 2e-6 + small / 4e9, 1e-12), "2 ranks' reduce-scatter of 1 MB: %g s, expected the measured %g", rs2,
+          2e-6 + small / 4e9);
+    // without them (a GPU's profile, or an older CPU's): a ring on the message link, (p - 1) (alpha + (n / p) / beta)
+    double plain = coll_time(&p, COLL_REDUCE_SCATTER, four_on_one, big).seconds;
+    CHECK(close_to(plain, 3.0 * (1e-6 + big / 4.0 / 1e9), 1e-12), "a reduce-scatter on the message link: %g s, expected %g",
+          plain, 3.0 * (1e-6 + big / 4.0 / 1e9));
     DeviceProfile gpu_links = time_links_shared(&p, 64);
     CHECK(memcmp(&gpu_links, &p, sizeof(p)) == 0, "a GPU's links changed by 64 ranks");
 

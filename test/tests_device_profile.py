@@ -282,6 +282,13 @@ def device_profile_sharing_fields_refused_missing_or_out_of_range():
         want = "%s without %s" % (first_given, field.split()[0])  # (... and the one missing)
         assert code == 1 and ("error: %s:" % path) in out and want in out, "without %s: exit %d, expected %r:\n%s" % (
             field, code, want, out)
+    # a measured collective's two numbers come together: ZeRO's reduce-scatter over 4 ranks without its bandwidth
+    rs_base = [l for l in base if not l.startswith("reducescatter_4_ranks_")]
+    path = os.path.join(d, "reduce_scatter_half.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(rs_base + ["reducescatter_4_ranks_latency_s 2e-5"]) + "\n")
+    code, out = calibrate_cli("-check", path)
+    assert code == 1 and "reducescatter_4_ranks_latency_s without reducescatter_4_ranks_bandwidth_bytes_per_s" in out, out
     for field, value, allowed in (("cpu_collective_wait_4_ranks_s", "2", "[0, 1]"),
                                   ("cpu_collective_wait_8_ranks_s", "-1e-3", "[0, 1]"),
                                   ("cpu_cache_bytes", "1e300", "[10000, 1e+12]"),
@@ -345,8 +352,9 @@ def calibrate_two_ranks_writes_a_profile_that_reads_back():
     -check reads; its numbers are positive and plausible for a CPU core (GEMM 1e8-1e13 FLOP/s,
     bandwidths 1e8-1e13 bytes/s, latencies 10 ns to 1 ms: ranges, never a time), efficiency of
     the large GEMMs 1 by definition and every other in (0, 1], the host's memory as /proc/meminfo
-    says, its cores as os.cpu_count(), the fitted figures it printed the ones it wrote; on 1 rank
-    it stops with the reason and writes nothing"""
+    says, its cores as os.cpu_count(), the fitted figures it printed the ones it wrote (the
+    all-reduce's and ZeRO's reduce-scatter and all-gather alike); on 1 rank it stops with the reason
+    and writes nothing"""
     calibrate_built()
     d = fresh_dir("calibrate_run")
     path = os.path.join(d, "cpu.txt")
@@ -374,6 +382,22 @@ def calibrate_two_ranks_writes_a_profile_that_reads_back():
                v["intra_node_allreduce_latency_s"] * 1e6, v["intra_node_allreduce_bandwidth_bytes_per_s"] / 1e9]
     for p_, w in zip(printed, written):
         assert abs(p_ - w) <= 0.006 * w + 0.006, (printed, written)  # (printed to 2 decimals)
+    # ZeRO's reduce-scatter and all-gather, measured as the all-reduce is: on 2 ranks, latencies and
+    # bandwidths in the same plausible ranges, printed as written; the bytes past 2 MB of each
+    # collective, where written, at a bandwidth in the same range
+    m = re.search(r"reduce-scatter: alpha (\S+) us, beta (\S+) GB/s; all-gather: alpha (\S+) us, beta (\S+) GB/s", out)
+    assert m, out[-3000:]
+    printed_zero = [float(x) for x in m.groups()]
+    written_zero = []
+    for kind in ("reducescatter", "allgather"):
+        latency, bandwidth = v["%s_2_ranks_latency_s" % kind], v["%s_2_ranks_bandwidth_bytes_per_s" % kind]
+        assert 1e-8 <= latency <= 1e-3 and 1e8 <= bandwidth <= 1e13, (kind, latency, bandwidth)
+        written_zero += [latency * 1e6, bandwidth / 1e9]
+    for p_, w in zip(printed_zero, written_zero):
+        assert abs(p_ - w) <= 0.006 * w + 0.006, (printed_zero, written_zero)
+    beyond = [k for k in v if k.endswith("_beyond_2mb_bytes_per_s")]
+    assert all(1e7 <= v[k] <= 1e13 for k in beyond), [(k, v[k]) for k in beyond]
+    assert not any(k.startswith(("reducescatter_4", "allgather_4", "allreduce_4")) for k in v), text  # (2 ranks: none of 4)
     # what sharing the host does beyond that: the cache as sysfs gives it (lscpu's figure), the
     # GEMM beyond it and the in-cache fraction in (0, 1], the 2 ranks' wait a time under a second
     # (0, not written, where the two arrived together)

@@ -7,12 +7,14 @@
 //     of it that the step's memory-bound passes (GELU, LayerNorm) reach;
 //   - the rate of the CPU's causal attention (llmc/cpu/attention.h);
 //   - MPI between 2 ranks of this host, as the CPU backend's comm layer calls it: a message
-//     (MPI_Send / MPI_Recv, a ping-pong) and an all-reduce (MPI_Allreduce of floats), each timed
-//     over sizes of 8 bytes to 8 MB and fitted to t = alpha + bytes / beta from 2 KB up;
+//     (MPI_Send / MPI_Recv, a ping-pong), an all-reduce (MPI_Allreduce of floats), and ZeRO's
+//     reduce-scatter and all-gather (MPI_Reduce_scatter_block, MPI_Allgather in place), each timed
+//     over sizes of 8 bytes to 32 MB and fitted to t = alpha + bytes / beta from 2 KB to 2 MB, the
+//     bytes past 2 MB (a small model's gradients, past the cache) at a bandwidth of their own;
 //   - what ranks sharing the host do to each other, on 4 or 8 ranks (the sweeps run 4 and 8 ranks
 //     of one thread on this machine's cores): the GEMM rate and the triad's bandwidth each of N
 //     ranks reaches while N compute at once (N = 2, 4, 8: the cores, and caches and memory, shared),
-//     an all-reduce over N ranks (4, 8), and what ranks waiting in a blocking MPI receive (which
+//     the three collectives over N ranks (4, 8), and what ranks waiting in a blocking MPI receive (which
 //     polls) take from as many computing;
 //   - a copy in memory (memcpy), the CPU's "PCIe" to itself under -offload;
 //   - what sharing the host does beyond that, which the sweeps showed the model missing: the
@@ -114,14 +116,31 @@ static int fit_alpha_beta(const double* n, const double* t, int count, double al
 // ----------------------------------------------------------------------------------------------
 // MPI between 2 ranks. Both ranks run these in step; rank 0's clock is the one reported.
 
-#define MESSAGE_SIZES 11  // 8 bytes, x4 each, to 8 MB
+#define MESSAGE_SIZES 12  // 8 bytes, x4 each, to 32 MB
 static size_t message_bytes(int i) { return (size_t)8 << (2 * i); }
-// The fit takes the sizes from 2 KB up (the 5th on): the sizes a trainer sends, a row of
-// activations (C floats: 3 KB at d12) and up, gradients in megabytes. Below that MPI copies a
-// message through its eager buffers and takes less time than the line through the larger ones
-// says; those are printed beside the line, not fitted: a model that predicts a step is only as
-// good as its line where the step's bytes are.
+// The fit takes the sizes from 2 KB to 2 MB (the 5th to the 10th): the sizes a trainer sends, a
+// row of activations (C floats: 3 KB at d12) and up. Below that MPI copies a message through its
+// eager buffers and takes less time than the line through the larger ones says; those are
+// printed beside the line, not fitted: a model that predicts a step is only as good as its line
+// where the step's bytes are. Past 2 MB (gradients: d4's are 65 MB) a collective's copies and
+// sums stream from memory rather than the cache and each byte takes longer than the line says:
+// the bytes past 2 MB get a bandwidth of their own, from the 2 MB and 32 MB times (beyond_2mb)
 #define FIT_FROM 4
+#define FIT_TO 9  // (2 MB: llmc/device_profile.h's DEVICE_PROFILE_COLLECTIVE_KNEE_BYTES)
+
+// the bandwidth of a collective's bytes past 2 MB: between its 2 MB and 32 MB times (0 where the
+// larger took no longer: a noisy measurement, left out of the profile)
+static double beyond_2mb_bandwidth(const double* n, const double* t) {
+    int last = MESSAGE_SIZES - 1;
+    return t[last] > t[FIT_TO] ? (n[last] - n[FIT_TO]) / (t[last] - t[FIT_TO]) : 0.0;
+}
+
+// the time the profile then says for a collective of n bytes (as llmc/comm_time.h prices it)
+static double collective_fit_seconds(double alpha, double beta, double beyond, double n) {
+    double knee = DEVICE_PROFILE_COLLECTIVE_KNEE_BYTES;
+    if (!(beyond > 0.0) || n <= knee) return alpha + n / beta;
+    return alpha + knee / beta + (n - knee) / beyond;
+}
 
 // calls per timed round: many small messages, enough large ones to move ~32 MB
 static int message_reps(size_t bytes) {
@@ -152,18 +171,29 @@ static double time_message(char* buf, size_t bytes, int rank, MPI_Comm pair) {
     return best;
 }
 
-// seconds for an all-reduce (sum) of `bytes` of floats over the ranks of comm, in place, as
-// llmc/cpu/comm.h's all-reduce calls it; the buffer is zeros, so the sums stay zeros. On 2 ranks
-// the best of 4 rounds; on more, which share the cores, their median: taking turns on a core is
-// part of what is measured there, and a best round would be the luckiest turns. Rounds of ~32 MB
-// or, where that is slow (ranks taking turns), ~0.1 s, as the first call says, rank 0's count
-static double time_all_reduce(float* buf, size_t bytes, MPI_Comm comm) {
+// the collectives timed: as llmc/cpu/comm.h calls them, on floats (bytes: the all-reduce's buffer,
+// the reduce-scatter's input, the all-gather's output)
+typedef enum { TIMED_ALL_REDUCE, TIMED_REDUCE_SCATTER, TIMED_ALL_GATHER, TIMED_KINDS } TimedCollective;
+static const char* const timed_names[TIMED_KINDS] = {"all-reduce", "reduce-scatter", "all-gather"};
+
+static void run_collective(TimedCollective kind, float* buf, float* out, int count, int size, MPI_Comm comm) {
+    if (kind == TIMED_ALL_REDUCE) MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, comm);
+    if (kind == TIMED_REDUCE_SCATTER) MPI_Reduce_scatter_block(buf, out, count / size, MPI_FLOAT, MPI_SUM, comm);
+    if (kind == TIMED_ALL_GATHER) MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, count / size, MPI_FLOAT, comm);
+}
+
+// seconds for one collective of `bytes` of floats over the ranks of comm (out: the reduce-scatter's
+// output, bytes / size of them); the buffer is zeros, so the sums stay zeros. On 2 ranks the best
+// of 4 rounds; on more, which share the cores, their median: taking turns on a core is part of
+// what is measured there, and a best round would be the luckiest turns. Rounds of ~32 MB or,
+// where that is slow (ranks taking turns), ~0.1 s, as the first call says, rank 0's count
+static double time_collective(TimedCollective kind, float* buf, float* out, size_t bytes, MPI_Comm comm) {
     int size;
     MPI_Comm_size(comm, &size);
     int count = (int)(bytes / 4), reps = message_reps(bytes);
     MPI_Barrier(comm);
     double t0 = wall_time_s();
-    MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, comm);
+    run_collective(kind, buf, out, count, size, comm);
     double first = wall_time_s() - t0;
     if (first * reps > 0.1) reps = (int)fmax(2.0, 0.1 / first);
     MPI_Bcast(&reps, 1, MPI_INT, 0, comm);
@@ -171,7 +201,7 @@ static double time_all_reduce(float* buf, size_t bytes, MPI_Comm comm) {
     for (int round = 0; round < 4; round++) {
         MPI_Barrier(comm);
         t0 = wall_time_s();
-        for (int r = 0; r < reps; r++) MPI_Allreduce(MPI_IN_PLACE, buf, count, MPI_FLOAT, MPI_SUM, comm);
+        for (int r = 0; r < reps; r++) run_collective(kind, buf, out, count, size, comm);
         t[round] = (wall_time_s() - t0) / reps;
     }
     for (int i = 1; i < 4; i++) {  // (sorted: 4 numbers)
@@ -540,37 +570,60 @@ int main(int argc, char** argv) {
     // 1. MPI between ranks 0 and 1 (the others asleep)
     MPI_Comm pair;
     MPI_Comm_split(MPI_COMM_WORLD, rank < 2 ? 0 : MPI_UNDEFINED, rank, &pair);
-    double n[MESSAGE_SIZES], t_msg[MESSAGE_SIZES], t_ar[MESSAGE_SIZES];
+    // (t_coll[kind][c][i]: collective `kind` over counts[c] = 1, 2, 4, 8 ranks at message_bytes(i))
+    const int counts[4] = {1, 2, 4, 8};
+    double n[MESSAGE_SIZES], t_msg[MESSAGE_SIZES], t_coll[TIMED_KINDS][4][MESSAGE_SIZES];
     size_t most = message_bytes(MESSAGE_SIZES - 1);
     char* buf = (char*)calloc_check(most, 1);
+    float* scattered = (float*)calloc_check(most / 2, 1);  // (a reduce-scatter's output, over 2 ranks or more)
     for (int i = 0; i < MESSAGE_SIZES; i++) n[i] = (double)message_bytes(i);
     if (rank < 2) {
         for (int i = 0; i < MESSAGE_SIZES; i++) {
             t_msg[i] = time_message(buf, message_bytes(i), rank, pair);
-            t_ar[i] = time_all_reduce((float*)buf, message_bytes(i), pair);
+            for (int kind = 0; kind < TIMED_KINDS; kind++) {
+                t_coll[kind][1][i] = time_collective((TimedCollective)kind, (float*)buf, scattered, message_bytes(i), pair);
+            }
         }
         MPI_Comm_free(&pair);
     }
     quiet_barrier(MPI_COMM_WORLD);
-    double msg_alpha = 0, msg_beta = 0, ar_alpha = 0, ar_beta = 0;
+    double msg_alpha = 0, msg_beta = 0, coll_alpha[TIMED_KINDS][4] = {{0}}, coll_beta[TIMED_KINDS][4] = {{0}};
     const char* why = NULL;
-    int fitted = MESSAGE_SIZES - FIT_FROM;
+    int fitted = FIT_TO + 1 - FIT_FROM;
+    double coll_beyond[TIMED_KINDS][4] = {{0}};
     if (rank == 0) {
         if (!fit_alpha_beta(n + FIT_FROM, t_msg + FIT_FROM, fitted, t_msg[0], &msg_alpha, &msg_beta, &why)) {
             die("the messages' fit: %s", why);
         }
-        if (!fit_alpha_beta(n + FIT_FROM, t_ar + FIT_FROM, fitted, t_ar[0], &ar_alpha, &ar_beta, &why)) {
-            die("the all-reduces' fit: %s", why);
+        for (int kind = 0; kind < TIMED_KINDS; kind++) {
+            const double* t = t_coll[kind][1];
+            if (!fit_alpha_beta(n + FIT_FROM, t + FIT_FROM, fitted, t[0], &coll_alpha[kind][1], &coll_beta[kind][1], &why)) {
+                die("the %ss' fit: %s", timed_names[kind], why);
+            }
+            coll_beyond[kind][1] = beyond_2mb_bandwidth(n, t);
         }
-        printf("MPI between 2 ranks of this host (best of 4 rounds; fit t = alpha + bytes / beta from %.0f bytes up,\n"
-               "each point weighted by 1/t^2, alpha at least the %.0f-byte time):\n", n[FIT_FROM], n[0]);
-        printf("  %10s %14s %14s %14s %14s\n", "bytes", "send us", "fit", "all-reduce us", "fit");
+        printf("MPI between 2 ranks of this host (best of 4 rounds; fit t = alpha + bytes / beta from %.0f to %.0f bytes,\n"
+               "each point weighted by 1/t^2, alpha at least the %.0f-byte time; a collective's bytes past %.0f at its\n"
+               "beyond_2mb bandwidth, from the last size's time):\n", n[FIT_FROM], n[FIT_TO], n[0], n[FIT_TO]);
+        printf("  %10s %11s %9s %11s %9s %11s %9s %11s %9s\n", "bytes", "send us", "fit", "all-reduce", "fit",
+               "red-scatter", "fit", "all-gather", "fit");
         for (int i = 0; i < MESSAGE_SIZES; i++) {
-            printf("  %10.0f %14.2f %14.2f %14.2f %14.2f\n", n[i], t_msg[i] * 1e6, (msg_alpha + n[i] / msg_beta) * 1e6,
-                   t_ar[i] * 1e6, (ar_alpha + n[i] / ar_beta) * 1e6);
+            printf("  %10.0f %11.2f %9.2f", n[i], t_msg[i] * 1e6, (msg_alpha + n[i] / msg_beta) * 1e6);
+            for (int kind = 0; kind < TIMED_KINDS; kind++) {
+                printf(" %11.2f %9.2f", t_coll[kind][1][i] * 1e6,
+                       collective_fit_seconds(coll_alpha[kind][1], coll_beta[kind][1], coll_beyond[kind][1], n[i]) * 1e6);
+            }
+            printf("\n");
         }
         printf("  send/recv: alpha %.2f us, beta %.2f GB/s; all-reduce: alpha %.2f us, beta %.2f GB/s\n", msg_alpha * 1e6,
-               msg_beta / 1e9, ar_alpha * 1e6, ar_beta / 1e9);
+               msg_beta / 1e9, coll_alpha[TIMED_ALL_REDUCE][1] * 1e6, coll_beta[TIMED_ALL_REDUCE][1] / 1e9);
+        printf("  reduce-scatter: alpha %.2f us, beta %.2f GB/s; all-gather: alpha %.2f us, beta %.2f GB/s (n: the whole\n"
+               "  buffer, the reduce-scatter's input and the all-gather's output)\n",
+               coll_alpha[TIMED_REDUCE_SCATTER][1] * 1e6, coll_beta[TIMED_REDUCE_SCATTER][1] / 1e9,
+               coll_alpha[TIMED_ALL_GATHER][1] * 1e6, coll_beta[TIMED_ALL_GATHER][1] / 1e9);
+        printf("  past 2 MB: all-reduce %.3f GB/s, reduce-scatter %.3f GB/s, all-gather %.3f GB/s\n",
+               coll_beyond[TIMED_ALL_REDUCE][1] / 1e9, coll_beyond[TIMED_REDUCE_SCATTER][1] / 1e9,
+               coll_beyond[TIMED_ALL_GATHER][1] / 1e9);
     }
 
     // 2. compute and memory, rank 0 alone (the others asleep), with `threads` threads
@@ -662,8 +715,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < k.cached_n; i++) k.cb[i] = 1.0f, k.cc[i] = 2.0f;
     k.reduced = (float*)calloc_check(SPREAD_BYTES / 4, sizeof(float));
     share_gemms(&k), share_triads(&k), share_cached_triads(&k);  // (warm: pages touched, caches filled)
-    const int counts[4] = {1, 2, 4, 8};
-    double gemm_s[4] = {0}, triad_s[4] = {0}, t_arN[4][MESSAGE_SIZES], arN_alpha[4] = {0}, arN_beta[4] = {0};
+    double gemm_s[4] = {0}, triad_s[4] = {0};
     double cached_s[4] = {0}, compute_s[4] = {0}, meet_s[4] = {0}, spread_ar_s[4] = {0};
     for (int c = 0; c < 4 && counts[c] <= size; c++) {
         MPI_Comm some;
@@ -676,10 +728,14 @@ int main(int argc, char** argv) {
                 spread_comm = some;
                 compute_s[c] = together_seconds(some, share_compute, &k);
                 meet_s[c] = together_seconds(some, share_compute_and_meet, &k);
-                spread_ar_s[c] = time_all_reduce(k.reduced, SPREAD_BYTES, some);
+                spread_ar_s[c] = time_collective(TIMED_ALL_REDUCE, k.reduced, NULL, SPREAD_BYTES, some);
             }
             if (counts[c] >= 4) {
-                for (int i = 0; i < MESSAGE_SIZES; i++) t_arN[c][i] = time_all_reduce((float*)buf, message_bytes(i), some);
+                for (int kind = 0; kind < TIMED_KINDS; kind++) {
+                    for (int i = 0; i < MESSAGE_SIZES; i++) {
+                        t_coll[kind][c][i] = time_collective((TimedCollective)kind, (float*)buf, scattered, message_bytes(i), some);
+                    }
+                }
             }
             MPI_Comm_free(&some);
         }
@@ -703,7 +759,7 @@ int main(int argc, char** argv) {
         }
         quiet_barrier(MPI_COMM_WORLD);
     }
-    free(buf);
+    free(buf), free(scattered);
     for (int s = 0; s < 2; s++) free(k.inp[s]), free(k.w[s]), free(k.out[s]), free(k.dinp[s]), free(k.dw[s]);
     free(k.a), free(k.b), free(k.c), free(k.ca), free(k.cb), free(k.cc), free(k.reduced);
     if (rank != 0) {
@@ -734,17 +790,22 @@ int main(int argc, char** argv) {
         if (counts[c] >= 4) {
             // (alpha's floor: the quickest of the sizes below the fit's, rather than the 8-byte one's
             // alone: ranks taking turns on the cores make any one of them slow now and then)
-            double floor_s = t_arN[c][0];
-            for (int i = 1; i < FIT_FROM; i++) floor_s = fmin(floor_s, t_arN[c][i]);
-            int fits = fit_alpha_beta(n + FIT_FROM, t_arN[c] + FIT_FROM, fitted, floor_s, &arN_alpha[c], &arN_beta[c], &why);
-            printf("    all-reduce over the %d (median of 4 rounds), us:", counts[c]);
-            for (int i = 0; i < MESSAGE_SIZES; i++) printf(" %.0f", t_arN[c][i] * 1e6);
-            if (fits) {
-                printf("\n    fit from %.0f bytes: alpha %.2f us, beta %.3f GB/s\n", n[FIT_FROM], arN_alpha[c] * 1e6,
-                       arN_beta[c] / 1e9);
-            } else {  // (left out of the profile: the model then takes the all-reduce of the fewer ranks measured)
-                printf("\n    warning: no fit (%s: other work on the machine?), left out of the profile\n", why);
-                arN_alpha[c] = arN_beta[c] = 0.0;
+            for (int kind = 0; kind < TIMED_KINDS; kind++) {
+                const double* t = t_coll[kind][c];
+                double floor_s = t[0];
+                for (int i = 1; i < FIT_FROM; i++) floor_s = fmin(floor_s, t[i]);
+                int fits = fit_alpha_beta(n + FIT_FROM, t + FIT_FROM, fitted, floor_s, &coll_alpha[kind][c],
+                                          &coll_beta[kind][c], &why);
+                printf("    %s over the %d (median of 4 rounds), us:", timed_names[kind], counts[c]);
+                for (int i = 0; i < MESSAGE_SIZES; i++) printf(" %.0f", t[i] * 1e6);
+                if (fits) {
+                    coll_beyond[kind][c] = beyond_2mb_bandwidth(n, t);
+                    printf("\n    fit from %.0f to %.0f bytes: alpha %.2f us, beta %.3f GB/s; past them %.3f GB/s\n", n[FIT_FROM],
+                           n[FIT_TO], coll_alpha[kind][c] * 1e6, coll_beta[kind][c] / 1e9, coll_beyond[kind][c] / 1e9);
+                } else {  // (left out of the profile: the model then takes the collective of the fewer ranks measured)
+                    printf("\n    warning: no fit (%s: other work on the machine?), left out of the profile\n", why);
+                    coll_alpha[kind][c] = coll_beta[kind][c] = 0.0;
+                }
             }
         }
     }
@@ -776,8 +837,9 @@ int main(int argc, char** argv) {
     p.intra_node_bandwidth_bytes_per_s = p.inter_node_bandwidth_bytes_per_s = msg_beta;
     p.gpus_per_node = 1024;
     p.efficiency_link = 1.0;
-    p.intra_node_allreduce_latency_s = ar_alpha;
-    p.intra_node_allreduce_bandwidth_bytes_per_s = ar_beta;
+    p.intra_node_allreduce_latency_s = coll_alpha[TIMED_ALL_REDUCE][1];
+    p.intra_node_allreduce_bandwidth_bytes_per_s = coll_beta[TIMED_ALL_REDUCE][1];
+    p.intra_node_allreduce_bandwidth_beyond_2mb_bytes_per_s = coll_beyond[TIMED_ALL_REDUCE][1];
     p.cpu_threads = threads;
     p.cpu_cores = cores;
     // the host is the device: -offload's AdamW at the memory-bound passes' bandwidth, its copies memcpy's
@@ -790,8 +852,35 @@ int main(int argc, char** argv) {
                                 &p.cpu_memory_fraction_8_ranks};
     for (int c = 1; c < 4 && counts[c] <= size; c++) *gemm_fields[c] = gemm_fraction[c], *memory_fields[c] = memory_fraction[c];
     p.cpu_wait_slowdown = wait_slowdown;
-    p.allreduce_4_ranks_latency_s = arN_alpha[2], p.allreduce_4_ranks_bandwidth_bytes_per_s = arN_beta[2];
-    p.allreduce_8_ranks_latency_s = arN_alpha[3], p.allreduce_8_ranks_bandwidth_bytes_per_s = arN_beta[3];
+    p.allreduce_4_ranks_latency_s = coll_alpha[TIMED_ALL_REDUCE][2];
+    p.allreduce_4_ranks_bandwidth_bytes_per_s = coll_beta[TIMED_ALL_REDUCE][2];
+    p.allreduce_8_ranks_latency_s = coll_alpha[TIMED_ALL_REDUCE][3];
+    p.allreduce_8_ranks_bandwidth_bytes_per_s = coll_beta[TIMED_ALL_REDUCE][3];
+    p.allreduce_4_ranks_bandwidth_beyond_2mb_bytes_per_s = coll_beyond[TIMED_ALL_REDUCE][2];
+    p.allreduce_8_ranks_bandwidth_beyond_2mb_bytes_per_s = coll_beyond[TIMED_ALL_REDUCE][3];
+    // (each: latency, bandwidth, bandwidth past 2 MB)
+    double* scatter_fields[4][3] = {
+        {NULL, NULL, NULL},
+        {&p.reducescatter_2_ranks_latency_s, &p.reducescatter_2_ranks_bandwidth_bytes_per_s,
+         &p.reducescatter_2_ranks_bandwidth_beyond_2mb_bytes_per_s},
+        {&p.reducescatter_4_ranks_latency_s, &p.reducescatter_4_ranks_bandwidth_bytes_per_s,
+         &p.reducescatter_4_ranks_bandwidth_beyond_2mb_bytes_per_s},
+        {&p.reducescatter_8_ranks_latency_s, &p.reducescatter_8_ranks_bandwidth_bytes_per_s,
+         &p.reducescatter_8_ranks_bandwidth_beyond_2mb_bytes_per_s}};
+    double* gather_fields[4][3] = {
+        {NULL, NULL, NULL},
+        {&p.allgather_2_ranks_latency_s, &p.allgather_2_ranks_bandwidth_bytes_per_s,
+         &p.allgather_2_ranks_bandwidth_beyond_2mb_bytes_per_s},
+        {&p.allgather_4_ranks_latency_s, &p.allgather_4_ranks_bandwidth_bytes_per_s,
+         &p.allgather_4_ranks_bandwidth_beyond_2mb_bytes_per_s},
+        {&p.allgather_8_ranks_latency_s, &p.allgather_8_ranks_bandwidth_bytes_per_s,
+         &p.allgather_8_ranks_bandwidth_beyond_2mb_bytes_per_s}};
+    for (int c = 1; c < 4 && counts[c] <= size; c++) {
+        *scatter_fields[c][0] = coll_alpha[TIMED_REDUCE_SCATTER][c], *scatter_fields[c][1] = coll_beta[TIMED_REDUCE_SCATTER][c];
+        *scatter_fields[c][2] = coll_beyond[TIMED_REDUCE_SCATTER][c];
+        *gather_fields[c][0] = coll_alpha[TIMED_ALL_GATHER][c], *gather_fields[c][1] = coll_beta[TIMED_ALL_GATHER][c];
+        *gather_fields[c][2] = coll_beyond[TIMED_ALL_GATHER][c];
+    }
     double* wait_fields[4] = {NULL, &p.cpu_collective_wait_2_ranks_s, &p.cpu_collective_wait_4_ranks_s,
                               &p.cpu_collective_wait_8_ranks_s};
     double* cached_fields[4] = {NULL, &p.cpu_memory_cached_fraction_2_ranks, &p.cpu_memory_cached_fraction_4_ranks,
@@ -818,12 +907,14 @@ int main(int argc, char** argv) {
             "#   attention: llmc/cpu/attention.h at d12's B 4, T 64, 12 heads, %.1f GFLOP/s of useful causal FLOPs.\n"
             "#   memory: STREAM's triad over 3 x 128 MB, %.1f GB/s; GELU and LayerNorm,\n"
             "#     forward and backward at d12's B 4, T 64, %.1f GB/s of their least bytes (efficiency_memory).\n"
-            "#   links: MPI between 2 ranks of this host, 2 KB to 8 MB, fit t = alpha + bytes / beta (weights 1/t^2):\n"
-            "#     send/recv %.2f us + bytes / %.2f GB/s; all-reduce %.2f us + bytes / %.2f GB/s. One host, so the\n"
+            "#   links: MPI between 2 ranks of this host, 2 KB to 2 MB, fit t = alpha + bytes / beta (weights 1/t^2):\n"
+            "#     send/recv %.2f us + bytes / %.2f GB/s; all-reduce %.2f us + bytes / %.2f GB/s; reduce-scatter and\n"
+            "#     all-gather the same way (bytes: the whole buffer), on 2 ranks and as many as below; each collective's\n"
+            "#     bytes past 2 MB at the bandwidth between its 2 MB and 32 MB times (_beyond_2mb). One host, so the\n"
             "#     inter-node figures repeat the intra-node ones, and gpus_per_node is large: every rank shares it.\n"
             "#   the host (-offload): the GEMM rate, the memory-bound passes' bandwidth, memcpy %.1f GB/s after %.3f us.\n"
             "#   ranks sharing the host (%d ranks at most here): each of N ranks computing at once reached the\n"
-            "#     fractions cpu_*_fraction_N_ranks of a lone rank's GEMM rate and triad bandwidth; all-reduces\n"
+            "#     fractions cpu_*_fraction_N_ranks of a lone rank's GEMM rate and triad bandwidth; the collectives\n"
             "#     over 4 and 8 ranks (the median of 4 rounds, fit as above); cpu_wait_slowdown: %d ranks'\n"
             "#     GEMMs beside as many ranks waiting in MPI_Recv over the same GEMMs alone.\n"
             "#   beyond that: cpu_collective_wait_N_ranks_s, N ranks %d times computing d12's fc forward at 64 tokens\n"
@@ -833,7 +924,7 @@ int main(int argc, char** argv) {
             "#     times 256 x 50304, %.0f MB a product) at %.1f GFLOP/s, its bytes' time out, over the peak.\n",
             when, size, threads, large_rate / 1e9, threads, threads == 1 ? "" : "s", small_rate / 1e9, small_flops,
             attention_rate / 1e9, bandwidth / 1e9, kernels_bandwidth / 1e9,
-            msg_alpha * 1e6, msg_beta / 1e9, ar_alpha * 1e6, ar_beta / 1e9, copy_bandwidth / 1e9, copy_small * 1e6,
+            msg_alpha * 1e6, msg_beta / 1e9, coll_alpha[TIMED_ALL_REDUCE][1] * 1e6, coll_beta[TIMED_ALL_REDUCE][1] / 1e9, copy_bandwidth / 1e9, copy_small * 1e6,
             size, cores, SPREAD_ROUNDS, SPREAD_BYTES, wide_bytes / 1e6, wide_rate / 1e9);
     device_profile_print(f, &p);
     if (fclose(f) != 0 || rename(tmp, out_path) != 0) die("-o %s: could not write it: %s", out_path, strerror(errno));
