@@ -358,6 +358,17 @@ static void grid_run_begin(Run* run, Grid3D* trainer, int sample_pad) {
     if (g->moe) run_bytes_on_own_line(run, &g->ep_group, COMM_ALL_TO_ALL);  // (moe_print_line prints them every step)
 }
 
+// the run's end: what main() allocated for this rank, freed (the comm layer last, in main())
+static void grid_trainer_free(Grid3D* t, floatX* grad_shard, PipeAction* all_actions) {
+    stage_free(t->st);
+    if (t->cp) cp_free(t->cp);
+    if (grad_shard) device_free(grad_shard);
+    if (t->moe) moe_free(t->moe);
+    free(all_actions);
+    gpt2_free(t->model);
+    grid_free(t->g);
+}
+
 // ----------------------------------------------------------------------------------------------
 // The global gradient norm's share of this rank: the squares of the gradient elements it owns.
 // Each element of the model is owned by exactly one rank of the world: of the dp replicas, the
@@ -951,13 +962,7 @@ int main(int argc, char** argv) {
     }
     run_end(&run);
     if (run.max_steps > run.start_step && in_timeline) stage_report_peak(&stage, &grid.pp_group, all_actions, n);
-    stage_free(&stage);
-    if (cp) cp_free(cp);
-    if (grad_shard) device_free(grad_shard);
-    if (grid.moe) moe_free(&moe);
-    free(all_actions);
-    gpt2_free(&model);
-    grid_free(&grid);
+    grid_trainer_free(&trainer, grad_shard, all_actions);
     comm_finalize();
     return 0;
 }
