@@ -623,6 +623,14 @@ static inline void run_load_profile(Run* r) {
     check_every_rank(found >= 0, "%s%s: %s", r->args.profile ? "-profile " : "the profile ",
                      r->args.profile ? r->args.profile : r->profile_label, why);
     r->has_profile = found > 0;
+    // (a profile of the other backend's kind would price this build's kernels on another device:
+    // a prediction of no device, refused as the planner refuses it)
+    check_every_rank(!r->has_profile || (r->profile.kind == DEVICE_CUDA) == cuda,
+                     "-profile %s is a kind %s profile, and this build runs the %s backend: give a %s profile (%s), or "
+                     "leave -profile out", r->profile_label, r->profile.kind == DEVICE_CUDA ? "cuda" : "cpu",
+                     cuda ? "CUDA" : "CPU", cuda ? "kind cuda" : "kind cpu",
+                     cuda ? "h100-sxm, h200, a100-80gb or a file of kind cuda"
+                          : "dev/profiles/cpu-this-machine.txt, dev/bench/calibrate's, or a file of kind cpu");
 }
 
 // What the step runs beyond its RunLayout (step_kernels.h's StepOptions): this build's floats and

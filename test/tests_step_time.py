@@ -286,7 +286,7 @@ def step_time_bad_profiles_and_flags_refused_by_the_planner_and_a_trainer():
     file, the line (but for a missing field, which has none) and the field; -profile naming neither
     a built-in profile nor a file is refused by both, naming it; the planner refuses a profile of the
     other backend's kind (a GPU's on -device cpu, the CPU's on -device cuda), naming -profile and
-    -device. The planner's -gpus_per_node refuses
+    -device, and a CPU trainer a GPU's, on every rank before its output directory is made. The planner's -gpus_per_node refuses
     -1 naming the flag, and 0 is the profile's figure: h100-sxm's 8 (d12 on dp 4 x tp 4: the same
     step as -gpus_per_node 8, tp's groups inside a node and dp's across two; not as 1, every group
     across nodes, nor as 16, all in one)"""
@@ -335,6 +335,12 @@ def step_time_bad_profiles_and_flags_refused_by_the_planner_and_a_trainer():
             profile, kind, device, device.upper())
         assert code == 1 and want in out, "-device %s -profile %s: exit %d, expected %r:\n%s" % (
             device, profile, code, want, out[-1000:])
+    # and a trainer of the CPU backend given a GPU's profile: every rank stops before the run starts
+    run = os.path.join(d, "run_cuda_profile")
+    code, out = mpirun(2, ["-e", "d2", "-b", 1, "-t", 32, "-x", 1, "-v", 0, "-s", 0, "-profile", "h100-sxm", "-o", run])
+    want = "-profile h100-sxm is a kind cuda profile, and this build runs the CPU backend"
+    assert code != 0 and want in out and not os.path.exists(run), "train_gpt2_dp -profile h100-sxm: exit %d:\n%s" % (
+        code, out[-2000:])
     code, out = planner("-e", "d12", "-dp", 2, "-gpus_per_node", -1)
     assert code == 1 and "flag '-gpus_per_node' is -1, outside its allowed range >= 0" in out, out[-1000:]
     steps = {}
