@@ -96,7 +96,7 @@ static inline int train_args_common(TrainArgs* a, ArgSpec* specs) {
         {"-tok", ARG_STRING, &a->tokenizer_path, 0, 0, "tokenizer decode table, for samples"},
         {"-watchdog", ARG_INT, &a->watchdog, 0, MAX, "end the job when a rank makes no progress for this many seconds (0: off)"},
         {"-r", ARG_INT, &a->recompute, 0, RECOMPUTE_MAX, "activation recomputation: 0 keep every activation, 1 selective (drop the GELU output and attention's probabilities, recompute them in the backward pass), 2 full (keep each layer's output only, rerun the layer forward before its backward); same results bit for bit (on CUDA with LLMC_GELU=kernels)"},
-        {"-profile", ARG_STRING, &a->profile, 0, 0, "the device profile the end-of-run line predicts the step on: h100-sxm, h200, a100-80gb or a file (default: on CUDA this GPU's kind, on the CPU dev/profiles/cpu-this-machine.txt beside the program, dev/bench/calibrate's)"},
+        {"-profile", ARG_STRING, &a->profile, 0, 0, "the device profile the end-of-run line predicts the step on: h100-sxm, h200, a100-80gb or a file, of this build's kind (default: on CUDA this GPU's kind, on the CPU dev/profiles/cpu-this-machine.txt beside the program, dev/bench/calibrate's)"},
     };
     int n = (int)(sizeof(common) / sizeof(common[0]));
     for (int i = 0; i < n; i++) specs[i] = common[i];
