@@ -80,11 +80,13 @@
 //   cpu_cores / (N cpu_threads) when below 1), a waiting rank takes a whole core, and every
 //   all-reduce is priced on the 2-rank one.
 // What sharing the host does beyond that (optional, kind cpu; calibrate measures them on any run):
-//   cpu_collective_wait_N_ranks_s     the seconds a collective costs beyond its own time when N
-//                                     ranks (N = 2, 4, 8) each compute a fixed amount and then
-//                                     meet in it: ranks taking turns on the cores arrive apart,
-//                                     and the first ones wait (polling, which takes a core from
-//                                     the last). [0, 1]; absent: 0, no wait
+//   cpu_meeting_fraction_N_ranks      how much longer N ranks (N = 2, 4, 8) take to compute and
+//                                     meet in a collective, round after round, than to compute
+//                                     alone, as a fraction of the compute between two meetings:
+//                                     ranks taking turns on the cores arrive apart, and the first
+//                                     ones wait (polling, which takes a core from the last) for a
+//                                     share of what the others still had to compute. [0, 1];
+//                                     absent: 0, no wait
 //   cpu_cache_bytes                   the host's last-level cache; the three below come with it
 //   cpu_memory_cached_fraction_N_ranks   as cpu_memory_fraction_N_ranks, on arrays that fit in the
 //                                     cache with N ranks' arrays together: a memory-bound pass
@@ -169,7 +171,7 @@ typedef struct {
     double allgather_2_ranks_bandwidth_beyond_2mb_bytes_per_s, allgather_4_ranks_bandwidth_beyond_2mb_bytes_per_s;
     double allgather_8_ranks_bandwidth_beyond_2mb_bytes_per_s;
     // what sharing the host does beyond that (optional: 0, not measured)
-    double cpu_collective_wait_2_ranks_s, cpu_collective_wait_4_ranks_s, cpu_collective_wait_8_ranks_s;
+    double cpu_meeting_fraction_2_ranks, cpu_meeting_fraction_4_ranks, cpu_meeting_fraction_8_ranks;
     double cpu_cache_bytes, efficiency_matmul_beyond_cache;
     double cpu_memory_cached_fraction_2_ranks, cpu_memory_cached_fraction_4_ranks, cpu_memory_cached_fraction_8_ranks;
 } DeviceProfile;
@@ -256,9 +258,9 @@ static const ProfileField PROFILE_FIELDS[] = {
     PROFILE_FIELD(allgather_2_ranks_bandwidth_beyond_2mb_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 2-rank all-gather's bytes/s past its first 2 MB"),
     PROFILE_FIELD(allgather_4_ranks_bandwidth_beyond_2mb_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank all-gather's bytes/s past its first 2 MB"),
     PROFILE_FIELD(allgather_8_ranks_bandwidth_beyond_2mb_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "an 8-rank all-gather's bytes/s past its first 2 MB"),
-    PROFILE_FIELD(cpu_collective_wait_2_ranks_s, FIELD_NUMBER, 0, 0, 1, 0, "a collective's wait, 2 ranks arriving apart, in seconds"),
-    PROFILE_FIELD(cpu_collective_wait_4_ranks_s, FIELD_NUMBER, 0, 0, 1, 0, "a collective's wait, 4 ranks arriving apart, in seconds"),
-    PROFILE_FIELD(cpu_collective_wait_8_ranks_s, FIELD_NUMBER, 0, 0, 1, 0, "a collective's wait, 8 ranks arriving apart, in seconds"),
+    PROFILE_FIELD(cpu_meeting_fraction_2_ranks, FIELD_NUMBER, 0, 0, 1, 0, "the compute 2 ranks lose meeting, as a fraction of it"),
+    PROFILE_FIELD(cpu_meeting_fraction_4_ranks, FIELD_NUMBER, 0, 0, 1, 0, "the compute 4 ranks lose meeting, as a fraction of it"),
+    PROFILE_FIELD(cpu_meeting_fraction_8_ranks, FIELD_NUMBER, 0, 0, 1, 0, "the compute 8 ranks lose meeting, as a fraction of it"),
     PROFILE_FIELD(cpu_cache_bytes, FIELD_NUMBER, 0, 1e4, 1e12, 0, "the host's last-level cache in bytes"),
     PROFILE_FIELD(efficiency_matmul_beyond_cache, FIELD_NUMBER, 0, 1e-3, 1, 0, "the fraction of the peak a GEMM beyond the cache reaches"),
     PROFILE_FIELD(cpu_memory_cached_fraction_2_ranks, FIELD_NUMBER, 0, 1e-3, 1, 0, "a lone rank's in-cache bandwidth each of 2 ranks reaches"),

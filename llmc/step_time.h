@@ -31,17 +31,19 @@
 //      at once; with stages a stage idle in the bubble waits in MPI, taking only what
 //      cpu_wait_slowdown says of a core, so the schedule is played once at a lone rank's speed,
 //      each stage's busy share of it gives the ranks computing at once, and then played again at
-//      their speed. Beyond those fractions, where calibrate measured them: each collective waits
-//      cpu_collective_wait_N_ranks_s more for the ranks arriving apart (taking turns on the
-//      cores); a pass whose bytes fit in a rank's share of the cache takes the in-cache fraction;
-//      a GEMM whose bytes exceed the cache (a language model head) its own efficiency.
+//      their speed. Beyond those fractions, where calibrate measured them: the compute takes
+//      cpu_meeting_fraction_N_ranks longer, what ranks arriving apart at the collectives (taking
+//      turns on the cores) wait for a share of the compute before each meeting; a pass whose bytes
+//      fit in a rank's share of the cache takes the in-cache fraction; a GEMM whose bytes exceed
+//      the cache (a language model head) its own efficiency.
 // -offload's host rows run on the profile's host (AdamW at its FLOP/s and memory bandwidth, the
 // copies over its PCIe link); a CPU is its own host.
 // What it leaves out, as the rows do: launch latency, the host's own work inside a step, the tail
 // of a grid that does not fill the device, and collectives' contention with compute for the
 // memory system; on a CPU, a GEMM's rate beyond its three classes (small and large by FLOPs, and
-// beyond the cache by bytes), and how the wait for ranks arriving apart changes with the compute
-// between two collectives (calibrate measures it after a few milliseconds of GEMM).
+// beyond the cache by bytes), and whether the wait for ranks arriving apart stays a fraction of
+// the compute between two collectives when that compute is far shorter or longer than the few
+// milliseconds of GEMM calibrate measures it after.
 #ifndef LLMC_STEP_TIME_H
 #define LLMC_STEP_TIME_H
 
@@ -117,14 +119,18 @@ static inline double time_cpu_share_slowdown(const DeviceProfile* p, double n, i
     return n / throughput;
 }
 
-// The seconds each collective waits beyond its own time while n ranks sharing a CPU compute and
-// then meet in it: they arrive apart (taking turns on the cores), and calibrate measured it at
-// n = 2, 4, 8 (cpu_collective_wait_N_ranks_s); 0 at one rank, straight between the measured
-// counts, flat past the last. 0 on a GPU, or where the profile has none measured
-static inline double time_collective_wait(const DeviceProfile* p, double n) {
+// The share of their compute that n ranks sharing a CPU lose meeting in collectives: they arrive
+// apart (taking turns on the cores), and the first ones wait for the last. Every compute row is
+// followed, sooner or later, by a meeting (a collective, a pipeline's message, the next step's),
+// and what ranks arriving apart wait is a share of what was computed since the last one, so the
+// loss is a fraction of the compute, not a constant a call (a tp layout meets dozens of times a
+// step, each after a fraction of a millisecond). Calibrate measured it at n = 2, 4, 8
+// (cpu_meeting_fraction_N_ranks); 0 at one rank, straight between the measured counts, flat past
+// the last. 0 on a GPU, or where the profile has none measured
+static inline double time_meeting_fraction(const DeviceProfile* p, double n) {
     if (p->kind != DEVICE_CPU || n <= 1.0) return 0.0;
     double at[4] = {1.0, 2.0, 4.0, 8.0};
-    double w[4] = {0.0, p->cpu_collective_wait_2_ranks_s, p->cpu_collective_wait_4_ranks_s, p->cpu_collective_wait_8_ranks_s};
+    double w[4] = {0.0, p->cpu_meeting_fraction_2_ranks, p->cpu_meeting_fraction_4_ranks, p->cpu_meeting_fraction_8_ranks};
     int last = 0;
     while (last < 3 && w[last + 1] > 0.0) last++;
     for (int i = 0; i < last; i++) {
@@ -135,22 +141,23 @@ static inline double time_collective_wait(const DeviceProfile* p, double n) {
 
 // the slowdowns of a step's work while n ranks compute at once: GEMMs and attention, the
 // memory-bound passes beyond the cache and within it (a pass within it: its bytes at most
-// cache_bytes, the cache's share of each of the n ranks; 0 where the profile has no cache), and
-// each collective's wait for the ranks arriving apart (on a GPU 1, 1, 1, 0 and 0)
+// cache_bytes, the cache's share of each of the n ranks; 0 where the profile has no cache), each
+// also by the share lost meeting (time_meeting_fraction; on a GPU 1, 1, 1 and 0)
 typedef struct {
-    double compute, memory, memory_cached, cache_bytes, wait;
+    double compute, memory, memory_cached, cache_bytes;
 } TimeShare;
 
 static inline TimeShare time_share_at(const DeviceProfile* p, double n) {
-    TimeShare s = {time_cpu_share_slowdown(p, n, 0), time_cpu_share_slowdown(p, n, 1), time_cpu_share_slowdown(p, n, 2),
-                   0.0, time_collective_wait(p, n)};
+    double meeting = 1.0 + time_meeting_fraction(p, n);
+    TimeShare s = {time_cpu_share_slowdown(p, n, 0) * meeting, time_cpu_share_slowdown(p, n, 1) * meeting,
+                   time_cpu_share_slowdown(p, n, 2) * meeting, 0.0};
     if (p->kind == DEVICE_CPU && p->cpu_cache_bytes > 0.0) s.cache_bytes = p->cpu_cache_bytes / (n > 1.0 ? n : 1.0);
     return s;
 }
 
 // a lone rank's: nothing shared
 static inline TimeShare time_share_lone(void) {
-    TimeShare s = {1.0, 1.0, 1.0, 0.0, 0.0};
+    TimeShare s = {1.0, 1.0, 1.0, 0.0};
     return s;
 }
 
@@ -477,13 +484,6 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
         if (r->engine != STEP_LINK) continue;
         TimeShare share = r->phase == STEP_PHASE_STEP ? once : during;
         LinkSeconds l = time_link_split(p, r, g, rank, gpus_per_node, share);
-        // (ranks sharing a CPU reach a collective apart: each call waits share.wait more, spent on
-        // the links it waits on; a pipeline's message is waited for in the play, a copy to the
-        // host waits for no one)
-        if (share.wait > 0.0 && r->ranks > 1 && strcmp(r->comm, "pp") != 0 && strcmp(r->comm, "pcie") != 0) {
-            if (!(l.seconds > 0.0)) l.on[0] = 1.0;  // (a call of no bytes: its wait on the host's own link)
-            l.seconds += share.wait;
-        }
         for (int c = 0; c < TIME_LINKS; c++) on[i][c] = l.on[c];
         if (strcmp(r->comm, "pp") == 0) {  // (a message: the pipeline's, time_play counts what it exposes)
             st.sends += l.seconds * r->calls;

@@ -259,7 +259,7 @@ def device_profile_sharing_fields_refused_missing_or_out_of_range():
     d = fresh_dir("profile_sharing_fields")
     with open("dev/profiles/cpu-this-machine.txt") as f:
         base = [l.rstrip("\n") for l in f if not l.startswith("#") and l.split()[0] not in (
-            "cpu_collective_wait_2_ranks_s", "cpu_collective_wait_4_ranks_s", "cpu_collective_wait_8_ranks_s",
+            "cpu_meeting_fraction_2_ranks", "cpu_meeting_fraction_4_ranks", "cpu_meeting_fraction_8_ranks",
             "cpu_cache_bytes", "efficiency_matmul_beyond_cache", "cpu_memory_cached_fraction_2_ranks",
             "cpu_memory_cached_fraction_4_ranks", "cpu_memory_cached_fraction_8_ranks")]
     trio = ["cpu_cache_bytes 33554432", "efficiency_matmul_beyond_cache 0.8", "cpu_memory_cached_fraction_2_ranks 0.9"]
@@ -272,9 +272,9 @@ def device_profile_sharing_fields_refused_missing_or_out_of_range():
         return path, code, out
 
     path, code, out = check("older", [])
-    assert code == 0 and "cpu_cache_bytes" not in out and "cpu_collective_wait" not in out, out
-    path, code, out = check("all", trio + ["cpu_collective_wait_2_ranks_s 1e-3", "cpu_memory_cached_fraction_8_ranks 0.2"])
-    assert code == 0 and "cpu_collective_wait_2_ranks_s 0.001" in out and "cpu_cache_bytes 33554432" in out, out
+    assert code == 0 and "cpu_cache_bytes" not in out and "cpu_meeting_fraction" not in out, out
+    path, code, out = check("all", trio + ["cpu_meeting_fraction_2_ranks 1e-3", "cpu_memory_cached_fraction_8_ranks 0.2"])
+    assert code == 0 and "cpu_meeting_fraction_2_ranks 0.001" in out and "cpu_cache_bytes 33554432" in out, out
     for k, field in enumerate(trio):
         given = [t for t in trio if t != field]
         path, code, out = check("without %d" % k, given)
@@ -289,8 +289,8 @@ def device_profile_sharing_fields_refused_missing_or_out_of_range():
         f.write("\n".join(rs_base + ["reducescatter_4_ranks_latency_s 2e-5"]) + "\n")
     code, out = calibrate_cli("-check", path)
     assert code == 1 and "reducescatter_4_ranks_latency_s without reducescatter_4_ranks_bandwidth_bytes_per_s" in out, out
-    for field, value, allowed in (("cpu_collective_wait_4_ranks_s", "2", "[0, 1]"),
-                                  ("cpu_collective_wait_8_ranks_s", "-1e-3", "[0, 1]"),
+    for field, value, allowed in (("cpu_meeting_fraction_4_ranks", "2", "[0, 1]"),
+                                  ("cpu_meeting_fraction_8_ranks", "-1e-3", "[0, 1]"),
                                   ("cpu_cache_bytes", "1e300", "[10000, 1e+12]"),
                                   ("efficiency_matmul_beyond_cache", "1.5", "[0.001, 1]"),
                                   ("cpu_memory_cached_fraction_2_ranks", "0", "[0.001, 1]"),
@@ -409,7 +409,7 @@ def calibrate_two_ranks_writes_a_profile_that_reads_back():
     if caches:
         assert v["cpu_cache_bytes"] == max(caches), (v["cpu_cache_bytes"], caches)
     assert 0 < v["efficiency_matmul_beyond_cache"] <= 1 and 0 < v["cpu_memory_cached_fraction_2_ranks"] <= 1, text
-    assert 0 <= v.get("cpu_collective_wait_2_ranks_s", 0.0) < 1, text
+    assert 0 <= v.get("cpu_meeting_fraction_2_ranks", 0.0) <= 1, text
     assert "beyond the cache" in out and "each collective waits" in out, out[-3000:]
     # one rank: no link to measure
     lone = os.path.join(d, "lone.txt")

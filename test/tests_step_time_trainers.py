@@ -123,11 +123,8 @@ def planner_maxvio_prices_the_all_to_all_at_the_busiest_rank():
     alpha, beta = 2e-6, 1e9
     profile = os.path.join(d, "link.txt")
     with open(CPU_PROFILE) as f:
-        # (and without calibrate's wait for ranks reaching a collective apart, which the hand-worked
-        # figure leaves out)
         lines = [l for l in f if not l.split(" ")[0] in ("intra_node_latency_s", "intra_node_bandwidth_bytes_per_s",
-                                                          "efficiency_link", "cpu_collective_wait_2_ranks_s",
-                                                          "cpu_collective_wait_4_ranks_s", "cpu_collective_wait_8_ranks_s")]
+                                                          "efficiency_link")]
     with open(profile, "w") as f:
         f.write("".join(lines) + "intra_node_latency_s %g\nintra_node_bandwidth_bytes_per_s %g\nefficiency_link 1\n" % (alpha, beta))
     L, C, NH, E, k, ep, B, T = 2, 64, 4, 8, 2, 2, 4, 32

@@ -19,7 +19,7 @@
 //   - a copy in memory (memcpy), the CPU's "PCIe" to itself under -offload;
 //   - what sharing the host does beyond that, which the sweeps showed the model missing: the
 //     wait each collective adds when N ranks compute a fixed amount and then meet in it (they
-//     arrive apart, taking turns on the cores), the triad's shared fraction again on arrays that
+//     arrive apart, taking turns on the cores), as a fraction of that compute, the triad's shared fraction again on arrays that
 //     fit in the last-level cache (the step's passes at d4 do), and the GEMM rate of a language
 //     model head's shape, few tokens against a weight larger than the cache (d4's: 128 x 256
 //     times 256 x 50304), which runs below both size classes.
@@ -39,7 +39,7 @@
 // -threads: the OpenMP threads the measured rank computes with (default 1, as the tests and
 // sweeps run each rank); the profile records it and the host's cores (cpu_threads, cpu_cores), so
 // that a model of R ranks of t threads on this host can tell when they share cores.
-// It takes about 20 seconds on an idle 2-core machine at 2 ranks and about a minute at 8 (longer when
+// It takes about half a minute on an idle 2-core machine at 2 ranks and a minute and a half at 8 (longer when
 // other work shares the cores).
 #include <math.h>
 #include <mpi.h>
@@ -425,6 +425,7 @@ static void share_cached_triads(ShareWork* k) {
 // CPU sweeps' shapes), then, in share_compute_and_meet, an all-reduce of SPREAD_BYTES
 #define SPREAD_ROUNDS 16
 #define SPREAD_BYTES 4096
+#define SPREAD_PAIRS 7  // (the compute alone and with its meetings, in turn, each the median of this many)
 static void share_compute(ShareWork* k) {
     for (int r = 0; r < SPREAD_ROUNDS; r++) matmul_forward(k->out[0], k->inp[0], k->w[0], NULL, 64, 768, 3072);
 }
@@ -451,6 +452,37 @@ static double together_seconds(MPI_Comm comm, void (*work)(ShareWork*), ShareWor
         best = fmin(best, last);
     }
     return best;
+}
+
+// The fraction of a lone rank's rate each of comm's ranks reaches running `work` all at once: rank
+// 0's time alone (the others waiting quietly) over theirs together, the two taken in turn
+// SHARE_PAIRS times and the median of the ratios, on rank 0 (this VM's rate drifts by as much as
+// the fractions differ between two measurements minutes apart); *together_s their median time
+#define SHARE_PAIRS 3
+static double median_of(double* x, int n);
+static double shared_fraction(MPI_Comm comm, void (*work)(ShareWork*), ShareWork* k, double* together_s) {
+    int rank;
+    MPI_Comm_rank(comm, &rank);
+    double ratio[SHARE_PAIRS], together[SHARE_PAIRS];
+    for (int i = 0; i < SHARE_PAIRS; i++) {
+        double lone = rank == 0 ? together_seconds(MPI_COMM_SELF, work, k) : 0.0;
+        quiet_barrier(comm);
+        together[i] = together_seconds(comm, work, k);
+        ratio[i] = lone / together[i];
+    }
+    *together_s = median_of(together, SHARE_PAIRS);
+    return median_of(ratio, SHARE_PAIRS);
+}
+
+// the median of n numbers (n odd), sorted in place
+static double median_of(double* x, int n) {
+    for (int i = 1; i < n; i++) {
+        for (int j = i; j > 0 && x[j] < x[j - 1]; j--) {
+            double t = x[j];
+            x[j] = x[j - 1], x[j - 1] = t;
+        }
+    }
+    return x[n / 2];
 }
 
 // The cores a waiting rank takes: `computing` ranks (the cores) run the GEMMs while as many more wait
@@ -716,18 +748,32 @@ int main(int argc, char** argv) {
     k.reduced = (float*)calloc_check(SPREAD_BYTES / 4, sizeof(float));
     share_gemms(&k), share_triads(&k), share_cached_triads(&k);  // (warm: pages touched, caches filled)
     double gemm_s[4] = {0}, triad_s[4] = {0};
+    double gemm_fraction[4] = {1, 0, 0, 0}, memory_fraction[4] = {1, 0, 0, 0}, cached_fraction[4] = {1, 0, 0, 0};
     double cached_s[4] = {0}, compute_s[4] = {0}, meet_s[4] = {0}, spread_ar_s[4] = {0};
     for (int c = 0; c < 4 && counts[c] <= size; c++) {
         MPI_Comm some;
         MPI_Comm_split(MPI_COMM_WORLD, rank < counts[c] ? 0 : MPI_UNDEFINED, rank, &some);
         if (rank < counts[c]) {
-            gemm_s[c] = together_seconds(some, share_gemms, &k);
-            triad_s[c] = together_seconds(some, share_triads, &k);
-            cached_s[c] = together_seconds(some, share_cached_triads, &k);
+            if (counts[c] == 1) {  // (a lone rank's times, printed; its fractions are 1)
+                gemm_s[c] = together_seconds(some, share_gemms, &k);
+                triad_s[c] = together_seconds(some, share_triads, &k);
+                cached_s[c] = together_seconds(some, share_cached_triads, &k);
+            } else {
+                gemm_fraction[c] = shared_fraction(some, share_gemms, &k, &gemm_s[c]);
+                memory_fraction[c] = shared_fraction(some, share_triads, &k, &triad_s[c]);
+                cached_fraction[c] = shared_fraction(some, share_cached_triads, &k, &cached_s[c]);
+            }
             if (counts[c] >= 2) {  // the arrival spread: compute then meet, against the compute alone
                 spread_comm = some;
-                compute_s[c] = together_seconds(some, share_compute, &k);
-                meet_s[c] = together_seconds(some, share_compute_and_meet, &k);
+                // (the two taken in turn, SPREAD_PAIRS times each, and each the median: the wait is
+                // their difference, a few percent of either, and a drift of the machine between two
+                // single measurements was as large as it)
+                double alone[SPREAD_PAIRS], meeting[SPREAD_PAIRS];
+                for (int i = 0; i < SPREAD_PAIRS; i++) {
+                    alone[i] = together_seconds(some, share_compute, &k);
+                    meeting[i] = together_seconds(some, share_compute_and_meet, &k);
+                }
+                compute_s[c] = median_of(alone, SPREAD_PAIRS), meet_s[c] = median_of(meeting, SPREAD_PAIRS);
                 spread_ar_s[c] = time_collective(TIMED_ALL_REDUCE, k.reduced, NULL, SPREAD_BYTES, some);
             }
             if (counts[c] >= 4) {
@@ -742,19 +788,24 @@ int main(int argc, char** argv) {
         quiet_barrier(MPI_COMM_WORLD);
     }
     // the waiting ranks' share: the cores computing beside as many waiting (when there are enough ranks)
-    double alone_s = 0.0, beside_s = 0.0;
+    // (the two in turn, SHARE_PAIRS times, the median ratio on rank 0, as shared_fraction's)
+    double alone_s = 0.0, beside_s = 0.0, beside_ratio = 0.0;
     int waiting = 2 * cores <= size;
     if (waiting) {
         MPI_Comm some, workers;
         MPI_Comm_split(MPI_COMM_WORLD, rank < 2 * cores ? 0 : MPI_UNDEFINED, rank, &some);
         if (rank < 2 * cores) {
             MPI_Comm_split(some, rank < cores ? 0 : MPI_UNDEFINED, rank, &workers);
-            if (rank < cores) {
-                alone_s = together_seconds(workers, share_gemms, &k);
-                MPI_Comm_free(&workers);
+            double alone[SHARE_PAIRS], beside[SHARE_PAIRS], ratio[SHARE_PAIRS];
+            for (int i = 0; i < SHARE_PAIRS; i++) {
+                alone[i] = rank < cores ? together_seconds(workers, share_gemms, &k) : 0.0;
+                quiet_barrier(some);
+                beside[i] = beside_waiting_seconds(some, cores, &k);
+                ratio[i] = alone[i] > 0.0 ? beside[i] / alone[i] : 0.0;
             }
-            quiet_barrier(some);
-            beside_s = beside_waiting_seconds(some, cores, &k);
+            if (rank < cores) MPI_Comm_free(&workers);
+            alone_s = median_of(alone, SHARE_PAIRS), beside_s = median_of(beside, SHARE_PAIRS);
+            beside_ratio = median_of(ratio, SHARE_PAIRS);
             MPI_Comm_free(&some);
         }
         quiet_barrier(MPI_COMM_WORLD);
@@ -767,25 +818,28 @@ int main(int argc, char** argv) {
         MPI_Finalize();
         return 0;
     }
-    double gemm_fraction[4] = {1, 0, 0, 0}, memory_fraction[4] = {1, 0, 0, 0}, cached_fraction[4] = {1, 0, 0, 0};
-    double spread_wait[4] = {0, 0, 0, 0};
+    double meeting_fraction[4] = {0, 0, 0, 0};
     printf("ranks sharing this host (%d cores; each rank: d12's fc and fcproj GEMMs, %.1f GFLOP, and 4 triads over 3 x 64 MB;\n"
-           "the time until the last rank is done, the better of 2 rounds; the fraction of a lone rank's rate each reaches):\n",
+           "the time until the last rank is done, the better of 2 rounds; the fraction of a lone rank's rate each reaches:\n"
+           "a lone rank's time over theirs, taken in turn 3 times, the median ratio):\n",
            cores, 2 * 2 * 3 * 2.0 * 512 * 768 * 3072 / 1e9);
     for (int c = 0; c < 4 && counts[c] <= size; c++) {
-        gemm_fraction[c] = fmin(1.0, gemm_s[0] / gemm_s[c]);
-        memory_fraction[c] = fmin(1.0, triad_s[0] / triad_s[c]);
-        cached_fraction[c] = fmin(1.0, cached_s[0] / cached_s[c]);
         printf("  %d rank%s at once: GEMMs %.3f s, %.2f of a lone rank's rate; triads %.3f s, %.2f of its bandwidth; in the\n"
                "    cache (3 x %.0f KB a rank) %.3f s, %.2f\n", counts[c], counts[c] == 1 ? "" : "s", gemm_s[c],
-               gemm_s[0] / gemm_s[c], triad_s[c], triad_s[0] / triad_s[c], k.cached_n * 4.0 / 1024.0, cached_s[c],
-               cached_s[0] / cached_s[c]);
+               gemm_fraction[c], triad_s[c], memory_fraction[c], k.cached_n * 4.0 / 1024.0, cached_s[c], cached_fraction[c]);
+        gemm_fraction[c] = fmin(1.0, gemm_fraction[c]);
+        memory_fraction[c] = fmin(1.0, memory_fraction[c]);
+        cached_fraction[c] = fmin(1.0, cached_fraction[c]);
         if (counts[c] >= 2) {  // (what meeting costs beyond the compute and the all-reduce themselves)
-            spread_wait[c] = fmax(0.0, (meet_s[c] - compute_s[c]) / SPREAD_ROUNDS - spread_ar_s[c]);
+            // (the wait a round over the compute a round: ranks arriving apart wait for a share of
+            // what the others still compute, so the model takes it as a fraction of the compute)
+            double wait_s = fmax(0.0, (meet_s[c] - compute_s[c]) / SPREAD_ROUNDS - spread_ar_s[c]);
+            meeting_fraction[c] = fmin(1.0, wait_s / (compute_s[c] / SPREAD_ROUNDS));
             printf("    %d x (fc forward at 64 tokens, then an all-reduce of %d bytes): %.2f ms a round, the compute alone\n"
-                   "    %.2f, the all-reduce alone %.3f: each collective waits %.3f ms for the ranks arriving apart\n",
+                   "    %.2f, the all-reduce alone %.3f: each collective waits %.3f ms for the ranks arriving apart,\n"
+                   "    %.1f%% of the compute before it (the median of %d of each, taken in turn)\n",
                    SPREAD_ROUNDS, SPREAD_BYTES, meet_s[c] / SPREAD_ROUNDS * 1e3, compute_s[c] / SPREAD_ROUNDS * 1e3,
-                   spread_ar_s[c] * 1e3, spread_wait[c] * 1e3);
+                   spread_ar_s[c] * 1e3, wait_s * 1e3, meeting_fraction[c] * 100.0, SPREAD_PAIRS);
         }
         if (counts[c] >= 4) {
             // (alpha's floor: the quickest of the sizes below the fit's, rather than the 8-byte one's
@@ -811,9 +865,10 @@ int main(int argc, char** argv) {
     }
     double wait_slowdown = 0.0;
     if (waiting) {
-        wait_slowdown = fmin(2.0, fmax(1.0, beside_s / alone_s));
-        printf("  %d ranks computing: %.3f s alone, %.3f s beside %d ranks waiting in MPI_Recv: %.2f times%s\n", cores, alone_s,
-               beside_s, cores, beside_s / alone_s, beside_s / alone_s != wait_slowdown ? " (written within [1, 2])" : "");
+        wait_slowdown = fmin(2.0, fmax(1.0, beside_ratio));
+        printf("  %d ranks computing: %.3f s alone, %.3f s beside %d ranks waiting in MPI_Recv (medians of %d in turn): %.2f\n"
+               "  times%s\n", cores, alone_s, beside_s, cores, SHARE_PAIRS, beside_ratio,
+               beside_ratio != wait_slowdown ? " (written within [1, 2])" : "");
     }
 
     // 4. the profile
@@ -881,11 +936,11 @@ int main(int argc, char** argv) {
         *gather_fields[c][0] = coll_alpha[TIMED_ALL_GATHER][c], *gather_fields[c][1] = coll_beta[TIMED_ALL_GATHER][c];
         *gather_fields[c][2] = coll_beyond[TIMED_ALL_GATHER][c];
     }
-    double* wait_fields[4] = {NULL, &p.cpu_collective_wait_2_ranks_s, &p.cpu_collective_wait_4_ranks_s,
-                              &p.cpu_collective_wait_8_ranks_s};
+    double* meeting_fields[4] = {NULL, &p.cpu_meeting_fraction_2_ranks, &p.cpu_meeting_fraction_4_ranks,
+                                 &p.cpu_meeting_fraction_8_ranks};
     double* cached_fields[4] = {NULL, &p.cpu_memory_cached_fraction_2_ranks, &p.cpu_memory_cached_fraction_4_ranks,
                                 &p.cpu_memory_cached_fraction_8_ranks};
-    for (int c = 1; c < 4 && counts[c] <= size; c++) *wait_fields[c] = fmin(1.0, spread_wait[c]), *cached_fields[c] = cached_fraction[c];
+    for (int c = 1; c < 4 && counts[c] <= size; c++) *meeting_fields[c] = meeting_fraction[c], *cached_fields[c] = cached_fraction[c];
     p.cpu_cache_bytes = cache_bytes;
     p.efficiency_matmul_beyond_cache = fmin(1.0, wide_eff);
 
@@ -917,8 +972,8 @@ int main(int argc, char** argv) {
             "#     fractions cpu_*_fraction_N_ranks of a lone rank's GEMM rate and triad bandwidth; the collectives\n"
             "#     over 4 and 8 ranks (the median of 4 rounds, fit as above); cpu_wait_slowdown: %d ranks'\n"
             "#     GEMMs beside as many ranks waiting in MPI_Recv over the same GEMMs alone.\n"
-            "#   beyond that: cpu_collective_wait_N_ranks_s, N ranks %d times computing d12's fc forward at 64 tokens\n"
-            "#     then an all-reduce of %d bytes, less the compute alone and the all-reduce alone, a collective;\n"
+            "#   beyond that: cpu_meeting_fraction_N_ranks, N ranks %d times computing d12's fc forward at 64 tokens\n"
+            "#     then an all-reduce of %d bytes, less the compute alone and the all-reduce alone, over the compute;\n"
             "#     cpu_memory_cached_fraction_N_ranks, the triad's fractions on arrays of 8 ranks in half the\n"
             "#     cache (cpu_cache_bytes, sysfs's); efficiency_matmul_beyond_cache, the LM head of d4 (128 x 256\n"
             "#     times 256 x 50304, %.0f MB a product) at %.1f GFLOP/s, its bytes' time out, over the peak.\n",
