@@ -339,56 +339,64 @@ static inline int time_shared_ring_step(const double* alpha, const double* beta,
     return 1;
 }
 
+// One measured collective of a CPU profile (its 2-, 4- and 8-rank latency, bandwidth and bandwidth
+// past the knee, pointed at in q, a copy of the profile) as `world` ranks sharing the host see
+// it: its step at `world` (time_shared_ring_step, *step) written back as the 2-rank figures
+// comm_time.h reads (a ring over 2 ranks is passes steps of n / 2, so alpha = passes a and beta =
+// 2 / (passes b), the same past the knee where one was measured). 0, q unchanged: not measured
+static inline int time_share_collective(double* const latency[3], double* const bandwidth[3], double* const beyond[3],
+                                        int passes, int world, SharedRingStep* step) {
+    double alpha[3], beta[3], past[3];
+    int any_beyond = 0;
+    for (int i = 0; i < 3; i++) {
+        alpha[i] = *latency[i], beta[i] = *bandwidth[i], past[i] = *beyond[i];
+        any_beyond |= past[i] > 0.0;
+    }
+    if (!time_shared_ring_step(alpha, beta, past, passes, world, step)) return 0;
+    *latency[0] = passes * step->alpha, *bandwidth[0] = 2.0 / (passes * step->byte);
+    if (any_beyond) *beyond[0] = 2.0 / (passes * step->byte_beyond);
+    return 1;
+}
+
 // The links of a CPU's ranks when `world` of them share the host: every all-reduce, reduce-scatter
-// and all-gather step as a step of the same collective measured over that many ranks
-// (time_shared_ring_step), written back as the 2-rank figures comm_time.h reads (a ring over 2
-// ranks: passes steps of n / 2, so alpha = passes a, beta = 2 / (passes b), and the same for the
-// bandwidth past the knee where one was measured); every message's link scaled by as much as the
-// all-reduce's step changed from 2 ranks' to these. Unchanged on a GPU, at 2 ranks or fewer, or
-// where the profile has no such collective measured.
+// and all-gather as the same collective measured over that many ranks (time_share_collective);
+// every message's link scaled by as much as the all-reduce's step changed from 2 ranks' (alpha / 2
+// and 1 / beta: 2 steps of n / 2) to these. Unchanged on a GPU, at 2 ranks or fewer, or where the
+// profile has no such collective measured.
 static inline DeviceProfile time_links_shared(const DeviceProfile* p, int world) {
     DeviceProfile q = *p;
     if (p->kind != DEVICE_CPU || world <= 2) return q;
-    SharedRingStep at, two;
-    double alpha[3] = {p->intra_node_allreduce_latency_s, p->allreduce_4_ranks_latency_s, p->allreduce_8_ranks_latency_s};
-    double beta[3] = {p->intra_node_allreduce_bandwidth_bytes_per_s, p->allreduce_4_ranks_bandwidth_bytes_per_s,
-                      p->allreduce_8_ranks_bandwidth_bytes_per_s};
-    double beyond[3] = {p->intra_node_allreduce_bandwidth_beyond_2mb_bytes_per_s,
-                        p->allreduce_4_ranks_bandwidth_beyond_2mb_bytes_per_s,
-                        p->allreduce_8_ranks_bandwidth_beyond_2mb_bytes_per_s};
-    int any_beyond = beyond[0] > 0.0 || beyond[1] > 0.0 || beyond[2] > 0.0;
-    if (time_shared_ring_step(alpha, beta, beyond, 2, world, &at) && time_shared_ring_step(alpha, beta, beyond, 2, 2, &two)) {
-        q.intra_node_allreduce_latency_s = 2.0 * at.alpha, q.intra_node_allreduce_bandwidth_bytes_per_s = 1.0 / at.byte;
-        if (any_beyond) q.intra_node_allreduce_bandwidth_beyond_2mb_bytes_per_s = 1.0 / at.byte_beyond;
-        double latency_ratio = at.alpha / two.alpha, byte_ratio = at.byte / two.byte;
+    SharedRingStep at;
+    double* const ar_latency[3] = {&q.intra_node_allreduce_latency_s, &q.allreduce_4_ranks_latency_s,
+                                   &q.allreduce_8_ranks_latency_s};
+    double* const ar_bandwidth[3] = {&q.intra_node_allreduce_bandwidth_bytes_per_s,
+                                     &q.allreduce_4_ranks_bandwidth_bytes_per_s, &q.allreduce_8_ranks_bandwidth_bytes_per_s};
+    double* const ar_beyond[3] = {&q.intra_node_allreduce_bandwidth_beyond_2mb_bytes_per_s,
+                                  &q.allreduce_4_ranks_bandwidth_beyond_2mb_bytes_per_s,
+                                  &q.allreduce_8_ranks_bandwidth_beyond_2mb_bytes_per_s};
+    if (time_share_collective(ar_latency, ar_bandwidth, ar_beyond, 2, world, &at)) {
+        double latency_ratio = at.alpha / (p->intra_node_allreduce_latency_s / 2.0);
+        double byte_ratio = at.byte * p->intra_node_allreduce_bandwidth_bytes_per_s;
         q.intra_node_latency_s *= latency_ratio, q.inter_node_latency_s *= latency_ratio;
         q.intra_node_bandwidth_bytes_per_s /= byte_ratio, q.inter_node_bandwidth_bytes_per_s /= byte_ratio;
     }
-    double rs_alpha[3] = {p->reducescatter_2_ranks_latency_s, p->reducescatter_4_ranks_latency_s,
-                          p->reducescatter_8_ranks_latency_s};
-    double rs_beta[3] = {p->reducescatter_2_ranks_bandwidth_bytes_per_s, p->reducescatter_4_ranks_bandwidth_bytes_per_s,
-                         p->reducescatter_8_ranks_bandwidth_bytes_per_s};
-    double rs_beyond[3] = {p->reducescatter_2_ranks_bandwidth_beyond_2mb_bytes_per_s,
-                           p->reducescatter_4_ranks_bandwidth_beyond_2mb_bytes_per_s,
-                           p->reducescatter_8_ranks_bandwidth_beyond_2mb_bytes_per_s};
-    if (time_shared_ring_step(rs_alpha, rs_beta, rs_beyond, 1, world, &at)) {
-        q.reducescatter_2_ranks_latency_s = at.alpha, q.reducescatter_2_ranks_bandwidth_bytes_per_s = 2.0 / at.byte;
-        if (rs_beyond[0] > 0.0 || rs_beyond[1] > 0.0 || rs_beyond[2] > 0.0) {
-            q.reducescatter_2_ranks_bandwidth_beyond_2mb_bytes_per_s = 2.0 / at.byte_beyond;
-        }
-    }
-    double ag_alpha[3] = {p->allgather_2_ranks_latency_s, p->allgather_4_ranks_latency_s, p->allgather_8_ranks_latency_s};
-    double ag_beta[3] = {p->allgather_2_ranks_bandwidth_bytes_per_s, p->allgather_4_ranks_bandwidth_bytes_per_s,
-                         p->allgather_8_ranks_bandwidth_bytes_per_s};
-    double ag_beyond[3] = {p->allgather_2_ranks_bandwidth_beyond_2mb_bytes_per_s,
-                           p->allgather_4_ranks_bandwidth_beyond_2mb_bytes_per_s,
-                           p->allgather_8_ranks_bandwidth_beyond_2mb_bytes_per_s};
-    if (time_shared_ring_step(ag_alpha, ag_beta, ag_beyond, 1, world, &at)) {
-        q.allgather_2_ranks_latency_s = at.alpha, q.allgather_2_ranks_bandwidth_bytes_per_s = 2.0 / at.byte;
-        if (ag_beyond[0] > 0.0 || ag_beyond[1] > 0.0 || ag_beyond[2] > 0.0) {
-            q.allgather_2_ranks_bandwidth_beyond_2mb_bytes_per_s = 2.0 / at.byte_beyond;
-        }
-    }
+    double* const rs_latency[3] = {&q.reducescatter_2_ranks_latency_s, &q.reducescatter_4_ranks_latency_s,
+                                   &q.reducescatter_8_ranks_latency_s};
+    double* const rs_bandwidth[3] = {&q.reducescatter_2_ranks_bandwidth_bytes_per_s,
+                                     &q.reducescatter_4_ranks_bandwidth_bytes_per_s,
+                                     &q.reducescatter_8_ranks_bandwidth_bytes_per_s};
+    double* const rs_beyond[3] = {&q.reducescatter_2_ranks_bandwidth_beyond_2mb_bytes_per_s,
+                                  &q.reducescatter_4_ranks_bandwidth_beyond_2mb_bytes_per_s,
+                                  &q.reducescatter_8_ranks_bandwidth_beyond_2mb_bytes_per_s};
+    time_share_collective(rs_latency, rs_bandwidth, rs_beyond, 1, world, &at);
+    double* const ag_latency[3] = {&q.allgather_2_ranks_latency_s, &q.allgather_4_ranks_latency_s,
+                                   &q.allgather_8_ranks_latency_s};
+    double* const ag_bandwidth[3] = {&q.allgather_2_ranks_bandwidth_bytes_per_s,
+                                     &q.allgather_4_ranks_bandwidth_bytes_per_s, &q.allgather_8_ranks_bandwidth_bytes_per_s};
+    double* const ag_beyond[3] = {&q.allgather_2_ranks_bandwidth_beyond_2mb_bytes_per_s,
+                                  &q.allgather_4_ranks_bandwidth_beyond_2mb_bytes_per_s,
+                                  &q.allgather_8_ranks_bandwidth_beyond_2mb_bytes_per_s};
+    time_share_collective(ag_latency, ag_bandwidth, ag_beyond, 1, world, &at);
     return q;
 }
 
