@@ -892,9 +892,6 @@ int main(int argc, char** argv) {
     p.intra_node_bandwidth_bytes_per_s = p.inter_node_bandwidth_bytes_per_s = msg_beta;
     p.gpus_per_node = 1024;
     p.efficiency_link = 1.0;
-    p.intra_node_allreduce_latency_s = coll_alpha[TIMED_ALL_REDUCE][1];
-    p.intra_node_allreduce_bandwidth_bytes_per_s = coll_beta[TIMED_ALL_REDUCE][1];
-    p.intra_node_allreduce_bandwidth_beyond_2mb_bytes_per_s = coll_beyond[TIMED_ALL_REDUCE][1];
     p.cpu_threads = threads;
     p.cpu_cores = cores;
     // the host is the device: -offload's AdamW at the memory-bound passes' bandwidth, its copies memcpy's
@@ -907,34 +904,35 @@ int main(int argc, char** argv) {
                                 &p.cpu_memory_fraction_8_ranks};
     for (int c = 1; c < 4 && counts[c] <= size; c++) *gemm_fields[c] = gemm_fraction[c], *memory_fields[c] = memory_fraction[c];
     p.cpu_wait_slowdown = wait_slowdown;
-    p.allreduce_4_ranks_latency_s = coll_alpha[TIMED_ALL_REDUCE][2];
-    p.allreduce_4_ranks_bandwidth_bytes_per_s = coll_beta[TIMED_ALL_REDUCE][2];
-    p.allreduce_8_ranks_latency_s = coll_alpha[TIMED_ALL_REDUCE][3];
-    p.allreduce_8_ranks_bandwidth_bytes_per_s = coll_beta[TIMED_ALL_REDUCE][3];
-    p.allreduce_4_ranks_bandwidth_beyond_2mb_bytes_per_s = coll_beyond[TIMED_ALL_REDUCE][2];
-    p.allreduce_8_ranks_bandwidth_beyond_2mb_bytes_per_s = coll_beyond[TIMED_ALL_REDUCE][3];
-    // (each: latency, bandwidth, bandwidth past 2 MB)
-    double* scatter_fields[4][3] = {
-        {NULL, NULL, NULL},
-        {&p.reducescatter_2_ranks_latency_s, &p.reducescatter_2_ranks_bandwidth_bytes_per_s,
-         &p.reducescatter_2_ranks_bandwidth_beyond_2mb_bytes_per_s},
-        {&p.reducescatter_4_ranks_latency_s, &p.reducescatter_4_ranks_bandwidth_bytes_per_s,
-         &p.reducescatter_4_ranks_bandwidth_beyond_2mb_bytes_per_s},
-        {&p.reducescatter_8_ranks_latency_s, &p.reducescatter_8_ranks_bandwidth_bytes_per_s,
-         &p.reducescatter_8_ranks_bandwidth_beyond_2mb_bytes_per_s}};
-    double* gather_fields[4][3] = {
-        {NULL, NULL, NULL},
-        {&p.allgather_2_ranks_latency_s, &p.allgather_2_ranks_bandwidth_bytes_per_s,
-         &p.allgather_2_ranks_bandwidth_beyond_2mb_bytes_per_s},
-        {&p.allgather_4_ranks_latency_s, &p.allgather_4_ranks_bandwidth_bytes_per_s,
-         &p.allgather_4_ranks_bandwidth_beyond_2mb_bytes_per_s},
-        {&p.allgather_8_ranks_latency_s, &p.allgather_8_ranks_bandwidth_bytes_per_s,
-         &p.allgather_8_ranks_bandwidth_beyond_2mb_bytes_per_s}};
-    for (int c = 1; c < 4 && counts[c] <= size; c++) {
-        *scatter_fields[c][0] = coll_alpha[TIMED_REDUCE_SCATTER][c], *scatter_fields[c][1] = coll_beta[TIMED_REDUCE_SCATTER][c];
-        *scatter_fields[c][2] = coll_beyond[TIMED_REDUCE_SCATTER][c];
-        *gather_fields[c][0] = coll_alpha[TIMED_ALL_GATHER][c], *gather_fields[c][1] = coll_beta[TIMED_ALL_GATHER][c];
-        *gather_fields[c][2] = coll_beyond[TIMED_ALL_GATHER][c];
+    // the collectives over 2, 4 and 8 ranks: each its latency, bandwidth and bandwidth past 2 MB
+    // (the 2-rank all-reduce is the profile's intra_node_allreduce_*)
+    double* coll_fields[TIMED_KINDS][4][3] = {
+        {{NULL, NULL, NULL},
+         {&p.intra_node_allreduce_latency_s, &p.intra_node_allreduce_bandwidth_bytes_per_s,
+          &p.intra_node_allreduce_bandwidth_beyond_2mb_bytes_per_s},
+         {&p.allreduce_4_ranks_latency_s, &p.allreduce_4_ranks_bandwidth_bytes_per_s,
+          &p.allreduce_4_ranks_bandwidth_beyond_2mb_bytes_per_s},
+         {&p.allreduce_8_ranks_latency_s, &p.allreduce_8_ranks_bandwidth_bytes_per_s,
+          &p.allreduce_8_ranks_bandwidth_beyond_2mb_bytes_per_s}},
+        {{NULL, NULL, NULL},
+         {&p.reducescatter_2_ranks_latency_s, &p.reducescatter_2_ranks_bandwidth_bytes_per_s,
+          &p.reducescatter_2_ranks_bandwidth_beyond_2mb_bytes_per_s},
+         {&p.reducescatter_4_ranks_latency_s, &p.reducescatter_4_ranks_bandwidth_bytes_per_s,
+          &p.reducescatter_4_ranks_bandwidth_beyond_2mb_bytes_per_s},
+         {&p.reducescatter_8_ranks_latency_s, &p.reducescatter_8_ranks_bandwidth_bytes_per_s,
+          &p.reducescatter_8_ranks_bandwidth_beyond_2mb_bytes_per_s}},
+        {{NULL, NULL, NULL},
+         {&p.allgather_2_ranks_latency_s, &p.allgather_2_ranks_bandwidth_bytes_per_s,
+          &p.allgather_2_ranks_bandwidth_beyond_2mb_bytes_per_s},
+         {&p.allgather_4_ranks_latency_s, &p.allgather_4_ranks_bandwidth_bytes_per_s,
+          &p.allgather_4_ranks_bandwidth_beyond_2mb_bytes_per_s},
+         {&p.allgather_8_ranks_latency_s, &p.allgather_8_ranks_bandwidth_bytes_per_s,
+          &p.allgather_8_ranks_bandwidth_beyond_2mb_bytes_per_s}}};
+    for (int kind = 0; kind < TIMED_KINDS; kind++) {
+        for (int c = 1; c < 4 && counts[c] <= size; c++) {
+            *coll_fields[kind][c][0] = coll_alpha[kind][c], *coll_fields[kind][c][1] = coll_beta[kind][c];
+            *coll_fields[kind][c][2] = coll_beyond[kind][c];
+        }
     }
     double* meeting_fields[4] = {NULL, &p.cpu_meeting_fraction_2_ranks, &p.cpu_meeting_fraction_4_ranks,
                                  &p.cpu_meeting_fraction_8_ranks};
