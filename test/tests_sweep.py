@@ -76,6 +76,56 @@ def sweep_stats_against_hand_worked_cases():
 
 
 @test
+def sweep_repeatability_against_hand_worked_cases():
+    """the repeatability line's figures (spearman between passes, the median difference between
+    them) on numbers worked out by hand, and the report's reading of passes: a layout's spread over
+    every pass's steps after its own warm-up, and a TSV from before -repeat read as one pass"""
+    s = sweep_stats_module()
+    # four layouts, two passes (0.1, 0.2, 0.3, 0.4) and (0.2, 0.1, 0.4, 0.3): ranks (1,2,3,4)
+    # against (2,1,4,3), sum d^2 = 4, rho = 1 - 6 * 4 / (4 * 15) = 0.6; each layout's difference
+    # 0.1 over its passes' mean (two passes: their median), 0.1/0.15 twice and 0.1/0.35 twice;
+    # the median of the four, the mean of the middle two: (2/3 + 2/7) / 2 = 10/21 = 47.619%
+    r = s.repeatability([[0.1, 0.2], [0.2, 0.1], [0.3, 0.4], [0.4, 0.3]])
+    assert (r["passes"], r["n"]) == (2, 4), r
+    assert abs(r["spearman"] - 0.6) < 1e-12 and abs(r["difference"] - 1000 / 21) < 1e-9, r
+    assert s.repeatability_line(r) == (
+        "repeatability: 2 passes, spearman between passes 0.600, median difference between passes 47.6%")
+    # three passes, the third the first reversed: pairs 1-2 0.6, 1-3 -1, 2-3 (2,1,4,3) against
+    # (4,3,2,1): d = (-2,-2,2,2), sum d^2 = 16, 1 - 96/60 = -0.6; the mean (0.6 - 1 - 0.6) / 3 = -1/3.
+    # Differences over each layout's median pass: (0.1,0.2,0.4) 0.3/0.2 = 150%, (0.2,0.1,0.3) 0.2/0.2
+    # = 100%, (0.3,0.4,0.2) 0.2/0.3 = 66.7%, (0.4,0.3,0.1) 0.3/0.3 = 100%: the median 100%
+    r = s.repeatability([[0.1, 0.2, 0.4], [0.2, 0.1, 0.3], [0.3, 0.4, 0.2], [0.4, 0.3, 0.1]])
+    assert r["passes"] == 3 and abs(r["spearman"] + 1 / 3) < 1e-12 and abs(r["difference"] - 100) < 1e-9, r
+    out = fresh_dir("sweep_repeat_stats")
+    header = "index\tlayout\tmeasured_s\tpredicted_s\twarmup\tsteps_ms\tcommand"
+    # two passes, 1 warm-up each: kept 10, 12 | 14, 16 (not the 2nd pass's 200 warm-up), median of
+    # the four 13, spread (16 - 10) / 13 = 46%; pass medians 11 and 15 ms, measured their mean 13;
+    # the other layout 20 and 30 ms (25): 20 < 25 ms in both passes, spearman 1, differences
+    # 4/13 = 30.8% and 10/25 = 40%, median 35.4%
+    rows = ["1\tA\t0.013\t-\t1\t100,10,12;200,14,16\tcmd A\t0.011,0.015",
+            "2\tB\t0.025\t-\t1\t100,20,20;100,30,30\tcmd B\t0.02,0.03"]
+    new = os.path.join(out, "passes.tsv")
+    with open(new, "w") as f:
+        f.write(header + "\tpasses_s\n" + "\n".join(rows) + "\n")
+    p = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "dev", "bench", "sweep_stats.py"), "report", new],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert re.search(r"^ +1 +1 +13\.0 +46%  A$", p.stdout, re.M), p.stdout
+    assert ("repeatability: 2 passes, spearman between passes 1.000, median difference between passes 35.4%"
+            in p.stdout), p.stdout
+    # the same without passes_s (a TSV from before -repeat) and one pass's steps: no repeatability line
+    old = os.path.join(out, "one_pass.tsv")
+    with open(old, "w") as f:
+        one_pass = [r.rsplit("\t", 1)[0].replace("100,10,12;200,14,16", "100,10,16") for r in rows]
+        f.write(header + "\n" + "\n".join(one_pass) + "\n")
+    p = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "dev", "bench", "sweep_stats.py"), "report", old],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "repeatability" not in p.stdout, p.stdout + p.stderr
+    # kept 10, 16: median 13, (16 - 10) / 13 = 46% again, now within one pass
+    assert re.search(r"^ +1 +1 +13\.0 +46%  A$", p.stdout, re.M), p.stdout
+
+
+@test
 def sweep_two_layouts_with_stub_predictions_summary_recomputes():
     """two layouts at 2 ranks with a stub predictor (0.25 s for data parallelism, 0.5 s for the rest):
     each layout's median is that of its steps after the warm-up, the summary line's figures are
@@ -126,6 +176,56 @@ def sweep_two_layouts_with_stub_predictions_summary_recomputes():
 
 
 @test
+def sweep_repeat_two_passes_the_second_reversed():
+    """-repeat 2 on the two quick layouts: each runs once a pass, pass 2 in the reverse order of
+    pass 1; the saved TSV has each pass's steps and median, the layout's time their mean; the
+    repeatability line and the summary line are those worked out here from the saved times"""
+    out = fresh_dir("sweep_repeat")
+    stub = os.path.join(out, "predict.sh")
+    with open(stub, "w") as f:
+        f.write('#!/bin/sh\ncase " $* " in *" -trainer dp "*) echo 0.25 ;; *) echo 0.5 ;; esac\n')
+    os.chmod(stub, 0o755)
+    results = os.path.join(out, "results.tsv")
+    code, text, took = sweep_run(out, "-np", 2, "-filter", SWEEP_TWO, "-warmup", 1, "-steps", 2, "-repeat", 2,
+                                 "-save", results, "-figure", "none", env={"PREDICT_CMD": stub})
+    assert code == 0, text
+    progress = re.findall(r"^\[pass (\d)/2, (\d)/2\] #(\d+) ", text, re.M)
+    assert [(p, k) for p, k, _ in progress] == [("1", "1"), ("1", "2"), ("2", "1"), ("2", "2")], text
+    first = [i for p, _, i in progress if p == "1"]
+    assert [i for p, _, i in progress if p == "2"] == first[::-1] and len(set(first)) == 2, text
+    with open(results) as f:
+        header = f.readline().rstrip("\n").split("\t")
+        rows = [dict(zip(header, line.rstrip("\n").split("\t"))) for line in f]
+    assert header[-1] == "passes_s" and sorted(r["index"] for r in rows) == sorted(first), (header, rows)
+    passes, measured, predicted = [], [], []
+    for r in rows:
+        medians = [float(x) for x in r["passes_s"].split(",")]
+        assert len(medians) == 2, r
+        for run, seconds in zip(r["steps_ms"].split(";"), medians):  # each pass: 1 warm-up + 2 steps
+            steps = [float(x) for x in run.split(",")]
+            assert len(steps) == 3 and abs(seconds - (steps[1] + steps[2]) / 2e3) < 1e-6, r
+        assert abs(float(r["measured_s"]) - (medians[0] + medians[1]) / 2) < 1e-12, r  # the median of two
+        passes.append(medians)
+        measured.append(float(r["measured_s"]))
+        predicted.append(float(r["predicted_s"]))
+    m = re.search(r"^repeatability: 2 passes, spearman between passes (\S+), "
+                  r"median difference between passes ([\d.]+)%$", text, re.M)
+    assert m, text
+    # by hand: two layouts in the same order in both passes (spearman 1) or not (-1); each one's
+    # difference |pass 1 - pass 2| / their mean, and the median of two differences their mean
+    assert passes[0][0] != passes[1][0] and passes[0][1] != passes[1][1], "ties to the microsecond: no order"
+    same = (passes[0][0] < passes[1][0]) == (passes[0][1] < passes[1][1])
+    assert float(m.group(1)) == (1.0 if same else -1.0), (m.group(0), passes)
+    difference = sum(abs(a - b) / ((a + b) / 2) * 100 for a, b in passes) / 2
+    assert abs(float(m.group(2)) - difference) <= 0.05 + 1e-9, (m.group(0), passes)  # printed to 0.1%
+    summary = SWEEP_SUMMARY.search(text)
+    assert summary and summary.start() > m.start(), text  # the repeatability line comes first
+    assert summary.group(0) == sweep_stats_module().summary_line(sweep_stats_module().sweep_stats(measured, predicted))
+    assert sorted(sweep_left_behind(out)) == ["predict.sh", "results.tsv"], sweep_left_behind(out)
+    assert took < 90, "the 2-layout sweep of 2 passes took %.0f s (about 18 on an idle 2-core machine)" % took
+
+
+@test
 def sweep_without_predictions_failures_and_bad_flags():
     """a predictor that gives nothing: the measured times alone and the words "no predictions",
     no summary line and no figure; a layout that outruns -timeout is reported as failed and the
@@ -142,8 +242,17 @@ def sweep_without_predictions_failures_and_bad_flags():
     code, text, _ = sweep_run(out, "-np", 2, "-filter", one, "-warmup", 0, "-steps", 50, "-timeout", 2)
     assert code == 0, text
     assert "failed: still running after 2 s (-timeout)" in text and "(0 of 1 layouts ran)" in text, text
+    # with passes: a layout that failed in pass 1 is reported so, and not run again in pass 2
+    code, text, _ = sweep_run(out, "-np", 2, "-filter", one, "-warmup", 0, "-steps", 50, "-timeout", 2, "-repeat", 2)
+    assert code == 0 and "failed in pass 1: still running after 2 s (-timeout)" in text, text
+    assert re.search(r"^\[pass 2/2, 1/1\] #\d+ train_gpt2_dp \(2 ranks\) -r 0: skipped \(failed in pass 1\)$",
+                     text, re.M), text
+    assert "(0 of 1 layouts ran)" in text and "repeatability" not in text, text
     code, text, _ = sweep_run(out, "-np", 2, "-b", "two")
     assert code == 1 and "error: -b two: expected a positive whole number" in text, text
+    for bad in ("0", "x"):
+        code, text, _ = sweep_run(out, "-np", 2, "-repeat", bad)
+        assert code == 1 and "error: -repeat %s: expected a positive whole number" % bad in text, text
     code, text, _ = sweep_run(out, "-np", 2, "-filter", "no such layout")
     assert code == 1 and re.search(r"none of the search's \d+ layouts matches -filter 'no such layout'", text), text
     assert not sweep_left_behind(out), sweep_left_behind(out)

@@ -37,6 +37,9 @@
 #                 -r 0") matches the extended regular expression RE, before the sample
 #   -warmup W     steps left out of the median [2]
 #   -steps S      steps measured after the warm-up [4]
+#   -repeat R     measure the layouts R times, in R passes: the 1st in order, the 2nd in reverse,
+#                 the 3rd in order...; a layout's time the median of its passes' (with 2, their
+#                 mean), and a line that says how well the passes agree [1]
 #   -sched NAME   the pipeline schedule of the layouts with pp > 1 (afab, 1f1b, interleaved, zb) [1f1b]
 #   -vp V         chunks of layers a stage, with -sched interleaved [1]
 #   -predict CMD  the predictor [PREDICT_CMD, else ./dev/memory_planner -format json]
@@ -59,7 +62,14 @@
 # The default sweep (24 layouts of d4 at 4 ranks, 6 steps each, 11 to 23 s a layout with the
 # start) took 413 s, 7 minutes, on this project's 2-core machine while other work kept its load at
 # 6 to 8; its steps spread by up to 100% around their median then (the table's "spread" column):
-# on a shared machine the noise, not the model, can decide the ranking.
+# on a shared machine the noise, not the model, can decide the ranking. And the machine's speed
+# drifts in phases of minutes (one layout measured 1070 ms, then 1470 ms some twenty minutes later),
+# which one pass cannot tell from the model's error: -repeat 2 runs every layout twice, the second
+# pass in reverse order (so that a slow phase at the end of one pass falls on other layouts in the
+# next), and the report's "repeatability" line gives the spearman between the passes: how well
+# the machine repeats its own ranking, the noise ceiling to read a model's spearman against
+# (dev/bench/sweep_stats.py says more). Each pass takes as long as the runs of a sweep without
+# it; the planner and the predictor run once a layout.
 set -uo pipefail  # (not -e: a layout that fails is reported, and the sweep goes on)
 
 usage() {
@@ -71,7 +81,7 @@ fail() {
     exit 1
 }
 
-model=d4 B=2 T=64 batch="" N=4 sample=24 seed=1 all=0 filter="" warmup=2 steps=4 sched=1f1b vp=1
+model=d4 B=2 T=64 batch="" N=4 sample=24 seed=1 all=0 filter="" warmup=2 steps=4 repeat=1 sched=1f1b vp=1
 predict=${PREDICT_CMD:-} profile="" calibrate=0 figure="" save="" limit=300
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -91,6 +101,7 @@ while [ $# -gt 0 ]; do
         -filter) filter=$2 ;;
         -warmup) warmup=$2 ;;
         -steps) steps=$2 ;;
+        -repeat) repeat=$2 ;;
         -sched) sched=$2 ;;
         -vp) vp=$2 ;;
         -predict) predict=$2 ;;
@@ -107,7 +118,7 @@ absolute() { case "$1" in /*|"") echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 profile=$(absolute "$profile") save=$(absolute "$save")
 [ -n "$figure" ] && [ "$figure" != none ] && figure=$(absolute "$figure")
 cd "$(dirname "$0")/../.." || exit 1
-for pair in "-b:$B" "-t:$T" "-np:$N" "-sample:$sample" "-steps:$steps" "-vp:$vp" "-timeout:$limit"; do
+for pair in "-b:$B" "-t:$T" "-np:$N" "-sample:$sample" "-steps:$steps" "-repeat:$repeat" "-vp:$vp" "-timeout:$limit"; do
     [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]] || fail "${pair%%:*} ${pair#*:}: expected a positive whole number"
 done
 [[ $seed =~ ^[0-9]+$ ]] || fail "-seed $seed: expected a whole number >= 0"
@@ -186,7 +197,10 @@ fi
 candidates=$(wc -l <"$work/candidates.tsv")
 [ "$candidates" -gt 0 ] || fail "none of the search's $listed layouts matches -filter '$filter'"
 
+passes=""  # (in the report's title)
+[ "$repeat" -gt 1 ] && passes=", $repeat passes"
 echo "sweep: -e $model -b $B -t $T -d $batch at $N ranks on the CPU (1 thread a rank, $(nproc) cores), $warmup warm-up + $steps measured steps a layout"
+[ "$repeat" -gt 1 ] && echo "in $repeat passes: the layouts in order, then in reverse order, then in order..."
 what="the search lists $listed layouts of $N ranks${filter:+, $candidates of them match -filter '$filter'}"
 if [ "$all" = 1 ] || [ "$candidates" -le "$sample" ]; then
     cp "$work/candidates.tsv" "$work/selected.tsv"
@@ -217,59 +231,91 @@ if [ "$calibrate" = 1 ]; then
 fi
 echo "predictions: $predict FLAGS${profile:+ (with -profile $profile)}"
 
-printf "index\tlayout\tmeasured_s\tpredicted_s\twarmup\tsteps_ms\tcommand\n" >"$work/results.tsv"
-k=0 predicted_count=0 why_none=""
+# 1. each layout's command and prediction, once (every pass runs that command): planned.tsv, a
+# row a layout in the selected order (index, label, predicted seconds or "-", command)
+plan="$work/plan"  # the planner's and the predictor's output for the layout at hand
+mkdir "$plan"
+predicted_count=0 why_none=""
 while IFS=$'\t' read -r index flags label <&3; do
-    k=$((k + 1))
-    d=$(mktemp -d "$work/run.XXXXXX")
     read -ra layout_flags <<<"$flags"
     [[ " $flags " == *" -pp 1 "* ]] || layout_flags+=(-sched "$sched" -vp "$vp")
     # the command that runs the layout: the planner's own (layout_command), with this sweep's -d
-    if ! ./dev/memory_planner "${plan_flags[@]}" "${layout_flags[@]}" -format json >"$d/plan.json" 2>"$d/plan.err" &&
-        [ ! -s "$d/plan.json" ]; then
-        fail "the planner refused a layout its search listed ($label): $(cat "$d/plan.err")"
+    if ! ./dev/memory_planner "${plan_flags[@]}" "${layout_flags[@]}" -format json >"$plan/plan.json" 2>"$plan/plan.err" &&
+        [ ! -s "$plan/plan.json" ]; then
+        fail "the planner refused a layout its search listed ($label): $(cat "$plan/plan.err")"
     fi
-    command=$($PY $STATS field "$d/plan.json" command) || fail "the planner's JSON for $label has no \"command\""
+    command=$($PY $STATS field "$plan/plan.json" command) || fail "the planner's JSON for $label has no \"command\""
+    read -ra words <<<"$command"
+    [ "${words[0]} ${words[1]} ${words[2]}" = "mpirun -np $N" ] || fail "unexpected command from the planner: $command"
     # the prediction, if the predictor gives one (within a minute: a model, not a run)
     read -ra predictor <<<"$predict"
     predicted="-"
-    if timeout 60 "${predictor[@]}" "${plan_flags[@]}" "${layout_flags[@]}" ${profile:+-profile "$profile"} >"$d/predict.out" 2>"$d/predict.err" &&
-        seconds=$($PY $STATS prediction "$d/predict.out" 2>"$d/predict.why"); then
+    if timeout 60 "${predictor[@]}" "${plan_flags[@]}" "${layout_flags[@]}" ${profile:+-profile "$profile"} >"$plan/predict.out" 2>"$plan/predict.err" &&
+        seconds=$($PY $STATS prediction "$plan/predict.out" 2>"$plan/predict.why"); then
         predicted=$seconds
         predicted_count=$((predicted_count + 1))
     elif [ -z "$why_none" ]; then
-        why_none=$(cat "$d/predict.why" "$d/predict.err" 2>/dev/null | head -3)
+        why_none=$(cat "$plan/predict.why" "$plan/predict.err" 2>/dev/null | head -3)
     fi
-    # the run: the planner's command with this machine's mpirun, a few steps, no validation or samples
-    read -ra words <<<"$command"
-    [ "${words[0]} ${words[1]} ${words[2]}" = "mpirun -np $N" ] || fail "unexpected command from the planner: $command"
-    start=$SECONDS
-    run_bg "$limit" "$d/out.txt" "${MPI[@]}" -np "$N" "${words[@]:3}" -x $((warmup + steps)) -v 0 -s 0 -o "$d"
-    if [ "$rc" = 0 ] && times=$($PY $STATS step-times "$d/main.log" "$warmup" 2>"$d/times.err"); then
-        measured=${times%%$'\t'*} all_ms=${times#*$'\t'}
-        shown=$(milliseconds "$measured")
-    else
-        if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-            measured="failed: still running after $limit s (-timeout)"
-        elif [ "$rc" != 0 ]; then
-            measured="failed: exit $rc: $(grep -m1 -i 'error' "$d/out.txt" || tail -1 "$d/out.txt")"
-        else
-            measured="failed: $(cat "$d/times.err")"
-        fi
-        all_ms="" shown=$measured
-    fi
-    if [ "$predicted" != "-" ]; then
-        predicted_ms=$(milliseconds "$predicted")
-        shown="$shown, predicted $predicted_ms"
-    fi
-    echo "[$k/$count] #$index $label: $shown ($((SECONDS - start)) s)"
-    printf "%d\t%s\t%s\t%s\t%d\t%s\t%s\n" "$index" "$label" "${measured//$'\t'/ }" "$predicted" "$warmup" "$all_ms" \
-        "$command" >>"$work/results.tsv"
-    rm -rf "$d"
+    printf "%d\t%s\t%s\t%s\n" "$index" "$label" "$predicted" "$command" >>"$work/planned.tsv"
 done 3<"$work/selected.tsv"
+mapfile -t planned <"$work/planned.tsv"
+in_order=("${!planned[@]}") reversed=()  # the rows of planned (0 up), in order and in reverse
+for i in "${in_order[@]}"; do reversed=("$i" "${reversed[@]}"); done
+
+# 2. the runs, in passes: pass 1 in the selected order, pass 2 in reverse, pass 3 in order... (a
+# slow phase of the machine late in one pass falls early in the next). A run's time is the median
+# of its steps after the warm-up; pass P's go to pass.P.tsv (index, seconds or "failed...: why",
+# every step's ms). A layout that failed is not run again: it is reported failed.
+declare -A failed_in=()  # a failed layout's index -> the pass it failed in
+pass_files=() pass=0
+while [ "$pass" -lt "$repeat" ]; do
+    pass=$((pass + 1)) k=0
+    pass_files+=("$work/pass.$pass.tsv")
+    : >"$work/pass.$pass.tsv"
+    order=("${in_order[@]}")
+    [ $((pass % 2)) = 0 ] && order=("${reversed[@]}")
+    for i in "${order[@]}"; do
+        k=$((k + 1))
+        IFS=$'\t' read -r index label predicted command <<<"${planned[i]}"
+        progress="[$k/$count]"
+        [ "$repeat" -gt 1 ] && progress="[pass $pass/$repeat, $k/$count]"
+        if [ -n "${failed_in[$index]:-}" ]; then
+            echo "$progress #$index $label: skipped (failed in pass ${failed_in[$index]})"
+            continue
+        fi
+        # the run: the planner's command with this machine's mpirun, a few steps, no validation or samples
+        read -ra words <<<"$command"
+        d=$(mktemp -d "$work/run.XXXXXX")
+        start=$SECONDS
+        run_bg "$limit" "$d/out.txt" "${MPI[@]}" -np "$N" "${words[@]:3}" -x $((warmup + steps)) -v 0 -s 0 -o "$d"
+        if [ "$rc" = 0 ] && times=$($PY $STATS step-times "$d/main.log" "$warmup" 2>"$d/times.err"); then
+            measured=${times%%$'\t'*} all_ms=${times#*$'\t'}
+            shown=$(milliseconds "$measured")
+        else
+            failed_in[$index]=$pass
+            failed="failed"
+            [ "$repeat" -gt 1 ] && failed="failed in pass $pass"
+            if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+                measured="$failed: still running after $limit s (-timeout)"
+            elif [ "$rc" != 0 ]; then
+                measured="$failed: exit $rc: $(grep -m1 -i 'error' "$d/out.txt" || tail -1 "$d/out.txt")"
+            else
+                measured="$failed: $(cat "$d/times.err")"
+            fi
+            all_ms="" shown=$measured
+        fi
+        [ "$predicted" != "-" ] && shown="$shown, predicted $(milliseconds "$predicted")"
+        echo "$progress #$index $label: $shown ($((SECONDS - start)) s)"
+        printf "%d\t%s\t%s\n" "$index" "${measured//$'\t'/ }" "$all_ms" >>"$work/pass.$pass.tsv"
+        rm -rf "$d"
+    done
+done
+# RESULTS.tsv: a row a layout, its time the median of its passes' (sweep_stats.py's merge)
+$PY $STATS merge "$work/planned.tsv" "$warmup" "${pass_files[@]}" >"$work/results.tsv" || fail "could not gather the passes' times"
 
 echo
-report=("$work/results.tsv" --title "$model, B $B, T $T, $N ranks on the CPU: $count layouts")
+report=("$work/results.tsv" --title "$model, B $B, T $T, $N ranks on the CPU: $count layouts$passes")
 [ -n "$figure" ] && report+=(--figure "$figure")
 [ "$predicted_count" = 0 ] && [ -n "$why_none" ] && echo "no predictions from '$predict': $why_none"
 $PY $STATS report "${report[@]}" || fail "could not write the report"

@@ -25,9 +25,30 @@ The statistics, over the n layouts that were both measured and predicted:
 - the measured best's lead: how much slower the predicted best ran than the fastest layout, in
   percent (0 when the model picked the winner); the issue's target is within 5%.
 
+How well the machine agrees with itself, when the sweep measured its layouts in R >= 2 passes
+(sweep.sh -repeat R), on the line before the summary:
+
+    repeatability: R passes, spearman between passes S, median difference between passes D%
+
+- S: Spearman's correlation between two passes' times of the layouts measured in every pass, the
+  mean over all pairs of passes: how well the machine repeats its own ranking, the noise ceiling
+  a model's spearman is to be read against (not against 1). A model at S ranks the layouts as
+  well as a second pass of this machine would. (Not quite the most a model can reach: were each
+  pass the layouts' true times plus noise independent between passes, a model that knew the true
+  times would reach about the square root of S against one pass, more against the median of
+  several, which the summary's spearman uses; above that is luck.)
+- D: a layout's difference, (slowest pass - fastest pass) / its measured time (the median of its
+  passes' times), in percent; the median over the layouts. With two passes a layout's passes lie
+  half its difference from their mean, and with noise independent between them the mean lies as
+  far from the true time, as often: a model's median error well below D/2 is finer than this
+  machine measures.
+
 RESULTS.tsv is what sweep.sh writes (its -save): a header, then a row a layout with the columns
-index, layout, measured_s (or "failed: why"), predicted_s (or "-"), warmup (the steps left out of
-the median), steps_ms (every step's time, warm-up included, comma-separated), command.
+index, layout, measured_s (or "failed: why"; with R passes the median of the passes' times, or
+"failed in pass P: why"), predicted_s (or "-"), warmup (the steps each pass left out of its
+median), steps_ms (every step's time, warm-up included, comma-separated; the passes separated by
+';'), command, passes_s (each pass's median, comma-separated; a TSV without the column has one
+pass).
 """
 import json
 import math
@@ -103,6 +124,26 @@ def sweep_stats(measured, predicted):
             "best_lead": (measured[best] / min(measured) - 1) * 100}
 
 
+def repeatability(passes):
+    """how well R passes agree (the docstring's S and D): passes[i] is layout i's time in each
+    pass (R >= 2 a layout, the same R for every layout, the passes in the same order)"""
+    R = len(passes[0])
+    if R < 2 or any(len(p) != R for p in passes):
+        raise ValueError("expected every layout's times of the same R >= 2 passes: %s" % passes)
+    # S: the mean of Spearman's correlation over every pair of passes (a, b), a < b
+    pairs = [(a, b) for a in range(R) for b in range(a + 1, R)]
+    rho = sum(spearman([p[a] for p in passes], [p[b] for p in passes]) for a, b in pairs) / len(pairs)
+    # D: each layout's slowest pass less its fastest, over its measured time (its passes' median)
+    difference = median([(max(p) - min(p)) / median(p) * 100 for p in passes])
+    return {"passes": R, "n": len(passes), "spearman": rho, "difference": difference}
+
+
+def repeatability_line(r):
+    """the line before the summary (the docstring says what it means)"""
+    return "repeatability: %d passes, spearman between passes %.3f, median difference between passes %.1f%%" % (
+        r["passes"], r["spearman"], r["difference"])
+
+
 def summary_line(s):
     """the line sweep.sh ends with (its format is what tests and the README read)"""
     return "sweep: %d layouts, spearman %.3f, median error %.1f%%, worst error %.1f%%, predicted best ranks %d of %d measured" % (
@@ -172,6 +213,30 @@ def prediction(output_path):
     print(repr(seconds))
 
 
+def merge(planned_path, warmup, pass_paths):
+    """RESULTS.tsv (on stdout) from sweep.sh's files: planned.tsv (index, layout, predicted_s,
+    command: a row a layout, in the sweep's order) and each pass's runs, pass.P.tsv (index,
+    seconds or "failed...: why", steps_ms; a layout that failed is not run in later passes)"""
+    passes = []
+    for path in pass_paths:
+        with open(path) as f:
+            passes.append({int(row[0]): row[1:] for row in (line.rstrip("\n").split("\t") for line in f)})
+    print("\t".join(("index", "layout", "measured_s", "predicted_s", "warmup", "steps_ms", "command", "passes_s")))
+    with open(planned_path) as f:
+        for line in f:
+            index, label, predicted, command = line.rstrip("\n").split("\t")
+            runs = [p[int(index)] for p in passes if int(index) in p]  # pass 1, 2, ... up to a failure
+            ok = [seconds for seconds, _ in runs if not seconds.startswith("failed")]
+            if len(ok) < len(runs):  # failed in its last pass: that pass's reason
+                measured = runs[-1][0]
+            elif len(ok) == 1:  # one pass: its time as step-times printed it (the TSV as before -repeat)
+                measured = ok[0]
+            else:  # the median of its passes' times
+                measured = repr(median([float(x) for x in ok]))
+            print("\t".join((index, label, measured, predicted, str(warmup), ";".join(steps for _, steps in runs),
+                             command, ",".join(ok))))
+
+
 def step_times(main_log, warmup):
     """the median step time in seconds after `warmup` steps, and every step's ms, of a main.log"""
     ms = [rec["ms"] for rec in map(json.loads, open(main_log)) if "train_loss" in rec]
@@ -193,6 +258,8 @@ def read_results(path):
             row["index"] = int(row["index"])
             row["ok"] = not row["measured_s"].startswith("failed")
             row["measured"] = float(row["measured_s"]) if row["ok"] else None
+            # each pass's median (a TSV from before -repeat has no passes_s: one pass, measured_s)
+            row["passes"] = [float(x) for x in row.get("passes_s", row["measured_s"]).split(",")] if row["ok"] else []
             row["predicted"] = float(row["predicted_s"]) if row["predicted_s"] != "-" else None
             rows.append(row)
     return rows
@@ -239,9 +306,10 @@ def report(path, figure_path=None, title="sweep"):
                                       " %12s %7s" % ("predicted ms", "error") if any_prediction else "", "layout"))
     for r in by_time + [r for r in rows if not r["ok"]]:
         if r["ok"]:
-            steps = [float(x) for x in r["steps_ms"].split(",") if x]
-            kept = steps[int(r["warmup"]):]
-            spread = "%6.0f%%" % ((max(kept) - min(kept)) / (r["measured"] * 1e3) * 100)
+            kept = []  # each pass's steps after its own warm-up, those of all passes together
+            for run in r["steps_ms"].split(";"):
+                kept += [float(x) for x in run.split(",") if x][int(r["warmup"]):]
+            spread = "%6.0f%%" % ((max(kept) - min(kept)) / median(kept) * 100)
             cells = "%3d %5d %11.1f %7s" % (r["index"], place[r["index"]], r["measured"] * 1e3, spread)
         else:
             cells = "%3d %5s %11s %7s" % (r["index"], "-", "failed", "")
@@ -256,7 +324,12 @@ def report(path, figure_path=None, title="sweep"):
     for r in rows:
         if not r["ok"]:
             print("layout %d %s: %s" % (r["index"], r["layout"], r["measured_s"]))
-    print("spread: (slowest - fastest) / median of the measured steps, the noise of the machine")
+    passes = max((len(r["passes"]) for r in ok), default=1)
+    print("spread: (slowest - fastest) / median of the measured steps%s, the noise of the machine" % (
+        " (those of all %d passes, each pass's warm-up left out)" % passes if passes > 1 else ""))
+    every_pass = [r["passes"] for r in ok if len(r["passes"]) == passes]
+    if passes > 1 and every_pass:
+        print(repeatability_line(repeatability(every_pass)))
     if not predicted:
         print("no predictions were available: measured times alone (%d of %d layouts ran)" % (len(ok), len(rows)))
         return
@@ -316,6 +389,24 @@ def self_test():
     assert measured_rank([0.2, 0.2, 0.1], 0) == 2 and measured_rank([0.2, 0.2, 0.3], 1) == 1
     line = summary_line(sweep_stats([1.0, 2.0], [1.1, 1.8]))
     assert line == "sweep: 2 layouts, spearman 1.000, median error 10.0%, worst error 10.0%, predicted best ranks 1 of 2 measured", line
+    # repeatability: two passes alike agree perfectly, spearman 1 and no difference
+    r = repeatability([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
+    assert (r["passes"], r["n"]) == (2, 3), r
+    close(r["spearman"], 1.0, "identical passes' spearman")
+    close(r["difference"], 0.0, "identical passes' difference")
+    # the 2nd and 3rd layouts swap places in pass 2: ranks (1,2,3) against (1,3,2), sum d^2 = 2,
+    # rho = 1 - 6 * 2 / (3 * 8) = 0.5; differences 0, (3-2)/2.5 = 40%, 40%: the median 40%
+    r = repeatability([[1.0, 1.0], [2.0, 3.0], [3.0, 2.0]])
+    close(r["spearman"], 0.5, "a swapped pair's spearman")
+    close(r["difference"], 40.0, "a swapped pair's difference", 1e-9)
+    # three passes (1,2,3), (1,3,2), (1,2,4): pairs 1-2 0.5, 1-3 1 (the same order), 2-3 0.5, mean
+    # 2/3; differences over each layout's median pass: 0, (3-2)/2 = 50%, (4-2)/3 = 66.7% (over the
+    # mean, 7/3 and 3, they would be 42.9% and 66.7%): the median 50%
+    r = repeatability([[1.0, 1.0, 1.0], [2.0, 3.0, 2.0], [3.0, 2.0, 4.0]])
+    close(r["spearman"], 2 / 3, "three passes' spearman", 1e-12)
+    close(r["difference"], 50.0, "three passes' difference", 1e-9)
+    line = repeatability_line(r)
+    assert line == "repeatability: 3 passes, spearman between passes 0.667, median difference between passes 50.0%", line
     # the sample: seeded, sorted, without repeats
     a = sample(111, 24, 7)
     assert a == sample(111, 24, 7) and a == sorted(set(a)) and len(a) == 24 and a != sample(111, 24, 8)
@@ -347,6 +438,8 @@ def main():
         field(*rest)
     elif cmd == "prediction" and len(rest) == 1:
         prediction(rest[0])
+    elif cmd == "merge" and len(rest) >= 3:
+        merge(rest[0], int(rest[1]), rest[2:])
     elif cmd == "step-times" and len(rest) == 2:
         step_times(rest[0], int(rest[1]))
     else:
