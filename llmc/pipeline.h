@@ -461,6 +461,33 @@ static inline double pipeline_play(PipeSpec s, PipeAction* actions, const double
     return pipeline_play_lists(s, actions, seconds, send_seconds, start, end);
 }
 
+// when the input of stage st's action a is ready: the end of the action that makes it (the
+// virtual stage before's forward, the one after's backward, its own B for a W, its own forward
+// for the last virtual stage's backward) and, from another stage, the message's send_seconds; -1
+// while that action has not run. done: when each (stage, op, micro, chunk) ended, -1 if not yet
+static inline double pipeline_input_ready(PipeSpec s, int st, PipeAction a, const double* done, double send_seconds) {
+#define PIPE_DONE(stage, op, micro, chunk) done[(((stage) * 3 + (op)) * s.m + (micro)) * s.V + (chunk)]
+    int v = pipeline_virtual_stage(s, st, a.chunk), from = st, last = s.p * s.V - 1;
+    double ready;
+    if (a.op == PIPE_FORWARD) {
+        from = v == 0 ? st : pipeline_stage_of(s, v - 1);
+        ready = v == 0 ? 0.0 : PIPE_DONE(from, PIPE_FORWARD, a.micro, pipeline_chunk_of(s, v - 1));
+    } else if (a.op == PIPE_WEIGHT) {
+        ready = PIPE_DONE(st, PIPE_BACKWARD, a.micro, a.chunk);
+    } else if (v == last) {
+        ready = PIPE_DONE(st, PIPE_FORWARD, a.micro, a.chunk);
+    } else {
+        from = pipeline_stage_of(s, v + 1);
+        ready = PIPE_DONE(from, PIPE_BACKWARD, a.micro, pipeline_chunk_of(s, v + 1));
+    }
+#undef PIPE_DONE
+    return ready >= 0.0 && from != st ? ready + send_seconds : ready;
+}
+
+static inline double* pipeline_done_slot(PipeSpec s, double* done, int st, PipeAction a) {
+    return &done[((st * 3 + a.op) * s.m + a.micro) * s.V + a.chunk];
+}
+
 // ... the lists given (p of n actions each in `actions`)
 static inline double pipeline_play_lists(PipeSpec s, const PipeAction* actions, const double* seconds,
                                          double send_seconds, double* start, double* end) {
@@ -470,33 +497,19 @@ static inline double pipeline_play_lists(PipeSpec s, const PipeAction* actions, 
     int* next = (int*)calloc_check((size_t)s.p, sizeof(int));
     double* free_at = (double*)calloc_check((size_t)s.p, sizeof(double));
     for (int i = 0; i < s.p * 3 * per_op; i++) done[i] = -1.0;
-#define PIPE_DONE(stage, op, micro, chunk) done[(((stage) * 3 + (op)) * s.m + (micro)) * s.V + (chunk)]
-    int remaining = s.p * n, last = s.p * s.V - 1;
+    int remaining = s.p * n;
     double length = 0.0;
     while (remaining > 0) {
         int progress = 0;
         for (int st = 0; st < s.p; st++) {
             if (next[st] == n) continue;
             PipeAction a = actions[st * n + next[st]];
-            int v = pipeline_virtual_stage(s, st, a.chunk), from = st;  // (from: the stage its input comes from)
-            double ready;
-            if (a.op == PIPE_FORWARD) {
-                from = v == 0 ? st : pipeline_stage_of(s, v - 1);
-                ready = v == 0 ? 0.0 : PIPE_DONE(from, PIPE_FORWARD, a.micro, pipeline_chunk_of(s, v - 1));
-            } else if (a.op == PIPE_WEIGHT) {
-                ready = PIPE_DONE(st, PIPE_BACKWARD, a.micro, a.chunk);
-            } else if (v == last) {
-                ready = PIPE_DONE(st, PIPE_FORWARD, a.micro, a.chunk);
-            } else {
-                from = pipeline_stage_of(s, v + 1);
-                ready = PIPE_DONE(from, PIPE_BACKWARD, a.micro, pipeline_chunk_of(s, v + 1));
-            }
+            double ready = pipeline_input_ready(s, st, a, done, send_seconds);
             if (ready < 0.0) continue;
-            if (from != st) ready += send_seconds;
             int k = st * n + next[st];
             start[k] = ready > free_at[st] ? ready : free_at[st];
             end[k] = start[k] + seconds[st * 3 + a.op];
-            PIPE_DONE(st, a.op, a.micro, a.chunk) = end[k];
+            *pipeline_done_slot(s, done, st, a) = end[k];
             free_at[st] = end[k];
             length = end[k] > length ? end[k] : length;
             next[st]++;
@@ -505,11 +518,77 @@ static inline double pipeline_play_lists(PipeSpec s, const PipeAction* actions, 
         }
         if (!progress) fail("pipeline schedule %s deadlocks at p=%d, m=%d, V=%d", pipe_schedule_names[s.sched], s.p, s.m, s.V);
     }
-#undef PIPE_DONE
     free(done);
     free(next);
     free(free_at);
     return length;
+}
+
+// The play when the stages share one machine's cores (ranks on a CPU): an action's duration
+// depends on how many stages compute while it runs. seconds_at[((k - 1) * p + st) * 3 + op] is
+// stage st's action op when k stages compute at once (k = 1..p): a stage idle in the bubble
+// leaves its share of the cores to the others, so the stage that runs alone runs fastest. The
+// play goes from event to event (an action ends, an input arrives); between two events each
+// running action gets through dt / seconds_at[k] of its work. With durations that do not depend
+// on k it is pipeline_play_lists' play. busy_at_once (NULL: not wanted): each action's average
+// number of stages computing while it ran, weighted by time.
+static inline double pipeline_play_shared(PipeSpec s, const PipeAction* actions, const double* seconds_at,
+                                          double send_seconds, double* start, double* end, double* busy_at_once) {
+    int n = pipeline_actions_per_stage(s), per_op = s.m * s.V, p = s.p;
+    double* done = (double*)malloc_check((size_t)p * 3 * per_op * sizeof(double));
+    double* left = (double*)malloc_check((size_t)p * sizeof(double));  // the running action's work left, 1 at its start
+    double* ready = (double*)malloc_check((size_t)p * sizeof(double)); // the next action's input; -1: not yet made
+    int* next = (int*)calloc_check((size_t)p, sizeof(int));
+    int* running = (int*)calloc_check((size_t)p, sizeof(int));
+    for (int i = 0; i < p * 3 * per_op; i++) done[i] = -1.0;
+    int remaining = p * n;
+    double now = 0.0;
+    while (remaining > 0) {
+        // a free stage starts its next action once its input is there
+        int busy = 0;
+        for (int st = 0; st < p; st++) {
+            ready[st] = -1.0;
+            if (!running[st] && next[st] < n) {
+                ready[st] = pipeline_input_ready(s, st, actions[st * n + next[st]], done, send_seconds);
+                if (ready[st] >= 0.0 && ready[st] <= now) {
+                    running[st] = 1, left[st] = 1.0, start[st * n + next[st]] = now;
+                    if (busy_at_once) busy_at_once[st * n + next[st]] = 0.0;
+                }
+            }
+            busy += running[st];
+        }
+        // the next event: the first running action to end at this count, or the first input to arrive
+        double dt = -1.0;
+        for (int st = 0; st < p; st++) {
+            double until = -1.0;
+            if (running[st]) until = left[st] * seconds_at[((busy - 1) * p + st) * 3 + actions[st * n + next[st]].op];
+            else if (ready[st] > now) until = ready[st] - now;
+            if (until >= 0.0 && (dt < 0.0 || until < dt)) dt = until;
+        }
+        if (dt < 0.0) fail("pipeline schedule %s deadlocks at p=%d, m=%d, V=%d", pipe_schedule_names[s.sched], p, s.m, s.V);
+        now += dt;
+        for (int st = 0; st < p; st++) {
+            if (!running[st]) continue;
+            int k = st * n + next[st];
+            double d = seconds_at[((busy - 1) * p + st) * 3 + actions[k].op];
+            if (busy_at_once) busy_at_once[k] += busy * dt;
+            // (ends now: its work left fits in dt, to rounding; an action of no time ends at once)
+            if (left[st] * d <= dt * (1.0 + 1e-12)) {
+                end[k] = now, running[st] = 0;
+                *pipeline_done_slot(s, done, st, actions[k]) = now;
+                if (busy_at_once) busy_at_once[k] = now > start[k] ? busy_at_once[k] / (now - start[k]) : busy;
+                next[st]++, remaining--;
+            } else {
+                left[st] -= dt / d;
+            }
+        }
+    }
+    free(done);
+    free(left);
+    free(ready);
+    free(next);
+    free(running);
+    return now;
 }
 
 // The play in units: a chunk's forward takes 1 unit, its backward 2 (the gradients of the inputs

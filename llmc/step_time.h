@@ -29,13 +29,14 @@
 //      attention at the GEMMs', memory-bound passes at the triad's); its collectives at the
 //      all-reduce measured over as many ranks as the run has. Without stages every rank computes
 //      at once; with stages a stage idle in the bubble waits in MPI, taking only what
-//      cpu_wait_slowdown says of a core, so the schedule is played once at a lone rank's speed,
-//      each stage's busy share of it gives the ranks computing at once, and then played again at
-//      their speed. Beyond those fractions, where calibrate measured them: the compute takes
-//      cpu_meeting_fraction_N_ranks longer, what ranks arriving apart at the collectives (taking
-//      turns on the cores) wait for a share of the compute before each meeting; a pass whose bytes
-//      fit in a rank's share of the cache takes the in-cache fraction; a GEMM whose bytes exceed
-//      the cache (a language model head) its own efficiency.
+//      cpu_wait_slowdown says of a core, so an action runs at the speed of the stages computing
+//      at that moment (the stage that runs alone in the bubble runs fastest): the schedule is
+//      played from event to event with each action's time at each count. Beyond those
+//      fractions, where calibrate measured them: the compute takes cpu_meeting_fraction_N_ranks
+//      longer, what ranks arriving apart at the collectives (taking turns on the cores) wait for
+//      a share of the compute before each meeting; a pass whose bytes fit in a rank's share of
+//      the cache takes the in-cache fraction; a GEMM whose bytes exceed the cache (a language
+//      model head) its own efficiency.
 // -offload's host rows run on the profile's host (AdamW at its FLOP/s and memory bandwidth, the
 // copies over its PCIe link); a CPU is its own host.
 // What it leaves out, as the rows do: launch latency, the host's own work inside a step, the tail
@@ -533,25 +534,22 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
 // ranks of one stage do the same work), the schedule played with their durations, then the
 // slowest stage's once-a-step part. Without a schedule that splits the backward (zb, zbv,
 // dualpipev: pipeline_splits_backward) a backward holds its weight half (B + W is the action);
-// one stage is a pipeline of p = 1 (its micro-batches one after another). The pipeline's messages
-// are priced by playing the schedule twice: with them (the step's schedule) and with messages
-// that take no time; what the first is longer is their exposed part (pp's), and stage 0's idle
-// time in the second is the bubble, so that stage 0's parts add up to the schedule either way.
-// time_play does one such pair: every stage priced, the schedule's length returned, and the busy
-// seconds of all stages together (busy), the slowest once-a-step part and the parts for stage 0
-// filled in t.
-static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLayout* r, StepOptions opt, int gpus_per_node,
-                               TimeShare during, TimeShare once, StepTime* t, double* busy) {
+// one stage is a pipeline of p = 1 (its micro-batches one after another).
+// time_stages prices every stage at one TimeShare: each one's F, B, W of a chunk and micro-batch
+// (seconds, p x 3) and the same without the messages it sends (silent: a CPU's sender copies
+// them inside the action); stage 0's parts into t when given; what the sends take and the
+// slowest once-a-step part returned
+typedef struct {
+    double send, sends, sends_on[TIME_LINKS], once;
+} StagesTime;
+
+static inline StagesTime time_stages(const DeviceProfile* p, GPT2Config c, const RunLayout* r, StepOptions opt,
+                                     int gpus_per_node, int split, TimeShare during, TimeShare once, double* seconds,
+                                     double* silent, StepTime* t) {
     GridShape g = {r->dp, r->pp, layout_cp(r), r->tp, layout_ep(r)};
     int S = g.dp * g.cp * g.tp, pp = r->pp > 1 ? r->pp : 1;
-    // (one stage plays as AFAB of one chunk: its micro-batches in turn, whatever -sched names, the
-    // V's two chunks at pp = 1 included)
-    PipeSpec spec = {pp > 1 ? r->sched : SCHEDULE_AFAB, pp, r->m > 1 ? r->m : 1, pp > 1 && r->V > 1 ? r->V : 1};
-    int split = pipeline_splits_backward(spec), n = pipeline_actions_per_stage(spec);
-    double* seconds = (double*)malloc_check((size_t)pp * 6 * sizeof(double));
-    double* silent = seconds + pp * 3;  // (the same actions without the messages they send: a CPU's)
-    double send = 0.0, sends = 0.0, sends_on[TIME_LINKS] = {0.0, 0.0, 0.0};
-    memset(t, 0, sizeof(*t));
+    StagesTime all;
+    memset(&all, 0, sizeof(all));
     for (int s = 0; s < pp; s++) {
         StepLayout o = step_layout_of_run(r, s, opt);
         StageTime st = time_stage(p, c, &o, g, s * S, gpus_per_node, during, once, s == 0 ? t : NULL);
@@ -561,32 +559,81 @@ static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLa
         silent[s * 3 + PIPE_FORWARD] = seconds[s * 3 + PIPE_FORWARD] - st.sent[PIPE_FORWARD];
         silent[s * 3 + PIPE_BACKWARD] = seconds[s * 3 + PIPE_BACKWARD] - st.sent[PIPE_BACKWARD];
         silent[s * 3 + PIPE_WEIGHT] = seconds[s * 3 + PIPE_WEIGHT];
-        send = st.send > send ? st.send : send;
-        sends += st.sends;
-        for (int k = 0; k < TIME_LINKS; k++) sends_on[k] += st.sends_on[k];
-        t->once = st.once > t->once ? st.once : t->once;
+        all.send = st.send > all.send ? st.send : all.send;
+        all.sends += st.sends;
+        for (int k = 0; k < TIME_LINKS; k++) all.sends_on[k] += st.sends_on[k];
+        all.once = st.once > all.once ? st.once : all.once;
+    }
+    return all;
+}
+
+// the TimeShare of `stages` stages computing at once (not whole: an average), their ranks on one
+// host of `host` ranks in `pp` stages, the rest waiting in MPI (time_ranks_at_once)
+typedef struct {
+    int host, pp;
+} TimeHostStages;
+
+static inline TimeShare time_share_of_stages(const DeviceProfile* p, double stages, const TimeHostStages* h) {
+    return time_share_at(p, time_ranks_at_once(p, stages * h->host / h->pp, h->host));
+}
+
+// The pipeline's messages are priced by playing the schedule twice: with them (the step's
+// schedule) and with messages that take no time; what the first is longer is their exposed part
+// (pp's), and stage 0's idle time in the second is the bubble, so that stage 0's parts add up to
+// the schedule. On a GPU (host = NULL) every action takes its own time, at `during`
+// (pipeline_play). On a CPU whose cores the ranks share, a stage idle in the bubble waits in MPI
+// and leaves the cores to the stages that compute, so an action's time depends on how many
+// stages compute at once: every stage is priced at each count k = 1..pp
+// (time_share_of_stages), and the play goes from event to event (pipeline_play_shared). Stage
+// 0's parts are then priced at the stages that computed at once with it, on average over its time;
+// their sum may differ from its time in the play by that average's rounding, which the bubble
+// (what is left of the schedule) takes. Fills t's parts and returns the schedule's length.
+static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLayout* r, StepOptions opt, int gpus_per_node,
+                               TimeShare during, TimeShare once, const TimeHostStages* host, StepTime* t) {
+    int pp = r->pp > 1 ? r->pp : 1, levels = host ? pp : 1;
+    // (one stage plays as AFAB of one chunk: its micro-batches in turn, whatever -sched names, the
+    // V's two chunks at pp = 1 included)
+    PipeSpec spec = {pp > 1 ? r->sched : SCHEDULE_AFAB, pp, r->m > 1 ? r->m : 1, pp > 1 && r->V > 1 ? r->V : 1};
+    int split = pipeline_splits_backward(spec), n = pipeline_actions_per_stage(spec);
+    double* seconds = (double*)malloc_check((size_t)levels * pp * 6 * sizeof(double));
+    double* silent = seconds + levels * pp * 3;  // (the same actions without the messages they send: a CPU's)
+    StagesTime all;
+    memset(t, 0, sizeof(*t));
+    for (int k = 0; k < levels; k++) {  // (on a GPU, one level: stage 0's parts priced with it)
+        TimeShare at = host ? time_share_of_stages(p, k + 1, host) : during;
+        all = time_stages(p, c, r, opt, gpus_per_node, split, at, once, seconds + k * pp * 3, silent + k * pp * 3,
+                          host ? NULL : t);
     }
     PipeAction* actions = (PipeAction*)malloc_check((size_t)pp * n * sizeof(PipeAction));
-    double* start = (double*)malloc_check((size_t)pp * n * sizeof(double));
-    double* end = (double*)malloc_check((size_t)pp * n * sizeof(double));
-    t->schedule = pipeline_play(spec, actions, seconds, send, start, end);
-    *busy = 0.0;
-    for (int k = 0; k < pp * n; k++) *busy += end[k] - start[k];
-    double free_schedule = t->schedule, stage0 = 0.0;
-    if (sends > 0.0) free_schedule = pipeline_play(spec, actions, silent, 0.0, start, end);
-    for (int k = 0; k < n; k++) stage0 += end[k] - start[k];
-    t->bubble = free_schedule - stage0;
+    double* start = (double*)malloc_check((size_t)pp * n * 3 * sizeof(double));
+    double *end = start + pp * n, *busy = end + pp * n;
+    for (int s = 0; s < pp; s++) pipeline_stage_actions(spec, s, actions + (size_t)s * n);
+    double schedule = host ? pipeline_play_shared(spec, actions, seconds, all.send, start, end, NULL)
+                             : pipeline_play_lists(spec, actions, seconds, all.send, start, end);
+    double free_schedule = host ? pipeline_play_shared(spec, actions, silent, 0.0, start, end, busy)
+                           : all.sends > 0.0 ? pipeline_play_lists(spec, actions, silent, 0.0, start, end)
+                                             : schedule;
+    if (host) {  // stage 0's parts at the stages computing at once with it, weighted by its actions' times
+        double span = 0.0, weighted = 0.0;
+        for (int k = 0; k < n; k++) span += end[k] - start[k], weighted += (end[k] - start[k]) * busy[k];
+        TimeShare stage0_share = time_share_of_stages(p, span > 0.0 ? weighted / span : 1.0, host);
+        all = time_stages(p, c, r, opt, gpus_per_node, split, stage0_share, once, seconds, silent, t);
+    }
+    int micro_chunks = spec.m * spec.V;
+    double stage0 = micro_chunks * (silent[PIPE_FORWARD] + silent[PIPE_BACKWARD] + silent[PIPE_WEIGHT]);
+    t->schedule = schedule;
+    t->once = all.once;
+    t->bubble = free_schedule > stage0 ? free_schedule - stage0 : 0.0;
     int pp_group = time_group_index("pp");
-    t->comm_total[pp_group] = sends;
-    t->comm_exposed[pp_group] = t->schedule - free_schedule;
-    for (int k = 0; k < TIME_LINKS && sends > 0.0; k++) {
-        t->comm_exposed_link[pp_group][k] = t->comm_exposed[pp_group] * sends_on[k] / sends;
+    t->comm_total[pp_group] = all.sends;
+    t->comm_exposed[pp_group] = schedule - free_schedule;
+    for (int k = 0; k < TIME_LINKS && all.sends > 0.0; k++) {
+        t->comm_exposed_link[pp_group][k] = t->comm_exposed[pp_group] * all.sends_on[k] / all.sends;
     }
     free(seconds);
     free(actions);
     free(start);
-    free(end);
-    return t->schedule;
+    return schedule;
 }
 
 static inline StepTime step_time_predict(const DeviceProfile* p, GPT2Config c, const RunLayout* r, StepOptions opt,
@@ -596,20 +643,13 @@ static inline StepTime step_time_predict(const DeviceProfile* p, GPT2Config c, c
     int world = grid_world(g), pp = r->pp > 1 ? r->pp : 1, m = r->m > 1 ? r->m : 1;
     // 5. on a CPU: the links as the ranks of one host share it (gpus_per_node of them, or the
     // world when it is smaller: the ranks of other hosts take none of this one's cores); every
-    // rank computing at once outside a pipeline and in the once-a-step part; inside one, the
-    // stages' busy share of a play at a lone rank's speed says how many compute at once (a GPU: 1
-    // and 1 throughout, the links as given)
+    // rank computing at once outside a pipeline and in the once-a-step part; inside one, as many
+    // as the stages that compute at that moment (a GPU: 1 and 1 throughout, the links as given)
     int host = world < gpus_per_node ? world : gpus_per_node;
     DeviceProfile links = time_links_shared(p, host);
-    TimeShare all = time_share_at(p, host), during = all;
-    double busy;
-    if (pp > 1 && p->kind == DEVICE_CPU) {
-        TimeShare lone = time_share_lone();
-        double length = time_play(&links, c, r, opt, gpus_per_node, lone, lone, &t, &busy);
-        double busy_ranks = busy / (pp * length) * host;  // (the ranks of a stage are busy together)
-        during = time_share_at(p, time_ranks_at_once(p, busy_ranks, host));
-    }
-    time_play(&links, c, r, opt, gpus_per_node, during, all, &t, &busy);
+    TimeShare all = time_share_at(p, host);
+    TimeHostStages h = {host, pp};
+    time_play(&links, c, r, opt, gpus_per_node, all, all, pp > 1 && p->kind == DEVICE_CPU ? &h : NULL, &t);
     t.seconds = t.schedule + t.once;
     double tokens = (double)r->dp * m * r->B * r->T;  // the global batch (cp and tp ranks share sequences)
     t.tokens_per_second = tokens / t.seconds;

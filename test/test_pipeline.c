@@ -21,7 +21,9 @@
 //     COMM_EXCHANGE_MAX);
 //   - a chart of a measured timeline keeps every action, two in one column included;
 //   - played with times instead of units (pipeline_play, the step-time model's bubble), AFAB and
-//     1F1B last (m + p - 1)(a + b), and a message's latency counts where it waits (by hand).
+//     1F1B last (m + p - 1)(a + b), and a message's latency counts where it waits (by hand);
+//   - played on shared cores (pipeline_play_shared), the same play when durations do not depend
+//     on the stages computing at once, and a case by hand where they do.
 // Prints a chart of each schedule at p = 4. Checked values come from formulas, not from a run.
 #include <math.h>
 #include <stdio.h>
@@ -205,10 +207,72 @@ static void check_play_with_times(void) {
     }
 }
 
+// The play on shared cores (pipeline_play_shared: an action's duration depends on how many stages
+// compute at once). With durations that do not depend on that count it is pipeline_play's play,
+// every action's start and end, for every schedule (durations differing by stage and op, messages
+// of c). By hand, AFAB p = 2, m = 2, an F taking 1 and a B 2 on a stage computing alone, twice
+// that while both compute, messages of 0.5: stage 0's F0 [0, 1] alone; its F1 from 1, alone until
+// stage 1's F0 starts at 1.5 (half done), then at half speed, done at 2.5; stage 1's F0 from 1.5,
+// half of it done by 2.5 at half speed, the rest alone: 3; its F1 (input at 3) [3, 4], B0 [4, 6];
+// its B1 from 6, alone until stage 0's B0 starts at 6.5 (a quarter done), then at half speed, 3
+// more: 9.5; stage 0's B0 has 3 of its 4 done by then and ends alone at 10; its B1 (input at
+// 9.5 + 0.5) [10, 12]. Every stage computing alone would give 9, both at once always 18.
+static void check_play_shared(void) {
+    const double c = 0.25;
+    for (int sched = 0; sched < SCHEDULE_COUNT; sched++) {
+        for (int p = 1; p <= 5; p++) {
+            for (int m = 1; m <= 10; m++) {
+                for (int V = 1; V <= 2; V++) {
+                    PipeSpec s = {(PipeSchedule)sched, p, m, V};
+                    char why[256];
+                    if (pipeline_spec_problem(s, why, sizeof(why)) != NULL) continue;
+                    int n = pipeline_actions_per_stage(s);
+                    PipeAction* actions = (PipeAction*)malloc(sizeof(PipeAction) * p * n);
+                    double* times = (double*)malloc(sizeof(double) * p * n * 4);
+                    double *start = times, *end = times + p * n, *start2 = times + 2 * p * n, *end2 = times + 3 * p * n;
+                    double seconds[3 * 5], seconds_at[5 * 5 * 3];
+                    for (int st = 0; st < p; st++) {
+                        for (int op = 0; op < 3; op++) seconds[st * 3 + op] = 0.5 + 0.3 * op + 0.1 * st;
+                    }
+                    if (!pipeline_splits_backward(s)) for (int st = 0; st < p; st++) seconds[st * 3 + PIPE_WEIGHT] = 0.0;
+                    for (int k = 0; k < p; k++) memcpy(seconds_at + k * p * 3, seconds, sizeof(double) * p * 3);
+                    double length = pipeline_play(s, actions, seconds, c, start, end);
+                    double shared = pipeline_play_shared(s, actions, seconds_at, c, start2, end2, NULL);
+                    int same = fabs(length - shared) < 1e-9;
+                    for (int i = 0; i < p * n; i++) same = same && fabs(start[i] - start2[i]) < 1e-9 && fabs(end[i] - end2[i]) < 1e-9;
+                    CHECK(same, "%s p=%d m=%d V=%d: the shared play with durations that do not depend on the stages at once "
+                          "lasts %g, pipeline_play %g (or an action starts or ends elsewhere)", pipe_schedule_names[sched], p, m, V,
+                          shared, length);
+                    free(actions);
+                    free(times);
+                }
+            }
+        }
+    }
+    PipeSpec s = {SCHEDULE_AFAB, 2, 2, 1};
+    PipeAction actions[8];
+    double start[8], end[8], busy[8];
+    double seconds_at[2 * 2 * 3] = {1, 2, 0, 1, 2, 0, 2, 4, 0, 2, 4, 0};  // (k = 1: F 1, B 2; k = 2: twice)
+    for (int st = 0; st < 2; st++) pipeline_stage_actions(s, st, actions + st * 4);
+    double length = pipeline_play_shared(s, actions, seconds_at, 0.5, start, end, busy);
+    // stage 0's list F0 F1 B0 B1 is actions 0..3, stage 1's 4..7
+    const double want_end[8] = {1, 2.5, 10, 12, 3, 4, 6, 9.5};
+    for (int i = 0; i < 8; i++) {
+        CHECK(fabs(end[i] - want_end[i]) < 1e-12, "shared play by hand: stage %d's action %d ends at %g, expected %g", i / 4, i % 4,
+              end[i], want_end[i]);
+    }
+    CHECK(fabs(length - 12) < 1e-12, "shared play by hand: %g, expected 12", length);
+    // stages at once over an action, weighted by time: stage 0's F1 [1, 2.5], 0.5 alone and 1 with
+    // stage 1: (0.5 + 2) / 1.5; its F0 alone: 1
+    CHECK(fabs(busy[1] - 2.5 / 1.5) < 1e-12 && fabs(busy[0] - 1) < 1e-12, "stages at once over stage 0's F1 %g (expected "
+          "%g), F0 %g (expected 1)", busy[1], 2.5 / 1.5, busy[0]);
+}
+
 int main(void) {
     int cases = 0;
     check_draw_keeps_every_action();
     check_play_with_times();
+    check_play_shared();
     for (int sched = 0; sched < SCHEDULE_COUNT; sched++) {
         for (int p = 1; p <= 8; p++) {
             for (int m = 1; m <= (sched >= SCHEDULE_ZBV ? 20 : 16); m++) {

@@ -333,6 +333,50 @@ int main(void) {
     CHECK(close_to(free_wait.once, 2.0 * lone_play.once, 1e-9), "pp 2: the once-a-step part %g s, expected both ranks' 2 x %g",
           free_wait.once, lone_play.once);
 
+    // the same on 1 core, waiting free, with 4 micro-batches (1F1B): the stages compute at once in
+    // the steady state, each at half speed, and alone in the ramps, at full speed. The core never
+    // idles while either stage has work, so the schedule is both stages' work end to end at a lone
+    // rank's speed: 4 (F + B) of each. (Spreading the stages' average busy share over the whole
+    // schedule, as if they always computed together, would price the ramps at half speed too.)
+    RunLayout four_micro = layout(TRAINER_PP, 1, 2, 4);
+    one_core.cpu_wait_slowdown = 1.0;
+    StepTime steady = step_time_predict(&one_core, c, &four_micro, fp32_kernels(), 1024);
+    GridShape pair_of_stages = {1, 2, 1, 1, 1};
+    double work = 0.0;
+    for (int s = 0; s < 2; s++) {
+        StepLayout o = step_layout_of_run(&four_micro, s, fp32_kernels());
+        StageTime st = time_stage(&one_core, c, &o, pair_of_stages, s, 1024, lone, lone, NULL);
+        work += 4 * (st.action[PIPE_FORWARD] + st.action[PIPE_BACKWARD] + st.action[PIPE_WEIGHT]);
+    }
+    CHECK(close_to(steady.schedule, work, 1e-9), "pp 2, 4 micro-batches on 1 core: schedule %g s, expected both stages' "
+          "work %g", steady.schedule, work);
+
+    // ... and where the host's throughput is not linear in the ranks (2 ranks at once reach 1.5 lone
+    // ranks' worth: each runs 4/3 as long), the schedule is the shared play (pipeline_play_shared,
+    // checked by hand in test_pipeline) of each stage's actions priced at 1 and at 2 stages at once,
+    // and shorter than every action priced at both at once
+    DeviceProfile uneven = one_core;
+    uneven.cpu_gemm_fraction_2_ranks = uneven.cpu_memory_fraction_2_ranks = 0.75;
+    StepTime uneven_steady = step_time_predict(&uneven, c, &four_micro, fp32_kernels(), 1024);
+    PipeSpec one_f_one_b = {SCHEDULE_1F1B, 2, 4, 1};
+    PipeAction pipe_actions[2 * 8];
+    double at_count[2 * 2 * 3], pipe_start[2 * 8], pipe_end[2 * 8];
+    for (int k = 1; k <= 2; k++) {
+        for (int s = 0; s < 2; s++) {
+            StepLayout o = step_layout_of_run(&four_micro, s, fp32_kernels());
+            StageTime st = time_stage(&uneven, c, &o, pair_of_stages, s, 1024, time_share_at(&uneven, k), lone, NULL);
+            at_count[((k - 1) * 2 + s) * 3 + PIPE_FORWARD] = st.action[PIPE_FORWARD];
+            at_count[((k - 1) * 2 + s) * 3 + PIPE_BACKWARD] = st.action[PIPE_BACKWARD] + st.action[PIPE_WEIGHT];
+            at_count[((k - 1) * 2 + s) * 3 + PIPE_WEIGHT] = 0.0;
+        }
+    }
+    for (int s = 0; s < 2; s++) pipeline_stage_actions(one_f_one_b, s, pipe_actions + s * 8);
+    double shared_play = pipeline_play_shared(one_f_one_b, pipe_actions, at_count, 0.0, pipe_start, pipe_end, NULL);
+    double both_at_once = pipeline_play_lists(one_f_one_b, pipe_actions, at_count + 6, 0.0, pipe_start, pipe_end);
+    CHECK(close_to(uneven_steady.schedule, shared_play, 1e-6) && uneven_steady.schedule < both_at_once * (1 - 1e-3),
+          "pp 2 on 1 core reaching 1.5 at 2 ranks: schedule %g s, expected the shared play's %g (below %g, every action "
+          "at 2 at once)", uneven_steady.schedule, shared_play, both_at_once);
+
     // a GPU profile ignores the CPU's fields: the same step with them set
     DeviceProfile measured_gpu = p;  // (a measured 2-rank all-reduce, which a GPU's links do use)
     measured_gpu.intra_node_allreduce_latency_s = 2e-6, measured_gpu.intra_node_allreduce_bandwidth_bytes_per_s = 1e9;
