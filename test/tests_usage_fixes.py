@@ -112,3 +112,34 @@ def hellaswag_and_default_data_found_from_another_directory():
     out = run_here(["-e", model, "-b", 8, "-t", HS_T, "-x", 0, "-v", 0, "-s", 0, "-h", 1, "-hellaswag", path,
                     "-o", run_dir] + WATCHDOG, {"LLMC_HELLASWAG_DUMP": os.path.join(run_dir, "dump.txt")})
     hellaswag_check(run_dir, out, examples, expected, right)
+
+
+@test
+def ranks_sharing_a_machine_without_omp_num_threads_take_cores_over_ranks():
+    """ranks of a CPU run that share a machine, started without OMP_NUM_THREADS: OpenMP alone gives
+    each rank a thread per core, and N ranks spin N x cores threads on the same cores (8 ranks of
+    train_gpt2_3d on 2 cores ran a step 5 times slower so). Each rank now takes cores / ranks
+    threads, at least 1, as torchrun does, and rank 0 prints what OpenMP reads back. 2 ranks,
+    unbound: this machine's cores // 2; 1 rank alone: untouched, nothing printed; with
+    OMP_NUM_THREADS set: untouched, nothing printed"""
+    d = fresh_dir("omp_default")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    cores = len(os.sched_getaffinity(0))
+    expected = max(1, cores // 2)
+
+    def run(ranks, extra_env=None):
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks),
+               "./train_gpt2_dp", "-e", "d1", "-b", 2, "-t", 32, "-x", 1, "-v", 0, "-s", 0, "-o", d] + WATCHDOG
+        p = subprocess.run([str(a) for a in cmd], cwd=ROOT, env=dict(env, **(extra_env or {})), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=TIMEOUT)
+        out = p.stdout.decode("utf-8", "replace")
+        assert p.returncode == 0, why_it_failed(out)
+        return out
+
+    make(["train_gpt2_dp"])
+    line = re.compile(r"^OMP_NUM_THREADS is not set: (\d+) threads? a rank, the (\d+) cores rank 0 may run on over the "
+                      r"(\d+) ranks on this machine$", re.M)
+    found = line.findall(run(2))
+    assert found == [(str(expected), str(cores), "2")], (found, cores)
+    assert not line.search(run(1)), "one rank alone: OpenMP's default kept, nothing said"
+    assert not line.search(run(2, {"OMP_NUM_THREADS": "1"})), "OMP_NUM_THREADS set: nothing said"
