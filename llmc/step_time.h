@@ -577,6 +577,16 @@ static inline TimeShare time_share_of_stages(const DeviceProfile* p, double stag
     return time_share_at(p, time_ranks_at_once(p, stages * h->host / h->pp, h->host));
 }
 
+// stage 0's actions of a step without the messages they send (m V of each op), at one TimeShare
+static inline double time_stage0_busy(const DeviceProfile* p, GPT2Config c, const RunLayout* r, StepOptions opt,
+                                      int gpus_per_node, PipeSpec spec, TimeShare during, TimeShare once) {
+    GridShape g = {r->dp, r->pp, layout_cp(r), r->tp, layout_ep(r)};
+    StepLayout o = step_layout_of_run(r, 0, opt);
+    StageTime st = time_stage(p, c, &o, g, 0, gpus_per_node, during, once, NULL);
+    return (double)spec.m * spec.V * (st.action[PIPE_FORWARD] + st.action[PIPE_BACKWARD] + st.action[PIPE_WEIGHT] -
+                                      st.sent[PIPE_FORWARD] - st.sent[PIPE_BACKWARD]);
+}
+
 // The pipeline's messages are priced by playing the schedule twice: with them (the step's
 // schedule) and with messages that take no time; what the first is longer is their exposed part
 // (pp's), and stage 0's idle time in the second is the bubble, so that stage 0's parts add up to
@@ -585,9 +595,9 @@ static inline TimeShare time_share_of_stages(const DeviceProfile* p, double stag
 // and leaves the cores to the stages that compute, so an action's time depends on how many
 // stages compute at once: every stage is priced at each count k = 1..pp
 // (time_share_of_stages), and the play goes from event to event (pipeline_play_shared). Stage
-// 0's parts are then priced at the stages that computed at once with it, on average over its time;
-// their sum may differ from its time in the play by that average's rounding, which the bubble
-// (what is left of the schedule) takes. Fills t's parts and returns the schedule's length.
+// 0's parts are then priced at the one count of stages at once that gives its actions the time
+// they took in the play, so that its parts still add up to the schedule. Fills t's parts and
+// returns the schedule's length.
 static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLayout* r, StepOptions opt, int gpus_per_node,
                                TimeShare during, TimeShare once, const TimeHostStages* host, StepTime* t) {
     int pp = r->pp > 1 ? r->pp : 1, levels = host ? pp : 1;
@@ -613,17 +623,28 @@ static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLa
     double free_schedule = host ? pipeline_play_shared(spec, actions, silent, 0.0, start, end, busy)
                            : all.sends > 0.0 ? pipeline_play_lists(spec, actions, silent, 0.0, start, end)
                                              : schedule;
-    if (host) {  // stage 0's parts at the stages computing at once with it, weighted by its actions' times
-        double span = 0.0, weighted = 0.0;
-        for (int k = 0; k < n; k++) span += end[k] - start[k], weighted += (end[k] - start[k]) * busy[k];
-        TimeShare stage0_share = time_share_of_stages(p, span > 0.0 ? weighted / span : 1.0, host);
-        all = time_stages(p, c, r, opt, gpus_per_node, split, stage0_share, once, seconds, silent, t);
+    // stage 0's busy time in the play without messages: what is left of that play is the bubble
+    double stage0 = 0.0;
+    for (int k = 0; k < n; k++) stage0 += end[k] - start[k];
+    if (host) {
+        // stage 0's parts priced at the one count of stages at once (between 1 and pp: each of its
+        // actions ran at counts in between, and an action takes longer the more compute beside
+        // it) whose prices add up to the time its actions took in the play, found by halving
+        double fewer = 1.0, more = pp;
+        for (int i = 0; i < 60; i++) {
+            double count = 0.5 * (fewer + more);
+            if (time_stage0_busy(p, c, r, opt, gpus_per_node, spec, time_share_of_stages(p, count, host), once) < stage0) {
+                fewer = count;
+            } else {
+                more = count;
+            }
+        }
+        all = time_stages(p, c, r, opt, gpus_per_node, split, time_share_of_stages(p, fewer, host), once, seconds, silent,
+                          t);
     }
-    int micro_chunks = spec.m * spec.V;
-    double stage0 = micro_chunks * (silent[PIPE_FORWARD] + silent[PIPE_BACKWARD] + silent[PIPE_WEIGHT]);
     t->schedule = schedule;
     t->once = all.once;
-    t->bubble = free_schedule > stage0 ? free_schedule - stage0 : 0.0;
+    t->bubble = free_schedule - stage0;
     int pp_group = time_group_index("pp");
     t->comm_total[pp_group] = all.sends;
     t->comm_exposed[pp_group] = schedule - free_schedule;
