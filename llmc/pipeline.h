@@ -530,10 +530,9 @@ static inline double pipeline_play_lists(PipeSpec s, const PipeAction* actions, 
 // leaves its share of the cores to the others, so the stage that runs alone runs fastest. The
 // play goes from event to event (an action ends, an input arrives); between two events each
 // running action gets through dt / seconds_at[k] of its work. With durations that do not depend
-// on k it is pipeline_play_lists' play. busy_at_once (NULL: not wanted): each action's average
-// number of stages computing while it ran, weighted by time.
+// on k it is pipeline_play_lists' play.
 static inline double pipeline_play_shared(PipeSpec s, const PipeAction* actions, const double* seconds_at,
-                                          double send_seconds, double* start, double* end, double* busy_at_once) {
+                                          double send_seconds, double* start, double* end) {
     int n = pipeline_actions_per_stage(s), per_op = s.m * s.V, p = s.p;
     double* done = (double*)malloc_check((size_t)p * 3 * per_op * sizeof(double));
     double* left = (double*)malloc_check((size_t)p * sizeof(double));  // the running action's work left, 1 at its start
@@ -552,7 +551,6 @@ static inline double pipeline_play_shared(PipeSpec s, const PipeAction* actions,
                 ready[st] = pipeline_input_ready(s, st, actions[st * n + next[st]], done, send_seconds);
                 if (ready[st] >= 0.0 && ready[st] <= now) {
                     running[st] = 1, left[st] = 1.0, start[st * n + next[st]] = now;
-                    if (busy_at_once) busy_at_once[st * n + next[st]] = 0.0;
                 }
             }
             busy += running[st];
@@ -571,12 +569,10 @@ static inline double pipeline_play_shared(PipeSpec s, const PipeAction* actions,
             if (!running[st]) continue;
             int k = st * n + next[st];
             double d = seconds_at[((busy - 1) * p + st) * 3 + actions[k].op];
-            if (busy_at_once) busy_at_once[k] += busy * dt;
             // (ends now: its work left fits in dt, to rounding; an action of no time ends at once)
             if (left[st] * d <= dt * (1.0 + 1e-12)) {
                 end[k] = now, running[st] = 0;
                 *pipeline_done_slot(s, done, st, actions[k]) = now;
-                if (busy_at_once) busy_at_once[k] = now > start[k] ? busy_at_once[k] / (now - start[k]) : busy;
                 next[st]++, remaining--;
             } else {
                 left[st] -= dt / d;

@@ -615,12 +615,12 @@ static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLa
                           host ? NULL : t);
     }
     PipeAction* actions = (PipeAction*)malloc_check((size_t)pp * n * sizeof(PipeAction));
-    double* start = (double*)malloc_check((size_t)pp * n * 3 * sizeof(double));
-    double *end = start + pp * n, *busy = end + pp * n;
+    double* start = (double*)malloc_check((size_t)pp * n * 2 * sizeof(double));
+    double* end = start + pp * n;
     for (int s = 0; s < pp; s++) pipeline_stage_actions(spec, s, actions + (size_t)s * n);
-    double schedule = host ? pipeline_play_shared(spec, actions, seconds, all.send, start, end, NULL)
+    double schedule = host ? pipeline_play_shared(spec, actions, seconds, all.send, start, end)
                              : pipeline_play_lists(spec, actions, seconds, all.send, start, end);
-    double free_schedule = host ? pipeline_play_shared(spec, actions, silent, 0.0, start, end, busy)
+    double free_schedule = host ? pipeline_play_shared(spec, actions, silent, 0.0, start, end)
                            : all.sends > 0.0 ? pipeline_play_lists(spec, actions, silent, 0.0, start, end)
                                              : schedule;
     // stage 0's busy time in the play without messages: what is left of that play is the bubble

@@ -371,7 +371,7 @@ int main(void) {
         }
     }
     for (int s = 0; s < 2; s++) pipeline_stage_actions(one_f_one_b, s, pipe_actions + s * 8);
-    double shared_play = pipeline_play_shared(one_f_one_b, pipe_actions, at_count, 0.0, pipe_start, pipe_end, NULL);
+    double shared_play = pipeline_play_shared(one_f_one_b, pipe_actions, at_count, 0.0, pipe_start, pipe_end);
     double both_at_once = pipeline_play_lists(one_f_one_b, pipe_actions, at_count + 6, 0.0, pipe_start, pipe_end);
     CHECK(close_to(uneven_steady.schedule, shared_play, 1e-6) && uneven_steady.schedule < both_at_once * (1 - 1e-3),
           "pp 2 on 1 core reaching 1.5 at 2 ranks: schedule %g s, expected the shared play's %g (below %g, every action "
