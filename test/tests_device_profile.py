@@ -353,8 +353,9 @@ def calibrate_two_ranks_writes_a_profile_that_reads_back():
     bandwidths 1e8-1e13 bytes/s, latencies 10 ns to 1 ms: ranges, never a time), efficiency of
     the large GEMMs 1 by definition and every other in (0, 1], the host's memory as /proc/meminfo
     says, its cores as os.cpu_count(), the fitted figures it printed the ones it wrote (the
-    all-reduce's and ZeRO's reduce-scatter and all-gather alike); on 1 rank it stops with the reason
-    and writes nothing"""
+    all-reduce's and ZeRO's reduce-scatter and all-gather alike), the rates scaled to the median of
+    the lone rank's times as it printed (the drift) and those medians written for -probe, which
+    prints the same work's times; on 1 rank it stops with the reason and writes nothing"""
     calibrate_built()
     d = fresh_dir("calibrate_run")
     path = os.path.join(d, "cpu.txt")
@@ -411,6 +412,28 @@ def calibrate_two_ranks_writes_a_profile_that_reads_back():
     assert 0 < v["efficiency_matmul_beyond_cache"] <= 1 and 0 < v["cpu_memory_cached_fraction_2_ranks"] <= 1, text
     assert 0 <= v.get("cpu_meeting_fraction_2_ranks", 0.0) <= 1, text
     assert "beyond the cache" in out and "each collective waits" in out, out[-3000:]
+    # the drift: rank 0's lone GEMMs timed 5 times on 2 ranks (step 2, 1 rank at once, 3 in turn with
+    # 2 ranks), the profile's peak the step 2 rate scaled by step 2's time over their median (as
+    # printed, to its 3 decimals), and their medians written for calibrate -probe
+    m = re.search(r"GEMMs timed (\d+) times over the calibration, (\S+) to (\S+) s \(step 2's (\S+)\): its\n"
+                  r"  rates x (\S+), (\S+) GFLOP/s; its triads (\d+) times, (\S+) to (\S+) s", out)
+    assert m, out[-3000:]
+    assert (int(m.group(1)), int(m.group(7))) == (5, 4), m.group(0)
+    assert abs(float(m.group(6)) - v["peak_flops_fp32"] / 1e9) <= 0.05 + 1e-3 * float(m.group(6)), (m.group(0), v["peak_flops_fp32"])
+    profile_text = open(path).read()
+    medians = re.search(r"lone medians: gemm_seconds (\S+) triad_seconds (\S+)", profile_text)
+    assert medians, profile_text[:3000]
+    gemm_median, triad_median = float(medians.group(1)), float(medians.group(2))
+    # (each median lies between the least and the most of its times, printed to 3 decimals)
+    assert float(m.group(2)) - 5e-4 <= gemm_median <= float(m.group(3)) + 5e-4, (m.group(0), gemm_median)
+    assert float(m.group(8)) - 5e-4 <= triad_median <= float(m.group(9)) + 5e-4, (m.group(0), triad_median)
+    # step 2's time over the median is the factor the rates were scaled by
+    assert abs(float(m.group(4)) / gemm_median - float(m.group(5))) <= 2e-3 + 1e-3 / gemm_median, (m.group(0), gemm_median)
+    # -probe, no MPI: the same work timed now, one line of two positive times
+    p = subprocess.run([CALIBRATE, "-probe", "-threads", "1"], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    probe = re.fullmatch(r"gemm_seconds (\S+) triad_seconds (\S+)\n", p.stdout)
+    assert p.returncode == 0 and probe and all(float(x) > 0 for x in probe.groups()), (p.returncode, p.stdout, p.stderr)
     # one rank: no link to measure
     lone = os.path.join(d, "lone.txt")
     code, out1 = mpirun(1, ["-o", lone], program=CALIBRATE, timeout=60)

@@ -296,3 +296,46 @@ def open_quietly(path):
             return f.read()
     except OSError:
         return b""
+
+
+@test
+def sweep_stats_drift_scales_the_rates_by_the_probes():
+    """sweep_stats.py drift PROFILE PROBES OUT (sweep.sh -calibrate's correction for the machine's
+    speed during the runs): a hand-made profile whose lone medians are 0.4 s of GEMMs and 0.06 s of
+    triads, probes of 0.5, 0.3, 0.2 s (median 0.3) and 0.05, 0.07, 0.03 s (median 0.05): the GEMM
+    rates (the peaks and the host's) x 0.4 / 0.3, the bandwidths (the memory's and the host's)
+    x 0.06 / 0.05, every other field as it was, a comment saying so; a profile without the medians,
+    or no probe, refused with the reason and nothing written"""
+    d = fresh_dir("sweep_drift")
+    stats = os.path.join(ROOT, "dev", "bench", "sweep_stats.py")
+    fields = {"peak_flops_fp32": 7e10, "peak_flops_bf16": 7e10, "host_flops_fp32": 7e10,
+              "memory_bandwidth_bytes_per_s": 1e10, "host_memory_bandwidth_bytes_per_s": 6e9,
+              "intra_node_bandwidth_bytes_per_s": 7e9, "cpu_gemm_fraction_2_ranks": 0.83}
+    body = "".join("%s %r\n" % kv for kv in fields.items())
+    profile = os.path.join(d, "cpu.txt")
+    with open(profile, "w") as f:
+        f.write("# measured\n#   lone medians: gemm_seconds 0.4 triad_seconds 0.06 (calibrate -probe ...)\nname x\n" + body)
+    probes = os.path.join(d, "probes.txt")
+    with open(probes, "w") as f:
+        f.write("gemm_seconds 0.5 triad_seconds 0.05\ngemm_seconds 0.3 triad_seconds 0.07\n"
+                "gemm_seconds 0.2 triad_seconds 0.03\n")
+    out = os.path.join(d, "drifted.txt")
+    p = subprocess.run(["/usr/bin/python3", stats, "drift", profile, probes, out], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    gemm, triad, count = p.stdout.split()
+    assert abs(float(gemm) - 0.4 / 0.3) < 1e-6 and abs(float(triad) - 0.06 / 0.05) < 1e-6 and count == "3", p.stdout
+    got = {l.split()[0]: float(l.split()[1]) for l in open(out) if not l.startswith("#") and l.split()[0] in fields}
+    for key, value in fields.items():
+        factor = (0.4 / 0.3 if key in ("peak_flops_fp32", "peak_flops_bf16", "host_flops_fp32") else
+                  0.06 / 0.05 if key in ("memory_bandwidth_bytes_per_s", "host_memory_bandwidth_bytes_per_s") else 1.0)
+        assert abs(got[key] - value * factor) <= 1e-9 * value, (key, got[key], value * factor)
+    assert "scaled for the machine's drift" in open(out).read() and "name x\n" in open(out).read()
+    # refused: no medians in the profile, no probe in the file
+    bare = os.path.join(d, "bare.txt")
+    with open(bare, "w") as f:
+        f.write(body)
+    for args, why in (([bare, probes], "no \"lone medians\" line"), ([profile, bare], "no probe")):
+        target = os.path.join(d, "refused.txt")
+        p = subprocess.run(["/usr/bin/python3", stats, "drift"] + args + [target], capture_output=True, text=True)
+        assert p.returncode == 1 and why in p.stderr and not os.path.exists(target), (args, p.returncode, p.stderr)
+    print("    GEMM rates x %s, bandwidths x %s over %s probes; refusals named" % (gemm, triad, count))

@@ -228,6 +228,9 @@ typedef struct {
     double flops, bytes, seconds;
 } GemmClass;
 
+// the large class, d12's fc and fcproj at 512 tokens: the peak's GEMMs, and each rank's in step 3
+static const GemmShape large_shapes[2] = {{"fc", 512, 768, 3072}, {"fcproj", 512, 3072, 768}};
+
 static GemmClass gemm_class(const GemmShape* shapes, int count, Rng* rng, double* largest_flops, double* smallest_flops) {
     double flops = 0, bytes = 0, seconds = 0;
     *largest_flops = 0, *smallest_flops = 1e300;
@@ -438,6 +441,40 @@ static void share_compute_and_meet(ShareWork* k) {
     }
 }
 
+// each rank's arrays for the work above (the GEMMs of the large class's two shapes, the triads'
+// 3 x 64 MB and the cached triads' 3 x cache / 192: 8 ranks' in half the cache), touched once
+static void share_work_alloc(ShareWork* k, const GemmShape large[2], double cache_bytes, Rng* rng) {
+    memcpy(k->shapes, large, sizeof(k->shapes));
+    for (int s = 0; s < 2; s++) {
+        int N = large[s].N, C = large[s].C, OC = large[s].OC;
+        k->inp[s] = (float*)malloc_check((size_t)N * C * sizeof(float));
+        k->w[s] = (float*)malloc_check((size_t)OC * C * sizeof(float));
+        k->out[s] = (float*)malloc_check((size_t)N * OC * sizeof(float));
+        k->dinp[s] = (float*)malloc_check((size_t)N * C * sizeof(float));
+        k->dw[s] = (float*)calloc_check((size_t)OC * C, sizeof(float));
+        rng_normal_fill(rng, k->inp[s], (size_t)N * C, 0.0f, 1.0f);
+        rng_normal_fill(rng, k->w[s], (size_t)OC * C, 0.0f, 0.02f);
+        rng_normal_fill(rng, k->out[s], (size_t)N * OC, 0.0f, 1.0f);
+    }
+    k->triad_n = (size_t)16 << 20;
+    k->a = (float*)calloc_check(k->triad_n, sizeof(float));
+    k->b = (float*)malloc_check(k->triad_n * sizeof(float));
+    k->c = (float*)malloc_check(k->triad_n * sizeof(float));
+    for (size_t i = 0; i < k->triad_n; i++) k->b[i] = 1.0f, k->c[i] = 2.0f;
+    k->cached_n = (size_t)(cache_bytes / 2.0 / 8.0 / 12.0);
+    k->ca = (float*)calloc_check(k->cached_n, sizeof(float));
+    k->cb = (float*)malloc_check(k->cached_n * sizeof(float));
+    k->cc = (float*)malloc_check(k->cached_n * sizeof(float));
+    for (size_t i = 0; i < k->cached_n; i++) k->cb[i] = 1.0f, k->cc[i] = 2.0f;
+    k->reduced = (float*)calloc_check(SPREAD_BYTES / 4, sizeof(float));
+    share_gemms(k), share_triads(k), share_cached_triads(k);  // (warm: pages touched, caches filled)
+}
+
+static void share_work_free(ShareWork* k) {
+    for (int s = 0; s < 2; s++) free(k->inp[s]), free(k->w[s]), free(k->out[s]), free(k->dinp[s]), free(k->dw[s]);
+    free(k->a), free(k->b), free(k->c), free(k->ca), free(k->cb), free(k->cc), free(k->reduced);
+}
+
 // seconds until the last of comm's ranks has done `work`, the better of 2 rounds (other work on
 // the machine only ever adds time)
 static double together_seconds(MPI_Comm comm, void (*work)(ShareWork*), ShareWork* k) {
@@ -454,27 +491,56 @@ static double together_seconds(MPI_Comm comm, void (*work)(ShareWork*), ShareWor
     return best;
 }
 
+// -probe: the machine's speed now, for a sweep that runs long after its calibration (this VM's
+// speed wanders from one minute to the next; dev/bench/sweep.sh -calibrate probes before each
+// run): rank 0's lone work of step 3, share_gemms and share_triads, each the better of 2 rounds
+// as together_seconds times it, printed as "gemm_seconds G triad_seconds T", to be set against
+// the medians the calibration wrote in its profile ("lone medians")
+static double lone_seconds(void (*work)(ShareWork*), ShareWork* k) {
+    double best = 1e30;
+    for (int round = 0; round < 2; round++) {
+        double t0 = wall_time_s();
+        work(k);
+        best = fmin(best, wall_time_s() - t0);
+    }
+    return best;
+}
+
+static int probe(int threads) {
+    omp_set_num_threads(threads);
+    Rng rng;
+    rng_init(&rng, 1);
+    ShareWork k;
+    share_work_alloc(&k, large_shapes, last_level_cache_bytes(), &rng);
+    double gemm_s = lone_seconds(share_gemms, &k), triad_s = lone_seconds(share_triads, &k);
+    printf("gemm_seconds %.6g triad_seconds %.6g\n", gemm_s, triad_s);
+    share_work_free(&k);
+    return 0;
+}
+
 // The fraction of a lone rank's rate each of comm's ranks reaches running `work` all at once: rank
 // 0's time alone (the others waiting quietly) over theirs together, the two taken in turn
 // SHARE_PAIRS times and the median of the ratios, on rank 0 (this VM's rate drifts by as much as
-// the fractions differ between two measurements minutes apart); *together_s their median time
+// the fractions differ between two measurements minutes apart); *together_s their median time,
+// lone_s rank 0's times alone
 #define SHARE_PAIRS 3
 static double median_of(double* x, int n);
-static double shared_fraction(MPI_Comm comm, void (*work)(ShareWork*), ShareWork* k, double* together_s) {
+static double shared_fraction(MPI_Comm comm, void (*work)(ShareWork*), ShareWork* k, double* together_s,
+                              double lone_s[SHARE_PAIRS]) {
     int rank;
     MPI_Comm_rank(comm, &rank);
     double ratio[SHARE_PAIRS], together[SHARE_PAIRS];
     for (int i = 0; i < SHARE_PAIRS; i++) {
-        double lone = rank == 0 ? together_seconds(MPI_COMM_SELF, work, k) : 0.0;
+        lone_s[i] = rank == 0 ? together_seconds(MPI_COMM_SELF, work, k) : 0.0;  // (kept: the drift, below)
         quiet_barrier(comm);
         together[i] = together_seconds(comm, work, k);
-        ratio[i] = lone / together[i];
+        ratio[i] = lone_s[i] / together[i];
     }
     *together_s = median_of(together, SHARE_PAIRS);
     return median_of(ratio, SHARE_PAIRS);
 }
 
-// the median of n numbers (n odd), sorted in place
+// the median of n numbers (of the middle two when n is even), sorted in place
 static double median_of(double* x, int n) {
     for (int i = 1; i < n; i++) {
         for (int j = i; j > 0 && x[j] < x[j - 1]; j--) {
@@ -482,7 +548,7 @@ static double median_of(double* x, int n) {
             x[j] = x[j - 1], x[j - 1] = t;
         }
     }
-    return x[n / 2];
+    return n % 2 ? x[n / 2] : (x[n / 2 - 1] + x[n / 2]) / 2.0;
 }
 
 // The cores a waiting rank takes: `computing` ranks (the cores) run the GEMMs while as many more wait
@@ -566,12 +632,14 @@ static int fit_file(const char* path) {
 
 int main(int argc, char** argv) {
     const char* out_path = NULL;
-    int threads = 1;
+    int threads = 1, probing = 0;
     for (int i = 1; i < argc; i++) {
         int has_value = i + 1 < argc;
         if (strcmp(argv[i], "-check") == 0 && has_value) return check(argv[i + 1]);
         if (strcmp(argv[i], "-fit") == 0 && has_value) return fit_file(argv[i + 1]);
-        if (strcmp(argv[i], "-o") == 0 && has_value) {
+        if (strcmp(argv[i], "-probe") == 0) {
+            probing = 1;
+        } else if (strcmp(argv[i], "-o") == 0 && has_value) {
             out_path = argv[++i];
         } else if (strcmp(argv[i], "-threads") == 0 && has_value) {
             char* end;
@@ -581,11 +649,13 @@ int main(int argc, char** argv) {
         } else {
             die("%s: unknown flag or a flag without its value. Usage:\n"
                 "  mpirun --oversubscribe -np 8 %s -o FILE [-threads N]   measure this machine, write its profile to FILE\n"
+                "  %s -probe [-threads N]                 time the lone rank's GEMMs and triads now (a sweep's drift)\n"
                 "  %s -check FILE|NAME                    read a profile and print it\n"
                 "  %s -fit FILE                           fit t = alpha + bytes / beta to \"bytes seconds\" lines",
-                argv[i], argv[0], argv[0], argv[0]);
+                argv[i], argv[0], argv[0], argv[0], argv[0]);
         }
     }
+    if (probing) return probe(threads);
     if (out_path == NULL) die("-o FILE: where to write the profile (e.g. dev/profiles/cpu-this-machine.txt)");
     MPI_Init(&argc, &argv);
     mpi_started = 1;
@@ -662,11 +732,11 @@ int main(int argc, char** argv) {
     omp_set_num_threads(threads);
     Rng rng;
     rng_init(&rng, 1 + rank);
-    GemmShape large[] = {{"fc", 512, 768, 3072}, {"fcproj", 512, 3072, 768}};
+    const GemmShape* large = large_shapes;
     GemmShape small[] = {{"qkv", 64, 768, 2304}, {"attproj", 64, 768, 768}};
     GemmShape wide[] = {{"lm head", 128, 256, 50304}};  // (d4's, at the sweeps' B 2 x T 64 tokens)
     double cache_bytes = last_level_cache_bytes(), wide_rate = 0, wide_eff = 0, wide_bytes = 0;
-    double large_rate = 0, small_rate = 0, small_eff = 0, small_flops = 0, attention_rate = 0;
+    double large_rate = 0, small_rate = 0, small_eff = 0, small_flops = 0, attention_rate = 0, large_seconds = 0;
     double bandwidth = 0, kernels_bandwidth = 0, memory_eff = 0, copy_bandwidth = 0, copy_small = 0;
     if (rank == 0) {
         if (threads > omp_get_num_procs()) {
@@ -677,6 +747,7 @@ int main(int argc, char** argv) {
                gemm_isa().name);
         double large_max, large_min, small_max, small_min;
         GemmClass large_class = gemm_class(large, 2, &rng, &large_max, &large_min);
+        large_seconds = large_class.seconds;
         GemmClass small_class = gemm_class(small, 2, &rng, &small_max, &small_min);
         double wide_max, wide_min;
         GemmClass wide_class = gemm_class(wide, 1, &rng, &wide_max, &wide_min);
@@ -722,34 +793,16 @@ int main(int argc, char** argv) {
     // 3. ranks sharing the host: each rank its own GEMMs' and triad's arrays (the triad's 3 x 64 MB,
     // twice the last-level cache and more), then N = 1, 2, 4, 8 of them at once
     ShareWork k;
-    memcpy(k.shapes, large, sizeof(k.shapes));
-    for (int s = 0; s < 2; s++) {
-        int N = large[s].N, C = large[s].C, OC = large[s].OC;
-        k.inp[s] = (float*)malloc_check((size_t)N * C * sizeof(float));
-        k.w[s] = (float*)malloc_check((size_t)OC * C * sizeof(float));
-        k.out[s] = (float*)malloc_check((size_t)N * OC * sizeof(float));
-        k.dinp[s] = (float*)malloc_check((size_t)N * C * sizeof(float));
-        k.dw[s] = (float*)calloc_check((size_t)OC * C, sizeof(float));
-        rng_normal_fill(&rng, k.inp[s], (size_t)N * C, 0.0f, 1.0f);
-        rng_normal_fill(&rng, k.w[s], (size_t)OC * C, 0.0f, 0.02f);
-        rng_normal_fill(&rng, k.out[s], (size_t)N * OC, 0.0f, 1.0f);
-    }
-    k.triad_n = (size_t)16 << 20;
-    k.a = (float*)calloc_check(k.triad_n, sizeof(float));
-    k.b = (float*)malloc_check(k.triad_n * sizeof(float));
-    k.c = (float*)malloc_check(k.triad_n * sizeof(float));
-    for (size_t i = 0; i < k.triad_n; i++) k.b[i] = 1.0f, k.c[i] = 2.0f;
     MPI_Bcast(&cache_bytes, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-    k.cached_n = (size_t)(cache_bytes / 2.0 / 8.0 / 12.0);  // (8 ranks' three arrays in half the cache)
-    k.ca = (float*)calloc_check(k.cached_n, sizeof(float));
-    k.cb = (float*)malloc_check(k.cached_n * sizeof(float));
-    k.cc = (float*)malloc_check(k.cached_n * sizeof(float));
-    for (size_t i = 0; i < k.cached_n; i++) k.cb[i] = 1.0f, k.cc[i] = 2.0f;
-    k.reduced = (float*)calloc_check(SPREAD_BYTES / 4, sizeof(float));
-    share_gemms(&k), share_triads(&k), share_cached_triads(&k);  // (warm: pages touched, caches filled)
+    share_work_alloc(&k, large, cache_bytes, &rng);
     double gemm_s[4] = {0}, triad_s[4] = {0};
     double gemm_fraction[4] = {1, 0, 0, 0}, memory_fraction[4] = {1, 0, 0, 0}, cached_fraction[4] = {1, 0, 0, 0};
     double cached_s[4] = {0}, compute_s[4] = {0}, meet_s[4] = {0}, spread_ar_s[4] = {0};
+    // rank 0's GEMMs and triads alone, timed again and again over the rest of the calibration (the
+    // drift, after this loop): step 2's GEMMs first (each product twice, as share_gemms runs them)
+    double gemm_lone[2 + 3 * SHARE_PAIRS], triad_lone[1 + 3 * SHARE_PAIRS];
+    int gemm_lone_n = 0, triad_lone_n = 0;
+    if (rank == 0) gemm_lone[gemm_lone_n++] = 2.0 * large_seconds;
     for (int c = 0; c < 4 && counts[c] <= size; c++) {
         MPI_Comm some;
         MPI_Comm_split(MPI_COMM_WORLD, rank < counts[c] ? 0 : MPI_UNDEFINED, rank, &some);
@@ -758,10 +811,14 @@ int main(int argc, char** argv) {
                 gemm_s[c] = together_seconds(some, share_gemms, &k);
                 triad_s[c] = together_seconds(some, share_triads, &k);
                 cached_s[c] = together_seconds(some, share_cached_triads, &k);
+                gemm_lone[gemm_lone_n++] = gemm_s[c], triad_lone[triad_lone_n++] = triad_s[c];
             } else {
-                gemm_fraction[c] = shared_fraction(some, share_gemms, &k, &gemm_s[c]);
-                memory_fraction[c] = shared_fraction(some, share_triads, &k, &triad_s[c]);
-                cached_fraction[c] = shared_fraction(some, share_cached_triads, &k, &cached_s[c]);
+                double lone[SHARE_PAIRS];
+                gemm_fraction[c] = shared_fraction(some, share_gemms, &k, &gemm_s[c], lone);
+                for (int i = 0; i < SHARE_PAIRS; i++) gemm_lone[gemm_lone_n++] = lone[i];
+                memory_fraction[c] = shared_fraction(some, share_triads, &k, &triad_s[c], lone);
+                for (int i = 0; i < SHARE_PAIRS; i++) triad_lone[triad_lone_n++] = lone[i];
+                cached_fraction[c] = shared_fraction(some, share_cached_triads, &k, &cached_s[c], lone);
             }
             if (counts[c] >= 2) {  // the arrival spread: compute then meet, against the compute alone
                 spread_comm = some;
@@ -811,13 +868,30 @@ int main(int argc, char** argv) {
         quiet_barrier(MPI_COMM_WORLD);
     }
     free(buf), free(scattered);
-    for (int s = 0; s < 2; s++) free(k.inp[s]), free(k.w[s]), free(k.out[s]), free(k.dinp[s]), free(k.dw[s]);
-    free(k.a), free(k.b), free(k.c), free(k.ca), free(k.cb), free(k.cc), free(k.reduced);
+    share_work_free(&k);
     if (rank != 0) {
         quiet_barrier(MPI_COMM_WORLD);  // (until rank 0 has written the profile)
         MPI_Finalize();
         return 0;
     }
+    // The machine's drift. This VM's speed wanders by 10-20% from one minute to the next (two
+    // calibrations a minute apart timed the large GEMMs at 71 and 83 GFLOP/s), and step 2 timed each
+    // rate once, at one moment. Rank 0 timed the same GEMMs and triads alone again and again above,
+    // in turn with the shared runs: step 2's rates are scaled to their median over the whole
+    // calibration (the GEMM classes, attention and the host's rate by the GEMMs' drift, the
+    // bandwidths by the triads'; the triads' first lone time, 1 rank at once, is the nearest to step
+    // 2's triad). The efficiencies and fractions are ratios of times taken together or in turn:
+    // the drift cancels in them.
+    double gemm_first = gemm_lone[0], triad_first = triad_lone[0];
+    double gemm_median = median_of(gemm_lone, gemm_lone_n), triad_median = median_of(triad_lone, triad_lone_n);
+    double gemm_drift = gemm_first / gemm_median, triad_drift = triad_first / triad_median;
+    printf("drift: the lone rank's GEMMs timed %d times over the calibration, %.3f to %.3f s (step 2's %.3f): its\n"
+           "  rates x %.3f, %.1f GFLOP/s; its triads %d times, %.3f to %.3f s (the first %.3f): bandwidths x %.3f\n",
+           gemm_lone_n, gemm_lone[0], gemm_lone[gemm_lone_n - 1], gemm_first, gemm_drift, large_rate * gemm_drift / 1e9,
+           triad_lone_n, triad_lone[0], triad_lone[triad_lone_n - 1], triad_first, triad_drift);
+    large_rate *= gemm_drift, small_rate *= gemm_drift, wide_rate *= gemm_drift, attention_rate *= gemm_drift;
+    bandwidth *= triad_drift, kernels_bandwidth *= triad_drift;
+
     double meeting_fraction[4] = {0, 0, 0, 0};
     printf("ranks sharing this host (%d cores; each rank: d12's fc and fcproj GEMMs, %.1f GFLOP, and 4 triads over 3 x 64 MB;\n"
            "the time until the last rank is done, the better of 2 rounds; the fraction of a lone rank's rate each reaches:\n"
@@ -960,6 +1034,10 @@ int main(int argc, char** argv) {
             "#   attention: llmc/cpu/attention.h at d12's B 4, T 64, 12 heads, %.1f GFLOP/s of useful causal FLOPs.\n"
             "#   memory: STREAM's triad over 3 x 128 MB, %.1f GB/s; GELU and LayerNorm,\n"
             "#     forward and backward at d12's B 4, T 64, %.1f GB/s of their least bytes (efficiency_memory).\n"
+            "#   drift: each rate above is step 2's scaled to the median of the lone rank's GEMMs (%d times) and\n"
+            "#     triads (%d times) timed in turn with the shared runs over the calibration: x %.3f and x %.3f.\n"
+            "#   lone medians: gemm_seconds %.6g triad_seconds %.6g (calibrate -probe times the same work: a sweep\n"
+            "#     long after the calibration scales the rates by them, dev/bench/sweep.sh)\n"
             "#   links: MPI between 2 ranks of this host, 2 KB to 2 MB, fit t = alpha + bytes / beta (weights 1/t^2):\n"
             "#     send/recv %.2f us + bytes / %.2f GB/s; all-reduce %.2f us + bytes / %.2f GB/s; reduce-scatter and\n"
             "#     all-gather the same way (bytes: the whole buffer), on 2 ranks and as many as below; each collective's\n"
@@ -976,7 +1054,8 @@ int main(int argc, char** argv) {
             "#     cache (cpu_cache_bytes, sysfs's); efficiency_matmul_beyond_cache, the LM head of d4 (128 x 256\n"
             "#     times 256 x 50304, %.0f MB a product) at %.1f GFLOP/s, its bytes' time out, over the peak.\n",
             when, size, threads, large_rate / 1e9, threads, threads == 1 ? "" : "s", small_rate / 1e9, small_flops,
-            attention_rate / 1e9, bandwidth / 1e9, kernels_bandwidth / 1e9,
+            attention_rate / 1e9, bandwidth / 1e9, kernels_bandwidth / 1e9, gemm_lone_n, triad_lone_n, gemm_drift, triad_drift,
+            gemm_median, triad_median,
             msg_alpha * 1e6, msg_beta / 1e9, coll_alpha[TIMED_ALL_REDUCE][1] * 1e6, coll_beta[TIMED_ALL_REDUCE][1] / 1e9, copy_bandwidth / 1e9, copy_small * 1e6,
             size, cores, SPREAD_ROUNDS, SPREAD_BYTES, wide_bytes / 1e6, wide_rate / 1e9);
     device_profile_print(f, &p);

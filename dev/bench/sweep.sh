@@ -47,7 +47,10 @@
 #   -calibrate    first run dev/bench/calibrate (1 thread a rank; on 2, 4 or 8 ranks, the least
 #                 that holds -np, so that it measures ranks sharing the host as the sweep runs them)
 #                 and predict with its profile (written to -profile FILE when given, else a
-#                 temporary file)
+#                 temporary file); then, before each run, calibrate -probe times the calibration's
+#                 lone GEMMs and triads again, and the table's predictions use the profile's rates
+#                 scaled by the calibration's lone times over the probes' medians (the machine's
+#                 drift; the line "as calibrated" gives the summary without it)
 #   -figure PNG   where the figure goes [dev/images/sweep_MODEL_N.png; none: no figure]
 #   -save FILE    keep the results as tab-separated values (sweep_stats.py's RESULTS.tsv)
 #   -timeout S    a layout still running after S seconds is stopped and reported as failed [300]
@@ -235,6 +238,18 @@ echo "predictions: $predict FLAGS${profile:+ (with -profile $profile)}"
 # row a layout in the selected order (index, label, predicted seconds or "-", command)
 plan="$work/plan"  # the planner's and the predictor's output for the layout at hand
 mkdir "$plan"
+# predict_layout PROFILE FLAGS...: the predictor's seconds for a layout, or "-" (why in $plan)
+predict_layout() {
+    local with=$1 seconds
+    shift
+    read -ra predictor <<<"$predict"
+    if timeout 60 "${predictor[@]}" "${plan_flags[@]}" "$@" ${with:+-profile "$with"} >"$plan/predict.out" 2>"$plan/predict.err" &&
+        seconds=$($PY $STATS prediction "$plan/predict.out" 2>"$plan/predict.why"); then
+        echo "$seconds"
+    else
+        echo "-"
+    fi
+}
 predicted_count=0 why_none=""
 while IFS=$'\t' read -r index flags label <&3; do
     read -ra layout_flags <<<"$flags"
@@ -248,11 +263,8 @@ while IFS=$'\t' read -r index flags label <&3; do
     read -ra words <<<"$command"
     [ "${words[0]} ${words[1]} ${words[2]}" = "mpirun -np $N" ] || fail "unexpected command from the planner: $command"
     # the prediction, if the predictor gives one (within a minute: a model, not a run)
-    read -ra predictor <<<"$predict"
-    predicted="-"
-    if timeout 60 "${predictor[@]}" "${plan_flags[@]}" "${layout_flags[@]}" ${profile:+-profile "$profile"} >"$plan/predict.out" 2>"$plan/predict.err" &&
-        seconds=$($PY $STATS prediction "$plan/predict.out" 2>"$plan/predict.why"); then
-        predicted=$seconds
+    predicted=$(predict_layout "$profile" "${layout_flags[@]}")
+    if [ "$predicted" != "-" ]; then
         predicted_count=$((predicted_count + 1))
     elif [ -z "$why_none" ]; then
         why_none=$(cat "$plan/predict.why" "$plan/predict.err" 2>/dev/null | head -3)
@@ -284,6 +296,10 @@ while [ "$pass" -lt "$repeat" ]; do
             echo "$progress #$index $label: skipped (failed in pass ${failed_in[$index]})"
             continue
         fi
+        # with a fresh calibration, the machine's speed just before the run (the drift, after the passes)
+        if [ "$calibrate" = 1 ]; then
+            OMP_NUM_THREADS=1 timeout 60 ./dev/bench/calibrate -probe -threads 1 >>"$work/probes.txt" 2>/dev/null
+        fi
         # the run: the planner's command with this machine's mpirun, a few steps, no validation or samples
         read -ra words <<<"$command"
         d=$(mktemp -d "$work/run.XXXXXX")
@@ -311,14 +327,42 @@ while [ "$pass" -lt "$repeat" ]; do
         rm -rf "$d"
     done
 done
+# 3. the drift (with -calibrate): this VM's speed wanders from one minute to the next by as much as
+# the layouts differ, and the calibration took one minute before runs that take many. The probes
+# timed the calibration's own lone GEMMs and triads before each run: each layout is predicted again
+# with the profile's GEMM rates and bandwidths scaled by the calibration's lone times over the
+# probes' medians (sweep_stats.py's drift; the fractions and links as calibrated). The
+# predictions as calibrated are printed beside the table's.
+planned_as_calibrated=""
+if [ "$calibrate" = 1 ] && [ "$predicted_count" -gt 0 ] &&
+    factors=$($PY $STATS drift "$profile" "$work/probes.txt" "$work/profile-drift.txt" 2>"$work/drift.err"); then
+    read -r gemm_factor triad_factor probe_count <<<"$factors"
+    planned_as_calibrated="$work/planned.tsv"
+    while IFS=$'\t' read -r index flags label <&3; do
+        read -ra layout_flags <<<"$flags"
+        [[ " $flags " == *" -pp 1 "* ]] || layout_flags+=(-sched "$sched" -vp "$vp")
+        predicted=$(predict_layout "$work/profile-drift.txt" "${layout_flags[@]}")
+        awk -F'\t' -v OFS='\t' -v i="$index" -v p="$predicted" '$1 == i { $3 = p; print }' "$work/planned.tsv"
+    done 3<"$work/selected.tsv" >"$work/planned-drift.tsv"
+    echo
+    echo "drift: $probe_count probes of the calibration's lone work beside the runs: the profile's GEMM rates x $gemm_factor, its bandwidths x $triad_factor"
+elif [ "$calibrate" = 1 ] && [ "$predicted_count" -gt 0 ]; then
+    echo "drift: not taken ($(cat "$work/drift.err" 2>/dev/null)): the predictions as calibrated"
+fi
 # RESULTS.tsv: a row a layout, its time the median of its passes' (sweep_stats.py's merge)
-$PY $STATS merge "$work/planned.tsv" "$warmup" "${pass_files[@]}" >"$work/results.tsv" || fail "could not gather the passes' times"
+planned_final="$work/planned.tsv"
+[ -n "$planned_as_calibrated" ] && planned_final="$work/planned-drift.tsv"
+$PY $STATS merge "$planned_final" "$warmup" "${pass_files[@]}" >"$work/results.tsv" || fail "could not gather the passes' times"
 
 echo
 report=("$work/results.tsv" --title "$model, B $B, T $T, $N ranks on the CPU: $count layouts$passes")
 [ -n "$figure" ] && report+=(--figure "$figure")
 [ "$predicted_count" = 0 ] && [ -n "$why_none" ] && echo "no predictions from '$predict': $why_none"
 $PY $STATS report "${report[@]}" || fail "could not write the report"
+if [ -n "$planned_as_calibrated" ]; then
+    $PY $STATS merge "$planned_as_calibrated" "$warmup" "${pass_files[@]}" >"$work/results-as-calibrated.tsv" &&
+        echo "as calibrated, without the drift: $($PY $STATS summary "$work/results-as-calibrated.tsv")"
+fi
 if [ -n "$save" ]; then
     cp "$work/results.tsv" "$save" || fail "-save $save: cannot write it"
 fi

@@ -7,6 +7,8 @@ main.log reading the shell script cannot do itself.
     /usr/bin/python3 dev/bench/sweep_stats.py self-test
     /usr/bin/python3 dev/bench/sweep_stats.py report RESULTS.tsv [--figure PNG --title TEXT]
     /usr/bin/python3 dev/bench/sweep_stats.py stats 'measured,...' 'predicted,...'   (seconds)
+    /usr/bin/python3 dev/bench/sweep_stats.py summary RESULTS.tsv       (the summary line alone)
+    /usr/bin/python3 dev/bench/sweep_stats.py drift PROFILE PROBES OUT  (a profile scaled for the drift)
 
 The statistics, over the n layouts that were both measured and predicted:
 
@@ -237,6 +239,47 @@ def merge(planned_path, warmup, pass_paths):
                              command, ",".join(ok))))
 
 
+# the profile's fields the drift scales: the GEMM rates by the GEMMs', the bandwidths by the triads'
+DRIFT_GEMM_FIELDS = ("peak_flops_fp32", "peak_flops_bf16", "host_flops_fp32")
+DRIFT_TRIAD_FIELDS = ("memory_bandwidth_bytes_per_s", "host_memory_bandwidth_bytes_per_s")
+
+
+def drift(profile_path, probes_path, out_path):
+    """The machine's drift between a calibration and the runs after it. The calibration's profile
+    says how long rank 0's lone GEMMs and triads took, the median over the calibration ("lone
+    medians: gemm_seconds G triad_seconds T"); calibrate -probe timed the same work before each
+    run (a line "gemm_seconds G triad_seconds T" each, in probes_path). Writes to out_path the
+    profile with its GEMM rates times G / (the probes' median G) and its bandwidths times T / (the
+    probes' median T), everything else as measured, and prints the two factors and the probes'
+    count. Exit 1 with the reason when the profile has no lone medians or there are no probes."""
+    import re
+    text = open(profile_path).read()
+    m = re.search(r"lone medians: gemm_seconds (\S+) triad_seconds (\S+)", text)
+    if m is None:
+        sys.exit("%s has no \"lone medians\" line (a profile from dev/bench/calibrate writes one)" % profile_path)
+    calibrated = float(m.group(1)), float(m.group(2))
+    probes = []
+    for line in open(probes_path):
+        w = line.split()
+        if len(w) == 4 and w[0] == "gemm_seconds" and w[2] == "triad_seconds":
+            probes.append((float(w[1]), float(w[3])))
+    if not probes:
+        sys.exit("%s: no probe (\"gemm_seconds G triad_seconds T\" lines)" % probes_path)
+    gemm = calibrated[0] / median([p[0] for p in probes])
+    triad = calibrated[1] / median([p[1] for p in probes])
+    lines = ["# %s scaled for the machine's drift (dev/bench/sweep_stats.py drift): the GEMM rates x %.4f, the\n"
+             "# bandwidths x %.4f, the calibration's lone medians over those of %d probes taken with the runs\n"
+             % (os.path.basename(profile_path), gemm, triad, len(probes))]
+    for line in text.splitlines(True):
+        w = line.split()
+        if len(w) == 2 and w[0] in DRIFT_GEMM_FIELDS + DRIFT_TRIAD_FIELDS:
+            line = "%s %.10g\n" % (w[0], float(w[1]) * (gemm if w[0] in DRIFT_GEMM_FIELDS else triad))
+        lines.append(line)
+    with open(out_path, "w") as f:
+        f.write("".join(lines))
+    print("%.6f %.6f %d" % (gemm, triad, len(probes)))
+
+
 def step_times(main_log, warmup):
     """the median step time in seconds after `warmup` steps, and every step's ms, of a main.log"""
     ms = [rec["ms"] for rec in map(json.loads, open(main_log)) if "train_loss" in rec]
@@ -440,6 +483,11 @@ def main():
         prediction(rest[0])
     elif cmd == "merge" and len(rest) >= 3:
         merge(rest[0], int(rest[1]), rest[2:])
+    elif cmd == "drift" and len(rest) == 3:
+        drift(*rest)
+    elif cmd == "summary" and len(rest) == 1:
+        rows = [r for r in read_results(rest[0]) if r["measured"] is not None and r["predicted"] is not None]
+        print(summary_line(sweep_stats([r["measured"] for r in rows], [r["predicted"] for r in rows])))
     elif cmd == "step-times" and len(rest) == 2:
         step_times(rest[0], int(rest[1]))
     else:
