@@ -867,7 +867,7 @@ int main(int argc, char** argv) {
         {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1), zbv (ZB-V), dualpipev (DualPipeV)"},
         {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved (zbv and dualpipev: 2, their V)"},
         {"-z", ARG_INT, &zero, 0, 1, "1: ZeRO-1, the AdamW state sharded over the dp replicas (and their cp ranks)"},
-        {"-pp_overlap", ARG_INT, &pp_overlap, 0, 1, "1: a group that joins a forward and a backward (dualpipev's F&B pairs, interleaved's steady state) sends the forward's output while the backward computes (CPU backend)"},
+        {"-pp_overlap", ARG_INT, &pp_overlap, 0, 1, "1: a group that joins a forward and a backward (dualpipev's F&B pairs, interleaved's steady state) sends the forward's output while the backward computes (CUDA: on side NCCL communicators)"},
         {"-timeline", ARG_INT, &timeline, 0, ARG_NO_MAX, "every N steps print the measured timeline of replica 0's pipeline at tp rank 0 (0: never)"},
         {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that every copy of a tensor is identical: over tp (replicated tensors), the embedding group (wte), dp x cp (everything but experts) and edp (experts) (0: never)"},

@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
         {"-pp", ARG_INT, &pp_flag, 0, ARG_NO_MAX, "pipeline stages; all ranks form one pipeline, so it must equal the number of ranks (0: the number of ranks)"},
         {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1), zbv (ZB-V), dualpipev (DualPipeV)"},
         {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved (zbv and dualpipev: 2, their V); L must divide by pp * vp"},
-        {"-pp_overlap", ARG_INT, &pp_overlap, 0, 1, "1: a group that joins a forward and a backward (dualpipev's F&B pairs, interleaved's steady state) sends the forward's output while the backward computes (CPU backend)"},
+        {"-pp_overlap", ARG_INT, &pp_overlap, 0, 1, "1: a group that joins a forward and a backward (dualpipev's F&B pairs, interleaved's steady state) sends the forward's output while the backward computes (CUDA: on side NCCL communicators)"},
         {"-timeline", ARG_INT, &timeline, 0, ARG_NO_MAX, "every N steps print the measured timeline of the step (and append it to -o's timeline.jsonl) (0: never)"},
         {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that the first and last stage hold the same wte (0: never)"},

@@ -49,16 +49,33 @@ static const char* comm_kind_names[COMM_NUM_KINDS] = {
 #ifdef __CUDACC__
 #define COMM_EVENTS COMM_MAX_PENDING  // a group's completion events, used round-robin
 #endif
-// Can a send be posted ahead of the exchange that would post it (the pipeline's F&B overlap)?
-// With MPI requests, yes: each moves on its own. With NCCL, not on one stream: a rank's groups
-// run one after another, so a send posted early holds back the exchange queued behind it until
-// its receiver posts; if the receiver first waits for that exchange (two neighbours sending to
-// each other), neither goes on. It would take a second stream and communicator for the early
-// sends, which this layer does not have.
+// Channels. A group's exchanges may spread their messages over channels: channel 0 is the group's
+// own, side channels 1 .. COMM_CHANNELS - 1 are opened by comm_open_channel (a collective of the
+// group). Messages between two ranks pair up in the order they were posted, within a channel;
+// messages of different channels never pair. Why more than one: NCCL runs a rank's operations on
+// one communicator in turn, so a send posted ahead of its exchange (the pipeline's F&B overlap,
+// llmc/pipeline_walk.h) would hold back, until its receiver posts, everything queued behind it,
+// and if the receiver first waits for some of that (two neighbours sending to each other) neither
+// goes on. On the CUDA backend a side channel is a communicator of its own (ncclCommSplit of the
+// group: the same ranks in the same order) with a stream of its own, so what one channel holds
+// back never stalls another; within a channel the caller keeps the order safe (the pipeline's
+// rule, and why it cannot deadlock: llmc/pipeline_walk.h). (This asks the GPU to run two
+// communicators' kernels at once, which NCCL's guide does not promise, "Using multiple NCCL
+// communicators concurrently", and a GPU with SMs to spare does, as PyTorch's one communicator
+// per process group relies on.) On MPI (the CPU backend, and the CUDA backend's host-staged path)
+// every request moves on its own, and a channel is the messages' tag, so both backends pair
+// messages by the same rule.
+#define COMM_CHANNELS 4  // channel 0 and up to 3 side channels
+
 #ifdef __CUDACC__
-#define COMM_SENDS_POST_AHEAD 0
-#else
-#define COMM_SENDS_POST_AHEAD 1
+// a side channel on the CUDA backend: its communicator, its stream, and its completion events
+typedef struct {
+    ncclComm_t nccl;
+    cudaStream_t stream;
+    unsigned char* connected;          // per rank of the group: connected when the channel opened
+    cudaEvent_t events[COMM_EVENTS];   // non-blocking calls' completions on this stream, round-robin
+    unsigned next_event;
+} CommChannel;
 #endif
 
 typedef struct {
@@ -66,6 +83,7 @@ typedef struct {
     int size;
     int ranks_sharing_memory;  // world only: ranks of this job whose buffers share this rank's
                                // memory (CPU: this machine's RAM; CUDA: this rank's GPU)
+    int side_channels;         // side channels open (comm_open_channel): 1 .. side_channels
     char name[32];
     long long calls[COMM_NUM_KINDS];
     long long bytes[COMM_NUM_KINDS];
@@ -98,6 +116,7 @@ typedef struct {
     int* timing_what;         // ... per pair, a collective's kind, or -1 - kind for a wait
     int timing_used, timing_capacity, timing_op;  // pairs this step, allocated; the call's pair
     int staged;               // 1: copy to the host and use MPI (several ranks share one GPU)
+    CommChannel side[COMM_CHANNELS - 1];  // side channel c is side[c - 1] (NCCL only)
 #endif
 } CommGroup;
 
@@ -120,6 +139,25 @@ static inline void comm_done(CommGroup* g) {
     watchdog_leave();
 }
 
+// one message of an exchange (comm_exchange): n elements sent to, or received from, rank `peer`
+typedef struct {
+    void* buf;
+    size_t n;
+    int peer;
+    int is_send;  // 1: send buf; 0: receive into buf
+    int channel;  // 0, the group's own, or a side channel (comm_open_channel)
+} CommMessage;
+
+static inline CommMessage comm_message(void* buf, size_t n, int peer, int is_send) {
+    CommMessage m;
+    m.buf = buf;
+    m.n = n;
+    m.peer = peer;
+    m.is_send = is_send;
+    m.channel = 0;
+    return m;
+}
+
 // A non-blocking collective (comm_*_start): posted, it runs while the caller computes, and
 // comm_wait finishes it before its output is read or its input overwritten. On the CPU it is an
 // MPI request, which moves only while this rank is inside MPI (comm_progress, comm_wait); on the
@@ -138,7 +176,14 @@ typedef struct CommRequest {
     int num_mpi;
 #endif
 #ifdef __CUDACC__
-    cudaEvent_t done;   // NCCL: recorded on the comm stream after the call
+    cudaEvent_t done[COMM_CHANNELS];  // NCCL: recorded on each channel's stream after its part
+    int num_done;
+#ifdef USE_MPI
+    void* staged[COMM_EXCHANGE_MAX];  // the host-staged path's exchange: its host copies, the
+    CommMessage staged_msgs[COMM_EXCHANGE_MAX];  // messages (receives go to the device at
+    int num_staged;                              // comm_wait), and their element size
+    size_t staged_elem;
+#endif
 #endif
 } CommRequest;
 
@@ -171,23 +216,6 @@ static inline void comm_completed(CommRequest* r, double now) {
     }
 }
 
-// one message of an exchange (comm_exchange): n elements sent to, or received from, rank `peer`
-typedef struct {
-    void* buf;
-    size_t n;
-    int peer;
-    int is_send;  // 1: send buf; 0: receive into buf
-} CommMessage;
-
-static inline CommMessage comm_message(void* buf, size_t n, int peer, int is_send) {
-    CommMessage m;
-    m.buf = buf;
-    m.n = n;
-    m.peer = peer;
-    m.is_send = is_send;
-    return m;
-}
-
 // an all-to-all counts the elements it sends to the other ranks (its own block stays)
 static inline size_t comm_all_to_all_sent(const CommGroup* g, const size_t* send_counts) {
     size_t sent = 0;
@@ -195,8 +223,16 @@ static inline size_t comm_all_to_all_sent(const CommGroup* g, const size_t* send
     return sent;
 }
 
-// an exchange counts each message as a send or a receive, and is timed as one operation
+// an exchange counts each message as a send or a receive, and is timed as one operation (its
+// messages checked first: a channel that is not open is a mistake of the caller's)
 static inline void comm_count_exchange(CommGroup* g, const CommMessage* msgs, int count, size_t elem_bytes) {
+    if (count > COMM_EXCHANGE_MAX) fail("exchange on group '%s': %d messages, at most %d", g->name, count, COMM_EXCHANGE_MAX);
+    for (int i = 0; i < count; i++) {
+        if (msgs[i].channel < 0 || msgs[i].channel > g->side_channels) {
+            fail("exchange on group '%s': a message on channel %d, but the group has channels 0 .. %d (comm_open_channel)",
+                 g->name, msgs[i].channel, g->side_channels);
+        }
+    }
     for (int i = 1; i < count; i++) {
         CommKind kind = msgs[i].is_send ? COMM_SEND : COMM_RECV;
         g->calls[kind] += 1;

@@ -37,19 +37,115 @@
 // that joins a forward and a backward of another micro-batch (dualpipev's F&B pairs, interleaved's
 // steady state) the forward's output is ready while the backward still has to run. So it leaves
 // at once: right after the forward, the next exchange's sends of actions up to the forward (its
-// output, unless the V's bottom keeps it; the sends are posted in action order, which the
-// receivers' order of receives follows) are posted
-// non-blocking and move while the backward computes (MPI requests, moved by comm_progress between
-// the backward's layers); the exchange posts the rest and waits for both. With requests that move
-// on their own a send posted sooner only makes its message available sooner: the exchanges still
-// pair up and finish as pipeline_check_exchanges proved. Not so with NCCL on one comm stream
-// (COMM_SENDS_POST_AHEAD, comm.h): the CUDA backend refuses the flag. What is left waiting is the
-// step line's exposed time; the same run with -pp_overlap 0 gives the cost.
-// -pp_overlap's value, checked on every rank: the CUDA backend refuses it (comm.h says why)
-static inline int walk_overlap_flag(int pp_overlap) {
-    check_every_rank(!pp_overlap || COMM_SENDS_POST_AHEAD, "-pp_overlap 1: this backend's comm layer cannot post a send "
-                     "ahead of its exchange (NCCL runs a rank's groups in turn on one stream, llmc/comm.h); leave it 0");
-    return pp_overlap;
+// output, unless the V's bottom keeps it, and any put off to that exchange: walk_sends_ahead) are
+// posted non-blocking and move while the backward computes (MPI requests, moved by comm_progress
+// between the backward's layers; NCCL calls on their own stream); the exchange posts the rest and
+// waits for both. What is left waiting is the step line's exposed time; the same run with
+// -pp_overlap 0 gives the cost.
+//
+// Which channel each message takes (comm.h). With MPI requests, which move on their own, a send
+// posted sooner only makes its message available sooner: the exchanges still pair up and finish
+// as pipeline_check_exchanges proved. NCCL runs a rank's calls on one communicator in turn: a send
+// posted ahead there would hold back the exchange queued behind it until its receiver posts, and
+// two neighbours that send ahead to each other would each wait for the other's exchange. So:
+//   - the rule: a message sent ahead travels on side channel 1 + colour(its sender), and its
+//     receiver receives it there; every other message on channel 0. Both ends evaluate
+//     walk_sends_ahead on the sender's list, so they agree on every message's channel; a pair's
+//     messages on one channel are a subsequence of its messages in posting order (the overlap
+//     keeps that order: the sends ahead are the first of their exchange's, in action order), so
+//     they pair up on each channel as they did on one.
+//   - colour: the stage's parity, so that neighbours differ (in interleaved's ring of odd p,
+//     stage p - 1 sends on to stage 0, and takes a third). A rank's own colour's channel then
+//     carries only its sends ahead; the other side channels only its receives.
+// Why nothing waits forever: on its own channel a rank holds one batch of sends ahead at a time
+// (posted after a group's forward, waited for at the next exchange, before the next batch is
+// posted); on the other side channels only the receives of the exchange in progress; on channel
+// 0 that exchange's other messages. An exchange posts every channel's part before it waits for
+// any (comm.h), so it has all its messages out at once, with nothing of another exchange queued
+// ahead of them on any communicator: exactly the exchanges of MPI requests, which
+// pipeline_check_exchanges proved complete. And the side channels connect their peers when they
+// open (walk_channels), so no send ahead waits on the host for its peer's first call.
+
+// the colour of a stage's sends ahead (above): neighbours never share one
+static inline int walk_ahead_colour(PipeSpec spec, int stage) {
+    int ring = spec.sched == SCHEDULE_INTERLEAVED && spec.V > 1;  // (the last stage sends on to stage 0)
+    return ring && spec.p > 1 && spec.p % 2 == 1 && stage == spec.p - 1 ? 2 : stage % 2;
+}
+
+// ahead[j] = 1 when the output of a stage's action j is sent ahead (the F&B overlap): j is at or
+// before the forward that opens a group of more than one action, and its send is due at the
+// exchange right after that group. The sender and its receiver both read it (walk_channels).
+static inline void walk_sends_ahead(PipeSpec spec, int stage, const PipeAction* actions, int n, unsigned char* ahead) {
+    int* group = (int*)malloc_check((size_t)(n > 0 ? n : 1) * sizeof(int));
+    pipeline_exchange_index(actions, n, group);
+    for (int j = 0; j < n; j++) ahead[j] = 0;
+    for (int k = 0; k + 1 < n; k++) {
+        int opens = (k == 0 || group[k - 1] != group[k]) && group[k + 1] == group[k] && actions[k].op == PIPE_FORWARD;
+        for (int j = 0; j <= k && opens; j++) {
+            int due = group[j] + 1 + actions[j].sends_later;  // (the exchange that sends it)
+            if (pipeline_output_to(spec, stage, actions[j]) >= 0 && due == group[k] + 1) ahead[j] = 1;
+        }
+    }
+    free(group);
+}
+
+// -pp_overlap's value: both backends take it (the CUDA backend sends ahead on side channels)
+static inline int walk_overlap_flag(int pp_overlap) { return pp_overlap; }
+
+// a rank into a channel's list of peers, once
+static inline void walk_add_peer(int* peers, int* count, int peer) {
+    for (int i = 0; i < *count; i++) if (peers[i] == peer) return;
+    peers[(*count)++] = peer;
+}
+
+// With -pp_overlap, each action's channels (0 without): the one its output leaves on and the one
+// its input arrives on, from every stage's list (a receiver needs its sender's walk_sends_ahead).
+// The first time, the side channels open on every rank of the pipe (a collective of the pp
+// group: every rank's walk starts here), each connecting this stage's peers on it: those it sends
+// ahead to on its own colour's, those that send ahead to it on theirs.
+static inline void walk_channels(Walk* w, const PipeAction* actions, int n, int* send_channel, int* recv_channel) {
+    PipeSpec spec = w->st->spec;
+    int p = spec.p, me = w->st->stage, keys = 3 * spec.m * spec.V;
+    PipeAction* lists = (PipeAction*)malloc_check((size_t)p * n * sizeof(PipeAction));
+    unsigned char* ahead = (unsigned char*)malloc_check((size_t)p * n);
+    int* index_of = (int*)malloc_check((size_t)p * keys * sizeof(int));  // stage q's (op, micro, chunk) -> its index
+    int channels = 0;  // side channels in use: 1 + the highest colour that sends ahead
+    for (int q = 0; q < p; q++) {
+        const PipeAction* list = q == me ? actions : lists + (size_t)q * n;
+        if (q != me && pipeline_stage_actions(spec, q, lists + (size_t)q * n) != n) fail("stage %d: a walk of %d actions, "
+                                                                                       "not its schedule's", me, n);
+        walk_sends_ahead(spec, q, list, n, ahead + (size_t)q * n);
+        for (int j = 0; j < n; j++) {
+            index_of[(size_t)q * keys + (list[j].op * spec.m + list[j].micro) * spec.V + list[j].chunk] = j;
+            if (ahead[(size_t)q * n + j] && 1 + walk_ahead_colour(spec, q) > channels) channels = 1 + walk_ahead_colour(spec, q);
+        }
+    }
+    int* peers = (int*)malloc_check((size_t)COMM_CHANNELS * p * sizeof(int));  // channel c's from c p on
+    int num_peers[COMM_CHANNELS] = {0};
+    for (int j = 0; j < n; j++) {
+        PipeAction a = actions[j];
+        int to = pipeline_output_to(spec, me, a), from = pipeline_input_from(spec, me, a);
+        send_channel[j] = recv_channel[j] = 0;
+        if (to >= 0 && ahead[(size_t)me * n + j]) send_channel[j] = 1 + walk_ahead_colour(spec, me);
+        if (from >= 0) {  // the sender's action: the same pass of the micro-batch, one virtual stage away
+            int v = pipeline_virtual_stage(spec, me, a.chunk) + (a.op == PIPE_FORWARD ? -1 : 1);
+            int i = index_of[(size_t)from * keys + (a.op * spec.m + a.micro) * spec.V + pipeline_chunk_of(spec, v)];
+            if (ahead[(size_t)from * n + i]) {
+                recv_channel[j] = 1 + walk_ahead_colour(spec, from);
+                if (recv_channel[j] == 1 + walk_ahead_colour(spec, me)) {
+                    fail("stage %d receives ahead from stage %d of its own colour: the pipe's side channels would mix "
+                         "sends and receives (llmc/pipeline_walk.h)", me, from);
+                }
+            }
+        }
+        if (send_channel[j]) walk_add_peer(peers + send_channel[j] * p, &num_peers[send_channel[j]], to);
+        if (recv_channel[j]) walk_add_peer(peers + recv_channel[j] * p, &num_peers[recv_channel[j]], from);
+    }
+    for (int c = w->pp->side_channels + 1; c <= channels; c++) comm_open_channel(w->pp, c, peers + c * p, num_peers[c]);
+    free(lists);
+    free(ahead);
+    free(index_of);
+    free(peers);
 }
 
 static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
@@ -74,33 +170,40 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
         int e = group[j] + 1 + actions[j].sends_later;
         if (pipeline_output_to(spec, st->stage, actions[j]) >= 0) sends[first_send[e] + placed[e]++] = j;
     }
+    // each action's channels, for its output and its input (all 0 without -pp_overlap)
+    int* send_channel = (int*)calloc_check((size_t)n + 1, sizeof(int));
+    int* recv_channel = (int*)calloc_check((size_t)n + 1, sizeof(int));
+    if (w->overlap_pairs && !w->forward_only) walk_channels(w, actions, n, send_channel, recv_channel);
     // (an exchange's messages: its sends, and a group's receives, at most one per action)
     CommMessage* msgs = (CommMessage*)malloc_check((size_t)(n + 2) * sizeof(CommMessage));
-    // the F&B overlap's sends posted early: the first `early_sends` of the next exchange's
+    // the F&B overlap's sends posted ahead of the next exchange (those on a side channel)
     CommRequest early;
     memset(&early, 0, sizeof(early));
-    int early_sends = 0;
     // exchange e comes before group e (actions k .. end-1); after the last group, one more
     // exchange sends the last outputs
     for (int k = 0, e = 0, end; ; k = end, e++) {
         for (end = k; end < n && group[end] == group[k]; end++) {}
         int count = 0;
-        for (int i = first_send[e] + early_sends; i < first_send[e + 1]; i++) {  // send: the outputs due now
+        for (int i = first_send[e]; i < first_send[e + 1]; i++) {  // send: the outputs due now
             // a forward's from its slot's last layer's residual3 to the next virtual stage; a
-            // backward's, its input gradient in grad[grad_index], to the one before
+            // backward's, its input gradient in grad[grad_index], to the one before (unless it
+            // left ahead, under the backward of the group before)
+            if (send_channel[sends[i]]) continue;
             PipeAction a = actions[sends[i]];
             int to = pipeline_output_to(spec, st->stage, a);
             msgs[count++] = comm_message(stage_output_buffer(w, a, grad_index[sends[i]]), walk_message(w), to, 1);
         }
         for (int j = k; j < end; j++) {  // receive: the inputs of this group
             // a forward's into its slot's encoded (the slot is taken here, from the free ones);
-            // a backward's, the gradient at its chunk's output, into grad[grad_index]
+            // a backward's, the gradient at its chunk's output, into grad[grad_index]; on the
+            // channel its sender sent it on
             int from = pipeline_input_from(spec, st->stage, actions[j]);
-            if (from >= 0) msgs[count++] = comm_message(stage_input_buffer(w, actions[j], grad_index[j]), walk_message(w), from, 0);
+            if (from < 0) continue;
+            msgs[count] = comm_message(stage_input_buffer(w, actions[j], grad_index[j]), walk_message(w), from, 0);
+            msgs[count++].channel = recv_channel[j];
         }
         comm_exchange(w->pp, msgs, count, COMM_FLOATX);
-        comm_wait(&early);  // (the sends posted early, under the backward)
-        early_sends = 0;
+        comm_wait(&early);  // (the sends posted ahead, under the backward; their buffers are free after)
         note_slots_in_use(w);  // (the peak count of slots held, for the memory check at the end)
         // a forward-only walk frees a slot once its output is sent (or, at the V's bottom, copied)
         for (int i = first_send[e]; i < first_send[e + 1] && w->forward_only; i++) {
@@ -144,16 +247,19 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
                 device_synchronize();  // the GPU's work, not its launch
                 w->times[2 * j + 1] = wall_time_s() - w->t0;
             }
-            if (w->overlap_pairs && j == k && end - k > 1 && a.op == PIPE_FORWARD) {
-                // the F&B overlap: the next exchange's sends up to this forward's, posted now
-                int i = first_send[e + 1], posted = 0;
-                for (; i < first_send[e + 2] && sends[i] <= k; i++, posted++) {
+            if (j == k) {
+                // the F&B overlap: the next exchange's sends that go ahead (walk_sends_ahead: this
+                // forward's, and those before it due there), posted now, in action order, on this
+                // stage's side channel, after the forward's kernels
+                int posted = 0;
+                for (int i = first_send[e + 1]; i < first_send[e + 2]; i++) {
+                    if (!send_channel[sends[i]]) continue;
                     PipeAction out = actions[sends[i]];
                     int to = pipeline_output_to(spec, st->stage, out);
                     msgs[posted] = comm_message(stage_output_buffer(w, out, grad_index[sends[i]]), walk_message(w), to, 1);
+                    msgs[posted++].channel = send_channel[sends[i]];
                 }
-                comm_exchange_start(w->pp, msgs, posted, COMM_FLOATX, &early);
-                early_sends = posted;
+                comm_exchange_start(w->pp, msgs, posted, COMM_FLOATX, &early);  // (none: nothing posted)
             }
         }
     }
@@ -163,6 +269,8 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
     free(first_send);
     free(placed);
     free(msgs);
+    free(send_channel);
+    free(recv_channel);
 }
 
 // One micro-batch of B x T forward through the whole pipe (every chunk in turn), no backward:

@@ -76,7 +76,8 @@ static inline void mpi_recv(CommGroup* g, float* buf, size_t n, int src) {
 // Messages to and from other ranks, all posted at once (non-blocking), then waited for together:
 // an exchange completes once every partner has posted its side, whatever order the ranks call
 // their exchanges in. Messages between two ranks pair up in the order they are posted (MPI's
-// non-overtaking rule), so both sides must post them in the same order. An exchange only moves
+// non-overtaking rule), so both sides must post them in the same order; a message's channel
+// (comm.h) is its tag, and messages of different tags never pair. An exchange only moves
 // values, so it takes bf16 words too (MPI has no bf16 type: 16-bit integers, moved untouched).
 static inline MPI_Datatype mpi_type(CommDtype dtype) { return dtype == COMM_FLOAT ? MPI_FLOAT : MPI_UINT16_T; }
 static inline void mpi_exchange_post(CommGroup* g, const CommMessage* msgs, int count, void** host_bufs,
@@ -86,9 +87,9 @@ static inline void mpi_exchange_post(CommGroup* g, const CommMessage* msgs, int 
         mpi_check_count(g, msgs[i].n, "exchange");
         int n = (int)msgs[i].n;
         if (msgs[i].is_send) {
-            comm_check(MPI_Isend(host_bufs[i], n, mpi_type(dtype), msgs[i].peer, 0, g->mpi, &requests[i]), g, "send");
+            comm_check(MPI_Isend(host_bufs[i], n, mpi_type(dtype), msgs[i].peer, msgs[i].channel, g->mpi, &requests[i]), g, "send");
         } else {
-            comm_check(MPI_Irecv(host_bufs[i], n, mpi_type(dtype), msgs[i].peer, 0, g->mpi, &requests[i]), g, "recv");
+            comm_check(MPI_Irecv(host_bufs[i], n, mpi_type(dtype), msgs[i].peer, msgs[i].channel, g->mpi, &requests[i]), g, "recv");
         }
     }
 }
@@ -236,6 +237,15 @@ static inline void comm_split(CommGroup* out, CommGroup* parent, int color, int 
 
 static inline void comm_group_free(CommGroup* g) {
     if (g->mpi != MPI_COMM_WORLD) MPI_Comm_free(&g->mpi);
+}
+
+// side channel c of the group (comm.h), a collective of the group: on MPI, tag c of the group's
+// communicator, which needs nothing made or connected (peers: unused here, see cuda/comm.cuh)
+static inline void comm_open_channel(CommGroup* g, int c, const int* peers, int num_peers) {
+    (void)peers, (void)num_peers;
+    if (c != g->side_channels + 1 || c >= COMM_CHANNELS) fail("group '%s': side channel %d opened after %d, at most %d",
+                                                              g->name, c, g->side_channels, COMM_CHANNELS - 1);
+    g->side_channels = c;
 }
 
 static inline void comm_finalize(void) {

@@ -217,6 +217,14 @@ static inline void comm_split(CommGroup* out, CommGroup* parent, int color, int 
 }
 
 static inline void comm_group_free(CommGroup* g) {
+    for (int c = g->side_channels; c >= 1 && !g->staged; c--) {  // (newest first)
+        CommChannel* ch = &g->side[c - 1];
+        cudaStreamDestroy(ch->stream);
+        comm_forget_nccl(ch->nccl);
+        ncclCommDestroy(ch->nccl);
+        for (int i = 0; i < COMM_EVENTS; i++) cudaEventDestroy(ch->events[i]);
+        free(ch->connected);
+    }
     if (g->nccl) {
         comm_forget_nccl(g->nccl);
         ncclCommDestroy(g->nccl);
@@ -231,6 +239,37 @@ static inline void comm_group_free(CommGroup* g) {
     free(g->timing_what);
     free(g->connected);
     device_free(g->scalar);
+}
+
+// Side channel c of group g (comm.h), a collective of the group: every rank opens the same
+// channels in the same order. On NCCL: a communicator of the group's ranks in the group's order
+// (ncclCommSplit, one color, keyed by rank) and a stream of its own, which connects `peers` now,
+// both directions of each in one group (every rank names the ranks that name it), so that no call
+// on it later waits on the host for a peer's first call there. On the host-staged path, an MPI
+// tag, as on the CPU backend.
+static inline void comm_open_channel(CommGroup* g, int c, const int* peers, int num_peers) {
+    if (c != g->side_channels + 1 || c >= COMM_CHANNELS) fail("group '%s': side channel %d opened after %d, at most %d",
+                                                              g->name, c, g->side_channels, COMM_CHANNELS - 1);
+    if (!g->staged) {
+        CommChannel* ch = &g->side[c - 1];
+        memset(ch, 0, sizeof(*ch));
+        nccl_check(ncclCommSplit(g->nccl, 0, g->rank, &ch->nccl, NULL), g, "split");
+        comm_remember_nccl(ch->nccl);
+        cudaCheck(cudaStreamCreateWithFlags(&ch->stream, cudaStreamNonBlocking));
+        for (int i = 0; i < COMM_EVENTS; i++) cudaCheck(cudaEventCreateWithFlags(&ch->events[i], cudaEventDisableTiming));
+        ch->connected = (unsigned char*)calloc((size_t)g->size, 1);
+        if (ch->connected == NULL) fail("out of host memory for group '%s'", g->name);
+        nccl_check(ncclGroupStart(), g, "connect");
+        for (int i = 0; i < num_peers; i++) {  // (one float each way: no data, not counted)
+            if (peers[i] < 0 || peers[i] >= g->size || peers[i] == g->rank) fail("group '%s': no peer %d to connect", g->name, peers[i]);
+            ch->connected[peers[i]] = 1;
+            nccl_check(ncclSend(g->scalar + 16, 1, ncclFloat, peers[i], ch->nccl, ch->stream), g, "connect");
+            nccl_check(ncclRecv(g->scalar + 17, 1, ncclFloat, peers[i], ch->nccl, ch->stream), g, "connect");
+        }
+        nccl_check(ncclGroupEnd(), g, "connect");
+        cudaCheck(cudaStreamSynchronize(ch->stream));
+    }
+    g->side_channels = c;
 }
 
 static inline void comm_finalize(void) {
@@ -440,26 +479,40 @@ static inline void comm_broadcast_host(CommGroup* g, void* buf, size_t bytes, in
     copy_device_to_host(buf, g->scalar, bytes);
 }
 
-// An exchange's sends and receives as one NCCL group on the comm stream.
+// Channel c's communicator and stream (comm.h): the group's own for 0, else side channel c's
+static inline ncclComm_t comm_channel_nccl(const CommGroup* g, int c) { return c ? g->side[c - 1].nccl : g->nccl; }
+static inline cudaStream_t comm_channel_stream(const CommGroup* g, int c) { return c ? g->side[c - 1].stream : g->stream; }
+
+// An exchange's messages of one channel as one NCCL group on that channel's stream.
 // NCCL connects two ranks lazily, on the host, in the group of their first send/recv; where one
 // bootstrap message carries both directions' connection info (a group of 2, or ranks size/2
 // apart), both ranks must connect the same directions in that group. A pipeline's first exchange
 // breaks that: stage 0 sends an activation and receives a gradient, stage 1 only receives
-// (NCCL: "Message truncated : received 1024 bytes instead of 512", then a hang). So the group of
-// a pair's first use also carries one float each way, on both ranks, whatever they exchange:
-// both connect both directions at once. (Not counted: it carries no data.)
-static inline void nccl_post_messages(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype) {
+// (NCCL: "Message truncated : received 1024 bytes instead of 512", then a hang). So on channel 0
+// the group of a pair's first use also carries one float each way, on both ranks, whatever they
+// exchange: both connect both directions at once. (Not counted: it carries no data.) A side
+// channel connected its peers when it opened (comm_open_channel): a send posted ahead must not
+// wait on the host for its peer's first call there.
+static inline void nccl_post_messages(CommGroup* g, int c, const CommMessage* msgs, int count, CommDtype dtype) {
+    ncclComm_t nccl = comm_channel_nccl(g, c);
+    cudaStream_t stream = comm_channel_stream(g, c);
     nccl_check(ncclGroupStart(), g, "exchange");
     for (int i = 0; i < count; i++) {
         int peer = msgs[i].peer;
-        if (g->connected[peer] || peer == g->rank) continue;
+        if (msgs[i].channel != c || peer == g->rank) continue;
+        if (c > 0 && !g->side[c - 1].connected[peer]) {
+            fail("exchange on group '%s': a message to or from rank %d on side channel %d, which did not connect that "
+                 "rank when it opened (comm_open_channel's peers)", g->name, peer, c);
+        }
+        if (c > 0 || g->connected[peer]) continue;
         g->connected[peer] = 1;
-        nccl_check(ncclSend(g->scalar + 16, 1, ncclFloat, peer, g->nccl, g->stream), g, "connect");
-        nccl_check(ncclRecv(g->scalar + 17, 1, ncclFloat, peer, g->nccl, g->stream), g, "connect");
+        nccl_check(ncclSend(g->scalar + 16, 1, ncclFloat, peer, nccl, stream), g, "connect");
+        nccl_check(ncclRecv(g->scalar + 17, 1, ncclFloat, peer, nccl, stream), g, "connect");
     }
     for (int i = 0; i < count; i++) {
-        if (msgs[i].is_send) nccl_check(ncclSend(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "send");
-        else nccl_check(ncclRecv(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, g->nccl, g->stream), g, "recv");
+        if (msgs[i].channel != c) continue;
+        if (msgs[i].is_send) nccl_check(ncclSend(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, nccl, stream), g, "send");
+        else nccl_check(ncclRecv(msgs[i].buf, msgs[i].n, comm_nccl_type(dtype), msgs[i].peer, nccl, stream), g, "recv");
     }
     nccl_check(ncclGroupEnd(), g, "exchange");
 }
@@ -478,7 +531,7 @@ static inline void comm_send(CommGroup* g, const void* buf, size_t n, CommDtype 
 #endif
     comm_begin(g);
     CommMessage msg = comm_message((void*)buf, n, dest, 1);
-    nccl_post_messages(g, &msg, 1, dtype);
+    nccl_post_messages(g, 0, &msg, 1, dtype);
     comm_end(g);
 }
 
@@ -495,8 +548,39 @@ static inline void comm_recv(CommGroup* g, void* buf, size_t n, CommDtype dtype,
 #endif
     comm_begin(g);
     CommMessage msg = comm_message(buf, n, src, 0);
-    nccl_post_messages(g, &msg, 1, dtype);
+    nccl_post_messages(g, 0, &msg, 1, dtype);
     comm_end(g);
+}
+
+// An exchange on NCCL: each channel's messages (comm.h) as one group on that channel's stream,
+// channel 0 first and the side channels in order (every rank posts them so), all after the
+// kernels issued so far and all posted before anything waits for one: every message of the
+// exchange is out at once, as MPI's requests are, and no channel's part waits for another's.
+// Each part is timed on its stream (its flight) and ends in an event of its stream, which the
+// compute stream waits for, timed (the exposed part): at once (r NULL), or at comm_wait(r).
+// (Events round-robin, as comm_nccl_posted below says, from a pool per stream.)
+static inline void nccl_post_exchange(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype, CommRequest* r) {
+    cudaEvent_t done[COMM_CHANNELS];
+    int parts = 0;
+    cudaCheck(cudaEventRecord(g->ready, 0));
+    for (int c = 0; c <= g->side_channels; c++) {
+        int used = 0;
+        for (int i = 0; i < count; i++) used |= msgs[i].channel == c;
+        if (!used) continue;
+        cudaStream_t stream = comm_channel_stream(g, c);
+        cudaCheck(cudaStreamWaitEvent(stream, g->ready, 0));
+        int pair = comm_timing_start(g, stream, g->op_kind, 0);
+        nccl_post_messages(g, c, msgs, count, dtype);
+        comm_timing_stop(g, pair, stream);
+        done[parts] = c ? g->side[c - 1].events[g->side[c - 1].next_event++ % COMM_EVENTS]
+                        : g->events[g->next_event++ % COMM_EVENTS];
+        cudaCheck(cudaEventRecord(done[parts++], stream));
+    }
+    for (int i = 0; i < parts; i++) {
+        if (r) r->done[i] = done[i];
+        else comm_compute_waits(g, done[i], g->op_kind);
+    }
+    if (r) r->num_done = parts;
 }
 
 // sends and receives of device buffers to and from several ranks at once: NCCL's group call
@@ -504,7 +588,6 @@ static inline void comm_recv(CommGroup* g, void* buf, size_t n, CommDtype dtype,
 // host-staged path: the same through MPI's non-blocking calls, cpu/comm.h)
 static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype) {
     if (count == 0) return;
-    if (count > COMM_EXCHANGE_MAX) fail("exchange on group '%s': %d messages, at most %d", g->name, count, COMM_EXCHANGE_MAX);
     comm_count_exchange(g, msgs, count, comm_dtype_bytes(dtype));
 #ifdef USE_MPI
     if (g->staged) {  // an exchange moves values: the device's bytes as they are, through MPI
@@ -523,9 +606,8 @@ static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int coun
         return;
     }
 #endif
-    comm_begin(g);
-    nccl_post_messages(g, msgs, count, dtype);
-    comm_end(g);
+    nccl_post_exchange(g, msgs, count, dtype, NULL);
+    watchdog_leave();  // (a hang shows at the next wait for the device)
 }
 
 // The non-blocking forms of the three collectives data parallelism overlaps with its compute.
@@ -537,8 +619,9 @@ static inline void comm_exchange(CommGroup* g, const CommMessage* msgs, int coun
 // short. The host-staged path runs the blocking call.
 static inline void comm_nccl_posted(CommGroup* g, CommRequest* r) {
     comm_timing_stop(g, g->timing_op, g->stream);
-    r->done = g->events[g->next_event++ % COMM_EVENTS];
-    cudaCheck(cudaEventRecord(r->done, g->stream));
+    r->done[0] = g->events[g->next_event++ % COMM_EVENTS];
+    r->num_done = 1;
+    cudaCheck(cudaEventRecord(r->done[0], g->stream));
     comm_posted(g, r, 0);
 }
 
@@ -583,28 +666,71 @@ static inline void comm_all_gather_start(CommGroup* g, const void* send, void* r
     comm_nccl_posted(g, r);
 }
 
-// comm_exchange posted: NCCL's grouped sends and receives on the comm stream, which the compute
-// stream waits for at comm_wait (the host-staged path exchanges at once)
+// comm_exchange posted: NCCL's grouped sends and receives on their channels' streams, which the
+// compute stream waits for at comm_wait. The host-staged path posts MPI's own non-blocking calls
+// on host copies (the CPU backend's, cpu/comm.h: they move at comm_progress and comm_wait), and
+// comm_wait puts the receives on the device: so a send posted ahead of its exchange (the F&B
+// overlap) leaves at once on this path too, and waits for nothing queued behind it.
 static inline void comm_exchange_start(CommGroup* g, const CommMessage* msgs, int count, CommDtype dtype, CommRequest* r) {
-    if (count == 0 || g->staged) {
-        comm_exchange(g, msgs, count, dtype);
+    if (count == 0) {
         r->active = 0;
         return;
     }
-    if (count > COMM_EXCHANGE_MAX) fail("exchange on group '%s': %d messages, at most %d", g->name, count, COMM_EXCHANGE_MAX);
     comm_count_exchange(g, msgs, count, comm_dtype_bytes(dtype));
-    comm_begin(g);
-    nccl_post_messages(g, msgs, count, dtype);
-    comm_nccl_posted(g, r);
+#ifdef USE_MPI
+    if (g->staged) {
+        r->staged_elem = comm_dtype_bytes(dtype);
+        for (int i = 0; i < count; i++) {
+            r->staged[i] = malloc_check(msgs[i].n * r->staged_elem);
+            r->staged_msgs[i] = msgs[i];
+            if (msgs[i].is_send) copy_device_to_host(r->staged[i], msgs[i].buf, msgs[i].n * r->staged_elem);
+        }
+        r->num_staged = count;
+        mpi_exchange_post(g, msgs, count, r->staged, dtype, r->mpi);
+        r->num_mpi = count;
+        r->average = NULL;
+        comm_posted(g, r, 1);
+        return;
+    }
+#endif
+    nccl_post_exchange(g, msgs, count, dtype, r);
+    comm_posted(g, r, 0);
 }
 
-// NCCL moves on its own; nothing to do
-static inline void comm_progress(CommGroup* g) { (void)g; }
+// NCCL moves on its own; the host-staged path's MPI requests move only while this rank is in MPI
+static inline void comm_progress(CommGroup* g) {
+#ifdef USE_MPI
+    if (g->staged) mpi_progress(g);
+#endif
+    (void)g;
+}
 
-// the compute stream waits for r's collective (the host does not)
+// the compute stream waits for r's collective, or for each channel's part of r's exchange (the
+// host does not); on the host-staged path the host waits, as on the CPU backend (exposed), and
+// copies what was received to the device
 static inline void comm_wait(CommRequest* r) {
     if (!r->active) return;
-    comm_compute_waits(r->g, r->done, r->kind);
+#ifdef USE_MPI
+    if (r->g->staged) {
+        CommGroup* g = r->g;
+        double t0 = wall_time_s();
+        watchdog_enter(comm_kind_names[r->kind], g->name);
+        mpi_wait(r);
+        for (int i = 0; i < r->num_staged; i++) {
+            CommMessage* m = &r->staged_msgs[i];
+            if (!m->is_send) copy_host_to_device(m->buf, r->staged[i], m->n * r->staged_elem);
+            free(r->staged[i]);
+        }
+        r->num_staged = 0;
+        double t1 = wall_time_s();
+        g->seconds[r->kind] += t1 - t0;
+        if (!r->complete) comm_completed(r, t1);
+        r->active = 0;
+        watchdog_leave();
+        return;
+    }
+#endif
+    for (int i = 0; i < r->num_done; i++) comm_compute_waits(r->g, r->done[i], r->kind);
     r->active = 0;
 }
 

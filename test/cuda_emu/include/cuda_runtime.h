@@ -25,9 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <functional>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 // ---- what the CUDA language adds to C++
 #define __global__
@@ -60,7 +62,7 @@ static inline float __uint_as_float(unsigned int u) { float x; memcpy(&x, &u, 4)
 template <class T> static inline T atomicAdd(T* address, T value) { T old = *address; *address = old + value; return old; }
 template <class T> static inline T atomicMax(T* address, T value) { T old = *address; *address = old > value ? old : value; return old; }
 
-// ---- the runtime API, synchronous
+// ---- the runtime API, synchronous (but for NCCL's point-to-point work: CUstream_st below)
 typedef enum {
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
@@ -72,8 +74,24 @@ typedef enum {
 typedef cudaError_t cudaError;
 typedef enum { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 } cudaFuncAttribute;
 typedef enum { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice, cudaMemcpyDefault } cudaMemcpyKind;
+// A stream runs each kernel and copy at once, in the order the host makes them. What it cannot
+// finish at once is NCCL's point-to-point work (nccl.h), which waits for its peers: each such
+// piece is posted on its stream and finished, in the stream's order, when something must see its
+// end (an event it is recorded before, waited for or synchronized; a later call on its stream; a
+// stream or device synchronize). So a send posted on a stream of its own moves beside the host's
+// work, as on a GPU, and one posted on a busy stream waits for what is queued ahead of it.
+struct CUstream_st {
+    std::vector<std::function<void()>> work;  // posted, in order
+    size_t finished = 0;                       // work[0 .. finished) is done ...
+    std::vector<double> finished_ms;           // ... each at this time (ms)
+};
 typedef struct CUstream_st* cudaStream_t;
-typedef struct cuda_emu_event { double ms; }* cudaEvent_t;
+// an event is a time: at its record, or, recorded behind unfinished work, when that finishes
+typedef struct cuda_emu_event {
+    double ms;
+    cudaStream_t stream;  // not NULL: recorded behind work of `stream` not yet finished ...
+    size_t upto;          // ... its first `upto` pieces
+}* cudaEvent_t;
 #define cudaStreamNonBlocking 1
 #define cudaEventDisableTiming 2
 typedef struct {
@@ -581,9 +599,42 @@ static inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, c
     if (bytes) memmove(dst, src, bytes);
     return cudaSuccess;
 }
+namespace cuda_emu {
+static std::vector<cudaStream_t> streams;  // every stream made, for cudaDeviceSynchronize
+
+// finish stream s's work up to its first `upto` pieces, in order (NCCL's waits happen here)
+static inline void stream_finish(cudaStream_t s, size_t upto) {
+    while (s != NULL && s->finished < upto) {
+        std::function<void()> piece = std::move(s->work[s->finished]);
+        s->work[s->finished] = nullptr;
+        piece();
+        s->finished++;
+        s->finished_ms.push_back(now_ms());
+    }
+}
+static inline void stream_finish_all(cudaStream_t s) {
+    if (s != NULL) stream_finish(s, s->work.size());
+}
+// a piece of work that finishes later; on the default stream (0), at once
+static inline void stream_post(cudaStream_t s, std::function<void()> piece) {
+    if (s == NULL) {
+        piece();
+        return;
+    }
+    s->work.push_back(std::move(piece));
+}
+// what event e marks is done: its time is known
+static inline void event_finish(cudaEvent_t e) {
+    if (e->stream == NULL) return;
+    stream_finish(e->stream, e->upto);
+    e->ms = e->stream->finished_ms[e->upto - 1];
+    e->stream = NULL;
+}
+}  // namespace cuda_emu
+
 // the emulator's streams run each call at once, in the order the host makes them
 static inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s = 0) {
-    (void)s;
+    cuda_emu::stream_finish_all(s);  // (after the stream's unfinished work, in its order)
     return cudaMemcpy(dst, src, bytes, kind);
 }
 // pinned host memory is plain host memory here (the device's is too)
@@ -593,15 +644,29 @@ static inline cudaError_t cudaMallocHost(void** p, size_t bytes) {
 }
 static inline cudaError_t cudaFreeHost(void* p) { free(p); return cudaSuccess; }
 static inline cudaError_t cudaMemset(void* p, int value, size_t bytes) { memset(p, value, bytes); return cudaSuccess; }
-static inline cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+static inline cudaError_t cudaDeviceSynchronize(void) {
+    for (cudaStream_t s : cuda_emu::streams) cuda_emu::stream_finish_all(s);
+    return cudaSuccess;
+}
 
 static inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
     (void)flags;
-    *s = (cudaStream_t)malloc(1);
+    *s = new CUstream_st();
+    cuda_emu::streams.push_back(*s);
     return cudaSuccess;
 }
-static inline cudaError_t cudaStreamDestroy(cudaStream_t s) { free(s); return cudaSuccess; }
-static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
+static inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    cuda_emu::stream_finish_all(s);  // (a GPU finishes a destroyed stream's work, too)
+    for (size_t i = 0; i < cuda_emu::streams.size(); i++) {
+        if (cuda_emu::streams[i] == s) cuda_emu::streams.erase(cuda_emu::streams.begin() + i);
+    }
+    delete s;
+    return cudaSuccess;
+}
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    cuda_emu::stream_finish_all(s);
+    return cudaSuccess;
+}
 static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
     (void)flags;
     *e = (cudaEvent_t)calloc(1, sizeof(**e));
@@ -610,17 +675,30 @@ static inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int 
 static inline cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
 static inline cudaError_t cudaEventDestroy(cudaEvent_t e) { free(e); return cudaSuccess; }
 static inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0) {
-    (void)s;
+    e->stream = NULL;
+    if (s != NULL && s->finished < s->work.size()) {  // behind unfinished work: its time comes later
+        e->stream = s;
+        e->upto = s->work.size();
+        return cudaSuccess;
+    }
     e->ms = cuda_emu::now_ms();
     return cudaSuccess;
 }
-static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
+static inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    cuda_emu::event_finish(e);
+    return cudaSuccess;
+}
+// (a GPU answers cudaErrorNotReady for unfinished work; the project asks after a synchronize)
 static inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
+    cuda_emu::event_finish(start);
+    cuda_emu::event_finish(stop);
     *ms = (float)(stop->ms - start->ms);
     return cudaSuccess;
 }
+// stream s's next calls run at once here, so what they wait for finishes now (the host waits)
 static inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
-    (void)s, (void)e, (void)flags;
+    (void)s, (void)flags;
+    cuda_emu::event_finish(e);
     return cudaSuccess;
 }
 

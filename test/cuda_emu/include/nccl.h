@@ -1,7 +1,9 @@
 // cuda_emu: the NCCL calls this project makes, carried out by MPI on the emulator's device memory
 // (which is host memory). A communicator is an MPI communicator: ncclCommInitRank duplicates
 // MPI_COMM_WORLD (so the emulated job must be launched by mpirun, or be a single rank), and
-// ncclCommSplit splits it. bf16 data is reduced in fp32 and rounded once.
+// ncclCommSplit splits it. bf16 data is reduced in fp32 and rounded once. Collectives run at
+// once; sends and receives are posted at ncclGroupEnd and finished as their stream's work
+// (cuda_runtime.h's CUstream_st), so two streams' groups move independently, as on a GPU.
 //
 // MPI forgives what NCCL does not, so the calls are checked against NCCL's rules first (a broken
 // rule is ncclInvalidUsage, with the reason in ncclGetLastError):
@@ -85,7 +87,7 @@ static inline ncclResult_t nccl_fail(std::string what) {
 }
 
 // point-to-point calls between ncclGroupStart and ncclGroupEnd, posted together at the end
-struct PendingP2P { int send; void* buf; size_t bytes; int peer; NcclComm* comm; };
+struct PendingP2P { int send; void* buf; size_t bytes; int peer; NcclComm* comm; cudaStream_t stream; };
 static std::vector<PendingP2P> nccl_group;
 static int nccl_group_depth = 0;
 
@@ -295,18 +297,18 @@ static inline ncclResult_t cuda_emu_reduce(const void* send, void* recv, size_t 
 }
 static inline ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                                          ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
+    cuda_emu::stream_finish_all(stream);  // (after the stream's unfinished work, in its order)
     return cuda_emu_reduce(send, recv, count, type, op, comm, 0);
 }
 static inline ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                                              ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
+    cuda_emu::stream_finish_all(stream);  // (after the stream's unfinished work, in its order)
     return cuda_emu_reduce(send, recv, count, type, op, comm, 1);
 }
 
 static inline ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t comm,
                                          cudaStream_t stream) {
-    (void)stream;
+    cuda_emu::stream_finish_all(stream);  // (after the stream's unfinished work, in its order)
     size_t bytes = count * cuda_emu::nccl_type_bytes(type);
     if (bytes * comm->size > (size_t)1 << 30) return ncclInvalidArgument;
     if (!cuda_emu_on_device(send, bytes) || !cuda_emu_on_device(recv, bytes * comm->size)) return ncclInvalidArgument;
@@ -326,7 +328,7 @@ static inline ncclResult_t ncclAllGather(const void* send, void* recv, size_t co
 
 static inline ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root,
                                          ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
+    cuda_emu::stream_finish_all(stream);  // (after the stream's unfinished work, in its order)
     size_t bytes = count * cuda_emu::nccl_type_bytes(type);
     if (bytes > (size_t)1 << 30 || root < 0 || root >= comm->size) return ncclInvalidArgument;
     if ((comm->rank == root && !cuda_emu_on_device(send, bytes)) || !cuda_emu_on_device(recv, bytes)) return ncclInvalidArgument;
@@ -347,11 +349,15 @@ static inline ncclResult_t ncclGroupStart(void) {
 }
 
 static inline ncclResult_t ncclGroupEnd(void);
-static inline ncclResult_t cuda_emu_p2p(int send, void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm) {
+static inline ncclResult_t cuda_emu_p2p(int send, void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                                        cudaStream_t stream) {
     size_t bytes = count * cuda_emu::nccl_type_bytes(type);
     if (bytes > (size_t)1 << 30 || peer < 0 || peer >= comm->size) return ncclInvalidArgument;
     if (!cuda_emu_on_device(buf, bytes)) return ncclInvalidArgument;
-    cuda_emu::nccl_group.push_back({send, buf, bytes, peer, comm});
+    if (!cuda_emu::nccl_group.empty() && cuda_emu::nccl_group[0].stream != stream) {
+        return cuda_emu::nccl_fail("a group's sends and receives on two streams (this emulator takes one stream a group)");
+    }
+    cuda_emu::nccl_group.push_back({send, buf, bytes, peer, comm, stream});
     if (cuda_emu::nccl_group_depth > 0) return ncclSuccess;
     if (!CUDA_EMU_MPI(comm)) {  // (a single rank's send or recv outside a group has no partner)
         cuda_emu::nccl_group.clear();
@@ -361,19 +367,25 @@ static inline ncclResult_t cuda_emu_p2p(int send, void* buf, size_t count, ncclD
     return ncclGroupEnd();
 }
 static inline ncclResult_t ncclSend(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
-    return cuda_emu_p2p(1, (void*)buf, count, type, peer, comm);
+    return cuda_emu_p2p(1, (void*)buf, count, type, peer, comm, stream);
 }
 static inline ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
-    return cuda_emu_p2p(0, buf, count, type, peer, comm);
+    return cuda_emu_p2p(0, buf, count, type, peer, comm, stream);
 }
 
+// A group's sends and receives are posted (MPI_Isend, MPI_Irecv) when it ends, after the work
+// queued ahead of them on their stream, and waited for as a piece of that stream's work
+// (cuda_runtime.h's CUstream_st): when the compute waits for an event recorded after them, at a
+// stream or device synchronize, or when the stream's next call comes. A recv that got fewer bytes
+// than it asked for is found there, and ends the process with the reason (a GPU's NCCL would
+// truncate or hang).
 static inline ncclResult_t ncclGroupEnd(void) {
     using cuda_emu::nccl_group;
     if (cuda_emu::nccl_group_depth == 0) return ncclInvalidUsage;
     if (--cuda_emu::nccl_group_depth > 0) return ncclSuccess;
     ncclResult_t result = ncclSuccess;
+    cudaStream_t stream = nccl_group.empty() ? NULL : nccl_group[0].stream;
+    cuda_emu::stream_finish_all(stream);  // (a stream's calls run in order)
     // a communicator of one rank without MPI: its sends go to its own receives, in order
     size_t next_recv = 0;
     for (size_t i = 0; i < nccl_group.size(); i++) {
@@ -385,7 +397,8 @@ static inline ncclResult_t ncclGroupEnd(void) {
     }
 #ifdef USE_MPI
     // the group's first use of a pair connects it: the directions new to each peer, compared with
-    // the peer's where NCCL's bootstrap carries both in one message (size/2 apart)
+    // the peer's where NCCL's bootstrap carries both in one message (size/2 apart); on the host,
+    // at once, as NCCL connects
     for (size_t i = 0; i < nccl_group.size() && result == ncclSuccess; i++) {
         cuda_emu::NcclComm* c = nccl_group[i].comm;
         int peer = nccl_group[i].peer, fresh = 0;
@@ -400,32 +413,37 @@ static inline ncclResult_t ncclGroupEnd(void) {
         }
     }
     std::vector<MPI_Request> requests;
+    std::vector<cuda_emu::PendingP2P> posted;
     for (cuda_emu::PendingP2P& p : nccl_group) {
         if (!CUDA_EMU_MPI(p.comm) || result != ncclSuccess) continue;
         requests.push_back(MPI_REQUEST_NULL);
+        posted.push_back(p);
         int err = p.send ? MPI_Isend(p.buf, (int)p.bytes, MPI_BYTE, p.peer, 0, p.comm->mpi, &requests.back())
                          : MPI_Irecv(p.buf, (int)p.bytes, MPI_BYTE, p.peer, 0, p.comm->mpi, &requests.back());
         if (err != MPI_SUCCESS) result = ncclSystemError;
     }
-    std::vector<MPI_Status> statuses(requests.size());
-    if (!requests.empty() && MPI_Waitall((int)requests.size(), requests.data(), statuses.data()) != MPI_SUCCESS) result = ncclSystemError;
-    // a recv must get as many bytes as it asked for (MPI takes a shorter message without a word)
-    for (size_t i = 0, k = 0; i < nccl_group.size() && result == ncclSuccess; i++) {
-        cuda_emu::PendingP2P& p = nccl_group[i];
-        if (!CUDA_EMU_MPI(p.comm)) continue;
-        int got = 0;
-        MPI_Get_count(&statuses[k++], MPI_BYTE, &got);
-        if (!p.send && (size_t)got != p.bytes) {
-            result = cuda_emu::nccl_fail("communicator of world ranks " + p.comm->members + ": rank " +
-                                         std::to_string(p.comm->rank) + " receives " + std::to_string(p.bytes) +
-                                         " bytes from rank " + std::to_string(p.peer) + ", which sent " +
-                                         std::to_string(got) + ": a send and its recv must have the same size");
-        }
+    if (!requests.empty() && result == ncclSuccess) {
+        cuda_emu::stream_post(stream, [requests, posted]() mutable {
+            std::vector<MPI_Status> statuses(requests.size());
+            if (MPI_Waitall((int)requests.size(), requests.data(), statuses.data()) != MPI_SUCCESS) {
+                fprintf(stderr, "cuda_emu: NCCL's sends and receives failed in MPI\n");
+                exit(3);
+            }
+            // a recv must get as many bytes as it asked for (MPI takes a shorter message without a word)
+            for (size_t i = 0; i < posted.size(); i++) {
+                int got = 0;
+                MPI_Get_count(&statuses[i], MPI_BYTE, &got);
+                if (posted[i].send || (size_t)got == posted[i].bytes) continue;
+                fprintf(stderr, "cuda_emu: communicator of world ranks %s: rank %d receives %zu bytes from rank %d, which "
+                        "sent %d: a send and its recv must have the same size\n", posted[i].comm->members.c_str(),
+                        posted[i].comm->rank, posted[i].bytes, posted[i].peer, got);
+                exit(3);
+            }
+        });
     }
 #endif
     nccl_group.clear();
     return result;
 }
-
 
 #endif

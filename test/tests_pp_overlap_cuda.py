@@ -1,0 +1,63 @@
+# Tests of the F&B overlap (-pp_overlap 1) on the CUDA backend: the sends an F&B group's forward
+# posts ahead travel on a side channel of the pp group (a communicator and stream of their own,
+# llmc/comm.h; the matching rule and why it cannot deadlock: llmc/pipeline_walk.h). Read into
+# test/run_tests.py's namespace, so its helpers (test, build, cuda_runner, cuda_test_name,
+# reference_run, trainer_args, check_cuda_against_reference, pp_step_bytes, check_pp_step_bytes,
+# compare_pp_with_reference, REF4_CUDA, REF_GPT2, V_SCHEDULES, ...) are used as if written there.
+
+
+def make_cuda_pp_overlap_test(kind, precision, devices, sched):
+    def fn():
+        """-pp_overlap 1 on the CUDA backend, 2 stages, 4 micro-batches: each F&B group's forward
+        output leaves right after the forward, on the side channel of its stage's colour, and is
+        received there; the results must equal the PyTorch reference within the precision's
+        bounds, with the bytes of each step the formula's (the overlap moves no byte more). A
+        message received on another channel than it was sent on would hang or pair with the wrong
+        receive (the emulator's NCCL is MPI, whose messages of two communicators never pair). On
+        the emulator with 2 GPUs the sends go through NCCL's calls, posted on the side channel's
+        stream and finished only when the compute waits for them (cuda_emu/include/nccl.h), as on a
+        GPU; with 1, through the host-staged path's non-blocking MPI calls"""
+        run = cuda_runner(kind, devices)
+        ref = reference_run(REF4_CUDA)
+        program = build(kind, precision, ["train_gpt2_pp"])[0]
+        d = fresh_dir("%s_%s_pp2_%s_overlap" % (kind, precision, sched))
+        grads_path = os.path.join(d, "grads.bin")
+        m = 4
+        B = REF4_CUDA["batch"] // m
+        vp = [] if sched in V_SCHEDULES else ["-vp", 2]
+        out = run(program, 2, trainer_args(ref, B, d, ["-n", REF4_CUDA["steps"], "-dump_grads", grads_path,
+                                                       "-check_replicas", 1, "-sched", sched, "-pp_overlap", 1] + vp,
+                                           cfg=REF4_CUDA), d)
+        train = check_cuda_against_reference(ref, d, grads_path, precision,
+                                             "%s train_gpt2_pp %s 2 stages %s -pp_overlap 1" % (kind, precision, sched))
+        v_shape = sched in V_SCHEDULES
+        expected = pp_step_bytes(REF4_CUDA, B, m, 2, 2, X=4 if precision == "FP32" else 2, v_shape=v_shape)
+        check_pp_step_bytes(out, d, expected, REF4_CUDA["steps"])
+        assert train[1]["comm_bytes"] == sum(expected.values()), train[1]
+        if not v_shape:  # (a V holds one wte, on stage 0)
+            assert "step %d: wte copies of the first and last stage identical" % REF4_CUDA["steps"] in out, out[-2000:]
+    prefix, path = cuda_test_name(kind, devices)
+    fn.__name__ = "%s_pp_overlap_vs_pytorch_%s_pp2_%s_%s" % (prefix, precision.lower(), sched, path)
+    return fn
+
+
+# on the emulator: dualpipev's F&B pairs over NCCL in fp32 (tight), over the host-staged path in
+# bf16 (bounded), and interleaved's steady state over NCCL in fp32
+test(make_cuda_pp_overlap_test("emu", "FP32", 2, "dualpipev"))
+test(make_cuda_pp_overlap_test("emu", "BF16", 1, "dualpipev"))
+test(make_cuda_pp_overlap_test("emu", "FP32", 2, "interleaved"))
+# on a GPU (every rank on the one GPU, through NCCL): dualpipev in bf16, interleaved in fp32
+test(make_cuda_pp_overlap_test("cuda", "BF16", None, "dualpipev"))
+test(make_cuda_pp_overlap_test("cuda", "FP32", None, "interleaved"))
+
+
+@test
+def pp_overlap_on_an_odd_ring_matches_the_reference():
+    """interleaved on 3 stages with -pp_overlap 1: stage 2 sends its last chunk's outputs on to
+    stage 0, a neighbour of the same parity, so its sends ahead take a third side channel
+    (llmc/pipeline_walk.h's colours: no rank both sends ahead and receives on one channel). On the
+    CPU a channel is an MPI tag: a receive posted on another channel than its send would never
+    pair (a hang) or pair with another message (wrong results), so the reference checks the rule's
+    three channels end to end (6 layers: 3 stages of 2 chunks; 6 micro-batches of one sequence,
+    a multiple of p with a steady state on every stage)"""
+    compare_pp_with_reference(3, "interleaved", 6, 2, dict(REF_GPT2, layers=6, batch=6), ["-pp_overlap", 1])
