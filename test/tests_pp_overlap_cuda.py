@@ -61,3 +61,26 @@ def pp_overlap_on_an_odd_ring_matches_the_reference():
     three channels end to end (6 layers: 3 stages of 2 chunks; 6 micro-batches of one sequence,
     a multiple of p with a steady state on every stage)"""
     compare_pp_with_reference(3, "interleaved", 6, 2, dict(REF_GPT2, layers=6, batch=6), ["-pp_overlap", 1])
+
+
+@test
+def emu_grid3d_pp_overlap_vs_pytorch_fp32_1x2x2_sp_dualpipev_nccl():
+    """the grid trainer's CUDA backend on the emulator, pp 2 x tp 2 with -sp, dualpipev with
+    -pp_overlap 1 over NCCL (4 emulated GPUs): each tp rank's pp group, itself split from the
+    world, splits its side channels off at its first step, and its sends ahead (B T/tp, C) move
+    while the stage's tp collectives run on the tp group's stream. Against the reference within
+    fp32's bounds; rank 0's bytes per group the formula's (the overlap moves no byte more); the
+    tp copies of the replicated tensors identical after every step"""
+    run = emu_runner(4)
+    ref = reference_run(REF4_CUDA)
+    program = build("emu", "FP32", ["train_gpt2_3d"])[0]
+    steps, m = REF4_CUDA["steps"], 4
+    B = REF4_CUDA["batch"] // m
+    d = fresh_dir("emu_FP32_grid3d_1x2x2_sp_dualpipev_overlap")
+    grads_path = os.path.join(d, "grads.bin")
+    out = run(program, 4, trainer_args(ref, B, d, ["-n", steps, "-dump_grads", grads_path, "-check_replicas", 1,
+                                                   "-pp_overlap", 1] + grid3d_flags(1, 2, 2, 1, "dualpipev", 2),
+                                       cfg=REF4_CUDA), d)
+    check_cuda_against_reference(ref, d, grads_path, "FP32", "emu train_gpt2_3d FP32 1x2x2 -sp dualpipev -pp_overlap 1")
+    check_grid3d_step_bytes(out, d, grid3d_step_bytes(REF4_CUDA, B, m, 1, 2, 2, 1, 2, 0, X=4, v_shape=True), steps)
+    assert "step %d: tp copies of the replicated tensors identical" % steps in out, out[-2000:]
