@@ -945,7 +945,7 @@ int main(int argc, char** argv) {
 
     // ---- training loop; `step` counts completed optimizer steps
     Walk walk = replica_walk(&model, &stage, &grid, cp, &run.train, m);
-    walk.overlap_pairs = walk_overlap_flag(pp_overlap);  // (the F&B overlap, llmc/pipeline_walk.h)
+    walk.overlap_pairs = pp_overlap;  // (the F&B overlap, llmc/pipeline_walk.h)
     // the replica of world rank 0's pipeline, at cp and tp rank 0: where the timeline is measured
     int in_timeline = grid.dp_rank == 0 && grid.cp_rank == 0 && grid.tp_rank == 0;
     for (int step = run.start_step; step <= run.max_steps; step++) {

@@ -311,7 +311,7 @@ int main(int argc, char** argv) {
     Walk walk = walk_init(&model, &stage, pp, NULL, NULL, B, T);  // (no tensor or context parallelism: tp, cp NULL)
     walk.data = &run.train;
     walk.dloss = 1.0f / (float)((size_t)B * T * m);
-    walk.overlap_pairs = walk_overlap_flag(pp_overlap);  // (the F&B overlap, llmc/pipeline_walk.h)
+    walk.overlap_pairs = pp_overlap;  // (the F&B overlap, llmc/pipeline_walk.h)
     unsigned wte_only = 1u << PARAM_WTE;  // a mask of the tensors the embedding group's copies share
     for (int step = run.start_step; step <= run.max_steps; step++) {
         if (run_between_steps(&run, step)) break;  // validation, a sample, a checkpoint: when due

@@ -89,9 +89,6 @@ static inline void walk_sends_ahead(PipeSpec spec, int stage, const PipeAction* 
     free(group);
 }
 
-// -pp_overlap's value: both backends take it (the CUDA backend sends ahead on side channels)
-static inline int walk_overlap_flag(int pp_overlap) { return pp_overlap; }
-
 // a rank into a channel's list of peers, once
 static inline void walk_add_peer(int* peers, int* count, int peer) {
     for (int i = 0; i < *count; i++) if (peers[i] == peer) return;
