@@ -52,6 +52,8 @@ typedef struct {
     ParameterLayout layout;  // the rank's parameters (tp rank 0 of its stage, dp rank 0)
     LayerDims dims;
     int slots;               // micro-batches (or chunks) a pipeline stage holds in flight; 1 without one
+    int heads;               // the head's arenas (stage.h's stage_num_heads): 1 without a pipeline, 0
+                             // on a stage without the head
     int grad_buffers;        // a pipeline stage's (BTs, C) gradient messages (pipeline_grad_indices): 2,
                              // more in a V; 0 without a pipeline
     uint64_t params, grads, master, state;  // the model states
@@ -144,7 +146,8 @@ static inline ParameterLayout memory_plan_layout(GPT2Config c, const RunLayout* 
 }
 
 // the activations of -r `recompute` into plan: DP and TP keep one arena of every layer; PP and
-// 3D a slot per micro-batch in flight of the stage's chunk and the model's arena of the rest
+// 3D a slot per micro-batch in flight of the stage's chunk, on the head's stage its heads
+// (stage.h's pool), and the model's arena of the rest
 static inline void memory_plan_activations(MemoryPlan* plan, const RunLayout* r, int recompute) {
     LayerDims d = plan->dims;
     const ParameterLayout* l = &plan->layout;
@@ -161,9 +164,9 @@ static inline void memory_plan_activations(MemoryPlan* plan, const RunLayout* r,
         PipeSpec spec = {r->sched, r->pp, r->m, r->V};
         unsigned kept = stage_kept(recompute, spec, d);
         gpt2_lay_out_activations(&unused, d, l->layers, ACTS_SCRATCH | ACTS_RECOMPUTE, kept, r->B, T, NULL, part);
-        gpt2_lay_out_activations(&unused, d, l->layers / r->V, stage_slot_parts(l), kept, r->B, T, NULL, slot);
+        gpt2_lay_out_activations(&unused, d, l->layers / r->V, ACTS_LAYERS | ACTS_HEAD, kept, r->B, T, NULL, slot);
         plan->layers = plan->slots * slot[ACTS_LAYERS];
-        plan->head = plan->slots * slot[ACTS_HEAD];  // (every slot of the head's stage holds room for it)
+        plan->head = plan->heads * slot[ACTS_HEAD];  // (its own pool: in a V fewer than the slots)
     }
     plan->recomputed = part[ACTS_RECOMPUTE];
     plan->backward = part[ACTS_SCRATCH] + tokens;
@@ -192,6 +195,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
     // a pipeline stage's slots: the most micro-batches its schedule holds at once (pipeline.h);
     // its gradient buffers: two, or in a V as many as its sends put off keep busy (stage.h)
     plan.slots = 1;
+    plan.heads = 1;
     plan.grad_buffers = 0;
     if (pipelined) {
         PipeSpec spec = {r->sched, r->pp, r->m, r->V};
@@ -199,6 +203,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
         PipeAction* actions = (PipeAction*)malloc_check((uint64_t)n * sizeof(PipeAction));
         pipeline_stage_actions(spec, stage, actions);
         plan.slots = stage_num_slots(spec, actions, n);
+        plan.heads = stage_num_heads(spec, stage, l, plan.slots);
         plan.grad_buffers = pipeline_num_grads(spec, stage, actions, n);
         free(actions);
     }
@@ -361,9 +366,16 @@ static inline int memory_plan_rows(const MemoryPlan* plan, GPT2Config c, const R
     memory_row(rows, &n, "recomputed", plan->recomputed, MEMORY_PART,
                plan->recomputed ? "one layer's buffers for what -r does not keep" : "");
     rows[n - 1].indent = 1;
-    snprintf(note, sizeof(note), "%s", !plan->head ? "none: the head is on another stage"
-                                       : r->trainer == TRAINER_CP ? "final LayerNorm, logits (B T/cp Vp X), losses"
-                                                                  : "final LayerNorm, logits (B T Vp/tp X), losses");
+    const char* head = !plan->head ? "none: the head is on another stage"
+                       : r->trainer == TRAINER_CP ? "final LayerNorm, logits (B T/cp Vp X), losses"
+                                                  : "final LayerNorm, logits (B T Vp/tp X), losses";
+    snprintf(note, sizeof(note), "%s", head);
+    // (a pipeline's head stage: one a slot, or in a V the last virtual stage's micro-batches in flight)
+    if (plan->head && (r->trainer == TRAINER_PP || r->trainer == TRAINER_3D)) {
+        PipeSpec spec = {r->sched, r->pp, r->m, r->V};
+        snprintf(note, sizeof(note), "%s: %d head%s (%s)", head, plan->heads, plan->heads > 1 ? "s" : "",
+                 pipeline_is_v(spec) ? "the last chunk's micro-batches between F and W" : "one a slot");
+    }
     memory_row(rows, &n, "head", plan->head, MEMORY_PART, note);
     rows[n - 1].indent = 1;
     memory_row(rows, &n, "backward", plan->backward, MEMORY_PART, "gradients flowing down a layer, the tokens");

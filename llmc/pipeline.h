@@ -639,6 +639,35 @@ static inline int pipeline_peak_in_flight(PipeSpec s, const PipeAction* stage_ac
     return peak;
 }
 
+// The LM head's buffers (lnf, the logits and their gradient, the losses: model.h's ACTS_HEAD)
+// belong to the last virtual stage alone. A micro-batch's F there writes them, its B reads the
+// dlogits and lnf's statistics, and with a split backward its W reads the dlogits and lnf again
+// (the wte copy's gradient, llmc/chunk.h): so it holds them to its B, or its W. It takes them
+// with its slot: when its input is received, at the exchange before its F's group (the walk,
+// llmc/pipeline_walk.h, receives a group's inputs before it computes any of its actions), else at
+// the F. The most micro-batches stage s holds so at once; 0 on a stage without the head. (In a V
+// the head sits on stage 0 beside chunk 0, whose slots never need it.)
+static inline int pipeline_peak_heads(PipeSpec s, int stage, const PipeAction* stage_actions, int count) {
+    if (stage != pipeline_head_stage(s)) return 0;
+    int last_chunk = pipeline_chunk_of(s, s.p * s.V - 1);
+    PipeOp frees = pipeline_splits_backward(s) ? PIPE_WEIGHT : PIPE_BACKWARD;
+    int held = 0, peak = 0;
+    for (int k = 0; k < count; k++) {
+        PipeAction a = stage_actions[k];
+        if (k == 0 || !a.joins) {  // a group's exchange: its forwards' received inputs take their heads
+            for (int j = k; j < count && (j == k || stage_actions[j].joins); j++) {
+                PipeAction f = stage_actions[j];
+                held += f.op == PIPE_FORWARD && f.chunk == last_chunk && pipeline_input_from(s, stage, f) >= 0;
+            }
+            peak = held > peak ? held : peak;
+        }
+        if (a.chunk != last_chunk) continue;
+        held += a.op == PIPE_FORWARD && pipeline_input_from(s, stage, a) < 0 ? 1 : a.op == frees ? -1 : 0;
+        peak = held > peak ? held : peak;
+    }
+    return peak;
+}
+
 // The V schedules' idle time inside stage s's own span (its first action's start to its last
 // one's end), the bubble as the papers count it (the header comment): zbv none, dualpipev p - 1 - s
 static inline int pipeline_v_span_idle_formula(PipeSpec s, int stage) {

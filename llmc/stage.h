@@ -16,15 +16,25 @@
 
 // Each (micro-batch, chunk) whose forward has run keeps its layers' activations in a slot until
 // its backward has run; the schedule says how many can be in flight at once (pipeline.h), and
-// the stage allocates that many slots.
+// the stage allocates that many slots. The stage with the LM head also keeps, for each
+// micro-batch of the last virtual stage in flight, the head's buffers (lnf, the logits, the
+// losses) in an arena of a second, smaller pool: a head is taken with the slot of that chunk's
+// F and given back with it (pipeline_peak_heads says how many are held at once).
 typedef struct {
     PipeSpec spec;
     int stage, chunk_layers;   // this rank's stage; layers per chunk, L / (p V)
-    Activations* slots;        // num_slots arenas of chunk_layers layers (and, on the last
-    int num_slots;             // stage, the head)
+    Activations* slots;        // num_slots arenas of chunk_layers layers
+    int num_slots;
     int* slot_of;              // (m, V): the slot holding (micro-batch, chunk), -1 for none
     int* free_slots;           // a stack of free slots
     int num_free, peak_in_use;  // the most slots a training step held at once
+    Activations* heads;        // num_heads arenas of the head (ACTS_HEAD), on the head's stage
+    int num_heads;             // (0 elsewhere)
+    int* head_of;              // (num_slots): the head a slot's micro-batch holds, -1 for none
+    int* free_heads;           // a stack of free heads
+    int num_free_heads;
+    LayerDims dims;            // the widths and the micro-batch the arenas were laid out for
+    int B, T;
     floatX** grad;             // (BTs, C) gradients at a chunk's output, then at its input:
     int num_grads;             // at least two, so that one can be sent while the next is received
                                // (pipeline_grad_indices says how many a schedule needs)
@@ -41,14 +51,23 @@ static inline int stage_num_slots(PipeSpec spec, const PipeAction* actions, int 
     return slots > 2 ? slots : 2;
 }
 
-// a slot's arena: chunk_layers layers of what the forward keeps (-r: `kept`, model.h), and on
-// the stage with the head (the last; in a V the first) room for the head in every slot, though
-// in a V only chunk 1's, one at a time, use it
-static inline int stage_slot_parts(const ParameterLayout* layout) { return ACTS_LAYERS | (layout->head ? ACTS_HEAD : 0); }
-static inline uint64_t stage_slot_bytes(LayerDims d, const ParameterLayout* layout, int chunk_layers, unsigned kept, int B,
-                                      int T) {
-    Activations unused;
-    return gpt2_lay_out_activations(&unused, d, chunk_layers, stage_slot_parts(layout), kept, B, T, NULL, NULL);
+// the head's arenas a stage needs. In a V (zbv, dualpipev) the head sits on stage 0 beside
+// chunk 0, whose slots never use it: as many arenas as pipeline_peak_heads counts, the most
+// micro-batches of the last virtual stage held at once from their F's input to the W that last
+// reads the head (zbv 1: chunk 1's F, B and W of one micro-batch run before the next one's F;
+// dualpipev 2: a pair receives the next F's input before the W of the one before), and at least
+// 1 (a forward-only pass holds one). Elsewhere the head is on the last stage and every slot keeps
+// one, as many as its slots (with one chunk every slot there is the last virtual stage's). None
+// on a stage without the head.
+static inline int stage_num_heads(PipeSpec spec, int stage, const ParameterLayout* layout, int num_slots) {
+    if (!layout->head) return 0;
+    if (!pipeline_is_v(spec)) return num_slots;
+    int n = pipeline_actions_per_stage(spec);
+    PipeAction* actions = (PipeAction*)malloc_check((uint64_t)n * sizeof(PipeAction));
+    pipeline_stage_actions(spec, stage, actions);
+    int heads = pipeline_peak_heads(spec, stage, actions, n);
+    free(actions);
+    return heads > 1 ? heads : 1;
 }
 
 // what a stage keeps for -r `recompute`: zero bubble's W reads its matmuls' inputs from the slot
@@ -56,18 +75,10 @@ static inline unsigned stage_kept(int recompute, PipeSpec spec, LayerDims d) {
     return activations_kept(recompute, pipeline_splits_backward(spec), d);
 }
 
-// what a stage keeps of its micro-batches in flight: num_slots slots, and the one-layer buffers
-// of what they do not keep (which live in the model's scratch arena)
-static inline uint64_t stage_activation_bytes(LayerDims d, const ParameterLayout* layout, int chunk_layers, int num_slots,
-                                            unsigned kept, int B, int T) {
-    Activations unused;
-    return num_slots * stage_slot_bytes(d, layout, chunk_layers, kept, B, T) +
-           gpt2_lay_out_activations(&unused, d, chunk_layers, ACTS_RECOMPUTE, kept, B, T, NULL, NULL);
-}
-
-// the slots and the gradient buffers on the device (num_grads: pipeline_grad_indices's count); the
-// first is the model's scratch dresidual. The slots keep what the model's scratch arena was laid
-// out to keep (its `kept`), and share its one-layer buffers for the rest.
+// the slots, the heads (stage_num_heads) and the gradient buffers on the device (num_grads:
+// pipeline_grad_indices's count); the first gradient buffer is the model's scratch dresidual. The
+// slots keep what the model's scratch arena was laid out to keep (its `kept`), and share its
+// one-layer buffers for the rest.
 static inline void stage_alloc(Stage* st, PipeSpec spec, int stage, int num_slots, int num_grads, GPT2* model, int B,
                                int T) {
     st->spec = spec;
@@ -77,13 +88,25 @@ static inline void stage_alloc(Stage* st, PipeSpec spec, int stage, int num_slot
     st->moe = NULL;
     st->slots = (Activations*)malloc_check((uint64_t)num_slots * sizeof(Activations));
     st->free_slots = (int*)malloc_check((uint64_t)num_slots * sizeof(int));
+    st->head_of = (int*)malloc_check((uint64_t)num_slots * sizeof(int));
     for (int i = 0; i < num_slots; i++) {
-        activations_alloc(&st->slots[i], model->dims, st->chunk_layers, stage_slot_parts(&model->layout), model->acts.kept,
-                          B, T);
+        activations_alloc(&st->slots[i], model->dims, st->chunk_layers, ACTS_LAYERS, model->acts.kept, B, T);
         activations_share_recomputed(&st->slots[i], &model->acts, model->dims, B, T);
         st->free_slots[i] = num_slots - 1 - i;
+        st->head_of[i] = -1;
     }
     st->num_free = num_slots;
+    st->num_heads = stage_num_heads(spec, stage, &model->layout, num_slots);
+    st->heads = (Activations*)malloc_check((uint64_t)(st->num_heads > 0 ? st->num_heads : 1) * sizeof(Activations));
+    st->free_heads = (int*)malloc_check((uint64_t)(st->num_heads > 0 ? st->num_heads : 1) * sizeof(int));
+    for (int i = 0; i < st->num_heads; i++) {
+        activations_alloc(&st->heads[i], model->dims, st->chunk_layers, ACTS_HEAD, model->acts.kept, B, T);
+        st->free_heads[i] = st->num_heads - 1 - i;
+    }
+    st->num_free_heads = st->num_heads;
+    st->dims = model->dims;
+    st->B = B;
+    st->T = T;
     st->peak_in_use = 0;
     st->slot_of = (int*)malloc_check((uint64_t)spec.m * spec.V * sizeof(int));
     for (int i = 0; i < spec.m * spec.V; i++) st->slot_of[i] = -1;
@@ -98,8 +121,12 @@ static inline void stage_alloc(Stage* st, PipeSpec spec, int stage, int num_slot
 
 static inline void stage_free(Stage* st) {
     for (int i = 0; i < st->num_slots; i++) activations_free(&st->slots[i]);
+    for (int i = 0; i < st->num_heads; i++) activations_free(&st->heads[i]);
     free(st->slots);
     free(st->free_slots);
+    free(st->head_of);
+    free(st->heads);
+    free(st->free_heads);
     free(st->slot_of);
     for (int i = 1; i < st->num_grads; i++) device_free(st->grad[i]);
     free(st->grad);
@@ -111,19 +138,35 @@ static inline int is_last_virtual(const Stage* st, int chunk) {
     return pipeline_virtual_stage(st->spec, st->stage, chunk) == st->spec.p * st->spec.V - 1;
 }
 
-// the slot of (micro, chunk), taken from the free ones on first use
+// the slot of (micro, chunk), taken from the free ones on first use; for the last virtual stage
+// a head too, whose tensors (model.h's ACTS_HEAD part) the slot's head pointers then point into
 static inline Activations* stage_slot(Stage* st, int micro, int chunk) {
     int* at = &st->slot_of[micro * st->spec.V + chunk];
     if (*at < 0) {
         if (st->num_free == 0) fail("stage %d: more micro-batches in flight than the schedule allows", st->stage);
         *at = st->free_slots[--st->num_free];
+        if (is_last_virtual(st, chunk)) {
+            if (st->num_free_heads == 0) fail("stage %d: more heads in flight than the schedule allows", st->stage);
+            int h = st->head_of[*at] = st->free_heads[--st->num_free_heads];
+            ActivationTensor mine[ACTIVATION_TENSORS], head[ACTIVATION_TENSORS];
+            int n = activation_tensors(mine, &st->slots[*at], st->dims, 1, st->slots[*at].kept, st->B, st->T);
+            activation_tensors(head, &st->heads[h], st->dims, 1, st->heads[h].kept, st->B, st->T);
+            for (int i = 0; i < n; i++) {
+                if (mine[i].part == ACTS_HEAD) *mine[i].ptr = *head[i].ptr;
+            }
+        }
     }
     return &st->slots[*at];
 }
 
+// (micro, chunk)'s slot, and its head, back to the free ones: after the last action that reads
+// them (the backward, or zero bubble's W; a forward-only pass: the forward). A head's tensors
+// keep their values until the next last-virtual forward takes it (a sample reads its logits).
 static inline void stage_release(Stage* st, int micro, int chunk) {
     int* at = &st->slot_of[micro * st->spec.V + chunk];
     st->free_slots[st->num_free++] = *at;
+    if (st->head_of[*at] >= 0) st->free_heads[st->num_free_heads++] = st->head_of[*at];
+    st->head_of[*at] = -1;
     *at = -1;
 }
 

@@ -11,6 +11,15 @@
 //     formula's;
 //   - each stage holds at most the formula's activations: afab m, 1f1b min(p - s, m), zb
 //     min(p, m), interleaved its warm-up plus one, zbv 2p chunks, dualpipev 2p + 1;
+//   - the LM head's buffers (pipeline_peak_heads): the most micro-batches of the last virtual
+//     stage a stage holds from the start of their F's group (where the walk receives the F's
+//     input into its slot; a local input: the F itself) to the end of their B, or W with a split
+//     backward, counted again on the timeline unit by unit; 0 off the head's stage. In a V, by
+//     hand: zbv 1 (stage 0 runs chunk 1's F, B, W of a micro-batch, each a group of its own,
+//     before the next one's F: the head's B waits for no other stage, its gradient is its own
+//     loss's); dualpipev 2 (its warm-up pairs W0 of chunk 1 with F1 of chunk 1 in one group, so
+//     F1's input arrives, into its slot and head, before W0 has read micro-batch 0's; at p = 1,
+//     where F1's input is chunk 0's output copied at the F, 1);
 //   - zbv and dualpipev: each stage's idle time inside its own span (the papers' bubble) is the
 //     formula's, zbv none, dualpipev p - 1 - s; their rules on m (and V = 2) refused, named;
 //   - the sends and receives between the actions pair up in order and never deadlock, and so do
@@ -129,6 +138,31 @@ static void check_schedule(PipeSpec s) {
         check_buffers(s, st, actions + (size_t)st * n, n);
         int peak = pipeline_peak_in_flight(s, actions + (size_t)st * n, n), bound = pipeline_peak_formula(s, st);
         CHECK(peak == bound, "%s p=%d m=%d V=%d stage %d: holds %d, the formula says %d", name, p, m, V, st, peak, bound);
+        // the head's micro-batches in flight, on the timeline: at each unit, those of the last
+        // virtual stage whose F's group has started (a received input: the group's first action,
+        // back over the actions that join it; a local one: the F) and whose last reader (B, or
+        // the split's W) has not ended
+        int heads = 0;
+        for (int c = 0; c < V; c++) {
+            int v = pipeline_virtual_stage(s, st, c);
+            if (v != last) continue;
+            int received = v > 0 && pipeline_stage_of(s, v - 1) != st;
+            for (int t = 0; t < length; t++) {
+                int now = 0;
+                for (int mb = 0; mb < m; mb++) {
+                    int f = AT(st, PIPE_FORWARD, mb, c), r = AT(st, pipeline_splits_backward(s) ? PIPE_WEIGHT : PIPE_BACKWARD, mb, c);
+                    int g = f;
+                    while (received && g > st * n && actions[g].joins) g--;
+                    now += f >= 0 && r >= 0 && start[g] <= t && t < end[r];
+                }
+                heads = now > heads ? now : heads;
+            }
+        }
+        int counted = pipeline_peak_heads(s, st, actions + (size_t)st * n, n);
+        CHECK(counted == heads, "%s p=%d m=%d V=%d stage %d: %d heads held, the timeline holds %d", name, p, m, V, st, counted, heads);
+        int by_hand = st != 0 ? 0 : s.sched == SCHEDULE_ZBV || p == 1 ? 1 : 2;  // (p 1: F1's input is a local copy)
+        CHECK(!pipeline_is_v(s) || heads == by_hand, "%s p=%d m=%d stage %d: %d heads held, by hand %d", name, p, m, st, heads,
+              by_hand);
         if (pipeline_is_v(s)) {  // the idle time inside the stage's span: its span less its 6m units of work
             int idle = end[st * n + n - 1] - start[st * n] - 6 * m, expected = pipeline_v_span_idle_formula(s, st);
             CHECK(idle == expected, "%s p=%d m=%d stage %d: idles %d units in its span, the formula %d", name, p, m, st, idle, expected);
