@@ -268,7 +268,10 @@ def sweep_interrupted_stops_its_run_and_removes_its_files():
     assert p.returncode == 0, p.stdout.decode()[-3000:]
     proc = subprocess.Popen([SWEEP, "-np", "2", "-filter", r"^train_gpt2_dp \(2 ranks\) -r 0$", "-steps", "200"], cwd=ROOT,
                             env=dict(os.environ, TMPDIR=out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # (its own session: the signal goes to the script, as a terminal's would)
+                            start_new_session=True,  # (its own session: the signal goes to the script, as a terminal's would)
+                            # (and SIGINT not ignored, as a terminal's shell has it: a suite started in the background
+                            # of a shell without job control inherits it ignored, and bash cannot trap what it starts ignoring)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120
         while not glob.glob(os.path.join(out, "sweep.*", "run.*", "main.log")) and time.time() < deadline:
