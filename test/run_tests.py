@@ -3749,32 +3749,38 @@ def check_cuda_against_reference(ref, d, grads_path, precision, label):
     return read_log(d)[0]
 
 
-def make_cuda_pp_test(kind, precision, devices, sched):
+def make_cuda_pp_test(kind, precision, devices, sched, overlap=False):
     def fn():
         """pipeline parallelism on the emulator (or a GPU): 2 stages, 4 micro-batches; activations
         and their gradients travel in floatX through NCCL's grouped send/recv (or the host-staged path);
         both wte copies stay bit-identical (bf16: the same stochastic rounding). zb runs the
         backward's two halves (matmul_backward_input, then _weight) apart; zbv and dualpipev put
-        two chunks a stage in a V (the bottom's hand-off a device copy, sends put off, one wte)"""
+        two chunks a stage in a V (the bottom's hand-off a device copy, sends put off, one wte);
+        interleaved runs 2 chunks a stage. With overlap, -pp_overlap 1 (tests_pp_overlap_cuda.py
+        says what it checks)"""
         run = cuda_runner(kind, devices)
         ref = reference_run(REF4_CUDA)
         program = build(kind, precision, ["train_gpt2_pp"])[0]
-        d = fresh_dir("%s_%s_pp2_%s" % (kind, precision, sched))
+        what = sched + ("_overlap" if overlap else "")
+        d = fresh_dir("%s_%s_pp2_%s" % (kind, precision, what))
         grads_path = os.path.join(d, "grads.bin")
         m = 4
         B = REF4_CUDA["batch"] // m
-        out = run(program, 2, trainer_args(ref, B, d, ["-n", REF4_CUDA["steps"], "-dump_grads", grads_path,
-                                                       "-check_replicas", 1, "-sched", sched], cfg=REF4_CUDA), d)
-        train = check_cuda_against_reference(ref, d, grads_path, precision,
-                                             "%s train_gpt2_pp %s 2 stages %s" % (kind, precision, sched))
         v_shape = sched in V_SCHEDULES
-        expected = pp_step_bytes(REF4_CUDA, B, m, 2, 2 if v_shape else 1, X=4 if precision == "FP32" else 2, v_shape=v_shape)
+        chunks = 2 if v_shape or sched == "interleaved" else 1
+        flags = ["-n", REF4_CUDA["steps"], "-dump_grads", grads_path, "-check_replicas", 1, "-sched", sched]
+        flags += ["-vp", 2] if sched == "interleaved" else []
+        flags += ["-pp_overlap", 1] if overlap else []
+        out = run(program, 2, trainer_args(ref, B, d, flags, cfg=REF4_CUDA), d)
+        train = check_cuda_against_reference(ref, d, grads_path, precision, "%s train_gpt2_pp %s 2 stages %s%s" % (
+            kind, precision, sched, " -pp_overlap 1" if overlap else ""))
+        expected = pp_step_bytes(REF4_CUDA, B, m, 2, chunks, X=4 if precision == "FP32" else 2, v_shape=v_shape)
         check_pp_step_bytes(out, d, expected, REF4_CUDA["steps"])
         assert train[1]["comm_bytes"] == sum(expected.values()), train[1]
         if not v_shape:  # (a V holds one wte, on stage 0)
             assert "step %d: wte copies of the first and last stage identical" % REF4_CUDA["steps"] in out, out[-2000:]
     prefix, path = cuda_test_name(kind, devices)
-    fn.__name__ = "%s_pp_vs_pytorch_%s_pp2_%s_%s" % (prefix, precision.lower(), sched, path)
+    fn.__name__ = "%s_pp%s_vs_pytorch_%s_pp2_%s_%s" % (prefix, "_overlap" if overlap else "", precision.lower(), sched, path)
     return fn
 
 

@@ -6,49 +6,24 @@
 # compare_pp_with_reference, REF4_CUDA, REF_GPT2, V_SCHEDULES, ...) are used as if written there.
 
 
-def make_cuda_pp_overlap_test(kind, precision, devices, sched):
-    def fn():
-        """-pp_overlap 1 on the CUDA backend, 2 stages, 4 micro-batches: each F&B group's forward
-        output leaves right after the forward, on the side channel of its stage's colour, and is
-        received there; the results must equal the PyTorch reference within the precision's
-        bounds, with the bytes of each step the formula's (the overlap moves no byte more). A
-        message received on another channel than it was sent on would hang or pair with the wrong
-        receive (the emulator's NCCL is MPI, whose messages of two communicators never pair). On
-        the emulator with 2 GPUs the sends go through NCCL's calls, posted on the side channel's
-        stream and finished only when the compute waits for them (cuda_emu/include/nccl.h), as on a
-        GPU; with 1, through the host-staged path's non-blocking MPI calls"""
-        run = cuda_runner(kind, devices)
-        ref = reference_run(REF4_CUDA)
-        program = build(kind, precision, ["train_gpt2_pp"])[0]
-        d = fresh_dir("%s_%s_pp2_%s_overlap" % (kind, precision, sched))
-        grads_path = os.path.join(d, "grads.bin")
-        m = 4
-        B = REF4_CUDA["batch"] // m
-        vp = [] if sched in V_SCHEDULES else ["-vp", 2]
-        out = run(program, 2, trainer_args(ref, B, d, ["-n", REF4_CUDA["steps"], "-dump_grads", grads_path,
-                                                       "-check_replicas", 1, "-sched", sched, "-pp_overlap", 1] + vp,
-                                           cfg=REF4_CUDA), d)
-        train = check_cuda_against_reference(ref, d, grads_path, precision,
-                                             "%s train_gpt2_pp %s 2 stages %s -pp_overlap 1" % (kind, precision, sched))
-        v_shape = sched in V_SCHEDULES
-        expected = pp_step_bytes(REF4_CUDA, B, m, 2, 2, X=4 if precision == "FP32" else 2, v_shape=v_shape)
-        check_pp_step_bytes(out, d, expected, REF4_CUDA["steps"])
-        assert train[1]["comm_bytes"] == sum(expected.values()), train[1]
-        if not v_shape:  # (a V holds one wte, on stage 0)
-            assert "step %d: wte copies of the first and last stage identical" % REF4_CUDA["steps"] in out, out[-2000:]
-    prefix, path = cuda_test_name(kind, devices)
-    fn.__name__ = "%s_pp_overlap_vs_pytorch_%s_pp2_%s_%s" % (prefix, precision.lower(), sched, path)
-    return fn
-
+# make_cuda_pp_test (run_tests.py) with overlap=True runs each case: 2 stages, 4 micro-batches,
+# -pp_overlap 1. Each F&B group's forward output leaves right after the forward, on the side
+# channel of its stage's colour, and is received there; the results must equal the PyTorch
+# reference within the precision's bounds, with the bytes of each step the formula's (the overlap
+# moves no byte more). A message received on another channel than it was sent on would hang or
+# pair with the wrong receive (the emulator's NCCL is MPI, whose messages of two communicators
+# never pair). On the emulator with 2 GPUs the sends go through NCCL's calls, posted on the side
+# channel's stream and finished only when the compute waits for them (cuda_emu/include/nccl.h), as
+# on a GPU; with 1, through the host-staged path's non-blocking MPI calls.
 
 # on the emulator: dualpipev's F&B pairs over NCCL in fp32 (tight), over the host-staged path in
 # bf16 (bounded), and interleaved's steady state over NCCL in fp32
-test(make_cuda_pp_overlap_test("emu", "FP32", 2, "dualpipev"))
-test(make_cuda_pp_overlap_test("emu", "BF16", 1, "dualpipev"))
-test(make_cuda_pp_overlap_test("emu", "FP32", 2, "interleaved"))
+test(make_cuda_pp_test("emu", "FP32", 2, "dualpipev", overlap=True))
+test(make_cuda_pp_test("emu", "BF16", 1, "dualpipev", overlap=True))
+test(make_cuda_pp_test("emu", "FP32", 2, "interleaved", overlap=True))
 # on a GPU (every rank on the one GPU, through NCCL): dualpipev in bf16, interleaved in fp32
-test(make_cuda_pp_overlap_test("cuda", "BF16", None, "dualpipev"))
-test(make_cuda_pp_overlap_test("cuda", "FP32", None, "interleaved"))
+test(make_cuda_pp_test("cuda", "BF16", None, "dualpipev", overlap=True))
+test(make_cuda_pp_test("cuda", "FP32", None, "interleaved", overlap=True))
 
 
 @test
