@@ -273,7 +273,7 @@ def setup_lists_what_the_readme_lists_and_sees_a_fresh_machine():
 # programs every Debian system has (its Essential packages: bash, coreutils, grep, sed, mawk,
 # findutils, util-linux, debianutils), which no script needs installed
 BASE_COMMANDS = {"awk", "basename", "bash", "cat", "cd", "chmod", "cp", "cut", "date", "dirname", "env", "find",
-                 "grep", "head", "id", "kill", "ls", "mkdir", "mktemp", "mv", "nice", "nproc", "printf",
+                 "grep", "head", "id", "kill", "ln", "ls", "mkdir", "mktemp", "mv", "nice", "nproc", "printf",
                  "rm", "sed", "sleep", "sort", "tail", "tee", "timeout", "touch", "tr", "uniq", "wc", "xargs",
                  "mount", "umount"}  # (util-linux's mount: Debian priority required; where it cannot mount, the test skips)
 # commands that are rows of their own under another name

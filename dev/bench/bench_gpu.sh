@@ -2,13 +2,16 @@
 # GPU training throughput of GPT-2 (random init, bf16, T=1024, one GPU): train_gpt2_dp ("ours")
 # beside its peers, taken in turns on the same GPU for each model and batch size: ours, then the
 # PyTorch peers (dev/bench/bench_pytorch.py: test/reference.py's GPT2 under bf16 autocast with
-# fused AdamW, compiled or eager, with scaled_dot_product_attention or the reference's own
-# attention), then llm.c's train_gpt2cu, then ours again. Each run prints ms per step, tokens/s,
+# fused AdamW, compiled or eager, with scaled_dot_product_attention, PyTorch's own choice of its
+# backend or held to one: flash, cuDNN, memory-efficient; or the reference's own attention), then
+# llm.c's train_gpt2cu, without and with cuDNN's attention, then ours again. Each run prints ms per step, tokens/s,
 # MFU (one formula for all: 6 N + 12 L C T FLOPs per token, against the GPU's dense bf16 peak)
 # and peak device memory (total - free: with the CUDA context, as nvidia-smi shows it); ours also
 # prints the step dev/bench/roofline.py predicts (its kernels priced by llmc/step_time.h on the GPU's
 # built-in profile; none for an H100 PCIe or NVL, which have no profile).
-# The run ends with a table of all runs and ours' tokens/s divided by each peer's.
+# The run ends with a table of all runs and ours' tokens/s divided by each peer's, then the
+# headline of each model: ours over the fastest of torch.compile + SDPA's backends, and over llm.c
+# (with cuDNN where that build ran).
 #
 #   ./dev/bench/bench_gpu.sh [steps]       steps per run (default 10; at least 4)
 #
@@ -21,11 +24,15 @@
 #                 PyTorch and llm.c hold as much or more per sequence)   [d12: 64; d24, d36: fit]
 #   FIT="128 64 32 16 8 4 2 1"  the sizes a bare "fit" tries
 #   PEERS_d12, PEERS_d24, PEERS_d36
-#                 any of compile+sdpa eager+sdpa compile eager llmc (none: "")
-#                 [d12: compile+sdpa eager+sdpa compile llmc; d24, d36: compile+sdpa llmc]
+#                 any of compile+sdpa compile+flash compile+cudnn compile+efficient eager+sdpa
+#                 compile eager llmc (none: ""); llmc is each llm.c build given below
+#                 [d12: compile+flash compile+cudnn compile+efficient eager+sdpa llmc;
+#                  d24, d36: compile+flash compile+cudnn llmc]
 #   OURS_ATTENTION="flash"  add "cublas" for ours with LLMC_ATTENTION=cublas too      [flash]
 #   OURS_AGAIN="d12"        the models where ours runs once more after the peers (drift) [d12]
-#   LLMC_PEER=/path/to/train_gpt2cu   llm.c's trainer (without it llm.c is skipped)
+#   LLMC_PEER=/path/to/train_gpt2cu   llm.c's trainer, its default build (without it: skipped)
+#   LLMC_PEER_CUDNN=/path/to/train_gpt2cu_cudnn   llm.c built with USE_CUDNN=1 (cuDNN's flash
+#                           attention; without it: skipped). dev/bench/build_llmc_peer.sh builds both
 #   LLMC_RECOMPUTE=0        llm.c's -r (its default is 1: GELU recomputed)            [0, as ours]
 #   BENCH_NO_BUILD=1        use build/cuda_BF16/train_gpt2_dp as it is (built elsewhere) [0: make]
 #   OURS=path               another build of train_gpt2_dp to time (not made here)
@@ -35,22 +42,22 @@
 # fails in a second, before allocating); a PyTorch call 5-10 s to start, then torch.compile
 # 40-60 s for each compiled variant and B it tries (one that runs out of memory costs its compile
 # too), eager about 10 s; llm.c 10 s at d12, 20-30 s at d36 (it draws the weights on the CPU). So
-# d12 with all peers takes about 3 minutes, d24 or d36 with compile+sdpa and llm.c 1.5-2.5.
+# d12 with all peers takes about 5 minutes (three compiled variants), d24 or d36 with two compiled
+# variants and llm.c 2.5-4.
 #
 # A short run (d12 at B=64 with every peer, then d24 and d36 at one B each, the largest of two
 # that fits: 64 and 32 fit ours on an H100), about 5-6 minutes:
-#   BATCH_d24="fit 64 32" BATCH_d36="fit 32 16" PEERS_d24=compile+sdpa PEERS_d36=compile+sdpa \
+#   BATCH_d24="fit 64 32" BATCH_d36="fit 32 16" PEERS_d24=compile+flash PEERS_d36=compile+flash \
 #     ./dev/bench/bench_gpu.sh 10
 #
-# llm.c's trainer (karpathy/llm.c, never part of this project) is built outside the project, e.g.
-#   make train_gpt2cu USE_CUDNN=0 NO_MULTI_GPU=1 NO_USE_MPI=1 GPU_COMPUTE_CAPABILITY=90 \
-#        NVCC_LDFLAGS="-lcublas -lcublasLt"
-# (CUDA 13: its one cudaMemAdvise call needs a cudaMemLocation), and run here as
+# llm.c's trainer (karpathy/llm.c, never part of this project) is built outside the project by
+# dev/bench/build_llmc_peer.sh (from a checkout of llm.c, and for the cuDNN build cudnn-frontend's
+# headers; on a machine without a GPU too), and run here as
 #   train_gpt2cu -i TOKENS -j TOKENS -e dL -b B -t 1024 -x STEPS -v 1000000 -m 1 -s 0 -r 0 -z 0 -h 0
 # (-v 0 divides by zero there: validation once before and after, on one batch, not timed)
-# on tiny Shakespeare's tokens (llm.c's own file format), its attention without cuDNN (the
-# default build: the T x T scores in memory); its step time is its "total average iteration
-# time" (steps after the first), its memory the use it reports after allocating everything.
+# on tiny Shakespeare's tokens (llm.c's own file format): its default build's attention keeps the
+# T x T scores in memory, the cuDNN build's is fused; its step time is its "total average
+# iteration time" (steps after the first), its memory the use it reports after allocating everything.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 steps=${1:-10}
@@ -106,13 +113,18 @@ print(":".join(sorted({os.path.dirname(p) for b in nvidia.__path__ for p in glob
     echo "libraries from the python's nvidia packages: $nvidia_libs"
     missing_libraries "$ours" -h && { "$ours" -h 2>&1 | head -n 3; exit 1; }
 fi
-llmc=${LLMC_PEER:-}
-if [ -z "$llmc" ]; then
-    echo "llm.c peer skipped: set LLMC_PEER=/path/to/train_gpt2cu (karpathy/llm.c built outside the project: see this script's head)"
-elif [ ! -x "$llmc" ] || missing_libraries "$llmc" -q; then
-    echo "llm.c peer skipped: $llmc does not run here"
-    llmc=""
-fi
+# llm.c's builds that run here: "system=path" each (its default build, then with cuDNN)
+llmc_builds=""
+for build in "llm.c=${LLMC_PEER:-}" "llm.c (cuDNN)=${LLMC_PEER_CUDNN:-}"; do
+    system=${build%%=*} path=${build#*=}
+    if [ -z "$path" ]; then
+        echo "$system peer skipped: set LLMC_PEER$([ "$system" = llm.c ] || echo _CUDNN)=/path/to/its train_gpt2cu (built outside the project: dev/bench/build_llmc_peer.sh)"
+    elif [ ! -x "$path" ] || missing_libraries "$path" -q; then
+        echo "$system peer skipped: $path does not run here"
+    else
+        llmc_builds="$llmc_builds${llmc_builds:+;}$build"
+    fi
+done
 
 # model shapes: layers, heads, channels; parameters (padded vocabulary 50304, tied LM head) and
 # model FLOPs per token (llmc/run.h train_flops_per_token)
@@ -193,47 +205,59 @@ run_pytorch() {  # model "variants" "batches" fit(0|1)
 }
 
 # llm.c's device memory in GB at B (train_gpt2.cu: fill_in_activation_sizes, its parameters,
-# gradients, AdamW m and v and fp32 master weights, cuBLASLt's workspace), without its context
-llmc_memory_gb() {  # model B
+# gradients, AdamW m and v and fp32 master weights, cuBLASLt's workspace), without its context;
+# with cuDNN its att holds the softmax's fp32 statistics (L, B, NH, T), not the bf16 (L, B, NH, T, T)
+llmc_memory_gb() {  # model B cudnn(0|1)
     local L NH C
     read -r L NH C <<< "$(shape "$1")"
-    awk -v L="$L" -v NH="$NH" -v C="$C" -v B="$2" -v T="$T" -v r="$LLMC_RECOMPUTE" 'BEGIN {
+    awk -v L="$L" -v NH="$NH" -v C="$C" -v B="$2" -v T="$T" -v r="$LLMC_RECOMPUTE" -v cudnn="$3" 'BEGIN {
         BT = B * T; BTC = BT * C; n = 50304 * C + 1024 * C + L * (12 * C * C + 13 * C) + 2 * C
         out = 3 * C; if (NH * T > out) out = NH * T; if (50304 > out) out = 50304
-        bf16 = BTC + (r < 2 ? L * BTC : 0) + L * BTC + L * B * NH * T * T + L * BTC + (r < 2 ? L * BTC : 0) \
+        att = cudnn ? 0 : L * B * NH * T * T
+        bf16 = BTC + (r < 2 ? L * BTC : 0) + L * BTC + att + L * BTC + (r < 2 ? L * BTC : 0) \
              + 4 * L * BTC + (r < 1 ? 4 * L * BTC : 4 * BTC) + L * BTC + BTC + 3 * L * BTC + BT * out + 5 * BTC
-        fp32 = 4 * L * BT + 3 * BT
+        fp32 = 4 * L * BT + 3 * BT + (cudnn ? L * B * NH * T : 0)
         printf "%.1f", (2 * bf16 + 4 * fp32 + 16 * n + 32 * 2^20) / 1e9 }'
 }
 # llm.c at B: its "total average iteration time", and the device memory used after it allocated
-run_llmc() {  # model B
-    local model=$1 B=$2 log ms tps gb note=""
-    log="$logs/llmc_${model}_b$B.log"
-    timeout $((120 + 20 * steps)) "$llmc" -i "$tokens" -j "$tokens" -e "$model" -b "$B" -t "$T" -x "$steps" \
+run_llmc() {  # model B "system=path"
+    local model=$1 B=$2 system path log ms tps gb note=""
+    system=${3%%=*}; path=${3#*=}
+    log="$logs/llmc_${model}_b${B}$([ "$system" = llm.c ] || echo _cudnn).log"
+    timeout $((120 + 20 * steps)) "$path" -i "$tokens" -j "$tokens" -e "$model" -b "$B" -t "$T" -x "$steps" \
         -v 1000000 -m 1 -s 0 -r "$LLMC_RECOMPUTE" -z 0 -h 0 > "$log" 2>&1 || true
     ms=$(sed -n 's/^total average iteration time: \([0-9.]*\) ms.*/\1/p' "$log" | awk '{ printf "%.1f", $1 }')
     if [ -z "$ms" ]; then
-        echo "  llm.c $model B=$B: failed: $(grep -v '^\s*$' "$log" | tail -n 2 | tr '\n' ' ')"
+        echo "  $system $model B=$B: failed: $(grep -v '^\s*$' "$log" | tail -n 2 | tr '\n' ' ')"
         return 1
     fi
     tps=$(awk -v ms="$ms" -v n=$((B * T)) 'BEGIN { printf "%.0f", n / ms * 1e3 }')
     gb=$(sed -n 's/^device memory usage: \([0-9]*\) MiB.*/\1/p' "$log" | awk '{ printf "%.2f", $1 * 1048576 / 1e9 }')
     grep -q "Fell back to cudaMallocManaged" "$log" && note="AdamW state in managed memory: not comparable"
-    record "$model" "$B" "llm.c" "$ms" "$tps" "${gb:-?}" "$note"
-    show "$model" "$B" "llm.c" "$ms" "$tps" "${gb:-?}" "$note"
+    record "$model" "$B" "$system" "$ms" "$tps" "${gb:-?}" "$note"
+    show "$model" "$B" "$system" "$ms" "$tps" "${gb:-?}" "$note"
     [ -z "$note" ]
 }
-# llm.c in fit mode: the largest B (at most ours') whose memory its own formula says fits, then
-# smaller ones while it fails
+llmc_systems() { local IFS=';' build; for build in $llmc_builds; do printf "%s " "${build%%=*}"; done; }
+# llm.c at B if its own formula says it fits; returns 1 if it did not run
+run_llmc_if_fits() {  # model B "system=path"
+    local need cudnn=0
+    [ "${3%%=*}" = llm.c ] || cudnn=1
+    need=$(llmc_memory_gb "$1" "$2" "$cudnn")
+    if awk -v need="$need" -v mib="$gpu_mib" 'BEGIN { exit !(need + 1.5 > mib * 1048576 / 1e9) }'; then
+        echo "  ${3%%=*} $1 B=$2: needs about $need GB (+ the context): skipped"
+        return 1
+    fi
+    run_llmc "$@"
+}
+# each llm.c build in fit mode: the largest B (at most ours') that fits, then smaller ones while it fails
 run_llmc_fit() {  # model "candidates, largest first"
-    local model=$1 B need
-    for B in $2; do
-        need=$(llmc_memory_gb "$model" "$B")
-        if awk -v need="$need" -v mib="$gpu_mib" 'BEGIN { exit !(need + 1.5 > mib * 1048576 / 1e9) }'; then
-            echo "  llm.c $model B=$B: needs about $need GB (+ the context): skipped"
-            continue
-        fi
-        run_llmc "$model" "$B" && return 0
+    local B build builds
+    IFS=';' read -r -a builds <<< "$llmc_builds"
+    for build in "${builds[@]}"; do
+        for B in $2; do
+            run_llmc_if_fits "$1" "$B" "$build" && break
+        done
     done
     return 0
 }
@@ -242,21 +266,22 @@ for model in $MODELS; do
     shape "$model" > /dev/null
     batch_var=BATCH_$model; peers_var=PEERS_$model
     if [ "$model" = d12 ]; then
-        batches=${!batch_var-64}; peers=${!peers_var-compile+sdpa eager+sdpa compile llmc}
+        batches=${!batch_var-64}; peers=${!peers_var-compile+flash compile+cudnn compile+efficient eager+sdpa llmc}
     else
-        batches=${!batch_var-fit}; peers=${!peers_var-compile+sdpa llmc}
+        batches=${!batch_var-fit}; peers=${!peers_var-compile+flash compile+cudnn llmc}
     fi
     variants=""; with_llmc=0
     for p in $peers; do
         case "$p" in
-            compile+sdpa|eager+sdpa|compile|eager) variants="$variants $p" ;;
+            compile+sdpa|compile+flash|compile+cudnn|compile+efficient|eager+sdpa|compile|eager) variants="$variants $p" ;;
             llmc) with_llmc=1 ;;
-            *) echo "bench_gpu.sh: unknown peer $p (compile+sdpa eager+sdpa compile eager llmc)"; exit 1 ;;
+            *) echo "bench_gpu.sh: unknown peer $p (compile+sdpa compile+flash compile+cudnn compile+efficient eager+sdpa compile eager llmc)"
+               exit 1 ;;
         esac
     done
-    [ -n "$llmc" ] || with_llmc=0
+    [ -n "$llmc_builds" ] || with_llmc=0
     echo
-    echo "== $model, T=$T, B: $batches; peers:${variants:- none}$([ "$with_llmc" = 1 ] && echo " llm.c")"
+    echo "== $model, T=$T, B: $batches; peers:${variants:- none}$([ "$with_llmc" = 1 ] && echo "; $(llmc_systems)")"
     again=0
     for m in $OURS_AGAIN; do [ "$m" != "$model" ] || again=1; done
     if [ "${batches%% *}" = fit ]; then
@@ -282,12 +307,8 @@ for model in $MODELS; do
             for attention in $OURS_ATTENTION; do run_ours "$model" "$B" "$attention" || true; done
             [ -z "$variants" ] || run_pytorch "$model" "$variants" "$B" 0
             if [ "$with_llmc" = 1 ]; then
-                need=$(llmc_memory_gb "$model" "$B")
-                if awk -v need="$need" -v mib="$gpu_mib" 'BEGIN { exit !(need + 1.5 > mib * 1048576 / 1e9) }'; then
-                    echo "  llm.c $model B=$B: needs about $need GB (+ the context): skipped"
-                else
-                    run_llmc "$model" "$B" || true
-                fi
+                IFS=';' read -r -a builds <<< "$llmc_builds"
+                for build in "${builds[@]}"; do run_llmc_if_fits "$model" "$B" "$build" || true; done
             fi
             [ "$again" = 0 ] || run_ours "$model" "$B" flash || true
         done
@@ -320,3 +341,22 @@ awk -F'|' -v fpt="$fpt" -v peak="$peak" '
         }
     }' "$results"
 echo "(* ours at its own largest B; memory: the device's used memory, total - free, with the CUDA context)"
+# the headline, at each model and B ours ran: ours over the fastest of torch.compile + SDPA's
+# backends that ran there (the issue's yardstick: PyTorch at its best on this GPU), and over each llm.c build
+echo
+echo "== headline: ours' tokens/s over the fastest torch.compile + SDPA backend, and over llm.c, at the same model and B"
+awk -F'|' '
+    $3 == "ours" { sum[$1, $2] += $5; cnt[$1, $2]++; if (!(($1, $2) in seen)) { seen[$1, $2] = 1; order[++n] = $1 "|" $2 } }
+    $3 ~ /^compile\+(sdpa|flash|cudnn|efficient)$/ { tried[$1, $2]++
+        if (!(($1, $2) in fast) || $5 + 0 > fast[$1, $2] + 0) { fast[$1, $2] = $5; fastest[$1, $2] = $3 } }
+    $3 ~ /^llm\.c/ { llmc[$1, $2, $3] = $5; systems[$3] = 1 }
+    END {
+        for (i = 1; i <= n; i++) {
+            split(order[i], k, "|"); m = k[1]; b = k[2]; ours = sum[m, b] / cnt[m, b]
+            line = sprintf("  %s B=%s:", m, b)
+            if ((m, b) in fast) line = line sprintf(" %.2fx %s (the fastest of %d SDPA runs)", ours / fast[m, b], fastest[m, b], tried[m, b])
+            else line = line " no torch.compile + SDPA run"
+            for (sys in systems) if ((m, b, sys) in llmc) line = line sprintf("; %.2fx %s", ours / llmc[m, b, sys], sys)
+            print line
+        }
+    }' "$results"

@@ -2,8 +2,14 @@
 PyTorch throughput of test/reference.py's GPT-2 on one GPU, the peers of train_gpt2_dp in
 dev/bench/bench_gpu.sh: bf16 autocast (fp32 weights and fused AdamW, as the C trainer's master
 weights), gradient clipping at 1, random init, random tokens. Variants:
-    compile+sdpa   torch.compile (default mode) with F.scaled_dot_product_attention (flash)
-    eager+sdpa     no compile, the same attention
+    compile+sdpa   torch.compile (default mode) with F.scaled_dot_product_attention, its backend
+                   PyTorch's own choice for the GPU and shapes
+    compile+flash, compile+cudnn, compile+efficient
+                   the same with SDPA held to one backend (torch.nn.attention.sdpa_kernel): the
+                   FlashAttention-2 kernels built into PyTorch, cuDNN's fused attention, or the
+                   memory-efficient (xformers-derived) kernels; a backend this PyTorch or GPU
+                   lacks fails alone ("No available kernel"), and the others run
+    eager+sdpa     no compile, SDPA's own choice
     compile        torch.compile of the reference's own attention (scores materialised, masked)
     eager          the reference as it is
 Each prints ms per step (the mean over the steps after the first 3: compilation and warm-up),
@@ -13,13 +19,15 @@ device's used memory (total - free, as train_gpt2_dp and llm.c report theirs: wi
 context and the allocator's cache).
 
     python3 dev/bench/bench_pytorch.py [--model d12|d24|d36] [--batch 16 32 64] [--fit]
-        [--variants compile+sdpa eager+sdpa compile eager] [--seq-len 1024] [--steps 10]
+        [--variants compile+sdpa compile+flash compile+cudnn compile+efficient eager+sdpa compile eager]
+        [--seq-len 1024] [--steps 10]
         [--peak-tflops 989]
 
 --fit: --batch lists sizes largest first; each variant runs the first that fits (out of memory:
 the next one). A compiled variant takes about 40-60 s to compile at each B it tries.
 """
 import argparse
+import contextlib
 import gc
 import math
 import os
@@ -30,6 +38,10 @@ import time
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+try:  # (PyTorch 2.3 or later; before it, only SDPA's own choice)
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+except ImportError:
+    SDPBackend = sdpa_kernel = None
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "test"))
 import reference  # noqa: E402
@@ -38,7 +50,9 @@ import reference  # noqa: E402
 MODELS = {"d12": (12, 12, 768), "d24": (24, 16, 1024), "d36": (36, 20, 1280), "d48": (48, 25, 1600)}
 V, VP, MAX_T = 50257, 50304, 1024
 PEAK_BF16 = {(9, 0): 989e12, (8, 0): 312e12}  # H100/H200 SXM, A100: dense bf16 datasheet peaks
-VARIANTS = ("compile+sdpa", "eager+sdpa", "compile", "eager")
+VARIANTS = ("compile+sdpa", "compile+flash", "compile+cudnn", "compile+efficient", "eager+sdpa", "compile", "eager")
+# the variants that hold SDPA to one backend
+BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
 
 def sdpa_attention(self, x):
@@ -74,19 +88,9 @@ def flops_per_token(model_name, T):
     return 6.0 * n + 12.0 * L * C * T
 
 
-def bench(model_name, B, T, steps, variant, peak):
-    L, NH, C = MODELS[model_name]
-    compile_model, sdpa = variant.startswith("compile"), variant.endswith("sdpa")
-    torch.manual_seed(0)
-    reference.Block.attention = sdpa_attention if sdpa else MANUAL_ATTENTION
-    with torch.device("cuda"):
-        model = reference.GPT2(L, NH, C, MAX_T, V, VP)
-    init_weights(model, 0)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
-    step_fn = torch.compile(model) if compile_model else model
-    x = torch.randint(0, V, (B, T), device="cuda")
-    y = torch.randint(0, V, (B, T), device="cuda")
-    torch.cuda.reset_peak_memory_stats()
+def train_steps(model, step_fn, opt, x, y, steps):
+    """steps training steps: the seconds of those after the first 3 (compilation and warm-up), the
+    last one's loss"""
     times = []
     for i in range(steps):
         torch.cuda.synchronize()
@@ -98,8 +102,33 @@ def bench(model_name, B, T, steps, variant, peak):
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
-        if i >= 3:  # compilation and warm-up first
+        if i >= 3:
             times.append(time.time() - t0)
+    return times, loss.item()
+
+
+def bench(model_name, B, T, steps, variant, peak):
+    L, NH, C = MODELS[model_name]
+    compile_model, attention = variant.startswith("compile"), variant.partition("+")[2]
+    sdpa = attention == "sdpa" or attention in BACKENDS
+    # (held for the whole run: torch.compile traces under it, so the compiled graph calls that backend)
+    backend = contextlib.nullcontext()
+    if attention in BACKENDS:
+        if sdpa_kernel is None:
+            raise RuntimeError("torch %s has no torch.nn.attention.sdpa_kernel (2.3 or later)" % torch.__version__)
+        backend = sdpa_kernel(getattr(SDPBackend, BACKENDS[attention]))
+    torch.manual_seed(0)
+    reference.Block.attention = sdpa_attention if sdpa else MANUAL_ATTENTION
+    with torch.device("cuda"):
+        model = reference.GPT2(L, NH, C, MAX_T, V, VP)
+    init_weights(model, 0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+    step_fn = torch.compile(model) if compile_model else model
+    x = torch.randint(0, V, (B, T), device="cuda")
+    y = torch.randint(0, V, (B, T), device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    with backend:
+        times, loss = train_steps(model, step_fn, opt, x, y, steps)
     dt = sum(times) / len(times)
     tokens_per_s = B * T / dt
     mfu = 100.0 * flops_per_token(model_name, T) * tokens_per_s / peak if peak else float("nan")
@@ -107,7 +136,7 @@ def bench(model_name, B, T, steps, variant, peak):
     free, total = torch.cuda.mem_get_info()
     # the line bench_gpu.sh reads: fields split at '|'
     print("pytorch %-12s %s B=%-3d T=%d | %8.1f ms | %9.0f tok/s | MFU %5.1f%% | device %.1f GB | allocated %.1f GB | loss %.3f"
-          % (variant, model_name, B, T, dt * 1e3, tokens_per_s, mfu, (total - free) / 1e9, allocated, loss.item()),
+          % (variant, model_name, B, T, dt * 1e3, tokens_per_s, mfu, (total - free) / 1e9, allocated, loss),
           flush=True)
 
 
