@@ -7,6 +7,8 @@
 //                      (cp.async, with commit/wait groups), so a tile loads while another computes
 //   exp2_approx        2^x in one MUFU.EX2 (ex2.approx.ftz), for the softmax
 //   ld_acquire_gpu, st_release_gpu   a flag one block sets after its writes and another waits on
+// and, on Hopper (sm_90a, below), wgmma and the asynchronous machinery of warp-specialized kernels:
+// mbarriers, TMA loads through a tensor map, named barriers and setmaxnreg.
 // Unlike WMMA, whose fragments are opaque, these fragments have a layout the PTX ISA documents
 // ("Matrix fragments for mma.m16n8k16"), so a score tile can stay in registers from the product
 // q k^T through the softmax into the product p v. Lane l of a warp is in group g = l / 4 (a row)
@@ -22,7 +24,12 @@
 #define LLMC_CUDA_MMA_CUH
 
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include "../precision.h"
+#if defined(LLMC_WGMMA) || defined(CUDA_EMU)
+#include <cudaTypedefs.h>  // CUtensorMap and the pointer type of cuTensorMapEncodeTiled (cuda.h: the driver API)
+#endif
 
 #ifdef CUDA_EMU
 #include <cuda_emu_ptx.h>
@@ -159,7 +166,105 @@ __device__ __forceinline__ void wgmma_pin(float* d, int n) {
 // shared memory written by this thread's ordinary stores or cp.async copies is visible to the
 // tensor cores' reads (the "async proxy") after this fence and a barrier
 __device__ __forceinline__ void fence_proxy_async(void) { LLMC_WGMMA_ASM("fence.proxy.async.shared::cta;\n"); }
+
+// ---- Hopper's asynchronous machinery (sm_90a), for warp-specialized kernels (dev/cuda/tma.cu):
+// a producer warp copies tiles into a ring of shared-memory slots while consumer warps compute.
+//   mbarrier (8 bytes of shared memory): counts arrivals and bytes. mbarrier_init(bar, n): a phase
+//     completes when n threads have arrived (mbarrier_arrive) and every byte announced by
+//     mbarrier_arrive_expect_tx (an arrival that also announces bytes) has landed; then the next
+//     phase begins. A thread waits for the phase of parity p (0, 1, 0, ...: phase k has parity
+//     k % 2) with mbarrier_wait(bar, p); on a fresh barrier the phase of parity 1 counts as
+//     complete, so a producer's first wait on an "empty" slot passes at once.
+//   tma_load_2d(dst, map, col, row, bar): the TMA unit copies the box (map's box rows x columns)
+//     whose first element is (row, col) into shared memory at dst (128-byte aligned), row after
+//     row, zeros outside the tensor, and counts its bytes against bar's current phase: the data
+//     may be read once that phase has completed, not before. One thread issues it.
+//   named_barrier_sync(id, n) / named_barrier_arrive(id, n): barrier id (1-15; 0 is
+//     __syncthreads') opens when n threads (a multiple of 32) have come; arrive does not wait.
+//     Two consumer warpgroups meet there without stopping the producer.
+//   setmaxnreg_dec<r>() / setmaxnreg_inc<r>(): a warpgroup gives registers back (a producer needs
+//     few) or takes them (consumers), r a multiple of 8 in 24..256, every warp of the group.
+// The tensor map is made on the host (tma_map_2d, below) and passed to the kernel by value as a
+// `const __grid_constant__ CUtensorMap` parameter, whose address the copies take.
+__device__ __forceinline__ uint32_t shared_address(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(shared_address(bar)), "r"(count) : "memory");
+}
+// the inits visible to the TMA unit's arrivals (before the __syncthreads that publishes them)
+__device__ __forceinline__ void mbarrier_init_fence(void) { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(shared_address(bar)) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(shared_address(bar)), "r"(bytes) : "memory");
+}
+// 1 once the phase of this parity has completed (the hardware may give up waiting and answer 0)
+__device__ __forceinline__ int mbarrier_try_wait_parity(uint64_t* bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(shared_address(bar)), "r"(parity) : "memory");
+    return (int)done;
+}
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int col, int row, uint64_t* bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(shared_address(dst)), "l"(map), "r"(col), "r"(row), "r"(shared_address(bar)) : "memory");
+}
+__device__ __forceinline__ void named_barrier_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory"); }
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(count) : "memory"); }
+template <int regs> __device__ __forceinline__ void setmaxnreg_inc(void) {
+    static_assert(regs % 8 == 0 && regs >= 24 && regs <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(regs));
+}
+template <int regs> __device__ __forceinline__ void setmaxnreg_dec(void) {
+    static_assert(regs % 8 == 0 && regs >= 24 && regs <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(regs));
+}
+#else  // a device pass for a GPU without them: the host never launches these kernels there
+__device__ __forceinline__ void mbarrier_init(uint64_t*, int) { __trap(); }
+__device__ __forceinline__ void mbarrier_init_fence(void) { __trap(); }
+__device__ __forceinline__ void mbarrier_arrive(uint64_t*) { __trap(); }
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t*, uint32_t) { __trap(); }
+__device__ __forceinline__ int mbarrier_try_wait_parity(uint64_t*, uint32_t) { __trap(); return 1; }
+__device__ __forceinline__ void tma_load_2d(void*, const CUtensorMap*, int, int, uint64_t*) { __trap(); }
+__device__ __forceinline__ void named_barrier_sync(int, int) { __trap(); }
+__device__ __forceinline__ void named_barrier_arrive(int, int) { __trap(); }
+template <int regs> __device__ __forceinline__ void setmaxnreg_inc(void) { __trap(); }
+template <int regs> __device__ __forceinline__ void setmaxnreg_dec(void) { __trap(); }
+#endif
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+    while (!mbarrier_try_wait_parity(bar, parity)) {}
+}
 #endif  // LLMC_WGMMA
 
 #endif  // CUDA_EMU
+
+#if defined(LLMC_WGMMA)
+// A TMA tensor map of a (rows, cols) row-major floatX matrix whose rows are ld elements apart,
+// copied in boxes of (box_rows, box_cols), no swizzle. The driver's encoder is reached through the
+// runtime (no -lcuda); the emulator's (test/cuda_emu/include/cuda.h) checks the same rules: the
+// base 16-byte aligned, ld * sizeof(floatX) a multiple of 16, box sides at most 256 and a box row
+// a multiple of 16 bytes.
+static inline void tma_map_2d(CUtensorMap* map, const floatX* base, int rows, int cols, int ld, int box_rows, int box_cols) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+    if (encode == NULL) {
+        cudaDriverEntryPointQueryResult found;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void**)&encode, 12000, cudaEnableDefault, &found) !=
+                cudaSuccess || found != cudaDriverEntryPointSuccess) {
+            fprintf(stderr, "tma_map_2d: the driver has no cuTensorMapEncodeTiled (CUDA 12 or later is needed)\n");
+            exit(1);
+        }
+    }
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * sizeof(floatX)};
+    cuuint32_t box[2] = {(cuuint32_t)box_cols, (cuuint32_t)box_rows}, element_strides[2] = {1, 1};
+    CUresult r = encode(map, FLOATX_IS_FLOAT ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                        (void*)base, dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "tma_map_2d: cuTensorMapEncodeTiled refused a (%d, %d) matrix (ld %d) in boxes of (%d, %d): error %d\n",
+                rows, cols, ld, box_rows, box_cols, (int)r);
+        exit(1);
+    }
+}
+#endif
 #endif

@@ -8,6 +8,7 @@
 #ifndef CUDA_EMU_PTX_H
 #define CUDA_EMU_PTX_H
 
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -204,5 +205,178 @@ static inline int ld_acquire_gpu(const int* p) { return *p; }
 static inline void st_release_gpu(int* p, int v) { *p = v; }
 static inline void wgmma_pin(float*, int) {}
 static inline void fence_proxy_async(void) {}
+
+// ---- Hopper's asynchronous machinery (mma.cuh says what the kernels see): mbarriers, TMA loads
+// through a tensor map, named barriers, setmaxnreg.
+//
+// A thread that waits (an mbarrier phase not yet complete, a named barrier not yet full) gives the
+// CPU back, and the scheduler runs the other threads and warps (cuda_runtime.h); when no thread
+// can go on, the run stops with a deadlock naming where they wait. Each order takes one extreme
+// of what a GPU may do:
+//   forward: a TMA load lands at the latest moment, when its mbarrier phase completes (a tile
+//     read before the wait that covers it holds old data), and a release (the phase completing,
+//     a named barrier filling) lets the thread that made it go on first;
+//   reverse: a TMA load lands at once, and a release by a thread (its arrival completing a phase,
+//     a named barrier filling) hands the CPU to the warps it woke before that thread goes on: a
+//     consumer that arrives on its slot's "empty" barrier before it has read the slot finds it
+//     refilled. A phase completed by a load's bytes lets the issuing thread go on (a producer
+//     fills the ring ahead of its consumers, so that it waits on "empty" when they release).
+namespace cuda_emu {
+
+static inline Mbarrier& mbarrier_of(const uint64_t* bar) {
+    auto it = state.mbarriers.find(bar);
+    if (it == state.mbarriers.end()) die("an mbarrier used before mbarrier_init in this block");
+    if (*bar != mbarrier_magic) die("an mbarrier's 8 bytes of shared memory were overwritten after its init");
+    return it->second;
+}
+
+// a TMA box of a 2D tensor lands in shared memory: rows c1.., columns c0.. of the tensor, dense
+// and row after row (no swizzle), zeros where the box leaves the tensor
+static inline void tma_land(const TmaLoad& l) {
+    const TensorMap& m = l.map;
+    unsigned char* dst = (unsigned char*)l.dst;
+    for (uint32_t r = 0; r < m.box[1]; r++) {
+        for (uint32_t c = 0; c < m.box[0]; c++, dst += m.element_bytes) {
+            long long row = (long long)l.c1 + r, col = (long long)l.c0 + c;
+            if (row >= 0 && row < (long long)m.dims[1] && col >= 0 && col < (long long)m.dims[0])
+                memcpy(dst, m.base + row * m.strides[1] + col * m.element_bytes, m.element_bytes);
+            else
+                memset(dst, 0, m.element_bytes);
+        }
+    }
+}
+
+// the phase completes once its arrivals are in and its bytes have landed: forward order's loads
+// land, the next phase begins; in reverse order, when a thread's arrival completed it, its
+// waiters run at once
+static inline void mbarrier_progress(const uint64_t* bar, Mbarrier& m, int by_arrival) {
+    if (m.tx <= -(1 << 20) || m.tx >= (1 << 20)) die("an mbarrier's transaction count left -(2^20-1)..2^20-1");
+    if (m.pending != 0 || m.tx != 0) return;
+    for (const TmaLoad& l : m.landing) tma_land(l);
+    m.landing.clear();
+    m.phase++;
+    m.pending = m.count;
+    if (state.reverse && by_arrival) {
+        hand_over([bar](int i) {
+            const Fiber& f = state.fibers[i];
+            return f.state == AT_MBARRIER && f.wait_on == bar && mbarrier_passed(bar, f.wait_parity);
+        });
+    }
+}
+
+// bar.sync (wait = 1) and bar.arrive (wait = 0): the barrier opens when `count` threads have come
+static inline void named_barrier(int id, int count, int wait) {
+    if (id < 1 || id >= named_barriers) die("a named barrier's id is outside 1..15 (0 is __syncthreads')");
+    if (count <= 0 || count % 32 != 0 || count > state.threads)
+        die("a named barrier's thread count is not a multiple of 32 up to the block's threads");
+    note_sync();
+    if (++state.named_arrived[id] < count) {
+        if (wait) {
+            state.current->wait_id = id;
+            yield_to_scheduler(AT_NAMED_BARRIER);
+        }
+        return;
+    }
+    state.named_arrived[id] = 0;
+    std::vector<char> released(state.threads, 0);
+    for (int i = 0; i < state.threads; i++) {
+        if (state.fibers[i].state == AT_NAMED_BARRIER && state.fibers[i].wait_id == id) {
+            state.fibers[i].state = RUNNABLE;
+            released[i] = 1;
+        }
+    }
+    if (state.reverse) hand_over([&released](int i) { return released[i] != 0; });
+}
+
+// setmaxnreg: every warp of the warpgroup executes it (checked as the block ends), each warp's
+// lanes together
+static inline void setmaxnreg(int signed_regs) {
+    if (state.threads % 128 != 0) die("setmaxnreg: the block is not whole warpgroups of 128 threads");
+    note_sync();
+    int me = thread_index();
+    state.setmaxnreg_count[me]++;
+    state.setmaxnreg_sign[me] = state.setmaxnreg_sign[me] * 31u + (uint32_t)(signed_regs + 512);
+    barrier(AT_WARP_BARRIER);
+}
+
+}  // namespace cuda_emu
+
+// mbarrier.init: `count` arrivals complete a phase (with the bytes announced by expect_tx)
+static inline void mbarrier_init(uint64_t* bar, int count) {
+    using namespace cuda_emu;
+    if ((uintptr_t)bar % 8 != 0) die("mbarrier_init: the mbarrier is not 8-byte aligned");
+    if (count < 1 || count >= (1 << 20)) die("mbarrier_init: the count is outside 1..2^20-1");
+    note_sync();
+    auto it = state.mbarriers.find(bar);
+    if (it != state.mbarriers.end() && !it->second.landing.empty()) die("mbarrier_init: TMA loads are still landing on it");
+    Mbarrier& m = state.mbarriers[bar];
+    m = Mbarrier();
+    m.count = m.pending = (uint32_t)count;
+    *bar = mbarrier_magic;
+}
+// (makes the init visible to the TMA unit on a GPU; nothing to do here, and not checked)
+static inline void mbarrier_init_fence(void) {}
+static inline void mbarrier_arrive(uint64_t* bar) {
+    using namespace cuda_emu;
+    note_sync();
+    Mbarrier& m = mbarrier_of(bar);
+    if (m.pending == 0) die("mbarrier_arrive: more arrivals than the mbarrier's count in one phase");
+    m.pending--;
+    mbarrier_progress(bar, m, 1);
+}
+static inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+    cuda_emu::mbarrier_of(bar).tx += bytes;
+    mbarrier_arrive(bar);
+}
+// 1 once the phase of this parity has completed; here a thread whose phase is not complete waits
+// for it (a GPU's try_wait may also give up after a while and answer 0: callers loop)
+static inline int mbarrier_try_wait_parity(uint64_t* bar, uint32_t parity) {
+    using namespace cuda_emu;
+    note_sync();
+    if (parity > 1) die("mbarrier_try_wait_parity: the parity is not 0 or 1");
+    mbarrier_of(bar);
+    if (mbarrier_passed(bar, parity)) return 1;
+    state.current->wait_on = bar;
+    state.current->wait_parity = parity;
+    yield_to_scheduler(AT_MBARRIER);
+    return mbarrier_passed(bar, parity);
+}
+static inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+    while (!mbarrier_try_wait_parity(bar, parity)) {}
+}
+
+// cp.async.bulk.tensor.2d: the box at column c0, row c1 of the map's tensor into shared memory at
+// dst, its bytes counted against bar's phase (the order says when they land: above)
+static inline void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+    using namespace cuda_emu;
+    note_sync();
+    TmaLoad l;
+    memcpy(&l.map, map, sizeof(l.map));
+    if (l.map.magic != tensor_map_magic) die("tma_load_2d: not a tensor map made by cuTensorMapEncodeTiled");
+    if (l.map.rank != 2) die("tma_load_2d: the tensor map's rank is not 2");
+    if ((uintptr_t)dst % 128 != 0) die("tma_load_2d: the shared-memory destination is not 128-byte aligned");
+    l.dst = dst;
+    l.c0 = c0;
+    l.c1 = c1;
+    Mbarrier& m = mbarrier_of(bar);
+    m.tx -= (long long)l.map.box[0] * l.map.box[1] * l.map.element_bytes;
+    if (state.reverse) tma_land(l);
+    else m.landing.push_back(l);
+    mbarrier_progress(bar, m, 0);
+}
+
+static inline void named_barrier_sync(int id, int count) { cuda_emu::named_barrier(id, count, 1); }
+static inline void named_barrier_arrive(int id, int count) { cuda_emu::named_barrier(id, count, 0); }
+
+// the registers of each thread of the warpgroup raised to / lowered to `regs` (a GPU's register
+// file is not emulated: only the rules are checked, here and when the block ends)
+template <int regs> static inline void setmaxnreg_inc(void) {
+    static_assert(regs % 8 == 0 && regs >= 24 && regs <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+    cuda_emu::setmaxnreg(regs);
+}
+template <int regs> static inline void setmaxnreg_dec(void) {
+    static_assert(regs % 8 == 0 && regs >= 24 && regs <= 256, "setmaxnreg: a multiple of 8 in 24..256");
+    cuda_emu::setmaxnreg(-regs);
+}
 
 #endif

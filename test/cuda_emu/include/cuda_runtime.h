@@ -5,7 +5,8 @@
 // Each CUDA thread of a block is a fiber (a small stack and a saved stack pointer) on one OS
 // thread. A block runs its fibers one after another; a fiber gives the CPU back only at
 // __syncthreads (all live threads of the block), at __syncwarp, the shuffles and votes (all live lanes of
-// its warp), and when it returns. Blocks run one after another, so __shared__ variables are plain
+// its warp), at Hopper's waits (an mbarrier phase not yet complete, a named barrier not yet full:
+// cuda_emu_ptx.h), and when it returns. Blocks run one after another, so __shared__ variables are plain
 // statics. Kernels that reach no barrier in their first block run the rest as plain calls.
 // CUDA_EMU_ORDER=reverse runs threads and blocks last to first: a kernel whose result depends on
 // the order (a missing barrier, a race between blocks) gives a different answer one way or the other.
@@ -112,8 +113,11 @@ struct Fiber {
     void* sp;  // saved stack pointer while the fiber is switched out
     int state;
     uint3 thread_idx;
+    const void* wait_on;   // AT_MBARRIER: the mbarrier ...
+    uint32_t wait_parity;  // ... and the parity of the phase it waits to see complete
+    int wait_id;           // AT_NAMED_BARRIER: the barrier's id
 };
-enum { RUNNABLE, AT_WARP_BARRIER, AT_BLOCK_BARRIER, DONE };
+enum { RUNNABLE, AT_WARP_BARRIER, AT_BLOCK_BARRIER, AT_MBARRIER, AT_NAMED_BARRIER, DONE };
 
 // cp.async (cuda_emu_ptx.h): a copy issued but not yet waited for; it lands at cp_async_wait
 struct AsyncCopy {
@@ -133,6 +137,33 @@ struct WgmmaOp {
     int trans_b, accumulate, group;
 };
 static const int max_wgmma_ops = 16;  // per thread
+
+// A tensor map (cuda.h's CUtensorMap, made by cuTensorMapEncodeTiled): what TMA needs to copy a box
+// of a tensor in global memory, held in the 128 bytes of the real one
+struct TensorMap {
+    uint64_t magic;                  // tensor_map_magic: made by the emulator's cuTensorMapEncodeTiled
+    const unsigned char* base;
+    uint32_t rank, element_bytes;
+    uint64_t dims[5], strides[5];    // elements; bytes (strides[0] = one element)
+    uint32_t box[5];                 // elements
+};
+static const uint64_t tensor_map_magic = 0x50414d524f534e45ull;
+// a TMA load (cp.async.bulk.tensor) of a 2D box into shared memory, not yet landed
+struct TmaLoad {
+    void* dst;
+    TensorMap map;
+    int c0, c1;  // the box's first column and row (may lie outside the tensor: zeros there)
+};
+// Hopper's mbarrier (cuda_emu_ptx.h): a phase completes when its arrivals are in and the bytes
+// it expects have landed; then the next phase begins with the same count
+struct Mbarrier {
+    uint32_t count, pending;        // arrivals a phase expects; still to come in this one
+    long long tx;                   // bytes expected (arrive.expect_tx) less bytes landed
+    uint32_t phase;                 // phases completed
+    std::vector<TmaLoad> landing;   // forward order: loads whose data lands when this phase completes
+};
+static const uint64_t mbarrier_magic = 0x5245495252414272ull;  // an mbarrier's 8 bytes while initialized
+static const int named_barriers = 16;  // bar.sync ids 0-15; 0 is __syncthreads'
 
 struct State {
     uint3 block_idx;
@@ -162,6 +193,11 @@ struct State {
     int async_count[max_threads], async_group[max_threads];
     WgmmaOp wgmma_ops[max_threads][max_wgmma_ops];
     int wgmma_count[max_threads], wgmma_group[max_threads];
+    std::unordered_map<const void*, Mbarrier> mbarriers;  // the block's, by address (cleared as it ends)
+    int named_arrived[named_barriers];                     // threads at each named barrier
+    std::vector<int> woken;     // reverse order: warps a release hands the CPU to before its thread goes on
+    int setmaxnreg_count[max_threads];      // setmaxnreg: how many each thread executed ...
+    uint32_t setmaxnreg_sign[max_threads];  // ... and a signature of their values
     cudaError_t last_error;
     int device;
     size_t allocated;
@@ -253,11 +289,15 @@ static inline void yield_to_scheduler(int new_state) {
     switch_to(&state.current->sp, state.scheduler_sp);
 }
 
-// all live threads of the block, or all live lanes of the current warp, meet here
-static inline void barrier(int kind) {
+// every synchronizing call counts: a block that makes one runs as fibers, and so must every block
+static inline void note_sync(void) {
     if (!state.fibered) die("reached a barrier, but its first block reached none; this emulator "
                             "assumes every block of a launch synchronises alike");
     state.barriers++;
+}
+// all live threads of the block, or all live lanes of the current warp, meet here
+static inline void barrier(int kind) {
+    note_sync();
     yield_to_scheduler(kind);
 }
 
@@ -323,17 +363,35 @@ extern "C" inline void cuda_emu_fiber_main(void) {
 
 namespace cuda_emu {
 
+// a thread waiting on an mbarrier for the phase of parity p may go on once that phase has
+// completed: when the barrier's current phase has the other parity (PTX's try_wait.parity)
+static inline int mbarrier_passed(const void* bar, uint32_t parity) {
+    auto it = state.mbarriers.find(bar);
+    return it != state.mbarriers.end() && (it->second.phase & 1) != parity;
+}
+
+static int run_warp_alone(int w, int n, int* live);
+
 // runs every runnable fiber among threads [first, end) once, in order (or reversed); returns how
-// many ran and lowers *live for each that finished
+// many ran and lowers *live for each that finished. A fiber waiting on an mbarrier whose phase
+// has completed is runnable again. A fiber whose release woke other warps (reverse order, below)
+// has given the CPU back to hand it to them: they run before it goes on.
 static int run_fibers_once(int first, int end, int* live) {
     int ran = 0;
     for (int j = first; j < end; j++) {
         int i = state.reverse ? first + end - 1 - j : j;
-        if (state.fibers[i].state != RUNNABLE) continue;
-        state.current = &state.fibers[i];
-        switch_to(&state.scheduler_sp, state.fibers[i].sp);
+        Fiber& f = state.fibers[i];
+        if (f.state == AT_MBARRIER && mbarrier_passed(f.wait_on, f.wait_parity)) f.state = RUNNABLE;
+        if (f.state != RUNNABLE) continue;
+        state.current = &f;
+        switch_to(&state.scheduler_sp, f.sp);
         ran++;
-        if (state.fibers[i].state == DONE) (*live)--;
+        if (f.state == DONE) (*live)--;
+        if (!state.woken.empty()) {
+            std::vector<int> woken;
+            woken.swap(state.woken);
+            for (int w : woken) ran += run_warp_alone(w, state.threads, live);
+        }
     }
     return ran;
 }
@@ -349,6 +407,41 @@ static int release_warp_barrier(int w, int n) {
     for (int i = w; i < w + 32 && i < n; i++)
         if (state.fibers[i].state == AT_WARP_BARRIER) state.fibers[i].state = RUNNABLE;  // (not the lanes that returned)
     return 1;
+}
+
+// warp w alone, its lanes interleaving at warp barriers, until none of them can go on
+static int run_warp_alone(int w, int n, int* live) {
+    int ran = 0;
+    for (;;) {
+        int r = run_fibers_once(w, w + 32 < n ? w + 32 : n, live);
+        ran += r;
+        if (!release_warp_barrier(w, n) && r == 0) return ran;
+    }
+}
+
+// In reverse order a release hands the CPU over: the warps it let go on (but the releasing
+// thread's), last to first, run before the releasing thread goes on (cuda_emu_ptx.h says why).
+// released(i): whether thread i was let go on
+template <class F> static inline void hand_over(F released) {
+    int me = linear_thread(state.current->thread_idx);
+    for (int i = state.threads - 1; i >= 0; i--) {
+        int w = i - i % 32;
+        if (w != me - me % 32 && (state.woken.empty() || state.woken.back() != w) && released(i)) state.woken.push_back(w);
+    }
+    if (!state.woken.empty()) yield_to_scheduler(RUNNABLE);
+}
+
+// nobody can go on: say where every live thread waits
+[[noreturn]] static void deadlock(int n) {
+    int at[DONE] = {0};
+    for (int i = 0; i < n; i++) {
+        if (state.fibers[i].state != DONE) at[state.fibers[i].state]++;
+    }
+    char what[256];
+    snprintf(what, sizeof(what), "deadlock: no thread can go on (%d at __syncthreads, %d at warp barriers, %d waiting on "
+             "an mbarrier phase, %d at named barriers)", at[AT_BLOCK_BARRIER], at[AT_WARP_BARRIER], at[AT_MBARRIER],
+             at[AT_NAMED_BARRIER]);
+    die(what);
 }
 
 // One block: every thread as a fiber, released from barriers when all it waits for have arrived.
@@ -369,19 +462,17 @@ static void run_block_fibers(void) {
         state.fibers[i].state = RUNNABLE;
         state.async_count[i] = state.async_group[i] = 0;
         state.wgmma_count[i] = state.wgmma_group[i] = 0;
+        state.setmaxnreg_count[i] = 0;
+        state.setmaxnreg_sign[i] = 0;
     }
+    memset(state.named_arrived, 0, sizeof(state.named_arrived));
+    state.mbarriers.clear();
     int live = n, warps = (n + 31) / 32;
     while (live > 0) {
         int ran = 0, released = 0;
         if (state.warp_serial) {
-            for (int k = 0; k < warps; k++) {
-                int w = 32 * (state.reverse ? warps - 1 - k : k);
-                for (;;) {  // this warp alone, until it reaches the block barrier or ends
-                    int r = run_fibers_once(w, w + 32 < n ? w + 32 : n, &live);
-                    ran += r;
-                    if (!release_warp_barrier(w, n) && r == 0) break;
-                }
-            }
+            for (int k = 0; k < warps; k++)  // each warp alone, until it waits at a barrier or ends
+                ran += run_warp_alone(32 * (state.reverse ? warps - 1 - k : k), n, &live);
         } else {
             ran = run_fibers_once(0, n, &live);
             for (int w = 0; w < n; w += 32) released |= release_warp_barrier(w, n);
@@ -396,12 +487,27 @@ static void run_block_fibers(void) {
                 released = 1;
             }
         }
-        if (!released && !ran && live > 0) die("deadlock: threads wait at different barriers");
+        if (!released && !ran && live > 0) deadlock(n);
     }
     for (int i = 0; i < n; i++) {
         if (state.async_count[i] > 0) die("a thread ended with cp.async copies it never waited for");
         if (state.wgmma_count[i] > 0) die("a thread ended with wgmma products it never waited for");
+        // setmaxnreg is warpgroup-wide: all 128 threads execute the same ones
+        int lead = i - i % 128;
+        if (state.setmaxnreg_count[i] != state.setmaxnreg_count[lead] || state.setmaxnreg_sign[i] != state.setmaxnreg_sign[lead]) {
+            char what[160];
+            snprintf(what, sizeof(what), "setmaxnreg: threads %d and %d of one warpgroup executed different setmaxnreg "
+                     "(%d and %d of them): the whole warpgroup must", lead, i, state.setmaxnreg_count[lead], state.setmaxnreg_count[i]);
+            die(what);
+        }
     }
+    for (auto& b : state.mbarriers) {
+        if (!b.second.landing.empty()) die("the block ended with TMA loads whose mbarrier phase never completed");
+    }
+    for (int id = 1; id < named_barriers; id++) {
+        if (state.named_arrived[id] > 0) die("the block ended with threads arrived at a named barrier that never filled");
+    }
+    state.mbarriers.clear();
 }
 
 // the i-th of n ordered (x fastest) indices of extent d, or the i-th from the end when reversed
