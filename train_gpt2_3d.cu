@@ -55,6 +55,12 @@ MoE layers regroup the same ranks as ep x edp, so experts take no ranks of their
      own group), read scaled by tp/ep (expert_grad_scale says why); the routers' gradients
      over tp with -sp, as the LayerNorms'; the norm counts each expert once; the loads of the
      global batch (all-reduced over the world) print, and move -balance bias's biases.
+  d. With -pp_overlap 1 in a V (dualpipev's F&B pairs; interleaved's too), DualPipe's main
+     overlap: the pair's forward and backward step in turn, layer part by layer part, so that
+     each one's all-to-alls of rows (dispatch and combine, forward and backward) move while the
+     other computes (llmc/pipeline_walk.h; the backward's rows in a second lane of buffers). The
+     step's moe line prints the all-to-alls' exposed time and how many moved under the other
+     micro-batch; the same run with -pp_overlap 0 gives the cost.
 
 How the four axes compose, and which to reach for: tp splits each layer's width (heads, 4C, the
 vocabulary) and talks most, 4 activation-sized collectives per layer: inside a machine. cp
@@ -271,7 +277,7 @@ static void grid_group_members(char* out, size_t cap, const Grid* g, int r, char
 
 // what decides a rank's memory on this grid (llmc/memory_plan.h)
 static RunLayout grid_run_layout(const Run* run, const Grid* g, PipeSpec spec, int zero, int sp, int allgather,
-                                 int dump_grads, float capacity_factor) {
+                                 int dump_grads, float capacity_factor, int pp_overlap) {
     RunLayout l = run_layout(run, TRAINER_3D, spec.m);
     l.ep = g->ep;
     l.capacity_factor = capacity_factor;
@@ -285,6 +291,7 @@ static RunLayout grid_run_layout(const Run* run, const Grid* g, PipeSpec spec, i
     l.zero = zero;
     l.sp = sp;
     l.dump_grads = dump_grads;
+    l.pp_overlap = g->moe ? pp_overlap : 0;  // (the MoE overlap's second lane)
     return l;
 }
 
@@ -744,16 +751,18 @@ static void grid_add_experts(Grid* g, CommGroup* world, const Run* run, MoeFlags
 
 // ... and its MoE state: one record a slot of the stage (each micro-batch in flight keeps its
 // routing), the tokens a rank routes (its T/cp of each sequence, with -sp its tp share), the
-// sequence group that adds up the aux loss's figures; the run's identity gains the MoE settings
+// sequence group that adds up the aux loss's figures, with -pp_overlap the MoE overlap's second
+// lane of rows (llmc/moe.h: MoeLane); the run's identity gains the MoE settings
 // (they decide the trajectory; the grid does not, except through the capacity, which counts a
 // rank's tokens)
-static void grid_moe_alloc(Moe* moe, Stage* st, Grid* g, Run* run, MoeFlags f, int Tl, int BTs) {
+static void grid_moe_alloc(Moe* moe, Stage* st, Grid* g, Run* run, MoeFlags f, int Tl, int BTs, int pp_overlap) {
     GPT2Config c = run->config;
     MoeBalance balance = moe_balance_of(f.balance);
     int sp = BTs < run->args.B * Tl;
     MoeTokens tokens = {run->args.B, Tl, BTs, sp ? g->tp_rank * BTs : 0, run->args.T, g->cp * g->tp > 1 ? &g->seq_group : NULL};
     moe_alloc(moe, c, g->ep, g->ep_rank, &g->ep_group, tokens, st->num_slots, st->chunk_layers, balance, f.aux_alpha,
               f.bias_rate, f.capacity_factor);
+    if (pp_overlap) moe_add_lane(moe);
     st->moe = moe;
     run_identity_add(&run->identity, "moe", "E=%d k=%d balance=%s alpha=%.9g gamma=%.9g cf=%.9g", c.experts, c.topk,
                      moe_balance_name(balance), f.aux_alpha, f.bias_rate, f.capacity_factor);
@@ -846,6 +855,7 @@ static void grid_step(Run* run, Grid3D* t, Walk* walk, const PipeAction* actions
     // printed at the start
     run_step_end(run, step, loss, lr, grad_norm, clip_scale);
     if (t->moe && run->rank == 0) moe_print_line(t->moe, step, figures);
+    if (t->moe && run->rank == 0) moe_print_overlap(t->moe, step);  // (what the MoE overlap hides)
 }
 
 int main(int argc, char** argv) {
@@ -867,7 +877,7 @@ int main(int argc, char** argv) {
         {"-sched", ARG_STRING, &sched_name, 0, 0, "pipeline schedule: afab (GPipe), 1f1b, interleaved (with -vp), zb (ZB-H1), zbv (ZB-V), dualpipev (DualPipeV)"},
         {"-vp", ARG_INT, &vp, 1, ARG_NO_MAX, "chunks of layers per stage (virtual stages) for -sched interleaved (zbv and dualpipev: 2, their V)"},
         {"-z", ARG_INT, &zero, 0, 1, "1: ZeRO-1, the AdamW state sharded over the dp replicas (and their cp ranks)"},
-        {"-pp_overlap", ARG_INT, &pp_overlap, 0, 1, "1: a group that joins a forward and a backward (dualpipev's F&B pairs, interleaved's steady state) sends the forward's output while the backward computes (CUDA: on side NCCL communicators)"},
+        {"-pp_overlap", ARG_INT, &pp_overlap, 0, 1, "1: a group that joins a forward and a backward (dualpipev's F&B pairs, interleaved's steady state) sends the forward's output while the backward computes (CUDA: on side NCCL communicators); with experts also steps the pair's two micro-batches in turn, each one's MoE all-to-alls under the other's compute (CPU; on CUDA the all-to-alls still block)"},
         {"-timeline", ARG_INT, &timeline, 0, ARG_NO_MAX, "every N steps print the measured timeline of replica 0's pipeline at tp rank 0 (0: never)"},
         {"-dump_grads", ARG_OUTPUT_FILE, &dump_grads, 0, 0, "write the gradients of the first step here, gathered into the whole model (tests)"},
         {"-check_replicas", ARG_INT, &check_replicas, 0, ARG_NO_MAX, "every N steps check that every copy of a tensor is identical: over tp (replicated tensors), the embedding group (wte), dp x cp (everything but experts) and edp (experts) (0: never)"},
@@ -911,7 +921,7 @@ int main(int argc, char** argv) {
     // and context parallelism's buffers (llmc/memory_plan.h)
     size_t N = layout.count, P = gpt2_num_parameters(config);
     RunLayout grid_layout = grid_run_layout(&run, &grid, spec, zero, sp, allgather, dump_grads != NULL,
-                                              moe_flags.capacity_factor);
+                                              moe_flags.capacity_factor, pp_overlap);
     run_check_memory(&run, grid_layout, grid.stage,
                      "%zu of %zu parameters on rank %d (dp %d, stage %d, cp %d, tp %d), -b %d -t %d", N, P, rank,
                      grid.dp_rank, grid.stage, grid.cp_rank, grid.tp_rank, B, T);
@@ -930,7 +940,7 @@ int main(int argc, char** argv) {
     stage_alloc(&stage, spec, grid.stage, stage_num_slots(spec, actions, n), pipeline_num_grads(spec, grid.stage, actions, n), &model, B,
                 Tl);
     Moe moe;  // 5D: the MoE layers' state, a record per slot (grid_moe_alloc)
-    if (grid.moe) grid_moe_alloc(&moe, &stage, &grid, &run, moe_flags, Tl, B * Tl / dims.seq_shards);
+    if (grid.moe) grid_moe_alloc(&moe, &stage, &grid, &run, moe_flags, Tl, B * Tl / dims.seq_shards, pp_overlap);
     // with -z 1 the reduce-scatter's output: this rank's 1/(dp cp) shard of the reduced gradients
     floatX* grad_shard = zero ? zero1_grad_shard_alloc(&layout) : NULL;
     // with -cp: this rank's chunks of each sequence, and the buffers of attention over the cp

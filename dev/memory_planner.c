@@ -361,7 +361,8 @@ int main(int argc, char** argv) {
     int B = 4, T = 1024, total_batch = -1, dp = 1, tp = 1, pp = 1, vp = 1, zero = 0, sp = 0, recompute = 0, offload = 0, cp = 1;
     const char* cp_comm = "ring";
     const char* cp_layout = "zigzag";
-    int overlap = 1, checkpoint = 0, search = 0, stage = -1, experts = 0, topk = 2, ep = 1, workers = 0, H = 10, megatron = 0;
+    int overlap = 1, pp_overlap = 0, checkpoint = 0, search = 0, stage = -1, experts = 0, topk = 2, ep = 1, workers = 0, H = 10;
+    int megatron = 0;
     float memory_gb = 80.0f, capacity_factor = 0.0f, maxvio = 0.0f;
     const ArgSpec specs[] = {
         {"-e", ARG_STRING, &model, 0, 0, "model: a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25), L/C/NH/maxT/V (96/12288/96/2048/51200), or a model file"},
@@ -385,6 +386,7 @@ int main(int argc, char** argv) {
         {"-r", ARG_INT, &recompute, 0, RECOMPUTE_MAX, "activation recomputation: 0 none, 1 selective, 2 full"},
         {"-offload", ARG_INT, &offload, 0, 1, "1: master weights and AdamW state in host memory (train_gpt2_dp)"},
         {"-overlap", ARG_INT, &overlap, 0, 1, "train_gpt2_dp's -overlap (ZeRO-2/3 keep one more layer bucket with 1)"},
+        {"-pp_overlap", ARG_INT, &pp_overlap, 0, 1, "train_gpt2_3d's -pp_overlap (with experts, the MoE overlap's second lane of rows)"},
         {"-n", ARG_INT, &checkpoint, 0, ARG_NO_MAX, "checkpoint every N steps (their gathers take memory; 0: never)"},
         {"-stage", ARG_INT, &stage, -1, ARG_NO_MAX, "the pipeline stage whose table to print (-1: the largest; stage 0 is rank 0's)"},
         {"-trainer", ARG_STRING, &trainer_name, 0, 0, "dp, tp, pp, 3d, cp, diloco or ep (default: the simplest trainer that runs the grid; diloco and ep: -dp ranks)"},
@@ -485,7 +487,7 @@ int main(int argc, char** argv) {
 
     if (search == 0) {
         RunLayout r = {trainer_for(dp, tp, pp, cp, gpt2_is_moe(c)), dp, tp, pp, vp, (PipeSchedule)sched, 1, B, T, zero, sp,
-                       recompute, offload, overlap, checkpoint > 0, 0, 0, cp, allgather, 1, 0.0f, 0.0};
+                       recompute, offload, overlap, checkpoint > 0, 0, 0, cp, allgather, 1, 0.0f, 0.0, 0};
         if (trainer_name != NULL) {  // another trainer than the simplest, as train_gpt2_3d for any grid
             int k = 0;
             while (k < TRAINER_COUNT && strcmp(trainer_names[k] + strlen("train_gpt2_"), trainer_name) != 0) k++;
@@ -497,6 +499,7 @@ int main(int argc, char** argv) {
         r.ep = ep;
         r.capacity_factor = capacity_factor;
         r.maxvio = maxvio;
+        r.pp_overlap = r.trainer == TRAINER_3D ? pp_overlap : 0;
         char why[256], flags[160];
         if (total_batch == 0) fail("-d 0: expected a positive number of tokens, or -1");
         if (layout_problem(c, target, &r, split, total_batch == -1 ? 0 : (uint64_t)total_batch, why, sizeof(why))) fail("%s", why);
@@ -557,7 +560,7 @@ int main(int argc, char** argv) {
                                         PipeSchedule sc = p > 1 ? (PipeSchedule)sched : SCHEDULE_1F1B;
                                         RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, kind == TRAINER_DP ? overlap : 0,
                                                          checkpoint > 0, 0, 0,
-                                                         q, a, e, capacity_factor, maxvio};
+                                                         q, a, e, capacity_factor, maxvio, kind == TRAINER_3D ? pp_overlap : 0};
                                         try_layout(&fits, &count, &capacity, &tried, c, target, run, split, batch, memory);
                                     }
             }

@@ -174,6 +174,7 @@ typedef struct CommRequest {
 #ifdef USE_MPI
     MPI_Request mpi[COMM_EXCHANGE_MAX];  // one for a collective; an exchange's, one per message
     int num_mpi;
+    int* counts;        // an all-to-all's counts and displacements (MPI reads them until it completes)
 #endif
 #ifdef __CUDACC__
     cudaEvent_t done[COMM_CHANNELS];  // NCCL: recorded on each channel's stream after its part

@@ -45,6 +45,7 @@ typedef struct {
     float capacity_factor;  // train_gpt2_ep: -capacity_factor (0: dropless)
     double maxvio;          // experts: the routed loads' MaxVio (llmc/moe.h) the step's time is predicted at
                             // (llmc/step_time.h; 0: balanced). No buffer depends on it
+    int pp_overlap;         // train_gpt2_3d's -pp_overlap 1: with experts, the MoE overlap's second lane
 } RunLayout;
 
 // the parts of a rank's device memory, in bytes, as the trainer allocates them
@@ -128,6 +129,12 @@ static inline uint64_t moe_device_bytes(int records, int record_layers, int L, i
     uint64_t S = (uint64_t)N * k, R = (uint64_t)rows_max, layers = (uint64_t)records * record_layers;
     return (layers * (R * C + 2 * R * 4 * C + S * C) + S * C + 2 * R * C + R * 4 * C + (uint64_t)N * E + (uint64_t)N * C) * X +
            (layers * (3 * S + 2 * R + (uint64_t)N * E + (uint64_t)B * 2 * E) + (uint64_t)L * E + 2 * (uint64_t)E + S) * 4;
+}
+
+// the MoE overlap's second lane (llmc/moe.h's MoeLane): rows in send order (N k, C) and in
+// source order (rows_max, C)
+static inline uint64_t moe_lane_bytes(int N, int k, int C, int rows_max, int X) {
+    return ((uint64_t)N * k + (uint64_t)rows_max) * C * X;
 }
 
 // the rank's parameter layout, as each trainer builds it
@@ -236,6 +243,7 @@ static inline MemoryPlan memory_plan(GPT2Config c, DeviceTarget t, const RunLayo
         int rows = moe_rows_max(tokens, c.topk, c.experts, layout_ep(r), moe_capacity(tokens, c.topk, c.experts, r->capacity_factor));
         plan.experts = moe_device_bytes(plan.slots, l->layers / (pipelined ? r->V : 1), c.num_layers, r->B, tokens, c.topk,
                                         c.channels, c.experts, rows, t.X);
+        if (r->pp_overlap) plan.experts += moe_lane_bytes(tokens, c.topk, c.channels, rows, t.X);
     }
     // gathers for files
     if (r->trainer == TRAINER_DP) {

@@ -20,6 +20,10 @@
 //      kept slots, in slot order (the same sum on any ep).
 // The backward runs it in reverse: the gradients of the expert outputs travel to the experts and
 // the gradients of their inputs back, the gates' gradients reach the router through the softmax.
+// Both come in three parts cut at the two all-to-alls of rows, each posted non-blocking and
+// waited for by the next part: run in a row by moe_forward and moe_backward, and with another
+// micro-batch's parts in between by the grid trainer's MoE overlap (DualPipe's; -pp_overlap 1,
+// llmc/pipeline_walk.h), so that the all-to-all moves under that compute.
 // Routing runs where the rows are, on the device (cpu/moe.h, cuda/moe.cuh: the top-k, the capacity
 // and the send order, which the CPU assigns in one serial loop over the slots and CUDA by a prefix
 // sum per expert, the router's gradient); the host gets only what the all-to-all needs, each
@@ -73,6 +77,16 @@ typedef struct {
     CommGroup* seq_group;
 } MoeTokens;
 
+// Where a layer's rows wait while an all-to-all moves them: the rows in send order (N k, C) and
+// in source order (rows_max, C). One lane serves a pass at a time; the grid trainer's MoE overlap
+// (-pp_overlap 1, llmc/pipeline_walk.h) runs two micro-batches' passes at once, in turn, and
+// gives the backward a second lane, so that neither overwrites rows the other's all-to-all is
+// still moving. (The rest of the scratch below lives within one part of a layer: moe_forward.)
+typedef struct {
+    floatX* send;              // (N k, C)           rows in send order
+    floatX* recv;              // (rows_max, C)      rows in source-rank order
+} MoeLane;
+
 typedef struct Moe {
     int E, k, L, C;
     int ep, ep_rank, E_local;  // experts split over ep ranks: this rank holds [ep_rank E_local, ...)
@@ -94,8 +108,7 @@ typedef struct Moe {
     float* shares_host;        // (B, 2E) a layer's shares, for the aux loss's value
     float* bias_host;          // (L, E) the bias, for its update and the printed range
     // device scratch, one layer's
-    floatX* send;              // (N k, C)           rows in send order
-    floatX* recv;              // (rows_max, C)      rows in source-rank order
+    MoeLane lanes[2];          // lane 0, and the MoE overlap's lane 1 (moe_add_lane; else NULLs)
     floatX* yout;              // (rows_max, C)      expert outputs (backward: their gradients), expert order
     floatX* dfch;              // (rows_max, 4C)
     floatX* scores;            // (N, E)             router logits; backward: their gradient
@@ -105,6 +118,9 @@ typedef struct Moe {
     double* loads;             // (L, E) slots routed to each expert, before drops
     double aux;                // the aux loss: per micro-batch mean over sequences, summed over layers
     double kept_slots, dropped_slots;
+    int hidden;                // the MoE overlap: this rank's all-to-alls of rows that moved while
+                               // another micro-batch computed (llmc/pipeline_walk.h counts them)
+    double counts_seconds;     // the time the counts' all-to-alls held up this rank (they block)
 } Moe;
 
 // (the buffers' sizes, moe_capacity, moe_rows_max and moe_device_bytes: llmc/memory_plan.h,
@@ -162,8 +178,8 @@ static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGrou
     m->counts = (int*)calloc_check(2 * E, sizeof(int));
     m->shares_host = (float*)malloc_check((size_t)tokens.B * 2 * E * sizeof(float));
     m->bias_host = (float*)calloc_check(L * E, sizeof(float));
-    m->send = (floatX*)device_malloc(S * C * sizeof(floatX));
-    m->recv = (floatX*)device_malloc(R * C * sizeof(floatX));
+    m->lanes[0].send = (floatX*)device_malloc(S * C * sizeof(floatX));
+    m->lanes[0].recv = (floatX*)device_malloc(R * C * sizeof(floatX));
     m->yout = (floatX*)device_malloc(R * C * sizeof(floatX));
     m->dfch = (floatX*)device_malloc(R * 4 * C * sizeof(floatX));
     m->scores = (floatX*)device_malloc(N * E * sizeof(floatX));
@@ -171,12 +187,20 @@ static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGrou
     m->loads = (double*)calloc_check(L * E, sizeof(double));
 }
 
+// the MoE overlap's second lane (memory_plan.h counts it with -pp_overlap 1: moe_lane_bytes)
+static inline void moe_add_lane(Moe* m) {
+    allocation_kind(ALLOC_EXPERTS);
+    m->lanes[1].send = (floatX*)device_malloc((size_t)m->N * m->k * m->C * sizeof(floatX));
+    m->lanes[1].recv = (floatX*)device_malloc((size_t)m->rows_max * m->C * sizeof(floatX));
+}
+
 static inline void moe_free(Moe* m) {
     for (int i = 0; i < m->num_records; i++) moe_record_free(&m->records[i]);
     free(m->records);
     device_free(m->bias), device_free(m->counts_dev), device_free(m->dgate);
     free(m->counts), free(m->shares_host), free(m->bias_host);
-    device_free(m->send), device_free(m->recv), device_free(m->yout), device_free(m->dfch);
+    for (int i = 0; i < 2; i++) device_free(m->lanes[i].send), device_free(m->lanes[i].recv);
+    device_free(m->yout), device_free(m->dfch);
     device_free(m->scores), device_free(m->dh);
     free(m->loads);
 }
@@ -185,6 +209,8 @@ static inline void moe_free(Moe* m) {
 static inline void moe_step_begin(Moe* m) {
     memset(m->loads, 0, (size_t)m->L * m->E * sizeof(double));
     m->aux = m->kept_slots = m->dropped_slots = 0.0;
+    m->hidden = 0;
+    m->counts_seconds = 0.0;
 }
 
 // One MoE layer of one micro-batch in flight: layer j of its record, the model's layer l (whose
@@ -286,26 +312,28 @@ static inline int moe_expert_rows(const Moe* m, MoeLayer x, int e, int* first) {
 // expert, so by destination rank) and source order (the rows this rank's experts take, from each
 // rank in turn). back = 0: send -> recv (the tokens to their experts); back = 1: recv -> send
 // (the outputs home), the same counts reversed. Over ep ranks a rank sends what is not its own:
-// in a balanced layer (ep - 1)/ep of its N k slots, N k C (ep - 1)/ep values each way.
-static inline void moe_exchange(Moe* m, MoeLayer x, const floatX* from, floatX* to, int back) {
+// in a balanced layer (ep - 1)/ep of its N k slots, N k C (ep - 1)/ep values each way. Posted
+// (comm_all_to_all_start): the part of the layer that reads `to` first waits for r.
+static inline void moe_exchange_start(Moe* m, MoeLayer x, const floatX* from, floatX* to, int back, CommRequest* r) {
     int ep = m->ep, El = m->E_local;
     const int* sent = x.send_counts;      // [destination's expert]
     const int* received = x.recv_counts;  // [source][local expert]
     size_t to_rank[1024], from_rank[1024];  // rows x C per peer (ep <= E <= 1024)
     size_t total = 0;  // rows this rank sends (forward: its kept slots; back: what its experts took)
     for (int p = 0; p < ep; p++) {
-        size_t s = 0, r = 0;
-        for (int e = 0; e < El; e++) s += (size_t)sent[p * El + e], r += (size_t)received[p * El + e];
-        to_rank[p] = (back ? r : s) * m->C;
-        from_rank[p] = (back ? s : r) * m->C;
+        size_t out = 0, in = 0;
+        for (int e = 0; e < El; e++) out += (size_t)sent[p * El + e], in += (size_t)received[p * El + e];
+        to_rank[p] = (back ? in : out) * m->C;
+        from_rank[p] = (back ? out : in) * m->C;
         total += to_rank[p] / m->C;
     }
+    r->active = 0;  // (nothing to wait for, unless posted below)
     if (ep == 1) {  // every expert here: the rows stay
         copy_device_to_device(to, from, total * m->C * sizeof(floatX));
         return;
     }
     // all-to-all (variable sizes): block p of `from` to rank p, rank p's block for us into block p of `to`
-    comm_all_to_all(m->ep_group, from, to_rank, to, from_rank, COMM_FLOATX);
+    comm_all_to_all_start(m->ep_group, from, to_rank, to, from_rank, COMM_FLOATX, r);
 }
 
 // The aux loss of the layer's micro-batch (Switch Transformer, Fedus et al. 2021): per sequence,
@@ -324,10 +352,20 @@ static inline double moe_aux_loss(const Moe* m, MoeLayer x) {
     return total / B;
 }
 
-// ---- the layer. h: ln2 (N, C) of the layer, this rank's tokens; out (N, C): the MoE's output,
+// ---- the layer, in three parts cut at its two all-to-alls of rows: a part posts one and returns,
+// the next waits for it first. moe_forward and moe_backward run the three in a row; the grid
+// trainer's MoE overlap (-pp_overlap 1, llmc/pipeline_walk.h) runs another micro-batch's part in
+// between, the all-to-all moving under that compute (DualPipe, DeepSeek-V3 section 3.2.1). Each
+// micro-batch's kernels are the same, in the same order, either way. A pass keeps its rows in
+// its lane (MoeLane); what a part computes in the other scratch buffers it uses up before it
+// returns, and the routing lives in the micro-batch's record (x).
+//
+// The forward. h: ln2 (N, C) of the layer, this rank's tokens; out (N, C): the MoE's output,
 // added to the residual stream by the trainer. w: the layer's weights (fcw .. fcprojb at this
 // rank's first expert). With -balance aux the micro-batch's aux loss is added to the step's.
-static inline void moe_forward(Moe* m, MoeLayer x, floatX* out, const floatX* h, LayerWeights w, int N) {
+// Part 1: route, and post the rows to their experts (r).
+static inline void moe_forward_dispatch(Moe* m, MoeLayer x, const floatX* h, LayerWeights w, int N, MoeLane* lane,
+                                        CommRequest* r) {
     int C = m->C, E = m->E, k = m->k;
     // 1. router logits (N, E) = h Wr^T, routed (2.)
     matmul_forward(m->scores, h, w.routerw, NULL, N, C, E);
@@ -337,17 +375,26 @@ static inline void moe_forward(Moe* m, MoeLayer x, floatX* out, const floatX* h,
     // that each rank knows how many rows it will receive from each rank for each of its experts
     // before the rows come (MPI_Alltoallv and grouped NCCL send/recv both need the sizes up
     // front). Megatron-LM's all-to-all dispatcher does the same: the counts in their own
-    // all-to-all, then the host waits for them. DeepEP's normal kernels exchange the counts in a
-    // small kernel of their own, the CPU still waiting for them; its low-latency kernels skip the
-    // round trip: receive buffers sized for the worst case, the counts travelling with the
-    // tokens, so the host never waits. A fixed capacity with padding needs no counts at all.
-    moe_dispatch(m->send, h, x.row, NULL, N, k, C, /*weighted*/ 0);
+    // all-to-all, then the host waits for them (here too: a blocking one, also under the MoE
+    // overlap). DeepEP's normal kernels exchange the counts in a small kernel of their own, the
+    // CPU still waiting for them; its low-latency kernels skip the round trip: receive buffers
+    // sized for the worst case, the counts travelling with the tokens, so the host never waits.
+    // A fixed capacity with padding needs no counts at all.
+    moe_dispatch(lane->send, h, x.row, NULL, N, k, C, /*weighted*/ 0);
+    double t0 = wall_time_s();
     if (m->ep > 1) comm_all_to_all_counts(m->ep_group, x.send_counts, x.recv_counts, m->E_local);
     else memcpy(x.recv_counts, x.send_counts, (size_t)E * sizeof(int));
-    int rows = moe_regroup(m, x);
+    m->counts_seconds += wall_time_s() - t0;
+    moe_regroup(m, x);
     // all-to-all: (slots this rank keeps, C) out, (rows its experts take, C) in
-    moe_exchange(m, x, m->send, m->recv, 0);
-    if (rows > 0) moe_gather_rows(x.xin, m->recv, x.to_experts_dev, rows, C);
+    moe_exchange_start(m, x, lane->send, lane->recv, 0, r);
+}
+
+// Part 2: the experts on the rows that came, and their outputs posted home (r)
+static inline void moe_forward_experts(Moe* m, MoeLayer x, LayerWeights w, MoeLane* lane, CommRequest* r) {
+    int C = m->C, rows = *x.rows_taken;
+    comm_wait(r);
+    if (rows > 0) moe_gather_rows(x.xin, lane->recv, x.to_experts_dev, rows, C);
     // each local expert: a GPT-2 MLP over its rows (one GEMM per weight, as many rows as it took)
     for (int e = 0; e < m->E_local; e++) {
         int first, n = moe_expert_rows(m, x, e, &first);
@@ -358,26 +405,42 @@ static inline void moe_forward(Moe* m, MoeLayer x, floatX* out, const floatX* h,
         matmul_forward(m->yout + f * C, x.fch_gelu + f * 4 * C, w.fcprojw + (size_t)e * C * 4 * C,
                        w.fcprojb + (size_t)e * C, n, 4 * C, C);
     }
-    // 4. back to source order, all-to-all home (the reverse sizes), and each token's weighted sum
-    if (rows > 0) moe_gather_rows(m->recv, m->yout, x.from_experts_dev, rows, C);
-    moe_exchange(m, x, m->recv, x.returned, 1);
-    moe_combine(out, x.returned, x.row, x.gate, N, k, C, /*weighted*/ 1);
+    // 4. back to source order, all-to-all home (the reverse sizes) ...
+    if (rows > 0) moe_gather_rows(lane->recv, m->yout, x.from_experts_dev, rows, C);
+    moe_exchange_start(m, x, lane->recv, x.returned, 1, r);
 }
 
-// dout (N, C): the gradient at the MoE's output. Writes the gradient at h into dh_out (N, C);
-// the expert gradients accumulate into g (this rank's experts), the router's into g.routerw.
-// aux_weight: the loss's weight of one micro-batch's mean (the trainer's 1 / accum), used when
-// -balance aux adds its loss.
-static inline void moe_backward(Moe* m, MoeLayer x, floatX* dh_out, const floatX* dout, const floatX* h, LayerWeights w,
-                                LayerWeights g, int N, float aux_weight) {
-    int C = m->C, E = m->E, k = m->k;
-    // the gates' gradients (for the router, below), then each kept slot's output gradient
-    // gate x dout, to the experts (the same all-to-all as the forward's tokens)
-    moe_gate_grads(m->dgate, dout, x.returned, x.row, N, k, C);
-    moe_dispatch(m->send, dout, x.row, x.gate, N, k, C, /*weighted*/ 1);
-    moe_exchange(m, x, m->send, m->recv, 0);
-    int rows = *x.rows_taken;
-    if (rows > 0) moe_gather_rows(m->yout, m->recv, x.to_experts_dev, rows, C);
+// Part 3: ... and each token's weighted sum
+static inline void moe_forward_combine(Moe* m, MoeLayer x, floatX* out, int N, CommRequest* r) {
+    comm_wait(r);
+    moe_combine(out, x.returned, x.row, x.gate, N, m->k, m->C, /*weighted*/ 1);
+}
+
+static inline void moe_forward(Moe* m, MoeLayer x, floatX* out, const floatX* h, LayerWeights w, int N) {
+    CommRequest r;
+    moe_forward_dispatch(m, x, h, w, N, &m->lanes[0], &r);
+    moe_forward_experts(m, x, w, &m->lanes[0], &r);
+    moe_forward_combine(m, x, out, N, &r);
+}
+
+// The backward. dout (N, C): the gradient at the MoE's output. Writes the gradient at h into
+// dh_out (N, C); the expert gradients accumulate into g (this rank's experts), the router's into
+// g.routerw. aux_weight: the loss's weight of one micro-batch's mean (the trainer's 1 / accum),
+// used when -balance aux adds its loss. Part 1: the gates' gradients (for the router, part 3),
+// then each kept slot's output gradient gate x dout posted to the experts (the same all-to-all
+// as the forward's tokens).
+static inline void moe_backward_dispatch(Moe* m, MoeLayer x, const floatX* dout, int N, MoeLane* lane, CommRequest* r) {
+    moe_gate_grads(m->dgate, dout, x.returned, x.row, N, m->k, m->C);
+    moe_dispatch(lane->send, dout, x.row, x.gate, N, m->k, m->C, /*weighted*/ 1);
+    moe_exchange_start(m, x, lane->send, lane->recv, 0, r);
+}
+
+// Part 2: the experts' backward on the gradients that came, their input gradients posted home
+static inline void moe_backward_experts(Moe* m, MoeLayer x, LayerWeights w, LayerWeights g, MoeLane* lane,
+                                        CommRequest* r) {
+    int C = m->C, rows = *x.rows_taken;
+    comm_wait(r);
+    if (rows > 0) moe_gather_rows(m->yout, lane->recv, x.to_experts_dev, rows, C);
     for (int e = 0; e < m->E_local; e++) {
         int first, n = moe_expert_rows(m, x, e, &first);
         if (n == 0) continue;
@@ -389,10 +452,17 @@ static inline void moe_backward(Moe* m, MoeLayer x, floatX* dh_out, const floatX
         matmul_backward_input(dy, dfch, w.fcw + w1, n, C, 4 * C);  // dy is used up: the input gradient in its place
         matmul_backward_weight(g.fcw + w1, g.fcb + b1, dfch, x.xin + f * C, n, C, 4 * C);
     }
-    // the input gradients home (the forward's way back), summed per token over its kept slots
-    if (rows > 0) moe_gather_rows(m->recv, m->yout, x.from_experts_dev, rows, C);
-    moe_exchange(m, x, m->recv, m->send, 1);
-    moe_combine(dh_out, m->send, x.row, x.gate, N, k, C, /*weighted*/ 0);
+    // the input gradients home (the forward's way back) ...
+    if (rows > 0) moe_gather_rows(lane->recv, m->yout, x.from_experts_dev, rows, C);
+    moe_exchange_start(m, x, lane->recv, lane->send, 1, r);
+}
+
+// Part 3: ... summed per token over its kept slots; then the router's gradient
+static inline void moe_backward_combine(Moe* m, MoeLayer x, floatX* dh_out, const floatX* h, LayerWeights w,
+                                        LayerWeights g, int N, float aux_weight, MoeLane* lane, CommRequest* r) {
+    int C = m->C, E = m->E, k = m->k;
+    comm_wait(r);
+    moe_combine(dh_out, lane->send, x.row, x.gate, N, k, C, /*weighted*/ 0);
     // the router: the logits' gradient ds (N, E) through the gates' softmax and, with -balance aux,
     // through the aux loss's P; the aux loss of the micro-batch is alpha E sum_e f_e P_e averaged
     // over its B sequences, P_e a mean over its tokens, so dP_e = aux_weight alpha E f_e / (B T):
@@ -405,6 +475,14 @@ static inline void moe_backward(Moe* m, MoeLayer x, floatX* dh_out, const floatX
     matmul_backward_weight(g.routerw, NULL, m->scores, h, N, C, E);
     matmul_backward_input(m->dh, m->scores, w.routerw, N, C, E);
     residual_forward(dh_out, dh_out, m->dh, N, C);
+}
+
+static inline void moe_backward(Moe* m, MoeLayer x, floatX* dh_out, const floatX* dout, const floatX* h, LayerWeights w,
+                                LayerWeights g, int N, float aux_weight) {
+    CommRequest r;
+    moe_backward_dispatch(m, x, dout, N, &m->lanes[0], &r);
+    moe_backward_experts(m, x, w, g, &m->lanes[0], &r);
+    moe_backward_combine(m, x, dh_out, h, w, g, N, aux_weight, &m->lanes[0], &r);
 }
 
 // -balance bias (DeepSeek-V3, section 2.1.2: auxiliary-loss-free balancing): after the optimizer
@@ -580,6 +658,17 @@ static inline MoeFigures moe_step_figures(Moe* m, CommGroup* world, double aux_c
 static inline void moe_log_fields(char* out, size_t cap, MoeFigures f) {
     snprintf(out, cap, "\"moe\": {\"aux_loss\": %.9g, \"max_vio\": %.9g, \"dropped\": %.9g, \"tokens_per_expert\": "
              "[%.0f, %.9g, %.0f]}", f.aux, f.max_vio, f.dropped_share, f.least, f.mean, f.most);
+}
+
+// The grid trainer's second MoE line, rank 0's, every step: the time its all-to-alls over ep held
+// up its compute (exposed: a blocking one whole, a posted one its post, progress and wait), the
+// rows' and the counts' apart (the counts' still block: moe_forward_dispatch), and how many of its all-to-alls of rows moved while another
+// micro-batch computed (the MoE overlap, -pp_overlap 1: llmc/pipeline_walk.h; else 0). The same
+// run without the overlap shows what it hides.
+static inline void moe_print_overlap(const Moe* m, int step) {
+    double exposed = m->ep_group->seconds[COMM_ALL_TO_ALL];
+    printf("step %d moe all-to-all: exposed %.3f ms (rows %.3f, counts %.3f) | %d under another micro-batch's compute\n",
+           step + 1, exposed * 1e3, (exposed - m->counts_seconds) * 1e3, m->counts_seconds * 1e3, m->hidden);
 }
 
 // The step's MoE line, printed by rank 0: the balance figures, the step's all-to-all bytes (this

@@ -43,6 +43,24 @@
 // waits for both. What is left waiting is the step line's exposed time; the same run with
 // -pp_overlap 0 gives the cost.
 //
+// The MoE overlap (-pp_overlap 1 with experts; DualPipe's main overlap, the same section). An
+// F&B pair's two micro-batches each run all-to-alls over the ep group in every MoE layer: the
+// forward's tokens to their experts and the outputs home, the backward's gradients the same two
+// ways. Run one after the other, each of those waits in the open. So the pair's passes step in
+// turn (chunk.h's ChunkPass): a step runs a pass up to the next all-to-all of rows it posts
+// (moe.h's layer parts: dispatch | experts | combine), and the pass waits for it at the start of
+// its next step, after a step of the other pass has computed under it. With one MoE layer a
+// chunk the order is F1 B1 F2 B2 F3 B3 (F1: attention, routing, post the tokens; B1: post the
+// output gradients; F2: wait, experts, post the outputs home; ...), and each of the pair's four
+// all-to-alls of rows per layer moves under the other's compute: 4 x MoE layers per chunk per
+// pair, the count the step's "moe all-to-all" line prints. The counts' small all-to-all, which
+// the host needs before it can post the rows (moe_forward_dispatch), still blocks. Neither
+// micro-batch's arithmetic changes (the same kernels in the same order on its own buffers; the
+// backward's rows in the MoE's second lane), so the run is bit for bit the run without it. Every
+// rank of a stage steps the same pair the same way, so the ep group's collectives are posted in
+// the same order on all of them, as MPI and NCCL require. On CUDA the all-to-all still blocks
+// (comm_all_to_all_start): the order is the same, nothing is hidden yet.
+//
 // Which channel each message takes (comm.h). With MPI requests, which move on their own, a send
 // posted sooner only makes its message available sooner: the exchanges still pair up and finish
 // as pipeline_check_exchanges proved. NCCL runs a rank's calls on one communicator in turn: a send
@@ -145,6 +163,63 @@ static inline void walk_channels(Walk* w, const PipeAction* actions, int n, int*
     free(peers);
 }
 
+// An action's start: the micro-batch's tokens (first and last stage), its slot, at the V's bottom
+// chunk 1's input copied from chunk 0's output; the pass that computes it (chunk.h)
+static inline ChunkPass walk_begin(Walk* w, const PipeAction* actions, int j, const int* grad_index, int split) {
+    Stage* st = w->st;
+    PipeAction a = actions[j];
+    watchdog_beat();
+    if (w->times) w->times[2 * j] = wall_time_s() - w->t0;
+    const int *inputs, *targets;
+    walk_tokens(w, a, &inputs, &targets);
+    Activations* slot = stage_slot(st, a.micro, a.chunk);
+    note_slots_in_use(w);
+    if (a.op == PIPE_FORWARD && pipeline_input_is_local(st->spec, st->stage, a)) {
+        // the V's bottom: chunk 0's output (B T, C) is chunk 1's input, on this rank: a copy
+        int v = pipeline_virtual_stage(st->spec, st->stage, a.chunk);
+        PipeAction made = pipe_action(PIPE_FORWARD, a.micro, pipeline_chunk_of(st->spec, v - 1));
+        copy_device_to_device(slot->encoded, stage_output_buffer(w, made, 0), walk_message(w) * sizeof(floatX));
+        if (w->forward_only) stage_release(st, made.micro, made.chunk);
+    }
+    return chunk_pass(w, a.chunk, slot, a.op == PIPE_BACKWARD ? st->grad[grad_index[j]] : NULL, inputs, targets, split);
+}
+
+// ... and its end, once its pass has run: a forward's loss (the last virtual stage's), the slots
+// it frees
+static inline void walk_end(Walk* w, const PipeAction* actions, int j, const ChunkPass* pass) {
+    Stage* st = w->st;
+    PipeAction a = actions[j];
+    if (a.op == PIPE_FORWARD) {
+        w->loss += pass->loss;
+        if (is_last_virtual(st, a.chunk)) w->head = pass->slot;  // (its logits: a sample's)
+        // (a forward-only walk is done with the last virtual stage's slot: its logits stay until
+        // the next walk takes it)
+        if (w->forward_only && is_last_virtual(st, a.chunk)) stage_release(st, a.micro, a.chunk);
+    } else if (a.op == PIPE_WEIGHT || !pass->split) {
+        stage_release(st, a.micro, a.chunk);  // (a split B's slot stays for its W)
+    }
+    if (w->times) {
+        device_synchronize();  // the GPU's work, not its launch
+        w->times[2 * j + 1] = wall_time_s() - w->t0;
+    }
+}
+
+// The F&B overlap's sends: those of the next exchange that go ahead (walk_sends_ahead: the
+// group's forward's, and those before it due there; sends[from .. to) are the next exchange's),
+// posted in action order on this stage's side channel into `early`, after the forward's kernels
+static inline void walk_send_ahead(Walk* w, const PipeAction* actions, const int* sends, int from, int to,
+                                   const int* send_channel, const int* grad_index, CommMessage* msgs, CommRequest* early) {
+    int posted = 0;
+    for (int i = from; i < to; i++) {
+        if (!send_channel[sends[i]]) continue;
+        PipeAction out = actions[sends[i]];
+        int peer = pipeline_output_to(w->st->spec, w->st->stage, out);
+        msgs[posted] = comm_message(stage_output_buffer(w, out, grad_index[sends[i]]), walk_message(w), peer, 1);
+        msgs[posted++].channel = send_channel[sends[i]];
+    }
+    comm_exchange_start(w->pp, msgs, posted, COMM_FLOATX, early);  // (none: nothing posted)
+}
+
 static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
     Stage* st = w->st;
     PipeSpec spec = st->spec;
@@ -207,57 +282,56 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
             stage_release(st, actions[sends[i]].micro, actions[sends[i]].chunk);
         }
         if (k == n) break;
+        // the MoE overlap (the header comment): a group that opens with an F&B pair, its
+        // forward and backward stepped in turn
+        int pair = w->overlap_pairs && st->moe && !w->forward_only && end - k >= 2 && actions[k].op == PIPE_FORWARD &&
+                   actions[k + 1].op == PIPE_BACKWARD;
         for (int j = k; j < end; j++) {  // compute: the group's actions, each on its slot
             PipeAction a = actions[j];
-            watchdog_beat();
-            if (w->times) w->times[2 * j] = wall_time_s() - w->t0;
-            const int *inputs, *targets;
-            walk_tokens(w, a, &inputs, &targets);  // the micro-batch's tokens (first and last stage)
-            Activations* slot = stage_slot(st, a.micro, a.chunk);
-            note_slots_in_use(w);
-            if (a.op == PIPE_FORWARD && pipeline_input_is_local(spec, st->stage, a)) {
-                // the V's bottom: chunk 0's output (B T, C) is chunk 1's input, on this rank: a copy
-                int v = pipeline_virtual_stage(spec, st->stage, a.chunk);
-                PipeAction made = pipe_action(PIPE_FORWARD, a.micro, pipeline_chunk_of(spec, v - 1));
-                copy_device_to_device(slot->encoded, stage_output_buffer(w, made, 0), walk_message(w) * sizeof(floatX));
-                if (w->forward_only) stage_release(st, made.micro, made.chunk);
+            ChunkPass pass = walk_begin(w, actions, j, grad_index, split);
+            if (pair && j == k) {
+                // F's pass and B's (on the MoE's second lane) a step each in turn: each step runs
+                // to the pass's next posted all-to-all of rows (chunk.h), so that every all-to-all
+                // one posts moves while the other computes, and waits at the pass's next step. A
+                // pass's loaded tokens are the data loader's buffers, shared: each step loads its
+                // own again (walk_tokens; only the first and last stage read any)
+                ChunkPass back = walk_begin(w, actions, j + 1, grad_index, split);
+                back.lane = &st->moe->lanes[1];
+                for (int f_on = 1, b_on = 1; f_on || b_on; comm_progress(st->moe->ep_group)) {
+                    if (f_on) {
+                        st->moe->hidden += back.exchange.active;  // (B's all-to-all, under F's step)
+                        walk_tokens(w, a, &pass.inputs, &pass.targets);
+                        f_on = chunk_forward_step(w, &pass);
+                        if (!f_on) walk_end(w, actions, j, &pass);
+                        if (!f_on) walk_send_ahead(w, actions, sends, first_send[e + 1], first_send[e + 2], send_channel,
+                                                   grad_index, msgs, &early);
+                    }
+                    if (b_on) {
+                        st->moe->hidden += pass.exchange.active;  // (F's, under B's)
+                        walk_tokens(w, actions[j + 1], &back.inputs, &back.targets);
+                        b_on = chunk_backward_step(w, &back);
+                        if (!b_on) walk_end(w, actions, j + 1, &back);
+                    }
+                }
+                j++;
+                continue;
             }
             if (a.op == PIPE_FORWARD) {
                 // the chunk's layers; the last virtual stage also the loss, its logits becoming
                 // their gradient. The slot keeps the activations for the backward.
-                w->loss += chunk_forward(w, slot, a.chunk, inputs, targets);
-                if (is_last_virtual(st, a.chunk)) w->head = slot;  // (its logits: a sample's)
-                // (a forward-only walk is done with the last virtual stage's slot: its logits
-                // stay until the next walk takes it)
-                if (w->forward_only && is_last_virtual(st, a.chunk)) stage_release(st, a.micro, a.chunk);
+                while (chunk_forward_step(w, &pass)) {}
             } else if (a.op == PIPE_BACKWARD) {
                 // from the gradient at the chunk's output (received into grad, or on the last
                 // virtual stage the dlogits) to the gradient at its input, left in the same
                 // buffer to be sent back; then the slot is free, unless W still needs it
-                chunk_backward(w, slot, st->grad[grad_index[j]], a.chunk, inputs, split);
-                if (!split) stage_release(st, a.micro, a.chunk);
+                while (chunk_backward_step(w, &pass)) {}
             } else {
-                chunk_weights(w, slot, a.chunk);  // W: the weight gradients B left to it
-                stage_release(st, a.micro, a.chunk);
+                chunk_weights(w, pass.slot, a.chunk);  // W: the weight gradients B left to it
             }
-            if (w->times) {
-                device_synchronize();  // the GPU's work, not its launch
-                w->times[2 * j + 1] = wall_time_s() - w->t0;
-            }
-            if (j == k) {
-                // the F&B overlap: the next exchange's sends that go ahead (walk_sends_ahead: this
-                // forward's, and those before it due there), posted now, in action order, on this
-                // stage's side channel, after the forward's kernels
-                int posted = 0;
-                for (int i = first_send[e + 1]; i < first_send[e + 2]; i++) {
-                    if (!send_channel[sends[i]]) continue;
-                    PipeAction out = actions[sends[i]];
-                    int to = pipeline_output_to(spec, st->stage, out);
-                    msgs[posted] = comm_message(stage_output_buffer(w, out, grad_index[sends[i]]), walk_message(w), to, 1);
-                    msgs[posted++].channel = send_channel[sends[i]];
-                }
-                comm_exchange_start(w->pp, msgs, posted, COMM_FLOATX, &early);  // (none: nothing posted)
-            }
+            walk_end(w, actions, j, &pass);
+            // the F&B overlap: the next exchange's sends that go ahead, after the group's forward
+            if (j == k) walk_send_ahead(w, actions, sends, first_send[e + 1], first_send[e + 2], send_channel, grad_index,
+                                        msgs, &early);
         }
     }
     free(group);

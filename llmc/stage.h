@@ -187,6 +187,7 @@ typedef struct {
     int B, T;
     int forward_only;   // validation and sampling: a slot is free once its output is sent
     int overlap_pairs;  // -pp_overlap: an F&B group's forward output leaves under its backward
+                        // (with experts, the two step in turn: the MoE overlap, pipeline_walk.h)
     float dloss;        // each token's weight in the step's gradient: 1 / (B T m)
     float loss;         // out: the sum of the micro-batches' losses (on the stage with the head)
     Activations* head;  // out: the last slot the last virtual stage used (its logits stay)

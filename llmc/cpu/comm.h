@@ -135,6 +135,7 @@ static inline void mpi_all_gather_start(CommGroup* g, const float* send, float* 
 static inline void mpi_wait(CommRequest* r) {
     comm_check(MPI_Waitall(r->num_mpi, r->mpi, MPI_STATUSES_IGNORE), r->g, comm_kind_names[r->kind]);
     if (r->average) mpi_scale(r->average, r->average_n, 1.0f / (float)r->g->size);
+    if (r->kind == COMM_ALL_TO_ALL) free(r->counts);  // (mpi_all_to_all_start's)
 }
 
 // Open MPI (like most MPI libraries) moves a non-blocking collective only while the rank is inside
@@ -153,9 +154,9 @@ static inline void mpi_progress(CommGroup* g) {
 }
 
 // All-to-all with counts on host buffers (comm_all_to_all below; the CUDA backend's host-staged
-// path takes it too): MPI_Alltoallv, and MPI_Alltoall of the counts
-static inline void mpi_all_to_all(CommGroup* g, const float* send, const size_t* send_counts, float* recv,
-                                  const size_t* recv_counts) {
+// path takes it too): MPI_Alltoallv, and MPI_Alltoall of the counts. MPI takes int counts and
+// displacements, 4 arrays of size: what mpi_all_to_all_counts_of returns (malloc'd)
+static inline int* mpi_all_to_all_counts_of(CommGroup* g, const size_t* send_counts, const size_t* recv_counts) {
     int* counts = (int*)malloc_check(4 * (size_t)g->size * sizeof(int));
     int *sc = counts, *sd = counts + g->size, *rc = counts + 2 * g->size, *rd = counts + 3 * g->size;
     size_t s_at = 0, r_at = 0;
@@ -165,8 +166,25 @@ static inline void mpi_all_to_all(CommGroup* g, const float* send, const size_t*
         sc[p] = (int)send_counts[p], sd[p] = (int)s_at, rc[p] = (int)recv_counts[p], rd[p] = (int)r_at;
         s_at += send_counts[p], r_at += recv_counts[p];
     }
-    comm_check(MPI_Alltoallv(send, sc, sd, MPI_FLOAT, recv, rc, rd, MPI_FLOAT, g->mpi), g, "all_to_all");
-    free(counts);
+    return counts;
+}
+static inline void mpi_all_to_all(CommGroup* g, const float* send, const size_t* send_counts, float* recv,
+                                  const size_t* recv_counts) {
+    int* c = mpi_all_to_all_counts_of(g, send_counts, recv_counts);
+    int n = g->size;
+    comm_check(MPI_Alltoallv(send, c, c + n, MPI_FLOAT, recv, c + 2 * n, c + 3 * n, MPI_FLOAT, g->mpi), g, "all_to_all");
+    free(c);
+}
+// the same, posted (MPI_Ialltoallv): MPI reads the counts until the operation completes, so the
+// request keeps them, and mpi_wait frees them
+static inline void mpi_all_to_all_start(CommGroup* g, const float* send, const size_t* send_counts, float* recv,
+                                        const size_t* recv_counts, CommRequest* r) {
+    int* c = r->counts = mpi_all_to_all_counts_of(g, send_counts, recv_counts);
+    int n = g->size;
+    r->num_mpi = 1;
+    comm_check(MPI_Ialltoallv(send, c, c + n, MPI_FLOAT, recv, c + 2 * n, c + 3 * n, MPI_FLOAT, g->mpi, &r->mpi[0]), g,
+               "all_to_all");
+    mpi_average_later(r, NULL, 0, COMM_SUM);
 }
 static inline void mpi_all_to_all_counts(CommGroup* g, const int* send, int* recv, int n) {
     comm_check(MPI_Alltoall(send, n, MPI_INT, recv, n, MPI_INT, g->mpi), g, "all_to_all");
@@ -333,6 +351,18 @@ static inline void comm_all_to_all(CommGroup* g, const void* send, const size_t*
     comm_count(g, COMM_ALL_TO_ALL, comm_all_to_all_sent(g, send_counts) * sizeof(float));
     mpi_all_to_all(g, (const float*)send, send_counts, (float*)recv, recv_counts);
     comm_done(g);
+}
+
+// the same, posted: comm_wait(r) finishes it (recv filled, send free again). Posted in the same
+// order on every rank of the group, as every collective: MPI pairs non-blocking collectives of
+// one communicator in the order they are posted (the MoE overlap posts two micro-batches' in
+// turn, the same turn on every rank of a stage: llmc/pipeline_walk.h)
+static inline void comm_all_to_all_start(CommGroup* g, const void* send, const size_t* send_counts, void* recv,
+                                         const size_t* recv_counts, CommDtype dtype, CommRequest* r) {
+    comm_check_dtype(g, dtype, "all_to_all");
+    comm_count(g, COMM_ALL_TO_ALL, comm_all_to_all_sent(g, send_counts) * sizeof(float));
+    mpi_all_to_all_start(g, (const float*)send, send_counts, (float*)recv, recv_counts, r);
+    comm_posted(g, r, 1);
 }
 
 // n ints for each rank, host memory: send (size * n), block p to rank p; recv (size * n), block

@@ -780,6 +780,17 @@ static inline void comm_all_to_all(CommGroup* g, const void* send, const size_t*
     comm_end(g);
 }
 
+// The posted all-to-all (the CPU backend's comm_all_to_all_start, MPI_Ialltoallv) is not written
+// for NCCL yet: its form would be the same grouped sends and receives on a side channel's stream
+// (comm_open_channel), the compute stream waiting at comm_wait. Until then it is the blocking one
+// above, ordered on the comm stream, and the request is complete at once (comm_wait returns): the
+// MoE overlap computes in the same order on the GPU, and hides nothing
+static inline void comm_all_to_all_start(CommGroup* g, const void* send, const size_t* send_counts, void* recv,
+                                         const size_t* recv_counts, CommDtype dtype, CommRequest* r) {
+    comm_all_to_all(g, send, send_counts, recv, recv_counts, dtype);
+    r->active = 0;
+}
+
 // n host ints for each rank, block p to rank p, block p from rank p: the sizes of the all-to-all
 // that follows, which the host needs before it can post it (so this one waits for the GPU)
 static inline void comm_all_to_all_counts(CommGroup* g, const int* send, int* recv, int n) {

@@ -1,0 +1,95 @@
+# The MoE overlap (-pp_overlap 1 with experts in the grid trainer; llmc/pipeline_walk.h's header
+# says how it runs): in each of DualPipeV's F&B pairs the forward's and the backward's passes
+# step in turn, each MoE layer's all-to-alls of rows (dispatch and combine, forward and backward)
+# posted non-blocking (MPI_Ialltoallv, llmc/cpu/comm.h) and waited for after a step of the other
+# micro-batch. On the CPU backend under mpirun, at pp 2 with ep 2 on the 4-layer MoE model MOE4
+# (tests_5d_folds.py), each layout held to:
+#   (a) the float64 reference, as tests_v_grid.py holds the V's 5D cases (grid5d_shaped_run:
+#       losses, norms, every step-0 gradient, final weights, AdamW's moments, the MoE figures, the
+#       memory table's total to the byte, with the second lane of rows it counts);
+#   (b) the same run without the overlap (-pp_overlap 0), bit for bit: main.log's records but the
+#       timings and the memory prediction (which counts the second lane), the step-0 gradients
+#       and every checkpoint file. Each micro-batch's kernels run in the same order on their own
+#       buffers either way, so nothing may round differently;
+#   (c) the overlap happening: rank 0's "moe all-to-all" line counts its all-to-alls of rows that
+#       moved under another micro-batch's compute, which must be, every step, stage 0's F&B pairs
+#       (counted by hand from DualPipeV's construction, below) x its MoE layers a chunk x 4 (a
+#       layer's dispatch and combine in the forward and in the backward), and 0 without it.
+# Read into test/run_tests.py's namespace (test, run_ok, trainer_args, read_log, MOE4,
+# grid5d_shaped_run, ...), as the other tests_*.py files.
+
+
+def dualpipev_pairs(p, m, stage):
+    """the F&B pairs of one stage of DualPipeV (DeepSeek-V3, section 3.2.1; its README's eight
+    steps), by hand: step 4 runs m - 2p + stage + 1 rounds of two pairs (F0 & B1, F1 & B0),
+    except that the bottom stage runs its first F0 and B1 apart; step 5 runs p - stage - 1 rounds
+    of one pair (F1 & B0)"""
+    pairs = 2 * (m - 2 * p + stage + 1) + (p - stage - 1)
+    return pairs - 1 if stage == p - 1 else pairs
+
+
+def moe_overlap_lines(out):
+    """rank 0's per-step line of the ep all-to-alls: {step: (the rows' exposed ms, the count under
+    another micro-batch's compute)}"""
+    return {int(s): (float(ms), int(n)) for s, ms, n in re.findall(
+        r"^step (\d+) moe all-to-all: exposed [\d.]+ ms \(rows ([-\d.]+), counts [\d.]+\) \| (\d+) under another "
+        r"micro-batch's compute$", out, re.M)}
+
+
+def log_for_bits(d):
+    """main.log's records without what may differ between the two runs: the timings (TIMING) and
+    the memory prediction (the overlap's second lane of rows is counted in it)"""
+    with open(os.path.join(d, "main.log")) as f:
+        return [{k: v for k, v in json.loads(line).items() if k not in TIMING + ("memory_predicted",)} for line in f]
+
+
+def check_moe_overlap(name, ranks, flags, B):
+    cfg, E, k = MOE4, 4, 1
+    steps = cfg["steps"]
+    # (a) the overlap against the reference
+    out, d = grid5d_shaped_run("moe_overlap_" + name, ranks, flags + ["-pp_overlap", 1], B, E, k, cfg)
+    # (b) the same run without it: every file and record bit for bit
+    ref = fold_reference(cfg, E, k)
+    plain = fresh_dir("moe_plain_" + name)
+    plain_out = run_ok(ranks, trainer_args(ref, B, plain, ["-n", steps, "-dump_grads", os.path.join(plain, "grads.bin"),
+                                                           "-check_replicas", steps] + flags + ["-pp_overlap", 0],
+                                           cfg=cfg), program=D3)
+    assert log_for_bits(d) == log_for_bits(plain), "main.log with the MoE overlap differs from the run without it"
+    files = sorted(f for f in os.listdir(plain) if f.endswith(".bin"))
+    assert "grads.bin" in files and "model_%08d.bin" % steps in files, files
+    assert sorted(f for f in os.listdir(d) if f.endswith(".bin")) == files, (os.listdir(d), files)
+    for f in files:
+        with open(os.path.join(d, f), "rb") as a, open(os.path.join(plain, f), "rb") as b:
+            assert a.read() == b.read(), "%s with the MoE overlap differs from the run without it" % f
+    # (c) the count of all-to-alls under the other micro-batch: stage 0's (rank 0's) pairs x its
+    # MoE layers a chunk (L / 2pp in the V) x 4
+    grid = {flags[i]: int(flags[i + 1]) for i in range(0, len(flags) - 1) if flags[i] in ("-dp", "-pp")}
+    dp, pp = grid.get("-dp", 1), grid["-pp"]
+    m = cfg["batch"] // (dp * B)
+    expected = dualpipev_pairs(pp, m, 0) * (cfg["layers"] // (2 * pp)) * 4
+    lines, plain_lines = moe_overlap_lines(out), moe_overlap_lines(plain_out)
+    assert sorted(lines) == sorted(plain_lines) == list(range(1, steps + 1)), (lines, plain_lines)
+    for s in lines:
+        assert lines[s][1] == expected, "step %d: %d all-to-alls under another micro-batch's compute, the schedule " \
+                                        "gives %d" % (s, lines[s][1], expected)
+        assert plain_lines[s][1] == 0, "step %d without the overlap: %d" % (s, plain_lines[s][1])
+    # what it hides, printed (a CPU with 2 cores and a tiny model: the mechanism, not a speed)
+    mean = lambda l: sum(l[s][0] for s in l) / len(l)
+    print("    rank 0's all-to-alls of rows exposed a step: %.3f ms with the overlap (%d under the other micro-batch), "
+          "%.3f ms without" % (mean(lines), expected, mean(plain_lines)))
+
+
+@test
+def moe_overlap_dualpipev_pp2_dp2_ep2():
+    """-sched dualpipev at pp 2, experts over the dp 2 replicas of each stage (ep 2), B 1, m 4,
+    -pp_overlap 1: against the float64 reference, bit for bit the run with -pp_overlap 0, and rank
+    0's count of all-to-alls under the other micro-batch 3 pairs x 1 layer x 4 = 12 a step"""
+    check_moe_overlap("pp2_dp2_ep2", 4, ["-pp", 2, "-dp", 2, "-ep", 2, "-sched", "dualpipev"], 1)
+
+
+@test
+def moe_overlap_dualpipev_pp2_tp2_sp_ep2():
+    """the same with tp 2 and -sp inside each stage (experts over the tp pair, each routing its B
+    T/tp tokens): the tp collectives of the attention halves run between the two passes' parts,
+    in the same order on both tp ranks; B 2, m 4"""
+    check_moe_overlap("pp2_tp2_sp_ep2", 4, ["-pp", 2, "-tp", 2, "-sp", 1, "-ep", 2, "-sched", "dualpipev"], 2)
