@@ -4366,6 +4366,52 @@ def emu_catches_a_missing_block_barrier():
     assert p.returncode == 0 and "1 barriers, 1 caught under warp-serial" in out, out[-2000:]
 
 
+@test
+def emu_catches_a_missing_mbarrier_wait():
+    """delete, one at a time, the two mbarrier waits of dev/cuda/tma.cu's TMA ring: the consumers'
+    wait on a slot's "full" barrier (they would read a tile before the TMA wrote it) and the
+    producer's wait on its "empty" barrier (it would refill a slot the consumers still read). The
+    emulator (a load lands as its phase completes in one order, at once in the other; a release
+    hands the CPU to the threads it wakes in reverse) must make tma fail its validation, or stop
+    on a deadlock, in at least one order. The unmutated program's validation is
+    emu_dev_cuda_kernels_validate_bf16's."""
+    with open(os.path.join(ROOT, "dev", "cuda", "tma.cu")) as f:
+        lines = [i + 1 for i, line in enumerate(f) if re.match(r"\s*mbarrier_wait\(&(full|empty)\[slot\]", line)]
+    assert len(lines) == 2, "the waits this test deletes moved: %s" % lines
+    for line in lines:
+        p = subprocess.run([sys.executable, "dev/cuda/mutation_sweep.py", "-j", "1", "--warp-serial-only", "--no-control",
+                            "tma.cu:%d" % line], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+        out = p.stdout.decode("utf-8", "replace")
+        assert p.returncode == 0 and "1 barriers, 1 caught under warp-serial" in out, out[-2000:]
+
+
+@test
+def emu_catches_a_slot_released_before_its_last_read():
+    """dev/cuda/tma.cu's consumers arriving on a slot's "empty" mbarrier before they read the slot
+    (the producer may refill it under them): no wait is missing, only misplaced. In reverse order
+    the emulator lands a TMA load at once and hands the CPU, at the arrival that completes the
+    phase, to the producer waiting on it, which refills the slot before the consumer's reads: tma
+    must fail its validation there (forward order lets the consumer finish first)."""
+    dest = os.path.join(ROOT, "build", "mutation", "early_release")
+    subprocess.run([sys.executable, "-c", "import importlib.util as u, sys; s = u.spec_from_file_location('m', sys.argv[1]); "
+                    "m = u.module_from_spec(s); s.loader.exec_module(m); m.copy_tree(sys.argv[2])",
+                    os.path.join(ROOT, "dev", "cuda", "mutation_sweep.py"), dest], check=True)
+    path = os.path.join(dest, "dev", "cuda", "tma.cu")
+    with open(path) as f:
+        src = f.read()
+    arrive = "        mbarrier_arrive(&empty[slot]);  // this thread is done with the slot\n"
+    reads = "        const floatX* tile = ring + slot"
+    assert src.count(arrive) == 1 and src.count(reads) == 1, "the lines this test moves changed"
+    with open(path, "w") as f:
+        f.write(src.replace(arrive, "").replace(reads, arrive + reads))
+    subprocess.run(["make", "-s", "build/emu_BF16/dev/cuda/tma"], cwd=dest, check=True)
+    p = subprocess.run([os.path.join(dest, "build", "emu_BF16", "dev", "cuda", "tma")], env=dict(os.environ, CUDA_EMU_ORDER="reverse"),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    out = p.stdout.decode("utf-8", "replace")
+    shutil.rmtree(dest, ignore_errors=True)
+    assert p.returncode == 1 and "v1 producer warp       FAIL" in out and "v2 warp-specialized    FAIL" in out, out[-2000:]
+
+
 def make_comm_test(kind, ranks, run):
     def fn():
         if kind == "cuda" and not have_gpu():

@@ -1,8 +1,9 @@
 """
 Mutation sweep of the barriers in llmc/cuda: does test/cuda_emu notice when one is missing?
 
-For every __syncthreads(), __syncwarp(), cp_async_wait<N>() and wgmma_wait<N>() in llmc/cuda, one
-at a time: copy the sources to build/mutation/, delete that one statement, build the dev/cuda
+For every __syncthreads(), __syncwarp(), cp_async_wait<N>(), wgmma_wait<N>(), mbarrier_wait(...) and
+named_barrier_sync(...) in llmc/cuda, and in the dev/cuda programs whose kernels are their own
+(dev/cuda/tma.cu: Hopper's TMA ring), one at a time: copy the sources to build/mutation/, delete that one statement, build the dev/cuda
 programs that test its file under the emulator (bf16), and run them with threads in both orders (CUDA_EMU_ORDER),
 under the warp-serial schedule (the default) and under the old lock-step one. A mutation is caught
 when a program fails its validation (or the emulator stops it) in at least one order.
@@ -32,7 +33,8 @@ _spec = importlib.util.spec_from_file_location("trainer_mutation_sweep", os.path
 trainer_sweep = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(trainer_sweep)
 WORK = os.path.join(ROOT, "build", "mutation")
-BARRIER = re.compile(r"^(\s*)(__syncthreads\(\);|__syncwarp\(\);|cp_async_wait<\d+>\(\);|wgmma_wait<\d+>\(\);)")
+BARRIER = re.compile(r"^(\s*)(__syncthreads\(\);|__syncwarp\(\);|cp_async_wait<\d+>\(\);|wgmma_wait<\d+>\(\);"
+                     r"|mbarrier_wait\([^;]*\);|named_barrier_sync\([^;]*\);)")
 # the dev/cuda programs that validate each file's kernels
 PROGRAMS = {
     "adamw.cuh": ["adamw"],
@@ -44,15 +46,22 @@ PROGRAMS = {
     "matmul.cuh": ["matmul_forward", "matmul_backward"],
     "moe.cuh": ["moe"],
     "ring_attention.cuh": ["ring_attention"],
+    "tma.cu": ["tma"],
 }
+# where each swept file is: llmc/cuda, but for the dev/cuda programs that hold their own kernels
+SWEPT_PROGRAMS = {"tma.cu": "dev/cuda"}
+
+
+def folder(name):
+    return SWEPT_PROGRAMS.get(name, "llmc/cuda")
 SCHEDULES = ["warp-serial", "lockstep"]
 
 
 def barriers():
-    """(file, line number, statement) of every barrier statement in llmc/cuda"""
+    """(file, line number, statement) of every barrier statement in llmc/cuda (then SWEPT_PROGRAMS)"""
     found = []
-    for name in sorted(os.listdir(os.path.join(ROOT, "llmc", "cuda"))):
-        with open(os.path.join(ROOT, "llmc", "cuda", name)) as f:
+    for name in sorted(os.listdir(os.path.join(ROOT, "llmc", "cuda"))) + sorted(SWEPT_PROGRAMS):
+        with open(os.path.join(ROOT, folder(name), name)) as f:
             for number, line in enumerate(f, 1):
                 m = BARRIER.match(line)
                 if m:
@@ -82,7 +91,7 @@ def sweep_one(index, name, number, statement):
     dest = os.path.join(WORK, "m%02d" % index)
     copy_tree(dest)
     if statement is not None:
-        path = os.path.join(dest, "llmc", "cuda", name)
+        path = os.path.join(dest, folder(name), name)
         with open(path) as f:
             lines = f.read().split("\n")
         lines[number - 1] = lines[number - 1].replace(statement, ";  /* mutation: barrier removed */", 1)
@@ -138,13 +147,13 @@ def main():
     missed = 0
     for (i, name, number, statement), (caught, error) in zip(todo, results):
         if error:
-            print("| llmc/cuda/%s:%d | `%s` | %s |" % (name, number, statement, error) + " |" * (len(SCHEDULES) - 1))
+            print("| %s/%s:%d | `%s` | %s |" % (folder(name), name, number, statement, error) + " |" * (len(SCHEDULES) - 1))
             missed += 1
             continue
         cells = [("caught (%s)" % "+".join({"f": "forward", "r": "reverse"}[c] for c in caught[s])) if caught[s] else "**missed**"
                  for s in SCHEDULES]
         missed += not caught["warp-serial"]
-        print("| llmc/cuda/%s:%d | `%s` | %s |" % (name, number, statement, " | ".join(cells)))
+        print("| %s/%s:%d | `%s` | %s |" % (folder(name), name, number, statement, " | ".join(cells)))
     print("%d barriers, %d caught under warp-serial, %d missed" % (len(todo), len(todo) - missed, missed))
     sys.exit(1 if missed else 0)
 
