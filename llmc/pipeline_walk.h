@@ -53,7 +53,9 @@
 // chunk the order is F1 B1 F2 B2 F3 B3 (F1: attention, routing, post the tokens; B1: post the
 // output gradients; F2: wait, experts, post the outputs home; ...), and each of the pair's four
 // all-to-alls of rows per layer moves under the other's compute: 4 x MoE layers per chunk per
-// pair, the count the step's "moe all-to-all" line prints. The counts' small all-to-all, which
+// pair, the count the step's "moe all-to-all" line prints. (Interleaved's last stage joins a
+// forward with its own micro-batch's backward, which needs the forward's loss: those two run one
+// after the other.) The counts' small all-to-all, which
 // the host needs before it can post the rows (moe_forward_dispatch), still blocks. Neither
 // micro-batch's arithmetic changes (the same kernels in the same order on its own buffers; the
 // backward's rows in the MoE's second lane), so the run is bit for bit the run without it. Every
@@ -282,10 +284,12 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
             stage_release(st, actions[sends[i]].micro, actions[sends[i]].chunk);
         }
         if (k == n) break;
-        // the MoE overlap (the header comment): a group that opens with an F&B pair, its
-        // forward and backward stepped in turn
+        // the MoE overlap (the header comment): a group that opens with an F&B pair of two
+        // micro-batches, its forward and backward stepped in turn. (On interleaved's last stage a
+        // group joins a forward and its own backward, which needs the forward's loss: not a pair.)
         int pair = w->overlap_pairs && st->moe && !w->forward_only && end - k >= 2 && actions[k].op == PIPE_FORWARD &&
-                   actions[k + 1].op == PIPE_BACKWARD;
+                   actions[k + 1].op == PIPE_BACKWARD &&
+                   (actions[k].micro != actions[k + 1].micro || actions[k].chunk != actions[k + 1].chunk);
         for (int j = k; j < end; j++) {  // compute: the group's actions, each on its slot
             PipeAction a = actions[j];
             ChunkPass pass = walk_begin(w, actions, j, grad_index, split);

@@ -13,8 +13,10 @@
 #       buffers either way, so nothing may round differently;
 #   (c) the overlap happening: rank 0's "moe all-to-all" line counts its all-to-alls of rows that
 #       moved under another micro-batch's compute, which must be, every step, stage 0's F&B pairs
-#       (counted by hand from DualPipeV's construction, below) x its MoE layers a chunk x 4 (a
+#       (counted by hand from the schedule's construction, below) x its MoE layers a chunk x 4 (a
 #       layer's dispatch and combine in the forward and in the backward), and 0 without it.
+# DualPipeV is the schedule the overlap is for; interleaved 1F1B's steady state joins a forward
+# and a backward the same way, and is held to the same checks.
 # Read into test/run_tests.py's namespace (test, run_ok, trainer_args, read_log, MOE4,
 # grid5d_shaped_run, ...), as the other tests_*.py files.
 
@@ -26,6 +28,12 @@ def dualpipev_pairs(p, m, stage):
     of one pair (F1 & B0)"""
     pairs = 2 * (m - 2 * p + stage + 1) + (p - stage - 1)
     return pairs - 1 if stage == p - 1 else pairs
+
+
+def interleaved_pairs(p, V, m, stage):
+    """interleaved 1F1B's F&B pairs on one stage (Narayanan et al. 2021): after 2(p - stage - 1) +
+    (V - 1) p warm-up forwards of its m V, each remaining forward joins a backward"""
+    return m * V - min(m * V, 2 * (p - stage - 1) + (V - 1) * p)
 
 
 def moe_overlap_lines(out):
@@ -43,7 +51,8 @@ def log_for_bits(d):
         return [{k: v for k, v in json.loads(line).items() if k not in TIMING + ("memory_predicted",)} for line in f]
 
 
-def check_moe_overlap(name, ranks, flags, B):
+def check_moe_overlap(name, ranks, flags, B, pairs):
+    """(a), (b) and (c) above; pairs: stage 0's F&B pairs a step, by hand"""
     cfg, E, k = MOE4, 4, 1
     steps = cfg["steps"]
     # (a) the overlap against the reference
@@ -62,11 +71,9 @@ def check_moe_overlap(name, ranks, flags, B):
         with open(os.path.join(d, f), "rb") as a, open(os.path.join(plain, f), "rb") as b:
             assert a.read() == b.read(), "%s with the MoE overlap differs from the run without it" % f
     # (c) the count of all-to-alls under the other micro-batch: stage 0's (rank 0's) pairs x its
-    # MoE layers a chunk (L / 2pp in the V) x 4
-    grid = {flags[i]: int(flags[i + 1]) for i in range(0, len(flags) - 1) if flags[i] in ("-dp", "-pp")}
-    dp, pp = grid.get("-dp", 1), grid["-pp"]
-    m = cfg["batch"] // (dp * B)
-    expected = dualpipev_pairs(pp, m, 0) * (cfg["layers"] // (2 * pp)) * 4
+    # MoE layers a chunk (L / 2pp: 2 chunks a stage, the V's or -vp 2's) x 4
+    pp = flags[flags.index("-pp") + 1]
+    expected = pairs * (cfg["layers"] // (2 * pp)) * 4
     lines, plain_lines = moe_overlap_lines(out), moe_overlap_lines(plain_out)
     assert sorted(lines) == sorted(plain_lines) == list(range(1, steps + 1)), (lines, plain_lines)
     for s in lines:
@@ -84,7 +91,7 @@ def moe_overlap_dualpipev_pp2_dp2_ep2():
     """-sched dualpipev at pp 2, experts over the dp 2 replicas of each stage (ep 2), B 1, m 4,
     -pp_overlap 1: against the float64 reference, bit for bit the run with -pp_overlap 0, and rank
     0's count of all-to-alls under the other micro-batch 3 pairs x 1 layer x 4 = 12 a step"""
-    check_moe_overlap("pp2_dp2_ep2", 4, ["-pp", 2, "-dp", 2, "-ep", 2, "-sched", "dualpipev"], 1)
+    check_moe_overlap("pp2_dp2_ep2", 4, ["-pp", 2, "-dp", 2, "-ep", 2, "-sched", "dualpipev"], 1, dualpipev_pairs(2, 4, 0))
 
 
 @test
@@ -92,4 +99,17 @@ def moe_overlap_dualpipev_pp2_tp2_sp_ep2():
     """the same with tp 2 and -sp inside each stage (experts over the tp pair, each routing its B
     T/tp tokens): the tp collectives of the attention halves run between the two passes' parts,
     in the same order on both tp ranks; B 2, m 4"""
-    check_moe_overlap("pp2_tp2_sp_ep2", 4, ["-pp", 2, "-tp", 2, "-sp", 1, "-ep", 2, "-sched", "dualpipev"], 2)
+    check_moe_overlap("pp2_tp2_sp_ep2", 4, ["-pp", 2, "-tp", 2, "-sp", 1, "-ep", 2, "-sched", "dualpipev"], 2,
+                      dualpipev_pairs(2, 4, 0))
+
+
+@test
+def moe_overlap_interleaved_pp2_vp2_dp2_ep2():
+    """-sched interleaved -vp 2 at pp 2 (stage 0 holds layers 0 and 2), experts over dp 2, B 1,
+    m 4: stage 0's steady state joins 8 - (2 + 2) = 4 forwards with backwards, so 4 x 1 x 4 = 16
+    all-to-alls under the other micro-batch a step; against the reference and bit for bit the run
+    without the overlap. (The last stage's steady state joins each forward with its own
+    backward, which needs the forward's loss: stepped in turn, as a first version did, they gave
+    step-0 gradients 0.135 off; the walk runs those two one after the other)"""
+    check_moe_overlap("pp2_vp2_dp2_ep2", 4, ["-pp", 2, "-vp", 2, "-dp", 2, "-ep", 2, "-sched", "interleaved"], 1,
+                      interleaved_pairs(2, 2, 4, 0))
