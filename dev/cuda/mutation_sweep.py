@@ -1,8 +1,8 @@
 """
 Mutation sweep of the barriers in llmc/cuda: does test/cuda_emu notice when one is missing?
 
-For every __syncthreads(), __syncwarp(), cp_async_wait<N>(), wgmma_wait<N>(), mbarrier_wait(...) and
-named_barrier_sync(...) in llmc/cuda, and in the dev/cuda programs whose kernels are their own
+For every __syncthreads(), __syncwarp(), cp_async_wait<N>(), wgmma_wait<N>(), mbarrier_wait(...),
+named_barrier_sync(...) and tma_store_wait<N>() in llmc/cuda, and in the dev/cuda programs whose kernels are their own
 (dev/cuda/tma.cu: Hopper's TMA ring), one at a time: copy the sources to build/mutation/, delete that one statement, build the dev/cuda
 programs that test its file under the emulator (bf16), and run them with threads in both orders (CUDA_EMU_ORDER),
 under the warp-serial schedule (the default) and under the old lock-step one. A mutation is caught
@@ -33,8 +33,9 @@ _spec = importlib.util.spec_from_file_location("trainer_mutation_sweep", os.path
 trainer_sweep = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(trainer_sweep)
 WORK = os.path.join(ROOT, "build", "mutation")
-BARRIER = re.compile(r"^(\s*)(__syncthreads\(\);|__syncwarp\(\);|cp_async_wait<\d+>\(\);|wgmma_wait<\d+>\(\);"
-                     r"|mbarrier_wait\([^;]*\);|named_barrier_sync\([^;]*\);)")
+# (a statement may follow a one-line `if (...)`, as a wait only the issuing thread makes)
+BARRIER = re.compile(r"^(\s*)(?:if \([^()]*\) )?(__syncthreads\(\);|__syncwarp\(\);|cp_async_wait<\d+>\(\);|wgmma_wait<\d+>\(\);"
+                     r"|mbarrier_wait\([^;]*\);|named_barrier_sync\([^;]*\);|tma_store_wait<\d+>\(\);)")
 # the dev/cuda programs that validate each file's kernels
 PROGRAMS = {
     "adamw.cuh": ["adamw"],

@@ -28,14 +28,21 @@ v2: three warpgroups, warp-specialized as FlashAttention-3: the producer warpgro
     the first, odd the second). At the end the second warpgroup hands its sums to the first
     through shared memory and named barrier 1 (256 threads: the producer does not wait), and the
     first adds its two halves after named barrier 2 (its own 128 threads).
+v3: v1's ring the other way too: Z = X scaled by v's column (z[r][c] = x[r][c] v[c]), each tile
+    written by the consumers into one of two staging tiles and stored to Z by TMA (one thread
+    issues it after a fence and a named barrier of the 128 consumers; before a staging tile is
+    written again, that thread waits until the store from it two tiles ago has read it, and a
+    named barrier tells the others).
 Under the emulator (test/cuda_emu) each order takes an extreme: forward, a TMA load lands as its
 phase completes and the thread that completed a phase goes on first; reverse, a load lands at once
 and a completed phase or a filled named barrier hands the CPU to the threads it releases. So a
 consumer that reads a slot before waiting on full, a producer that refills a slot without waiting
 on empty, a consumer that arrives on empty before its last read, or a missing named barrier gives
 a wrong sum (or a deadlock the emulator names) in at least one order (dev/cuda/mutation_sweep.py
-deletes each wait of this file in turn).
-Timing (GPU only): the rate X streams through, in GB/s, against the H200's 4.8 TB/s.
+deletes each wait of this file in turn); and a TMA store reads its source at its wait (forward)
+or at once (reverse), so a staging tile overwritten before the wait, or stored before every
+thread wrote it, gives a wrong Z.
+Timing (GPU only): the rate X (and Z) stream through, in GB/s, against the H200's 4.8 TB/s.
 */
 #include "common.h"
 #include "llmc/cuda/mma.cuh"
@@ -132,6 +139,44 @@ __global__ void __launch_bounds__(384, 1) gemv_tma_kernel2(float* y, const __gri
     }
 }
 
+// v3: 160 threads as v1; the consumers' thread 127 issues the stores. (Any one thread may; the
+// last one has its warp run after the other consumer warps in the emulator's forward order, so
+// that a missing barrier before a staging tile is rewritten shows there.)
+__global__ void __launch_bounds__(160) scale_tma_kernel3(const __grid_constant__ CUtensorMap x_map,
+                                                         const __grid_constant__ CUtensorMap z_map, const floatX* v, int C) {
+    __shared__ __align__(128) floatX ring[STAGES * TILE_ROWS * 128 / sizeof(floatX)];
+    __shared__ __align__(128) floatX staging[2 * TILE_ROWS * 128 / sizeof(floatX)];
+    __shared__ __align__(8) uint64_t full[STAGES], empty[STAGES];
+    const int issuer = 127;
+    int tiles = (C + TILE_COLS - 1) / TILE_COLS;
+    init_ring(full, empty);
+    if (threadIdx.x < 32) {
+        if (threadIdx.x == 0) produce(&x_map, ring, full, empty, tiles);
+        return;
+    }
+    int i = threadIdx.x - 32, row = i % TILE_ROWS, half = i / TILE_ROWS;
+    for (int t = 0; t < tiles; t++) {
+        int slot = t % STAGES;
+        floatX* out = staging + (t % 2) * TILE_ROWS * TILE_COLS;
+        mbarrier_wait(&full[slot], (t / STAGES) & 1);
+        if (i == issuer) tma_store_wait<1>();  // the store from `out` two tiles ago has read it ...
+        named_barrier_sync(1, 128);            // ... so every consumer may write it again
+        const floatX* tile = ring + slot * TILE_ROWS * TILE_COLS + row * TILE_COLS;
+        for (int c = half * TILE_COLS / 2; c < (half + 1) * TILE_COLS / 2; c++) {
+            int col = t * TILE_COLS + c;  // (columns past C: the store leaves them out)
+            out[row * TILE_COLS + c] = (floatX)((float)tile[c] * (col < C ? (float)v[col] : 0.0f));
+        }
+        mbarrier_arrive(&empty[slot]);
+        fence_proxy_async();         // this thread's writes of `out`, seen by the TMA unit ...
+        named_barrier_sync(1, 128);  // ... once every consumer's are
+        if (i == issuer) {
+            tma_store_2d(&z_map, t * TILE_COLS, blockIdx.x * TILE_ROWS, out);
+            tma_store_commit();
+        }
+    }
+    if (i == issuer) tma_store_wait<0>();  // (the source must outlive its reads)
+}
+
 static void gemv_tma(int version, float* y, const CUtensorMap& map, const floatX* v, int R, int C) {
     int blocks = (R + TILE_ROWS - 1) / TILE_ROWS;
     if (version == 1) gemv_tma_kernel1<<<blocks, 160>>>(y, map, v, R, C);
@@ -163,8 +208,13 @@ int main(void) {
     floatX* d_x = to_device(x, (size_t)R * C);
     floatX* d_v = to_device(v, C);
     float* d_y = (float*)device_malloc(R * sizeof(float));
-    CUtensorMap map;
+    floatX* d_z = (floatX*)device_malloc((size_t)R * C * sizeof(floatX));
+    CUtensorMap map, z_map;
     tma_map_2d(&map, d_x, R, C, C, TILE_ROWS, TILE_COLS);
+    tma_map_2d(&z_map, d_z, R, C, C, TILE_ROWS, TILE_COLS);
+    float* z_ref = (float*)malloc_check((size_t)R * C * sizeof(float));
+    for (size_t k = 0; k < (size_t)R * C; k++) z_ref[k] = x[k] * v[k % C];
+    int blocks = (R + TILE_ROWS - 1) / TILE_ROWS;
     printf("tma: y = X v, X (%d, %d) through a %d-slot ring of (%d, %d) tiles\n", R, C, STAGES, TILE_ROWS, TILE_COLS);
     // fp32 sums of C products: rounding ~ sqrt(C) 2^-24 of the terms' size (1e-6 at C = 8192);
     // a stale, missing or misplaced tile gives errors of order 1
@@ -176,16 +226,27 @@ int main(void) {
         gemv_tma(version, d_y, map, d_v, R, C);
         ok &= validate_f32(names[version], d_y, ref, R, tol);
     }
+    // Z: one product a value, rounded to floatX on the way out (the reference is not: the
+    // default tolerance, half a bf16 step); a stale or missing tile is off by order 1
+    device_memset_zero(d_z, (size_t)R * C * sizeof(floatX));
+    scale_tma_kernel3<<<blocks, 160>>>(map, z_map, d_v, C);
+    cudaCheckLaunch();
+    ok &= validate("v3 TMA stores", d_z, z_ref, (size_t)R * C, default_tolerance());
 #ifndef CUDA_EMU
     for (int version = 1; version <= 2; version++) {
         float ms;
         TIME_KERNEL(ms, 20, gemv_tma(version, d_y, map, d_v, R, C));
         report(names[version], ms, (double)R * C * sizeof(floatX), 0);
     }
+    float ms;
+    TIME_KERNEL(ms, 20, (scale_tma_kernel3<<<blocks, 160>>>(map, z_map, d_v, C)));
+    report("v3 TMA stores", ms, 2.0 * R * C * sizeof(floatX), 0);
 #endif
     device_free(d_x);
     device_free(d_v);
     device_free(d_y);
+    device_free(d_z);
+    free(z_ref);
     free(x);
     free(v);
     free(ref);

@@ -179,6 +179,11 @@ __device__ __forceinline__ void fence_proxy_async(void) { LLMC_WGMMA_ASM("fence.
 //     whose first element is (row, col) into shared memory at dst (128-byte aligned), row after
 //     row, zeros outside the tensor, and counts its bytes against bar's current phase: the data
 //     may be read once that phase has completed, not before. One thread issues it.
+//   tma_store_2d(map, col, row, src): the other way, a box of shared memory (128-byte aligned,
+//     written by the threads and made visible with fence_proxy_async and a barrier first) into
+//     the tensor, the parts outside it not written. tma_store_commit() closes a group of them;
+//     tma_store_wait<n>() returns when all but the newest n groups have read their source, which
+//     may then be overwritten.
 //   named_barrier_sync(id, n) / named_barrier_arrive(id, n): barrier id (1-15; 0 is
 //     __syncthreads') opens when n threads (a multiple of 32) have come; arrive does not wait.
 //     Two consumer warpgroups meet there without stopping the producer.
@@ -210,6 +215,14 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, i
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(shared_address(dst)), "l"(map), "r"(col), "r"(row), "r"(shared_address(bar)) : "memory");
 }
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, int col, int row, const void* src) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
+                 :: "l"(map), "r"(shared_address(src)), "r"(col), "r"(row) : "memory");
+}
+__device__ __forceinline__ void tma_store_commit(void) { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int newest> __device__ __forceinline__ void tma_store_wait(void) {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(newest) : "memory");
+}
 __device__ __forceinline__ void named_barrier_sync(int id, int count) { asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(count) : "memory"); }
 __device__ __forceinline__ void named_barrier_arrive(int id, int count) { asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(count) : "memory"); }
 template <int regs> __device__ __forceinline__ void setmaxnreg_inc(void) {
@@ -227,6 +240,9 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t*) { __trap(); }
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t*, uint32_t) { __trap(); }
 __device__ __forceinline__ int mbarrier_try_wait_parity(uint64_t*, uint32_t) { __trap(); return 1; }
 __device__ __forceinline__ void tma_load_2d(void*, const CUtensorMap*, int, int, uint64_t*) { __trap(); }
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap*, int, int, const void*) { __trap(); }
+__device__ __forceinline__ void tma_store_commit(void) { __trap(); }
+template <int newest> __device__ __forceinline__ void tma_store_wait(void) { __trap(); }
 __device__ __forceinline__ void named_barrier_sync(int, int) { __trap(); }
 __device__ __forceinline__ void named_barrier_arrive(int, int) { __trap(); }
 template <int regs> __device__ __forceinline__ void setmaxnreg_inc(void) { __trap(); }

@@ -214,9 +214,12 @@ static inline void fence_proxy_async(void) {}
 // can go on, the run stops with a deadlock naming where they wait. Each order takes one extreme
 // of what a GPU may do:
 //   forward: a TMA load lands at the latest moment, when its mbarrier phase completes (a tile
-//     read before the wait that covers it holds old data), and a release (the phase completing,
+//     read before the wait that covers it holds old data); a TMA store reads its shared-memory
+//     source at the latest moment, the tma_store_wait that covers it (a source overwritten
+//     before that wait is stored overwritten); and a release (the phase completing,
 //     a named barrier filling) lets the thread that made it go on first;
-//   reverse: a TMA load lands at once, and a release by a thread (its arrival completing a phase,
+//   reverse: a TMA load lands at once, a TMA store reads and writes at once (a store issued
+//     before every thread has written its source stores what is there), and a release by a thread (its arrival completing a phase,
 //     a named barrier filling) hands the CPU to the warps it woke before that thread goes on: a
 //     consumer that arrives on its slot's "empty" barrier before it has read the slot finds it
 //     refilled. A phase completed by a load's bytes lets the issuing thread go on (a producer
@@ -363,6 +366,56 @@ static inline void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1
     if (state.reverse) tma_land(l);
     else m.landing.push_back(l);
     mbarrier_progress(bar, m, 0);
+}
+
+namespace cuda_emu {
+// a TMA store: the box of shared memory at src, row after row, into the tensor at column c0,
+// row c1; the parts outside the tensor are not written
+static inline void tma_store_land(const TmaStore& st) {
+    const TensorMap& m = st.map;
+    const unsigned char* src = (const unsigned char*)st.src;
+    for (uint32_t r = 0; r < m.box[1]; r++) {
+        for (uint32_t c = 0; c < m.box[0]; c++, src += m.element_bytes) {
+            long long row = (long long)st.c1 + r, col = (long long)st.c0 + c;
+            if (row >= 0 && row < (long long)m.dims[1] && col >= 0 && col < (long long)m.dims[0])
+                memcpy((unsigned char*)m.base + row * m.strides[1] + col * m.element_bytes, src, m.element_bytes);
+        }
+    }
+}
+}  // namespace cuda_emu
+
+// cp.async.bulk.tensor.2d global <- shared: the box at src (128-byte aligned) to column c0, row
+// c1 of the map's tensor; its group (tma_store_commit) is waited for by tma_store_wait
+static inline void tma_store_2d(const CUtensorMap* map, int c0, int c1, const void* src) {
+    using namespace cuda_emu;
+    note_sync();
+    TmaStore st;
+    memcpy(&st.map, map, sizeof(st.map));
+    if (st.map.magic != tensor_map_magic) die("tma_store_2d: not a tensor map made by cuTensorMapEncodeTiled");
+    if (st.map.rank != 2) die("tma_store_2d: the tensor map's rank is not 2");
+    if ((uintptr_t)src % 128 != 0) die("tma_store_2d: the shared-memory source is not 128-byte aligned");
+    st.src = src;
+    st.c0 = c0;
+    st.c1 = c1;
+    int me = thread_index();
+    st.group = state.tma_store_group[me];
+    if (state.reverse) tma_store_land(st);
+    else state.tma_stores[me].push_back(st);
+}
+static inline void tma_store_commit(void) { cuda_emu::state.tma_store_group[cuda_emu::thread_index()]++; }
+// cp.async.bulk.wait_group.read: every committed group but the newest `newest` has read its
+// source (here: read it and written the tensor, in issue order)
+template <int newest> static inline void tma_store_wait(void) {
+    using namespace cuda_emu;
+    note_sync();
+    int me = thread_index();
+    std::vector<TmaStore>& stores = state.tma_stores[me];
+    size_t kept = 0;
+    for (size_t i = 0; i < stores.size(); i++) {
+        if (stores[i].group < state.tma_store_group[me] - newest) tma_store_land(stores[i]);
+        else stores[kept++] = stores[i];
+    }
+    stores.resize(kept);
 }
 
 static inline void named_barrier_sync(int id, int count) { cuda_emu::named_barrier(id, count, 1); }

@@ -154,6 +154,12 @@ struct TmaLoad {
     TensorMap map;
     int c0, c1;  // the box's first column and row (may lie outside the tensor: zeros there)
 };
+// a TMA store of a 2D box from shared memory, issued but not yet waited for
+struct TmaStore {
+    const void* src;
+    TensorMap map;
+    int c0, c1, group;
+};
 // Hopper's mbarrier (cuda_emu_ptx.h): a phase completes when its arrivals are in and the bytes
 // it expects have landed; then the next phase begins with the same count
 struct Mbarrier {
@@ -194,6 +200,8 @@ struct State {
     WgmmaOp wgmma_ops[max_threads][max_wgmma_ops];
     int wgmma_count[max_threads], wgmma_group[max_threads];
     std::unordered_map<const void*, Mbarrier> mbarriers;  // the block's, by address (cleared as it ends)
+    std::vector<TmaStore> tma_stores[max_threads];         // each thread's, not yet waited for ...
+    int tma_store_group[max_threads];                      // ... and its bulk groups committed
     int named_arrived[named_barriers];                     // threads at each named barrier
     std::vector<int> woken;     // reverse order: warps a release hands the CPU to before its thread goes on
     int setmaxnreg_count[max_threads];      // setmaxnreg: how many each thread executed ...
@@ -464,6 +472,8 @@ static void run_block_fibers(void) {
         state.wgmma_count[i] = state.wgmma_group[i] = 0;
         state.setmaxnreg_count[i] = 0;
         state.setmaxnreg_sign[i] = 0;
+        state.tma_stores[i].clear();
+        state.tma_store_group[i] = 0;
     }
     memset(state.named_arrived, 0, sizeof(state.named_arrived));
     state.mbarriers.clear();
@@ -492,6 +502,7 @@ static void run_block_fibers(void) {
     for (int i = 0; i < n; i++) {
         if (state.async_count[i] > 0) die("a thread ended with cp.async copies it never waited for");
         if (state.wgmma_count[i] > 0) die("a thread ended with wgmma products it never waited for");
+        if (!state.tma_stores[i].empty()) die("a thread ended with TMA stores it never waited for (their source may be gone)");
         // setmaxnreg is warpgroup-wide: all 128 threads execute the same ones
         int lead = i - i % 128;
         if (state.setmaxnreg_count[i] != state.setmaxnreg_count[lead] || state.setmaxnreg_sign[i] != state.setmaxnreg_sign[lead]) {
