@@ -234,17 +234,17 @@ template <int regs> __device__ __forceinline__ void setmaxnreg_dec(void) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(regs));
 }
 #else  // a device pass for a GPU without them: the host never launches these kernels there
-__device__ __forceinline__ void mbarrier_init(uint64_t*, int) { __trap(); }
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) { __trap(); }
 __device__ __forceinline__ void mbarrier_init_fence(void) { __trap(); }
-__device__ __forceinline__ void mbarrier_arrive(uint64_t*) { __trap(); }
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t*, uint32_t) { __trap(); }
-__device__ __forceinline__ int mbarrier_try_wait_parity(uint64_t*, uint32_t) { __trap(); return 1; }
-__device__ __forceinline__ void tma_load_2d(void*, const CUtensorMap*, int, int, uint64_t*) { __trap(); }
-__device__ __forceinline__ void tma_store_2d(const CUtensorMap*, int, int, const void*) { __trap(); }
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) { __trap(); }
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) { __trap(); }
+__device__ __forceinline__ int mbarrier_try_wait_parity(uint64_t* bar, uint32_t parity) { __trap(); return 1; }
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int col, int row, uint64_t* bar) { __trap(); }
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, int col, int row, const void* src) { __trap(); }
 __device__ __forceinline__ void tma_store_commit(void) { __trap(); }
 template <int newest> __device__ __forceinline__ void tma_store_wait(void) { __trap(); }
-__device__ __forceinline__ void named_barrier_sync(int, int) { __trap(); }
-__device__ __forceinline__ void named_barrier_arrive(int, int) { __trap(); }
+__device__ __forceinline__ void named_barrier_sync(int id, int count) { __trap(); }
+__device__ __forceinline__ void named_barrier_arrive(int id, int count) { __trap(); }
 template <int regs> __device__ __forceinline__ void setmaxnreg_inc(void) { __trap(); }
 template <int regs> __device__ __forceinline__ void setmaxnreg_dec(void) { __trap(); }
 #endif
