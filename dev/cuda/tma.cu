@@ -26,8 +26,9 @@ v2: three warpgroups, warp-specialized as FlashAttention-3: the producer warpgro
     registers back (setmaxnreg_dec<40>), the two consumer warpgroups take them (setmaxnreg_inc<232>:
     128 x 40 + 256 x 232 = 64,512 of the 65,536 registers) and take the tiles in turn (even tiles
     the first, odd the second). At the end the second warpgroup hands its sums to the first
-    through shared memory and named barrier 1 (256 threads: the producer does not wait), and the
-    first adds its two halves after named barrier 2 (its own 128 threads).
+    through shared memory and named barrier 1 (256 threads, the producer not among them: the
+    second arrives without waiting, bar.arrive; the first waits, bar.sync), and the first adds
+    its two halves after named barrier 2 (its own 128 threads).
 v3: v1's ring the other way too: Z = X scaled by v's column (z[r][c] = x[r][c] v[c]), each tile
     written by the consumers into one of two staging tiles and stored to Z by TMA (one thread
     issues it after a fence and a named barrier of the 128 consumers; before a staging tile is
@@ -129,14 +130,16 @@ __global__ void __launch_bounds__(384, 1) gemv_tma_kernel2(float* y, const __gri
     }
     setmaxnreg_inc<232>();
     float sum = consume(ring, full, empty, v, C, tiles, group - 1, 2, i);
-    if (group == 2) second[i] = sum;
-    named_barrier_sync(1, 256);  // the second warpgroup's sums are in shared memory
-    if (group == 1) {
-        first[i] = sum + second[i];
-        named_barrier_sync(2, 128);  // both halves of every row are
-        int row = blockIdx.x * TILE_ROWS + i;
-        if (i < TILE_ROWS && row < R) y[row] = first[i] + first[i + TILE_ROWS];
+    if (group == 2) {
+        second[i] = sum;
+        named_barrier_arrive(1, 256);  // its sums are in shared memory (it has nothing to wait for)
+        return;
     }
+    named_barrier_sync(1, 256);  // the second warpgroup's sums are in shared memory
+    first[i] = sum + second[i];
+    named_barrier_sync(2, 128);  // both halves of every row are
+    int row = blockIdx.x * TILE_ROWS + i;
+    if (i < TILE_ROWS && row < R) y[row] = first[i] + first[i + TILE_ROWS];
 }
 
 // v3: 160 threads as v1; the consumers' thread 127 issues the stores. (Any one thread may; the
