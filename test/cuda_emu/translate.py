@@ -2,8 +2,8 @@
 cuda_emu's source changes: copies the project's sources into an output folder, with every
 kernel launch `kernel<<<grid, block[, shared, stream]>>>(args)` rewritten into C++ that g++ accepts:
 `cuda_emu::launch("kernel", cuda_emu::Config(grid, block), kernel)(args)`, and after every
-one-line `__shared__` declaration a call that poisons each declared array once per block
-(`cuda_emu::shared_poison(name, sizeof(name));`, on the same line), and each one-line
+one-line `__shared__` declaration a call that poisons each declared array (or scalar) once per block
+(`cuda_emu::shared_poison(&name, sizeof(name));`, on the same line), and each one-line
 `extern __shared__ T name[];` (the launch's dynamic shared memory) into a pointer to the
 emulator's, which it poisons for each block. Everything else is copied as
 it is, so line numbers in compiler errors still match the originals.
@@ -95,7 +95,8 @@ def poison_shared(src):
         if m is None:  # a declaration over several lines would go unpoisoned: refuse it
             raise SystemExit("translate.py: write each __shared__ declaration on one line, "
                              "starting with __shared__: %r" % line)
-        calls = "".join(" cuda_emu::shared_poison(%s, sizeof(%s));" % (n, n) for n in declared_names(m.group(2)))
+        # (&name: an array's address, or a scalar's, such as an mbarrier's uint64_t)
+        calls = "".join(" cuda_emu::shared_poison(&%s, sizeof(%s));" % (n, n) for n in declared_names(m.group(2)))
         lines[k] = "%s__shared__ %s;%s%s" % (m.group(1), m.group(2), calls, m.group(3))
     return "\n".join(lines)
 
