@@ -13,6 +13,9 @@ v2: the same with B MN-major (trans_b = 1: the n of one k adjacent, as v in o = 
     (8 k on), sbo = 256 (8 n on): other strides than the flash kernel's, so that swapped fields
     cannot pass by symmetry
 v3: d = a b, then d += a b (scale-d 0, then 1) in one commit group
+v4: A from shared memory too (wgmma_m64n64k16_ss, FlashAttention-3's q k^T: no A fragments in
+    registers), K-major in the interleaved layout with lbo = 128 (8 k on) and sbo = 256 (8 m on),
+    B as v1; the other reading of A's two fields is asked too
 For the interleaved layout the emulator reads lbo as the stride between core matrices along k and
 sbo as the one along n, for both majors, as CUTLASS's make_gmma_desc encodes them; one reading of
 the PTX ISA (Triton's comments) has them the other way round for K-major. Each of v1 and v2 also
@@ -126,6 +129,67 @@ static int check_layout(const char* name, int trans_b, int k_stride, int n_strid
     return ok;
 }
 
+// v4: both operands from shared memory. A (64, 16) placed K-major with core matrices a_k_stride
+// bytes apart along k and a_m_stride along m, described by (lbo, sbo); B as v1
+#define A_TILE_BYTES 4096  // past what either reading of A's strides below can reach (2 KB)
+__host__ __device__ inline int a_offset(int m, int k, int k_stride, int m_stride) {
+    return (m % 8) * 16 + (m / 8) * m_stride + (k / 8) * k_stride + (k % 8) * 2;
+}
+__global__ void __launch_bounds__(128) wgmma_ss_check_kernel(float* d_out, const floatX* a, const floatX* b, int a_k_stride,
+                                                            int a_m_stride, int lbo, int sbo) {
+    __shared__ __align__(128) floatX a_s[A_TILE_BYTES / 2];
+    __shared__ __align__(128) floatX b_s[B_TILE_BYTES / 2];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (int i = threadIdx.x; i < A_TILE_BYTES / 2; i += blockDim.x) a_s[i] = (floatX)SENTINEL;
+    for (int i = threadIdx.x; i < B_TILE_BYTES / 2; i += blockDim.x) b_s[i] = (floatX)SENTINEL;
+    __syncthreads();
+    for (int i = threadIdx.x; i < WG_M * WG_K; i += blockDim.x)
+        a_s[a_offset(i / WG_K, i % WG_K, a_k_stride, a_m_stride) / 2] = a[i];
+    for (int i = threadIdx.x; i < WG_K * WG_N; i += blockDim.x) b_s[b_offset(i / WG_N, i % WG_N, 0, 1024, 128) / 2] = b[i];
+    fence_proxy_async();
+    __syncthreads();
+    float d[WG_N / 2];
+    wgmma_fence();
+    wgmma_m64n64k16_ss<0>(d, wgmma_desc(a_s, lbo, sbo), wgmma_desc(b_s, 1024, 128), 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(d, WG_N / 2);
+    for (int e = 0; e < WG_N / 2; e++) {
+        int row = 16 * warp + g + 8 * (e / 2 % 2), col = 8 * (e / 4) + 2 * t + e % 2;
+        d_out[row * WG_N + col] = d[e];
+    }
+}
+static double ss_error(int lbo, int sbo, const float* a, const float* b, const floatX* d_a, const floatX* d_b, float* d_out) {
+    static float ref[WG_M * WG_N], got[WG_M * WG_N];
+    for (int m = 0; m < WG_M; m++) {
+        for (int n = 0; n < WG_N; n++) {
+            double s = 0.0;
+            for (int k = 0; k < WG_K; k++) s += (double)a[m * WG_K + k] * b[k * WG_N + n];
+            ref[m * WG_N + n] = (float)s;
+        }
+    }
+    device_memset_zero(d_out, sizeof(ref));
+    wgmma_ss_check_kernel<<<1, 128>>>(d_out, d_a, d_b, 128, 256, lbo, sbo);
+    cudaCheckLaunch();
+    copy_device_to_host(got, d_out, sizeof(got));
+    double worst = 0.0;
+    for (int i = 0; i < WG_M * WG_N; i++) {
+        double r = fabs((double)got[i] - ref[i]) / (1.0 + fabs((double)ref[i]));
+        if (!(r <= worst)) worst = r;
+    }
+    return worst;
+}
+static int check_ss(const float* a, const float* b, const floatX* d_a, const floatX* d_b, float* d_out) {
+    double tol = 1e-5, worst = ss_error(128, 256, a, b, d_a, d_b, d_out);  // (check_layout's tolerance)
+    int ok = worst <= tol;
+    printf("  %-22s %s: worst |gpu-cpu|/(1+|cpu|) = %.2e, tolerance %.0e (A: lbo 128 = the k stride, sbo 256)\n",
+           "v4 A in shared memory", ok ? "ok" : "FAIL", worst, tol);
+    double other = ss_error(256, 128, a, b, d_a, d_b, d_out);
+    printf("  %-22s the other reading of A (lbo 256 = the m stride, sbo 128): %s\n", "",
+           other <= tol ? "MATCHES: swap A's lbo and sbo in the emulator's wgmma_a_shared" : "does not match");
+    return ok;
+}
+
 #ifndef CUDA_EMU
 // the rate: each warpgroup multiplies its registers' A by one B tile 64 times (4 commit groups of
 // 16, the accumulators chained), as the flash kernel's k16 steps do
@@ -176,10 +240,11 @@ int main(void) {
     floatX* d_a = to_device(a, WG_M * WG_K);
     floatX* d_b = to_device(b, WG_K * WG_N);
     float* d_out = (float*)device_malloc(WG_M * WG_N * sizeof(float));
-    printf("wgmma m64n64k16, A in registers, B in shared memory (interleaved layout)\n");
+    printf("wgmma m64n64k16, A in registers (v1-v3) or shared memory (v4), B in shared memory (interleaved layout)\n");
     int ok = check_layout("v1 K-major", 0, 1024, 128, 0, a, b, d_a, d_b, d_out);
     ok &= check_layout("v2 MN-major", 1, 128, 256, 0, a, b, d_a, d_b, d_out);
     ok &= check_layout("v3 accumulate", 0, 1024, 128, 1, a, b, d_a, d_b, d_out);
+    ok &= check_ss(a, b, d_a, d_b, d_out);
 #ifndef CUDA_EMU
     int blocks = 132 * 8, repeat = 256;
     double flops = 2.0 * blocks * 2 * repeat * 16 * WG_M * WG_N * WG_K;  // 2 warpgroups a block

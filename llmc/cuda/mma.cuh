@@ -138,10 +138,28 @@ __device__ __forceinline__ void wgmma_m64n64k16(float* d, const uint32_t* a, Wgm
                    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(trans_b), "r"(accumulate));
 }
+// the same with A from shared memory too, K-major in the same layout (rows m: sbo between core
+// matrices 8 apart in m, lbo between the two 8-wide halves of k): the tensor cores read both
+// operands, the registers hold only d (FlashAttention-3's q k^T)
+template <int trans_b>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float* d, WgmmaDesc a, WgmmaDesc b, int accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, %35;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(trans_b));
+}
 #else  // a device pass for a GPU without wgmma: the host never launches these kernels there
 #define LLMC_WGMMA_ASM(x) __trap()
 template <int trans_b>
 __device__ __forceinline__ void wgmma_m64n64k16(float* d, const uint32_t* a, WgmmaDesc b, int accumulate) { __trap(); }
+template <int trans_b>
+__device__ __forceinline__ void wgmma_m64n64k16_ss(float* d, WgmmaDesc a, WgmmaDesc b, int accumulate) { __trap(); }
 #endif
 // (forced inline: a wrapper left a call, as at -O0, makes ptxas serialize the products)
 // the registers about to be read or written by wgmma are ready (before a group's first product)

@@ -154,8 +154,22 @@ static inline float wgmma_b(const WgmmaOp& op, int k, int n) {
     memcpy(&h.bits, op.tile + at, 2);
     return (float)h;
 }
-static inline void wgmma_run(const WgmmaOp& op, int lane) {
+// element (m, k) of a 64 x 16 K-major A tile in the same layout (rows m, 8 rows a core matrix):
+// sbo between core matrices 8 apart in m, lbo between the two 8-wide halves of k
+static inline float wgmma_a_shared(const WgmmaOp& op, int m, int k) {
+    size_t at = (size_t)(m % 8) * 16 + (m / 8) * op.a_sbo + (k / 8) * op.a_lbo + (k % 8) * 2;
+    __nv_bfloat16 h;
+    memcpy(&h.bits, op.a_tile + at, 2);
+    return (float)h;
+}
+static inline void wgmma_run(WgmmaOp op, int lane) {
     int g = lane / 4, t = lane % 4;
+    if (op.a_tile != NULL) {  // A from shared memory: this lane's two rows, read now
+        for (int k = 0; k < 16; k++) {
+            op.a[0][k] = wgmma_a_shared(op, op.a_row + g, k);
+            op.a[1][k] = wgmma_a_shared(op, op.a_row + g + 8, k);
+        }
+    }
     for (int e = 0; e < 32; e++) {  // d[4 j + e]: row g + 8 (e / 2 % 2), column 8 j + 2 t + e % 2
         int half = e / 2 % 2, col = 8 * (e / 4) + 2 * t + e % 2;
         float acc = op.accumulate ? op.d[e] : 0.0f;
@@ -179,6 +193,28 @@ static inline void wgmma_m64n64k16(float* d, const uint32_t* a, WgmmaDesc b, int
     barrier(AT_WARP_BARRIER);  // every lane has read before the next exchange
     memcpy(op.a[0], A[g], sizeof(op.a[0]));  // this lane's rows g and g + 8
     memcpy(op.a[1], A[g + 8], sizeof(op.a[1]));
+    op.a_tile = NULL;
+    op.d = d;
+    op.tile = b.tile;
+    op.lbo = b.lbo;
+    op.sbo = b.sbo;
+    op.trans_b = trans_b;
+    op.accumulate = accumulate;
+    op.group = state.wgmma_group[me];
+}
+// the same product with A (64 x 16, K-major) from shared memory through a descriptor too: read
+// at the wait, as B, so that refilling either tile before the wait gives a wrong result
+template <int trans_b>
+static inline void wgmma_m64n64k16_ss(float* d, WgmmaDesc a, WgmmaDesc b, int accumulate) {
+    using namespace cuda_emu;
+    int me = thread_index();
+    if (state.threads % 128 != 0) die("wgmma: the block is not whole warpgroups of 128 threads");
+    if (state.wgmma_count[me] == max_wgmma_ops) die("wgmma: too many products in flight");
+    WgmmaOp& op = state.wgmma_ops[me][state.wgmma_count[me]++];
+    op.a_tile = a.tile;
+    op.a_lbo = a.lbo;
+    op.a_sbo = a.sbo;
+    op.a_row = 16 * (me / 32 % 4);
     op.d = d;
     op.tile = b.tile;
     op.lbo = b.lbo;

@@ -131,7 +131,10 @@ static const int max_async_copies = 64;  // per thread
 // its B tile from shared memory then
 struct WgmmaOp {
     float* d;                    // the issuing thread's 32 accumulators
-    float a[2][16];              // rows g and g + 8 of its warp's A, gathered at issue
+    float a[2][16];              // rows g and g + 8 of its warp's A, gathered at issue (A in registers)
+    const unsigned char* a_tile; // A in shared memory (not NULL): its K-major tile and strides, read
+    uint32_t a_lbo, a_sbo;       // at the wait, rows 16 (warp % 4) + g and + 8
+    int a_row;
     const unsigned char* tile;   // B: the descriptor's tile and strides
     uint32_t lbo, sbo;
     int trans_b, accumulate, group;
