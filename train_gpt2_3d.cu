@@ -44,12 +44,13 @@ folding", arXiv:2504.14960). Attention keeps its dp x cp x tp layout in each sta
 MoE layers regroup the same ranks as ep x edp, so experts take no ranks of their own:
   a. The fold (grid_fold_experts): ep consecutive ranks of a stage hold its E experts between
      them (E/ep each, whole: expert tp = 1); the ranks holding the same experts are an edp group.
-  b. Each MoE layer (llmc/chunk.h, moe_layer_forward: the EP chapter's moe_forward, called from
-     the stage's layer) routes the tokens its rank holds, T/cp of each sequence and with -sp its
-     tp share (so no token is routed twice; -tp without -sp is refused), by the EP chapter's two
-     all-to-alls over the ep group; each micro-batch in flight keeps its routing in its slot's
-     record. The aux loss is a whole sequence's: its figures summed over the cp x tp ranks that
-     hold its tokens (the seq group), so the loss does not depend on the grid.
+  b. Each MoE layer (llmc/chunk.h, moe_layer_forward: the EP chapter's moe_forward, in its
+     parts, called from the stage's layer) routes the tokens its rank holds, T/cp of each
+     sequence and with -sp its tp share (so no token is routed twice; -tp without -sp is
+     refused), by the EP chapter's two all-to-alls over the ep group; each micro-batch in flight
+     keeps its routing in its slot's record. The aux loss is a whole sequence's: its figures
+     summed over the cp x tp ranks that hold its tokens (the seq group), so the loss does not
+     depend on the grid.
   c. The reductions (reduce_dense_and_experts): the dense tensors over dp x cp as before, the
      experts over edp (-z 1: each reduce-scattered, updated in shards and all-gathered over its
      own group), read scaled by tp/ep (expert_grad_scale says why); the routers' gradients

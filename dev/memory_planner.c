@@ -361,8 +361,8 @@ int main(int argc, char** argv) {
     int B = 4, T = 1024, total_batch = -1, dp = 1, tp = 1, pp = 1, vp = 1, zero = 0, sp = 0, recompute = 0, offload = 0, cp = 1;
     const char* cp_comm = "ring";
     const char* cp_layout = "zigzag";
-    int overlap = 1, pp_overlap = 0, checkpoint = 0, search = 0, stage = -1, experts = 0, topk = 2, ep = 1, workers = 0, H = 10;
-    int megatron = 0;
+    int overlap = 1, checkpoint = 0, search = 0, stage = -1, experts = 0, topk = 2, ep = 1, workers = 0, H = 10, megatron = 0;
+    int pp_overlap = 0;
     float memory_gb = 80.0f, capacity_factor = 0.0f, maxvio = 0.0f;
     const ArgSpec specs[] = {
         {"-e", ARG_STRING, &model, 0, 0, "model: a descriptor dL (d12 = 124M, d48 = 1.5B), L/C/NH (48/1600/25), L/C/NH/maxT/V (96/12288/96/2048/51200), or a model file"},
@@ -560,7 +560,8 @@ int main(int argc, char** argv) {
                                         PipeSchedule sc = p > 1 ? (PipeSchedule)sched : SCHEDULE_1F1B;
                                         RunLayout run = {kind, d, t, p, V, sc, 1, B, T, z, s, r, o, kind == TRAINER_DP ? overlap : 0,
                                                          checkpoint > 0, 0, 0,
-                                                         q, a, e, capacity_factor, maxvio, kind == TRAINER_3D ? pp_overlap : 0};
+                                                         q, a, e, capacity_factor, maxvio,
+                                                         kind == TRAINER_3D ? pp_overlap : 0};
                                         try_layout(&fits, &count, &capacity, &tried, c, target, run, split, batch, memory);
                                     }
             }

@@ -62,7 +62,8 @@ static inline MoeLayer chunk_moe_layer(const Walk* walk, const Activations* a, i
 // share of the tokens, so no token is routed twice and no tp collective is needed around it; its
 // output x.fcproj (BTs, C) goes straight to the residual add. Returns 1 when the part posted an
 // all-to-all (the layer goes on at the next call), 0 when x.fcproj is ready.
-static inline int moe_layer_forward(Walk* walk, ChunkPass* f, LayerActs x, LayerWeights w, const floatX* residual, int k) {
+static inline int moe_layer_forward(Walk* walk, ChunkPass* f, LayerActs x, LayerWeights w, const floatX* residual,
+                                    int k) {
     GPT2* model = walk->model;
     Moe* moe = walk->st->moe;
     int BTs = (int)((size_t)walk->B * walk->T / model->dims.seq_shards);
@@ -145,8 +146,8 @@ static inline int chunk_forward_step(Walk* walk, ChunkPass* f) {
         // the chunk's first LayerNorm on its own: the residual add before it ran on another stage
         LayerActs first = layer_acts(a, d, B, T, 0);
         LayerWeights w0 = gpt2_layer_params(model, chunk * Lc);
-        layernorm_forward(sp ? scratch->ln_shard : first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, w0.ln1w, w0.ln1b,
-                          BTs, C);
+        layernorm_forward(sp ? scratch->ln_shard : first.ln1, first.ln1_mean, first.ln1_rstd, a->encoded, w0.ln1w,
+                          w0.ln1b, BTs, C);
     }
     for (; f->k < Lc; f->k++) {
         int k = f->k;

@@ -358,7 +358,8 @@ static inline double moe_aux_loss(const Moe* m, MoeLayer x) {
 // between, the all-to-all moving under that compute (DualPipe, DeepSeek-V3 section 3.2.1). Each
 // micro-batch's kernels are the same, in the same order, either way. A pass keeps its rows in
 // its lane (MoeLane); what a part computes in the other scratch buffers it uses up before it
-// returns, and the routing lives in the micro-batch's record (x).
+// returns (but dgate, which the backward keeps from its first part to its third: a pair holds
+// one backward), and the routing lives in the micro-batch's record (x).
 //
 // The forward. h: ln2 (N, C) of the layer, this rank's tokens; out (N, C): the MoE's output,
 // added to the residual stream by the trainer. w: the layer's weights (fcw .. fcprojb at this
@@ -662,13 +663,15 @@ static inline void moe_log_fields(char* out, size_t cap, MoeFigures f) {
 
 // The grid trainer's second MoE line, rank 0's, every step: the time its all-to-alls over ep held
 // up its compute (exposed: a blocking one whole, a posted one its post, progress and wait), the
-// rows' and the counts' apart (the counts' still block: moe_forward_dispatch), and how many of its all-to-alls of rows moved while another
-// micro-batch computed (the MoE overlap, -pp_overlap 1: llmc/pipeline_walk.h; else 0). The same
-// run without the overlap shows what it hides.
+// rows' and the counts' apart (the counts' still block: moe_forward_dispatch), and how many of
+// its all-to-alls of rows moved while another micro-batch computed (the MoE overlap,
+// -pp_overlap 1: llmc/pipeline_walk.h; else 0). The same run without the overlap shows what it
+// hides.
 static inline void moe_print_overlap(const Moe* m, int step) {
     double exposed = m->ep_group->seconds[COMM_ALL_TO_ALL];
-    printf("step %d moe all-to-all: exposed %.3f ms (rows %.3f, counts %.3f) | %d under another micro-batch's compute\n",
-           step + 1, exposed * 1e3, (exposed - m->counts_seconds) * 1e3, m->counts_seconds * 1e3, m->hidden);
+    printf("step %d moe all-to-all: exposed %.3f ms (rows %.3f, counts %.3f) | %d under another "
+           "micro-batch's compute\n", step + 1, exposed * 1e3, (exposed - m->counts_seconds) * 1e3,
+           m->counts_seconds * 1e3, m->hidden);
 }
 
 // The step's MoE line, printed by rank 0: the balance figures, the step's all-to-all bytes (this

@@ -210,7 +210,8 @@ static inline void walk_end(Walk* w, const PipeAction* actions, int j, const Chu
 // group's forward's, and those before it due there; sends[from .. to) are the next exchange's),
 // posted in action order on this stage's side channel into `early`, after the forward's kernels
 static inline void walk_send_ahead(Walk* w, const PipeAction* actions, const int* sends, int from, int to,
-                                   const int* send_channel, const int* grad_index, CommMessage* msgs, CommRequest* early) {
+                                   const int* send_channel, const int* grad_index, CommMessage* msgs,
+                                   CommRequest* early) {
     int posted = 0;
     for (int i = from; i < to; i++) {
         if (!send_channel[sends[i]]) continue;
@@ -307,8 +308,8 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
                         walk_tokens(w, a, &pass.inputs, &pass.targets);
                         f_on = chunk_forward_step(w, &pass);
                         if (!f_on) walk_end(w, actions, j, &pass);
-                        if (!f_on) walk_send_ahead(w, actions, sends, first_send[e + 1], first_send[e + 2], send_channel,
-                                                   grad_index, msgs, &early);
+                        if (!f_on) walk_send_ahead(w, actions, sends, first_send[e + 1], first_send[e + 2],
+                                                   send_channel, grad_index, msgs, &early);
                     }
                     if (b_on) {
                         st->moe->hidden += pass.exchange.active;  // (F's, under B's)
@@ -334,8 +335,8 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
             }
             walk_end(w, actions, j, &pass);
             // the F&B overlap: the next exchange's sends that go ahead, after the group's forward
-            if (j == k) walk_send_ahead(w, actions, sends, first_send[e + 1], first_send[e + 2], send_channel, grad_index,
-                                        msgs, &early);
+            if (j == k) walk_send_ahead(w, actions, sends, first_send[e + 1], first_send[e + 2], send_channel,
+                                        grad_index, msgs, &early);
         }
     }
     free(group);

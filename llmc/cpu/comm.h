@@ -172,7 +172,8 @@ static inline void mpi_all_to_all(CommGroup* g, const float* send, const size_t*
                                   const size_t* recv_counts) {
     int* c = mpi_all_to_all_counts_of(g, send_counts, recv_counts);
     int n = g->size;
-    comm_check(MPI_Alltoallv(send, c, c + n, MPI_FLOAT, recv, c + 2 * n, c + 3 * n, MPI_FLOAT, g->mpi), g, "all_to_all");
+    comm_check(MPI_Alltoallv(send, c, c + n, MPI_FLOAT, recv, c + 2 * n, c + 3 * n, MPI_FLOAT, g->mpi), g,
+               "all_to_all");
     free(c);
 }
 // the same, posted (MPI_Ialltoallv): MPI reads the counts until the operation completes, so the
