@@ -59,7 +59,9 @@ static const char* comm_kind_names[COMM_NUM_KINDS] = {
 // goes on. On the CUDA backend a side channel is a communicator of its own (ncclCommSplit of the
 // group: the same ranks in the same order) with a stream of its own, so what one channel holds
 // back never stalls another; within a channel the caller keeps the order safe (the pipeline's
-// rule, and why it cannot deadlock: llmc/pipeline_walk.h). (This asks the GPU to run two
+// rule, and why it cannot deadlock: llmc/pipeline_walk.h; the MoE overlap's all-to-alls of rows
+// take a side channel of the ep group, so that the counts' blocking all-to-all on channel 0 never
+// waits behind them: llmc/moe.h's moe_add_lane). (This asks the GPU to run two
 // communicators' kernels at once, which NCCL's guide does not promise, "Using multiple NCCL
 // communicators concurrently", and a GPU with SMs to spare does, as PyTorch's one communicator
 // per process group relies on.) On MPI (the CPU backend, and the CUDA backend's host-staged path)
@@ -224,16 +226,19 @@ static inline size_t comm_all_to_all_sent(const CommGroup* g, const size_t* send
     return sent;
 }
 
+// a channel named by a call must be open: one that is not is a mistake of the caller's
+static inline void comm_check_channel(const CommGroup* g, int c, const char* op) {
+    if (c < 0 || c > g->side_channels) {
+        fail("%s on group '%s': channel %d, but the group has channels 0 .. %d (comm_open_channel)", op, g->name, c,
+             g->side_channels);
+    }
+}
+
 // an exchange counts each message as a send or a receive, and is timed as one operation (its
-// messages checked first: a channel that is not open is a mistake of the caller's)
+// messages' channels checked first)
 static inline void comm_count_exchange(CommGroup* g, const CommMessage* msgs, int count, size_t elem_bytes) {
     if (count > COMM_EXCHANGE_MAX) fail("exchange on group '%s': %d messages, at most %d", g->name, count, COMM_EXCHANGE_MAX);
-    for (int i = 0; i < count; i++) {
-        if (msgs[i].channel < 0 || msgs[i].channel > g->side_channels) {
-            fail("exchange on group '%s': a message on channel %d, but the group has channels 0 .. %d (comm_open_channel)",
-                 g->name, msgs[i].channel, g->side_channels);
-        }
-    }
+    for (int i = 0; i < count; i++) comm_check_channel(g, msgs[i].channel, "exchange");
     for (int i = 1; i < count; i++) {
         CommKind kind = msgs[i].is_send ? COMM_SEND : COMM_RECV;
         g->calls[kind] += 1;

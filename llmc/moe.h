@@ -97,6 +97,8 @@ typedef struct Moe {
     int capacity;              // slots an expert takes of a micro-batch (N k: dropless)
     int rows_max;              // the most rows an expert rank can receive in a layer
     CommGroup* ep_group;       // the ranks this rank exchanges tokens with
+    int rows_channel;          // the ep group's channel its all-to-alls of rows take (comm.h): 0, or
+                               // with the MoE overlap a side channel of their own (moe_add_lane)
     MoeRecord* records;        // one per micro-batch in flight
     int num_records;
     // device
@@ -187,11 +189,24 @@ static inline void moe_alloc(Moe* m, GPT2Config c, int ep, int ep_rank, CommGrou
     m->loads = (double*)calloc_check(L * E, sizeof(double));
 }
 
-// the MoE overlap's second lane (memory_plan.h counts it with -pp_overlap 1: moe_lane_bytes)
+// the MoE overlap's second lane (memory_plan.h counts it with -pp_overlap 1: moe_lane_bytes), and
+// a side channel of the ep group for the all-to-alls of rows (a collective of the group: every
+// rank of it adds the lane), connected to every other rank. On NCCL the rows then run on a
+// communicator and stream of their own while the compute stream goes on, and the counts'
+// all-to-all, blocking on channel 0, never waits behind rows still in flight (cuda/comm.cuh:
+// comm_all_to_all_start); on MPI a request moves on its own, and the channel is only named.
 static inline void moe_add_lane(Moe* m) {
     allocation_kind(ALLOC_EXPERTS);
     m->lanes[1].send = (floatX*)device_malloc((size_t)m->N * m->k * m->C * sizeof(floatX));
     m->lanes[1].recv = (floatX*)device_malloc((size_t)m->rows_max * m->C * sizeof(floatX));
+    if (m->ep == 1) return;  // (the rows stay: no all-to-all)
+    CommGroup* g = m->ep_group;
+    int peers[1024], n = 0;  // (ep <= E <= 1024, as moe_exchange_start's)
+    for (int p = 0; p < g->size; p++) {
+        if (p != g->rank) peers[n++] = p;
+    }
+    m->rows_channel = g->side_channels + 1;
+    comm_open_channel(g, m->rows_channel, peers, n);
 }
 
 static inline void moe_free(Moe* m) {
@@ -313,7 +328,8 @@ static inline int moe_expert_rows(const Moe* m, MoeLayer x, int e, int* first) {
 // rank in turn). back = 0: send -> recv (the tokens to their experts); back = 1: recv -> send
 // (the outputs home), the same counts reversed. Over ep ranks a rank sends what is not its own:
 // in a balanced layer (ep - 1)/ep of its N k slots, N k C (ep - 1)/ep values each way. Posted
-// (comm_all_to_all_start): the part of the layer that reads `to` first waits for r.
+// (comm_all_to_all_start, on the rows' channel): the part of the layer that reads `to` first
+// waits for r; `from` is not written again before then.
 static inline void moe_exchange_start(Moe* m, MoeLayer x, const floatX* from, floatX* to, int back, CommRequest* r) {
     int ep = m->ep, El = m->E_local;
     const int* sent = x.send_counts;      // [destination's expert]
@@ -333,7 +349,7 @@ static inline void moe_exchange_start(Moe* m, MoeLayer x, const floatX* from, fl
         return;
     }
     // all-to-all (variable sizes): block p of `from` to rank p, rank p's block for us into block p of `to`
-    comm_all_to_all_start(m->ep_group, from, to_rank, to, from_rank, COMM_FLOATX, r);
+    comm_all_to_all_start(m->ep_group, from, to_rank, to, from_rank, COMM_FLOATX, m->rows_channel, r);
 }
 
 // The aux loss of the layer's micro-batch (Switch Transformer, Fedus et al. 2021): per sequence,

@@ -60,8 +60,11 @@
 // micro-batch's arithmetic changes (the same kernels in the same order on its own buffers; the
 // backward's rows in the MoE's second lane), so the run is bit for bit the run without it. Every
 // rank of a stage steps the same pair the same way, so the ep group's collectives are posted in
-// the same order on all of them, as MPI and NCCL require. On CUDA the all-to-all still blocks
-// (comm_all_to_all_start): the order is the same, nothing is hidden yet.
+// the same order on all of them, as MPI and NCCL require. On CUDA the rows go as grouped NCCL
+// sends and receives on a side channel of the ep group (its own communicator and stream: moe.h's
+// moe_add_lane), after the compute stream's kernels that wrote them, and the compute stream waits
+// for their event at the pass's next step (comm_all_to_all_start, comm_wait); the host-staged
+// path (ranks sharing a GPU without NCCL) still blocks.
 //
 // Which channel each message takes (comm.h). With MPI requests, which move on their own, a send
 // posted sooner only makes its message available sooner: the exchanges still pair up and finish

@@ -117,19 +117,30 @@ def moe_overlap_interleaved_pp2_vp2_dp2_ep2():
 
 @test
 def emu_moe_overlap_vs_pytorch_fp32_pp2_dp2_ep2_dualpipev_nccl():
-    """the CUDA backend (4 emulated GPUs, NCCL over MPI) with -pp_overlap 1 and experts: there the
-    posted all-to-all is still the blocking one (llmc/cuda/comm.cuh's comm_all_to_all_start), so
-    the pair steps in turn on the compute stream, the backward's rows in their second lane, and
-    nothing moves under the other micro-batch: against the reference within fp32's CUDA bounds,
-    the count 0 every step, the memory table (with the lane) within 5% of the allocations"""
+    """the CUDA backend (4 emulated GPUs, NCCL over MPI) with -pp_overlap 1 and experts: each
+    all-to-all of rows is grouped ncclSend/ncclRecv on a side channel of the ep group, after the
+    compute stream's kernels that wrote its rows, and the compute stream waits for its event at the
+    pass's next step (llmc/cuda/comm.cuh's comm_all_to_all_start, comm_wait). The emulator posts a
+    group's messages at ncclGroupEnd and finishes them as stream work, when something waits for
+    them, so a missing or misplaced wait reads rows not yet received (planted: the request left
+    with no event for comm_wait to wait on, step 1's loss is NaN): against the reference within
+    fp32's CUDA bounds, rank 0's count under the other micro-batch the hand count of the CPU cases
+    (3 pairs x 1 layer x 4 = 12 a step), the memory table (with the lane) within 5% of the
+    allocations"""
     cfg, E, k, steps = MOE4, 4, 1, MOE4["steps"]
     ref = fold_reference(cfg, E, k)
     program = build("emu", "FP32", ["train_gpt2_3d"])[0]
     d = fresh_dir("emu_moe_overlap")
     grads = os.path.join(d, "grads.bin")
-    flags = ["-pp", 2, "-dp", 2, "-ep", 2, "-sched", "dualpipev", "-pp_overlap", 1]
+    pp = 2
+    flags = ["-pp", pp, "-dp", 2, "-ep", 2, "-sched", "dualpipev", "-pp_overlap", 1]
     out = emu_runner(4)(program, 4, trainer_args(ref, 1, d, ["-n", steps, "-dump_grads", grads] + flags, cfg=cfg), d)
     check_cuda_against_reference(ref, d, grads, "FP32", "emu train_gpt2_3d FP32 %s" % " ".join(map(str, flags)))
+    # stage 0's pairs (m 4) x its MoE layers a chunk (L / 2pp) x 4, as check_moe_overlap's (c)
+    expected = dualpipev_pairs(pp, 4, 0) * (cfg["layers"] // (2 * pp)) * 4
     lines = moe_overlap_lines(out)
-    assert sorted(lines) == list(range(1, steps + 1)) and all(n == 0 for _, n in lines.values()), lines
+    assert sorted(lines) == list(range(1, steps + 1)), lines
+    for s in lines:
+        assert lines[s][1] == expected, "step %d: %d all-to-alls under another micro-batch's compute, the schedule " \
+                                        "gives %d" % (s, lines[s][1], expected)
     check_memory_table_total(program, out)

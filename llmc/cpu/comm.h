@@ -357,10 +357,13 @@ static inline void comm_all_to_all(CommGroup* g, const void* send, const size_t*
 // the same, posted: comm_wait(r) finishes it (recv filled, send free again). Posted in the same
 // order on every rank of the group, as every collective: MPI pairs non-blocking collectives of
 // one communicator in the order they are posted (the MoE overlap posts two micro-batches' in
-// turn, the same turn on every rank of a stage: llmc/pipeline_walk.h)
+// turn, the same turn on every rank of a stage: llmc/pipeline_walk.h). channel: the one NCCL
+// runs it on (cuda/comm.cuh); an MPI request moves on its own, and a collective has no tag, so
+// here it is only checked
 static inline void comm_all_to_all_start(CommGroup* g, const void* send, const size_t* send_counts, void* recv,
-                                         const size_t* recv_counts, CommDtype dtype, CommRequest* r) {
+                                         const size_t* recv_counts, CommDtype dtype, int channel, CommRequest* r) {
     comm_check_dtype(g, dtype, "all_to_all");
+    comm_check_channel(g, channel, "all_to_all");
     comm_count(g, COMM_ALL_TO_ALL, comm_all_to_all_sent(g, send_counts) * sizeof(float));
     mpi_all_to_all_start(g, (const float*)send, send_counts, (float*)recv, recv_counts, r);
     comm_posted(g, r, 1);

@@ -482,6 +482,10 @@ static inline void comm_broadcast_host(CommGroup* g, void* buf, size_t bytes, in
 // Channel c's communicator and stream (comm.h): the group's own for 0, else side channel c's
 static inline ncclComm_t comm_channel_nccl(const CommGroup* g, int c) { return c ? g->side[c - 1].nccl : g->nccl; }
 static inline cudaStream_t comm_channel_stream(const CommGroup* g, int c) { return c ? g->side[c - 1].stream : g->stream; }
+// ... and its next completion event (round-robin from its stream's pool, comm_nccl_posted below)
+static inline cudaEvent_t comm_channel_event(CommGroup* g, int c) {
+    return c ? g->side[c - 1].events[g->side[c - 1].next_event++ % COMM_EVENTS] : g->events[g->next_event++ % COMM_EVENTS];
+}
 
 // An exchange's messages of one channel as one NCCL group on that channel's stream.
 // NCCL connects two ranks lazily, on the host, in the group of their first send/recv; where one
@@ -572,8 +576,7 @@ static inline void nccl_post_exchange(CommGroup* g, const CommMessage* msgs, int
         int pair = comm_timing_start(g, stream, g->op_kind, 0);
         nccl_post_messages(g, c, msgs, count, dtype);
         comm_timing_stop(g, pair, stream);
-        done[parts] = c ? g->side[c - 1].events[g->side[c - 1].next_event++ % COMM_EVENTS]
-                        : g->events[g->next_event++ % COMM_EVENTS];
+        done[parts] = comm_channel_event(g, c);
         cudaCheck(cudaEventRecord(done[parts++], stream));
     }
     for (int i = 0; i < parts; i++) {
@@ -734,15 +737,49 @@ static inline void comm_wait(CommRequest* r) {
     r->active = 0;
 }
 
-// All-to-all with counts (Mixture-of-Experts' tokens, llmc/moe.h): block p of send (send_counts[p]
-// elements, the blocks in rank order) to rank p, rank p's block for this rank into block p of
-// recv. NCCL has no all-to-all call: it is a group of ncclSend and ncclRecv, one pair per rank,
-// which NCCL runs together (its own documentation's example); this rank's own block is a copy on
-// the comm stream. A pair's first use also connects both directions (nccl_post_messages says why).
+// All-to-all with counts on channel c's communicator and stream (comm.h), posted as one NCCL
+// group: block p of send (send_counts[p] elements, the blocks in rank order) to rank p, rank p's
+// block for this rank into block p of recv. NCCL has no all-to-all call: it is a group of
+// ncclSend and ncclRecv, one pair per rank, which NCCL runs together (its own documentation's
+// example); this rank's own block is a copy on the same stream. On channel 0 a pair's first use
+// also connects both directions (nccl_post_messages says why); a side channel connected its peers
+// when it opened, every other rank of the group for an all-to-all.
+static inline void nccl_post_all_to_all(CommGroup* g, int c, const void* send, const size_t* send_counts, void* recv,
+                                        const size_t* recv_counts, CommDtype dtype) {
+    ncclComm_t nccl = comm_channel_nccl(g, c);
+    cudaStream_t stream = comm_channel_stream(g, c);
+    size_t elem = comm_dtype_bytes(dtype), s_at = 0, r_at = 0;
+    nccl_check(ncclGroupStart(), g, "all_to_all");
+    for (int p = 0; p < g->size; p++) {
+        if (p == g->rank) continue;
+        if (c > 0 && !g->side[c - 1].connected[p]) {
+            fail("all_to_all on group '%s': rank %d on side channel %d, which did not connect that rank when it opened "
+                 "(comm_open_channel's peers)", g->name, p, c);
+        }
+        if (c > 0 || g->connected[p]) continue;
+        g->connected[p] = 1;
+        nccl_check(ncclSend(g->scalar + 16, 1, ncclFloat, p, nccl, stream), g, "connect");
+        nccl_check(ncclRecv(g->scalar + 17, 1, ncclFloat, p, nccl, stream), g, "connect");
+    }
+    for (int p = 0; p < g->size; p++) {
+        const char* from = (const char*)send + s_at * elem;
+        char* to = (char*)recv + r_at * elem;
+        if (p == g->rank && send_counts[p] > 0) {
+            cudaCheck(cudaMemcpyAsync(to, from, send_counts[p] * elem, cudaMemcpyDeviceToDevice, stream));
+        } else if (p != g->rank) {
+            if (send_counts[p]) nccl_check(ncclSend(from, send_counts[p], comm_nccl_type(dtype), p, nccl, stream), g, "all_to_all");
+            if (recv_counts[p]) nccl_check(ncclRecv(to, recv_counts[p], comm_nccl_type(dtype), p, nccl, stream), g, "all_to_all");
+        }
+        s_at += send_counts[p], r_at += recv_counts[p];
+    }
+    nccl_check(ncclGroupEnd(), g, "all_to_all");
+}
+
+// The all-to-all (Mixture-of-Experts' tokens, llmc/moe.h), blocking: on the comm stream after the
+// kernels issued so far, the compute stream waiting for it
 static inline void comm_all_to_all(CommGroup* g, const void* send, const size_t* send_counts, void* recv,
                                    const size_t* recv_counts, CommDtype dtype) {
-    size_t elem = comm_dtype_bytes(dtype), s_at = 0, r_at = 0;
-    comm_count(g, COMM_ALL_TO_ALL, comm_all_to_all_sent(g, send_counts) * elem);
+    comm_count(g, COMM_ALL_TO_ALL, comm_all_to_all_sent(g, send_counts) * comm_dtype_bytes(dtype));
 #ifdef USE_MPI
     if (g->staged) {
         size_t s_total = 0, r_total = 0;
@@ -757,38 +794,39 @@ static inline void comm_all_to_all(CommGroup* g, const void* send, const size_t*
     }
 #endif
     comm_begin(g);
-    nccl_check(ncclGroupStart(), g, "all_to_all");
-    for (int p = 0; p < g->size; p++) {
-        if (p != g->rank && !g->connected[p]) {
-            g->connected[p] = 1;
-            nccl_check(ncclSend(g->scalar + 16, 1, ncclFloat, p, g->nccl, g->stream), g, "connect");
-            nccl_check(ncclRecv(g->scalar + 17, 1, ncclFloat, p, g->nccl, g->stream), g, "connect");
-        }
-    }
-    for (int p = 0; p < g->size; p++) {
-        const char* from = (const char*)send + s_at * elem;
-        char* to = (char*)recv + r_at * elem;
-        if (p == g->rank && send_counts[p] > 0) {
-            cudaCheck(cudaMemcpyAsync(to, from, send_counts[p] * elem, cudaMemcpyDeviceToDevice, g->stream));
-        } else if (p != g->rank) {
-            if (send_counts[p]) nccl_check(ncclSend(from, send_counts[p], comm_nccl_type(dtype), p, g->nccl, g->stream), g, "all_to_all");
-            if (recv_counts[p]) nccl_check(ncclRecv(to, recv_counts[p], comm_nccl_type(dtype), p, g->nccl, g->stream), g, "all_to_all");
-        }
-        s_at += send_counts[p], r_at += recv_counts[p];
-    }
-    nccl_check(ncclGroupEnd(), g, "all_to_all");
+    nccl_post_all_to_all(g, 0, send, send_counts, recv, recv_counts, dtype);
     comm_end(g);
 }
 
-// The posted all-to-all (the CPU backend's comm_all_to_all_start, MPI_Ialltoallv) is not written
-// for NCCL yet: its form would be the same grouped sends and receives on a side channel's stream
-// (comm_open_channel), the compute stream waiting at comm_wait. Until then it is the blocking one
-// above, ordered on the comm stream, and the request is complete at once (comm_wait returns): the
-// MoE overlap computes in the same order on the GPU, and hides nothing
+// ... and posted (the CPU backend's MPI_Ialltoallv): the group goes onto channel `channel`'s
+// stream after the kernels issued so far (an event recorded on the compute stream, which that
+// stream waits for: the send buffer is written by then), and its end is an event of that stream,
+// which the compute stream waits for only at comm_wait(r), before anything reads recv or writes
+// send again; the kernels issued in between run beside it. The MoE overlap (llmc/moe.h) posts its
+// rows on a side channel of the ep group, so that the counts' all-to-all, blocking on channel 0,
+// never queues behind rows still waiting for a peer; every rank of the group posts the same
+// all-to-alls on it in the same order (llmc/pipeline_walk.h), as NCCL requires of a communicator.
+// The host-staged path stays blocking (complete at once, comm_wait returns): its MPI_Alltoallv
+// runs on host copies, fp32 of the device's bf16, that comm_wait would have to keep and convert.
 static inline void comm_all_to_all_start(CommGroup* g, const void* send, const size_t* send_counts, void* recv,
-                                         const size_t* recv_counts, CommDtype dtype, CommRequest* r) {
-    comm_all_to_all(g, send, send_counts, recv, recv_counts, dtype);
-    r->active = 0;
+                                         const size_t* recv_counts, CommDtype dtype, int channel, CommRequest* r) {
+    comm_check_channel(g, channel, "all_to_all");
+    if (g->staged) {
+        comm_all_to_all(g, send, send_counts, recv, recv_counts, dtype);
+        r->active = 0;
+        return;
+    }
+    comm_count(g, COMM_ALL_TO_ALL, comm_all_to_all_sent(g, send_counts) * comm_dtype_bytes(dtype));
+    cudaStream_t stream = comm_channel_stream(g, channel);
+    cudaCheck(cudaEventRecord(g->ready, 0));
+    cudaCheck(cudaStreamWaitEvent(stream, g->ready, 0));
+    int pair = comm_timing_start(g, stream, COMM_ALL_TO_ALL, 0);
+    nccl_post_all_to_all(g, channel, send, send_counts, recv, recv_counts, dtype);
+    comm_timing_stop(g, pair, stream);
+    r->done[0] = comm_channel_event(g, channel);
+    r->num_done = 1;
+    cudaCheck(cudaEventRecord(r->done[0], stream));
+    comm_posted(g, r, 0);
 }
 
 // n host ints for each rank, block p to rank p, block p from rank p: the sizes of the all-to-all
