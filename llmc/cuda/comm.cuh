@@ -497,21 +497,27 @@ static inline cudaEvent_t comm_channel_event(CommGroup* g, int c) {
 // exchange: both connect both directions at once. (Not counted: it carries no data.) A side
 // channel connected its peers when it opened (comm_open_channel): a send posted ahead must not
 // wait on the host for its peer's first call there.
+// Inside an open NCCL group on channel c: a peer this rank talks to for the first time on channel
+// 0 gets the one-float connect exchange first (both directions at once, as NCCL's bootstrap
+// needs); a side channel connected its peers when it opened, and a peer it did not connect is an
+// error (comm_open_channel's peers). `what`: the operation, for the message
+static inline void nccl_connect_peer(CommGroup* g, int c, int peer, ncclComm_t nccl, cudaStream_t stream, const char* what) {
+    if (c > 0 && !g->side[c - 1].connected[peer]) {
+        fail("%s on group '%s': a message to or from rank %d on side channel %d, which did not connect that rank when it "
+             "opened (comm_open_channel's peers)", what, g->name, peer, c);
+    }
+    if (c > 0 || g->connected[peer]) return;
+    g->connected[peer] = 1;
+    nccl_check(ncclSend(g->scalar + 16, 1, ncclFloat, peer, nccl, stream), g, "connect");
+    nccl_check(ncclRecv(g->scalar + 17, 1, ncclFloat, peer, nccl, stream), g, "connect");
+}
 static inline void nccl_post_messages(CommGroup* g, int c, const CommMessage* msgs, int count, CommDtype dtype) {
     ncclComm_t nccl = comm_channel_nccl(g, c);
     cudaStream_t stream = comm_channel_stream(g, c);
     nccl_check(ncclGroupStart(), g, "exchange");
     for (int i = 0; i < count; i++) {
-        int peer = msgs[i].peer;
-        if (msgs[i].channel != c || peer == g->rank) continue;
-        if (c > 0 && !g->side[c - 1].connected[peer]) {
-            fail("exchange on group '%s': a message to or from rank %d on side channel %d, which did not connect that "
-                 "rank when it opened (comm_open_channel's peers)", g->name, peer, c);
-        }
-        if (c > 0 || g->connected[peer]) continue;
-        g->connected[peer] = 1;
-        nccl_check(ncclSend(g->scalar + 16, 1, ncclFloat, peer, nccl, stream), g, "connect");
-        nccl_check(ncclRecv(g->scalar + 17, 1, ncclFloat, peer, nccl, stream), g, "connect");
+        if (msgs[i].channel != c || msgs[i].peer == g->rank) continue;
+        nccl_connect_peer(g, c, msgs[i].peer, nccl, stream, "exchange");
     }
     for (int i = 0; i < count; i++) {
         if (msgs[i].channel != c) continue;
@@ -751,15 +757,7 @@ static inline void nccl_post_all_to_all(CommGroup* g, int c, const void* send, c
     size_t elem = comm_dtype_bytes(dtype), s_at = 0, r_at = 0;
     nccl_check(ncclGroupStart(), g, "all_to_all");
     for (int p = 0; p < g->size; p++) {
-        if (p == g->rank) continue;
-        if (c > 0 && !g->side[c - 1].connected[p]) {
-            fail("all_to_all on group '%s': rank %d on side channel %d, which did not connect that rank when it opened "
-                 "(comm_open_channel's peers)", g->name, p, c);
-        }
-        if (c > 0 || g->connected[p]) continue;
-        g->connected[p] = 1;
-        nccl_check(ncclSend(g->scalar + 16, 1, ncclFloat, p, nccl, stream), g, "connect");
-        nccl_check(ncclRecv(g->scalar + 17, 1, ncclFloat, p, nccl, stream), g, "connect");
+        if (p != g->rank) nccl_connect_peer(g, c, p, nccl, stream, "all_to_all");
     }
     for (int p = 0; p < g->size; p++) {
         const char* from = (const char*)send + s_at * elem;

@@ -384,16 +384,28 @@ static inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
     while (!mbarrier_try_wait_parity(bar, parity)) {}
 }
 
+namespace cuda_emu {
+// a TMA copy's tensor map, checked as the hardware would refuse it: made by the encoder, 2D, and
+// its shared-memory end (`side`: destination or source) 128-byte aligned
+static inline TensorMap tma_checked_map(const CUtensorMap* map, const void* shared, const char* op, const char* side) {
+    TensorMap m;
+    memcpy(&m, map, sizeof(m));
+    char why[160];
+    if (m.magic != tensor_map_magic) snprintf(why, sizeof(why), "%s: not a tensor map made by cuTensorMapEncodeTiled", op);
+    else if (m.rank != 2) snprintf(why, sizeof(why), "%s: the tensor map's rank is not 2", op);
+    else if ((uintptr_t)shared % 128 != 0) snprintf(why, sizeof(why), "%s: the shared-memory %s is not 128-byte aligned", op, side);
+    else return m;
+    die(why);
+}
+}  // namespace cuda_emu
+
 // cp.async.bulk.tensor.2d: the box at column c0, row c1 of the map's tensor into shared memory at
 // dst, its bytes counted against bar's phase (the order says when they land: above)
 static inline void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
     using namespace cuda_emu;
     note_sync();
     TmaLoad l;
-    memcpy(&l.map, map, sizeof(l.map));
-    if (l.map.magic != tensor_map_magic) die("tma_load_2d: not a tensor map made by cuTensorMapEncodeTiled");
-    if (l.map.rank != 2) die("tma_load_2d: the tensor map's rank is not 2");
-    if ((uintptr_t)dst % 128 != 0) die("tma_load_2d: the shared-memory destination is not 128-byte aligned");
+    l.map = tma_checked_map(map, dst, "tma_load_2d", "destination");
     l.dst = dst;
     l.c0 = c0;
     l.c1 = c1;
@@ -426,10 +438,7 @@ static inline void tma_store_2d(const CUtensorMap* map, int c0, int c1, const vo
     using namespace cuda_emu;
     note_sync();
     TmaStore st;
-    memcpy(&st.map, map, sizeof(st.map));
-    if (st.map.magic != tensor_map_magic) die("tma_store_2d: not a tensor map made by cuTensorMapEncodeTiled");
-    if (st.map.rank != 2) die("tma_store_2d: the tensor map's rank is not 2");
-    if ((uintptr_t)src % 128 != 0) die("tma_store_2d: the shared-memory source is not 128-byte aligned");
+    st.map = tma_checked_map(map, src, "tma_store_2d", "source");
     st.src = src;
     st.c0 = c0;
     st.c1 = c1;
