@@ -26,13 +26,35 @@ v7: v5 in one kernel (LLMC_FLASH_BACKWARD=one_kernel; after FlashAttention-2's a
     the dK dV kernel also multiplies its ds by its k, and each query tile's dq takes the key
     blocks' shares in a fixed order (the diagonal block first, key block 0 last, a counter per
     tile in memory), so no atomic adds and the same bits on every run: 5 products a tile, not 7.
+v8: v6 on Hopper's asynchronous machinery (llmc/cuda/flash_hopper_backward.cuh; sm_90a, head size
+    64; FlashAttention-3 section 3.3): a block of 3 warpgroups, one producer warp that loads by TMA
+    (k and v of the block once; then each query tile's q and dout into a 2-slot ring with full and
+    empty mbarriers, the tile's lse and D copied by its lanes) and two consumer warpgroups
+    (setmaxnreg: 24 registers for the producer, 240 for them) whose s^T = k q^T and dp^T = v dout^T
+    read both operands from shared memory (wgmma_m64n64k16_ss); p^T, ds^T in registers as A of
+    dv and dk. dQ by a second kernel on the same ring (the block's q and dout once, key tiles
+    streamed), not by ordered accumulation: no turns between blocks, the same bits on every run
+    (the header says why). Under the emulator v8 gives v6's bits (the same products in the same
+    order), checked there, reported on a GPU; a second run gives the first's bits.
+The emulator runs each version once (plus a second run for v7 and v8's determinism): its times
+mean nothing, so only a GPU times them.
 */
 #include "common.h"
 namespace cpu {
 #include "llmc/cpu/attention.h"
 }
 #include "llmc/cuda/attention.cuh"
+#include "llmc/cuda/flash_hopper_backward.cuh"
 #include "flash_wmma.cuh"
+
+// The emulator's times mean nothing, and each timing loop would cost two more runs of a kernel
+// there (the program must stay under a minute an order): only a GPU times and reports
+#ifdef CUDA_EMU
+#define TIME_AND_REPORT(name, repeat, flops, launch) do {} while (0)
+#else
+#define TIME_AND_REPORT(name, repeat, flops, launch) do { \
+    float ms_; TIME_KERNEL(ms_, repeat, launch); report(name, ms_, 0, flops); } while (0)
+#endif
 
 // Backward, without atomics. With dp[t][t2] = dout_t . v_t2 and D_t = sum_t2 att[t][t2] dp[t][t2],
 // the score gradient is ds = att (dp - D_t) / sqrt(hs), kept in a (B, NH, T, T) scratch.
@@ -252,6 +274,20 @@ static void attention_backward_flash_one_kernel(floatX* dqkv, const floatX* dout
 }
 #endif
 
+// run a backward again (its output still in d_dqkv from the run before): returns 1 when it gives
+// the same bits as that run. (first, second: host buffers of n floatX)
+#define same_bits_again(name, first, second, d_dqkv, n, launch) \
+    same_bits_check(name, first, second, d_dqkv, n, [&]() { launch; })
+template <typename F>
+static int same_bits_check(const char* name, floatX* first, floatX* second, const floatX* d_dqkv, size_t n, F launch) {
+    cudaCheck(cudaMemcpy(first, d_dqkv, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    launch();
+    cudaCheck(cudaMemcpy(second, d_dqkv, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    int same = memcmp(first, second, n * sizeof(floatX)) == 0;
+    printf("  %s: a second run gives %s as the first\n", name, same ? "the same bits" : "OTHER bits (FAIL)");
+    return same;
+}
+
 // every variant at one shape; returns 1 when all validate
 static int check(int B, int T, int C, int NH) {
     float* qkv = random_floats((size_t)B * T * 3 * C, 1.0f);
@@ -269,8 +305,9 @@ static int check(int B, int T, int C, int NH) {
     floatX* d_att = (floatX*)device_malloc((size_t)B * NH * T * T * sizeof(floatX));
     floatX* d_dqkv = (floatX*)device_malloc((size_t)B * T * 3 * C * sizeof(floatX));
     attention_forward_cublas(d_out, d_att, d_qkv, B, T, C, NH);
-    double flops = 8.0 * B * NH * (double)T * T / 2 * (C / NH);
-    float tol = FLOATX_IS_FLOAT ? 1e-4f : 5e-2f, ms;  // bf16: att itself is rounded to 8 bits
+    double flops = 8.0 * B * NH * (double)T * T / 2 * (C / NH);  // (the emulator reports no times)
+    (void)flops;
+    float tol = FLOATX_IS_FLOAT ? 1e-4f : 5e-2f;  // bf16: att itself is rounded to 8 bits
     int ok = 1;
     printf("attention_backward B=%d T=%d C=%d NH=%d (%s)\n", B, T, C, NH, PRECISION_NAME);
 
@@ -280,22 +317,20 @@ static int check(int B, int T, int C, int NH) {
     attention_backward_v1_keys<<<ceil_div(rows, 8), 256>>>(d_dqkv, d_dscores, d_dout, d_qkv, d_att, B, T, C, NH);
     cudaCheckLaunch();
     ok &= validate("v1 dqkv", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
-    TIME_KERNEL(ms, 3, (attention_backward_v1_queries<<<ceil_div(rows, 8), 256>>>(d_dqkv, d_dscores, d_dout, d_qkv, d_att, B, T, C, NH),
-                        attention_backward_v1_keys<<<ceil_div(rows, 8), 256>>>(d_dqkv, d_dscores, d_dout, d_qkv, d_att, B, T, C, NH)));
-    report("v1 two passes", ms, 0, flops);
+    TIME_AND_REPORT("v1 two passes", 3, flops,
+                    (attention_backward_v1_queries<<<ceil_div(rows, 8), 256>>>(d_dqkv, d_dscores, d_dout, d_qkv, d_att, B, T, C, NH),
+                     attention_backward_v1_keys<<<ceil_div(rows, 8), 256>>>(d_dqkv, d_dscores, d_dout, d_qkv, d_att, B, T, C, NH)));
 
     attention_backward_cublas(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH);
     ok &= validate("v2 dqkv", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
-    TIME_KERNEL(ms, 10, attention_backward_cublas(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH));
-    report("v2 cuBLAS batched", ms, 0, flops);
+    TIME_AND_REPORT("v2 cuBLAS batched", 10, flops, attention_backward_cublas(d_dqkv, d_dout, d_qkv, d_att, B, T, C, NH));
 
     float* d_lse = (float*)device_malloc(rows * sizeof(float));
     float* d_D = (float*)device_malloc(rows * sizeof(float));
     device_memset_zero(d_dqkv, (size_t)B * T * 3 * C * sizeof(floatX));
     attention_backward_v3(d_dqkv, d_lse, d_D, d_dout, d_qkv, d_out, B, T, C, NH);
     ok &= validate("v3 dqkv (flash)", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
-    TIME_KERNEL(ms, 3, attention_backward_v3(d_dqkv, d_lse, d_D, d_dout, d_qkv, d_out, B, T, C, NH));
-    report("v3 flash-style", ms, 0, flops);
+    TIME_AND_REPORT("v3 flash-style", 3, flops, attention_backward_v3(d_dqkv, d_lse, d_D, d_dout, d_qkv, d_out, B, T, C, NH));
 
 #if FLOATX_IS_FLOAT
     printf("  v4, v5 flash           bf16 builds only\n");
@@ -304,15 +339,13 @@ static int check(int B, int T, int C, int NH) {
     device_memset_zero(d_dqkv, (size_t)B * T * 3 * C * sizeof(floatX));
     attention_backward_flash_wmma(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
     ok &= validate("v4 dqkv (flash WMMA)", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
-    TIME_KERNEL(ms, 10, attention_backward_flash_wmma(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
-    report("v4 flash (WMMA)", ms, 0, flops);
+    TIME_AND_REPORT("v4 flash (WMMA)", 10, flops, attention_backward_flash_wmma(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
 
     attention_forward_flash(d_out, d_lse, d_qkv, B, T, C, NH);
     device_memset_zero(d_dqkv, (size_t)B * T * 3 * C * sizeof(floatX));
     attention_backward_flash(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
     ok &= validate("v5 dqkv (flash mma)", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
-    TIME_KERNEL(ms, 10, attention_backward_flash(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
-    report("v5 flash (mma.sync)", ms, 0, flops);
+    TIME_AND_REPORT("v5 flash (mma.sync)", 10, flops, attention_backward_flash(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
     // v7: the same products and roundings as v5, dq's sums in another order (over the key blocks,
     // 64 keys a share), so within a bf16 rounding or two of v5, much closer than to the CPU: a
     // share lost or added twice (a handover out of order on a GPU) moves dq by far more. dk and dv
@@ -336,27 +369,44 @@ static int check(int B, int T, int C, int NH) {
     ok &= dkdv_same;  // (g++ contracts both kernels' products alike; nvcc may not, so on a GPU it is reported)
 #endif
     free(v5), free(v7);
-    cudaCheck(cudaMemcpy(first, d_dqkv, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    TIME_KERNEL(ms, 10, attention_backward_flash_one_kernel(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
-    report("v7 flash (one kernel)", ms, 0, flops);
-    cudaCheck(cudaMemcpy(second, d_dqkv, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    int same = memcmp(first, second, n * sizeof(floatX)) == 0;
-    printf("  v7: the timing loop's last run gives %s as the first\n", same ? "the same bits" : "OTHER bits (FAIL)");
-    ok &= same;
-    free(first), free(second);
+    ok &= same_bits_again("v7", first, second, d_dqkv, n,
+                          attention_backward_flash_one_kernel(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
+    TIME_AND_REPORT("v7 flash (one kernel)", 10, flops,
+                    attention_backward_flash_one_kernel(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
 #if defined(LLMC_WGMMA)
     if (C / NH == 64) {
         device_memset_zero(d_dqkv, (size_t)B * T * 3 * C * sizeof(floatX));
         attention_backward_flash_wgmma(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
         ok &= validate("v6 dqkv (flash wgmma)", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
-        TIME_KERNEL(ms, 10, attention_backward_flash_wgmma(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
-        report("v6 flash (wgmma)", ms, 0, flops);
+        TIME_AND_REPORT("v6 flash (wgmma)", 10, flops, attention_backward_flash_wgmma(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
+        // v8: v6's products, roundings and order (s^T, dp^T, dv, dk; s, dp, dq), with k, v (or q,
+        // dout) read by the tensor cores from shared memory instead of registers: under the
+        // emulator the same bits as v6, a stronger check than the CPU's tolerance (a tile from the
+        // wrong slot or phase, or lse and D of another tile, moves them); on a GPU reported
+        float* v6 = (float*)malloc_check(n * sizeof(float));
+        copy_device_to_floats(v6, d_dqkv, n);
+        device_memset_zero(d_dqkv, n * sizeof(floatX));
+        attention_backward_flash_hopper(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+        ok &= validate("v8 dqkv (TMA, warp-specialized)", d_dqkv, dqkv, n, tol);
+        float* v8 = (float*)malloc_check(n * sizeof(float));
+        copy_device_to_floats(v8, d_dqkv, n);
+        int same_as_v6 = !memcmp(v6, v8, n * sizeof(float));
+        printf("  v8: dqkv %s v6's bits\n", same_as_v6 ? "has" : "differs from");
+#ifdef CUDA_EMU
+        ok &= same_as_v6;
+#endif
+        free(v6), free(v8);
+        ok &= same_bits_again("v8", first, second, d_dqkv, n,
+                              attention_backward_flash_hopper(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
+        TIME_AND_REPORT("v8 flash (TMA, warp-specialized)", 10, flops,
+                        attention_backward_flash_hopper(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
     } else {
-        printf("  v6 flash (wgmma)       head size 64 only\n");
+        printf("  v6, v8 flash (Hopper)  head size 64 only\n");
     }
 #else
-    printf("  v6 flash (wgmma)       sm_90a builds only (make GPU_COMPUTE_CAPABILITY=90)\n");
+    printf("  v6, v8 flash (Hopper)  sm_90a builds only (make GPU_COMPUTE_CAPABILITY=90)\n");
 #endif
+    free(first), free(second);
 #endif
     return ok;
 }
