@@ -322,6 +322,16 @@ static inline int dualpipev_stage_actions(PipeSpec s, int r, PipeAction* out) {
 static inline double pipeline_play_lists(PipeSpec s, const PipeAction* actions, const double* seconds,
                                          double send_seconds, double* start, double* end);
 
+// Is a stage's action k (of its list of n) the forward of an F&B pair? A group that opens with a
+// forward and joins to it a backward of another micro-batch or chunk: DualPipeV's F&B pairs and
+// interleaved's steady state. (Interleaved's last stage joins a forward with its own micro-batch's
+// backward, which needs the forward's loss: not a pair.) The grid trainer's -pp_overlap steps a
+// pair's two passes in turn (pipeline_walk.h); the step-time model prices what that hides.
+static inline int pipeline_fb_pair(const PipeAction* list, int k, int n) {
+    return k + 1 < n && (k == 0 || !list[k].joins) && list[k].op == PIPE_FORWARD && list[k + 1].op == PIPE_BACKWARD &&
+           list[k + 1].joins && (list[k].micro != list[k + 1].micro || list[k].chunk != list[k + 1].chunk);
+}
+
 // A V schedule's stage: its order (above) with each send timed (sends_later; the header comment
 // says why). Every stage's list is played with unit times; a message is posted on the receiving
 // stage at the exchange before the group that uses it, at time t, and on the sending stage at its
@@ -488,9 +498,10 @@ static inline double* pipeline_done_slot(PipeSpec s, double* done, int st, PipeA
     return &done[((st * 3 + a.op) * s.m + a.micro) * s.V + a.chunk];
 }
 
-// ... the lists given (p of n actions each in `actions`)
-static inline double pipeline_play_lists(PipeSpec s, const PipeAction* actions, const double* seconds,
-                                         double send_seconds, double* start, double* end) {
+// ... the lists given (p of n actions each in `actions`). paired (p, or NULL): the seconds stage
+// s's F&B pairs take off their backward (pipeline_fb_pair; the step-time model's MoE overlap)
+static inline double pipeline_play_paired(PipeSpec s, const PipeAction* actions, const double* seconds,
+                                          const double* paired, double send_seconds, double* start, double* end) {
     int n = pipeline_actions_per_stage(s), per_op = s.m * s.V;  // per op: each (micro, chunk)
     // when each (stage, op, micro, chunk) ended; -1: not yet
     double* done = (double*)malloc_check((size_t)s.p * 3 * per_op * sizeof(double));
@@ -509,6 +520,7 @@ static inline double pipeline_play_lists(PipeSpec s, const PipeAction* actions, 
             int k = st * n + next[st];
             start[k] = ready > free_at[st] ? ready : free_at[st];
             end[k] = start[k] + seconds[st * 3 + a.op];
+            if (paired && next[st] > 0 && pipeline_fb_pair(actions + (size_t)st * n, next[st] - 1, n)) end[k] -= paired[st];
             *pipeline_done_slot(s, done, st, a) = end[k];
             free_at[st] = end[k];
             length = end[k] > length ? end[k] : length;
@@ -522,6 +534,11 @@ static inline double pipeline_play_lists(PipeSpec s, const PipeAction* actions, 
     free(next);
     free(free_at);
     return length;
+}
+
+static inline double pipeline_play_lists(PipeSpec s, const PipeAction* actions, const double* seconds,
+                                         double send_seconds, double* start, double* end) {
+    return pipeline_play_paired(s, actions, seconds, NULL, send_seconds, start, end);
 }
 
 // The play when the stages share one machine's cores (ranks on a CPU): an action's duration

@@ -291,9 +291,7 @@ static inline void pipeline_walk(Walk* w, const PipeAction* actions, int n) {
         // the MoE overlap (the header comment): a group that opens with an F&B pair of two
         // micro-batches, its forward and backward stepped in turn. (On interleaved's last stage a
         // group joins a forward and its own backward, which needs the forward's loss: not a pair.)
-        int pair = w->overlap_pairs && st->moe && !w->forward_only && end - k >= 2 && actions[k].op == PIPE_FORWARD &&
-                   actions[k + 1].op == PIPE_BACKWARD &&
-                   (actions[k].micro != actions[k + 1].micro || actions[k].chunk != actions[k + 1].chunk);
+        int pair = w->overlap_pairs && st->moe && !w->forward_only && pipeline_fb_pair(actions, k, end);
         for (int j = k; j < end; j++) {  // compute: the group's actions, each on its slot
             PipeAction a = actions[j];
             ChunkPass pass = walk_begin(w, actions, j, grad_index, split);

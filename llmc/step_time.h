@@ -21,7 +21,10 @@
 //      included; a message between stages takes the send's time (on a GPU the receiver waits
 //      for it where it must; on a CPU the sender's core copies it: time_stage); pipeline_play
 //      runs every stage's list with those durations and returns the schedule's length, and what
-//      the messages add to it, played again without them, is their exposed part;
+//      the messages add to it, played again without them, is their exposed part; with the grid
+//      trainer's -pp_overlap 1 and ep > 1 on a GPU, each F&B pair's MoE all-to-alls hide behind
+//      the other micro-batch's compute (time_pair_hidden) and the pair's backward ends that much
+//      sooner (pipeline_play_paired);
 //   4. the step: the schedule, then the once-a-step work of the slowest stage (the gradients'
 //      reduction over dp, the tied embedding's, the norm, AdamW);
 //   5. ranks that share a CPU (a cpu profile; a GPU is a rank's own): while n ranks compute at once
@@ -459,6 +462,7 @@ static inline void time_hide_pooled(const StepKernel* rows, double* seconds, int
 typedef struct {
     double action[3];  // F, B, W of one chunk and micro-batch
     double sent[3];    // of action[], the pipeline messages it sends (a CPU's; 0 on a GPU)
+    double a2a[3];     // of action[], the MoE all-to-alls of rows it waits for (ep > 1)
     double send;       // one pipeline message, as long as the receiver may wait for it (0 on a CPU)
     double sends;      // the stage's pipeline messages a step, each whole ...
     double sends_on[TIME_LINKS];  // ... and their seconds on each link
@@ -526,6 +530,7 @@ static inline StageTime time_stage(const DeviceProfile* p, GPT2Config c, const S
         int op = ph == STEP_PHASE_FORWARD ? PIPE_FORWARD : ph == STEP_PHASE_BACKWARD_INPUT ? PIPE_BACKWARD : PIPE_WEIGHT;
         st.action[op] += seconds[i] / ((double)m * V);
         if (rows[i].engine == STEP_LINK && strcmp(rows[i].comm, "pp") == 0) st.sent[op] += seconds[i] / ((double)m * V);
+        if (rows[i].engine == STEP_LINK && strcmp(rows[i].comm, "ep") == 0) st.a2a[op] += seconds[i] / ((double)m * V);
     }
     return st;
 }
@@ -543,9 +548,27 @@ typedef struct {
     double send, sends, sends_on[TIME_LINKS], once;
 } StagesTime;
 
+// DualPipe's main overlap (DeepSeek-V3, arXiv:2412.19437, section 3.2.1; the grid trainer's
+// -pp_overlap 1 with experts, llmc/pipeline_walk.h): in an F&B pair the forward and the backward
+// (its input half B, the weight half when joined to it) of two micro-batches step in turn, each
+// all-to-all of rows one posts moving while the other computes. So the forward's all-to-alls
+// (a2a_F) hide behind the backward's compute (B - a2a_B) and the backward's behind the
+// forward's, each as far as that compute lasts:
+//   hidden = min(a2a_F, B - a2a_B) + min(a2a_B, F - a2a_F)
+// seconds a pair saves. An upper bound: in the trainer each all-to-all moves under one step of
+// the other pass (up to that pass's next all-to-all), not under all of its compute. The play
+// also keeps the forward's output leaving at the forward's end, where the trainer's forward ends
+// a step of the backward later. On a CPU nothing hides (time_stage): MPI moves the rows inside
+// the rank's calls, on its own core.
+static inline double time_pair_hidden(const StageTime* st, int split) {
+    double forward = st->action[PIPE_FORWARD], backward = st->action[PIPE_BACKWARD] + (split ? 0.0 : st->action[PIPE_WEIGHT]);
+    double under_backward = backward - st->a2a[PIPE_BACKWARD], under_forward = forward - st->a2a[PIPE_FORWARD];
+    return fmin(st->a2a[PIPE_FORWARD], under_backward) + fmin(st->a2a[PIPE_BACKWARD], under_forward);
+}
+
 static inline StagesTime time_stages(const DeviceProfile* p, GPT2Config c, const RunLayout* r, StepOptions opt,
                                      int gpus_per_node, int split, TimeShare during, TimeShare once, double* seconds,
-                                     double* silent, StepTime* t) {
+                                     double* silent, double* paired, StepTime* t) {
     GridShape g = {r->dp, r->pp, layout_cp(r), r->tp, layout_ep(r)};
     int S = g.dp * g.cp * g.tp, pp = r->pp > 1 ? r->pp : 1;
     StagesTime all;
@@ -559,6 +582,8 @@ static inline StagesTime time_stages(const DeviceProfile* p, GPT2Config c, const
         silent[s * 3 + PIPE_FORWARD] = seconds[s * 3 + PIPE_FORWARD] - st.sent[PIPE_FORWARD];
         silent[s * 3 + PIPE_BACKWARD] = seconds[s * 3 + PIPE_BACKWARD] - st.sent[PIPE_BACKWARD];
         silent[s * 3 + PIPE_WEIGHT] = seconds[s * 3 + PIPE_WEIGHT];
+        // (the F&B pairs' MoE overlap: the grid trainer's -pp_overlap with ep > 1, on a GPU)
+        paired[s] = r->pp_overlap && layout_ep(r) > 1 && p->kind != DEVICE_CPU ? time_pair_hidden(&st, split) : 0.0;
         all.send = st.send > all.send ? st.send : all.send;
         all.sends += st.sends;
         for (int k = 0; k < TIME_LINKS; k++) all.sends_on[k] += st.sends_on[k];
@@ -607,21 +632,22 @@ static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLa
     int split = pipeline_splits_backward(spec), n = pipeline_actions_per_stage(spec);
     double* seconds = (double*)malloc_check((size_t)levels * pp * 6 * sizeof(double));
     double* silent = seconds + levels * pp * 3;  // (the same actions without the messages they send: a CPU's)
+    double* paired = (double*)malloc_check((size_t)levels * pp * sizeof(double));  // (a pair's MoE overlap)
     StagesTime all;
     memset(t, 0, sizeof(*t));
     for (int k = 0; k < levels; k++) {  // (on a GPU, one level: stage 0's parts priced with it)
         TimeShare at = host ? time_share_of_stages(p, k + 1, host) : during;
         all = time_stages(p, c, r, opt, gpus_per_node, split, at, once, seconds + k * pp * 3, silent + k * pp * 3,
-                          host ? NULL : t);
+                          paired + k * pp, host ? NULL : t);
     }
     PipeAction* actions = (PipeAction*)malloc_check((size_t)pp * n * sizeof(PipeAction));
     double* start = (double*)malloc_check((size_t)pp * n * 2 * sizeof(double));
     double* end = start + pp * n;
     for (int s = 0; s < pp; s++) pipeline_stage_actions(spec, s, actions + (size_t)s * n);
     double schedule = host ? pipeline_play_shared(spec, actions, seconds, all.send, start, end)
-                             : pipeline_play_lists(spec, actions, seconds, all.send, start, end);
+                             : pipeline_play_paired(spec, actions, seconds, paired, all.send, start, end);
     double free_schedule = host ? pipeline_play_shared(spec, actions, silent, 0.0, start, end)
-                           : all.sends > 0.0 ? pipeline_play_lists(spec, actions, silent, 0.0, start, end)
+                           : all.sends > 0.0 ? pipeline_play_paired(spec, actions, silent, paired, 0.0, start, end)
                                              : schedule;
     // stage 0's busy time in the play without messages: what is left of that play is the bubble
     double stage0 = 0.0;
@@ -640,8 +666,15 @@ static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLa
             }
         }
         all = time_stages(p, c, r, opt, gpus_per_node, split, time_share_of_stages(p, fewer, host), once, seconds, silent,
-                          t);
+                          paired, t);
     }
+    // stage 0's MoE all-to-alls that its F&B pairs hid are no longer exposed (its busy time in
+    // the play already lacks them, so the parts still add up to the schedule)
+    int ep_group = time_group_index("ep"), pairs = 0;
+    for (int k = 0; k < n; k++) pairs += pipeline_fb_pair(actions, k, n);
+    double exposed_ep = t->comm_exposed[ep_group], hidden = pairs * paired[0];
+    for (int k = 0; k < TIME_LINKS && hidden > 0.0; k++) t->comm_exposed_link[ep_group][k] *= 1.0 - hidden / exposed_ep;
+    t->comm_exposed[ep_group] -= hidden;
     t->schedule = schedule;
     t->once = all.once;
     t->bubble = free_schedule - stage0;
@@ -652,6 +685,7 @@ static inline double time_play(const DeviceProfile* p, GPT2Config c, const RunLa
         t->comm_exposed_link[pp_group][k] = t->comm_exposed[pp_group] * all.sends_on[k] / all.sends;
     }
     free(seconds);
+    free(paired);
     free(actions);
     free(start);
     return schedule;
