@@ -184,7 +184,45 @@ flash_hopper_forward_tma_kernel(floatX* out, float* lse, const __grid_constant__
     flash_forward_finish<64>(out, lse, r.o, r.m, r.l, k.b, k.h, r.row0, T, C, NH);
 }
 
-#define FLASH_HOPPER_FORWARD_VERSIONS 1  // v8 .. v8 + this - 1
+// v9-v11's block: warpgroup 0 the producer, 1 and 2 the consumers. The producer gives back all
+// but FLASH_HOPPER_PRODUCER_REGS registers a thread (one of its threads issues the loads, the
+// others leave at once) and the consumers take them (FlashAttention-3's split); the
+// kernel's own register count (ptxas -v) is what every warp starts with
+__device__ inline bool flash_hopper_producer(FlashHopperTiles& tiles, const CUtensorMap* map, uint64_t* full,
+                                             uint64_t* empty, uint64_t* q_full, const FlashHopperBlock& k, int T, int C) {
+    if (threadIdx.x >= 128) {
+        setmaxnreg_inc<FLASH_HOPPER_CONSUMER_REGS>();
+        return false;
+    }
+    setmaxnreg_dec<FLASH_HOPPER_PRODUCER_REGS>();
+    if (threadIdx.x == 0) flash_hopper_produce(tiles, map, full, empty, q_full, k, T, C);
+    return true;
+}
+
+// v9: warp-specialized. The producer runs ahead as far as the ring lets it; a consumer warpgroup
+// waits only for the tiles (not for the other warpgroup, as v8's loading thread did)
+__global__ void __launch_bounds__(384, 1)
+flash_hopper_forward_ws_kernel(floatX* out, float* lse, const __grid_constant__ CUtensorMap map, int T, int C, int NH) {
+    extern __shared__ __align__(128) unsigned char flash_hopper_shared[];
+    FlashHopperTiles& tiles = *(FlashHopperTiles*)flash_hopper_shared;
+    __shared__ __align__(8) uint64_t full[FLASH_HOPPER_STAGES], empty[FLASH_HOPPER_STAGES], q_full;
+    FlashHopperBlock k = flash_hopper_block(T, NH);
+    float scale_log2 = 0.125f * FLASH_LOG2E;
+    flash_hopper_init(full, empty, &q_full, 256);
+    if (flash_hopper_producer(tiles, &map, full, empty, &q_full, k, T, C)) return;
+    FlashHopperRows r;
+    flash_hopper_rows_init(r, threadIdx.x / 128 - 1, k);
+    mbarrier_wait(&q_full, 0);
+    for (int t = 0; t < k.tiles; t++) {
+        int slot = t % FLASH_HOPPER_STAGES;
+        mbarrier_wait(&full[slot], (t / FLASH_HOPPER_STAGES) & 1);
+        if (flash_hopper_sees(r, t, T)) flash_hopper_tile(r, tiles, slot, t, T, scale_log2);
+        mbarrier_arrive(&empty[slot]);
+    }
+    flash_forward_finish<64>(out, lse, r.o, r.m, r.l, k.b, k.h, r.row0, T, C, NH);
+}
+
+#define FLASH_HOPPER_FORWARD_VERSIONS 2  // v8 .. v8 + this - 1
 
 // the launch of rung `version` (8 ..): out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C), head
 // size 64 (C = 64 NH). The tensor map over qkv is made on the host once for each buffer and shape.
@@ -206,6 +244,9 @@ static inline void flash_hopper_forward(int version, floatX* out, float* lse, co
     if (v == 0) {
         if (!allowed[v]) cudaCheck(cudaFuncSetAttribute(flash_hopper_forward_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
         flash_hopper_forward_tma_kernel<<<grid, 256, bytes>>>(out, lse, map, T, C, NH);
+    } else if (v == 1) {
+        if (!allowed[v]) cudaCheck(cudaFuncSetAttribute(flash_hopper_forward_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        flash_hopper_forward_ws_kernel<<<grid, 384, bytes>>>(out, lse, map, T, C, NH);
     } else {
         fprintf(stderr, "flash_hopper_forward: no version %d\n", version);
         exit(1);
