@@ -46,6 +46,11 @@ v9: warp specialization: warpgroup 0 only loads (one thread issues the TMA copie
     warpgroups 1 and 2 only compute (setmaxnreg 232), 64 queries each: a consumer waits for tiles,
     never for the other consumer. 384 threads; ptxas reports 168 registers (the cap of 65,536 / 384,
     which a kernel with setmaxnreg is compiled at), 128 B static + 80 KB dynamic.
+v10: pingpong: the two consumer warpgroups take turns at the tensor cores, ordered by two named
+    barriers (one waits with bar.sync, the other lets it go with bar.arrive once its own products
+    are issued); a turn issues the p v of the warpgroup's previous tile and the q k^T of this one,
+    so one warpgroup's softmax runs while the other's products do. 168 registers (the cap), 16
+    named barriers reserved (their ids are run-time values), 128 B static + 80 KB dynamic.
 Roofline of the flash forwards at the GPU shape (B=4, T=1024, C=768, NH=12, causal): 4 B NH T^2 HS / 2
 = 6.4 GFLOP of products (6.5 us at the H200's 989 TFLOP/s of dense bf16), and at least 3 B T C + B T C
 bf16 (q, k, v read, out written) plus B NH T lse floats = 25 MB (5.3 us at 4.8 TB/s); and one exp2
@@ -289,11 +294,13 @@ static int check(int B, int T, int C, int NH, int spikes = 0) {
                           T, C, NH, flops);
         ok &= check_flash("v9 warp-specialized", attention_forward_flash_hopper_rung<9>, d_out, d_lse, d_qkv, out, lse, B,
                           T, C, NH, flops);
+        ok &= check_flash("v10 pingpong", attention_forward_flash_hopper_rung<10>, d_out, d_lse, d_qkv, out, lse, B, T, C,
+                          NH, flops);
     } else {
-        printf("  v7-v9 flash, wgmma     head size 64 only\n");
+        printf("  v7-v10 flash, wgmma    head size 64 only\n");
     }
 #else
-    printf("  v7-v9 flash, wgmma     sm_90a builds only (make GPU_COMPUTE_CAPABILITY=90)\n");
+    printf("  v7-v10 flash, wgmma    sm_90a builds only (make GPU_COMPUTE_CAPABILITY=90)\n");
 #endif
     free(lse);
 #endif

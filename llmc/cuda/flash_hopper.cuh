@@ -222,7 +222,65 @@ flash_hopper_forward_ws_kernel(floatX* out, float* lse, const __grid_constant__ 
     flash_forward_finish<64>(out, lse, r.o, r.m, r.l, k.b, k.h, r.row0, T, C, NH);
 }
 
-#define FLASH_HOPPER_FORWARD_VERSIONS 2  // v8 .. v8 + this - 1
+// v10: pingpong (FlashAttention-3 section 3.1). The two consumer warpgroups take turns at the
+// tensor cores: warpgroup w waits on named barrier 1 + w before it issues its products and, once
+// they are issued, lets the other go (bar.arrive on barrier 2 - w; 256 threads a barrier: the
+// warpgroup waiting and the one arriving). A turn issues the p v of the warpgroup's previous tile
+// and the q k^T of this one, so that its softmax (next) runs while the other warpgroup's products
+// do. Warpgroup 1 arrives once before its first turn (warpgroup 0 goes first) and not after its
+// last, so every arrival has its wait. Both take tiles + 1 turns (the last only finishes p v),
+// products or not: a turn skipped would leave the other waiting. A slot is released once its v
+// has been read, a turn later than v9. Each group of products sits whole (fence to commit) in its
+// own branch: with one fence and one commit around two conditional products, ptxas serialized
+// every wgmma ("wgmma.mma_async instructions are serialized due to ... WG.AR in divergent path").
+__global__ void __launch_bounds__(384, 1)
+flash_hopper_forward_pingpong_kernel(floatX* out, float* lse, const __grid_constant__ CUtensorMap map, int T, int C, int NH) {
+    extern __shared__ __align__(128) unsigned char flash_hopper_shared[];
+    FlashHopperTiles& tiles = *(FlashHopperTiles*)flash_hopper_shared;
+    __shared__ __align__(8) uint64_t full[FLASH_HOPPER_STAGES], empty[FLASH_HOPPER_STAGES], q_full;
+    FlashHopperBlock k = flash_hopper_block(T, NH);
+    float scale_log2 = 0.125f * FLASH_LOG2E;
+    flash_hopper_init(full, empty, &q_full, 256);
+    if (flash_hopper_producer(tiles, &map, full, empty, &q_full, k, T, C)) return;
+    FlashHopperRows r;
+    flash_hopper_rows_init(r, threadIdx.x / 128 - 1, k);
+    int w = r.w, pending = -1;  // pending: the slot whose p v is still to be done (-1: none)
+    uint32_t p[4][4];
+    if (w == 1) named_barrier_arrive(1, 256);  // the first turn is warpgroup 0's
+    mbarrier_wait(&q_full, 0);
+    for (int t = 0; t <= k.tiles; t++) {
+        int slot = t % FLASH_HOPPER_STAGES;
+        bool scores = t < k.tiles && flash_hopper_sees(r, t, T);
+        if (t < k.tiles) mbarrier_wait(&full[slot], (t / FLASH_HOPPER_STAGES) & 1);
+        float s[8][4];
+        named_barrier_sync(1 + w, 256);  // this warpgroup's turn
+        if (pending >= 0) {
+            wgmma_fence();
+            flash_wg_p_x(r.o, p, tiles.kv[pending][1]);
+            wgmma_commit();
+        }
+        if (scores) {
+            wgmma_fence();
+            flash_hopper_qk(s, tiles.q[w], tiles.kv[slot][0]);
+            wgmma_commit();
+        }
+        if (w == 0 || t < k.tiles) named_barrier_arrive(2 - w, 256);  // the other's turn
+        wgmma_wait<0>();
+        wgmma_pin(&r.o[0][0], 32);
+        if (pending >= 0) mbarrier_arrive(&empty[pending]);             // its v has been read
+        if (t < k.tiles && !scores) mbarrier_arrive(&empty[slot]);      // a tile this warpgroup does not see
+        pending = scores ? slot : -1;
+        if (scores) {
+            wgmma_pin(&s[0][0], 32);
+            flash_online_softmax<64>(s, r.m, r.l, r.o, r.row0, t * FLASH_TILE, T, scale_log2);
+            flash_scores_to_a(p, s);
+            wgmma_pin(&r.o[0][0], 32);  // the rescale's writes of o before the next turn's fence
+        }
+    }
+    flash_forward_finish<64>(out, lse, r.o, r.m, r.l, k.b, k.h, r.row0, T, C, NH);
+}
+
+#define FLASH_HOPPER_FORWARD_VERSIONS 3  // v8 .. v8 + this - 1
 
 // the launch of rung `version` (8 ..): out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C), head
 // size 64 (C = 64 NH). The tensor map over qkv is made on the host once for each buffer and shape.
@@ -247,6 +305,9 @@ static inline void flash_hopper_forward(int version, floatX* out, float* lse, co
     } else if (v == 1) {
         if (!allowed[v]) cudaCheck(cudaFuncSetAttribute(flash_hopper_forward_ws_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
         flash_hopper_forward_ws_kernel<<<grid, 384, bytes>>>(out, lse, map, T, C, NH);
+    } else if (v == 2) {
+        if (!allowed[v]) cudaCheck(cudaFuncSetAttribute(flash_hopper_forward_pingpong_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        flash_hopper_forward_pingpong_kernel<<<grid, 384, bytes>>>(out, lse, map, T, C, NH);
     } else {
         fprintf(stderr, "flash_hopper_forward: no version %d\n", version);
         exit(1);
