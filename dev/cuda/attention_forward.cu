@@ -51,6 +51,12 @@ v10: pingpong: the two consumer warpgroups take turns at the tensor cores, order
     are issued); a turn issues the p v of the warpgroup's previous tile and the q k^T of this one,
     so one warpgroup's softmax runs while the other's products do. 168 registers (the cap), 16
     named barriers reserved (their ids are run-time values), 128 B static + 80 KB dynamic.
+v11: pingpong and, inside a warpgroup, the softmax under the product before it (FlashAttention-3
+    section 3.2): a turn issues tile t's q k^T and tile t-1's p v as two commit groups, waits for
+    the first only (wgmma_wait<1>) and runs tile t's softmax while the p v runs; o's rescale and
+    p's rounding wait for it. 168 registers (the cap), 16 named barriers, 128 B static + 80 KB
+    dynamic. (ptxas serialized the products of the first drafts: llmc/cuda/flash_hopper.cuh says
+    why.) attention_forward_flash_hopper launches v11.
 Roofline of the flash forwards at the GPU shape (B=4, T=1024, C=768, NH=12, causal): 4 B NH T^2 HS / 2
 = 6.4 GFLOP of products (6.5 us at the H200's 989 TFLOP/s of dense bf16), and at least 3 B T C + B T C
 bf16 (q, k, v read, out written) plus B NH T lse floats = 25 MB (5.3 us at 4.8 TB/s); and one exp2
@@ -296,11 +302,13 @@ static int check(int B, int T, int C, int NH, int spikes = 0) {
                           T, C, NH, flops);
         ok &= check_flash("v10 pingpong", attention_forward_flash_hopper_rung<10>, d_out, d_lse, d_qkv, out, lse, B, T, C,
                           NH, flops);
+        ok &= check_flash("v11 pingpong + overlap", attention_forward_flash_hopper_rung<11>, d_out, d_lse, d_qkv, out, lse,
+                          B, T, C, NH, flops);
     } else {
-        printf("  v7-v10 flash, wgmma    head size 64 only\n");
+        printf("  v7-v11 flash, wgmma    head size 64 only\n");
     }
 #else
-    printf("  v7-v10 flash, wgmma    sm_90a builds only (make GPU_COMPUTE_CAPABILITY=90)\n");
+    printf("  v7-v11 flash, wgmma    sm_90a builds only (make GPU_COMPUTE_CAPABILITY=90)\n");
 #endif
     free(lse);
 #endif

@@ -280,7 +280,94 @@ flash_hopper_forward_pingpong_kernel(floatX* out, float* lse, const __grid_const
     flash_forward_finish<64>(out, lse, r.o, r.m, r.l, k.b, k.h, r.row0, T, C, NH);
 }
 
-#define FLASH_HOPPER_FORWARD_VERSIONS 3  // v8 .. v8 + this - 1
+// v11's two groups of products, each whole in one branch (as v10's)
+__device__ inline void flash_hopper_issue_qk(float (*s)[4], const floatX* q, const floatX* k) {
+    wgmma_fence();
+    flash_hopper_qk(s, q, k);
+    wgmma_commit();
+}
+__device__ inline void flash_hopper_issue_pv(float (*o)[4], const uint32_t (*p)[4], const floatX* v) {
+    wgmma_fence();
+    flash_wg_p_x(o, p, v);
+    wgmma_commit();
+}
+
+// o's rows g, g + 8 times the factors flash_online_softmax found (v11: applied after the p v in
+// flight has written o), when any row of the warp has a factor other than 1
+__device__ inline void flash_hopper_rescale(float (*o)[4], const float (*factor)[4]) {
+    if (__any_sync(0xffffffff, factor[0][0] != 1.0f || factor[0][2] != 1.0f)) {
+        for (int d = 0; d < 8; d++) {
+            o[d][0] *= factor[0][0], o[d][1] *= factor[0][1];
+            o[d][2] *= factor[0][2], o[d][3] *= factor[0][3];
+        }
+    }
+}
+
+// v11: v10 with the softmax overlapped inside a warpgroup too (FlashAttention-3 section 3.2). A
+// turn issues tile t's q k^T, then the previous tile's p v, as two commit groups, and waits for the
+// first only (wgmma_wait<1>): tile t's softmax runs while that p v still does, then wgmma_wait<0>.
+// Until then neither o (the running product's accumulators) nor p (its A registers) may be
+// written: flash_online_softmax rescales a 1 x 4 stand-in of ones instead of o (its o at head size
+// 8, one column tile), which then holds each row's factor, and leaves the probabilities in s; o
+// is rescaled and s rounded into p after the wait (as FlashAttention-3 converts p after its wait).
+// ptxas serializes every wgmma when it cannot see that no other instruction touches a product's
+// registers in flight: it did for probabilities written to fresh registers before the wait (C7513),
+// and for the softmax in a branch apart from the products' issue (C7514: it does not follow that
+// two branches take the same condition). So each case of a turn is one straight branch.
+__global__ void __launch_bounds__(384, 1)
+flash_hopper_forward_overlap_kernel(floatX* out, float* lse, const __grid_constant__ CUtensorMap map, int T, int C, int NH) {
+    extern __shared__ __align__(128) unsigned char flash_hopper_shared[];
+    FlashHopperTiles& tiles = *(FlashHopperTiles*)flash_hopper_shared;
+    __shared__ __align__(8) uint64_t full[FLASH_HOPPER_STAGES], empty[FLASH_HOPPER_STAGES], q_full;
+    FlashHopperBlock k = flash_hopper_block(T, NH);
+    float scale_log2 = 0.125f * FLASH_LOG2E;
+    flash_hopper_init(full, empty, &q_full, 256);
+    if (flash_hopper_producer(tiles, &map, full, empty, &q_full, k, T, C)) return;
+    FlashHopperRows r;
+    flash_hopper_rows_init(r, threadIdx.x / 128 - 1, k);
+    int w = r.w, pending = -1;  // pending: the slot whose p v is still to be done (-1: none)
+    uint32_t p[4][4];
+    if (w == 1) named_barrier_arrive(1, 256);  // the first turn is warpgroup 0's
+    mbarrier_wait(&q_full, 0);
+    for (int t = 0; t <= k.tiles; t++) {
+        int slot = t % FLASH_HOPPER_STAGES;
+        bool scores = t < k.tiles && flash_hopper_sees(r, t, T);
+        if (t < k.tiles) mbarrier_wait(&full[slot], (t / FLASH_HOPPER_STAGES) & 1);
+        float s[8][4];
+        named_barrier_sync(1 + w, 256);  // this warpgroup's turn
+        float factor[1][4] = {{1.0f, 1.0f, 1.0f, 1.0f}};
+        if (scores && pending >= 0) {  // the steady state: tile t's softmax under the p v before it
+            flash_hopper_issue_qk(s, tiles.q[w], tiles.kv[slot][0]);
+            flash_hopper_issue_pv(r.o, p, tiles.kv[pending][1]);
+            if (w == 0 || t < k.tiles) named_barrier_arrive(2 - w, 256);  // the other's turn
+            wgmma_wait<1>();  // s has landed; p v may still run
+            wgmma_pin(&s[0][0], 32);
+            flash_online_softmax<8>(s, r.m, r.l, factor, r.row0, t * FLASH_TILE, T, scale_log2);
+        } else if (scores) {  // the warpgroup's first tile: no p v yet
+            flash_hopper_issue_qk(s, tiles.q[w], tiles.kv[slot][0]);
+            if (w == 0 || t < k.tiles) named_barrier_arrive(2 - w, 256);
+            wgmma_wait<0>();
+            wgmma_pin(&s[0][0], 32);
+            flash_online_softmax<8>(s, r.m, r.l, factor, r.row0, t * FLASH_TILE, T, scale_log2);
+        } else {  // no scores (the last turn, or a tile it does not see): only the p v, if any
+            if (pending >= 0) flash_hopper_issue_pv(r.o, p, tiles.kv[pending][1]);
+            if (w == 0 || t < k.tiles) named_barrier_arrive(2 - w, 256);
+        }
+        wgmma_wait<0>();  // p v has run: o is whole, the slot's v read, p free
+        wgmma_pin(&r.o[0][0], 32);
+        if (pending >= 0) mbarrier_arrive(&empty[pending]);         // its v has been read
+        if (t < k.tiles && !scores) mbarrier_arrive(&empty[slot]);  // a tile this warpgroup does not see
+        pending = scores ? slot : -1;
+        if (scores) {
+            flash_hopper_rescale(r.o, factor);
+            flash_scores_to_a(p, s);
+            wgmma_pin(&r.o[0][0], 32);  // the rescale's writes of o before the next turn's fence
+        }
+    }
+    flash_forward_finish<64>(out, lse, r.o, r.m, r.l, k.b, k.h, r.row0, T, C, NH);
+}
+
+#define FLASH_HOPPER_FORWARD_VERSIONS 4  // v8 .. v8 + this - 1
 
 // the launch of rung `version` (8 ..): out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C), head
 // size 64 (C = 64 NH). The tensor map over qkv is made on the host once for each buffer and shape.
@@ -308,6 +395,9 @@ static inline void flash_hopper_forward(int version, floatX* out, float* lse, co
     } else if (v == 2) {
         if (!allowed[v]) cudaCheck(cudaFuncSetAttribute(flash_hopper_forward_pingpong_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
         flash_hopper_forward_pingpong_kernel<<<grid, 384, bytes>>>(out, lse, map, T, C, NH);
+    } else if (v == 3) {
+        if (!allowed[v]) cudaCheck(cudaFuncSetAttribute(flash_hopper_forward_overlap_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+        flash_hopper_forward_overlap_kernel<<<grid, 384, bytes>>>(out, lse, map, T, C, NH);
     } else {
         fprintf(stderr, "flash_hopper_forward: no version %d\n", version);
         exit(1);
