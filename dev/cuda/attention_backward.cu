@@ -30,12 +30,17 @@ v8: v6 on Hopper's asynchronous machinery (llmc/cuda/flash_hopper_backward.cuh; 
     64; FlashAttention-3 section 3.3): a block of 3 warpgroups, one producer warp that loads by TMA
     (k and v of the block once; then each query tile's q and dout into a 2-slot ring with full and
     empty mbarriers, the tile's lse and D copied by its lanes) and two consumer warpgroups
-    (setmaxnreg: 24 registers for the producer, 240 for them) whose s^T = k q^T and dp^T = v dout^T
+    (setmaxnreg: 40 registers for the producer, 232 for them) whose s^T = k q^T and dp^T = v dout^T
     read both operands from shared memory (wgmma_m64n64k16_ss); p^T, ds^T in registers as A of
     dv and dk. dQ by a second kernel on the same ring (the block's q and dout once, key tiles
     streamed), not by ordered accumulation: no turns between blocks, the same bits on every run
     (the header says why). Under the emulator v8 gives v6's bits (the same products in the same
     order), checked there, reported on a GPU; a second run gives the first's bits.
+v9: v8's two consumer warpgroups in pingpong (FlashAttention-3 section 3.1, the backward's
+    version): they take turns at the tensor cores through two named barriers, a turn issuing the
+    previous tile's dv and dk (or dq) products with this tile's s^T and dp^T (or s and dp), so
+    that one warpgroup's exponentials and ds run while the other's products do; a 3-slot ring
+    (a tile's slot is held until the turn after). The same bits as v6 under the emulator.
 The emulator runs each version once (plus a second run for v7 and v8's determinism): its times
 mean nothing, so only a GPU times them.
 */
@@ -276,10 +281,8 @@ static void attention_backward_flash_one_kernel(floatX* dqkv, const floatX* dout
 
 // run a backward again (its output still in d_dqkv from the run before): returns 1 when it gives
 // the same bits as that run. (first, second: host buffers of n floatX)
-#define same_bits_again(name, first, second, d_dqkv, n, launch) \
-    same_bits_check(name, first, second, d_dqkv, n, [&]() { launch; })
 template <typename F>
-static int same_bits_check(const char* name, floatX* first, floatX* second, const floatX* d_dqkv, size_t n, F launch) {
+static int same_bits_again(const char* name, floatX* first, floatX* second, const floatX* d_dqkv, size_t n, F launch) {
     cudaCheck(cudaMemcpy(first, d_dqkv, n * sizeof(floatX), cudaMemcpyDeviceToHost));
     launch();
     cudaCheck(cudaMemcpy(second, d_dqkv, n * sizeof(floatX), cudaMemcpyDeviceToHost));
@@ -370,7 +373,7 @@ static int check(int B, int T, int C, int NH) {
 #endif
     free(v5), free(v7);
     ok &= same_bits_again("v7", first, second, d_dqkv, n,
-                          attention_backward_flash_one_kernel(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
+                          [&]() { attention_backward_flash_one_kernel(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH); });
     TIME_AND_REPORT("v7 flash (one kernel)", 10, flops,
                     attention_backward_flash_one_kernel(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
 #if defined(LLMC_WGMMA)
@@ -379,32 +382,38 @@ static int check(int B, int T, int C, int NH) {
         attention_backward_flash_wgmma(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
         ok &= validate("v6 dqkv (flash wgmma)", d_dqkv, dqkv, (size_t)B * T * 3 * C, tol);
         TIME_AND_REPORT("v6 flash (wgmma)", 10, flops, attention_backward_flash_wgmma(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
-        // v8: v6's products, roundings and order (s^T, dp^T, dv, dk; s, dp, dq), with k, v (or q,
-        // dout) read by the tensor cores from shared memory instead of registers: under the
-        // emulator the same bits as v6, a stronger check than the CPU's tolerance (a tile from the
-        // wrong slot or phase, or lse and D of another tile, moves them); on a GPU reported
+        // v8, v9: v6's products, roundings and order (s^T, dp^T, dv, dk; s, dp, dq), with k, v (or
+        // q, dout) read by the tensor cores from shared memory instead of registers, v9's issued a
+        // turn later: under the emulator the same bits as v6, a stronger check than the CPU's
+        // tolerance (a tile from the wrong slot or phase, lse and D of another tile, or a product
+        // of v9's given the next tile's operands, moves them); on a GPU reported
         float* v6 = (float*)malloc_check(n * sizeof(float));
+        float* hopper = (float*)malloc_check(n * sizeof(float));
         copy_device_to_floats(v6, d_dqkv, n);
-        device_memset_zero(d_dqkv, n * sizeof(floatX));
-        attention_backward_flash_hopper(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
-        ok &= validate("v8 dqkv (TMA, warp-specialized)", d_dqkv, dqkv, n, tol);
-        float* v8 = (float*)malloc_check(n * sizeof(float));
-        copy_device_to_floats(v8, d_dqkv, n);
-        int same_as_v6 = !memcmp(v6, v8, n * sizeof(float));
-        printf("  v8: dqkv %s v6's bits\n", same_as_v6 ? "has" : "differs from");
+        for (int version = 8; version <= 9; version++) {
+            const char* name = version == 8 ? "v8 flash (TMA, warp-specialized)" : "v9 flash (TMA, pingpong)";
+            auto run = [&]() {
+                if (version == 8) attention_backward_flash_hopper_version<8>(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+                else attention_backward_flash_hopper_version<9>(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH);
+            };
+            device_memset_zero(d_dqkv, n * sizeof(floatX));
+            run();
+            ok &= validate(name, d_dqkv, dqkv, n, tol);
+            copy_device_to_floats(hopper, d_dqkv, n);
+            int same_as_v6 = !memcmp(v6, hopper, n * sizeof(float));
+            printf("  v%d: dqkv %s v6's bits\n", version, same_as_v6 ? "has" : "differs from");
 #ifdef CUDA_EMU
-        ok &= same_as_v6;
+            ok &= same_as_v6;
 #endif
-        free(v6), free(v8);
-        ok &= same_bits_again("v8", first, second, d_dqkv, n,
-                              attention_backward_flash_hopper(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
-        TIME_AND_REPORT("v8 flash (TMA, warp-specialized)", 10, flops,
-                        attention_backward_flash_hopper(d_dqkv, d_dout, d_qkv, d_out, d_lse, B, T, C, NH));
+            ok &= same_bits_again(version == 8 ? "v8" : "v9", first, second, d_dqkv, n, run);
+            TIME_AND_REPORT(name, 10, flops, run());
+        }
+        free(v6), free(hopper);
     } else {
-        printf("  v6, v8 flash (Hopper)  head size 64 only\n");
+        printf("  v6, v8, v9 (Hopper)    head size 64 only\n");
     }
 #else
-    printf("  v6, v8 flash (Hopper)  sm_90a builds only (make GPU_COMPUTE_CAPABILITY=90)\n");
+    printf("  v6, v8, v9 (Hopper)    sm_90a builds only (make GPU_COMPUTE_CAPABILITY=90)\n");
 #endif
     free(first), free(second);
 #endif
