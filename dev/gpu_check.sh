@@ -40,7 +40,9 @@ python3 dev/bench/roofline.py -e d12 -b 64 -t 1024 -precision bf16 -device auto 
 # (dev/cuda/gelu tells which GELU those compute); LLMC_CLASSIFIER=registers: one classifier row an
 # SM, in registers (dev/cuda/classifier v4 against v5); LLMC_LAYERNORM_BACKWARD=separate: dout and
 # x read twice (dev/cuda/layernorm_backward v3 against v4); LLMC_FLASH=wgmma: flash attention on
-# Hopper's warpgroup MMA (dev/cuda/attention_forward v7, attention_backward v6);
+# Hopper's warpgroup MMA (dev/cuda/attention_forward v7, attention_backward v6); LLMC_FLASH=fa3:
+# FlashAttention-3's machinery, TMA loads, warp specialization, pingpong (llmc/cuda/flash_hopper.cuh,
+# attention_forward v8-v11, never run on a GPU before this script);
 # LLMC_FLASH_BACKWARD=one_kernel: the flash backward in one kernel, dq summed in a fixed order
 # (dev/cuda/attention_backward v7 beside v5; its first version on an H200 on 2026-11-27: 40.9 ms
 # a step against 22.7, its blocks in an order that L2 could not hold, since changed);
@@ -52,7 +54,7 @@ echo "backward, attention forward and backward):"
 # taken, llmc/ops.h's paths_print)
 turn=0
 for variant in "" LLMC_GELU=kernels LLMC_CLASSIFIER=registers LLMC_LAYERNORM_BACKWARD=separate \
-    LLMC_FLASH=wgmma LLMC_FLASH_BACKWARD=one_kernel LLMC_BIAS_GRAD=kernels ""; do
+    LLMC_FLASH=wgmma LLMC_FLASH=fa3 LLMC_FLASH_BACKWARD=one_kernel LLMC_BIAS_GRAD=kernels ""; do
     turn=$((turn + 1))
     log="$logs/gpu_path_$turn.log"
     # shellcheck disable=SC2086  # the variant splits into its assignments
@@ -74,8 +76,9 @@ for variant in "" LLMC_GELU=kernels LLMC_CLASSIFIER=registers LLMC_LAYERNORM_BAC
 done
 # the same paths' kernels alone (dev/cuda): whether wgmma's layouts are the emulator's (v1-v3: each
 # layout against the CPU) and its rate beside mma.sync's, the wgmma forward (v7) beside the
-# mma.sync one (v6), the wgmma backward (v6) and the one-kernel backward (v7) beside the mma.sync
-# one (v5), which GELU
+# mma.sync one (v6), FlashAttention-3's ladder (v8 TMA, v9 warp specialization, v10 pingpong, v11
+# the softmax under the next product: each rung's time is the README's ladder table), the wgmma
+# backward (v6) and the one-kernel backward (v7) beside the mma.sync one (v5), which GELU
 # cuBLASLt's epilogues compute (tanh or erf), the classifier's split kernel (v5) beside the
 # register kernel (v4), the fused LayerNorm backward (v4) beside the two kernels (v3) at d12's, d24's and d36's widths
 for program in build/cuda_BF16/dev/cuda/wgmma build/cuda_BF16/dev/cuda/attention_forward \
@@ -83,7 +86,7 @@ for program in build/cuda_BF16/dev/cuda/wgmma build/cuda_BF16/dev/cuda/attention
     build/cuda_BF16/dev/cuda/classifier build/cuda_BF16/dev/cuda/layernorm_backward; do
     echo "$program:"
     timeout "$(upto 90)" "./$program" 2>&1 |
-        grep -E "^gelu in|v1 K|v2 .*GEMM|v2 MN|v3 [a-z]|v3, |v4|v5|v6|v7|other reading|wgmma|mma.sync|valid|FAIL"
+        grep -E "^gelu in|v1 K|v2 .*GEMM|v2 MN|v3 [a-z]|v3, |v4|v5|v6|v7|v8|v9|v1[01]|other reading|wgmma|mma.sync|valid|FAIL"
 done
 # why the flash kernels run below their roofline (the largest gap above): Nsight Compute on one
 # call of each (the second step's last forward, then its first backward: D, dK dV, dQ; a step
@@ -112,16 +115,20 @@ PYTHONUNBUFFERED=1 TEST_JOBS=${TEST_JOBS:-4} timeout "$(left)" python3 test/run_
 # small model. API errors are not reported: NCCL probes for kernel images it was not built with
 # (cudaFuncGetAttributes fails, harmlessly), and the trainer checks every CUDA call it makes itself.
 # racecheck names cuBLAS's own split-K kernels too (nvjet_*); only this project's kernels count.
-# The defaults with the wgmma flash kernels on (the mma.sync ones were clean on 2026-11-26); d2 has
+# The defaults with the wgmma flash kernels on, then FlashAttention-3's (TMA and mbarriers: a slot
+# read before its load landed is a race only racecheck sees; the mma.sync ones were clean on 2026-11-26); d2 has
 # GPT-2's vocabulary, so the split classifier's shared memory is used, and heads of 64, so the
 # wgmma kernels run; T = 256 gives them four key tiles and both warpgroups of a block (at T = 64
 # one tile and one warpgroup, the shape that hid their register bug).
 if command -v compute-sanitizer >/dev/null; then
-    for tool in memcheck racecheck; do
-        LLMC_FLASH=wgmma timeout "$(( $(left) / 4 + 1 ))" compute-sanitizer --tool $tool --report-api-errors no --print-limit 20 \
-            ./build/cuda_BF16/train_gpt2_dp -e d2 -b 2 -t 256 -x 2 -v 1 -m 1 -s 2 -g 8 > "$logs/gpu_$tool.log" 2>&1
-        echo "compute-sanitizer $tool: exit $?"
-        grep "=====" "$logs/gpu_$tool.log" | head -40
+    for flash in wgmma fa3; do
+        for tool in memcheck racecheck; do
+            LLMC_FLASH=$flash timeout "$(( $(left) / 6 + 1 ))" compute-sanitizer --tool $tool --report-api-errors no \
+                --print-limit 20 ./build/cuda_BF16/train_gpt2_dp -e d2 -b 2 -t 256 -x 2 -v 1 -m 1 -s 2 -g 8 \
+                > "$logs/gpu_${tool}_$flash.log" 2>&1
+            echo "compute-sanitizer $tool, LLMC_FLASH=$flash: exit $?"
+            grep "=====" "$logs/gpu_${tool}_$flash.log" | head -40
+        done
     done
 fi
 timeout "$(left)" ./dev/bench/bench_gpu.sh "${1:-10}" 2>&1 | tee "$logs/gpu_bench.log"

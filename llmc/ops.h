@@ -34,6 +34,9 @@ static inline void paths_print(void) {
     if (flash_wgmma_asked())
         printf("LLMC_FLASH=wgmma: %ld flash calls (forward or backward) ran on wgmma, %ld fell back to mma.sync "
                "(not an sm_90a build, or a head size other than 64)\n", flash_wgmma_calls[0], flash_wgmma_calls[1]);
+    if (flash_fa3_asked())
+        printf("LLMC_FLASH=fa3: %ld flash calls (forward or backward) ran on FlashAttention-3's machinery, %ld fell back "
+               "to mma.sync (not an sm_90a build, or a head size other than 64)\n", flash_fa3_calls[0], flash_fa3_calls[1]);
     if (flash_one_kernel_asked())
         printf("LLMC_FLASH_BACKWARD=one_kernel: %ld flash backward calls took the one kernel, %ld fell back "
                "(LLMC_FLASH=wgmma took them)\n", flash_one_kernel_calls[0], flash_one_kernel_calls[1]);

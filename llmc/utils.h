@@ -194,14 +194,14 @@ static inline void every_rank_alike(void (*work)(void* arg), void* arg) {
 typedef struct {
     const char* name;
     const char* backend;     // "cpu", "cuda", or NULL: both
-    const char* values[3];   // (NULL after the last)
+    const char* values[4];   // (NULL after the last)
 } EnvChoice;
 static const EnvChoice llmc_env_choices[] = {
     {"LLMC_KERNEL_TIMES", NULL, {"0", "1"}},
     {"LLMC_MEMORY_MEASURED", NULL, {"0", "1"}},
     {"LLMC_GEMM_ISA", "cpu", {"generic", "avx2", "avx512"}},
     {"LLMC_ATTENTION", "cuda", {"flash", "cublas"}},
-    {"LLMC_FLASH", "cuda", {"mma", "wgmma"}},
+    {"LLMC_FLASH", "cuda", {"mma", "wgmma", "fa3"}},
     {"LLMC_FLASH_BACKWARD", "cuda", {"two_kernels", "one_kernel"}},
     {"LLMC_GELU", "cuda", {"epilogue", "kernels"}},
     {"LLMC_CLASSIFIER", "cuda", {"split", "registers"}},
@@ -215,7 +215,7 @@ static const EnvChoice llmc_env_choices[] = {
 static inline int env_value_index(const EnvChoice* e, char* expected, size_t cap) {
     const char* v = getenv(e->name);
     int n = 0;
-    while (n < 3 && e->values[n] != NULL) n++;
+    while (n < 3 && e->values[n] != NULL) n++;  // (at most 3, a NULL after them)
     for (int i = 0; i < n; i++)
         if (v != NULL && strcmp(v, e->values[i]) == 0) return i;
     if (v == NULL || *v == '\0') return -1;

@@ -3944,10 +3944,11 @@ for _precision, _sched in (("BF16", "1f1b"), ("FP32", "zb"), ("FP32", "zbv")):
 test(make_cuda_pp_test("cuda", "BF16", None, "dualpipev"))
 
 
-# the paths ops.h's paths_print counts (taken, fell back), printed when they are on; the defaults
-# among them in each precision (GELU's epilogues are the default in bf16 builds only)
-COUNTED_PATHS = dict(LLMC_GELU="epilogue", LLMC_CLASSIFIER="split", LLMC_LAYERNORM_BACKWARD="fused", LLMC_FLASH="wgmma",
-                     LLMC_FLASH_BACKWARD="one_kernel")
+# the paths ops.h's paths_print counts (taken, fell back), printed when they are on: each variable's
+# counted values, its default (if counted) first; the defaults among them in each precision (GELU's
+# epilogues are the default in bf16 builds only)
+COUNTED_PATHS = dict(LLMC_GELU=("epilogue",), LLMC_CLASSIFIER=("split",), LLMC_LAYERNORM_BACKWARD=("fused",),
+                     LLMC_FLASH=("wgmma", "fa3"), LLMC_FLASH_BACKWARD=("one_kernel",))
 DEFAULT_COUNTED = dict(FP32=("LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD"),
                        BF16=("LLMC_GELU", "LLMC_CLASSIFIER", "LLMC_LAYERNORM_BACKWARD"))
 
@@ -3962,11 +3963,11 @@ def taking_paths(run, paths, precision):
         out = run(*a)
         for k in DEFAULT_COUNTED[precision]:
             if k not in (paths or {}):
-                m = re.search(r"%s=%s: (\d+) " % (k, COUNTED_PATHS[k]), out)
-                assert m and int(m.group(1)) > 0, "the default %s=%s was not taken:\n%s" % (k, COUNTED_PATHS[k], out[-1500:])
+                m = re.search(r"%s=%s: (\d+) " % (k, COUNTED_PATHS[k][0]), out)
+                assert m and int(m.group(1)) > 0, "the default %s=%s was not taken:\n%s" % (k, COUNTED_PATHS[k][0], out[-1500:])
         for k, v in (paths or {}).items():
-            if v != COUNTED_PATHS[k]:
-                assert not re.search(r"^%s=" % k, out, re.M), "%s=%s left %s on:\n%s" % (k, v, COUNTED_PATHS[k], out[-1500:])
+            if v not in COUNTED_PATHS[k]:
+                assert not re.search(r"^%s=" % k, out, re.M), "%s=%s left %s on:\n%s" % (k, v, COUNTED_PATHS[k][0], out[-1500:])
                 continue
             m = re.search(r"%s=%s: (\d+) [^\n]*?, (\d+) fell back" % (k, v), out)
             assert m and int(m.group(1)) > 0 and int(m.group(2)) == 0, "%s=%s was not taken every time:\n%s" % (
@@ -3993,7 +3994,8 @@ def make_gpu_test(precision, ranks, paths=None):
         if not have_gpu():
             raise Skip("no GPU")
         if "LLMC_FLASH" in (paths or {}) and gpu_compute_capability() != "9.0":
-            raise Skip("LLMC_FLASH=wgmma runs on Hopper (sm_90a) only; this GPU: %s" % gpu_compute_capability())
+            raise Skip("LLMC_FLASH=%s runs on Hopper (sm_90a) only; this GPU: %s" % (paths["LLMC_FLASH"],
+                                                                                   gpu_compute_capability()))
         env = paths_env(paths)
         compare_cuda_with_reference("cuda", precision, ranks,
                                     taking_paths(lambda *a: run_gpu_ranks(*a, env=env), paths, precision),
@@ -4025,6 +4027,7 @@ test(make_gpu_test("BF16", 1, dict(LLMC_CLASSIFIER="split")))  # (the default, a
 test(make_gpu_test("BF16", 1, dict(LLMC_CLASSIFIER="registers")))
 test(make_gpu_test("BF16", 1, dict(LLMC_LAYERNORM_BACKWARD="separate")))
 test(make_gpu_test("BF16", 1, dict(LLMC_FLASH="wgmma")))
+test(make_gpu_test("BF16", 1, dict(LLMC_FLASH="fa3")))
 test(make_gpu_test("BF16", 2, dict(LLMC_FLASH_BACKWARD="one_kernel")))
 # on the emulator: NCCL (one emulated GPU per rank) in fp32, the host-staged path in bf16
 # (fp32 at 2 ranks runs every kernel that fp32 at 1 rank would, so 1 rank is left to bf16)
@@ -4046,6 +4049,8 @@ test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_CLASSIFIER="registers")))
 test(make_emu_test("BF16", 1, 1, paths=dict(LLMC_LAYERNORM_BACKWARD="separate")))
 # the flash kernels on wgmma (forward and backward), through the NCCL path at 2 ranks
 test(make_emu_test("BF16", 2, 2, paths=dict(LLMC_FLASH="wgmma")))
+# ... on FlashAttention-3's machinery (TMA, warp specialization, pingpong: flash_hopper.cuh)
+test(make_emu_test("BF16", 2, 2, paths=dict(LLMC_FLASH="fa3")))
 # the flash backward in one kernel, dq's shares added in a fixed order
 test(make_emu_test("BF16", 2, 2, paths=dict(LLMC_FLASH_BACKWARD="one_kernel")))
 
@@ -4327,7 +4332,7 @@ test(make_emu_env_choice_test("BF16", "LLMC_BIAS_GRAD", "fused", "LLMC_BIAS_GRAD
 test(make_emu_env_choice_test("BF16", "LLMC_GELU", "fused", "LLMC_GELU=fused: expected epilogue or kernels"))
 test(make_emu_env_choice_test("BF16", "LLMC_CLASSIFIER", "shared", "LLMC_CLASSIFIER=shared: expected split or registers"))
 test(make_emu_env_choice_test("BF16", "LLMC_LAYERNORM_BACKWARD", "one", "LLMC_LAYERNORM_BACKWARD=one: expected fused or separate"))
-test(make_emu_env_choice_test("BF16", "LLMC_FLASH", "tma", "LLMC_FLASH=tma: expected mma or wgmma"))
+test(make_emu_env_choice_test("BF16", "LLMC_FLASH", "tma", "LLMC_FLASH=tma: expected mma, wgmma or fa3"))
 test(make_emu_env_choice_test("BF16", "LLMC_FLASH_BACKWARD", "fused", "LLMC_FLASH_BACKWARD=fused: expected two_kernels or one_kernel"))
 test(make_emu_env_choice_test("FP32", "LLMC_ATTENTION", "flash", "LLMC_ATTENTION=flash needs a bf16 build"))
 

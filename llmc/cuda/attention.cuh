@@ -16,6 +16,7 @@
 #include "device.cuh"
 #include "matmul.cuh"
 #include "flash_attention.cuh"
+#include "flash_hopper.cuh"
 
 static cublasHandle_t cublas_handle = NULL;
 
@@ -166,10 +167,32 @@ static inline int attention_uses_flash(int C, int NH) {
 // (B, NH, T) or the cuBLAS path's probabilities (B, NH, T, T), and each path's scratch are
 // counted in llmc/target.h and model.h)
 
+// LLMC_FLASH=fa3 (read once) asks for FlashAttention-3's machinery (flash_hopper.cuh: TMA loads,
+// a producer warpgroup, two consumer warpgroups in pingpong, the softmax under the next product);
+// it runs where the build has it (sm_90a) and the head size is 64, and the calls that fell back
+// to mma.sync are counted (paths_print)
+static inline int flash_fa3_asked(void) {
+    static int asked = -1;
+    if (asked < 0) asked = env_choice("LLMC_FLASH", 0) == 2;
+    return asked;
+}
+static long flash_fa3_calls[2];  // taken, fell back
+
 static inline void attention_forward(floatX* out, void* state, const floatX* qkv, int B, int T,
                                      int C, int NH) {
     int kernel_span = kernel_time_begin("attention forward", 0, 0);
 #if !FLOATX_IS_FLOAT
+    if (attention_uses_flash(C, NH) && flash_fa3_asked()) {
+#if defined(LLMC_WGMMA)
+        if (C == 64 * NH) {
+            flash_fa3_calls[0]++;
+            attention_forward_flash_hopper(out, (float*)state, qkv, B, T, C, NH);
+            kernel_time_end(kernel_span);
+            return;
+        }
+#endif
+        flash_fa3_calls[1]++;
+    }
     if (attention_uses_flash(C, NH)) {
         attention_forward_flash(out, (float*)state, qkv, B, T, C, NH);
         kernel_time_end(kernel_span);
