@@ -39,7 +39,7 @@ static inline void paths_print(void) {
                "to mma.sync (not an sm_90a build, or a head size other than 64)\n", flash_fa3_calls[0], flash_fa3_calls[1]);
     if (flash_one_kernel_asked())
         printf("LLMC_FLASH_BACKWARD=one_kernel: %ld flash backward calls took the one kernel, %ld fell back "
-               "(LLMC_FLASH=wgmma took them)\n", flash_one_kernel_calls[0], flash_one_kernel_calls[1]);
+               "(LLMC_FLASH=wgmma or fa3 took them)\n", flash_one_kernel_calls[0], flash_one_kernel_calls[1]);
 #endif
 }
 #else

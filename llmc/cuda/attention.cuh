@@ -17,6 +17,7 @@
 #include "matmul.cuh"
 #include "flash_attention.cuh"
 #include "flash_hopper.cuh"
+#include "flash_hopper_backward.cuh"
 
 static cublasHandle_t cublas_handle = NULL;
 
@@ -167,8 +168,9 @@ static inline int attention_uses_flash(int C, int NH) {
 // (B, NH, T) or the cuBLAS path's probabilities (B, NH, T, T), and each path's scratch are
 // counted in llmc/target.h and model.h)
 
-// LLMC_FLASH=fa3 (read once) asks for FlashAttention-3's machinery (flash_hopper.cuh: TMA loads,
-// a producer warpgroup, two consumer warpgroups in pingpong, the softmax under the next product);
+// LLMC_FLASH=fa3 (read once) asks for FlashAttention-3's machinery (flash_hopper.cuh and
+// flash_hopper_backward.cuh: TMA loads, a producer warpgroup, two consumer warpgroups in pingpong,
+// the forward's softmax under the next product);
 // it runs where the build has it (sm_90a) and the head size is 64, and the calls that fell back
 // to mma.sync are counted (paths_print)
 static inline int flash_fa3_asked(void) {
@@ -209,6 +211,18 @@ static inline void attention_backward(floatX* dqkv, const floatX* dout, const fl
                                       int NH) {
     int kernel_span = kernel_time_begin("attention backward", 0, 0);
 #if !FLOATX_IS_FLOAT
+    if (attention_uses_flash(C, NH) && flash_fa3_asked()) {
+#if defined(LLMC_WGMMA)
+        if (C == 64 * NH) {
+            flash_fa3_calls[0]++;
+            attention_backward_flash_hopper(dqkv, dout, qkv, out, (const float*)state, B, T, C, NH);
+            if (flash_one_kernel_asked()) flash_one_kernel_calls[1]++;
+            kernel_time_end(kernel_span);
+            return;
+        }
+#endif
+        flash_fa3_calls[1]++;
+    }
     if (attention_uses_flash(C, NH)) {
         attention_backward_flash(dqkv, dout, qkv, out, (const float*)state, B, T, C, NH);
         kernel_time_end(kernel_span);
