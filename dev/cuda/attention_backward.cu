@@ -27,21 +27,21 @@ v7: v5 in one kernel (LLMC_FLASH_BACKWARD=one_kernel; after FlashAttention-2's a
     blocks' shares in a fixed order (the diagonal block first, key block 0 last, a counter per
     tile in memory), so no atomic adds and the same bits on every run: 5 products a tile, not 7.
 v8: v6 on Hopper's asynchronous machinery (llmc/cuda/flash_hopper_backward.cuh; sm_90a, head size
-    64; FlashAttention-3 section 3.3): a block of 3 warpgroups, one producer warp that loads by TMA
-    (k and v of the block once; then each query tile's q and dout into a 2-slot ring with full and
-    empty mbarriers, the tile's lse and D copied by its lanes) and two consumer warpgroups
+    64; after FlashAttention-3's backward): a block of 3 warpgroups, one producer warp that loads
+    by TMA (each query tile's q and dout into a 2-slot ring with full and empty mbarriers, the
+    block's k and v once with the first; the tile's lse and D copied by its lanes) and two consumer warpgroups
     (setmaxnreg: 40 registers for the producer, 232 for them) whose s^T = k q^T and dp^T = v dout^T
     read both operands from shared memory (wgmma_m64n64k16_ss); p^T, ds^T in registers as A of
     dv and dk. dQ by a second kernel on the same ring (the block's q and dout once, key tiles
     streamed), not by ordered accumulation: no turns between blocks, the same bits on every run
     (the header says why). Under the emulator v8 gives v6's bits (the same products in the same
     order), checked there, reported on a GPU; a second run gives the first's bits.
-v9: v8's two consumer warpgroups in pingpong (FlashAttention-3 section 3.1, the backward's
-    version): they take turns at the tensor cores through two named barriers, a turn issuing the
+v9: v8's two consumer warpgroups in pingpong (FlashAttention-3 section 3.1, there in the
+    forward): they take turns at the tensor cores through two named barriers, a turn issuing the
     previous tile's dv and dk (or dq) products with this tile's s^T and dp^T (or s and dp), so
     that one warpgroup's exponentials and ds run while the other's products do; a 3-slot ring
     (a tile's slot is held until the turn after). The same bits as v6 under the emulator.
-The emulator runs each version once (plus a second run for v7 and v8's determinism): its times
+The emulator runs each version once (plus a second run for v7, v8 and v9's determinism): its times
 mean nothing, so only a GPU times them.
 */
 #include "common.h"

@@ -2,7 +2,8 @@
 // loads through tensor maps into a ring of shared-memory slots guarded by mbarriers, a producer
 // warp that only loads, consumer warpgroups that only compute (warp specialization, setmaxnreg),
 // and wgmma with both operands of the score products in shared memory. FlashAttention-3 (Shah et
-// al. 2024, arXiv:2407.08608) section 3.3 and its appendix's backward algorithm.
+// al. 2024, arXiv:2407.08608): section 3.1's warp specialization and pingpong, applied to the
+// backward pass its appendix describes.
 //
 // The same mathematics as the mma.sync and wgmma backward of flash_attention.cuh: from the
 // forward's lse (B, NH, T) and D = dout . out (B, NH, T), each tile of probabilities is
@@ -17,7 +18,7 @@
 //     (times log2 e) and D into the slot with ordinary loads and stores, and each arrives on full
 //     after its stores (full counts 32 arrivals and the bytes). lse and D go by the lanes, not by
 //     TMA, because a row of T floats is a multiple of 16 bytes, as a tensor map's stride must be,
-//     only when T % 4 == 0 (the emulated checks run T = 37 and 100 too).
+//     only when T % 4 == 0 (the emulated checks run T = 37 too).
 //   warpgroups 1 and 2, consumers 0 and 1 (setmaxnreg_inc<232>), keys group0 = block key 0 + 64 c
 //     .. + 63, warp w % 4 its 16 of them; for each tile, after waiting on full:
 //       s^T = k q^T and dp^T = v dout^T: 8 wgmma with A and B from shared memory (the k and v
@@ -37,7 +38,7 @@
 //   dp = dout v^T by wgmma from shared memory, ds in registers, dq += ds k (A = ds registers,
 //   B = the k tile MN-major).
 // These are VERSION 8 (dev/cuda/attention_backward v8). VERSION 9 adds pingpong (FlashAttention-3
-// section 3.1, here in the backward): the two consumers take turns at the tensor cores through
+// section 3.1, there in the forward): the two consumers take turns at the tensor cores through
 // two named barriers (HOPPER_TURN + c: consumer c waits there, bar.sync, and the other arrives
 // when its turn's products are issued, bar.arrive). A turn issues the previous tile's dv, dk (or
 // dq) products and this tile's s^T, dp^T (or s, dp); after waiting for them the consumer computes
