@@ -84,3 +84,40 @@ def flash_hopper_backward_compiles_to_wgmma_and_tma_without_spills():
         print("    sm_90a %s SASS: %s" % (kernel, counts))
         assert counts["HGMMA"] == hgmma and counts["HMMA"] == 0, "%s: %s, expected %d HGMMA, no HMMA" % (kernel, counts, hgmma)
         assert counts["UTMALDG"] > 0 and counts["USETMAXREG"] > 0, "%s: no TMA load or setmaxnreg: %s" % (kernel, counts)
+
+
+@test
+def emu_catches_a_hopper_backward_slot_released_before_its_products_read_it():
+    """v9's dK dV consumers releasing the previous tile's ring slot (their arrival on its "empty"
+    mbarrier) before waiting for the products that read it (dv += p^T dout, dk += ds^T q, issued
+    in the turn): no wait is missing, one arrival is misplaced. In reverse order the emulator
+    hands the CPU, at the arrival that completes the phase, to the producer, whose TMA loads land
+    at once in that slot, and runs a product at its wait: the products then multiply the next tile
+    but two. attention_backward must fail there, on v9 (v8 is untouched)."""
+    sweep = hopper_backward_sweep_module()
+    dest = os.path.join(sweep.WORK, "early_release")
+    shutil.rmtree(dest, ignore_errors=True)
+    sweep.copy_tree(dest)
+    path = os.path.join(dest, "llmc", "cuda", "flash_hopper_backward.cuh")
+    with open(path) as f:
+        src = f.read()
+    start = src.index("flash_hopper_backward_dkdv_kernel(")
+    end = src.index("flash_store<HS>(dqkv, 3 * C, C, dk", start)
+    body = src[start:end]
+    arrive = "\n            if (tile > 0) mbarrier_arrive(&empty[previous]);  // tile - 1's slot has been read"
+    wait = "\n            wgmma_wait<0>();\n            wgmma_pin(&dv[0][0], HS / 2);"
+    # v9's loop (12 spaces in; v8's waits are inside an if): the arrival after its turn's wait
+    assert body.count(arrive) == 1 and body.count(wait) == 1 and body.index(arrive) > body.index(wait), \
+        "the lines this test moves changed"
+    body = body.replace(arrive, "").replace(wait, arrive + wait)
+    with open(path, "w") as f:
+        f.write(src[:start] + body + src[end:])
+    p = subprocess.run(["make", "-s", "build/emu_BF16/dev/cuda/attention_backward"], cwd=dest, capture_output=True,
+                       text=True, timeout=1800)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    p = subprocess.run([os.path.join(dest, "build", "emu_BF16", "dev", "cuda", "attention_backward")], cwd=dest,
+                       env=dict(os.environ, CUDA_EMU_ORDER="reverse"), capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0 and re.search(r"v9 flash \(TMA, pingpong\) FAIL", out), out[-3000:]
+    assert not re.search(r"v8 flash \(TMA, warp-specialized\) FAIL", out), out[-3000:]
+    shutil.rmtree(dest, ignore_errors=True)
