@@ -11,6 +11,13 @@ v2 flash: flash_attention.cuh's tensor-core kernels on one chunk pair at a time,
    fp32 in the forward's epilogue (bf16 builds, head sizes 16, 32, 64: the trainers' kernels
    there). p and ds are rounded to bf16 for the tensor cores, as in the library's flash
    attention: the tolerance is bf16's on o, dq, dk, dv.
+v3 fa3: the pairs on Hopper's machinery (sm_90a bf16 builds, head size 64; the trainers' kernels
+   there with LLMC_FLASH=fa3): flash_hopper.cuh's v9 forward (TMA ring, a producer warpgroup,
+   two consumer warpgroups, setmaxnreg) and flash_hopper_backward.cuh's v8 backward (a producer
+   warp, dK dV and a separate dQ pass), each pair's rows through three tensor maps. v2's
+   tolerance; the backward run twice from zero gives the same bits (no atomics). Under the
+   emulator it is validated (both orders) but not timed. sm_90a, ptxas -v: see the fa3 section
+   of llmc/cuda/ring_attention.cuh (registers, shared memory, spills).
 */
 #include "common.h"
 #include "llmc/cp_layout.h"
@@ -19,9 +26,19 @@ namespace cpu {
 }
 #include "llmc/cuda/ring_attention.cuh"
 
-// the versions: v1 everywhere, v2 where it is built
+// the versions: v1 everywhere, v2 where it is built, v3 in sm_90a bf16 builds at head size 64
+static int last_version(int hs) {
+#if !FLOATX_IS_FLOAT && defined(LLMC_WGMMA)
+    if (hs == 64) return 3;
+#endif
+    return ring_flash_supports(hs) ? 2 : 1;
+}
+static const char* version_name(int v) { return v == 1 ? "plain" : v == 2 ? "flash" : "fa3 (TMA, warp-specialized, wgmma)"; }
 static void forward_version(int v, float* o, float* lse, float* scratch, const floatX* qkv, const floatX* kv, CpChunks q,
                             CpChunks k, int B, int C, int NH, int first) {
+#if !FLOATX_IS_FLOAT && defined(LLMC_WGMMA)
+    if (v == 3) return attention_block_forward_fa3(o, lse, scratch, qkv, kv, q, k, B, C, NH, first);
+#endif
 #if !FLOATX_IS_FLOAT
     if (v == 2) return attention_block_forward_flash(o, lse, scratch, qkv, kv, q, k, B, C, NH, first);
 #endif
@@ -30,6 +47,9 @@ static void forward_version(int v, float* o, float* lse, float* scratch, const f
 }
 static void backward_version(int v, float* dq, float* dkv, const floatX* datty, const float* lse, const float* D,
                              const floatX* qkv, const floatX* kv, CpChunks q, CpChunks k, int B, int C, int NH) {
+#if !FLOATX_IS_FLOAT && defined(LLMC_WGMMA)
+    if (v == 3) return attention_block_backward_fa3(dq, dkv, datty, lse, D, qkv, kv, q, k, B, C, NH);
+#endif
 #if !FLOATX_IS_FLOAT
     if (v == 2) return attention_block_backward_flash(dq, dkv, datty, lse, D, qkv, kv, q, k, B, C, NH);
 #endif
@@ -83,13 +103,13 @@ static int check(CpSplit split, int cp, int len, int B, int C, int NH, int rank,
            NH, PRECISION_NAME, spikes ? ", spiked keys" : "");
     kv_pack(d_packed, d_qkv, B, Tl, C);
     ok &= validate("kv_pack", d_packed, kv + rank * block, block, 0.0f);
-    int last = ring_flash_supports(C / NH) ? 2 : 1;
+    int last = last_version(C / NH);
     for (int v = 1; v <= last; v++) {
-        // v1: fp32 sums of the same floatX inputs in another order; v2: p and ds in bf16 on the
+        // v1: fp32 sums of the same floatX inputs in another order; v2, v3: p and ds in bf16 on the
         // tensor cores (lse and D stay fp32 sums)
         float tol = v == 1 ? 1e-4f : default_tolerance(), tol_lse = v == 1 ? 1e-4f : 1e-3f;
         char name[64];
-        printf(" v%d %s\n", v, v == 1 ? "plain" : "flash");
+        printf(" v%d %s\n", v, version_name(v));
         for (int s = 0; s < cp; s++) {
             int owner = (rank + cp - s) % cp;
             forward_version(v, d_o, d_lse, d_scratch, d_qkv, d_kv + owner * block, mine, cp_chunks_of(split, T, cp, owner), B, C,
@@ -115,6 +135,23 @@ static int check(CpSplit split, int cp, int len, int B, int C, int NH, int rank,
         }
         ok &= validate_f32("backward dq", d_dq, dq, out_n, tol);
         ok &= validate_f32("backward dk, dv", d_dkv, dkv, cp * block, tol);
+        if (v == 3) {  // deterministic: a second run from zero gives the same bits
+            float *dq1 = (float*)malloc_check(out_n * sizeof(float)), *dkv1 = (float*)malloc_check(cp * block * sizeof(float));
+            cudaCheck(cudaMemcpy(dq1, d_dq, out_n * sizeof(float), cudaMemcpyDeviceToHost));
+            cudaCheck(cudaMemcpy(dkv1, d_dkv, cp * block * sizeof(float), cudaMemcpyDeviceToHost));
+            device_memset_zero(d_dq, out_n * sizeof(float));
+            device_memset_zero(d_dkv, cp * block * sizeof(float));
+            for (int owner = 0; owner < cp; owner++) {
+                backward_version(v, d_dq, d_dkv + owner * block, d_dout, d_lse, d_D, d_qkv, d_kv + owner * block, mine,
+                                 cp_chunks_of(split, T, cp, owner), B, C, NH);
+            }
+            ok &= validate_f32("backward dq, 2nd run", d_dq, dq1, out_n, 0.0f);
+            ok &= validate_f32("backward dk, dv, 2nd run", d_dkv, dkv1, cp * block, 0.0f);
+            free(dq1), free(dkv1);
+        }
+#ifdef CUDA_EMU
+        if (v == 3) continue;  // (not timed under the emulator: each timing loop is two more runs)
+#endif
         // timing: one block forward and backward (the other rank's, the first step after its own)
         float ms;
         int other = (rank + cp - 1) % cp;

@@ -5,12 +5,17 @@
 //          registers and fp32 sums: any precision and head size, at every tile case
 //   flash  flash_attention.cuh's tensor-core kernels (FlashAttention-2) on one pair of chunks at
 //          a time, bf16 builds with head sizes 16, 32, 64: what a long sequence needs on a GPU
-// The launchers at the end pick flash where it is built, plain elsewhere.
+//   fa3    the same pairs on Hopper's machinery (TMA, mbarriers, wgmma, warp specialization:
+//          flash_hopper.cuh's forward, flash_hopper_backward.cuh's backward), sm_90a builds with
+//          head size 64, when LLMC_FLASH=fa3 asks for it
+// The launchers at the end pick fa3 where asked and built, else flash where it is built, plain
+// elsewhere.
 #ifndef LLMC_CUDA_RING_ATTENTION_CUH
 #define LLMC_CUDA_RING_ATTENTION_CUH
 
 #include "device.cuh"
 #include "flash_attention.cuh"
+#include "attention.cuh"  // (flash_fa3_asked, and flash_hopper*.cuh: the fa3 kernels below)
 #include "../cp_layout.h"
 
 
@@ -161,6 +166,35 @@ static inline void attention_block_backward_plain(float* dq, float* dkv, const f
 
 static inline int ring_flash_supports(int hs) { return hs == 16 || hs == 32 || hs == 64; }
 
+// the merge, in fp32 (attention_block_forward's rule), of a warp's 16 rows row0.. of the query
+// chunk (those < len): this pair's lse_b = ln 2 (m + log2 l) and unnormalized output acc (mma's D
+// layout, l this lane's part of the row sum), against the rows' lse and o so far. Each element of
+// o has one writer, and the merged lse goes to lse_new (lane t = 0 of the row's four)
+template <int HS>
+__device__ inline void ring_flash_merge(float* o, float* lse_new, const float* lse, const float (*acc)[4], const float* m,
+                                        float* l, int b, int h, int row0, int len, int q0row, int Tq, int C, int NH,
+                                        int init) {
+    int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+        int row = row0 + g + 8 * r;
+        if (row >= len) continue;
+        size_t at = ((size_t)b * NH + h) * Tq + q0row + row;
+        float lse_b = (m[r] + log2f(l[r])) / FLASH_LOG2E;
+        float merged = init ? lse_b : fmaxf(lse[at], lse_b) + log1pf(expf(-fabsf(lse[at] - lse_b)));
+        float keep = init ? 0.0f : expf(lse[at] - merged), add = expf(lse_b - merged) / l[r];
+        float* dst = o + ((size_t)b * Tq + q0row + row) * C + h * HS + 2 * t;
+        for (int d = 0; d < HS / 8; d++) {
+            for (int e = 0; e < 2; e++) {
+                float before = init ? 0.0f : dst[8 * d + e] * keep;  // (init: o holds no number yet)
+                dst[8 * d + e] = before + acc[d][2 * r + e] * add;
+            }
+        }
+        if (t == 0) lse_new[at] = merged;
+    }
+}
+
 // o (B, Tq, C) and lse (B, NH, Tq) fp32 merged with this pair's attention: block (128 queries
 // of the chunk, MT = 2 row tiles per warp as the library's forward, b * NH + h). The merged lse
 // goes to lse_new, not lse: the 4 lanes that hold a row each read its old lse (for their columns
@@ -172,7 +206,7 @@ ring_flash_forward_kernel(float* o, float* lse_new, const float* lse, const floa
                           int k0row, int len, int Tq, int Tk, int C, int NH, int causal, int init) {
     const int MT = FLASH_Q_TILES;
     __shared__ __align__(16) floatX kv_s[2][2][FLASH_TILE * FLASH_LD(HS)];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    int warp = threadIdx.x / 32;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_TILE * MT, row0 = q0 + warp * FLASH_ROWS * MT;
     // diagonal: keys up to the block's last query; whole: every key of the chunk
@@ -223,29 +257,9 @@ ring_flash_forward_kernel(float* o, float* lse_new, const float* lse, const floa
         }
         __syncthreads();
     }
-    // the merge, in fp32 (attention_block_forward's rule): this pair's lse_b = ln 2 (m + log2 l)
-    // and unnormalized output acc, against the rows' lse and o so far
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        for (int r = 0; r < 2; r++) {
-            l[mt][r] += __shfl_xor_sync(0xffffffff, l[mt][r], 1);
-            l[mt][r] += __shfl_xor_sync(0xffffffff, l[mt][r], 2);
-            int row = row0 + mt * FLASH_ROWS + g + 8 * r;
-            if (row >= len) continue;
-            size_t at = ((size_t)b * NH + h) * Tq + q0row + row;
-            float lse_b = (m[mt][r] + log2f(l[mt][r])) / FLASH_LOG2E;
-            float merged = init ? lse_b : fmaxf(lse[at], lse_b) + log1pf(expf(-fabsf(lse[at] - lse_b)));
-            float keep = init ? 0.0f : expf(lse[at] - merged), add = expf(lse_b - merged) / l[mt][r];
-            float* dst = o + ((size_t)b * Tq + q0row + row) * C + h * HS + 2 * t;
-            for (int d = 0; d < HS / 8; d++) {
-                for (int e = 0; e < 2; e++) {
-                    float before = init ? 0.0f : dst[8 * d + e] * keep;  // (init: o holds no number yet)
-                    dst[8 * d + e] = before + acc[mt][d][2 * r + e] * add;
-                }
-            }
-            if (t == 0) lse_new[at] = merged;
-        }
-    }
+    for (int mt = 0; mt < MT; mt++)
+        ring_flash_merge<HS>(o, lse_new, lse, acc[mt], m[mt], l[mt], b, h, row0 + mt * FLASH_ROWS, len, q0row, Tq, C, NH, init);
 }
 
 // lse (B, NH, Tq) = lse_new at the len rows of a query chunk from q0row
@@ -447,19 +461,378 @@ static inline void attention_block_backward_flash(float* dq, float* dkv, const f
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// fa3: the chunk-pair kernels on Hopper's machinery (sm_90a builds, bf16, head size 64), taken
+// when LLMC_FLASH=fa3 is asked (the dispatchers at the end): the forward of flash_hopper.cuh's v9
+// (a producer warpgroup loading by TMA into a ring of k, v tiles guarded by full/empty mbarriers,
+// two consumer warpgroups of 64 queries with q k^T on wgmma from shared memory, setmaxnreg; Shah
+// et al. 2024, FlashAttention-3, section 3.1) and the backward of flash_hopper_backward.cuh's v8
+// (a producer warp, a 2-slot ring, two consumer warpgroups; dK dV per key block, dQ by a separate
+// pass: every element of dq and dkv has one writer, the same bits every run). Read those files
+// first: the comments here are on what differs, the same three changes as the flash kernels above:
+//   rows: three tensor maps, q from qkv as (B Tq, 3C), k and v from the block kv as (B Tk, 2C),
+//     dout as (B Tq, C); a chunk's row r of sequence b is map row b Tq + q0row + r (or b Tk +
+//     k0row + r). A tile's rows past the chunk's len are the next chunk's (or the next sequence's,
+//     or TMA's zeros past the tensor): finite values, masked as keys (key >= len) and never stored
+//     as queries, their lse and D read as 0 (hopper_produce, given len for T);
+//   causal: the diagonal pair masks a key after its query, a whole pair masks nothing;
+//   the results are fp32 and accumulate across blocks: the forward's epilogue merges into o and
+//     lse by ring_flash_merge (the merged lse to lse_new, copied over by ring_lse_update), dk, dv
+//     and dq add by ring_flash_add.
+// The pingpong and intra-warpgroup overlap of the forward's v10-v11 and the backward's v9 are not
+// here: a chunk pair is one block of the ring's work, and the first rungs are what its kernels
+// share with the library's without copies of their turn logic.
+// sm_90a (ptxas -v, nvcc 12.x, the Makefile's flags; test/tests_ring_fa3.py checks spills):
+//   ring_fa3_forward_kernel  168 registers (the launch bound's cap for 384 threads), 0 spills;
+//     80 KB dynamic shared memory (FlashHopperTiles) and 72 bytes of mbarriers
+//   ring_fa3_dkdv_kernel     168 registers, 0 spills; 66,560 bytes dynamic (HOPPER_BWD_SHARED(8))
+//   ring_fa3_dq_kernel       168 registers, 0 spills; 66,560 bytes dynamic
+#if defined(LLMC_WGMMA)
+
+// the forward's producer (one thread): the block's two q tiles (rows q_row, q_row + 64 of the qkv
+// map) announced on q_full, then key tiles 0.. of the chunk (rows k_row + 64 t of the kv map, k at
+// column h 64, v at C + h 64) into the ring as its slots free up (flash_hopper_load_kv's protocol
+// with a map of its own for the keys)
+__device__ inline void ring_fa3_produce(FlashHopperTiles& tiles, const CUtensorMap* q_map, const CUtensorMap* kv_map,
+                                        uint64_t* full, uint64_t* empty, uint64_t* q_full, int q_row, int k_row, int h,
+                                        int C, int key_tiles) {
+    mbarrier_arrive_expect_tx(q_full, 2 * FLASH_HOPPER_TILE_BYTES);
+    for (int w = 0; w < 2; w++) flash_hopper_load_tile(tiles.q[w], q_map, h * 64, q_row + 64 * w, q_full);
+    for (int t = 0; t < key_tiles; t++) {
+        int slot = t % FLASH_HOPPER_STAGES;
+        mbarrier_wait(&empty[slot], ((t / FLASH_HOPPER_STAGES) & 1) ^ 1);  // the slot's last tile was read
+        mbarrier_arrive_expect_tx(&full[slot], 2 * FLASH_HOPPER_TILE_BYTES);
+        flash_hopper_load_tile(tiles.kv[slot][0], kv_map, h * 64, k_row + t * FLASH_TILE, &full[slot]);
+        flash_hopper_load_tile(tiles.kv[slot][1], kv_map, C + h * 64, k_row + t * FLASH_TILE, &full[slot]);
+    }
+}
+
+// flash_hopper_tile (flash_hopper.cuh) with the chunk's mask: keys past len, and after their
+// query only on the diagonal (that one passes causal = true to the softmax always)
+__device__ inline void ring_fa3_tile(FlashHopperRows& r, const FlashHopperTiles& tiles, int slot, int t, int len,
+                                     float scale_log2, bool causal) {
+    float s[8][4];
+    wgmma_fence();
+    flash_hopper_qk(s, tiles.q[r.w], tiles.kv[slot][0]);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(&s[0][0], 32);
+    flash_online_softmax<64>(s, r.m, r.l, r.o, r.row0, t * FLASH_TILE, len, scale_log2, causal);
+    uint32_t p[4][4];
+    flash_scores_to_a(p, s);
+    wgmma_pin(&r.o[0][0], 32);  // the rescale's writes of o before the fence
+    wgmma_fence();
+    flash_wg_p_x(r.o, p, tiles.kv[slot][1]);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_pin(&r.o[0][0], 32);
+}
+
+// o, lse merged with a chunk pair's attention: block (128 queries of the query chunk, b * NH + h),
+// warpgroup 0 the producer, 1 and 2 the consumers (queries q0 + 64 w ..); key tiles: on the
+// diagonal up to the block's last query, else the whole chunk
+__global__ void __launch_bounds__(384, 1)
+ring_fa3_forward_kernel(float* o, float* lse_new, const float* lse, const __grid_constant__ CUtensorMap q_map,
+                        const __grid_constant__ CUtensorMap kv_map, int q0row, int k0row, int len, int Tq, int Tk, int C,
+                        int NH, int causal, int init) {
+    extern __shared__ __align__(128) unsigned char ring_fa3_shared[];
+    FlashHopperTiles& tiles = *(FlashHopperTiles*)ring_fa3_shared;
+    __shared__ __align__(8) uint64_t full[FLASH_HOPPER_STAGES], empty[FLASH_HOPPER_STAGES], q_full;
+    FlashHopperBlock k;
+    k.b = blockIdx.y / NH, k.h = blockIdx.y % NH;
+    k.q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_HOPPER_QUERIES;  // (the longest diagonal blocks first)
+    k.tiles = ((causal ? min(k.q0 + FLASH_HOPPER_QUERIES, len) : len) + FLASH_TILE - 1) / FLASH_TILE;
+    float scale_log2 = 0.125f * FLASH_LOG2E;  // 1 / sqrt(64), in base 2
+    flash_hopper_init(full, empty, &q_full, 256);
+    if (threadIdx.x < 128) {  // the producer warpgroup: registers given back, one thread loads
+        setmaxnreg_dec<FLASH_HOPPER_PRODUCER_REGS>();
+        if (threadIdx.x == 0)
+            ring_fa3_produce(tiles, &q_map, &kv_map, full, empty, &q_full, k.b * Tq + q0row + k.q0, k.b * Tk + k0row, k.h, C,
+                             k.tiles);
+        return;
+    }
+    setmaxnreg_inc<FLASH_HOPPER_CONSUMER_REGS>();
+    FlashHopperRows r;
+    flash_hopper_rows_init(r, threadIdx.x / 128 - 1, k);
+    mbarrier_wait(&q_full, 0);
+    for (int t = 0; t < k.tiles; t++) {
+        int slot = t % FLASH_HOPPER_STAGES;
+        mbarrier_wait(&full[slot], (t / FLASH_HOPPER_STAGES) & 1);  // tile t has landed
+        // (per warpgroup: wgmma needs all 4 warps) its queries in the chunk, and on the diagonal
+        // a key of the tile at or before its last query
+        if ((!causal || t * FLASH_TILE <= r.group0 + 63) && r.group0 < len) ring_fa3_tile(r, tiles, slot, t, len, scale_log2, causal);
+        mbarrier_arrive(&empty[slot]);  // this thread is done with the slot
+    }
+    ring_flash_merge<64>(o, lse_new, lse, r.o, r.m, r.l, k.b, k.h, r.row0, len, q0row, Tq, C, NH, init);
+}
+
+// hopper_dkdv_gradients and hopper_dq_gradients (flash_hopper_backward.cuh) with the chunk's
+// mask: keys or queries past len, and a key after its query only on the diagonal
+__device__ inline void ring_fa3_dkdv_gradients(uint32_t (*p)[4], uint32_t (*ds)[4], float (*s)[4], const float (*dp)[4],
+                                               const float* lse_tile, const float* D_tile, int key0, int u0, int len,
+                                               float scale_log2, bool causal) {
+    int t = threadIdx.x % 4;
+    flash_key_probabilities(s, lse_tile, key0, u0, len, scale_log2, causal);  // p^T
+    flash_scores_to_a(p, s);
+    for (int j = 0; j < FLASH_TILE / 8; j++)
+        for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_tile[8 * j + 2 * t + e % 2];
+    flash_scores_to_a(ds, s);
+}
+__device__ inline void ring_fa3_dq_gradients(uint32_t (*ds)[4], float (*s)[4], const float (*dp)[4], const float* lse_log2,
+                                             const float* D_row, int row0, int k0, int len, float scale_log2, bool causal) {
+    flash_query_probabilities(s, lse_log2, row0, k0, len, scale_log2, causal);  // p
+    for (int j = 0; j < FLASH_TILE / 8; j++)
+        for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_row[e / 2];
+    flash_scores_to_a(ds, s);
+}
+
+#define RING_FA3_STAGES 2  // the backward's ring (v8's)
+
+// dk, dv added into dkv (B, Tk, 2C) fp32: block (128 keys of the key chunk, b * NH + h); the
+// producer warp streams the query chunk's tiles (q, dout, their lse and D) from the block's first
+// key on (diagonal) or from 0 (whole); consumer c owns keys block_key0 + 64 c ..
+__global__ void __launch_bounds__(HOPPER_BWD_THREADS, 1)
+ring_fa3_dkdv_kernel(float* dkv, const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
+                     const __grid_constant__ CUtensorMap dout_map, const float* lse, const float* D, int q0row, int k0row,
+                     int len, int Tq, int Tk, int C, int NH, int causal) {
+    const int HS = 64, STAGES = RING_FA3_STAGES;
+    extern __shared__ __align__(128) unsigned char ring_fa3_shared[];
+    __shared__ __align__(8) uint64_t full[RING_FA3_STAGES], empty[RING_FA3_STAGES];
+    floatX* k_s = (floatX*)ring_fa3_shared;             // [2]: consumer 0's keys, then 1's
+    floatX* v_s = k_s + 2 * HOPPER_TILE_ELEMS;          // [2]
+    floatX* q_s = v_s + 2 * HOPPER_TILE_ELEMS;          // [STAGES]
+    floatX* dy_s = q_s + STAGES * HOPPER_TILE_ELEMS;    // [STAGES]
+    float* lse_s = (float*)(dy_s + STAGES * HOPPER_TILE_ELEMS);  // [STAGES][64], base 2
+    float* D_s = lse_s + STAGES * FLASH_TILE;                   // [STAGES][64]
+    int group = threadIdx.x / 128, warp = threadIdx.x / 32;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int block_key0 = blockIdx.x * 2 * FLASH_TILE, query0 = causal ? block_key0 : 0;
+    int tiles = (len - query0 + FLASH_TILE - 1) / FLASH_TILE;
+    hopper_init_barriers<STAGES>(full, empty);
+    if (group == 0) {
+        setmaxnreg_dec<40>();
+        // hopper_produce adds one row base to both: the query chunk's, with the key rows' offset
+        // from it as the block's first row
+        int q_row = b * Tq + q0row, k_row = b * Tk + k0row + block_key0;
+        if (warp == 0)
+            hopper_produce<STAGES>({k_s, &kv_map, h * HS}, {v_s, &kv_map, C + h * HS}, {q_s, &q_map, h * HS},
+                                   {dy_s, &dout_map, h * HS}, q_row, k_row - q_row, query0, tiles, full, empty, lse_s, D_s,
+                                   lse + ((size_t)b * NH + h) * Tq + q0row, D + ((size_t)b * NH + h) * Tq + q0row, len);
+        return;
+    }
+    setmaxnreg_inc<232>();
+    int c = group - 1, group0 = block_key0 + 64 * c, key0 = group0 + 16 * (warp % 4);
+    const floatX* k_tile = k_s + c * HOPPER_TILE_ELEMS;
+    const floatX* v_tile = v_s + c * HOPPER_TILE_ELEMS;
+    float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
+    float dk[HS / 8][4], dv[HS / 8][4];
+    for (int d = 0; d < HS / 8; d++)
+        for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
+    for (int tile = 0; tile < tiles; tile++) {
+        int slot = tile % STAGES, u0 = query0 + tile * FLASH_TILE;
+        const floatX* q_tile = q_s + slot * HOPPER_TILE_ELEMS;
+        const floatX* dy_tile = dy_s + slot * HOPPER_TILE_ELEMS;
+        mbarrier_wait(&full[slot], (tile / STAGES) & 1);  // q, dout, lse, D of the tile (and k, v) are there
+        if ((!causal || u0 + FLASH_TILE - 1 >= group0) && group0 < len) {  // its keys see some of these queries
+            float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];
+            wgmma_fence();
+            hopper_dkdv_scores(s, dp, k_tile, v_tile, q_tile, dy_tile);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_pin(&s[0][0], FLASH_TILE / 2);
+            wgmma_pin(&dp[0][0], FLASH_TILE / 2);
+            uint32_t p[FLASH_TILE / 16][4], ds[FLASH_TILE / 16][4];
+            ring_fa3_dkdv_gradients(p, ds, s, dp, lse_s + slot * FLASH_TILE, D_s + slot * FLASH_TILE, key0, u0, len,
+                                    scale_log2, causal);
+            wgmma_pin(&dv[0][0], HS / 2);
+            wgmma_pin(&dk[0][0], HS / 2);
+            wgmma_fence();
+            flash_wg_p_x(dv, p, dy_tile);  // dv += p^T dout
+            flash_wg_p_x(dk, ds, q_tile);  // dk += ds^T q
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_pin(&dv[0][0], HS / 2);
+            wgmma_pin(&dk[0][0], HS / 2);
+        }
+        mbarrier_arrive(&empty[slot]);  // this thread's products have read the slot
+    }
+    ring_flash_add<HS>(dkv, 2 * C, 0, dk, scale, b, h, key0, len, Tk, k0row);
+    ring_flash_add<HS>(dkv, 2 * C, C, dv, 1.0f, b, h, key0, len, Tk, k0row);
+}
+
+// dq added into dq (B, Tq, C) fp32: block (128 queries of the query chunk, b * NH + h); the
+// producer streams the key chunk's k, v tiles up to the block's last query (diagonal) or all
+__global__ void __launch_bounds__(HOPPER_BWD_THREADS, 1)
+ring_fa3_dq_kernel(float* dq, const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap kv_map,
+                   const __grid_constant__ CUtensorMap dout_map, const float* lse, const float* D, int q0row, int k0row,
+                   int len, int Tq, int Tk, int C, int NH, int causal) {
+    const int HS = 64, STAGES = RING_FA3_STAGES;
+    extern __shared__ __align__(128) unsigned char ring_fa3_shared[];
+    __shared__ __align__(8) uint64_t full[RING_FA3_STAGES], empty[RING_FA3_STAGES];
+    floatX* q_s = (floatX*)ring_fa3_shared;           // [2]: consumer 0's queries, then 1's
+    floatX* dy_s = q_s + 2 * HOPPER_TILE_ELEMS;       // [2]
+    floatX* k_s = dy_s + 2 * HOPPER_TILE_ELEMS;       // [STAGES]
+    floatX* v_s = k_s + STAGES * HOPPER_TILE_ELEMS;   // [STAGES]
+    int group = threadIdx.x / 128, warp = threadIdx.x / 32;
+    int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * 2 * FLASH_TILE;
+    int tiles = ((causal ? min(q0 + 2 * FLASH_TILE, len) : len) + FLASH_TILE - 1) / FLASH_TILE;
+    hopper_init_barriers<STAGES>(full, empty);
+    if (group == 0) {  // the producer (no lse, D: the consumers hold their rows' in registers)
+        setmaxnreg_dec<40>();
+        int k_row = b * Tk + k0row, q_row = b * Tq + q0row + q0;
+        if (warp == 0)
+            hopper_produce<STAGES>({q_s, &q_map, h * HS}, {dy_s, &dout_map, h * HS}, {k_s, &kv_map, h * HS},
+                                   {v_s, &kv_map, C + h * HS}, k_row, q_row - k_row, 0, tiles, full, empty, NULL, NULL,
+                                   NULL, NULL, len);
+        return;
+    }
+    setmaxnreg_inc<232>();
+    int c = group - 1, group0 = q0 + 64 * c, row0 = group0 + 16 * (warp % 4), g = threadIdx.x % 32 / 4;
+    const floatX* q_tile = q_s + c * HOPPER_TILE_ELEMS;
+    const floatX* dy_tile = dy_s + c * HOPPER_TILE_ELEMS;
+    float scale = rsqrtf((float)HS), scale_log2 = scale * FLASH_LOG2E;
+    float lse_log2[2], D_row[2];  // rows g, g + 8 of the warp's 16 (0 past the chunk)
+    for (int r = 0; r < 2; r++) {
+        int row = row0 + g + 8 * r;
+        size_t at = ((size_t)b * NH + h) * Tq + q0row + row;
+        lse_log2[r] = row < len ? lse[at] * FLASH_LOG2E : 0.0f;
+        D_row[r] = row < len ? D[at] : 0.0f;
+    }
+    float acc[HS / 8][4];
+    for (int d = 0; d < HS / 8; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
+    for (int tile = 0; tile < tiles; tile++) {
+        int slot = tile % STAGES, k0 = tile * FLASH_TILE;
+        const floatX* k_tile = k_s + slot * HOPPER_TILE_ELEMS;
+        mbarrier_wait(&full[slot], (tile / STAGES) & 1);
+        if ((!causal || k0 <= group0 + 63) && group0 < len) {
+            float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];
+            wgmma_fence();
+            hopper_dq_scores(s, dp, q_tile, dy_tile, k_tile, v_s + slot * HOPPER_TILE_ELEMS);
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_pin(&s[0][0], FLASH_TILE / 2);
+            wgmma_pin(&dp[0][0], FLASH_TILE / 2);
+            uint32_t ds[FLASH_TILE / 16][4];
+            ring_fa3_dq_gradients(ds, s, dp, lse_log2, D_row, row0, k0, len, scale_log2, causal);
+            wgmma_pin(&acc[0][0], HS / 2);
+            wgmma_fence();
+            flash_wg_p_x(acc, ds, k_tile);  // dq += ds k
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_pin(&acc[0][0], HS / 2);
+        }
+        mbarrier_arrive(&empty[slot]);
+    }
+    ring_flash_add<HS>(dq, C, 0, acc, scale, b, h, row0, len, Tq, q0row);
+}
+
+// the tensor maps of one block call: q from qkv (B Tq, 3C), k and v from kv (B Tk, 2C), dout
+// (B Tq, C); boxes of (64 rows, 8 columns), a tile's column groups (flash_hopper_load_tile). They
+// hold the pointers, so they are made on each call (host work only)
+static inline void ring_fa3_maps(CUtensorMap* q_map, CUtensorMap* kv_map, CUtensorMap* dout_map, const floatX* qkv,
+                                 const floatX* kv, const floatX* datty, int B, int Tq, int Tk, int C) {
+    tma_map_2d(q_map, qkv, B * Tq, 3 * C, 3 * C, FLASH_TILE, 8);
+    tma_map_2d(kv_map, kv, B * Tk, 2 * C, 2 * C, FLASH_TILE, 8);
+    if (dout_map != NULL) tma_map_2d(dout_map, datty, B * Tq, C, C, FLASH_TILE, 8);
+}
+
+// attention_block_forward_flash's contract (head size 64) on the fa3 kernels
+static inline void attention_block_forward_fa3(float* o, float* lse, float* lse_new, const floatX* qkv, const floatX* kv,
+                                               CpChunks q, CpChunks k, int B, int C, int NH, int first) {
+    int len = q.len, Tq = q.n * len, Tk = k.n * k.len, bytes = (int)sizeof(FlashHopperTiles);
+    static int allowed = 0;  // (the dynamic shared memory, over 48 KB, allowed once)
+    if (!allowed) cudaCheck(cudaFuncSetAttribute(ring_fa3_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    allowed = 1;
+    CUtensorMap q_map, kv_map;
+    ring_fa3_maps(&q_map, &kv_map, NULL, qkv, kv, NULL, B, Tq, Tk, C);
+    dim3 grid(ceil_div(len, FLASH_HOPPER_QUERIES), B * NH);
+    size_t rows = (size_t)B * NH * len;
+    for (int i = 0; i < q.n; i++) {
+        int written = !first;
+        for (int n = 0; n < k.n; n++) {
+            int j = first ? (i + n) % k.n : n;  // (first: the diagonal first, as attention_block_forward_flash)
+            CpTile tile = cp_tile(q.index[i], k.index[j]);
+            if (tile == TILE_MASKED) continue;
+            ring_fa3_forward_kernel<<<grid, 384, bytes>>>(o, lse_new, lse, q_map, kv_map, i * len, j * len, len, Tq, Tk, C, NH,
+                                                          tile == TILE_DIAGONAL, !written);
+            cudaCheckLaunch();
+            ring_lse_update_kernel<<<ceil_div(rows, 256), 256>>>(lse, lse_new, i * len, len, Tq, rows);
+            cudaCheckLaunch();
+            written = 1;
+        }
+    }
+}
+
+// attention_block_backward_flash's contract (head size 64) on the fa3 kernels: pair by pair, dk,
+// dv then dq, in launch order (every element one writer a kernel: deterministic)
+static inline void attention_block_backward_fa3(float* dq, float* dkv, const floatX* datty, const float* lse, const float* D,
+                                                const floatX* qkv, const floatX* kv, CpChunks q, CpChunks k, int B, int C,
+                                                int NH) {
+    int len = q.len, Tq = q.n * len, Tk = k.n * k.len, shared = HOPPER_BWD_SHARED(8);
+    static int allowed = 0;
+    if (!allowed) {
+        cudaCheck(cudaFuncSetAttribute(ring_fa3_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
+        cudaCheck(cudaFuncSetAttribute(ring_fa3_dq_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
+        allowed = 1;
+    }
+    CUtensorMap q_map, kv_map, dout_map;
+    ring_fa3_maps(&q_map, &kv_map, &dout_map, qkv, kv, datty, B, Tq, Tk, C);
+    dim3 grid(ceil_div(len, 2 * FLASH_TILE), B * NH);
+    for (int i = 0; i < q.n; i++) {
+        for (int j = 0; j < k.n; j++) {
+            CpTile tile = cp_tile(q.index[i], k.index[j]);
+            if (tile == TILE_MASKED) continue;
+            int causal = tile == TILE_DIAGONAL;
+            ring_fa3_dkdv_kernel<<<grid, HOPPER_BWD_THREADS, shared>>>(dkv, q_map, kv_map, dout_map, lse, D, i * len, j * len,
+                                                                        len, Tq, Tk, C, NH, causal);
+            cudaCheckLaunch();
+            ring_fa3_dq_kernel<<<grid, HOPPER_BWD_THREADS, shared>>>(dq, q_map, kv_map, dout_map, lse, D, i * len, j * len, len,
+                                                                      Tq, Tk, C, NH, causal);
+            cudaCheckLaunch();
+        }
+    }
+}
+#endif  // LLMC_WGMMA
+
 #else
 static inline int ring_flash_supports(int hs) { (void)hs; return 0; }  // (fp32 builds: the plain kernels)
 #endif  // !FLOATX_IS_FLOAT
 
 // ---------------------------------------------------------------------------------------------
 // The launchers the trainers call (llmc/context_parallel.h), as the CPU backend's: flash where it
-// is built for the head size, plain elsewhere. scratch (B, NH, Tq) fp32: the flash forward's
-// merged lse, on its way
+// is built for the head size, plain elsewhere; with LLMC_FLASH=fa3 the fa3 kernels where the
+// build is sm_90a and the head size 64. scratch (B, NH, Tq) fp32: the flash forward's merged lse,
+// on its way
+
+#if !FLOATX_IS_FLOAT
+// LLMC_FLASH=fa3 asked (attention.cuh): 1 where the fa3 kernels take this call, counted in
+// flash_fa3_calls as taken (paths_print), else 0, counted as fallen back to mma.sync
+static inline int ring_fa3_takes(int C, int NH) {
+    if (!flash_fa3_asked()) return 0;
+#if defined(LLMC_WGMMA)
+    if (C == 64 * NH) {
+        flash_fa3_calls[0]++;
+        return 1;
+    }
+#endif
+    (void)C, (void)NH;
+    flash_fa3_calls[1]++;
+    return 0;
+}
+#endif
 
 static inline void attention_block_forward(float* o, float* lse, float* scratch, const floatX* qkv, const floatX* kv,
                                            CpChunks q, CpChunks k, int B, int C, int NH, int first) {
     int kernel_span = kernel_time_begin("ring attention: block forward", 0, 0);
 #if !FLOATX_IS_FLOAT
+    if (ring_flash_supports(C / NH) && ring_fa3_takes(C, NH)) {
+#if defined(LLMC_WGMMA)
+        attention_block_forward_fa3(o, lse, scratch, qkv, kv, q, k, B, C, NH, first);
+        kernel_time_end(kernel_span);
+        return;
+#endif
+    }
     if (ring_flash_supports(C / NH)) {
         attention_block_forward_flash(o, lse, scratch, qkv, kv, q, k, B, C, NH, first);
         kernel_time_end(kernel_span);
@@ -476,6 +849,13 @@ static inline void attention_block_backward(float* dq, float* dkv, const floatX*
                                             CpChunks k, int B, int C, int NH) {
     int kernel_span = kernel_time_begin("ring attention: block backward", 0, 0);
 #if !FLOATX_IS_FLOAT
+    if (ring_flash_supports(C / NH) && ring_fa3_takes(C, NH)) {
+#if defined(LLMC_WGMMA)
+        attention_block_backward_fa3(dq, dkv, datty, lse, D, qkv, kv, q, k, B, C, NH);
+        kernel_time_end(kernel_span);
+        return;
+#endif
+    }
     if (ring_flash_supports(C / NH)) {
         attention_block_backward_flash(dq, dkv, datty, lse, D, qkv, kv, q, k, B, C, NH);
         kernel_time_end(kernel_span);
