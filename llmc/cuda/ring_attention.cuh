@@ -482,11 +482,14 @@ static inline void attention_block_backward_flash(float* dq, float* dkv, const f
 // The pingpong and intra-warpgroup overlap of the forward's v10-v11 and the backward's v9 are not
 // here: a chunk pair is one block of the ring's work, and the first rungs are what its kernels
 // share with the library's without copies of their turn logic.
-// sm_90a (ptxas -v, nvcc 12.x, the Makefile's flags; test/tests_ring_fa3.py checks spills):
-//   ring_fa3_forward_kernel  168 registers (the launch bound's cap for 384 threads), 0 spills;
-//     80 KB dynamic shared memory (FlashHopperTiles) and 72 bytes of mbarriers
-//   ring_fa3_dkdv_kernel     168 registers, 0 spills; 66,560 bytes dynamic (HOPPER_BWD_SHARED(8))
-//   ring_fa3_dq_kernel       168 registers, 0 spills; 66,560 bytes dynamic
+// sm_90a (ptxas -v, the Makefile's flags; test/tests_ring_fa3.py checks the spills and the SASS):
+//   ring_fa3_forward_kernel  168 registers (the launch bound's cap at 384 threads; setmaxnreg
+//     then 40 / 232), 0 spills, no serialized wgmma; 81,920 bytes of dynamic shared memory
+//     (FlashHopperTiles: 2 q tiles, a 4-slot k, v ring) and 128 static (the mbarriers); 8 HGMMA
+//   ring_fa3_dkdv_kernel     168 registers, 0 spills; 66,560 bytes dynamic (HOPPER_BWD_SHARED(8):
+//     k, v of both warpgroups, a 2-slot q, dout ring with its lse and D), 128 static; 16 HGMMA
+//   ring_fa3_dq_kernel       168 registers, 0 spills; 66,560 bytes dynamic, 128 static; 12 HGMMA
+// One block an SM (384 threads, 168 registers each). Not yet timed on a GPU.
 #if defined(LLMC_WGMMA)
 
 // the forward's producer (one thread): the block's two q tiles (rows q_row, q_row + 64 of the qkv
