@@ -249,8 +249,10 @@ static inline void fence_proxy_async(void) {}
 // CPU back, and the scheduler runs the other threads and warps (cuda_runtime.h); when no thread
 // can go on, the run stops with a deadlock naming where they wait. Each order takes one extreme
 // of what a GPU may do:
-//   forward: a TMA load lands at the latest moment, when its mbarrier phase completes (a tile
-//     read before the wait that covers it holds old data); a TMA store reads its shared-memory
+//   forward: a TMA load lands at the latest moment: its phase, once its arrivals and bytes are
+//     in, is only due, and completes (the load lands) when a thread next waits on that barrier or
+//     uses it (a tile read before the wait that covers it holds old data, even when the thread
+//     waited on another barrier whose loads were issued later); a TMA store reads its shared-memory
 //     source at the latest moment, the tma_store_wait that covers it (a source overwritten
 //     before that wait is stored overwritten); and a release (the phase completing,
 //     a named barrier filling) lets the thread that made it go on first;
@@ -266,35 +268,22 @@ static inline Mbarrier& mbarrier_of(const uint64_t* bar) {
     auto it = state.mbarriers.find(bar);
     if (it == state.mbarriers.end()) die("an mbarrier used before mbarrier_init in this block");
     if (*bar != mbarrier_magic) die("an mbarrier's 8 bytes of shared memory were overwritten after its init");
+    if (it->second.due) mbarrier_complete(it->second);  // used again: its due phase completes first
     return it->second;
 }
 
-// a TMA box of a 2D tensor lands in shared memory: rows c1.., columns c0.. of the tensor, dense
-// and row after row (no swizzle), zeros where the box leaves the tensor
-static inline void tma_land(const TmaLoad& l) {
-    const TensorMap& m = l.map;
-    unsigned char* dst = (unsigned char*)l.dst;
-    for (uint32_t r = 0; r < m.box[1]; r++) {
-        for (uint32_t c = 0; c < m.box[0]; c++, dst += m.element_bytes) {
-            long long row = (long long)l.c1 + r, col = (long long)l.c0 + c;
-            if (row >= 0 && row < (long long)m.dims[1] && col >= 0 && col < (long long)m.dims[0])
-                memcpy(dst, m.base + row * m.strides[1] + col * m.element_bytes, m.element_bytes);
-            else
-                memset(dst, 0, m.element_bytes);
-        }
-    }
-}
-
-// the phase completes once its arrivals are in and its bytes have landed: forward order's loads
-// land, the next phase begins; in reverse order, when a thread's arrival completed it, its
-// waiters run at once
+// the phase completes once its arrivals are in and its bytes have landed. Forward order: a phase
+// with loads becomes due, and completes (its loads land) only when a thread next waits on it or
+// uses the barrier (mbarrier_passed, mbarrier_of); in reverse order it completes now, and when a
+// thread's arrival completed it, its waiters run at once
 static inline void mbarrier_progress(const uint64_t* bar, Mbarrier& m, int by_arrival) {
     if (m.tx <= -(1 << 20) || m.tx >= (1 << 20)) die("an mbarrier's transaction count left -(2^20-1)..2^20-1");
     if (m.pending != 0 || m.tx != 0) return;
-    for (const TmaLoad& l : m.landing) tma_land(l);
-    m.landing.clear();
-    m.phase++;
-    m.pending = m.count;
+    if (!state.reverse && !m.landing.empty()) {
+        m.due = true;
+        return;
+    }
+    mbarrier_complete(m);
     if (state.reverse && by_arrival) {
         hand_over([bar](int i) {
             const Fiber& f = state.fibers[i];
@@ -347,6 +336,7 @@ static inline void mbarrier_init(uint64_t* bar, int count) {
     if (count < 1 || count >= (1 << 20)) die("mbarrier_init: the count is outside 1..2^20-1");
     note_sync();
     auto it = state.mbarriers.find(bar);
+    if (it != state.mbarriers.end() && it->second.due) mbarrier_complete(it->second);
     if (it != state.mbarriers.end() && !it->second.landing.empty()) die("mbarrier_init: TMA loads are still landing on it");
     Mbarrier& m = state.mbarriers[bar];
     m = Mbarrier();

@@ -170,6 +170,8 @@ struct Mbarrier {
     long long tx;                   // bytes expected (arrive.expect_tx) less bytes landed
     uint32_t phase;                 // phases completed
     std::vector<TmaLoad> landing;   // forward order: loads whose data lands when this phase completes
+    bool due;                       // forward order: arrivals and bytes all in, the phase (and its loads'
+                                    // landing) held back until a thread next waits on it or uses the barrier
 };
 static const uint64_t mbarrier_magic = 0x5245495252414272ull;  // an mbarrier's 8 bytes while initialized
 static const int named_barriers = 16;  // bar.sync ids 0-15; 0 is __syncthreads'
@@ -374,11 +376,41 @@ extern "C" inline void cuda_emu_fiber_main(void) {
 
 namespace cuda_emu {
 
+// a TMA box of a 2D tensor lands in shared memory: rows c1.., columns c0.. of the tensor, dense
+// and row after row (no swizzle), zeros where the box leaves the tensor
+static inline void tma_land(const TmaLoad& l) {
+    const TensorMap& m = l.map;
+    unsigned char* dst = (unsigned char*)l.dst;
+    for (uint32_t r = 0; r < m.box[1]; r++) {
+        for (uint32_t c = 0; c < m.box[0]; c++, dst += m.element_bytes) {
+            long long row = (long long)l.c1 + r, col = (long long)l.c0 + c;
+            if (row >= 0 && row < (long long)m.dims[1] && col >= 0 && col < (long long)m.dims[0])
+                memcpy(dst, m.base + row * m.strides[1] + col * m.element_bytes, m.element_bytes);
+            else
+                memset(dst, 0, m.element_bytes);
+        }
+    }
+}
+
+// a phase completes: its loads land, the next phase begins with the same count
+static inline void mbarrier_complete(Mbarrier& m) {
+    for (const TmaLoad& l : m.landing) tma_land(l);
+    m.landing.clear();
+    m.due = false;
+    m.phase++;
+    m.pending = m.count;
+}
+
 // a thread waiting on an mbarrier for the phase of parity p may go on once that phase has
-// completed: when the barrier's current phase has the other parity (PTX's try_wait.parity)
+// completed: when the barrier's current phase has the other parity (PTX's try_wait.parity). A
+// due phase (forward order) completes now, as the thread looks at it: the latest moment its loads
+// may land, so that a thread reading a tile whose own barrier it never waited on (only another's)
+// finds it not there
 static inline int mbarrier_passed(const void* bar, uint32_t parity) {
     auto it = state.mbarriers.find(bar);
-    return it != state.mbarriers.end() && (it->second.phase & 1) != parity;
+    if (it == state.mbarriers.end()) return 0;
+    if (it->second.due && (it->second.phase & 1) == parity) mbarrier_complete(it->second);
+    return (it->second.phase & 1) != parity;
 }
 
 static int run_warp_alone(int w, int n, int* live);
@@ -516,6 +548,7 @@ static void run_block_fibers(void) {
         }
     }
     for (auto& b : state.mbarriers) {
+        if (b.second.due) mbarrier_complete(b.second);  // (complete on a GPU, though nobody waited)
         if (!b.second.landing.empty()) die("the block ended with TMA loads whose mbarrier phase never completed");
     }
     for (int id = 1; id < named_barriers; id++) {
