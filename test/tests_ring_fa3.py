@@ -73,9 +73,12 @@ def emu_catches_a_missing_mbarrier_wait_in_the_ring_fa3_forward():
 def ring_fa3_compiles_to_wgmma_and_tma_without_spills():
     """the three fa3 kernels for sm_90a (the Makefile's flags, bf16, LLMC_WGMMA): ptxas -v reports
     no spill stores or loads and no serialized wgmma (the numbers are in ring_attention.cuh's fa3
-    section); with nvdisasm, the SASS has TMA loads (UTMALDG), setmaxnreg, no mma.sync (HMMA) and
-    one wgmma (HGMMA) per k16 step of each product: the forward 8 (q k^T and p v, 4 each), dK dV
-    16 (s^T, dp^T, dv, dk), dQ 12 (s, dp, dq)"""
+    section); with nvdisasm, the SASS has TMA loads (UTMALDG), setmaxnreg, no mma.sync (HMMA), one
+    wgmma (HGMMA) per k16 step of each product as the source issues them (the forward 16: q k^T
+    and p v, 4 each, in each of the turn's cases that issues them, 2 each; dK dV 16: s^T, dp^T,
+    dv, dk; dQ 12: s, dp, dq), and no instruction writes the A registers of an HGMMA before the
+    wait that drains it (the forward leaves a p v running under the softmax: its p must stay put;
+    tests_flash_hopper_forward.py's sass_written reads the SASS)"""
     if not have_nvcc():
         raise Skip("no nvcc")
     nvcc = tool("nvcc")
@@ -96,18 +99,19 @@ def ring_fa3_compiles_to_wgmma_and_tma_without_spills():
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-3000:]
     assert "serialized" not in out, out[-3000:]
-    kernels = dict(forward=8, dkdv=16, dq=12)
+    kernels = dict(forward=16, dkdv=16, dq=12)
     for kernel in kernels:
         m = re.search(r"Function properties for \w*ring_fa3_%s_kernel\w*\n\s*(\d+) bytes stack frame, "
                       r"(\d+) bytes spill stores, (\d+) bytes spill loads\n.*Used (\d+) registers" % kernel, out)
         assert m, "no ptxas -v report of ring_fa3_%s_kernel\n%s" % (kernel, out[-3000:])
-        print("    sm_90a ring_fa3_%s_kernel: %s registers, spills %s/%s bytes" % (kernel, m.group(4), m.group(2), m.group(3)))
-        assert m.group(2) == "0" and m.group(3) == "0", "%s spills registers:\n%s" % (kernel, m.group(0))
+        print("    sm_90a ring_fa3_%s_kernel: %s registers, stack %s, spills %s/%s bytes" % (kernel, m.group(4), *m.group(1, 2, 3)))
+        assert m.group(1, 2, 3) == ("0", "0", "0"), "%s spills registers:\n%s" % (kernel, m.group(0))
     disasm = tool("nvdisasm")
     if disasm is None:
         raise Skip("ptxas checked; no nvdisasm to read the SASS (dev/setup.sh installs it: pip nvidia-cuda-nvdisasm)")
     sass = subprocess.run([disasm, "-c", cubin], capture_output=True, text=True, timeout=300).stdout
     sections = re.split(r"^\s*\.section\s+\.text\.", sass, flags=re.M)
+    insn = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)((?:\.[A-Za-z0-9_]+)*)\s*(.*?)\s*;")
     for kernel in kernels:
         body = [s for s in sections if re.match(r"\w*ring_fa3_%s_kernel" % kernel, s)]
         assert len(body) == 1, "no SASS section of ring_fa3_%s_kernel" % kernel
@@ -116,3 +120,14 @@ def ring_fa3_compiles_to_wgmma_and_tma_without_spills():
         assert counts["HGMMA"] == kernels[kernel] and counts["HMMA"] == 0, "%s: %s, expected %d HGMMA, no HMMA" % (
             kernel, counts, kernels[kernel])
         assert counts["UTMALDG"] > 0 and counts["USETMAXREG"] > 0, "%s: no TMA load or setmaxnreg: %s" % (kernel, counts)
+        insns = [m.groups() for m in insn.finditer(body[0])]
+        for x, (addr, op, mods, args) in enumerate(insns):
+            a = re.match(r"R\d+, R(\d+),", args)  # A from registers (p v, dv, dk, dq); the others by descriptor
+            if op != "HGMMA" or not a:
+                continue
+            regs = {int(a.group(1)) + j for j in range(4)}
+            drained = next((j for j in range(x + 1, len(insns)) if insns[j][1] == "WARPGROUP" and
+                            insns[j][2].startswith(".DEPBAR") and insns[j][3].endswith("0x0")), len(insns))
+            for j in range(x + 1, drained):
+                assert not sass_written(*insns[j][1:]) & regs, "%s: the HGMMA at %s reads A from R%d.., which %s at %s " \
+                    "overwrites before the wait" % (kernel, addr, min(regs), insns[j][1], insns[j][0])

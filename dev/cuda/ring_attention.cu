@@ -12,9 +12,10 @@ v2 flash: flash_attention.cuh's tensor-core kernels on one chunk pair at a time,
    there). p and ds are rounded to bf16 for the tensor cores, as in the library's flash
    attention: the tolerance is bf16's on o, dq, dk, dv.
 v3 fa3: the pairs on Hopper's machinery (sm_90a bf16 builds, head size 64; the trainers' kernels
-   there with LLMC_FLASH=fa3): flash_hopper.cuh's v9 forward (TMA ring, a producer warpgroup,
-   two consumer warpgroups, setmaxnreg) and flash_hopper_backward.cuh's v8 backward (a producer
-   warp, dK dV and a separate dQ pass), each pair's rows through three tensor maps. v2's
+   there with LLMC_FLASH=fa3): flash_hopper.cuh's v11 forward (TMA ring, a producer warpgroup,
+   two consumer warpgroups in pingpong, the softmax under the previous tile's p v) and
+   flash_hopper_backward.cuh's v9 backward (a producer warp, two consumer warpgroups in pingpong,
+   dK dV and a separate dQ pass), each pair's rows through three tensor maps. v2's
    tolerance; the backward run twice from zero gives the same bits (no atomics). Under the
    emulator it is validated (both orders) but not timed. sm_90a, ptxas -v: see the fa3 section
    of llmc/cuda/ring_attention.cuh (registers, shared memory, spills).
@@ -33,7 +34,7 @@ static int last_version(int hs) {
 #endif
     return ring_flash_supports(hs) ? 2 : 1;
 }
-static const char* version_name(int v) { return v == 1 ? "plain" : v == 2 ? "flash" : "fa3 (TMA, warp-specialized, wgmma)"; }
+static const char* version_name(int v) { return v == 1 ? "plain" : v == 2 ? "flash" : "fa3 (TMA, pingpong, wgmma)"; }
 static void forward_version(int v, float* o, float* lse, float* scratch, const floatX* qkv, const floatX* kv, CpChunks q,
                             CpChunks k, int B, int C, int NH, int first) {
 #if !FLOATX_IS_FLOAT && defined(LLMC_WGMMA)

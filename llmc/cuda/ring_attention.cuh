@@ -463,13 +463,17 @@ static inline void attention_block_backward_flash(float* dq, float* dkv, const f
 
 // ---------------------------------------------------------------------------------------------
 // fa3: the chunk-pair kernels on Hopper's machinery (sm_90a builds, bf16, head size 64), taken
-// when LLMC_FLASH=fa3 is asked (the dispatchers at the end): the forward of flash_hopper.cuh's v9
-// (a producer warpgroup loading by TMA into a ring of k, v tiles guarded by full/empty mbarriers,
-// two consumer warpgroups of 64 queries with q k^T on wgmma from shared memory, setmaxnreg; Shah
-// et al. 2024, FlashAttention-3, section 3.1) and the backward of flash_hopper_backward.cuh's v8
-// (a producer warp, a 2-slot ring, two consumer warpgroups; dK dV per key block, dQ by a separate
-// pass: every element of dq and dkv has one writer, the same bits every run). Read those files
-// first: the comments here are on what differs, the same three changes as the flash kernels above:
+// when LLMC_FLASH=fa3 is asked (the dispatchers at the end), on the last rungs of the library's
+// ladder (Shah et al. 2024, FlashAttention-3, sections 3.1-3.2):
+//   forward  flash_hopper.cuh's v11: a producer warpgroup loading by TMA into a 4-slot ring of k,
+//            v tiles guarded by full/empty mbarriers, two consumer warpgroups of 64 queries
+//            (setmaxnreg) taking turns at the tensor cores (pingpong), tile t's softmax under tile
+//            t-1's p v inside each (intra-warpgroup overlap)
+//   backward flash_hopper_backward.cuh's v9: a producer warp, a 3-slot ring, two consumer
+//            warpgroups in pingpong; dK dV per key block, dQ by a separate pass: every element of
+//            dq and dkv has one writer, the same bits every run
+// Read those files first: the comments here are on what differs, the same three changes as the
+// flash kernels above:
 //   rows: three tensor maps, q from qkv as (B Tq, 3C), k and v from the block kv as (B Tk, 2C),
 //     dout as (B Tq, C); a chunk's row r of sequence b is map row b Tq + q0row + r (or b Tk +
 //     k0row + r). A tile's rows past the chunk's len are the next chunk's (or the next sequence's,
@@ -479,17 +483,21 @@ static inline void attention_block_backward_flash(float* dq, float* dkv, const f
 //   the results are fp32 and accumulate across blocks: the forward's epilogue merges into o and
 //     lse by ring_flash_merge (the merged lse to lse_new, copied over by ring_lse_update), dk, dv
 //     and dq add by ring_flash_add.
-// The pingpong and intra-warpgroup overlap of the forward's v10-v11 and the backward's v9 are not
-// here: a chunk pair is one block of the ring's work, and the first rungs are what its kernels
-// share with the library's without copies of their turn logic.
+// The kernels' loops are the library's with those changes (its turn logic copied, as the library
+// keeps it inside its kernels); the device functions they call are the library's where the
+// mask allows, else a variant here that says which it follows.
 // sm_90a (ptxas -v, the Makefile's flags; test/tests_ring_fa3.py checks the spills and the SASS):
 //   ring_fa3_forward_kernel  168 registers (the launch bound's cap at 384 threads; setmaxnreg
-//     then 40 / 232), 0 spills, no serialized wgmma; 81,920 bytes of dynamic shared memory
-//     (FlashHopperTiles: 2 q tiles, a 4-slot k, v ring) and 128 static (the mbarriers); 8 HGMMA
-//   ring_fa3_dkdv_kernel     168 registers, 0 spills; 66,560 bytes dynamic (HOPPER_BWD_SHARED(8):
-//     k, v of both warpgroups, a 2-slot q, dout ring with its lse and D), 128 static; 16 HGMMA
-//   ring_fa3_dq_kernel       168 registers, 0 spills; 66,560 bytes dynamic, 128 static; 12 HGMMA
-// One block an SM (384 threads, 168 registers each). Not yet timed on a GPU.
+//     then 40 / 232), no stack, 0 spills, no serialized wgmma; 81,920 bytes of dynamic shared
+//     memory (FlashHopperTiles: 2 q tiles, a 4-slot k, v ring) and 128 static (the mbarriers);
+//     16 HGMMA (q k^T and p v in each case of a turn that issues them)
+//   ring_fa3_dkdv_kernel     168 registers, no stack, 0 spills; 83,456 bytes dynamic
+//     (HOPPER_BWD_SHARED(9): k, v of both warpgroups, a 3-slot q, dout ring with its lse and D),
+//     128 static; 16 HGMMA
+//   ring_fa3_dq_kernel       168 registers, no stack, 0 spills; 83,456 bytes dynamic, 128 static;
+//     12 HGMMA
+// One block an SM (384 threads, 168 registers each); the turns' named barriers by a run-time id
+// make ptxas reserve all 16. Not yet timed on a GPU.
 #if defined(LLMC_WGMMA)
 
 // the forward's producer (one thread): the block's two q tiles (rows q_row, q_row + 64 of the qkv
@@ -510,30 +518,10 @@ __device__ inline void ring_fa3_produce(FlashHopperTiles& tiles, const CUtensorM
     }
 }
 
-// flash_hopper_tile (flash_hopper.cuh) with the chunk's mask: keys past len, and after their
-// query only on the diagonal (that one passes causal = true to the softmax always)
-__device__ inline void ring_fa3_tile(FlashHopperRows& r, const FlashHopperTiles& tiles, int slot, int t, int len,
-                                     float scale_log2, bool causal) {
-    float s[8][4];
-    wgmma_fence();
-    flash_hopper_qk(s, tiles.q[r.w], tiles.kv[slot][0]);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_pin(&s[0][0], 32);
-    flash_online_softmax<64>(s, r.m, r.l, r.o, r.row0, t * FLASH_TILE, len, scale_log2, causal);
-    uint32_t p[4][4];
-    flash_scores_to_a(p, s);
-    wgmma_pin(&r.o[0][0], 32);  // the rescale's writes of o before the fence
-    wgmma_fence();
-    flash_wg_p_x(r.o, p, tiles.kv[slot][1]);
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_pin(&r.o[0][0], 32);
-}
-
 // o, lse merged with a chunk pair's attention: block (128 queries of the query chunk, b * NH + h),
 // warpgroup 0 the producer, 1 and 2 the consumers (queries q0 + 64 w ..); key tiles: on the
-// diagonal up to the block's last query, else the whole chunk
+// diagonal up to the block's last query, else the whole chunk; flash_hopper_forward_overlap_kernel
+// (v11) with the chunk's rows and mask, its result merged
 __global__ void __launch_bounds__(384, 1)
 ring_fa3_forward_kernel(float* o, float* lse_new, const float* lse, const __grid_constant__ CUtensorMap q_map,
                         const __grid_constant__ CUtensorMap kv_map, int q0row, int k0row, int len, int Tq, int Tk, int C,
@@ -557,14 +545,48 @@ ring_fa3_forward_kernel(float* o, float* lse_new, const float* lse, const __grid
     setmaxnreg_inc<FLASH_HOPPER_CONSUMER_REGS>();
     FlashHopperRows r;
     flash_hopper_rows_init(r, threadIdx.x / 128 - 1, k);
+    // flash_hopper_forward_overlap_kernel's turns (v11: its comments say why each case of a turn
+    // is one straight branch), with the chunk's mask in `scores` and in the softmax
+    int w = r.w, pending = -1;  // pending: the slot whose p v is still to be done (-1: none)
+    uint32_t p[4][4];
+    if (w == 1) named_barrier_arrive(1, 256);  // the first turn is warpgroup 0's
     mbarrier_wait(&q_full, 0);
-    for (int t = 0; t < k.tiles; t++) {
+    for (int t = 0; t <= k.tiles; t++) {
         int slot = t % FLASH_HOPPER_STAGES;
-        mbarrier_wait(&full[slot], (t / FLASH_HOPPER_STAGES) & 1);  // tile t has landed
-        // (per warpgroup: wgmma needs all 4 warps) its queries in the chunk, and on the diagonal
-        // a key of the tile at or before its last query
-        if ((!causal || t * FLASH_TILE <= r.group0 + 63) && r.group0 < len) ring_fa3_tile(r, tiles, slot, t, len, scale_log2, causal);
-        mbarrier_arrive(&empty[slot]);  // this thread is done with the slot
+        // (per warpgroup: wgmma needs all 4 warps) its queries in the chunk, and on the diagonal a
+        // key of the tile at or before its last query
+        bool scores = t < k.tiles && (!causal || t * FLASH_TILE <= r.group0 + 63) && r.group0 < len;
+        if (t < k.tiles) mbarrier_wait(&full[slot], (t / FLASH_HOPPER_STAGES) & 1);  // tile t has landed
+        float s[8][4];
+        named_barrier_sync(1 + w, 256);  // this warpgroup's turn
+        float factor[1][4] = {{1.0f, 1.0f, 1.0f, 1.0f}};
+        if (scores && pending >= 0) {  // tile t's softmax under the p v before it
+            flash_hopper_issue_qk(s, tiles.q[w], tiles.kv[slot][0]);
+            flash_hopper_issue_pv(r.o, p, tiles.kv[pending][1]);
+            if (w == 0 || t < k.tiles) named_barrier_arrive(2 - w, 256);  // the other's turn
+            wgmma_wait<1>();  // s has landed; p v may still run
+            wgmma_pin(&s[0][0], 32);
+            flash_online_softmax<8>(s, r.m, r.l, factor, r.row0, t * FLASH_TILE, len, scale_log2, causal);
+        } else if (scores) {  // the warpgroup's first tile: no p v yet
+            flash_hopper_issue_qk(s, tiles.q[w], tiles.kv[slot][0]);
+            if (w == 0 || t < k.tiles) named_barrier_arrive(2 - w, 256);
+            wgmma_wait<0>();
+            wgmma_pin(&s[0][0], 32);
+            flash_online_softmax<8>(s, r.m, r.l, factor, r.row0, t * FLASH_TILE, len, scale_log2, causal);
+        } else {  // no scores (the last turn, or a tile it does not see): only the p v, if any
+            if (pending >= 0) flash_hopper_issue_pv(r.o, p, tiles.kv[pending][1]);
+            if (w == 0 || t < k.tiles) named_barrier_arrive(2 - w, 256);
+        }
+        wgmma_wait<0>();  // p v has run: o is whole, the slot's v read, p free
+        wgmma_pin(&r.o[0][0], 32);
+        if (pending >= 0) mbarrier_arrive(&empty[pending]);         // its v has been read
+        if (t < k.tiles && !scores) mbarrier_arrive(&empty[slot]);  // a tile this warpgroup does not see
+        pending = scores ? slot : -1;
+        if (scores) {
+            flash_hopper_rescale(r.o, factor);
+            flash_scores_to_a(p, s);
+            wgmma_pin(&r.o[0][0], 32);  // the rescale's writes of o before the next turn's fence
+        }
     }
     ring_flash_merge<64>(o, lse_new, lse, r.o, r.m, r.l, k.b, k.h, r.row0, len, q0row, Tq, C, NH, init);
 }
@@ -589,7 +611,7 @@ __device__ inline void ring_fa3_dq_gradients(uint32_t (*ds)[4], float (*s)[4], c
     flash_scores_to_a(ds, s);
 }
 
-#define RING_FA3_STAGES 2  // the backward's ring (v8's)
+#define RING_FA3_STAGES HOPPER_BWD_STAGES(9)  // the backward's ring (v9's: 3 slots)
 
 // dk, dv added into dkv (B, Tk, 2C) fp32: block (128 keys of the key chunk, b * NH + h); the
 // producer warp streams the query chunk's tiles (q, dout, their lse and D) from the block's first
@@ -631,33 +653,43 @@ ring_fa3_dkdv_kernel(float* dkv, const __grid_constant__ CUtensorMap q_map, cons
     float dk[HS / 8][4], dv[HS / 8][4];
     for (int d = 0; d < HS / 8; d++)
         for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
-    for (int tile = 0; tile < tiles; tile++) {
-        int slot = tile % STAGES, u0 = query0 + tile * FLASH_TILE;
-        const floatX* q_tile = q_s + slot * HOPPER_TILE_ELEMS;
-        const floatX* dy_tile = dy_s + slot * HOPPER_TILE_ELEMS;
-        mbarrier_wait(&full[slot], (tile / STAGES) & 1);  // q, dout, lse, D of the tile (and k, v) are there
-        if ((!causal || u0 + FLASH_TILE - 1 >= group0) && group0 < len) {  // its keys see some of these queries
-            float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];
+    // flash_hopper_backward_dkdv_kernel<9>'s turns (pingpong: a turn issues the previous tile's
+    // dv, dk products and this tile's s^T, dp^T; the slot released a turn later), with the chunk's
+    // mask in `active` and in the probabilities
+    uint32_t p[FLASH_TILE / 16][4], ds[FLASH_TILE / 16][4];  // the previous tile's p^T and ds^T
+    int previous_active = 0;
+    if (c == 1) named_barrier_arrive(HOPPER_TURN + 0, 256);  // consumer 0 takes the first turn
+    for (int tile = 0; tile <= tiles; tile++) {
+        int slot = tile % STAGES, previous = (tile + STAGES - 1) % STAGES, u0 = query0 + tile * FLASH_TILE;
+        // its keys see some of these queries
+        int active = tile < tiles && (!causal || u0 + FLASH_TILE - 1 >= group0) && group0 < len;
+        if (tile < tiles) mbarrier_wait(&full[slot], (tile / STAGES) & 1);  // q, dout, lse, D (and k, v) are there
+        float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];
+        named_barrier_sync(HOPPER_TURN + c, 256);  // this consumer's turn at the tensor cores
+        if (previous_active) {
+            wgmma_pin(&dv[0][0], HS / 2);
+            wgmma_pin(&dk[0][0], HS / 2);
             wgmma_fence();
-            hopper_dkdv_scores(s, dp, k_tile, v_tile, q_tile, dy_tile);
+            flash_wg_p_x(dv, p, dy_s + previous * HOPPER_TILE_ELEMS);  // dv += p^T dout (tile - 1)
+            flash_wg_p_x(dk, ds, q_s + previous * HOPPER_TILE_ELEMS);  // dk += ds^T q (tile - 1)
             wgmma_commit();
-            wgmma_wait<0>();
-            wgmma_pin(&s[0][0], FLASH_TILE / 2);
-            wgmma_pin(&dp[0][0], FLASH_TILE / 2);
-            uint32_t p[FLASH_TILE / 16][4], ds[FLASH_TILE / 16][4];
+        }
+        if (active) {
+            wgmma_fence();
+            hopper_dkdv_scores(s, dp, k_tile, v_tile, q_s + slot * HOPPER_TILE_ELEMS, dy_s + slot * HOPPER_TILE_ELEMS);
+            wgmma_commit();
+        }
+        if (c == 0 || tile < tiles) named_barrier_arrive(HOPPER_TURN + 1 - c, 256);  // the other's turn
+        wgmma_wait<0>();
+        wgmma_pin(&dv[0][0], HS / 2);
+        wgmma_pin(&dk[0][0], HS / 2);
+        wgmma_pin(&s[0][0], FLASH_TILE / 2);
+        wgmma_pin(&dp[0][0], FLASH_TILE / 2);
+        if (tile > 0) mbarrier_arrive(&empty[previous]);  // tile - 1's slot has been read
+        if (active)
             ring_fa3_dkdv_gradients(p, ds, s, dp, lse_s + slot * FLASH_TILE, D_s + slot * FLASH_TILE, key0, u0, len,
                                     scale_log2, causal);
-            wgmma_pin(&dv[0][0], HS / 2);
-            wgmma_pin(&dk[0][0], HS / 2);
-            wgmma_fence();
-            flash_wg_p_x(dv, p, dy_tile);  // dv += p^T dout
-            flash_wg_p_x(dk, ds, q_tile);  // dk += ds^T q
-            wgmma_commit();
-            wgmma_wait<0>();
-            wgmma_pin(&dv[0][0], HS / 2);
-            wgmma_pin(&dk[0][0], HS / 2);
-        }
-        mbarrier_arrive(&empty[slot]);  // this thread's products have read the slot
+        previous_active = active;
     }
     ring_flash_add<HS>(dkv, 2 * C, 0, dk, scale, b, h, key0, len, Tk, k0row);
     ring_flash_add<HS>(dkv, 2 * C, C, dv, 1.0f, b, h, key0, len, Tk, k0row);
@@ -704,28 +736,35 @@ ring_fa3_dq_kernel(float* dq, const __grid_constant__ CUtensorMap q_map, const _
     }
     float acc[HS / 8][4];
     for (int d = 0; d < HS / 8; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
-    for (int tile = 0; tile < tiles; tile++) {
-        int slot = tile % STAGES, k0 = tile * FLASH_TILE;
-        const floatX* k_tile = k_s + slot * HOPPER_TILE_ELEMS;
-        mbarrier_wait(&full[slot], (tile / STAGES) & 1);
-        if ((!causal || k0 <= group0 + 63) && group0 < len) {
-            float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];
-            wgmma_fence();
-            hopper_dq_scores(s, dp, q_tile, dy_tile, k_tile, v_s + slot * HOPPER_TILE_ELEMS);
-            wgmma_commit();
-            wgmma_wait<0>();
-            wgmma_pin(&s[0][0], FLASH_TILE / 2);
-            wgmma_pin(&dp[0][0], FLASH_TILE / 2);
-            uint32_t ds[FLASH_TILE / 16][4];
-            ring_fa3_dq_gradients(ds, s, dp, lse_log2, D_row, row0, k0, len, scale_log2, causal);
+    // flash_hopper_backward_dq_kernel<9>'s turns, with tile - 1's dq product
+    uint32_t ds[FLASH_TILE / 16][4];
+    int previous_active = 0;
+    if (c == 1) named_barrier_arrive(HOPPER_TURN + 0, 256);
+    for (int tile = 0; tile <= tiles; tile++) {
+        int slot = tile % STAGES, previous = (tile + STAGES - 1) % STAGES, k0 = tile * FLASH_TILE;
+        int active = tile < tiles && (!causal || k0 <= group0 + 63) && group0 < len;
+        if (tile < tiles) mbarrier_wait(&full[slot], (tile / STAGES) & 1);
+        float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];
+        named_barrier_sync(HOPPER_TURN + c, 256);
+        if (previous_active) {
             wgmma_pin(&acc[0][0], HS / 2);
             wgmma_fence();
-            flash_wg_p_x(acc, ds, k_tile);  // dq += ds k
+            flash_wg_p_x(acc, ds, k_s + previous * HOPPER_TILE_ELEMS);  // dq += ds k (tile - 1)
             wgmma_commit();
-            wgmma_wait<0>();
-            wgmma_pin(&acc[0][0], HS / 2);
         }
-        mbarrier_arrive(&empty[slot]);
+        if (active) {
+            wgmma_fence();
+            hopper_dq_scores(s, dp, q_tile, dy_tile, k_s + slot * HOPPER_TILE_ELEMS, v_s + slot * HOPPER_TILE_ELEMS);
+            wgmma_commit();
+        }
+        if (c == 0 || tile < tiles) named_barrier_arrive(HOPPER_TURN + 1 - c, 256);
+        wgmma_wait<0>();
+        wgmma_pin(&acc[0][0], HS / 2);
+        wgmma_pin(&s[0][0], FLASH_TILE / 2);
+        wgmma_pin(&dp[0][0], FLASH_TILE / 2);
+        if (tile > 0) mbarrier_arrive(&empty[previous]);
+        if (active) ring_fa3_dq_gradients(ds, s, dp, lse_log2, D_row, row0, k0, len, scale_log2, causal);
+        previous_active = active;
     }
     ring_flash_add<HS>(dq, C, 0, acc, scale, b, h, row0, len, Tq, q0row);
 }
@@ -772,7 +811,7 @@ static inline void attention_block_forward_fa3(float* o, float* lse, float* lse_
 static inline void attention_block_backward_fa3(float* dq, float* dkv, const floatX* datty, const float* lse, const float* D,
                                                 const floatX* qkv, const floatX* kv, CpChunks q, CpChunks k, int B, int C,
                                                 int NH) {
-    int len = q.len, Tq = q.n * len, Tk = k.n * k.len, shared = HOPPER_BWD_SHARED(8);
+    int len = q.len, Tq = q.n * len, Tk = k.n * k.len, shared = HOPPER_BWD_SHARED(9);
     static int allowed = 0;
     if (!allowed) {
         cudaCheck(cudaFuncSetAttribute(ring_fa3_dkdv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared));
