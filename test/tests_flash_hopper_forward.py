@@ -32,9 +32,9 @@ def hopper_forward_lines(pattern):
 def emu_catches_a_missing_mbarrier_wait_in_the_hopper_forward():
     """delete, one at a time, (a) the producer's wait on a ring slot's "empty" mbarrier (it would
     refill a slot that a consumer warpgroup is still multiplying) and (b) v9's consumers' wait on
-    "full" (they would multiply k and v before the TMA wrote them). The emulator (a load lands as its
-    phase completes in forward order, at once in reverse; a release hands the CPU to the warps it
-    wakes in reverse) must make attention_forward fail its validation, or stop on a deadlock, in at
+    "full" (they would multiply k and v before the TMA wrote them). The emulator (in forward order a load
+    lands only when a thread waits on its barrier's completed phase, in reverse at once; a release
+    hands the CPU to the warps it wakes in reverse) must make attention_forward fail its validation, or stop on a deadlock, in at
     least one order."""
     empty = hopper_forward_lines(r"(mbarrier_wait\(&empty\[slot\][^;]*;)")
     full = hopper_forward_lines(r"(mbarrier_wait\(&full\[slot\][^;]*;)")

@@ -1,6 +1,8 @@
 /*
 Causal self-attention forward, checked against the CPU backend.
   make dev/cuda/attention_forward && ./dev/cuda/attention_forward
+  (v7-v11 in sm_90a builds: make dev/cuda/attention_forward GPU_COMPUTE_CAPABILITY=90 on other GPUs;
+  without a GPU: make build/emu_BF16/dev/cuda/attention_forward, CUDA_EMU_ORDER=forward and reverse)
 v1: one warp per query row: scores, softmax, then att @ v, all in CUDA cores; the (T, T)
     probabilities are written to memory for the backward pass.
 v2: one warp per query row with an online softmax (Milakov & Gimelshein 2018; the idea behind
@@ -319,7 +321,8 @@ int main(void) {
     int ok = check(GPU_OR_EMU(4, 2), GPU_OR_EMU(1024, 100), GPU_OR_EMU(768, 128), GPU_OR_EMU(12, 2));
 #ifdef CUDA_EMU  // head sizes 32 and 16 too (the others flash attention supports), T over three
     // tiles (the double-buffered loop's steady state) and T under one tile
-    // (and head size 64 over five tiles and three blocks of 128 queries, for v7)
+    // (and head size 64 over five tiles and three blocks of 128 queries, for v7-v11: the fifth
+    // tile refills the first slot of v8-v11's 4-slot ring; T = 37, one warpgroup with no queries)
     ok &= check(2, 100, 128, 4) & check(1, 200, 128, 8) & check(1, 37, 128, 2) & check(1, 300, 128, 2);
     ok &= check(2, 300, 128, 2, 1);  // the rescale taken on later tiles, and skipped
 #else
