@@ -41,6 +41,8 @@ PROGRAMS = {
     "adamw.cuh": ["adamw"],
     "classifier.cuh": ["classifier"],
     "flash_attention.cuh": ["attention_forward", "attention_backward"],
+    "flash_hopper.cuh": ["attention_forward"],
+    "flash_hopper_backward.cuh": ["attention_backward"],
     "layernorm.cuh": ["layernorm_forward", "layernorm_backward"],
     "encoder.cuh": ["encoder_backward"],
     "gelu.cuh": ["gelu"],
