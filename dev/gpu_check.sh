@@ -74,6 +74,19 @@ for variant in "" LLMC_GELU=kernels LLMC_CLASSIFIER=registers LLMC_LAYERNORM_BAC
                                   fc, "\047", proj, cls, ln, af, ab }' "$log"
     grep -E "fell back" "$log" | sed 's/^/    /'
 done
+# d24's LayerNorm backward at C = 1024, where the fused kernel (the default, one block an SM at 4
+# packs a lane) timed slower alone than the two kernels (dev/cuda/layernorm_backward: 0.181 against
+# 0.141 ms at 32768 x 1024): the d24 step with each, in turns, decides d24's default
+echo "d24 (B=32, T=1024, 6 steps): the fused LayerNorm backward beside the two kernels, ms a step and the launches'"
+for variant in "" LLMC_LAYERNORM_BACKWARD=separate ""; do
+    log="$logs/gpu_d24_layernorm_${variant:-fused}.log"
+    # shellcheck disable=SC2086  # the variant splits into its assignment
+    env $variant LLMC_KERNEL_TIMES=1 timeout "$(upto 120)" ./build/cuda_BF16/train_gpt2_dp -e d24 -b 32 -t 1024 -x 6 -v 0 \
+        -s 0 > "$log" 2>&1
+    step=$(grep -E "^average step time" "$log" || echo "failed: $(tail -n 1 "$log")")
+    printf "  %-34s %s %s\n" "${variant:-the defaults (fused)}" "${step%%,*}" \
+        "$(awk '/^  layernorm backward / { print "LN backward " $(NF - 1) " ms" }' "$log")"
+done
 # the same paths' kernels alone (dev/cuda): whether wgmma's layouts are the emulator's (v1-v3: each
 # layout against the CPU) and its rate beside mma.sync's, the wgmma forward (v7) beside the
 # mma.sync one (v6), FlashAttention-3's ladder (v8 TMA, v9 warp specialization, v10 pingpong, v11
