@@ -6,18 +6,6 @@
 HOPPER_BACKWARD = os.path.join(ROOT, "llmc", "cuda", "flash_hopper_backward.cuh")
 
 
-def hopper_backward_sweep_module():
-    """dev/cuda/mutation_sweep.py loaded as a module, with this file mapped to the program that
-    validates it (attention_backward) and a work folder of its own"""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("hopper_backward_sweep", os.path.join(ROOT, "dev", "cuda", "mutation_sweep.py"))
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
-    sweep.PROGRAMS.setdefault("flash_hopper_backward.cuh", ["attention_backward"])
-    sweep.WORK = os.path.join(ROOT, "build", "mutation", "hopper_backward")
-    return sweep
-
-
 @test
 def emu_catches_a_missing_mbarrier_wait_in_the_hopper_backward():
     """delete the dK dV consumers' wait on a ring slot's "full" mbarrier: they would multiply the
@@ -30,8 +18,7 @@ def emu_catches_a_missing_mbarrier_wait_in_the_hopper_backward():
                  for m in [re.search(r"(mbarrier_wait\(&full\[slot\][^;]*;)", line)] if m]
     # the dK dV kernel's v8 and v9 consumers', then the dQ kernel's: the first is v8's dK dV
     assert len(lines) == 4, "the waits on full moved (two a kernel expected): %s" % lines
-    sweep = hopper_backward_sweep_module()
-    del sweep.SCHEDULES[1:]  # warp-serial only (the default schedule)
+    sweep = mutation_sweep_module("hopper_backward")
     number, statement = lines[0]
     caught, error = sweep.sweep_one(0, "flash_hopper_backward.cuh", number, statement)
     assert error is None, error
@@ -44,43 +31,18 @@ def flash_hopper_backward_compiles_to_wgmma_and_tma_without_spills():
     ptxas -v reports no spill stores or loads and no serialized wgmma, and the SASS (nvdisasm)
     has wgmma (HGMMA, 16 in dK dV: 8 products of s^T and dp^T, 8 of dv and dk; 12 in dQ), TMA
     loads (UTMALDG), no mma.sync (HMMA), and setmaxnreg (USETMAXREG)"""
-    if not have_nvcc():
-        raise Skip("no nvcc")
-    nvcc = tool("nvcc")
-    with open(os.path.join(ROOT, "Makefile")) as f:
-        flags = re.search(r"^NVCC_FLAGS := (.*)$", f.read(), re.M).group(1).split()
-    work = fresh_dir("flash_hopper_backward_sass")
-    src = os.path.join(work, "k.cu")
-    with open(src, "w") as f:
-        f.write('#include "llmc/cuda/flash_hopper_backward.cuh"\n'
-                "void instantiate(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,\n"
-                "                 int B, int T, int C, int NH) {\n"
-                "    attention_backward_flash_hopper_version<8>(dqkv, dout, qkv, out, lse, B, T, C, NH);\n"
-                "    attention_backward_flash_hopper_version<9>(dqkv, dout, qkv, out, lse, B, T, C, NH);\n}\n")
-    cubin = os.path.join(work, "k.cubin")
-    p = subprocess.run([nvcc, "-cubin", "-gencode", "arch=compute_90a,code=sm_90a"] + flags +
-                       ["-DLLMC_WGMMA", "-I" + ROOT, "-Xptxas", "-v", src, "-o", cubin],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-3000:]
+    out, cubin = sm90a_cubin("flash_hopper_backward_sass", '#include "llmc/cuda/flash_hopper_backward.cuh"\n'
+        "void instantiate(floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,\n"
+        "                 int B, int T, int C, int NH) {\n"
+        "    attention_backward_flash_hopper_version<8>(dqkv, dout, qkv, out, lse, B, T, C, NH);\n"
+        "    attention_backward_flash_hopper_version<9>(dqkv, dout, qkv, out, lse, B, T, C, NH);\n}\n")
     assert "serialized" not in out, out[-3000:]
-    expected = {"%s_kernelILi%d" % (k, v): n for k, n in (("dkdv", 16), ("dq", 12)) for v in (8, 9)}
+    expected = {"flash_hopper_backward_%s_kernelILi%d" % (k, v): n for k, n in (("dkdv", 16), ("dq", 12)) for v in (8, 9)}
     for kernel in expected:
-        m = re.search(r"Function properties for \w*flash_hopper_backward_%s\w*\n\s*(\d+) bytes stack frame, "
-                      r"(\d+) bytes spill stores, (\d+) bytes spill loads\n.*Used (\d+) registers" % kernel, out)
-        assert m, "no ptxas -v report of flash_hopper_backward_%s\n%s" % (kernel, out[-3000:])
-        print("    sm_90a %s: %s registers, spills %s/%s bytes" % (kernel, m.group(4), m.group(2), m.group(3)))
-        assert m.group(2) == "0" and m.group(3) == "0", "%s spills registers:\n%s" % (kernel, m.group(0))
-    disasm = tool("nvdisasm")
-    if disasm is None:
-        raise Skip("ptxas checked; no nvdisasm to read the SASS (dev/setup.sh installs it: pip nvidia-cuda-nvdisasm)")
-    sass = subprocess.run([disasm, "-c", cubin], capture_output=True, text=True, timeout=300).stdout
-    # the listing's sections: one .text.<mangled name> each kernel
-    sections = re.split(r"^\s*\.section\s+\.text\.", sass, flags=re.M)
+        ptxas_without_spills(out, kernel)
+    sections = sass_sections(cubin)
     for kernel, hgmma in expected.items():
-        body = [s for s in sections if re.match(r"\w*flash_hopper_backward_%s" % kernel, s)]
-        assert len(body) == 1, "no SASS section of flash_hopper_backward_%s" % kernel
-        counts = {op: len(re.findall(r"\b%s\b" % op, body[0])) for op in ("HGMMA", "HMMA", "UTMALDG", "USETMAXREG")}
+        body, counts = sass_of(sections, kernel, ("HGMMA", "HMMA", "UTMALDG", "USETMAXREG"))
         print("    sm_90a %s SASS: %s" % (kernel, counts))
         assert counts["HGMMA"] == hgmma and counts["HMMA"] == 0, "%s: %s, expected %d HGMMA, no HMMA" % (kernel, counts, hgmma)
         assert counts["UTMALDG"] > 0 and counts["USETMAXREG"] > 0, "%s: no TMA load or setmaxnreg: %s" % (kernel, counts)
@@ -94,7 +56,7 @@ def emu_catches_a_hopper_backward_slot_released_before_its_products_read_it():
     hands the CPU, at the arrival that completes the phase, to the producer, whose TMA loads land
     at once in that slot, and runs a product at its wait: the products then multiply the next tile
     but two. attention_backward must fail there, on v9 (v8 is untouched)."""
-    sweep = hopper_backward_sweep_module()
+    sweep = mutation_sweep_module("hopper_backward")
     dest = os.path.join(sweep.WORK, "early_release")
     shutil.rmtree(dest, ignore_errors=True)
     sweep.copy_tree(dest)

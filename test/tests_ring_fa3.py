@@ -34,18 +34,6 @@ def emu_cp_vs_pytorch_bf16_cp2_contiguous_ring_nccl_flash_fa3():
     assert "step %d: replicas identical" % cfg["steps"] in out, out[-2000:]
 
 
-def ring_fa3_sweep_module():
-    """dev/cuda/mutation_sweep.py loaded as a module (ring_attention.cuh is validated by
-    dev/cuda/ring_attention there), with a work folder of its own"""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("ring_fa3_sweep", os.path.join(ROOT, "dev", "cuda", "mutation_sweep.py"))
-    sweep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sweep)
-    sweep.PROGRAMS.setdefault("ring_attention.cuh", ["ring_attention"])
-    sweep.WORK = os.path.join(ROOT, "build", "mutation", "ring_fa3")
-    return sweep
-
-
 @test
 def emu_catches_a_missing_mbarrier_wait_in_the_ring_fa3_forward():
     """delete the fa3 forward consumers' wait on a ring slot's "full" mbarrier: they would
@@ -61,8 +49,7 @@ def emu_catches_a_missing_mbarrier_wait_in_the_ring_fa3_forward():
              for m in [re.search(r"(mbarrier_wait\(&full\[slot\][^;]*;)", line)] if m]
     assert lines, "no wait on full in ring_fa3_forward_kernel"
     number, statement = lines[0]  # the forward kernel's (the backward kernels' follow)
-    sweep = ring_fa3_sweep_module()
-    del sweep.SCHEDULES[1:]  # warp-serial only (the default schedule)
+    sweep = mutation_sweep_module("ring_fa3")
     caught, error = sweep.sweep_one(0, "ring_attention.cuh", number, statement)
     assert error is None, error
     print("    ring_attention.cuh:%d deleted: caught in orders %r" % (number, caught))
@@ -79,55 +66,20 @@ def ring_fa3_compiles_to_wgmma_and_tma_without_spills():
     dv, dk; dQ 12: s, dp, dq), and no instruction writes the A registers of an HGMMA before the
     wait that drains it (the forward leaves a p v running under the softmax: its p must stay put;
     tests_flash_hopper_forward.py's sass_written reads the SASS)"""
-    if not have_nvcc():
-        raise Skip("no nvcc")
-    nvcc = tool("nvcc")
-    with open(os.path.join(ROOT, "Makefile")) as f:
-        flags = re.search(r"^NVCC_FLAGS := (.*)$", f.read(), re.M).group(1).split()
-    work = fresh_dir("ring_fa3_sass")
-    src = os.path.join(work, "k.cu")
-    with open(src, "w") as f:
-        f.write('#include "llmc/cuda/ring_attention.cuh"\n'
-                "void instantiate(float* o, float* lse, float* scratch, const floatX* qkv, const floatX* kv, const floatX* dy,\n"
-                "                 const float* D, float* dq, float* dkv, CpChunks q, CpChunks k, int B, int C, int NH) {\n"
-                "    attention_block_forward_fa3(o, lse, scratch, qkv, kv, q, k, B, C, NH, 1);\n"
-                "    attention_block_backward_fa3(dq, dkv, dy, lse, D, qkv, kv, q, k, B, C, NH);\n}\n")
-    cubin = os.path.join(work, "k.cubin")
-    p = subprocess.run([nvcc, "-cubin", "-gencode", "arch=compute_90a,code=sm_90a"] + flags +
-                       ["-DLLMC_WGMMA", "-I" + ROOT, "-Xptxas", "-v", src, "-o", cubin],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-3000:]
+    out, cubin = sm90a_cubin("ring_fa3_sass", '#include "llmc/cuda/ring_attention.cuh"\n'
+        "void instantiate(float* o, float* lse, float* scratch, const floatX* qkv, const floatX* kv, const floatX* dy,\n"
+        "                 const float* D, float* dq, float* dkv, CpChunks q, CpChunks k, int B, int C, int NH) {\n"
+        "    attention_block_forward_fa3(o, lse, scratch, qkv, kv, q, k, B, C, NH, 1);\n"
+        "    attention_block_backward_fa3(dq, dkv, dy, lse, D, qkv, kv, q, k, B, C, NH);\n}\n")
     assert "serialized" not in out, out[-3000:]
     kernels = dict(forward=16, dkdv=16, dq=12)
     for kernel in kernels:
-        m = re.search(r"Function properties for \w*ring_fa3_%s_kernel\w*\n\s*(\d+) bytes stack frame, "
-                      r"(\d+) bytes spill stores, (\d+) bytes spill loads\n.*Used (\d+) registers" % kernel, out)
-        assert m, "no ptxas -v report of ring_fa3_%s_kernel\n%s" % (kernel, out[-3000:])
-        print("    sm_90a ring_fa3_%s_kernel: %s registers, stack %s, spills %s/%s bytes" % (kernel, m.group(4), *m.group(1, 2, 3)))
-        assert m.group(1, 2, 3) == ("0", "0", "0"), "%s spills registers:\n%s" % (kernel, m.group(0))
-    disasm = tool("nvdisasm")
-    if disasm is None:
-        raise Skip("ptxas checked; no nvdisasm to read the SASS (dev/setup.sh installs it: pip nvidia-cuda-nvdisasm)")
-    sass = subprocess.run([disasm, "-c", cubin], capture_output=True, text=True, timeout=300).stdout
-    sections = re.split(r"^\s*\.section\s+\.text\.", sass, flags=re.M)
-    insn = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)((?:\.[A-Za-z0-9_]+)*)\s*(.*?)\s*;")
-    for kernel in kernels:
-        body = [s for s in sections if re.match(r"\w*ring_fa3_%s_kernel" % kernel, s)]
-        assert len(body) == 1, "no SASS section of ring_fa3_%s_kernel" % kernel
-        counts = {op: len(re.findall(r"\b%s\b" % op, body[0])) for op in ("HGMMA", "HMMA", "UTMALDG", "USETMAXREG")}
+        ptxas_without_spills(out, "ring_fa3_%s_kernel" % kernel)
+    sections = sass_sections(cubin)
+    for kernel, hgmma in kernels.items():
+        body, counts = sass_of(sections, "ring_fa3_%s_kernel" % kernel, ("HGMMA", "HMMA", "UTMALDG", "USETMAXREG"))
         print("    sm_90a ring_fa3_%s_kernel SASS: %s" % (kernel, counts))
-        assert counts["HGMMA"] == kernels[kernel] and counts["HMMA"] == 0, "%s: %s, expected %d HGMMA, no HMMA" % (
-            kernel, counts, kernels[kernel])
+        assert counts["HGMMA"] == hgmma and counts["HMMA"] == 0, "%s: %s, expected %d HGMMA, no HMMA" % (kernel, counts, hgmma)
         assert counts["UTMALDG"] > 0 and counts["USETMAXREG"] > 0, "%s: no TMA load or setmaxnreg: %s" % (kernel, counts)
-        insns = [m.groups() for m in insn.finditer(body[0])]
-        for x, (addr, op, mods, args) in enumerate(insns):
-            a = re.match(r"R\d+, R(\d+),", args)  # A from registers (p v, dv, dk, dq); the others by descriptor
-            if op != "HGMMA" or not a:
-                continue
-            regs = {int(a.group(1)) + j for j in range(4)}
-            drained = next((j for j in range(x + 1, len(insns)) if insns[j][1] == "WARPGROUP" and
-                            insns[j][2].startswith(".DEPBAR") and insns[j][3].endswith("0x0")), len(insns))
-            for j in range(x + 1, drained):
-                assert not sass_written(*insns[j][1:]) & regs, "%s: the HGMMA at %s reads A from R%d.., which %s at %s " \
-                    "overwrites before the wait" % (kernel, addr, min(regs), insns[j][1], insns[j][0])
+        # (A from registers: p v, dv, dk, dq; the other products read both by descriptor)
+        hgmma_a_registers_kept(body, kernel)
