@@ -16,10 +16,11 @@ def emu_catches_a_missing_mbarrier_wait_in_the_hopper_backward():
     with open(HOPPER_BACKWARD) as f:
         lines = [(i + 1, m.group(1)) for i, line in enumerate(f)
                  for m in [re.search(r"(mbarrier_wait\(&full\[slot\][^;]*;)", line)] if m]
-    # the dK dV kernel's v8 and v9 consumers', then the dQ kernel's: the first is v8's dK dV
+    # v9's dK dV turns (hopper_dkdv_turns, shared with the ring), the dK dV kernel's v8 loop, then
+    # the dQ pair the same way: the second is v8's dK dV
     assert len(lines) == 4, "the waits on full moved (two a kernel expected): %s" % lines
     sweep = mutation_sweep_module("hopper_backward")
-    number, statement = lines[0]
+    number, statement = lines[1]
     caught, error = sweep.sweep_one(0, "flash_hopper_backward.cuh", number, statement)
     assert error is None, error
     assert "f" in caught["warp-serial"], "line %d deleted: caught in orders %r, expected forward" % (number, caught)
@@ -63,12 +64,12 @@ def emu_catches_a_hopper_backward_slot_released_before_its_products_read_it():
     path = os.path.join(dest, "llmc", "cuda", "flash_hopper_backward.cuh")
     with open(path) as f:
         src = f.read()
-    start = src.index("flash_hopper_backward_dkdv_kernel(")
-    end = src.index("flash_store<HS>(dqkv, 3 * C, C, dk", start)
+    start = src.index("hopper_dkdv_turns(float")
+    end = src.index("flash_hopper_backward_dkdv_kernel(", start)
     body = src[start:end]
-    arrive = "\n            if (tile > 0) mbarrier_arrive(&empty[previous]);  // tile - 1's slot has been read"
-    wait = "\n            wgmma_wait<0>();\n            wgmma_pin(&dv[0][0], HS / 2);"
-    # v9's loop (12 spaces in; v8's waits are inside an if): the arrival after its turn's wait
+    arrive = "\n        if (tile > 0) mbarrier_arrive(&empty[previous]);  // tile - 1's slot has been read"
+    wait = "\n        wgmma_wait<0>();\n        wgmma_pin(&dv[0][0], HS / 2);"
+    # v9's turns (hopper_dkdv_turns, 8 spaces in): the arrival after its turn's wait
     assert body.count(arrive) == 1 and body.count(wait) == 1 and body.index(arrive) > body.index(wait), \
         "the lines this test moves changed"
     body = body.replace(arrive, "").replace(wait, arrive + wait)

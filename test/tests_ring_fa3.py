@@ -4,7 +4,7 @@
 # program). Read into test/run_tests.py's namespace: its helpers (test, Skip, ROOT, build,
 # emu_runner, taking_paths, REF_HS64_CUDA, ...) are used as if written there.
 
-RING_ATTENTION = os.path.join(ROOT, "llmc", "cuda", "ring_attention.cuh")
+HOPPER_FORWARD_FILE = os.path.join(ROOT, "llmc", "cuda", "flash_hopper.cuh")
 
 
 @test
@@ -36,23 +36,25 @@ def emu_cp_vs_pytorch_bf16_cp2_contiguous_ring_nccl_flash_fa3():
 
 @test
 def emu_catches_a_missing_mbarrier_wait_in_the_ring_fa3_forward():
-    """delete the fa3 forward consumers' wait on a ring slot's "full" mbarrier: they would
+    """delete the fa3 forward consumers' wait on a ring slot's "full" mbarrier (in
+    flash_hopper_overlap_turns, the v11 turns that ring_fa3_forward_kernel shares): they would
     multiply q by a k tile (and p by a v tile) before the TMA wrote them. In forward order the
     emulator lands a load only as its phase completes, so the products read the slot's previous
     tile (or the poison of a slot never written): dev/cuda/ring_attention must fail (v3's
     forward against the CPU), or stop on the protocol's broken count"""
-    with open(RING_ATTENTION) as f:
+    with open(HOPPER_FORWARD_FILE) as f:
         text = f.read()
-    start = text.index("ring_fa3_forward_kernel(")
+    start = text.index("flash_hopper_overlap_turns(")
     first = text[:start].count("\n") + 1
     lines = [(first + i, m.group(1)) for i, line in enumerate(text[start:].split("\n"))
              for m in [re.search(r"(mbarrier_wait\(&full\[slot\][^;]*;)", line)] if m]
-    assert lines, "no wait on full in ring_fa3_forward_kernel"
-    number, statement = lines[0]  # the forward kernel's (the backward kernels' follow)
+    assert lines, "no wait on full in flash_hopper_overlap_turns"
+    number, statement = lines[0]
     sweep = mutation_sweep_module("ring_fa3")
-    caught, error = sweep.sweep_one(0, "ring_attention.cuh", number, statement)
+    sweep.PROGRAMS = dict(sweep.PROGRAMS, **{"flash_hopper.cuh": ["ring_attention"]})  # the ring's program, not v11's
+    caught, error = sweep.sweep_one(0, "flash_hopper.cuh", number, statement)
     assert error is None, error
-    print("    ring_attention.cuh:%d deleted: caught in orders %r" % (number, caught))
+    print("    flash_hopper.cuh:%d deleted: caught in orders %r" % (number, caught))
     assert "f" in caught["warp-serial"], "line %d deleted: caught in orders %r, expected forward" % (number, caught)
 
 

@@ -48,17 +48,18 @@ struct FlashHopperTiles {
 };
 
 // where a block is: (b, h), its first query q0 (the last queries see the most keys: their blocks
-// start first, as in the other flash forwards), and the key tiles it needs (causal: up to its last
-// query); a warpgroup w of it owns queries q0 + 64 w ..
+// start first, as in the other flash forwards), and the key tiles it needs of the len keys (causal:
+// up to its last query; not causal, as a ring's whole chunk pair: all); a warpgroup w of it owns
+// queries q0 + 64 w ..
 struct FlashHopperBlock {
     int b, h, q0, tiles;
 };
-__device__ inline FlashHopperBlock flash_hopper_block(int T, int NH) {
+__device__ inline FlashHopperBlock flash_hopper_block(int len, int NH, bool causal = true) {
     FlashHopperBlock k;
     k.b = blockIdx.y / NH;
     k.h = blockIdx.y % NH;
     k.q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_HOPPER_QUERIES;
-    k.tiles = (min(k.q0 + FLASH_HOPPER_QUERIES, T) + FLASH_TILE - 1) / FLASH_TILE;
+    k.tiles = ((causal ? min(k.q0 + FLASH_HOPPER_QUERIES, len) : len) + FLASH_TILE - 1) / FLASH_TILE;
     return k;
 }
 
@@ -128,9 +129,10 @@ __device__ inline void flash_hopper_rows_init(FlashHopperRows& r, int w, const F
     r.l[0] = r.l[1] = 0.0f;
     for (int d = 0; d < 8; d++) r.o[d][0] = r.o[d][1] = r.o[d][2] = r.o[d][3] = 0.0f;
 }
-// causal, per warpgroup (wgmma needs all 4 warps): key tile t has keys its queries see
-__device__ inline bool flash_hopper_sees(const FlashHopperRows& r, int t, int T) {
-    return t * FLASH_TILE <= r.group0 + 63 && r.group0 < T;
+// per warpgroup (wgmma needs all 4 warps): its queries are among the len, and key tile t has keys
+// they see (causal: a key at or before its last query)
+__device__ inline bool flash_hopper_sees(const FlashHopperRows& r, int t, int len, bool causal = true) {
+    return (!causal || t * FLASH_TILE <= r.group0 + 63) && r.group0 < len;
 }
 
 // v8 and v9's step: key tile t in `slot` (landed) against the warpgroup's queries, as v7's loop
@@ -314,6 +316,54 @@ __device__ inline void flash_hopper_rescale(float (*o)[4], const float (*factor)
 // registers in flight: it did for probabilities written to fresh registers before the wait (C7513),
 // and for the softmax in a branch apart from the products' issue (C7514: it does not follow that
 // two branches take the same condition). So each case of a turn is one straight branch.
+// v11's consumer warpgroup, its turns over key tiles 0 .. tiles - 1 (the producer's) into r: the
+// softmax masks keys past len and, with `causal`, a key after its query. The trainer's kernel
+// passes T and causal; a ring's chunk pair (ring_attention.cuh) its chunk's len and whether the
+// pair is diagonal
+__device__ inline void flash_hopper_overlap_turns(FlashHopperRows& r, const FlashHopperTiles& ring, uint64_t* full,
+                                                  uint64_t* empty, uint64_t* q_full, int tiles, int len, bool causal,
+                                                  float scale_log2) {
+    int w = r.w, pending = -1;  // pending: the slot whose p v is still to be done (-1: none)
+    uint32_t p[4][4];
+    if (w == 1) named_barrier_arrive(1, 256);  // the first turn is warpgroup 0's
+    mbarrier_wait(q_full, 0);
+    for (int t = 0; t <= tiles; t++) {
+        int slot = t % FLASH_HOPPER_STAGES;
+        bool scores = t < tiles && flash_hopper_sees(r, t, len, causal);
+        if (t < tiles) mbarrier_wait(&full[slot], (t / FLASH_HOPPER_STAGES) & 1);
+        float s[8][4];
+        named_barrier_sync(1 + w, 256);  // this warpgroup's turn
+        float factor[1][4] = {{1.0f, 1.0f, 1.0f, 1.0f}};
+        if (scores && pending >= 0) {  // the steady state: tile t's softmax under the p v before it
+            flash_hopper_issue_qk(s, ring.q[w], ring.kv[slot][0]);
+            flash_hopper_issue_pv(r.o, p, ring.kv[pending][1]);
+            if (w == 0 || t < tiles) named_barrier_arrive(2 - w, 256);  // the other's turn
+            wgmma_wait<1>();  // s has landed; p v may still run
+            wgmma_pin(&s[0][0], 32);
+            flash_online_softmax<8>(s, r.m, r.l, factor, r.row0, t * FLASH_TILE, len, scale_log2, causal);
+        } else if (scores) {  // the warpgroup's first tile: no p v yet
+            flash_hopper_issue_qk(s, ring.q[w], ring.kv[slot][0]);
+            if (w == 0 || t < tiles) named_barrier_arrive(2 - w, 256);
+            wgmma_wait<0>();
+            wgmma_pin(&s[0][0], 32);
+            flash_online_softmax<8>(s, r.m, r.l, factor, r.row0, t * FLASH_TILE, len, scale_log2, causal);
+        } else {  // no scores (the last turn, or a tile it does not see): only the p v, if any
+            if (pending >= 0) flash_hopper_issue_pv(r.o, p, ring.kv[pending][1]);
+            if (w == 0 || t < tiles) named_barrier_arrive(2 - w, 256);
+        }
+        wgmma_wait<0>();  // p v has run: o is whole, the slot's v read, p free
+        wgmma_pin(&r.o[0][0], 32);
+        if (pending >= 0) mbarrier_arrive(&empty[pending]);         // its v has been read
+        if (t < tiles && !scores) mbarrier_arrive(&empty[slot]);  // a tile this warpgroup does not see
+        pending = scores ? slot : -1;
+        if (scores) {
+            flash_hopper_rescale(r.o, factor);
+            flash_scores_to_a(p, s);
+            wgmma_pin(&r.o[0][0], 32);  // the rescale's writes of o before the next turn's fence
+        }
+    }
+}
+// v11's block: the producer, then those turns over the causal T keys
 __global__ void __launch_bounds__(384, 1)
 flash_hopper_forward_overlap_kernel(floatX* out, float* lse, const __grid_constant__ CUtensorMap map, int T, int C, int NH) {
     extern __shared__ __align__(128) unsigned char flash_hopper_shared[];
@@ -325,45 +375,7 @@ flash_hopper_forward_overlap_kernel(floatX* out, float* lse, const __grid_consta
     if (flash_hopper_producer(tiles, &map, full, empty, &q_full, k, T, C)) return;
     FlashHopperRows r;
     flash_hopper_rows_init(r, threadIdx.x / 128 - 1, k);
-    int w = r.w, pending = -1;  // pending: the slot whose p v is still to be done (-1: none)
-    uint32_t p[4][4];
-    if (w == 1) named_barrier_arrive(1, 256);  // the first turn is warpgroup 0's
-    mbarrier_wait(&q_full, 0);
-    for (int t = 0; t <= k.tiles; t++) {
-        int slot = t % FLASH_HOPPER_STAGES;
-        bool scores = t < k.tiles && flash_hopper_sees(r, t, T);
-        if (t < k.tiles) mbarrier_wait(&full[slot], (t / FLASH_HOPPER_STAGES) & 1);
-        float s[8][4];
-        named_barrier_sync(1 + w, 256);  // this warpgroup's turn
-        float factor[1][4] = {{1.0f, 1.0f, 1.0f, 1.0f}};
-        if (scores && pending >= 0) {  // the steady state: tile t's softmax under the p v before it
-            flash_hopper_issue_qk(s, tiles.q[w], tiles.kv[slot][0]);
-            flash_hopper_issue_pv(r.o, p, tiles.kv[pending][1]);
-            if (w == 0 || t < k.tiles) named_barrier_arrive(2 - w, 256);  // the other's turn
-            wgmma_wait<1>();  // s has landed; p v may still run
-            wgmma_pin(&s[0][0], 32);
-            flash_online_softmax<8>(s, r.m, r.l, factor, r.row0, t * FLASH_TILE, T, scale_log2);
-        } else if (scores) {  // the warpgroup's first tile: no p v yet
-            flash_hopper_issue_qk(s, tiles.q[w], tiles.kv[slot][0]);
-            if (w == 0 || t < k.tiles) named_barrier_arrive(2 - w, 256);
-            wgmma_wait<0>();
-            wgmma_pin(&s[0][0], 32);
-            flash_online_softmax<8>(s, r.m, r.l, factor, r.row0, t * FLASH_TILE, T, scale_log2);
-        } else {  // no scores (the last turn, or a tile it does not see): only the p v, if any
-            if (pending >= 0) flash_hopper_issue_pv(r.o, p, tiles.kv[pending][1]);
-            if (w == 0 || t < k.tiles) named_barrier_arrive(2 - w, 256);
-        }
-        wgmma_wait<0>();  // p v has run: o is whole, the slot's v read, p free
-        wgmma_pin(&r.o[0][0], 32);
-        if (pending >= 0) mbarrier_arrive(&empty[pending]);         // its v has been read
-        if (t < k.tiles && !scores) mbarrier_arrive(&empty[slot]);  // a tile this warpgroup does not see
-        pending = scores ? slot : -1;
-        if (scores) {
-            flash_hopper_rescale(r.o, factor);
-            flash_scores_to_a(p, s);
-            wgmma_pin(&r.o[0][0], 32);  // the rescale's writes of o before the next turn's fence
-        }
-    }
+    flash_hopper_overlap_turns(r, tiles, full, empty, &q_full, k.tiles, T, true, scale_log2);
     flash_forward_finish<64>(out, lse, r.o, r.m, r.l, k.b, k.h, r.row0, T, C, NH);
 }
 

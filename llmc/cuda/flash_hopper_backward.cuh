@@ -104,6 +104,37 @@ __device__ inline void hopper_a_bt(float (*d)[4], const floatX* a, const floatX*
     for (int kk = 0; kk < 4; kk++) wgmma_m64n64k16_ss<0>(&d[0][0], flash_desc_keys(a, kk), flash_desc_keys(b, kk), kk > 0);
 }
 
+// where a dK dV block's tiles lie in its dynamic shared memory: k, v of both consumers (held), then
+// the ring's STAGES slots of q, dout and their 64 lse (base 2) and D
+struct HopperDkdvShared {
+    floatX *k, *v, *q, *dy;  // [2], [2], [STAGES], [STAGES] tiles
+    float *lse, *D;          // [STAGES][64]
+};
+template <int STAGES>
+__device__ inline HopperDkdvShared hopper_dkdv_shared(void* smem) {
+    HopperDkdvShared m;
+    m.k = (floatX*)smem;
+    m.v = m.k + 2 * HOPPER_TILE_ELEMS;
+    m.q = m.v + 2 * HOPPER_TILE_ELEMS;
+    m.dy = m.q + STAGES * HOPPER_TILE_ELEMS;
+    m.lse = (float*)(m.dy + STAGES * HOPPER_TILE_ELEMS);
+    m.D = m.lse + STAGES * FLASH_TILE;
+    return m;
+}
+// and a dQ block's: q, dout of both consumers (held), then the ring's slots of k and v
+struct HopperDqShared {
+    floatX *q, *dy, *k, *v;  // [2], [2], [STAGES], [STAGES] tiles
+};
+template <int STAGES>
+__device__ inline HopperDqShared hopper_dq_shared(void* smem) {
+    HopperDqShared m;
+    m.q = (floatX*)smem;
+    m.dy = m.q + 2 * HOPPER_TILE_ELEMS;
+    m.k = m.dy + 2 * HOPPER_TILE_ELEMS;
+    m.v = m.k + STAGES * HOPPER_TILE_ELEMS;
+    return m;
+}
+
 // the ring's barriers, made by one thread before anyone uses them
 template <int STAGES>
 __device__ inline void hopper_init_barriers(uint64_t* full, uint64_t* empty) {
@@ -169,16 +200,70 @@ __device__ inline void hopper_dkdv_scores(float (*s)[4], float (*dp)[4], const f
     hopper_a_bt(s, k_tile, q_tile);    // s^T = k q^T
     hopper_a_bt(dp, v_tile, dy_tile);  // dp^T = v dout^T
 }
-// then, in registers: p^T (into p) and ds^T = p^T (dp^T - D) (into ds), as bf16 A fragments
+// then, in registers: p^T (into p) and ds^T = p^T (dp^T - D) (into ds), as bf16 A fragments; p is 0
+// for a query past len and, with `causal`, a query before its key
 __device__ inline void hopper_dkdv_gradients(uint32_t (*p)[4], uint32_t (*ds)[4], float (*s)[4], const float (*dp)[4],
-                                             const float* lse_tile, const float* D_tile, int key0, int u0, int T,
-                                             float scale_log2) {
+                                             const float* lse_tile, const float* D_tile, int key0, int u0, int len,
+                                             float scale_log2, bool causal = true) {
     int t = threadIdx.x % 4;  // the lane's place in its group (mma.cuh)
-    flash_key_probabilities(s, lse_tile, key0, u0, T, scale_log2);  // p^T
+    flash_key_probabilities(s, lse_tile, key0, u0, len, scale_log2, causal);  // p^T
     flash_scores_to_a(p, s);
     for (int j = 0; j < FLASH_TILE / 8; j++)
         for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_tile[8 * j + 2 * t + e % 2];
     flash_scores_to_a(ds, s);
+}
+
+// v9's dK dV consumer c (0, 1): its turns over the ring's query tiles u0 = query0 + 64 tile ..,
+// tiles of them, into dk, dv (its keys group0 .., this warp's key0 ..); the probabilities 0 for a
+// query past len and, with `causal`, before its key. The trainer's kernel passes T and causal; a
+// ring's chunk pair (ring_attention.cuh) its chunk's len and whether the pair is diagonal.
+template <int STAGES>
+__device__ inline void hopper_dkdv_turns(float (*dk)[4], float (*dv)[4], const floatX* k_tile, const floatX* v_tile,
+                                         const floatX* q_s, const floatX* dy_s, const float* lse_s, const float* D_s,
+                                         uint64_t* full, uint64_t* empty, int c, int tiles, int query0, int group0,
+                                         int key0, int len, bool causal, float scale_log2) {
+    const int HS = 64;
+    // v9, pingpong: a turn of consumer c issues tile i - 1's dv, dk products and tile i's s^T,
+    // dp^T products in one group, then lets the other consumer take its turn (named barrier
+    // HOPPER_TURN + 1 - c, bar.arrive) and waits for its products; its exponentials and ds^T
+    // for tile i then run while the other's products occupy the tensor cores. Consumer 0 takes
+    // the first turn (consumer 1 arrives on its barrier first); tiles + 1 turns each (the last
+    // only tile tiles - 1's dv, dk); consumer 1 does not hand over after its last. A tile's
+    // slot is released after the turn that read it last, the next one.
+    uint32_t p[FLASH_TILE / 16][4], ds[FLASH_TILE / 16][4];  // the previous tile's p^T and ds^T
+    int previous_active = 0;
+    if (c == 1) named_barrier_arrive(HOPPER_TURN + 0, 256);
+    for (int tile = 0; tile <= tiles; tile++) {
+        int slot = tile % STAGES, previous = (tile + STAGES - 1) % STAGES, u0 = query0 + tile * FLASH_TILE;
+        int active = tile < tiles && (!causal || u0 + FLASH_TILE - 1 >= group0) && group0 < len;  // its keys see some
+        if (tile < tiles) mbarrier_wait(&full[slot], (tile / STAGES) & 1);
+        float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];
+        named_barrier_sync(HOPPER_TURN + c, 256);  // this consumer's turn at the tensor cores
+        if (previous_active) {
+            wgmma_pin(&dv[0][0], HS / 2);
+            wgmma_pin(&dk[0][0], HS / 2);
+            wgmma_fence();
+            flash_wg_p_x(dv, p, dy_s + previous * HOPPER_TILE_ELEMS);  // dv += p^T dout (tile - 1)
+            flash_wg_p_x(dk, ds, q_s + previous * HOPPER_TILE_ELEMS);  // dk += ds^T q (tile - 1)
+            wgmma_commit();
+        }
+        if (active) {
+            wgmma_fence();
+            hopper_dkdv_scores(s, dp, k_tile, v_tile, q_s + slot * HOPPER_TILE_ELEMS, dy_s + slot * HOPPER_TILE_ELEMS);
+            wgmma_commit();
+        }
+        if (c == 0 || tile < tiles) named_barrier_arrive(HOPPER_TURN + 1 - c, 256);  // the other's turn
+        wgmma_wait<0>();
+        wgmma_pin(&dv[0][0], HS / 2);
+        wgmma_pin(&dk[0][0], HS / 2);
+        wgmma_pin(&s[0][0], FLASH_TILE / 2);
+        wgmma_pin(&dp[0][0], FLASH_TILE / 2);
+        if (tile > 0) mbarrier_arrive(&empty[previous]);  // tile - 1's slot has been read
+        if (active)
+            hopper_dkdv_gradients(p, ds, s, dp, lse_s + slot * FLASH_TILE, D_s + slot * FLASH_TILE, key0, u0, len,
+                                  scale_log2, causal);
+        previous_active = active;
+    }
 }
 
 // dK dV: block (128 keys, b * NH + h); see the top of the file. VERSION 8: each consumer warpgroup
@@ -191,12 +276,9 @@ flash_hopper_backward_dkdv_kernel(floatX* dqkv, const __grid_constant__ CUtensor
     const int HS = 64, STAGES = HOPPER_BWD_STAGES(VERSION);
     extern __shared__ __align__(128) floatX hopper_smem[];
     __shared__ __align__(8) uint64_t full[HOPPER_BWD_STAGES(VERSION)], empty[HOPPER_BWD_STAGES(VERSION)];
-    floatX* k_s = hopper_smem;                      // [2]: consumer 0's keys, then 1's
-    floatX* v_s = k_s + 2 * HOPPER_TILE_ELEMS;      // [2]
-    floatX* q_s = v_s + 2 * HOPPER_TILE_ELEMS;      // [STAGES]
-    floatX* dy_s = q_s + STAGES * HOPPER_TILE_ELEMS;  // [STAGES]
-    float* lse_s = (float*)(dy_s + STAGES * HOPPER_TILE_ELEMS);  // [STAGES][64], base 2
-    float* D_s = lse_s + STAGES * FLASH_TILE;                   // [STAGES][64]
+    HopperDkdvShared m = hopper_dkdv_shared<STAGES>(hopper_smem);
+    floatX *k_s = m.k, *v_s = m.v, *q_s = m.q, *dy_s = m.dy;
+    float *lse_s = m.lse, *D_s = m.D;
     int group = threadIdx.x / 128, warp = threadIdx.x / 32;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int block_key0 = blockIdx.x * 2 * FLASH_TILE;  // the first keys see the most queries: first
@@ -249,47 +331,8 @@ flash_hopper_backward_dkdv_kernel(floatX* dqkv, const __grid_constant__ CUtensor
             mbarrier_arrive(&empty[slot]);  // this thread's products have read the slot
         }
     } else {
-        // v9, pingpong: a turn of consumer c issues tile i - 1's dv, dk products and tile i's s^T,
-        // dp^T products in one group, then lets the other consumer take its turn (named barrier
-        // HOPPER_TURN + 1 - c, bar.arrive) and waits for its products; its exponentials and ds^T
-        // for tile i then run while the other's products occupy the tensor cores. Consumer 0 takes
-        // the first turn (consumer 1 arrives on its barrier first); tiles + 1 turns each (the last
-        // only tile tiles - 1's dv, dk); consumer 1 does not hand over after its last. A tile's
-        // slot is released after the turn that read it last, the next one.
-        uint32_t p[FLASH_TILE / 16][4], ds[FLASH_TILE / 16][4];  // the previous tile's p^T and ds^T
-        int previous_active = 0;
-        if (c == 1) named_barrier_arrive(HOPPER_TURN + 0, 256);
-        for (int tile = 0; tile <= tiles; tile++) {
-            int slot = tile % STAGES, previous = (tile + STAGES - 1) % STAGES, u0 = block_key0 + tile * FLASH_TILE;
-            int active = tile < tiles && u0 + FLASH_TILE - 1 >= group0 && group0 < T;
-            if (tile < tiles) mbarrier_wait(&full[slot], (tile / STAGES) & 1);
-            float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];
-            named_barrier_sync(HOPPER_TURN + c, 256);  // this consumer's turn at the tensor cores
-            if (previous_active) {
-                wgmma_pin(&dv[0][0], HS / 2);
-                wgmma_pin(&dk[0][0], HS / 2);
-                wgmma_fence();
-                flash_wg_p_x(dv, p, dy_s + previous * HOPPER_TILE_ELEMS);  // dv += p^T dout (tile - 1)
-                flash_wg_p_x(dk, ds, q_s + previous * HOPPER_TILE_ELEMS);  // dk += ds^T q (tile - 1)
-                wgmma_commit();
-            }
-            if (active) {
-                wgmma_fence();
-                hopper_dkdv_scores(s, dp, k_tile, v_tile, q_s + slot * HOPPER_TILE_ELEMS, dy_s + slot * HOPPER_TILE_ELEMS);
-                wgmma_commit();
-            }
-            if (c == 0 || tile < tiles) named_barrier_arrive(HOPPER_TURN + 1 - c, 256);  // the other's turn
-            wgmma_wait<0>();
-            wgmma_pin(&dv[0][0], HS / 2);
-            wgmma_pin(&dk[0][0], HS / 2);
-            wgmma_pin(&s[0][0], FLASH_TILE / 2);
-            wgmma_pin(&dp[0][0], FLASH_TILE / 2);
-            if (tile > 0) mbarrier_arrive(&empty[previous]);  // tile - 1's slot has been read
-            if (active)
-                hopper_dkdv_gradients(p, ds, s, dp, lse_s + slot * FLASH_TILE, D_s + slot * FLASH_TILE, key0, u0, T,
-                                      scale_log2);
-            previous_active = active;
-        }
+        hopper_dkdv_turns<STAGES>(dk, dv, k_tile, v_tile, q_s, dy_s, lse_s, D_s, full, empty, c, tiles, block_key0, group0,
+                                  key0, T, true, scale_log2);  // v9: the two in turns (pingpong)
     }
     flash_store<HS>(dqkv, 3 * C, C, dk, scale, b, h, key0, T);
     flash_store<HS>(dqkv, 3 * C, 2 * C, dv, 1.0f, b, h, key0, T);
@@ -301,13 +344,54 @@ __device__ inline void hopper_dq_scores(float (*s)[4], float (*dp)[4], const flo
     hopper_a_bt(s, q_tile, k_tile);    // s = q k^T
     hopper_a_bt(dp, dy_tile, v_tile);  // dp = dout v^T
 }
-// then ds = p (dp - D) as bf16 A fragments
+// then ds = p (dp - D) as bf16 A fragments (p 0 for a key past len; with `causal`, after its query)
 __device__ inline void hopper_dq_gradients(uint32_t (*ds)[4], float (*s)[4], const float (*dp)[4], const float* lse_log2,
-                                           const float* D_row, int row0, int k0, int T, float scale_log2) {
-    flash_query_probabilities(s, lse_log2, row0, k0, T, scale_log2);  // p
+                                           const float* D_row, int row0, int k0, int len, float scale_log2,
+                                           bool causal = true) {
+    flash_query_probabilities(s, lse_log2, row0, k0, len, scale_log2, causal);  // p
     for (int j = 0; j < FLASH_TILE / 8; j++)
         for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_row[e / 2];
     flash_scores_to_a(ds, s);
+}
+
+// v9's dQ consumer c (0, 1): the turns of hopper_dkdv_turns over the ring's key tiles k0 = 64 tile ..,
+// tiles of them, with tile - 1's dq += ds k, into dq (its queries group0 .., this warp's row0 ..);
+// the probabilities 0 for a key past len and, with `causal`, after its query
+template <int STAGES>
+__device__ inline void hopper_dq_turns(float (*dq)[4], const floatX* q_tile, const floatX* dy_tile, const floatX* k_s,
+                                       const floatX* v_s, const float* lse_log2, const float* D_row, uint64_t* full,
+                                       uint64_t* empty, int c, int tiles, int group0, int row0, int len, bool causal,
+                                       float scale_log2) {
+    const int HS = 64;
+    uint32_t ds[FLASH_TILE / 16][4];
+    int previous_active = 0;
+    if (c == 1) named_barrier_arrive(HOPPER_TURN + 0, 256);
+    for (int tile = 0; tile <= tiles; tile++) {
+        int slot = tile % STAGES, previous = (tile + STAGES - 1) % STAGES, k0 = tile * FLASH_TILE;
+        int active = tile < tiles && (!causal || k0 <= group0 + 63) && group0 < len;
+        if (tile < tiles) mbarrier_wait(&full[slot], (tile / STAGES) & 1);
+        float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];
+        named_barrier_sync(HOPPER_TURN + c, 256);
+        if (previous_active) {
+            wgmma_pin(&dq[0][0], HS / 2);
+            wgmma_fence();
+            flash_wg_p_x(dq, ds, k_s + previous * HOPPER_TILE_ELEMS);  // dq += ds k (tile - 1)
+            wgmma_commit();
+        }
+        if (active) {
+            wgmma_fence();
+            hopper_dq_scores(s, dp, q_tile, dy_tile, k_s + slot * HOPPER_TILE_ELEMS, v_s + slot * HOPPER_TILE_ELEMS);
+            wgmma_commit();
+        }
+        if (c == 0 || tile < tiles) named_barrier_arrive(HOPPER_TURN + 1 - c, 256);
+        wgmma_wait<0>();
+        wgmma_pin(&dq[0][0], HS / 2);
+        wgmma_pin(&s[0][0], FLASH_TILE / 2);
+        wgmma_pin(&dp[0][0], FLASH_TILE / 2);
+        if (tile > 0) mbarrier_arrive(&empty[previous]);
+        if (active) hopper_dq_gradients(ds, s, dp, lse_log2, D_row, row0, k0, len, scale_log2, causal);
+        previous_active = active;
+    }
 }
 
 // dQ: block (128 queries, b * NH + h), the longest blocks first; consumer c (0, 1) owns queries
@@ -320,10 +404,8 @@ flash_hopper_backward_dq_kernel(floatX* dqkv, const __grid_constant__ CUtensorMa
     const int HS = 64, STAGES = HOPPER_BWD_STAGES(VERSION);
     extern __shared__ __align__(128) floatX hopper_smem[];
     __shared__ __align__(8) uint64_t full[HOPPER_BWD_STAGES(VERSION)], empty[HOPPER_BWD_STAGES(VERSION)];
-    floatX* q_s = hopper_smem;                     // [2]: consumer 0's queries, then 1's
-    floatX* dy_s = q_s + 2 * HOPPER_TILE_ELEMS;    // [2]
-    floatX* k_s = dy_s + 2 * HOPPER_TILE_ELEMS;    // [STAGES]
-    floatX* v_s = k_s + STAGES * HOPPER_TILE_ELEMS;  // [STAGES]
+    HopperDqShared m = hopper_dq_shared<STAGES>(hopper_smem);
+    floatX *q_s = m.q, *dy_s = m.dy, *k_s = m.k, *v_s = m.v;
     int group = threadIdx.x / 128, warp = threadIdx.x / 32;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int q0 = (gridDim.x - 1 - blockIdx.x) * 2 * FLASH_TILE;
@@ -371,36 +453,9 @@ flash_hopper_backward_dq_kernel(floatX* dqkv, const __grid_constant__ CUtensorMa
             }
             mbarrier_arrive(&empty[slot]);
         }
-    } else {  // v9: the turns of the dK dV kernel's (there), with tile - 1's dq product
-        uint32_t ds[FLASH_TILE / 16][4];
-        int previous_active = 0;
-        if (c == 1) named_barrier_arrive(HOPPER_TURN + 0, 256);
-        for (int tile = 0; tile <= tiles; tile++) {
-            int slot = tile % STAGES, previous = (tile + STAGES - 1) % STAGES, k0 = tile * FLASH_TILE;
-            int active = tile < tiles && k0 <= group0 + 63 && group0 < T;
-            if (tile < tiles) mbarrier_wait(&full[slot], (tile / STAGES) & 1);
-            float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];
-            named_barrier_sync(HOPPER_TURN + c, 256);
-            if (previous_active) {
-                wgmma_pin(&dq[0][0], HS / 2);
-                wgmma_fence();
-                flash_wg_p_x(dq, ds, k_s + previous * HOPPER_TILE_ELEMS);  // dq += ds k (tile - 1)
-                wgmma_commit();
-            }
-            if (active) {
-                wgmma_fence();
-                hopper_dq_scores(s, dp, q_tile, dy_tile, k_s + slot * HOPPER_TILE_ELEMS, v_s + slot * HOPPER_TILE_ELEMS);
-                wgmma_commit();
-            }
-            if (c == 0 || tile < tiles) named_barrier_arrive(HOPPER_TURN + 1 - c, 256);
-            wgmma_wait<0>();
-            wgmma_pin(&dq[0][0], HS / 2);
-            wgmma_pin(&s[0][0], FLASH_TILE / 2);
-            wgmma_pin(&dp[0][0], FLASH_TILE / 2);
-            if (tile > 0) mbarrier_arrive(&empty[previous]);
-            if (active) hopper_dq_gradients(ds, s, dp, lse_log2, D_row, row0, k0, T, scale_log2);
-            previous_active = active;
-        }
+    } else {  // v9: the two in turns (pingpong)
+        hopper_dq_turns<STAGES>(dq, q_tile, dy_tile, k_s, v_s, lse_log2, D_row, full, empty, c, tiles, group0, row0, T, true,
+                                scale_log2);
     }
     flash_store<HS>(dqkv, 3 * C, 0, dq, scale, b, h, row0, T);
 }

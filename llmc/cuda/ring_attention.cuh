@@ -483,9 +483,9 @@ static inline void attention_block_backward_flash(float* dq, float* dkv, const f
 //   the results are fp32 and accumulate across blocks: the forward's epilogue merges into o and
 //     lse by ring_flash_merge (the merged lse to lse_new, copied over by ring_lse_update), dk, dv
 //     and dq add by ring_flash_add.
-// The kernels' loops are the library's with those changes (its turn logic copied, as the library
-// keeps it inside its kernels); the device functions they call are the library's where the
-// mask allows, else a variant here that says which it follows.
+// The kernels' consumer loops are the library's, shared: flash_hopper_overlap_turns (the forward's
+// v11) and hopper_dkdv_turns, hopper_dq_turns (the backward's v9) take len and causal (the
+// trainer's kernels pass T and 1); the producers and the epilogues are the ring's own.
 // sm_90a (ptxas -v, the Makefile's flags; test/tests_ring_fa3.py checks the spills and the SASS):
 //   ring_fa3_forward_kernel  168 registers (the launch bound's cap at 384 threads; setmaxnreg
 //     then 40 / 232), no stack, 0 spills, no serialized wgmma; 81,920 bytes of dynamic shared
@@ -529,10 +529,7 @@ ring_fa3_forward_kernel(float* o, float* lse_new, const float* lse, const __grid
     extern __shared__ __align__(128) unsigned char ring_fa3_shared[];
     FlashHopperTiles& tiles = *(FlashHopperTiles*)ring_fa3_shared;
     __shared__ __align__(8) uint64_t full[FLASH_HOPPER_STAGES], empty[FLASH_HOPPER_STAGES], q_full;
-    FlashHopperBlock k;
-    k.b = blockIdx.y / NH, k.h = blockIdx.y % NH;
-    k.q0 = (gridDim.x - 1 - blockIdx.x) * FLASH_HOPPER_QUERIES;  // (the longest diagonal blocks first)
-    k.tiles = ((causal ? min(k.q0 + FLASH_HOPPER_QUERIES, len) : len) + FLASH_TILE - 1) / FLASH_TILE;
+    FlashHopperBlock k = flash_hopper_block(len, NH, causal);  // (the longest diagonal blocks first)
     float scale_log2 = 0.125f * FLASH_LOG2E;  // 1 / sqrt(64), in base 2
     flash_hopper_init(full, empty, &q_full, 256);
     if (threadIdx.x < 128) {  // the producer warpgroup: registers given back, one thread loads
@@ -545,70 +542,8 @@ ring_fa3_forward_kernel(float* o, float* lse_new, const float* lse, const __grid
     setmaxnreg_inc<FLASH_HOPPER_CONSUMER_REGS>();
     FlashHopperRows r;
     flash_hopper_rows_init(r, threadIdx.x / 128 - 1, k);
-    // flash_hopper_forward_overlap_kernel's turns (v11: its comments say why each case of a turn
-    // is one straight branch), with the chunk's mask in `scores` and in the softmax
-    int w = r.w, pending = -1;  // pending: the slot whose p v is still to be done (-1: none)
-    uint32_t p[4][4];
-    if (w == 1) named_barrier_arrive(1, 256);  // the first turn is warpgroup 0's
-    mbarrier_wait(&q_full, 0);
-    for (int t = 0; t <= k.tiles; t++) {
-        int slot = t % FLASH_HOPPER_STAGES;
-        // (per warpgroup: wgmma needs all 4 warps) its queries in the chunk, and on the diagonal a
-        // key of the tile at or before its last query
-        bool scores = t < k.tiles && (!causal || t * FLASH_TILE <= r.group0 + 63) && r.group0 < len;
-        if (t < k.tiles) mbarrier_wait(&full[slot], (t / FLASH_HOPPER_STAGES) & 1);  // tile t has landed
-        float s[8][4];
-        named_barrier_sync(1 + w, 256);  // this warpgroup's turn
-        float factor[1][4] = {{1.0f, 1.0f, 1.0f, 1.0f}};
-        if (scores && pending >= 0) {  // tile t's softmax under the p v before it
-            flash_hopper_issue_qk(s, tiles.q[w], tiles.kv[slot][0]);
-            flash_hopper_issue_pv(r.o, p, tiles.kv[pending][1]);
-            if (w == 0 || t < k.tiles) named_barrier_arrive(2 - w, 256);  // the other's turn
-            wgmma_wait<1>();  // s has landed; p v may still run
-            wgmma_pin(&s[0][0], 32);
-            flash_online_softmax<8>(s, r.m, r.l, factor, r.row0, t * FLASH_TILE, len, scale_log2, causal);
-        } else if (scores) {  // the warpgroup's first tile: no p v yet
-            flash_hopper_issue_qk(s, tiles.q[w], tiles.kv[slot][0]);
-            if (w == 0 || t < k.tiles) named_barrier_arrive(2 - w, 256);
-            wgmma_wait<0>();
-            wgmma_pin(&s[0][0], 32);
-            flash_online_softmax<8>(s, r.m, r.l, factor, r.row0, t * FLASH_TILE, len, scale_log2, causal);
-        } else {  // no scores (the last turn, or a tile it does not see): only the p v, if any
-            if (pending >= 0) flash_hopper_issue_pv(r.o, p, tiles.kv[pending][1]);
-            if (w == 0 || t < k.tiles) named_barrier_arrive(2 - w, 256);
-        }
-        wgmma_wait<0>();  // p v has run: o is whole, the slot's v read, p free
-        wgmma_pin(&r.o[0][0], 32);
-        if (pending >= 0) mbarrier_arrive(&empty[pending]);         // its v has been read
-        if (t < k.tiles && !scores) mbarrier_arrive(&empty[slot]);  // a tile this warpgroup does not see
-        pending = scores ? slot : -1;
-        if (scores) {
-            flash_hopper_rescale(r.o, factor);
-            flash_scores_to_a(p, s);
-            wgmma_pin(&r.o[0][0], 32);  // the rescale's writes of o before the next turn's fence
-        }
-    }
+    flash_hopper_overlap_turns(r, tiles, full, empty, &q_full, k.tiles, len, causal, scale_log2);  // v11's turns
     ring_flash_merge<64>(o, lse_new, lse, r.o, r.m, r.l, k.b, k.h, r.row0, len, q0row, Tq, C, NH, init);
-}
-
-// hopper_dkdv_gradients and hopper_dq_gradients (flash_hopper_backward.cuh) with the chunk's
-// mask: keys or queries past len, and a key after its query only on the diagonal
-__device__ inline void ring_fa3_dkdv_gradients(uint32_t (*p)[4], uint32_t (*ds)[4], float (*s)[4], const float (*dp)[4],
-                                               const float* lse_tile, const float* D_tile, int key0, int u0, int len,
-                                               float scale_log2, bool causal) {
-    int t = threadIdx.x % 4;
-    flash_key_probabilities(s, lse_tile, key0, u0, len, scale_log2, causal);  // p^T
-    flash_scores_to_a(p, s);
-    for (int j = 0; j < FLASH_TILE / 8; j++)
-        for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_tile[8 * j + 2 * t + e % 2];
-    flash_scores_to_a(ds, s);
-}
-__device__ inline void ring_fa3_dq_gradients(uint32_t (*ds)[4], float (*s)[4], const float (*dp)[4], const float* lse_log2,
-                                             const float* D_row, int row0, int k0, int len, float scale_log2, bool causal) {
-    flash_query_probabilities(s, lse_log2, row0, k0, len, scale_log2, causal);  // p
-    for (int j = 0; j < FLASH_TILE / 8; j++)
-        for (int e = 0; e < 4; e++) s[j][e] *= dp[j][e] - D_row[e / 2];
-    flash_scores_to_a(ds, s);
 }
 
 #define RING_FA3_STAGES HOPPER_BWD_STAGES(9)  // the backward's ring (v9's: 3 slots)
@@ -623,12 +558,9 @@ ring_fa3_dkdv_kernel(float* dkv, const __grid_constant__ CUtensorMap q_map, cons
     const int HS = 64, STAGES = RING_FA3_STAGES;
     extern __shared__ __align__(128) unsigned char ring_fa3_shared[];
     __shared__ __align__(8) uint64_t full[RING_FA3_STAGES], empty[RING_FA3_STAGES];
-    floatX* k_s = (floatX*)ring_fa3_shared;             // [2]: consumer 0's keys, then 1's
-    floatX* v_s = k_s + 2 * HOPPER_TILE_ELEMS;          // [2]
-    floatX* q_s = v_s + 2 * HOPPER_TILE_ELEMS;          // [STAGES]
-    floatX* dy_s = q_s + STAGES * HOPPER_TILE_ELEMS;    // [STAGES]
-    float* lse_s = (float*)(dy_s + STAGES * HOPPER_TILE_ELEMS);  // [STAGES][64], base 2
-    float* D_s = lse_s + STAGES * FLASH_TILE;                   // [STAGES][64]
+    HopperDkdvShared m = hopper_dkdv_shared<STAGES>(ring_fa3_shared);  // (flash_hopper_backward.cuh's layout)
+    floatX *k_s = m.k, *v_s = m.v, *q_s = m.q, *dy_s = m.dy;
+    float *lse_s = m.lse, *D_s = m.D;
     int group = threadIdx.x / 128, warp = threadIdx.x / 32;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int block_key0 = blockIdx.x * 2 * FLASH_TILE, query0 = causal ? block_key0 : 0;
@@ -653,44 +585,9 @@ ring_fa3_dkdv_kernel(float* dkv, const __grid_constant__ CUtensorMap q_map, cons
     float dk[HS / 8][4], dv[HS / 8][4];
     for (int d = 0; d < HS / 8; d++)
         for (int e = 0; e < 4; e++) dk[d][e] = dv[d][e] = 0.0f;
-    // flash_hopper_backward_dkdv_kernel<9>'s turns (pingpong: a turn issues the previous tile's
-    // dv, dk products and this tile's s^T, dp^T; the slot released a turn later), with the chunk's
-    // mask in `active` and in the probabilities
-    uint32_t p[FLASH_TILE / 16][4], ds[FLASH_TILE / 16][4];  // the previous tile's p^T and ds^T
-    int previous_active = 0;
-    if (c == 1) named_barrier_arrive(HOPPER_TURN + 0, 256);  // consumer 0 takes the first turn
-    for (int tile = 0; tile <= tiles; tile++) {
-        int slot = tile % STAGES, previous = (tile + STAGES - 1) % STAGES, u0 = query0 + tile * FLASH_TILE;
-        // its keys see some of these queries
-        int active = tile < tiles && (!causal || u0 + FLASH_TILE - 1 >= group0) && group0 < len;
-        if (tile < tiles) mbarrier_wait(&full[slot], (tile / STAGES) & 1);  // q, dout, lse, D (and k, v) are there
-        float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];
-        named_barrier_sync(HOPPER_TURN + c, 256);  // this consumer's turn at the tensor cores
-        if (previous_active) {
-            wgmma_pin(&dv[0][0], HS / 2);
-            wgmma_pin(&dk[0][0], HS / 2);
-            wgmma_fence();
-            flash_wg_p_x(dv, p, dy_s + previous * HOPPER_TILE_ELEMS);  // dv += p^T dout (tile - 1)
-            flash_wg_p_x(dk, ds, q_s + previous * HOPPER_TILE_ELEMS);  // dk += ds^T q (tile - 1)
-            wgmma_commit();
-        }
-        if (active) {
-            wgmma_fence();
-            hopper_dkdv_scores(s, dp, k_tile, v_tile, q_s + slot * HOPPER_TILE_ELEMS, dy_s + slot * HOPPER_TILE_ELEMS);
-            wgmma_commit();
-        }
-        if (c == 0 || tile < tiles) named_barrier_arrive(HOPPER_TURN + 1 - c, 256);  // the other's turn
-        wgmma_wait<0>();
-        wgmma_pin(&dv[0][0], HS / 2);
-        wgmma_pin(&dk[0][0], HS / 2);
-        wgmma_pin(&s[0][0], FLASH_TILE / 2);
-        wgmma_pin(&dp[0][0], FLASH_TILE / 2);
-        if (tile > 0) mbarrier_arrive(&empty[previous]);  // tile - 1's slot has been read
-        if (active)
-            ring_fa3_dkdv_gradients(p, ds, s, dp, lse_s + slot * FLASH_TILE, D_s + slot * FLASH_TILE, key0, u0, len,
-                                    scale_log2, causal);
-        previous_active = active;
-    }
+    // v9's turns (flash_hopper_backward.cuh), over the query chunk's tiles from query0
+    hopper_dkdv_turns<STAGES>(dk, dv, k_tile, v_tile, q_s, dy_s, lse_s, D_s, full, empty, c, tiles, query0, group0, key0,
+                              len, causal, scale_log2);
     ring_flash_add<HS>(dkv, 2 * C, 0, dk, scale, b, h, key0, len, Tk, k0row);
     ring_flash_add<HS>(dkv, 2 * C, C, dv, 1.0f, b, h, key0, len, Tk, k0row);
 }
@@ -704,10 +601,8 @@ ring_fa3_dq_kernel(float* dq, const __grid_constant__ CUtensorMap q_map, const _
     const int HS = 64, STAGES = RING_FA3_STAGES;
     extern __shared__ __align__(128) unsigned char ring_fa3_shared[];
     __shared__ __align__(8) uint64_t full[RING_FA3_STAGES], empty[RING_FA3_STAGES];
-    floatX* q_s = (floatX*)ring_fa3_shared;           // [2]: consumer 0's queries, then 1's
-    floatX* dy_s = q_s + 2 * HOPPER_TILE_ELEMS;       // [2]
-    floatX* k_s = dy_s + 2 * HOPPER_TILE_ELEMS;       // [STAGES]
-    floatX* v_s = k_s + STAGES * HOPPER_TILE_ELEMS;   // [STAGES]
+    HopperDqShared m = hopper_dq_shared<STAGES>(ring_fa3_shared);
+    floatX *q_s = m.q, *dy_s = m.dy, *k_s = m.k, *v_s = m.v;
     int group = threadIdx.x / 128, warp = threadIdx.x / 32;
     int b = blockIdx.y / NH, h = blockIdx.y % NH;
     int q0 = (gridDim.x - 1 - blockIdx.x) * 2 * FLASH_TILE;
@@ -736,36 +631,9 @@ ring_fa3_dq_kernel(float* dq, const __grid_constant__ CUtensorMap q_map, const _
     }
     float acc[HS / 8][4];
     for (int d = 0; d < HS / 8; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
-    // flash_hopper_backward_dq_kernel<9>'s turns, with tile - 1's dq product
-    uint32_t ds[FLASH_TILE / 16][4];
-    int previous_active = 0;
-    if (c == 1) named_barrier_arrive(HOPPER_TURN + 0, 256);
-    for (int tile = 0; tile <= tiles; tile++) {
-        int slot = tile % STAGES, previous = (tile + STAGES - 1) % STAGES, k0 = tile * FLASH_TILE;
-        int active = tile < tiles && (!causal || k0 <= group0 + 63) && group0 < len;
-        if (tile < tiles) mbarrier_wait(&full[slot], (tile / STAGES) & 1);
-        float s[FLASH_TILE / 8][4], dp[FLASH_TILE / 8][4];
-        named_barrier_sync(HOPPER_TURN + c, 256);
-        if (previous_active) {
-            wgmma_pin(&acc[0][0], HS / 2);
-            wgmma_fence();
-            flash_wg_p_x(acc, ds, k_s + previous * HOPPER_TILE_ELEMS);  // dq += ds k (tile - 1)
-            wgmma_commit();
-        }
-        if (active) {
-            wgmma_fence();
-            hopper_dq_scores(s, dp, q_tile, dy_tile, k_s + slot * HOPPER_TILE_ELEMS, v_s + slot * HOPPER_TILE_ELEMS);
-            wgmma_commit();
-        }
-        if (c == 0 || tile < tiles) named_barrier_arrive(HOPPER_TURN + 1 - c, 256);
-        wgmma_wait<0>();
-        wgmma_pin(&acc[0][0], HS / 2);
-        wgmma_pin(&s[0][0], FLASH_TILE / 2);
-        wgmma_pin(&dp[0][0], FLASH_TILE / 2);
-        if (tile > 0) mbarrier_arrive(&empty[previous]);
-        if (active) ring_fa3_dq_gradients(ds, s, dp, lse_log2, D_row, row0, k0, len, scale_log2, causal);
-        previous_active = active;
-    }
+    // v9's turns (flash_hopper_backward.cuh), over the key chunk's tiles
+    hopper_dq_turns<STAGES>(acc, q_tile, dy_tile, k_s, v_s, lse_log2, D_row, full, empty, c, tiles, group0, row0, len, causal,
+                            scale_log2);
     ring_flash_add<HS>(dq, C, 0, acc, scale, b, h, row0, len, Tq, q0row);
 }
 
