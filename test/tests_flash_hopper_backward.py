@@ -57,7 +57,7 @@ def emu_catches_a_hopper_backward_slot_released_before_its_products_read_it():
     hands the CPU, at the arrival that completes the phase, to the producer, whose TMA loads land
     at once in that slot, and runs a product at its wait: the products then multiply the next tile
     but two. attention_backward must fail there, on v9 (v8 is untouched)."""
-    sweep = mutation_sweep_module("hopper_backward")
+    sweep = mutation_sweep_module("hopper_backward_release")
     dest = os.path.join(sweep.WORK, "early_release")
     shutil.rmtree(dest, ignore_errors=True)
     sweep.copy_tree(dest)

@@ -14,7 +14,8 @@ HOPPER_FORWARD_KERNELS = ("tma", "ws", "pingpong", "overlap")
 def mutation_sweep_module(work):
     """dev/cuda/mutation_sweep.py loaded as a module (its PROGRAMS map each swept file to the
     dev/cuda program that validates it), warp-serial only (the default schedule), with a work
-    folder of its own, build/mutation/<work>"""
+    folder of its own, build/mutation/<work>: one a test, since tests run side by side and a sweep
+    removes its copy when done"""
     import importlib.util
     spec = importlib.util.spec_from_file_location("sweep_" + work, os.path.join(ROOT, "dev", "cuda", "mutation_sweep.py"))
     sweep = importlib.util.module_from_spec(spec)
@@ -110,7 +111,7 @@ def emu_catches_a_missing_mbarrier_wait_in_the_hopper_forward():
     full = hopper_forward_lines(r"(mbarrier_wait\(&full\[slot\][^;]*;)")
     # one empty wait (flash_hopper_load_kv, every rung's loads); a full wait per rung, v9's second
     assert len(empty) == 1 and len(full) == 4, "the waits this test deletes moved: %s %s" % (empty, full)
-    sweep = mutation_sweep_module("hopper_forward")
+    sweep = mutation_sweep_module("hopper_forward_waits")
     for number, statement in (empty[0], full[1]):
         caught, error = sweep.sweep_one(0, "flash_hopper.cuh", number, statement)
         assert error is None, error
@@ -126,7 +127,7 @@ def emu_catches_a_missing_pingpong_turn_in_the_hopper_forward():
     turns)"""
     turns = hopper_forward_lines(r"(named_barrier_sync\(1 \+ w, 256\);)")
     assert len(turns) == 2, "the turns this test deletes moved: %s" % turns  # v10's, v11's
-    sweep = mutation_sweep_module("hopper_forward")
+    sweep = mutation_sweep_module("hopper_forward_turn")
     caught, error = sweep.sweep_one(0, "flash_hopper.cuh", *turns[1])
     assert error is None, error
     assert caught["warp-serial"], "line %d deleted: not caught in either order" % turns[1][0]
