@@ -113,6 +113,11 @@ def sweep_repeatability_against_hand_worked_cases():
     assert re.search(r"^ +1 +1 +13\.0 +46%  A$", p.stdout, re.M), p.stdout
     assert ("repeatability: 2 passes, spearman between passes 1.000, median difference between passes 35.4%"
             in p.stdout), p.stdout
+    # passes that rank alike: the ceiling sqrt(2 * 1 / (1 + 1)) = 1, on the line after
+    assert ("between passes 35.4%\nnoise ceiling: a model that knew each layout's true time would reach a spearman "
+            "of about 1.000\n" in p.stdout), p.stdout
+    # passes that agree at 0.6 (the four layouts above): sqrt(2 * 0.6 / 1.6) = sqrt(0.75) = 0.866
+    assert s.noise_ceiling_line({"spearman": 0.6, "passes": 2}).endswith("about 0.866")
     # the same without passes_s (a TSV from before -repeat) and one pass's steps: no repeatability line
     old = os.path.join(out, "one_pass.tsv")
     with open(old, "w") as f:

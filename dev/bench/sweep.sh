@@ -71,8 +71,11 @@
 # pass in reverse order (so that a slow phase at the end of one pass falls on other layouts in the
 # next), and the report's "repeatability" line gives the spearman between the passes: how well
 # the machine repeats its own ranking, the noise ceiling to read a model's spearman against
-# (dev/bench/sweep_stats.py says more). Each pass takes as long as the runs of a sweep without
-# it; the planner and the predictor run once a layout.
+# (dev/bench/sweep_stats.py says more), and the "noise ceiling" line the spearman a model that
+# knew every layout's true time could expect against the passes' mean: at 0.5 between passes,
+# 0.82 with two passes and 0.93 with six, so a target of 0.9 on a machine this noisy needs -repeat
+# 6. Each pass takes as long as the runs of a sweep without it; the planner and the predictor run
+# once a layout.
 set -uo pipefail  # (not -e: a layout that fails is reported, and the sweep goes on)
 
 usage() {

@@ -38,12 +38,26 @@ How well the machine agrees with itself, when the sweep measured its layouts in 
   well as a second pass of this machine would. (Not quite the most a model can reach: were each
   pass the layouts' true times plus noise independent between passes, a model that knew the true
   times would reach about the square root of S against one pass, more against the median of
-  several, which the summary's spearman uses; above that is luck.)
+  several, which the summary's spearman uses; above that is luck: the next line.)
 - D: a layout's difference, (slowest pass - fastest pass) / its measured time (the median of its
   passes' times), in percent; the median over the layouts. With two passes a layout's passes lie
   half its difference from their mean, and with noise independent between them the mean lies as
   far from the true time, as often: a model's median error well below D/2 is finer than this
   machine measures.
+
+and then the most a model can be expected to reach against those passes:
+
+    noise ceiling: a model that knew each layout's true time would reach a spearman of about C
+
+- C = sqrt(R S / (1 + (R - 1) S)), 0 when S <= 0. Were each pass the true times plus noise
+  independent between passes, S estimates the reliability of one pass (the share of the times'
+  variance that is the layouts' and not the noise's); the mean of R passes has the reliability
+  R S / (1 + (R - 1) S) (the Spearman-Brown formula: the noise averages down, the layouts' part
+  does not), and a measurement of reliability r correlates with the true times at sqrt(r) at
+  best (Spearman's correction for attenuation, 1904). The summary compares a model with the
+  passes' median (their mean at R = 2), so C is an estimate, on ranks rather than times; at S
+  0.5 two passes give 0.82, six 0.93: a target of 0.9 needs the passes to agree at
+  0.9^2 / (R - (R - 1) 0.9^2) or better, 0.68 at R = 2.
 
 RESULTS.tsv is what sweep.sh writes (its -save): a header, then a row a layout with the columns
 index, layout, measured_s (or "failed: why"; with R passes the median of the passes' times, or
@@ -138,6 +152,20 @@ def repeatability(passes):
     # D: each layout's slowest pass less its fastest, over its measured time (its passes' median)
     difference = median([(max(p) - min(p)) / median(p) * 100 for p in passes])
     return {"passes": R, "n": len(passes), "spearman": rho, "difference": difference}
+
+
+def noise_ceiling(S, R):
+    """the spearman a model that knew the true times could expect against the mean of R passes
+    that agree at S (the docstring's C)"""
+    if not S > 0:
+        return 0.0
+    return math.sqrt(R * S / (1 + (R - 1) * S))
+
+
+def noise_ceiling_line(r):
+    """the line after the repeatability line"""
+    return "noise ceiling: a model that knew each layout's true time would reach a spearman of about %.3f" % (
+        noise_ceiling(r["spearman"], r["passes"]))
 
 
 def repeatability_line(r):
@@ -372,7 +400,9 @@ def report(path, figure_path=None, title="sweep"):
         " (those of all %d passes, each pass's warm-up left out)" % passes if passes > 1 else ""))
     every_pass = [r["passes"] for r in ok if len(r["passes"]) == passes]
     if passes > 1 and every_pass:
-        print(repeatability_line(repeatability(every_pass)))
+        r = repeatability(every_pass)
+        print(repeatability_line(r))
+        print(noise_ceiling_line(r))
     if not predicted:
         print("no predictions were available: measured times alone (%d of %d layouts ran)" % (len(ok), len(rows)))
         return
@@ -450,6 +480,14 @@ def self_test():
     close(r["difference"], 50.0, "three passes' difference", 1e-9)
     line = repeatability_line(r)
     assert line == "repeatability: 3 passes, spearman between passes 0.667, median difference between passes 50.0%", line
+    # the ceiling: S = 0.5, R = 2: 2 * 0.5 / (1 + 0.5) = 2/3, sqrt 0.816496...; R = 6: 3 / 3.5 =
+    # 6/7, sqrt 0.9258...; passes that agree perfectly, 1 at any R; no agreement, 0
+    close(noise_ceiling(0.5, 2), math.sqrt(2 / 3), "ceiling of 2 passes at 0.5")
+    close(noise_ceiling(0.5, 6), math.sqrt(6 / 7), "ceiling of 6 passes at 0.5")
+    close(noise_ceiling(1.0, 3), 1.0, "ceiling of passes that agree")
+    assert noise_ceiling(-0.2, 4) == 0.0 and noise_ceiling(0.0, 2) == 0.0
+    assert noise_ceiling_line({"spearman": 0.5, "passes": 2}) == (
+        "noise ceiling: a model that knew each layout's true time would reach a spearman of about 0.816")
     # the sample: seeded, sorted, without repeats
     a = sample(111, 24, 7)
     assert a == sample(111, 24, 7) and a == sorted(set(a)) and len(a) == 24 and a != sample(111, 24, 8)
