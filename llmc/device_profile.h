@@ -86,7 +86,7 @@
 //                                     ranks taking turns on the cores arrive apart, and the first
 //                                     ones wait (polling, which takes a core from the last) for a
 //                                     share of what the others still had to compute. [0, 1];
-//                                     absent: 0, no wait
+//                                     absent: 0, no wait (past the largest N given: that N's)
 //   cpu_cache_bytes                   the host's last-level cache; the three below come with it
 //   cpu_memory_cached_fraction_N_ranks   as cpu_memory_fraction_N_ranks, on arrays that fit in the
 //                                     cache with N ranks' arrays together: a memory-bound pass

@@ -130,13 +130,17 @@ static inline double time_cpu_share_slowdown(const DeviceProfile* p, double n, i
 // loss is a fraction of the compute, not a constant a call (a tp layout meets dozens of times a
 // step, each after a fraction of a millisecond). Calibrate measured it at n = 2, 4, 8
 // (cpu_meeting_fraction_N_ranks); 0 at one rank, straight between the measured counts, flat past
-// the last. 0 on a GPU, or where the profile has none measured
+// the last. A count below the last whose field is absent measured no wait (calibrate leaves a 0
+// out of the profile): 0 there, not the end of the measurements. 0 on a GPU, or where the profile
+// has none measured
 static inline double time_meeting_fraction(const DeviceProfile* p, double n) {
     if (p->kind != DEVICE_CPU || n <= 1.0) return 0.0;
     double at[4] = {1.0, 2.0, 4.0, 8.0};
     double w[4] = {0.0, p->cpu_meeting_fraction_2_ranks, p->cpu_meeting_fraction_4_ranks, p->cpu_meeting_fraction_8_ranks};
-    int last = 0;
-    while (last < 3 && w[last + 1] > 0.0) last++;
+    int last = 0;  // (the largest count measured with a wait)
+    for (int i = 1; i < 4; i++) {
+        if (w[i] > 0.0) last = i;
+    }
     for (int i = 0; i < last; i++) {
         if (n <= at[i + 1]) return w[i] + (w[i + 1] - w[i]) * (n - at[i]) / (at[i + 1] - at[i]);
     }

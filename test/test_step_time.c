@@ -221,6 +221,14 @@ int main(void) {
           "the share lost meeting: %g at 3 ranks (expected 0.2), %g at 16 (0.3), %g alone, %g on a GPU",
           time_meeting_fraction(&waits, 3.0), time_meeting_fraction(&waits, 16.0), time_meeting_fraction(&waits, 1.0),
           time_meeting_fraction(&p, 4.0));
+    // a calibration of 8 ranks that measured no wait at 2 and 4 (fields left out) and 0.2 at 8:
+    // 0 up to 4 ranks, then straight to 0.2 (0.1 at 6), not 0 throughout
+    DeviceProfile late = shared_cpu;
+    late.cpu_meeting_fraction_8_ranks = 0.2;
+    CHECK(time_meeting_fraction(&late, 4.0) == 0.0 && close_to(time_meeting_fraction(&late, 6.0), 0.1, 1e-12) &&
+              close_to(time_meeting_fraction(&late, 8.0), 0.2, 1e-12),
+          "the share lost meeting, measured at 8 ranks only: %g at 4 (expected 0), %g at 6 (0.1), %g at 8 (0.2)",
+          time_meeting_fraction(&late, 4.0), time_meeting_fraction(&late, 6.0), time_meeting_fraction(&late, 8.0));
     StepTime no_wait = step_time_predict(&shared_cpu, c, &four, fp32_kernels(), 1024);
     StepTime with_wait = step_time_predict(&waits, c, &four, fp32_kernels(), 1024);
     for (int k = 0; k < TIME_COMPUTE_KINDS; k++) {
