@@ -428,7 +428,7 @@ static void share_cached_triads(ShareWork* k) {
 // CPU sweeps' shapes), then, in share_compute_and_meet, an all-reduce of SPREAD_BYTES
 #define SPREAD_ROUNDS 16
 #define SPREAD_BYTES 4096
-#define SPREAD_PAIRS 7  // (the compute alone and with its meetings, in turn, each the median of this many)
+#define SPREAD_PAIRS 15  // (the compute alone and with its meetings, taken in turn this many times)
 static void share_compute(ShareWork* k) {
     for (int r = 0; r < SPREAD_ROUNDS; r++) matmul_forward(k->out[0], k->inp[0], k->w[0], NULL, 64, 768, 3072);
 }
@@ -797,7 +797,7 @@ int main(int argc, char** argv) {
     share_work_alloc(&k, large, cache_bytes, &rng);
     double gemm_s[4] = {0}, triad_s[4] = {0};
     double gemm_fraction[4] = {1, 0, 0, 0}, memory_fraction[4] = {1, 0, 0, 0}, cached_fraction[4] = {1, 0, 0, 0};
-    double cached_s[4] = {0}, compute_s[4] = {0}, meet_s[4] = {0}, spread_ar_s[4] = {0};
+    double cached_s[4] = {0}, compute_s[4] = {0}, meet_s[4] = {0}, meet_ratio[4] = {0}, spread_ar_s[4] = {0};
     // rank 0's GEMMs and triads alone, timed again and again over the rest of the calibration (the
     // drift, after this loop): step 2's GEMMs first (each product twice, as share_gemms runs them)
     double gemm_lone[2 + 3 * SHARE_PAIRS], triad_lone[1 + 3 * SHARE_PAIRS];
@@ -822,14 +822,19 @@ int main(int argc, char** argv) {
             }
             if (counts[c] >= 2) {  // the arrival spread: compute then meet, against the compute alone
                 spread_comm = some;
-                // (the two taken in turn, SPREAD_PAIRS times each, and each the median: the wait is
-                // their difference, a few percent of either, and a drift of the machine between two
-                // single measurements was as large as it)
-                double alone[SPREAD_PAIRS], meeting[SPREAD_PAIRS];
+                // (the two taken in turn, SPREAD_PAIRS times, and the median of each pair's ratio: the
+                // wait is a few percent of either, the machine's speed moves by more than that from
+                // one second to the next, and the wait itself ranges from nothing to most of the
+                // compute between two pairs a second apart. The medians of the two taken apart, as
+                // calibrate did before, differ by the drift between them: 0 to 0.31 at 4 ranks in
+                // calibrations minutes apart)
+                double alone[SPREAD_PAIRS], meeting[SPREAD_PAIRS], ratio[SPREAD_PAIRS];
                 for (int i = 0; i < SPREAD_PAIRS; i++) {
                     alone[i] = together_seconds(some, share_compute, &k);
                     meeting[i] = together_seconds(some, share_compute_and_meet, &k);
+                    ratio[i] = meeting[i] / alone[i];
                 }
+                meet_ratio[c] = median_of(ratio, SPREAD_PAIRS);
                 compute_s[c] = median_of(alone, SPREAD_PAIRS), meet_s[c] = median_of(meeting, SPREAD_PAIRS);
                 spread_ar_s[c] = time_collective(TIMED_ALL_REDUCE, k.reduced, NULL, SPREAD_BYTES, some);
             }
@@ -907,13 +912,17 @@ int main(int argc, char** argv) {
         if (counts[c] >= 2) {  // (what meeting costs beyond the compute and the all-reduce themselves)
             // (the wait a round over the compute a round: ranks arriving apart wait for a share of
             // what the others still compute, so the model takes it as a fraction of the compute)
-            double wait_s = fmax(0.0, (meet_s[c] - compute_s[c]) / SPREAD_ROUNDS - spread_ar_s[c]);
-            meeting_fraction[c] = fmin(1.0, wait_s / (compute_s[c] / SPREAD_ROUNDS));
+            // (a round's wait: the median pair's extra time a round, at the compute's median, less
+            // the all-reduce itself)
+            double round_s = compute_s[c] / SPREAD_ROUNDS;
+            double wait_s = fmax(0.0, (meet_ratio[c] - 1.0) * round_s - spread_ar_s[c]);
+            meeting_fraction[c] = fmin(1.0, wait_s / round_s);
             printf("    %d x (fc forward at 64 tokens, then an all-reduce of %d bytes): %.2f ms a round, the compute alone\n"
                    "    %.2f, the all-reduce alone %.3f: each collective waits %.3f ms for the ranks arriving apart,\n"
-                   "    %.1f%% of the compute before it (the median of %d of each, taken in turn)\n",
+                   "    %.1f%% of the compute before it (medians of %d of each taken in turn; the wait from the\n"
+                   "    median of the pairs' ratios, %.3f)\n",
                    SPREAD_ROUNDS, SPREAD_BYTES, meet_s[c] / SPREAD_ROUNDS * 1e3, compute_s[c] / SPREAD_ROUNDS * 1e3,
-                   spread_ar_s[c] * 1e3, wait_s * 1e3, meeting_fraction[c] * 100.0, SPREAD_PAIRS);
+                   spread_ar_s[c] * 1e3, wait_s * 1e3, meeting_fraction[c] * 100.0, SPREAD_PAIRS, meet_ratio[c]);
         }
         if (counts[c] >= 4) {
             // (alpha's floor: the quickest of the sizes below the fit's, rather than the 8-byte one's
