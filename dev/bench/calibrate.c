@@ -1058,7 +1058,8 @@ int main(int argc, char** argv) {
             "#     over 4 and 8 ranks (the median of 4 rounds, fit as above); cpu_wait_slowdown: %d ranks'\n"
             "#     GEMMs beside as many ranks waiting in MPI_Recv over the same GEMMs alone.\n"
             "#   beyond that: cpu_meeting_fraction_N_ranks, N ranks %d times computing d12's fc forward at 64 tokens\n"
-            "#     then an all-reduce of %d bytes, less the compute alone and the all-reduce alone, over the compute;\n"
+            "#     then an all-reduce of %d bytes, over the compute alone taken in turn (the median pair's ratio), less\n"
+            "#     1 and the all-reduce alone's share;\n"
             "#     cpu_memory_cached_fraction_N_ranks, the triad's fractions on arrays of 8 ranks in half the\n"
             "#     cache (cpu_cache_bytes, sysfs's); efficiency_matmul_beyond_cache, the LM head of d4 (128 x 256\n"
             "#     times 256 x 50304, %.0f MB a product) at %.1f GFLOP/s, its bytes' time out, over the peak.\n",
