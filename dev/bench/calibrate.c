@@ -823,11 +823,9 @@ int main(int argc, char** argv) {
             if (counts[c] >= 2) {  // the arrival spread: compute then meet, against the compute alone
                 spread_comm = some;
                 // (the two taken in turn, SPREAD_PAIRS times, and the median of each pair's ratio: the
-                // wait is a few percent of either, the machine's speed moves by more than that from
-                // one second to the next, and the wait itself ranges from nothing to most of the
-                // compute between two pairs a second apart. The medians of the two taken apart, as
-                // calibrate did before, differ by the drift between them: 0 to 0.31 at 4 ranks in
-                // calibrations minutes apart)
+                // wait is a few percent of either, and the machine's speed moves by more than that
+                // from one second to the next, so a median of each taken apart would differ by the
+                // drift between them; at 4 ranks such medians gave 0 to 0.31 minutes apart)
                 double alone[SPREAD_PAIRS], meeting[SPREAD_PAIRS], ratio[SPREAD_PAIRS];
                 for (int i = 0; i < SPREAD_PAIRS; i++) {
                     alone[i] = together_seconds(some, share_compute, &k);
@@ -911,9 +909,9 @@ int main(int argc, char** argv) {
         cached_fraction[c] = fmin(1.0, cached_fraction[c]);
         if (counts[c] >= 2) {  // (what meeting costs beyond the compute and the all-reduce themselves)
             // (the wait a round over the compute a round: ranks arriving apart wait for a share of
-            // what the others still compute, so the model takes it as a fraction of the compute)
-            // (a round's wait: the median pair's extra time a round, at the compute's median, less
-            // the all-reduce itself)
+            // what the others still compute, so the model takes it as a fraction of the compute;
+            // a round's wait is the median pair's extra time at the compute's median, less the
+            // all-reduce itself)
             double round_s = compute_s[c] / SPREAD_ROUNDS;
             double wait_s = fmax(0.0, (meet_ratio[c] - 1.0) * round_s - spread_ar_s[c]);
             meeting_fraction[c] = fmin(1.0, wait_s / round_s);
