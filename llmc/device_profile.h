@@ -29,6 +29,13 @@
 //   efficiency_attention              0.13       fraction of the peak causal attention reaches (below)
 //   efficiency_memory                 0.53       fraction of the bandwidth that memory-bound kernels
 //                                                (LayerNorm, GELU, softmax, AdamW) reach
+//   efficiency_optimizer              ...        (optional, measured profiles) the same for the
+//                                                optimizer's passes over the parameters (the gradient
+//                                                norm, AdamW); absent: efficiency_memory. It may pass
+//                                                1 on a CPU, whose memory_bandwidth is the triad's:
+//                                                the triad writes a third array, whose lines the core
+//                                                reads before it writes them and the triad does not
+//                                                count, where AdamW writes back only what it read
 //   intra_node_latency_s              2e-6       alpha: a message's fixed cost inside a node
 //   intra_node_bandwidth_bytes_per_s  450e9      beta: per direction, per GPU (NVLink; on a CPU,
 //                                                MPI between two ranks of one host)
@@ -142,6 +149,7 @@ typedef struct {
     double memory_bandwidth_bytes_per_s, memory_bytes;
     double efficiency_matmul_large, efficiency_matmul_small, matmul_small_flops;
     double efficiency_attention, efficiency_memory;
+    double efficiency_optimizer;  // optional: 0, efficiency_memory (device_profile_optimizer_efficiency)
     double intra_node_latency_s, intra_node_bandwidth_bytes_per_s;
     double inter_node_latency_s, inter_node_bandwidth_bytes_per_s;
     int gpus_per_node;       // optional: 8
@@ -181,9 +189,9 @@ typedef struct {
 // read this one table. A value must lie in [lo, hi], or (lo, hi] where lo_open. The bounds keep
 // every time the model computes finite and every rate a device could have: a peak of a megaFLOP/s
 // to an exaFLOP/s, a memory of a megabyte/s to a petabyte/s, a link of a byte a second (a test's
-// profile counts bytes as seconds) to a petabyte, efficiencies and fractions of 0.001 to 1, a
-// latency up to a second. A rate of 1e-300, or an efficiency of 0, would divide a kernel's work
-// into an infinite time, and one of 1e300 is a typo, not a device.
+// profile counts bytes as seconds) to a petabyte, efficiencies and fractions of 0.001 to 1 (the
+// optimizer's to 4: above), a latency up to a second. A rate of 1e-300, or an efficiency of 0,
+// would divide a kernel's work into an infinite time, and one of 1e300 is a typo, not a device.
 
 typedef enum { FIELD_TEXT, FIELD_KIND, FIELD_NUMBER, FIELD_COUNT } ProfileFieldType;
 
@@ -212,6 +220,7 @@ static const ProfileField PROFILE_FIELDS[] = {
     PROFILE_FIELD(matmul_small_flops, FIELD_NUMBER, 1, 0, 1e18, 0, "the FLOPs below which a GEMM counts as small"),
     PROFILE_FIELD(efficiency_attention, FIELD_NUMBER, 1, 1e-3, 1, 0, "the fraction of the peak attention reaches"),
     PROFILE_FIELD(efficiency_memory, FIELD_NUMBER, 1, 1e-3, 1, 0, "the fraction of the bandwidth memory-bound kernels reach"),
+    PROFILE_FIELD(efficiency_optimizer, FIELD_NUMBER, 0, 1e-3, 4, 0, "the fraction of the bandwidth the optimizer's passes reach"),
     PROFILE_FIELD(intra_node_latency_s, FIELD_NUMBER, 1, 0, 1, 1, "a message's latency inside a node, in seconds"),
     PROFILE_FIELD(intra_node_bandwidth_bytes_per_s, FIELD_NUMBER, 1, 1, 1e15, 0, "bytes/s per direction inside a node"),
     PROFILE_FIELD(inter_node_latency_s, FIELD_NUMBER, 1, 0, 1, 1, "a message's latency across nodes, in seconds"),
@@ -461,18 +470,23 @@ static inline void profile_defaults(DeviceProfile* p) {
     p->efficiency_link = 1.0;
 }
 
+// the fraction of the bandwidth the optimizer's passes reach: efficiency_optimizer where given
+static inline double device_profile_optimizer_efficiency(const DeviceProfile* p) {
+    return p->efficiency_optimizer > 0.0 ? p->efficiency_optimizer : p->efficiency_memory;
+}
+
 // The host where a profile does not describe it. A CPU is its own host: the host's FLOP/s its
-// GEMM rate, its bandwidth what its memory-bound passes reach, its "PCIe" a copy in its memory at
-// that bandwidth (a read and a write a byte) after a message's latency. A GPU without host fields
-// gets a DGX A100's host, the least of the three built-ins' (below): PCIe Gen4 x16 and a share of
-// two EPYC 7742s
+// GEMM rate, its bandwidth what its optimizer's passes reach (the host's one kernel: -offload's
+// AdamW), its "PCIe" a copy in its memory at its memory-bound passes' bandwidth (a read and a
+// write a byte) after a message's latency. A GPU without host fields gets a DGX A100's host, the
+// least of the three built-ins' (below): PCIe Gen4 x16 and a share of two EPYC 7742s
 static inline void device_profile_fill_host(DeviceProfile* p) {
     if (p->host_memory_bandwidth_bytes_per_s > 0.0) return;
     if (p->kind == DEVICE_CPU) {
         p->host_flops_fp32 = p->peak_flops_fp32;
-        p->host_memory_bandwidth_bytes_per_s = p->memory_bandwidth_bytes_per_s * p->efficiency_memory;
+        p->host_memory_bandwidth_bytes_per_s = p->memory_bandwidth_bytes_per_s * device_profile_optimizer_efficiency(p);
         p->pcie_latency_s = p->intra_node_latency_s;
-        p->pcie_bandwidth_bytes_per_s = p->host_memory_bandwidth_bytes_per_s / 2.0 / p->efficiency_link;
+        p->pcie_bandwidth_bytes_per_s = p->memory_bandwidth_bytes_per_s * p->efficiency_memory / 2.0 / p->efficiency_link;
     } else {
         p->host_flops_fp32 = DGX_A100_HOST_FLOPS_PER_GPU;
         p->host_memory_bandwidth_bytes_per_s = DGX_A100_HOST_BANDWIDTH_PER_GPU;

@@ -9,7 +9,8 @@
 //      roofline with the achievable rates of the profile: a GEMM's efficiency by its size class,
 //      fused attention's on its useful causal FLOPs (the profile's definition: device_profile.h;
 //      the unfused path's GEMMs and passes as what they are), the
-//      elementwise kernels and memsets bound by their bytes; on a CPU the sum of the two (one
+//      elementwise kernels and memsets bound by their bytes (the optimizer's passes at
+//      efficiency_optimizer where the profile measured it); on a CPU the sum of the two (one
 //      core does both: it packs a GEMM's operands between its FMAs);
 //   2. a collective: comm_time.h's alpha-beta time on the group's placement (which ranks share a
 //      node follows from the grid order and gpus_per_node); one that the layout overlaps with
@@ -197,6 +198,10 @@ static inline double time_kernel_seconds(const DeviceProfile* p, const StepKerne
         case STEP_ATTN: rate = device_profile_peak_flops(p, X) * p->efficiency_attention; break;
         case STEP_HOST: rate = p->host_flops_fp32, bandwidth = p->host_memory_bandwidth_bytes_per_s; break;
         default: rate = 0.0;  // vector and memset rows: their bytes
+    }
+    // (the optimizer's passes stream the parameters in place: their own efficiency where measured)
+    if (r->engine == STEP_VECTOR && strcmp(r->op, "optimizer") == 0) {
+        bandwidth = p->memory_bandwidth_bytes_per_s * device_profile_optimizer_efficiency(p);
     }
     double by_flops = rate > 0.0 ? flops / rate * share.compute : 0.0, by_bytes = r->bytes / bandwidth * memory_share;
     // a CPU core that runs a GEMM's FMAs also packs its operands and streams its result: the two

@@ -1,7 +1,8 @@
 // Unit tests of the step-time model (llmc/step_time.h) on a device of round numbers, each part
 // against a case worked by hand:
 //   - a kernel: compute-bound, max(F / (peak x efficiency), ...), and memory-bound, bytes /
-//     (bandwidth x efficiency_memory); on a CPU the sum of the two;
+//     (bandwidth x efficiency_memory), the optimizer's passes at efficiency_optimizer where given;
+//     on a CPU the sum of the two;
 //   - attention's useful FLOPs: cuBLAS's rows multiply full T x T squares, 4 B NH T^2 hs a layer
 //     forward against the useful 2 B NH T (T + 1) hs, so their factor is (T + 1) / (2 T);
 //   - data parallelism: two ranks of one node take exactly one ring all-reduce of the gradients
@@ -98,6 +99,22 @@ int main(void) {
           "a GEMM on a CPU: %g s, expected 4.002 ms", time_kernel_seconds(&one_cpu, &gemm, gemm.flops, 4, lone));
     CHECK(close_to(time_kernel_seconds(&one_cpu, &vec, vec.flops, 4, lone), 2e-3, 1e-12), "a pass on a CPU: %g s, expected 2 ms",
           time_kernel_seconds(&one_cpu, &vec, vec.flops, 4, lone));
+    // the optimizer's passes (the gradient norm, AdamW) at efficiency_optimizer where the profile
+    // gives it: 1e6 bytes / (1e9 x 1.25) = 0.8 ms; a LayerNorm's beside it keeps its 2 ms; absent,
+    // the optimizer's take efficiency_memory's 2 ms too
+    StepKernel optimizer_pass = vec;
+    optimizer_pass.op = "optimizer";
+    CHECK(close_to(time_kernel_seconds(&one_cpu, &optimizer_pass, optimizer_pass.flops, 4, lone), 2e-3, 1e-12),
+          "AdamW without efficiency_optimizer: %g s, expected efficiency_memory's 2 ms",
+          time_kernel_seconds(&one_cpu, &optimizer_pass, optimizer_pass.flops, 4, lone));
+    DeviceProfile measured_optimizer = one_cpu;
+    measured_optimizer.efficiency_optimizer = 1.25;
+    CHECK(close_to(time_kernel_seconds(&measured_optimizer, &optimizer_pass, optimizer_pass.flops, 4, lone), 0.8e-3, 1e-12),
+          "AdamW at efficiency_optimizer 1.25: %g s, expected 0.8 ms",
+          time_kernel_seconds(&measured_optimizer, &optimizer_pass, optimizer_pass.flops, 4, lone));
+    CHECK(close_to(time_kernel_seconds(&measured_optimizer, &vec, vec.flops, 4, lone), 2e-3, 1e-12),
+          "a LayerNorm beside efficiency_optimizer: %g s, expected 2 ms still",
+          time_kernel_seconds(&measured_optimizer, &vec, vec.flops, 4, lone));
 
     // attention's useful FLOPs: 2 T (T + 1) hs a head, sequence and layer forward, twice that backward
     RunLayout one = layout(TRAINER_DP, 1, 1, 1);

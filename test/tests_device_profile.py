@@ -251,7 +251,7 @@ def device_profile_absurd_values_refused_and_the_bounds_give_finite_times():
 def device_profile_sharing_fields_refused_missing_or_out_of_range():
     """calibrate's fields for what sharing the host does beyond the fractions (a collective's wait
     for ranks arriving apart, the cache and the in-cache fraction of the triad, the GEMM beyond the
-    cache): each out of its range is refused with file, line, field and range; cpu_cache_bytes,
+    cache), and the optimizer's efficiency: each out of its range is refused with file, line, field and range; cpu_cache_bytes,
     efficiency_matmul_beyond_cache and cpu_memory_cached_fraction_2_ranks come together, so one
     without the others is refused naming the one missing; a profile without any of them (as
     written before they existed) reads, printing none of them (the model then prices as before)"""
@@ -261,7 +261,7 @@ def device_profile_sharing_fields_refused_missing_or_out_of_range():
         base = [l.rstrip("\n") for l in f if not l.startswith("#") and l.split()[0] not in (
             "cpu_meeting_fraction_2_ranks", "cpu_meeting_fraction_4_ranks", "cpu_meeting_fraction_8_ranks",
             "cpu_cache_bytes", "efficiency_matmul_beyond_cache", "cpu_memory_cached_fraction_2_ranks",
-            "cpu_memory_cached_fraction_4_ranks", "cpu_memory_cached_fraction_8_ranks")]
+            "cpu_memory_cached_fraction_4_ranks", "cpu_memory_cached_fraction_8_ranks", "efficiency_optimizer")]
     trio = ["cpu_cache_bytes 33554432", "efficiency_matmul_beyond_cache 0.8", "cpu_memory_cached_fraction_2_ranks 0.9"]
 
     def check(label, extra):
@@ -273,8 +273,11 @@ def device_profile_sharing_fields_refused_missing_or_out_of_range():
 
     path, code, out = check("older", [])
     assert code == 0 and "cpu_cache_bytes" not in out and "cpu_meeting_fraction" not in out, out
-    path, code, out = check("all", trio + ["cpu_meeting_fraction_2_ranks 1e-3", "cpu_memory_cached_fraction_8_ranks 0.2"])
+    assert "efficiency_optimizer" not in out, out
+    path, code, out = check("all", trio + ["cpu_meeting_fraction_2_ranks 1e-3", "cpu_memory_cached_fraction_8_ranks 0.2",
+                                           "efficiency_optimizer 1.25"])
     assert code == 0 and "cpu_meeting_fraction_2_ranks 0.001" in out and "cpu_cache_bytes 33554432" in out, out
+    assert "efficiency_optimizer 1.25" in out, out  # (past 1: the triad's bandwidth does not count its write's reads)
     for k, field in enumerate(trio):
         given = [t for t in trio if t != field]
         path, code, out = check("without %d" % k, given)
@@ -294,12 +297,14 @@ def device_profile_sharing_fields_refused_missing_or_out_of_range():
                                   ("cpu_cache_bytes", "1e300", "[10000, 1e+12]"),
                                   ("efficiency_matmul_beyond_cache", "1.5", "[0.001, 1]"),
                                   ("cpu_memory_cached_fraction_2_ranks", "0", "[0.001, 1]"),
-                                  ("cpu_memory_cached_fraction_4_ranks", "1.01", "[0.001, 1]")):
+                                  ("cpu_memory_cached_fraction_4_ranks", "1.01", "[0.001, 1]"),
+                                  ("efficiency_optimizer", "5", "[0.001, 4]"),
+                                  ("efficiency_optimizer", "0", "[0.001, 4]")):
         extra = [t for t in trio if t.split()[0] != field] + ["%s %s" % (field, value)]
         path, code, out = check("range %s" % field, extra)
         want = "%s:%d: %s %s is out of range %s" % (path, len(base) + len(extra), field, value, allowed)
         assert code == 1 and want in out, "%s %s: exit %d, expected %r:\n%s" % (field, value, code, want, out)
-    print("    the newer fields: an older profile reads; 3 halves of the cache's trio and 6 values out of range refused")
+    print("    the newer fields: an older profile reads; 3 halves of the cache's trio and 8 values out of range refused")
 
 
 @test
@@ -355,7 +360,8 @@ def calibrate_two_ranks_writes_a_profile_that_reads_back():
     says, its cores as os.cpu_count(), the fitted figures it printed the ones it wrote (the
     all-reduce's and ZeRO's reduce-scatter and all-gather alike), the rates scaled to the median of
     the lone rank's times as it printed (the drift) and those medians written for -probe, which
-    prints the same work's times; on 1 rank it stops with the reason and writes nothing"""
+    prints the same work's times; the optimizer's efficiency in (0, 4] as printed, the host's
+    bandwidth its rate; on 1 rank it stops with the reason and writes nothing"""
     calibrate_built()
     d = fresh_dir("calibrate_run")
     path = os.path.join(d, "cpu.txt")
@@ -399,6 +405,13 @@ def calibrate_two_ranks_writes_a_profile_that_reads_back():
     beyond = [k for k in v if k.endswith("_beyond_2mb_bytes_per_s")]
     assert all(1e7 <= v[k] <= 1e13 for k in beyond), [(k, v[k]) for k in beyond]
     assert not any(k.startswith(("reducescatter_4", "allgather_4", "allreduce_4")) for k in v), text  # (2 ranks: none of 4)
+    # the optimizer's passes: an efficiency in (0, 4] (it may pass the triad's, which does not count
+    # its write's reads), as printed (to 2 decimals); the host's bandwidth (-offload's AdamW) its rate
+    m = re.search(r"the optimizer \(gradient norm and AdamW over \d+ M parameters, in place\): \S+ GB/s, (\S+) of the", out)
+    assert m and 0 < v["efficiency_optimizer"] <= 4, (out[-3000:], text)
+    assert abs(float(m.group(1)) - v["efficiency_optimizer"]) <= 0.006, (m.group(0), v["efficiency_optimizer"])
+    host = v["memory_bandwidth_bytes_per_s"] * v["efficiency_optimizer"]
+    assert abs(v["host_memory_bandwidth_bytes_per_s"] - host) <= 1e-6 * host, (v["host_memory_bandwidth_bytes_per_s"], host)
     # what sharing the host does beyond that: the cache as sysfs gives it (lscpu's figure), the
     # GEMM beyond it and the in-cache fraction in (0, 1], the 2 ranks' wait a time under a second
     # (0, not written, where the two arrived together)

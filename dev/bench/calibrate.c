@@ -4,7 +4,8 @@
 //     matmul_backward_input and matmul_backward_weight, as the trainers call them) on d12's
 //     linear layers, a large class (512 tokens) and a small one (64 tokens);
 //   - the memory bandwidth, by STREAM's triad over arrays 4x the last-level cache, and the share
-//     of it that the step's memory-bound passes (GELU, LayerNorm) reach;
+//     of it that the step's memory-bound passes (GELU, LayerNorm) reach, and that the optimizer's
+//     passes over the parameters (llmc/cpu/adamw.h: the gradient norm, AdamW) reach;
 //   - the rate of the CPU's causal attention (llmc/cpu/attention.h);
 //   - MPI between 2 ranks of this host, as the CPU backend's comm layer calls it: a message
 //     (MPI_Send / MPI_Recv, a ping-pong), an all-reduce (MPI_Allreduce of floats), and ZeRO's
@@ -53,6 +54,7 @@
 #include "llmc/cpu/attention.h"
 #include "llmc/cpu/gelu.h"
 #include "llmc/cpu/layernorm.h"
+#include "llmc/cpu/adamw.h"
 #include "llmc/device_profile.h"
 #include "dev/bench/best_seconds.h"
 
@@ -366,6 +368,30 @@ static double kernels_bandwidth_measured(Rng* rng) {
            CAL_T, C);
     free(h), free(gh), free(dh), free(x), free(y), free(dx), free(w), free(bias), free(dw), free(db), free(mean), free(rstd);
     return (b_gelu_f + b_gelu_b + b_ln_f + b_ln_b) / (t_gelu_f + t_gelu_b + t_ln_f + t_ln_b);
+}
+
+// The optimizer's two passes, as a trainer's step ends (llmc/cpu/adamw.h), over d4's parameters
+// (16M, as the CPU sweeps train; 256 MB of weights, gradients and moments): the gradient norm
+// reads the gradients (4 bytes a parameter), AdamW reads gradient, weight, m and v and writes the
+// last three back (28): step_kernels.h's bytes. Bytes/s, the two timed in turn. They stream every
+// array in place, which the triad does not (its third array's lines are read before they are
+// written, and it does not count those reads), so this may pass the triad's bandwidth.
+#define OPTIMIZER_PARAMS ((size_t)16 << 20)
+static double optimizer_bandwidth_measured(Rng* rng) {
+    size_t n = OPTIMIZER_PARAMS;
+    float* params = (float*)malloc_check(n * sizeof(float));
+    float* grads = (float*)malloc_check(n * sizeof(float));
+    float *m = (float*)calloc_check(n, sizeof(float)), *v = (float*)calloc_check(n, sizeof(float));
+    rng_normal_fill(rng, params, n, 0.0f, 0.02f);
+    rng_normal_fill(rng, grads, n, 0.0f, 1e-3f);
+    volatile float norm_squared = 0.0f;  // (kept, so that the norm's pass is not optimized away)
+    int t = 0;
+    double seconds;
+    BEST_SECONDS(seconds, 3, (norm_squared = global_norm_squared(grads, n),
+                              adamw_update(params, NULL, grads, m, v, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, ++t, 1.0f, 0, 0)));
+    (void)norm_squared;
+    free(params), free(grads), free(m), free(v);
+    return (4.0 + 28.0) * n / seconds;
 }
 
 // A barrier that waits without taking a core from the ranks still computing (MPI's blocking calls
@@ -738,6 +764,7 @@ int main(int argc, char** argv) {
     double cache_bytes = last_level_cache_bytes(), wide_rate = 0, wide_eff = 0, wide_bytes = 0;
     double large_rate = 0, small_rate = 0, small_eff = 0, small_flops = 0, attention_rate = 0, large_seconds = 0;
     double bandwidth = 0, kernels_bandwidth = 0, memory_eff = 0, copy_bandwidth = 0, copy_small = 0;
+    double optimizer_bandwidth = 0;
     if (rank == 0) {
         if (threads > omp_get_num_procs()) {
             printf("warning: -threads %d, but this rank may run on %d core%s (mpirun binds ranks to cores: add --bind-to none)\n",
@@ -768,6 +795,9 @@ int main(int argc, char** argv) {
         memory_eff = kernels_bandwidth / bandwidth;
         printf("memory: triad %.1f GB/s on %d thread%s; GELU and LayerNorm %.1f GB/s: %.2f of it%s\n", bandwidth / 1e9,
                threads, threads == 1 ? "" : "s", kernels_bandwidth / 1e9, memory_eff, memory_eff > 1 ? " (written as 1)" : "");
+        optimizer_bandwidth = optimizer_bandwidth_measured(&rng);
+        printf("  the optimizer (gradient norm and AdamW over %zu M parameters, in place): %.1f GB/s, %.2f of the triad's\n",
+               OPTIMIZER_PARAMS >> 20, optimizer_bandwidth / 1e9, optimizer_bandwidth / bandwidth);
         // the GEMMs' rates with their bytes' time at the passes' bandwidth taken out (gemm_core_rate)
         large_rate = gemm_core_rate(large_class, fmin(kernels_bandwidth, bandwidth));
         small_rate = gemm_core_rate(small_class, fmin(kernels_bandwidth, bandwidth));
@@ -893,7 +923,7 @@ int main(int argc, char** argv) {
            gemm_lone_n, gemm_lone[0], gemm_lone[gemm_lone_n - 1], gemm_first, gemm_drift, large_rate * gemm_drift / 1e9,
            triad_lone_n, triad_lone[0], triad_lone[triad_lone_n - 1], triad_first, triad_drift);
     large_rate *= gemm_drift, small_rate *= gemm_drift, wide_rate *= gemm_drift, attention_rate *= gemm_drift;
-    bandwidth *= triad_drift, kernels_bandwidth *= triad_drift;
+    bandwidth *= triad_drift, kernels_bandwidth *= triad_drift, optimizer_bandwidth *= triad_drift;
 
     double meeting_fraction[4] = {0, 0, 0, 0};
     printf("ranks sharing this host (%d cores; each rank: d12's fc and fcproj GEMMs, %.1f GFLOP, and 4 triads over 3 x 64 MB;\n"
@@ -968,6 +998,7 @@ int main(int argc, char** argv) {
     p.matmul_small_flops = small_flops;
     p.efficiency_attention = fmin(1.0, attention_rate / large_rate);
     p.efficiency_memory = fmin(1.0, memory_eff);
+    p.efficiency_optimizer = fmin(4.0, optimizer_bandwidth / bandwidth);
     // one host: every rank of a run here is "inside the node", so the link across is the same
     p.intra_node_latency_s = p.inter_node_latency_s = msg_alpha;
     p.intra_node_bandwidth_bytes_per_s = p.inter_node_bandwidth_bytes_per_s = msg_beta;
@@ -977,7 +1008,7 @@ int main(int argc, char** argv) {
     p.cpu_cores = cores;
     // the host is the device: -offload's AdamW at the memory-bound passes' bandwidth, its copies memcpy's
     p.host_flops_fp32 = large_rate;
-    p.host_memory_bandwidth_bytes_per_s = kernels_bandwidth;
+    p.host_memory_bandwidth_bytes_per_s = optimizer_bandwidth;  // (the host's one kernel: -offload's AdamW)
     p.pcie_latency_s = copy_small;
     p.pcie_bandwidth_bytes_per_s = copy_bandwidth;
     double* gemm_fields[4] = {NULL, &p.cpu_gemm_fraction_2_ranks, &p.cpu_gemm_fraction_4_ranks, &p.cpu_gemm_fraction_8_ranks};
@@ -1040,7 +1071,8 @@ int main(int argc, char** argv) {
             "#     qkv and attproj at 64 tokens ran at %.1f GFLOP/s so (efficiency_matmul_small); below %.3g FLOPs a GEMM is small.\n"
             "#   attention: llmc/cpu/attention.h at d12's B 4, T 64, 12 heads, %.1f GFLOP/s of useful causal FLOPs.\n"
             "#   memory: STREAM's triad over 3 x 128 MB, %.1f GB/s; GELU and LayerNorm,\n"
-            "#     forward and backward at d12's B 4, T 64, %.1f GB/s of their least bytes (efficiency_memory).\n"
+            "#     forward and backward at d12's B 4, T 64, %.1f GB/s of their least bytes (efficiency_memory);\n"
+            "#     the optimizer's passes (gradient norm, AdamW) over 16M parameters, %.1f GB/s (efficiency_optimizer).\n"
             "#   drift: each rate above is step 2's scaled to the median of the lone rank's GEMMs (%d times) and\n"
             "#     triads (%d times) timed in turn with the shared runs over the calibration: x %.3f and x %.3f.\n"
             "#   lone medians: gemm_seconds %.6g triad_seconds %.6g (calibrate -probe times the same work: a sweep\n"
@@ -1050,7 +1082,7 @@ int main(int argc, char** argv) {
             "#     all-gather the same way (bytes: the whole buffer), on 2 ranks and as many as below; each collective's\n"
             "#     bytes past 2 MB at the bandwidth between its 2 MB and 32 MB times (_beyond_2mb). One host, so the\n"
             "#     inter-node figures repeat the intra-node ones, and gpus_per_node is large: every rank shares it.\n"
-            "#   the host (-offload): the GEMM rate, the memory-bound passes' bandwidth, memcpy %.1f GB/s after %.3f us.\n"
+            "#   the host (-offload): the GEMM rate, the optimizer's passes' bandwidth, memcpy %.1f GB/s after %.3f us.\n"
             "#   ranks sharing the host (%d ranks at most here): each of N ranks computing at once reached the\n"
             "#     fractions cpu_*_fraction_N_ranks of a lone rank's GEMM rate and triad bandwidth; the collectives\n"
             "#     over 4 and 8 ranks (the median of 4 rounds, fit as above); cpu_wait_slowdown: %d ranks'\n"
@@ -1062,7 +1094,7 @@ int main(int argc, char** argv) {
             "#     cache (cpu_cache_bytes, sysfs's); efficiency_matmul_beyond_cache, the LM head of d4 (128 x 256\n"
             "#     times 256 x 50304, %.0f MB a product) at %.1f GFLOP/s, its bytes' time out, over the peak.\n",
             when, size, threads, large_rate / 1e9, threads, threads == 1 ? "" : "s", small_rate / 1e9, small_flops,
-            attention_rate / 1e9, bandwidth / 1e9, kernels_bandwidth / 1e9, gemm_lone_n, triad_lone_n, gemm_drift, triad_drift,
+            attention_rate / 1e9, bandwidth / 1e9, kernels_bandwidth / 1e9, optimizer_bandwidth / 1e9, gemm_lone_n, triad_lone_n, gemm_drift, triad_drift,
             gemm_median, triad_median,
             msg_alpha * 1e6, msg_beta / 1e9, coll_alpha[TIMED_ALL_REDUCE][1] * 1e6, coll_beta[TIMED_ALL_REDUCE][1] / 1e9, copy_bandwidth / 1e9, copy_small * 1e6,
             size, cores, SPREAD_ROUNDS, SPREAD_BYTES, wide_bytes / 1e6, wide_rate / 1e9);
