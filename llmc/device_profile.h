@@ -7,7 +7,8 @@
 //                              CPU, whose core packs a GEMM's operands between its FMAs, the sum,
 //                              and calibrate's peak is the rate left once the bytes' time is out)
 //   attention of F FLOPs       F / (peak x efficiency_attention)
-//   a pass moving M bytes      M / (memory_bandwidth x efficiency_memory)
+//   a pass moving M bytes      M / (memory_bandwidth x efficiency_memory; the optimizer's passes
+//                              x efficiency_optimizer where given)
 //   a message of n bytes       alpha + n / (beta x efficiency_link), alpha and beta of the link it
 //                              crosses: inside a node (NVLink; MPI on one host) or across (InfiniBand)
 //
@@ -28,14 +29,18 @@
 //   matmul_small_flops                5e10       (a GEMM too small to fill the device, or to hide its tail)
 //   efficiency_attention              0.13       fraction of the peak causal attention reaches (below)
 //   efficiency_memory                 0.53       fraction of the bandwidth that memory-bound kernels
-//                                                (LayerNorm, GELU, softmax, AdamW) reach
+//                                                (LayerNorm, GELU, softmax; AdamW where the next is absent) reach
 //   efficiency_optimizer              ...        (optional, measured profiles) the same for the
 //                                                optimizer's passes over the parameters (the gradient
 //                                                norm, AdamW); absent: efficiency_memory. It may pass
 //                                                1 on a CPU, whose memory_bandwidth is the triad's:
 //                                                the triad writes a third array, whose lines the core
 //                                                reads before it writes them and the triad does not
-//                                                count, where AdamW writes back only what it read
+//                                                count, where AdamW writes back only what it read.
+//                                                One figure for both passes: their sum is what was
+//                                                timed (the norm alone runs slower, AdamW faster).
+//                                                A GPU's HBM has no such uncounted reads: there a
+//                                                value past 1 would be a mistake the range lets by
 //   intra_node_latency_s              2e-6       alpha: a message's fixed cost inside a node
 //   intra_node_bandwidth_bytes_per_s  450e9      beta: per direction, per GPU (NVLink; on a CPU,
 //                                                MPI between two ranks of one host)
@@ -50,11 +55,11 @@
 //                                                that was measured, and the host's cores
 //   host_flops_fp32                   ...        (optional) the host CPU's FLOP/s and memory bandwidth a
 //   host_memory_bandwidth_bytes_per_s ...        GPU (-offload's AdamW): the built-ins' from datasheets,
-//                                                a CPU's as its memory-bound passes reach
+//                                                a CPU's as its optimizer's passes reach
 //   pcie_latency_s, pcie_bandwidth_bytes_per_s   (optional) the link between the device and the host,
 //                                                per direction (-offload's copies); the four are given
 //                                                together. Absent on a cpu profile: the host is the
-//                                                device (its GEMM rate, its memory-bound passes'
+//                                                device (its GEMM rate, its optimizer's passes'
 //                                                bandwidth, a copy in its memory); absent on a cuda
 //                                                one: a DGX A100's host, the least of the built-ins'
 //

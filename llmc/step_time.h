@@ -181,7 +181,7 @@ static inline double time_ranks_at_once(const DeviceProfile* p, double busy, int
 // 1. A kernel's seconds for one call, by its own FLOPs and bytes (attention's rows are then
 // priced together: time_attention_block). X: the floats' bytes (the GEMMs'
 // peak). share: the slowdowns of ranks sharing a CPU (5; 1 and 1 on a GPU). -offload's host rows
-// on the host's FLOP/s and memory bandwidth, as they are (a CPU: its measured passes' bandwidth)
+// on the host's FLOP/s and memory bandwidth, as they are (a CPU: its optimizer's passes' bandwidth)
 // A CPU's GEMM whose bytes exceed its cache (a language model head: few tokens against a wide
 // weight) takes efficiency_matmul_beyond_cache where the profile has it; a row whose bytes fit in
 // a rank's share of the cache takes the in-cache fraction for its bytes (TimeShare).

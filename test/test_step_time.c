@@ -458,6 +458,27 @@ int main(void) {
     CHECK(device_profile_parse(text, "t", &read, why, sizeof(why)) && read.host_memory_bandwidth_bytes_per_s == 0.5e9 &&
               read.host_flops_fp32 == 1e12, "a cpu profile's host: memory %g, FLOP/s %g", read.host_memory_bandwidth_bytes_per_s,
           read.host_flops_fp32);
+    // with the optimizer's passes measured, a cpu profile's host (-offload's AdamW) runs at their
+    // bandwidth, 1e9 x 1.25, and its "PCIe" (a copy in memory, a read and a write a byte) stays at
+    // the memory-bound passes': 1e9 x 0.5 / 2 / efficiency_link 1
+    snprintf(text, sizeof(text), "%skind cpu\nefficiency_optimizer 1.25\n", base);
+    CHECK(device_profile_parse(text, "t", &read, why, sizeof(why)) && read.host_memory_bandwidth_bytes_per_s == 1.25e9 &&
+              read.pcie_bandwidth_bytes_per_s == 0.25e9, "a cpu profile's host beside efficiency_optimizer: memory %g, PCIe %g",
+          read.host_memory_bandwidth_bytes_per_s, read.pcie_bandwidth_bytes_per_s);
+
+    // a whole step: the trainer's optimizer rows (step_kernels.h's gradient norm, S X bytes and
+    // NORM_BLOCKS partial sums, and AdamW, 28 bytes a parameter in fp32) are the ones that take
+    // efficiency_optimizer. dp 1 updates all P parameters, so its memory part is shorter by their
+    // bytes x (1 / (1e9 x 0.5) - 1 / (1e9 x 1.25)) and nothing else moves
+    DeviceProfile fast_optimizer = p;
+    fast_optimizer.efficiency_optimizer = 1.25;
+    StepTime t_fast = step_time_predict(&fast_optimizer, c, &one, fp32_kernels(), 8);
+    double optimizer_bytes = (double)gpt2_num_parameters(c) * (4 + 28) + NORM_BLOCKS * 4;
+    double saved = optimizer_bytes * (1.0 / (1e9 * 0.5) - 1.0 / (1e9 * 1.25));
+    CHECK(close_to(t1.compute[TIME_MEMORY] - t_fast.compute[TIME_MEMORY], saved, 1e-9) &&
+              close_to(t1.seconds - t_fast.seconds, saved, 1e-9),
+          "dp 1 with efficiency_optimizer 1.25: memory %g s and step %g s shorter, expected %g",
+          t1.compute[TIME_MEMORY] - t_fast.compute[TIME_MEMORY], t1.seconds - t_fast.seconds, saved);
 
     // a pipeline of two stages, one micro-batch: F on stage 0, the message, F and B on stage 1, the
     // message back, B on stage 0. On nodes of one GPU each message costs inter-node alpha + bytes
