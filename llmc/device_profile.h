@@ -29,7 +29,7 @@
 //   matmul_small_flops                5e10       (a GEMM too small to fill the device, or to hide its tail)
 //   efficiency_attention              0.13       fraction of the peak causal attention reaches (below)
 //   efficiency_memory                 0.53       fraction of the bandwidth that memory-bound kernels
-//                                                (LayerNorm, GELU, softmax; AdamW where the next is absent) reach
+//                                                (LayerNorm, GELU, softmax; AdamW, without the next) reach
 //   efficiency_optimizer              ...        (optional, measured profiles) the same for the
 //                                                optimizer's passes over the parameters (the gradient
 //                                                norm, AdamW); absent: efficiency_memory. It may pass
