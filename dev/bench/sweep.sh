@@ -141,7 +141,12 @@ fi
 [ "$figure" = none ] && figure=""
 PY=/usr/bin/python3
 STATS=dev/bench/sweep_stats.py
-MPI=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+# Each rank pinned to a core, round robin by rank (rank r on core r mod cores): left to the
+# scheduler, the two ranks of d4's pipeline stage that holds the LM head shared one core in some
+# runs and not in others (pp 2 x cp 2: 1188 and 1356 ms a step pinned together, 572 to 792 pinned
+# apart, 643 to 1008 unpinned), a coin toss in the measured time. Round robin spreads every stage's
+# ranks over the cores (the grid puts pp outermost), as the model of ranks sharing a CPU assumes.
+MPI=(mpirun --allow-run-as-root --oversubscribe --bind-to core:overload-allowed --map-by core)
 
 # the sweep's files, and the run in progress (stopped and removed on Ctrl-C, on an error and at the end)
 work=$(mktemp -d "${TMPDIR:-/tmp}/sweep.XXXXXX") || fail "cannot make a temporary directory"
