@@ -264,6 +264,39 @@ def sweep_without_predictions_failures_and_bad_flags():
 
 
 @test
+def sweep_pins_its_ranks_or_says_it_cannot():
+    """every run the sweep starts pins its ranks to cores round robin (--bind-to
+    core:overload-allowed --map-by core: the placement the model of ranks sharing a CPU assumes);
+    where mpirun refuses to pin, the sweep says so and runs them unpinned, and the layout is measured"""
+    import shutil
+    out = fresh_dir("sweep_pin")
+    fake, log = os.path.join(out, "bin"), os.path.join(out, "mpirun.log")
+    os.makedirs(fake)
+    with open(os.path.join(fake, "mpirun"), "w") as f:  # logs each call, refuses to pin when REFUSE_PINNING is set
+        f.write('#!/bin/sh\necho "$*" >> %s\n'
+                'case " $* " in *" --bind-to core:overload-allowed "*) [ -n "$REFUSE_PINNING" ] && '
+                '{ echo "binding not supported" >&2; exit 1; } ;; esac\nexec %s "$@"\n' % (log, shutil.which("mpirun")))
+    os.chmod(os.path.join(fake, "mpirun"), 0o755)
+    one = r"^train_gpt2_dp \(2 ranks\) -r 0$"
+    path = fake + os.pathsep + os.environ["PATH"]
+    for refuse in ("", "1"):
+        if os.path.exists(log):
+            os.remove(log)
+        code, text, _ = sweep_run(out, "-np", 2, "-filter", one, "-warmup", 0, "-steps", 1, "-figure", "none",
+                                  env={"PREDICT_CMD": "false", "PATH": path, "REFUSE_PINNING": refuse})
+        assert code == 0, text
+        with open(log) as f:
+            runs = [line for line in f if " -np 2 " in " " + line]  # (the layout's run; -np 1 is the sweep's probe)
+        assert len(runs) == 1, (runs, text)
+        said = "note: mpirun could not pin the ranks to cores here" in text
+        if not refuse:
+            assert "--bind-to core:overload-allowed --map-by core" in runs[0] and not said, (runs, text)
+        else:
+            assert "--bind-to none" in runs[0] and "--bind-to core" not in runs[0] and said, (runs, text)
+        assert re.search(r"^ +\d+ +1 +\d+\.\d +\d+%  train_gpt2_dp \(2 ranks\) -r 0$", text, re.M), text
+
+
+@test
 def sweep_interrupted_stops_its_run_and_removes_its_files():
     """SIGINT (Ctrl-C) in the middle of a layout's run: the sweep exits 130 once the run has
     stopped (seconds on a quiet machine), no process of the run is left, and its temporary

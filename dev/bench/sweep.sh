@@ -147,6 +147,11 @@ STATS=dev/bench/sweep_stats.py
 # apart, 643 to 1008 unpinned), a coin toss in the measured time. Round robin spreads every stage's
 # ranks over the cores (the grid puts pp outermost), as the model of ranks sharing a CPU assumes.
 MPI=(mpirun --allow-run-as-root --oversubscribe --bind-to core:overload-allowed --map-by core)
+# (where mpirun cannot pin, a system whose Open MPI has no binding support: the scheduler's placement, said)
+if command -v mpirun >/dev/null && ! "${MPI[@]}" -np 1 true >/dev/null 2>&1; then
+    echo "note: mpirun could not pin the ranks to cores here (--bind-to core); they run where the scheduler puts them"
+    MPI=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+fi
 
 # the sweep's files, and the run in progress (stopped and removed on Ctrl-C, on an error and at the end)
 work=$(mktemp -d "${TMPDIR:-/tmp}/sweep.XXXXXX") || fail "cannot make a temporary directory"
