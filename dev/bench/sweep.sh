@@ -142,16 +142,23 @@ fi
 PY=/usr/bin/python3
 STATS=dev/bench/sweep_stats.py
 # Each rank pinned to a core, round robin by rank (rank r on core r mod cores): left to the
-# scheduler, the two ranks of d4's pipeline stage that holds the LM head shared one core in some
-# runs and not in others (pp 2 x cp 2: 1188 and 1356 ms a step pinned together, 572 to 792 pinned
-# apart, 643 to 1008 unpinned), a coin toss in the measured time. Round robin spreads every stage's
-# ranks over the cores (the grid puts pp outermost), as the model of ranks sharing a CPU assumes.
+# scheduler, the two ranks of d4's pipeline stage that holds the LM head shared a core in some
+# runs or parts of runs and not in others (pp 2 x cp 2: 643 to 1008 ms a step unpinned; pinned
+# together 1188 and 1356, pinned apart 572 to 792), noise in the measured time. Round robin
+# spreads every stage's ranks over the cores (the grid puts pp outermost), as the model of ranks
+# sharing a CPU assumes.
 MPI=(mpirun --allow-run-as-root --oversubscribe --bind-to core:overload-allowed --map-by core)
-# (where mpirun cannot pin, a system whose Open MPI has no binding support: the scheduler's placement, said)
-if command -v mpirun >/dev/null && ! "${MPI[@]}" -np 1 true >/dev/null 2>&1; then
-    echo "note: mpirun could not pin the ranks to cores here (--bind-to core); they run where the scheduler puts them"
+command -v mpirun >/dev/null || fail "mpirun not found on PATH (the layouts run under Open MPI: apt-get install -y openmpi-bin, or dev/setup.sh)"
+# (where mpirun cannot pin, a system whose Open MPI has no binding support: the scheduler's
+# placement, said; N ranks, as the runs will be placed)
+if ! timeout 60 "${MPI[@]}" -np "$N" "$(type -P true)" >/dev/null 2>"${TMPDIR:-/tmp}/sweep_pin.$$"; then
+    why=$(grep -m1 -v '^[- ]*$' "${TMPDIR:-/tmp}/sweep_pin.$$")
     MPI=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+    timeout 60 "${MPI[@]}" -np "$N" "$(type -P true)" >/dev/null 2>&1 ||
+        { rm -f "${TMPDIR:-/tmp}/sweep_pin.$$"; fail "mpirun cannot start $N ranks here: $why"; }
+    echo "note: mpirun could not pin the ranks to cores here (--bind-to core: $why); they run where the scheduler puts them"
 fi
+rm -f "${TMPDIR:-/tmp}/sweep_pin.$$"
 
 # the sweep's files, and the run in progress (stopped and removed on Ctrl-C, on an error and at the end)
 work=$(mktemp -d "${TMPDIR:-/tmp}/sweep.XXXXXX") || fail "cannot make a temporary directory"
@@ -241,7 +248,7 @@ if [ "$calibrate" = 1 ]; then
     cal_ranks=2
     [ "$N" -gt 2 ] && cal_ranks=4
     [ "$N" -gt 4 ] && cal_ranks=8
-    echo "calibrating: mpirun -np $cal_ranks ./dev/bench/calibrate -o $profile -threads 1"
+    echo "calibrating: ${MPI[*]} -np $cal_ranks ./dev/bench/calibrate -o $profile -threads 1"
     run_bg "$limit" "$work/calibrate.out" "${MPI[@]}" -np "$cal_ranks" ./dev/bench/calibrate -o "$profile" -threads 1
     [ "$rc" = 0 ] || fail "dev/bench/calibrate failed (exit $rc): $(tail -5 "$work/calibrate.out")"
 fi
