@@ -149,16 +149,6 @@ STATS=dev/bench/sweep_stats.py
 # sharing a CPU assumes.
 MPI=(mpirun --allow-run-as-root --oversubscribe --bind-to core:overload-allowed --map-by core)
 command -v mpirun >/dev/null || fail "mpirun not found on PATH (the layouts run under Open MPI: apt-get install -y openmpi-bin, or dev/setup.sh)"
-# (where mpirun cannot pin, a system whose Open MPI has no binding support: the scheduler's
-# placement, said; N ranks, as the runs will be placed)
-if ! timeout 60 "${MPI[@]}" -np "$N" "$(type -P true)" >/dev/null 2>"${TMPDIR:-/tmp}/sweep_pin.$$"; then
-    why=$(grep -m1 -v '^[- ]*$' "${TMPDIR:-/tmp}/sweep_pin.$$")
-    MPI=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
-    timeout 60 "${MPI[@]}" -np "$N" "$(type -P true)" >/dev/null 2>&1 ||
-        { rm -f "${TMPDIR:-/tmp}/sweep_pin.$$"; fail "mpirun cannot start $N ranks here: $why"; }
-    echo "note: mpirun could not pin the ranks to cores here (--bind-to core: $why); they run where the scheduler puts them"
-fi
-rm -f "${TMPDIR:-/tmp}/sweep_pin.$$"
 
 # the sweep's files, and the run in progress (stopped and removed on Ctrl-C, on an error and at the end)
 work=$(mktemp -d "${TMPDIR:-/tmp}/sweep.XXXXXX") || fail "cannot make a temporary directory"
@@ -186,6 +176,15 @@ finish() {
 }
 trap finish EXIT
 trap 'echo; echo "sweep: interrupted; stopping the run and removing $work" >&2; exit 130' INT TERM
+
+# where mpirun cannot pin (a system whose Open MPI has no binding support): the scheduler's
+# placement, said; probed with N ranks, as the runs will be placed
+if ! timeout 60 "${MPI[@]}" -np "$N" "$(type -P true)" >/dev/null 2>"$work/pin.err"; then
+    why=$(grep -m1 -v '^[- ]*$' "$work/pin.err")
+    MPI=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+    timeout 60 "${MPI[@]}" -np "$N" "$(type -P true)" >/dev/null 2>&1 || fail "mpirun cannot start $N ranks here: $why"
+    echo "note: mpirun could not pin the ranks to cores here (--bind-to core: $why); they run where the scheduler puts them"
+fi
 
 # run_bg SECONDS OUTFILE COMMAND...: the command in the background (so that Ctrl-C reaches this
 # script at once, and the trap stops the run), its output in OUTFILE; its exit status in rc
