@@ -111,6 +111,20 @@
 //   given together or not at all (the 4- and 8-rank fractions optional, as the others); absent,
 //   every pass takes the fractions beyond the cache and every GEMM its size class by FLOPs: a
 //   profile written before these fields reads as it did.
+// Collectives of groups smaller than the world (optional, kind cpu; calibrate measures them on 4
+// or 8 ranks pinned to the cores round robin, as dev/bench/sweep.sh runs them):
+//   cpu_groups_world                  the ranks running when they were measured: the world split
+//                                     into groups of G, every group running the collective at once
+//   cpu_groups_cores                  the cores they were pinned to, rank r on core r mod this
+//   X_groups_of_G_across_cores_bytes_per_s   (X allreduce, reducescatter or allgather; G = 2, 4)
+//   X_groups_of_G_on_one_core_bytes_per_s    the bandwidth of its bytes past the first 2 MB, in
+//                                     groups of consecutive ranks (spread over the cores) or of
+//                                     ranks cpu_cores apart (all on one core, taking turns). Where
+//                                     a group's ranks sit moved the time by up to 2 times here, and
+//                                     Open MPI's 2-rank reduce-scatter is no ring: the model prices a
+//                                     group of G ranks in a world of cpu_groups_world by these past
+//                                     2 MB (llmc/step_time.h, time_group_measured); each needs
+//                                     the two above. Absent: the world's ring step.
 //
 // Attention's FLOPs are counted one way for every profile, as useful work: q k^T and p v over
 // the causal pairs (key t2 <= query t), 2 T (T + 1) hs FLOPs a head forward, twice that backward
@@ -187,6 +201,14 @@ typedef struct {
     double cpu_meeting_fraction_2_ranks, cpu_meeting_fraction_4_ranks, cpu_meeting_fraction_8_ranks;
     double cpu_cache_bytes, efficiency_matmul_beyond_cache;
     double cpu_memory_cached_fraction_2_ranks, cpu_memory_cached_fraction_4_ranks, cpu_memory_cached_fraction_8_ranks;
+    // collectives of groups smaller than the world, every group at once (optional: 0, not measured)
+    int cpu_groups_world, cpu_groups_cores;
+    double allreduce_groups_of_2_across_cores_bytes_per_s, allreduce_groups_of_2_on_one_core_bytes_per_s;
+    double allreduce_groups_of_4_across_cores_bytes_per_s, allreduce_groups_of_4_on_one_core_bytes_per_s;
+    double reducescatter_groups_of_2_across_cores_bytes_per_s, reducescatter_groups_of_2_on_one_core_bytes_per_s;
+    double reducescatter_groups_of_4_across_cores_bytes_per_s, reducescatter_groups_of_4_on_one_core_bytes_per_s;
+    double allgather_groups_of_2_across_cores_bytes_per_s, allgather_groups_of_2_on_one_core_bytes_per_s;
+    double allgather_groups_of_4_across_cores_bytes_per_s, allgather_groups_of_4_on_one_core_bytes_per_s;
 } DeviceProfile;
 
 // ----------------------------------------------------------------------------------------------
@@ -280,6 +302,20 @@ static const ProfileField PROFILE_FIELDS[] = {
     PROFILE_FIELD(cpu_memory_cached_fraction_2_ranks, FIELD_NUMBER, 0, 1e-3, 1, 0, "a lone rank's in-cache bandwidth each of 2 ranks reaches"),
     PROFILE_FIELD(cpu_memory_cached_fraction_4_ranks, FIELD_NUMBER, 0, 1e-3, 1, 0, "a lone rank's in-cache bandwidth each of 4 ranks reaches"),
     PROFILE_FIELD(cpu_memory_cached_fraction_8_ranks, FIELD_NUMBER, 0, 1e-3, 1, 0, "a lone rank's in-cache bandwidth each of 8 ranks reaches"),
+    PROFILE_FIELD(cpu_groups_world, FIELD_COUNT, 0, 2, 1e6, 0, "the ranks whose groups' collectives were measured at once"),
+    PROFILE_FIELD(cpu_groups_cores, FIELD_COUNT, 0, 1, 1e6, 0, "the cores those ranks were pinned to, round robin"),
+    PROFILE_FIELD(allreduce_groups_of_2_across_cores_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 2-rank group's all-reduce bytes/s past 2 MB, across cores"),
+    PROFILE_FIELD(allreduce_groups_of_2_on_one_core_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 2-rank group's all-reduce bytes/s past 2 MB, on one core"),
+    PROFILE_FIELD(allreduce_groups_of_4_across_cores_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank group's all-reduce bytes/s past 2 MB, across cores"),
+    PROFILE_FIELD(allreduce_groups_of_4_on_one_core_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank group's all-reduce bytes/s past 2 MB, on one core"),
+    PROFILE_FIELD(reducescatter_groups_of_2_across_cores_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 2-rank group's reduce-scatter bytes/s past 2 MB, across cores"),
+    PROFILE_FIELD(reducescatter_groups_of_2_on_one_core_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 2-rank group's reduce-scatter bytes/s past 2 MB, on one core"),
+    PROFILE_FIELD(reducescatter_groups_of_4_across_cores_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank group's reduce-scatter bytes/s past 2 MB, across cores"),
+    PROFILE_FIELD(reducescatter_groups_of_4_on_one_core_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank group's reduce-scatter bytes/s past 2 MB, on one core"),
+    PROFILE_FIELD(allgather_groups_of_2_across_cores_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 2-rank group's all-gather bytes/s past 2 MB, across cores"),
+    PROFILE_FIELD(allgather_groups_of_2_on_one_core_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 2-rank group's all-gather bytes/s past 2 MB, on one core"),
+    PROFILE_FIELD(allgather_groups_of_4_across_cores_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank group's all-gather bytes/s past 2 MB, across cores"),
+    PROFILE_FIELD(allgather_groups_of_4_on_one_core_bytes_per_s, FIELD_NUMBER, 0, 1, 1e15, 0, "a 4-rank group's all-gather bytes/s past 2 MB, on one core"),
 };
 #define PROFILE_FIELD_COUNT ((int)(sizeof(PROFILE_FIELDS) / sizeof(PROFILE_FIELDS[0])))
 
@@ -626,6 +662,15 @@ static inline int device_profile_parse(const char* text, const char* source_name
                      PROFILE_FIELDS[missing].key, together[g][4]);
             return 0;
         }
+    }
+    // a group's measured collective names the world it ran in and the cores its ranks were pinned to
+    int world_seen = seen[profile_field_index("cpu_groups_world")], cores_seen = seen[profile_field_index("cpu_groups_cores")];
+    for (int i = 0; i < PROFILE_FIELD_COUNT; i++) {
+        if (!seen[i] || strstr(PROFILE_FIELDS[i].key, "_groups_of_") == NULL || (world_seen && cores_seen)) continue;
+        snprintf(why, cap, "%s:%d: %s without %s (a group's collective is priced by the world it was measured in and "
+                 "where its ranks sat on the cores)", source_name, seen[i], PROFILE_FIELDS[i].key,
+                 world_seen ? "cpu_groups_cores" : "cpu_groups_world");
+        return 0;
     }
     device_profile_fill_host(p);
     return 1;

@@ -262,9 +262,8 @@ static inline void time_attention_block(const DeviceProfile* p, GPT2Config c, co
 // 2. A collective's group as comm_time.h places it: the members of rank r's group on the grid,
 // as many as the row says its group has (a pipeline message: the pair of stages it crosses;
 // DiLoCo's across: one rank of each worker, the workers being consecutive blocks of ranks)
-static inline GroupPlacement time_placement(const StepKernel* row, GridShape g, int r, int gpus_per_node) {
-    int S = g.dp * g.cp * g.tp, world = grid_world(g);
-    if (strcmp(row->comm, "pp") == 0) return pair_placement(r, r + S < world ? r + S : r - S, gpus_per_node);
+static inline RankPattern time_members(const StepKernel* row, GridShape g, int r) {
+    int world = grid_world(g);
     GridGroup kind = GRID_DP;
     if (strcmp(row->comm, "tp") == 0) kind = GRID_TP;
     else if (strcmp(row->comm, "cp") == 0) kind = GRID_CP;
@@ -276,7 +275,46 @@ static inline GroupPlacement time_placement(const StepKernel* row, GridShape g, 
         members.first = r, members.stride = world / row->ranks;
     }
     if (row->ranks > 0) members.size = row->ranks;  // (DiLoCo's dp: a worker's ranks, not the world's)
-    return group_placement(members, gpus_per_node);
+    return members;
+}
+
+static inline GroupPlacement time_placement(const StepKernel* row, GridShape g, int r, int gpus_per_node) {
+    int S = g.dp * g.cp * g.tp, world = grid_world(g);
+    if (strcmp(row->comm, "pp") == 0) return pair_placement(r, r + S < world ? r + S : r - S, gpus_per_node);
+    return group_placement(time_members(row, g, r), gpus_per_node);
+}
+
+// A CPU's collective over a group of 2 or 4 of the `host` ranks sharing it, where the profile
+// measured such groups among as many ranks (cpu_groups_world): its first 2 MB as the ring step
+// prices them (t, from coll_time at 2 MB), the bytes past them at the bandwidth measured for groups
+// placed as this one is. The ranks are pinned round robin (rank r on core r mod cpu_groups_cores,
+// as dev/bench/sweep.sh runs them), so a group whose stride is a multiple of cpu_groups_cores has
+// all its ranks on one core, where they take turns; any other is spread over the cores, where they
+// wait for each other. 0, t unchanged: not measured so.
+static inline int time_group_measured(const DeviceProfile* p, Collective kind, RankPattern members, int host,
+                                      int gpus_per_node, double n, CollTime* t) {
+    double knee = DEVICE_PROFILE_COLLECTIVE_KNEE_BYTES;
+    int G = members.size;
+    GroupPlacement g = group_placement(members, gpus_per_node);
+    if (p->kind != DEVICE_CPU || p->cpu_groups_world != host || p->cpu_groups_cores <= 0 || (G != 2 && G != 4) ||
+        G >= host || g.nodes > 1 || n <= knee)
+        return 0;
+    int one_core = host > p->cpu_groups_cores && members.stride % p->cpu_groups_cores == 0;
+    const double measured[3][2][2] = {  // [kind][G = 2, 4][across cores, on one core]
+        {{p->allreduce_groups_of_2_across_cores_bytes_per_s, p->allreduce_groups_of_2_on_one_core_bytes_per_s},
+         {p->allreduce_groups_of_4_across_cores_bytes_per_s, p->allreduce_groups_of_4_on_one_core_bytes_per_s}},
+        {{p->reducescatter_groups_of_2_across_cores_bytes_per_s, p->reducescatter_groups_of_2_on_one_core_bytes_per_s},
+         {p->reducescatter_groups_of_4_across_cores_bytes_per_s, p->reducescatter_groups_of_4_on_one_core_bytes_per_s}},
+        {{p->allgather_groups_of_2_across_cores_bytes_per_s, p->allgather_groups_of_2_on_one_core_bytes_per_s},
+         {p->allgather_groups_of_4_across_cores_bytes_per_s, p->allgather_groups_of_4_on_one_core_bytes_per_s}}};
+    int k = kind == COLL_ALL_REDUCE ? 0 : kind == COLL_REDUCE_SCATTER ? 1 : kind == COLL_ALL_GATHER ? 2 : -1;
+    if (k < 0) return 0;
+    double beyond = measured[k][G == 4][one_core];
+    if (!(beyond > 0.0)) return 0;
+    *t = coll_time(p, kind, g, knee);
+    t->seconds += (n - knee) / beyond;
+    t->intra_seconds = t->seconds, t->inter_seconds = 0.0;
+    return 1;
 }
 
 // a link row's seconds a call, and the fraction of them spent on each link (time_link_names)
@@ -302,6 +340,10 @@ static inline LinkSeconds time_link_split(const DeviceProfile* p, const StepKern
     // comm_time.h's n is the whole send buffer, the rank's own block included)
     if (kind == COLL_ALL_TO_ALL && r->ranks > 1) n *= (double)r->ranks / (r->ranks - 1);
     CollTime t = coll_time(p, kind, time_placement(r, g, rank, gpus_per_node), n);
+    if (strcmp(r->comm, "pp") != 0) {
+        int world = grid_world(g), host = world < gpus_per_node ? world : gpus_per_node;
+        time_group_measured(p, kind, time_members(r, g, rank), host, gpus_per_node, n, &t);
+    }
     l.seconds = t.seconds;
     if (t.seconds > 0.0) l.on[0] = t.intra_seconds / t.seconds, l.on[1] = t.inter_seconds / t.seconds;
     return l;

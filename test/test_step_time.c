@@ -332,6 +332,38 @@ int main(void) {
           plain, 3.0 * (1e-6 + big / 4.0 / 1e9));
     DeviceProfile gpu_links = time_links_shared(&p, 64);
     CHECK(memcmp(&gpu_links, &p, sizeof(p)) == 0, "a GPU's links changed by 64 ranks");
+    // a group of 2 in a world of 4 where calibrate measured such groups (4 ranks pinned to 2
+    // cores): ZeRO's reduce-scatter of 8 MB over the dp group. Its first 2 MB as before, one ring
+    // step of the 4 ranks' reduce-scatter: 20 us / 3 + (2 MB / 2) x 4 / (1e9 x 3) s; the 6 MB past
+    // them at the groups' bandwidth, 5e8 where the pair spans the cores (pp 2 x cp 2: the cp pair,
+    // ranks 0 and 1) and 2e9 where it sits on one (dp 2 x tp 2: ranks 0 and 2). Measured in a world
+    // of 8, or below the knee, the ring step prices it all (past the knee 2 / (4 / (2.5e8 x 3)) bytes/s:
+    // the 4 ranks' beyond_2mb as a 2-rank step, half the bytes at half that)
+    DeviceProfile groups_cpu = zero_cpu;
+    groups_cpu.cpu_groups_world = 4, groups_cpu.cpu_groups_cores = 2;
+    groups_cpu.reducescatter_groups_of_2_across_cores_bytes_per_s = 5e8;
+    groups_cpu.reducescatter_groups_of_2_on_one_core_bytes_per_s = 2e9;
+    DeviceProfile groups4 = time_links_shared(&groups_cpu, 4);
+    StepKernel zero_rs;
+    memset(&zero_rs, 0, sizeof(zero_rs));
+    zero_rs.engine = STEP_LINK, zero_rs.comm = "dp", zero_rs.collective = "reduce-scatter", zero_rs.payload = big;
+    GridShape pp_cp = {1, 2, 2, 1, 1}, dp_tp = {2, 1, 1, 2, 1};
+    double first_knee = 20e-6 / 3.0 + knee / 2.0 * 4.0 / (1e9 * 3.0);
+    double across = time_link_seconds(&groups4, &zero_rs, pp_cp, 0, 8, lone);
+    double on_one_core = time_link_seconds(&groups4, &zero_rs, dp_tp, 0, 8, lone);
+    CHECK(close_to(across, first_knee + (big - knee) / 5e8, 1e-12) && close_to(on_one_core, first_knee + (big - knee) / 2e9, 1e-12),
+          "a pair's reduce-scatter of 8 MB in a world of 4: %g s across the cores (expected %g), %g on one core (expected %g)",
+          across, first_knee + (big - knee) / 5e8, on_one_core, first_knee + (big - knee) / 2e9);
+    double ring_beyond = 2.0 / (4.0 / (2.5e8 * 3.0));
+    groups4.cpu_groups_world = 8;
+    double elsewhere = time_link_seconds(&groups4, &zero_rs, pp_cp, 0, 8, lone);
+    groups4.cpu_groups_world = 4;
+    zero_rs.payload = knee / 2.0;
+    double below = time_link_seconds(&groups4, &zero_rs, pp_cp, 0, 8, lone);
+    CHECK(close_to(elsewhere, first_knee + (big - knee) / ring_beyond, 1e-12) &&
+              close_to(below, 20e-6 / 3.0 + knee / 4.0 * 4.0 / (1e9 * 3.0), 1e-12),
+          "measured in a world of 8: %g s (expected the ring step's %g); 1 MB: %g s (expected %g)", elsewhere,
+          first_knee + (big - knee) / ring_beyond, below, 20e-6 / 3.0 + knee / 4.0 * 4.0 / (1e9 * 3.0));
 
     // a pipeline of 2 stages and 1 micro-batch on a 1-core CPU: the stages take turns (F0, F1, B1,
     // B0), one rank busy at a time. When a waiting rank takes no core (cpu_wait_slowdown 1) the

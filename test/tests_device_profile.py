@@ -309,6 +309,46 @@ def device_profile_sharing_fields_refused_missing_or_out_of_range():
 
 
 @test
+def device_profile_group_fields_need_their_world_and_cores():
+    """the collectives of groups smaller than the world (X_groups_of_G_{across_cores,on_one_core}):
+    with cpu_groups_world and cpu_groups_cores they read back as given; one without either is
+    refused with file, line, the field and the one missing; a bandwidth of 0 or a world of 1 is
+    refused with its range; a profile without any reads and prints none (the model then prices a
+    group by the world's ring step)"""
+    calibrate_built()
+    d = fresh_dir("profile_group_fields")
+    with open("dev/profiles/cpu-this-machine.txt") as f:
+        base = [l.rstrip("\n") for l in f if not l.startswith("#") and "groups" not in l.split()[0]]
+
+    def check(label, extra):
+        path = os.path.join(d, label.replace(" ", "_") + ".txt")
+        with open(path, "w") as f:
+            f.write("\n".join(base + extra) + "\n")
+        code, out = calibrate_cli("-check", path)
+        return path, code, out
+
+    path, code, out = check("none", [])
+    assert code == 0 and "groups" not in out, out
+    where = ["cpu_groups_world 8", "cpu_groups_cores 2"]
+    fields = ["reducescatter_groups_of_2_across_cores_bytes_per_s 4.5e8", "allgather_groups_of_4_on_one_core_bytes_per_s 3e9"]
+    path, code, out = check("all", where + fields)
+    assert code == 0 and all(l in out for l in where) and "reducescatter_groups_of_2_across_cores_bytes_per_s 450000000" in out \
+        and "allgather_groups_of_4_on_one_core_bytes_per_s 3000000000" in out, out
+    for k, missing in enumerate(where):
+        extra = [w for w in where if w != missing] + fields
+        path, code, out = check("without %d" % k, extra)
+        want = "%s:%d: %s without %s" % (path, len(base) + 2, fields[0].split()[0], missing.split()[0])
+        assert code == 1 and want in out, "without %s: exit %d, expected %r:\n%s" % (missing, code, want, out)
+    for field, value, allowed in (("allreduce_groups_of_2_on_one_core_bytes_per_s", "0", "[1, 1e+15]"),
+                                  ("cpu_groups_world", "1", "[2, 1e+06]")):
+        extra = [w for w in where if w.split()[0] != field] + ["%s %s" % (field, value)]
+        path, code, out = check("range %s" % field, extra)
+        want = "%s:%d: %s %s is out of range %s" % (path, len(base) + len(extra), field, value, allowed)
+        assert code == 1 and want in out, "%s %s: exit %d, expected %r:\n%s" % (field, value, code, want, out)
+    print("    groups' fields read back with their world and cores; 2 without one of them and 2 out of range refused")
+
+
+@test
 def calibrate_fit_is_the_relative_least_squares_line():
     """calibrate -fit: exact points of t = alpha + bytes / beta (alpha 3 us, beta 5 GB/s, 2 KB to
     8 MB) give back alpha and beta (relative 1e-9: float64 normal equations over sizes three
@@ -456,6 +496,59 @@ def calibrate_two_ranks_writes_a_profile_that_reads_back():
           "send %.2f us + %.2f GB/s, all-reduce %.2f us + %.2f GB/s" % (
               os.path.basename(path), v["peak_flops_fp32"] / 1e9, v["efficiency_matmul_small"],
               v["efficiency_attention"], v["memory_bandwidth_bytes_per_s"] / 1e9, v["efficiency_memory"], *printed))
+
+
+@test
+def calibrate_four_ranks_times_groups_only_when_pinned():
+    """mpirun -np 4 dev/bench/calibrate with the ranks pinned round robin (--bind-to
+    core:overload-allowed --map-by core, as dev/bench/sweep.sh runs it): the profile holds
+    cpu_groups_world 4, cpu_groups_cores K (1 < K <= 4, dividing 4: the cores the ranks landed on),
+    the groups of 2 across the cores and, where two ranks share a core (K < 4), on one core,
+    each bandwidth in a plausible range (1e7-1e13 bytes/s) and the one printed; the same run
+    left unpinned (--bind-to none) says the groups were not measured and why, and writes none
+    (a group's placement is then unknown). Skipped where mpirun cannot pin (no binding support)"""
+    calibrate_built()
+    d = fresh_dir("calibrate_groups")
+    probe = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "core:overload-allowed",
+                            "--map-by", "core", "-np", "4", shutil.which("true") or "/bin/true"], cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60)
+    if probe.returncode != 0:
+        raise Skip("mpirun cannot pin 4 ranks here: %s" % probe.stdout.decode("utf-8", "replace")[-300:])
+    runs = {}
+    for label, binding in (("pinned", ["--bind-to", "core:overload-allowed", "--map-by", "core"]),
+                           ("unpinned", ["--bind-to", "none"])):
+        path = os.path.join(d, label + ".txt")
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe"] + binding + ["-np", "4", CALIBRATE, "-o", path]
+        p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=300)
+        out = p.stdout.decode("utf-8", "replace")
+        assert p.returncode == 0, "%s: exit %d\n%s" % (" ".join(cmd), p.returncode, out[-3000:])
+        code, text = calibrate_cli("-check", path)
+        assert code == 0, text
+        runs[label] = (out, profile_values(text))
+    out, v = runs["pinned"]
+    K = v.get("cpu_groups_cores", 0)
+    assert v.get("cpu_groups_world") == 4 and 1 < K <= 4 and 4 % K == 0, out[-3000:]
+    m = re.search(r"pinned round robin to (\d+) cores", out)
+    assert m and int(m.group(1)) == K, out[-3000:]
+    places = ["across_cores"] + (["on_one_core"] if K < 4 else [])
+    for place in places:
+        printed = re.search(r"2 ranks %s +all-reduce \S+ / \S+, (\S+) GB/s; reduce-scatter \S+ / \S+, (\S+) GB/s; "
+                            r"all-gather \S+ / \S+, (\S+) GB/s" % place.replace("_", " "), out)
+        assert printed, (place, out[-3000:])
+        for kind, shown in zip(("allreduce", "reducescatter", "allgather"), printed.groups()):
+            key = "%s_groups_of_2_%s_bytes_per_s" % (kind, place)
+            if float(shown) == 0:  # (the 32 MB took no longer than the 2 MB: left out, as a measured collective's)
+                assert key not in v, (key, v.get(key))
+                continue
+            assert 1e7 <= v[key] <= 1e13 and abs(v[key] / 1e9 - float(shown)) <= 6e-4, (key, v[key], shown)
+    assert not any("_groups_of_4_" in k for k in v) and ("on_one_core" in " ".join(v)) == (K < 4), sorted(v)
+    out, v = runs["unpinned"]
+    assert "not measured, the ranks are not pinned to the cores round robin" in out, out[-3000:]
+    assert not any("groups" in k for k in v), sorted(v)
+    print("    pinned to %d cores: pairs %s; unpinned: none" % (K, ", ".join(
+        "%s %.2f GB/s (reduce-scatter)" % (pl, runs["pinned"][1]["reducescatter_groups_of_2_%s_bytes_per_s" % pl] / 1e9)
+        for pl in places if "reducescatter_groups_of_2_%s_bytes_per_s" % pl in runs["pinned"][1])))
 
 
 @test

@@ -16,7 +16,9 @@
 //     of one thread on this machine's cores): the GEMM rate and the triad's bandwidth each of N
 //     ranks reaches while N compute at once (N = 2, 4, 8: the cores, and caches and memory, shared),
 //     the three collectives over N ranks (4, 8), and what ranks waiting in a blocking MPI receive (which
-//     polls) take from as many computing;
+//     polls) take from as many computing; with the ranks pinned to the cores round robin (as
+//     dev/bench/sweep.sh runs them), the three collectives over groups of 2 and 4 smaller than the
+//     world, every group at once, placed across the cores and on one core;
 //   - a copy in memory (memcpy), the CPU's "PCIe" to itself under -offload;
 //   - what sharing the host does beyond that, which the sweeps showed the model missing: the
 //     wait each collective adds when N ranks compute a fixed amount and then meet in it (they
@@ -33,7 +35,8 @@
 //   make dev/bench/calibrate
 //   mpirun --oversubscribe --bind-to none -np 8 ./dev/bench/calibrate -o dev/profiles/cpu-this-machine.txt [-threads 1]
 //     (-np 2: no measurements of ranks sharing the host, -np 4: those of 2 and 4 ranks; the
-//     profile names what it measured: llmc/device_profile.h)
+//     profile names what it measured: llmc/device_profile.h; --bind-to core:overload-allowed
+//     --map-by core in place of --bind-to none: the groups' collectives too, for runs pinned so)
 //   ./dev/bench/calibrate -check FILE|NAME   read a profile (or a built-in: h100-sxm, h200,
 //                                            a100-80gb), print it; exit 1 with the reason if refused
 //   ./dev/bench/calibrate -fit FILE          fit t = alpha + bytes / beta to FILE's "bytes seconds" lines
@@ -42,8 +45,10 @@
 // that a model of R ranks of t threads on this host can tell when they share cores.
 // It takes about half a minute on an idle 2-core machine at 2 ranks and a minute and a half at 8 (longer when
 // other work shares the cores).
+#define _GNU_SOURCE  // (sched_getaffinity: where mpirun pinned this rank)
 #include <math.h>
 #include <mpi.h>
+#include <sched.h>
 #include <omp.h>
 #include <stdarg.h>
 #include <time.h>
@@ -185,11 +190,12 @@ static void run_collective(TimedCollective kind, float* buf, float* out, int cou
 }
 
 // seconds for one collective of `bytes` of floats over the ranks of comm (out: the reduce-scatter's
-// output, bytes / size of them); the buffer is zeros, so the sums stay zeros. On 2 ranks the best
-// of 4 rounds; on more, which share the cores, their median: taking turns on a core is part of
-// what is measured there, and a best round would be the luckiest turns. Rounds of ~32 MB or,
-// where that is slow (ranks taking turns), ~0.1 s, as the first call says, rank 0's count
-static double time_collective(TimedCollective kind, float* buf, float* out, size_t bytes, MPI_Comm comm) {
+// output, bytes / size of them); the buffer is zeros, so the sums stay zeros. Two ranks alone
+// (turns 0): the best of 4 rounds; ranks that share the cores (turns 1), their median: taking
+// turns on a core is part of what is measured there, and a best round would be the luckiest turns.
+// Rounds of ~32 MB or, where that is slow (ranks taking turns), ~0.1 s, as the first call says,
+// rank 0's count
+static double time_collective(TimedCollective kind, float* buf, float* out, size_t bytes, MPI_Comm comm, int turns) {
     int size;
     MPI_Comm_size(comm, &size);
     int count = (int)(bytes / 4), reps = message_reps(bytes);
@@ -212,7 +218,7 @@ static double time_collective(TimedCollective kind, float* buf, float* out, size
             t[j] = t[j - 1], t[j - 1] = x;
         }
     }
-    return size == 2 ? t[0] : (t[1] + t[2]) / 2.0;
+    return turns ? (t[1] + t[2]) / 2.0 : t[0];
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -628,6 +634,71 @@ static double memcpy_bandwidth(double* small_seconds) {
 }
 
 // ----------------------------------------------------------------------------------------------
+// ----------------------------------------------------------------------------------------------
+// Collectives of groups smaller than the world. A trainer's grid splits its ranks into groups (tp
+// pairs, cp pairs, ZeRO's dp group) that all run their collectives at the same moment, and on a
+// host whose cores the ranks share, where a group's ranks sit moves its time by up to 2 times:
+// ranks on one core take turns, ranks on two wait for each other. Measured here as dev/bench/
+// sweep.sh runs the trainers, every rank pinned to a core round robin (mpirun --bind-to core
+// --map-by core): consecutive ranks are on different cores, ranks K apart (K cores) on the same.
+
+// K, the cores the ranks are pinned to round robin (rank r on the same core as rank r mod K, the
+// K cores' CPUs disjoint), from every rank's affinity; 0 when they are not pinned so (--bind-to
+// none: every rank may run anywhere; or a map of another order), or all on one core
+static int pinned_round_robin(MPI_Comm world) {
+    cpu_set_t set;
+    unsigned long long mask = 0;  // (the CPUs below 64; a rank on a CPU past them is not told apart: 0)
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+        for (int c = 0; c < 64; c++) mask |= CPU_ISSET(c, &set) ? 1ULL << c : 0;
+        if (__builtin_popcountll(mask) != CPU_COUNT(&set)) mask = 0;
+    }
+    int size;
+    MPI_Comm_size(world, &size);
+    unsigned long long* masks = (unsigned long long*)calloc_check((size_t)size, sizeof(*masks));
+    MPI_Allgather(&mask, 1, MPI_UNSIGNED_LONG_LONG, masks, 1, MPI_UNSIGNED_LONG_LONG, world);
+    int K = 1;
+    while (K < size && masks[K] != masks[0]) K++;  // (the first rank back on rank 0's core)
+    int round_robin = K > 1;
+    for (int r = 0; r < size; r++) {
+        round_robin &= masks[r] != 0 && masks[r] == masks[r % K];
+        for (int q = 0; q < r && r < K; q++) round_robin &= (masks[q] & masks[r]) == 0;
+    }
+    free(masks);
+    return round_robin ? K : 0;
+}
+
+#define GROUP_SIZES 2
+static const int group_sizes[GROUP_SIZES] = {2, 4};
+static const char* const group_places[2] = {"across cores", "on one core"};
+
+// Every group of G ranks at once, across the cores (consecutive ranks) or on one core (ranks K
+// apart): each collective at 2 MB and 32 MB, the slowest group's (the world waits for it; each
+// its median of 4 rounds), into t[kind][2 MB, 32 MB] and the bandwidth of the bytes past 2 MB, as
+// a measured collective's beyond_2mb, into beyond[kind] (0: the larger took no longer). 0 when
+// the world cannot be split so (G not below it, or no K-apart groups of G).
+static int time_groups(int G, int on_one_core, int K, float* buf, float* out, double t[TIMED_KINDS][2],
+                       double beyond[TIMED_KINDS]) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (G >= size || size % G != 0) return 0;
+    if (on_one_core && (size <= K || size % K != 0 || (size / K) % G != 0)) return 0;
+    int color = on_one_core ? (rank % K) * size + (rank / K) / G : rank / G;
+    MPI_Comm group;
+    MPI_Comm_split(MPI_COMM_WORLD, color, rank, &group);
+    const size_t bytes[2] = {message_bytes(FIT_TO), message_bytes(MESSAGE_SIZES - 1)};
+    for (int kind = 0; kind < TIMED_KINDS; kind++) {
+        for (int b = 0; b < 2; b++) {
+            MPI_Barrier(MPI_COMM_WORLD);  // (the groups start together)
+            double mine = time_collective((TimedCollective)kind, buf, out, bytes[b], group, 1);
+            MPI_Allreduce(&mine, &t[kind][b], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        }
+        beyond[kind] = t[kind][1] > t[kind][0] ? (double)(bytes[1] - bytes[0]) / (t[kind][1] - t[kind][0]) : 0.0;
+    }
+    MPI_Comm_free(&group);
+    return 1;
+}
+
 // -check and -fit: no MPI
 
 static int check(const char* name_or_path) {
@@ -716,7 +787,7 @@ int main(int argc, char** argv) {
         for (int i = 0; i < MESSAGE_SIZES; i++) {
             t_msg[i] = time_message(buf, message_bytes(i), rank, pair);
             for (int kind = 0; kind < TIMED_KINDS; kind++) {
-                t_coll[kind][1][i] = time_collective((TimedCollective)kind, (float*)buf, scattered, message_bytes(i), pair);
+                t_coll[kind][1][i] = time_collective((TimedCollective)kind, (float*)buf, scattered, message_bytes(i), pair, 0);
             }
         }
         MPI_Comm_free(&pair);
@@ -873,12 +944,12 @@ int main(int argc, char** argv) {
                 }
                 meet_ratio[c] = median_of(ratio, SPREAD_PAIRS);
                 compute_s[c] = median_of(alone, SPREAD_PAIRS), meet_s[c] = median_of(meeting, SPREAD_PAIRS);
-                spread_ar_s[c] = time_collective(TIMED_ALL_REDUCE, k.reduced, NULL, SPREAD_BYTES, some);
+                spread_ar_s[c] = time_collective(TIMED_ALL_REDUCE, k.reduced, NULL, SPREAD_BYTES, some, counts[c] > 2);
             }
             if (counts[c] >= 4) {
                 for (int kind = 0; kind < TIMED_KINDS; kind++) {
                     for (int i = 0; i < MESSAGE_SIZES; i++) {
-                        t_coll[kind][c][i] = time_collective((TimedCollective)kind, (float*)buf, scattered, message_bytes(i), some);
+                        t_coll[kind][c][i] = time_collective((TimedCollective)kind, (float*)buf, scattered, message_bytes(i), some, 1);
                     }
                 }
             }
@@ -909,6 +980,17 @@ int main(int argc, char** argv) {
         }
         quiet_barrier(MPI_COMM_WORLD);
     }
+    // the groups' collectives (every rank; rank 0 prints them below)
+    int pinned_cores = size >= 4 ? pinned_round_robin(MPI_COMM_WORLD) : 0;
+    double group_t[GROUP_SIZES][2][TIMED_KINDS][2], group_beyond[GROUP_SIZES][2][TIMED_KINDS];
+    int group_measured[GROUP_SIZES][2] = {{0}};
+    for (int g = 0; g < GROUP_SIZES && pinned_cores; g++) {
+        for (int place = 0; place < 2; place++) {
+            group_measured[g][place] = time_groups(group_sizes[g], place, pinned_cores, (float*)buf, scattered,
+                                                   group_t[g][place], group_beyond[g][place]);
+        }
+    }
+    quiet_barrier(MPI_COMM_WORLD);
     free(buf), free(scattered);
     share_work_free(&k);
     if (rank != 0) {
@@ -990,6 +1072,25 @@ int main(int argc, char** argv) {
                "  times%s\n", cores, alone_s, beside_s, cores, SHARE_PAIRS, beside_ratio,
                beside_ratio != wait_slowdown ? " (written within [1, 2])" : "");
     }
+    if (size >= 4 && !pinned_cores) {
+        printf("groups smaller than the world: not measured, the ranks are not pinned to the cores round robin (as\n"
+               "  dev/bench/sweep.sh runs them: mpirun --bind-to core:overload-allowed --map-by core)\n");
+    } else if (size >= 4) {
+        printf("groups smaller than the world, every group at once, the %d ranks pinned round robin to %d cores (rank r on\n"
+               "  core r mod %d): the slowest group's median of 4 rounds at 2 MB and 32 MB, ms, and the bandwidth past 2 MB:\n",
+               size, pinned_cores, pinned_cores);
+        for (int g = 0; g < GROUP_SIZES; g++) {
+            for (int place = 0; place < 2; place++) {
+                if (!group_measured[g][place]) continue;
+                printf("  %d ranks %-13s", group_sizes[g], group_places[place]);
+                for (int kind = 0; kind < TIMED_KINDS; kind++) {
+                    printf(" %s %.2f / %.1f, %.3f GB/s%s", timed_names[kind], group_t[g][place][kind][0] * 1e3,
+                           group_t[g][place][kind][1] * 1e3, group_beyond[g][place][kind] / 1e9,
+                           kind + 1 < TIMED_KINDS ? ";" : "\n");
+                }
+            }
+        }
+    }
 
     // 4. the profile
     DeviceProfile p;
@@ -1062,6 +1163,22 @@ int main(int argc, char** argv) {
     for (int c = 1; c < 4 && counts[c] <= size; c++) *meeting_fields[c] = meeting_fraction[c], *cached_fields[c] = cached_fraction[c];
     p.cpu_cache_bytes = cache_bytes;
     p.efficiency_matmul_beyond_cache = fmin(1.0, wide_eff);
+    // the groups' bandwidths past 2 MB, with the world and the cores they were measured on
+    double* group_fields[TIMED_KINDS][GROUP_SIZES][2] = {
+        {{&p.allreduce_groups_of_2_across_cores_bytes_per_s, &p.allreduce_groups_of_2_on_one_core_bytes_per_s},
+         {&p.allreduce_groups_of_4_across_cores_bytes_per_s, &p.allreduce_groups_of_4_on_one_core_bytes_per_s}},
+        {{&p.reducescatter_groups_of_2_across_cores_bytes_per_s, &p.reducescatter_groups_of_2_on_one_core_bytes_per_s},
+         {&p.reducescatter_groups_of_4_across_cores_bytes_per_s, &p.reducescatter_groups_of_4_on_one_core_bytes_per_s}},
+        {{&p.allgather_groups_of_2_across_cores_bytes_per_s, &p.allgather_groups_of_2_on_one_core_bytes_per_s},
+         {&p.allgather_groups_of_4_across_cores_bytes_per_s, &p.allgather_groups_of_4_on_one_core_bytes_per_s}}};
+    for (int g = 0; g < GROUP_SIZES; g++) {
+        for (int place = 0; place < 2; place++) {
+            for (int kind = 0; kind < TIMED_KINDS && group_measured[g][place]; kind++) {
+                *group_fields[kind][g][place] = group_beyond[g][place][kind];
+                if (group_beyond[g][place][kind] > 0.0) p.cpu_groups_world = size, p.cpu_groups_cores = pinned_cores;
+            }
+        }
+    }
 
     // written to a temporary name and renamed, so a failed run leaves no half-written profile
     char tmp[4096];
@@ -1107,6 +1224,13 @@ int main(int argc, char** argv) {
             gemm_median, triad_median,
             msg_alpha * 1e6, msg_beta / 1e9, coll_alpha[TIMED_ALL_REDUCE][1] * 1e6, coll_beta[TIMED_ALL_REDUCE][1] / 1e9, copy_bandwidth / 1e9, copy_small * 1e6,
             size, cores, SPREAD_ROUNDS, SPREAD_BYTES, wide_bytes / 1e6, wide_rate / 1e9);
+    if (p.cpu_groups_world > 0) {
+        fprintf(f,
+                "#   groups: X_groups_of_G_*, the world's %d ranks pinned round robin to %d cores (cpu_groups_*) and split\n"
+                "#     into groups of G, consecutive ranks (across cores) or %d apart (on one core), every group running\n"
+                "#     the collective at once: the bandwidth past 2 MB, between the slowest group's 2 MB and 32 MB times.\n",
+                size, pinned_cores, pinned_cores);
+    }
     device_profile_print(f, &p);
     if (fclose(f) != 0 || rename(tmp, out_path) != 0) die("-o %s: could not write it: %s", out_path, strerror(errno));
     // read back, as a user's run of the model will read it
