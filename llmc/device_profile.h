@@ -119,7 +119,7 @@
 //   X_groups_of_G_across_cores_bytes_per_s   (X allreduce, reducescatter or allgather; G = 2, 4)
 //   X_groups_of_G_on_one_core_bytes_per_s    the bandwidth of its bytes past the first 2 MB, in
 //                                     groups of consecutive ranks (spread over the cores) or of
-//                                     ranks cpu_cores apart (all on one core, taking turns). Where
+//                                     ranks cpu_groups_cores apart (all on one core, taking turns). Where
 //                                     a group's ranks sit moved the time by up to 2 times here, and
 //                                     Open MPI's 2-rank reduce-scatter is no ring: the model prices a
 //                                     group of G ranks in a world of cpu_groups_world by these past

@@ -40,7 +40,9 @@
 //      longer, what ranks arriving apart at the collectives (taking turns on the cores) wait for
 //      a share of the compute before each meeting; a pass whose bytes fit in a rank's share of
 //      the cache takes the in-cache fraction; a GEMM whose bytes exceed the cache (a language
-//      model head) its own efficiency.
+//      model head) its own efficiency; a collective of a group of 2 or 4 smaller than the world,
+//      its bytes past 2 MB at what calibrate measured of such groups all at once, placed as this
+//      one is on the cores (time_group_measured).
 // -offload's host rows run on the profile's host (AdamW at its FLOP/s and memory bandwidth, the
 // copies over its PCIe link); a CPU is its own host.
 // What it leaves out, as the rows do: launch latency, the host's own work inside a step, the tail
@@ -288,9 +290,11 @@ static inline GroupPlacement time_placement(const StepKernel* row, GridShape g, 
 // measured such groups among as many ranks (cpu_groups_world): its first 2 MB as the ring step
 // prices them (t, from coll_time at 2 MB), the bytes past them at the bandwidth measured for groups
 // placed as this one is. The ranks are pinned round robin (rank r on core r mod cpu_groups_cores,
-// as dev/bench/sweep.sh runs them), so a group whose stride is a multiple of cpu_groups_cores has
-// all its ranks on one core, where they take turns; any other is spread over the cores, where they
-// wait for each other. 0, t unchanged: not measured so.
+// as dev/bench/sweep.sh runs them; the model cannot check that the run it predicts is), so a group
+// whose ranks all fall on one core takes turns there (calibrate's groups K apart), one on as many
+// cores as it has ranks (or the host has cores) waits for its ranks on the others (its consecutive
+// ones); a group half-shared (4 ranks on 2 of 4 cores) was measured neither way. 0, t unchanged:
+// not measured so.
 static inline int time_group_measured(const DeviceProfile* p, Collective kind, RankPattern members, int host,
                                       int gpus_per_node, double n, CollTime* t) {
     double knee = DEVICE_PROFILE_COLLECTIVE_KNEE_BYTES;
@@ -299,7 +303,14 @@ static inline int time_group_measured(const DeviceProfile* p, Collective kind, R
     if (p->kind != DEVICE_CPU || p->cpu_groups_world != host || p->cpu_groups_cores <= 0 || (G != 2 && G != 4) ||
         G >= host || g.nodes > 1 || n <= knee)
         return 0;
-    int one_core = host > p->cpu_groups_cores && members.stride % p->cpu_groups_cores == 0;
+    int K = p->cpu_groups_cores, cores = 0, seen[4] = {-1, -1, -1, -1};  // (the group's distinct cores)
+    for (int i = 0; i < G; i++) {
+        int core = rank_pattern_member(members, i) % K, j = 0;
+        while (j < cores && seen[j] != core) j++;
+        if (j == cores) seen[cores++] = core;
+    }
+    int one_core = cores == 1;
+    if (!one_core && cores != (G < K ? G : K)) return 0;
     const double measured[3][2][2] = {  // [kind][G = 2, 4][across cores, on one core]
         {{p->allreduce_groups_of_2_across_cores_bytes_per_s, p->allreduce_groups_of_2_on_one_core_bytes_per_s},
          {p->allreduce_groups_of_4_across_cores_bytes_per_s, p->allreduce_groups_of_4_on_one_core_bytes_per_s}},

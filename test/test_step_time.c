@@ -364,6 +364,33 @@ int main(void) {
               close_to(below, 20e-6 / 3.0 + knee / 4.0 * 4.0 / (1e9 * 3.0), 1e-12),
           "measured in a world of 8: %g s (expected the ring step's %g); 1 MB: %g s (expected %g)", elsewhere,
           first_knee + (big - knee) / ring_beyond, below, 20e-6 / 3.0 + knee / 4.0 * 4.0 / (1e9 * 3.0));
+    // where the groups' figures do not apply the ring step prices it, as without them: a GPU's
+    // profile carrying them; a dp group that is the whole world (dp 4); a group of 4 half on one
+    // core (ranks 0, 2, 4, 6 on cores 0, 2, 0, 2 of 4 cores: measured neither way)
+    zero_rs.payload = big;
+    DeviceProfile groups_gpu = groups4, plain4 = groups4, whole = groups4;
+    groups_gpu.kind = DEVICE_CUDA, plain4.cpu_groups_world = 0;
+    whole.reducescatter_groups_of_4_across_cores_bytes_per_s = whole.reducescatter_groups_of_4_on_one_core_bytes_per_s = 1e8;
+    GridShape dp4 = {4, 1, 1, 1, 1}, dp4_tp2 = {4, 1, 1, 2, 1};
+    CHECK(time_link_seconds(&groups_gpu, &zero_rs, pp_cp, 0, 8, lone) == time_link_seconds(&plain4, &zero_rs, pp_cp, 0, 8, lone) &&
+              time_link_seconds(&whole, &zero_rs, dp4, 0, 8, lone) == time_link_seconds(&plain4, &zero_rs, dp4, 0, 8, lone),
+          "the groups' figures applied to a GPU or to the whole world");
+    DeviceProfile groups8 = groups4, plain8 = groups4;
+    groups8.cpu_groups_world = 8, groups8.cpu_groups_cores = 4, plain8.cpu_groups_world = 0;
+    groups8.reducescatter_groups_of_4_across_cores_bytes_per_s = 1e8, groups8.reducescatter_groups_of_4_on_one_core_bytes_per_s = 1e8;
+    CHECK(time_link_seconds(&groups8, &zero_rs, dp4_tp2, 0, 8, lone) == time_link_seconds(&plain8, &zero_rs, dp4_tp2, 0, 8, lone),
+          "a group of 4 on 2 of 4 cores priced by a measured placement");
+    // an all-gather over the 4 consecutive ranks of a tp group in a world of 8 on 2 cores (spread:
+    // 2 cores for 4 ranks, as calibrate's consecutive ones): the ring step's first 2 MB, then 3e8
+    groups8.cpu_groups_cores = 2, groups8.allgather_groups_of_4_across_cores_bytes_per_s = 3e8;
+    StepKernel tp_ag = zero_rs;
+    tp_ag.comm = "tp", tp_ag.collective = "all-gather";
+    GridShape tp4_dp2 = {2, 1, 1, 4, 1};
+    RankPattern tp_members = {0, 1, 4};
+    double ag_first = coll_time(&groups8, COLL_ALL_GATHER, group_placement(tp_members, 8), knee).seconds;
+    double ag4 = time_link_seconds(&groups8, &tp_ag, tp4_dp2, 0, 8, lone);
+    CHECK(close_to(ag4, ag_first + (big - knee) / 3e8, 1e-12), "a tp group's all-gather of 8 MB in a world of 8: %g s, expected %g",
+          ag4, ag_first + (big - knee) / 3e8);
 
     // a pipeline of 2 stages and 1 micro-batch on a 1-core CPU: the stages take turns (F0, F1, B1,
     // B0), one rank busy at a time. When a waiting rank takes no core (cpu_wait_slowdown 1) the

@@ -502,11 +502,14 @@ def calibrate_two_ranks_writes_a_profile_that_reads_back():
 def calibrate_four_ranks_times_groups_only_when_pinned():
     """mpirun -np 4 dev/bench/calibrate with the ranks pinned round robin (--bind-to
     core:overload-allowed --map-by core, as dev/bench/sweep.sh runs it): the profile holds
-    cpu_groups_world 4, cpu_groups_cores K (1 < K <= 4, dividing 4: the cores the ranks landed on),
-    the groups of 2 across the cores and, where two ranks share a core (K < 4), on one core,
+    cpu_groups_world 4, cpu_groups_cores K (1 < K <= 4: the cores the ranks landed on), the
+    groups of 2 across the cores and, where each core holds two ranks (K = 2), on one core,
     each bandwidth in a plausible range (1e7-1e13 bytes/s) and the one printed; the same run
     left unpinned (--bind-to none) says the groups were not measured and why, and writes none
-    (a group's placement is then unknown). Skipped where mpirun cannot pin (no binding support)"""
+    (a group's placement is then unknown). Skipped on one CPU, or where mpirun cannot pin (no
+    binding support)"""
+    if (os.cpu_count() or 1) < 2:
+        raise Skip("one CPU: no cores to pin ranks round robin to")
     calibrate_built()
     d = fresh_dir("calibrate_groups")
     probe = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "core:overload-allowed",
@@ -519,19 +522,26 @@ def calibrate_four_ranks_times_groups_only_when_pinned():
                            ("unpinned", ["--bind-to", "none"])):
         path = os.path.join(d, label + ".txt")
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe"] + binding + ["-np", "4", CALIBRATE, "-o", path]
-        p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, timeout=300)
-        out = p.stdout.decode("utf-8", "replace")
+        # (calibrate stops when its 2-rank timings do not fit a line, as they may not while another
+        # test's ranks, a calibration's in particular, take the same pinned cores: up to 3 tries)
+        for attempt in range(3):
+            p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, timeout=300)
+            out = p.stdout.decode("utf-8", "replace")
+            if p.returncode == 0 or not re.search(r"error: the \S+ fit: ", out):
+                break
+            print("    %s: calibrate's fit failed on a busy machine (%s), again" % (
+                label, re.search(r"error: (.*)", out).group(1)))
         assert p.returncode == 0, "%s: exit %d\n%s" % (" ".join(cmd), p.returncode, out[-3000:])
         code, text = calibrate_cli("-check", path)
         assert code == 0, text
         runs[label] = (out, profile_values(text))
     out, v = runs["pinned"]
     K = v.get("cpu_groups_cores", 0)
-    assert v.get("cpu_groups_world") == 4 and 1 < K <= 4 and 4 % K == 0, out[-3000:]
+    assert v.get("cpu_groups_world") == 4 and 1 < K <= 4, out[-3000:]
     m = re.search(r"pinned round robin to (\d+) cores", out)
     assert m and int(m.group(1)) == K, out[-3000:]
-    places = ["across_cores"] + (["on_one_core"] if K < 4 else [])
+    places = ["across_cores"] + (["on_one_core"] if K == 2 else [])  # (pairs on one core: 4 ranks, 2 a core)
     for place in places:
         printed = re.search(r"2 ranks %s +all-reduce \S+ / \S+, (\S+) GB/s; reduce-scatter \S+ / \S+, (\S+) GB/s; "
                             r"all-gather \S+ / \S+, (\S+) GB/s" % place.replace("_", " "), out)
@@ -542,7 +552,7 @@ def calibrate_four_ranks_times_groups_only_when_pinned():
                 assert key not in v, (key, v.get(key))
                 continue
             assert 1e7 <= v[key] <= 1e13 and abs(v[key] / 1e9 - float(shown)) <= 6e-4, (key, v[key], shown)
-    assert not any("_groups_of_4_" in k for k in v) and ("on_one_core" in " ".join(v)) == (K < 4), sorted(v)
+    assert not any("_groups_of_4_" in k for k in v) and ("on_one_core" in " ".join(v)) == (K == 2), sorted(v)
     out, v = runs["unpinned"]
     assert "not measured, the ranks are not pinned to the cores round robin" in out, out[-3000:]
     assert not any("groups" in k for k in v), sorted(v)

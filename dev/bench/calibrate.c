@@ -194,20 +194,22 @@ static void run_collective(TimedCollective kind, float* buf, float* out, int cou
 // (turns 0): the best of 4 rounds; ranks that share the cores (turns 1), their median: taking
 // turns on a core is part of what is measured there, and a best round would be the luckiest turns.
 // Rounds of ~32 MB or, where that is slow (ranks taking turns), ~0.1 s, as the first call says,
-// rank 0's count
-static double time_collective(TimedCollective kind, float* buf, float* out, size_t bytes, MPI_Comm comm, int turns) {
+// rank 0's count. `start`: the ranks that start each round together and share that count (comm
+// itself; the world, where several groups time their collectives at once)
+static double time_collective(TimedCollective kind, float* buf, float* out, size_t bytes, MPI_Comm comm, int turns,
+                              MPI_Comm start) {
     int size;
     MPI_Comm_size(comm, &size);
     int count = (int)(bytes / 4), reps = message_reps(bytes);
-    MPI_Barrier(comm);
+    MPI_Barrier(start);
     double t0 = wall_time_s();
     run_collective(kind, buf, out, count, size, comm);
     double first = wall_time_s() - t0;
     if (first * reps > 0.1) reps = (int)fmax(2.0, 0.1 / first);
-    MPI_Bcast(&reps, 1, MPI_INT, 0, comm);
+    MPI_Bcast(&reps, 1, MPI_INT, 0, start);
     double t[4];
     for (int round = 0; round < 4; round++) {
-        MPI_Barrier(comm);
+        MPI_Barrier(start);
         t0 = wall_time_s();
         for (int r = 0; r < reps; r++) run_collective(kind, buf, out, count, size, comm);
         t[round] = (wall_time_s() - t0) / reps;
@@ -647,23 +649,24 @@ static double memcpy_bandwidth(double* small_seconds) {
 // none: every rank may run anywhere; or a map of another order), or all on one core
 static int pinned_round_robin(MPI_Comm world) {
     cpu_set_t set;
-    unsigned long long mask = 0;  // (the CPUs below 64; a rank on a CPU past them is not told apart: 0)
-    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-        for (int c = 0; c < 64; c++) mask |= CPU_ISSET(c, &set) ? 1ULL << c : 0;
-        if (__builtin_popcountll(mask) != CPU_COUNT(&set)) mask = 0;
-    }
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) != 0) CPU_ZERO(&set);  // (unknown: an empty set)
     int size;
     MPI_Comm_size(world, &size);
-    unsigned long long* masks = (unsigned long long*)calloc_check((size_t)size, sizeof(*masks));
-    MPI_Allgather(&mask, 1, MPI_UNSIGNED_LONG_LONG, masks, 1, MPI_UNSIGNED_LONG_LONG, world);
+    cpu_set_t* sets = (cpu_set_t*)calloc_check((size_t)size, sizeof(cpu_set_t));
+    MPI_Allgather(&set, (int)sizeof(cpu_set_t), MPI_BYTE, sets, (int)sizeof(cpu_set_t), MPI_BYTE, world);
     int K = 1;
-    while (K < size && masks[K] != masks[0]) K++;  // (the first rank back on rank 0's core)
+    while (K < size && !CPU_EQUAL(&sets[K], &sets[0])) K++;  // (the first rank back on rank 0's core)
     int round_robin = K > 1;
     for (int r = 0; r < size; r++) {
-        round_robin &= masks[r] != 0 && masks[r] == masks[r % K];
-        for (int q = 0; q < r && r < K; q++) round_robin &= (masks[q] & masks[r]) == 0;
+        round_robin &= CPU_COUNT(&sets[r]) > 0 && CPU_EQUAL(&sets[r], &sets[r % K]);
+        for (int q = 0; q < r && r < K; q++) {
+            cpu_set_t both;
+            CPU_AND(&both, &sets[q], &sets[r]);
+            round_robin &= CPU_COUNT(&both) == 0;
+        }
     }
-    free(masks);
+    free(sets);
     return round_robin ? K : 0;
 }
 
@@ -672,8 +675,8 @@ static const int group_sizes[GROUP_SIZES] = {2, 4};
 static const char* const group_places[2] = {"across cores", "on one core"};
 
 // Every group of G ranks at once, across the cores (consecutive ranks) or on one core (ranks K
-// apart): each collective at 2 MB and 32 MB, the slowest group's (the world waits for it; each
-// its median of 4 rounds), into t[kind][2 MB, 32 MB] and the bandwidth of the bytes past 2 MB, as
+// apart): each collective at 2 MB and 32 MB, every round started by the whole world together, the
+// slowest group's (the world waits for it; each its median of 4 rounds), into t[kind][2 MB, 32 MB] and the bandwidth of the bytes past 2 MB, as
 // a measured collective's beyond_2mb, into beyond[kind] (0: the larger took no longer). 0 when
 // the world cannot be split so (G not below it, or no K-apart groups of G).
 static int time_groups(int G, int on_one_core, int K, float* buf, float* out, double t[TIMED_KINDS][2],
@@ -689,8 +692,7 @@ static int time_groups(int G, int on_one_core, int K, float* buf, float* out, do
     const size_t bytes[2] = {message_bytes(FIT_TO), message_bytes(MESSAGE_SIZES - 1)};
     for (int kind = 0; kind < TIMED_KINDS; kind++) {
         for (int b = 0; b < 2; b++) {
-            MPI_Barrier(MPI_COMM_WORLD);  // (the groups start together)
-            double mine = time_collective((TimedCollective)kind, buf, out, bytes[b], group, 1);
+            double mine = time_collective((TimedCollective)kind, buf, out, bytes[b], group, 1, MPI_COMM_WORLD);
             MPI_Allreduce(&mine, &t[kind][b], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         }
         beyond[kind] = t[kind][1] > t[kind][0] ? (double)(bytes[1] - bytes[0]) / (t[kind][1] - t[kind][0]) : 0.0;
@@ -787,7 +789,7 @@ int main(int argc, char** argv) {
         for (int i = 0; i < MESSAGE_SIZES; i++) {
             t_msg[i] = time_message(buf, message_bytes(i), rank, pair);
             for (int kind = 0; kind < TIMED_KINDS; kind++) {
-                t_coll[kind][1][i] = time_collective((TimedCollective)kind, (float*)buf, scattered, message_bytes(i), pair, 0);
+                t_coll[kind][1][i] = time_collective((TimedCollective)kind, (float*)buf, scattered, message_bytes(i), pair, 0, pair);
             }
         }
         MPI_Comm_free(&pair);
@@ -944,12 +946,12 @@ int main(int argc, char** argv) {
                 }
                 meet_ratio[c] = median_of(ratio, SPREAD_PAIRS);
                 compute_s[c] = median_of(alone, SPREAD_PAIRS), meet_s[c] = median_of(meeting, SPREAD_PAIRS);
-                spread_ar_s[c] = time_collective(TIMED_ALL_REDUCE, k.reduced, NULL, SPREAD_BYTES, some, counts[c] > 2);
+                spread_ar_s[c] = time_collective(TIMED_ALL_REDUCE, k.reduced, NULL, SPREAD_BYTES, some, counts[c] > 2, some);
             }
             if (counts[c] >= 4) {
                 for (int kind = 0; kind < TIMED_KINDS; kind++) {
                     for (int i = 0; i < MESSAGE_SIZES; i++) {
-                        t_coll[kind][c][i] = time_collective((TimedCollective)kind, (float*)buf, scattered, message_bytes(i), some, 1);
+                        t_coll[kind][c][i] = time_collective((TimedCollective)kind, (float*)buf, scattered, message_bytes(i), some, 1, some);
                     }
                 }
             }

@@ -40,11 +40,14 @@ static double price_rows(const DeviceProfile* p, GPT2Config c, const StepLayout*
     for (int i = 0; i < n; i++) {
         if (rows[i].engine != STEP_LINK) compute += seconds[i];
     }
-    // the links: every group inside one node (a node as large as any rank number here)
+    // the links: every group inside one node (a node as large as any rank number here), as a lone
+    // rank's (a CPU's groups measured among ranks sharing its cores left out: time_group_measured)
     GridShape g = {o->dp, o->pp > 1 ? o->pp : 1, o->cp > 1 ? o->cp : 1, o->tp > 1 ? o->tp : 1, o->ep > 1 ? o->ep : 1};
     int one_node = 1 << 30;
+    DeviceProfile links = *p;
+    links.cpu_groups_world = 0;
     for (int i = 0; i < n; i++) {
-        if (rows[i].engine == STEP_LINK) seconds[i] = time_link_seconds(p, &rows[i], g, 0, one_node, lone) * rows[i].calls;
+        if (rows[i].engine == STEP_LINK) seconds[i] = time_link_seconds(&links, &rows[i], g, 0, one_node, lone) * rows[i].calls;
     }
     return compute;
 }
