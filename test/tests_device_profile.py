@@ -22,6 +22,26 @@ def calibrate_cli(*args):
     return p.returncode, p.stdout.decode("utf-8", "replace")
 
 
+def check_profile_lines(d, label, lines):
+    """(path, exit code, output) of calibrate -check on a profile of these lines, written to d"""
+    path = os.path.join(d, label.replace(" ", "_") + ".txt")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    code, out = calibrate_cli("-check", path)
+    return path, code, out
+
+
+def assert_out_of_range_refused(d, base, given, cases):
+    """each (field, value, allowed) of cases, written after base and the lines of given (but the
+    field's own), is refused by calibrate -check naming the file, the line, the field, the value
+    and the range allowed"""
+    for field, value, allowed in cases:
+        extra = [t for t in given if t.split()[0] != field] + ["%s %s" % (field, value)]
+        path, code, out = check_profile_lines(d, "range %s" % field, base + extra)
+        want = "%s:%d: %s %s is out of range %s" % (path, len(base) + len(extra), field, value, allowed)
+        assert code == 1 and want in out, "%s %s: exit %d, expected %r:\n%s" % (field, value, code, want, out)
+
+
 def profile_values(text):
     """{key: value} of a profile as calibrate -check prints it (numbers as floats)"""
     values = {}
@@ -266,11 +286,7 @@ def device_profile_sharing_fields_refused_missing_or_out_of_range():
     trio = ["cpu_cache_bytes 33554432", "efficiency_matmul_beyond_cache 0.8", "cpu_memory_cached_fraction_2_ranks 0.9"]
 
     def check(label, extra):
-        path = os.path.join(d, label.replace(" ", "_") + ".txt")
-        with open(path, "w") as f:
-            f.write("\n".join(base + extra) + "\n")
-        code, out = calibrate_cli("-check", path)
-        return path, code, out
+        return check_profile_lines(d, label, base + extra)
 
     path, code, out = check("older", [])
     assert code == 0 and "cpu_cache_bytes" not in out and "cpu_meeting_fraction" not in out, out
@@ -293,18 +309,14 @@ def device_profile_sharing_fields_refused_missing_or_out_of_range():
         f.write("\n".join(rs_base + ["reducescatter_4_ranks_latency_s 2e-5"]) + "\n")
     code, out = calibrate_cli("-check", path)
     assert code == 1 and "reducescatter_4_ranks_latency_s without reducescatter_4_ranks_bandwidth_bytes_per_s" in out, out
-    for field, value, allowed in (("cpu_meeting_fraction_4_ranks", "2", "[0, 1]"),
-                                  ("cpu_meeting_fraction_8_ranks", "-1e-3", "[0, 1]"),
-                                  ("cpu_cache_bytes", "1e300", "[10000, 1e+12]"),
-                                  ("efficiency_matmul_beyond_cache", "1.5", "[0.001, 1]"),
-                                  ("cpu_memory_cached_fraction_2_ranks", "0", "[0.001, 1]"),
-                                  ("cpu_memory_cached_fraction_4_ranks", "1.01", "[0.001, 1]"),
-                                  ("efficiency_optimizer", "5", "[0.001, 4]"),
-                                  ("efficiency_optimizer", "0", "[0.001, 4]")):
-        extra = [t for t in trio if t.split()[0] != field] + ["%s %s" % (field, value)]
-        path, code, out = check("range %s" % field, extra)
-        want = "%s:%d: %s %s is out of range %s" % (path, len(base) + len(extra), field, value, allowed)
-        assert code == 1 and want in out, "%s %s: exit %d, expected %r:\n%s" % (field, value, code, want, out)
+    assert_out_of_range_refused(d, base, trio, (("cpu_meeting_fraction_4_ranks", "2", "[0, 1]"),
+                                                ("cpu_meeting_fraction_8_ranks", "-1e-3", "[0, 1]"),
+                                                ("cpu_cache_bytes", "1e300", "[10000, 1e+12]"),
+                                                ("efficiency_matmul_beyond_cache", "1.5", "[0.001, 1]"),
+                                                ("cpu_memory_cached_fraction_2_ranks", "0", "[0.001, 1]"),
+                                                ("cpu_memory_cached_fraction_4_ranks", "1.01", "[0.001, 1]"),
+                                                ("efficiency_optimizer", "5", "[0.001, 4]"),
+                                                ("efficiency_optimizer", "0", "[0.001, 4]")))
     print("    the newer fields: an older profile reads; 3 halves of the cache's trio and 8 values out of range refused")
 
 
@@ -321,11 +333,7 @@ def device_profile_group_fields_need_their_world_and_cores():
         base = [l.rstrip("\n") for l in f if not l.startswith("#") and "groups" not in l.split()[0]]
 
     def check(label, extra):
-        path = os.path.join(d, label.replace(" ", "_") + ".txt")
-        with open(path, "w") as f:
-            f.write("\n".join(base + extra) + "\n")
-        code, out = calibrate_cli("-check", path)
-        return path, code, out
+        return check_profile_lines(d, label, base + extra)
 
     path, code, out = check("none", [])
     assert code == 0 and "groups" not in out, out
@@ -339,12 +347,8 @@ def device_profile_group_fields_need_their_world_and_cores():
         path, code, out = check("without %d" % k, extra)
         want = "%s:%d: %s without %s" % (path, len(base) + 2, fields[0].split()[0], missing.split()[0])
         assert code == 1 and want in out, "without %s: exit %d, expected %r:\n%s" % (missing, code, want, out)
-    for field, value, allowed in (("allreduce_groups_of_2_on_one_core_bytes_per_s", "0", "[1, 1e+15]"),
-                                  ("cpu_groups_world", "1", "[2, 1e+06]")):
-        extra = [w for w in where if w.split()[0] != field] + ["%s %s" % (field, value)]
-        path, code, out = check("range %s" % field, extra)
-        want = "%s:%d: %s %s is out of range %s" % (path, len(base) + len(extra), field, value, allowed)
-        assert code == 1 and want in out, "%s %s: exit %d, expected %r:\n%s" % (field, value, code, want, out)
+    assert_out_of_range_refused(d, base, where, (("allreduce_groups_of_2_on_one_core_bytes_per_s", "0", "[1, 1e+15]"),
+                                                 ("cpu_groups_world", "1", "[2, 1e+06]")))
     print("    groups' fields read back with their world and cores; 2 without one of them and 2 out of range refused")
 
 
