@@ -280,6 +280,12 @@ static inline RankPattern time_members(const StepKernel* row, GridShape g, int r
     return members;
 }
 
+// the ranks that share rank 0's host: gpus_per_node of them, or the world when it is smaller
+static inline int time_host_ranks(GridShape g, int gpus_per_node) {
+    int world = grid_world(g);
+    return world < gpus_per_node ? world : gpus_per_node;
+}
+
 static inline GroupPlacement time_placement(const StepKernel* row, GridShape g, int r, int gpus_per_node) {
     int S = g.dp * g.cp * g.tp, world = grid_world(g);
     if (strcmp(row->comm, "pp") == 0) return pair_placement(r, r + S < world ? r + S : r - S, gpus_per_node);
@@ -352,8 +358,7 @@ static inline LinkSeconds time_link_split(const DeviceProfile* p, const StepKern
     if (kind == COLL_ALL_TO_ALL && r->ranks > 1) n *= (double)r->ranks / (r->ranks - 1);
     CollTime t = coll_time(p, kind, time_placement(r, g, rank, gpus_per_node), n);
     if (strcmp(r->comm, "pp") != 0) {
-        int world = grid_world(g), host = world < gpus_per_node ? world : gpus_per_node;
-        time_group_measured(p, kind, time_members(r, g, rank), host, gpus_per_node, n, &t);
+        time_group_measured(p, kind, time_members(r, g, rank), time_host_ranks(g, gpus_per_node), gpus_per_node, n, &t);
     }
     l.seconds = t.seconds;
     if (t.seconds > 0.0) l.on[0] = t.intra_seconds / t.seconds, l.on[1] = t.inter_seconds / t.seconds;
@@ -762,7 +767,7 @@ static inline StepTime step_time_predict(const DeviceProfile* p, GPT2Config c, c
     // world when it is smaller: the ranks of other hosts take none of this one's cores); every
     // rank computing at once outside a pipeline and in the once-a-step part; inside one, as many
     // as the stages that compute at that moment (a GPU: 1 and 1 throughout, the links as given)
-    int host = world < gpus_per_node ? world : gpus_per_node;
+    int host = time_host_ranks(g, gpus_per_node);
     DeviceProfile links = time_links_shared(p, host);
     TimeShare all = time_share_at(p, host);
     TimeHostStages h = {host, pp};
