@@ -182,9 +182,11 @@ def sweep_two_layouts_with_stub_predictions_summary_recomputes():
 
 @test
 def sweep_repeat_two_passes_the_second_reversed():
-    """-repeat 2 on the two quick layouts: each runs once a pass, pass 2 in the reverse order of
-    pass 1; the saved TSV has each pass's steps and median, the layout's time their mean; the
-    repeatability line and the summary line are those worked out here from the saved times"""
+    """-repeat 2 -measure fastest on the two quick layouts: each runs once a pass, pass 2 in the
+    reverse order of pass 1; the saved TSV has each pass's steps and median, the layout's time its
+    fastest step after the warm-up of both passes; the repeatability line (by the passes'
+    medians), the line ranking by the other measure (the median of the passes' medians, their
+    mean) and the summary line are those worked out here from the saved times"""
     out = fresh_dir("sweep_repeat")
     stub = os.path.join(out, "predict.sh")
     with open(stub, "w") as f:
@@ -192,7 +194,7 @@ def sweep_repeat_two_passes_the_second_reversed():
     os.chmod(stub, 0o755)
     results = os.path.join(out, "results.tsv")
     code, text, took = sweep_run(out, "-np", 2, "-filter", SWEEP_TWO, "-warmup", 1, "-steps", 2, "-repeat", 2,
-                                 "-save", results, "-figure", "none", env={"PREDICT_CMD": stub})
+                                 "-measure", "fastest", "-save", results, "-figure", "none", env={"PREDICT_CMD": stub})
     assert code == 0, text
     progress = re.findall(r"^\[pass (\d)/2, (\d)/2\] #(\d+) ", text, re.M)
     assert [(p, k) for p, k, _ in progress] == [("1", "1"), ("1", "2"), ("2", "1"), ("2", "2")], text
@@ -201,15 +203,17 @@ def sweep_repeat_two_passes_the_second_reversed():
     with open(results) as f:
         header = f.readline().rstrip("\n").split("\t")
         rows = [dict(zip(header, line.rstrip("\n").split("\t"))) for line in f]
-    assert header[-1] == "passes_s" and sorted(r["index"] for r in rows) == sorted(first), (header, rows)
+    assert header[-2:] == ["passes_s", "measure"] and sorted(r["index"] for r in rows) == sorted(first), (header, rows)
     passes, measured, predicted = [], [], []
     for r in rows:
         medians = [float(x) for x in r["passes_s"].split(",")]
-        assert len(medians) == 2, r
+        assert len(medians) == 2 and r["measure"] == "fastest", r
+        kept = []
         for run, seconds in zip(r["steps_ms"].split(";"), medians):  # each pass: 1 warm-up + 2 steps
             steps = [float(x) for x in run.split(",")]
             assert len(steps) == 3 and abs(seconds - (steps[1] + steps[2]) / 2e3) < 1e-6, r
-        assert abs(float(r["measured_s"]) - (medians[0] + medians[1]) / 2) < 1e-12, r  # the median of two
+            kept += steps[1:]
+        assert abs(float(r["measured_s"]) - min(kept) / 1e3) < 1e-12, r  # the fastest of the 4 kept steps
         passes.append(medians)
         measured.append(float(r["measured_s"]))
         predicted.append(float(r["predicted_s"]))
@@ -226,6 +230,15 @@ def sweep_repeat_two_passes_the_second_reversed():
     summary = SWEEP_SUMMARY.search(text)
     assert summary and summary.start() > m.start(), text  # the repeatability line comes first
     assert summary.group(0) == sweep_stats_module().summary_line(sweep_stats_module().sweep_stats(measured, predicted))
+    # ranked by the median (of two passes, their mean): the dp layout (predicted 0.25 s, faster)
+    # first or not; two layouts: spearman 1 or -1, the predicted best 1st or 2nd
+    dp = [i for i, r in enumerate(rows) if r["layout"].startswith("train_gpt2_dp")][0]
+    by_median = [sum(p) / 2 for p in passes]
+    assert by_median[0] != by_median[1], "equal medians to the microsecond: no order"
+    right = by_median[dp] < by_median[1 - dp]
+    line = "by the median of each layout's steps (-measure median): spearman %s, predicted best ranks %d of 2 measured" % (
+        "1.000" if right else "-1.000", 1 if right else 2)
+    assert line + "\n" + summary.group(0) in text, text  # on the line before the summary
     assert sorted(sweep_left_behind(out)) == ["predict.sh", "results.tsv"], sweep_left_behind(out)
     assert took < 90, "the 2-layout sweep of 2 passes took %.0f s (about 18 on an idle 2-core machine)" % took
 
@@ -258,6 +271,8 @@ def sweep_without_predictions_failures_and_bad_flags():
     for bad in ("0", "x"):
         code, text, _ = sweep_run(out, "-np", 2, "-repeat", bad)
         assert code == 1 and "error: -repeat %s: expected a positive whole number" % bad in text, text
+    code, text, _ = sweep_run(out, "-np", 2, "-measure", "mean")
+    assert code == 1 and "error: -measure mean: expected median or fastest" in text, text
     code, text, _ = sweep_run(out, "-np", 2, "-filter", "no such layout")
     assert code == 1 and re.search(r"none of the search's \d+ layouts matches -filter 'no such layout'", text), text
     assert not sweep_left_behind(out), sweep_left_behind(out)
@@ -380,12 +395,62 @@ def sweep_stats_drift_scales_the_rates_by_the_probes():
                   0.06 / 0.05 if key in ("memory_bandwidth_bytes_per_s", "host_memory_bandwidth_bytes_per_s") else 1.0)
         assert abs(got[key] - value * factor) <= 1e-9 * value, (key, got[key], value * factor)
     assert "scaled for the machine's drift" in open(out).read() and "name x\n" in open(out).read()
+    # by the fastest probes (sweep.sh -measure fastest): 0.2 s and 0.03 s, the rates x 0.4 / 0.2
+    # and x 0.06 / 0.03
+    p = subprocess.run(["/usr/bin/python3", stats, "drift", profile, probes, out, "fastest"], capture_output=True,
+                       text=True)
+    gemm_f, triad_f, _ = p.stdout.split()
+    assert p.returncode == 0 and abs(float(gemm_f) - 2) < 1e-6 and abs(float(triad_f) - 2) < 1e-6, p.stdout + p.stderr
+    got = {l.split()[0]: float(l.split()[1]) for l in open(out) if not l.startswith("#") and l.split()[0] in fields}
+    assert abs(got["peak_flops_fp32"] - 14e10) < 1 and abs(got["host_memory_bandwidth_bytes_per_s"] - 12e9) < 1, got
+    assert abs(got["intra_node_bandwidth_bytes_per_s"] - 7e9) < 1, got
     # refused: no medians in the profile, no probe in the file
     bare = os.path.join(d, "bare.txt")
     with open(bare, "w") as f:
         f.write(body)
-    for args, why in (([bare, probes], "no \"lone medians\" line"), ([profile, bare], "no probe")):
+    for args, why in (([bare, probes], "no \"lone medians\" line"), ([profile, bare], "no probe"),
+                      ([profile, probes], "unknown measure 'mean'")):
         target = os.path.join(d, "refused.txt")
-        p = subprocess.run(["/usr/bin/python3", stats, "drift"] + args + [target], capture_output=True, text=True)
+        extra = ["mean"] if "measure" in why else []
+        p = subprocess.run(["/usr/bin/python3", stats, "drift"] + args + [target] + extra, capture_output=True,
+                           text=True)
         assert p.returncode == 1 and why in p.stderr and not os.path.exists(target), (args, p.returncode, p.stderr)
     print("    GEMM rates x %s, bandwidths x %s over %s probes; refusals named" % (gemm, triad, count))
+
+
+@test
+def sweep_stats_merge_takes_either_measure():
+    """sweep_stats.py merge PLANNED WARMUP MEASURE PASS...: a layout's time from hand-made passes
+    (1 warm-up step each): by the median, the median of its passes' medians (two passes: their
+    mean); by the fastest, its fastest step after the warm-up of every pass (not a warm-up step,
+    even the fastest); a layout that failed in its last pass keeps that pass's reason; the measure
+    in its column; an unknown measure refused"""
+    d = fresh_dir("sweep_merge")
+    stats = os.path.join(ROOT, "dev", "bench", "sweep_stats.py")
+    planned = os.path.join(d, "planned.tsv")
+    with open(planned, "w") as f:
+        f.write("1\tA\t0.5\tmpirun -np 2 ./a\n2\tB\t-\tmpirun -np 2 ./b\n")
+    # A: pass 1 steps 5 (warm-up), 30, 20 ms (median 25), pass 2 9 (warm-up), 12, 40 (median 26);
+    # B: 30, 31 in pass 1, then failed in pass 2
+    one, two = os.path.join(d, "pass.1.tsv"), os.path.join(d, "pass.2.tsv")
+    with open(one, "w") as f:
+        f.write("1\t0.025\t5,30,20\n2\t0.0305\t1,30,31\n")
+    with open(two, "w") as f:
+        f.write("1\t0.026\t9,12,40\n2\tfailed in pass 2: exit 1: boom\t\n")
+    rows = {}
+    for measure in ("median", "fastest"):
+        p = subprocess.run(["/usr/bin/python3", stats, "merge", planned, "1", measure, one, two], capture_output=True,
+                           text=True)
+        assert p.returncode == 0, p.stderr
+        lines = [l.split("\t") for l in p.stdout.splitlines()]
+        assert lines[0][-1] == "measure" and all(l[-1] == measure for l in lines[1:]), p.stdout
+        rows[measure] = {l[1]: l for l in lines[1:]}
+    # median: (0.025 + 0.026) / 2; fastest: 12 ms (pass 2's warm-up, 9 ms, left out)
+    assert abs(float(rows["median"]["A"][2]) - 0.0255) < 1e-12, rows
+    assert abs(float(rows["fastest"]["A"][2]) - 0.012) < 1e-12, rows
+    for measure in rows:
+        assert rows[measure]["B"][2] == "failed in pass 2: exit 1: boom", rows[measure]
+        assert rows[measure]["A"][7] == "0.025,0.026" and rows[measure]["A"][5] == "5,30,20;9,12,40", rows[measure]
+    p = subprocess.run(["/usr/bin/python3", stats, "merge", planned, "1", "mean", one, two], capture_output=True,
+                       text=True)
+    assert p.returncode != 0 and "unknown measure 'mean'" in p.stderr, (p.returncode, p.stderr)

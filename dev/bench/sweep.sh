@@ -4,7 +4,8 @@
 # of dp x tp x pp x cp, ZeRO stage, -sp, -r, -offload and CP's exchange its trainers run), all of
 # them or a seeded random sample, each run for a few steps on the CPU backend, its step time the
 # median of the steps after the warm-up (main.log's "ms"; the first steps fill caches and
-# allocate). Then a table of the layouts, fastest first.
+# allocate), or with -measure fastest the fastest of them. Then a table of the layouts, fastest
+# first.
 #
 # With a model of step time it is also that model's test: each layout's predicted seconds beside
 # the measured, and the summary line
@@ -35,11 +36,15 @@
 #   -all          run every layout the search lists
 #   -filter RE    only the layouts whose label (the planner's, e.g. "train_gpt2_tp -tp 4 -sp 1
 #                 -r 0") matches the extended regular expression RE, before the sample
-#   -warmup W     steps left out of the median [2]
+#   -warmup W     steps left out of the measure [2]
 #   -steps S      steps measured after the warm-up [4]
 #   -repeat R     measure the layouts R times, in R passes: the 1st in order, the 2nd in reverse,
 #                 the 3rd in order...; a layout's time the median of its passes' (with 2, their
 #                 mean), and a line that says how well the passes agree [1]
+#   -measure M    a layout's time: median (the median of its steps after the warm-up, of its passes'
+#                 medians with -repeat) or fastest (its fastest step after the warm-up, of all its
+#                 passes: a shared machine only adds time, see below); the report ranks by the
+#                 other one too, on the line before the summary [median]
 #   -sched NAME   the pipeline schedule of the layouts with pp > 1 (afab, 1f1b, interleaved, zb) [1f1b]
 #   -vp V         chunks of layers a stage, with -sched interleaved [1]
 #   -predict CMD  the predictor [PREDICT_CMD, else ./dev/memory_planner -format json]
@@ -49,8 +54,9 @@
 #                 and predict with its profile (written to -profile FILE when given, else a
 #                 temporary file); then, before each run, calibrate -probe times the calibration's
 #                 lone GEMMs and triads again, and the table's predictions use the profile's rates
-#                 scaled by the calibration's lone times over the probes' medians (the machine's
-#                 drift; the line "as calibrated" gives the summary without it)
+#                 scaled by the calibration's lone times over the probes' medians (with -measure
+#                 fastest, the probes' fastest: the machine's drift; the line "as calibrated"
+#                 gives the summary without it)
 #   -figure PNG   where the figure goes [dev/images/sweep_MODEL_N.png; none: no figure]
 #   -save FILE    keep the results as tab-separated values (sweep_stats.py's RESULTS.tsv)
 #   -timeout S    a layout still running after S seconds is stopped and reported as failed [300]
@@ -75,7 +81,11 @@
 # knew every layout's true time could expect against the passes' mean: at 0.5 between passes,
 # 0.82 with two passes and 0.93 with six, so a target of 0.9 on a machine this noisy needs -repeat
 # 6. Each pass takes as long as the runs of a sweep without it; the planner and the predictor run
-# once a layout.
+# once a layout. The noise is not even: another tenant or a rank's late turn on its core only
+# ever adds time to a step, and a layout's fastest step varies less from sweep to sweep than its
+# median (two 4-rank sweeps of the same 24 layouts an hour apart ranked them alike at a spearman
+# of 0.92 by their fastest steps, 0.36 by their medians): -measure fastest takes it, and the
+# machine's drift by its probes' fastest.
 set -uo pipefail  # (not -e: a layout that fails is reported, and the sweep goes on)
 
 usage() {
@@ -87,7 +97,7 @@ fail() {
     exit 1
 }
 
-model=d4 B=2 T=64 batch="" N=4 sample=24 seed=1 all=0 filter="" warmup=2 steps=4 repeat=1 sched=1f1b vp=1
+model=d4 B=2 T=64 batch="" N=4 sample=24 seed=1 all=0 filter="" warmup=2 steps=4 repeat=1 measure=median sched=1f1b vp=1
 predict=${PREDICT_CMD:-} profile="" calibrate=0 figure="" save="" limit=300
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -108,6 +118,7 @@ while [ $# -gt 0 ]; do
         -warmup) warmup=$2 ;;
         -steps) steps=$2 ;;
         -repeat) repeat=$2 ;;
+        -measure) measure=$2 ;;
         -sched) sched=$2 ;;
         -vp) vp=$2 ;;
         -predict) predict=$2 ;;
@@ -128,6 +139,7 @@ for pair in "-b:$B" "-t:$T" "-np:$N" "-sample:$sample" "-steps:$steps" "-repeat:
     [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]] || fail "${pair%%:*} ${pair#*:}: expected a positive whole number"
 done
 [[ $seed =~ ^[0-9]+$ ]] || fail "-seed $seed: expected a whole number >= 0"
+[ "$measure" = median ] || [ "$measure" = fastest ] || fail "-measure $measure: expected median or fastest"
 [[ $warmup =~ ^[0-9]+$ ]] || fail "-warmup $warmup: expected a whole number of steps >= 0"
 [ -z "$batch" ] && batch=$((B * T * N))
 [[ $batch =~ ^[1-9][0-9]*$ ]] || fail "-d $batch: expected a positive number of tokens"
@@ -221,7 +233,7 @@ candidates=$(wc -l <"$work/candidates.tsv")
 
 passes=""  # (in the report's title)
 [ "$repeat" -gt 1 ] && passes=", $repeat passes"
-echo "sweep: -e $model -b $B -t $T -d $batch at $N ranks on the CPU (1 thread a rank, $(nproc) cores), $warmup warm-up + $steps measured steps a layout"
+echo "sweep: -e $model -b $B -t $T -d $batch at $N ranks on the CPU (1 thread a rank, $(nproc) cores), $warmup warm-up + $steps measured steps a layout, its time the $measure of them"
 [ "$repeat" -gt 1 ] && echo "in $repeat passes: the layouts in order, then in reverse order, then in order..."
 what="the search lists $listed layouts of $N ranks${filter:+, $candidates of them match -filter '$filter'}"
 if [ "$all" = 1 ] || [ "$candidates" -le "$sample" ]; then
@@ -354,7 +366,7 @@ done
 # predictions as calibrated are printed beside the table's.
 planned_as_calibrated=""
 if [ "$calibrate" = 1 ] && [ "$predicted_count" -gt 0 ] &&
-    factors=$($PY $STATS drift "$profile" "$work/probes.txt" "$work/profile-drift.txt" 2>"$work/drift.err"); then
+    factors=$($PY $STATS drift "$profile" "$work/probes.txt" "$work/profile-drift.txt" "$measure" 2>"$work/drift.err"); then
     read -r gemm_factor triad_factor probe_count <<<"$factors"
     planned_as_calibrated="$work/planned.tsv"
     while IFS=$'\t' read -r index flags label <&3; do
@@ -364,14 +376,14 @@ if [ "$calibrate" = 1 ] && [ "$predicted_count" -gt 0 ] &&
         awk -F'\t' -v OFS='\t' -v i="$index" -v p="$predicted" '$1 == i { $3 = p; print }' "$work/planned.tsv"
     done 3<"$work/selected.tsv" >"$work/planned-drift.tsv"
     echo
-    echo "drift: $probe_count probes of the calibration's lone work beside the runs: the profile's GEMM rates x $gemm_factor, its bandwidths x $triad_factor"
+    echo "drift: $probe_count probes of the calibration's lone work beside the runs (their ${measure/median/medians}): the profile's GEMM rates x $gemm_factor, its bandwidths x $triad_factor"
 elif [ "$calibrate" = 1 ] && [ "$predicted_count" -gt 0 ]; then
     echo "drift: not taken ($(cat "$work/drift.err" 2>/dev/null)): the predictions as calibrated"
 fi
-# RESULTS.tsv: a row a layout, its time the median of its passes' (sweep_stats.py's merge)
+# RESULTS.tsv: a row a layout, its time by -measure (sweep_stats.py's merge)
 planned_final="$work/planned.tsv"
 [ -n "$planned_as_calibrated" ] && planned_final="$work/planned-drift.tsv"
-$PY $STATS merge "$planned_final" "$warmup" "${pass_files[@]}" >"$work/results.tsv" || fail "could not gather the passes' times"
+$PY $STATS merge "$planned_final" "$warmup" "$measure" "${pass_files[@]}" >"$work/results.tsv" || fail "could not gather the passes' times"
 
 echo
 report=("$work/results.tsv" --title "$model, B $B, T $T, $N ranks on the CPU: $count layouts$passes")
@@ -379,7 +391,7 @@ report=("$work/results.tsv" --title "$model, B $B, T $T, $N ranks on the CPU: $c
 [ "$predicted_count" = 0 ] && [ -n "$why_none" ] && echo "no predictions from '$predict': $why_none"
 $PY $STATS report "${report[@]}" || fail "could not write the report"
 if [ -n "$planned_as_calibrated" ]; then
-    $PY $STATS merge "$planned_as_calibrated" "$warmup" "${pass_files[@]}" >"$work/results-as-calibrated.tsv" &&
+    $PY $STATS merge "$planned_as_calibrated" "$warmup" "$measure" "${pass_files[@]}" >"$work/results-as-calibrated.tsv" &&
         echo "as calibrated, without the drift: $($PY $STATS summary "$work/results-as-calibrated.tsv")"
 fi
 if [ -n "$save" ]; then

@@ -8,7 +8,8 @@ main.log reading the shell script cannot do itself.
     /usr/bin/python3 dev/bench/sweep_stats.py report RESULTS.tsv [--figure PNG --title TEXT]
     /usr/bin/python3 dev/bench/sweep_stats.py stats 'measured,...' 'predicted,...'   (seconds)
     /usr/bin/python3 dev/bench/sweep_stats.py summary RESULTS.tsv       (the summary line alone)
-    /usr/bin/python3 dev/bench/sweep_stats.py drift PROFILE PROBES OUT  (a profile scaled for the drift)
+    /usr/bin/python3 dev/bench/sweep_stats.py drift PROFILE PROBES OUT [median|fastest]
+                                                        (a profile scaled for the drift)
 
 The statistics, over the n layouts that were both measured and predicted:
 
@@ -59,12 +60,28 @@ and then the most a model can be expected to reach against those passes:
   0.5 two passes give 0.82, six 0.93: a target of 0.9 needs the passes to agree at
   0.9^2 / (R - (R - 1) 0.9^2) or better, 0.68 at R = 2.
 
+A layout's measured time is one of two measures (sweep.sh -measure):
+
+- median: the median of its steps after the warm-up, and with R passes the median of the passes'
+  (the issue's measure; the summary line by default);
+- fastest: its fastest step after the warm-up, of all its passes. A shared machine only ever adds
+  time to a step (another tenant, a slow phase, a rank's turn on its core come late): the fastest
+  step is the nearest to what the layout costs on the machine undisturbed, which is what a model
+  of it predicts. On this project's 2-core VM two 4-rank sweeps an hour apart ranked the same 24
+  layouts alike at a spearman of 0.92 by their fastest steps, 0.36 by their medians.
+
+The report gives the summary by the measure the sweep took and, on the line before it, the rank
+figures (spearman, the predicted best's place) by the other, from the same steps: a model that
+ranks well by one and not the other is reading the noise. (The errors are left out of that line:
+with -calibrate the predictions are scaled to the probes' median or fastest, the sweep's measure.)
+
 RESULTS.tsv is what sweep.sh writes (its -save): a header, then a row a layout with the columns
-index, layout, measured_s (or "failed: why"; with R passes the median of the passes' times, or
-"failed in pass P: why"), predicted_s (or "-"), warmup (the steps each pass left out of its
-median), steps_ms (every step's time, warm-up included, comma-separated; the passes separated by
-';'), command, passes_s (each pass's median, comma-separated; a TSV without the column has one
-pass).
+index, layout, measured_s (or "failed: why"; by the sweep's measure: with R passes the median of
+the passes' medians or the fastest step of them all; or "failed in pass P: why"), predicted_s (or
+"-"), warmup (the steps each pass left out), steps_ms (every step's time, warm-up included,
+comma-separated; the passes separated by ';'), command, passes_s (each pass's median,
+comma-separated; a TSV without the column has one pass), measure (median or fastest; a TSV
+without the column: median).
 """
 import json
 import math
@@ -243,28 +260,47 @@ def prediction(output_path):
     print(repr(seconds))
 
 
-def merge(planned_path, warmup, pass_paths):
+MEASURES = ("median", "fastest")
+
+
+def kept_steps_ms(steps_ms, warmup):
+    """every pass's steps after its own warm-up, in ms, those of all passes together (steps_ms as
+    RESULTS.tsv has it: comma-separated, the passes separated by ';')"""
+    kept = []
+    for run in steps_ms.split(";"):
+        kept += [float(x) for x in run.split(",") if x][warmup:]
+    return kept
+
+
+def merge(planned_path, warmup, measure, pass_paths):
     """RESULTS.tsv (on stdout) from sweep.sh's files: planned.tsv (index, layout, predicted_s,
     command: a row a layout, in the sweep's order) and each pass's runs, pass.P.tsv (index,
-    seconds or "failed...: why", steps_ms; a layout that failed is not run in later passes)"""
+    seconds (the pass's median) or "failed...: why", steps_ms; a layout that failed is not run in
+    later passes); a layout's time by `measure` (the docstring's median or fastest)"""
+    if measure not in MEASURES:
+        sys.exit("unknown measure %r (median or fastest)" % measure)
     passes = []
     for path in pass_paths:
         with open(path) as f:
             passes.append({int(row[0]): row[1:] for row in (line.rstrip("\n").split("\t") for line in f)})
-    print("\t".join(("index", "layout", "measured_s", "predicted_s", "warmup", "steps_ms", "command", "passes_s")))
+    print("\t".join(("index", "layout", "measured_s", "predicted_s", "warmup", "steps_ms", "command", "passes_s",
+                     "measure")))
     with open(planned_path) as f:
         for line in f:
             index, label, predicted, command = line.rstrip("\n").split("\t")
             runs = [p[int(index)] for p in passes if int(index) in p]  # pass 1, 2, ... up to a failure
             ok = [seconds for seconds, _ in runs if not seconds.startswith("failed")]
+            steps_ms = ";".join(steps for _, steps in runs)
             if len(ok) < len(runs):  # failed in its last pass: that pass's reason
                 measured = runs[-1][0]
+            elif measure == "fastest":  # the fastest step after the warm-up, of every pass
+                measured = repr(min(kept_steps_ms(steps_ms, warmup)) / 1e3)
             elif len(ok) == 1:  # one pass: its time as step-times printed it (the TSV as before -repeat)
                 measured = ok[0]
             else:  # the median of its passes' times
                 measured = repr(median([float(x) for x in ok]))
-            print("\t".join((index, label, measured, predicted, str(warmup), ";".join(steps for _, steps in runs),
-                             command, ",".join(ok))))
+            print("\t".join((index, label, measured, predicted, str(warmup), steps_ms, command, ",".join(ok),
+                             measure)))
 
 
 # the profile's fields the drift scales: the GEMM rates by the GEMMs', the bandwidths by the triads'
@@ -272,14 +308,16 @@ DRIFT_GEMM_FIELDS = ("peak_flops_fp32", "peak_flops_bf16", "host_flops_fp32")
 DRIFT_TRIAD_FIELDS = ("memory_bandwidth_bytes_per_s", "host_memory_bandwidth_bytes_per_s")
 
 
-def drift(profile_path, probes_path, out_path):
+def drift(profile_path, probes_path, out_path, measure="median"):
     """The machine's drift between a calibration and the runs after it. The calibration's profile
     says how long rank 0's lone GEMMs and triads took, the median over the calibration ("lone
     medians: gemm_seconds G triad_seconds T"); calibrate -probe timed the same work before each
     run (a line "gemm_seconds G triad_seconds T" each, in probes_path). Writes to out_path the
     profile with its GEMM rates times G / (the probes' median G) and its bandwidths times T / (the
     probes' median T), everything else as measured, and prints the two factors and the probes'
-    count. Exit 1 with the reason when the profile has no lone medians or there are no probes."""
+    count. With measure "fastest" the probes' fastest G and T instead of their medians: the
+    machine at its quickest during the runs, as a layout's fastest step is. Exit 1 with the reason
+    when the profile has no lone medians or there are no probes."""
     import re
     text = open(profile_path).read()
     m = re.search(r"lone medians: gemm_seconds (\S+) triad_seconds (\S+)", text)
@@ -293,11 +331,15 @@ def drift(profile_path, probes_path, out_path):
             probes.append((float(w[1]), float(w[3])))
     if not probes:
         sys.exit("%s: no probe (\"gemm_seconds G triad_seconds T\" lines)" % probes_path)
-    gemm = calibrated[0] / median([p[0] for p in probes])
-    triad = calibrated[1] / median([p[1] for p in probes])
+    if measure not in MEASURES:
+        sys.exit("unknown measure %r (median or fastest)" % measure)
+    of_probes = median if measure == "median" else min
+    gemm = calibrated[0] / of_probes([p[0] for p in probes])
+    triad = calibrated[1] / of_probes([p[1] for p in probes])
     lines = ["# %s scaled for the machine's drift (dev/bench/sweep_stats.py drift): the GEMM rates x %.4f, the\n"
-             "# bandwidths x %.4f, the calibration's lone medians over those of %d probes taken with the runs\n"
-             % (os.path.basename(profile_path), gemm, triad, len(probes))]
+             "# bandwidths x %.4f, the calibration's lone medians over the %s of %d probes taken with the runs\n"
+             % (os.path.basename(profile_path), gemm, triad, "medians" if measure == "median" else "fastest",
+                len(probes))]
     for line in text.splitlines(True):
         w = line.split()
         if len(w) == 2 and w[0] in DRIFT_GEMM_FIELDS + DRIFT_TRIAD_FIELDS:
@@ -332,11 +374,12 @@ def read_results(path):
             # each pass's median (a TSV from before -repeat has no passes_s: one pass, measured_s)
             row["passes"] = [float(x) for x in row.get("passes_s", row["measured_s"]).split(",")] if row["ok"] else []
             row["predicted"] = float(row["predicted_s"]) if row["predicted_s"] != "-" else None
+            row["measure"] = row.get("measure", "median")  # (a TSV from before -measure: the median)
             rows.append(row)
     return rows
 
 
-def figure(rows, path, title):
+def figure(rows, path, title, measure="median"):
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -357,13 +400,25 @@ def figure(rows, path, title):
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
-    ax.set_xlabel("measured step time (s, median after warm-up)")
+    ax.set_xlabel("measured step time (s, %s after warm-up)" % ("median" if measure == "median" else "fastest step"))
     ax.set_ylabel("predicted step time (s)")
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=120)
+
+
+def other_measure_line(rows, measure):
+    """the rank figures of the layouts (measured and predicted) by the measure the sweep did not
+    take, from their steps: the median of each pass's median, or the fastest step of them all"""
+    if measure == "median":
+        other, name = [min(kept_steps_ms(r["steps_ms"], int(r["warmup"]))) / 1e3 for r in rows], "each layout's fastest step"
+    else:
+        other, name = [median(r["passes"]) for r in rows], "the median of each layout's steps"
+    s = sweep_stats(other, [r["predicted"] for r in rows])
+    return "by %s (-measure %s): spearman %.3f, predicted best ranks %d of %d measured" % (
+        name, "fastest" if measure == "median" else "median", s["spearman"], s["best_rank"], s["n"])
 
 
 def report(path, figure_path=None, title="sweep"):
@@ -377,9 +432,7 @@ def report(path, figure_path=None, title="sweep"):
                                       " %12s %7s" % ("predicted ms", "error") if any_prediction else "", "layout"))
     for r in by_time + [r for r in rows if not r["ok"]]:
         if r["ok"]:
-            kept = []  # each pass's steps after its own warm-up, those of all passes together
-            for run in r["steps_ms"].split(";"):
-                kept += [float(x) for x in run.split(",") if x][int(r["warmup"]):]
+            kept = kept_steps_ms(r["steps_ms"], int(r["warmup"]))
             spread = "%6.0f%%" % ((max(kept) - min(kept)) / median(kept) * 100)
             cells = "%3d %5d %11.1f %7s" % (r["index"], place[r["index"]], r["measured"] * 1e3, spread)
         else:
@@ -414,8 +467,12 @@ def report(path, figure_path=None, title="sweep"):
     best = predicted[s["best"]]
     print("predicted best: layout %d (%s), %.1f%% slower than the measured best" % (best["index"], best["layout"],
                                                                                      s["best_lead"]))
+    measure = predicted[0]["measure"]
+    if all(r["steps_ms"] for r in predicted):
+        print(other_measure_line(predicted, measure))
     if figure_path:
-        figure(predicted, figure_path, "%s\nspearman %.3f, median error %.1f%%" % (title, s["spearman"], s["median_error"]))
+        figure(predicted, figure_path, "%s\nspearman %.3f, median error %.1f%%%s" % (
+            title, s["spearman"], s["median_error"], "" if measure == "median" else " (fastest steps)"), measure)
         print("figure: %s" % figure_path)
     print(summary_line(s))
 
@@ -488,6 +545,18 @@ def self_test():
     assert noise_ceiling(-0.2, 4) == 0.0 and noise_ceiling(0.0, 2) == 0.0
     assert noise_ceiling_line({"spearman": 0.5, "passes": 2}) == (
         "noise ceiling: a model that knew each layout's true time would reach a spearman of about 0.816")
+    # the other measure's line: A's kept steps (each pass's warm-up left out) 10, 12 | 14, 16 ms,
+    # B's 20, 20 | 9, 30 ms. Taken by the median (A 13 ms of passes 11 and 15, B 19.75), the line
+    # ranks by the fastest steps: A 10, B 9, the reverse of the predictions (A 0.1 s, B 0.2 s),
+    # spearman -1, the predicted best (A) 2nd of 2; taken by the fastest, the line ranks by the
+    # medians: A 13 < B 19.75 ms, as predicted
+    two = [{"steps_ms": "100,10,12;200,14,16", "warmup": "1", "passes": [0.011, 0.015], "predicted": 0.1},
+           {"steps_ms": "100,20,20;100,9,30", "warmup": "1", "passes": [0.02, 0.0195], "predicted": 0.2}]
+    assert kept_steps_ms(two[0]["steps_ms"], 1) == [10.0, 12.0, 14.0, 16.0]
+    line = other_measure_line(two, "median")
+    assert line == "by each layout's fastest step (-measure fastest): spearman -1.000, predicted best ranks 2 of 2 measured", line
+    line = other_measure_line(two, "fastest")
+    assert line == "by the median of each layout's steps (-measure median): spearman 1.000, predicted best ranks 1 of 2 measured", line
     # the sample: seeded, sorted, without repeats
     a = sample(111, 24, 7)
     assert a == sample(111, 24, 7) and a == sorted(set(a)) and len(a) == 24 and a != sample(111, 24, 8)
@@ -519,9 +588,9 @@ def main():
         field(*rest)
     elif cmd == "prediction" and len(rest) == 1:
         prediction(rest[0])
-    elif cmd == "merge" and len(rest) >= 3:
-        merge(rest[0], int(rest[1]), rest[2:])
-    elif cmd == "drift" and len(rest) == 3:
+    elif cmd == "merge" and len(rest) >= 4:
+        merge(rest[0], int(rest[1]), rest[2], rest[3:])
+    elif cmd == "drift" and len(rest) in (3, 4):
         drift(*rest)
     elif cmd == "summary" and len(rest) == 1:
         rows = [r for r in read_results(rest[0]) if r["measured"] is not None and r["predicted"] is not None]
