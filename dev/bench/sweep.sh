@@ -40,11 +40,11 @@
 #   -steps S      steps measured after the warm-up [4]
 #   -repeat R     measure the layouts R times, in R passes: the 1st in order, the 2nd in reverse,
 #                 the 3rd in order...; a layout's time the median of its passes' (with 2, their
-#                 mean), and a line that says how well the passes agree [1]
+#                 mean; or by -measure), and a line that says how well the passes agree [1]
 #   -measure M    a layout's time: median (the median of its steps after the warm-up, of its passes'
 #                 medians with -repeat) or fastest (its fastest step after the warm-up, of all its
-#                 passes: a shared machine only adds time, see below); the report ranks by the
-#                 other one too, on the line before the summary [median]
+#                 passes: the noise of a shared machine only adds time; dev/bench/README.md says
+#                 more); the report ranks by the other one too, on the line before the summary [median]
 #   -sched NAME   the pipeline schedule of the layouts with pp > 1 (afab, 1f1b, interleaved, zb) [1f1b]
 #   -vp V         chunks of layers a stage, with -sched interleaved [1]
 #   -predict CMD  the predictor [PREDICT_CMD, else ./dev/memory_planner -format json]
