@@ -84,7 +84,7 @@
 # once a layout. The noise is not even: another tenant or a rank's late turn on its core only
 # ever adds time to a step, and a layout's fastest step varies less from sweep to sweep than its
 # median (two 4-rank sweeps of the same 24 layouts an hour apart ranked them alike at a spearman
-# of 0.92 by their fastest steps, 0.36 by their medians): -measure fastest takes it, and the
+# of 0.92 by their fastest steps, 0.37 by their medians): -measure fastest takes it, and the
 # machine's drift by its probes' fastest.
 set -uo pipefail  # (not -e: a layout that fails is reported, and the sweep goes on)
 

@@ -68,7 +68,7 @@ A layout's measured time is one of two measures (sweep.sh -measure):
   time to a step (another tenant, a slow phase, a rank's turn on its core come late): the fastest
   step is the nearest to what the layout costs on the machine undisturbed, which is what a model
   of it predicts. On this project's 2-core VM two 4-rank sweeps an hour apart ranked the same 24
-  layouts alike at a spearman of 0.92 by their fastest steps, 0.36 by their medians.
+  layouts alike at a spearman of 0.92 by their fastest steps, 0.37 by their medians.
 
 The report gives the summary by the measure the sweep took and, on the line before it, the rank
 figures (spearman, the predicted best's place) by the other, from the same steps: a model that
