@@ -128,6 +128,26 @@ def sweep_repeatability_against_hand_worked_cases():
     assert p.returncode == 0 and "repeatability" not in p.stdout, p.stdout + p.stderr
     # kept 10, 16: median 13, (16 - 10) / 13 = 46% again, now within one pass
     assert re.search(r"^ +1 +1 +13\.0 +46%  A$", p.stdout, re.M), p.stdout
+    # with predictions (A 0.03 s, B 0.01: the reverse of both measures' order) and the measure
+    # column: by the fastest (A 10 ms, B 20), the line before the summary ranks by the passes'
+    # medians (A 13, B 25), spearman -1, the predicted best (B) 2nd, and the repeatability lines
+    # say they are the medians'; a TSV without the column is the median's, its line by the fastest
+    cases = (("\tmeasure", "\tfastest", "0.010", "0.020",
+              "by the median of each layout's steps (-measure median): spearman -1.000, predicted best ranks 2 of 2 measured"),
+             ("", "", "0.013", "0.025",
+              "by each layout's fastest step (-measure fastest): spearman -1.000, predicted best ranks 2 of 2 measured"))
+    for column, value, a, b, line in cases:
+        path = os.path.join(out, "predicted.tsv")
+        with open(path, "w") as f:
+            f.write(header + "\tpasses_s" + column + "\n")
+            f.write("1\tA\t%s\t0.03\t1\t100,10,12;200,14,16\tcmd A\t0.011,0.015%s\n" % (a, value))
+            f.write("2\tB\t%s\t0.01\t1\t100,20,20;100,30,30\tcmd B\t0.02,0.03%s\n" % (b, value))
+        p = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "dev", "bench", "sweep_stats.py"), "report", path],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and line + "\nsweep: 2 layouts, spearman -1.000," in p.stdout, p.stdout + p.stderr
+        labelled = "between passes 35.4% (of the passes' medians)\nnoise ceiling: a model that knew each layout's true " \
+                   "time would reach a spearman of about 1.000 (of the passes' medians)\n"
+        assert (labelled in p.stdout) == bool(column), p.stdout
 
 
 @test
@@ -175,6 +195,10 @@ def sweep_two_layouts_with_stub_predictions_summary_recomputes():
     assert abs(float(worst) - max(errors)) <= 0.05 + 1e-9, (m.group(0), errors)
     assert int(rank) == (1 if measured[dp] < measured[tp] else 2), (m.group(0), measured)
     assert m.group(0) == sweep_stats_module().summary_line(sweep_stats_module().sweep_stats(measured, predicted))
+    # the ranks by the other measure (each layout's fastest step) on the line just before the
+    # summary, after the figure's line
+    assert re.search(r"^figure: .*\nby each layout's fastest step \(-measure fastest\): spearman -?1\.000, predicted best "
+                     r"ranks [12] of 2 measured\n" + re.escape(m.group(0)), text, re.M), text
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n", "the figure is no PNG"
     assert took < 60, "the 2-layout sweep took %.0f s (about 20 on an idle 2-core machine)" % took
@@ -196,7 +220,7 @@ def sweep_repeat_two_passes_the_second_reversed():
     code, text, took = sweep_run(out, "-np", 2, "-filter", SWEEP_TWO, "-warmup", 1, "-steps", 2, "-repeat", 2,
                                  "-measure", "fastest", "-save", results, "-figure", "none", env={"PREDICT_CMD": stub})
     assert code == 0, text
-    progress = re.findall(r"^\[pass (\d)/2, (\d)/2\] #(\d+) ", text, re.M)
+    progress = re.findall(r"^\[pass (\d)/2, (\d)/2\] #(\d+) .*: median [\d.]+ ms, fastest [\d.]+ ms, predicted ", text, re.M)
     assert [(p, k) for p, k, _ in progress] == [("1", "1"), ("1", "2"), ("2", "1"), ("2", "2")], text
     first = [i for p, _, i in progress if p == "1"]
     assert [i for p, _, i in progress if p == "2"] == first[::-1] and len(set(first)) == 2, text
@@ -218,7 +242,7 @@ def sweep_repeat_two_passes_the_second_reversed():
         measured.append(float(r["measured_s"]))
         predicted.append(float(r["predicted_s"]))
     m = re.search(r"^repeatability: 2 passes, spearman between passes (\S+), "
-                  r"median difference between passes ([\d.]+)%$", text, re.M)
+                  r"median difference between passes ([\d.]+)% \(of the passes' medians\)$", text, re.M)
     assert m, text
     # by hand: two layouts in the same order in both passes (spearman 1) or not (-1); each one's
     # difference |pass 1 - pass 2| / their mean, and the median of two differences their mean

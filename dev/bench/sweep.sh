@@ -40,7 +40,8 @@
 #   -steps S      steps measured after the warm-up [4]
 #   -repeat R     measure the layouts R times, in R passes: the 1st in order, the 2nd in reverse,
 #                 the 3rd in order...; a layout's time the median of its passes' (with 2, their
-#                 mean; or by -measure), and a line that says how well the passes agree [1]
+#                 mean; with -measure fastest its fastest step of them all), and a line that says
+#                 how well the passes agree [1]
 #   -measure M    a layout's time: median (the median of its steps after the warm-up, of its passes'
 #                 medians with -repeat) or fastest (its fastest step after the warm-up, of all its
 #                 passes: the noise of a shared machine only adds time; dev/bench/README.md says
@@ -54,9 +55,9 @@
 #                 and predict with its profile (written to -profile FILE when given, else a
 #                 temporary file); then, before each run, calibrate -probe times the calibration's
 #                 lone GEMMs and triads again, and the table's predictions use the profile's rates
-#                 scaled by the calibration's lone times over the probes' medians (with -measure
-#                 fastest, the probes' fastest: the machine's drift; the line "as calibrated"
-#                 gives the summary without it)
+#                 scaled by the calibration's lone times over the probes' medians (their fastest
+#                 with -measure fastest): the machine's drift; the line "as calibrated" gives the
+#                 summary without it
 #   -figure PNG   where the figure goes [dev/images/sweep_MODEL_N.png; none: no figure]
 #   -save FILE    keep the results as tab-separated values (sweep_stats.py's RESULTS.tsv)
 #   -timeout S    a layout still running after S seconds is stopped and reported as failed [300]
@@ -339,6 +340,11 @@ while [ "$pass" -lt "$repeat" ]; do
         if [ "$rc" = 0 ] && times=$($PY $STATS step-times "$d/main.log" "$warmup" 2>"$d/times.err"); then
             measured=${times%%$'\t'*} all_ms=${times#*$'\t'}
             shown=$(milliseconds "$measured")
+            if [ "$measure" = fastest ]; then  # (the pass's median, which the repeatability line reads, and its fastest)
+                fastest=$(awk -v w="$warmup" -v ms="$all_ms" 'BEGIN { n = split(ms, s, ","); f = ""
+                    for (i = w + 1; i <= n; i++) if (f == "" || s[i] + 0 < f) f = s[i] + 0; printf "%.1f", f }')
+                shown="median $shown, fastest $fastest ms"
+            fi
         else
             failed_in[$index]=$pass
             failed="failed"

@@ -73,7 +73,10 @@ A layout's measured time is one of two measures (sweep.sh -measure):
 The report gives the summary by the measure the sweep took and, on the line before it, the rank
 figures (spearman, the predicted best's place) by the other, from the same steps: a model that
 ranks well by one and not the other is reading the noise. (The errors are left out of that line:
-with -calibrate the predictions are scaled to the probes' median or fastest, the sweep's measure.)
+with -calibrate the predictions are scaled to the probes' median or fastest, the sweep's measure,
+which moves the ranks a little too: the GEMMs and the bandwidths are scaled by different factors.)
+The repeatability and noise-ceiling lines below are the passes' medians' with either measure (so
+labelled with the fastest).
 
 RESULTS.tsv is what sweep.sh writes (its -save): a header, then a row a layout with the columns
 index, layout, measured_s (or "failed: why"; by the sweep's measure: with R passes the median of
@@ -179,16 +182,21 @@ def noise_ceiling(S, R):
     return math.sqrt(R * S / (1 + (R - 1) * S))
 
 
-def noise_ceiling_line(r):
+def of_medians(measure):
+    """the repeatability lines' note when the sweep's measure is not the passes' medians they use"""
+    return "" if measure == "median" else " (of the passes' medians)"
+
+
+def noise_ceiling_line(r, measure="median"):
     """the line after the repeatability line"""
-    return "noise ceiling: a model that knew each layout's true time would reach a spearman of about %.3f" % (
-        noise_ceiling(r["spearman"], r["passes"]))
+    return "noise ceiling: a model that knew each layout's true time would reach a spearman of about %.3f%s" % (
+        noise_ceiling(r["spearman"], r["passes"]), of_medians(measure))
 
 
-def repeatability_line(r):
+def repeatability_line(r, measure="median"):
     """the line before the summary (the docstring says what it means)"""
-    return "repeatability: %d passes, spearman between passes %.3f, median difference between passes %.1f%%" % (
-        r["passes"], r["spearman"], r["difference"])
+    return "repeatability: %d passes, spearman between passes %.3f, median difference between passes %.1f%%%s" % (
+        r["passes"], r["spearman"], r["difference"], of_medians(measure))
 
 
 def summary_line(s):
@@ -409,16 +417,23 @@ def figure(rows, path, title, measure="median"):
     fig.savefig(path, dpi=120)
 
 
+def seconds_by(row, measure):
+    """a layout's time by a measure, from its steps (a RESULTS.tsv row's steps_ms and warmup): the
+    median of its passes' medians, or its fastest step, each pass's warm-up left out"""
+    warmup = int(row["warmup"])
+    if measure == "fastest":
+        return min(kept_steps_ms(row["steps_ms"], warmup)) / 1e3
+    return median([median(kept_steps_ms(run, warmup)) for run in row["steps_ms"].split(";")]) / 1e3
+
+
 def other_measure_line(rows, measure):
     """the rank figures of the layouts (measured and predicted) by the measure the sweep did not
-    take, from their steps: the median of each pass's median, or the fastest step of them all"""
-    if measure == "median":
-        other, name = [min(kept_steps_ms(r["steps_ms"], int(r["warmup"]))) / 1e3 for r in rows], "each layout's fastest step"
-    else:
-        other, name = [median(r["passes"]) for r in rows], "the median of each layout's steps"
-    s = sweep_stats(other, [r["predicted"] for r in rows])
+    take, from their steps"""
+    other = "fastest" if measure == "median" else "median"
+    name = "each layout's fastest step" if other == "fastest" else "the median of each layout's steps"
+    s = sweep_stats([seconds_by(r, other) for r in rows], [r["predicted"] for r in rows])
     return "by %s (-measure %s): spearman %.3f, predicted best ranks %d of %d measured" % (
-        name, "fastest" if measure == "median" else "median", s["spearman"], s["best_rank"], s["n"])
+        name, other, s["spearman"], s["best_rank"], s["n"])
 
 
 def report(path, figure_path=None, title="sweep"):
@@ -452,10 +467,11 @@ def report(path, figure_path=None, title="sweep"):
     print("spread: (slowest - fastest) / median of the measured steps%s, the noise of the machine" % (
         " (those of all %d passes, each pass's warm-up left out)" % passes if passes > 1 else ""))
     every_pass = [r["passes"] for r in ok if len(r["passes"]) == passes]
+    measure = ok[0]["measure"] if ok else "median"
     if passes > 1 and every_pass:
         r = repeatability(every_pass)
-        print(repeatability_line(r))
-        print(noise_ceiling_line(r))
+        print(repeatability_line(r, measure))
+        print(noise_ceiling_line(r, measure))
     if not predicted:
         print("no predictions were available: measured times alone (%d of %d layouts ran)" % (len(ok), len(rows)))
         return
@@ -467,13 +483,11 @@ def report(path, figure_path=None, title="sweep"):
     best = predicted[s["best"]]
     print("predicted best: layout %d (%s), %.1f%% slower than the measured best" % (best["index"], best["layout"],
                                                                                      s["best_lead"]))
-    measure = predicted[0]["measure"]
-    if all(r["steps_ms"] for r in predicted):
-        print(other_measure_line(predicted, measure))
     if figure_path:
         figure(predicted, figure_path, "%s\nspearman %.3f, median error %.1f%%%s" % (
             title, s["spearman"], s["median_error"], "" if measure == "median" else " (fastest steps)"), measure)
         print("figure: %s" % figure_path)
+    print(other_measure_line(predicted, measure))  # (on the line before the summary)
     print(summary_line(s))
 
 
@@ -546,13 +560,18 @@ def self_test():
     assert noise_ceiling_line({"spearman": 0.5, "passes": 2}) == (
         "noise ceiling: a model that knew each layout's true time would reach a spearman of about 0.816")
     # the other measure's line: A's kept steps (each pass's warm-up left out) 10, 12 | 14, 16 ms,
-    # B's 20, 20 | 9, 30 ms. Taken by the median (A 13 ms of passes 11 and 15, B 19.75), the line
-    # ranks by the fastest steps: A 10, B 9, the reverse of the predictions (A 0.1 s, B 0.2 s),
-    # spearman -1, the predicted best (A) 2nd of 2; taken by the fastest, the line ranks by the
-    # medians: A 13 < B 19.75 ms, as predicted
-    two = [{"steps_ms": "100,10,12;200,14,16", "warmup": "1", "passes": [0.011, 0.015], "predicted": 0.1},
-           {"steps_ms": "100,20,20;100,9,30", "warmup": "1", "passes": [0.02, 0.0195], "predicted": 0.2}]
+    # B's 20, 20 | 9, 30 ms (its 5 ms warm-up left out). Taken by the median (A 13 ms of passes 11
+    # and 15, B 19.75 of 20 and 19.5), the line ranks by the fastest steps: A 10, B 9, the reverse
+    # of the predictions (A 0.1 s, B 0.2 s), spearman -1, the predicted best (A) 2nd of 2; taken by
+    # the fastest, the line ranks by the medians, each pass's from its steps: A 13 < B 19.75 ms,
+    # as predicted (with the warm-ups counted B's median would be 14.5 of 20 and 9, its fastest 5)
+    two = [{"steps_ms": "100,10,12;200,14,16", "warmup": "1", "predicted": 0.1},
+           {"steps_ms": "100,20,20;5,9,30", "warmup": "1", "predicted": 0.2}]
     assert kept_steps_ms(two[0]["steps_ms"], 1) == [10.0, 12.0, 14.0, 16.0]
+    assert kept_steps_ms(two[1]["steps_ms"], 1) == [20.0, 20.0, 9.0, 30.0]
+    for row, median_s, fastest_s in ((two[0], 0.013, 0.010), (two[1], 0.01975, 0.009)):
+        close(seconds_by(row, "median"), median_s, "a layout's median of its passes' medians", 1e-15)
+        close(seconds_by(row, "fastest"), fastest_s, "a layout's fastest step", 1e-15)
     line = other_measure_line(two, "median")
     assert line == "by each layout's fastest step (-measure fastest): spearman -1.000, predicted best ranks 2 of 2 measured", line
     line = other_measure_line(two, "fastest")
