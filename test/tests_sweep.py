@@ -297,6 +297,12 @@ def sweep_without_predictions_failures_and_bad_flags():
         assert code == 1 and "error: -repeat %s: expected a positive whole number" % bad in text, text
     code, text, _ = sweep_run(out, "-np", 2, "-measure", "mean")
     assert code == 1 and "error: -measure mean: expected median or fastest" in text, text
+    for flags, why in ((("-calibrations", 0), "-calibrations 0: expected a positive whole number"),
+                       (("-calibrations", 2), "-calibrations 2: calibrations are taken with -calibrate"),
+                       (("-calibrate", "-calibrations", 3, "-repeat", 2),
+                        "-calibrations 3: expected at most one a pass (-repeat 2)")):
+        code, text, _ = sweep_run(out, "-np", 2, *flags)
+        assert code == 1 and "error: " + why in text and "calibrating" not in text, (flags, text)
     code, text, _ = sweep_run(out, "-np", 2, "-filter", "no such layout")
     assert code == 1 and re.search(r"none of the search's \d+ layouts matches -filter 'no such layout'", text), text
     assert not sweep_left_behind(out), sweep_left_behind(out)
@@ -478,3 +484,103 @@ def sweep_stats_merge_takes_either_measure():
     p = subprocess.run(["/usr/bin/python3", stats, "merge", planned, "1", "mean", one, two], capture_output=True,
                        text=True)
     assert p.returncode != 0 and "unknown measure 'mean'" in p.stderr, (p.returncode, p.stderr)
+
+
+@test
+def sweep_stats_combine_takes_the_median_of_each_field():
+    """sweep_stats.py combine OUT PROFILE... (sweep.sh -calibrations K: one profile from K
+    calibrations): three hand-made profiles, each number the median of the three (an even count
+    the mean of the middle two), a field they agree on as it is, the lone medians the median of
+    theirs (which drift then reads: the first "lone medians" line), the field that differed most
+    and by how much printed; calibrations with other fields, or a differing field that is not a
+    number, refused naming it, nothing written"""
+    d = fresh_dir("sweep_combine")
+    stats = os.path.join(ROOT, "dev", "bench", "sweep_stats.py")
+    sets = [(0.40, 0.060, 7e10, 1e10, 5e9), (0.30, 0.050, 9e10, 1.2e10, 2e9), (0.50, 0.070, 8e10, 0.8e10, 4e9)]
+    paths = []
+    for k, (gemm_s, triad_s, flops, bandwidth, link) in enumerate(sets):
+        path = os.path.join(d, "cal%d.txt" % k)
+        with open(path, "w") as f:
+            f.write("# calibration %d\n#   lone medians: gemm_seconds %r triad_seconds %r (calibrate -probe ...)\n"
+                    "name CPU of vm, 1 thread a rank\nkind cpu\npeak_flops_fp32 %r\nmemory_bandwidth_bytes_per_s %r\n"
+                    "intra_node_bandwidth_bytes_per_s %r\ncpu_cores 2\n" % (k, gemm_s, triad_s, flops, bandwidth, link))
+        paths.append(path)
+    out = os.path.join(d, "combined.txt")
+    p = subprocess.run(["/usr/bin/python3", stats, "combine", out] + paths, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    # the widest: the link, (5e9 - 2e9) / 4e9 = 75%; the GEMM rate's 25%, the bandwidth's 40%
+    count, widest, spread = p.stdout.split()
+    assert (count, widest, spread) == ("3", "intra_node_bandwidth_bytes_per_s", "75.0"), p.stdout
+    text = open(out).read()
+    got = {l.split()[0]: l.split(None, 1)[1].strip() for l in text.splitlines() if l and not l.startswith("#")}
+    assert got["name"] == "CPU of vm, 1 thread a rank" and got["kind"] == "cpu" and got["cpu_cores"] == "2", got
+    for key, want in (("peak_flops_fp32", 8e10), ("memory_bandwidth_bytes_per_s", 1e10),
+                      ("intra_node_bandwidth_bytes_per_s", 4e9)):
+        assert abs(float(got[key]) - want) <= 1e-9 * want, (key, got[key], want)
+    assert re.search(r"lone medians: gemm_seconds 0\.4 triad_seconds 0\.06\b", text), text
+    assert "# calibration 0" in text and "its lone medians: gemm_seconds 0.4 " in text, text
+    # drift reads the combined lone medians: probes at 0.2 s and 0.03 s, the rates x 2 and x 2
+    probes = os.path.join(d, "probes.txt")
+    with open(probes, "w") as f:
+        f.write("gemm_seconds 0.2 triad_seconds 0.03\n")
+    p = subprocess.run(["/usr/bin/python3", stats, "drift", out, probes, os.path.join(d, "drifted.txt")],
+                       capture_output=True, text=True)
+    assert p.returncode == 0 and [float(x) for x in p.stdout.split()[:2]] == [2.0, 2.0], p.stdout + p.stderr
+    # an even count: the mean of the middle two (8e10 and 9e10 of the last two)
+    p = subprocess.run(["/usr/bin/python3", stats, "combine", out] + paths[1:], capture_output=True, text=True)
+    got = {l.split()[0]: l.split()[1] for l in open(out) if not l.startswith("#") and l.split()}
+    assert p.returncode == 0 and abs(float(got["peak_flops_fp32"]) - 8.5e10) < 1, (p.stderr, got)
+    # refused: another field set, a differing field that is not a number
+    other = os.path.join(d, "other.txt")
+    with open(other, "w") as f:
+        f.write(open(paths[0]).read().replace("cpu_cores 2\n", "cpu_threads 1\n"))
+    named = os.path.join(d, "named.txt")
+    with open(named, "w") as f:
+        f.write(open(paths[0]).read().replace("kind cpu", "kind gpu"))
+    for bad, why in ((other, "not the same fields (cpu_cores, cpu_threads)"), (named, "'kind' differ (cpu / gpu)")):
+        target = os.path.join(d, "refused.txt")
+        p = subprocess.run(["/usr/bin/python3", stats, "combine", target, paths[1], bad], capture_output=True, text=True)
+        assert p.returncode == 1 and why in p.stderr and not os.path.exists(target), (why, p.returncode, p.stderr)
+    print("    3 calibrations: each field their median, the link's 75% the widest; refusals named")
+
+
+@test
+def sweep_calibrations_spread_over_the_passes():
+    """-calibrate -calibrations 2 -repeat 2 on the two quick layouts: the first calibration before
+    the plan, the second before pass 2; -profile FILE their median (combine's header); the line
+    "as calibrated" gives the figures of the planner's predictions from FILE against the saved
+    times (worked out here: the planner run again on each layout); a line for each calibration
+    alone; nothing left behind"""
+    out = fresh_dir("sweep_calibrations")
+    results, profile = os.path.join(out, "results.tsv"), os.path.join(out, "combined.txt")
+    code, text, took = sweep_run(out, "-np", 2, "-filter", SWEEP_TWO, "-warmup", 1, "-steps", 1, "-repeat", 2,
+                                 "-calibrate", "-calibrations", 2, "-profile", profile, "-save", results,
+                                 "-figure", "none", timeout=300)
+    assert code == 0, text
+    order = [text.index(s) for s in ("calibrating (1 of 2): ", "[pass 1/2, 2/2]", "calibrating (2 of 2) before pass 2\n",
+                                     "[pass 2/2, 1/2]", "calibrations: 2 of 2, the predictions from their median "
+                                     "field by field (%s)" % profile)]
+    assert order == sorted(order), text
+    assert "The median, field by field, of 2 calibrations" in open(profile).read()
+    for k, p in ((1, 1), (2, 2)):
+        assert re.search(r"^calibration %d \(before pass %d\) alone, with its drift: sweep: 2 layouts, " % (k, p), text,
+                         re.M), text
+    with open(results) as f:
+        header = f.readline().rstrip("\n").split("\t")
+        rows = [dict(zip(header, line.rstrip("\n").split("\t"))) for line in f]
+    # each layout predicted again from the combined profile, as the sweep's planner flags give it
+    search = subprocess.run(["./dev/memory_planner", "-e", "d4", "-b", "2", "-t", "64", "-d", "256", "-device", "cpu",
+                             "-search", "2", "-format", "json"], cwd=ROOT, capture_output=True, text=True)
+    flags_of = {l["layout"]: sweep_stats_module().planner_flags(l) for l in json.loads(search.stdout)["layouts"]}
+    measured, predicted = [], []
+    for r in rows:
+        p = subprocess.run(["./dev/memory_planner", "-e", "d4", "-b", "2", "-t", "64", "-d", "256", "-device", "cpu"] +
+                           flags_of[r["layout"]] + ["-profile", profile, "-format", "json"], cwd=ROOT,
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        measured.append(float(r["measured_s"]))
+        predicted.append(json.loads(p.stdout)["step_seconds"])
+    as_calibrated = sweep_stats_module().summary_line(sweep_stats_module().sweep_stats(measured, predicted))
+    assert "as calibrated, without the drift: " + as_calibrated + "\n" in text, (as_calibrated, text)
+    assert sorted(sweep_left_behind(out)) == ["combined.txt", "results.tsv"], sweep_left_behind(out)
+    print("    two calibrations, before passes 1 and 2, as one profile: %s (%.0f s)" % (as_calibrated, took))

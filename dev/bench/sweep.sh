@@ -58,6 +58,12 @@
 #                 scaled by the calibration's lone times over the probes' medians (their fastest
 #                 with -measure fastest): the machine's drift; the line "as calibrated" gives the
 #                 summary without it
+#   -calibrations K  with -calibrate: K calibrations spread over the passes (before pass 1, then
+#                 before pass 1 + i R / K, rounded down, for i = 1 ... K - 1), and the table's
+#                 predictions from their median, field by field (sweep_stats.py combine; written
+#                 to -profile FILE after the passes), with a line a calibration that says what it
+#                 alone would have given: one calibration's minute catches the machine in one
+#                 phase, and its collectives are never measured again [1; at most -repeat's R]
 #   -figure PNG   where the figure goes [dev/images/sweep_MODEL_N.png; none: no figure]
 #   -save FILE    keep the results as tab-separated values (sweep_stats.py's RESULTS.tsv)
 #   -timeout S    a layout still running after S seconds is stopped and reported as failed [300]
@@ -99,7 +105,7 @@ fail() {
 }
 
 model=d4 B=2 T=64 batch="" N=4 sample=24 seed=1 all=0 filter="" warmup=2 steps=4 repeat=1 measure=median sched=1f1b vp=1
-predict=${PREDICT_CMD:-} profile="" calibrate=0 figure="" save="" limit=300
+predict=${PREDICT_CMD:-} profile="" calibrate=0 calibrations=1 figure="" save="" limit=300
 while [ $# -gt 0 ]; do
     case "$1" in
         -h|--help) usage 0 ;;
@@ -124,6 +130,7 @@ while [ $# -gt 0 ]; do
         -vp) vp=$2 ;;
         -predict) predict=$2 ;;
         -profile) profile=$2 ;;
+        -calibrations) calibrations=$2 ;;
         -figure) figure=$2 ;;
         -save) save=$2 ;;
         -timeout) limit=$2 ;;
@@ -136,11 +143,15 @@ absolute() { case "$1" in /*|"") echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 profile=$(absolute "$profile") save=$(absolute "$save")
 [ -n "$figure" ] && [ "$figure" != none ] && figure=$(absolute "$figure")
 cd "$(dirname "$0")/../.." || exit 1
-for pair in "-b:$B" "-t:$T" "-np:$N" "-sample:$sample" "-steps:$steps" "-repeat:$repeat" "-vp:$vp" "-timeout:$limit"; do
+for pair in "-b:$B" "-t:$T" "-np:$N" "-sample:$sample" "-steps:$steps" "-repeat:$repeat" "-vp:$vp" "-timeout:$limit" "-calibrations:$calibrations"; do
     [[ ${pair#*:} =~ ^[1-9][0-9]*$ ]] || fail "${pair%%:*} ${pair#*:}: expected a positive whole number"
 done
 [[ $seed =~ ^[0-9]+$ ]] || fail "-seed $seed: expected a whole number >= 0"
 [ "$measure" = median ] || [ "$measure" = fastest ] || fail "-measure $measure: expected median or fastest"
+if [ "$calibrations" -gt 1 ]; then
+    [ "$calibrate" = 1 ] || fail "-calibrations $calibrations: calibrations are taken with -calibrate"
+    [ "$calibrations" -le "$repeat" ] || fail "-calibrations $calibrations: expected at most one a pass (-repeat $repeat)"
+fi
 [[ $warmup =~ ^[0-9]+$ ]] || fail "-warmup $warmup: expected a whole number of steps >= 0"
 [ -z "$batch" ] && batch=$((B * T * N))
 [[ $batch =~ ^[1-9][0-9]*$ ]] || fail "-d $batch: expected a positive number of tokens"
@@ -254,17 +265,28 @@ for trainer in $(awk -F'\t' '{ split($3, w, " "); print w[1] }' "$work/selected.
     [ -x "./$trainer" ] || make -s "$trainer" || fail "could not build $trainer"
 done
 
+# calibrate_now K: the sweep's K-th calibration, into calibration.K.txt (with -calibrations 1 straight
+# into the profile), kept in calibration_files when it succeeds (rc says)
+calibration_files=() calibration_labels=()
+calibrate_now() {
+    local into="$work/calibration.$1.txt"
+    [ "$calibrations" = 1 ] && into=$profile
+    run_bg "$limit" "$work/calibrate.out" "${MPI[@]}" -np "$cal_ranks" ./dev/bench/calibrate -o "$into" -threads 1
+    [ "$rc" = 0 ] && calibration_files+=("$into") && calibration_labels+=("$1 (before pass $2)")
+}
+first_profile=$profile  # the profile of the progress lines' predictions (the first calibration's)
 if [ "$calibrate" = 1 ]; then
     [ -n "$profile" ] || profile="$work/cpu-profile.txt"
     [ -x ./dev/bench/calibrate ] || make -s dev/bench/calibrate || fail "could not build dev/bench/calibrate"
     cal_ranks=2
     [ "$N" -gt 2 ] && cal_ranks=4
     [ "$N" -gt 4 ] && cal_ranks=8
-    echo "calibrating: ${MPI[*]} -np $cal_ranks ./dev/bench/calibrate -o $profile -threads 1"
-    run_bg "$limit" "$work/calibrate.out" "${MPI[@]}" -np "$cal_ranks" ./dev/bench/calibrate -o "$profile" -threads 1
-    [ "$rc" = 0 ] || fail "dev/bench/calibrate failed (exit $rc): $(tail -5 "$work/calibrate.out")"
+    first_profile=$profile of=""
+    [ "$calibrations" -gt 1 ] && first_profile="$work/calibration.1.txt" of=" (1 of $calibrations)"
+    echo "calibrating$of: ${MPI[*]} -np $cal_ranks ./dev/bench/calibrate -o $first_profile -threads 1"
+    calibrate_now 1 1 || fail "dev/bench/calibrate failed (exit $rc): $(tail -5 "$work/calibrate.out")"
 fi
-echo "predictions: $predict FLAGS${profile:+ (with -profile $profile)}"
+echo "predictions: $predict FLAGS${profile:+ (with -profile $first_profile)}"
 
 # 1. each layout's command and prediction, once (every pass runs that command): planned.tsv, a
 # row a layout in the selected order (index, label, predicted seconds or "-", command)
@@ -295,7 +317,7 @@ while IFS=$'\t' read -r index flags label <&3; do
     read -ra words <<<"$command"
     [ "${words[0]} ${words[1]} ${words[2]}" = "mpirun -np $N" ] || fail "unexpected command from the planner: $command"
     # the prediction, if the predictor gives one (within a minute: a model, not a run)
-    predicted=$(predict_layout "$profile" "${layout_flags[@]}")
+    predicted=$(predict_layout "$first_profile" "${layout_flags[@]}")
     if [ "$predicted" != "-" ]; then
         predicted_count=$((predicted_count + 1))
     elif [ -z "$why_none" ]; then
@@ -319,6 +341,13 @@ while [ "$pass" -lt "$repeat" ]; do
     : >"$work/pass.$pass.tsv"
     order=("${in_order[@]}")
     [ $((pass % 2)) = 0 ] && order=("${reversed[@]}")
+    # -calibrations K: calibration i + 1 before pass 1 + i R / K (the first was taken before the plan)
+    for ((i = 1; i < calibrations; i++)); do
+        [ $((1 + i * repeat / calibrations)) = "$pass" ] || continue
+        echo "calibrating ($((i + 1)) of $calibrations) before pass $pass"
+        calibrate_now $((i + 1)) "$pass" ||
+            echo "note: calibration $((i + 1)) failed (exit $rc: $(tail -1 "$work/calibrate.out")); the sweep goes on with the others"
+    done
     for i in "${order[@]}"; do
         k=$((k + 1))
         IFS=$'\t' read -r index label predicted command <<<"${planned[i]}"
@@ -364,7 +393,27 @@ while [ "$pass" -lt "$repeat" ]; do
         rm -rf "$d"
     done
 done
-# 3. the drift (with -calibrate): this VM's speed wanders from one minute to the next by as much as
+# predict_all PROFILE: planned.tsv (on stdout) with each layout predicted again from PROFILE
+predict_all() {
+    local index flags label predicted layout_flags
+    while IFS=$'\t' read -r index flags label <&3; do
+        read -ra layout_flags <<<"$flags"
+        [[ " $flags " == *" -pp 1 "* ]] || layout_flags+=(-sched "$sched" -vp "$vp")
+        predicted=$(predict_layout "$1" "${layout_flags[@]}")
+        awk -F'\t' -v OFS='\t' -v i="$index" -v p="$predicted" '$1 == i { $3 = p; print }' "$work/planned.tsv"
+    done 3<"$work/selected.tsv"
+}
+# 3. the calibrations as one profile (-calibrations K): each field the median of theirs, for the
+# same reason as a layout's time is the median of its passes': a calibration's minute catches the
+# machine in one phase, and its collectives are measured then and never again.
+[ "$calibrate" = 1 ] && [ "$predicted_count" -gt 0 ] && echo
+if [ "$calibrate" = 1 ] && [ "$calibrations" -gt 1 ]; then
+    combined=$($PY $STATS combine "$profile" "${calibration_files[@]}" 2>"$work/combine.err") ||
+        fail "could not combine the calibrations: $(cat "$work/combine.err")"
+    read -r combined_count widest spread <<<"$combined"
+    echo "calibrations: $combined_count of $calibrations, the predictions from their median field by field ($profile); their rates differed by up to $spread% ($widest)"
+fi
+# 4. the drift (with -calibrate): this VM's speed wanders from one minute to the next by as much as
 # the layouts differ, and the calibration took one minute before runs that take many. The probes
 # timed the calibration's own lone GEMMs and triads before each run: each layout is predicted again
 # with the profile's GEMM rates and bandwidths scaled by the calibration's lone times over the
@@ -375,13 +424,11 @@ if [ "$calibrate" = 1 ] && [ "$predicted_count" -gt 0 ] &&
     factors=$($PY $STATS drift "$profile" "$work/probes.txt" "$work/profile-drift.txt" "$measure" 2>"$work/drift.err"); then
     read -r gemm_factor triad_factor probe_count <<<"$factors"
     planned_as_calibrated="$work/planned.tsv"
-    while IFS=$'\t' read -r index flags label <&3; do
-        read -ra layout_flags <<<"$flags"
-        [[ " $flags " == *" -pp 1 "* ]] || layout_flags+=(-sched "$sched" -vp "$vp")
-        predicted=$(predict_layout "$work/profile-drift.txt" "${layout_flags[@]}")
-        awk -F'\t' -v OFS='\t' -v i="$index" -v p="$predicted" '$1 == i { $3 = p; print }' "$work/planned.tsv"
-    done 3<"$work/selected.tsv" >"$work/planned-drift.tsv"
-    echo
+    if [ "$calibrations" -gt 1 ]; then
+        predict_all "$profile" >"$work/planned-combined.tsv"
+        planned_as_calibrated="$work/planned-combined.tsv"
+    fi
+    predict_all "$work/profile-drift.txt" >"$work/planned-drift.tsv"
     echo "drift: $probe_count probes of the calibration's lone work beside the runs (their ${measure/median/medians}): the profile's GEMM rates x $gemm_factor, its bandwidths x $triad_factor"
 elif [ "$calibrate" = 1 ] && [ "$predicted_count" -gt 0 ]; then
     echo "drift: not taken ($(cat "$work/drift.err" 2>/dev/null)): the predictions as calibrated"
@@ -399,6 +446,14 @@ $PY $STATS report "${report[@]}" || fail "could not write the report"
 if [ -n "$planned_as_calibrated" ]; then
     $PY $STATS merge "$planned_as_calibrated" "$warmup" "$measure" "${pass_files[@]}" >"$work/results-as-calibrated.tsv" &&
         echo "as calibrated, without the drift: $($PY $STATS summary "$work/results-as-calibrated.tsv")"
+    # what each calibration alone, with its own drift, would have given: how much the one minute
+    # a calibration measures moves the figures
+    for k in $( ((calibrations > 1)) && echo "${!calibration_files[@]}"); do
+        $PY $STATS drift "${calibration_files[k]}" "$work/probes.txt" "$work/profile-alone.txt" "$measure" >/dev/null 2>&1 &&
+            predict_all "$work/profile-alone.txt" >"$work/planned-alone.tsv" &&
+            $PY $STATS merge "$work/planned-alone.tsv" "$warmup" "$measure" "${pass_files[@]}" >"$work/results-alone.tsv" &&
+            echo "calibration ${calibration_labels[k]} alone, with its drift: $($PY $STATS summary "$work/results-alone.tsv")"
+    done
 fi
 if [ -n "$save" ]; then
     cp "$work/results.tsv" "$save" || fail "-save $save: cannot write it"

@@ -10,6 +10,8 @@ main.log reading the shell script cannot do itself.
     /usr/bin/python3 dev/bench/sweep_stats.py summary RESULTS.tsv       (the summary line alone)
     /usr/bin/python3 dev/bench/sweep_stats.py drift PROFILE PROBES OUT [median|fastest]
                                                         (a profile scaled for the drift)
+    /usr/bin/python3 dev/bench/sweep_stats.py combine OUT PROFILE PROFILE...
+                                                        (several calibrations as one profile)
 
 The statistics, over the n layouts that were both measured and predicted:
 
@@ -358,6 +360,76 @@ def drift(profile_path, probes_path, out_path, measure="median"):
     print("%.6f %.6f %d" % (gemm, triad, len(probes)))
 
 
+def profile_fields(path):
+    """a profile's fields in order, {name: the rest of its line} (the comments and blank lines left out)"""
+    fields = {}
+    for line in open(path):
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, _, value = line.strip().partition(" ")
+            fields[name] = value.strip()
+    return fields
+
+
+def as_number(text):
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def combine(out_path, profile_paths):
+    """One profile from K calibrations of one machine (sweep.sh -calibrations K, spread over the
+    sweep's passes): each field the median of the K calibrations' (the mean of the middle two for
+    an even K), a field they all agree on (the name, the cores, the cache) as it is, and the lone
+    medians (the drift's reference) the median of theirs. A calibration's minute catches the
+    machine in one phase: its collectives' bandwidths moved by 1.4-3.4x between calibrations an
+    hour apart, and one in a fast phase priced some layouts 18-28% under. Comments: a header
+    saying so, then the first calibration's notes (its own figures). Prints K, the field that
+    differed most between the calibrations and that difference, (largest - smallest) / median in
+    percent, of the rates (FLOP/s and bytes/s: a fraction near 0 differs by more and matters
+    less). Exit 1 with the file and field named when the calibrations' fields differ in name or
+    a field that is not a number differs (another machine's calibration)."""
+    import re
+    lone_re = re.compile(r"lone medians: gemm_seconds (\S+) triad_seconds (\S+)")
+    profiles, lone = [], []
+    for path in profile_paths:
+        profiles.append(profile_fields(path))
+        m = lone_re.search(open(path).read())
+        if m is None:
+            sys.exit("%s has no \"lone medians\" line (a profile from dev/bench/calibrate writes one)" % path)
+        lone.append((float(m.group(1)), float(m.group(2))))
+    first = profiles[0]
+    for path, fields in zip(profile_paths[1:], profiles[1:]):
+        if list(fields) != list(first):
+            odd = sorted(set(fields) ^ set(first)) or ["(their order)"]
+            sys.exit("%s and %s: not the same fields (%s)" % (profile_paths[0], path, ", ".join(odd)))
+    combined, widest = {}, (0.0, "")
+    for name, value in first.items():
+        values = [fields[name] for fields in profiles]
+        numbers = [as_number(v) for v in values]
+        if all(v == value for v in values):
+            combined[name] = value
+        elif None in numbers:
+            sys.exit("%s: the calibrations' %r differ (%s) and it is not a number: not one machine's calibrations"
+                     % (", ".join(profile_paths), name, " / ".join(values)))
+        else:
+            middle = median(numbers)
+            combined[name] = "%.10g" % middle
+            if middle > 0 and (name.endswith("_bytes_per_s") or name.startswith("peak_flops")):
+                widest = max(widest, ((max(numbers) - min(numbers)) / middle * 100, name))
+    gemm, triad = median([g for g, _ in lone]), median([t for _, t in lone])
+    notes = [line.replace("lone medians:", "its lone medians:") for line in open(profile_paths[0])
+             if line.lstrip().startswith("#")]
+    header = ("# The median, field by field, of %d calibrations of this machine spread over a sweep's passes\n"
+              "# (dev/bench/sweep.sh -calibrations %d; sweep_stats.py combine): %s.\n"
+              "#   lone medians: gemm_seconds %.6g triad_seconds %.6g (the calibrations' medians)\n"
+              "# The first calibration's notes, with its own figures:\n"
+              % (len(profiles), len(profiles), ", ".join(os.path.basename(p) for p in profile_paths), gemm, triad))
+    with open(out_path, "w") as f:
+        f.write(header + "".join(notes) + "".join("%s %s\n" % kv for kv in combined.items()))
+    print("%d %s %.1f" % (len(profiles), widest[1] or "-", widest[0]))
+
+
 def step_times(main_log, warmup):
     """the median step time in seconds after `warmup` steps, and every step's ms, of a main.log"""
     ms = [rec["ms"] for rec in map(json.loads, open(main_log)) if "train_loss" in rec]
@@ -611,6 +683,8 @@ def main():
         merge(rest[0], int(rest[1]), rest[2], rest[3:])
     elif cmd == "drift" and len(rest) in (3, 4):
         drift(*rest)
+    elif cmd == "combine" and len(rest) >= 3:
+        combine(rest[0], rest[1:])
     elif cmd == "summary" and len(rest) == 1:
         rows = [r for r in read_results(rest[0]) if r["measured"] is not None and r["predicted"] is not None]
         print(summary_line(sweep_stats([r["measured"] for r in rows], [r["predicted"] for r in rows])))
