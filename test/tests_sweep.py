@@ -491,19 +491,24 @@ def sweep_stats_combine_takes_the_median_of_each_field():
     """sweep_stats.py combine OUT PROFILE... (sweep.sh -calibrations K: one profile from K
     calibrations): three hand-made profiles, each number the median of the three (an even count
     the mean of the middle two), a field they agree on as it is, the lone medians the median of
-    theirs (which drift then reads: the first "lone medians" line), the field that differed most
-    and by how much printed; calibrations with other fields, or a differing field that is not a
-    number, refused naming it, nothing written"""
+    theirs (which drift then reads: the first "lone medians" line), a field one left out counted
+    0 there (and left out when its median is 0), the rate that differed most and by how much
+    printed; a field that is not a number differing or left out of one refused naming it,
+    nothing written"""
     d = fresh_dir("sweep_combine")
     stats = os.path.join(ROOT, "dev", "bench", "sweep_stats.py")
-    sets = [(0.40, 0.060, 7e10, 1e10, 5e9), (0.30, 0.050, 9e10, 1.2e10, 2e9), (0.50, 0.070, 8e10, 0.8e10, 4e9)]
+    # the third calibration leaves out the meeting fraction (calibrate measured no wait: 0), the
+    # second and third the 8 ranks' (0 in two of three: the median 0, left out)
+    sets = [(0.40, 0.060, 7e10, 1e10, 5e9, "cpu_meeting_fraction_4_ranks 0.04\ncpu_meeting_fraction_8_ranks 0.1\n"),
+            (0.30, 0.050, 9e10, 1.2e10, 2e9, "cpu_meeting_fraction_4_ranks 0.06\n"), (0.50, 0.070, 8e10, 0.8e10, 4e9, "")]
     paths = []
-    for k, (gemm_s, triad_s, flops, bandwidth, link) in enumerate(sets):
+    for k, (gemm_s, triad_s, flops, bandwidth, link, optional) in enumerate(sets):
         path = os.path.join(d, "cal%d.txt" % k)
         with open(path, "w") as f:
             f.write("# calibration %d\n#   lone medians: gemm_seconds %r triad_seconds %r (calibrate -probe ...)\n"
                     "name CPU of vm, 1 thread a rank\nkind cpu\npeak_flops_fp32 %r\nmemory_bandwidth_bytes_per_s %r\n"
-                    "intra_node_bandwidth_bytes_per_s %r\ncpu_cores 2\n" % (k, gemm_s, triad_s, flops, bandwidth, link))
+                    "intra_node_bandwidth_bytes_per_s %r\ncpu_cores 2\n%s" % (k, gemm_s, triad_s, flops, bandwidth, link,
+                                                                             optional))
         paths.append(path)
     out = os.path.join(d, "combined.txt")
     p = subprocess.run(["/usr/bin/python3", stats, "combine", out] + paths, capture_output=True, text=True)
@@ -515,8 +520,9 @@ def sweep_stats_combine_takes_the_median_of_each_field():
     got = {l.split()[0]: l.split(None, 1)[1].strip() for l in text.splitlines() if l and not l.startswith("#")}
     assert got["name"] == "CPU of vm, 1 thread a rank" and got["kind"] == "cpu" and got["cpu_cores"] == "2", got
     for key, want in (("peak_flops_fp32", 8e10), ("memory_bandwidth_bytes_per_s", 1e10),
-                      ("intra_node_bandwidth_bytes_per_s", 4e9)):
+                      ("intra_node_bandwidth_bytes_per_s", 4e9), ("cpu_meeting_fraction_4_ranks", 0.04)):
         assert abs(float(got[key]) - want) <= 1e-9 * want, (key, got[key], want)
+    assert "cpu_meeting_fraction_8_ranks" not in got, got
     assert re.search(r"lone medians: gemm_seconds 0\.4 triad_seconds 0\.06\b", text), text
     assert "# calibration 0" in text and "its lone medians: gemm_seconds 0.4 " in text, text
     # drift reads the combined lone medians: probes at 0.2 s and 0.03 s, the rates x 2 and x 2
@@ -530,14 +536,15 @@ def sweep_stats_combine_takes_the_median_of_each_field():
     p = subprocess.run(["/usr/bin/python3", stats, "combine", out] + paths[1:], capture_output=True, text=True)
     got = {l.split()[0]: l.split()[1] for l in open(out) if not l.startswith("#") and l.split()}
     assert p.returncode == 0 and abs(float(got["peak_flops_fp32"]) - 8.5e10) < 1, (p.stderr, got)
-    # refused: another field set, a differing field that is not a number
+    # refused: a field that is not a number differing, or left out of one
     other = os.path.join(d, "other.txt")
     with open(other, "w") as f:
-        f.write(open(paths[0]).read().replace("cpu_cores 2\n", "cpu_threads 1\n"))
+        f.write(open(paths[0]).read().replace("name CPU of vm, 1 thread a rank\n", ""))
     named = os.path.join(d, "named.txt")
     with open(named, "w") as f:
         f.write(open(paths[0]).read().replace("kind cpu", "kind gpu"))
-    for bad, why in ((other, "not the same fields (cpu_cores, cpu_threads)"), (named, "'kind' differ (cpu / gpu)")):
+    for bad, why in ((other, "'name' differ (CPU of vm, 1 thread a rank / (left out))"),
+                     (named, "'kind' differ (cpu / gpu)")):
         target = os.path.join(d, "refused.txt")
         p = subprocess.run(["/usr/bin/python3", stats, "combine", target, paths[1], bad], capture_output=True, text=True)
         assert p.returncode == 1 and why in p.stderr and not os.path.exists(target), (why, p.returncode, p.stderr)

@@ -408,10 +408,13 @@ predict_all() {
 # machine in one phase, and its collectives are measured then and never again.
 [ "$calibrate" = 1 ] && [ "$predicted_count" -gt 0 ] && echo
 if [ "$calibrate" = 1 ] && [ "$calibrations" -gt 1 ]; then
-    combined=$($PY $STATS combine "$profile" "${calibration_files[@]}" 2>"$work/combine.err") ||
-        fail "could not combine the calibrations: $(cat "$work/combine.err")"
-    read -r combined_count widest spread <<<"$combined"
-    echo "calibrations: $combined_count of $calibrations, the predictions from their median field by field ($profile); their rates differed by up to $spread% ($widest)"
+    if combined=$($PY $STATS combine "$profile" "${calibration_files[@]}" 2>"$work/combine.err"); then
+        read -r combined_count widest spread <<<"$combined"
+        echo "calibrations: $combined_count of $calibrations, the predictions from their median field by field ($profile); their rates differed by up to $spread% ($widest)"
+    else  # (the runs are kept: the first calibration's profile, said)
+        cp "$first_profile" "$profile"
+        echo "calibrations: not combined ($(cat "$work/combine.err")): the predictions from the first alone"
+    fi
 fi
 # 4. the drift (with -calibrate): this VM's speed wanders from one minute to the next by as much as
 # the layouts differ, and the calibration took one minute before runs that take many. The probes

@@ -381,14 +381,16 @@ def combine(out_path, profile_paths):
     """One profile from K calibrations of one machine (sweep.sh -calibrations K, spread over the
     sweep's passes): each field the median of the K calibrations' (the mean of the middle two for
     an even K), a field they all agree on (the name, the cores, the cache) as it is, and the lone
-    medians (the drift's reference) the median of theirs. A calibration's minute catches the
-    machine in one phase: its collectives' bandwidths moved by 1.4-3.4x between calibrations an
-    hour apart, and one in a fast phase priced some layouts 18-28% under. Comments: a header
-    saying so, then the first calibration's notes (its own figures). Prints K, the field that
-    differed most between the calibrations and that difference, (largest - smallest) / median in
-    percent, of the rates (FLOP/s and bytes/s: a fraction near 0 differs by more and matters
-    less). Exit 1 with the file and field named when the calibrations' fields differ in name or
-    a field that is not a number differs (another machine's calibration)."""
+    medians (the drift's reference) the median of theirs. A field a calibration left out counts
+    as 0 there: the format leaves out an optional field at 0 (calibrate measured none of a cost,
+    e.g. no wait for ranks meeting at a collective), and a median of 0 is left out in turn. A
+    calibration's minute catches the machine in one phase: its collectives' bandwidths moved by
+    1.4-3.4x between calibrations an hour apart, and one in a fast phase priced some layouts
+    18-28% under. Comments: a header saying so, then the first calibration's notes (its own
+    figures). Prints K, the field that differed most between the calibrations and that
+    difference, (largest - smallest) / median in percent, of the rates (FLOP/s and bytes/s: a
+    fraction near 0 differs by more and matters less). Exit 1 with the files and field named when
+    a field that is not a number differs or is missing from one (another machine's calibration)."""
     import re
     lone_re = re.compile(r"lone medians: gemm_seconds (\S+) triad_seconds (\S+)")
     profiles, lone = [], []
@@ -398,25 +400,24 @@ def combine(out_path, profile_paths):
         if m is None:
             sys.exit("%s has no \"lone medians\" line (a profile from dev/bench/calibrate writes one)" % path)
         lone.append((float(m.group(1)), float(m.group(2))))
-    first = profiles[0]
-    for path, fields in zip(profile_paths[1:], profiles[1:]):
-        if list(fields) != list(first):
-            odd = sorted(set(fields) ^ set(first)) or ["(their order)"]
-            sys.exit("%s and %s: not the same fields (%s)" % (profile_paths[0], path, ", ".join(odd)))
+    names = list(dict.fromkeys(name for fields in profiles for name in fields))  # in the order first met
     combined, widest = {}, (0.0, "")
-    for name, value in first.items():
-        values = [fields[name] for fields in profiles]
-        numbers = [as_number(v) for v in values]
-        if all(v == value for v in values):
-            combined[name] = value
-        elif None in numbers:
+    for name in names:
+        values = [fields.get(name) for fields in profiles]
+        present = [v for v in values if v is not None]
+        if all(v == present[0] for v in values):
+            combined[name] = present[0]
+            continue
+        numbers = [as_number(v) for v in present]
+        if None in numbers:
             sys.exit("%s: the calibrations' %r differ (%s) and it is not a number: not one machine's calibrations"
-                     % (", ".join(profile_paths), name, " / ".join(values)))
-        else:
-            middle = median(numbers)
+                     % (", ".join(profile_paths), name, " / ".join(v or "(left out)" for v in values)))
+        numbers += [0.0] * (len(values) - len(present))  # (left out: 0)
+        middle = median(numbers)
+        if middle != 0:
             combined[name] = "%.10g" % middle
-            if middle > 0 and (name.endswith("_bytes_per_s") or name.startswith("peak_flops")):
-                widest = max(widest, ((max(numbers) - min(numbers)) / middle * 100, name))
+        if middle > 0 and (name.endswith("_bytes_per_s") or name.startswith("peak_flops")):
+            widest = max(widest, ((max(numbers) - min(numbers)) / middle * 100, name))
     gemm, triad = median([g for g, _ in lone]), median([t for _, t in lone])
     notes = [line.replace("lone medians:", "its lone medians:") for line in open(profile_paths[0])
              if line.lstrip().startswith("#")]
