@@ -300,7 +300,9 @@ def sweep_without_predictions_failures_and_bad_flags():
     for flags, why in ((("-calibrations", 0), "-calibrations 0: expected a positive whole number"),
                        (("-calibrations", 2), "-calibrations 2: calibrations are taken with -calibrate"),
                        (("-calibrate", "-calibrations", 3, "-repeat", 2),
-                        "-calibrations 3: expected at most one a pass (-repeat 2)")):
+                        "-calibrations 3: expected at most one a pass (-repeat 2)"),
+                       (("-calibrate", "-profile", "/nonexistent/cpu.txt"),
+                        "-profile /nonexistent/cpu.txt: cannot write there (no such directory, or not writable)")):
         code, text, _ = sweep_run(out, "-np", 2, *flags)
         assert code == 1 and "error: " + why in text and "calibrating" not in text, (flags, text)
     code, text, _ = sweep_run(out, "-np", 2, "-filter", "no such layout")
@@ -489,18 +491,18 @@ def sweep_stats_merge_takes_either_measure():
 @test
 def sweep_stats_combine_takes_the_median_of_each_field():
     """sweep_stats.py combine OUT PROFILE... (sweep.sh -calibrations K: one profile from K
-    calibrations): three hand-made profiles, each number the median of the three (an even count
-    the mean of the middle two), a field they agree on as it is, the lone medians the median of
+    calibrations): three hand-made profiles, each number the median of the three, a field they agree on as it is, the lone medians the median of
     theirs (which drift then reads: the first "lone medians" line), a field one left out counted
     0 there (and left out when its median is 0), the rate that differed most and by how much
-    printed; a field that is not a number differing or left out of one refused naming it,
-    nothing written"""
+    printed; an even count the mean of the middle two (a count its whole part); a field that is
+    not a number differing or left out of one refused naming it, nothing written; one profile
+    alone its fields as they were"""
     d = fresh_dir("sweep_combine")
     stats = os.path.join(ROOT, "dev", "bench", "sweep_stats.py")
     # the third calibration leaves out the meeting fraction (calibrate measured no wait: 0), the
     # second and third the 8 ranks' (0 in two of three: the median 0, left out)
-    sets = [(0.40, 0.060, 7e10, 1e10, 5e9, "cpu_meeting_fraction_4_ranks 0.04\ncpu_meeting_fraction_8_ranks 0.1\n"),
-            (0.30, 0.050, 9e10, 1.2e10, 2e9, "cpu_meeting_fraction_4_ranks 0.06\n"), (0.50, 0.070, 8e10, 0.8e10, 4e9, "")]
+    sets = [(0.45, 0.065, 7e10, 1e10, 5e9, "cpu_meeting_fraction_4_ranks 0.04\ncpu_meeting_fraction_8_ranks 0.1\n"),
+            (0.30, 0.050, 9e10, 1.2e10, 2e9, "cpu_meeting_fraction_4_ranks 0.06\n"), (0.40, 0.060, 8e10, 0.8e10, 4e9, "")]
     paths = []
     for k, (gemm_s, triad_s, flops, bandwidth, link, optional) in enumerate(sets):
         path = os.path.join(d, "cal%d.txt" % k)
@@ -523,8 +525,10 @@ def sweep_stats_combine_takes_the_median_of_each_field():
                       ("intra_node_bandwidth_bytes_per_s", 4e9), ("cpu_meeting_fraction_4_ranks", 0.04)):
         assert abs(float(got[key]) - want) <= 1e-9 * want, (key, got[key], want)
     assert "cpu_meeting_fraction_8_ranks" not in got, got
-    assert re.search(r"lone medians: gemm_seconds 0\.4 triad_seconds 0\.06\b", text), text
-    assert "# calibration 0" in text and "its lone medians: gemm_seconds 0.4 " in text, text
+    # the lone medians the median of theirs, 0.4 s and 0.06 s (the first calibration's own, 0.45 and
+    # 0.065, kept in its notes as "its lone medians")
+    assert re.search(r"^#   lone medians: gemm_seconds 0\.4 triad_seconds 0\.06 ", text, re.M), text
+    assert "# calibration 0" in text and "its lone medians: gemm_seconds 0.45 " in text, text
     # drift reads the combined lone medians: probes at 0.2 s and 0.03 s, the rates x 2 and x 2
     probes = os.path.join(d, "probes.txt")
     with open(probes, "w") as f:
@@ -532,10 +536,15 @@ def sweep_stats_combine_takes_the_median_of_each_field():
     p = subprocess.run(["/usr/bin/python3", stats, "drift", out, probes, os.path.join(d, "drifted.txt")],
                        capture_output=True, text=True)
     assert p.returncode == 0 and [float(x) for x in p.stdout.split()[:2]] == [2.0, 2.0], p.stdout + p.stderr
-    # an even count: the mean of the middle two (8e10 and 9e10 of the last two)
-    p = subprocess.run(["/usr/bin/python3", stats, "combine", out] + paths[1:], capture_output=True, text=True)
+    # an even count: the mean of the middle two (8.5e10 of the last two's 9e10 and 8e10), and a
+    # count stays whole (cpu_cores 3 and 2: 2, the whole part of their mean, 2.5, which would not parse)
+    three = os.path.join(d, "three.txt")
+    with open(three, "w") as f:
+        f.write(open(paths[1]).read().replace("cpu_cores 2", "cpu_cores 3"))
+    p = subprocess.run(["/usr/bin/python3", stats, "combine", out, three, paths[2]], capture_output=True, text=True)
     got = {l.split()[0]: l.split()[1] for l in open(out) if not l.startswith("#") and l.split()}
     assert p.returncode == 0 and abs(float(got["peak_flops_fp32"]) - 8.5e10) < 1, (p.stderr, got)
+    assert got["cpu_cores"] == "2", got
     # refused: a field that is not a number differing, or left out of one
     other = os.path.join(d, "other.txt")
     with open(other, "w") as f:
@@ -543,11 +552,15 @@ def sweep_stats_combine_takes_the_median_of_each_field():
     named = os.path.join(d, "named.txt")
     with open(named, "w") as f:
         f.write(open(paths[0]).read().replace("kind cpu", "kind gpu"))
-    for bad, why in ((other, "'name' differ (CPU of vm, 1 thread a rank / (left out))"),
+    for bad, why in ((other, "'name' differ (CPU of vm, 1 thread a rank / (left out)) and it is not a number"),
                      (named, "'kind' differ (cpu / gpu)")):
         target = os.path.join(d, "refused.txt")
         p = subprocess.run(["/usr/bin/python3", stats, "combine", target, paths[1], bad], capture_output=True, text=True)
         assert p.returncode == 1 and why in p.stderr and not os.path.exists(target), (why, p.returncode, p.stderr)
+    p = subprocess.run(["/usr/bin/python3", stats, "combine", out, paths[0]], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.split()[0] == "1", p.stdout + p.stderr
+    fields = lambda path: [l.split(None, 1) for l in open(path).read().splitlines() if l and not l.startswith("#")]
+    assert fields(out) == fields(paths[0]), (open(out).read(), open(paths[0]).read())
     print("    3 calibrations: each field their median, the link's 75% the widest; refusals named")
 
 
@@ -556,8 +569,9 @@ def sweep_calibrations_spread_over_the_passes():
     """-calibrate -calibrations 2 -repeat 2 on the two quick layouts: the first calibration before
     the plan, the second before pass 2; -profile FILE their median (combine's header); the line
     "as calibrated" gives the figures of the planner's predictions from FILE against the saved
-    times (worked out here: the planner run again on each layout); a line for each calibration
-    alone; nothing left behind"""
+    times, and the table's predictions are FILE's scaled by the drift printed (worked out here:
+    the planner run again on each layout); a line for each calibration alone; nothing left
+    behind"""
     out = fresh_dir("sweep_calibrations")
     results, profile = os.path.join(out, "results.tsv"), os.path.join(out, "combined.txt")
     code, text, took = sweep_run(out, "-np", 2, "-filter", SWEEP_TWO, "-warmup", 1, "-steps", 1, "-repeat", 2,
@@ -579,15 +593,30 @@ def sweep_calibrations_spread_over_the_passes():
     search = subprocess.run(["./dev/memory_planner", "-e", "d4", "-b", "2", "-t", "64", "-d", "256", "-device", "cpu",
                              "-search", "2", "-format", "json"], cwd=ROOT, capture_output=True, text=True)
     flags_of = {l["layout"]: sweep_stats_module().planner_flags(l) for l in json.loads(search.stdout)["layouts"]}
-    measured, predicted = [], []
-    for r in rows:
+    def planner_seconds(layout, with_profile):
         p = subprocess.run(["./dev/memory_planner", "-e", "d4", "-b", "2", "-t", "64", "-d", "256", "-device", "cpu"] +
-                           flags_of[r["layout"]] + ["-profile", profile, "-format", "json"], cwd=ROOT,
+                           flags_of[layout] + ["-profile", with_profile, "-format", "json"], cwd=ROOT,
                            capture_output=True, text=True)
         assert p.returncode == 0, p.stderr
-        measured.append(float(r["measured_s"]))
-        predicted.append(json.loads(p.stdout)["step_seconds"])
+        return json.loads(p.stdout)["step_seconds"]
+    measured = [float(r["measured_s"]) for r in rows]
+    predicted = [planner_seconds(r["layout"], profile) for r in rows]
     as_calibrated = sweep_stats_module().summary_line(sweep_stats_module().sweep_stats(measured, predicted))
     assert "as calibrated, without the drift: " + as_calibrated + "\n" in text, (as_calibrated, text)
+    # the table's predictions: the combined profile scaled by the drift the sweep printed (a probe
+    # file made to give those factors against the combined lone medians; the factors have 6 decimals)
+    m = re.search(r"^drift: 4 probes .*: the profile's GEMM rates x (\S+), its bandwidths x (\S+)$", text, re.M)
+    lone = re.search(r"^#   lone medians: gemm_seconds (\S+) triad_seconds (\S+) ", open(profile).read(), re.M)
+    assert m and lone, text
+    probes, drifted = os.path.join(out, "probes.txt"), os.path.join(out, "drifted.txt")
+    with open(probes, "w") as f:
+        f.write("gemm_seconds %r triad_seconds %r\n" % (float(lone.group(1)) / float(m.group(1)),
+                                                         float(lone.group(2)) / float(m.group(2))))
+    stats = os.path.join(ROOT, "dev", "bench", "sweep_stats.py")
+    assert subprocess.run(["/usr/bin/python3", stats, "drift", profile, probes, drifted]).returncode == 0
+    for r in rows:
+        want = planner_seconds(r["layout"], drifted)
+        assert abs(float(r["predicted_s"]) - want) <= 1e-5 * want, (r["layout"], r["predicted_s"], want)
+    os.remove(probes), os.remove(drifted)
     assert sorted(sweep_left_behind(out)) == ["combined.txt", "results.tsv"], sweep_left_behind(out)
     print("    two calibrations, before passes 1 and 2, as one profile: %s (%.0f s)" % (as_calibrated, took))

@@ -159,6 +159,9 @@ fi
 if [ -n "$profile" ] && [ "$calibrate" = 0 ] && [ ! -f "$profile" ]; then
     fail "-profile $profile: no such file (-calibrate writes one)"
 fi
+if [ -n "$profile" ] && [ "$calibrate" = 1 ] && [ ! -w "$(dirname "$profile")" ]; then  # (found now, not after the runs)
+    fail "-profile $profile: cannot write there (no such directory, or not writable)"
+fi
 if [ -z "$figure" ]; then
     figure="dev/images/sweep_${model//[^A-Za-z0-9_-]/-}_${N}.png"  # (a model path or L/C/NH made a name)
 fi
@@ -407,13 +410,18 @@ predict_all() {
 # same reason as a layout's time is the median of its passes': a calibration's minute catches the
 # machine in one phase, and its collectives are measured then and never again.
 [ "$calibrate" = 1 ] && [ "$predicted_count" -gt 0 ] && echo
+planned_calibrated="$work/planned.tsv"  # the predictions from the calibration, without the drift
 if [ "$calibrate" = 1 ] && [ "$calibrations" -gt 1 ]; then
     if combined=$($PY $STATS combine "$profile" "${calibration_files[@]}" 2>"$work/combine.err"); then
         read -r combined_count widest spread <<<"$combined"
         echo "calibrations: $combined_count of $calibrations, the predictions from their median field by field ($profile); their rates differed by up to $spread% ($widest)"
     else  # (the runs are kept: the first calibration's profile, said)
-        cp "$first_profile" "$profile"
+        cp "$first_profile" "$profile" || fail "-profile $profile: cannot write it"
         echo "calibrations: not combined ($(cat "$work/combine.err")): the predictions from the first alone"
+    fi
+    if [ "$predicted_count" -gt 0 ]; then
+        predict_all "$profile" >"$work/planned-combined.tsv"
+        planned_calibrated="$work/planned-combined.tsv"
     fi
 fi
 # 4. the drift (with -calibrate): this VM's speed wanders from one minute to the next by as much as
@@ -422,23 +430,19 @@ fi
 # with the profile's GEMM rates and bandwidths scaled by the calibration's lone times over the
 # probes' medians (sweep_stats.py's drift; the fractions and links as calibrated). The
 # predictions as calibrated are printed beside the table's.
-planned_as_calibrated=""
+drift_taken=0
 if [ "$calibrate" = 1 ] && [ "$predicted_count" -gt 0 ] &&
     factors=$($PY $STATS drift "$profile" "$work/probes.txt" "$work/profile-drift.txt" "$measure" 2>"$work/drift.err"); then
     read -r gemm_factor triad_factor probe_count <<<"$factors"
-    planned_as_calibrated="$work/planned.tsv"
-    if [ "$calibrations" -gt 1 ]; then
-        predict_all "$profile" >"$work/planned-combined.tsv"
-        planned_as_calibrated="$work/planned-combined.tsv"
-    fi
+    drift_taken=1
     predict_all "$work/profile-drift.txt" >"$work/planned-drift.tsv"
     echo "drift: $probe_count probes of the calibration's lone work beside the runs (their ${measure/median/medians}): the profile's GEMM rates x $gemm_factor, its bandwidths x $triad_factor"
 elif [ "$calibrate" = 1 ] && [ "$predicted_count" -gt 0 ]; then
     echo "drift: not taken ($(cat "$work/drift.err" 2>/dev/null)): the predictions as calibrated"
 fi
 # RESULTS.tsv: a row a layout, its time by -measure (sweep_stats.py's merge)
-planned_final="$work/planned.tsv"
-[ -n "$planned_as_calibrated" ] && planned_final="$work/planned-drift.tsv"
+planned_final=$planned_calibrated
+[ "$drift_taken" = 1 ] && planned_final="$work/planned-drift.tsv"
 $PY $STATS merge "$planned_final" "$warmup" "$measure" "${pass_files[@]}" >"$work/results.tsv" || fail "could not gather the passes' times"
 
 echo
@@ -446,17 +450,19 @@ report=("$work/results.tsv" --title "$model, B $B, T $T, $N ranks on the CPU: $c
 [ -n "$figure" ] && report+=(--figure "$figure")
 [ "$predicted_count" = 0 ] && [ -n "$why_none" ] && echo "no predictions from '$predict': $why_none"
 $PY $STATS report "${report[@]}" || fail "could not write the report"
-if [ -n "$planned_as_calibrated" ]; then
-    $PY $STATS merge "$planned_as_calibrated" "$warmup" "$measure" "${pass_files[@]}" >"$work/results-as-calibrated.tsv" &&
+if [ "$drift_taken" = 1 ]; then
+    $PY $STATS merge "$planned_calibrated" "$warmup" "$measure" "${pass_files[@]}" >"$work/results-as-calibrated.tsv" &&
         echo "as calibrated, without the drift: $($PY $STATS summary "$work/results-as-calibrated.tsv")"
     # what each calibration alone, with its own drift, would have given: how much the one minute
     # a calibration measures moves the figures
-    for k in $( ((calibrations > 1)) && echo "${!calibration_files[@]}"); do
-        $PY $STATS drift "${calibration_files[k]}" "$work/probes.txt" "$work/profile-alone.txt" "$measure" >/dev/null 2>&1 &&
-            predict_all "$work/profile-alone.txt" >"$work/planned-alone.tsv" &&
-            $PY $STATS merge "$work/planned-alone.tsv" "$warmup" "$measure" "${pass_files[@]}" >"$work/results-alone.tsv" &&
-            echo "calibration ${calibration_labels[k]} alone, with its drift: $($PY $STATS summary "$work/results-alone.tsv")"
-    done
+    if [ "$calibrations" -gt 1 ]; then
+        for c in "${!calibration_files[@]}"; do
+            $PY $STATS drift "${calibration_files[c]}" "$work/probes.txt" "$work/profile-alone.txt" "$measure" >/dev/null 2>&1 &&
+                predict_all "$work/profile-alone.txt" >"$work/planned-alone.tsv" &&
+                $PY $STATS merge "$work/planned-alone.tsv" "$warmup" "$measure" "${pass_files[@]}" >"$work/results-alone.tsv" &&
+                echo "calibration ${calibration_labels[c]} alone, with its drift: $($PY $STATS summary "$work/results-alone.tsv")"
+        done
+    fi
 fi
 if [ -n "$save" ]; then
     cp "$work/results.tsv" "$save" || fail "-save $save: cannot write it"

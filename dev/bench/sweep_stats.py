@@ -380,17 +380,19 @@ def as_number(text):
 def combine(out_path, profile_paths):
     """One profile from K calibrations of one machine (sweep.sh -calibrations K, spread over the
     sweep's passes): each field the median of the K calibrations' (the mean of the middle two for
-    an even K), a field they all agree on (the name, the cores, the cache) as it is, and the lone
+    an even K; of whole numbers, a count, the whole part), a field they all agree on (the name, the cores, the cache) as it is, and the lone
     medians (the drift's reference) the median of theirs. A field a calibration left out counts
     as 0 there: the format leaves out an optional field at 0 (calibrate measured none of a cost,
     e.g. no wait for ranks meeting at a collective), and a median of 0 is left out in turn. A
     calibration's minute catches the machine in one phase: its collectives' bandwidths moved by
     1.4-3.4x between calibrations an hour apart, and one in a fast phase priced some layouts
-    18-28% under. Comments: a header saying so, then the first calibration's notes (its own
+    18-28% under. (A field whose default is not 0, gpus_per_node or efficiency_link, calibrate
+    always writes.) Comments: a header saying so, then the first calibration's notes (its own
     figures). Prints K, the field that differed most between the calibrations and that
     difference, (largest - smallest) / median in percent, of the rates (FLOP/s and bytes/s: a
     fraction near 0 differs by more and matters less). Exit 1 with the files and field named when
-    a field that is not a number differs or is missing from one (another machine's calibration)."""
+    a field that is not a number differs or is missing from one (another machine's calibration). One profile alone comes back with its fields as they were (sweep.sh, when
+    the other calibrations failed)."""
     import re
     lone_re = re.compile(r"lone medians: gemm_seconds (\S+) triad_seconds (\S+)")
     profiles, lone = [], []
@@ -414,6 +416,8 @@ def combine(out_path, profile_paths):
                      % (", ".join(profile_paths), name, " / ".join(v or "(left out)" for v in values)))
         numbers += [0.0] * (len(values) - len(present))  # (left out: 0)
         middle = median(numbers)
+        if all(v.isdigit() for v in present):  # (a count, cpu_cores: whole, as the format wants it)
+            middle = math.floor(middle)
         if middle != 0:
             combined[name] = "%.10g" % middle
         if middle > 0 and (name.endswith("_bytes_per_s") or name.startswith("peak_flops")):
@@ -422,10 +426,9 @@ def combine(out_path, profile_paths):
     notes = [line.replace("lone medians:", "its lone medians:") for line in open(profile_paths[0])
              if line.lstrip().startswith("#")]
     header = ("# The median, field by field, of %d calibrations of this machine spread over a sweep's passes\n"
-              "# (dev/bench/sweep.sh -calibrations %d; sweep_stats.py combine): %s.\n"
+              "# (dev/bench/sweep.sh -calibrations; sweep_stats.py combine).\n"
               "#   lone medians: gemm_seconds %.6g triad_seconds %.6g (the calibrations' medians)\n"
-              "# The first calibration's notes, with its own figures:\n"
-              % (len(profiles), len(profiles), ", ".join(os.path.basename(p) for p in profile_paths), gemm, triad))
+              "# The first calibration's notes, with its own figures:\n" % (len(profiles), gemm, triad))
     with open(out_path, "w") as f:
         f.write(header + "".join(notes) + "".join("%s %s\n" % kv for kv in combined.items()))
     print("%d %s %.1f" % (len(profiles), widest[1] or "-", widest[0]))
@@ -684,7 +687,7 @@ def main():
         merge(rest[0], int(rest[1]), rest[2], rest[3:])
     elif cmd == "drift" and len(rest) in (3, 4):
         drift(*rest)
-    elif cmd == "combine" and len(rest) >= 3:
+    elif cmd == "combine" and len(rest) >= 2:
         combine(rest[0], rest[1:])
     elif cmd == "summary" and len(rest) == 1:
         rows = [r for r in read_results(rest[0]) if r["measured"] is not None and r["predicted"] is not None]
