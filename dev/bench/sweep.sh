@@ -345,11 +345,14 @@ while [ "$pass" -lt "$repeat" ]; do
     order=("${in_order[@]}")
     [ $((pass % 2)) = 0 ] && order=("${reversed[@]}")
     # -calibrations K: calibration i + 1 before pass 1 + i R / K (the first was taken before the plan)
-    for ((i = 1; i < calibrations; i++)); do
-        [ $((1 + i * repeat / calibrations)) = "$pass" ] || continue
-        echo "calibrating ($((i + 1)) of $calibrations) before pass $pass"
-        calibrate_now $((i + 1)) "$pass" ||
-            echo "note: calibration $((i + 1)) failed (exit $rc: $(tail -1 "$work/calibrate.out")); the sweep goes on with the others"
+    i=1
+    while [ "$i" -lt "$calibrations" ]; do
+        if [ $((1 + i * repeat / calibrations)) = "$pass" ]; then
+            echo "calibrating ($((i + 1)) of $calibrations) before pass $pass"
+            calibrate_now $((i + 1)) "$pass" ||
+                echo "note: calibration $((i + 1)) failed (exit $rc: $(tail -1 "$work/calibrate.out")); the sweep goes on with the others"
+        fi
+        i=$((i + 1))
     done
     for i in "${order[@]}"; do
         k=$((k + 1))
